@@ -1,0 +1,102 @@
+//! Latency percentiles and throughput arithmetic for the benchmarks.
+
+use std::time::Duration;
+
+/// Nearest-rank percentile (`p` in 0..=100) of sorted samples; 0 for no samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// One measured phase.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PhaseResult {
+    pub case: String,
+    pub op: String,
+    pub value_bytes: u64,
+    pub threads: usize,
+    pub ops: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub gb_per_s: f64,
+    pub ops_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Share of the relevant machine limit (loopback or memcpy), when one applies.
+    pub of_limit: Option<f64>,
+}
+
+impl PhaseResult {
+    pub fn from_samples(
+        case: &str,
+        op: &str,
+        value_bytes: u64,
+        threads: usize,
+        mut latencies: Vec<Duration>,
+        items_per_sample: u64,
+        errors: u64,
+        elapsed: Duration,
+    ) -> PhaseResult {
+        latencies.sort_unstable();
+        let ops = latencies.len() as u64 * items_per_sample;
+        let bytes = ops * value_bytes;
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        PhaseResult {
+            case: case.into(),
+            op: op.into(),
+            value_bytes,
+            threads,
+            ops,
+            bytes,
+            errors,
+            seconds,
+            gb_per_s: bytes as f64 / seconds / 1e9,
+            ops_per_s: ops as f64 / seconds,
+            p50_us: percentile(&latencies, 50.0).as_secs_f64() * 1e6,
+            p99_us: percentile(&latencies, 99.0).as_secs_f64() * 1e6,
+            of_limit: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(percentile(&v, 50.0), Duration::from_micros(50));
+        assert_eq!(percentile(&v, 99.0), Duration::from_micros(99));
+        assert_eq!(percentile(&v, 100.0), Duration::from_micros(100));
+        assert_eq!(percentile(&v, 0.0), Duration::from_micros(1));
+        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+        let one = [Duration::from_micros(7)];
+        assert_eq!(percentile(&one, 99.0), Duration::from_micros(7));
+    }
+
+    #[test]
+    fn throughput_arithmetic() {
+        let lat = vec![Duration::from_micros(10); 1000];
+        let r =
+            PhaseResult::from_samples("c", "get", 1_000_000, 1, lat, 1, 0, Duration::from_secs(1));
+        assert_eq!(r.ops, 1000);
+        assert!((r.gb_per_s - 1.0).abs() < 1e-9);
+        let r = PhaseResult::from_samples(
+            "c",
+            "batch_get",
+            1000,
+            1,
+            vec![Duration::from_millis(1); 10],
+            32,
+            0,
+            Duration::from_secs(2),
+        );
+        assert_eq!(r.ops, 320);
+        assert!((r.ops_per_s - 160.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,97 @@
+//! Configuration shared by every role: how values are layered (flag > environment > file >
+//! default), how files are read, and how a bad value is reported (always naming the field).
+
+pub mod mooncake;
+mod size;
+
+pub use size::{human_bytes, parse_duration, ByteSize, Millis};
+
+use serde::de::DeserializeOwned;
+use std::path::Path;
+
+/// A configuration problem, always naming the field (`master.rpc_port`) or file it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("config file {path}: {reason}")]
+    File { path: String, reason: String },
+}
+
+impl ConfigError {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Reads a TOML file into a role's config; unknown keys and wrong types are errors that name the
+/// key (the structs use `deny_unknown_fields`).
+pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::File {
+        path: path.display().to_string(),
+        reason: e.message().to_string()
+            + &e.span()
+                .map(|s| format!(" (at line {})", line_of(&text, s.start)))
+                .unwrap_or_default(),
+    })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Checks `0 < value <= 1` for ratios such as the eviction watermark.
+pub fn check_ratio(field: &str, value: f64, allow_zero: bool) -> Result<(), ConfigError> {
+    let low_ok = if allow_zero {
+        value >= 0.0
+    } else {
+        value > 0.0
+    };
+    if value.is_finite() && low_ok && value <= 1.0 {
+        Ok(())
+    } else {
+        let range = if allow_zero { "[0, 1]" } else { "(0, 1]" };
+        Err(ConfigError::invalid(
+            field,
+            format!("must be in {range}, got {value}"),
+        ))
+    }
+}
+
+/// Checks that `value` is a `host:port` with a numeric port.
+pub fn check_endpoint(field: &str, value: &str) -> Result<(), ConfigError> {
+    match value.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err(ConfigError::invalid(
+            field,
+            format!("expected host:port, got {value:?}"),
+        )),
+    }
+}
+
+/// Reads an environment variable, treating an empty value as unset.
+pub fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Parses an environment variable with `FromStr`, naming it in the error.
+pub fn env_parse<T: std::str::FromStr>(name: &str) -> Result<Option<T>, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match env_var(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|e: T::Err| ConfigError::invalid(name, format!("{v:?}: {e}"))),
+    }
+}

@@ -1,0 +1,505 @@
+//! Mooncake compatibility: the `mooncake_master` flag spellings (gflags style) and the
+//! `MOONCAKE_*` environment variables and JSON config file that Mooncake's store service reads.
+
+use super::{env_var, parse_duration, ByteSize, ConfigError, Millis};
+use crate::master::config::MasterArgs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `mooncake_master` flags that rbgctl accepts but has no use for (features it does not have,
+/// or tuning of Mooncake internals); they are logged and ignored, so existing command lines run.
+const IGNORED_MASTER_FLAGS: &[&str] = &[
+    "allow_evict_soft_pinned_objects",
+    "batch_oplog_retry_timeout_sec",
+    "cluster_id",
+    "cxl_path",
+    "cxl_size",
+    "dynamic_replication_admission_qps_threshold",
+    "dynamic_replication_heat_window_seconds",
+    "dynamic_replication_max_memory_replicas",
+    "dynamic_replication_mode",
+    "enable_cxl",
+    "enable_disk_eviction",
+    "enable_ha",
+    "enable_kv_events",
+    "enable_metadata_cleanup_on_timeout",
+    "enable_metric_reporting",
+    "enable_multi_tenants",
+    "enable_offload",
+    "enable_oplog",
+    "enable_snapshot",
+    "enable_snapshot_restore",
+    "etcd_endpoints",
+    "global_file_segment_size",
+    "ha_backend_connstring",
+    "ha_backend_type",
+    "kv_events_additional_salt",
+    "kv_events_backend_id",
+    "kv_events_bind_endpoint",
+    "kv_events_block_size",
+    "kv_events_dp_rank",
+    "kv_events_emit_legacy_compat",
+    "kv_events_emit_object_key",
+    "kv_events_lora_name",
+    "kv_events_model_name",
+    "kv_events_queue_capacity",
+    "kv_events_tenant_id",
+    "max_retry_attempts",
+    "max_threads",
+    "max_total_finished_tasks",
+    "max_total_pending_tasks",
+    "max_total_processing_tasks",
+    "memory_allocator",
+    "nof_eviction_high_watermark_ratio",
+    "nof_eviction_ratio",
+    "nof_heartbeat_failures_threshold",
+    "nof_heartbeat_interval_sec",
+    "nof_heartbeat_probe_timeout_ms",
+    "offload_cap_ratio",
+    "offload_force_evict",
+    "offload_on_evict",
+    "offloading_queue_limit",
+    "oplog_batch_max_entries",
+    "oplog_poll_interval_ms",
+    "pending_task_timeout_sec",
+    "pod_name",
+    "pod_namespace",
+    "processing_task_timeout_sec",
+    "promotion_admission_threshold",
+    "promotion_max_per_heartbeat",
+    "promotion_on_hit",
+    "promotion_queue_limit",
+    "quota_bytes",
+    "root_fs_dir",
+    "rpc_conn_timeout_seconds",
+    "rpc_enable_tcp_no_delay",
+    "rpc_interface",
+    "rpc_thread_num",
+    "snapshot_backup_dir",
+    "snapshot_catalog_backend_connstring",
+    "snapshot_catalog_backend_type",
+    "snapshot_catalog_store_connstring",
+    "snapshot_catalog_store_type",
+    "snapshot_child_timeout_seconds",
+    "snapshot_interval_seconds",
+    "snapshot_object_store_type",
+    "snapshot_payload_backend_type",
+    "snapshot_payload_store_type",
+    "snapshot_retention_count",
+    "tenant_quota_connector_type",
+    "tenant_quota_connector_uri",
+    "mmap_arena_pool_size",
+    "use_mmap_arena_allocator",
+    // glog's own flags
+    "logtostderr",
+    "alsologtostderr",
+    "log_dir",
+    "v",
+    "minloglevel",
+    "stderrthreshold",
+];
+
+const BOOL_FLAGS: &[&str] = &["enable_http_metadata_server"];
+
+fn parse_bool(flag: &str, v: &str) -> Result<bool, ConfigError> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "t" | "1" | "yes" | "y" => Ok(true),
+        "false" | "f" | "0" | "no" | "n" => Ok(false),
+        _ => Err(ConfigError::invalid(
+            format!("--{flag}"),
+            format!("expected true or false, got {v:?}"),
+        )),
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim()
+        .parse()
+        .map_err(|e: T::Err| ConfigError::invalid(format!("--{flag}"), format!("{v:?}: {e}")))
+}
+
+fn seconds(flag: &str, v: &str) -> Result<Millis, ConfigError> {
+    let s: f64 = parse_num(flag, v)?;
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(ConfigError::invalid(
+            format!("--{flag}"),
+            format!("{v:?}: not a number of seconds"),
+        ));
+    }
+    Ok(Millis(Duration::from_secs_f64(s)))
+}
+
+/// Applies one Mooncake master setting (from a flag or the JSON config file).
+fn apply(
+    args: &mut MasterArgs,
+    name: &str,
+    value: &str,
+    port_fallback: &mut Option<u16>,
+) -> Result<(), ConfigError> {
+    let ms = |v: &str| {
+        parse_duration(v)
+            .map(Millis)
+            .map_err(|e| ConfigError::invalid(format!("--{name}"), e))
+    };
+    match name {
+        "rpc_port" => args.rpc_port = Some(parse_num(name, value)?),
+        "port" => *port_fallback = Some(parse_num(name, value)?),
+        "rpc_address" => args.rpc_address = Some(value.to_string()),
+        "enable_http_metadata_server" => {
+            args.enable_http_metadata_server = Some(parse_bool(name, value)?)
+        }
+        "http_metadata_server_host" => args.http_metadata_server_host = Some(value.to_string()),
+        "http_metadata_server_port" => {
+            args.http_metadata_server_port = Some(parse_num(name, value)?)
+        }
+        "metrics_port" => args.metrics_port = Some(parse_num(name, value)?),
+        "metrics_host" => args.metrics_host = Some(value.to_string()),
+        "default_kv_lease_ttl" => args.default_kv_lease_ttl = Some(ms(value)?),
+        "default_kv_soft_pin_ttl" => args.default_kv_soft_pin_ttl = Some(ms(value)?),
+        "max_kv_soft_pin_ttl" => args.max_kv_soft_pin_ttl = Some(ms(value)?),
+        "eviction_high_watermark_ratio" => {
+            args.eviction_high_watermark_ratio = Some(parse_num(name, value)?)
+        }
+        "eviction_ratio" => args.eviction_ratio = Some(parse_num(name, value)?),
+        "client_ttl" | "client_live_ttl_sec" => args.client_ttl = Some(seconds(name, value)?),
+        "put_start_discard_timeout_sec" => {
+            args.put_start_discard_timeout = Some(seconds(name, value)?)
+        }
+        "put_start_release_timeout_sec" => {
+            args.put_start_release_timeout = Some(seconds(name, value)?)
+        }
+        "allocation_strategy" => args.allocation_strategy = Some(value.to_string()),
+        n if IGNORED_MASTER_FLAGS.contains(&n) => {
+            tracing::info!(
+                flag = n,
+                value,
+                "mooncake_master flag accepted but has no effect in rbgctl"
+            );
+        }
+        n => return Err(ConfigError::invalid(
+            format!("--{n}"),
+            "unknown mooncake_master flag (see `rbgctl master --help` for rbgctl's own spellings)",
+        )),
+    }
+    Ok(())
+}
+
+/// Parses `mooncake_master` command-line flags (gflags spellings: `--name=value`,
+/// `--name value`, `-name=value`, bare `--bool_flag`, `--nobool_flag`) into master arguments.
+/// A `--config_path` JSON file is read first; flags on the command line override it.
+pub fn parse_master_flags(argv: &[String]) -> Result<MasterArgs, ConfigError> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    let mut i = 0;
+    while i < argv.len() {
+        let arg = &argv[i];
+        let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            return Err(ConfigError::invalid(
+                arg.clone(),
+                "unexpected positional argument",
+            ));
+        };
+        let (name, value) = match body.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            None if BOOL_FLAGS.contains(&body) => (body.to_string(), "true".to_string()),
+            None if body.starts_with("no") && BOOL_FLAGS.contains(&&body[2..]) => {
+                (body[2..].to_string(), "false".to_string())
+            }
+            None => {
+                i += 1;
+                let v = argv
+                    .get(i)
+                    .ok_or_else(|| ConfigError::invalid(format!("--{body}"), "missing value"))?;
+                (body.to_string(), v.clone())
+            }
+        };
+        pairs.push((name, value));
+        i += 1;
+    }
+    let mut args = MasterArgs::default();
+    let mut port_fallback = None;
+    if let Some((_, path)) = pairs.iter().find(|(n, _)| n == "config_path") {
+        if !path.is_empty() {
+            for (name, value) in read_master_json(Path::new(path))? {
+                apply(&mut args, &name, &value, &mut port_fallback)?;
+            }
+        }
+    }
+    for (name, value) in pairs.iter().filter(|(n, _)| n != "config_path") {
+        apply(&mut args, name, value, &mut port_fallback)?;
+    }
+    // Mooncake: rpc_port 0 (the default) falls back to the deprecated --port.
+    if args.rpc_port.unwrap_or(0) == 0 {
+        if let Some(p) = port_fallback {
+            args.rpc_port = Some(p);
+        }
+    }
+    if args.rpc_port == Some(0) {
+        args.rpc_port = None;
+    }
+    Ok(args)
+}
+
+fn read_master_json(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let file_err = |reason: String| ConfigError::File {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        file_err(format!(
+            "{e} (rbgctl reads Mooncake master config files in JSON form)"
+        ))
+    })?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| file_err("expected a JSON object".into()))?;
+    Ok(obj
+        .iter()
+        .map(|(k, v)| {
+            let s = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), s)
+        })
+        .collect())
+}
+
+/// What Mooncake's store service reads from `MOONCAKE_*` variables or `MOONCAKE_CONFIG_PATH`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MooncakeEnv {
+    /// `MOONCAKE_MASTER` / `master_server_address`: the master's `host:port`.
+    pub master: Option<String>,
+    /// `MOONCAKE_LOCAL_HOSTNAME` / `local_hostname`: the host part of the segment name and the
+    /// address peers use to reach this process.
+    pub local_hostname: Option<String>,
+    /// `MOONCAKE_TE_META_DATA_SERVER` / `metadata_server`: `http://…/metadata` to publish the
+    /// segment descriptor to, or `P2PHANDSHAKE` for none.
+    pub metadata_server: Option<String>,
+    /// `MOONCAKE_GLOBAL_SEGMENT_SIZE` / `global_segment_size`: memory contributed; 0 = pure client.
+    pub global_segment_size: Option<u64>,
+    /// `MOONCAKE_LOCAL_BUFFER_SIZE` / `local_buffer_size`.
+    pub local_buffer_size: Option<u64>,
+    /// `MOONCAKE_PROTOCOL` / `protocol`: `tcp` or `rdma` (lower-cased).
+    pub protocol: Option<String>,
+    /// `MOONCAKE_DEVICE` / `device_name`: RDMA device names.
+    pub device: Option<String>,
+}
+
+impl MooncakeEnv {
+    /// Reads the process environment; `MOONCAKE_CONFIG_PATH` wins over the single variables.
+    pub fn from_process() -> Result<MooncakeEnv, ConfigError> {
+        Self::from_lookup(|k| env_var(k))
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<MooncakeEnv, ConfigError> {
+        if let Some(path) = get("MOONCAKE_CONFIG_PATH") {
+            return Self::from_json_file(&PathBuf::from(path));
+        }
+        let size = |name: &str| -> Result<Option<u64>, ConfigError> {
+            get(name)
+                .map(|v| {
+                    v.parse::<ByteSize>()
+                        .map(|b| b.0)
+                        .map_err(|e| ConfigError::invalid(name, e))
+                })
+                .transpose()
+        };
+        Ok(MooncakeEnv {
+            master: get("MOONCAKE_MASTER"),
+            local_hostname: get("MOONCAKE_LOCAL_HOSTNAME"),
+            metadata_server: get("MOONCAKE_TE_META_DATA_SERVER"),
+            global_segment_size: size("MOONCAKE_GLOBAL_SEGMENT_SIZE")?,
+            local_buffer_size: size("MOONCAKE_LOCAL_BUFFER_SIZE")?,
+            protocol: get("MOONCAKE_PROTOCOL").map(|p| p.to_ascii_lowercase()),
+            device: get("MOONCAKE_DEVICE"),
+        })
+    }
+
+    /// Mooncake's JSON config (`mooncake_config.py`): `local_hostname`, `metadata_server` and
+    /// `master_server_address` are required.
+    pub fn from_json_file(path: &Path) -> Result<MooncakeEnv, ConfigError> {
+        let file_err = |reason: String| ConfigError::File {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| file_err(e.to_string()))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| file_err("expected a JSON object".into()))?;
+        let text_field = |k: &str| obj.get(k).and_then(|x| x.as_str()).map(str::to_string);
+        for required in ["local_hostname", "metadata_server", "master_server_address"] {
+            if text_field(required).is_none() {
+                return Err(file_err(format!("missing required field {required:?}")));
+            }
+        }
+        let size = |k: &str| -> Result<Option<u64>, ConfigError> {
+            match obj.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::Number(n)) => n
+                    .as_u64()
+                    .map(Some)
+                    .ok_or_else(|| file_err(format!("{k}: not a byte count"))),
+                Some(serde_json::Value::String(s)) => s
+                    .parse::<ByteSize>()
+                    .map(|b| Some(b.0))
+                    .map_err(|e| file_err(format!("{k}: {e}"))),
+                Some(_) => Err(file_err(format!("{k}: not a byte count"))),
+            }
+        };
+        Ok(MooncakeEnv {
+            master: text_field("master_server_address"),
+            local_hostname: text_field("local_hostname"),
+            metadata_server: text_field("metadata_server"),
+            global_segment_size: size("global_segment_size")?,
+            local_buffer_size: size("local_buffer_size")?,
+            protocol: text_field("protocol").map(|p| p.to_ascii_lowercase()),
+            device: text_field("device_name"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn seed_command_lines_parse() {
+        // Seed 002's master.
+        let a = parse_master_flags(&argv(
+            "--rpc_address 10.0.0.5 --rpc_port 50051 --http_metadata_server_host 10.0.0.5 \
+             --http_metadata_server_port 8080 --metrics_port 9003",
+        ))
+        .unwrap();
+        assert_eq!(a.rpc_address.as_deref(), Some("10.0.0.5"));
+        assert_eq!(a.rpc_port, Some(50051));
+        assert_eq!(a.http_metadata_server_port, Some(8080));
+        assert_eq!(a.metrics_port, Some(9003));
+        // Seed 000's master.
+        let a = parse_master_flags(&argv(
+            "--enable_http_metadata_server=true --eviction_high_watermark_ratio=0.95 --eviction_ratio=0.05",
+        ))
+        .unwrap();
+        assert_eq!(a.enable_http_metadata_server, Some(true));
+        assert_eq!(a.eviction_high_watermark_ratio, Some(0.95));
+        let c = a.resolve().unwrap();
+        assert_eq!(c.eviction_high_watermark_ratio, 0.95);
+    }
+
+    #[test]
+    fn gflags_spellings() {
+        let a = parse_master_flags(&argv(
+            "-rpc_port=6000 --enable_http_metadata_server --client_ttl 3 --default_kv_lease_ttl=5s",
+        ))
+        .unwrap();
+        assert_eq!(a.rpc_port, Some(6000));
+        assert_eq!(a.enable_http_metadata_server, Some(true));
+        assert_eq!(a.client_ttl.unwrap().0, Duration::from_secs(3));
+        assert_eq!(a.default_kv_lease_ttl.unwrap().0, Duration::from_secs(5));
+        let a = parse_master_flags(&argv("--noenable_http_metadata_server --port 7000")).unwrap();
+        assert_eq!(a.enable_http_metadata_server, Some(false));
+        assert_eq!(
+            a.rpc_port,
+            Some(7000),
+            "--port is the fallback for rpc_port 0"
+        );
+        let a =
+            parse_master_flags(&argv("--default_kv_lease_ttl 2500 --rpc_thread_num 4")).unwrap();
+        assert_eq!(
+            a.default_kv_lease_ttl.unwrap().0,
+            Duration::from_millis(2500)
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let e = parse_master_flags(&argv("--rpc_prot 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--rpc_prot"), "{e}");
+        let e = parse_master_flags(&argv("--rpc_port=abc"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--rpc_port"), "{e}");
+        let e = parse_master_flags(&argv("--enable_http_metadata_server=maybe"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("enable_http_metadata_server"), "{e}");
+        let e = parse_master_flags(&argv("--metrics_port"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing value"), "{e}");
+    }
+
+    #[test]
+    fn json_config_path_is_read_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("master.json");
+        std::fs::write(
+            &p,
+            r#"{"rpc_port": 6100, "client_live_ttl_sec": 60, "metrics_port": 9100}"#,
+        )
+        .unwrap();
+        let a = parse_master_flags(&[
+            format!("--config_path={}", p.display()),
+            "--metrics_port=9200".into(),
+        ])
+        .unwrap();
+        assert_eq!(a.rpc_port, Some(6100));
+        assert_eq!(a.metrics_port, Some(9200));
+        assert_eq!(a.client_ttl.unwrap().0, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn mooncake_env_is_read_as_documented() {
+        let env = |k: &str| match k {
+            "MOONCAKE_MASTER" => Some("m:50051".to_string()),
+            "MOONCAKE_GLOBAL_SEGMENT_SIZE" => Some("50gb".to_string()),
+            "MOONCAKE_LOCAL_BUFFER_SIZE" => Some("4194304".to_string()),
+            "MOONCAKE_PROTOCOL" => Some("TCP".to_string()),
+            "MOONCAKE_TE_META_DATA_SERVER" => Some("http://m:8080/metadata".to_string()),
+            _ => None,
+        };
+        let e = MooncakeEnv::from_lookup(env).unwrap();
+        assert_eq!(e.master.as_deref(), Some("m:50051"));
+        assert_eq!(e.global_segment_size, Some(50 << 30));
+        assert_eq!(e.local_buffer_size, Some(4 << 20));
+        assert_eq!(e.protocol.as_deref(), Some("tcp"));
+        let bad = |k: &str| (k == "MOONCAKE_GLOBAL_SEGMENT_SIZE").then(|| "50%".to_string());
+        let err = MooncakeEnv::from_lookup(bad).unwrap_err().to_string();
+        assert!(err.contains("MOONCAKE_GLOBAL_SEGMENT_SIZE"), "{err}");
+    }
+
+    #[test]
+    fn mooncake_config_path_wins_and_checks_required_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("mc.json");
+        std::fs::write(
+            &p,
+            r#"{"local_hostname":"h","metadata_server":"P2PHANDSHAKE","master_server_address":"m:1",
+                "global_segment_size":"16MB","local_buffer_size":0,"protocol":"tcp"}"#,
+        )
+        .unwrap();
+        let path = p.display().to_string();
+        let e = MooncakeEnv::from_lookup(|k| match k {
+            "MOONCAKE_CONFIG_PATH" => Some(path.clone()),
+            "MOONCAKE_MASTER" => Some("ignored:1".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(e.master.as_deref(), Some("m:1"));
+        assert_eq!(e.global_segment_size, Some(16 << 20));
+        std::fs::write(&p, r#"{"local_hostname":"h"}"#).unwrap();
+        let err = MooncakeEnv::from_json_file(&p).unwrap_err().to_string();
+        assert!(err.contains("metadata_server"), "{err}");
+    }
+}

@@ -1,0 +1,42 @@
+//! rbgctl: one binary for every role of an LLM inference service with an externalized,
+//! distributed KV cache.
+//!
+//! - `transfer`: the wire protocol and TCP transport shared by master, store and client.
+//! - `master`: the pool manager (segments, objects, replicas, leases, eviction, HTTP servers).
+//! - `store`: a storage node contributing a segment of memory.
+//! - `client`: the library inference engines use to put and get KV-cache objects.
+//! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
+//! - `config`, `telemetry`: shared configuration layering and observability.
+
+pub mod bench;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod kv;
+pub mod master;
+pub mod store;
+pub mod telemetry;
+pub mod transfer;
+pub mod up;
+
+/// Resolves when the process receives SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,280 @@
+//! `rbgctl master` configuration. Precedence: flag > environment (`RBGCTL_MASTER_*`) > TOML file
+//! (`--config`) > the defaults documented on each field (Mooncake's defaults where it has one).
+//! Example: `config/master.toml`.
+
+use crate::config::{check_ratio, load_toml, ConfigError, Millis};
+use crate::master::placement::Strategy;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MasterConfig {
+    /// Address the RPC server binds to. Default `0.0.0.0`.
+    pub rpc_address: String,
+    /// RPC port. Default 50051.
+    pub rpc_port: u16,
+    /// Serve Mooncake's HTTP metadata protocol (`/metadata?key=`). Default false.
+    pub enable_http_metadata_server: bool,
+    /// Default `0.0.0.0`.
+    pub http_metadata_server_host: String,
+    /// Default 8080.
+    pub http_metadata_server_port: u16,
+    /// Address of `/metrics`, `/health` and the admin API. Default `0.0.0.0`.
+    pub metrics_host: String,
+    /// Default 9003.
+    pub metrics_port: u16,
+    /// A client (store) whose heartbeats stop for this long is dropped with its segments.
+    /// Default 10 s.
+    pub client_ttl_ms: Millis,
+    /// Read lease granted by every get. Default 10 s.
+    pub default_kv_lease_ttl_ms: Millis,
+    /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
+    pub default_kv_soft_pin_ttl_ms: Millis,
+    /// Longest soft pin a put may ask for. Default 24 h.
+    pub max_kv_soft_pin_ttl_ms: Millis,
+    /// Eviction starts when used/capacity passes this. Default 0.9.
+    pub eviction_high_watermark_ratio: f64,
+    /// Each eviction brings usage this far below the watermark. Default 0.05.
+    pub eviction_ratio: f64,
+    /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
+    pub put_start_discard_timeout_ms: Millis,
+    /// An unfinished put older than this is reclaimed. Default 600 s.
+    pub put_start_release_timeout_ms: Millis,
+    /// `random` (default) or `free_ratio_first`.
+    pub allocation_strategy: Strategy,
+    /// Most simultaneous RPC connections. Default 4096.
+    pub max_connections: usize,
+    /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
+    pub poll_spin_us: u64,
+    /// Interval of the summary log line. Default 10 s.
+    pub summary_interval_ms: Millis,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            rpc_address: "0.0.0.0".into(),
+            rpc_port: 50051,
+            enable_http_metadata_server: false,
+            http_metadata_server_host: "0.0.0.0".into(),
+            http_metadata_server_port: 8080,
+            metrics_host: "0.0.0.0".into(),
+            metrics_port: 9003,
+            client_ttl_ms: Millis(Duration::from_secs(10)),
+            default_kv_lease_ttl_ms: Millis(Duration::from_secs(10)),
+            default_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(30 * 60)),
+            max_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(24 * 3600)),
+            eviction_high_watermark_ratio: 0.9,
+            eviction_ratio: 0.05,
+            put_start_discard_timeout_ms: Millis(Duration::from_secs(30)),
+            put_start_release_timeout_ms: Millis(Duration::from_secs(600)),
+            allocation_strategy: Strategy::Random,
+            max_connections: 4096,
+            poll_spin_us: 50,
+            summary_interval_ms: Millis(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// Flags of `rbgctl master`; each one also reads an environment variable.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct MasterArgs {
+    /// TOML config file (see config/master.toml).
+    #[arg(long, env = "RBGCTL_MASTER_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[arg(long, env = "RBGCTL_MASTER_RPC_ADDRESS")]
+    pub rpc_address: Option<String>,
+    #[arg(long, env = "RBGCTL_MASTER_RPC_PORT")]
+    pub rpc_port: Option<u16>,
+    #[arg(long, env = "RBGCTL_MASTER_ENABLE_HTTP_METADATA_SERVER", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_http_metadata_server: Option<bool>,
+    #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_HOST")]
+    pub http_metadata_server_host: Option<String>,
+    #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_PORT")]
+    pub http_metadata_server_port: Option<u16>,
+    #[arg(long, env = "RBGCTL_MASTER_METRICS_HOST")]
+    pub metrics_host: Option<String>,
+    #[arg(long, env = "RBGCTL_MASTER_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+    /// Client TTL (`10s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_MASTER_CLIENT_TTL")]
+    pub client_ttl: Option<Millis>,
+    /// Read lease of a get (`10s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL")]
+    pub default_kv_lease_ttl: Option<Millis>,
+    #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL")]
+    pub default_kv_soft_pin_ttl: Option<Millis>,
+    #[arg(long, env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL")]
+    pub max_kv_soft_pin_ttl: Option<Millis>,
+    #[arg(long, env = "RBGCTL_MASTER_EVICTION_HIGH_WATERMARK_RATIO")]
+    pub eviction_high_watermark_ratio: Option<f64>,
+    #[arg(long, env = "RBGCTL_MASTER_EVICTION_RATIO")]
+    pub eviction_ratio: Option<f64>,
+    #[arg(long, env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT")]
+    pub put_start_discard_timeout: Option<Millis>,
+    #[arg(long, env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT")]
+    pub put_start_release_timeout: Option<Millis>,
+    #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
+    pub allocation_strategy: Option<String>,
+    #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
+    pub poll_spin_us: Option<u64>,
+}
+
+impl MasterArgs {
+    /// Layers file, then these values, over the defaults, and validates the result.
+    pub fn resolve(&self) -> Result<MasterConfig, ConfigError> {
+        let mut c: MasterConfig = match &self.config {
+            Some(path) => load_toml(path)?,
+            None => MasterConfig::default(),
+        };
+        macro_rules! set {
+            ($($field:ident => $target:ident),* $(,)?) => {
+                $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
+            };
+        }
+        set!(
+            rpc_address => rpc_address,
+            rpc_port => rpc_port,
+            enable_http_metadata_server => enable_http_metadata_server,
+            http_metadata_server_host => http_metadata_server_host,
+            http_metadata_server_port => http_metadata_server_port,
+            metrics_host => metrics_host,
+            metrics_port => metrics_port,
+            client_ttl => client_ttl_ms,
+            default_kv_lease_ttl => default_kv_lease_ttl_ms,
+            default_kv_soft_pin_ttl => default_kv_soft_pin_ttl_ms,
+            max_kv_soft_pin_ttl => max_kv_soft_pin_ttl_ms,
+            eviction_high_watermark_ratio => eviction_high_watermark_ratio,
+            eviction_ratio => eviction_ratio,
+            put_start_discard_timeout => put_start_discard_timeout_ms,
+            put_start_release_timeout => put_start_release_timeout_ms,
+            max_connections => max_connections,
+            poll_spin_us => poll_spin_us,
+        );
+        if let Some(s) = &self.allocation_strategy {
+            c.allocation_strategy = s
+                .parse()
+                .map_err(|e: String| ConfigError::invalid("master.allocation_strategy", e))?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+impl MasterConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_ratio(
+            "master.eviction_high_watermark_ratio",
+            self.eviction_high_watermark_ratio,
+            false,
+        )?;
+        check_ratio("master.eviction_ratio", self.eviction_ratio, true)?;
+        if self.client_ttl_ms.0 < Duration::from_millis(100) {
+            return Err(ConfigError::invalid(
+                "master.client_ttl_ms",
+                format!("must be at least 100 ms, got {:?}", self.client_ttl_ms.0),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::invalid(
+                "master.max_connections",
+                "must be at least 1",
+            ));
+        }
+        if self.put_start_release_timeout_ms.0 < self.put_start_discard_timeout_ms.0 {
+            return Err(ConfigError::invalid(
+                "master.put_start_release_timeout_ms",
+                "must not be shorter than put_start_discard_timeout_ms",
+            ));
+        }
+        for (field, host) in [
+            ("master.rpc_address", &self.rpc_address),
+            (
+                "master.http_metadata_server_host",
+                &self.http_metadata_server_host,
+            ),
+            ("master.metrics_host", &self.metrics_host),
+        ] {
+            if host.parse::<std::net::IpAddr>().is_err() {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("expected an IP address to bind, got {host:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_mooncake() {
+        let c = MasterConfig::default();
+        c.validate().unwrap();
+        assert_eq!(c.rpc_port, 50051);
+        assert_eq!(c.metrics_port, 9003);
+        assert_eq!(c.http_metadata_server_port, 8080);
+        assert_eq!(c.client_ttl_ms.0, Duration::from_secs(10));
+        assert_eq!(c.default_kv_lease_ttl_ms.0, Duration::from_secs(10));
+        assert_eq!(c.eviction_high_watermark_ratio, 0.9);
+        assert_eq!(c.eviction_ratio, 0.05);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(
+            &path,
+            "rpc_port = 6000\nmetrics_port = 7000\nclient_ttl_ms = \"3s\"\n",
+        )
+        .unwrap();
+        let args = MasterArgs {
+            config: Some(path),
+            rpc_port: Some(6001),
+            ..Default::default()
+        };
+        let c = args.resolve().unwrap();
+        assert_eq!(c.rpc_port, 6001, "flag wins");
+        assert_eq!(c.metrics_port, 7000, "file beats default");
+        assert_eq!(c.client_ttl_ms.0, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let args = MasterArgs {
+            eviction_high_watermark_ratio: Some(1.5),
+            ..Default::default()
+        };
+        let e = args.resolve().unwrap_err().to_string();
+        assert!(e.contains("master.eviction_high_watermark_ratio"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, "rpc_prot = 1\n").unwrap();
+        let e = MasterArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rpc_prot"), "{e}");
+        std::fs::write(&path, "rpc_port = \"high\"\n").unwrap();
+        let e = MasterArgs {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 1"), "{e}");
+    }
+}

@@ -1,0 +1,315 @@
+//! The master's HTTP servers: Mooncake's metadata protocol on its own port, and `/metrics`,
+//! `/health` and the JSON admin API on the metrics port.
+
+use super::metadata::MetadataStore;
+use super::state::MasterState;
+use super::Shared;
+use crate::telemetry::PromText;
+use crate::transfer::Opcode;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn plain(status: u16, body: Vec<u8>, json: bool) -> Response {
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if json {
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+    }
+    resp
+}
+
+/// Mooncake's metadata server: `GET/PUT/DELETE /metadata?key=…`, `GET /health`, 404 otherwise.
+pub fn metadata_router(store: Arc<Mutex<MetadataStore>>) -> Router {
+    Router::new()
+        .fallback(move |method: Method, uri: Uri, body: Bytes| {
+            let store = store.clone();
+            async move {
+                match (uri.path(), method.as_str()) {
+                    ("/metadata", m @ ("GET" | "PUT" | "DELETE")) => {
+                        let r = store.lock().handle(m, uri.query(), &body);
+                        plain(r.status, r.body, r.json)
+                    }
+                    ("/health", "GET") => plain(200, b"OK".to_vec(), false),
+                    _ => plain(404, b"404 Not Found".to_vec(), false),
+                }
+            }
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
+}
+
+#[derive(Deserialize)]
+struct KeyQuery {
+    key: Option<String>,
+}
+
+pub fn admin_router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/metrics/summary", get(summary_text))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/segments", get(segments))
+        .route("/api/v1/objects", get(object))
+        .route("/query_key", get(query_key))
+        .route("/get_all_segments", get(all_segments))
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                Json(serde_json::json!({"error": "not found"})),
+            )
+        })
+        .with_state(shared)
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    Json(serde_json::json!({
+        "status": "ok",
+        "role": "leader",
+        "service_ready": true,
+        "uptime_seconds": shared.started.elapsed().as_secs(),
+    }))
+}
+
+async fn summary_text(State(shared): State<Arc<Shared>>) -> String {
+    super::summary_line(&shared.state.lock(), Instant::now())
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let st = shared.state.lock();
+    let now = Instant::now();
+    Json(serde_json::json!({
+        "summary": st.summary(now),
+        "counters": st.counters,
+        "eviction_high_watermark_ratio": st.config().eviction_high_watermark_ratio,
+        "eviction_ratio": st.config().eviction_ratio,
+    }))
+}
+
+async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let st = shared.state.lock();
+    let mut list: Vec<serde_json::Value> = st
+        .segments()
+        .map(|s| {
+            serde_json::json!({
+                "id": s.id,
+                "name": s.info.name,
+                "endpoint": s.info.endpoint,
+                "client_id": s.client_id,
+                "capacity_bytes": s.alloc.capacity(),
+                "used_bytes": s.alloc.used(),
+                "free_bytes": s.alloc.free(),
+                "largest_free_bytes": s.alloc.largest_free(),
+                "fragmentation": s.alloc.fragmentation(),
+                "shm_path": s.info.shm_path,
+                "host_id": s.info.host_id,
+            })
+        })
+        .collect();
+    list.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    Json(serde_json::json!({ "segments": list }))
+}
+
+fn object_json(st: &MasterState, key: &str, now: Instant) -> Option<serde_json::Value> {
+    let e = st.lookup(key)?;
+    let replica_json = |r: &crate::transfer::message::ReplicaLoc| {
+        serde_json::json!({
+            "segment_id": r.segment_id,
+            "segment": st.segment(r.segment_id).map(|s| s.info.name.clone()),
+            "offset": r.offset,
+        })
+    };
+    let current = e.current.as_ref().map(|v| {
+        serde_json::json!({
+            "object_id": v.object_id,
+            "size": v.size,
+            "checksum": v.checksum,
+            "replicas": v.replicas.iter().map(replica_json).collect::<Vec<_>>(),
+            "lease_ms_left": v.lease_until.saturating_duration_since(now).as_millis() as u64,
+            "soft_pin_ms_left": v.soft_pin_until.map(|t| t.saturating_duration_since(now).as_millis() as u64),
+            "idle_ms": now.saturating_duration_since(v.last_access).as_millis() as u64,
+        })
+    });
+    let pending = e.pending.as_ref().map(|p| {
+        serde_json::json!({
+            "object_id": p.object_id,
+            "client_id": p.client_id,
+            "size": p.size,
+            "age_ms": now.saturating_duration_since(p.started).as_millis() as u64,
+        })
+    });
+    Some(serde_json::json!({ "key": key, "current": current, "pending": pending }))
+}
+
+async fn object(State(shared): State<Arc<Shared>>, Query(q): Query<KeyQuery>) -> Response {
+    let Some(key) = q.key else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "missing key parameter"})),
+        )
+            .into_response();
+    };
+    let st = shared.state.lock();
+    match object_json(&st, &key, Instant::now()) {
+        Some(v) => Json(v).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": "OBJECT_NOT_FOUND", "key": key})),
+        )
+            .into_response(),
+    }
+}
+
+/// Mooncake's `/query_key?key=`: the same 404 body as its admin server.
+async fn query_key(State(shared): State<Arc<Shared>>, Query(q): Query<KeyQuery>) -> Response {
+    let key = q.key.unwrap_or_default();
+    let st = shared.state.lock();
+    match object_json(&st, &key, Instant::now()) {
+        Some(v) if !v["current"].is_null() => Json(serde_json::json!({"success": true, "object": v})).into_response(),
+        _ => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"success": false, "error_code": -704, "error_message": "OBJECT_NOT_FOUND"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn all_segments(State(shared): State<Arc<Shared>>) -> String {
+    let st = shared.state.lock();
+    let mut names: Vec<String> = st.segments().map(|s| s.info.name.clone()).collect();
+    names.sort();
+    names.join("\n")
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let now = Instant::now();
+    let (summary, counters) = {
+        let st = shared.state.lock();
+        (st.summary(now), st.counters.clone())
+    };
+    let mut p = PromText::new();
+    p.single(
+        "rbgctl_master_used_bytes",
+        "gauge",
+        "Bytes allocated in all segments.",
+        summary.used_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_capacity_bytes",
+        "gauge",
+        "Bytes contributed by all mounted segments.",
+        summary.capacity_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_keys",
+        "gauge",
+        "Readable objects.",
+        summary.keys as f64,
+    )
+    .single(
+        "rbgctl_master_soft_pinned_keys",
+        "gauge",
+        "Objects under a soft pin.",
+        summary.soft_pinned_keys as f64,
+    )
+    .single(
+        "rbgctl_master_pending_puts",
+        "gauge",
+        "Puts started and not yet finished.",
+        summary.pending_puts as f64,
+    )
+    .single(
+        "rbgctl_master_clients",
+        "gauge",
+        "Clients with a live heartbeat.",
+        summary.clients as f64,
+    )
+    .single(
+        "rbgctl_master_segments",
+        "gauge",
+        "Mounted segments.",
+        summary.segments as f64,
+    )
+    .single(
+        "rbgctl_master_deferred_bytes",
+        "gauge",
+        "Freed bytes waiting for a lease or a writer to end.",
+        summary.deferred_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_evicted_objects_total",
+        "counter",
+        "Objects evicted.",
+        counters.evicted_objects as f64,
+    )
+    .single(
+        "rbgctl_master_evicted_bytes_total",
+        "counter",
+        "Bytes freed by eviction.",
+        counters.evicted_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_eviction_runs_total",
+        "counter",
+        "Eviction passes.",
+        counters.eviction_runs as f64,
+    )
+    .single(
+        "rbgctl_master_expired_clients_total",
+        "counter",
+        "Clients dropped after their TTL.",
+        counters.expired_clients as f64,
+    )
+    .single(
+        "rbgctl_master_dropped_objects_total",
+        "counter",
+        "Objects lost with their segments.",
+        counters.dropped_objects as f64,
+    )
+    .single(
+        "rbgctl_master_reclaimed_puts_total",
+        "counter",
+        "Abandoned puts reclaimed.",
+        counters.reclaimed_puts as f64,
+    )
+    .single(
+        "rbgctl_master_alloc_failures_total",
+        "counter",
+        "Puts that found no space at first try.",
+        counters.alloc_failures as f64,
+    )
+    .single(
+        "rbgctl_master_partial_allocations_total",
+        "counter",
+        "Puts given fewer replicas than asked.",
+        counters.partial_allocations as f64,
+    )
+    .single(
+        "rbgctl_master_bad_frames_total",
+        "counter",
+        "Connections closed because of malformed input.",
+        shared
+            .service
+            .bad_frames
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    shared.service.stats.render(&mut p, "rbgctl_master", |op| {
+        Opcode::from_u8(op).map(|o| o.name())
+    });
+    let mut resp = p.finish().into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}

@@ -1,0 +1,145 @@
+//! The HTTP metadata store that Mooncake's transfer engines use (`/metadata?key=…`), as rules
+//! separate from the HTTP plumbing. Behaviour follows Mooncake's C++ server: keys are the raw
+//! query value (not URL-decoded), and an `rpc_meta` key may be re-published only unchanged.
+
+use std::collections::HashMap;
+
+/// A reply: status code, body, and whether the body is the stored JSON.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub json: bool,
+}
+
+fn text(status: u16, body: &str) -> Reply {
+    Reply {
+        status,
+        body: body.as_bytes().to_vec(),
+        json: false,
+    }
+}
+
+#[derive(Default)]
+pub struct MetadataStore {
+    map: HashMap<String, Vec<u8>>,
+}
+
+impl MetadataStore {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Handles one request. `query` is the raw query string of the URL.
+    pub fn handle(&mut self, method: &str, query: Option<&str>, body: &[u8]) -> Reply {
+        let Some(key) = query
+            .and_then(|q| raw_query_param(q, "key"))
+            .filter(|k| !k.is_empty())
+        else {
+            return text(400, "Missing key parameter");
+        };
+        match method {
+            "GET" => match self.map.get(key) {
+                Some(v) => Reply {
+                    status: 200,
+                    body: v.clone(),
+                    json: true,
+                },
+                None => text(404, "metadata not found"),
+            },
+            "PUT" => {
+                if key.contains("rpc_meta") {
+                    if let Some(existing) = self.map.get(key) {
+                        return if existing.as_slice() == body {
+                            text(200, "metadata unchanged")
+                        } else {
+                            text(400, "Duplicate rpc_meta key not allowed")
+                        };
+                    }
+                }
+                self.map.insert(key.to_string(), body.to_vec());
+                text(200, "metadata updated")
+            }
+            "DELETE" => match self.map.remove(key) {
+                Some(_) => text(200, "metadata deleted"),
+                None => text(404, "metadata not found"),
+            },
+            _ => text(404, "404 Not Found"),
+        }
+    }
+}
+
+/// The raw (still percent-encoded) value of query parameter `name`.
+pub fn raw_query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|pair| match pair.split_once('=') {
+            Some((k, v)) if k == name => Some(v),
+            None if pair == name => Some(""),
+            _ => None,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_put_delete_codes_and_bodies() {
+        let mut s = MetadataStore::default();
+        let q = Some("key=mooncake%2Fram%2Fh%3A1");
+        assert_eq!(s.handle("GET", q, b""), text(404, "metadata not found"));
+        assert_eq!(
+            s.handle("PUT", q, b"{\"a\":1}"),
+            text(200, "metadata updated")
+        );
+        let r = s.handle("GET", q, b"");
+        assert_eq!(
+            (r.status, r.body.as_slice(), r.json),
+            (200, &b"{\"a\":1}"[..], true)
+        );
+        assert_eq!(
+            s.handle("PUT", q, b"{\"a\":2}"),
+            text(200, "metadata updated"),
+            "plain keys are overwritten"
+        );
+        assert_eq!(s.handle("DELETE", q, b""), text(200, "metadata deleted"));
+        assert_eq!(s.handle("DELETE", q, b""), text(404, "metadata not found"));
+        assert_eq!(
+            s.handle("GET", None, b""),
+            text(400, "Missing key parameter")
+        );
+        assert_eq!(
+            s.handle("PUT", Some("other=1"), b""),
+            text(400, "Missing key parameter")
+        );
+    }
+
+    #[test]
+    fn rpc_meta_may_only_be_republished_unchanged() {
+        let mut s = MetadataStore::default();
+        let q = Some("key=mooncake%2Frpc_meta%2Fh%3A1");
+        assert_eq!(s.handle("PUT", q, b"A"), text(200, "metadata updated"));
+        assert_eq!(s.handle("PUT", q, b"A"), text(200, "metadata unchanged"));
+        assert_eq!(
+            s.handle("PUT", q, b"B"),
+            text(400, "Duplicate rpc_meta key not allowed")
+        );
+    }
+
+    #[test]
+    fn keys_are_not_url_decoded() {
+        let mut s = MetadataStore::default();
+        s.handle("PUT", Some("key=mooncake%2Fram%2FX"), b"1");
+        assert_eq!(s.handle("GET", Some("key=mooncake/ram/X"), b"").status, 404);
+        assert_eq!(
+            s.handle("GET", Some("a=b&key=mooncake%2Fram%2FX"), b"")
+                .status,
+            200
+        );
+    }
+}

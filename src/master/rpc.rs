@@ -1,0 +1,221 @@
+//! The master's RPC service: decodes each request, applies it to the state under one lock, and
+//! answers. Batch requests take the lock once for the whole batch.
+
+use super::state::{MasterState, OpResult};
+use crate::telemetry::OpStats;
+use crate::transfer::message::*;
+use crate::transfer::server::{ServerIo, Service};
+use crate::transfer::{Header, Opcode, Status, TransferError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct MasterService {
+    pub state: Arc<Mutex<MasterState>>,
+    pub stats: Arc<OpStats>,
+    pub bad_frames: AtomicU64,
+}
+
+fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
+    match r {
+        Ok(v) => io.ok(&v).map(|_| true),
+        Err((status, msg)) => io.error(status, &msg).map(|_| false),
+    }
+}
+
+fn item<T>(r: OpResult<T>) -> Result<T, Status> {
+    r.map_err(|(s, _)| s)
+}
+
+impl MasterService {
+    fn dispatch(
+        &self,
+        op: Opcode,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+    ) -> Result<bool, TransferError> {
+        let now = Instant::now();
+        match op {
+            Opcode::Ping => {
+                let r = PingReq::from_meta(meta)?;
+                let need_remount = self.state.lock().ping(r.client_id, now);
+                answer(io, Ok(PingResp { need_remount }))
+            }
+            Opcode::MountSegment => {
+                let r = MountReq::from_meta(meta)?;
+                let res = self.state.lock().mount(r.client_id, r.segment, now);
+                answer(io, res.map(|segment_id| MountResp { segment_id }))
+            }
+            Opcode::UnmountSegment => {
+                let r = UnmountReq::from_meta(meta)?;
+                let res = self.state.lock().unmount(r.client_id, r.segment_id);
+                answer(io, res)
+            }
+            Opcode::ListSegments => {
+                <()>::from_meta(meta)?;
+                let segments = self.state.lock().list_segments();
+                answer(io, Ok(ListSegmentsResp { segments }))
+            }
+            Opcode::PutStart => {
+                let r = PutStartReq::from_meta(meta)?;
+                let res = self
+                    .state
+                    .lock()
+                    .put_start(r.client_id, &r.key, r.size, &r.config, now);
+                answer(
+                    io,
+                    res.map(|(object_id, replicas)| PutStartResp {
+                        object_id,
+                        replicas,
+                    }),
+                )
+            }
+            Opcode::PutEnd => {
+                let r = PutEndReq::from_meta(meta)?;
+                let res =
+                    self.state
+                        .lock()
+                        .put_end(r.client_id, &r.key, r.object_id, r.checksum, now);
+                answer(io, res)
+            }
+            Opcode::PutRevoke => {
+                let r = PutRevokeReq::from_meta(meta)?;
+                let res = self
+                    .state
+                    .lock()
+                    .put_revoke(r.client_id, &r.key, r.object_id, now);
+                answer(io, res)
+            }
+            Opcode::GetReplicas => {
+                let r = KeyReq::from_meta(meta)?;
+                let res = self.state.lock().get_replicas(&r.key, now);
+                answer(io, res)
+            }
+            Opcode::Exists => {
+                let r = KeyReq::from_meta(meta)?;
+                let exists = self.state.lock().exists(&r.key, now);
+                answer(io, Ok(exists))
+            }
+            Opcode::Remove => {
+                let r = RemoveReq::from_meta(meta)?;
+                let res = self.state.lock().remove(&r.key, r.force, now);
+                answer(io, res)
+            }
+            Opcode::RemoveAll => {
+                let r = RemoveAllReq::from_meta(meta)?;
+                let removed = self.state.lock().remove_all(r.force, now);
+                answer(io, Ok(RemoveAllResp { removed }))
+            }
+            Opcode::BatchPutStart => {
+                let r = BatchPutStartReq::from_meta(meta)?;
+                let mut st = self.state.lock();
+                let items = r
+                    .items
+                    .iter()
+                    .map(|it| {
+                        item(st.put_start(r.client_id, &it.key, it.size, &r.config, now)).map(
+                            |(object_id, replicas)| PutStartResp {
+                                object_id,
+                                replicas,
+                            },
+                        )
+                    })
+                    .collect();
+                drop(st);
+                answer(io, Ok(BatchPutStartResp { items }))
+            }
+            Opcode::BatchPutEnd => {
+                let r = BatchPutEndReq::from_meta(meta)?;
+                let mut st = self.state.lock();
+                let items = r
+                    .items
+                    .iter()
+                    .map(|it| {
+                        status_of(st.put_end(r.client_id, &it.key, it.object_id, it.checksum, now))
+                    })
+                    .collect();
+                drop(st);
+                answer(io, Ok(BatchStatusResp { items }))
+            }
+            Opcode::BatchPutRevoke => {
+                let r = BatchPutEndReq::from_meta(meta)?;
+                let mut st = self.state.lock();
+                let items = r
+                    .items
+                    .iter()
+                    .map(|it| status_of(st.put_revoke(r.client_id, &it.key, it.object_id, now)))
+                    .collect();
+                drop(st);
+                answer(io, Ok(BatchStatusResp { items }))
+            }
+            Opcode::BatchGetReplicas => {
+                let r = BatchKeysReq::from_meta(meta)?;
+                let mut st = self.state.lock();
+                let items = r
+                    .keys
+                    .iter()
+                    .map(|k| item(st.get_replicas(k, now)))
+                    .collect();
+                drop(st);
+                answer(io, Ok(BatchGetReplicasResp { items }))
+            }
+            Opcode::BatchExists => {
+                let r = BatchKeysReq::from_meta(meta)?;
+                let mut st = self.state.lock();
+                let items = r.keys.iter().map(|k| st.exists(k, now)).collect();
+                drop(st);
+                answer(io, Ok(BatchExistsResp { items }))
+            }
+            Opcode::BatchRemove => {
+                let r = BatchRemoveReq::from_meta(meta)?;
+                let mut st = self.state.lock();
+                let items = r
+                    .keys
+                    .iter()
+                    .map(|k| status_of(st.remove(k, r.force, now)))
+                    .collect();
+                drop(st);
+                answer(io, Ok(BatchStatusResp { items }))
+            }
+            Opcode::Write | Opcode::Read | Opcode::StoreInfo => {
+                io.error(
+                    Status::UnknownOpcode,
+                    &format!("{} is a store operation, not a master one", op.name()),
+                )?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+fn status_of(r: OpResult<()>) -> Status {
+    match r {
+        Ok(()) => Status::Ok,
+        Err((s, _)) => s,
+    }
+}
+
+impl Service for MasterService {
+    fn handle(
+        &self,
+        req: &Header,
+        op: Opcode,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+    ) -> Result<(), TransferError> {
+        let t0 = Instant::now();
+        let result = self.dispatch(op, meta, io);
+        let ok = matches!(result, Ok(true));
+        self.stats.record(req.opcode, ok, t0.elapsed());
+        result.map(|_| ())
+    }
+
+    fn max_data_len(&self) -> u64 {
+        0
+    }
+
+    fn on_bad_frame(&self) {
+        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,286 @@
+//! `rbgctl store` configuration. Precedence: flag or `RBGCTL_STORE_*` variable > `MOONCAKE_*`
+//! variables (or `MOONCAKE_CONFIG_PATH`) > TOML file (`--config`) > the defaults documented on
+//! each field. Example: `config/store.toml`.
+
+use crate::config::mooncake::MooncakeEnv;
+use crate::config::{check_endpoint, load_toml, ByteSize, ConfigError, Millis};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The master's RPC address. Default `127.0.0.1:50051`.
+    pub master: String,
+    /// Address the data server binds to. Default `0.0.0.0`.
+    pub bind_address: String,
+    /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
+    /// Default: `$POD_IP` when set, else `127.0.0.1`.
+    pub local_hostname: String,
+    /// Data port; 0 picks a free one. Default 0.
+    pub port: u16,
+    /// Segment name; default `<local_hostname>:<port>`.
+    pub name: Option<String>,
+    /// Memory contributed to the pool. 0 = a pure client that serves nothing. Default 1 GiB.
+    pub segment_size: ByteSize,
+    /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
+    /// and needs none; the value is accepted and reported only.
+    pub local_buffer_size: ByteSize,
+    /// `tcp` (default) or `rdma`. Without the `rdma` build feature, `rdma` falls back to TCP
+    /// with a warning.
+    pub protocol: String,
+    /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`).
+    pub device: String,
+    /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
+    /// `P2PHANDSHAKE` (default) for none.
+    pub metadata_server: String,
+    /// Where the segment's backing file lives. Default `/dev/shm/rbgctl`.
+    pub shm_dir: PathBuf,
+    /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
+    pub metrics_host: String,
+    /// Metrics port; 0 picks a free one. Default 9004.
+    pub metrics_port: u16,
+    /// Heartbeat period. Default 1 s.
+    pub heartbeat_interval_ms: Millis,
+    /// Most simultaneous data connections. Default 4096.
+    pub max_connections: usize,
+    /// Spin-poll window in microseconds (0 = block at once). Default 50.
+    pub poll_spin_us: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            master: "127.0.0.1:50051".into(),
+            bind_address: "0.0.0.0".into(),
+            local_hostname: crate::config::env_var("POD_IP").unwrap_or_else(|| "127.0.0.1".into()),
+            port: 0,
+            name: None,
+            segment_size: ByteSize(1 << 30),
+            local_buffer_size: ByteSize(0),
+            protocol: "tcp".into(),
+            device: String::new(),
+            metadata_server: "P2PHANDSHAKE".into(),
+            shm_dir: PathBuf::from("/dev/shm/rbgctl"),
+            metrics_host: "0.0.0.0".into(),
+            metrics_port: 9004,
+            heartbeat_interval_ms: Millis(Duration::from_secs(1)),
+            max_connections: 4096,
+            poll_spin_us: 50,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct StoreArgs {
+    /// TOML config file (see config/store.toml).
+    #[arg(long, env = "RBGCTL_STORE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Master RPC address (host:port).
+    #[arg(long, env = "RBGCTL_STORE_MASTER")]
+    pub master: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_BIND_ADDRESS")]
+    pub bind_address: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_LOCAL_HOSTNAME")]
+    pub local_hostname: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_PORT")]
+    pub port: Option<u16>,
+    #[arg(long, env = "RBGCTL_STORE_NAME")]
+    pub name: Option<String>,
+    /// Memory contributed (4GiB, 512mb, bytes).
+    #[arg(long, env = "RBGCTL_STORE_SEGMENT_SIZE")]
+    pub segment_size: Option<ByteSize>,
+    #[arg(long, env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE")]
+    pub local_buffer_size: Option<ByteSize>,
+    #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
+    pub protocol: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_DEVICE")]
+    pub device: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_METADATA_SERVER")]
+    pub metadata_server: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_SHM_DIR")]
+    pub shm_dir: Option<PathBuf>,
+    #[arg(long, env = "RBGCTL_STORE_METRICS_HOST")]
+    pub metrics_host: Option<String>,
+    #[arg(long, env = "RBGCTL_STORE_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+    #[arg(long, env = "RBGCTL_STORE_HEARTBEAT_INTERVAL")]
+    pub heartbeat_interval: Option<Millis>,
+    #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
+    pub poll_spin_us: Option<u64>,
+}
+
+impl StoreArgs {
+    pub fn resolve(&self, mooncake: &MooncakeEnv) -> Result<StoreConfig, ConfigError> {
+        let mut c: StoreConfig = match &self.config {
+            Some(p) => load_toml(p)?,
+            None => StoreConfig::default(),
+        };
+        if let Some(v) = &mooncake.master {
+            c.master = v.clone();
+        }
+        if let Some(v) = &mooncake.local_hostname {
+            c.local_hostname = v.clone();
+        }
+        if let Some(v) = &mooncake.metadata_server {
+            c.metadata_server = v.clone();
+        }
+        if let Some(v) = mooncake.global_segment_size {
+            c.segment_size = ByteSize(v);
+        }
+        if let Some(v) = mooncake.local_buffer_size {
+            c.local_buffer_size = ByteSize(v);
+        }
+        if let Some(v) = &mooncake.protocol {
+            c.protocol = v.clone();
+        }
+        if let Some(v) = &mooncake.device {
+            c.device = v.clone();
+        }
+        macro_rules! set {
+            ($($field:ident => $target:ident),* $(,)?) => {
+                $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
+            };
+        }
+        set!(
+            master => master,
+            bind_address => bind_address,
+            local_hostname => local_hostname,
+            port => port,
+            segment_size => segment_size,
+            local_buffer_size => local_buffer_size,
+            protocol => protocol,
+            device => device,
+            metadata_server => metadata_server,
+            shm_dir => shm_dir,
+            metrics_host => metrics_host,
+            metrics_port => metrics_port,
+            heartbeat_interval => heartbeat_interval_ms,
+            max_connections => max_connections,
+            poll_spin_us => poll_spin_us,
+        );
+        if self.name.is_some() {
+            c.name = self.name.clone();
+        }
+        c.protocol = c.protocol.to_ascii_lowercase();
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+impl StoreConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_endpoint("store.master", &self.master)?;
+        if !matches!(self.protocol.as_str(), "tcp" | "rdma") {
+            return Err(ConfigError::invalid(
+                "store.protocol",
+                format!("expected tcp or rdma, got {:?}", self.protocol),
+            ));
+        }
+        if self.segment_size.0 != 0 && self.segment_size.0 < 4096 {
+            return Err(ConfigError::invalid(
+                "store.segment_size",
+                format!(
+                    "must be 0 (pure client) or at least 4 KiB, got {}",
+                    self.segment_size.0
+                ),
+            ));
+        }
+        if self.local_hostname.is_empty() || self.local_hostname.contains(char::is_whitespace) {
+            return Err(ConfigError::invalid(
+                "store.local_hostname",
+                "must be a host name or IP",
+            ));
+        }
+        if self.bind_address.parse::<std::net::IpAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                "store.bind_address",
+                format!("expected an IP address, got {:?}", self.bind_address),
+            ));
+        }
+        let ms = &self.metadata_server;
+        if ms != "P2PHANDSHAKE" && !ms.starts_with("http://") && !ms.starts_with("https://") {
+            return Err(ConfigError::invalid(
+                "store.metadata_server",
+                format!(
+                    "expected P2PHANDSHAKE or an http:// URL, got {ms:?} (etcd is not supported)"
+                ),
+            ));
+        }
+        if self.heartbeat_interval_ms.0 < Duration::from_millis(10) {
+            return Err(ConfigError::invalid(
+                "store.heartbeat_interval_ms",
+                "must be at least 10 ms",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mooncake_env_sits_between_file_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.toml");
+        std::fs::write(
+            &p,
+            "master = \"file:1\"\nsegment_size = \"64MiB\"\nport = 7000\n",
+        )
+        .unwrap();
+        let env = MooncakeEnv {
+            master: Some("env:2".into()),
+            global_segment_size: Some(50 << 30),
+            protocol: Some("rdma".into()),
+            ..Default::default()
+        };
+        let args = StoreArgs {
+            config: Some(p),
+            segment_size: Some(ByteSize(1 << 20)),
+            ..Default::default()
+        };
+        let c = args.resolve(&env).unwrap();
+        assert_eq!(c.master, "env:2", "MOONCAKE_MASTER beats the file");
+        assert_eq!(
+            c.segment_size.0,
+            1 << 20,
+            "the flag beats MOONCAKE_GLOBAL_SEGMENT_SIZE"
+        );
+        assert_eq!(c.port, 7000);
+        assert_eq!(c.protocol, "rdma");
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let bad = |args: StoreArgs| {
+            args.resolve(&MooncakeEnv::default())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad(StoreArgs {
+            master: Some("nohost".into()),
+            ..Default::default()
+        })
+        .contains("store.master"));
+        assert!(bad(StoreArgs {
+            protocol: Some("udp".into()),
+            ..Default::default()
+        })
+        .contains("store.protocol"));
+        assert!(bad(StoreArgs {
+            segment_size: Some(ByteSize(10)),
+            ..Default::default()
+        })
+        .contains("store.segment_size"));
+        assert!(bad(StoreArgs {
+            metadata_server: Some("etcd://x".into()),
+            ..Default::default()
+        })
+        .contains("store.metadata_server"));
+    }
+}

@@ -1,0 +1,213 @@
+//! Keeping the master informed: mount the segment, heartbeat, mount again when the master asks
+//! (it restarted or expired us), unmount on a clean stop. Optionally publishes the segment's
+//! Mooncake descriptor to an HTTP metadata server.
+
+use crate::transfer::message::{MountReq, MountResp, PingReq, PingResp, SegmentInfo, UnmountReq};
+use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Registration {
+    pub client_id: u64,
+    pub master: Pool,
+    pub segment: Option<SegmentInfo>,
+    /// The id the master gave the segment; 0 while not mounted.
+    pub segment_id: AtomicU64,
+    pub metadata_server: Option<String>,
+    pub stop: AtomicBool,
+    pub interval: Duration,
+}
+
+impl Registration {
+    pub fn new(
+        master: &str,
+        segment: Option<SegmentInfo>,
+        metadata_server: Option<String>,
+        interval: Duration,
+    ) -> Registration {
+        let opts = ConnOptions {
+            io_timeout: Duration::from_secs(3),
+            spin: Duration::ZERO,
+            ..ConnOptions::default()
+        };
+        Registration {
+            client_id: fastrand::u64(1..),
+            master: Pool::new(master, opts),
+            segment,
+            segment_id: AtomicU64::new(0),
+            metadata_server,
+            stop: AtomicBool::new(false),
+            interval,
+        }
+    }
+
+    pub fn mounted(&self) -> bool {
+        self.segment.is_none() || self.segment_id.load(Ordering::SeqCst) != 0
+    }
+
+    fn mount(&self) -> Result<(), TransferError> {
+        let Some(seg) = &self.segment else {
+            return Ok(());
+        };
+        let req = MountReq {
+            client_id: self.client_id,
+            segment: seg.clone(),
+        };
+        let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
+        let previous = self.segment_id.swap(resp.segment_id, Ordering::SeqCst);
+        if previous != resp.segment_id {
+            tracing::info!(segment = %seg.name, segment_id = resp.segment_id, master = self.master.addr(), "segment mounted");
+            if let Some(url) = &self.metadata_server {
+                publish_descriptor(url, seg);
+            }
+        }
+        Ok(())
+    }
+
+    /// One heartbeat; mounts first when not mounted or when the master does not know us.
+    pub fn beat(&self) -> Result<(), TransferError> {
+        let resp: PingResp = self.master.with(|c| {
+            c.call(
+                Opcode::Ping,
+                &PingReq {
+                    client_id: self.client_id,
+                },
+            )
+        })?;
+        if resp.need_remount || !self.mounted() {
+            if resp.need_remount && self.segment_id.load(Ordering::SeqCst) != 0 {
+                tracing::warn!(
+                    "master does not know this store (restarted or expired us); mounting again"
+                );
+                self.segment_id.store(0, Ordering::SeqCst);
+            }
+            self.mount()?;
+        }
+        Ok(())
+    }
+
+    /// Heartbeats until `stop` is set, logging failures once per outage.
+    pub fn run(self: Arc<Self>) {
+        let mut failing = false;
+        while !self.stop.load(Ordering::SeqCst) {
+            match self.beat() {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!(master = self.master.addr(), "master reachable again");
+                    }
+                    failing = false;
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(master = self.master.addr(), error = %e, "heartbeat failed; retrying");
+                    }
+                    failing = true;
+                    self.master.clear();
+                }
+            }
+            let mut slept = Duration::ZERO;
+            while slept < self.interval && !self.stop.load(Ordering::SeqCst) {
+                let step = Duration::from_millis(20).min(self.interval - slept);
+                std::thread::sleep(step);
+                slept += step;
+            }
+        }
+    }
+
+    /// Unmounts on a clean stop so that the master drops the segment at once.
+    pub fn unmount(&self) {
+        let id = self.segment_id.swap(0, Ordering::SeqCst);
+        if id == 0 {
+            return;
+        }
+        let req = UnmountReq {
+            client_id: self.client_id,
+            segment_id: id,
+        };
+        match self
+            .master
+            .with(|c| c.call::<_, ()>(Opcode::UnmountSegment, &req))
+        {
+            Ok(()) => tracing::info!(segment_id = id, "segment unmounted"),
+            Err(e) => {
+                tracing::warn!(error = %e, "unmount failed; the master will expire the segment")
+            }
+        }
+    }
+}
+
+/// Percent-encodes every byte but unreserved ones, as curl_easy_escape does.
+pub fn url_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Publishes `mooncake/ram/<name>` and `mooncake/rpc_meta/<name>` the way Mooncake's transfer
+/// engine does, so that tools reading the metadata server see this segment.
+fn publish_descriptor(base_url: &str, seg: &SegmentInfo) {
+    let (host, port) = seg
+        .endpoint
+        .rsplit_once(':')
+        .unwrap_or((&seg.endpoint, "0"));
+    let port: u16 = port.parse().unwrap_or(0);
+    let ram = serde_json::json!({
+        "buffers": [{"addr": 0, "length": seg.size, "name": seg.name}],
+        "name": seg.name,
+        "protocol": "tcp",
+        "rdma_server_name": "",
+        "tcp_data_host": host,
+        "tcp_data_port": port,
+        "tcp_proto_version": 0,
+        "rbgctl": true,
+    });
+    let rpc_meta = serde_json::json!({"ip_or_host_name": host, "rpc_port": port});
+    let client = match reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot build an HTTP client for the metadata server");
+            return;
+        }
+    };
+    for (key, value) in [
+        (format!("mooncake/ram/{}", seg.name), ram),
+        (format!("mooncake/rpc_meta/{}", seg.name), rpc_meta),
+    ] {
+        let url = format!("{base_url}?key={}", url_escape(&key));
+        let result = client
+            .put(&url)
+            .header("Content-Type", "application/json")
+            .body(value.to_string())
+            .send();
+        match result {
+            Ok(r) if r.status().is_success() => {
+                tracing::debug!(%key, "published to the metadata server")
+            }
+            Ok(r) => {
+                tracing::warn!(%key, status = %r.status(), "metadata server refused the descriptor")
+            }
+            Err(e) => tracing::warn!(%key, error = %e, "cannot reach the metadata server"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn escapes_like_curl() {
+        assert_eq!(
+            super::url_escape("mooncake/ram/127.0.0.1:12830"),
+            "mooncake%2Fram%2F127.0.0.1%3A12830"
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! The store's data service: writes land straight in segment memory from the socket, reads go
+//! out straight from it (vectored writes), and every range is bounds-checked first.
+
+use super::segment::SegmentMemory;
+use crate::telemetry::OpStats;
+use crate::transfer::message::{ReadReq, StoreInfoResp, Wire, WriteReq};
+use crate::transfer::server::{ServerIo, Service};
+use crate::transfer::{Header, Opcode, Status, TransferError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct StoreService {
+    pub name: String,
+    pub memory: Option<Arc<SegmentMemory>>,
+    pub stats: OpStats,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bad_frames: AtomicU64,
+}
+
+impl StoreService {
+    fn dispatch(
+        &self,
+        op: Opcode,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+    ) -> Result<bool, TransferError> {
+        let no_segment = |io: &mut ServerIo<'_>| -> Result<bool, TransferError> {
+            io.discard_data()?;
+            io.error(
+                Status::SegmentNotFound,
+                "this process contributes no segment",
+            )?;
+            Ok(false)
+        };
+        match op {
+            Opcode::Write => {
+                let r = WriteReq::from_meta(meta)?;
+                let len = io.data_len();
+                let Some(mem) = &self.memory else {
+                    return no_segment(io);
+                };
+                if let Err(msg) = mem.check(r.offset, len) {
+                    io.discard_data()?;
+                    io.error(Status::OutOfBounds, &msg)?;
+                    return Ok(false);
+                }
+                // SAFETY: the master allocated this range to exactly one writer.
+                let dst = unsafe { mem.slice_mut(r.offset, len) };
+                io.read_data_into(dst)?;
+                self.bytes_written.fetch_add(len, Ordering::Relaxed);
+                io.reply(Status::Ok, &[], &[])?;
+                Ok(true)
+            }
+            Opcode::Read => {
+                let r = ReadReq::from_meta(meta)?;
+                let Some(mem) = &self.memory else {
+                    return no_segment(io);
+                };
+                if let Err(msg) = mem.check(r.offset, r.length) {
+                    io.error(Status::OutOfBounds, &msg)?;
+                    return Ok(false);
+                }
+                // SAFETY: a reader holds a lease on the object; the range is not reallocated.
+                let src = unsafe { mem.slice(r.offset, r.length) };
+                io.reply(Status::Ok, &[], &[src])?;
+                self.bytes_read.fetch_add(r.length, Ordering::Relaxed);
+                Ok(true)
+            }
+            Opcode::StoreInfo => {
+                <()>::from_meta(meta)?;
+                let size = self.memory.as_ref().map_or(0, |m| m.size());
+                io.ok(&StoreInfoResp {
+                    name: self.name.clone(),
+                    size,
+                })?;
+                Ok(true)
+            }
+            other => {
+                io.error(
+                    Status::UnknownOpcode,
+                    &format!("{} is a master operation, not a store one", other.name()),
+                )?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+impl Service for StoreService {
+    fn handle(
+        &self,
+        req: &Header,
+        op: Opcode,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+    ) -> Result<(), TransferError> {
+        let t0 = Instant::now();
+        let result = self.dispatch(op, meta, io);
+        self.stats
+            .record(req.opcode, matches!(result, Ok(true)), t0.elapsed());
+        result.map(|_| ())
+    }
+
+    fn max_data_len(&self) -> u64 {
+        self.memory.as_ref().map_or(0, |m| m.size())
+    }
+
+    fn on_bad_frame(&self) {
+        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    }
+}

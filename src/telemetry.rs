@@ -1,0 +1,189 @@
+//! Logging set-up and the Prometheus text format shared by every server role.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Logs to stderr; the level comes from `RBGCTL_LOG` or `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = std::env::var("RBGCTL_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Builds a Prometheus text exposition.
+#[derive(Default)]
+pub struct PromText {
+    out: String,
+}
+
+impl PromText {
+    pub fn new() -> PromText {
+        PromText::default()
+    }
+
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+        self
+    }
+
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) -> &mut Self {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let escaped = v
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                let _ = write!(self.out, "{k}=\"{escaped}\"");
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+        self
+    }
+
+    /// A single unlabelled gauge or counter.
+    pub fn single(&mut self, name: &str, kind: &str, help: &str, value: f64) -> &mut Self {
+        self.family(name, kind, help).sample(name, &[], value)
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// Upper bounds of the latency histogram buckets, in microseconds.
+const BUCKETS_US: [u64; 12] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 50_000, 250_000, 1_000_000,
+];
+
+/// Request counters and latency histograms per operation code (indexed by the opcode byte).
+pub struct OpStats {
+    requests: Vec<AtomicU64>,
+    failures: Vec<AtomicU64>,
+    latency_sum_us: Vec<AtomicU64>,
+    buckets: Vec<[AtomicU64; BUCKETS_US.len()]>,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats {
+            requests: (0..256).map(|_| AtomicU64::new(0)).collect(),
+            failures: (0..256).map(|_| AtomicU64::new(0)).collect(),
+            latency_sum_us: (0..256).map(|_| AtomicU64::new(0)).collect(),
+            buckets: (0..256)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+}
+
+impl OpStats {
+    pub fn record(&self, opcode: u8, ok: bool, elapsed: Duration) {
+        let i = opcode as usize;
+        self.requests[i].fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.failures[i].fetch_add(1, Ordering::Relaxed);
+        }
+        let us = elapsed.as_micros() as u64;
+        self.latency_sum_us[i].fetch_add(us, Ordering::Relaxed);
+        if let Some(b) = BUCKETS_US.iter().position(|&ub| us <= ub) {
+            self.buckets[i][b].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn requests(&self, opcode: u8) -> u64 {
+        self.requests[opcode as usize].load(Ordering::Relaxed)
+    }
+
+    /// Writes `<prefix>_requests_total`, `<prefix>_failures_total` and
+    /// `<prefix>_request_duration_seconds` for every operation seen.
+    pub fn render(
+        &self,
+        prom: &mut PromText,
+        prefix: &str,
+        name_of: impl Fn(u8) -> Option<&'static str>,
+    ) {
+        let seen: Vec<(u8, &'static str)> = (0..=255u8)
+            .filter(|&op| self.requests(op) > 0)
+            .filter_map(|op| name_of(op).map(|n| (op, n)))
+            .collect();
+        let req = format!("{prefix}_requests_total");
+        prom.family(&req, "counter", "Requests handled, by operation.");
+        for (op, name) in &seen {
+            prom.sample(&req, &[("op", name)], self.requests(*op) as f64);
+        }
+        let fail = format!("{prefix}_failures_total");
+        prom.family(
+            &fail,
+            "counter",
+            "Requests answered with an error, by operation.",
+        );
+        for (op, name) in &seen {
+            prom.sample(
+                &fail,
+                &[("op", name)],
+                self.failures[*op as usize].load(Ordering::Relaxed) as f64,
+            );
+        }
+        let hist = format!("{prefix}_request_duration_seconds");
+        prom.family(
+            &hist,
+            "histogram",
+            "Time to handle a request, by operation.",
+        );
+        let bucket = format!("{hist}_bucket");
+        for (op, name) in &seen {
+            let i = *op as usize;
+            let mut cumulative = 0u64;
+            for (b, ub) in BUCKETS_US.iter().enumerate() {
+                cumulative += self.buckets[i][b].load(Ordering::Relaxed);
+                let le = format!("{}", *ub as f64 / 1e6);
+                prom.sample(&bucket, &[("op", name), ("le", &le)], cumulative as f64);
+            }
+            let total = self.requests(*op);
+            prom.sample(&bucket, &[("op", name), ("le", "+Inf")], total as f64);
+            prom.sample(
+                &format!("{hist}_sum"),
+                &[("op", name)],
+                self.latency_sum_us[i].load(Ordering::Relaxed) as f64 / 1e6,
+            );
+            prom.sample(&format!("{hist}_count"), &[("op", name)], total as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_format() {
+        let stats = OpStats::default();
+        stats.record(1, true, Duration::from_micros(30));
+        stats.record(1, false, Duration::from_micros(3000));
+        let mut p = PromText::new();
+        p.single("x_total", "counter", "An x.", 3.0);
+        stats.render(&mut p, "rbgctl_test", |op| (op == 1).then_some("ping"));
+        let text = p.finish();
+        assert!(text.contains("# TYPE x_total counter\nx_total 3\n"));
+        assert!(text.contains("rbgctl_test_requests_total{op=\"ping\"} 2"));
+        assert!(text.contains("rbgctl_test_failures_total{op=\"ping\"} 1"));
+        assert!(text
+            .contains("rbgctl_test_request_duration_seconds_bucket{op=\"ping\",le=\"0.00005\"} 1"));
+        assert!(
+            text.contains("rbgctl_test_request_duration_seconds_bucket{op=\"ping\",le=\"+Inf\"} 2")
+        );
+    }
+}

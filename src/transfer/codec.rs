@@ -1,0 +1,184 @@
+//! The field encoding inside a frame's meta section: little-endian integers, strings as a u16
+//! length plus UTF-8, lists as a u32 count plus items. Every read is bounds-checked.
+
+use super::TransferError;
+
+/// Longest key or name accepted on the wire.
+pub const MAX_STR_LEN: usize = 4096;
+/// Largest list accepted on the wire (batch sizes, segment lists).
+pub const MAX_LIST_LEN: usize = 1 << 20;
+
+#[derive(Default)]
+pub struct Encoder {
+    pub buf: Vec<u8>,
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder {
+            buf: Vec::with_capacity(64),
+        }
+    }
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    pub fn bool(&mut self, v: bool) -> &mut Self {
+        self.u8(v as u8)
+    }
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Strings longer than `MAX_STR_LEN` are the caller's bug: they are checked before encoding.
+    pub fn str(&mut self, v: &str) -> &mut Self {
+        let bytes = &v.as_bytes()[..v.len().min(u16::MAX as usize)];
+        self.u16(bytes.len() as u16);
+        self.buf.extend_from_slice(bytes);
+        self
+    }
+    pub fn count(&mut self, n: usize) -> &mut Self {
+        self.u32(n as u32)
+    }
+}
+
+pub struct Decoder<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(buf: &'a [u8]) -> Decoder<'a> {
+        Decoder { buf, pos: 0 }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], TransferError> {
+        if self.buf.len() - self.pos < n {
+            return Err(TransferError::Protocol(format!(
+                "message truncated: needed {n} more bytes at offset {}, {} left",
+                self.pos,
+                self.buf.len() - self.pos
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, TransferError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn bool(&mut self) -> Result<bool, TransferError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(TransferError::Protocol(format!("boolean field is {v}"))),
+        }
+    }
+    pub fn u16(&mut self) -> Result<u16, TransferError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    pub fn u32(&mut self) -> Result<u32, TransferError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    pub fn u64(&mut self) -> Result<u64, TransferError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    pub fn str(&mut self) -> Result<&'a str, TransferError> {
+        let n = self.u16()? as usize;
+        if n > MAX_STR_LEN {
+            return Err(TransferError::Protocol(format!(
+                "string of {n} bytes exceeds the limit of {MAX_STR_LEN}"
+            )));
+        }
+        std::str::from_utf8(self.take(n)?)
+            .map_err(|_| TransferError::Protocol("string is not UTF-8".into()))
+    }
+    pub fn string(&mut self) -> Result<String, TransferError> {
+        self.str().map(str::to_owned)
+    }
+    /// A list count, checked against the limit and against the bytes left (each item takes at
+    /// least `min_item_len` bytes), so a hostile count cannot make us allocate.
+    pub fn count(&mut self, min_item_len: usize) -> Result<usize, TransferError> {
+        let n = self.u32()? as usize;
+        let left = self.buf.len() - self.pos;
+        if n > MAX_LIST_LEN || n.saturating_mul(min_item_len) > left {
+            return Err(TransferError::Protocol(format!(
+                "list of {n} items does not fit the message ({left} bytes left)"
+            )));
+        }
+        Ok(n)
+    }
+    /// Messages must be consumed exactly: trailing bytes mean the peer speaks something else.
+    pub fn finish(&self) -> Result<(), TransferError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(TransferError::Protocol(format!(
+                "{} unexpected trailing bytes",
+                self.buf.len() - self.pos
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_round_trip() {
+        let mut e = Encoder::new();
+        e.u8(7)
+            .u16(300)
+            .u32(70000)
+            .u64(1 << 40)
+            .str("kv/é")
+            .bool(true)
+            .count(2);
+        let mut d = Decoder::new(&e.buf);
+        assert_eq!(d.u8().unwrap(), 7);
+        assert_eq!(d.u16().unwrap(), 300);
+        assert_eq!(d.u32().unwrap(), 70000);
+        assert_eq!(d.u64().unwrap(), 1 << 40);
+        assert_eq!(d.str().unwrap(), "kv/é");
+        assert!(d.bool().unwrap());
+        assert!(d.count(0).is_ok());
+        d.finish().unwrap();
+    }
+
+    #[test]
+    fn truncated_and_hostile_input_is_an_error() {
+        let mut d = Decoder::new(&[1, 0]);
+        assert!(d.u32().unwrap_err().to_string().contains("truncated"));
+        // A string claiming 5000 bytes.
+        let mut e = Encoder::new();
+        e.u16(5000);
+        assert!(Decoder::new(&e.buf)
+            .str()
+            .unwrap_err()
+            .to_string()
+            .contains("limit"));
+        // A list claiming a billion items in a 4-byte message.
+        let mut e = Encoder::new();
+        e.u32(1_000_000_000);
+        assert!(Decoder::new(&e.buf).count(8).is_err());
+        // Invalid UTF-8.
+        let mut e = Encoder::new();
+        e.u16(1).u8(0xff);
+        assert!(Decoder::new(&e.buf).str().is_err());
+        // Trailing bytes.
+        let d = Decoder::new(&[0]);
+        assert!(d.finish().is_err());
+        // A bool that is neither 0 nor 1.
+        assert!(Decoder::new(&[2]).bool().is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! The frame: a fixed 32-byte little-endian header, then `meta_len` bytes of message fields, then
+//! `data_len` bytes of bulk payload. Spec: `docs/protocol.md`.
+
+use super::TransferError;
+
+pub const MAGIC: [u8; 4] = *b"RBGT";
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 32;
+/// Message fields are small; anything larger is a malformed or hostile frame.
+pub const MAX_META_LEN: u32 = 16 << 20;
+pub const FLAG_RESPONSE: u16 = 1;
+
+/// Operation codes. Master operations are 0x01–0x3f, store operations 0x40–0x4f.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    Ping = 0x01,
+    MountSegment = 0x02,
+    UnmountSegment = 0x03,
+    ListSegments = 0x04,
+    PutStart = 0x10,
+    PutEnd = 0x11,
+    PutRevoke = 0x12,
+    GetReplicas = 0x13,
+    Exists = 0x14,
+    Remove = 0x15,
+    RemoveAll = 0x16,
+    BatchPutStart = 0x20,
+    BatchPutEnd = 0x21,
+    BatchPutRevoke = 0x22,
+    BatchGetReplicas = 0x23,
+    BatchExists = 0x24,
+    BatchRemove = 0x25,
+    Write = 0x40,
+    Read = 0x41,
+    StoreInfo = 0x42,
+}
+
+impl Opcode {
+    pub const ALL: [Opcode; 20] = [
+        Opcode::Ping,
+        Opcode::MountSegment,
+        Opcode::UnmountSegment,
+        Opcode::ListSegments,
+        Opcode::PutStart,
+        Opcode::PutEnd,
+        Opcode::PutRevoke,
+        Opcode::GetReplicas,
+        Opcode::Exists,
+        Opcode::Remove,
+        Opcode::RemoveAll,
+        Opcode::BatchPutStart,
+        Opcode::BatchPutEnd,
+        Opcode::BatchPutRevoke,
+        Opcode::BatchGetReplicas,
+        Opcode::BatchExists,
+        Opcode::BatchRemove,
+        Opcode::Write,
+        Opcode::Read,
+        Opcode::StoreInfo,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|op| *op as u8 == v)
+    }
+
+    /// Snake-case name used in metrics labels and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::Ping => "ping",
+            Opcode::MountSegment => "mount_segment",
+            Opcode::UnmountSegment => "unmount_segment",
+            Opcode::ListSegments => "list_segments",
+            Opcode::PutStart => "put_start",
+            Opcode::PutEnd => "put_end",
+            Opcode::PutRevoke => "put_revoke",
+            Opcode::GetReplicas => "get_replicas",
+            Opcode::Exists => "exists",
+            Opcode::Remove => "remove",
+            Opcode::RemoveAll => "remove_all",
+            Opcode::BatchPutStart => "batch_put_start",
+            Opcode::BatchPutEnd => "batch_put_end",
+            Opcode::BatchPutRevoke => "batch_put_revoke",
+            Opcode::BatchGetReplicas => "batch_get_replicas",
+            Opcode::BatchExists => "batch_exists",
+            Opcode::BatchRemove => "batch_remove",
+            Opcode::Write => "write",
+            Opcode::Read => "read",
+            Opcode::StoreInfo => "store_info",
+        }
+    }
+}
+
+/// Result codes carried in a response header (and per item in batch responses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Status {
+    Ok = 0,
+    Internal = 1,
+    InvalidParams = 2,
+    UnknownOpcode = 3,
+    MalformedFrame = 4,
+    ObjectNotFound = 10,
+    PutInProgress = 11,
+    ObjectHasLease = 12,
+    ReplicaNotReady = 13,
+    NoSpace = 14,
+    ValueTooLarge = 15,
+    SegmentNotFound = 16,
+    IllegalClient = 17,
+    OutOfBounds = 18,
+    SegmentExists = 19,
+    WriteSuperseded = 20,
+}
+
+impl Status {
+    pub fn from_u16(v: u16) -> Status {
+        match v {
+            0 => Status::Ok,
+            2 => Status::InvalidParams,
+            3 => Status::UnknownOpcode,
+            4 => Status::MalformedFrame,
+            10 => Status::ObjectNotFound,
+            11 => Status::PutInProgress,
+            12 => Status::ObjectHasLease,
+            13 => Status::ReplicaNotReady,
+            14 => Status::NoSpace,
+            15 => Status::ValueTooLarge,
+            16 => Status::SegmentNotFound,
+            17 => Status::IllegalClient,
+            18 => Status::OutOfBounds,
+            19 => Status::SegmentExists,
+            20 => Status::WriteSuperseded,
+            _ => Status::Internal,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Internal => "INTERNAL",
+            Status::InvalidParams => "INVALID_PARAMS",
+            Status::UnknownOpcode => "UNKNOWN_OPCODE",
+            Status::MalformedFrame => "MALFORMED_FRAME",
+            Status::ObjectNotFound => "OBJECT_NOT_FOUND",
+            Status::PutInProgress => "PUT_IN_PROGRESS",
+            Status::ObjectHasLease => "OBJECT_HAS_LEASE",
+            Status::ReplicaNotReady => "REPLICA_NOT_READY",
+            Status::NoSpace => "NO_SPACE",
+            Status::ValueTooLarge => "VALUE_TOO_LARGE",
+            Status::SegmentNotFound => "SEGMENT_NOT_FOUND",
+            Status::IllegalClient => "ILLEGAL_CLIENT",
+            Status::OutOfBounds => "OUT_OF_BOUNDS",
+            Status::SegmentExists => "SEGMENT_EXISTS",
+            Status::WriteSuperseded => "WRITE_SUPERSEDED",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub opcode: u8,
+    pub flags: u16,
+    pub request_id: u64,
+    pub status: u16,
+    pub meta_len: u32,
+    pub data_len: u64,
+}
+
+impl Header {
+    pub fn request(op: Opcode, request_id: u64, meta_len: usize, data_len: u64) -> Header {
+        Header {
+            opcode: op as u8,
+            flags: 0,
+            request_id,
+            status: 0,
+            meta_len: meta_len as u32,
+            data_len,
+        }
+    }
+
+    pub fn response(req: &Header, status: Status, meta_len: usize, data_len: u64) -> Header {
+        Header {
+            opcode: req.opcode,
+            flags: FLAG_RESPONSE,
+            request_id: req.request_id,
+            status: status as u16,
+            meta_len: meta_len as u32,
+            data_len,
+        }
+    }
+
+    pub fn is_response(&self) -> bool {
+        self.flags & FLAG_RESPONSE != 0
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        b[5] = self.opcode;
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        b[16..18].copy_from_slice(&self.status.to_le_bytes());
+        // bytes 18..20 reserved, zero
+        b[20..24].copy_from_slice(&self.meta_len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.data_len.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates magic, version, reserved bytes and the meta length limit.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, TransferError> {
+        if b[0..4] != MAGIC {
+            return Err(TransferError::Protocol(format!(
+                "bad magic {:02x?} (expected \"RBGT\")",
+                &b[0..4]
+            )));
+        }
+        if b[4] != VERSION {
+            return Err(TransferError::Protocol(format!(
+                "unsupported protocol version {} (this side speaks {VERSION})",
+                b[4]
+            )));
+        }
+        if b[18] != 0 || b[19] != 0 {
+            return Err(TransferError::Protocol(
+                "reserved header bytes not zero".into(),
+            ));
+        }
+        let le16 = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let header = Header {
+            opcode: b[5],
+            flags: le16(6),
+            request_id: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            status: le16(16),
+            meta_len: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+            data_len: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
+        };
+        if header.meta_len > MAX_META_LEN {
+            return Err(TransferError::Protocol(format!(
+                "meta length {} exceeds the limit of {MAX_META_LEN}",
+                header.meta_len
+            )));
+        }
+        Ok(header)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = Header::request(Opcode::PutStart, 42, 17, 1 << 33);
+        let back = Header::decode(&h.encode()).unwrap();
+        assert_eq!(h, back);
+        assert!(!back.is_response());
+        let r = Header::response(&h, Status::NoSpace, 3, 0);
+        let back = Header::decode(&r.encode()).unwrap();
+        assert!(back.is_response());
+        assert_eq!(Status::from_u16(back.status), Status::NoSpace);
+        assert_eq!(back.request_id, 42);
+    }
+
+    #[test]
+    fn malformed_headers_are_rejected_with_a_reason() {
+        let mut b = Header::request(Opcode::Ping, 1, 0, 0).encode();
+        b[0] = b'X';
+        assert!(Header::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
+        let mut b = Header::request(Opcode::Ping, 1, 0, 0).encode();
+        b[4] = 9;
+        assert!(Header::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("version"));
+        let b = Header::request(Opcode::Ping, 1, (MAX_META_LEN + 1) as usize, 0).encode();
+        assert!(Header::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("meta length"));
+    }
+
+    #[test]
+    fn every_opcode_decodes_to_itself() {
+        for op in Opcode::ALL {
+            assert_eq!(Opcode::from_u8(op as u8), Some(op));
+        }
+        assert_eq!(Opcode::from_u8(0xee), None);
+    }
+}

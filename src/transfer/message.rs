@@ -1,0 +1,299 @@
+//! Message bodies (the meta section of a frame), one struct per request and response, each with
+//! its encoding. Field order here is the wire order documented in `docs/protocol.md`.
+
+use super::codec::{Decoder, Encoder};
+use super::frame::Status;
+use super::TransferError;
+
+/// Encoding of a message body.
+pub trait Wire: Sized {
+    fn encode(&self, e: &mut Encoder);
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError>;
+
+    fn to_meta(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        self.encode(&mut e);
+        e.buf
+    }
+
+    /// Decodes a whole meta section; trailing bytes are an error.
+    fn from_meta(meta: &[u8]) -> Result<Self, TransferError> {
+        let mut d = Decoder::new(meta);
+        let v = Self::decode(&mut d)?;
+        d.finish()?;
+        Ok(v)
+    }
+}
+
+impl Wire for () {
+    fn encode(&self, _: &mut Encoder) {}
+    fn decode(_: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        Ok(())
+    }
+}
+
+impl Wire for u64 {
+    fn encode(&self, e: &mut Encoder) {
+        e.u64(*self);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        d.u64()
+    }
+}
+
+impl Wire for bool {
+    fn encode(&self, e: &mut Encoder) {
+        e.bool(*self);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        d.bool()
+    }
+}
+
+impl Wire for String {
+    fn encode(&self, e: &mut Encoder) {
+        e.str(self);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        d.string()
+    }
+}
+
+impl Wire for Status {
+    fn encode(&self, e: &mut Encoder) {
+        e.u16(*self as u16);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        Ok(Status::from_u16(d.u16()?))
+    }
+}
+
+/// Smallest encoded size of a list item of each kind, for the decoder's count check.
+pub trait MinLen {
+    const MIN_LEN: usize;
+}
+impl MinLen for String {
+    const MIN_LEN: usize = 2;
+}
+impl MinLen for bool {
+    const MIN_LEN: usize = 1;
+}
+impl MinLen for Status {
+    const MIN_LEN: usize = 2;
+}
+
+impl<T: Wire + MinLen> Wire for Vec<T> {
+    fn encode(&self, e: &mut Encoder) {
+        e.count(self.len());
+        for item in self {
+            item.encode(e);
+        }
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        let n = d.count(T::MIN_LEN)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(T::decode(d)?);
+        }
+        Ok(v)
+    }
+}
+
+/// A per-item result in a batch response: the status, then the item only when it is OK.
+impl<T: Wire> Wire for Result<T, Status> {
+    fn encode(&self, e: &mut Encoder) {
+        match self {
+            Ok(v) => {
+                e.u16(Status::Ok as u16);
+                v.encode(e);
+            }
+            Err(s) => {
+                e.u16(*s as u16);
+            }
+        }
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        match Status::from_u16(d.u16()?) {
+            Status::Ok => Ok(Ok(T::decode(d)?)),
+            s => Ok(Err(s)),
+        }
+    }
+}
+impl<T: Wire> MinLen for Result<T, Status> {
+    const MIN_LEN: usize = 2;
+}
+
+/// Declares a message struct and its wire encoding from a list of typed fields.
+macro_rules! message {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? } min_len = $min:expr) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct $name { $($(#[$fm])* pub $field: $ty),* }
+        impl Wire for $name {
+            #[allow(unused_variables)]
+            fn encode(&self, e: &mut Encoder) { $( Wire::encode(&self.$field, e); )* }
+            #[allow(unused_variables)]
+            fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+                Ok($name { $( $field: <$ty as Wire>::decode(d)? ),* })
+            }
+        }
+        impl MinLen for $name { const MIN_LEN: usize = $min; }
+    };
+}
+
+impl Wire for u8 {
+    fn encode(&self, e: &mut Encoder) {
+        e.u8(*self);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        d.u8()
+    }
+}
+impl Wire for u32 {
+    fn encode(&self, e: &mut Encoder) {
+        e.u32(*self);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        d.u32()
+    }
+}
+
+message!(
+    /// What a store tells the master about the memory it contributes.
+    SegmentInfo {
+        /// Unique name, `host:port` by convention (Mooncake's segment naming).
+        name: String,
+        /// Where the store serves reads and writes.
+        endpoint: String,
+        size: u64,
+        /// The backing file, for same-host clients; empty when not shareable.
+        shm_path: String,
+        /// Random token written beside the backing file, proving a client opened the right one.
+        shm_token: u64,
+        /// Kernel boot id of the store's host: equal boot ids mean the same kernel, hence shared
+        /// `/dev/shm` is possible.
+        host_id: String,
+    } min_len = 2 + 2 + 8 + 2 + 8 + 2
+);
+
+message!(
+    /// A mounted segment as the master lists it.
+    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 24 + 8
+);
+message!(
+    /// One replica: a byte range in a segment.
+    ReplicaLoc { segment_id: u64, offset: u64 } min_len = 16
+);
+
+message!(
+    /// How a put is placed (Mooncake's `ReplicateConfig`).
+    ReplicateConfig {
+        /// Copies on distinct segments (best effort when fewer segments have room; at least 1).
+        replica_num: u8,
+        /// Keep the object out of eviction while anything else can go, until the pin expires.
+        soft_pin: bool,
+        /// 0 = the master's default soft-pin TTL.
+        soft_pin_ttl_ms: u64,
+        /// Segment name to try first; empty = placement strategy only.
+        preferred_segment: String,
+    } min_len = 1 + 1 + 8 + 2
+);
+
+message!(PingReq { client_id: u64 } min_len = 8);
+message!(
+    /// `need_remount` is true when the master does not know this client (it restarted or the
+    /// client expired): the client must mount its segments again.
+    PingResp { need_remount: bool } min_len = 1
+);
+message!(MountReq { client_id: u64, segment: SegmentInfo } min_len = 32);
+message!(MountResp { segment_id: u64 } min_len = 8);
+message!(UnmountReq { client_id: u64, segment_id: u64 } min_len = 16);
+message!(ListSegmentsResp { segments: Vec<SegmentEntry> } min_len = 4);
+
+message!(PutStartReq { client_id: u64, key: String, size: u64, config: ReplicateConfig } min_len = 8 + 2 + 8 + 12);
+message!(PutStartResp { object_id: u64, replicas: Vec<ReplicaLoc> } min_len = 12);
+message!(PutEndReq { client_id: u64, key: String, object_id: u64, checksum: u32 } min_len = 8 + 2 + 8 + 4);
+message!(PutRevokeReq { client_id: u64, key: String, object_id: u64 } min_len = 8 + 2 + 8);
+message!(KeyReq { key: String } min_len = 2);
+message!(
+    /// Where a readable object is and how to check it.
+    ObjectDesc {
+        size: u64,
+        /// CRC-32C of the value, written by the putter, checked by the reader.
+        checksum: u32,
+        /// The read lease granted with this answer: the replicas will not be freed before it ends.
+        lease_ttl_ms: u64,
+        replicas: Vec<ReplicaLoc>,
+    } min_len = 8 + 4 + 8 + 4
+);
+message!(RemoveReq { key: String, force: bool } min_len = 3);
+message!(RemoveAllReq { force: bool } min_len = 1);
+message!(RemoveAllResp { removed: u64 } min_len = 8);
+
+message!(PutItem { key: String, size: u64 } min_len = 10);
+message!(BatchPutStartReq { client_id: u64, config: ReplicateConfig, items: Vec<PutItem> } min_len = 8 + 12 + 4);
+message!(BatchPutStartResp { items: Vec<Result<PutStartResp, Status>> } min_len = 4);
+message!(EndItem { key: String, object_id: u64, checksum: u32 } min_len = 14);
+message!(BatchPutEndReq { client_id: u64, items: Vec<EndItem> } min_len = 12);
+message!(BatchStatusResp { items: Vec<Status> } min_len = 4);
+message!(BatchKeysReq { keys: Vec<String> } min_len = 4);
+message!(BatchGetReplicasResp { items: Vec<Result<ObjectDesc, Status>> } min_len = 4);
+message!(BatchExistsResp { items: Vec<bool> } min_len = 4);
+message!(BatchRemoveReq { force: bool, keys: Vec<String> } min_len = 5);
+
+message!(
+    /// Store: write the payload at `offset` of the segment.
+    WriteReq { offset: u64 } min_len = 8
+);
+message!(
+    /// Store: send `length` bytes from `offset` of the segment as the payload.
+    ReadReq { offset: u64, length: u64 } min_len = 16
+);
+message!(StoreInfoResp { name: String, size: u64 } min_len = 10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_messages_round_trip() {
+        let resp = BatchGetReplicasResp {
+            items: vec![
+                Ok(ObjectDesc {
+                    size: 4096,
+                    checksum: 0xdead_beef,
+                    lease_ttl_ms: 10_000,
+                    replicas: vec![ReplicaLoc {
+                        segment_id: 7,
+                        offset: 128,
+                    }],
+                }),
+                Err(Status::ObjectNotFound),
+            ],
+        };
+        let back = BatchGetReplicasResp::from_meta(&resp.to_meta()).unwrap();
+        assert_eq!(resp, back);
+
+        let req = PutStartReq {
+            client_id: 1,
+            key: "k".into(),
+            size: 10,
+            config: ReplicateConfig {
+                replica_num: 2,
+                soft_pin: true,
+                soft_pin_ttl_ms: 5,
+                preferred_segment: "127.0.0.1:1".into(),
+            },
+        };
+        assert_eq!(PutStartReq::from_meta(&req.to_meta()).unwrap(), req);
+    }
+
+    #[test]
+    fn truncated_or_padded_messages_fail() {
+        let meta = KeyReq { key: "abc".into() }.to_meta();
+        assert!(KeyReq::from_meta(&meta[..meta.len() - 1]).is_err());
+        let mut padded = meta.clone();
+        padded.push(0);
+        assert!(KeyReq::from_meta(&padded).is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! The client side of a connection: numbered requests with their replies, and a pool of idle
+//! connections per peer so that connections are reused.
+
+use super::frame::{Header, Opcode, Status};
+use super::message::Wire;
+use super::stream::FramedStream;
+use super::TransferError;
+use parking_lot::Mutex;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// Connection settings of a client.
+#[derive(Clone, Debug)]
+pub struct ConnOptions {
+    /// How long to wait for a TCP connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for any read or write on an established connection.
+    pub io_timeout: Duration,
+    /// Spin-poll window before blocking for a reply (see `stream`).
+    pub spin: Duration,
+}
+
+impl Default for ConnOptions {
+    fn default() -> Self {
+        ConnOptions {
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(10),
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+pub struct Connection {
+    pub io: FramedStream,
+    next_id: u64,
+    pub peer: String,
+}
+
+impl Connection {
+    pub fn connect(addr: &str, opts: &ConnOptions) -> Result<Connection, TransferError> {
+        let connect_err = |source| TransferError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let sockaddr = addr
+            .to_socket_addrs()
+            .map_err(connect_err)?
+            .next()
+            .ok_or_else(|| {
+                connect_err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "address resolved to nothing",
+                ))
+            })?;
+        let stream =
+            TcpStream::connect_timeout(&sockaddr, opts.connect_timeout).map_err(connect_err)?;
+        let io = FramedStream::new(stream, opts.spin)?;
+        io.set_timeout(Some(opts.io_timeout))?;
+        Ok(Connection {
+            io,
+            next_id: 1,
+            peer: addr.to_string(),
+        })
+    }
+
+    /// Sends a request and returns its id; the payload goes out straight from `data`.
+    pub fn send(&mut self, op: Opcode, meta: &[u8], data: &[&[u8]]) -> Result<u64, TransferError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let data_len = data.iter().map(|d| d.len() as u64).sum();
+        let header = Header::request(op, id, meta.len(), data_len);
+        self.io.write_frame(&header, meta, data)?;
+        Ok(id)
+    }
+
+    /// Reads the reply to request `id` (replies come in request order). An error answer becomes
+    /// `TransferError::Remote`; its payload, if any, is skipped.
+    pub fn recv(&mut self, id: u64) -> Result<(Header, Vec<u8>), TransferError> {
+        let (header, meta) = self.io.read_frame(true)?;
+        if !header.is_response() || header.request_id != id {
+            return Err(TransferError::Protocol(format!(
+                "expected the reply to request {id}, got frame {} (response: {})",
+                header.request_id,
+                header.is_response()
+            )));
+        }
+        let status = Status::from_u16(header.status);
+        if status != Status::Ok {
+            self.io.discard_data()?;
+            return Err(TransferError::Remote {
+                status,
+                message: String::from_utf8_lossy(&meta).into_owned(),
+            });
+        }
+        Ok((header, meta))
+    }
+
+    /// One request without payload, one decoded reply without payload.
+    pub fn call<Req: Wire, Resp: Wire>(
+        &mut self,
+        op: Opcode,
+        req: &Req,
+    ) -> Result<Resp, TransferError> {
+        let id = self.send(op, &req.to_meta(), &[])?;
+        let (header, meta) = self.recv(id)?;
+        if header.data_len != 0 {
+            return Err(TransferError::Protocol(format!(
+                "unexpected {}-byte payload in the reply to {}",
+                header.data_len,
+                op.name()
+            )));
+        }
+        Resp::from_meta(&meta)
+    }
+}
+
+/// Idle connections to one peer. `get` hands out a connection that goes back to the pool when
+/// dropped, unless an error made it unusable.
+pub struct Pool {
+    addr: String,
+    opts: ConnOptions,
+    idle: Mutex<Vec<Connection>>,
+}
+
+/// Most idle connections kept per peer.
+const MAX_IDLE: usize = 64;
+
+impl Pool {
+    pub fn new(addr: impl Into<String>, opts: ConnOptions) -> Pool {
+        Pool {
+            addr: addr.into(),
+            opts,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn get(&self) -> Result<PooledConnection<'_>, TransferError> {
+        let conn = match self.idle.lock().pop() {
+            Some(c) => c,
+            None => Connection::connect(&self.addr, &self.opts)?,
+        };
+        Ok(PooledConnection {
+            pool: self,
+            conn: Some(conn),
+        })
+    }
+
+    /// Runs `f` on a pooled connection. A reused connection that turns out to be closed (the
+    /// peer restarted) is replaced by a fresh one and `f` tried once more; a fresh connection's
+    /// failure is returned as is.
+    pub fn with<T>(
+        &self,
+        mut f: impl FnMut(&mut Connection) -> Result<T, TransferError>,
+    ) -> Result<T, TransferError> {
+        let reused = self.idle.lock().pop();
+        if let Some(mut conn) = reused {
+            match f(&mut conn) {
+                Ok(v) => {
+                    self.put_back(conn);
+                    return Ok(v);
+                }
+                Err(TransferError::Closed) | Err(TransferError::Io(_)) => {
+                    // Stale connection: fall through to a fresh one.
+                }
+                Err(e) => {
+                    if !e.breaks_connection() {
+                        self.put_back(conn);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut conn = Connection::connect(&self.addr, &self.opts)?;
+        let result = f(&mut conn);
+        match &result {
+            Ok(_) => self.put_back(conn),
+            Err(e) if !e.breaks_connection() => self.put_back(conn),
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn put_back(&self, conn: Connection) {
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// Drops every idle connection (after the peer is known to have gone).
+    pub fn clear(&self) {
+        self.idle.lock().clear();
+    }
+}
+
+pub struct PooledConnection<'a> {
+    pool: &'a Pool,
+    conn: Option<Connection>,
+}
+
+impl PooledConnection<'_> {
+    /// Returns the connection to the pool; call only when it is in a clean state.
+    pub fn release(mut self) {
+        if let Some(c) = self.conn.take() {
+            self.pool.put_back(c);
+        }
+    }
+}
+
+impl std::ops::Deref for PooledConnection<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn.as_ref().expect("connection present until drop")
+    }
+}
+
+impl std::ops::DerefMut for PooledConnection<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.conn.as_mut().expect("connection present until drop")
+    }
+}
