@@ -181,7 +181,7 @@ fn run_phase(
             .map(|t| {
                 let op = &op;
                 s.spawn(move || {
-                    let mut lat = Vec::with_capacity(per_thread as usize);
+                    let mut lat = Vec::with_capacity(per_thread.min(1 << 20) as usize);
                     let mut errors = 0;
                     for i in 0..per_thread {
                         if t0.elapsed() > time {

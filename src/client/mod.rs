@@ -331,7 +331,7 @@ fn status_result(s: Status, key: &str) -> Result<(), ClientError> {
         Status::ObjectNotFound => Err(ClientError::NotFound(key.into())),
         s => Err(ClientError::Rejected {
             status: s,
-            message: format!("{key:?}"),
+            message: format!("{key:?}: {}", s.describe()),
         }),
     }
 }

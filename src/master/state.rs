@@ -333,9 +333,8 @@ impl MasterState {
         if size == 0 {
             return fail(Status::InvalidParams, "empty value");
         }
-        if config.replica_num == 0 {
-            return fail(Status::InvalidParams, "replica_num must be at least 1");
-        }
+        // replica_num 0 is the default: one replica.
+        let config = &ReplicateConfig { replica_num: config.replica_num.max(1), ..config.clone() };
         let largest = self
             .segments
             .values()
@@ -396,6 +395,11 @@ impl MasterState {
         }
         if replicas.len() < config.replica_num as usize {
             self.counters.partial_allocations += 1;
+        }
+        // Keep usage under the watermark at every step, not only at the next housekeeping tick.
+        let (used, capacity) = self.used_and_capacity();
+        if used as f64 > self.cfg.eviction_high_watermark_ratio * capacity as f64 {
+            self.evict(now, 0);
         }
         let object_id = self.next_object_id;
         self.next_object_id += 1;

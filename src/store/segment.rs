@@ -96,8 +96,11 @@ impl SegmentMemory {
             .open(&path)
             .map_err(file_err(&path))?;
         file.set_len(size).map_err(file_err(&path))?;
+        // Populate now: first-touch faults on fresh tmpfs pages cost tens of microseconds each on
+        // virtual machines, which would land on the first writes of every object.
         let map = memmap2::MmapOptions::new()
             .len(size as usize)
+            .populate()
             .map_raw(&file)
             .map_err(|source| SegmentError::Map { size, source })?;
         let mut t = File::create(&token_path).map_err(file_err(&token_path))?;
@@ -117,6 +120,7 @@ impl SegmentMemory {
     pub fn anonymous(size: u64, token: u64) -> Result<SegmentMemory, SegmentError> {
         let mut map = memmap2::MmapOptions::new()
             .len(size as usize)
+            .populate()
             .map_anon()
             .map_err(|source| SegmentError::Map { size, source })?;
         Ok(SegmentMemory {

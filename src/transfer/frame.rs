@@ -157,6 +157,30 @@ impl Status {
     }
 }
 
+impl Status {
+    /// A sentence for people, used where only the status travels (batch items).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Status::Ok => "success",
+            Status::Internal => "internal error",
+            Status::InvalidParams => "invalid parameters (empty key or value)",
+            Status::UnknownOpcode => "operation not supported by this server",
+            Status::MalformedFrame => "malformed frame",
+            Status::ObjectNotFound => "object not found",
+            Status::PutInProgress => "another put of this key is in progress",
+            Status::ObjectHasLease => "object has a read lease; remove with force",
+            Status::ReplicaNotReady => "object is still being written",
+            Status::NoSpace => "no segment has room, even after eviction",
+            Status::ValueTooLarge => "value is larger than the largest segment",
+            Status::SegmentNotFound => "segment not mounted",
+            Status::IllegalClient => "operation belongs to another client",
+            Status::OutOfBounds => "range outside the segment",
+            Status::SegmentExists => "segment already mounted",
+            Status::WriteSuperseded => "put was reclaimed or replaced",
+        }
+    }
+}
+
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

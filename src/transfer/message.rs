@@ -188,7 +188,7 @@ message!(
 message!(
     /// How a put is placed (Mooncake's `ReplicateConfig`).
     ReplicateConfig {
-        /// Copies on distinct segments (best effort when fewer segments have room; at least 1).
+        /// Copies on distinct segments (best effort when fewer segments have room; 0 means 1).
         replica_num: u8,
         /// Keep the object out of eviction while anything else can go, until the pin expires.
         soft_pin: bool,

@@ -1,0 +1,180 @@
+//! Real processes on loopback for the integration tests: a master and stores started from the
+//! built binary on free ports, killed (SIGKILL) or stopped (SIGTERM) at will, always reaped.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_rbgctl");
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `f` every 20 ms until it is true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+    pub fn terminate(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill9();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub struct Cluster {
+    pub master: Proc,
+    pub stores: Vec<Proc>,
+    pub rpc: String,
+    pub metrics_port: u16,
+    pub metadata_port: u16,
+    pub shm_dir: tempfile::TempDir,
+}
+
+pub struct Opts {
+    pub stores: usize,
+    pub segment: u64,
+    pub master_args: Vec<String>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts { stores: 2, segment: 64 << 20, master_args: vec![] }
+    }
+}
+
+impl Cluster {
+    pub fn start(opts: Opts) -> Cluster {
+        let (rpc_port, metrics_port, metadata_port) = (free_port(), free_port(), free_port());
+        let rpc = format!("127.0.0.1:{rpc_port}");
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "master", "--rpc-address", "127.0.0.1", "--rpc-port", &rpc_port.to_string(),
+            "--metrics-host", "127.0.0.1", "--metrics-port", &metrics_port.to_string(),
+            "--enable-http-metadata-server", "--http-metadata-server-host", "127.0.0.1",
+            "--http-metadata-server-port", &metadata_port.to_string(),
+        ])
+        .args(&opts.master_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let master = Proc { child: cmd.spawn().unwrap(), name: "master".into() };
+        assert!(wait_until(Duration::from_secs(10), || TcpStream::connect(&rpc).is_ok()), "master did not start");
+        let mut c = Cluster {
+            master,
+            stores: vec![],
+            rpc,
+            metrics_port,
+            metadata_port,
+            shm_dir: tempfile::tempdir().unwrap(),
+        };
+        for _ in 0..opts.stores {
+            c.add_store(opts.segment);
+        }
+        let n = opts.stores;
+        assert!(
+            wait_until(Duration::from_secs(10), || c.segment_count() == n),
+            "stores did not register"
+        );
+        c
+    }
+
+    pub fn add_store(&mut self, segment: u64) -> usize {
+        let child = Command::new(BIN)
+            .args([
+                "store", "--master", &self.rpc, "--bind-address", "127.0.0.1", "--local-hostname", "127.0.0.1",
+                "--segment-size", &segment.to_string(), "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+                "--heartbeat-interval", "200ms",
+            ])
+            .arg("--shm-dir")
+            .arg(self.shm_dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.stores.push(Proc { child, name: format!("store-{}", self.stores.len()) });
+        self.stores.len() - 1
+    }
+
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http(self.metrics_port, "GET", path, b"")
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&self.http_get("/api/v1/status").1).unwrap()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        let (code, body) = self.http_get("/api/v1/segments");
+        if code != 200 {
+            return 0;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        v["segments"].as_array().map_or(0, |a| a.len())
+    }
+
+    pub fn client(&self) -> rbgctl::client::Client {
+        let mut cfg = rbgctl::client::ClientConfig::new(self.rpc.clone());
+        cfg.same_host_shm = false;
+        cfg.conn.io_timeout = Duration::from_secs(3);
+        rbgctl::client::Client::connect(cfg).unwrap()
+    }
+}
+
+/// A minimal HTTP/1.1 exchange (Connection: close), returning status and body.
+pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (code, body)
+}
+
+pub fn tmp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rbgctl-test-{}-{name}", std::process::id()))
+}

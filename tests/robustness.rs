@@ -1,0 +1,208 @@
+//! Bad input on every port: garbage and malformed frames close that connection with an error,
+//! and the server keeps serving everyone else. Config errors name the field.
+
+mod common;
+
+use common::*;
+use rbgctl::client::ReplicateConfig;
+use rbgctl::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+/// Sends `bytes`, then reads until the server closes; returns what it sent back.
+fn send_and_drain(addr: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut out = Vec::new();
+    let r = s.read_to_end(&mut out);
+    assert!(r.is_ok(), "server did not close the connection: {r:?}");
+    out
+}
+
+fn store_endpoint(c: &Cluster) -> String {
+    c.client().segments().unwrap()[0].info.endpoint.clone()
+}
+
+#[test]
+fn garbage_and_malformed_frames_close_only_that_connection() {
+    let c = Cluster::start(Opts { stores: 1, ..Default::default() });
+    let client = c.client();
+    client.put("before", b"ok", &ReplicateConfig::default()).unwrap();
+    let store = store_endpoint(&c);
+    for (addr, op) in [(c.rpc.clone(), Opcode::PutStart), (store.clone(), Opcode::Read)] {
+        // Plain garbage: bad magic.
+        let out = send_and_drain(&addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdef");
+        assert!(out.is_empty(), "no reply to a frame without our magic");
+        // A sound header with a truncated, malformed message body.
+        let mut frame = Header::request(op, 7, 3, 0).encode().to_vec();
+        frame.extend_from_slice(&[0xff, 0xff, 0xff]);
+        let out = send_and_drain(&addr, &frame);
+        assert!(out.len() >= HEADER_LEN, "an error reply is sent before closing");
+        let h = Header::decode(&out[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.request_id, 7);
+        assert_eq!(Status::from_u16(h.status), Status::MalformedFrame);
+        // A payload larger than the server accepts.
+        let frame = Header::request(Opcode::Write, 8, 0, u64::MAX).encode();
+        let out = send_and_drain(&addr, &frame);
+        let h = Header::decode(&out[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(Status::from_u16(h.status), Status::MalformedFrame);
+    }
+    // An out-of-bounds store range is refused, and that connection stays usable.
+    let mut conn = rbgctl::transfer::Connection::connect(&store, &Default::default()).unwrap();
+    let req = rbgctl::transfer::message::ReadReq { offset: u64::MAX - 1, length: 10 };
+    let err = conn.call::<_, ()>(Opcode::Read, &req).unwrap_err();
+    assert_eq!(err.status(), Some(Status::OutOfBounds), "{err}");
+    let info: rbgctl::transfer::message::StoreInfoResp = conn.call(Opcode::StoreInfo, &()).unwrap();
+    assert_eq!(info.size, 64 << 20);
+    // Unknown opcode: answered, connection kept.
+    let mut conn = rbgctl::transfer::Connection::connect(&c.rpc, &Default::default()).unwrap();
+    let id = conn.io_send_raw_opcode(0xee);
+    let err = conn.recv(id).unwrap_err();
+    assert_eq!(err.status(), Some(Status::UnknownOpcode));
+    assert!(conn.call::<_, bool>(Opcode::Exists, &rbgctl::transfer::message::KeyReq { key: "before".into() }).unwrap());
+    // Everyone else is still served, and the bad input is counted.
+    assert_eq!(client.get("before").unwrap(), b"ok");
+    client.put("after", b"still fine", &ReplicateConfig::default()).unwrap();
+    let (_, metrics) = c.http_get("/metrics");
+    let bad: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("rbgctl_master_bad_frames_total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(bad >= 3.0, "{bad}");
+}
+
+trait RawSend {
+    fn io_send_raw_opcode(&mut self, op: u8) -> u64;
+}
+
+impl RawSend for rbgctl::transfer::Connection {
+    fn io_send_raw_opcode(&mut self, op: u8) -> u64 {
+        let mut h = Header::request(Opcode::Ping, 4242, 0, 0);
+        h.opcode = op;
+        self.io.write_frame(&h, &[], &[]).unwrap();
+        4242
+    }
+}
+
+#[test]
+fn http_ports_survive_garbage() {
+    let c = Cluster::start(Opts { stores: 1, ..Default::default() });
+    for port in [c.metrics_port, c.metadata_port] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"\x00\x01\x02 garbage garbage\r\n\r\n").unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+    }
+    assert_eq!(c.http_get("/health").0, 200);
+    assert_eq!(http(c.metadata_port, "GET", "/health", b"").0, 200);
+}
+
+#[test]
+fn metadata_server_answers_like_mooncake() {
+    let c = Cluster::start(Opts { stores: 1, ..Default::default() });
+    let p = c.metadata_port;
+    let key = "/metadata?key=mooncake%2Fram%2F127.0.0.1%3A12830";
+    assert_eq!(http(p, "GET", key, b""), (404, "metadata not found".into()));
+    assert_eq!(http(p, "PUT", key, b"{\"a\":1}"), (200, "metadata updated".into()));
+    assert_eq!(http(p, "GET", key, b""), (200, "{\"a\":1}".into()));
+    assert_eq!(http(p, "GET", "/metadata?key=mooncake/ram/127.0.0.1:12830", b"").0, 404, "keys are not decoded");
+    let rpc = "/metadata?key=mooncake%2Frpc_meta%2Fh";
+    assert_eq!(http(p, "PUT", rpc, b"A"), (200, "metadata updated".into()));
+    assert_eq!(http(p, "PUT", rpc, b"A"), (200, "metadata unchanged".into()));
+    assert_eq!(http(p, "PUT", rpc, b"B"), (400, "Duplicate rpc_meta key not allowed".into()));
+    assert_eq!(http(p, "DELETE", key, b""), (200, "metadata deleted".into()));
+    assert_eq!(http(p, "DELETE", key, b""), (404, "metadata not found".into()));
+    assert_eq!(http(p, "GET", "/metadata", b""), (400, "Missing key parameter".into()));
+    assert_eq!(http(p, "POST", key, b""), (404, "404 Not Found".into()));
+    assert_eq!(http(p, "GET", "/elsewhere", b""), (404, "404 Not Found".into()));
+}
+
+#[test]
+fn admin_api_and_metrics() {
+    let c = Cluster::start(Opts { stores: 2, ..Default::default() });
+    let client = c.client();
+    client.put("adm", b"12345", &ReplicateConfig::default()).unwrap();
+    let (code, body) = c.http_get("/api/v1/segments");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["segments"].as_array().unwrap().len(), 2);
+    assert_eq!(v["segments"][0]["capacity_bytes"], 64 << 20);
+    let (code, body) = c.http_get("/query_key?key=nope");
+    assert_eq!(code, 404);
+    assert!(body.contains("-704"), "{body}");
+    assert_eq!(c.http_get("/query_key?key=adm").0, 200);
+    let (_, m) = c.http_get("/metrics");
+    assert!(m.contains("rbgctl_master_keys 1"), "{m}");
+    assert!(m.contains("rbgctl_master_requests_total{op=\"batch_put_start\"}"), "{m}");
+    let (_, s) = c.http_get("/metrics/summary");
+    assert!(s.contains("Keys: 1") && s.contains("Clients:"), "{s}");
+}
+
+fn run_fail(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let e = run_fail(&["master", "--eviction-high-watermark-ratio", "2"], &[]);
+    assert!(e.contains("master.eviction_high_watermark_ratio"), "{e}");
+    let bad = tmp_path("bad.toml");
+    std::fs::write(&bad, "rpc_port = 1\nclient_ttl_ms = \"ten\"\n").unwrap();
+    let e = run_fail(&["master", "--config", bad.to_str().unwrap()], &[]);
+    assert!(e.contains("client_ttl_ms") || e.contains("ten"), "{e}");
+    std::fs::write(&bad, "segmnet_size = \"1GiB\"\n").unwrap();
+    let e = run_fail(&["store", "--config", bad.to_str().unwrap()], &[]);
+    assert!(e.contains("segmnet_size"), "{e}");
+    let e = run_fail(&["store", "--master", "127.0.0.1:1"], &[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "50%")]);
+    assert!(e.contains("MOONCAKE_GLOBAL_SEGMENT_SIZE"), "{e}");
+    let e = run_fail(&["store", "--master", "nowhere"], &[]);
+    assert!(e.contains("store.master"), "{e}");
+    let e = run_fail(&["mooncake_master", "--rpc_prot=1"], &[]);
+    assert!(e.contains("--rpc_prot"), "{e}");
+    let _ = std::fs::remove_file(bad);
+}
+
+#[test]
+fn a_link_named_mooncake_master_runs_the_master_with_mooncake_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("mooncake_master");
+    std::os::unix::fs::symlink(BIN, &link).unwrap();
+    let (rpc, metrics, meta) = (free_port(), free_port(), free_port());
+    let child = Command::new(&link)
+        .args([
+            "--rpc_address=127.0.0.1".to_string(),
+            format!("--rpc_port={rpc}"),
+            "--enable_http_metadata_server=true".into(),
+            "--http_metadata_server_host".into(),
+            "127.0.0.1".into(),
+            "--http_metadata_server_port".into(),
+            meta.to_string(),
+            "--metrics_host=127.0.0.1".into(),
+            format!("--metrics_port={metrics}"),
+            "--eviction_high_watermark_ratio=0.95".into(),
+            "--client_ttl=3".into(),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard = Proc { child, name: "mooncake_master".into() };
+    assert!(wait_until(Duration::from_secs(10), || http(metrics, "GET", "/health", b"").0 == 200));
+    let (_, status) = http(metrics, "GET", "/api/v1/status", b"");
+    assert!(status.contains("\"eviction_high_watermark_ratio\":0.95"), "{status}");
+    assert_eq!(http(meta, "GET", "/health", b""), (200, "OK".into()));
+    assert!(TcpStream::connect(("127.0.0.1", rpc)).is_ok());
+}
