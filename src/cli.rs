@@ -39,7 +39,7 @@ pub enum Command {
 /// The role selected by how the binary was invoked.
 #[derive(Debug)]
 pub enum Invocation {
-    Cli(Cli),
+    Cli(Box<Cli>),
     /// Invoked as `mooncake_master`: the raw arguments after the program name.
     MooncakeMaster(Vec<String>),
 }
@@ -62,7 +62,7 @@ pub fn parse(argv: Vec<String>) -> Result<Invocation, clap::Error> {
     let cli = Cli::try_parse_from(argv)?;
     Ok(match cli.command {
         Command::MooncakeMaster { args } => Invocation::MooncakeMaster(args),
-        command => Invocation::Cli(Cli { command }),
+        command => Invocation::Cli(Box::new(Cli { command })),
     })
 }
 

@@ -8,16 +8,25 @@ use rbgctl::transfer::Status;
 use std::time::{Duration, Instant};
 
 fn one() -> ReplicateConfig {
-    ReplicateConfig { replica_num: 1, ..Default::default() }
+    ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    }
 }
 
 fn value(size: usize, seed: u8) -> Vec<u8> {
-    (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
 fn round_trips_across_sizes_and_clear_errors_at_the_edges() {
-    let c = Cluster::start(Opts { stores: 2, segment: 32 << 20, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 2,
+        segment: 32 << 20,
+        ..Default::default()
+    });
     let client = c.client();
     for size in [1usize, 100, 4096, 65_536, 1 << 20, 8 << 20] {
         let key = format!("size/{size}");
@@ -31,12 +40,23 @@ fn round_trips_across_sizes_and_clear_errors_at_the_edges() {
     }
     let empty = client.put("empty", b"", &one()).unwrap_err();
     assert_eq!(empty.status(), Some(Status::InvalidParams), "{empty}");
-    let huge = client.put("huge", &vec![0u8; 33 << 20], &one()).unwrap_err();
+    let huge = client
+        .put("huge", &vec![0u8; 33 << 20], &one())
+        .unwrap_err();
     assert_eq!(huge.status(), Some(Status::ValueTooLarge), "{huge}");
-    assert!(huge.to_string().contains("larger than the largest segment"), "{huge}");
-    assert!(matches!(client.get("missing"), Err(ClientError::NotFound(_))));
+    assert!(
+        huge.to_string().contains("larger than the largest segment"),
+        "{huge}"
+    );
+    assert!(matches!(
+        client.get("missing"),
+        Err(ClientError::NotFound(_))
+    ));
     let mut small = [0u8; 10];
-    assert!(matches!(client.get_into("size/4096", &mut small), Err(ClientError::BufferTooSmall { .. })));
+    assert!(matches!(
+        client.get_into("size/4096", &mut small),
+        Err(ClientError::BufferTooSmall { .. })
+    ));
 }
 
 #[test]
@@ -57,7 +77,17 @@ fn batch_operations() {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let values: Vec<Vec<u8>> = (0..40).map(|i| value(1000 + i * 97, i as u8)).collect();
     let vrefs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
-    assert!(client.batch_put(&refs, &vrefs, &ReplicateConfig { replica_num: 2, ..Default::default() }).iter().all(Result::is_ok));
+    assert!(client
+        .batch_put(
+            &refs,
+            &vrefs,
+            &ReplicateConfig {
+                replica_num: 2,
+                ..Default::default()
+            }
+        )
+        .iter()
+        .all(Result::is_ok));
     let mut probe = refs.clone();
     probe.push("batch/absent");
     let exists = client.batch_exists(&probe).unwrap();
@@ -83,11 +113,23 @@ fn batch_operations() {
 
 #[test]
 fn replicas_land_on_distinct_stores() {
-    let c = Cluster::start(Opts { stores: 3, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 3,
+        ..Default::default()
+    });
     let client = c.client();
     for i in 0..10 {
         let key = format!("rep/{i}");
-        client.put(&key, &value(5000, i), &ReplicateConfig { replica_num: 3, ..Default::default() }).unwrap();
+        client
+            .put(
+                &key,
+                &value(5000, i),
+                &ReplicateConfig {
+                    replica_num: 3,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         let (_, body) = c.http_get(&format!("/api/v1/objects?key={key}"));
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let segs: std::collections::HashSet<String> = v["current"]["replicas"]
@@ -99,7 +141,16 @@ fn replicas_land_on_distinct_stores() {
         assert_eq!(segs.len(), 3, "{body}");
     }
     // Asking for more replicas than stores is best effort: one per store.
-    client.put("rep/many", b"x", &ReplicateConfig { replica_num: 5, ..Default::default() }).unwrap();
+    client
+        .put(
+            "rep/many",
+            b"x",
+            &ReplicateConfig {
+                replica_num: 5,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     let (_, body) = c.http_get("/api/v1/objects?key=rep/many");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["current"]["replicas"].as_array().unwrap().len(), 3);
@@ -107,13 +158,20 @@ fn replicas_land_on_distinct_stores() {
 
 #[test]
 fn preferred_segment_is_used() {
-    let c = Cluster::start(Opts { stores: 3, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 3,
+        ..Default::default()
+    });
     let client = c.client();
     let segs = client.segments().unwrap();
     let target = segs[1].info.name.clone();
     for i in 0..5 {
         let key = format!("pref/{i}");
-        let cfg = ReplicateConfig { replica_num: 1, preferred_segment: target.clone(), ..Default::default() };
+        let cfg = ReplicateConfig {
+            replica_num: 1,
+            preferred_segment: target.clone(),
+            ..Default::default()
+        };
         client.put(&key, b"v", &cfg).unwrap();
         let (_, body) = c.http_get(&format!("/api/v1/objects?key={key}"));
         assert!(body.contains(&target), "{body}");
@@ -122,45 +180,81 @@ fn preferred_segment_is_used() {
 
 #[test]
 fn store_killed_with_two_replicas_keeps_every_object_readable() {
-    let c_opts = Opts { stores: 2, master_args: vec!["--client-ttl".into(), "2s".into()], ..Default::default() };
+    let c_opts = Opts {
+        stores: 2,
+        master_args: vec!["--client-ttl".into(), "2s".into()],
+        ..Default::default()
+    };
     let mut c = Cluster::start(c_opts);
     let client = c.client();
-    let two = ReplicateConfig { replica_num: 2, ..Default::default() };
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
     for i in 0..30 {
-        client.put(&format!("safe/{i}"), &value(10_000, i), &two).unwrap();
+        client
+            .put(&format!("safe/{i}"), &value(10_000, i), &two)
+            .unwrap();
     }
     c.stores[0].kill9();
     for i in 0..30 {
-        assert_eq!(client.get(&format!("safe/{i}")).unwrap(), value(10_000, i), "right after the kill");
+        assert_eq!(
+            client.get(&format!("safe/{i}")).unwrap(),
+            value(10_000, i),
+            "right after the kill"
+        );
     }
     // After the TTL the dead store's segment is gone and the objects are still readable.
     assert!(wait_until(Duration::from_secs(8), || c.segment_count() == 1));
     for i in 0..30 {
-        assert_eq!(client.get(&format!("safe/{i}")).unwrap(), value(10_000, i), "after expiry");
+        assert_eq!(
+            client.get(&format!("safe/{i}")).unwrap(),
+            value(10_000, i),
+            "after expiry"
+        );
     }
 }
 
 #[test]
 fn store_killed_with_one_replica_fails_cleanly_then_disappears_after_ttl() {
-    let c_opts = Opts { stores: 1, master_args: vec!["--client-ttl".into(), "2s".into()], ..Default::default() };
+    let c_opts = Opts {
+        stores: 1,
+        master_args: vec!["--client-ttl".into(), "2s".into()],
+        ..Default::default()
+    };
     let mut c = Cluster::start(c_opts);
     let client = c.client();
     for i in 0..10 {
-        client.put(&format!("lost/{i}"), &value(4096, i), &one()).unwrap();
+        client
+            .put(&format!("lost/{i}"), &value(4096, i), &one())
+            .unwrap();
     }
     c.stores[0].kill9();
     let t0 = Instant::now();
     let err = client.get("lost/0").unwrap_err();
-    assert!(t0.elapsed() < Duration::from_secs(3), "failing took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "failing took {:?}",
+        t0.elapsed()
+    );
     assert!(matches!(err, ClientError::Unreadable { .. }), "{err}");
-    assert!(wait_until(Duration::from_secs(8), || !client.exists("lost/0").unwrap()), "objects outlived the TTL");
-    assert!(matches!(client.get("lost/1"), Err(ClientError::NotFound(_))));
+    assert!(
+        wait_until(Duration::from_secs(8), || !client.exists("lost/0").unwrap()),
+        "objects outlived the TTL"
+    );
+    assert!(matches!(
+        client.get("lost/1"),
+        Err(ClientError::NotFound(_))
+    ));
     assert_eq!(c.status()["summary"]["keys"], 0);
 }
 
 #[test]
 fn leases_block_remove_unless_forced() {
-    let c = Cluster::start(Opts { master_args: vec!["--default-kv-lease-ttl".into(), "60s".into()], ..Default::default() });
+    let c = Cluster::start(Opts {
+        master_args: vec!["--default-kv-lease-ttl".into(), "60s".into()],
+        ..Default::default()
+    });
     let client = c.client();
     client.put("leased", b"v", &one()).unwrap();
     client.put("free", b"v", &one()).unwrap();
@@ -168,7 +262,11 @@ fn leases_block_remove_unless_forced() {
     client.get("leased").unwrap();
     let e = client.remove("leased", false).unwrap_err();
     assert_eq!(e.status(), Some(Status::ObjectHasLease), "{e}");
-    assert_eq!(client.remove_all(false).unwrap(), 0, "leased objects are skipped");
+    assert_eq!(
+        client.remove_all(false).unwrap(),
+        0,
+        "leased objects are skipped"
+    );
     client.remove("leased", true).unwrap();
     assert!(!client.exists("leased").unwrap());
 }
@@ -197,29 +295,57 @@ fn eviction_keeps_usage_under_the_watermark_lru_first_and_never_a_leased_object(
         let s = c.status();
         let used = s["summary"]["used_bytes"].as_f64().unwrap();
         let cap = s["summary"]["capacity_bytes"].as_f64().unwrap();
-        assert!(used / cap <= 0.9 + 1e-9 || i < 100, "usage {} over the watermark after put {i}", used / cap);
+        assert!(
+            used / cap <= 0.9 + 1e-9 || i < 100,
+            "usage {} over the watermark after put {i}",
+            used / cap
+        );
     }
     let s = c.status();
-    assert!(s["counters"]["evicted_objects"].as_u64().unwrap() > 200, "{s}");
-    assert!(client.exists("ev/0").unwrap(), "the leased object was evicted");
+    assert!(
+        s["counters"]["evicted_objects"].as_u64().unwrap() > 200,
+        "{s}"
+    );
+    assert!(
+        client.exists("ev/0").unwrap(),
+        "the leased object was evicted"
+    );
     assert_eq!(client.get("ev/0").unwrap(), v);
-    let survivors_recent = (1..10).filter(|i| client.exists(&format!("ev/{i}")).unwrap()).count();
-    let survivors_old = (10..40).filter(|i| client.exists(&format!("ev/{i}")).unwrap()).count();
+    let survivors_recent = (1..10)
+        .filter(|i| client.exists(&format!("ev/{i}")).unwrap())
+        .count();
+    let survivors_old = (10..40)
+        .filter(|i| client.exists(&format!("ev/{i}")).unwrap())
+        .count();
     assert_eq!(survivors_old, 0, "old untouched objects should go first");
     assert!(survivors_recent <= 9);
-    assert!(client.exists("ev/399").unwrap(), "the newest object is there");
+    assert!(
+        client.exists("ev/399").unwrap(),
+        "the newest object is there"
+    );
 }
 
 #[test]
 fn soft_pinned_objects_are_evicted_last() {
-    let c = Cluster::start(Opts { stores: 1, segment: 4 << 20, master_args: vec![] });
+    let c = Cluster::start(Opts {
+        stores: 1,
+        segment: 4 << 20,
+        master_args: vec![],
+    });
     let client = c.client();
     let v = value(65_536, 2);
-    let pinned = ReplicateConfig { replica_num: 1, soft_pin: true, ..Default::default() };
+    let pinned = ReplicateConfig {
+        replica_num: 1,
+        soft_pin: true,
+        ..Default::default()
+    };
     client.put("pin/0", &v, &pinned).unwrap();
     for i in 1..200 {
         client.put(&format!("pin/{i}"), &v, &one()).unwrap();
     }
-    assert!(client.exists("pin/0").unwrap(), "the soft-pinned oldest object was evicted before unpinned ones");
+    assert!(
+        client.exists("pin/0").unwrap(),
+        "the soft-pinned oldest object was evicted before unpinned ones"
+    );
     assert_eq!(c.status()["summary"]["soft_pinned_keys"], 1);
 }

@@ -28,11 +28,19 @@ fn store_endpoint(c: &Cluster) -> String {
 
 #[test]
 fn garbage_and_malformed_frames_close_only_that_connection() {
-    let c = Cluster::start(Opts { stores: 1, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
     let client = c.client();
-    client.put("before", b"ok", &ReplicateConfig::default()).unwrap();
+    client
+        .put("before", b"ok", &ReplicateConfig::default())
+        .unwrap();
     let store = store_endpoint(&c);
-    for (addr, op) in [(c.rpc.clone(), Opcode::PutStart), (store.clone(), Opcode::Read)] {
+    for (addr, op) in [
+        (c.rpc.clone(), Opcode::PutStart),
+        (store.clone(), Opcode::Read),
+    ] {
         // Plain garbage: bad magic.
         let out = send_and_drain(&addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdef");
         assert!(out.is_empty(), "no reply to a frame without our magic");
@@ -40,7 +48,10 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
         let mut frame = Header::request(op, 7, 3, 0).encode().to_vec();
         frame.extend_from_slice(&[0xff, 0xff, 0xff]);
         let out = send_and_drain(&addr, &frame);
-        assert!(out.len() >= HEADER_LEN, "an error reply is sent before closing");
+        assert!(
+            out.len() >= HEADER_LEN,
+            "an error reply is sent before closing"
+        );
         let h = Header::decode(&out[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(h.request_id, 7);
         assert_eq!(Status::from_u16(h.status), Status::MalformedFrame);
@@ -52,7 +63,10 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
     }
     // An out-of-bounds store range is refused, and that connection stays usable.
     let mut conn = rbgctl::transfer::Connection::connect(&store, &Default::default()).unwrap();
-    let req = rbgctl::transfer::message::ReadReq { offset: u64::MAX - 1, length: 10 };
+    let req = rbgctl::transfer::message::ReadReq {
+        offset: u64::MAX - 1,
+        length: 10,
+    };
     let err = conn.call::<_, ()>(Opcode::Read, &req).unwrap_err();
     assert_eq!(err.status(), Some(Status::OutOfBounds), "{err}");
     let info: rbgctl::transfer::message::StoreInfoResp = conn.call(Opcode::StoreInfo, &()).unwrap();
@@ -62,10 +76,19 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
     let id = conn.io_send_raw_opcode(0xee);
     let err = conn.recv(id).unwrap_err();
     assert_eq!(err.status(), Some(Status::UnknownOpcode));
-    assert!(conn.call::<_, bool>(Opcode::Exists, &rbgctl::transfer::message::KeyReq { key: "before".into() }).unwrap());
+    assert!(conn
+        .call::<_, bool>(
+            Opcode::Exists,
+            &rbgctl::transfer::message::KeyReq {
+                key: "before".into()
+            }
+        )
+        .unwrap());
     // Everyone else is still served, and the bad input is counted.
     assert_eq!(client.get("before").unwrap(), b"ok");
-    client.put("after", b"still fine", &ReplicateConfig::default()).unwrap();
+    client
+        .put("after", b"still fine", &ReplicateConfig::default())
+        .unwrap();
     let (_, metrics) = c.http_get("/metrics");
     let bad: f64 = metrics
         .lines()
@@ -92,11 +115,15 @@ impl RawSend for rbgctl::transfer::Connection {
 
 #[test]
 fn http_ports_survive_garbage() {
-    let c = Cluster::start(Opts { stores: 1, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
     for port in [c.metrics_port, c.metadata_port] {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"\x00\x01\x02 garbage garbage\r\n\r\n").unwrap();
+        s.write_all(b"\x00\x01\x02 garbage garbage\r\n\r\n")
+            .unwrap();
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
     }
@@ -106,29 +133,62 @@ fn http_ports_survive_garbage() {
 
 #[test]
 fn metadata_server_answers_like_mooncake() {
-    let c = Cluster::start(Opts { stores: 1, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
     let p = c.metadata_port;
     let key = "/metadata?key=mooncake%2Fram%2F127.0.0.1%3A12830";
     assert_eq!(http(p, "GET", key, b""), (404, "metadata not found".into()));
-    assert_eq!(http(p, "PUT", key, b"{\"a\":1}"), (200, "metadata updated".into()));
+    assert_eq!(
+        http(p, "PUT", key, b"{\"a\":1}"),
+        (200, "metadata updated".into())
+    );
     assert_eq!(http(p, "GET", key, b""), (200, "{\"a\":1}".into()));
-    assert_eq!(http(p, "GET", "/metadata?key=mooncake/ram/127.0.0.1:12830", b"").0, 404, "keys are not decoded");
+    assert_eq!(
+        http(p, "GET", "/metadata?key=mooncake/ram/127.0.0.1:12830", b"").0,
+        404,
+        "keys are not decoded"
+    );
     let rpc = "/metadata?key=mooncake%2Frpc_meta%2Fh";
     assert_eq!(http(p, "PUT", rpc, b"A"), (200, "metadata updated".into()));
-    assert_eq!(http(p, "PUT", rpc, b"A"), (200, "metadata unchanged".into()));
-    assert_eq!(http(p, "PUT", rpc, b"B"), (400, "Duplicate rpc_meta key not allowed".into()));
-    assert_eq!(http(p, "DELETE", key, b""), (200, "metadata deleted".into()));
-    assert_eq!(http(p, "DELETE", key, b""), (404, "metadata not found".into()));
-    assert_eq!(http(p, "GET", "/metadata", b""), (400, "Missing key parameter".into()));
+    assert_eq!(
+        http(p, "PUT", rpc, b"A"),
+        (200, "metadata unchanged".into())
+    );
+    assert_eq!(
+        http(p, "PUT", rpc, b"B"),
+        (400, "Duplicate rpc_meta key not allowed".into())
+    );
+    assert_eq!(
+        http(p, "DELETE", key, b""),
+        (200, "metadata deleted".into())
+    );
+    assert_eq!(
+        http(p, "DELETE", key, b""),
+        (404, "metadata not found".into())
+    );
+    assert_eq!(
+        http(p, "GET", "/metadata", b""),
+        (400, "Missing key parameter".into())
+    );
     assert_eq!(http(p, "POST", key, b""), (404, "404 Not Found".into()));
-    assert_eq!(http(p, "GET", "/elsewhere", b""), (404, "404 Not Found".into()));
+    assert_eq!(
+        http(p, "GET", "/elsewhere", b""),
+        (404, "404 Not Found".into())
+    );
 }
 
 #[test]
 fn admin_api_and_metrics() {
-    let c = Cluster::start(Opts { stores: 2, ..Default::default() });
+    let c = Cluster::start(Opts {
+        stores: 2,
+        ..Default::default()
+    });
     let client = c.client();
-    client.put("adm", b"12345", &ReplicateConfig::default()).unwrap();
+    client
+        .put("adm", b"12345", &ReplicateConfig::default())
+        .unwrap();
     let (code, body) = c.http_get("/api/v1/segments");
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -140,7 +200,10 @@ fn admin_api_and_metrics() {
     assert_eq!(c.http_get("/query_key?key=adm").0, 200);
     let (_, m) = c.http_get("/metrics");
     assert!(m.contains("rbgctl_master_keys 1"), "{m}");
-    assert!(m.contains("rbgctl_master_requests_total{op=\"batch_put_start\"}"), "{m}");
+    assert!(
+        m.contains("rbgctl_master_requests_total{op=\"batch_put_start\"}"),
+        "{m}"
+    );
     let (_, s) = c.http_get("/metrics/summary");
     assert!(s.contains("Keys: 1") && s.contains("Clients:"), "{s}");
 }
@@ -167,7 +230,10 @@ fn config_errors_name_the_field() {
     std::fs::write(&bad, "segmnet_size = \"1GiB\"\n").unwrap();
     let e = run_fail(&["store", "--config", bad.to_str().unwrap()], &[]);
     assert!(e.contains("segmnet_size"), "{e}");
-    let e = run_fail(&["store", "--master", "127.0.0.1:1"], &[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "50%")]);
+    let e = run_fail(
+        &["store", "--master", "127.0.0.1:1"],
+        &[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "50%")],
+    );
     assert!(e.contains("MOONCAKE_GLOBAL_SEGMENT_SIZE"), "{e}");
     let e = run_fail(&["store", "--master", "nowhere"], &[]);
     assert!(e.contains("store.master"), "{e}");
@@ -199,10 +265,19 @@ fn a_link_named_mooncake_master_runs_the_master_with_mooncake_flags() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let _guard = Proc { child, name: "mooncake_master".into() };
-    assert!(wait_until(Duration::from_secs(10), || http(metrics, "GET", "/health", b"").0 == 200));
+    let _guard = Proc {
+        child,
+        name: "mooncake_master".into(),
+    };
+    assert!(wait_until(Duration::from_secs(10), || http(
+        metrics, "GET", "/health", b""
+    )
+    .0 == 200));
     let (_, status) = http(metrics, "GET", "/api/v1/status", b"");
-    assert!(status.contains("\"eviction_high_watermark_ratio\":0.95"), "{status}");
+    assert!(
+        status.contains("\"eviction_high_watermark_ratio\":0.95"),
+        "{status}"
+    );
     assert_eq!(http(meta, "GET", "/health", b""), (200, "OK".into()));
     assert!(TcpStream::connect(("127.0.0.1", rpc)).is_ok());
 }

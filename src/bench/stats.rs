@@ -31,6 +31,7 @@ pub struct PhaseResult {
 }
 
 impl PhaseResult {
+    #[allow(clippy::too_many_arguments)] // one row of the report, field by field
     pub fn from_samples(
         case: &str,
         op: &str,

@@ -25,6 +25,9 @@ use std::time::Duration;
 
 pub use crate::transfer::message::ReplicateConfig;
 
+/// Batch items grouped by store endpoint: the store's pool and (item index, offset) pairs.
+type ByStore = HashMap<String, (Arc<Pool>, Vec<(usize, u64)>)>;
+
 /// Most requests in flight on one connection in a batch.
 const PIPELINE_WINDOW: usize = 128;
 
@@ -574,7 +577,7 @@ impl Inner {
         let mut results: Vec<Option<Result<usize, ClientError>>> =
             (0..keys.len()).map(|_| None).collect();
         // endpoint → (pool, [(item, offset)])
-        let mut remote: HashMap<String, (Arc<Pool>, Vec<(usize, u64)>)> = HashMap::new();
+        let mut remote: ByStore = HashMap::new();
         for (i, d) in descs.iter().enumerate() {
             let d = match d {
                 Ok(d) => d,
@@ -676,7 +679,7 @@ impl Inner {
             Err(e) => return keys.iter().map(|_| Err(clone_err(&e))).collect(),
         };
         // Writes: local replicas by copy, the rest pipelined per store.
-        let mut remote: HashMap<String, (Arc<Pool>, Vec<(usize, u64)>)> = HashMap::new();
+        let mut remote: ByStore = HashMap::new();
         let mut object_ids = vec![0u64; keys.len()];
         for (i, item) in started.items.iter().enumerate() {
             let s = match item {

@@ -292,7 +292,7 @@ pub struct MooncakeEnv {
 impl MooncakeEnv {
     /// Reads the process environment; `MOONCAKE_CONFIG_PATH` wins over the single variables.
     pub fn from_process() -> Result<MooncakeEnv, ConfigError> {
-        Self::from_lookup(|k| env_var(k))
+        Self::from_lookup(env_var)
     }
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<MooncakeEnv, ConfigError> {

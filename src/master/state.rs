@@ -334,7 +334,10 @@ impl MasterState {
             return fail(Status::InvalidParams, "empty value");
         }
         // replica_num 0 is the default: one replica.
-        let config = &ReplicateConfig { replica_num: config.replica_num.max(1), ..config.clone() };
+        let config = &ReplicateConfig {
+            replica_num: config.replica_num.max(1),
+            ..config.clone()
+        };
         let largest = self
             .segments
             .values()
@@ -613,8 +616,8 @@ impl MasterState {
         }
     }
 
-    /// Removes `key`. Refused while a read lease runs unless `force`; space under a lease is
-    /// freed when the lease ends either way. A key with only an unfinished put is refused unless
+    /// Removes `key`. Refused while a read lease runs unless `force`, which frees the space at
+    /// once. A key with only an unfinished put is refused unless
     /// `force`, which revokes the put.
     pub fn remove(&mut self, key: &str, force: bool, now: Instant) -> OpResult<()> {
         let Some(entry) = self.objects.get_mut(key) else {
@@ -633,7 +636,9 @@ impl MasterState {
                 if entry.pending.is_none() {
                     self.objects.remove(key);
                 }
-                self.release(&v.replicas, v.size, v.lease_until, now);
+                // Forced or not, the space is free now: a reader still under the lease fails the
+                // checksum and sees a miss, never another object's bytes.
+                self.release(&v.replicas, v.size, now, now);
                 Ok(())
             }
             None if force => {

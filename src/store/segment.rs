@@ -72,7 +72,7 @@ impl SegmentMemory {
         };
         std::fs::create_dir_all(dir).map_err(dir_err)?;
         let free = nix::sys::statvfs::statvfs(dir)
-            .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+            .map(|s| s.blocks_available() * s.fragment_size())
             .map_err(|e| dir_err(e.into()))?;
         let token = fastrand::u64(1..);
         if free < size {

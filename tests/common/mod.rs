@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 pub const BIN: &str = env!("CARGO_BIN_EXE_rbgctl");
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `f` every 20 ms until it is true or `timeout` passes.
@@ -76,7 +80,11 @@ pub struct Opts {
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { stores: 2, segment: 64 << 20, master_args: vec![] }
+        Opts {
+            stores: 2,
+            segment: 64 << 20,
+            master_args: vec![],
+        }
     }
 }
 
@@ -86,16 +94,32 @@ impl Cluster {
         let rpc = format!("127.0.0.1:{rpc_port}");
         let mut cmd = Command::new(BIN);
         cmd.args([
-            "master", "--rpc-address", "127.0.0.1", "--rpc-port", &rpc_port.to_string(),
-            "--metrics-host", "127.0.0.1", "--metrics-port", &metrics_port.to_string(),
-            "--enable-http-metadata-server", "--http-metadata-server-host", "127.0.0.1",
-            "--http-metadata-server-port", &metadata_port.to_string(),
+            "master",
+            "--rpc-address",
+            "127.0.0.1",
+            "--rpc-port",
+            &rpc_port.to_string(),
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            &metrics_port.to_string(),
+            "--enable-http-metadata-server",
+            "--http-metadata-server-host",
+            "127.0.0.1",
+            "--http-metadata-server-port",
+            &metadata_port.to_string(),
         ])
         .args(&opts.master_args)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        let master = Proc { child: cmd.spawn().unwrap(), name: "master".into() };
-        assert!(wait_until(Duration::from_secs(10), || TcpStream::connect(&rpc).is_ok()), "master did not start");
+        let master = Proc {
+            child: cmd.spawn().unwrap(),
+            name: "master".into(),
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || TcpStream::connect(&rpc).is_ok()),
+            "master did not start"
+        );
         let mut c = Cluster {
             master,
             stores: vec![],
@@ -118,9 +142,21 @@ impl Cluster {
     pub fn add_store(&mut self, segment: u64) -> usize {
         let child = Command::new(BIN)
             .args([
-                "store", "--master", &self.rpc, "--bind-address", "127.0.0.1", "--local-hostname", "127.0.0.1",
-                "--segment-size", &segment.to_string(), "--metrics-host", "127.0.0.1", "--metrics-port", "0",
-                "--heartbeat-interval", "200ms",
+                "store",
+                "--master",
+                &self.rpc,
+                "--bind-address",
+                "127.0.0.1",
+                "--local-hostname",
+                "127.0.0.1",
+                "--segment-size",
+                &segment.to_string(),
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                "0",
+                "--heartbeat-interval",
+                "200ms",
             ])
             .arg("--shm-dir")
             .arg(self.shm_dir.path())
@@ -128,7 +164,10 @@ impl Cluster {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        self.stores.push(Proc { child, name: format!("store-{}", self.stores.len()) });
+        self.stores.push(Proc {
+            child,
+            name: format!("store-{}", self.stores.len()),
+        });
         self.stores.len() - 1
     }
 
@@ -159,7 +198,9 @@ impl Cluster {
 
 /// A minimal HTTP/1.1 exchange (Connection: close), returning status and body.
 pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -170,8 +211,15 @@ pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).to_string();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (code, body)
 }
 
