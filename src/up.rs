@@ -89,6 +89,17 @@ fn wait_for_segments(
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    // Signal handlers first, so that a SIGTERM during start-up still stops the children cleanly.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut term, mut int) = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
+    })?;
     let exe = std::env::current_exe()?;
     let shm_dir = args
         .shm_dir
@@ -172,14 +183,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("  rbgctl bench store --master {master}");
     println!("Ctrl-C stops everything.");
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let failed = runtime.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
-                _ = crate::shutdown_signal() => return None,
+                _ = term.recv() => return None,
+                _ = int.recv() => return None,
                 _ = tick.tick() => {
                     for (name, c) in children.0.iter_mut() {
                         if let Ok(Some(status)) = c.try_wait() {

@@ -170,12 +170,13 @@ impl Store {
 
 /// Runs `rbgctl store` until SIGINT or SIGTERM, then unmounts cleanly.
 pub fn run(cfg: StoreConfig) -> Result<(), StoreError> {
-    let store = Arc::new(parking_lot::Mutex::new(Store::start(&cfg)?));
+    // Bind the metrics port before registering: a store that cannot serve never mounts.
     let metrics_addr = format!("{}:{}", cfg.metrics_host, cfg.metrics_port);
     let metrics_listener = TcpListener::bind(&metrics_addr).map_err(|source| StoreError::Bind {
         addr: metrics_addr,
         source,
     })?;
+    let store = Arc::new(parking_lot::Mutex::new(Store::start(&cfg)?));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("store-http")

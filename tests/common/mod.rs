@@ -66,6 +66,8 @@ impl Drop for Proc {
 pub struct Cluster {
     pub master: Proc,
     pub stores: Vec<Proc>,
+    /// Metrics port of each store, by index.
+    pub store_metrics: Vec<u16>,
     pub rpc: String,
     pub metrics_port: u16,
     pub metadata_port: u16,
@@ -123,6 +125,7 @@ impl Cluster {
         let mut c = Cluster {
             master,
             stores: vec![],
+            store_metrics: vec![],
             rpc,
             metrics_port,
             metadata_port,
@@ -140,6 +143,13 @@ impl Cluster {
     }
 
     pub fn add_store(&mut self, segment: u64) -> usize {
+        // Both ports explicit: a kernel-chosen data port could reuse the one just probed.
+        let metrics = free_port();
+        let mut data = free_port();
+        while data == metrics {
+            data = free_port();
+        }
+        self.store_metrics.push(metrics);
         let child = Command::new(BIN)
             .args([
                 "store",
@@ -149,12 +159,14 @@ impl Cluster {
                 "127.0.0.1",
                 "--local-hostname",
                 "127.0.0.1",
+                "--port",
+                &data.to_string(),
                 "--segment-size",
                 &segment.to_string(),
                 "--metrics-host",
                 "127.0.0.1",
                 "--metrics-port",
-                "0",
+                &metrics.to_string(),
                 "--heartbeat-interval",
                 "200ms",
             ])
