@@ -54,27 +54,7 @@ fn stores_remount_after_a_master_restart() {
         stores: 2,
         ..Default::default()
     });
-    let rpc_port: u16 = c.rpc.rsplit(':').next().unwrap().parse().unwrap();
-    c.master.kill9();
-    let child = Command::new(BIN)
-        .args([
-            "master",
-            "--rpc-address",
-            "127.0.0.1",
-            "--rpc-port",
-            &rpc_port.to_string(),
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            &c.metrics_port.to_string(),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    c.master = Proc {
-        child,
-        name: "master-2".into(),
-    };
+    c.restart_master();
     assert!(
         wait_until(Duration::from_secs(10), || c.segment_count() == 2),
         "stores did not come back"

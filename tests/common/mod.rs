@@ -90,12 +90,15 @@ impl Default for Opts {
     }
 }
 
-impl Cluster {
-    pub fn start(opts: Opts) -> Cluster {
-        let (rpc_port, metrics_port, metadata_port) = (free_port(), free_port(), free_port());
-        let rpc = format!("127.0.0.1:{rpc_port}");
-        let mut cmd = Command::new(BIN);
-        cmd.args([
+/// Starts a master on the given loopback ports, with the HTTP metadata server on.
+pub fn spawn_master(
+    rpc_port: u16,
+    metrics_port: u16,
+    metadata_port: u16,
+    extra: &[String],
+) -> Proc {
+    let child = Command::new(BIN)
+        .args([
             "master",
             "--rpc-address",
             "127.0.0.1",
@@ -111,13 +114,29 @@ impl Cluster {
             "--http-metadata-server-port",
             &metadata_port.to_string(),
         ])
-        .args(&opts.master_args)
+        .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        let master = Proc {
-            child: cmd.spawn().unwrap(),
-            name: "master".into(),
-        };
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc {
+        child,
+        name: "master".into(),
+    }
+}
+
+impl Cluster {
+    /// Kills the master (SIGKILL) and starts a new one on the same ports.
+    pub fn restart_master(&mut self) {
+        self.master.kill9();
+        let rpc_port: u16 = self.rpc.rsplit(':').next().unwrap().parse().unwrap();
+        self.master = spawn_master(rpc_port, self.metrics_port, self.metadata_port, &[]);
+    }
+
+    pub fn start(opts: Opts) -> Cluster {
+        let (rpc_port, metrics_port, metadata_port) = (free_port(), free_port(), free_port());
+        let rpc = format!("127.0.0.1:{rpc_port}");
+        let master = spawn_master(rpc_port, metrics_port, metadata_port, &opts.master_args);
         assert!(
             wait_until(Duration::from_secs(10), || TcpStream::connect(&rpc).is_ok()),
             "master did not start"
