@@ -349,3 +349,31 @@ fn soft_pinned_objects_are_evicted_last() {
     );
     assert_eq!(c.status()["summary"]["soft_pinned_keys"], 1);
 }
+
+#[test]
+fn corrupted_bytes_are_caught_by_the_checksum_and_never_served() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let client = c.client();
+    client.put("crc", &value(8192, 9), &one()).unwrap();
+    let (_, body) = c.http_get("/api/v1/objects?key=crc");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let offset = v["current"]["replicas"][0]["offset"].as_u64().unwrap();
+    let seg_file = std::fs::read_dir(c.shm_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "seg"))
+        .unwrap();
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg_file)
+        .unwrap();
+    f.seek(SeekFrom::Start(offset + 100)).unwrap();
+    f.write_all(b"CORRUPT").unwrap();
+    drop(f);
+    let err = client.get("crc").unwrap_err();
+    assert!(matches!(err, ClientError::Checksum { .. }), "{err}");
+}

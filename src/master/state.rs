@@ -815,3 +815,135 @@ impl MasterState {
         self.segments.get(&id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(name: &str, size: u64) -> SegmentInfo {
+        SegmentInfo {
+            name: name.into(),
+            endpoint: format!("{name}:1"),
+            size,
+            ..Default::default()
+        }
+    }
+
+    fn state() -> (MasterState, Instant) {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        st.mount(1, seg("a", 1 << 20), t0).unwrap();
+        (st, t0)
+    }
+
+    const ONE: ReplicateConfig = ReplicateConfig {
+        replica_num: 1,
+        soft_pin: false,
+        soft_pin_ttl_ms: 0,
+        preferred_segment: String::new(),
+    };
+
+    #[test]
+    fn a_put_is_invisible_until_it_ends_and_replaces_atomically() {
+        let (mut st, t0) = state();
+        let (id1, _) = st.put_start(7, "k", 100, &ONE, t0).unwrap();
+        assert_eq!(
+            st.get_replicas("k", t0).unwrap_err().0,
+            Status::ReplicaNotReady
+        );
+        assert!(!st.exists("k", t0));
+        st.put_end(7, "k", id1, 11, t0).unwrap();
+        assert_eq!(st.get_replicas("k", t0).unwrap().checksum, 11);
+        // A second put: readers keep seeing the first value until it ends.
+        let (id2, _) = st.put_start(7, "k", 200, &ONE, t0).unwrap();
+        assert_eq!(st.get_replicas("k", t0).unwrap().size, 100);
+        assert_eq!(
+            st.put_end(8, "k", id2, 22, t0).unwrap_err().0,
+            Status::IllegalClient
+        );
+        st.put_end(7, "k", id2, 22, t0).unwrap();
+        let d = st.get_replicas("k", t0).unwrap();
+        assert_eq!((d.size, d.checksum), (200, 22));
+        st.put_end(7, "k", id2, 22, t0).unwrap(); // idempotent
+    }
+
+    #[test]
+    fn abandoned_puts_are_preempted_then_reclaimed() {
+        let (mut st, t0) = state();
+        let (id, _) = st.put_start(7, "k", 1000, &ONE, t0).unwrap();
+        assert_eq!(
+            st.put_start(8, "k", 1000, &ONE, t0).unwrap_err().0,
+            Status::PutInProgress
+        );
+        let later = t0 + Duration::from_secs(31);
+        let (id2, _) = st.put_start(8, "k", 1000, &ONE, later).unwrap();
+        assert_eq!(
+            st.put_end(7, "k", id, 1, later).unwrap_err().0,
+            Status::WriteSuperseded
+        );
+        st.put_end(8, "k", id2, 1, later).unwrap();
+        // The zombie's space is held until the release timeout, then freed.
+        assert_eq!(st.summary(later).deferred_bytes, 1024);
+        let t = t0 + Duration::from_secs(601);
+        st.ping(1, t); // the store stays alive
+        st.housekeeping(t);
+        assert_eq!(st.summary(t).deferred_bytes, 0);
+        // A writer that stops heartbeating loses its unfinished put at expiry.
+        st.ping(9, t);
+        st.put_start(9, "z", 10, &ONE, t).unwrap();
+        st.ping(1, t + Duration::from_secs(11));
+        st.expire_clients(t + Duration::from_secs(11));
+        assert!(st.lookup("z").is_none());
+    }
+
+    #[test]
+    fn leases_and_removal() {
+        let (mut st, t0) = state();
+        let (id, _) = st.put_start(7, "k", 10, &ONE, t0).unwrap();
+        st.put_end(7, "k", id, 0, t0).unwrap();
+        st.get_replicas("k", t0).unwrap();
+        assert_eq!(
+            st.remove("k", false, t0).unwrap_err().0,
+            Status::ObjectHasLease
+        );
+        assert_eq!(st.remove_all(false, t0), 0);
+        assert_eq!(
+            st.remove_all(false, t0 + Duration::from_secs(11)),
+            1,
+            "lease over"
+        );
+        assert_eq!(
+            st.remove("k", false, t0).unwrap_err().0,
+            Status::ObjectNotFound
+        );
+        assert_eq!(st.summary(t0).used_bytes, 0);
+    }
+
+    #[test]
+    fn full_pool_evicts_for_a_new_put_but_never_leased_objects() {
+        // Watermark 1.0: only a failed allocation triggers eviction here.
+        let cfg = MasterConfig {
+            eviction_high_watermark_ratio: 1.0,
+            ..MasterConfig::default()
+        };
+        let mut st = MasterState::new(cfg);
+        let t0 = Instant::now();
+        st.mount(1, seg("a", 1 << 20), t0).unwrap();
+        for i in 0..16 {
+            let key = format!("k{i}");
+            let (id, _) = st.put_start(7, &key, 64 << 10, &ONE, t0).unwrap();
+            st.put_end(7, &key, id, 0, t0).unwrap();
+        }
+        // Everything is leased: no room, no eviction.
+        for i in 0..16 {
+            st.get_replicas(&format!("k{i}"), t0).unwrap();
+        }
+        assert_eq!(
+            st.put_start(7, "new", 64 << 10, &ONE, t0).unwrap_err().0,
+            Status::NoSpace
+        );
+        let later = t0 + Duration::from_secs(11);
+        st.put_start(7, "new", 64 << 10, &ONE, later).unwrap();
+        assert!(st.counters.evicted_objects >= 1);
+    }
+}
