@@ -130,15 +130,9 @@ fn replicas_land_on_distinct_stores() {
                 },
             )
             .unwrap();
-        let (_, body) = c.http_get(&format!("/api/v1/objects?key={key}"));
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let segs: std::collections::HashSet<String> = v["current"]["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["segment"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(segs.len(), 3, "{body}");
+        let segs = c.replica_segments(&key);
+        let distinct: std::collections::HashSet<&String> = segs.iter().collect();
+        assert_eq!((segs.len(), distinct.len()), (3, 3), "{segs:?}");
     }
     // Asking for more replicas than stores is best effort: one per store.
     client
@@ -151,9 +145,7 @@ fn replicas_land_on_distinct_stores() {
             },
         )
         .unwrap();
-    let (_, body) = c.http_get("/api/v1/objects?key=rep/many");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["current"]["replicas"].as_array().unwrap().len(), 3);
+    assert_eq!(c.replica_segments("rep/many").len(), 3);
 }
 
 #[test]
@@ -173,8 +165,8 @@ fn preferred_segment_is_used() {
             ..Default::default()
         };
         client.put(&key, b"v", &cfg).unwrap();
-        let (_, body) = c.http_get(&format!("/api/v1/objects?key={key}"));
-        assert!(body.contains(&target), "{body}");
+        let segs = c.replica_segments(&key);
+        assert!(segs.contains(&target), "{segs:?}");
     }
 }
 
@@ -358,9 +350,9 @@ fn corrupted_bytes_are_caught_by_the_checksum_and_never_served() {
     });
     let client = c.client();
     client.put("crc", &value(8192, 9), &one()).unwrap();
-    let (_, body) = c.http_get("/api/v1/objects?key=crc");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let offset = v["current"]["replicas"][0]["offset"].as_u64().unwrap();
+    let offset = c.object("crc")["current"]["replicas"][0]["offset"]
+        .as_u64()
+        .unwrap();
     let seg_file = std::fs::read_dir(c.shm_dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -210,6 +210,23 @@ impl Cluster {
         serde_json::from_str(&self.http_get("/api/v1/status").1).unwrap()
     }
 
+    /// The admin API's view of one object (`/api/v1/objects?key=`).
+    pub fn object(&self, key: &str) -> serde_json::Value {
+        let (code, body) = self.http_get(&format!("/api/v1/objects?key={key}"));
+        assert_eq!(code, 200, "{key}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The segment names holding the current replicas of `key`.
+    pub fn replica_segments(&self, key: &str) -> Vec<String> {
+        self.object(key)["current"]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["segment"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     pub fn segment_count(&self) -> usize {
         let (code, body) = self.http_get("/api/v1/segments");
         if code != 200 {
