@@ -174,7 +174,13 @@ fn preferred_segment_is_used() {
 fn store_killed_with_two_replicas_keeps_every_object_readable() {
     let c_opts = Opts {
         stores: 2,
-        master_args: vec!["--client-ttl".into(), "2s".into()],
+        // No grace period: a dead store's objects go at the TTL.
+        master_args: vec![
+            "--client-ttl".into(),
+            "2s".into(),
+            "--store-grace-period".into(),
+            "0".into(),
+        ],
         ..Default::default()
     };
     let mut c = Cluster::start(c_opts);
@@ -211,7 +217,12 @@ fn store_killed_with_two_replicas_keeps_every_object_readable() {
 fn store_killed_with_one_replica_fails_cleanly_then_disappears_after_ttl() {
     let c_opts = Opts {
         stores: 1,
-        master_args: vec!["--client-ttl".into(), "2s".into()],
+        master_args: vec![
+            "--client-ttl".into(),
+            "2s".into(),
+            "--store-grace-period".into(),
+            "0".into(),
+        ],
         ..Default::default()
     };
     let mut c = Cluster::start(c_opts);

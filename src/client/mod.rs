@@ -142,6 +142,7 @@ pub struct Client {
 
 /// Where one replica of one item is, resolved.
 struct Target {
+    segment_id: u64,
     route: Arc<Route>,
     offset: u64,
 }
@@ -451,6 +452,7 @@ impl Inner {
         for r in replicas {
             match self.route(r.segment_id) {
                 Ok(route) => out.push(Target {
+                    segment_id: r.segment_id,
                     route,
                     offset: r.offset,
                 }),
@@ -514,6 +516,15 @@ impl Inner {
                 Ok(()) => {
                     bad_checksum = true;
                     tracing::warn!(key, segment = %t.route.info.name, "checksum mismatch; trying another replica");
+                    // The master drops the corrupt replica so that no one is sent to it again.
+                    let report = ReportCorruptReq {
+                        key: key.into(),
+                        version: desc.version,
+                        segment_id: t.segment_id,
+                    };
+                    if let Err(e) = self.master_call::<_, ()>(Opcode::ReportCorrupt, &report) {
+                        tracing::debug!(error = %e, "cannot report a corrupt replica");
+                    }
                 }
                 Err(e) => {
                     last = format!("{}: {e}", t.route.info.endpoint);
@@ -678,8 +689,12 @@ impl Inner {
             }
             Err(e) => return keys.iter().map(|_| Err(clone_err(&e))).collect(),
         };
+        // Checksums first: persistent stores record them with the object.
+        let checksums: Vec<u32> = values.iter().map(|v| crc32c::crc32c(v)).collect();
         // Writes: local replicas by copy, the rest pipelined per store.
         let mut remote: ByStore = HashMap::new();
+        // Objects copied into persistent same-host segments, to be recorded by their stores.
+        let mut seals: HashMap<String, (Arc<Pool>, Vec<(usize, StoredObject)>)> = HashMap::new();
         let mut object_ids = vec![0u64; keys.len()];
         for (i, item) in started.items.iter().enumerate() {
             let s = match item {
@@ -693,7 +708,24 @@ impl Inner {
             for r in &s.replicas {
                 match self.route(r.segment_id) {
                     Ok(route) => match &route.local {
-                        Some(local) if local.write(r.offset, values[i]) => {}
+                        Some(local) if local.write(r.offset, values[i]) => {
+                            if route.info.segment_uuid != 0 {
+                                seals
+                                    .entry(route.info.endpoint.clone())
+                                    .or_insert_with(|| (route.pool.clone(), Vec::new()))
+                                    .1
+                                    .push((
+                                        i,
+                                        StoredObject {
+                                            key: keys[i].to_string(),
+                                            version: s.object_id,
+                                            offset: r.offset,
+                                            size: values[i].len() as u64,
+                                            checksum: checksums[i],
+                                        },
+                                    ));
+                            }
+                        }
                         _ => remote
                             .entry(route.info.endpoint.clone())
                             .or_insert_with(|| (route.pool.clone(), Vec::new()))
@@ -704,8 +736,49 @@ impl Inner {
                 }
             }
         }
+        for (endpoint, (pool, items)) in seals {
+            let (idx, objects): (Vec<usize>, Vec<StoredObject>) = items.into_iter().unzip();
+            let n = objects.len();
+            let sealed = pool.with(|c| {
+                c.call::<_, BatchStatusResp>(
+                    Opcode::Seal,
+                    &SealReq {
+                        objects: objects.clone(),
+                    },
+                )
+            });
+            match sealed {
+                Ok(r) if r.items.len() == n => {
+                    for (i, st) in idx.into_iter().zip(r.items) {
+                        if st != Status::Ok {
+                            results[i] = Some(status_result(st, keys[i]));
+                        }
+                    }
+                }
+                Ok(_) => {
+                    for i in idx {
+                        results[i] = Some(Err(ClientError::Invalid(
+                            "store answered a different number of items".into(),
+                        )));
+                    }
+                }
+                Err(e) => {
+                    for i in idx {
+                        results[i] = Some(Err(ClientError::Store {
+                            endpoint: endpoint.clone(),
+                            source: TransferError::Protocol(format!("seal failed: {e}")),
+                        }));
+                    }
+                }
+            }
+        }
+        let records = WriteRecords {
+            keys,
+            object_ids: &object_ids,
+            checksums: &checksums,
+        };
         for (endpoint, (pool, items)) in remote {
-            let outcome = pipelined_writes(&pool, &items, values);
+            let outcome = pipelined_writes(&pool, &items, values, &records);
             for ((i, _), r) in items.iter().zip(outcome) {
                 if let Err(e) = r {
                     pool.clear();
@@ -726,7 +799,7 @@ impl Inner {
                 key: keys[i].to_string(),
                 object_id: object_ids[i],
                 checksum: if results[i].is_none() {
-                    crc32c::crc32c(values[i])
+                    checksums[i]
                 } else {
                     0
                 },
@@ -842,11 +915,19 @@ fn pipelined_reads(
     ok
 }
 
+/// What a persistent store records with each written object, by item.
+struct WriteRecords<'a> {
+    keys: &'a [&'a str],
+    object_ids: &'a [u64],
+    checksums: &'a [u32],
+}
+
 /// Sends writes in windows on one connection, payloads straight from the values.
 fn pipelined_writes(
     pool: &Pool,
     items: &[(usize, u64)],
     values: &[&[u8]],
+    records: &WriteRecords<'_>,
 ) -> Vec<Result<(), TransferError>> {
     let mut out: Vec<Result<(), TransferError>> = Vec::with_capacity(items.len());
     let mut conn = match pool.get() {
@@ -864,11 +945,13 @@ fn pipelined_writes(
         let mut send_err = None;
         for j in chunk.clone() {
             let (item, offset) = items[j];
-            match conn.send(
-                Opcode::Write,
-                &WriteReq { offset }.to_meta(),
-                &[values[item]],
-            ) {
+            let req = WriteReq {
+                offset,
+                key: records.keys[item].to_string(),
+                version: records.object_ids[item],
+                checksum: records.checksums[item],
+            };
+            match conn.send(Opcode::Write, &req.to_meta(), &[values[item]]) {
                 Ok(id) => ids.push(id),
                 Err(e) => {
                     send_err = Some(e.to_string());

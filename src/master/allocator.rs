@@ -75,6 +75,31 @@ impl Allocator {
         Some(offset)
     }
 
+    /// Takes the specific range `[offset, offset + size)` (rounded up to `ALIGN`), as a
+    /// recovering store reports it; false when any of it is not free or `offset` is unaligned.
+    pub fn reserve(&mut self, offset: u64, size: u64) -> bool {
+        let need = aligned(size);
+        if size == 0 || offset % ALIGN != 0 || offset.checked_add(need).is_none() {
+            return false;
+        }
+        let Some((&start, &len)) = self.free_by_offset.range(..=offset).next_back() else {
+            return false;
+        };
+        if start + len < offset + need {
+            return false;
+        }
+        self.remove_free(start, len);
+        if offset > start {
+            self.insert_free(start, offset - start);
+        }
+        let tail = start + len - (offset + need);
+        if tail > 0 {
+            self.insert_free(offset + need, tail);
+        }
+        self.used += need;
+        true
+    }
+
     /// Frees an allocation made with the same `size`.
     pub fn release(&mut self, offset: u64, size: u64) {
         let mut start = offset;
@@ -109,6 +134,21 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserve_takes_exact_ranges_and_refuses_taken_ones() {
+        let mut a = Allocator::new(1024);
+        assert!(a.reserve(128, 100));
+        assert!(!a.reserve(192, 10), "overlaps the first reservation");
+        assert!(!a.reserve(100, 10), "unaligned");
+        assert!(!a.reserve(1000, 64), "past the end");
+        assert!(a.reserve(0, 64));
+        assert_eq!(a.used(), 64 + 128);
+        assert_eq!(a.largest_free(), 1024 - 256);
+        a.release(128, 100);
+        a.release(0, 64);
+        assert_eq!((a.used(), a.largest_free()), (0, 1024));
+    }
 
     #[test]
     fn allocations_are_disjoint_aligned_and_accounted() {

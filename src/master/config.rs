@@ -28,6 +28,10 @@ pub struct MasterConfig {
     /// A client (store) whose heartbeats stop for this long is dropped with its segments.
     /// Default 10 s.
     pub client_ttl_ms: Millis,
+    /// How long the objects of a persistent store that went away (stopped with SIGTERM, or
+    /// stopped heartbeating for `client_ttl`) are kept, unreadable, waiting for it to come
+    /// back with the same segment; then they are dropped. 0 drops them at once. Default 300 s.
+    pub store_grace_period_ms: Millis,
     /// Read lease granted by every get. Default 10 s.
     pub default_kv_lease_ttl_ms: Millis,
     /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
@@ -63,6 +67,7 @@ impl Default for MasterConfig {
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9003,
             client_ttl_ms: Millis(Duration::from_secs(10)),
+            store_grace_period_ms: Millis(Duration::from_secs(300)),
             default_kv_lease_ttl_ms: Millis(Duration::from_secs(10)),
             default_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(30 * 60)),
             max_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(24 * 3600)),
@@ -101,6 +106,9 @@ pub struct MasterArgs {
     /// Client TTL (`10s`, or milliseconds).
     #[arg(long, env = "RBGCTL_MASTER_CLIENT_TTL")]
     pub client_ttl: Option<Millis>,
+    /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_MASTER_STORE_GRACE_PERIOD")]
+    pub store_grace_period: Option<Millis>,
     /// Read lease of a get (`10s`, or milliseconds).
     #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL")]
     pub default_kv_lease_ttl: Option<Millis>,
@@ -145,6 +153,7 @@ impl MasterArgs {
             metrics_host => metrics_host,
             metrics_port => metrics_port,
             client_ttl => client_ttl_ms,
+            store_grace_period => store_grace_period_ms,
             default_kv_lease_ttl => default_kv_lease_ttl_ms,
             default_kv_soft_pin_ttl => default_kv_soft_pin_ttl_ms,
             max_kv_soft_pin_ttl => max_kv_soft_pin_ttl_ms,

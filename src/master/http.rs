@@ -113,6 +113,8 @@ async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                 "fragmentation": s.alloc.fragmentation(),
                 "shm_path": s.info.shm_path,
                 "host_id": s.info.host_id,
+                "state": s.state.name(),
+                "persistent": s.info.segment_uuid != 0,
             })
         })
         .collect();
@@ -239,6 +241,48 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         "gauge",
         "Mounted segments.",
         summary.segments as f64,
+    )
+    .single(
+        "rbgctl_master_away_segments",
+        "gauge",
+        "Segments whose store went away; their objects wait, unreadable, for its return.",
+        summary.away_segments as f64,
+    )
+    .single(
+        "rbgctl_master_recovering_segments",
+        "gauge",
+        "Segments whose store is reporting the objects it kept.",
+        summary.recovering_segments as f64,
+    )
+    .single(
+        "rbgctl_master_recovered_objects_total",
+        "counter",
+        "Objects taken back from stores' reports (after a store or master restart).",
+        counters.recovered_objects as f64,
+    )
+    .single(
+        "rbgctl_master_lost_objects_total",
+        "counter",
+        "Objects a returning store no longer had.",
+        counters.lost_objects as f64,
+    )
+    .single(
+        "rbgctl_master_rejected_records_total",
+        "counter",
+        "Reported records not taken (stale versions, removed objects, invalid ranges).",
+        counters.rejected_records as f64,
+    )
+    .single(
+        "rbgctl_master_corrupt_replicas_total",
+        "counter",
+        "Replicas dropped because a reader found them failing the checksum.",
+        counters.corrupt_replicas as f64,
+    )
+    .single(
+        "rbgctl_master_segments_given_up_total",
+        "counter",
+        "Away segments dropped after the grace period.",
+        counters.segments_given_up as f64,
     )
     .single(
         "rbgctl_master_deferred_bytes",

@@ -11,6 +11,7 @@ pub mod config;
 pub mod eviction;
 pub mod http;
 pub mod metadata;
+pub mod notifier;
 pub mod placement;
 pub mod rpc;
 pub mod state;
@@ -75,8 +76,11 @@ fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, Master
 /// Runs the master until SIGINT or SIGTERM.
 pub fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     let state = Arc::new(Mutex::new(MasterState::new(cfg.clone())));
+    let notifier = notifier::Notifier::new(state.clone());
+    notifier.spawn()?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
+        notifier,
         stats: Arc::new(OpStats::default()),
         bad_frames: AtomicU64::new(0),
     });

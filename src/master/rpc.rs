@@ -1,6 +1,7 @@
 //! The master's RPC service: decodes each request, applies it to the state under one lock, and
 //! answers. Batch requests take the lock once for the whole batch.
 
+use super::notifier::Notifier;
 use super::state::{MasterState, OpResult};
 use crate::telemetry::OpStats;
 use crate::transfer::message::*;
@@ -9,10 +10,14 @@ use crate::transfer::{Header, Opcode, Status, TransferError};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Longest a remove waits for its forgets to reach the stores.
+const REMOVE_DURABILITY_WAIT: Duration = Duration::from_secs(1);
 
 pub struct MasterService {
     pub state: Arc<Mutex<MasterState>>,
+    pub notifier: Arc<Notifier>,
     pub stats: Arc<OpStats>,
     pub bad_frames: AtomicU64,
 }
@@ -44,13 +49,41 @@ impl MasterService {
             }
             Opcode::MountSegment => {
                 let r = MountReq::from_meta(meta)?;
-                let res = self.state.lock().mount(r.client_id, r.segment, now);
-                answer(io, res.map(|segment_id| MountResp { segment_id }))
+                let res = self
+                    .state
+                    .lock()
+                    .mount(r.client_id, r.segment, r.recovering, now);
+                answer(
+                    io,
+                    res.map(|(segment_id, discard)| MountResp {
+                        segment_id,
+                        discard,
+                    }),
+                )
             }
             Opcode::UnmountSegment => {
                 let r = UnmountReq::from_meta(meta)?;
-                let res = self.state.lock().unmount(r.client_id, r.segment_id);
+                let res = self
+                    .state
+                    .lock()
+                    .unmount(r.client_id, r.segment_id, r.keep, now);
                 answer(io, res)
+            }
+            Opcode::ReportObjects => {
+                let r = ReportReq::from_meta(meta)?;
+                let res =
+                    self.state
+                        .lock()
+                        .report(r.client_id, r.segment_id, r.objects, r.done, now);
+                answer(io, res.map(|forget| ReportResp { forget }))
+            }
+            Opcode::ReportCorrupt => {
+                let r = ReportCorruptReq::from_meta(meta)?;
+                self.state
+                    .lock()
+                    .report_corrupt(&r.key, r.version, r.segment_id, now);
+                self.notifier.wake();
+                answer(io, Ok(()))
             }
             Opcode::ListSegments => {
                 <()>::from_meta(meta)?;
@@ -99,12 +132,12 @@ impl MasterService {
             }
             Opcode::Remove => {
                 let r = RemoveReq::from_meta(meta)?;
-                let res = self.state.lock().remove(&r.key, r.force, now);
+                let res = self.removing(|st| st.remove(&r.key, r.force, now));
                 answer(io, res)
             }
             Opcode::RemoveAll => {
                 let r = RemoveAllReq::from_meta(meta)?;
-                let removed = self.state.lock().remove_all(r.force, now);
+                let removed = self.removing(|st| st.remove_all(r.force, now));
                 answer(io, Ok(RemoveAllResp { removed }))
             }
             Opcode::BatchPutStart => {
@@ -169,16 +202,15 @@ impl MasterService {
             }
             Opcode::BatchRemove => {
                 let r = BatchRemoveReq::from_meta(meta)?;
-                let mut st = self.state.lock();
-                let items = r
-                    .keys
-                    .iter()
-                    .map(|k| status_of(st.remove(k, r.force, now)))
-                    .collect();
-                drop(st);
+                let items = self.removing(|st| {
+                    r.keys
+                        .iter()
+                        .map(|k| status_of(st.remove(k, r.force, now)))
+                        .collect()
+                });
                 answer(io, Ok(BatchStatusResp { items }))
             }
-            Opcode::Write | Opcode::Read | Opcode::StoreInfo => {
+            Opcode::Write | Opcode::Read | Opcode::StoreInfo | Opcode::Seal | Opcode::Forget => {
                 io.error(
                     Status::UnknownOpcode,
                     &format!("{} is a store operation, not a master one", op.name()),
@@ -186,6 +218,24 @@ impl MasterService {
                 Ok(false)
             }
         }
+    }
+}
+
+impl MasterService {
+    /// Runs a removal, then waits (bounded) until the stores dropped the removed records, so
+    /// that the removal survives a master crash right after it.
+    fn removing<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> T {
+        let (out, seq) = {
+            let mut st = self.state.lock();
+            let before = st.outbox_seq;
+            let out = f(&mut st);
+            (out, (st.outbox_seq > before).then_some(st.outbox_seq))
+        };
+        if let Some(seq) = seq {
+            self.notifier.wake();
+            self.notifier.wait_delivered(seq, REMOVE_DURABILITY_WAIT);
+        }
+        out
     }
 }
 

@@ -5,22 +5,62 @@
 //! reader sees; `put_end` makes it the *current* version atomically. Putting an existing key
 //! replaces its value: readers see the old value until the new one is complete, then the new one,
 //! never a mix; the old replicas are freed when the last read lease on them ends.
+//!
+//! Persistent stores keep their objects across restarts. A segment is *live*, *recovering* (its
+//! store is reporting what it kept: no allocations, no reads) or *away* (its store stopped or
+//! stopped heartbeating: objects kept, unreadable, for the grace period). A store that comes back
+//! with the same segment incarnation gets its objects back after confirming each of them; a
+//! master that restarted adopts every reported object, the newest version of a key winning.
+//! Versions are object ids drawn from a clock that is at least the wall clock in microseconds, so
+//! that versions of a restarted master are newer than any from before. Whenever an object's
+//! record must go (replaced, removed, evicted, revoked), a *forget* for its store goes into the
+//! outbox, which the notifier delivers.
 
 use super::allocator::Allocator;
 use super::config::MasterConfig;
 use super::eviction::{self, EvictionCandidate};
 use super::placement::{self, Candidate};
 use crate::transfer::message::{
-    ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry, SegmentInfo,
+    ForgetItem, ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry, SegmentInfo, StoredObject,
 };
 use crate::transfer::Status;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
+
+/// Incarnations of given-up segments remembered, so that a store returning after its grace
+/// period is told to start empty.
+const LOST_SEGMENTS_REMEMBERED: usize = 4096;
 
 pub type OpResult<T> = Result<T, (Status, String)>;
 
 fn fail<T>(status: Status, msg: impl Into<String>) -> OpResult<T> {
     Err((status, msg.into()))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SegState {
+    Live,
+    /// Its store is reporting the objects it kept. `rebind`: the master knew the segment and
+    /// only confirms its own records; otherwise it adopts what is reported. `confirmed` holds
+    /// the offsets confirmed so far.
+    Recovering {
+        rebind: bool,
+        confirmed: HashSet<u64>,
+    },
+    /// Its store went away; objects are kept, unreadable, until `until`.
+    Away {
+        until: Instant,
+    },
+}
+
+impl SegState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SegState::Live => "live",
+            SegState::Recovering { .. } => "recovering",
+            SegState::Away { .. } => "away",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -29,6 +69,13 @@ pub struct Segment {
     pub info: SegmentInfo,
     pub client_id: u64,
     pub alloc: Allocator,
+    pub state: SegState,
+}
+
+impl Segment {
+    pub fn is_live(&self) -> bool {
+        self.state == SegState::Live
+    }
 }
 
 #[derive(Debug)]
@@ -85,6 +132,16 @@ pub struct Counters {
     pub reclaimed_puts: u64,
     pub alloc_failures: u64,
     pub partial_allocations: u64,
+    /// Objects adopted or confirmed from stores' reports.
+    pub recovered_objects: u64,
+    /// Objects a returning store no longer had (dropped).
+    pub lost_objects: u64,
+    /// Reported records the master did not take (stale, removed, invalid).
+    pub rejected_records: u64,
+    /// Replicas dropped because a reader found their bytes failing the checksum.
+    pub corrupt_replicas: u64,
+    /// Away segments given up after the grace period.
+    pub segments_given_up: u64,
 }
 
 /// A summary for logs, metrics and the admin API.
@@ -97,6 +154,8 @@ pub struct Summary {
     pub pending_puts: u64,
     pub clients: u64,
     pub segments: u64,
+    pub away_segments: u64,
+    pub recovering_segments: u64,
     pub deferred_bytes: u64,
 }
 
@@ -111,6 +170,17 @@ pub struct MasterState {
     rng: fastrand::Rng,
     pub counters: Counters,
     force_eviction: bool,
+    /// Forgets waiting for delivery to stores: (segment id, record).
+    outbox: Vec<(u64, ForgetItem)>,
+    /// Incremented with every batch of forgets put in the outbox.
+    pub outbox_seq: u64,
+    lost_segments: VecDeque<u64>,
+}
+
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 impl MasterState {
@@ -126,7 +196,47 @@ impl MasterState {
             rng: fastrand::Rng::new(),
             counters: Counters::default(),
             force_eviction: false,
+            outbox: Vec::new(),
+            outbox_seq: 0,
+            lost_segments: VecDeque::new(),
         }
+    }
+
+    /// A new version: above every version issued or reported, and at least the wall clock in
+    /// microseconds (so a restarted master's versions beat the ones stores kept).
+    fn next_version(&mut self) -> u64 {
+        self.next_object_id = self.next_object_id.max(unix_micros());
+        let v = self.next_object_id;
+        self.next_object_id += 1;
+        v
+    }
+
+    /// Takes the forgets waiting for delivery, grouped by store endpoint. Forgets for segments
+    /// that are away or gone are dropped: a returning store reports its records and the master
+    /// rejects those it no longer has.
+    pub fn take_outbox(&mut self) -> Vec<(String, Vec<ForgetItem>)> {
+        let mut by_endpoint: HashMap<String, Vec<ForgetItem>> = HashMap::new();
+        for (seg_id, item) in self.outbox.drain(..) {
+            if let Some(seg) = self.segments.get(&seg_id) {
+                if !matches!(seg.state, SegState::Away { .. }) {
+                    by_endpoint
+                        .entry(seg.info.endpoint.clone())
+                        .or_default()
+                        .push(item);
+                }
+            }
+        }
+        by_endpoint.into_iter().collect()
+    }
+
+    fn remember_lost(&mut self, uuid: u64) {
+        if uuid == 0 {
+            return;
+        }
+        if self.lost_segments.len() >= LOST_SEGMENTS_REMEMBERED {
+            self.lost_segments.pop_front();
+        }
+        self.lost_segments.push_back(uuid);
     }
 
     pub fn config(&self) -> &MasterConfig {
@@ -165,10 +275,18 @@ impl MasterState {
         c
     }
 
-    /// Mounts a segment. Mounting the same name again from the same client is a no-op that
-    /// returns the same id; a new client mounting a name replaces the old mount (a restarted
-    /// store: the name carries its listening address, which two live stores cannot share).
-    pub fn mount(&mut self, client_id: u64, info: SegmentInfo, now: Instant) -> OpResult<u64> {
+    /// Mounts a segment; returns its id and whether the store must discard the objects it
+    /// kept. Mounting the same name again from the same client is a no-op that returns the same
+    /// id. A new client mounting a name is a restarted store: when it brings back the same
+    /// persistent segment (`recovering`, same incarnation and size) the segment is rebound and
+    /// its objects wait for the store's report; otherwise the old mount is dropped.
+    pub fn mount(
+        &mut self,
+        client_id: u64,
+        info: SegmentInfo,
+        recovering: bool,
+        now: Instant,
+    ) -> OpResult<(u64, bool)> {
         if info.name.is_empty() || info.endpoint.is_empty() {
             return fail(
                 Status::InvalidParams,
@@ -181,22 +299,57 @@ impl MasterState {
                 format!("segment size {} is too small", info.size),
             );
         }
+        let recovering = recovering && info.segment_uuid != 0;
         if let Some(&id) = self.segment_by_name.get(&info.name) {
             let seg = &self.segments[&id];
-            if seg.client_id == client_id && seg.info.size == info.size {
+            if seg.client_id == client_id
+                && seg.info.size == info.size
+                && seg.info.segment_uuid == info.segment_uuid
+                && !matches!(seg.state, SegState::Away { .. })
+            {
                 self.touch_client(client_id, now);
-                return Ok(id);
+                return Ok((id, false));
+            }
+            if recovering
+                && seg.info.segment_uuid == info.segment_uuid
+                && seg.info.size == info.size
+            {
+                let old_client = seg.client_id;
+                if let Some(c) = self.clients.get_mut(&old_client) {
+                    c.segments.retain(|s| *s != id);
+                }
+                let seg = self.segments.get_mut(&id).expect("looked up above");
+                tracing::info!(segment = %info.name, endpoint = %info.endpoint, was = seg.state.name(),
+                    "store is back with its segment; waiting for its report");
+                seg.client_id = client_id;
+                seg.info = info;
+                seg.state = SegState::Recovering {
+                    rebind: true,
+                    confirmed: HashSet::new(),
+                };
+                self.touch_client(client_id, now).segments.push(id);
+                return Ok((id, false));
             }
             tracing::warn!(segment = %info.name, old_client = seg.client_id, new_client = client_id,
-                "segment mounted again by a new client; dropping the old mount");
+                "segment mounted again by a new client with other memory; dropping the old mount");
             self.unmount_segment(id);
         }
+        let discard = recovering && self.lost_segments.contains(&info.segment_uuid);
         let mut id = self.rng.u64(1..);
         while self.segments.contains_key(&id) {
             id = self.rng.u64(1..);
         }
-        tracing::info!(segment = %info.name, endpoint = %info.endpoint, size = info.size, client_id, "segment mounted");
+        tracing::info!(segment = %info.name, endpoint = %info.endpoint, size = info.size, client_id,
+            recovering, discard, "segment mounted");
         self.segment_by_name.insert(info.name.clone(), id);
+        let state = if recovering {
+            SegState::Recovering {
+                rebind: false,
+                confirmed: HashSet::new(),
+            }
+        } else {
+            SegState::Live
+        };
         self.segments.insert(
             id,
             Segment {
@@ -204,13 +357,226 @@ impl MasterState {
                 alloc: Allocator::new(info.size),
                 info,
                 client_id,
+                state,
             },
         );
         self.touch_client(client_id, now).segments.push(id);
-        Ok(id)
+        Ok((id, discard))
     }
 
-    pub fn unmount(&mut self, client_id: u64, segment_id: u64) -> OpResult<()> {
+    /// Takes part of a recovering store's report; returns the records the master rejects.
+    pub fn report(
+        &mut self,
+        client_id: u64,
+        segment_id: u64,
+        objects: Vec<StoredObject>,
+        done: bool,
+        now: Instant,
+    ) -> OpResult<Vec<ForgetItem>> {
+        let rebind = match self.segments.get(&segment_id) {
+            None => {
+                return fail(
+                    Status::SegmentNotFound,
+                    format!("segment {segment_id} is not mounted"),
+                )
+            }
+            Some(s) if s.client_id != client_id => {
+                return fail(
+                    Status::IllegalClient,
+                    format!("segment {segment_id} belongs to another client"),
+                )
+            }
+            Some(Segment {
+                state: SegState::Recovering { rebind, .. },
+                ..
+            }) => *rebind,
+            Some(_) => {
+                return fail(
+                    Status::InvalidParams,
+                    format!("segment {segment_id} is not recovering"),
+                )
+            }
+        };
+        self.touch_client(client_id, now);
+        let mut rejected = Vec::new();
+        for o in objects {
+            let item = ForgetItem {
+                offset: o.offset,
+                version: o.version,
+            };
+            let taken = if rebind {
+                self.confirm(segment_id, &o)
+            } else {
+                self.adopt(segment_id, o, now)
+            };
+            if !taken {
+                rejected.push(item);
+            }
+        }
+        self.counters.rejected_records += rejected.len() as u64;
+        if done {
+            self.finish_recovery(segment_id);
+        }
+        Ok(rejected)
+    }
+
+    /// Rebind: a reported record is kept only when it is exactly a replica the master has.
+    fn confirm(&mut self, segment_id: u64, o: &StoredObject) -> bool {
+        let Some(entry) = self.objects.get(&o.key) else {
+            return false;
+        };
+        let here = |replicas: &[ReplicaLoc]| {
+            replicas
+                .iter()
+                .any(|r| r.segment_id == segment_id && r.offset == o.offset)
+        };
+        let current = entry.current.as_ref().is_some_and(|v| {
+            v.object_id == o.version
+                && v.size == o.size
+                && v.checksum == o.checksum
+                && here(&v.replicas)
+        });
+        let pending = entry
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.object_id == o.version && here(&p.replicas));
+        if current {
+            if let Some(Segment {
+                state: SegState::Recovering { confirmed, .. },
+                ..
+            }) = self.segments.get_mut(&segment_id)
+            {
+                confirmed.insert(o.offset);
+            }
+            self.counters.recovered_objects += 1;
+        }
+        current || pending
+    }
+
+    /// After a master restart: a reported record becomes (a replica of) the key's current
+    /// version unless a newer version is known.
+    fn adopt(&mut self, segment_id: u64, o: StoredObject, now: Instant) -> bool {
+        if o.key.is_empty() || o.size == 0 || o.version == 0 {
+            return false;
+        }
+        let Some(seg) = self.segments.get(&segment_id) else {
+            return false;
+        };
+        if seg.info.size < o.offset.saturating_add(o.size) {
+            return false;
+        }
+        let entry = self.objects.get(&o.key);
+        let newest_known = entry
+            .map(|e| {
+                let c = e.current.as_ref().map_or(0, |v| v.object_id);
+                let p = e.pending.as_ref().map_or(0, |p| p.object_id);
+                c.max(p)
+            })
+            .unwrap_or(0);
+        let mut same = false;
+        if let Some(v) = entry.and_then(|e| e.current.as_ref()) {
+            if v.object_id == o.version {
+                if v.replicas
+                    .iter()
+                    .any(|r| r.segment_id == segment_id && r.offset == o.offset)
+                {
+                    return true; // reported again (a retried report)
+                }
+                if v.size != o.size
+                    || v.checksum != o.checksum
+                    || v.replicas.iter().any(|r| r.segment_id == segment_id)
+                {
+                    return false;
+                }
+                same = true;
+            }
+        }
+        if !same && o.version <= newest_known {
+            return false;
+        }
+        let seg = self.segments.get_mut(&segment_id).expect("checked above");
+        if !seg.alloc.reserve(o.offset, o.size) {
+            return false;
+        }
+        self.next_object_id = self.next_object_id.max(o.version + 1);
+        let loc = ReplicaLoc {
+            segment_id,
+            offset: o.offset,
+        };
+        let entry = self.objects.entry(o.key).or_default();
+        if same {
+            if let Some(v) = entry.current.as_mut() {
+                v.replicas.push(loc);
+            }
+        } else {
+            let old = entry.current.replace(Version {
+                object_id: o.version,
+                size: o.size,
+                checksum: o.checksum,
+                replicas: vec![loc],
+                last_access: now,
+                lease_until: now,
+                soft_pin_until: None,
+            });
+            if let Some(old) = old {
+                self.release(&old.replicas, old.size, old.object_id, now, now);
+            }
+        }
+        self.counters.recovered_objects += 1;
+        true
+    }
+
+    /// The report is complete: in a rebind, replicas the store did not confirm are gone.
+    fn finish_recovery(&mut self, segment_id: u64) {
+        let Some(seg) = self.segments.get_mut(&segment_id) else {
+            return;
+        };
+        let state = std::mem::replace(&mut seg.state, SegState::Live);
+        let name = seg.info.name.clone();
+        let SegState::Recovering { rebind, confirmed } = state else {
+            return;
+        };
+        let mut lost = 0u64;
+        if rebind {
+            let mut freed = Vec::new();
+            self.objects.retain(|_, e| {
+                if let Some(v) = &mut e.current {
+                    let before = v.replicas.len();
+                    let size = v.size;
+                    v.replicas.retain(|r| {
+                        let gone = r.segment_id == segment_id && !confirmed.contains(&r.offset);
+                        if gone {
+                            freed.push((r.offset, size));
+                        }
+                        !gone
+                    });
+                    if v.replicas.len() < before && v.replicas.is_empty() {
+                        e.current = None;
+                        lost += 1;
+                    }
+                }
+                e.current.is_some() || e.pending.is_some()
+            });
+            if let Some(seg) = self.segments.get_mut(&segment_id) {
+                for (offset, size) in freed {
+                    seg.alloc.release(offset, size);
+                }
+            }
+        }
+        self.counters.lost_objects += lost;
+        tracing::info!(segment = %name, rebind, confirmed = confirmed.len(), lost,
+            "segment recovered and live");
+    }
+
+    /// Unmounts a segment. With `keep` (a persistent store restarting), its objects are kept,
+    /// unreadable, for the grace period.
+    pub fn unmount(
+        &mut self,
+        client_id: u64,
+        segment_id: u64,
+        keep: bool,
+        now: Instant,
+    ) -> OpResult<()> {
         match self.segments.get(&segment_id) {
             None => fail(
                 Status::SegmentNotFound,
@@ -221,9 +587,33 @@ impl MasterState {
                 format!("segment {segment_id} belongs to another client"),
             ),
             Some(_) => {
-                self.unmount_segment(segment_id);
+                if keep {
+                    self.set_away(segment_id, now);
+                } else {
+                    self.unmount_segment(segment_id);
+                }
                 Ok(())
             }
+        }
+    }
+
+    /// Marks a persistent segment away for the grace period (a non-persistent one, or with no
+    /// grace period, is unmounted).
+    fn set_away(&mut self, segment_id: u64, now: Instant) {
+        let grace = self.cfg.store_grace_period_ms.0;
+        let Some(seg) = self.segments.get_mut(&segment_id) else {
+            return;
+        };
+        if seg.info.segment_uuid == 0 || grace.is_zero() {
+            self.unmount_segment(segment_id);
+            return;
+        }
+        let client = seg.client_id;
+        seg.state = SegState::Away { until: now + grace };
+        tracing::warn!(segment = %seg.info.name, grace_ms = grace.as_millis() as u64,
+            "store away; keeping its objects (unreadable) for the grace period");
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.segments.retain(|s| *s != segment_id);
         }
     }
 
@@ -232,6 +622,7 @@ impl MasterState {
         let Some(seg) = self.segments.remove(&segment_id) else {
             return;
         };
+        self.remember_lost(seg.info.segment_uuid);
         self.segment_by_name.remove(&seg.info.name);
         if let Some(c) = self.clients.get_mut(&seg.client_id) {
             c.segments.retain(|s| *s != segment_id);
@@ -255,10 +646,12 @@ impl MasterState {
         tracing::info!(segment = %seg.info.name, dropped_objects = dropped, "segment unmounted");
     }
 
+    /// The live segments, for clients.
     pub fn list_segments(&self) -> Vec<SegmentEntry> {
         let mut v: Vec<SegmentEntry> = self
             .segments
             .values()
+            .filter(|s| s.is_live())
             .map(|s| SegmentEntry {
                 id: s.id,
                 info: s.info.clone(),
@@ -293,7 +686,7 @@ impl MasterState {
                 "client expired"
             );
             for seg in client.segments {
-                self.unmount_segment(seg);
+                self.set_away(seg, now);
             }
             let keys: Vec<String> = self
                 .objects
@@ -341,6 +734,7 @@ impl MasterState {
         let largest = self
             .segments
             .values()
+            .filter(|s| s.is_live())
             .map(|s| s.alloc.capacity())
             .max()
             .unwrap_or(0);
@@ -404,8 +798,7 @@ impl MasterState {
         if used as f64 > self.cfg.eviction_high_watermark_ratio * capacity as f64 {
             self.evict(now, 0);
         }
-        let object_id = self.next_object_id;
-        self.next_object_id += 1;
+        let object_id = self.next_version();
         self.objects.entry(key.to_string()).or_default().pending = Some(Pending {
             object_id,
             client_id,
@@ -421,7 +814,7 @@ impl MasterState {
         let candidates: Vec<Candidate<'_>> = self
             .segments
             .values()
-            .filter(|s| s.alloc.largest_free() >= size)
+            .filter(|s| s.is_live() && s.alloc.largest_free() >= size)
             .map(|s| Candidate {
                 id: s.id,
                 name: &s.info.name,
@@ -451,8 +844,27 @@ impl MasterState {
         replicas
     }
 
-    fn release(&mut self, replicas: &[ReplicaLoc], size: u64, until: Instant, now: Instant) {
+    /// Frees an object version's replicas (at `until`, when a reader may still be reading) and
+    /// queues forgets of its records for the stores.
+    fn release(
+        &mut self,
+        replicas: &[ReplicaLoc],
+        size: u64,
+        version: u64,
+        until: Instant,
+        now: Instant,
+    ) {
+        if !replicas.is_empty() {
+            self.outbox_seq += 1;
+        }
         for r in replicas {
+            self.outbox.push((
+                r.segment_id,
+                ForgetItem {
+                    offset: r.offset,
+                    version,
+                },
+            ));
             if until > now {
                 self.deferred.push(Deferred {
                     until,
@@ -483,7 +895,7 @@ impl MasterState {
         } else {
             now
         };
-        self.release(&p.replicas, p.size, until, now);
+        self.release(&p.replicas, p.size, p.object_id, until, now);
     }
 
     /// Finishes a put: the pending version becomes current. Idempotent for the same object id.
@@ -549,7 +961,7 @@ impl MasterState {
         };
         if let Some(old) = entry.current.replace(new) {
             let until = old.lease_until;
-            self.release(&old.replicas, old.size, until, now);
+            self.release(&old.replicas, old.size, old.object_id, until, now);
         }
         Ok(())
     }
@@ -581,17 +993,31 @@ impl MasterState {
     /// Where to read `key`; grants a read lease of `default_kv_lease_ttl` and counts as an access.
     pub fn get_replicas(&mut self, key: &str, now: Instant) -> OpResult<ObjectDesc> {
         let lease = self.cfg.default_kv_lease_ttl_ms.0;
+        let segments = &self.segments;
         match self.objects.get_mut(key) {
             Some(Entry {
                 current: Some(v), ..
             }) => {
+                let replicas: Vec<ReplicaLoc> = v
+                    .replicas
+                    .iter()
+                    .filter(|r| segments.get(&r.segment_id).is_some_and(|s| s.is_live()))
+                    .cloned()
+                    .collect();
+                if replicas.is_empty() {
+                    return fail(
+                        Status::ObjectUnavailable,
+                        format!("{key:?} is on a store that is restarting"),
+                    );
+                }
                 v.last_access = now;
                 v.lease_until = v.lease_until.max(now + lease);
                 Ok(ObjectDesc {
                     size: v.size,
                     checksum: v.checksum,
                     lease_ttl_ms: lease.as_millis() as u64,
-                    replicas: v.replicas.clone(),
+                    version: v.object_id,
+                    replicas,
                 })
             }
             Some(Entry {
@@ -605,15 +1031,53 @@ impl MasterState {
         }
     }
 
-    /// Whether `key` has a readable value; counts as an access (no lease).
+    /// Whether `key` has a readable value (a replica on a live segment); counts as an access.
     pub fn exists(&mut self, key: &str, now: Instant) -> bool {
+        let segments = &self.segments;
         match self.objects.get_mut(key).and_then(|e| e.current.as_mut()) {
-            Some(v) => {
+            Some(v)
+                if v.replicas
+                    .iter()
+                    .any(|r| segments.get(&r.segment_id).is_some_and(|s| s.is_live())) =>
+            {
                 v.last_access = now;
                 true
             }
-            None => false,
+            _ => false,
         }
+    }
+
+    /// A reader found the replica of `key` (version `version`) on `segment_id` corrupt: the
+    /// replica is dropped (the object too when it was the last one).
+    pub fn report_corrupt(&mut self, key: &str, version: u64, segment_id: u64, now: Instant) {
+        let Some(entry) = self.objects.get_mut(key) else {
+            return;
+        };
+        let Some(v) = entry.current.as_mut() else {
+            return;
+        };
+        if v.object_id != version {
+            return;
+        }
+        let Some(pos) = v.replicas.iter().position(|r| r.segment_id == segment_id) else {
+            return;
+        };
+        let r = v.replicas.remove(pos);
+        let size = v.size;
+        if v.replicas.is_empty() {
+            entry.current = None;
+            if entry.pending.is_none() {
+                self.objects.remove(key);
+            }
+        }
+        self.counters.corrupt_replicas += 1;
+        tracing::warn!(
+            key,
+            segment_id,
+            offset = r.offset,
+            "replica failed its checksum; dropped"
+        );
+        self.release(&[r], size, version, now, now);
     }
 
     /// Removes `key`. Refused while a read lease runs unless `force`, which frees the space at
@@ -638,7 +1102,7 @@ impl MasterState {
                 }
                 // Forced or not, the space is free now: a reader still under the lease fails the
                 // checksum and sees a miss, never another object's bytes.
-                self.release(&v.replicas, v.size, now, now);
+                self.release(&v.replicas, v.size, v.object_id, now, now);
                 Ok(())
             }
             None if force => {
@@ -687,8 +1151,14 @@ impl MasterState {
             ..Summary::default()
         };
         for seg in self.segments.values() {
-            s.used_bytes += seg.alloc.used();
-            s.capacity_bytes += seg.alloc.capacity();
+            match seg.state {
+                SegState::Live => {
+                    s.used_bytes += seg.alloc.used();
+                    s.capacity_bytes += seg.alloc.capacity();
+                }
+                SegState::Away { .. } => s.away_segments += 1,
+                SegState::Recovering { .. } => s.recovering_segments += 1,
+            }
         }
         for e in self.objects.values() {
             if let Some(v) = &e.current {
@@ -705,9 +1175,12 @@ impl MasterState {
     }
 
     fn used_and_capacity(&self) -> (u64, u64) {
-        self.segments.values().fold((0, 0), |(u, c), s| {
-            (u + s.alloc.used(), c + s.alloc.capacity())
-        })
+        self.segments
+            .values()
+            .filter(|s| s.is_live())
+            .fold((0, 0), |(u, c), s| {
+                (u + s.alloc.used(), c + s.alloc.capacity())
+            })
     }
 
     /// Evicts least-recently-used objects, if usage is over the high watermark (or an allocation
@@ -727,12 +1200,21 @@ impl MasterState {
         if need == 0 || self.cfg.eviction_ratio == 0.0 {
             return 0;
         }
+        let segments = &self.segments;
         let candidates: Vec<EvictionCandidate<'_>> = self
             .objects
             .iter()
             .filter_map(|(k, e)| {
                 let v = e.current.as_ref()?;
                 if v.lease_until > now {
+                    return None;
+                }
+                // Objects only on away or recovering segments take no live space.
+                if !v
+                    .replicas
+                    .iter()
+                    .any(|r| segments.get(&r.segment_id).is_some_and(|s| s.is_live()))
+                {
                     return None;
                 }
                 Some(EvictionCandidate {
@@ -759,7 +1241,7 @@ impl MasterState {
                 self.objects.remove(k);
             }
             freed += super::allocator::aligned(v.size) * v.replicas.len() as u64;
-            self.release(&v.replicas, v.size, now, now);
+            self.release(&v.replicas, v.size, v.object_id, now, now);
         }
         self.counters.eviction_runs += 1;
         self.counters.evicted_objects += victims.len() as u64;
@@ -777,6 +1259,19 @@ impl MasterState {
     /// Periodic work: expire clients, release deferred space, reclaim abandoned puts, evict.
     pub fn housekeeping(&mut self, now: Instant) {
         self.expire_clients(now);
+        let given_up: Vec<u64> = self
+            .segments
+            .values()
+            .filter(|s| matches!(s.state, SegState::Away { until } if until <= now))
+            .map(|s| s.id)
+            .collect();
+        for id in given_up {
+            if let Some(s) = self.segments.get(&id) {
+                tracing::warn!(segment = %s.info.name, "store did not come back within the grace period; dropping its objects");
+            }
+            self.unmount_segment(id);
+            self.counters.segments_given_up += 1;
+        }
         let mut i = 0;
         while i < self.deferred.len() {
             if self.deferred[i].until <= now {
@@ -832,7 +1327,7 @@ mod tests {
     fn state() -> (MasterState, Instant) {
         let mut st = MasterState::new(MasterConfig::default());
         let t0 = Instant::now();
-        st.mount(1, seg("a", 1 << 20), t0).unwrap();
+        st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
         (st, t0)
     }
 
@@ -928,7 +1423,7 @@ mod tests {
         };
         let mut st = MasterState::new(cfg);
         let t0 = Instant::now();
-        st.mount(1, seg("a", 1 << 20), t0).unwrap();
+        st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
         for i in 0..16 {
             let key = format!("k{i}");
             let (id, _) = st.put_start(7, &key, 64 << 10, &ONE, t0).unwrap();
@@ -945,5 +1440,173 @@ mod tests {
         let later = t0 + Duration::from_secs(11);
         st.put_start(7, "new", 64 << 10, &ONE, later).unwrap();
         assert!(st.counters.evicted_objects >= 1);
+    }
+
+    fn pseg(name: &str, uuid: u64) -> SegmentInfo {
+        SegmentInfo {
+            segment_uuid: uuid,
+            ..seg(name, 1 << 20)
+        }
+    }
+
+    fn put(st: &mut MasterState, key: &str, size: u64, crc: u32, now: Instant) -> ObjectDesc {
+        let (id, _) = st.put_start(7, key, size, &ONE, now).unwrap();
+        st.put_end(7, key, id, crc, now).unwrap();
+        st.get_replicas(key, now).unwrap()
+    }
+
+    fn stored(key: &str, d: &ObjectDesc) -> StoredObject {
+        StoredObject {
+            key: key.into(),
+            version: d.version,
+            offset: d.replicas[0].offset,
+            size: d.size,
+            checksum: d.checksum,
+        }
+    }
+
+    #[test]
+    fn an_away_store_keeps_its_objects_and_gets_back_only_what_it_confirms() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let (id, discard) = st.mount(1, pseg("a", 42), true, t0).unwrap();
+        assert!(!discard);
+        assert!(st.report(1, id, vec![], true, t0).unwrap().is_empty());
+        let a = put(&mut st, "a", 100, 1, t0);
+        let b = put(&mut st, "b", 100, 2, t0);
+        // SIGTERM with keep: unreadable, not gone.
+        st.unmount(1, id, true, t0).unwrap();
+        assert_eq!(
+            st.get_replicas("a", t0).unwrap_err().0,
+            Status::ObjectUnavailable
+        );
+        assert!(!st.exists("a", t0));
+        assert_eq!(
+            st.put_start(7, "c", 10, &ONE, t0).unwrap_err().0,
+            Status::NoSpace,
+            "no allocation on an away segment"
+        );
+        // Back with the same incarnation: it reports a (intact), not b (lost), and a record
+        // the master never had.
+        let (id2, discard) = st.mount(2, pseg("a", 42), true, t0).unwrap();
+        assert_eq!((id2, discard), (id, false));
+        let stray = StoredObject {
+            key: "stray".into(),
+            version: 1,
+            offset: 4096,
+            size: 10,
+            checksum: 0,
+        };
+        let rejected = st
+            .report(2, id, vec![stored("a", &a), stray], true, t0)
+            .unwrap();
+        assert_eq!(rejected.len(), 1, "the stray record is rejected");
+        assert_eq!(st.get_replicas("a", t0).unwrap().version, a.version);
+        assert_eq!(
+            st.get_replicas("b", t0).unwrap_err().0,
+            Status::ObjectNotFound
+        );
+        assert_eq!(st.counters.lost_objects, 1);
+        let _ = b;
+    }
+
+    #[test]
+    fn a_store_away_past_the_grace_period_is_given_up_and_told_to_discard() {
+        let cfg = MasterConfig {
+            store_grace_period_ms: crate::config::Millis(Duration::from_secs(5)),
+            ..MasterConfig::default()
+        };
+        let mut st = MasterState::new(cfg);
+        let t0 = Instant::now();
+        let (id, _) = st.mount(1, pseg("a", 42), true, t0).unwrap();
+        st.report(1, id, vec![], true, t0).unwrap();
+        put(&mut st, "a", 100, 1, t0);
+        // Heartbeats stop: after the TTL the segment is away, after the grace it is gone.
+        st.housekeeping(t0 + Duration::from_secs(11));
+        assert_eq!(st.summary(t0).away_segments, 1);
+        st.housekeeping(t0 + Duration::from_secs(17));
+        assert!(st.lookup("a").is_none());
+        let (_, discard) = st
+            .mount(2, pseg("a", 42), true, t0 + Duration::from_secs(18))
+            .unwrap();
+        assert!(
+            discard,
+            "its objects were given up; the store must not bring them back"
+        );
+    }
+
+    #[test]
+    fn a_restarted_master_adopts_reports_and_the_newest_version_wins() {
+        let mut old = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let (ia, _) = old.mount(1, pseg("a", 1), true, t0).unwrap();
+        old.report(1, ia, vec![], true, t0).unwrap();
+        let (ib, _) = old.mount(2, pseg("b", 2), true, t0).unwrap();
+        old.report(2, ib, vec![], true, t0).unwrap();
+        let pref = |s: &str| ReplicateConfig {
+            preferred_segment: s.into(),
+            ..ONE
+        };
+        let (v1, r1) = old.put_start(7, "k", 100, &pref("a"), t0).unwrap();
+        old.put_end(7, "k", v1, 1, t0).unwrap();
+        let (v2, r2) = old.put_start(7, "k", 200, &pref("b"), t0).unwrap();
+        old.put_end(7, "k", v2, 2, t0).unwrap();
+        assert!(v2 > v1);
+        let rec = |v, off, size, crc| StoredObject {
+            key: "k".into(),
+            version: v,
+            offset: off,
+            size,
+            checksum: crc,
+        };
+        // A new master; store b reports first, then a with the older version (its forget was
+        // lost in the crash).
+        let mut st = MasterState::new(MasterConfig::default());
+        let (nb, _) = st.mount(3, pseg("b", 2), true, t0).unwrap();
+        assert!(st
+            .report(3, nb, vec![rec(v2, r2[0].offset, 200, 2)], true, t0)
+            .unwrap()
+            .is_empty());
+        let (na, _) = st.mount(4, pseg("a", 1), true, t0).unwrap();
+        let rejected = st
+            .report(4, na, vec![rec(v1, r1[0].offset, 100, 1)], true, t0)
+            .unwrap();
+        assert_eq!(rejected.len(), 1, "the stale version is rejected");
+        let d = st.get_replicas("k", t0).unwrap();
+        assert_eq!((d.version, d.size), (v2, 200));
+        // New versions beat everything reported.
+        let (v3, _) = st.put_start(7, "k", 10, &ONE, t0).unwrap();
+        assert!(v3 > v2);
+        // The other order: the newer report replaces the adopted older one and queues its forget.
+        let mut st = MasterState::new(MasterConfig::default());
+        let (na, _) = st.mount(4, pseg("a", 1), true, t0).unwrap();
+        st.report(4, na, vec![rec(v1, r1[0].offset, 100, 1)], true, t0)
+            .unwrap();
+        let (nb, _) = st.mount(3, pseg("b", 2), true, t0).unwrap();
+        st.report(3, nb, vec![rec(v2, r2[0].offset, 200, 2)], true, t0)
+            .unwrap();
+        assert_eq!(st.get_replicas("k", t0).unwrap().version, v2);
+        let out = st.take_outbox();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].1[0].version, v1);
+    }
+
+    #[test]
+    fn removals_and_replacements_queue_forgets_and_corrupt_replicas_are_dropped() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let (id, _) = st.mount(1, pseg("a", 9), true, t0).unwrap();
+        st.report(1, id, vec![], true, t0).unwrap();
+        let a = put(&mut st, "a", 100, 1, t0);
+        let later = t0 + Duration::from_secs(11);
+        st.remove("a", false, later).unwrap();
+        let out = st.take_outbox();
+        assert_eq!(out[0].1[0].version, a.version);
+        let b = put(&mut st, "b", 100, 1, later);
+        st.report_corrupt("b", b.version + 1, id, later);
+        assert!(st.exists("b", later), "another version's report is ignored");
+        st.report_corrupt("b", b.version, id, later);
+        assert!(st.lookup("b").is_none());
+        assert_eq!(st.counters.corrupt_replicas, 1);
     }
 }

@@ -35,8 +35,15 @@ pub struct StoreConfig {
     /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
     /// `P2PHANDSHAKE` (default) for none.
     pub metadata_server: String,
-    /// Where the segment's backing file lives. Default `/dev/shm/rbgctl`.
+    /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
+    /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
+    /// reboots too. Default `/dev/shm/rbgctl`.
     pub shm_dir: PathBuf,
+    /// Keep objects across restarts: the segment file and an index of its objects stay in
+    /// `shm_dir`, and a store started again with the same name and directory serves them again.
+    /// Needs a stable name (`name` set, or a fixed `port`); with neither, the store runs
+    /// non-persistent. Default true.
+    pub persistent: bool,
     /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
     pub metrics_host: String,
     /// Metrics port; 0 picks a free one. Default 9004.
@@ -63,6 +70,7 @@ impl Default for StoreConfig {
             device: String::new(),
             metadata_server: "P2PHANDSHAKE".into(),
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
+            persistent: true,
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9004,
             heartbeat_interval_ms: Millis(Duration::from_secs(1)),
@@ -101,6 +109,9 @@ pub struct StoreArgs {
     pub metadata_server: Option<String>,
     #[arg(long, env = "RBGCTL_STORE_SHM_DIR")]
     pub shm_dir: Option<PathBuf>,
+    /// Keep objects across restarts (true/false).
+    #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
+    pub persistent: Option<bool>,
     #[arg(long, env = "RBGCTL_STORE_METRICS_HOST")]
     pub metrics_host: Option<String>,
     #[arg(long, env = "RBGCTL_STORE_METRICS_PORT")]
@@ -156,6 +167,7 @@ impl StoreArgs {
             device => device,
             metadata_server => metadata_server,
             shm_dir => shm_dir,
+            persistent => persistent,
             metrics_host => metrics_host,
             metrics_port => metrics_port,
             heartbeat_interval => heartbeat_interval_ms,
@@ -172,6 +184,12 @@ impl StoreArgs {
 }
 
 impl StoreConfig {
+    /// Whether this store keeps its objects across restarts: asked for, contributing memory,
+    /// and with a name that a restarted process will have again.
+    pub fn effective_persistence(&self) -> bool {
+        self.persistent && self.segment_size.0 > 0 && (self.name.is_some() || self.port != 0)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_endpoint("store.master", &self.master)?;
         if !matches!(self.protocol.as_str(), "tcp" | "rdma") {

@@ -1,17 +1,26 @@
 //! Keeping the master informed: mount the segment, heartbeat, mount again when the master asks
-//! (it restarted or expired us), unmount on a clean stop. Optionally publishes the segment's
-//! Mooncake descriptor to an HTTP metadata server.
+//! (it restarted or expired us), unmount on a clean stop. A persistent store reports every object
+//! in its durable index after each mount, so that a restarted master (or one that saw the store
+//! go away) binds them again. Optionally publishes the segment's Mooncake descriptor to an HTTP
+//! metadata server.
 
-use crate::transfer::message::{MountReq, MountResp, PingReq, PingResp, SegmentInfo, UnmountReq};
+use super::index::DurableIndex;
+use crate::transfer::message::{
+    MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo, UnmountReq,
+};
 use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Objects per `ReportObjects` request.
+const REPORT_CHUNK: usize = 8192;
+
 pub struct Registration {
     pub client_id: u64,
     pub master: Pool,
     pub segment: Option<SegmentInfo>,
+    pub index: Option<Arc<DurableIndex>>,
     /// The id the master gave the segment; 0 while not mounted.
     pub segment_id: AtomicU64,
     pub metadata_server: Option<String>,
@@ -23,6 +32,7 @@ impl Registration {
     pub fn new(
         master: &str,
         segment: Option<SegmentInfo>,
+        index: Option<Arc<DurableIndex>>,
         metadata_server: Option<String>,
         interval: Duration,
     ) -> Registration {
@@ -35,6 +45,7 @@ impl Registration {
             client_id: fastrand::u64(1..),
             master: Pool::new(master, opts),
             segment,
+            index,
             segment_id: AtomicU64::new(0),
             metadata_server,
             stop: AtomicBool::new(false),
@@ -53,8 +64,12 @@ impl Registration {
         let req = MountReq {
             client_id: self.client_id,
             segment: seg.clone(),
+            recovering: self.index.is_some(),
         };
         let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
+        if let Some(index) = &self.index {
+            self.report(index, resp.segment_id, resp.discard)?;
+        }
         let previous = self.segment_id.swap(resp.segment_id, Ordering::SeqCst);
         if previous != resp.segment_id {
             tracing::info!(segment = %seg.name, segment_id = resp.segment_id, master = self.master.addr(), "segment mounted");
@@ -62,6 +77,52 @@ impl Registration {
                 publish_descriptor(url, seg);
             }
         }
+        Ok(())
+    }
+
+    /// Reports the index to the master in chunks and drops what the master does not take.
+    fn report(
+        &self,
+        index: &DurableIndex,
+        segment_id: u64,
+        discard: bool,
+    ) -> Result<(), TransferError> {
+        if discard {
+            tracing::warn!(
+                "the master gave this segment's objects up (away longer than its \
+                grace period); forgetting them"
+            );
+            if let Err(e) = index.clear() {
+                tracing::error!(error = %e, "cannot clear the index");
+            }
+        }
+        let objects = index.snapshot();
+        let total = objects.len();
+        let mut dropped = 0;
+        let mut chunks: Vec<&[_]> = objects.chunks(REPORT_CHUNK).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let req = ReportReq {
+                client_id: self.client_id,
+                segment_id,
+                objects: chunk.to_vec(),
+                done: i == last,
+            };
+            let resp: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
+            dropped += resp.forget.len();
+            if let Err(e) = index.forget(&resp.forget) {
+                tracing::error!(error = %e, "cannot drop records the master did not take");
+            }
+        }
+        tracing::info!(
+            reported = total,
+            kept = total - dropped,
+            dropped,
+            "objects reported to the master"
+        );
         Ok(())
     }
 
@@ -115,7 +176,8 @@ impl Registration {
         }
     }
 
-    /// Unmounts on a clean stop so that the master drops the segment at once.
+    /// Unmounts on a clean stop: a non-persistent store's objects are dropped at once, a
+    /// persistent store's are kept (unreadable) for the master's grace period.
     pub fn unmount(&self) {
         let id = self.segment_id.swap(0, Ordering::SeqCst);
         if id == 0 {
@@ -124,6 +186,7 @@ impl Registration {
         let req = UnmountReq {
             client_id: self.client_id,
             segment_id: id,
+            keep: self.index.is_some(),
         };
         match self
             .master

@@ -1,6 +1,11 @@
 //! Segment memory: one shared file mapping (by default under `/dev/shm`), so that a client on the
-//! same host can map the same pages and copy without a socket. When the directory cannot hold the
-//! segment, anonymous memory is used instead and same-host sharing is off.
+//! same host can map the same pages and copy without a socket.
+//!
+//! A *persistent* segment keeps its file when the process stops (or dies), and a restarted store
+//! maps the same file again: the bytes survive, and the durable index (`index.rs`) says what they
+//! are. Its space is reserved with `fallocate`, so a full directory is a start-up error rather
+//! than a SIGBUS later. A non-persistent segment's files are removed on stop; when its directory
+//! cannot hold it, anonymous memory is used instead and same-host sharing is off.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -20,6 +25,16 @@ pub enum SegmentError {
     },
     #[error("cannot map {size} bytes of segment memory: {source}")]
     Map { size: u64, source: std::io::Error },
+    #[error(
+        "segment directory {dir} has no room for a {size}-byte segment ({free} bytes free); \
+         free space, shrink segment_size or choose another shm_dir"
+    )]
+    NoRoom { dir: PathBuf, size: u64, free: u64 },
+    #[error(
+        "segment files {path} are in use by another running store; two stores cannot share \
+         one segment (give each its own name or directory)"
+    )]
+    InUse { path: PathBuf },
 }
 
 enum Backing {
@@ -27,6 +42,8 @@ enum Backing {
         _map: memmap2::MmapRaw,
         path: PathBuf,
         token_path: PathBuf,
+        /// Keep the files when the segment is dropped.
+        persistent: bool,
     },
     Anonymous {
         _map: memmap2::MmapMut,
@@ -113,6 +130,103 @@ impl SegmentMemory {
                 _map: map,
                 path,
                 token_path,
+                persistent: false,
+            },
+        })
+    }
+
+    /// Opens `<dir>/<stem>.seg` for a persistent segment. With `reuse`, an existing file of
+    /// exactly `size` bytes is mapped as it is (its bytes are the objects of the last run);
+    /// otherwise the file is created anew and its space reserved. Returns the memory and whether
+    /// the old bytes were kept.
+    pub fn open_persistent(
+        dir: &Path,
+        stem: &str,
+        size: u64,
+        reuse: bool,
+    ) -> Result<(SegmentMemory, bool), SegmentError> {
+        let path = dir.join(format!("{stem}.seg"));
+        let token_path = dir.join(format!("{stem}.token"));
+        let file_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SegmentError::File { path, source }
+        };
+        let existing = std::fs::metadata(&path).ok().map(|m| m.len());
+        let kept = reuse && existing == Some(size);
+        let file = if kept {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(file_err(&path))?
+        } else {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .map_err(file_err(&path))?;
+            if let Err(e) = nix::fcntl::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                size as i64,
+            ) {
+                let _ = std::fs::remove_file(&path);
+                return Err(match e {
+                    nix::errno::Errno::ENOSPC | nix::errno::Errno::EFBIG => SegmentError::NoRoom {
+                        dir: dir.to_path_buf(),
+                        size,
+                        free: free_bytes(dir).unwrap_or(0),
+                    },
+                    // File systems without fallocate: fall back to a sized file, space unchecked.
+                    nix::errno::Errno::EOPNOTSUPP => {
+                        file.set_len(size).map_err(file_err(&path))?;
+                        return Self::map_file(file, path, token_path, size, true)
+                            .map(|m| (m, false));
+                    }
+                    e => SegmentError::File {
+                        path,
+                        source: e.into(),
+                    },
+                });
+            }
+            file
+        };
+        Self::map_file(file, path, token_path, size, true).map(|m| (m, kept))
+    }
+
+    fn map_file(
+        file: File,
+        path: PathBuf,
+        token_path: PathBuf,
+        size: u64,
+        persistent: bool,
+    ) -> Result<SegmentMemory, SegmentError> {
+        let map = memmap2::MmapOptions::new()
+            .len(size as usize)
+            .populate()
+            .map_raw(&file)
+            .map_err(|source| SegmentError::Map { size, source })?;
+        let token = fastrand::u64(1..);
+        let mut t = File::create(&token_path).map_err(|source| SegmentError::File {
+            path: token_path.clone(),
+            source,
+        })?;
+        writeln!(t, "{token:016x}").map_err(|source| SegmentError::File {
+            path: token_path.clone(),
+            source,
+        })?;
+        Ok(SegmentMemory {
+            ptr: map.as_mut_ptr(),
+            size,
+            token,
+            backing: Backing::File {
+                _map: map,
+                path,
+                token_path,
+                persistent,
             },
         })
     }
@@ -177,11 +291,87 @@ impl SegmentMemory {
 impl Drop for SegmentMemory {
     fn drop(&mut self) {
         if let Backing::File {
-            path, token_path, ..
+            path,
+            token_path,
+            persistent: false,
+            ..
         } = &self.backing
         {
             let _ = std::fs::remove_file(token_path);
             let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    nix::sys::statvfs::statvfs(dir)
+        .ok()
+        .map(|s| s.blocks_available() * s.fragment_size())
+}
+
+/// Makes sure a persistent segment's directory is usable: it is created when missing (one level
+/// only: a missing parent usually means a volume that is not mounted, which must not be papered
+/// over), and it must be a writable directory.
+pub fn prepare_dir(dir: &Path) -> Result<(), SegmentError> {
+    let err = |source| SegmentError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "exists and is not a directory",
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(dir).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    err(std::io::Error::new(
+                        e.kind(),
+                        "parent directory does not exist (is the volume mounted?)",
+                    ))
+                } else {
+                    err(e)
+                }
+            })?;
+        }
+        Err(e) => return Err(err(e)),
+    }
+    nix::unistd::access(
+        dir,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    )
+    .map_err(|e| err(std::io::Error::from(e)))
+}
+
+/// An exclusive lock on `<dir>/<stem>.lock`, held while the store runs, so that two processes
+/// never use the same segment files. The kernel releases it when the process dies.
+pub struct DirLock {
+    _lock: nix::fcntl::Flock<File>,
+}
+
+impl DirLock {
+    pub fn acquire(dir: &Path, stem: &str) -> Result<DirLock, SegmentError> {
+        let path = dir.join(format!("{stem}.lock"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|source| SegmentError::File {
+                path: path.clone(),
+                source,
+            })?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(DirLock { _lock: lock }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(SegmentError::InUse { path }),
+            Err((_, e)) => Err(SegmentError::File {
+                path,
+                source: e.into(),
+            }),
         }
     }
 }
@@ -212,5 +402,48 @@ mod tests {
         assert!(seg.check(0, 1 << 20).is_ok());
         drop(seg);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn persistent_segment_keeps_its_bytes_and_refuses_a_second_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = DirLock::acquire(dir.path(), "s").unwrap();
+        assert!(matches!(
+            DirLock::acquire(dir.path(), "s"),
+            Err(SegmentError::InUse { .. })
+        ));
+        let (seg, kept) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, true).unwrap();
+        assert!(!kept);
+        unsafe { seg.slice_mut(64, 5) }.copy_from_slice(b"hello");
+        drop(seg);
+        drop(lock);
+        let _lock = DirLock::acquire(dir.path(), "s").unwrap();
+        let (seg, kept) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, true).unwrap();
+        assert!(kept);
+        assert_eq!(unsafe { seg.slice(64, 5) }, b"hello");
+        // Without reuse the file starts over.
+        drop(seg);
+        let (seg, kept) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, false).unwrap();
+        assert!(!kept);
+        assert_eq!(unsafe { seg.slice(64, 5) }, [0u8; 5]);
+    }
+
+    #[test]
+    fn unusable_directories_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing_parent = dir.path().join("no/such");
+        let e = prepare_dir(&missing_parent).unwrap_err().to_string();
+        assert!(e.contains("parent directory does not exist"), "{e}");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = prepare_dir(&file).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        prepare_dir(&dir.path().join("new")).unwrap();
+        // Far more than any test machine has.
+        let e = SegmentMemory::open_persistent(dir.path(), "big", 1 << 50, false)
+            .err()
+            .unwrap();
+        assert!(matches!(e, SegmentError::NoRoom { .. }), "{e}");
+        assert!(!dir.path().join("big.seg").exists());
     }
 }

@@ -1,9 +1,14 @@
 //! The store's data service: writes land straight in segment memory from the socket, reads go
-//! out straight from it (vectored writes), and every range is bounds-checked first.
+//! out straight from it (vectored writes), and every range is bounds-checked first. A persistent
+//! store records each completed object in its durable index before it answers the write.
 
+use super::index::DurableIndex;
 use super::segment::SegmentMemory;
+use super::Recovery;
 use crate::telemetry::OpStats;
-use crate::transfer::message::{ReadReq, StoreInfoResp, Wire, WriteReq};
+use crate::transfer::message::{
+    BatchStatusResp, ForgetReq, ReadReq, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
+};
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +18,10 @@ use std::time::Instant;
 pub struct StoreService {
     pub name: String,
     pub memory: Option<Arc<SegmentMemory>>,
+    /// The durable index of a persistent store.
+    pub index: Option<Arc<DurableIndex>>,
+    pub recovery: Recovery,
+    pub index_errors: AtomicU64,
     pub stats: OpStats,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -50,7 +59,66 @@ impl StoreService {
                 let dst = unsafe { mem.slice_mut(r.offset, len) };
                 io.read_data_into(dst)?;
                 self.bytes_written.fetch_add(len, Ordering::Relaxed);
+                // Every byte is in place: now the object may be recorded (never before, so a
+                // crash mid-write leaves no record of a torn object).
+                if let Some(index) = &self.index {
+                    let result = if r.key.is_empty() {
+                        index.purge(r.offset, len)
+                    } else {
+                        index.seal(&[StoredObject {
+                            key: r.key,
+                            version: r.version,
+                            offset: r.offset,
+                            size: len,
+                            checksum: r.checksum,
+                        }])
+                    };
+                    if let Err(e) = result {
+                        self.index_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(error = %e, "cannot record the object in the index");
+                        io.error(Status::Internal, &format!("index write failed: {e}"))?;
+                        return Ok(false);
+                    }
+                }
                 io.reply(Status::Ok, &[], &[])?;
+                Ok(true)
+            }
+            Opcode::Seal => {
+                let r = SealReq::from_meta(meta)?;
+                let Some(mem) = &self.memory else {
+                    return no_segment(io);
+                };
+                let mut items = Vec::with_capacity(r.objects.len());
+                let mut good = Vec::with_capacity(r.objects.len());
+                for o in r.objects {
+                    if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
+                        items.push(Status::OutOfBounds);
+                    } else {
+                        items.push(Status::Ok);
+                        good.push(o);
+                    }
+                }
+                if let Some(index) = &self.index {
+                    if let Err(e) = index.seal(&good) {
+                        self.index_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(error = %e, "cannot record objects in the index");
+                        io.error(Status::Internal, &format!("index write failed: {e}"))?;
+                        return Ok(false);
+                    }
+                }
+                io.ok(&BatchStatusResp { items })?;
+                Ok(true)
+            }
+            Opcode::Forget => {
+                let r = ForgetReq::from_meta(meta)?;
+                if let Some(index) = &self.index {
+                    if let Err(e) = index.forget(&r.items) {
+                        self.index_errors.fetch_add(1, Ordering::Relaxed);
+                        io.error(Status::Internal, &format!("index write failed: {e}"))?;
+                        return Ok(false);
+                    }
+                }
+                io.ok(&())?;
                 Ok(true)
             }
             Opcode::Read => {

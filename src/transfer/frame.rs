@@ -18,6 +18,7 @@ pub enum Opcode {
     MountSegment = 0x02,
     UnmountSegment = 0x03,
     ListSegments = 0x04,
+    ReportObjects = 0x05,
     PutStart = 0x10,
     PutEnd = 0x11,
     PutRevoke = 0x12,
@@ -25,6 +26,7 @@ pub enum Opcode {
     Exists = 0x14,
     Remove = 0x15,
     RemoveAll = 0x16,
+    ReportCorrupt = 0x17,
     BatchPutStart = 0x20,
     BatchPutEnd = 0x21,
     BatchPutRevoke = 0x22,
@@ -34,14 +36,17 @@ pub enum Opcode {
     Write = 0x40,
     Read = 0x41,
     StoreInfo = 0x42,
+    Seal = 0x43,
+    Forget = 0x44,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 20] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
         Opcode::ListSegments,
+        Opcode::ReportObjects,
         Opcode::PutStart,
         Opcode::PutEnd,
         Opcode::PutRevoke,
@@ -49,6 +54,7 @@ impl Opcode {
         Opcode::Exists,
         Opcode::Remove,
         Opcode::RemoveAll,
+        Opcode::ReportCorrupt,
         Opcode::BatchPutStart,
         Opcode::BatchPutEnd,
         Opcode::BatchPutRevoke,
@@ -58,6 +64,8 @@ impl Opcode {
         Opcode::Write,
         Opcode::Read,
         Opcode::StoreInfo,
+        Opcode::Seal,
+        Opcode::Forget,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -71,6 +79,7 @@ impl Opcode {
             Opcode::MountSegment => "mount_segment",
             Opcode::UnmountSegment => "unmount_segment",
             Opcode::ListSegments => "list_segments",
+            Opcode::ReportObjects => "report_objects",
             Opcode::PutStart => "put_start",
             Opcode::PutEnd => "put_end",
             Opcode::PutRevoke => "put_revoke",
@@ -78,6 +87,7 @@ impl Opcode {
             Opcode::Exists => "exists",
             Opcode::Remove => "remove",
             Opcode::RemoveAll => "remove_all",
+            Opcode::ReportCorrupt => "report_corrupt",
             Opcode::BatchPutStart => "batch_put_start",
             Opcode::BatchPutEnd => "batch_put_end",
             Opcode::BatchPutRevoke => "batch_put_revoke",
@@ -87,6 +97,8 @@ impl Opcode {
             Opcode::Write => "write",
             Opcode::Read => "read",
             Opcode::StoreInfo => "store_info",
+            Opcode::Seal => "seal",
+            Opcode::Forget => "forget",
         }
     }
 }
@@ -111,6 +123,7 @@ pub enum Status {
     OutOfBounds = 18,
     SegmentExists = 19,
     WriteSuperseded = 20,
+    ObjectUnavailable = 21,
 }
 
 impl Status {
@@ -131,6 +144,7 @@ impl Status {
             18 => Status::OutOfBounds,
             19 => Status::SegmentExists,
             20 => Status::WriteSuperseded,
+            21 => Status::ObjectUnavailable,
             _ => Status::Internal,
         }
     }
@@ -153,6 +167,7 @@ impl Status {
             Status::OutOfBounds => "OUT_OF_BOUNDS",
             Status::SegmentExists => "SEGMENT_EXISTS",
             Status::WriteSuperseded => "WRITE_SUPERSEDED",
+            Status::ObjectUnavailable => "OBJECT_UNAVAILABLE",
         }
     }
 }
@@ -177,6 +192,9 @@ impl Status {
             Status::OutOfBounds => "range outside the segment",
             Status::SegmentExists => "segment already mounted",
             Status::WriteSuperseded => "put was reclaimed or replaced",
+            Status::ObjectUnavailable => {
+                "every replica is on a store that is restarting; retry shortly"
+            }
         }
     }
 }

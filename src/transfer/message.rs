@@ -173,12 +173,15 @@ message!(
         /// Kernel boot id of the store's host: equal boot ids mean the same kernel, hence shared
         /// `/dev/shm` is possible.
         host_id: String,
-    } min_len = 2 + 2 + 8 + 2 + 8 + 2
+        /// Random id of the backing file's incarnation when the store keeps its objects across
+        /// restarts (a persistent segment); 0 when it does not.
+        segment_uuid: u64,
+    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8
 );
 
 message!(
     /// A mounted segment as the master lists it.
-    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 24 + 8
+    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 32 + 8
 );
 message!(
     /// One replica: a byte range in a segment.
@@ -205,9 +208,41 @@ message!(
     /// client expired): the client must mount its segments again.
     PingResp { need_remount: bool } min_len = 1
 );
-message!(MountReq { client_id: u64, segment: SegmentInfo } min_len = 32);
-message!(MountResp { segment_id: u64 } min_len = 8);
-message!(UnmountReq { client_id: u64, segment_id: u64 } min_len = 16);
+message!(
+    /// `recovering`: the segment holds objects from before a restart, which the store reports
+    /// with `ReportObjects` before the segment takes new allocations.
+    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool } min_len = 8 + 32 + 1
+);
+message!(
+    /// `discard`: the master gave this segment's objects up (the store was away longer than the
+    /// grace period); the store must forget them and report none.
+    MountResp { segment_id: u64, discard: bool } min_len = 9
+);
+message!(
+    /// `keep`: the store is restarting and keeps its objects; the master holds them, unreadable,
+    /// for the grace period instead of dropping them.
+    UnmountReq { client_id: u64, segment_id: u64, keep: bool } min_len = 17
+);
+message!(
+    /// An object a store holds, from its durable index.
+    StoredObject { key: String, version: u64, offset: u64, size: u64, checksum: u32 } min_len = 2 + 8 + 8 + 8 + 4
+);
+message!(
+    /// A record a store should drop: the object at `offset` with this version is gone.
+    ForgetItem { offset: u64, version: u64 } min_len = 16
+);
+message!(
+    /// Part of a recovering store's report; `done` on the last part.
+    ReportReq { client_id: u64, segment_id: u64, objects: Vec<StoredObject>, done: bool } min_len = 8 + 8 + 4 + 1
+);
+message!(
+    /// The reported records the master did not take (stale, removed or invalid).
+    ReportResp { forget: Vec<ForgetItem> } min_len = 4
+);
+message!(
+    /// A reader found a replica whose bytes fail the checksum.
+    ReportCorruptReq { key: String, version: u64, segment_id: u64 } min_len = 2 + 8 + 8
+);
 message!(ListSegmentsResp { segments: Vec<SegmentEntry> } min_len = 4);
 
 message!(PutStartReq { client_id: u64, key: String, size: u64, config: ReplicateConfig } min_len = 8 + 2 + 8 + 12);
@@ -223,8 +258,10 @@ message!(
         checksum: u32,
         /// The read lease granted with this answer: the replicas will not be freed before it ends.
         lease_ttl_ms: u64,
+        /// The object's version (its put's object id).
+        version: u64,
         replicas: Vec<ReplicaLoc>,
-    } min_len = 8 + 4 + 8 + 4
+    } min_len = 8 + 4 + 8 + 8 + 4
 );
 message!(RemoveReq { key: String, force: bool } min_len = 3);
 message!(RemoveAllReq { force: bool } min_len = 1);
@@ -242,8 +279,18 @@ message!(BatchExistsResp { items: Vec<bool> } min_len = 4);
 message!(BatchRemoveReq { force: bool, keys: Vec<String> } min_len = 5);
 
 message!(
-    /// Store: write the payload at `offset` of the segment.
-    WriteReq { offset: u64 } min_len = 8
+    /// Store: write the payload at `offset` of the segment. With a non-empty `key`, a
+    /// persistent store records the object (key, version, checksum) in its durable index once
+    /// every byte is in place.
+    WriteReq { offset: u64, key: String, version: u64, checksum: u32 } min_len = 8 + 2 + 8 + 4
+);
+message!(
+    /// Store: record objects written into the segment by memory copy (same-host clients).
+    SealReq { objects: Vec<StoredObject> } min_len = 4
+);
+message!(
+    /// Store (from the master): drop these records from the durable index.
+    ForgetReq { items: Vec<ForgetItem> } min_len = 4
 );
 message!(
     /// Store: send `length` bytes from `offset` of the segment as the payload.
@@ -263,6 +310,7 @@ mod tests {
                     size: 4096,
                     checksum: 0xdead_beef,
                     lease_ttl_ms: 10_000,
+                    version: 3,
                     replicas: vec![ReplicaLoc {
                         segment_id: 7,
                         offset: 128,

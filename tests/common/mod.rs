@@ -227,13 +227,16 @@ impl Cluster {
             .collect()
     }
 
+    /// Segments that are live (mounted and serving).
     pub fn segment_count(&self) -> usize {
         let (code, body) = self.http_get("/api/v1/segments");
         if code != 200 {
             return 0;
         }
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        v["segments"].as_array().map_or(0, |a| a.len())
+        v["segments"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|s| s["state"] == "live").count())
     }
 
     pub fn client(&self) -> rbgctl::client::Client {

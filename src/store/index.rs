@@ -1,0 +1,730 @@
+//! The store's durable index: which objects its segment holds (key, version, offset, size,
+//! checksum), kept in an append-only log beside the segment file so that a restarted store knows
+//! what its memory contains.
+//!
+//! Log file `<stem>.idx`: a header naming the segment (size, incarnation id, name), then entries,
+//! each `[u32 body_len][u32 crc32c(body)][body]`. A body is a *put* (`1`, offset, version, size,
+//! checksum, key) or a *forget* (`2`, offset, version). Every entry goes to the kernel with one
+//! `write(2)` before the request that caused it is answered, so a killed process loses nothing
+//! it acknowledged; a torn last entry (the process died inside the write) fails its CRC and is cut
+//! off at replay. The log is rewritten as a snapshot of the live records when it grows to several
+//! times their number.
+//!
+//! `IndexMap` is the pure part (records by offset, overlap rules); `DurableIndex` adds the file.
+
+use crate::transfer::message::{ForgetItem, StoredObject};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"RBGIDX01";
+const KIND_PUT: u8 = 1;
+const KIND_FORGET: u8 = 2;
+/// No entry is larger than this (a key is at most 4096 bytes).
+const MAX_ENTRY: usize = 8192;
+/// Compact when the log holds this many more entries than there are live records.
+const COMPACT_SLACK: u64 = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("index {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "index {path} describes a segment of {found} bytes but this store is configured with \
+         {configured}; refusing to mix data (restore the old size, or remove {path} and its \
+         .seg file to start empty)"
+    )]
+    SizeMismatch {
+        path: PathBuf,
+        found: u64,
+        configured: u64,
+    },
+    #[error(
+        "index {path} belongs to segment {found:?}, not {configured:?}; refusing to mix data \
+         (use another directory or remove the files)"
+    )]
+    Foreign {
+        path: PathBuf,
+        found: String,
+        configured: String,
+    },
+}
+
+/// One object's record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: String,
+    pub version: u64,
+    pub size: u64,
+    pub checksum: u32,
+}
+
+impl Record {
+    pub fn to_stored(&self, offset: u64) -> StoredObject {
+        StoredObject {
+            key: self.key.clone(),
+            version: self.version,
+            offset,
+            size: self.size,
+            checksum: self.checksum,
+        }
+    }
+}
+
+/// Records by offset. Records never overlap: a new record removes every record it overlaps
+/// (their bytes are being overwritten, so they are gone).
+#[derive(Debug, Default)]
+pub struct IndexMap {
+    by_offset: BTreeMap<u64, Record>,
+}
+
+impl IndexMap {
+    pub fn len(&self) -> usize {
+        self.by_offset.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_offset.is_empty()
+    }
+
+    pub fn get(&self, offset: u64) -> Option<&Record> {
+        self.by_offset.get(&offset)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Record)> {
+        self.by_offset.iter().map(|(o, r)| (*o, r))
+    }
+
+    /// Offsets of the records that overlap `[offset, offset + size)`.
+    pub fn overlapping(&self, offset: u64, size: u64) -> Vec<u64> {
+        let end = offset.saturating_add(size.max(1));
+        let mut out = Vec::new();
+        if let Some((&o, r)) = self.by_offset.range(..offset).next_back() {
+            if o.saturating_add(r.size) > offset {
+                out.push(o);
+            }
+        }
+        out.extend(self.by_offset.range(offset..end).map(|(o, _)| *o));
+        out
+    }
+
+    /// Inserts a record; returns the records it displaced.
+    pub fn insert(&mut self, offset: u64, rec: Record) -> Vec<(u64, Record)> {
+        let displaced = self
+            .overlapping(offset, rec.size)
+            .into_iter()
+            .filter_map(|o| self.by_offset.remove(&o).map(|r| (o, r)))
+            .collect();
+        self.by_offset.insert(offset, rec);
+        displaced
+    }
+
+    /// Removes the record at `offset` if it has `version`.
+    pub fn forget(&mut self, offset: u64, version: u64) -> bool {
+        match self.by_offset.get(&offset) {
+            Some(r) if r.version == version => {
+                self.by_offset.remove(&offset);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.by_offset.clear();
+    }
+}
+
+/// One decoded log entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Put { offset: u64, rec: Record },
+    Forget { offset: u64, version: u64 },
+}
+
+impl Entry {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; 8]);
+        match self {
+            Entry::Put { offset, rec } => {
+                out.push(KIND_PUT);
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&rec.version.to_le_bytes());
+                out.extend_from_slice(&rec.size.to_le_bytes());
+                out.extend_from_slice(&rec.checksum.to_le_bytes());
+                out.extend_from_slice(&(rec.key.len() as u16).to_le_bytes());
+                out.extend_from_slice(rec.key.as_bytes());
+            }
+            Entry::Forget { offset, version } => {
+                out.push(KIND_FORGET);
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&version.to_le_bytes());
+            }
+        }
+        let body_len = (out.len() - start - 8) as u32;
+        let crc = crc32c::crc32c(&out[start + 8..]);
+        out[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    fn decode(body: &[u8]) -> Option<Entry> {
+        let u64_at = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(body.get(i..i + 8)?.try_into().ok()?))
+        };
+        match *body.first()? {
+            KIND_PUT => {
+                let checksum = u32::from_le_bytes(body.get(25..29)?.try_into().ok()?);
+                let key_len = u16::from_le_bytes(body.get(29..31)?.try_into().ok()?) as usize;
+                let key = body.get(31..31 + key_len)?;
+                if body.len() != 31 + key_len {
+                    return None;
+                }
+                Some(Entry::Put {
+                    offset: u64_at(1)?,
+                    rec: Record {
+                        key: String::from_utf8(key.to_vec()).ok()?,
+                        version: u64_at(9)?,
+                        size: u64_at(17)?,
+                        checksum,
+                    },
+                })
+            }
+            KIND_FORGET if body.len() == 17 => Some(Entry::Forget {
+                offset: u64_at(1)?,
+                version: u64_at(9)?,
+            }),
+            _ => None,
+        }
+    }
+
+    fn apply(self, map: &mut IndexMap) {
+        match self {
+            Entry::Put { offset, rec } => {
+                map.insert(offset, rec);
+            }
+            Entry::Forget { offset, version } => {
+                map.forget(offset, version);
+            }
+        }
+    }
+}
+
+/// What identifies the segment an index belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexHeader {
+    pub segment_size: u64,
+    pub segment_uuid: u64,
+    pub name: String,
+}
+
+impl IndexHeader {
+    fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&self.segment_size.to_le_bytes());
+        body.extend_from_slice(&self.segment_uuid.to_le_bytes());
+        body.extend_from_slice(&(self.name.len() as u16).to_le_bytes());
+        body.extend_from_slice(self.name.as_bytes());
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes the header at the start of `buf`; returns it and its length.
+    fn decode(buf: &[u8]) -> Option<(IndexHeader, usize)> {
+        if buf.get(..8)? != MAGIC {
+            return None;
+        }
+        let len = u32::from_le_bytes(buf.get(8..12)?.try_into().ok()?) as usize;
+        let crc = u32::from_le_bytes(buf.get(12..16)?.try_into().ok()?);
+        let body = buf.get(16..16 + len)?;
+        if crc32c::crc32c(body) != crc || len < 18 {
+            return None;
+        }
+        let name_len = u16::from_le_bytes(body[16..18].try_into().ok()?) as usize;
+        if len != 18 + name_len {
+            return None;
+        }
+        Some((
+            IndexHeader {
+                segment_size: u64::from_le_bytes(body[0..8].try_into().ok()?),
+                segment_uuid: u64::from_le_bytes(body[8..16].try_into().ok()?),
+                name: String::from_utf8(body[18..].to_vec()).ok()?,
+            },
+            16 + len,
+        ))
+    }
+}
+
+/// The result of replaying a log image.
+#[derive(Debug)]
+pub struct Replay {
+    pub header: IndexHeader,
+    pub map: IndexMap,
+    pub entries: u64,
+    /// Length of the valid prefix; bytes after it are a torn tail.
+    pub valid_len: usize,
+}
+
+/// Replays a whole log image. `None` when the header itself is unreadable.
+pub fn replay(buf: &[u8]) -> Option<Replay> {
+    let (header, mut pos) = IndexHeader::decode(buf)?;
+    let mut map = IndexMap::default();
+    let mut entries = 0;
+    while let Some(head) = buf.get(pos..pos + 8) {
+        let len = u32::from_le_bytes(head[0..4].try_into().ok()?) as usize;
+        let crc = u32::from_le_bytes(head[4..8].try_into().ok()?);
+        if len == 0 || len > MAX_ENTRY {
+            break;
+        }
+        let Some(body) = buf.get(pos + 8..pos + 8 + len) else {
+            break;
+        };
+        if crc32c::crc32c(body) != crc {
+            break;
+        }
+        let Some(entry) = Entry::decode(body) else {
+            break;
+        };
+        entry.apply(&mut map);
+        entries += 1;
+        pos += 8 + len;
+    }
+    Some(Replay {
+        header,
+        map,
+        entries,
+        valid_len: pos,
+    })
+}
+
+/// How `DurableIndex::open` found the directory.
+#[derive(Debug)]
+pub enum Opened {
+    /// A valid index: these records were committed before the last stop.
+    Existing { torn_bytes: u64 },
+    /// No usable index: a new, empty one was written.
+    Fresh,
+}
+
+struct LogFile {
+    file: File,
+    entries: u64,
+}
+
+/// The index and its log file.
+pub struct DurableIndex {
+    path: PathBuf,
+    header: IndexHeader,
+    inner: Mutex<(IndexMap, LogFile)>,
+}
+
+impl DurableIndex {
+    /// Opens `<dir>/<stem>.idx`: replays it when it belongs to this segment, or starts a fresh
+    /// one (new incarnation id) when there is none or it is unreadable. A size or name mismatch
+    /// is an error: the files belong to another configuration.
+    pub fn open(
+        dir: &Path,
+        stem: &str,
+        name: &str,
+        segment_size: u64,
+    ) -> Result<(DurableIndex, Opened), IndexError> {
+        let path = dir.join(format!("{stem}.idx"));
+        let io_err = |source| IndexError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut buf = Vec::new();
+        match File::open(&path) {
+            Ok(mut f) => {
+                f.read_to_end(&mut buf).map_err(io_err)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(e)),
+        }
+        if let Some(r) = replay(&buf) {
+            if r.header.name != name {
+                return Err(IndexError::Foreign {
+                    path,
+                    found: r.header.name,
+                    configured: name.into(),
+                });
+            }
+            if r.header.segment_size != segment_size {
+                return Err(IndexError::SizeMismatch {
+                    path,
+                    found: r.header.segment_size,
+                    configured: segment_size,
+                });
+            }
+            let torn = (buf.len() - r.valid_len) as u64;
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io_err)?;
+            if torn > 0 {
+                tracing::warn!(path = %path.display(), torn_bytes = torn,
+                    "index ends in a torn entry (the store died while writing it); cutting it off");
+                file.set_len(r.valid_len as u64).map_err(io_err)?;
+            }
+            let idx = DurableIndex {
+                path: path.clone(),
+                header: r.header,
+                inner: Mutex::new((
+                    r.map,
+                    LogFile {
+                        file,
+                        entries: r.entries,
+                    },
+                )),
+            };
+            return Ok((idx, Opened::Existing { torn_bytes: torn }));
+        }
+        if !buf.is_empty() {
+            tracing::warn!(path = %path.display(), "index header unreadable; starting empty");
+        }
+        let header = IndexHeader {
+            segment_size,
+            segment_uuid: fastrand::u64(1..),
+            name: name.into(),
+        };
+        let file = write_snapshot(&path, &header, &IndexMap::default()).map_err(io_err)?;
+        let idx = DurableIndex {
+            path: path.clone(),
+            header,
+            inner: Mutex::new((IndexMap::default(), LogFile { file, entries: 0 })),
+        };
+        Ok((idx, Opened::Fresh))
+    }
+
+    pub fn uuid(&self) -> u64 {
+        self.header.segment_uuid
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every record, for the master.
+    pub fn snapshot(&self) -> Vec<StoredObject> {
+        let g = self.inner.lock();
+        g.0.iter().map(|(o, r)| r.to_stored(o)).collect()
+    }
+
+    /// Records objects whose bytes are complete in the segment; returns once the entries are
+    /// in the kernel (they survive the process).
+    pub fn seal(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
+        let mut buf = Vec::with_capacity(objects.len() * 64);
+        let mut g = self.inner.lock();
+        let (map, log) = &mut *g;
+        for o in objects {
+            let rec = Record {
+                key: o.key.clone(),
+                version: o.version,
+                size: o.size,
+                checksum: o.checksum,
+            };
+            Entry::Put {
+                offset: o.offset,
+                rec: rec.clone(),
+            }
+            .encode_into(&mut buf);
+            map.insert(o.offset, rec);
+        }
+        self.append(log, &buf, objects.len() as u64)?;
+        self.maybe_compact(&mut g)
+    }
+
+    /// Drops records (matched by offset and version); returns how many were present.
+    pub fn forget(&self, items: &[ForgetItem]) -> Result<usize, IndexError> {
+        let mut buf = Vec::new();
+        let mut g = self.inner.lock();
+        let (map, log) = &mut *g;
+        let mut n = 0;
+        for it in items {
+            if map.forget(it.offset, it.version) {
+                Entry::Forget {
+                    offset: it.offset,
+                    version: it.version,
+                }
+                .encode_into(&mut buf);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.append(log, &buf, n as u64)?;
+        }
+        Ok(n)
+    }
+
+    /// Drops every record overlapping `[offset, offset + size)`: bytes written there without a
+    /// record of their own.
+    pub fn purge(&self, offset: u64, size: u64) -> Result<(), IndexError> {
+        let items: Vec<ForgetItem> = {
+            let g = self.inner.lock();
+            g.0.overlapping(offset, size)
+                .into_iter()
+                .filter_map(|o| {
+                    g.0.get(o).map(|r| ForgetItem {
+                        offset: o,
+                        version: r.version,
+                    })
+                })
+                .collect()
+        };
+        if !items.is_empty() {
+            self.forget(&items)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets every record (the master gave this segment's objects up).
+    pub fn clear(&self) -> Result<(), IndexError> {
+        let mut g = self.inner.lock();
+        g.0.clear();
+        self.compact(&mut g)
+    }
+
+    fn append(&self, log: &mut LogFile, buf: &[u8], entries: u64) -> Result<(), IndexError> {
+        log.file.write_all(buf).map_err(|source| IndexError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        log.entries += entries;
+        Ok(())
+    }
+
+    fn maybe_compact(&self, g: &mut (IndexMap, LogFile)) -> Result<(), IndexError> {
+        if g.1.entries > 2 * g.0.len() as u64 + COMPACT_SLACK {
+            self.compact(g)?;
+        }
+        Ok(())
+    }
+
+    fn compact(&self, g: &mut (IndexMap, LogFile)) -> Result<(), IndexError> {
+        let file =
+            write_snapshot(&self.path, &self.header, &g.0).map_err(|source| IndexError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        g.1 = LogFile {
+            file,
+            entries: g.0.len() as u64,
+        };
+        Ok(())
+    }
+
+    /// Checks every record's bytes against its checksum with `threads` threads; drops (and
+    /// logs a forget for) each record that fails. Returns the failed records.
+    pub fn verify(
+        &self,
+        memory: &super::segment::SegmentMemory,
+        threads: usize,
+    ) -> Result<Vec<StoredObject>, IndexError> {
+        let records = self.snapshot();
+        let threads = threads.clamp(1, 16);
+        let chunk = records.len().div_ceil(threads).max(1);
+        let bad: Vec<StoredObject> = std::thread::scope(|s| {
+            let handles: Vec<_> = records
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .filter(|o| {
+                                memory.check(o.offset, o.size).is_err()
+                                    // SAFETY: nothing writes the segment before recovery ends.
+                                    || crc32c::crc32c(unsafe { memory.slice(o.offset, o.size) })
+                                        != o.checksum
+                            })
+                            .cloned()
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        let items: Vec<ForgetItem> = bad
+            .iter()
+            .map(|o| ForgetItem {
+                offset: o.offset,
+                version: o.version,
+            })
+            .collect();
+        self.forget(&items)?;
+        Ok(bad)
+    }
+}
+
+/// Writes header + live records to a temporary file and renames it over `path`; returns the new
+/// file opened for appending.
+fn write_snapshot(path: &Path, header: &IndexHeader, map: &IndexMap) -> std::io::Result<File> {
+    let tmp = path.with_extension("idx.tmp");
+    let mut buf = header.encode();
+    for (offset, rec) in map.iter() {
+        Entry::Put {
+            offset,
+            rec: rec.clone(),
+        }
+        .encode_into(&mut buf);
+    }
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&buf)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    OpenOptions::new().append(true).open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(key: &str, version: u64, size: u64) -> Record {
+        Record {
+            key: key.into(),
+            version,
+            size,
+            checksum: version as u32,
+        }
+    }
+
+    fn obj(key: &str, version: u64, offset: u64, size: u64) -> StoredObject {
+        rec(key, version, size).to_stored(offset)
+    }
+
+    #[test]
+    fn a_new_record_displaces_every_record_it_overlaps() {
+        let mut m = IndexMap::default();
+        assert!(m.insert(0, rec("a", 1, 100)).is_empty());
+        assert!(m.insert(128, rec("b", 2, 64)).is_empty());
+        assert!(m.insert(256, rec("c", 3, 64)).is_empty());
+        // [50, 200) overlaps a's tail and all of b, not c.
+        let displaced = m.insert(50, rec("d", 4, 150));
+        let keys: Vec<&str> = displaced.iter().map(|(_, r)| r.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert_eq!(m.len(), 2);
+        // Adjacent is not overlapping.
+        assert!(m.insert(320, rec("e", 5, 64)).is_empty());
+        // Forget matches the version, so a late forget cannot drop a newer object.
+        assert!(!m.forget(256, 99));
+        assert!(m.forget(256, 3));
+        assert!(m.get(256).is_none());
+    }
+
+    #[test]
+    fn replay_restores_records_and_cuts_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let (idx, opened) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        assert!(matches!(opened, Opened::Fresh));
+        let uuid = idx.uuid();
+        idx.seal(&[
+            obj("a", 1, 0, 10),
+            obj("b", 2, 64, 10),
+            obj("c", 3, 128, 10),
+        ])
+        .unwrap();
+        idx.forget(&[ForgetItem {
+            offset: 64,
+            version: 2,
+        }])
+        .unwrap();
+        drop(idx);
+        // A torn write: half an entry at the end.
+        let path = dir.path().join("s.idx");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut extra = Vec::new();
+        Entry::Put {
+            offset: 192,
+            rec: rec("torn", 9, 10),
+        }
+        .encode_into(&mut extra);
+        bytes.extend_from_slice(&extra[..extra.len() - 3]);
+        std::fs::write(&path, &bytes).unwrap();
+
+        let (idx, opened) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        assert!(
+            matches!(opened, Opened::Existing { torn_bytes } if torn_bytes == extra.len() as u64 - 3)
+        );
+        assert_eq!(idx.uuid(), uuid, "same incarnation");
+        let keys: Vec<String> = idx.snapshot().into_iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["a", "c"]);
+        // Appending after the cut works and replays.
+        idx.seal(&[obj("d", 4, 256, 10)]).unwrap();
+        drop(idx);
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        assert_eq!(idx.len(), 3);
+    }
+
+    #[test]
+    fn mismatched_size_or_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        drop(idx);
+        let e = DurableIndex::open(dir.path(), "s", "s:1", 2 << 20)
+            .err()
+            .unwrap();
+        assert!(matches!(e, IndexError::SizeMismatch { .. }), "{e}");
+        let e = DurableIndex::open(dir.path(), "s", "s/1", 1 << 20)
+            .err()
+            .unwrap();
+        assert!(matches!(e, IndexError::Foreign { .. }), "{e}");
+        // A garbage file is not an index: start fresh.
+        std::fs::write(dir.path().join("s.idx"), b"garbage").unwrap();
+        let (_, opened) = DurableIndex::open(dir.path(), "s", "s:1", 2 << 20).unwrap();
+        assert!(matches!(opened, Opened::Fresh));
+    }
+
+    #[test]
+    fn the_log_is_compacted_to_its_live_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        // Rewrite the same two slots many times: the log must not grow without bound.
+        for v in 1..=20_000u64 {
+            idx.seal(&[obj(&format!("k{}", v % 2), v, (v % 2) * 64, 10)])
+                .unwrap();
+        }
+        let len = std::fs::metadata(dir.path().join("s.idx")).unwrap().len();
+        assert!(len < 400 * 1024, "log is {len} bytes");
+        drop(idx);
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        let mut versions: Vec<u64> = idx.snapshot().iter().map(|o| o.version).collect();
+        versions.sort();
+        assert_eq!(versions, [19_999, 20_000]);
+    }
+
+    #[test]
+    fn hostile_entries_decode_to_none() {
+        assert!(Entry::decode(&[]).is_none());
+        assert!(Entry::decode(&[KIND_PUT, 1, 2]).is_none());
+        assert!(Entry::decode(&[7; 17]).is_none());
+        let mut buf = Vec::new();
+        Entry::Put {
+            offset: 1,
+            rec: rec("k", 1, 1),
+        }
+        .encode_into(&mut buf);
+        // Claimed key length longer than the body.
+        let mut body = buf[8..].to_vec();
+        body[29] = 200;
+        assert!(Entry::decode(&body).is_none());
+    }
+}
