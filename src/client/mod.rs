@@ -27,6 +27,8 @@ pub use crate::transfer::message::ReplicateConfig;
 
 /// Batch items grouped by store endpoint: the store's pool and (item index, offset) pairs.
 type ByStore = HashMap<String, (Arc<Pool>, Vec<(usize, u64)>)>;
+/// Objects copied into same-host persistent segments, by store, waiting to be sealed.
+type SealsByStore = HashMap<String, (Arc<Pool>, Vec<(usize, StoredObject)>)>;
 
 /// Most requests in flight on one connection in a batch.
 const PIPELINE_WINDOW: usize = 128;
@@ -694,7 +696,7 @@ impl Inner {
         // Writes: local replicas by copy, the rest pipelined per store.
         let mut remote: ByStore = HashMap::new();
         // Objects copied into persistent same-host segments, to be recorded by their stores.
-        let mut seals: HashMap<String, (Arc<Pool>, Vec<(usize, StoredObject)>)> = HashMap::new();
+        let mut seals: SealsByStore = HashMap::new();
         let mut object_ids = vec![0u64; keys.len()];
         for (i, item) in started.items.iter().enumerate() {
             let s = match item {
