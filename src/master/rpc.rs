@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Longest a remove waits for its forgets to reach the stores.
+/// Longest a remove or replacing put waits for its forgets to reach the stores.
 const REMOVE_DURABILITY_WAIT: Duration = Duration::from_secs(1);
 
 pub struct MasterService {
@@ -106,10 +106,8 @@ impl MasterService {
             }
             Opcode::PutEnd => {
                 let r = PutEndReq::from_meta(meta)?;
-                let res =
-                    self.state
-                        .lock()
-                        .put_end(r.client_id, &r.key, r.object_id, r.checksum, now);
+                let res = self
+                    .durably(|st| st.put_end(r.client_id, &r.key, r.object_id, r.checksum, now));
                 answer(io, res)
             }
             Opcode::PutRevoke => {
@@ -132,12 +130,12 @@ impl MasterService {
             }
             Opcode::Remove => {
                 let r = RemoveReq::from_meta(meta)?;
-                let res = self.removing(|st| st.remove(&r.key, r.force, now));
+                let res = self.durably(|st| st.remove(&r.key, r.force, now));
                 answer(io, res)
             }
             Opcode::RemoveAll => {
                 let r = RemoveAllReq::from_meta(meta)?;
-                let removed = self.removing(|st| st.remove_all(r.force, now));
+                let removed = self.durably(|st| st.remove_all(r.force, now));
                 answer(io, Ok(RemoveAllResp { removed }))
             }
             Opcode::BatchPutStart => {
@@ -160,15 +158,20 @@ impl MasterService {
             }
             Opcode::BatchPutEnd => {
                 let r = BatchPutEndReq::from_meta(meta)?;
-                let mut st = self.state.lock();
-                let items = r
-                    .items
-                    .iter()
-                    .map(|it| {
-                        status_of(st.put_end(r.client_id, &it.key, it.object_id, it.checksum, now))
-                    })
-                    .collect();
-                drop(st);
+                let items = self.durably(|st| {
+                    r.items
+                        .iter()
+                        .map(|it| {
+                            status_of(st.put_end(
+                                r.client_id,
+                                &it.key,
+                                it.object_id,
+                                it.checksum,
+                                now,
+                            ))
+                        })
+                        .collect()
+                });
                 answer(io, Ok(BatchStatusResp { items }))
             }
             Opcode::BatchPutRevoke => {
@@ -202,7 +205,7 @@ impl MasterService {
             }
             Opcode::BatchRemove => {
                 let r = BatchRemoveReq::from_meta(meta)?;
-                let items = self.removing(|st| {
+                let items = self.durably(|st| {
                     r.keys
                         .iter()
                         .map(|k| status_of(st.remove(k, r.force, now)))
@@ -222,9 +225,11 @@ impl MasterService {
 }
 
 impl MasterService {
-    /// Runs a removal, then waits (bounded) until the stores dropped the removed records, so
-    /// that the removal survives a master crash right after it.
-    fn removing<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> T {
+    /// Runs an operation that may drop object versions (a remove, or a put that replaces a
+    /// value), then waits (bounded) until the stores dropped the records of those versions, so
+    /// that a master restarted right after it brings back neither a removed object nor an old
+    /// value.
+    fn durably<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> T {
         let (out, seq) = {
             let mut st = self.state.lock();
             let before = st.outbox_seq;

@@ -63,11 +63,31 @@ impl Drop for Proc {
     }
 }
 
+/// How a store was started, so that it can be started again the same way.
+#[derive(Clone, Debug)]
+pub struct StoreSpec {
+    pub data_port: u16,
+    pub metrics_port: u16,
+    pub segment: u64,
+    pub extra: Vec<String>,
+    /// `None`: the cluster's directory.
+    pub shm_dir: Option<PathBuf>,
+}
+
+impl StoreSpec {
+    /// The segment name (and file stem) of this store.
+    pub fn stem(&self) -> String {
+        format!("127.0.0.1_{}", self.data_port)
+    }
+}
+
 pub struct Cluster {
     pub master: Proc,
     pub stores: Vec<Proc>,
     /// Metrics port of each store, by index.
     pub store_metrics: Vec<u16>,
+    pub store_specs: Vec<StoreSpec>,
+    pub master_args: Vec<String>,
     pub rpc: String,
     pub metrics_port: u16,
     pub metadata_port: u16,
@@ -130,7 +150,12 @@ impl Cluster {
     pub fn restart_master(&mut self) {
         self.master.kill9();
         let rpc_port: u16 = self.rpc.rsplit(':').next().unwrap().parse().unwrap();
-        self.master = spawn_master(rpc_port, self.metrics_port, self.metadata_port, &[]);
+        self.master = spawn_master(
+            rpc_port,
+            self.metrics_port,
+            self.metadata_port,
+            &self.master_args,
+        );
     }
 
     pub fn start(opts: Opts) -> Cluster {
@@ -145,6 +170,8 @@ impl Cluster {
             master,
             stores: vec![],
             store_metrics: vec![],
+            store_specs: vec![],
+            master_args: opts.master_args.clone(),
             rpc,
             metrics_port,
             metadata_port,
@@ -162,44 +189,118 @@ impl Cluster {
     }
 
     pub fn add_store(&mut self, segment: u64) -> usize {
+        self.add_store_with(segment, &[])
+    }
+
+    pub fn add_store_with(&mut self, segment: u64, extra: &[&str]) -> usize {
         // Both ports explicit: a kernel-chosen data port could reuse the one just probed.
         let metrics = free_port();
         let mut data = free_port();
         while data == metrics {
             data = free_port();
         }
+        let spec = StoreSpec {
+            data_port: data,
+            metrics_port: metrics,
+            segment,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            shm_dir: None,
+        };
         self.store_metrics.push(metrics);
-        let child = Command::new(BIN)
-            .args([
-                "store",
-                "--master",
-                &self.rpc,
-                "--bind-address",
-                "127.0.0.1",
-                "--local-hostname",
-                "127.0.0.1",
-                "--port",
-                &data.to_string(),
-                "--segment-size",
-                &segment.to_string(),
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                &metrics.to_string(),
-                "--heartbeat-interval",
-                "200ms",
-            ])
-            .arg("--shm-dir")
-            .arg(self.shm_dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        self.store_specs.push(spec.clone());
+        let child = self.store_command(&spec).spawn().unwrap();
         self.stores.push(Proc {
             child,
             name: format!("store-{}", self.stores.len()),
         });
         self.stores.len() - 1
+    }
+
+    /// Starts store `i` again (after a kill or stop) with the same name, ports and directory.
+    pub fn restart_store(&mut self, i: usize) {
+        self.stores[i].kill9();
+        let spec = self.store_specs[i].clone();
+        self.stores[i].child = self.store_command(&spec).spawn().unwrap();
+    }
+
+    /// Runs a store like store `i` but changed by `change`, expecting it to exit; returns its
+    /// exit status and stderr. Killed after 20 s if it does not exit.
+    pub fn run_store_expecting_exit(
+        &self,
+        i: usize,
+        change: impl FnOnce(&mut StoreSpec),
+    ) -> (bool, String) {
+        let mut spec = self.store_specs[i].clone();
+        change(&mut spec);
+        let mut child = self
+            .store_command(&spec)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        (status.is_some_and(|s| s.success()), err)
+    }
+
+    /// A store's metric value (first sample of `name`), or `None`.
+    pub fn store_metric(&self, i: usize, name: &str) -> Option<f64> {
+        let (_, body) = http(self.store_metrics[i], "GET", "/metrics", b"");
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// A master metric value, or `None`.
+    pub fn master_metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.http_get("/metrics");
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    fn store_command(&self, spec: &StoreSpec) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "store",
+            "--master",
+            &self.rpc,
+            "--bind-address",
+            "127.0.0.1",
+            "--local-hostname",
+            "127.0.0.1",
+            "--port",
+            &spec.data_port.to_string(),
+            "--segment-size",
+            &spec.segment.to_string(),
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            &spec.metrics_port.to_string(),
+            "--heartbeat-interval",
+            "200ms",
+        ])
+        .arg("--shm-dir")
+        .arg(spec.shm_dir.as_deref().unwrap_or(self.shm_dir.path()))
+        .args(&spec.extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        cmd
     }
 
     pub fn http_get(&self, path: &str) -> (u16, String) {
