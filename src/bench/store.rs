@@ -2,13 +2,11 @@
 //! counts, batches, the same-host path and the master's existence checks. Without `--master` it
 //! starts its own master and store as separate processes on loopback.
 
+use super::cluster::OwnCluster;
 use super::limits;
 use super::stats::PhaseResult;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
-use crate::transfer::message::ListSegmentsResp;
-use crate::transfer::{ConnOptions, Connection, Opcode};
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +18,9 @@ pub struct StoreBenchArgs {
     /// Segment size of the store it starts.
     #[arg(long, default_value = "4GiB")]
     pub segment_size: ByteSize,
+    /// Whether the store it starts keeps its objects across restarts (true/false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub persistent: bool,
     /// Value sizes.
     #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,4MiB")]
     pub sizes: Vec<ByteSize>,
@@ -54,104 +55,10 @@ pub struct StoreBenchArgs {
 
 #[derive(Debug, serde::Serialize)]
 struct Report {
+    persistent: bool,
     loopback_tcp_gb_per_s: f64,
     memcpy_gb_per_s: f64,
     results: Vec<PhaseResult>,
-}
-
-struct OwnCluster {
-    children: Vec<Child>,
-    master: String,
-    shm_dir: std::path::PathBuf,
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        for c in self.children.iter().rev() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        for c in self.children.iter_mut().rev() {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while !matches!(c.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.shm_dir);
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn start_cluster(segment_size: u64) -> anyhow::Result<OwnCluster> {
-    let exe = std::env::current_exe()?;
-    let (rpc, metrics) = (free_port()?, free_port()?);
-    let master = format!("127.0.0.1:{rpc}");
-    let shm_dir = std::path::PathBuf::from(format!("/dev/shm/rbgctl-bench-{}", std::process::id()));
-    let mut cluster = OwnCluster {
-        children: Vec::new(),
-        master: master.clone(),
-        shm_dir: shm_dir.clone(),
-    };
-    cluster.children.push(
-        Command::new(&exe)
-            .args([
-                "master",
-                "--rpc-address",
-                "127.0.0.1",
-                "--rpc-port",
-                &rpc.to_string(),
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                &metrics.to_string(),
-            ])
-            .env("RBGCTL_LOG", "warn")
-            .spawn()?,
-    );
-    std::thread::sleep(Duration::from_millis(100));
-    cluster.children.push(
-        Command::new(&exe)
-            .args([
-                "store",
-                "--master",
-                &master,
-                "--bind-address",
-                "127.0.0.1",
-                "--local-hostname",
-                "127.0.0.1",
-                "--segment-size",
-                &segment_size.to_string(),
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                "0",
-            ])
-            .arg("--shm-dir")
-            .arg(&shm_dir)
-            .env("RBGCTL_LOG", "warn")
-            .spawn()?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let listed = Connection::connect(&master, &ConnOptions::default())
-            .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()));
-        if matches!(&listed, Ok(r) if !r.segments.is_empty()) {
-            return Ok(cluster);
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("the benchmark's own master and store did not come up within 15 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn value_for(size: usize, seed: u64) -> Vec<u8> {
@@ -390,8 +297,11 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     let master = match &args.master {
         Some(m) => m.clone(),
         None => {
-            progress("starting a master and a store (separate processes, loopback)");
-            let c = start_cluster(args.segment_size.0)?;
+            progress(&format!(
+                "starting a master and a store (separate processes, loopback, persistent: {})",
+                args.persistent
+            ));
+            let c = OwnCluster::start(args.segment_size.0, args.persistent)?;
             let m = c.master.clone();
             _cluster = c;
             m
@@ -439,6 +349,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         }
     }
     let report = Report {
+        persistent: args.persistent,
         loopback_tcp_gb_per_s: loopback,
         memcpy_gb_per_s: memcpy,
         results,
@@ -453,8 +364,8 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
 
 fn print_table(r: &Report) {
     println!(
-        "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s",
-        r.loopback_tcp_gb_per_s, r.memcpy_gb_per_s
+        "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; store persistent: {}",
+        r.loopback_tcp_gb_per_s, r.memcpy_gb_per_s, r.persistent
     );
     println!(
         "{:<5} {:<17} {:>9} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>8}",
