@@ -155,6 +155,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
                     "0",
                     "--metadata-server",
                     &metadata,
+                    // A throwaway directory and kernel-chosen ports: nothing to keep.
+                    "--persistent",
+                    "false",
                 ])
                 .arg("--shm-dir")
                 .arg(&shm_dir),
