@@ -16,6 +16,14 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// The value of the first sample of metric `name` in Prometheus text, if any.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Builds a Prometheus text exposition.
 #[derive(Default)]
 pub struct PromText {

@@ -189,8 +189,5 @@ pub fn scrape(port: u16, name: &str) -> Option<f64> {
         .ok()?
         .text()
         .ok()?;
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    crate::telemetry::sample(&body, name)
 }

@@ -113,26 +113,7 @@ impl SegmentMemory {
             .open(&path)
             .map_err(file_err(&path))?;
         file.set_len(size).map_err(file_err(&path))?;
-        // Populate now: first-touch faults on fresh tmpfs pages cost tens of microseconds each on
-        // virtual machines, which would land on the first writes of every object.
-        let map = memmap2::MmapOptions::new()
-            .len(size as usize)
-            .populate()
-            .map_raw(&file)
-            .map_err(|source| SegmentError::Map { size, source })?;
-        let mut t = File::create(&token_path).map_err(file_err(&token_path))?;
-        writeln!(t, "{token:016x}").map_err(file_err(&token_path))?;
-        Ok(SegmentMemory {
-            ptr: map.as_mut_ptr(),
-            size,
-            token,
-            backing: Backing::File {
-                _map: map,
-                path,
-                token_path,
-                persistent: false,
-            },
-        })
+        Self::map_file(file, path, token_path, size, false)
     }
 
     /// Opens `<dir>/<stem>.seg` for a persistent segment. With `reuse`, an existing file of
@@ -197,6 +178,7 @@ impl SegmentMemory {
         Self::map_file(file, path, token_path, size, true).map(|m| (m, kept))
     }
 
+    /// Maps `file` shared and writes a new token beside it.
     fn map_file(
         file: File,
         path: PathBuf,
@@ -204,6 +186,8 @@ impl SegmentMemory {
         size: u64,
         persistent: bool,
     ) -> Result<SegmentMemory, SegmentError> {
+        // Populate now: first-touch faults on fresh tmpfs pages cost tens of microseconds each on
+        // virtual machines, which would land on the first writes of every object.
         let map = memmap2::MmapOptions::new()
             .len(size as usize)
             .populate()

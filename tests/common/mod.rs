@@ -259,19 +259,13 @@ impl Cluster {
     /// A store's metric value (first sample of `name`), or `None`.
     pub fn store_metric(&self, i: usize, name: &str) -> Option<f64> {
         let (_, body) = http(self.store_metrics[i], "GET", "/metrics", b"");
-        body.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
+        rbgctl::telemetry::sample(&body, name)
     }
 
     /// A master metric value, or `None`.
     pub fn master_metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.http_get("/metrics");
-        body.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
+        rbgctl::telemetry::sample(&body, name)
     }
 
     fn store_command(&self, spec: &StoreSpec) -> Command {
