@@ -5,6 +5,7 @@
 //! - `master`: the pool manager (segments, objects, replicas, leases, eviction, HTTP servers).
 //! - `store`: a storage node contributing a segment of memory.
 //! - `client`: the library inference engines use to put and get KV-cache objects.
+//! - `router`: the gateway in front of inference workers (in progress: the cache-aware tree).
 //! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
 //! - `config`, `telemetry`: shared configuration layering and observability.
 
@@ -14,6 +15,7 @@ pub mod client;
 pub mod config;
 pub mod kv;
 pub mod master;
+pub mod router;
 pub mod store;
 pub mod telemetry;
 pub mod transfer;
