@@ -210,6 +210,7 @@ fn objects_are_unavailable_not_lost_while_their_store_restarts() {
     );
     assert!(!cl.exists("x").unwrap());
     c.restart_store(0);
+    assert!(c.wait_store_mounted(0), "the store did not come back");
     assert!(wait_readable(&cl, "x"));
     assert_eq!(cl.get("x").unwrap(), b"kept");
 }
@@ -290,6 +291,7 @@ fn bytes_corrupted_while_stopped_are_caught_at_recovery() {
     c.stores[0].kill9();
     corrupt(&c, 0, "c/3");
     c.restart_store(0);
+    assert!(c.wait_store_mounted(0), "the store did not come back");
     assert!(wait_readable(&cl, "c/0"));
     assert!(
         matches!(cl.get("c/3"), Err(ClientError::NotFound(_))),
@@ -376,6 +378,7 @@ fn a_different_segment_size_or_a_second_owner_is_refused() {
     assert!(!ok);
     assert!(err.contains("refusing to mix data"), "{err}");
     c.restart_store(0);
+    assert!(c.wait_store_mounted(0), "the store did not come back");
     assert!(wait_readable(&cl, "a"));
     assert_eq!(cl.get("a").unwrap(), b"v");
 }
@@ -453,6 +456,7 @@ fn objects_copied_through_shared_memory_are_recorded_and_survive_a_kill() {
     assert_eq!(c.store_metric(0, "rbgctl_store_index_records"), Some(50.0));
     c.stores[0].kill9();
     c.restart_store(0);
+    assert!(c.wait_store_mounted(0), "the store did not come back");
     assert!(wait_readable(&cl, "shm/0"));
     for (k, v) in keys.iter().zip(&vals) {
         assert_eq!(&cl.get(k).unwrap(), v, "{k}");

@@ -98,20 +98,8 @@ impl SegmentMemory {
                  (same-host clients will use TCP)");
             return Self::anonymous(size, token);
         }
-        let stem = file_stem(name);
-        let path = dir.join(format!("{stem}.seg"));
-        let token_path = dir.join(format!("{stem}.token"));
-        let file_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SegmentError::File { path, source }
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(file_err(&path))?;
+        let (path, token_path) = file_paths(dir, &file_stem(name));
+        let file = open_file(&path, true)?;
         file.set_len(size).map_err(file_err(&path))?;
         Self::map_file(file, path, token_path, size, false)
     }
@@ -126,28 +114,13 @@ impl SegmentMemory {
         size: u64,
         reuse: bool,
     ) -> Result<(SegmentMemory, bool), SegmentError> {
-        let path = dir.join(format!("{stem}.seg"));
-        let token_path = dir.join(format!("{stem}.token"));
-        let file_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SegmentError::File { path, source }
-        };
+        let (path, token_path) = file_paths(dir, stem);
         let existing = std::fs::metadata(&path).ok().map(|m| m.len());
         let kept = reuse && existing == Some(size);
         let file = if kept {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(file_err(&path))?
+            open_file(&path, false)?
         } else {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .map_err(file_err(&path))?;
+            let file = open_file(&path, true)?;
             if let Err(e) = nix::fcntl::fallocate(
                 std::os::fd::AsRawFd::as_raw_fd(&file),
                 nix::fcntl::FallocateFlags::empty(),
@@ -194,14 +167,8 @@ impl SegmentMemory {
             .map_raw(&file)
             .map_err(|source| SegmentError::Map { size, source })?;
         let token = fastrand::u64(1..);
-        let mut t = File::create(&token_path).map_err(|source| SegmentError::File {
-            path: token_path.clone(),
-            source,
-        })?;
-        writeln!(t, "{token:016x}").map_err(|source| SegmentError::File {
-            path: token_path.clone(),
-            source,
-        })?;
+        let mut t = File::create(&token_path).map_err(file_err(&token_path))?;
+        writeln!(t, "{token:016x}").map_err(file_err(&token_path))?;
         Ok(SegmentMemory {
             ptr: map.as_mut_ptr(),
             size,
@@ -285,6 +252,30 @@ impl Drop for SegmentMemory {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// The segment file and its token file for `stem` in `dir`.
+fn file_paths(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{stem}.seg")),
+        dir.join(format!("{stem}.token")),
+    )
+}
+
+fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> SegmentError {
+    let path = path.to_path_buf();
+    move |source| SegmentError::File { path, source }
+}
+
+/// Opens a segment file read-write; `fresh` creates or truncates it.
+fn open_file(path: &Path, fresh: bool) -> Result<File, SegmentError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(fresh)
+        .truncate(fresh)
+        .open(path)
+        .map_err(file_err(path))
 }
 
 fn free_bytes(dir: &Path) -> Option<u64> {

@@ -262,6 +262,14 @@ impl Cluster {
         rbgctl::telemetry::sample(&body, name)
     }
 
+    /// Waits until store `i` says it is mounted (for a persistent store: its report is done and
+    /// the master serves its objects again).
+    pub fn wait_store_mounted(&self, i: usize) -> bool {
+        wait_until(Duration::from_secs(15), || {
+            self.store_metric(i, "rbgctl_store_mounted") == Some(1.0)
+        })
+    }
+
     /// A master metric value, or `None`.
     pub fn master_metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.http_get("/metrics");
