@@ -22,6 +22,9 @@ pub enum Command {
     Master(MasterArgs),
     /// Storage node contributing a segment of memory to the pool (Mooncake store).
     Store(StoreArgs),
+    /// OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing,
+    /// prefill/decode disaggregation, health checks, retries, circuit breakers.
+    Router(crate::router::config::RouterArgs),
     /// A master and N stores on loopback, in one command.
     Up(crate::up::UpArgs),
     /// Put, get and inspect objects from the command line.

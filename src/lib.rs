@@ -13,6 +13,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod kube;
 pub mod kv;
 pub mod master;
 pub mod router;

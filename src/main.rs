@@ -26,6 +26,7 @@ fn dispatch(invocation: Invocation) -> anyhow::Result<()> {
             Command::Store(args) => {
                 rbgctl::store::run(args.resolve(&MooncakeEnv::from_process()?)?)?
             }
+            Command::Router(args) => rbgctl::router::run(args.resolve()?)?,
             Command::Up(args) => rbgctl::up::run(args)?,
             Command::Kv(args) => rbgctl::kv::run(args)?,
             Command::Bench(args) => rbgctl::bench::run(args)?,

@@ -1,4 +1,166 @@
-//! `rbgctl router` (issue 4, in progress): the OpenAI/SGLang-compatible gateway. Built so far:
-//! `tree`, the cache-aware policy's approximate radix tree.
+//! `rbgctl router`: the OpenAI/SGLang-compatible gateway in front of SGLang or vLLM workers, a
+//! drop-in for sglang-router 0.3.2 (same flags, endpoints and defaults).
+//!
+//! - `config`: flags and TOML, validated.
+//! - `request` (pure): routing text, request ids, bootstrap injection, retry backoff.
+//! - `policy` + `tree` (pure): random, round_robin, power_of_two, cache_aware, consistent_hashing.
+//! - `worker`: workers, their health and circuit-breaker state machines, the registry.
+//! - `limiter`: concurrency limit with a bounded queue.
+//! - `proxy`: retries, PD dual dispatch, frame-by-frame relay.
+//! - `server`: the HTTP API; `background`: health checks, tree eviction, worker metadata.
+//! - `discovery`: workers from the RBG discovery file; `kube`: from Kubernetes pods.
+//! - `metrics`: Prometheus.
 
+pub mod background;
+pub mod config;
+pub mod discovery;
+pub mod kube;
+pub mod limiter;
+pub mod metrics;
+pub mod policy;
+pub mod proxy;
+pub mod request;
+pub mod server;
 pub mod tree;
+pub mod worker;
+
+use crate::router::config::{secs, RouterConfig};
+use crate::router::limiter::Limiter;
+use crate::router::metrics::Metrics;
+use crate::router::policy::{CacheAwareConfig, Policy};
+use crate::router::request::RetryConfig;
+use crate::router::worker::{
+    BreakerConfig, HealthConfig, Registry, Source, WorkerSpec, WorkerType,
+};
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// State shared by every request and background task.
+pub struct Shared {
+    pub cfg: RouterConfig,
+    pub pd: bool,
+    pub registry: Registry,
+    pub policy: Policy,
+    pub prefill_policy: Policy,
+    pub decode_policy: Policy,
+    pub client: HttpClient,
+    pub cb: BreakerConfig,
+    pub health: HealthConfig,
+    pub retry: RetryConfig,
+    pub limiter: Limiter,
+    pub metrics: Metrics,
+    pub request_timeout: Duration,
+}
+
+/// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once).
+pub fn http_client() -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_keepalive(Some(Duration::from_secs(60)));
+    conn.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(conn)
+}
+
+impl Shared {
+    pub fn new(cfg: RouterConfig) -> anyhow::Result<Shared> {
+        let cache = CacheAwareConfig {
+            cache_threshold: cfg.cache_threshold,
+            balance_abs_threshold: cfg.balance_abs_threshold,
+            balance_rel_threshold: cfg.balance_rel_threshold,
+            max_tree_size: cfg.max_tree_size,
+        };
+        let max = (cfg.max_concurrent_requests > 0).then_some(cfg.max_concurrent_requests as usize);
+        let shared = Shared {
+            pd: cfg.pd_disaggregation,
+            registry: Registry::default(),
+            policy: Policy::new(cfg.policy, cache),
+            prefill_policy: Policy::new(cfg.prefill_policy(), cache),
+            decode_policy: Policy::new(cfg.decode_policy(), cache),
+            client: http_client(),
+            cb: BreakerConfig {
+                enabled: !cfg.disable_circuit_breaker,
+                failure_threshold: cfg.cb_failure_threshold,
+                success_threshold: cfg.cb_success_threshold,
+                timeout: secs(
+                    "router.cb_timeout_duration_secs",
+                    cfg.cb_timeout_duration_secs,
+                )?,
+            },
+            health: HealthConfig {
+                failure_threshold: cfg.health_failure_threshold,
+                success_threshold: cfg.health_success_threshold,
+            },
+            retry: RetryConfig {
+                max_retries: cfg.retry_max_retries,
+                initial_backoff: Duration::from_millis(cfg.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(cfg.retry_max_backoff_ms),
+                multiplier: cfg.retry_backoff_multiplier,
+                jitter: cfg.retry_jitter_factor,
+            },
+            limiter: Limiter::new(
+                max,
+                cfg.queue_size,
+                secs("router.queue_timeout_secs", cfg.queue_timeout_secs)?,
+            ),
+            metrics: Metrics::default(),
+            request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
+            cfg,
+        };
+        let c = &shared.cfg;
+        for url in &c.worker_urls {
+            shared
+                .registry
+                .add(WorkerSpec::regular(url), Source::Flags)?;
+        }
+        for p in &c.prefill {
+            shared.registry.add(
+                WorkerSpec {
+                    worker_type: WorkerType::Prefill,
+                    bootstrap_port: p.bootstrap_port,
+                    ..WorkerSpec::regular(&p.url)
+                },
+                Source::Flags,
+            )?;
+        }
+        for url in &c.decode {
+            shared.registry.add(
+                WorkerSpec {
+                    worker_type: WorkerType::Decode,
+                    ..WorkerSpec::regular(url)
+                },
+                Source::Flags,
+            )?;
+        }
+        Ok(shared)
+    }
+
+    /// Forgets a removed worker in every policy.
+    pub fn forget(&self, url: &str) {
+        self.policy.remove_worker(url);
+        self.prefill_policy.remove_worker(url);
+        self.decode_policy.remove_worker(url);
+    }
+}
+
+/// Runs the router until SIGINT or SIGTERM.
+pub fn run(cfg: RouterConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("router")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let shared = Arc::new(Shared::new(cfg)?);
+        server::serve(shared).await
+    })
+}

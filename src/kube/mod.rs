@@ -1,0 +1,420 @@
+//! A plain-REST Kubernetes API client (no client framework): connection settings from the
+//! pod's service account or from a kubeconfig, JSON GETs, and watches read as line-delimited
+//! JSON events. Used by the router's pod discovery; the operator builds on it.
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubernetes config: {0}")]
+    Config(String),
+    #[error("kubernetes API {path}: {source}")]
+    Http {
+        path: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("kubernetes API {path}: {code} {message}")]
+    Status {
+        path: String,
+        code: u16,
+        message: String,
+    },
+    #[error("kubernetes API {path}: bad answer: {reason}")]
+    Decode { path: String, reason: String },
+}
+
+impl KubeError {
+    /// HTTP status of an API error (410 Gone means "list again").
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            KubeError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// Where the API server is and how to authenticate.
+#[derive(Clone, Debug, Default)]
+pub struct KubeConfig {
+    pub server: String,
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key, PEM, concatenated.
+    pub identity_pem: Option<Vec<u8>>,
+    pub insecure: bool,
+    /// The namespace of this pod, or of the kubeconfig context.
+    pub namespace: String,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, KubeError> {
+    std::fs::read(path).map_err(|e| KubeError::Config(format!("{}: {e}", path.display())))
+}
+
+fn b64(field: &str, s: &str) -> Result<Vec<u8>, KubeError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .map_err(|e| KubeError::Config(format!("{field}: not base64: {e}")))
+}
+
+#[derive(Deserialize)]
+struct Kubeconfig {
+    #[serde(default, rename = "current-context")]
+    current_context: Option<String>,
+    #[serde(default)]
+    clusters: Vec<Named<ClusterEntry>>,
+    #[serde(default)]
+    users: Vec<Named<UserEntry>>,
+    #[serde(default)]
+    contexts: Vec<Named<ContextEntry>>,
+}
+
+#[derive(Deserialize)]
+struct Named<T> {
+    name: String,
+    #[serde(alias = "cluster", alias = "user", alias = "context")]
+    value: T,
+}
+
+#[derive(Deserialize, Default)]
+struct ClusterEntry {
+    server: String,
+    #[serde(default, rename = "certificate-authority")]
+    ca_file: Option<PathBuf>,
+    #[serde(default, rename = "certificate-authority-data")]
+    ca_data: Option<String>,
+    #[serde(default, rename = "insecure-skip-tls-verify")]
+    insecure: bool,
+}
+
+#[derive(Deserialize, Default)]
+struct UserEntry {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default, rename = "tokenFile")]
+    token_file: Option<PathBuf>,
+    #[serde(default, rename = "client-certificate")]
+    cert_file: Option<PathBuf>,
+    #[serde(default, rename = "client-certificate-data")]
+    cert_data: Option<String>,
+    #[serde(default, rename = "client-key")]
+    key_file: Option<PathBuf>,
+    #[serde(default, rename = "client-key-data")]
+    key_data: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct ContextEntry {
+    cluster: String,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+impl KubeConfig {
+    /// In-cluster settings when `KUBERNETES_SERVICE_HOST` is set, else the kubeconfig named by
+    /// `KUBECONFIG` or `~/.kube/config`.
+    pub fn infer() -> Result<KubeConfig, KubeError> {
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+            return KubeConfig::in_cluster();
+        }
+        let path = std::env::var_os("KUBECONFIG")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config")))
+            .ok_or_else(|| {
+                KubeError::Config("no KUBERNETES_SERVICE_HOST, KUBECONFIG or HOME".into())
+            })?;
+        KubeConfig::from_kubeconfig(&path)
+    }
+
+    pub fn in_cluster() -> Result<KubeConfig, KubeError> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST")
+            .map_err(|_| KubeError::Config("KUBERNETES_SERVICE_HOST is not set".into()))?;
+        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let dir = Path::new(SA_DIR);
+        let namespace = std::fs::read_to_string(dir.join("namespace"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "default".into());
+        Ok(KubeConfig {
+            server: format!("https://{host}:{port}"),
+            token_file: Some(dir.join("token")),
+            ca_pem: Some(read(&dir.join("ca.crt"))?),
+            namespace,
+            ..KubeConfig::default()
+        })
+    }
+
+    pub fn from_kubeconfig(path: &Path) -> Result<KubeConfig, KubeError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| KubeError::Config(format!("{}: {e}", path.display())))?;
+        let kc: Kubeconfig = serde_yaml_ng::from_str(&text)
+            .map_err(|e| KubeError::Config(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let rel = |p: &PathBuf| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                base.join(p)
+            }
+        };
+        let ctx_name = kc
+            .current_context
+            .clone()
+            .or_else(|| kc.contexts.first().map(|c| c.name.clone()))
+            .ok_or_else(|| KubeError::Config(format!("{}: no context", path.display())))?;
+        let ctx = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == ctx_name)
+            .map(|c| &c.value)
+            .ok_or_else(|| KubeError::Config(format!("context {ctx_name:?} not found")))?;
+        let cluster = kc
+            .clusters
+            .iter()
+            .find(|c| c.name == ctx.cluster)
+            .map(|c| &c.value)
+            .ok_or_else(|| KubeError::Config(format!("cluster {:?} not found", ctx.cluster)))?;
+        let default_user = UserEntry::default();
+        let user = match &ctx.user {
+            Some(u) => kc
+                .users
+                .iter()
+                .find(|x| &x.name == u)
+                .map(|x| &x.value)
+                .ok_or_else(|| KubeError::Config(format!("user {u:?} not found")))?,
+            None => &default_user,
+        };
+        let ca_pem = match (&cluster.ca_data, &cluster.ca_file) {
+            (Some(d), _) => Some(b64("certificate-authority-data", d)?),
+            (None, Some(f)) => Some(read(&rel(f))?),
+            _ => None,
+        };
+        let cert = match (&user.cert_data, &user.cert_file) {
+            (Some(d), _) => Some(b64("client-certificate-data", d)?),
+            (None, Some(f)) => Some(read(&rel(f))?),
+            _ => None,
+        };
+        let key = match (&user.key_data, &user.key_file) {
+            (Some(d), _) => Some(b64("client-key-data", d)?),
+            (None, Some(f)) => Some(read(&rel(f))?),
+            _ => None,
+        };
+        let identity_pem = match (cert, key) {
+            (Some(mut c), Some(k)) => {
+                c.push(b'\n');
+                c.extend_from_slice(&k);
+                Some(c)
+            }
+            _ => None,
+        };
+        Ok(KubeConfig {
+            server: cluster.server.trim_end_matches('/').to_string(),
+            token: user.token.clone(),
+            token_file: user.token_file.as_ref().map(rel),
+            ca_pem,
+            identity_pem,
+            insecure: cluster.insecure,
+            namespace: ctx.namespace.clone().unwrap_or_else(|| "default".into()),
+        })
+    }
+}
+
+/// One event of a watch.
+#[derive(Debug, Deserialize)]
+pub struct WatchEvent {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub object: Value,
+}
+
+#[derive(Clone)]
+pub struct Kube {
+    pub cfg: KubeConfig,
+    http: reqwest::Client,
+}
+
+impl Kube {
+    pub fn new(cfg: KubeConfig) -> Result<Kube, KubeError> {
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .use_rustls_tls();
+        if let Some(ca) = &cfg.ca_pem {
+            for cert in reqwest::Certificate::from_pem_bundle(ca)
+                .map_err(|e| KubeError::Config(format!("CA certificate: {e}")))?
+            {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        if let Some(id) = &cfg.identity_pem {
+            b = b.identity(
+                reqwest::Identity::from_pem(id)
+                    .map_err(|e| KubeError::Config(format!("client certificate: {e}")))?,
+            );
+        }
+        if cfg.insecure {
+            b = b.danger_accept_invalid_certs(true);
+        }
+        let http = b
+            .build()
+            .map_err(|e| KubeError::Config(format!("HTTP client: {e}")))?;
+        Ok(Kube { cfg, http })
+    }
+
+    /// The bearer token (a token file is re-read each time: projected tokens rotate).
+    fn token(&self) -> Option<String> {
+        if let Some(f) = &self.cfg.token_file {
+            if let Ok(t) = std::fs::read_to_string(f) {
+                return Some(t.trim().to_string());
+            }
+        }
+        self.cfg.token.clone()
+    }
+
+    async fn send(
+        &self,
+        path: &str,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, KubeError> {
+        let mut req = self.http.get(format!("{}{}", self.cfg.server, path));
+        if let Some(t) = self.token() {
+            req = req.bearer_auth(t);
+        }
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        let resp = req.send().await.map_err(|source| KubeError::Http {
+            path: path.to_string(),
+            source,
+        })?;
+        if !resp.status().is_success() {
+            let code = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or(text);
+            return Err(KubeError::Status {
+                path: path.to_string(),
+                code,
+                message,
+            });
+        }
+        Ok(resp)
+    }
+
+    pub async fn get_json(&self, path: &str) -> Result<Value, KubeError> {
+        let resp = self.send(path, Some(Duration::from_secs(30))).await?;
+        resp.json().await.map_err(|e| KubeError::Decode {
+            path: path.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Opens a watch (`path` carries `watch=1` and the other query parameters).
+    pub async fn watch(&self, path: &str) -> Result<WatchStream, KubeError> {
+        let resp = self.send(path, None).await?;
+        Ok(WatchStream {
+            path: path.to_string(),
+            resp,
+            buf: Vec::new(),
+        })
+    }
+}
+
+/// A watch response, one JSON event per line.
+pub struct WatchStream {
+    path: String,
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+}
+
+impl WatchStream {
+    /// The next event; `None` when the server ended the watch. A line that is not an event is
+    /// an error (the caller lists again).
+    pub async fn next(&mut self, idle: Duration) -> Result<Option<WatchEvent>, KubeError> {
+        loop {
+            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=nl).collect();
+                let line = line.trim_ascii();
+                if line.is_empty() {
+                    continue;
+                }
+                return serde_json::from_slice(line)
+                    .map(Some)
+                    .map_err(|e| KubeError::Decode {
+                        path: self.path.clone(),
+                        reason: format!("watch event: {e}"),
+                    });
+            }
+            let chunk = tokio::time::timeout(idle, self.resp.chunk())
+                .await
+                .map_err(|_| KubeError::Decode {
+                    path: self.path.clone(),
+                    reason: format!("no event or bookmark for {idle:?}"),
+                })?
+                .map_err(|source| KubeError::Http {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            match chunk {
+                Some(c) => self.buf.extend_from_slice(&c),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Percent-encodes a query value (label selectors carry `=` and `,`).
+pub fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfig_with_token_and_inline_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\ncurrent-context: dev\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443/\n    certificate-authority-data: aGVsbG8=\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: dev\n  context:\n    cluster: c\n    user: u\n    namespace: team\n",
+        )
+        .unwrap();
+        let c = KubeConfig::from_kubeconfig(&path).unwrap();
+        assert_eq!(c.server, "https://127.0.0.1:6443");
+        assert_eq!(c.token.as_deref(), Some("abc"));
+        assert_eq!(c.ca_pem.as_deref(), Some(&b"hello"[..]));
+        assert_eq!(c.namespace, "team");
+        std::fs::write(&path, "current-context: x\ncontexts: []\n").unwrap();
+        let e = KubeConfig::from_kubeconfig(&path).unwrap_err();
+        assert!(e.to_string().contains("\"x\""), "{e}");
+        assert_eq!(
+            encode("app=sglang,tier in (a)"),
+            "app%3Dsglang%2Ctier%20in%20%28a%29"
+        );
+    }
+}

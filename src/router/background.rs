@@ -1,0 +1,98 @@
+//! The router's background work: health checks of every worker on a timer, trimming of the
+//! cache-aware tree, and reading each new worker's served model name (for `/v1/models`).
+
+use crate::router::config::secs;
+use crate::router::worker::Worker;
+use crate::router::Shared;
+use http::Method;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Starts the health checker and the tree eviction timer.
+pub fn start(shared: &Arc<Shared>) {
+    if !shared.cfg.disable_health_check {
+        let s = shared.clone();
+        tokio::spawn(async move { health_loop(s).await });
+    }
+    let s = shared.clone();
+    tokio::spawn(async move {
+        let every = secs("eviction_interval_secs", s.cfg.eviction_interval_secs)
+            .unwrap_or(Duration::from_secs(60));
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            s.policy.evict();
+            s.prefill_policy.evict();
+            s.decode_policy.evict();
+        }
+    });
+}
+
+async fn health_loop(s: Arc<Shared>) {
+    let every = secs(
+        "health_check_interval_secs",
+        s.cfg.health_check_interval_secs,
+    )
+    .unwrap_or(Duration::from_secs(60));
+    let timeout = secs("health_check_timeout_secs", s.cfg.health_check_timeout_secs)
+        .unwrap_or(Duration::from_secs(5));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut set = tokio::task::JoinSet::new();
+        for w in s.registry.snapshot().iter().cloned() {
+            let s = s.clone();
+            set.spawn(async move {
+                let ok = matches!(
+                    s.call(&w, Method::GET, &s.cfg.health_check_endpoint, timeout).await,
+                    Ok((st, _)) if st.is_success()
+                );
+                w.record_health(&s.health, ok);
+            });
+        }
+        while set.join_next().await.is_some() {}
+    }
+}
+
+/// The model a worker serves, from its server info (`served_model_name`, else `model_path`).
+pub fn model_from_server_info(v: &Value) -> Option<String> {
+    ["served_model_name", "model_path"]
+        .iter()
+        .find_map(|k| v.get(k).and_then(Value::as_str))
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// Reads a new worker's model name in the background (three tries over about 7 s). Nothing is
+/// downloaded: the router never resolves tokenizers or model paths.
+pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
+    if w.model_id.read().is_some() {
+        return;
+    }
+    tokio::spawn(async move {
+        for attempt in 0..3u32 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
+            }
+            for path in ["/server_info", "/get_server_info"] {
+                if let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await
+                {
+                    if st.is_success() {
+                        let model = serde_json::from_slice::<Value>(&body)
+                            .ok()
+                            .as_ref()
+                            .and_then(model_from_server_info);
+                        if let Some(m) = model {
+                            tracing::debug!(worker = %w.url, model = %m, "worker model");
+                            *w.model_id.write() = Some(m);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}

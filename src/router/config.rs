@@ -1,0 +1,760 @@
+//! `rbgctl router` configuration. Flags are named as in sglang-router 0.3.2 (`--worker-urls`,
+//! `--policy`, `--cache-threshold`, `--pd-disaggregation --prefill URL [PORT] --decode URL`, ...)
+//! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
+//! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
+
+use crate::config::{load_toml, ConfigError};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How a worker is chosen for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PolicyKind {
+    Random,
+    RoundRobin,
+    /// Two random workers; the one with fewer requests in flight wins.
+    PowerOfTwo,
+    /// Longest cached prefix (approximate radix tree per worker), unless load is imbalanced.
+    CacheAware,
+    /// Rendezvous hashing of the `X-SMG-Routing-Key` (or `X-Session-Id`) header, so a
+    /// conversation sticks to one worker; `X-SMG-Target-Worker` names a worker directly.
+    ConsistentHashing,
+}
+
+impl PolicyKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Random => "random",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+        }
+    }
+}
+
+/// A prefill worker of a disaggregated deployment.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillSpec {
+    pub url: String,
+    /// Port of the worker's KV bootstrap server, sent to both sides as `bootstrap_port`;
+    /// `None` sends `null`.
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Default `0.0.0.0` (as sglang-router).
+    pub host: String,
+    /// Default 30000.
+    pub port: u16,
+    /// Workers of a regular (not disaggregated) deployment.
+    pub worker_urls: Vec<String>,
+    /// Default `cache_aware`.
+    pub policy: PolicyKind,
+    /// PD only; falls back to `policy`.
+    pub prefill_policy: Option<PolicyKind>,
+    /// PD only; falls back to `policy`.
+    pub decode_policy: Option<PolicyKind>,
+    /// cache_aware: a match of more than this fraction of the request text goes to the worker
+    /// that has it. Default 0.3.
+    pub cache_threshold: f64,
+    /// cache_aware: load is imbalanced when max − min in-flight exceeds this ... Default 64.
+    pub balance_abs_threshold: usize,
+    /// ... and max exceeds min × this. Default 1.5.
+    pub balance_rel_threshold: f64,
+    /// cache_aware: how often the tree is trimmed to `max_tree_size`. Default 60 s.
+    pub eviction_interval_secs: f64,
+    /// cache_aware: characters of request text kept per worker. Default 2^26.
+    pub max_tree_size: usize,
+    /// Largest request body accepted. Default 512 MiB.
+    pub max_payload_size: usize,
+    /// Prefill/decode disaggregation. Default false.
+    pub pd_disaggregation: bool,
+    pub prefill: Vec<PrefillSpec>,
+    pub decode: Vec<String>,
+    /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
+    pub service_discovery: bool,
+    /// `key=value` labels a regular worker pod must carry.
+    pub selector: Vec<String>,
+    pub prefill_selector: Vec<String>,
+    pub decode_selector: Vec<String>,
+    /// Port of discovered pods' HTTP server. Default 80.
+    pub service_discovery_port: u16,
+    /// Namespace to watch; all namespaces when unset.
+    pub service_discovery_namespace: Option<String>,
+    /// RBG discovery file (`/etc/rbg/config.yaml` in a RoleBasedGroup pod). Unset: not used.
+    pub rbg_config: Option<PathBuf>,
+    /// Role of the regular workers in the RBG discovery file.
+    pub rbg_role: Option<String>,
+    /// Roles of prefill and decode workers in the RBG discovery file (PD).
+    pub rbg_prefill_role: Option<String>,
+    pub rbg_decode_role: Option<String>,
+    /// Port name (as in `servicePorts`, lower case, `-` → `_`) of the workers' HTTP server;
+    /// when unset the role's only port, else `http`, else the first by name.
+    pub rbg_port_name: Option<String>,
+    /// Port name of the prefill workers' bootstrap server (PD). Unset: `bootstrap_port` null.
+    pub rbg_bootstrap_port_name: Option<String>,
+    /// How often the RBG discovery file is re-read. Default 2 s.
+    pub rbg_poll_secs: f64,
+    /// `/metrics` also on a separate listener; port 0 turns it off. Default `0.0.0.0:29000`.
+    pub prometheus_host: String,
+    pub prometheus_port: u16,
+    /// Headers a request id is taken from, first match wins.
+    pub request_id_headers: Vec<String>,
+    /// Longest wait for a worker's response headers. Default 1800 s.
+    pub request_timeout_secs: f64,
+    /// Requests proxied at once; −1 is unlimited. Default −1.
+    pub max_concurrent_requests: i64,
+    /// Requests waiting for a slot; beyond it 429. Default 100.
+    pub queue_size: usize,
+    /// Longest wait in the queue; then 408. Default 60 s.
+    pub queue_timeout_secs: f64,
+    /// Default 5.
+    pub retry_max_retries: u32,
+    /// Default 50.
+    pub retry_initial_backoff_ms: u64,
+    /// Default 30000.
+    pub retry_max_backoff_ms: u64,
+    /// Default 1.5.
+    pub retry_backoff_multiplier: f64,
+    /// Default 0.2.
+    pub retry_jitter_factor: f64,
+    pub disable_retries: bool,
+    /// Consecutive failures that open a worker's circuit. Default 10.
+    pub cb_failure_threshold: u32,
+    /// Consecutive successes in half-open that close it. Default 3.
+    pub cb_success_threshold: u32,
+    /// Open → half-open after this. Default 60 s.
+    pub cb_timeout_duration_secs: f64,
+    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
+    pub cb_window_duration_secs: f64,
+    pub disable_circuit_breaker: bool,
+    /// Default 3.
+    pub health_failure_threshold: u32,
+    /// Default 2.
+    pub health_success_threshold: u32,
+    /// Default 5 s.
+    pub health_check_timeout_secs: f64,
+    /// Default 60 s.
+    pub health_check_interval_secs: f64,
+    /// Default `/health`.
+    pub health_check_endpoint: String,
+    pub disable_health_check: bool,
+    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
+    pub api_key: Option<String>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            host: "0.0.0.0".into(),
+            port: 30000,
+            worker_urls: Vec::new(),
+            policy: PolicyKind::CacheAware,
+            prefill_policy: None,
+            decode_policy: None,
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            eviction_interval_secs: 60.0,
+            max_tree_size: 1 << 26,
+            max_payload_size: 512 << 20,
+            pd_disaggregation: false,
+            prefill: Vec::new(),
+            decode: Vec::new(),
+            service_discovery: false,
+            selector: Vec::new(),
+            prefill_selector: Vec::new(),
+            decode_selector: Vec::new(),
+            service_discovery_port: 80,
+            service_discovery_namespace: None,
+            rbg_config: None,
+            rbg_role: None,
+            rbg_prefill_role: None,
+            rbg_decode_role: None,
+            rbg_port_name: None,
+            rbg_bootstrap_port_name: None,
+            rbg_poll_secs: 2.0,
+            prometheus_host: "0.0.0.0".into(),
+            prometheus_port: 29000,
+            request_id_headers: [
+                "x-request-id",
+                "x-correlation-id",
+                "x-trace-id",
+                "request-id",
+            ]
+            .map(String::from)
+            .to_vec(),
+            request_timeout_secs: 1800.0,
+            max_concurrent_requests: -1,
+            queue_size: 100,
+            queue_timeout_secs: 60.0,
+            retry_max_retries: 5,
+            retry_initial_backoff_ms: 50,
+            retry_max_backoff_ms: 30_000,
+            retry_backoff_multiplier: 1.5,
+            retry_jitter_factor: 0.2,
+            disable_retries: false,
+            cb_failure_threshold: 10,
+            cb_success_threshold: 3,
+            cb_timeout_duration_secs: 60.0,
+            cb_window_duration_secs: 120.0,
+            disable_circuit_breaker: false,
+            health_failure_threshold: 3,
+            health_success_threshold: 2,
+            health_check_timeout_secs: 5.0,
+            health_check_interval_secs: 60.0,
+            health_check_endpoint: "/health".into(),
+            disable_health_check: false,
+            api_key: None,
+        }
+    }
+}
+
+/// Seconds as given on the command line, checked to be finite and not negative.
+pub fn secs(field: &str, value: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| ConfigError::invalid(field, format!("not a duration in seconds: {value}")))
+}
+
+/// A `key=value` label selector term.
+pub fn parse_selector(field: &str, terms: &[String]) -> Result<Vec<(String, String)>, ConfigError> {
+    terms
+        .iter()
+        .map(|t| match t.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().into(), v.trim().into())),
+            _ => Err(ConfigError::invalid(
+                field,
+                format!("expected key=value, got {t:?}"),
+            )),
+        })
+        .collect()
+}
+
+/// A worker URL: `http://host:port` (a bare `host:port` gets `http://`), no trailing slash.
+pub fn normalize_url(field: &str, url: &str) -> Result<String, ConfigError> {
+    let url = url.trim().trim_end_matches('/');
+    let full = if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let uri: http::Uri = full
+        .parse()
+        .map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => Ok(full),
+        (Some("http"), Some(_)) => Err(ConfigError::invalid(
+            field,
+            format!("{url:?}: a worker URL has no path"),
+        )),
+        (Some(s), _) if s != "http" => Err(ConfigError::invalid(
+            field,
+            format!("{url:?}: only http:// workers are supported"),
+        )),
+        _ => Err(ConfigError::invalid(field, format!("{url:?}: no host"))),
+    }
+}
+
+/// Flags of `rbgctl router`, spelled as sglang-router's.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct RouterArgs {
+    /// TOML config file (see config/router.toml).
+    #[arg(long, env = "RBGCTL_ROUTER_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Regular workers (`http://host:port`).
+    #[arg(long, num_args = 1..)]
+    pub worker_urls: Vec<String>,
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyKind>,
+    #[arg(long, value_enum)]
+    pub prefill_policy: Option<PolicyKind>,
+    #[arg(long, value_enum)]
+    pub decode_policy: Option<PolicyKind>,
+    #[arg(long)]
+    pub cache_threshold: Option<f64>,
+    #[arg(long)]
+    pub balance_abs_threshold: Option<usize>,
+    #[arg(long)]
+    pub balance_rel_threshold: Option<f64>,
+    #[arg(long)]
+    pub eviction_interval_secs: Option<f64>,
+    #[arg(long)]
+    pub max_tree_size: Option<usize>,
+    #[arg(long)]
+    pub max_payload_size: Option<usize>,
+    #[arg(long)]
+    pub pd_disaggregation: bool,
+    /// A prefill worker and, optionally, its bootstrap port (or `none`). Repeatable.
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
+    pub prefill: Vec<String>,
+    /// A decode worker. Repeatable.
+    #[arg(long, action = clap::ArgAction::Append)]
+    pub decode: Vec<String>,
+    #[arg(long)]
+    pub service_discovery: bool,
+    #[arg(long, num_args = 1..)]
+    pub selector: Vec<String>,
+    #[arg(long, num_args = 1..)]
+    pub prefill_selector: Vec<String>,
+    #[arg(long, num_args = 1..)]
+    pub decode_selector: Vec<String>,
+    #[arg(long)]
+    pub service_discovery_port: Option<u16>,
+    #[arg(long)]
+    pub service_discovery_namespace: Option<String>,
+    /// RBG discovery file, usually /etc/rbg/config.yaml.
+    #[arg(long)]
+    pub rbg_config: Option<PathBuf>,
+    #[arg(long)]
+    pub rbg_role: Option<String>,
+    #[arg(long)]
+    pub rbg_prefill_role: Option<String>,
+    #[arg(long)]
+    pub rbg_decode_role: Option<String>,
+    #[arg(long)]
+    pub rbg_port_name: Option<String>,
+    #[arg(long)]
+    pub rbg_bootstrap_port_name: Option<String>,
+    #[arg(long)]
+    pub rbg_poll_secs: Option<f64>,
+    #[arg(long)]
+    pub prometheus_host: Option<String>,
+    /// 0 turns the separate metrics listener off (`/metrics` stays on the main port).
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
+    #[arg(long, num_args = 1..)]
+    pub request_id_headers: Vec<String>,
+    #[arg(long)]
+    pub request_timeout_secs: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    pub max_concurrent_requests: Option<i64>,
+    #[arg(long)]
+    pub queue_size: Option<usize>,
+    #[arg(long)]
+    pub queue_timeout_secs: Option<f64>,
+    #[arg(long)]
+    pub retry_max_retries: Option<u32>,
+    #[arg(long)]
+    pub retry_initial_backoff_ms: Option<u64>,
+    #[arg(long)]
+    pub retry_max_backoff_ms: Option<u64>,
+    #[arg(long)]
+    pub retry_backoff_multiplier: Option<f64>,
+    #[arg(long)]
+    pub retry_jitter_factor: Option<f64>,
+    #[arg(long)]
+    pub disable_retries: bool,
+    #[arg(long)]
+    pub cb_failure_threshold: Option<u32>,
+    #[arg(long)]
+    pub cb_success_threshold: Option<u32>,
+    #[arg(long)]
+    pub cb_timeout_duration_secs: Option<f64>,
+    #[arg(long)]
+    pub cb_window_duration_secs: Option<f64>,
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+    #[arg(long)]
+    pub health_failure_threshold: Option<u32>,
+    #[arg(long)]
+    pub health_success_threshold: Option<u32>,
+    #[arg(long)]
+    pub health_check_timeout_secs: Option<f64>,
+    #[arg(long)]
+    pub health_check_interval_secs: Option<f64>,
+    #[arg(long)]
+    pub health_check_endpoint: Option<String>,
+    #[arg(long)]
+    pub disable_health_check: bool,
+    #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
+    pub api_key: Option<String>,
+    /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters.
+    #[arg(long)]
+    pub log_level: Option<String>,
+}
+
+/// Splits the values of every `--prefill URL [PORT|none]` into one group per URL: a value
+/// without a `:` (a port, `none`, or a mistake; never a `host:port` URL) belongs to the URL
+/// before it.
+fn group_prefill(values: &[String]) -> Vec<Vec<String>> {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for v in values {
+        let is_port = !v.contains(':');
+        match groups.last_mut() {
+            Some(g) if is_port && g.len() == 1 => g.push(v.clone()),
+            _ => groups.push(vec![v.clone()]),
+        }
+    }
+    groups
+}
+
+/// Parses one `--prefill URL [PORT|none]` occurrence.
+fn prefill_spec(values: &[String]) -> Result<PrefillSpec, ConfigError> {
+    let url = values
+        .first()
+        .ok_or_else(|| ConfigError::invalid("router.prefill", "expected URL [BOOTSTRAP_PORT]"))?;
+    let bootstrap_port = match values.get(1).map(|s| s.trim()) {
+        None => None,
+        Some(p) if p.eq_ignore_ascii_case("none") => None,
+        Some(p) => Some(u16::from_str(p).map_err(|_| {
+            ConfigError::invalid(
+                "router.prefill",
+                format!("bootstrap port of {url}: expected a port or `none`, got {p:?}"),
+            )
+        })?),
+    };
+    Ok(PrefillSpec {
+        url: url.clone(),
+        bootstrap_port,
+    })
+}
+
+impl RouterArgs {
+    /// Layers the file, then these flags, over the defaults, and validates the result.
+    pub fn resolve(&self) -> Result<RouterConfig, ConfigError> {
+        let mut c: RouterConfig = match &self.config {
+            Some(path) => load_toml(path)?,
+            None => RouterConfig::default(),
+        };
+        macro_rules! set {
+            ($($field:ident),* $(,)?) => {
+                $( if let Some(v) = &self.$field { c.$field = v.clone(); } )*
+            };
+        }
+        macro_rules! set_list {
+            ($($field:ident),* $(,)?) => {
+                $( if !self.$field.is_empty() { c.$field = self.$field.clone(); } )*
+            };
+        }
+        macro_rules! set_flag {
+            ($($field:ident),* $(,)?) => {
+                $( if self.$field { c.$field = true; } )*
+            };
+        }
+        set!(
+            host,
+            port,
+            cache_threshold,
+            balance_abs_threshold,
+            balance_rel_threshold,
+            eviction_interval_secs,
+            max_tree_size,
+            max_payload_size,
+            service_discovery_port,
+            rbg_poll_secs,
+            prometheus_host,
+            prometheus_port,
+            request_timeout_secs,
+            max_concurrent_requests,
+            queue_size,
+            queue_timeout_secs,
+            retry_max_retries,
+            retry_initial_backoff_ms,
+            retry_max_backoff_ms,
+            retry_backoff_multiplier,
+            retry_jitter_factor,
+            cb_failure_threshold,
+            cb_success_threshold,
+            cb_timeout_duration_secs,
+            cb_window_duration_secs,
+            health_failure_threshold,
+            health_success_threshold,
+            health_check_timeout_secs,
+            health_check_interval_secs,
+            health_check_endpoint,
+        );
+        if let Some(p) = self.policy {
+            c.policy = p;
+        }
+        if self.prefill_policy.is_some() {
+            c.prefill_policy = self.prefill_policy;
+        }
+        if self.decode_policy.is_some() {
+            c.decode_policy = self.decode_policy;
+        }
+        macro_rules! set_opt {
+            ($($field:ident),* $(,)?) => {
+                $( if self.$field.is_some() { c.$field = self.$field.clone(); } )*
+            };
+        }
+        set_opt!(
+            service_discovery_namespace,
+            rbg_config,
+            rbg_role,
+            rbg_prefill_role,
+            rbg_decode_role,
+            rbg_port_name,
+            rbg_bootstrap_port_name,
+            api_key,
+        );
+        set_list!(
+            worker_urls,
+            decode,
+            selector,
+            prefill_selector,
+            decode_selector,
+            request_id_headers
+        );
+        set_flag!(
+            pd_disaggregation,
+            service_discovery,
+            disable_retries,
+            disable_circuit_breaker,
+            disable_health_check
+        );
+        if !self.prefill.is_empty() {
+            c.prefill = group_prefill(&self.prefill)
+                .iter()
+                .map(|v| prefill_spec(v))
+                .collect::<Result<_, _>>()?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+impl RouterConfig {
+    /// Checks ranges and combinations; every error names the field.
+    pub fn validate(&mut self) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.cache_threshold) {
+            return Err(ConfigError::invalid(
+                "router.cache_threshold",
+                format!("must be in [0, 1], got {}", self.cache_threshold),
+            ));
+        }
+        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
+            return Err(ConfigError::invalid(
+                "router.balance_rel_threshold",
+                format!("must be at least 1, got {}", self.balance_rel_threshold),
+            ));
+        }
+        if !(self.retry_backoff_multiplier.is_finite() && self.retry_backoff_multiplier >= 1.0) {
+            return Err(ConfigError::invalid(
+                "router.retry_backoff_multiplier",
+                format!("must be at least 1, got {}", self.retry_backoff_multiplier),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.retry_jitter_factor) {
+            return Err(ConfigError::invalid(
+                "router.retry_jitter_factor",
+                format!("must be in [0, 1], got {}", self.retry_jitter_factor),
+            ));
+        }
+        if self.max_concurrent_requests < -1 || self.max_concurrent_requests == 0 {
+            return Err(ConfigError::invalid(
+                "router.max_concurrent_requests",
+                format!(
+                    "must be positive, or -1 for no limit; got {}",
+                    self.max_concurrent_requests
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("router.eviction_interval_secs", self.eviction_interval_secs),
+            ("router.rbg_poll_secs", self.rbg_poll_secs),
+            ("router.request_timeout_secs", self.request_timeout_secs),
+            ("router.queue_timeout_secs", self.queue_timeout_secs),
+            (
+                "router.cb_timeout_duration_secs",
+                self.cb_timeout_duration_secs,
+            ),
+            (
+                "router.cb_window_duration_secs",
+                self.cb_window_duration_secs,
+            ),
+            (
+                "router.health_check_timeout_secs",
+                self.health_check_timeout_secs,
+            ),
+            (
+                "router.health_check_interval_secs",
+                self.health_check_interval_secs,
+            ),
+        ] {
+            let d = secs(field, v)?;
+            if d.is_zero() {
+                return Err(ConfigError::invalid(field, "must be more than 0"));
+            }
+        }
+        for (field, v) in [
+            ("router.cb_failure_threshold", self.cb_failure_threshold),
+            ("router.cb_success_threshold", self.cb_success_threshold),
+            (
+                "router.health_failure_threshold",
+                self.health_failure_threshold,
+            ),
+            (
+                "router.health_success_threshold",
+                self.health_success_threshold,
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(field, "must be at least 1"));
+            }
+        }
+        if !self.health_check_endpoint.starts_with('/') {
+            return Err(ConfigError::invalid(
+                "router.health_check_endpoint",
+                format!("must start with '/', got {:?}", self.health_check_endpoint),
+            ));
+        }
+        for u in &mut self.worker_urls {
+            *u = normalize_url("router.worker_urls", u)?;
+        }
+        for p in &mut self.prefill {
+            p.url = normalize_url("router.prefill", &p.url)?;
+        }
+        for u in &mut self.decode {
+            *u = normalize_url("router.decode", u)?;
+        }
+        parse_selector("router.selector", &self.selector)?;
+        parse_selector("router.prefill_selector", &self.prefill_selector)?;
+        parse_selector("router.decode_selector", &self.decode_selector)?;
+        if self.pd_disaggregation {
+            if !self.worker_urls.is_empty() {
+                return Err(ConfigError::invalid(
+                    "router.worker_urls",
+                    "with --pd-disaggregation, give workers as --prefill and --decode",
+                ));
+            }
+            if self.rbg_config.is_some()
+                && (self.rbg_prefill_role.is_none() || self.rbg_decode_role.is_none())
+            {
+                return Err(ConfigError::invalid(
+                    "router.rbg_prefill_role",
+                    "PD discovery from the RBG file needs --rbg-prefill-role and --rbg-decode-role",
+                ));
+            }
+        } else {
+            if !self.prefill.is_empty() || !self.decode.is_empty() {
+                return Err(ConfigError::invalid(
+                    "router.prefill",
+                    "--prefill/--decode need --pd-disaggregation",
+                ));
+            }
+            if self.rbg_config.is_some() && self.rbg_role.is_none() {
+                return Err(ConfigError::invalid(
+                    "router.rbg_role",
+                    "--rbg-config needs --rbg-role (the role whose instances are workers)",
+                ));
+            }
+        }
+        if self.service_discovery
+            && self.selector.is_empty()
+            && self.prefill_selector.is_empty()
+            && self.decode_selector.is_empty()
+        {
+            return Err(ConfigError::invalid(
+                "router.selector",
+                "--service-discovery needs --selector (or --prefill-selector/--decode-selector)",
+            ));
+        }
+        if let Some(k) = &self.api_key {
+            if k.is_empty() {
+                return Err(ConfigError::invalid("router.api_key", "must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn prefill_policy(&self) -> PolicyKind {
+        self.prefill_policy.unwrap_or(self.policy)
+    }
+
+    pub fn decode_policy(&self) -> PolicyKind {
+        self.decode_policy.unwrap_or(self.policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: RouterArgs,
+    }
+
+    fn resolve(line: &str) -> Result<RouterConfig, ConfigError> {
+        let argv = std::iter::once("router").chain(line.split_whitespace());
+        Cmd::try_parse_from(argv)
+            .expect("flags parse")
+            .args
+            .resolve()
+    }
+
+    #[test]
+    fn sglang_router_launch_lines_parse() {
+        let c = resolve(
+            "--pd-disaggregation --prefill http://10.0.0.1:30000 8998 --prefill 10.0.0.2:30000 none \
+             --prefill http://10.0.0.3:30000 --decode http://10.0.0.4:30000 --decode http://10.0.0.5:30000/ \
+             --prefill-policy cache_aware --decode-policy round_robin --host 127.0.0.1 --port 8000",
+        )
+        .unwrap();
+        assert!(c.pd_disaggregation);
+        assert_eq!(
+            c.prefill,
+            vec![
+                PrefillSpec {
+                    url: "http://10.0.0.1:30000".into(),
+                    bootstrap_port: Some(8998)
+                },
+                PrefillSpec {
+                    url: "http://10.0.0.2:30000".into(),
+                    bootstrap_port: None
+                },
+                PrefillSpec {
+                    url: "http://10.0.0.3:30000".into(),
+                    bootstrap_port: None
+                },
+            ]
+        );
+        assert_eq!(c.decode, ["http://10.0.0.4:30000", "http://10.0.0.5:30000"]);
+        assert_eq!(c.prefill_policy(), PolicyKind::CacheAware);
+        assert_eq!(c.decode_policy(), PolicyKind::RoundRobin);
+
+        let c = resolve("--worker-urls http://a:1 http://b:2 --policy power_of_two").unwrap();
+        assert_eq!(c.worker_urls.len(), 2);
+        assert_eq!(c.policy, PolicyKind::PowerOfTwo);
+        assert_eq!(c.cache_threshold, 0.3);
+        assert_eq!(c.balance_abs_threshold, 64);
+        assert_eq!(c.max_tree_size, 1 << 26);
+        assert_eq!(c.port, 30000);
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let e = resolve("--prefill http://a:1 abc --pd-disaggregation").unwrap_err();
+        assert!(e.to_string().contains("router.prefill"), "{e}");
+        let e = resolve("--worker-urls https://a:1").unwrap_err();
+        assert!(e.to_string().contains("only http://"), "{e}");
+        let e = resolve("--cache-threshold 1.5").unwrap_err();
+        assert!(e.to_string().contains("router.cache_threshold"), "{e}");
+        let e = resolve("--decode http://a:1").unwrap_err();
+        assert!(e.to_string().contains("--pd-disaggregation"), "{e}");
+        let e = resolve("--max-concurrent-requests 0").unwrap_err();
+        assert!(
+            e.to_string().contains("router.max_concurrent_requests"),
+            "{e}"
+        );
+        let e = resolve("--service-discovery").unwrap_err();
+        assert!(e.to_string().contains("--selector"), "{e}");
+        let e = resolve("--selector app").unwrap_err();
+        assert!(e.to_string().contains("key=value"), "{e}");
+    }
+}

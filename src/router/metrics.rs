@@ -1,0 +1,307 @@
+//! The router's Prometheus metrics. Names follow sglang-router 0.3.2 (`smg_*`) where the
+//! meaning is the same, so existing dashboards keep working.
+
+use crate::router::request::Endpoint;
+use crate::router::worker::{BreakerConfig, Worker};
+use crate::telemetry::PromText;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BUCKETS_S: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS_S.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = BUCKETS_S.iter().position(|&ub| s <= ub) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, prom: &mut PromText, name: &str, labels: &[(&str, &str)]) {
+        let bucket = format!("{name}_bucket");
+        let mut cumulative = 0;
+        for (i, ub) in BUCKETS_S.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            let le = ub.to_string();
+            let mut l = labels.to_vec();
+            l.push(("le", &le));
+            prom.sample(&bucket, &l, cumulative as f64);
+        }
+        let count = self.count.load(Ordering::Relaxed) as f64;
+        let mut l = labels.to_vec();
+        l.push(("le", "+Inf"));
+        prom.sample(&bucket, &l, count);
+        prom.sample(
+            &format!("{name}_sum"),
+            labels,
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        );
+        prom.sample(&format!("{name}_count"), labels, count);
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    /// By endpoint × streaming.
+    requests: [[AtomicU64; 2]; 3],
+    /// Time to the worker's response headers, by endpoint.
+    duration: [Histogram; 3],
+    /// (endpoint, error kind) → count.
+    errors: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    pub retries: AtomicU64,
+    pub retries_exhausted: AtomicU64,
+    pub rate_limited_429: AtomicU64,
+    pub queue_timeouts_408: AtomicU64,
+    pub stream_errors: AtomicU64,
+    pub pd_dispatches: AtomicU64,
+    pub auth_failures: AtomicU64,
+}
+
+impl Metrics {
+    pub fn request(&self, e: Endpoint, stream: bool) {
+        self.requests[e.index()][stream as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn duration(&self, e: Endpoint, d: Duration) {
+        self.duration[e.index()].observe(d);
+    }
+
+    pub fn error(&self, e: &'static str, kind: &'static str) {
+        *self.errors.lock().entry((e, kind)).or_default() += 1;
+    }
+
+    pub fn requests_total(&self) -> u64 {
+        self.requests
+            .iter()
+            .flatten()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub fn render(
+        &self,
+        workers: &[Arc<Worker>],
+        cb: &BreakerConfig,
+        running: usize,
+        queued: usize,
+    ) -> String {
+        let mut p = PromText::new();
+        const ENDPOINTS: [Endpoint; 3] =
+            [Endpoint::Generate, Endpoint::Chat, Endpoint::Completions];
+        p.family(
+            "smg_router_requests_total",
+            "counter",
+            "Inference requests received, by endpoint and streaming.",
+        );
+        for e in ENDPOINTS {
+            for (s, name) in [(0, "false"), (1, "true")] {
+                p.sample(
+                    "smg_router_requests_total",
+                    &[("endpoint", e.name()), ("streaming", name)],
+                    self.requests[e.index()][s].load(Ordering::Relaxed) as f64,
+                );
+            }
+        }
+        p.family(
+            "smg_router_request_duration_seconds",
+            "histogram",
+            "Time from a request's arrival to the worker's response headers.",
+        );
+        for e in ENDPOINTS {
+            self.duration[e.index()].render(
+                &mut p,
+                "smg_router_request_duration_seconds",
+                &[("endpoint", e.name())],
+            );
+        }
+        p.family(
+            "smg_router_request_errors_total",
+            "counter",
+            "Requests answered with an error, by endpoint and kind.",
+        );
+        for ((e, kind), n) in self.errors.lock().iter() {
+            p.sample(
+                "smg_router_request_errors_total",
+                &[("endpoint", e), ("error_type", kind)],
+                *n as f64,
+            );
+        }
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        p.single(
+            "smg_worker_retries_total",
+            "counter",
+            "Attempts repeated on a worker chosen anew.",
+            load(&self.retries),
+        );
+        p.single(
+            "smg_worker_retries_exhausted_total",
+            "counter",
+            "Requests that failed after every retry.",
+            load(&self.retries_exhausted),
+        );
+        p.family(
+            "smg_http_rate_limit_total",
+            "counter",
+            "Requests turned away by the concurrency limit.",
+        );
+        p.sample(
+            "smg_http_rate_limit_total",
+            &[("decision", "rejected_queue_full")],
+            load(&self.rate_limited_429),
+        );
+        p.sample(
+            "smg_http_rate_limit_total",
+            &[("decision", "rejected_queue_timeout")],
+            load(&self.queue_timeouts_408),
+        );
+        p.single(
+            "rbgctl_router_running_requests",
+            "gauge",
+            "Requests holding a concurrency slot (0 when unlimited).",
+            running as f64,
+        );
+        p.single(
+            "rbgctl_router_queued_requests",
+            "gauge",
+            "Requests waiting for a concurrency slot.",
+            queued as f64,
+        );
+        p.single(
+            "rbgctl_router_stream_errors_total",
+            "counter",
+            "Streams cut by their worker after the response had started.",
+            load(&self.stream_errors),
+        );
+        p.single(
+            "rbgctl_router_pd_dispatches_total",
+            "counter",
+            "Requests sent to a prefill and a decode worker together.",
+            load(&self.pd_dispatches),
+        );
+        p.single(
+            "rbgctl_router_auth_failures_total",
+            "counter",
+            "Requests refused for a missing or wrong API key.",
+            load(&self.auth_failures),
+        );
+        p.single(
+            "smg_worker_pool_size",
+            "gauge",
+            "Registered workers.",
+            workers.len() as f64,
+        );
+        type Col = (&'static str, &'static str, &'static str);
+        let cols: [Col; 9] = [
+            (
+                "smg_worker_health",
+                "gauge",
+                "1 if the worker passes its health checks.",
+            ),
+            (
+                "smg_worker_requests_active",
+                "gauge",
+                "Requests in flight on the worker.",
+            ),
+            (
+                "smg_worker_requests_total",
+                "counter",
+                "Requests sent to the worker.",
+            ),
+            (
+                "smg_worker_errors_total",
+                "counter",
+                "Failed requests on the worker.",
+            ),
+            (
+                "smg_worker_cb_state",
+                "gauge",
+                "Circuit state: 0 closed, 1 open, 2 half-open.",
+            ),
+            (
+                "smg_worker_cb_consecutive_failures",
+                "gauge",
+                "Consecutive failures.",
+            ),
+            (
+                "smg_worker_cb_consecutive_successes",
+                "gauge",
+                "Consecutive successes.",
+            ),
+            (
+                "smg_worker_health_checks_total",
+                "counter",
+                "Health checks, by result.",
+            ),
+            (
+                "smg_worker_cb_transitions_total",
+                "counter",
+                "Circuit state changes, by new state.",
+            ),
+        ];
+        let now = Instant::now();
+        for (i, (name, kind, help)) in cols.iter().enumerate() {
+            p.family(name, kind, help);
+            for w in workers {
+                let url = &*w.url;
+                let t = w.worker_type.name();
+                let base = [("worker", url), ("worker_type", t)];
+                let c = &w.counters;
+                let (fails, succs) = w.circuit_counts();
+                match i {
+                    0 => p.sample(name, &base, w.healthy() as u8 as f64),
+                    1 => p.sample(name, &base, w.load() as f64),
+                    2 => p.sample(name, &base, load(&c.requests)),
+                    3 => p.sample(name, &base, load(&c.errors)),
+                    4 => p.sample(name, &base, w.circuit(cb, now).gauge()),
+                    5 => p.sample(name, &base, fails as f64),
+                    6 => p.sample(name, &base, succs as f64),
+                    7 => {
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("result", "ok")],
+                            load(&c.health_checks_ok),
+                        );
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("result", "failed")],
+                            load(&c.health_checks_failed),
+                        )
+                    }
+                    _ => {
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("to", "open")],
+                            load(&c.cb_opened),
+                        );
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("to", "half_open")],
+                            load(&c.cb_half_opened),
+                        );
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("to", "closed")],
+                            load(&c.cb_closed),
+                        )
+                    }
+                };
+            }
+        }
+        p.finish()
+    }
+}

@@ -1,0 +1,711 @@
+//! Sending a request to workers and relaying the answer: worker choice, retries with backoff on
+//! a worker chosen anew, the circuit breaker's outcomes, prefill/decode dual dispatch, and the
+//! response body relayed frame by frame as the worker sends it (a stream cut by its worker ends
+//! with an SSE error event, never a hang).
+
+use crate::router::policy::{Candidate, Policy, RouteInput};
+use crate::router::request::{
+    backoff, error_body, inject_bootstrap, random_room, retryable, Endpoint, RouteInfo,
+};
+use crate::router::worker::{LoadGuard, Worker, WorkerType};
+use crate::router::Shared;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::sync::OwnedSemaphorePermit;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Request headers passed on to workers (sglang-router's list, plus `accept`).
+fn forwarded(name: &str) -> bool {
+    matches!(
+        name,
+        "authorization"
+            | "x-correlation-id"
+            | "traceparent"
+            | "tracestate"
+            | "x-smg-routing-key"
+            | "accept"
+    ) || name.starts_with("x-request-id-")
+}
+
+/// Response headers that belong to one connection and are not relayed.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+    )
+}
+
+/// A JSON error response.
+pub fn error_response(status: StatusCode, kind: &str, message: &str, rid: &str) -> Response<Body> {
+    let mut r = Response::new(Body::from(error_body(status.as_u16(), kind, message)));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        h.insert("x-request-id", v);
+    }
+    r
+}
+
+/// Everything a request holds until its response body has been sent.
+struct Held {
+    _load: Vec<LoadGuard>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// A worker's response body, relayed frame by frame.
+struct Relay {
+    inner: Incoming,
+    sse: bool,
+    done: bool,
+    worker: Arc<Worker>,
+    shared: Arc<Shared>,
+    _held: Held,
+}
+
+impl http_body::Body for Relay {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done = true;
+                this.shared
+                    .metrics
+                    .stream_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                this.worker.record_outcome(&this.shared.cb, false);
+                tracing::warn!(worker = %this.worker.url, error = %e, "worker cut the response");
+                if this.sse {
+                    let msg = format!(
+                        "worker {} closed the stream before it ended: {e}",
+                        this.worker.url
+                    );
+                    let event = format!("data: {}\n\n", error_body(502, "upstream_error", &msg));
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+                } else {
+                    Poll::Ready(Some(Err(Box::new(e))))
+                }
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// What one attempt came to.
+enum Attempt {
+    /// The answer for the client (success, or an error not worth retrying).
+    Done(Response<Body>),
+    /// Worth another try on another worker; the response to give if none is left.
+    Retry {
+        tried: Vec<Arc<str>>,
+        fallback: Response<Body>,
+    },
+}
+
+impl Shared {
+    /// The available workers of one type, leaving out those already tried when others remain.
+    fn candidates(&self, t: WorkerType, tried: &[Arc<str>]) -> Vec<Arc<Worker>> {
+        let now = Instant::now();
+        let all: Vec<Arc<Worker>> = self
+            .registry
+            .snapshot()
+            .iter()
+            .filter(|w| w.worker_type == t && w.available(&self.cb, now))
+            .cloned()
+            .collect();
+        if tried.is_empty() {
+            return all;
+        }
+        let fresh: Vec<Arc<Worker>> = all
+            .iter()
+            .filter(|w| !tried.iter().any(|t| **t == *w.url))
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
+            all
+        } else {
+            fresh
+        }
+    }
+
+    fn choose(
+        &self,
+        policy: &Policy,
+        t: WorkerType,
+        input: &RouteInput,
+        tried: &[Arc<str>],
+    ) -> Option<Arc<Worker>> {
+        let workers = self.candidates(t, tried);
+        let cands: Vec<Candidate> = workers
+            .iter()
+            .map(|w| Candidate {
+                url: w.url.clone(),
+                load: w.load(),
+                processed: w.processed(),
+            })
+            .collect();
+        policy.select(&cands, input).map(|i| workers[i].clone())
+    }
+
+    fn upstream_request(
+        &self,
+        worker: &Worker,
+        method: Method,
+        path: &str,
+        client_headers: &HeaderMap,
+        rid: &str,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, http::Error> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("{}{}", worker.url, path))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", rid);
+        for (name, value) in client_headers {
+            if forwarded(name.as_str()) {
+                b = b.header(name, value);
+            }
+        }
+        if !client_headers.contains_key(header::AUTHORIZATION) {
+            if let Some(key) = &worker.api_key {
+                b = b.header(header::AUTHORIZATION, format!("Bearer {key}"));
+            }
+        }
+        b.body(Full::new(body))
+    }
+
+    /// Sends and waits for the response headers, within the request timeout.
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, String> {
+        match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(describe(&e)),
+            Err(_) => Err(format!(
+                "no response headers within {:?}",
+                self.request_timeout
+            )),
+        }
+    }
+
+    /// Proxies an inference request, retrying as configured.
+    pub async fn dispatch(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        body: Bytes,
+        info: &RouteInfo,
+        rid: &str,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        self.metrics.request(endpoint, info.stream);
+        let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let input = RouteInput {
+            text: &info.text,
+            routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
+            target_worker: header_str("x-smg-target-worker"),
+        };
+        let retries = if self.cfg.disable_retries {
+            0
+        } else {
+            self.cfg.retry_max_retries
+        };
+        let mut permit = permit;
+        let mut tried: Vec<Arc<str>> = Vec::new();
+        let mut last = None;
+        for attempt in 0..=retries {
+            if attempt > 0 {
+                self.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(backoff(&self.retry, attempt - 1, fastrand::f64())).await;
+            }
+            let outcome = if self.pd {
+                self.pd_once(
+                    endpoint,
+                    headers,
+                    &body,
+                    info,
+                    &input,
+                    rid,
+                    &tried,
+                    &mut permit,
+                )
+                .await
+            } else {
+                self.once(
+                    endpoint,
+                    headers,
+                    &body,
+                    info,
+                    &input,
+                    rid,
+                    &tried,
+                    &mut permit,
+                )
+                .await
+            };
+            match outcome {
+                Attempt::Done(r) => {
+                    self.metrics.duration(endpoint, started.elapsed());
+                    if !r.status().is_success() {
+                        self.metrics.error(endpoint.name(), error_kind(r.status()));
+                    }
+                    return r;
+                }
+                Attempt::Retry { tried: t, fallback } => {
+                    tried.extend(t);
+                    last = Some(fallback);
+                }
+            }
+        }
+        self.metrics
+            .retries_exhausted
+            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.duration(endpoint, started.elapsed());
+        let r = last.unwrap_or_else(|| {
+            error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "no attempt was made",
+                rid,
+            )
+        });
+        self.metrics.error(endpoint.name(), error_kind(r.status()));
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn once(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        body: &Bytes,
+        _info: &RouteInfo,
+        input: &RouteInput<'_>,
+        rid: &str,
+        tried: &[Arc<str>],
+        permit: &mut Option<OwnedSemaphorePermit>,
+    ) -> Attempt {
+        let Some(worker) = self.choose(&self.policy, WorkerType::Regular, input, tried) else {
+            return Attempt::Done(no_workers("", rid));
+        };
+        let guard = worker.begin();
+        let req = match self.upstream_request(
+            &worker,
+            Method::POST,
+            endpoint.path(),
+            headers,
+            rid,
+            body.clone(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                return Attempt::Done(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("cannot forward this request: {e}"),
+                    rid,
+                ))
+            }
+        };
+        match self.send(req).await {
+            Err(e) => {
+                worker.record_outcome(&self.cb, false);
+                tracing::warn!(worker = %worker.url, error = %e, request_id = rid, "worker request failed");
+                Attempt::Retry {
+                    tried: vec![worker.url.clone()],
+                    fallback: error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        &format!("worker {}: {e}", worker.url),
+                        rid,
+                    ),
+                }
+            }
+            Ok(resp) => {
+                let status = resp.status();
+                let ok = !retryable(status.as_u16()) && !status.is_server_error();
+                worker.record_outcome(&self.cb, ok);
+                if retryable(status.as_u16()) {
+                    tracing::warn!(worker = %worker.url, %status, request_id = rid, "worker answered with a retryable status");
+                    return Attempt::Retry {
+                        tried: vec![worker.url.clone()],
+                        fallback: buffered(resp, rid).await,
+                    };
+                }
+                let held = Held {
+                    _load: vec![guard],
+                    _permit: permit.take(),
+                };
+                Attempt::Done(self.relay(resp, worker, held, rid))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn pd_once(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        body: &Bytes,
+        info: &RouteInfo,
+        input: &RouteInput<'_>,
+        rid: &str,
+        tried: &[Arc<str>],
+        permit: &mut Option<OwnedSemaphorePermit>,
+    ) -> Attempt {
+        let Some(prefill) = self.choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
+        else {
+            return Attempt::Done(no_workers("prefill ", rid));
+        };
+        let Some(decode) = self.choose(&self.decode_policy, WorkerType::Decode, input, tried)
+        else {
+            return Attempt::Done(no_workers("decode ", rid));
+        };
+        let rooms: Vec<u64> = (0..info.batch.unwrap_or(1))
+            .map(|_| random_room())
+            .collect();
+        let pd_body =
+            match inject_bootstrap(body, info, &prefill.host, prefill.bootstrap_port, &rooms) {
+                Ok(b) => Bytes::from(b),
+                Err(e) => {
+                    return Attempt::Done(error_response(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        &e.to_string(),
+                        rid,
+                    ))
+                }
+            };
+        let p_guard = prefill.begin();
+        let d_guard = decode.begin();
+        let build = |w: &Worker| {
+            self.upstream_request(
+                w,
+                Method::POST,
+                endpoint.path(),
+                headers,
+                rid,
+                pd_body.clone(),
+            )
+        };
+        let (p_req, d_req) = match (build(&prefill), build(&decode)) {
+            (Ok(p), Ok(d)) => (p, d),
+            (Err(e), _) | (_, Err(e)) => {
+                return Attempt::Done(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("cannot forward this request: {e}"),
+                    rid,
+                ))
+            }
+        };
+        self.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
+        let (p_res, d_res) = tokio::join!(self.send(p_req), self.send(d_req));
+        let fail = |w: &Arc<Worker>, role: &str, e: &str| {
+            w.record_outcome(&self.cb, false);
+            tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "PD request failed");
+        };
+        // Decode first: its answer is what the client gets.
+        let d_resp = match d_res {
+            Err(e) => {
+                fail(&decode, "decode", &e);
+                return Attempt::Retry {
+                    tried: vec![decode.url.clone()],
+                    fallback: error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "decode_server_error",
+                        &format!("decode worker {}: {e}", decode.url),
+                        rid,
+                    ),
+                };
+            }
+            Ok(r) => r,
+        };
+        let p_resp = match p_res {
+            Err(e) => {
+                fail(&prefill, "prefill", &e);
+                return Attempt::Retry {
+                    tried: vec![prefill.url.clone()],
+                    fallback: error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "prefill_server_error",
+                        &format!("prefill worker {}: {e}", prefill.url),
+                        rid,
+                    ),
+                };
+            }
+            Ok(r) => r,
+        };
+        let (p_status, d_status) = (p_resp.status(), d_resp.status());
+        // 4xx is the client's fault, not the worker's (as sglang-router's PD router counts).
+        let outcome = |s: StatusCode| !s.is_server_error() && !retryable(s.as_u16());
+        prefill.record_outcome(&self.cb, outcome(p_status));
+        decode.record_outcome(&self.cb, outcome(d_status));
+        if retryable(d_status.as_u16()) {
+            return Attempt::Retry {
+                tried: vec![decode.url.clone()],
+                fallback: buffered(d_resp, rid).await,
+            };
+        }
+        if retryable(p_status.as_u16()) {
+            return Attempt::Retry {
+                tried: vec![prefill.url.clone()],
+                fallback: prefixed(p_resp, "prefill", rid).await,
+            };
+        }
+        if !d_status.is_success() {
+            return Attempt::Done(buffered(d_resp, rid).await);
+        }
+        if !p_status.is_success() {
+            return Attempt::Done(prefixed(p_resp, "prefill", rid).await);
+        }
+        // The prefill answer is read to its end in the background (its load counts until then);
+        // the client gets the decode answer as it comes.
+        let p_worker = prefill.clone();
+        tokio::spawn(async move {
+            let _g = p_guard;
+            if let Err(e) = p_resp.into_body().collect().await {
+                tracing::debug!(worker = %p_worker.url, error = %e, "prefill body cut");
+            }
+        });
+        let held = Held {
+            _load: vec![d_guard],
+            _permit: permit.take(),
+        };
+        Attempt::Done(self.relay(d_resp, decode, held, rid))
+    }
+
+    /// The client's response: the worker's status and headers (minus hop-by-hop ones), the
+    /// request id, and the body relayed as it arrives.
+    fn relay(
+        self: &Arc<Self>,
+        resp: Response<Incoming>,
+        worker: Arc<Worker>,
+        held: Held,
+        rid: &str,
+    ) -> Response<Body> {
+        let (parts, inner) = resp.into_parts();
+        let sse = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut out = Response::new(Body::new(Relay {
+            inner,
+            sse,
+            done: false,
+            worker,
+            shared: self.clone(),
+            _held: held,
+        }));
+        *out.status_mut() = parts.status;
+        let h = out.headers_mut();
+        for (name, value) in &parts.headers {
+            if !hop_by_hop(name.as_str()) {
+                h.append(name, value.clone());
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(rid) {
+            h.insert("x-request-id", v);
+        }
+        out
+    }
+
+    /// GET `path` on one available worker (regular, else decode, else prefill) and relays the
+    /// answer; used for `/get_server_info`, `/get_model_info`, `/health_generate`.
+    pub async fn proxy_get(self: &Arc<Self>, path: &str, rid: &str) -> Response<Body> {
+        let worker = [WorkerType::Regular, WorkerType::Decode, WorkerType::Prefill]
+            .into_iter()
+            .find_map(|t| self.candidates(t, &[]).into_iter().next());
+        let Some(worker) = worker else {
+            return no_workers("", rid);
+        };
+        let req = match self.upstream_request(
+            &worker,
+            Method::GET,
+            path,
+            &HeaderMap::new(),
+            rid,
+            Bytes::new(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                return error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    &e.to_string(),
+                    rid,
+                )
+            }
+        };
+        match self.send(req).await {
+            Ok(resp) => buffered(resp, rid).await,
+            Err(e) => error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                &format!("worker {}: {e}", worker.url),
+                rid,
+            ),
+        }
+    }
+
+    /// A simple request to one worker with a deadline: status and body.
+    pub async fn call(
+        &self,
+        worker: &Worker,
+        method: Method,
+        path: &str,
+        timeout: std::time::Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let req = self
+            .upstream_request(
+                worker,
+                method,
+                path,
+                &HeaderMap::new(),
+                "health",
+                Bytes::new(),
+            )
+            .map_err(|e| e.to_string())?;
+        let fut = async {
+            let resp = self.client.request(req).await.map_err(|e| describe(&e))?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| format!("no answer within {timeout:?}"))?
+    }
+}
+
+fn no_workers(kind: &str, rid: &str) -> Response<Body> {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_available_workers",
+        &format!("no available {kind}workers (all unhealthy, circuit open, or none registered)"),
+        rid,
+    )
+}
+
+fn error_kind(s: StatusCode) -> &'static str {
+    match s.as_u16() {
+        400 => "bad_request",
+        401 => "unauthorized",
+        404 => "not_found",
+        408 => "timeout",
+        413 => "payload_too_large",
+        429 => "rate_limited",
+        502 => "upstream_error",
+        503 => "no_available_workers",
+        504 => "gateway_timeout",
+        s if s >= 500 => "server_error",
+        _ => "client_error",
+    }
+}
+
+/// The chain of causes of a client error, which hyper hides behind "client error (Connect)".
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A worker's (error) response read fully, so that it can be kept across retries.
+async fn buffered(resp: Response<Incoming>, rid: &str) -> Response<Body> {
+    let (parts, body) = resp.into_parts();
+    let bytes = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                &format!(
+                    "worker answered {} and then cut the body: {e}",
+                    parts.status
+                ),
+                rid,
+            )
+        }
+    };
+    let mut out = Response::new(Body::from(bytes));
+    *out.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if !hop_by_hop(name.as_str()) && name != header::CONTENT_LENGTH {
+            out.headers_mut().append(name, value.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        out.headers_mut().insert("x-request-id", v);
+    }
+    out
+}
+
+/// A prefill worker's error, with its body, named as the prefill side's.
+async fn prefixed(resp: Response<Incoming>, role: &str, rid: &str) -> Response<Body> {
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body);
+    error_response(
+        status,
+        &format!("{role}_server_error"),
+        &format!("{role} worker answered {status}: {}", text.trim()),
+        rid,
+    )
+}

@@ -1,0 +1,429 @@
+//! What the router reads from a request, without changing it: the routing text, whether it
+//! streams, the batch size; the request id; and, for disaggregated serving, the bootstrap fields
+//! added to the body. The body is forwarded byte for byte; the only edit ever made is appending
+//! the bootstrap fields before the final `}`. Pure functions, tested without sockets.
+
+use serde::Deserialize;
+use serde_json::Value;
+use std::time::Duration;
+
+/// The inference endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Generate,
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Generate => "/generate",
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Generate => "generate",
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+        }
+    }
+    pub fn index(self) -> usize {
+        self as usize
+    }
+    /// Prefix of generated request ids (as sglang-router).
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Generate => "gnt-",
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completions => "cmpl-",
+        }
+    }
+}
+
+/// A request body the router cannot route.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadRequest {
+    #[error("request body is not valid JSON: {0}")]
+    Json(String),
+    #[error("request body must be a JSON object")]
+    NotObject,
+    #[error("{field}: {reason}")]
+    Field { field: &'static str, reason: String },
+}
+
+/// The fields the router reads; every other field is left alone.
+#[derive(Deserialize)]
+struct Peek {
+    #[serde(default)]
+    stream: Option<Value>,
+    #[serde(default)]
+    text: Option<Value>,
+    #[serde(default)]
+    input_ids: Option<Value>,
+    #[serde(default)]
+    messages: Option<Value>,
+    #[serde(default)]
+    prompt: Option<Value>,
+    #[serde(default)]
+    bootstrap_host: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_port: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_room: Option<serde::de::IgnoredAny>,
+}
+
+/// What routing needs to know about a request.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct RouteInfo {
+    pub stream: bool,
+    /// Text for cache-aware matching.
+    pub text: String,
+    /// `Some(n)` for a batched `/generate` (a list of texts or of id lists).
+    pub batch: Option<usize>,
+    /// The body already carries `bootstrap_*` fields.
+    pub has_bootstrap: bool,
+}
+
+fn push_ids(out: &mut String, ids: &[Value]) {
+    for (i, v) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        match v {
+            Value::Number(n) => out.push_str(&n.to_string()),
+            other => out.push_str(&other.to_string()),
+        }
+    }
+}
+
+fn push_text(out: &mut String, s: &str) {
+    if !out.is_empty() {
+        out.push(' ');
+    }
+    out.push_str(s);
+}
+
+/// Text of a chat message's `content` (a string or a list of parts) and `reasoning_content`.
+fn message_text(out: &mut String, m: &Value) {
+    match m.get("content") {
+        Some(Value::String(s)) => push_text(out, s),
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(Value::String(s)) = p.get("text") {
+                    push_text(out, s);
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(Value::String(s)) = m.get("reasoning_content") {
+        push_text(out, s);
+    }
+}
+
+/// Reads a request body. Invalid JSON, a non-object body or a wrongly typed `stream` is a
+/// `BadRequest` with a message a person can act on.
+pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest> {
+    let trimmed = body.trim_ascii_start();
+    if trimmed.first() != Some(&b'{') {
+        if trimmed.is_empty() {
+            return Err(BadRequest::Json("the body is empty".into()));
+        }
+        return match serde_json::from_slice::<Value>(body) {
+            Err(e) => Err(BadRequest::Json(e.to_string())),
+            Ok(_) => Err(BadRequest::NotObject),
+        };
+    }
+    let peek: Peek = serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
+    let stream = match peek.stream {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(other) => {
+            return Err(BadRequest::Field {
+                field: "stream",
+                reason: format!("must be true or false, got {other}"),
+            })
+        }
+    };
+    let mut info = RouteInfo {
+        stream,
+        has_bootstrap: peek.bootstrap_host.is_some()
+            || peek.bootstrap_port.is_some()
+            || peek.bootstrap_room.is_some(),
+        ..RouteInfo::default()
+    };
+    match endpoint {
+        Endpoint::Generate => match (peek.text, peek.input_ids) {
+            (Some(Value::String(s)), _) => info.text = s,
+            (Some(Value::Array(items)), _) => {
+                info.batch = Some(items.len());
+                for s in items.iter().filter_map(Value::as_str) {
+                    push_text(&mut info.text, s);
+                }
+            }
+            (_, Some(Value::Array(ids))) => {
+                if ids.first().is_some_and(Value::is_array) {
+                    info.batch = Some(ids.len());
+                    if let Some(Value::Array(first)) = ids.first() {
+                        push_ids(&mut info.text, first);
+                    }
+                } else {
+                    push_ids(&mut info.text, &ids);
+                }
+            }
+            _ => {}
+        },
+        Endpoint::Chat => {
+            if let Some(Value::Array(messages)) = peek.messages {
+                for m in &messages {
+                    message_text(&mut info.text, m);
+                }
+            }
+        }
+        Endpoint::Completions => match peek.prompt {
+            Some(Value::String(s)) => info.text = s,
+            Some(Value::Array(items)) => {
+                for s in items.iter().filter_map(Value::as_str) {
+                    push_text(&mut info.text, s);
+                }
+            }
+            _ => {}
+        },
+    }
+    Ok(info)
+}
+
+/// A random `bootstrap_room` in [0, 2^63 − 1].
+pub fn random_room() -> u64 {
+    fastrand::u64(..) & (i64::MAX as u64)
+}
+
+/// The body with `bootstrap_host`, `bootstrap_port` and `bootstrap_room` set (arrays of
+/// `rooms.len()` for a batch). Everything else is kept byte for byte: the fields are appended
+/// before the closing brace. A body that already has some of them is rewritten through a JSON
+/// value instead, replacing them (the order of the other fields is kept).
+pub fn inject_bootstrap(
+    body: &[u8],
+    info: &RouteInfo,
+    host: &str,
+    port: Option<u16>,
+    rooms: &[u64],
+) -> Result<Vec<u8>, BadRequest> {
+    let port_json = match port {
+        Some(p) => Value::from(p),
+        None => Value::Null,
+    };
+    let (host_v, port_v, room_v) = match info.batch {
+        Some(n) => (
+            Value::Array(vec![Value::from(host); n]),
+            Value::Array(vec![port_json; n]),
+            Value::Array(rooms.iter().map(|r| Value::from(*r)).collect()),
+        ),
+        None => (
+            Value::from(host),
+            port_json,
+            Value::from(rooms.first().copied().unwrap_or_else(random_room)),
+        ),
+    };
+    if info.has_bootstrap {
+        let mut v: serde_json::Map<String, Value> =
+            serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
+        v.insert("bootstrap_host".into(), host_v);
+        v.insert("bootstrap_port".into(), port_v);
+        v.insert("bootstrap_room".into(), room_v);
+        return serde_json::to_vec(&v).map_err(|e| BadRequest::Json(e.to_string()));
+    }
+    let end = body
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .filter(|&i| body[i] == b'}')
+        .ok_or(BadRequest::NotObject)?;
+    let head = &body[..end];
+    let empty = head.trim_ascii_end().ends_with(b"{");
+    let mut out = Vec::with_capacity(body.len() + 96);
+    out.extend_from_slice(head);
+    if !empty {
+        out.push(b',');
+    }
+    let fields = format!(
+        "\"bootstrap_host\":{host_v},\"bootstrap_port\":{port_v},\"bootstrap_room\":{room_v}"
+    );
+    out.extend_from_slice(fields.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Ok(out)
+}
+
+/// The request id: the first configured header present, else a new id (`gnt-…`, `chatcmpl-…`,
+/// `cmpl-…`, `req-…` followed by 24 random letters and digits).
+pub fn request_id<'a>(
+    configured: &[String],
+    lookup: impl Fn(&str) -> Option<&'a str>,
+    endpoint: Option<Endpoint>,
+) -> String {
+    for h in configured {
+        if let Some(v) = lookup(h).map(str::trim).filter(|v| !v.is_empty()) {
+            return v.to_string();
+        }
+    }
+    let prefix = endpoint.map(Endpoint::id_prefix).unwrap_or("req-");
+    let mut id = String::with_capacity(prefix.len() + 24);
+    id.push_str(prefix);
+    id.extend((0..24).map(|_| fastrand::alphanumeric()));
+    id
+}
+
+/// Statuses after which a request is tried again on a worker chosen anew.
+pub fn retryable(status: u16) -> bool {
+    matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
+}
+
+/// Retry settings (sglang-router's names and defaults).
+#[derive(Clone, Copy, Debug)]
+pub struct RetryConfig {
+    pub max_retries: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub multiplier: f64,
+    pub jitter: f64,
+}
+
+/// The wait before retry `attempt` (0 = the first retry): `min(initial × multiplier^attempt,
+/// max)`, then moved by up to ± `jitter` of itself; `unit` in [0, 1) picks where.
+pub fn backoff(cfg: &RetryConfig, attempt: u32, unit: f64) -> Duration {
+    let base = cfg.initial_backoff.as_secs_f64() * cfg.multiplier.powi(attempt.min(64) as i32);
+    let base = base.min(cfg.max_backoff.as_secs_f64());
+    let jittered = base * (1.0 + cfg.jitter * (2.0 * unit - 1.0));
+    Duration::from_secs_f64(jittered.max(0.0))
+}
+
+/// A JSON error body in OpenAI's shape: `{"error": {"message", "type", "code"}}`.
+pub fn error_body(status: u16, kind: &str, message: &str) -> String {
+    serde_json::json!({"error": {"message": message, "type": kind, "code": status}}).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_text_follows_sglang_router_rules() {
+        let i = inspect(
+            Endpoint::Generate,
+            br#"{"text":"hello world","stream":true,"foo_unknown":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (i.text.as_str(), i.stream, i.batch),
+            ("hello world", true, None)
+        );
+        let i = inspect(Endpoint::Generate, br#"{"input_ids":[1,22,333]}"#).unwrap();
+        assert_eq!(i.text, "1 22 333");
+        let i = inspect(Endpoint::Generate, br#"{"input_ids":[[1,2],[3]]}"#).unwrap();
+        assert_eq!((i.text.as_str(), i.batch), ("1 2", Some(2)));
+        let i = inspect(Endpoint::Generate, br#"{"text":["a","b","c"]}"#).unwrap();
+        assert_eq!((i.text.as_str(), i.batch), ("a b c", Some(3)));
+        let i = inspect(
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"system","content":"sys"},
+                {"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"x"}}]},
+                {"role":"assistant","content":"ok","reasoning_content":"think"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(i.text, "sys look ok think");
+        let i = inspect(Endpoint::Completions, br#"{"prompt":["p1","p2"]}"#).unwrap();
+        assert_eq!((i.text.as_str(), i.batch), ("p1 p2", None));
+        assert!(!inspect(Endpoint::Generate, b"{}").unwrap().stream);
+    }
+
+    #[test]
+    fn bad_bodies_get_clear_errors() {
+        let e = inspect(Endpoint::Generate, br#"{"text": "x",}"#).unwrap_err();
+        assert!(
+            matches!(&e, BadRequest::Json(m) if m.contains("line 1")),
+            "{e}"
+        );
+        assert_eq!(
+            inspect(Endpoint::Generate, b"[1,2]").unwrap_err(),
+            BadRequest::NotObject
+        );
+        assert!(matches!(
+            inspect(Endpoint::Generate, b"").unwrap_err(),
+            BadRequest::Json(m) if m.contains("empty")
+        ));
+        assert!(matches!(
+            inspect(Endpoint::Chat, br#"{"stream":"yes"}"#).unwrap_err(),
+            BadRequest::Field {
+                field: "stream",
+                ..
+            }
+        ));
+        assert!(inspect(Endpoint::Generate, b"not json")
+            .unwrap_err()
+            .to_string()
+            .starts_with("request body is not valid JSON"));
+    }
+
+    #[test]
+    fn bootstrap_fields_are_appended_without_touching_the_rest() {
+        let body = br#"{"text":"hi","sampling_params":{"temperature":0.70},"x":1e5}  "#;
+        let info = inspect(Endpoint::Generate, body).unwrap();
+        let out = inject_bootstrap(body, &info, "10.0.0.1", Some(8998), &[42]).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"text":"hi","sampling_params":{"temperature":0.70},"x":1e5,"bootstrap_host":"10.0.0.1","bootstrap_port":8998,"bootstrap_room":42}  "#
+        );
+        let out = inject_bootstrap(b"{ }", &RouteInfo::default(), "h", None, &[7]).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["bootstrap_port"], Value::Null);
+        assert_eq!(v["bootstrap_room"], 7);
+        // Batches get arrays, one room per item.
+        let body = br#"{"text":["a","b"]}"#;
+        let info = inspect(Endpoint::Generate, body).unwrap();
+        let out = inject_bootstrap(body, &info, "h", Some(1), &[1, 2]).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["bootstrap_host"], serde_json::json!(["h", "h"]));
+        assert_eq!(v["bootstrap_room"], serde_json::json!([1, 2]));
+        // Existing fields are replaced, others kept.
+        let body = br#"{"bootstrap_room":1,"text":"t"}"#;
+        let info = inspect(Endpoint::Generate, body).unwrap();
+        let out = inject_bootstrap(body, &info, "h", Some(5), &[9]).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (v["bootstrap_room"].as_u64(), v["text"].as_str()),
+            (Some(9), Some("t"))
+        );
+        for _ in 0..1000 {
+            assert!(random_room() <= i64::MAX as u64);
+        }
+    }
+
+    #[test]
+    fn request_ids_come_from_headers_or_are_generated() {
+        let headers = ["x-request-id".to_string(), "x-trace-id".to_string()];
+        let id = request_id(&headers, |h| (h == "x-trace-id").then_some("abc"), None);
+        assert_eq!(id, "abc");
+        let id = request_id(&headers, |_| None, Some(Endpoint::Chat));
+        assert!(id.starts_with("chatcmpl-") && id.len() == 9 + 24, "{id}");
+        assert!(id[9..].chars().all(|c| c.is_ascii_alphanumeric()));
+    }
+
+    #[test]
+    fn backoff_grows_caps_and_jitters() {
+        let cfg = RetryConfig {
+            max_retries: 5,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(100),
+            multiplier: 1.5,
+            jitter: 0.2,
+        };
+        assert_eq!(backoff(&cfg, 0, 0.5), Duration::from_millis(50));
+        assert_eq!(backoff(&cfg, 1, 0.5), Duration::from_millis(75));
+        assert_eq!(backoff(&cfg, 5, 0.5), Duration::from_millis(100));
+        assert_eq!(backoff(&cfg, 0, 0.0), Duration::from_millis(40));
+        assert!(backoff(&cfg, 0, 0.999_999) < Duration::from_millis(60));
+        assert!(retryable(503) && retryable(408) && !retryable(400) && !retryable(404));
+    }
+}

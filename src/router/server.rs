@@ -1,0 +1,618 @@
+//! The router's HTTP API (sglang-router 0.3.2's routes): inference, worker management, fan-out
+//! admin calls, health and metrics. Accepted sockets get TCP_NODELAY, so a streamed chunk
+//! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
+
+use crate::router::proxy::error_response;
+use crate::router::request::{inspect, request_id, Endpoint};
+use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
+use crate::router::{background, config, discovery, kube, Shared};
+use anyhow::Context as _;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use http::{header, HeaderMap, Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+type S = State<Arc<Shared>>;
+
+fn rid_for(shared: &Shared, headers: &HeaderMap, endpoint: Option<Endpoint>) -> String {
+    request_id(
+        &shared.cfg.request_id_headers,
+        |h| headers.get(h).and_then(|v| v.to_str().ok()),
+        endpoint,
+    )
+}
+
+/// Constant-time comparison, so the key cannot be guessed byte by byte from timings.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
+    if let Some(key) = &shared.cfg.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            });
+        if !given.is_some_and(|g| same(g.trim().as_bytes(), key.as_bytes())) {
+            shared
+                .metrics
+                .auth_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let rid = rid_for(&shared, req.headers(), None);
+            return error_response(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "missing or wrong API key (send Authorization: Bearer <key>)",
+                &rid,
+            );
+        }
+    }
+    next.run(req).await
+}
+
+async fn inference(
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let rid = rid_for(&shared, &headers, Some(endpoint));
+    let permit = match shared.limiter.admit().await {
+        Ok(p) => p,
+        Err(e) => {
+            let (status, counter) = match e {
+                crate::router::limiter::Rejected::QueueFull { .. } => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &shared.metrics.rate_limited_429,
+                ),
+                crate::router::limiter::Rejected::Timeout(_) => (
+                    StatusCode::REQUEST_TIMEOUT,
+                    &shared.metrics.queue_timeouts_408,
+                ),
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.metrics.error(endpoint.name(), "rate_limited");
+            return error_response(status, "rate_limit_error", &e.to_string(), &rid);
+        }
+    };
+    let limit = shared.cfg.max_payload_size;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let too_big = std::error::Error::source(&e)
+                .map(|s| s.to_string().contains("length limit"))
+                .unwrap_or(false)
+                || e.to_string().contains("length limit");
+            let (status, msg) = if too_big {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request body is larger than max_payload_size ({limit} bytes)"),
+                )
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the request body: {e}"),
+                )
+            };
+            shared.metrics.error(endpoint.name(), "bad_request");
+            return error_response(status, "invalid_request_error", &msg, &rid);
+        }
+    };
+    let info = match inspect(endpoint, &bytes) {
+        Ok(i) => i,
+        Err(e) => {
+            shared.metrics.error(endpoint.name(), "bad_request");
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &e.to_string(),
+                &rid,
+            );
+        }
+    };
+    let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);
+    let _e = span.enter();
+    shared
+        .dispatch(endpoint, &headers, bytes, &info, &rid, permit)
+        .await
+}
+
+async fn generate(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Generate, headers, body).await
+}
+async fn chat(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Chat, headers, body).await
+}
+async fn completions(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Completions, headers, body).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health and information
+
+async fn health() -> &'static str {
+    "OK"
+}
+
+async fn readiness(State(s): S) -> Response {
+    let now = std::time::Instant::now();
+    let workers = s.registry.snapshot();
+    let ready_of = |t: WorkerType| {
+        workers
+            .iter()
+            .filter(|w| w.worker_type == t && w.available(&s.cb, now))
+            .count()
+    };
+    let healthy = workers.iter().filter(|w| w.available(&s.cb, now)).count();
+    let ready = if s.pd {
+        ready_of(WorkerType::Prefill) > 0 && ready_of(WorkerType::Decode) > 0
+    } else {
+        ready_of(WorkerType::Regular) > 0
+    };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if ready { "ready" } else { "not ready" },
+        "healthy_workers": healthy,
+        "total_workers": workers.len(),
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn models(State(s): S) -> Json<Value> {
+    let mut ids: Vec<String> = s
+        .registry
+        .snapshot()
+        .iter()
+        .filter_map(|w| w.model_id.read().clone())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    let data: Vec<Value> = ids
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "rbgctl"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn server_info(State(s): S, headers: HeaderMap) -> Response {
+    let rid = rid_for(&s, &headers, None);
+    s.proxy_get("/get_server_info", &rid).await
+}
+
+async fn model_info(State(s): S, headers: HeaderMap) -> Response {
+    let rid = rid_for(&s, &headers, None);
+    s.proxy_get("/get_model_info", &rid).await
+}
+
+async fn health_generate(State(s): S, headers: HeaderMap) -> Response {
+    let rid = rid_for(&s, &headers, None);
+    s.proxy_get("/health_generate", &rid).await
+}
+
+async fn metrics(State(s): S) -> Response {
+    let text = s.metrics.render(
+        &s.registry.snapshot(),
+        &s.cb,
+        s.limiter.running(),
+        s.limiter.queued(),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+
+fn worker_json(s: &Shared, w: &Worker) -> Value {
+    json!({
+        "id": w.id,
+        "url": &*w.url,
+        "worker_type": w.worker_type,
+        "bootstrap_port": w.bootstrap_port,
+        "is_healthy": w.healthy(),
+        "circuit_state": w.circuit(&s.cb, std::time::Instant::now()),
+        "load": w.load(),
+        "processed": w.processed(),
+        "source": w.source,
+        "model_id": *w.model_id.read(),
+    })
+}
+
+/// `POST /workers` (sglang-router's `WorkerConfigRequest`; fields it has that rbgctl does not
+/// use, such as tokenizer paths, are accepted and ignored: rbgctl never fetches tokenizers).
+#[derive(Deserialize)]
+struct AddWorker {
+    url: String,
+    #[serde(default)]
+    worker_type: Option<String>,
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
+    #[serde(default)]
+    api_key: Option<String>,
+    #[serde(default)]
+    model_id: Option<String>,
+}
+
+fn bad(msg: &str) -> Response {
+    error_response(StatusCode::BAD_REQUEST, "invalid_request_error", msg, "")
+}
+
+fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
+    let url = config::normalize_url("url", &a.url).map_err(|e| e.to_string())?;
+    let worker_type = match a
+        .worker_type
+        .as_deref()
+        .unwrap_or(if s.pd { "" } else { "regular" })
+    {
+        "regular" => WorkerType::Regular,
+        "prefill" => WorkerType::Prefill,
+        "decode" => WorkerType::Decode,
+        "" => return Err("worker_type: a PD router needs \"prefill\" or \"decode\"".into()),
+        other => {
+            return Err(format!(
+                "worker_type: expected regular, prefill or decode, got {other:?}"
+            ))
+        }
+    };
+    if s.pd == (worker_type == WorkerType::Regular) {
+        return Err(format!(
+            "worker_type: a {} router does not take {} workers",
+            if s.pd { "PD" } else { "regular" },
+            worker_type.name()
+        ));
+    }
+    Ok(WorkerSpec {
+        url,
+        worker_type,
+        bootstrap_port: a.bootstrap_port,
+        api_key: a.api_key,
+        model_id: a.model_id,
+    })
+}
+
+fn added(s: &Arc<Shared>, w: &Arc<Worker>) {
+    background::discover_metadata(s.clone(), w.clone());
+}
+
+async fn add_worker(State(s): S, body: axum::body::Bytes) -> Response {
+    let a: AddWorker = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => return bad(&format!("request body: {e}")),
+    };
+    let spec = match spec_from(&s, a) {
+        Ok(x) => x,
+        Err(e) => return bad(&e),
+    };
+    match s.registry.add(spec, Source::Api) {
+        Ok(w) => {
+            added(&s, &w);
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({
+                    "status": "accepted",
+                    "worker_id": w.id,
+                    "url": &*w.url,
+                    "location": format!("/workers/{}", w.id),
+                    "message": "Worker added",
+                })),
+            )
+                .into_response()
+        }
+        Err(e) => error_response(StatusCode::CONFLICT, "conflict", &e.to_string(), ""),
+    }
+}
+
+async fn list_workers(State(s): S) -> Json<Value> {
+    let workers: Vec<Value> = s
+        .registry
+        .snapshot()
+        .iter()
+        .map(|w| worker_json(&s, w))
+        .collect();
+    Json(json!({"workers": workers, "total": workers.len()}))
+}
+
+async fn get_worker(State(s): S, Path(id): Path<String>) -> Response {
+    match s.registry.get(&id) {
+        Some(w) => Json(worker_json(&s, &w)).into_response(),
+        None => unknown_worker(&id),
+    }
+}
+
+fn unknown_worker(id: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        &format!("no worker {id:?} (see GET /workers)"),
+        "",
+    )
+}
+
+async fn delete_worker(State(s): S, Path(id): Path<String>) -> Response {
+    match s.registry.remove(&id) {
+        Ok(w) => {
+            s.forget(&w.url);
+            (
+                StatusCode::ACCEPTED,
+                Json(
+                    json!({"status": "accepted", "worker_id": w.id, "url": &*w.url,
+                    "message": "Worker removed"}),
+                ),
+            )
+                .into_response()
+        }
+        Err(_) => unknown_worker(&id),
+    }
+}
+
+#[derive(Deserialize)]
+struct UrlQuery {
+    url: Option<String>,
+}
+
+async fn add_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Response {
+    let Some(url) = q.url else {
+        return bad("missing ?url=");
+    };
+    let a = AddWorker {
+        url,
+        worker_type: None,
+        bootstrap_port: None,
+        api_key: None,
+        model_id: None,
+    };
+    let spec = match spec_from(&s, a) {
+        Ok(x) => x,
+        Err(e) => return bad(&e),
+    };
+    match s.registry.add(spec, Source::Api) {
+        Ok(w) => {
+            added(&s, &w);
+            (
+                StatusCode::OK,
+                format!("Successfully added worker: {}", w.url),
+            )
+                .into_response()
+        }
+        Err(e) => error_response(StatusCode::CONFLICT, "conflict", &e.to_string(), ""),
+    }
+}
+
+async fn remove_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Response {
+    let Some(url) = q.url else {
+        return bad("missing ?url=");
+    };
+    let url = config::normalize_url("url", &url).unwrap_or(url);
+    match s.registry.remove(&url) {
+        Ok(w) => {
+            s.forget(&w.url);
+            (
+                StatusCode::OK,
+                format!("Successfully removed worker: {}", w.url),
+            )
+                .into_response()
+        }
+        Err(_) => unknown_worker(&url),
+    }
+}
+
+async fn list_worker_urls(State(s): S) -> Json<Value> {
+    let urls: Vec<String> = s
+        .registry
+        .snapshot()
+        .iter()
+        .map(|w| w.url.to_string())
+        .collect();
+    Json(json!({"urls": urls}))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fan-out admin calls
+
+async fn flush_cache(State(s): S) -> Response {
+    let workers = s.registry.snapshot();
+    let mut set = tokio::task::JoinSet::new();
+    for w in workers.iter().cloned() {
+        let s = s.clone();
+        set.spawn(async move {
+            let r = s
+                .call(&w, Method::POST, "/flush_cache", Duration::from_secs(30))
+                .await;
+            (w.url.to_string(), r)
+        });
+    }
+    let mut results = Vec::new();
+    let mut all_ok = true;
+    while let Some(Ok((url, r))) = set.join_next().await {
+        let (ok, detail) = match r {
+            Ok((st, _)) if st.is_success() => (true, st.as_u16().to_string()),
+            Ok((st, body)) => (false, format!("{st}: {}", String::from_utf8_lossy(&body))),
+            Err(e) => (false, e),
+        };
+        all_ok &= ok;
+        results.push(json!({"worker": url, "ok": ok, "detail": detail}));
+    }
+    let status = if all_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    let message = if all_ok {
+        "Cache flushed on all workers"
+    } else {
+        "Cache flush failed on some workers"
+    };
+    (
+        status,
+        Json(json!({"message": message, "workers": results})),
+    )
+        .into_response()
+}
+
+/// Tokens a worker's `/get_load` reports (an object, or a list of per-rank objects).
+fn tokens_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Array(items) => items.iter().map(tokens_of).sum(),
+        Value::Object(o) => o.get("num_tokens").and_then(Value::as_i64),
+        _ => None,
+    }
+}
+
+async fn get_loads(State(s): S) -> Json<Value> {
+    let workers = s.registry.snapshot();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, w) in workers.iter().cloned().enumerate() {
+        let s = s.clone();
+        set.spawn(async move {
+            let r = s
+                .call(&w, Method::GET, "/get_load", Duration::from_secs(5))
+                .await;
+            let load = match r {
+                Ok((st, body)) if st.is_success() => serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .as_ref()
+                    .and_then(tokens_of)
+                    .unwrap_or(-1),
+                _ => -1,
+            };
+            (
+                i,
+                json!({"worker": &*w.url, "worker_type": w.worker_type, "load": load,
+                "requests_in_flight": w.load()}),
+            )
+        });
+    }
+    let mut out: Vec<(usize, Value)> = Vec::new();
+    while let Some(Ok(x)) = set.join_next().await {
+        out.push(x);
+    }
+    out.sort_by_key(|(i, _)| *i);
+    Json(json!({"workers": out.into_iter().map(|(_, v)| v).collect::<Vec<_>>()}))
+}
+
+async fn not_found(req: Request) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        &format!("no route {} {}", req.method(), req.uri().path()),
+        "",
+    )
+}
+
+/// The router's routes.
+pub fn app(shared: Arc<Shared>) -> Router {
+    let protected = Router::new()
+        .route("/generate", post(generate))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/workers", post(add_worker).get(list_workers))
+        .route("/workers/{id}", get(get_worker).delete(delete_worker))
+        .route("/add_worker", post(add_worker_legacy))
+        .route("/remove_worker", post(remove_worker_legacy))
+        .route("/list_workers", get(list_worker_urls))
+        .route("/flush_cache", post(flush_cache))
+        .route("/get_loads", get(get_loads))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
+    Router::new()
+        .route("/health", get(health))
+        .route("/liveness", get(health))
+        .route("/readiness", get(readiness))
+        .route("/health_generate", get(health_generate))
+        .route("/v1/models", get(models))
+        .route("/get_server_info", get(server_info))
+        .route("/get_model_info", get(model_info))
+        .route("/metrics", get(metrics))
+        .merge(protected)
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Binds, starts the background tasks and serves until SIGINT/SIGTERM; in-flight requests get
+/// up to 30 s to finish.
+pub async fn serve(shared: Arc<Shared>) -> anyhow::Result<()> {
+    let addr = format!("{}:{}", shared.cfg.host, shared.cfg.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("binding the router to {addr}"))?;
+    let local = listener.local_addr()?;
+    if shared.cfg.prometheus_port != 0 && shared.cfg.prometheus_port != shared.cfg.port {
+        let maddr = format!(
+            "{}:{}",
+            shared.cfg.prometheus_host, shared.cfg.prometheus_port
+        );
+        let ml = tokio::net::TcpListener::bind(&maddr)
+            .await
+            .with_context(|| format!("binding the metrics listener to {maddr}"))?;
+        let mapp = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/health", get(health))
+            .with_state(shared.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(ml, mapp).await {
+                tracing::error!(error = %e, "metrics listener stopped");
+            }
+        });
+    }
+    background::start(&shared);
+    for w in shared.registry.snapshot().iter() {
+        added(&shared, w);
+    }
+    if shared.cfg.rbg_config.is_some() {
+        discovery::start(shared.clone());
+    }
+    if shared.cfg.service_discovery {
+        kube::start(shared.clone())?;
+    }
+    tracing::info!(
+        %local,
+        policy = shared.policy.name(),
+        pd = shared.pd,
+        workers = shared.registry.snapshot().len(),
+        "router listening"
+    );
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY");
+        }
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app(shared.clone())).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight (up to 30 s)");
+        let _ = stop_tx.send(());
+    });
+    tokio::select! {
+        r = server => r.context("serving")?,
+        _ = async {
+            let _ = stop_rx.await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        } => tracing::warn!("requests still in flight after 30 s; stopping anyway"),
+    }
+    Ok(())
+}

@@ -1,0 +1,593 @@
+//! Workers as the router sees them: where they are, what they do (regular, prefill, decode),
+//! where they came from, and their live state (requests in flight, health, circuit breaker).
+//! The health and breaker state machines are pure (time is passed in) and tested without
+//! sockets; the registry is a copy-on-write list so that routing reads it without locking.
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerType {
+    Regular,
+    Prefill,
+    Decode,
+}
+
+impl WorkerType {
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerType::Regular => "regular",
+            WorkerType::Prefill => "prefill",
+            WorkerType::Decode => "decode",
+        }
+    }
+}
+
+/// Who added a worker; discovery sources only ever remove their own workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Flags,
+    Api,
+    RbgFile,
+    Kubernetes,
+}
+
+/// What is needed to add a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSpec {
+    pub url: String,
+    pub worker_type: WorkerType,
+    /// Prefill only.
+    pub bootstrap_port: Option<u16>,
+    pub api_key: Option<String>,
+    pub model_id: Option<String>,
+}
+
+impl WorkerSpec {
+    pub fn regular(url: impl Into<String>) -> WorkerSpec {
+        WorkerSpec {
+            url: url.into(),
+            worker_type: WorkerType::Regular,
+            bootstrap_port: None,
+            api_key: None,
+            model_id: None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Circuit breaker
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl CircuitState {
+    /// The value of `smg_worker_cb_state`: 0 closed, 1 open, 2 half-open.
+    pub fn gauge(self) -> f64 {
+        match self {
+            CircuitState::Closed => 0.0,
+            CircuitState::Open => 1.0,
+            CircuitState::HalfOpen => 2.0,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// Closed → open after `failure_threshold` consecutive failures; open → half-open once
+/// `timeout` has passed (checked when asked); half-open → closed after `success_threshold`
+/// consecutive successes, and back to open on any failure.
+#[derive(Clone, Debug)]
+pub struct CircuitBreaker {
+    state: CircuitState,
+    failures: u32,
+    successes: u32,
+    opened_at: Option<Instant>,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        CircuitBreaker {
+            state: CircuitState::Closed,
+            failures: 0,
+            successes: 0,
+            opened_at: None,
+        }
+    }
+}
+
+impl CircuitBreaker {
+    /// The state at `now` (an open circuit whose timeout has passed turns half-open).
+    pub fn state(&mut self, cfg: &BreakerConfig, now: Instant) -> CircuitState {
+        if self.state == CircuitState::Open
+            && self
+                .opened_at
+                .is_some_and(|t| now.duration_since(t) >= cfg.timeout)
+        {
+            self.state = CircuitState::HalfOpen;
+            self.successes = 0;
+        }
+        self.state
+    }
+
+    pub fn can_execute(&mut self, cfg: &BreakerConfig, now: Instant) -> bool {
+        !cfg.enabled || self.state(cfg, now) != CircuitState::Open
+    }
+
+    /// Records an outcome; returns the transition it caused, if any.
+    pub fn record(
+        &mut self,
+        cfg: &BreakerConfig,
+        ok: bool,
+        now: Instant,
+    ) -> Option<(CircuitState, CircuitState)> {
+        if !cfg.enabled {
+            return None;
+        }
+        let before = self.state(cfg, now);
+        if ok {
+            self.failures = 0;
+            self.successes += 1;
+            if before == CircuitState::HalfOpen && self.successes >= cfg.success_threshold {
+                self.state = CircuitState::Closed;
+            }
+        } else {
+            self.successes = 0;
+            self.failures += 1;
+            if before == CircuitState::HalfOpen
+                || (before == CircuitState::Closed && self.failures >= cfg.failure_threshold)
+            {
+                self.state = CircuitState::Open;
+                self.opened_at = Some(now);
+            }
+        }
+        (self.state != before).then_some((before, self.state))
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.failures
+    }
+    pub fn consecutive_successes(&self) -> u32 {
+        self.successes
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+}
+
+/// Healthy → unhealthy after `failure_threshold` consecutive failed checks, and back after
+/// `success_threshold` consecutive good ones. Workers start healthy.
+#[derive(Clone, Debug)]
+pub struct HealthTracker {
+    healthy: bool,
+    failures: u32,
+    successes: u32,
+}
+
+impl Default for HealthTracker {
+    fn default() -> Self {
+        HealthTracker {
+            healthy: true,
+            failures: 0,
+            successes: 0,
+        }
+    }
+}
+
+impl HealthTracker {
+    pub fn healthy(&self) -> bool {
+        self.healthy
+    }
+
+    /// Records a check; returns the new health when it changed.
+    pub fn record(&mut self, cfg: &HealthConfig, ok: bool) -> Option<bool> {
+        if ok {
+            self.failures = 0;
+            self.successes += 1;
+            if !self.healthy && self.successes >= cfg.success_threshold {
+                self.healthy = true;
+                return Some(true);
+            }
+        } else {
+            self.successes = 0;
+            self.failures += 1;
+            if self.healthy && self.failures >= cfg.failure_threshold {
+                self.healthy = false;
+                return Some(false);
+            }
+        }
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A worker
+
+/// Per-worker counters for `/metrics`.
+#[derive(Default)]
+pub struct WorkerCounters {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub health_checks_ok: AtomicU64,
+    pub health_checks_failed: AtomicU64,
+    pub cb_opened: AtomicU64,
+    pub cb_half_opened: AtomicU64,
+    pub cb_closed: AtomicU64,
+}
+
+pub struct Worker {
+    pub id: String,
+    pub url: Arc<str>,
+    pub worker_type: WorkerType,
+    pub bootstrap_port: Option<u16>,
+    /// Host part of the URL, sent to decode workers as `bootstrap_host`.
+    pub host: String,
+    pub api_key: Option<String>,
+    pub source: Source,
+    pub model_id: RwLock<Option<String>>,
+    inflight: AtomicUsize,
+    processed: AtomicU64,
+    health: Mutex<HealthTracker>,
+    breaker: Mutex<CircuitBreaker>,
+    pub counters: WorkerCounters,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("url", &self.url)
+            .field("type", &self.worker_type)
+            .finish()
+    }
+}
+
+/// Host of `http://host:port` (brackets of an IPv6 literal removed).
+pub fn url_host(url: &str) -> String {
+    url.parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_string()))
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn new_id() -> String {
+    let mut s = String::with_capacity(32);
+    for _ in 0..2 {
+        s.push_str(&format!("{:016x}", fastrand::u64(..)));
+    }
+    s
+}
+
+impl Worker {
+    pub fn new(spec: WorkerSpec, source: Source) -> Worker {
+        Worker {
+            id: new_id(),
+            host: url_host(&spec.url),
+            url: spec.url.into(),
+            worker_type: spec.worker_type,
+            bootstrap_port: spec.bootstrap_port,
+            api_key: spec.api_key,
+            source,
+            model_id: RwLock::new(spec.model_id),
+            inflight: AtomicUsize::new(0),
+            processed: AtomicU64::new(0),
+            health: Mutex::new(HealthTracker::default()),
+            breaker: Mutex::new(CircuitBreaker::default()),
+            counters: WorkerCounters::default(),
+        }
+    }
+
+    pub fn load(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request in flight until the guard drops (when its response body ends).
+    pub fn begin(self: &Arc<Self>) -> LoadGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        LoadGuard(self.clone())
+    }
+
+    pub fn healthy(&self) -> bool {
+        self.health.lock().healthy()
+    }
+
+    /// Healthy and its circuit lets requests through.
+    pub fn available(&self, cb: &BreakerConfig, now: Instant) -> bool {
+        self.healthy() && self.breaker.lock().can_execute(cb, now)
+    }
+
+    pub fn circuit(&self, cb: &BreakerConfig, now: Instant) -> CircuitState {
+        self.breaker.lock().state(cb, now)
+    }
+
+    pub fn circuit_counts(&self) -> (u32, u32) {
+        let b = self.breaker.lock();
+        (b.consecutive_failures(), b.consecutive_successes())
+    }
+
+    /// Records a request's outcome in the circuit breaker.
+    pub fn record_outcome(&self, cb: &BreakerConfig, ok: bool) {
+        if !ok {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let change = self.breaker.lock().record(cb, ok, Instant::now());
+        if let Some((from, to)) = change {
+            let c = match to {
+                CircuitState::Open => &self.counters.cb_opened,
+                CircuitState::HalfOpen => &self.counters.cb_half_opened,
+                CircuitState::Closed => &self.counters.cb_closed,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(worker = %self.url, from = from.name(), to = to.name(), "circuit breaker");
+        }
+    }
+
+    /// Records a health check.
+    pub fn record_health(&self, cfg: &HealthConfig, ok: bool) {
+        let c = if ok {
+            &self.counters.health_checks_ok
+        } else {
+            &self.counters.health_checks_failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        if let Some(healthy) = self.health.lock().record(cfg, ok) {
+            if healthy {
+                tracing::info!(worker = %self.url, "worker healthy again");
+            } else {
+                tracing::warn!(worker = %self.url, "worker unhealthy");
+            }
+        }
+    }
+}
+
+/// Decrements a worker's in-flight count on drop.
+pub struct LoadGuard(Arc<Worker>);
+
+impl LoadGuard {
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.0
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The registry
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error("worker {0} is already registered")]
+    Duplicate(String),
+    #[error("no worker {0}")]
+    Unknown(String),
+}
+
+/// Every worker, as an immutable snapshot replaced on change.
+#[derive(Default)]
+pub struct Registry {
+    workers: RwLock<Arc<Vec<Arc<Worker>>>>,
+}
+
+impl Registry {
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Worker>>> {
+        self.workers.read().clone()
+    }
+
+    pub fn add(&self, spec: WorkerSpec, source: Source) -> Result<Arc<Worker>, RegistryError> {
+        let mut w = self.workers.write();
+        if w.iter().any(|x| *x.url == *spec.url) {
+            return Err(RegistryError::Duplicate(spec.url));
+        }
+        let worker = Arc::new(Worker::new(spec, source));
+        let mut next = (**w).clone();
+        next.push(worker.clone());
+        *w = Arc::new(next);
+        tracing::info!(worker = %worker.url, worker_type = worker.worker_type.name(), ?source, "worker added");
+        Ok(worker)
+    }
+
+    /// Removes by id or URL.
+    pub fn remove(&self, id_or_url: &str) -> Result<Arc<Worker>, RegistryError> {
+        let mut w = self.workers.write();
+        let Some(pos) = w
+            .iter()
+            .position(|x| x.id == id_or_url || *x.url == *id_or_url)
+        else {
+            return Err(RegistryError::Unknown(id_or_url.to_string()));
+        };
+        let mut next = (**w).clone();
+        let gone = next.remove(pos);
+        *w = Arc::new(next);
+        tracing::info!(worker = %gone.url, "worker removed");
+        Ok(gone)
+    }
+
+    pub fn get(&self, id_or_url: &str) -> Option<Arc<Worker>> {
+        self.snapshot()
+            .iter()
+            .find(|x| x.id == id_or_url || *x.url == *id_or_url)
+            .cloned()
+    }
+
+    /// Makes the workers of `source` exactly `wanted`: adds the new ones, removes the ones
+    /// gone (and a worker whose type or bootstrap port changed is replaced). Returns
+    /// (added, removed).
+    pub fn sync(
+        &self,
+        source: Source,
+        wanted: &[WorkerSpec],
+    ) -> (Vec<Arc<Worker>>, Vec<Arc<Worker>>) {
+        let mut w = self.workers.write();
+        let mut next: Vec<Arc<Worker>> = Vec::with_capacity(wanted.len() + w.len());
+        let mut removed = Vec::new();
+        for x in w.iter() {
+            let keep = x.source != source
+                || wanted.iter().any(|s| {
+                    *s.url == *x.url
+                        && s.worker_type == x.worker_type
+                        && s.bootstrap_port == x.bootstrap_port
+                });
+            if keep {
+                next.push(x.clone());
+            } else {
+                removed.push(x.clone());
+            }
+        }
+        let mut added = Vec::new();
+        for s in wanted {
+            if next.iter().any(|x| *x.url == *s.url) {
+                continue;
+            }
+            let worker = Arc::new(Worker::new(s.clone(), source));
+            next.push(worker.clone());
+            added.push(worker);
+        }
+        if !added.is_empty() || !removed.is_empty() {
+            *w = Arc::new(next);
+            for x in &added {
+                tracing::info!(worker = %x.url, ?source, "worker discovered");
+            }
+            for x in &removed {
+                tracing::info!(worker = %x.url, ?source, "worker gone");
+            }
+        }
+        (added, removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CB: BreakerConfig = BreakerConfig {
+        enabled: true,
+        failure_threshold: 3,
+        success_threshold: 2,
+        timeout: Duration::from_secs(10),
+    };
+
+    #[test]
+    fn breaker_opens_half_opens_and_closes() {
+        let mut b = CircuitBreaker::default();
+        let t0 = Instant::now();
+        assert_eq!(b.record(&CB, false, t0), None);
+        assert_eq!(b.record(&CB, true, t0), None, "a success resets the count");
+        b.record(&CB, false, t0);
+        b.record(&CB, false, t0);
+        assert_eq!(
+            b.record(&CB, false, t0),
+            Some((CircuitState::Closed, CircuitState::Open))
+        );
+        assert!(!b.can_execute(&CB, t0 + Duration::from_secs(9)));
+        assert!(b.can_execute(&CB, t0 + Duration::from_secs(10)));
+        assert_eq!(
+            b.state(&CB, t0 + Duration::from_secs(10)),
+            CircuitState::HalfOpen
+        );
+        // A failure while half-open reopens at once.
+        let t1 = t0 + Duration::from_secs(11);
+        assert_eq!(
+            b.record(&CB, false, t1),
+            Some((CircuitState::HalfOpen, CircuitState::Open))
+        );
+        let t2 = t1 + Duration::from_secs(10);
+        assert_eq!(b.record(&CB, true, t2), None, "one success is not enough");
+        assert_eq!(
+            b.record(&CB, true, t2),
+            Some((CircuitState::HalfOpen, CircuitState::Closed))
+        );
+        let off = BreakerConfig {
+            enabled: false,
+            ..CB
+        };
+        let mut b = CircuitBreaker::default();
+        for _ in 0..10 {
+            assert_eq!(b.record(&off, false, t0), None);
+        }
+        assert!(b.can_execute(&off, t0));
+    }
+
+    #[test]
+    fn health_needs_consecutive_results() {
+        let cfg = HealthConfig {
+            failure_threshold: 2,
+            success_threshold: 2,
+        };
+        let mut h = HealthTracker::default();
+        assert_eq!(h.record(&cfg, false), None);
+        assert_eq!(h.record(&cfg, true), None);
+        assert_eq!(h.record(&cfg, false), None);
+        assert_eq!(h.record(&cfg, false), Some(false));
+        assert!(!h.healthy());
+        assert_eq!(h.record(&cfg, true), None);
+        assert_eq!(h.record(&cfg, true), Some(true));
+    }
+
+    #[test]
+    fn registry_sync_touches_only_its_source() {
+        let r = Registry::default();
+        r.add(WorkerSpec::regular("http://a:1"), Source::Flags)
+            .unwrap();
+        assert_eq!(
+            r.add(WorkerSpec::regular("http://a:1"), Source::Api)
+                .unwrap_err(),
+            RegistryError::Duplicate("http://a:1".into())
+        );
+        let (added, removed) = r.sync(
+            Source::RbgFile,
+            &[
+                WorkerSpec::regular("http://b:1"),
+                WorkerSpec::regular("http://c:1"),
+            ],
+        );
+        assert_eq!((added.len(), removed.len()), (2, 0));
+        let (added, removed) = r.sync(Source::RbgFile, &[WorkerSpec::regular("http://c:1")]);
+        assert_eq!((added.len(), removed.len()), (0, 1));
+        assert_eq!(&*removed[0].url, "http://b:1");
+        let urls: Vec<String> = r.snapshot().iter().map(|w| w.url.to_string()).collect();
+        assert_eq!(urls, ["http://a:1", "http://c:1"]);
+        assert!(r.remove("http://nope:1").is_err());
+        let id = r.get("http://c:1").unwrap().id.clone();
+        assert_eq!(&*r.remove(&id).unwrap().url, "http://c:1");
+        assert_eq!(url_host("http://[::1]:8000"), "::1");
+        assert_eq!(url_host("http://10.1.2.3:8000"), "10.1.2.3");
+    }
+}
