@@ -24,7 +24,7 @@ pub enum Command {
     Store(StoreArgs),
     /// OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing,
     /// prefill/decode disaggregation, health checks, retries, circuit breakers.
-    Router(crate::router::config::RouterArgs),
+    Router(Box<crate::router::config::RouterArgs>),
     /// A master and N stores on loopback, in one command.
     Up(crate::up::UpArgs),
     /// Put, get and inspect objects from the command line.

@@ -32,7 +32,7 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-fn stop(child: &mut Child, signal: nix::sys::signal::Signal) {
+pub fn stop(child: &mut Child, signal: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {

@@ -1,8 +1,10 @@
 //! `rbgctl bench`: load tools that print a table a person can read, or JSON with `--json`.
 
 pub mod cluster;
+pub mod fake_worker;
 pub mod limits;
 pub mod recovery;
+pub mod router;
 pub mod stats;
 pub mod store;
 
@@ -21,11 +23,18 @@ pub enum BenchKind {
     /// Lossless restarts: fill a persistent store, kill -9 it and then the master, and time
     /// until every object is readable again (verified byte for byte).
     Recovery(recovery::RecoveryBenchArgs),
+    /// The router's overhead against direct-to-worker, with FAKE workers (no model).
+    Router(router::RouterBenchArgs),
+    /// A FAKE SGLang-compatible worker (no model: canned tokens at once) for router tests
+    /// and benchmarks.
+    FakeWorker(fake_worker::FakeWorkerArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Store(a) => store::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
+        BenchKind::Router(a) => router::run(a),
+        BenchKind::FakeWorker(a) => fake_worker::run(a),
     }
 }

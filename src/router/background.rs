@@ -43,8 +43,8 @@ async fn health_loop(s: Arc<Shared>) {
     loop {
         tick.tick().await;
         let mut set = tokio::task::JoinSet::new();
-        for w in s.registry.snapshot().iter().cloned() {
-            let s = s.clone();
+        for w in s.registry.snapshot().iter() {
+            let (s, w) = (s.clone(), w.clone());
             set.spawn(async move {
                 let ok = matches!(
                     s.call(&w, Method::GET, &s.cfg.health_check_endpoint, timeout).await,

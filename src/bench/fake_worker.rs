@@ -1,0 +1,458 @@
+//! `rbgctl bench fake-worker`: a FAKE SGLang-compatible worker for router tests and
+//! benchmarks. There is no model: every request is answered at once with canned tokens
+//! ("tok0 tok1 ..."), streamed as SSE or as one JSON object, in SGLang's and OpenAI's shapes.
+//! It can inject failures (`POST /fake/fail?count=N&status=503`), pace streamed tokens, burn
+//! CPU per request, and it records the last requests it received (`GET /fake/requests`) so that
+//! tests can check what the router forwarded.
+
+use anyhow::Context as _;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use clap::Args;
+use http_body::Frame;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Args)]
+pub struct FakeWorkerArgs {
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 31000)]
+    pub port: u16,
+    /// Name reported in the `x-fake-worker` response header.
+    #[arg(long, default_value = "fake-worker")]
+    pub name: String,
+    /// Model name reported by `/get_server_info` and `/v1/models`.
+    #[arg(long, default_value = "fake-model")]
+    pub model: String,
+    /// Tokens per reply when the request does not ask for a number.
+    #[arg(long, default_value_t = 8)]
+    pub tokens: usize,
+    /// Pause between streamed tokens, in milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub token_delay_ms: f64,
+    /// CPU time burnt per request, in microseconds (to model a heavier worker).
+    #[arg(long, default_value_t = 0)]
+    pub cpu_us: u64,
+    /// Runtime threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+struct Recorded {
+    path: String,
+    headers: Value,
+    body: Bytes,
+}
+
+struct Fake {
+    args: FakeWorkerArgs,
+    fail_remaining: AtomicU32,
+    fail_status: AtomicU32,
+    requests: AtomicU64,
+    flushes: AtomicU64,
+    inflight: AtomicUsize,
+    recent: Mutex<VecDeque<Recorded>>,
+}
+
+const RECENT: usize = 256;
+
+#[derive(Deserialize)]
+struct FailQuery {
+    count: u32,
+    #[serde(default = "default_fail_status")]
+    status: u16,
+}
+
+fn default_fail_status() -> u16 {
+    503
+}
+
+/// Streams prepared SSE events, pausing between them.
+struct Paced {
+    events: VecDeque<Bytes>,
+    delay: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    _inflight: InflightGuard,
+}
+
+struct InflightGuard(Arc<Fake>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl http_body::Body for Paced {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if let Some(s) = this.sleep.as_mut() {
+            if std::future::Future::poll(s.as_mut(), cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.sleep = None;
+        }
+        match this.events.pop_front() {
+            None => Poll::Ready(None),
+            Some(e) => {
+                if !this.delay.is_zero() && !this.events.is_empty() {
+                    this.sleep = Some(Box::pin(tokio::time::sleep(this.delay)));
+                }
+                Poll::Ready(Some(Ok(Frame::data(e))))
+            }
+        }
+    }
+}
+
+fn burn(us: u64) {
+    if us == 0 {
+        return;
+    }
+    let until = Instant::now() + Duration::from_micros(us);
+    let mut x = 0u64;
+    while Instant::now() < until {
+        for i in 0..64u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+    }
+}
+
+fn prompt_tokens(v: &Value) -> usize {
+    if let Some(ids) = v.get("input_ids").and_then(Value::as_array) {
+        return ids.len();
+    }
+    let text_len: usize = ["text", "prompt"]
+        .iter()
+        .filter_map(|k| v.get(k).and_then(Value::as_str))
+        .map(str::len)
+        .sum::<usize>()
+        + v.get("messages")
+            .and_then(Value::as_array)
+            .map(|ms| {
+                ms.iter()
+                    .filter_map(|m| m.get("content").and_then(Value::as_str))
+                    .map(str::len)
+                    .sum()
+            })
+            .unwrap_or(0);
+    text_len.div_ceil(4)
+}
+
+fn wanted_tokens(v: &Value, default: usize) -> usize {
+    v.pointer("/sampling_params/max_new_tokens")
+        .or_else(|| v.get("max_tokens"))
+        .or_else(|| v.get("max_completion_tokens"))
+        .and_then(Value::as_u64)
+        .map(|n| n as usize)
+        .unwrap_or(default)
+        .clamp(1, 4096)
+}
+
+fn sse(v: Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// The reply to an inference request, in the endpoint's shape.
+fn reply(path: &str, req: &Value, n: usize, model: &str, rid: &str) -> (bool, Vec<Bytes>) {
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let prompt = prompt_tokens(req);
+    let tokens: Vec<String> = (0..n).map(|i| format!("tok{i} ")).collect();
+    let full: String = tokens.concat();
+    let usage =
+        json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n});
+    if !stream {
+        let body = match path {
+            "/generate" => json!({"text": full, "output_ids": (0..n).collect::<Vec<_>>(),
+                "meta_info": {"id": rid, "finish_reason": {"type": "length", "length": n},
+                    "prompt_tokens": prompt, "completion_tokens": n, "cached_tokens": 0}}),
+            "/v1/chat/completions" => json!({"id": rid, "object": "chat.completion", "created": 0,
+                "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": full},
+                "finish_reason": "length"}], "usage": usage}),
+            _ => json!({"id": rid, "object": "text_completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "text": full, "finish_reason": "length"}], "usage": usage}),
+        };
+        return (false, vec![Bytes::from(body.to_string())]);
+    }
+    let mut events = Vec::with_capacity(n + 2);
+    let mut text = String::new();
+    for (i, t) in tokens.iter().enumerate() {
+        text.push_str(t);
+        let last = i + 1 == n;
+        let finish = if last { json!("length") } else { Value::Null };
+        let ev = match path {
+            "/generate" => json!({"text": text, "output_ids": (0..=i).collect::<Vec<_>>(),
+                "meta_info": {"id": rid, "finish_reason": if last { json!({"type": "length", "length": n}) } else { Value::Null },
+                "prompt_tokens": prompt, "completion_tokens": i + 1, "cached_tokens": 0}}),
+            "/v1/chat/completions" => {
+                json!({"id": rid, "object": "chat.completion.chunk", "created": 0,
+                "model": model, "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": finish}]})
+            }
+            _ => json!({"id": rid, "object": "text_completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "text": t, "finish_reason": finish}]}),
+        };
+        events.push(sse(ev));
+    }
+    let include_usage = req
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if include_usage && path != "/generate" {
+        events.push(sse(
+            json!({"id": rid, "object": "chat.completion.chunk", "created": 0,
+            "model": model, "choices": [], "usage": usage}),
+        ));
+    }
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    (true, events)
+}
+
+async fn inference(
+    State(f): State<Arc<Fake>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let n = f.requests.fetch_add(1, Ordering::Relaxed);
+    let path = uri.path().to_string();
+    {
+        let keep = [
+            "authorization",
+            "x-request-id",
+            "x-smg-routing-key",
+            "content-type",
+            "traceparent",
+        ];
+        let h: serde_json::Map<String, Value> = keep
+            .iter()
+            .filter_map(|k| {
+                headers
+                    .get(*k)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| (k.to_string(), json!(v)))
+            })
+            .collect();
+        let mut r = f.recent.lock();
+        if r.len() == RECENT {
+            r.pop_front();
+        }
+        r.push_back(Recorded {
+            path: path.clone(),
+            headers: Value::Object(h),
+            body: body.clone(),
+        });
+    }
+    let name = f.args.name.clone();
+    let fail = f
+        .fail_remaining
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
+        .is_ok();
+    if fail {
+        let status = StatusCode::from_u16(f.fail_status.load(Ordering::Relaxed) as u16)
+            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        return (
+            status,
+            [("x-fake-worker", name)],
+            Json(json!({"error": {"message": "injected failure (fake worker)", "code": status.as_u16()}})),
+        )
+            .into_response();
+    }
+    let req: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                [("x-fake-worker", name)],
+                Json(json!({"error": {"message": format!("fake worker: bad JSON: {e}")}})),
+            )
+                .into_response()
+        }
+    };
+    burn(f.args.cpu_us);
+    let rid = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("fake-{n}"));
+    let tokens = wanted_tokens(&req, f.args.tokens);
+    let (stream, events) = reply(&path, &req, tokens, &f.args.model, &rid);
+    f.inflight.fetch_add(1, Ordering::Relaxed);
+    let guard = InflightGuard(f.clone());
+    let content_type = if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    let body = Body::new(Paced {
+        events: events.into(),
+        delay: Duration::from_secs_f64(f.args.token_delay_ms.max(0.0) / 1e3),
+        sleep: None,
+        _inflight: guard,
+    });
+    (
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::HeaderName::from_static("x-fake-worker"), name),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn fail(State(f): State<Arc<Fake>>, Query(q): Query<FailQuery>) -> Json<Value> {
+    f.fail_status.store(q.status as u32, Ordering::Relaxed);
+    f.fail_remaining.store(q.count, Ordering::Relaxed);
+    Json(json!({"failing_next": q.count, "status": q.status}))
+}
+
+async fn recent(State(f): State<Arc<Fake>>) -> Json<Value> {
+    let r = f.recent.lock();
+    let list: Vec<Value> = r
+        .iter()
+        .map(|x| json!({"path": x.path, "headers": x.headers, "body": String::from_utf8_lossy(&x.body)}))
+        .collect();
+    Json(json!({"requests": list}))
+}
+
+async fn stats(State(f): State<Arc<Fake>>) -> Json<Value> {
+    Json(json!({
+        "name": f.args.name,
+        "requests": f.requests.load(Ordering::Relaxed),
+        "flushes": f.flushes.load(Ordering::Relaxed),
+        "inflight": f.inflight.load(Ordering::Relaxed),
+    }))
+}
+
+async fn server_info(State(f): State<Arc<Fake>>) -> Json<Value> {
+    Json(
+        json!({"model_path": f.args.model, "served_model_name": f.args.model,
+        "tp_size": 1, "dp_size": 1, "fake_worker": true, "version": "fake"}),
+    )
+}
+
+async fn model_info(State(f): State<Arc<Fake>>) -> Json<Value> {
+    Json(json!({"model_path": f.args.model, "is_generation": true, "model_type": "fake"}))
+}
+
+async fn load(State(f): State<Arc<Fake>>) -> Json<Value> {
+    let n = f.inflight.load(Ordering::Relaxed);
+    Json(json!({"num_reqs": n, "num_tokens": n * 100, "dp_rank": 0}))
+}
+
+async fn flush(State(f): State<Arc<Fake>>) -> &'static str {
+    f.flushes.fetch_add(1, Ordering::Relaxed);
+    "Cache flushed (fake worker)"
+}
+
+async fn models(State(f): State<Arc<Fake>>) -> Json<Value> {
+    Json(
+        json!({"object": "list", "data": [{"id": f.args.model, "object": "model", "owned_by": "fake"}]}),
+    )
+}
+
+async fn metrics(State(f): State<Arc<Fake>>) -> String {
+    format!(
+        "# TYPE fake_worker_requests_total counter\nfake_worker_requests_total {}\n",
+        f.requests.load(Ordering::Relaxed)
+    )
+}
+
+pub fn run(args: FakeWorkerArgs) -> anyhow::Result<()> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(t) = args.threads {
+        rt.worker_threads(t.max(1));
+    }
+    let rt = rt.enable_all().build()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding the fake worker to {addr}"))?;
+        eprintln!(
+            "FAKE worker {} (no model; canned tokens) listening on {}",
+            args.name,
+            listener.local_addr()?
+        );
+        let f = Arc::new(Fake {
+            args,
+            fail_remaining: AtomicU32::new(0),
+            fail_status: AtomicU32::new(503),
+            requests: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            inflight: AtomicUsize::new(0),
+            recent: Mutex::new(VecDeque::new()),
+        });
+        let app = Router::new()
+            .route("/generate", post(inference))
+            .route("/v1/chat/completions", post(inference))
+            .route("/v1/completions", post(inference))
+            .route("/health", get(|| async { "OK" }))
+            .route("/health_generate", get(|| async { "OK" }))
+            .route("/get_server_info", get(server_info))
+            .route("/server_info", get(server_info))
+            .route("/get_model_info", get(model_info))
+            .route("/model_info", get(model_info))
+            .route("/get_load", get(load))
+            .route("/flush_cache", post(flush))
+            .route("/v1/models", get(models))
+            .route("/metrics", get(metrics))
+            .route("/fake/fail", post(fail))
+            .route("/fake/requests", get(recent))
+            .route("/fake/stats", get(stats))
+            .with_state(f);
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, app).await?;
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_have_sglang_and_openai_shapes() {
+        let req = json!({"text": "abcdefgh", "stream": true});
+        let (stream, ev) = reply("/generate", &req, 3, "m", "r");
+        assert!(stream);
+        assert_eq!(ev.len(), 4);
+        let first: Value = serde_json::from_slice(&ev[0][6..]).unwrap();
+        assert_eq!(first["meta_info"]["prompt_tokens"], 2);
+        assert_eq!(&ev[3][..], b"data: [DONE]\n\n");
+        let req = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+            "stream_options": {"include_usage": true}, "max_tokens": 2});
+        let (_, ev) = reply(
+            "/v1/chat/completions",
+            &req,
+            wanted_tokens(&req, 8),
+            "m",
+            "r",
+        );
+        assert_eq!(ev.len(), 4, "2 tokens, usage, DONE");
+        let (stream, ev) = reply("/v1/completions", &json!({"prompt": "x"}), 2, "m", "r");
+        assert!(!stream);
+        let v: Value = serde_json::from_slice(&ev[0]).unwrap();
+        assert_eq!(v["choices"][0]["text"], "tok0 tok1 ");
+    }
+}

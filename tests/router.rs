@@ -1,0 +1,737 @@
+//! `rbgctl router` end to end: real router and FAKE worker processes (`bench fake-worker`, no
+//! model) on loopback.
+
+mod common;
+
+use common::{free_port, wait_until, Proc, BIN};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Worker {
+    proc: Proc,
+    port: u16,
+}
+
+impl Worker {
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+fn fake_worker(name: &str, extra: &[&str]) -> Worker {
+    let port = free_port();
+    let child = Command::new(BIN)
+        .args([
+            "bench",
+            "fake-worker",
+            "--host",
+            "127.0.0.1",
+            "--threads",
+            "1",
+        ])
+        .args(["--port", &port.to_string(), "--name", name])
+        .args(extra)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let w = Worker {
+        proc: Proc {
+            child,
+            name: name.into(),
+        },
+        port,
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || get(w.port, "/health").0 == 200),
+        "fake worker {name} did not start"
+    );
+    w
+}
+
+struct Router {
+    /// Kept so that the process lives as long as the test (stopped on drop).
+    _proc: Proc,
+    port: u16,
+}
+
+fn router(args: &[String], ready: bool) -> Router {
+    let port = free_port();
+    let child = Command::new(BIN)
+        .args(["router", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--prometheus-port", "0"])
+        .args(args)
+        .env("RBGCTL_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let r = Router {
+        _proc: Proc {
+            child,
+            name: "router".into(),
+        },
+        port,
+    };
+    let want = if ready { 200 } else { 503 };
+    assert!(
+        wait_until(Duration::from_secs(20), || get(r.port, "/readiness").0
+            == want),
+        "router did not come up"
+    );
+    r
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    match client()
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .send()
+    {
+        Ok(r) => (r.status().as_u16(), r.text().unwrap_or_default()),
+        Err(_) => (0, String::new()),
+    }
+}
+
+fn post(port: u16, path: &str, body: &str) -> (u16, reqwest::header::HeaderMap, String) {
+    let r = client()
+        .post(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    (status, headers, r.text().unwrap())
+}
+
+fn recorded(w: &Worker) -> Vec<Value> {
+    let (_, body) = get(w.port, "/fake/requests");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["requests"].as_array().unwrap().clone()
+}
+
+fn metric(port: u16, line_start: &str) -> Option<f64> {
+    let (_, text) = get(port, "/metrics");
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Reads a streamed response, noting when each chunk arrived.
+fn read_chunks(mut resp: reqwest::blocking::Response) -> (Vec<u8>, Vec<(Instant, usize)>) {
+    let mut all = Vec::new();
+    let mut arrivals = Vec::new();
+    let mut buf = [0u8; 65536];
+    for _ in 0..10_000 {
+        match resp.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                all.extend_from_slice(&buf[..n]);
+                arrivals.push((Instant::now(), n));
+            }
+        }
+    }
+    (all, arrivals)
+}
+
+#[test]
+fn streams_pass_through_byte_for_byte_and_as_they_come() {
+    let w = fake_worker("w1", &["--token-delay-ms", "150"]);
+    let r = router(
+        &s(&["--worker-urls", &w.url(), "--policy", "round_robin"]),
+        true,
+    );
+    for (path, body) in [
+        (
+            "/generate",
+            json!({"text": "hello", "stream": true, "sampling_params": {"max_new_tokens": 4}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+                   "stream": true, "max_tokens": 4, "stream_options": {"include_usage": true}}),
+        ),
+    ] {
+        let fetch = |port: u16| {
+            let resp = client()
+                .post(format!("http://127.0.0.1:{port}{path}"))
+                .header("x-request-id", "same-id-for-both")
+                .json(&body)
+                .send()
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(
+                resp.headers()["content-type"],
+                "text/event-stream",
+                "{path}"
+            );
+            read_chunks(resp)
+        };
+        let (direct, _) = fetch(w.port);
+        let (routed, arrivals) = fetch(r.port);
+        assert_eq!(
+            String::from_utf8_lossy(&routed),
+            String::from_utf8_lossy(&direct),
+            "{path}: the router changed the stream"
+        );
+        assert!(routed.ends_with(b"data: [DONE]\n\n"));
+        // Tokens are 150 ms apart at the worker; relayed as they come, the first and last
+        // chunks arrive at least 3 × 150 ms apart (a buffering proxy would deliver them together).
+        let spread = arrivals.last().unwrap().0 - arrivals.first().unwrap().0;
+        assert!(
+            spread >= Duration::from_millis(400),
+            "{path}: chunks arrived together ({spread:?}): {} reads",
+            arrivals.len()
+        );
+    }
+}
+
+#[test]
+fn bodies_are_forwarded_as_sent_and_request_ids_echoed() {
+    let w = fake_worker("w1", &[]);
+    let r = router(&s(&["--worker-urls", &w.url()]), true);
+    // Odd spacing, unknown fields, number formats serde would rewrite: all must arrive unchanged.
+    let body = r#"{ "text" : "abc",  "foo_unknown": {"x": 1.50, "y": 1e3}, "sampling_params":{"max_new_tokens":2} }"#;
+    let resp = client()
+        .post(format!("http://127.0.0.1:{}/generate", r.port))
+        .header("x-request-id", "my-req-123")
+        .header("authorization", "Bearer worker-secret")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-request-id"], "my-req-123");
+    let v: Value = resp.json().unwrap();
+    assert_eq!(v["text"], "tok0 tok1 ");
+    let reqs = recorded(&w);
+    let last = reqs.last().unwrap();
+    assert_eq!(last["body"], body);
+    assert_eq!(last["headers"]["x-request-id"], "my-req-123");
+    assert_eq!(last["headers"]["authorization"], "Bearer worker-secret");
+    // Without an id header the router makes one, per endpoint.
+    let (st, h, _) = post(r.port, "/v1/chat/completions", r#"{"messages":[]}"#);
+    assert_eq!(st, 200);
+    let id = h["x-request-id"].to_str().unwrap();
+    assert!(id.starts_with("chatcmpl-") && id.len() == 33, "{id}");
+    // Non-inference routes.
+    let (st, body) = get(r.port, "/v1/models");
+    assert_eq!(st, 200);
+    assert!(
+        wait_until(Duration::from_secs(10), || get(r.port, "/v1/models")
+            .1
+            .contains("fake-model")),
+        "{body}"
+    );
+    let (st, body) = get(r.port, "/get_server_info");
+    assert_eq!(st, 200);
+    assert!(body.contains("fake_worker"), "{body}");
+    assert_eq!(get(r.port, "/health"), (200, "OK".into()));
+    let (st, _) = get(r.port, "/no/such/route");
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn bad_json_is_a_clear_400() {
+    let w = fake_worker("w1", &[]);
+    let r = router(&s(&["--worker-urls", &w.url()]), true);
+    let (st, _, body) = post(r.port, "/generate", r#"{"text": "x",}"#);
+    assert_eq!(st, 400);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("not valid JSON") && msg.contains("line 1"),
+        "{msg}"
+    );
+    let (st, _, body) = post(r.port, "/v1/chat/completions", "[1,2]");
+    assert_eq!(st, 400);
+    assert!(body.contains("must be a JSON object"), "{body}");
+    let (st, _, body) = post(r.port, "/generate", r#"{"stream": "yes"}"#);
+    assert_eq!(st, 400);
+    assert!(body.contains("stream"), "{body}");
+    assert!(
+        recorded(&w).is_empty(),
+        "bad requests must not reach workers"
+    );
+    // The router is fine afterwards.
+    assert_eq!(post(r.port, "/generate", r#"{"text":"ok"}"#).0, 200);
+}
+
+#[test]
+fn pd_sends_the_same_body_with_bootstrap_fields_to_both_sides() {
+    let p = fake_worker("prefill", &[]);
+    let d = fake_worker("decode", &["--token-delay-ms", "20"]);
+    let r = router(
+        &s(&[
+            "--pd-disaggregation",
+            "--prefill",
+            &p.url(),
+            "8998",
+            "--decode",
+            &d.url(),
+            "--policy",
+            "round_robin",
+        ]),
+        true,
+    );
+    let resp = client()
+        .post(format!("http://127.0.0.1:{}/generate", r.port))
+        .body(r#"{"text":"pd please","stream":true,"sampling_params":{"max_new_tokens":3}}"#)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-fake-worker"],
+        "decode",
+        "the client gets decode's answer"
+    );
+    let (body, _) = read_chunks(resp);
+    let text = String::from_utf8(body).unwrap();
+    assert_eq!(text.matches("data: ").count(), 4, "{text}");
+    let (pb, db) = (recorded(&p), recorded(&d));
+    assert_eq!((pb.len(), db.len()), (1, 1));
+    assert_eq!(pb[0]["body"], db[0]["body"], "both sides get the same JSON");
+    let sent = pb[0]["body"].as_str().unwrap();
+    assert!(
+        sent.starts_with(r#"{"text":"pd please","stream":true,"sampling_params":{"max_new_tokens":3},"bootstrap_host":"127.0.0.1","bootstrap_port":8998,"bootstrap_room":"#),
+        "{sent}"
+    );
+    let v: Value = serde_json::from_str(sent).unwrap();
+    assert!(v["bootstrap_room"].as_u64().unwrap() <= i64::MAX as u64);
+    // A batch gets arrays, one room per item.
+    let (st, _, _) = post(r.port, "/generate", r#"{"text":["a","b","c"]}"#);
+    assert_eq!(st, 200);
+    let v: Value = serde_json::from_str(recorded(&d)[1]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        v["bootstrap_host"],
+        json!(["127.0.0.1", "127.0.0.1", "127.0.0.1"])
+    );
+    assert_eq!(v["bootstrap_port"], json!([8998, 8998, 8998]));
+    assert_eq!(v["bootstrap_room"].as_array().unwrap().len(), 3);
+    // Chat too.
+    let (st, _, _) = post(
+        r.port,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"x"}]}"#,
+    );
+    assert_eq!(st, 200);
+    assert_eq!(recorded(&p).len(), 3);
+
+    // A dead prefill worker is a clear error at once, never a hang.
+    let mut p = p;
+    p.proc.kill9();
+    let t0 = Instant::now();
+    let (st, _, body) = post(r.port, "/generate", r#"{"text":"x"}"#);
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(st, 502, "{body}");
+    assert!(body.contains("prefill worker"), "{body}");
+}
+
+#[test]
+fn a_worker_killed_mid_stream_ends_the_stream_with_an_error() {
+    let mut w = fake_worker("w1", &["--token-delay-ms", "200", "--tokens", "50"]);
+    let r = router(&s(&["--worker-urls", &w.url()]), true);
+    let mut resp = client()
+        .post(format!("http://127.0.0.1:{}/generate", r.port))
+        .body(r#"{"text":"long","stream":true}"#)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut first = [0u8; 4096];
+    let n = resp.read(&mut first).unwrap();
+    assert!(n > 0 && first.starts_with(b"data: "));
+    let t0 = Instant::now();
+    w.proc.kill9();
+    let (rest, _) = read_chunks(resp);
+    assert!(t0.elapsed() < Duration::from_secs(10), "stream hung");
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains("closed the stream before it ended"),
+        "no error event: {rest}"
+    );
+    assert!(!rest.contains("[DONE]"));
+    assert_eq!(
+        metric(r.port, "rbgctl_router_stream_errors_total"),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn retries_then_circuit_opens_half_opens_and_closes() {
+    let w = fake_worker("w1", &[]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--retry-max-retries",
+            "2",
+            "--retry-initial-backoff-ms",
+            "10",
+            "--cb-failure-threshold",
+            "3",
+            "--cb-success-threshold",
+            "2",
+            "--cb-timeout-duration-secs",
+            "1",
+        ]),
+        true,
+    );
+    let fail = |n: u32| {
+        let (st, _, _) = post(w.port, &format!("/fake/fail?count={n}&status=503"), "");
+        assert_eq!(st, 200);
+    };
+    // One 503, then fine: the retry hides it.
+    fail(1);
+    let (st, _, body) = post(r.port, "/generate", r#"{"text":"a"}"#);
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(metric(r.port, "smg_worker_retries_total"), Some(1.0));
+    // Three 503s in a row: all retries fail, the client gets the worker's 503, the circuit opens.
+    fail(3);
+    let (st, _, body) = post(r.port, "/generate", r#"{"text":"b"}"#);
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("injected failure"), "{body}");
+    let cb_state = format!("smg_worker_cb_state{{worker=\"{}\"", w.url());
+    assert_eq!(
+        metric(r.port, &cb_state),
+        Some(1.0),
+        "circuit should be open"
+    );
+    // While open, the worker is not tried at all.
+    let before = recorded(&w).len();
+    let (st, _, body) = post(r.port, "/generate", r#"{"text":"c"}"#);
+    assert_eq!(st, 503);
+    assert!(body.contains("no available workers"), "{body}");
+    assert_eq!(recorded(&w).len(), before);
+    assert_eq!(get(r.port, "/readiness").0, 503);
+    // After the timeout it is half-open; two successes close it.
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        r.port, &cb_state
+    ) == Some(2.0)));
+    for _ in 0..2 {
+        assert_eq!(post(r.port, "/generate", r#"{"text":"d"}"#).0, 200);
+    }
+    assert_eq!(
+        metric(r.port, &cb_state),
+        Some(0.0),
+        "circuit should be closed"
+    );
+    assert!(metric(r.port, "smg_worker_retries_exhausted_total").unwrap() >= 1.0);
+}
+
+#[test]
+fn a_full_queue_is_429_and_a_long_wait_408() {
+    let w = fake_worker("w1", &["--token-delay-ms", "250", "--tokens", "12"]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--max-concurrent-requests",
+            "1",
+            "--queue-size",
+            "1",
+            "--queue-timeout-secs",
+            "1",
+        ]),
+        true,
+    );
+    let port = r.port;
+    // A holds the only slot for ~3 s (its stream).
+    let a = std::thread::spawn(move || {
+        let resp = client()
+            .post(format!("http://127.0.0.1:{port}/generate"))
+            .body(r#"{"text":"a","stream":true}"#)
+            .send()
+            .unwrap();
+        let status = resp.status().as_u16();
+        read_chunks(resp);
+        status
+    });
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_running_requests"
+    ) == Some(1.0)));
+    // B waits in the queue ...
+    let b = std::thread::spawn(move || post(port, "/generate", r#"{"text":"b"}"#).0);
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_queued_requests"
+    ) == Some(1.0)));
+    // ... so C finds the queue full.
+    let (st, _, body) = post(port, "/generate", r#"{"text":"c"}"#);
+    assert_eq!(st, 429, "{body}");
+    // B gives up after the 1 s queue timeout, while A is still streaming.
+    assert_eq!(b.join().unwrap(), 408);
+    assert_eq!(a.join().unwrap(), 200);
+    // Free again.
+    assert_eq!(post(port, "/generate", r#"{"text":"d"}"#).0, 200);
+}
+
+#[test]
+fn worker_management_and_fan_out() {
+    let w1 = fake_worker("w1", &[]);
+    let w2 = fake_worker("w2", &[]);
+    let r = router(
+        &s(&["--worker-urls", &w1.url(), "--api-key", "sekret"]),
+        true,
+    );
+    let authed = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut req = client()
+            .request(method, format!("http://127.0.0.1:{}{path}", r.port))
+            .bearer_auth("sekret");
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().unwrap();
+        let st = resp.status().as_u16();
+        (st, resp.text().unwrap())
+    };
+    // The key guards inference and admin routes, not health.
+    assert_eq!(post(r.port, "/generate", r#"{"text":"x"}"#).0, 401);
+    assert_eq!(get(r.port, "/workers").0, 401);
+    assert_eq!(get(r.port, "/health").0, 200);
+    assert_eq!(
+        authed(
+            reqwest::Method::POST,
+            "/generate",
+            Some(json!({"text": "x"}))
+        )
+        .0,
+        200
+    );
+
+    let (st, body) = authed(
+        reqwest::Method::POST,
+        "/workers",
+        Some(json!({"url": w2.url()})),
+    );
+    assert_eq!(st, 202, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["worker_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, body) = authed(reqwest::Method::GET, "/workers", None);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["total"], 2);
+    let (st, _) = authed(
+        reqwest::Method::POST,
+        "/workers",
+        Some(json!({"url": w2.url()})),
+    );
+    assert_eq!(st, 409, "duplicate");
+    let (st, body) = authed(
+        reqwest::Method::POST,
+        "/workers",
+        Some(json!({"url": "ftp://x"})),
+    );
+    assert_eq!(st, 400, "{body}");
+    // Fan-out: flush reaches both workers; loads come from both.
+    let (st, body) = authed(reqwest::Method::POST, "/flush_cache", None);
+    assert_eq!(st, 200, "{body}");
+    for w in [&w1, &w2] {
+        let (_, stats) = get(w.port, "/fake/stats");
+        assert_eq!(serde_json::from_str::<Value>(&stats).unwrap()["flushes"], 1);
+    }
+    let (st, body) = authed(reqwest::Method::GET, "/get_loads", None);
+    assert_eq!(st, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["workers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Removal: by id, then unknown ids and URLs are 404 with a clear message.
+    let (st, _) = authed(reqwest::Method::DELETE, &format!("/workers/{id}"), None);
+    assert_eq!(st, 202);
+    let (st, body) = authed(reqwest::Method::DELETE, &format!("/workers/{id}"), None);
+    assert_eq!(st, 404);
+    assert!(body.contains("no worker"), "{body}");
+    let (st, _) = authed(
+        reqwest::Method::POST,
+        "/remove_worker?url=http://127.0.0.1:1",
+        None,
+    );
+    assert_eq!(st, 404);
+    // The older API.
+    let (st, body) = authed(
+        reqwest::Method::POST,
+        &format!("/add_worker?url={}", w2.url()),
+        None,
+    );
+    assert_eq!(st, 200, "{body}");
+    let (_, body) = authed(reqwest::Method::GET, "/list_workers", None);
+    assert!(body.contains(&w2.url()));
+    let (st, _) = authed(
+        reqwest::Method::POST,
+        &format!("/remove_worker?url={}", w2.url()),
+        None,
+    );
+    assert_eq!(st, 200);
+    assert_eq!(metric(r.port, "smg_worker_pool_size"), Some(1.0));
+}
+
+#[test]
+fn health_checks_take_a_dead_worker_out_and_back() {
+    let mut w1 = fake_worker("w1", &[]);
+    let w2 = fake_worker("w2", &[]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "round_robin",
+            "--health-check-interval-secs",
+            "0.2",
+            "--health-failure-threshold",
+            "2",
+            "--health-check-timeout-secs",
+            "1",
+            "--disable-retries",
+        ]),
+        true,
+    );
+    let port1 = w1.port;
+    w1.proc.kill9();
+    let health = format!("smg_worker_health{{worker=\"http://127.0.0.1:{port1}\"");
+    assert!(wait_until(Duration::from_secs(10), || metric(
+        r.port, &health
+    ) == Some(0.0)));
+    // Every request now goes to w2, with no retries needed.
+    for _ in 0..6 {
+        let (st, h, _) = post(r.port, "/generate", r#"{"text":"x"}"#);
+        assert_eq!(st, 200);
+        assert_eq!(h["x-fake-worker"], "w2");
+    }
+    drop(w2);
+    assert!(wait_until(Duration::from_secs(10), || get(
+        r.port,
+        "/readiness"
+    )
+    .0 == 503));
+}
+
+#[test]
+fn discovery_file_changes_are_picked_up() {
+    let w1 = fake_worker("w1", &[]);
+    let w2 = fake_worker("w2", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    let write = |ports: &[u16]| {
+        let instances: String = ports
+            .iter()
+            .map(|p| format!("      - address: 127.0.0.1\n        ports: {{http: {p}}}\n"))
+            .collect();
+        let text = format!(
+            "group:\n  name: demo\n  size: 2\n  roles: [router, worker]\nroles:\n  worker:\n    size: {}\n    instances:\n{instances}",
+            ports.len()
+        );
+        // Replace atomically, as a ConfigMap volume update does.
+        let tmp = dir.path().join("config.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    write(&[w1.port]);
+    let r = router(
+        &s(&[
+            "--rbg-config",
+            file.to_str().unwrap(),
+            "--rbg-role",
+            "worker",
+            "--rbg-poll-secs",
+            "0.1",
+        ]),
+        true,
+    );
+    let urls = || {
+        let (_, body) = get(r.port, "/workers");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let mut u: Vec<String> = v["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["url"].as_str().unwrap().to_string())
+            .collect();
+        u.sort();
+        u
+    };
+    assert_eq!(urls(), [w1.url()]);
+    write(&[w2.port]);
+    assert!(
+        wait_until(Duration::from_secs(5), || urls() == [w2.url()]),
+        "{:?}",
+        urls()
+    );
+    let (st, h, _) = post(r.port, "/generate", r#"{"text":"x"}"#);
+    assert_eq!((st, h["x-fake-worker"].to_str().unwrap()), (200, "w2"));
+    write(&[w1.port, w2.port]);
+    let mut both = vec![w1.url(), w2.url()];
+    both.sort();
+    assert!(wait_until(Duration::from_secs(5), || urls() == both));
+    // A broken file changes nothing.
+    std::fs::write(&file, "roles: [oops").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(urls(), both);
+}
+
+#[test]
+fn cache_aware_keeps_a_conversation_on_one_worker() {
+    let w1 = fake_worker("w1", &[]);
+    let w2 = fake_worker("w2", &[]);
+    let r = router(&s(&["--worker-urls", &w1.url(), &w2.url()]), true);
+    let mut history =
+        String::from("System: you are a helpful assistant. User: tell me a long story about ");
+    let mut first = None;
+    for turn in 0..6 {
+        history.push_str(&format!("turn {turn} and more words to make it grow; "));
+        let (st, h, _) = post(r.port, "/generate", &json!({"text": history}).to_string());
+        assert_eq!(st, 200);
+        let who = h["x-fake-worker"].to_str().unwrap().to_string();
+        let first = first.get_or_insert(who.clone());
+        assert_eq!(&who, first, "turn {turn} moved");
+    }
+    // Consistent hashing: the routing key decides, the same key always the same worker.
+    let r2 = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "consistent_hashing",
+        ]),
+        true,
+    );
+    let send = |key: &str| {
+        let resp = client()
+            .post(format!("http://127.0.0.1:{}/generate", r2.port))
+            .header("x-smg-routing-key", key)
+            .body(r#"{"text":"x"}"#)
+            .send()
+            .unwrap();
+        resp.headers()["x-fake-worker"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let mut seen = std::collections::HashSet::new();
+    for k in 0..20 {
+        let key = format!("session-{k}");
+        let a = send(&key);
+        assert_eq!(send(&key), a);
+        seen.insert(a);
+    }
+    assert_eq!(seen.len(), 2, "20 sessions should use both workers");
+}
