@@ -758,3 +758,14 @@ mod tests {
         assert!(e.to_string().contains("key=value"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod example_file {
+    #[test]
+    fn the_example_config_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/router.toml");
+        let mut c: super::RouterConfig = crate::config::load_toml(&path).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.worker_urls.len(), 2);
+    }
+}
