@@ -7,6 +7,7 @@ use common::{free_port, wait_until, Proc, BIN};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Worker {
@@ -734,4 +735,235 @@ fn cache_aware_keeps_a_conversation_on_one_worker() {
         seen.insert(a);
     }
     assert_eq!(seen.len(), 2, "20 sessions should use both workers");
+}
+
+/// A minimal stand-in for the Kubernetes API server's pod list and watch (the part the router
+/// uses): list with `resourceVersion`, watch streaming line-delimited events, and the
+/// `ERROR` event with code 410 that a real API server sends when a watch's version is too old.
+mod kube_standin {
+    use axum::body::Body;
+    use axum::extract::{Query, State};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use bytes::Bytes;
+    use http_body::Frame;
+    use parking_lot::Mutex;
+    use serde_json::{json, Value};
+    use std::collections::HashMap;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+    use tokio::sync::mpsc;
+
+    #[derive(Default)]
+    pub struct Api {
+        pub pods: Mutex<Vec<Value>>,
+        pub rv: Mutex<u64>,
+        pub watchers: Mutex<Vec<mpsc::UnboundedSender<Bytes>>>,
+        pub lists: Mutex<u32>,
+    }
+
+    struct Events(mpsc::UnboundedReceiver<Bytes>);
+
+    impl http_body::Body for Events {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    pub fn pod(name: &str, ip: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": "w"}},
+               "status": {"phase": "Running", "podIP": ip,
+                          "conditions": [{"type": "Ready", "status": "True"}]}})
+    }
+
+    impl Api {
+        /// Sends an event to every open watch.
+        pub fn send(&self, kind: &str, object: Value) {
+            let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": object})));
+            self.watchers
+                .lock()
+                .retain(|w| w.send(line.clone()).is_ok());
+        }
+        pub fn bump(&self) -> String {
+            let mut rv = self.rv.lock();
+            *rv += 1;
+            rv.to_string()
+        }
+    }
+
+    async fn pods(
+        State(api): State<Arc<Api>>,
+        Query(q): Query<HashMap<String, String>>,
+    ) -> axum::response::Response {
+        assert_eq!(q.get("labelSelector").map(String::as_str), Some("app=w"));
+        if q.get("watch").map(String::as_str) == Some("1") {
+            assert_eq!(
+                q.get("allowWatchBookmarks").map(String::as_str),
+                Some("true")
+            );
+            let (tx, rx) = mpsc::unbounded_channel();
+            api.watchers.lock().push(tx);
+            return axum::response::Response::new(Body::new(Events(rx)));
+        }
+        *api.lists.lock() += 1;
+        let rv = api.rv.lock().to_string();
+        let items = api.pods.lock().clone();
+        axum::Json(json!({"kind": "PodList", "metadata": {"resourceVersion": rv}, "items": items}))
+            .into_response()
+    }
+
+    /// Serves on a free loopback port from a thread of its own; returns the port.
+    pub fn start(api: Arc<Api>) -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new()
+                    .route("/api/v1/namespaces/ns/pods", get(pods))
+                    .with_state(api);
+                let _ = axum::serve(l, app).await;
+            });
+        });
+        port
+    }
+}
+
+#[test]
+fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
+    use kube_standin::{pod, Api};
+    // Two fake workers on the same port, on two loopback addresses (pod IPs).
+    let port = free_port();
+    let spawn_on = |host: &str, name: &str| {
+        let child = Command::new(BIN)
+            .args(["bench", "fake-worker", "--host", host, "--threads", "1"])
+            .args(["--port", &port.to_string(), "--name", name])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Proc {
+            child,
+            name: name.into(),
+        }
+    };
+    let _a = spawn_on("127.0.0.1", "pod-a");
+    let _b = spawn_on("127.0.0.2", "pod-b");
+    let api = Arc::new(Api::default());
+    *api.rv.lock() = 100;
+    api.pods.lock().push(pod("a", "127.0.0.1"));
+    let api_port = kube_standin::start(api.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("config");
+    std::fs::write(
+        &kubeconfig,
+        format!("current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{api_port}\nusers:\n- name: u\n  user:\n    token: test-token\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n"),
+    )
+    .unwrap();
+    let rport = free_port();
+    let child = Command::new(BIN)
+        .args([
+            "router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &rport.to_string(),
+        ])
+        .args([
+            "--prometheus-port",
+            "0",
+            "--service-discovery",
+            "--selector",
+            "app=w",
+        ])
+        .args(["--service-discovery-port", &port.to_string()])
+        .args([
+            "--service-discovery-namespace",
+            "ns",
+            "--policy",
+            "round_robin",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("RBGCTL_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let _router = Proc {
+        child,
+        name: "router".into(),
+    };
+    let urls = || {
+        let (_, body) = get(rport, "/workers");
+        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+        let mut u: Vec<String> = v["workers"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .map(|w| w["url"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        u.sort();
+        u
+    };
+    let a_url = format!("http://127.0.0.1:{port}");
+    let b_url = format!("http://127.0.0.2:{port}");
+    assert!(
+        wait_until(Duration::from_secs(20), || urls() == [a_url.clone()]),
+        "{:?}",
+        urls()
+    );
+    // The watch is open: a bookmark, then pod b becoming ready.
+    assert!(wait_until(Duration::from_secs(10), || !api
+        .watchers
+        .lock()
+        .is_empty()));
+    let rv = api.bump();
+    api.send(
+        "BOOKMARK",
+        json!({"kind": "Pod", "metadata": {"resourceVersion": rv}}),
+    );
+    let mut b = pod("b", "127.0.0.2");
+    b["status"]["conditions"][0]["status"] = json!("False");
+    api.pods.lock().push(b.clone());
+    b["metadata"]["resourceVersion"] = json!(api.bump());
+    api.send("ADDED", b.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(urls(), [&a_url], "a pod that is not Ready is no worker");
+    b["status"]["conditions"][0]["status"] = json!("True");
+    b["metadata"]["resourceVersion"] = json!(api.bump());
+    api.pods.lock()[1] = b.clone();
+    api.send("MODIFIED", b);
+    assert!(wait_until(Duration::from_secs(10), || urls()
+        == [a_url.clone(), b_url.clone()]));
+    // Both serve requests.
+    let mut names = std::collections::HashSet::new();
+    for _ in 0..4 {
+        let (st, h, _) = post(rport, "/generate", r#"{"text":"x"}"#);
+        assert_eq!(st, 200);
+        names.insert(h["x-fake-worker"].to_str().unwrap().to_string());
+    }
+    assert_eq!(names.len(), 2);
+    // Pod a goes away while the watch's history is compacted: the API server answers 410 Gone,
+    // and the router lists again and drops a.
+    api.pods.lock().remove(0);
+    api.bump();
+    let lists_before = *api.lists.lock();
+    api.send("ERROR", json!({"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}));
+    assert!(
+        wait_until(Duration::from_secs(10), || urls() == [b_url.clone()]),
+        "{:?}",
+        urls()
+    );
+    assert!(*api.lists.lock() > lists_before, "no relist after 410");
 }
