@@ -939,7 +939,11 @@ fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
     b["metadata"]["resourceVersion"] = json!(api.bump());
     api.send("ADDED", b.clone());
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(urls(), [&a_url], "a pod that is not Ready is no worker");
+    assert_eq!(
+        urls(),
+        [a_url.as_str()],
+        "a pod that is not Ready is no worker"
+    );
     b["status"]["conditions"][0]["status"] = json!("True");
     b["metadata"]["resourceVersion"] = json!(api.bump());
     api.pods.lock()[1] = b.clone();
