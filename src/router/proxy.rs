@@ -133,6 +133,16 @@ impl http_body::Body for Relay {
     }
 }
 
+/// One request, as each attempt needs it.
+struct Call<'a> {
+    endpoint: Endpoint,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+    info: &'a RouteInfo,
+    input: RouteInput<'a>,
+    rid: &'a str,
+}
+
 /// What one attempt came to.
 enum Attempt {
     /// The answer for the client (success, or an error not worth retrying).
@@ -259,30 +269,18 @@ impl Shared {
                 self.metrics.retries.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(backoff(&self.retry, attempt - 1, fastrand::f64())).await;
             }
+            let call = Call {
+                endpoint,
+                headers,
+                body: &body,
+                info,
+                input,
+                rid,
+            };
             let outcome = if self.pd {
-                self.pd_once(
-                    endpoint,
-                    headers,
-                    &body,
-                    info,
-                    &input,
-                    rid,
-                    &tried,
-                    &mut permit,
-                )
-                .await
+                self.pd_once(&call, &tried, &mut permit).await
             } else {
-                self.once(
-                    endpoint,
-                    headers,
-                    &body,
-                    info,
-                    &input,
-                    rid,
-                    &tried,
-                    &mut permit,
-                )
-                .await
+                self.once(&call, &tried, &mut permit).await
             };
             match outcome {
                 Attempt::Done(r) => {
@@ -314,18 +312,20 @@ impl Shared {
         r
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn once(
         self: &Arc<Self>,
-        endpoint: Endpoint,
-        headers: &HeaderMap,
-        body: &Bytes,
-        _info: &RouteInfo,
-        input: &RouteInput<'_>,
-        rid: &str,
+        call: &Call<'_>,
         tried: &[Arc<str>],
         permit: &mut Option<OwnedSemaphorePermit>,
     ) -> Attempt {
+        let Call {
+            endpoint,
+            headers,
+            body,
+            info: _,
+            ref input,
+            rid,
+        } = *call;
         let Some(worker) = self.choose(&self.policy, WorkerType::Regular, input, tried) else {
             return Attempt::Done(no_workers("", rid));
         };
@@ -382,18 +382,20 @@ impl Shared {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn pd_once(
         self: &Arc<Self>,
-        endpoint: Endpoint,
-        headers: &HeaderMap,
-        body: &Bytes,
-        info: &RouteInfo,
-        input: &RouteInput<'_>,
-        rid: &str,
+        call: &Call<'_>,
         tried: &[Arc<str>],
         permit: &mut Option<OwnedSemaphorePermit>,
     ) -> Attempt {
+        let Call {
+            endpoint,
+            headers,
+            body,
+            info,
+            ref input,
+            rid,
+        } = *call;
         let Some(prefill) = self.choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
         else {
             return Attempt::Done(no_workers("prefill ", rid));

@@ -289,6 +289,21 @@ fn added(s: &Arc<Shared>, w: &Arc<Worker>) {
     background::discover_metadata(s.clone(), w.clone());
 }
 
+/// Adds a worker through the API.
+fn register(
+    s: &Arc<Shared>,
+    spec: WorkerSpec,
+) -> Result<Arc<Worker>, crate::router::worker::RegistryError> {
+    let w = s.registry.add(spec, Source::Api)?;
+    added(s, &w);
+    Ok(w)
+}
+
+/// A duplicate URL.
+fn conflict(e: crate::router::worker::RegistryError) -> Response {
+    error_response(StatusCode::CONFLICT, "conflict", &e.to_string(), "")
+}
+
 async fn add_worker(State(s): S, body: axum::body::Bytes) -> Response {
     let a: AddWorker = match serde_json::from_slice(&body) {
         Ok(a) => a,
@@ -298,22 +313,19 @@ async fn add_worker(State(s): S, body: axum::body::Bytes) -> Response {
         Ok(x) => x,
         Err(e) => return bad(&e),
     };
-    match s.registry.add(spec, Source::Api) {
-        Ok(w) => {
-            added(&s, &w);
-            (
-                StatusCode::ACCEPTED,
-                Json(json!({
-                    "status": "accepted",
-                    "worker_id": w.id,
-                    "url": &*w.url,
-                    "location": format!("/workers/{}", w.id),
-                    "message": "Worker added",
-                })),
-            )
-                .into_response()
-        }
-        Err(e) => error_response(StatusCode::CONFLICT, "conflict", &e.to_string(), ""),
+    match register(&s, spec) {
+        Ok(w) => (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "status": "accepted",
+                "worker_id": w.id,
+                "url": &*w.url,
+                "location": format!("/workers/{}", w.id),
+                "message": "Worker added",
+            })),
+        )
+            .into_response(),
+        Err(e) => conflict(e),
     }
 }
 
@@ -380,16 +392,13 @@ async fn add_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Response {
         Ok(x) => x,
         Err(e) => return bad(&e),
     };
-    match s.registry.add(spec, Source::Api) {
-        Ok(w) => {
-            added(&s, &w);
-            (
-                StatusCode::OK,
-                format!("Successfully added worker: {}", w.url),
-            )
-                .into_response()
-        }
-        Err(e) => error_response(StatusCode::CONFLICT, "conflict", &e.to_string(), ""),
+    match register(&s, spec) {
+        Ok(w) => (
+            StatusCode::OK,
+            format!("Successfully added worker: {}", w.url),
+        )
+            .into_response(),
+        Err(e) => conflict(e),
     }
 }
 
