@@ -2,6 +2,10 @@
 //! pod's service account or from a kubeconfig, JSON GETs, and watches read as line-delimited
 //! JSON events. Used by the router's pod discovery; the operator builds on it.
 
+pub mod patch;
+pub mod selector;
+pub mod standin;
+
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
@@ -240,10 +244,41 @@ pub struct WatchEvent {
     pub object: Value,
 }
 
+/// A patch body and its content type.
+#[derive(Clone, Debug)]
+pub enum Patch {
+    /// RFC 7386 JSON merge patch.
+    Merge(Value),
+    /// RFC 6902 JSON patch (a list of operations).
+    Json(Value),
+    /// Kubernetes strategic merge patch (built-in kinds only).
+    Strategic(Value),
+}
+
+/// Requests sent, split into reads and writes (for metrics and benchmarks).
+#[derive(Debug, Default)]
+pub struct ApiStats {
+    pub reads: std::sync::atomic::AtomicU64,
+    pub writes: std::sync::atomic::AtomicU64,
+}
+
+impl ApiStats {
+    fn count(&self, write: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if write {
+            self.writes.fetch_add(1, Relaxed);
+        } else {
+            self.reads.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Kube {
     pub cfg: KubeConfig,
     http: reqwest::Client,
+    pub stats: std::sync::Arc<ApiStats>,
+    user_agent: Option<String>,
 }
 
 impl Kube {
@@ -271,7 +306,18 @@ impl Kube {
         let http = b
             .build()
             .map_err(|e| KubeError::Config(format!("HTTP client: {e}")))?;
-        Ok(Kube { cfg, http })
+        Ok(Kube {
+            cfg,
+            http,
+            stats: Default::default(),
+            user_agent: None,
+        })
+    }
+
+    /// Sets the User-Agent header (the operator names its identity there).
+    pub fn with_user_agent(mut self, ua: &str) -> Kube {
+        self.user_agent = Some(ua.to_string());
+        self
     }
 
     /// The bearer token (a token file is re-read each time: projected tokens rotate).
@@ -289,9 +335,30 @@ impl Kube {
         path: &str,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response, KubeError> {
-        let mut req = self.http.get(format!("{}{}", self.cfg.server, path));
+        self.send_with(reqwest::Method::GET, path, None, timeout)
+            .await
+    }
+
+    async fn send_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, KubeError> {
+        self.stats.count(method != reqwest::Method::GET);
+        let mut req = self
+            .http
+            .request(method, format!("{}{}", self.cfg.server, path))
+            .header("accept", "application/json");
         if let Some(t) = self.token() {
             req = req.bearer_auth(t);
+        }
+        if let Some(ua) = &self.user_agent {
+            req = req.header("user-agent", ua.as_str());
+        }
+        if let Some((ct, bytes)) = body {
+            req = req.header("content-type", ct).body(bytes);
         }
         if let Some(t) = timeout {
             req = req.timeout(t);
@@ -316,12 +383,109 @@ impl Kube {
         Ok(resp)
     }
 
-    pub async fn get_json(&self, path: &str) -> Result<Value, KubeError> {
-        let resp = self.send(path, Some(Duration::from_secs(30))).await?;
+    async fn json_of(path: &str, resp: reqwest::Response) -> Result<Value, KubeError> {
         resp.json().await.map_err(|e| KubeError::Decode {
             path: path.to_string(),
             reason: e.to_string(),
         })
+    }
+
+    pub async fn get_json(&self, path: &str) -> Result<Value, KubeError> {
+        let resp = self.send(path, Some(Duration::from_secs(30))).await?;
+        Self::json_of(path, resp).await
+    }
+
+    /// Every item of a collection, following `continue` tokens; returns the items and the
+    /// list's resourceVersion (to watch from). `query` is appended (`&labelSelector=...`).
+    pub async fn list_all(&self, path: &str, query: &str) -> Result<(Vec<Value>, String), KubeError> {
+        let mut items = Vec::new();
+        let mut cont = String::new();
+        loop {
+            let mut q = format!("limit=500{query}");
+            if !cont.is_empty() {
+                q.push_str(&format!("&continue={}", encode(&cont)));
+            }
+            let page = self.get_json(&format!("{path}?{q}")).await?;
+            if let Some(a) = page.get("items").and_then(Value::as_array) {
+                items.extend(a.iter().cloned());
+            }
+            cont = page
+                .pointer("/metadata/continue")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if cont.is_empty() {
+                let rv = page
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                return Ok((items, rv));
+            }
+        }
+    }
+
+    async fn write(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        ct: &'static str,
+        body: &Value,
+    ) -> Result<Value, KubeError> {
+        let resp = self
+            .send_with(
+                method,
+                path,
+                Some((ct, body.to_string().into_bytes())),
+                Some(Duration::from_secs(30)),
+            )
+            .await?;
+        Self::json_of(path, resp).await
+    }
+
+    /// POST to a collection.
+    pub async fn create(&self, path: &str, obj: &Value) -> Result<Value, KubeError> {
+        self.write(reqwest::Method::POST, path, "application/json", obj)
+            .await
+    }
+
+    /// PUT of a whole object; its `metadata.resourceVersion` makes it conditional (409 when
+    /// someone else wrote first).
+    pub async fn replace(&self, path: &str, obj: &Value) -> Result<Value, KubeError> {
+        self.write(reqwest::Method::PUT, path, "application/json", obj)
+            .await
+    }
+
+    pub async fn patch(&self, path: &str, patch: &Patch) -> Result<Value, KubeError> {
+        let (ct, body) = match patch {
+            Patch::Merge(v) => ("application/merge-patch+json", v),
+            Patch::Json(v) => ("application/json-patch+json", v),
+            Patch::Strategic(v) => ("application/strategic-merge-patch+json", v),
+        };
+        self.write(reqwest::Method::PATCH, path, ct, body).await
+    }
+
+    /// DELETE, only while the object still has this UID if one is given. A missing object
+    /// is not an error: `Ok(false)`.
+    pub async fn delete(&self, path: &str, uid: Option<&str>) -> Result<bool, KubeError> {
+        let body = uid.map(|u| {
+            let opts = serde_json::json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                "preconditions": {"uid": u}, "propagationPolicy": "Background"});
+            ("application/json", opts.to_string().into_bytes())
+        });
+        let r = self
+            .send_with(
+                reqwest::Method::DELETE,
+                path,
+                body,
+                Some(Duration::from_secs(30)),
+            )
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some(404) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Opens a watch (`path` carries `watch=1` and the other query parameters).
