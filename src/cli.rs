@@ -25,6 +25,9 @@ pub enum Command {
     /// OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing,
     /// prefill/decode disaggregation, health checks, retries, circuit breakers.
     Router(Box<crate::router::config::RouterArgs>),
+    /// Kubernetes controller for RoleBasedGroup objects (ordered startup, in-place upgrade,
+    /// coordination, discovery), talking plain REST to the API server.
+    Operator(crate::operator::OperatorArgs),
     /// A master and N stores on loopback, in one command.
     Up(crate::up::UpArgs),
     /// Put, get and inspect objects from the command line.

@@ -5,7 +5,9 @@
 //! - `master`: the pool manager (segments, objects, replicas, leases, eviction, HTTP servers).
 //! - `store`: a storage node contributing a segment of memory.
 //! - `client`: the library inference engines use to put and get KV-cache objects.
-//! - `router`: the gateway in front of inference workers (in progress: the cache-aware tree).
+//! - `router`: the gateway in front of inference workers.
+//! - `operator`: the RoleBasedGroup controller (plain REST to the Kubernetes API server); `kube`
+//!   is its client, patch algebra, and an in-process API server stand-in for tests.
 //! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
 //! - `config`, `telemetry`: shared configuration layering and observability.
 
@@ -16,6 +18,7 @@ pub mod config;
 pub mod kube;
 pub mod kv;
 pub mod master;
+pub mod operator;
 pub mod router;
 pub mod store;
 pub mod telemetry;

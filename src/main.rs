@@ -27,6 +27,7 @@ fn dispatch(invocation: Invocation) -> anyhow::Result<()> {
                 rbgctl::store::run(args.resolve(&MooncakeEnv::from_process()?)?)?
             }
             Command::Router(args) => rbgctl::router::run(args.resolve()?)?,
+            Command::Operator(args) => rbgctl::operator::run(args)?,
             Command::Up(args) => rbgctl::up::run(args)?,
             Command::Kv(args) => rbgctl::kv::run(args)?,
             Command::Bench(args) => rbgctl::bench::run(args)?,

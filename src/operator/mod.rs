@@ -1,0 +1,282 @@
+//! `rbgctl operator`: the RoleBasedGroup controller, over plain REST.
+//!
+//! - `model`: a group's JSON (v1alpha1 or v1alpha2 form) as one model; dependency tiers.
+//! - `desired`: the pods, Services, discovery ConfigMap and EndpointSlices a group should
+//!   have, and the revision hashes (pure).
+//! - `plan`: the next rollout step of a role from its pods (pure).
+//! - `coordination`: maxSkew for rolling updates and scaling across roles (pure).
+//! - `informer`: list + watch caches; `queue`: the work queue; `leader`: Lease election.
+//! - `controller`: the reconcile that ties them together.
+
+pub mod controller;
+pub mod coordination;
+pub mod desired;
+pub mod informer;
+pub mod leader;
+pub mod model;
+pub mod plan;
+pub mod queue;
+
+use crate::kube::{Kube, KubeConfig};
+use crate::telemetry::PromText;
+use clap::Args;
+use controller::{Caches, Controller};
+use informer::Source;
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Args)]
+pub struct OperatorArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "RBGCTL_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Reconciles running at once (different groups only).
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Reconcile every group this often even without changes (0: never).
+    #[arg(long, default_value_t = 300)]
+    pub resync_secs: u64,
+    /// Writes per second to the API server (token bucket; 0: unlimited).
+    #[arg(long, default_value_t = 50.0)]
+    pub kube_api_qps: f64,
+    #[arg(long, default_value_t = 100.0)]
+    pub kube_api_burst: f64,
+    /// Take part in leader election (only the Lease holder acts).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "rbgctl-operator")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the operator's own namespace).
+    #[arg(long)]
+    pub lease_namespace: Option<String>,
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_secs: u64,
+    /// This replica's name in the Lease (default: hostname and pid).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 disables.
+    #[arg(long, default_value_t = 8081)]
+    pub metrics_port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub metrics_host: String,
+    /// Server-side timeout asked of each watch, in seconds.
+    #[arg(long, default_value_t = 290)]
+    pub watch_timeout_secs: u64,
+}
+
+fn identity(args: &OperatorArgs) -> String {
+    args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "rbgctl".into());
+        format!("{host}_{}", std::process::id())
+    })
+}
+
+/// The group a child belongs to (by its group label).
+fn owner_group_key(obj: &Value) -> Option<String> {
+    let ns = obj.pointer("/metadata/namespace")?.as_str()?;
+    let g = obj
+        .pointer("/metadata/labels")?
+        .get(desired::GROUP)?
+        .as_str()?;
+    Some(format!("{ns}/{g}"))
+}
+
+pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(args))
+}
+
+/// Runs the operator until Ctrl-C/SIGTERM (or until it loses its lease, which is an error:
+/// the pod restarts and stands by).
+pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
+    let cfg = match &args.kubeconfig {
+        Some(p) => KubeConfig::from_kubeconfig(p)?,
+        None => KubeConfig::infer()?,
+    };
+    let me = identity(&args);
+    let kube = Kube::new(cfg.clone())?.with_user_agent(&format!("rbgctl-operator/{me}"));
+    let leader = Arc::new(AtomicBool::new(!args.leader_elect));
+    let caches = Caches::default();
+    let queue = queue::Queue::new();
+    let ctl = Arc::new(Controller::new(
+        kube.clone(),
+        caches.clone(),
+        queue.clone(),
+        args.kube_api_qps,
+        args.kube_api_burst,
+    ));
+    if args.metrics_port != 0 {
+        start_metrics(&args, ctl.clone(), leader.clone()).await?;
+    }
+    let mut elector = None;
+    if args.leader_elect {
+        let ns = args.lease_namespace.clone().unwrap_or(cfg.namespace.clone());
+        let lease = Duration::from_secs(args.lease_duration_secs.max(1));
+        let mut e = leader::Elector::new(kube.clone(), &ns, &args.lease_name, &me, lease);
+        tracing::info!(identity = %me, lease = %args.lease_name, namespace = %ns, "waiting for the lease");
+        let retry = (lease / 4).max(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                r = e.try_acquire() => match r {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(err) => tracing::warn!(error = %err, "lease"),
+                },
+                _ = crate::shutdown_signal() => return Ok(()),
+            }
+            tokio::time::sleep(retry).await;
+        }
+        tracing::info!(identity = %me, "leading");
+        leader.store(true, Ordering::Release);
+        elector = Some(e);
+    }
+    start_informers(&args, &kube, &caches, &queue);
+    for _ in 0..args.workers.max(1) {
+        let ctl = ctl.clone();
+        tokio::spawn(async move {
+            loop {
+                let key = ctl.queue.get().await;
+                match ctl.reconcile(&key).await {
+                    Ok(()) => ctl.queue.forget(&key),
+                    Err(e) => {
+                        ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                        let d = ctl.queue.retry(&key);
+                        if !matches!(e, controller::ReconcileError::NotSynced) {
+                            tracing::warn!(group = %key, error = %e, retry_in = ?d, "reconcile failed");
+                        }
+                    }
+                }
+                ctl.queue.done(&key);
+            }
+        });
+    }
+    if args.resync_secs > 0 {
+        let (q, groups, every) = (queue.clone(), caches.groups.clone(), Duration::from_secs(args.resync_secs));
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(every);
+            t.tick().await;
+            loop {
+                t.tick().await;
+                for k in groups.keys() {
+                    q.add(&k);
+                }
+            }
+        });
+    }
+    match elector {
+        None => {
+            crate::shutdown_signal().await;
+            Ok(())
+        }
+        Some(mut e) => {
+            let renew = (e.lease / 3).max(Duration::from_millis(200));
+            let mut last_ok = std::time::Instant::now();
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(renew) => {}
+                    _ = crate::shutdown_signal() => {
+                        e.release().await;
+                        return Ok(());
+                    }
+                }
+                match e.try_acquire().await {
+                    Ok(true) => last_ok = std::time::Instant::now(),
+                    Ok(false) => anyhow::bail!("lost the lease to another replica; exiting so that only one acts"),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "lease renewal failed");
+                        if last_ok.elapsed() > e.lease * 2 / 3 {
+                            anyhow::bail!("could not renew the lease in time; exiting so that only one replica acts");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queue: &Arc<queue::Queue>) {
+    let scoped = |api: &str, plural: &str| match &args.namespace {
+        Some(ns) => format!("{api}/namespaces/{ns}/{plural}"),
+        None => format!("{api}/{plural}"),
+    };
+    let managed = format!("&labelSelector={}", crate::kube::encode(&format!("{}={}", desired::MANAGED_BY, desired::MANAGER)));
+    let sources = [
+        (Source { name: "rolebasedgroups", path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "rolebasedgroups"), query: String::new() }, caches.groups.clone()),
+        (Source { name: "coordinatedpolicies", path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "coordinatedpolicies"), query: String::new() }, caches.policies.clone()),
+        (Source { name: "pods", path: scoped("/api/v1", "pods"), query: managed.clone() }, caches.pods.clone()),
+        (Source { name: "services", path: scoped("/api/v1", "services"), query: managed.clone() }, caches.services.clone()),
+        (Source { name: "configmaps", path: scoped("/api/v1", "configmaps"), query: managed.clone() }, caches.configmaps.clone()),
+        (Source { name: "endpointslices", path: scoped("/apis/discovery.k8s.io/v1", "endpointslices"), query: managed }, caches.slices.clone()),
+    ];
+    let timeout = Duration::from_secs(args.watch_timeout_secs.max(1));
+    for (src, store) in sources {
+        let q = queue.clone();
+        // Groups and policies are keys themselves; children name their group in a label.
+        let own_key = matches!(src.name, "rolebasedgroups" | "coordinatedpolicies");
+        let notify: Arc<dyn Fn(&Value) + Send + Sync> = Arc::new(move |o: &Value| {
+            let k = if own_key {
+                Some(informer::key_of(o))
+            } else {
+                owner_group_key(o)
+            };
+            if let Some(k) = k {
+                q.add(&k);
+            }
+        });
+        tokio::spawn(informer::run(kube.clone(), src, store, notify, timeout));
+    }
+}
+
+async fn start_metrics(
+    args: &OperatorArgs,
+    ctl: Arc<Controller>,
+    leader: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind((args.metrics_host.as_str(), args.metrics_port)).await?;
+    let metrics = {
+        let (ctl, leader) = (ctl.clone(), leader.clone());
+        move || {
+            let (ctl, leader) = (ctl.clone(), leader.clone());
+            async move {
+                let m = &ctl.metrics;
+                let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+                let mut p = PromText::new();
+                p.single("rbgctl_operator_is_leader", "gauge", "1 while this replica holds the lease",
+                         if leader.load(Ordering::Acquire) { 1.0 } else { 0.0 });
+                p.single("rbgctl_operator_reconciles_total", "counter", "Reconciles run", l(&m.reconciles));
+                p.single("rbgctl_operator_reconcile_errors_total", "counter", "Reconciles that failed (retried with backoff)", l(&m.errors));
+                p.single("rbgctl_operator_queue_depth", "gauge", "Groups waiting for a reconcile", ctl.queue.len() as f64);
+                p.single("rbgctl_operator_groups", "gauge", "RoleBasedGroups in the cache", ctl.caches.groups.len() as f64);
+                p.family("rbgctl_operator_pod_actions_total", "counter", "Pod writes by action");
+                p.sample("rbgctl_operator_pod_actions_total", &[("action", "create")], l(&m.pods_created));
+                p.sample("rbgctl_operator_pod_actions_total", &[("action", "delete")], l(&m.pods_deleted));
+                p.sample("rbgctl_operator_pod_actions_total", &[("action", "inplace")], l(&m.pods_inplace));
+                p.single("rbgctl_operator_status_writes_total", "counter", "Group status writes", l(&m.status_writes));
+                p.family("rbgctl_operator_api_requests_total", "counter", "Requests sent to the API server");
+                p.sample("rbgctl_operator_api_requests_total", &[("kind", "read")], ctl.kube.stats.reads.load(Ordering::Relaxed) as f64);
+                p.sample("rbgctl_operator_api_requests_total", &[("kind", "write")], ctl.kube.stats.writes.load(Ordering::Relaxed) as f64);
+                p.finish()
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok" }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }));
+    tracing::info!(addr = %listener.local_addr()?, "operator metrics");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(())
+}

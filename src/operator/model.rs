@@ -1,0 +1,567 @@
+//! A RoleBasedGroup read from its JSON, in either API form (`v1alpha1`: `roles[].template`,
+//! `workload`, `leaderWorkerSet`, `spec.coordination`; `v1alpha2`: `standalonePattern`,
+//! `leaderWorkerPattern`, `roleTemplates`), into one model the controller works on.
+
+use crate::kube::patch;
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SpecError {
+    #[error("role {role:?}: {reason}")]
+    Role { role: String, reason: String },
+    #[error("{0}")]
+    Group(String),
+}
+
+fn role_err(role: &str, reason: impl Into<String>) -> SpecError {
+    SpecError::Role {
+        role: role.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// An int-or-percent field (`2`, `"2"`, `"25%"`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum IntOrPct {
+    Int(u32),
+    Pct(u32),
+}
+
+impl IntOrPct {
+    pub fn parse(v: &Value) -> Result<IntOrPct, String> {
+        match v {
+            Value::Number(n) => n
+                .as_u64()
+                .map(|n| IntOrPct::Int(n as u32))
+                .ok_or_else(|| format!("{n} is not a non-negative integer")),
+            Value::String(s) => {
+                let s = s.trim();
+                if let Some(p) = s.strip_suffix('%') {
+                    p.parse()
+                        .map(IntOrPct::Pct)
+                        .map_err(|_| format!("{s:?} is not a percentage"))
+                } else {
+                    s.parse()
+                        .map(IntOrPct::Int)
+                        .map_err(|_| format!("{s:?} is not an integer or a percentage"))
+                }
+            }
+            other => Err(format!("{other} is not an integer or a percentage")),
+        }
+    }
+
+    /// The count this stands for out of `total`.
+    pub fn resolve(self, total: u32, round_up: bool) -> u32 {
+        match self {
+            IntOrPct::Int(n) => n,
+            IntOrPct::Pct(p) => {
+                let x = total as u64 * p as u64;
+                (if round_up { x.div_ceil(100) } else { x / 100 }) as u32
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pattern {
+    /// One pod per instance, named like the instance.
+    Standalone,
+    /// `size` pods per instance: `<instance>-0` the leader, the rest workers.
+    LeaderWorker {
+        size: u32,
+        leader_patch: Value,
+        worker_patch: Value,
+        /// The role's Service selects only leaders (the RoleInstanceSet default).
+        leader_only_service: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rollout {
+    /// `Recreate`/`RecreatePod`: never update in place.
+    pub recreate: bool,
+    pub max_unavailable: IntOrPct,
+    pub max_surge: IntOrPct,
+    pub partition: IntOrPct,
+    pub paused: bool,
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Rollout {
+            recreate: false,
+            max_unavailable: IntOrPct::Int(1),
+            max_surge: IntOrPct::Int(0),
+            partition: IntOrPct::Int(0),
+            paused: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Role {
+    pub name: String,
+    pub replicas: u32,
+    pub dependencies: Vec<String>,
+    /// The pod template (`metadata`, `spec`), templateRef and patches resolved.
+    pub template: Value,
+    pub pattern: Pattern,
+    /// Instances have random names and no ordinal (`Stateless` pattern, Deployment workload).
+    pub stateless: bool,
+    pub rollout: Rollout,
+    /// `servicePorts` as (name, port), for the discovery file.
+    pub service_ports: Vec<(String, u16)>,
+}
+
+impl Role {
+    pub fn size(&self) -> u32 {
+        match &self.pattern {
+            Pattern::Standalone => 1,
+            Pattern::LeaderWorker { size, .. } => *size,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Progression {
+    None,
+    OrderScheduled,
+    OrderReady,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RollingRule {
+    pub max_skew_pct: Option<u32>,
+    pub partition: Option<IntOrPct>,
+    pub max_unavailable: Option<IntOrPct>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalingRule {
+    pub max_skew_pct: u32,
+    pub progression: Progression,
+}
+
+/// One coordination rule: roles that roll out or scale together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Coordination {
+    pub name: String,
+    pub roles: Vec<String>,
+    pub rolling: Option<RollingRule>,
+    pub scaling: Option<ScalingRule>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub generation: i64,
+    /// Written in the v1alpha1 form (gets the old `<group>-<role>` Service names too).
+    pub legacy: bool,
+    pub roles: Vec<Role>,
+    pub coordination: Vec<Coordination>,
+}
+
+fn s<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
+    v.pointer(path).and_then(Value::as_str)
+}
+
+/// Whether a group is written in the v1alpha1 form.
+pub fn is_legacy(obj: &Value) -> bool {
+    if s(obj, "/apiVersion") == Some("workloads.x-k8s.io/v1alpha1") {
+        return true;
+    }
+    let spec = &obj["spec"];
+    if spec.get("coordination").is_some() || spec.get("podGroupPolicy").is_some() {
+        return true;
+    }
+    spec["roles"].as_array().is_some_and(|roles| {
+        roles.iter().any(|r| {
+            ["template", "templateRef", "workload", "leaderWorkerSet", "components"]
+                .iter()
+                .any(|f| r.get(*f).is_some())
+        })
+    })
+}
+
+fn percent(v: &Value, what: &str) -> Result<u32, String> {
+    match IntOrPct::parse(v)? {
+        IntOrPct::Pct(p) if p <= 100 => Ok(p),
+        _ => Err(format!("{what}: {v} must be a percentage like \"10%\"")),
+    }
+}
+
+fn parse_coordination(list: &Value) -> Result<Vec<Coordination>, SpecError> {
+    let mut out = Vec::new();
+    for (i, c) in list.as_array().into_iter().flatten().enumerate() {
+        let name = s(c, "/name").unwrap_or("").to_string();
+        let bad = |m: String| SpecError::Group(format!("coordination {i} ({name}): {m}"));
+        let roles: Vec<String> = c["roles"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default();
+        if roles.is_empty() {
+            return Err(bad("names no roles".into()));
+        }
+        let st = &c["strategy"];
+        let rolling = match st.get("rollingUpdate") {
+            None | Some(Value::Null) => None,
+            Some(r) => Some(RollingRule {
+                max_skew_pct: r
+                    .get("maxSkew")
+                    .map(|v| percent(v, "maxSkew"))
+                    .transpose()
+                    .map_err(bad)?,
+                partition: r
+                    .get("partition")
+                    .map(IntOrPct::parse)
+                    .transpose()
+                    .map_err(bad)?,
+                max_unavailable: r
+                    .get("maxUnavailable")
+                    .map(IntOrPct::parse)
+                    .transpose()
+                    .map_err(bad)?,
+            }),
+        };
+        let scaling = match st.get("scaling") {
+            None | Some(Value::Null) => None,
+            Some(r) => Some(ScalingRule {
+                max_skew_pct: r
+                    .get("maxSkew")
+                    .map(|v| percent(v, "maxSkew"))
+                    .transpose()
+                    .map_err(bad)?
+                    .unwrap_or(100),
+                progression: match s(r, "/progression") {
+                    None | Some("") => Progression::None,
+                    Some("OrderScheduled") => Progression::OrderScheduled,
+                    Some("OrderReady") => Progression::OrderReady,
+                    Some(o) => return Err(bad(format!("unknown progression {o:?}"))),
+                },
+            }),
+        };
+        out.push(Coordination {
+            name,
+            roles,
+            rolling,
+            scaling,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a CoordinatedPolicy's `spec.policies` (same shape as v1alpha1 `coordination`).
+pub fn parse_policy(obj: &Value) -> Result<Vec<Coordination>, SpecError> {
+    parse_coordination(&obj["spec"]["policies"])
+}
+
+fn role_template(spec: &Value, name: &str, reference: &str) -> Result<Value, SpecError> {
+    spec["roleTemplates"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| s(t, "/name") == Some(reference)))
+        .map(|t| t["template"].clone())
+        .ok_or_else(|| role_err(name, format!("templateRef {reference:?} is not in spec.roleTemplates")))
+}
+
+/// `template` or `templateRef` (+ patch) of a pattern or of a v1alpha1 role.
+fn template_of(
+    spec: &Value,
+    name: &str,
+    holder: &Value,
+    ref_patch: Option<&Value>,
+) -> Result<Value, SpecError> {
+    match (holder.get("template"), holder.get("templateRef")) {
+        (Some(_), Some(_)) => Err(role_err(name, "template and templateRef are exclusive")),
+        (Some(t), None) => Ok(t.clone()),
+        (None, Some(r)) => {
+            let reference = s(r, "/name").unwrap_or("");
+            let mut t = role_template(spec, name, reference)?;
+            if let Some(p) = r.get("patch").or(ref_patch).filter(|p| !p.is_null()) {
+                patch::strategic_merge(&mut t, p);
+            }
+            Ok(t)
+        }
+        (None, None) => Err(role_err(name, "has no template")),
+    }
+}
+
+fn parse_rollout(name: &str, r: &Value) -> Result<Rollout, SpecError> {
+    let mut out = Rollout::default();
+    let ru = r.pointer("/rolloutStrategy/rollingUpdate");
+    let Some(ru) = ru.filter(|v| !v.is_null()) else {
+        return Ok(out);
+    };
+    out.recreate = match s(ru, "/type") {
+        None | Some("") => false,
+        Some("InPlaceIfPossible" | "InplaceIfPossible" | "InPlaceOnly") => false,
+        Some("Recreate" | "RecreatePod") => true,
+        Some(o) => return Err(role_err(name, format!("unknown rollingUpdate.type {o:?}"))),
+    };
+    let field = |f: &str| -> Result<Option<IntOrPct>, SpecError> {
+        ru.get(f)
+            .filter(|v| !v.is_null())
+            .map(|v| IntOrPct::parse(v).map_err(|e| role_err(name, format!("{f}: {e}"))))
+            .transpose()
+    };
+    if let Some(v) = field("maxUnavailable")? {
+        out.max_unavailable = v;
+    }
+    if let Some(v) = field("maxSurge")? {
+        out.max_surge = v;
+    }
+    if let Some(v) = field("partition")? {
+        out.partition = v;
+    }
+    out.paused = ru.get("paused").and_then(Value::as_bool).unwrap_or(false);
+    Ok(out)
+}
+
+fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> {
+    let name = s(r, "/name").unwrap_or("").to_string();
+    if !crate::kube::standin::is_dns_label(&name) {
+        return Err(role_err(&name, "name must be a DNS label"));
+    }
+    let replicas = match r.get("replicas") {
+        None | Some(Value::Null) => 1,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= 100_000)
+            .ok_or_else(|| role_err(&name, format!("replicas {v} is not a count")))?
+            as u32,
+    };
+    let dependencies = r["dependencies"]
+        .as_array()
+        .map(|d| d.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
+    let annotations = &r["annotations"];
+    let pattern_annotation = s(annotations, "/rbg.workloads.x-k8s.io~1role-instance-pattern")
+        .or_else(|| s(annotations, "/instance.rolebasedgroup.workloads.x-k8s.io~1pattern"));
+    let workload_kind = if legacy {
+        s(r, "/workload/kind").unwrap_or("StatefulSet").to_string()
+    } else {
+        s(annotations, "/rbg.workloads.x-k8s.io~1role-workload-type")
+            .and_then(|t| t.rsplit('/').next())
+            .unwrap_or("RoleInstanceSet")
+            .to_string()
+    };
+    let stateless = pattern_annotation == Some("Stateless") || workload_kind == "Deployment";
+    let (template, pattern) = if legacy {
+        let patch = r.get("templatePatch");
+        let template = template_of(spec, &name, r, patch)?;
+        match r.get("leaderWorkerSet").filter(|v| !v.is_null()) {
+            Some(lws) => (
+                template,
+                Pattern::LeaderWorker {
+                    size: lws["size"].as_u64().unwrap_or(1).max(1) as u32,
+                    leader_patch: lws.get("patchLeaderTemplate").cloned().unwrap_or(Value::Null),
+                    worker_patch: lws.get("patchWorkerTemplate").cloned().unwrap_or(Value::Null),
+                    leader_only_service: false,
+                },
+            ),
+            None => (template, Pattern::Standalone),
+        }
+    } else if let Some(p) = r.get("standalonePattern").filter(|v| !v.is_null()) {
+        if r.get("leaderWorkerPattern").is_some() {
+            return Err(role_err(&name, "standalonePattern and leaderWorkerPattern are exclusive"));
+        }
+        (template_of(spec, &name, p, None)?, Pattern::Standalone)
+    } else if let Some(p) = r.get("leaderWorkerPattern").filter(|v| !v.is_null()) {
+        let leader_only = match s(p, "/sharedServiceSelection") {
+            Some("All") => false,
+            Some("LeaderOnly") | None => true,
+            Some(o) => return Err(role_err(&name, format!("unknown sharedServiceSelection {o:?}"))),
+        };
+        (
+            template_of(spec, &name, p, None)?,
+            Pattern::LeaderWorker {
+                size: p["size"].as_u64().unwrap_or(1).max(1) as u32,
+                leader_patch: p.get("leaderTemplatePatch").cloned().unwrap_or(Value::Null),
+                worker_patch: p.get("workerTemplatePatch").cloned().unwrap_or(Value::Null),
+                leader_only_service: leader_only,
+            },
+        )
+    } else if r.get("customComponentsPattern").is_some() {
+        return Err(role_err(&name, "customComponentsPattern is not supported by rbgctl yet"));
+    } else {
+        return Err(role_err(
+            &name,
+            "needs standalonePattern or leaderWorkerPattern (v1alpha2) or template (v1alpha1)",
+        ));
+    };
+    if !template["spec"]["containers"]
+        .as_array()
+        .is_some_and(|c| !c.is_empty())
+    {
+        return Err(role_err(&name, "template has no containers"));
+    }
+    let service_ports = r["servicePorts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            let port = p["port"].as_u64()? as u16;
+            let key = s(p, "/name")
+                .map(|n| n.to_lowercase().replace('-', "_"))
+                .unwrap_or_else(|| format!("port{port}"));
+            Some((key, port))
+        })
+        .collect();
+    Ok(Role {
+        rollout: parse_rollout(&name, r)?,
+        name,
+        replicas,
+        dependencies,
+        template,
+        pattern,
+        stateless,
+        service_ports,
+    })
+}
+
+/// The model of a group object; a spec error names the role and field.
+pub fn parse_group(obj: &Value) -> Result<Group, SpecError> {
+    let legacy = is_legacy(obj);
+    let spec = &obj["spec"];
+    let roles_json = spec["roles"]
+        .as_array()
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| SpecError::Group("spec.roles: at least one role is required".into()))?;
+    let mut roles = Vec::new();
+    for r in roles_json {
+        let role = parse_role(spec, r, legacy)?;
+        if roles.iter().any(|x: &Role| x.name == role.name) {
+            return Err(role_err(&role.name, "appears twice"));
+        }
+        roles.push(role);
+    }
+    Ok(Group {
+        name: s(obj, "/metadata/name").unwrap_or("").to_string(),
+        namespace: s(obj, "/metadata/namespace").unwrap_or("default").to_string(),
+        uid: s(obj, "/metadata/uid").unwrap_or("").to_string(),
+        generation: obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0),
+        legacy,
+        roles,
+        coordination: parse_coordination(&spec["coordination"])?,
+    })
+}
+
+/// Roles in dependency tiers (a role's tier is one more than its deepest dependency's);
+/// unknown dependencies and cycles are errors.
+pub fn dependency_tiers(roles: &[Role]) -> Result<Vec<Vec<String>>, SpecError> {
+    use std::collections::BTreeMap;
+    let by_name: BTreeMap<&str, &Role> = roles.iter().map(|r| (r.name.as_str(), r)).collect();
+    for r in roles {
+        for d in &r.dependencies {
+            if !by_name.contains_key(d.as_str()) {
+                return Err(role_err(&r.name, format!("depends on {d:?}, which is not a role of this group")));
+            }
+        }
+    }
+    let mut tier: BTreeMap<&str, usize> = BTreeMap::new();
+    fn visit<'a>(
+        n: &'a str,
+        by_name: &BTreeMap<&'a str, &'a Role>,
+        tier: &mut BTreeMap<&'a str, usize>,
+        path: &mut Vec<&'a str>,
+    ) -> Result<usize, SpecError> {
+        if let Some(t) = tier.get(n) {
+            return Ok(*t);
+        }
+        if path.contains(&n) {
+            path.push(n);
+            return Err(SpecError::Group(format!("dependency cycle: {}", path.join(" -> "))));
+        }
+        path.push(n);
+        let mut t = 0;
+        for d in &by_name[n].dependencies {
+            t = t.max(visit(d, by_name, tier, path)? + 1);
+        }
+        path.pop();
+        tier.insert(n, t);
+        Ok(t)
+    }
+    for r in roles {
+        visit(&r.name, &by_name, &mut tier, &mut Vec::new())?;
+    }
+    let depth = tier.values().max().copied().unwrap_or(0);
+    let mut out = vec![Vec::new(); depth + 1];
+    for r in roles {
+        out[tier[r.name.as_str()]].push(r.name.clone());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn role(name: &str, deps: &[&str]) -> Value {
+        json!({"name": name, "dependencies": deps,
+               "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}})
+    }
+
+    #[test]
+    fn int_or_percent_resolves_with_rounding() {
+        assert_eq!(IntOrPct::parse(&json!("25%")).unwrap().resolve(10, false), 2);
+        assert_eq!(IntOrPct::parse(&json!("25%")).unwrap().resolve(10, true), 3);
+        assert_eq!(IntOrPct::parse(&json!(3)).unwrap().resolve(10, true), 3);
+        assert_eq!(IntOrPct::parse(&json!("4")).unwrap(), IntOrPct::Int(4));
+        assert!(IntOrPct::parse(&json!("x%")).is_err());
+        assert!(IntOrPct::parse(&json!(-1)).is_err());
+    }
+
+    #[test]
+    fn dependencies_form_tiers_and_bad_ones_are_named() {
+        let g = parse_group(&json!({"metadata": {"name": "g"}, "spec": {"roles": [
+            role("router", &["prefill", "decode"]), role("prefill", &["master"]),
+            role("decode", &["master"]), role("master", &[])]}}))
+        .unwrap();
+        assert!(g.legacy);
+        assert_eq!(
+            dependency_tiers(&g.roles).unwrap(),
+            vec![vec!["master"], vec!["prefill", "decode"], vec!["router"]]
+        );
+        let mut bad = g.roles.clone();
+        bad[3].dependencies = vec!["nope".into()];
+        let e = dependency_tiers(&bad).unwrap_err().to_string();
+        assert!(e.contains("master") && e.contains("nope"), "{e}");
+        let mut cyc = g.roles.clone();
+        cyc[3].dependencies = vec!["router".into()];
+        let e = dependency_tiers(&cyc).unwrap_err().to_string();
+        assert!(e.contains("cycle"), "{e}");
+    }
+
+    #[test]
+    fn v1alpha2_patterns_and_role_templates_resolve() {
+        let g = parse_group(&json!({"metadata": {"name": "g"}, "spec": {
+            "roleTemplates": [{"name": "base", "template": {"spec": {"containers": [
+                {"name": "c", "image": "x:1", "env": [{"name": "A", "value": "1"}]}]}}}],
+            "roles": [
+              {"name": "a", "replicas": 2, "standalonePattern": {"templateRef": {"name": "base",
+                 "patch": {"spec": {"containers": [{"name": "c", "image": "x:2"}]}}}},
+               "rolloutStrategy": {"rollingUpdate": {"type": "RecreatePod", "maxSurge": "50%", "paused": true}}},
+              {"name": "b", "leaderWorkerPattern": {"size": 3, "templateRef": {"name": "base"},
+                 "workerTemplatePatch": {"metadata": {"labels": {"w": "1"}}}},
+               "annotations": {"rbg.workloads.x-k8s.io/role-instance-pattern": "Stateful"}}]}}))
+        .unwrap();
+        assert!(!g.legacy);
+        let a = &g.roles[0];
+        assert_eq!(a.template["spec"]["containers"][0]["image"], "x:2");
+        assert_eq!(a.template["spec"]["containers"][0]["env"][0]["value"], "1");
+        assert!(a.rollout.recreate && a.rollout.paused);
+        assert_eq!(a.rollout.max_surge, IntOrPct::Pct(50));
+        assert_eq!(g.roles[1].size(), 3);
+        assert_eq!(g.roles[1].replicas, 1, "replicas default to 1");
+        let e = parse_group(&json!({"metadata": {"name": "g"}, "spec": {"roles": [
+            {"name": "a", "standalonePattern": {"templateRef": {"name": "missing"}}}]}}))
+        .unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+        let e = parse_group(&json!({"spec": {"roles": [{"name": "a", "replicas": "x",
+            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}]}}))
+        .unwrap_err();
+        assert!(e.to_string().contains("replicas"), "{e}");
+    }
+}

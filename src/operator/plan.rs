@@ -1,0 +1,561 @@
+//! The next step for one role, as a pure function of its desired state and its pods:
+//! which pods to create, delete or update in place, obeying `partition`, `maxUnavailable`,
+//! `maxSurge` and `paused`; and the role's status counts.
+//!
+//! Instances are the unit (one pod, or a leader and its workers). A stateful instance has an
+//! ordinal; surge instances take the ordinals just past `replicas` and go once the rollout is
+//! done. A stateless role's instances are ordered (old revision first, ready first) and
+//! given positions, so the same rules apply.
+
+use crate::operator::desired::{Revision, INPLACE_STATE, INSTANCE, INDEX, REVISION, SHAPE, COMPONENT_INDEX};
+use crate::operator::model::{IntOrPct, Role};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// What the planner needs to know about one existing pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    pub instance: String,
+    pub ordinal: Option<u32>,
+    pub component: u32,
+    pub revision: String,
+    pub shape: String,
+    /// Running, Ready, and any in-place update finished.
+    pub ready: bool,
+    pub terminating: bool,
+    pub failed: bool,
+    pub scheduled: bool,
+}
+
+fn label<'a>(p: &'a Value, k: &str) -> Option<&'a str> {
+    p.pointer("/metadata/labels")
+        .and_then(|l| l.get(k))
+        .and_then(Value::as_str)
+}
+
+/// Phase Running and condition Ready=True.
+pub fn pod_ready(p: &Value) -> bool {
+    p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
+        && p.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+}
+
+/// An in-place update is finished when every container it changed runs an image other
+/// than the one recorded before the patch (the kubelet restarted it).
+pub fn inplace_done(p: &Value) -> bool {
+    let Some(state) = p
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(INPLACE_STATE))
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+    else {
+        return true;
+    };
+    let before = state["imageIDs"].as_object().cloned().unwrap_or_default();
+    let statuses = p
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    before.iter().all(|(name, old_id)| {
+        let old_id = old_id.as_str().unwrap_or("");
+        statuses
+            .iter()
+            .find(|s| s["name"] == name.as_str())
+            .is_some_and(|s| {
+                let id = s["imageID"].as_str().unwrap_or("");
+                old_id.is_empty() || (!id.is_empty() && id != old_id)
+            })
+    })
+}
+
+pub fn view(p: &Value) -> PodView {
+    let ann = |k: &str| {
+        p.pointer("/metadata/annotations")
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+    PodView {
+        instance: label(p, INSTANCE).unwrap_or(&name).to_string(),
+        ordinal: label(p, INDEX).and_then(|i| i.parse().ok()),
+        component: label(p, COMPONENT_INDEX)
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0),
+        revision: label(p, REVISION).unwrap_or("").to_string(),
+        shape: ann(SHAPE),
+        ready: pod_ready(p) && inplace_done(p),
+        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
+        failed: matches!(
+            p.pointer("/status/phase").and_then(Value::as_str),
+            Some("Failed")
+        ),
+        scheduled: p
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty()),
+        uid: p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+        name,
+    }
+}
+
+/// One step of work.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Create the pod of `component` in `instance` (a new stateless instance when the
+    /// instance name is empty).
+    Create {
+        instance: String,
+        ordinal: Option<u32>,
+        component: u32,
+    },
+    Delete {
+        name: String,
+        uid: String,
+    },
+    /// Patch the images of a running pod to the new revision.
+    InPlace {
+        name: String,
+        uid: String,
+    },
+}
+
+/// The rollout parameters after coordination.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    pub replicas: u32,
+    pub partition: u32,
+    pub max_unavailable: u32,
+    pub max_surge: u32,
+    pub paused: bool,
+    pub recreate: bool,
+}
+
+impl Limits {
+    /// The role's own limits resolved against `replicas` (maxSurge rounds up; maxUnavailable
+    /// rounds down when surge is allowed, else up and at least 1, as RBG does).
+    pub fn of(role: &Role, replicas: u32, partition: Option<IntOrPct>, max_unavailable: Option<IntOrPct>) -> Limits {
+        let r = &role.rollout;
+        let max_surge = r.max_surge.resolve(replicas, true);
+        let mut mu = max_unavailable
+            .unwrap_or(r.max_unavailable)
+            .resolve(replicas, max_surge == 0);
+        if max_surge == 0 {
+            mu = mu.max(1);
+        }
+        Limits {
+            replicas,
+            partition: partition.unwrap_or(r.partition).resolve(replicas, false).min(replicas),
+            max_unavailable: mu,
+            max_surge,
+            paused: r.paused,
+            recreate: r.recreate,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Instance<'a> {
+    name: String,
+    pods: Vec<&'a PodView>,
+}
+
+impl Instance<'_> {
+    fn live(&self) -> impl Iterator<Item = &&PodView> {
+        self.pods.iter().filter(|p| !p.terminating)
+    }
+    fn exists(&self) -> bool {
+        self.live().next().is_some()
+    }
+    fn terminating(&self) -> bool {
+        self.pods.iter().any(|p| p.terminating)
+    }
+    fn updated(&self, rev: &Revision) -> bool {
+        self.exists() && self.live().all(|p| p.revision == rev.hash)
+    }
+    fn ready(&self, size: u32) -> bool {
+        self.live().count() == size as usize && self.live().all(|p| p.ready)
+    }
+}
+
+/// Counts for `roleStatuses[]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counts {
+    pub replicas: u32,
+    pub ready: u32,
+    pub updated: u32,
+    /// Instances whose pods all have a node.
+    pub scheduled: u32,
+}
+
+/// The plan for one role, and its counts as they are now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub counts: Counts,
+    /// Something is still moving (a watch event will bring the next step).
+    pub progressing: bool,
+}
+
+fn group_instances<'a>(pods: &'a [PodView]) -> BTreeMap<String, Instance<'a>> {
+    let mut m: BTreeMap<String, Instance<'a>> = BTreeMap::new();
+    for p in pods {
+        m.entry(p.instance.clone())
+            .or_insert_with(|| Instance {
+                name: p.instance.clone(),
+                pods: Vec::new(),
+            })
+            .pods
+            .push(p);
+    }
+    m
+}
+
+/// Plans one role. `instance_name(ordinal)` names stateful instances.
+pub fn plan(
+    role: &Role,
+    rev: &Revision,
+    lim: &Limits,
+    pods: &[PodView],
+    instance_name: &dyn Fn(u32) -> String,
+) -> Plan {
+    let size = role.size();
+    let by_name = group_instances(pods);
+    // Positions: ordinals for stateful roles, an order for stateless ones.
+    let mut slots: Vec<(u32, Instance)> = Vec::new();
+    if role.stateless {
+        let mut list: Vec<Instance> = by_name.into_values().collect();
+        list.sort_by_key(|i| (i.updated(rev), !i.ready(size), i.terminating(), i.name.clone()));
+        slots = list.into_iter().enumerate().map(|(i, x)| (i as u32, x)).collect();
+    } else {
+        for (_, inst) in by_name {
+            let ordinal = inst.pods.iter().find_map(|p| p.ordinal);
+            match ordinal {
+                Some(o) => slots.push((o, inst)),
+                // A pod of ours without an ordinal label cannot be placed: remove it.
+                None => slots.push((u32::MAX, inst)),
+            }
+        }
+    }
+    let n = lim.replicas;
+    let needs_update = |o: u32, i: &Instance| o < n && o >= lim.partition && !i.updated(rev);
+    let in_rollout = !lim.paused && slots.iter().any(|(o, i)| i.exists() && needs_update(*o, i));
+    // Surge instances stay until every base instance is ready on the new revision.
+    let surging = slots.iter().any(|(o, i)| *o >= n && *o < n + lim.max_surge && i.exists());
+    let base_settling = (0..n).any(|o| {
+        !slots
+            .iter()
+            .any(|(x, i)| *x == o && i.ready(size) && i.updated(rev))
+    });
+    let surge = if in_rollout || (surging && (base_settling || lim.paused)) {
+        lim.max_surge
+    } else {
+        0
+    };
+    let mut out = Plan::default();
+    let mut present: BTreeMap<u32, &Instance> = BTreeMap::new();
+    for (o, inst) in &slots {
+        if *o >= n + surge {
+            // Scale down (and surge no longer needed): highest first, all at once.
+            for p in inst.live() {
+                out.actions.push(Action::Delete {
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                });
+            }
+            out.progressing = true;
+            continue;
+        }
+        present.insert(*o, inst);
+    }
+    out.actions.reverse();
+    // Create what is missing; replace failed pods.
+    for o in 0..n + surge {
+        let inst = present.get(&o);
+        if role.stateless && inst.is_none() {
+            for c in 0..size {
+                out.actions.push(Action::Create {
+                    instance: String::new(),
+                    ordinal: None,
+                    component: c,
+                });
+            }
+            out.progressing = true;
+            continue;
+        }
+        let name = match inst {
+            Some(i) => i.name.clone(),
+            None => instance_name(o),
+        };
+        for c in 0..size {
+            let pod = inst.and_then(|i| i.pods.iter().find(|p| p.component == c));
+            match pod {
+                None => {
+                    out.actions.push(Action::Create {
+                        instance: name.clone(),
+                        ordinal: (!role.stateless).then_some(o),
+                        component: c,
+                    });
+                    out.progressing = true;
+                }
+                Some(p) if p.failed && !p.terminating => {
+                    out.actions.push(Action::Delete {
+                        name: p.name.clone(),
+                        uid: p.uid.clone(),
+                    });
+                    out.progressing = true;
+                }
+                Some(p) if p.terminating => out.progressing = true,
+                Some(_) => {}
+            }
+        }
+    }
+    // Counts over the base instances.
+    for (o, inst) in &present {
+        if *o >= n || !inst.exists() {
+            continue;
+        }
+        out.counts.replicas += 1;
+        if inst.ready(size) {
+            out.counts.ready += 1;
+        }
+        if inst.updated(rev) {
+            out.counts.updated += 1;
+        }
+        if inst.live().count() == size as usize && inst.live().all(|p| p.scheduled) {
+            out.counts.scheduled += 1;
+        }
+    }
+    if out.counts.ready < n {
+        out.progressing = true;
+    }
+    if !in_rollout {
+        return out;
+    }
+    out.progressing = true;
+    // Rollout: highest ordinal first, within the unavailability budget.
+    let unavailable = (0..n)
+        .filter(|o| !present.get(o).is_some_and(|i| i.ready(size)))
+        .count() as i64;
+    let surge_ready = (n..n + surge)
+        .filter(|o| present.get(o).is_some_and(|i| i.ready(size) && i.updated(rev)))
+        .count() as i64;
+    let mut budget = lim.max_unavailable as i64 + surge_ready - unavailable;
+    for (o, inst) in present.iter().rev() {
+        if !needs_update(*o, inst) || !inst.exists() || inst.terminating() {
+            continue;
+        }
+        if inst.ready(size) {
+            if budget <= 0 {
+                continue;
+            }
+            budget -= 1;
+        }
+        let shape_same = inst.live().all(|p| p.shape == rev.shape);
+        for p in inst.live() {
+            if p.revision == rev.hash {
+                continue;
+            }
+            if !lim.recreate && shape_same {
+                out.actions.push(Action::InPlace {
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                });
+            } else {
+                out.actions.push(Action::Delete {
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::model::{Pattern, Rollout};
+    use serde_json::json;
+
+    fn role(replicas: u32, stateless: bool) -> Role {
+        Role {
+            name: "r".into(),
+            replicas,
+            dependencies: vec![],
+            template: json!({"spec": {"containers": [{"name": "c", "image": "i"}]}}),
+            pattern: Pattern::Standalone,
+            stateless,
+            rollout: Rollout::default(),
+            service_ports: vec![],
+        }
+    }
+
+    fn rev(h: &str, s: &str) -> Revision {
+        Revision {
+            hash: h.into(),
+            shape: s.into(),
+        }
+    }
+
+    fn pod(o: u32, revision: &str, shape: &str, ready: bool) -> PodView {
+        PodView {
+            name: format!("g-r-{o}"),
+            uid: format!("uid-{o}"),
+            instance: format!("g-r-{o}"),
+            ordinal: Some(o),
+            component: 0,
+            revision: revision.into(),
+            shape: shape.into(),
+            ready,
+            terminating: false,
+            failed: false,
+            scheduled: true,
+        }
+    }
+
+    fn name(o: u32) -> String {
+        format!("g-r-{o}")
+    }
+
+    fn lim(replicas: u32) -> Limits {
+        Limits::of(&role(replicas, false), replicas, None, None)
+    }
+
+    #[test]
+    fn creates_missing_and_removes_extra_ordinals() {
+        let r = role(3, false);
+        let pods = vec![pod(0, "a", "s", true), pod(4, "a", "s", true)];
+        let p = plan(&r, &rev("a", "s"), &lim(3), &pods, &name);
+        assert_eq!(
+            p.actions,
+            vec![
+                Action::Delete { name: "g-r-4".into(), uid: "uid-4".into() },
+                Action::Create { instance: "g-r-1".into(), ordinal: Some(1), component: 0 },
+                Action::Create { instance: "g-r-2".into(), ordinal: Some(2), component: 0 },
+            ]
+        );
+        assert_eq!(p.counts, Counts { replicas: 1, ready: 1, updated: 1, scheduled: 1 });
+    }
+
+    #[test]
+    fn steady_state_plans_nothing() {
+        let r = role(2, false);
+        let pods = vec![pod(0, "a", "s", true), pod(1, "a", "s", true)];
+        let p = plan(&r, &rev("a", "s"), &lim(2), &pods, &name);
+        assert!(p.actions.is_empty());
+        assert!(!p.progressing);
+    }
+
+    #[test]
+    fn image_only_change_goes_in_place_one_at_a_time_highest_first() {
+        let r = role(3, false);
+        let pods: Vec<_> = (0..3).map(|o| pod(o, "a", "s", true)).collect();
+        let p = plan(&r, &rev("b", "s"), &lim(3), &pods, &name);
+        assert_eq!(p.actions, vec![Action::InPlace { name: "g-r-2".into(), uid: "uid-2".into() }]);
+        // While ordinal 2 is updating (not ready), nothing else moves.
+        let mut pods2 = pods.clone();
+        pods2[2] = pod(2, "b", "s", false);
+        let p = plan(&r, &rev("b", "s"), &lim(3), &pods2, &name);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        pods2[2].ready = true;
+        let p = plan(&r, &rev("b", "s"), &lim(3), &pods2, &name);
+        assert_eq!(p.actions, vec![Action::InPlace { name: "g-r-1".into(), uid: "uid-1".into() }]);
+    }
+
+    #[test]
+    fn other_changes_and_recreate_type_delete_pods() {
+        let r = role(2, false);
+        let pods: Vec<_> = (0..2).map(|o| pod(o, "a", "s", true)).collect();
+        let p = plan(&r, &rev("b", "t"), &lim(2), &pods, &name);
+        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-1".into(), uid: "uid-1".into() }]);
+        let mut l = lim(2);
+        l.recreate = true;
+        let p = plan(&r, &rev("b", "s"), &l, &pods, &name);
+        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-1".into(), uid: "uid-1".into() }]);
+    }
+
+    #[test]
+    fn partition_paused_and_max_unavailable_are_obeyed() {
+        let r = role(4, false);
+        let pods: Vec<_> = (0..4).map(|o| pod(o, "a", "s", true)).collect();
+        let mut l = lim(4);
+        l.partition = 2;
+        l.max_unavailable = 4;
+        let p = plan(&r, &rev("b", "s"), &l, &pods, &name);
+        let names: Vec<_> = p.actions.iter().map(|a| match a { Action::InPlace { name, .. } => name.clone(), _ => panic!() }).collect();
+        assert_eq!(names, ["g-r-3", "g-r-2"]);
+        l.paused = true;
+        assert!(plan(&r, &rev("b", "s"), &l, &pods, &name).actions.is_empty());
+        // An unready instance uses the budget up: nothing else may go down.
+        let mut pods2 = pods.clone();
+        pods2[0].ready = false;
+        let p = plan(&r, &rev("b", "s"), &lim(4), &pods2, &name);
+        assert_eq!(p.actions, vec![Action::InPlace { name: "g-r-0".into(), uid: "uid-0".into() }],
+            "an instance that is down anyway is updated for free");
+    }
+
+    #[test]
+    fn surge_adds_instances_then_removes_them() {
+        let r = role(2, false);
+        let pods: Vec<_> = (0..2).map(|o| pod(o, "a", "s", true)).collect();
+        let mut l = lim(2);
+        l.max_surge = 1;
+        l.max_unavailable = 0;
+        let p = plan(&r, &rev("b", "t"), &l, &pods, &name);
+        assert_eq!(p.actions, vec![Action::Create { instance: "g-r-2".into(), ordinal: Some(2), component: 0 }]);
+        let mut pods2 = pods.clone();
+        pods2.push(pod(2, "b", "t", true));
+        let p = plan(&r, &rev("b", "t"), &l, &pods2, &name);
+        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-1".into(), uid: "uid-1".into() }]);
+        // All updated and ready: the surge instance goes.
+        let done = vec![pod(0, "b", "t", true), pod(1, "b", "t", true), pod(2, "b", "t", true)];
+        let p = plan(&r, &rev("b", "t"), &l, &done, &name);
+        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-2".into(), uid: "uid-2".into() }]);
+    }
+
+    #[test]
+    fn terminating_pods_block_their_name_and_failed_pods_are_replaced() {
+        let r = role(2, false);
+        let mut t = pod(1, "a", "s", false);
+        t.terminating = true;
+        let mut f = pod(0, "a", "s", false);
+        f.failed = true;
+        let p = plan(&r, &rev("a", "s"), &lim(2), &[f, t], &name);
+        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-0".into(), uid: "uid-0".into() }]);
+        assert!(p.progressing);
+    }
+
+    #[test]
+    fn stateless_roles_count_instances_not_names() {
+        let r = role(3, true);
+        let mut a = pod(0, "a", "s", true);
+        a.instance = "g-r-xkcd2".into();
+        a.ordinal = None;
+        let p = plan(&r, &rev("a", "s"), &lim(3), &[a.clone()], &name);
+        let creates = p.actions.iter().filter(|x| matches!(x, Action::Create { instance, ordinal: None, .. } if instance.is_empty())).count();
+        assert_eq!(creates, 2);
+        let one = role(1, true);
+        let p = plan(&one, &rev("b", "s"), &lim(1), &[a], &name);
+        assert!(p.actions.contains(&Action::InPlace { name: "g-r-0".into(), uid: "uid-0".into() }));
+    }
+
+    #[test]
+    fn inplace_completion_reads_image_ids() {
+        let p = json!({"metadata": {"annotations": {INPLACE_STATE: "{\"revision\":\"b\",\"imageIDs\":{\"c\":\"sim://x:1\"}}"}},
+                       "status": {"containerStatuses": [{"name": "c", "imageID": "sim://x:1"}]}});
+        assert!(!inplace_done(&p));
+        let mut q = p.clone();
+        q["status"]["containerStatuses"][0]["imageID"] = json!("sim://x:2");
+        assert!(inplace_done(&q));
+        assert!(inplace_done(&json!({"metadata": {}})));
+    }
+}
