@@ -397,7 +397,11 @@ impl Kube {
 
     /// Every item of a collection, following `continue` tokens; returns the items and the
     /// list's resourceVersion (to watch from). `query` is appended (`&labelSelector=...`).
-    pub async fn list_all(&self, path: &str, query: &str) -> Result<(Vec<Value>, String), KubeError> {
+    pub async fn list_all(
+        &self,
+        path: &str,
+        query: &str,
+    ) -> Result<(Vec<Value>, String), KubeError> {
         let mut items = Vec::new();
         let mut cont = String::new();
         loop {

@@ -40,8 +40,14 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// and object metadata that have one.
 fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes"
-        | "imagePullSecrets" | "resourceClaims" | "hostAliases" => "name",
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "hostAliases" => "name",
         "volumeMounts" | "volumeDevices" => "mountPath",
         "ports" => "containerPort",
         "conditions" | "readinessGates" => "type",
@@ -130,7 +136,8 @@ fn parent<'a>(doc: &'a mut Value, tokens: &[String]) -> Result<&'a mut Value, St
             Value::Object(m) => m.get_mut(t).ok_or_else(|| format!("no member {t:?}"))?,
             Value::Array(a) => {
                 let i: usize = t.parse().map_err(|_| format!("bad index {t:?}"))?;
-                a.get_mut(i).ok_or_else(|| format!("index {i} out of range"))?
+                a.get_mut(i)
+                    .ok_or_else(|| format!("index {i} out of range"))?
             }
             _ => return Err(format!("{t:?} is inside a scalar")),
         };
@@ -170,7 +177,9 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
         .split_last()
         .ok_or_else(|| "cannot remove the whole document".to_string())?;
     match parent(doc, init)? {
-        Value::Object(m) => m.remove(last).ok_or_else(|| format!("{path}: no such member")),
+        Value::Object(m) => m
+            .remove(last)
+            .ok_or_else(|| format!("{path}: no such member")),
         Value::Array(a) => {
             let i: usize = last.parse().map_err(|_| format!("bad index {last:?}"))?;
             if i >= a.len() {
@@ -196,7 +205,11 @@ pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), PatchError> {
             .get("path")
             .and_then(Value::as_str)
             .ok_or_else(|| err("no \"path\"".into()))?;
-        let value = || op.get("value").cloned().ok_or_else(|| err("no \"value\"".into()));
+        let value = || {
+            op.get("value")
+                .cloned()
+                .ok_or_else(|| err("no \"value\"".into()))
+        };
         let from = || {
             op.get("from")
                 .and_then(Value::as_str)
@@ -307,7 +320,11 @@ mod tests {
             }
         );
         assert_eq!(d, before);
-        assert!(json_patch(&mut d, &json!([{"op": "replace", "path": "/nope/x", "value": 1}])).is_err());
+        assert!(json_patch(
+            &mut d,
+            &json!([{"op": "replace", "path": "/nope/x", "value": 1}])
+        )
+        .is_err());
         assert!(json_patch(&mut d, &json!({"op": "add"})).is_err());
     }
 }

@@ -156,6 +156,7 @@ struct Watcher {
 pub struct Counts {
     pub by_verb: BTreeMap<String, u64>,
     pub writes_by_agent: BTreeMap<String, u64>,
+    pub writes_by_resource: BTreeMap<String, u64>,
 }
 
 impl Counts {
@@ -166,6 +167,15 @@ impl Counts {
         ["create", "update", "patch", "delete"]
             .iter()
             .map(|v| self.by_verb.get(*v).copied().unwrap_or(0))
+            .sum()
+    }
+
+    /// Writes to anything but Leases (leader election renews its Lease all the time).
+    pub fn writes_except_leases(&self) -> u64 {
+        self.writes_by_resource
+            .iter()
+            .filter(|(r, _)| r.as_str() != "leases")
+            .map(|(_, n)| n)
             .sum()
     }
 }
@@ -248,9 +258,17 @@ fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let bad = |m: String| api_err(422, "Invalid", format!("{} {name:?} is invalid: {m}", r.kind));
+    let bad = |m: String| {
+        api_err(
+            422,
+            "Invalid",
+            format!("{} {name:?} is invalid: {m}", r.kind),
+        )
+    };
     if !is_dns_subdomain(name) {
-        return Err(bad("metadata.name: must be a lowercase RFC 1123 subdomain".into()));
+        return Err(bad(
+            "metadata.name: must be a lowercase RFC 1123 subdomain".into()
+        ));
     }
     if r.plural == "services"
         && !(is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()))
@@ -259,7 +277,9 @@ fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
     }
     if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
         for (k, v) in labels {
-            let v = v.as_str().ok_or_else(|| bad(format!("label {k}: not a string")))?;
+            let v = v
+                .as_str()
+                .ok_or_else(|| bad(format!("label {k}: not a string")))?;
             if !label_value_ok(v) {
                 return Err(bad(format!("metadata.labels[{k}]: invalid value {v:?}")));
             }
@@ -272,7 +292,11 @@ fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
             .filter(|c| !c.is_empty())
             .ok_or_else(|| bad("spec.containers: Required value".into()))?;
         for c in containers {
-            if c.get("image").and_then(Value::as_str).unwrap_or("").is_empty() {
+            if c.get("image")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+            {
                 return Err(bad("spec.containers[].image: Required value".into()));
             }
         }
@@ -456,7 +480,9 @@ impl ApiServer {
 
     pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
         let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
-        self.inner.lock().delete(r, r.versions[0], ns, name, &Value::Null)
+        self.inner
+            .lock()
+            .delete(r, r.versions[0], ns, name, &Value::Null)
     }
 
     /// Serves HTTP on a free loopback port from a runtime thread of its own.
@@ -609,7 +635,10 @@ async fn handle(
 ) -> Response {
     let path = uri.path().to_string();
     let Some(t) = parse_path(&path) else {
-        return reply(404, api_err(404, "NotFound", format!("no route {path}")).status());
+        return reply(
+            404,
+            api_err(404, "NotFound", format!("no route {path}")).status(),
+        );
     };
     let q = query(&uri);
     let agent = headers
@@ -628,7 +657,10 @@ async fn handle(
         .to_string();
     let mut inner = api.inner.lock();
     if inner.fail_paths.iter().any(|p| path.contains(p.as_str())) {
-        return reply(500, api_err(500, "InternalError", "injected fault").status());
+        return reply(
+            500,
+            api_err(500, "InternalError", "injected fault").status(),
+        );
     }
     let watch = q.get("watch").is_some_and(|v| v == "1" || v == "true");
     let verb = match (&method, &t.name, watch) {
@@ -644,6 +676,11 @@ async fn handle(
     *inner.counts.by_verb.entry(verb.to_string()).or_default() += 1;
     if matches!(verb, "create" | "update" | "patch" | "delete") {
         *inner.counts.writes_by_agent.entry(agent).or_default() += 1;
+        *inner
+            .counts
+            .writes_by_resource
+            .entry(t.r.plural.to_string())
+            .or_default() += 1;
         if let Some(i) = inner
             .race_next_write
             .iter()
@@ -675,14 +712,22 @@ async fn handle(
             .objects
             .get(&(t.r.plural, ns.clone(), name.clone()))
             .map(|o| inner.served(t.r, &t.version, o))
-            .ok_or_else(|| api_err(404, "NotFound", format!("{} {name:?} not found", t.r.plural))),
+            .ok_or_else(|| {
+                api_err(
+                    404,
+                    "NotFound",
+                    format!("{} {name:?} not found", t.r.plural),
+                )
+            }),
         ("create", None) if t.ns.is_some() && !t.status => {
             parsed_body().and_then(|b| inner.create(t.r, &t.version, &ns, b))
         }
-        ("update", Some(name)) if t.ns.is_some() => parsed_body()
-            .and_then(|b| inner.update(t.r, &t.version, &ns, name, t.status, b)),
-        ("patch", Some(name)) if t.ns.is_some() => parsed_body()
-            .and_then(|b| inner.patch(t.r, &t.version, &ns, name, t.status, &ct, &b)),
+        ("update", Some(name)) if t.ns.is_some() => {
+            parsed_body().and_then(|b| inner.update(t.r, &t.version, &ns, name, t.status, b))
+        }
+        ("patch", Some(name)) if t.ns.is_some() => {
+            parsed_body().and_then(|b| inner.patch(t.r, &t.version, &ns, name, t.status, &ct, &b))
+        }
         ("delete", Some(name)) if t.ns.is_some() => {
             let opts = serde_json::from_slice(&body).unwrap_or(Value::Null);
             inner.delete(t.r, &t.version, &ns, name, &opts)
@@ -866,9 +911,9 @@ impl Inner {
                 }
             }
         } else {
-            let from: u64 = from.parse().map_err(|_| {
-                api_err(400, "BadRequest", format!("bad resourceVersion {from:?}"))
-            })?;
+            let from: u64 = from
+                .parse()
+                .map_err(|_| api_err(400, "BadRequest", format!("bad resourceVersion {from:?}")))?;
             if from < self.compacted {
                 let gone = api_err(
                     410,
@@ -962,11 +1007,10 @@ impl Inner {
         mut new: Value,
     ) -> Result<Value, ApiError> {
         let key = (r.plural, ns.to_string(), name.to_string());
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| api_err(404, "NotFound", format!("{} {name:?} not found", r.plural)))?;
+        let old =
+            self.objects.get(&key).cloned().ok_or_else(|| {
+                api_err(404, "NotFound", format!("{} {name:?} not found", r.plural))
+            })?;
         let given_rv = new
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -986,7 +1030,11 @@ impl Inner {
             ));
         }
         if new.pointer("/metadata/name").and_then(Value::as_str) != Some(name) {
-            return Err(api_err(400, "BadRequest", "metadata.name does not match the URL"));
+            return Err(api_err(
+                400,
+                "BadRequest",
+                "metadata.name does not match the URL",
+            ));
         }
         if status {
             // Only status moves through the subresource.
@@ -997,7 +1045,13 @@ impl Inner {
             if r.status {
                 new["status"] = old.get("status").cloned().unwrap_or(json!({}));
             }
-            for f in ["uid", "creationTimestamp", "deletionTimestamp", "generation", "namespace"] {
+            for f in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "generation",
+                "namespace",
+            ] {
                 match old["metadata"].get(f) {
                     Some(v) => new["metadata"][f] = v.clone(),
                     None => {
@@ -1071,11 +1125,10 @@ impl Inner {
         body: &Value,
     ) -> Result<Value, ApiError> {
         let key = (r.plural, ns.to_string(), name.to_string());
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| api_err(404, "NotFound", format!("{} {name:?} not found", r.plural)))?;
+        let old =
+            self.objects.get(&key).cloned().ok_or_else(|| {
+                api_err(404, "NotFound", format!("{} {name:?} not found", r.plural))
+            })?;
         let mut new = self.served(r, version, &old);
         // A patch carries a resourceVersion precondition only if it names one.
         new["metadata"]["resourceVersion"] = json!("");
@@ -1112,13 +1165,18 @@ impl Inner {
         opts: &Value,
     ) -> Result<Value, ApiError> {
         let key = (r.plural, ns.to_string(), name.to_string());
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| api_err(404, "NotFound", format!("{} {name:?} not found", r.plural)))?;
-        for (f, at) in [("uid", "/metadata/uid"), ("resourceVersion", "/metadata/resourceVersion")] {
-            if let Some(want) = opts.pointer(&format!("/preconditions/{f}")).and_then(Value::as_str) {
+        let old =
+            self.objects.get(&key).cloned().ok_or_else(|| {
+                api_err(404, "NotFound", format!("{} {name:?} not found", r.plural))
+            })?;
+        for (f, at) in [
+            ("uid", "/metadata/uid"),
+            ("resourceVersion", "/metadata/resourceVersion"),
+        ] {
+            if let Some(want) = opts
+                .pointer(&format!("/preconditions/{f}"))
+                .and_then(Value::as_str)
+            {
                 if old.pointer(at).and_then(Value::as_str) != Some(want) {
                     return Err(api_err(
                         409,
@@ -1333,7 +1391,7 @@ impl Kubelet {
             .filter_map(|(_, p)| p.pointer("/metadata/uid").and_then(Value::as_str))
             .map(str::to_string)
             .collect();
-        seen.retain(|uid, _| live.contains(uid));
+        seen.retain(|k, _| live.contains(k.split('/').next().unwrap_or(k)));
         for (idx, (key, pod)) in pods.into_iter().enumerate() {
             let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
             let first = *seen.entry(uid.clone()).or_insert(now);
@@ -1420,10 +1478,17 @@ mod tests {
 
     #[test]
     fn paths_name_resources_versions_and_subresources() {
-        let t = parse_path("/apis/workloads.x-k8s.io/v1alpha1/namespaces/ns/rolebasedgroups/g/status")
-            .unwrap();
+        let t =
+            parse_path("/apis/workloads.x-k8s.io/v1alpha1/namespaces/ns/rolebasedgroups/g/status")
+                .unwrap();
         assert_eq!(
-            (t.r.kind, t.version.as_str(), t.ns.as_deref(), t.name.as_deref(), t.status),
+            (
+                t.r.kind,
+                t.version.as_str(),
+                t.ns.as_deref(),
+                t.name.as_deref(),
+                t.status
+            ),
             ("RoleBasedGroup", "v1alpha1", Some("ns"), Some("g"), true)
         );
         let t = parse_path("/api/v1/pods").unwrap();
@@ -1452,35 +1517,73 @@ mod tests {
         let s = inner.update(r, "v1alpha2", "ns", "g", true, s).unwrap();
         assert_eq!(s["metadata"]["generation"], 1);
         // A stale resourceVersion is a conflict.
-        let e = inner.update(r, "v1alpha2", "ns", "g", false, g.clone()).unwrap_err();
+        let e = inner
+            .update(r, "v1alpha2", "ns", "g", false, g.clone())
+            .unwrap_err();
         assert_eq!(e.code, 409);
         // A label change keeps generation, a spec change bumps it.
         let mut l = s.clone();
         l["metadata"]["labels"] = json!({"a": "b"});
         let l = inner.update(r, "v1alpha2", "ns", "g", false, l).unwrap();
         assert_eq!(l["metadata"]["generation"], 1);
-        assert_eq!(l["status"]["observedGeneration"], 1, "object writes keep status");
+        assert_eq!(
+            l["status"]["observedGeneration"], 1,
+            "object writes keep status"
+        );
         let p = inner
-            .patch(r, "v1alpha1", "ns", "g", false, "application/merge-patch+json",
-                   &json!({"spec": {"roles": [{"name": "a"}]}}))
+            .patch(
+                r,
+                "v1alpha1",
+                "ns",
+                "g",
+                false,
+                "application/merge-patch+json",
+                &json!({"spec": {"roles": [{"name": "a"}]}}),
+            )
             .unwrap();
         assert_eq!(p["metadata"]["generation"], 2);
         assert_eq!(p["apiVersion"], "workloads.x-k8s.io/v1alpha1");
         // Finalizers hold a delete until removed.
         let f = inner
-            .patch(r, "v1alpha2", "ns", "g", false, "application/merge-patch+json",
-                   &json!({"metadata": {"finalizers": ["x/y"]}}))
+            .patch(
+                r,
+                "v1alpha2",
+                "ns",
+                "g",
+                false,
+                "application/merge-patch+json",
+                &json!({"metadata": {"finalizers": ["x/y"]}}),
+            )
             .unwrap();
-        let d = inner.delete(r, "v1alpha2", "ns", "g", &Value::Null).unwrap();
+        let d = inner
+            .delete(r, "v1alpha2", "ns", "g", &Value::Null)
+            .unwrap();
         assert!(d["metadata"]["deletionTimestamp"].is_string());
         assert!(f["metadata"]["deletionTimestamp"].is_null());
         inner
-            .patch(r, "v1alpha2", "ns", "g", false, "application/merge-patch+json",
-                   &json!({"metadata": {"finalizers": null}}))
+            .patch(
+                r,
+                "v1alpha2",
+                "ns",
+                "g",
+                false,
+                "application/merge-patch+json",
+                &json!({"metadata": {"finalizers": null}}),
+            )
             .unwrap();
-        assert!(!inner.objects.contains_key(&("rolebasedgroups", "ns".into(), "g".into())));
+        assert!(!inner
+            .objects
+            .contains_key(&("rolebasedgroups", "ns".into(), "g".into())));
         let e = inner
-            .patch(r, "v1alpha2", "ns", "g", false, "application/apply-patch+yaml", &json!({}))
+            .patch(
+                r,
+                "v1alpha2",
+                "ns",
+                "g",
+                false,
+                "application/apply-patch+yaml",
+                &json!({}),
+            )
             .unwrap_err();
         assert_eq!(e.code, 404);
     }
@@ -1488,20 +1591,36 @@ mod tests {
     #[test]
     fn pod_specs_are_immutable_except_images() {
         let api = ApiServer::new();
-        api.create("pods", "ns", json!({"metadata": {"name": "p"},
-            "spec": {"containers": [{"name": "c", "image": "a:1", "args": ["x"]}]}}))
-            .unwrap();
-        api.json_patch("pods", "ns", "p",
-            json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "a:2"}]))
-            .unwrap();
+        api.create(
+            "pods",
+            "ns",
+            json!({"metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "a:1", "args": ["x"]}]}}),
+        )
+        .unwrap();
+        api.json_patch(
+            "pods",
+            "ns",
+            "p",
+            json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "a:2"}]),
+        )
+        .unwrap();
         let e = api
-            .json_patch("pods", "ns", "p",
-                json!([{"op": "replace", "path": "/spec/containers/0/args", "value": ["y"]}]))
+            .json_patch(
+                "pods",
+                "ns",
+                "p",
+                json!([{"op": "replace", "path": "/spec/containers/0/args", "value": ["y"]}]),
+            )
             .unwrap_err();
         assert_eq!(e.code, 422);
         let e = api
-            .create("pods", "ns", json!({"metadata": {"name": "Bad_Name"},
-                "spec": {"containers": [{"name": "c", "image": "a"}]}}))
+            .create(
+                "pods",
+                "ns",
+                json!({"metadata": {"name": "Bad_Name"},
+                "spec": {"containers": [{"name": "c", "image": "a"}]}}),
+            )
             .unwrap_err();
         assert_eq!(e.code, 422);
     }

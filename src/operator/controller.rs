@@ -5,7 +5,9 @@
 use crate::kube::patch::escape;
 use crate::kube::{Kube, KubeError, Patch};
 use crate::operator::coordination::{self, RoleState};
-use crate::operator::desired::{self, Revision, Slot, FINALIZER, GROUP, INPLACE_STATE, REVISION, ROLE, SHAPE};
+use crate::operator::desired::{
+    self, Revision, Slot, FINALIZER, GROUP, INPLACE_STATE, REVISION, ROLE, SHAPE,
+};
 use crate::operator::informer::{key_of, Store};
 use crate::operator::model::{self, Group, Role};
 use crate::operator::plan::{self, Action, Limits};
@@ -175,9 +177,13 @@ impl Controller {
             let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
                                       "value": s(&obj, "/metadata/resourceVersion")})];
             if finalizers.is_empty() {
-                ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}));
+                ops.push(
+                    json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}),
+                );
             } else {
-                ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));
+                ops.push(
+                    json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}),
+                );
             }
             self.throttle().await;
             obj = self
@@ -193,18 +199,28 @@ impl Controller {
         g.namespace = ns.to_string();
         let tiers = match model::dependency_tiers(&g.roles) {
             Ok(t) => t,
-            Err(e) => return self.invalid(&obj, "InvalidRoleDependency", &e.to_string()).await,
+            Err(e) => {
+                return self
+                    .invalid(&obj, "InvalidRoleDependency", &e.to_string())
+                    .await
+            }
         };
         let mut rules = g.coordination.clone();
         if let Some(p) = self.caches.policies.get(key) {
             match model::parse_policy(&p) {
                 Ok(r) => rules.extend(r),
-                Err(e) => self.event(&obj, "Warning", "InvalidCoordinatedPolicy", &e.to_string()).await,
+                Err(e) => {
+                    self.event(&obj, "Warning", "InvalidCoordinatedPolicy", &e.to_string())
+                        .await
+                }
             }
         }
         let pods = self.pods_of(ns, name);
-        let revs: BTreeMap<String, Revision> =
-            g.roles.iter().map(|r| (r.name.clone(), desired::revision(r))).collect();
+        let revs: BTreeMap<String, Revision> = g
+            .roles
+            .iter()
+            .map(|r| (r.name.clone(), desired::revision(r)))
+            .collect();
         let views: BTreeMap<String, Vec<plan::PodView>> = g
             .roles
             .iter()
@@ -226,7 +242,13 @@ impl Controller {
         let mut counts: BTreeMap<String, plan::Counts> = BTreeMap::new();
         for r in &g.roles {
             let lim = Limits::of(r, r.replicas, None, None);
-            let p = plan::plan(r, &revs[&r.name], &lim, &views[&r.name], &instance_name(&r.name));
+            let p = plan::plan(
+                r,
+                &revs[&r.name],
+                &lim,
+                &views[&r.name],
+                &instance_name(&r.name),
+            );
             let c = p.counts.clone();
             states.insert(
                 r.name.clone(),
@@ -244,7 +266,12 @@ impl Controller {
         let user_partition: BTreeMap<String, u32> = g
             .roles
             .iter()
-            .map(|r| (r.name.clone(), r.rollout.partition.resolve(r.replicas, false)))
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    r.rollout.partition.resolve(r.replicas, false),
+                )
+            })
             .collect();
         let overrides = coordination::overrides(&rules, &states, &user_partition);
         self.ensure_config(&obj, &g, &views).await?;
@@ -268,7 +295,11 @@ impl Controller {
                     let msg = format!(
                         "role {} waits for {} to be ready",
                         r.name,
-                        waiting.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                        waiting
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     );
                     self.event(&obj, "Normal", "DependencyNotMet", &msg).await;
                     continue;
@@ -280,27 +311,44 @@ impl Controller {
                     partition: o.partition.map_or(lim.partition, |p| p.min(replicas)),
                     ..lim
                 };
-                let p = plan::plan(r, &revs[&r.name], &lim, &views[&r.name], &instance_name(&r.name));
-                self.execute(&obj, &g, r, &revs[&r.name], &p.actions).await?;
+                let p = plan::plan(
+                    r,
+                    &revs[&r.name],
+                    &lim,
+                    &views[&r.name],
+                    &instance_name(&r.name),
+                );
+                self.execute(&obj, &g, r, &revs[&r.name], &p.actions)
+                    .await?;
             }
         }
         if g.legacy {
             for r in &g.roles {
                 let mine: Vec<&Value> = pods
                     .iter()
-                    .filter(|p| label(p, ROLE) == r.name && p.pointer("/metadata/deletionTimestamp").is_none())
+                    .filter(|p| {
+                        label(p, ROLE) == r.name
+                            && p.pointer("/metadata/deletionTimestamp").is_none()
+                    })
                     .collect();
-                self.ensure_slice(desired::legacy_endpoints(&g, r, &mine)).await?;
+                self.ensure_slice(desired::legacy_endpoints(&g, r, &mine))
+                    .await?;
             }
         }
         self.remove_orphans(&g, &pods).await?;
         Ok(())
     }
 
-    async fn invalid(&self, obj: &Value, reason: &str, message: &str) -> Result<(), ReconcileError> {
+    async fn invalid(
+        &self,
+        obj: &Value,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ReconcileError> {
         tracing::warn!(group = %key_of(obj), reason, message, "group not reconciled");
         self.event(obj, "Warning", reason, message).await;
-        let cond = json!({"type": "Ready", "status": "False", "reason": reason, "message": message});
+        let cond =
+            json!({"type": "Ready", "status": "False", "reason": reason, "message": message});
         let mut status = obj.get("status").cloned().unwrap_or(json!({}));
         status["observedGeneration"] = obj["metadata"]["generation"].clone();
         set_condition(&mut status, cond);
@@ -393,7 +441,11 @@ impl Controller {
         match self.caches.configmaps.get(&key) {
             None => {
                 self.throttle().await;
-                match self.kube.create(&core(&g.namespace, "configmaps"), &want).await {
+                match self
+                    .kube
+                    .create(&core(&g.namespace, "configmaps"), &want)
+                    .await
+                {
                     Ok(v) => self.caches.configmaps.put(v),
                     Err(e) if e.code() == Some(409) => {}
                     Err(e) => return Err(e.into()),
@@ -440,8 +492,10 @@ impl Controller {
                     self.throttle().await;
                     let v = self
                         .kube
-                        .patch(&format!("{}/{}", core(&ns, "services"), s(&want, "/metadata/name")),
-                               &Patch::Merge(json!({"spec": spec})))
+                        .patch(
+                            &format!("{}/{}", core(&ns, "services"), s(&want, "/metadata/name")),
+                            &Patch::Merge(json!({"spec": spec})),
+                        )
                         .await?;
                     self.caches.services.put(v);
                 }
@@ -462,13 +516,19 @@ impl Controller {
                     Err(e) => return Err(e.into()),
                 }
             }
-            Some(cur) if cur["endpoints"] != want["endpoints"] || cur["addressType"] != want["addressType"] => {
+            Some(cur)
+                if cur["endpoints"] != want["endpoints"]
+                    || cur["addressType"] != want["addressType"] =>
+            {
                 let mut next = want.clone();
                 next["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
                 self.throttle().await;
                 let v = self
                     .kube
-                    .replace(&format!("{}/{}", slices_path(&ns), s(&want, "/metadata/name")), &next)
+                    .replace(
+                        &format!("{}/{}", slices_path(&ns), s(&want, "/metadata/name")),
+                        &next,
+                    )
                     .await?;
                 self.caches.slices.put(v);
             }
@@ -490,16 +550,25 @@ impl Controller {
         let mut fresh_instance = String::new();
         for a in actions {
             match a {
-                Action::Create { instance, ordinal, component } => {
+                Action::Create {
+                    instance,
+                    ordinal,
+                    component,
+                } => {
                     let instance = if instance.is_empty() {
                         if *component == 0 || fresh_instance.is_empty() {
-                            fresh_instance = format!("{}-{}-{}", g.name, role.name, random_suffix());
+                            fresh_instance =
+                                format!("{}-{}-{}", g.name, role.name, random_suffix());
                         }
                         fresh_instance.clone()
                     } else {
                         instance.clone()
                     };
-                    let slot = Slot { instance, ordinal: *ordinal, component: *component };
+                    let slot = Slot {
+                        instance,
+                        ordinal: *ordinal,
+                        component: *component,
+                    };
                     let pod = desired::pod(g, role, rev, &slot);
                     self.throttle().await;
                     match self.kube.create(&core(ns, "pods"), &pod).await {
@@ -550,16 +619,24 @@ impl Controller {
                 }
             }
         }
-        self.metrics.pods_created.fetch_add(created, Ordering::Relaxed);
-        self.metrics.pods_deleted.fetch_add(deleted, Ordering::Relaxed);
-        self.metrics.pods_inplace.fetch_add(inplace, Ordering::Relaxed);
+        self.metrics
+            .pods_created
+            .fetch_add(created, Ordering::Relaxed);
+        self.metrics
+            .pods_deleted
+            .fetch_add(deleted, Ordering::Relaxed);
+        self.metrics
+            .pods_inplace
+            .fetch_add(inplace, Ordering::Relaxed);
         if created + deleted + inplace > 0 {
             tracing::info!(role = %role.name, revision = %rev.hash, created, deleted, inplace, "role stepped");
             let msg = format!(
                 "role {}: created {created}, deleted {deleted}, updated in place {inplace} pods (revision {})",
                 role.name, rev.hash
             );
-            self.told.lock().remove(&(key_of(obj), "RoleStepped".into()));
+            self.told
+                .lock()
+                .remove(&(key_of(obj), "RoleStepped".into()));
             self.event(obj, "Normal", "RoleStepped", &msg).await;
         }
         Ok(())
@@ -572,11 +649,15 @@ impl Controller {
             if !known(label(p, ROLE)) && p.pointer("/metadata/deletionTimestamp").is_none() {
                 self.throttle().await;
                 self.kube
-                    .delete(&format!("{}/{}", core(&g.namespace, "pods"), s(p, "/metadata/name")), None)
+                    .delete(
+                        &format!("{}/{}", core(&g.namespace, "pods"), s(p, "/metadata/name")),
+                        None,
+                    )
                     .await?;
             }
         }
-        let group_children = |v: &Value| s(v, "/metadata/namespace") == g.namespace && label(v, GROUP) == g.name;
+        let group_children =
+            |v: &Value| s(v, "/metadata/namespace") == g.namespace && label(v, GROUP) == g.name;
         for svc in self.caches.services.select(|v| group_children(v)) {
             let name = s(&svc, "/metadata/name");
             let wanted = g.roles.iter().any(|r| {
@@ -585,7 +666,9 @@ impl Controller {
             });
             if !wanted {
                 self.throttle().await;
-                self.kube.delete(&format!("{}/{name}", core(&g.namespace, "services")), None).await?;
+                self.kube
+                    .delete(&format!("{}/{name}", core(&g.namespace, "services")), None)
+                    .await?;
                 self.caches.services.remove(&key_of(&svc));
             }
         }
@@ -593,7 +676,10 @@ impl Controller {
             if !g.legacy || !known(label(&sl, ROLE)) {
                 self.throttle().await;
                 self.kube
-                    .delete(&format!("{}/{}", slices_path(&g.namespace), s(&sl, "/metadata/name")), None)
+                    .delete(
+                        &format!("{}/{}", slices_path(&g.namespace), s(&sl, "/metadata/name")),
+                        None,
+                    )
                     .await?;
                 self.caches.slices.remove(&key_of(&sl));
             }
@@ -628,7 +714,9 @@ impl Controller {
                     continue;
                 }
                 self.throttle().await;
-                self.kube.delete(&format!("{base}/{}", s(o, "/metadata/name")), None).await?;
+                self.kube
+                    .delete(&format!("{base}/{}", s(o, "/metadata/name")), None)
+                    .await?;
             }
         }
         for (store, list) in [
@@ -653,7 +741,11 @@ impl Controller {
             {"op": "replace", "path": "/metadata/finalizers", "value": rest}
         ]);
         self.throttle().await;
-        match self.kube.patch(&group_path(ns, name), &Patch::Json(ops)).await {
+        match self
+            .kube
+            .patch(&group_path(ns, name), &Patch::Json(ops))
+            .await
+        {
             Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -684,7 +776,10 @@ fn set_condition(status: &mut Value, mut cond: Value) {
         _ => json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
     };
     if let Some(o) = &old {
-        if o["status"] == cond["status"] && o["reason"] == cond["reason"] && o["message"] == cond["message"] {
+        if o["status"] == cond["status"]
+            && o["reason"] == cond["reason"]
+            && o["message"] == cond["message"]
+        {
             return;
         }
     }
@@ -704,7 +799,9 @@ pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Valu
         .cloned()
         .unwrap_or_default();
     for list in ["containers", "initContainers"] {
-        let (Some(have), Some(wants)) = (cur["spec"][list].as_array(), want["spec"][list].as_array()) else {
+        let (Some(have), Some(wants)) =
+            (cur["spec"][list].as_array(), want["spec"][list].as_array())
+        else {
             continue;
         };
         for (i, c) in have.iter().enumerate() {
@@ -732,8 +829,10 @@ pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Valu
     ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(SHAPE)), "value": rev.shape}));
     let state = json!({"revision": rev.hash, "imageIDs": ids,
         "updateTimestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)});
-    ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(INPLACE_STATE)),
-                    "value": state.to_string()}));
+    ops.push(
+        json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(INPLACE_STATE)),
+                    "value": state.to_string()}),
+    );
     Value::Array(ops)
 }
 
@@ -751,12 +850,24 @@ mod tests {
     #[test]
     fn conditions_keep_their_transition_time_and_do_not_churn() {
         let mut st = json!({});
-        set_condition(&mut st, json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}));
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
+        );
         let first = st.clone();
-        set_condition(&mut st, json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}));
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
+        );
         assert_eq!(st, first, "same condition: nothing changes");
-        set_condition(&mut st, json!({"type": "Ready", "status": "False", "reason": "B", "message": "n"}));
-        assert_eq!(st["conditions"][0]["lastTransitionTime"], first["conditions"][0]["lastTransitionTime"]);
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "B", "message": "n"}),
+        );
+        assert_eq!(
+            st["conditions"][0]["lastTransitionTime"],
+            first["conditions"][0]["lastTransitionTime"]
+        );
         assert_eq!(st["conditions"][0]["reason"], "B");
     }
 
@@ -766,14 +877,22 @@ mod tests {
             "spec": {"containers": [{"name": "a", "image": "x:1"}, {"name": "b", "image": "y:1"}]},
             "status": {"containerStatuses": [{"name": "a", "imageID": "id-a"}]}});
         let want = json!({"spec": {"containers": [{"name": "a", "image": "x:2"}, {"name": "b", "image": "y:1"}]}});
-        let rev = Revision { hash: "h2".into(), shape: "s".into() };
+        let rev = Revision {
+            hash: "h2".into(),
+            shape: "s".into(),
+        };
         let ops = inplace_ops(&cur, &want, "u", &rev);
         let mut pod = cur.clone();
         crate::kube::patch::json_patch(&mut pod, &ops).unwrap();
         assert_eq!(pod["spec"]["containers"][0]["image"], "x:2");
         assert_eq!(pod["spec"]["containers"][1]["image"], "y:1");
         assert_eq!(pod["metadata"]["labels"][REVISION], "h2");
-        let state: Value = serde_json::from_str(pod["metadata"]["annotations"][INPLACE_STATE].as_str().unwrap()).unwrap();
+        let state: Value = serde_json::from_str(
+            pod["metadata"]["annotations"][INPLACE_STATE]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(state["imageIDs"]["a"], "id-a");
         assert!(state["imageIDs"].get("b").is_none());
         // Another pod with the same name (new UID) is not touched.

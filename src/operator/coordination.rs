@@ -62,14 +62,14 @@ pub fn rolling_targets(states: &[(String, RoleState)], max_skew: u32) -> BTreeMa
     }
     if !moved {
         // Nobody may move within the skew: the slowest role (ties: the larger) takes one step.
-        if let Some((name, r)) = live
-            .iter()
-            .filter(|(_, r)| r.updated < r.desired)
-            .min_by(|a, b| {
-                frac(a.1.updated, a.1.desired)
-                    .total_cmp(&frac(b.1.updated, b.1.desired))
-                    .then(b.1.desired.cmp(&a.1.desired))
-            })
+        if let Some((name, r)) =
+            live.iter()
+                .filter(|(_, r)| r.updated < r.desired)
+                .min_by(|a, b| {
+                    frac(a.1.updated, a.1.desired)
+                        .total_cmp(&frac(b.1.updated, b.1.desired))
+                        .then(b.1.desired.cmp(&a.1.desired))
+                })
         {
             out.insert(name.clone(), r.updated + 1);
         }
@@ -108,7 +108,11 @@ pub fn scaling_targets(
         } else {
             let cap = ((min_p + s) * r.desired as f64 - 1e-9).ceil() as u32;
             let p = frac(r.current, r.desired);
-            let floor = if p < min_p + s { r.current + 1 } else { r.current };
+            let floor = if p < min_p + s {
+                r.current + 1
+            } else {
+                r.current
+            };
             cap.max(floor).min(r.desired)
         };
         out.insert(name.clone(), t);
@@ -201,8 +205,13 @@ mod tests {
                     *u += 1;
                 }
             }
-            let fr: Vec<f64> = updated.iter().zip(desired).map(|(u, d)| *u as f64 / *d as f64).collect();
-            let spread = fr.iter().cloned().fold(0.0, f64::max) - fr.iter().cloned().fold(1.0, f64::min);
+            let fr: Vec<f64> = updated
+                .iter()
+                .zip(desired)
+                .map(|(u, d)| *u as f64 / *d as f64)
+                .collect();
+            let spread =
+                fr.iter().cloned().fold(0.0, f64::max) - fr.iter().cloned().fold(1.0, f64::min);
             worst = worst.max(spread);
         }
         panic!("rollout did not finish");
@@ -236,7 +245,11 @@ mod tests {
             [("p".to_string(), st(10, 3)), ("d".to_string(), st(10, 1))].into();
         let o = overrides(&rules, &states, &BTreeMap::new());
         assert_eq!(o["p"].partition, Some(7), "p is held at 3 updated");
-        assert_eq!(o["d"].partition, Some(8), "d may reach 2 (within 10% of p's 30%... from 10%)");
+        assert_eq!(
+            o["d"].partition,
+            Some(8),
+            "d may reach 2 (within 10% of p's 30%... from 10%)"
+        );
     }
 
     #[test]
@@ -248,14 +261,24 @@ mod tests {
             updated: current,
             scheduled: current,
         };
-        let states = vec![("p".to_string(), s(10, 2, 2)), ("d".to_string(), s(4, 2, 2))];
+        let states = vec![
+            ("p".to_string(), s(10, 2, 2)),
+            ("d".to_string(), s(4, 2, 2)),
+        ];
         let t = scaling_targets(&states, 20, &Progression::OrderReady);
         // Slowest progress is p at 20%: p may reach 40% (4), d (50% now) is above the cap
         // of 40% and waits.
         assert_eq!((t["p"], t["d"]), (4, 2));
-        let states = vec![("p".to_string(), s(10, 4, 3)), ("d".to_string(), s(4, 2, 2))];
+        let states = vec![
+            ("p".to_string(), s(10, 4, 3)),
+            ("d".to_string(), s(4, 2, 2)),
+        ];
         let t = scaling_targets(&states, 20, &Progression::OrderReady);
-        assert_eq!((t["p"], t["d"]), (4, 2), "held while p has unready instances");
+        assert_eq!(
+            (t["p"], t["d"]),
+            (4, 2),
+            "held while p has unready instances"
+        );
         let t = scaling_targets(&states, 20, &Progression::None);
         assert_eq!((t["p"], t["d"]), (6, 3));
     }

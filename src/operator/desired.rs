@@ -173,14 +173,20 @@ pub fn pod(g: &Group, role: &Role, rev: &Revision, slot: &Slot) -> Value {
     };
     let name = pod_name(role, &slot.instance, slot.component);
     let svc = service_name(&g.name, &role.name);
-    let mut labels = t["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+    let mut labels = t["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     labels.extend(role_labels(g, &role.name));
     labels.insert(INSTANCE.into(), json!(slot.instance));
     labels.insert(REVISION.into(), json!(rev.hash));
     if let Some(o) = slot.ordinal {
         labels.insert(INDEX.into(), json!(o.to_string()));
     }
-    let mut annotations = t["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
+    let mut annotations = t["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     annotations.insert(SHAPE.into(), json!(rev.shape));
     let mut env = vec![
         env_var("RBG_GROUP_NAME", &g.name),
@@ -221,7 +227,10 @@ pub fn pod(g: &Group, role: &Role, rev: &Revision, slot: &Slot) -> Value {
             );
             c["env"] = Value::Array(merged);
             let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
-            if !mounts.iter().any(|m| m["mountPath"] == CONFIG_DIR || m["name"] == CONFIG_VOLUME) {
+            if !mounts
+                .iter()
+                .any(|m| m["mountPath"] == CONFIG_DIR || m["name"] == CONFIG_VOLUME)
+            {
                 let mut m = mounts;
                 m.push(json!({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": true}));
                 c["volumeMounts"] = Value::Array(m);
@@ -293,7 +302,10 @@ pub fn legacy_endpoints(g: &Group, role: &Role, pods: &[&Value]) -> Value {
     let mut v6 = false;
     let mut endpoints: Vec<(String, Value)> = Vec::new();
     for p in pods {
-        let Some(ip) = p.pointer("/status/podIP").and_then(Value::as_str).filter(|i| !i.is_empty())
+        let Some(ip) = p
+            .pointer("/status/podIP")
+            .and_then(Value::as_str)
+            .filter(|i| !i.is_empty())
         else {
             continue;
         };
@@ -333,7 +345,11 @@ fn role_ports(role: &Role) -> Map<String, Value> {
         }
         return m;
     }
-    for c in role.template["spec"]["containers"].as_array().into_iter().flatten() {
+    for c in role.template["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         for p in c["ports"].as_array().into_iter().flatten() {
             if let (Some(n), Some(port)) = (p["name"].as_str(), p["containerPort"].as_u64()) {
                 m.insert(n.to_lowercase().replace('-', "_"), json!(port));
@@ -421,15 +437,46 @@ mod tests {
         assert_eq!(p["metadata"]["name"], "demo-master-0");
         let l = &p["metadata"]["labels"];
         assert_eq!(
-            (&l[GROUP], &l[ROLE], &l[GROUP_V1], &l[ROLE_V1], &l["app"], &l[INDEX]),
-            (&json!("demo"), &json!("master"), &json!("demo"), &json!("master"), &json!("m"), &json!("0"))
+            (
+                &l[GROUP],
+                &l[ROLE],
+                &l[GROUP_V1],
+                &l[ROLE_V1],
+                &l["app"],
+                &l[INDEX]
+            ),
+            (
+                &json!("demo"),
+                &json!("master"),
+                &json!("demo"),
+                &json!("master"),
+                &json!("m"),
+                &json!("0")
+            )
         );
         assert_eq!(p["spec"]["hostname"], "demo-master-0");
         assert_eq!(p["spec"]["subdomain"], "s-demo-master");
         let env = &p["spec"]["containers"][0]["env"];
-        let names: Vec<&str> = env.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["RBG_GROUP_NAME", "RBG_ROLE_NAME", "RBG_ROLE_INSTANCE_NAME", "RBG_ROLE_INDEX", "X"]);
-        assert_eq!(p["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], CONFIG_DIR);
+        let names: Vec<&str> = env
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "RBG_GROUP_NAME",
+                "RBG_ROLE_NAME",
+                "RBG_ROLE_INSTANCE_NAME",
+                "RBG_ROLE_INDEX",
+                "X"
+            ]
+        );
+        assert_eq!(
+            p["spec"]["containers"][0]["volumeMounts"][0]["mountPath"],
+            CONFIG_DIR
+        );
         assert_eq!(p["metadata"]["ownerReferences"][0]["uid"], "u1");
     }
 
@@ -438,17 +485,35 @@ mod tests {
         let g = group();
         let role = &g.roles[1];
         let rev = revision(role);
-        let mk = |c| pod(&g, role, &rev, &Slot { instance: "demo-prefill-1".into(), ordinal: Some(1), component: c });
+        let mk = |c| {
+            pod(
+                &g,
+                role,
+                &rev,
+                &Slot {
+                    instance: "demo-prefill-1".into(),
+                    ordinal: Some(1),
+                    component: c,
+                },
+            )
+        };
         let (leader, worker) = (mk(0), mk(2));
         assert_eq!(leader["metadata"]["name"], "demo-prefill-1-0");
         assert_eq!(worker["metadata"]["name"], "demo-prefill-1-2");
         assert_eq!(worker["metadata"]["labels"]["w"], "y");
         assert!(leader["metadata"]["labels"].get("w").is_none());
         let env = |p: &Value, n: &str| {
-            p["spec"]["containers"][0]["env"].as_array().unwrap().iter()
-                .find(|e| e["name"] == n).map(|e| e["value"].clone())
+            p["spec"]["containers"][0]["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == n)
+                .map(|e| e["value"].clone())
         };
-        assert_eq!(env(&worker, "RBG_LWP_LEADER_ADDRESS"), Some(json!("demo-prefill-1-0.s-demo-prefill.ns")));
+        assert_eq!(
+            env(&worker, "RBG_LWP_LEADER_ADDRESS"),
+            Some(json!("demo-prefill-1-0.s-demo-prefill.ns"))
+        );
         assert_eq!(env(&worker, "RBG_LWP_WORKER_INDEX"), Some(json!("2")));
         assert_eq!(env(&leader, "RBG_LWP_GROUP_SIZE"), Some(json!("3")));
         // v1alpha1 leaderWorkerSet: every pod is addressable.
@@ -469,7 +534,11 @@ mod tests {
         assert_ne!(b.shape, c.shape);
         let mut scaled = g.roles[0].clone();
         scaled.replicas = 9;
-        assert_eq!(revision(&scaled), a, "replicas are not part of the revision");
+        assert_eq!(
+            revision(&scaled),
+            a,
+            "replicas are not part of the revision"
+        );
     }
 
     #[test]
@@ -485,9 +554,18 @@ mod tests {
         let y = discovery_config(&g, &BTreeMap::new());
         let v: Value = serde_yaml_ng::from_str(&y).unwrap();
         assert_eq!(v["group"]["size"], 2);
-        assert_eq!(v["roles"]["master"]["instances"][0]["address"], "demo-master-0.s-demo-master");
-        assert_eq!(v["roles"]["master"]["instances"][0]["ports"]["rpc_port"], 50051);
-        assert_eq!(v["roles"]["prefill"]["instances"][1]["address"], "demo-prefill-1-0.s-demo-prefill");
+        assert_eq!(
+            v["roles"]["master"]["instances"][0]["address"],
+            "demo-master-0.s-demo-master"
+        );
+        assert_eq!(
+            v["roles"]["master"]["instances"][0]["ports"]["rpc_port"],
+            50051
+        );
+        assert_eq!(
+            v["roles"]["prefill"]["instances"][1]["address"],
+            "demo-prefill-1-0.s-demo-prefill"
+        );
         let long = "x".repeat(70);
         assert_eq!(service_name(&long, "r").len(), 63);
         let pods = [json!({"metadata": {"name": "demo-master-0", "uid": "p"},
@@ -495,7 +573,10 @@ mod tests {
                        "conditions": [{"type": "Ready", "status": "True"}]}})];
         let es = legacy_endpoints(&g, &g.roles[0], &pods.iter().collect::<Vec<_>>());
         assert_eq!(es["endpoints"][0]["hostname"], "demo-master-0");
-        assert_eq!(es["metadata"]["labels"]["kubernetes.io/service-name"], "demo-master");
+        assert_eq!(
+            es["metadata"]["labels"]["kubernetes.io/service-name"],
+            "demo-master"
+        );
         assert_eq!(es["endpoints"][0]["conditions"]["ready"], true);
     }
 }

@@ -116,7 +116,10 @@ pub async fn run(
                     backoff = Duration::from_millis(200);
                 }
                 Err(e) if e.code() == Some(410) => {
-                    tracing::info!(resource = src.name, "watch expired (410 Gone); listing again");
+                    tracing::info!(
+                        resource = src.name,
+                        "watch expired (410 Gone); listing again"
+                    );
                     break;
                 }
                 Err(e) => {

@@ -23,7 +23,13 @@ fn micro_now() -> String {
 }
 
 impl Elector {
-    pub fn new(kube: Kube, namespace: &str, name: &str, identity: &str, lease: Duration) -> Elector {
+    pub fn new(
+        kube: Kube,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        lease: Duration,
+    ) -> Elector {
         let collection = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases");
         Elector {
             kube,
@@ -69,7 +75,8 @@ impl Elector {
                 now
             }
         };
-        let their_lease = Duration::from_secs(spec["leaseDurationSeconds"].as_u64().unwrap_or(secs));
+        let their_lease =
+            Duration::from_secs(spec["leaseDurationSeconds"].as_u64().unwrap_or(secs));
         let mine = holder == self.identity;
         if !mine && !holder.is_empty() && now.duration_since(seen_at) < their_lease {
             return Ok(false);

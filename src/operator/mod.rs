@@ -119,7 +119,10 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
     }
     let mut elector = None;
     if args.leader_elect {
-        let ns = args.lease_namespace.clone().unwrap_or(cfg.namespace.clone());
+        let ns = args
+            .lease_namespace
+            .clone()
+            .unwrap_or(cfg.namespace.clone());
         let lease = Duration::from_secs(args.lease_duration_secs.max(1));
         let mut e = leader::Elector::new(kube.clone(), &ns, &args.lease_name, &me, lease);
         tracing::info!(identity = %me, lease = %args.lease_name, namespace = %ns, "waiting for the lease");
@@ -160,7 +163,11 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         });
     }
     if args.resync_secs > 0 {
-        let (q, groups, every) = (queue.clone(), caches.groups.clone(), Duration::from_secs(args.resync_secs));
+        let (q, groups, every) = (
+            queue.clone(),
+            caches.groups.clone(),
+            Duration::from_secs(args.resync_secs),
+        );
         tokio::spawn(async move {
             let mut t = tokio::time::interval(every);
             t.tick().await;
@@ -190,7 +197,9 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
                 }
                 match e.try_acquire().await {
                     Ok(true) => last_ok = std::time::Instant::now(),
-                    Ok(false) => anyhow::bail!("lost the lease to another replica; exiting so that only one acts"),
+                    Ok(false) => anyhow::bail!(
+                        "lost the lease to another replica; exiting so that only one acts"
+                    ),
                     Err(err) => {
                         tracing::warn!(error = %err, "lease renewal failed");
                         if last_ok.elapsed() > e.lease * 2 / 3 {
@@ -208,14 +217,59 @@ fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queue: &Ar
         Some(ns) => format!("{api}/namespaces/{ns}/{plural}"),
         None => format!("{api}/{plural}"),
     };
-    let managed = format!("&labelSelector={}", crate::kube::encode(&format!("{}={}", desired::MANAGED_BY, desired::MANAGER)));
+    let managed = format!(
+        "&labelSelector={}",
+        crate::kube::encode(&format!("{}={}", desired::MANAGED_BY, desired::MANAGER))
+    );
     let sources = [
-        (Source { name: "rolebasedgroups", path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "rolebasedgroups"), query: String::new() }, caches.groups.clone()),
-        (Source { name: "coordinatedpolicies", path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "coordinatedpolicies"), query: String::new() }, caches.policies.clone()),
-        (Source { name: "pods", path: scoped("/api/v1", "pods"), query: managed.clone() }, caches.pods.clone()),
-        (Source { name: "services", path: scoped("/api/v1", "services"), query: managed.clone() }, caches.services.clone()),
-        (Source { name: "configmaps", path: scoped("/api/v1", "configmaps"), query: managed.clone() }, caches.configmaps.clone()),
-        (Source { name: "endpointslices", path: scoped("/apis/discovery.k8s.io/v1", "endpointslices"), query: managed }, caches.slices.clone()),
+        (
+            Source {
+                name: "rolebasedgroups",
+                path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "rolebasedgroups"),
+                query: String::new(),
+            },
+            caches.groups.clone(),
+        ),
+        (
+            Source {
+                name: "coordinatedpolicies",
+                path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "coordinatedpolicies"),
+                query: String::new(),
+            },
+            caches.policies.clone(),
+        ),
+        (
+            Source {
+                name: "pods",
+                path: scoped("/api/v1", "pods"),
+                query: managed.clone(),
+            },
+            caches.pods.clone(),
+        ),
+        (
+            Source {
+                name: "services",
+                path: scoped("/api/v1", "services"),
+                query: managed.clone(),
+            },
+            caches.services.clone(),
+        ),
+        (
+            Source {
+                name: "configmaps",
+                path: scoped("/api/v1", "configmaps"),
+                query: managed.clone(),
+            },
+            caches.configmaps.clone(),
+        ),
+        (
+            Source {
+                name: "endpointslices",
+                path: scoped("/apis/discovery.k8s.io/v1", "endpointslices"),
+                query: managed,
+            },
+            caches.slices.clone(),
+        ),
     ];
     let timeout = Duration::from_secs(args.watch_timeout_secs.max(1));
     for (src, store) in sources {
@@ -242,7 +296,8 @@ async fn start_metrics(
     leader: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind((args.metrics_host.as_str(), args.metrics_port)).await?;
+    let listener =
+        tokio::net::TcpListener::bind((args.metrics_host.as_str(), args.metrics_port)).await?;
     let metrics = {
         let (ctl, leader) = (ctl.clone(), leader.clone());
         move || {
@@ -251,20 +306,81 @@ async fn start_metrics(
                 let m = &ctl.metrics;
                 let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
                 let mut p = PromText::new();
-                p.single("rbgctl_operator_is_leader", "gauge", "1 while this replica holds the lease",
-                         if leader.load(Ordering::Acquire) { 1.0 } else { 0.0 });
-                p.single("rbgctl_operator_reconciles_total", "counter", "Reconciles run", l(&m.reconciles));
-                p.single("rbgctl_operator_reconcile_errors_total", "counter", "Reconciles that failed (retried with backoff)", l(&m.errors));
-                p.single("rbgctl_operator_queue_depth", "gauge", "Groups waiting for a reconcile", ctl.queue.len() as f64);
-                p.single("rbgctl_operator_groups", "gauge", "RoleBasedGroups in the cache", ctl.caches.groups.len() as f64);
-                p.family("rbgctl_operator_pod_actions_total", "counter", "Pod writes by action");
-                p.sample("rbgctl_operator_pod_actions_total", &[("action", "create")], l(&m.pods_created));
-                p.sample("rbgctl_operator_pod_actions_total", &[("action", "delete")], l(&m.pods_deleted));
-                p.sample("rbgctl_operator_pod_actions_total", &[("action", "inplace")], l(&m.pods_inplace));
-                p.single("rbgctl_operator_status_writes_total", "counter", "Group status writes", l(&m.status_writes));
-                p.family("rbgctl_operator_api_requests_total", "counter", "Requests sent to the API server");
-                p.sample("rbgctl_operator_api_requests_total", &[("kind", "read")], ctl.kube.stats.reads.load(Ordering::Relaxed) as f64);
-                p.sample("rbgctl_operator_api_requests_total", &[("kind", "write")], ctl.kube.stats.writes.load(Ordering::Relaxed) as f64);
+                p.single(
+                    "rbgctl_operator_is_leader",
+                    "gauge",
+                    "1 while this replica holds the lease",
+                    if leader.load(Ordering::Acquire) {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                );
+                p.single(
+                    "rbgctl_operator_reconciles_total",
+                    "counter",
+                    "Reconciles run",
+                    l(&m.reconciles),
+                );
+                p.single(
+                    "rbgctl_operator_reconcile_errors_total",
+                    "counter",
+                    "Reconciles that failed (retried with backoff)",
+                    l(&m.errors),
+                );
+                p.single(
+                    "rbgctl_operator_queue_depth",
+                    "gauge",
+                    "Groups waiting for a reconcile",
+                    ctl.queue.len() as f64,
+                );
+                p.single(
+                    "rbgctl_operator_groups",
+                    "gauge",
+                    "RoleBasedGroups in the cache",
+                    ctl.caches.groups.len() as f64,
+                );
+                p.family(
+                    "rbgctl_operator_pod_actions_total",
+                    "counter",
+                    "Pod writes by action",
+                );
+                p.sample(
+                    "rbgctl_operator_pod_actions_total",
+                    &[("action", "create")],
+                    l(&m.pods_created),
+                );
+                p.sample(
+                    "rbgctl_operator_pod_actions_total",
+                    &[("action", "delete")],
+                    l(&m.pods_deleted),
+                );
+                p.sample(
+                    "rbgctl_operator_pod_actions_total",
+                    &[("action", "inplace")],
+                    l(&m.pods_inplace),
+                );
+                p.single(
+                    "rbgctl_operator_status_writes_total",
+                    "counter",
+                    "Group status writes",
+                    l(&m.status_writes),
+                );
+                p.family(
+                    "rbgctl_operator_api_requests_total",
+                    "counter",
+                    "Requests sent to the API server",
+                );
+                p.sample(
+                    "rbgctl_operator_api_requests_total",
+                    &[("kind", "read")],
+                    ctl.kube.stats.reads.load(Ordering::Relaxed) as f64,
+                );
+                p.sample(
+                    "rbgctl_operator_api_requests_total",
+                    &[("kind", "write")],
+                    ctl.kube.stats.writes.load(Ordering::Relaxed) as f64,
+                );
                 p.finish()
             }
         }

@@ -178,9 +178,15 @@ pub fn is_legacy(obj: &Value) -> bool {
     }
     spec["roles"].as_array().is_some_and(|roles| {
         roles.iter().any(|r| {
-            ["template", "templateRef", "workload", "leaderWorkerSet", "components"]
-                .iter()
-                .any(|f| r.get(*f).is_some())
+            [
+                "template",
+                "templateRef",
+                "workload",
+                "leaderWorkerSet",
+                "components",
+            ]
+            .iter()
+            .any(|f| r.get(*f).is_some())
         })
     })
 }
@@ -199,7 +205,12 @@ fn parse_coordination(list: &Value) -> Result<Vec<Coordination>, SpecError> {
         let bad = |m: String| SpecError::Group(format!("coordination {i} ({name}): {m}"));
         let roles: Vec<String> = c["roles"]
             .as_array()
-            .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|r| {
+                r.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         if roles.is_empty() {
             return Err(bad("names no roles".into()));
@@ -262,7 +273,12 @@ fn role_template(spec: &Value, name: &str, reference: &str) -> Result<Value, Spe
         .as_array()
         .and_then(|ts| ts.iter().find(|t| s(t, "/name") == Some(reference)))
         .map(|t| t["template"].clone())
-        .ok_or_else(|| role_err(name, format!("templateRef {reference:?} is not in spec.roleTemplates")))
+        .ok_or_else(|| {
+            role_err(
+                name,
+                format!("templateRef {reference:?} is not in spec.roleTemplates"),
+            )
+        })
 }
 
 /// `template` or `templateRef` (+ patch) of a pattern or of a v1alpha1 role.
@@ -333,11 +349,24 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
     };
     let dependencies = r["dependencies"]
         .as_array()
-        .map(|d| d.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|d| {
+            d.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default();
     let annotations = &r["annotations"];
-    let pattern_annotation = s(annotations, "/rbg.workloads.x-k8s.io~1role-instance-pattern")
-        .or_else(|| s(annotations, "/instance.rolebasedgroup.workloads.x-k8s.io~1pattern"));
+    let pattern_annotation = s(
+        annotations,
+        "/rbg.workloads.x-k8s.io~1role-instance-pattern",
+    )
+    .or_else(|| {
+        s(
+            annotations,
+            "/instance.rolebasedgroup.workloads.x-k8s.io~1pattern",
+        )
+    });
     let workload_kind = if legacy {
         s(r, "/workload/kind").unwrap_or("StatefulSet").to_string()
     } else {
@@ -355,8 +384,14 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
                 template,
                 Pattern::LeaderWorker {
                     size: lws["size"].as_u64().unwrap_or(1).max(1) as u32,
-                    leader_patch: lws.get("patchLeaderTemplate").cloned().unwrap_or(Value::Null),
-                    worker_patch: lws.get("patchWorkerTemplate").cloned().unwrap_or(Value::Null),
+                    leader_patch: lws
+                        .get("patchLeaderTemplate")
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                    worker_patch: lws
+                        .get("patchWorkerTemplate")
+                        .cloned()
+                        .unwrap_or(Value::Null),
                     leader_only_service: false,
                 },
             ),
@@ -364,14 +399,22 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         }
     } else if let Some(p) = r.get("standalonePattern").filter(|v| !v.is_null()) {
         if r.get("leaderWorkerPattern").is_some() {
-            return Err(role_err(&name, "standalonePattern and leaderWorkerPattern are exclusive"));
+            return Err(role_err(
+                &name,
+                "standalonePattern and leaderWorkerPattern are exclusive",
+            ));
         }
         (template_of(spec, &name, p, None)?, Pattern::Standalone)
     } else if let Some(p) = r.get("leaderWorkerPattern").filter(|v| !v.is_null()) {
         let leader_only = match s(p, "/sharedServiceSelection") {
             Some("All") => false,
             Some("LeaderOnly") | None => true,
-            Some(o) => return Err(role_err(&name, format!("unknown sharedServiceSelection {o:?}"))),
+            Some(o) => {
+                return Err(role_err(
+                    &name,
+                    format!("unknown sharedServiceSelection {o:?}"),
+                ))
+            }
         };
         (
             template_of(spec, &name, p, None)?,
@@ -383,7 +426,10 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
             },
         )
     } else if r.get("customComponentsPattern").is_some() {
-        return Err(role_err(&name, "customComponentsPattern is not supported by rbgctl yet"));
+        return Err(role_err(
+            &name,
+            "customComponentsPattern is not supported by rbgctl yet",
+        ));
     } else {
         return Err(role_err(
             &name,
@@ -438,9 +484,14 @@ pub fn parse_group(obj: &Value) -> Result<Group, SpecError> {
     }
     Ok(Group {
         name: s(obj, "/metadata/name").unwrap_or("").to_string(),
-        namespace: s(obj, "/metadata/namespace").unwrap_or("default").to_string(),
+        namespace: s(obj, "/metadata/namespace")
+            .unwrap_or("default")
+            .to_string(),
         uid: s(obj, "/metadata/uid").unwrap_or("").to_string(),
-        generation: obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0),
+        generation: obj
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0),
         legacy,
         roles,
         coordination: parse_coordination(&spec["coordination"])?,
@@ -455,7 +506,10 @@ pub fn dependency_tiers(roles: &[Role]) -> Result<Vec<Vec<String>>, SpecError> {
     for r in roles {
         for d in &r.dependencies {
             if !by_name.contains_key(d.as_str()) {
-                return Err(role_err(&r.name, format!("depends on {d:?}, which is not a role of this group")));
+                return Err(role_err(
+                    &r.name,
+                    format!("depends on {d:?}, which is not a role of this group"),
+                ));
             }
         }
     }
@@ -471,7 +525,10 @@ pub fn dependency_tiers(roles: &[Role]) -> Result<Vec<Vec<String>>, SpecError> {
         }
         if path.contains(&n) {
             path.push(n);
-            return Err(SpecError::Group(format!("dependency cycle: {}", path.join(" -> "))));
+            return Err(SpecError::Group(format!(
+                "dependency cycle: {}",
+                path.join(" -> ")
+            )));
         }
         path.push(n);
         let mut t = 0;
@@ -505,7 +562,10 @@ mod tests {
 
     #[test]
     fn int_or_percent_resolves_with_rounding() {
-        assert_eq!(IntOrPct::parse(&json!("25%")).unwrap().resolve(10, false), 2);
+        assert_eq!(
+            IntOrPct::parse(&json!("25%")).unwrap().resolve(10, false),
+            2
+        );
         assert_eq!(IntOrPct::parse(&json!("25%")).unwrap().resolve(10, true), 3);
         assert_eq!(IntOrPct::parse(&json!(3)).unwrap().resolve(10, true), 3);
         assert_eq!(IntOrPct::parse(&json!("4")).unwrap(), IntOrPct::Int(4));

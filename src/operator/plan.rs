@@ -7,7 +7,9 @@
 //! done. A stateless role's instances are ordered (old revision first, ready first) and
 //! given positions, so the same rules apply.
 
-use crate::operator::desired::{Revision, INPLACE_STATE, INSTANCE, INDEX, REVISION, SHAPE, COMPONENT_INDEX};
+use crate::operator::desired::{
+    Revision, COMPONENT_INDEX, INDEX, INPLACE_STATE, INSTANCE, REVISION, SHAPE,
+};
 use crate::operator::model::{IntOrPct, Role};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -142,7 +144,12 @@ pub struct Limits {
 impl Limits {
     /// The role's own limits resolved against `replicas` (maxSurge rounds up; maxUnavailable
     /// rounds down when surge is allowed, else up and at least 1, as RBG does).
-    pub fn of(role: &Role, replicas: u32, partition: Option<IntOrPct>, max_unavailable: Option<IntOrPct>) -> Limits {
+    pub fn of(
+        role: &Role,
+        replicas: u32,
+        partition: Option<IntOrPct>,
+        max_unavailable: Option<IntOrPct>,
+    ) -> Limits {
         let r = &role.rollout;
         let max_surge = r.max_surge.resolve(replicas, true);
         let mut mu = max_unavailable
@@ -153,7 +160,10 @@ impl Limits {
         }
         Limits {
             replicas,
-            partition: partition.unwrap_or(r.partition).resolve(replicas, false).min(replicas),
+            partition: partition
+                .unwrap_or(r.partition)
+                .resolve(replicas, false)
+                .min(replicas),
             max_unavailable: mu,
             max_surge,
             paused: r.paused,
@@ -233,8 +243,19 @@ pub fn plan(
     let mut slots: Vec<(u32, Instance)> = Vec::new();
     if role.stateless {
         let mut list: Vec<Instance> = by_name.into_values().collect();
-        list.sort_by_key(|i| (i.updated(rev), !i.ready(size), i.terminating(), i.name.clone()));
-        slots = list.into_iter().enumerate().map(|(i, x)| (i as u32, x)).collect();
+        list.sort_by_key(|i| {
+            (
+                i.updated(rev),
+                !i.ready(size),
+                i.terminating(),
+                i.name.clone(),
+            )
+        });
+        slots = list
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| (i as u32, x))
+            .collect();
     } else {
         for (_, inst) in by_name {
             let ordinal = inst.pods.iter().find_map(|p| p.ordinal);
@@ -249,7 +270,9 @@ pub fn plan(
     let needs_update = |o: u32, i: &Instance| o < n && o >= lim.partition && !i.updated(rev);
     let in_rollout = !lim.paused && slots.iter().any(|(o, i)| i.exists() && needs_update(*o, i));
     // Surge instances stay until every base instance is ready on the new revision.
-    let surging = slots.iter().any(|(o, i)| *o >= n && *o < n + lim.max_surge && i.exists());
+    let surging = slots
+        .iter()
+        .any(|(o, i)| *o >= n && *o < n + lim.max_surge && i.exists());
     let base_settling = (0..n).any(|o| {
         !slots
             .iter()
@@ -346,7 +369,11 @@ pub fn plan(
         .filter(|o| !present.get(o).is_some_and(|i| i.ready(size)))
         .count() as i64;
     let surge_ready = (n..n + surge)
-        .filter(|o| present.get(o).is_some_and(|i| i.ready(size) && i.updated(rev)))
+        .filter(|o| {
+            present
+                .get(o)
+                .is_some_and(|i| i.ready(size) && i.updated(rev))
+        })
         .count() as i64;
     let mut budget = lim.max_unavailable as i64 + surge_ready - unavailable;
     for (o, inst) in present.iter().rev() {
@@ -438,12 +465,31 @@ mod tests {
         assert_eq!(
             p.actions,
             vec![
-                Action::Delete { name: "g-r-4".into(), uid: "uid-4".into() },
-                Action::Create { instance: "g-r-1".into(), ordinal: Some(1), component: 0 },
-                Action::Create { instance: "g-r-2".into(), ordinal: Some(2), component: 0 },
+                Action::Delete {
+                    name: "g-r-4".into(),
+                    uid: "uid-4".into()
+                },
+                Action::Create {
+                    instance: "g-r-1".into(),
+                    ordinal: Some(1),
+                    component: 0
+                },
+                Action::Create {
+                    instance: "g-r-2".into(),
+                    ordinal: Some(2),
+                    component: 0
+                },
             ]
         );
-        assert_eq!(p.counts, Counts { replicas: 1, ready: 1, updated: 1, scheduled: 1 });
+        assert_eq!(
+            p.counts,
+            Counts {
+                replicas: 1,
+                ready: 1,
+                updated: 1,
+                scheduled: 1
+            }
+        );
     }
 
     #[test]
@@ -460,7 +506,13 @@ mod tests {
         let r = role(3, false);
         let pods: Vec<_> = (0..3).map(|o| pod(o, "a", "s", true)).collect();
         let p = plan(&r, &rev("b", "s"), &lim(3), &pods, &name);
-        assert_eq!(p.actions, vec![Action::InPlace { name: "g-r-2".into(), uid: "uid-2".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::InPlace {
+                name: "g-r-2".into(),
+                uid: "uid-2".into()
+            }]
+        );
         // While ordinal 2 is updating (not ready), nothing else moves.
         let mut pods2 = pods.clone();
         pods2[2] = pod(2, "b", "s", false);
@@ -468,7 +520,13 @@ mod tests {
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         pods2[2].ready = true;
         let p = plan(&r, &rev("b", "s"), &lim(3), &pods2, &name);
-        assert_eq!(p.actions, vec![Action::InPlace { name: "g-r-1".into(), uid: "uid-1".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::InPlace {
+                name: "g-r-1".into(),
+                uid: "uid-1".into()
+            }]
+        );
     }
 
     #[test]
@@ -476,11 +534,23 @@ mod tests {
         let r = role(2, false);
         let pods: Vec<_> = (0..2).map(|o| pod(o, "a", "s", true)).collect();
         let p = plan(&r, &rev("b", "t"), &lim(2), &pods, &name);
-        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-1".into(), uid: "uid-1".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::Delete {
+                name: "g-r-1".into(),
+                uid: "uid-1".into()
+            }]
+        );
         let mut l = lim(2);
         l.recreate = true;
         let p = plan(&r, &rev("b", "s"), &l, &pods, &name);
-        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-1".into(), uid: "uid-1".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::Delete {
+                name: "g-r-1".into(),
+                uid: "uid-1".into()
+            }]
+        );
     }
 
     #[test]
@@ -491,16 +561,31 @@ mod tests {
         l.partition = 2;
         l.max_unavailable = 4;
         let p = plan(&r, &rev("b", "s"), &l, &pods, &name);
-        let names: Vec<_> = p.actions.iter().map(|a| match a { Action::InPlace { name, .. } => name.clone(), _ => panic!() }).collect();
+        let names: Vec<_> = p
+            .actions
+            .iter()
+            .map(|a| match a {
+                Action::InPlace { name, .. } => name.clone(),
+                _ => panic!(),
+            })
+            .collect();
         assert_eq!(names, ["g-r-3", "g-r-2"]);
         l.paused = true;
-        assert!(plan(&r, &rev("b", "s"), &l, &pods, &name).actions.is_empty());
+        assert!(plan(&r, &rev("b", "s"), &l, &pods, &name)
+            .actions
+            .is_empty());
         // An unready instance uses the budget up: nothing else may go down.
         let mut pods2 = pods.clone();
         pods2[0].ready = false;
         let p = plan(&r, &rev("b", "s"), &lim(4), &pods2, &name);
-        assert_eq!(p.actions, vec![Action::InPlace { name: "g-r-0".into(), uid: "uid-0".into() }],
-            "an instance that is down anyway is updated for free");
+        assert_eq!(
+            p.actions,
+            vec![Action::InPlace {
+                name: "g-r-0".into(),
+                uid: "uid-0".into()
+            }],
+            "an instance that is down anyway is updated for free"
+        );
     }
 
     #[test]
@@ -511,15 +596,38 @@ mod tests {
         l.max_surge = 1;
         l.max_unavailable = 0;
         let p = plan(&r, &rev("b", "t"), &l, &pods, &name);
-        assert_eq!(p.actions, vec![Action::Create { instance: "g-r-2".into(), ordinal: Some(2), component: 0 }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::Create {
+                instance: "g-r-2".into(),
+                ordinal: Some(2),
+                component: 0
+            }]
+        );
         let mut pods2 = pods.clone();
         pods2.push(pod(2, "b", "t", true));
         let p = plan(&r, &rev("b", "t"), &l, &pods2, &name);
-        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-1".into(), uid: "uid-1".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::Delete {
+                name: "g-r-1".into(),
+                uid: "uid-1".into()
+            }]
+        );
         // All updated and ready: the surge instance goes.
-        let done = vec![pod(0, "b", "t", true), pod(1, "b", "t", true), pod(2, "b", "t", true)];
+        let done = vec![
+            pod(0, "b", "t", true),
+            pod(1, "b", "t", true),
+            pod(2, "b", "t", true),
+        ];
         let p = plan(&r, &rev("b", "t"), &l, &done, &name);
-        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-2".into(), uid: "uid-2".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::Delete {
+                name: "g-r-2".into(),
+                uid: "uid-2".into()
+            }]
+        );
     }
 
     #[test]
@@ -530,7 +638,13 @@ mod tests {
         let mut f = pod(0, "a", "s", false);
         f.failed = true;
         let p = plan(&r, &rev("a", "s"), &lim(2), &[f, t], &name);
-        assert_eq!(p.actions, vec![Action::Delete { name: "g-r-0".into(), uid: "uid-0".into() }]);
+        assert_eq!(
+            p.actions,
+            vec![Action::Delete {
+                name: "g-r-0".into(),
+                uid: "uid-0".into()
+            }]
+        );
         assert!(p.progressing);
     }
 
@@ -545,7 +659,10 @@ mod tests {
         assert_eq!(creates, 2);
         let one = role(1, true);
         let p = plan(&one, &rev("b", "s"), &lim(1), &[a], &name);
-        assert!(p.actions.contains(&Action::InPlace { name: "g-r-0".into(), uid: "uid-0".into() }));
+        assert!(p.actions.contains(&Action::InPlace {
+            name: "g-r-0".into(),
+            uid: "uid-0".into()
+        }));
     }
 
     #[test]

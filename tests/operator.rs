@@ -1,0 +1,620 @@
+//! `rbgctl operator` end to end: the real binary against the in-process API server stand-in
+//! (`rbgctl::kube::standin`) with its SIMULATED kubelet. The seeds' RoleBasedGroups are the
+//! acceptance cases (copied unchanged into `tests/seeds/`).
+
+mod common;
+
+use common::{wait_until, Proc, BIN};
+use rbgctl::kube::standin::{ApiServer, Kubelet, KubeletConfig};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const NS: &str = "default";
+const T: Duration = Duration::from_secs(20);
+
+struct Env {
+    api: ApiServer,
+    kubelet: Kubelet,
+    kubeconfig: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn env() -> Env {
+    let api = ApiServer::new();
+    let port = api.serve().expect("stand-in listens");
+    let kubelet = Kubelet::new(&api, KubeletConfig::default());
+    kubelet.spawn_thread();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("config");
+    std::fs::write(
+        &kubeconfig,
+        format!("current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n    namespace: {NS}\n"),
+    )
+    .unwrap();
+    Env {
+        api,
+        kubelet,
+        kubeconfig,
+        _dir: dir,
+    }
+}
+
+impl Env {
+    fn operator(&self, identity: &str) -> Proc {
+        let child = Command::new(BIN)
+            .args(["operator", "--metrics-port", "0", "--resync-secs", "1"])
+            .args(["--lease-duration-secs", "2", "--watch-timeout-secs", "30"])
+            .args(["--kube-api-qps", "0", "--identity", identity])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env(
+                "RBGCTL_LOG",
+                std::env::var("RBGCTL_TEST_LOG").unwrap_or("warn".into()),
+            )
+            .stderr(if std::env::var_os("RBGCTL_TEST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .unwrap();
+        Proc {
+            child,
+            name: format!("operator {identity}"),
+        }
+    }
+
+    fn group(&self, name: &str) -> Value {
+        self.api
+            .get("rolebasedgroups", NS, name)
+            .unwrap_or(Value::Null)
+    }
+
+    fn ready(&self, name: &str) -> bool {
+        let g = self.group(name);
+        g.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            && g["status"]["observedGeneration"] == g["metadata"]["generation"]
+    }
+
+    fn pods(&self, selector: &str) -> BTreeMap<String, Value> {
+        self.api
+            .list("pods", NS, selector)
+            .into_iter()
+            .map(|p| (p["metadata"]["name"].as_str().unwrap().to_string(), p))
+            .collect()
+    }
+
+    fn uids(&self, selector: &str) -> BTreeMap<String, String> {
+        self.pods(selector)
+            .into_iter()
+            .map(|(n, p)| (n, p["metadata"]["uid"].as_str().unwrap().to_string()))
+            .collect()
+    }
+
+    fn events(&self, reason: &str) -> Vec<Value> {
+        self.api
+            .list("events", NS, "")
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    }
+}
+
+fn seed(file: &str) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(format!("{}/tests/seeds/{file}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+        if v["kind"] == "RoleBasedGroup" {
+            out.push(v);
+        }
+    }
+    out
+}
+
+fn sel(group: &str, role: &str) -> String {
+    format!("rolebasedgroup.workloads.x-k8s.io/name={group},rolebasedgroup.workloads.x-k8s.io/role={role}")
+}
+
+fn env_of(pod: &Value, name: &str) -> Option<String> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str().map(str::to_string))
+}
+
+#[test]
+fn every_seed_group_reconciles_to_ready_with_the_names_it_addresses() {
+    let e = env();
+    let _op = e.operator("a");
+    for file in [
+        "002-sglang-demo.yaml",
+        "003-sglang-mooncake-smg-v2.yaml",
+        "003-vllm-pd-with-mooncake-demo.yaml",
+        "000-pd-disaggregated-with-mooncake.yaml",
+    ] {
+        for g in seed(file) {
+            let name = g["metadata"]["name"].as_str().unwrap().to_string();
+            e.api.create("rolebasedgroups", NS, g.clone()).unwrap();
+            assert!(
+                wait_until(T, || e.ready(&name)),
+                "{file}: {name} not Ready: {}",
+                e.group(&name)["status"]
+            );
+            let st = e.group(&name)["status"].clone();
+            for (i, r) in g["spec"]["roles"].as_array().unwrap().iter().enumerate() {
+                let role = r["name"].as_str().unwrap();
+                let want = r["replicas"].as_u64().unwrap_or(1);
+                let rs = st["roleStatuses"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|x| x["name"] == role)
+                    .unwrap();
+                assert_eq!(
+                    (rs["replicas"].as_u64(), rs["readyReplicas"].as_u64()),
+                    (Some(want), Some(want)),
+                    "{name}/{role}"
+                );
+                let pods = e.pods(&sel(&name, role));
+                assert_eq!(pods.len() as u64, want, "{name}/{role}: {:?}", pods.keys());
+                let stateless = r
+                    .pointer("/annotations/instance.rolebasedgroup.workloads.x-k8s.io~1pattern")
+                    == Some(&json!("Stateless"));
+                for (k, (pname, p)) in pods.iter().enumerate() {
+                    if stateless {
+                        let prefix = format!("{name}-{role}-");
+                        let suffix = pname.strip_prefix(&prefix).unwrap();
+                        assert!(
+                            suffix.len() == 5 && suffix.parse::<u32>().is_err(),
+                            "{pname}"
+                        );
+                    } else {
+                        assert_eq!(pname, &format!("{name}-{role}-{k}"));
+                        assert_eq!(env_of(p, "RBG_ROLE_INDEX"), Some(k.to_string()));
+                    }
+                    assert_eq!(p["spec"]["hostname"], json!(pname));
+                    assert_eq!(p["spec"]["subdomain"], json!(format!("s-{name}-{role}")));
+                    assert_eq!(
+                        p["metadata"]["labels"]["rbg.workloads.x-k8s.io/group-name"],
+                        json!(name)
+                    );
+                    assert_eq!(env_of(p, "RBG_GROUP_NAME").as_deref(), Some(name.as_str()));
+                    assert_eq!(env_of(p, "RBG_ROLE_NAME").as_deref(), Some(role));
+                    // The user's own env is kept, after ours.
+                    if let Some(first) = r
+                        .pointer("/template/spec/containers/0/env/0/name")
+                        .and_then(Value::as_str)
+                    {
+                        assert!(
+                            env_of(p, first).is_some() || first == "POD_IP",
+                            "{pname} lost {first}"
+                        );
+                    }
+                    assert_eq!(
+                        p["metadata"]["ownerReferences"][0]["uid"],
+                        e.group(&name)["metadata"]["uid"]
+                    );
+                    let _ = i;
+                }
+                // Both Service names exist for these v1alpha1 groups.
+                let s = e
+                    .api
+                    .get("services", NS, &format!("s-{name}-{role}"))
+                    .unwrap();
+                assert_eq!(s["spec"]["clusterIP"], "None");
+                assert!(e
+                    .api
+                    .get("services", NS, &format!("{name}-{role}"))
+                    .is_some());
+                let slice = e
+                    .api
+                    .get("endpointslices", NS, &format!("{name}-{role}-rbgctl"))
+                    .unwrap();
+                let hosts: Vec<&str> = slice["endpoints"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x["hostname"].as_str().unwrap())
+                    .collect();
+                assert_eq!(
+                    hosts,
+                    pods.keys().map(String::as_str).collect::<Vec<_>>(),
+                    "{name}/{role}"
+                );
+            }
+            let cm = e.api.get("configmaps", NS, &name).unwrap();
+            let cfg: Value =
+                serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+            assert_eq!(cfg["group"]["name"], json!(name));
+            assert_eq!(
+                cfg["group"]["size"].as_u64(),
+                Some(g["spec"]["roles"].as_array().unwrap().len() as u64)
+            );
+        }
+    }
+    // The addresses the seeds write resolve to pods and Services that exist.
+    assert!(e
+        .api
+        .get("pods", NS, "sglang-demo-mooncake-master-0")
+        .is_some());
+    assert!(e
+        .api
+        .get("services", NS, "sglang-demo-mooncake-master")
+        .is_some());
+    assert!(e
+        .api
+        .get("services", NS, "s-sglang-mooncake-smg-v2-mooncake-master")
+        .is_some());
+    assert!(e
+        .api
+        .get("pods", NS, "vllm-pd-with-mooncake-demo-prefill-0")
+        .is_some());
+    let cm = e.api.get("configmaps", NS, "sglang-demo").unwrap();
+    let cfg: Value = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        cfg["roles"]["mooncake-master"]["instances"][0]["address"],
+        "sglang-demo-mooncake-master-0.s-sglang-demo-mooncake-master"
+    );
+    assert_eq!(
+        cfg["roles"]["mooncake-master"]["instances"][0]["ports"]["http"],
+        50051
+    );
+    assert_eq!(
+        cfg["roles"]["mooncake-store"]["instances"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+}
+
+#[test]
+fn dependencies_hold_back_roles_until_ready_and_bad_ones_create_nothing() {
+    let e = env();
+    let _op = e.operator("a");
+    e.kubelet
+        .hold("rbg.workloads.x-k8s.io/role-name=mooncake-master");
+    let g = seed("003-sglang-mooncake-smg-v2.yaml").remove(0);
+    let name = "sglang-mooncake-smg-v2";
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e
+        .pods(&sel(name, "mooncake-master"))
+        .len()
+        == 1));
+    assert!(wait_until(T, || !e.events("DependencyNotMet").is_empty()));
+    std::thread::sleep(Duration::from_millis(800));
+    for role in [
+        "mooncake-store",
+        "prefill-worker",
+        "decode-worker",
+        "smg-router",
+    ] {
+        assert!(
+            e.pods(&sel(name, role)).is_empty(),
+            "{role} created before its dependencies were ready"
+        );
+    }
+    assert_eq!(e.group(name)["status"]["conditions"][0]["status"], "False");
+    e.kubelet.release_all();
+    assert!(wait_until(T, || e.ready(name)));
+    let created = |role: &str| {
+        e.pods(&sel(name, role))
+            .values()
+            .map(|p| {
+                p["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .min()
+            .unwrap()
+    };
+    // Creation order follows the dependency tiers (resourceVersions are a global order).
+    assert!(created("mooncake-store") < created("prefill-worker"));
+    assert!(created("prefill-worker") < created("decode-worker"));
+    assert!(created("decode-worker") < created("smg-router"));
+
+    // An unknown dependency and a cycle: a condition and an event, and no pods.
+    let bad = |n: &str, deps_a: Value, deps_b: Value| {
+        json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+               "metadata": {"name": n},
+               "spec": {"roles": [
+                 {"name": "a", "dependencies": deps_a, "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}},
+                 {"name": "b", "dependencies": deps_b, "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}}]}})
+    };
+    e.api
+        .create(
+            "rolebasedgroups",
+            NS,
+            bad("unknown", json!(["nope"]), json!([])),
+        )
+        .unwrap();
+    e.api
+        .create(
+            "rolebasedgroups",
+            NS,
+            bad("cyclic", json!(["b"]), json!(["a"])),
+        )
+        .unwrap();
+    for n in ["unknown", "cyclic"] {
+        assert!(
+            wait_until(T, || e.group(n)["status"]["conditions"][0]["reason"]
+                == "InvalidRoleDependency"),
+            "{n}: {}",
+            e.group(n)
+        );
+        assert!(e
+            .pods(&format!("rbg.workloads.x-k8s.io/group-name={n}"))
+            .is_empty());
+    }
+    assert_eq!(e.events("InvalidRoleDependency").len(), 2);
+}
+
+#[test]
+fn image_only_update_is_in_place_and_other_changes_recreate() {
+    let e = env();
+    let _op = e.operator("a");
+    let name = "sglang-pd-with-mooncake-demo";
+    e.api
+        .create(
+            "rolebasedgroups",
+            NS,
+            seed("000-pd-disaggregated-with-mooncake.yaml").remove(0),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.ready(name)));
+    let stores = sel(name, "mooncake-store");
+    let before_all = e.uids(&format!("rolebasedgroup.workloads.x-k8s.io/name={name}"));
+    let before = e.uids(&stores);
+    let ips: BTreeMap<String, Value> = e
+        .pods(&stores)
+        .into_iter()
+        .map(|(n, p)| (n, p["status"]["podIP"].clone()))
+        .collect();
+    // The seed's own upgrade command.
+    e.api.json_patch("rolebasedgroups", NS, name,
+        json!([{"op": "replace", "path": "/spec/roles/1/template/spec/containers/0/image", "value": "lmsysorg/sglang:v0.5.6"}])).unwrap();
+    assert!(wait_until(T, || {
+        let p = e.pods(&stores);
+        p.len() == 3
+            && p.values().all(|p| {
+                p["spec"]["containers"][0]["image"] == "lmsysorg/sglang:v0.5.6"
+                    && p["status"]["containerStatuses"][0]["imageID"]
+                        == "sim://lmsysorg/sglang:v0.5.6"
+            })
+    }));
+    assert!(wait_until(T, || e.ready(name)));
+    let after = e.pods(&stores);
+    assert_eq!(
+        e.uids(&stores),
+        before,
+        "pod UIDs (names) unchanged by an image-only update"
+    );
+    for (n, p) in &after {
+        assert_eq!(
+            p["status"]["containerStatuses"][0]["restartCount"], 1,
+            "{n}: one container restart"
+        );
+        assert_eq!(p["status"]["podIP"], ips[n], "{n}: IP unchanged");
+    }
+    let all = e.uids(&format!("rolebasedgroup.workloads.x-k8s.io/name={name}"));
+    for (n, uid) in &before_all {
+        if !before.contains_key(n) {
+            assert_eq!(all.get(n), Some(uid), "{n} of another role was touched");
+        }
+    }
+    // A command change recreates: decode pods get new UIDs under the same name.
+    let decode = sel(name, "decode");
+    let old = e.uids(&decode);
+    e.api.json_patch("rolebasedgroups", NS, name,
+        json!([{"op": "add", "path": "/spec/roles/4/template/spec/containers/0/command/-", "value": "--log-level=debug"}])).unwrap();
+    assert!(wait_until(T, || {
+        let now = e.uids(&decode);
+        now.len() == 1 && now.keys().eq(old.keys()) && now.values().ne(old.values())
+    }));
+    assert!(wait_until(T, || e.ready(name)));
+    assert_eq!(e.uids(&stores), before, "other roles keep their pods");
+}
+
+#[test]
+fn partition_paused_and_replicas_only_changes() {
+    let e = env();
+    let _op = e.operator("a");
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "p"},
+        "spec": {"roles": [{"name": "w", "replicas": 2,
+            "rolloutStrategy": {"rollingUpdate": {"type": "InPlaceIfPossible", "partition": 1}},
+            "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}}]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("p")));
+    let s = "rbg.workloads.x-k8s.io/group-name=p";
+    let image = |n: &str| {
+        e.api
+            .get("pods", NS, n)
+            .map(|p| p["spec"]["containers"][0]["image"].clone())
+            .unwrap_or(Value::Null)
+    };
+    e.api.json_patch("rolebasedgroups", NS, "p", json!([{"op": "replace",
+        "path": "/spec/roles/0/standalonePattern/template/spec/containers/0/image", "value": "rbgctl:2"}])).unwrap();
+    assert!(wait_until(T, || image("p-w-1") == "rbgctl:2"));
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        image("p-w-0"),
+        "rbgctl:1",
+        "ordinal below the partition stays"
+    );
+    assert!(wait_until(T, || e.group("p")["status"]["roleStatuses"][0]
+        ["updatedReplicas"]
+        == 1));
+    // Paused: lowering the partition moves nothing until unpaused.
+    e.api.merge_patch("rolebasedgroups", NS, "p", false, json!({"spec": {"roles": [{"name": "w", "replicas": 2,
+        "rolloutStrategy": {"rollingUpdate": {"partition": 0, "paused": true}},
+        "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:2"}]}}}}]}})).unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(image("p-w-0"), "rbgctl:1", "paused");
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "p",
+            json!([{"op": "replace",
+        "path": "/spec/roles/0/rolloutStrategy/rollingUpdate/paused", "value": false}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || image("p-w-0") == "rbgctl:2"));
+    // Scaling 2 -> 3 keeps the existing pods.
+    let before = e.uids(s);
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "p",
+            json!([{"op": "replace", "path": "/spec/roles/0/replicas", "value": 3}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.ready("p") && e.uids(s).len() == 3));
+    let after = e.uids(s);
+    for (n, u) in &before {
+        assert_eq!(after.get(n), Some(u));
+    }
+}
+
+#[test]
+fn watches_that_break_or_expire_resume_and_conflicts_are_retried() {
+    let e = env();
+    let _op = e.operator("a");
+    let g = |replicas: u32| {
+        json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "w"},
+        "spec": {"roles": [{"name": "r", "replicas": replicas,
+            "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}}]}})
+    };
+    e.api.create("rolebasedgroups", NS, g(1)).unwrap();
+    assert!(wait_until(T, || e.ready("w")));
+    let scale = |n: u32| {
+        e.api
+            .json_patch(
+                "rolebasedgroups",
+                NS,
+                "w",
+                json!([{"op": "replace", "path": "/spec/roles/0/replicas", "value": n}]),
+            )
+            .unwrap()
+    };
+    let count = || e.pods("rbg.workloads.x-k8s.io/group-name=w").len();
+    // Broken watches resume from the last resourceVersion.
+    e.api.break_watches();
+    scale(2);
+    assert!(wait_until(T, || count() == 2 && e.ready("w")));
+    assert!(
+        wait_until(T, || e.api.open_watches() >= 6),
+        "watches reopened"
+    );
+    // Expired history: 410 Gone, list again.
+    e.api.compact();
+    e.api.break_watches();
+    scale(3);
+    assert!(wait_until(T, || count() == 3 && e.ready("w")));
+    // A concurrent writer gets in before our status write: 409, read again, write again.
+    e.api.race_next_write("rolebasedgroups/w/status");
+    e.api.race_next_write("rolebasedgroups/w/status");
+    scale(1);
+    assert!(
+        wait_until(T, || count() == 1 && e.ready("w")),
+        "{}",
+        e.group("w")["status"]
+    );
+}
+
+#[test]
+fn two_operators_share_one_lease_and_the_standby_takes_over() {
+    let e = env();
+    let mut ops: BTreeMap<String, Proc> = [("a", e.operator("a")), ("b", e.operator("b"))]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    let mk = |n: &str| {
+        json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": n},
+        "spec": {"roles": [{"name": "r", "replicas": 2,
+            "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}}]}})
+    };
+    e.api.create("rolebasedgroups", NS, mk("one")).unwrap();
+    assert!(wait_until(T, || e.ready("one")));
+    let holder = e.api.get("leases", NS, "rbgctl-operator").unwrap()["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let standby = if holder == "a" { "b" } else { "a" };
+    // The standby has written nothing at all: not even the Lease while it is held.
+    let by_agent = e.api.counts().writes_by_agent;
+    assert!(by_agent
+        .get(&format!("rbgctl-operator/{holder}"))
+        .is_some_and(|n| *n > 0));
+    assert_eq!(
+        by_agent.get(&format!("rbgctl-operator/{standby}")),
+        None,
+        "{by_agent:?}"
+    );
+    // kill -9 the leader: the standby takes the lease once it has expired, and acts.
+    ops.get_mut(&holder).unwrap().kill9();
+    assert!(wait_until(T, || e
+        .api
+        .get("leases", NS, "rbgctl-operator")
+        .is_some_and(|l| l["spec"]["holderIdentity"] == json!(standby))));
+    e.api.create("rolebasedgroups", NS, mk("two")).unwrap();
+    assert!(wait_until(T, || e.ready("two")));
+    let l = e.api.get("leases", NS, "rbgctl-operator").unwrap();
+    assert_eq!(l["spec"]["leaseTransitions"], 1);
+}
+
+#[test]
+fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
+    let e = env();
+    let _op = e.operator("a");
+    e.api
+        .create(
+            "rolebasedgroups",
+            NS,
+            seed("002-sglang-demo.yaml").remove(0),
+        )
+        .unwrap();
+    let name = "sglang-demo";
+    assert!(wait_until(T, || e.ready(name)));
+    std::thread::sleep(Duration::from_millis(500));
+    e.api.reset_counts();
+    // Three resync periods (1 s each) with nothing changing.
+    std::thread::sleep(Duration::from_millis(3500));
+    let c = e.api.counts();
+    assert_eq!(
+        c.writes_except_leases(),
+        0,
+        "writes during steady state: {c:?}"
+    );
+    assert!(
+        c.by_verb.get("update").is_some_and(|n| *n > 0),
+        "the lease is renewed meanwhile"
+    );
+    // Delete: the finalizer holds the group until every child is gone.
+    e.api.delete("rolebasedgroups", NS, name).unwrap();
+    assert!(wait_until(T, || e
+        .api
+        .get("rolebasedgroups", NS, name)
+        .is_none()));
+    let s = format!("rbg.workloads.x-k8s.io/group-name={name}");
+    assert!(e.api.list("pods", NS, &s).is_empty());
+    assert!(e.api.list("services", NS, &s).is_empty());
+    assert!(e.api.get("configmaps", NS, name).is_none());
+}
