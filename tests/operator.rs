@@ -618,3 +618,96 @@ fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
     assert!(e.api.list("services", NS, &s).is_empty());
     assert!(e.api.get("configmaps", NS, name).is_none());
 }
+
+fn docs(path: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn manifests_parse_and_the_examples_reconcile() {
+    for crd in [
+        "workloads.x-k8s.io_rolebasedgroups.yaml",
+        "workloads.x-k8s.io_coordinatedpolicies.yaml",
+    ] {
+        let d = docs(&format!("manifests/crds/{crd}"));
+        assert_eq!(d[0]["kind"], "CustomResourceDefinition");
+        for v in d[0]["spec"]["versions"].as_array().unwrap() {
+            assert!(
+                v["subresources"]["status"].is_object(),
+                "{crd}: status subresource"
+            );
+        }
+    }
+    let rbac = docs("manifests/operator/rbac.yaml");
+    assert!(rbac.iter().any(|d| d["kind"] == "ClusterRole"));
+    assert_eq!(
+        docs("manifests/operator/deployment.yaml")[0]["kind"],
+        "Deployment"
+    );
+    let e = env();
+    let _op = e.operator("a");
+    for file in ["pd-kvcache-v1alpha1.yaml", "kvcache-v1alpha2.yaml"] {
+        for d in docs(&format!("manifests/examples/{file}")) {
+            match d["kind"].as_str() {
+                Some("RoleBasedGroup") => {
+                    rbgctl::operator::model::parse_group(&d).unwrap();
+                    e.api.create("rolebasedgroups", NS, d).unwrap();
+                }
+                Some("CoordinatedPolicy") => {
+                    e.api.create("coordinatedpolicies", NS, d).unwrap();
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(wait_until(T, || e.ready("rbgctl-pd") && e.ready("rbgctl-kv")));
+    // Leader-worker decode: 2 instances x 2 pods, only leaders behind the Service.
+    let decode = e.pods(
+        "rbg.workloads.x-k8s.io/group-name=rbgctl-kv,rbg.workloads.x-k8s.io/role-name=decode",
+    );
+    assert_eq!(
+        decode.keys().cloned().collect::<Vec<_>>(),
+        [
+            "rbgctl-kv-decode-0-0",
+            "rbgctl-kv-decode-0-1",
+            "rbgctl-kv-decode-1-0",
+            "rbgctl-kv-decode-1-1"
+        ]
+    );
+    assert_eq!(
+        env_of(&decode["rbgctl-kv-decode-1-1"], "RBG_LWP_LEADER_ADDRESS").as_deref(),
+        Some("rbgctl-kv-decode-1-0.s-rbgctl-kv-decode.default")
+    );
+    let svc = e.api.get("services", NS, "s-rbgctl-kv-decode").unwrap();
+    assert_eq!(
+        svc["spec"]["selector"]["rbg.workloads.x-k8s.io/component-name"],
+        "leader"
+    );
+    // Coordinated upgrade of prefill and decode: the updated fractions never part by more
+    // than maxSkew (20%) plus one instance's step.
+    let roles = |n: &str| {
+        e.group("rbgctl-kv")["status"]["roleStatuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == n)
+            .map(|r| r["updatedReplicas"].as_u64().unwrap_or(0))
+            .unwrap_or(0)
+    };
+    e.api.json_patch("rolebasedgroups", NS, "rbgctl-kv", json!([
+        {"op": "replace", "path": "/spec/roles/2/standalonePattern/template/spec/containers/0/image", "value": "lmsysorg/sglang:v0.5.6"},
+        {"op": "replace", "path": "/spec/roles/3/leaderWorkerPattern/template/spec/containers/0/image", "value": "lmsysorg/sglang:v0.5.6"}])).unwrap();
+    let mut worst = 0i64;
+    assert!(wait_until(T, || {
+        let (p, d) = (roles("prefill") as i64, roles("decode") as i64);
+        worst = worst.max((p - d).abs());
+        p == 2 && d == 2 && e.ready("rbgctl-kv")
+    }));
+    assert!(
+        worst <= 1,
+        "prefill and decode drifted apart by {worst} of 2 instances"
+    );
+}

@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod fake_worker;
 pub mod limits;
+pub mod operator;
 pub mod recovery;
 pub mod router;
 pub mod stats;
@@ -25,6 +26,9 @@ pub enum BenchKind {
     Recovery(recovery::RecoveryBenchArgs),
     /// The router's overhead against direct-to-worker, with FAKE workers (no model).
     Router(router::RouterBenchArgs),
+    /// The operator against the API server stand-in and a SIMULATED kubelet: time and API
+    /// requests to bring up a large group, writes during a steady-state resync.
+    Operator(operator::OperatorBenchArgs),
     /// A FAKE SGLang-compatible worker (no model: canned tokens at once) for router tests
     /// and benchmarks.
     FakeWorker(fake_worker::FakeWorkerArgs),
@@ -36,5 +40,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Recovery(a) => recovery::run(a),
         BenchKind::Router(a) => router::run(a),
         BenchKind::FakeWorker(a) => fake_worker::run(a),
+        BenchKind::Operator(a) => operator::run(a),
     }
 }

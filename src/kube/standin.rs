@@ -854,8 +854,8 @@ impl Inner {
             .iter()
             .filter(|((p, n, nm), o)| {
                 *p == t.r.plural
-                    && t.ns.as_ref().is_none_or(|ns| ns == n)
-                    && name.as_ref().is_none_or(|x| x == nm)
+                    && t.ns.as_ref().map_or(true, |ns| ns == n)
+                    && name.as_ref().map_or(true, |x| x == nm)
                     && sel.matches(o)
             })
             .map(|(_, o)| self.served(t.r, &t.version, o))
@@ -1087,7 +1087,7 @@ impl Inner {
         let finalizers_gone = new
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
-            .is_none_or(|f| f.is_empty());
+            .map_or(true, |f| f.is_empty());
         if new.pointer("/metadata/deletionTimestamp").is_some() && finalizers_gone {
             self.objects.remove(&key);
             self.record(r, ns, "DELETED", Some(old), new.clone());
