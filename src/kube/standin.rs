@@ -151,7 +151,8 @@ struct Watcher {
     tx: mpsc::UnboundedSender<Bytes>,
 }
 
-/// Requests served, by verb, and writes by User-Agent.
+/// Requests served, by verb; writes by resource; and writes other than to Leases by
+/// User-Agent (which shows who acts, leader election aside).
 #[derive(Clone, Debug, Default)]
 pub struct Counts {
     pub by_verb: BTreeMap<String, u64>,
@@ -675,7 +676,9 @@ async fn handle(
     };
     *inner.counts.by_verb.entry(verb.to_string()).or_default() += 1;
     if matches!(verb, "create" | "update" | "patch" | "delete") {
-        *inner.counts.writes_by_agent.entry(agent).or_default() += 1;
+        if t.r.plural != "leases" {
+            *inner.counts.writes_by_agent.entry(agent).or_default() += 1;
+        }
         *inner
             .counts
             .writes_by_resource
