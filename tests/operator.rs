@@ -28,11 +28,7 @@ fn env() -> Env {
     kubelet.spawn_thread();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("config");
-    std::fs::write(
-        &kubeconfig,
-        format!("current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n    namespace: {NS}\n"),
-    )
-    .unwrap();
+    std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, NS)).unwrap();
     Env {
         api,
         kubelet,

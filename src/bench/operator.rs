@@ -66,10 +66,7 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
     kubelet.spawn_thread();
     let dir = tempfile_dir()?;
     let kubeconfig = dir.join("config");
-    std::fs::write(
-        &kubeconfig,
-        format!("current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n    namespace: default\n"),
-    )?;
+    std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, "default"))?;
     let resync = 1u64;
     let op = crate::operator::OperatorArgs {
         namespace: None,

@@ -486,6 +486,13 @@ impl ApiServer {
             .delete(r, r.versions[0], ns, name, &Value::Null)
     }
 
+    /// A kubeconfig that points at the stand-in on `port`, with `namespace` as its default.
+    pub fn kubeconfig(port: u16, namespace: &str) -> String {
+        format!(
+            "current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n    namespace: {namespace}\n"
+        )
+    }
+
     /// Serves HTTP on a free loopback port from a runtime thread of its own.
     pub fn serve(&self) -> std::io::Result<u16> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
