@@ -446,16 +446,7 @@ impl ApiServer {
         name: &str,
         ops: Value,
     ) -> Result<Value, ApiError> {
-        let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
-        self.inner.lock().patch(
-            r,
-            r.versions[0],
-            ns,
-            name,
-            false,
-            "application/json-patch+json",
-            &ops,
-        )
+        self.patch_as(plural, ns, name, false, "application/json-patch+json", &ops)
     }
 
     /// Applies a merge patch to the object or, with `status`, to its status subresource.
@@ -467,16 +458,22 @@ impl ApiServer {
         status: bool,
         p: Value,
     ) -> Result<Value, ApiError> {
+        self.patch_as(plural, ns, name, status, "application/merge-patch+json", &p)
+    }
+
+    fn patch_as(
+        &self,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        status: bool,
+        content_type: &str,
+        body: &Value,
+    ) -> Result<Value, ApiError> {
         let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
-        self.inner.lock().patch(
-            r,
-            r.versions[0],
-            ns,
-            name,
-            status,
-            "application/merge-patch+json",
-            &p,
-        )
+        self.inner
+            .lock()
+            .patch(r, r.versions[0], ns, name, status, content_type, body)
     }
 
     pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
