@@ -186,11 +186,12 @@ impl Controller {
                 );
             }
             self.throttle().await;
+            let mark = self.caches.groups.mark();
             obj = self
                 .kube
                 .patch(&group_path(ns, name), &Patch::Json(Value::Array(ops)))
                 .await?;
-            self.caches.groups.put(obj.clone());
+            self.caches.groups.put_written(obj.clone(), mark);
         }
         let mut g = match model::parse_group(&obj) {
             Ok(g) => g,
@@ -364,12 +365,13 @@ impl Controller {
         let key = key_of(obj);
         let (ns, name) = ns_of(&key);
         self.throttle().await;
+        let mark = self.caches.groups.mark();
         let v = self
             .kube
             .replace(&format!("{}/status", group_path(ns, name)), &next)
             .await?;
         self.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
-        self.caches.groups.put(v);
+        self.caches.groups.put_written(v, mark);
         Ok(())
     }
 
@@ -441,12 +443,13 @@ impl Controller {
         match self.caches.configmaps.get(&key) {
             None => {
                 self.throttle().await;
+                let mark = self.caches.configmaps.mark();
                 match self
                     .kube
                     .create(&core(&g.namespace, "configmaps"), &want)
                     .await
                 {
-                    Ok(v) => self.caches.configmaps.put(v),
+                    Ok(v) => self.caches.configmaps.put_written(v, mark),
                     Err(e) if e.code() == Some(409) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -454,6 +457,7 @@ impl Controller {
             }
             Some(cur) if cur["data"] != want["data"] => {
                 self.throttle().await;
+                let mark = self.caches.configmaps.mark();
                 let v = self
                     .kube
                     .patch(
@@ -461,7 +465,7 @@ impl Controller {
                         &Patch::Merge(json!({"data": want["data"]})),
                     )
                     .await?;
-                self.caches.configmaps.put(v);
+                self.caches.configmaps.put_written(v, mark);
             }
             Some(_) => {}
         }
@@ -474,8 +478,9 @@ impl Controller {
         match self.caches.services.get(&key) {
             None => {
                 self.throttle().await;
+                let mark = self.caches.services.mark();
                 match self.kube.create(&core(&ns, "services"), &want).await {
-                    Ok(v) => self.caches.services.put(v),
+                    Ok(v) => self.caches.services.put_written(v, mark),
                     Err(e) if e.code() == Some(409) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -490,6 +495,7 @@ impl Controller {
                         spec["ports"] = p.clone();
                     }
                     self.throttle().await;
+                    let mark = self.caches.services.mark();
                     let v = self
                         .kube
                         .patch(
@@ -497,7 +503,7 @@ impl Controller {
                             &Patch::Merge(json!({"spec": spec})),
                         )
                         .await?;
-                    self.caches.services.put(v);
+                    self.caches.services.put_written(v, mark);
                 }
             }
         }
@@ -510,8 +516,9 @@ impl Controller {
         match self.caches.slices.get(&key) {
             None => {
                 self.throttle().await;
+                let mark = self.caches.slices.mark();
                 match self.kube.create(&slices_path(&ns), &want).await {
-                    Ok(v) => self.caches.slices.put(v),
+                    Ok(v) => self.caches.slices.put_written(v, mark),
                     Err(e) if e.code() == Some(409) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -523,6 +530,7 @@ impl Controller {
                 let mut next = want.clone();
                 next["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
                 self.throttle().await;
+                let mark = self.caches.slices.mark();
                 let v = self
                     .kube
                     .replace(
@@ -530,7 +538,7 @@ impl Controller {
                         &next,
                     )
                     .await?;
-                self.caches.slices.put(v);
+                self.caches.slices.put_written(v, mark);
             }
             Some(_) => {}
         }
@@ -571,9 +579,10 @@ impl Controller {
                     };
                     let pod = desired::pod(g, role, rev, &slot);
                     self.throttle().await;
+                    let mark = self.caches.pods.mark();
                     match self.kube.create(&core(ns, "pods"), &pod).await {
                         Ok(v) => {
-                            self.caches.pods.put(v);
+                            self.caches.pods.put_written(v, mark);
                             created += 1;
                         }
                         // Our cache is behind: the watch brings the pod soon.
@@ -583,10 +592,13 @@ impl Controller {
                 }
                 Action::Delete { name, uid } => {
                     self.throttle().await;
+                    let mark = self.caches.pods.mark();
                     let path = format!("{}/{name}", core(ns, "pods"));
                     match self.kube.delete(&path, Some(uid)).await {
                         Ok(_) => {
-                            self.caches.pods.remove(&format!("{ns}/{name}"));
+                            self.caches
+                                .pods
+                                .remove_written(&format!("{ns}/{name}"), mark);
                             deleted += 1;
                         }
                         Err(e) if e.code() == Some(409) => {}
@@ -605,10 +617,11 @@ impl Controller {
                     let want = desired::pod(g, role, rev, &slot);
                     let ops = inplace_ops(&cur, &want, uid, rev);
                     self.throttle().await;
+                    let mark = self.caches.pods.mark();
                     let path = format!("{}/{name}", core(ns, "pods"));
                     match self.kube.patch(&path, &Patch::Json(ops)).await {
                         Ok(v) => {
-                            self.caches.pods.put(v);
+                            self.caches.pods.put_written(v, mark);
                             inplace += 1;
                         }
                         Err(e) if matches!(e.code(), Some(404 | 409 | 422)) => {
@@ -666,22 +679,24 @@ impl Controller {
             });
             if !wanted {
                 self.throttle().await;
+                let mark = self.caches.services.mark();
                 self.kube
                     .delete(&format!("{}/{name}", core(&g.namespace, "services")), None)
                     .await?;
-                self.caches.services.remove(&key_of(&svc));
+                self.caches.services.remove_written(&key_of(&svc), mark);
             }
         }
         for sl in self.caches.slices.select(|v| group_children(v)) {
             if !g.legacy || !known(label(&sl, ROLE)) {
                 self.throttle().await;
+                let mark = self.caches.slices.mark();
                 self.kube
                     .delete(
                         &format!("{}/{}", slices_path(&g.namespace), s(&sl, "/metadata/name")),
                         None,
                     )
                     .await?;
-                self.caches.slices.remove(&key_of(&sl));
+                self.caches.slices.remove_written(&key_of(&sl), mark);
             }
         }
         Ok(())
@@ -703,6 +718,11 @@ impl Controller {
         let services = self.caches.services.select(mine);
         let maps = self.caches.configmaps.select(mine);
         let slices = self.caches.slices.select(mine);
+        let marks = [
+            self.caches.services.mark(),
+            self.caches.configmaps.mark(),
+            self.caches.slices.mark(),
+        ];
         for (list, base) in [
             (&pods, core(ns, "pods")),
             (&services, core(ns, "services")),
@@ -719,13 +739,16 @@ impl Controller {
                     .await?;
             }
         }
-        for (store, list) in [
+        for ((store, list), mark) in [
             (&self.caches.services, &services),
             (&self.caches.configmaps, &maps),
             (&self.caches.slices, &slices),
-        ] {
+        ]
+        .into_iter()
+        .zip(marks)
+        {
             for o in list.iter() {
-                store.remove(&key_of(o));
+                store.remove_written(&key_of(o), mark);
             }
         }
         if !self.caches.pods.select(mine).is_empty() {

@@ -6,16 +6,48 @@
 use crate::kube::{Kube, KubeError};
 use parking_lot::RwLock;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Objects by `namespace/name`.
+/// Objects by `namespace/name`, as the watch last delivered them, plus the answers of our own
+/// writes where the watch has not caught up yet.
+///
+/// A write's answer may reach us after the watch has already delivered a newer version of the
+/// same object (someone else wrote meanwhile). Putting the answer then would take the cache
+/// back in time, and if no further event comes it stays there: the controller would reconcile
+/// a stale spec forever. So every watch change is numbered, a writer takes a [`Store::mark`]
+/// before it sends, and its answer is recorded only when the watch has changed nothing about
+/// that object since the mark. Otherwise the watch, which always delivers our write's own event
+/// too, is left in charge. No resourceVersions are compared: they are opaque to clients.
 #[derive(Clone, Default)]
 pub struct Store {
-    map: Arc<RwLock<BTreeMap<String, Value>>>,
+    inner: Arc<RwLock<Entries>>,
     synced: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: BTreeMap<String, Value>,
+    /// Number of the watch change that last touched each key (kept for deleted keys too).
+    changed: HashMap<String, u64>,
+    /// Number of the last watch change or list.
+    seq: u64,
+    /// Number of the last list: it touches every key.
+    listed: u64,
+}
+
+impl Entries {
+    fn untouched_since(&self, key: &str, mark: u64) -> bool {
+        self.listed <= mark && self.changed.get(key).copied().unwrap_or(0) <= mark
+    }
+
+    fn touch(&mut self, key: &str) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.changed.insert(key.to_string(), seq);
+    }
 }
 
 pub fn key_of(obj: &Value) -> String {
@@ -32,43 +64,92 @@ pub fn key_of(obj: &Value) -> String {
 
 impl Store {
     pub fn get(&self, key: &str) -> Option<Value> {
-        self.map.read().get(key).cloned()
+        self.inner.read().map.get(key).cloned()
     }
 
     /// Objects matching a filter.
     pub fn select(&self, f: impl Fn(&Value) -> bool) -> Vec<Value> {
-        self.map.read().values().filter(|v| f(v)).cloned().collect()
+        self.inner
+            .read()
+            .map
+            .values()
+            .filter(|v| f(v))
+            .cloned()
+            .collect()
     }
 
     pub fn keys(&self) -> Vec<String> {
-        self.map.read().keys().cloned().collect()
+        self.inner.read().map.keys().cloned().collect()
     }
 
     pub fn len(&self) -> usize {
-        self.map.read().len()
+        self.inner.read().map.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.read().is_empty()
+        self.inner.read().map.is_empty()
     }
 
-    /// Records the answer of our own write, so that the next reconcile sees it even before
-    /// the watch delivers it.
-    pub fn put(&self, obj: Value) {
-        self.map.write().insert(key_of(&obj), obj);
+    /// The point in the watch's history to pass to [`Store::put_written`] or
+    /// [`Store::remove_written`]; take it before sending the write.
+    pub fn mark(&self) -> u64 {
+        self.inner.read().seq
     }
 
-    pub fn remove(&self, key: &str) {
-        self.map.write().remove(key);
+    /// Records the answer of our own write (sent after `mark`), so that the next reconcile
+    /// sees it before the watch delivers it, unless the watch has news of the object since.
+    pub fn put_written(&self, obj: Value, mark: u64) {
+        let key = key_of(&obj);
+        let mut e = self.inner.write();
+        if e.untouched_since(&key, mark) {
+            e.map.insert(key, obj);
+        }
+    }
+
+    /// Forgets an object we deleted (the delete sent after `mark`), unless the watch has news
+    /// of it since.
+    pub fn remove_written(&self, key: &str, mark: u64) {
+        let mut e = self.inner.write();
+        if e.untouched_since(key, mark) {
+            e.map.remove(key);
+        }
     }
 
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }
 
+    /// A watch event: the object as it now is.
+    fn apply(&self, obj: Value) {
+        let key = key_of(&obj);
+        let mut e = self.inner.write();
+        e.touch(&key);
+        e.map.insert(key, obj);
+    }
+
+    /// A watch event: the object is gone.
+    fn apply_delete(&self, key: &str) {
+        let mut e = self.inner.write();
+        e.touch(key);
+        e.map.remove(key);
+        // Keys of deleted objects are remembered only so long: past that, forget them and
+        // treat every write in flight as overtaken (its answer is skipped; the watch brings it).
+        if e.changed.len() > e.map.len() + 4096 {
+            let Entries { map, changed, .. } = &mut *e;
+            changed.retain(|k, _| map.contains_key(k));
+            e.listed = e.seq;
+        }
+    }
+
+    /// A list: the whole state.
     fn replace(&self, items: Vec<Value>) {
-        let m: BTreeMap<String, Value> = items.into_iter().map(|o| (key_of(&o), o)).collect();
-        *self.map.write() = m;
+        let map: BTreeMap<String, Value> = items.into_iter().map(|o| (key_of(&o), o)).collect();
+        let mut e = self.inner.write();
+        e.seq += 1;
+        e.listed = e.seq;
+        e.changed.clear();
+        e.map = map;
+        drop(e);
         self.synced.store(true, Ordering::Release);
     }
 }
@@ -159,6 +240,7 @@ async fn watch_once(
         {
             *rv = v.to_string();
         }
+        tracing::debug!(resource = src.name, kind = %ev.kind, key = %key_of(&ev.object), rv = %rv, "watch event");
         match ev.kind.as_str() {
             "ERROR" => {
                 let code = ev.object.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
@@ -176,14 +258,79 @@ async fn watch_once(
             }
             "BOOKMARK" => {}
             "DELETED" => {
-                store.remove(&key_of(&ev.object));
+                store.apply_delete(&key_of(&ev.object));
                 notify(&ev.object);
             }
             _ => {
-                store.put(ev.object.clone());
+                store.apply(ev.object.clone());
                 notify(&ev.object);
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(rv: &str, replicas: u32) -> Value {
+        json!({"metadata": {"namespace": "ns", "name": "g", "resourceVersion": rv},
+               "spec": {"replicas": replicas}})
+    }
+
+    #[test]
+    fn a_late_write_answer_never_takes_the_cache_back_in_time() {
+        let s = Store::default();
+        s.replace(vec![obj("10", 2)]);
+        // Our status write is sent; meanwhile the user's spec change and our own write's
+        // event are delivered by the watch; then the write's answer (older) arrives.
+        let mark = s.mark();
+        s.apply(obj("11", 2));
+        s.apply(obj("12", 3));
+        s.put_written(obj("11", 2), mark);
+        assert_eq!(s.get("ns/g").unwrap()["spec"]["replicas"], 3);
+        // With no watch news since the mark, the answer is recorded at once.
+        let mark = s.mark();
+        s.put_written(obj("13", 4), mark);
+        assert_eq!(s.get("ns/g").unwrap()["spec"]["replicas"], 4);
+        // A delete's answer loses against a watch event after the mark, wins otherwise.
+        let mark = s.mark();
+        s.apply(obj("14", 5));
+        s.remove_written("ns/g", mark);
+        assert!(s.get("ns/g").is_some());
+        let mark = s.mark();
+        s.remove_written("ns/g", mark);
+        assert!(s.get("ns/g").is_none());
+        // A create's answer after the watch delivered the object's deletion stays out.
+        let mark = s.mark();
+        s.apply(obj("15", 1));
+        s.apply_delete("ns/g");
+        s.put_written(obj("15", 1), mark);
+        assert!(s.get("ns/g").is_none(), "no ghost of a deleted object");
+        // A list in between overtakes every write in flight.
+        let mark = s.mark();
+        s.replace(vec![obj("20", 7)]);
+        s.put_written(obj("16", 6), mark);
+        assert_eq!(s.get("ns/g").unwrap()["spec"]["replicas"], 7);
+    }
+
+    #[test]
+    fn deleted_keys_are_forgotten_past_a_bound_without_letting_ghosts_in() {
+        let s = Store::default();
+        s.replace(vec![]);
+        let mark = s.mark();
+        for i in 0..5000 {
+            let mut o = obj("1", 1);
+            o["metadata"]["name"] = json!(format!("p{i}"));
+            s.apply(o);
+            s.apply_delete(&format!("ns/p{i}"));
+        }
+        assert!(s.inner.read().changed.len() <= 4097);
+        let mut late = obj("1", 1);
+        late["metadata"]["name"] = json!("p0");
+        s.put_written(late, mark);
+        assert!(s.get("ns/p0").is_none());
+    }
 }

@@ -148,7 +148,10 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         tokio::spawn(async move {
             loop {
                 let key = ctl.queue.get().await;
-                match ctl.reconcile(&key).await {
+                let t0 = std::time::Instant::now();
+                let r = ctl.reconcile(&key).await;
+                tracing::debug!(group = %key, took = ?t0.elapsed(), ok = r.is_ok(), "reconciled");
+                match r {
                     Ok(()) => ctl.queue.forget(&key),
                     Err(e) => {
                         ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
