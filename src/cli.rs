@@ -28,8 +28,11 @@ pub enum Command {
     /// Kubernetes controller for RoleBasedGroup objects (ordered startup, in-place upgrade,
     /// coordination, discovery), talking plain REST to the API server.
     Operator(crate::operator::OperatorArgs),
-    /// A master and N stores on loopback, in one command.
+    /// The whole service on loopback in one command: master, stores, SIMULATED engines, router.
     Up(crate::up::UpArgs),
+    /// A SIMULATED SGLang-compatible engine (no model, no GPU: timing from a cost model) with a
+    /// paged prefix cache over device, host and the rbgctl pool (L1/L2/L3).
+    SimEngine(crate::engine::SimEngineArgs),
     /// Put, get and inspect objects from the command line.
     Kv(crate::kv::KvArgs),
     /// Load tools.

@@ -6,6 +6,7 @@
 //! - `store`: a storage node contributing a segment of memory.
 //! - `client`: the library inference engines use to put and get KV-cache objects.
 //! - `router`: the gateway in front of inference workers.
+//! - `engine`: a SIMULATED SGLang-compatible engine (cost-model timing, L1/L2/L3 page cache).
 //! - `operator`: the RoleBasedGroup controller (plain REST to the Kubernetes API server); `kube`
 //!   is its client, patch algebra, and an in-process API server stand-in for tests.
 //! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
@@ -15,6 +16,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod engine;
 pub mod kube;
 pub mod kv;
 pub mod master;

@@ -29,6 +29,7 @@ fn dispatch(invocation: Invocation) -> anyhow::Result<()> {
             Command::Router(args) => rbgctl::router::run(args.resolve()?)?,
             Command::Operator(args) => rbgctl::operator::run(args)?,
             Command::Up(args) => rbgctl::up::run(args)?,
+            Command::SimEngine(args) => rbgctl::engine::run(args)?,
             Command::Kv(args) => rbgctl::kv::run(args)?,
             Command::Bench(args) => rbgctl::bench::run(args)?,
             Command::MooncakeMaster { .. } => {

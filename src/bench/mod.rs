@@ -3,6 +3,8 @@
 pub mod cluster;
 pub mod fake_worker;
 pub mod limits;
+pub mod llm;
+pub mod multiturn;
 pub mod operator;
 pub mod recovery;
 pub mod router;
@@ -24,6 +26,8 @@ pub enum BenchKind {
     /// Lossless restarts: fill a persistent store, kill -9 it and then the master, and time
     /// until every object is readable again (verified byte for byte).
     Recovery(recovery::RecoveryBenchArgs),
+    /// Multi-turn conversations (SGLang's bench_multiturn.py): TTFT, throughput, cache hit rate.
+    Multiturn(multiturn::MultiturnArgs),
     /// The router's overhead against direct-to-worker, with FAKE workers (no model).
     Router(router::RouterBenchArgs),
     /// The operator against the API server stand-in and a SIMULATED kubelet: time and API
@@ -39,6 +43,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Store(a) => store::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
         BenchKind::Router(a) => router::run(a),
+        BenchKind::Multiturn(a) => multiturn::run(a),
         BenchKind::FakeWorker(a) => fake_worker::run(a),
         BenchKind::Operator(a) => operator::run(a),
     }

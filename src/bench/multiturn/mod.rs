@@ -1,0 +1,394 @@
+//! `rbgctl bench multiturn`: a Rust counterpart of SGLang's
+//! `benchmark/hicache/bench_multiturn.py`. Clients hold conversations; each round resends the
+//! whole history plus a new question, so a server with a good prefix cache serves most of the
+//! prompt from cache. It measures TTFT, inter-token latency, latency, throughputs and the cache
+//! hit rate (cached over prompt tokens), overall and per round, and appends one JSON line per
+//! request rate to a log file in the original's shape.
+
+pub mod summary;
+pub mod workload;
+
+use super::llm::{self, ApiFormat, Outcome};
+use clap::Args;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use summary::Record;
+use workload::{Arrivals, Distribution, QueuePolicy, ReadyQueue, Shape};
+
+/// The original's sweep when auto-run is on.
+const SWEEP: [f64; 13] = [
+    16.0, 14.0, 12.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0,
+];
+
+#[derive(Debug, Clone, Args)]
+pub struct MultiturnArgs {
+    /// Concurrent clients (conversations).
+    #[arg(long, default_value_t = 256)]
+    pub num_clients: usize,
+    /// Most requests in flight.
+    #[arg(long, default_value_t = 128)]
+    pub max_parallel: usize,
+    /// Tokens of each client's first prompt.
+    #[arg(long, default_value_t = 512)]
+    pub request_length: usize,
+    /// Tokens appended per later round (0 = --request-length).
+    #[arg(long, default_value_t = 0)]
+    pub sub_question_input_length: usize,
+    /// New tokens per turn (ignore_eos).
+    #[arg(long, default_value_t = 64)]
+    pub output_length: usize,
+    /// Rounds per client.
+    #[arg(long, default_value_t = 5)]
+    pub num_rounds: usize,
+    /// Per-client rounds drawn in [min, max] (0 = --num-rounds).
+    #[arg(long, default_value_t = 0)]
+    pub min_rounds: usize,
+    #[arg(long, default_value_t = 0)]
+    pub max_rounds: usize,
+    /// Length variation of prompts and outputs (1.0 = fixed).
+    #[arg(long, default_value_t = 1.0)]
+    pub range_ratio: f64,
+    /// Inter-arrival distribution of the sender.
+    #[arg(long, value_enum, default_value_t = Distribution::Poisson)]
+    pub distribution: Distribution,
+    /// Requests per second of the sender (with --disable-auto-run; else a sweep 16..1).
+    #[arg(long, default_value_t = 1.0)]
+    pub request_rate: f64,
+    /// Run only --request-rate instead of the sweep 16,14,12,10,9..1.
+    #[arg(long)]
+    pub disable_auto_run: bool,
+    /// Order in which ready requests are sent.
+    #[arg(long, value_enum, default_value_t = QueuePolicy::Random)]
+    pub ready_queue_policy: QueuePolicy,
+    /// Release round i only when every round i-1 reply has arrived.
+    #[arg(long)]
+    pub enable_round_barrier: bool,
+    /// Pause at each barrier, seconds (the original sleeps 10).
+    #[arg(long, default_value_t = 10.0)]
+    pub round_barrier_pause: f64,
+    /// POST the flush URL at each barrier (needs --enable-round-barrier).
+    #[arg(long)]
+    pub flush_between_rounds: bool,
+    /// Flush endpoint (default http://HOST:PORT/flush_cache; PD: the prefill server).
+    #[arg(long, default_value = "")]
+    pub flush_url: String,
+    /// Synthetic ids (offset + i + j) % vocab instead of random ones.
+    #[arg(long)]
+    pub disable_random_sample: bool,
+    /// ShareGPT sampling needs the model's tokenizer; not supported (prompts are token ids).
+    #[arg(long, default_value = "")]
+    pub dataset_path: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Tag written into each log line.
+    #[arg(long, default_value = "")]
+    pub tag: String,
+    /// LoRA adapter name put in the payload.
+    #[arg(long, default_value = "")]
+    pub lora_path: String,
+    /// `sglang` (/generate with input_ids) or `openai` (/v1/chat/completions).
+    #[arg(long, value_enum, default_value_t = ApiFormat::Sglang)]
+    pub api_format: ApiFormat,
+    /// Model name for the OpenAI API.
+    #[arg(long, default_value = "default")]
+    pub model_path: String,
+    #[arg(long, default_value = "localhost")]
+    pub host: String,
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// JSONL log, appended.
+    #[arg(long, default_value = "performance_metrics.jsonl")]
+    pub log_file: String,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub request_timeout: f64,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl MultiturnArgs {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.dataset_path.is_empty(),
+            "--dataset-path: sampling ShareGPT needs the model's tokenizer, which rbgctl does not have; prompts are synthetic token ids (random, or --disable-random-sample)"
+        );
+        anyhow::ensure!(self.num_clients > 0, "--num-clients must be positive");
+        anyhow::ensure!(self.max_parallel > 0, "--max-parallel must be positive");
+        anyhow::ensure!(self.request_length > 0, "--request-length must be positive");
+        anyhow::ensure!(
+            self.range_ratio > 0.0 && self.range_ratio <= 1.0,
+            "--range-ratio must be in (0, 1]"
+        );
+        anyhow::ensure!(
+            self.request_rate > 0.0,
+            "--request-rate must be positive (inf for no pacing)"
+        );
+        anyhow::ensure!(
+            !self.flush_between_rounds || self.enable_round_barrier,
+            "--flush-between-rounds needs --enable-round-barrier"
+        );
+        anyhow::ensure!(
+            self.round_barrier_pause >= 0.0 && self.round_barrier_pause.is_finite(),
+            "--round-barrier-pause must be a non-negative number of seconds"
+        );
+        Ok(())
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            num_clients: self.num_clients,
+            request_length: self.request_length,
+            sub_question_length: self.sub_question_input_length,
+            output_length: self.output_length,
+            num_rounds: self.num_rounds,
+            min_rounds: self.min_rounds,
+            max_rounds: self.max_rounds,
+            range_ratio: self.range_ratio,
+            deterministic_ids: self.disable_random_sample,
+            seed: self.seed,
+        }
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}:{}", self.host, self.port)
+    }
+}
+
+/// One rate's result.
+pub struct RateResult {
+    pub summary: summary::Summary,
+    pub rounds: std::collections::BTreeMap<usize, summary::RoundSummary>,
+    pub interrupted: bool,
+    pub errors: Vec<String>,
+}
+
+/// A client's state between rounds.
+struct Chat {
+    round: usize,
+    ids: Vec<u32>,
+    messages: Vec<Value>,
+}
+
+/// Runs the workload once at `rate`. Stops early (with what it has) when `stop` resolves.
+pub async fn run_rate(
+    a: &MultiturnArgs,
+    rate: f64,
+    stop: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> anyhow::Result<RateResult> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(a.max_parallel)
+        .build()?;
+    let base = a.base();
+    let flush_url = if a.flush_url.is_empty() {
+        format!("{base}/flush_cache")
+    } else {
+        a.flush_url.clone()
+    };
+    // Every rate starts from a cold device cache, as the original's does.
+    if let Err(e) = http
+        .post(&flush_url)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+    {
+        tracing::warn!(url = %flush_url, error = %e, "flush failed");
+    }
+    let convs = Arc::new(workload::conversations(&a.shape()));
+    let total: usize = convs.iter().map(|c| c.rounds()).sum();
+    let url = format!("{base}{}", a.api_format.path());
+    let timeout = Duration::from_secs_f64(a.request_timeout.max(1.0));
+    let mut chats: Vec<Chat> = convs
+        .iter()
+        .map(|c| Chat {
+            round: 0,
+            ids: c.questions[0].clone(),
+            messages: vec![
+                json!({"role": "user", "content": crate::engine::tokens::decode(&c.questions[0])}),
+            ],
+        })
+        .collect();
+    let mut ready = ReadyQueue::new(a.ready_queue_policy, a.seed);
+    (0..chats.len()).for_each(|i| ready.push(i));
+    let mut held: Vec<usize> = Vec::new();
+    let mut arrivals = Arrivals::new(rate, a.distribution, a.seed);
+    let (tx, mut rx) =
+        tokio::sync::mpsc::unbounded_channel::<(usize, usize, usize, Outcome, Instant)>();
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let start = Instant::now();
+    let (mut inflight, mut done, mut failed) = (0usize, 0usize, 0usize);
+    let mut records: Vec<Record> = Vec::with_capacity(total);
+    let mut errors: Vec<String> = Vec::new();
+    let mut next_send = tokio::time::Instant::now();
+    let mut interrupted = false;
+    while done < total {
+        // At a barrier: every request of the round answered, the next round held.
+        if a.enable_round_barrier && inflight == 0 && ready.is_empty() && !held.is_empty() {
+            bar.set_message("round barrier");
+            let hb = llm::payload(
+                ApiFormat::Sglang,
+                &a.model_path,
+                &[1; 100],
+                &[],
+                100,
+                "",
+                true,
+            );
+            let _ = llm::send(
+                &http,
+                &format!("{base}/generate"),
+                ApiFormat::Sglang,
+                &hb,
+                timeout,
+            )
+            .await;
+            if a.flush_between_rounds {
+                let _ = http
+                    .post(&flush_url)
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs_f64(a.round_barrier_pause)) => {}
+                _ = &mut *stop => { interrupted = true; break; }
+            }
+            held.drain(..).for_each(|i| ready.push(i));
+            bar.set_message("");
+            next_send = tokio::time::Instant::now();
+        }
+        let can_send = inflight < a.max_parallel && !ready.is_empty();
+        let wake = if can_send {
+            next_send
+        } else {
+            tokio::time::Instant::now() + Duration::from_secs(3600)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake), if can_send => {
+                let Some(i) = ready.pop() else { continue };
+                let c = &chats[i];
+                let max_new = convs[i].output_lengths[c.round];
+                let body = llm::payload(a.api_format, &a.model_path, &c.ids, &c.messages, max_new, &a.lora_path, true);
+                let sent_len = c.ids.len();
+                let (http, url, tx, round) = (http.clone(), url.clone(), tx.clone(), c.round);
+                let api = a.api_format;
+                tokio::spawn(async move {
+                    let o = llm::send(&http, &url, api, &body, timeout).await;
+                    let _ = tx.send((i, round, sent_len, o, Instant::now()));
+                });
+                inflight += 1;
+                next_send = tokio::time::Instant::now() + arrivals.next_gap();
+            }
+            got = rx.recv() => {
+                let Some((i, round, sent_len, o, at)) = got else { break };
+                inflight -= 1;
+                done += 1;
+                bar.inc(1);
+                if o.ok {
+                    records.push(Record {
+                        round,
+                        prompt_len: if o.prompt_tokens > 0 { o.prompt_tokens } else { sent_len },
+                        cached_tokens: o.cached_tokens,
+                        output_len: o.generated_len,
+                        ttft: o.ttft,
+                        itl: o.itl.clone(),
+                        latency: o.latency,
+                        done_at: (at - start).as_secs_f64(),
+                    });
+                } else {
+                    failed += 1;
+                    if errors.len() < 5 {
+                        errors.push(o.error.clone());
+                    }
+                }
+                // The next round: history + answer + the next question.
+                let conv = &convs[i];
+                let c = &mut chats[i];
+                if round + 1 < conv.rounds() {
+                    let q = &conv.questions[round + 1];
+                    c.round = round + 1;
+                    c.ids.extend_from_slice(&o.output_ids);
+                    c.ids.extend_from_slice(q);
+                    c.messages.push(json!({"role": "assistant", "content": o.output_text}));
+                    c.messages.push(json!({"role": "user", "content": crate::engine::tokens::decode(q)}));
+                    if a.enable_round_barrier { held.push(i) } else { ready.push(i) }
+                }
+            }
+            _ = &mut *stop => { interrupted = true; break; }
+        }
+    }
+    bar.finish_and_clear();
+    let s = summary::summarize(&records, failed, rate);
+    Ok(RateResult {
+        rounds: summary::rounds(&records),
+        summary: s,
+        interrupted,
+        errors,
+    })
+}
+
+pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
+    a.check()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let rates: Vec<f64> = if a.disable_auto_run {
+            vec![a.request_rate]
+        } else {
+            SWEEP.to_vec()
+        };
+        let mut stop = Box::pin(crate::shutdown_signal());
+        for rate in rates {
+            if !a.json {
+                eprintln!(
+                    "multiturn: {} clients, rate {rate} req/s, {} -> {}",
+                    a.num_clients,
+                    a.api_format.path(),
+                    a.base()
+                );
+            }
+            let r = run_rate(&a, rate, &mut stop).await?;
+            report(&a, &r)?;
+            if r.interrupted {
+                eprintln!("interrupted: the summary above covers the requests finished so far");
+                break;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
+    let line = summary::log_line(&a.tag, &r.summary, &r.rounds, r.interrupted);
+    if !a.log_file.is_empty() {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&a.log_file)
+            .map_err(|e| anyhow::anyhow!("--log-file {}: {e}", a.log_file))?;
+        writeln!(f, "{line}")?;
+    }
+    if a.json {
+        println!("{line}");
+    } else {
+        println!(
+            "Multi-turn benchmark (rate {} req/s{})",
+            r.summary.request_rate,
+            if r.interrupted { ", INTERRUPTED" } else { "" }
+        );
+        print!("{}", summary::render(&r.summary, &r.rounds));
+    }
+    for e in &r.errors {
+        eprintln!("  error: {e}");
+    }
+    Ok(())
+}

@@ -1,0 +1,893 @@
+//! HTTP side of the SIMULATED engine: SGLang's native endpoints and the OpenAI-compatible ones,
+//! with the request's life modelled step by step (cache lookup, L3 prefetch, queued prefill,
+//! paced decode, cache insert and L3 backup).
+
+use super::cache::Tiers;
+use super::cost::CostModel;
+use super::l3::L3;
+use super::tokens;
+use super::{Mode, SimEngineArgs};
+use crate::telemetry::PromText;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body::Frame;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify, Semaphore};
+
+/// Upper bound on generated tokens per request.
+const MAX_NEW_TOKENS: usize = 16_384;
+/// Upper bound on prompt tokens per request.
+const MAX_PROMPT_TOKENS: usize = 1 << 20;
+/// How long a decode engine waits for its prefill, and a finished prefill is remembered.
+const ROOM_WAIT: Duration = Duration::from_secs(60);
+/// L3 backups running at once; more are skipped (counted), as a full write queue drops them.
+const BACKUPS: usize = 4;
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    cached_device: AtomicU64,
+    cached_host: AtomicU64,
+    cached_storage: AtomicU64,
+    backups_skipped: AtomicU64,
+    running: AtomicI64,
+    waiting: AtomicI64,
+    tokens_in_flight: AtomicI64,
+}
+
+struct Room {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    at: Instant,
+}
+
+pub struct Engine {
+    args: SimEngineArgs,
+    cost: CostModel,
+    tiers: Mutex<Tiers>,
+    /// One device: prefills run one at a time.
+    device: Semaphore,
+    l3: Option<Arc<L3>>,
+    backups: Arc<Semaphore>,
+    rooms: Mutex<HashMap<u64, Room>>,
+    room_ready: Notify,
+    http: reqwest::Client,
+    m: Counters,
+    next_id: AtomicU64,
+}
+
+type S = State<Arc<Engine>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Generate,
+    Completions,
+    Chat,
+}
+
+/// A request, parsed.
+#[derive(Debug)]
+struct Req {
+    api: Api,
+    tokens: Vec<u32>,
+    max_new: usize,
+    stream: bool,
+    include_usage: bool,
+    rid: String,
+    bootstrap: Option<(String, u16, u64)>,
+}
+
+fn bad(msg: impl Into<String>) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"error": {"message": msg.into(), "type": "BadRequest", "code": 400}})),
+    )
+        .into_response()
+}
+
+fn parse(api: Api, v: &Value, default_max: usize, next_id: u64) -> Result<Req, String> {
+    let obj = v.as_object().ok_or("the body must be a JSON object")?;
+    let tokens = match api {
+        Api::Generate => match (obj.get("input_ids"), obj.get("text")) {
+            (Some(ids), _) => ids_of(ids)?,
+            (None, Some(Value::String(t))) => tokens::encode(t),
+            (None, Some(_)) => {
+                return Err("`text` must be a string (batches are not supported)".into())
+            }
+            (None, None) => return Err("`input_ids` or `text` is required".into()),
+        },
+        Api::Completions => match obj.get("prompt") {
+            Some(Value::String(t)) => tokens::encode(t),
+            Some(ids @ Value::Array(_)) => ids_of(ids)?,
+            _ => return Err("`prompt` (a string or token ids) is required".into()),
+        },
+        Api::Chat => {
+            let msgs = obj
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or("`messages` (an array) is required")?;
+            let mut text = String::new();
+            for m in msgs {
+                let content = match m.get("content") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Array(parts)) => parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    Some(Value::Null) | None => String::new(),
+                    Some(_) => return Err("a message's `content` must be a string or parts".into()),
+                };
+                text.push_str(&content);
+                text.push(' ');
+            }
+            tokens::encode(&text)
+        }
+    };
+    if tokens.is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    if tokens.len() > MAX_PROMPT_TOKENS {
+        return Err(format!(
+            "the prompt has {} tokens; at most {MAX_PROMPT_TOKENS}",
+            tokens.len()
+        ));
+    }
+    let max = match api {
+        Api::Generate => v.pointer("/sampling_params/max_new_tokens"),
+        _ => obj
+            .get("max_completion_tokens")
+            .or_else(|| obj.get("max_tokens")),
+    };
+    let max_new = match max {
+        None | Some(Value::Null) => default_max,
+        Some(x) => x
+            .as_u64()
+            .ok_or("the maximum number of new tokens must be a non-negative integer")?
+            as usize,
+    }
+    .clamp(1, MAX_NEW_TOKENS);
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("`stream` must be a boolean".into()),
+    };
+    let include_usage = v
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let rid = obj
+        .get("rid")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("sim-{next_id}"));
+    let bootstrap = match obj.get("bootstrap_room") {
+        None | Some(Value::Null) => None,
+        Some(room) => {
+            let room = room.as_u64().ok_or("`bootstrap_room` must be an integer")?;
+            let host = obj
+                .get("bootstrap_host")
+                .and_then(Value::as_str)
+                .ok_or("`bootstrap_host` is required with `bootstrap_room`")?;
+            let port = obj
+                .get("bootstrap_port")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok())
+                .ok_or("`bootstrap_port` (a port) is required with `bootstrap_room`")?;
+            Some((host.to_string(), port, room))
+        }
+    };
+    Ok(Req {
+        api,
+        tokens,
+        max_new,
+        stream,
+        include_usage,
+        rid,
+        bootstrap,
+    })
+}
+
+fn ids_of(v: &Value) -> Result<Vec<u32>, String> {
+    let a = v
+        .as_array()
+        .ok_or("token ids must be an array of integers")?;
+    a.iter()
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n < tokens::VOCAB)
+                .ok_or_else(|| {
+                    format!(
+                        "token ids must be integers below {} (batches are not supported)",
+                        tokens::VOCAB
+                    )
+                })
+        })
+        .collect()
+}
+
+/// What the prefill found and did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Prefilled {
+    cached_tokens: usize,
+}
+
+/// A response body fed by a channel.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// Decrements a gauge when dropped.
+struct Gauge<'a>(&'a AtomicI64, i64);
+
+impl<'a> Gauge<'a> {
+    fn up(g: &'a AtomicI64, by: i64) -> Gauge<'a> {
+        g.fetch_add(by, Ordering::Relaxed);
+        Gauge(g, by)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
+impl Engine {
+    fn page_bytes(&self) -> usize {
+        self.args.page_size * self.args.bytes_per_token
+    }
+
+    /// Cache lookup, L3 prefetch, then the prefill itself on the device.
+    async fn prefill(&self, prompt: &[u32]) -> Prefilled {
+        let keys = tokens::page_keys(prompt, self.args.page_size);
+        let m = self.tiers.lock().lookup(&keys);
+        let mut from_storage = 0;
+        if let Some(l3) = &self.l3 {
+            let rest: Vec<String> = keys[m.pages()..].to_vec();
+            if !rest.is_empty() {
+                let l3 = l3.clone();
+                from_storage = tokio::task::spawn_blocking(move || l3.fetch_prefix(&rest))
+                    .await
+                    .unwrap_or(0);
+            }
+        }
+        let page = self.args.page_size;
+        // The last prompt token is always computed, as SGLang does.
+        let cached = ((m.pages() + from_storage) * page).min(prompt.len() - 1);
+        let loaded = ((m.host + from_storage) * page).min(cached);
+        {
+            let _waiting = Gauge::up(&self.m.waiting, 1);
+            let _permit = self.device.acquire().await;
+            drop(_waiting);
+            tokio::time::sleep(self.cost.prefill(prompt.len() - cached, loaded)).await;
+            self.tiers.lock().insert(&keys);
+        }
+        let dev = (m.device * page).min(cached);
+        let host = (m.host * page).min(cached - dev);
+        self.m
+            .cached_device
+            .fetch_add(dev as u64, Ordering::Relaxed);
+        self.m.cached_host.fetch_add(host as u64, Ordering::Relaxed);
+        self.m
+            .cached_storage
+            .fetch_add((cached - dev - host) as u64, Ordering::Relaxed);
+        Prefilled {
+            cached_tokens: cached,
+        }
+    }
+
+    /// Decode side of PD: waits for the prefill through its bootstrap server, then for the KV
+    /// transfer.
+    async fn await_prefill(
+        &self,
+        host: &str,
+        port: u16,
+        room: u64,
+        prompt: usize,
+    ) -> Result<Prefilled, String> {
+        let url = format!("http://{host}:{port}/sim/bootstrap/{room}");
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(ROOM_WAIT + Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| format!("bootstrap {url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("bootstrap {url}: {}", resp.status()));
+        }
+        let v: Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("bootstrap {url}: {e}"))?;
+        let cached = v["cached_tokens"].as_u64().unwrap_or(0) as usize;
+        tokio::time::sleep(self.cost.kv_transfer(prompt * self.args.bytes_per_token)).await;
+        Ok(Prefilled {
+            cached_tokens: cached.min(prompt),
+        })
+    }
+
+    /// After a request: its whole sequence is in the prefix cache (as SGLang's radix tree
+    /// keeps it) and is backed up to L3 in the background.
+    fn finish(&self, prompt: &[u32], out: &[u32]) {
+        let mut seq = prompt.to_vec();
+        seq.extend_from_slice(out);
+        let keys = tokens::page_keys(&seq, self.args.page_size);
+        self.tiers.lock().insert(&keys);
+        if let Some(l3) = &self.l3 {
+            match self.backups.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let l3 = l3.clone();
+                    tokio::task::spawn_blocking(move || {
+                        l3.backup(&keys);
+                        drop(permit);
+                    });
+                }
+                Err(_) => {
+                    self.m.backups_skipped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn remember_room(&self, room: u64, prompt_tokens: usize, cached_tokens: usize) {
+        let mut rooms = self.rooms.lock();
+        rooms.retain(|_, r| r.at.elapsed() < ROOM_WAIT);
+        rooms.insert(
+            room,
+            Room {
+                prompt_tokens,
+                cached_tokens,
+                at: Instant::now(),
+            },
+        );
+        drop(rooms);
+        self.room_ready.notify_waiters();
+    }
+}
+
+/// One streamed piece, or the whole answer when `last` and not streaming.
+fn chunk(e: &Engine, r: &Req, out: &[u32], cached: usize, last: bool, stream: bool) -> Value {
+    let n = out.len();
+    let prompt = r.tokens.len();
+    let finish = |openai: bool| {
+        if !last {
+            Value::Null
+        } else if openai {
+            json!("length")
+        } else {
+            json!({"type": "length", "length": n})
+        }
+    };
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": n,
+        "total_tokens": prompt + n, "prompt_tokens_details": {"cached_tokens": cached}});
+    match (r.api, stream) {
+        (Api::Generate, _) => json!({"text": tokens::decode(out), "output_ids": out,
+            "meta_info": {"id": r.rid, "finish_reason": finish(false), "prompt_tokens": prompt,
+                "completion_tokens": n, "cached_tokens": cached}}),
+        (Api::Chat, true) => {
+            let t = out
+                .last()
+                .map(|&t| tokens::decode_one(t))
+                .unwrap_or_default();
+            let mut delta = json!({"content": t});
+            if n == 1 {
+                delta["role"] = json!("assistant");
+            }
+            json!({"id": r.rid, "object": "chat.completion.chunk", "created": created(),
+                "model": e.args.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish(true)}]})
+        }
+        (Api::Chat, false) => {
+            json!({"id": r.rid, "object": "chat.completion", "created": created(),
+            "model": e.args.model, "choices": [{"index": 0, "message": {"role": "assistant",
+            "content": tokens::decode(out)}, "finish_reason": "length"}], "usage": usage})
+        }
+        (Api::Completions, true) => {
+            let t = out
+                .last()
+                .map(|&t| tokens::decode_one(t))
+                .unwrap_or_default();
+            json!({"id": r.rid, "object": "text_completion", "created": created(), "model": e.args.model,
+                "choices": [{"index": 0, "text": t, "finish_reason": finish(true)}]})
+        }
+        (Api::Completions, false) => json!({"id": r.rid, "object": "text_completion",
+            "created": created(), "model": e.args.model, "choices": [{"index": 0,
+            "text": tokens::decode(out), "finish_reason": "length"}], "usage": usage}),
+    }
+}
+
+fn created() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// Runs one request to its end; with `tx`, streams it. Returns the final answer when not
+/// streaming. A client that goes away stops the generation.
+async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<Value, String> {
+    let _running = Gauge::up(&e.m.running, 1);
+    let _tokens = Gauge::up(&e.m.tokens_in_flight, (r.tokens.len() + r.max_new) as i64);
+    let prompt = r.tokens.len();
+    let (pre, n) = match (e.args.mode, &r.bootstrap) {
+        (Mode::Decode, Some((host, port, room))) => {
+            (e.await_prefill(host, *port, *room, prompt).await?, r.max_new)
+        }
+        (Mode::Decode, None) => {
+            return Err("this is a decode engine: the request needs bootstrap_host, bootstrap_port and bootstrap_room (send it through the router in PD mode)".into())
+        }
+        (Mode::Prefill, b) => {
+            let pre = e.prefill(&r.tokens).await;
+            if let Some((_, _, room)) = b {
+                e.remember_room(*room, prompt, pre.cached_tokens);
+            }
+            (pre, 1)
+        }
+        (Mode::Regular, _) => (e.prefill(&r.tokens).await, r.max_new),
+    };
+    e.m.prompt_tokens
+        .fetch_add(prompt as u64, Ordering::Relaxed);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        if i > 0 {
+            tokio::time::sleep(e.cost.decode_step()).await;
+        }
+        out.push(tokens::output_token(&r.tokens, i));
+        if let Some(tx) = &tx {
+            let v = chunk(&e, &r, &out, pre.cached_tokens, i + 1 == n, true);
+            if tx.send(sse(&v)).await.is_err() {
+                break;
+            }
+        }
+    }
+    e.m.generated_tokens
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
+    if e.args.mode != Mode::Decode {
+        e.finish(&r.tokens, &out);
+    }
+    if let Some(tx) = &tx {
+        if r.include_usage && r.api != Api::Generate {
+            let n = out.len();
+            let usage = json!({"id": r.rid, "object": "chat.completion.chunk", "created": created(),
+                "model": e.args.model, "choices": [], "usage": {"prompt_tokens": prompt,
+                "completion_tokens": n, "total_tokens": prompt + n,
+                "prompt_tokens_details": {"cached_tokens": pre.cached_tokens}}});
+            let _ = tx.send(sse(&usage)).await;
+        }
+        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        return Ok(Value::Null);
+    }
+    Ok(chunk(&e, &r, &out, pre.cached_tokens, true, false))
+}
+
+async fn infer(State(e): S, uri: Uri, body: Bytes) -> Response {
+    let api = match uri.path() {
+        "/generate" => Api::Generate,
+        "/v1/completions" => Api::Completions,
+        _ => Api::Chat,
+    };
+    let id = e.next_id.fetch_add(1, Ordering::Relaxed);
+    e.m.requests.fetch_add(1, Ordering::Relaxed);
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(err) => {
+            e.m.errors.fetch_add(1, Ordering::Relaxed);
+            return bad(format!("simulated engine: the body is not JSON: {err}"));
+        }
+    };
+    let r = match parse(api, &v, e.args.default_max_tokens, id) {
+        Ok(r) => r,
+        Err(msg) => {
+            e.m.errors.fetch_add(1, Ordering::Relaxed);
+            return bad(format!("simulated engine: {msg}"));
+        }
+    };
+    let span =
+        tracing::debug_span!("request", rid = %r.rid, prompt = r.tokens.len(), max_new = r.max_new);
+    let _g = span.enter();
+    if r.stream {
+        let (tx, rx) = mpsc::channel(64);
+        let e2 = e.clone();
+        tokio::spawn(async move {
+            if let Err(msg) = run(e2.clone(), r, Some(tx.clone())).await {
+                e2.m.errors.fetch_add(1, Ordering::Relaxed);
+                let err = json!({"error": {"message": format!("simulated engine: {msg}")}});
+                let _ = tx.send(sse(&err)).await;
+                let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+            }
+        });
+        return (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (
+                    header::HeaderName::from_static("x-simulated-engine"),
+                    "true",
+                ),
+            ],
+            Body::new(ChannelBody(rx)),
+        )
+            .into_response();
+    }
+    match run(e.clone(), r, None).await {
+        Ok(v) => (
+            [(
+                header::HeaderName::from_static("x-simulated-engine"),
+                "true",
+            )],
+            Json(v),
+        )
+            .into_response(),
+        Err(msg) => {
+            e.m.errors.fetch_add(1, Ordering::Relaxed);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": {"message": format!("simulated engine: {msg}")}})),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Prefill side of PD: answers when the room's prefill is done.
+async fn bootstrap(State(e): S, Path(room): Path<u64>) -> Response {
+    let deadline = tokio::time::Instant::now() + ROOM_WAIT;
+    loop {
+        let notified = e.room_ready.notified();
+        if let Some(r) = e.rooms.lock().remove(&room) {
+            return Json(json!({"room": room, "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens}))
+            .into_response();
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return (
+                StatusCode::NOT_FOUND,
+                Json(json!({"error": {"message": format!("simulated engine: no prefill for room {room}")}})),
+            )
+                .into_response();
+        }
+    }
+}
+
+async fn server_info(State(e): S) -> Json<Value> {
+    let a = &e.args;
+    Json(json!({
+        "simulated": true,
+        "version": concat!("rbgctl-sim-", env!("CARGO_PKG_VERSION")),
+        "model_path": a.model, "served_model_name": a.model,
+        "disaggregation_mode": match a.mode { Mode::Regular => "null", Mode::Prefill => "prefill", Mode::Decode => "decode" },
+        "disaggregation_bootstrap_port": a.disaggregation_bootstrap_port,
+        "page_size": a.page_size,
+        "device_cache_tokens": a.device_cache_tokens,
+        "enable_hierarchical_cache": a.host_cache_tokens > 0,
+        "hicache_storage_backend": a.l3_master.as_ref().map(|_| "rbgctl"),
+        "host_cache_tokens": a.host_cache_tokens,
+        "bytes_per_token": a.bytes_per_token,
+    }))
+}
+
+async fn model_info(State(e): S) -> Json<Value> {
+    Json(
+        json!({"model_path": e.args.model, "tokenizer_path": e.args.model,
+        "is_generation": true, "simulated": true}),
+    )
+}
+
+async fn models(State(e): S) -> Json<Value> {
+    Json(
+        json!({"object": "list", "data": [{"id": e.args.model, "object": "model",
+        "owned_by": "rbgctl (simulated engine)"}]}),
+    )
+}
+
+async fn flush(State(e): S) -> Json<Value> {
+    e.tiers.lock().clear();
+    Json(json!({"message": "simulated engine: device and host caches flushed"}))
+}
+
+async fn load(State(e): S) -> Json<Value> {
+    Json(json!({
+        "num_reqs": e.m.running.load(Ordering::Relaxed),
+        "num_waiting_reqs": e.m.waiting.load(Ordering::Relaxed),
+        "num_tokens": e.m.tokens_in_flight.load(Ordering::Relaxed),
+    }))
+}
+
+async fn metrics(State(e): S) -> Response {
+    let m = &e.m;
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    let model = [("model_name", e.args.model.as_str())];
+    let mut p = PromText::new();
+    let cached = c(&m.cached_device) + c(&m.cached_host) + c(&m.cached_storage);
+    let prompt = c(&m.prompt_tokens);
+    p.family(
+        "sglang:prompt_tokens_total",
+        "counter",
+        "Prompt tokens (simulated engine).",
+    )
+    .sample("sglang:prompt_tokens_total", &model, prompt);
+    p.family(
+        "sglang:generation_tokens_total",
+        "counter",
+        "Generated tokens (simulated engine).",
+    )
+    .sample(
+        "sglang:generation_tokens_total",
+        &model,
+        c(&m.generated_tokens),
+    );
+    p.family(
+        "sglang:cached_tokens_total",
+        "counter",
+        "Prompt tokens served from cache (simulated engine).",
+    )
+    .sample("sglang:cached_tokens_total", &model, cached);
+    p.family(
+        "sglang:cache_hit_rate",
+        "gauge",
+        "Cached over prompt tokens since start (simulated engine).",
+    )
+    .sample(
+        "sglang:cache_hit_rate",
+        &model,
+        if prompt > 0.0 { cached / prompt } else { 0.0 },
+    );
+    p.family(
+        "sglang:num_running_reqs",
+        "gauge",
+        "Requests being served (simulated engine).",
+    )
+    .sample(
+        "sglang:num_running_reqs",
+        &model,
+        m.running.load(Ordering::Relaxed) as f64,
+    );
+    p.family(
+        "sglang:num_queue_reqs",
+        "gauge",
+        "Requests waiting for the device (simulated engine).",
+    )
+    .sample(
+        "sglang:num_queue_reqs",
+        &model,
+        m.waiting.load(Ordering::Relaxed) as f64,
+    );
+    p.family(
+        "rbgctl_sim_requests_total",
+        "counter",
+        "Requests received by the simulated engine.",
+    )
+    .sample("rbgctl_sim_requests_total", &[], c(&m.requests));
+    p.family(
+        "rbgctl_sim_request_errors_total",
+        "counter",
+        "Requests refused or failed.",
+    )
+    .sample("rbgctl_sim_request_errors_total", &[], c(&m.errors));
+    p.family(
+        "rbgctl_sim_cached_tokens_total",
+        "counter",
+        "Cached prompt tokens by the tier that held them.",
+    );
+    for (tier, a) in [
+        ("device", &m.cached_device),
+        ("host", &m.cached_host),
+        ("storage", &m.cached_storage),
+    ] {
+        p.sample("rbgctl_sim_cached_tokens_total", &[("tier", tier)], c(a));
+    }
+    if let Some(l3) = &e.l3 {
+        let s = &l3.stats;
+        p.family(
+            "rbgctl_sim_l3_pages_total",
+            "counter",
+            "KV pages moved to or from the rbgctl pool.",
+        );
+        p.sample(
+            "rbgctl_sim_l3_pages_total",
+            &[("op", "read")],
+            c(&s.pages_read),
+        );
+        p.sample(
+            "rbgctl_sim_l3_pages_total",
+            &[("op", "write")],
+            c(&s.pages_written),
+        );
+        p.family(
+            "rbgctl_sim_l3_bytes_total",
+            "counter",
+            "KV bytes moved to or from the rbgctl pool.",
+        );
+        p.sample(
+            "rbgctl_sim_l3_bytes_total",
+            &[("op", "read")],
+            c(&s.bytes_read),
+        );
+        p.sample(
+            "rbgctl_sim_l3_bytes_total",
+            &[("op", "write")],
+            c(&s.bytes_written),
+        );
+        p.family(
+            "rbgctl_sim_l3_errors_total",
+            "counter",
+            "Pool reads that failed or returned wrong bytes, and failed writes.",
+        );
+        p.sample(
+            "rbgctl_sim_l3_errors_total",
+            &[("op", "read")],
+            c(&s.bad_reads),
+        );
+        p.sample(
+            "rbgctl_sim_l3_errors_total",
+            &[("op", "write")],
+            c(&s.write_errors),
+        );
+        p.family(
+            "rbgctl_sim_l3_backups_skipped_total",
+            "counter",
+            "Backups dropped because too many were running.",
+        )
+        .sample(
+            "rbgctl_sim_l3_backups_skipped_total",
+            &[],
+            c(&m.backups_skipped),
+        );
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        p.finish(),
+    )
+        .into_response()
+}
+
+pub fn router(e: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/generate", post(infer))
+        .route("/v1/completions", post(infer))
+        .route("/v1/chat/completions", post(infer))
+        .route("/health", get(|| async { "ok (simulated engine)" }))
+        .route(
+            "/health_generate",
+            get(|| async { "ok (simulated engine)" }),
+        )
+        .route("/get_server_info", get(server_info))
+        .route("/server_info", get(server_info))
+        .route("/get_model_info", get(model_info))
+        .route("/model_info", get(model_info))
+        .route("/v1/models", get(models))
+        .route("/flush_cache", post(flush).get(flush))
+        .route("/get_load", get(load))
+        .route("/metrics", get(metrics))
+        .route("/sim/bootstrap/{room}", get(bootstrap))
+        .with_state(e)
+}
+
+pub fn engine(args: SimEngineArgs, l3: Option<L3>) -> Arc<Engine> {
+    let page = args.page_size.max(1);
+    Arc::new(Engine {
+        cost: args.cost(),
+        tiers: Mutex::new(Tiers::new(
+            args.device_cache_tokens / page,
+            args.host_cache_tokens / page,
+        )),
+        device: Semaphore::new(1),
+        l3: l3.map(Arc::new),
+        backups: Arc::new(Semaphore::new(BACKUPS)),
+        rooms: Mutex::new(HashMap::new()),
+        room_ready: Notify::new(),
+        http: reqwest::Client::new(),
+        m: Counters::default(),
+        next_id: AtomicU64::new(0),
+        args,
+    })
+}
+
+pub async fn serve(args: SimEngineArgs) -> anyhow::Result<()> {
+    let l3 = match &args.l3_master {
+        Some(master) => {
+            let (master, bytes) = (master.clone(), args.page_size * args.bytes_per_token);
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    L3::connect(&master, bytes, Duration::from_secs(30))
+                })
+                .await??,
+            )
+        }
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+    let addr = listener.local_addr()?;
+    let boot = match (args.mode, args.disaggregation_bootstrap_port) {
+        (Mode::Prefill, Some(p)) => {
+            Some(tokio::net::TcpListener::bind((args.host.as_str(), p)).await?)
+        }
+        _ => None,
+    };
+    let e = engine(args, l3);
+    tracing::info!(
+        %addr,
+        mode = ?e.args.mode,
+        l1_tokens = e.args.device_cache_tokens,
+        l2_tokens = e.args.host_cache_tokens,
+        l3 = e.args.l3_master.as_deref().unwrap_or("off"),
+        page_bytes = e.page_bytes(),
+        "SIMULATED engine serving (no model, no GPU: timing from a cost model)"
+    );
+    let app = router(e);
+    if let Some(b) = boot {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(b, app).await;
+        });
+    }
+    axum::serve(listener, app)
+        .with_graceful_shutdown(crate::shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_in_every_shape_and_bad_ones_are_refused() {
+        let r = parse(Api::Generate, &json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 7}, "stream": true}), 128, 0).unwrap();
+        assert_eq!((r.tokens.len(), r.max_new, r.stream), (3, 7, true));
+        let r = parse(Api::Chat, &json!({"messages": [{"role": "user", "content": "t1 t2"}, {"role": "assistant", "content": "t3"}], "max_tokens": 4}), 128, 0).unwrap();
+        assert_eq!(r.tokens, vec![1, 2, 3]);
+        let r = parse(Api::Completions, &json!({"prompt": "a b c d"}), 9, 0).unwrap();
+        assert_eq!((r.tokens.len(), r.max_new), (4, 9));
+        let r = parse(Api::Generate, &json!({"text": "x", "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 5}), 1, 0).unwrap();
+        assert_eq!(r.bootstrap, Some(("127.0.0.1".into(), 8998, 5)));
+        for (api, bad) in [
+            (Api::Generate, json!([1])),
+            (Api::Generate, json!({})),
+            (Api::Generate, json!({"input_ids": [[1, 2]]})),
+            (Api::Generate, json!({"input_ids": [99999999]})),
+            (Api::Generate, json!({"input_ids": []})),
+            (Api::Generate, json!({"input_ids": [1], "stream": "yes"})),
+            (
+                Api::Generate,
+                json!({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}),
+            ),
+            (
+                Api::Generate,
+                json!({"input_ids": [1], "bootstrap_room": 3}),
+            ),
+            (Api::Chat, json!({"messages": "hi"})),
+            (Api::Completions, json!({"prompt": 5})),
+        ] {
+            assert!(parse(api, &bad, 1, 0).is_err(), "{bad}");
+        }
+    }
+}
