@@ -1,47 +1,252 @@
-//! `rbgctl up`: a master and N stores on loopback, as child processes of this one, for trying the
-//! pool on one machine. Ctrl-C (or SIGTERM) stops them all cleanly.
+//! `rbgctl up`: the whole service on loopback, as child processes of this one: a master and
+//! stores (the KV pool), SIMULATED engines using the pool as their L3 cache, and the router in
+//! front of them. The layout comes from a TOML file (`config/up.toml`; every key has a default)
+//! and a few flags. Ctrl-C (or SIGTERM) stops everything cleanly; if any child dies, the rest
+//! are stopped too.
+//!
+//! [`Stack`] is the same machinery as a library: `rbgctl bench tiers` and the tests use it.
 
 use crate::config::ByteSize;
 use crate::transfer::message::ListSegmentsResp;
 use crate::transfer::{ConnOptions, Connection, Opcode};
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, clap::Args)]
-pub struct UpArgs {
-    /// Number of stores.
-    #[arg(long, default_value_t = 2)]
+/// The KV pool: master and stores.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Stores (0 = no pool at all; engines then run without L3). Default 2.
     pub stores: usize,
-    /// Memory each store contributes.
-    #[arg(long, default_value = "256MiB")]
+    /// Memory each store contributes. Default 256MiB.
     pub segment_size: ByteSize,
-    /// Master RPC port.
-    #[arg(long, default_value_t = 50051)]
+    /// Master RPC port. Default 50051.
     pub master_port: u16,
-    /// HTTP metadata server port.
-    #[arg(long, default_value_t = 8080)]
+    /// HTTP metadata server port. Default 8080.
     pub metadata_port: u16,
-    /// Master metrics and admin API port.
-    #[arg(long, default_value_t = 9003)]
+    /// Master metrics and admin API port. Default 9003.
     pub metrics_port: u16,
-    /// Directory for the stores' segment files (default: a fresh one under /dev/shm).
-    #[arg(long)]
+    /// Directory of the stores' segment files. Default: a fresh one under /dev/shm.
     pub shm_dir: Option<PathBuf>,
 }
 
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            stores: 2,
+            segment_size: ByteSize(256 << 20),
+            master_port: 50051,
+            metadata_port: 8080,
+            metrics_port: 9003,
+            shm_dir: None,
+        }
+    }
+}
+
+/// The SIMULATED engines (see `rbgctl sim-engine --help` for the model).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnginesConfig {
+    /// Regular (prefill + decode) engines. Default 2. Ignored when `prefill` and `decode` are set.
+    pub count: usize,
+    /// Prefill engines of a disaggregated (PD) deployment. Default 0.
+    pub prefill: usize,
+    /// Decode engines of a disaggregated deployment. Default 0.
+    pub decode: usize,
+    /// First engine port; the others follow. Default 30001.
+    pub base_port: u16,
+    /// First KV bootstrap port of prefill engines. Default 8998.
+    pub bootstrap_base_port: u16,
+    /// Tokens per page. Default 64.
+    pub page_size: usize,
+    /// Device (L1) cache, tokens. Default 32768.
+    pub device_cache_tokens: usize,
+    /// Host (L2) cache, tokens; 0 = none. Default 131072.
+    pub host_cache_tokens: usize,
+    /// Use the pool as L3 (needs `pool.stores` > 0). Default true.
+    pub l3: bool,
+    /// KV bytes per token. Default 4096 (a page of 64 tokens is 256 KiB).
+    pub bytes_per_token: usize,
+    /// Default 100.
+    pub prefill_us_per_token: f64,
+    /// Default 5.
+    pub load_us_per_token: f64,
+    /// Default 5.
+    pub decode_ms_per_token: f64,
+}
+
+impl Default for EnginesConfig {
+    fn default() -> Self {
+        EnginesConfig {
+            count: 2,
+            prefill: 0,
+            decode: 0,
+            base_port: 30001,
+            bootstrap_base_port: 8998,
+            page_size: 64,
+            device_cache_tokens: 32_768,
+            host_cache_tokens: 131_072,
+            l3: true,
+            bytes_per_token: 4096,
+            prefill_us_per_token: 100.0,
+            load_us_per_token: 5.0,
+            decode_ms_per_token: 5.0,
+        }
+    }
+}
+
+impl EnginesConfig {
+    pub fn pd(&self) -> bool {
+        self.prefill > 0 && self.decode > 0
+    }
+
+    pub fn total(&self) -> usize {
+        if self.pd() {
+            self.prefill + self.decode
+        } else {
+            self.count
+        }
+    }
+}
+
+/// The router in front of the engines.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterUpConfig {
+    /// Default true (when there are engines).
+    pub enabled: bool,
+    /// The service's port. Default 30000.
+    pub port: u16,
+    /// Routing policy. Default cache_aware.
+    pub policy: String,
+}
+
+impl Default for RouterUpConfig {
+    fn default() -> Self {
+        RouterUpConfig {
+            enabled: true,
+            port: 30000,
+            policy: "cache_aware".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpConfig {
+    pub pool: PoolConfig,
+    pub engines: EnginesConfig,
+    pub router: RouterUpConfig,
+}
+
+impl UpConfig {
+    pub fn from_file(path: &Path) -> anyhow::Result<UpConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let e = &self.engines;
+        anyhow::ensure!(
+            !(e.l3 && e.total() > 0 && self.pool.stores == 0),
+            "engines.l3 needs a pool: set pool.stores > 0 or engines.l3 = false"
+        );
+        anyhow::ensure!(
+            (e.prefill == 0) == (e.decode == 0),
+            "a disaggregated deployment needs both engines.prefill and engines.decode"
+        );
+        anyhow::ensure!(
+            e.page_size > 0 && e.device_cache_tokens >= e.page_size,
+            "engines.device_cache_tokens must hold at least one page"
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Layout file (TOML; example in config/up.toml). Flags below override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Number of stores.
+    #[arg(long)]
+    pub stores: Option<usize>,
+    /// Memory each store contributes.
+    #[arg(long)]
+    pub segment_size: Option<ByteSize>,
+    /// Master RPC port.
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// HTTP metadata server port.
+    #[arg(long)]
+    pub metadata_port: Option<u16>,
+    /// Master metrics and admin API port.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// Directory for the stores' segment files (default: a fresh one under /dev/shm).
+    #[arg(long)]
+    pub shm_dir: Option<PathBuf>,
+    /// Number of regular SIMULATED engines (0 = the pool only, no router).
+    #[arg(long)]
+    pub engines: Option<usize>,
+    /// The router's port.
+    #[arg(long)]
+    pub router_port: Option<u16>,
+}
+
+impl UpArgs {
+    pub fn resolve(&self) -> anyhow::Result<UpConfig> {
+        let mut c = match &self.config {
+            Some(p) => UpConfig::from_file(p)?,
+            None => UpConfig::default(),
+        };
+        if let Some(v) = self.stores {
+            c.pool.stores = v;
+        }
+        if let Some(v) = self.segment_size {
+            c.pool.segment_size = v;
+        }
+        if let Some(v) = self.master_port {
+            c.pool.master_port = v;
+        }
+        if let Some(v) = self.metadata_port {
+            c.pool.metadata_port = v;
+        }
+        if let Some(v) = self.metrics_port {
+            c.pool.metrics_port = v;
+        }
+        if let Some(v) = &self.shm_dir {
+            c.pool.shm_dir = Some(v.clone());
+        }
+        if let Some(v) = self.engines {
+            c.engines.count = v;
+            c.engines.prefill = 0;
+            c.engines.decode = 0;
+        }
+        if let Some(v) = self.router_port {
+            c.router.port = v;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Running children, stopped (SIGTERM, then SIGKILL after 5 s) in reverse order on drop.
 struct Children(Vec<(String, Child)>);
 
 impl Children {
+    /// Stops the children one by one, last started first (the router before the engines,
+    /// the stores before the master, so that they can unmount).
     fn stop(&mut self) {
-        for (_, c) in self.0.iter().rev() {
+        for (name, c) in self.0.iter_mut().rev() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(c.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for (name, c) in self.0.iter_mut().rev() {
+            let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 match c.try_wait() {
                     Ok(Some(_)) => break,
@@ -51,7 +256,7 @@ impl Children {
                         let _ = c.wait();
                         break;
                     }
-                    _ => std::thread::sleep(Duration::from_millis(20)),
+                    _ => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
         }
@@ -88,7 +293,302 @@ fn wait_for_segments(
     }
 }
 
+fn wait_http_ok(url: &str, timeout: Duration) -> anyhow::Result<()> {
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match http.get(url).send() {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            _ if Instant::now() > deadline => {
+                anyhow::bail!("{url} did not answer 200 within {timeout:?}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// A started service.
+pub struct Stack {
+    children: Children,
+    shm_dir: Option<(PathBuf, bool)>,
+    pub master: Option<String>,
+    pub metadata: Option<String>,
+    pub master_metrics: Option<String>,
+    pub stores: Vec<String>,
+    /// Engine base URLs, with their role.
+    pub engines: Vec<(String, &'static str)>,
+    pub router: Option<String>,
+}
+
+impl Stack {
+    /// Starts every part and waits until each is ready. `quiet` sends the children's logs to
+    /// /dev/null (benchmarks); otherwise they share this terminal.
+    pub fn start(cfg: &UpConfig, exe: &Path, quiet: bool) -> anyhow::Result<Stack> {
+        cfg.validate()?;
+        let host = "127.0.0.1";
+        let mut st = Stack {
+            children: Children(Vec::new()),
+            shm_dir: None,
+            master: None,
+            metadata: None,
+            master_metrics: None,
+            stores: Vec::new(),
+            engines: Vec::new(),
+            router: None,
+        };
+        let spawn = |st: &mut Stack, name: String, args: Vec<String>| -> anyhow::Result<()> {
+            let mut cmd = Command::new(exe);
+            cmd.args(&args);
+            if quiet {
+                cmd.stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .env("RBGCTL_LOG", "warn");
+            }
+            let child = cmd
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
+            st.children.0.push((name, child));
+            Ok(())
+        };
+        let s = |x: &dyn ToString| x.to_string();
+        let p = &cfg.pool;
+        if p.stores > 0 {
+            let master = format!("{host}:{}", p.master_port);
+            let metadata = format!("http://{host}:{}/metadata", p.metadata_port);
+            spawn(
+                &mut st,
+                "master".into(),
+                [
+                    "master",
+                    "--rpc-address",
+                    host,
+                    "--rpc-port",
+                    &s(&p.master_port),
+                    "--enable-http-metadata-server",
+                    "--http-metadata-server-host",
+                    host,
+                    "--http-metadata-server-port",
+                    &s(&p.metadata_port),
+                    "--metrics-host",
+                    host,
+                    "--metrics-port",
+                    &s(&p.metrics_port),
+                ]
+                .map(String::from)
+                .to_vec(),
+            )?;
+            wait_for_segments(&master, 0, Duration::from_secs(10))?;
+            let (dir, owned) = match &p.shm_dir {
+                Some(d) => (d.clone(), false),
+                None => (
+                    PathBuf::from(format!(
+                        "/dev/shm/rbgctl-up-{}-{}",
+                        std::process::id(),
+                        fastrand::u32(..)
+                    )),
+                    true,
+                ),
+            };
+            st.shm_dir = Some((dir.clone(), owned));
+            for i in 0..p.stores {
+                let mut args: Vec<String> = [
+                    "store",
+                    "--master",
+                    &master,
+                    "--bind-address",
+                    host,
+                    "--local-hostname",
+                    host,
+                    "--segment-size",
+                    &s(&p.segment_size.0),
+                    "--metrics-host",
+                    host,
+                    "--metrics-port",
+                    "0",
+                    "--metadata-server",
+                    &metadata,
+                    // A throwaway directory and kernel-chosen ports: nothing to keep.
+                    "--persistent",
+                    "false",
+                ]
+                .map(String::from)
+                .to_vec();
+                args.push("--shm-dir".into());
+                args.push(dir.display().to_string());
+                spawn(&mut st, format!("store-{i}"), args)?;
+            }
+            let listed = wait_for_segments(&master, p.stores, Duration::from_secs(15))?;
+            st.stores = listed
+                .segments
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} {} ({})",
+                        s.info.name,
+                        s.info.endpoint,
+                        crate::config::human_bytes(s.info.size)
+                    )
+                })
+                .collect();
+            st.master = Some(master);
+            st.metadata = Some(metadata);
+            st.master_metrics = Some(format!("http://{host}:{}", p.metrics_port));
+        }
+        let e = &cfg.engines;
+        let roles: Vec<&'static str> = if e.pd() {
+            std::iter::repeat("prefill")
+                .take(e.prefill)
+                .chain(std::iter::repeat("decode").take(e.decode))
+                .collect()
+        } else {
+            vec!["regular"; e.count]
+        };
+        let mut prefill_args: Vec<String> = Vec::new();
+        let mut decode_args: Vec<String> = Vec::new();
+        let mut worker_args: Vec<String> = Vec::new();
+        for (i, role) in roles.iter().enumerate() {
+            let port = e.base_port as usize + i;
+            anyhow::ensure!(
+                port <= u16::MAX as usize,
+                "engines.base_port + engines is past 65535"
+            );
+            let url = format!("http://{host}:{port}");
+            let mut args: Vec<String> = vec![
+                "sim-engine".into(),
+                "--host".into(),
+                host.into(),
+                "--port".into(),
+                s(&port),
+                "--disaggregation-mode".into(),
+                s(role),
+                "--page-size".into(),
+                s(&e.page_size),
+                "--device-cache-tokens".into(),
+                s(&e.device_cache_tokens),
+                "--host-cache-tokens".into(),
+                s(&e.host_cache_tokens),
+                "--bytes-per-token".into(),
+                s(&e.bytes_per_token),
+                "--prefill-us-per-token".into(),
+                s(&e.prefill_us_per_token),
+                "--load-us-per-token".into(),
+                s(&e.load_us_per_token),
+                "--decode-ms-per-token".into(),
+                s(&e.decode_ms_per_token),
+            ];
+            if e.l3 {
+                if let Some(m) = &st.master {
+                    args.push("--l3-master".into());
+                    args.push(m.clone());
+                }
+            }
+            match *role {
+                "prefill" => {
+                    let boot = e.bootstrap_base_port as usize + i;
+                    anyhow::ensure!(
+                        boot <= u16::MAX as usize,
+                        "engines.bootstrap_base_port is too high"
+                    );
+                    args.push("--disaggregation-bootstrap-port".into());
+                    args.push(s(&boot));
+                    prefill_args.extend(["--prefill".into(), url.clone(), s(&boot)]);
+                }
+                "decode" => decode_args.extend(["--decode".into(), url.clone()]),
+                _ => worker_args.push(url.clone()),
+            }
+            spawn(&mut st, format!("engine-{i} ({role})"), args)?;
+            st.engines.push((url, role));
+        }
+        for (url, _) in &st.engines {
+            wait_http_ok(&format!("{url}/health"), Duration::from_secs(40))?;
+        }
+        if cfg.router.enabled && !st.engines.is_empty() {
+            let mut args: Vec<String> = vec![
+                "router".into(),
+                "--host".into(),
+                host.into(),
+                "--port".into(),
+                s(&cfg.router.port),
+                "--policy".into(),
+                cfg.router.policy.clone(),
+                "--prometheus-port".into(),
+                "0".into(),
+            ];
+            if e.pd() {
+                args.push("--pd-disaggregation".into());
+                args.extend(prefill_args);
+                args.extend(decode_args);
+            } else {
+                args.push("--worker-urls".into());
+                args.extend(worker_args);
+            }
+            spawn(&mut st, "router".into(), args)?;
+            let url = format!("http://{host}:{}", cfg.router.port);
+            wait_http_ok(&format!("{url}/readiness"), Duration::from_secs(30))?;
+            st.router = Some(url);
+        }
+        Ok(st)
+    }
+
+    /// The first child that has exited, if any.
+    pub fn exited(&mut self) -> Option<String> {
+        for (name, c) in self.children.0.iter_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Some(format!("{name} exited ({status})"));
+            }
+        }
+        None
+    }
+
+    pub fn stop(&mut self) {
+        self.children.stop();
+        if let Some((dir, true)) = self.shm_dir.take() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    fn print(&self) {
+        println!("rbgctl is up on loopback:");
+        if let Some(r) = &self.router {
+            println!("  service (router)    {r}   (OpenAI and SGLang APIs)");
+        }
+        for (url, role) in &self.engines {
+            println!("  SIMULATED engine    {url}   ({role})");
+        }
+        if let (Some(m), Some(md), Some(mm)) = (&self.master, &self.metadata, &self.master_metrics)
+        {
+            println!("  master RPC          {m}");
+            println!("  metadata server     {md}");
+            println!("  metrics / admin     {mm}/metrics  {mm}/api/v1/segments");
+        }
+        for s in &self.stores {
+            println!("  store               {s}");
+        }
+        println!();
+        println!("Try it:");
+        if let Some(r) = &self.router {
+            println!("  curl -s {r}/v1/chat/completions -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}'");
+            let port = r.rsplit(':').next().unwrap_or("30000");
+            println!("  rbgctl bench multiturn --host 127.0.0.1 --port {port} --num-clients 32 --num-rounds 4 --disable-auto-run --request-rate 8");
+        }
+        if let Some(m) = &self.master {
+            println!("  rbgctl kv --master {m} put hello world --replicas 2");
+            println!("  rbgctl bench store --master {m}");
+        }
+        println!("Ctrl-C stops everything.");
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    let cfg = args.resolve()?;
     // Signal handlers first, so that a SIGTERM during start-up still stops the children cleanly.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -101,91 +601,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         ))
     })?;
     let exe = std::env::current_exe()?;
-    let shm_dir = args
-        .shm_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/rbgctl-up-{}", std::process::id())));
-    let host = "127.0.0.1";
-    let master = format!("{host}:{}", args.master_port);
-    let metadata = format!("http://{host}:{}/metadata", args.metadata_port);
-    let mut children = Children(Vec::new());
-    let spawn = |name: &str, cmd: &mut Command| -> anyhow::Result<(String, Child)> {
-        let child = cmd
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
-        Ok((name.to_string(), child))
-    };
-    children.0.push(spawn(
-        "master",
-        Command::new(&exe).args([
-            "master",
-            "--rpc-address",
-            host,
-            "--rpc-port",
-            &args.master_port.to_string(),
-            "--enable-http-metadata-server",
-            "--http-metadata-server-host",
-            host,
-            "--http-metadata-server-port",
-            &args.metadata_port.to_string(),
-            "--metrics-host",
-            host,
-            "--metrics-port",
-            &args.metrics_port.to_string(),
-        ]),
-    )?);
-    wait_for_segments(&master, 0, Duration::from_secs(10))?;
-    for i in 0..args.stores {
-        children.0.push(spawn(
-            &format!("store-{i}"),
-            Command::new(&exe)
-                .args([
-                    "store",
-                    "--master",
-                    &master,
-                    "--bind-address",
-                    host,
-                    "--local-hostname",
-                    host,
-                    "--segment-size",
-                    &args.segment_size.0.to_string(),
-                    "--metrics-host",
-                    host,
-                    "--metrics-port",
-                    "0",
-                    "--metadata-server",
-                    &metadata,
-                    // A throwaway directory and kernel-chosen ports: nothing to keep.
-                    "--persistent",
-                    "false",
-                ])
-                .arg("--shm-dir")
-                .arg(&shm_dir),
-        )?);
-    }
-    let listed = wait_for_segments(&master, args.stores, Duration::from_secs(15))?;
-    println!("rbgctl is up on loopback:");
-    println!("  master RPC          {master}");
-    println!("  metadata server     {metadata}");
-    println!(
-        "  metrics / admin     http://{host}:{}/metrics  /api/v1/segments",
-        args.metrics_port
-    );
-    for s in &listed.segments {
-        println!(
-            "  store {:<22} {} ({})",
-            s.info.name,
-            s.info.endpoint,
-            crate::config::human_bytes(s.info.size)
-        );
-    }
-    println!();
-    println!("Try it:");
-    println!("  rbgctl kv --master {master} put hello world --replicas 2");
-    println!("  rbgctl kv --master {master} get hello");
-    println!("  rbgctl bench store --master {master}");
-    println!("Ctrl-C stops everything.");
-
+    let mut stack = Stack::start(&cfg, &exe, false)?;
+    stack.print();
     let failed = runtime.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {
@@ -193,20 +610,46 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
                 _ = term.recv() => return None,
                 _ = int.recv() => return None,
                 _ = tick.tick() => {
-                    for (name, c) in children.0.iter_mut() {
-                        if let Ok(Some(status)) = c.try_wait() {
-                            return Some(format!("{name} exited ({status})"));
-                        }
+                    if let Some(why) = stack.exited() {
+                        return Some(why);
                     }
                 }
             }
         }
     });
     eprintln!("stopping...");
-    children.stop();
-    let _ = std::fs::remove_dir(&shm_dir);
+    stack.stop();
     match failed {
         Some(why) => anyhow::bail!("{why}; stopped the rest"),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses_and_bad_layouts_are_refused() {
+        let c: UpConfig = toml::from_str(
+            &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/up.toml"))
+                .unwrap(),
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(
+            toml::from_str::<UpConfig>("[engines]\nbogus = 1").is_err(),
+            "unknown keys"
+        );
+        let mut c = UpConfig::default();
+        c.pool.stores = 0;
+        assert!(c.validate().is_err(), "L3 without a pool");
+        c.engines.l3 = false;
+        c.validate().unwrap();
+        c.engines.prefill = 1;
+        assert!(c.validate().is_err(), "prefill without decode");
+        c.engines.decode = 2;
+        c.validate().unwrap();
+        assert_eq!(c.engines.total(), 3);
     }
 }

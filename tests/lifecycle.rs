@@ -96,6 +96,8 @@ fn up_starts_a_master_and_stores_that_serve_the_kv_command() {
             &meta.to_string(),
             "--metrics-port",
             &metrics.to_string(),
+            "--engines",
+            "0",
         ])
         .arg("--shm-dir")
         .arg(dir.path())

@@ -10,6 +10,7 @@ pub mod recovery;
 pub mod router;
 pub mod stats;
 pub mod store;
+pub mod tiers;
 
 use clap::{Args, Subcommand};
 
@@ -28,6 +29,9 @@ pub enum BenchKind {
     Recovery(recovery::RecoveryBenchArgs),
     /// Multi-turn conversations (SGLang's bench_multiturn.py): TTFT, throughput, cache hit rate.
     Multiturn(multiturn::MultiturnArgs),
+    /// Seed 000's comparison: the same multi-turn workload with L1 only, L1+L2 and L1+L2+L3
+    /// (SIMULATED engines on loopback): hit rate, TTFT and throughput side by side.
+    Tiers(tiers::TiersArgs),
     /// The router's overhead against direct-to-worker, with FAKE workers (no model).
     Router(router::RouterBenchArgs),
     /// The operator against the API server stand-in and a SIMULATED kubelet: time and API
@@ -44,6 +48,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Recovery(a) => recovery::run(a),
         BenchKind::Router(a) => router::run(a),
         BenchKind::Multiturn(a) => multiturn::run(a),
+        BenchKind::Tiers(a) => tiers::run(a),
         BenchKind::FakeWorker(a) => fake_worker::run(a),
         BenchKind::Operator(a) => operator::run(a),
     }

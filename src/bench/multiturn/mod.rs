@@ -369,13 +369,7 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
 fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
     let line = summary::log_line(&a.tag, &r.summary, &r.rounds, r.interrupted);
     if !a.log_file.is_empty() {
-        use std::io::Write as _;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&a.log_file)
-            .map_err(|e| anyhow::anyhow!("--log-file {}: {e}", a.log_file))?;
-        writeln!(f, "{line}")?;
+        append_log(&a.log_file, &line)?;
     }
     if a.json {
         println!("{line}");
@@ -390,5 +384,17 @@ fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
     for e in &r.errors {
         eprintln!("  error: {e}");
     }
+    Ok(())
+}
+
+/// Appends one JSON line to the log file.
+pub fn append_log(path: &str, line: &Value) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("--log-file {path}: {e}"))?;
+    writeln!(f, "{line}")?;
     Ok(())
 }
