@@ -1,0 +1,264 @@
+//! The whole service on loopback: `rbgctl up` (pool, SIMULATED engines, router) driven by
+//! `rbgctl bench multiturn`, the three-tier comparison, and the SIMULATED engine in a
+//! prefill/decode pair behind the router.
+
+mod common;
+
+use common::{free_port, http, wait_until, Proc, BIN};
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn free_run(n: u16) -> u16 {
+    for _ in 0..100 {
+        let p = free_port();
+        if p < 65000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no run of {n} free ports");
+}
+
+fn metric_sum(port: u16, name: &str, label: &str) -> f64 {
+    let (_, body) = http(port, "GET", "/metrics", b"");
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn multiturn(port: u16, clients: u32) -> Value {
+    let out = Command::new(BIN)
+        .args(["bench", "multiturn", "--host", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .args(["--num-clients", &clients.to_string(), "--num-rounds", "3"])
+        .args([
+            "--request-length",
+            "512",
+            "--sub-question-input-length",
+            "128",
+        ])
+        .args([
+            "--output-length",
+            "16",
+            "--disable-auto-run",
+            "--request-rate",
+            "40",
+        ])
+        .args(["--json", "--log-file", "", "--request-timeout", "60"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let (router, engines) = (free_port(), free_run(2));
+    let cfg = dir.path().join("up.toml");
+    // A device cache far smaller than the conversations, no host tier: hits beyond the
+    // device must come from the pool.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[pool]\nstores = 2\nsegment_size = \"64MiB\"\nmaster_port = {}\nmetadata_port = {}\nmetrics_port = {}\nshm_dir = {:?}\n\
+             [engines]\ncount = 2\nbase_port = {engines}\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = {router}\npolicy = \"round_robin\"\n",
+            free_port(),
+            free_port(),
+            free_port(),
+            dir.path().join("shm"),
+        ),
+    )
+    .unwrap();
+    let child = Command::new(BIN)
+        .arg("up")
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = Proc {
+        child,
+        name: "up".into(),
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || http(
+            router,
+            "GET",
+            "/readiness",
+            b""
+        )
+        .0 == 200),
+        "router ready"
+    );
+    let v = multiturn(router, 12);
+    let s = &v["summary"];
+    assert_eq!(s["total_requests"], 36);
+    assert_eq!(s["failed_requests"], 0);
+    let hit = s["cache_hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.3, "hit rate {hit}");
+    assert_eq!(
+        v["round"]["round_0"]["cache_hit_rate"], 0.0,
+        "cold first round"
+    );
+    assert!(v["round"]["round_2"]["cache_hit_rate"].as_f64().unwrap() > 0.5);
+    // Round robin sends turns to the engine that did not see the history: those hits can
+    // only have come from the pool, as real bytes.
+    let storage: f64 = (0..2)
+        .map(|i| metric_sum(engines + i, "rbgctl_sim_cached_tokens_total", "storage"))
+        .sum();
+    let read: f64 = (0..2)
+        .map(|i| metric_sum(engines + i, "rbgctl_sim_l3_bytes_total", "read"))
+        .sum();
+    let bad: f64 = (0..2)
+        .map(|i| metric_sum(engines + i, "rbgctl_sim_l3_errors_total", "read"))
+        .sum();
+    assert!(
+        storage > 0.0 && read > 0.0,
+        "storage tokens {storage}, bytes {read}"
+    );
+    assert_eq!(bad, 0.0, "every page read back intact");
+    // Ctrl-C stops everything.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(up.child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert!(wait_until(Duration::from_secs(30), || matches!(
+        up.child.try_wait(),
+        Ok(Some(_))
+    )));
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", router)).is_err(),
+        "router gone"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", engines)).is_err(),
+        "engine gone"
+    );
+}
+
+#[test]
+fn three_tiers_on_the_same_workload_rank_as_in_seed_000() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tiers.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 1\ndevice_cache_tokens = 2048\n\
+         host_cache_tokens = 4096\nbytes_per_token = 512\nprefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "tiers", "--config"])
+        .arg(&cfg)
+        .args([
+            "--num-clients",
+            "16",
+            "--num-rounds",
+            "3",
+            "--request-length",
+            "512",
+        ])
+        .args([
+            "--sub-question-input-length",
+            "128",
+            "--output-length",
+            "16",
+        ])
+        .args([
+            "--disable-auto-run",
+            "--request-rate",
+            "40",
+            "--json",
+            "--log-file",
+            "",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hit = |t: &str| v[t]["summary"]["cache_hit_rate"].as_f64().unwrap();
+    for t in ["L1", "L1+L2", "L1+L2+L3"] {
+        assert_eq!(v[t]["summary"]["failed_requests"], 0, "{t}");
+        assert_eq!(v[t]["summary"]["total_requests"], 48, "{t}");
+    }
+    assert!(hit("L1+L2+L3") > hit("L1"), "{v}");
+    assert!(hit("L1+L2+L3") >= hit("L1+L2"), "{v}");
+    assert!(hit("L1+L2+L3") > 0.4, "{v}");
+}
+
+#[test]
+fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
+    let (p, d, boot, router) = (free_port(), free_port(), free_port(), free_port());
+    let engine = |port: u16, mode: &str, extra: &[String]| Proc {
+        child: Command::new(BIN)
+            .args([
+                "sim-engine",
+                "--port",
+                &port.to_string(),
+                "--disaggregation-mode",
+                mode,
+            ])
+            .args(["--decode-ms-per-token", "1"])
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        name: format!("{mode} engine"),
+    };
+    let _p = engine(
+        p,
+        "prefill",
+        &["--disaggregation-bootstrap-port".into(), boot.to_string()],
+    );
+    let _d = engine(d, "decode", &[]);
+    let _r = Proc {
+        child: Command::new(BIN)
+            .args([
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &router.to_string(),
+            ])
+            .args(["--prometheus-port", "0", "--pd-disaggregation", "--prefill"])
+            .arg(format!("http://127.0.0.1:{p}"))
+            .arg(boot.to_string())
+            .arg("--decode")
+            .arg(format!("http://127.0.0.1:{d}"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        name: "router".into(),
+    };
+    assert!(wait_until(Duration::from_secs(30), || http(
+        router,
+        "GET",
+        "/readiness",
+        b""
+    )
+    .0 == 200));
+    // A decode engine alone refuses a request without bootstrap fields.
+    let (code, body) = http(d, "POST", "/generate", br#"{"input_ids":[1,2,3]}"#);
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("bootstrap"), "{body}");
+    let v = multiturn(router, 4);
+    assert_eq!(v["summary"]["failed_requests"], 0, "{v}");
+    assert_eq!(
+        v["summary"]["average_output_len"], 16.0,
+        "decode streams every token"
+    );
+    assert!(
+        v["summary"]["cache_hit_rate"].as_f64().unwrap() > 0.3,
+        "{v}"
+    );
+}
