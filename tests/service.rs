@@ -262,3 +262,56 @@ fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
         "{v}"
     );
 }
+
+#[test]
+fn bench_serving_measures_a_simulated_engine() {
+    let port = free_port();
+    let _e = Proc {
+        child: Command::new(BIN)
+            .args([
+                "sim-engine",
+                "--port",
+                &port.to_string(),
+                "--decode-ms-per-token",
+                "1",
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        name: "engine".into(),
+    };
+    assert!(wait_until(Duration::from_secs(20), || http(
+        port, "GET", "/health", b""
+    )
+    .0 == 200));
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "serving",
+            "--port",
+            &port.to_string(),
+            "--num-prompts",
+            "30",
+        ])
+        .args([
+            "--random-input-len",
+            "128",
+            "--random-output-len",
+            "8",
+            "--max-concurrency",
+            "4",
+        ])
+        .args(["--backend", "sglang-oai", "--json"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["completed"].as_u64(), v["failed"].as_u64()),
+        (Some(30), Some(0)),
+        "{v}"
+    );
+    assert!(v["concurrency"].as_f64().unwrap() <= 4.05, "{v}");
+    assert!(v["mean_ttft_ms"].as_f64().unwrap() > 0.0);
+}

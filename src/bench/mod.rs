@@ -8,6 +8,7 @@ pub mod multiturn;
 pub mod operator;
 pub mod recovery;
 pub mod router;
+pub mod serving;
 pub mod stats;
 pub mod store;
 pub mod tiers;
@@ -29,6 +30,8 @@ pub enum BenchKind {
     Recovery(recovery::RecoveryBenchArgs),
     /// Multi-turn conversations (SGLang's bench_multiturn.py): TTFT, throughput, cache hit rate.
     Multiturn(multiturn::MultiturnArgs),
+    /// Random-dataset throughput and latency, like `sglang.bench_serving --dataset-name random`.
+    Serving(serving::ServingArgs),
     /// Seed 000's comparison: the same multi-turn workload with L1 only, L1+L2 and L1+L2+L3
     /// (SIMULATED engines on loopback): hit rate, TTFT and throughput side by side.
     Tiers(tiers::TiersArgs),
@@ -49,6 +52,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Router(a) => router::run(a),
         BenchKind::Multiturn(a) => multiturn::run(a),
         BenchKind::Tiers(a) => tiers::run(a),
+        BenchKind::Serving(a) => serving::run(a),
         BenchKind::FakeWorker(a) => fake_worker::run(a),
         BenchKind::Operator(a) => operator::run(a),
     }

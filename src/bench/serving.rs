@@ -1,0 +1,441 @@
+//! `rbgctl bench serving`: throughput and latency on a random dataset, like
+//! `python -m sglang.bench_serving --dataset-name random`. Prompts of random token ids with
+//! lengths uniform in `[max(L * range_ratio, 1), L]`, sent all at once (`--request-rate inf`)
+//! or with Poisson arrivals, at most `--max-concurrency` in flight.
+
+use super::llm::{self, ApiFormat, Outcome};
+use super::multiturn::summary::percentile;
+use super::multiturn::workload::{length, Arrivals, Distribution};
+use crate::engine::tokens::VOCAB;
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Args)]
+pub struct ServingArgs {
+    /// `sglang` (/generate), `sglang-oai` or `vllm` (/v1/completions), `sglang-oai-chat` or
+    /// `vllm-chat` (/v1/chat/completions).
+    #[arg(long, default_value = "sglang")]
+    pub backend: String,
+    /// Server URL (default http://HOST:PORT).
+    #[arg(long)]
+    pub base_url: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Only `random` (and `random-ids`): other datasets need files and a tokenizer.
+    #[arg(long, default_value = "random")]
+    pub dataset_name: String,
+    #[arg(long, default_value_t = 1024)]
+    pub random_input_len: usize,
+    #[arg(long, default_value_t = 1024)]
+    pub random_output_len: usize,
+    /// 0.0 gives lengths uniform in [1, L].
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    #[arg(long, default_value_t = 1000)]
+    pub num_prompts: usize,
+    /// Requests per second (Poisson); `inf` sends everything at once.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub request_rate: f64,
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Requests sent (and not counted) before the run.
+    #[arg(long, default_value_t = 1)]
+    pub warmup_requests: usize,
+    /// POST /flush_cache before the run.
+    #[arg(long)]
+    pub flush_cache: bool,
+    /// Model name for the OpenAI APIs.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Append the result as one JSON line.
+    #[arg(long)]
+    pub output_file: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ServingResult {
+    pub backend: String,
+    pub request_rate: f64,
+    pub max_concurrency: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub duration: f64,
+    pub total_input_tokens: usize,
+    pub total_output_tokens: usize,
+    pub request_throughput: f64,
+    pub input_throughput: f64,
+    pub output_throughput: f64,
+    pub total_throughput: f64,
+    /// Sum of latencies over duration: the mean number of requests in flight.
+    pub concurrency: f64,
+    pub mean_e2e_latency_ms: f64,
+    pub median_e2e_latency_ms: f64,
+    pub p99_e2e_latency_ms: f64,
+    pub mean_ttft_ms: f64,
+    pub median_ttft_ms: f64,
+    pub p99_ttft_ms: f64,
+    pub mean_tpot_ms: f64,
+    pub median_tpot_ms: f64,
+    pub p99_tpot_ms: f64,
+    pub mean_itl_ms: f64,
+    pub median_itl_ms: f64,
+    pub p99_itl_ms: f64,
+    pub cache_hit_rate: f64,
+}
+
+fn api_of(backend: &str) -> anyhow::Result<ApiFormat> {
+    Ok(match backend {
+        "sglang" | "sglang-native" => ApiFormat::Sglang,
+        "sglang-oai" | "vllm" | "lmdeploy" => ApiFormat::Completions,
+        "sglang-oai-chat" | "vllm-chat" | "lmdeploy-chat" => ApiFormat::Openai,
+        other => anyhow::bail!(
+            "--backend {other:?}: expected sglang, sglang-oai, sglang-oai-chat, vllm or vllm-chat"
+        ),
+    })
+}
+
+/// The random dataset: (prompt ids, output length) per request.
+pub fn dataset(a: &ServingArgs) -> Vec<(Vec<u32>, usize)> {
+    let mut rng = fastrand::Rng::with_seed(a.seed);
+    (0..a.num_prompts)
+        .map(|_| {
+            let n = length(&mut rng, a.random_input_len, a.random_range_ratio);
+            let out = length(&mut rng, a.random_output_len, a.random_range_ratio);
+            ((0..n).map(|_| rng.u32(0..VOCAB)).collect(), out)
+        })
+        .collect()
+}
+
+fn stats_ms(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let mean = if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    (
+        mean * 1e3,
+        percentile(&v, 0.5) * 1e3,
+        percentile(&v, 0.99) * 1e3,
+    )
+}
+
+/// The result of finished requests (with the prompt length each was sent with).
+pub fn result(a: &ServingArgs, done: &[(usize, Outcome)], duration: f64) -> ServingResult {
+    let ok: Vec<&(usize, Outcome)> = done.iter().filter(|(_, o)| o.ok).collect();
+    let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
+    let input: usize = ok
+        .iter()
+        .map(|(n, o)| {
+            if o.prompt_tokens > 0 {
+                o.prompt_tokens
+            } else {
+                *n
+            }
+        })
+        .sum();
+    let output: usize = ok.iter().map(|(_, o)| o.generated_len).sum();
+    let cached: usize = ok.iter().map(|(_, o)| o.cached_tokens).sum();
+    let (e2e_mean, e2e_med, e2e_p99) = stats_ms(ok.iter().map(|(_, o)| o.latency).collect());
+    let (ttft_mean, ttft_med, ttft_p99) = stats_ms(ok.iter().map(|(_, o)| o.ttft).collect());
+    let tpots: Vec<f64> = ok
+        .iter()
+        .filter(|(_, o)| o.generated_len > 1)
+        .map(|(_, o)| (o.latency - o.ttft) / (o.generated_len - 1) as f64)
+        .collect();
+    let (tpot_mean, tpot_med, tpot_p99) = stats_ms(tpots);
+    let (itl_mean, itl_med, itl_p99) =
+        stats_ms(ok.iter().flat_map(|(_, o)| o.itl.iter().copied()).collect());
+    ServingResult {
+        backend: a.backend.clone(),
+        request_rate: a.request_rate,
+        max_concurrency: a.max_concurrency.unwrap_or(0),
+        completed: ok.len(),
+        failed: done.len() - ok.len(),
+        duration,
+        total_input_tokens: input,
+        total_output_tokens: output,
+        request_throughput: per_s(ok.len() as f64),
+        input_throughput: per_s(input as f64),
+        output_throughput: per_s(output as f64),
+        total_throughput: per_s((input + output) as f64),
+        concurrency: per_s(ok.iter().map(|(_, o)| o.latency).sum()),
+        mean_e2e_latency_ms: e2e_mean,
+        median_e2e_latency_ms: e2e_med,
+        p99_e2e_latency_ms: e2e_p99,
+        mean_ttft_ms: ttft_mean,
+        median_ttft_ms: ttft_med,
+        p99_ttft_ms: ttft_p99,
+        mean_tpot_ms: tpot_mean,
+        median_tpot_ms: tpot_med,
+        p99_tpot_ms: tpot_p99,
+        mean_itl_ms: itl_mean,
+        median_itl_ms: itl_med,
+        p99_itl_ms: itl_p99,
+        cache_hit_rate: if input > 0 {
+            cached as f64 / input as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+pub fn render(r: &ServingResult) -> String {
+    let mut s = String::new();
+    let mut row = |k: &str, v: String| s.push_str(&format!("{k:<40}{v:>12}\n"));
+    row(
+        "============ Serving Benchmark Result ============",
+        String::new(),
+    );
+    row("Backend:", r.backend.clone());
+    row("Traffic request rate:", format!("{}", r.request_rate));
+    row(
+        "Max request concurrency:",
+        if r.max_concurrency == 0 {
+            "not set".into()
+        } else {
+            r.max_concurrency.to_string()
+        },
+    );
+    row("Successful requests:", r.completed.to_string());
+    row("Failed requests:", r.failed.to_string());
+    row("Benchmark duration (s):", format!("{:.2}", r.duration));
+    row("Total input tokens:", r.total_input_tokens.to_string());
+    row("Total generated tokens:", r.total_output_tokens.to_string());
+    row(
+        "Request throughput (req/s):",
+        format!("{:.2}", r.request_throughput),
+    );
+    row(
+        "Input token throughput (tok/s):",
+        format!("{:.2}", r.input_throughput),
+    );
+    row(
+        "Output token throughput (tok/s):",
+        format!("{:.2}", r.output_throughput),
+    );
+    row(
+        "Total token throughput (tok/s):",
+        format!("{:.2}", r.total_throughput),
+    );
+    row("Concurrency:", format!("{:.2}", r.concurrency));
+    row(
+        "Cache hit rate:",
+        format!("{:.2} %", r.cache_hit_rate * 100.0),
+    );
+    row(
+        "----------------End-to-End Latency----------------",
+        String::new(),
+    );
+    row(
+        "Mean E2E Latency (ms):",
+        format!("{:.2}", r.mean_e2e_latency_ms),
+    );
+    row(
+        "Median E2E Latency (ms):",
+        format!("{:.2}", r.median_e2e_latency_ms),
+    );
+    row(
+        "---------------Time to First Token----------------",
+        String::new(),
+    );
+    row("Mean TTFT (ms):", format!("{:.2}", r.mean_ttft_ms));
+    row("Median TTFT (ms):", format!("{:.2}", r.median_ttft_ms));
+    row("P99 TTFT (ms):", format!("{:.2}", r.p99_ttft_ms));
+    row(
+        "-----Time per Output Token (excl. 1st token)------",
+        String::new(),
+    );
+    row("Mean TPOT (ms):", format!("{:.2}", r.mean_tpot_ms));
+    row("Median TPOT (ms):", format!("{:.2}", r.median_tpot_ms));
+    row("P99 TPOT (ms):", format!("{:.2}", r.p99_tpot_ms));
+    row(
+        "---------------Inter-Token Latency----------------",
+        String::new(),
+    );
+    row("Mean ITL (ms):", format!("{:.2}", r.mean_itl_ms));
+    row("Median ITL (ms):", format!("{:.2}", r.median_itl_ms));
+    row("P99 ITL (ms):", format!("{:.2}", r.p99_itl_ms));
+    s.push_str("==================================================\n");
+    s
+}
+
+pub fn run(a: ServingArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.dataset_name == "random" || a.dataset_name == "random-ids",
+        "--dataset-name {:?}: only random (and random-ids) are supported; the others need dataset files and the model's tokenizer",
+        a.dataset_name
+    );
+    anyhow::ensure!(a.num_prompts > 0, "--num-prompts must be positive");
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&a.random_range_ratio),
+        "--random-range-ratio must be in [0, 1]"
+    );
+    anyhow::ensure!(
+        a.request_rate > 0.0,
+        "--request-rate must be positive (or inf)"
+    );
+    let api = api_of(&a.backend)?;
+    let base = a
+        .base_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}:{}", a.host, a.port));
+    let url = format!("{base}{}", api.path());
+    let data = dataset(&a);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(async {
+        let http = reqwest::Client::new();
+        let timeout = Duration::from_secs(600);
+        let body = |ids: &[u32], out: usize| {
+            let msgs = [json!({"role": "user", "content": crate::engine::tokens::decode(ids)})];
+            llm::payload(api, &a.model, ids, &msgs, out, "", true)
+        };
+        if a.flush_cache {
+            let _ = http.post(format!("{base}/flush_cache")).send().await;
+        }
+        for (ids, out) in data.iter().take(a.warmup_requests) {
+            let o = llm::send(&http, &url, api, &body(ids, (*out).min(16)), timeout).await;
+            anyhow::ensure!(o.ok, "warm-up request failed: {}", o.error);
+        }
+        let limit = Arc::new(tokio::sync::Semaphore::new(
+            a.max_concurrency.unwrap_or(usize::MAX >> 4).max(1),
+        ));
+        let mut arrivals = Arrivals::new(a.request_rate, Distribution::Poisson, a.seed);
+        let bar = indicatif::ProgressBar::new(data.len() as u64);
+        let start = Instant::now();
+        let mut tasks = Vec::with_capacity(data.len());
+        let mut stop = Box::pin(crate::shutdown_signal());
+        for (ids, out) in &data {
+            let permit = tokio::select! {
+                p = limit.clone().acquire_owned() => p?,
+                _ = &mut stop => break,
+            };
+            let (http, url, b, n, bar) = (
+                http.clone(),
+                url.clone(),
+                body(ids, *out),
+                ids.len(),
+                bar.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let o = llm::send(&http, &url, api, &b, timeout).await;
+                drop(permit);
+                bar.inc(1);
+                (n, o)
+            }));
+            let gap = arrivals.next_gap();
+            if !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
+        }
+        let mut done = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            if let Ok(x) = t.await {
+                done.push(x);
+            }
+        }
+        bar.finish_and_clear();
+        Ok::<_, anyhow::Error>(result(&a, &done, start.elapsed().as_secs_f64()))
+    })?;
+    if let Some(f) = &a.output_file {
+        super::multiturn::append_log(f, &json!(r))?;
+    }
+    if a.json {
+        println!("{}", json!(r));
+    } else {
+        print!("{}", render(&r));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ServingArgs,
+    }
+
+    fn args(extra: &[&str]) -> ServingArgs {
+        Cli::parse_from(std::iter::once("x").chain(extra.iter().copied())).a
+    }
+
+    #[test]
+    fn the_random_dataset_has_bench_servings_lengths() {
+        let a = args(&[
+            "--num-prompts",
+            "500",
+            "--random-input-len",
+            "100",
+            "--random-output-len",
+            "10",
+        ]);
+        let d = dataset(&a);
+        assert_eq!(d.len(), 500);
+        assert!(d
+            .iter()
+            .all(|(p, o)| (1..=100).contains(&p.len()) && (1..=10).contains(o)));
+        assert!(
+            d.iter().any(|(p, _)| p.len() < 50),
+            "ratio 0: uniform in [1, L]"
+        );
+        let fixed = dataset(&args(&[
+            "--num-prompts",
+            "5",
+            "--random-input-len",
+            "64",
+            "--random-range-ratio",
+            "1",
+        ]));
+        assert!(fixed.iter().all(|(p, _)| p.len() == 64));
+        assert_eq!(api_of("vllm-chat").unwrap(), ApiFormat::Openai);
+        assert!(api_of("trt").is_err());
+    }
+
+    #[test]
+    fn results_add_up() {
+        let a = args(&[]);
+        let o = |ttft: f64, lat: f64, n: usize, cached: usize| Outcome {
+            ok: true,
+            ttft,
+            latency: lat,
+            generated_len: n,
+            itl: vec![(lat - ttft) / (n - 1) as f64; n - 1],
+            prompt_tokens: 100,
+            cached_tokens: cached,
+            ..Outcome::default()
+        };
+        let done = vec![
+            (100, o(0.1, 1.1, 11, 50)),
+            (100, o(0.3, 0.5, 3, 0)),
+            (100, Outcome::default()),
+        ];
+        let r = result(&a, &done, 2.0);
+        assert_eq!((r.completed, r.failed), (2, 1));
+        assert_eq!((r.total_input_tokens, r.total_output_tokens), (200, 14));
+        assert!((r.request_throughput - 1.0).abs() < 1e-9);
+        assert!((r.mean_ttft_ms - 200.0).abs() < 1e-6);
+        assert!(
+            (r.mean_tpot_ms - 100.0).abs() < 1e-6,
+            "(1.0/10 + 0.2/2) / 2"
+        );
+        assert!((r.concurrency - 0.8).abs() < 1e-9);
+        assert!((r.cache_hit_rate - 0.25).abs() < 1e-12);
+        assert!(render(&r).contains("Serving Benchmark Result"));
+    }
+}
