@@ -4,7 +4,7 @@
 //! or with Poisson arrivals, at most `--max-concurrency` in flight.
 
 use super::llm::{self, ApiFormat, Outcome};
-use super::multiturn::summary::percentile;
+use super::multiturn::summary;
 use super::multiturn::workload::{length, Arrivals, Distribution};
 use crate::engine::tokens::VOCAB;
 use clap::Args;
@@ -116,18 +116,10 @@ pub fn dataset(a: &ServingArgs) -> Vec<(Vec<u32>, usize)> {
         .collect()
 }
 
-fn stats_ms(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let mean = if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    };
-    (
-        mean * 1e3,
-        percentile(&v, 0.5) * 1e3,
-        percentile(&v, 0.99) * 1e3,
-    )
+/// Mean, median and p99 in milliseconds.
+fn stats_ms(v: Vec<f64>) -> (f64, f64, f64) {
+    let (mean, median, _, p99, _) = summary::stats(v);
+    (mean * 1e3, median * 1e3, p99 * 1e3)
 }
 
 /// The result of finished requests (with the prompt length each was sent with).

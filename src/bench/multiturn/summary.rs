@@ -29,7 +29,8 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
-fn stats(mut v: Vec<f64>) -> (f64, f64, f64, f64, f64) {
+/// Average, median, p90, p99 and max.
+pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let avg = if v.is_empty() {
         0.0
