@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod fake_worker;
+pub mod hicache;
 pub mod limits;
 pub mod llm;
 pub mod multiturn;
@@ -25,6 +26,9 @@ pub struct BenchArgs {
 pub enum BenchKind {
     /// Put/get throughput and latency of the KV pool, beside the machine's own limits.
     Store(store::StoreBenchArgs),
+    /// SGLang's L3 page traffic: batches of 128 KV pages of 256 KiB put and read back, from the
+    /// Rust client and from the Python HiCache backend, over TCP and same-host shared memory.
+    Hicache(hicache::HicacheBenchArgs),
     /// Lossless restarts: fill a persistent store, kill -9 it and then the master, and time
     /// until every object is readable again (verified byte for byte).
     Recovery(recovery::RecoveryBenchArgs),
@@ -48,6 +52,7 @@ pub enum BenchKind {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Store(a) => store::run(a),
+        BenchKind::Hicache(a) => hicache::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
         BenchKind::Router(a) => router::run(a),
         BenchKind::Multiturn(a) => multiturn::run(a),

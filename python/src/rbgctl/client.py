@@ -1,0 +1,609 @@
+"""The pool client: what an inference engine uses to keep KV pages in the rbgctl pool.
+
+A put asks the master for space (``BATCH_PUT_START``), writes every replica straight from the
+caller's buffers (to the store over TCP, or by memory copy when the segment is on this host), then
+commits (``BATCH_PUT_END``) with the CRC-32C of the value. A get asks the master where the object
+is, reads one replica straight into the caller's buffers (``recv_into``), and checks the CRC; a
+failing replica is reported and the next one tried. Batch forms pipeline the transfers to each
+store on one connection.
+
+One :class:`Client` per process is enough; it is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from . import protocol as p
+from .buffers import regions, total
+from .checksum import crc32c_of
+from .config import ClientConfig
+from .connection import Pool
+from .errors import (
+    BufferTooSmall,
+    ChecksumError,
+    ObjectNotFound,
+    ProtocolError,
+    RbgctlError,
+    RemoteError,
+    TransportError,
+    Unreadable,
+)
+from .protocol import Failed, ObjectDesc, Opcode, ReplicateConfig, SegmentEntry, SegmentInfo, Status, StoredObject
+from .shm import LocalSegment, local_host_id
+
+log = logging.getLogger("rbgctl.client")
+
+# Most requests in flight on one connection in a batch.
+PIPELINE_WINDOW = 128
+
+Views = List[memoryview]
+
+
+@dataclass
+class Route:
+    info: SegmentInfo
+    pool: Pool
+    local: Optional[LocalSegment]
+
+
+@dataclass
+class Target:
+    segment_id: int
+    route: Route
+    offset: int
+
+
+class Stats:
+    """Counters of what the client moved and how (read them to see which path was taken)."""
+
+    FIELDS = (
+        "puts",
+        "gets",
+        "bytes_written_tcp",
+        "bytes_written_shm",
+        "bytes_read_tcp",
+        "bytes_read_shm",
+        "checksum_failures",
+        "replica_failures",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] += n
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+def _status_error(status: int, key: str) -> RemoteError:
+    message = f"{key!r}: {p.status_name(status).lower().replace('_', ' ')}"
+    if status == Status.OBJECT_NOT_FOUND:
+        return ObjectNotFound(status, message)
+    return RemoteError(status, message)
+
+
+def _prefix(views: Views, n: int) -> Views:
+    """The first ``n`` bytes of a list of regions."""
+    out: Views = []
+    for v in views:
+        if n <= 0:
+            break
+        k = min(n, v.nbytes)
+        out.append(v if k == v.nbytes else v[:k])
+        n -= k
+    return out
+
+
+class Client:
+    """A connection to the pool. ``Client()`` reads the master address from the environment
+    (``MOONCAKE_CONFIG_PATH``, ``RBGCTL_MASTER``, ``MOONCAKE_MASTER``); ``Client("host:port")``
+    or ``Client(ClientConfig(...))`` name it."""
+
+    def __init__(self, config: Union[ClientConfig, str, None] = None):
+        if config is None:
+            config = ClientConfig.from_env()
+        elif isinstance(config, str):
+            config = ClientConfig(master=config)
+        self.config = config
+        self.id = random.SystemRandom().randrange(1, 1 << 63)
+        self.stats = Stats()
+        self._host_id = local_host_id()
+        self._master = Pool(config.master, config.connect_timeout_s, config.io_timeout_s)
+        self._routes: Dict[int, Route] = {}
+        self._pools: Dict[str, Pool] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # The first heartbeat checks that the master is there.
+        self._master_call(Opcode.PING, p.ping(self.id), p.parse_bool)
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="rbgctl-heartbeat", daemon=True)
+        self._heartbeat.start()
+        log.debug("connected to master %s as client %x", config.master, self.id)
+
+    # ---- lifecycle ----
+
+    def close(self) -> None:
+        """Stops heartbeats and closes every connection and mapping."""
+        self._stop.set()
+        if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=5)
+        self._master.clear()
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+            routes, self._routes = list(self._routes.values()), {}
+        for pool in pools:
+            pool.clear()
+        for r in routes:
+            if r.local is not None:
+                r.local.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.config.heartbeat_interval_s):
+            try:
+                self._master_call(Opcode.PING, p.ping(self.id), p.parse_bool)
+            except RbgctlError as e:
+                log.debug("heartbeat failed: %s", e)
+
+    # ---- single objects ----
+
+    def put(self, key: str, value, config: Optional[ReplicateConfig] = None) -> None:
+        """Stores ``value`` (a buffer, ``(ptr, size)``, tensor, or a list of them) under ``key``,
+        replacing any previous value."""
+        err = self.batch_put([key], [value], config)[0]
+        if err is not None:
+            raise err
+
+    def get(self, key: str) -> bytearray:
+        """The value of ``key`` in a new buffer. Raises :class:`ObjectNotFound` when absent."""
+        desc = self._describe(key)
+        buf = bytearray(desc.size)
+        self._read_object(key, desc, [memoryview(buf)])
+        return buf
+
+    def get_into(self, key: str, target) -> int:
+        """Reads ``key`` into the caller's memory (a writable buffer, ``(ptr, size)``, a tensor or
+        a list of them, filled in order); returns the value's length."""
+        views = regions(target, writable=True)
+        desc = self._describe(key)
+        have = total(views)
+        if have < desc.size:
+            raise BufferTooSmall(key, desc.size, have)
+        self._read_object(key, desc, _prefix(views, desc.size))
+        return desc.size
+
+    def get_size(self, key: str) -> int:
+        return self._describe(key).size
+
+    def describe(self, key: str) -> ObjectDesc:
+        """Size, checksum, version and replica locations of ``key`` (takes a read lease)."""
+        return self._describe(key)
+
+    def exists(self, key: str) -> bool:
+        return self._master_call(Opcode.EXISTS, p.key_req(key), p.parse_bool)
+
+    def remove(self, key: str, force: bool = False) -> None:
+        """Removes ``key``; refused (``OBJECT_HAS_LEASE``) while a reader holds a lease, unless
+        ``force``."""
+        self._master_call(Opcode.REMOVE, p.remove_req(key, force), p.parse_empty, key)
+
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object (leased ones only with ``force``); returns how many."""
+        return self._master_call(Opcode.REMOVE_ALL, p.remove_all_req(force), p.parse_u64)
+
+    def segments(self) -> List[SegmentEntry]:
+        """The live segments, as the master lists them."""
+        return self._master_call(Opcode.LIST_SEGMENTS, b"", p.parse_segments)
+
+    # ---- batches ----
+
+    def batch_exists(self, keys: Sequence[str]) -> List[bool]:
+        if not keys:
+            return []
+        out = self._master_call(Opcode.BATCH_EXISTS, p.keys_req(keys), p.parse_bools)
+        if len(out) != len(keys):
+            raise ProtocolError(f"master answered {len(out)} items for {len(keys)} keys")
+        return out
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> List[Optional[RbgctlError]]:
+        if not keys:
+            return []
+        statuses = self._master_call(Opcode.BATCH_REMOVE, p.batch_remove_req(keys, force), p.parse_statuses)
+        return [None if s == Status.OK else _status_error(s, k) for s, k in zip(statuses, keys)]
+
+    def batch_get(self, keys: Sequence[str]) -> List[Union[bytearray, RbgctlError]]:
+        """Each value in a new buffer, or the error that kept it from being read."""
+        descs = self._batch_describe(keys)
+        bufs = [bytearray(d.size) if isinstance(d, ObjectDesc) else bytearray() for d in descs]
+        results = self._batch_read(keys, descs, [[memoryview(b)] for b in bufs])
+        return [b if isinstance(r, int) else r for r, b in zip(results, bufs)]
+
+    def batch_get_into(self, keys: Sequence[str], targets: Sequence) -> List[Union[int, RbgctlError]]:
+        """Reads each key into its target (as for :meth:`get_into`); per key, the value's length
+        or the error."""
+        if len(keys) != len(targets):
+            raise ValueError(f"{len(keys)} keys but {len(targets)} targets")
+        views: List[Optional[Views]] = []
+        bad: Dict[int, RbgctlError] = {}
+        for i, t in enumerate(targets):
+            try:
+                views.append(regions(t, writable=True))
+            except RbgctlError as e:
+                views.append(None)
+                bad[i] = e
+        descs = self._batch_describe(keys)
+        fitted: List[Views] = []
+        for i, d in enumerate(descs):
+            if i in bad:
+                descs[i] = bad[i]
+                fitted.append([])
+                continue
+            if isinstance(d, ObjectDesc):
+                have = total(views[i])
+                if have < d.size:
+                    descs[i] = BufferTooSmall(keys[i], d.size, have)
+                    fitted.append([])
+                    continue
+                fitted.append(_prefix(views[i], d.size))
+            else:
+                fitted.append([])
+        return self._batch_read(keys, descs, fitted)
+
+    def batch_put(
+        self, keys: Sequence[str], values: Sequence, config: Optional[ReplicateConfig] = None
+    ) -> List[Optional[RbgctlError]]:
+        """Puts several values with one master round trip to start, pipelined writes to each store
+        and one round trip to commit. Per key: ``None`` when stored, else the error."""
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        config = config or self.config.replicate
+        results: List[Optional[RbgctlError]] = [None] * len(keys)
+        views: List[Views] = [[] for _ in keys]
+        failed = [False] * len(keys)
+        for i, v in enumerate(values):
+            try:
+                views[i] = regions(v, writable=False)
+            except RbgctlError as e:
+                results[i], failed[i] = e, True
+        todo = [i for i in range(len(keys)) if not failed[i]]
+        if not todo:
+            return results
+        try:
+            meta = p.batch_put_start_req(self.id, config, [(keys[i], total(views[i])) for i in todo])
+            started = self._master_call(Opcode.BATCH_PUT_START, meta, p.parse_batch_put_start)
+        except RbgctlError as e:
+            for i in todo:
+                results[i] = e
+            return results
+        if len(started) != len(todo):
+            err = ProtocolError(f"master answered {len(started)} items for {len(todo)} puts")
+            for i in todo:
+                results[i] = err
+            return results
+
+        object_ids: Dict[int, int] = {}
+        checksums: Dict[int, int] = {}
+        remote: Dict[str, Tuple[Pool, List[Tuple[int, int]]]] = {}
+        seals: Dict[str, Tuple[Pool, List[Tuple[int, StoredObject]]]] = {}
+        for i, s in zip(todo, started):
+            if isinstance(s, Failed):
+                results[i] = _status_error(s.status, keys[i])
+                continue
+            object_ids[i] = s.object_id
+            checksums[i] = crc32c_of(views[i])
+            size = total(views[i])
+            for r in s.replicas:
+                try:
+                    route = self._route(r.segment_id)
+                except RbgctlError as e:
+                    results[i] = e
+                    continue
+                if route.local is not None and route.local.write(r.offset, views[i]):
+                    self.stats.add("bytes_written_shm", size)
+                    if route.info.segment_uuid != 0:
+                        obj = StoredObject(keys[i], s.object_id, r.offset, size, checksums[i])
+                        seals.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, obj))
+                else:
+                    remote.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, r.offset))
+
+        for endpoint, (pool, items) in seals.items():
+            self._seal(endpoint, pool, items, keys, results)
+        for endpoint, (pool, items) in remote.items():
+            outcome = self._pipelined_writes(pool, items, keys, views, object_ids, checksums)
+            for (i, _), err in zip(items, outcome):
+                if err is not None and results[i] is None:
+                    results[i] = err
+
+        commit = [i for i in object_ids if results[i] is None]
+        revoke = [i for i in object_ids if results[i] is not None]
+        if revoke:
+            try:
+                meta = p.batch_put_end_req(self.id, [(keys[i], object_ids[i], 0) for i in revoke])
+                self._master_call(Opcode.BATCH_PUT_REVOKE, meta, p.parse_statuses)
+            except RbgctlError as e:
+                log.warning("revoking failed puts: %s; the master reclaims them later", e)
+        if commit:
+            try:
+                meta = p.batch_put_end_req(self.id, [(keys[i], object_ids[i], checksums[i]) for i in commit])
+                statuses = self._master_call(Opcode.BATCH_PUT_END, meta, p.parse_statuses)
+                if len(statuses) != len(commit):
+                    raise ProtocolError(f"master answered {len(statuses)} items for {len(commit)} commits")
+                for i, st in zip(commit, statuses):
+                    if st != Status.OK:
+                        results[i] = _status_error(st, keys[i])
+            except RbgctlError as e:
+                for i in commit:
+                    results[i] = e
+        self.stats.add("puts", sum(1 for i in commit if results[i] is None))
+        return results
+
+    # ---- internals: master ----
+
+    def _master_call(self, opcode: int, meta: bytes, parse, key: Optional[str] = None):
+        try:
+            return self._master.call(opcode, meta, parse)
+        except ObjectNotFound as e:
+            if key is not None:
+                raise ObjectNotFound(e.status, f"key {key!r} not found") from None
+            raise
+
+    def _describe(self, key: str) -> ObjectDesc:
+        return self._master_call(Opcode.GET_REPLICAS, p.key_req(key), p.parse_object_desc, key)
+
+    def _batch_describe(self, keys: Sequence[str]) -> list:
+        """Per key an :class:`ObjectDesc` or the error; a failed call fails every key."""
+        if not keys:
+            return []
+        try:
+            descs = self._master_call(Opcode.BATCH_GET_REPLICAS, p.keys_req(keys), p.parse_batch_descs)
+        except RbgctlError as e:
+            return [e] * len(keys)
+        if len(descs) != len(keys):
+            err = ProtocolError(f"master answered {len(descs)} items for {len(keys)} keys")
+            return [err] * len(keys)
+        return [_status_error(d.status, k) if isinstance(d, Failed) else d for d, k in zip(descs, keys)]
+
+    # ---- internals: routes ----
+
+    def _pool_for(self, endpoint: str) -> Pool:
+        with self._lock:
+            pool = self._pools.get(endpoint)
+            if pool is None:
+                pool = Pool(endpoint, self.config.connect_timeout_s, self.config.io_timeout_s)
+                self._pools[endpoint] = pool
+            return pool
+
+    def _refresh_routes(self) -> None:
+        entries = self.segments()
+        live = {e.id for e in entries}
+        with self._lock:
+            gone = [sid for sid in self._routes if sid not in live]
+            known = set(self._routes)
+        closed = []
+        for e in entries:
+            if e.id in known:
+                continue
+            local = LocalSegment.open(e.info, self._host_id) if self.config.same_host_shm else None
+            route = Route(e.info, self._pool_for(e.info.endpoint), local)
+            with self._lock:
+                if e.id in self._routes:
+                    closed.append(route)
+                else:
+                    self._routes[e.id] = route
+        with self._lock:
+            for sid in gone:
+                r = self._routes.pop(sid, None)
+                if r is not None:
+                    closed.append(r)
+        for r in closed:
+            if r.local is not None:
+                r.local.close()
+
+    def _route(self, segment_id: int) -> Route:
+        with self._lock:
+            route = self._routes.get(segment_id)
+        if route is not None:
+            return route
+        self._refresh_routes()
+        with self._lock:
+            route = self._routes.get(segment_id)
+        if route is None:
+            raise RemoteError(Status.SEGMENT_NOT_FOUND, f"segment {segment_id} is not mounted")
+        return route
+
+    def _targets(self, desc: ObjectDesc) -> List[Target]:
+        """The object's replicas resolved, local ones first."""
+        out: List[Target] = []
+        last: Optional[RbgctlError] = None
+        for r in desc.replicas:
+            try:
+                out.append(Target(r.segment_id, self._route(r.segment_id), r.offset))
+            except RbgctlError as e:
+                last = e
+        if not out:
+            raise last or Unreadable("object has no replicas")
+        out.sort(key=lambda t: t.route.local is None)
+        return out
+
+    # ---- internals: reads ----
+
+    def _read_remote(self, pool: Pool, offset: int, views: Views) -> None:
+        conn = pool.get()
+        request_id = conn.send(Opcode.READ, p.read_req(offset, total(views)))
+        try:
+            h, _ = conn.recv_reply(request_id, Opcode.READ)
+            conn.recv_data_into(h, views)
+        finally:
+            pool.put(conn)
+
+    def _read_object(self, key: str, desc: ObjectDesc, views: Views) -> None:
+        """Reads one object into ``views``, trying each replica (local first) until one passes
+        its CRC check."""
+        last = "no replica tried"
+        bad_checksum = False
+        for t in self._targets(desc):
+            try:
+                if t.route.local is not None and t.route.local.read(t.offset, views):
+                    self.stats.add("bytes_read_shm", desc.size)
+                else:
+                    self._read_remote(t.route.pool, t.offset, views)
+                    self.stats.add("bytes_read_tcp", desc.size)
+            except RbgctlError as e:
+                last = str(e) if isinstance(e, TransportError) else f"{t.route.info.endpoint}: {e}"
+                self.stats.add("replica_failures")
+                if isinstance(e, TransportError):
+                    t.route.pool.clear()
+                continue
+            if crc32c_of(views) == desc.checksum:
+                self.stats.add("gets")
+                return
+            bad_checksum = True
+            self.stats.add("checksum_failures")
+            log.warning("%r: checksum mismatch on segment %s; trying another replica", key, t.route.info.name)
+            try:  # the master drops the corrupt replica so that no one is sent to it again
+                self._master_call(Opcode.REPORT_CORRUPT, p.report_corrupt_req(key, desc.version, t.segment_id), p.parse_empty)
+            except RbgctlError as e:
+                log.debug("cannot report a corrupt replica: %s", e)
+        if bad_checksum:
+            raise ChecksumError(f"{key!r}: checksum mismatch on every readable replica")
+        raise Unreadable(f"{key!r}: no replica could be read ({last})")
+
+    def _batch_read(self, keys: Sequence[str], descs: list, views: List[Views]) -> List[Union[int, RbgctlError]]:
+        results: List[Union[None, bool, RbgctlError]] = [None] * len(keys)
+        remote: Dict[str, Tuple[Pool, List[Tuple[int, int]]]] = {}
+        for i, d in enumerate(descs):
+            if not isinstance(d, ObjectDesc):
+                results[i] = d
+                continue
+            try:
+                first = self._targets(d)[0]
+            except RbgctlError as e:
+                results[i] = e
+                continue
+            if first.route.local is not None and first.route.local.read(first.offset, views[i]):
+                self.stats.add("bytes_read_shm", d.size)
+                results[i] = True
+            else:
+                remote.setdefault(first.route.info.endpoint, (first.route.pool, []))[1].append((i, first.offset))
+        for pool, items in remote.values():
+            for (i, _), ok in zip(items, self._pipelined_reads(pool, items, views)):
+                if ok:
+                    self.stats.add("bytes_read_tcp", descs[i].size)
+                    results[i] = True
+        out: List[Union[int, RbgctlError]] = []
+        for i, d in enumerate(descs):
+            r = results[i]
+            if not isinstance(d, ObjectDesc):
+                out.append(r)  # type: ignore[arg-type]
+            elif r is True and crc32c_of(views[i]) == d.checksum:
+                self.stats.add("gets")
+                out.append(d.size)
+            elif isinstance(r, RbgctlError):
+                out.append(r)
+            else:  # unread, or read with a bad checksum: the careful path over every replica
+                try:
+                    self._read_object(keys[i], d, views[i])
+                    out.append(d.size)
+                except RbgctlError as e:
+                    out.append(e)
+        return out
+
+    def _pipelined_reads(self, pool: Pool, items: List[Tuple[int, int]], views: List[Views]) -> List[bool]:
+        """READs in windows on one connection, each payload received straight into its views.
+        Per item, whether it was read."""
+        ok = [False] * len(items)
+        try:
+            conn = pool.get()
+        except TransportError:
+            return ok
+        try:
+            for start in range(0, len(items), PIPELINE_WINDOW):
+                window = range(start, min(start + PIPELINE_WINDOW, len(items)))
+                ids = [conn.send(Opcode.READ, p.read_req(items[j][1], total(views[items[j][0]]))) for j in window]
+                for j, request_id in zip(window, ids):
+                    try:
+                        h, _ = conn.recv_reply(request_id, Opcode.READ)
+                        conn.recv_data_into(h, views[items[j][0]])
+                        ok[j] = True
+                    except RemoteError as e:
+                        log.debug("read %d from %s: %s", j, pool.addr, e)
+        except (TransportError, ProtocolError) as e:
+            log.debug("pipelined reads from %s stopped: %s", pool.addr, e)
+            pool.clear()
+        finally:
+            pool.put(conn)
+        return ok
+
+    # ---- internals: writes ----
+
+    def _pipelined_writes(
+        self,
+        pool: Pool,
+        items: List[Tuple[int, int]],
+        keys: Sequence[str],
+        views: List[Views],
+        object_ids: Dict[int, int],
+        checksums: Dict[int, int],
+    ) -> List[Optional[RbgctlError]]:
+        """WRITEs in windows on one connection, payloads sent from the caller's buffers."""
+        out: List[Optional[RbgctlError]] = []
+        try:
+            conn = pool.get()
+        except TransportError as e:
+            return [e] * len(items)
+        try:
+            for start in range(0, len(items), PIPELINE_WINDOW):
+                window = range(start, min(start + PIPELINE_WINDOW, len(items)))
+                ids = []
+                for j in window:
+                    i, offset = items[j]
+                    meta = p.write_req(offset, keys[i], object_ids[i], checksums[i])
+                    ids.append(conn.send(Opcode.WRITE, meta, views[i]))
+                for j, request_id in zip(window, ids):
+                    try:
+                        conn.recv_reply(request_id, Opcode.WRITE)
+                        out.append(None)
+                        self.stats.add("bytes_written_tcp", total(views[items[j][0]]))
+                    except RemoteError as e:
+                        out.append(e)
+        except (TransportError, ProtocolError) as e:
+            pool.clear()
+            out.extend([e] * (len(items) - len(out)))
+        finally:
+            pool.put(conn)
+        return out
+
+    def _seal(
+        self,
+        endpoint: str,
+        pool: Pool,
+        items: List[Tuple[int, StoredObject]],
+        keys: Sequence[str],
+        results: List[Optional[RbgctlError]],
+    ) -> None:
+        """Has a persistent store record objects copied into its segment through shared memory."""
+        try:
+            statuses = pool.call(Opcode.SEAL, p.seal_req([o for _, o in items]), p.parse_statuses)
+            if len(statuses) != len(items):
+                raise ProtocolError(f"{endpoint}: store answered {len(statuses)} items for {len(items)} seals")
+        except RbgctlError as e:
+            for i, _ in items:
+                results[i] = e
+            return
+        for (i, _), st in zip(items, statuses):
+            if st != Status.OK:
+                results[i] = _status_error(st, keys[i])

@@ -1,0 +1,230 @@
+"""Client settings, from arguments, a mapping (SGLang's extra config), a file or the environment.
+
+Where the master is, in order of precedence:
+
+1. an explicit ``master`` (or Mooncake's ``master_server_address``) setting;
+2. ``MOONCAKE_CONFIG_PATH``: a Mooncake store JSON file (its ``master_server_address``);
+3. ``RBGCTL_MASTER``, then ``MOONCAKE_MASTER``: ``host:port`` of the master's RPC port.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .errors import ConfigError
+from .protocol import ReplicateConfig
+
+log = logging.getLogger("rbgctl.config")
+
+# Keys of Mooncake's store client config that mean nothing to this client. They are accepted so
+# that an existing Mooncake JSON file or extra config works unchanged.
+MOONCAKE_KEYS_IGNORED = frozenset(
+    {
+        "local_hostname",
+        "metadata_server",
+        "global_segment_size",
+        "local_buffer_size",
+        "protocol",
+        "device_name",
+        "master_metrics_port",
+        "check_server",
+        "standalone_storage",
+        "client_server_address",
+        "enable_ssd_offload",
+        "ssd_offload_path",
+        "tenant_id",
+    }
+)
+
+
+def check_endpoint(what: str, value: Any) -> str:
+    """``host:port`` with a port in 1..65535, or a clear error."""
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{what}: expected host:port, got {value!r}")
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"{what}: no host in {value!r}")
+    try:
+        p = int(port)
+    except ValueError:
+        raise ConfigError(f"{what}: port {port!r} is not a number") from None
+    if not 1 <= p <= 65535:
+        raise ConfigError(f"{what}: port {p} is not in 1..65535")
+    return value
+
+
+def _bool(what: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{what}: expected true or false, got {v!r}")
+
+
+def _number(what: str, v: Any, kind=float, minimum: float = 0) -> Any:
+    if isinstance(v, bool):
+        raise ConfigError(f"{what}: expected a number, got {v!r}")
+    try:
+        n = kind(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: expected a number, got {v!r}") from None
+    if n < minimum:
+        raise ConfigError(f"{what}: {n} is below {minimum}")
+    return n
+
+
+@dataclass
+class ClientConfig:
+    """How the client reaches the pool.
+
+    Attributes:
+        master: ``host:port`` of the master's RPC port (``rbgctl master --rpc-port``, 50051 by
+            default).
+        same_host_shm: read and write replicas on this host's stores through their shared-memory
+            segment file instead of TCP. Default true.
+        connect_timeout_s: seconds to open a connection. Default 5.
+        io_timeout_s: seconds any one socket read or write may block. Default 30.
+        heartbeat_interval_s: seconds between heartbeats to the master, which keep this client's
+            unfinished puts alive. Default 1.
+        replicate: the default :class:`ReplicateConfig` of puts. Default one replica.
+    """
+
+    master: str
+    same_host_shm: bool = True
+    connect_timeout_s: float = 5.0
+    io_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 1.0
+    replicate: ReplicateConfig = field(default_factory=ReplicateConfig)
+
+    def __post_init__(self) -> None:
+        check_endpoint("master", self.master)
+        for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
+            if _number(name, getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be above 0")
+
+    # Keys a mapping may hold, besides Mooncake's (see MOONCAKE_KEYS_IGNORED).
+    KEYS = (
+        "master",
+        "master_server_address",
+        "same_host_shm",
+        "connect_timeout_s",
+        "io_timeout_s",
+        "heartbeat_interval_s",
+        "replica_num",
+        "soft_pin",
+        "soft_pin_ttl_ms",
+        "preferred_segment",
+    )
+
+    @classmethod
+    def from_mapping(
+        cls,
+        values: Mapping[str, Any],
+        source: str = "config",
+        extra_keys: frozenset = frozenset(),
+        env: Optional[Mapping[str, str]] = None,
+    ) -> "ClientConfig":
+        """Settings from a dict. Unknown keys are an error (a typo must not silently fall back
+        to defaults); ``extra_keys`` are further keys the caller handles itself. Without a master
+        setting the environment names it (see the module's documentation)."""
+        unknown = sorted(set(values) - set(cls.KEYS) - MOONCAKE_KEYS_IGNORED - set(extra_keys))
+        if unknown:
+            known = ", ".join(sorted(set(cls.KEYS) | set(extra_keys)))
+            raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {known}")
+        _warn_mooncake_only(values, source)
+        master = values.get("master", values.get("master_server_address"))
+        if master is None:
+            master = master_from_env(env)
+            if master is None:
+                raise ConfigError(
+                    f"{source}: no master address: set 'master' (or 'master_server_address'), "
+                    "or MOONCAKE_CONFIG_PATH, RBGCTL_MASTER or MOONCAKE_MASTER in the environment"
+                )
+        kwargs: dict = {"master": check_endpoint(f"{source}: master", master)}
+        if "same_host_shm" in values:
+            kwargs["same_host_shm"] = _bool(f"{source}: same_host_shm", values["same_host_shm"])
+        for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
+            if name in values:
+                kwargs[name] = _number(f"{source}: {name}", values[name])
+        rep = ReplicateConfig(
+            replica_num=_number(f"{source}: replica_num", values.get("replica_num", 1), int, 1),
+            soft_pin=_bool(f"{source}: soft_pin", values.get("soft_pin", False)),
+            soft_pin_ttl_ms=_number(f"{source}: soft_pin_ttl_ms", values.get("soft_pin_ttl_ms", 0), int),
+            preferred_segment=str(values.get("preferred_segment", "")),
+        )
+        if rep.replica_num > 255:
+            raise ConfigError(f"{source}: replica_num {rep.replica_num} is over 255")
+        kwargs["replicate"] = rep
+        return cls(**kwargs)
+
+    @classmethod
+    def from_file(cls, path: str) -> "ClientConfig":
+        """A JSON file (Mooncake's store config format works) or a TOML file."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise ConfigError(f"{path}: {e.strerror}") from None
+        if path.endswith(".toml"):
+            try:
+                import tomllib  # type: ignore[import-not-found]
+            except ImportError:  # Python < 3.11
+                try:
+                    import tomli as tomllib  # type: ignore[no-redef]
+                except ImportError:
+                    raise ConfigError(f"{path}: reading TOML needs Python 3.11 or the tomli package") from None
+            try:
+                values = tomllib.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+                raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        else:
+            try:
+                values = json.loads(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ConfigError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected an object of settings")
+        return cls.from_mapping(values, source=path, env={})
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "ClientConfig":
+        """The master from ``MOONCAKE_CONFIG_PATH``, ``RBGCTL_MASTER`` or ``MOONCAKE_MASTER``."""
+        env = os.environ if env is None else env
+        path = env.get("MOONCAKE_CONFIG_PATH")
+        if path:
+            return cls.from_file(path)
+        master = master_from_env(env)
+        if master is None:
+            raise ConfigError("set RBGCTL_MASTER or MOONCAKE_MASTER (host:port) or MOONCAKE_CONFIG_PATH")
+        return cls(master=check_endpoint("RBGCTL_MASTER/MOONCAKE_MASTER", master))
+
+
+def master_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    env = os.environ if env is None else env
+    path = env.get("MOONCAKE_CONFIG_PATH")
+    if path:
+        return ClientConfig.from_file(path).master
+    return env.get("RBGCTL_MASTER") or env.get("MOONCAKE_MASTER") or None
+
+
+def _warn_mooncake_only(values: Mapping[str, Any], source: str) -> None:
+    proto = str(values.get("protocol", "tcp")).lower()
+    if proto not in ("tcp", ""):
+        log.warning("%s: protocol %r: this Python client moves data over TCP (or shared memory on the same host)", source, proto)
+    size = values.get("global_segment_size")
+    if size not in (None, 0, "0"):
+        log.warning(
+            "%s: global_segment_size is ignored: this client contributes no memory; run "
+            "`rbgctl store` on this host instead (its replicas are then read through shared memory)",
+            source,
+        )
+
+
+__all__ = ["ClientConfig", "ReplicateConfig", "check_endpoint", "master_from_env"]

@@ -1,0 +1,361 @@
+"""SGLang HiCache L3 storage backend over the rbgctl pool.
+
+SGLang loads it with its dynamic backend loader::
+
+    python -m sglang.launch_server ... --enable-hierarchical-cache \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "rbgctl",
+            "module_path": "rbgctl.hicache", "class_name": "RbgctlHiCacheStorage",
+            "master": "10.0.0.1:50051", "interface_v1": 1}'
+
+With ``interface_v1`` SGLang calls :meth:`batch_get_v1` / :meth:`batch_set_v1`, which move each
+page between the host KV pool and the store with no copy in Python: the pool's page pointers
+(``get_page_buffer_meta``) are sent with ``sendmsg`` and filled with ``recv_into`` (or copied
+straight from/to the mapped segment of a store on the same host). Without it, the generic
+:meth:`batch_get` / :meth:`batch_set` move flat page tensors.
+
+Keys. SGLang names a page by the chained SHA-256 of its tokens. One object per page is stored
+under ``[<extra_backend_tag>_]<page hash>_<model>[_<tp_rank>_<tp_size>][_<pp_size>_<pp_rank>]
+[_cp<rank>_<size>]`` (HiCacheFile's suffix): each tensor-parallel rank of an MHA model stores its
+own heads, while MLA models, whose latent KV is the same on every rank, share one copy. A page's
+object holds the page's regions in the order the host pool lists them (for the ``page_first``
+layouts: K of all layers, then V), which is also the flat page of the generic path, so servers
+using either path share pages.
+
+Hybrid models (the v2 pool API: Mamba, SWA and DeepSeek V4 side pools) are not supported.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, List, Optional, Sequence
+
+from .buffers import regions, total
+from .client import Client
+from .config import ClientConfig
+from .errors import ObjectNotFound, RbgctlError, RemoteError
+from .protocol import Status
+
+log = logging.getLogger("rbgctl.hicache")
+
+try:  # the real base class when running inside SGLang (its loader checks the subclass)
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage  # type: ignore
+except ImportError:  # outside SGLang: benchmarks, scripts
+
+    class HiCacheStorage:  # type: ignore[no-redef]
+        """Stand-in base used when SGLang is not installed."""
+
+        def register_mem_pool_host(self, mem_pool_host) -> None:
+            self.mem_pool_host = mem_pool_host
+
+
+# extra-config keys that belong to SGLang (its loader and prefetch policy) or that this backend
+# reads itself; everything else must be a client setting (see ClientConfig.KEYS).
+SGLANG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "prefetch_threshold",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+        "prefetch_timeout_max",
+        "hicache_storage_pass_prefix_keys",
+        "tp_lcm_size",
+    }
+)
+OWN_KEYS = frozenset({"extra_backend_tag"})
+
+
+def key_suffix(storage_config: Any) -> str:
+    """The per-server key suffix (HiCacheFile's scheme): model, then the TP rank and size unless
+    the model is MLA, the PP size and rank with pipeline parallelism, the attention-CP rank and
+    size with context parallelism."""
+    if storage_config is None:
+        return ""
+    model = getattr(storage_config, "model_name", None) or ""
+    suffix = "_" + "-".join(model.split("/")) if model else ""
+    if not getattr(storage_config, "is_mla_model", False):
+        suffix += f"_{storage_config.tp_rank}_{storage_config.tp_size}"
+    pp_size = getattr(storage_config, "pp_size", 1) or 1
+    if pp_size > 1:
+        suffix += f"_{pp_size}_{storage_config.pp_rank}"
+    cp_size = getattr(storage_config, "attn_cp_size", 1) or 1
+    if cp_size > 1:
+        suffix += f"_cp{storage_config.attn_cp_rank}_{cp_size}"
+    return suffix
+
+
+def leading_true(flags: Sequence[bool]) -> int:
+    """How many flags from the start are true."""
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
+class RbgctlHiCacheStorage(HiCacheStorage):
+    """HiCache storage over the rbgctl pool; constructed by SGLang as ``cls(storage_config,
+    kwargs)``. Every method reports failures as misses (``False``/``None``/``0``) and logs them:
+    SGLang calls it from daemon threads that must not die."""
+
+    def __init__(self, storage_config: Any = None, kwargs: Optional[dict] = None):
+        extra = dict(getattr(storage_config, "extra_config", None) or {})
+        self.client_config = ClientConfig.from_mapping(
+            extra, source="hicache extra config", extra_keys=SGLANG_KEYS | OWN_KEYS
+        )
+        tag = extra.get("extra_backend_tag")
+        self.prefix = f"{tag}_" if tag else ""
+        self.suffix = key_suffix(storage_config)
+        self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
+        self.enable_storage_metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
+        if getattr(storage_config, "should_split_heads", False):
+            log.info("tp_lcm_size is set: pages are shared only between servers of the same TP size")
+        self.mem_pool_host = None
+        self.client = Client(self.client_config)
+        self.prefetch_pgs: List[int] = []
+        self.backup_pgs: List[int] = []
+        self.prefetch_bandwidth: List[float] = []
+        self.backup_bandwidth: List[float] = []
+        log.info(
+            "rbgctl HiCache backend: master %s, key suffix %r, replicas %d",
+            self.client_config.master,
+            self.suffix,
+            self.client_config.replicate.replica_num,
+        )
+
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        self.mem_pool_host = mem_pool_host
+
+    def storage_key(self, key: str) -> str:
+        return f"{self.prefix}{key}{self.suffix}"
+
+    # ---- existence ----
+
+    def exists(self, key: str) -> bool:
+        try:
+            return self.client.exists(self.storage_key(key))
+        except RbgctlError as e:
+            log.warning("exists: %s", e)
+            return False
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        """How many keys from the start are stored (the cached prefix, in pages)."""
+        if not keys:
+            return 0
+        try:
+            return leading_true(self.client.batch_exists([self.storage_key(k) for k in keys]))
+        except RbgctlError as e:
+            log.warning("batch_exists: %s", e)
+            return 0
+
+    # ---- zero-copy (v1) ----
+
+    def _page_regions(self, keys: Sequence[str], host_indices) -> List[list]:
+        """Each page's memory as a list of ``(ptr, size)`` regions, from the host pool."""
+        pool = self.mem_pool_host
+        if pool is None:
+            raise RbgctlError("register_mem_pool_host was not called")
+        page_size = getattr(pool, "page_size", 1) or 1
+        if len(host_indices) != len(keys) * page_size:
+            raise RbgctlError(f"{len(host_indices)} host indices for {len(keys)} pages of {page_size} tokens")
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        if isinstance(sizes, int):
+            sizes = [sizes] * len(ptrs)
+        if len(ptrs) != len(sizes) or len(ptrs) % len(keys):
+            raise RbgctlError(f"host pool gave {len(ptrs)} pointers and {len(sizes)} sizes for {len(keys)} pages")
+        per = len(ptrs) // len(keys)
+        return [[(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)] for i in range(len(keys))]
+
+    def batch_get_v1(self, keys: List[str], host_indices, extra_info: Any = None) -> List[bool]:
+        """Reads pages straight into the host pool; per page, whether it was read."""
+        if not keys:
+            return []
+        if getattr(self.mem_pool_host, "kv_buffer", True) is None:
+            return [True] * len(keys)  # a logical KV anchor: the data lives in v2 side pools
+        try:
+            targets = self._page_regions(keys, host_indices)
+        except RbgctlError as e:
+            log.error("batch_get_v1: %s", e)
+            return [False] * len(keys)
+        start = time.perf_counter()
+        results = self.client.batch_get_into([self.storage_key(k) for k in keys], targets)
+        elapsed = time.perf_counter() - start
+        ok = [isinstance(r, int) and r == sum(s for _, s in t) for r, t in zip(results, targets)]
+        self._log_failures("batch_get_v1", keys, results, ok)
+        if self.enable_storage_metrics:
+            self._record(self.prefetch_pgs, self.prefetch_bandwidth, targets, ok, elapsed)
+        return ok
+
+    def batch_set_v1(self, keys: List[str], host_indices, extra_info: Any = None) -> List[bool]:
+        """Stores the pages not stored yet, straight from the host pool; per page, whether it
+        is stored."""
+        if not keys:
+            return []
+        if getattr(self.mem_pool_host, "kv_buffer", True) is None:
+            return [True] * len(keys)
+        try:
+            sources = self._page_regions(keys, host_indices)
+        except RbgctlError as e:
+            log.error("batch_set_v1: %s", e)
+            return [False] * len(keys)
+        start = time.perf_counter()
+        ok = self._put_missing([self.storage_key(k) for k in keys], sources)
+        if self.enable_storage_metrics:
+            self._record(self.backup_pgs, self.backup_bandwidth, sources, ok, time.perf_counter() - start)
+        return ok
+
+    # ---- generic ----
+
+    @staticmethod
+    def _target(location, size):
+        if isinstance(location, int) and isinstance(size, int):
+            return (location, size)  # a raw pointer and size, Mooncake-style
+        return location
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None):
+        """The page into ``target_location`` (a flat page tensor, a buffer or a pointer with
+        ``target_sizes``), returned; or a new ``bytearray`` without a target; ``None`` on a miss."""
+        out = self.batch_get(
+            [key],
+            None if target_location is None else [target_location],
+            None if target_sizes is None else [target_sizes],
+        )
+        return out[0]
+
+    def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> list:
+        if not keys:
+            return []
+        skeys = [self.storage_key(k) for k in keys]
+        if target_locations is None:
+            try:
+                got = self.client.batch_get(skeys)
+            except RbgctlError as e:
+                log.warning("batch_get: %s", e)
+                return [None] * len(keys)
+            return [g if isinstance(g, bytearray) else None for g in got]
+        sizes = target_sizes if target_sizes is not None else [None] * len(keys)
+        targets = [self._target(t, s) for t, s in zip(target_locations, sizes)]
+        try:
+            results = self.client.batch_get_into(skeys, targets)
+        except RbgctlError as e:
+            log.warning("batch_get: %s", e)
+            return [None] * len(keys)
+        out = []
+        for key, r, t, loc in zip(keys, results, targets, target_locations):
+            if isinstance(r, int) and r == _nbytes(t):
+                out.append(loc)
+            else:
+                if isinstance(r, int):
+                    log.warning("%s: stored page is %d bytes, the target %d", key, r, _nbytes(t))
+                elif not isinstance(r, ObjectNotFound):
+                    log.warning("batch_get %s: %s", key, r)
+                out.append(None)
+        return out
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set(
+            [key],
+            None if value is None else [value],
+            None if target_location is None else [target_location],
+            None if target_sizes is None else [target_sizes],
+        )
+
+    def batch_set(
+        self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
+    ) -> bool:
+        """Stores the pages not stored yet; true when every page is stored."""
+        if not keys:
+            return False
+        if values is not None:
+            sources = list(values)
+        elif target_locations is not None:
+            sizes = target_sizes if target_sizes is not None else [None] * len(keys)
+            sources = [self._target(t, s) for t, s in zip(target_locations, sizes)]
+        else:
+            log.error("batch_set: neither values nor target locations")
+            return False
+        if len(sources) != len(keys):
+            log.error("batch_set: %d keys but %d values", len(keys), len(sources))
+            return False
+        return all(self._put_missing([self.storage_key(k) for k in keys], sources))
+
+    # ---- shared ----
+
+    def _put_missing(self, skeys: List[str], sources: list) -> List[bool]:
+        """Puts the keys the pool does not hold yet (a page's key names its content, so a stored
+        key is already the right bytes)."""
+        try:
+            present = self.client.batch_exists(skeys)
+        except RbgctlError as e:
+            log.warning("existence check before a backup: %s", e)
+            present = [False] * len(skeys)
+        todo = [i for i, p in enumerate(present) if not p]
+        ok = [True] * len(skeys)
+        if not todo:
+            return ok
+        errors = self.client.batch_put([skeys[i] for i in todo], [sources[i] for i in todo])
+        for i, err in zip(todo, errors):
+            # Another server putting the same page at the same moment writes the same bytes.
+            if err is not None and not (isinstance(err, RemoteError) and err.status == Status.PUT_IN_PROGRESS):
+                ok[i] = False
+        failed = [(skeys[i], e) for i, e in zip(todo, errors) if not ok[i]]
+        if failed:
+            log.warning("backup: %d of %d pages not stored (first: %s: %s)", len(failed), len(skeys), *failed[0])
+        return ok
+
+    @staticmethod
+    def _log_failures(op: str, keys, results, ok) -> None:
+        bad = [(k, r) for k, r, good in zip(keys, results, ok) if not good and not isinstance(r, ObjectNotFound)]
+        if bad:
+            log.warning("%s: %d of %d pages unreadable (first: %s: %s)", op, len(bad), len(keys), *bad[0])
+
+    @staticmethod
+    def _record(pages: list, bandwidth: list, regions: list, ok: List[bool], elapsed: float) -> None:
+        done = sum(1 for x in ok if x)
+        if not done or elapsed <= 0:
+            return
+        nbytes = sum(sum(s for _, s in r) for r, good in zip(regions, ok) if good)
+        pages.append(done)
+        bandwidth.append(nbytes / elapsed / (1 << 30))
+
+    def clear(self) -> None:
+        """Removes every unleased object of the pool (as Mooncake's backend does)."""
+        try:
+            n = self.client.remove_all(force=False)
+            log.info("cleared %d objects from the pool", n)
+        except RbgctlError as e:
+            log.warning("clear: %s", e)
+
+    def get_stats(self):
+        if not self.enable_storage_metrics:
+            return None
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics  # type: ignore
+        except ImportError:
+            stats = {
+                "prefetch_pgs": list(self.prefetch_pgs),
+                "backup_pgs": list(self.backup_pgs),
+                "prefetch_bandwidth": list(self.prefetch_bandwidth),
+                "backup_bandwidth": list(self.backup_bandwidth),
+            }
+        else:
+            stats = StorageMetrics()
+            stats.prefetch_pgs.extend(self.prefetch_pgs)
+            stats.backup_pgs.extend(self.backup_pgs)
+            stats.prefetch_bandwidth.extend(self.prefetch_bandwidth)
+            stats.backup_bandwidth.extend(self.backup_bandwidth)
+        for x in (self.prefetch_pgs, self.backup_pgs, self.prefetch_bandwidth, self.backup_bandwidth):
+            x.clear()
+        return stats
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _nbytes(target) -> int:
+    return total(regions(target, writable=True))

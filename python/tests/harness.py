@@ -1,0 +1,147 @@
+"""A live pool for the tests: an ``rbgctl master`` and stores as real processes on loopback.
+
+The binary is ``$RBGCTL_BIN``, else ``target/debug/rbgctl`` of the repository. Every wait is
+bounded; every process is killed when the pool closes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Callable, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def binary() -> str:
+    path = os.environ.get("RBGCTL_BIN") or os.path.join(REPO, "target", "debug", "rbgctl")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{path} is not there: build it with `cargo build` or set RBGCTL_BIN")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what: str, cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what}: not within {timeout} s")
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class Store:
+    def __init__(self, pool: "LivePool", segment: str, persistent: bool, shm_dir: str):
+        self.pool = pool
+        self.segment = segment
+        self.persistent = persistent
+        self.shm_dir = shm_dir
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                binary(), "store",
+                "--master", self.pool.master,
+                "--bind-address", "127.0.0.1",
+                "--local-hostname", "127.0.0.1",
+                "--port", str(self.port),
+                "--segment-size", self.segment,
+                "--persistent", "true" if self.persistent else "false",
+                "--metrics-host", "127.0.0.1",
+                "--metrics-port", str(self.metrics_port),
+                "--heartbeat-interval", "200ms",
+                "--shm-dir", self.shm_dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.pool.log,
+        )
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+class LivePool:
+    """``with LivePool(stores=2) as pool: Client(pool.master)``"""
+
+    def __init__(self, stores: int = 1, segment: str = "256MiB", persistent: bool = False, master_args=()):
+        self.rpc_port = free_port()
+        self.master = f"127.0.0.1:{self.rpc_port}"
+        self.metrics_port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="rbgctl-pytest-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.log = open(os.path.join(self.dir, "processes.log"), "ab")
+        self.master_proc = subprocess.Popen(
+            [
+                binary(), "master",
+                "--rpc-address", "127.0.0.1",
+                "--rpc-port", str(self.rpc_port),
+                "--metrics-host", "127.0.0.1",
+                "--metrics-port", str(self.metrics_port),
+                *master_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
+        self.stores: List[Store] = []
+        try:
+            wait_until("master listening", lambda: port_open(self.rpc_port))
+            for i in range(stores):
+                self.stores.append(Store(self, segment, persistent, os.path.join(self.dir, f"store{i}")))
+            self.wait_segments(stores)
+        except BaseException:
+            self.close()
+            raise
+
+    def segments(self):
+        from rbgctl.client import Client
+
+        with Client(self.master) as c:
+            return c.segments()
+
+    def wait_segments(self, n: int) -> None:
+        wait_until(f"{n} segment(s) mounted", lambda: len(self.segments()) == n, timeout=30)
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.kill9()
+        if self.master_proc.poll() is None:
+            self.master_proc.send_signal(signal.SIGKILL)
+            self.master_proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "LivePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

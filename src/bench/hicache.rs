@@ -1,0 +1,299 @@
+//! `rbgctl bench hicache`: SGLang's L3 page traffic — batches of KV pages (128 pages of 256 KiB
+//! by default) put and read back — from the Rust client and from the Python HiCache backend
+//! (`python/`, its `batch_set_v1` / `batch_get_v1`), on the same pool, over TCP and through
+//! same-host shared memory, beside the machine's loopback and memcpy limits.
+
+use super::cluster::OwnCluster;
+use super::limits;
+use super::stats::percentile;
+use crate::client::{Client, ClientConfig, ReplicateConfig};
+use crate::config::{human_bytes, ByteSize};
+use anyhow::{bail, Context};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct HicacheBenchArgs {
+    /// An existing master (host:port); by default the benchmark starts a master and one store.
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Segment size of the store it starts.
+    #[arg(long, default_value = "2GiB")]
+    pub segment_size: ByteSize,
+    /// Whether the store it starts keeps its objects across restarts (true/false).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub persistent: bool,
+    /// Pages per batch (SGLang's STORAGE_BATCH_SIZE is 128).
+    #[arg(long, default_value_t = 128)]
+    pub pages: usize,
+    /// Bytes per page (K and V of all layers for `page_size` tokens).
+    #[arg(long, default_value = "256KiB")]
+    pub page_size: ByteSize,
+    /// Most batches of each kind per client and path.
+    #[arg(long, default_value_t = 20)]
+    pub rounds: usize,
+    /// Stop starting batches after this many seconds per client and path.
+    #[arg(long, default_value_t = 10.0)]
+    pub max_seconds: f64,
+    /// The Python interpreter that runs the Python side.
+    #[arg(long, env = "RBGCTL_PYTHON", default_value = "python3")]
+    pub python: String,
+    /// A directory put first on PYTHONPATH, for running the package from a checkout
+    /// (`python/src`); not needed once it is installed with pip.
+    #[arg(long)]
+    pub python_path: Option<PathBuf>,
+    /// Skip the Python client.
+    #[arg(long)]
+    pub no_python: bool,
+    /// Skip the same-host shared-memory cases.
+    #[arg(long)]
+    pub no_shm: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row: a client moving batches of pages one way on one path.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Row {
+    pub client: String,
+    pub path: String,
+    pub op: String,
+    pub pages: usize,
+    pub page_bytes: u64,
+    pub batches: usize,
+    pub errors: u64,
+    pub pages_per_s: f64,
+    pub gb_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PythonReport {
+    crc32c: String,
+    results: Vec<Row>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    loopback_tcp_gb_per_s: f64,
+    memcpy_gb_per_s: f64,
+    persistent: bool,
+    python_crc32c: Option<String>,
+    rows: Vec<Row>,
+}
+
+fn row(
+    client: &str,
+    path: &str,
+    op: &str,
+    args: &HicacheBenchArgs,
+    lat: Vec<Duration>,
+    errors: u64,
+) -> Row {
+    let mut lat = lat;
+    lat.sort_unstable();
+    let spent: f64 = lat.iter().map(Duration::as_secs_f64).sum();
+    let n = lat.len();
+    let pages = (args.pages * n) as f64;
+    let rate = |x: f64| if spent > 0.0 { x / spent } else { 0.0 };
+    Row {
+        client: client.into(),
+        path: path.into(),
+        op: op.into(),
+        pages: args.pages,
+        page_bytes: args.page_size.0,
+        batches: n,
+        errors,
+        pages_per_s: rate(pages),
+        gb_per_s: rate(pages * args.page_size.0 as f64) / 1e9,
+        p50_ms: percentile(&lat, 50.0).as_secs_f64() * 1e3,
+        p99_ms: percentile(&lat, 99.0).as_secs_f64() * 1e3,
+    }
+}
+
+/// Batches of pages through the Rust client: `batch_put`, then `batch_get_into` of the same
+/// keys, then removal, as many rounds as the budget allows.
+fn rust_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Result<Vec<Row>> {
+    let client = Client::connect(ClientConfig {
+        same_host_shm: shm,
+        ..ClientConfig::new(master)
+    })?;
+    let size = args.page_size.0 as usize;
+    let pages: Vec<Vec<u8>> = (0..args.pages)
+        .map(|i| (0..size).map(|j| (i * 31 + j * 7) as u8).collect())
+        .collect();
+    let values: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let mut bufs: Vec<Vec<u8>> = (0..args.pages).map(|_| vec![0u8; size]).collect();
+    let cfg = ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    let run = fastrand::u64(..);
+    let (mut put_lat, mut get_lat, mut put_err, mut get_err) = (vec![], vec![], 0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs_f64(args.max_seconds);
+    for round in 0..args.rounds {
+        if round > 0 && Instant::now() > deadline {
+            break;
+        }
+        let keys: Vec<String> = (0..args.pages)
+            .map(|i| format!("bench/hicache/{run:x}/{round}/{i}"))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let t = Instant::now();
+        put_err += client
+            .batch_put(&refs, &values, &cfg)
+            .iter()
+            .filter(|r| r.is_err())
+            .count() as u64;
+        put_lat.push(t.elapsed());
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let t = Instant::now();
+        get_err += client
+            .batch_get_into(&refs, &mut slices)
+            .iter()
+            .filter(|r| !matches!(r, Ok(n) if *n == size))
+            .count() as u64;
+        get_lat.push(t.elapsed());
+        if round == 0 && bufs != pages {
+            bail!("pages read back differ from the pages written");
+        }
+        let _ = client.batch_remove(&refs, true);
+    }
+    let path = if shm { "shm" } else { "tcp" };
+    Ok(vec![
+        row("rust", path, "batch_put", args, put_lat, put_err),
+        row("rust", path, "batch_get_into", args, get_lat, get_err),
+    ])
+}
+
+/// The same through the Python package, in its own interpreter.
+fn python_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Result<PythonReport> {
+    let mut cmd = Command::new(&args.python);
+    cmd.args(["-m", "rbgctl.bench", "--json", "--master", master])
+        .args(["--pages", &args.pages.to_string()])
+        .args(["--page-size", &args.page_size.0.to_string()])
+        .args(["--rounds", &args.rounds.to_string()])
+        .args(["--max-seconds", &args.max_seconds.to_string()])
+        .args(["--path", if shm { "shm" } else { "tcp" }]);
+    if let Some(p) = &args.python_path {
+        let mut path = p.as_os_str().to_owned();
+        if let Some(old) = std::env::var_os("PYTHONPATH") {
+            path.push(":");
+            path.push(old);
+        }
+        cmd.env("PYTHONPATH", path);
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {}", args.python))?;
+    if !out.status.success() {
+        bail!(
+            "{} -m rbgctl.bench failed ({}): {}\n(install the package with `pip install ./python`, \
+             or pass --python-path python/src)",
+            args.python,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("reading the Python benchmark's JSON")
+}
+
+pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
+    if args.pages == 0 || args.page_size.0 < 2 || args.page_size.0 % 2 != 0 {
+        bail!(
+            "--pages must be at least 1 and --page-size an even number of bytes (K and V halves)"
+        );
+    }
+    let progress = |msg: &str| {
+        if !args.json {
+            eprintln!("… {msg}");
+        }
+    };
+    progress("measuring the machine: loopback TCP, memcpy");
+    let loopback = limits::loopback_tcp_gbps(1 << 30, 3)?;
+    let memcpy = limits::memcpy_gbps(256 << 20, 5);
+    let _cluster;
+    let master = match &args.master {
+        Some(m) => m.clone(),
+        None => {
+            progress("starting a master and a store (separate processes, loopback)");
+            let c = OwnCluster::start(args.segment_size.0, args.persistent)?;
+            let m = c.master.clone();
+            _cluster = c;
+            m
+        }
+    };
+    let paths: &[bool] = if args.no_shm {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    let mut rows = Vec::new();
+    let mut python_crc = None;
+    for &shm in paths {
+        let path = if shm { "shm" } else { "tcp" };
+        progress(&format!(
+            "rust client, {path}: batches of {} × {}",
+            args.pages,
+            human_bytes(args.page_size.0)
+        ));
+        rows.extend(rust_case(&master, shm, &args)?);
+        if !args.no_python {
+            progress(&format!(
+                "python HiCache backend, {path}: batch_set_v1 / batch_get_v1"
+            ));
+            let r = python_case(&master, shm, &args)?;
+            python_crc = Some(r.crc32c);
+            rows.extend(r.results);
+        }
+    }
+    let report = Report {
+        loopback_tcp_gb_per_s: loopback,
+        memcpy_gb_per_s: memcpy,
+        persistent: args.persistent,
+        python_crc32c: python_crc,
+        rows,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report, &args);
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report, args: &HicacheBenchArgs) {
+    println!(
+        "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; batches of {} pages × {}; \
+         store persistent: {}",
+        r.loopback_tcp_gb_per_s,
+        r.memcpy_gb_per_s,
+        args.pages,
+        human_bytes(args.page_size.0),
+        r.persistent
+    );
+    if let Some(crc) = &r.python_crc32c {
+        println!("python CRC-32C: {crc}");
+    }
+    println!(
+        "{:<7} {:<5} {:<15} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7}",
+        "client", "path", "op", "pages/s", "GB/s", "p50 ms", "p99 ms", "batches", "errors"
+    );
+    for x in &r.rows {
+        println!(
+            "{:<7} {:<5} {:<15} {:>10.0} {:>7.2} {:>9.2} {:>9.2} {:>8} {:>7}",
+            x.client,
+            x.path,
+            x.op,
+            x.pages_per_s,
+            x.gb_per_s,
+            x.p50_ms,
+            x.p99_ms,
+            x.batches,
+            x.errors
+        );
+    }
+}
