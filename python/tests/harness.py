@@ -69,17 +69,28 @@ class Store:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
-                binary(), "store",
-                "--master", self.pool.master,
-                "--bind-address", "127.0.0.1",
-                "--local-hostname", "127.0.0.1",
-                "--port", str(self.port),
-                "--segment-size", self.segment,
-                "--persistent", "true" if self.persistent else "false",
-                "--metrics-host", "127.0.0.1",
-                "--metrics-port", str(self.metrics_port),
-                "--heartbeat-interval", "200ms",
-                "--shm-dir", self.shm_dir,
+                binary(),
+                "store",
+                "--master",
+                self.pool.master,
+                "--bind-address",
+                "127.0.0.1",
+                "--local-hostname",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--segment-size",
+                self.segment,
+                "--persistent",
+                "true" if self.persistent else "false",
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(self.metrics_port),
+                "--heartbeat-interval",
+                "200ms",
+                "--shm-dir",
+                self.shm_dir,
             ],
             stdout=subprocess.DEVNULL,
             stderr=self.pool.log,
@@ -98,15 +109,22 @@ class LivePool:
         self.rpc_port = free_port()
         self.master = f"127.0.0.1:{self.rpc_port}"
         self.metrics_port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="rbgctl-pytest-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.dir = tempfile.mkdtemp(
+            prefix="rbgctl-pytest-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
         self.log = open(os.path.join(self.dir, "processes.log"), "ab")
         self.master_proc = subprocess.Popen(
             [
-                binary(), "master",
-                "--rpc-address", "127.0.0.1",
-                "--rpc-port", str(self.rpc_port),
-                "--metrics-host", "127.0.0.1",
-                "--metrics-port", str(self.metrics_port),
+                binary(),
+                "master",
+                "--rpc-address",
+                "127.0.0.1",
+                "--rpc-port",
+                str(self.rpc_port),
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(self.metrics_port),
                 *master_args,
             ],
             stdout=subprocess.DEVNULL,

@@ -9,7 +9,6 @@ import time
 import unittest
 
 from harness import LivePool, binary
-
 from rbgctl import (
     BufferTooSmall,
     Client,
@@ -88,7 +87,9 @@ class RoundTrips(unittest.TestCase):
             bufs[3] = bytearray(5)
             out = c.batch_get_into(keys, bufs)
             self.assertIsInstance(out[3], BufferTooSmall)
-            self.assertEqual([o for i, o in enumerate(out) if i != 3], [len(v) for i, v in enumerate(vals) if i != 3])
+            self.assertEqual(
+                [o for i, o in enumerate(out) if i != 3], [len(v) for i, v in enumerate(vals) if i != 3]
+            )
             self.assertEqual(bufs[10], vals[10])
         self.assertEqual(self.tcp.batch_remove(keys[:2] + ["batch/none"], force=True)[:2], [None, None])
 
@@ -150,20 +151,29 @@ class RoundTrips(unittest.TestCase):
         self.assertEqual(errors, [])
 
     def test_values_written_by_the_rust_client_and_back(self):
-        subprocess.run([binary(), "kv", "--master", self.pool.master, "put", "interop/rust", "from rust"],
-                       check=True, timeout=30, capture_output=True)
+        subprocess.run(
+            [binary(), "kv", "--master", self.pool.master, "put", "interop/rust", "from rust"],
+            check=True,
+            timeout=30,
+            capture_output=True,
+        )
         self.assertEqual(self.tcp.get("interop/rust"), b"from rust")
         self.shm.put("interop/py", b"from python")
-        out = subprocess.run([binary(), "kv", "--master", self.pool.master, "get", "interop/py"],
-                             check=True, timeout=30, capture_output=True)
+        out = subprocess.run(
+            [binary(), "kv", "--master", self.pool.master, "get", "interop/py"],
+            check=True,
+            timeout=30,
+            capture_output=True,
+        )
         self.assertEqual(out.stdout.strip(), b"from python")
 
 
 class Failures(unittest.TestCase):
     def test_dead_store_replica_then_dead_pool(self):
-        with LivePool(stores=2, segment="32MiB") as pool, Client(
-            ClientConfig(master=pool.master, same_host_shm=False, io_timeout_s=5)
-        ) as c:
+        with (
+            LivePool(stores=2, segment="32MiB") as pool,
+            Client(ClientConfig(master=pool.master, same_host_shm=False, io_timeout_s=5)) as c,
+        ):
             v = value(50_000, 3)
             c.put("two", v, ReplicateConfig(replica_num=2))
             c.put("one", v, ReplicateConfig(preferred_segment=pool.stores[0].endpoint))
@@ -187,7 +197,9 @@ class Failures(unittest.TestCase):
             with Client(pool.master) as c:
                 v = value(200_000, 9)
                 c.put("sealed", v)
-                self.assertEqual(c.stats.snapshot()["bytes_written_shm"], len(v), "written through shared memory")
+                self.assertEqual(
+                    c.stats.snapshot()["bytes_written_shm"], len(v), "written through shared memory"
+                )
             store = pool.stores[0]
             store.kill9()
             store.start()

@@ -59,10 +59,14 @@ class HiCacheStorage(ABC):
     def register_mem_pool_host(self, mem_pool_host):
         self.mem_pool_host = mem_pool_host
 
-    def batch_get_v1(self, keys: List[str], host_indices, extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+    def batch_get_v1(
+        self, keys: List[str], host_indices, extra_info: Optional[HiCacheStorageExtraInfo] = None
+    ) -> List[bool]:
         raise NotImplementedError()
 
-    def batch_set_v1(self, keys: List[str], host_indices, extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+    def batch_set_v1(
+        self, keys: List[str], host_indices, extra_info: Optional[HiCacheStorageExtraInfo] = None
+    ) -> List[bool]:
         raise NotImplementedError()
 
     @abstractmethod
@@ -70,17 +74,29 @@ class HiCacheStorage(ABC):
         pass
 
     @abstractmethod
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def batch_get(
+        self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None
+    ):
         pass
 
     @abstractmethod
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(
+        self,
+        key: str,
+        value: Optional[Any] = None,
+        target_location: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         pass
 
     @abstractmethod
-    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         pass
 
     @abstractmethod
@@ -272,7 +288,9 @@ PAGE = 4  # tokens per page
 TOKEN_BYTES = 1024  # K or V bytes per token: 8 KiB per page
 
 
-def config(master: str, tp_rank: int = 0, tp_size: int = 1, mla: bool = False, **extra) -> HiCacheStorageConfig:
+def config(
+    master: str, tp_rank: int = 0, tp_size: int = 1, mla: bool = False, **extra
+) -> HiCacheStorageConfig:
     ec = {
         "backend_name": "rbgctl",
         "module_path": "rbgctl.hicache",
@@ -283,9 +301,17 @@ def config(master: str, tp_rank: int = 0, tp_size: int = 1, mla: bool = False, *
     }
     ec.update(extra)
     return HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=True, is_page_first_layout=True,
-        model_name="Qwen/Qwen3-8B", extra_config=ec,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=mla,
+        enable_storage_metrics=True,
+        is_page_first_layout=True,
+        model_name="Qwen/Qwen3-8B",
+        extra_config=ec,
     )
 
 
@@ -323,7 +349,9 @@ class ControllerDriven(unittest.TestCase):
         for s in slots_a:
             host_a.fill(s * PAGE, seed=s)
         self.assertEqual(storage_hit_query(a, hashes), 0)
-        self.assertTrue(page_backup(a, host_a, hashes, [s * PAGE + t for s in slots_a for t in range(PAGE)], v1=True))
+        self.assertTrue(
+            page_backup(a, host_a, hashes, [s * PAGE + t for s in slots_a for t in range(PAGE)], v1=True)
+        )
         host_b, b = self.server()
         self.assertEqual(storage_hit_query(b, hashes), 300)  # 128 + 128 + 44
         slots_b = [399 - s for s in range(300)]  # somewhere else in B's host memory

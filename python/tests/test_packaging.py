@@ -20,9 +20,21 @@ class Packaging(unittest.TestCase):
             # pip builds the wheel with setuptools from the package registry (PyPI); --no-deps
             # leaves out crc32c, which the client can do without (slowly).
             r = subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--no-deps",
-                 "--disable-pip-version-check", "--quiet", "--target", target, os.path.join(REPO, "python")],
-                capture_output=True, text=True, timeout=300,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "--quiet",
+                    "--target",
+                    target,
+                    os.path.join(REPO, "python"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             self.assertEqual(r.returncode, 0, r.stderr)
             probe = (
@@ -32,7 +44,9 @@ class Packaging(unittest.TestCase):
             )
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             env["PYTHONPATH"] = target
-            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
+            )
             self.assertEqual(out.returncode, 0, out.stderr)
             path, version, cls = out.stdout.split()
             self.assertTrue(path.startswith(target), path)

@@ -32,7 +32,9 @@ class Frames(unittest.TestCase):
     def test_reply_header_round_trip(self):
         raw = p.HEADER.pack(b"RBGT", 1, 0x41, 1, 99, 10, 0, 5, 1 << 33)
         h = p.unpack_header(raw)
-        self.assertEqual((h.opcode, h.request_id, h.status, h.meta_len, h.data_len), (0x41, 99, 10, 5, 1 << 33))
+        self.assertEqual(
+            (h.opcode, h.request_id, h.status, h.meta_len, h.data_len), (0x41, 99, 10, 5, 1 << 33)
+        )
         self.assertTrue(h.is_reply)
 
     def test_bad_headers_are_refused(self):
@@ -76,8 +78,10 @@ class Fields(unittest.TestCase):
             + (5000).to_bytes(8, "little")
             + (42).to_bytes(8, "little")
             + (2).to_bytes(4, "little")
-            + (1).to_bytes(8, "little") + (0).to_bytes(8, "little")
-            + (2).to_bytes(8, "little") + (8192).to_bytes(8, "little")
+            + (1).to_bytes(8, "little")
+            + (0).to_bytes(8, "little")
+            + (2).to_bytes(8, "little")
+            + (8192).to_bytes(8, "little")
         )
         d = p.decode(desc, p.parse_object_desc)
         self.assertEqual((d.size, d.checksum, d.lease_ttl_ms, d.version), (4096, 0xDEADBEEF, 5000, 42))
@@ -91,8 +95,13 @@ class Fields(unittest.TestCase):
         cfg = p.ReplicateConfig(replica_num=2, soft_pin=True, soft_pin_ttl_ms=9, preferred_segment="s")
         meta = p.batch_put_start_req(5, cfg, [("k", 3)])
         want = (
-            (5).to_bytes(8, "little") + b"\x02\x01" + (9).to_bytes(8, "little") + b"\x01\x00s"
-            + (1).to_bytes(4, "little") + b"\x01\x00k" + (3).to_bytes(8, "little")
+            (5).to_bytes(8, "little")
+            + b"\x02\x01"
+            + (9).to_bytes(8, "little")
+            + b"\x01\x00s"
+            + (1).to_bytes(4, "little")
+            + b"\x01\x00k"
+            + (3).to_bytes(8, "little")
         )
         self.assertEqual(meta, want)
 
@@ -168,7 +177,9 @@ class Settings(unittest.TestCase):
 
     def test_environment_precedence(self):
         self.assertEqual(ClientConfig.from_env({"MOONCAKE_MASTER": "m:1"}).master, "m:1")
-        self.assertEqual(ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "RBGCTL_MASTER": "r:2"}).master, "r:2")
+        self.assertEqual(
+            ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "RBGCTL_MASTER": "r:2"}).master, "r:2"
+        )
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "mooncake.json")
             with open(path, "w") as f:  # a Mooncake store config file, unchanged
@@ -203,8 +214,16 @@ class Settings(unittest.TestCase):
 
 class Keys(unittest.TestCase):
     def cfg(self, **kw):
-        base = dict(tp_rank=1, tp_size=4, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-                    is_mla_model=False, model_name="meta-llama/Llama-3.1-8B")
+        base = dict(
+            tp_rank=1,
+            tp_size=4,
+            pp_rank=0,
+            pp_size=1,
+            attn_cp_rank=0,
+            attn_cp_size=1,
+            is_mla_model=False,
+            model_name="meta-llama/Llama-3.1-8B",
+        )
         base.update(kw)
         return SimpleNamespace(**base)
 
@@ -212,8 +231,10 @@ class Keys(unittest.TestCase):
         self.assertEqual(key_suffix(self.cfg()), "_meta-llama-Llama-3.1-8B_1_4")
         self.assertEqual(key_suffix(self.cfg(is_mla_model=True)), "_meta-llama-Llama-3.1-8B")
         self.assertEqual(key_suffix(self.cfg(pp_size=2, pp_rank=1)), "_meta-llama-Llama-3.1-8B_1_4_2_1")
-        self.assertEqual(key_suffix(self.cfg(attn_cp_size=2, attn_cp_rank=1, is_mla_model=True)),
-                         "_meta-llama-Llama-3.1-8B_cp1_2")
+        self.assertEqual(
+            key_suffix(self.cfg(attn_cp_size=2, attn_cp_rank=1, is_mla_model=True)),
+            "_meta-llama-Llama-3.1-8B_cp1_2",
+        )
         self.assertEqual(key_suffix(self.cfg(model_name=None)), "_1_4")
 
     def test_leading_true(self):

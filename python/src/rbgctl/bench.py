@@ -75,8 +75,17 @@ def _stats(op: str, path: str, pages: int, page_bytes: int, samples: List[float]
 def run(master: str, pages: int, page_bytes: int, rounds: int, max_seconds: float, shm: bool) -> List[dict]:
     extra = {"master": master, "same_host_shm": shm}
     cfg = SimpleNamespace(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-        enable_storage_metrics=False, is_page_first_layout=True, model_name="bench", should_split_heads=False,
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="bench",
+        should_split_heads=False,
         extra_config=extra,
     )
     backend = RbgctlHiCacheStorage(cfg, {})
@@ -120,7 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=256 << 10, help="bytes per page")
     ap.add_argument("--rounds", type=int, default=20, help="most batches of each kind")
     ap.add_argument("--max-seconds", type=float, default=10.0, help="stop starting rounds after this")
-    ap.add_argument("--path", choices=["tcp", "shm"], default="tcp", help="shm: same-host shared memory allowed")
+    ap.add_argument(
+        "--path", choices=["tcp", "shm"], default="tcp", help="shm: same-host shared memory allowed"
+    )
     ap.add_argument("--json", action="store_true", help="print JSON")
     a = ap.parse_args(argv)
     results = run(a.master, a.pages, a.page_size, a.rounds, a.max_seconds, a.path == "shm")
@@ -129,8 +140,10 @@ def main(argv=None) -> int:
     else:
         print(f"CRC-32C: {IMPLEMENTATION}")
         for r in results:
-            print(f"{r['path']:<4} {r['op']:<13} {r['pages_per_s']:>9.0f} pages/s {r['gb_per_s']:>6.2f} GB/s "
-                  f"p50 {r['p50_ms']:.1f} ms  errors {r['errors']}")
+            print(
+                f"{r['path']:<4} {r['op']:<13} {r['pages_per_s']:>9.0f} pages/s {r['gb_per_s']:>6.2f} GB/s "
+                f"p50 {r['p50_ms']:.1f} ms  errors {r['errors']}"
+            )
     return 0
 
 

@@ -33,7 +33,16 @@ from .errors import (
     TransportError,
     Unreadable,
 )
-from .protocol import Failed, ObjectDesc, Opcode, ReplicateConfig, SegmentEntry, SegmentInfo, Status, StoredObject
+from .protocol import (
+    Failed,
+    ObjectDesc,
+    Opcode,
+    ReplicateConfig,
+    SegmentEntry,
+    SegmentInfo,
+    Status,
+    StoredObject,
+)
 from .shm import LocalSegment, local_host_id
 
 log = logging.getLogger("rbgctl.client")
@@ -322,7 +331,7 @@ class Client:
 
         for endpoint, (pool, items) in seals.items():
             self._seal(endpoint, pool, items, keys, results)
-        for endpoint, (pool, items) in remote.items():
+        for pool, items in remote.values():
             outcome = self._pipelined_writes(pool, items, keys, views, object_ids, checksums)
             for (i, _), err in zip(items, outcome):
                 if err is not None and results[i] is None:
@@ -475,14 +484,20 @@ class Client:
             self.stats.add("checksum_failures")
             log.warning("%r: checksum mismatch on segment %s; trying another replica", key, t.route.info.name)
             try:  # the master drops the corrupt replica so that no one is sent to it again
-                self._master_call(Opcode.REPORT_CORRUPT, p.report_corrupt_req(key, desc.version, t.segment_id), p.parse_empty)
+                self._master_call(
+                    Opcode.REPORT_CORRUPT,
+                    p.report_corrupt_req(key, desc.version, t.segment_id),
+                    p.parse_empty,
+                )
             except RbgctlError as e:
                 log.debug("cannot report a corrupt replica: %s", e)
         if bad_checksum:
             raise ChecksumError(f"{key!r}: checksum mismatch on every readable replica")
         raise Unreadable(f"{key!r}: no replica could be read ({last})")
 
-    def _batch_read(self, keys: Sequence[str], descs: list, views: List[Views]) -> List[Union[int, RbgctlError]]:
+    def _batch_read(
+        self, keys: Sequence[str], descs: list, views: List[Views]
+    ) -> List[Union[int, RbgctlError]]:
         results: List[Union[None, bool, RbgctlError]] = [None] * len(keys)
         remote: Dict[str, Tuple[Pool, List[Tuple[int, int]]]] = {}
         for i, d in enumerate(descs):
@@ -498,7 +513,9 @@ class Client:
                 self.stats.add("bytes_read_shm", d.size)
                 results[i] = True
             else:
-                remote.setdefault(first.route.info.endpoint, (first.route.pool, []))[1].append((i, first.offset))
+                remote.setdefault(first.route.info.endpoint, (first.route.pool, []))[1].append(
+                    (i, first.offset)
+                )
         for pool, items in remote.values():
             for (i, _), ok in zip(items, self._pipelined_reads(pool, items, views)):
                 if ok:
@@ -533,7 +550,9 @@ class Client:
         try:
             for start in range(0, len(items), PIPELINE_WINDOW):
                 window = range(start, min(start + PIPELINE_WINDOW, len(items)))
-                ids = [conn.send(Opcode.READ, p.read_req(items[j][1], total(views[items[j][0]]))) for j in window]
+                ids = [
+                    conn.send(Opcode.READ, p.read_req(items[j][1], total(views[items[j][0]]))) for j in window
+                ]
                 for j, request_id in zip(window, ids):
                     try:
                         h, _ = conn.recv_reply(request_id, Opcode.READ)
@@ -599,7 +618,9 @@ class Client:
         try:
             statuses = pool.call(Opcode.SEAL, p.seal_req([o for _, o in items]), p.parse_statuses)
             if len(statuses) != len(items):
-                raise ProtocolError(f"{endpoint}: store answered {len(statuses)} items for {len(items)} seals")
+                raise ProtocolError(
+                    f"{endpoint}: store answered {len(statuses)} items for {len(items)} seals"
+                )
         except RbgctlError as e:
             for i, _ in items:
                 results[i] = e

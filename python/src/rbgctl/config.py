@@ -179,7 +179,9 @@ class ClientConfig:
                 try:
                     import tomli as tomllib  # type: ignore[no-redef]
                 except ImportError:
-                    raise ConfigError(f"{path}: reading TOML needs Python 3.11 or the tomli package") from None
+                    raise ConfigError(
+                        f"{path}: reading TOML needs Python 3.11 or the tomli package"
+                    ) from None
             try:
                 values = tomllib.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -217,7 +219,11 @@ def master_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 def _warn_mooncake_only(values: Mapping[str, Any], source: str) -> None:
     proto = str(values.get("protocol", "tcp")).lower()
     if proto not in ("tcp", ""):
-        log.warning("%s: protocol %r: this Python client moves data over TCP (or shared memory on the same host)", source, proto)
+        log.warning(
+            "%s: protocol %r: this Python client moves data over TCP (or shared memory on the same host)",
+            source,
+            proto,
+        )
     size = values.get("global_segment_size")
     if size not in (None, 0, "0"):
         log.warning(

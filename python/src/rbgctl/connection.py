@@ -169,7 +169,9 @@ class Connection:
         h, reply = self.recv_reply(request_id, opcode)
         if h.data_len:
             self.close()
-            raise ProtocolError(f"{self.addr}: unexpected {h.data_len}-byte payload in a {Opcode(opcode).name} reply")
+            raise ProtocolError(
+                f"{self.addr}: unexpected {h.data_len}-byte payload in a {Opcode(opcode).name} reply"
+            )
         try:
             return decode(reply, parse)
         except ProtocolError as e:

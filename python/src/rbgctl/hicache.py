@@ -167,9 +167,13 @@ class RbgctlHiCacheStorage(HiCacheStorage):
         if isinstance(sizes, int):
             sizes = [sizes] * len(ptrs)
         if len(ptrs) != len(sizes) or len(ptrs) % len(keys):
-            raise RbgctlError(f"host pool gave {len(ptrs)} pointers and {len(sizes)} sizes for {len(keys)} pages")
+            raise RbgctlError(
+                f"host pool gave {len(ptrs)} pointers and {len(sizes)} sizes for {len(keys)} pages"
+            )
         per = len(ptrs) // len(keys)
-        return [[(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)] for i in range(len(keys))]
+        return [
+            [(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)] for i in range(len(keys))
+        ]
 
     def batch_get_v1(self, keys: List[str], host_indices, extra_info: Any = None) -> List[bool]:
         """Reads pages straight into the host pool; per page, whether it was read."""
@@ -239,6 +243,9 @@ class RbgctlHiCacheStorage(HiCacheStorage):
                 return [None] * len(keys)
             return [g if isinstance(g, bytearray) else None for g in got]
         sizes = target_sizes if target_sizes is not None else [None] * len(keys)
+        if len(target_locations) != len(keys) or len(sizes) != len(keys):
+            log.error("batch_get: %d keys but %d targets", len(keys), len(target_locations))
+            return [None] * len(keys)
         targets = [self._target(t, s) for t, s in zip(target_locations, sizes)]
         try:
             results = self.client.batch_get_into(skeys, targets)
@@ -301,16 +308,22 @@ class RbgctlHiCacheStorage(HiCacheStorage):
         errors = self.client.batch_put([skeys[i] for i in todo], [sources[i] for i in todo])
         for i, err in zip(todo, errors):
             # Another server putting the same page at the same moment writes the same bytes.
-            if err is not None and not (isinstance(err, RemoteError) and err.status == Status.PUT_IN_PROGRESS):
+            if err is not None and not (
+                isinstance(err, RemoteError) and err.status == Status.PUT_IN_PROGRESS
+            ):
                 ok[i] = False
         failed = [(skeys[i], e) for i, e in zip(todo, errors) if not ok[i]]
         if failed:
-            log.warning("backup: %d of %d pages not stored (first: %s: %s)", len(failed), len(skeys), *failed[0])
+            log.warning(
+                "backup: %d of %d pages not stored (first: %s: %s)", len(failed), len(skeys), *failed[0]
+            )
         return ok
 
     @staticmethod
     def _log_failures(op: str, keys, results, ok) -> None:
-        bad = [(k, r) for k, r, good in zip(keys, results, ok) if not good and not isinstance(r, ObjectNotFound)]
+        bad = [
+            (k, r) for k, r, good in zip(keys, results, ok) if not good and not isinstance(r, ObjectNotFound)
+        ]
         if bad:
             log.warning("%s: %d of %d pages unreadable (first: %s: %s)", op, len(bad), len(keys), *bad[0])
 

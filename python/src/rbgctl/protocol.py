@@ -100,7 +100,9 @@ class Header:
         return bool(self.flags & FLAG_REPLY)
 
 
-def pack_header(opcode: int, request_id: int, meta_len: int, data_len: int, status: int = 0, flags: int = 0) -> bytes:
+def pack_header(
+    opcode: int, request_id: int, meta_len: int, data_len: int, status: int = 0, flags: int = 0
+) -> bytes:
     if meta_len > MAX_META:
         raise ProtocolError(f"meta of {meta_len} bytes is over the {MAX_META}-byte limit")
     return HEADER.pack(MAGIC, VERSION, int(opcode), flags, request_id, status, 0, meta_len, data_len)
@@ -177,7 +179,9 @@ class Decoder:
     __slots__ = ("view", "pos")
 
     def __init__(self, meta) -> None:
-        self.view = memoryview(meta).cast("B") if not isinstance(meta, (bytes, bytearray)) else memoryview(meta)
+        self.view = (
+            memoryview(meta).cast("B") if not isinstance(meta, (bytes, bytearray)) else memoryview(meta)
+        )
         self.pos = 0
 
     def _take(self, n: int) -> memoryview:
@@ -448,4 +452,3 @@ def parse_batch_put_start(d: Decoder) -> List["PutStart | Failed"]:
 
 def error_message(meta) -> str:
     return bytes(meta).decode("utf-8", errors="replace")
-
