@@ -232,6 +232,8 @@ class Client:
         if not keys:
             return []
         statuses = self._master_call(Opcode.BATCH_REMOVE, p.batch_remove_req(keys, force), p.parse_statuses)
+        if len(statuses) != len(keys):
+            raise ProtocolError(f"master answered {len(statuses)} items for {len(keys)} keys")
         return [None if s == Status.OK else _status_error(s, k) for s, k in zip(statuses, keys)]
 
     def batch_get(self, keys: Sequence[str]) -> List[Union[bytearray, RbgctlError]]:
