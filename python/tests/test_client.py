@@ -9,6 +9,7 @@ import time
 import unittest
 
 from harness import LivePool, binary
+
 from rbgctl import (
     BufferTooSmall,
     Client,
@@ -170,10 +171,9 @@ class RoundTrips(unittest.TestCase):
 
 class Failures(unittest.TestCase):
     def test_dead_store_replica_then_dead_pool(self):
-        with (
-            LivePool(stores=2, segment="32MiB") as pool,
-            Client(ClientConfig(master=pool.master, same_host_shm=False, io_timeout_s=5)) as c,
-        ):
+        pool = LivePool(stores=2, segment="32MiB")
+        self.addCleanup(pool.close)
+        with Client(ClientConfig(master=pool.master, same_host_shm=False, io_timeout_s=5)) as c:
             v = value(50_000, 3)
             c.put("two", v, ReplicateConfig(replica_num=2))
             c.put("one", v, ReplicateConfig(preferred_segment=pool.stores[0].endpoint))
