@@ -42,6 +42,24 @@ pub fn stop(child: &mut Child, signal: nix::sys::signal::Signal) {
     let _ = child.wait();
 }
 
+/// The master a pool benchmark runs against: `existing`, or a master and one store started here
+/// and kept running as long as the returned cluster lives.
+pub fn master_or_own(
+    existing: Option<&str>,
+    segment_size: u64,
+    persistent: bool,
+    progress: impl Fn(&str),
+) -> anyhow::Result<(String, Option<OwnCluster>)> {
+    if let Some(m) = existing {
+        return Ok((m.to_string(), None));
+    }
+    progress(&format!(
+        "starting a master and a store (separate processes, loopback, persistent: {persistent})"
+    ));
+    let c = OwnCluster::start(segment_size, persistent)?;
+    Ok((c.master.clone(), Some(c)))
+}
+
 impl OwnCluster {
     /// Starts a master and one store, and waits until the store's segment is live.
     pub fn start(segment_size: u64, persistent: bool) -> anyhow::Result<OwnCluster> {

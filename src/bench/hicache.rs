@@ -3,7 +3,7 @@
 //! (`python/`, its `batch_set_v1` / `batch_get_v1`), on the same pool, over TCP and through
 //! same-host shared memory, beside the machine's loopback and memcpy limits.
 
-use super::cluster::OwnCluster;
+use super::cluster::master_or_own;
 use super::limits;
 use super::stats::percentile;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
@@ -213,19 +213,13 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
         }
     };
     progress("measuring the machine: loopback TCP, memcpy");
-    let loopback = limits::loopback_tcp_gbps(1 << 30, 3)?;
-    let memcpy = limits::memcpy_gbps(256 << 20, 5);
-    let _cluster;
-    let master = match &args.master {
-        Some(m) => m.clone(),
-        None => {
-            progress("starting a master and a store (separate processes, loopback)");
-            let c = OwnCluster::start(args.segment_size.0, args.persistent)?;
-            let m = c.master.clone();
-            _cluster = c;
-            m
-        }
-    };
+    let (loopback, memcpy) = limits::machine()?;
+    let (master, _cluster) = master_or_own(
+        args.master.as_deref(),
+        args.segment_size.0,
+        args.persistent,
+        progress,
+    )?;
     let paths: &[bool] = if args.no_shm {
         &[false]
     } else {

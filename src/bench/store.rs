@@ -2,7 +2,7 @@
 //! counts, batches, the same-host path and the master's existence checks. Without `--master` it
 //! starts its own master and store as separate processes on loopback.
 
-use super::cluster::OwnCluster;
+use super::cluster::master_or_own;
 use super::limits;
 use super::stats::PhaseResult;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
@@ -291,22 +291,13 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         }
     };
     progress("measuring the machine: loopback TCP, memcpy");
-    let loopback = limits::loopback_tcp_gbps(1 << 30, 3)?;
-    let memcpy = limits::memcpy_gbps(256 << 20, 5);
-    let _cluster;
-    let master = match &args.master {
-        Some(m) => m.clone(),
-        None => {
-            progress(&format!(
-                "starting a master and a store (separate processes, loopback, persistent: {})",
-                args.persistent
-            ));
-            let c = OwnCluster::start(args.segment_size.0, args.persistent)?;
-            let m = c.master.clone();
-            _cluster = c;
-            m
-        }
-    };
+    let (loopback, memcpy) = limits::machine()?;
+    let (master, _cluster) = master_or_own(
+        args.master.as_deref(),
+        args.segment_size.0,
+        args.persistent,
+        progress,
+    )?;
     let tcp = Arc::new(Client::connect(ClientConfig {
         same_host_shm: false,
         ..ClientConfig::new(master.clone())
