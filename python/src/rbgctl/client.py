@@ -85,9 +85,11 @@ class Stats:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(self.FIELDS, 0)
 
-    def add(self, name: str, n: int = 1) -> None:
+    def add(self, **counts: int) -> None:
+        """Adds to several counters at once (one lock per batch, not per item)."""
         with self._lock:
-            self._values[name] += n
+            for name, n in counts.items():
+                self._values[name] += n
 
     def snapshot(self) -> Dict[str, int]:
         with self._lock:
@@ -290,11 +292,12 @@ class Client:
                 views[i] = regions(v, writable=False)
             except RbgctlError as e:
                 results[i], failed[i] = e, True
+        sizes = [total(v) for v in views]
         todo = [i for i in range(len(keys)) if not failed[i]]
         if not todo:
             return results
         try:
-            meta = p.batch_put_start_req(self.id, config, [(keys[i], total(views[i])) for i in todo])
+            meta = p.batch_put_start_req(self.id, config, [(keys[i], sizes[i]) for i in todo])
             started = self._master_call(Opcode.BATCH_PUT_START, meta, p.parse_batch_put_start)
         except RbgctlError as e:
             for i in todo:
@@ -310,13 +313,14 @@ class Client:
         checksums: Dict[int, int] = {}
         remote: Dict[str, Tuple[Pool, List[Tuple[int, int]]]] = {}
         seals: Dict[str, Tuple[Pool, List[Tuple[int, StoredObject]]]] = {}
+        shm_bytes = tcp_bytes = 0
         for i, s in zip(todo, started):
             if isinstance(s, Failed):
                 results[i] = _status_error(s.status, keys[i])
                 continue
             object_ids[i] = s.object_id
             checksums[i] = crc32c_of(views[i])
-            size = total(views[i])
+            size = sizes[i]
             for r in s.replicas:
                 try:
                     route = self._route(r.segment_id)
@@ -324,7 +328,7 @@ class Client:
                     results[i] = e
                     continue
                 if route.local is not None and route.local.write(r.offset, views[i]):
-                    self.stats.add("bytes_written_shm", size)
+                    shm_bytes += size
                     if route.info.segment_uuid != 0:
                         obj = StoredObject(keys[i], s.object_id, r.offset, size, checksums[i])
                         seals.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, obj))
@@ -336,7 +340,9 @@ class Client:
         for pool, items in remote.values():
             outcome = self._pipelined_writes(pool, items, keys, views, object_ids, checksums)
             for (i, _), err in zip(items, outcome):
-                if err is not None and results[i] is None:
+                if err is None:
+                    tcp_bytes += sizes[i]
+                elif results[i] is None:
                     results[i] = err
 
         commit = [i for i in object_ids if results[i] is None]
@@ -359,7 +365,11 @@ class Client:
             except RbgctlError as e:
                 for i in commit:
                     results[i] = e
-        self.stats.add("puts", sum(1 for i in commit if results[i] is None))
+        self.stats.add(
+            puts=sum(1 for i in commit if results[i] is None),
+            bytes_written_shm=shm_bytes,
+            bytes_written_tcp=tcp_bytes,
+        )
         return results
 
     # ---- internals: master ----
@@ -469,21 +479,21 @@ class Client:
         for t in self._targets(desc):
             try:
                 if t.route.local is not None and t.route.local.read(t.offset, views):
-                    self.stats.add("bytes_read_shm", desc.size)
+                    self.stats.add(bytes_read_shm=desc.size)
                 else:
                     self._read_remote(t.route.pool, t.offset, views)
-                    self.stats.add("bytes_read_tcp", desc.size)
+                    self.stats.add(bytes_read_tcp=desc.size)
             except RbgctlError as e:
                 last = str(e) if isinstance(e, TransportError) else f"{t.route.info.endpoint}: {e}"
-                self.stats.add("replica_failures")
+                self.stats.add(replica_failures=1)
                 if isinstance(e, TransportError):
                     t.route.pool.clear()
                 continue
             if crc32c_of(views) == desc.checksum:
-                self.stats.add("gets")
+                self.stats.add(gets=1)
                 return
             bad_checksum = True
-            self.stats.add("checksum_failures")
+            self.stats.add(checksum_failures=1)
             log.warning("%r: checksum mismatch on segment %s; trying another replica", key, t.route.info.name)
             try:  # the master drops the corrupt replica so that no one is sent to it again
                 self._master_call(
@@ -502,6 +512,7 @@ class Client:
     ) -> List[Union[int, RbgctlError]]:
         results: List[Union[None, bool, RbgctlError]] = [None] * len(keys)
         remote: Dict[str, Tuple[Pool, List[Tuple[int, int]]]] = {}
+        shm_bytes = tcp_bytes = gets = 0
         for i, d in enumerate(descs):
             if not isinstance(d, ObjectDesc):
                 results[i] = d
@@ -512,7 +523,7 @@ class Client:
                 results[i] = e
                 continue
             if first.route.local is not None and first.route.local.read(first.offset, views[i]):
-                self.stats.add("bytes_read_shm", d.size)
+                shm_bytes += d.size
                 results[i] = True
             else:
                 remote.setdefault(first.route.info.endpoint, (first.route.pool, []))[1].append(
@@ -521,7 +532,7 @@ class Client:
         for pool, items in remote.values():
             for (i, _), ok in zip(items, self._pipelined_reads(pool, items, views)):
                 if ok:
-                    self.stats.add("bytes_read_tcp", descs[i].size)
+                    tcp_bytes += descs[i].size
                     results[i] = True
         out: List[Union[int, RbgctlError]] = []
         for i, d in enumerate(descs):
@@ -529,7 +540,7 @@ class Client:
             if not isinstance(d, ObjectDesc):
                 out.append(r)  # type: ignore[arg-type]
             elif r is True and crc32c_of(views[i]) == d.checksum:
-                self.stats.add("gets")
+                gets += 1
                 out.append(d.size)
             elif isinstance(r, RbgctlError):
                 out.append(r)
@@ -539,6 +550,7 @@ class Client:
                     out.append(d.size)
                 except RbgctlError as e:
                     out.append(e)
+        self.stats.add(bytes_read_shm=shm_bytes, bytes_read_tcp=tcp_bytes, gets=gets)
         return out
 
     def _pipelined_reads(self, pool: Pool, items: List[Tuple[int, int]], views: List[Views]) -> List[bool]:
@@ -594,11 +606,10 @@ class Client:
                     i, offset = items[j]
                     meta = p.write_req(offset, keys[i], object_ids[i], checksums[i])
                     ids.append(conn.send(Opcode.WRITE, meta, views[i]))
-                for j, request_id in zip(window, ids):
+                for request_id in ids:
                     try:
                         conn.recv_reply(request_id, Opcode.WRITE)
                         out.append(None)
-                        self.stats.add("bytes_written_tcp", total(views[items[j][0]]))
                     except RemoteError as e:
                         out.append(e)
         except (TransportError, ProtocolError) as e:

@@ -328,11 +328,11 @@ class RbgctlHiCacheStorage(HiCacheStorage):
             log.warning("%s: %d of %d pages unreadable (first: %s: %s)", op, len(bad), len(keys), *bad[0])
 
     @staticmethod
-    def _record(pages: list, bandwidth: list, regions: list, ok: List[bool], elapsed: float) -> None:
+    def _record(pages: list, bandwidth: list, layout: list, ok: List[bool], elapsed: float) -> None:
         done = sum(1 for x in ok if x)
         if not done or elapsed <= 0:
             return
-        nbytes = sum(sum(s for _, s in r) for r, good in zip(regions, ok) if good)
+        nbytes = sum(sum(s for _, s in r) for r, good in zip(layout, ok) if good)
         pages.append(done)
         bandwidth.append(nbytes / elapsed / (1 << 30))
 
