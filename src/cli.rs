@@ -1,77 +1,191 @@
-//! Command-line definitions and the role each invocation selects. A link to the binary named
-//! after a Mooncake program (`mooncake_master`) runs that role with Mooncake's flag spellings.
+//! The roles of the binary, in one table. An invocation selects a role by its subcommand
+//! (`rbgctl master …`) or, busybox style, by the program name it was started under: a link
+//! named `mooncake_master` runs the master with Mooncake's flag spellings.
 
-use crate::master::config::MasterArgs;
-use crate::store::config::StoreArgs;
-use clap::{Parser, Subcommand};
+use crate::config::mooncake::{self, MooncakeEnv};
+use clap::{ArgMatches, Args, Command, FromArgMatches};
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "rbgctl",
-    version,
-    about = "Every role of an LLM inference service with a distributed KV cache"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
+/// What a role returns to `main`.
+pub type RoleResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// One entry of the table.
+pub struct Role {
+    /// The subcommand.
+    pub name: &'static str,
+    /// Program names (argv[0] links to the binary) that run this role directly.
+    pub links: &'static [&'static str],
+    pub about: &'static str,
+    /// Adds the role's flags to its command.
+    args: fn(Command) -> Command,
+    /// Runs the role with its parsed flags.
+    run: fn(&ArgMatches) -> RoleResult,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// KV-cache pool manager (Mooncake master): segments, objects, replicas, leases, eviction.
-    Master(MasterArgs),
-    /// Storage node contributing a segment of memory to the pool (Mooncake store).
-    Store(StoreArgs),
-    /// OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing,
-    /// prefill/decode disaggregation, health checks, retries, circuit breakers.
-    Router(Box<crate::router::config::RouterArgs>),
-    /// Kubernetes controller for RoleBasedGroup objects (ordered startup, in-place upgrade,
-    /// coordination, discovery), talking plain REST to the API server.
-    Operator(crate::operator::OperatorArgs),
-    /// The whole service on loopback in one command: master, stores, SIMULATED engines, router.
-    Up(crate::up::UpArgs),
-    /// A SIMULATED SGLang-compatible engine (no model, no GPU: timing from a cost model) with a
-    /// paged prefix cache over device, host and the rbgctl pool (L1/L2/L3).
-    SimEngine(crate::engine::SimEngineArgs),
-    /// Put, get and inspect objects from the command line.
-    Kv(crate::kv::KvArgs),
-    /// Load tools.
-    Bench(crate::bench::BenchArgs),
-    /// The master with `mooncake_master`'s flag spellings (`--rpc_port=50051`, ...).
-    #[command(name = "mooncake_master", disable_help_flag = true)]
-    MooncakeMaster {
-        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
-        args: Vec<String>,
+impl Role {
+    fn command(&self) -> Command {
+        (self.args)(Command::new(self.name)).about(self.about)
+    }
+}
+
+fn parsed<A: FromArgMatches>(m: &ArgMatches) -> Result<A, clap::Error> {
+    A::from_arg_matches(m)
+}
+
+/// Every role, in the order `rbgctl --help` lists them.
+pub static ROLES: &[Role] = &[
+    Role {
+        name: "master",
+        links: &[],
+        about: "KV-cache pool manager (Mooncake master): segments, objects, replicas, leases, eviction",
+        args: crate::master::config::MasterArgs::augment_args,
+        run: |m| {
+            let args: crate::master::config::MasterArgs = parsed(m)?;
+            Ok(crate::master::run(args.resolve()?)?)
+        },
     },
+    Role {
+        name: "store",
+        links: &[],
+        about: "Storage node contributing a segment of memory to the pool (Mooncake store)",
+        args: crate::store::config::StoreArgs::augment_args,
+        run: |m| {
+            let args: crate::store::config::StoreArgs = parsed(m)?;
+            Ok(crate::store::run(
+                args.resolve(&MooncakeEnv::from_process()?)?,
+            )?)
+        },
+    },
+    Role {
+        name: "router",
+        links: &[],
+        about: "OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing, \
+                prefill/decode disaggregation, health checks, retries, circuit breakers",
+        args: crate::router::config::RouterArgs::augment_args,
+        run: |m| {
+            let args: crate::router::config::RouterArgs = parsed(m)?;
+            Ok(crate::router::run(args.resolve()?)?)
+        },
+    },
+    Role {
+        name: "operator",
+        links: &[],
+        about: "Kubernetes controller for RoleBasedGroup objects (ordered startup, in-place \
+                upgrade, coordination, discovery), talking plain REST to the API server",
+        args: crate::operator::OperatorArgs::augment_args,
+        run: |m| Ok(crate::operator::run(parsed(m)?)?),
+    },
+    Role {
+        name: "up",
+        links: &[],
+        about: "The whole service on loopback in one command: master, stores, SIMULATED engines, router",
+        args: crate::up::UpArgs::augment_args,
+        run: |m| Ok(crate::up::run(parsed(m)?)?),
+    },
+    Role {
+        name: "sim-engine",
+        links: &[],
+        about: "A SIMULATED SGLang-compatible engine (no model, no GPU: timing from a cost model) \
+                with a paged prefix cache over device, host and the rbgctl pool (L1/L2/L3)",
+        args: crate::engine::SimEngineArgs::augment_args,
+        run: |m| {
+            let args: crate::engine::SimEngineArgs = parsed(m)?;
+            Ok(crate::engine::run(args.resolve()?)?)
+        },
+    },
+    Role {
+        name: "kv",
+        links: &[],
+        about: "Put, get and inspect objects from the command line",
+        args: crate::kv::KvArgs::augment_args,
+        run: |m| Ok(crate::kv::run(parsed(m)?)?),
+    },
+    Role {
+        name: "bench",
+        links: &[],
+        about: "Load tools",
+        args: crate::bench::BenchArgs::augment_args,
+        run: |m| Ok(crate::bench::run(parsed(m)?)?),
+    },
+    Role {
+        name: "mooncake_master",
+        links: &["mooncake_master"],
+        about: "The master with mooncake_master's flag spellings (--rpc_port=50051, ...)",
+        args: |c| {
+            c.disable_help_flag(true).arg(
+                clap::Arg::new("args")
+                    .num_args(0..)
+                    .allow_hyphen_values(true)
+                    .trailing_var_arg(true),
+            )
+        },
+        run: |m| {
+            let args: Vec<String> = m
+                .get_many::<String>("args")
+                .map(|v| v.cloned().collect())
+                .unwrap_or_default();
+            let cfg = mooncake::parse_master_flags(&args)?.resolve()?;
+            Ok(crate::master::run(cfg)?)
+        },
+    },
+];
+
+/// The top-level command: every role as a subcommand.
+pub fn command() -> Command {
+    Command::new("rbgctl")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("Every role of an LLM inference service with a distributed KV cache")
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommands(ROLES.iter().map(Role::command))
 }
 
-/// The role selected by how the binary was invoked.
-#[derive(Debug)]
-pub enum Invocation {
-    Cli(Box<Cli>),
-    /// Invoked as `mooncake_master`: the raw arguments after the program name.
-    MooncakeMaster(Vec<String>),
+/// A role chosen, with its parsed flags.
+pub struct Invocation {
+    pub role: &'static Role,
+    matches: ArgMatches,
+}
+
+impl std::fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invocation")
+            .field("role", &self.role.name)
+            .finish()
+    }
+}
+
+impl Invocation {
+    pub fn run(&self) -> RoleResult {
+        (self.role.run)(&self.matches)
+    }
 }
 
 /// Chooses the role: from the program name (busybox style), else from the subcommand.
 pub fn parse(argv: Vec<String>) -> Result<Invocation, clap::Error> {
     let program = argv
         .first()
-        .map(|a| {
-            std::path::Path::new(a)
-                .file_name()
-                .and_then(|f| f.to_str())
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap_or_default();
-    if program == "mooncake_master" {
-        return Ok(Invocation::MooncakeMaster(argv[1..].to_vec()));
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|f| f.to_str())
+        .unwrap_or("");
+    if let Some(role) = ROLES.iter().find(|r| r.links.contains(&program)) {
+        let matches = role.command().try_get_matches_from(argv)?;
+        return Ok(Invocation { role, matches });
     }
-    let cli = Cli::try_parse_from(argv)?;
-    Ok(match cli.command {
-        Command::MooncakeMaster { args } => Invocation::MooncakeMaster(args),
-        command => Invocation::Cli(Box::new(Cli { command })),
+    let top = command().try_get_matches_from(argv)?;
+    let Some((name, sub)) = top.subcommand() else {
+        return Err(command().error(
+            clap::error::ErrorKind::MissingSubcommand,
+            "a role is required",
+        ));
+    };
+    let role = ROLES.iter().find(|r| r.name == name).ok_or_else(|| {
+        command().error(
+            clap::error::ErrorKind::InvalidSubcommand,
+            format!("no role {name}"),
+        )
+    })?;
+    Ok(Invocation {
+        role,
+        matches: sub.clone(),
     })
 }
 
@@ -83,20 +197,41 @@ mod tests {
         s.split_whitespace().map(str::to_string).collect()
     }
 
+    fn mooncake_args(i: &Invocation) -> Vec<String> {
+        i.matches
+            .get_many::<String>("args")
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn program_name_selects_the_role() {
-        match parse(argv("/usr/local/bin/mooncake_master --rpc_port=1")).unwrap() {
-            Invocation::MooncakeMaster(a) => assert_eq!(a, vec!["--rpc_port=1"]),
-            other => panic!("{other:?}"),
-        }
-        match parse(argv("rbgctl mooncake_master --rpc_port 2")).unwrap() {
-            Invocation::MooncakeMaster(a) => assert_eq!(a, vec!["--rpc_port", "2"]),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            parse(argv("rbgctl master --rpc-port 5")).unwrap(),
-            Invocation::Cli(_)
-        ));
+        let i = parse(argv("/usr/local/bin/mooncake_master --rpc_port=1")).unwrap();
+        assert_eq!(i.role.name, "mooncake_master");
+        assert_eq!(mooncake_args(&i), vec!["--rpc_port=1"]);
+        let i = parse(argv("rbgctl mooncake_master --rpc_port 2")).unwrap();
+        assert_eq!(i.role.name, "mooncake_master");
+        assert_eq!(mooncake_args(&i), vec!["--rpc_port", "2"]);
+        assert_eq!(
+            parse(argv("rbgctl master --rpc-port 5")).unwrap().role.name,
+            "master"
+        );
         assert!(parse(argv("rbgctl frobnicate")).is_err());
+    }
+
+    #[test]
+    fn the_table_is_a_valid_command_line() {
+        command().debug_assert();
+        let names: std::collections::HashSet<_> = ROLES.iter().map(|r| r.name).collect();
+        assert_eq!(names.len(), ROLES.len(), "role names are unique");
+        for r in ROLES {
+            for link in r.links {
+                assert_eq!(
+                    ROLES.iter().filter(|o| o.links.contains(link)).count(),
+                    1,
+                    "link {link} names one role"
+                );
+            }
+        }
     }
 }

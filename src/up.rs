@@ -7,6 +7,7 @@
 //! [`Stack`] is the same machinery as a library: `rbgctl bench tiers` and the tests use it.
 
 use crate::config::ByteSize;
+use crate::shutdown::Shutdown;
 use crate::transfer::message::ListSegmentsResp;
 use crate::transfer::{ConnOptions, Connection, Opcode};
 use serde::Deserialize;
@@ -438,9 +439,8 @@ impl Stack {
         }
         let e = &cfg.engines;
         let roles: Vec<&'static str> = if e.pd() {
-            std::iter::repeat("prefill")
-                .take(e.prefill)
-                .chain(std::iter::repeat("decode").take(e.decode))
+            std::iter::repeat_n("prefill", e.prefill)
+                .chain(std::iter::repeat_n("decode", e.decode))
                 .collect()
         } else {
             vec!["regular"; e.count]
@@ -589,34 +589,19 @@ impl Drop for Stack {
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = args.resolve()?;
-    // Signal handlers first, so that a SIGTERM during start-up still stops the children cleanly.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (mut term, mut int) = runtime.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok::<_, std::io::Error>((
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::interrupt())?,
-        ))
-    })?;
+    // The signal token first, so that a SIGTERM during start-up still stops the children cleanly.
+    let stop = Shutdown::on_signals()?;
     let exe = std::env::current_exe()?;
     let mut stack = Stack::start(&cfg, &exe, false)?;
     stack.print();
-    let failed = runtime.block_on(async {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            tokio::select! {
-                _ = term.recv() => return None,
-                _ = int.recv() => return None,
-                _ = tick.tick() => {
-                    if let Some(why) = stack.exited() {
-                        return Some(why);
-                    }
-                }
-            }
+    let failed = loop {
+        if stop.sleep(Duration::from_millis(200)) {
+            break None;
         }
-    });
+        if let Some(why) = stack.exited() {
+            break Some(why);
+        }
+    };
     eprintln!("stopping...");
     stack.stop();
     match failed {

@@ -591,6 +591,36 @@ fn two_operators_share_one_lease_and_the_standby_takes_over() {
 }
 
 #[test]
+fn a_standby_stops_on_sigterm_and_never_takes_the_lease() {
+    let e = env();
+    let mut a = e.operator("a");
+    assert!(wait_until(T, || e
+        .api
+        .get("leases", NS, "rbgctl-operator")
+        .is_some_and(|l| l["spec"]["holderIdentity"] == "a")));
+    let mut b = e.operator("b");
+    // b stands by: it has read the Lease at least twice (so it is between attempts).
+    let attempts = || {
+        e.api
+            .counts()
+            .requests_by_agent
+            .get("rbgctl-operator/b")
+            .copied()
+            .unwrap_or(0)
+    };
+    assert!(wait_until(T, || attempts() >= 2), "b never tried the lease");
+    assert!(
+        b.sigterm_exits_within(Duration::from_secs(5)),
+        "the standby ignored SIGTERM"
+    );
+    // The leader stops too (cleanly: it gives the lease up); nobody holds it afterwards.
+    assert!(a.sigterm_exits_within(Duration::from_secs(5)));
+    let l = e.api.get("leases", NS, "rbgctl-operator").unwrap();
+    assert_eq!(l["spec"]["holderIdentity"], Value::Null, "{l}");
+    assert_eq!(l["spec"]["leaseTransitions"], 0, "{l}");
+}
+
+#[test]
 fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
     let e = env();
     let _op = e.operator("a");

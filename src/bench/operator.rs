@@ -84,11 +84,11 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
         metrics_host: "127.0.0.1".into(),
         watch_timeout_secs: 290,
     };
-    std::thread::spawn(move || {
-        if let Err(e) = crate::operator::run(op) {
-            eprintln!("operator: {e:#}");
-        }
-    });
+    let operator = crate::operator::start(
+        op,
+        crate::operator::Listeners { metrics: None },
+        crate::shutdown::Shutdown::new(),
+    )?;
     // Let the informers list before the clock starts.
     std::thread::sleep(Duration::from_millis(500));
     api.reset_counts();
@@ -152,6 +152,7 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
             steady.total()
         );
     }
+    operator.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -308,11 +308,11 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
         let bar = indicatif::ProgressBar::new(data.len() as u64);
         let start = Instant::now();
         let mut tasks = Vec::with_capacity(data.len());
-        let mut stop = Box::pin(crate::shutdown_signal());
+        let stop = crate::shutdown::Shutdown::on_signals()?;
         for (ids, out) in &data {
             let permit = tokio::select! {
                 p = limit.clone().acquire_owned() => p?,
-                _ = &mut stop => break,
+                _ = stop.wait() => break,
             };
             let (http, url, b, n, bar) = (
                 http.clone(),

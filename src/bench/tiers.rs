@@ -73,7 +73,7 @@ pub fn run(a: TiersArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let mut results = Vec::new();
-    let mut stop = Box::pin(crate::shutdown_signal());
+    let stop = crate::shutdown::Shutdown::on_signals()?;
     for (name, cfg) in layouts(&base)? {
         eprintln!("tiers: {name}: starting the service (SIMULATED engines)...");
         let mut stack = Stack::start(&cfg, &exe, true)?;
@@ -94,7 +94,7 @@ pub fn run(a: TiersArgs) -> anyhow::Result<()> {
         } else {
             format!("{}:{name}", w.tag)
         };
-        let r = rt.block_on(multiturn::run_rate(&w, w.request_rate, &mut stop))?;
+        let r = rt.block_on(multiturn::run_rate(&w, w.request_rate, &stop))?;
         stack.stop();
         if !w.log_file.is_empty() {
             multiturn::append_log(

@@ -153,10 +153,15 @@ impl Client {
     /// Connects to the master (checked with a first heartbeat) and starts heartbeating.
     pub fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
         let embedded = match &cfg.embedded_store {
-            Some(store_cfg) => Some(Store::start(&StoreConfig {
-                master: cfg.master.clone(),
-                ..store_cfg.clone()
-            })?),
+            Some(store_cfg) => {
+                let store_cfg = StoreConfig {
+                    master: cfg.master.clone(),
+                    ..store_cfg.clone()
+                };
+                let data = crate::role::bind("store data", &store_cfg.bind_address, store_cfg.port)
+                    .map_err(crate::store::StoreError::from)?;
+                Some(Store::start(&store_cfg, data)?)
+            }
             None => None,
         };
         let inner = Arc::new(Inner {
@@ -184,7 +189,7 @@ impl Client {
 
     /// The segment name of the embedded store, if this client contributes memory.
     pub fn local_segment(&self) -> Option<&str> {
-        self.embedded.as_ref().map(|s| s.name.as_str())
+        self.embedded.as_ref().map(|s| s.name())
     }
 
     /// Stores `value` under `key`, replacing any previous value.

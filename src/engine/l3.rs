@@ -3,7 +3,7 @@
 //! real transfers into a buffer and are checked byte for byte.
 
 use super::tokens::{page_bytes, page_bytes_ok};
-use crate::client::{Client, ClientConfig, ReplicateConfig};
+use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,14 @@ pub struct L3Stats {
     pub write_errors: AtomicU64,
 }
 
+/// The pool could not be reached in time.
+#[derive(Debug, thiserror::Error)]
+#[error("L3: cannot reach the master at {master}: {source}")]
+pub struct L3Error {
+    master: String,
+    source: ClientError,
+}
+
 pub struct L3 {
     client: Client,
     page_bytes: usize,
@@ -26,7 +34,7 @@ pub struct L3 {
 
 impl L3 {
     /// Connects to the master, retrying for up to `wait` (the pool may still be starting).
-    pub fn connect(master: &str, page_bytes: usize, wait: Duration) -> anyhow::Result<L3> {
+    pub fn connect(master: &str, page_bytes: usize, wait: Duration) -> Result<L3, L3Error> {
         let deadline = Instant::now() + wait;
         loop {
             match Client::connect(ClientConfig::new(master)) {
@@ -37,8 +45,11 @@ impl L3 {
                         stats: L3Stats::default(),
                     })
                 }
-                Err(e) if Instant::now() >= deadline => {
-                    anyhow::bail!("L3: cannot reach the master at {master}: {e}")
+                Err(source) if Instant::now() >= deadline => {
+                    return Err(L3Error {
+                        master: master.to_string(),
+                        source,
+                    })
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(200)),
             }

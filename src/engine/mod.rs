@@ -8,15 +8,22 @@
 //! play the prefill or the decode side of a disaggregated deployment behind `rbgctl router`.
 
 pub mod cache;
+pub mod config;
 pub mod cost;
 pub mod l3;
 pub mod server;
 pub mod tokens;
 
-use clap::{Args, ValueEnum};
+use crate::config::ConfigError;
+use crate::role::{self, BindError};
+use crate::shutdown::Shutdown;
+use clap::ValueEnum;
+pub use config::{EngineConfig, SimEngineArgs};
+use serde::{Deserialize, Serialize};
+use std::net::{SocketAddr, TcpListener};
 
 /// The part it plays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Prefill and decode.
@@ -27,93 +34,96 @@ pub enum Mode {
     Decode,
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct SimEngineArgs {
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    #[arg(long, default_value_t = 30000)]
-    pub port: u16,
-    /// `regular`, `prefill` or `decode` (SGLang's `--disaggregation-mode`).
-    #[arg(long = "disaggregation-mode", alias = "mode", value_enum, default_value_t = Mode::Regular)]
-    pub mode: Mode,
-    /// Prefill mode: also serve the KV bootstrap on this port (the router sends it to decode).
-    #[arg(long)]
-    pub disaggregation_bootstrap_port: Option<u16>,
-    /// Model name it reports.
-    #[arg(long = "served-model-name", default_value = "simulated-model")]
-    pub model: String,
-    /// Tokens per KV page (SGLang's `--page-size`).
-    #[arg(long, default_value_t = 64)]
-    pub page_size: usize,
-    /// Device (L1) prefix cache, in tokens.
-    #[arg(long, default_value_t = 65_536)]
-    pub device_cache_tokens: usize,
-    /// Host (L2) cache, in tokens; 0 = none.
-    #[arg(long, default_value_t = 0)]
-    pub host_cache_tokens: usize,
-    /// Use the rbgctl KV pool at this master address as the L3 tier.
-    #[arg(long)]
-    pub l3_master: Option<String>,
-    /// KV bytes per token (page objects are `page-size` x this).
-    #[arg(long, default_value_t = 4096)]
-    pub bytes_per_token: usize,
-    /// Prefill compute per uncached token, microseconds.
-    #[arg(long, default_value_t = 100.0)]
-    pub prefill_us_per_token: f64,
-    /// Copy to device per token loaded from L2 or L3, microseconds.
-    #[arg(long, default_value_t = 5.0)]
-    pub load_us_per_token: f64,
-    /// Decode step, milliseconds.
-    #[arg(long, default_value_t = 5.0)]
-    pub decode_ms_per_token: f64,
-    /// Prefill-to-decode KV transfer bandwidth (PD), GB/s; 0 = instant.
-    #[arg(long, default_value_t = 10.0)]
-    pub kv_transfer_gbps: f64,
-    /// Tokens generated when a request does not say.
-    #[arg(long, default_value_t = 128)]
-    pub default_max_tokens: usize,
+/// Errors that stop the SIMULATED engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    L3(#[from] l3::L3Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
-impl SimEngineArgs {
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.page_size > 0, "--page-size must be positive");
-        anyhow::ensure!(
-            self.device_cache_tokens >= self.page_size,
-            "--device-cache-tokens must hold at least one page ({} tokens)",
-            self.page_size
-        );
-        anyhow::ensure!(
-            self.bytes_per_token > 0,
-            "--bytes-per-token must be positive"
-        );
-        for (name, v) in [
-            ("--prefill-us-per-token", self.prefill_us_per_token),
-            ("--load-us-per-token", self.load_us_per_token),
-            ("--decode-ms-per-token", self.decode_ms_per_token),
-            ("--kv-transfer-gbps", self.kv_transfer_gbps),
-        ] {
-            anyhow::ensure!(
-                v.is_finite() && v >= 0.0,
-                "{name} must be a non-negative number"
-            );
-        }
+/// The engine's sockets, bound before it starts (port 0 lets the kernel choose).
+pub struct Listeners {
+    /// SGLang's and OpenAI's API.
+    pub http: TcpListener,
+    /// The KV bootstrap (prefill mode with a bootstrap port only).
+    pub bootstrap: Option<TcpListener>,
+}
+
+impl Listeners {
+    pub fn bind(cfg: &EngineConfig) -> Result<Listeners, EngineError> {
+        Ok(Listeners {
+            http: role::bind("engine", &cfg.host, cfg.port)?,
+            bootstrap: match (cfg.mode, cfg.disaggregation_bootstrap_port) {
+                (Mode::Prefill, Some(p)) => Some(role::bind("engine bootstrap", &cfg.host, p)?),
+                _ => None,
+            },
+        })
+    }
+}
+
+/// Where a started engine listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Addrs {
+    pub http: SocketAddr,
+    pub bootstrap: Option<SocketAddr>,
+}
+
+pub type Handle = role::Handle<Addrs, EngineError>;
+
+/// Starts the SIMULATED engine on bound listeners (after connecting to its L3 pool, if any);
+/// it runs until `shutdown` fires.
+pub fn start(
+    cfg: EngineConfig,
+    listeners: Listeners,
+    shutdown: Shutdown,
+) -> Result<Handle, EngineError> {
+    cfg.validate()?;
+    let addrs = Addrs {
+        http: listeners.http.local_addr()?,
+        bootstrap: listeners
+            .bootstrap
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()?,
+    };
+    let l3 = match &cfg.l3_master {
+        Some(master) => Some(l3::L3::connect(
+            master,
+            cfg.page_size * cfg.bytes_per_token,
+            std::time::Duration::from_secs(30),
+        )?),
+        None => None,
+    };
+    let runtime = role::runtime("sim-engine", None)?;
+    let (http, bootstrap) = {
+        let _guard = runtime.enter();
+        (
+            role::async_listener(listeners.http)?,
+            listeners.bootstrap.map(role::async_listener).transpose()?,
+        )
+    };
+    let app = server::app(cfg, l3, &addrs);
+    if let Some(b) = bootstrap {
+        runtime.spawn(role::serve_http(b, app.clone(), shutdown.clone()));
+    }
+    role::announce("sim-engine", &addrs);
+    let stop = shutdown.clone();
+    Ok(Handle::spawn("sim-engine", addrs, shutdown, move || {
+        runtime.block_on(role::serve_http(http, app, stop));
+        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         Ok(())
-    }
-
-    pub fn cost(&self) -> cost::CostModel {
-        cost::CostModel {
-            prefill_us_per_token: self.prefill_us_per_token,
-            load_us_per_token: self.load_us_per_token,
-            decode_ms_per_token: self.decode_ms_per_token,
-            kv_transfer_gbps: self.kv_transfer_gbps,
-        }
-    }
+    })?)
 }
 
-pub fn run(args: SimEngineArgs) -> anyhow::Result<()> {
-    args.validate()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(server::serve(args))
+/// Runs the SIMULATED engine on the addresses of its config until SIGINT or SIGTERM.
+pub fn run(cfg: EngineConfig) -> Result<(), EngineError> {
+    cfg.validate()?;
+    let listeners = Listeners::bind(&cfg)?;
+    start(cfg, listeners, Shutdown::on_signals()?)?.wait()
 }

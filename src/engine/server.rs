@@ -6,7 +6,7 @@ use super::cache::Tiers;
 use super::cost::CostModel;
 use super::l3::L3;
 use super::tokens;
-use super::{Mode, SimEngineArgs};
+use super::{EngineConfig, Mode};
 use crate::telemetry::PromText;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -56,7 +56,7 @@ struct Room {
 }
 
 pub struct Engine {
-    args: SimEngineArgs,
+    cfg: EngineConfig,
     cost: CostModel,
     tiers: Mutex<Tiers>,
     /// One device: prefills run one at a time.
@@ -259,12 +259,12 @@ impl Drop for Gauge<'_> {
 
 impl Engine {
     fn page_bytes(&self) -> usize {
-        self.args.page_size * self.args.bytes_per_token
+        self.cfg.page_size * self.cfg.bytes_per_token
     }
 
     /// Cache lookup, L3 prefetch, then the prefill itself on the device.
     async fn prefill(&self, prompt: &[u32]) -> Prefilled {
-        let keys = tokens::page_keys(prompt, self.args.page_size);
+        let keys = tokens::page_keys(prompt, self.cfg.page_size);
         let m = self.tiers.lock().lookup(&keys);
         let mut from_storage = 0;
         if let Some(l3) = &self.l3 {
@@ -276,7 +276,7 @@ impl Engine {
                     .unwrap_or(0);
             }
         }
-        let page = self.args.page_size;
+        let page = self.cfg.page_size;
         // The last prompt token is always computed, as SGLang does.
         let cached = ((m.pages() + from_storage) * page).min(prompt.len() - 1);
         let loaded = ((m.host + from_storage) * page).min(cached);
@@ -326,7 +326,7 @@ impl Engine {
             .await
             .map_err(|e| format!("bootstrap {url}: {e}"))?;
         let cached = v["cached_tokens"].as_u64().unwrap_or(0) as usize;
-        tokio::time::sleep(self.cost.kv_transfer(prompt * self.args.bytes_per_token)).await;
+        tokio::time::sleep(self.cost.kv_transfer(prompt * self.cfg.bytes_per_token)).await;
         Ok(Prefilled {
             cached_tokens: cached.min(prompt),
         })
@@ -337,7 +337,7 @@ impl Engine {
     fn finish(&self, prompt: &[u32], out: &[u32]) {
         let mut seq = prompt.to_vec();
         seq.extend_from_slice(out);
-        let keys = tokens::page_keys(&seq, self.args.page_size);
+        let keys = tokens::page_keys(&seq, self.cfg.page_size);
         self.tiers.lock().insert(&keys);
         if let Some(l3) = &self.l3 {
             match self.backups.clone().try_acquire_owned() {
@@ -400,11 +400,11 @@ fn chunk(e: &Engine, r: &Req, out: &[u32], cached: usize, last: bool, stream: bo
                 delta["role"] = json!("assistant");
             }
             json!({"id": r.rid, "object": "chat.completion.chunk", "created": created(),
-                "model": e.args.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish(true)}]})
+                "model": e.cfg.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish(true)}]})
         }
         (Api::Chat, false) => {
             json!({"id": r.rid, "object": "chat.completion", "created": created(),
-            "model": e.args.model, "choices": [{"index": 0, "message": {"role": "assistant",
+            "model": e.cfg.model, "choices": [{"index": 0, "message": {"role": "assistant",
             "content": tokens::decode(out)}, "finish_reason": "length"}], "usage": usage})
         }
         (Api::Completions, true) => {
@@ -412,11 +412,11 @@ fn chunk(e: &Engine, r: &Req, out: &[u32], cached: usize, last: bool, stream: bo
                 .last()
                 .map(|&t| tokens::decode_one(t))
                 .unwrap_or_default();
-            json!({"id": r.rid, "object": "text_completion", "created": created(), "model": e.args.model,
+            json!({"id": r.rid, "object": "text_completion", "created": created(), "model": e.cfg.model,
                 "choices": [{"index": 0, "text": t, "finish_reason": finish(true)}]})
         }
         (Api::Completions, false) => json!({"id": r.rid, "object": "text_completion",
-            "created": created(), "model": e.args.model, "choices": [{"index": 0,
+            "created": created(), "model": e.cfg.model, "choices": [{"index": 0,
             "text": tokens::decode(out), "finish_reason": "length"}], "usage": usage}),
     }
 }
@@ -438,7 +438,7 @@ async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<
     let _running = Gauge::up(&e.m.running, 1);
     let _tokens = Gauge::up(&e.m.tokens_in_flight, (r.tokens.len() + r.max_new) as i64);
     let prompt = r.tokens.len();
-    let (pre, n) = match (e.args.mode, &r.bootstrap) {
+    let (pre, n) = match (e.cfg.mode, &r.bootstrap) {
         (Mode::Decode, Some((host, port, room))) => {
             (e.await_prefill(host, *port, *room, prompt).await?, r.max_new)
         }
@@ -471,14 +471,14 @@ async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<
     }
     e.m.generated_tokens
         .fetch_add(out.len() as u64, Ordering::Relaxed);
-    if e.args.mode != Mode::Decode {
+    if e.cfg.mode != Mode::Decode {
         e.finish(&r.tokens, &out);
     }
     if let Some(tx) = &tx {
         if r.include_usage && r.api != Api::Generate {
             let n = out.len();
             let usage = json!({"id": r.rid, "object": "chat.completion.chunk", "created": created(),
-                "model": e.args.model, "choices": [], "usage": {"prompt_tokens": prompt,
+                "model": e.cfg.model, "choices": [], "usage": {"prompt_tokens": prompt,
                 "completion_tokens": n, "total_tokens": prompt + n,
                 "prompt_tokens_details": {"cached_tokens": pre.cached_tokens}}});
             let _ = tx.send(sse(&usage)).await;
@@ -504,7 +504,7 @@ async fn infer(State(e): S, uri: Uri, body: Bytes) -> Response {
             return bad(format!("simulated engine: the body is not JSON: {err}"));
         }
     };
-    let r = match parse(api, &v, e.args.default_max_tokens, id) {
+    let r = match parse(api, &v, e.cfg.default_max_tokens, id) {
         Ok(r) => r,
         Err(msg) => {
             e.m.errors.fetch_add(1, Ordering::Relaxed);
@@ -578,7 +578,7 @@ async fn bootstrap(State(e): S, Path(room): Path<u64>) -> Response {
 }
 
 async fn server_info(State(e): S) -> Json<Value> {
-    let a = &e.args;
+    let a = &e.cfg;
     Json(json!({
         "simulated": true,
         "version": concat!("rbgctl-sim-", env!("CARGO_PKG_VERSION")),
@@ -596,14 +596,14 @@ async fn server_info(State(e): S) -> Json<Value> {
 
 async fn model_info(State(e): S) -> Json<Value> {
     Json(
-        json!({"model_path": e.args.model, "tokenizer_path": e.args.model,
+        json!({"model_path": e.cfg.model, "tokenizer_path": e.cfg.model,
         "is_generation": true, "simulated": true}),
     )
 }
 
 async fn models(State(e): S) -> Json<Value> {
     Json(
-        json!({"object": "list", "data": [{"id": e.args.model, "object": "model",
+        json!({"object": "list", "data": [{"id": e.cfg.model, "object": "model",
         "owned_by": "rbgctl (simulated engine)"}]}),
     )
 }
@@ -624,7 +624,7 @@ async fn load(State(e): S) -> Json<Value> {
 async fn metrics(State(e): S) -> Response {
     let m = &e.m;
     let c = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-    let model = [("model_name", e.args.model.as_str())];
+    let model = [("model_name", e.cfg.model.as_str())];
     let mut p = PromText::new();
     let cached = c(&m.cached_device) + c(&m.cached_host) + c(&m.cached_storage);
     let prompt = c(&m.prompt_tokens);
@@ -791,13 +791,14 @@ pub fn router(e: Arc<Engine>) -> Router {
         .with_state(e)
 }
 
-pub fn engine(args: SimEngineArgs, l3: Option<L3>) -> Arc<Engine> {
-    let page = args.page_size.max(1);
-    Arc::new(Engine {
-        cost: args.cost(),
+/// The engine's HTTP app: every endpoint over one engine state.
+pub fn app(cfg: EngineConfig, l3: Option<L3>, addrs: &super::Addrs) -> Router {
+    let page = cfg.page_size.max(1);
+    let e = Arc::new(Engine {
+        cost: cfg.cost(),
         tiers: Mutex::new(Tiers::new(
-            args.device_cache_tokens / page,
-            args.host_cache_tokens / page,
+            cfg.device_cache_tokens / page,
+            cfg.host_cache_tokens / page,
         )),
         device: Semaphore::new(1),
         l3: l3.map(Arc::new),
@@ -807,52 +808,19 @@ pub fn engine(args: SimEngineArgs, l3: Option<L3>) -> Arc<Engine> {
         http: reqwest::Client::new(),
         m: Counters::default(),
         next_id: AtomicU64::new(0),
-        args,
-    })
-}
-
-pub async fn serve(args: SimEngineArgs) -> anyhow::Result<()> {
-    let l3 = match &args.l3_master {
-        Some(master) => {
-            let (master, bytes) = (master.clone(), args.page_size * args.bytes_per_token);
-            Some(
-                tokio::task::spawn_blocking(move || {
-                    L3::connect(&master, bytes, Duration::from_secs(30))
-                })
-                .await??,
-            )
-        }
-        None => None,
-    };
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
-    let addr = listener.local_addr()?;
-    let boot = match (args.mode, args.disaggregation_bootstrap_port) {
-        (Mode::Prefill, Some(p)) => {
-            Some(tokio::net::TcpListener::bind((args.host.as_str(), p)).await?)
-        }
-        _ => None,
-    };
-    let e = engine(args, l3);
+        cfg,
+    });
     tracing::info!(
-        %addr,
-        mode = ?e.args.mode,
-        l1_tokens = e.args.device_cache_tokens,
-        l2_tokens = e.args.host_cache_tokens,
-        l3 = e.args.l3_master.as_deref().unwrap_or("off"),
+        addr = %addrs.http,
+        bootstrap = ?addrs.bootstrap,
+        mode = ?e.cfg.mode,
+        l1_tokens = e.cfg.device_cache_tokens,
+        l2_tokens = e.cfg.host_cache_tokens,
+        l3 = e.cfg.l3_master.as_deref().unwrap_or("off"),
         page_bytes = e.page_bytes(),
         "SIMULATED engine serving (no model, no GPU: timing from a cost model)"
     );
-    let app = router(e);
-    if let Some(b) = boot {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(b, app).await;
-        });
-    }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(crate::shutdown_signal())
-        .await?;
-    Ok(())
+    router(e)
 }
 
 #[cfg(test)]

@@ -156,6 +156,8 @@ struct Watcher {
 #[derive(Clone, Debug, Default)]
 pub struct Counts {
     pub by_verb: BTreeMap<String, u64>,
+    /// Every request, by the client's user agent.
+    pub requests_by_agent: BTreeMap<String, u64>,
     pub writes_by_agent: BTreeMap<String, u64>,
     pub writes_by_resource: BTreeMap<String, u64>,
 }
@@ -679,6 +681,11 @@ async fn handle(
         _ => "other",
     };
     *inner.counts.by_verb.entry(verb.to_string()).or_default() += 1;
+    *inner
+        .counts
+        .requests_by_agent
+        .entry(agent.clone())
+        .or_default() += 1;
     if matches!(verb, "create" | "update" | "patch" | "delete") {
         if t.r.plural != "leases" {
             *inner.counts.writes_by_agent.entry(agent).or_default() += 1;
@@ -861,8 +868,8 @@ impl Inner {
             .iter()
             .filter(|((p, n, nm), o)| {
                 *p == t.r.plural
-                    && t.ns.as_ref().map_or(true, |ns| ns == n)
-                    && name.as_ref().map_or(true, |x| x == nm)
+                    && t.ns.as_ref().is_none_or(|ns| ns == n)
+                    && name.as_ref().is_none_or(|x| x == nm)
                     && sel.matches(o)
             })
             .map(|(_, o)| self.served(t.r, &t.version, o))
@@ -1094,7 +1101,7 @@ impl Inner {
         let finalizers_gone = new
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
-            .map_or(true, |f| f.is_empty());
+            .is_none_or(|f| f.is_empty());
         if new.pointer("/metadata/deletionTimestamp").is_some() && finalizers_gone {
             self.objects.remove(&key);
             self.record(r, ns, "DELETED", Some(old), new.clone());

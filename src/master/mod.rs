@@ -17,12 +17,15 @@ pub mod rpc;
 pub mod state;
 
 use crate::config::human_bytes;
+use crate::role::{self, BindError};
+use crate::shutdown::Shutdown;
 use crate::telemetry::OpStats;
 use crate::transfer::server::{self, ServerOptions};
 use config::MasterConfig;
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use state::MasterState;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,12 +33,8 @@ use std::time::{Duration, Instant};
 /// Errors that stop the master.
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
-    #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind {
-        what: &'static str,
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -68,16 +67,61 @@ pub fn summary_line(st: &MasterState, now: Instant) -> String {
     )
 }
 
-fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, MasterError> {
-    let addr = format!("{host}:{port}");
-    TcpListener::bind(&addr).map_err(|source| MasterError::Bind { what, addr, source })
+/// The master's sockets, bound before it starts (port 0 lets the kernel choose).
+pub struct Listeners {
+    pub rpc: TcpListener,
+    /// `/metrics`, `/health` and the admin API.
+    pub metrics: TcpListener,
+    /// Mooncake's HTTP metadata server, when enabled.
+    pub metadata: Option<TcpListener>,
 }
 
-/// Runs the master until SIGINT or SIGTERM.
-pub fn run(cfg: MasterConfig) -> Result<(), MasterError> {
+impl Listeners {
+    /// Binds the addresses the config names.
+    pub fn bind(cfg: &MasterConfig) -> Result<Listeners, MasterError> {
+        Ok(Listeners {
+            rpc: role::bind("rpc", &cfg.rpc_address, cfg.rpc_port)?,
+            metrics: role::bind("metrics", &cfg.metrics_host, cfg.metrics_port)?,
+            metadata: match cfg.enable_http_metadata_server {
+                true => Some(role::bind(
+                    "http metadata",
+                    &cfg.http_metadata_server_host,
+                    cfg.http_metadata_server_port,
+                )?),
+                false => None,
+            },
+        })
+    }
+
+    fn addrs(&self) -> std::io::Result<Addrs> {
+        Ok(Addrs {
+            rpc: self.rpc.local_addr()?,
+            metrics: self.metrics.local_addr()?,
+            metadata: self.metadata.as_ref().map(|l| l.local_addr()).transpose()?,
+        })
+    }
+}
+
+/// Where a started master listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Addrs {
+    pub rpc: SocketAddr,
+    pub metrics: SocketAddr,
+    pub metadata: Option<SocketAddr>,
+}
+
+pub type Handle = role::Handle<Addrs, MasterError>;
+
+/// Starts the master on bound listeners; it runs until `shutdown` fires.
+pub fn start(
+    cfg: MasterConfig,
+    listeners: Listeners,
+    shutdown: Shutdown,
+) -> Result<Handle, MasterError> {
+    let addrs = listeners.addrs()?;
     let state = Arc::new(Mutex::new(MasterState::new(cfg.clone())));
     let notifier = notifier::Notifier::new(state.clone());
-    notifier.spawn()?;
+    let notifier_thread = notifier.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
         notifier,
@@ -89,21 +133,8 @@ pub fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         service: service.clone(),
         started: Instant::now(),
     });
-
-    let rpc_listener = bind("rpc", &cfg.rpc_address, cfg.rpc_port)?;
-    let metrics_listener = bind("metrics", &cfg.metrics_host, cfg.metrics_port)?;
-    let metadata_listener = if cfg.enable_http_metadata_server {
-        Some(bind(
-            "http metadata",
-            &cfg.http_metadata_server_host,
-            cfg.http_metadata_server_port,
-        )?)
-    } else {
-        None
-    };
-
     let mut rpc = server::spawn(
-        rpc_listener,
+        listeners.rpc,
         service.clone(),
         ServerOptions {
             max_connections: cfg.max_connections,
@@ -112,16 +143,14 @@ pub fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         },
     )?;
     tracing::info!(addr = %rpc.addr, "master RPC listening");
-
     let housekeeper = {
-        let state = state.clone();
+        let (state, shutdown) = (state.clone(), shutdown.clone());
         let interval = cfg.summary_interval_ms.0;
         std::thread::Builder::new()
             .name("master-housekeeper".into())
             .spawn(move || {
                 let mut last_summary = Instant::now();
-                loop {
-                    std::thread::sleep(Duration::from_millis(50));
+                while !shutdown.sleep(Duration::from_millis(50)) {
                     let now = Instant::now();
                     let mut st = state.lock();
                     st.housekeeping(now);
@@ -132,35 +161,44 @@ pub fn run(cfg: MasterConfig) -> Result<(), MasterError> {
                 }
             })?
     };
-    drop(housekeeper);
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("master-http")
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        metrics_listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(metrics_listener)?;
-        tracing::info!(addr = %listener.local_addr()?, "master metrics and admin API listening");
-        tokio::spawn(serve(listener, http::admin_router(shared.clone())));
-        if let Some(l) = metadata_listener {
-            l.set_nonblocking(true)?;
-            let listener = tokio::net::TcpListener::from_std(l)?;
-            tracing::info!(addr = %listener.local_addr()?, "HTTP metadata server listening");
-            let store = Arc::new(Mutex::new(metadata::MetadataStore::default()));
-            tokio::spawn(serve(listener, http::metadata_router(store)));
-        }
-        crate::shutdown_signal().await;
-        Ok::<(), MasterError>(())
-    })?;
-    tracing::info!("master stopping");
-    rpc.stop();
-    Ok(())
+    let runtime = role::runtime("master-http", Some(2))?;
+    let (metrics, metadata) = {
+        let _guard = runtime.enter();
+        (
+            role::async_listener(listeners.metrics)?,
+            listeners.metadata.map(role::async_listener).transpose()?,
+        )
+    };
+    tracing::info!(addr = %addrs.metrics, "master metrics and admin API listening");
+    runtime.spawn(role::serve_http(
+        metrics,
+        http::admin_router(shared),
+        shutdown.clone(),
+    ));
+    if let Some(listener) = metadata {
+        tracing::info!(addr = ?addrs.metadata, "HTTP metadata server listening");
+        let store = Arc::new(Mutex::new(metadata::MetadataStore::default()));
+        runtime.spawn(role::serve_http(
+            listener,
+            http::metadata_router(store),
+            shutdown.clone(),
+        ));
+    }
+    role::announce("master", &addrs);
+    let stop = shutdown.clone();
+    Ok(Handle::spawn("master", addrs, shutdown, move || {
+        runtime.block_on(stop.wait());
+        tracing::info!("master stopping");
+        rpc.stop();
+        let _ = housekeeper.join();
+        let _ = notifier_thread.join();
+        runtime.shutdown_timeout(Duration::from_secs(5));
+        Ok(())
+    })?)
 }
 
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "HTTP server failed");
-    }
+/// Runs the master on the addresses of its config until SIGINT or SIGTERM.
+pub fn run(cfg: MasterConfig) -> Result<(), MasterError> {
+    let listeners = Listeners::bind(&cfg)?;
+    start(cfg, listeners, Shutdown::on_signals()?)?.wait()
 }

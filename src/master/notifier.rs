@@ -8,12 +8,14 @@
 //! forgets: when it reports its records again, the master rejects those it no longer has.
 
 use super::state::MasterState;
+use crate::shutdown::Shutdown;
 use crate::transfer::message::ForgetReq;
 use crate::transfer::{ConnOptions, Opcode, Pool};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Forgets per request.
@@ -46,22 +48,23 @@ impl Notifier {
         })
     }
 
-    /// Starts the delivery thread.
-    pub fn spawn(self: &Arc<Self>) -> std::io::Result<()> {
+    /// Starts the delivery thread; it delivers what is queued and returns once `shutdown` fires.
+    pub fn spawn(self: &Arc<Self>, shutdown: Shutdown) -> std::io::Result<JoinHandle<()>> {
         let me = self.clone();
         std::thread::Builder::new()
             .name("master-notifier".into())
-            .spawn(move || loop {
-                {
-                    let mut w = me.wake.lock();
-                    if !*w {
-                        me.wake_cv.wait_for(&mut w, TICK);
+            .spawn(move || {
+                while !shutdown.is_triggered() {
+                    {
+                        let mut w = me.wake.lock();
+                        if !*w {
+                            me.wake_cv.wait_for(&mut w, TICK);
+                        }
+                        *w = false;
                     }
-                    *w = false;
+                    me.flush();
                 }
-                me.flush();
-            })?;
-        Ok(())
+            })
     }
 
     pub fn wake(&self) {

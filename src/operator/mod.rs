@@ -17,12 +17,16 @@ pub mod model;
 pub mod plan;
 pub mod queue;
 
-use crate::kube::{Kube, KubeConfig};
+use crate::kube::{Kube, KubeConfig, KubeError};
+use crate::role::{self, BindError};
+use crate::shutdown::Shutdown;
 use crate::telemetry::PromText;
 use clap::Args;
 use controller::{Caches, Controller};
 use informer::Source;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,20 +92,89 @@ fn owner_group_key(obj: &Value) -> Option<String> {
     Some(format!("{ns}/{g}"))
 }
 
-pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(serve(args))
+/// Errors that stop the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error("{0}; exiting so that only one replica acts")]
+    Lease(&'static str),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
-/// Runs the operator until Ctrl-C/SIGTERM (or until it loses its lease, which is an error:
-/// the pod restarts and stands by).
-pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
+/// The operator's sockets, bound before it starts.
+pub struct Listeners {
+    /// `/metrics`, `/health`, `/healthz`, `/readyz` (none with `--metrics-port 0`).
+    pub metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    pub fn bind(args: &OperatorArgs) -> Result<Listeners, OperatorError> {
+        Ok(Listeners {
+            metrics: match args.metrics_port {
+                0 => None,
+                port => Some(role::bind("operator metrics", &args.metrics_host, port)?),
+            },
+        })
+    }
+}
+
+/// Where a started operator listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Addrs {
+    pub metrics: Option<SocketAddr>,
+}
+
+pub type Handle = role::Handle<Addrs, OperatorError>;
+
+/// Starts the operator; it stands by for the lease (with `leader_elect`), then reconciles
+/// until `shutdown` fires (or it loses its lease, which is an error: the pod restarts and
+/// stands by).
+pub fn start(
+    args: OperatorArgs,
+    listeners: Listeners,
+    shutdown: Shutdown,
+) -> Result<Handle, OperatorError> {
+    let addrs = Addrs {
+        metrics: listeners
+            .metrics
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()?,
+    };
     let cfg = match &args.kubeconfig {
         Some(p) => KubeConfig::from_kubeconfig(p)?,
         None => KubeConfig::infer()?,
     };
+    let runtime = role::runtime("operator", None)?;
+    let metrics = {
+        let _guard = runtime.enter();
+        listeners.metrics.map(role::async_listener).transpose()?
+    };
+    role::announce("operator", &addrs);
+    let stop = shutdown.clone();
+    Ok(Handle::spawn("operator", addrs, shutdown, move || {
+        let r = runtime.block_on(serve(args, cfg, metrics, stop));
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        r
+    })?)
+}
+
+/// Runs the operator until SIGINT or SIGTERM.
+pub fn run(args: OperatorArgs) -> Result<(), OperatorError> {
+    let listeners = Listeners::bind(&args)?;
+    start(args, listeners, Shutdown::on_signals()?)?.wait()
+}
+
+async fn serve(
+    args: OperatorArgs,
+    cfg: KubeConfig,
+    metrics: Option<tokio::net::TcpListener>,
+    shutdown: Shutdown,
+) -> Result<(), OperatorError> {
     let me = identity(&args);
     let kube = Kube::new(cfg.clone())?.with_user_agent(&format!("rbgctl-operator/{me}"));
     let leader = Arc::new(AtomicBool::new(!args.leader_elect));
@@ -114,8 +187,8 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         args.kube_api_qps,
         args.kube_api_burst,
     ));
-    if args.metrics_port != 0 {
-        start_metrics(&args, ctl.clone(), leader.clone()).await?;
+    if let Some(listener) = metrics {
+        start_metrics(listener, ctl.clone(), leader.clone(), shutdown.clone());
     }
     let mut elector = None;
     if args.leader_elect {
@@ -127,6 +200,8 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         let mut e = leader::Elector::new(kube.clone(), &ns, &args.lease_name, &me, lease);
         tracing::info!(identity = %me, lease = %args.lease_name, namespace = %ns, "waiting for the lease");
         let retry = (lease / 4).max(Duration::from_millis(200));
+        // Both the attempt and the wait between attempts end when the token fires: a standby
+        // told to stop never goes on to take the lease.
         loop {
             tokio::select! {
                 r = e.try_acquire() => match r {
@@ -134,9 +209,16 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
                     Ok(false) => {}
                     Err(err) => tracing::warn!(error = %err, "lease"),
                 },
-                _ = crate::shutdown_signal() => return Ok(()),
+                _ = shutdown.wait() => return Ok(()),
             }
-            tokio::time::sleep(retry).await;
+            tokio::select! {
+                _ = tokio::time::sleep(retry) => {}
+                _ = shutdown.wait() => return Ok(()),
+            }
+        }
+        if shutdown.is_triggered() {
+            e.release().await;
+            return Ok(());
         }
         tracing::info!(identity = %me, "leading");
         leader.store(true, Ordering::Release);
@@ -182,33 +264,27 @@ pub async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
             }
         });
     }
-    match elector {
-        None => {
-            crate::shutdown_signal().await;
-            Ok(())
+    let Some(mut e) = elector else {
+        shutdown.wait().await;
+        return Ok(());
+    };
+    let renew = (e.lease / 3).max(Duration::from_millis(200));
+    let mut last_ok = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(renew) => {}
+            _ = shutdown.wait() => {
+                e.release().await;
+                return Ok(());
+            }
         }
-        Some(mut e) => {
-            let renew = (e.lease / 3).max(Duration::from_millis(200));
-            let mut last_ok = std::time::Instant::now();
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(renew) => {}
-                    _ = crate::shutdown_signal() => {
-                        e.release().await;
-                        return Ok(());
-                    }
-                }
-                match e.try_acquire().await {
-                    Ok(true) => last_ok = std::time::Instant::now(),
-                    Ok(false) => anyhow::bail!(
-                        "lost the lease to another replica; exiting so that only one acts"
-                    ),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "lease renewal failed");
-                        if last_ok.elapsed() > e.lease * 2 / 3 {
-                            anyhow::bail!("could not renew the lease in time; exiting so that only one replica acts");
-                        }
-                    }
+        match e.try_acquire().await {
+            Ok(true) => last_ok = std::time::Instant::now(),
+            Ok(false) => return Err(OperatorError::Lease("lost the lease to another replica")),
+            Err(err) => {
+                tracing::warn!(error = %err, "lease renewal failed");
+                if last_ok.elapsed() > e.lease * 2 / 3 {
+                    return Err(OperatorError::Lease("could not renew the lease in time"));
                 }
             }
         }
@@ -293,14 +369,13 @@ fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queue: &Ar
     }
 }
 
-async fn start_metrics(
-    args: &OperatorArgs,
+fn start_metrics(
+    listener: tokio::net::TcpListener,
     ctl: Arc<Controller>,
     leader: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+    shutdown: Shutdown,
+) {
     use axum::routing::get;
-    let listener =
-        tokio::net::TcpListener::bind((args.metrics_host.as_str(), args.metrics_port)).await?;
     let metrics = {
         let (ctl, leader) = (ctl.clone(), leader.clone());
         move || {
@@ -393,9 +468,6 @@ async fn start_metrics(
         .route("/health", get(|| async { "ok" }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }));
-    tracing::info!(addr = %listener.local_addr()?, "operator metrics");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(())
+    tracing::info!(addr = ?listener.local_addr().ok(), "operator metrics");
+    tokio::spawn(role::serve_http(listener, app, shutdown));
 }

@@ -436,9 +436,9 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
             "needs standalonePattern or leaderWorkerPattern (v1alpha2) or template (v1alpha1)",
         ));
     };
-    if !template["spec"]["containers"]
+    if template["spec"]["containers"]
         .as_array()
-        .is_some_and(|c| !c.is_empty())
+        .is_none_or(|c| c.is_empty())
     {
         return Err(role_err(&name, "template has no containers"));
     }

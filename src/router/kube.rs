@@ -8,7 +8,7 @@
 use crate::kube::{encode, Kube, KubeConfig, KubeError};
 use crate::router::config::parse_selector;
 use crate::router::worker::{Source, WorkerSpec, WorkerType};
-use crate::router::Shared;
+use crate::router::{RouterError, Shared};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -103,7 +103,7 @@ impl PodSet {
 }
 
 /// Starts one watcher per selector given.
-pub fn start(shared: Arc<Shared>) -> anyhow::Result<()> {
+pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
     let kube = Kube::new(KubeConfig::infer()?)?;
     let c = &shared.cfg;
     let mut watches = Vec::new();

@@ -24,21 +24,42 @@ pub mod server;
 pub mod tree;
 pub mod worker;
 
+use crate::config::ConfigError;
+use crate::kube::KubeError;
+use crate::role::{self, BindError};
 use crate::router::config::{secs, RouterConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
 use crate::router::policy::{CacheAwareConfig, Policy};
 use crate::router::request::RetryConfig;
+use crate::router::worker::RegistryError;
 use crate::router::worker::{
     BreakerConfig, HealthConfig, Registry, Source, WorkerSpec, WorkerType,
 };
-use anyhow::Context as _;
+use crate::shutdown::Shutdown;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use serde::{Deserialize, Serialize};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Errors that stop the router.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("pod discovery: {0}")]
+    Kube(#[from] KubeError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -72,7 +93,7 @@ pub fn http_client() -> HttpClient {
 }
 
 impl Shared {
-    pub fn new(cfg: RouterConfig) -> anyhow::Result<Shared> {
+    pub fn new(cfg: RouterConfig) -> Result<Shared, RouterError> {
         let cache = CacheAwareConfig {
             cache_threshold: cfg.cache_threshold,
             balance_abs_threshold: cfg.balance_abs_threshold,
@@ -152,15 +173,76 @@ impl Shared {
     }
 }
 
-/// Runs the router until SIGINT or SIGTERM.
-pub fn run(cfg: RouterConfig) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("router")
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(async move {
-        let shared = Arc::new(Shared::new(cfg)?);
-        server::serve(shared).await
-    })
+/// The router's sockets, bound before it starts (port 0 lets the kernel choose).
+pub struct Listeners {
+    /// The API.
+    pub http: TcpListener,
+    /// A separate `/metrics` listener (`--prometheus-port`, when not 0 and not the API's port).
+    pub metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    pub fn bind(cfg: &RouterConfig) -> Result<Listeners, RouterError> {
+        let separate = cfg.prometheus_port != 0 && cfg.prometheus_port != cfg.port;
+        Ok(Listeners {
+            http: role::bind("router", &cfg.host, cfg.port)?,
+            metrics: match separate {
+                true => Some(role::bind(
+                    "router metrics",
+                    &cfg.prometheus_host,
+                    cfg.prometheus_port,
+                )?),
+                false => None,
+            },
+        })
+    }
+}
+
+/// Where a started router listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Addrs {
+    pub http: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+}
+
+pub type Handle = role::Handle<Addrs, RouterError>;
+
+/// Starts the router on bound listeners; when `shutdown` fires it stops accepting and gives
+/// requests in flight up to 30 s.
+pub fn start(
+    cfg: RouterConfig,
+    listeners: Listeners,
+    shutdown: Shutdown,
+) -> Result<Handle, RouterError> {
+    let addrs = Addrs {
+        http: listeners.http.local_addr()?,
+        metrics: listeners
+            .metrics
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()?,
+    };
+    let runtime = role::runtime("router", None)?;
+    let (shared, http, metrics) = {
+        let _guard = runtime.enter();
+        (
+            Arc::new(Shared::new(cfg)?),
+            role::async_listener(listeners.http)?,
+            listeners.metrics.map(role::async_listener).transpose()?,
+        )
+    };
+    runtime.block_on(server::start_background(&shared))?;
+    role::announce("router", &addrs);
+    let stop = shutdown.clone();
+    Ok(Handle::spawn("router", addrs, shutdown, move || {
+        runtime.block_on(server::serve(shared, http, metrics, stop));
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        Ok(())
+    })?)
+}
+
+/// Runs the router on the addresses of its config until SIGINT or SIGTERM.
+pub fn run(cfg: RouterConfig) -> Result<(), RouterError> {
+    let listeners = Listeners::bind(&cfg)?;
+    start(cfg, listeners, Shutdown::on_signals()?)?.wait()
 }

@@ -2,11 +2,12 @@
 //! admin calls, health and metrics. Accepted sockets get TCP_NODELAY, so a streamed chunk
 //! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
 
+use crate::role;
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect, request_id, Endpoint};
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
-use crate::router::{background, config, discovery, kube, Shared};
-use anyhow::Context as _;
+use crate::router::{background, config, discovery, kube, RouterError, Shared};
+use crate::shutdown::Shutdown;
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::middleware::{self, Next};
@@ -551,46 +552,11 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
-/// Binds, starts the background tasks and serves until SIGINT/SIGTERM; in-flight requests get
-/// up to 30 s to finish.
-pub async fn serve(shared: Arc<Shared>) -> anyhow::Result<()> {
-    let addr = format!("{}:{}", shared.cfg.host, shared.cfg.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .with_context(|| format!("binding the router to {addr}"))?;
-    let local = listener.local_addr()?;
-    if shared.cfg.prometheus_port != 0 && shared.cfg.prometheus_port != shared.cfg.port {
-        let maddr = format!(
-            "{}:{}",
-            shared.cfg.prometheus_host, shared.cfg.prometheus_port
-        );
-        let ml = tokio::net::TcpListener::bind(&maddr)
-            .await
-            .with_context(|| format!("binding the metrics listener to {maddr}"))?;
-        let mapp = Router::new()
-            .route("/metrics", get(metrics))
-            .route("/health", get(health))
-            .with_state(shared.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(ml, mapp).await {
-                tracing::error!(error = %e, "metrics listener stopped");
-            }
-        });
-    }
-    background::start(&shared);
+/// Starts what runs beside the API: health checks, tree eviction, and worker discovery.
+pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
+    background::start(shared);
     for w in shared.registry.snapshot().iter() {
-        added(&shared, w);
+        added(shared, w);
     }
     if shared.cfg.rbg_config.is_some() {
         discovery::start(shared.clone());
@@ -598,8 +564,26 @@ pub async fn serve(shared: Arc<Shared>) -> anyhow::Result<()> {
     if shared.cfg.service_discovery {
         kube::start(shared.clone())?;
     }
+    Ok(())
+}
+
+/// Serves the API (and the separate metrics listener) until `shutdown` fires; requests in
+/// flight then get up to 30 s to finish.
+pub async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    shutdown: Shutdown,
+) {
+    if let Some(ml) = metrics_listener {
+        let mapp = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/health", get(health))
+            .with_state(shared.clone());
+        tokio::spawn(role::serve_http(ml, mapp, shutdown.clone()));
+    }
     tracing::info!(
-        %local,
+        local = ?listener.local_addr().ok(),
         policy = shared.policy.name(),
         pd = shared.pd,
         workers = shared.registry.snapshot().len(),
@@ -612,16 +596,17 @@ pub async fn serve(shared: Arc<Shared>) -> anyhow::Result<()> {
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, app(shared.clone())).with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        shutdown.wait().await;
         tracing::info!("shutting down: finishing requests in flight (up to 30 s)");
         let _ = stop_tx.send(());
     });
     tokio::select! {
-        r = server => r.context("serving")?,
+        r = server => if let Err(e) = r {
+            tracing::error!(error = %e, "router server failed");
+        },
         _ = async {
             let _ = stop_rx.await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         } => tracing::warn!("requests still in flight after 30 s; stopping anyway"),
     }
-    Ok(())
 }

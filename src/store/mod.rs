@@ -8,6 +8,8 @@ pub mod registration;
 pub mod segment;
 pub mod server;
 
+use crate::role::{self, BindError};
+use crate::shutdown::Shutdown;
 use crate::telemetry::{OpStats, PromText};
 use crate::transfer::message::SegmentInfo;
 use crate::transfer::server::{self as tserver, ServerHandle, ServerOptions};
@@ -16,19 +18,18 @@ use config::StoreConfig;
 use index::{DurableIndex, IndexError, Opened};
 use registration::Registration;
 use segment::{DirLock, SegmentError, SegmentMemory};
+use serde::{Deserialize, Serialize};
 use server::StoreService;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
     #[error(transparent)]
     Segment(#[from] SegmentError),
     #[error(transparent)]
@@ -52,12 +53,18 @@ pub struct Recovery {
 
 /// A running store: data server, segment, heartbeat.
 pub struct Store {
+    pub status: Arc<StoreStatus>,
+    server: ServerHandle,
+    heartbeat: Option<JoinHandle<()>>,
+    _lock: Option<DirLock>,
+}
+
+/// What the store's HTTP endpoints read.
+pub struct StoreStatus {
     pub service: Arc<StoreService>,
     pub registration: Arc<Registration>,
-    server: ServerHandle,
     pub name: String,
     pub endpoint: String,
-    _lock: Option<DirLock>,
 }
 
 /// The segment, its index and lock, and what recovery found.
@@ -107,15 +114,13 @@ fn open_persistent(cfg: &StoreConfig, name: &str) -> Result<Opened3, StoreError>
 }
 
 impl Store {
-    /// Binds, creates the segment and starts serving and heartbeating (in background threads).
-    pub fn start(cfg: &StoreConfig) -> Result<Store, StoreError> {
+    /// Creates the segment and starts serving on `listener` and heartbeating (in background
+    /// threads).
+    pub fn start(cfg: &StoreConfig, listener: TcpListener) -> Result<Store, StoreError> {
         if cfg.protocol == "rdma" {
             tracing::warn!(device = %cfg.device,
                 "protocol rdma requested, but this build has no RDMA transport; serving over TCP");
         }
-        let addr = format!("{}:{}", cfg.bind_address, cfg.port);
-        let listener =
-            TcpListener::bind(&addr).map_err(|source| StoreError::Bind { addr, source })?;
         let port = listener.local_addr()?.port();
         let endpoint = format!("{}:{port}", cfg.local_hostname);
         let name = cfg.name.clone().unwrap_or_else(|| endpoint.clone());
@@ -186,29 +191,43 @@ impl Store {
             cfg.heartbeat_interval_ms.0,
         ));
         let reg = registration.clone();
-        std::thread::Builder::new()
+        let heartbeat = std::thread::Builder::new()
             .name("store-heartbeat".into())
             .spawn(move || reg.run())?;
         tracing::info!(%name, %endpoint, segment_bytes = cfg.segment_size.0, master = %cfg.master,
             local_buffer_bytes = cfg.local_buffer_size.0, "store serving");
         Ok(Store {
-            service,
-            registration,
+            status: Arc::new(StoreStatus {
+                service,
+                registration,
+                name,
+                endpoint,
+            }),
             server,
-            name,
-            endpoint,
+            heartbeat: Some(heartbeat),
             _lock: lock,
         })
     }
 
-    /// Unmounts from the master (a persistent store asks it to keep the objects for its return)
-    /// and stops accepting connections.
-    pub fn shutdown(&mut self) {
-        self.registration.stop.store(true, Ordering::SeqCst);
-        self.registration.unmount();
-        self.server.stop();
+    pub fn name(&self) -> &str {
+        &self.status.name
     }
 
+    /// Unmounts from the master (a persistent store asks it to keep the objects for its return)
+    /// and stops accepting connections. The heartbeat is stopped and joined first: a beat in
+    /// flight could otherwise mount the segment again after the unmount.
+    pub fn shutdown(&mut self) {
+        let registration = &self.status.registration;
+        registration.stop.trigger();
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        registration.unmount();
+        self.server.stop();
+    }
+}
+
+impl StoreStatus {
     pub fn metrics_text(&self) -> String {
         let s = &self.service;
         let mut p = PromText::new();
@@ -285,50 +304,161 @@ impl Store {
     }
 }
 
-/// Runs `rbgctl store` until SIGINT or SIGTERM, then unmounts cleanly.
+/// The store's sockets, bound before it starts (port 0 lets the kernel choose).
+pub struct Listeners {
+    /// Reads and writes of segment bytes.
+    pub data: TcpListener,
+    /// `/metrics` and `/health`.
+    pub metrics: TcpListener,
+}
+
+impl Listeners {
+    pub fn bind(cfg: &StoreConfig) -> Result<Listeners, StoreError> {
+        Ok(Listeners {
+            data: role::bind("store data", &cfg.bind_address, cfg.port)?,
+            metrics: role::bind("store metrics", &cfg.metrics_host, cfg.metrics_port)?,
+        })
+    }
+}
+
+/// Where a started store listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Addrs {
+    pub data: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+pub type Handle = role::Handle<Addrs, StoreError>;
+
+/// Starts the store on bound listeners; it runs until `shutdown` fires, then unmounts cleanly.
+pub fn start(
+    cfg: StoreConfig,
+    listeners: Listeners,
+    shutdown: Shutdown,
+) -> Result<Handle, StoreError> {
+    let addrs = Addrs {
+        data: listeners.data.local_addr()?,
+        metrics: listeners.metrics.local_addr()?,
+    };
+    let runtime = role::runtime("store-http", Some(1))?;
+    let metrics = {
+        let _guard = runtime.enter();
+        role::async_listener(listeners.metrics)?
+    };
+    let mut store = Store::start(&cfg, listeners.data)?;
+    tracing::info!(addr = %addrs.metrics, "store metrics listening");
+    runtime.spawn(role::serve_http(
+        metrics,
+        http_router(store.status.clone()),
+        shutdown.clone(),
+    ));
+    role::announce("store", &addrs);
+    let stop = shutdown.clone();
+    Ok(Handle::spawn("store", addrs, shutdown, move || {
+        runtime.block_on(stop.wait());
+        tracing::info!("store stopping");
+        store.shutdown();
+        runtime.shutdown_timeout(Duration::from_secs(5));
+        Ok(())
+    })?)
+}
+
+fn http_router(status: Arc<StoreStatus>) -> axum::Router {
+    use axum::http::StatusCode;
+    let metrics = {
+        let s = status.clone();
+        move || async move { s.metrics_text() }
+    };
+    let health = move || async move {
+        let mounted = status.registration.mounted();
+        let body = serde_json::json!({"status": if mounted {"ok"} else {"unregistered"},
+            "segment": status.name, "endpoint": status.endpoint, "mounted": mounted});
+        let code = match mounted {
+            true => StatusCode::OK,
+            false => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        (code, axum::Json(body))
+    };
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .route("/health", axum::routing::get(health))
+}
+
+/// Runs `rbgctl store` on the addresses of its config until SIGINT or SIGTERM.
 pub fn run(cfg: StoreConfig) -> Result<(), StoreError> {
-    // Bind the metrics port before registering: a store that cannot serve never mounts.
-    let metrics_addr = format!("{}:{}", cfg.metrics_host, cfg.metrics_port);
-    let metrics_listener = TcpListener::bind(&metrics_addr).map_err(|source| StoreError::Bind {
-        addr: metrics_addr,
-        source,
-    })?;
-    let store = Arc::new(parking_lot::Mutex::new(Store::start(&cfg)?));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("store-http")
-        .enable_all()
-        .build()?;
-    let http_store = store.clone();
-    runtime.block_on(async move {
-        metrics_listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(metrics_listener)?;
-        tracing::info!(addr = %listener.local_addr()?, "store metrics listening");
-        let app = axum::Router::new()
-            .route("/metrics", axum::routing::get({
-                let s = http_store.clone();
-                move || async move { s.lock().metrics_text() }
-            }))
-            .route("/health", axum::routing::get({
-                let s = http_store.clone();
-                move || async move {
-                    let st = s.lock();
-                    let mounted = st.registration.mounted();
-                    let body = serde_json::json!({"status": if mounted {"ok"} else {"unregistered"},
-                        "segment": st.name, "endpoint": st.endpoint, "mounted": mounted});
-                    let code = if mounted { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
-                    (code, axum::Json(body))
-                }
-            }));
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "store metrics server failed");
+    // Both ports are bound before registering: a store that cannot serve never mounts.
+    let listeners = Listeners::bind(&cfg)?;
+    start(cfg, listeners, Shutdown::on_signals()?)?.wait()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, Millis};
+    use crate::master::{self, config::MasterConfig};
+    use crate::testkit::proxy::DelayProxy;
+    use crate::transfer::message::ListSegmentsResp;
+    use crate::transfer::{ConnOptions, Connection};
+
+    fn local_master() -> master::Handle {
+        let cfg = MasterConfig {
+            rpc_address: "127.0.0.1".into(),
+            rpc_port: 0,
+            metrics_host: "127.0.0.1".into(),
+            metrics_port: 0,
+            ..MasterConfig::default()
+        };
+        let listeners = master::Listeners::bind(&cfg).unwrap();
+        master::start(cfg, listeners, Shutdown::new()).unwrap()
+    }
+
+    fn live_segments(master: SocketAddr) -> usize {
+        let mut c = Connection::connect(&master.to_string(), &ConnOptions::default()).unwrap();
+        let r: ListSegmentsResp = c.call(Opcode::ListSegments, &()).unwrap();
+        r.segments.len()
+    }
+
+    fn wait_until(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            if Instant::now() > deadline {
+                return false;
             }
-        });
-        crate::shutdown_signal().await;
-        Ok::<(), StoreError>(())
-    })?;
-    tracing::info!("store stopping");
-    store.lock().shutdown();
-    Ok(())
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    #[test]
+    fn a_heartbeat_in_flight_does_not_mount_the_segment_again_after_a_clean_stop() {
+        let master = local_master();
+        // A slow link: each heartbeat takes 300 ms, so one is in flight almost all the time.
+        let link = DelayProxy::start(master.addrs.rpc, Duration::from_millis(150)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig {
+            master: link.addr.to_string(),
+            bind_address: "127.0.0.1".into(),
+            local_hostname: "127.0.0.1".into(),
+            segment_size: ByteSize(1 << 20),
+            shm_dir: dir.path().into(),
+            persistent: false,
+            heartbeat_interval_ms: Millis(Duration::from_millis(10)),
+            ..StoreConfig::default()
+        };
+        let data = role::bind("store data", "127.0.0.1", 0).unwrap();
+        let mut store = Store::start(&cfg, data).unwrap();
+        assert!(wait_until(|| store.status.registration.mounted()));
+        assert_eq!(live_segments(master.addrs.rpc), 1);
+        assert!(
+            wait_until(|| link.in_flight() > 0),
+            "a heartbeat on its way"
+        );
+        store.shutdown();
+        assert!(link.wait_quiet(Duration::from_secs(10)));
+        assert_eq!(
+            live_segments(master.addrs.rpc),
+            0,
+            "the segment was mounted again after its store stopped"
+        );
+    }
 }

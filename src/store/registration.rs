@@ -5,11 +5,12 @@
 //! metadata server.
 
 use super::index::DurableIndex;
+use crate::shutdown::Shutdown;
 use crate::transfer::message::{
     MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo, UnmountReq,
 };
 use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,8 @@ pub struct Registration {
     /// The id the master gave the segment; 0 while not mounted.
     pub segment_id: AtomicU64,
     pub metadata_server: Option<String>,
-    pub stop: AtomicBool,
+    /// Fired on a clean stop: the heartbeat loop returns.
+    pub stop: Shutdown,
     pub interval: Duration,
 }
 
@@ -48,7 +50,7 @@ impl Registration {
             index,
             segment_id: AtomicU64::new(0),
             metadata_server,
-            stop: AtomicBool::new(false),
+            stop: Shutdown::new(),
             interval,
         }
     }
@@ -151,7 +153,7 @@ impl Registration {
     /// Heartbeats until `stop` is set, logging failures once per outage.
     pub fn run(self: Arc<Self>) {
         let mut failing = false;
-        while !self.stop.load(Ordering::SeqCst) {
+        while !self.stop.is_triggered() {
             match self.beat() {
                 Ok(()) => {
                     if failing {
@@ -167,12 +169,7 @@ impl Registration {
                     self.master.clear();
                 }
             }
-            let mut slept = Duration::ZERO;
-            while slept < self.interval && !self.stop.load(Ordering::SeqCst) {
-                let step = Duration::from_millis(20).min(self.interval - slept);
-                std::thread::sleep(step);
-                slept += step;
-            }
+            self.stop.sleep(self.interval);
         }
     }
 

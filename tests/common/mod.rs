@@ -41,6 +41,15 @@ impl Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+    /// Sends SIGTERM and waits up to `within` for the process to exit by itself.
+    pub fn sigterm_exits_within(&mut self, within: Duration) -> bool {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        wait_until(within, || matches!(self.child.try_wait(), Ok(Some(_))))
+    }
+
     pub fn terminate(&mut self) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),

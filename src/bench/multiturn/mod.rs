@@ -9,6 +9,7 @@ pub mod summary;
 pub mod workload;
 
 use super::llm::{self, ApiFormat, Outcome};
+use crate::shutdown::Shutdown;
 use clap::Args;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -171,12 +172,8 @@ struct Chat {
     messages: Vec<Value>,
 }
 
-/// Runs the workload once at `rate`. Stops early (with what it has) when `stop` resolves.
-pub async fn run_rate(
-    a: &MultiturnArgs,
-    rate: f64,
-    stop: &mut (impl std::future::Future<Output = ()> + Unpin),
-) -> anyhow::Result<RateResult> {
+/// Runs the workload once at `rate`. Stops early (with what it has) when `stop` fires.
+pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::Result<RateResult> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(a.max_parallel)
         .build()?;
@@ -258,7 +255,7 @@ pub async fn run_rate(
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs_f64(a.round_barrier_pause)) => {}
-                _ = &mut *stop => { interrupted = true; break; }
+                _ = stop.wait() => { interrupted = true; break; }
             }
             held.drain(..).for_each(|i| ready.push(i));
             bar.set_message("");
@@ -321,7 +318,7 @@ pub async fn run_rate(
                     if a.enable_round_barrier { held.push(i) } else { ready.push(i) }
                 }
             }
-            _ = &mut *stop => { interrupted = true; break; }
+            _ = stop.wait() => { interrupted = true; break; }
         }
     }
     bar.finish_and_clear();
@@ -345,7 +342,7 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
         } else {
             SWEEP.to_vec()
         };
-        let mut stop = Box::pin(crate::shutdown_signal());
+        let stop = Shutdown::on_signals()?;
         for rate in rates {
             if !a.json {
                 eprintln!(
@@ -355,7 +352,7 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
                     a.base()
                 );
             }
-            let r = run_rate(&a, rate, &mut stop).await?;
+            let r = run_rate(&a, rate, &stop).await?;
             report(&a, &r)?;
             if r.interrupted {
                 eprintln!("interrupted: the summary above covers the requests finished so far");

@@ -1,0 +1,261 @@
+//! `rbgctl sim-engine` configuration. Precedence: flag > TOML file (`--config`) > the defaults
+//! documented on each field (SGLang's where it has one). Example: `config/sim-engine.toml`.
+
+use super::cost::CostModel;
+use super::Mode;
+use crate::config::{load_toml, ConfigError};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Default `127.0.0.1`.
+    pub host: String,
+    /// Default 30000.
+    pub port: u16,
+    /// `regular` (default), `prefill` or `decode` (SGLang's `--disaggregation-mode`).
+    pub mode: Mode,
+    /// Prefill mode: also serve the KV bootstrap on this port (the router sends it to decode).
+    /// Default: none.
+    pub disaggregation_bootstrap_port: Option<u16>,
+    /// Model name it reports. Default `simulated-model`.
+    pub model: String,
+    /// Tokens per KV page (SGLang's `--page-size`). Default 64.
+    pub page_size: usize,
+    /// Device (L1) prefix cache, in tokens. Default 65536.
+    pub device_cache_tokens: usize,
+    /// Host (L2) cache, in tokens; 0 = none. Default 0.
+    pub host_cache_tokens: usize,
+    /// Use the rbgctl KV pool at this master address as the L3 tier. Default: none.
+    pub l3_master: Option<String>,
+    /// KV bytes per token (page objects are `page_size` x this). Default 4096.
+    pub bytes_per_token: usize,
+    /// Prefill compute per uncached token, microseconds. Default 100.
+    pub prefill_us_per_token: f64,
+    /// Copy to device per token loaded from L2 or L3, microseconds. Default 5.
+    pub load_us_per_token: f64,
+    /// Decode step, milliseconds. Default 5.
+    pub decode_ms_per_token: f64,
+    /// Prefill-to-decode KV transfer bandwidth (PD), GB/s; 0 = instant. Default 10.
+    pub kv_transfer_gbps: f64,
+    /// Tokens generated when a request does not say. Default 128.
+    pub default_max_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            mode: Mode::Regular,
+            disaggregation_bootstrap_port: None,
+            model: "simulated-model".into(),
+            page_size: 64,
+            device_cache_tokens: 65_536,
+            host_cache_tokens: 0,
+            l3_master: None,
+            bytes_per_token: 4096,
+            prefill_us_per_token: 100.0,
+            load_us_per_token: 5.0,
+            decode_ms_per_token: 5.0,
+            kv_transfer_gbps: 10.0,
+            default_max_tokens: 128,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.page_size == 0 {
+            return Err(ConfigError::invalid("engine.page_size", "must be positive"));
+        }
+        if self.device_cache_tokens < self.page_size {
+            return Err(ConfigError::invalid(
+                "engine.device_cache_tokens",
+                format!("must hold at least one page ({} tokens)", self.page_size),
+            ));
+        }
+        if self.bytes_per_token == 0 {
+            return Err(ConfigError::invalid(
+                "engine.bytes_per_token",
+                "must be positive",
+            ));
+        }
+        for (field, v) in [
+            ("engine.prefill_us_per_token", self.prefill_us_per_token),
+            ("engine.load_us_per_token", self.load_us_per_token),
+            ("engine.decode_ms_per_token", self.decode_ms_per_token),
+            ("engine.kv_transfer_gbps", self.kv_transfer_gbps),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("must be a non-negative number, got {v}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn cost(&self) -> CostModel {
+        CostModel {
+            prefill_us_per_token: self.prefill_us_per_token,
+            load_us_per_token: self.load_us_per_token,
+            decode_ms_per_token: self.decode_ms_per_token,
+            kv_transfer_gbps: self.kv_transfer_gbps,
+        }
+    }
+}
+
+/// Flags of `rbgctl sim-engine` (SGLang's spellings where it has the setting).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SimEngineArgs {
+    /// TOML config file (see config/sim-engine.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// [default: 127.0.0.1]
+    #[arg(long)]
+    pub host: Option<String>,
+    /// [default: 30000]
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// `regular`, `prefill` or `decode` (SGLang's `--disaggregation-mode`). [default: regular]
+    #[arg(long = "disaggregation-mode", alias = "mode", value_enum)]
+    pub mode: Option<Mode>,
+    /// Prefill mode: also serve the KV bootstrap on this port (the router sends it to decode).
+    #[arg(long)]
+    pub disaggregation_bootstrap_port: Option<u16>,
+    /// Model name it reports. [default: simulated-model]
+    #[arg(long = "served-model-name")]
+    pub model: Option<String>,
+    /// Tokens per KV page (SGLang's `--page-size`). [default: 64]
+    #[arg(long)]
+    pub page_size: Option<usize>,
+    /// Device (L1) prefix cache, in tokens. [default: 65536]
+    #[arg(long)]
+    pub device_cache_tokens: Option<usize>,
+    /// Host (L2) cache, in tokens; 0 = none. [default: 0]
+    #[arg(long)]
+    pub host_cache_tokens: Option<usize>,
+    /// Use the rbgctl KV pool at this master address as the L3 tier.
+    #[arg(long)]
+    pub l3_master: Option<String>,
+    /// KV bytes per token (page objects are `page-size` x this). [default: 4096]
+    #[arg(long)]
+    pub bytes_per_token: Option<usize>,
+    /// Prefill compute per uncached token, microseconds. [default: 100]
+    #[arg(long)]
+    pub prefill_us_per_token: Option<f64>,
+    /// Copy to device per token loaded from L2 or L3, microseconds. [default: 5]
+    #[arg(long)]
+    pub load_us_per_token: Option<f64>,
+    /// Decode step, milliseconds. [default: 5]
+    #[arg(long)]
+    pub decode_ms_per_token: Option<f64>,
+    /// Prefill-to-decode KV transfer bandwidth (PD), GB/s; 0 = instant. [default: 10]
+    #[arg(long)]
+    pub kv_transfer_gbps: Option<f64>,
+    /// Tokens generated when a request does not say. [default: 128]
+    #[arg(long)]
+    pub default_max_tokens: Option<usize>,
+}
+
+impl SimEngineArgs {
+    /// Layers file, then these values, over the defaults, and validates the result.
+    pub fn resolve(&self) -> Result<EngineConfig, ConfigError> {
+        let mut c: EngineConfig = match &self.config {
+            Some(path) => load_toml(path)?,
+            None => EngineConfig::default(),
+        };
+        macro_rules! set {
+            ($($field:ident),* $(,)?) => {
+                $( if let Some(v) = &self.$field { c.$field = v.clone(); } )*
+            };
+        }
+        set!(
+            host,
+            port,
+            mode,
+            model,
+            page_size,
+            device_cache_tokens,
+            host_cache_tokens,
+            bytes_per_token,
+            prefill_us_per_token,
+            load_us_per_token,
+            decode_ms_per_token,
+            kv_transfer_gbps,
+            default_max_tokens,
+        );
+        if self.disaggregation_bootstrap_port.is_some() {
+            c.disaggregation_bootstrap_port = self.disaggregation_bootstrap_port;
+        }
+        if self.l3_master.is_some() {
+            c.l3_master.clone_from(&self.l3_master);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_file_is_the_defaults_and_flags_override_it() {
+        let path = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/sim-engine.toml"
+        ));
+        let args = SimEngineArgs {
+            config: Some(path.clone()),
+            ..SimEngineArgs::default()
+        };
+        let from_file = args.resolve().unwrap();
+        let defaults = EngineConfig::default();
+        assert_eq!(
+            toml::to_string(&from_file).unwrap(),
+            toml::to_string(&defaults).unwrap()
+        );
+        let args = SimEngineArgs {
+            config: Some(path),
+            page_size: Some(16),
+            mode: Some(Mode::Prefill),
+            ..SimEngineArgs::default()
+        };
+        let c = args.resolve().unwrap();
+        assert_eq!((c.page_size, c.mode), (16, Mode::Prefill));
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        for (args, field) in [
+            (
+                SimEngineArgs {
+                    page_size: Some(0),
+                    ..SimEngineArgs::default()
+                },
+                "engine.page_size",
+            ),
+            (
+                SimEngineArgs {
+                    device_cache_tokens: Some(8),
+                    ..SimEngineArgs::default()
+                },
+                "engine.device_cache_tokens",
+            ),
+            (
+                SimEngineArgs {
+                    kv_transfer_gbps: Some(f64::NAN),
+                    ..SimEngineArgs::default()
+                },
+                "engine.kv_transfer_gbps",
+            ),
+        ] {
+            let e = args.resolve().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+    }
+}
