@@ -19,6 +19,7 @@ pub mod config;
 pub mod engine;
 pub mod kube;
 pub mod kv;
+pub mod launch;
 pub mod master;
 pub mod operator;
 pub mod role;

@@ -7,12 +7,16 @@
 //! [`Stack`] is the same machinery as a library: `rbgctl bench tiers` and the tests use it.
 
 use crate::config::ByteSize;
+use crate::engine::{EngineConfig, Mode};
+use crate::launch::{self, wait_http_ok, Child, Launcher, Logs};
+use crate::master::config::MasterConfig;
+use crate::router::config::{PolicyKind, PrefillSpec, RouterConfig};
 use crate::shutdown::Shutdown;
+use crate::store::config::StoreConfig;
 use crate::transfer::message::ListSegmentsResp;
 use crate::transfer::{ConnOptions, Connection, Opcode};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The KV pool: master and stores.
@@ -121,7 +125,7 @@ pub struct RouterUpConfig {
     /// The service's port. Default 30000.
     pub port: u16,
     /// Routing policy. Default cache_aware.
-    pub policy: String,
+    pub policy: PolicyKind,
 }
 
 impl Default for RouterUpConfig {
@@ -129,7 +133,7 @@ impl Default for RouterUpConfig {
         RouterUpConfig {
             enabled: true,
             port: 30000,
-            policy: "cache_aware".into(),
+            policy: PolicyKind::CacheAware,
         }
     }
 }
@@ -235,47 +239,17 @@ impl UpArgs {
     }
 }
 
-/// Running children, stopped (SIGTERM, then SIGKILL after 5 s) in reverse order on drop.
-struct Children(Vec<(String, Child)>);
-
-impl Children {
-    /// Stops the children one by one, last started first (the router before the engines,
-    /// the stores before the master, so that they can unmount).
-    fn stop(&mut self) {
-        for (name, c) in self.0.iter_mut().rev() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) => break,
-                    _ if Instant::now() > deadline => {
-                        eprintln!("{name} did not stop in time; killing it");
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        break;
-                    }
-                    _ => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-        self.0.clear();
-    }
+/// What `rbgctl up` reports through `RBGCTL_READY_FILE` once everything is up.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct UpAddrs {
+    pub router: Option<String>,
+    pub master: Option<String>,
+    pub metadata: Option<String>,
+    pub master_metrics: Option<String>,
+    pub engines: Vec<String>,
 }
 
-impl Drop for Children {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn wait_for_segments(
-    master: &str,
-    n: usize,
-    timeout: Duration,
-) -> anyhow::Result<ListSegmentsResp> {
+fn wait_for_segments(master: &str, n: usize, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     let opts = ConnOptions {
         spin: Duration::ZERO,
@@ -285,34 +259,22 @@ fn wait_for_segments(
         let listed = Connection::connect(master, &opts)
             .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()));
         match listed {
-            Ok(r) if r.segments.len() >= n => return Ok(r),
+            Ok(r) if r.segments.len() >= n => return Ok(()),
             _ if Instant::now() > deadline => {
                 anyhow::bail!("the master at {master} did not list {n} segments within {timeout:?}")
             }
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
-}
-
-fn wait_http_ok(url: &str, timeout: Duration) -> anyhow::Result<()> {
-    let http = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        match http.get(url).send() {
-            Ok(r) if r.status().is_success() => return Ok(()),
-            _ if Instant::now() > deadline => {
-                anyhow::bail!("{url} did not answer 200 within {timeout:?}")
-            }
-            _ => std::thread::sleep(Duration::from_millis(50)),
+            _ => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }
 
 /// A started service.
 pub struct Stack {
-    children: Children,
+    // Declared in stop order: router, engines, stores, master (children stop when dropped).
+    router_proc: Option<Child<launch::Router>>,
+    engine_procs: Vec<Child<launch::Engine>>,
+    store_procs: Vec<Child<launch::Store>>,
+    master_proc: Option<Child<launch::Master>>,
     shm_dir: Option<(PathBuf, bool)>,
     pub master: Option<String>,
     pub metadata: Option<String>,
@@ -323,14 +285,25 @@ pub struct Stack {
     pub router: Option<String>,
 }
 
+/// The `i`-th port from `base` (0: each one chosen by the kernel).
+fn nth_port(base: u16, i: usize, what: &str) -> anyhow::Result<u16> {
+    if base == 0 {
+        return Ok(0);
+    }
+    u16::try_from(base as usize + i).map_err(|_| anyhow::anyhow!("{what} + {i} is past 65535"))
+}
+
 impl Stack {
-    /// Starts every part and waits until each is ready. `quiet` sends the children's logs to
-    /// /dev/null (benchmarks); otherwise they share this terminal.
-    pub fn start(cfg: &UpConfig, exe: &Path, quiet: bool) -> anyhow::Result<Stack> {
+    /// Starts every part and waits until each is ready. `logs` says where the children's
+    /// output goes.
+    pub fn start(cfg: &UpConfig, launcher: &Launcher) -> anyhow::Result<Stack> {
         cfg.validate()?;
         let host = "127.0.0.1";
         let mut st = Stack {
-            children: Children(Vec::new()),
+            router_proc: None,
+            engine_procs: Vec::new(),
+            store_procs: Vec::new(),
+            master_proc: None,
             shm_dir: None,
             master: None,
             metadata: None,
@@ -339,48 +312,25 @@ impl Stack {
             engines: Vec::new(),
             router: None,
         };
-        let spawn = |st: &mut Stack, name: String, args: Vec<String>| -> anyhow::Result<()> {
-            let mut cmd = Command::new(exe);
-            cmd.args(&args);
-            if quiet {
-                cmd.stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .env("RBGCTL_LOG", "warn");
-            }
-            let child = cmd
-                .spawn()
-                .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
-            st.children.0.push((name, child));
-            Ok(())
-        };
-        let s = |x: &dyn ToString| x.to_string();
         let p = &cfg.pool;
         if p.stores > 0 {
-            let master = format!("{host}:{}", p.master_port);
-            let metadata = format!("http://{host}:{}/metadata", p.metadata_port);
-            spawn(
-                &mut st,
-                "master".into(),
-                [
-                    "master",
-                    "--rpc-address",
-                    host,
-                    "--rpc-port",
-                    &s(&p.master_port),
-                    "--enable-http-metadata-server",
-                    "--http-metadata-server-host",
-                    host,
-                    "--http-metadata-server-port",
-                    &s(&p.metadata_port),
-                    "--metrics-host",
-                    host,
-                    "--metrics-port",
-                    &s(&p.metrics_port),
-                ]
-                .map(String::from)
-                .to_vec(),
+            let master = launcher.spawn::<launch::Master>(
+                "master",
+                MasterConfig {
+                    rpc_address: host.into(),
+                    rpc_port: p.master_port,
+                    enable_http_metadata_server: true,
+                    http_metadata_server_host: host.into(),
+                    http_metadata_server_port: p.metadata_port,
+                    metrics_host: host.into(),
+                    metrics_port: p.metrics_port,
+                    ..MasterConfig::default()
+                },
             )?;
-            wait_for_segments(&master, 0, Duration::from_secs(10))?;
+            let a = master.addrs.clone();
+            let rpc = a.rpc.to_string();
+            let metadata = a.metadata.map(|m| format!("http://{m}/metadata"));
+            st.master_proc = Some(master);
             let (dir, owned) = match &p.shm_dir {
                 Some(d) => (d.clone(), false),
                 None => (
@@ -394,156 +344,140 @@ impl Stack {
             };
             st.shm_dir = Some((dir.clone(), owned));
             for i in 0..p.stores {
-                let mut args: Vec<String> = [
-                    "store",
-                    "--master",
-                    &master,
-                    "--bind-address",
-                    host,
-                    "--local-hostname",
-                    host,
-                    "--segment-size",
-                    &s(&p.segment_size.0),
-                    "--metrics-host",
-                    host,
-                    "--metrics-port",
-                    "0",
-                    "--metadata-server",
-                    &metadata,
-                    // A throwaway directory and kernel-chosen ports: nothing to keep.
-                    "--persistent",
-                    "false",
-                ]
-                .map(String::from)
-                .to_vec();
-                args.push("--shm-dir".into());
-                args.push(dir.display().to_string());
-                spawn(&mut st, format!("store-{i}"), args)?;
+                let store = launcher.spawn::<launch::Store>(
+                    &format!("store-{i}"),
+                    StoreConfig {
+                        master: rpc.clone(),
+                        bind_address: host.into(),
+                        local_hostname: host.into(),
+                        segment_size: p.segment_size,
+                        metrics_host: host.into(),
+                        metrics_port: 0,
+                        metadata_server: metadata.clone().unwrap_or_default(),
+                        shm_dir: dir.clone(),
+                        // A throwaway directory and kernel-chosen ports: nothing to keep.
+                        persistent: false,
+                        ..StoreConfig::default()
+                    },
+                )?;
+                st.stores.push(format!(
+                    "{} ({})",
+                    store.addrs.data,
+                    crate::config::human_bytes(p.segment_size.0)
+                ));
+                st.store_procs.push(store);
             }
-            let listed = wait_for_segments(&master, p.stores, Duration::from_secs(15))?;
-            st.stores = listed
-                .segments
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{} {} ({})",
-                        s.info.name,
-                        s.info.endpoint,
-                        crate::config::human_bytes(s.info.size)
-                    )
-                })
-                .collect();
-            st.master = Some(master);
-            st.metadata = Some(metadata);
-            st.master_metrics = Some(format!("http://{host}:{}", p.metrics_port));
+            wait_for_segments(&rpc, p.stores, Duration::from_secs(15))?;
+            st.master = Some(rpc);
+            st.metadata = metadata;
+            st.master_metrics = Some(format!("http://{}", a.metrics));
         }
         let e = &cfg.engines;
-        let roles: Vec<&'static str> = if e.pd() {
-            std::iter::repeat_n("prefill", e.prefill)
-                .chain(std::iter::repeat_n("decode", e.decode))
+        let roles: Vec<Mode> = if e.pd() {
+            std::iter::repeat_n(Mode::Prefill, e.prefill)
+                .chain(std::iter::repeat_n(Mode::Decode, e.decode))
                 .collect()
         } else {
-            vec!["regular"; e.count]
+            vec![Mode::Regular; e.count]
         };
-        let mut prefill_args: Vec<String> = Vec::new();
-        let mut decode_args: Vec<String> = Vec::new();
-        let mut worker_args: Vec<String> = Vec::new();
-        for (i, role) in roles.iter().enumerate() {
-            let port = e.base_port as usize + i;
-            anyhow::ensure!(
-                port <= u16::MAX as usize,
-                "engines.base_port + engines is past 65535"
-            );
-            let url = format!("http://{host}:{port}");
-            let mut args: Vec<String> = vec![
-                "sim-engine".into(),
-                "--host".into(),
-                host.into(),
-                "--port".into(),
-                s(&port),
-                "--disaggregation-mode".into(),
-                s(role),
-                "--page-size".into(),
-                s(&e.page_size),
-                "--device-cache-tokens".into(),
-                s(&e.device_cache_tokens),
-                "--host-cache-tokens".into(),
-                s(&e.host_cache_tokens),
-                "--bytes-per-token".into(),
-                s(&e.bytes_per_token),
-                "--prefill-us-per-token".into(),
-                s(&e.prefill_us_per_token),
-                "--load-us-per-token".into(),
-                s(&e.load_us_per_token),
-                "--decode-ms-per-token".into(),
-                s(&e.decode_ms_per_token),
-            ];
-            if e.l3 {
-                if let Some(m) = &st.master {
-                    args.push("--l3-master".into());
-                    args.push(m.clone());
-                }
+        let mut router_cfg = RouterConfig {
+            host: host.into(),
+            port: cfg.router.port,
+            policy: cfg.router.policy,
+            prometheus_port: 0,
+            pd_disaggregation: e.pd(),
+            ..RouterConfig::default()
+        };
+        for (i, mode) in roles.iter().enumerate() {
+            let engine = launcher.spawn::<launch::Engine>(
+                &format!("engine-{i}"),
+                EngineConfig {
+                    host: host.into(),
+                    port: nth_port(e.base_port, i, "engines.base_port")?,
+                    mode: *mode,
+                    disaggregation_bootstrap_port: match mode {
+                        Mode::Prefill => Some(nth_port(
+                            e.bootstrap_base_port,
+                            i,
+                            "engines.bootstrap_base_port",
+                        )?),
+                        _ => None,
+                    },
+                    page_size: e.page_size,
+                    device_cache_tokens: e.device_cache_tokens,
+                    host_cache_tokens: e.host_cache_tokens,
+                    bytes_per_token: e.bytes_per_token,
+                    prefill_us_per_token: e.prefill_us_per_token,
+                    load_us_per_token: e.load_us_per_token,
+                    decode_ms_per_token: e.decode_ms_per_token,
+                    l3_master: st.master.clone().filter(|_| e.l3),
+                    ..EngineConfig::default()
+                },
+            )?;
+            let url = format!("http://{}", engine.addrs.http);
+            match mode {
+                Mode::Prefill => router_cfg.prefill.push(PrefillSpec {
+                    url: url.clone(),
+                    bootstrap_port: engine.addrs.bootstrap.map(|b| b.port()),
+                }),
+                Mode::Decode => router_cfg.decode.push(url.clone()),
+                Mode::Regular => router_cfg.worker_urls.push(url.clone()),
             }
-            match *role {
-                "prefill" => {
-                    let boot = e.bootstrap_base_port as usize + i;
-                    anyhow::ensure!(
-                        boot <= u16::MAX as usize,
-                        "engines.bootstrap_base_port is too high"
-                    );
-                    args.push("--disaggregation-bootstrap-port".into());
-                    args.push(s(&boot));
-                    prefill_args.extend(["--prefill".into(), url.clone(), s(&boot)]);
-                }
-                "decode" => decode_args.extend(["--decode".into(), url.clone()]),
-                _ => worker_args.push(url.clone()),
-            }
-            spawn(&mut st, format!("engine-{i} ({role})"), args)?;
-            st.engines.push((url, role));
+            st.engines.push((url, mode.name()));
+            st.engine_procs.push(engine);
         }
         for (url, _) in &st.engines {
             wait_http_ok(&format!("{url}/health"), Duration::from_secs(40))?;
         }
         if cfg.router.enabled && !st.engines.is_empty() {
-            let mut args: Vec<String> = vec![
-                "router".into(),
-                "--host".into(),
-                host.into(),
-                "--port".into(),
-                s(&cfg.router.port),
-                "--policy".into(),
-                cfg.router.policy.clone(),
-                "--prometheus-port".into(),
-                "0".into(),
-            ];
-            if e.pd() {
-                args.push("--pd-disaggregation".into());
-                args.extend(prefill_args);
-                args.extend(decode_args);
-            } else {
-                args.push("--worker-urls".into());
-                args.extend(worker_args);
-            }
-            spawn(&mut st, "router".into(), args)?;
-            let url = format!("http://{host}:{}", cfg.router.port);
+            let router = launcher.spawn::<launch::Router>("router", router_cfg)?;
+            let url = format!("http://{}", router.addrs.http);
             wait_http_ok(&format!("{url}/readiness"), Duration::from_secs(30))?;
             st.router = Some(url);
+            st.router_proc = Some(router);
         }
         Ok(st)
     }
 
-    /// The first child that has exited, if any.
-    pub fn exited(&mut self) -> Option<String> {
-        for (name, c) in self.children.0.iter_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
-                return Some(format!("{name} exited ({status})"));
-            }
+    /// The addresses `up` reports.
+    pub fn addrs(&self) -> UpAddrs {
+        UpAddrs {
+            router: self.router.clone(),
+            master: self.master.clone(),
+            metadata: self.metadata.clone(),
+            master_metrics: self.master_metrics.clone(),
+            engines: self.engines.iter().map(|(u, _)| u.clone()).collect(),
         }
-        None
     }
 
+    /// The first child that has exited, if any.
+    pub fn exited(&mut self) -> Option<String> {
+        fn check<R: launch::Launchable>(c: &mut Child<R>) -> Option<String> {
+            c.exited()
+                .map(|status| format!("{} exited ({status})", c.name))
+        }
+        let router = self.router_proc.iter_mut().find_map(check);
+        router
+            .or_else(|| self.engine_procs.iter_mut().find_map(check))
+            .or_else(|| self.store_procs.iter_mut().find_map(check))
+            .or_else(|| self.master_proc.iter_mut().find_map(check))
+    }
+
+    /// Stops the children one by one, last started first (the router before the engines,
+    /// the stores before the master, so that they can unmount).
     pub fn stop(&mut self) {
-        self.children.stop();
+        if let Some(mut r) = self.router_proc.take() {
+            r.stop();
+        }
+        for mut e in self.engine_procs.drain(..).rev() {
+            e.stop();
+        }
+        for mut s in self.store_procs.drain(..).rev() {
+            s.stop();
+        }
+        if let Some(mut m) = self.master_proc.take() {
+            m.stop();
+        }
         if let Some((dir, true)) = self.shm_dir.take() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -591,9 +525,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = args.resolve()?;
     // The signal token first, so that a SIGTERM during start-up still stops the children cleanly.
     let stop = Shutdown::on_signals()?;
-    let exe = std::env::current_exe()?;
-    let mut stack = Stack::start(&cfg, &exe, false)?;
+    let launcher = Launcher::new(Logs::Inherit)?;
+    let mut stack = Stack::start(&cfg, &launcher)?;
     stack.print();
+    crate::role::announce("up", &stack.addrs());
     let failed = loop {
         if stop.sleep(Duration::from_millis(200)) {
             break None;

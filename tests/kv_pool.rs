@@ -4,6 +4,8 @@ mod common;
 
 use common::*;
 use rbgctl::client::{ClientError, ReplicateConfig};
+use rbgctl::config::Millis;
+use rbgctl::master::config::MasterConfig;
 use rbgctl::transfer::Status;
 use std::time::{Duration, Instant};
 
@@ -175,12 +177,11 @@ fn store_killed_with_two_replicas_keeps_every_object_readable() {
     let c_opts = Opts {
         stores: 2,
         // No grace period: a dead store's objects go at the TTL.
-        master_args: vec![
-            "--client-ttl".into(),
-            "2s".into(),
-            "--store-grace-period".into(),
-            "0".into(),
-        ],
+        master: MasterConfig {
+            client_ttl_ms: Millis(Duration::from_secs(2)),
+            store_grace_period_ms: Millis(Duration::ZERO),
+            ..MasterConfig::default()
+        },
         ..Default::default()
     };
     let mut c = Cluster::start(c_opts);
@@ -194,7 +195,7 @@ fn store_killed_with_two_replicas_keeps_every_object_readable() {
             .put(&format!("safe/{i}"), &value(10_000, i), &two)
             .unwrap();
     }
-    c.stores[0].kill9();
+    c.stores[0].kill();
     for i in 0..30 {
         assert_eq!(
             client.get(&format!("safe/{i}")).unwrap(),
@@ -217,12 +218,11 @@ fn store_killed_with_two_replicas_keeps_every_object_readable() {
 fn store_killed_with_one_replica_fails_cleanly_then_disappears_after_ttl() {
     let c_opts = Opts {
         stores: 1,
-        master_args: vec![
-            "--client-ttl".into(),
-            "2s".into(),
-            "--store-grace-period".into(),
-            "0".into(),
-        ],
+        master: MasterConfig {
+            client_ttl_ms: Millis(Duration::from_secs(2)),
+            store_grace_period_ms: Millis(Duration::ZERO),
+            ..MasterConfig::default()
+        },
         ..Default::default()
     };
     let mut c = Cluster::start(c_opts);
@@ -232,7 +232,7 @@ fn store_killed_with_one_replica_fails_cleanly_then_disappears_after_ttl() {
             .put(&format!("lost/{i}"), &value(4096, i), &one())
             .unwrap();
     }
-    c.stores[0].kill9();
+    c.stores[0].kill();
     let t0 = Instant::now();
     let err = client.get("lost/0").unwrap_err();
     assert!(
@@ -255,7 +255,10 @@ fn store_killed_with_one_replica_fails_cleanly_then_disappears_after_ttl() {
 #[test]
 fn leases_block_remove_unless_forced() {
     let c = Cluster::start(Opts {
-        master_args: vec!["--default-kv-lease-ttl".into(), "60s".into()],
+        master: MasterConfig {
+            default_kv_lease_ttl_ms: Millis(Duration::from_secs(60)),
+            ..MasterConfig::default()
+        },
         ..Default::default()
     });
     let client = c.client();
@@ -280,7 +283,10 @@ fn eviction_keeps_usage_under_the_watermark_lru_first_and_never_a_leased_object(
     let c = Cluster::start(Opts {
         stores: 2,
         segment: 4 << 20,
-        master_args: vec!["--default-kv-lease-ttl".into(), "120s".into()],
+        master: MasterConfig {
+            default_kv_lease_ttl_ms: Millis(Duration::from_secs(120)),
+            ..MasterConfig::default()
+        },
     });
     let client = c.client();
     let v = value(65_536, 1);
@@ -333,7 +339,7 @@ fn soft_pinned_objects_are_evicted_last() {
     let c = Cluster::start(Opts {
         stores: 1,
         segment: 4 << 20,
-        master_args: vec![],
+        master: MasterConfig::default(),
     });
     let client = c.client();
     let v = value(65_536, 2);

@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
-use std::process::{Command, Stdio};
+use rbgctl::up::UpAddrs;
+use std::process::Command;
 use std::time::Duration;
 
 #[test]
@@ -72,7 +73,7 @@ fn sigterm_unmounts_a_store_at_once() {
         stores: 2,
         ..Default::default()
     });
-    c.stores[1].terminate();
+    c.stores[1].stop();
     assert!(
         wait_until(Duration::from_secs(3), || c.segment_count() == 1),
         "a store stopped with SIGTERM should unmount before the TTL"
@@ -81,39 +82,40 @@ fn sigterm_unmounts_a_store_at_once() {
 
 #[test]
 fn up_starts_a_master_and_stores_that_serve_the_kv_command() {
-    let (rpc, meta, metrics) = (free_port(), free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(BIN)
-        .args([
-            "up",
-            "--stores",
-            "2",
-            "--segment-size",
-            "16MiB",
-            "--master-port",
-            &rpc.to_string(),
-            "--metadata-port",
-            &meta.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-            "--engines",
-            "0",
-        ])
-        .arg("--shm-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut up = Proc {
-        child,
-        name: "up".into(),
-    };
-    assert!(wait_until(Duration::from_secs(15), || {
-        let (code, body) = http(metrics, "GET", "/api/v1/segments", b"");
-        code == 200 && body.matches("\"name\"").count() == 2
-    }));
-    let master = format!("127.0.0.1:{rpc}");
+    let launcher = common::launcher();
+    let argv: Vec<String> = [
+        "up",
+        "--stores",
+        "2",
+        "--segment-size",
+        "16MiB",
+        "--master-port",
+        "0",
+        "--metadata-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--engines",
+        "0",
+        "--shm-dir",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain([dir.path().display().to_string()])
+    .collect();
+    let mut up = launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap();
+    let master = up.addrs.master.clone().expect("up reports its master");
+    let metrics: u16 = up
+        .addrs
+        .master_metrics
+        .as_deref()
+        .and_then(|m| m.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .expect("up reports its master's metrics address");
+    let (code, body) = http(metrics, "GET", "/api/v1/segments", b"");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body.matches("\"name\"").count(), 2, "{body}");
     let put = Command::new(BIN)
         .args([
             "kv",
@@ -142,17 +144,14 @@ fn up_starts_a_master_and_stores_that_serve_the_kv_command() {
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
-    up.terminate();
-    let status = up.child.try_wait().unwrap();
+    let status = up.process.sigterm_exits_within(Duration::from_secs(20));
     assert!(
         status.is_some_and(|s| s.success()),
         "up should exit cleanly on SIGTERM: {status:?}"
     );
+    // `up` stops its children before it exits.
     assert!(
-        !wait_until(Duration::from_millis(300), || std::net::TcpStream::connect(
-            ("127.0.0.1", rpc)
-        )
-        .is_ok()),
+        std::net::TcpStream::connect(&master).is_err(),
         "the master is still up after `up` stopped"
     );
 }

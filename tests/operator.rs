@@ -1,20 +1,21 @@
 //! `rbgctl operator` end to end: the real binary against the in-process API server stand-in
-//! (`rbgctl::kube::standin`) with its SIMULATED kubelet. The seeds' RoleBasedGroups are the
+//! (`rbgctl::testkit::apiserver`) with its SIMULATED kubelet. The seeds' RoleBasedGroups are the
 //! acceptance cases (copied unchanged into `tests/seeds/`).
 
 mod common;
 
-use common::{wait_until, Proc, BIN};
-use rbgctl::kube::standin::{ApiServer, Kubelet, KubeletConfig};
+use common::wait_until;
+use rbgctl::launch::{Launcher, Process};
+use rbgctl::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const NS: &str = "default";
 const T: Duration = Duration::from_secs(20);
 
 struct Env {
+    launcher: Launcher,
     api: ApiServer,
     kubelet: Kubelet,
     kubeconfig: std::path::PathBuf,
@@ -30,6 +31,7 @@ fn env() -> Env {
     let kubeconfig = dir.path().join("config");
     std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, NS)).unwrap();
     Env {
+        launcher: common::launcher(),
         api,
         kubelet,
         kubeconfig,
@@ -38,28 +40,31 @@ fn env() -> Env {
 }
 
 impl Env {
-    fn operator(&self, identity: &str) -> Proc {
-        let child = Command::new(BIN)
-            .args(["operator", "--metrics-port", "0", "--resync-secs", "1"])
-            .args(["--lease-duration-secs", "2", "--watch-timeout-secs", "30"])
-            .args(["--kube-api-qps", "0", "--identity", identity])
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .env(
-                "RBGCTL_LOG",
-                std::env::var("RBGCTL_TEST_LOG").unwrap_or("warn".into()),
-            )
-            .stderr(if std::env::var_os("RBGCTL_TEST_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .spawn()
-            .unwrap();
-        Proc {
-            child,
-            name: format!("operator {identity}"),
-        }
+    fn operator(&self, identity: &str) -> Process {
+        let argv: Vec<String> = [
+            "operator",
+            "--metrics-port",
+            "0",
+            "--resync-secs",
+            "1",
+            "--lease-duration-secs",
+            "2",
+            "--watch-timeout-secs",
+            "30",
+            "--kube-api-qps",
+            "0",
+            "--identity",
+            identity,
+            "--kubeconfig",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([self.kubeconfig.display().to_string()])
+        .collect();
+        self.launcher
+            .spawn_argv::<rbgctl::operator::Addrs>(&format!("operator-{identity}"), &argv)
+            .expect("the operator starts")
+            .process
     }
 
     fn group(&self, name: &str) -> Value {
@@ -551,7 +556,7 @@ fn watches_that_break_or_expire_resume_and_conflicts_are_retried() {
 #[test]
 fn two_operators_share_one_lease_and_the_standby_takes_over() {
     let e = env();
-    let mut ops: BTreeMap<String, Proc> = [("a", e.operator("a")), ("b", e.operator("b"))]
+    let mut ops: BTreeMap<String, Process> = [("a", e.operator("a")), ("b", e.operator("b"))]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
@@ -579,7 +584,7 @@ fn two_operators_share_one_lease_and_the_standby_takes_over() {
         "{by_agent:?}"
     );
     // kill -9 the leader: the standby takes the lease once it has expired, and acts.
-    ops.get_mut(&holder).unwrap().kill9();
+    ops.get_mut(&holder).unwrap().kill();
     assert!(wait_until(T, || e
         .api
         .get("leases", NS, "rbgctl-operator")
@@ -610,11 +615,11 @@ fn a_standby_stops_on_sigterm_and_never_takes_the_lease() {
     };
     assert!(wait_until(T, || attempts() >= 2), "b never tried the lease");
     assert!(
-        b.sigterm_exits_within(Duration::from_secs(5)),
+        b.sigterm_exits_within(Duration::from_secs(5)).is_some(),
         "the standby ignored SIGTERM"
     );
     // The leader stops too (cleanly: it gives the lease up); nobody holds it afterwards.
-    assert!(a.sigterm_exits_within(Duration::from_secs(5)));
+    assert!(a.sigterm_exits_within(Duration::from_secs(5)).is_some());
     let l = e.api.get("leases", NS, "rbgctl-operator").unwrap();
     assert_eq!(l["spec"]["holderIdentity"], Value::Null, "{l}");
     assert_eq!(l["spec"]["leaseTransitions"], 0, "{l}");

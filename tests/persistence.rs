@@ -8,6 +8,9 @@ mod common;
 
 use common::{wait_until, Cluster, Opts};
 use rbgctl::client::{Client, ClientError, ReplicateConfig};
+use rbgctl::config::{ByteSize, Millis};
+use rbgctl::master::config::MasterConfig;
+use rbgctl::store::config::StoreConfig;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -142,11 +145,11 @@ fn verify(client: &Client, seen: &Seen, allow_uncertain: bool) {
     }
 }
 
-fn cluster(stores: usize, master_args: &[&str]) -> Cluster {
+fn cluster(stores: usize, master: MasterConfig) -> Cluster {
     Cluster::start(Opts {
         stores,
         segment: 64 << 20,
-        master_args: master_args.iter().map(|s| s.to_string()).collect(),
+        master,
     })
 }
 
@@ -160,14 +163,14 @@ fn wait_readable(client: &Client, key: &str) -> bool {
 }
 
 fn store_restart_keeps_every_committed_object(sigkill: bool) {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     let w = Workload::start(cl.clone(), 150, 5000);
     assert!(w.wait_commits(300), "the loop did not get going");
     if sigkill {
-        c.stores[0].kill9();
+        c.stores[0].kill();
     } else {
-        c.stores[0].terminate();
+        c.stores[0].stop();
     }
     let before = w.commits.load(Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(300));
@@ -197,10 +200,10 @@ fn a_store_stopped_with_sigterm_comes_back_with_every_committed_object() {
 
 #[test]
 fn objects_are_unavailable_not_lost_while_their_store_restarts() {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     cl.put("x", b"kept", &one()).unwrap();
-    c.stores[0].terminate();
+    c.stores[0].stop();
     // SIGTERM says "back soon": the object is unavailable, not gone.
     let e = cl.get("x").unwrap_err();
     assert_eq!(
@@ -217,7 +220,7 @@ fn objects_are_unavailable_not_lost_while_their_store_restarts() {
 
 #[test]
 fn a_restarted_master_rebuilds_every_object_from_its_stores() {
-    let mut c = cluster(2, &[]);
+    let mut c = cluster(2, MasterConfig::default());
     let cl = client(&c);
     // Two replicas for some keys: both stores report them and they merge again.
     let two = ReplicateConfig {
@@ -251,7 +254,7 @@ fn a_restarted_master_rebuilds_every_object_from_its_stores() {
 
 #[test]
 fn a_removed_key_stays_removed_across_a_master_restart() {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     cl.put("gone", b"v", &one()).unwrap();
     cl.put("kept", b"v", &one()).unwrap();
@@ -268,7 +271,7 @@ fn corrupt(c: &Cluster, store: usize, key: &str) {
     let path = c
         .shm_dir
         .path()
-        .join(format!("{}.seg", c.store_specs[store].stem()));
+        .join(format!("{}.seg", c.store_stem(store)));
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -283,12 +286,12 @@ fn corrupt(c: &Cluster, store: usize, key: &str) {
 
 #[test]
 fn bytes_corrupted_while_stopped_are_caught_at_recovery() {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     for i in 0..20 {
         cl.put(&format!("c/{i}"), &value(i, 0), &one()).unwrap();
     }
-    c.stores[0].kill9();
+    c.stores[0].kill();
     corrupt(&c, 0, "c/3");
     c.restart_store(0);
     assert!(c.wait_store_mounted(0), "the store did not come back");
@@ -308,7 +311,7 @@ fn bytes_corrupted_while_stopped_are_caught_at_recovery() {
 
 #[test]
 fn bytes_corrupted_while_running_are_caught_on_read_and_dropped() {
-    let c = cluster(1, &[]);
+    let c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     cl.put("victim", &value(1, 0), &one()).unwrap();
     corrupt(&c, 0, "victim");
@@ -328,11 +331,15 @@ fn bytes_corrupted_while_running_are_caught_on_read_and_dropped() {
 fn a_store_away_past_its_grace_period_starts_empty() {
     let mut c = cluster(
         1,
-        &["--client-ttl", "300ms", "--store-grace-period", "500ms"],
+        MasterConfig {
+            client_ttl_ms: Millis(Duration::from_millis(300)),
+            store_grace_period_ms: Millis(Duration::from_millis(500)),
+            ..MasterConfig::default()
+        },
     );
     let cl = client(&c);
     cl.put("old", b"v", &one()).unwrap();
-    c.stores[0].kill9();
+    c.stores[0].kill();
     assert!(wait_until(Duration::from_secs(10), || {
         c.status()["counters"]["segments_given_up"] == 1
     }));
@@ -360,21 +367,19 @@ impl NoopCheck for Client {
 
 #[test]
 fn a_different_segment_size_or_a_second_owner_is_refused() {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     cl.put("a", b"v", &one()).unwrap();
     // Same name and directory while the first store runs (other ports): refused.
     let (ok, err) = c.run_store_expecting_exit(0, |s| {
-        let name = format!("127.0.0.1:{}", s.data_port);
-        s.data_port = common::free_port();
-        s.metrics_port = common::free_port();
-        s.extra = vec!["--name".into(), name];
+        s.port = 0;
+        s.metrics_port = 0;
     });
     assert!(!ok);
     assert!(err.contains("in use by another running store"), "{err}");
-    c.stores[0].terminate();
+    c.stores[0].stop();
     // Another size over the same files: refused, data untouched.
-    let (ok, err) = c.run_store_expecting_exit(0, |s| s.segment = 32 << 20);
+    let (ok, err) = c.run_store_expecting_exit(0, |s| s.segment_size = ByteSize(32 << 20));
     assert!(!ok);
     assert!(err.contains("refusing to mix data"), "{err}");
     c.restart_store(0);
@@ -385,12 +390,12 @@ fn a_different_segment_size_or_a_second_owner_is_refused() {
 
 #[test]
 fn a_foreign_directory_is_refused_or_left_alone() {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
     cl.put("a", b"v", &one()).unwrap();
-    c.stores[0].terminate();
+    c.stores[0].stop();
     let dir = c.shm_dir.path().to_path_buf();
-    let stem = c.store_specs[0].stem();
+    let stem = c.store_stem(0);
     // A second store (another name) in the same directory starts empty and leaves the first
     // store's files alone.
     let b = c.add_store(64 << 20);
@@ -399,10 +404,10 @@ fn a_foreign_directory_is_refused_or_left_alone() {
         c.store_metric(b, "rbgctl_store_recovered_objects"),
         Some(0.0)
     );
-    c.stores[b].terminate();
+    c.stores[b].stop();
     assert!(dir.join(format!("{stem}.idx")).exists());
     // Files renamed to another store's name are refused: they describe another segment.
-    let other = c.store_specs[b].stem();
+    let other = c.store_stem(b);
     for ext in ["idx", "seg"] {
         std::fs::rename(
             dir.join(format!("{stem}.{ext}")),
@@ -417,20 +422,22 @@ fn a_foreign_directory_is_refused_or_left_alone() {
 
 #[test]
 fn an_unusable_directory_is_a_clear_start_up_error() {
-    let c = cluster(1, &[]);
-    let fresh_ports = |s: &mut common::StoreSpec| {
-        s.data_port = common::free_port();
-        s.metrics_port = common::free_port();
+    let c = cluster(1, MasterConfig::default());
+    // Another store (name and ports) than the running one.
+    let fresh_ports = |s: &mut StoreConfig| {
+        s.name = Some("another-store".into());
+        s.port = 0;
+        s.metrics_port = 0;
     };
     let (ok, err) = c.run_store_expecting_exit(0, |s| {
         fresh_ports(s);
-        s.shm_dir = Some(c.shm_dir.path().join("no/such/dir"));
+        s.shm_dir = c.shm_dir.path().join("no/such/dir");
     });
     assert!(!ok);
     assert!(err.contains("parent directory does not exist"), "{err}");
     let (ok, err) = c.run_store_expecting_exit(0, |s| {
         fresh_ports(s);
-        s.segment = 1 << 50;
+        s.segment_size = ByteSize(1 << 50);
     });
     assert!(!ok);
     assert!(err.contains("has no room"), "{err}");
@@ -438,7 +445,7 @@ fn an_unusable_directory_is_a_clear_start_up_error() {
 
 #[test]
 fn objects_copied_through_shared_memory_are_recorded_and_survive_a_kill() {
-    let mut c = cluster(1, &[]);
+    let mut c = cluster(1, MasterConfig::default());
     let cl =
         rbgctl::client::Client::connect(rbgctl::client::ClientConfig::new(c.rpc.clone())).unwrap();
     let keys: Vec<String> = (0..50).map(|i| format!("shm/{i}")).collect();
@@ -454,7 +461,7 @@ fn objects_copied_through_shared_memory_are_recorded_and_survive_a_kill() {
         "the same-host path copied the bytes"
     );
     assert_eq!(c.store_metric(0, "rbgctl_store_index_records"), Some(50.0));
-    c.stores[0].kill9();
+    c.stores[0].kill();
     c.restart_store(0);
     assert!(c.wait_store_mounted(0), "the store did not come back");
     assert!(wait_readable(&cl, "shm/0"));

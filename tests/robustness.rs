@@ -247,28 +247,28 @@ fn a_link_named_mooncake_master_runs_the_master_with_mooncake_flags() {
     let dir = tempfile::tempdir().unwrap();
     let link = dir.path().join("mooncake_master");
     std::os::unix::fs::symlink(BIN, &link).unwrap();
-    let (rpc, metrics, meta) = (free_port(), free_port(), free_port());
-    let child = Command::new(&link)
-        .args([
-            "--rpc_address=127.0.0.1".to_string(),
-            format!("--rpc_port={rpc}"),
-            "--enable_http_metadata_server=true".into(),
-            "--http_metadata_server_host".into(),
-            "127.0.0.1".into(),
-            "--http_metadata_server_port".into(),
-            meta.to_string(),
-            "--metrics_host=127.0.0.1".into(),
-            format!("--metrics_port={metrics}"),
-            "--eviction_high_watermark_ratio=0.95".into(),
-            "--client_ttl=3".into(),
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
+    let launcher = common::launcher();
+    let argv: Vec<String> = [
+        "--rpc_address=127.0.0.1",
+        "--rpc_port=0",
+        "--enable_http_metadata_server=true",
+        "--http_metadata_server_host",
+        "127.0.0.1",
+        "--http_metadata_server_port",
+        "0",
+        "--metrics_host=127.0.0.1",
+        "--metrics_port=0",
+        "--eviction_high_watermark_ratio=0.95",
+        "--client_ttl=3",
+    ]
+    .map(String::from)
+    .to_vec();
+    let master = launcher
+        .spawn_program::<rbgctl::master::Addrs>(&link, "mooncake_master", &argv, &[])
         .unwrap();
-    let _guard = Proc {
-        child,
-        name: "mooncake_master".into(),
-    };
+    let a = &master.addrs;
+    let (rpc, metrics) = (a.rpc.port(), a.metrics.port());
+    let meta = a.metadata.expect("the metadata server is on").port();
     assert!(wait_until(Duration::from_secs(10), || http(
         metrics, "GET", "/health", b""
     )

@@ -3,15 +3,16 @@
 
 mod common;
 
-use common::{free_port, wait_until, Proc, BIN};
+use common::wait_until;
+use rbgctl::launch::{Launcher, Process, Spawned};
+use rbgctl::testkit::fake_worker;
 use serde_json::{json, Value};
 use std::io::Read;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Worker {
-    proc: Proc,
+    proc: Process,
     port: u16,
 }
 
@@ -21,64 +22,76 @@ impl Worker {
     }
 }
 
+/// The test's launcher: children log into its run directory, quoted if one fails to start.
+fn launcher() -> &'static Launcher {
+    static L: std::sync::OnceLock<Launcher> = std::sync::OnceLock::new();
+    L.get_or_init(common::launcher)
+}
+
+/// A FAKE worker on `host:port` (port 0: the kernel chooses).
+fn fake_worker_on(host: &str, port: u16, name: &str, extra: &[&str]) -> Worker {
+    let argv: Vec<String> = ["bench", "fake-worker", "--host", host, "--threads", "1"]
+        .into_iter()
+        .chain(["--port", &port.to_string(), "--name", name])
+        .chain(extra.iter().copied())
+        .map(String::from)
+        .collect();
+    let w: Spawned<fake_worker::Addrs> = launcher()
+        .spawn_argv(&format!("worker-{name}"), &argv)
+        .expect("the fake worker starts");
+    Worker {
+        port: w.addrs.http.port(),
+        proc: w.process,
+    }
+}
+
 fn fake_worker(name: &str, extra: &[&str]) -> Worker {
-    let port = free_port();
-    let child = Command::new(BIN)
-        .args([
-            "bench",
-            "fake-worker",
-            "--host",
-            "127.0.0.1",
-            "--threads",
-            "1",
-        ])
-        .args(["--port", &port.to_string(), "--name", name])
-        .args(extra)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let w = Worker {
-        proc: Proc {
-            child,
-            name: name.into(),
-        },
-        port,
-    };
-    assert!(
-        wait_until(Duration::from_secs(20), || get(w.port, "/health").0 == 200),
-        "fake worker {name} did not start"
-    );
-    w
+    fake_worker_on("127.0.0.1", 0, name, extra)
 }
 
 struct Router {
     /// Kept so that the process lives as long as the test (stopped on drop).
-    _proc: Proc,
+    _proc: Process,
     port: u16,
 }
 
+/// A router with `args` on a kernel-chosen port, once `/readiness` answers as `ready` says.
 fn router(args: &[String], ready: bool) -> Router {
-    let port = free_port();
-    let child = Command::new(BIN)
-        .args(["router", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--prometheus-port", "0"])
-        .args(args)
-        .env("RBGCTL_LOG", "warn")
-        .spawn()
-        .unwrap();
+    router_with_env(args, Some(ready), &[])
+}
+
+/// A router as [`router`] does, with environment variables; `ready: None` does not wait for
+/// `/readiness`.
+fn router_with_env(
+    args: &[String],
+    ready: Option<bool>,
+    env: &[(&str, &std::path::Path)],
+) -> Router {
+    let mut argv = s(&[
+        "router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+    ]);
+    argv.extend(args.iter().cloned());
+    let r: Spawned<rbgctl::router::Addrs> = launcher()
+        .spawn_argv_with_env("router", &argv, env)
+        .expect("the router starts");
     let r = Router {
-        _proc: Proc {
-            child,
-            name: "router".into(),
-        },
-        port,
+        port: r.addrs.http.port(),
+        _proc: r.process,
     };
-    let want = if ready { 200 } else { 503 };
-    assert!(
-        wait_until(Duration::from_secs(20), || get(r.port, "/readiness").0
-            == want),
-        "router did not come up"
-    );
+    if let Some(ready) = ready {
+        let want = if ready { 200 } else { 503 };
+        assert!(
+            wait_until(Duration::from_secs(20), || get(r.port, "/readiness").0
+                == want),
+            "router did not come up"
+        );
+    }
     r
 }
 
@@ -330,7 +343,7 @@ fn pd_sends_the_same_body_with_bootstrap_fields_to_both_sides() {
 
     // A dead prefill worker is a clear error at once, never a hang.
     let mut p = p;
-    p.proc.kill9();
+    p.proc.kill();
     let t0 = Instant::now();
     let (st, _, body) = post(r.port, "/generate", r#"{"text":"x"}"#);
     assert!(
@@ -356,7 +369,7 @@ fn a_worker_killed_mid_stream_ends_the_stream_with_an_error() {
     let n = resp.read(&mut first).unwrap();
     assert!(n > 0 && first.starts_with(b"data: "));
     let t0 = Instant::now();
-    w.proc.kill9();
+    w.proc.kill();
     let (rest, _) = read_chunks(resp);
     assert!(t0.elapsed() < Duration::from_secs(10), "stream hung");
     let rest = String::from_utf8_lossy(&rest);
@@ -606,7 +619,7 @@ fn health_checks_take_a_dead_worker_out_and_back() {
         true,
     );
     let port1 = w1.port;
-    w1.proc.kill9();
+    w1.proc.kill();
     let health = format!("smg_worker_health{{worker=\"http://127.0.0.1:{port1}\"");
     assert!(wait_until(Duration::from_secs(10), || metric(
         r.port, &health
@@ -844,21 +857,9 @@ mod kube_standin {
 fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
     use kube_standin::{pod, Api};
     // Two fake workers on the same port, on two loopback addresses (pod IPs).
-    let port = free_port();
-    let spawn_on = |host: &str, name: &str| {
-        let child = Command::new(BIN)
-            .args(["bench", "fake-worker", "--host", host, "--threads", "1"])
-            .args(["--port", &port.to_string(), "--name", name])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Proc {
-            child,
-            name: name.into(),
-        }
-    };
-    let _a = spawn_on("127.0.0.1", "pod-a");
-    let _b = spawn_on("127.0.0.2", "pod-b");
+    let a = fake_worker_on("127.0.0.1", 0, "pod-a", &[]);
+    let port = a.port;
+    let _b = fake_worker_on("127.0.0.2", port, "pod-b", &[]);
     let api = Arc::new(Api::default());
     *api.rv.lock() = 100;
     api.pods.lock().push(pod("a", "127.0.0.1"));
@@ -870,38 +871,22 @@ fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
         format!("current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{api_port}\nusers:\n- name: u\n  user:\n    token: test-token\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n"),
     )
     .unwrap();
-    let rport = free_port();
-    let child = Command::new(BIN)
-        .args([
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &rport.to_string(),
-        ])
-        .args([
-            "--prometheus-port",
-            "0",
+    let router = router_with_env(
+        &s(&[
             "--service-discovery",
             "--selector",
             "app=w",
-        ])
-        .args(["--service-discovery-port", &port.to_string()])
-        .args([
+            "--service-discovery-port",
+            &port.to_string(),
             "--service-discovery-namespace",
             "ns",
             "--policy",
             "round_robin",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("RBGCTL_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let _router = Proc {
-        child,
-        name: "router".into(),
-    };
+        ]),
+        None,
+        &[("KUBECONFIG", kubeconfig.as_path())],
+    );
+    let rport = router.port;
     let urls = || {
         let (_, body) = get(rport, "/workers");
         let v: Value = serde_json::from_str(&body).unwrap_or_default();

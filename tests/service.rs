@@ -4,19 +4,18 @@
 
 mod common;
 
-use common::{free_port, http, wait_until, Proc, BIN};
+use common::{http, wait_until, BIN};
+use rbgctl::engine::Addrs as EngineAddrs;
+use rbgctl::launch::Spawned;
+use rbgctl::router::Addrs as RouterAddrs;
+use rbgctl::up::UpAddrs;
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-fn free_run(n: u16) -> u16 {
-    for _ in 0..100 {
-        let p = free_port();
-        if p < 65000 && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
-        }
-    }
-    panic!("no run of {n} free ports");
+/// The port of an `http://host:port` URL.
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap()
 }
 
 fn metric_sum(port: u16, name: &str, label: &str) -> f64 {
@@ -60,43 +59,28 @@ fn multiturn(port: u16, clients: u32) -> Value {
 #[test]
 fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
-    let (router, engines) = (free_port(), free_run(2));
     let cfg = dir.path().join("up.toml");
     // A device cache far smaller than the conversations, no host tier: hits beyond the
-    // device must come from the pool.
+    // device must come from the pool. Every port is chosen by the kernel.
     std::fs::write(
         &cfg,
         format!(
-            "[pool]\nstores = 2\nsegment_size = \"64MiB\"\nmaster_port = {}\nmetadata_port = {}\nmetrics_port = {}\nshm_dir = {:?}\n\
-             [engines]\ncount = 2\nbase_port = {engines}\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
-             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = {router}\npolicy = \"round_robin\"\n",
-            free_port(),
-            free_port(),
-            free_port(),
+            "[pool]\nstores = 2\nsegment_size = \"64MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
+             [engines]\ncount = 2\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = 0\npolicy = \"round_robin\"\n",
             dir.path().join("shm"),
         ),
     )
     .unwrap();
-    let child = Command::new(BIN)
-        .arg("up")
-        .arg("--config")
-        .arg(&cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut up = Proc {
-        child,
-        name: "up".into(),
-    };
-    assert!(
-        wait_until(Duration::from_secs(60), || http(
-            router,
-            "GET",
-            "/readiness",
-            b""
-        )
-        .0 == 200),
+    let launcher = common::launcher();
+    let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
+    let mut up = launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap();
+    let router = port_of(up.addrs.router.as_deref().expect("a router"));
+    let engines: Vec<u16> = up.addrs.engines.iter().map(|e| port_of(e)).collect();
+    assert_eq!(engines.len(), 2);
+    assert_eq!(
+        http(router, "GET", "/readiness", b"").0,
+        200,
         "router ready"
     );
     let v = multiturn(router, 12);
@@ -112,14 +96,17 @@ fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
     assert!(v["round"]["round_2"]["cache_hit_rate"].as_f64().unwrap() > 0.5);
     // Round robin sends turns to the engine that did not see the history: those hits can
     // only have come from the pool, as real bytes.
-    let storage: f64 = (0..2)
-        .map(|i| metric_sum(engines + i, "rbgctl_sim_cached_tokens_total", "storage"))
+    let storage: f64 = engines
+        .iter()
+        .map(|p| metric_sum(*p, "rbgctl_sim_cached_tokens_total", "storage"))
         .sum();
-    let read: f64 = (0..2)
-        .map(|i| metric_sum(engines + i, "rbgctl_sim_l3_bytes_total", "read"))
+    let read: f64 = engines
+        .iter()
+        .map(|p| metric_sum(*p, "rbgctl_sim_l3_bytes_total", "read"))
         .sum();
-    let bad: f64 = (0..2)
-        .map(|i| metric_sum(engines + i, "rbgctl_sim_l3_errors_total", "read"))
+    let bad: f64 = engines
+        .iter()
+        .map(|p| metric_sum(*p, "rbgctl_sim_l3_errors_total", "read"))
         .sum();
     assert!(
         storage > 0.0 && read > 0.0,
@@ -127,21 +114,16 @@ fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
     );
     assert_eq!(bad, 0.0, "every page read back intact");
     // Ctrl-C stops everything.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(up.child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    assert!(wait_until(Duration::from_secs(30), || matches!(
-        up.child.try_wait(),
-        Ok(Some(_))
-    )));
+    let stopped = up
+        .process
+        .signal_exits_within(nix::sys::signal::Signal::SIGINT, Duration::from_secs(30));
+    assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}");
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", router)).is_err(),
         "router gone"
     );
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", engines)).is_err(),
+        std::net::TcpStream::connect(("127.0.0.1", engines[0])).is_err(),
         "engine gone"
     );
 }
@@ -198,48 +180,41 @@ fn three_tiers_on_the_same_workload_rank_as_in_seed_000() {
 
 #[test]
 fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
-    let (p, d, boot, router) = (free_port(), free_port(), free_port(), free_port());
-    let engine = |port: u16, mode: &str, extra: &[String]| Proc {
-        child: Command::new(BIN)
-            .args([
-                "sim-engine",
-                "--port",
-                &port.to_string(),
-                "--disaggregation-mode",
-                mode,
-            ])
-            .args(["--decode-ms-per-token", "1"])
-            .args(extra)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-        name: format!("{mode} engine"),
+    let launcher = common::launcher();
+    let engine = |mode: &str, extra: &[&str]| -> Spawned<EngineAddrs> {
+        let argv: Vec<String> = ["sim-engine", "--port", "0", "--disaggregation-mode", mode]
+            .into_iter()
+            .chain(["--decode-ms-per-token", "1"])
+            .chain(extra.iter().copied())
+            .map(String::from)
+            .collect();
+        launcher
+            .spawn_argv(&format!("{mode}-engine"), &argv)
+            .unwrap()
     };
-    let _p = engine(
-        p,
-        "prefill",
-        &["--disaggregation-bootstrap-port".into(), boot.to_string()],
-    );
-    let _d = engine(d, "decode", &[]);
-    let _r = Proc {
-        child: Command::new(BIN)
-            .args([
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &router.to_string(),
-            ])
-            .args(["--prometheus-port", "0", "--pd-disaggregation", "--prefill"])
-            .arg(format!("http://127.0.0.1:{p}"))
-            .arg(boot.to_string())
-            .arg("--decode")
-            .arg(format!("http://127.0.0.1:{d}"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-        name: "router".into(),
-    };
+    let pe = engine("prefill", &["--disaggregation-bootstrap-port", "0"]);
+    let de = engine("decode", &[]);
+    let (p, d) = (pe.addrs.http.port(), de.addrs.http.port());
+    let boot = pe.addrs.bootstrap.expect("a bootstrap port").port();
+    let argv: Vec<String> = [
+        "router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--pd-disaggregation",
+        "--prefill",
+        &format!("http://127.0.0.1:{p}"),
+        &boot.to_string(),
+        "--decode",
+        &format!("http://127.0.0.1:{d}"),
+    ]
+    .map(String::from)
+    .to_vec();
+    let r: Spawned<RouterAddrs> = launcher.spawn_argv("router", &argv).unwrap();
+    let router = r.addrs.http.port();
     assert!(wait_until(Duration::from_secs(30), || http(
         router,
         "GET",
@@ -265,25 +240,12 @@ fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
 
 #[test]
 fn bench_serving_measures_a_simulated_engine() {
-    let port = free_port();
-    let _e = Proc {
-        child: Command::new(BIN)
-            .args([
-                "sim-engine",
-                "--port",
-                &port.to_string(),
-                "--decode-ms-per-token",
-                "1",
-            ])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-        name: "engine".into(),
-    };
-    assert!(wait_until(Duration::from_secs(20), || http(
-        port, "GET", "/health", b""
-    )
-    .0 == 200));
+    let launcher = common::launcher();
+    let argv: Vec<String> = ["sim-engine", "--port", "0", "--decode-ms-per-token", "1"]
+        .map(String::from)
+        .to_vec();
+    let e: Spawned<EngineAddrs> = launcher.spawn_argv("engine", &argv).unwrap();
+    let port = e.addrs.http.port();
     let out = Command::new(BIN)
         .args([
             "bench",

@@ -1,45 +1,23 @@
 //! The benchmarks' own cluster: a master and stores as separate processes of this executable on
-//! loopback, which a benchmark can kill (SIGKILL) and start again on the same ports and
-//! directory. Everything is stopped and the directory removed on drop.
+//! loopback (started by `crate::launch`), which a benchmark can kill (SIGKILL) and start again
+//! on the same ports and directory. Everything is stopped and the directory removed on drop.
 
+use crate::launch::{self, Child, Launcher, Logs};
+use crate::master::config::MasterConfig;
+use crate::store::config::StoreConfig;
 use crate::transfer::message::ListSegmentsResp;
 use crate::transfer::{ConnOptions, Connection, Opcode};
-use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub struct OwnCluster {
     pub master: String,
     pub master_metrics_port: u16,
-    rpc_port: u16,
-    master_proc: Option<Child>,
-    stores: Vec<(StoreSpec, Option<Child>)>,
-    shm_dir: PathBuf,
-}
-
-/// How a store of the cluster is started.
-#[derive(Clone, Debug)]
-pub struct StoreSpec {
-    pub segment_size: u64,
-    pub persistent: bool,
-    pub data_port: u16,
-    pub metrics_port: u16,
-}
-
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-pub fn stop(child: &mut Child, signal: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    master_proc: Child<launch::Master>,
+    stores: Vec<Child<launch::Store>>,
+    /// The stores' segments, in memory (`/dev/shm`) as in production; removed on drop.
+    shm_dir: std::path::PathBuf,
+    // Last: the run directory goes after the children.
+    _launcher: Launcher,
 }
 
 /// The master a pool benchmark runs against: `existing`, or a master and one store started here
@@ -63,95 +41,72 @@ pub fn master_or_own(
 impl OwnCluster {
     /// Starts a master and one store, and waits until the store's segment is live.
     pub fn start(segment_size: u64, persistent: bool) -> anyhow::Result<OwnCluster> {
-        let mut c = OwnCluster {
-            master: String::new(),
-            master_metrics_port: free_port()?,
-            rpc_port: free_port()?,
-            master_proc: None,
-            stores: Vec::new(),
-            shm_dir: PathBuf::from(format!("/dev/shm/rbgctl-bench-{}", std::process::id())),
-        };
-        c.master = format!("127.0.0.1:{}", c.rpc_port);
-        c.start_master()?;
-        c.stores.push((
-            StoreSpec {
-                segment_size,
-                persistent,
-                data_port: free_port()?,
-                metrics_port: free_port()?,
+        let launcher = Launcher::new(Logs::Null)?;
+        let host = "127.0.0.1".to_string();
+        let master_proc = launcher.spawn::<launch::Master>(
+            "master",
+            MasterConfig {
+                rpc_address: host.clone(),
+                rpc_port: 0,
+                metrics_host: host.clone(),
+                metrics_port: 0,
+                ..MasterConfig::default()
             },
-            None,
+        )?;
+        let master = master_proc.addrs.rpc.to_string();
+        let shm_dir = std::path::PathBuf::from(format!(
+            "/dev/shm/rbgctl-bench-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
         ));
-        c.start_store(0)?;
+        let store = launcher.spawn::<launch::Store>(
+            "store-0",
+            StoreConfig {
+                master: master.clone(),
+                bind_address: host.clone(),
+                local_hostname: host.clone(),
+                // A stable name: a restarted persistent store finds its segment again.
+                name: Some("bench-store-0".into()),
+                segment_size: crate::config::ByteSize(segment_size),
+                persistent,
+                metrics_host: host,
+                metrics_port: 0,
+                shm_dir: shm_dir.clone(),
+                ..StoreConfig::default()
+            },
+        )?;
+        let c = OwnCluster {
+            master,
+            master_metrics_port: master_proc.addrs.metrics.port(),
+            master_proc,
+            stores: vec![store],
+            shm_dir,
+            _launcher: launcher,
+        };
         c.wait_live_segments(1, Duration::from_secs(30))?;
         Ok(c)
     }
 
+    /// Starts the master again (after `kill_master`) on the same ports.
     pub fn start_master(&mut self) -> anyhow::Result<()> {
-        let exe = std::env::current_exe()?;
-        let child = Command::new(exe)
-            .args([
-                "master",
-                "--rpc-address",
-                "127.0.0.1",
-                "--rpc-port",
-                &self.rpc_port.to_string(),
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                &self.master_metrics_port.to_string(),
-            ])
-            .env("RBGCTL_LOG", "warn")
-            .spawn()?;
-        self.master_proc = Some(child);
-        Ok(())
+        Ok(self.master_proc.start()?)
     }
 
+    /// Starts store `i` again (after `kill_store`) with the same name, ports and directory.
     pub fn start_store(&mut self, i: usize) -> anyhow::Result<()> {
-        let exe = std::env::current_exe()?;
-        let spec = self.stores[i].0.clone();
-        let child = Command::new(exe)
-            .args([
-                "store",
-                "--master",
-                &self.master,
-                "--bind-address",
-                "127.0.0.1",
-                "--local-hostname",
-                "127.0.0.1",
-                "--port",
-                &spec.data_port.to_string(),
-                "--segment-size",
-                &spec.segment_size.to_string(),
-                "--persistent",
-                &spec.persistent.to_string(),
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                &spec.metrics_port.to_string(),
-            ])
-            .arg("--shm-dir")
-            .arg(&self.shm_dir)
-            .env("RBGCTL_LOG", "warn")
-            .spawn()?;
-        self.stores[i].1 = Some(child);
-        Ok(())
+        Ok(self.stores[i].start()?)
     }
 
     pub fn kill_store(&mut self, i: usize) {
-        if let Some(mut c) = self.stores[i].1.take() {
-            stop(&mut c, nix::sys::signal::Signal::SIGKILL);
-        }
+        self.stores[i].kill();
     }
 
     pub fn kill_master(&mut self) {
-        if let Some(mut c) = self.master_proc.take() {
-            stop(&mut c, nix::sys::signal::Signal::SIGKILL);
-        }
+        self.master_proc.kill();
     }
 
     pub fn store_metrics_port(&self, i: usize) -> u16 {
-        self.stores[i].0.metrics_port
+        self.stores[i].addrs.metrics.port()
     }
 
     /// Live segments the master lists, or `None` while it cannot be reached.
@@ -184,14 +139,11 @@ impl OwnCluster {
 
 impl Drop for OwnCluster {
     fn drop(&mut self) {
-        for (_, c) in self.stores.iter_mut() {
-            if let Some(c) = c.as_mut() {
-                stop(c, nix::sys::signal::Signal::SIGTERM);
-            }
+        // Stores first, so that they unmount from a master that is still there.
+        for s in self.stores.iter_mut() {
+            s.stop();
         }
-        if let Some(c) = self.master_proc.as_mut() {
-            stop(c, nix::sys::signal::Signal::SIGTERM);
-        }
+        self.master_proc.stop();
         let _ = std::fs::remove_dir_all(&self.shm_dir);
     }
 }

@@ -1,13 +1,14 @@
 //! `rbgctl bench`: load tools that print a table a person can read, or JSON with `--json`.
 
 pub mod cluster;
-pub mod fake_worker;
 pub mod hicache;
 pub mod limits;
 pub mod llm;
 pub mod multiturn;
+#[cfg(feature = "testkit")]
 pub mod operator;
 pub mod recovery;
+#[cfg(feature = "testkit")]
 pub mod router;
 pub mod serving;
 pub mod stats;
@@ -39,14 +40,19 @@ pub enum BenchKind {
     /// Seed 000's comparison: the same multi-turn workload with L1 only, L1+L2 and L1+L2+L3
     /// (SIMULATED engines on loopback): hit rate, TTFT and throughput side by side.
     Tiers(tiers::TiersArgs),
-    /// The router's overhead against direct-to-worker, with FAKE workers (no model).
+    /// The router's overhead against direct-to-worker, with FAKE workers (no model). Test kit
+    /// builds only (`--features testkit`).
+    #[cfg(feature = "testkit")]
     Router(router::RouterBenchArgs),
     /// The operator against the API server stand-in and a SIMULATED kubelet: time and API
-    /// requests to bring up a large group, writes during a steady-state resync.
+    /// requests to bring up a large group, writes during a steady-state resync. Test kit
+    /// builds only (`--features testkit`).
+    #[cfg(feature = "testkit")]
     Operator(operator::OperatorBenchArgs),
     /// A FAKE SGLang-compatible worker (no model: canned tokens at once) for router tests
-    /// and benchmarks.
-    FakeWorker(fake_worker::FakeWorkerArgs),
+    /// and benchmarks. Test kit builds only (`--features testkit`).
+    #[cfg(feature = "testkit")]
+    FakeWorker(crate::testkit::fake_worker::FakeWorkerArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -54,11 +60,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Store(a) => store::run(a),
         BenchKind::Hicache(a) => hicache::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
+        #[cfg(feature = "testkit")]
         BenchKind::Router(a) => router::run(a),
         BenchKind::Multiturn(a) => multiturn::run(a),
         BenchKind::Tiers(a) => tiers::run(a),
         BenchKind::Serving(a) => serving::run(a),
-        BenchKind::FakeWorker(a) => fake_worker::run(a),
+        #[cfg(feature = "testkit")]
+        BenchKind::FakeWorker(a) => Ok(crate::testkit::fake_worker::run(a)?),
+        #[cfg(feature = "testkit")]
         BenchKind::Operator(a) => operator::run(a),
     }
 }

@@ -2,7 +2,7 @@
 //! API requests that costs, and how many writes a steady-state resync makes (goal: none).
 //! Runs the operator in-process against the API server stand-in and its SIMULATED kubelet.
 
-use crate::kube::standin::{ApiServer, Kubelet, KubeletConfig};
+use crate::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use clap::Args;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

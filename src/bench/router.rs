@@ -4,15 +4,16 @@
 //! connections: requests per second, latency p50/p99, time to first byte for streams, and the
 //! router's CPU time per request (from /proc).
 
-use crate::bench::cluster::{free_port, stop};
 use crate::bench::stats::percentile;
+use crate::launch::{self, wait_http_ok, Launcher, Logs, Spawned};
+use crate::router::config::{PolicyKind, RouterConfig};
+use crate::testkit::fake_worker;
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Args)]
@@ -43,8 +44,8 @@ pub struct RouterBenchArgs {
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// Router policy.
-    #[arg(long, default_value = "round_robin")]
-    pub policy: String,
+    #[arg(long, value_enum, default_value_t = PolicyKind::RoundRobin)]
+    pub policy: PolicyKind,
     /// CPU microseconds each fake worker burns per request (0: as fast as it can answer).
     #[arg(long, default_value_t = 0)]
     pub worker_cpu_us: u64,
@@ -81,35 +82,6 @@ pub struct Row {
     pub added_p50_ms: f64,
     pub added_p99_ms: f64,
     pub added_ttfb_p50_ms: f64,
-}
-
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            stop(c, nix::sys::signal::Signal::SIGTERM);
-        }
-    }
-}
-
-/// Waits until `GET path` on 127.0.0.1:port answers 200.
-pub fn wait_http(port: u16, path: &str, timeout: Duration) -> anyhow::Result<()> {
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(r) = client.get(format!("http://127.0.0.1:{port}{path}")).send() {
-            if r.status().is_success() {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("127.0.0.1:{port}{path} not ready within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// User + system CPU seconds of a process (Linux reports ticks of 1/100 s).
@@ -262,46 +234,50 @@ fn median_measure(ms: &[Measure]) -> Measure {
 }
 
 pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
-    let exe = std::env::current_exe()?;
-    let mut procs = Procs(Vec::new());
-    let mut worker_ports = Vec::new();
+    let launcher = Launcher::new(Logs::Null)?;
+    let mut workers: Vec<Spawned<fake_worker::Addrs>> = Vec::new();
     for i in 0..args.workers.max(1) {
-        let port = free_port()?;
-        let child = Command::new(&exe)
-            .args(["bench", "fake-worker", "--host", "127.0.0.1"])
-            .args(["--port", &port.to_string(), "--name", &format!("w{i}")])
-            .args(["--tokens", &args.tokens.to_string()])
-            .args(["--cpu-us", &args.worker_cpu_us.to_string()])
-            .args(["--threads", &args.worker_threads.to_string()])
-            .stderr(std::process::Stdio::null())
-            .spawn()?;
-        procs.0.push(child);
-        worker_ports.push(port);
-    }
-    for p in &worker_ports {
-        wait_http(*p, "/health", Duration::from_secs(20))?;
-    }
-    let router_port = free_port()?;
-    let urls: Vec<String> = worker_ports
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
-    let router = Command::new(&exe)
-        .args([
-            "router",
+        let argv: Vec<String> = [
+            "bench",
+            "fake-worker",
             "--host",
             "127.0.0.1",
             "--port",
-            &router_port.to_string(),
-        ])
-        .args(["--prometheus-port", "0", "--policy", &args.policy])
-        .arg("--worker-urls")
-        .args(&urls)
-        .env("RBGCTL_LOG", "warn")
-        .spawn()?;
-    let router_pid = router.id();
-    procs.0.push(router);
-    wait_http(router_port, "/readiness", Duration::from_secs(20))?;
+            "0",
+            "--name",
+            &format!("w{i}"),
+            "--tokens",
+            &args.tokens.to_string(),
+            "--cpu-us",
+            &args.worker_cpu_us.to_string(),
+            "--threads",
+            &args.worker_threads.to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        workers.push(launcher.spawn_argv(&format!("worker-{i}"), &argv)?);
+    }
+    let worker_ports: Vec<u16> = workers.iter().map(|w| w.addrs.http.port()).collect();
+    let router = launcher.spawn::<launch::Router>(
+        "router",
+        RouterConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            prometheus_port: 0,
+            policy: args.policy,
+            worker_urls: worker_ports
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect(),
+            ..RouterConfig::default()
+        },
+    )?;
+    let router_port = router.addrs.http.port();
+    let router_pid = router.pid().unwrap_or(0);
+    wait_http_ok(
+        &format!("http://127.0.0.1:{router_port}/readiness"),
+        Duration::from_secs(20),
+    )?;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -4,6 +4,7 @@
 //! the third tier (L1+L2+L3). It prints hit rate, TTFT and throughput side by side.
 
 use super::multiturn::{self, MultiturnArgs};
+use crate::launch::{Launcher, Logs};
 use crate::up::{Stack, UpConfig};
 use clap::Args;
 use serde_json::json;
@@ -19,14 +20,8 @@ pub struct TiersArgs {
     pub workload: MultiturnArgs,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// The three layouts, from one base.
-pub fn layouts(base: &UpConfig) -> anyhow::Result<Vec<(&'static str, UpConfig)>> {
+/// The three layouts, from one base, every port chosen by the kernel.
+pub fn layouts(base: &UpConfig) -> Vec<(&'static str, UpConfig)> {
     let host = if base.engines.host_cache_tokens > 0 {
         base.engines.host_cache_tokens
     } else {
@@ -43,24 +38,15 @@ pub fn layouts(base: &UpConfig) -> anyhow::Result<Vec<(&'static str, UpConfig)>>
         c.engines.l3 = l3;
         c.pool.stores = if l3 { base.pool.stores.max(1) } else { 0 };
         c.pool.shm_dir = None;
-        c.pool.master_port = free_port()?;
-        c.pool.metadata_port = free_port()?;
-        c.pool.metrics_port = free_port()?;
-        c.router.port = free_port()?;
-        // Engine ports follow base_port; find a free run of them.
-        let n = c.engines.total().max(1) as u16;
-        c.engines.base_port = loop {
-            let p = free_port()?;
-            if p < u16::MAX - n
-                && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok())
-            {
-                break p;
-            }
-        };
-        c.engines.bootstrap_base_port = free_port()?;
+        c.pool.master_port = 0;
+        c.pool.metadata_port = 0;
+        c.pool.metrics_port = 0;
+        c.router.port = 0;
+        c.engines.base_port = 0;
+        c.engines.bootstrap_base_port = 0;
         out.push((name, c));
     }
-    Ok(out)
+    out
 }
 
 pub fn run(a: TiersArgs) -> anyhow::Result<()> {
@@ -68,15 +54,15 @@ pub fn run(a: TiersArgs) -> anyhow::Result<()> {
         Some(p) => UpConfig::from_file(p)?,
         None => UpConfig::default(),
     };
-    let exe = std::env::current_exe()?;
+    let launcher = Launcher::new(Logs::Null)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let mut results = Vec::new();
     let stop = crate::shutdown::Shutdown::on_signals()?;
-    for (name, cfg) in layouts(&base)? {
+    for (name, cfg) in layouts(&base) {
         eprintln!("tiers: {name}: starting the service (SIMULATED engines)...");
-        let mut stack = Stack::start(&cfg, &exe, true)?;
+        let mut stack = Stack::start(&cfg, &launcher)?;
         let router = stack
             .router
             .clone()

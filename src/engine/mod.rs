@@ -34,6 +34,16 @@ pub enum Mode {
     Decode,
 }
 
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Regular => "regular",
+            Mode::Prefill => "prefill",
+            Mode::Decode => "decode",
+        }
+    }
+}
+
 /// Errors that stop the SIMULATED engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

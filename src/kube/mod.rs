@@ -4,7 +4,6 @@
 
 pub mod patch;
 pub mod selector;
-pub mod standin;
 
 use base64::Engine as _;
 use serde::Deserialize;
@@ -557,6 +556,17 @@ pub fn encode(s: &str) -> String {
         }
     }
     out
+}
+
+/// A DNS-1123 label: what Kubernetes requires of most names (at most 63 characters of
+/// lowercase letters, digits and '-', starting and ending with a letter or digit).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 #[cfg(test)]

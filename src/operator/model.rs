@@ -336,7 +336,7 @@ fn parse_rollout(name: &str, r: &Value) -> Result<Rollout, SpecError> {
 
 fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> {
     let name = s(r, "/name").unwrap_or("").to_string();
-    if !crate::kube::standin::is_dns_label(&name) {
+    if !crate::kube::is_dns_label(&name) {
         return Err(role_err(&name, "name must be a DNS label"));
     }
     let replicas = match r.get("replicas") {

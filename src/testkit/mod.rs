@@ -2,6 +2,10 @@
 //! (which `cargo test` turns on for the integration tests and the benches that need it); the
 //! release binary carries none of it.
 //!
+//! - `apiserver`: an in-process stand-in for kube-apiserver, with a SIMULATED kubelet.
+//! - `fake_worker`: a FAKE SGLang-compatible worker (`rbgctl bench fake-worker`).
 //! - `proxy`: a TCP link that delays what it forwards.
 
+pub mod apiserver;
+pub mod fake_worker;
 pub mod proxy;

@@ -1,22 +1,25 @@
-//! Real processes on loopback for the integration tests: a master and stores started from the
-//! built binary on free ports, killed (SIGKILL) or stopped (SIGTERM) at will, always reaped.
+//! Real processes on loopback for the integration tests, started through `rbgctl::launch` (the
+//! same machinery as `rbgctl up` and the benchmarks): a master and stores of the built binary on
+//! kernel-chosen ports, killed (SIGKILL) or stopped (SIGTERM) at will, always reaped. Their logs
+//! are in the launcher's run directory and quoted when one fails to start.
 
 #![allow(dead_code)]
 
+use rbgctl::config::{ByteSize, Millis};
+use rbgctl::launch::{self, Child, Launcher, Logs};
+use rbgctl::master::config::MasterConfig;
+use rbgctl::store::config::StoreConfig;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_rbgctl");
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A launcher of the built binary that logs each child to a file in its run directory.
+pub fn launcher() -> Launcher {
+    Launcher::with_exe(PathBuf::from(BIN), Logs::File).expect("a run directory")
 }
 
 /// Polls `f` every 20 ms until it is true or `timeout` passes.
@@ -31,72 +34,26 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-pub struct Proc {
-    pub child: Child,
-    pub name: String,
-}
-
-impl Proc {
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-    /// Sends SIGTERM and waits up to `within` for the process to exit by itself.
-    pub fn sigterm_exits_within(&mut self, within: Duration) -> bool {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        wait_until(within, || matches!(self.child.try_wait(), Ok(Some(_))))
-    }
-
-    pub fn terminate(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill9();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// How a store was started, so that it can be started again the same way.
-#[derive(Clone, Debug)]
-pub struct StoreSpec {
-    pub data_port: u16,
-    pub metrics_port: u16,
-    pub segment: u64,
-    pub extra: Vec<String>,
-    /// `None`: the cluster's directory.
-    pub shm_dir: Option<PathBuf>,
-}
-
-impl StoreSpec {
-    /// The segment name (and file stem) of this store.
-    pub fn stem(&self) -> String {
-        format!("127.0.0.1_{}", self.data_port)
+/// A master config on loopback, every port chosen by the kernel, the metadata server on.
+pub fn loopback_master(base: MasterConfig) -> MasterConfig {
+    MasterConfig {
+        rpc_address: "127.0.0.1".into(),
+        rpc_port: 0,
+        metrics_host: "127.0.0.1".into(),
+        metrics_port: 0,
+        enable_http_metadata_server: true,
+        http_metadata_server_host: "127.0.0.1".into(),
+        http_metadata_server_port: 0,
+        ..base
     }
 }
 
 pub struct Cluster {
-    pub master: Proc,
-    pub stores: Vec<Proc>,
+    pub launcher: Launcher,
+    pub master: Child<launch::Master>,
+    pub stores: Vec<Child<launch::Store>>,
     /// Metrics port of each store, by index.
     pub store_metrics: Vec<u16>,
-    pub store_specs: Vec<StoreSpec>,
-    pub master_args: Vec<String>,
     pub rpc: String,
     pub metrics_port: u16,
     pub metadata_port: u16,
@@ -106,7 +63,8 @@ pub struct Cluster {
 pub struct Opts {
     pub stores: usize,
     pub segment: u64,
-    pub master_args: Vec<String>,
+    /// The master's settings (its addresses are set by the cluster).
+    pub master: MasterConfig,
 }
 
 impl Default for Opts {
@@ -114,76 +72,31 @@ impl Default for Opts {
         Opts {
             stores: 2,
             segment: 64 << 20,
-            master_args: vec![],
+            master: MasterConfig::default(),
         }
-    }
-}
-
-/// Starts a master on the given loopback ports, with the HTTP metadata server on.
-pub fn spawn_master(
-    rpc_port: u16,
-    metrics_port: u16,
-    metadata_port: u16,
-    extra: &[String],
-) -> Proc {
-    let child = Command::new(BIN)
-        .args([
-            "master",
-            "--rpc-address",
-            "127.0.0.1",
-            "--rpc-port",
-            &rpc_port.to_string(),
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            &metrics_port.to_string(),
-            "--enable-http-metadata-server",
-            "--http-metadata-server-host",
-            "127.0.0.1",
-            "--http-metadata-server-port",
-            &metadata_port.to_string(),
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Proc {
-        child,
-        name: "master".into(),
     }
 }
 
 impl Cluster {
     /// Kills the master (SIGKILL) and starts a new one on the same ports.
     pub fn restart_master(&mut self) {
-        self.master.kill9();
-        let rpc_port: u16 = self.rpc.rsplit(':').next().unwrap().parse().unwrap();
-        self.master = spawn_master(
-            rpc_port,
-            self.metrics_port,
-            self.metadata_port,
-            &self.master_args,
-        );
+        self.master.start().expect("the master starts again");
     }
 
     pub fn start(opts: Opts) -> Cluster {
-        let (rpc_port, metrics_port, metadata_port) = (free_port(), free_port(), free_port());
-        let rpc = format!("127.0.0.1:{rpc_port}");
-        let master = spawn_master(rpc_port, metrics_port, metadata_port, &opts.master_args);
-        assert!(
-            wait_until(Duration::from_secs(10), || TcpStream::connect(&rpc).is_ok()),
-            "master did not start"
-        );
+        let launcher = launcher();
+        let master = launcher
+            .spawn::<launch::Master>("master", loopback_master(opts.master))
+            .expect("the master starts");
+        let a = master.addrs.clone();
         let mut c = Cluster {
+            launcher,
             master,
             stores: vec![],
             store_metrics: vec![],
-            store_specs: vec![],
-            master_args: opts.master_args.clone(),
-            rpc,
-            metrics_port,
-            metadata_port,
+            rpc: a.rpc.to_string(),
+            metrics_port: a.metrics.port(),
+            metadata_port: a.metadata.map_or(0, |m| m.port()),
             shm_dir: tempfile::tempdir().unwrap(),
         };
         for _ in 0..opts.stores {
@@ -197,39 +110,44 @@ impl Cluster {
         c
     }
 
-    pub fn add_store(&mut self, segment: u64) -> usize {
-        self.add_store_with(segment, &[])
+    /// The config store `i` of this cluster gets: a stable name (`store-<i>`), so that a
+    /// restart finds its segment again.
+    pub fn store_config(&self, i: usize, segment: u64) -> StoreConfig {
+        StoreConfig {
+            master: self.rpc.clone(),
+            bind_address: "127.0.0.1".into(),
+            local_hostname: "127.0.0.1".into(),
+            name: Some(format!("store-{i}")),
+            segment_size: ByteSize(segment),
+            metrics_host: "127.0.0.1".into(),
+            metrics_port: 0,
+            heartbeat_interval_ms: Millis(Duration::from_millis(200)),
+            shm_dir: self.shm_dir.path().to_path_buf(),
+            ..StoreConfig::default()
+        }
     }
 
-    pub fn add_store_with(&mut self, segment: u64, extra: &[&str]) -> usize {
-        // Both ports explicit: a kernel-chosen data port could reuse the one just probed.
-        let metrics = free_port();
-        let mut data = free_port();
-        while data == metrics {
-            data = free_port();
-        }
-        let spec = StoreSpec {
-            data_port: data,
-            metrics_port: metrics,
-            segment,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            shm_dir: None,
-        };
-        self.store_metrics.push(metrics);
-        self.store_specs.push(spec.clone());
-        let child = self.store_command(&spec).spawn().unwrap();
-        self.stores.push(Proc {
-            child,
-            name: format!("store-{}", self.stores.len()),
-        });
-        self.stores.len() - 1
+    pub fn add_store(&mut self, segment: u64) -> usize {
+        let i = self.stores.len();
+        let cfg = self.store_config(i, segment);
+        let store = self
+            .launcher
+            .spawn::<launch::Store>(&format!("store-{i}"), cfg)
+            .expect("the store starts");
+        self.store_metrics.push(store.addrs.metrics.port());
+        self.stores.push(store);
+        i
     }
 
     /// Starts store `i` again (after a kill or stop) with the same name, ports and directory.
     pub fn restart_store(&mut self, i: usize) {
-        self.stores[i].kill9();
-        let spec = self.store_specs[i].clone();
-        self.stores[i].child = self.store_command(&spec).spawn().unwrap();
+        self.stores[i].start().expect("the store starts again");
+    }
+
+    /// The file stem of store `i`'s segment and index files.
+    pub fn store_stem(&self, i: usize) -> String {
+        let name = self.stores[i].config.name.clone().unwrap_or_default();
+        rbgctl::store::segment::file_stem(&name)
     }
 
     /// Runs a store like store `i` but changed by `change`, expecting it to exit; returns its
@@ -237,12 +155,20 @@ impl Cluster {
     pub fn run_store_expecting_exit(
         &self,
         i: usize,
-        change: impl FnOnce(&mut StoreSpec),
+        change: impl FnOnce(&mut StoreConfig),
     ) -> (bool, String) {
-        let mut spec = self.store_specs[i].clone();
-        change(&mut spec);
-        let mut child = self
-            .store_command(&spec)
+        let mut cfg = self.stores[i].config.clone();
+        change(&mut cfg);
+        let path = self
+            .launcher
+            .dir()
+            .join(format!("store-{i}-expecting-exit.toml"));
+        std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+        let mut child = std::process::Command::new(BIN)
+            .arg("store")
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -283,35 +209,6 @@ impl Cluster {
     pub fn master_metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.http_get("/metrics");
         rbgctl::telemetry::sample(&body, name)
-    }
-
-    fn store_command(&self, spec: &StoreSpec) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.args([
-            "store",
-            "--master",
-            &self.rpc,
-            "--bind-address",
-            "127.0.0.1",
-            "--local-hostname",
-            "127.0.0.1",
-            "--port",
-            &spec.data_port.to_string(),
-            "--segment-size",
-            &spec.segment.to_string(),
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            &spec.metrics_port.to_string(),
-            "--heartbeat-interval",
-            "200ms",
-        ])
-        .arg("--shm-dir")
-        .arg(spec.shm_dir.as_deref().unwrap_or(self.shm_dir.path()))
-        .args(&spec.extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        cmd
     }
 
     pub fn http_get(&self, path: &str) -> (u16, String) {

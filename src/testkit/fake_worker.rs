@@ -1,11 +1,10 @@
-//! `rbgctl bench fake-worker`: a FAKE SGLang-compatible worker for router tests and
-//! benchmarks. There is no model: every request is answered at once with canned tokens
+//! `rbgctl bench fake-worker` (test kit builds only): a FAKE SGLang-compatible worker for router
+//! tests and benchmarks. There is no model: every request is answered at once with canned tokens
 //! ("tok0 tok1 ..."), streamed as SSE or as one JSON object, in SGLang's and OpenAI's shapes.
 //! It can inject failures (`POST /fake/fail?count=N&status=503`), pace streamed tokens, burn
 //! CPU per request, and it records the last requests it received (`GET /fake/requests`) so that
 //! tests can check what the router forwarded.
 
-use anyhow::Context as _;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -16,7 +15,7 @@ use axum::{Json, Router};
 use clap::Args;
 use http_body::Frame;
 use parking_lot::Mutex;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -29,6 +28,7 @@ use std::time::{Duration, Instant};
 pub struct FakeWorkerArgs {
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// 0: the kernel chooses (reported through `RBGCTL_READY_FILE`).
     #[arg(long, default_value_t = 31000)]
     pub port: u16,
     /// Name reported in the `x-fake-worker` response header.
@@ -376,21 +376,30 @@ async fn metrics(State(f): State<Arc<Fake>>) -> String {
     )
 }
 
-pub fn run(args: FakeWorkerArgs) -> anyhow::Result<()> {
+/// Where a FAKE worker listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Addrs {
+    pub http: std::net::SocketAddr,
+}
+
+/// Runs a FAKE worker until SIGINT or SIGTERM.
+pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
+    let listener = crate::role::bind("fake worker", &args.host, args.port)
+        .map_err(|e| std::io::Error::new(e.source.kind(), e.to_string()))?;
+    let addrs = Addrs {
+        http: listener.local_addr()?,
+    };
+    let shutdown = crate::shutdown::Shutdown::on_signals()?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = args.threads {
         rt.worker_threads(t.max(1));
     }
     let rt = rt.enable_all().build()?;
     rt.block_on(async move {
-        let addr = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("binding the fake worker to {addr}"))?;
+        let listener = crate::role::async_listener(listener)?;
         eprintln!(
             "FAKE worker {} (no model; canned tokens) listening on {}",
-            args.name,
-            listener.local_addr()?
+            args.name, addrs.http
         );
         let f = Arc::new(Fake {
             args,
@@ -422,8 +431,10 @@ pub fn run(args: FakeWorkerArgs) -> anyhow::Result<()> {
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        axum::serve(listener, app).await?;
-        Ok(())
+        crate::role::announce("fake-worker", &addrs);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.wait().await })
+            .await
     })
 }
 

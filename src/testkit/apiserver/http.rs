@@ -1,0 +1,226 @@
+//! The HTTP side: request paths and queries parsed into targets, and the handler that runs a
+//! request against the storage.
+
+use super::*;
+
+/// Where a request goes.
+pub(super) struct Target {
+    pub(super) r: &'static Resource,
+    pub(super) version: String,
+    pub(super) ns: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) status: bool,
+}
+
+pub(super) fn parse_path(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        rest => (None, rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, s] => (*p, Some(n.to_string()), Some(*s)),
+        _ => return None,
+    };
+    let r = RESOURCES
+        .iter()
+        .find(|r| r.plural == plural && r.group == group && r.versions.contains(&version))?;
+    let status = match sub {
+        None => false,
+        Some("status") if r.status => true,
+        Some(_) => return None,
+    };
+    Some(Target {
+        r,
+        version: version.to_string(),
+        ns,
+        name,
+        status,
+    })
+}
+
+pub(super) fn query(uri: &Uri) -> HashMap<String, String> {
+    uri.query()
+        .map(|q| {
+            q.split('&')
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    Some((decode(k)?, decode(v)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(super) fn decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let h = std::str::from_utf8(&b[i + 1..i + 3]).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+pub(super) fn reply(code: u16, v: Value) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(v)).into_response()
+}
+
+pub(super) async fn handle(
+    State(api): State<ApiServer>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let Some(t) = parse_path(&path) else {
+        return reply(
+            404,
+            api_err(404, "NotFound", format!("no route {path}")).status(),
+        );
+    };
+    let q = query(&uri);
+    let agent = headers
+        .get("user-agent")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let mut inner = api.inner.lock();
+    if inner.fail_paths.iter().any(|p| path.contains(p.as_str())) {
+        return reply(
+            500,
+            api_err(500, "InternalError", "injected fault").status(),
+        );
+    }
+    let watch = q.get("watch").is_some_and(|v| v == "1" || v == "true");
+    let verb = match (&method, &t.name, watch) {
+        (&Method::GET, _, true) => "watch",
+        (&Method::GET, None, false) => "list",
+        (&Method::GET, Some(_), false) => "get",
+        (&Method::POST, _, _) => "create",
+        (&Method::PUT, _, _) => "update",
+        (&Method::PATCH, _, _) => "patch",
+        (&Method::DELETE, _, _) => "delete",
+        _ => "other",
+    };
+    *inner.counts.by_verb.entry(verb.to_string()).or_default() += 1;
+    *inner
+        .counts
+        .requests_by_agent
+        .entry(agent.clone())
+        .or_default() += 1;
+    if matches!(verb, "create" | "update" | "patch" | "delete") {
+        if t.r.plural != "leases" {
+            *inner.counts.writes_by_agent.entry(agent).or_default() += 1;
+        }
+        *inner
+            .counts
+            .writes_by_resource
+            .entry(t.r.plural.to_string())
+            .or_default() += 1;
+        if let Some(i) = inner
+            .race_next_write
+            .iter()
+            .position(|p| path.contains(p.as_str()))
+        {
+            inner.race_next_write.remove(i);
+            if let (Some(ns), Some(name)) = (&t.ns, &t.name) {
+                inner.touch(t.r, ns, name);
+            }
+        }
+    }
+    let parsed_body = || -> Result<Value, ApiError> {
+        serde_json::from_slice(&body)
+            .map_err(|e| api_err(400, "BadRequest", format!("body is not JSON: {e}")))
+    };
+    let ns = t.ns.clone().unwrap_or_default();
+    let result = match (verb, &t.name) {
+        ("watch", _) => {
+            return match inner.watch(&t, &q) {
+                Ok((rx, timeout)) => Response::new(Body::new(Events {
+                    rx,
+                    deadline: Box::pin(tokio::time::sleep(timeout)),
+                })),
+                Err(e) => reply(e.code, e.status()),
+            };
+        }
+        ("list", _) => inner.list(&t, &q),
+        ("get", Some(name)) => inner
+            .objects
+            .get(&(t.r.plural, ns.clone(), name.clone()))
+            .map(|o| inner.served(t.r, &t.version, o))
+            .ok_or_else(|| {
+                api_err(
+                    404,
+                    "NotFound",
+                    format!("{} {name:?} not found", t.r.plural),
+                )
+            }),
+        ("create", None) if t.ns.is_some() && !t.status => {
+            parsed_body().and_then(|b| inner.create(t.r, &t.version, &ns, b))
+        }
+        ("update", Some(name)) if t.ns.is_some() => {
+            parsed_body().and_then(|b| inner.update(t.r, &t.version, &ns, name, t.status, b))
+        }
+        ("patch", Some(name)) if t.ns.is_some() => {
+            parsed_body().and_then(|b| inner.patch(t.r, &t.version, &ns, name, t.status, &ct, &b))
+        }
+        ("delete", Some(name)) if t.ns.is_some() => {
+            let opts = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            inner.delete(t.r, &t.version, &ns, name, &opts)
+        }
+        _ => Err(api_err(405, "MethodNotAllowed", format!("{method} {path}"))),
+    };
+    match result {
+        Ok(v) => reply(if verb == "create" { 201 } else { 200 }, v),
+        Err(e) => reply(e.code, e.status()),
+    }
+}
+
+pub(super) fn field_name(q: &HashMap<String, String>) -> Result<Option<String>, ApiError> {
+    match q.get("fieldSelector").filter(|f| !f.is_empty()) {
+        None => Ok(None),
+        Some(f) => f
+            .strip_prefix("metadata.name=")
+            .map(|n| Some(n.to_string()))
+            .ok_or_else(|| {
+                api_err(
+                    400,
+                    "BadRequest",
+                    format!("field selector {f:?}: only metadata.name is served here"),
+                )
+            }),
+    }
+}

@@ -1,0 +1,182 @@
+//! A SIMULATED kubelet: schedules pods, gives them loopback IPs, marks them Running and Ready
+//! (unless held), restarts containers whose image changed, removes terminating pods.
+
+use super::*;
+
+/// How the simulated kubelet treats pods.
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    /// Time from creation to Running.
+    pub start_delay: Duration,
+    /// Time a terminating pod takes to go away.
+    pub stop_delay: Duration,
+    pub tick: Duration,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        KubeletConfig {
+            start_delay: Duration::from_millis(20),
+            stop_delay: Duration::from_millis(50),
+            tick: Duration::from_millis(20),
+        }
+    }
+}
+
+/// A SIMULATED kubelet for the stand-in: no containers run; it only writes the pod status a
+/// kubelet would.
+#[derive(Clone)]
+pub struct Kubelet {
+    api: ApiServer,
+    cfg: KubeletConfig,
+    held: Arc<Mutex<Vec<Selector>>>,
+    failed: Arc<Mutex<HashSet<String>>>,
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Kubelet {
+    pub fn new(api: &ApiServer, cfg: KubeletConfig) -> Kubelet {
+        Kubelet {
+            api: api.clone(),
+            cfg,
+            held: Default::default(),
+            failed: Default::default(),
+            seen: Default::default(),
+        }
+    }
+
+    /// Pods matching `selector` run but are not Ready until released.
+    pub fn hold(&self, selector: &str) {
+        if let Ok(s) = Selector::parse(selector) {
+            self.held.lock().push(s);
+        }
+    }
+
+    pub fn release_all(&self) {
+        self.held.lock().clear();
+    }
+
+    /// Marks a pod's containers as failed (phase Failed).
+    pub fn fail_pod(&self, name: &str) {
+        self.failed.lock().insert(name.to_string());
+    }
+
+    /// Runs on the current tokio runtime until the runtime stops.
+    pub fn spawn(&self) {
+        let k = self.clone();
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(k.cfg.tick);
+            loop {
+                t.tick().await;
+                k.step();
+            }
+        });
+    }
+
+    /// Runs on a thread of its own.
+    pub fn spawn_thread(&self) {
+        let k = self.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(k.cfg.tick);
+            k.step();
+        });
+    }
+
+    /// One pass over every pod.
+    pub fn step(&self) {
+        let r = ApiServer::resource("pods").expect("pods are served");
+        let now = Instant::now();
+        let mut inner = self.api.inner.lock();
+        let pods: Vec<(Key, Value)> = inner
+            .objects
+            .iter()
+            .filter(|((p, _, _), _)| *p == "pods")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let held = self.held.lock().clone();
+        let mut seen = self.seen.lock();
+        let live: HashSet<String> = pods
+            .iter()
+            .filter_map(|(_, p)| p.pointer("/metadata/uid").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect();
+        seen.retain(|k, _| live.contains(k.split('/').next().unwrap_or(k)));
+        for (idx, (key, pod)) in pods.into_iter().enumerate() {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            let first = *seen.entry(uid.clone()).or_insert(now);
+            if pod.pointer("/metadata/deletionTimestamp").is_some() {
+                let since = *seen.entry(format!("{uid}/deleting")).or_insert(now);
+                if now.duration_since(since) >= self.cfg.stop_delay {
+                    inner.remove(r, &key.1, &key.2);
+                }
+                continue;
+            }
+            if now.duration_since(first) < self.cfg.start_delay {
+                continue;
+            }
+            let want = self.pod_status(&pod, idx, &held);
+            if pod.get("status") != Some(&want) {
+                let mut new = pod.clone();
+                new["status"] = want;
+                if pod.pointer("/spec/nodeName").is_none() {
+                    new["spec"]["nodeName"] = json!(format!("standin-node-{}", idx % 3));
+                }
+                let rv = inner.next_rv();
+                new["metadata"]["resourceVersion"] = json!(rv.to_string());
+                inner.objects.insert(key.clone(), new.clone());
+                inner.record(r, &key.1, "MODIFIED", Some(pod), new);
+            }
+        }
+    }
+
+    fn pod_status(&self, pod: &Value, idx: usize, held: &[Selector]) -> Value {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("");
+        let old = pod.get("status").cloned().unwrap_or(json!({}));
+        let failed = self.failed.lock().contains(name);
+        let ready = !failed && !held.iter().any(|s| s.matches(pod));
+        let mut statuses = Vec::new();
+        for c in pod
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let cname = c["name"].as_str().unwrap_or("");
+            let image = c["image"].as_str().unwrap_or("");
+            let prev = old
+                .get("containerStatuses")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|s| s["name"] == cname));
+            let mut restarts = prev.and_then(|p| p["restartCount"].as_i64()).unwrap_or(0);
+            if prev.is_some_and(|p| p["image"].as_str() != Some(image)) {
+                restarts += 1;
+            }
+            let state = if failed {
+                json!({"terminated": {"exitCode": 1, "reason": "Error"}})
+            } else {
+                json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+            };
+            statuses.push(json!({"name": cname, "image": image,
+                "imageID": format!("sim://{image}"), "ready": ready, "started": !failed,
+                "restartCount": restarts, "state": state}));
+        }
+        let ip = old
+            .get("podIP")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("127.1.{}.{}", (idx / 250) % 250, idx % 250 + 1));
+        let cond = |t: &str, ok: bool| {
+            json!({"type": t, "status": if ok {"True"} else {"False"},
+                   "lastTransitionTime": null})
+        };
+        json!({
+            "phase": if failed {"Failed"} else {"Running"},
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "hostIP": "127.0.0.1",
+            "conditions": [cond("PodScheduled", true), cond("Initialized", true),
+                           cond("ContainersReady", ready), cond("Ready", ready)],
+            "containerStatuses": statuses,
+        })
+    }
+}

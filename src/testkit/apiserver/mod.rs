@@ -1,0 +1,465 @@
+//! An in-process stand-in for kube-apiserver, for tests and benchmarks of the operator and
+//! the router's pod discovery. It follows the real server's semantics for what rbgctl uses;
+//! `docs/operator.md` lists them. In short:
+//!
+//! - Resources: pods, services, configmaps, events (core/v1), endpointslices
+//!   (discovery.k8s.io/v1), leases (coordination.k8s.io/v1), controllerrevisions (apps/v1),
+//!   rolebasedgroups (workloads.x-k8s.io v1alpha1 and v1alpha2, one stored object served at
+//!   both versions as a CRD with conversion strategy `None` does) and coordinatedpolicies.
+//! - One global resourceVersion counter; every write bumps it. uid, creationTimestamp and
+//!   generation are server-owned; generation moves only when something outside metadata and
+//!   status changes.
+//! - GET, LIST (label selectors, `metadata.name` field selector, `limit`/`continue`), POST
+//!   (409 AlreadyExists, `generateName`), PUT (409 Conflict on a stale resourceVersion),
+//!   PATCH (merge, JSON, strategic merge; server-side apply is refused with 415), DELETE
+//!   (uid/resourceVersion preconditions; finalizers turn a delete into a deletionTimestamp
+//!   and the object goes when the last finalizer is removed).
+//! - The status subresource: writes to the object ignore `status`, writes to `/status`
+//!   change only `status`.
+//! - Pod spec is immutable except container images (422 otherwise), like the real server.
+//! - WATCH from a resourceVersion: history replay, label-selector transitions as
+//!   ADDED/DELETED, bookmarks when asked, `timeoutSeconds`, and `410 Gone` as an ERROR
+//!   event once the history is compacted past the requested version.
+//! - Not done: owner-reference garbage collection (deleting an owner leaves its children,
+//!   which is why the operator has a finalizer), admission webhooks, RBAC, server-side apply.
+//!
+//! A simulated kubelet (`Kubelet`) can run pods: it schedules them, gives them a loopback
+//! IP, marks them Running and Ready (unless held), restarts containers whose image changed
+//! (restartCount + 1, new imageID) and removes terminating pods after a grace delay.
+//!
+//! Parts: `resources` (what is served, and validation), `storage` (objects, resourceVersion,
+//! history, the write rules), `watch` (watchers and event delivery), `http` (paths, queries
+//! and the handler), `kubelet` (the SIMULATED kubelet).
+
+use crate::kube::patch;
+use crate::kube::selector::Selector;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body::Frame;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+mod http;
+mod kubelet;
+mod resources;
+mod storage;
+mod watch;
+
+use http::*;
+pub use kubelet::{Kubelet, KubeletConfig};
+use resources::*;
+pub use resources::{Resource, RESOURCES};
+use storage::*;
+use watch::*;
+
+/// Requests served, by verb; writes by resource; and writes other than to Leases by
+/// User-Agent (which shows who acts, leader election aside).
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    pub by_verb: BTreeMap<String, u64>,
+    /// Every request, by the client's user agent.
+    pub requests_by_agent: BTreeMap<String, u64>,
+    pub writes_by_agent: BTreeMap<String, u64>,
+    pub writes_by_resource: BTreeMap<String, u64>,
+}
+
+impl Counts {
+    pub fn total(&self) -> u64 {
+        self.by_verb.values().sum()
+    }
+    pub fn writes(&self) -> u64 {
+        ["create", "update", "patch", "delete"]
+            .iter()
+            .map(|v| self.by_verb.get(*v).copied().unwrap_or(0))
+            .sum()
+    }
+
+    /// Writes to anything but Leases (leader election renews its Lease all the time).
+    pub fn writes_except_leases(&self) -> u64 {
+        self.writes_by_resource
+            .iter()
+            .filter(|(r, _)| r.as_str() != "leases")
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// The shared state; cheap to clone.
+#[derive(Clone)]
+pub struct ApiServer {
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+fn api_err(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        code,
+        reason,
+        message: message.into(),
+    }
+}
+
+impl ApiError {
+    fn status(&self) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": self.message, "reason": self.reason, "code": self.code})
+    }
+}
+
+impl Default for ApiServer {
+    fn default() -> Self {
+        ApiServer::new()
+    }
+}
+
+impl ApiServer {
+    pub fn new() -> ApiServer {
+        ApiServer {
+            inner: Arc::new(Mutex::new(Inner {
+                rv: 1000,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                history_limit: 100_000,
+                compacted: 0,
+                watchers: Vec::new(),
+                counts: Counts::default(),
+                race_next_write: Vec::new(),
+                fail_paths: Vec::new(),
+            })),
+        }
+    }
+
+    fn resource(plural: &str) -> Option<&'static Resource> {
+        RESOURCES.iter().find(|r| r.plural == plural)
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.inner.lock().counts.clone()
+    }
+
+    pub fn reset_counts(&self) {
+        self.inner.lock().counts = Counts::default();
+    }
+
+    /// Drops the event history: a watch from any earlier resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        let mut i = self.inner.lock();
+        i.compacted = i.rv;
+        i.history.clear();
+    }
+
+    /// Ends every open watch, as an API server restart or a load balancer timeout does.
+    pub fn break_watches(&self) {
+        self.inner.lock().watchers.clear();
+    }
+
+    pub fn open_watches(&self) -> usize {
+        let mut i = self.inner.lock();
+        i.watchers.retain(|w| !w.tx.is_closed());
+        i.watchers.len()
+    }
+
+    /// Before the next write to a path containing `path`, another client updates the object
+    /// (its resourceVersion moves), so a write carrying the old version gets 409 Conflict.
+    pub fn race_next_write(&self, path: &str) {
+        self.inner.lock().race_next_write.push(path.to_string());
+    }
+
+    /// Requests to paths containing `path` fail with 500 until `heal`.
+    pub fn fail(&self, path: &str) {
+        self.inner.lock().fail_paths.push(path.to_string());
+    }
+
+    pub fn heal(&self) {
+        self.inner.lock().fail_paths.clear();
+    }
+
+    pub fn get(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        let r = Self::resource(plural)?;
+        self.inner
+            .lock()
+            .objects
+            .get(&(r.plural, ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Objects of a type in a namespace matching a label selector.
+    pub fn list(&self, plural: &str, ns: &str, selector: &str) -> Vec<Value> {
+        let Some(r) = Self::resource(plural) else {
+            return Vec::new();
+        };
+        let sel = Selector::parse(selector).unwrap_or_default();
+        self.inner
+            .lock()
+            .objects
+            .iter()
+            .filter(|((p, n, _), o)| *p == r.plural && n == ns && sel.matches(o))
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Creates an object directly (as `kubectl apply` of a new object would).
+    pub fn create(&self, plural: &str, ns: &str, obj: Value) -> Result<Value, ApiError> {
+        let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
+        let version = r.versions[0];
+        self.inner.lock().create(r, version, ns, obj)
+    }
+
+    /// Applies a JSON patch as a client would (`kubectl patch --type=json`).
+    pub fn json_patch(
+        &self,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        ops: Value,
+    ) -> Result<Value, ApiError> {
+        self.patch_as(plural, ns, name, false, "application/json-patch+json", &ops)
+    }
+
+    /// Applies a merge patch to the object or, with `status`, to its status subresource.
+    pub fn merge_patch(
+        &self,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        status: bool,
+        p: Value,
+    ) -> Result<Value, ApiError> {
+        self.patch_as(plural, ns, name, status, "application/merge-patch+json", &p)
+    }
+
+    fn patch_as(
+        &self,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        status: bool,
+        content_type: &str,
+        body: &Value,
+    ) -> Result<Value, ApiError> {
+        let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
+        self.inner
+            .lock()
+            .patch(r, r.versions[0], ns, name, status, content_type, body)
+    }
+
+    pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
+        self.inner
+            .lock()
+            .delete(r, r.versions[0], ns, name, &Value::Null)
+    }
+
+    /// A kubeconfig that points at the stand-in on `port`, with `namespace` as its default.
+    pub fn kubeconfig(port: u16, namespace: &str) -> String {
+        format!(
+            "current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n    namespace: {namespace}\n"
+        )
+    }
+
+    /// Serves HTTP on a free loopback port from a runtime thread of its own.
+    pub fn serve(&self) -> std::io::Result<u16> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        listener.set_nonblocking(true)?;
+        let state = self.clone();
+        std::thread::Builder::new()
+            .name("api-standin".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(_) => return,
+                };
+                rt.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    let bookmarks = state.clone();
+                    tokio::spawn(async move {
+                        let mut t = tokio::time::interval(Duration::from_millis(500));
+                        loop {
+                            t.tick().await;
+                            bookmarks.inner.lock().send_bookmarks();
+                        }
+                    });
+                    let app = axum::Router::new().fallback(handle).with_state(state);
+                    let _ = axum::serve(listener, app).await;
+                });
+            })?;
+        Ok(port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_resources_versions_and_subresources() {
+        let t =
+            parse_path("/apis/workloads.x-k8s.io/v1alpha1/namespaces/ns/rolebasedgroups/g/status")
+                .unwrap();
+        assert_eq!(
+            (
+                t.r.kind,
+                t.version.as_str(),
+                t.ns.as_deref(),
+                t.name.as_deref(),
+                t.status
+            ),
+            ("RoleBasedGroup", "v1alpha1", Some("ns"), Some("g"), true)
+        );
+        let t = parse_path("/api/v1/pods").unwrap();
+        assert_eq!((t.r.plural, t.ns, t.name), ("pods", None, None));
+        assert!(parse_path("/api/v1/namespaces/ns/configmaps/x/status").is_none());
+        assert!(parse_path("/apis/apps/v2/namespaces/ns/controllerrevisions").is_none());
+    }
+
+    #[test]
+    fn writes_follow_resource_version_generation_and_status_rules() {
+        let api = ApiServer::new();
+        let g = api
+            .create(
+                "rolebasedgroups",
+                "ns",
+                json!({"metadata": {"name": "g"}, "spec": {"roles": []}, "status": {"x": 1}}),
+            )
+            .unwrap();
+        assert_eq!(g["status"], json!({}), "status is not set by create");
+        assert_eq!(g["metadata"]["generation"], 1);
+        let mut inner = api.inner.lock();
+        let r = ApiServer::resource("rolebasedgroups").unwrap();
+        // Status through the subresource: generation stays.
+        let mut s = g.clone();
+        s["status"] = json!({"observedGeneration": 1});
+        let s = inner.update(r, "v1alpha2", "ns", "g", true, s).unwrap();
+        assert_eq!(s["metadata"]["generation"], 1);
+        // A stale resourceVersion is a conflict.
+        let e = inner
+            .update(r, "v1alpha2", "ns", "g", false, g.clone())
+            .unwrap_err();
+        assert_eq!(e.code, 409);
+        // A label change keeps generation, a spec change bumps it.
+        let mut l = s.clone();
+        l["metadata"]["labels"] = json!({"a": "b"});
+        let l = inner.update(r, "v1alpha2", "ns", "g", false, l).unwrap();
+        assert_eq!(l["metadata"]["generation"], 1);
+        assert_eq!(
+            l["status"]["observedGeneration"], 1,
+            "object writes keep status"
+        );
+        let p = inner
+            .patch(
+                r,
+                "v1alpha1",
+                "ns",
+                "g",
+                false,
+                "application/merge-patch+json",
+                &json!({"spec": {"roles": [{"name": "a"}]}}),
+            )
+            .unwrap();
+        assert_eq!(p["metadata"]["generation"], 2);
+        assert_eq!(p["apiVersion"], "workloads.x-k8s.io/v1alpha1");
+        // Finalizers hold a delete until removed.
+        let f = inner
+            .patch(
+                r,
+                "v1alpha2",
+                "ns",
+                "g",
+                false,
+                "application/merge-patch+json",
+                &json!({"metadata": {"finalizers": ["x/y"]}}),
+            )
+            .unwrap();
+        let d = inner
+            .delete(r, "v1alpha2", "ns", "g", &Value::Null)
+            .unwrap();
+        assert!(d["metadata"]["deletionTimestamp"].is_string());
+        assert!(f["metadata"]["deletionTimestamp"].is_null());
+        inner
+            .patch(
+                r,
+                "v1alpha2",
+                "ns",
+                "g",
+                false,
+                "application/merge-patch+json",
+                &json!({"metadata": {"finalizers": null}}),
+            )
+            .unwrap();
+        assert!(!inner
+            .objects
+            .contains_key(&("rolebasedgroups", "ns".into(), "g".into())));
+        let e = inner
+            .patch(
+                r,
+                "v1alpha2",
+                "ns",
+                "g",
+                false,
+                "application/apply-patch+yaml",
+                &json!({}),
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 404);
+    }
+
+    #[test]
+    fn pod_specs_are_immutable_except_images() {
+        let api = ApiServer::new();
+        api.create(
+            "pods",
+            "ns",
+            json!({"metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "a:1", "args": ["x"]}]}}),
+        )
+        .unwrap();
+        api.json_patch(
+            "pods",
+            "ns",
+            "p",
+            json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "a:2"}]),
+        )
+        .unwrap();
+        let e = api
+            .json_patch(
+                "pods",
+                "ns",
+                "p",
+                json!([{"op": "replace", "path": "/spec/containers/0/args", "value": ["y"]}]),
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 422);
+        let e = api
+            .create(
+                "pods",
+                "ns",
+                json!({"metadata": {"name": "Bad_Name"},
+                "spec": {"containers": [{"name": "c", "image": "a"}]}}),
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 422);
+    }
+}

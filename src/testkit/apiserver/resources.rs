@@ -1,0 +1,196 @@
+//! The resources the stand-in serves, and the validation the real server applies to them.
+
+use super::*;
+
+/// A resource type the stand-in serves.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resource {
+    pub group: &'static str,
+    pub versions: &'static [&'static str],
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub status: bool,
+}
+
+pub const RESOURCES: &[Resource] = &[
+    Resource {
+        group: "",
+        versions: &["v1"],
+        plural: "pods",
+        kind: "Pod",
+        status: true,
+    },
+    Resource {
+        group: "",
+        versions: &["v1"],
+        plural: "services",
+        kind: "Service",
+        status: true,
+    },
+    Resource {
+        group: "",
+        versions: &["v1"],
+        plural: "configmaps",
+        kind: "ConfigMap",
+        status: false,
+    },
+    Resource {
+        group: "",
+        versions: &["v1"],
+        plural: "events",
+        kind: "Event",
+        status: false,
+    },
+    Resource {
+        group: "discovery.k8s.io",
+        versions: &["v1"],
+        plural: "endpointslices",
+        kind: "EndpointSlice",
+        status: false,
+    },
+    Resource {
+        group: "coordination.k8s.io",
+        versions: &["v1"],
+        plural: "leases",
+        kind: "Lease",
+        status: false,
+    },
+    Resource {
+        group: "apps",
+        versions: &["v1"],
+        plural: "controllerrevisions",
+        kind: "ControllerRevision",
+        status: false,
+    },
+    Resource {
+        group: "workloads.x-k8s.io",
+        versions: &["v1alpha2", "v1alpha1"],
+        plural: "rolebasedgroups",
+        kind: "RoleBasedGroup",
+        status: true,
+    },
+    Resource {
+        group: "workloads.x-k8s.io",
+        versions: &["v1alpha2"],
+        plural: "coordinatedpolicies",
+        kind: "CoordinatedPolicy",
+        status: true,
+    },
+];
+
+pub(super) fn api_version(r: &Resource, version: &str) -> String {
+    if r.group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{}/{version}", r.group)
+    }
+}
+
+pub(super) fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        })
+}
+
+pub(super) use crate::kube::is_dns_label;
+
+pub(super) fn label_value_ok(v: &str) -> bool {
+    v.len() <= 63
+        && (v.is_empty()
+            || (v.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+                && v.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
+}
+
+/// Validation the real server does for the fields rbgctl writes.
+pub(super) fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let bad = |m: String| {
+        api_err(
+            422,
+            "Invalid",
+            format!("{} {name:?} is invalid: {m}", r.kind),
+        )
+    };
+    if !is_dns_subdomain(name) {
+        return Err(bad(
+            "metadata.name: must be a lowercase RFC 1123 subdomain".into()
+        ));
+    }
+    if r.plural == "services"
+        && !(is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()))
+    {
+        return Err(bad("metadata.name: must be a DNS-1035 label".into()));
+    }
+    if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            let v = v
+                .as_str()
+                .ok_or_else(|| bad(format!("label {k}: not a string")))?;
+            if !label_value_ok(v) {
+                return Err(bad(format!("metadata.labels[{k}]: invalid value {v:?}")));
+            }
+        }
+    }
+    if r.plural == "pods" {
+        let containers = obj
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| bad("spec.containers: Required value".into()))?;
+        for c in containers {
+            if c.get("image")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+            {
+                return Err(bad("spec.containers[].image: Required value".into()));
+            }
+        }
+        for f in ["hostname", "subdomain"] {
+            if let Some(h) = obj.pointer(&format!("/spec/{f}")).and_then(Value::as_str) {
+                if !is_dns_label(h) {
+                    return Err(bad(format!("spec.{f}: must be a DNS label")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A pod's spec with container images blanked: the part the real server keeps immutable.
+pub(super) fn pod_spec_sans_images(spec: &Value) -> Value {
+    let mut s = spec.clone();
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = s.get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs {
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("image");
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Everything but metadata and status (what moves `metadata.generation`).
+pub(super) fn spec_part(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+        m.remove("apiVersion");
+        m.remove("kind");
+    }
+    o
+}
