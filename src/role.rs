@@ -40,6 +40,11 @@ pub fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, Bi
     TcpListener::bind(&addr).map_err(|source| BindError { what, addr, source })
 }
 
+/// The address of an optional listener.
+pub fn local_addr(l: Option<&TcpListener>) -> std::io::Result<Option<std::net::SocketAddr>> {
+    l.map(TcpListener::local_addr).transpose()
+}
+
 /// What a started role writes to `RBGCTL_READY_FILE`.
 #[derive(Debug, Serialize, serde::Deserialize)]
 pub struct Ready<A> {

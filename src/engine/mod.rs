@@ -96,11 +96,7 @@ pub fn start(
     cfg.validate()?;
     let addrs = Addrs {
         http: listeners.http.local_addr()?,
-        bootstrap: listeners
-            .bootstrap
-            .as_ref()
-            .map(|l| l.local_addr())
-            .transpose()?,
+        bootstrap: role::local_addr(listeners.bootstrap.as_ref())?,
     };
     let l3 = match &cfg.l3_master {
         Some(master) => Some(l3::L3::connect(

@@ -97,7 +97,7 @@ impl Listeners {
         Ok(Addrs {
             rpc: self.rpc.local_addr()?,
             metrics: self.metrics.local_addr()?,
-            metadata: self.metadata.as_ref().map(|l| l.local_addr()).transpose()?,
+            metadata: role::local_addr(self.metadata.as_ref())?,
         })
     }
 }

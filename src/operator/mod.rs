@@ -139,11 +139,7 @@ pub fn start(
     shutdown: Shutdown,
 ) -> Result<Handle, OperatorError> {
     let addrs = Addrs {
-        metrics: listeners
-            .metrics
-            .as_ref()
-            .map(|l| l.local_addr())
-            .transpose()?,
+        metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
     let cfg = match &args.kubeconfig {
         Some(p) => KubeConfig::from_kubeconfig(p)?,

@@ -216,11 +216,7 @@ pub fn start(
 ) -> Result<Handle, RouterError> {
     let addrs = Addrs {
         http: listeners.http.local_addr()?,
-        metrics: listeners
-            .metrics
-            .as_ref()
-            .map(|l| l.local_addr())
-            .transpose()?,
+        metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
     let runtime = role::runtime("router", None)?;
     let (shared, http, metrics) = {
