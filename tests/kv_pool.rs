@@ -386,3 +386,28 @@ fn corrupted_bytes_are_caught_by_the_checksum_and_never_served() {
     let err = client.get("crc").unwrap_err();
     assert!(matches!(err, ClientError::Checksum { .. }), "{err}");
 }
+
+#[test]
+fn a_batch_against_a_dead_master_names_the_master_for_every_item() {
+    let mut c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let client = c.client();
+    client.put("k/0", b"v", &one()).unwrap();
+    c.master.kill();
+    let keys = ["k/0", "k/1", "k/2"];
+    let is_master_failure =
+        |e: &ClientError| matches!(e, ClientError::Master { addr, .. } if *addr == c.rpc);
+    let got = client.batch_get(&keys);
+    assert!(
+        got.iter().all(|r| r.as_ref().is_err_and(is_master_failure)),
+        "{got:?}"
+    );
+    let values: [&[u8]; 3] = [b"a", b"b", b"c"];
+    let put = client.batch_put(&keys, &values, &one());
+    assert!(
+        put.iter().all(|r| r.as_ref().is_err_and(is_master_failure)),
+        "{put:?}"
+    );
+}

@@ -243,6 +243,30 @@ fn config_errors_name_the_field() {
 }
 
 #[test]
+fn rdma_is_refused_by_name_never_served_over_tcp() {
+    let e = run_fail(
+        &["store", "--master", "127.0.0.1:1", "--protocol", "rdma"],
+        &[],
+    );
+    assert!(
+        e.contains("store.protocol") && e.contains("no RDMA transport"),
+        "{e}"
+    );
+    let e = run_fail(
+        &["store", "--master", "127.0.0.1:1"],
+        &[("MOONCAKE_PROTOCOL", "RDMA")],
+    );
+    assert!(
+        e.contains("store.protocol") && e.contains("no RDMA transport"),
+        "{e}"
+    );
+    let mut cfg = rbgctl::client::ClientConfig::new("127.0.0.1:1");
+    cfg.transport = rbgctl::transfer::Transport::Rdma;
+    let e = rbgctl::client::Client::connect(cfg).err().expect("refused");
+    assert!(e.to_string().contains("no RDMA transport"), "{e}");
+}
+
+#[test]
 fn a_link_named_mooncake_master_runs_the_master_with_mooncake_flags() {
     let dir = tempfile::tempdir().unwrap();
     let link = dir.path().join("mooncake_master");

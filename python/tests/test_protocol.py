@@ -211,6 +211,15 @@ class Settings(unittest.TestCase):
         with self.assertRaisesRegex(ConfigError, "RBGCTL_MASTER or MOONCAKE_MASTER"):
             ClientConfig.from_env({})
 
+    def test_rdma_is_refused_by_name(self):
+        with self.assertRaisesRegex(ConfigError, "MOONCAKE_PROTOCOL: rdma: rbgctl has no RDMA"):
+            ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "MOONCAKE_PROTOCOL": "RDMA"})
+        with self.assertRaisesRegex(ConfigError, "cfg: protocol: rdma"):
+            ClientConfig.from_mapping({"master": "m:1", "protocol": "rdma"}, source="cfg")
+        self.assertEqual(
+            ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "MOONCAKE_PROTOCOL": "tcp"}).master, "m:1"
+        )
+
 
 class Keys(unittest.TestCase):
     def cfg(self, **kw):

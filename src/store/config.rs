@@ -4,6 +4,7 @@
 
 use crate::config::mooncake::MooncakeEnv;
 use crate::config::{check_endpoint, load_toml, ByteSize, ConfigError, Millis};
+use crate::transfer::Transport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,9 +28,9 @@ pub struct StoreConfig {
     /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
     /// and needs none; the value is accepted and reported only.
     pub local_buffer_size: ByteSize,
-    /// `tcp` (default) or `rdma`. Without the `rdma` build feature, `rdma` falls back to TCP
-    /// with a warning.
-    pub protocol: String,
+    /// `tcp` (default) or `rdma`. No build carries RDMA yet: `rdma` is refused at start with an
+    /// error naming this field, never served silently over TCP.
+    pub protocol: Transport,
     /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`).
     pub device: String,
     /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
@@ -66,7 +67,7 @@ impl Default for StoreConfig {
             name: None,
             segment_size: ByteSize(1 << 30),
             local_buffer_size: ByteSize(0),
-            protocol: "tcp".into(),
+            protocol: Transport::Tcp,
             device: String::new(),
             metadata_server: "P2PHANDSHAKE".into(),
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
@@ -101,8 +102,9 @@ pub struct StoreArgs {
     pub segment_size: Option<ByteSize>,
     #[arg(long, env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE")]
     pub local_buffer_size: Option<ByteSize>,
+    /// tcp or rdma (rdma is refused: no build carries it yet).
     #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
-    pub protocol: Option<String>,
+    pub protocol: Option<Transport>,
     #[arg(long, env = "RBGCTL_STORE_DEVICE")]
     pub device: Option<String>,
     #[arg(long, env = "RBGCTL_STORE_METADATA_SERVER")]
@@ -146,7 +148,9 @@ impl StoreArgs {
             c.local_buffer_size = ByteSize(v);
         }
         if let Some(v) = &mooncake.protocol {
-            c.protocol = v.clone();
+            c.protocol = v
+                .parse()
+                .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?;
         }
         if let Some(v) = &mooncake.device {
             c.device = v.clone();
@@ -177,7 +181,6 @@ impl StoreArgs {
         if self.name.is_some() {
             c.name = self.name.clone();
         }
-        c.protocol = c.protocol.to_ascii_lowercase();
         c.validate()?;
         Ok(c)
     }
@@ -192,12 +195,7 @@ impl StoreConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_endpoint("store.master", &self.master)?;
-        if !matches!(self.protocol.as_str(), "tcp" | "rdma") {
-            return Err(ConfigError::invalid(
-                "store.protocol",
-                format!("expected tcp or rdma, got {:?}", self.protocol),
-            ));
-        }
+        self.protocol.check_built("store.protocol")?;
         if self.segment_size.0 != 0 && self.segment_size.0 < 4096 {
             return Err(ConfigError::invalid(
                 "store.segment_size",
@@ -254,7 +252,7 @@ mod tests {
         let env = MooncakeEnv {
             master: Some("env:2".into()),
             global_segment_size: Some(50 << 30),
-            protocol: Some("rdma".into()),
+            protocol: Some("TCP".into()),
             ..Default::default()
         };
         let args = StoreArgs {
@@ -270,7 +268,11 @@ mod tests {
             "the flag beats MOONCAKE_GLOBAL_SEGMENT_SIZE"
         );
         assert_eq!(c.port, 7000);
-        assert_eq!(c.protocol, "rdma");
+        assert_eq!(
+            c.protocol,
+            Transport::Tcp,
+            "MOONCAKE_PROTOCOL is read case-blind"
+        );
     }
 
     #[test]
@@ -285,11 +287,23 @@ mod tests {
             ..Default::default()
         })
         .contains("store.master"));
-        assert!(bad(StoreArgs {
+        let rdma = bad(StoreArgs {
+            protocol: Some(Transport::Rdma),
+            ..Default::default()
+        });
+        assert!(
+            rdma.contains("store.protocol") && rdma.contains("no RDMA transport"),
+            "{rdma}"
+        );
+        let env = MooncakeEnv {
             protocol: Some("udp".into()),
             ..Default::default()
-        })
-        .contains("store.protocol"));
+        };
+        let udp = StoreArgs::default().resolve(&env).unwrap_err().to_string();
+        assert!(
+            udp.contains("MOONCAKE_PROTOCOL") && udp.contains("udp"),
+            "{udp}"
+        );
         assert!(bad(StoreArgs {
             segment_size: Some(ByteSize(10)),
             ..Default::default()

@@ -36,6 +36,8 @@ pub enum StoreError {
     Index(#[from] IndexError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// What a persistent store found at start-up.
@@ -117,10 +119,7 @@ impl Store {
     /// Creates the segment and starts serving on `listener` and heartbeating (in background
     /// threads).
     pub fn start(cfg: &StoreConfig, listener: TcpListener) -> Result<Store, StoreError> {
-        if cfg.protocol == "rdma" {
-            tracing::warn!(device = %cfg.device,
-                "protocol rdma requested, but this build has no RDMA transport; serving over TCP");
-        }
+        cfg.protocol.check_built("store.protocol")?;
         let port = listener.local_addr()?.port();
         let endpoint = format!("{}:{port}", cfg.local_hostname);
         let name = cfg.name.clone().unwrap_or_else(|| endpoint.clone());

@@ -34,6 +34,28 @@ pub enum TransferError {
     Remote { status: Status, message: String },
 }
 
+/// A copy for each of several requests that one failure ended (a broken pipelined connection).
+/// An `io::Error` is copied as its kind and message.
+impl Clone for TransferError {
+    fn clone(&self) -> Self {
+        let io = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+        match self {
+            TransferError::Io(e) => TransferError::Io(io(e)),
+            TransferError::Protocol(m) => TransferError::Protocol(m.clone()),
+            TransferError::Closed => TransferError::Closed,
+            TransferError::Timeout => TransferError::Timeout,
+            TransferError::Connect { addr, source } => TransferError::Connect {
+                addr: addr.clone(),
+                source: io(source),
+            },
+            TransferError::Remote { status, message } => TransferError::Remote {
+                status: *status,
+                message: message.clone(),
+            },
+        }
+    }
+}
+
 impl TransferError {
     /// The remote status, if the peer answered with an error.
     pub fn status(&self) -> Option<Status> {
@@ -46,6 +68,69 @@ impl TransferError {
     /// True when the connection can no longer be used (as opposed to an error answer).
     pub fn breaks_connection(&self) -> bool {
         !matches!(self, TransferError::Remote { .. })
+    }
+}
+
+/// How payload bytes move between a client and a store. Same-host shared memory is not a
+/// transport of its own: a client uses it for any replica on its host, whatever the transport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Transport {
+    #[default]
+    Tcp,
+    /// RDMA verbs (the `ibverbs` crate). The data-path seam (`client::datapath`) is where it
+    /// plugs in; no build carries it yet, and asking for it is an error, never a silent TCP.
+    Rdma,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        }
+    }
+
+    /// Refuses a transport this build does not carry, naming the setting to change.
+    pub fn check_built(self, field: &str) -> Result<(), crate::config::ConfigError> {
+        match self {
+            Transport::Tcp => Ok(()),
+            Transport::Rdma => Err(crate::config::ConfigError::invalid(
+                field,
+                "rdma: this build of rbgctl has no RDMA transport yet; set it to tcp \
+                 (MOONCAKE_PROTOCOL=tcp, --protocol tcp or protocol = \"tcp\")",
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Transport::Tcp),
+            "rdma" => Ok(Transport::Rdma),
+            other => Err(format!("expected tcp or rdma, got {other:?}")),
+        }
+    }
+}
+
+impl TryFrom<String> for Transport {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Transport> for String {
+    fn from(t: Transport) -> String {
+        t.name().to_string()
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -139,13 +139,25 @@ impl Pool {
     }
 
     pub fn get(&self) -> Result<PooledConnection<'_>, TransferError> {
-        let conn = match self.idle.lock().pop() {
+        let idle = self.idle.lock().pop();
+        let reused = idle.is_some();
+        let conn = match idle {
             Some(c) => c,
             None => Connection::connect(&self.addr, &self.opts)?,
         };
         Ok(PooledConnection {
             pool: self,
             conn: Some(conn),
+            reused,
+        })
+    }
+
+    /// A freshly connected connection, never an idle one.
+    pub fn get_fresh(&self) -> Result<PooledConnection<'_>, TransferError> {
+        Ok(PooledConnection {
+            pool: self,
+            conn: Some(Connection::connect(&self.addr, &self.opts)?),
+            reused: false,
         })
     }
 
@@ -200,9 +212,16 @@ impl Pool {
 pub struct PooledConnection<'a> {
     pool: &'a Pool,
     conn: Option<Connection>,
+    reused: bool,
 }
 
 impl PooledConnection<'_> {
+    /// True when the connection came from the idle list: the peer may have closed it since, so
+    /// a failure before any reply is worth one retry on a fresh connection.
+    pub fn is_reused(&self) -> bool {
+        self.reused
+    }
+
     /// Returns the connection to the pool; call only when it is in a clean state.
     pub fn release(mut self) {
         if let Some(c) = self.conn.take() {

@@ -202,6 +202,7 @@ class ClientConfig:
         path = env.get("MOONCAKE_CONFIG_PATH")
         if path:
             return cls.from_file(path)
+        _check_protocol("MOONCAKE_PROTOCOL", env.get("MOONCAKE_PROTOCOL"))
         master = master_from_env(env)
         if master is None:
             raise ConfigError("set RBGCTL_MASTER or MOONCAKE_MASTER (host:port) or MOONCAKE_CONFIG_PATH")
@@ -216,14 +217,20 @@ def master_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return env.get("RBGCTL_MASTER") or env.get("MOONCAKE_MASTER") or None
 
 
-def _warn_mooncake_only(values: Mapping[str, Any], source: str) -> None:
-    proto = str(values.get("protocol", "tcp")).lower()
-    if proto not in ("tcp", ""):
-        log.warning(
-            "%s: protocol %r: this Python client moves data over TCP (or shared memory on the same host)",
-            source,
-            proto,
+def _check_protocol(what: str, value: Any) -> None:
+    """TCP only: asking for RDMA is an error naming the setting, never a silent TCP."""
+    proto = str(value or "tcp").strip().lower()
+    if proto == "rdma":
+        raise ConfigError(
+            f"{what}: rdma: rbgctl has no RDMA transport yet; set it to tcp "
+            "(same-host replicas still move through shared memory)"
         )
+    if proto != "tcp":
+        raise ConfigError(f"{what}: expected tcp or rdma, got {value!r}")
+
+
+def _warn_mooncake_only(values: Mapping[str, Any], source: str) -> None:
+    _check_protocol(f"{source}: protocol", values.get("protocol"))
     size = values.get("global_segment_size")
     if size not in (None, 0, "0"):
         log.warning(

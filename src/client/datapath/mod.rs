@@ -1,0 +1,79 @@
+//! The data-path seam: how a client moves an object's bytes to and from one store's segment once
+//! the master has said where they go. The put and get executors see only [`DataPath`]; which
+//! implementation serves a segment is chosen once, when its route is learnt ([`open`]):
+//!
+//! - [`Shm`]: the segment is on this host (same kernel, its token file matches), so bytes are
+//!   memory copies into the store's mapped segment file; a persistent store is then told what
+//!   was written (`Seal`) so its durable index records it.
+//! - [`Tcp`]: requests pipelined on one pooled connection per store, payloads sent straight from
+//!   the caller's buffers and received straight into them.
+//!
+//! An RDMA transport (the `ibverbs` crate, under a cargo feature) is a third implementation of
+//! the same trait; until one exists, `Transport::Rdma` is refused where it is configured.
+
+mod shm;
+mod tcp;
+
+pub use shm::{LocalSegment, Shm};
+pub use tcp::Tcp;
+
+use crate::transfer::message::SegmentInfo;
+use crate::transfer::{Pool, TransferError};
+use std::sync::Arc;
+
+/// What kind of path serves a segment, in order of preference for reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PathKind {
+    /// Memory copies on the same host.
+    Shm,
+    /// Requests over a TCP connection.
+    Tcp,
+}
+
+/// One replica write: the value goes to `offset`, and a persistent store records `key` at
+/// `version` with `checksum` once every byte is in place.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteOp<'a> {
+    pub offset: u64,
+    pub value: &'a [u8],
+    pub key: &'a str,
+    pub version: u64,
+    pub checksum: u32,
+}
+
+/// One replica read: `dst.len()` bytes from `offset` into `dst`.
+#[derive(Debug)]
+pub struct ReadOp<'a> {
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+}
+
+/// Moves bytes to and from one store's segment. Each call takes a batch for that segment and
+/// answers one result per operation, in order; an implementation pipelines or vectors the batch
+/// as its medium allows. A failure of one operation need not fail the others.
+pub trait DataPath: Send + Sync {
+    fn kind(&self) -> PathKind;
+
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<(), TransferError>>;
+
+    fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>>;
+}
+
+/// The path for a segment: shared memory when it is on this host and `same_host_shm` allows,
+/// else TCP to the store through `pool` (the store's connection pool, shared by every segment
+/// at that endpoint).
+pub fn open(
+    info: &SegmentInfo,
+    host_id: &str,
+    same_host_shm: bool,
+    pool: Arc<Pool>,
+) -> Arc<dyn DataPath> {
+    if same_host_shm {
+        if let Some(segment) = LocalSegment::open(info, host_id) {
+            // A persistent segment keeps an index of its objects, which copies bypass.
+            let seal = (info.segment_uuid != 0).then_some(pool);
+            return Arc::new(Shm::new(segment, seal));
+        }
+    }
+    Arc::new(Tcp::new(pool))
+}

@@ -1,0 +1,172 @@
+//! The same-host path: a store's segment file mapped into the client, so that reads and writes of
+//! local replicas are memory copies instead of socket transfers.
+
+use super::{DataPath, PathKind, ReadOp, WriteOp};
+use crate::transfer::message::{BatchStatusResp, SealReq, SegmentInfo, StoredObject};
+use crate::transfer::{Opcode, Pool, Status, TransferError};
+use std::fs::OpenOptions;
+use std::path::Path;
+use std::sync::Arc;
+
+pub struct LocalSegment {
+    _map: memmap2::MmapRaw,
+    ptr: *mut u8,
+    size: u64,
+}
+
+// SAFETY: as for the store's own mapping: callers touch ranges the master gave them.
+unsafe impl Send for LocalSegment {}
+unsafe impl Sync for LocalSegment {}
+
+impl LocalSegment {
+    /// Maps the segment if it is on this host and its token matches; `None` otherwise (the
+    /// client then uses TCP).
+    pub fn open(info: &SegmentInfo, host_id: &str) -> Option<LocalSegment> {
+        if info.shm_path.is_empty() || info.host_id.is_empty() || info.host_id != host_id {
+            return None;
+        }
+        let path = Path::new(&info.shm_path);
+        let token_path = path.with_extension("token");
+        let token = std::fs::read_to_string(&token_path).ok()?;
+        if u64::from_str_radix(token.trim(), 16).ok()? != info.shm_token {
+            tracing::debug!(path = %path.display(), "segment token differs: not the same file");
+            return None;
+        }
+        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+        if file.metadata().ok()?.len() != info.size {
+            return None;
+        }
+        let map = memmap2::MmapOptions::new()
+            .len(info.size as usize)
+            .map_raw(&file)
+            .ok()?;
+        tracing::debug!(segment = %info.name, "mapped same-host segment");
+        Some(LocalSegment {
+            ptr: map.as_mut_ptr(),
+            _map: map,
+            size: info.size,
+        })
+    }
+
+    fn check(&self, offset: u64, len: u64) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.size)
+    }
+
+    fn out_of_bounds(&self, offset: u64, len: usize) -> TransferError {
+        TransferError::Protocol(format!(
+            "range {offset}+{len} lies outside the {}-byte same-host segment",
+            self.size
+        ))
+    }
+
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), TransferError> {
+        if !self.check(offset, dst.len() as u64) {
+            return Err(self.out_of_bounds(offset, dst.len()));
+        }
+        // SAFETY: bounds checked; the object is under a read lease.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.add(offset as usize),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), TransferError> {
+        if !self.check(offset, src.len() as u64) {
+            return Err(self.out_of_bounds(offset, src.len()));
+        }
+        // SAFETY: bounds checked; the master allocated the range to this put.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset as usize), src.len())
+        };
+        Ok(())
+    }
+}
+
+/// A same-host segment as a data path.
+pub struct Shm {
+    segment: LocalSegment,
+    /// The store's connection pool when its segment is persistent: copies bypass the store, so
+    /// it is told what was written (`Seal`) for its durable index. A put is acknowledged only
+    /// after the seal, so a store restarted from its files serves what was acknowledged.
+    seal: Option<Arc<Pool>>,
+}
+
+impl Shm {
+    pub fn new(segment: LocalSegment, seal: Option<Arc<Pool>>) -> Shm {
+        Shm { segment, seal }
+    }
+}
+
+impl DataPath for Shm {
+    fn kind(&self) -> PathKind {
+        PathKind::Shm
+    }
+
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<(), TransferError>> {
+        let mut out: Vec<Result<(), TransferError>> = ops
+            .iter()
+            .map(|op| self.segment.write(op.offset, op.value))
+            .collect();
+        let Some(pool) = &self.seal else { return out };
+        let (copied, objects): (Vec<usize>, Vec<StoredObject>) = ops
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| out[*j].is_ok())
+            .map(|(j, op)| {
+                let record = StoredObject {
+                    key: op.key.to_string(),
+                    version: op.version,
+                    offset: op.offset,
+                    size: op.value.len() as u64,
+                    checksum: op.checksum,
+                };
+                (j, record)
+            })
+            .unzip();
+        if objects.is_empty() {
+            return out;
+        }
+        let req = SealReq { objects };
+        let sealed: Result<Vec<Status>, TransferError> = pool
+            .with(|c| c.call::<_, BatchStatusResp>(Opcode::Seal, &req))
+            .and_then(|r| {
+                if r.items.len() == copied.len() {
+                    Ok(r.items)
+                } else {
+                    Err(TransferError::Protocol(format!(
+                        "store sealed {} objects of {}",
+                        r.items.len(),
+                        copied.len()
+                    )))
+                }
+            });
+        match sealed {
+            Ok(statuses) => {
+                for (j, status) in copied.into_iter().zip(statuses) {
+                    if status != Status::Ok {
+                        out[j] = Err(TransferError::Remote {
+                            status,
+                            message: format!("seal: {}", status.describe()),
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                for j in copied {
+                    out[j] = Err(e.clone());
+                }
+            }
+        }
+        out
+    }
+
+    fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
+        ops.iter_mut()
+            .map(|op| self.segment.read(op.offset, op.dst))
+            .collect()
+    }
+}

@@ -1,0 +1,200 @@
+//! Reads: ask the master where an object is (granting a read lease), read one replica through
+//! its segment's data path straight into the destination, check the CRC-32C. A batch reads
+//! every item's first choice (same-host replicas first) grouped by segment; any item that fails
+//! there, or fails its checksum, is read again over all its replicas one by one.
+
+use super::datapath::ReadOp;
+use super::error::ClientError;
+use super::plan::ReadPlan;
+use super::routes::Route;
+use super::Inner;
+use crate::transfer::message::*;
+use crate::transfer::{Opcode, Status};
+use std::sync::Arc;
+
+impl Inner {
+    /// Resolves an object's replicas to routes, same-host ones first.
+    fn targets(&self, replicas: &[ReplicaLoc]) -> Result<Vec<(Arc<Route>, u64)>, ClientError> {
+        let mut out = Vec::with_capacity(replicas.len());
+        let mut last_err = None;
+        for r in replicas {
+            match self.route(r.segment_id) {
+                Ok(route) => out.push((route, r.offset)),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        if out.is_empty() {
+            return Err(last_err.unwrap_or_else(|| ClientError::Rejected {
+                status: Status::Internal,
+                message: "the master described an object with no replica".into(),
+            }));
+        }
+        out.sort_by_key(|(route, _)| route.path.kind());
+        Ok(out)
+    }
+
+    pub(super) fn describe(&self, key: &str) -> Result<ObjectDesc, ClientError> {
+        self.master_call(Opcode::GetReplicas, &KeyReq { key: key.into() })
+            .map_err(|e| match e {
+                ClientError::NotFound(_) => ClientError::NotFound(key.into()),
+                e => e,
+            })
+    }
+
+    pub(super) fn batch_describe(
+        &self,
+        keys: &[&str],
+    ) -> Result<Vec<Result<ObjectDesc, ClientError>>, ClientError> {
+        let req = BatchKeysReq {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        };
+        let r: BatchGetReplicasResp = self.master_call(Opcode::BatchGetReplicas, &req)?;
+        if r.items.len() != keys.len() {
+            return Err(ClientError::Invalid(format!(
+                "the master described {} items for {} keys",
+                r.items.len(),
+                keys.len()
+            )));
+        }
+        Ok(r.items
+            .into_iter()
+            .zip(keys)
+            .map(|(it, k)| {
+                it.map_err(|s| match ClientError::check_status(s, k) {
+                    Err(e) => e,
+                    Ok(()) => ClientError::Invalid("error item with OK status".into()),
+                })
+            })
+            .collect())
+    }
+
+    /// Reads one object, trying each replica (same-host first) until one reads with a good CRC.
+    /// A replica with a bad CRC is reported to the master, which drops it.
+    pub(super) fn read_object(
+        &self,
+        key: &str,
+        desc: &ObjectDesc,
+        dst: &mut [u8],
+    ) -> Result<(), ClientError> {
+        let targets = self.targets(&desc.replicas)?;
+        let mut last = String::from("no replica tried");
+        let mut bad_checksum = false;
+        for (route, offset) in &targets {
+            let mut op = [ReadOp {
+                offset: *offset,
+                dst: &mut *dst,
+            }];
+            let read = route.path.read(&mut op).pop().unwrap_or(Ok(()));
+            match read {
+                Ok(()) if crc32c::crc32c(dst) == desc.checksum => return Ok(()),
+                Ok(()) => {
+                    bad_checksum = true;
+                    tracing::warn!(key, segment = %route.info.name, "checksum mismatch; trying another replica");
+                    let report = ReportCorruptReq {
+                        key: key.into(),
+                        version: desc.version,
+                        segment_id: route.segment_id,
+                    };
+                    if let Err(e) = self.master_call::<_, ()>(Opcode::ReportCorrupt, &report) {
+                        tracing::debug!(error = %e, "cannot report a corrupt replica");
+                    }
+                }
+                Err(e) => last = format!("{}: {e}", route.info.endpoint),
+            }
+        }
+        if bad_checksum {
+            Err(ClientError::Checksum { key: key.into() })
+        } else {
+            Err(ClientError::Unreadable {
+                key: key.into(),
+                last,
+            })
+        }
+    }
+
+    pub(super) fn batch_get_into(
+        &self,
+        keys: &[&str],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<usize, ClientError>> {
+        if keys.len() != bufs.len() {
+            let e = ClientError::Invalid(format!(
+                "{} keys but {} buffers: give one buffer per key",
+                keys.len(),
+                bufs.len()
+            ));
+            return vec![Err(e); keys.len()];
+        }
+        let descs = match self.batch_describe(keys) {
+            Ok(d) => d,
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        let descs: Vec<Result<ObjectDesc, ClientError>> = descs
+            .into_iter()
+            .zip(bufs.iter())
+            .zip(keys)
+            .map(|((d, b), k)| match d {
+                Ok(d) if (b.len() as u64) < d.size => Err(ClientError::BufferTooSmall {
+                    key: k.to_string(),
+                    needed: d.size,
+                    got: b.len(),
+                }),
+                other => other,
+            })
+            .collect();
+        self.batch_read(keys, descs, bufs)
+    }
+
+    /// Reads described objects into `bufs` (each at least its object's size); returns each
+    /// value's length.
+    pub(super) fn batch_read(
+        &self,
+        keys: &[&str],
+        descs: Vec<Result<ObjectDesc, ClientError>>,
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<usize, ClientError>> {
+        let plan = ReadPlan::new(descs.iter().map(|d| d.as_ref().ok()), |d| {
+            // Unroutable items are left to the one-by-one path, which reports why.
+            let (route, offset) = self.targets(&d.replicas).ok()?.into_iter().next()?;
+            Some((route.segment_id, offset))
+        });
+        let mut read_ok = vec![false; keys.len()];
+        {
+            let mut slots: Vec<Option<&mut [u8]>> =
+                bufs.iter_mut().map(|b| Some(&mut **b)).collect();
+            for (segment, reads) in plan.groups() {
+                let Some(route) = self.routes.get(segment) else {
+                    continue;
+                };
+                let mut items = Vec::with_capacity(reads.len());
+                let mut ops = Vec::with_capacity(reads.len());
+                for r in reads {
+                    let size = descs[r.item].as_ref().map_or(0, |d| d.size as usize);
+                    if let Some(buf) = slots[r.item].take() {
+                        items.push(r.item);
+                        ops.push(ReadOp {
+                            offset: r.offset,
+                            dst: &mut buf[..size],
+                        });
+                    }
+                }
+                for (item, r) in items.into_iter().zip(route.path.read(&mut ops)) {
+                    read_ok[item] = r.is_ok();
+                }
+            }
+        }
+        descs
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let d = d?;
+                let n = d.size as usize;
+                let dst = &mut bufs[i][..n];
+                if !(read_ok[i] && crc32c::crc32c(dst) == d.checksum) {
+                    self.read_object(keys[i], &d, dst)?;
+                }
+                Ok(n)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,103 @@
+//! The batch put: one master round trip to start, the writes through each segment's data path,
+//! one round trip to commit what was written (and one to revoke what was not). What to write and
+//! what to commit is decided in `plan.rs`; this file only does the I/O.
+
+use super::datapath::WriteOp;
+use super::error::ClientError;
+use super::plan::WritePlan;
+use super::Inner;
+use crate::transfer::message::*;
+use crate::transfer::Opcode;
+
+impl Inner {
+    pub(super) fn batch_put(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<(), ClientError>> {
+        if keys.len() != values.len() {
+            let e = ClientError::Invalid(format!(
+                "{} keys but {} values: give one value per key",
+                keys.len(),
+                values.len()
+            ));
+            return vec![Err(e); keys.len()];
+        }
+        let req = BatchPutStartReq {
+            client_id: self.id,
+            config: config.clone(),
+            items: keys
+                .iter()
+                .zip(values)
+                .map(|(k, v)| PutItem {
+                    key: k.to_string(),
+                    size: v.len() as u64,
+                })
+                .collect(),
+        };
+        let started = match self.master_call::<_, BatchPutStartResp>(Opcode::BatchPutStart, &req) {
+            Ok(r) if r.items.len() == keys.len() => r.items,
+            Ok(r) => {
+                let e = ClientError::Invalid(format!(
+                    "the master answered {} items for {} keys",
+                    r.items.len(),
+                    keys.len()
+                ));
+                return vec![Err(e); keys.len()];
+            }
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        // Checksums first: persistent stores record them with the object.
+        let checksums: Vec<u32> = values.iter().map(|v| crc32c::crc32c(v)).collect();
+        let plan = WritePlan::new(keys, started, |segment| self.route(segment).map(|_| ()));
+
+        let mut outcomes = Vec::new();
+        for (segment, writes) in plan.groups() {
+            let route = match self.route(segment) {
+                Ok(r) => r,
+                Err(e) => {
+                    outcomes.extend(writes.iter().map(|w| (w.item, Err(e.clone()))));
+                    continue;
+                }
+            };
+            let ops: Vec<WriteOp<'_>> = writes
+                .iter()
+                .map(|w| WriteOp {
+                    offset: w.offset,
+                    value: values[w.item],
+                    key: keys[w.item],
+                    version: plan.object_id(w.item),
+                    checksum: checksums[w.item],
+                })
+                .collect();
+            let results = route.path.write(&ops);
+            for (w, r) in writes.iter().zip(results) {
+                let r = r.map_err(|e| ClientError::from_store(&route.info.endpoint, e));
+                outcomes.push((w.item, r));
+            }
+        }
+
+        let mut settlement = plan.settle(keys, &checksums, outcomes);
+        if !settlement.revoke.is_empty() {
+            let req = BatchPutEndReq {
+                client_id: self.id,
+                items: std::mem::take(&mut settlement.revoke),
+            };
+            if let Err(e) = self.master_call::<_, BatchStatusResp>(Opcode::BatchPutRevoke, &req) {
+                tracing::warn!(error = %e, "revoking failed puts; the master reclaims them later");
+            }
+        }
+        let answer = if settlement.commit.is_empty() {
+            Ok(Vec::new())
+        } else {
+            let req = BatchPutEndReq {
+                client_id: self.id,
+                items: std::mem::take(&mut settlement.commit),
+            };
+            self.master_call::<_, BatchStatusResp>(Opcode::BatchPutEnd, &req)
+                .map(|r| r.items)
+        };
+        settlement.finish(keys, answer)
+    }
+}

@@ -1,0 +1,71 @@
+//! What a client knows about the pool's segments: for each mounted segment, where its store is
+//! and the data path that reaches it. Learnt from the master's segment list and refreshed when
+//! a put or get names a segment this client has not seen.
+
+use super::datapath::{self, DataPath};
+use crate::transfer::message::{SegmentEntry, SegmentInfo};
+use crate::transfer::{ConnOptions, Pool};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// A mounted segment and how to reach it.
+pub struct Route {
+    pub segment_id: u64,
+    pub info: SegmentInfo,
+    pub path: Arc<dyn DataPath>,
+}
+
+pub struct Routes {
+    host_id: String,
+    same_host_shm: bool,
+    conn: ConnOptions,
+    by_segment: RwLock<HashMap<u64, Arc<Route>>>,
+    /// One connection pool per store endpoint, kept across route refreshes.
+    pools: Mutex<HashMap<String, Arc<Pool>>>,
+}
+
+impl Routes {
+    pub fn new(host_id: String, same_host_shm: bool, conn: ConnOptions) -> Routes {
+        Routes {
+            host_id,
+            same_host_shm,
+            conn,
+            by_segment: RwLock::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn get(&self, segment_id: u64) -> Option<Arc<Route>> {
+        self.by_segment.read().get(&segment_id).cloned()
+    }
+
+    /// Takes the master's current segment list: forgets unmounted segments, opens a data path
+    /// for new ones, keeps the rest (and their mapped memory) as they are.
+    pub fn update(&self, segments: Vec<SegmentEntry>) {
+        let live: HashSet<u64> = segments.iter().map(|s| s.id).collect();
+        let mut routes = self.by_segment.write();
+        routes.retain(|id, _| live.contains(id));
+        for s in segments {
+            if routes.contains_key(&s.id) {
+                continue;
+            }
+            let pool = self.pool_for(&s.info.endpoint);
+            let path = datapath::open(&s.info, &self.host_id, self.same_host_shm, pool);
+            let route = Route {
+                segment_id: s.id,
+                info: s.info,
+                path,
+            };
+            routes.insert(s.id, Arc::new(route));
+        }
+    }
+
+    fn pool_for(&self, endpoint: &str) -> Arc<Pool> {
+        self.pools
+            .lock()
+            .entry(endpoint.to_string())
+            .or_insert_with(|| Arc::new(Pool::new(endpoint, self.conn.clone())))
+            .clone()
+    }
+}
