@@ -12,11 +12,13 @@
 //! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
 //! - `config`, `telemetry`: shared configuration layering and observability.
 
+pub mod backoff;
 pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod hash;
 pub mod kube;
 pub mod kv;
 pub mod launch;
@@ -31,3 +33,4 @@ pub mod telemetry;
 pub mod testkit;
 pub mod transfer;
 pub mod up;
+pub mod url;

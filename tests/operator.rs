@@ -39,8 +39,59 @@ fn env() -> Env {
     }
 }
 
+/// A running operator and its metrics port.
+struct Operator {
+    process: Process,
+    metrics_port: u16,
+}
+
+impl std::ops::Deref for Operator {
+    type Target = Process;
+    fn deref(&self) -> &Process {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for Operator {
+    fn deref_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+}
+
+impl Operator {
+    /// Reconciles started so far (`rbgctl_operator_reconciles_total`).
+    fn reconciles(&self) -> u64 {
+        let (_, text) = common::http(self.metrics_port, "GET", "/metrics", b"");
+        text.lines()
+            .find_map(|l| l.strip_prefix("rbgctl_operator_reconciles_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+
+    /// Waits until `n` more reconciles have started. One reconcile of a group starts only
+    /// after the previous one of that group has finished, so with one group this proves
+    /// `n - 1` whole reconciles ran after this call.
+    fn wait_reconciles(&self, n: u64) {
+        let seen = self.reconciles();
+        assert!(
+            wait_until(T, || self.reconciles() >= seen + n),
+            "no reconcile after {seen}"
+        );
+    }
+}
+
 impl Env {
-    fn operator(&self, identity: &str) -> Process {
+    /// Waits until the operator has observed the group's latest generation, then until a
+    /// reconcile that started after that has finished: what it does for that spec is done.
+    fn settled(&self, op: &Operator, name: &str) {
+        assert!(wait_until(T, || {
+            let g = self.group(name);
+            g["status"]["observedGeneration"] == g["metadata"]["generation"]
+        }));
+        op.wait_reconciles(2);
+    }
+
+    fn operator(&self, identity: &str) -> Operator {
         let argv: Vec<String> = [
             "operator",
             "--metrics-port",
@@ -61,10 +112,14 @@ impl Env {
         .into_iter()
         .chain([self.kubeconfig.display().to_string()])
         .collect();
-        self.launcher
+        let spawned = self
+            .launcher
             .spawn_argv::<rbgctl::operator::Addrs>(&format!("operator-{identity}"), &argv)
-            .expect("the operator starts")
-            .process
+            .expect("the operator starts");
+        Operator {
+            process: spawned.process,
+            metrics_port: spawned.addrs.metrics.map_or(0, |a| a.port()),
+        }
     }
 
     fn group(&self, name: &str) -> Value {
@@ -289,7 +344,7 @@ fn every_seed_group_reconciles_to_ready_with_the_names_it_addresses() {
 #[test]
 fn dependencies_hold_back_roles_until_ready_and_bad_ones_create_nothing() {
     let e = env();
-    let _op = e.operator("a");
+    let op = e.operator("a");
     e.kubelet
         .hold("rbg.workloads.x-k8s.io/role-name=mooncake-master");
     let g = seed("003-sglang-mooncake-smg-v2.yaml").remove(0);
@@ -300,7 +355,7 @@ fn dependencies_hold_back_roles_until_ready_and_bad_ones_create_nothing() {
         .len()
         == 1));
     assert!(wait_until(T, || !e.events("DependencyNotMet").is_empty()));
-    std::thread::sleep(Duration::from_millis(800));
+    e.settled(&op, name);
     for role in [
         "mooncake-store",
         "prefill-worker",
@@ -438,7 +493,7 @@ fn image_only_update_is_in_place_and_other_changes_recreate() {
 #[test]
 fn partition_paused_and_replicas_only_changes() {
     let e = env();
-    let _op = e.operator("a");
+    let op = e.operator("a");
     let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
         "metadata": {"name": "p"},
         "spec": {"roles": [{"name": "w", "replicas": 2,
@@ -456,7 +511,7 @@ fn partition_paused_and_replicas_only_changes() {
     e.api.json_patch("rolebasedgroups", NS, "p", json!([{"op": "replace",
         "path": "/spec/roles/0/standalonePattern/template/spec/containers/0/image", "value": "rbgctl:2"}])).unwrap();
     assert!(wait_until(T, || image("p-w-1") == "rbgctl:2"));
-    std::thread::sleep(Duration::from_millis(600));
+    e.settled(&op, "p");
     assert_eq!(
         image("p-w-0"),
         "rbgctl:1",
@@ -469,7 +524,7 @@ fn partition_paused_and_replicas_only_changes() {
     e.api.merge_patch("rolebasedgroups", NS, "p", false, json!({"spec": {"roles": [{"name": "w", "replicas": 2,
         "rolloutStrategy": {"rollingUpdate": {"partition": 0, "paused": true}},
         "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:2"}]}}}}]}})).unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    e.settled(&op, "p");
     assert_eq!(image("p-w-0"), "rbgctl:1", "paused");
     e.api
         .json_patch(
@@ -556,7 +611,7 @@ fn watches_that_break_or_expire_resume_and_conflicts_are_retried() {
 #[test]
 fn two_operators_share_one_lease_and_the_standby_takes_over() {
     let e = env();
-    let mut ops: BTreeMap<String, Process> = [("a", e.operator("a")), ("b", e.operator("b"))]
+    let mut ops: BTreeMap<String, Operator> = [("a", e.operator("a")), ("b", e.operator("b"))]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
@@ -628,7 +683,7 @@ fn a_standby_stops_on_sigterm_and_never_takes_the_lease() {
 #[test]
 fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
     let e = env();
-    let _op = e.operator("a");
+    let op = e.operator("a");
     e.api
         .create(
             "rolebasedgroups",
@@ -638,10 +693,10 @@ fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
         .unwrap();
     let name = "sglang-demo";
     assert!(wait_until(T, || e.ready(name)));
-    std::thread::sleep(Duration::from_millis(500));
+    e.settled(&op, name);
     e.api.reset_counts();
-    // Three resync periods (1 s each) with nothing changing.
-    std::thread::sleep(Duration::from_millis(3500));
+    // Three more reconciles (resyncs, 1 s apart) with nothing changing.
+    op.wait_reconciles(3);
     let c = e.api.counts();
     assert_eq!(
         c.writes_except_leases(),

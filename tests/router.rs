@@ -8,7 +8,6 @@ use rbgctl::launch::{Launcher, Process, Spawned};
 use rbgctl::testkit::fake_worker;
 use serde_json::{json, Value};
 use std::io::Read;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Worker {
@@ -695,9 +694,13 @@ fn discovery_file_changes_are_picked_up() {
     let mut both = vec![w1.url(), w2.url()];
     both.sort();
     assert!(wait_until(Duration::from_secs(5), || urls() == both));
-    // A broken file changes nothing.
+    // A broken file changes nothing: once the router has read and refused it, the workers are
+    // as before.
+    let rejected =
+        || metric(r.port, "rbgctl_router_discovery_file_rejected_total ").unwrap_or(-1.0);
+    assert_eq!(rejected(), 0.0);
     std::fs::write(&file, "roles: [oops").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(wait_until(Duration::from_secs(5), || rejected() >= 1.0));
     assert_eq!(urls(), both);
 }
 
@@ -753,124 +756,36 @@ fn cache_aware_keeps_a_conversation_on_one_worker() {
 /// A minimal stand-in for the Kubernetes API server's pod list and watch (the part the router
 /// uses): list with `resourceVersion`, watch streaming line-delimited events, and the
 /// `ERROR` event with code 410 that a real API server sends when a watch's version is too old.
-mod kube_standin {
-    use axum::body::Body;
-    use axum::extract::{Query, State};
-    use axum::response::IntoResponse;
-    use axum::routing::get;
-    use bytes::Bytes;
-    use http_body::Frame;
-    use parking_lot::Mutex;
-    use serde_json::{json, Value};
-    use std::collections::HashMap;
-    use std::pin::Pin;
-    use std::sync::Arc;
-    use std::task::{Context, Poll};
-    use tokio::sync::mpsc;
-
-    #[derive(Default)]
-    pub struct Api {
-        pub pods: Mutex<Vec<Value>>,
-        pub rv: Mutex<u64>,
-        pub watchers: Mutex<Vec<mpsc::UnboundedSender<Bytes>>>,
-        pub lists: Mutex<u32>,
-    }
-
-    struct Events(mpsc::UnboundedReceiver<Bytes>);
-
-    impl http_body::Body for Events {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-        }
-    }
-
-    pub fn pod(name: &str, ip: &str) -> Value {
-        json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": "w"}},
-               "status": {"phase": "Running", "podIP": ip,
-                          "conditions": [{"type": "Ready", "status": "True"}]}})
-    }
-
-    impl Api {
-        /// Sends an event to every open watch.
-        pub fn send(&self, kind: &str, object: Value) {
-            let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": object})));
-            self.watchers
-                .lock()
-                .retain(|w| w.send(line.clone()).is_ok());
-        }
-        pub fn bump(&self) -> String {
-            let mut rv = self.rv.lock();
-            *rv += 1;
-            rv.to_string()
-        }
-    }
-
-    async fn pods(
-        State(api): State<Arc<Api>>,
-        Query(q): Query<HashMap<String, String>>,
-    ) -> axum::response::Response {
-        assert_eq!(q.get("labelSelector").map(String::as_str), Some("app=w"));
-        if q.get("watch").map(String::as_str) == Some("1") {
-            assert_eq!(
-                q.get("allowWatchBookmarks").map(String::as_str),
-                Some("true")
-            );
-            let (tx, rx) = mpsc::unbounded_channel();
-            api.watchers.lock().push(tx);
-            return axum::response::Response::new(Body::new(Events(rx)));
-        }
-        *api.lists.lock() += 1;
-        let rv = api.rv.lock().to_string();
-        let items = api.pods.lock().clone();
-        axum::Json(json!({"kind": "PodList", "metadata": {"resourceVersion": rv}, "items": items}))
-            .into_response()
-    }
-
-    /// Serves on a free loopback port from a thread of its own; returns the port.
-    pub fn start(api: Arc<Api>) -> u16 {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        listener.set_nonblocking(true).unwrap();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::from_std(listener).unwrap();
-                let app = axum::Router::new()
-                    .route("/api/v1/namespaces/ns/pods", get(pods))
-                    .with_state(api);
-                let _ = axum::serve(l, app).await;
-            });
-        });
-        port
-    }
-}
-
 #[test]
 fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
-    use kube_standin::{pod, Api};
-    // Two fake workers on the same port, on two loopback addresses (pod IPs).
+    use rbgctl::testkit::apiserver::ApiServer;
+    // Fake workers on one port, on three loopback addresses (pod IPs).
     let a = fake_worker_on("127.0.0.1", 0, "pod-a", &[]);
     let port = a.port;
     let _b = fake_worker_on("127.0.0.2", port, "pod-b", &[]);
-    let api = Arc::new(Api::default());
-    *api.rv.lock() = 100;
-    api.pods.lock().push(pod("a", "127.0.0.1"));
-    let api_port = kube_standin::start(api.clone());
+    let _c = fake_worker_on("127.0.0.3", port, "pod-c", &[]);
+    let api = ApiServer::new();
+    let set_status = |name: &str, ip: &str, ready: bool| {
+        let ready = if ready { "True" } else { "False" };
+        let status = json!({"status": {"phase": "Running", "podIP": ip,
+                            "conditions": [{"type": "Ready", "status": ready}]}});
+        api.merge_patch("pods", "ns", name, true, status).unwrap();
+    };
+    let add_pod = |name: &str, ip: &str, ready: bool| {
+        let pod = json!({"metadata": {"name": name, "labels": {"app": "w"}},
+                         "spec": {"containers": [{"name": "w", "image": "w:1"}]}});
+        api.create("pods", "ns", pod).unwrap();
+        set_status(name, ip, ready);
+    };
+    add_pod("a", "127.0.0.1", true);
+    // A pod without the label is never a worker.
+    let other = json!({"metadata": {"name": "other", "labels": {"app": "x"}},
+                       "spec": {"containers": [{"name": "w", "image": "w:1"}]}});
+    api.create("pods", "ns", other).unwrap();
+    let api_port = api.serve().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("config");
-    std::fs::write(
-        &kubeconfig,
-        format!("current-context: t\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{api_port}\nusers:\n- name: u\n  user:\n    token: test-token\ncontexts:\n- name: t\n  context:\n    cluster: c\n    user: u\n"),
-    )
-    .unwrap();
+    std::fs::write(&kubeconfig, ApiServer::kubeconfig(api_port, "ns")).unwrap();
     let router = router_with_env(
         &s(&[
             "--service-discovery",
@@ -901,58 +816,52 @@ fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
         u.sort();
         u
     };
-    let a_url = format!("http://127.0.0.1:{port}");
-    let b_url = format!("http://127.0.0.2:{port}");
+    let url = |host: &str| format!("http://{host}:{port}");
+    let (a_url, b_url, c_url) = (url("127.0.0.1"), url("127.0.0.2"), url("127.0.0.3"));
     assert!(
         wait_until(Duration::from_secs(20), || urls() == [a_url.clone()]),
         "{:?}",
         urls()
     );
-    // The watch is open: a bookmark, then pod b becoming ready.
-    assert!(wait_until(Duration::from_secs(10), || !api
-        .watchers
-        .lock()
-        .is_empty()));
-    let rv = api.bump();
-    api.send(
-        "BOOKMARK",
-        json!({"kind": "Pod", "metadata": {"resourceVersion": rv}}),
+    assert!(wait_until(Duration::from_secs(10), || api.open_watches() > 0));
+    // Pod b comes up not Ready, then pod c Ready: once the router shows c, it has seen b's
+    // event too (one watch, in order), and b is no worker.
+    add_pod("b", "127.0.0.2", false);
+    add_pod("c", "127.0.0.3", true);
+    assert!(
+        wait_until(Duration::from_secs(10), || urls().contains(&c_url)),
+        "{:?}",
+        urls()
     );
-    let mut b = pod("b", "127.0.0.2");
-    b["status"]["conditions"][0]["status"] = json!("False");
-    api.pods.lock().push(b.clone());
-    b["metadata"]["resourceVersion"] = json!(api.bump());
-    api.send("ADDED", b.clone());
-    std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         urls(),
-        [a_url.as_str()],
+        [a_url.clone(), c_url.clone()],
         "a pod that is not Ready is no worker"
     );
-    b["status"]["conditions"][0]["status"] = json!("True");
-    b["metadata"]["resourceVersion"] = json!(api.bump());
-    api.pods.lock()[1] = b.clone();
-    api.send("MODIFIED", b);
+    set_status("b", "127.0.0.2", true);
     assert!(wait_until(Duration::from_secs(10), || urls()
-        == [a_url.clone(), b_url.clone()]));
-    // Both serve requests.
+        == [a_url.clone(), b_url.clone(), c_url.clone()]));
+    // All serve requests.
     let mut names = std::collections::HashSet::new();
-    for _ in 0..4 {
+    for _ in 0..6 {
         let (st, h, _) = post(rport, "/generate", r#"{"text":"x"}"#);
         assert_eq!(st, 200);
         names.insert(h["x-fake-worker"].to_str().unwrap().to_string());
     }
-    assert_eq!(names.len(), 2);
-    // Pod a goes away while the watch's history is compacted: the API server answers 410 Gone,
-    // and the router lists again and drops a.
-    api.pods.lock().remove(0);
-    api.bump();
-    let lists_before = *api.lists.lock();
-    api.send("ERROR", json!({"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}));
+    assert_eq!(names.len(), 3);
+    // The watch stalls while pod a goes away and the history is compacted; when the watch
+    // breaks, the router resumes from a version that is gone (410), lists again and drops a.
+    api.stall_watches();
+    api.delete("pods", "ns", "a").unwrap();
+    api.compact();
+    let lists = || api.counts().by_verb.get("list").copied().unwrap_or(0);
+    let lists_before = lists();
+    api.break_watches();
     assert!(
-        wait_until(Duration::from_secs(10), || urls() == [b_url.clone()]),
+        wait_until(Duration::from_secs(10), || urls()
+            == [b_url.clone(), c_url.clone()]),
         "{:?}",
         urls()
     );
-    assert!(*api.lists.lock() > lists_before, "no relist after 410");
+    assert!(lists() > lists_before, "no relist after 410");
 }

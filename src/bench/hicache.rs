@@ -109,8 +109,8 @@ fn row(
         errors,
         pages_per_s: rate(pages),
         gb_per_s: rate(pages * args.page_size.0 as f64) / 1e9,
-        p50_ms: percentile(&lat, 50.0).as_secs_f64() * 1e3,
-        p99_ms: percentile(&lat, 99.0).as_secs_f64() * 1e3,
+        p50_ms: percentile(&lat, 0.5).as_secs_f64() * 1e3,
+        p99_ms: percentile(&lat, 0.99).as_secs_f64() * 1e3,
     }
 }
 

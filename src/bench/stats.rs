@@ -2,13 +2,23 @@
 
 use std::time::Duration;
 
-/// Nearest-rank percentile (`p` in 0..=100) of sorted samples; 0 for no samples.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+/// The nearest-rank percentile of sorted samples, `q` in 0..=1 (0.99 is p99): the smallest
+/// sample with at least `q` of the samples at or below it. Zero (the default) for no samples.
+pub fn percentile<T: Copy + Default>(sorted: &[T], q: f64) -> T {
     if sorted.is_empty() {
-        return Duration::ZERO;
+        return T::default();
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    let rank = (q * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The percentile as SGLang's benchmarks take it, `sorted[int(q·n)]` (the last sample for
+/// q = 1), `q` in 0..=1: used where our figures stand beside theirs. Zero for no samples.
+pub fn percentile_as_sglang<T: Copy + Default>(sorted: &[T], q: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    sorted[((q * sorted.len() as f64) as usize).min(sorted.len() - 1)]
 }
 
 /// One measured phase.
@@ -57,8 +67,8 @@ impl PhaseResult {
             seconds,
             gb_per_s: bytes as f64 / seconds / 1e9,
             ops_per_s: ops as f64 / seconds,
-            p50_us: percentile(&latencies, 50.0).as_secs_f64() * 1e6,
-            p99_us: percentile(&latencies, 99.0).as_secs_f64() * 1e6,
+            p50_us: percentile(&latencies, 0.5).as_secs_f64() * 1e6,
+            p99_us: percentile(&latencies, 0.99).as_secs_f64() * 1e6,
             of_limit: None,
         }
     }
@@ -71,13 +81,13 @@ mod tests {
     #[test]
     fn nearest_rank_percentiles() {
         let v: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        assert_eq!(percentile(&v, 50.0), Duration::from_micros(50));
-        assert_eq!(percentile(&v, 99.0), Duration::from_micros(99));
-        assert_eq!(percentile(&v, 100.0), Duration::from_micros(100));
+        assert_eq!(percentile(&v, 0.5), Duration::from_micros(50));
+        assert_eq!(percentile(&v, 0.99), Duration::from_micros(99));
+        assert_eq!(percentile(&v, 1.0), Duration::from_micros(100));
         assert_eq!(percentile(&v, 0.0), Duration::from_micros(1));
-        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+        assert_eq!(percentile::<Duration>(&[], 0.5), Duration::ZERO);
         let one = [Duration::from_micros(7)];
-        assert_eq!(percentile(&one, 99.0), Duration::from_micros(7));
+        assert_eq!(percentile(&one, 0.99), Duration::from_micros(7));
     }
 
     #[test]

@@ -14,16 +14,16 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http_body::Frame;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::pin::Pin;
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 
 /// Upper bound on generated tokens per request.
 const MAX_NEW_TOKENS: usize = 16_384;
@@ -225,20 +225,6 @@ fn ids_of(v: &Value) -> Result<Vec<u32>, String> {
 #[derive(Debug, Clone, Copy, Default)]
 struct Prefilled {
     cached_tokens: usize,
-}
-
-/// A response body fed by a channel.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
 }
 
 /// Decrements a gauge when dropped.
@@ -533,7 +519,7 @@ async fn infer(State(e): S, uri: Uri, body: Bytes) -> Response {
                     "true",
                 ),
             ],
-            Body::new(ChannelBody(rx)),
+            Body::from_stream(ReceiverStream::new(rx).map(Ok::<Bytes, Infallible>)),
         )
             .into_response();
     }

@@ -25,13 +25,7 @@ fn word_id(w: &str) -> u32 {
             return id;
         }
     }
-    // FNV-1a: stable across runs and platforms.
-    let mut h: u32 = 0x811c_9dc5;
-    for b in w.bytes() {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % VOCAB
+    (crate::hash::fnv1a(w.as_bytes()) % VOCAB as u64) as u32
 }
 
 /// The text of one token (with its separator).
@@ -87,14 +81,11 @@ pub fn page_bytes_ok(key: &str, bytes: &[u8]) -> bool {
 
 /// A deterministic "generated" token: a function of the request's prompt and the position.
 pub fn output_token(prompt: &[u32], i: usize) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = crate::hash::Fnv64::new();
     for &t in prompt.iter().rev().take(16) {
-        h ^= t as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        h.mix(t as u64);
     }
-    h ^= i as u64;
-    h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    (h % VOCAB as u64) as u32
+    (h.mix(i as u64).finish() % VOCAB as u64) as u32
 }
 
 #[cfg(test)]

@@ -278,7 +278,14 @@ pub struct Kube {
     http: reqwest::Client,
     pub stats: std::sync::Arc<ApiStats>,
     user_agent: Option<String>,
+    /// The token file's content and when it was read.
+    token_cache: std::sync::Arc<parking_lot::Mutex<Option<(String, std::time::Instant)>>>,
+    token_reread: Duration,
 }
+
+/// How long a token read from a file is used before the file is read again: projected
+/// service-account tokens rotate, and client-go re-reads them once a minute too.
+const TOKEN_REREAD: Duration = Duration::from_secs(60);
 
 impl Kube {
     pub fn new(cfg: KubeConfig) -> Result<Kube, KubeError> {
@@ -310,6 +317,8 @@ impl Kube {
             http,
             stats: Default::default(),
             user_agent: None,
+            token_cache: Default::default(),
+            token_reread: TOKEN_REREAD,
         })
     }
 
@@ -319,11 +328,28 @@ impl Kube {
         self
     }
 
-    /// The bearer token (a token file is re-read each time: projected tokens rotate).
-    fn token(&self) -> Option<String> {
+    /// The bearer token. A token file is read without blocking the runtime and at most once
+    /// per [`TOKEN_REREAD`]; when it cannot be read, the last token read is used.
+    async fn token(&self) -> Option<String> {
         if let Some(f) = &self.cfg.token_file {
-            if let Ok(t) = std::fs::read_to_string(f) {
-                return Some(t.trim().to_string());
+            let cached = self.token_cache.lock().clone();
+            if let Some((t, at)) = &cached {
+                if at.elapsed() < self.token_reread {
+                    return Some(t.clone());
+                }
+            }
+            match tokio::fs::read_to_string(f).await {
+                Ok(t) => {
+                    let t = t.trim().to_string();
+                    *self.token_cache.lock() = Some((t.clone(), std::time::Instant::now()));
+                    return Some(t);
+                }
+                Err(e) => {
+                    tracing::debug!(file = %f.display(), error = %e, "token file unreadable");
+                    if let Some((t, _)) = cached {
+                        return Some(t);
+                    }
+                }
             }
         }
         self.cfg.token.clone()
@@ -350,7 +376,7 @@ impl Kube {
             .http
             .request(method, format!("{}{}", self.cfg.server, path))
             .header("accept", "application/json");
-        if let Some(t) = self.token() {
+        if let Some(t) = self.token().await {
             req = req.bearer_auth(t);
         }
         if let Some(ua) = &self.user_agent {
@@ -545,17 +571,15 @@ impl WatchStream {
     }
 }
 
-/// Percent-encodes a query value (label selectors carry `=` and `,`).
-pub fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+pub use crate::url::encode;
+
+/// A random suffix of `n` characters from the alphabet Kubernetes uses for `generateName`
+/// (no vowels, no look-alike digits, so that no word is spelled).
+pub fn random_suffix(n: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..n)
+        .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
+        .collect()
 }
 
 /// A DNS-1123 label: what Kubernetes requires of most names (at most 63 characters of
@@ -590,9 +614,42 @@ mod tests {
         std::fs::write(&path, "current-context: x\ncontexts: []\n").unwrap();
         let e = KubeConfig::from_kubeconfig(&path).unwrap_err();
         assert!(e.to_string().contains("\"x\""), "{e}");
+    }
+
+    fn with_token_file(path: &Path) -> Kube {
+        Kube::new(KubeConfig {
+            server: "http://127.0.0.1:1".into(),
+            token: None,
+            token_file: Some(path.to_path_buf()),
+            ca_pem: None,
+            identity_pem: None,
+            insecure: false,
+            namespace: "default".into(),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_token_file_is_read_once_per_interval_and_survives_a_bad_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "first\n").unwrap();
+        let kube = with_token_file(&path);
+        assert_eq!(kube.token().await.as_deref(), Some("first"));
+        std::fs::write(&path, "second\n").unwrap();
         assert_eq!(
-            encode("app=sglang,tier in (a)"),
-            "app%3Dsglang%2Ctier%20in%20%28a%29"
+            kube.token().await.as_deref(),
+            Some("first"),
+            "not read again on every request"
+        );
+        let mut rotating = kube.clone();
+        rotating.token_reread = Duration::ZERO;
+        assert_eq!(rotating.token().await.as_deref(), Some("second"));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            rotating.token().await.as_deref(),
+            Some("second"),
+            "the last token read outlives a missing file"
         );
     }
 }

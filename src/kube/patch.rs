@@ -1,39 +1,21 @@
-//! Patch algebra on JSON values: RFC 7386 merge patch, RFC 6902 JSON patch, and the part of
-//! Kubernetes' strategic merge patch that pod templates need (lists of containers, env,
-//! volumes, ports ... merged by their key instead of replaced). Pure functions, shared by the
-//! operator (template patches) and the API stand-in.
+//! Patch algebra on JSON values: RFC 7386 merge patch and RFC 6902 JSON patch (both from the
+//! `json-patch` crate), and the part of Kubernetes' strategic merge patch that pod templates
+//! need (lists of containers, env, volumes, ports ... merged by their key instead of replaced).
+//! Pure functions, shared by the operator (template patches) and the API stand-in.
 
 use serde_json::{Map, Value};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PatchError {
-    #[error("JSON patch must be a list of operations")]
-    NotAList,
-    #[error("JSON patch operation {index}: {reason}")]
-    Op { index: usize, reason: String },
-    #[error("JSON patch test failed at {path}")]
-    TestFailed { path: String },
+    #[error("not a JSON patch (a list of operations): {0}")]
+    Invalid(String),
+    #[error("JSON patch not applied: {0}")]
+    Failed(String),
 }
 
 /// RFC 7386: objects merge recursively, `null` deletes, anything else replaces.
 pub fn merge(target: &mut Value, patch: &Value) {
-    match patch {
-        Value::Object(p) => {
-            if !target.is_object() {
-                *target = Value::Object(Map::new());
-            }
-            if let Value::Object(t) = target {
-                for (k, v) in p {
-                    if v.is_null() {
-                        t.remove(k);
-                    } else {
-                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                    }
-                }
-            }
-        }
-        other => *target = other.clone(),
-    }
+    json_patch::merge(target, patch)
 }
 
 /// The merge key of a list field under strategic merge patch, for the fields of pod specs
@@ -110,142 +92,16 @@ fn strategic_field(target: &mut Value, patch: &Value, field: Option<&str>) {
     }
 }
 
-fn unescape(token: &str) -> String {
-    token.replace("~1", "/").replace("~0", "~")
-}
-
 /// Escapes one JSON-pointer token (`/` in label keys becomes `~1`).
 pub fn escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
 }
 
-fn split(path: &str) -> Result<Vec<String>, String> {
-    if path.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| format!("path {path:?} does not start with /"))?;
-    Ok(rest.split('/').map(unescape).collect())
-}
-
-fn parent<'a>(doc: &'a mut Value, tokens: &[String]) -> Result<&'a mut Value, String> {
-    let mut cur = doc;
-    for t in tokens {
-        cur = match cur {
-            Value::Object(m) => m.get_mut(t).ok_or_else(|| format!("no member {t:?}"))?,
-            Value::Array(a) => {
-                let i: usize = t.parse().map_err(|_| format!("bad index {t:?}"))?;
-                a.get_mut(i)
-                    .ok_or_else(|| format!("index {i} out of range"))?
-            }
-            _ => return Err(format!("{t:?} is inside a scalar")),
-        };
-    }
-    Ok(cur)
-}
-
-fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
-    let tokens = split(path)?;
-    let Some((last, init)) = tokens.split_last() else {
-        *doc = value;
-        return Ok(());
-    };
-    match parent(doc, init)? {
-        Value::Object(m) => {
-            m.insert(last.clone(), value);
-        }
-        Value::Array(a) => {
-            if last == "-" {
-                a.push(value);
-            } else {
-                let i: usize = last.parse().map_err(|_| format!("bad index {last:?}"))?;
-                if i > a.len() {
-                    return Err(format!("index {i} out of range"));
-                }
-                a.insert(i, value);
-            }
-        }
-        _ => return Err(format!("{path}: parent is a scalar")),
-    }
-    Ok(())
-}
-
-fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
-    let tokens = split(path)?;
-    let (last, init) = tokens
-        .split_last()
-        .ok_or_else(|| "cannot remove the whole document".to_string())?;
-    match parent(doc, init)? {
-        Value::Object(m) => m
-            .remove(last)
-            .ok_or_else(|| format!("{path}: no such member")),
-        Value::Array(a) => {
-            let i: usize = last.parse().map_err(|_| format!("bad index {last:?}"))?;
-            if i >= a.len() {
-                return Err(format!("{path}: index out of range"));
-            }
-            Ok(a.remove(i))
-        }
-        _ => Err(format!("{path}: parent is a scalar")),
-    }
-}
-
 /// RFC 6902, all six operations; the document is unchanged when any operation fails.
 pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), PatchError> {
-    let ops = ops.as_array().ok_or(PatchError::NotAList)?;
-    let mut work = doc.clone();
-    for (index, op) in ops.iter().enumerate() {
-        let err = |reason: String| PatchError::Op { index, reason };
-        let name = op
-            .get("op")
-            .and_then(Value::as_str)
-            .ok_or_else(|| err("no \"op\"".into()))?;
-        let path = op
-            .get("path")
-            .and_then(Value::as_str)
-            .ok_or_else(|| err("no \"path\"".into()))?;
-        let value = || {
-            op.get("value")
-                .cloned()
-                .ok_or_else(|| err("no \"value\"".into()))
-        };
-        let from = || {
-            op.get("from")
-                .and_then(Value::as_str)
-                .ok_or_else(|| err("no \"from\"".into()))
-        };
-        match name {
-            "add" => add(&mut work, path, value()?).map_err(err)?,
-            "remove" => {
-                remove(&mut work, path).map_err(err)?;
-            }
-            "replace" => {
-                let tokens = split(path).map_err(err)?;
-                let slot = parent(&mut work, &tokens).map_err(err)?;
-                *slot = value()?;
-            }
-            "test" => {
-                let tokens = split(path).map_err(err)?;
-                let at = parent(&mut work, &tokens).ok().cloned();
-                if at.as_ref() != Some(&value()?) {
-                    return Err(PatchError::TestFailed { path: path.into() });
-                }
-            }
-            "move" => {
-                let v = remove(&mut work, from()?).map_err(err)?;
-                add(&mut work, path, v).map_err(err)?;
-            }
-            "copy" => {
-                let tokens = split(from()?).map_err(err)?;
-                let v = parent(&mut work, &tokens).map_err(err)?.clone();
-                add(&mut work, path, v).map_err(err)?;
-            }
-            other => return Err(err(format!("unknown op {other:?}"))),
-        }
-    }
-    *doc = work;
-    Ok(())
+    let patch: json_patch::Patch =
+        serde_json::from_value(ops.clone()).map_err(|e| PatchError::Invalid(e.to_string()))?;
+    json_patch::patch(doc, &patch).map_err(|e| PatchError::Failed(e.to_string()))
 }
 
 #[cfg(test)]
@@ -313,11 +169,9 @@ mod tests {
                     {"op": "test", "path": "/moved", "value": 3}]),
         )
         .unwrap_err();
-        assert_eq!(
-            e,
-            PatchError::TestFailed {
-                path: "/moved".into()
-            }
+        assert!(
+            matches!(&e, PatchError::Failed(m) if m.contains("/moved")),
+            "{e}"
         );
         assert_eq!(d, before);
         assert!(json_patch(

@@ -565,8 +565,12 @@ impl Controller {
                 } => {
                     let instance = if instance.is_empty() {
                         if *component == 0 || fresh_instance.is_empty() {
-                            fresh_instance =
-                                format!("{}-{}-{}", g.name, role.name, random_suffix());
+                            fresh_instance = format!(
+                                "{}-{}-{}",
+                                g.name,
+                                role.name,
+                                crate::kube::random_suffix(5)
+                            );
                         }
                         fresh_instance.clone()
                     } else {
@@ -857,13 +861,6 @@ pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Valu
                     "value": state.to_string()}),
     );
     Value::Array(ops)
-}
-
-fn random_suffix() -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5)
-        .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
-        .collect()
 }
 
 #[cfg(test)]

@@ -55,17 +55,8 @@ pub fn pod_name(role: &Role, instance: &str, component: u32) -> String {
     }
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
 fn hash_of(v: &Value) -> String {
-    format!("{:016x}", fnv(v.to_string().as_bytes()))[..10].to_string()
+    format!("{:016x}", crate::hash::fnv1a(v.to_string().as_bytes()))[..10].to_string()
 }
 
 /// The role's revision (everything that shapes its pods, replicas aside) and its shape

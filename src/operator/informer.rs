@@ -3,6 +3,7 @@
 //! list again on 410 Gone, back off on errors. Every change names the group it belongs to,
 //! which the controller queues.
 
+use crate::backoff::Backoff;
 use crate::kube::{Kube, KubeError};
 use parking_lot::RwLock;
 use serde_json::Value;
@@ -172,15 +173,15 @@ pub async fn run(
     notify: Arc<dyn Fn(&Value) + Send + Sync>,
     watch_timeout: Duration,
 ) {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     loop {
         let listed = kube.list_all(&src.path, &src.query).await;
         let (items, mut rv) = match listed {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(resource = src.name, error = %e, retry_in = ?backoff, "list failed");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                let wait = backoff.next_delay();
+                tracing::warn!(resource = src.name, error = %e, retry_in = ?wait, "list failed");
+                tokio::time::sleep(wait).await;
                 continue;
             }
         };
@@ -193,9 +194,7 @@ pub async fn run(
         // Watch until the history is gone (410) or a list is needed.
         loop {
             match watch_once(&kube, &src, &store, &notify, &mut rv, watch_timeout).await {
-                Ok(()) => {
-                    backoff = Duration::from_millis(200);
-                }
+                Ok(()) => backoff.reset(),
                 Err(e) if e.code() == Some(410) => {
                     tracing::info!(
                         resource = src.name,
@@ -204,10 +203,10 @@ pub async fn run(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(resource = src.name, error = %e, retry_in = ?backoff, "watch failed; resuming");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                    if backoff >= Duration::from_secs(30) {
+                    let wait = backoff.next_delay();
+                    tracing::warn!(resource = src.name, error = %e, retry_in = ?wait, "watch failed; resuming");
+                    tokio::time::sleep(wait).await;
+                    if backoff.at_max() {
                         break;
                     }
                 }

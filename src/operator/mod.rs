@@ -63,7 +63,8 @@ pub struct OperatorArgs {
     /// This replica's name in the Lease (default: hostname and pid).
     #[arg(long)]
     pub identity: Option<String>,
-    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 disables.
+    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
+    /// every role (announced through `RBGCTL_READY_FILE`).
     #[arg(long, default_value_t = 8081)]
     pub metrics_port: u16,
     #[arg(long, default_value = "0.0.0.0")]
@@ -107,17 +108,18 @@ pub enum OperatorError {
 
 /// The operator's sockets, bound before it starts.
 pub struct Listeners {
-    /// `/metrics`, `/health`, `/healthz`, `/readyz` (none with `--metrics-port 0`).
+    /// `/metrics`, `/health`, `/healthz`, `/readyz`.
     pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
     pub fn bind(args: &OperatorArgs) -> Result<Listeners, OperatorError> {
         Ok(Listeners {
-            metrics: match args.metrics_port {
-                0 => None,
-                port => Some(role::bind("operator metrics", &args.metrics_host, port)?),
-            },
+            metrics: Some(role::bind(
+                "operator metrics",
+                &args.metrics_host,
+                args.metrics_port,
+            )?),
         })
     }
 }

@@ -2,6 +2,7 @@
 //! is never handed to a second worker, and if it changes meanwhile it is queued again when
 //! the first reconcile ends. Failed keys come back after an exponential backoff.
 
+use crate::backoff::Backoff;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -57,8 +58,7 @@ impl Queue {
             *n += 1;
             *n
         };
-        let delay = Duration::from_millis(100 * 2u64.saturating_pow(n.min(10) - 1))
-            .min(Duration::from_secs(60));
+        let delay = Backoff::new(Duration::from_millis(100), Duration::from_secs(60)).nth(n);
         self.add_after(key, delay);
         delay
     }

@@ -1,6 +1,7 @@
 //! The router's background work: health checks of every worker on a timer, trimming of the
 //! cache-aware tree, and reading each new worker's served model name (for `/v1/models`).
 
+use crate::backoff::Backoff;
 use crate::router::config::secs;
 use crate::router::worker::Worker;
 use crate::router::Shared;
@@ -73,9 +74,10 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
         return;
     }
     tokio::spawn(async move {
+        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(8));
         for attempt in 0..3u32 {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
+                tokio::time::sleep(backoff.next_delay()).await;
             }
             for path in ["/server_info", "/get_server_info"] {
                 if let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await

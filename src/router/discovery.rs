@@ -16,6 +16,7 @@ use crate::router::worker::{Source, WorkerSpec, WorkerType};
 use crate::router::Shared;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,9 +145,13 @@ pub fn start(shared: Arc<Shared>) {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            let text = match std::fs::read_to_string(&path) {
+            let text = match tokio::fs::read_to_string(&path).await {
                 Ok(t) => t,
                 Err(e) => {
+                    shared
+                        .metrics
+                        .discovery_rejected
+                        .fetch_add(1, Ordering::Relaxed);
                     let msg = format!("{}: {e}", path.display());
                     if last_error.as_deref() != Some(&msg) {
                         tracing::warn!(error = %msg, "RBG discovery file unreadable; keeping the workers known");
@@ -177,6 +182,10 @@ pub fn start(shared: Arc<Shared>) {
                     last_error = None;
                 }
                 Err(e) => {
+                    shared
+                        .metrics
+                        .discovery_rejected
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(file = %path.display(), error = %e, "RBG discovery file rejected; keeping the workers known");
                 }
             }

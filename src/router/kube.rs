@@ -5,6 +5,7 @@
 //! the last resourceVersion (bookmarks keep it fresh); 410 Gone or any error lists again, with
 //! backoff.
 
+use crate::backoff::Backoff;
 use crate::kube::{encode, Kube, KubeConfig, KubeError};
 use crate::router::config::parse_selector;
 use crate::router::worker::{Source, WorkerSpec, WorkerType};
@@ -163,7 +164,7 @@ async fn watch_loop(
 ) {
     let port = shared.cfg.service_discovery_port;
     let sel = encode(&selector);
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let result: Result<(), KubeError> = async {
             let list = kube.get_json(&format!("{base}?labelSelector={sel}")).await?;
@@ -208,13 +209,12 @@ async fn watch_loop(
         if let Err(e) = result {
             if e.code() == Some(410) {
                 tracing::info!(selector = %selector, "watch expired (410 Gone); listing again");
-                backoff = Duration::from_millis(500);
+                backoff.reset();
                 continue;
             }
-            tracing::warn!(selector = %selector, error = %e, retry_in = ?backoff, "pod watch failed; keeping the workers known");
+            tracing::warn!(selector = %selector, error = %e, "pod watch failed; keeping the workers known");
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub stream_errors: AtomicU64,
     pub pd_dispatches: AtomicU64,
     pub auth_failures: AtomicU64,
+    /// Reads of the RBG discovery file that were refused (unreadable or invalid).
+    pub discovery_rejected: AtomicU64,
 }
 
 impl Metrics {
@@ -198,6 +200,12 @@ impl Metrics {
             "counter",
             "Requests refused for a missing or wrong API key.",
             load(&self.auth_failures),
+        );
+        p.single(
+            "rbgctl_router_discovery_file_rejected_total",
+            "counter",
+            "Reads of the RBG discovery file that were unreadable or invalid (the known workers were kept).",
+            load(&self.discovery_rejected),
         );
         p.single(
             "smg_worker_pool_size",

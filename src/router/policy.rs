@@ -63,16 +63,13 @@ fn least_loaded(c: &[Candidate]) -> Option<usize> {
 }
 
 /// 64-bit FNV-1a, stable across processes and releases (std's hasher is not).
-pub fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+pub fn rendezvous_hash(parts: &[&[u8]]) -> u64 {
+    let mut fnv = crate::hash::Fnv64::new();
     for p in parts {
-        for b in *p {
-            h ^= *b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
+        // 0xff never occurs in UTF-8: it separates the parts.
+        fnv.write(p).write(&[0xff]);
     }
+    let mut h = fnv.finish();
     // Final avalanche (splitmix64) so that similar keys spread.
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -123,9 +120,8 @@ impl Policy {
             }
             PolicyKind::CacheAware => self.cache_aware(c, req.text),
             PolicyKind::ConsistentHashing => match req.routing_key {
-                Some(key) => {
-                    (0..c.len()).max_by_key(|&i| fnv1a(&[key.as_bytes(), c[i].url.as_bytes()]))
-                }
+                Some(key) => (0..c.len())
+                    .max_by_key(|&i| rendezvous_hash(&[key.as_bytes(), c[i].url.as_bytes()])),
                 None => least_loaded(c),
             },
         }

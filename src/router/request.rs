@@ -4,6 +4,7 @@
 //! the bootstrap fields before the final `}`. Pure functions, tested without sockets.
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -203,8 +204,9 @@ pub fn random_room() -> u64 {
 
 /// The body with `bootstrap_host`, `bootstrap_port` and `bootstrap_room` set (arrays of
 /// `rooms.len()` for a batch). Everything else is kept byte for byte: the fields are appended
-/// before the closing brace. A body that already has some of them is rewritten through a JSON
-/// value instead, replacing them (the order of the other fields is kept).
+/// before the closing brace. A body that already has some of them is rewritten field by field:
+/// those are replaced where they stand, new ones appended, and every other field keeps its
+/// place and its exact text (`0.70` stays `0.70`); only whitespace between fields is dropped.
 pub fn inject_bootstrap(
     body: &[u8],
     info: &RouteInfo,
@@ -229,12 +231,20 @@ pub fn inject_bootstrap(
         ),
     };
     if info.has_bootstrap {
-        let mut v: serde_json::Map<String, Value> =
-            serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
-        v.insert("bootstrap_host".into(), host_v);
-        v.insert("bootstrap_port".into(), port_v);
-        v.insert("bootstrap_room".into(), room_v);
-        return serde_json::to_vec(&v).map_err(|e| BadRequest::Json(e.to_string()));
+        type Fields = indexmap::IndexMap<String, Box<RawValue>>;
+        let json = |e: serde_json::Error| BadRequest::Json(e.to_string());
+        let mut fields: Fields = serde_json::from_slice(body).map_err(json)?;
+        for (name, value) in [
+            ("bootstrap_host", host_v),
+            ("bootstrap_port", port_v),
+            ("bootstrap_room", room_v),
+        ] {
+            fields.insert(
+                name.into(),
+                serde_json::value::to_raw_value(&value).map_err(json)?,
+            );
+        }
+        return serde_json::to_vec(&fields).map_err(json);
     }
     let end = body
         .iter()
@@ -386,14 +396,14 @@ mod tests {
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["bootstrap_host"], serde_json::json!(["h", "h"]));
         assert_eq!(v["bootstrap_room"], serde_json::json!([1, 2]));
-        // Existing fields are replaced, others kept.
-        let body = br#"{"bootstrap_room":1,"text":"t"}"#;
+        // Existing fields are replaced where they stand; the others keep order and text.
+        let body =
+            br#"{"bootstrap_room":1, "text":"t","sampling_params":{"z":0.70,"a":1},"n":1e5}"#;
         let info = inspect(Endpoint::Generate, body).unwrap();
         let out = inject_bootstrap(body, &info, "h", Some(5), &[9]).unwrap();
-        let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
-            (v["bootstrap_room"].as_u64(), v["text"].as_str()),
-            (Some(9), Some("t"))
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"bootstrap_room":9,"text":"t","sampling_params":{"z":0.70,"a":1},"n":1e5,"bootstrap_host":"h","bootstrap_port":5}"#
         );
         for _ in 0..1000 {
             assert!(random_room() <= i64::MAX as u64);

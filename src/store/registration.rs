@@ -25,6 +25,8 @@ pub struct Registration {
     /// The id the master gave the segment; 0 while not mounted.
     pub segment_id: AtomicU64,
     pub metadata_server: Option<String>,
+    /// The HTTP client for the metadata server, built on first use and kept.
+    metadata_http: std::sync::OnceLock<Option<reqwest::blocking::Client>>,
     /// Fired on a clean stop: the heartbeat loop returns.
     pub stop: Shutdown,
     pub interval: Duration,
@@ -50,6 +52,7 @@ impl Registration {
             index,
             segment_id: AtomicU64::new(0),
             metadata_server,
+            metadata_http: std::sync::OnceLock::new(),
             stop: Shutdown::new(),
             interval,
         }
@@ -57,6 +60,20 @@ impl Registration {
 
     pub fn mounted(&self) -> bool {
         self.segment.is_none() || self.segment_id.load(Ordering::SeqCst) != 0
+    }
+
+    fn metadata_http(&self) -> Option<&reqwest::blocking::Client> {
+        self.metadata_http
+            .get_or_init(|| {
+                reqwest::blocking::Client::builder()
+                    .timeout(Duration::from_secs(3))
+                    .build()
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "cannot build an HTTP client for the metadata server")
+                    })
+                    .ok()
+            })
+            .as_ref()
     }
 
     fn mount(&self) -> Result<(), TransferError> {
@@ -76,7 +93,9 @@ impl Registration {
         if previous != resp.segment_id {
             tracing::info!(segment = %seg.name, segment_id = resp.segment_id, master = self.master.addr(), "segment mounted");
             if let Some(url) = &self.metadata_server {
-                publish_descriptor(url, seg);
+                if let Some(http) = self.metadata_http() {
+                    publish_descriptor(http, url, seg);
+                }
             }
         }
         Ok(())
@@ -197,22 +216,9 @@ impl Registration {
     }
 }
 
-/// Percent-encodes every byte but unreserved ones, as curl_easy_escape does.
-pub fn url_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// Publishes `mooncake/ram/<name>` and `mooncake/rpc_meta/<name>` the way Mooncake's transfer
 /// engine does, so that tools reading the metadata server see this segment.
-fn publish_descriptor(base_url: &str, seg: &SegmentInfo) {
+fn publish_descriptor(client: &reqwest::blocking::Client, base_url: &str, seg: &SegmentInfo) {
     let (host, port) = seg
         .endpoint
         .rsplit_once(':')
@@ -229,21 +235,11 @@ fn publish_descriptor(base_url: &str, seg: &SegmentInfo) {
         "rbgctl": true,
     });
     let rpc_meta = serde_json::json!({"ip_or_host_name": host, "rpc_port": port});
-    let client = match reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot build an HTTP client for the metadata server");
-            return;
-        }
-    };
     for (key, value) in [
         (format!("mooncake/ram/{}", seg.name), ram),
         (format!("mooncake/rpc_meta/{}", seg.name), rpc_meta),
     ] {
-        let url = format!("{base_url}?key={}", url_escape(&key));
+        let url = format!("{base_url}?key={}", crate::url::encode(&key));
         let result = client
             .put(&url)
             .header("Content-Type", "application/json")
@@ -258,16 +254,5 @@ fn publish_descriptor(base_url: &str, seg: &SegmentInfo) {
             }
             Err(e) => tracing::warn!(%key, error = %e, "cannot reach the metadata server"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn escapes_like_curl() {
-        assert_eq!(
-            super::url_escape("mooncake/ram/127.0.0.1:12830"),
-            "mooncake%2Fram%2F127.0.0.1%3A12830"
-        );
     }
 }

@@ -13,16 +13,14 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use clap::Args;
-use http_body::Frame;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tokio_stream::StreamExt;
 
 #[derive(Debug, Clone, Args)]
 pub struct FakeWorkerArgs {
@@ -80,46 +78,11 @@ fn default_fail_status() -> u16 {
     503
 }
 
-/// Streams prepared SSE events, pausing between them.
-struct Paced {
-    events: VecDeque<Bytes>,
-    delay: Duration,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-    _inflight: InflightGuard,
-}
-
 struct InflightGuard(Arc<Fake>);
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl http_body::Body for Paced {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        if let Some(s) = this.sleep.as_mut() {
-            if std::future::Future::poll(s.as_mut(), cx).is_pending() {
-                return Poll::Pending;
-            }
-            this.sleep = None;
-        }
-        match this.events.pop_front() {
-            None => Poll::Ready(None),
-            Some(e) => {
-                if !this.delay.is_zero() && !this.events.is_empty() {
-                    this.sleep = Some(Box::pin(tokio::time::sleep(this.delay)));
-                }
-                Poll::Ready(Some(Ok(Frame::data(e))))
-            }
-        }
     }
 }
 
@@ -302,12 +265,13 @@ async fn inference(
     } else {
         "application/json"
     };
-    let body = Body::new(Paced {
-        events: events.into(),
-        delay: Duration::from_secs_f64(f.args.token_delay_ms.max(0.0) / 1e3),
-        sleep: None,
-        _inflight: guard,
+    // The events, paced by the token delay; the in-flight count drops with the body.
+    let delay = Duration::from_secs_f64(f.args.token_delay_ms.max(0.0) / 1e3);
+    let paced = tokio_stream::iter(events).throttle(delay).map(move |e| {
+        let _inflight = &guard;
+        Ok::<Bytes, std::convert::Infallible>(e)
     });
+    let body = Body::from_stream(paced);
     (
         [
             (header::CONTENT_TYPE, content_type.to_string()),

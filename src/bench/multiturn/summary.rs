@@ -20,14 +20,8 @@ pub struct Record {
     pub done_at: f64,
 }
 
-/// `sorted[int(q * n)]` (the last element for q = 1); 0 for no values.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((q * sorted.len() as f64) as usize).min(sorted.len() - 1);
-    sorted[i]
-}
+/// Percentiles as SGLang's `bench_multiturn` takes them, so that the figures compare.
+pub use crate::bench::stats::percentile_as_sglang as percentile;
 
 /// Average, median, p90, p99 and max.
 pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64, f64, f64) {
@@ -293,7 +287,7 @@ mod tests {
         assert_eq!(percentile(&v, 0.9), 10.0);
         assert_eq!(percentile(&v, 0.99), 10.0);
         assert_eq!(percentile(&v, 1.0), 10.0);
-        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(percentile::<f64>(&[], 0.5), 0.0);
     }
 
     #[test]

@@ -169,10 +169,7 @@ pub(super) async fn handle(
     let result = match (verb, &t.name) {
         ("watch", _) => {
             return match inner.watch(&t, &q) {
-                Ok((rx, timeout)) => Response::new(Body::new(Events {
-                    rx,
-                    deadline: Box::pin(tokio::time::sleep(timeout)),
-                })),
+                Ok((rx, timeout)) => Response::new(events(rx, timeout)),
                 Err(e) => reply(e.code, e.status()),
             };
         }

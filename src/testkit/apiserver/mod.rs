@@ -38,14 +38,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body::Frame;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -138,6 +134,7 @@ impl ApiServer {
                 history_limit: 100_000,
                 compacted: 0,
                 watchers: Vec::new(),
+                watches_stalled: false,
                 counts: Counts::default(),
                 race_next_write: Vec::new(),
                 fail_paths: Vec::new(),
@@ -166,7 +163,16 @@ impl ApiServer {
 
     /// Ends every open watch, as an API server restart or a load balancer timeout does.
     pub fn break_watches(&self) {
-        self.inner.lock().watchers.clear();
+        let mut i = self.inner.lock();
+        i.watchers.clear();
+        i.watches_stalled = false;
+    }
+
+    /// The open watches' connections stall: they stay open but carry no event until
+    /// `break_watches`, so their clients miss what happens meanwhile (and, after `compact`,
+    /// resume from a version that is gone).
+    pub fn stall_watches(&self) {
+        self.inner.lock().watches_stalled = true;
     }
 
     pub fn open_watches(&self) -> usize {

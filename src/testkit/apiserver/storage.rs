@@ -13,6 +13,8 @@ pub(super) struct Inner {
     /// Events at or below this version are gone (watching from there is 410 Gone).
     pub(super) compacted: u64,
     pub(super) watchers: Vec<Watcher>,
+    /// Open watches receive nothing (a stalled connection) until they are broken.
+    pub(super) watches_stalled: bool,
     pub(super) counts: Counts,
     /// Paths whose next write is preceded by a concurrent writer's update (a 409 test hook).
     pub(super) race_next_write: Vec<String>,
@@ -148,7 +150,7 @@ impl Inner {
                     "metadata.name or metadata.generateName: Required value",
                 ));
             }
-            name = format!("{prefix}{}", random_suffix(5));
+            name = format!("{prefix}{}", crate::kube::random_suffix(5));
         }
         obj["metadata"]["name"] = json!(name);
         obj["metadata"]["namespace"] = json!(ns);
@@ -412,13 +414,6 @@ impl Inner {
         self.record(r, ns, "DELETED", Some(old), gone.clone());
         Some(gone)
     }
-}
-
-pub(super) fn random_suffix(n: usize) -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..n)
-        .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
-        .collect()
 }
 
 pub(super) fn uuid() -> String {

@@ -23,27 +23,20 @@ pub(super) struct Watcher {
     pub(super) tx: mpsc::UnboundedSender<Bytes>,
 }
 
-pub(super) struct Events {
-    pub(super) rx: mpsc::UnboundedReceiver<Bytes>,
-    pub(super) deadline: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl http_body::Body for Events {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
+/// A watch's response body: its events as they come, ending at the watch's timeout.
+pub(super) fn events(rx: mpsc::UnboundedReceiver<Bytes>, timeout: Duration) -> Body {
+    use futures_util::StreamExt;
+    let lines = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+        .take_until(tokio::time::sleep(timeout))
+        .map(Ok::<Bytes, std::convert::Infallible>);
+    Body::from_stream(lines)
 }
 
 impl Inner {
     pub(super) fn deliver(&mut self, r: &Resource, ev: &Event) {
+        if self.watches_stalled {
+            return;
+        }
         let mut lines = Vec::new();
         for (i, w) in self.watchers.iter().enumerate() {
             if let Some(line) = filter_event(r, w, ev) {
