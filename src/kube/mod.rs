@@ -2,6 +2,7 @@
 //! pod's service account or from a kubeconfig, JSON GETs, and watches read as line-delimited
 //! JSON events. Used by the router's pod discovery; the operator builds on it.
 
+pub mod object;
 pub mod patch;
 pub mod selector;
 
@@ -244,7 +245,7 @@ pub struct WatchEvent {
 }
 
 /// A patch body and its content type.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Patch {
     /// RFC 7386 JSON merge patch.
     Merge(Value),

@@ -3,6 +3,7 @@
 //! ConfigMap, the EndpointSlice behind a v1alpha1 group's `<group>-<role>` Service, and the
 //! revision hashes that decide between in-place update and recreation.
 
+use crate::kube::object::Pod;
 use crate::kube::patch;
 use crate::operator::model::{Group, Pattern, Role};
 use serde_json::{json, Map, Value};
@@ -293,21 +294,19 @@ pub fn legacy_endpoints(g: &Group, role: &Role, pods: &[&Value]) -> Value {
     let mut v6 = false;
     let mut endpoints: Vec<(String, Value)> = Vec::new();
     for p in pods {
-        let Some(ip) = p
-            .pointer("/status/podIP")
-            .and_then(Value::as_str)
-            .filter(|i| !i.is_empty())
-        else {
+        let pod = Pod::of(p);
+        let ip = pod.status.pod_ip;
+        if ip.is_empty() {
             continue;
-        };
+        }
         v6 |= ip.contains(':');
-        let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
-        let ready = super::plan::pod_ready(p);
-        let terminating = p.pointer("/metadata/deletionTimestamp").is_some();
+        let name = pod.metadata.name.to_string();
+        let ready = pod.is_ready();
+        let terminating = pod.metadata.is_terminating();
         let mut e = json!({"addresses": [ip],
             "conditions": {"ready": ready && !terminating, "serving": ready, "terminating": terminating},
             "targetRef": {"kind": "Pod", "name": name, "namespace": g.namespace,
-                          "uid": p["metadata"]["uid"]}});
+                          "uid": pod.metadata.uid}});
         if name.len() <= 63 {
             e["hostname"] = json!(name);
         }

@@ -4,6 +4,7 @@
 //! which the controller queues.
 
 use crate::backoff::Backoff;
+use crate::kube::object::ObjectMeta;
 use crate::kube::{Kube, KubeError};
 use parking_lot::RwLock;
 use serde_json::Value;
@@ -52,15 +53,7 @@ impl Entries {
 }
 
 pub fn key_of(obj: &Value) -> String {
-    format!(
-        "{}/{}",
-        obj.pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or(""),
-        obj.pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    )
+    ObjectMeta::of(obj).key()
 }
 
 impl Store {
@@ -232,12 +225,9 @@ async fn watch_once(
     );
     let mut stream = kube.watch(&path).await?;
     while let Some(ev) = stream.next(timeout + Duration::from_secs(30)).await? {
-        if let Some(v) = ev
-            .object
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-        {
-            *rv = v.to_string();
+        let meta = ObjectMeta::of(&ev.object);
+        if !meta.resource_version.is_empty() {
+            *rv = meta.resource_version.to_string();
         }
         tracing::debug!(resource = src.name, kind = %ev.kind, key = %key_of(&ev.object), rv = %rv, "watch event");
         match ev.kind.as_str() {

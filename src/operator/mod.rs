@@ -6,16 +6,24 @@
 //! - `plan`: the next rollout step of a role from its pods (pure).
 //! - `coordination`: maxSkew for rolling updates and scaling across roles (pure).
 //! - `informer`: list + watch caches; `queue`: the work queue; `leader`: Lease election.
-//! - `controller`: the reconcile that ties them together.
+//! - `controller`: what a reconcile works with; `reconcile`: one reconcile of a group, which
+//!   returns what the queue does next; `apply`: pure diffs of children, then the writes;
+//!   `events`: Events told once; `throttle`: the write rate limit.
+//!
+//! Objects are read through typed views (`kube::object`), never by JSON pointer.
 
+pub mod apply;
 pub mod controller;
 pub mod coordination;
 pub mod desired;
+pub mod events;
 pub mod informer;
 pub mod leader;
 pub mod model;
 pub mod plan;
 pub mod queue;
+pub mod reconcile;
+pub mod throttle;
 
 use crate::kube::{Kube, KubeConfig, KubeError};
 use crate::role::{self, BindError};
@@ -85,12 +93,9 @@ fn identity(args: &OperatorArgs) -> String {
 
 /// The group a child belongs to (by its group label).
 fn owner_group_key(obj: &Value) -> Option<String> {
-    let ns = obj.pointer("/metadata/namespace")?.as_str()?;
-    let g = obj
-        .pointer("/metadata/labels")?
-        .get(desired::GROUP)?
-        .as_str()?;
-    Some(format!("{ns}/{g}"))
+    let meta = crate::kube::object::ObjectMeta::of(obj);
+    let group = meta.label(desired::GROUP);
+    (!group.is_empty()).then(|| format!("{}/{group}", meta.namespace))
 }
 
 /// Errors that stop the operator.
@@ -232,13 +237,16 @@ async fn serve(
                 let r = ctl.reconcile(&key).await;
                 tracing::debug!(group = %key, took = ?t0.elapsed(), ok = r.is_ok(), "reconciled");
                 match r {
-                    Ok(()) => ctl.queue.forget(&key),
+                    Ok(next) => {
+                        ctl.queue.forget(&key);
+                        if let reconcile::Next::RequeueAfter(d) = next {
+                            ctl.queue.add_after(&key, d);
+                        }
+                    }
                     Err(e) => {
                         ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
                         let d = ctl.queue.retry(&key);
-                        if !matches!(e, controller::ReconcileError::NotSynced) {
-                            tracing::warn!(group = %key, error = %e, retry_in = ?d, "reconcile failed");
-                        }
+                        tracing::warn!(group = %key, error = %e, retry_in = ?d, "reconcile failed");
                     }
                 }
                 ctl.queue.done(&key);

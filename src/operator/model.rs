@@ -2,6 +2,7 @@
 //! `workload`, `leaderWorkerSet`, `spec.coordination`; `v1alpha2`: `standalonePattern`,
 //! `leaderWorkerPattern`, `roleTemplates`), into one model the controller works on.
 
+use crate::kube::object::ObjectMeta;
 use crate::kube::patch;
 use serde_json::Value;
 
@@ -163,13 +164,14 @@ pub struct Group {
     pub coordination: Vec<Coordination>,
 }
 
-fn s<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
-    v.pointer(path).and_then(Value::as_str)
+/// A string field of a spec object, when present and a string.
+fn text<'a>(v: &'a Value, name: &str) -> Option<&'a str> {
+    v.get(name).and_then(Value::as_str)
 }
 
 /// Whether a group is written in the v1alpha1 form.
 pub fn is_legacy(obj: &Value) -> bool {
-    if s(obj, "/apiVersion") == Some("workloads.x-k8s.io/v1alpha1") {
+    if text(obj, "apiVersion") == Some("workloads.x-k8s.io/v1alpha1") {
         return true;
     }
     let spec = &obj["spec"];
@@ -201,7 +203,7 @@ fn percent(v: &Value, what: &str) -> Result<u32, String> {
 fn parse_coordination(list: &Value) -> Result<Vec<Coordination>, SpecError> {
     let mut out = Vec::new();
     for (i, c) in list.as_array().into_iter().flatten().enumerate() {
-        let name = s(c, "/name").unwrap_or("").to_string();
+        let name = text(c, "name").unwrap_or("").to_string();
         let bad = |m: String| SpecError::Group(format!("coordination {i} ({name}): {m}"));
         let roles: Vec<String> = c["roles"]
             .as_array()
@@ -245,7 +247,7 @@ fn parse_coordination(list: &Value) -> Result<Vec<Coordination>, SpecError> {
                     .transpose()
                     .map_err(bad)?
                     .unwrap_or(100),
-                progression: match s(r, "/progression") {
+                progression: match text(r, "progression") {
                     None | Some("") => Progression::None,
                     Some("OrderScheduled") => Progression::OrderScheduled,
                     Some("OrderReady") => Progression::OrderReady,
@@ -271,7 +273,7 @@ pub fn parse_policy(obj: &Value) -> Result<Vec<Coordination>, SpecError> {
 fn role_template(spec: &Value, name: &str, reference: &str) -> Result<Value, SpecError> {
     spec["roleTemplates"]
         .as_array()
-        .and_then(|ts| ts.iter().find(|t| s(t, "/name") == Some(reference)))
+        .and_then(|ts| ts.iter().find(|t| text(t, "name") == Some(reference)))
         .map(|t| t["template"].clone())
         .ok_or_else(|| {
             role_err(
@@ -292,7 +294,7 @@ fn template_of(
         (Some(_), Some(_)) => Err(role_err(name, "template and templateRef are exclusive")),
         (Some(t), None) => Ok(t.clone()),
         (None, Some(r)) => {
-            let reference = s(r, "/name").unwrap_or("");
+            let reference = text(r, "name").unwrap_or("");
             let mut t = role_template(spec, name, reference)?;
             if let Some(p) = r.get("patch").or(ref_patch).filter(|p| !p.is_null()) {
                 patch::strategic_merge(&mut t, p);
@@ -305,11 +307,11 @@ fn template_of(
 
 fn parse_rollout(name: &str, r: &Value) -> Result<Rollout, SpecError> {
     let mut out = Rollout::default();
-    let ru = r.pointer("/rolloutStrategy/rollingUpdate");
+    let ru = r["rolloutStrategy"].get("rollingUpdate");
     let Some(ru) = ru.filter(|v| !v.is_null()) else {
         return Ok(out);
     };
-    out.recreate = match s(ru, "/type") {
+    out.recreate = match text(ru, "type") {
         None | Some("") => false,
         Some("InPlaceIfPossible" | "InplaceIfPossible" | "InPlaceOnly") => false,
         Some("Recreate" | "RecreatePod") => true,
@@ -335,7 +337,7 @@ fn parse_rollout(name: &str, r: &Value) -> Result<Rollout, SpecError> {
 }
 
 fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> {
-    let name = s(r, "/name").unwrap_or("").to_string();
+    let name = text(r, "name").unwrap_or("").to_string();
     if !crate::kube::is_dns_label(&name) {
         return Err(role_err(&name, "name must be a DNS label"));
     }
@@ -357,20 +359,19 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         })
         .unwrap_or_default();
     let annotations = &r["annotations"];
-    let pattern_annotation = s(
-        annotations,
-        "/rbg.workloads.x-k8s.io~1role-instance-pattern",
-    )
-    .or_else(|| {
-        s(
-            annotations,
-            "/instance.rolebasedgroup.workloads.x-k8s.io~1pattern",
-        )
-    });
+    let pattern_annotation = text(annotations, "rbg.workloads.x-k8s.io/role-instance-pattern")
+        .or_else(|| {
+            text(
+                annotations,
+                "instance.rolebasedgroup.workloads.x-k8s.io/pattern",
+            )
+        });
     let workload_kind = if legacy {
-        s(r, "/workload/kind").unwrap_or("StatefulSet").to_string()
+        text(&r["workload"], "kind")
+            .unwrap_or("StatefulSet")
+            .to_string()
     } else {
-        s(annotations, "/rbg.workloads.x-k8s.io~1role-workload-type")
+        text(annotations, "rbg.workloads.x-k8s.io/role-workload-type")
             .and_then(|t| t.rsplit('/').next())
             .unwrap_or("RoleInstanceSet")
             .to_string()
@@ -406,7 +407,7 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         }
         (template_of(spec, &name, p, None)?, Pattern::Standalone)
     } else if let Some(p) = r.get("leaderWorkerPattern").filter(|v| !v.is_null()) {
-        let leader_only = match s(p, "/sharedServiceSelection") {
+        let leader_only = match text(p, "sharedServiceSelection") {
             Some("All") => false,
             Some("LeaderOnly") | None => true,
             Some(o) => {
@@ -448,7 +449,7 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         .flatten()
         .filter_map(|p| {
             let port = p["port"].as_u64()? as u16;
-            let key = s(p, "/name")
+            let key = text(p, "name")
                 .map(|n| n.to_lowercase().replace('-', "_"))
                 .unwrap_or_else(|| format!("port{port}"));
             Some((key, port))
@@ -482,16 +483,16 @@ pub fn parse_group(obj: &Value) -> Result<Group, SpecError> {
         }
         roles.push(role);
     }
+    let meta = ObjectMeta::of(obj);
     Ok(Group {
-        name: s(obj, "/metadata/name").unwrap_or("").to_string(),
-        namespace: s(obj, "/metadata/namespace")
-            .unwrap_or("default")
-            .to_string(),
-        uid: s(obj, "/metadata/uid").unwrap_or("").to_string(),
-        generation: obj
-            .pointer("/metadata/generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(0),
+        name: meta.name.to_string(),
+        namespace: if meta.namespace.is_empty() {
+            "default".to_string()
+        } else {
+            meta.namespace.to_string()
+        },
+        uid: meta.uid.to_string(),
+        generation: meta.generation,
         legacy,
         roles,
         coordination: parse_coordination(&spec["coordination"])?,

@@ -7,6 +7,7 @@
 //! done. A stateless role's instances are ordered (old revision first, ready first) and
 //! given positions, so the same rules apply.
 
+use crate::kube::object::Pod;
 use crate::operator::desired::{
     Revision, COMPONENT_INDEX, INDEX, INPLACE_STATE, INSTANCE, REVISION, SHAPE,
 };
@@ -31,81 +32,51 @@ pub struct PodView {
     pub scheduled: bool,
 }
 
-fn label<'a>(p: &'a Value, k: &str) -> Option<&'a str> {
-    p.pointer("/metadata/labels")
-        .and_then(|l| l.get(k))
-        .and_then(Value::as_str)
-}
-
 /// Phase Running and condition Ready=True.
 pub fn pod_ready(p: &Value) -> bool {
-    p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
-        && p.pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
+    Pod::of(p).is_ready()
 }
 
 /// An in-place update is finished when every container it changed runs an image other
 /// than the one recorded before the patch (the kubelet restarted it).
-pub fn inplace_done(p: &Value) -> bool {
-    let Some(state) = p
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(INPLACE_STATE))
-        .and_then(Value::as_str)
-        .and_then(|s| serde_json::from_str::<Value>(s).ok())
-    else {
+pub fn inplace_done(pod: &Pod<'_>) -> bool {
+    /// What `controller::inplace_ops` records before an in-place update.
+    #[derive(serde::Deserialize)]
+    struct InPlaceState {
+        #[serde(default, rename = "imageIDs")]
+        image_ids: BTreeMap<String, String>,
+    }
+    let recorded = pod.metadata.annotation(INPLACE_STATE);
+    if recorded.is_empty() {
+        return true;
+    }
+    let Ok(state) = serde_json::from_str::<InPlaceState>(recorded) else {
         return true;
     };
-    let before = state["imageIDs"].as_object().cloned().unwrap_or_default();
-    let statuses = p
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    before.iter().all(|(name, old_id)| {
-        let old_id = old_id.as_str().unwrap_or("");
-        statuses
-            .iter()
-            .find(|s| s["name"] == name.as_str())
-            .is_some_and(|s| {
-                let id = s["imageID"].as_str().unwrap_or("");
-                old_id.is_empty() || (!id.is_empty() && id != old_id)
-            })
+    state.image_ids.iter().all(|(container, before)| {
+        let now = pod.image_id(container);
+        before.is_empty() || (!now.is_empty() && now != before)
     })
 }
 
 pub fn view(p: &Value) -> PodView {
-    let ann = |k: &str| {
-        p.pointer("/metadata/annotations")
-            .and_then(|a| a.get(k))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let pod = Pod::of(p);
+    let meta = &pod.metadata;
+    let label = |k: &str| Some(meta.label(k)).filter(|v| !v.is_empty());
     PodView {
-        instance: label(p, INSTANCE).unwrap_or(&name).to_string(),
-        ordinal: label(p, INDEX).and_then(|i| i.parse().ok()),
-        component: label(p, COMPONENT_INDEX)
+        instance: label(INSTANCE).unwrap_or(meta.name).to_string(),
+        ordinal: label(INDEX).and_then(|i| i.parse().ok()),
+        component: label(COMPONENT_INDEX)
             .and_then(|i| i.parse().ok())
             .unwrap_or(0),
-        revision: label(p, REVISION).unwrap_or("").to_string(),
-        shape: ann(SHAPE),
-        ready: pod_ready(p) && inplace_done(p),
-        terminating: p.pointer("/metadata/deletionTimestamp").is_some(),
-        failed: matches!(
-            p.pointer("/status/phase").and_then(Value::as_str),
-            Some("Failed")
-        ),
-        scheduled: p
-            .pointer("/spec/nodeName")
-            .and_then(Value::as_str)
-            .is_some_and(|n| !n.is_empty()),
-        uid: p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
-        name,
+        revision: meta.label(REVISION).to_string(),
+        shape: meta.annotation(SHAPE).to_string(),
+        ready: pod.is_ready() && inplace_done(&pod),
+        terminating: meta.is_terminating(),
+        failed: pod.status.phase == "Failed",
+        scheduled: pod.is_scheduled(),
+        uid: meta.uid.to_string(),
+        name: meta.name.to_string(),
     }
 }
 
@@ -669,10 +640,10 @@ mod tests {
     fn inplace_completion_reads_image_ids() {
         let p = json!({"metadata": {"annotations": {INPLACE_STATE: "{\"revision\":\"b\",\"imageIDs\":{\"c\":\"sim://x:1\"}}"}},
                        "status": {"containerStatuses": [{"name": "c", "imageID": "sim://x:1"}]}});
-        assert!(!inplace_done(&p));
+        assert!(!inplace_done(&Pod::of(&p)));
         let mut q = p.clone();
         q["status"]["containerStatuses"][0]["imageID"] = json!("sim://x:2");
-        assert!(inplace_done(&q));
-        assert!(inplace_done(&json!({"metadata": {}})));
+        assert!(inplace_done(&Pod::of(&q)));
+        assert!(inplace_done(&Pod::of(&json!({"metadata": {}}))));
     }
 }

@@ -1,0 +1,190 @@
+//! Typed views of the parts of Kubernetes objects that rbgctl reads: object metadata and the
+//! subset of a Pod's spec and status that readiness, scheduling and in-place updates need.
+//! Views borrow from the JSON the caches hold (no copies); a field that is missing reads as
+//! empty, and a misspelt field name does not compile, where a JSON pointer silently read "".
+//!
+//! Writes still build JSON: the operator writes whole objects it computes (`desired`), and the
+//! API server's schema, not this file, is the contract for those.
+
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// `metadata`, as every object has it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ObjectMeta<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub uid: &'a str,
+    pub resource_version: &'a str,
+    pub generation: i64,
+    #[serde(borrow)]
+    pub labels: BTreeMap<&'a str, &'a str>,
+    #[serde(borrow)]
+    pub annotations: BTreeMap<&'a str, &'a str>,
+    #[serde(borrow)]
+    pub finalizers: Vec<&'a str>,
+    pub deletion_timestamp: Option<&'a str>,
+}
+
+impl<'a> ObjectMeta<'a> {
+    /// The metadata of `obj`; all empty when it has none or it does not follow the schema
+    /// (the API server guarantees the schema for what it serves).
+    pub fn of(obj: &'a Value) -> ObjectMeta<'a> {
+        obj.get("metadata")
+            .and_then(|m| ObjectMeta::deserialize(m).ok())
+            .unwrap_or_default()
+    }
+
+    /// A label's value, "" when the label is absent.
+    pub fn label(&self, key: &str) -> &'a str {
+        self.labels.get(key).copied().unwrap_or("")
+    }
+
+    /// An annotation's value, "" when it is absent.
+    pub fn annotation(&self, key: &str) -> &'a str {
+        self.annotations.get(key).copied().unwrap_or("")
+    }
+
+    /// `namespace/name`, the key caches and queues use.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Being deleted (a finalizer or grace period holds it).
+    pub fn is_terminating(&self) -> bool {
+        self.deletion_timestamp.is_some()
+    }
+
+    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+        self.finalizers.contains(&finalizer)
+    }
+}
+
+/// A Pod, as far as rbgctl looks.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Pod<'a> {
+    #[serde(borrow)]
+    pub metadata: ObjectMeta<'a>,
+    #[serde(borrow)]
+    pub spec: PodSpec<'a>,
+    #[serde(borrow)]
+    pub status: PodStatus<'a>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PodSpec<'a> {
+    /// Empty until the scheduler binds the pod.
+    pub node_name: &'a str,
+    #[serde(borrow)]
+    pub containers: Vec<Container<'a>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Container<'a> {
+    pub name: &'a str,
+    pub image: &'a str,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PodStatus<'a> {
+    pub phase: &'a str,
+    #[serde(rename = "podIP")]
+    pub pod_ip: &'a str,
+    #[serde(borrow)]
+    pub conditions: Vec<Condition<'a>>,
+    #[serde(borrow)]
+    pub container_statuses: Vec<ContainerStatus<'a>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Condition<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub status: &'a str,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ContainerStatus<'a> {
+    pub name: &'a str,
+    #[serde(rename = "imageID")]
+    pub image_id: &'a str,
+}
+
+impl<'a> Pod<'a> {
+    /// The pod in `obj`; empty fields where `obj` has none.
+    pub fn of(obj: &'a Value) -> Pod<'a> {
+        Pod::deserialize(obj).unwrap_or_else(|_| Pod {
+            metadata: ObjectMeta::of(obj),
+            ..Pod::default()
+        })
+    }
+
+    /// Phase Running and condition Ready=True.
+    pub fn is_ready(&self) -> bool {
+        self.status.phase == "Running"
+            && self
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.kind == "Ready" && c.status == "True")
+    }
+
+    pub fn is_scheduled(&self) -> bool {
+        !self.spec.node_name.is_empty()
+    }
+
+    /// The image ID a container runs, "" when it has no status yet.
+    pub fn image_id(&self, container: &str) -> &'a str {
+        self.status
+            .container_statuses
+            .iter()
+            .find(|s| s.name == container)
+            .map_or("", |s| s.image_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn views_read_what_is_there_and_empty_for_the_rest() {
+        let v = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "labels": {"a/b": "1"}, "annotations": {"x": "y"}, "finalizers": ["f"],
+                "deletionTimestamp": "2026-01-01T00:00:00Z", "resourceVersion": "7",
+                "ownerReferences": [{"kind": "X"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i:1", "args": ["-x"]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True", "lastProbeTime": null}],
+                "containerStatuses": [{"name": "c", "imageID": "sha256:1", "ready": true}]}});
+        let p = Pod::of(&v);
+        assert_eq!(p.metadata.key(), "ns/p");
+        assert_eq!(
+            (p.metadata.label("a/b"), p.metadata.label("nope")),
+            ("1", "")
+        );
+        assert_eq!(p.metadata.annotation("x"), "y");
+        assert!(p.metadata.is_terminating() && p.metadata.has_finalizer("f"));
+        assert!(p.is_ready() && p.is_scheduled());
+        assert_eq!(
+            (p.status.pod_ip, p.image_id("c"), p.image_id("d")),
+            ("10.0.0.1", "sha256:1", "")
+        );
+        assert_eq!(p.spec.containers[0].image, "i:1");
+
+        let bare = json!({"metadata": {"name": "q"}});
+        let q = Pod::of(&bare);
+        assert_eq!(q.metadata.key(), "/q");
+        assert!(!q.is_ready() && !q.is_scheduled() && !q.metadata.is_terminating());
+        assert_eq!(ObjectMeta::of(&json!(null)), ObjectMeta::default());
+    }
+}

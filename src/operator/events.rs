@@ -1,0 +1,112 @@
+//! Kubernetes Events on a group, told once: an event is posted unless the same message was
+//! the last one told for that group and reason, so that a condition repeated by every resync
+//! does not flood the API server. The memory of what was told is pure ([`Told`]).
+
+use super::throttle::Throttle;
+use crate::kube::object::ObjectMeta;
+use crate::kube::Kube;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The last message told per (group key, reason).
+#[derive(Debug, Default)]
+pub struct Told(HashMap<(String, String), String>);
+
+impl Told {
+    /// True (and remembered) when `message` is news for this group and reason.
+    pub fn tell(&mut self, group: &str, reason: &str, message: &str) -> bool {
+        let key = (group.to_string(), reason.to_string());
+        if self.0.get(&key).is_some_and(|m| m == message) {
+            return false;
+        }
+        self.0.insert(key, message.to_string());
+        true
+    }
+
+    /// The next message for this reason is news whatever it says.
+    pub fn forget(&mut self, group: &str, reason: &str) {
+        self.0.remove(&(group.to_string(), reason.to_string()));
+    }
+
+    /// A group is gone: forget all it was told.
+    pub fn forget_group(&mut self, group: &str) {
+        self.0.retain(|(g, _), _| g != group);
+    }
+}
+
+pub struct Recorder {
+    kube: Kube,
+    throttle: Arc<Throttle>,
+    told: Mutex<Told>,
+}
+
+impl Recorder {
+    pub fn new(kube: Kube, throttle: Arc<Throttle>) -> Recorder {
+        Recorder {
+            kube,
+            throttle,
+            told: Mutex::new(Told::default()),
+        }
+    }
+
+    /// Posts an event of `kind` (Normal or Warning) on the group `g`, unless it is no news.
+    pub async fn post(&self, g: &Value, kind: &str, reason: &str, message: &str) {
+        let meta = ObjectMeta::of(g);
+        if !self.told.lock().tell(&meta.key(), reason, message) {
+            return;
+        }
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let name = format!("{}.{:x}", meta.name, fastrand::u64(..));
+        let ev = json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": meta.namespace},
+            "involvedObject": {"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+                "name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
+            "reason": reason, "message": message, "type": kind,
+            "source": {"component": "rbgctl-operator"}, "reportingComponent": "rbgctl-operator",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1});
+        self.throttle.wait().await;
+        let path = format!("/api/v1/namespaces/{}/events", meta.namespace);
+        if let Err(e) = self.kube.create(&path, &ev).await {
+            tracing::debug!(error = %e, "event not recorded");
+        }
+    }
+
+    pub fn forget(&self, group: &str, reason: &str) {
+        self.told.lock().forget(group, reason);
+    }
+
+    pub fn forget_group(&self, group: &str) {
+        self.told.lock().forget_group(group);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_told_once_until_it_changes_or_is_forgotten() {
+        let mut t = Told::default();
+        assert!(t.tell("ns/g", "DependencyNotMet", "waits for a"));
+        assert!(!t.tell("ns/g", "DependencyNotMet", "waits for a"));
+        assert!(
+            t.tell("ns/h", "DependencyNotMet", "waits for a"),
+            "per group"
+        );
+        assert!(t.tell("ns/g", "DependencyNotMet", "waits for b"));
+        assert!(
+            t.tell("ns/g", "DependencyNotMet", "waits for a"),
+            "news again after b"
+        );
+        t.forget("ns/g", "DependencyNotMet");
+        assert!(t.tell("ns/g", "DependencyNotMet", "waits for a"));
+        t.forget_group("ns/g");
+        assert!(t.tell("ns/g", "DependencyNotMet", "waits for a"));
+        assert!(
+            !t.tell("ns/h", "DependencyNotMet", "waits for a"),
+            "other groups keep theirs"
+        );
+    }
+}

@@ -1,0 +1,433 @@
+//! One reconcile of a group: finalizer, spec, status, the discovery ConfigMap and Services,
+//! then each role's next rollout step in dependency order, orphans last; or, for a group being
+//! deleted, its children then its finalizer. It returns what the queue should do next.
+
+use super::controller::{core, group_path, ns_of, slices_path, Controller, ReconcileError};
+use crate::kube::object::ObjectMeta;
+use crate::kube::{KubeError, Patch};
+use crate::operator::coordination::{self, RoleState};
+use crate::operator::desired::{self, Revision, FINALIZER, GROUP, ROLE};
+use crate::operator::informer::key_of;
+use crate::operator::model::{self, Group};
+use crate::operator::plan::{self, Limits};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// What the queue does with a group after a reconcile (kube-rs's `Action`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Done: look again on the next change (or resync).
+    AwaitChange,
+    /// Look again after this long even if nothing changes.
+    RequeueAfter(Duration),
+}
+
+/// How soon to look again while the caches are still filling.
+const CACHE_SYNC_WAIT: Duration = Duration::from_millis(100);
+/// How soon to look again after a step the API server refused for now.
+const STEP_RETRY: Duration = Duration::from_secs(1);
+
+impl Controller {
+    /// One reconcile of the group `namespace/name`.
+    #[tracing::instrument(skip(self), fields(group = %key))]
+    pub async fn reconcile(&self, key: &str) -> Result<Next, ReconcileError> {
+        self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
+        if !(self.caches.groups.synced() && self.caches.pods.synced()) {
+            return Ok(Next::RequeueAfter(CACHE_SYNC_WAIT));
+        }
+        let Some(mut obj) = self.caches.groups.get(key) else {
+            return Ok(Next::AwaitChange);
+        };
+        let (ns, name) = ns_of(key);
+        if ObjectMeta::of(&obj).is_terminating() {
+            return self.finalize(&obj).await;
+        }
+        let meta = ObjectMeta::of(&obj);
+        if !meta.has_finalizer(FINALIZER) {
+            let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
+                                      "value": meta.resource_version})];
+            if meta.finalizers.is_empty() {
+                ops.push(
+                    json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}),
+                );
+            } else {
+                ops.push(
+                    json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}),
+                );
+            }
+            self.throttle.wait().await;
+            let mark = self.caches.groups.mark();
+            obj = self
+                .kube
+                .patch(&group_path(ns, name), &Patch::Json(Value::Array(ops)))
+                .await?;
+            self.caches.groups.put_written(obj.clone(), mark);
+        }
+        let mut g = match model::parse_group(&obj) {
+            Ok(g) => g,
+            Err(e) => return self.invalid(&obj, "InvalidSpec", &e.to_string()).await,
+        };
+        g.namespace = ns.to_string();
+        let tiers = match model::dependency_tiers(&g.roles) {
+            Ok(t) => t,
+            Err(e) => {
+                return self
+                    .invalid(&obj, "InvalidRoleDependency", &e.to_string())
+                    .await
+            }
+        };
+        let mut rules = g.coordination.clone();
+        if let Some(p) = self.caches.policies.get(key) {
+            match model::parse_policy(&p) {
+                Ok(r) => rules.extend(r),
+                Err(e) => {
+                    self.events
+                        .post(&obj, "Warning", "InvalidCoordinatedPolicy", &e.to_string())
+                        .await
+                }
+            }
+        }
+        let pods = self.pods_of(ns, name);
+        let revs: BTreeMap<String, Revision> = g
+            .roles
+            .iter()
+            .map(|r| (r.name.clone(), desired::revision(r)))
+            .collect();
+        let views: BTreeMap<String, Vec<plan::PodView>> = g
+            .roles
+            .iter()
+            .map(|r| {
+                let v = pods
+                    .iter()
+                    .filter(|p| ObjectMeta::of(p).label(ROLE) == r.name)
+                    .map(plan::view)
+                    .collect();
+                (r.name.clone(), v)
+            })
+            .collect();
+        let instance_name = |role: &str| {
+            let (gname, role) = (g.name.clone(), role.to_string());
+            move |o: u32| desired::stateful_instance(&gname, &role, o)
+        };
+        // First pass: counts as things are.
+        let mut states: BTreeMap<String, RoleState> = BTreeMap::new();
+        let mut counts: BTreeMap<String, plan::Counts> = BTreeMap::new();
+        for r in &g.roles {
+            let lim = Limits::of(r, r.replicas, None, None);
+            let p = plan::plan(
+                r,
+                &revs[&r.name],
+                &lim,
+                &views[&r.name],
+                &instance_name(&r.name),
+            );
+            let c = p.counts.clone();
+            states.insert(
+                r.name.clone(),
+                RoleState {
+                    desired: r.replicas,
+                    current: c.replicas,
+                    ready: c.ready,
+                    updated: c.updated,
+                    scheduled: c.scheduled,
+                },
+            );
+            counts.insert(r.name.clone(), c);
+        }
+        self.write_status(&obj, &g, &counts).await?;
+        let user_partition: BTreeMap<String, u32> = g
+            .roles
+            .iter()
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    r.rollout.partition.resolve(r.replicas, false),
+                )
+            })
+            .collect();
+        let overrides = coordination::overrides(&rules, &states, &user_partition);
+        self.ensure_config(&g, &views).await?;
+        for r in &g.roles {
+            for svc in desired::services(&g, r) {
+                self.ensure_service(svc).await?;
+            }
+        }
+        // Roles in dependency order; a role moves only when its dependencies are ready.
+        let ready = |role: &str| {
+            let st = &states[role];
+            st.ready >= st.desired && st.current >= st.desired
+        };
+        // Whether a step could not be taken and needs another look soon.
+        let mut again = false;
+        for tier in &tiers {
+            for role_name in tier {
+                let Some(r) = g.roles.iter().find(|r| &r.name == role_name) else {
+                    continue;
+                };
+                let waiting: Vec<&String> = r.dependencies.iter().filter(|d| !ready(d)).collect();
+                if !waiting.is_empty() {
+                    let msg = format!(
+                        "role {} waits for {} to be ready",
+                        r.name,
+                        waiting
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    self.events
+                        .post(&obj, "Normal", "DependencyNotMet", &msg)
+                        .await;
+                    continue;
+                }
+                let o = overrides.get(&r.name).cloned().unwrap_or_default();
+                let replicas = o.replicas.unwrap_or(r.replicas);
+                let lim = Limits::of(r, replicas, None, o.max_unavailable);
+                let lim = Limits {
+                    partition: o.partition.map_or(lim.partition, |p| p.min(replicas)),
+                    ..lim
+                };
+                let p = plan::plan(
+                    r,
+                    &revs[&r.name],
+                    &lim,
+                    &views[&r.name],
+                    &instance_name(&r.name),
+                );
+                let stepped = self
+                    .execute(&obj, &g, r, &revs[&r.name], &p.actions)
+                    .await?;
+                again |= !stepped;
+            }
+        }
+        if g.legacy {
+            for r in &g.roles {
+                let mine: Vec<&Value> = pods
+                    .iter()
+                    .filter(|p| {
+                        let m = ObjectMeta::of(p);
+                        m.label(ROLE) == r.name && !m.is_terminating()
+                    })
+                    .collect();
+                self.ensure_slice(desired::legacy_endpoints(&g, r, &mine))
+                    .await?;
+            }
+        }
+        self.remove_orphans(&g, &pods).await?;
+        Ok(if again {
+            Next::RequeueAfter(STEP_RETRY)
+        } else {
+            Next::AwaitChange
+        })
+    }
+
+    /// A spec that cannot be reconciled: told once as an event and in the Ready condition;
+    /// nothing more happens until the spec changes.
+    async fn invalid(
+        &self,
+        obj: &Value,
+        reason: &str,
+        message: &str,
+    ) -> Result<Next, ReconcileError> {
+        tracing::warn!(group = %key_of(obj), reason, message, "group not reconciled");
+        self.events.post(obj, "Warning", reason, message).await;
+        let cond =
+            json!({"type": "Ready", "status": "False", "reason": reason, "message": message});
+        let mut status = obj.get("status").cloned().unwrap_or(json!({}));
+        status["observedGeneration"] = json!(ObjectMeta::of(obj).generation);
+        set_condition(&mut status, cond);
+        self.put_status(obj, status).await?;
+        Ok(Next::AwaitChange)
+    }
+
+    async fn put_status(&self, obj: &Value, status: Value) -> Result<(), ReconcileError> {
+        if obj.get("status") == Some(&status) {
+            return Ok(());
+        }
+        let mut next = obj.clone();
+        next["status"] = status;
+        let key = key_of(obj);
+        let (ns, name) = ns_of(&key);
+        self.throttle.wait().await;
+        let mark = self.caches.groups.mark();
+        let v = self
+            .kube
+            .replace(&format!("{}/status", group_path(ns, name)), &next)
+            .await?;
+        self.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+        self.caches.groups.put_written(v, mark);
+        Ok(())
+    }
+
+    async fn write_status(
+        &self,
+        obj: &Value,
+        g: &Group,
+        counts: &BTreeMap<String, plan::Counts>,
+    ) -> Result<(), ReconcileError> {
+        let role_statuses: Vec<Value> = g
+            .roles
+            .iter()
+            .map(|r| {
+                let c = &counts[&r.name];
+                json!({"name": r.name, "replicas": c.replicas, "readyReplicas": c.ready,
+                       "updatedReplicas": c.updated})
+            })
+            .collect();
+        let all = g.roles.iter().all(|r| {
+            let c = &counts[&r.name];
+            c.replicas == r.replicas && c.ready == r.replicas
+        });
+        let cond = if all {
+            json!({"type": "Ready", "status": "True", "reason": "AllRolesReady", "message": "All roles are ready"})
+        } else {
+            let waiting: Vec<&str> = g
+                .roles
+                .iter()
+                .filter(|r| counts[&r.name].ready < r.replicas)
+                .map(|r| r.name.as_str())
+                .collect();
+            json!({"type": "Ready", "status": "False", "reason": "RoleNotReady",
+                   "message": format!("not ready: {}", waiting.join(", "))})
+        };
+        let mut status = obj.get("status").cloned().unwrap_or(json!({}));
+        if !status.is_object() {
+            status = json!({});
+        }
+        status["observedGeneration"] = json!(g.generation);
+        status["roleStatuses"] = Value::Array(role_statuses);
+        set_condition(&mut status, cond);
+        self.put_status(obj, status).await
+    }
+
+    /// Deleting: remove every child, then the finalizer.
+    async fn finalize(&self, obj: &Value) -> Result<Next, ReconcileError> {
+        let key = key_of(obj);
+        let (ns, name) = ns_of(&key);
+        let meta = ObjectMeta::of(obj);
+        if !meta.has_finalizer(FINALIZER) {
+            return Ok(Next::AwaitChange);
+        }
+        let mine = |v: &Value| {
+            let m = ObjectMeta::of(v);
+            m.namespace == ns && m.label(GROUP) == name
+        };
+        let pods = self.caches.pods.select(mine);
+        let services = self.caches.services.select(mine);
+        let maps = self.caches.configmaps.select(mine);
+        let slices = self.caches.slices.select(mine);
+        let marks = [
+            self.caches.services.mark(),
+            self.caches.configmaps.mark(),
+            self.caches.slices.mark(),
+        ];
+        for (list, base) in [
+            (&pods, core(ns, "pods")),
+            (&services, core(ns, "services")),
+            (&maps, core(ns, "configmaps")),
+            (&slices, slices_path(ns)),
+        ] {
+            for o in list.iter() {
+                let m = ObjectMeta::of(o);
+                if m.is_terminating() {
+                    continue;
+                }
+                self.throttle.wait().await;
+                self.kube
+                    .delete(&format!("{base}/{}", m.name), None)
+                    .await?;
+            }
+        }
+        for ((store, list), mark) in [
+            (&self.caches.services, &services),
+            (&self.caches.configmaps, &maps),
+            (&self.caches.slices, &slices),
+        ]
+        .into_iter()
+        .zip(marks)
+        {
+            for o in list.iter() {
+                store.remove_written(&key_of(o), mark);
+            }
+        }
+        if !self.caches.pods.select(mine).is_empty() {
+            // Pods go when their kubelet has stopped them; their watch events bring us back.
+            return Ok(Next::AwaitChange);
+        }
+        let rest: Vec<&str> = meta
+            .finalizers
+            .iter()
+            .copied()
+            .filter(|f| *f != FINALIZER)
+            .collect();
+        let ops = json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta.resource_version},
+            {"op": "replace", "path": "/metadata/finalizers", "value": rest}
+        ]);
+        self.throttle.wait().await;
+        match self
+            .kube
+            .patch(&group_path(ns, name), &Patch::Json(ops))
+            .await
+        {
+            Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(group = %key, "children removed; finalizer released");
+        self.events.forget_group(&key);
+        Ok(Next::AwaitChange)
+    }
+}
+
+/// Sets a condition, keeping its lastTransitionTime when its status does not change.
+fn set_condition(status: &mut Value, mut cond: Value) {
+    let mut list: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
+    let t = cond["type"].clone();
+    let old = list.iter().find(|c| c["type"] == t).cloned();
+    cond["lastTransitionTime"] = match &old {
+        Some(o) if o["status"] == cond["status"] => o["lastTransitionTime"].clone(),
+        _ => json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+    };
+    if let Some(o) = &old {
+        if o["status"] == cond["status"]
+            && o["reason"] == cond["reason"]
+            && o["message"] == cond["message"]
+        {
+            return;
+        }
+    }
+    list.retain(|c| c["type"] != t);
+    list.push(cond);
+    status["conditions"] = Value::Array(list);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_keep_their_transition_time_and_do_not_churn() {
+        let mut st = json!({});
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
+        );
+        let first = st.clone();
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
+        );
+        assert_eq!(st, first, "same condition: nothing changes");
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "B", "message": "n"}),
+        );
+        assert_eq!(
+            st["conditions"][0]["lastTransitionTime"],
+            first["conditions"][0]["lastTransitionTime"]
+        );
+        assert_eq!(st["conditions"][0]["reason"], "B");
+    }
+}
