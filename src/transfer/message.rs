@@ -127,7 +127,7 @@ impl<T: Wire> MinLen for Result<T, Status> {
 macro_rules! message {
     ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? } min_len = $min:expr) => {
         $(#[$m])*
-        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
         pub struct $name { $($(#[$fm])* pub $field: $ty),* }
         impl Wire for $name {
             #[allow(unused_variables)]

@@ -167,6 +167,21 @@ class Encoder:
             raise ProtocolError(f"list of {n} items is over the {MAX_LIST}-item limit")
         return self.u32(n)
 
+    def list(self, items: Sequence[T], item: Callable[["Encoder", T], None]) -> "Encoder":
+        """A count, then each item as ``item(encoder, value)`` writes it."""
+        self.count(len(items))
+        for v in items:
+            item(self, v)
+        return self
+
+    def result(self, value: "T | Failed", item: Callable[["Encoder", T], None]) -> "Encoder":
+        """``result<T>``: status 0 then the item, or the failed item's status alone."""
+        if isinstance(value, Failed):
+            return self.u16(value.status)
+        self.u16(0)
+        item(self, value)
+        return self
+
     def bytes(self) -> bytes:
         if len(self.buf) > MAX_META:
             raise ProtocolError(f"meta of {len(self.buf)} bytes is over the {MAX_META}-byte limit")
@@ -268,6 +283,10 @@ class SegmentInfo:
     def decode(d: Decoder) -> "SegmentInfo":
         return SegmentInfo(d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64())
 
+    def encode(self, e: Encoder) -> None:
+        e.str(self.name).str(self.endpoint).u64(self.size).str(self.shm_path).u64(self.shm_token)
+        e.str(self.host_id).u64(self.segment_uuid)
+
 
 @dataclass(frozen=True)
 class SegmentEntry:
@@ -279,6 +298,11 @@ class SegmentEntry:
     def decode(d: Decoder) -> "SegmentEntry":
         return SegmentEntry(d.u64(), SegmentInfo.decode(d), d.u64())
 
+    def encode(self, e: Encoder) -> None:
+        e.u64(self.id)
+        self.info.encode(e)
+        e.u64(self.used)
+
 
 @dataclass(frozen=True)
 class ReplicaLoc:
@@ -288,6 +312,9 @@ class ReplicaLoc:
     @staticmethod
     def decode(d: Decoder) -> "ReplicaLoc":
         return ReplicaLoc(d.u64(), d.u64())
+
+    def encode(self, e: Encoder) -> None:
+        e.u64(self.segment_id).u64(self.offset)
 
 
 @dataclass(frozen=True)
@@ -322,6 +349,10 @@ class ObjectDesc:
     def decode(d: Decoder) -> "ObjectDesc":
         return ObjectDesc(d.u64(), d.u32(), d.u64(), d.u64(), tuple(d.list(ReplicaLoc.decode)))
 
+    def encode(self, e: Encoder) -> None:
+        e.u64(self.size).u32(self.checksum).u64(self.lease_ttl_ms).u64(self.version)
+        e.list(self.replicas, lambda e, r: r.encode(e))
+
 
 @dataclass(frozen=True)
 class StoredObject:
@@ -343,6 +374,9 @@ class PutStart:
     @staticmethod
     def decode(d: Decoder) -> "PutStart":
         return PutStart(d.u64(), tuple(d.list(ReplicaLoc.decode)))
+
+    def encode(self, e: Encoder) -> None:
+        e.u64(self.object_id).list(self.replicas, lambda e, r: r.encode(e))
 
 
 # ---- requests (meta bytes) and replies (parsers) ------------------------------------------

@@ -27,6 +27,24 @@ pub(super) fn now_rfc3339() -> String {
 }
 
 impl Inner {
+    /// The stored object `ns/name` and its key, or 404 Not Found.
+    fn existing(
+        &self,
+        r: &Resource,
+        ns: &str,
+        name: &str,
+    ) -> Result<((&'static str, String, String), Value), ApiError> {
+        let key = (r.plural, ns.to_string(), name.to_string());
+        match self.objects.get(&key) {
+            Some(o) => Ok((key, o.clone())),
+            None => Err(api_err(
+                404,
+                "NotFound",
+                format!("{} {name:?} not found", r.plural),
+            )),
+        }
+    }
+
     pub(super) fn next_rv(&mut self) -> u64 {
         self.rv += 1;
         self.rv
@@ -195,11 +213,7 @@ impl Inner {
         status: bool,
         mut new: Value,
     ) -> Result<Value, ApiError> {
-        let key = (r.plural, ns.to_string(), name.to_string());
-        let old =
-            self.objects.get(&key).cloned().ok_or_else(|| {
-                api_err(404, "NotFound", format!("{} {name:?} not found", r.plural))
-            })?;
+        let (key, old) = self.existing(r, ns, name)?;
         let given_rv = new
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -313,11 +327,7 @@ impl Inner {
         ct: &str,
         body: &Value,
     ) -> Result<Value, ApiError> {
-        let key = (r.plural, ns.to_string(), name.to_string());
-        let old =
-            self.objects.get(&key).cloned().ok_or_else(|| {
-                api_err(404, "NotFound", format!("{} {name:?} not found", r.plural))
-            })?;
+        let (_, old) = self.existing(r, ns, name)?;
         let mut new = self.served(r, version, &old);
         // A patch carries a resourceVersion precondition only if it names one.
         new["metadata"]["resourceVersion"] = json!("");
@@ -353,11 +363,7 @@ impl Inner {
         name: &str,
         opts: &Value,
     ) -> Result<Value, ApiError> {
-        let key = (r.plural, ns.to_string(), name.to_string());
-        let old =
-            self.objects.get(&key).cloned().ok_or_else(|| {
-                api_err(404, "NotFound", format!("{} {name:?} not found", r.plural))
-            })?;
+        let (key, old) = self.existing(r, ns, name)?;
         for (f, at) in [
             ("uid", "/metadata/uid"),
             ("resourceVersion", "/metadata/resourceVersion"),

@@ -1,0 +1,528 @@
+//! Golden frames of the wire protocol (`docs/protocol.md`), generated from its one declaration
+//! (`transfer::message`, `transfer::frame`) into `tests/vectors/frames.json`. Both
+//! implementations decode every frame there and encode it again byte for byte: this suite for
+//! Rust, `python/tests/test_vectors.py` for the Python client. A change to the protocol on one
+//! side that the other does not follow fails a test, not a deployment.
+//!
+//! After a deliberate protocol change: `RBGCTL_BLESS=1 cargo test --test protocol_vectors`
+//! rewrites the file; commit it with the change (and the Python side's follow-up).
+
+use rbgctl::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
+use rbgctl::transfer::message::*;
+use rbgctl::transfer::{TransferError, Wire};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/frames.json");
+
+/// One frame: its header fields, the message its meta holds (by type name), the message's
+/// fields as JSON, and the frame's bytes (header and meta; the payload is `data_len` bytes
+/// that follow and is not part of the vector).
+struct Case {
+    name: String,
+    message: &'static str,
+    header: Header,
+    fields: Value,
+    meta: Vec<u8>,
+}
+
+impl Case {
+    fn to_json(&self) -> Value {
+        let mut frame = self.header.encode().to_vec();
+        frame.extend_from_slice(&self.meta);
+        json!({
+            "name": self.name,
+            "message": self.message,
+            "opcode": self.header.opcode,
+            "reply": self.header.is_response(),
+            "status": self.header.status,
+            "request_id": self.header.request_id,
+            "data_len": self.header.data_len,
+            "fields": self.fields,
+            "frame": hex(&frame),
+        })
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The struct's name without its path.
+fn type_name<M>() -> &'static str {
+    let n = std::any::type_name::<M>();
+    n.rsplit("::").next().unwrap_or(n)
+}
+
+struct Cases {
+    out: Vec<Case>,
+    next_id: u64,
+}
+
+impl Cases {
+    fn push(
+        &mut self,
+        name: &str,
+        message: &'static str,
+        header: Header,
+        fields: Value,
+        meta: Vec<u8>,
+    ) {
+        self.out.push(Case {
+            name: name.to_string(),
+            message,
+            header,
+            fields,
+            meta,
+        });
+    }
+
+    fn request<M: Wire + Serialize>(&mut self, name: &str, op: Opcode, m: &M, data_len: u64) {
+        self.next_id += 1;
+        let meta = m.to_meta();
+        let header = Header::request(op, self.next_id, meta.len(), data_len);
+        let fields = serde_json::to_value(m).expect("fields");
+        self.push(name, message_name::<M>(), header, fields, meta);
+    }
+
+    /// The reply to the request just added.
+    fn reply<M: Wire + Serialize>(&mut self, name: &str, op: Opcode, m: &M, data_len: u64) {
+        let meta = m.to_meta();
+        let req = Header::request(op, self.next_id, 0, 0);
+        let header = Header::response(&req, Status::Ok, meta.len(), data_len);
+        let fields = serde_json::to_value(m).expect("fields");
+        self.push(name, message_name::<M>(), header, fields, meta);
+    }
+
+    /// An error answer: the status in the header, a UTF-8 message as the meta.
+    fn error(&mut self, name: &str, op: Opcode, status: Status, text: &str) {
+        self.next_id += 1;
+        let req = Header::request(op, self.next_id, 0, 0);
+        let header = Header::response(&req, status, text.len(), 0);
+        self.push(name, "Error", header, json!(text), text.as_bytes().to_vec());
+    }
+}
+
+fn message_name<M>() -> &'static str {
+    match type_name::<M>() {
+        "()" => "Empty",
+        n => n,
+    }
+}
+
+fn segment(name: &str, size: u64) -> SegmentInfo {
+    SegmentInfo {
+        name: name.into(),
+        endpoint: "10.0.0.7:12830".into(),
+        size,
+        shm_path: "/dev/shm/rbgctl/store-0.seg".into(),
+        shm_token: 0x0123_4567_89ab_cdef,
+        host_id: "5f2c0b9e-8f5e-4a8e-9d1c-3c0e2f7a9b11".into(),
+        segment_uuid: 42,
+    }
+}
+
+/// Every message type, at ordinary and edge sizes, and error answers.
+fn cases() -> Vec<Case> {
+    let mut c = Cases {
+        out: Vec::new(),
+        next_id: 0,
+    };
+    let long_key = "k".repeat(rbgctl::transfer::codec::MAX_STR_LEN);
+    let utf8_key = "ключ/🔑/page-0";
+    let replicas = vec![
+        ReplicaLoc {
+            segment_id: 1,
+            offset: 0,
+        },
+        ReplicaLoc {
+            segment_id: u64::MAX,
+            offset: (1 << 40) + 4096,
+        },
+    ];
+    let config = ReplicateConfig {
+        replica_num: 2,
+        soft_pin: true,
+        soft_pin_ttl_ms: 60_000,
+        preferred_segment: "10.0.0.7:12830".into(),
+    };
+    let desc = ObjectDesc {
+        size: 1 << 20,
+        checksum: 0xdead_beef,
+        lease_ttl_ms: 5000,
+        version: 77,
+        replicas: replicas.clone(),
+    };
+    let stored = StoredObject {
+        key: utf8_key.into(),
+        version: 9,
+        offset: 8192,
+        size: 4096,
+        checksum: 0x1234_5678,
+    };
+
+    c.request("ping", Opcode::Ping, &PingReq { client_id: 1 }, 0);
+    c.reply(
+        "ping reply",
+        Opcode::Ping,
+        &PingResp { need_remount: true },
+        0,
+    );
+    let mount = MountReq {
+        client_id: u64::MAX,
+        segment: segment("store-0", 64 << 30),
+        recovering: true,
+    };
+    c.request("mount", Opcode::MountSegment, &mount, 0);
+    let mounted = MountResp {
+        segment_id: 3,
+        discard: false,
+    };
+    c.reply("mount reply", Opcode::MountSegment, &mounted, 0);
+    let unmount = UnmountReq {
+        client_id: 5,
+        segment_id: 3,
+        keep: true,
+    };
+    c.request("unmount", Opcode::UnmountSegment, &unmount, 0);
+    c.reply("unmount reply", Opcode::UnmountSegment, &(), 0);
+    c.request("list segments", Opcode::ListSegments, &(), 0);
+    let listed = ListSegmentsResp {
+        segments: vec![
+            SegmentEntry {
+                id: 3,
+                info: segment("store-0", 1 << 30),
+                used: 4096,
+            },
+            SegmentEntry {
+                id: 4,
+                info: SegmentInfo {
+                    name: "remote".into(),
+                    endpoint: "[fd00::2]:12830".into(),
+                    size: 4096,
+                    ..Default::default()
+                },
+                used: 0,
+            },
+        ],
+    };
+    c.reply("list segments reply", Opcode::ListSegments, &listed, 0);
+    c.reply(
+        "list segments reply, none",
+        Opcode::ListSegments,
+        &ListSegmentsResp::default(),
+        0,
+    );
+    let report = ReportReq {
+        client_id: 5,
+        segment_id: 3,
+        objects: vec![stored.clone()],
+        done: true,
+    };
+    c.request("report objects", Opcode::ReportObjects, &report, 0);
+    let forget = ReportResp {
+        forget: vec![ForgetItem {
+            offset: 8192,
+            version: 9,
+        }],
+    };
+    c.reply("report objects reply", Opcode::ReportObjects, &forget, 0);
+    let corrupt = ReportCorruptReq {
+        key: utf8_key.into(),
+        version: 77,
+        segment_id: 3,
+    };
+    c.request("report corrupt", Opcode::ReportCorrupt, &corrupt, 0);
+
+    let put = PutStartReq {
+        client_id: 5,
+        key: "page/0".into(),
+        size: 1 << 20,
+        config: config.clone(),
+    };
+    c.request("put start", Opcode::PutStart, &put, 0);
+    let started = PutStartResp {
+        object_id: 77,
+        replicas: replicas.clone(),
+    };
+    c.reply("put start reply", Opcode::PutStart, &started, 0);
+    let end = PutEndReq {
+        client_id: 5,
+        key: "page/0".into(),
+        object_id: 77,
+        checksum: 0xdead_beef,
+    };
+    c.request("put end", Opcode::PutEnd, &end, 0);
+    let revoke = PutRevokeReq {
+        client_id: 5,
+        key: "page/0".into(),
+        object_id: 77,
+    };
+    c.request("put revoke", Opcode::PutRevoke, &revoke, 0);
+    c.request(
+        "get replicas",
+        Opcode::GetReplicas,
+        &KeyReq {
+            key: utf8_key.into(),
+        },
+        0,
+    );
+    c.reply("get replicas reply", Opcode::GetReplicas, &desc, 0);
+    c.request(
+        "exists, longest key",
+        Opcode::Exists,
+        &KeyReq { key: long_key },
+        0,
+    );
+    c.reply("exists reply", Opcode::Exists, &true, 0);
+    c.request(
+        "exists, empty key",
+        Opcode::Exists,
+        &KeyReq { key: String::new() },
+        0,
+    );
+    let remove = RemoveReq {
+        key: "page/0".into(),
+        force: true,
+    };
+    c.request("remove", Opcode::Remove, &remove, 0);
+    c.request(
+        "remove all",
+        Opcode::RemoveAll,
+        &RemoveAllReq { force: false },
+        0,
+    );
+    let removed = RemoveAllResp { removed: u64::MAX };
+    c.reply("remove all reply", Opcode::RemoveAll, &removed, 0);
+
+    let batch = BatchPutStartReq {
+        client_id: 5,
+        config: ReplicateConfig::default(),
+        items: vec![
+            PutItem {
+                key: "a".into(),
+                size: 1,
+            },
+            PutItem {
+                key: utf8_key.into(),
+                size: u64::MAX,
+            },
+        ],
+    };
+    c.request("batch put start", Opcode::BatchPutStart, &batch, 0);
+    let batch_started = BatchPutStartResp {
+        items: vec![Ok(started.clone()), Err(Status::NoSpace)],
+    };
+    c.reply(
+        "batch put start reply",
+        Opcode::BatchPutStart,
+        &batch_started,
+        0,
+    );
+    let ends = BatchPutEndReq {
+        client_id: 5,
+        items: vec![EndItem {
+            key: "a".into(),
+            object_id: 77,
+            checksum: 0,
+        }],
+    };
+    c.request("batch put end", Opcode::BatchPutEnd, &ends, 0);
+    let statuses = BatchStatusResp {
+        items: vec![Status::Ok, Status::WriteSuperseded],
+    };
+    c.reply("batch put end reply", Opcode::BatchPutEnd, &statuses, 0);
+    c.request("batch put revoke", Opcode::BatchPutRevoke, &ends, 0);
+    let keys = BatchKeysReq {
+        keys: vec!["a".into(), String::new(), utf8_key.into()],
+    };
+    c.request("batch get replicas", Opcode::BatchGetReplicas, &keys, 0);
+    let descs = BatchGetReplicasResp {
+        items: vec![
+            Ok(desc.clone()),
+            Err(Status::ObjectNotFound),
+            Err(Status::ReplicaNotReady),
+        ],
+    };
+    c.reply(
+        "batch get replicas reply",
+        Opcode::BatchGetReplicas,
+        &descs,
+        0,
+    );
+    c.request(
+        "batch exists, none",
+        Opcode::BatchExists,
+        &BatchKeysReq::default(),
+        0,
+    );
+    let exists = BatchExistsResp {
+        items: vec![true, false],
+    };
+    c.reply("batch exists reply", Opcode::BatchExists, &exists, 0);
+    let batch_remove = BatchRemoveReq {
+        force: false,
+        keys: vec!["a".into()],
+    };
+    c.request("batch remove", Opcode::BatchRemove, &batch_remove, 0);
+
+    let write = WriteReq {
+        offset: 8192,
+        key: utf8_key.into(),
+        version: 9,
+        checksum: 0x1234_5678,
+    };
+    c.request("write, 4 KiB payload", Opcode::Write, &write, 4096);
+    c.reply("write reply", Opcode::Write, &(), 0);
+    let read = ReadReq {
+        offset: 8192,
+        length: 4096,
+    };
+    c.request("read", Opcode::Read, &read, 0);
+    c.reply("read reply, 4 KiB payload", Opcode::Read, &(), 4096);
+    c.request("store info", Opcode::StoreInfo, &(), 0);
+    let info = StoreInfoResp {
+        name: "store-0".into(),
+        size: 1 << 30,
+    };
+    c.reply("store info reply", Opcode::StoreInfo, &info, 0);
+    let seal = SealReq {
+        objects: vec![stored.clone(), StoredObject::default()],
+    };
+    c.request("seal", Opcode::Seal, &seal, 0);
+    c.reply("seal reply", Opcode::Seal, &statuses, 0);
+    let forget_req = ForgetReq {
+        items: vec![ForgetItem {
+            offset: 0,
+            version: u64::MAX,
+        }],
+    };
+    c.request("forget", Opcode::Forget, &forget_req, 0);
+
+    c.error(
+        "error: not found",
+        Opcode::GetReplicas,
+        Status::ObjectNotFound,
+        "key \"page/0\" not found",
+    );
+    c.error(
+        "error: no space",
+        Opcode::BatchPutStart,
+        Status::NoSpace,
+        "no segment has room",
+    );
+    c.error(
+        "error: malformed, empty message",
+        Opcode::Ping,
+        Status::MalformedFrame,
+        "",
+    );
+    c.out
+}
+
+/// Decodes `meta` as the named message and encodes it again.
+fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
+    macro_rules! by_name {
+        ($($t:ty),* $(,)?) => {
+            match message {
+                "Error" => Ok(meta.to_vec()),
+                "Empty" => <()>::from_meta(meta).map(|m| m.to_meta()),
+                "bool" => bool::from_meta(meta).map(|m| m.to_meta()),
+                $( n if n == type_name::<$t>() => <$t>::from_meta(meta).map(|m| m.to_meta()), )*
+                other => Err(TransferError::Protocol(format!("no message type {other:?}"))),
+            }
+        };
+    }
+    by_name!(
+        PingReq,
+        PingResp,
+        MountReq,
+        MountResp,
+        UnmountReq,
+        ListSegmentsResp,
+        ReportReq,
+        ReportResp,
+        ReportCorruptReq,
+        PutStartReq,
+        PutStartResp,
+        PutEndReq,
+        PutRevokeReq,
+        KeyReq,
+        ObjectDesc,
+        RemoveReq,
+        RemoveAllReq,
+        RemoveAllResp,
+        BatchPutStartReq,
+        BatchPutStartResp,
+        BatchPutEndReq,
+        BatchStatusResp,
+        BatchKeysReq,
+        BatchGetReplicasResp,
+        BatchExistsResp,
+        BatchRemoveReq,
+        WriteReq,
+        ReadReq,
+        StoreInfoResp,
+        SealReq,
+        ForgetReq,
+    )
+}
+
+#[test]
+fn the_golden_frames_are_what_the_declaration_encodes() {
+    let generated = Value::Array(cases().iter().map(Case::to_json).collect());
+    let text = serde_json::to_string_pretty(&generated).expect("json") + "\n";
+    if std::env::var_os("RBGCTL_BLESS").is_some() {
+        std::fs::write(FILE, &text).expect("write the vectors");
+        return;
+    }
+    let on_disk = std::fs::read_to_string(FILE).unwrap_or_default();
+    assert!(
+        on_disk == text,
+        "tests/vectors/frames.json differs from what the protocol declaration encodes; after a \
+         deliberate protocol change run `RBGCTL_BLESS=1 cargo test --test protocol_vectors` and \
+         follow up in python/src/rbgctl/protocol.py"
+    );
+}
+
+#[test]
+fn every_golden_frame_decodes_and_encodes_again_byte_for_byte() {
+    let text = std::fs::read_to_string(FILE).expect("tests/vectors/frames.json");
+    let cases: Vec<Value> = serde_json::from_str(&text).expect("vectors are JSON");
+    assert!(cases.len() >= 40, "{} vectors", cases.len());
+    let mut opcodes = std::collections::BTreeSet::new();
+    for case in &cases {
+        let name = case["name"].as_str().unwrap_or("?");
+        let frame = unhex(case["frame"].as_str().expect("frame"));
+        let header_bytes: [u8; HEADER_LEN] = frame[..HEADER_LEN].try_into().expect("header");
+        let header = Header::decode(&header_bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(header.encode(), header_bytes, "{name}: header");
+        assert_eq!(
+            header.opcode as u64,
+            case["opcode"].as_u64().unwrap_or(0),
+            "{name}"
+        );
+        assert_eq!(header.is_response(), case["reply"] == true, "{name}");
+        assert_eq!(
+            header.data_len,
+            case["data_len"].as_u64().unwrap_or(0),
+            "{name}"
+        );
+        let meta = &frame[HEADER_LEN..];
+        assert_eq!(meta.len(), header.meta_len as usize, "{name}: meta length");
+        let message = case["message"].as_str().expect("message");
+        let again = reencode(message, meta).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(hex(&again), hex(meta), "{name}: re-encoded {message}");
+        opcodes.insert(header.opcode);
+    }
+    for op in Opcode::ALL {
+        assert!(opcodes.contains(&(op as u8)), "no vector for {}", op.name());
+    }
+}
