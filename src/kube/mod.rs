@@ -439,18 +439,10 @@ impl Kube {
             if let Some(a) = page.get("items").and_then(Value::as_array) {
                 items.extend(a.iter().cloned());
             }
-            cont = page
-                .pointer("/metadata/continue")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
+            let meta = object::ListMeta::of(&page);
+            cont = meta.continue_token.to_string();
             if cont.is_empty() {
-                let rv = page
-                    .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                return Ok((items, rv));
+                return Ok((items, meta.resource_version.to_string()));
             }
         }
     }

@@ -62,6 +62,23 @@ impl<'a> ObjectMeta<'a> {
     }
 }
 
+/// `metadata` of a list: where the list stands and how to ask for its next page.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ListMeta<'a> {
+    pub resource_version: &'a str,
+    #[serde(rename = "continue")]
+    pub continue_token: &'a str,
+}
+
+impl<'a> ListMeta<'a> {
+    pub fn of(list: &'a Value) -> ListMeta<'a> {
+        list.get("metadata")
+            .and_then(|m| ListMeta::deserialize(m).ok())
+            .unwrap_or_default()
+    }
+}
+
 /// A Pod, as far as rbgctl looks.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]

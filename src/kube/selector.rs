@@ -1,6 +1,7 @@
 //! Label selectors in the API server's query syntax: `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
 //! `k notin (a)`, `k` (exists) and `!k` (does not exist), joined by commas (all must hold).
 
+use super::object::ObjectMeta;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -102,8 +103,8 @@ impl Selector {
 
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels");
-        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        let meta = ObjectMeta::of(obj);
+        let get = |k: &str| meta.labels.get(k).copied();
         self.0.iter().all(|r| match r {
             Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
             Requirement::NotEq(k, v) => get(k) != Some(v.as_str()),

@@ -6,6 +6,7 @@
 //! backoff.
 
 use crate::backoff::Backoff;
+use crate::kube::object::{ObjectMeta, Pod};
 use crate::kube::{encode, Kube, KubeConfig, KubeError};
 use crate::router::config::parse_selector;
 use crate::router::worker::{Source, WorkerSpec, WorkerType};
@@ -18,26 +19,9 @@ use std::time::Duration;
 
 /// The worker a pod stands for, if it is Running and Ready with an IP.
 pub fn pod_worker(pod: &Value, port: u16, t: WorkerType) -> Option<WorkerSpec> {
-    if pod
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
-    {
-        return None;
-    }
-    if pod.pointer("/status/phase").and_then(Value::as_str) != Some("Running") {
-        return None;
-    }
-    let ready = pod
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.get("type").and_then(Value::as_str) == Some("Ready")
-                    && c.get("status").and_then(Value::as_str) == Some("True")
-            })
-        });
-    let ip = pod.pointer("/status/podIP").and_then(Value::as_str)?;
-    if !ready || ip.is_empty() {
+    let pod = Pod::of(pod);
+    let ip = pod.status.pod_ip;
+    if pod.metadata.is_terminating() || !pod.is_ready() || ip.is_empty() {
         return None;
     }
     let host = if ip.contains(':') {
@@ -47,9 +31,11 @@ pub fn pod_worker(pod: &Value, port: u16, t: WorkerType) -> Option<WorkerSpec> {
     };
     let bootstrap_port = match t {
         WorkerType::Prefill => pod
-            .pointer("/metadata/annotations/sglang.ai~1bootstrap-port")
-            .and_then(Value::as_str)
-            .and_then(|s| s.trim().parse().ok()),
+            .metadata
+            .annotation("sglang.ai/bootstrap-port")
+            .trim()
+            .parse()
+            .ok(),
         _ => None,
     };
     Some(WorkerSpec {
@@ -60,15 +46,7 @@ pub fn pod_worker(pod: &Value, port: u16, t: WorkerType) -> Option<WorkerSpec> {
 }
 
 fn pod_key(pod: &Value) -> String {
-    let ns = pod
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let name = pod
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    format!("{ns}/{name}")
+    ObjectMeta::of(pod).key()
 }
 
 /// Pods of one selector, by namespace/name.
@@ -167,13 +145,8 @@ async fn watch_loop(
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let result: Result<(), KubeError> = async {
-            let list = kube.get_json(&format!("{base}?labelSelector={sel}")).await?;
-            let rv = list
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            // Paged (`limit` and `continue`), as a large cluster needs.
+            let (items, rv) = kube.list_all(&base, &format!("&labelSelector={sel}")).await?;
             sets.lock().entry(t).or_default().reset(&items, port, t);
             publish(&shared, &sets);
             tracing::info!(selector = %selector, pods = items.len(), "pods listed");
@@ -185,8 +158,9 @@ async fn watch_loop(
                 );
                 let mut stream = kube.watch(&path).await?;
                 while let Some(ev) = stream.next(Duration::from_secs(330)).await? {
-                    if let Some(v) = ev.object.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
-                        rv = v.to_string();
+                    let seen = ObjectMeta::of(&ev.object).resource_version;
+                    if !seen.is_empty() {
+                        rv = seen.to_string();
                     }
                     match ev.kind.as_str() {
                         "ERROR" => {

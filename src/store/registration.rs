@@ -256,3 +256,22 @@ fn publish_descriptor(client: &reqwest::blocking::Client, base_url: &str, seg: &
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metadata_server_client_is_built_once_and_kept() {
+        let r = Registration::new(
+            "127.0.0.1:1",
+            None,
+            None,
+            Some("http://127.0.0.1:1/metadata".into()),
+            Duration::from_secs(1),
+        );
+        let first: *const reqwest::blocking::Client = r.metadata_http().expect("a client");
+        let again: *const reqwest::blocking::Client = r.metadata_http().expect("a client");
+        assert_eq!(first, again, "one client for every publication");
+    }
+}
