@@ -40,7 +40,16 @@ pub enum KvOp {
     Segments,
 }
 
-pub fn run(args: KvArgs) -> anyhow::Result<()> {
+/// What a `kv` command can fail with: the pool's answer, or this process's own I/O.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub fn run(args: KvArgs) -> Result<(), KvError> {
     let client = Client::connect(ClientConfig::new(args.master))?;
     match args.op {
         KvOp::Put {

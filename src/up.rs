@@ -6,7 +6,7 @@
 //!
 //! [`Stack`] is the same machinery as a library: `rbgctl bench tiers` and the tests use it.
 
-use crate::config::ByteSize;
+use crate::config::{ByteSize, ConfigError};
 use crate::engine::{EngineConfig, Mode};
 use crate::launch::{self, wait_http_ok, Child, Launcher, Logs};
 use crate::master::config::MasterConfig;
@@ -147,26 +147,31 @@ pub struct UpConfig {
 }
 
 impl UpConfig {
-    pub fn from_file(path: &Path) -> anyhow::Result<UpConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    /// Reads a layout file (unknown keys are errors naming the key and line).
+    pub fn from_file(path: &Path) -> Result<UpConfig, ConfigError> {
+        crate::config::load_toml(path)
     }
 
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let e = &self.engines;
-        anyhow::ensure!(
-            !(e.l3 && e.total() > 0 && self.pool.stores == 0),
-            "engines.l3 needs a pool: set pool.stores > 0 or engines.l3 = false"
-        );
-        anyhow::ensure!(
-            (e.prefill == 0) == (e.decode == 0),
-            "a disaggregated deployment needs both engines.prefill and engines.decode"
-        );
-        anyhow::ensure!(
-            e.page_size > 0 && e.device_cache_tokens >= e.page_size,
-            "engines.device_cache_tokens must hold at least one page"
-        );
+        if e.l3 && e.total() > 0 && self.pool.stores == 0 {
+            return Err(ConfigError::invalid(
+                "engines.l3",
+                "needs a pool: set pool.stores > 0 or engines.l3 = false",
+            ));
+        }
+        if (e.prefill == 0) != (e.decode == 0) {
+            return Err(ConfigError::invalid(
+                "engines.prefill",
+                "a disaggregated deployment needs both engines.prefill and engines.decode",
+            ));
+        }
+        if e.page_size == 0 || e.device_cache_tokens < e.page_size {
+            return Err(ConfigError::invalid(
+                "engines.device_cache_tokens",
+                "must hold at least one page (engines.page_size > 0)",
+            ));
+        }
         Ok(())
     }
 }
@@ -203,7 +208,7 @@ pub struct UpArgs {
 }
 
 impl UpArgs {
-    pub fn resolve(&self) -> anyhow::Result<UpConfig> {
+    pub fn resolve(&self) -> Result<UpConfig, ConfigError> {
         let mut c = match &self.config {
             Some(p) => UpConfig::from_file(p)?,
             None => UpConfig::default(),
@@ -249,7 +254,7 @@ pub struct UpAddrs {
     pub engines: Vec<String>,
 }
 
-fn wait_for_segments(master: &str, n: usize, timeout: Duration) -> anyhow::Result<()> {
+fn wait_for_segments(master: &str, n: usize, timeout: Duration) -> Result<(), UpError> {
     let deadline = Instant::now() + timeout;
     let opts = ConnOptions {
         spin: Duration::ZERO,
@@ -261,7 +266,9 @@ fn wait_for_segments(master: &str, n: usize, timeout: Duration) -> anyhow::Resul
         match listed {
             Ok(r) if r.segments.len() >= n => return Ok(()),
             _ if Instant::now() > deadline => {
-                anyhow::bail!("the master at {master} did not list {n} segments within {timeout:?}")
+                return Err(UpError::NotReady(format!(
+                    "the master at {master} did not list {n} segments within {timeout:?}"
+                )))
             }
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
@@ -286,17 +293,18 @@ pub struct Stack {
 }
 
 /// The `i`-th port from `base` (0: each one chosen by the kernel).
-fn nth_port(base: u16, i: usize, what: &str) -> anyhow::Result<u16> {
+fn nth_port(base: u16, i: usize, what: &str) -> Result<u16, ConfigError> {
     if base == 0 {
         return Ok(0);
     }
-    u16::try_from(base as usize + i).map_err(|_| anyhow::anyhow!("{what} + {i} is past 65535"))
+    u16::try_from(base as usize + i)
+        .map_err(|_| ConfigError::invalid(what, format!("{base} + {i} is past 65535")))
 }
 
 impl Stack {
     /// Starts every part and waits until each is ready. `logs` says where the children's
     /// output goes.
-    pub fn start(cfg: &UpConfig, launcher: &Launcher) -> anyhow::Result<Stack> {
+    pub fn start(cfg: &UpConfig, launcher: &Launcher) -> Result<Stack, UpError> {
         cfg.validate()?;
         let host = "127.0.0.1";
         let mut st = Stack {
@@ -521,7 +529,24 @@ impl Drop for Stack {
     }
 }
 
-pub fn run(args: UpArgs) -> anyhow::Result<()> {
+/// What stops `rbgctl up`.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Launch(#[from] crate::launch::LaunchError),
+    #[error(transparent)]
+    Http(#[from] crate::launch::HttpWaitError),
+    #[error("{0}")]
+    NotReady(String),
+    #[error("{0}; stopped the rest")]
+    Exited(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub fn run(args: UpArgs) -> Result<(), UpError> {
     let cfg = args.resolve()?;
     // The signal token first, so that a SIGTERM during start-up still stops the children cleanly.
     let stop = Shutdown::on_signals()?;
@@ -540,7 +565,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     eprintln!("stopping...");
     stack.stop();
     match failed {
-        Some(why) => anyhow::bail!("{why}; stopped the rest"),
+        Some(why) => Err(UpError::Exited(why)),
         None => Ok(()),
     }
 }
