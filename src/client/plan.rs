@@ -245,9 +245,9 @@ mod tests {
     const KEYS: [&str; 3] = ["a", "b", "c"];
     const SUMS: [u32; 3] = [11, 22, 33];
 
-    #[test]
-    fn writes_are_grouped_by_segment_in_item_order() {
-        let plan = WritePlan::new(
+    /// a on segments 7 and 9, b on 9, c on 7.
+    fn three_items() -> WritePlan {
+        WritePlan::new(
             &KEYS,
             vec![
                 started(1, &[(7, 0), (9, 0)]),
@@ -255,7 +255,12 @@ mod tests {
                 started(3, &[(7, 128)]),
             ],
             |_| Ok(()),
-        );
+        )
+    }
+
+    #[test]
+    fn writes_are_grouped_by_segment_in_item_order() {
+        let plan = three_items();
         let groups: Vec<(u64, Vec<usize>)> = plan
             .groups()
             .map(|(s, w)| (s, w.iter().map(|w| w.item).collect()))
@@ -266,15 +271,7 @@ mod tests {
 
     #[test]
     fn an_item_commits_only_when_every_replica_was_written() {
-        let plan = WritePlan::new(
-            &KEYS,
-            vec![
-                started(1, &[(7, 0), (9, 0)]),
-                started(2, &[(9, 64)]),
-                started(3, &[(7, 128)]),
-            ],
-            |_| Ok(()),
-        );
+        let plan = three_items();
         // Item 0's second replica failed; items 1 and 2 were written.
         let outcomes = vec![
             (0, Ok(())),
