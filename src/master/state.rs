@@ -330,9 +330,39 @@ impl MasterState {
                 self.touch_client(client_id, now).segments.push(id);
                 return Ok((id, false));
             }
-            tracing::warn!(segment = %info.name, old_client = seg.client_id, new_client = client_id,
-                "segment mounted again by a new client with other memory; dropping the old mount");
+            // Another store under this name. While the holder heartbeats it keeps the name (and
+            // its objects); a restart of the same store on the same files (whose lock proves
+            // the old process gone) or a holder that stopped heartbeating gives it up.
+            let holder_alive = !matches!(seg.state, SegState::Away { .. })
+                && self.clients.get(&seg.client_id).is_some_and(|c| {
+                    now.saturating_duration_since(c.last_seen) <= self.cfg.client_ttl_ms.0
+                });
+            let same_files = !info.shm_path.is_empty()
+                && info.shm_path == seg.info.shm_path
+                && info.host_id == seg.info.host_id;
+            if holder_alive && !same_files {
+                return fail(
+                    Status::SegmentExists,
+                    format!(
+                        "segment name {:?} is held by a running store at {} (client {}); give \
+                         this store another name, or stop that one first",
+                        info.name, seg.info.endpoint, seg.client_id
+                    ),
+                );
+            }
+            let old_client = seg.client_id;
+            tracing::warn!(segment = %info.name, old_client, new_client = client_id,
+                "segment mounted again by a new store with other memory; dropping the old mount");
             self.unmount_segment(id);
+            // The old holder, should it still run, learns at its next heartbeat that it is
+            // unknown, and mounts again (or is refused and stops).
+            if self
+                .clients
+                .get(&old_client)
+                .is_some_and(|c| c.segments.is_empty())
+            {
+                self.clients.remove(&old_client);
+            }
         }
         let discard = recovering && self.lost_segments.contains(&info.segment_uuid);
         let mut id = self.rng.u64(1..);
@@ -1337,6 +1367,51 @@ mod tests {
         soft_pin_ttl_ms: 0,
         preferred_segment: String::new(),
     };
+
+    #[test]
+    fn a_name_held_by_a_live_store_is_refused_and_its_objects_kept() {
+        let (mut st, t0) = state();
+        let (id, _) = st.put_start(7, "k", 100, &ONE, t0).unwrap();
+        st.put_end(7, "k", id, 11, t0).unwrap();
+        // Another store (other files) under the same name while store 1 heartbeats: refused.
+        let other = SegmentInfo {
+            shm_path: "/dev/shm/elsewhere/a.seg".into(),
+            ..seg("a", 1 << 20)
+        };
+        let e = st.mount(2, other.clone(), false, t0).unwrap_err();
+        assert_eq!(e.0, Status::SegmentExists);
+        assert!(e.1.contains("held by a running store at a:1"), "{}", e.1);
+        assert_eq!(
+            st.get_replicas("k", t0).unwrap().checksum,
+            11,
+            "objects kept"
+        );
+        assert!(!st.ping(1, t0), "the holder is still known");
+        // Once the holder has stopped heartbeating for longer than the client TTL, the name
+        // goes to the newcomer, and the old holder, if it still ran, is told to mount again.
+        let later = t0 + Duration::from_secs(11);
+        st.mount(2, other, false, later).unwrap();
+        assert!(
+            st.get_replicas("k", later).is_err(),
+            "its objects went with its memory"
+        );
+        assert!(st.ping(1, later), "the old holder must mount again");
+    }
+
+    #[test]
+    fn the_same_store_restarting_on_its_own_files_takes_its_name_back_at_once() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let files = SegmentInfo {
+            shm_path: "/dev/shm/rbgctl/a.seg".into(),
+            host_id: "boot-1".into(),
+            ..seg("a", 1 << 20)
+        };
+        st.mount(1, files.clone(), false, t0).unwrap();
+        // kill -9 and restart: a new client id, the same files (the lock proved the old one gone).
+        st.mount(2, files, false, t0).unwrap();
+        assert!(st.ping(1, t0), "the dead holder is forgotten");
+    }
 
     #[test]
     fn a_put_is_invisible_until_it_ends_and_replaces_atomically() {

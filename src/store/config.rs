@@ -51,6 +51,10 @@ pub struct StoreConfig {
     pub metrics_port: u16,
     /// Heartbeat period. Default 1 s.
     pub heartbeat_interval_ms: Millis,
+    /// How long a store whose name another running store holds (the master refuses the mount)
+    /// waits for that one to go before it exits with an error. Covers a pod rescheduled before
+    /// the master noticed its predecessor died. Default 30 s.
+    pub name_conflict_wait_ms: Millis,
     /// Most simultaneous data connections. Default 4096.
     pub max_connections: usize,
     /// Spin-poll window in microseconds (0 = block at once). Default 50.
@@ -75,6 +79,7 @@ impl Default for StoreConfig {
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9004,
             heartbeat_interval_ms: Millis(Duration::from_secs(1)),
+            name_conflict_wait_ms: Millis(Duration::from_secs(30)),
             max_connections: 4096,
             poll_spin_us: 50,
         }
@@ -120,6 +125,9 @@ pub struct StoreArgs {
     pub metrics_port: Option<u16>,
     #[arg(long, env = "RBGCTL_STORE_HEARTBEAT_INTERVAL")]
     pub heartbeat_interval: Option<Millis>,
+    /// How long to wait for another running store holding this name to go (e.g. 30s).
+    #[arg(long, env = "RBGCTL_STORE_NAME_CONFLICT_WAIT")]
+    pub name_conflict_wait: Option<Millis>,
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
@@ -175,6 +183,7 @@ impl StoreArgs {
             metrics_host => metrics_host,
             metrics_port => metrics_port,
             heartbeat_interval => heartbeat_interval_ms,
+            name_conflict_wait => name_conflict_wait_ms,
             max_connections => max_connections,
             poll_spin_us => poll_spin_us,
         );

@@ -38,6 +38,8 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    NameTaken(String),
 }
 
 /// What a persistent store found at start-up.
@@ -74,6 +76,21 @@ type Opened3 = (
     SegmentMemory,
     Option<(Arc<DurableIndex>, DirLock, Recovery)>,
 );
+
+/// Opens a non-persistent segment: removes the files dead non-persistent stores left in the
+/// directory, takes the segment's lock (it goes at exit, with the files) and creates the
+/// segment. The lock also tells same-host clients whether this store still runs.
+fn open_ephemeral(cfg: &StoreConfig, name: &str) -> Result<(SegmentMemory, DirLock), StoreError> {
+    let dir = &cfg.shm_dir;
+    segment::prepare_dir(dir)?;
+    let freed = segment::sweep_stale(dir);
+    if freed > 0 {
+        tracing::info!(dir = %dir.display(), bytes = freed, "stale segment files removed");
+    }
+    let lock = DirLock::acquire_ephemeral(dir, &segment::file_stem(name))?;
+    let memory = SegmentMemory::create(dir, name, cfg.segment_size.0)?;
+    Ok((memory, lock))
+}
 
 /// Opens a persistent segment: directory checks, exclusive lock, index replay, mapping of the
 /// old file, and checksum verification of every object it held.
@@ -129,19 +146,17 @@ impl Store {
                 will not be kept across restarts"
             );
         }
-        let (memory, persistence) = if cfg.effective_persistence() {
-            let (m, p) = open_persistent(cfg, &name)?;
-            (Some(Arc::new(m)), p)
+        let (memory, lock, index, recovery) = if cfg.effective_persistence() {
+            match open_persistent(cfg, &name)? {
+                (m, Some((i, l, r))) => (Some(Arc::new(m)), Some(l), Some(i), Some(r)),
+                (m, None) => (Some(Arc::new(m)), None, None, None),
+            }
         } else if cfg.segment_size.0 > 0 {
-            let m = SegmentMemory::create(&cfg.shm_dir, &name, cfg.segment_size.0)?;
-            (Some(Arc::new(m)), None)
+            let (m, l) = open_ephemeral(cfg, &name)?;
+            (Some(Arc::new(m)), Some(l), None, None)
         } else {
             tracing::warn!("segment_size is 0: this store contributes no memory (pure client)");
-            (None, None)
-        };
-        let (index, lock, recovery) = match persistence {
-            Some((i, l, r)) => (Some(i), Some(l), Some(r)),
-            None => (None, None, None),
+            (None, None, None, None)
         };
         let segment = memory.as_ref().map(|m| {
             let (shm_path, shm_token) = m
@@ -182,13 +197,15 @@ impl Store {
             .metadata_server
             .starts_with("http")
             .then(|| cfg.metadata_server.clone());
-        let registration = Arc::new(Registration::new(
+        let mut registration = Registration::new(
             &cfg.master,
             segment,
             index,
             metadata_server,
             cfg.heartbeat_interval_ms.0,
-        ));
+        );
+        registration.conflict_wait = cfg.name_conflict_wait_ms.0;
+        let registration = Arc::new(registration);
         let reg = registration.clone();
         let heartbeat = std::thread::Builder::new()
             .name("store-heartbeat".into())
@@ -353,12 +370,21 @@ pub fn start(
     ));
     role::announce("store", &addrs);
     let stop = shutdown.clone();
+    let fatal = store.status.registration.fatal.clone();
     Ok(Handle::spawn("store", addrs, shutdown, move || {
-        runtime.block_on(stop.wait());
+        runtime.block_on(async {
+            tokio::select! {
+                _ = stop.wait() => {}
+                _ = fatal.wait() => {}
+            }
+        });
         tracing::info!("store stopping");
         store.shutdown();
         runtime.shutdown_timeout(Duration::from_secs(5));
-        Ok(())
+        match store.status.registration.failure() {
+            Some(why) => Err(StoreError::NameTaken(why)),
+            None => Ok(()),
+        }
     })?)
 }
 
@@ -369,9 +395,13 @@ fn http_router(status: Arc<StoreStatus>) -> axum::Router {
         move || async move { s.metrics_text() }
     };
     let health = move || async move {
-        let mounted = status.registration.mounted();
+        let reg = &status.registration;
+        let mounted = reg.mounted();
+        let error = reg.last_error();
         let body = serde_json::json!({"status": if mounted {"ok"} else {"unregistered"},
-            "segment": status.name, "endpoint": status.endpoint, "mounted": mounted});
+            "segment": status.name, "endpoint": status.endpoint, "mounted": mounted,
+            "master": reg.master.addr(),
+            "master_reachable": reg.reachable.load(Ordering::Relaxed), "error": error});
         let code = match mounted {
             true => StatusCode::OK,
             false => StatusCode::SERVICE_UNAVAILABLE,

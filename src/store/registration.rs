@@ -30,7 +30,19 @@ pub struct Registration {
     /// Fired on a clean stop: the heartbeat loop returns.
     pub stop: Shutdown,
     pub interval: Duration,
+    /// How long to wait while another running store holds our name.
+    pub conflict_wait: Duration,
+    /// Fired when the store cannot go on (its name stays taken); `failure` says why.
+    pub fatal: Shutdown,
+    failure: parking_lot::Mutex<Option<String>>,
+    /// What went wrong with the last heartbeat; `None` when it went through.
+    last_error: parking_lot::Mutex<Option<String>>,
+    /// Whether the master answered the last heartbeat (an error answer counts).
+    pub reachable: std::sync::atomic::AtomicBool,
 }
+
+/// How often a store that cannot reach its master says so again.
+const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl Registration {
     pub fn new(
@@ -55,6 +67,11 @@ impl Registration {
             metadata_http: std::sync::OnceLock::new(),
             stop: Shutdown::new(),
             interval,
+            conflict_wait: Duration::from_secs(30),
+            fatal: Shutdown::new(),
+            failure: parking_lot::Mutex::new(None),
+            last_error: parking_lot::Mutex::new(None),
+            reachable: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -169,22 +186,70 @@ impl Registration {
         Ok(())
     }
 
-    /// Heartbeats until `stop` is set, logging failures once per outage.
+    /// Why the store stopped on its own, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    /// The last heartbeat's error; `None` while the master answers.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().clone()
+    }
+
+    /// Heartbeats until `stop` is set. A master that cannot be reached is logged at once and
+    /// then every 30 s while it lasts; a name held by another running store is waited out for
+    /// `conflict_wait`, then the store stops with an error (`fatal`).
     pub fn run(self: Arc<Self>) {
-        let mut failing = false;
+        let mut failing_since: Option<std::time::Instant> = None;
+        let mut last_log = std::time::Instant::now();
+        let mut conflict_since: Option<std::time::Instant> = None;
         while !self.stop.is_triggered() {
             match self.beat() {
                 Ok(()) => {
-                    if failing {
-                        tracing::info!(master = self.master.addr(), "master reachable again");
+                    if let Some(t) = failing_since.take() {
+                        tracing::info!(
+                            master = self.master.addr(),
+                            down_s = t.elapsed().as_secs(),
+                            "master reachable again"
+                        );
                     }
-                    failing = false;
+                    conflict_since = None;
+                    *self.last_error.lock() = None;
+                    self.reachable.store(true, Ordering::Relaxed);
+                }
+                Err(e) if e.status() == Some(crate::transfer::Status::SegmentExists) => {
+                    *self.last_error.lock() = Some(e.to_string());
+                    self.reachable.store(true, Ordering::Relaxed);
+                    let since = *conflict_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() >= self.conflict_wait {
+                        let why = format!(
+                            "{e} (waited {} s for it to go)",
+                            self.conflict_wait.as_secs()
+                        );
+                        tracing::error!(master = self.master.addr(), error = %why, "stopping: the segment name is taken");
+                        *self.failure.lock() = Some(why);
+                        self.fatal.trigger();
+                        return;
+                    }
+                    if since.elapsed() < self.interval
+                        || last_log.elapsed() >= Duration::from_secs(5)
+                    {
+                        tracing::warn!(master = self.master.addr(), error = %e,
+                            wait_s = self.conflict_wait.as_secs(), "segment name taken; waiting for the other store to go");
+                        last_log = std::time::Instant::now();
+                    }
                 }
                 Err(e) => {
-                    if !failing {
-                        tracing::warn!(master = self.master.addr(), error = %e, "heartbeat failed; retrying");
+                    *self.last_error.lock() = Some(e.to_string());
+                    self.reachable
+                        .store(e.status().is_some(), Ordering::Relaxed);
+                    let first = failing_since.is_none();
+                    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                    if first || last_log.elapsed() >= UNREACHABLE_LOG_EVERY {
+                        tracing::warn!(master = self.master.addr(), error = %e,
+                            failing_s = since.elapsed().as_secs(), "cannot reach the master; retrying");
+                        last_log = std::time::Instant::now();
                     }
-                    failing = true;
                     self.master.clear();
                 }
             }

@@ -322,13 +322,76 @@ pub fn prepare_dir(dir: &Path) -> Result<(), SegmentError> {
 }
 
 /// An exclusive lock on `<dir>/<stem>.lock`, held while the store runs, so that two processes
-/// never use the same segment files. The kernel releases it when the process dies.
+/// never use the same segment files. The kernel releases it when the process dies, which is
+/// how same-host clients tell a running store from a dead one (`client::datapath::shm`) and
+/// how a starting store tells stale files from live ones ([`sweep_stale`]).
 pub struct DirLock {
     _lock: nix::fcntl::Flock<File>,
+    /// Removed with the lock (a non-persistent store leaves nothing behind).
+    remove: Option<PathBuf>,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if let Some(p) = &self.remove {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The lock file beside a segment file (`<stem>.seg` → `<stem>.lock`).
+pub fn lock_path(segment_file: &Path) -> PathBuf {
+    segment_file.with_extension("lock")
+}
+
+/// Removes the files of non-persistent segments whose store is gone: a `<stem>.lock` that
+/// nobody holds, with no durable index (`<stem>.idx`) beside it, takes its `<stem>.seg` and
+/// `<stem>.token` along. A persistent store's files are never touched. Returns the bytes freed.
+pub fn sweep_stale(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut freed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("lock") {
+            continue;
+        }
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if dir.join(format!("{stem}.idx")).exists() {
+            continue;
+        }
+        // Held: a running store. Free: its store died; the lock is ours while we sweep.
+        let Ok(lock) = DirLock::acquire(dir, stem) else {
+            continue;
+        };
+        let (seg, token) = file_paths(dir, stem);
+        let bytes = std::fs::metadata(&seg).map_or(0, |m| m.len());
+        if std::fs::remove_file(&seg).is_ok() {
+            freed += bytes;
+            tracing::info!(file = %seg.display(), bytes, "removed the segment file of a dead non-persistent store");
+        }
+        let _ = std::fs::remove_file(&token);
+        let _ = std::fs::remove_file(&path);
+        drop(lock);
+    }
+    freed
 }
 
 impl DirLock {
+    /// Takes the lock, or fails with `InUse` while another process holds it.
     pub fn acquire(dir: &Path, stem: &str) -> Result<DirLock, SegmentError> {
+        Self::take(dir, stem, false)
+    }
+
+    /// As `acquire`, and the lock file goes when the lock is dropped.
+    pub fn acquire_ephemeral(dir: &Path, stem: &str) -> Result<DirLock, SegmentError> {
+        Self::take(dir, stem, true)
+    }
+
+    fn take(dir: &Path, stem: &str, ephemeral: bool) -> Result<DirLock, SegmentError> {
         let path = dir.join(format!("{stem}.lock"));
         let file = OpenOptions::new()
             .read(true)
@@ -340,8 +403,25 @@ impl DirLock {
                 path: path.clone(),
                 source,
             })?;
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => Ok(DirLock { _lock: lock }),
+        // A same-host client checking whether the store lives holds a shared lock for a few
+        // microseconds; a few short retries tell that apart from a running store.
+        let mut file = file;
+        let mut tries = 0;
+        let locked = loop {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) if tries < 10 => {
+                    tries += 1;
+                    file = f;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                other => break other,
+            }
+        };
+        match locked {
+            Ok(lock) => Ok(DirLock {
+                _lock: lock,
+                remove: ephemeral.then_some(path),
+            }),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(SegmentError::InUse { path }),
             Err((_, e)) => Err(SegmentError::File {
                 path,

@@ -128,8 +128,14 @@ impl Cluster {
     }
 
     pub fn add_store(&mut self, segment: u64) -> usize {
+        self.add_store_with(segment, |_| {})
+    }
+
+    /// Adds a store configured as `store_config` says, then changed by `change`.
+    pub fn add_store_with(&mut self, segment: u64, change: impl FnOnce(&mut StoreConfig)) -> usize {
         let i = self.stores.len();
-        let cfg = self.store_config(i, segment);
+        let mut cfg = self.store_config(i, segment);
+        change(&mut cfg);
         let store = self
             .launcher
             .spawn::<launch::Store>(&format!("store-{i}"), cfg)

@@ -12,6 +12,8 @@ pub struct LocalSegment {
     _map: memmap2::MmapRaw,
     ptr: *mut u8,
     size: u64,
+    /// The store's lock file (`<stem>.lock`): held while the store runs.
+    lock: std::path::PathBuf,
 }
 
 // SAFETY: as for the store's own mapping: callers touch ranges the master gave them.
@@ -19,8 +21,8 @@ unsafe impl Send for LocalSegment {}
 unsafe impl Sync for LocalSegment {}
 
 impl LocalSegment {
-    /// Maps the segment if it is on this host and its token matches; `None` otherwise (the
-    /// client then uses TCP).
+    /// Maps the segment if it is on this host, its token matches and its store's lock file is
+    /// there; `None` otherwise (the client then uses TCP).
     pub fn open(info: &SegmentInfo, host_id: &str) -> Option<LocalSegment> {
         if info.shm_path.is_empty() || info.host_id.is_empty() || info.host_id != host_id {
             return None;
@@ -30,6 +32,10 @@ impl LocalSegment {
         let token = std::fs::read_to_string(&token_path).ok()?;
         if u64::from_str_radix(token.trim(), 16).ok()? != info.shm_token {
             tracing::debug!(path = %path.display(), "segment token differs: not the same file");
+            return None;
+        }
+        let lock = crate::store::segment::lock_path(path);
+        if !lock.exists() {
             return None;
         }
         let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
@@ -45,7 +51,25 @@ impl LocalSegment {
             ptr: map.as_mut_ptr(),
             _map: map,
             size: info.size,
+            lock,
         })
+    }
+
+    /// Whether the store that owns the segment still runs: it holds an exclusive lock on its
+    /// lock file for as long as it lives, and the kernel drops the lock when it dies (kill -9
+    /// included). A shared lock that we can take means nobody holds it.
+    pub fn owner_alive(&self) -> bool {
+        use nix::fcntl::{Flock, FlockArg};
+        let Ok(file) = std::fs::File::open(&self.lock) else {
+            // The lock file is gone: its store stopped (and removed it) or died and was swept.
+            return false;
+        };
+        match Flock::lock(file, FlockArg::LockSharedNonblock) {
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => true,
+            Ok(_unlocked_on_drop) => false,
+            // Cannot tell: do not claim the store is gone.
+            Err(_) => true,
+        }
     }
 
     fn check(&self, offset: u64, len: u64) -> bool {
@@ -111,6 +135,15 @@ impl DataPath for Shm {
             .iter()
             .map(|op| self.segment.write(op.offset, op.value))
             .collect();
+        // Bytes copied into the file of a store that has died are not stored: the master drops
+        // its segment when it notices. Checked after the copies, so a store dying before this
+        // point is caught; the commit follows at once.
+        if !self.segment.owner_alive() {
+            let gone = TransferError::Protocol(
+                "the store owning this same-host segment is not running (its lock is free)".into(),
+            );
+            return vec![Err(gone); ops.len()];
+        }
         let Some(pool) = &self.seal else { return out };
         let (copied, objects): (Vec<usize>, Vec<StoredObject>) = ops
             .iter()
