@@ -305,3 +305,88 @@ fn a_link_named_mooncake_master_runs_the_master_with_mooncake_flags() {
     assert_eq!(http(meta, "GET", "/health", b""), (200, "OK".into()));
     assert!(TcpStream::connect(("127.0.0.1", rpc)).is_ok());
 }
+
+/// Waits (bounded) until the server closes `s`: true when it did.
+fn closed_by_server(mut s: &TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue, // an error reply, then the close
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn idle_floods_and_half_sent_frames_do_not_lock_a_client_out() {
+    use rbgctl::bench::flood::{connect_from, Flood};
+    use rbgctl::config::Millis;
+    let master = rbgctl::master::config::MasterConfig {
+        max_connections: 64,
+        max_connections_per_peer: 16,
+        request_timeout_ms: Millis(Duration::from_millis(500)),
+        idle_timeout_ms: Millis(Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let c = Cluster::start(Opts {
+        stores: 1,
+        master,
+        ..Default::default()
+    });
+    let rpc: std::net::SocketAddr = c.rpc.parse().unwrap();
+    let flooder = "127.0.0.2".parse().unwrap();
+    // 40 idle connections from one peer: 16 are admitted, the rest refused at once.
+    let flood = Flood::open(flooder, &[rpc], 40);
+    assert_eq!(flood.len(), 40, "the kernel accepts them all");
+    // A normal client on another address is not locked out.
+    let client = c.client();
+    client
+        .put("through", b"the flood", &ReplicateConfig::default())
+        .unwrap();
+    assert_eq!(client.get("through").unwrap(), b"the flood");
+    // The admitted ones never send a request: closed after the request timeout.
+    assert!(
+        wait_until(Duration::from_secs(10), || flood.still_open() == 0),
+        "{} idle connections still open",
+        flood.still_open()
+    );
+    // A half-sent frame (a header announcing 16 MiB of fields, then nothing) is closed too.
+    let mut half = connect_from(flooder, rpc, Duration::from_secs(2)).unwrap();
+    let header = Header {
+        opcode: Opcode::Ping as u8,
+        flags: 0,
+        request_id: 1,
+        status: 0,
+        meta_len: 16 << 20,
+        data_len: 0,
+    };
+    half.write_all(&header.encode()).unwrap();
+    half.write_all(&[0u8; 100]).unwrap();
+    assert!(
+        closed_by_server(&half, Duration::from_secs(10)),
+        "a half-sent frame held its connection"
+    );
+    let (_, m) = c.http_get("/metrics");
+    let metric = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    assert!(
+        metric("rbgctl_master_refused_connections_total ") >= 24.0,
+        "{m}"
+    );
+    assert!(
+        metric("rbgctl_master_idle_closed_connections_total ") >= 16.0,
+        "{m}"
+    );
+    assert!(metric("rbgctl_master_bad_frames_total ") >= 1.0, "{m}");
+    // The refusals were logged once, not once each.
+    let log = c.master.log();
+    let lines = log.matches("per-peer connection limit reached").count();
+    assert!((1..=3).contains(&lines), "{lines} refusal lines:\n{log}");
+}

@@ -48,6 +48,13 @@ pub struct StoreBenchArgs {
     /// Skip the same-host shared-memory cases.
     #[arg(long)]
     pub no_shm: bool,
+    /// Also measure 4 KiB and 1 MiB put/get while this many idle connections (a hostile or
+    /// broken client) are held open to the master and the stores. 0 = no flood.
+    #[arg(long, default_value_t = 0)]
+    pub idle_flood: usize,
+    /// The local address the flood comes from (another loopback address than the client's).
+    #[arg(long, default_value = "127.0.0.2")]
+    pub flood_from: std::net::IpAddr,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -59,6 +66,16 @@ struct Report {
     loopback_tcp_gb_per_s: f64,
     memcpy_gb_per_s: f64,
     results: Vec<PhaseResult>,
+    flood: Option<FloodReport>,
+}
+
+/// What the idle flood did.
+#[derive(Debug, serde::Serialize)]
+struct FloodReport {
+    asked: usize,
+    opened: usize,
+    /// Still held open by the servers after the measured phases.
+    held_after: usize,
 }
 
 fn value_for(size: usize, seed: u64) -> Vec<u8> {
@@ -320,6 +337,11 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     results.extend(batch_case(&tcp, "tcp", &args));
     progress("master: batched existence checks");
     results.push(exists_case(&tcp, &args));
+    let flood = if args.idle_flood > 0 {
+        Some(flood_cases(&tcp, &master, &args, &mut results, progress)?)
+    } else {
+        None
+    };
     for r in results.iter_mut().filter(|r| r.value_bytes >= 1 << 20) {
         r.of_limit = Some(r.gb_per_s / loopback);
     }
@@ -344,6 +366,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         loopback_tcp_gb_per_s: loopback,
         memcpy_gb_per_s: memcpy,
         results,
+        flood,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -351,6 +374,42 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         print_table(&report);
     }
     Ok(())
+}
+
+/// 4 KiB and 1 MiB put/get again while `--idle-flood` idle connections are held open to the
+/// master and every store, from `--flood-from`.
+fn flood_cases(
+    tcp: &Arc<Client>,
+    master: &str,
+    args: &StoreBenchArgs,
+    results: &mut Vec<PhaseResult>,
+    progress: impl Fn(&str),
+) -> anyhow::Result<FloodReport> {
+    use std::net::ToSocketAddrs;
+    let mut targets: Vec<std::net::SocketAddr> = master.to_socket_addrs()?.take(1).collect();
+    for s in tcp.segments()? {
+        targets.extend(s.info.endpoint.to_socket_addrs()?.take(1));
+    }
+    progress(&format!(
+        "opening {} idle connections from {} to {} server(s)",
+        args.idle_flood,
+        args.flood_from,
+        targets.len()
+    ));
+    let flood = super::flood::Flood::open(args.flood_from, &targets, args.idle_flood);
+    for size in [4usize << 10, 1 << 20] {
+        progress(&format!(
+            "flood: {} × 1 thread beside {} idle connections",
+            human_bytes(size as u64),
+            flood.len()
+        ));
+        results.extend(put_get_case(tcp, "flood", args, size, 1));
+    }
+    Ok(FloodReport {
+        asked: args.idle_flood,
+        opened: flood.len(),
+        held_after: flood.still_open(),
+    })
 }
 
 fn print_table(r: &Report) {
@@ -387,4 +446,11 @@ fn print_table(r: &Report) {
         );
     }
     println!("(of limit: large tcp values against the loopback stream, shm against memcpy)");
+    if let Some(f) = &r.flood {
+        println!(
+            "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
+             flood phases (the rest were refused or closed)",
+            f.asked, f.opened, f.held_after
+        );
+    }
 }

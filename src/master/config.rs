@@ -50,6 +50,13 @@ pub struct MasterConfig {
     pub allocation_strategy: Strategy,
     /// Most simultaneous RPC connections. Default 4096.
     pub max_connections: usize,
+    /// Most simultaneous connections from one IP address. Default 1024.
+    pub max_connections_per_peer: usize,
+    /// A connection with no request for this long is closed (clients reconnect). Default 120 s.
+    pub idle_timeout_ms: Millis,
+    /// A new connection's first request must begin within this, and a request whose bytes stop
+    /// coming for this long ends its connection. Default 10 s.
+    pub request_timeout_ms: Millis,
     /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
     pub poll_spin_us: u64,
     /// Interval of the summary log line. Default 10 s.
@@ -77,6 +84,9 @@ impl Default for MasterConfig {
             put_start_release_timeout_ms: Millis(Duration::from_secs(600)),
             allocation_strategy: Strategy::Random,
             max_connections: 4096,
+            max_connections_per_peer: 1024,
+            idle_timeout_ms: Millis(Duration::from_secs(120)),
+            request_timeout_ms: Millis(Duration::from_secs(10)),
             poll_spin_us: 50,
             summary_interval_ms: Millis(Duration::from_secs(10)),
         }
@@ -128,6 +138,15 @@ pub struct MasterArgs {
     pub allocation_strategy: Option<String>,
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most simultaneous connections from one IP address.
+    #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<usize>,
+    /// Close connections idle this long (`120s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<Millis>,
+    /// Longest wait for a request's bytes (`10s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_MASTER_REQUEST_TIMEOUT")]
+    pub request_timeout: Option<Millis>,
     #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
 }
@@ -162,6 +181,9 @@ impl MasterArgs {
             put_start_discard_timeout => put_start_discard_timeout_ms,
             put_start_release_timeout => put_start_release_timeout_ms,
             max_connections => max_connections,
+            max_connections_per_peer => max_connections_per_peer,
+            idle_timeout => idle_timeout_ms,
+            request_timeout => request_timeout_ms,
             poll_spin_us => poll_spin_us,
         );
         if let Some(s) = &self.allocation_strategy {
@@ -175,6 +197,18 @@ impl MasterArgs {
 }
 
 impl MasterConfig {
+    /// The RPC server's connection limits and waits.
+    pub fn server_options(&self) -> crate::transfer::server::ServerOptions {
+        crate::transfer::server::ServerOptions {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            idle_timeout: self.idle_timeout_ms.0,
+            request_timeout: self.request_timeout_ms.0,
+            spin: Duration::from_micros(self.poll_spin_us),
+            role: "master",
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_ratio(
             "master.eviction_high_watermark_ratio",
@@ -188,12 +222,7 @@ impl MasterConfig {
                 format!("must be at least 100 ms, got {:?}", self.client_ttl_ms.0),
             ));
         }
-        if self.max_connections == 0 {
-            return Err(ConfigError::invalid(
-                "master.max_connections",
-                "must be at least 1",
-            ));
-        }
+        self.server_options().validate()?;
         if self.put_start_release_timeout_ms.0 < self.put_start_discard_timeout_ms.0 {
             return Err(ConfigError::invalid(
                 "master.put_start_release_timeout_ms",

@@ -337,16 +337,8 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         "counter",
         "Puts given fewer replicas than asked.",
         counters.partial_allocations as f64,
-    )
-    .single(
-        "rbgctl_master_bad_frames_total",
-        "counter",
-        "Connections closed because of malformed input.",
-        shared
-            .service
-            .bad_frames
-            .load(std::sync::atomic::Ordering::Relaxed) as f64,
     );
+    shared.service.connections.render(&mut p, "rbgctl_master");
     shared.service.stats.render(&mut p, "rbgctl_master", |op| {
         Opcode::from_u8(op).map(|o| o.name())
     });

@@ -20,13 +20,12 @@ use crate::config::human_bytes;
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::OpStats;
-use crate::transfer::server::{self, ServerOptions};
+use crate::transfer::server;
 use config::MasterConfig;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use state::MasterState;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,22 +125,14 @@ pub fn start(
         state: state.clone(),
         notifier,
         stats: Arc::new(OpStats::default()),
-        bad_frames: AtomicU64::new(0),
+        connections: Default::default(),
     });
     let shared = Arc::new(Shared {
         state: state.clone(),
         service: service.clone(),
         started: Instant::now(),
     });
-    let mut rpc = server::spawn(
-        listeners.rpc,
-        service.clone(),
-        ServerOptions {
-            max_connections: cfg.max_connections,
-            spin: Duration::from_micros(cfg.poll_spin_us),
-            role: "master",
-        },
-    )?;
+    let mut rpc = server::spawn(listeners.rpc, service.clone(), cfg.server_options())?;
     tracing::info!(addr = %rpc.addr, "master RPC listening");
     let housekeeper = {
         let (state, shutdown) = (state.clone(), shutdown.clone());

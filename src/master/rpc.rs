@@ -8,7 +8,6 @@ use crate::transfer::message::*;
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,7 @@ pub struct MasterService {
     pub state: Arc<Mutex<MasterState>>,
     pub notifier: Arc<Notifier>,
     pub stats: Arc<OpStats>,
-    pub bad_frames: AtomicU64,
+    pub connections: crate::transfer::server::ConnCounters,
 }
 
 fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
@@ -270,7 +269,7 @@ impl Service for MasterService {
         0
     }
 
-    fn on_bad_frame(&self) {
-        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    fn connections(&self) -> &crate::transfer::server::ConnCounters {
+        &self.connections
     }
 }

@@ -57,6 +57,13 @@ pub struct StoreConfig {
     pub name_conflict_wait_ms: Millis,
     /// Most simultaneous data connections. Default 4096.
     pub max_connections: usize,
+    /// Most simultaneous connections from one IP address. Default 1024.
+    pub max_connections_per_peer: usize,
+    /// A connection with no request for this long is closed (clients reconnect). Default 120 s.
+    pub idle_timeout_ms: Millis,
+    /// A new connection's first request must begin within this, and a request whose bytes stop
+    /// coming for this long ends its connection. Default 10 s.
+    pub request_timeout_ms: Millis,
     /// Spin-poll window in microseconds (0 = block at once). Default 50.
     pub poll_spin_us: u64,
 }
@@ -81,6 +88,9 @@ impl Default for StoreConfig {
             heartbeat_interval_ms: Millis(Duration::from_secs(1)),
             name_conflict_wait_ms: Millis(Duration::from_secs(30)),
             max_connections: 4096,
+            max_connections_per_peer: 1024,
+            idle_timeout_ms: Millis(Duration::from_secs(120)),
+            request_timeout_ms: Millis(Duration::from_secs(10)),
             poll_spin_us: 50,
         }
     }
@@ -130,6 +140,15 @@ pub struct StoreArgs {
     pub name_conflict_wait: Option<Millis>,
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most simultaneous connections from one IP address.
+    #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<usize>,
+    /// Close connections idle this long (`120s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_STORE_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<Millis>,
+    /// Longest wait for a request's bytes (`10s`, or milliseconds).
+    #[arg(long, env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
+    pub request_timeout: Option<Millis>,
     #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
 }
@@ -185,6 +204,9 @@ impl StoreArgs {
             heartbeat_interval => heartbeat_interval_ms,
             name_conflict_wait => name_conflict_wait_ms,
             max_connections => max_connections,
+            max_connections_per_peer => max_connections_per_peer,
+            idle_timeout => idle_timeout_ms,
+            request_timeout => request_timeout_ms,
             poll_spin_us => poll_spin_us,
         );
         if self.name.is_some() {
@@ -196,6 +218,18 @@ impl StoreArgs {
 }
 
 impl StoreConfig {
+    /// The data server's connection limits and waits.
+    pub fn server_options(&self) -> crate::transfer::server::ServerOptions {
+        crate::transfer::server::ServerOptions {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            idle_timeout: self.idle_timeout_ms.0,
+            request_timeout: self.request_timeout_ms.0,
+            spin: Duration::from_micros(self.poll_spin_us),
+            role: "store",
+        }
+    }
+
     /// Whether this store keeps its objects across restarts: asked for, contributing memory,
     /// and with a name that a restarted process will have again.
     pub fn effective_persistence(&self) -> bool {
@@ -205,6 +239,7 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_endpoint("store.master", &self.master)?;
         self.protocol.check_built("store.protocol")?;
+        self.server_options().validate()?;
         if self.segment_size.0 != 0 && self.segment_size.0 < 4096 {
             return Err(ConfigError::invalid(
                 "store.segment_size",

@@ -12,7 +12,7 @@ use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{OpStats, PromText};
 use crate::transfer::message::SegmentInfo;
-use crate::transfer::server::{self as tserver, ServerHandle, ServerOptions};
+use crate::transfer::server::{self as tserver, ServerHandle};
 use crate::transfer::Opcode;
 use config::StoreConfig;
 use index::{DurableIndex, IndexError, Opened};
@@ -182,17 +182,9 @@ impl Store {
             stats: OpStats::default(),
             bytes_written: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
-            bad_frames: AtomicU64::new(0),
+            connections: Default::default(),
         });
-        let server = tserver::spawn(
-            listener,
-            service.clone(),
-            ServerOptions {
-                max_connections: cfg.max_connections,
-                spin: Duration::from_micros(cfg.poll_spin_us),
-                role: "store",
-            },
-        )?;
+        let server = tserver::spawn(listener, service.clone(), cfg.server_options())?;
         let metadata_server = cfg
             .metadata_server
             .starts_with("http")
@@ -306,13 +298,8 @@ impl StoreStatus {
             "counter",
             "Index writes that failed (the request failed with them).",
             s.index_errors.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            "rbgctl_store_bad_frames_total",
-            "counter",
-            "Connections closed because of malformed input.",
-            s.bad_frames.load(Ordering::Relaxed) as f64,
         );
+        s.connections.render(&mut p, "rbgctl_store");
         s.stats.render(&mut p, "rbgctl_store", |op| {
             Opcode::from_u8(op).map(|o| o.name())
         });

@@ -25,7 +25,7 @@ pub struct StoreService {
     pub stats: OpStats,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
-    pub bad_frames: AtomicU64,
+    pub connections: crate::transfer::server::ConnCounters,
 }
 
 impl StoreService {
@@ -175,7 +175,7 @@ impl Service for StoreService {
         self.memory.as_ref().map_or(0, |m| m.size())
     }
 
-    fn on_bad_frame(&self) {
-        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    fn connections(&self) -> &crate::transfer::server::ConnCounters {
+        &self.connections
     }
 }

@@ -25,6 +25,9 @@ pub enum TransferError {
     Closed,
     #[error("timed out")]
     Timeout,
+    /// Server side: the peer sent nothing for the idle wait between frames.
+    #[error("idle for too long")]
+    Idle,
     #[error("connecting to {addr}: {source}")]
     Connect {
         addr: String,
@@ -44,6 +47,7 @@ impl Clone for TransferError {
             TransferError::Protocol(m) => TransferError::Protocol(m.clone()),
             TransferError::Closed => TransferError::Closed,
             TransferError::Timeout => TransferError::Timeout,
+            TransferError::Idle => TransferError::Idle,
             TransferError::Connect { addr, source } => TransferError::Connect {
                 addr: addr.clone(),
                 source: io(source),

@@ -1,17 +1,119 @@
 //! The serving side: an accept loop and one thread per connection running frames through a
 //! `Service`. Blocking threads rather than async tasks because a data-plane connection carries one
 //! request at a time and the spin-poll (see `stream`) needs a thread of its own; connections are
-//! few (a pool per client), and `max_connections` bounds them.
+//! few (a pool per client). What a peer can hold is bounded: `max_connections` in all and
+//! `max_connections_per_peer` per IP address; a new connection must begin its first request
+//! within `request_timeout`, an idle one ends after `idle_timeout`, and a request whose bytes
+//! stop coming (a half-sent frame) ends its connection after `request_timeout`. Refusals and
+//! bad frames are logged at most once per 10 s, with counts.
 
 use super::frame::{Header, Opcode, Status};
 use super::message::Wire;
 use super::stream::FramedStream;
 use super::TransferError;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A log line at most once per period, saying how many events it stands for.
+pub struct LogBudget {
+    period: Duration,
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl LogBudget {
+    pub fn new(period: Duration) -> LogBudget {
+        LogBudget {
+            period,
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Counts one event; returns how many events (this one included) the caller's log line
+    /// should report, or `None` when this event stays silent.
+    pub fn spend(&self, now: Instant) -> Option<u64> {
+        let mut s = self.state.lock();
+        s.1 += 1;
+        match s.0 {
+            Some(last) if now.saturating_duration_since(last) < self.period => None,
+            _ => {
+                s.0 = Some(now);
+                Some(std::mem::take(&mut s.1))
+            }
+        }
+    }
+}
+
+/// What happened to a server's connections.
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    /// Closed because of malformed input or a request that stopped arriving.
+    pub bad_frames: AtomicU64,
+    /// Refused at a connection limit.
+    pub refused: AtomicU64,
+    /// Closed after idling.
+    pub idle_closed: AtomicU64,
+}
+
+impl ConnCounters {
+    /// As `<prefix>_bad_frames_total`, `<prefix>_refused_connections_total`,
+    /// `<prefix>_idle_closed_connections_total`.
+    pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        p.single(
+            &format!("{prefix}_bad_frames_total"),
+            "counter",
+            "Connections closed because of malformed input or a request that stopped arriving.",
+            n(&self.bad_frames),
+        )
+        .single(
+            &format!("{prefix}_refused_connections_total"),
+            "counter",
+            "Connections refused at a connection limit (in all or per peer).",
+            n(&self.refused),
+        )
+        .single(
+            &format!("{prefix}_idle_closed_connections_total"),
+            "counter",
+            "Connections closed after idling (clients reconnect).",
+            n(&self.idle_closed),
+        );
+    }
+
+    fn count(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Open connections, in all and per peer address.
+#[derive(Default)]
+struct Occupancy {
+    total: usize,
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection's place; given back when dropped.
+struct Slot {
+    occupancy: Arc<Mutex<Occupancy>>,
+    peer: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut o = self.occupancy.lock();
+        o.total = o.total.saturating_sub(1);
+        if let Some(n) = o.by_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                o.by_peer.remove(&self.peer);
+            }
+        }
+    }
+}
 
 /// What a server does with each request.
 pub trait Service: Send + Sync + 'static {
@@ -26,8 +128,8 @@ pub trait Service: Send + Sync + 'static {
     ) -> Result<(), TransferError>;
     /// Largest payload a request may carry.
     fn max_data_len(&self) -> u64;
-    /// Called for every connection closed because of bad input (for metrics).
-    fn on_bad_frame(&self) {}
+    /// Where the server counts what happens to connections (for metrics).
+    fn connections(&self) -> &ConnCounters;
 }
 
 /// A request's view of its connection.
@@ -81,9 +183,36 @@ impl ServerIo<'_> {
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    /// An idle connection (between requests) ends after this.
+    pub idle_timeout: Duration,
+    /// A new connection's first request must begin within this, and every read or write
+    /// inside a request must make progress within it.
+    pub request_timeout: Duration,
     pub spin: Duration,
     /// Used in thread names and logs.
     pub role: &'static str,
+}
+
+impl ServerOptions {
+    /// Checks the limits, naming the `role.field` that is wrong.
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        let field = |f: &str| format!("{}.{f}", self.role);
+        let bad = |f: &str, why: &str| Err(crate::config::ConfigError::invalid(field(f), why));
+        if self.max_connections == 0 {
+            return bad("max_connections", "must be at least 1");
+        }
+        if self.max_connections_per_peer == 0 {
+            return bad("max_connections_per_peer", "must be at least 1");
+        }
+        if self.idle_timeout < Duration::from_millis(100) {
+            return bad("idle_timeout_ms", "must be at least 100 ms");
+        }
+        if self.request_timeout < Duration::from_millis(100) {
+            return bad("request_timeout_ms", "must be at least 100 ms");
+        }
+        Ok(())
+    }
 }
 
 /// A running server; dropping the handle does not stop it, `stop` does.
@@ -129,7 +258,12 @@ fn accept_loop(
     opts: ServerOptions,
     shutdown: Arc<AtomicBool>,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let occupancy = Arc::new(Mutex::new(Occupancy::default()));
+    let refusals = LogBudget::new(Duration::from_secs(10));
+    let logs = Arc::new(ConnLogs {
+        bad_frames: LogBudget::new(Duration::from_secs(10)),
+        stalls: LogBudget::new(Duration::from_secs(10)),
+    });
     loop {
         let (stream, peer) = match listener.accept() {
             Ok(x) => x,
@@ -145,43 +279,82 @@ fn accept_loop(
         if shutdown.load(Ordering::SeqCst) {
             return;
         }
-        if active.load(Ordering::SeqCst) >= opts.max_connections {
-            tracing::warn!(role = opts.role, %peer, limit = opts.max_connections,
-                "connection limit reached, refusing connection");
+        let admitted = {
+            let mut o = occupancy.lock();
+            let mine = o.by_peer.get(&peer.ip()).copied().unwrap_or(0);
+            if o.total >= opts.max_connections {
+                Err(("connection limit reached", opts.max_connections))
+            } else if mine >= opts.max_connections_per_peer {
+                Err((
+                    "per-peer connection limit reached",
+                    opts.max_connections_per_peer,
+                ))
+            } else {
+                o.total += 1;
+                *o.by_peer.entry(peer.ip()).or_default() += 1;
+                Ok(())
+            }
+        };
+        if let Err((why, limit)) = admitted {
+            ConnCounters::count(&service.connections().refused);
+            if let Some(n) = refusals.spend(Instant::now()) {
+                tracing::warn!(role = opts.role, %peer, limit, refused = n, "{why}; refusing connections");
+            }
             drop(stream);
             continue;
         }
-        active.fetch_add(1, Ordering::SeqCst);
         let service = service.clone();
-        let active_conn = active.clone();
-        let spin = opts.spin;
+        let slot = Slot {
+            occupancy: occupancy.clone(),
+            peer: peer.ip(),
+        };
+        let (conn_opts, logs) = (opts.clone(), logs.clone());
         let role = opts.role;
         let spawned = std::thread::Builder::new()
             .name(format!("{role}-conn"))
             .stack_size(512 * 1024)
             .spawn(move || {
-                serve_connection(stream, peer, service.as_ref(), spin, role);
-                active_conn.fetch_sub(1, Ordering::SeqCst);
+                let _slot = slot;
+                serve_connection(stream, peer, service.as_ref(), &conn_opts, &logs);
             });
+        // A failed spawn dropped the closure, and with it the slot.
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(role, error = %e, "cannot start a connection thread");
         }
     }
+}
+
+/// Log budgets shared by a server's connections.
+struct ConnLogs {
+    bad_frames: LogBudget,
+    stalls: LogBudget,
 }
 
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     service: &dyn Service,
-    spin: Duration,
-    role: &'static str,
+    opts: &ServerOptions,
+    logs: &ConnLogs,
 ) {
-    let mut io = match FramedStream::new(stream, spin) {
+    let role = opts.role;
+    let mut io = match FramedStream::new(stream, opts.spin) {
         Ok(io) => io,
         Err(e) => {
             tracing::warn!(role, %peer, error = %e, "cannot set up connection");
             return;
+        }
+    };
+    // The first request must come soon; later ones may wait out an idle pooled connection.
+    if let Err(e) = io.set_server_waits(opts.request_timeout, opts.request_timeout) {
+        tracing::warn!(role, %peer, error = %e, "cannot set up connection");
+        return;
+    }
+    let mut first = true;
+    let bad_frame = |reason: &dyn std::fmt::Display| {
+        ConnCounters::count(&service.connections().bad_frames);
+        if let Some(n) = logs.bad_frames.spend(Instant::now()) {
+            tracing::warn!(role, %peer, %reason, bad_frames = n, "closing connection: bad frame");
         }
     };
     tracing::debug!(role, %peer, "connection opened");
@@ -189,15 +362,35 @@ fn serve_connection(
         let (req, meta) = match io.read_frame(true) {
             Ok(x) => x,
             Err(TransferError::Closed) => break,
+            Err(TransferError::Idle) => {
+                tracing::debug!(role, %peer, first, "closing idle connection");
+                ConnCounters::count(&service.connections().idle_closed);
+                break;
+            }
+            Err(TransferError::Timeout) => {
+                ConnCounters::count(&service.connections().bad_frames);
+                if let Some(n) = logs.stalls.spend(Instant::now()) {
+                    tracing::warn!(role, %peer, timeout = ?opts.request_timeout, stalled = n,
+                        "closing connection: a request stopped arriving");
+                }
+                break;
+            }
             Err(e) => {
-                tracing::warn!(role, %peer, error = %e, "closing connection: bad frame");
-                service.on_bad_frame();
+                bad_frame(&e);
                 break;
             }
         };
+        if first {
+            first = false;
+            if io
+                .set_server_waits(opts.idle_timeout, opts.request_timeout)
+                .is_err()
+            {
+                break;
+            }
+        }
         if let Err(reason) = check_request(&req, service.max_data_len()) {
-            tracing::warn!(role, %peer, %reason, "closing connection: bad frame");
-            service.on_bad_frame();
+            bad_frame(&reason);
             let header = Header::response(&req, Status::MalformedFrame, reason.len(), 0);
             let _ = io.write_frame(&header, reason.as_bytes(), &[]);
             break;
@@ -226,8 +419,7 @@ fn serve_connection(
                 break;
             }
             Err(TransferError::Protocol(reason)) => {
-                tracing::warn!(role, %peer, op = op.name(), %reason, "closing connection: malformed request");
-                service.on_bad_frame();
+                bad_frame(&format!("{}: {reason}", op.name()));
                 if !sio.replied {
                     let _ = sio.error(Status::MalformedFrame, &reason);
                 }

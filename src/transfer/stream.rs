@@ -25,6 +25,11 @@ pub struct FramedStream {
     spin: Duration,
     /// Payload bytes of the current frame not yet consumed.
     pending_data: u64,
+    /// Server side: the longest wait for the next frame to begin, and for any read or write
+    /// within a frame to make progress; `None` leaves the socket's timeouts alone.
+    waits: Option<(Duration, Duration)>,
+    /// The read timeout the socket has now (to change it only when it must change).
+    read_timeout: Option<Duration>,
 }
 
 impl FramedStream {
@@ -38,7 +43,31 @@ impl FramedStream {
             wbuf: Vec::with_capacity(256),
             spin,
             pending_data: 0,
+            waits: None,
+            read_timeout: None,
         })
+    }
+
+    /// Server side: a peer gets `between` to begin its next frame (idle connections end after
+    /// it) and `within` for every read and write inside a frame to make progress (a half-sent
+    /// frame ends the connection after it).
+    pub fn set_server_waits(&mut self, between: Duration, within: Duration) -> std::io::Result<()> {
+        self.stream.set_write_timeout(Some(within))?;
+        self.waits = Some((between, within));
+        Ok(())
+    }
+
+    /// Before a blocking read: the wait that applies (between frames or within one).
+    fn arm(&mut self, between_frames: bool) -> Result<(), TransferError> {
+        let Some((between, within)) = self.waits else {
+            return Ok(());
+        };
+        let want = Some(if between_frames { between } else { within });
+        if self.read_timeout != want {
+            self.stream.set_read_timeout(want).map_err(io_err)?;
+            self.read_timeout = want;
+        }
+        Ok(())
     }
 
     pub fn stream(&self) -> &TcpStream {
@@ -54,8 +83,9 @@ impl FramedStream {
         self.rend - self.rstart
     }
 
-    /// Reads more bytes into the buffer; with `spin`, polls before blocking.
-    fn fill(&mut self, spin: bool) -> Result<(), TransferError> {
+    /// Reads more bytes into the buffer; with `spin`, polls before blocking. `between_frames`:
+    /// nothing of the next frame has arrived yet (the idle wait applies, not the frame wait).
+    fn fill(&mut self, spin: bool, between_frames: bool) -> Result<(), TransferError> {
         if self.rstart == self.rend {
             self.rstart = 0;
             self.rend = 0;
@@ -89,10 +119,14 @@ impl FramedStream {
                 }
             }
         }
+        self.arm(between_frames)?;
         let n = self
             .stream
             .read(&mut self.rbuf[self.rend..])
-            .map_err(io_err)?;
+            .map_err(|e| match io_err(e) {
+                TransferError::Timeout if between_frames => TransferError::Idle,
+                other => other,
+            })?;
         if n == 0 {
             return Err(TransferError::Closed);
         }
@@ -110,7 +144,8 @@ impl FramedStream {
         }
         let mut first = true;
         while self.buffered() < HEADER_LEN {
-            self.fill(spin && first)?;
+            let between_frames = self.buffered() == 0;
+            self.fill(spin && first, between_frames)?;
             first = false;
         }
         let raw: [u8; HEADER_LEN] = self.rbuf[self.rstart..self.rstart + HEADER_LEN]
@@ -122,7 +157,7 @@ impl FramedStream {
         let mut meta = Vec::with_capacity(meta_len);
         while meta.len() < meta_len {
             if self.buffered() == 0 {
-                self.fill(false)?;
+                self.fill(false, false)?;
             }
             let take = (meta_len - meta.len()).min(self.buffered());
             meta.extend_from_slice(&self.rbuf[self.rstart..self.rstart + take]);
@@ -149,9 +184,12 @@ impl FramedStream {
         let from_buf = dst.len().min(self.buffered());
         dst[..from_buf].copy_from_slice(&self.rbuf[self.rstart..self.rstart + from_buf]);
         self.rstart += from_buf;
-        self.stream
-            .read_exact(&mut dst[from_buf..])
-            .map_err(io_err)?;
+        if from_buf < dst.len() {
+            self.arm(false)?;
+            self.stream
+                .read_exact(&mut dst[from_buf..])
+                .map_err(io_err)?;
+        }
         self.pending_data -= dst.len() as u64;
         Ok(())
     }
