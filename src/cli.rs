@@ -160,7 +160,12 @@ impl Invocation {
 }
 
 /// Chooses the role: from the program name (busybox style), else from the subcommand.
-pub fn parse(argv: Vec<String>) -> Result<Invocation, clap::Error> {
+pub fn parse<T: Into<std::ffi::OsString>>(
+    argv: impl IntoIterator<Item = T>,
+) -> Result<Invocation, clap::Error> {
+    // Arguments that are not UTF-8 reach clap as they are, which refuses them with a message
+    // naming the argument instead of panicking.
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
     let program = argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())

@@ -1,13 +1,18 @@
 //! `rbgctl kv`: a command-line client of the pool, for trying it out and for scripts.
 
-use crate::client::{Client, ClientConfig, ReplicateConfig};
+use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use clap::{Args, Subcommand};
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 
 #[derive(Debug, Args)]
 pub struct KvArgs {
-    /// The master's RPC address.
-    #[arg(long, env = "MOONCAKE_MASTER", default_value = "127.0.0.1:50051")]
+    /// The master's RPC address (host:port); may stand before or after the operation.
+    #[arg(
+        long,
+        global = true,
+        env = "MOONCAKE_MASTER",
+        default_value = "127.0.0.1:50051"
+    )]
     pub master: String,
     #[command(subcommand)]
     pub op: KvOp,
@@ -17,26 +22,45 @@ pub struct KvArgs {
 pub enum KvOp {
     /// Store a value (from the argument, or standard input when it is `-`).
     Put {
+        /// The key (at most 4096 bytes of UTF-8).
+        #[arg(allow_hyphen_values = true)]
         key: String,
+        /// The value, or `-` to read it from standard input (up to the largest segment's size).
+        #[arg(allow_hyphen_values = true)]
         value: String,
+        /// Copies on distinct segments.
         #[arg(long, default_value_t = 1)]
         replicas: u8,
+        /// Keep the object out of eviction while anything else can go (for the master's
+        /// default soft-pin time).
         #[arg(long)]
         soft_pin: bool,
+        /// Segment name to place the first copy on when it has room (see `kv segments`).
         #[arg(long, default_value = "")]
         preferred_segment: String,
     },
-    /// Print a value to standard output.
-    Get { key: String },
-    /// Exit 0 when the key exists, 1 when not.
-    Exists { key: String },
+    /// Print a value to standard output (a newline follows on a terminal).
+    Get {
+        /// The key.
+        #[arg(allow_hyphen_values = true)]
+        key: String,
+    },
+    /// Print true and exit 0 when the key exists; print false and exit 1 when not.
+    Exists {
+        /// The key.
+        #[arg(allow_hyphen_values = true)]
+        key: String,
+    },
     /// Remove a key.
     Rm {
+        /// The key.
+        #[arg(allow_hyphen_values = true)]
         key: String,
+        /// Remove even while a reader holds a lease on it.
         #[arg(long)]
         force: bool,
     },
-    /// List the mounted segments.
+    /// List the mounted segments: name, endpoint, used and total bytes.
     Segments,
 }
 
@@ -44,9 +68,25 @@ pub enum KvOp {
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
     #[error(transparent)]
-    Client(#[from] crate::client::ClientError),
+    Client(#[from] ClientError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error(
+        "the value on standard input is larger than the largest segment ({limit} bytes); \
+         nothing was stored"
+    )]
+    TooLarge { limit: u64 },
+}
+
+/// Reads standard input, up to `limit` bytes; more is an error (a value larger than any
+/// segment could not be stored anyway, and `/dev/zero` never ends).
+fn read_value(input: impl Read, limit: u64) -> Result<Vec<u8>, KvError> {
+    let mut b = Vec::new();
+    input.take(limit.saturating_add(1)).read_to_end(&mut b)?;
+    if b.len() as u64 > limit {
+        return Err(KvError::TooLarge { limit });
+    }
+    Ok(b)
 }
 
 pub fn run(args: KvArgs) -> Result<(), KvError> {
@@ -60,9 +100,13 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
             preferred_segment,
         } => {
             let bytes = if value == "-" {
-                let mut b = Vec::new();
-                std::io::stdin().read_to_end(&mut b)?;
-                b
+                let largest = client
+                    .segments()?
+                    .iter()
+                    .map(|s| s.info.size)
+                    .max()
+                    .unwrap_or(0);
+                read_value(std::io::stdin().lock(), largest)?
             } else {
                 value.into_bytes()
             };
@@ -77,7 +121,11 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
         }
         KvOp::Get { key } => {
             let v = client.get(&key)?;
-            std::io::stdout().write_all(&v)?;
+            let mut out = std::io::stdout().lock();
+            out.write_all(&v)?;
+            if out.is_terminal() && !v.ends_with(b"\n") {
+                out.write_all(b"\n")?;
+            }
         }
         KvOp::Exists { key } => {
             let e = client.exists(&key)?;
@@ -91,9 +139,14 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
             eprintln!("removed {key:?}");
         }
         KvOp::Segments => {
-            for s in client.segments()? {
+            let segments = client.segments()?;
+            println!(
+                "{:<24} {:<24} {:>10} {:>10}",
+                "NAME", "ENDPOINT", "USED", "SIZE"
+            );
+            for s in segments {
                 println!(
-                    "{}\t{}\tused {} of {}",
+                    "{:<24} {:<24} {:>10} {:>10}",
                     s.info.name,
                     s.info.endpoint,
                     crate::config::human_bytes(s.used),
@@ -103,4 +156,21 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_input_is_read_up_to_the_largest_segment_only() {
+        assert_eq!(read_value(&b"abc"[..], 3).unwrap(), b"abc");
+        let endless = std::io::repeat(0);
+        let e = read_value(endless, 1 << 20).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("larger than the largest segment (1048576 bytes)"),
+            "{e}"
+        );
+    }
 }

@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod engine;
 pub mod hash;
+pub mod http_server;
 pub mod kube;
 pub mod kv;
 pub mod launch;

@@ -2,7 +2,7 @@
 
 fn main() {
     rbgctl::telemetry::init_tracing();
-    let invocation = match rbgctl::cli::parse(std::env::args().collect()) {
+    let invocation = match rbgctl::cli::parse(std::env::args_os()) {
         Ok(i) => i,
         Err(e) => e.exit(),
     };

@@ -155,16 +155,6 @@ pub fn async_listener(l: TcpListener) -> std::io::Result<tokio::net::TcpListener
     tokio::net::TcpListener::from_std(l)
 }
 
-/// Serves `app` on `listener` until `shutdown` fires; errors are logged.
-pub async fn serve_http(listener: tokio::net::TcpListener, app: axum::Router, shutdown: Shutdown) {
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.wait().await;
-    });
-    if let Err(e) = server.await {
-        tracing::error!(error = %e, "HTTP server failed");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

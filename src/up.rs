@@ -153,6 +153,16 @@ impl UpConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.pool.stores > 0 && self.pool.segment_size.0 < 4096 {
+            return Err(ConfigError::invalid(
+                "pool.segment_size",
+                format!(
+                    "each store needs at least 4 KiB of memory to contribute, got {} bytes \
+                     (--segment-size)",
+                    self.pool.segment_size.0
+                ),
+            ));
+        }
         let e = &self.engines;
         if e.l3 && e.total() > 0 && self.pool.stores == 0 {
             return Err(ConfigError::invalid(

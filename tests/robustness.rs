@@ -132,6 +132,48 @@ fn http_ports_survive_garbage() {
 }
 
 #[test]
+fn http_ports_close_slow_headers_and_refuse_declared_oversized_bodies() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let check = |port: u16| {
+        // A body declared far above the limit is refused from its headers, at once.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(
+            b"PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n{}",
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        let mut answer = [0u8; 256];
+        let n = s.read(&mut answer).unwrap_or(0);
+        let head = String::from_utf8_lossy(&answer[..n]).to_string();
+        assert!(head.starts_with("HTTP/1.1 413"), "port {port}: {head:?}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // Headers that never end: the connection is closed after the header timeout (10 s).
+        let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .unwrap();
+        slow.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let _ = slow.read_to_end(&mut rest);
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_secs(5) && took < Duration::from_secs(15),
+            "port {port}: slow headers held for {took:?}"
+        );
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| check(c.metrics_port));
+        scope.spawn(|| check(c.metadata_port));
+    });
+    assert_eq!(c.http_get("/health").0, 200);
+}
+
+#[test]
 fn metadata_server_answers_like_mooncake() {
     let c = Cluster::start(Opts {
         stores: 1,

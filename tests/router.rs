@@ -865,3 +865,30 @@ fn kubernetes_pods_are_listed_watched_and_relisted_after_410() {
     );
     assert!(lists() > lists_before, "no relist after 410");
 }
+
+#[test]
+fn a_body_declared_above_max_payload_size_is_refused_from_its_headers() {
+    let w = fake_worker("w", &[]);
+    let r = router(
+        &s(&["--worker-urls", &w.url(), "--max-payload-size", "1024"]),
+        true,
+    );
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    use std::io::{Read, Write};
+    conn.write_all(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n{\"text\":",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let mut answer = vec![0u8; 1024];
+    let n = conn.read(&mut answer).unwrap_or(0);
+    let text = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(
+        text.contains("larger than this port's limit of 1024 bytes"),
+        "{text}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(recorded(&w).is_empty(), "nothing reached the worker");
+}

@@ -41,6 +41,10 @@ pub fn master_or_own(
 impl OwnCluster {
     /// Starts a master and one store, and waits until the store's segment is live.
     pub fn start(segment_size: u64, persistent: bool) -> anyhow::Result<OwnCluster> {
+        anyhow::ensure!(
+            segment_size >= 4096,
+            "--segment-size: the store it starts needs at least 4 KiB, got {segment_size} bytes"
+        );
         let launcher = Launcher::new(Logs::Null)?;
         let host = "127.0.0.1".to_string();
         let master_proc = launcher.spawn::<launch::Master>(

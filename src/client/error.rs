@@ -49,6 +49,14 @@ impl ClientError {
         }
     }
 
+    /// Names `key` in a not-found error (the master's answer carries a message, not the key).
+    pub(crate) fn for_key(self, key: &str) -> ClientError {
+        match self {
+            ClientError::NotFound(_) => ClientError::NotFound(key.into()),
+            other => other,
+        }
+    }
+
     /// A failure talking to the master; an error answer keeps its status.
     pub(crate) fn from_master(addr: &str, e: TransferError) -> ClientError {
         match e {

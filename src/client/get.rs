@@ -35,10 +35,7 @@ impl Inner {
 
     pub(super) fn describe(&self, key: &str) -> Result<ObjectDesc, ClientError> {
         self.master_call(Opcode::GetReplicas, &KeyReq { key: key.into() })
-            .map_err(|e| match e {
-                ClientError::NotFound(_) => ClientError::NotFound(key.into()),
-                e => e,
-            })
+            .map_err(|e| e.for_key(key))
     }
 
     pub(super) fn batch_describe(

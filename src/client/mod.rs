@@ -152,13 +152,14 @@ impl Client {
         self.embedded.as_ref().map(|s| s.name())
     }
 
-    /// Stores `value` under `key`, replacing any previous value.
+    /// Stores `value` under `key` (at most 4096 bytes), replacing any previous value.
     pub fn put(
         &self,
         key: &str,
         value: &[u8],
         config: &ReplicateConfig,
     ) -> Result<(), ClientError> {
+        check_key(key)?;
         self.batch_put(&[key], &[value], config)
             .pop()
             .unwrap_or_else(|| Err(ClientError::Invalid("no result for the put".into())))
@@ -166,6 +167,7 @@ impl Client {
 
     /// Reads `key` into a new buffer.
     pub fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
+        check_key(key)?;
         let desc = self.inner.describe(key)?;
         let mut buf = vec![0u8; desc.size as usize];
         self.inner.read_object(key, &desc, &mut buf)?;
@@ -174,6 +176,7 @@ impl Client {
 
     /// Reads `key` into `buf`; returns the value's length.
     pub fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize, ClientError> {
+        check_key(key)?;
         let desc = self.inner.describe(key)?;
         if (buf.len() as u64) < desc.size {
             return Err(ClientError::BufferTooSmall {
@@ -189,23 +192,26 @@ impl Client {
 
     /// The value's size, without reading it.
     pub fn get_size(&self, key: &str) -> Result<u64, ClientError> {
+        check_key(key)?;
         Ok(self.inner.describe(key)?.size)
     }
 
     pub fn exists(&self, key: &str) -> Result<bool, ClientError> {
+        check_key(key)?;
         self.inner
             .master_call(Opcode::Exists, &KeyReq { key: key.into() })
     }
 
     /// Removes `key`; refused while a read lease is held unless `force`.
     pub fn remove(&self, key: &str, force: bool) -> Result<(), ClientError> {
-        self.inner.master_call(
-            Opcode::Remove,
-            &RemoveReq {
-                key: key.into(),
-                force,
-            },
-        )
+        check_key(key)?;
+        let req = RemoveReq {
+            key: key.into(),
+            force,
+        };
+        self.inner
+            .master_call(Opcode::Remove, &req)
+            .map_err(|e| e.for_key(key))
     }
 
     /// Removes every object (leased ones only with `force`); returns how many.
@@ -217,6 +223,7 @@ impl Client {
     }
 
     pub fn batch_exists(&self, keys: &[&str]) -> Result<Vec<bool>, ClientError> {
+        check_keys(keys)?;
         let req = BatchKeysReq {
             keys: keys.iter().map(|k| k.to_string()).collect(),
         };
@@ -229,6 +236,7 @@ impl Client {
         keys: &[&str],
         force: bool,
     ) -> Result<Vec<Result<(), ClientError>>, ClientError> {
+        check_keys(keys)?;
         let req = BatchRemoveReq {
             force,
             keys: keys.iter().map(|k| k.to_string()).collect(),
@@ -249,6 +257,9 @@ impl Client {
         values: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Vec<Result<(), ClientError>> {
+        if let Err(e) = check_keys(keys) {
+            return vec![Err(e); keys.len()];
+        }
         self.inner.batch_put(keys, values, config)
     }
 
@@ -258,11 +269,17 @@ impl Client {
         keys: &[&str],
         bufs: &mut [&mut [u8]],
     ) -> Vec<Result<usize, ClientError>> {
+        if let Err(e) = check_keys(keys) {
+            return vec![Err(e); keys.len()];
+        }
         self.inner.batch_get_into(keys, bufs)
     }
 
     /// Reads several keys into new buffers.
     pub fn batch_get(&self, keys: &[&str]) -> Vec<Result<Vec<u8>, ClientError>> {
+        if let Err(e) = check_keys(keys) {
+            return vec![Err(e); keys.len()];
+        }
         let descs = match self.inner.batch_describe(keys) {
             Ok(d) => d,
             Err(e) => return vec![Err(e); keys.len()],
@@ -285,6 +302,33 @@ impl Client {
         let r: ListSegmentsResp = self.inner.master_call(Opcode::ListSegments, &())?;
         Ok(r.segments)
     }
+}
+
+/// A key the protocol can carry: 1 to 4096 bytes. Checked before anything is sent, so that
+/// the error names the real size.
+fn check_key(key: &str) -> Result<(), ClientError> {
+    let limit = crate::transfer::codec::MAX_STR_LEN;
+    if key.is_empty() {
+        return Err(ClientError::Invalid("the key is empty".into()));
+    }
+    if key.len() > limit {
+        let head: String = key.chars().take(32).collect();
+        return Err(ClientError::Invalid(format!(
+            "key {head:?}… is {} bytes long; the limit is {limit} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Every key of a batch, naming the first bad one by its place.
+fn check_keys(keys: &[&str]) -> Result<(), ClientError> {
+    for (i, k) in keys.iter().enumerate() {
+        if let Err(ClientError::Invalid(why)) = check_key(k) {
+            return Err(ClientError::Invalid(format!("batch item {i}: {why}")));
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Client {

@@ -116,12 +116,12 @@ pub fn start(
     };
     let app = server::app(cfg, l3, &addrs);
     if let Some(b) = bootstrap {
-        runtime.spawn(role::serve_http(b, app.clone(), shutdown.clone()));
+        runtime.spawn(crate::http_server::serve(b, app.clone(), shutdown.clone()));
     }
     role::announce("sim-engine", &addrs);
     let stop = shutdown.clone();
     Ok(Handle::spawn("sim-engine", addrs, shutdown, move || {
-        runtime.block_on(role::serve_http(http, app, stop));
+        runtime.block_on(crate::http_server::serve(http, app, stop));
         runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         Ok(())
     })?)

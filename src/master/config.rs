@@ -2,7 +2,7 @@
 //! (`--config`) > the defaults documented on each field (Mooncake's defaults where it has one).
 //! Example: `config/master.toml`.
 
-use crate::config::{check_ratio, load_toml, ConfigError, Millis};
+use crate::config::{check_ratio, load_toml, ByteSize, ConfigError, Millis};
 use crate::master::placement::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -21,6 +21,14 @@ pub struct MasterConfig {
     pub http_metadata_server_host: String,
     /// Default 8080.
     pub http_metadata_server_port: u16,
+    /// Most bytes (keys and values) the metadata server holds; past it a PUT gets 507.
+    /// Default 64 MiB.
+    pub http_metadata_max_bytes: ByteSize,
+    /// Most keys the metadata server holds; past it a PUT of a new key gets 507. Default 65536.
+    pub http_metadata_max_keys: usize,
+    /// Largest value a PUT may carry (413 above, from the request's headers). Default 1 MiB;
+    /// Mooncake's descriptors are a few KiB.
+    pub http_metadata_max_value_bytes: ByteSize,
     /// Address of `/metrics`, `/health` and the admin API. Default `0.0.0.0`.
     pub metrics_host: String,
     /// Default 9003.
@@ -71,6 +79,9 @@ impl Default for MasterConfig {
             enable_http_metadata_server: false,
             http_metadata_server_host: "0.0.0.0".into(),
             http_metadata_server_port: 8080,
+            http_metadata_max_bytes: ByteSize(64 << 20),
+            http_metadata_max_keys: 65_536,
+            http_metadata_max_value_bytes: ByteSize(1 << 20),
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9003,
             client_ttl_ms: Millis(Duration::from_secs(10)),
@@ -223,6 +234,14 @@ impl MasterConfig {
             ));
         }
         self.server_options().validate()?;
+        if self.http_metadata_max_value_bytes.0 == 0
+            || self.http_metadata_max_value_bytes.0 > self.http_metadata_max_bytes.0
+        {
+            return Err(ConfigError::invalid(
+                "master.http_metadata_max_value_bytes",
+                "must be at least 1 byte and at most http_metadata_max_bytes",
+            ));
+        }
         if self.put_start_release_timeout_ms.0 < self.put_start_discard_timeout_ms.0 {
             return Err(ConfigError::invalid(
                 "master.put_start_release_timeout_ms",

@@ -31,21 +31,19 @@ fn plain(status: u16, body: Vec<u8>, json: bool) -> Response {
 
 /// Mooncake's metadata server: `GET/PUT/DELETE /metadata?key=…`, `GET /health`, 404 otherwise.
 pub fn metadata_router(store: Arc<Mutex<MetadataStore>>) -> Router {
-    Router::new()
-        .fallback(move |method: Method, uri: Uri, body: Bytes| {
-            let store = store.clone();
-            async move {
-                match (uri.path(), method.as_str()) {
-                    ("/metadata", m @ ("GET" | "PUT" | "DELETE")) => {
-                        let r = store.lock().handle(m, uri.query(), &body);
-                        plain(r.status, r.body, r.json)
-                    }
-                    ("/health", "GET") => plain(200, b"OK".to_vec(), false),
-                    _ => plain(404, b"404 Not Found".to_vec(), false),
+    Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+        let store = store.clone();
+        async move {
+            match (uri.path(), method.as_str()) {
+                ("/metadata", m @ ("GET" | "PUT" | "DELETE")) => {
+                    let r = store.lock().handle(m, uri.query(), &body);
+                    plain(r.status, r.body, r.json)
                 }
+                ("/health", "GET") => plain(200, b"OK".to_vec(), false),
+                _ => plain(404, b"404 Not Found".to_vec(), false),
             }
-        })
-        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
+        }
+    })
 }
 
 #[derive(Deserialize)]

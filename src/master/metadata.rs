@@ -20,12 +20,45 @@ fn text(status: u16, body: &str) -> Reply {
     }
 }
 
+/// What the metadata server may hold (an open port must not grow without bound).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_bytes: u64,
+    pub max_keys: usize,
+    pub max_value_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bytes: 64 << 20,
+            max_keys: 65_536,
+            max_value_bytes: 1 << 20,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct MetadataStore {
     map: HashMap<String, Vec<u8>>,
+    limits: Limits,
+    /// Bytes of keys and values held.
+    bytes: u64,
 }
 
 impl MetadataStore {
+    pub fn new(limits: Limits) -> MetadataStore {
+        MetadataStore {
+            limits,
+            ..MetadataStore::default()
+        }
+    }
+
+    /// Bytes of keys and values held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -61,11 +94,34 @@ impl MetadataStore {
                         };
                     }
                 }
+                let l = self.limits;
+                if body.len() as u64 > l.max_value_bytes {
+                    return text(
+                        413,
+                        &format!(
+                            "value of {} bytes is over the {}-byte limit",
+                            body.len(),
+                            l.max_value_bytes
+                        ),
+                    );
+                }
+                let old = self.map.get(key).map(|v| (key.len() + v.len()) as u64);
+                let new = (key.len() + body.len()) as u64;
+                if old.is_none() && self.map.len() >= l.max_keys {
+                    return text(507, &format!("metadata store full: {} keys", l.max_keys));
+                }
+                if self.bytes - old.unwrap_or(0) + new > l.max_bytes {
+                    return text(507, &format!("metadata store full: {} bytes", l.max_bytes));
+                }
+                self.bytes = self.bytes - old.unwrap_or(0) + new;
                 self.map.insert(key.to_string(), body.to_vec());
                 text(200, "metadata updated")
             }
             "DELETE" => match self.map.remove(key) {
-                Some(_) => text(200, "metadata deleted"),
+                Some(v) => {
+                    self.bytes -= (key.len() + v.len()) as u64;
+                    text(200, "metadata deleted")
+                }
                 None => text(404, "metadata not found"),
             },
             _ => text(404, "404 Not Found"),
@@ -87,6 +143,39 @@ pub fn raw_query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_bytes_and_value_sizes_are_bounded() {
+        let mut s = MetadataStore::new(Limits {
+            max_bytes: 100,
+            max_keys: 2,
+            max_value_bytes: 40,
+        });
+        assert_eq!(s.handle("PUT", Some("key=a"), &[b'x'; 41]).status, 413);
+        assert_eq!(s.handle("PUT", Some("key=a"), &[b'x'; 40]).status, 200);
+        assert_eq!(s.handle("PUT", Some("key=b"), &[b'x'; 40]).status, 200);
+        assert_eq!(s.bytes(), 82);
+        let r = s.handle("PUT", Some("key=c"), b"1");
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (507, &b"metadata store full: 2 keys"[..])
+        );
+        // Replacing a value counts the difference only.
+        assert_eq!(s.handle("PUT", Some("key=a"), &[b'y'; 10]).status, 200);
+        assert_eq!(s.bytes(), 52);
+        assert_eq!(s.handle("DELETE", Some("key=b"), b"").status, 200);
+        assert_eq!(s.bytes(), 11);
+        assert_eq!(s.handle("PUT", Some("key=b"), &[b'x'; 40]).status, 200);
+        assert_eq!(s.handle("PUT", Some("key=a"), &[b'x'; 40]).status, 200);
+        assert_eq!(s.bytes(), 82);
+        assert_eq!(s.handle("DELETE", Some("key=a"), b"").status, 200);
+        assert_eq!(s.handle("PUT", Some("key=d"), &[b'x'; 40]).status, 200);
+        assert_eq!(
+            s.handle("PUT", Some("key=d"), &[b'x'; 40]).status,
+            200,
+            "same size again"
+        );
+    }
 
     #[test]
     fn get_put_delete_codes_and_bodies() {

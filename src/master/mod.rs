@@ -161,18 +161,27 @@ pub fn start(
         )
     };
     tracing::info!(addr = %addrs.metrics, "master metrics and admin API listening");
-    runtime.spawn(role::serve_http(
+    runtime.spawn(crate::http_server::serve(
         metrics,
         http::admin_router(shared),
         shutdown.clone(),
     ));
     if let Some(listener) = metadata {
         tracing::info!(addr = ?addrs.metadata, "HTTP metadata server listening");
-        let store = Arc::new(Mutex::new(metadata::MetadataStore::default()));
-        runtime.spawn(role::serve_http(
+        let store = Arc::new(Mutex::new(metadata::MetadataStore::new(metadata::Limits {
+            max_bytes: cfg.http_metadata_max_bytes.0,
+            max_keys: cfg.http_metadata_max_keys,
+            max_value_bytes: cfg.http_metadata_max_value_bytes.0,
+        })));
+        let limits = crate::http_server::HttpLimits {
+            max_body_bytes: cfg.http_metadata_max_value_bytes.0 as usize,
+            ..Default::default()
+        };
+        runtime.spawn(crate::http_server::serve_with(
             listener,
             http::metadata_router(store),
             shutdown.clone(),
+            limits,
         ));
     }
     role::announce("master", &addrs);

@@ -475,5 +475,5 @@ fn start_metrics(
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }));
     tracing::info!(addr = ?listener.local_addr().ok(), "operator metrics");
-    tokio::spawn(role::serve_http(listener, app, shutdown));
+    tokio::spawn(crate::http_server::serve(listener, app, shutdown));
 }

@@ -2,7 +2,6 @@
 //! admin calls, health and metrics. Accepted sockets get TCP_NODELAY, so a streamed chunk
 //! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
 
-use crate::role;
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect, request_id, Endpoint};
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
@@ -13,7 +12,6 @@ use axum::extract::{Path, Query, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
@@ -580,7 +578,7 @@ pub async fn serve(
             .route("/metrics", get(metrics))
             .route("/health", get(health))
             .with_state(shared.clone());
-        tokio::spawn(role::serve_http(ml, mapp, shutdown.clone()));
+        tokio::spawn(crate::http_server::serve(ml, mapp, shutdown.clone()));
     }
     tracing::info!(
         local = ?listener.local_addr().ok(),
@@ -589,24 +587,16 @@ pub async fn serve(
         workers = shared.registry.snapshot().len(),
         "router listening"
     );
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY");
-        }
-    });
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app(shared.clone())).with_graceful_shutdown(async move {
-        shutdown.wait().await;
+    let limits = crate::http_server::HttpLimits {
+        max_body_bytes: shared.cfg.max_payload_size,
+        max_connections: 16_384,
+        grace: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let announce = shutdown.clone();
+    tokio::spawn(async move {
+        announce.wait().await;
         tracing::info!("shutting down: finishing requests in flight (up to 30 s)");
-        let _ = stop_tx.send(());
     });
-    tokio::select! {
-        r = server => if let Err(e) = r {
-            tracing::error!(error = %e, "router server failed");
-        },
-        _ = async {
-            let _ = stop_rx.await;
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        } => tracing::warn!("requests still in flight after 30 s; stopping anyway"),
-    }
+    crate::http_server::serve_with(listener, app(shared.clone()), shutdown, limits).await;
 }

@@ -350,7 +350,7 @@ pub fn start(
     };
     let mut store = Store::start(&cfg, listeners.data)?;
     tracing::info!(addr = %addrs.metrics, "store metrics listening");
-    runtime.spawn(role::serve_http(
+    runtime.spawn(crate::http_server::serve(
         metrics,
         http_router(store.status.clone()),
         shutdown.clone(),

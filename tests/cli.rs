@@ -1,0 +1,127 @@
+//! What a person typing commands meets: argument handling, and error messages that name what
+//! to fix (once, without repeating themselves).
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::process::{Command, Output, Stdio};
+
+fn rbgctl(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("MOONCAKE_MASTER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs")
+}
+
+fn run(args: &[&str]) -> Output {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    rbgctl(&args)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn arguments_that_are_not_utf8_are_refused_without_a_panic() {
+    let bad = std::ffi::OsStr::from_bytes(b"\xff");
+    let o = rbgctl(&["kv".as_ref(), "put".as_ref(), bad, "v".as_ref()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("invalid UTF-8"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn kv_takes_master_anywhere_and_values_that_look_like_flags() {
+    for args in [
+        &["kv", "get", "k", "--master", "127.0.0.1:1"][..],
+        &["kv", "--master", "127.0.0.1:1", "put", "k", "-1"][..],
+        &["kv", "put", "-k", "-1", "--master", "127.0.0.1:1"][..],
+    ] {
+        let o = run(args);
+        let e = stderr(&o);
+        assert!(!o.status.success());
+        assert!(!e.contains("unexpected argument"), "{args:?}: {e}");
+        // One connection error, naming the address once.
+        assert_eq!(
+            e.matches("connecting to 127.0.0.1:1").count(),
+            1,
+            "{args:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn kv_errors_say_what_is_wrong_once() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        segment: 4 << 20,
+        ..Default::default()
+    });
+    let master = c.rpc.as_str();
+    let o = run(&["kv", "--master", master, "rm", "nonexist"]);
+    assert_eq!(stderr(&o).trim(), "rbgctl: key \"nonexist\" not found");
+    let long = "k".repeat(100_000);
+    let o = run(&["kv", "--master", master, "put", &long, "v"]);
+    let e = stderr(&o);
+    assert!(
+        e.contains("is 100000 bytes long; the limit is 4096 bytes"),
+        "{e}"
+    );
+    assert!(!e.contains("MALFORMED"), "{e}");
+    // A value on standard input larger than any segment stops at the segment's size.
+    let mut child = Command::new(BIN)
+        .args(["kv", "--master", master, "put", "big", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            if input.write_all(&chunk).is_err() {
+                break; // the reader stopped early, as it should
+            }
+        }
+    });
+    let o = child.wait_with_output().unwrap();
+    let _ = writer.join();
+    let e = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        e.contains("larger than the largest segment (4194304 bytes)"),
+        "{e}"
+    );
+    // kv segments has a header and no repeated columns.
+    let o = run(&["kv", "--master", master, "segments"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.starts_with("NAME"), "{out}");
+    assert!(out.contains("store-0"), "{out}");
+}
+
+#[test]
+fn size_and_address_errors_name_the_setting_and_the_address() {
+    let o = run(&[
+        "up",
+        "--stores",
+        "1",
+        "--segment-size",
+        "0",
+        "--engines",
+        "0",
+    ]);
+    assert!(stderr(&o).contains("pool.segment_size"), "{}", stderr(&o));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let o = run(&["sim-engine", "--host", "127.0.0.1", "--port", &port]);
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!("127.0.0.1:{port}")) && e.contains("in use"),
+        "{e}"
+    );
+}
