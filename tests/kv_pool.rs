@@ -411,3 +411,32 @@ fn a_batch_against_a_dead_master_names_the_master_for_every_item() {
         "{put:?}"
     );
 }
+
+#[test]
+fn a_client_that_leaves_is_forgotten_at_once_without_a_warning() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let clients = || {
+        let (_, s) = c.http_get("/metrics/summary");
+        s.split("Clients: ")
+            .nth(1)
+            .and_then(|n| n.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    let before = clients();
+    let client = c.client();
+    client.put("k", b"v", &one()).unwrap();
+    assert_eq!(clients(), before + 1);
+    drop(client);
+    assert!(
+        wait_until(Duration::from_secs(5), || clients() == before),
+        "the master still counts the client that left"
+    );
+    assert!(
+        !c.master.log().contains("client expired"),
+        "{}",
+        c.master.log()
+    );
+}

@@ -169,6 +169,8 @@ fn cases() -> Vec<Case> {
     };
 
     c.request("ping", Opcode::Ping, &PingReq { client_id: 1 }, 0);
+    c.request("leave", Opcode::Leave, &PingReq { client_id: 1 }, 0);
+    c.reply("leave reply", Opcode::Leave, &(), 0);
     c.reply(
         "ping reply",
         Opcode::Ping,

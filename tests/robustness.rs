@@ -41,9 +41,25 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
         (c.rpc.clone(), Opcode::PutStart),
         (store.clone(), Opcode::Read),
     ] {
-        // Plain garbage: bad magic.
+        // Plain garbage: bad magic. Answered MALFORMED_FRAME, naming the magic, then closed.
         let out = send_and_drain(&addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdef");
-        assert!(out.is_empty(), "no reply to a frame without our magic");
+        assert!(
+            out.len() > HEADER_LEN,
+            "a reply to a frame without our magic"
+        );
+        let h = Header::decode(&out[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(Status::from_u16(h.status), Status::MalformedFrame);
+        assert!(String::from_utf8_lossy(&out[HEADER_LEN..]).contains("bad magic"));
+        // Another protocol version: answered the same way, with this server's version.
+        let mut frame = Header::request(op, 9, 0, 0).encode();
+        frame[4] = 2;
+        let out = send_and_drain(&addr, &frame);
+        let h = Header::decode(&out[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(
+            (Status::from_u16(h.status), h.request_id),
+            (Status::MalformedFrame, 9)
+        );
+        assert!(String::from_utf8_lossy(&out[HEADER_LEN..]).contains("this side speaks 1"));
         // A sound header with a truncated, malformed message body.
         let mut frame = Header::request(op, 7, 3, 0).encode().to_vec();
         frame.extend_from_slice(&[0xff, 0xff, 0xff]);

@@ -194,3 +194,34 @@ fn a_store_whose_name_was_taken_while_it_was_frozen_stops_instead_of_believing_i
         "the newcomer keeps the name"
     );
 }
+
+#[test]
+fn a_store_counts_bytes_copied_through_shared_memory_and_shows_its_use() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let mut cfg = ClientConfig::new(c.rpc.clone());
+    cfg.same_host_shm = true;
+    let client = Client::connect(cfg).unwrap();
+    let value = vec![7u8; 1 << 20];
+    for i in 0..4 {
+        client
+            .put(&format!("shm/{i}"), &value, &on("store-0"))
+            .unwrap();
+    }
+    let metric = |name: &str| c.store_metric(0, name).unwrap_or(-1.0);
+    assert_eq!(
+        metric("rbgctl_store_written_bytes_total"),
+        0.0,
+        "no TCP writes"
+    );
+    assert_eq!(metric("rbgctl_store_sealed_bytes_total"), (4 << 20) as f64);
+    assert!(
+        wait_until(Duration::from_secs(15), || metric(
+            "rbgctl_store_used_bytes"
+        ) >= (4 << 20) as f64),
+        "used bytes: {}",
+        metric("rbgctl_store_used_bytes")
+    );
+}

@@ -334,6 +334,13 @@ fn check_keys(keys: &[&str]) -> Result<(), ClientError> {
 impl Drop for Client {
     fn drop(&mut self) {
         self.inner.stop.trigger();
+        // Tell the master we are gone (best effort), so that it need not wait for us to expire.
+        let bye = PingReq {
+            client_id: self.inner.id,
+        };
+        if let Err(e) = self.inner.master_call::<_, ()>(Opcode::Leave, &bye) {
+            tracing::debug!(error = %e, "could not tell the master this client left");
+        }
         if let Some(s) = &mut self.embedded {
             s.shutdown();
         }

@@ -46,6 +46,11 @@ impl MasterService {
                 let need_remount = self.state.lock().ping(r.client_id, now);
                 answer(io, Ok(PingResp { need_remount }))
             }
+            Opcode::Leave => {
+                let r = PingReq::from_meta(meta)?;
+                self.state.lock().leave(r.client_id, now);
+                answer(io, Ok(()))
+            }
             Opcode::MountSegment => {
                 let r = MountReq::from_meta(meta)?;
                 let res = self

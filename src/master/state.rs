@@ -707,30 +707,41 @@ impl MasterState {
             .map(|(id, _)| *id)
             .collect();
         for id in &expired {
-            let Some(client) = self.clients.remove(id) else {
-                continue;
-            };
-            tracing::warn!(
-                client_id = id,
-                segments = client.segments.len(),
-                "client expired"
-            );
-            for seg in client.segments {
-                self.set_away(seg, now);
-            }
-            let keys: Vec<String> = self
-                .objects
-                .iter()
-                .filter(|(_, e)| e.pending.as_ref().is_some_and(|p| p.client_id == *id))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in keys {
-                self.drop_pending(&k, now, false);
-                self.counters.reclaimed_puts += 1;
-            }
+            self.drop_client(*id, now, "client expired");
         }
         self.counters.expired_clients += expired.len() as u64;
         expired.len()
+    }
+
+    /// A client leaving cleanly (`LEAVE`): dropped at once, as if it had expired.
+    pub fn leave(&mut self, client_id: u64, now: Instant) {
+        self.drop_client(client_id, now, "client left");
+    }
+
+    /// Drops a client with its segments (away, for a persistent store) and its unfinished
+    /// puts. Only a client that held segments is news worth a warning.
+    fn drop_client(&mut self, id: u64, now: Instant, what: &str) {
+        let Some(client) = self.clients.remove(&id) else {
+            return;
+        };
+        if client.segments.is_empty() {
+            tracing::debug!(client_id = id, "{what}");
+        } else {
+            tracing::warn!(client_id = id, segments = client.segments.len(), "{what}");
+        }
+        for seg in client.segments {
+            self.set_away(seg, now);
+        }
+        let keys: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(_, e)| e.pending.as_ref().is_some_and(|p| p.client_id == id))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            self.drop_pending(&k, now, false);
+            self.counters.reclaimed_puts += 1;
+        }
     }
 
     // ---- objects ----

@@ -181,6 +181,7 @@ impl Store {
             index_errors: AtomicU64::new(0),
             stats: OpStats::default(),
             bytes_written: AtomicU64::new(0),
+            bytes_sealed: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             connections: Default::default(),
         });
@@ -254,8 +255,22 @@ impl StoreStatus {
         .single(
             "rbgctl_store_written_bytes_total",
             "counter",
-            "Payload bytes written into the segment.",
+            "Payload bytes written into the segment over TCP.",
             s.bytes_written.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_sealed_bytes_total",
+            "counter",
+            "Bytes same-host clients copied into the segment through shared memory and reported \
+             (persistent stores; a non-persistent store is not told of such copies).",
+            s.bytes_sealed.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_used_bytes",
+            "gauge",
+            "Bytes of the segment holding objects, as the master accounts them (refreshed every \
+             few seconds).",
+            self.registration.used_bytes.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_read_bytes_total",

@@ -7,7 +7,8 @@
 use super::index::DurableIndex;
 use crate::shutdown::Shutdown;
 use crate::transfer::message::{
-    MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo, UnmountReq,
+    ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo,
+    UnmountReq,
 };
 use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +40,14 @@ pub struct Registration {
     last_error: parking_lot::Mutex<Option<String>>,
     /// Whether the master answered the last heartbeat (an error answer counts).
     pub reachable: std::sync::atomic::AtomicBool,
+    /// Bytes of the segment in use, as the master last said.
+    pub used_bytes: AtomicU64,
+    /// When the use was last asked for.
+    usage_asked: parking_lot::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often the store asks the master how much of its segment is in use.
+const USAGE_EVERY: Duration = Duration::from_secs(5);
 
 /// How often a store that cannot reach its master says so again.
 const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
@@ -72,6 +80,8 @@ impl Registration {
             failure: parking_lot::Mutex::new(None),
             last_error: parking_lot::Mutex::new(None),
             reachable: std::sync::atomic::AtomicBool::new(false),
+            used_bytes: AtomicU64::new(0),
+            usage_asked: parking_lot::Mutex::new(None),
         }
     }
 
@@ -183,7 +193,29 @@ impl Registration {
             }
             self.mount()?;
         }
+        self.refresh_usage();
         Ok(())
+    }
+
+    /// Every few seconds: how much of the segment is in use, from the master's segment list.
+    fn refresh_usage(&self) {
+        let id = self.segment_id.load(Ordering::SeqCst);
+        let due = self
+            .usage_asked
+            .lock()
+            .is_none_or(|t| t.elapsed() >= USAGE_EVERY);
+        if id == 0 || !due {
+            return;
+        }
+        *self.usage_asked.lock() = Some(std::time::Instant::now());
+        let listed: Result<ListSegmentsResp, _> =
+            self.master.with(|c| c.call(Opcode::ListSegments, &()));
+        if let Some(s) = listed
+            .ok()
+            .and_then(|r| r.segments.into_iter().find(|s| s.id == id))
+        {
+            self.used_bytes.store(s.used, Ordering::Relaxed);
+        }
     }
 
     /// Why the store stopped on its own, if it did.

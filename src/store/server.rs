@@ -24,6 +24,8 @@ pub struct StoreService {
     pub index_errors: AtomicU64,
     pub stats: OpStats,
     pub bytes_written: AtomicU64,
+    /// Bytes same-host clients copied in and reported with `SEAL` (persistent stores).
+    pub bytes_sealed: AtomicU64,
     pub bytes_read: AtomicU64,
     pub connections: crate::transfer::server::ConnCounters,
 }
@@ -106,6 +108,8 @@ impl StoreService {
                         return Ok(false);
                     }
                 }
+                let sealed: u64 = good.iter().map(|o| o.size).sum();
+                self.bytes_sealed.fetch_add(sealed, Ordering::Relaxed);
                 io.ok(&BatchStatusResp { items })?;
                 Ok(true)
             }

@@ -19,6 +19,8 @@ pub enum Opcode {
     UnmountSegment = 0x03,
     ListSegments = 0x04,
     ReportObjects = 0x05,
+    /// A client leaving cleanly (meta: `PingReq`; empty reply).
+    Leave = 0x06,
     PutStart = 0x10,
     PutEnd = 0x11,
     PutRevoke = 0x12,
@@ -41,12 +43,13 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
         Opcode::ListSegments,
         Opcode::ReportObjects,
+        Opcode::Leave,
         Opcode::PutStart,
         Opcode::PutEnd,
         Opcode::PutRevoke,
@@ -80,6 +83,7 @@ impl Opcode {
             Opcode::UnmountSegment => "unmount_segment",
             Opcode::ListSegments => "list_segments",
             Opcode::ReportObjects => "report_objects",
+            Opcode::Leave => "leave",
             Opcode::PutStart => "put_start",
             Opcode::PutEnd => "put_end",
             Opcode::PutRevoke => "put_revoke",

@@ -377,6 +377,21 @@ fn serve_connection(
             }
             Err(e) => {
                 bad_frame(&e);
+                // A header that did not decode (bad magic or version) still gets its answer,
+                // addressed as far as its bytes go, before the connection closes.
+                if let Some(raw) = io.take_bad_header() {
+                    let reason = e.to_string();
+                    let req = Header {
+                        opcode: raw[5],
+                        flags: 0,
+                        request_id: u64::from_le_bytes(raw[8..16].try_into().unwrap_or_default()),
+                        status: 0,
+                        meta_len: 0,
+                        data_len: 0,
+                    };
+                    let header = Header::response(&req, Status::MalformedFrame, reason.len(), 0);
+                    let _ = io.write_frame(&header, reason.as_bytes(), &[]);
+                }
                 break;
             }
         };

@@ -30,6 +30,8 @@ pub struct FramedStream {
     waits: Option<(Duration, Duration)>,
     /// The read timeout the socket has now (to change it only when it must change).
     read_timeout: Option<Duration>,
+    /// The 32 bytes of the last header that did not decode (bad magic or version).
+    bad_header: Option<[u8; HEADER_LEN]>,
 }
 
 impl FramedStream {
@@ -45,6 +47,7 @@ impl FramedStream {
             pending_data: 0,
             waits: None,
             read_timeout: None,
+            bad_header: None,
         })
     }
 
@@ -151,7 +154,7 @@ impl FramedStream {
         let raw: [u8; HEADER_LEN] = self.rbuf[self.rstart..self.rstart + HEADER_LEN]
             .try_into()
             .expect("header length");
-        let header = Header::decode(&raw)?;
+        let header = Header::decode(&raw).inspect_err(|_| self.bad_header = Some(raw))?;
         self.rstart += HEADER_LEN;
         let meta_len = header.meta_len as usize;
         let mut meta = Vec::with_capacity(meta_len);
@@ -165,6 +168,11 @@ impl FramedStream {
         }
         self.pending_data = header.data_len;
         Ok((header, meta))
+    }
+
+    /// The bytes of a header that failed to decode, once.
+    pub fn take_bad_header(&mut self) -> Option<[u8; HEADER_LEN]> {
+        self.bad_header.take()
     }
 
     pub fn pending_data(&self) -> u64 {

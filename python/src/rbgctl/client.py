@@ -147,6 +147,10 @@ class Client:
         self._stop.set()
         if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=5)
+        try:  # tell the master we are gone, so that it need not wait for us to expire
+            self._master_call(Opcode.LEAVE, p.ping(self.id), p.parse_empty)
+        except Exception:  # noqa: BLE001 - leaving is best effort
+            pass
         self._master.clear()
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}

@@ -35,6 +35,7 @@ class Opcode(enum.IntEnum):
     UNMOUNT_SEGMENT = 0x03
     LIST_SEGMENTS = 0x04
     REPORT_OBJECTS = 0x05
+    LEAVE = 0x06
     PUT_START = 0x10
     PUT_END = 0x11
     PUT_REVOKE = 0x12
