@@ -120,7 +120,7 @@ impl Launchable for Engine {
 /// Where a child's stdout and stderr go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logs {
-    /// This process's terminal (`rbgctl up`).
+    /// This process's standard error, each line prefixed with the child's name (`rbgctl up`).
     Inherit,
     /// Nowhere; children log warnings only (benchmarks).
     Null,
@@ -302,10 +302,18 @@ impl Launcher {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().map_err(|source| LaunchError::Io {
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Io {
             name: name.to_string(),
             source,
         })?;
+        if self.0.logs == Logs::Inherit {
+            if let Some(out) = child.stdout.take() {
+                forward_lines(name, out);
+            }
+            if let Some(err) = child.stderr.take() {
+                forward_lines(name, err);
+            }
+        }
         let mut process = Process {
             name: name.to_string(),
             stem: stem.to_string(),
@@ -340,7 +348,9 @@ impl Launcher {
         cmd.env(READY_FILE_ENV, ready).stdin(Stdio::null());
         let level = std::env::var("RBGCTL_TEST_LOG").ok();
         match self.0.logs {
-            Logs::Inherit => {}
+            Logs::Inherit => {
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            }
             Logs::Null => {
                 cmd.stdout(Stdio::null()).stderr(Stdio::null());
                 cmd.env("RBGCTL_LOG", level.as_deref().unwrap_or("warn"));
@@ -391,6 +401,36 @@ impl Launcher {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+/// Copies a child's output to this process's standard error, a line at a time, each line
+/// prefixed with the child's name, until the child closes it.
+fn forward_lines(name: &str, from: impl std::io::Read + Send + 'static) {
+    use std::io::{BufRead, Write};
+    let prefix = format!("{name:>9} | ");
+    let spawned = std::thread::Builder::new()
+        .name(format!("log-{name}"))
+        .spawn(move || {
+            let mut lines = std::io::BufReader::new(from);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match lines.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        let mut err = std::io::stderr().lock();
+                        let _ = err.write_all(prefix.as_bytes());
+                        let _ = err.write_all(&line);
+                        if !line.ends_with(b"\n") {
+                            let _ = err.write_all(b"\n");
+                        }
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(child = name, error = %e, "cannot forward the child's output");
     }
 }
 

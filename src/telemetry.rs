@@ -9,8 +9,13 @@ pub fn init_tracing() {
     let filter = std::env::var("RBGCTL_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".into());
+    // Colours only on a terminal, and not when NO_COLOR is set: log files and pipes (a role
+    // started by `up` or the launcher) get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();

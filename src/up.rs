@@ -362,9 +362,11 @@ impl Stack {
             };
             st.shm_dir = Some((dir.clone(), owned));
             for i in 0..p.stores {
+                let name = format!("store-{i}");
                 let store = launcher.spawn::<launch::Store>(
-                    &format!("store-{i}"),
+                    &name,
                     StoreConfig {
+                        name: Some(name.clone()),
                         master: rpc.clone(),
                         bind_address: host.into(),
                         local_hostname: host.into(),
@@ -379,8 +381,9 @@ impl Stack {
                     },
                 )?;
                 st.stores.push(format!(
-                    "{} ({})",
+                    "{name:<10} data {}   metrics http://{}/metrics   ({})",
                     store.addrs.data,
+                    store.addrs.metrics,
                     crate::config::human_bytes(p.segment_size.0)
                 ));
                 st.store_procs.push(store);

@@ -125,3 +125,98 @@ fn size_and_address_errors_name_the_setting_and_the_address() {
         "{e}"
     );
 }
+
+#[test]
+fn up_on_a_taken_port_says_which_and_claims_no_endpoints() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let o = run(&[
+        "up",
+        "--stores",
+        "1",
+        "--segment-size",
+        "8MiB",
+        "--engines",
+        "0",
+        "--master-port",
+        &port,
+        "--metadata-port",
+        "0",
+        "--metrics-port",
+        "0",
+    ]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(!o.status.success());
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("in use"),
+        "{err}"
+    );
+    assert!(!out.contains("rbgctl is up"), "it claimed endpoints: {out}");
+}
+
+#[test]
+fn up_prefixes_each_child_line_with_its_role_and_writes_no_colour_codes_to_a_pipe() {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args([
+            "up",
+            "--stores",
+            "1",
+            "--segment-size",
+            "8MiB",
+            "--engines",
+            "0",
+        ])
+        .args([
+            "--master-port",
+            "0",
+            "--metadata-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .env_remove("MOONCAKE_MASTER")
+        .env("RBGCTL_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut lines = Vec::new();
+    while let Ok(line) =
+        rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+    {
+        let done = line.contains("store-0 | ") && line.contains("segment mounted");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let stopped = (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !stopped {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(stopped, "up did not stop on SIGINT within 10 s");
+    let text = lines.join("\n");
+    assert!(text.contains("   master | "), "{text}");
+    assert!(text.contains("  store-0 | "), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a pipe: {text}");
+}

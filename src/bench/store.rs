@@ -418,7 +418,7 @@ fn print_table(r: &Report) {
         r.loopback_tcp_gb_per_s, r.memcpy_gb_per_s, r.persistent
     );
     println!(
-        "{:<5} {:<17} {:>9} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>8}",
+        "{:<5} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>8}",
         "path", "op", "value", "thr", "GB/s", "ops/s", "p50 µs", "p99 µs", "errors", "of limit"
     );
     for x in &r.results {
@@ -432,7 +432,7 @@ fn print_table(r: &Report) {
             .map(|l| format!("{:.0} %", l * 100.0))
             .unwrap_or_default();
         println!(
-            "{:<5} {:<17} {:>9} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>8}",
+            "{:<5} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>8}",
             x.case,
             x.op,
             value,
