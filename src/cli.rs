@@ -113,6 +113,10 @@ pub static ROLES: &[Role] = &[
         args: |c| {
             c.disable_help_flag(true).arg(
                 clap::Arg::new("args")
+                    .help(
+                        "mooncake_master's own flags, as it spells them (--rpc_port=50051, \
+                         --enable_http_metadata_server=true, --config_path=FILE, ...)",
+                    )
                     .num_args(0..)
                     .allow_hyphen_values(true)
                     .trailing_var_arg(true),
@@ -238,5 +242,76 @@ mod tests {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod help_audit {
+    use super::*;
+
+    /// Options of a command (and its subcommands) without a description.
+    fn undescribed(cmd: &Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!("{path} --{}", a.get_long().unwrap_or(id)));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            undescribed(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    /// Value options of a server role whose help states no default (and clap shows none).
+    fn without_default(cmd: &Command, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let help = a
+                .get_long_help()
+                .or(a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default()
+                .to_lowercase();
+            let takes_value = a.get_action().takes_values();
+            let stated = help.contains("default") || !a.get_default_values().is_empty();
+            if takes_value && !stated {
+                out.push(format!(
+                    "{} --{}",
+                    cmd.get_name(),
+                    a.get_long().unwrap_or("?")
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn every_option_says_what_it_does() {
+        let mut out = Vec::new();
+        for r in ROLES {
+            undescribed(&r.command(), r.name, &mut out);
+        }
+        assert!(
+            out.is_empty(),
+            "options without a description:\n{}",
+            out.join("\n")
+        );
+    }
+
+    #[test]
+    fn every_server_option_states_its_default() {
+        let mut out = Vec::new();
+        for r in ROLES
+            .iter()
+            .filter(|r| ["master", "store", "router"].contains(&r.name))
+        {
+            without_default(&r.command(), &mut out);
+        }
+        assert!(
+            out.is_empty(),
+            "options without a stated default:\n{}",
+            out.join("\n")
+        );
     }
 }

@@ -21,6 +21,7 @@ pub struct OperatorBenchArgs {
     /// Resync periods to watch for writes once the group is ready.
     #[arg(long, default_value_t = 3)]
     pub resyncs: u32,
+    /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }

@@ -22,27 +22,34 @@ pub struct ServingArgs {
     /// Server URL (default http://HOST:PORT).
     #[arg(long)]
     pub base_url: Option<String>,
+    /// Host of the server under test.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// Port of the server under test.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
     /// Only `random` (and `random-ids`): other datasets need files and a tokenizer.
     #[arg(long, default_value = "random")]
     pub dataset_name: String,
+    /// Input tokens per request (the upper end with --random-range-ratio).
     #[arg(long, default_value_t = 1024)]
     pub random_input_len: usize,
+    /// Output tokens per request (the upper end with --random-range-ratio).
     #[arg(long, default_value_t = 1024)]
     pub random_output_len: usize,
     /// 0.0 gives lengths uniform in [1, L].
     #[arg(long, default_value_t = 0.0)]
     pub random_range_ratio: f64,
+    /// Requests to send.
     #[arg(long, default_value_t = 1000)]
     pub num_prompts: usize,
     /// Requests per second (Poisson); `inf` sends everything at once.
     #[arg(long, default_value_t = f64::INFINITY)]
     pub request_rate: f64,
+    /// Most requests in flight at once (default: no limit).
     #[arg(long)]
     pub max_concurrency: Option<usize>,
+    /// Seed of the prompts' random numbers.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Requests sent (and not counted) before the run.
@@ -66,6 +73,7 @@ pub struct ServingArgs {
 pub struct ServingResult {
     pub backend: String,
     pub request_rate: f64,
+    /// Most requests in flight at once (0: no limit).
     pub max_concurrency: usize,
     pub completed: usize,
     pub failed: usize,

@@ -107,57 +107,73 @@ impl Default for MasterConfig {
 /// Flags of `rbgctl master`; each one also reads an environment variable.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct MasterArgs {
-    /// TOML config file (see config/master.toml).
+    /// TOML config file (see config/master.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_MASTER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Address the RPC server binds to. Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_MASTER_RPC_ADDRESS")]
     pub rpc_address: Option<String>,
+    /// RPC port. Default 50051.
     #[arg(long, env = "RBGCTL_MASTER_RPC_PORT")]
     pub rpc_port: Option<u16>,
+    /// Serve Mooncake's HTTP metadata protocol (`/metadata?key=`). Default false.
     #[arg(long, env = "RBGCTL_MASTER_ENABLE_HTTP_METADATA_SERVER", num_args = 0..=1, default_missing_value = "true")]
     pub enable_http_metadata_server: Option<bool>,
+    /// Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_HOST")]
     pub http_metadata_server_host: Option<String>,
+    /// Default 8080.
     #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_PORT")]
     pub http_metadata_server_port: Option<u16>,
+    /// Address of `/metrics`, `/health` and the admin API. Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_MASTER_METRICS_HOST")]
     pub metrics_host: Option<String>,
+    /// Default 9003.
     #[arg(long, env = "RBGCTL_MASTER_METRICS_PORT")]
     pub metrics_port: Option<u16>,
-    /// Client TTL (`10s`, or milliseconds).
+    /// Client TTL (`10s`, or milliseconds). Default 10 s.
     #[arg(long, env = "RBGCTL_MASTER_CLIENT_TTL")]
     pub client_ttl: Option<Millis>,
-    /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds).
+    /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds). Default 300 s.
     #[arg(long, env = "RBGCTL_MASTER_STORE_GRACE_PERIOD")]
     pub store_grace_period: Option<Millis>,
-    /// Read lease of a get (`10s`, or milliseconds).
+    /// Read lease of a get (`10s`, or milliseconds). Default 10 s.
     #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL")]
     pub default_kv_lease_ttl: Option<Millis>,
+    /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
     #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL")]
     pub default_kv_soft_pin_ttl: Option<Millis>,
+    /// Longest soft pin a put may ask for. Default 24 h.
     #[arg(long, env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL")]
     pub max_kv_soft_pin_ttl: Option<Millis>,
+    /// Eviction starts when used/capacity passes this. Default 0.9.
     #[arg(long, env = "RBGCTL_MASTER_EVICTION_HIGH_WATERMARK_RATIO")]
     pub eviction_high_watermark_ratio: Option<f64>,
+    /// Each eviction brings usage this far below the watermark. Default 0.05.
     #[arg(long, env = "RBGCTL_MASTER_EVICTION_RATIO")]
     pub eviction_ratio: Option<f64>,
+    /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
     #[arg(long, env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT")]
     pub put_start_discard_timeout: Option<Millis>,
+    /// An unfinished put older than this is reclaimed. Default 600 s.
     #[arg(long, env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT")]
     pub put_start_release_timeout: Option<Millis>,
+    /// `random` (default) or `free_ratio_first`.
     #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
     pub allocation_strategy: Option<String>,
+    /// Most simultaneous RPC connections. Default 4096.
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Most simultaneous connections from one IP address.
+    /// Most simultaneous connections from one IP address. Default 1024.
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS_PER_PEER")]
     pub max_connections_per_peer: Option<usize>,
-    /// Close connections idle this long (`120s`, or milliseconds).
+    /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
     #[arg(long, env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
     pub idle_timeout: Option<Millis>,
-    /// Longest wait for a request's bytes (`10s`, or milliseconds).
+    /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
     #[arg(long, env = "RBGCTL_MASTER_REQUEST_TIMEOUT")]
     pub request_timeout: Option<Millis>,
+    /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
 }

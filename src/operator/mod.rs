@@ -56,16 +56,19 @@ pub struct OperatorArgs {
     /// Writes per second to the API server (token bucket; 0: unlimited).
     #[arg(long, default_value_t = 50.0)]
     pub kube_api_qps: f64,
+    /// Writes allowed at once before `--kube-api-qps` applies (client-go's burst).
     #[arg(long, default_value_t = 100.0)]
     pub kube_api_burst: f64,
     /// Take part in leader election (only the Lease holder acts).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// Name of the Lease the replicas elect a leader with.
     #[arg(long, default_value = "rbgctl-operator")]
     pub lease_name: String,
     /// Namespace of the Lease (default: the operator's own namespace).
     #[arg(long)]
     pub lease_namespace: Option<String>,
+    /// How long a Lease holds without renewal; a standby takes over after it.
     #[arg(long, default_value_t = 15)]
     pub lease_duration_secs: u64,
     /// This replica's name in the Lease (default: hostname and pid).
@@ -75,6 +78,7 @@ pub struct OperatorArgs {
     /// every role (announced through `RBGCTL_READY_FILE`).
     #[arg(long, default_value_t = 8081)]
     pub metrics_port: u16,
+    /// Address of the metrics server.
     #[arg(long, default_value = "0.0.0.0")]
     pub metrics_host: String,
     /// Server-side timeout asked of each watch, in seconds.

@@ -51,13 +51,13 @@ pub struct PrefillSpec {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
-    /// Default `0.0.0.0` (as sglang-router).
+    /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
     pub host: String,
-    /// Default 30000.
+    /// The service port. Default 30000.
     pub port: u16,
     /// Workers of a regular (not disaggregated) deployment.
     pub worker_urls: Vec<String>,
-    /// Default `cache_aware`.
+    /// How a worker is chosen. Default `cache_aware`.
     pub policy: PolicyKind,
     /// PD only; falls back to `policy`.
     pub prefill_policy: Option<PolicyKind>,
@@ -66,9 +66,10 @@ pub struct RouterConfig {
     /// cache_aware: a match of more than this fraction of the request text goes to the worker
     /// that has it. Default 0.3.
     pub cache_threshold: f64,
-    /// cache_aware: load is imbalanced when max − min in-flight exceeds this ... Default 64.
+    /// cache_aware: load is imbalanced when max − min requests in flight exceed this (and the
+    /// relative threshold holds); then the least loaded worker is chosen. Default 64.
     pub balance_abs_threshold: usize,
-    /// ... and max exceeds min × this. Default 1.5.
+    /// cache_aware: ... and max in flight exceeds min × this. Default 1.5.
     pub balance_rel_threshold: f64,
     /// cache_aware: how often the tree is trimmed to `max_tree_size`. Default 60 s.
     pub eviction_interval_secs: f64,
@@ -78,13 +79,17 @@ pub struct RouterConfig {
     pub max_payload_size: usize,
     /// Prefill/decode disaggregation. Default false.
     pub pd_disaggregation: bool,
+    /// Prefill workers (PD), each with its bootstrap port.
     pub prefill: Vec<PrefillSpec>,
+    /// Decode workers (PD).
     pub decode: Vec<String>,
     /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
     pub service_discovery: bool,
     /// `key=value` labels a regular worker pod must carry.
     pub selector: Vec<String>,
+    /// `key=value` labels a prefill worker pod must carry (PD).
     pub prefill_selector: Vec<String>,
+    /// `key=value` labels a decode worker pod must carry (PD).
     pub decode_selector: Vec<String>,
     /// Port of discovered pods' HTTP server. Default 80.
     pub service_discovery_port: u16,
@@ -96,6 +101,7 @@ pub struct RouterConfig {
     pub rbg_role: Option<String>,
     /// Roles of prefill and decode workers in the RBG discovery file (PD).
     pub rbg_prefill_role: Option<String>,
+    /// Role of the decode workers in the RBG discovery file (PD).
     pub rbg_decode_role: Option<String>,
     /// Port name (as in `servicePorts`, lower case, `-` → `_`) of the workers' HTTP server;
     /// when unset the role's only port, else `http`, else the first by name.
@@ -104,10 +110,12 @@ pub struct RouterConfig {
     pub rbg_bootstrap_port_name: Option<String>,
     /// How often the RBG discovery file is re-read. Default 2 s.
     pub rbg_poll_secs: f64,
-    /// `/metrics` also on a separate listener; port 0 turns it off. Default `0.0.0.0:29000`.
+    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
     pub prometheus_host: String,
+    /// Port of that listener (0: a free port). Default 29000.
     pub prometheus_port: u16,
-    /// Headers a request id is taken from, first match wins.
+    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
+    /// `x-correlation-id`, `x-trace-id`, `request-id`.
     pub request_id_headers: Vec<String>,
     /// Longest wait for a worker's response headers. Default 1800 s.
     pub request_timeout_secs: f64,
@@ -117,16 +125,18 @@ pub struct RouterConfig {
     pub queue_size: usize,
     /// Longest wait in the queue; then 408. Default 60 s.
     pub queue_timeout_secs: f64,
-    /// Default 5.
+    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
+    /// connection). Default 5.
     pub retry_max_retries: u32,
-    /// Default 50.
+    /// Wait before the first retry, in ms. Default 50.
     pub retry_initial_backoff_ms: u64,
-    /// Default 30000.
+    /// Longest wait between retries, in ms. Default 30000.
     pub retry_max_backoff_ms: u64,
-    /// Default 1.5.
+    /// Each retry waits this many times longer than the one before. Default 1.5.
     pub retry_backoff_multiplier: f64,
-    /// Default 0.2.
+    /// Waits move by up to ± this fraction at random. Default 0.2.
     pub retry_jitter_factor: f64,
+    /// No retries at all. Default false.
     pub disable_retries: bool,
     /// Consecutive failures that open a worker's circuit. Default 10.
     pub cb_failure_threshold: u32,
@@ -136,17 +146,19 @@ pub struct RouterConfig {
     pub cb_timeout_duration_secs: f64,
     /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
     pub cb_window_duration_secs: f64,
+    /// No circuit breakers. Default false.
     pub disable_circuit_breaker: bool,
-    /// Default 3.
+    /// Failed health checks in a row that take a worker out. Default 3.
     pub health_failure_threshold: u32,
-    /// Default 2.
+    /// Passed health checks in a row that bring it back. Default 2.
     pub health_success_threshold: u32,
-    /// Default 5 s.
+    /// Longest wait for one health check, in seconds. Default 5.
     pub health_check_timeout_secs: f64,
-    /// Default 60 s.
+    /// Seconds between health checks of a worker. Default 60.
     pub health_check_interval_secs: f64,
-    /// Default `/health`.
+    /// The path health checks ask. Default `/health`.
     pub health_check_endpoint: String,
+    /// No health checks (every worker counts as healthy). Default false.
     pub disable_health_check: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
     pub api_key: Option<String>,
@@ -267,121 +279,174 @@ pub fn normalize_url(field: &str, url: &str) -> Result<String, ConfigError> {
 /// Flags of `rbgctl router`, spelled as sglang-router's.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct RouterArgs {
-    /// TOML config file (see config/router.toml).
+    /// TOML config file (see config/router.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_ROUTER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
     #[arg(long)]
     pub host: Option<String>,
+    /// The service port. Default 30000.
     #[arg(long)]
     pub port: Option<u16>,
-    /// Regular workers (`http://host:port`).
+    /// Regular workers (`http://host:port`). Default: none.
     #[arg(long, num_args = 1..)]
     pub worker_urls: Vec<String>,
+    /// How a worker is chosen. Default `cache_aware`.
     #[arg(long, value_enum)]
     pub policy: Option<PolicyKind>,
+    /// PD only; falls back to `policy`. Default: --policy.
     #[arg(long, value_enum)]
     pub prefill_policy: Option<PolicyKind>,
+    /// PD only; falls back to `policy`. Default: --policy.
     #[arg(long, value_enum)]
     pub decode_policy: Option<PolicyKind>,
+    /// cache_aware: a match of more than this fraction of the request text goes to the worker
+    /// that has it. Default 0.3.
     #[arg(long)]
     pub cache_threshold: Option<f64>,
+    /// cache_aware: load is imbalanced when max − min requests in flight exceed this (and the
+    /// relative threshold holds); then the least loaded worker is chosen. Default 64.
     #[arg(long)]
     pub balance_abs_threshold: Option<usize>,
+    /// cache_aware: ... and max in flight exceeds min × this. Default 1.5.
     #[arg(long)]
     pub balance_rel_threshold: Option<f64>,
+    /// cache_aware: how often the tree is trimmed to `max_tree_size`. Default 60 s.
     #[arg(long)]
     pub eviction_interval_secs: Option<f64>,
+    /// cache_aware: characters of request text kept per worker. Default 2^26.
     #[arg(long)]
     pub max_tree_size: Option<usize>,
+    /// Largest request body accepted. Default 512 MiB.
     #[arg(long)]
     pub max_payload_size: Option<usize>,
+    /// Prefill/decode disaggregation. Default false.
     #[arg(long)]
     pub pd_disaggregation: bool,
-    /// A prefill worker and, optionally, its bootstrap port (or `none`). Repeatable.
+    /// A prefill worker and, optionally, its bootstrap port (or `none`). Repeatable. Default: none.
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
     pub prefill: Vec<String>,
-    /// A decode worker. Repeatable.
+    /// A decode worker. Repeatable. Default: none.
     #[arg(long, action = clap::ArgAction::Append)]
     pub decode: Vec<String>,
+    /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
     #[arg(long)]
     pub service_discovery: bool,
+    /// `key=value` labels a regular worker pod must carry. Default: none.
     #[arg(long, num_args = 1..)]
     pub selector: Vec<String>,
+    /// `key=value` labels a prefill worker pod must carry (PD). Default: none.
     #[arg(long, num_args = 1..)]
     pub prefill_selector: Vec<String>,
+    /// `key=value` labels a decode worker pod must carry (PD). Default: none.
     #[arg(long, num_args = 1..)]
     pub decode_selector: Vec<String>,
+    /// Port of discovered pods' HTTP server. Default 80.
     #[arg(long)]
     pub service_discovery_port: Option<u16>,
+    /// Namespace to watch; all namespaces when unset. Default: all namespaces.
     #[arg(long)]
     pub service_discovery_namespace: Option<String>,
-    /// RBG discovery file, usually /etc/rbg/config.yaml.
+    /// RBG discovery file, usually /etc/rbg/config.yaml. Default: none.
     #[arg(long)]
     pub rbg_config: Option<PathBuf>,
+    /// Role of the regular workers in the RBG discovery file. Default: none.
     #[arg(long)]
     pub rbg_role: Option<String>,
+    /// Roles of prefill and decode workers in the RBG discovery file (PD). Default: none.
     #[arg(long)]
     pub rbg_prefill_role: Option<String>,
+    /// Role of the decode workers in the RBG discovery file (PD). Default: none.
     #[arg(long)]
     pub rbg_decode_role: Option<String>,
+    /// Port name (as in `servicePorts`, lower case, `-` → `_`) of the workers' HTTP server;
+    /// when unset the role's only port, else `http`, else the first by name. Default: the role's only port, else `http`, else the first by name.
     #[arg(long)]
     pub rbg_port_name: Option<String>,
+    /// Port name of the prefill workers' bootstrap server (PD). Unset: `bootstrap_port` null. Default: none.
     #[arg(long)]
     pub rbg_bootstrap_port_name: Option<String>,
+    /// How often the RBG discovery file is re-read. Default 2 s.
     #[arg(long)]
     pub rbg_poll_secs: Option<f64>,
+    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
     #[arg(long)]
     pub prometheus_host: Option<String>,
-    /// 0 turns the separate metrics listener off (`/metrics` stays on the main port).
+    /// 0 turns the separate metrics listener off (`/metrics` stays on the main port). Default 29000.
     #[arg(long)]
     pub prometheus_port: Option<u16>,
+    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
+    /// `x-correlation-id`, `x-trace-id`, `request-id`.
     #[arg(long, num_args = 1..)]
     pub request_id_headers: Vec<String>,
+    /// Longest wait for a worker's response headers. Default 1800 s.
     #[arg(long)]
     pub request_timeout_secs: Option<f64>,
+    /// Requests proxied at once; −1 is unlimited. Default −1.
     #[arg(long, allow_negative_numbers = true)]
     pub max_concurrent_requests: Option<i64>,
+    /// Requests waiting for a slot; beyond it 429. Default 100.
     #[arg(long)]
     pub queue_size: Option<usize>,
+    /// Longest wait in the queue; then 408. Default 60 s.
     #[arg(long)]
     pub queue_timeout_secs: Option<f64>,
+    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
+    /// connection). Default 5.
     #[arg(long)]
     pub retry_max_retries: Option<u32>,
+    /// Wait before the first retry, in ms. Default 50.
     #[arg(long)]
     pub retry_initial_backoff_ms: Option<u64>,
+    /// Longest wait between retries, in ms. Default 30000.
     #[arg(long)]
     pub retry_max_backoff_ms: Option<u64>,
+    /// Each retry waits this many times longer than the one before. Default 1.5.
     #[arg(long)]
     pub retry_backoff_multiplier: Option<f64>,
+    /// Waits move by up to ± this fraction at random. Default 0.2.
     #[arg(long)]
     pub retry_jitter_factor: Option<f64>,
+    /// No retries at all. Default false.
     #[arg(long)]
     pub disable_retries: bool,
+    /// Consecutive failures that open a worker's circuit. Default 10.
     #[arg(long)]
     pub cb_failure_threshold: Option<u32>,
+    /// Consecutive successes in half-open that close it. Default 3.
     #[arg(long)]
     pub cb_success_threshold: Option<u32>,
+    /// Open → half-open after this. Default 60 s.
     #[arg(long)]
     pub cb_timeout_duration_secs: Option<f64>,
+    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
     #[arg(long)]
     pub cb_window_duration_secs: Option<f64>,
+    /// No circuit breakers. Default false.
     #[arg(long)]
     pub disable_circuit_breaker: bool,
+    /// Failed health checks in a row that take a worker out. Default 3.
     #[arg(long)]
     pub health_failure_threshold: Option<u32>,
+    /// Passed health checks in a row that bring it back. Default 2.
     #[arg(long)]
     pub health_success_threshold: Option<u32>,
+    /// Longest wait for one health check, in seconds. Default 5.
     #[arg(long)]
     pub health_check_timeout_secs: Option<f64>,
+    /// Seconds between health checks of a worker. Default 60.
     #[arg(long)]
     pub health_check_interval_secs: Option<f64>,
+    /// The path health checks ask. Default `/health`.
     #[arg(long)]
     pub health_check_endpoint: Option<String>,
+    /// No health checks (every worker counts as healthy). Default false.
     #[arg(long)]
     pub disable_health_check: bool,
+    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
     #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
     pub api_key: Option<String>,
-    /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters.
+    /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters. Default: info (RBGCTL_LOG wins).
     #[arg(long)]
     pub log_level: Option<String>,
 }

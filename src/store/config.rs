@@ -98,57 +98,75 @@ impl Default for StoreConfig {
 
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct StoreArgs {
-    /// TOML config file (see config/store.toml).
+    /// TOML config file (see config/store.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_STORE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Master RPC address (host:port).
+    /// Master RPC address (host:port). Default `127.0.0.1:50051`.
     #[arg(long, env = "RBGCTL_STORE_MASTER")]
     pub master: Option<String>,
+    /// Address the data server binds to. Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_STORE_BIND_ADDRESS")]
     pub bind_address: Option<String>,
+    /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
+    /// Default: `$POD_IP` when set, else `127.0.0.1`.
     #[arg(long, env = "RBGCTL_STORE_LOCAL_HOSTNAME")]
     pub local_hostname: Option<String>,
+    /// Data port; 0 picks a free one. Default 0.
     #[arg(long, env = "RBGCTL_STORE_PORT")]
     pub port: Option<u16>,
+    /// Segment name; default `<local_hostname>:<port>`.
     #[arg(long, env = "RBGCTL_STORE_NAME")]
     pub name: Option<String>,
-    /// Memory contributed (4GiB, 512mb, bytes).
+    /// Memory contributed (4GiB, 512mb, bytes). Default 1 GiB.
     #[arg(long, env = "RBGCTL_STORE_SEGMENT_SIZE")]
     pub segment_size: Option<ByteSize>,
+    /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
+    /// and needs none; the value is accepted and reported only. Default 0.
     #[arg(long, env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE")]
     pub local_buffer_size: Option<ByteSize>,
-    /// tcp or rdma (rdma is refused: no build carries it yet).
+    /// tcp or rdma (rdma is refused: no build carries it yet). Default tcp.
     #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
     pub protocol: Option<Transport>,
+    /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`). Default: none.
     #[arg(long, env = "RBGCTL_STORE_DEVICE")]
     pub device: Option<String>,
+    /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
+    /// `P2PHANDSHAKE` (default) for none.
     #[arg(long, env = "RBGCTL_STORE_METADATA_SERVER")]
     pub metadata_server: Option<String>,
+    /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
+    /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
+    /// reboots too. Default `/dev/shm/rbgctl`.
     #[arg(long, env = "RBGCTL_STORE_SHM_DIR")]
     pub shm_dir: Option<PathBuf>,
-    /// Keep objects across restarts (true/false).
+    /// Keep objects across restarts (true/false). Default true.
     #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
     pub persistent: Option<bool>,
+    /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_STORE_METRICS_HOST")]
     pub metrics_host: Option<String>,
+    /// Metrics port; 0 picks a free one. Default 9004.
     #[arg(long, env = "RBGCTL_STORE_METRICS_PORT")]
     pub metrics_port: Option<u16>,
+    /// Heartbeat period. Default 1 s.
     #[arg(long, env = "RBGCTL_STORE_HEARTBEAT_INTERVAL")]
     pub heartbeat_interval: Option<Millis>,
-    /// How long to wait for another running store holding this name to go (e.g. 30s).
+    /// How long to wait for another running store holding this name to go (e.g. 30s). Default 30 s.
     #[arg(long, env = "RBGCTL_STORE_NAME_CONFLICT_WAIT")]
     pub name_conflict_wait: Option<Millis>,
+    /// Most simultaneous data connections. Default 4096.
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Most simultaneous connections from one IP address.
+    /// Most simultaneous connections from one IP address. Default 1024.
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS_PER_PEER")]
     pub max_connections_per_peer: Option<usize>,
-    /// Close connections idle this long (`120s`, or milliseconds).
+    /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
     #[arg(long, env = "RBGCTL_STORE_IDLE_TIMEOUT")]
     pub idle_timeout: Option<Millis>,
-    /// Longest wait for a request's bytes (`10s`, or milliseconds).
+    /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
     #[arg(long, env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
     pub request_timeout: Option<Millis>,
+    /// Spin-poll window in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
 }

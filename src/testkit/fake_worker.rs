@@ -24,6 +24,7 @@ use tokio_stream::StreamExt;
 
 #[derive(Debug, Clone, Args)]
 pub struct FakeWorkerArgs {
+    /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// 0: the kernel chooses (reported through `RBGCTL_READY_FILE`).

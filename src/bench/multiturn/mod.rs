@@ -45,6 +45,7 @@ pub struct MultiturnArgs {
     /// Per-client rounds drawn in [min, max] (0 = --num-rounds).
     #[arg(long, default_value_t = 0)]
     pub min_rounds: usize,
+    /// Upper end of the per-client rounds range (0 = --num-rounds).
     #[arg(long, default_value_t = 0)]
     pub max_rounds: usize,
     /// Length variation of prompts and outputs (1.0 = fixed).
@@ -80,6 +81,7 @@ pub struct MultiturnArgs {
     /// ShareGPT sampling needs the model's tokenizer; not supported (prompts are token ids).
     #[arg(long, default_value = "")]
     pub dataset_path: String,
+    /// Seed of the workload's random numbers (same seed, same prompts).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Tag written into each log line.
@@ -94,8 +96,10 @@ pub struct MultiturnArgs {
     /// Model name for the OpenAI API.
     #[arg(long, default_value = "default")]
     pub model_path: String,
+    /// Host of the server under test.
     #[arg(long, default_value = "localhost")]
     pub host: String,
+    /// Port of the server under test.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
     /// JSONL log, appended.
