@@ -264,6 +264,25 @@ fn admin_api_and_metrics() {
     );
     let (_, s) = c.http_get("/metrics/summary");
     assert!(s.contains("Keys: 1") && s.contains("Clients:"), "{s}");
+    // Keys by prefix, with a limit.
+    for i in 0..5 {
+        client
+            .put(&format!("page/{i}"), b"x", &ReplicateConfig::default())
+            .unwrap();
+    }
+    let (code, body) = c.http_get("/api/v1/keys?prefix=page/&limit=3");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["keys"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["truncated"], true);
+    assert!(v["keys"][0].as_str().unwrap().starts_with("page/"));
+    let v: serde_json::Value =
+        serde_json::from_str(&c.http_get("/api/v1/keys?prefix=page/").1).unwrap();
+    assert_eq!(
+        (v["keys"].as_array().unwrap().len(), &v["truncated"]),
+        (5, &serde_json::json!(false))
+    );
+    assert_eq!(c.http_get("/api/v1/keys?limit=100000").0, 400);
 }
 
 fn run_fail(args: &[&str], env: &[(&str, &str)]) -> String {

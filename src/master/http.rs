@@ -59,6 +59,7 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/segments", get(segments))
         .route("/api/v1/objects", get(object))
+        .route("/api/v1/keys", get(keys))
         .route("/query_key", get(query_key))
         .route("/get_all_segments", get(all_segments))
         .fallback(|| async {
@@ -168,6 +169,32 @@ async fn object(State(shared): State<Arc<Shared>>, Query(q): Query<KeyQuery>) ->
         )
             .into_response(),
     }
+}
+
+#[derive(Deserialize)]
+struct KeysQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+}
+
+/// Most keys one `/api/v1/keys` answer lists.
+const MAX_KEYS_LISTED: usize = 10_000;
+
+/// `/api/v1/keys?prefix=P&limit=N`: readable keys starting with P (default all), at most N
+/// (default 100, at most 10,000), sorted; `truncated` says whether more match.
+async fn keys(State(shared): State<Arc<Shared>>, Query(q): Query<KeysQuery>) -> Response {
+    let limit = q.limit.unwrap_or(100);
+    if limit > MAX_KEYS_LISTED {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": format!("limit {limit} is over {MAX_KEYS_LISTED}")})),
+        )
+            .into_response();
+    }
+    let (keys, truncated) = shared.state.lock().keys_with_prefix(&q.prefix, limit);
+    Json(serde_json::json!({"prefix": q.prefix, "keys": keys, "truncated": truncated}))
+        .into_response()
 }
 
 /// Mooncake's `/query_key?key=`: the same 404 body as its admin server.

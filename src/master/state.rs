@@ -1342,6 +1342,22 @@ impl MasterState {
         self.evict(now, 0);
     }
 
+    /// Up to `limit` readable keys starting with `prefix`, sorted, and whether more match.
+    /// Stops as soon as it has `limit + 1`, so a small limit is cheap on a large pool.
+    pub fn keys_with_prefix(&self, prefix: &str, limit: usize) -> (Vec<String>, bool) {
+        let mut keys: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(k, e)| e.current.is_some() && k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .take(limit.saturating_add(1))
+            .collect();
+        let truncated = keys.len() > limit;
+        keys.truncate(limit);
+        keys.sort();
+        (keys, truncated)
+    }
+
     /// An object's details for the admin API.
     pub fn lookup(&self, key: &str) -> Option<&Entry> {
         self.objects.get(key)
