@@ -31,6 +31,8 @@ pub struct PhaseResult {
     pub ops: u64,
     pub bytes: u64,
     pub errors: u64,
+    /// Reads of objects the pool had evicted meanwhile (not errors: a cache may evict).
+    pub evicted: u64,
     pub seconds: f64,
     pub gb_per_s: f64,
     pub ops_per_s: f64,
@@ -64,6 +66,7 @@ impl PhaseResult {
             ops,
             bytes,
             errors,
+            evicted: 0,
             seconds,
             gb_per_s: bytes as f64 / seconds / 1e9,
             ops_per_s: ops as f64 / seconds,

@@ -5,7 +5,7 @@
 use super::cluster::master_or_own;
 use super::limits;
 use super::stats::PhaseResult;
-use crate::client::{Client, ClientConfig, ReplicateConfig};
+use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +52,10 @@ pub struct StoreBenchArgs {
     /// broken client) are held open to the master and the stores. 0 = no flood.
     #[arg(long, default_value_t = 0)]
     pub idle_flood: usize,
+    /// Write into a pool that already holds objects (with --master) even though the master may
+    /// evict them to make room. Default: refuse.
+    #[arg(long)]
+    pub allow_eviction: bool,
     /// The local address the flood comes from (another loopback address than the client's).
     #[arg(long, default_value = "127.0.0.2")]
     pub flood_from: std::net::IpAddr,
@@ -67,10 +71,13 @@ struct Report {
     memcpy_gb_per_s: f64,
     results: Vec<PhaseResult>,
     flood: Option<FloodReport>,
+    /// Some phases failed or did not run: the figures are not the whole measurement.
+    partial: bool,
+    failures: Vec<String>,
 }
 
 /// What the idle flood did.
-#[derive(Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize)]
 struct FloodReport {
     asked: usize,
     opened: usize,
@@ -90,95 +97,222 @@ fn phase_budget(args: &StoreBenchArgs, size: u64) -> u64 {
         .max(1)
 }
 
+/// What one benchmark operation came to.
+enum Outcome {
+    Ok,
+    /// A read of an object the pool had evicted (it may: it is a cache).
+    Evicted,
+    Failed(String),
+}
+
+impl Outcome {
+    fn of<T>(r: Result<T, ClientError>, ok: impl FnOnce(T) -> bool) -> Outcome {
+        match r {
+            Ok(v) => {
+                if ok(v) {
+                    Outcome::Ok
+                } else {
+                    Outcome::Failed("wrong length or content read back".into())
+                }
+            }
+            Err(ClientError::NotFound(_)) => Outcome::Evicted,
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+}
+
+/// What a phase measured.
+struct Phase {
+    latencies: Vec<Duration>,
+    errors: u64,
+    evicted: u64,
+    first_error: Option<String>,
+    elapsed: Duration,
+}
+
+impl Phase {
+    #[allow(clippy::too_many_arguments)] // one row of the report
+    fn result(
+        self,
+        case: &str,
+        op: &str,
+        value: u64,
+        threads: usize,
+        items: u64,
+        keep: usize,
+        failures: &Failures,
+    ) -> PhaseResult {
+        if let Some(e) = &self.first_error {
+            failures.note(&format!("{case} {op}"), self.errors, e);
+        }
+        let lat: Vec<Duration> = self.latencies.into_iter().take(keep).collect();
+        let mut r = PhaseResult::from_samples(
+            case,
+            op,
+            value,
+            threads,
+            lat,
+            items,
+            self.errors,
+            self.elapsed,
+        );
+        r.evicted = self.evicted;
+        r
+    }
+}
+
+/// Failed operations across the run: a benchmark with any cannot claim its figures.
+#[derive(Default)]
+struct Failures(parking_lot::Mutex<Vec<String>>);
+
+impl Failures {
+    fn note(&self, phase: &str, n: u64, first: &str) {
+        self.0
+            .lock()
+            .push(format!("{phase}: {n} failed (first: {first})"));
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock())
+    }
+}
+
 /// Runs `threads` workers; each does `op(thread, i)` for i in 0.. until its share of `budget`
-/// is done or the time is up. Returns latencies, errors and the phase's wall time.
+/// is done or the time is up.
 fn run_phase(
     threads: usize,
     budget: u64,
     time: Duration,
-    op: impl Fn(usize, u64) -> bool + Sync,
-) -> (Vec<Duration>, u64, Duration) {
+    op: impl Fn(usize, u64) -> Outcome + Sync,
+) -> Phase {
     let per_thread = budget.div_ceil(threads as u64);
     let t0 = Instant::now();
-    let (lat, errs) = std::thread::scope(|s| {
+    let mut phase = Phase {
+        latencies: Vec::new(),
+        errors: 0,
+        evicted: 0,
+        first_error: None,
+        elapsed: Duration::ZERO,
+    };
+    let parts = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let op = &op;
                 s.spawn(move || {
-                    let mut lat = Vec::with_capacity(per_thread.min(1 << 20) as usize);
-                    let mut errors = 0;
+                    let mut part = Phase {
+                        latencies: Vec::with_capacity(per_thread.min(1 << 20) as usize),
+                        errors: 0,
+                        evicted: 0,
+                        first_error: None,
+                        elapsed: Duration::ZERO,
+                    };
                     for i in 0..per_thread {
                         if t0.elapsed() > time {
                             break;
                         }
                         let start = Instant::now();
-                        if op(t, i) {
-                            lat.push(start.elapsed());
-                        } else {
-                            errors += 1;
+                        match op(t, i) {
+                            Outcome::Ok => part.latencies.push(start.elapsed()),
+                            Outcome::Evicted => part.evicted += 1,
+                            Outcome::Failed(e) => {
+                                part.errors += 1;
+                                part.first_error.get_or_insert(e);
+                            }
                         }
                     }
-                    (lat, errors)
+                    part
                 })
             })
             .collect();
-        let mut all = Vec::new();
-        let mut errors = 0;
-        for h in handles {
-            let (l, e) = h.join().expect("bench worker panicked");
-            all.extend(l);
-            errors += e;
-        }
-        (all, errors)
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().ok())
+            .collect::<Vec<Phase>>()
     });
-    (lat, errs, t0.elapsed())
+    for p in parts {
+        phase.latencies.extend(p.latencies);
+        phase.errors += p.errors;
+        phase.evicted += p.evicted;
+        if phase.first_error.is_none() {
+            phase.first_error = p.first_error;
+        }
+    }
+    phase.elapsed = t0.elapsed();
+    phase
+}
+
+/// What every case needs: the arguments, the run's own key prefix, and where failures go.
+struct Ctx<'a> {
+    args: &'a StoreBenchArgs,
+    /// Every key this run writes starts with it (`bench-store/<run>/`), so that it never
+    /// overwrites anyone's objects and removes exactly its own.
+    prefix: String,
+    failures: Failures,
 }
 
 /// Put then get of unique keys for one value size and thread count.
 fn put_get_case(
     client: &Arc<Client>,
     case: &str,
-    args: &StoreBenchArgs,
+    ctx: &Ctx<'_>,
     size: usize,
     threads: usize,
 ) -> Vec<PhaseResult> {
     let value = value_for(size, size as u64);
-    let budget = phase_budget(args, size as u64);
+    let budget = phase_budget(ctx.args, size as u64);
     let cfg = ReplicateConfig {
         replica_num: 1,
         ..Default::default()
     };
-    let key = |t: usize, i: u64| format!("bench/{case}/{size}/{threads}/{t}/{i}");
+    let key = |t: usize, i: u64| format!("{}{case}/{size}/{threads}/{t}/{i}", ctx.prefix);
     let written: Vec<parking_lot::Mutex<u64>> =
         (0..threads).map(|_| parking_lot::Mutex::new(0)).collect();
-    let (lat, errors, elapsed) = run_phase(threads, budget, args.phase_time.0, |t, i| {
-        let ok = client.put(&key(t, i), &value, &cfg).is_ok();
-        if ok {
+    let phase = run_phase(threads, budget, ctx.args.phase_time.0, |t, i| {
+        let r = client.put(&key(t, i), &value, &cfg);
+        if r.is_ok() {
             *written[t].lock() = i + 1;
         }
-        ok
+        Outcome::of(r, |_| true)
     });
-    let put = PhaseResult::from_samples(case, "put", size as u64, threads, lat, 1, errors, elapsed);
+    let put = phase.result(
+        case,
+        "put",
+        size as u64,
+        threads,
+        1,
+        usize::MAX,
+        &ctx.failures,
+    );
     let counts: Vec<u64> = written.iter().map(|w| *w.lock()).collect();
     let total: u64 = counts.iter().sum();
     let bufs: Vec<parking_lot::Mutex<Vec<u8>>> = (0..threads)
         .map(|_| parking_lot::Mutex::new(vec![0u8; size]))
         .collect();
-    let (lat, errors, elapsed) =
-        run_phase(threads, total.max(1), Duration::from_secs(3600), |t, i| {
-            if i >= counts[t] {
-                return true;
-            }
-            let mut buf = bufs[t].lock();
-            matches!(client.get_into(&key(t, i), &mut buf), Ok(n) if n == size)
-        });
-    let lat: Vec<Duration> = lat.into_iter().take(total as usize).collect();
-    let get = PhaseResult::from_samples(case, "get", size as u64, threads, lat, 1, errors, elapsed);
+    let phase = run_phase(threads, total.max(1), Duration::from_secs(3600), |t, i| {
+        if i >= counts[t] {
+            return Outcome::Ok;
+        }
+        let mut buf = bufs[t].lock();
+        Outcome::of(client.get_into(&key(t, i), &mut buf), |n| n == size)
+    });
+    let get = phase.result(
+        case,
+        "get",
+        size as u64,
+        threads,
+        1,
+        total as usize,
+        &ctx.failures,
+    );
     // Spot-check content once.
     if counts[0] > 0 {
         if let Ok(v) = client.get(&key(0, 0)) {
             if v != value {
-                eprintln!("warning: {case}: value read back differs from the one written");
+                ctx.failures.note(
+                    &format!("{case} get"),
+                    1,
+                    "the value read back differs from the one written",
+                );
             }
         }
     }
@@ -199,7 +333,8 @@ fn cleanup(client: &Client, keys: Vec<String>) {
     }
 }
 
-fn batch_case(client: &Arc<Client>, case: &str, args: &StoreBenchArgs) -> Vec<PhaseResult> {
+fn batch_case(client: &Arc<Client>, case: &str, ctx: &Ctx<'_>) -> Vec<PhaseResult> {
+    let args = ctx.args;
     let size = args.batch_value.0 as usize;
     let n = args.batch;
     let values: Vec<Vec<u8>> = (0..n).map(|i| value_for(size, i as u64)).collect();
@@ -211,66 +346,78 @@ fn batch_case(client: &Arc<Client>, case: &str, args: &StoreBenchArgs) -> Vec<Ph
     };
     let keys_of = |call: u64| -> Vec<String> {
         (0..n)
-            .map(|j| format!("bench/{case}/batch/{call}/{j}"))
+            .map(|j| format!("{}{case}/batch/{call}/{j}", ctx.prefix))
             .collect()
     };
     let done = parking_lot::Mutex::new(0u64);
-    let (lat, errors, elapsed) = run_phase(1, calls, args.phase_time.0, |_, call| {
+    let phase = run_phase(1, calls, args.phase_time.0, |_, call| {
         let keys = keys_of(call);
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let ok = client
-            .batch_put(&refs, &value_refs, &cfg)
-            .iter()
-            .all(Result::is_ok);
-        if ok {
-            *done.lock() = call + 1;
+        let results = client.batch_put(&refs, &value_refs, &cfg);
+        match results.into_iter().find_map(Result::err) {
+            None => {
+                *done.lock() = call + 1;
+                Outcome::Ok
+            }
+            Some(e) => Outcome::Failed(e.to_string()),
         }
-        ok
     });
-    let put = PhaseResult::from_samples(
+    let put_op = format!("batch_put {n}x");
+    let put = phase.result(
         case,
-        &format!("batch_put {n}x"),
+        &put_op,
         size as u64,
         1,
-        lat,
         n as u64,
-        errors,
-        elapsed,
+        usize::MAX,
+        &ctx.failures,
     );
     let done = *done.lock();
     let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; size]).collect();
     let bufs_lock = parking_lot::Mutex::new(&mut bufs);
-    let (lat, errors, elapsed) = run_phase(1, done.max(1), Duration::from_secs(3600), |_, call| {
+    let phase = run_phase(1, done.max(1), Duration::from_secs(3600), |_, call| {
         if call >= done {
-            return true;
+            return Outcome::Ok;
         }
         let keys = keys_of(call);
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut guard = bufs_lock.lock();
         let mut slices: Vec<&mut [u8]> = guard.iter_mut().map(|b| b.as_mut_slice()).collect();
-        client
-            .batch_get_into(&refs, &mut slices)
+        let results = client.batch_get_into(&refs, &mut slices);
+        if results
             .iter()
-            .all(|r| matches!(r, Ok(x) if *x == size))
+            .any(|r| matches!(r, Err(ClientError::NotFound(_))))
+        {
+            return Outcome::Evicted;
+        }
+        match results
+            .into_iter()
+            .find(|r| !matches!(r, Ok(x) if *x == size))
+        {
+            None => Outcome::Ok,
+            Some(Err(e)) => Outcome::Failed(e.to_string()),
+            Some(Ok(x)) => Outcome::Failed(format!("read {x} bytes, wrote {size}")),
+        }
     });
-    let lat: Vec<Duration> = lat.into_iter().take(done as usize).collect();
-    let get = PhaseResult::from_samples(
+    let get_op = format!("batch_get {n}x");
+    let get = phase.result(
         case,
-        &format!("batch_get {n}x"),
+        &get_op,
         size as u64,
         1,
-        lat,
         n as u64,
-        errors,
-        elapsed,
+        done as usize,
+        &ctx.failures,
     );
     cleanup(client, (0..done).flat_map(keys_of).collect());
     vec![put, get]
 }
 
-fn exists_case(client: &Arc<Client>, args: &StoreBenchArgs) -> PhaseResult {
-    let n = args.exists_batch;
-    let keys: Vec<String> = (0..n).map(|i| format!("bench/exists/{i}")).collect();
+fn exists_case(client: &Arc<Client>, ctx: &Ctx<'_>) -> PhaseResult {
+    let n = ctx.args.exists_batch;
+    let keys: Vec<String> = (0..n)
+        .map(|i| format!("{}exists/{i}", ctx.prefix))
+        .collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let values: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; 64]).collect();
     let vrefs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
@@ -282,23 +429,39 @@ fn exists_case(client: &Arc<Client>, args: &StoreBenchArgs) -> PhaseResult {
             ..Default::default()
         },
     );
-    let (lat, errors, elapsed) = run_phase(
-        1,
-        u64::MAX / 2,
-        args.phase_time.0,
-        |_, _| matches!(client.batch_exists(&refs), Ok(v) if v.iter().all(|e| *e)),
-    );
+    let phase = run_phase(1, u64::MAX / 2, ctx.args.phase_time.0, |_, _| {
+        Outcome::of(client.batch_exists(&refs), |v| v.iter().all(|e| *e))
+    });
     cleanup(client, keys.clone());
-    PhaseResult::from_samples(
-        "tcp",
-        &format!("batch_exists {n}x"),
-        0,
-        1,
-        lat,
-        n as u64,
-        errors,
-        elapsed,
-    )
+    let op = format!("batch_exists {n}x");
+    phase.result("tcp", &op, 0, 1, n as u64, usize::MAX, &ctx.failures)
+}
+
+/// Before writing into a pool it did not start: refuses when the pool holds objects (someone
+/// else's cache, which the benchmark's writes could make the master evict), unless
+/// `--allow-eviction`.
+fn check_foreign_pool(client: &Client, master: &str, args: &StoreBenchArgs) -> anyhow::Result<()> {
+    let segments = client.segments()?;
+    let used: u64 = segments.iter().map(|s| s.used).sum();
+    let size: u64 = segments.iter().map(|s| s.info.size).sum();
+    if used == 0 {
+        return Ok(());
+    }
+    let message = format!(
+        "the pool at {master} already holds {} of {} in {} segment(s); this benchmark writes up \
+         to {} per phase (under its own key prefix, removed afterwards), which can make the master \
+         evict those objects",
+        human_bytes(used),
+        human_bytes(size),
+        segments.len(),
+        human_bytes(args.phase_bytes.0)
+    );
+    anyhow::ensure!(
+        args.allow_eviction,
+        "{message}; pass --allow-eviction to run anyway"
+    );
+    eprintln!("warning: {message} (--allow-eviction given)");
+    Ok(())
 }
 
 pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
@@ -319,14 +482,71 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         same_host_shm: false,
         ..ClientConfig::new(master.clone())
     })?);
+    if args.master.is_some() {
+        check_foreign_pool(&tcp, &master, &args)?;
+    }
+    let ctx = Ctx {
+        args: &args,
+        prefix: format!(
+            "bench-store/{:x}-{:x}/",
+            std::process::id(),
+            fastrand::u32(..)
+        ),
+        failures: Failures::default(),
+    };
     let mut results = Vec::new();
+    let outcome = measure(
+        &tcp,
+        &master,
+        &ctx,
+        &mut results,
+        loopback,
+        memcpy,
+        &progress,
+    );
+    let failures = ctx.failures.take();
+    let report = Report {
+        persistent: args.persistent,
+        loopback_tcp_gb_per_s: loopback,
+        memcpy_gb_per_s: memcpy,
+        results,
+        flood: outcome.as_ref().ok().cloned().flatten(),
+        partial: outcome.is_err() || !failures.is_empty(),
+        failures: failures.clone(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    outcome?;
+    anyhow::ensure!(
+        failures.is_empty(),
+        "{} phase(s) had failed operations; the figures above are partial",
+        failures.len()
+    );
+    Ok(())
+}
+
+/// Every case in turn; stops at the first that cannot run (the results so far stay).
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    tcp: &Arc<Client>,
+    master: &str,
+    ctx: &Ctx<'_>,
+    results: &mut Vec<PhaseResult>,
+    loopback: f64,
+    memcpy: f64,
+    progress: &impl Fn(&str),
+) -> anyhow::Result<Option<FloodReport>> {
+    let args = ctx.args;
     for &threads in &args.threads {
         for size in &args.sizes {
             progress(&format!(
                 "tcp: {} × {threads} thread(s)",
                 human_bytes(size.0)
             ));
-            results.extend(put_get_case(&tcp, "tcp", &args, size.0 as usize, threads));
+            results.extend(put_get_case(tcp, "tcp", ctx, size.0 as usize, threads));
         }
     }
     progress(&format!(
@@ -334,24 +554,24 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         args.batch,
         human_bytes(args.batch_value.0)
     ));
-    results.extend(batch_case(&tcp, "tcp", &args));
+    results.extend(batch_case(tcp, "tcp", ctx));
     progress("master: batched existence checks");
-    results.push(exists_case(&tcp, &args));
-    let flood = if args.idle_flood > 0 {
-        Some(flood_cases(&tcp, &master, &args, &mut results, progress)?)
-    } else {
-        None
-    };
+    results.push(exists_case(tcp, ctx));
     for r in results.iter_mut().filter(|r| r.value_bytes >= 1 << 20) {
         r.of_limit = Some(r.gb_per_s / loopback);
     }
+    let flood = if args.idle_flood > 0 {
+        Some(flood_cases(tcp, master, ctx, results, progress)?)
+    } else {
+        None
+    };
     if !args.no_shm {
-        let shm = Arc::new(Client::connect(ClientConfig::new(master.clone()))?);
+        let shm = Arc::new(Client::connect(ClientConfig::new(master.to_string()))?);
         let shared = shm.segments()?.iter().any(|s| !s.info.shm_path.is_empty());
         if shared {
             for size in [1u64 << 20, 4 << 20] {
                 progress(&format!("same-host shared memory: {}", human_bytes(size)));
-                let mut r = put_get_case(&shm, "shm", &args, size as usize, 1);
+                let mut r = put_get_case(&shm, "shm", ctx, size as usize, 1);
                 for x in &mut r {
                     x.of_limit = Some(x.gb_per_s / memcpy);
                 }
@@ -361,19 +581,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
             progress("no segment is shareable from this host; skipping the shared-memory cases");
         }
     }
-    let report = Report {
-        persistent: args.persistent,
-        loopback_tcp_gb_per_s: loopback,
-        memcpy_gb_per_s: memcpy,
-        results,
-        flood,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+    Ok(flood)
 }
 
 /// 4 KiB and 1 MiB put/get again while `--idle-flood` idle connections are held open to the
@@ -381,10 +589,11 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
 fn flood_cases(
     tcp: &Arc<Client>,
     master: &str,
-    args: &StoreBenchArgs,
+    ctx: &Ctx<'_>,
     results: &mut Vec<PhaseResult>,
-    progress: impl Fn(&str),
+    progress: &impl Fn(&str),
 ) -> anyhow::Result<FloodReport> {
+    let args = ctx.args;
     use std::net::ToSocketAddrs;
     let mut targets: Vec<std::net::SocketAddr> = master.to_socket_addrs()?.take(1).collect();
     for s in tcp.segments()? {
@@ -403,7 +612,7 @@ fn flood_cases(
             human_bytes(size as u64),
             flood.len()
         ));
-        results.extend(put_get_case(tcp, "flood", args, size, 1));
+        results.extend(put_get_case(tcp, "flood", ctx, size, 1));
     }
     Ok(FloodReport {
         asked: args.idle_flood,
@@ -418,8 +627,18 @@ fn print_table(r: &Report) {
         r.loopback_tcp_gb_per_s, r.memcpy_gb_per_s, r.persistent
     );
     println!(
-        "{:<5} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>8}",
-        "path", "op", "value", "thr", "GB/s", "ops/s", "p50 µs", "p99 µs", "errors", "of limit"
+        "{:<5} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
+        "path",
+        "op",
+        "value",
+        "thr",
+        "GB/s",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "errors",
+        "evicted",
+        "of limit"
     );
     for x in &r.results {
         let value = if x.value_bytes == 0 {
@@ -432,7 +651,7 @@ fn print_table(r: &Report) {
             .map(|l| format!("{:.0} %", l * 100.0))
             .unwrap_or_default();
         println!(
-            "{:<5} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>8}",
+            "{:<5} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
             x.case,
             x.op,
             value,
@@ -442,10 +661,17 @@ fn print_table(r: &Report) {
             x.p50_us,
             x.p99_us,
             x.errors,
+            x.evicted,
             limit
         );
     }
-    println!("(of limit: large tcp values against the loopback stream, shm against memcpy)");
+    println!("(of limit: large tcp values against the loopback stream, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
+    if r.partial {
+        println!("PARTIAL RESULTS: some phases failed or did not run:");
+        for f in &r.failures {
+            println!("  {f}");
+        }
+    }
     if let Some(f) = &r.flood {
         println!(
             "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
