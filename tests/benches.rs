@@ -83,3 +83,125 @@ fn bench_store_that_could_not_measure_says_so_and_fails() {
     assert!(out.contains("PARTIAL RESULTS"), "{out}");
     assert!(out.contains("failed (first:"), "{out}");
 }
+
+fn multiturn(port: u16, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .args([
+            "bench",
+            "multiturn",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args([
+            "--num-clients",
+            "4",
+            "--num-rounds",
+            "2",
+            "--request-length",
+            "256",
+        ])
+        .args([
+            "--output-length",
+            "4",
+            "--disable-auto-run",
+            "--request-rate",
+            "inf",
+        ])
+        .args(["--log-file", ""])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs")
+}
+
+/// A SIMULATED engine whose L3 KV cache is the pool at `master`.
+fn sim_engine(
+    launcher: &rbgctl::launch::Launcher,
+    master: &str,
+) -> rbgctl::launch::Child<rbgctl::launch::Engine> {
+    launcher
+        .spawn::<rbgctl::launch::Engine>(
+            "engine",
+            rbgctl::engine::EngineConfig {
+                port: 0,
+                prefill_us_per_token: 1.0,
+                decode_ms_per_token: 0.1,
+                l3_master: Some(master.to_string()),
+                ..Default::default()
+            },
+        )
+        .expect("the SIMULATED engine starts")
+}
+
+#[test]
+fn multiturn_runs_start_cold_unless_asked_and_say_when_round_0_was_warm() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let engine = sim_engine(&c.launcher, &c.rpc);
+    let port = engine.addrs.http.port();
+    // The same prompts twice: the engine's own cache is flushed before each run, but the pool
+    // (its L3) kept the first run's pages, so the second run's round 0 is served from it.
+    let first = multiturn(port, &["--salt", "none"]);
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(!text(&first).contains("already warm"), "{}", text(&first));
+    let second = multiturn(port, &["--salt", "none"]);
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(
+        text(&second).contains("round 0 was already warm"),
+        "{}",
+        text(&second)
+    );
+    // By default each run salts its prompts: round 0 is cold again.
+    let third = multiturn(port, &[]);
+    assert!(third.status.success(), "{}", text(&third));
+    assert!(!text(&third).contains("already warm"), "{}", text(&third));
+}
+
+#[test]
+fn multiturn_fails_fast_without_a_server_and_never_builds_on_a_failed_turn() {
+    let nothing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = nothing.local_addr().unwrap().port();
+    drop(nothing);
+    let t0 = std::time::Instant::now();
+    let o = multiturn(port, &[]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(&format!("nothing answers at http://127.0.0.1:{port}")),
+        "{}",
+        text(&o)
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+    // A server whose first two answers fail: those conversations stop, the run says so.
+    let launcher = launcher();
+    let worker = launcher
+        .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>(
+            "fake",
+            &[
+                "bench",
+                "fake-worker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--name",
+                "w",
+            ]
+            .map(String::from),
+        )
+        .expect("the FAKE worker starts");
+    let port = worker.addrs.http.port();
+    let (code, _) = http(port, "POST", "/fake/fail?count=2&status=500", b"");
+    assert_eq!(code, 200);
+    let o = multiturn(port, &[]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("2 request(s) failed"), "{out}");
+    assert!(
+        out.contains("2 later turn(s) of their conversations were not sent"),
+        "{out}"
+    );
+}

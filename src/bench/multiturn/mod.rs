@@ -111,7 +111,59 @@ pub struct MultiturnArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Makes this run's prompts its own, so that a server (or a KV pool) that kept an earlier
+    /// run's pages does not serve round 0 from cache: `auto` (a random salt per run), `none`
+    /// (the same prompts every run, for a warm-cache measurement), or a number.
+    #[arg(long, default_value = "auto")]
+    pub salt: Salt,
 }
+
+/// `--salt`: what makes a run's prompts differ from another run's with the same seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Salt {
+    Auto,
+    None,
+    Fixed(u32),
+}
+
+impl std::str::FromStr for Salt {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Salt, String> {
+        match s {
+            "auto" => Ok(Salt::Auto),
+            "none" => Ok(Salt::None),
+            n => n
+                .parse()
+                .map(Salt::Fixed)
+                .map_err(|_| format!("expected auto, none or a number, got {n:?}")),
+        }
+    }
+}
+
+impl Salt {
+    /// The salt of this run, if any.
+    fn value(self) -> Option<u32> {
+        match self {
+            Salt::Auto => Some(fastrand::u32(1..)),
+            Salt::None => None,
+            Salt::Fixed(n) => Some(n),
+        }
+    }
+}
+
+/// Replaces the first token of every conversation with one derived from `salt`: every prompt
+/// prefix becomes this run's own, lengths unchanged.
+fn salt_prompts(convs: &mut [workload::Conversation], salt: u32) {
+    for (i, c) in convs.iter_mut().enumerate() {
+        if let Some(t) = c.questions.first_mut().and_then(|q| q.first_mut()) {
+            let mixed = salt.wrapping_mul(0x9e37_79b9).wrapping_add(i as u32);
+            *t = mixed % crate::engine::tokens::VOCAB;
+        }
+    }
+}
+
+/// Round 0 hit rate above which the output says the cache was already warm.
+const WARM_ROUND0: f64 = 0.10;
 
 impl MultiturnArgs {
     fn check(&self) -> anyhow::Result<()> {
@@ -167,6 +219,10 @@ pub struct RateResult {
     pub rounds: std::collections::BTreeMap<usize, summary::RoundSummary>,
     pub interrupted: bool,
     pub errors: Vec<String>,
+    /// Requests that failed.
+    pub failed: usize,
+    /// Turns not sent because an earlier turn of their conversation failed.
+    pub abandoned: usize,
 }
 
 /// A client's state between rounds.
@@ -196,8 +252,13 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
     {
         tracing::warn!(url = %flush_url, error = %e, "flush failed");
     }
-    let convs = Arc::new(workload::conversations(&a.shape()));
-    let total: usize = convs.iter().map(|c| c.rounds()).sum();
+    let mut convs = workload::conversations(&a.shape());
+    if let Some(salt) = a.salt.value() {
+        salt_prompts(&mut convs, salt);
+    }
+    let convs = Arc::new(convs);
+    let mut total: usize = convs.iter().map(|c| c.rounds()).sum();
+    let mut abandoned = 0usize;
     let url = format!("{base}{}", a.api_format.path());
     let timeout = Duration::from_secs_f64(a.request_timeout.max(1.0));
     let mut chats: Vec<Chat> = convs
@@ -308,6 +369,12 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
                     if errors.len() < 5 {
                         errors.push(o.error.clone());
                     }
+                    // A failed turn has no answer to build on: its conversation ends here.
+                    let left = convs[i].rounds() - (round + 1);
+                    abandoned += left;
+                    total -= left;
+                    bar.set_length(total as u64);
+                    continue;
                 }
                 // The next round: history + answer + the next question.
                 let conv = &convs[i];
@@ -332,6 +399,8 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
         summary: s,
         interrupted,
         errors,
+        failed,
+        abandoned,
     })
 }
 
@@ -347,6 +416,7 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
             SWEEP.to_vec()
         };
         let stop = Shutdown::on_signals()?;
+        probe(&a).await?;
         for rate in rates {
             if !a.json {
                 eprintln!(
@@ -362,9 +432,35 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
                 eprintln!("interrupted: the summary above covers the requests finished so far");
                 break;
             }
+            anyhow::ensure!(
+                r.failed == 0,
+                "{} request(s) failed (first: {}); {} later turn(s) of their conversations were not \
+                 sent; the figures above cover the rest only",
+                r.failed,
+                r.errors.first().map_or("unknown", String::as_str),
+                r.abandoned
+            );
         }
         Ok(())
     })
+}
+
+/// Fails fast, naming the address, when nothing answers there (any HTTP answer will do).
+async fn probe(a: &MultiturnArgs) -> anyhow::Result<()> {
+    let url = format!("{}/health", a.base());
+    let answer = reqwest::Client::new()
+        .get(&url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    if let Err(e) = answer {
+        let cause = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
+        anyhow::bail!(
+            "nothing answers at {} ({cause}): start the server, or check --host and --port",
+            a.base()
+        );
+    }
+    Ok(())
 }
 
 fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
@@ -384,6 +480,20 @@ fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
     }
     for e in &r.errors {
         eprintln!("  error: {e}");
+    }
+    if let Some(r0) = r.rounds.get(&0) {
+        if r0.cache_hit_rate > WARM_ROUND0 {
+            eprintln!(
+                "note: round 0 was already warm ({:.1} % of its prompt tokens came from cache): the \
+                 server kept these prompts from an earlier run{}",
+                r0.cache_hit_rate * 100.0,
+                if a.salt == Salt::None {
+                    " (--salt none repeats the prompts; the default --salt auto makes each run's own)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     Ok(())
 }
