@@ -205,3 +205,55 @@ fn multiturn_fails_fast_without_a_server_and_never_builds_on_a_failed_turn() {
         "{out}"
     );
 }
+
+#[test]
+fn bench_hicache_checks_its_python_before_measuring_anything() {
+    let t0 = std::time::Instant::now();
+    let o = Command::new(BIN)
+        .args(["bench", "hicache", "--python", "/nonexistent/bin/python"])
+        .env_remove("RBGCTL_PYTHON")
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    let out = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        out.contains("the Python side cannot run with /nonexistent/bin/python"),
+        "{out}"
+    );
+    assert!(out.contains("--no-python"), "{out}");
+    assert!(
+        !out.contains("measuring the machine"),
+        "it measured before checking: {out}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn a_long_benchmark_shows_progress_lines_when_not_on_a_terminal() {
+    let launcher = launcher();
+    let worker = launcher
+        .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>(
+            "fake",
+            &["bench", "fake-worker", "--host", "127.0.0.1", "--port", "0", "--name", "w"]
+                .map(String::from),
+        )
+        .expect("the FAKE worker starts");
+    // 14 requests at 2 per second: about 7 s, past the 5 s between progress lines.
+    let o = Command::new(BIN)
+        .args(["bench", "multiturn", "--host", "127.0.0.1"])
+        .args(["--port", &worker.addrs.http.port().to_string()])
+        .args(["--num-clients", "7", "--num-rounds", "2", "--request-length", "64"])
+        .args(["--output-length", "2", "--disable-auto-run", "--request-rate", "2"])
+        .args(["--log-file", ""])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}", text(&o));
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("multiturn requests: "))
+        .unwrap_or_else(|| panic!("no progress line: {err}"));
+    assert!(line.contains("/14 (") && line.contains("s left"), "{line}");
+}

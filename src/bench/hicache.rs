@@ -169,15 +169,21 @@ fn rust_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Result
     ])
 }
 
-/// The same through the Python package, in its own interpreter.
-fn python_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Result<PythonReport> {
-    let mut cmd = Command::new(&args.python);
-    cmd.args(["-m", "rbgctl.bench", "--json", "--master", master])
-        .args(["--pages", &args.pages.to_string()])
-        .args(["--page-size", &args.page_size.0.to_string()])
-        .args(["--rounds", &args.rounds.to_string()])
-        .args(["--max-seconds", &args.max_seconds.to_string()])
-        .args(["--path", if shm { "shm" } else { "tcp" }]);
+/// The interpreter for the Python side: `--python` (or `RBGCTL_PYTHON`), else the active
+/// virtualenv's (`$VIRTUAL_ENV/bin/python`), else `python3`.
+fn interpreter(args: &HicacheBenchArgs) -> String {
+    if args.python != "python3" {
+        return args.python.clone();
+    }
+    match std::env::var_os("VIRTUAL_ENV").map(|v| PathBuf::from(v).join("bin/python")) {
+        Some(p) if p.exists() => p.display().to_string(),
+        _ => args.python.clone(),
+    }
+}
+
+/// The interpreter with `--python-path` put first on its PYTHONPATH.
+fn python_command(args: &HicacheBenchArgs) -> Command {
+    let mut cmd = Command::new(interpreter(args));
     if let Some(p) = &args.python_path {
         let mut path = p.as_os_str().to_owned();
         if let Some(old) = std::env::var_os("PYTHONPATH") {
@@ -186,14 +192,48 @@ fn python_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Resu
         }
         cmd.env("PYTHONPATH", path);
     }
+    cmd
+}
+
+/// Checks, before anything is measured, that the Python side can run at all.
+fn python_ready(args: &HicacheBenchArgs) -> anyhow::Result<()> {
+    let python = interpreter(args);
+    let out = python_command(args)
+        .args(["-c", "import rbgctl.hicache, rbgctl.bench"])
+        .output();
+    let why = match out {
+        Ok(o) if o.status.success() => return Ok(()),
+        Ok(o) => String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string(),
+        Err(e) => e.to_string(),
+    };
+    bail!(
+        "the Python side cannot run with {python} ({why}): install the package into that \
+         interpreter (`{python} -m pip install ./python`), point --python (or RBGCTL_PYTHON) at \
+         the interpreter that has it (a venv's bin/python), pass --python-path python/src, or \
+         --no-python"
+    )
+}
+
+/// The same through the Python package, in its own interpreter.
+fn python_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Result<PythonReport> {
+    let python = interpreter(args);
+    let mut cmd = python_command(args);
+    cmd.args(["-m", "rbgctl.bench", "--json", "--master", master])
+        .args(["--pages", &args.pages.to_string()])
+        .args(["--page-size", &args.page_size.0.to_string()])
+        .args(["--rounds", &args.rounds.to_string()])
+        .args(["--max-seconds", &args.max_seconds.to_string()])
+        .args(["--path", if shm { "shm" } else { "tcp" }]);
     let out = cmd
         .output()
-        .with_context(|| format!("cannot run {}", args.python))?;
+        .with_context(|| format!("cannot run {python}"))?;
     if !out.status.success() {
         bail!(
-            "{} -m rbgctl.bench failed ({}): {}\n(install the package with `pip install ./python`, \
-             or pass --python-path python/src)",
-            args.python,
+            "{python} -m rbgctl.bench failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -212,6 +252,9 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
             eprintln!("… {msg}");
         }
     };
+    if !args.no_python {
+        python_ready(&args)?;
+    }
     progress("measuring the machine: loopback TCP, memcpy");
     let (loopback, memcpy) = limits::machine()?;
     let (master, _cluster) = master_or_own(
@@ -227,21 +270,35 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
     };
     let mut rows = Vec::new();
     let mut python_crc = None;
-    for &shm in paths {
+    let mut failed = None;
+    'paths: for &shm in paths {
         let path = if shm { "shm" } else { "tcp" };
         progress(&format!(
             "rust client, {path}: batches of {} × {}",
             args.pages,
             human_bytes(args.page_size.0)
         ));
-        rows.extend(rust_case(&master, shm, &args)?);
+        match rust_case(&master, shm, &args) {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                failed = Some(e);
+                break 'paths;
+            }
+        }
         if !args.no_python {
             progress(&format!(
                 "python HiCache backend, {path}: batch_set_v1 / batch_get_v1"
             ));
-            let r = python_case(&master, shm, &args)?;
-            python_crc = Some(r.crc32c);
-            rows.extend(r.results);
+            match python_case(&master, shm, &args) {
+                Ok(r) => {
+                    python_crc = Some(r.crc32c);
+                    rows.extend(r.results);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break 'paths;
+                }
+            }
         }
     }
     let report = Report {
@@ -256,7 +313,11 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
     } else {
         print_table(&report, &args);
     }
-    Ok(())
+    match failed {
+        // What was measured is printed above; the rest could not be.
+        Some(e) => Err(e.context("PARTIAL RESULTS: the rows above are all that could be measured")),
+        None => Ok(()),
+    }
 }
 
 fn print_table(r: &Report, args: &HicacheBenchArgs) {

@@ -8,6 +8,7 @@ pub mod llm;
 pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;
+pub mod progress;
 pub mod recovery;
 #[cfg(feature = "testkit")]
 pub mod router;

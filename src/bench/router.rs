@@ -296,6 +296,16 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         measure(&rt, port, "gen", 4, &warm, &prompt, None)?;
     }
     let mut rows = Vec::new();
+    let steps = args.cases.len() * args.clients.len() * args.reps.max(1) * 2;
+    let progress =
+        crate::bench::progress::Progress::new("router measurements", steps as u64, args.json);
+    if !args.json {
+        eprintln!(
+            "… router vs direct: {steps} measurements of {} s each (about {:.0} s)",
+            args.seconds,
+            steps as f64 * args.seconds
+        );
+    }
     for case in &args.cases {
         for &clients in &args.clients {
             let mut direct = Vec::new();
@@ -321,6 +331,8 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
                     } else {
                         measure(&rt, worker_ports[0], case, clients, &args, &prompt, None)?
                     };
+                    progress.set_message(&format!("{case}, {clients} clients"));
+                    progress.inc(1);
                     if via_router {
                         routed.push(m);
                     } else {
@@ -346,6 +358,7 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
             });
         }
     }
+    progress.finish();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());

@@ -313,7 +313,11 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
             a.max_concurrency.unwrap_or(usize::MAX >> 4).max(1),
         ));
         let mut arrivals = Arrivals::new(a.request_rate, Distribution::Poisson, a.seed);
-        let bar = indicatif::ProgressBar::new(data.len() as u64);
+        let bar = std::sync::Arc::new(crate::bench::progress::Progress::new(
+            "serving requests",
+            data.len() as u64,
+            a.json,
+        ));
         let start = Instant::now();
         let mut tasks = Vec::with_capacity(data.len());
         let stop = crate::shutdown::Shutdown::on_signals()?;
@@ -346,7 +350,7 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
                 done.push(x);
             }
         }
-        bar.finish_and_clear();
+        bar.finish();
         Ok::<_, anyhow::Error>(result(&a, &done, start.elapsed().as_secs_f64()))
     })?;
     if let Some(f) = &a.output_file {

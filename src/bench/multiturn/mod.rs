@@ -277,13 +277,7 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
     let mut arrivals = Arrivals::new(rate, a.distribution, a.seed);
     let (tx, mut rx) =
         tokio::sync::mpsc::unbounded_channel::<(usize, usize, usize, Outcome, Instant)>();
-    let bar = indicatif::ProgressBar::new(total as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = crate::bench::progress::Progress::new("multiturn requests", total as u64, a.json);
     let start = Instant::now();
     let (mut inflight, mut done, mut failed) = (0usize, 0usize, 0usize);
     let mut records: Vec<Record> = Vec::with_capacity(total);
@@ -373,7 +367,7 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
                     let left = convs[i].rounds() - (round + 1);
                     abandoned += left;
                     total -= left;
-                    bar.set_length(total as u64);
+                    bar.set_total(total as u64);
                     continue;
                 }
                 // The next round: history + answer + the next question.
@@ -392,7 +386,7 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
             _ = stop.wait() => { interrupted = true; break; }
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     let s = summary::summarize(&records, failed, rate);
     Ok(RateResult {
         rounds: summary::rounds(&records),
