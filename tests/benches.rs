@@ -235,16 +235,38 @@ fn a_long_benchmark_shows_progress_lines_when_not_on_a_terminal() {
     let worker = launcher
         .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>(
             "fake",
-            &["bench", "fake-worker", "--host", "127.0.0.1", "--port", "0", "--name", "w"]
-                .map(String::from),
+            &[
+                "bench",
+                "fake-worker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--name",
+                "w",
+            ]
+            .map(String::from),
         )
         .expect("the FAKE worker starts");
     // 14 requests at 2 per second: about 7 s, past the 5 s between progress lines.
     let o = Command::new(BIN)
         .args(["bench", "multiturn", "--host", "127.0.0.1"])
         .args(["--port", &worker.addrs.http.port().to_string()])
-        .args(["--num-clients", "7", "--num-rounds", "2", "--request-length", "64"])
-        .args(["--output-length", "2", "--disable-auto-run", "--request-rate", "2"])
+        .args([
+            "--num-clients",
+            "7",
+            "--num-rounds",
+            "2",
+            "--request-length",
+            "64",
+        ])
+        .args([
+            "--output-length",
+            "2",
+            "--disable-auto-run",
+            "--request-rate",
+            "2",
+        ])
         .args(["--log-file", ""])
         .stdin(Stdio::null())
         .output()

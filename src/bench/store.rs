@@ -64,7 +64,7 @@ pub struct StoreBenchArgs {
     pub json: bool,
 }
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Default, serde::Serialize)]
 struct Report {
     persistent: bool,
     loopback_tcp_gb_per_s: f64,
@@ -622,11 +622,20 @@ fn flood_cases(
 }
 
 fn print_table(r: &Report) {
-    println!(
+    print!("{}", table(r));
+}
+
+/// The report as a person reads it: one aligned row per phase.
+fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; store persistent: {}",
         r.loopback_tcp_gb_per_s, r.memcpy_gb_per_s, r.persistent
     );
-    println!(
+    let _ = writeln!(
+        out,
         "{:<5} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
         "path",
         "op",
@@ -650,7 +659,8 @@ fn print_table(r: &Report) {
             .of_limit
             .map(|l| format!("{:.0} %", l * 100.0))
             .unwrap_or_default();
-        println!(
+        let _ = writeln!(
+            out,
             "{:<5} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
             x.case,
             x.op,
@@ -665,18 +675,60 @@ fn print_table(r: &Report) {
             limit
         );
     }
-    println!("(of limit: large tcp values against the loopback stream, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
+    let _ = writeln!(
+        out,"(of limit: large tcp values against the loopback stream, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
     if r.partial {
-        println!("PARTIAL RESULTS: some phases failed or did not run:");
+        let _ = writeln!(out, "PARTIAL RESULTS: some phases failed or did not run:");
         for f in &r.failures {
-            println!("  {f}");
+            let _ = writeln!(out, "  {f}");
         }
     }
     if let Some(f) = &r.flood {
-        println!(
+        let _ = writeln!(
+            out,
             "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
              flood phases (the rest were refused or closed)",
             f.asked, f.opened, f.held_after
         );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_columns_line_up() {
+        let row = |case: &str, op: &str, value: u64| PhaseResult {
+            case: case.into(),
+            op: op.into(),
+            value_bytes: value,
+            threads: 4,
+            gb_per_s: 12.34,
+            ops_per_s: 123456.0,
+            p50_us: 1234.5,
+            p99_us: 99999.9,
+            errors: 12,
+            evicted: 3,
+            of_limit: Some(0.66),
+            ..Default::default()
+        };
+        let report = Report {
+            results: vec![
+                row("tcp", "put", 4 << 10),
+                row("tcp", "batch_put 32x", 256 << 10),
+                row("tcp", "batch_exists 128x", 0),
+                row("flood", "get", 1 << 20),
+                row("shm", "get", 4 << 20),
+            ],
+            ..Default::default()
+        };
+        let text = table(&report);
+        let lines: Vec<&str> = text.lines().skip(1).take(6).collect();
+        let width = lines[0].chars().count();
+        for l in &lines {
+            assert_eq!(l.chars().count(), width, "{l:?} in\n{text}");
+        }
     }
 }
