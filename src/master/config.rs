@@ -350,4 +350,24 @@ mod tests {
         .to_string();
         assert!(e.contains("line 1"), "{e}");
     }
+
+    #[test]
+    fn the_example_file_parses_and_holds_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/master.toml");
+        let c: MasterConfig = load_toml(&path).unwrap();
+        c.validate().unwrap();
+        let d = MasterConfig::default();
+        assert_eq!(
+            (
+                c.max_connections_per_peer,
+                c.idle_timeout_ms.0,
+                c.request_timeout_ms.0
+            ),
+            (
+                d.max_connections_per_peer,
+                d.idle_timeout_ms.0,
+                d.request_timeout_ms.0
+            )
+        );
+    }
 }

@@ -377,4 +377,24 @@ mod tests {
         })
         .contains("store.metadata_server"));
     }
+
+    #[test]
+    fn the_example_file_parses_and_holds_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/store.toml");
+        let c: StoreConfig = load_toml(&path).unwrap();
+        c.validate().unwrap();
+        let d = StoreConfig::default();
+        assert_eq!(
+            (
+                c.max_connections_per_peer,
+                c.idle_timeout_ms.0,
+                c.request_timeout_ms.0
+            ),
+            (
+                d.max_connections_per_peer,
+                d.idle_timeout_ms.0,
+                d.request_timeout_ms.0
+            )
+        );
+    }
 }
