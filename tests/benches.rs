@@ -84,6 +84,25 @@ fn bench_store_that_could_not_measure_says_so_and_fails() {
     assert!(out.contains("failed (first:"), "{out}");
 }
 
+/// A FAKE worker (`bench fake-worker`) on a free port.
+fn fake_worker(
+    launcher: &rbgctl::launch::Launcher,
+) -> rbgctl::launch::Spawned<rbgctl::testkit::fake_worker::Addrs> {
+    let argv = [
+        "bench",
+        "fake-worker",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--name",
+        "w",
+    ];
+    launcher
+        .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>("fake", &argv.map(String::from))
+        .expect("the FAKE worker starts")
+}
+
 fn multiturn(port: u16, extra: &[&str]) -> Output {
     Command::new(BIN)
         .args([
@@ -177,22 +196,7 @@ fn multiturn_fails_fast_without_a_server_and_never_builds_on_a_failed_turn() {
     assert!(t0.elapsed() < std::time::Duration::from_secs(10));
     // A server whose first two answers fail: those conversations stop, the run says so.
     let launcher = launcher();
-    let worker = launcher
-        .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>(
-            "fake",
-            &[
-                "bench",
-                "fake-worker",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--name",
-                "w",
-            ]
-            .map(String::from),
-        )
-        .expect("the FAKE worker starts");
+    let worker = fake_worker(&launcher);
     let port = worker.addrs.http.port();
     let (code, _) = http(port, "POST", "/fake/fail?count=2&status=500", b"");
     assert_eq!(code, 200);
@@ -232,22 +236,7 @@ fn bench_hicache_checks_its_python_before_measuring_anything() {
 #[test]
 fn a_long_benchmark_shows_progress_lines_when_not_on_a_terminal() {
     let launcher = launcher();
-    let worker = launcher
-        .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>(
-            "fake",
-            &[
-                "bench",
-                "fake-worker",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--name",
-                "w",
-            ]
-            .map(String::from),
-        )
-        .expect("the FAKE worker starts");
+    let worker = fake_worker(&launcher);
     // 14 requests at 2 per second: about 7 s, past the 5 s between progress lines.
     let o = Command::new(BIN)
         .args(["bench", "multiturn", "--host", "127.0.0.1"])
