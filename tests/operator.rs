@@ -453,8 +453,7 @@ fn image_only_update_is_in_place_and_other_changes_recreate() {
         p.len() == 3
             && p.values().all(|p| {
                 p["spec"]["containers"][0]["image"] == "lmsysorg/sglang:v0.5.6"
-                    && p["status"]["containerStatuses"][0]["imageID"]
-                        == "sim://lmsysorg/sglang:v0.5.6"
+                    && p["status"]["containerStatuses"][0]["image"] == "lmsysorg/sglang:v0.5.6"
             })
     }));
     assert!(wait_until(T, || e.ready(name)));
@@ -810,4 +809,50 @@ fn manifests_parse_and_the_examples_reconcile() {
         worst <= 1,
         "prefill and decode drifted apart by {worst} of 2 instances"
     );
+}
+
+#[test]
+fn a_retag_to_the_same_digest_completes_its_inplace_rollout() {
+    let e = env();
+    let op = e.operator("a");
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "rt"},
+        "spec": {"roles": [{"name": "w", "replicas": 2,
+            "rolloutStrategy": {"rollingUpdate": {"type": "InPlaceIfPossible"}},
+            "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}}]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("rt")));
+    let before = e.uids("rbg.workloads.x-k8s.io/group-name=rt");
+    // Another tag of the same content: the kubelet keeps reporting the same image ID.
+    e.kubelet.same_digest("rbgctl:1-retagged", "rbgctl:1");
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "rt",
+            json!([{"op": "replace",
+            "path": "/spec/roles/0/standalonePattern/template/spec/containers/0/image",
+            "value": "rbgctl:1-retagged"}]),
+        )
+        .unwrap();
+    let rolled = || {
+        let pods = e.pods("rbg.workloads.x-k8s.io/group-name=rt");
+        pods.len() == 2
+            && pods
+                .values()
+                .all(|p| p["status"]["containerStatuses"][0]["image"] == "rbgctl:1-retagged")
+            && e.group("rt")["status"]["roleStatuses"][0]["updatedReplicas"] == 2
+            && e.ready("rt")
+    };
+    assert!(
+        wait_until(T, rolled),
+        "the rollout stalled: {}",
+        e.group("rt")["status"]
+    );
+    assert_eq!(
+        e.uids("rbg.workloads.x-k8s.io/group-name=rt"),
+        before,
+        "in place"
+    );
+    drop(op);
 }

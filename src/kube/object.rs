@@ -131,8 +131,12 @@ pub struct Condition<'a> {
 #[serde(rename_all = "camelCase", default)]
 pub struct ContainerStatus<'a> {
     pub name: &'a str,
+    /// The image the kubelet runs, as the spec named it (registries may normalise it).
+    pub image: &'a str,
     #[serde(rename = "imageID")]
     pub image_id: &'a str,
+    pub ready: bool,
+    pub restart_count: u64,
 }
 
 impl<'a> Pod<'a> {
@@ -160,18 +164,65 @@ impl<'a> Pod<'a> {
 
     /// The image ID a container runs, "" when it has no status yet.
     pub fn image_id(&self, container: &str) -> &'a str {
+        self.container_status(container).map_or("", |s| s.image_id)
+    }
+
+    pub fn container_status(&self, container: &str) -> Option<&ContainerStatus<'a>> {
         self.status
             .container_statuses
             .iter()
             .find(|s| s.name == container)
-            .map_or("", |s| s.image_id)
     }
+
+    /// The image the spec asks of a container, "" when there is no such container.
+    pub fn spec_image(&self, container: &str) -> &'a str {
+        self.spec
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .map_or("", |c| c.image)
+    }
+}
+
+/// Whether the image a kubelet reports is the one the spec names. Container runtimes report
+/// a spec's `nginx:1.25` as `docker.io/library/nginx:1.25`, and a tagless name as `:latest`.
+pub fn same_image(spec: &str, reported: &str) -> bool {
+    fn normal(image: &str) -> String {
+        let image = image
+            .strip_prefix("docker.io/library/")
+            .or_else(|| image.strip_prefix("docker.io/"))
+            .unwrap_or(image);
+        let last = image.rsplit('/').next().unwrap_or(image);
+        if last.contains(':') || image.contains('@') {
+            image.to_string()
+        } else {
+            format!("{image}:latest")
+        }
+    }
+    spec == reported || normal(spec) == normal(reported)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn reported_images_match_their_spec_as_runtimes_normalise_them() {
+        assert!(same_image("nginx:1.25", "docker.io/library/nginx:1.25"));
+        assert!(same_image("nginx", "docker.io/library/nginx:latest"));
+        assert!(same_image(
+            "lmsysorg/sglang:v0.5.6",
+            "docker.io/lmsysorg/sglang:v0.5.6"
+        ));
+        assert!(same_image("r.io/a/b@sha256:00", "r.io/a/b@sha256:00"));
+        assert!(same_image("localhost:5000/x", "localhost:5000/x:latest"));
+        assert!(!same_image("nginx:1.25", "docker.io/library/nginx:1.26"));
+        assert!(!same_image(
+            "lmsysorg/sglang:v0.5.6",
+            "lmsysorg/sglang:v0.5.5"
+        ));
+    }
 
     #[test]
     fn views_read_what_is_there_and_empty_for_the_rest() {

@@ -341,6 +341,7 @@ impl Controller {
 pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Value {
     let mut ops = vec![json!({"op": "test", "path": "/metadata/uid", "value": uid})];
     let mut ids = serde_json::Map::new();
+    let mut restarts = serde_json::Map::new();
     let pod = Pod::of(cur);
     for list in ["containers", "initContainers"] {
         let (Some(have), Some(wants)) =
@@ -358,6 +359,8 @@ pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Valu
                 if list == "containers" {
                     let name = c["name"].as_str().unwrap_or("");
                     ids.insert(name.to_string(), json!(pod.image_id(name)));
+                    let count = pod.container_status(name).map_or(0, |s| s.restart_count);
+                    restarts.insert(name.to_string(), json!(count));
                 }
             }
         }
@@ -367,7 +370,7 @@ pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Valu
     }
     ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", escape(REVISION)), "value": rev.hash}));
     ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(SHAPE)), "value": rev.shape}));
-    let state = json!({"revision": rev.hash, "imageIDs": ids,
+    let state = json!({"revision": rev.hash, "imageIDs": ids, "restartCounts": restarts,
         "updateTimestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)});
     ops.push(
         json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(INPLACE_STATE)),

@@ -37,14 +37,19 @@ pub fn pod_ready(p: &Value) -> bool {
     Pod::of(p).is_ready()
 }
 
-/// An in-place update is finished when every container it changed runs an image other
-/// than the one recorded before the patch (the kubelet restarted it).
+/// An in-place update is finished when the kubelet runs, Ready, every container it changed as
+/// the new spec says: the status reports the spec's image, and the container was restarted
+/// (restart count up) or runs other content (image ID changed). A retag to the same content
+/// keeps its image ID; the restart and the reported image still show the update took.
 pub fn inplace_done(pod: &Pod<'_>) -> bool {
-    /// What `controller::inplace_ops` records before an in-place update.
+    /// What `apply::inplace_ops` records before an in-place update.
     #[derive(serde::Deserialize)]
     struct InPlaceState {
         #[serde(default, rename = "imageIDs")]
         image_ids: BTreeMap<String, String>,
+        /// Absent in records written before restart counts were kept.
+        #[serde(default, rename = "restartCounts")]
+        restart_counts: Option<BTreeMap<String, u64>>,
     }
     let recorded = pod.metadata.annotation(INPLACE_STATE);
     if recorded.is_empty() {
@@ -53,9 +58,20 @@ pub fn inplace_done(pod: &Pod<'_>) -> bool {
     let Ok(state) = serde_json::from_str::<InPlaceState>(recorded) else {
         return true;
     };
-    state.image_ids.iter().all(|(container, before)| {
-        let now = pod.image_id(container);
-        before.is_empty() || (!now.is_empty() && now != before)
+    state.image_ids.iter().all(|(container, id_before)| {
+        let Some(now) = pod.container_status(container) else {
+            return false;
+        };
+        let spec = pod.spec_image(container);
+        let takes_spec = spec.is_empty() || crate::kube::object::same_image(spec, now.image);
+        let restarted = state
+            .restart_counts
+            .as_ref()
+            .and_then(|r| r.get(container))
+            .is_some_and(|before| now.restart_count > *before);
+        let new_content = !now.image_id.is_empty() && now.image_id != id_before;
+        let legacy = id_before.is_empty() && state.restart_counts.is_none();
+        takes_spec && now.ready && (restarted || new_content || legacy)
     })
 }
 
@@ -636,14 +652,46 @@ mod tests {
         }));
     }
 
+    fn pod_after_patch(
+        image: &str,
+        status_image: &str,
+        id: &str,
+        restarts: u64,
+        ready: bool,
+    ) -> Value {
+        let state =
+            json!({"revision": "b", "imageIDs": {"c": "sha256:one"}, "restartCounts": {"c": 0}});
+        json!({"metadata": {"annotations": {INPLACE_STATE: state.to_string()}},
+               "spec": {"containers": [{"name": "c", "image": image}]},
+               "status": {"containerStatuses": [{"name": "c", "image": status_image,
+                   "imageID": id, "restartCount": restarts, "ready": ready}]}})
+    }
+
     #[test]
-    fn inplace_completion_reads_image_ids() {
-        let p = json!({"metadata": {"annotations": {INPLACE_STATE: "{\"revision\":\"b\",\"imageIDs\":{\"c\":\"sim://x:1\"}}"}},
-                       "status": {"containerStatuses": [{"name": "c", "imageID": "sim://x:1"}]}});
-        assert!(!inplace_done(&Pod::of(&p)));
-        let mut q = p.clone();
-        q["status"]["containerStatuses"][0]["imageID"] = json!("sim://x:2");
-        assert!(inplace_done(&Pod::of(&q)));
-        assert!(inplace_done(&Pod::of(&json!({"metadata": {}}))));
+    fn an_inplace_update_is_done_when_the_kubelet_runs_the_new_spec_ready() {
+        let done = |p: Value| inplace_done(&Pod::of(&p));
+        // Not yet taken: the kubelet still reports the old image.
+        assert!(!done(pod_after_patch("x:2", "x:1", "sha256:one", 0, true)));
+        // New content, restarted, ready.
+        assert!(done(pod_after_patch(
+            "x:2",
+            "docker.io/library/x:2",
+            "sha256:two",
+            1,
+            true
+        )));
+        // Restarted but not ready yet.
+        assert!(!done(pod_after_patch("x:2", "x:2", "sha256:two", 1, false)));
+        // A retag to the same content: same image ID, but restarted on the new spec.
+        assert!(done(pod_after_patch("x:1b", "x:1b", "sha256:one", 1, true)));
+        // A retag the kubelet has not restarted for yet.
+        assert!(!done(pod_after_patch(
+            "x:1b",
+            "x:1b",
+            "sha256:one",
+            0,
+            true
+        )));
+        assert!(done(json!({"metadata": {}})));
     }
 }

@@ -32,6 +32,8 @@ pub struct Kubelet {
     held: Arc<Mutex<Vec<Selector>>>,
     failed: Arc<Mutex<HashSet<String>>>,
     seen: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Image references that name the same content (a retag): they share a digest.
+    same_digest: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl Kubelet {
@@ -41,11 +43,34 @@ impl Kubelet {
             cfg,
             held: Default::default(),
             failed: Default::default(),
+            same_digest: Default::default(),
             seen: Default::default(),
         }
     }
 
     /// Pods matching `selector` run but are not Ready until released.
+    /// `retag` names the same image content as `original` (another tag of the same digest):
+    /// like a real kubelet, its containers then report the same `imageID`.
+    pub fn same_digest(&self, retag: &str, original: &str) {
+        self.same_digest
+            .lock()
+            .insert(retag.to_string(), original.to_string());
+    }
+
+    /// The `imageID` a kubelet reports: the content's digest, not the tag.
+    fn image_id(&self, image: &str) -> String {
+        let content = self
+            .same_digest
+            .lock()
+            .get(image)
+            .cloned()
+            .unwrap_or_else(|| image.to_string());
+        format!(
+            "sim://sha256:{:016x}",
+            crate::hash::fnv1a(content.as_bytes())
+        )
+    }
+
     pub fn hold(&self, selector: &str) {
         if let Ok(s) = Selector::parse(selector) {
             self.held.lock().push(s);
@@ -157,7 +182,7 @@ impl Kubelet {
                 json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
             };
             statuses.push(json!({"name": cname, "image": image,
-                "imageID": format!("sim://{image}"), "ready": ready, "started": !failed,
+                "imageID": self.image_id(image), "ready": ready, "started": !failed,
                 "restartCount": restarts, "state": state}));
         }
         let ip = old
