@@ -856,3 +856,81 @@ fn a_retag_to_the_same_digest_completes_its_inplace_rollout() {
     );
     drop(op);
 }
+
+#[test]
+fn an_endpoint_the_api_server_refuses_is_left_out_reported_and_blocks_nothing() {
+    let e = env();
+    let op = e.operator("a");
+    let role = |name: &str, replicas: u32| {
+        json!({"name": name, "replicas": replicas,
+               "template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}})
+    };
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha1", "kind": "RoleBasedGroup",
+        "metadata": {"name": "lg"}, "spec": {"roles": [role("a", 2), role("b", 1)]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("lg")));
+    let slice = |role: &str| {
+        e.api
+            .get("endpointslices", NS, &format!("lg-{role}-rbgctl"))
+    };
+    assert!(wait_until(T, || slice("a")
+        .is_some_and(
+            |s| s["endpoints"].as_array().map_or(0, Vec::len) == 2
+        )));
+    // One pod of role a reports a loopback address, which no EndpointSlice may carry.
+    e.api
+        .merge_patch(
+            "pods",
+            NS,
+            "lg-a-0",
+            true,
+            json!({"status": {"podIP": "127.0.0.1"}}),
+        )
+        .unwrap();
+    assert!(
+        wait_until(T, || {
+            e.group("lg")["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "EndpointsPublished"
+                        && c["status"] == "False"
+                        && c["message"]
+                            .as_str()
+                            .unwrap_or("")
+                            .contains("lg-a-0: 127.0.0.1")
+                })
+        }),
+        "{}",
+        e.group("lg")["status"]
+    );
+    assert!(!e.events("EndpointAddressRefused").is_empty());
+    let hosts: Vec<Value> = slice("a").unwrap()["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["hostname"].clone())
+        .collect();
+    assert_eq!(
+        hosts,
+        [json!("lg-a-1")],
+        "the refused pod is left out, the other kept"
+    );
+    // The rest of the group's reconcile goes on: a role removed from the spec loses its pods.
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "lg",
+            json!([{"op": "remove", "path": "/spec/roles/1"}]),
+        )
+        .unwrap();
+    assert!(
+        wait_until(T, || e
+            .pods("rbg.workloads.x-k8s.io/role-name=b")
+            .is_empty()),
+        "role b's pods were not removed"
+    );
+    drop(op);
+}

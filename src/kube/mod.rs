@@ -5,6 +5,7 @@
 pub mod object;
 pub mod patch;
 pub mod selector;
+pub mod validation;
 
 use base64::Engine as _;
 use serde::Deserialize;

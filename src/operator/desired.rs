@@ -288,15 +288,22 @@ pub fn services(g: &Group, role: &Role) -> Vec<Value> {
 }
 
 /// The EndpointSlice for a v1alpha1 group's `<group>-<role>` Service: one endpoint per pod
-/// with an IP, named by its hostname, ready as the pod is.
-pub fn legacy_endpoints(g: &Group, role: &Role, pods: &[&Value]) -> Value {
+/// with an IP, named by its hostname, ready as the pod is. Addresses the API server refuses in
+/// an EndpointSlice (loopback, link-local, ...) are left out and returned, described, so that
+/// one such pod does not make the whole slice (and the group's reconcile) fail.
+pub fn legacy_endpoints(g: &Group, role: &Role, pods: &[&Value]) -> (Value, Vec<String>) {
     let svc = legacy_service_name(&g.name, &role.name);
     let mut v6 = false;
     let mut endpoints: Vec<(String, Value)> = Vec::new();
+    let mut skipped = Vec::new();
     for p in pods {
         let pod = Pod::of(p);
         let ip = pod.status.pod_ip;
         if ip.is_empty() {
+            continue;
+        }
+        if let Err(why) = crate::kube::validation::endpoint_ip(ip) {
+            skipped.push(format!("pod {}: {ip} {why}", pod.metadata.name));
             continue;
         }
         v6 |= ip.contains(':');
@@ -319,12 +326,13 @@ pub fn legacy_endpoints(g: &Group, role: &Role, pods: &[&Value]) -> Value {
         "endpointslice.kubernetes.io/managed-by".into(),
         json!("rbgctl.workloads.x-k8s.io"),
     );
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+    let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
            "metadata": {"name": dns_trunc(&format!("{svc}-rbgctl")), "namespace": g.namespace,
                         "labels": labels, "ownerReferences": owner(g)},
            "addressType": if v6 {"IPv6"} else {"IPv4"},
            "endpoints": endpoints.into_iter().map(|(_, e)| e).collect::<Vec<_>>(),
-           "ports": []})
+           "ports": []});
+    (slice, skipped)
 }
 
 fn role_ports(role: &Role) -> Map<String, Value> {
@@ -561,7 +569,8 @@ mod tests {
         let pods = [json!({"metadata": {"name": "demo-master-0", "uid": "p"},
             "status": {"podIP": "10.0.0.9", "phase": "Running",
                        "conditions": [{"type": "Ready", "status": "True"}]}})];
-        let es = legacy_endpoints(&g, &g.roles[0], &pods.iter().collect::<Vec<_>>());
+        let (es, skipped) = legacy_endpoints(&g, &g.roles[0], &pods.iter().collect::<Vec<_>>());
+        assert!(skipped.is_empty());
         assert_eq!(es["endpoints"][0]["hostname"], "demo-master-0");
         assert_eq!(
             es["metadata"]["labels"]["kubernetes.io/service-name"],

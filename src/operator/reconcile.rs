@@ -136,7 +136,41 @@ impl Controller {
             );
             counts.insert(r.name.clone(), c);
         }
-        self.write_status(&obj, &g, &counts).await?;
+        // A v1alpha1 group's EndpointSlices, computed up front: endpoints the API server would
+        // refuse are left out and reported in the status.
+        let slices: Vec<(Value, Vec<String>)> = if g.legacy {
+            g.roles
+                .iter()
+                .map(|r| {
+                    let mine: Vec<&Value> = pods
+                        .iter()
+                        .filter(|p| {
+                            let m = ObjectMeta::of(p);
+                            m.label(ROLE) == r.name && !m.is_terminating()
+                        })
+                        .collect();
+                    desired::legacy_endpoints(&g, r, &mine)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let refused: Vec<&String> = slices.iter().flat_map(|(_, s)| s).collect();
+        if !refused.is_empty() {
+            let msg = format!(
+                "endpoints left out of the Service (the API server refuses them): {}",
+                refused
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            self.events
+                .post(&obj, "Warning", "EndpointAddressRefused", &msg)
+                .await;
+        }
+        self.write_status(&obj, &g, &counts, g.legacy.then_some(&refused[..]))
+            .await?;
         let user_partition: BTreeMap<String, u32> = g
             .roles
             .iter()
@@ -202,20 +236,19 @@ impl Controller {
                 again |= !stepped;
             }
         }
-        if g.legacy {
-            for r in &g.roles {
-                let mine: Vec<&Value> = pods
-                    .iter()
-                    .filter(|p| {
-                        let m = ObjectMeta::of(p);
-                        m.label(ROLE) == r.name && !m.is_terminating()
-                    })
-                    .collect();
-                self.ensure_slice(desired::legacy_endpoints(&g, r, &mine))
-                    .await?;
+        // One child that cannot be written does not hold the others back: the orphans of
+        // removed roles still go; the first failure is returned afterwards (and retried).
+        let mut failed = None;
+        for (slice, _) in slices {
+            if let Err(e) = self.ensure_slice(slice).await {
+                tracing::warn!(group = %key, error = %e, "EndpointSlice not written");
+                failed.get_or_insert(e);
             }
         }
         self.remove_orphans(&g, &pods).await?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         Ok(if again {
             Next::RequeueAfter(STEP_RETRY)
         } else {
@@ -261,11 +294,13 @@ impl Controller {
         Ok(())
     }
 
+    /// `refused`: for a v1alpha1 group, the endpoints left out of its Services.
     async fn write_status(
         &self,
         obj: &Value,
         g: &Group,
         counts: &BTreeMap<String, plan::Counts>,
+        refused: Option<&[&String]>,
     ) -> Result<(), ReconcileError> {
         let role_statuses: Vec<Value> = g
             .roles
@@ -299,6 +334,17 @@ impl Controller {
         status["observedGeneration"] = json!(g.generation);
         status["roleStatuses"] = Value::Array(role_statuses);
         set_condition(&mut status, cond);
+        if let Some(refused) = refused {
+            let cond = if refused.is_empty() {
+                json!({"type": "EndpointsPublished", "status": "True", "reason": "AllEndpoints",
+                       "message": "every pod with an IP is in its Service's endpoints"})
+            } else {
+                json!({"type": "EndpointsPublished", "status": "False",
+                       "reason": "EndpointAddressRefused",
+                       "message": refused.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")})
+            };
+            set_condition(&mut status, cond);
+        }
         self.put_status(obj, status).await
     }
 

@@ -189,7 +189,8 @@ impl Kubelet {
             .get("podIP")
             .and_then(Value::as_str)
             .map(str::to_string)
-            .unwrap_or_else(|| format!("127.1.{}.{}", (idx / 250) % 250, idx % 250 + 1));
+            // A pod network, as a CNI assigns (never loopback: EndpointSlices refuse it).
+            .unwrap_or_else(|| format!("10.244.{}.{}", (idx / 250) % 250, idx % 250 + 1));
         let cond = |t: &str, ok: bool| {
             json!({"type": t, "status": if ok {"True"} else {"False"},
                    "lastTransitionTime": null})

@@ -132,6 +132,24 @@ pub(super) fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
     {
         return Err(bad("metadata.name: must be a DNS-1035 label".into()));
     }
+    if r.plural == "endpointslices" {
+        // As the real server's ValidateEndpointIP: loopback, link-local ... are refused.
+        for (i, e) in obj["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for (j, a) in e["addresses"].as_array().into_iter().flatten().enumerate() {
+                let ip = a.as_str().unwrap_or("");
+                if let Err(why) = crate::kube::validation::endpoint_ip(ip) {
+                    return Err(bad(format!(
+                        "endpoints[{i}].addresses[{j}]: Invalid value: {ip:?}: {why}"
+                    )));
+                }
+            }
+        }
+    }
     if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
         for (k, v) in labels {
             let v = v
