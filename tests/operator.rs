@@ -92,6 +92,11 @@ impl Env {
     }
 
     fn operator(&self, identity: &str) -> Operator {
+        self.operator_with(identity, &[])
+    }
+
+    /// An operator with extra flags.
+    fn operator_with(&self, identity: &str, extra: &[&str]) -> Operator {
         let argv: Vec<String> = [
             "operator",
             "--metrics-port",
@@ -111,6 +116,7 @@ impl Env {
         .map(String::from)
         .into_iter()
         .chain([self.kubeconfig.display().to_string()])
+        .chain(extra.iter().map(|a| a.to_string()))
         .collect();
         let spawned = self
             .launcher
@@ -933,4 +939,51 @@ fn an_endpoint_the_api_server_refuses_is_left_out_reported_and_blocks_nothing() 
         "role b's pods were not removed"
     );
     drop(op);
+}
+
+#[test]
+fn an_inplace_update_the_kubelet_does_not_confirm_in_time_is_reported() {
+    let e = env();
+    let _op = e.operator_with("a", &["--inplace-timeout-secs", "1"]);
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "slow"},
+        "spec": {"roles": [{"name": "w", "replicas": 1,
+            "rolloutStrategy": {"rollingUpdate": {"type": "InPlaceIfPossible"}},
+            "standalonePattern": {"template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}}]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("slow")));
+    let confirmed = |status: &str| {
+        e.group("slow")["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "InPlaceUpdatesConfirmed" && c["status"] == status)
+    };
+    assert!(wait_until(T, || confirmed("True")));
+    // The kubelet takes the new image but the container never becomes Ready.
+    e.kubelet.hold("rbg.workloads.x-k8s.io/group-name=slow");
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "slow",
+            json!([{"op": "replace",
+            "path": "/spec/roles/0/standalonePattern/template/spec/containers/0/image",
+            "value": "rbgctl:2"}]),
+        )
+        .unwrap();
+    assert!(
+        wait_until(T, || confirmed("False")),
+        "{}",
+        e.group("slow")["status"]
+    );
+    let said = e.events("InPlaceUpdateUnconfirmed");
+    assert!(
+        said.iter()
+            .any(|ev| ev["message"].as_str().unwrap_or("").contains("slow-w-0")),
+        "{said:?}"
+    );
+    // Once the kubelet confirms it, the condition clears.
+    e.kubelet.release_all();
+    assert!(wait_until(T, || confirmed("True") && e.ready("slow")));
 }

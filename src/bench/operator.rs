@@ -76,6 +76,7 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
         resync_secs: resync,
         kube_api_qps: args.kube_api_qps,
         kube_api_burst: args.kube_api_qps.max(1.0) * 2.0,
+        inplace_timeout_secs: 300,
         leader_elect: false,
         lease_name: "rbgctl-operator".into(),
         lease_namespace: None,

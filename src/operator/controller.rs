@@ -50,6 +50,8 @@ pub struct Controller {
     /// In front of every write (`--kube-api-qps`, `--kube-api-burst`).
     pub(super) throttle: Arc<Throttle>,
     pub(super) events: Recorder,
+    /// In-place updates unconfirmed for longer than this are reported.
+    pub(super) inplace_timeout: std::time::Duration,
 }
 
 pub(super) fn ns_of(key: &str) -> (&str, &str) {
@@ -69,9 +71,17 @@ pub(super) fn slices_path(ns: &str) -> String {
 }
 
 impl Controller {
-    pub fn new(kube: Kube, caches: Caches, queue: Arc<Queue>, qps: f64, burst: f64) -> Controller {
+    pub fn new(
+        kube: Kube,
+        caches: Caches,
+        queue: Arc<Queue>,
+        qps: f64,
+        burst: f64,
+        inplace_timeout: std::time::Duration,
+    ) -> Controller {
         let throttle = Arc::new(Throttle::new(qps, burst));
         Controller {
+            inplace_timeout,
             events: Recorder::new(kube.clone(), throttle.clone()),
             throttle,
             kube,

@@ -59,6 +59,11 @@ pub struct OperatorArgs {
     /// Writes allowed at once before `--kube-api-qps` applies (client-go's burst).
     #[arg(long, default_value_t = 100.0)]
     pub kube_api_burst: f64,
+    /// Seconds after which an in-place update the kubelet has not confirmed (new image
+    /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
+    /// condition. Default 300.
+    #[arg(long, default_value_t = 300)]
+    pub inplace_timeout_secs: u64,
     /// Take part in leader election (only the Lease holder acts).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -193,6 +198,7 @@ async fn serve(
         queue.clone(),
         args.kube_api_qps,
         args.kube_api_burst,
+        Duration::from_secs(args.inplace_timeout_secs),
     ));
     if let Some(listener) = metrics {
         start_metrics(listener, ctl.clone(), leader.clone(), shutdown.clone());

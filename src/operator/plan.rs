@@ -30,6 +30,8 @@ pub struct PodView {
     pub terminating: bool,
     pub failed: bool,
     pub scheduled: bool,
+    /// When an in-place update that the kubelet has not yet confirmed was started.
+    pub inplace_unconfirmed_since: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Phase Running and condition Ready=True.
@@ -75,6 +77,16 @@ pub fn inplace_done(pod: &Pod<'_>) -> bool {
     })
 }
 
+/// When the pod's last in-place update was started (`updateTimestamp` of its record).
+pub fn inplace_started(pod: &Pod<'_>) -> Option<chrono::DateTime<chrono::Utc>> {
+    let recorded = pod.metadata.annotation(INPLACE_STATE);
+    let v: Value = serde_json::from_str(recorded).ok()?;
+    let at = v.get("updateTimestamp")?.as_str()?;
+    chrono::DateTime::parse_from_rfc3339(at)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
 pub fn view(p: &Value) -> PodView {
     let pod = Pod::of(p);
     let meta = &pod.metadata;
@@ -88,6 +100,9 @@ pub fn view(p: &Value) -> PodView {
         revision: meta.label(REVISION).to_string(),
         shape: meta.annotation(SHAPE).to_string(),
         ready: pod.is_ready() && inplace_done(&pod),
+        inplace_unconfirmed_since: (!inplace_done(&pod))
+            .then(|| inplace_started(&pod))
+            .flatten(),
         terminating: meta.is_terminating(),
         failed: pod.status.phase == "Failed",
         scheduled: pod.is_scheduled(),
@@ -433,6 +448,7 @@ mod tests {
             terminating: false,
             failed: false,
             scheduled: true,
+            inplace_unconfirmed_since: None,
         }
     }
 

@@ -169,8 +169,54 @@ impl Controller {
                 .post(&obj, "Warning", "EndpointAddressRefused", &msg)
                 .await;
         }
-        self.write_status(&obj, &g, &counts, g.legacy.then_some(&refused[..]))
-            .await?;
+        let mut conditions = Vec::new();
+        if g.legacy {
+            conditions.push(if refused.is_empty() {
+                json!({"type": "EndpointsPublished", "status": "True", "reason": "AllEndpoints",
+                       "message": "every pod with an IP is in its Service's endpoints"})
+            } else {
+                json!({"type": "EndpointsPublished", "status": "False",
+                       "reason": "EndpointAddressRefused",
+                       "message": refused.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")})
+            });
+        }
+        // In-place updates the kubelet has not confirmed in time: said, not waited on silently.
+        let now = chrono::Utc::now();
+        let timeout = chrono::Duration::from_std(self.inplace_timeout).unwrap_or_default();
+        let mut unconfirmed: Vec<&str> = views
+            .values()
+            .flatten()
+            .filter(|p| {
+                p.inplace_unconfirmed_since
+                    .is_some_and(|t| now - t > timeout)
+            })
+            .map(|p| p.name.as_str())
+            .collect();
+        unconfirmed.sort_unstable();
+        let pending_soon = views
+            .values()
+            .flatten()
+            .filter_map(|p| p.inplace_unconfirmed_since)
+            .map(|t| (t + timeout - now).to_std().unwrap_or_default())
+            .filter(|d| !d.is_zero())
+            .min();
+        if unconfirmed.is_empty() {
+            conditions.push(json!({"type": "InPlaceUpdatesConfirmed", "status": "True",
+                "reason": "Confirmed", "message": "no in-place update is overdue"}));
+        } else {
+            let msg = format!(
+                "in-place updates not confirmed by the kubelet within {} s (new image running and \
+                 Ready): {}",
+                self.inplace_timeout.as_secs(),
+                unconfirmed.join(", ")
+            );
+            self.events
+                .post(&obj, "Warning", "InPlaceUpdateUnconfirmed", &msg)
+                .await;
+            conditions.push(json!({"type": "InPlaceUpdatesConfirmed", "status": "False",
+                "reason": "InPlaceUpdateUnconfirmed", "message": msg}));
+        }
+        self.write_status(&obj, &g, &counts, &conditions).await?;
         let user_partition: BTreeMap<String, u32> = g
             .roles
             .iter()
@@ -249,11 +295,12 @@ impl Controller {
         if let Some(e) = failed {
             return Err(e);
         }
-        Ok(if again {
-            Next::RequeueAfter(STEP_RETRY)
-        } else {
-            Next::AwaitChange
-        })
+        // Look again soon after a refused step, and when an in-place update falls due.
+        let soonest = [again.then_some(STEP_RETRY), pending_soon]
+            .into_iter()
+            .flatten()
+            .min();
+        Ok(soonest.map_or(Next::AwaitChange, Next::RequeueAfter))
     }
 
     /// A spec that cannot be reconciled: told once as an event and in the Ready condition;
@@ -294,13 +341,13 @@ impl Controller {
         Ok(())
     }
 
-    /// `refused`: for a v1alpha1 group, the endpoints left out of its Services.
+    /// `conditions`: further conditions to set beside `Ready`.
     async fn write_status(
         &self,
         obj: &Value,
         g: &Group,
         counts: &BTreeMap<String, plan::Counts>,
-        refused: Option<&[&String]>,
+        conditions: &[Value],
     ) -> Result<(), ReconcileError> {
         let role_statuses: Vec<Value> = g
             .roles
@@ -334,16 +381,8 @@ impl Controller {
         status["observedGeneration"] = json!(g.generation);
         status["roleStatuses"] = Value::Array(role_statuses);
         set_condition(&mut status, cond);
-        if let Some(refused) = refused {
-            let cond = if refused.is_empty() {
-                json!({"type": "EndpointsPublished", "status": "True", "reason": "AllEndpoints",
-                       "message": "every pod with an IP is in its Service's endpoints"})
-            } else {
-                json!({"type": "EndpointsPublished", "status": "False",
-                       "reason": "EndpointAddressRefused",
-                       "message": refused.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")})
-            };
-            set_condition(&mut status, cond);
+        for c in conditions {
+            set_condition(&mut status, c.clone());
         }
         self.put_status(obj, status).await
     }
