@@ -88,18 +88,7 @@ fn bench_store_that_could_not_measure_says_so_and_fails() {
 fn fake_worker(
     launcher: &rbgctl::launch::Launcher,
 ) -> rbgctl::launch::Spawned<rbgctl::testkit::fake_worker::Addrs> {
-    let argv = [
-        "bench",
-        "fake-worker",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--name",
-        "w",
-    ];
-    launcher
-        .spawn_argv::<rbgctl::testkit::fake_worker::Addrs>("fake", &argv.map(String::from))
+    rbgctl::testkit::fake_worker::spawn(launcher, "127.0.0.1", 0, "w", &[])
         .expect("the FAKE worker starts")
 }
 

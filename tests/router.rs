@@ -29,15 +29,12 @@ fn launcher() -> &'static Launcher {
 
 /// A FAKE worker on `host:port` (port 0: the kernel chooses).
 fn fake_worker_on(host: &str, port: u16, name: &str, extra: &[&str]) -> Worker {
-    let argv: Vec<String> = ["bench", "fake-worker", "--host", host, "--threads", "1"]
+    let extra: Vec<&str> = ["--threads", "1"]
         .into_iter()
-        .chain(["--port", &port.to_string(), "--name", name])
         .chain(extra.iter().copied())
-        .map(String::from)
         .collect();
-    let w: Spawned<fake_worker::Addrs> = launcher()
-        .spawn_argv(&format!("worker-{name}"), &argv)
-        .expect("the fake worker starts");
+    let w =
+        fake_worker::spawn(launcher(), host, port, name, &extra).expect("the fake worker starts");
     Worker {
         port: w.addrs.http.port(),
         proc: w.process,

@@ -237,25 +237,27 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
     let launcher = Launcher::new(Logs::Null)?;
     let mut workers: Vec<Spawned<fake_worker::Addrs>> = Vec::new();
     for i in 0..args.workers.max(1) {
-        let argv: Vec<String> = [
-            "bench",
-            "fake-worker",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--name",
-            &format!("w{i}"),
+        let (tokens, cpu_us, threads) = (
+            args.tokens.to_string(),
+            args.worker_cpu_us.to_string(),
+            args.worker_threads.to_string(),
+        );
+        let extra = [
             "--tokens",
-            &args.tokens.to_string(),
+            &tokens,
             "--cpu-us",
-            &args.worker_cpu_us.to_string(),
+            &cpu_us,
             "--threads",
-            &args.worker_threads.to_string(),
-        ]
-        .map(String::from)
-        .to_vec();
-        workers.push(launcher.spawn_argv(&format!("worker-{i}"), &argv)?);
+            &threads,
+        ];
+        let name = format!("w{i}");
+        workers.push(fake_worker::spawn(
+            &launcher,
+            "127.0.0.1",
+            0,
+            &name,
+            &extra,
+        )?);
     }
     let worker_ports: Vec<u16> = workers.iter().map(|w| w.addrs.http.port()).collect();
     let router = launcher.spawn::<launch::Router>(

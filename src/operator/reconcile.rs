@@ -155,15 +155,14 @@ impl Controller {
         } else {
             Vec::new()
         };
-        let refused: Vec<&String> = slices.iter().flat_map(|(_, s)| s).collect();
+        let refused: Vec<&str> = slices
+            .iter()
+            .flat_map(|(_, s)| s.iter().map(String::as_str))
+            .collect();
+        let refused = refused.join("; ");
         if !refused.is_empty() {
             let msg = format!(
-                "endpoints left out of the Service (the API server refuses them): {}",
-                refused
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                "endpoints left out of the Service (the API server refuses them): {refused}"
             );
             self.events
                 .post(&obj, "Warning", "EndpointAddressRefused", &msg)
@@ -177,7 +176,7 @@ impl Controller {
             } else {
                 json!({"type": "EndpointsPublished", "status": "False",
                        "reason": "EndpointAddressRefused",
-                       "message": refused.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")})
+                       "message": refused})
             });
         }
         // In-place updates the kubelet has not confirmed in time: said, not waited on silently.

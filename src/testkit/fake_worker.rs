@@ -347,6 +347,33 @@ pub struct Addrs {
     pub http: std::net::SocketAddr,
 }
 
+/// Starts a FAKE worker as a child process (`rbgctl bench fake-worker`) on `host:port` (port
+/// 0: the kernel chooses), with `extra` flags; returns once it listens.
+pub fn spawn(
+    launcher: &crate::launch::Launcher,
+    host: &str,
+    port: u16,
+    name: &str,
+    extra: &[&str],
+) -> Result<crate::launch::Spawned<Addrs>, crate::launch::LaunchError> {
+    let port = port.to_string();
+    let argv: Vec<String> = [
+        "bench",
+        "fake-worker",
+        "--host",
+        host,
+        "--port",
+        &port,
+        "--name",
+        name,
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    .map(String::from)
+    .collect();
+    launcher.spawn_argv(&format!("worker-{name}"), &argv)
+}
+
 /// Runs a FAKE worker until SIGINT or SIGTERM.
 pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
     let listener = crate::role::bind("fake worker", &args.host, args.port)
