@@ -10,6 +10,8 @@ pub(super) struct Target {
     pub(super) ns: Option<String>,
     pub(super) name: Option<String>,
     pub(super) status: bool,
+    /// The `scale` subresource.
+    pub(super) scale: bool,
 }
 
 pub(super) fn parse_path(path: &str) -> Option<Target> {
@@ -32,9 +34,10 @@ pub(super) fn parse_path(path: &str) -> Option<Target> {
     let r = RESOURCES
         .iter()
         .find(|r| r.plural == plural && r.group == group && r.versions.contains(&version))?;
-    let status = match sub {
-        None => false,
-        Some("status") if r.status => true,
+    let (status, scale) = match sub {
+        None => (false, false),
+        Some("status") if r.status => (true, false),
+        Some("scale") if r.scale.is_some() => (false, true),
         Some(_) => return None,
     };
     Some(Target {
@@ -43,6 +46,7 @@ pub(super) fn parse_path(path: &str) -> Option<Target> {
         ns,
         name,
         status,
+        scale,
     })
 }
 
@@ -96,6 +100,17 @@ pub(super) async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
+    if method == Method::GET {
+        if let Some(d) = discovery(&path) {
+            *api.inner
+                .lock()
+                .counts
+                .by_verb
+                .entry("discovery".into())
+                .or_default() += 1;
+            return reply(200, d);
+        }
+    }
     let Some(t) = parse_path(&path) else {
         return reply(
             404,
@@ -166,40 +181,51 @@ pub(super) async fn handle(
             .map_err(|e| api_err(400, "BadRequest", format!("body is not JSON: {e}")))
     };
     let ns = t.ns.clone().unwrap_or_default();
-    let result = match (verb, &t.name) {
-        ("watch", _) => {
-            return match inner.watch(&t, &q) {
-                Ok((rx, timeout)) => Response::new(events(rx, timeout)),
-                Err(e) => reply(e.code, e.status()),
-            };
-        }
-        ("list", _) => inner.list(&t, &q),
-        ("get", Some(name)) => inner
-            .objects
-            .get(&(t.r.plural, ns.clone(), name.clone()))
-            .map(|o| inner.served(t.r, &t.version, o))
-            .ok_or_else(|| {
-                api_err(
-                    404,
-                    "NotFound",
-                    format!("{} {name:?} not found", t.r.plural),
-                )
-            }),
-        ("create", None) if t.ns.is_some() && !t.status => {
-            parsed_body().and_then(|b| inner.create(t.r, &t.version, &ns, b))
-        }
-        ("update", Some(name)) if t.ns.is_some() => {
-            parsed_body().and_then(|b| inner.update(t.r, &t.version, &ns, name, t.status, b))
-        }
-        ("patch", Some(name)) if t.ns.is_some() => {
-            parsed_body().and_then(|b| inner.patch(t.r, &t.version, &ns, name, t.status, &ct, &b))
-        }
-        ("delete", Some(name)) if t.ns.is_some() => {
-            let opts = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            inner.delete(t.r, &t.version, &ns, name, &opts)
-        }
-        _ => Err(api_err(405, "MethodNotAllowed", format!("{method} {path}"))),
-    };
+    let result =
+        match (verb, &t.name) {
+            ("watch", _) => {
+                return match inner.watch(&t, &q) {
+                    Ok((rx, timeout)) => Response::new(events(rx, timeout)),
+                    Err(e) => reply(e.code, e.status()),
+                };
+            }
+            ("get", Some(name)) if t.scale => inner.get_scale(t.r, &ns, name),
+            ("update", Some(name)) if t.scale && t.ns.is_some() => {
+                parsed_body().and_then(|b| inner.write_scale(t.r, &t.version, &ns, name, None, &b))
+            }
+            ("patch", Some(name)) if t.scale && t.ns.is_some() => parsed_body()
+                .and_then(|b| inner.write_scale(t.r, &t.version, &ns, name, Some(&ct), &b)),
+            (_, _) if t.scale => Err(api_err(
+                405,
+                "MethodNotAllowed",
+                format!("{method} {path}: the scale subresource serves get, update and patch"),
+            )),
+            ("list", _) => inner.list(&t, &q),
+            ("get", Some(name)) => inner
+                .objects
+                .get(&(t.r.plural, ns.clone(), name.clone()))
+                .map(|o| inner.served(t.r, &t.version, o))
+                .ok_or_else(|| {
+                    api_err(
+                        404,
+                        "NotFound",
+                        format!("{} {name:?} not found", t.r.plural),
+                    )
+                }),
+            ("create", None) if t.ns.is_some() && !t.status => {
+                parsed_body().and_then(|b| inner.create(t.r, &t.version, &ns, b))
+            }
+            ("update", Some(name)) if t.ns.is_some() => {
+                parsed_body().and_then(|b| inner.update(t.r, &t.version, &ns, name, t.status, b))
+            }
+            ("patch", Some(name)) if t.ns.is_some() => parsed_body()
+                .and_then(|b| inner.patch(t.r, &t.version, &ns, name, t.status, &ct, &b)),
+            ("delete", Some(name)) if t.ns.is_some() => {
+                let opts = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                inner.delete(t.r, &t.version, &ns, name, &opts)
+            }
+            _ => Err(api_err(405, "MethodNotAllowed", format!("{method} {path}"))),
+        };
     match result {
         Ok(v) => reply(if verb == "create" { 201 } else { 200 }, v),
         Err(e) => reply(e.code, e.status()),
@@ -219,5 +245,88 @@ pub(super) fn field_name(q: &HashMap<String, String>) -> Result<Option<String>, 
                     format!("field selector {f:?}: only metadata.name is served here"),
                 )
             }),
+    }
+}
+
+/// Discovery, as kubectl reads it to map `rbgsa/NAME` to a resource: `/api`, `/apis`, each
+/// group version's resource list (with short names and subresources) and `/version`.
+/// Served as the legacy (unaggregated) documents, which clients fall back to.
+pub(super) fn discovery(path: &str) -> Option<Value> {
+    let path = path.trim_end_matches('/');
+    let versions = |group: &str| -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = Vec::new();
+        for r in RESOURCES.iter().filter(|r| r.group == group) {
+            for x in r.versions {
+                if !v.contains(x) {
+                    v.push(x);
+                }
+            }
+        }
+        v
+    };
+    match path {
+        "/version" => Some(
+            json!({"major": "1", "minor": "32", "gitVersion": "v1.32.0-rbgctl-standin",
+                                 "platform": "linux/amd64"}),
+        ),
+        "/api" => Some(json!({"kind": "APIVersions", "versions": ["v1"]})),
+        "/apis" => {
+            let mut groups: Vec<&str> = Vec::new();
+            for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+                if !groups.contains(&r.group) {
+                    groups.push(r.group);
+                }
+            }
+            let groups: Vec<Value> = groups
+                .into_iter()
+                .map(|g| {
+                    let vs: Vec<Value> = versions(g)
+                        .into_iter()
+                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                        .collect();
+                    json!({"name": g, "versions": vs, "preferredVersion": vs[0]})
+                })
+                .collect();
+            Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+        }
+        _ => {
+            let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+            let (group, version) = match parts.as_slice() {
+                ["api", v] => ("", *v),
+                ["apis", g, v] => (*g, *v),
+                _ => return None,
+            };
+            if !versions(group).contains(&version) {
+                return None;
+            }
+            let mut resources = Vec::new();
+            for r in RESOURCES
+                .iter()
+                .filter(|r| r.group == group && r.versions.contains(&version))
+            {
+                resources.push(json!({"name": r.plural, "singularName": r.singular,
+                    "namespaced": true, "kind": r.kind, "shortNames": r.short_names,
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}));
+                if r.status {
+                    resources.push(json!({"name": format!("{}/status", r.plural),
+                        "singularName": "", "namespaced": true, "kind": r.kind,
+                        "verbs": ["get", "patch", "update"]}));
+                }
+                if r.scale.is_some() {
+                    resources.push(json!({"name": format!("{}/scale", r.plural),
+                        "singularName": "", "namespaced": true, "group": "autoscaling",
+                        "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}));
+                }
+            }
+            let gv = if group.is_empty() {
+                version.to_string()
+            } else {
+                format!("{group}/{version}")
+            };
+            Some(
+                json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                        "resources": resources}),
+            )
+        }
     }
 }

@@ -5,7 +5,8 @@
 //! - Resources: pods, services, configmaps, events (core/v1), endpointslices
 //!   (discovery.k8s.io/v1), leases (coordination.k8s.io/v1), controllerrevisions (apps/v1),
 //!   rolebasedgroups (workloads.x-k8s.io v1alpha1 and v1alpha2, one stored object served at
-//!   both versions as a CRD with conversion strategy `None` does) and coordinatedpolicies.
+//!   both versions as a CRD with conversion strategy `None` does), coordinatedpolicies,
+//!   rolebasedgroupscalingadapters and rolebasedgroupsets (v1alpha2).
 //! - One global resourceVersion counter; every write bumps it. uid, creationTimestamp and
 //!   generation are server-owned; generation moves only when something outside metadata and
 //!   status changes.
@@ -20,6 +21,9 @@
 //! - WATCH from a resourceVersion: history replay, label-selector transitions as
 //!   ADDED/DELETED, bookmarks when asked, `timeoutSeconds`, and `410 Gone` as an ERROR
 //!   event once the history is compacted past the requested version.
+//! - The `scale` subresource (autoscaling/v1 Scale) of the CRDs that declare one
+//!   (rolebasedgroupscalingadapters, rolebasedgroupsets), and discovery (`/api`, `/apis`,
+//!   resource lists with short names), so `kubectl scale rbgsa/NAME` works against it.
 //! - Not done: owner-reference garbage collection (deleting an owner leaves its children,
 //!   which is why the operator has a finalizer), admission webhooks, RBAC, server-side apply.
 //!
@@ -265,6 +269,26 @@ impl ApiServer {
             .patch(r, r.versions[0], ns, name, status, content_type, body)
     }
 
+    /// Sets `spec.replicas` through the `scale` subresource, as `kubectl scale` or a
+    /// HorizontalPodAutoscaler does; returns the Scale.
+    pub fn scale(
+        &self,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        replicas: i64,
+    ) -> Result<Value, ApiError> {
+        let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
+        self.inner.lock().write_scale(
+            r,
+            r.versions[0],
+            ns,
+            name,
+            Some("application/merge-patch+json"),
+            &json!({"spec": {"replicas": replicas}}),
+        )
+    }
+
     pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
         let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
         self.inner
@@ -430,6 +454,86 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(e.code, 404);
+    }
+
+    #[test]
+    fn the_scale_subresource_reads_and_writes_the_declared_paths() {
+        let api = ApiServer::new();
+        let e = api
+            .create(
+                "rolebasedgroupscalingadapters",
+                "ns",
+                json!({"metadata": {"name": "a"}, "spec": {"scaleTargetRef": {"name": "g"}}}),
+            )
+            .unwrap_err();
+        assert!(e.message.contains("scaleTargetRef.role"), "{}", e.message);
+        api.create(
+            "rolebasedgroupscalingadapters",
+            "ns",
+            json!({"metadata": {"name": "a"},
+                   "spec": {"replicas": 2, "scaleTargetRef": {"name": "g", "role": "r"}}}),
+        )
+        .unwrap();
+        api.merge_patch(
+            "rolebasedgroupscalingadapters",
+            "ns",
+            "a",
+            true,
+            json!({"status": {"replicas": 2, "selector": "x=y"}}),
+        )
+        .unwrap();
+        let s = api
+            .scale("rolebasedgroupscalingadapters", "ns", "a", 5)
+            .unwrap();
+        assert_eq!(s["kind"], "Scale");
+        assert_eq!(s["apiVersion"], "autoscaling/v1");
+        assert_eq!(s["spec"]["replicas"], 5);
+        assert_eq!(s["status"], json!({"replicas": 2, "selector": "x=y"}));
+        let a = api.get("rolebasedgroupscalingadapters", "ns", "a").unwrap();
+        assert_eq!(a["spec"]["replicas"], 5);
+        assert_eq!(a["metadata"]["generation"], 2, "a scale is a spec change");
+        let e = api
+            .scale("rolebasedgroupscalingadapters", "ns", "a", -1)
+            .unwrap_err();
+        assert_eq!(e.code, 422);
+        let e = api.scale("configmaps", "ns", "a", 1).unwrap_err();
+        assert_eq!(e.code, 404);
+        // Sets default to one replica, as the CRD's schema says.
+        let set = api
+            .create(
+                "rolebasedgroupsets",
+                "ns",
+                json!({"metadata": {"name": "s"},
+                       "spec": {"groupTemplate": {"spec": {"roles": [{"name": "r"}]}}}}),
+            )
+            .unwrap();
+        assert_eq!(set["spec"]["replicas"], 1);
+        assert!(parse_path(
+            "/apis/workloads.x-k8s.io/v1alpha2/namespaces/ns/rolebasedgroups/g/scale"
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn discovery_names_short_names_and_the_scale_subresource() {
+        let apis = discovery("/apis").unwrap();
+        assert!(apis["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["name"] == "workloads.x-k8s.io"
+                && g["preferredVersion"]["version"] == "v1alpha2"));
+        let list = discovery("/apis/workloads.x-k8s.io/v1alpha2").unwrap();
+        let rs = list["resources"].as_array().unwrap();
+        assert!(rs
+            .iter()
+            .any(|r| r["name"] == "rolebasedgroupscalingadapters"
+                && r["shortNames"] == json!(["rbgsa"])));
+        assert!(rs
+            .iter()
+            .any(|r| r["name"] == "rolebasedgroupsets/scale" && r["kind"] == "Scale"));
+        assert!(discovery("/api/v1").is_some());
+        assert!(discovery("/apis/workloads.x-k8s.io/v9").is_none());
     }
 
     #[test]

@@ -2,14 +2,26 @@
 
 use super::*;
 
-/// A resource type the stand-in serves.
+/// A resource type the stand-in serves (every one is namespaced).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Resource {
     pub group: &'static str,
     pub versions: &'static [&'static str],
     pub plural: &'static str,
+    pub singular: &'static str,
     pub kind: &'static str,
+    pub short_names: &'static [&'static str],
     pub status: bool,
+    /// The `scale` subresource, as a CRD's `subresources.scale` declares it.
+    pub scale: Option<ScalePaths>,
+}
+
+/// Where a CRD keeps what its `scale` subresource reads and writes (JSON pointers).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ScalePaths {
+    pub spec_replicas: &'static str,
+    pub status_replicas: &'static str,
+    pub label_selector: Option<&'static str>,
 }
 
 pub const RESOURCES: &[Resource] = &[
@@ -17,64 +29,119 @@ pub const RESOURCES: &[Resource] = &[
         group: "",
         versions: &["v1"],
         plural: "pods",
+        singular: "pod",
         kind: "Pod",
+        short_names: &[],
         status: true,
+        scale: None,
     },
     Resource {
         group: "",
         versions: &["v1"],
         plural: "services",
+        singular: "service",
         kind: "Service",
+        short_names: &["svc"],
         status: true,
+        scale: None,
     },
     Resource {
         group: "",
         versions: &["v1"],
         plural: "configmaps",
+        singular: "configmap",
         kind: "ConfigMap",
+        short_names: &["cm"],
         status: false,
+        scale: None,
     },
     Resource {
         group: "",
         versions: &["v1"],
         plural: "events",
+        singular: "event",
         kind: "Event",
+        short_names: &["ev"],
         status: false,
+        scale: None,
     },
     Resource {
         group: "discovery.k8s.io",
         versions: &["v1"],
         plural: "endpointslices",
+        singular: "endpointslice",
         kind: "EndpointSlice",
+        short_names: &[],
         status: false,
+        scale: None,
     },
     Resource {
         group: "coordination.k8s.io",
         versions: &["v1"],
         plural: "leases",
+        singular: "lease",
         kind: "Lease",
+        short_names: &[],
         status: false,
+        scale: None,
     },
     Resource {
         group: "apps",
         versions: &["v1"],
         plural: "controllerrevisions",
+        singular: "controllerrevision",
         kind: "ControllerRevision",
+        short_names: &[],
         status: false,
+        scale: None,
     },
     Resource {
         group: "workloads.x-k8s.io",
         versions: &["v1alpha2", "v1alpha1"],
         plural: "rolebasedgroups",
+        singular: "rolebasedgroup",
         kind: "RoleBasedGroup",
+        short_names: &["rbg"],
         status: true,
+        scale: None,
     },
     Resource {
         group: "workloads.x-k8s.io",
         versions: &["v1alpha2"],
         plural: "coordinatedpolicies",
+        singular: "coordinatedpolicy",
         kind: "CoordinatedPolicy",
+        short_names: &["cpolicy"],
         status: true,
+        scale: None,
+    },
+    Resource {
+        group: "workloads.x-k8s.io",
+        versions: &["v1alpha2"],
+        plural: "rolebasedgroupscalingadapters",
+        singular: "rolebasedgroupscalingadapter",
+        kind: "RoleBasedGroupScalingAdapter",
+        short_names: &["rbgsa"],
+        status: true,
+        scale: Some(ScalePaths {
+            spec_replicas: "/spec/replicas",
+            status_replicas: "/status/replicas",
+            label_selector: Some("/status/selector"),
+        }),
+    },
+    Resource {
+        group: "workloads.x-k8s.io",
+        versions: &["v1alpha2"],
+        plural: "rolebasedgroupsets",
+        singular: "rolebasedgroupset",
+        kind: "RoleBasedGroupSet",
+        short_names: &["rbgs"],
+        status: true,
+        scale: Some(ScalePaths {
+            spec_replicas: "/spec/replicas",
+            status_replicas: "/status/replicas",
+            label_selector: None,
+        }),
     },
 ];
 
@@ -150,6 +217,50 @@ pub(super) fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
             }
         }
     }
+    let count = |at: &str| -> Result<(), ApiError> {
+        match obj.pointer(at) {
+            None => Ok(()),
+            Some(v)
+                if v.as_i64()
+                    .is_some_and(|n| (0..=i32::MAX as i64).contains(&n)) =>
+            {
+                Ok(())
+            }
+            Some(v) => Err(bad(format!(
+                "{}: Invalid value: {v}: should be an integer from 0 to 2147483647",
+                at.trim_start_matches('/').replace('/', ".")
+            ))),
+        }
+    };
+    let required_str = |at: &str| -> Result<(), ApiError> {
+        match obj.pointer(at).and_then(Value::as_str) {
+            Some(s) if !s.is_empty() => Ok(()),
+            _ => Err(bad(format!(
+                "{}: Required value",
+                at.trim_start_matches('/').replace('/', ".")
+            ))),
+        }
+    };
+    match r.plural {
+        "rolebasedgroupscalingadapters" => {
+            count("/spec/replicas")?;
+            required_str("/spec/scaleTargetRef/name")?;
+            required_str("/spec/scaleTargetRef/role")?;
+        }
+        "rolebasedgroupsets" => {
+            count("/spec/replicas")?;
+            if !obj
+                .pointer("/spec/groupTemplate/spec/roles")
+                .and_then(Value::as_array)
+                .is_some_and(|r| !r.is_empty())
+            {
+                return Err(bad(
+                    "spec.groupTemplate.spec.roles: Required value (at least one role)".into(),
+                ));
+            }
+        }
+        _ => {}
+    }
     if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
         for (k, v) in labels {
             let v = v
@@ -184,6 +295,16 @@ pub(super) fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// The defaults a CRD's schema gives fields left out (applied on every write, as the real
+/// server does when it decodes a request).
+pub(super) fn default_fields(r: &Resource, obj: &mut Value) {
+    if r.plural == "rolebasedgroupsets" && obj.pointer("/spec/replicas").is_none() {
+        if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("replicas".into(), json!(1));
+        }
+    }
 }
 
 /// A pod's spec with container images blanked: the part the real server keeps immutable.

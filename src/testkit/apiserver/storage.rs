@@ -172,6 +172,7 @@ impl Inner {
         }
         obj["metadata"]["name"] = json!(name);
         obj["metadata"]["namespace"] = json!(ns);
+        default_fields(r, &mut obj);
         validate(r, &obj)?;
         let key = (r.plural, ns.to_string(), name.clone());
         if self.objects.contains_key(&key) {
@@ -264,6 +265,7 @@ impl Inner {
                     }
                 }
             }
+            default_fields(r, &mut new);
             validate(r, &new)?;
             if r.plural == "pods"
                 && pod_spec_sans_images(&old["spec"]) != pod_spec_sans_images(&new["spec"])
@@ -419,6 +421,125 @@ impl Inner {
         gone["metadata"]["resourceVersion"] = json!(rv.to_string());
         self.record(r, ns, "DELETED", Some(old), gone.clone());
         Some(gone)
+    }
+}
+
+/// The `scale` subresource (autoscaling/v1 Scale), as the real server serves it for a CRD.
+impl Inner {
+    fn scale_paths<'a>(r: &'a Resource, name: &str) -> Result<&'a ScalePaths, ApiError> {
+        r.scale.as_ref().ok_or_else(|| {
+            api_err(
+                404,
+                "NotFound",
+                format!(
+                    "{} {name:?}: the server could not find the requested resource (scale)",
+                    r.plural
+                ),
+            )
+        })
+    }
+
+    /// The object's Scale: spec.replicas from the spec path (0 when absent), status from
+    /// the status paths.
+    fn scale_view(paths: &ScalePaths, o: &Value) -> Value {
+        let m = &o["metadata"];
+        let mut status = json!({"replicas": o.pointer(paths.status_replicas)
+            .and_then(Value::as_i64).unwrap_or(0)});
+        if let Some(sel) = paths
+            .label_selector
+            .and_then(|p| o.pointer(p))
+            .and_then(Value::as_str)
+        {
+            status["selector"] = json!(sel);
+        }
+        json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+               "metadata": {"name": m["name"], "namespace": m["namespace"], "uid": m["uid"],
+                            "resourceVersion": m["resourceVersion"],
+                            "creationTimestamp": m["creationTimestamp"]},
+               "spec": {"replicas": o.pointer(paths.spec_replicas).and_then(Value::as_i64).unwrap_or(0)},
+               "status": status})
+    }
+
+    pub(super) fn get_scale(&self, r: &Resource, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let paths = Self::scale_paths(r, name)?;
+        let (_, o) = self.existing(r, ns, name)?;
+        Ok(Self::scale_view(paths, &o))
+    }
+
+    /// PUT or PATCH of the Scale: the new `spec.replicas` is written to the object's spec
+    /// path (a spec change: generation moves), under the Scale's resourceVersion when it
+    /// names one.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn write_scale(
+        &mut self,
+        r: &'static Resource,
+        version: &str,
+        ns: &str,
+        name: &str,
+        ct: Option<&str>,
+        body: &Value,
+    ) -> Result<Value, ApiError> {
+        let paths = Self::scale_paths(r, name)?;
+        let (_, old) = self.existing(r, ns, name)?;
+        let scale = match ct {
+            None => body.clone(),
+            Some(ct) => {
+                let mut s = Self::scale_view(paths, &old);
+                s["metadata"]["resourceVersion"] = json!("");
+                match ct {
+                    "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                        patch::merge(&mut s, body)
+                    }
+                    "application/json-patch+json" => patch::json_patch(&mut s, body)
+                        .map_err(|e| api_err(422, "Invalid", e.to_string()))?,
+                    other => {
+                        return Err(api_err(
+                            415,
+                            "UnsupportedMediaType",
+                            format!("{other:?} is not a patch type served here"),
+                        ))
+                    }
+                }
+                s
+            }
+        };
+        let replicas = scale
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .filter(|n| (0..=i32::MAX as i64).contains(n))
+            .ok_or_else(|| {
+                api_err(
+                    422,
+                    "Invalid",
+                    format!(
+                        "Scale {name:?} is invalid: spec.replicas: Invalid value: {}: must be greater than or equal to 0",
+                        scale.pointer("/spec/replicas").unwrap_or(&Value::Null)
+                    ),
+                )
+            })?;
+        let mut new = old.clone();
+        new["metadata"]["resourceVersion"] = scale
+            .pointer("/metadata/resourceVersion")
+            .cloned()
+            .unwrap_or(json!(""));
+        let mut at = paths
+            .spec_replicas
+            .trim_start_matches('/')
+            .split('/')
+            .peekable();
+        let mut cur = &mut new;
+        while let Some(k) = at.next() {
+            if at.peek().is_none() {
+                cur[k] = json!(replicas);
+                break;
+            }
+            if !cur[k].is_object() {
+                cur[k] = json!({});
+            }
+            cur = &mut cur[k];
+        }
+        let written = self.write(r, version, ns, name, false, new)?;
+        Ok(Self::scale_view(paths, &written))
     }
 }
 
