@@ -249,10 +249,10 @@ pub(super) fn validate(r: &Resource, obj: &Value) -> Result<(), ApiError> {
         }
         "rolebasedgroupsets" => {
             count("/spec/replicas")?;
-            if !obj
+            if obj
                 .pointer("/spec/groupTemplate/spec/roles")
                 .and_then(Value::as_array)
-                .is_some_and(|r| !r.is_empty())
+                .is_none_or(Vec::is_empty)
             {
                 return Err(bad(
                     "spec.groupTemplate.spec.roles: Required value (at least one role)".into(),
