@@ -59,11 +59,11 @@ impl std::ops::DerefMut for Operator {
 }
 
 impl Operator {
-    /// Reconciles started so far (`rbgctl_operator_reconciles_total`).
+    /// Group reconciles started so far (`rbgctl_operator_reconciles_total{kind="group"}`).
     fn reconciles(&self) -> u64 {
         let (_, text) = common::http(self.metrics_port, "GET", "/metrics", b"");
         text.lines()
-            .find_map(|l| l.strip_prefix("rbgctl_operator_reconciles_total "))
+            .find_map(|l| l.strip_prefix("rbgctl_operator_reconciles_total{kind=\"group\"} "))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map_or(0, |v| v as u64)
     }
@@ -166,6 +166,54 @@ impl Env {
             .into_iter()
             .filter(|e| e["reason"] == reason)
             .collect()
+    }
+}
+
+impl Env {
+    /// Runs the real `kubectl` against the stand-in (discovery cache in the test's folder).
+    /// Without kubectl on the PATH, CI fails; elsewhere the scale goes through the same
+    /// `scale` subresource with the stand-in's client, and the test says so.
+    fn kubectl_scale(&self, resource: &str, replicas: u32) {
+        let cache = self._dir.path().join("kubectl-cache");
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["scale", resource, "--replicas", &replicas.to_string()])
+            .output();
+        match out {
+            Ok(o) => assert!(
+                o.status.success(),
+                "kubectl scale {resource}: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(err) if std::env::var_os("CI").is_none() => {
+                eprintln!("kubectl not runnable ({err}): scaling {resource} through the stand-in's client");
+                let (kind, name) = resource.split_once('/').unwrap();
+                let plural = match kind {
+                    "rbgsa" => "rolebasedgroupscalingadapters",
+                    "rbgs" => "rolebasedgroupsets",
+                    k => panic!("no plural for {k}"),
+                };
+                self.api.scale(plural, NS, name, replicas.into()).unwrap();
+            }
+            Err(err) => panic!("CI needs kubectl on the PATH: {err}"),
+        }
+    }
+
+    fn adapter(&self, name: &str) -> Option<Value> {
+        self.api.get("rolebasedgroupscalingadapters", NS, name)
+    }
+
+    fn role_replicas(&self, group: &str, role: &str) -> Option<u64> {
+        self.group(group)["spec"]["roles"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == role)?
+            .get("replicas")?
+            .as_u64()
     }
 }
 
@@ -986,4 +1034,265 @@ fn an_inplace_update_the_kubelet_does_not_confirm_in_time_is_reported() {
     // Once the kubelet confirms it, the condition clears.
     e.kubelet.release_all();
     assert!(wait_until(T, || confirmed("True") && e.ready("slow")));
+}
+
+fn template(image: &str) -> Value {
+    json!({"template": {"spec": {"containers": [{"name": "c", "image": image}]}}})
+}
+
+#[test]
+fn a_scaling_adapter_sizes_its_role_through_kubectl_and_overrides_a_disagreeing_edit() {
+    let e = env();
+    let op = e.operator("a");
+    e.api
+        .create(
+            "rolebasedgroups",
+            NS,
+            json!({
+            "apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+            "metadata": {"name": "hpa"},
+            "spec": {"roles": [
+                {"name": "prefill", "replicas": 1, "standalonePattern": template("p:1")},
+                {"name": "decode", "replicas": 2, "standalonePattern": template("d:1"),
+                 "scalingAdapter": {"enable": true, "labels": {"team": "serving"}}}]}}),
+        )
+        .unwrap();
+    let uid = e.group("hpa")["metadata"]["uid"].clone();
+    // Created, owned by the group, bound with the role's size.
+    assert!(wait_until(T, || e.adapter("hpa-decode").is_some_and(|a| {
+        a["status"]["phase"] == "Bound" && a["status"]["readyReplicas"] == 2
+    })));
+    let a = e.adapter("hpa-decode").unwrap();
+    assert_eq!(a["spec"]["replicas"], 2);
+    assert_eq!(
+        a["spec"]["scaleTargetRef"],
+        json!({"name": "hpa", "role": "decode"})
+    );
+    assert_eq!(a["metadata"]["ownerReferences"][0]["uid"], uid);
+    assert_eq!(a["metadata"]["labels"]["team"], "serving");
+    assert_eq!(
+        a["status"]["selector"],
+        "rbg.workloads.x-k8s.io/group-name=hpa,rbg.workloads.x-k8s.io/role-name=decode"
+    );
+    assert!(
+        e.adapter("hpa-prefill").is_none(),
+        "only roles that ask get one"
+    );
+    // kubectl scale on the adapter sizes the role.
+    e.kubectl_scale("rbgsa/hpa-decode", 4);
+    let decode = sel_v2("hpa", "decode");
+    assert!(wait_until(T, || e.role_replicas("hpa", "decode")
+        == Some(4)
+        && e.pods(&decode).len() == 4
+        && e.ready("hpa")));
+    assert!(wait_until(T, || e.adapter("hpa-decode").is_some_and(|a| {
+        a["status"]["replicas"] == 4
+            && a["status"]["readyReplicas"] == 4
+            && a["status"]["lastScaleTime"].is_string()
+    })));
+    assert_eq!(e.events("Scaled").len(), 1);
+    // An edit of the group's replicas that disagrees with the adapter is set back, said in
+    // a warning, and never acted on: the four pods stay as they are.
+    let before = e.uids(&decode);
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "hpa",
+            json!([{"op": "replace", "path": "/spec/roles/1/replicas", "value": 1}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || !e
+        .events("ReplicasOverriddenByAdapter")
+        .is_empty()));
+    assert!(wait_until(T, || e.role_replicas("hpa", "decode") == Some(4)));
+    e.settled(&op, "hpa");
+    assert_eq!(e.uids(&decode), before, "no decode pod was deleted");
+    let warning = &e.events("ReplicasOverriddenByAdapter")[0];
+    assert!(warning["message"]
+        .as_str()
+        .unwrap()
+        .contains("kubectl scale rbgsa/hpa-decode"));
+    // At rest, neither the group nor its adapter is written again.
+    e.api.reset_counts();
+    op.wait_reconciles(3);
+    let c = e.api.counts();
+    assert_eq!(c.writes_except_leases(), 0, "writes at rest: {c:?}");
+    // Disabling the adapter deletes it; the role keeps its size and is the group's again.
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "hpa",
+            json!([
+            {"op": "replace", "path": "/spec/roles/1/scalingAdapter/enable", "value": false}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.adapter("hpa-decode").is_none()));
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "hpa",
+            json!([{"op": "replace", "path": "/spec/roles/1/replicas", "value": 3}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.pods(&decode).len() == 3 && e.ready("hpa")));
+    // Enabled again, then the group deleted: the adapter goes with it.
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "hpa",
+            json!([
+            {"op": "replace", "path": "/spec/roles/1/scalingAdapter/enable", "value": true}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.adapter("hpa-decode").is_some_and(|a| {
+        a["status"]["phase"] == "Bound" && a["spec"]["replicas"] == 3
+    })));
+    e.api.delete("rolebasedgroups", NS, "hpa").unwrap();
+    assert!(wait_until(T, || e.group("hpa").is_null()
+        && e.adapter("hpa-decode").is_none()));
+}
+
+#[test]
+fn an_adapter_without_its_target_is_not_bound_and_binds_when_it_appears() {
+    let e = env();
+    let _op = e.operator("a");
+    e.api
+        .create(
+            "rolebasedgroupscalingadapters",
+            NS,
+            json!({
+            "metadata": {"name": "manual"},
+            "spec": {"replicas": 5, "scaleTargetRef": {"name": "later", "role": "worker"}}}),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e
+        .adapter("manual")
+        .is_some_and(|a| a["status"]["phase"] == "NotBound")));
+    e.api
+        .create(
+            "rolebasedgroups",
+            NS,
+            json!({
+            "metadata": {"name": "later"},
+            "spec": {"roles": [{"name": "worker", "replicas": 2,
+                                "standalonePattern": template("w:1")}]}}),
+        )
+        .unwrap();
+    // Binding adopts the role's size (2), it does not impose its own (5).
+    assert!(wait_until(T, || e.adapter("manual").is_some_and(|a| {
+        a["status"]["phase"] == "Bound" && a["spec"]["replicas"] == 2
+    })));
+    assert!(wait_until(T, || e.ready("later")));
+    assert_eq!(e.pods(&sel_v2("later", "worker")).len(), 2);
+    e.kubectl_scale("rbgsa/manual", 3);
+    assert!(wait_until(T, || e.pods(&sel_v2("later", "worker")).len()
+        == 3
+        && e.ready("later")));
+    // Not the group's: deleting the group leaves a hand-made adapter, unbound.
+    e.api.delete("rolebasedgroups", NS, "later").unwrap();
+    assert!(wait_until(T, || e
+        .adapter("manual")
+        .is_some_and(|a| a["status"]["phase"] == "NotBound")));
+}
+
+fn set_status(e: &Env, name: &str) -> Value {
+    e.api
+        .get("rolebasedgroupsets", NS, name)
+        .map_or(Value::Null, |s| s["status"].clone())
+}
+
+fn set_ready(e: &Env, name: &str, n: u64) -> bool {
+    let st = set_status(e, name);
+    st["replicas"] == n
+        && st["readyReplicas"] == n
+        && st["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+#[test]
+fn a_group_set_makes_groups_scales_with_kubectl_and_removes_the_highest_index_first() {
+    let e = env();
+    let _op = e.operator("a");
+    e.api
+        .create(
+            "rolebasedgroupsets",
+            NS,
+            json!({
+            "apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroupSet",
+            "metadata": {"name": "fleet"},
+            "spec": {"replicas": 2, "groupTemplate": {
+                "labels": {"team": "serving"}, "annotations": {"note": "from the set"},
+                "spec": {"roles": [{"name": "engine", "replicas": 1,
+                                    "standalonePattern": template("e:1")}]}}}}),
+        )
+        .unwrap();
+    assert!(wait_until(T, || set_ready(&e, "fleet", 2)));
+    let g0 = e.group("fleet-0");
+    assert_eq!(
+        g0["metadata"]["labels"]["rbg.workloads.x-k8s.io/groupset-name"],
+        "fleet"
+    );
+    assert_eq!(
+        g0["metadata"]["labels"]["rbg.workloads.x-k8s.io/groupset-index"],
+        "0"
+    );
+    assert_eq!(g0["metadata"]["labels"]["team"], "serving");
+    assert_eq!(g0["metadata"]["annotations"]["note"], "from the set");
+    assert_eq!(
+        g0["metadata"]["ownerReferences"][0]["kind"],
+        "RoleBasedGroupSet"
+    );
+    assert_eq!(g0["metadata"]["ownerReferences"][0]["controller"], true);
+    assert!(e.ready("fleet-1"));
+    e.kubectl_scale("rbgs/fleet", 3);
+    assert!(wait_until(T, || set_ready(&e, "fleet", 3) && e.ready("fleet-2")));
+    // Down to one: fleet-2 goes before fleet-1 begins to.
+    e.kubectl_scale("rbgs/fleet", 1);
+    let gone = |n: &str| {
+        let g = e.group(n);
+        g.is_null() || g["metadata"]["deletionTimestamp"].is_string()
+    };
+    let mut out_of_order = false;
+    assert!(wait_until(T, || {
+        out_of_order |= gone("fleet-1") && !e.group("fleet-2").is_null();
+        e.group("fleet-1").is_null() && e.group("fleet-2").is_null()
+    }));
+    assert!(
+        !out_of_order,
+        "fleet-1 was deleted while fleet-2 still existed"
+    );
+    assert!(wait_until(T, || set_ready(&e, "fleet", 1)));
+    assert!(!gone("fleet-0"));
+    // A template change reaches the children.
+    e.api
+        .json_patch("rolebasedgroupsets", NS, "fleet", json!([{"op": "replace",
+            "path": "/spec/groupTemplate/spec/roles/0/standalonePattern/template/spec/containers/0/image",
+            "value": "e:2"}]))
+        .unwrap();
+    assert!(wait_until(T, || {
+        e.pods(&sel_v2("fleet-0", "engine"))
+            .values()
+            .all(|p| p["spec"]["containers"][0]["image"] == "e:2")
+            && e.ready("fleet-0")
+    }));
+    // Deleting the set deletes its groups, then the set itself goes.
+    e.api.delete("rolebasedgroupsets", NS, "fleet").unwrap();
+    assert!(wait_until(T, || e
+        .api
+        .get("rolebasedgroupsets", NS, "fleet")
+        .is_none()
+        && e.group("fleet-0").is_null()));
+    assert!(e
+        .pods("rbg.workloads.x-k8s.io/group-name=fleet-0")
+        .is_empty());
+}
+
+fn sel_v2(group: &str, role: &str) -> String {
+    format!("rbg.workloads.x-k8s.io/group-name={group},rbg.workloads.x-k8s.io/role-name={role}")
 }

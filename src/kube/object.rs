@@ -26,6 +26,19 @@ pub struct ObjectMeta<'a> {
     #[serde(borrow)]
     pub finalizers: Vec<&'a str>,
     pub deletion_timestamp: Option<&'a str>,
+    #[serde(borrow)]
+    pub owner_references: Vec<OwnerReference<'a>>,
+}
+
+/// One of `metadata.ownerReferences`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OwnerReference<'a> {
+    pub api_version: &'a str,
+    pub kind: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub controller: bool,
 }
 
 impl<'a> ObjectMeta<'a> {
@@ -59,6 +72,11 @@ impl<'a> ObjectMeta<'a> {
 
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
         self.finalizers.contains(&finalizer)
+    }
+
+    /// Whether the object with this uid is one of its owners.
+    pub fn owned_by(&self, uid: &str) -> bool {
+        !uid.is_empty() && self.owner_references.iter().any(|o| o.uid == uid)
     }
 }
 

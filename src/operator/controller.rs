@@ -30,11 +30,66 @@ pub struct Caches {
     pub configmaps: Store,
     pub slices: Store,
     pub policies: Store,
+    /// RoleBasedGroupScalingAdapters (all of them: adapters can be made by hand).
+    pub adapters: Store,
+    /// RoleBasedGroupSets.
+    pub sets: Store,
+}
+
+/// What is queued for a reconcile, by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Group,
+    Adapter,
+    Set,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Group, Kind::Adapter, Kind::Set];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Group => "group",
+            Kind::Adapter => "adapter",
+            Kind::Set => "set",
+        }
+    }
+}
+
+/// One work queue per kind.
+#[derive(Clone)]
+pub struct Queues {
+    pub groups: Arc<Queue>,
+    pub adapters: Arc<Queue>,
+    pub sets: Arc<Queue>,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Queues {
+            groups: Queue::new(),
+            adapters: Queue::new(),
+            sets: Queue::new(),
+        }
+    }
+}
+
+impl Queues {
+    pub fn of(&self, kind: Kind) -> &Arc<Queue> {
+        match kind {
+            Kind::Group => &self.groups,
+            Kind::Adapter => &self.adapters,
+            Kind::Set => &self.sets,
+        }
+    }
 }
 
 #[derive(Default)]
 pub struct Metrics {
+    /// Group reconciles.
     pub reconciles: AtomicU64,
+    pub adapter_reconciles: AtomicU64,
+    pub set_reconciles: AtomicU64,
     pub errors: AtomicU64,
     pub pods_created: AtomicU64,
     pub pods_deleted: AtomicU64,
@@ -45,7 +100,7 @@ pub struct Metrics {
 pub struct Controller {
     pub kube: Kube,
     pub caches: Caches,
-    pub queue: Arc<Queue>,
+    pub queues: Queues,
     pub metrics: Metrics,
     /// In front of every write (`--kube-api-qps`, `--kube-api-burst`).
     pub(super) throttle: Arc<Throttle>,
@@ -74,7 +129,7 @@ impl Controller {
     pub fn new(
         kube: Kube,
         caches: Caches,
-        queue: Arc<Queue>,
+        queues: Queues,
         qps: f64,
         burst: f64,
         inplace_timeout: std::time::Duration,
@@ -86,8 +141,21 @@ impl Controller {
             throttle,
             kube,
             caches,
-            queue,
+            queues,
             metrics: Metrics::default(),
+        }
+    }
+
+    /// One reconcile of `key` of `kind`.
+    pub async fn reconcile_kind(
+        &self,
+        kind: Kind,
+        key: &str,
+    ) -> Result<super::reconcile::Next, ReconcileError> {
+        match kind {
+            Kind::Group => self.reconcile(key).await,
+            Kind::Adapter => self.reconcile_adapter(key).await,
+            Kind::Set => self.reconcile_set(key).await,
         }
     }
 

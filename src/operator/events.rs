@@ -53,15 +53,33 @@ impl Recorder {
 
     /// Posts an event of `kind` (Normal or Warning) on the group `g`, unless it is no news.
     pub async fn post(&self, g: &Value, kind: &str, reason: &str, message: &str) {
-        let meta = ObjectMeta::of(g);
-        if !self.told.lock().tell(&meta.key(), reason, message) {
+        self.post_on(g, "RoleBasedGroup", kind, reason, message)
+            .await
+    }
+
+    /// Posts an event on an object of `object_kind` (a workloads.x-k8s.io/v1alpha2 kind),
+    /// unless it is no news.
+    pub async fn post_on(
+        &self,
+        obj: &Value,
+        object_kind: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let meta = ObjectMeta::of(obj);
+        let who = match object_kind {
+            "RoleBasedGroup" => meta.key(),
+            k => format!("{k}:{}", meta.key()),
+        };
+        if !self.told.lock().tell(&who, reason, message) {
             return;
         }
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let name = format!("{}.{:x}", meta.name, fastrand::u64(..));
         let ev = json!({"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": name, "namespace": meta.namespace},
-            "involvedObject": {"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+            "involvedObject": {"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": object_kind,
                 "name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
             "reason": reason, "message": message, "type": kind,
             "source": {"component": "rbgctl-operator"}, "reportingComponent": "rbgctl-operator",

@@ -155,7 +155,14 @@ pub struct Source {
     pub path: String,
     /// `&labelSelector=...` or empty.
     pub query: String,
+    /// A resource the cluster may not serve yet (a CRD added by a newer release): while it
+    /// answers 404, the cache counts as synced and empty, and the list is tried again
+    /// every `OPTIONAL_RETRY`.
+    pub optional: bool,
 }
+
+/// How often an optional resource that is not served is looked for again.
+const OPTIONAL_RETRY: Duration = Duration::from_secs(60);
 
 /// Runs forever: list, watch, repeat. `notify` gets every changed object (and, after a list,
 /// every object) so the controller can queue its group.
@@ -171,6 +178,16 @@ pub async fn run(
         let listed = kube.list_all(&src.path, &src.query).await;
         let (items, mut rv) = match listed {
             Ok(x) => x,
+            Err(e) if src.optional && e.code() == Some(404) => {
+                if !store.synced() {
+                    tracing::warn!(resource = src.name, retry_in = ?OPTIONAL_RETRY,
+                        "not served by the API server (is its CRD installed? see manifests/crds); \
+                         working without it");
+                    store.replace(Vec::new());
+                }
+                tokio::time::sleep(OPTIONAL_RETRY).await;
+                continue;
+            }
             Err(e) => {
                 let wait = backoff.next_delay();
                 tracing::warn!(resource = src.name, error = %e, retry_in = ?wait, "list failed");

@@ -12,11 +12,13 @@
 //!
 //! Objects are read through typed views (`kube::object`), never by JSON pointer.
 
+pub mod adapter;
 pub mod apply;
 pub mod controller;
 pub mod coordination;
 pub mod desired;
 pub mod events;
+pub mod groupset;
 pub mod informer;
 pub mod leader;
 pub mod model;
@@ -30,7 +32,7 @@ use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::PromText;
 use clap::Args;
-use controller::{Caches, Controller};
+use controller::{Caches, Controller, Kind, Queues};
 use informer::Source;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -47,7 +49,8 @@ pub struct OperatorArgs {
     /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
     #[arg(long)]
     pub kubeconfig: Option<std::path::PathBuf>,
-    /// Reconciles running at once (different groups only).
+    /// Group reconciles running at once (different groups only); scaling adapters and group
+    /// sets have two workers each.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Reconcile every group this often even without changes (0: never).
@@ -191,11 +194,11 @@ async fn serve(
     let kube = Kube::new(cfg.clone())?.with_user_agent(&format!("rbgctl-operator/{me}"));
     let leader = Arc::new(AtomicBool::new(!args.leader_elect));
     let caches = Caches::default();
-    let queue = queue::Queue::new();
+    let queues = Queues::default();
     let ctl = Arc::new(Controller::new(
         kube.clone(),
         caches.clone(),
-        queue.clone(),
+        queues.clone(),
         args.kube_api_qps,
         args.kube_api_burst,
         Duration::from_secs(args.inplace_timeout_secs),
@@ -237,36 +240,20 @@ async fn serve(
         leader.store(true, Ordering::Release);
         elector = Some(e);
     }
-    start_informers(&args, &kube, &caches, &queue);
-    for _ in 0..args.workers.max(1) {
-        let ctl = ctl.clone();
-        tokio::spawn(async move {
-            loop {
-                let key = ctl.queue.get().await;
-                let t0 = std::time::Instant::now();
-                let r = ctl.reconcile(&key).await;
-                tracing::debug!(group = %key, took = ?t0.elapsed(), ok = r.is_ok(), "reconciled");
-                match r {
-                    Ok(next) => {
-                        ctl.queue.forget(&key);
-                        if let reconcile::Next::RequeueAfter(d) = next {
-                            ctl.queue.add_after(&key, d);
-                        }
-                    }
-                    Err(e) => {
-                        ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                        let d = ctl.queue.retry(&key);
-                        tracing::warn!(group = %key, error = %e, retry_in = ?d, "reconcile failed");
-                    }
-                }
-                ctl.queue.done(&key);
-            }
-        });
+    start_informers(&args, &kube, &caches, &queues);
+    for kind in Kind::ALL {
+        let n = match kind {
+            Kind::Group => args.workers.max(1),
+            Kind::Adapter | Kind::Set => SMALL_KIND_WORKERS,
+        };
+        for _ in 0..n {
+            tokio::spawn(work(ctl.clone(), kind));
+        }
     }
     if args.resync_secs > 0 {
-        let (q, groups, every) = (
-            queue.clone(),
-            caches.groups.clone(),
+        let (queues, caches, every) = (
+            queues.clone(),
+            caches.clone(),
             Duration::from_secs(args.resync_secs),
         );
         tokio::spawn(async move {
@@ -274,8 +261,14 @@ async fn serve(
             t.tick().await;
             loop {
                 t.tick().await;
-                for k in groups.keys() {
-                    q.add(&k);
+                for (store, q) in [
+                    (&caches.groups, &queues.groups),
+                    (&caches.adapters, &queues.adapters),
+                    (&caches.sets, &queues.sets),
+                ] {
+                    for k in store.keys() {
+                        q.add(&k);
+                    }
                 }
             }
         });
@@ -307,7 +300,49 @@ async fn serve(
     }
 }
 
-fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queue: &Arc<queue::Queue>) {
+/// Workers for adapters and for sets each (their reconciles are small).
+const SMALL_KIND_WORKERS: usize = 2;
+
+/// One worker: takes keys of `kind` from its queue and reconciles them, forever.
+async fn work(ctl: Arc<Controller>, kind: Kind) {
+    let queue = ctl.queues.of(kind).clone();
+    loop {
+        let key = queue.get().await;
+        let t0 = std::time::Instant::now();
+        let r = ctl.reconcile_kind(kind, &key).await;
+        tracing::debug!(kind = kind.label(), key = %key, took = ?t0.elapsed(), ok = r.is_ok(), "reconciled");
+        match r {
+            Ok(next) => {
+                queue.forget(&key);
+                if let reconcile::Next::RequeueAfter(d) = next {
+                    queue.add_after(&key, d);
+                }
+            }
+            Err(e) => {
+                ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                let d = queue.retry(&key);
+                tracing::warn!(kind = kind.label(), key = %key, error = %e, retry_in = ?d, "reconcile failed");
+            }
+        }
+        queue.done(&key);
+    }
+}
+
+/// Where a watched object's change is queued.
+#[derive(Clone, Copy)]
+enum Route {
+    /// A group: itself, its set, and the adapters that target it.
+    Group,
+    /// A group's policy (named like the group).
+    Policy,
+    /// A child of a group (by its group label).
+    Child,
+    /// An adapter: itself and its target group.
+    Adapter,
+    Set,
+}
+
+fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queues: &Queues) {
     let scoped = |api: &str, plural: &str| match &args.namespace {
         Some(ns) => format!("{api}/namespaces/{ns}/{plural}"),
         None => format!("{api}/{plural}"),
@@ -316,72 +351,109 @@ fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queue: &Ar
         "&labelSelector={}",
         crate::kube::encode(&format!("{}={}", desired::MANAGED_BY, desired::MANAGER))
     );
+    const WORKLOADS: &str = "/apis/workloads.x-k8s.io/v1alpha2";
     let sources = [
         (
-            Source {
-                name: "rolebasedgroups",
-                path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "rolebasedgroups"),
-                query: String::new(),
-            },
-            caches.groups.clone(),
+            "rolebasedgroups",
+            WORKLOADS,
+            "",
+            &caches.groups,
+            Route::Group,
         ),
         (
-            Source {
-                name: "coordinatedpolicies",
-                path: scoped("/apis/workloads.x-k8s.io/v1alpha2", "coordinatedpolicies"),
-                query: String::new(),
-            },
-            caches.policies.clone(),
+            "coordinatedpolicies",
+            WORKLOADS,
+            "",
+            &caches.policies,
+            Route::Policy,
         ),
         (
-            Source {
-                name: "pods",
-                path: scoped("/api/v1", "pods"),
-                query: managed.clone(),
-            },
-            caches.pods.clone(),
+            adapter::PLURAL,
+            WORKLOADS,
+            "",
+            &caches.adapters,
+            Route::Adapter,
+        ),
+        (groupset::PLURAL, WORKLOADS, "", &caches.sets, Route::Set),
+        (
+            "pods",
+            "/api/v1",
+            managed.as_str(),
+            &caches.pods,
+            Route::Child,
         ),
         (
-            Source {
-                name: "services",
-                path: scoped("/api/v1", "services"),
-                query: managed.clone(),
-            },
-            caches.services.clone(),
+            "services",
+            "/api/v1",
+            managed.as_str(),
+            &caches.services,
+            Route::Child,
         ),
         (
-            Source {
-                name: "configmaps",
-                path: scoped("/api/v1", "configmaps"),
-                query: managed.clone(),
-            },
-            caches.configmaps.clone(),
+            "configmaps",
+            "/api/v1",
+            managed.as_str(),
+            &caches.configmaps,
+            Route::Child,
         ),
         (
-            Source {
-                name: "endpointslices",
-                path: scoped("/apis/discovery.k8s.io/v1", "endpointslices"),
-                query: managed,
-            },
-            caches.slices.clone(),
+            "endpointslices",
+            "/apis/discovery.k8s.io/v1",
+            managed.as_str(),
+            &caches.slices,
+            Route::Child,
         ),
     ];
     let timeout = Duration::from_secs(args.watch_timeout_secs.max(1));
-    for (src, store) in sources {
-        let q = queue.clone();
-        // Groups and policies are keys themselves; children name their group in a label.
-        let own_key = matches!(src.name, "rolebasedgroups" | "coordinatedpolicies");
+    for (name, api, query, store, route) in sources {
+        let src = Source {
+            name,
+            path: scoped(api, name),
+            query: query.to_string(),
+            optional: matches!(route, Route::Adapter | Route::Set),
+        };
+        let (queues, adapters) = (queues.clone(), caches.adapters.clone());
         let notify: Arc<dyn Fn(&Value) + Send + Sync> = Arc::new(move |o: &Value| {
-            let k = if own_key {
-                Some(informer::key_of(o))
-            } else {
-                owner_group_key(o)
-            };
-            if let Some(k) = k {
-                q.add(&k);
+            let meta = crate::kube::object::ObjectMeta::of(o);
+            let in_ns = |n: &str| format!("{}/{n}", meta.namespace);
+            match route {
+                Route::Group => {
+                    queues.groups.add(&meta.key());
+                    let set = meta.label(groupset::SET_NAME);
+                    if !set.is_empty() {
+                        queues.sets.add(&in_ns(set));
+                    }
+                    for a in adapters.select(|a| {
+                        let am = crate::kube::object::ObjectMeta::of(a);
+                        am.namespace == meta.namespace
+                            && adapter::Adapter::of(a)
+                                .is_some_and(|a| a.spec.scale_target_ref.name == meta.name)
+                    }) {
+                        queues.adapters.add(&informer::key_of(&a));
+                    }
+                }
+                Route::Policy => queues.groups.add(&meta.key()),
+                Route::Child => {
+                    if let Some(k) = owner_group_key(o) {
+                        queues.groups.add(&k);
+                    }
+                }
+                Route::Adapter => {
+                    queues.adapters.add(&meta.key());
+                    if let Some(a) = adapter::Adapter::of(o) {
+                        queues.groups.add(&in_ns(a.spec.scale_target_ref.name));
+                    }
+                }
+                Route::Set => queues.sets.add(&meta.key()),
             }
         });
-        tokio::spawn(informer::run(kube.clone(), src, store, notify, timeout));
+        tokio::spawn(informer::run(
+            kube.clone(),
+            src,
+            store.clone(),
+            notify,
+            timeout,
+        ));
     }
 }
 
@@ -410,29 +482,57 @@ fn start_metrics(
                         0.0
                     },
                 );
-                p.single(
+                p.family(
                     "rbgctl_operator_reconciles_total",
                     "counter",
-                    "Reconciles run",
-                    l(&m.reconciles),
+                    "Reconciles run, by kind (group, adapter, set)",
                 );
+                for (kind, n) in [
+                    (Kind::Group, &m.reconciles),
+                    (Kind::Adapter, &m.adapter_reconciles),
+                    (Kind::Set, &m.set_reconciles),
+                ] {
+                    p.sample(
+                        "rbgctl_operator_reconciles_total",
+                        &[("kind", kind.label())],
+                        l(n),
+                    );
+                }
                 p.single(
                     "rbgctl_operator_reconcile_errors_total",
                     "counter",
                     "Reconciles that failed (retried with backoff)",
                     l(&m.errors),
                 );
-                p.single(
+                p.family(
                     "rbgctl_operator_queue_depth",
                     "gauge",
-                    "Groups waiting for a reconcile",
-                    ctl.queue.len() as f64,
+                    "Keys waiting for a reconcile, by kind",
                 );
+                for kind in Kind::ALL {
+                    p.sample(
+                        "rbgctl_operator_queue_depth",
+                        &[("kind", kind.label())],
+                        ctl.queues.of(kind).len() as f64,
+                    );
+                }
                 p.single(
                     "rbgctl_operator_groups",
                     "gauge",
                     "RoleBasedGroups in the cache",
                     ctl.caches.groups.len() as f64,
+                );
+                p.single(
+                    "rbgctl_operator_scaling_adapters",
+                    "gauge",
+                    "RoleBasedGroupScalingAdapters in the cache",
+                    ctl.caches.adapters.len() as f64,
+                );
+                p.single(
+                    "rbgctl_operator_group_sets",
+                    "gauge",
+                    "RoleBasedGroupSets in the cache",
+                    ctl.caches.sets.len() as f64,
                 );
                 p.family(
                     "rbgctl_operator_pod_actions_total",

@@ -5,6 +5,7 @@
 use crate::kube::object::ObjectMeta;
 use crate::kube::patch;
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
@@ -112,6 +113,9 @@ pub struct Role {
     pub rollout: Rollout,
     /// `servicePorts` as (name, port), for the discovery file.
     pub service_ports: Vec<(String, u16)>,
+    /// `scalingAdapter.enable: true`: the role is scaled through a RoleBasedGroupScalingAdapter
+    /// `<group>-<role>`, which carries these extra labels (`scalingAdapter.labels`).
+    pub scaling_adapter: Option<BTreeMap<String, String>>,
 }
 
 impl Role {
@@ -455,8 +459,29 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
             Some((key, port))
         })
         .collect();
+    let scaling_adapter = match r.get("scalingAdapter").filter(|v| !v.is_null()) {
+        None => None,
+        Some(a) => match a.get("enable").filter(|v| !v.is_null()) {
+            None | Some(Value::Bool(false)) => None,
+            Some(Value::Bool(true)) => Some(
+                a["labels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect(),
+            ),
+            Some(v) => {
+                return Err(role_err(
+                    &name,
+                    format!("scalingAdapter.enable {v} is not true or false"),
+                ))
+            }
+        },
+    };
     Ok(Role {
         rollout: parse_rollout(&name, r)?,
+        scaling_adapter,
         name,
         replicas,
         dependencies,

@@ -425,6 +425,7 @@ mod tests {
             stateless,
             rollout: Rollout::default(),
             service_ports: vec![],
+            scaling_adapter: None,
         }
     }
 

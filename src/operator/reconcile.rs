@@ -5,6 +5,7 @@
 use super::controller::{core, group_path, ns_of, slices_path, Controller, ReconcileError};
 use crate::kube::object::ObjectMeta;
 use crate::kube::{KubeError, Patch};
+use crate::operator::adapter;
 use crate::operator::coordination::{self, RoleState};
 use crate::operator::desired::{self, Revision, FINALIZER, GROUP, ROLE};
 use crate::operator::informer::key_of;
@@ -25,7 +26,7 @@ pub enum Next {
 }
 
 /// How soon to look again while the caches are still filling.
-const CACHE_SYNC_WAIT: Duration = Duration::from_millis(100);
+pub(super) const CACHE_SYNC_WAIT: Duration = Duration::from_millis(100);
 /// How soon to look again after a step the API server refused for now.
 const STEP_RETRY: Duration = Duration::from_secs(1);
 
@@ -34,7 +35,10 @@ impl Controller {
     #[tracing::instrument(skip(self), fields(group = %key))]
     pub async fn reconcile(&self, key: &str) -> Result<Next, ReconcileError> {
         self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
-        if !(self.caches.groups.synced() && self.caches.pods.synced()) {
+        if !(self.caches.groups.synced()
+            && self.caches.pods.synced()
+            && self.caches.adapters.synced())
+        {
             return Ok(Next::RequeueAfter(CACHE_SYNC_WAIT));
         }
         let Some(mut obj) = self.caches.groups.get(key) else {
@@ -70,6 +74,14 @@ impl Controller {
             Err(e) => return self.invalid(&obj, "InvalidSpec", &e.to_string()).await,
         };
         g.namespace = ns.to_string();
+        // A bound scaling adapter sizes its role, even before it has written that into the
+        // group (and against an edit of the group that disagrees, which it sets back).
+        let held = adapter::overrides(&g, &self.adapters_of(ns, name));
+        for r in &mut g.roles {
+            if let Some(n) = held.get(&r.name) {
+                r.replicas = *n;
+            }
+        }
         let tiers = match model::dependency_tiers(&g.roles) {
             Ok(t) => t,
             Err(e) => {
@@ -233,6 +245,7 @@ impl Controller {
                 self.ensure_service(svc).await?;
             }
         }
+        self.ensure_adapters(&g).await?;
         // Roles in dependency order; a role moves only when its dependencies are ready.
         let ready = |role: &str| {
             let st = &states[role];
@@ -402,16 +415,22 @@ impl Controller {
         let services = self.caches.services.select(mine);
         let maps = self.caches.configmaps.select(mine);
         let slices = self.caches.slices.select(mine);
+        let adapters = self.caches.adapters.select(|a| {
+            let m = ObjectMeta::of(a);
+            m.namespace == ns && m.owned_by(meta.uid)
+        });
         let marks = [
             self.caches.services.mark(),
             self.caches.configmaps.mark(),
             self.caches.slices.mark(),
+            self.caches.adapters.mark(),
         ];
         for (list, base) in [
             (&pods, core(ns, "pods")),
             (&services, core(ns, "services")),
             (&maps, core(ns, "configmaps")),
             (&slices, slices_path(ns)),
+            (&adapters, adapter::collection(ns)),
         ] {
             for o in list.iter() {
                 let m = ObjectMeta::of(o);
@@ -428,6 +447,7 @@ impl Controller {
             (&self.caches.services, &services),
             (&self.caches.configmaps, &maps),
             (&self.caches.slices, &slices),
+            (&self.caches.adapters, &adapters),
         ]
         .into_iter()
         .zip(marks)
@@ -466,7 +486,7 @@ impl Controller {
 }
 
 /// Sets a condition, keeping its lastTransitionTime when its status does not change.
-fn set_condition(status: &mut Value, mut cond: Value) {
+pub(super) fn set_condition(status: &mut Value, mut cond: Value) {
     let mut list: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
     let t = cond["type"].clone();
     let old = list.iter().find(|c| c["type"] == t).cloned();
