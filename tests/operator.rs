@@ -784,14 +784,45 @@ fn manifests_parse_and_the_examples_reconcile() {
     for crd in [
         "workloads.x-k8s.io_rolebasedgroups.yaml",
         "workloads.x-k8s.io_coordinatedpolicies.yaml",
+        "workloads.x-k8s.io_rolebasedgroupscalingadapters.yaml",
+        "workloads.x-k8s.io_rolebasedgroupsets.yaml",
     ] {
         let d = docs(&format!("manifests/crds/{crd}"));
         assert_eq!(d[0]["kind"], "CustomResourceDefinition");
+        let plural = d[0]["spec"]["names"]["plural"].as_str().unwrap();
+        // The stand-in serves what the CRD declares: same short names, same subresources.
+        let served = rbgctl::testkit::apiserver::RESOURCES
+            .iter()
+            .find(|r| r.plural == plural)
+            .unwrap_or_else(|| panic!("{crd}: the stand-in does not serve {plural}"));
+        assert_eq!(
+            d[0]["spec"]["names"]["shortNames"],
+            json!(served.short_names),
+            "{crd}"
+        );
         for v in d[0]["spec"]["versions"].as_array().unwrap() {
             assert!(
                 v["subresources"]["status"].is_object(),
                 "{crd}: status subresource"
             );
+            let scale = &v["subresources"]["scale"];
+            match &served.scale {
+                None => assert!(scale.is_null(), "{crd}: scale not served by the stand-in"),
+                Some(p) => {
+                    let path = |jp: &str| jp.replacen('/', ".", 1).replace('/', ".");
+                    assert_eq!(scale["specReplicasPath"], path(p.spec_replicas), "{crd}");
+                    assert_eq!(
+                        scale["statusReplicasPath"],
+                        path(p.status_replicas),
+                        "{crd}"
+                    );
+                    assert_eq!(
+                        scale["labelSelectorPath"].as_str(),
+                        p.label_selector.map(path).as_deref(),
+                        "{crd}"
+                    );
+                }
+            }
         }
     }
     let rbac = docs("manifests/operator/rbac.yaml");
@@ -802,7 +833,11 @@ fn manifests_parse_and_the_examples_reconcile() {
     );
     let e = env();
     let _op = e.operator("a");
-    for file in ["pd-kvcache-v1alpha1.yaml", "kvcache-v1alpha2.yaml"] {
+    for file in [
+        "pd-kvcache-v1alpha1.yaml",
+        "kvcache-v1alpha2.yaml",
+        "autoscaling.yaml",
+    ] {
         for d in docs(&format!("manifests/examples/{file}")) {
             match d["kind"].as_str() {
                 Some("RoleBasedGroup") => {
@@ -812,11 +847,24 @@ fn manifests_parse_and_the_examples_reconcile() {
                 Some("CoordinatedPolicy") => {
                     e.api.create("coordinatedpolicies", NS, d).unwrap();
                 }
+                Some("RoleBasedGroupSet") => {
+                    e.api.create("rolebasedgroupsets", NS, d).unwrap();
+                }
+                Some("HorizontalPodAutoscaler") => {
+                    assert_eq!(
+                        d["spec"]["scaleTargetRef"]["kind"],
+                        "RoleBasedGroupScalingAdapter"
+                    );
+                }
                 _ => {}
             }
         }
     }
     assert!(wait_until(T, || e.ready("rbgctl-pd") && e.ready("rbgctl-kv")));
+    assert!(wait_until(T, || e.ready("rbgctl-scaled")
+        && e.adapter("rbgctl-scaled-decode")
+            .is_some_and(|a| a["status"]["phase"] == "Bound")
+        && set_ready(&e, "rbgctl-fleet", 2)));
     // Leader-worker decode: 2 instances x 2 pods, only leaders behind the Service.
     let decode = e.pods(
         "rbg.workloads.x-k8s.io/group-name=rbgctl-kv,rbg.workloads.x-k8s.io/role-name=decode",
