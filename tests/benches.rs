@@ -257,3 +257,41 @@ fn a_long_benchmark_shows_progress_lines_when_not_on_a_terminal() {
         .unwrap_or_else(|| panic!("no progress line: {err}"));
     assert!(line.contains("/14 (") && line.contains("s left"), "{line}");
 }
+
+#[test]
+fn bench_operator_reports_the_seed_steady_state_and_reconcile_rate_figures() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "operator",
+            "--json",
+            "--replicas",
+            "5",
+            "--groups",
+            "10",
+        ])
+        .args(["--steady-secs", "2", "--storm-secs", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
+    let seed = &v["seed_002"];
+    assert!(seed["seconds_to_first_pod"].as_f64().unwrap() > 0.0);
+    assert!(
+        seed["seconds_to_first_pod"].as_f64() <= seed["seconds_to_ready"].as_f64(),
+        "{seed}"
+    );
+    assert!(
+        seed["steady_state_reconciles"].as_f64().unwrap() >= 1.0,
+        "{seed}"
+    );
+    assert_eq!(seed["steady_state_writes"], 0, "{seed}");
+    assert_eq!(v["large_group"]["pods"], 15);
+    let many = &v["many_groups"];
+    assert_eq!(many["groups"], 10);
+    assert!(many["reconciles_per_second_sustained"].as_f64().unwrap() > 0.0);
+    assert_eq!(many["operator_writes_while_touched"], 0, "{many}");
+    assert!(text(&out).contains("SIMULATED kubelet"));
+}

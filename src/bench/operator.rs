@@ -1,7 +1,14 @@
-//! `rbgctl bench operator`: how long the operator takes to bring up a large group, how many
-//! API requests that costs, and how many writes a steady-state resync makes (goal: none).
-//! Runs the operator in-process against the API server stand-in and its SIMULATED kubelet.
+//! `rbgctl bench operator`: the operator against the API server stand-in and its SIMULATED
+//! kubelet, in one process. Four figures:
+//!
+//! 1. seed 002 (3 roles): seconds from the create to its first pod, and to Ready;
+//! 2. API writes per minute at steady state for that group (goal: none);
+//! 3. a large group (`--roles` x `--replicas`): seconds to Ready and API requests per pod;
+//! 4. `--groups` groups of 3 roles: seconds until all are Ready, then the reconciles per second
+//!    the operator sustains while every group is touched as fast as the API takes it (each
+//!    touch is a metadata change that queues a reconcile and needs no write).
 
+use crate::operator::controller::Kind;
 use crate::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use clap::Args;
 use serde_json::{json, Value};
@@ -9,24 +16,35 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct OperatorBenchArgs {
-    /// Roles in the group (a dependency chain: role i depends on role i-1).
+    /// Roles in the large group (a dependency chain: role i depends on role i-1).
     #[arg(long, default_value_t = 3)]
     pub roles: u32,
-    /// Replicas per role.
+    /// Replicas per role of the large group.
     #[arg(long, default_value_t = 100)]
     pub replicas: u32,
+    /// Groups (3 roles x 1 replica each) for the reconcile-rate figure.
+    #[arg(long, default_value_t = 200)]
+    pub groups: u32,
+    /// Seconds of steady state watched for writes (the operator resyncs every second here).
+    #[arg(long, default_value_t = 10)]
+    pub steady_secs: u64,
+    /// Seconds every group is touched for the reconcile-rate figure.
+    #[arg(long, default_value_t = 5)]
+    pub storm_secs: u64,
     /// Writes per second the operator allows itself (0: unlimited).
     #[arg(long, default_value_t = 0.0)]
     pub kube_api_qps: f64,
-    /// Resync periods to watch for writes once the group is ready.
-    #[arg(long, default_value_t = 3)]
-    pub resyncs: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
-fn group(roles: u32, replicas: u32) -> Value {
+const NS: &str = "default";
+const SEED_002: &str = include_str!("../../tests/seeds/002-sglang-demo.yaml");
+/// How long any one phase may take before the bench gives up.
+const PHASE_LIMIT: Duration = Duration::from_secs(300);
+
+fn chain_group(name: &str, roles: u32, replicas: u32) -> Value {
     let roles: Vec<Value> = (0..roles)
         .map(|i| {
             let deps: Vec<String> = if i == 0 {
@@ -40,17 +58,63 @@ fn group(roles: u32, replicas: u32) -> Value {
         })
         .collect();
     json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
-           "metadata": {"name": "bench"}, "spec": {"roles": roles}})
+           "metadata": {"name": name}, "spec": {"roles": roles}})
 }
 
-fn ready(api: &ApiServer) -> bool {
-    api.get("rolebasedgroups", "default", "bench")
-        .and_then(|g| g.pointer("/status/conditions").cloned())
-        .and_then(|c| c.as_array().cloned())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
+fn ready(api: &ApiServer, name: &str) -> bool {
+    api.get("rolebasedgroups", NS, name).is_some_and(|g| {
+        g["status"]["observedGeneration"] == g["metadata"]["generation"]
+            && g["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+    })
+}
+
+/// Polls `f` every millisecond until it holds; the time it took.
+fn until(what: &str, f: impl Fn() -> bool) -> anyhow::Result<Duration> {
+    let t0 = Instant::now();
+    while !f() {
+        if t0.elapsed() > PHASE_LIMIT {
+            anyhow::bail!("{what}: not after {} s", PHASE_LIMIT.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(t0.elapsed())
+}
+
+/// Writes by the operator (its user agent), leases aside.
+fn operator_writes(api: &ApiServer) -> u64 {
+    api.counts()
+        .writes_by_agent
+        .iter()
+        .filter(|(a, _)| a.starts_with("rbgctl-operator/"))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// The operator's metrics, read from its port.
+fn metric(port: u16, line_prefix: &str) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no metric {line_prefix:?}"))
+}
+
+fn group_reconciles(port: u16) -> anyhow::Result<f64> {
+    metric(
+        port,
+        &format!(
+            "rbgctl_operator_reconciles_total{{kind=\"{}\"}} ",
+            Kind::Group.label()
+        ),
+    )
 }
 
 pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
@@ -65,15 +129,15 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
         },
     );
     kubelet.spawn_thread();
-    let dir = tempfile_dir()?;
+    let dir = std::env::temp_dir().join(format!("rbgctl-bench-operator-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
     let kubeconfig = dir.join("config");
-    std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, "default"))?;
-    let resync = 1u64;
+    std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, NS))?;
     let op = crate::operator::OperatorArgs {
         namespace: None,
         kubeconfig: Some(kubeconfig),
         workers: 4,
-        resync_secs: resync,
+        resync_secs: 1,
         kube_api_qps: args.kube_api_qps,
         kube_api_burst: args.kube_api_qps.max(1.0) * 2.0,
         inplace_timeout_secs: 300,
@@ -86,81 +150,161 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
         metrics_host: "127.0.0.1".into(),
         watch_timeout_secs: 290,
     };
-    let operator = crate::operator::start(
-        op,
-        crate::operator::Listeners { metrics: None },
-        crate::shutdown::Shutdown::new(),
-    )?;
-    // Let the informers list before the clock starts.
+    let listeners = crate::operator::Listeners::bind(&op)?;
+    let operator = crate::operator::start(op, listeners, crate::shutdown::Shutdown::new())?;
+    let metrics_port = operator
+        .addrs
+        .metrics
+        .map(|a| a.port())
+        .ok_or_else(|| anyhow::anyhow!("the operator has no metrics port"))?;
+    // The informers have listed when a first resync has run.
+    until("operator started", || {
+        group_reconciles(metrics_port).is_ok()
+    })?;
+    std::thread::sleep(Duration::from_millis(300));
+
+    // 1 + 2: seed 002.
+    let seed = serde_yaml_ng::Deserializer::from_str(SEED_002)
+        .filter_map(|d| <Value as serde::Deserialize>::deserialize(d).ok())
+        .find(|v| v["kind"] == "RoleBasedGroup")
+        .ok_or_else(|| anyhow::anyhow!("seed 002 has no RoleBasedGroup"))?;
+    let seed_name = seed["metadata"]["name"].as_str().unwrap_or("").to_string();
+    eprintln!("SIMULATED kubelet; seed 002 ({seed_name}, 3 roles)");
+    let t0 = Instant::now();
+    api.create("rolebasedgroups", NS, seed)
+        .map_err(|e| anyhow::anyhow!("create: {}", e.message))?;
+    let selector = format!("rbg.workloads.x-k8s.io/group-name={seed_name}");
+    until("first pod of seed 002", || {
+        !api.list("pods", NS, &selector).is_empty()
+    })?;
+    let first_pod = t0.elapsed();
+    until("seed 002 Ready", || ready(&api, &seed_name))?;
+    let seed_ready = t0.elapsed();
     std::thread::sleep(Duration::from_millis(500));
+    eprintln!(
+        "watching {} s of steady state (a resync every second)",
+        args.steady_secs
+    );
     api.reset_counts();
+    let r0 = group_reconciles(metrics_port)?;
+    std::thread::sleep(Duration::from_secs(args.steady_secs.max(1)));
+    let steady_writes = operator_writes(&api);
+    let steady_reconciles = group_reconciles(metrics_port)? - r0;
+    let writes_per_minute = steady_writes as f64 * 60.0 / args.steady_secs.max(1) as f64;
+
+    // 3: the large group.
     let pods = (args.roles * args.replicas) as usize;
     eprintln!(
-        "SIMULATED kubelet; creating a group of {} roles x {} replicas ({pods} pods)",
+        "a group of {} roles x {} replicas ({pods} pods)",
         args.roles, args.replicas
     );
-    let start = Instant::now();
+    api.reset_counts();
+    let t0 = Instant::now();
     api.create(
         "rolebasedgroups",
-        "default",
-        group(args.roles, args.replicas),
+        NS,
+        chain_group("bench", args.roles, args.replicas),
     )
     .map_err(|e| anyhow::anyhow!("create: {}", e.message))?;
-    let deadline = start + Duration::from_secs(300);
-    while !ready(&api) {
-        if Instant::now() > deadline {
-            anyhow::bail!("group not ready after 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    until("the large group Ready", || ready(&api, "bench"))?;
+    let large_ready = t0.elapsed();
+    let large = api.counts();
+
+    // 4: many groups, then the sustained reconcile rate.
+    eprintln!("{} groups of 3 roles x 1 replica", args.groups);
+    let names: Vec<String> = (0..args.groups).map(|i| format!("many-{i}")).collect();
+    let r0 = group_reconciles(metrics_port)?;
+    let t0 = Instant::now();
+    for n in &names {
+        api.create("rolebasedgroups", NS, chain_group(n, 3, 1))
+            .map_err(|e| anyhow::anyhow!("create {n}: {}", e.message))?;
     }
-    let took = start.elapsed();
-    let created = api.counts();
-    std::thread::sleep(Duration::from_millis(300));
-    api.reset_counts();
-    std::thread::sleep(
-        Duration::from_secs(resync * args.resyncs as u64) + Duration::from_millis(200),
+    until("every group Ready", || names.iter().all(|n| ready(&api, n)))?;
+    let many_ready = t0.elapsed();
+    let bringup_rate = (group_reconciles(metrics_port)? - r0) / many_ready.as_secs_f64();
+    eprintln!(
+        "touching every group for {} s (annotation changes: a reconcile each, no write needed)",
+        args.storm_secs
     );
-    let steady = api.counts();
+    std::thread::sleep(Duration::from_millis(500));
+    api.reset_counts();
+    let r0 = group_reconciles(metrics_port)?;
+    let t0 = Instant::now();
+    let storm = Duration::from_secs(args.storm_secs.max(1));
+    let mut touches = 0u64;
+    'storm: loop {
+        for n in &names {
+            if t0.elapsed() >= storm {
+                break 'storm;
+            }
+            let _ = api.merge_patch(
+                "rolebasedgroups",
+                NS,
+                n,
+                false,
+                json!({"metadata": {"annotations": {"bench.rbgctl/touch": touches.to_string()}}}),
+            );
+            touches += 1;
+        }
+    }
+    let storm_took = t0.elapsed();
+    let storm_reconciles = group_reconciles(metrics_port)? - r0;
+    let sustained = storm_reconciles / storm_took.as_secs_f64();
+    let storm_writes = operator_writes(&api);
+
     let out = json!({
-        "roles": args.roles, "replicas_per_role": args.replicas, "pods": pods,
-        "seconds_to_ready": took.as_secs_f64(),
-        "api_requests": created.total(), "api_writes": created.writes(),
-        "api_requests_by_verb": created.by_verb,
-        "requests_per_pod": created.total() as f64 / pods as f64,
-        "steady_state_resyncs": args.resyncs,
-        "steady_state_writes": steady.writes(),
-        "steady_state_requests": steady.total(),
+        "seed_002": {"seconds_to_first_pod": first_pod.as_secs_f64(),
+                     "seconds_to_ready": seed_ready.as_secs_f64(),
+                     "steady_state_seconds": args.steady_secs,
+                     "steady_state_reconciles": steady_reconciles,
+                     "steady_state_writes": steady_writes,
+                     "steady_state_writes_per_minute": writes_per_minute},
+        "large_group": {"roles": args.roles, "replicas_per_role": args.replicas, "pods": pods,
+                        "seconds_to_ready": large_ready.as_secs_f64(),
+                        "api_requests": large.total(), "api_writes": large.writes(),
+                        "api_requests_by_verb": large.by_verb,
+                        "requests_per_pod": large.total() as f64 / pods.max(1) as f64},
+        "many_groups": {"groups": args.groups, "pods": args.groups * 3,
+                        "seconds_to_all_ready": many_ready.as_secs_f64(),
+                        "reconciles_per_second_bringing_up": bringup_rate,
+                        "touch_seconds": storm_took.as_secs_f64(), "touches": touches,
+                        "reconciles_per_second_sustained": sustained,
+                        "operator_writes_while_touched": storm_writes},
     });
     if args.json {
         println!("{out}");
     } else {
-        println!("operator bench (API stand-in, SIMULATED kubelet)");
+        println!("operator bench (API stand-in, SIMULATED kubelet, one process)");
         println!(
-            "  group                 {} roles x {} replicas = {pods} pods, dependency chain",
-            args.roles, args.replicas
+            "  seed 002 (3 roles)     first pod {:.3} s after the create; Ready in {:.3} s",
+            first_pod.as_secs_f64(),
+            seed_ready.as_secs_f64()
         );
-        println!("  created and Ready in  {:.2} s", took.as_secs_f64());
         println!(
-            "  API requests          {} ({} writes, {:.2} per pod)",
-            created.total(),
-            created.writes(),
-            created.total() as f64 / pods as f64
+            "  steady state           {steady_writes} writes in {} s ({writes_per_minute:.1}/min) over {steady_reconciles:.0} reconciles",
+            args.steady_secs
         );
-        println!("  by verb               {:?}", created.by_verb);
         println!(
-            "  steady state          {} resyncs: {} writes, {} requests",
-            args.resyncs,
-            steady.writes(),
-            steady.total()
+            "  large group            {} roles x {} = {pods} pods Ready in {:.2} s; {} requests ({} writes, {:.2} per pod)",
+            args.roles,
+            args.replicas,
+            large_ready.as_secs_f64(),
+            large.total(),
+            large.writes(),
+            large.total() as f64 / pods.max(1) as f64
+        );
+        println!(
+            "  {} groups             all Ready in {:.2} s ({bringup_rate:.0} reconciles/s while bringing up)",
+            args.groups,
+            many_ready.as_secs_f64()
+        );
+        println!(
+            "  sustained              {sustained:.0} reconciles/s with {} groups ({touches} touches in {:.1} s, {storm_writes} operator writes)",
+            args.groups,
+            storm_took.as_secs_f64()
         );
     }
     operator.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
-}
-
-fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
-    let d = std::env::temp_dir().join(format!("rbgctl-bench-operator-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
 }
