@@ -1207,7 +1207,7 @@ fn a_scaling_adapter_sizes_its_role_through_kubectl_and_overrides_a_disagreeing_
 #[test]
 fn an_adapter_without_its_target_is_not_bound_and_binds_when_it_appears() {
     let e = env();
-    let _op = e.operator("a");
+    let op = e.operator("a");
     e.api
         .create(
             "rolebasedgroupscalingadapters",
@@ -1236,6 +1236,13 @@ fn an_adapter_without_its_target_is_not_bound_and_binds_when_it_appears() {
     })));
     assert!(wait_until(T, || e.ready("later")));
     assert_eq!(e.pods(&sel_v2("later", "worker")).len(), 2);
+    // (Conflicts with the watch's late news are retried, as in any controller; a status
+    // update without the resourceVersion it replaces is refused by the real server.)
+    assert!(
+        !op.log().contains("must be specified for an update"),
+        "{}",
+        op.log()
+    );
     e.kubectl_scale("rbgsa/manual", 3);
     assert!(wait_until(T, || e.pods(&sel_v2("later", "worker")).len()
         == 3

@@ -356,6 +356,9 @@ impl Controller {
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let d = decide(&a, target.as_ref(), &now);
         let (name, meta_rv) = (a.metadata.name, a.metadata.resource_version);
+        // The status is written over the adapter as it stands after the spec write (a
+        // custom resource takes no update without the resourceVersion it replaces).
+        let mut current = obj.clone();
         if let Some(n) = d.spec_replicas {
             let ops = json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": meta_rv},
@@ -363,7 +366,8 @@ impl Controller {
             self.throttle.wait().await;
             let mark = self.caches.adapters.mark();
             let v = self.kube.patch(&path(ns, name), &Patch::Json(ops)).await?;
-            self.caches.adapters.put_written(v, mark);
+            self.caches.adapters.put_written(v.clone(), mark);
+            current = v;
         }
         if let (Some(s), Some(t), Some(gobj)) = (&d.scale_role, &target, &group_obj) {
             let gm = ObjectMeta::of(gobj);
@@ -406,15 +410,9 @@ impl Controller {
                 }
             }
         }
-        if obj.get("status") != Some(&d.status) {
-            let mut next = obj.clone();
+        if current.get("status") != Some(&d.status) {
+            let mut next = current;
             next["status"] = d.status;
-            if d.spec_replicas.is_some() {
-                // The spec write moved the resourceVersion; status is ours alone.
-                if let Some(m) = next["metadata"].as_object_mut() {
-                    m.remove("resourceVersion");
-                }
-            }
             self.throttle.wait().await;
             let mark = self.caches.adapters.mark();
             let v = self

@@ -315,6 +315,22 @@ impl Inner {
         if !body.is_object() {
             return Err(api_err(400, "BadRequest", "body is not an object"));
         }
+        // Custom resources allow no unconditional update (their strategy's
+        // AllowUnconditionalUpdate is false): a PUT must name the version it replaces.
+        let rv = body
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if r.group == "workloads.x-k8s.io" && rv.is_empty() {
+            return Err(api_err(
+                422,
+                "Invalid",
+                format!(
+                    "{} {name:?} is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                    r.kind
+                ),
+            ));
+        }
         self.write(r, version, ns, name, status, body)
     }
 
