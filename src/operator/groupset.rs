@@ -11,6 +11,7 @@
 //! Planning is pure (`plan`); `Controller::reconcile_set` reads the caches and writes.
 
 use super::controller::{group_path, ns_of, Controller, ReconcileError};
+use super::finalizer;
 use super::reconcile::{set_condition, Next, CACHE_SYNC_WAIT};
 use crate::kube::object::ObjectMeta;
 use crate::kube::{KubeError, Patch};
@@ -278,13 +279,7 @@ impl Controller {
             return self.finalize_set(&obj, &children).await;
         }
         if !meta.has_finalizer(FINALIZER) {
-            let op = if meta.finalizers.is_empty() {
-                json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]})
-            } else {
-                json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER})
-            };
-            let ops = json!([{"op": "test", "path": "/metadata/resourceVersion",
-                              "value": meta.resource_version}, op]);
+            let ops = finalizer::add(&meta, FINALIZER);
             self.throttle.wait().await;
             let mark = self.caches.sets.mark();
             let v = self.kube.patch(&path(ns, name), &Patch::Json(ops)).await?;
@@ -360,16 +355,7 @@ impl Controller {
             // Their deletion events bring the set back.
             return Ok(Next::AwaitChange);
         }
-        let rest: Vec<&str> = meta
-            .finalizers
-            .iter()
-            .copied()
-            .filter(|f| *f != FINALIZER)
-            .collect();
-        let ops = json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": meta.resource_version},
-            {"op": "replace", "path": "/metadata/finalizers", "value": rest}
-        ]);
+        let ops = finalizer::release(&meta, FINALIZER);
         self.throttle.wait().await;
         match self
             .kube

@@ -6,6 +6,8 @@
 //! - `plan`: the next rollout step of a role from its pods (pure).
 //! - `coordination`: maxSkew for rolling updates and scaling across roles (pure).
 //! - `informer`: list + watch caches; `queue`: the work queue; `leader`: Lease election.
+//! - `adapter`: RoleBasedGroupScalingAdapters; `groupset`: RoleBasedGroupSets; `finalizer`: the
+//!   patches that hold and release a finalizer.
 //! - `controller`: what a reconcile works with; `reconcile`: one reconcile of a group, which
 //!   returns what the queue does next; `apply`: pure diffs of children, then the writes;
 //!   `events`: Events told once; `throttle`: the write rate limit.
@@ -18,6 +20,7 @@ pub mod controller;
 pub mod coordination;
 pub mod desired;
 pub mod events;
+pub mod finalizer;
 pub mod groupset;
 pub mod informer;
 pub mod leader;

@@ -5,12 +5,12 @@
 use super::controller::{core, group_path, ns_of, slices_path, Controller, ReconcileError};
 use crate::kube::object::ObjectMeta;
 use crate::kube::{KubeError, Patch};
-use crate::operator::adapter;
 use crate::operator::coordination::{self, RoleState};
 use crate::operator::desired::{self, Revision, FINALIZER, GROUP, ROLE};
 use crate::operator::informer::key_of;
 use crate::operator::model::{self, Group};
 use crate::operator::plan::{self, Limits};
+use crate::operator::{adapter, finalizer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -50,22 +50,12 @@ impl Controller {
         }
         let meta = ObjectMeta::of(&obj);
         if !meta.has_finalizer(FINALIZER) {
-            let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
-                                      "value": meta.resource_version})];
-            if meta.finalizers.is_empty() {
-                ops.push(
-                    json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}),
-                );
-            } else {
-                ops.push(
-                    json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}),
-                );
-            }
+            let ops = finalizer::add(&meta, FINALIZER);
             self.throttle.wait().await;
             let mark = self.caches.groups.mark();
             obj = self
                 .kube
-                .patch(&group_path(ns, name), &Patch::Json(Value::Array(ops)))
+                .patch(&group_path(ns, name), &Patch::Json(ops))
                 .await?;
             self.caches.groups.put_written(obj.clone(), mark);
         }
@@ -460,16 +450,7 @@ impl Controller {
             // Pods go when their kubelet has stopped them; their watch events bring us back.
             return Ok(Next::AwaitChange);
         }
-        let rest: Vec<&str> = meta
-            .finalizers
-            .iter()
-            .copied()
-            .filter(|f| *f != FINALIZER)
-            .collect();
-        let ops = json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": meta.resource_version},
-            {"op": "replace", "path": "/metadata/finalizers", "value": rest}
-        ]);
+        let ops = finalizer::release(&meta, FINALIZER);
         self.throttle.wait().await;
         match self
             .kube
