@@ -13,7 +13,8 @@ use crate::transfer::{Opcode, Status};
 use std::sync::Arc;
 
 impl Inner {
-    /// Resolves an object's replicas to routes, same-host ones first.
+    /// Resolves an object's replicas to routes: same-host ones first, those whose segment
+    /// just failed a transfer last.
     fn targets(&self, replicas: &[ReplicaLoc]) -> Result<Vec<(Arc<Route>, u64)>, ClientError> {
         let mut out = Vec::with_capacity(replicas.len());
         let mut last_err = None;
@@ -29,7 +30,8 @@ impl Inner {
                 message: "the master described an object with no replica".into(),
             }));
         }
-        out.sort_by_key(|(route, _)| route.path.kind());
+        // Same-host first; replicas on a segment that just failed last.
+        out.sort_by_key(|(route, _)| (route.suspect(), route.path.kind()));
         Ok(out)
     }
 
@@ -82,6 +84,10 @@ impl Inner {
                 dst: &mut *dst,
             }];
             let read = route.path.read(&mut op).pop().unwrap_or(Ok(()));
+            match &read {
+                Ok(()) => route.succeeded(),
+                Err(_) => route.failed(),
+            }
             match read {
                 Ok(()) if crc32c::crc32c(dst) == desc.checksum => return Ok(()),
                 Ok(()) => {
@@ -176,6 +182,10 @@ impl Inner {
                     }
                 }
                 for (item, r) in items.into_iter().zip(route.path.read(&mut ops)) {
+                    match &r {
+                        Ok(()) => route.succeeded(),
+                        Err(_) => route.failed(),
+                    }
                     read_ok[item] = r.is_ok();
                 }
             }

@@ -8,12 +8,41 @@ use crate::transfer::{ConnOptions, Pool};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A mounted segment and how to reach it.
 pub struct Route {
     pub segment_id: u64,
     pub info: SegmentInfo,
     pub path: Arc<dyn DataPath>,
+    /// When a transfer to this segment last failed (cleared by the next success).
+    failed_at: Mutex<Option<Instant>>,
+}
+
+/// How long a segment whose transfer failed is tried after the other replicas: about the
+/// master's client TTL, after which an unreachable store is no longer described at all.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(10);
+
+impl Route {
+    /// A transfer failed: until one succeeds (or `SUSPECT_FOR` passes), reads try this
+    /// segment's replicas last, so a cut-off store costs one connect timeout, not one per get.
+    pub fn failed(&self) {
+        *self.failed_at.lock() = Some(Instant::now());
+    }
+
+    pub fn succeeded(&self) {
+        let mut f = self.failed_at.lock();
+        if f.is_some() {
+            *f = None;
+        }
+    }
+
+    /// Failed within `SUSPECT_FOR`.
+    pub fn suspect(&self) -> bool {
+        self.failed_at
+            .lock()
+            .is_some_and(|t| t.elapsed() < SUSPECT_FOR)
+    }
 }
 
 pub struct Routes {
@@ -56,6 +85,7 @@ impl Routes {
                 segment_id: s.id,
                 info: s.info,
                 path,
+                failed_at: Mutex::new(None),
             };
             routes.insert(s.id, Arc::new(route));
         }

@@ -264,16 +264,31 @@ impl Cluster {
 
 /// A minimal HTTP/1.1 exchange (Connection: close), returning status and body.
 pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+    http_at("127.0.0.1", port, method, path, body)
+}
+
+/// `http` to another host (a container's address); status 0 when it cannot connect in 2 s.
+pub fn http_at(host: &str, port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let Some(addr) = format!("{host}:{port}")
+        .parse::<std::net::SocketAddr>()
+        .ok()
+    else {
+        return (0, String::new());
+    };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return (0, String::new());
     };
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    if s.write_all(req.as_bytes())
+        .and_then(|_| s.write_all(body))
+        .is_err()
+    {
+        return (0, String::new());
+    }
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).to_string();

@@ -1,0 +1,67 @@
+# One image for every rbgctl role: master, store, router, operator, sim-engine, bench, kv.
+# The role is the command: `docker run IMAGE rbgctl store --master ...`.
+#
+#   docker build -t rbgctl:0.1.0 .                      # compiles here (needs crates.io)
+#   docker build -t rbgctl:0.1.0 --target prebuilt \
+#       --build-arg PREBUILT=target/release/rbgctl .    # copies a binary built on the host
+#
+# Both base images are build arguments. Where nothing can be pulled, scripts/build-base-images.sh
+# builds debian:bookworm-slim from Debian's packages, and the `prebuilt` target needs no builder.
+ARG BUILDER=rust:1.95-bookworm
+ARG RUNTIME=debian:bookworm-slim
+
+# --- what every final image has: tini, a non-root user, the Python client, the layout ------
+FROM ${RUNTIME} AS base
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="rbgctl" \
+      org.opencontainers.image.description="Every role of an LLM inference service with an externalized KV-cache pool: master, store, router, operator, benchmarks" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/rbgctl/rbgctl"
+# tini is PID 1 so SIGTERM reaches the role (a store then tells the master it will be back).
+# The locally built base (scripts/build-base-images.sh) already has tini and ca-certificates.
+RUN if ! command -v tini >/dev/null; then \
+        apt-get update && apt-get install -y --no-install-recommends tini ca-certificates \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && groupadd --gid 10001 rbgctl \
+    && useradd --uid 10001 --gid rbgctl --home-dir /var/lib/rbgctl --shell /usr/sbin/nologin rbgctl \
+    && mkdir -p /var/lib/rbgctl/shm /etc/rbgctl /dev/shm/rbgctl \
+    && chown -R rbgctl:rbgctl /var/lib/rbgctl /dev/shm/rbgctl
+# The Python client (pure Python; SGLang's and vLLM's images take it from here:
+#   COPY --from=rbgctl:0.1.0 /opt/rbgctl/python /opt/rbgctl/python
+#   RUN pip install /opt/rbgctl/python)
+COPY python/pyproject.toml python/README.md /opt/rbgctl/python/
+COPY python/src /opt/rbgctl/python/src
+COPY config /etc/rbgctl/examples
+# Program names the seeds' YAMLs run (argv[0] picks the role). tests/cli.rs keeps this list
+# equal to the binary's own.
+ARG LINKS="mooncake_master"
+RUN for name in ${LINKS}; do ln -s rbgctl "/usr/local/bin/${name}"; done
+ENV RBGCTL_LOG=info
+WORKDIR /var/lib/rbgctl
+# Stores keep their segment here (mount a memory-backed volume at it to keep the cache
+# across container restarts); roles that need root (none of the shipped ones) can override.
+USER 10001:10001
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["rbgctl", "--help"]
+
+# --- a binary built on the host (CI, offline machines): no Rust toolchain in the image -------
+FROM base AS prebuilt
+ARG PREBUILT=target/release/rbgctl
+COPY ${PREBUILT} /usr/local/bin/rbgctl
+
+# --- the normal build ------------------------------------------------------------------------
+FROM ${BUILDER} AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src src
+COPY tests/seeds tests/seeds
+RUN cargo build --release --locked && cp target/release/rbgctl /rbgctl
+
+FROM base AS runtime
+COPY --from=build /rbgctl /usr/local/bin/rbgctl

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the base image rbgctl's Dockerfile runs on, from Debian's packages, for machines that
+# cannot pull from a registry: `debootstrap --variant=minbase` into a folder, trimmed, then
+# `docker import`ed under the name the Dockerfile expects (debian:bookworm-slim by default).
+#
+#   scripts/build-base-images.sh [TAG]        # TAG defaults to debian:bookworm-slim
+#
+# The image carries what the runtime stage would otherwise apt-get: tini (PID 1) and
+# ca-certificates. Set DEBIAN_MIRROR to use another mirror, FORCE=1 to rebuild an existing tag.
+# Needs root (debootstrap) and a Docker engine.
+set -euo pipefail
+
+TAG=${1:-debian:bookworm-slim}
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SUITE=${DEBIAN_SUITE:-bookworm}
+
+if docker image inspect "$TAG" >/dev/null 2>&1 && [ -z "${FORCE:-}" ]; then
+    echo "base image $TAG exists (FORCE=1 rebuilds it)"
+    exit 0
+fi
+if ! command -v debootstrap >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq debootstrap
+fi
+
+root=$(mktemp -d /tmp/rbgctl-rootfs.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+echo "debootstrap $SUITE (minbase) from $MIRROR into $root"
+debootstrap --variant=minbase --include=tini,ca-certificates "$SUITE" "$root" "$MIRROR" >/dev/null
+
+# Slim, as Debian's own -slim images: no docs, man pages, locales or package lists.
+rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+    "$root"/usr/share/locale/* "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin \
+    "$root"/var/cache/debconf/*-old "$root"/var/log/*.log
+# Images get their resolver from the engine at run time.
+: > "$root"/etc/resolv.conf
+: > "$root"/etc/hostname
+
+tar --numeric-owner -C "$root" -c . \
+    | docker import \
+        --change 'CMD ["bash"]' \
+        --change "LABEL org.opencontainers.image.description=\"Debian $SUITE minbase, built locally by rbgctl's scripts/build-base-images.sh\"" \
+        - "$TAG" >/dev/null
+echo "built $TAG: $(docker image inspect "$TAG" --format '{{.Size}}') bytes"
