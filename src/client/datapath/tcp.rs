@@ -63,7 +63,14 @@ impl Tcp {
                 }
             }
             let Some(e) = broken else { continue };
-            let stale = start == 0 && out.is_empty() && conn.is_reused() && !retried;
+            // A peer that closed a pooled connection answers at once (reset, EOF); a timeout
+            // means it is unreachable, and a fresh connection would only wait again.
+            let timed_out = matches!(&e, TransferError::Timeout | TransferError::Idle)
+                || matches!(&e, TransferError::Io(io) if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ));
+            let stale = start == 0 && out.is_empty() && conn.is_reused() && !retried && !timed_out;
             if stale {
                 if let Ok(fresh) = self.pool.get_fresh() {
                     self.pool.clear();
