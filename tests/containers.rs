@@ -106,7 +106,8 @@ struct Cluster {
     net: String,
     /// First three octets of the network's /24.
     subnet: String,
-    images: [String; 2],
+    /// The image, then the one the stores are upgraded to.
+    images: Vec<String>,
     /// Host shared-memory folders, one per store (mounted at the store's segment directory).
     shm: PathBuf,
     context: PathBuf,
@@ -237,7 +238,7 @@ fn engine_metric(ip: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn build_images(run: &str, context: &Path) -> [String; 2] {
+fn build_images(run: &str, context: &Path) -> Vec<String> {
     std::fs::create_dir_all(context).unwrap();
     // The test build's binary, without its debug sections: the image gets no Rust build.
     let bin = context.join("rbgctl");
@@ -254,7 +255,7 @@ fn build_images(run: &str, context: &Path) -> [String; 2] {
         .expect("the context is inside the repository");
     let prebuilt = format!("PREBUILT={}", rel.display());
     let run_label = format!("{RUN_LABEL}={run}");
-    let tags = [format!("rbgctl-e2e:{run}-a"), format!("rbgctl-e2e:{run}-b")];
+    let tags = vec![format!("rbgctl-e2e:{run}-a"), format!("rbgctl-e2e:{run}-b")];
     for (tag, variant) in tags.iter().zip(["a", "b"]) {
         let variant = format!("rbgctl.test.variant={variant}");
         must(&[
@@ -290,17 +291,18 @@ fn one_image_serves_every_role_and_a_store_upgrade_under_load_keeps_the_cache() 
     let subnet = format!("172.29.{}", 20 + pid % 200);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let context = root.join("target/docker").join(&run);
-    let t0 = Instant::now();
-    let images = build_images(&run, &context);
-    let build_secs = t0.elapsed().as_secs_f64();
-    let cluster = Cluster {
+    // From here on, whatever happens, the cluster's drop removes what the run made.
+    let mut cluster = Cluster {
         net: run.clone(),
         subnet,
-        images,
+        images: Vec::new(),
         shm: PathBuf::from("/dev/shm").join(&run),
         context,
         run,
     };
+    let t0 = Instant::now();
+    cluster.images = build_images(&cluster.run, &cluster.context);
+    let build_secs = t0.elapsed().as_secs_f64();
     let c = &cluster;
     let ids: Vec<String> = c
         .images

@@ -43,7 +43,13 @@ fn the_image_links_every_program_name_the_binary_answers_to() {
     let mut got = links.clone();
     got.sort_unstable();
     assert_eq!(got, want, "Dockerfile LINKS and the roles' argv[0] names");
-    for must in ["FROM ${RUNTIME} AS base", "AS prebuilt", "AS runtime", "tini", "USER 10001"] {
+    for must in [
+        "FROM ${RUNTIME} AS base",
+        "AS prebuilt",
+        "AS runtime",
+        "tini",
+        "USER 10001",
+    ] {
         assert!(dockerfile.contains(must), "Dockerfile: {must}");
     }
 }
@@ -59,13 +65,19 @@ fn systemd_units_verify_and_use_the_shared_env_files() {
     for role in ["master", "store", "router", "operator"] {
         let name = format!("rbgctl-{role}.service");
         let text = std::fs::read_to_string(units.join(&name)).unwrap();
-        for key in ["NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet="] {
+        for key in [
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "CapabilityBoundingSet=",
+        ] {
             assert!(text.contains(key), "{name}: {key}");
         }
         let env = format!("EnvironmentFile=-/etc/rbgctl/{role}.env");
         assert!(text.contains(&env), "{name}: {env}");
         assert!(
-            Path::new(ROOT).join(format!("config/env/{role}.env")).exists(),
+            Path::new(ROOT)
+                .join(format!("config/env/{role}.env"))
+                .exists(),
             "config/env/{role}.env"
         );
         // verify checks that ExecStart's program exists: point it at this build.
@@ -81,7 +93,8 @@ fn systemd_units_verify_and_use_the_shared_env_files() {
         .args(&checked)
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && said.trim().is_empty(),
         "systemd-analyze verify: {said}"
@@ -97,7 +110,11 @@ fn one_kustomization_installs_the_crds_rbac_and_the_operator() {
         .args(["kustomize", &format!("{ROOT}/manifests")])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let docs: Vec<Value> =
         serde_yaml_ng::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
             .map(|d| serde::Deserialize::deserialize(d).unwrap())
@@ -109,5 +126,8 @@ fn one_kustomization_installs_the_crds_rbac_and_the_operator() {
     let deploy = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
     let c = &deploy["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["image"], "rbgctl:0.1.0");
-    assert_eq!(c["args"][0], "rbgctl", "the image's entrypoint is tini; the role is the command");
+    assert_eq!(
+        c["args"][0], "rbgctl",
+        "the image's entrypoint is tini; the role is the command"
+    );
 }
