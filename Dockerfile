@@ -40,7 +40,7 @@ COPY python/src /opt/rbgctl/python/src
 COPY config /etc/rbgctl/examples
 # Program names the seeds' YAMLs run (argv[0] picks the role). tests/cli.rs keeps this list
 # equal to the binary's own.
-ARG LINKS="mooncake_master"
+ARG LINKS="mooncake_master smg sglang-router"
 RUN for name in ${LINKS}; do ln -s rbgctl "/usr/local/bin/${name}"; done
 ENV RBGCTL_LOG=info
 WORKDIR /var/lib/rbgctl

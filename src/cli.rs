@@ -57,7 +57,7 @@ pub static ROLES: &[Role] = &[
     },
     Role {
         name: "router",
-        links: &[],
+        links: &["smg", "sglang-router"],
         about: "OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing, \
                 prefill/decode disaggregation, health checks, retries, circuit breakers",
         args: crate::router::config::RouterArgs::augment_args,
@@ -176,9 +176,24 @@ pub fn parse<T: Into<std::ffi::OsString>>(
         .and_then(|f| f.to_str())
         .unwrap_or("");
     if let Some(role) = ROLES.iter().find(|r| r.links.contains(&program)) {
-        let matches = role.command().try_get_matches_from(argv)?;
+        let mut argv = argv;
+        // `smg launch …`: SMG's CLI runs the router under a `launch` subcommand.
+        if role.name == "router" && argv.get(1).is_some_and(|a| a == "launch") {
+            argv.remove(1);
+        }
+        let cmd = role.command();
+        let argv = split_joined_flags(argv, &cmd, 1);
+        let matches = cmd.try_get_matches_from(argv)?;
         return Ok(Invocation { role, matches });
     }
+    let argv = match argv
+        .get(1)
+        .and_then(|a| a.to_str())
+        .and_then(|name| ROLES.iter().find(|r| r.name == name))
+    {
+        Some(role) => split_joined_flags(argv, &role.command(), 2),
+        None => argv,
+    };
     let top = command().try_get_matches_from(argv)?;
     let Some((name, sub)) = top.subcommand() else {
         return Err(command().error(
@@ -198,6 +213,46 @@ pub fn parse<T: Into<std::ffi::OsString>>(
     })
 }
 
+/// Kubernetes passes each item of a `command:` list as one argument, so a YAML line
+/// `- --prefill http://host:8000` arrives as the single argument `"--prefill http://host:8000"`
+/// (seed 003 writes its gateway this way). An argument from `first` on that starts with `--`,
+/// holds a space, is not itself a flag of `cmd`, and whose part before the first space is one, is
+/// split there into flag and value, and the split is logged.
+pub fn split_joined_flags(
+    argv: Vec<std::ffi::OsString>,
+    cmd: &Command,
+    first: usize,
+) -> Vec<std::ffi::OsString> {
+    let known = |flag: &str| {
+        cmd.get_arguments().any(|a| {
+            a.get_long() == Some(flag) || a.get_all_aliases().is_some_and(|al| al.contains(&flag))
+        })
+    };
+    let mut out = Vec::with_capacity(argv.len() + 4);
+    for (i, item) in argv.into_iter().enumerate() {
+        let split = item.to_str().filter(|_| i >= first).and_then(|s| {
+            let long = s.strip_prefix("--")?;
+            let (flag, value) = long.split_once(' ')?;
+            (!known(long) && known(flag)).then(|| (format!("--{flag}"), value.trim().to_string()))
+        });
+        match split {
+            Some((flag, value)) => {
+                tracing::info!(
+                    argument = ?item, %flag, %value,
+                    "one argument held a flag and its value (as a Kubernetes command list item \
+                     `- --flag value` passes them); split"
+                );
+                out.push(flag.into());
+                if !value.is_empty() {
+                    out.push(value.into());
+                }
+            }
+            None => out.push(item),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +266,40 @@ mod tests {
             .get_many::<String>("args")
             .map(|v| v.cloned().collect())
             .unwrap_or_default()
+    }
+
+    fn router_config(i: &Invocation) -> crate::router::config::RouterConfig {
+        assert_eq!(i.role.name, "router");
+        let a = crate::router::config::RouterArgs::from_arg_matches(&i.matches).unwrap();
+        a.resolve().unwrap()
+    }
+
+    #[test]
+    fn seed_003s_gateway_line_works_as_kubernetes_passes_it() {
+        // Each YAML list item is one argument: flag and value joined by a space.
+        let argv = [
+            "smg",
+            "--pd-disaggregation",
+            "--prefill http://s-g-prefill-worker:8000",
+            "--decode http://s-g-decode-worker:8000",
+            "--host 0.0.0.0",
+            "--port 8000",
+        ];
+        let c = router_config(&parse(argv).unwrap());
+        assert!(c.pd_disaggregation);
+        assert_eq!(c.prefill[0].url, "http://s-g-prefill-worker:8000");
+        assert_eq!(c.decode, ["http://s-g-decode-worker:8000"]);
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
+        // `smg launch`, `sglang-router` and `rbgctl router` read the same line.
+        let c = router_config(&parse(["smg", "launch", "--port 9000"]).unwrap());
+        assert_eq!(c.port, 9000);
+        let c = router_config(&parse(["/usr/bin/sglang-router", "--port", "9001"]).unwrap());
+        assert_eq!(c.port, 9001);
+        let c = router_config(&parse(["rbgctl", "router", "--port 9002"]).unwrap());
+        assert_eq!(c.port, 9002);
+        // Not a flag before the space: left whole, and refused by name.
+        let e = parse(["smg", "--frobnicate 3"]).err().unwrap();
+        assert!(e.to_string().contains("--frobnicate 3"), "{e}");
     }
 
     #[test]
