@@ -889,3 +889,336 @@ fn a_body_declared_above_max_payload_size_is_refused_from_its_headers() {
     assert!(t0.elapsed() < Duration::from_secs(2));
     assert!(recorded(&w).is_empty(), "nothing reached the worker");
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn body_of(recorded: &Value) -> Value {
+    serde_json::from_str(recorded["body"].as_str().unwrap()).unwrap()
+}
+
+fn stats(w: &Worker) -> Value {
+    serde_json::from_str(&get(w.port, "/fake/stats").1).unwrap_or(Value::Null)
+}
+
+/// A FAKE vLLM prefill engine with its Mooncake bootstrap server on `bootstrap`.
+fn vllm_prefill(name: &str, bootstrap: u16, extra: &[&str]) -> Worker {
+    let b = bootstrap.to_string();
+    let mut args = vec!["--engine", "vllm", "--kv-bootstrap-port", &b];
+    args.extend(extra);
+    fake_worker(name, &args)
+}
+
+fn vllm_decode(name: &str, extra: &[&str]) -> Worker {
+    let mut args = vec!["--engine", "vllm"];
+    args.extend(extra);
+    fake_worker(name, &args)
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"disaggregate me"}],"max_tokens":32,"max_completion_tokens":32,"stream":true,"stream_options":{"include_usage":true},"min_tokens":2,"temperature":0.70}"#;
+
+/// What the prefill leg must look like whatever the connector.
+fn check_prefill_leg(v: &Value) {
+    assert_eq!(v["max_tokens"], 1, "{v}");
+    assert_eq!(v["max_completion_tokens"], 1, "{v}");
+    assert_eq!(v["stream"], false, "{v}");
+    assert_eq!(v["n"], 1, "{v}");
+    for gone in ["stream_options", "min_tokens"] {
+        assert!(v.get(gone).is_none(), "{gone}: {v}");
+    }
+    assert_eq!(v["messages"][0]["content"], "disaggregate me");
+}
+
+#[test]
+fn vllm_pd_over_nixl_relays_the_prefill_answers_transfer_parameters() {
+    let p = vllm_prefill("nixl-p", free_port(), &[]);
+    let d = vllm_decode("nixl-d", &[]);
+    let r = router(
+        &s(&[
+            "--backend",
+            "vllm",
+            "--vllm-kv-connector",
+            "nixl",
+            "--pd-disaggregation",
+            "--prefill",
+            &p.url(),
+            "--decode",
+            &d.url(),
+        ]),
+        true,
+    );
+    let resp = client()
+        .post(format!("http://127.0.0.1:{}/v1/chat/completions", r.port))
+        .body(CHAT)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-fake-worker"], "nixl-d");
+    let (body, _) = read_chunks(resp);
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    let (pb, db) = (recorded(&p), recorded(&d));
+    assert_eq!((pb.len(), db.len()), (1, 1));
+    let pv = body_of(&pb[0]);
+    check_prefill_leg(&pv);
+    assert_eq!(
+        pv["kv_transfer_params"],
+        json!({"do_remote_decode": true, "do_remote_prefill": false})
+    );
+    let dv = body_of(&db[0]);
+    assert_eq!(dv["stream"], true, "decode gets the request as sent");
+    assert_eq!(dv["max_tokens"], 32);
+    assert_eq!(dv["stream_options"], json!({"include_usage": true}));
+    assert_eq!(
+        dv["kv_transfer_params"]["remote_engine_id"],
+        "nixl-p-engine"
+    );
+    assert_eq!(
+        dv["kv_transfer_params"]["remote_block_ids"],
+        json!([0, 1, 2])
+    );
+    // vLLM has no /generate; n > 1 would silently recompute: both refused and counted.
+    let (st, _, b) = post(r.port, "/generate", r#"{"text":"x"}"#);
+    assert_eq!(st, 400, "{b}");
+    let (st, _, b) = post(r.port, "/v1/completions", r#"{"prompt":"x","n":2}"#);
+    assert_eq!(st, 400, "{b}");
+    assert!(b.contains("n = 2"), "{b}");
+    assert_eq!(
+        metric(r.port, "rbgctl_router_vllm_pd_n_refused_total"),
+        Some(1.0)
+    );
+    assert_eq!(recorded(&p).len(), 1, "nothing sent for refused requests");
+}
+
+#[test]
+fn vllm_pd_over_mooncake_sends_one_transfer_id_with_the_engine_concurrently_or_in_turn() {
+    for legs in ["concurrent", "sequential"] {
+        let bootstrap = free_port();
+        // Prefill answers after 600 ms: concurrent legs reach decode before that.
+        let p = vllm_prefill(
+            &format!("mc-p-{legs}"),
+            bootstrap,
+            &["--headers-delay-ms", "600"],
+        );
+        let d = vllm_decode(&format!("mc-d-{legs}"), &[]);
+        let r = router(
+            &s(&[
+                "--backend",
+                "vllm",
+                "--pd-disaggregation",
+                "--vllm-pd-legs",
+                legs,
+                "--prefill",
+                &p.url(),
+                &bootstrap.to_string(),
+                "--decode",
+                &d.url(),
+            ]),
+            true,
+        );
+        let port = r.port;
+        let sent = std::thread::spawn(move || post(port, "/v1/chat/completions", CHAT));
+        std::thread::sleep(Duration::from_millis(300));
+        let early = recorded(&d).len();
+        let (st, h, _) = sent.join().unwrap();
+        assert_eq!(st, 200, "{legs}");
+        assert_eq!(h["x-fake-worker"], format!("mc-d-{legs}"));
+        match legs {
+            "concurrent" => assert_eq!(early, 1, "decode was sent beside prefill"),
+            _ => assert_eq!(early, 0, "decode waits for the prefill answer"),
+        }
+        let (pv, dv) = (body_of(&recorded(&p)[0]), body_of(&recorded(&d)[0]));
+        check_prefill_leg(&pv);
+        let id = pv["kv_transfer_params"]["transfer_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(id.starts_with("xfer-"), "{id}");
+        assert_eq!(
+            pv["kv_transfer_params"],
+            json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": id})
+        );
+        assert_eq!(
+            dv["kv_transfer_params"],
+            json!({"do_remote_decode": false, "do_remote_prefill": true, "transfer_id": id,
+                   "remote_engine_id": format!("mc-p-{legs}-engine"),
+                   "remote_bootstrap_addr": format!("http://127.0.0.1:{bootstrap}")})
+        );
+        assert_eq!(dv["stream"], true);
+    }
+}
+
+#[test]
+fn a_failing_vllm_leg_cancels_the_other_at_once() {
+    // Prefill fails at once while decode would hold its answer for 5 s: and the reverse.
+    for failing in ["prefill", "decode"] {
+        let bootstrap = free_port();
+        let slow = ["--headers-delay-ms", "5000"];
+        let (p, d) = if failing == "prefill" {
+            (
+                vllm_prefill("cx-p1", bootstrap, &[]),
+                vllm_decode("cx-d1", &slow),
+            )
+        } else {
+            (
+                vllm_prefill("cx-p2", bootstrap, &slow),
+                vllm_decode("cx-d2", &[]),
+            )
+        };
+        let r = router(
+            &s(&[
+                "--backend",
+                "vllm",
+                "--pd-disaggregation",
+                "--retry-max-retries",
+                "0",
+                "--prefill",
+                &p.url(),
+                &bootstrap.to_string(),
+                "--decode",
+                &d.url(),
+            ]),
+            true,
+        );
+        let bad = if failing == "prefill" { &p } else { &d };
+        let other = if failing == "prefill" { &d } else { &p };
+        let (st, _) = {
+            let r = client()
+                .post(format!(
+                    "http://127.0.0.1:{}/fake/fail?count=1&status=500",
+                    bad.port
+                ))
+                .send()
+                .unwrap();
+            (r.status().as_u16(), ())
+        };
+        assert_eq!(st, 200);
+        let t0 = Instant::now();
+        let (st, _, body) = post(
+            r.port,
+            "/v1/completions",
+            r#"{"prompt":"x","max_tokens":4}"#,
+        );
+        let took = t0.elapsed();
+        assert_eq!(st, 500, "{failing}: {body}");
+        assert!(
+            took < Duration::from_secs(2),
+            "{failing}: answered after {took:?}"
+        );
+        assert!(
+            wait_until(Duration::from_secs(3), || stats(other)["cancelled"] == 1),
+            "{failing} failed: the other leg was not cancelled: {}",
+            stats(other)
+        );
+        assert_eq!(
+            metric(r.port, "rbgctl_router_vllm_pd_legs_cancelled_total"),
+            Some(1.0)
+        );
+    }
+}
+
+#[test]
+fn a_mooncake_prefill_whose_bootstrap_is_not_up_is_503_until_it_answers() {
+    let bootstrap = free_port();
+    let p = vllm_prefill(
+        "late-p",
+        bootstrap,
+        &["--kv-bootstrap-ready-after-ms", "1500"],
+    );
+    let d = vllm_decode("late-d", &[]);
+    let r = router(
+        &s(&[
+            "--backend",
+            "vllm",
+            "--pd-disaggregation",
+            "--prefill",
+            &p.url(),
+            &bootstrap.to_string(),
+            "--decode",
+            &d.url(),
+        ]),
+        true,
+    );
+    let (st, _, body) = post(r.port, "/v1/completions", r#"{"prompt":"x"}"#);
+    assert_eq!(st, 503, "{body}");
+    assert!(
+        body.contains(&format!("127.0.0.1:{bootstrap}/query")),
+        "{body}"
+    );
+    assert!(
+        recorded(&p).is_empty() && recorded(&d).is_empty(),
+        "nothing sent without the engine"
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0 == 200
+    }));
+    assert!(metric(r.port, "rbgctl_router_vllm_kv_transfer_failures_total").unwrap_or(0.0) >= 1.0);
+}
+
+/// Seed 003's two gateway lines, run as the YAML lists them (each list item one argument,
+/// the program named `smg`), with the workers' addresses in place of the cluster's names.
+/// Both listen on port 8000, as the seed's do, one after the other.
+#[test]
+fn seed_003s_gateway_lines_start_the_router_as_written() {
+    let bin = launcher().dir().join("seed-003-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let smg = bin.join("smg");
+    let _ = std::fs::remove_file(&smg);
+    std::os::unix::fs::symlink(common::BIN, &smg).unwrap();
+    let smg = Launcher::with_exe(smg, rbgctl::launch::Logs::File).unwrap();
+    let up = |name: &str, argv: &[String]| {
+        let r: Spawned<rbgctl::router::Addrs> = smg.spawn_argv(name, argv).expect("smg starts");
+        assert_eq!(r.addrs.http.port(), 8000, "the seed's port");
+        assert!(wait_until(Duration::from_secs(20), || get(
+            8000,
+            "/readiness"
+        )
+        .0 == 200));
+        r.process
+    };
+    // sglang-mooncake-smg-v2: `- --prefill http://…:8000` is one argument.
+    let (p, d) = (fake_worker("seed-p", &[]), fake_worker("seed-d", &[]));
+    let line = [
+        "--pd-disaggregation".to_string(),
+        format!("--prefill {}", p.url()),
+        format!("--decode {}", d.url()),
+        "--host 0.0.0.0".into(),
+        "--port 8000".into(),
+    ];
+    let mut router = up("smg-sglang", &line);
+    let (st, h, _) = post(
+        8000,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(st, 200);
+    assert_eq!(h["x-fake-worker"], "seed-d");
+    assert!(body_of(&recorded(&p)[0])["bootstrap_room"].is_u64());
+    router.stop();
+    // vllm-pd-with-mooncake-demo: vLLM's proxy flags, hosts with `http://`, no port given.
+    let (vp, vd) = (
+        vllm_prefill("seed-vp", 8998, &[]),
+        vllm_decode("seed-vd", &[]),
+    );
+    let line = s(&[
+        "--prefiller-host",
+        "http://127.0.0.1",
+        "--prefiller-port",
+        &vp.port.to_string(),
+        "--decoder-host",
+        "http://127.0.0.1",
+        "--decoder-port",
+        &vd.port.to_string(),
+    ]);
+    let _router = up("smg-vllm", &line);
+    let (st, h, b) = post(8000, "/v1/completions", r#"{"prompt":"hi","max_tokens":4}"#);
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(h["x-fake-worker"], "seed-vd");
+    let kv = &body_of(&recorded(&vd)[0])["kv_transfer_params"];
+    assert_eq!(kv["remote_engine_id"], "seed-vp-engine");
+    assert_eq!(kv["remote_bootstrap_addr"], "http://127.0.0.1:8998");
+}

@@ -3,6 +3,7 @@
 //! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
 //! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
 
+use super::vllm::{self, Connector, Legs};
 use crate::config::{load_toml, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -83,6 +84,17 @@ pub struct RouterConfig {
     pub prefill: Vec<PrefillSpec>,
     /// Decode workers (PD).
     pub decode: Vec<String>,
+    /// The engines' API: `sglang` (bootstrap fields in the request) or `vllm` (OpenAI routes;
+    /// in PD, vLLM's `kv_transfer_params` contract). Default `sglang`.
+    pub backend: Backend,
+    /// vLLM PD: the engines' KV connector. Default `mooncake`.
+    pub vllm_kv_connector: Connector,
+    /// vLLM PD with Mooncake: run the prefill and decode legs at once, or decode after
+    /// prefill. Default `concurrent`.
+    pub vllm_pd_legs: Legs,
+    /// vLLM PD with Mooncake: the prefill engines' bootstrap port (`GET /query`), unless a
+    /// prefill worker names its own. Default 8998 (`VLLM_MOONCAKE_BOOTSTRAP_PORT`'s default).
+    pub vllm_bootstrap_port: u16,
     /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
     pub service_discovery: bool,
     /// `key=value` labels a regular worker pod must carry.
@@ -180,6 +192,10 @@ impl Default for RouterConfig {
             max_tree_size: 1 << 26,
             max_payload_size: 512 << 20,
             pd_disaggregation: false,
+            backend: Backend::Sglang,
+            vllm_kv_connector: Connector::Mooncake,
+            vllm_pd_legs: Legs::Concurrent,
+            vllm_bootstrap_port: 8998,
             prefill: Vec::new(),
             decode: Vec::new(),
             service_discovery: false,
@@ -329,6 +345,34 @@ pub struct RouterArgs {
     /// A decode worker. Repeatable. Default: none.
     #[arg(long, action = clap::ArgAction::Append)]
     pub decode: Vec<String>,
+    /// The engines' API: `sglang` or `vllm` (OpenAI routes; vLLM's `kv_transfer_params` in
+    /// PD). Default `sglang`; `vllm` with the `--prefiller-host` family.
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// vLLM PD: the engines' KV connector (`mooncake` or `nixl`). Default `mooncake`.
+    #[arg(long, value_enum)]
+    pub vllm_kv_connector: Option<Connector>,
+    /// vLLM PD with Mooncake: `concurrent` legs (as vLLM's Mooncake proxy) or `sequential`
+    /// (decode after prefill answered). Default `concurrent`.
+    #[arg(long, value_enum)]
+    pub vllm_pd_legs: Option<Legs>,
+    /// vLLM PD with Mooncake: prefill engines' bootstrap port (`GET /query`). Default 8998.
+    #[arg(long)]
+    pub vllm_bootstrap_port: Option<u16>,
+    /// vLLM's disaggregation proxy flags: prefill hosts (`name` or `http://name`), paired in
+    /// order with `--prefiller-ports`. They imply `--pd-disaggregation --backend vllm` and port
+    /// 8000 unless `--port` is given. Default: none.
+    #[arg(long, visible_alias = "prefiller-hosts", num_args = 1..)]
+    pub prefiller_host: Vec<String>,
+    /// Ports of `--prefiller-host` (one for all, or one each). Default 8000.
+    #[arg(long, visible_alias = "prefiller-ports", num_args = 1..)]
+    pub prefiller_port: Vec<u16>,
+    /// Decode hosts, as `--prefiller-host`. Default: none.
+    #[arg(long, visible_alias = "decoder-hosts", num_args = 1..)]
+    pub decoder_host: Vec<String>,
+    /// Ports of `--decoder-host` (one for all, or one each). Default 8000.
+    #[arg(long, visible_alias = "decoder-ports", num_args = 1..)]
+    pub decoder_port: Vec<u16>,
     /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
     #[arg(long)]
     pub service_discovery: bool,
@@ -586,9 +630,81 @@ impl RouterArgs {
                 .map(|v| prefill_spec(v))
                 .collect::<Result<_, _>>()?;
         }
+        set!(
+            backend,
+            vllm_kv_connector,
+            vllm_pd_legs,
+            vllm_bootstrap_port
+        );
+        if !self.prefiller_host.is_empty() || !self.decoder_host.is_empty() {
+            // vLLM's proxy flags: its mode, and its port unless one is given.
+            let urls = |hosts: &[String], ports: &[u16], field: &'static str| {
+                paired_urls(hosts, ports, field)
+            };
+            c.prefill.extend(
+                urls(
+                    &self.prefiller_host,
+                    &self.prefiller_port,
+                    "--prefiller-port",
+                )?
+                .into_iter()
+                .map(|url| PrefillSpec {
+                    url,
+                    bootstrap_port: None,
+                }),
+            );
+            c.decode.extend(urls(
+                &self.decoder_host,
+                &self.decoder_port,
+                "--decoder-port",
+            )?);
+            c.pd_disaggregation = true;
+            if self.backend.is_none() {
+                c.backend = Backend::Vllm;
+            }
+            if self.port.is_none() && self.config.is_none() {
+                c.port = 8000;
+            }
+        }
         c.validate()?;
         Ok(c)
     }
+}
+
+/// `http://host:port` for each host, with its port (one port for all, one each, or 8000).
+fn paired_urls(
+    hosts: &[String],
+    ports: &[u16],
+    field: &'static str,
+) -> Result<Vec<String>, ConfigError> {
+    let port = |i: usize| match ports.len() {
+        0 => Ok(8000),
+        1 => Ok(ports[0]),
+        n if n == hosts.len() => Ok(ports[i]),
+        n => Err(ConfigError::invalid(
+            field,
+            format!(
+                "{n} ports for {} hosts: give one port for all, or one per host",
+                hosts.len()
+            ),
+        )),
+    };
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Ok(vllm::worker_url(h, port(i)?)))
+        .collect()
+}
+
+/// The engines' API.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// SGLang: `/generate` and OpenAI routes; PD through bootstrap fields.
+    #[default]
+    Sglang,
+    /// vLLM: OpenAI routes; PD through `kv_transfer_params`.
+    Vllm,
 }
 
 impl RouterConfig {

@@ -69,6 +69,14 @@ pub struct Metrics {
     pub queue_timeouts_408: AtomicU64,
     pub stream_errors: AtomicU64,
     pub pd_dispatches: AtomicU64,
+    /// vLLM PD requests refused because they ask `n` > 1 (one prefill's KV serves one sequence).
+    pub vllm_pd_n_refused: AtomicU64,
+    /// vLLM PD requests whose KV transfer could not be set up (no engine id from the Mooncake
+    /// bootstrap, or a NIXL prefill answer without `kv_transfer_params`): never recomputed
+    /// silently, answered with an error.
+    pub vllm_kv_transfer_failures: AtomicU64,
+    /// vLLM PD requests where one leg failed and the other was cancelled.
+    pub vllm_pd_legs_cancelled: AtomicU64,
     pub auth_failures: AtomicU64,
     /// Reads of the RBG discovery file that were refused (unreadable or invalid).
     pub discovery_rejected: AtomicU64,
@@ -194,6 +202,24 @@ impl Metrics {
             "counter",
             "Requests sent to a prefill and a decode worker together.",
             load(&self.pd_dispatches),
+        );
+        p.single(
+            "rbgctl_router_vllm_pd_n_refused_total",
+            "counter",
+            "vLLM prefill/decode requests refused for asking n > 1.",
+            load(&self.vllm_pd_n_refused),
+        );
+        p.single(
+            "rbgctl_router_vllm_kv_transfer_failures_total",
+            "counter",
+            "vLLM prefill/decode requests whose KV transfer could not be set up (answered with an error, never recomputed).",
+            load(&self.vllm_kv_transfer_failures),
+        );
+        p.single(
+            "rbgctl_router_vllm_pd_legs_cancelled_total",
+            "counter",
+            "vLLM prefill/decode requests where one leg failed and the other was cancelled.",
+            load(&self.vllm_pd_legs_cancelled),
         );
         p.single(
             "rbgctl_router_auth_failures_total",

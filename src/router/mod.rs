@@ -22,6 +22,7 @@ pub mod proxy;
 pub mod request;
 pub mod server;
 pub mod tree;
+pub mod vllm;
 pub mod worker;
 
 use crate::config::ConfigError;
@@ -78,6 +79,9 @@ pub struct Shared {
     pub limiter: Limiter,
     pub metrics: Metrics,
     pub request_timeout: Duration,
+    /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
+    pub mooncake_engines:
+        parking_lot::Mutex<std::collections::HashMap<Arc<str>, vllm::MooncakeEngine>>,
 }
 
 /// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once).
@@ -135,6 +139,7 @@ impl Shared {
             ),
             metrics: Metrics::default(),
             request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
+            mooncake_engines: Default::default(),
             cfg,
         };
         let c = &shared.cfg;

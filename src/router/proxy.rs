@@ -3,10 +3,12 @@
 //! response body relayed frame by frame as the worker sends it (a stream cut by its worker ends
 //! with an SSE error event, never a hang).
 
+use crate::router::config::Backend;
 use crate::router::policy::{Candidate, Policy, RouteInput};
 use crate::router::request::{
-    backoff, error_body, inject_bootstrap, random_room, retryable, Endpoint, RouteInfo,
+    backoff, error_body, inject_bootstrap, random_room, retryable, BadRequest, Endpoint, RouteInfo,
 };
+use crate::router::vllm::{self, Connector, Legs};
 use crate::router::worker::{LoadGuard, Worker, WorkerType};
 use crate::router::Shared;
 use axum::body::Body;
@@ -15,12 +17,16 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode
 use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use serde_json::Value;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
+
+/// Longest wait for a Mooncake prefill engine's bootstrap server to answer `GET /query`.
+const BOOTSTRAP_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -277,7 +283,9 @@ impl Shared {
                 input,
                 rid,
             };
-            let outcome = if self.pd {
+            let outcome = if self.pd && self.cfg.backend == Backend::Vllm {
+                self.vllm_pd_once(&call, &tried, &mut permit).await
+            } else if self.pd {
                 self.pd_once(&call, &tried, &mut permit).await
             } else {
                 self.once(&call, &tried, &mut permit).await
@@ -516,6 +524,347 @@ impl Shared {
             _permit: permit.take(),
         };
         Attempt::Done(self.relay(d_resp, decode, held, rid))
+    }
+
+    // The legs end in `Result<_, Attempt>`: the error is what the client gets, already a
+    // response, so its size is that of a response.
+    #[allow(clippy::result_large_err)]
+    /// vLLM's prefill/decode contract (`vllm.rs`): NIXL sends decode after the prefill answer
+    /// with its `kv_transfer_params`; Mooncake sends both legs with one transfer id, at once
+    /// or one after the other. When one leg fails the other is dropped at once (which cancels
+    /// its request) and the client gets the failure.
+    async fn vllm_pd_once(
+        self: &Arc<Self>,
+        call: &Call<'_>,
+        tried: &[Arc<str>],
+        permit: &mut Option<OwnedSemaphorePermit>,
+    ) -> Attempt {
+        let Call {
+            endpoint,
+            headers,
+            body,
+            info: _,
+            ref input,
+            rid,
+        } = *call;
+        let refuse = |status: StatusCode, kind: &str, msg: &str| {
+            Attempt::Done(error_response(status, kind, msg, rid))
+        };
+        if endpoint == Endpoint::Generate {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "vLLM engines serve the OpenAI routes (/v1/completions, /v1/chat/completions); \
+                 /generate is SGLang's",
+            );
+        }
+        let n = vllm::choices(body);
+        if n > 1 {
+            self.metrics
+                .vllm_pd_n_refused
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(request_id = rid, n, "vLLM PD request with n > 1 refused");
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!(
+                    "n = {n}: prefill/decode disaggregation transfers one sequence's KV cache; \
+                     send n = 1 (or several requests)"
+                ),
+            );
+        }
+        let Some(prefill) = self.choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
+        else {
+            return Attempt::Done(no_workers("prefill ", rid));
+        };
+        let Some(decode) = self.choose(&self.decode_policy, WorkerType::Decode, input, tried)
+        else {
+            return Attempt::Done(no_workers("decode ", rid));
+        };
+        let connector = self.cfg.vllm_kv_connector;
+        let transfer_failed = |msg: String| {
+            self.metrics
+                .vllm_kv_transfer_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(request_id = rid, prefill = %prefill.url, connector = connector.name(), "{msg}");
+            msg
+        };
+        // Mooncake: the prefill engine's id, from its bootstrap server (503 until it answers).
+        let engine = match connector {
+            Connector::Nixl => None,
+            Connector::Mooncake => match self.mooncake_engine(&prefill).await {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    let msg = transfer_failed(e);
+                    return refuse(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &msg);
+                }
+            },
+        };
+        let transfer = vllm::transfer_id();
+        let prefill_kv = match &engine {
+            None => vllm::nixl_prefill_params(),
+            Some(_) => vllm::mooncake_prefill_params(&transfer),
+        };
+        let bad = |e: BadRequest| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &e.to_string(),
+            )
+        };
+        let p_body = match vllm::prefill_body(body, &prefill_kv) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => return bad(e),
+        };
+        let p_guard = prefill.begin();
+        let d_guard = decode.begin();
+        let mut p_req = match self.upstream_request(
+            &prefill,
+            Method::POST,
+            endpoint.path(),
+            headers,
+            rid,
+            p_body,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("cannot forward this request: {e}"),
+                )
+            }
+        };
+        if let Some(rank) = engine.as_ref().and_then(|e| e.dp_rank) {
+            if let Ok(v) = http::HeaderValue::from_str(&rank.to_string()) {
+                p_req.headers_mut().insert("x-data-parallel-rank", v);
+            }
+        }
+        self.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
+        let fail = |w: &Arc<Worker>, role: &str, e: &str| {
+            w.record_outcome(&self.cb, false);
+            tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "vLLM PD leg failed");
+        };
+        // The prefill leg to its end: its answer's body (NIXL needs it), or what went wrong.
+        let prefill_leg = async {
+            let resp = match self.send(p_req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    fail(&prefill, "prefill", &e);
+                    return Err(Attempt::Retry {
+                        tried: vec![prefill.url.clone()],
+                        fallback: error_response(
+                            StatusCode::BAD_GATEWAY,
+                            "prefill_server_error",
+                            &format!("prefill worker {}: {e}", prefill.url),
+                            rid,
+                        ),
+                    });
+                }
+            };
+            let status = resp.status();
+            prefill.record_outcome(
+                &self.cb,
+                !status.is_server_error() && !retryable(status.as_u16()),
+            );
+            if !status.is_success() {
+                let answer = prefixed(resp, "prefill", rid).await;
+                return Err(if retryable(status.as_u16()) {
+                    Attempt::Retry {
+                        tried: vec![prefill.url.clone()],
+                        fallback: answer,
+                    }
+                } else {
+                    Attempt::Done(answer)
+                });
+            }
+            match tokio::time::timeout(self.request_timeout, resp.into_body().collect()).await {
+                Ok(Ok(b)) => Ok(b.to_bytes()),
+                Ok(Err(e)) => Err(Attempt::Done(error_response(
+                    StatusCode::BAD_GATEWAY,
+                    "prefill_server_error",
+                    &format!("prefill worker {}: answer cut: {e}", prefill.url),
+                    rid,
+                ))),
+                Err(_) => Err(Attempt::Done(error_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "prefill_server_error",
+                    &format!(
+                        "prefill worker {}: no whole answer within {:?}",
+                        prefill.url, self.request_timeout
+                    ),
+                    rid,
+                ))),
+            }
+        };
+        let decode_request = |kv: &Value| {
+            vllm::decode_body(body, kv).map_err(bad).and_then(|b| {
+                self.upstream_request(
+                    &decode,
+                    Method::POST,
+                    endpoint.path(),
+                    headers,
+                    rid,
+                    Bytes::from(b),
+                )
+                .map_err(|e| {
+                    refuse(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        &format!("cannot forward this request: {e}"),
+                    )
+                })
+            })
+        };
+        let decode_leg = |req: Request<Full<Bytes>>| async {
+            match self.send(req).await {
+                Err(e) => {
+                    fail(&decode, "decode", &e);
+                    Err(Attempt::Retry {
+                        tried: vec![decode.url.clone()],
+                        fallback: error_response(
+                            StatusCode::BAD_GATEWAY,
+                            "decode_server_error",
+                            &format!("decode worker {}: {e}", decode.url),
+                            rid,
+                        ),
+                    })
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    decode.record_outcome(
+                        &self.cb,
+                        !status.is_server_error() && !retryable(status.as_u16()),
+                    );
+                    if retryable(status.as_u16()) {
+                        Err(Attempt::Retry {
+                            tried: vec![decode.url.clone()],
+                            fallback: buffered(resp, rid).await,
+                        })
+                    } else if !status.is_success() {
+                        Err(Attempt::Done(buffered(resp, rid).await))
+                    } else {
+                        Ok(resp)
+                    }
+                }
+            }
+        };
+        let concurrent = engine.is_some() && self.cfg.vllm_pd_legs == Legs::Concurrent;
+        let d_resp = if let (true, Some(engine)) = (concurrent, &engine) {
+            let d_req = match decode_request(&vllm::mooncake_decode_params(&transfer, engine)) {
+                Ok(r) => r,
+                Err(a) => return a,
+            };
+            let (p_leg, d_leg) = (prefill_leg, decode_leg(d_req));
+            tokio::pin!(p_leg, d_leg);
+            // Whichever leg fails first ends both: returning drops the other leg's future,
+            // which closes its connection (the engine sees the request cancelled).
+            tokio::select! {
+                p = &mut p_leg => match p {
+                    Err(a) => {
+                        self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
+                        return a;
+                    }
+                    Ok(_) => match d_leg.await {
+                        Ok(r) => r,
+                        Err(a) => return a,
+                    },
+                },
+                d = &mut d_leg => match d {
+                    Err(a) => {
+                        self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
+                        return a;
+                    }
+                    // Decode answered first; its tokens need the prefill, which must succeed.
+                    Ok(r) => match p_leg.await {
+                        Ok(_) => r,
+                        Err(a) => {
+                            self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
+                            return a;
+                        }
+                    },
+                },
+            }
+        } else {
+            let answer = match prefill_leg.await {
+                Ok(b) => b,
+                Err(a) => return a,
+            };
+            let kv = match &engine {
+                Some(e) => vllm::mooncake_decode_params(&transfer, e),
+                None => match vllm::nixl_decode_params(&answer) {
+                    Some(kv) => kv,
+                    None => {
+                        let msg = transfer_failed(format!(
+                            "the prefill answer of {} carried no kv_transfer_params: is its \
+                             kv_connector NixlConnector (--vllm-kv-connector)?",
+                            prefill.url
+                        ));
+                        return refuse(StatusCode::BAD_GATEWAY, "prefill_server_error", &msg);
+                    }
+                },
+            };
+            let d_req = match decode_request(&kv) {
+                Ok(r) => r,
+                Err(a) => return a,
+            };
+            match decode_leg(d_req).await {
+                Ok(r) => r,
+                Err(a) => return a,
+            }
+        };
+        drop(p_guard);
+        let held = Held {
+            _load: vec![d_guard],
+            _permit: permit.take(),
+        };
+        Attempt::Done(self.relay(d_resp, decode, held, rid))
+    }
+
+    /// The Mooncake engine of a prefill worker: from the cache, or asked of its bootstrap
+    /// server (`GET http://<host>:<bootstrap port>/query`).
+    async fn mooncake_engine(&self, prefill: &Worker) -> Result<vllm::MooncakeEngine, String> {
+        if let Some(e) = self.mooncake_engines.lock().get(&prefill.url) {
+            return Ok(e.clone());
+        }
+        let port = prefill
+            .bootstrap_port
+            .unwrap_or(self.cfg.vllm_bootstrap_port);
+        let addr = vllm::worker_url(&prefill.host, port);
+        let url = format!("{addr}/query");
+        let unready = |why: String| {
+            format!("prefill worker {}: its Mooncake bootstrap {url} has not answered yet ({why}); retry shortly", prefill.url)
+        };
+        let req = Request::get(&url)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| unready(e.to_string()))?;
+        let resp =
+            match tokio::time::timeout(BOOTSTRAP_QUERY_TIMEOUT, self.client.request(req)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => return Err(unready(describe(&e))),
+                Err(_) => {
+                    return Err(unready(format!(
+                        "no answer within {BOOTSTRAP_QUERY_TIMEOUT:?}"
+                    )))
+                }
+            };
+        if !resp.status().is_success() {
+            return Err(unready(format!("status {}", resp.status())));
+        }
+        let bytes = tokio::time::timeout(BOOTSTRAP_QUERY_TIMEOUT, resp.into_body().collect())
+            .await
+            .map_err(|_| unready("answer cut".into()))?
+            .map_err(|e| unready(e.to_string()))?
+            .to_bytes();
+        let answer: Value =
+            serde_json::from_slice(&bytes).map_err(|e| unready(format!("not JSON: {e}")))?;
+        let engine = vllm::mooncake_engine(&answer, &addr)
+            .ok_or_else(|| unready("no engine_id in its answer".into()))?;
+        tracing::info!(prefill = %prefill.url, engine_id = %engine.engine_id, bootstrap = %addr, "Mooncake prefill engine learnt");
+        self.mooncake_engines
+            .lock()
+            .insert(prefill.url.clone(), engine.clone());
+        Ok(engine)
     }
 
     /// The client's response: the worker's status and headers (minus hop-by-hop ones), the

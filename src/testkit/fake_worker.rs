@@ -48,6 +48,21 @@ pub struct FakeWorkerArgs {
     /// Runtime threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The engine it pretends to be: `sglang`, or `vllm` (no `/generate`; `/v1/models` owned
+    /// by vllm; a prefill answer to `kv_transfer_params.do_remote_decode` carries NIXL-style
+    /// `kv_transfer_params`).
+    #[arg(long, default_value = "sglang")]
+    pub engine: String,
+    /// vLLM Mooncake: also serve the KV bootstrap (`GET /query`) on this port.
+    #[arg(long)]
+    pub kv_bootstrap_port: Option<u16>,
+    /// ... answering 503 until this many milliseconds after start.
+    #[arg(long, default_value_t = 0)]
+    pub kv_bootstrap_ready_after_ms: u64,
+    /// Hold every inference answer this long before its headers (a slow leg); a request whose
+    /// client goes away meanwhile is counted as cancelled (`/fake/stats`).
+    #[arg(long, default_value_t = 0)]
+    pub headers_delay_ms: u64,
 }
 
 struct Recorded {
@@ -63,7 +78,20 @@ struct Fake {
     requests: AtomicU64,
     flushes: AtomicU64,
     inflight: AtomicUsize,
+    /// Requests whose client went away before the answer's headers.
+    cancelled: AtomicU64,
     recent: Mutex<VecDeque<Recorded>>,
+}
+
+/// Counts a request as cancelled unless it got to answer.
+struct CancelGuard(Arc<Fake>, bool);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 const RECENT: usize = 256;
@@ -252,13 +280,37 @@ async fn inference(
         }
     };
     burn(f.args.cpu_us);
+    if f.args.headers_delay_ms > 0 {
+        let mut guard = CancelGuard(f.clone(), false);
+        tokio::time::sleep(Duration::from_millis(f.args.headers_delay_ms)).await;
+        guard.1 = true;
+    }
+    let vllm = f.args.engine == "vllm";
+    if vllm && path == "/generate" {
+        return (
+            StatusCode::NOT_FOUND,
+            [("x-fake-worker", name)],
+            "vLLM serves no /generate",
+        )
+            .into_response();
+    }
     let rid = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .unwrap_or_else(|| format!("fake-{n}"));
     let tokens = wanted_tokens(&req, f.args.tokens);
-    let (stream, events) = reply(&path, &req, tokens, &f.args.model, &rid);
+    let (stream, mut events) = reply(&path, &req, tokens, &f.args.model, &rid);
+    // A vLLM prefill asked to keep its KV for a remote decode answers where to find it.
+    let remote_decode = req.pointer("/kv_transfer_params/do_remote_decode") == Some(&json!(true));
+    if vllm && remote_decode && !stream {
+        if let Ok(mut v) = serde_json::from_slice::<Value>(&events[0]) {
+            v["kv_transfer_params"] = json!({"do_remote_prefill": true, "do_remote_decode": false,
+                "remote_engine_id": format!("{name}-engine"), "remote_block_ids": [0, 1, 2],
+                "remote_host": f.args.host, "remote_port": 5600, "tp_size": 1});
+            events[0] = Bytes::from(v.to_string());
+        }
+    }
     f.inflight.fetch_add(1, Ordering::Relaxed);
     let guard = InflightGuard(f.clone());
     let content_type = if stream {
@@ -304,6 +356,7 @@ async fn stats(State(f): State<Arc<Fake>>) -> Json<Value> {
         "requests": f.requests.load(Ordering::Relaxed),
         "flushes": f.flushes.load(Ordering::Relaxed),
         "inflight": f.inflight.load(Ordering::Relaxed),
+        "cancelled": f.cancelled.load(Ordering::Relaxed),
     }))
 }
 
@@ -330,7 +383,8 @@ async fn flush(State(f): State<Arc<Fake>>) -> &'static str {
 
 async fn models(State(f): State<Arc<Fake>>) -> Json<Value> {
     Json(
-        json!({"object": "list", "data": [{"id": f.args.model, "object": "model", "owned_by": "fake"}]}),
+        json!({"object": "list", "data": [{"id": f.args.model, "object": "model",
+            "owned_by": if f.args.engine == "vllm" { "vllm" } else { "fake" }}]}),
     )
 }
 
@@ -400,8 +454,35 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
             requests: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             inflight: AtomicUsize::new(0),
+            cancelled: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::new()),
         });
+        if let Some(port) = f.args.kv_bootstrap_port {
+            let listener = tokio::net::TcpListener::bind((f.args.host.as_str(), port)).await?;
+            let ready_at =
+                Instant::now() + Duration::from_millis(f.args.kv_bootstrap_ready_after_ms);
+            let engine = format!("{}-engine", f.args.name);
+            let worker_addr = format!("{}:{}", f.args.host, addrs.http.port());
+            let query = Router::new().route(
+                "/query",
+                get(move || {
+                    let (engine, worker_addr) = (engine.clone(), worker_addr.clone());
+                    async move {
+                        if Instant::now() < ready_at {
+                            return (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "bootstrap not ready (fake)",
+                            )
+                                .into_response();
+                        }
+                        Json(json!({"0": {"engine_id": engine,
+                                          "worker_addr": {"0": {"0": worker_addr}}}}))
+                        .into_response()
+                    }
+                }),
+            );
+            tokio::spawn(async move { axum::serve(listener, query).await });
+        }
         let app = Router::new()
             .route("/generate", post(inference))
             .route("/v1/chat/completions", post(inference))
