@@ -1222,3 +1222,92 @@ fn seed_003s_gateway_lines_start_the_router_as_written() {
     assert_eq!(kv["remote_engine_id"], "seed-vp-engine");
     assert_eq!(kv["remote_bootstrap_addr"], "http://127.0.0.1:8998");
 }
+
+fn workers(port: u16) -> Vec<Value> {
+    serde_json::from_str::<Value>(&get(port, "/workers").1)
+        .ok()
+        .and_then(|v| v["workers"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn vllm_engines_are_recognised_per_worker_and_registered_with_their_connector() {
+    // No --backend: the router asks each worker's /v1/models and finds vLLM.
+    let bootstrap = free_port();
+    let p = vllm_prefill("det-p", bootstrap, &[]);
+    let d = vllm_decode("det-d", &[]);
+    let r = router(
+        &s(&[
+            "--pd-disaggregation",
+            "--prefill",
+            &p.url(),
+            &bootstrap.to_string(),
+            "--decode",
+            &d.url(),
+        ]),
+        true,
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            let ws = workers(r.port);
+            ws.len() == 2 && ws.iter().all(|w| w["engine"] == "vllm")
+        }),
+        "{:?}",
+        workers(r.port)
+    );
+    let (st, _, b) = post(
+        r.port,
+        "/v1/completions",
+        r#"{"prompt":"x","max_tokens":3}"#,
+    );
+    assert_eq!(st, 200, "{b}");
+    let kv = &body_of(&recorded(&d)[0])["kv_transfer_params"];
+    assert_eq!(kv["remote_engine_id"], "det-p-engine", "{kv}");
+
+    // Registered through the API with SMG's fields: NIXL for this pair, by worker.
+    let (p2, d2) = (
+        vllm_prefill("reg-p", free_port(), &[]),
+        vllm_decode("reg-d", &[]),
+    );
+    let r2 = router(&s(&["--pd-disaggregation", "--backend", "vllm"]), false);
+    let reg = |body: Value| {
+        let resp = client()
+            .post(format!("http://127.0.0.1:{}/workers", r2.port))
+            .json(&body)
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.text().unwrap())
+    };
+    let (st, b) =
+        reg(json!({"url": p2.url(), "worker_type": "prefill", "kv_connector": "NixlConnector"}));
+    assert_eq!(st, 202, "{b}");
+    let (st, b) =
+        reg(json!({"url": d2.url(), "worker_type": "decode", "kv_connector": "NixlConnector"}));
+    assert_eq!(st, 202, "{b}");
+    let (st, b) = reg(
+        json!({"url": "http://127.0.0.1:9", "worker_type": "prefill",
+                             "kv_connector": "LMCacheConnectorV1"}),
+    );
+    assert_eq!(st, 400, "{b}");
+    assert!(b.contains("LMCacheConnectorV1"), "{b}");
+    assert!(wait_until(Duration::from_secs(15), || get(
+        r2.port,
+        "/readiness"
+    )
+    .0 == 200));
+    let (st, _, b) = post(
+        r2.port,
+        "/v1/completions",
+        r#"{"prompt":"x","max_tokens":3}"#,
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(
+        body_of(&recorded(&p2)[0])["kv_transfer_params"],
+        json!({"do_remote_decode": true, "do_remote_prefill": false}),
+        "NIXL by registration, though the router's default is Mooncake"
+    );
+    assert_eq!(
+        body_of(&recorded(&d2)[0])["kv_transfer_params"]["remote_engine_id"],
+        "reg-p-engine"
+    );
+}

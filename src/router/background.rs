@@ -2,7 +2,7 @@
 //! cache-aware tree, and reading each new worker's served model name (for `/v1/models`).
 
 use crate::backoff::Backoff;
-use crate::router::config::secs;
+use crate::router::config::{secs, Backend};
 use crate::router::worker::Worker;
 use crate::router::Shared;
 use http::Method;
@@ -78,6 +78,24 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
         for attempt in 0..3u32 {
             if attempt > 0 {
                 tokio::time::sleep(backoff.next_delay()).await;
+            }
+            // vLLM serves no server info; its /v1/models names the model and the engine.
+            if let Ok((st, body)) = s
+                .call(&w, Method::GET, "/v1/models", Duration::from_secs(5))
+                .await
+            {
+                if st.is_success() {
+                    if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                        if v.pointer("/data/0/owned_by").and_then(Value::as_str) == Some("vllm") {
+                            tracing::info!(worker = %w.url, "a vLLM engine");
+                            *w.engine.write() = Some(Backend::Vllm);
+                            if let Some(m) = v.pointer("/data/0/id").and_then(Value::as_str) {
+                                *w.model_id.write() = Some(m.to_string());
+                                return;
+                            }
+                        }
+                    }
+                }
             }
             for path in ["/server_info", "/get_server_info"] {
                 if let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await

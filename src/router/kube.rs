@@ -9,6 +9,7 @@ use crate::backoff::Backoff;
 use crate::kube::object::{ObjectMeta, Pod};
 use crate::kube::{encode, Kube, KubeConfig, KubeError};
 use crate::router::config::parse_selector;
+use crate::router::vllm::Connector;
 use crate::router::worker::{Source, WorkerSpec, WorkerType};
 use crate::router::{RouterError, Shared};
 use parking_lot::Mutex;
@@ -38,9 +39,31 @@ pub fn pod_worker(pod: &Value, port: u16, t: WorkerType) -> Option<WorkerSpec> {
             .ok(),
         _ => None,
     };
+    let m = &pod.metadata;
+    // vLLM PD: the engine's connector as SMG reads it from annotations. An unknown one is
+    // refused loudly: requests to that worker would recompute the prompt on decode.
+    let kv_connector = match m.annotation("smg.ai/kv-connector").trim() {
+        "" => None,
+        c => match Connector::parse(c) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(pod = %m.key(), "worker left out: {e}");
+                return None;
+            }
+        },
+    };
+    let kv_engine_id = Some(m.annotation("smg.ai/kv-engine-id").trim())
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
     Some(WorkerSpec {
         worker_type: t,
-        bootstrap_port,
+        bootstrap_port: bootstrap_port.or_else(|| {
+            (t == WorkerType::Prefill)
+                .then(|| m.annotation("smg.ai/bootstrap-port").trim().parse().ok())
+                .flatten()
+        }),
+        kv_connector,
+        kv_engine_id,
         ..WorkerSpec::regular(format!("http://{host}:{port}"))
     })
 }
@@ -202,6 +225,20 @@ mod tests {
                 "annotations": {"sglang.ai/bootstrap-port": "8998"}},
                "status": {"phase": phase, "podIP": ip,
                 "conditions": [{"type": "Ready", "status": ready}]}})
+    }
+
+    #[test]
+    fn smg_annotations_give_a_vllm_worker_its_connector_and_engine() {
+        let mut p = pod("p", "Running", "True", "10.1.0.7");
+        p["metadata"]["annotations"] = json!({"smg.ai/kv-connector": "NixlConnector",
+            "smg.ai/kv-engine-id": "e-7", "smg.ai/bootstrap-port": "8997"});
+        let w = pod_worker(&p, 8000, WorkerType::Prefill).unwrap();
+        assert_eq!(w.kv_connector, Some(Connector::Nixl));
+        assert_eq!(w.kv_engine_id.as_deref(), Some("e-7"));
+        assert_eq!(w.bootstrap_port, Some(8997));
+        // An unknown connector: left out (and said), never served with a recompute.
+        p["metadata"]["annotations"]["smg.ai/kv-connector"] = json!("LMCacheConnectorV1");
+        assert!(pod_worker(&p, 8000, WorkerType::Prefill).is_none());
     }
 
     #[test]

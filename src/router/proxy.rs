@@ -161,6 +161,17 @@ enum Attempt {
 }
 
 impl Shared {
+    /// Whether PD requests follow vLLM's contract: `--backend vllm`, or prefill workers that
+    /// are vLLM engines (their `/v1/models` says so, or they were registered with a KV
+    /// connector).
+    fn vllm_engines(&self) -> bool {
+        self.cfg.backend == Backend::Vllm
+            || self.registry.snapshot().iter().any(|w| {
+                w.worker_type == WorkerType::Prefill
+                    && (w.kv_connector.is_some() || *w.engine.read() == Some(Backend::Vllm))
+            })
+    }
+
     /// The available workers of one type, leaving out those already tried when others remain.
     fn candidates(&self, t: WorkerType, tried: &[Arc<str>]) -> Vec<Arc<Worker>> {
         let now = Instant::now();
@@ -283,7 +294,7 @@ impl Shared {
                 input,
                 rid,
             };
-            let outcome = if self.pd && self.cfg.backend == Backend::Vllm {
+            let outcome = if self.pd && self.vllm_engines() {
                 self.vllm_pd_once(&call, &tried, &mut permit).await
             } else if self.pd {
                 self.pd_once(&call, &tried, &mut permit).await
@@ -581,7 +592,7 @@ impl Shared {
         else {
             return Attempt::Done(no_workers("decode ", rid));
         };
-        let connector = self.cfg.vllm_kv_connector;
+        let connector = prefill.kv_connector.unwrap_or(self.cfg.vllm_kv_connector);
         let transfer_failed = |msg: String| {
             self.metrics
                 .vllm_kv_transfer_failures
@@ -831,6 +842,14 @@ impl Shared {
             .bootstrap_port
             .unwrap_or(self.cfg.vllm_bootstrap_port);
         let addr = vllm::worker_url(&prefill.host, port);
+        if let Some(id) = &prefill.kv_engine_id {
+            // Registered with its engine id (SMG's `kv_engine_id`): nothing to ask.
+            return Ok(vllm::MooncakeEngine {
+                engine_id: id.clone(),
+                bootstrap_addr: addr,
+                dp_rank: None,
+            });
+        }
         let url = format!("{addr}/query");
         let unready = |why: String| {
             format!("prefill worker {}: its Mooncake bootstrap {url} has not answered yet ({why}); retry shortly", prefill.url)

@@ -4,6 +4,7 @@
 
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect, request_id, Endpoint};
+use crate::router::vllm::Connector;
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
 use crate::router::{background, config, discovery, kube, RouterError, Shared};
 use crate::shutdown::Shutdown;
@@ -229,6 +230,11 @@ fn worker_json(s: &Shared, w: &Worker) -> Value {
         "processed": w.processed(),
         "source": w.source,
         "model_id": *w.model_id.read(),
+        "kv_connector": w.kv_connector.map(Connector::name),
+        "engine": w.engine.read().map(|b| match b {
+            crate::router::config::Backend::Sglang => "sglang",
+            crate::router::config::Backend::Vllm => "vllm",
+        }),
     })
 }
 
@@ -245,6 +251,12 @@ struct AddWorker {
     api_key: Option<String>,
     #[serde(default)]
     model_id: Option<String>,
+    /// vLLM PD: `MooncakeConnector` / `NixlConnector` (SMG's field).
+    #[serde(default)]
+    kv_connector: Option<String>,
+    /// vLLM PD with Mooncake: the prefill engine's id (SMG's field).
+    #[serde(default)]
+    kv_engine_id: Option<String>,
 }
 
 fn bad(msg: &str) -> Response {
@@ -275,12 +287,27 @@ fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
             worker_type.name()
         ));
     }
+    let kv_connector = match a.kv_connector.as_deref() {
+        None => None,
+        Some(c) => match Connector::parse(c) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                s.metrics
+                    .vllm_kv_transfer_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(worker = %url, "{e}");
+                return Err(format!("kv_connector: {e}"));
+            }
+        },
+    };
     Ok(WorkerSpec {
         url,
         worker_type,
         bootstrap_port: a.bootstrap_port,
         api_key: a.api_key,
         model_id: a.model_id,
+        kv_connector,
+        kv_engine_id: a.kv_engine_id,
     })
 }
 
@@ -386,6 +413,8 @@ async fn add_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Response {
         bootstrap_port: None,
         api_key: None,
         model_id: None,
+        kv_connector: None,
+        kv_engine_id: None,
     };
     let spec = match spec_from(&s, a) {
         Ok(x) => x,

@@ -31,6 +31,19 @@ pub enum Connector {
 }
 
 impl Connector {
+    /// A connector as workers are registered with it (`MooncakeConnector`, `mooncake`, ...);
+    /// `Err` names what is served.
+    pub fn parse(s: &str) -> Result<Connector, String> {
+        match s.trim().to_ascii_lowercase().trim_end_matches("connector") {
+            "mooncake" => Ok(Connector::Mooncake),
+            "nixl" => Ok(Connector::Nixl),
+            _ => Err(format!(
+                "kv connector {s:?} is not served (MooncakeConnector or NixlConnector); requests \
+                 to it would recompute the prompt on decode"
+            )),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Connector::Mooncake => "mooncake",
@@ -242,6 +255,21 @@ mod tests {
         assert_eq!(one.dp_rank, None, "one rank: no header");
         assert_eq!(mooncake_engine(&json!({}), "x"), None);
         assert_eq!(mooncake_engine(&json!([1]), "x"), None);
+    }
+
+    #[test]
+    fn connectors_are_read_as_vllm_and_smg_spell_them() {
+        assert_eq!(
+            Connector::parse("MooncakeConnector"),
+            Ok(Connector::Mooncake)
+        );
+        assert_eq!(Connector::parse("nixl"), Ok(Connector::Nixl));
+        assert_eq!(Connector::parse("NixlConnector"), Ok(Connector::Nixl));
+        let e = Connector::parse("LMCacheConnectorV1").unwrap_err();
+        assert!(
+            e.contains("LMCacheConnectorV1") && e.contains("recompute"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! The health and breaker state machines are pure (time is passed in) and tested without
 //! sockets; the registry is a copy-on-write list so that routing reads it without locking.
 
+use super::config::Backend;
+use super::vllm::Connector;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -46,6 +48,10 @@ pub struct WorkerSpec {
     pub bootstrap_port: Option<u16>,
     pub api_key: Option<String>,
     pub model_id: Option<String>,
+    /// vLLM PD: the engine's KV connector (else the router's `--vllm-kv-connector`).
+    pub kv_connector: Option<Connector>,
+    /// vLLM PD with Mooncake: the prefill engine's id, when known (else asked of `/query`).
+    pub kv_engine_id: Option<String>,
 }
 
 impl WorkerSpec {
@@ -56,6 +62,8 @@ impl WorkerSpec {
             bootstrap_port: None,
             api_key: None,
             model_id: None,
+            kv_connector: None,
+            kv_engine_id: None,
         }
     }
 }
@@ -254,6 +262,12 @@ pub struct Worker {
     pub api_key: Option<String>,
     pub source: Source,
     pub model_id: RwLock<Option<String>>,
+    /// vLLM PD: the engine's KV connector, when it was registered with one.
+    pub kv_connector: Option<Connector>,
+    /// vLLM PD with Mooncake: the engine id it was registered with.
+    pub kv_engine_id: Option<String>,
+    /// The engine behind it, once its `/v1/models` has said (`owned_by: vllm`).
+    pub engine: RwLock<Option<Backend>>,
     inflight: AtomicUsize,
     processed: AtomicU64,
     health: Mutex<HealthTracker>,
@@ -297,6 +311,9 @@ impl Worker {
             api_key: spec.api_key,
             source,
             model_id: RwLock::new(spec.model_id),
+            kv_connector: spec.kv_connector,
+            kv_engine_id: spec.kv_engine_id,
+            engine: RwLock::new(None),
             inflight: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
             health: Mutex::new(HealthTracker::default()),
