@@ -60,8 +60,11 @@ pub static ROLES: &[Role] = &[
         links: &["smg", "sglang-router"],
         about: "OpenAI/SGLang-compatible gateway (sglang-router's flags): cache-aware routing, \
                 prefill/decode disaggregation, health checks, retries, circuit breakers",
-        args: crate::router::config::RouterArgs::augment_args,
+        args: |c| crate::router::compat::accept_refused(
+            crate::router::config::RouterArgs::augment_args(c),
+        ),
         run: |m| {
+            crate::router::compat::check(m)?;
             let args: crate::router::config::RouterArgs = parsed(m)?;
             Ok(crate::router::run(args.resolve()?)?)
         },

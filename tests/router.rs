@@ -1311,3 +1311,27 @@ fn vllm_engines_are_recognised_per_worker_and_registered_with_their_connector() 
         "reg-p-engine"
     );
 }
+
+#[test]
+fn sglang_router_flags_that_need_services_not_here_are_refused_by_name() {
+    for (argv, says) in [
+        (
+            vec!["router", "--redis-url", "redis://cache:6379"],
+            "--redis-url: rbgctl keeps no conversation history",
+        ),
+        (vec!["router", "--mini-lb"], "--mini-lb:"),
+        (
+            vec!["router", "--model-path", "Qwen/Qwen3-8B"],
+            "--model-path: rbgctl never loads or downloads tokenizers",
+        ),
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(&argv)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{argv:?}: {err}");
+        assert!(err.contains(says), "{argv:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}

@@ -12,6 +12,7 @@
 //! - `metrics`: Prometheus.
 
 pub mod background;
+pub mod compat;
 pub mod config;
 pub mod discovery;
 pub mod kube;
