@@ -1054,19 +1054,21 @@ fn vllm_pd_over_mooncake_sends_one_transfer_id_with_the_engine_concurrently_or_i
 
 #[test]
 fn a_failing_vllm_leg_cancels_the_other_at_once() {
-    // Prefill fails at once while decode would hold its answer for 5 s: and the reverse.
+    // Prefill fails after 300 ms while decode would hold its answer for 5 s: and the reverse.
+    // (300 ms: the other leg's request is in flight when the failure comes.)
     for failing in ["prefill", "decode"] {
         let bootstrap = free_port();
         let slow = ["--headers-delay-ms", "5000"];
+        let soon = ["--headers-delay-ms", "300"];
         let (p, d) = if failing == "prefill" {
             (
-                vllm_prefill("cx-p1", bootstrap, &[]),
+                vllm_prefill("cx-p1", bootstrap, &soon),
                 vllm_decode("cx-d1", &slow),
             )
         } else {
             (
                 vllm_prefill("cx-p2", bootstrap, &slow),
-                vllm_decode("cx-d2", &[]),
+                vllm_decode("cx-d2", &soon),
             )
         };
         let r = router(
@@ -1334,4 +1336,133 @@ fn sglang_router_flags_that_need_services_not_here_are_refused_by_name() {
         assert!(err.contains(says), "{argv:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
+}
+
+#[test]
+fn cors_answers_the_listed_origins_or_any_when_none_is_listed() {
+    let w = fake_worker("cors-w", &[]);
+    let listed = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--cors-allowed-origins",
+            "https://ui.example.com",
+        ]),
+        true,
+    );
+    let any = router(&s(&["--worker-urls", &w.url()]), true);
+    let call = |port: u16, origin: &str| {
+        client()
+            .post(format!("http://127.0.0.1:{port}/v1/completions"))
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .body(r#"{"prompt":"x","max_tokens":2}"#)
+            .send()
+            .unwrap()
+    };
+    let r = call(listed.port, "https://ui.example.com");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://ui.example.com"
+    );
+    let r = call(listed.port, "https://elsewhere.example");
+    assert_eq!(
+        r.status(),
+        200,
+        "CORS is the browser's check; the request is served"
+    );
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let pre = client()
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("http://127.0.0.1:{}/v1/chat/completions", listed.port),
+        )
+        .header("origin", "https://ui.example.com")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "content-type,authorization",
+        )
+        .send()
+        .unwrap();
+    assert!(pre.status().is_success(), "{}", pre.status());
+    assert_eq!(
+        pre.headers()["access-control-allow-origin"],
+        "https://ui.example.com"
+    );
+    assert!(pre.headers().contains_key("access-control-allow-methods"));
+    assert_eq!(
+        call(any.port, "https://anyone.example").headers()["access-control-allow-origin"],
+        "*"
+    );
+}
+
+#[test]
+fn sigterm_lets_requests_in_flight_finish_within_the_grace_period() {
+    use nix::sys::signal::Signal;
+    // 8 tokens 250 ms apart: a 2 s stream, begun before the SIGTERM, ends whole.
+    let w = fake_worker("grace-w", &["--token-delay-ms", "250"]);
+    let mut r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--shutdown-grace-period-secs",
+            "20",
+        ]),
+        true,
+    );
+    let port = r.port;
+    let resp = client()
+        .post(format!("http://127.0.0.1:{port}/generate"))
+        .body(r#"{"text":"x","stream":true,"sampling_params":{"max_new_tokens":8}}"#)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reader = std::thread::spawn(move || read_chunks(resp).0);
+    std::thread::sleep(Duration::from_millis(300));
+    let exited = std::thread::spawn(move || {
+        let st = r
+            ._proc
+            .signal_exits_within(Signal::SIGTERM, Duration::from_secs(30));
+        (st, Instant::now())
+    });
+    let body = String::from_utf8(reader.join().unwrap()).unwrap();
+    let streamed_until = Instant::now();
+    assert!(body.contains("[DONE]"), "the stream was cut: {body}");
+    let (st, at) = exited.join().unwrap();
+    assert!(st.is_some_and(|s| s.success()), "{st:?}");
+    assert!(
+        at >= streamed_until - Duration::from_millis(50),
+        "exited before the stream ended"
+    );
+
+    // A grace shorter than the stream: the router goes when it ends, not with the stream.
+    let slow = fake_worker("grace-slow", &["--token-delay-ms", "1000"]);
+    let mut r = router(
+        &s(&[
+            "--worker-urls",
+            &slow.url(),
+            "--shutdown-grace-period-secs",
+            "0.5",
+        ]),
+        true,
+    );
+    let resp = client()
+        .post(format!("http://127.0.0.1:{}/generate", r.port))
+        .body(r#"{"text":"x","stream":true,"sampling_params":{"max_new_tokens":30}}"#)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let t0 = Instant::now();
+    let st = r
+        ._proc
+        .signal_exits_within(Signal::SIGTERM, Duration::from_secs(20));
+    assert!(st.is_some(), "the router did not exit");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?} for a 0.5 s grace",
+        t0.elapsed()
+    );
+    drop(resp);
 }

@@ -174,6 +174,12 @@ pub struct RouterConfig {
     pub disable_health_check: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
     pub api_key: Option<String>,
+    /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
+    /// sglang-router).
+    pub shutdown_grace_period_secs: f64,
+    /// Browser origins allowed to call the router (CORS); empty allows any origin, as
+    /// sglang-router does. Default: empty.
+    pub cors_allowed_origins: Vec<String>,
 }
 
 impl Default for RouterConfig {
@@ -243,6 +249,8 @@ impl Default for RouterConfig {
             health_check_endpoint: "/health".into(),
             disable_health_check: false,
             api_key: None,
+            shutdown_grace_period_secs: 180.0,
+            cors_allowed_origins: Vec::new(),
         }
     }
 }
@@ -490,6 +498,13 @@ pub struct RouterArgs {
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
     #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
     pub api_key: Option<String>,
+    /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
+    #[arg(long)]
+    pub shutdown_grace_period_secs: Option<f64>,
+    /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
+    /// Default: none listed, which allows any origin (as sglang-router).
+    #[arg(long, num_args = 0..)]
+    pub cors_allowed_origins: Vec<String>,
     /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters. Default: info (RBGCTL_LOG wins).
     #[arg(long)]
     pub log_level: Option<String>,
@@ -584,6 +599,7 @@ impl RouterArgs {
             health_check_timeout_secs,
             health_check_interval_secs,
             health_check_endpoint,
+            shutdown_grace_period_secs,
         );
         if let Some(p) = self.policy {
             c.policy = p;
@@ -615,7 +631,8 @@ impl RouterArgs {
             selector,
             prefill_selector,
             decode_selector,
-            request_id_headers
+            request_id_headers,
+            cors_allowed_origins
         );
         set_flag!(
             pd_disaggregation,
@@ -726,6 +743,16 @@ impl RouterConfig {
             return Err(ConfigError::invalid(
                 "router.retry_backoff_multiplier",
                 format!("must be at least 1, got {}", self.retry_backoff_multiplier),
+            ));
+        }
+        if !(self.shutdown_grace_period_secs.is_finite() && self.shutdown_grace_period_secs >= 0.0)
+        {
+            return Err(ConfigError::invalid(
+                "router.shutdown_grace_period_secs",
+                format!(
+                    "must be a number of seconds, got {}",
+                    self.shutdown_grace_period_secs
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.retry_jitter_factor) {

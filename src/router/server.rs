@@ -576,7 +576,24 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .merge(protected)
         .fallback(not_found)
+        .layer(cors(&shared.cfg.cors_allowed_origins))
         .with_state(shared)
+}
+
+/// CORS as sglang-router answers it: the listed origins, or any origin when none is listed.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    let listed: Vec<http::HeaderValue> = origins.iter().filter_map(|o| o.parse().ok()).collect();
+    let allow = if listed.is_empty() {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(listed)
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods(Any)
+        .allow_headers(Any)
+        .max_age(Duration::from_secs(3600))
 }
 
 /// Starts what runs beside the API: health checks, tree eviction, and worker discovery.
@@ -595,7 +612,7 @@ pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
 }
 
 /// Serves the API (and the separate metrics listener) until `shutdown` fires; requests in
-/// flight then get up to 30 s to finish.
+/// flight then get up to `shutdown_grace_period_secs` to finish.
 pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
@@ -616,16 +633,17 @@ pub async fn serve(
         workers = shared.registry.snapshot().len(),
         "router listening"
     );
+    let grace = Duration::from_secs_f64(shared.cfg.shutdown_grace_period_secs.clamp(0.0, 86_400.0));
     let limits = crate::http_server::HttpLimits {
         max_body_bytes: shared.cfg.max_payload_size,
         max_connections: 16_384,
-        grace: Duration::from_secs(30),
+        grace,
         ..Default::default()
     };
     let announce = shutdown.clone();
     tokio::spawn(async move {
         announce.wait().await;
-        tracing::info!("shutting down: finishing requests in flight (up to 30 s)");
+        tracing::info!(?grace, "shutting down: finishing requests in flight");
     });
     crate::http_server::serve_with(listener, app(shared.clone()), shutdown, limits).await;
 }

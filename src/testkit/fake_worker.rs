@@ -59,8 +59,9 @@ pub struct FakeWorkerArgs {
     /// ... answering 503 until this many milliseconds after start.
     #[arg(long, default_value_t = 0)]
     pub kv_bootstrap_ready_after_ms: u64,
-    /// Hold every inference answer this long before its headers (a slow leg); a request whose
-    /// client goes away meanwhile is counted as cancelled (`/fake/stats`).
+    /// Hold every inference answer (an injected failure too) this long before its headers (a
+    /// slow leg); a request whose client goes away meanwhile is counted as cancelled
+    /// (`/fake/stats`).
     #[arg(long, default_value_t = 0)]
     pub headers_delay_ms: u64,
 }
@@ -254,6 +255,12 @@ async fn inference(
         });
     }
     let name = f.args.name.clone();
+    // The delay comes first: an injected failure then arrives late too.
+    if f.args.headers_delay_ms > 0 {
+        let mut guard = CancelGuard(f.clone(), false);
+        tokio::time::sleep(Duration::from_millis(f.args.headers_delay_ms)).await;
+        guard.1 = true;
+    }
     let fail = f
         .fail_remaining
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
@@ -280,11 +287,6 @@ async fn inference(
         }
     };
     burn(f.args.cpu_us);
-    if f.args.headers_delay_ms > 0 {
-        let mut guard = CancelGuard(f.clone(), false);
-        tokio::time::sleep(Duration::from_millis(f.args.headers_delay_ms)).await;
-        guard.1 = true;
-    }
     let vllm = f.args.engine == "vllm";
     if vllm && path == "/generate" {
         return (
