@@ -1466,3 +1466,58 @@ fn sigterm_lets_requests_in_flight_finish_within_the_grace_period() {
     );
     drop(resp);
 }
+
+#[test]
+fn workers_that_never_answer_at_start_stop_the_router_after_the_startup_timeout() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let live = fake_worker("startup-live", &[]);
+    let mut r = router_with_env(
+        &s(&[
+            "--worker-urls",
+            &live.url(),
+            &dead,
+            "--worker-startup-timeout-secs",
+            "1",
+            "--worker-startup-check-interval",
+            "0.2",
+        ]),
+        None,
+        &[],
+    );
+    let mut status = None;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            status = r._proc.exited();
+            status.is_some()
+        }),
+        "the router kept running"
+    );
+    assert!(!status.unwrap().success());
+    let log = r._proc.log();
+    assert!(
+        log.contains("--worker-startup-timeout-secs") && log.contains(&dead),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&format!("{}, ", live.url())),
+        "only the silent worker is named: {log}"
+    );
+    // Workers that answer: the router stays (readiness also says so).
+    let ok = router(
+        &s(&[
+            "--worker-urls",
+            &live.url(),
+            "--worker-startup-timeout-secs",
+            "1",
+            "--worker-startup-check-interval",
+            "0.2",
+        ]),
+        true,
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        get(ok.port, "/readiness").0,
+        200,
+        "still serving past the startup timeout"
+    );
+}

@@ -177,6 +177,12 @@ pub struct RouterConfig {
     /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
     /// sglang-router).
     pub shutdown_grace_period_secs: f64,
+    /// Workers given at start (flags or config) must answer their health check within this
+    /// long, else the router exits with an error naming them. Default 1800 s (as
+    /// sglang-router).
+    pub worker_startup_timeout_secs: f64,
+    /// How often those workers are checked until they answer. Default 30 s.
+    pub worker_startup_check_interval: f64,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -250,6 +256,8 @@ impl Default for RouterConfig {
             disable_health_check: false,
             api_key: None,
             shutdown_grace_period_secs: 180.0,
+            worker_startup_timeout_secs: 1800.0,
+            worker_startup_check_interval: 30.0,
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -501,6 +509,13 @@ pub struct RouterArgs {
     /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
     #[arg(long)]
     pub shutdown_grace_period_secs: Option<f64>,
+    /// Workers given at start must answer their health check within this many seconds, else
+    /// the router exits naming them. Default 1800.
+    #[arg(long)]
+    pub worker_startup_timeout_secs: Option<f64>,
+    /// Seconds between checks of those workers until they answer. Default 30.
+    #[arg(long)]
+    pub worker_startup_check_interval: Option<f64>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -600,6 +615,8 @@ impl RouterArgs {
             health_check_interval_secs,
             health_check_endpoint,
             shutdown_grace_period_secs,
+            worker_startup_timeout_secs,
+            worker_startup_check_interval,
         );
         if let Some(p) = self.policy {
             c.policy = p;
@@ -744,6 +761,23 @@ impl RouterConfig {
                 "router.retry_backoff_multiplier",
                 format!("must be at least 1, got {}", self.retry_backoff_multiplier),
             ));
+        }
+        for (field, v) in [
+            (
+                "router.worker_startup_timeout_secs",
+                self.worker_startup_timeout_secs,
+            ),
+            (
+                "router.worker_startup_check_interval",
+                self.worker_startup_check_interval,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("must be a positive number of seconds, got {v}"),
+                ));
+            }
         }
         if !(self.shutdown_grace_period_secs.is_finite() && self.shutdown_grace_period_secs >= 0.0)
         {

@@ -61,6 +61,9 @@ pub enum RouterError {
     Kube(#[from] KubeError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// Workers given at start did not answer within `--worker-startup-timeout-secs`.
+    #[error("{0}")]
+    Startup(String),
 }
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -237,9 +240,22 @@ pub fn start(
     role::announce("router", &addrs);
     let stop = shutdown.clone();
     Ok(Handle::spawn("router", addrs, shutdown, move || {
-        runtime.block_on(server::serve(shared, http, metrics, stop));
+        let r = runtime.block_on(async {
+            let serving = server::serve(shared.clone(), http, metrics, stop.clone());
+            tokio::pin!(serving);
+            tokio::select! {
+                _ = &mut serving => Ok(()),
+                started = server::await_startup(shared) => {
+                    if started.is_err() {
+                        stop.trigger();
+                    }
+                    serving.await;
+                    started
+                }
+            }
+        });
         runtime.shutdown_timeout(Duration::from_secs(1));
-        Ok(())
+        r
     })?)
 }
 

@@ -596,6 +596,61 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
         .max_age(Duration::from_secs(3600))
 }
 
+/// Waits until every worker given at start answers its health check, checking every
+/// `worker_startup_check_interval`; an error naming those that did not answer within
+/// `worker_startup_timeout_secs` (as sglang-router's startup check, except that the router
+/// serves meanwhile, its readiness saying whether any worker is there).
+pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
+    if s.cfg.disable_health_check {
+        return Ok(());
+    }
+    let timeout = config::secs(
+        "router.worker_startup_timeout_secs",
+        s.cfg.worker_startup_timeout_secs,
+    )?;
+    let every = config::secs(
+        "router.worker_startup_check_interval",
+        s.cfg.worker_startup_check_interval,
+    )?;
+    let started = std::time::Instant::now();
+    let mut waiting: Vec<Arc<Worker>> = s
+        .registry
+        .snapshot()
+        .iter()
+        .filter(|w| w.source == Source::Flags)
+        .cloned()
+        .collect();
+    loop {
+        let mut still = Vec::new();
+        for w in waiting {
+            let check = every.min(Duration::from_secs(5));
+            match s
+                .call(&w, Method::GET, &s.cfg.health_check_endpoint, check)
+                .await
+            {
+                Ok((st, _)) if st.is_success() => {}
+                _ => still.push(w),
+            }
+        }
+        waiting = still;
+        if waiting.is_empty() {
+            tracing::info!(after = ?started.elapsed(), "the workers given at start answer");
+            return Ok(());
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            let urls: Vec<&str> = waiting.iter().map(|w| &*w.url).collect();
+            return Err(RouterError::Startup(format!(
+                "workers did not answer {} within {timeout:?} (--worker-startup-timeout-secs): {}",
+                s.cfg.health_check_endpoint,
+                urls.join(", ")
+            )));
+        }
+        tracing::info!(waiting = waiting.len(), left = ?left, "waiting for the workers given at start");
+        tokio::time::sleep(every.min(left)).await;
+    }
+}
+
 /// Starts what runs beside the API: health checks, tree eviction, and worker discovery.
 pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
     background::start(shared);
