@@ -1521,3 +1521,36 @@ fn workers_that_never_answer_at_start_stop_the_router_after_the_startup_timeout(
         "still serving past the startup timeout"
     );
 }
+
+#[test]
+fn duration_histograms_take_the_buckets_given() {
+    let w = fake_worker("buckets-w", &[]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--prometheus-duration-buckets",
+            "0.002",
+            "0.75",
+            "30",
+        ]),
+        true,
+    );
+    assert_eq!(post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
+    let (_, text) = get(r.port, "/metrics");
+    let les: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("_bucket{") && l.contains("completions"))
+        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(les, ["0.002", "0.75", "30", "+Inf"], "{text}");
+    let out = std::process::Command::new(common::BIN)
+        .args(["router", "--prometheus-duration-buckets", "1", "0.5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("prometheus_duration_buckets") && err.contains("increasing"),
+        "{err}"
+    );
+}

@@ -183,6 +183,9 @@ pub struct RouterConfig {
     pub worker_startup_timeout_secs: f64,
     /// How often those workers are checked until they answer. Default 30 s.
     pub worker_startup_check_interval: f64,
+    /// Upper bounds (seconds, increasing) of the duration histograms. Default: empty, the
+    /// built-in 0.5 ms .. 60 s.
+    pub prometheus_duration_buckets: Vec<f64>,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -258,6 +261,7 @@ impl Default for RouterConfig {
             shutdown_grace_period_secs: 180.0,
             worker_startup_timeout_secs: 1800.0,
             worker_startup_check_interval: 30.0,
+            prometheus_duration_buckets: Vec::new(),
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -516,6 +520,10 @@ pub struct RouterArgs {
     /// Seconds between checks of those workers until they answer. Default 30.
     #[arg(long)]
     pub worker_startup_check_interval: Option<f64>,
+    /// Upper bounds, in seconds and increasing, of the request duration histograms.
+    /// Default: 0.0005 .. 60 (14 buckets).
+    #[arg(long, num_args = 1..)]
+    pub prometheus_duration_buckets: Vec<f64>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -649,7 +657,8 @@ impl RouterArgs {
             prefill_selector,
             decode_selector,
             request_id_headers,
-            cors_allowed_origins
+            cors_allowed_origins,
+            prometheus_duration_buckets
         );
         set_flag!(
             pd_disaggregation,
@@ -760,6 +769,13 @@ impl RouterConfig {
             return Err(ConfigError::invalid(
                 "router.retry_backoff_multiplier",
                 format!("must be at least 1, got {}", self.retry_backoff_multiplier),
+            ));
+        }
+        let b = &self.prometheus_duration_buckets;
+        if b.iter().any(|x| !(x.is_finite() && *x > 0.0)) || b.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(ConfigError::invalid(
+                "router.prometheus_duration_buckets",
+                format!("must be positive seconds in increasing order, got {b:?}"),
             ));
         }
         for (field, v) in [

@@ -10,21 +10,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const BUCKETS_S: [f64; 14] = [
+/// Upper bounds of the duration histograms unless `--prometheus-duration-buckets` says.
+pub const BUCKETS_S: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
 ];
 
-#[derive(Default)]
 struct Histogram {
-    buckets: [AtomicU64; BUCKETS_S.len()],
+    /// Upper bounds in seconds, increasing.
+    bounds: Arc<[f64]>,
+    buckets: Box<[AtomicU64]>,
     count: AtomicU64,
     sum_us: AtomicU64,
 }
 
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new(BUCKETS_S.as_slice().into())
+    }
+}
+
 impl Histogram {
+    fn new(bounds: Arc<[f64]>) -> Histogram {
+        Histogram {
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            bounds,
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
     fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        if let Some(i) = BUCKETS_S.iter().position(|&ub| s <= ub) {
+        if let Some(i) = self.bounds.iter().position(|&ub| s <= ub) {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -35,7 +52,7 @@ impl Histogram {
     fn render(&self, prom: &mut PromText, name: &str, labels: &[(&str, &str)]) {
         let bucket = format!("{name}_bucket");
         let mut cumulative = 0;
-        for (i, ub) in BUCKETS_S.iter().enumerate() {
+        for (i, ub) in self.bounds.iter().enumerate() {
             cumulative += self.buckets[i].load(Ordering::Relaxed);
             let le = ub.to_string();
             let mut l = labels.to_vec();
@@ -83,6 +100,20 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Metrics whose duration histograms have these upper bounds (seconds, increasing;
+    /// empty: `BUCKETS_S`).
+    pub fn with_buckets(bounds: &[f64]) -> Metrics {
+        let bounds: Arc<[f64]> = if bounds.is_empty() {
+            BUCKETS_S.as_slice().into()
+        } else {
+            bounds.into()
+        };
+        Metrics {
+            duration: std::array::from_fn(|_| Histogram::new(bounds.clone())),
+            ..Metrics::default()
+        }
+    }
+
     pub fn request(&self, e: Endpoint, stream: bool) {
         self.requests[e.index()][stream as usize].fetch_add(1, Ordering::Relaxed);
     }

@@ -141,7 +141,7 @@ impl Shared {
                 cfg.queue_size,
                 secs("router.queue_timeout_secs", cfg.queue_timeout_secs)?,
             ),
-            metrics: Metrics::default(),
+            metrics: Metrics::with_buckets(&cfg.prometheus_duration_buckets),
             request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
             mooncake_engines: Default::default(),
             cfg,
