@@ -1554,3 +1554,46 @@ fn duration_histograms_take_the_buckets_given() {
         "{err}"
     );
 }
+
+#[test]
+fn a_request_rate_limit_admits_its_burst_then_turns_away_or_queues() {
+    let w = fake_worker("rate-w", &[]);
+    // 0.5 per second, burst 2, no queue: of 4 quick requests, 2 pass and 2 get 429.
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--rate-limit-tokens-per-second",
+            "0.5",
+            "--max-concurrent-requests",
+            "2",
+            "--queue-size",
+            "0",
+        ]),
+        true,
+    );
+    let codes: Vec<u16> = (0..4)
+        .map(|_| post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0)
+        .collect();
+    assert_eq!(codes, [200, 200, 429, 429]);
+    // With a queue, the third waits for its token (2 s at 0.5/s) and is served.
+    let q = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--rate-limit-tokens-per-second",
+            "0.5",
+            "--max-concurrent-requests",
+            "2",
+            "--queue-size",
+            "4",
+            "--queue-timeout-secs",
+            "10",
+        ]),
+        true,
+    );
+    let codes: Vec<u16> = (0..3)
+        .map(|_| post(q.port, "/v1/completions", r#"{"prompt":"x"}"#).0)
+        .collect();
+    assert_eq!(codes, [200, 200, 200]);
+}

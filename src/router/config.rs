@@ -186,6 +186,9 @@ pub struct RouterConfig {
     /// Upper bounds (seconds, increasing) of the duration histograms. Default: empty, the
     /// built-in 0.5 ms .. 60 s.
     pub prometheus_duration_buckets: Vec<f64>,
+    /// Requests per second admitted (a token bucket, burst `max_concurrent_requests`);
+    /// requests beyond it wait in the queue. Default: none (no rate limit).
+    pub rate_limit_tokens_per_second: Option<f64>,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -262,6 +265,7 @@ impl Default for RouterConfig {
             worker_startup_timeout_secs: 1800.0,
             worker_startup_check_interval: 30.0,
             prometheus_duration_buckets: Vec::new(),
+            rate_limit_tokens_per_second: None,
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -524,6 +528,10 @@ pub struct RouterArgs {
     /// Default: 0.0005 .. 60 (14 buckets).
     #[arg(long, num_args = 1..)]
     pub prometheus_duration_buckets: Vec<f64>,
+    /// Requests per second admitted (token bucket; burst: --max-concurrent-requests); others
+    /// wait in the queue. Default: none (no rate limit).
+    #[arg(long)]
+    pub rate_limit_tokens_per_second: Option<f64>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -649,6 +657,7 @@ impl RouterArgs {
             rbg_port_name,
             rbg_bootstrap_port_name,
             api_key,
+            rate_limit_tokens_per_second,
         );
         set_list!(
             worker_urls,
@@ -770,6 +779,14 @@ impl RouterConfig {
                 "router.retry_backoff_multiplier",
                 format!("must be at least 1, got {}", self.retry_backoff_multiplier),
             ));
+        }
+        if let Some(r) = self.rate_limit_tokens_per_second {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(ConfigError::invalid(
+                    "router.rate_limit_tokens_per_second",
+                    format!("must be a positive rate, got {r}"),
+                ));
+            }
         }
         let b = &self.prometheus_duration_buckets;
         if b.iter().any(|x| !(x.is_finite() && *x > 0.0)) || b.windows(2).any(|w| w[0] >= w[1]) {

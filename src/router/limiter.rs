@@ -1,10 +1,15 @@
 //! The concurrency limit: at most `max` requests proxied at once, up to `queue_size` more
 //! waiting for a slot (429 beyond that), each for at most `timeout` (then 408). A slot is held
 //! until the response body has been sent, so a long stream counts for its whole length.
+//!
+//! With a rate (`--rate-limit-tokens-per-second`), each request first takes a token from a
+//! bucket refilled at that rate (bursts up to `max`, or one second's worth): requests beyond
+//! it wait in the same queue, under the same 429 and 408.
 
+use crate::token_bucket::Bucket;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -16,6 +21,8 @@ pub enum Rejected {
 }
 
 pub struct Limiter {
+    /// Requests per second, with its burst.
+    rate: Option<parking_lot::Mutex<Bucket>>,
     slots: Option<Arc<Semaphore>>,
     max: usize,
     queue_size: usize,
@@ -36,11 +43,61 @@ impl Limiter {
     /// `max` of `None` is no limit.
     pub fn new(max: Option<usize>, queue_size: usize, timeout: Duration) -> Limiter {
         Limiter {
+            rate: None,
             slots: max.map(|m| Arc::new(Semaphore::new(m))),
             max: max.unwrap_or(0),
             queue_size,
             timeout,
             queued: AtomicUsize::new(0),
+        }
+    }
+
+    /// Requests also take a token of a bucket refilled at `per_second` (burst: `max`, or one
+    /// second's tokens without a concurrency limit).
+    pub fn with_rate(mut self, per_second: f64) -> Limiter {
+        let burst = if self.max > 0 {
+            self.max as f64
+        } else {
+            per_second.ceil()
+        };
+        self.rate = Some(parking_lot::Mutex::new(Bucket::new(
+            per_second,
+            burst,
+            Instant::now(),
+        )));
+        self
+    }
+
+    /// Joins the queue, or says it is full.
+    fn enqueue(&self) -> Result<Queued<'_>, Rejected> {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.queue_size {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(Rejected::QueueFull {
+                running: self.running(),
+                queue: self.queue_size,
+            });
+        }
+        Ok(Queued(&self.queued))
+    }
+
+    /// Takes a rate token, waiting in the queue for one until `deadline`.
+    async fn take_token(&self, deadline: Instant) -> Result<(), Rejected> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        let Some(mut wait) = rate.lock().take(Instant::now()) else {
+            return Ok(());
+        };
+        let _queued = self.enqueue()?;
+        loop {
+            if Instant::now() + wait > deadline {
+                return Err(Rejected::Timeout(self.timeout));
+            }
+            tokio::time::sleep(wait).await;
+            match rate.lock().take(Instant::now()) {
+                None => return Ok(()),
+                Some(w) => wait = w,
+            }
         }
     }
 
@@ -58,21 +115,17 @@ impl Limiter {
 
     /// Waits for a slot (`None` when there is no limit).
     pub async fn admit(&self) -> Result<Option<OwnedSemaphorePermit>, Rejected> {
+        let deadline = Instant::now() + self.timeout;
+        self.take_token(deadline).await?;
         let Some(slots) = &self.slots else {
             return Ok(None);
         };
         if let Ok(p) = slots.clone().try_acquire_owned() {
             return Ok(Some(p));
         }
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.queue_size {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(Rejected::QueueFull {
-                running: self.max,
-                queue: self.queue_size,
-            });
-        }
-        let _queued = Queued(&self.queued);
-        match tokio::time::timeout(self.timeout, slots.clone().acquire_owned()).await {
+        let _queued = self.enqueue()?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, slots.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(Some(p)),
             // The semaphore is never closed; treat it like a timeout if it were.
             Ok(Err(_)) | Err(_) => Err(Rejected::Timeout(self.timeout)),
@@ -119,5 +172,30 @@ mod tests {
         assert_eq!(waiter.await.unwrap(), Ok(true));
         let unlimited = Limiter::new(None, 0, Duration::from_millis(1));
         assert_eq!(unlimited.admit().await.map(|p| p.is_none()), Ok(true));
+    }
+
+    #[tokio::test]
+    async fn a_rate_admits_its_burst_then_queues_at_the_rate() {
+        // 20 per second, burst 2 (the concurrency limit), queue of 1 waiting up to 1 s.
+        let l = Limiter::new(Some(2), 1, Duration::from_secs(1)).with_rate(20.0);
+        let a = l.admit().await.unwrap();
+        drop(a);
+        let b = l.admit().await.unwrap();
+        drop(b);
+        // The burst is spent: the next waits for a token (about 50 ms), then goes.
+        let t0 = Instant::now();
+        assert!(l.admit().await.is_ok());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(30),
+            "{:?}",
+            t0.elapsed()
+        );
+        // Without a queue, a request beyond the rate is turned away at once.
+        let none = Limiter::new(None, 0, Duration::from_secs(1)).with_rate(1.0);
+        assert!(none.admit().await.is_ok());
+        assert!(matches!(
+            none.admit().await,
+            Err(Rejected::QueueFull { .. })
+        ));
     }
 }

@@ -136,11 +136,17 @@ impl Shared {
                 multiplier: cfg.retry_backoff_multiplier,
                 jitter: cfg.retry_jitter_factor,
             },
-            limiter: Limiter::new(
-                max,
-                cfg.queue_size,
-                secs("router.queue_timeout_secs", cfg.queue_timeout_secs)?,
-            ),
+            limiter: {
+                let l = Limiter::new(
+                    max,
+                    cfg.queue_size,
+                    secs("router.queue_timeout_secs", cfg.queue_timeout_secs)?,
+                );
+                match cfg.rate_limit_tokens_per_second {
+                    Some(r) => l.with_rate(r),
+                    None => l,
+                }
+            },
             metrics: Metrics::with_buckets(&cfg.prometheus_duration_buckets),
             request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
             mooncake_engines: Default::default(),
