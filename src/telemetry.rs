@@ -6,6 +6,8 @@ use std::time::Duration;
 
 /// Logs to stderr; the level comes from `RBGCTL_LOG` or `RUST_LOG` (default `info`).
 pub fn init_tracing() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = std::env::var("RBGCTL_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".into());
@@ -13,12 +15,56 @@ pub fn init_tracing() {
     // started by `up` or the launcher) get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
+    let (files, handle) = tracing_subscriber::reload::Layer::new(None::<FileLayer>);
+    let ok = tracing_subscriber::registry()
+        .with(files)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .with_writer(std::io::stderr)
+                .with_target(false),
+        )
+        .with(tracing_subscriber::EnvFilter::new(filter))
+        .try_init()
+        .is_ok();
+    if ok {
+        let _ = FILE_LOG.set(handle);
+    }
+}
+
+type FileLayer = tracing_subscriber::fmt::Layer<
+    tracing_subscriber::Registry,
+    tracing_subscriber::fmt::format::DefaultFields,
+    tracing_subscriber::fmt::format::Format,
+    tracing_appender::rolling::RollingFileAppender,
+>;
+
+static FILE_LOG: std::sync::OnceLock<
+    tracing_subscriber::reload::Handle<Option<FileLayer>, tracing_subscriber::Registry>,
+> = std::sync::OnceLock::new();
+
+/// Also writes the log, as plain text, to daily files `<dir>/<prefix>.YYYY-MM-DD` (as
+/// sglang-router's `--log-dir`). The folder is created; an error names it.
+pub fn log_to_dir(dir: &std::path::Path, prefix: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("log dir {}: {e}", dir.display())))?;
+    let appender = tracing_appender::rolling::Builder::new()
+        .rotation(tracing_appender::rolling::Rotation::DAILY)
+        .filename_prefix(prefix)
+        .build(dir)
+        .map_err(|e| std::io::Error::other(format!("log dir {}: {e}", dir.display())))?;
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
         .with_target(false)
-        .try_init();
+        .with_writer(appender);
+    match FILE_LOG.get() {
+        Some(h) => h
+            .reload(Some(layer))
+            .map_err(|e| std::io::Error::other(format!("log dir: {e}"))),
+        None => Err(std::io::Error::other(
+            "log dir: logging was not set up by this process",
+        )),
+    }
 }
 
 /// The value of the first sample of metric `name` in Prometheus text, if any.

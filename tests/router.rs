@@ -1597,3 +1597,40 @@ fn a_request_rate_limit_admits_its_burst_then_turns_away_or_queues() {
         .collect();
     assert_eq!(codes, [200, 200, 200]);
 }
+
+#[test]
+fn log_dir_gets_the_log_as_plain_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = fake_worker("logdir-w", &[]);
+    let logs = dir.path().join("logs");
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ]),
+        true,
+    );
+    assert_eq!(post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
+    let text = || {
+        std::fs::read_dir(&logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rbgctl-router.")
+            })
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect::<String>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || text()
+            .contains("router listening")),
+        "{}",
+        text()
+    );
+    assert!(!text().contains('\u{1b}'), "no terminal colours in files");
+}

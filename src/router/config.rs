@@ -189,6 +189,9 @@ pub struct RouterConfig {
     /// Requests per second admitted (a token bucket, burst `max_concurrent_requests`);
     /// requests beyond it wait in the queue. Default: none (no rate limit).
     pub rate_limit_tokens_per_second: Option<f64>,
+    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
+    /// none (standard error only).
+    pub log_dir: Option<PathBuf>,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -266,6 +269,7 @@ impl Default for RouterConfig {
             worker_startup_check_interval: 30.0,
             prometheus_duration_buckets: Vec::new(),
             rate_limit_tokens_per_second: None,
+            log_dir: None,
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -532,6 +536,10 @@ pub struct RouterArgs {
     /// wait in the queue. Default: none (no rate limit).
     #[arg(long)]
     pub rate_limit_tokens_per_second: Option<f64>,
+    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
+    /// none (standard error only).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -658,6 +666,7 @@ impl RouterArgs {
             rbg_bootstrap_port_name,
             api_key,
             rate_limit_tokens_per_second,
+            log_dir,
         );
         set_list!(
             worker_urls,

@@ -267,6 +267,9 @@ pub fn start(
 
 /// Runs the router on the addresses of its config until SIGINT or SIGTERM.
 pub fn run(cfg: RouterConfig) -> Result<(), RouterError> {
+    if let Some(dir) = &cfg.log_dir {
+        crate::telemetry::log_to_dir(dir, "rbgctl-router")?;
+    }
     let listeners = Listeners::bind(&cfg)?;
     start(cfg, listeners, Shutdown::on_signals()?)?.wait()
 }
