@@ -1634,3 +1634,78 @@ fn log_dir_gets_the_log_as_plain_text() {
     );
     assert!(!text().contains('\u{1b}'), "no terminal colours in files");
 }
+
+#[test]
+fn control_plane_keys_guard_worker_management_by_role() {
+    let w = fake_worker("cp-w", &[]);
+    let extra = fake_worker("cp-extra", &[]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--api-key",
+            "inference-key",
+            "--control-plane-api-keys",
+            "ops:Operations:admin:adm-key",
+            "dash:Dashboard:user:ro-key",
+        ]),
+        true,
+    );
+    let call = |method: reqwest::Method, path: &str, key: Option<&str>, body: Option<Value>| {
+        let mut req = client().request(method, format!("http://127.0.0.1:{}{path}", r.port));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().unwrap().status().as_u16()
+    };
+    use reqwest::Method;
+    let add = || Some(json!({"url": extra.url()}));
+    assert_eq!(call(Method::GET, "/workers", None, None), 401);
+    assert_eq!(
+        call(Method::GET, "/workers", Some("inference-key"), None),
+        401,
+        "not a control key"
+    );
+    assert_eq!(
+        call(Method::GET, "/workers", Some("ro-key"), None),
+        200,
+        "a user may read"
+    );
+    assert_eq!(
+        call(Method::POST, "/workers", Some("ro-key"), add()),
+        403,
+        "but not change"
+    );
+    assert_eq!(call(Method::POST, "/workers", Some("adm-key"), add()), 202);
+    assert_eq!(
+        call(
+            Method::POST,
+            "/v1/completions",
+            Some("adm-key"),
+            Some(json!({"prompt": "x"}))
+        ),
+        401,
+        "inference takes --api-key"
+    );
+    assert_eq!(
+        call(
+            Method::POST,
+            "/v1/completions",
+            Some("inference-key"),
+            Some(json!({"prompt": "x"}))
+        ),
+        200
+    );
+    let out = std::process::Command::new(common::BIN)
+        .args(["router", "--control-plane-api-keys", "k:n:root:secret"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("control_plane_api_keys") && !err.contains("secret"),
+        "{err}"
+    );
+}

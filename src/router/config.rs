@@ -192,6 +192,10 @@ pub struct RouterConfig {
     /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
     /// none (standard error only).
     pub log_dir: Option<PathBuf>,
+    /// Keys for the control plane (worker management, cache flush, loads), as sglang-router
+    /// writes them: `id:name:role:key`, role `admin` (may change workers) or `user` (may read).
+    /// When set, those routes take these keys instead of `api_key`. Default: none.
+    pub control_plane_api_keys: Vec<String>,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -270,6 +274,7 @@ impl Default for RouterConfig {
             prometheus_duration_buckets: Vec::new(),
             rate_limit_tokens_per_second: None,
             log_dir: None,
+            control_plane_api_keys: Vec::new(),
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -540,6 +545,11 @@ pub struct RouterArgs {
     /// none (standard error only).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+    /// Control-plane keys `id:name:role:key` (role `admin`: may add and remove workers;
+    /// `user`: may read them); worker management then takes these instead of --api-key.
+    /// Default: none.
+    #[arg(long, num_args = 0..)]
+    pub control_plane_api_keys: Vec<String>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -676,7 +686,8 @@ impl RouterArgs {
             decode_selector,
             request_id_headers,
             cors_allowed_origins,
-            prometheus_duration_buckets
+            prometheus_duration_buckets,
+            control_plane_api_keys
         );
         set_flag!(
             pd_disaggregation,
@@ -757,6 +768,55 @@ fn paired_urls(
         .collect()
 }
 
+/// Who may use the control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlRole {
+    /// May change workers.
+    Admin,
+    /// May read them.
+    User,
+}
+
+/// One `--control-plane-api-keys` entry: `id:name:role:key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlKey {
+    pub id: String,
+    pub name: String,
+    pub role: ControlRole,
+    pub key: String,
+}
+
+impl ControlKey {
+    /// Reads `id:name:role:key` (the key may hold `:`); the error says what is wrong, never
+    /// the key.
+    pub fn parse(s: &str) -> Result<ControlKey, String> {
+        let mut parts = s.splitn(4, ':');
+        let (Some(id), Some(name), Some(role), Some(key)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err("an entry is not id:name:role:key".into());
+        };
+        let role = match role.trim().to_ascii_lowercase().as_str() {
+            "admin" => ControlRole::Admin,
+            "user" => ControlRole::User,
+            other => {
+                return Err(format!(
+                    "key {id:?}: role {other:?} is neither admin nor user"
+                ))
+            }
+        };
+        if key.is_empty() {
+            return Err(format!("key {id:?}: the key is empty"));
+        }
+        Ok(ControlKey {
+            id: id.into(),
+            name: name.into(),
+            role,
+            key: key.into(),
+        })
+    }
+}
+
 /// The engines' API.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -788,6 +848,10 @@ impl RouterConfig {
                 "router.retry_backoff_multiplier",
                 format!("must be at least 1, got {}", self.retry_backoff_multiplier),
             ));
+        }
+        for k in &self.control_plane_api_keys {
+            ControlKey::parse(k)
+                .map_err(|e| ConfigError::invalid("router.control_plane_api_keys", e))?;
         }
         if let Some(r) = self.rate_limit_tokens_per_second {
             if !(r.is_finite() && r > 0.0) {
@@ -980,6 +1044,23 @@ mod tests {
             .expect("flags parse")
             .args
             .resolve()
+    }
+
+    #[test]
+    fn control_plane_keys_read_as_sglang_router_writes_them() {
+        let k = ControlKey::parse("k1:CI:admin:s3cr:et").unwrap();
+        assert_eq!(
+            (k.id.as_str(), k.role, k.key.as_str()),
+            ("k1", ControlRole::Admin, "s3cr:et")
+        );
+        assert_eq!(
+            ControlKey::parse("k2:ro:USER:x").unwrap().role,
+            ControlRole::User
+        );
+        let e = ControlKey::parse("k3:x:root:secret").unwrap_err();
+        assert!(e.contains("root") && !e.contains("secret"), "{e}");
+        assert!(ControlKey::parse("k4:x:admin").is_err());
+        assert!(ControlKey::parse("k5:x:admin:").is_err());
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub struct Shared {
     pub limiter: Limiter,
     pub metrics: Metrics,
     pub request_timeout: Duration,
+    /// `--control-plane-api-keys`, parsed.
+    pub control_keys: Vec<config::ControlKey>,
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
     pub mooncake_engines:
         parking_lot::Mutex<std::collections::HashMap<Arc<str>, vllm::MooncakeEngine>>,
@@ -150,6 +152,12 @@ impl Shared {
             metrics: Metrics::with_buckets(&cfg.prometheus_duration_buckets),
             request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
             mooncake_engines: Default::default(),
+            control_keys: cfg
+                .control_plane_api_keys
+                .iter()
+                .map(|k| config::ControlKey::parse(k))
+                .collect::<Result<_, _>>()
+                .map_err(|e| ConfigError::invalid("router.control_plane_api_keys", e))?,
             cfg,
         };
         let c = &shared.cfg;

@@ -62,6 +62,54 @@ async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// The control plane's guard: with `--control-plane-api-keys`, a key of role `admin` for
+/// changes and `admin` or `user` for reads; without them, `--api-key` as for inference.
+async fn require_control_key(State(shared): S, req: Request, next: Next) -> Response {
+    if shared.control_keys.is_empty() {
+        return require_key(State(shared), req, next).await;
+    }
+    let read = req.method() == Method::GET;
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let holder = given.and_then(|g| {
+        shared
+            .control_keys
+            .iter()
+            .find(|k| same(g.as_bytes(), k.key.as_bytes()))
+    });
+    let (status, message) = match holder {
+        Some(k) if read || k.role == config::ControlRole::Admin => {
+            tracing::debug!(key = %k.id, method = %req.method(), path = %req.uri().path(), "control plane");
+            return next.run(req).await;
+        }
+        Some(k) => {
+            tracing::warn!(key = %k.id, method = %req.method(), path = %req.uri().path(),
+                "control-plane change refused: the key's role is user");
+            (
+                StatusCode::FORBIDDEN,
+                "this control-plane key may read, not change (role user)",
+            )
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong control-plane key (send Authorization: Bearer <key>)",
+        ),
+    };
+    shared
+        .metrics
+        .auth_failures
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let rid = rid_for(&shared, req.headers(), None);
+    error_response(status, "authentication_error", message, &rid)
+}
+
 async fn inference(
     shared: Arc<Shared>,
     endpoint: Endpoint,
@@ -557,6 +605,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/generate", post(generate))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
+    let control = Router::new()
         .route("/workers", post(add_worker).get(list_workers))
         .route("/workers/{id}", get(get_worker).delete(delete_worker))
         .route("/add_worker", post(add_worker_legacy))
@@ -564,7 +614,10 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/list_workers", get(list_worker_urls))
         .route("/flush_cache", post(flush_cache))
         .route("/get_loads", get(get_loads))
-        .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
+        .route_layer(middleware::from_fn_with_state(
+            shared.clone(),
+            require_control_key,
+        ));
     Router::new()
         .route("/health", get(health))
         .route("/liveness", get(health))
@@ -575,6 +628,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/get_model_info", get(model_info))
         .route("/metrics", get(metrics))
         .merge(protected)
+        .merge(control)
         .fallback(not_found)
         .layer(cors(&shared.cfg.cors_allowed_origins))
         .with_state(shared)
