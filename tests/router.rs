@@ -1709,3 +1709,43 @@ fn control_plane_keys_guard_worker_management_by_role() {
         "{err}"
     );
 }
+
+#[test]
+fn manual_policy_pins_routing_keys_and_spreads_new_ones_by_group() {
+    let (w1, w2) = (fake_worker("man-1", &[]), fake_worker("man-2", &[]));
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "manual",
+            "--assignment-mode",
+            "min_group",
+            "--max-idle-secs",
+            "600",
+        ]),
+        true,
+    );
+    let served_by = |key: &str| {
+        let resp = client()
+            .post(format!("http://127.0.0.1:{}/v1/completions", r.port))
+            .header("x-smg-routing-key", key)
+            .body(r#"{"prompt":"x"}"#)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.headers()["x-fake-worker"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let a: Vec<String> = (0..5).map(|_| served_by("user-a")).collect();
+    assert!(a.iter().all(|w| *w == a[0]), "a key sticks: {a:?}");
+    let b = served_by("user-b");
+    assert_ne!(
+        b, a[0],
+        "min_group gives a new key the worker with fewer keys"
+    );
+    assert!((0..3).all(|_| served_by("user-b") == b));
+}

@@ -3,6 +3,7 @@
 //! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
 //! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
 
+use super::policy::AssignmentMode;
 use super::vllm::{self, Connector, Legs};
 use crate::config::{load_toml, ConfigError};
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,9 @@ pub enum PolicyKind {
     /// Rendezvous hashing of the `X-SMG-Routing-Key` (or `X-Session-Id`) header, so a
     /// conversation sticks to one worker; `X-SMG-Target-Worker` names a worker directly.
     ConsistentHashing,
+    /// sglang-router's `manual`: a routing key (`X-SMG-Routing-Key`) sticks to the worker it
+    /// was first given (`--assignment-mode`), until idle for `--max-idle-secs`.
+    Manual,
 }
 
 impl PolicyKind {
@@ -34,6 +38,7 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::CacheAware => "cache_aware",
             PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::Manual => "manual",
         }
     }
 }
@@ -196,6 +201,10 @@ pub struct RouterConfig {
     /// writes them: `id:name:role:key`, role `admin` (may change workers) or `user` (may read).
     /// When set, those routes take these keys instead of `api_key`. Default: none.
     pub control_plane_api_keys: Vec<String>,
+    /// `manual` policy: how a new routing key gets its worker. Default `random`.
+    pub assignment_mode: AssignmentMode,
+    /// `manual` policy: a routing key idle this long is forgotten. Default 14400 s.
+    pub max_idle_secs: f64,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -275,6 +284,8 @@ impl Default for RouterConfig {
             rate_limit_tokens_per_second: None,
             log_dir: None,
             control_plane_api_keys: Vec::new(),
+            assignment_mode: AssignmentMode::Random,
+            max_idle_secs: 14_400.0,
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -550,6 +561,13 @@ pub struct RouterArgs {
     /// Default: none.
     #[arg(long, num_args = 0..)]
     pub control_plane_api_keys: Vec<String>,
+    /// `manual` policy: how a new routing key gets its worker (`random`, `min_load`,
+    /// `min_group`). Default `random`.
+    #[arg(long, value_enum)]
+    pub assignment_mode: Option<AssignmentMode>,
+    /// `manual` policy: seconds after which an idle routing key is forgotten. Default 14400.
+    #[arg(long)]
+    pub max_idle_secs: Option<f64>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -651,6 +669,8 @@ impl RouterArgs {
             shutdown_grace_period_secs,
             worker_startup_timeout_secs,
             worker_startup_check_interval,
+            assignment_mode,
+            max_idle_secs,
         );
         if let Some(p) = self.policy {
             c.policy = p;
@@ -869,6 +889,7 @@ impl RouterConfig {
             ));
         }
         for (field, v) in [
+            ("router.max_idle_secs", self.max_idle_secs),
             (
                 "router.worker_startup_timeout_secs",
                 self.worker_startup_timeout_secs,

@@ -32,7 +32,7 @@ use crate::role::{self, BindError};
 use crate::router::config::{secs, RouterConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
-use crate::router::policy::{CacheAwareConfig, Policy};
+use crate::router::policy::{CacheAwareConfig, ManualConfig, Policy};
 use crate::router::request::RetryConfig;
 use crate::router::worker::RegistryError;
 use crate::router::worker::{
@@ -110,13 +110,17 @@ impl Shared {
             balance_rel_threshold: cfg.balance_rel_threshold,
             max_tree_size: cfg.max_tree_size,
         };
+        let manual = ManualConfig {
+            assignment_mode: cfg.assignment_mode,
+            max_idle: secs("router.max_idle_secs", cfg.max_idle_secs)?,
+        };
         let max = (cfg.max_concurrent_requests > 0).then_some(cfg.max_concurrent_requests as usize);
         let shared = Shared {
             pd: cfg.pd_disaggregation,
             registry: Registry::default(),
-            policy: Policy::new(cfg.policy, cache),
-            prefill_policy: Policy::new(cfg.prefill_policy(), cache),
-            decode_policy: Policy::new(cfg.decode_policy(), cache),
+            policy: Policy::new(cfg.policy, cache).with_manual(manual),
+            prefill_policy: Policy::new(cfg.prefill_policy(), cache).with_manual(manual),
+            decode_policy: Policy::new(cfg.decode_policy(), cache).with_manual(manual),
             client: http_client(),
             cb: BreakerConfig {
                 enabled: !cfg.disable_circuit_breaker,

@@ -6,6 +6,7 @@ use crate::router::config::PolicyKind;
 use crate::router::tree::{Tenant, Tree};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// A worker that may be chosen.
 #[derive(Clone, Debug)]
@@ -48,11 +49,62 @@ impl Default for CacheAwareConfig {
     }
 }
 
+/// How the `manual` policy gives a new routing key its worker (sglang-router's
+/// `--assignment-mode`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum AssignmentMode {
+    /// Any candidate.
+    #[default]
+    Random,
+    /// The one with the fewest requests in flight.
+    MinLoad,
+    /// The one holding the fewest routing keys.
+    MinGroup,
+}
+
+/// The `manual` policy's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ManualConfig {
+    pub assignment_mode: AssignmentMode,
+    /// A routing key unused this long is forgotten (its next request is assigned anew).
+    pub max_idle: std::time::Duration,
+}
+
+impl Default for ManualConfig {
+    fn default() -> Self {
+        ManualConfig {
+            assignment_mode: AssignmentMode::Random,
+            max_idle: std::time::Duration::from_secs(14_400),
+        }
+    }
+}
+
+/// A routing key's worker, and when the key was last used.
+struct Assignment {
+    url: Arc<str>,
+    used: std::time::Instant,
+}
+
 pub struct Policy {
     kind: PolicyKind,
     counter: AtomicUsize,
     cache: CacheAwareConfig,
     tree: Mutex<Tree>,
+    manual: ManualConfig,
+    /// `manual`: routing key -> its worker.
+    keys: Mutex<std::collections::HashMap<String, Assignment>>,
 }
 
 /// The candidate with the least load; ties go to the one that has served fewer requests, then
@@ -85,7 +137,15 @@ impl Policy {
             counter: AtomicUsize::new(0),
             cache,
             tree: Mutex::new(Tree::new()),
+            manual: ManualConfig::default(),
+            keys: Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// The `manual` policy's settings.
+    pub fn with_manual(mut self, manual: ManualConfig) -> Policy {
+        self.manual = manual;
+        self
     }
 
     pub fn kind(&self) -> PolicyKind {
@@ -119,6 +179,7 @@ impl Policy {
                 Some(if c[b].load < c[a].load { b } else { a })
             }
             PolicyKind::CacheAware => self.cache_aware(c, req.text),
+            PolicyKind::Manual => Some(self.manual(c, req.routing_key, std::time::Instant::now())),
             PolicyKind::ConsistentHashing => match req.routing_key {
                 Some(key) => (0..c.len())
                     .max_by_key(|&i| rendezvous_hash(&[key.as_bytes(), c[i].url.as_bytes()])),
@@ -157,17 +218,65 @@ impl Policy {
         Some(chosen)
     }
 
-    /// Trims the cache-aware tree to `max_tree_size` characters per worker.
-    pub fn evict(&self) {
-        if self.kind == PolicyKind::CacheAware {
-            self.tree.lock().evict_by_size(self.cache.max_tree_size);
+    /// sglang-router's `manual` policy: a routing key (`X-SMG-Routing-Key`) keeps the worker
+    /// it was first given while that worker is a candidate; a new key (or one whose worker
+    /// went) is given one by `assignment_mode`. Without a key: any candidate.
+    fn manual(&self, c: &[Candidate], key: Option<&str>, now: std::time::Instant) -> usize {
+        let Some(key) = key else {
+            return fastrand::usize(..c.len());
+        };
+        let mut keys = self.keys.lock();
+        if let Some(a) = keys.get_mut(key) {
+            if let Some(i) = c.iter().position(|x| x.url == a.url) {
+                a.used = now;
+                return i;
+            }
         }
+        let i = match self.manual.assignment_mode {
+            AssignmentMode::Random => fastrand::usize(..c.len()),
+            AssignmentMode::MinLoad => least_loaded(c).unwrap_or(0),
+            AssignmentMode::MinGroup => (0..c.len())
+                .min_by_key(|&i| (keys.values().filter(|a| a.url == c[i].url).count(), i))
+                .unwrap_or(0),
+        };
+        keys.insert(
+            key.to_string(),
+            Assignment {
+                url: c[i].url.clone(),
+                used: now,
+            },
+        );
+        i
+    }
+
+    /// Routing keys the `manual` policy holds.
+    pub fn routing_keys(&self) -> usize {
+        self.keys.lock().len()
+    }
+
+    /// Trims the cache-aware tree to `max_tree_size` characters per worker; forgets routing
+    /// keys idle for longer than `max_idle`.
+    pub fn evict(&self) {
+        match self.kind {
+            PolicyKind::CacheAware => self.tree.lock().evict_by_size(self.cache.max_tree_size),
+            PolicyKind::Manual => self.forget_idle(std::time::Instant::now()),
+            _ => {}
+        }
+    }
+
+    fn forget_idle(&self, now: std::time::Instant) {
+        let idle = self.manual.max_idle;
+        self.keys
+            .lock()
+            .retain(|_, a| now.saturating_duration_since(a.used) < idle);
     }
 
     /// Forgets a removed worker.
     pub fn remove_worker(&self, url: &str) {
-        if self.kind == PolicyKind::CacheAware {
-            self.tree.lock().remove_tenant(url);
+        match self.kind {
+            PolicyKind::CacheAware => self.tree.lock().remove_tenant(url),
+            PolicyKind::Manual => self.keys.lock().retain(|_, a| *a.url != *url),
+            _ => {}
         }
     }
 
@@ -188,6 +297,51 @@ fn target(c: &[Candidate], t: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn manual_keeps_a_key_on_its_worker_and_assigns_new_ones_by_mode() {
+        let input = |k| RouteInput {
+            text: "",
+            routing_key: k,
+            target_worker: None,
+        };
+        let p = Policy::new(PolicyKind::Manual, CacheAwareConfig::default()).with_manual(
+            ManualConfig {
+                assignment_mode: AssignmentMode::MinGroup,
+                max_idle: std::time::Duration::from_secs(60),
+            },
+        );
+        let c = cands(&[0, 0, 0]);
+        // min_group spreads new keys: a, b, c on three workers; a stays where it is.
+        let a = p.select(&c, &input(Some("a"))).unwrap();
+        let b = p.select(&c, &input(Some("b"))).unwrap();
+        let cc = p.select(&c, &input(Some("c"))).unwrap();
+        let mut all = vec![a, b, cc];
+        all.sort_unstable();
+        assert_eq!(all, [0, 1, 2]);
+        assert!((0..10).all(|_| p.select(&c, &input(Some("a"))) == Some(a)));
+        // Its worker gone: the key moves, once.
+        let without: Vec<Candidate> = c
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != a)
+            .map(|(_, x)| x.clone())
+            .collect();
+        let moved = p.select(&without, &input(Some("a"))).unwrap();
+        assert_eq!(p.select(&without, &input(Some("a"))), Some(moved));
+        // Idle keys are forgotten.
+        assert_eq!(p.routing_keys(), 3);
+        p.forget_idle(std::time::Instant::now() + std::time::Duration::from_secs(61));
+        assert_eq!(p.routing_keys(), 0);
+        // min_load: a new key goes to the least loaded worker.
+        let q = Policy::new(PolicyKind::Manual, CacheAwareConfig::default()).with_manual(
+            ManualConfig {
+                assignment_mode: AssignmentMode::MinLoad,
+                ..ManualConfig::default()
+            },
+        );
+        assert_eq!(q.select(&cands(&[5, 1, 3]), &input(Some("k"))), Some(1));
+    }
 
     fn cands(loads: &[usize]) -> Vec<Candidate> {
         loads
