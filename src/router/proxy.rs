@@ -216,6 +216,23 @@ impl Shared {
         policy.select(&cands, input).map(|i| workers[i].clone())
     }
 
+    /// A prefill and a decode worker for a PD request, or the answer that there is none.
+    #[allow(clippy::result_large_err)]
+    fn choose_pair(
+        &self,
+        input: &RouteInput,
+        tried: &[Arc<str>],
+        rid: &str,
+    ) -> Result<(Arc<Worker>, Arc<Worker>), Attempt> {
+        let prefill = self
+            .choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
+            .ok_or_else(|| Attempt::Done(no_workers("prefill ", rid)))?;
+        let decode = self
+            .choose(&self.decode_policy, WorkerType::Decode, input, tried)
+            .ok_or_else(|| Attempt::Done(no_workers("decode ", rid)))?;
+        Ok((prefill, decode))
+    }
+
     fn upstream_request(
         &self,
         worker: &Worker,
@@ -415,13 +432,9 @@ impl Shared {
             ref input,
             rid,
         } = *call;
-        let Some(prefill) = self.choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
-        else {
-            return Attempt::Done(no_workers("prefill ", rid));
-        };
-        let Some(decode) = self.choose(&self.decode_policy, WorkerType::Decode, input, tried)
-        else {
-            return Attempt::Done(no_workers("decode ", rid));
+        let (prefill, decode) = match self.choose_pair(input, tried, rid) {
+            Ok(pair) => pair,
+            Err(a) => return a,
         };
         let rooms: Vec<u64> = (0..info.batch.unwrap_or(1))
             .map(|_| random_room())
@@ -584,13 +597,9 @@ impl Shared {
                 ),
             );
         }
-        let Some(prefill) = self.choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
-        else {
-            return Attempt::Done(no_workers("prefill ", rid));
-        };
-        let Some(decode) = self.choose(&self.decode_policy, WorkerType::Decode, input, tried)
-        else {
-            return Attempt::Done(no_workers("decode ", rid));
+        let (prefill, decode) = match self.choose_pair(input, tried, rid) {
+            Ok(pair) => pair,
+            Err(a) => return a,
         };
         let connector = prefill.kv_connector.unwrap_or(self.cfg.vllm_kv_connector);
         let transfer_failed = |msg: String| {

@@ -35,17 +35,22 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The key of `Authorization: Bearer <key>`, trimmed.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+}
+
 async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
     if let Some(key) = &shared.cfg.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            });
-        if !given.is_some_and(|g| same(g.trim().as_bytes(), key.as_bytes())) {
+        let given = bearer(req.headers());
+        if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
             shared
                 .metrics
                 .auth_failures
@@ -69,15 +74,7 @@ async fn require_control_key(State(shared): S, req: Request, next: Next) -> Resp
         return require_key(State(shared), req, next).await;
     }
     let read = req.method() == Method::GET;
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+    let given = bearer(req.headers());
     let holder = given.and_then(|g| {
         shared
             .control_keys
