@@ -1749,3 +1749,86 @@ fn manual_policy_pins_routing_keys_and_spreads_new_ones_by_group() {
     );
     assert!((0..3).all(|_| served_by("user-b") == b));
 }
+
+#[test]
+fn embeddings_rerank_score_and_responses_pass_through_and_models_and_engine_metrics_answer() {
+    let (w1, w2) = (fake_worker("rt-1", &[]), fake_worker("rt-2", &[]));
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "round_robin",
+        ]),
+        true,
+    );
+    for (path, body, field) in [
+        (
+            "/v1/embeddings",
+            r#"{"model":"fake-model","input":["a b","c"]}"#,
+            "data",
+        ),
+        (
+            "/v1/rerank",
+            r#"{"query":"q","documents":["x","y"]}"#,
+            "results",
+        ),
+        ("/v1/score", r#"{"query":"q","items":["x"]}"#, "scores"),
+        (
+            "/v1/responses",
+            r#"{"model":"fake-model","input":"hello"}"#,
+            "output_text",
+        ),
+    ] {
+        let (st, _, text) = post(r.port, path, body);
+        assert_eq!(st, 200, "{path}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(v.get(field).is_some(), "{path}: {v}");
+        let sent: Vec<Value> = [&w1, &w2]
+            .iter()
+            .flat_map(|w| recorded(w))
+            .filter(|x| x["path"] == path)
+            .collect();
+        assert_eq!(sent.len(), 1, "{path}");
+        assert_eq!(sent[0]["body"], body, "{path}: passed through as sent");
+    }
+    // The models the workers serve, one by one.
+    assert!(wait_until(Duration::from_secs(10), || get(
+        r.port,
+        "/v1/models/fake-model"
+    )
+    .0 == 200));
+    let (st, body) = get(r.port, "/v1/models/other");
+    assert_eq!(st, 404, "{body}");
+    // Workers' metrics, each sample labelled with its worker.
+    let (st, text) = get(r.port, "/engine_metrics");
+    assert_eq!(st, 200);
+    for w in [&w1, &w2] {
+        assert!(
+            text.contains(&format!(
+                "fake_worker_requests_total{{worker=\"{}\"}}",
+                w.url()
+            )),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        text.matches("# TYPE fake_worker_requests_total").count(),
+        1,
+        "{text}"
+    );
+    // A PD router says these are not its routes.
+    let pd = router(
+        &s(&[
+            "--pd-disaggregation",
+            "--prefill",
+            &w1.url(),
+            "--decode",
+            &w2.url(),
+        ]),
+        true,
+    );
+    let (st, _, body) = post(pd.port, "/v1/embeddings", r#"{"input":"x"}"#);
+    assert_eq!(st, 501, "{body}");
+}

@@ -75,9 +75,9 @@ impl Histogram {
 #[derive(Default)]
 pub struct Metrics {
     /// By endpoint × streaming.
-    requests: [[AtomicU64; 2]; 3],
+    requests: [[AtomicU64; 2]; Endpoint::ALL.len()],
     /// Time to the worker's response headers, by endpoint.
-    duration: [Histogram; 3],
+    duration: [Histogram; Endpoint::ALL.len()],
     /// (endpoint, error kind) → count.
     errors: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     pub retries: AtomicU64,
@@ -142,8 +142,7 @@ impl Metrics {
         queued: usize,
     ) -> String {
         let mut p = PromText::new();
-        const ENDPOINTS: [Endpoint; 3] =
-            [Endpoint::Generate, Endpoint::Chat, Endpoint::Completions];
+        const ENDPOINTS: [Endpoint; 7] = Endpoint::ALL;
         p.family(
             "smg_router_requests_total",
             "counter",

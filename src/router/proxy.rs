@@ -295,6 +295,19 @@ impl Shared {
         } else {
             self.cfg.retry_max_retries
         };
+        if self.pd && !endpoint.generates() {
+            let r = error_response(
+                StatusCode::NOT_IMPLEMENTED,
+                "invalid_request_error",
+                &format!(
+                    "{} is not served by a prefill/decode router: send it to a regular router",
+                    endpoint.path()
+                ),
+                rid,
+            );
+            self.metrics.error(endpoint.name(), "not_implemented");
+            return r;
+        }
         let mut permit = permit;
         let mut tried: Vec<Arc<str>> = Vec::new();
         let mut last = None;

@@ -14,14 +14,33 @@ pub enum Endpoint {
     Generate,
     Chat,
     Completions,
+    Embeddings,
+    Rerank,
+    Score,
+    /// OpenAI's Responses API, passed through (the router stores no history).
+    Responses,
 }
 
 impl Endpoint {
+    pub const ALL: [Endpoint; 7] = [
+        Endpoint::Generate,
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+        Endpoint::Rerank,
+        Endpoint::Score,
+        Endpoint::Responses,
+    ];
+
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Generate => "/generate",
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Rerank => "/v1/rerank",
+            Endpoint::Score => "/v1/score",
+            Endpoint::Responses => "/v1/responses",
         }
     }
     pub fn name(self) -> &'static str {
@@ -29,7 +48,18 @@ impl Endpoint {
             Endpoint::Generate => "generate",
             Endpoint::Chat => "chat",
             Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Rerank => "rerank",
+            Endpoint::Score => "score",
+            Endpoint::Responses => "responses",
         }
+    }
+    /// Generates tokens: the routes prefill/decode disaggregation serves.
+    pub fn generates(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Generate | Endpoint::Chat | Endpoint::Completions
+        )
     }
     pub fn index(self) -> usize {
         self as usize
@@ -40,6 +70,9 @@ impl Endpoint {
             Endpoint::Generate => "gnt-",
             Endpoint::Chat => "chatcmpl-",
             Endpoint::Completions => "cmpl-",
+            Endpoint::Embeddings => "embd-",
+            Endpoint::Rerank | Endpoint::Score => "req-",
+            Endpoint::Responses => "resp_",
         }
     }
 }
@@ -68,6 +101,12 @@ struct Peek {
     messages: Option<Value>,
     #[serde(default)]
     prompt: Option<Value>,
+    /// Embeddings and Responses: a string or a list (of strings, or of messages).
+    #[serde(default)]
+    input: Option<Value>,
+    /// Rerank and Score.
+    #[serde(default)]
+    query: Option<Value>,
     #[serde(default)]
     bootstrap_host: Option<serde::de::IgnoredAny>,
     #[serde(default)]
@@ -182,6 +221,23 @@ pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest>
                 for m in &messages {
                     message_text(&mut info.text, m);
                 }
+            }
+        }
+        Endpoint::Embeddings | Endpoint::Responses => match peek.input {
+            Some(Value::String(s)) => info.text = s,
+            Some(Value::Array(items)) => {
+                for it in &items {
+                    match it {
+                        Value::String(s) => push_text(&mut info.text, s),
+                        m => message_text(&mut info.text, m),
+                    }
+                }
+            }
+            _ => {}
+        },
+        Endpoint::Rerank | Endpoint::Score => {
+            if let Some(Value::String(q)) = peek.query {
+                info.text = q;
             }
         }
         Endpoint::Completions => match peek.prompt {

@@ -183,6 +183,18 @@ async fn chat(State(s): S, headers: HeaderMap, body: Body) -> Response {
 async fn completions(State(s): S, headers: HeaderMap, body: Body) -> Response {
     inference(s, Endpoint::Completions, headers, body).await
 }
+async fn embeddings(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Embeddings, headers, body).await
+}
+async fn rerank(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Rerank, headers, body).await
+}
+async fn score(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Score, headers, body).await
+}
+async fn responses(State(s): S, headers: HeaderMap, body: Body) -> Response {
+    inference(s, Endpoint::Responses, headers, body).await
+}
 
 // ---------------------------------------------------------------------------------------------
 // Health and information
@@ -217,6 +229,79 @@ async fn readiness(State(s): S) -> Response {
         "total_workers": workers.len(),
     });
     (status, Json(body)).into_response()
+}
+
+/// `/v1/models/{id}`: one of the models the workers serve, or 404.
+async fn model(State(s): S, Path(id): Path<String>) -> Response {
+    let Json(list) = models(State(s)).await;
+    match list["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|m| m["id"] == id.as_str()))
+    {
+        Some(m) => Json(m.clone()).into_response(),
+        None => error_response(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            &format!("the model {id:?} is not served by any worker"),
+            "",
+        ),
+    }
+}
+
+/// `/engine_metrics`: every worker's `/metrics`, each sample labelled with its worker.
+async fn engine_metrics(State(s): S) -> Response {
+    let workers = s.registry.snapshot();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = String::new();
+    for w in workers.iter() {
+        let Ok((st, body)) = s
+            .call(w, Method::GET, "/metrics", Duration::from_secs(5))
+            .await
+        else {
+            continue;
+        };
+        if !st.is_success() {
+            continue;
+        }
+        out.push_str(&label_samples(
+            &String::from_utf8_lossy(&body),
+            &w.url,
+            &mut seen,
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Prometheus text with `worker="<url>"` added to every sample; `# HELP`/`# TYPE` lines
+/// already written (in `seen`) are left out.
+pub fn label_samples(
+    text: &str,
+    worker: &str,
+    seen: &mut std::collections::HashSet<String>,
+) -> String {
+    let esc = worker.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.lines() {
+        let line = line.trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('#') {
+            if seen.insert(line.to_string()) {
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let (name, rest) = line.split_at(name_end);
+        match rest.strip_prefix('{') {
+            Some(labels) => out.push_str(&format!("{name}{{worker=\"{esc}\",{labels}")),
+            None => out.push_str(&format!("{name}{{worker=\"{esc}\"}}{rest}")),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 async fn models(State(s): S) -> Json<Value> {
@@ -602,6 +687,10 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/generate", post(generate))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
+        .route("/v1/score", post(score))
+        .route("/v1/responses", post(responses))
         .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
     let control = Router::new()
         .route("/workers", post(add_worker).get(list_workers))
@@ -621,6 +710,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/readiness", get(readiness))
         .route("/health_generate", get(health_generate))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/engine_metrics", get(engine_metrics))
         .route("/get_server_info", get(server_info))
         .route("/get_model_info", get(model_info))
         .route("/metrics", get(metrics))

@@ -173,6 +173,20 @@ fn reply(path: &str, req: &Value, n: usize, model: &str, rid: &str) -> (bool, Ve
     let full: String = tokens.concat();
     let usage =
         json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n});
+    let other = match path {
+        "/v1/embeddings" => Some(json!({"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 1.0]}],
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt}})),
+        "/v1/rerank" => Some(json!({"id": rid, "model": model,
+            "results": [{"index": 0, "relevance_score": 0.9}, {"index": 1, "relevance_score": 0.1}]})),
+        "/v1/score" => Some(json!({"id": rid, "model": model, "scores": [0.75]})),
+        "/v1/responses" => Some(json!({"id": format!("resp_{rid}"), "object": "response",
+            "model": model, "status": "completed", "output_text": full})),
+        _ => None,
+    };
+    if let Some(body) = other {
+        return (false, vec![Bytes::from(body.to_string())]);
+    }
     if !stream {
         let body = match path {
             "/generate" => json!({"text": full, "output_ids": (0..n).collect::<Vec<_>>(),
@@ -489,6 +503,10 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
             .route("/generate", post(inference))
             .route("/v1/chat/completions", post(inference))
             .route("/v1/completions", post(inference))
+            .route("/v1/embeddings", post(inference))
+            .route("/v1/rerank", post(inference))
+            .route("/v1/score", post(inference))
+            .route("/v1/responses", post(inference))
             .route("/health", get(|| async { "OK" }))
             .route("/health_generate", get(|| async { "OK" }))
             .route("/get_server_info", get(server_info))
