@@ -1832,3 +1832,49 @@ fn embeddings_rerank_score_and_responses_pass_through_and_models_and_engine_metr
     let (st, _, body) = post(pd.port, "/v1/embeddings", r#"{"input":"x"}"#);
     assert_eq!(st, 501, "{body}");
 }
+
+#[test]
+fn metrics_carry_smg_label_sets_and_families() {
+    let (w1, w2) = (fake_worker("m-1", &[]), fake_worker("m-2", &[]));
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "round_robin",
+        ]),
+        true,
+    );
+    for body in [
+        r#"{"model":"m-a","prompt":"x"}"#,
+        r#"{"model":"m-a","prompt":"y"}"#,
+        r#"{"prompt":"z"}"#,
+    ] {
+        assert_eq!(post(r.port, "/v1/completions", body).0, 200);
+    }
+    let (_, text) = get(r.port, "/metrics");
+    let has = |line: &str| text.lines().any(|l| l == line);
+    assert!(
+        has(
+            r#"smg_router_requests_total{router_type="http",backend_type="http",connection_mode="http",model="m-a",endpoint="completions",streaming="false"} 2"#
+        ),
+        "{text}"
+    );
+    assert!(
+        has(
+            r#"smg_router_requests_total{router_type="http",backend_type="http",connection_mode="http",model="unknown",endpoint="completions",streaming="false"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        has(r#"smg_router_upstream_responses_total{status_code="200"} 3"#),
+        "{text}"
+    );
+    let selected: f64 = [&w1, &w2]
+        .iter()
+        .filter_map(|w| metric(r.port, &format!("smg_worker_selection_total{{worker=\"{}\",worker_type=\"regular\",policy=\"round_robin\"}}", w.url())))
+        .sum();
+    assert_eq!(selected, 3.0, "{text}");
+    assert!(text.contains("smg_worker_cb_outcomes_total{"), "{text}");
+}

@@ -2,7 +2,7 @@
 //! meaning is the same, so existing dashboards keep working.
 
 use crate::router::request::Endpoint;
-use crate::router::worker::{BreakerConfig, Worker};
+use crate::router::worker::{BreakerConfig, Worker, WorkerType};
 use crate::telemetry::PromText;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -72,8 +72,38 @@ impl Histogram {
     }
 }
 
+/// Distinct `model` label values kept; requests naming others count as `other`, so that a
+/// client cannot grow the metrics without bound.
+const MAX_MODELS: usize = 64;
+
+/// The labels SMG's dashboards group by, the same for every request of this router.
+#[derive(Clone, Copy, Debug)]
+pub struct RouterLabels {
+    /// `http` (SMG: `grpc`, `http`, `third_party`).
+    pub router_type: &'static str,
+    /// `http` (SMG: `grpc`, `http`, `external`).
+    pub backend_type: &'static str,
+    /// `http`.
+    pub connection_mode: &'static str,
+}
+
+impl Default for RouterLabels {
+    fn default() -> Self {
+        RouterLabels {
+            router_type: "http",
+            backend_type: "http",
+            connection_mode: "http",
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
+    pub labels: RouterLabels,
+    /// (endpoint, streaming, model) → requests, at most `MAX_MODELS` models.
+    by_model: Mutex<BTreeMap<(usize, bool, String), u64>>,
+    /// Worker answers by status code.
+    upstream: Mutex<BTreeMap<u16, u64>>,
     /// By endpoint × streaming.
     requests: [[AtomicU64; 2]; Endpoint::ALL.len()],
     /// Time to the worker's response headers, by endpoint.
@@ -114,8 +144,32 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, e: Endpoint, stream: bool) {
+    pub fn request(&self, e: Endpoint, stream: bool, model: Option<&str>) {
         self.requests[e.index()][stream as usize].fetch_add(1, Ordering::Relaxed);
+        let model = model.unwrap_or("unknown");
+        let mut m = self.by_model.lock();
+        let key = (e.index(), stream, model.to_string());
+        if let Some(n) = m.get_mut(&key) {
+            *n += 1;
+            return;
+        }
+        let known = m.keys().any(|(_, _, x)| x == model);
+        let models = m
+            .keys()
+            .map(|(_, _, x)| x.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let key = if known || models < MAX_MODELS {
+            key
+        } else {
+            (e.index(), stream, "other".to_string())
+        };
+        *m.entry(key).or_insert(0) += 1;
+    }
+
+    /// A worker answered with `status`.
+    pub fn upstream(&self, status: u16) {
+        *self.upstream.lock().entry(status).or_insert(0) += 1;
     }
 
     pub fn duration(&self, e: Endpoint, d: Duration) {
@@ -134,28 +188,48 @@ impl Metrics {
             .sum()
     }
 
+    /// `policy_of` names the policy that chooses workers of a type.
     pub fn render(
         &self,
         workers: &[Arc<Worker>],
         cb: &BreakerConfig,
         running: usize,
         queued: usize,
+        policy_of: impl Fn(WorkerType) -> &'static str,
     ) -> String {
         let mut p = PromText::new();
         const ENDPOINTS: [Endpoint; 7] = Endpoint::ALL;
+        let l = self.labels;
         p.family(
             "smg_router_requests_total",
             "counter",
-            "Inference requests received, by endpoint and streaming.",
+            "Inference requests received, by model, endpoint and streaming.",
         );
-        for e in ENDPOINTS {
-            for (s, name) in [(0, "false"), (1, "true")] {
-                p.sample(
-                    "smg_router_requests_total",
-                    &[("endpoint", e.name()), ("streaming", name)],
-                    self.requests[e.index()][s].load(Ordering::Relaxed) as f64,
-                );
-            }
+        for ((e, stream, model), n) in self.by_model.lock().iter() {
+            p.sample(
+                "smg_router_requests_total",
+                &[
+                    ("router_type", l.router_type),
+                    ("backend_type", l.backend_type),
+                    ("connection_mode", l.connection_mode),
+                    ("model", model),
+                    ("endpoint", ENDPOINTS[*e].name()),
+                    ("streaming", if *stream { "true" } else { "false" }),
+                ],
+                *n as f64,
+            );
+        }
+        p.family(
+            "smg_router_upstream_responses_total",
+            "counter",
+            "Worker answers, by status code.",
+        );
+        for (code, n) in self.upstream.lock().iter() {
+            p.sample(
+                "smg_router_upstream_responses_total",
+                &[("status_code", &code.to_string())],
+                *n as f64,
+            );
         }
         p.family(
             "smg_router_request_duration_seconds",
@@ -166,7 +240,11 @@ impl Metrics {
             self.duration[e.index()].render(
                 &mut p,
                 "smg_router_request_duration_seconds",
-                &[("endpoint", e.name())],
+                &[
+                    ("router_type", l.router_type),
+                    ("backend_type", l.backend_type),
+                    ("endpoint", e.name()),
+                ],
             );
         }
         p.family(
@@ -177,7 +255,11 @@ impl Metrics {
         for ((e, kind), n) in self.errors.lock().iter() {
             p.sample(
                 "smg_router_request_errors_total",
-                &[("endpoint", e), ("error_type", kind)],
+                &[
+                    ("router_type", l.router_type),
+                    ("endpoint", e),
+                    ("error_type", kind),
+                ],
                 *n as f64,
             );
         }
@@ -270,7 +352,7 @@ impl Metrics {
             workers.len() as f64,
         );
         type Col = (&'static str, &'static str, &'static str);
-        let cols: [Col; 9] = [
+        let cols: [Col; 11] = [
             (
                 "smg_worker_health",
                 "gauge",
@@ -316,6 +398,16 @@ impl Metrics {
                 "counter",
                 "Circuit state changes, by new state.",
             ),
+            (
+                "smg_worker_selection_total",
+                "counter",
+                "Times the load balancer chose the worker, by policy.",
+            ),
+            (
+                "smg_worker_cb_outcomes_total",
+                "counter",
+                "Outcomes the circuit breaker counted, by outcome.",
+            ),
         ];
         let now = Instant::now();
         for (i, (name, kind, help)) in cols.iter().enumerate() {
@@ -346,6 +438,23 @@ impl Metrics {
                             load(&c.health_checks_failed),
                         )
                     }
+                    9 => p.sample(
+                        name,
+                        &[base[0], base[1], ("policy", policy_of(w.worker_type))],
+                        load(&c.selected),
+                    ),
+                    10 => {
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("outcome", "success")],
+                            load(&c.cb_successes),
+                        );
+                        p.sample(
+                            name,
+                            &[base[0], base[1], ("outcome", "failure")],
+                            load(&c.cb_failures),
+                        )
+                    }
                     _ => {
                         p.sample(
                             name,
@@ -367,5 +476,31 @@ impl Metrics {
             }
         }
         p.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_labels_are_bounded() {
+        let m = Metrics::default();
+        for i in 0..100 {
+            m.request(Endpoint::Chat, false, Some(&format!("model-{i}")));
+        }
+        m.request(Endpoint::Chat, false, Some("model-0"));
+        let by = m.by_model.lock();
+        let models: std::collections::BTreeSet<&str> =
+            by.keys().map(|(_, _, x)| x.as_str()).collect();
+        assert_eq!(models.len(), MAX_MODELS + 1, "64 named, then other");
+        assert_eq!(
+            by[&(Endpoint::Chat.index(), false, "model-0".to_string())],
+            2
+        );
+        assert_eq!(
+            by[&(Endpoint::Chat.index(), false, "other".to_string())],
+            36
+        );
     }
 }

@@ -213,7 +213,11 @@ impl Shared {
                 processed: w.processed(),
             })
             .collect();
-        policy.select(&cands, input).map(|i| workers[i].clone())
+        let chosen = policy.select(&cands, input).map(|i| workers[i].clone());
+        if let Some(w) = &chosen {
+            w.counters.selected.fetch_add(1, Ordering::Relaxed);
+        }
+        chosen
     }
 
     /// A prefill and a decode worker for a PD request, or the answer that there is none.
@@ -263,7 +267,10 @@ impl Shared {
     /// Sends and waits for the response headers, within the request timeout.
     async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, String> {
         match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
-            Ok(Ok(r)) => Ok(r),
+            Ok(Ok(r)) => {
+                self.metrics.upstream(r.status().as_u16());
+                Ok(r)
+            }
             Ok(Err(e)) => Err(describe(&e)),
             Err(_) => Err(format!(
                 "no response headers within {:?}",
@@ -283,7 +290,8 @@ impl Shared {
         permit: Option<OwnedSemaphorePermit>,
     ) -> Response<Body> {
         let started = Instant::now();
-        self.metrics.request(endpoint, info.stream);
+        self.metrics
+            .request(endpoint, info.stream, info.model.as_deref());
         let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
         let input = RouteInput {
             text: &info.text,

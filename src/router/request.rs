@@ -101,6 +101,8 @@ struct Peek {
     messages: Option<Value>,
     #[serde(default)]
     prompt: Option<Value>,
+    #[serde(default)]
+    model: Option<Value>,
     /// Embeddings and Responses: a string or a list (of strings, or of messages).
     #[serde(default)]
     input: Option<Value>,
@@ -125,6 +127,8 @@ pub struct RouteInfo {
     pub batch: Option<usize>,
     /// The body already carries `bootstrap_*` fields.
     pub has_bootstrap: bool,
+    /// The request's `model`, when it names one.
+    pub model: Option<String>,
 }
 
 fn push_ids(out: &mut String, ids: &[Value]) {
@@ -193,6 +197,10 @@ pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest>
         has_bootstrap: peek.bootstrap_host.is_some()
             || peek.bootstrap_port.is_some()
             || peek.bootstrap_room.is_some(),
+        model: match &peek.model {
+            Some(Value::String(m)) if !m.is_empty() => Some(m.clone()),
+            _ => None,
+        },
         ..RouteInfo::default()
     };
     match endpoint {

@@ -341,6 +341,11 @@ async fn metrics(State(s): S) -> Response {
         &s.cb,
         s.limiter.running(),
         s.limiter.queued(),
+        |t| match t {
+            WorkerType::Regular => s.policy.name(),
+            WorkerType::Prefill => s.prefill_policy.name(),
+            WorkerType::Decode => s.decode_policy.name(),
+        },
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -250,6 +250,11 @@ pub struct WorkerCounters {
     pub cb_opened: AtomicU64,
     pub cb_half_opened: AtomicU64,
     pub cb_closed: AtomicU64,
+    /// Times a policy chose this worker.
+    pub selected: AtomicU64,
+    /// Outcomes the circuit breaker was told.
+    pub cb_successes: AtomicU64,
+    pub cb_failures: AtomicU64,
 }
 
 pub struct Worker {
@@ -361,6 +366,12 @@ impl Worker {
         if !ok {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
         }
+        let outcome = if ok {
+            &self.counters.cb_successes
+        } else {
+            &self.counters.cb_failures
+        };
+        outcome.fetch_add(1, Ordering::Relaxed);
         let change = self.breaker.lock().record(cb, ok, Instant::now());
         if let Some((from, to)) = change {
             let c = match to {
