@@ -1878,3 +1878,45 @@ fn metrics_carry_smg_label_sets_and_families() {
     assert_eq!(selected, 3.0, "{text}");
     assert!(text.contains("smg_worker_cb_outcomes_total{"), "{text}");
 }
+
+#[test]
+fn bucket_policy_sorts_requests_by_length_and_follows_the_lengths_seen() {
+    let (w1, w2) = (fake_worker("bkt-1", &[]), fake_worker("bkt-2", &[]));
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "bucket",
+            "--bucket-adjust-interval-secs",
+            "1",
+            // Imbalance never overrides the buckets here: only lengths decide.
+            "--balance-abs-threshold",
+            "100000000",
+        ]),
+        true,
+    );
+    let served_by = |chars: usize| {
+        let body = json!({ "prompt": "x".repeat(chars) }).to_string();
+        let (status, headers, _) = post(r.port, "/v1/completions", &body);
+        assert_eq!(status, 200);
+        headers["x-fake-worker"].to_str().unwrap().to_string()
+    };
+    // Before any traffic the buckets split 0..4096 evenly: 100 and 3000 characters differ.
+    let short = served_by(100);
+    let long = served_by(3000);
+    assert_ne!(short, long, "a short and a long prompt share a bucket");
+    assert!((0..3).all(|_| served_by(100) == short));
+    // Traffic of 100-char prompts and a few of 10 000: half the characters are in the long
+    // ones, so within an interval the boundary moves up to them and 3000 becomes short.
+    let moved = wait_until(Duration::from_secs(10), || {
+        for _ in 0..10 {
+            served_by(100);
+        }
+        served_by(10_000);
+        served_by(3000) == short
+    });
+    assert!(moved, "the boundary never followed the lengths");
+    assert_eq!(served_by(10_000), long);
+}

@@ -28,6 +28,10 @@ pub enum PolicyKind {
     /// sglang-router's `manual`: a routing key (`X-SMG-Routing-Key`) sticks to the worker it
     /// was first given (`--assignment-mode`), until idle for `--max-idle-secs`.
     Manual,
+    /// sglang-router's `bucket` (for prefill): requests sorted by length into one bucket per
+    /// worker, boundaries following the recent lengths (`--bucket-adjust-interval-secs`),
+    /// unless the characters sent are imbalanced.
+    Bucket,
 }
 
 impl PolicyKind {
@@ -39,6 +43,7 @@ impl PolicyKind {
             PolicyKind::CacheAware => "cache_aware",
             PolicyKind::ConsistentHashing => "consistent_hashing",
             PolicyKind::Manual => "manual",
+            PolicyKind::Bucket => "bucket",
         }
     }
 }
@@ -205,6 +210,9 @@ pub struct RouterConfig {
     pub assignment_mode: AssignmentMode,
     /// `manual` policy: a routing key idle this long is forgotten. Default 14400 s.
     pub max_idle_secs: f64,
+    /// `bucket` policy: seconds between boundary adjustments (also the window of requests
+    /// they follow). Default 5.
+    pub bucket_adjust_interval_secs: f64,
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
@@ -286,6 +294,7 @@ impl Default for RouterConfig {
             control_plane_api_keys: Vec::new(),
             assignment_mode: AssignmentMode::Random,
             max_idle_secs: 14_400.0,
+            bucket_adjust_interval_secs: 5.0,
             cors_allowed_origins: Vec::new(),
         }
     }
@@ -568,6 +577,10 @@ pub struct RouterArgs {
     /// `manual` policy: seconds after which an idle routing key is forgotten. Default 14400.
     #[arg(long)]
     pub max_idle_secs: Option<f64>,
+    /// `bucket` policy: seconds between adjustments of the length buckets to the requests of
+    /// the last interval. Default 5.
+    #[arg(long)]
+    pub bucket_adjust_interval_secs: Option<f64>,
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
@@ -671,6 +684,7 @@ impl RouterArgs {
             worker_startup_check_interval,
             assignment_mode,
             max_idle_secs,
+            bucket_adjust_interval_secs,
         );
         if let Some(p) = self.policy {
             c.policy = p;
@@ -890,6 +904,10 @@ impl RouterConfig {
         }
         for (field, v) in [
             ("router.max_idle_secs", self.max_idle_secs),
+            (
+                "router.bucket_adjust_interval_secs",
+                self.bucket_adjust_interval_secs,
+            ),
             (
                 "router.worker_startup_timeout_secs",
                 self.worker_startup_timeout_secs,

@@ -12,6 +12,7 @@
 //! - `metrics`: Prometheus.
 
 pub mod background;
+pub mod bucket;
 pub mod compat;
 pub mod config;
 pub mod discovery;
@@ -114,13 +115,22 @@ impl Shared {
             assignment_mode: cfg.assignment_mode,
             max_idle: secs("router.max_idle_secs", cfg.max_idle_secs)?,
         };
+        let bucket = secs(
+            "router.bucket_adjust_interval_secs",
+            cfg.bucket_adjust_interval_secs,
+        )?;
+        let policy = |kind| {
+            Policy::new(kind, cache)
+                .with_manual(manual)
+                .with_bucket_interval(bucket)
+        };
         let max = (cfg.max_concurrent_requests > 0).then_some(cfg.max_concurrent_requests as usize);
         let shared = Shared {
             pd: cfg.pd_disaggregation,
             registry: Registry::default(),
-            policy: Policy::new(cfg.policy, cache).with_manual(manual),
-            prefill_policy: Policy::new(cfg.prefill_policy(), cache).with_manual(manual),
-            decode_policy: Policy::new(cfg.decode_policy(), cache).with_manual(manual),
+            policy: policy(cfg.policy),
+            prefill_policy: policy(cfg.prefill_policy()),
+            decode_policy: policy(cfg.decode_policy()),
             client: http_client(),
             cb: BreakerConfig {
                 enabled: !cfg.disable_circuit_breaker,

@@ -2,6 +2,7 @@
 //! with their in-flight load) and what the request offers for routing (its text, its routing
 //! key); none of them touches a socket, so each is tested on constructed states.
 
+use crate::router::bucket::{Balance, Buckets};
 use crate::router::config::PolicyKind;
 use crate::router::tree::{Tenant, Tree};
 use parking_lot::Mutex;
@@ -105,6 +106,8 @@ pub struct Policy {
     manual: ManualConfig,
     /// `manual`: routing key -> its worker.
     keys: Mutex<std::collections::HashMap<String, Assignment>>,
+    /// `bucket`: length buckets over the recent window.
+    buckets: Mutex<Buckets>,
 }
 
 /// The candidate with the least load; ties go to the one that has served fewer requests, then
@@ -139,7 +142,14 @@ impl Policy {
             tree: Mutex::new(Tree::new()),
             manual: ManualConfig::default(),
             keys: Mutex::new(std::collections::HashMap::new()),
+            buckets: Mutex::new(Buckets::new(std::time::Duration::from_secs(5))),
         }
+    }
+
+    /// The `bucket` policy's adjustment interval (also its window).
+    pub fn with_bucket_interval(mut self, interval: std::time::Duration) -> Policy {
+        self.buckets = Mutex::new(Buckets::new(interval));
+        self
     }
 
     /// The `manual` policy's settings.
@@ -180,6 +190,15 @@ impl Policy {
             }
             PolicyKind::CacheAware => self.cache_aware(c, req.text),
             PolicyKind::Manual => Some(self.manual(c, req.routing_key, std::time::Instant::now())),
+            PolicyKind::Bucket => Some(self.buckets.lock().select(
+                c,
+                req.text.chars().count(),
+                Balance {
+                    abs: self.cache.balance_abs_threshold,
+                    rel: self.cache.balance_rel_threshold,
+                },
+                std::time::Instant::now(),
+            )),
             PolicyKind::ConsistentHashing => match req.routing_key {
                 Some(key) => (0..c.len())
                     .max_by_key(|&i| rendezvous_hash(&[key.as_bytes(), c[i].url.as_bytes()])),
