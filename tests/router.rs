@@ -1920,3 +1920,80 @@ fn bucket_policy_sorts_requests_by_length_and_follows_the_lengths_seen() {
     assert!(moved, "the boundary never followed the lengths");
     assert_eq!(served_by(10_000), long);
 }
+
+#[test]
+fn dp_aware_routes_to_every_rank_with_its_data_parallel_rank() {
+    let (w1, w2) = (
+        fake_worker("dp-1", &["--dp-size", "2"]),
+        fake_worker("dp-2", &[]),
+    );
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--dp-aware",
+            "--policy",
+            "round_robin",
+        ]),
+        true,
+    );
+    // Each server joins once it has told its ranks.
+    assert!(wait_until(Duration::from_secs(10), || workers(r.port)
+        .len()
+        == 3));
+    let mut names: Vec<String> = workers(r.port)
+        .iter()
+        .map(|w| w["url"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    let mut want = vec![
+        format!("{}@0", w1.url()),
+        format!("{}@1", w1.url()),
+        format!("{}@0", w2.url()),
+    ];
+    want.sort();
+    assert_eq!(names, want);
+    for i in 0..6 {
+        // A rank the client wrote is replaced by the worker's.
+        let body = if i == 0 {
+            r#"{"prompt":"hi","data_parallel_rank":7}"#
+        } else {
+            r#"{"prompt":"hi"}"#
+        };
+        assert_eq!(post(r.port, "/v1/completions", body).0, 200);
+    }
+    let ranks = |w: &Worker| -> Vec<i64> {
+        let mut v: Vec<i64> = recorded(w)
+            .iter()
+            .map(|x| body_of(x)["data_parallel_rank"].as_i64().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ranks(&w1), [0, 0, 1, 1], "w1's two ranks get two each");
+    assert_eq!(ranks(&w2), [0, 0]);
+    // Added through the API: one worker per rank; removed by its address: every rank.
+    let w3 = fake_worker("dp-3", &["--dp-size", "3"]);
+    let (st, _, _) = post(r.port, "/workers", &json!({ "url": w3.url() }).to_string());
+    assert_eq!(st, 202);
+    assert_eq!(workers(r.port).len(), 6);
+    let resp = client()
+        .delete(format!(
+            "http://127.0.0.1:{}/workers/{}",
+            r.port,
+            w3.url().replace(':', "%3A").replace('/', "%2F")
+        ))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    assert_eq!(workers(r.port).len(), 3);
+    // A server that cannot say its ranks is refused with the reason.
+    let (st, _, body) = post(
+        r.port,
+        "/workers",
+        &json!({ "url": "http://127.0.0.1:1" }).to_string(),
+    );
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("--dp-aware"), "{body}");
+}

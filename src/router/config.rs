@@ -182,6 +182,9 @@ pub struct RouterConfig {
     pub health_check_endpoint: String,
     /// No health checks (every worker counts as healthy). Default false.
     pub disable_health_check: bool,
+    /// Each worker's data-parallel ranks (its `/get_server_info` `dp_size`) become workers
+    /// of their own, `URL@rank`; requests carry `data_parallel_rank`. Default false.
+    pub dp_aware: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
     pub api_key: Option<String>,
     /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
@@ -284,6 +287,7 @@ impl Default for RouterConfig {
             health_check_interval_secs: 60.0,
             health_check_endpoint: "/health".into(),
             disable_health_check: false,
+            dp_aware: false,
             api_key: None,
             shutdown_grace_period_secs: 180.0,
             worker_startup_timeout_secs: 1800.0,
@@ -540,6 +544,10 @@ pub struct RouterArgs {
     /// No health checks (every worker counts as healthy). Default false.
     #[arg(long)]
     pub disable_health_check: bool,
+    /// Route to each data-parallel rank of a worker (its `/get_server_info` `dp_size`) as a
+    /// worker of its own, `URL@rank`, with `data_parallel_rank` in the body. Default false.
+    #[arg(long)]
+    pub dp_aware: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
     #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
     pub api_key: Option<String>,
@@ -728,7 +736,8 @@ impl RouterArgs {
             service_discovery,
             disable_retries,
             disable_circuit_breaker,
-            disable_health_check
+            disable_health_check,
+            dp_aware
         );
         if !self.prefill.is_empty() {
             c.prefill = group_prefill(&self.prefill)

@@ -165,6 +165,11 @@ pub fn start(shared: Arc<Shared>) {
             }
             match parse(&text).and_then(|f| workers(&f, &sel)) {
                 Ok(specs) => {
+                    let listed = specs.len();
+                    let specs = shared.dp_specs_all(specs).await;
+                    // A worker whose ranks are not known yet: the file is read again.
+                    let complete =
+                        specs.iter().filter(|s| s.dp_rank.unwrap_or(0) == 0).count() == listed;
                     let (added, removed) = shared.registry.sync(Source::RbgFile, &specs);
                     for w in &removed {
                         shared.forget(&w.url);
@@ -180,6 +185,9 @@ pub fn start(shared: Arc<Shared>) {
                         "RBG discovery file read"
                     );
                     last_error = None;
+                    if !complete {
+                        continue;
+                    }
                 }
                 Err(e) => {
                     shared

@@ -143,12 +143,13 @@ pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
     Ok(())
 }
 
-fn publish(shared: &Shared, sets: &Mutex<HashMap<WorkerType, PodSet>>) {
+async fn publish(shared: &Shared, sets: &Mutex<HashMap<WorkerType, PodSet>>) {
     let wanted: Vec<WorkerSpec> = sets
         .lock()
         .values()
         .flat_map(|s| s.workers.values().cloned())
         .collect();
+    let wanted = shared.dp_specs_all(wanted).await;
     let (_, removed) = shared.registry.sync(Source::Kubernetes, &wanted);
     for w in removed {
         shared.forget(&w.url);
@@ -171,7 +172,7 @@ async fn watch_loop(
             // Paged (`limit` and `continue`), as a large cluster needs.
             let (items, rv) = kube.list_all(&base, &format!("&labelSelector={sel}")).await?;
             sets.lock().entry(t).or_default().reset(&items, port, t);
-            publish(&shared, &sets);
+            publish(&shared, &sets).await;
             tracing::info!(selector = %selector, pods = items.len(), "pods listed");
             let mut rv = rv;
             loop {
@@ -195,7 +196,7 @@ async fn watch_loop(
                         kind => {
                             let changed = sets.lock().entry(t).or_default().apply(kind, &ev.object, port, t);
                             if changed {
-                                publish(&shared, &sets);
+                                publish(&shared, &sets).await;
                             }
                         }
                     }

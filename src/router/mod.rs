@@ -16,6 +16,7 @@ pub mod bucket;
 pub mod compat;
 pub mod config;
 pub mod discovery;
+pub mod dp;
 pub mod kube;
 pub mod limiter;
 pub mod metrics;
@@ -89,6 +90,8 @@ pub struct Shared {
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
     pub mooncake_engines:
         parking_lot::Mutex<std::collections::HashMap<Arc<str>, vllm::MooncakeEngine>>,
+    /// `--dp-aware`: each worker address's rank count, once learnt.
+    pub dp_sizes: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once).
@@ -166,6 +169,7 @@ impl Shared {
             metrics: Metrics::with_buckets(&cfg.prometheus_duration_buckets),
             request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
             mooncake_engines: Default::default(),
+            dp_sizes: Default::default(),
             control_keys: cfg
                 .control_plane_api_keys
                 .iter()
@@ -174,32 +178,30 @@ impl Shared {
                 .map_err(|e| ConfigError::invalid("router.control_plane_api_keys", e))?,
             cfg,
         };
-        let c = &shared.cfg;
-        for url in &c.worker_urls {
-            shared
-                .registry
-                .add(WorkerSpec::regular(url), Source::Flags)?;
-        }
-        for p in &c.prefill {
-            shared.registry.add(
-                WorkerSpec {
-                    worker_type: WorkerType::Prefill,
-                    bootstrap_port: p.bootstrap_port,
-                    ..WorkerSpec::regular(&p.url)
-                },
-                Source::Flags,
-            )?;
-        }
-        for url in &c.decode {
-            shared.registry.add(
-                WorkerSpec {
-                    worker_type: WorkerType::Decode,
-                    ..WorkerSpec::regular(url)
-                },
-                Source::Flags,
-            )?;
+        // With --dp-aware the workers given at start join once they tell their ranks
+        // (server::await_startup).
+        if !shared.cfg.dp_aware {
+            for spec in shared.flag_specs() {
+                shared.registry.add(spec, Source::Flags)?;
+            }
         }
         Ok(shared)
+    }
+
+    /// The workers given on the command line (or in the config file).
+    pub fn flag_specs(&self) -> Vec<WorkerSpec> {
+        let c = &self.cfg;
+        let regular = c.worker_urls.iter().map(WorkerSpec::regular);
+        let prefill = c.prefill.iter().map(|p| WorkerSpec {
+            worker_type: WorkerType::Prefill,
+            bootstrap_port: p.bootstrap_port,
+            ..WorkerSpec::regular(&p.url)
+        });
+        let decode = c.decode.iter().map(|url| WorkerSpec {
+            worker_type: WorkerType::Decode,
+            ..WorkerSpec::regular(url)
+        });
+        regular.chain(prefill).chain(decode).collect()
     }
 
     /// Forgets a removed worker in every policy.

@@ -4,7 +4,9 @@
 //! with an SSE error event, never a hang).
 
 use crate::router::config::Backend;
+use crate::router::dp;
 use crate::router::policy::{Candidate, Policy, RouteInput};
+use crate::router::request;
 use crate::router::request::{
     backoff, error_body, inject_bootstrap, random_room, retryable, BadRequest, Endpoint, RouteInfo,
 };
@@ -246,9 +248,19 @@ impl Shared {
         rid: &str,
         body: Bytes,
     ) -> Result<Request<Full<Bytes>>, http::Error> {
+        // --dp-aware: the rank the worker stands for rides in the body.
+        let body = match worker.dp_rank {
+            Some(r) if !body.is_empty() => {
+                match request::set_fields(&body, &[(dp::RANK_FIELD, r.into())]) {
+                    Ok(b) => Bytes::from(b),
+                    Err(_) => body,
+                }
+            }
+            _ => body,
+        };
         let mut b = Request::builder()
             .method(method)
-            .uri(format!("{}{}", worker.url, path))
+            .uri(format!("{}{}", worker.base_url, path))
             .header(header::CONTENT_TYPE, "application/json")
             .header("x-request-id", rid);
         for (name, value) in client_headers {

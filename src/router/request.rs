@@ -109,12 +109,6 @@ struct Peek {
     /// Rerank and Score.
     #[serde(default)]
     query: Option<Value>,
-    #[serde(default)]
-    bootstrap_host: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    bootstrap_port: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    bootstrap_room: Option<serde::de::IgnoredAny>,
 }
 
 /// What routing needs to know about a request.
@@ -125,8 +119,6 @@ pub struct RouteInfo {
     pub text: String,
     /// `Some(n)` for a batched `/generate` (a list of texts or of id lists).
     pub batch: Option<usize>,
-    /// The body already carries `bootstrap_*` fields.
-    pub has_bootstrap: bool,
     /// The request's `model`, when it names one.
     pub model: Option<String>,
 }
@@ -194,9 +186,6 @@ pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest>
     };
     let mut info = RouteInfo {
         stream,
-        has_bootstrap: peek.bootstrap_host.is_some()
-            || peek.bootstrap_port.is_some()
-            || peek.bootstrap_room.is_some(),
         model: match &peek.model {
             Some(Value::String(m)) if !m.is_empty() => Some(m.clone()),
             _ => None,
@@ -294,21 +283,37 @@ pub fn inject_bootstrap(
             Value::from(rooms.first().copied().unwrap_or_else(random_room)),
         ),
     };
-    if info.has_bootstrap {
-        type Fields = indexmap::IndexMap<String, Box<RawValue>>;
-        let json = |e: serde_json::Error| BadRequest::Json(e.to_string());
-        let mut fields: Fields = serde_json::from_slice(body).map_err(json)?;
-        for (name, value) in [
+    set_fields(
+        body,
+        &[
             ("bootstrap_host", host_v),
             ("bootstrap_port", port_v),
             ("bootstrap_room", room_v),
-        ] {
-            fields.insert(
-                name.into(),
-                serde_json::value::to_raw_value(&value).map_err(json)?,
+        ],
+    )
+}
+
+/// The body (a JSON object) with `fields` set. Everything else is kept byte for byte: when
+/// none of the names occurs in the body the fields are appended before the closing brace;
+/// otherwise the object is rewritten field by field, those named replaced where they stand and
+/// every other field keeping its place and its exact text (`0.70` stays `0.70`); only
+/// whitespace between fields is dropped.
+pub fn set_fields(body: &[u8], fields: &[(&str, Value)]) -> Result<Vec<u8>, BadRequest> {
+    let named = |n: &str| {
+        let quoted = format!("\"{n}\"");
+        body.windows(quoted.len()).any(|w| w == quoted.as_bytes())
+    };
+    if fields.iter().any(|(n, _)| named(n)) {
+        type Fields = indexmap::IndexMap<String, Box<RawValue>>;
+        let json = |e: serde_json::Error| BadRequest::Json(e.to_string());
+        let mut all: Fields = serde_json::from_slice(body).map_err(json)?;
+        for (name, value) in fields {
+            all.insert(
+                (*name).into(),
+                serde_json::value::to_raw_value(value).map_err(json)?,
             );
         }
-        return serde_json::to_vec(&fields).map_err(json);
+        return serde_json::to_vec(&all).map_err(json);
     }
     let end = body
         .iter()
@@ -316,16 +321,16 @@ pub fn inject_bootstrap(
         .filter(|&i| body[i] == b'}')
         .ok_or(BadRequest::NotObject)?;
     let head = &body[..end];
-    let empty = head.trim_ascii_end().ends_with(b"{");
     let mut out = Vec::with_capacity(body.len() + 96);
     out.extend_from_slice(head);
-    if !empty {
-        out.push(b',');
+    let mut empty = head.trim_ascii_end().ends_with(b"{");
+    for (name, value) in fields {
+        if !empty {
+            out.push(b',');
+        }
+        empty = false;
+        out.extend_from_slice(format!("\"{name}\":{value}").as_bytes());
     }
-    let fields = format!(
-        "\"bootstrap_host\":{host_v},\"bootstrap_port\":{port_v},\"bootstrap_room\":{room_v}"
-    );
-    out.extend_from_slice(fields.as_bytes());
     out.extend_from_slice(&body[end..]);
     Ok(out)
 }
@@ -381,6 +386,25 @@ pub fn error_body(status: u16, kind: &str, message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_fields_appends_or_replaces_in_place_keeping_the_rest_byte_for_byte() {
+        let rank = [("data_parallel_rank", Value::from(1))];
+        // Appended before the brace, the rest untouched (0.70 stays 0.70).
+        let out = set_fields(br#"{"temperature": 0.70 }"#, &rank).unwrap();
+        assert_eq!(out, br#"{"temperature": 0.70 ,"data_parallel_rank":1}"#);
+        assert_eq!(
+            set_fields(b"{}", &rank).unwrap(),
+            br#"{"data_parallel_rank":1}"#
+        );
+        // Present: replaced where it stands.
+        let out = set_fields(br#"{"data_parallel_rank":7,"t":0.70}"#, &rank).unwrap();
+        assert_eq!(out, br#"{"data_parallel_rank":1,"t":0.70}"#);
+        assert!(matches!(
+            set_fields(b"[1]", &rank),
+            Err(BadRequest::NotObject)
+        ));
+    }
 
     #[test]
     fn routing_text_follows_sglang_router_rules() {

@@ -443,6 +443,7 @@ fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
         model_id: a.model_id,
         kv_connector,
         kv_engine_id: a.kv_engine_id,
+        dp_rank: None,
     })
 }
 
@@ -450,14 +451,23 @@ fn added(s: &Arc<Shared>, w: &Arc<Worker>) {
     background::discover_metadata(s.clone(), w.clone());
 }
 
-/// Adds a worker through the API.
-fn register(
-    s: &Arc<Shared>,
-    spec: WorkerSpec,
-) -> Result<Arc<Worker>, crate::router::worker::RegistryError> {
-    let w = s.registry.add(spec, Source::Api)?;
-    added(s, &w);
-    Ok(w)
+/// Adds a worker through the API (with `--dp-aware`, one per rank: the first is returned).
+async fn register(s: &Arc<Shared>, spec: WorkerSpec) -> Result<Arc<Worker>, Response> {
+    let ranks = s.dp_specs(&spec).await.map_err(|e| {
+        error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "worker_unavailable",
+            &e,
+            "",
+        )
+    })?;
+    let mut first = None;
+    for rank in ranks {
+        let w = s.registry.add(rank, Source::Api).map_err(conflict)?;
+        added(s, &w);
+        first.get_or_insert(w);
+    }
+    first.ok_or_else(|| bad("the worker has no ranks"))
 }
 
 /// A duplicate URL.
@@ -474,7 +484,7 @@ async fn add_worker(State(s): S, body: axum::body::Bytes) -> Response {
         Ok(x) => x,
         Err(e) => return bad(&e),
     };
-    match register(&s, spec) {
+    match register(&s, spec).await {
         Ok(w) => (
             StatusCode::ACCEPTED,
             Json(json!({
@@ -486,7 +496,7 @@ async fn add_worker(State(s): S, body: axum::body::Bytes) -> Response {
             })),
         )
             .into_response(),
-        Err(e) => conflict(e),
+        Err(e) => e,
     }
 }
 
@@ -518,12 +528,16 @@ fn unknown_worker(id: &str) -> Response {
 
 async fn delete_worker(State(s): S, Path(id): Path<String>) -> Response {
     match s.registry.remove(&id) {
-        Ok(w) => {
-            s.forget(&w.url);
+        Ok(gone) => {
+            for w in &gone {
+                s.forget(&w.url);
+            }
+            let w = &gone[0];
             (
                 StatusCode::ACCEPTED,
                 Json(
                     json!({"status": "accepted", "worker_id": w.id, "url": &*w.url,
+                    "removed": gone.iter().map(|w| &*w.url).collect::<Vec<_>>(),
                     "message": "Worker removed"}),
                 ),
             )
@@ -555,13 +569,13 @@ async fn add_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Response {
         Ok(x) => x,
         Err(e) => return bad(&e),
     };
-    match register(&s, spec) {
+    match register(&s, spec).await {
         Ok(w) => (
             StatusCode::OK,
             format!("Successfully added worker: {}", w.url),
         )
             .into_response(),
-        Err(e) => conflict(e),
+        Err(e) => e,
     }
 }
 
@@ -571,11 +585,13 @@ async fn remove_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Respons
     };
     let url = config::normalize_url("url", &url).unwrap_or(url);
     match s.registry.remove(&url) {
-        Ok(w) => {
-            s.forget(&w.url);
+        Ok(gone) => {
+            for w in &gone {
+                s.forget(&w.url);
+            }
             (
                 StatusCode::OK,
-                format!("Successfully removed worker: {}", w.url),
+                format!("Successfully removed worker: {url}"),
             )
                 .into_response()
         }
@@ -748,9 +764,7 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
 /// `worker_startup_timeout_secs` (as sglang-router's startup check, except that the router
 /// serves meanwhile, its readiness saying whether any worker is there).
 pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
-    if s.cfg.disable_health_check {
-        return Ok(());
-    }
+    let health = !s.cfg.disable_health_check;
     let timeout = config::secs(
         "router.worker_startup_timeout_secs",
         s.cfg.worker_startup_timeout_secs,
@@ -764,10 +778,39 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
         .registry
         .snapshot()
         .iter()
-        .filter(|w| w.source == Source::Flags)
+        .filter(|w| health && w.source == Source::Flags)
         .cloned()
         .collect();
+    // --dp-aware: workers given at start are added once they tell their ranks.
+    let mut unranked = if s.cfg.dp_aware {
+        s.flag_specs()
+    } else {
+        Vec::new()
+    };
     loop {
+        let mut still_unranked = Vec::new();
+        for spec in unranked {
+            match s.dp_specs(&spec).await {
+                Ok(ranks) => {
+                    for rank in ranks {
+                        match s.registry.add(rank, Source::Flags) {
+                            Ok(w) => {
+                                added(&s, &w);
+                                if health {
+                                    waiting.push(w);
+                                }
+                            }
+                            Err(e) => tracing::warn!("{e}"),
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("{e}");
+                    still_unranked.push(spec);
+                }
+            }
+        }
+        unranked = still_unranked;
         let mut still = Vec::new();
         for w in waiting {
             let check = every.min(Duration::from_secs(5));
@@ -780,13 +823,17 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
             }
         }
         waiting = still;
-        if waiting.is_empty() {
+        if waiting.is_empty() && unranked.is_empty() {
             tracing::info!(after = ?started.elapsed(), "the workers given at start answer");
             return Ok(());
         }
         let left = timeout.saturating_sub(started.elapsed());
         if left.is_zero() {
-            let urls: Vec<&str> = waiting.iter().map(|w| &*w.url).collect();
+            let urls: Vec<&str> = waiting
+                .iter()
+                .map(|w| &*w.url)
+                .chain(unranked.iter().map(|spec| spec.url.as_str()))
+                .collect();
             return Err(RouterError::Startup(format!(
                 "workers did not answer {} within {timeout:?} (--worker-startup-timeout-secs): {}",
                 s.cfg.health_check_endpoint,

@@ -52,6 +52,8 @@ pub struct WorkerSpec {
     pub kv_connector: Option<Connector>,
     /// vLLM PD with Mooncake: the prefill engine's id, when known (else asked of `/query`).
     pub kv_engine_id: Option<String>,
+    /// `--dp-aware`: the data-parallel rank this worker stands for (its URL gains `@rank`).
+    pub dp_rank: Option<usize>,
 }
 
 impl WorkerSpec {
@@ -64,6 +66,15 @@ impl WorkerSpec {
             model_id: None,
             kv_connector: None,
             kv_engine_id: None,
+            dp_rank: None,
+        }
+    }
+
+    /// The worker's name: its URL, with `@rank` for a data-parallel rank.
+    pub fn name(&self) -> String {
+        match self.dp_rank {
+            Some(r) => format!("{}@{r}", self.url),
+            None => self.url.clone(),
         }
     }
 }
@@ -259,7 +270,12 @@ pub struct WorkerCounters {
 
 pub struct Worker {
     pub id: String,
+    /// Its name: the address, with `@rank` for a data-parallel rank (`--dp-aware`).
     pub url: Arc<str>,
+    /// Where requests go: the address without the rank.
+    pub base_url: Arc<str>,
+    /// `--dp-aware`: the rank requests are sent to (`data_parallel_rank`).
+    pub dp_rank: Option<usize>,
     pub worker_type: WorkerType,
     pub bootstrap_port: Option<u16>,
     /// Host part of the URL, sent to decode workers as `bootstrap_host`.
@@ -310,7 +326,9 @@ impl Worker {
         Worker {
             id: new_id(),
             host: url_host(&spec.url),
-            url: spec.url.into(),
+            url: spec.name().into(),
+            base_url: spec.url.into(),
+            dp_rank: spec.dp_rank,
             worker_type: spec.worker_type,
             bootstrap_port: spec.bootstrap_port,
             api_key: spec.api_key,
@@ -441,8 +459,9 @@ impl Registry {
 
     pub fn add(&self, spec: WorkerSpec, source: Source) -> Result<Arc<Worker>, RegistryError> {
         let mut w = self.workers.write();
-        if w.iter().any(|x| *x.url == *spec.url) {
-            return Err(RegistryError::Duplicate(spec.url));
+        let name = spec.name();
+        if w.iter().any(|x| *x.url == *name) {
+            return Err(RegistryError::Duplicate(name));
         }
         let worker = Arc::new(Worker::new(spec, source));
         let mut next = (**w).clone();
@@ -452,19 +471,21 @@ impl Registry {
         Ok(worker)
     }
 
-    /// Removes by id or URL.
-    pub fn remove(&self, id_or_url: &str) -> Result<Arc<Worker>, RegistryError> {
+    /// Removes by id or URL; the address of a worker split into data-parallel ranks
+    /// removes every rank.
+    pub fn remove(&self, id_or_url: &str) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let mut w = self.workers.write();
-        let Some(pos) = w
+        let (gone, kept): (Vec<Arc<Worker>>, Vec<Arc<Worker>>) = w
             .iter()
-            .position(|x| x.id == id_or_url || *x.url == *id_or_url)
-        else {
+            .cloned()
+            .partition(|x| x.id == id_or_url || *x.url == *id_or_url || *x.base_url == *id_or_url);
+        if gone.is_empty() {
             return Err(RegistryError::Unknown(id_or_url.to_string()));
-        };
-        let mut next = (**w).clone();
-        let gone = next.remove(pos);
-        *w = Arc::new(next);
-        tracing::info!(worker = %gone.url, "worker removed");
+        }
+        *w = Arc::new(kept);
+        for x in &gone {
+            tracing::info!(worker = %x.url, "worker removed");
+        }
         Ok(gone)
     }
 
@@ -489,7 +510,7 @@ impl Registry {
         for x in w.iter() {
             let keep = x.source != source
                 || wanted.iter().any(|s| {
-                    *s.url == *x.url
+                    *s.name() == *x.url
                         && s.worker_type == x.worker_type
                         && s.bootstrap_port == x.bootstrap_port
                 });
@@ -501,7 +522,8 @@ impl Registry {
         }
         let mut added = Vec::new();
         for s in wanted {
-            if next.iter().any(|x| *x.url == *s.url) {
+            let name = s.name();
+            if next.iter().any(|x| *x.url == *name) {
                 continue;
             }
             let worker = Arc::new(Worker::new(s.clone(), source));
@@ -614,7 +636,7 @@ mod tests {
         assert_eq!(urls, ["http://a:1", "http://c:1"]);
         assert!(r.remove("http://nope:1").is_err());
         let id = r.get("http://c:1").unwrap().id.clone();
-        assert_eq!(&*r.remove(&id).unwrap().url, "http://c:1");
+        assert_eq!(&*r.remove(&id).unwrap()[0].url, "http://c:1");
         assert_eq!(url_host("http://[::1]:8000"), "::1");
         assert_eq!(url_host("http://10.1.2.3:8000"), "10.1.2.3");
     }

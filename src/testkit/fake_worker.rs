@@ -64,6 +64,9 @@ pub struct FakeWorkerArgs {
     /// (`/fake/stats`).
     #[arg(long, default_value_t = 0)]
     pub headers_delay_ms: u64,
+    /// Data-parallel ranks reported as `dp_size` by `/get_server_info`.
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: usize,
 }
 
 struct Recorded {
@@ -379,7 +382,7 @@ async fn stats(State(f): State<Arc<Fake>>) -> Json<Value> {
 async fn server_info(State(f): State<Arc<Fake>>) -> Json<Value> {
     Json(
         json!({"model_path": f.args.model, "served_model_name": f.args.model,
-        "tp_size": 1, "dp_size": 1, "fake_worker": true, "version": "fake"}),
+        "tp_size": 1, "dp_size": f.args.dp_size, "fake_worker": true, "version": "fake"}),
     )
 }
 
