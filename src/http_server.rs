@@ -54,6 +54,19 @@ pub async fn serve_with(
     shutdown: Shutdown,
     limits: HttpLimits,
 ) {
+    serve_tls(listener, app, shutdown, limits, None).await
+}
+
+/// [`serve_with`], over TLS when `tls` is given (the handshake must finish within
+/// `limits.header_read_timeout`).
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: Shutdown,
+    limits: HttpLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let max_body = limits.max_body_bytes;
     let app = app
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
@@ -85,27 +98,20 @@ pub async fn serve_with(
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let stop = shutdown.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let done = tokio::select! {
-                r = conn.as_mut() => Some(r),
-                _ = stop.wait() => None,
-            };
-            let result = match done {
-                Some(r) => r,
-                None => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            match acceptor {
+                None => serve_connection(stream, service, stop, limits, peer).await,
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(tls)) => serve_connection(tls, service, stop, limits, peer).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "HTTP connection ended");
             }
         });
     }
@@ -116,6 +122,38 @@ pub async fn serve_with(
         .is_err()
     {
         tracing::warn!(?local, grace = ?limits.grace, "HTTP requests still in flight at shutdown; stopping anyway");
+    }
+}
+
+/// One connection, until it ends or `stop` fires (then gracefully).
+async fn serve_connection<I>(
+    io: I,
+    service: TowerToHyperService<axum::Router>,
+    stop: Shutdown,
+    limits: HttpLimits,
+    peer: std::net::SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let done = tokio::select! {
+        r = conn.as_mut() => Some(r),
+        _ = stop.wait() => None,
+    };
+    let result = match done {
+        Some(r) => r,
+        None => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "HTTP connection ended");
     }
 }
 

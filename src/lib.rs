@@ -32,6 +32,7 @@ pub mod store;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub mod tls;
 pub mod token_bucket;
 pub mod transfer;
 pub mod up;

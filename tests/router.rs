@@ -1997,3 +1997,221 @@ fn dp_aware_routes_to_every_rank_with_its_data_parallel_rank() {
     assert_eq!(st, 503, "{body}");
     assert!(body.contains("--dp-aware"), "{body}");
 }
+
+/// A test CA, and PEM files of a server certificate (localhost, 127.0.0.1) and a client
+/// certificate it signed, in `dir`: (ca, server cert, server key, client cert, client key).
+fn test_pki(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "rbgctl test CA");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(names).unwrap();
+        p.extended_key_usages = vec![usage];
+        let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let server = leaf(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let client = leaf(vec![], ExtendedKeyUsagePurpose::ClientAuth);
+    let files = [
+        ("ca.pem", ca_cert.pem()),
+        ("server.pem", server.0),
+        ("server.key", server.1),
+        ("client.pem", client.0),
+        ("client.key", client.1),
+    ];
+    files.map(|(name, text)| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    })
+}
+
+#[test]
+fn tls_on_the_listener_and_to_workers_with_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key, client_cert, client_key] = test_pki(dir.path());
+    let p = |x: &std::path::PathBuf| x.to_str().unwrap().to_string();
+    // A worker over HTTPS that serves only clients with a certificate of the test CA.
+    let w = fake_worker(
+        "tls-1",
+        &[
+            "--tls-cert",
+            &p(&cert),
+            "--tls-key",
+            &p(&key),
+            "--tls-client-ca",
+            &p(&ca),
+        ],
+    );
+    let worker = format!("https://127.0.0.1:{}", w.port);
+    let r = router_with_env(
+        &s(&[
+            "--worker-urls",
+            &worker,
+            "--ca-cert-paths",
+            &p(&ca),
+            "--client-cert-path",
+            &p(&client_cert),
+            "--client-key-path",
+            &p(&client_key),
+            "--tls-cert-path",
+            &p(&cert),
+            "--tls-key-path",
+            &p(&key),
+        ]),
+        None,
+        &[],
+    );
+    let https = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let base = format!("https://localhost:{}", r.port);
+    assert!(
+        wait_until(Duration::from_secs(20), || https
+            .get(format!("{base}/readiness"))
+            .send()
+            .is_ok_and(|r| r.status() == 200)),
+        "the router never answered over HTTPS"
+    );
+    let resp = https
+        .post(format!("{base}/v1/completions"))
+        .body(r#"{"prompt":"over TLS both ways"}"#)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-fake-worker"], "tls-1");
+    // The listener speaks only TLS.
+    assert_eq!(get(r.port, "/readiness").0, 0, "plain HTTP was answered");
+    // Without the client certificate the worker refuses the router.
+    let bare = router(
+        &s(&[
+            "--worker-urls",
+            &worker,
+            "--ca-cert-paths",
+            &p(&ca),
+            "--disable-retries",
+            "--disable-health-check",
+        ]),
+        true,
+    );
+    let (st, _, body) = post(bare.port, "/v1/completions", r#"{"prompt":"x"}"#);
+    assert!(st >= 500, "{st} {body}");
+    assert!(body.contains(&worker), "{body}");
+    // Half a pair is refused by name.
+    let out = std::process::Command::new(common::BIN)
+        .args(["router", "--tls-cert-path", &p(&cert)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("tls_key_path"), "{err}");
+}
+
+#[test]
+fn an_openai_backend_routes_each_model_to_the_upstream_serving_it() {
+    let a = fake_worker(
+        "oa-a",
+        &["--model", "gpt-a", "--extra-models", "gpt-a-mini"],
+    );
+    let b = fake_worker("oa-b", &["--model", "gpt-b"]);
+    let r = router(
+        &s(&["--backend", "openai", "--worker-urls", &a.url(), &b.url()]),
+        true,
+    );
+    // Each upstream's model list is read in the background.
+    assert!(wait_until(Duration::from_secs(10), || workers(r.port)
+        .iter()
+        .all(|w| w["models"].as_array().is_some_and(|m| !m.is_empty()))));
+    let served_by = |model: &str| {
+        let resp = client()
+            .post(format!("http://127.0.0.1:{}/v1/chat/completions", r.port))
+            .header("authorization", "Bearer sk-client-key")
+            .body(
+                json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+                    .to_string(),
+            )
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{model}");
+        resp.headers()["x-fake-worker"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    for _ in 0..4 {
+        assert_eq!(served_by("gpt-a"), "oa-a");
+        assert_eq!(served_by("gpt-a-mini"), "oa-a");
+        assert_eq!(served_by("gpt-b"), "oa-b");
+    }
+    // The client's key reaches the upstream.
+    let last = recorded(&b).last().cloned().unwrap();
+    assert_eq!(
+        last["headers"]["authorization"], "Bearer sk-client-key",
+        "{last}"
+    );
+    // A model nobody serves has no worker; /generate is SGLang's.
+    let (st, _, _) = post(
+        r.port,
+        "/v1/completions",
+        r#"{"model":"gpt-z","prompt":"x"}"#,
+    );
+    assert_eq!(st, 503);
+    let (st, _, body) = post(r.port, "/generate", r#"{"text":"x"}"#);
+    assert_eq!(st, 501, "{body}");
+    assert!(body.contains("--backend openai"), "{body}");
+}
+
+#[test]
+fn igw_gives_each_model_its_workers_and_its_own_policy() {
+    let a1 = fake_worker("igw-a1", &["--model", "llama"]);
+    let a2 = fake_worker("igw-a2", &["--model", "llama"]);
+    let b = fake_worker("igw-b", &["--model", "qwen"]);
+    let r = router(
+        &s(&[
+            "--enable-igw",
+            "--policy",
+            "round_robin",
+            "--worker-urls",
+            &a1.url(),
+            &a2.url(),
+            &b.url(),
+        ]),
+        true,
+    );
+    assert!(wait_until(Duration::from_secs(10), || workers(r.port)
+        .iter()
+        .all(|w| w["model_id"].is_string())));
+    let served_by = |model: &str| {
+        let (st, h, body) = post(
+            r.port,
+            "/v1/completions",
+            &json!({"model": model, "prompt": "hello"}).to_string(),
+        );
+        assert_eq!(st, 200, "{body}");
+        h["x-fake-worker"].to_str().unwrap().to_string()
+    };
+    // qwen always goes to its one worker; llama alternates between its two, its round robin
+    // untouched by qwen's requests in between.
+    let mut llama = Vec::new();
+    for _ in 0..3 {
+        llama.push(served_by("llama"));
+        assert_eq!(served_by("qwen"), "igw-b");
+    }
+    llama.push(served_by("llama"));
+    assert!(llama.iter().all(|w| w.starts_with("igw-a")), "{llama:?}");
+    assert_ne!(llama[0], llama[1], "{llama:?}");
+    assert_eq!(llama[0], llama[2], "{llama:?}");
+    assert_ne!(llama[2], llama[3], "{llama:?}");
+}

@@ -27,6 +27,10 @@ pub fn start(shared: &Arc<Shared>) {
             s.policy.evict();
             s.prefill_policy.evict();
             s.decode_policy.evict();
+            let per_model: Vec<_> = s.model_policies.lock().values().cloned().collect();
+            for p in per_model {
+                p.evict();
+            }
         }
     });
 }
@@ -67,10 +71,24 @@ pub fn model_from_server_info(v: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The ids of an OpenAI `/v1/models` answer.
+pub fn model_ids(v: &Value) -> Vec<String> {
+    v.get("data")
+        .and_then(Value::as_array)
+        .map(|models| {
+            models
+                .iter()
+                .filter_map(|m| m.get("id").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Reads a new worker's model name in the background (three tries over about 7 s). Nothing is
 /// downloaded: the router never resolves tokenizers or model paths.
 pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
-    if w.model_id.read().is_some() {
+    if w.model_id.read().is_some() && s.cfg.backend != Backend::Openai {
         return;
     }
     tokio::spawn(async move {
@@ -86,6 +104,14 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
             {
                 if st.is_success() {
                     if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                        let ids = model_ids(&v);
+                        if !ids.is_empty() {
+                            tracing::debug!(worker = %w.url, models = ?ids, "worker models");
+                            *w.served_models.write() = ids;
+                        }
+                        if s.cfg.backend == Backend::Openai {
+                            return;
+                        }
                         if v.pointer("/data/0/owned_by").and_then(Value::as_str) == Some("vllm") {
                             tracing::info!(worker = %w.url, "a vLLM engine");
                             *w.engine.write() = Some(Backend::Vllm);
@@ -96,6 +122,9 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
                         }
                     }
                 }
+            }
+            if s.cfg.backend == Backend::Openai {
+                continue;
             }
             for path in ["/server_info", "/get_server_info"] {
                 if let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await

@@ -185,6 +185,9 @@ pub struct RouterConfig {
     /// Each worker's data-parallel ranks (its `/get_server_info` `dp_size`) become workers
     /// of their own, `URL@rank`; requests carry `data_parallel_rank`. Default false.
     pub dp_aware: bool,
+    /// Several models behind one router: a request goes to the workers serving its `model`,
+    /// each model with policies of its own. Default false.
+    pub enable_igw: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
     pub api_key: Option<String>,
     /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
@@ -219,6 +222,19 @@ pub struct RouterConfig {
     /// Browser origins allowed to call the router (CORS); empty allows any origin, as
     /// sglang-router does. Default: empty.
     pub cors_allowed_origins: Vec<String>,
+    /// Serve HTTPS with this PEM certificate chain (with `tls_key_path`). Default: none
+    /// (plain HTTP).
+    pub tls_cert_path: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_path`. Default: none.
+    pub tls_key_path: Option<PathBuf>,
+    /// PEM CA certificates trusted for `https://` workers, beside the public web's roots.
+    /// Default: none.
+    pub ca_cert_paths: Vec<PathBuf>,
+    /// PEM certificate the router presents to `https://` workers (mutual TLS; with
+    /// `client_key_path`). Default: none.
+    pub client_cert_path: Option<PathBuf>,
+    /// The PEM private key of `client_cert_path`. Default: none.
+    pub client_key_path: Option<PathBuf>,
 }
 
 impl Default for RouterConfig {
@@ -288,6 +304,7 @@ impl Default for RouterConfig {
             health_check_endpoint: "/health".into(),
             disable_health_check: false,
             dp_aware: false,
+            enable_igw: false,
             api_key: None,
             shutdown_grace_period_secs: 180.0,
             worker_startup_timeout_secs: 1800.0,
@@ -300,6 +317,11 @@ impl Default for RouterConfig {
             max_idle_secs: 14_400.0,
             bucket_adjust_interval_secs: 5.0,
             cors_allowed_origins: Vec::new(),
+            tls_cert_path: None,
+            tls_key_path: None,
+            ca_cert_paths: Vec::new(),
+            client_cert_path: None,
+            client_key_path: None,
         }
     }
 }
@@ -336,14 +358,14 @@ pub fn normalize_url(field: &str, url: &str) -> Result<String, ConfigError> {
         .parse()
         .map_err(|e| ConfigError::invalid(field, format!("{url:?} is not a URL: {e}")))?;
     match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => Ok(full),
-        (Some("http"), Some(_)) => Err(ConfigError::invalid(
+        (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => Ok(full),
+        (Some("http" | "https"), Some(_)) => Err(ConfigError::invalid(
             field,
             format!("{url:?}: a worker URL has no path"),
         )),
-        (Some(s), _) if s != "http" => Err(ConfigError::invalid(
+        (Some(s), _) if s != "http" && s != "https" => Err(ConfigError::invalid(
             field,
-            format!("{url:?}: only http:// workers are supported"),
+            format!("{url:?}: only http:// and https:// workers are supported"),
         )),
         _ => Err(ConfigError::invalid(field, format!("{url:?}: no host"))),
     }
@@ -548,6 +570,10 @@ pub struct RouterArgs {
     /// worker of its own, `URL@rank`, with `data_parallel_rank` in the body. Default false.
     #[arg(long)]
     pub dp_aware: bool,
+    /// Inference gateway mode: workers of several models; a request goes to the workers
+    /// serving its `model`, each model with policies of its own. Default false.
+    #[arg(long)]
+    pub enable_igw: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
     #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
     pub api_key: Option<String>,
@@ -593,6 +619,24 @@ pub struct RouterArgs {
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
     pub cors_allowed_origins: Vec<String>,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key-path). Default: none
+    /// (plain HTTP).
+    #[arg(long)]
+    pub tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path. Default: none.
+    #[arg(long)]
+    pub tls_key_path: Option<PathBuf>,
+    /// PEM CA certificates trusted for https:// workers, beside the public web's roots.
+    /// Default: none.
+    #[arg(long, num_args = 1..)]
+    pub ca_cert_paths: Vec<PathBuf>,
+    /// PEM certificate presented to https:// workers (mutual TLS; needs --client-key-path).
+    /// Default: none.
+    #[arg(long)]
+    pub client_cert_path: Option<PathBuf>,
+    /// PEM private key of --client-cert-path. Default: none.
+    #[arg(long)]
+    pub client_key_path: Option<PathBuf>,
     /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters. Default: info (RBGCTL_LOG wins).
     #[arg(long)]
     pub log_level: Option<String>,
@@ -719,6 +763,10 @@ impl RouterArgs {
             api_key,
             rate_limit_tokens_per_second,
             log_dir,
+            tls_cert_path,
+            tls_key_path,
+            client_cert_path,
+            client_key_path,
         );
         set_list!(
             worker_urls,
@@ -729,7 +777,8 @@ impl RouterArgs {
             request_id_headers,
             cors_allowed_origins,
             prometheus_duration_buckets,
-            control_plane_api_keys
+            control_plane_api_keys,
+            ca_cert_paths
         );
         set_flag!(
             pd_disaggregation,
@@ -737,7 +786,8 @@ impl RouterArgs {
             disable_retries,
             disable_circuit_breaker,
             disable_health_check,
-            dp_aware
+            dp_aware,
+            enable_igw
         );
         if !self.prefill.is_empty() {
             c.prefill = group_prefill(&self.prefill)
@@ -869,11 +919,60 @@ pub enum Backend {
     Sglang,
     /// vLLM: OpenAI routes; PD through `kv_transfer_params`.
     Vllm,
+    /// Any OpenAI-compatible upstream (a provider's API, another gateway): OpenAI routes
+    /// only, health through `/v1/models`, requests routed to the upstream serving their
+    /// `model`.
+    Openai,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sglang => "sglang",
+            Backend::Vllm => "vllm",
+            Backend::Openai => "openai",
+        }
+    }
 }
 
 impl RouterConfig {
     /// Checks ranges and combinations; every error names the field.
     pub fn validate(&mut self) -> Result<(), ConfigError> {
+        if self.backend == Backend::Openai {
+            if self.pd_disaggregation {
+                return Err(ConfigError::invalid(
+                    "router.backend",
+                    "openai: an OpenAI-compatible upstream has no prefill/decode split; \
+                     drop --pd-disaggregation or use --backend sglang|vllm",
+                ));
+            }
+            // OpenAI-compatible servers have no /health; their model list answers instead.
+            if self.health_check_endpoint == "/health" {
+                self.health_check_endpoint = "/v1/models".into();
+            }
+        }
+        for (cert, key, a, b) in [
+            (
+                &self.tls_cert_path,
+                &self.tls_key_path,
+                "router.tls_cert_path",
+                "router.tls_key_path",
+            ),
+            (
+                &self.client_cert_path,
+                &self.client_key_path,
+                "router.client_cert_path",
+                "router.client_key_path",
+            ),
+        ] {
+            if cert.is_some() != key.is_some() {
+                let (given, missing) = if cert.is_some() { (a, b) } else { (b, a) };
+                return Err(ConfigError::invalid(
+                    missing,
+                    format!("{given} is given: give its pair too"),
+                ));
+            }
+        }
         if !(0.0..=1.0).contains(&self.cache_threshold) {
             return Err(ConfigError::invalid(
                 "router.cache_threshold",
@@ -1154,8 +1253,12 @@ mod tests {
     fn bad_values_name_the_field() {
         let e = resolve("--prefill http://a:1 abc --pd-disaggregation").unwrap_err();
         assert!(e.to_string().contains("router.prefill"), "{e}");
-        let e = resolve("--worker-urls https://a:1").unwrap_err();
-        assert!(e.to_string().contains("only http://"), "{e}");
+        let e = resolve("--worker-urls grpc://a:1").unwrap_err();
+        assert!(e.to_string().contains("only http:// and https://"), "{e}");
+        let e = resolve("--backend openai --pd-disaggregation --prefill http://a:1").unwrap_err();
+        assert!(e.to_string().contains("router.backend"), "{e}");
+        let e = resolve("--client-key-path k.pem").unwrap_err();
+        assert!(e.to_string().contains("router.client_cert_path"), "{e}");
         let e = resolve("--cache-threshold 1.5").unwrap_err();
         assert!(e.to_string().contains("router.cache_threshold"), "{e}");
         let e = resolve("--decode http://a:1").unwrap_err();

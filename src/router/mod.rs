@@ -66,9 +66,12 @@ pub enum RouterError {
     /// Workers given at start did not answer within `--worker-startup-timeout-secs`.
     #[error("{0}")]
     Startup(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// The client to workers: plain HTTP, or HTTPS for `https://` workers.
+pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// State shared by every request and background task.
 pub struct Shared {
@@ -90,20 +93,59 @@ pub struct Shared {
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
     pub mooncake_engines:
         parking_lot::Mutex<std::collections::HashMap<Arc<str>, vllm::MooncakeEngine>>,
+    /// How policies are made (for those made later: one per model with `--enable-igw`).
+    pub policy_settings: PolicySettings,
+    /// `--enable-igw`: each model's policies (per worker type), made when first needed.
+    pub model_policies:
+        parking_lot::Mutex<std::collections::HashMap<(String, WorkerType), Arc<Policy>>>,
+    /// `--tls-cert-path`: the listener's TLS.
+    pub server_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--dp-aware`: each worker address's rank count, once learnt.
     pub dp_sizes: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
 }
 
-/// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once).
-pub fn http_client() -> HttpClient {
+/// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once);
+/// `https://` workers are reached with `tls`.
+pub fn http_client(tls: rustls::ClientConfig) -> HttpClient {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_keepalive(Some(Duration::from_secs(60)));
     conn.set_connect_timeout(Some(Duration::from_secs(5)));
+    conn.enforce_http(false);
+    let conn = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(conn);
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
         .build(conn)
+}
+
+/// Everything a policy is made from besides its kind.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicySettings {
+    pub cache: CacheAwareConfig,
+    pub manual: ManualConfig,
+    pub bucket: Duration,
+}
+
+impl PolicySettings {
+    pub fn build(&self, kind: config::PolicyKind) -> Policy {
+        Policy::new(kind, self.cache)
+            .with_manual(self.manual)
+            .with_bucket_interval(self.bucket)
+    }
+}
+
+/// The client TLS of `cfg`: the public roots and `ca_cert_paths`, with the client identity.
+pub fn client_tls(cfg: &RouterConfig) -> Result<rustls::ClientConfig, crate::tls::TlsError> {
+    let identity = cfg
+        .client_cert_path
+        .as_deref()
+        .zip(cfg.client_key_path.as_deref());
+    crate::tls::client_config(&cfg.ca_cert_paths, identity)
 }
 
 impl Shared {
@@ -122,11 +164,12 @@ impl Shared {
             "router.bucket_adjust_interval_secs",
             cfg.bucket_adjust_interval_secs,
         )?;
-        let policy = |kind| {
-            Policy::new(kind, cache)
-                .with_manual(manual)
-                .with_bucket_interval(bucket)
+        let settings = PolicySettings {
+            cache,
+            manual,
+            bucket,
         };
+        let policy = |kind| settings.build(kind);
         let max = (cfg.max_concurrent_requests > 0).then_some(cfg.max_concurrent_requests as usize);
         let shared = Shared {
             pd: cfg.pd_disaggregation,
@@ -134,7 +177,13 @@ impl Shared {
             policy: policy(cfg.policy),
             prefill_policy: policy(cfg.prefill_policy()),
             decode_policy: policy(cfg.decode_policy()),
-            client: http_client(),
+            policy_settings: settings,
+            model_policies: Default::default(),
+            client: http_client(client_tls(&cfg)?),
+            server_tls: match (&cfg.tls_cert_path, &cfg.tls_key_path) {
+                (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, None)?),
+                _ => None,
+            },
             cb: BreakerConfig {
                 enabled: !cfg.disable_circuit_breaker,
                 failure_threshold: cfg.cb_failure_threshold,
@@ -209,6 +258,9 @@ impl Shared {
         self.policy.remove_worker(url);
         self.prefill_policy.remove_worker(url);
         self.decode_policy.remove_worker(url);
+        for p in self.model_policies.lock().values() {
+            p.remove_worker(url);
+        }
     }
 }
 

@@ -28,6 +28,9 @@ pub struct RouteInput<'a> {
     pub routing_key: Option<&'a str>,
     /// `X-SMG-Target-Worker`: a worker URL, or an index into the candidates.
     pub target_worker: Option<&'a str>,
+    /// The request's `model` (with `--enable-igw` or `--backend openai`, only workers
+    /// serving it are candidates).
+    pub model: Option<&'a str>,
 }
 
 /// Settings of the cache-aware policy (sglang-router's names and defaults).
@@ -320,9 +323,8 @@ mod tests {
     #[test]
     fn manual_keeps_a_key_on_its_worker_and_assigns_new_ones_by_mode() {
         let input = |k| RouteInput {
-            text: "",
             routing_key: k,
-            target_worker: None,
+            ..RouteInput::default()
         };
         let p = Policy::new(PolicyKind::Manual, CacheAwareConfig::default()).with_manual(
             ManualConfig {

@@ -162,6 +162,22 @@ enum Attempt {
     },
 }
 
+/// The workers serving `model`; if none says it does, those that have not said what they
+/// serve (an upstream whose model list could not be read yet).
+fn serving(workers: Vec<Arc<Worker>>, model: &str) -> Vec<Arc<Worker>> {
+    let (known, unknown): (Vec<_>, Vec<_>) =
+        workers.into_iter().partition(|w| w.serves(model).is_some());
+    let serving: Vec<_> = known
+        .into_iter()
+        .filter(|w| w.serves(model) == Some(true))
+        .collect();
+    if serving.is_empty() {
+        unknown
+    } else {
+        serving
+    }
+}
+
 impl Shared {
     /// Whether PD requests follow vLLM's contract: `--backend vllm`, or prefill workers that
     /// are vLLM engines (their `/v1/models` says so, or they were registered with a KV
@@ -199,6 +215,20 @@ impl Shared {
         }
     }
 
+    /// Whether requests go only to the workers serving their `model`.
+    fn routes_by_model(&self) -> bool {
+        self.cfg.enable_igw || self.cfg.backend == Backend::Openai
+    }
+
+    /// `--enable-igw`: the policy of `model` for workers of type `t` (of the kind `like` is).
+    fn model_policy(&self, model: &str, t: WorkerType, like: &Policy) -> Arc<Policy> {
+        self.model_policies
+            .lock()
+            .entry((model.to_string(), t))
+            .or_insert_with(|| Arc::new(self.policy_settings.build(like.kind())))
+            .clone()
+    }
+
     fn choose(
         &self,
         policy: &Policy,
@@ -206,7 +236,15 @@ impl Shared {
         input: &RouteInput,
         tried: &[Arc<str>],
     ) -> Option<Arc<Worker>> {
-        let workers = self.candidates(t, tried);
+        let mut workers = self.candidates(t, tried);
+        let mut per_model = None;
+        if let Some(model) = input.model.filter(|_| self.routes_by_model()) {
+            workers = serving(workers, model);
+            if self.cfg.enable_igw {
+                per_model = Some(self.model_policy(model, t, policy));
+            }
+        }
+        let policy = per_model.as_deref().unwrap_or(policy);
         let cands: Vec<Candidate> = workers
             .iter()
             .map(|w| Candidate {
@@ -309,6 +347,7 @@ impl Shared {
             text: &info.text,
             routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
             target_worker: header_str("x-smg-target-worker"),
+            model: info.model.as_deref(),
         };
         let retries = if self.cfg.disable_retries {
             0
@@ -323,6 +362,17 @@ impl Shared {
                     "{} is not served by a prefill/decode router: send it to a regular router",
                     endpoint.path()
                 ),
+                rid,
+            );
+            self.metrics.error(endpoint.name(), "not_implemented");
+            return r;
+        }
+        if self.cfg.backend == Backend::Openai && endpoint == Endpoint::Generate {
+            let r = error_response(
+                StatusCode::NOT_IMPLEMENTED,
+                "invalid_request_error",
+                "/generate is SGLang's: an OpenAI-compatible upstream (--backend openai) serves \
+                 /v1/chat/completions and /v1/completions",
                 rid,
             );
             self.metrics.error(endpoint.name(), "not_implemented");

@@ -2,6 +2,7 @@
 //! admin calls, health and metrics. Accepted sockets get TCP_NODELAY, so a streamed chunk
 //! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
 
+use crate::router::config::Backend;
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect, request_id, Endpoint};
 use crate::router::vllm::Connector;
@@ -366,10 +367,8 @@ fn worker_json(s: &Shared, w: &Worker) -> Value {
         "source": w.source,
         "model_id": *w.model_id.read(),
         "kv_connector": w.kv_connector.map(Connector::name),
-        "engine": w.engine.read().map(|b| match b {
-            crate::router::config::Backend::Sglang => "sglang",
-            crate::router::config::Backend::Vllm => "vllm",
-        }),
+        "engine": w.engine.read().map(Backend::name),
+        "models": &*w.served_models.read(),
     })
 }
 
@@ -894,5 +893,6 @@ pub async fn serve(
         announce.wait().await;
         tracing::info!(?grace, "shutting down: finishing requests in flight");
     });
-    crate::http_server::serve_with(listener, app(shared.clone()), shutdown, limits).await;
+    let tls = shared.server_tls.clone();
+    crate::http_server::serve_tls(listener, app(shared.clone()), shutdown, limits, tls).await;
 }

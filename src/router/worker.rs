@@ -289,6 +289,8 @@ pub struct Worker {
     pub kv_engine_id: Option<String>,
     /// The engine behind it, once its `/v1/models` has said (`owned_by: vllm`).
     pub engine: RwLock<Option<Backend>>,
+    /// Every model its `/v1/models` lists (an OpenAI-compatible upstream serves several).
+    pub served_models: RwLock<Vec<String>>,
     inflight: AtomicUsize,
     processed: AtomicU64,
     health: Mutex<HealthTracker>,
@@ -337,12 +339,24 @@ impl Worker {
             kv_connector: spec.kv_connector,
             kv_engine_id: spec.kv_engine_id,
             engine: RwLock::new(None),
+            served_models: RwLock::new(Vec::new()),
             inflight: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
             health: Mutex::new(HealthTracker::default()),
             breaker: Mutex::new(CircuitBreaker::default()),
             counters: WorkerCounters::default(),
         }
+    }
+
+    /// Whether it serves `model` (its model id, or one its `/v1/models` lists); `None` when
+    /// it has not said what it serves.
+    pub fn serves(&self, model: &str) -> Option<bool> {
+        let id = self.model_id.read();
+        let listed = self.served_models.read();
+        if id.is_none() && listed.is_empty() {
+            return None;
+        }
+        Some(id.as_deref() == Some(model) || listed.iter().any(|m| m == model))
     }
 
     pub fn load(&self) -> usize {

@@ -64,9 +64,21 @@ pub struct FakeWorkerArgs {
     /// (`/fake/stats`).
     #[arg(long, default_value_t = 0)]
     pub headers_delay_ms: u64,
+    /// More models `/v1/models` lists (as an OpenAI-compatible upstream serving several).
+    #[arg(long, value_delimiter = ',')]
+    pub extra_models: Vec<String>,
     /// Data-parallel ranks reported as `dp_size` by `/get_server_info`.
     #[arg(long, default_value_t = 1)]
     pub dp_size: usize,
+    /// Serve HTTPS with this PEM certificate (with --tls-key).
+    #[arg(long)]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// With --tls-cert: serve only clients presenting a certificate this CA signed.
+    #[arg(long)]
+    pub tls_client_ca: Option<std::path::PathBuf>,
 }
 
 struct Recorded {
@@ -401,10 +413,16 @@ async fn flush(State(f): State<Arc<Fake>>) -> &'static str {
 }
 
 async fn models(State(f): State<Arc<Fake>>) -> Json<Value> {
-    Json(
-        json!({"object": "list", "data": [{"id": f.args.model, "object": "model",
-            "owned_by": if f.args.engine == "vllm" { "vllm" } else { "fake" }}]}),
-    )
+    let owner = if f.args.engine == "vllm" {
+        "vllm"
+    } else {
+        "fake"
+    };
+    let data: Vec<Value> = std::iter::once(&f.args.model)
+        .chain(&f.args.extra_models)
+        .map(|m| json!({"id": m, "object": "model", "owned_by": owner}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn metrics(State(f): State<Arc<Fake>>) -> String {
@@ -466,6 +484,11 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
             "FAKE worker {} (no model; canned tokens) listening on {}",
             args.name, addrs.http
         );
+        let (tls_cert, tls_key, tls_client_ca) = (
+            args.tls_cert.clone(),
+            args.tls_key.clone(),
+            args.tls_client_ca.clone(),
+        );
         let f = Arc::new(Fake {
             args,
             fail_remaining: AtomicU32::new(0),
@@ -524,10 +547,20 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
             .route("/fake/requests", get(recent))
             .route("/fake/stats", get(stats))
             .with_state(f);
+        crate::role::announce("fake-worker", &addrs);
+        if let (Some(cert), Some(key)) = (&tls_cert, &tls_key) {
+            let tls = crate::tls::server_config(cert, key, tls_client_ca.as_deref())
+                .map_err(std::io::Error::other)?;
+            let limits = crate::http_server::HttpLimits {
+                max_connections: 16_384,
+                ..Default::default()
+            };
+            crate::http_server::serve_tls(listener, app, shutdown, limits, Some(tls)).await;
+            return Ok(());
+        }
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        crate::role::announce("fake-worker", &addrs);
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.wait().await })
             .await
