@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -54,17 +55,18 @@ pub async fn serve_with(
     shutdown: Shutdown,
     limits: HttpLimits,
 ) {
-    serve_tls(listener, app, shutdown, limits, None).await
+    serve_tls(listener, app, shutdown, limits, None, None).await
 }
 
 /// [`serve_with`], over TLS when `tls` is given (the handshake must finish within
-/// `limits.header_read_timeout`).
+/// `limits.header_read_timeout`); `open`, when given, counts the open connections.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     shutdown: Shutdown,
     limits: HttpLimits,
     tls: Option<Arc<rustls::ServerConfig>>,
+    open: Option<Arc<AtomicUsize>>,
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let max_body = limits.max_body_bytes;
@@ -99,8 +101,10 @@ pub async fn serve_tls(
         let service = TowerToHyperService::new(app.clone());
         let stop = shutdown.clone();
         let acceptor = acceptor.clone();
+        let open = open.clone().map(OpenConnection::new);
         tokio::spawn(async move {
             let _slot = slot;
+            let _open = open;
             match acceptor {
                 None => serve_connection(stream, service, stop, limits, peer).await,
                 Some(acceptor) => {
@@ -122,6 +126,22 @@ pub async fn serve_tls(
         .is_err()
     {
         tracing::warn!(?local, grace = ?limits.grace, "HTTP requests still in flight at shutdown; stopping anyway");
+    }
+}
+
+/// Counts a connection as open while it lives.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl OpenConnection {
+    fn new(count: Arc<AtomicUsize>) -> OpenConnection {
+        count.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(count)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

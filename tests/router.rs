@@ -1877,6 +1877,40 @@ fn metrics_carry_smg_label_sets_and_families() {
         .sum();
     assert_eq!(selected, 3.0, "{text}");
     assert!(text.contains("smg_worker_cb_outcomes_total{"), "{text}");
+    // The HTTP layer: routes by pattern, responses by status and error code, connections.
+    assert_eq!(post(r.port, "/v1/completions", "{not json").0, 400);
+    assert_eq!(get(r.port, "/workers/no-such-worker").0, 404);
+    assert_eq!(get(r.port, "/no/such/route").0, 404);
+    let (_, text) = get(r.port, "/metrics");
+    let has = |line: &str| text.lines().any(|l| l == line);
+    assert!(
+        has(r#"smg_http_requests_total{method="POST",path="/v1/completions"} 4"#),
+        "{text}"
+    );
+    assert!(
+        has(r#"smg_http_requests_total{method="GET",path="/workers/{id}"} 1"#),
+        "{text}"
+    );
+    assert!(
+        has(r#"smg_http_request_duration_seconds_count{method="POST",path="/v1/completions"} 4"#),
+        "{text}"
+    );
+    // Successes carry no error code (readiness checks and scrapes count too).
+    assert!(
+        text.contains(r#"smg_http_responses_total{status_code="200",error_code=""} "#),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(r#"smg_http_responses_total{status_code="400",error_code=""#)),
+        "{text}"
+    );
+    assert!(
+        has(r#"smg_http_responses_total{status_code="404",error_code="not_found"} 2"#),
+        "{text}"
+    );
+    let open = metric(r.port, "smg_http_connections_active").unwrap_or(0.0);
+    assert!(open >= 1.0, "the scrape's own connection is open: {open}");
 }
 
 #[test]

@@ -127,6 +127,143 @@ pub struct Metrics {
     pub auth_failures: AtomicU64,
     /// Reads of the RBG discovery file that were refused (unreadable or invalid).
     pub discovery_rejected: AtomicU64,
+    /// SMG's HTTP layer: every request the API answered.
+    pub http: HttpMetrics,
+}
+
+/// A route's requests and their durations.
+struct RouteStats {
+    requests: AtomicU64,
+    duration: Histogram,
+}
+
+/// SMG's HTTP-layer families (`smg_http_*`): requests by method and route (the route's
+/// pattern, so that paths cannot grow the label set), durations to the response headers,
+/// responses by status and error code, and open connections.
+#[derive(Default)]
+pub struct HttpMetrics {
+    bounds: Option<Arc<[f64]>>,
+    routes: Mutex<BTreeMap<(&'static str, String), Arc<RouteStats>>>,
+    responses: Mutex<BTreeMap<(u16, String), u64>>,
+    /// Open connections, kept by the HTTP server.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The error code a response carries for `smg_http_responses_total` (set by
+/// `error_response`).
+#[derive(Clone, Debug)]
+pub struct ErrorCode(pub String);
+
+/// A method as a label: the standard ones by name, any other as `OTHER`.
+fn method_label(m: &http::Method) -> &'static str {
+    use http::Method;
+    [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::HEAD,
+        Method::OPTIONS,
+    ]
+    .iter()
+    .find(|x| *x == m)
+    .map_or("OTHER", |x| match *x {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        _ => "OPTIONS",
+    })
+}
+
+impl HttpMetrics {
+    /// A request to `route` answered `status` (with `error_code` for errors) after `took`.
+    pub fn observe(
+        &self,
+        method: &http::Method,
+        route: &str,
+        status: u16,
+        error_code: &str,
+        took: Duration,
+    ) {
+        let key = (method_label(method), route.to_string());
+        let stats = self
+            .routes
+            .lock()
+            .entry(key)
+            .or_insert_with(|| {
+                let bounds = self
+                    .bounds
+                    .clone()
+                    .unwrap_or_else(|| BUCKETS_S.as_slice().into());
+                Arc::new(RouteStats {
+                    requests: AtomicU64::new(0),
+                    duration: Histogram::new(bounds),
+                })
+            })
+            .clone();
+        stats.requests.fetch_add(1, Ordering::Relaxed);
+        stats.duration.observe(took);
+        *self
+            .responses
+            .lock()
+            .entry((status, error_code.to_string()))
+            .or_default() += 1;
+    }
+
+    fn render(&self, p: &mut PromText) {
+        let routes: Vec<_> = self
+            .routes
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        p.family(
+            "smg_http_requests_total",
+            "counter",
+            "HTTP requests answered, by method and route.",
+        );
+        for ((method, path), s) in &routes {
+            p.sample(
+                "smg_http_requests_total",
+                &[("method", method), ("path", path)],
+                s.requests.load(Ordering::Relaxed) as f64,
+            );
+        }
+        p.family(
+            "smg_http_request_duration_seconds",
+            "histogram",
+            "Time from a request's arrival to its response headers, by method and route.",
+        );
+        for ((method, path), s) in &routes {
+            s.duration.render(
+                p,
+                "smg_http_request_duration_seconds",
+                &[("method", method), ("path", path)],
+            );
+        }
+        p.family(
+            "smg_http_responses_total",
+            "counter",
+            "HTTP responses, by status and error code (empty for successes).",
+        );
+        for ((status, code), n) in self.responses.lock().iter() {
+            p.sample(
+                "smg_http_responses_total",
+                &[("status_code", &status.to_string()), ("error_code", code)],
+                *n as f64,
+            );
+        }
+        p.single(
+            "smg_http_connections_active",
+            "gauge",
+            "Open HTTP connections to the router's API.",
+            self.connections.load(Ordering::Relaxed) as f64,
+        );
+    }
 }
 
 impl Metrics {
@@ -140,6 +277,10 @@ impl Metrics {
         };
         Metrics {
             duration: std::array::from_fn(|_| Histogram::new(bounds.clone())),
+            http: HttpMetrics {
+                bounds: Some(bounds.clone()),
+                ..HttpMetrics::default()
+            },
             ..Metrics::default()
         }
     }
@@ -475,6 +616,7 @@ impl Metrics {
                 };
             }
         }
+        self.http.render(&mut p);
         p.finish()
     }
 }

@@ -72,6 +72,8 @@ pub fn error_response(status: StatusCode, kind: &str, message: &str, rid: &str) 
     if let Ok(v) = HeaderValue::from_str(rid) {
         h.insert("x-request-id", v);
     }
+    r.extensions_mut()
+        .insert(crate::router::metrics::ErrorCode(kind.to_string()));
     r
 }
 

@@ -692,13 +692,40 @@ async fn get_loads(State(s): S) -> Json<Value> {
     Json(json!({"workers": out.into_iter().map(|(_, v)| v).collect::<Vec<_>>()}))
 }
 
-async fn not_found(req: Request) -> Response {
-    error_response(
+/// Counts every request in SMG's `smg_http_*` families, under its route's pattern.
+async fn http_metrics(State(s): S, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_string();
+    let resp = next.run(req).await;
+    let code = resp
+        .extensions()
+        .get::<crate::router::metrics::ErrorCode>()
+        .map_or("", |c| c.0.as_str());
+    s.metrics.http.observe(
+        &method,
+        &route,
+        resp.status().as_u16(),
+        code,
+        started.elapsed(),
+    );
+    resp
+}
+
+async fn not_found(State(s): S, req: Request) -> Response {
+    let resp = error_response(
         StatusCode::NOT_FOUND,
         "not_found",
         &format!("no route {} {}", req.method(), req.uri().path()),
         "",
-    )
+    );
+    let took = std::time::Duration::ZERO;
+    (s.metrics.http).observe(req.method(), "unmatched", 404, "not_found", took);
+    resp
 }
 
 /// The router's routes.
@@ -737,6 +764,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .merge(protected)
         .merge(control)
+        .route_layer(middleware::from_fn_with_state(shared.clone(), http_metrics))
         .fallback(not_found)
         .layer(cors(&shared.cfg.cors_allowed_origins))
         .with_state(shared)
@@ -894,5 +922,7 @@ pub async fn serve(
         tracing::info!(?grace, "shutting down: finishing requests in flight");
     });
     let tls = shared.server_tls.clone();
-    crate::http_server::serve_tls(listener, app(shared.clone()), shutdown, limits, tls).await;
+    let open = shared.metrics.http.connections.clone();
+    let app = app(shared.clone());
+    crate::http_server::serve_tls(listener, app, shutdown, limits, tls, Some(open)).await;
 }

@@ -555,7 +555,7 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
                 max_connections: 16_384,
                 ..Default::default()
             };
-            crate::http_server::serve_tls(listener, app, shutdown, limits, Some(tls)).await;
+            crate::http_server::serve_tls(listener, app, shutdown, limits, Some(tls), None).await;
             return Ok(());
         }
         let listener = listener.tap_io(|tcp| {
