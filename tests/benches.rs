@@ -156,6 +156,15 @@ fn multiturn_runs_start_cold_unless_asked_and_say_when_round_0_was_warm() {
     let first = multiturn(port, &["--salt", "none"]);
     assert!(first.status.success(), "{}", text(&first));
     assert!(!text(&first).contains("already warm"), "{}", text(&first));
+    // The first run's pages reach the pool in the background: wait until they have.
+    let backups_done = || {
+        let (_, m) = http(port, "GET", "/metrics", b"");
+        m.lines().any(|l| l == "rbgctl_sim_l3_backups_in_flight 0")
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(20), backups_done),
+        "the first run's L3 backups never finished"
+    );
     let second = multiturn(port, &["--salt", "none"]);
     assert!(second.status.success(), "{}", text(&second));
     assert!(

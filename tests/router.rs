@@ -1323,8 +1323,8 @@ fn sglang_router_flags_that_need_services_not_here_are_refused_by_name() {
         ),
         (vec!["router", "--mini-lb"], "--mini-lb:"),
         (
-            vec!["router", "--model-path", "Qwen/Qwen3-8B"],
-            "--model-path: rbgctl never loads or downloads tokenizers",
+            vec!["router", "--chat-template", "chatml"],
+            "--chat-template: rbgctl reads only a local tokenizer.json",
         ),
     ] {
         let out = std::process::Command::new(common::BIN)
@@ -2248,4 +2248,98 @@ fn igw_gives_each_model_its_workers_and_its_own_policy() {
     assert_ne!(llama[0], llama[1], "{llama:?}");
     assert_eq!(llama[0], llama[2], "{llama:?}");
     assert_ne!(llama[2], llama[3], "{llama:?}");
+}
+
+#[test]
+fn a_local_tokenizer_serves_tokenize_and_detokenize_and_routes_by_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let words = [
+        "you",
+        "are",
+        "a",
+        "helpful",
+        "assistant",
+        "tell",
+        "me",
+        "about",
+        "rome",
+    ];
+    let file = dir.path().join("tokenizer.json");
+    std::fs::write(&file, rbgctl::testkit::tokenizer::word_level_json(&words)).unwrap();
+    let (w1, w2) = (fake_worker("tok-1", &[]), fake_worker("tok-2", &[]));
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "cache_aware",
+            "--tokenizer-path",
+            file.to_str().unwrap(),
+        ]),
+        true,
+    );
+    let (st, _, body) = post(
+        r.port,
+        "/v1/tokenize",
+        r#"{"prompt":"you are a helpful assistant"}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["tokens"], json!([1, 2, 3, 4, 5, 6]));
+    assert_eq!(v["count"], 6);
+    let (st, _, body) = post(
+        r.port,
+        "/v1/tokenize",
+        r#"{"prompt":["rome","me"],"add_special_tokens":false}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["tokens"],
+        json!([[10], [8]])
+    );
+    let (st, _, body) = post(r.port, "/v1/detokenize", r#"{"tokens":[1,7,8,9,10]}"#);
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["text"],
+        "tell me about rome"
+    );
+    let (st, _, body) = post(r.port, "/v1/detokenize", r#"{"tokens":"nope"}"#);
+    assert_eq!(st, 400, "{body}");
+    // Matching by token: the text and its token ids (input_ids) share one prefix, so a
+    // /generate by ids follows the conversation the text started.
+    let served_by = |path: &str, body: Value| {
+        let (st, h, b) = post(r.port, path, &body.to_string());
+        assert_eq!(st, 200, "{b}");
+        h["x-fake-worker"].to_str().unwrap().to_string()
+    };
+    let first = served_by(
+        "/generate",
+        json!({"text": "you are a helpful assistant tell me about rome"}),
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            served_by(
+                "/generate",
+                json!({"input_ids": [2, 3, 4, 5, 6, 7, 8, 9, 10]})
+            ),
+            first,
+            "the ids of the same text went elsewhere"
+        );
+    }
+    // Without a tokenizer both routes say how to get one; a hub id is not downloaded.
+    let plain = router(&s(&["--worker-urls", &w1.url()]), true);
+    let (st, _, body) = post(plain.port, "/v1/tokenize", r#"{"prompt":"x"}"#);
+    assert_eq!(st, 501, "{body}");
+    assert!(body.contains("--tokenizer-path"), "{body}");
+    let out = std::process::Command::new(common::BIN)
+        .args(["router", "--model-path", "Qwen/Qwen3-8B"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("Qwen/Qwen3-8B") && err.contains("never downloads"),
+        "{err}"
+    );
 }

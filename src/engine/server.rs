@@ -747,6 +747,12 @@ async fn metrics(State(e): S) -> Response {
             &[],
             c(&m.backups_skipped),
         );
+        p.single(
+            "rbgctl_sim_l3_backups_in_flight",
+            "gauge",
+            "L3 backups still being written.",
+            BACKUPS.saturating_sub(e.backups.available_permits()) as f64,
+        );
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -18,8 +18,8 @@ pub struct Refused {
 }
 
 const TOKENIZER: &str =
-    "rbgctl never loads or downloads tokenizers, chat templates or their caches; it routes on \
-     request text";
+    "rbgctl reads only a local tokenizer.json (--tokenizer-path); it never downloads tokenizers \
+     and applies no chat templates or tokenizer caches";
 const GRPC: &str =
     "parsing reasoning and tool calls is the engine's job over HTTP (sglang-router does it only \
      for gRPC workers, which rbgctl does not serve)";
@@ -49,8 +49,6 @@ macro_rules! refused {
 }
 
 pub const REFUSED: &[Refused] = &[
-    refused!("model-path", TOKENIZER),
-    refused!("tokenizer-path", TOKENIZER),
     refused!("chat-template", TOKENIZER),
     refused!(switch "tokenizer-cache-enable-l0", TOKENIZER),
     refused!(switch "tokenizer-cache-enable-l1", TOKENIZER),

@@ -235,6 +235,13 @@ pub struct RouterConfig {
     pub client_cert_path: Option<PathBuf>,
     /// The PEM private key of `client_cert_path`. Default: none.
     pub client_key_path: Option<PathBuf>,
+    /// A local `tokenizer.json` (or a directory holding one): `/v1/tokenize`,
+    /// `/v1/detokenize`, and cache-aware matching by token. Never downloaded. Default: none
+    /// (routing on text).
+    pub tokenizer_path: Option<PathBuf>,
+    /// sglang-router's model path: used as `tokenizer_path` when that is not given, and must
+    /// then be a local directory holding `tokenizer.json`. Default: none.
+    pub model_path: Option<PathBuf>,
 }
 
 impl Default for RouterConfig {
@@ -322,6 +329,8 @@ impl Default for RouterConfig {
             ca_cert_paths: Vec::new(),
             client_cert_path: None,
             client_key_path: None,
+            tokenizer_path: None,
+            model_path: None,
         }
     }
 }
@@ -637,6 +646,14 @@ pub struct RouterArgs {
     /// PEM private key of --client-cert-path. Default: none.
     #[arg(long)]
     pub client_key_path: Option<PathBuf>,
+    /// A local tokenizer.json (or a directory holding one) for /v1/tokenize, /v1/detokenize
+    /// and cache-aware matching by token; never downloaded. Default: none (routing on text).
+    #[arg(long)]
+    pub tokenizer_path: Option<PathBuf>,
+    /// A local model directory holding tokenizer.json, used when --tokenizer-path is not
+    /// given (a hub id is refused: nothing is downloaded). Default: none.
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
     /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters. Default: info (RBGCTL_LOG wins).
     #[arg(long)]
     pub log_level: Option<String>,
@@ -767,6 +784,8 @@ impl RouterArgs {
             tls_key_path,
             client_cert_path,
             client_key_path,
+            tokenizer_path,
+            model_path,
         );
         set_list!(
             worker_urls,

@@ -24,6 +24,7 @@ pub mod policy;
 pub mod proxy;
 pub mod request;
 pub mod server;
+pub mod tokenize;
 pub mod tree;
 pub mod vllm;
 pub mod worker;
@@ -68,6 +69,8 @@ pub enum RouterError {
     Startup(String),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error("router.tokenizer_path: {0}")]
+    Tokenizer(#[from] tokenize::TokenizeError),
 }
 
 /// The client to workers: plain HTTP, or HTTPS for `https://` workers.
@@ -98,6 +101,8 @@ pub struct Shared {
     /// `--enable-igw`: each model's policies (per worker type), made when first needed.
     pub model_policies:
         parking_lot::Mutex<std::collections::HashMap<(String, WorkerType), Arc<Policy>>>,
+    /// `--tokenizer-path` (or a local `--model-path`).
+    pub tokenizer: Option<Arc<tokenize::Tokenizer>>,
     /// `--tls-cert-path`: the listener's TLS.
     pub server_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--dp-aware`: each worker address's rank count, once learnt.
@@ -180,6 +185,14 @@ impl Shared {
             policy_settings: settings,
             model_policies: Default::default(),
             client: http_client(client_tls(&cfg)?),
+            tokenizer: match cfg.tokenizer_path.as_ref().or(cfg.model_path.as_ref()) {
+                Some(path) => {
+                    let t = tokenize::Tokenizer::load(path)?;
+                    tracing::info!(tokenizer = %t.path.display(), "local tokenizer read");
+                    Some(Arc::new(t))
+                }
+                None => None,
+            },
             server_tls: match (&cfg.tls_cert_path, &cfg.tls_key_path) {
                 (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, None)?),
                 _ => None,

@@ -121,6 +121,8 @@ pub struct RouteInfo {
     pub batch: Option<usize>,
     /// The request's `model`, when it names one.
     pub model: Option<String>,
+    /// `text` holds token ids (`input_ids`), not text to tokenize.
+    pub ids: bool,
 }
 
 fn push_ids(out: &mut String, ids: &[Value]) {
@@ -202,6 +204,7 @@ pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest>
                 }
             }
             (_, Some(Value::Array(ids))) => {
+                info.ids = true;
                 if ids.first().is_some_and(Value::is_array) {
                     info.batch = Some(ids.len());
                     if let Some(Value::Array(first)) = ids.first() {

@@ -3,8 +3,10 @@
 //! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
 
 use crate::router::config::Backend;
+use crate::router::config::PolicyKind;
 use crate::router::proxy::error_response;
-use crate::router::request::{inspect, request_id, Endpoint};
+use crate::router::request::{inspect, request_id, Endpoint, RouteInfo};
+use crate::router::tokenize::{parse_ids, token_text, TokenizeError, INLINE_BYTES};
 use crate::router::vllm::Connector;
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
 use crate::router::{background, config, discovery, kube, RouterError, Shared};
@@ -156,7 +158,7 @@ async fn inference(
             return error_response(status, "invalid_request_error", &msg, &rid);
         }
     };
-    let info = match inspect(endpoint, &bytes) {
+    let mut info = match inspect(endpoint, &bytes) {
         Ok(i) => i,
         Err(e) => {
             shared.metrics.error(endpoint.name(), "bad_request");
@@ -168,6 +170,15 @@ async fn inference(
             );
         }
     };
+    if let Err(e) = by_token(&shared, &mut info).await {
+        shared.metrics.error(endpoint.name(), "bad_request");
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &e.to_string(),
+            &rid,
+        );
+    }
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);
     let _e = span.enter();
     shared
@@ -391,6 +402,125 @@ struct AddWorker {
     /// vLLM PD with Mooncake: the prefill engine's id (SMG's field).
     #[serde(default)]
     kv_engine_id: Option<String>,
+}
+
+/// With a local tokenizer and a cache-aware policy, the routing text becomes token ids (text
+/// and `input_ids` requests then share prefixes). Long texts are tokenized off the async
+/// threads.
+async fn by_token(s: &Arc<Shared>, info: &mut RouteInfo) -> Result<(), TokenizeError> {
+    let Some(t) = &s.tokenizer else {
+        return Ok(());
+    };
+    let cache_aware = [&s.policy, &s.prefill_policy, &s.decode_policy]
+        .iter()
+        .any(|p| p.kind() == PolicyKind::CacheAware);
+    if !cache_aware || info.text.is_empty() {
+        return Ok(());
+    }
+    info.text = if info.ids {
+        token_text(&parse_ids(&info.text))
+    } else if info.text.len() <= INLINE_BYTES {
+        t.routing_text(&info.text)?
+    } else {
+        let (t, text) = (t.clone(), std::mem::take(&mut info.text));
+        tokio::task::spawn_blocking(move || t.routing_text(&text))
+            .await
+            .map_err(|e| TokenizeError::Encode(e.to_string()))??
+    };
+    Ok(())
+}
+
+/// `/v1/tokenize`: `prompt` (or `text`), a string or a list of them.
+#[derive(serde::Deserialize)]
+struct TokenizeBody {
+    #[serde(alias = "text")]
+    prompt: Value,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+}
+
+/// `/v1/detokenize`: `tokens`, a list of ids or a list of such lists.
+#[derive(serde::Deserialize)]
+struct DetokenizeBody {
+    tokens: Value,
+    #[serde(default = "yes")]
+    skip_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn no_tokenizer() -> Response {
+    error_response(
+        StatusCode::NOT_IMPLEMENTED,
+        "invalid_request_error",
+        "no local tokenizer: start the router with --tokenizer-path (a tokenizer.json)",
+        "",
+    )
+}
+
+async fn tokenize(State(s): S, body: axum::body::Bytes) -> Response {
+    let Some(t) = s.tokenizer.clone() else {
+        return no_tokenizer();
+    };
+    let req: TokenizeBody = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(&format!("request body: {e}")),
+    };
+    let encode = |text: &str| t.encode(text, req.add_special_tokens);
+    let answer = match &req.prompt {
+        Value::String(text) => encode(text).map(|ids| json!({"tokens": ids, "count": ids.len()})),
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(encode)
+            .collect::<Result<Vec<_>, _>>()
+            .map(|all| {
+                let counts: Vec<usize> = all.iter().map(Vec::len).collect();
+                json!({"tokens": all, "count": counts})
+            }),
+        _ => return bad("prompt: a string or a list of strings"),
+    };
+    match answer {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => bad(&e.to_string()),
+    }
+}
+
+async fn detokenize(State(s): S, body: axum::body::Bytes) -> Response {
+    let Some(t) = s.tokenizer.clone() else {
+        return no_tokenizer();
+    };
+    let req: DetokenizeBody = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(&format!("request body: {e}")),
+    };
+    let ids = |v: &Value| -> Option<Vec<u32>> {
+        v.as_array()?
+            .iter()
+            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect()
+    };
+    let decode = |ids: &[u32]| t.decode(ids, req.skip_special_tokens);
+    let answer = if let Some(one) = ids(&req.tokens) {
+        decode(&one).map(|text| json!({"text": text}))
+    } else if let Some(many) = req
+        .tokens
+        .as_array()
+        .and_then(|l| l.iter().map(ids).collect::<Option<Vec<_>>>())
+    {
+        many.iter()
+            .map(|x| decode(x))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|texts| json!({"text": texts}))
+    } else {
+        return bad("tokens: a list of token ids, or a list of such lists");
+    };
+    match answer {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => bad(&e.to_string()),
+    }
 }
 
 fn bad(msg: &str) -> Response {
@@ -738,6 +868,10 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/v1/rerank", post(rerank))
         .route("/v1/score", post(score))
         .route("/v1/responses", post(responses))
+        .route("/v1/tokenize", post(tokenize))
+        .route("/tokenize", post(tokenize))
+        .route("/v1/detokenize", post(detokenize))
+        .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
     let control = Router::new()
         .route("/workers", post(add_worker).get(list_workers))

@@ -9,3 +9,4 @@
 pub mod apiserver;
 pub mod fake_worker;
 pub mod proxy;
+pub mod tokenizer;
