@@ -2343,3 +2343,68 @@ fn a_local_tokenizer_serves_tokenize_and_detokenize_and_routes_by_token() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_router_measures_a_peer_router_side_by_side() {
+    // rbgctl's own router plays the peer here (SMG is measured the same way outside CI).
+    let peer = format!(
+        "{} router --host 127.0.0.1 --port {{port}} --prometheus-port 0 --worker-urls {{workers}}",
+        common::BIN
+    );
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "router",
+            "--seconds",
+            "0.3",
+            "--reps",
+            "1",
+            "--cases",
+            "gen",
+        ])
+        .args([
+            "--clients",
+            "2",
+            "--json",
+            "--peer-name",
+            "self",
+            "--peer-cmd",
+            &peer,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(
+        rows[0]["peer"]["requests"].as_u64().unwrap() > 0,
+        "{stdout}"
+    );
+    assert!(
+        rows[0]["router_over_peer"].as_f64().unwrap() > 0.0,
+        "{stdout}"
+    );
+    // A peer that never comes up is reported with its command.
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "router",
+            "--seconds",
+            "0.1",
+            "--reps",
+            "1",
+            "--cases",
+            "gen",
+        ])
+        .args(["--clients", "1", "--peer-cmd", "false {port}"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("exited") && err.contains("false"), "{err}");
+}

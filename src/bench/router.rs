@@ -55,6 +55,78 @@ pub struct RouterBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Another router measured beside rbgctl's, on the same workers in the same run,
+    /// interleaved: a command run with `sh -c`, where `{port}` becomes a free port and
+    /// `{workers}` the worker URLs (space-separated), e.g. `smg launch --host 127.0.0.1
+    /// --port {port} --worker-urls {workers} --policy round_robin`. Default: none.
+    #[arg(long)]
+    pub peer_cmd: Option<String>,
+    /// The peer's name in the report. Default: peer.
+    #[arg(long, default_value = "peer")]
+    pub peer_name: String,
+}
+
+/// The peer router's process, stopped when dropped.
+struct Peer {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the peer command and waits (up to 120 s) for its `/readiness` (or `/health`).
+fn start_peer(cmd: &str, workers: &[String], dir: &std::path::Path) -> anyhow::Result<Peer> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let line = cmd
+        .replace("{port}", &port.to_string())
+        .replace("{workers}", &workers.join(" "));
+    let log = dir.join("peer.log");
+    let out = std::fs::File::create(&log)?;
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec {line}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting the peer: {line}"))?;
+    let mut peer = Peer { child, port, log };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    loop {
+        if let Some(status) = peer.child.try_wait()? {
+            bail!(
+                "the peer exited ({status}) before it was ready: {line}\n(log: {})",
+                peer.log.display()
+            );
+        }
+        let ready = ["/readiness", "/health"].iter().any(|p| {
+            client
+                .get(format!("http://127.0.0.1:{port}{p}"))
+                .send()
+                .is_ok_and(|r| r.status().is_success())
+        });
+        if ready {
+            return Ok(peer);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the peer never answered /readiness on port {port}: {line}\n(log: {})",
+                peer.log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -79,6 +151,10 @@ pub struct Row {
     pub router: Measure,
     /// Router req/s over direct req/s.
     pub throughput_ratio: f64,
+    /// The peer router (`--peer-cmd`), measured the same way.
+    pub peer: Option<Measure>,
+    /// rbgctl's router req/s over the peer's.
+    pub router_over_peer: Option<f64>,
     pub added_p50_ms: f64,
     pub added_p99_ms: f64,
     pub added_ttfb_p50_ms: f64,
@@ -280,6 +356,18 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         &format!("http://127.0.0.1:{router_port}/readiness"),
         Duration::from_secs(20),
     )?;
+    let scratch = std::env::temp_dir().join(format!("rbgctl-bench-router-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let peer = match &args.peer_cmd {
+        Some(cmd) => {
+            let urls: Vec<String> = worker_ports
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect();
+            Some(start_peer(cmd, &urls, &scratch)?)
+        }
+        None => None,
+    };
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -294,11 +382,16 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         seconds: 0.3,
         ..args.clone()
     };
-    for port in [worker_ports[0], router_port] {
+    // Each side: 0 direct, 1 rbgctl's router, 2 the peer.
+    let mut sides = vec![(worker_ports[0], None), (router_port, Some(router_pid))];
+    if let Some(p) = &peer {
+        sides.push((p.port, Some(p.child.id())));
+    }
+    for &(port, _) in &sides {
         measure(&rt, port, "gen", 4, &warm, &prompt, None)?;
     }
     let mut rows = Vec::new();
-    let steps = args.cases.len() * args.clients.len() * args.reps.max(1) * 2;
+    let steps = args.cases.len() * args.clients.len() * args.reps.max(1) * sides.len();
     let progress =
         crate::bench::progress::Progress::new("router measurements", steps as u64, args.json);
     if !args.json {
@@ -310,41 +403,27 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
     }
     for case in &args.cases {
         for &clients in &args.clients {
-            let mut direct = Vec::new();
-            let mut routed = Vec::new();
+            let mut measured: Vec<Vec<Measure>> = vec![Vec::new(); sides.len()];
             for rep in 0..args.reps.max(1) {
-                // Alternate the order so that drift does not favour one side.
-                let order = if rep % 2 == 0 {
-                    [false, true]
-                } else {
-                    [true, false]
-                };
-                for via_router in order {
-                    let m = if via_router {
-                        measure(
-                            &rt,
-                            router_port,
-                            case,
-                            clients,
-                            &args,
-                            &prompt,
-                            Some(router_pid),
-                        )?
-                    } else {
-                        measure(&rt, worker_ports[0], case, clients, &args, &prompt, None)?
-                    };
+                // Rotate the order so that drift does not favour one side.
+                for k in 0..sides.len() {
+                    let side = (rep + k) % sides.len();
+                    let (port, pid) = sides[side];
+                    let m = measure(&rt, port, case, clients, &args, &prompt, pid)?;
                     progress.set_message(&format!("{case}, {clients} clients"));
                     progress.inc(1);
-                    if via_router {
-                        routed.push(m);
-                    } else {
-                        direct.push(m);
-                    }
+                    measured[side].push(m);
                 }
             }
-            let d = median_measure(&direct);
-            let r = median_measure(&routed);
+            let d = median_measure(&measured[0]);
+            let r = median_measure(&measured[1]);
+            let p = measured.get(2).map(|m| median_measure(m));
             rows.push(Row {
+                router_over_peer: p
+                    .as_ref()
+                    .filter(|p| p.req_per_s > 0.0)
+                    .map(|p| r.req_per_s / p.req_per_s),
+                peer: p,
                 case: case.clone(),
                 clients,
                 throughput_ratio: if d.req_per_s > 0.0 {
@@ -400,6 +479,44 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
             r.router.ttfb_p50_ms,
             r.router.cpu_us_per_req.unwrap_or(f64::NAN),
         );
+    }
+    if peer.is_some() {
+        let name = &args.peer_name;
+        println!();
+        println!("{name} on the same workers, same run (interleaved)");
+        println!(
+            "{:<12} {:>4} {:>10} {:>10} {:>7} {:>9} {:>9} {:>10} {:>8} {:>9}",
+            "case",
+            "cli",
+            "peer/s",
+            "router/s",
+            "r/peer",
+            "p p50ms",
+            "p p99ms",
+            "p ttfb50",
+            "p cpu µs",
+            "p/direct"
+        );
+        for r in &rows {
+            let Some(p) = &r.peer else { continue };
+            println!(
+                "{:<12} {:>4} {:>10.0} {:>10.0} {:>6.2}x {:>9.3} {:>9.3} {:>10.3} {:>8.1} {:>8.0}%",
+                r.case,
+                r.clients,
+                p.req_per_s,
+                r.router.req_per_s,
+                r.router_over_peer.unwrap_or(f64::NAN),
+                p.p50_ms,
+                p.p99_ms,
+                p.ttfb_p50_ms,
+                p.cpu_us_per_req.unwrap_or(f64::NAN),
+                if r.direct.req_per_s > 0.0 {
+                    p.req_per_s / r.direct.req_per_s * 100.0
+                } else {
+                    0.0
+                },
+            );
+        }
     }
     Ok(())
 }
