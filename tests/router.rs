@@ -1538,12 +1538,18 @@ fn duration_histograms_take_the_buckets_given() {
     );
     assert_eq!(post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
     let (_, text) = get(r.port, "/metrics");
-    let les: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("_bucket{") && l.contains("completions"))
-        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
-        .collect();
-    assert_eq!(les, ["0.002", "0.75", "30", "+Inf"], "{text}");
+    // The router's and the HTTP layer's histograms both take them.
+    for family in [
+        "smg_router_request_duration_seconds_bucket{",
+        "smg_http_request_duration_seconds_bucket{method=\"POST\"",
+    ] {
+        let les: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(family) && l.contains("completions"))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(les, ["0.002", "0.75", "30", "+Inf"], "{family}: {text}");
+    }
     let out = std::process::Command::new(common::BIN)
         .args(["router", "--prometheus-duration-buckets", "1", "0.5"])
         .output()
