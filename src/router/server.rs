@@ -6,7 +6,7 @@ use crate::router::config::Backend;
 use crate::router::config::PolicyKind;
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect, request_id, Endpoint, RouteInfo};
-use crate::router::tokenize::{parse_ids, token_text, TokenizeError, INLINE_BYTES};
+use crate::router::tokenize::{parse_ids, token_text, TokenizeError, Tokenizer, INLINE_BYTES};
 use crate::router::vllm::Connector;
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
 use crate::router::{background, config, discovery, kube, RouterError, Shared};
@@ -460,13 +460,21 @@ fn no_tokenizer() -> Response {
     )
 }
 
+/// The tokenizer and the request body, or the answer why not.
+#[allow(clippy::result_large_err)]
+fn tokenizer_and<T: serde::de::DeserializeOwned>(
+    s: &Shared,
+    body: &[u8],
+) -> Result<(Arc<Tokenizer>, T), Response> {
+    let t = s.tokenizer.clone().ok_or_else(no_tokenizer)?;
+    let req = serde_json::from_slice(body).map_err(|e| bad(&format!("request body: {e}")))?;
+    Ok((t, req))
+}
+
 async fn tokenize(State(s): S, body: axum::body::Bytes) -> Response {
-    let Some(t) = s.tokenizer.clone() else {
-        return no_tokenizer();
-    };
-    let req: TokenizeBody = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return bad(&format!("request body: {e}")),
+    let (t, req): (_, TokenizeBody) = match tokenizer_and(&s, &body) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     let encode = |text: &str| t.encode(text, req.add_special_tokens);
     let answer = match &req.prompt {
@@ -489,12 +497,9 @@ async fn tokenize(State(s): S, body: axum::body::Bytes) -> Response {
 }
 
 async fn detokenize(State(s): S, body: axum::body::Bytes) -> Response {
-    let Some(t) = s.tokenizer.clone() else {
-        return no_tokenizer();
-    };
-    let req: DetokenizeBody = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return bad(&format!("request body: {e}")),
+    let (t, req): (_, DetokenizeBody) = match tokenizer_and(&s, &body) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     let ids = |v: &Value| -> Option<Vec<u32>> {
         v.as_array()?
