@@ -1,5 +1,9 @@
 //! Entry point: finds the role the invocation names (`rbgctl::cli::ROLES`) and runs it.
 
+/// mimalloc: the router's many small per-request allocations cost less than with glibc's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     rbgctl::telemetry::init_tracing();
     let invocation = match rbgctl::cli::parse(std::env::args_os()) {
