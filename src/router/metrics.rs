@@ -143,10 +143,20 @@ struct RouteStats {
 #[derive(Default)]
 pub struct HttpMetrics {
     bounds: Option<Arc<[f64]>>,
-    routes: Mutex<BTreeMap<(&'static str, String), Arc<RouteStats>>>,
-    responses: Mutex<BTreeMap<(u16, String), u64>>,
+    /// route → method → stats (looked up by `&str`: no allocation once a route was seen).
+    routes: Mutex<BTreeMap<String, BTreeMap<&'static str, Arc<RouteStats>>>>,
+    /// status → error code → responses.
+    responses: Mutex<BTreeMap<u16, BTreeMap<String, u64>>>,
     /// Open connections, kept by the HTTP server.
     pub connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// `map[key]`, inserted as the default first; the key is copied only then.
+fn entry<'a, V: Default>(map: &'a mut BTreeMap<String, V>, key: &str) -> &'a mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_string(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 /// The error code a response carries for `smg_http_responses_total` (set by
@@ -189,44 +199,44 @@ impl HttpMetrics {
         error_code: &str,
         took: Duration,
     ) {
-        let key = (method_label(method), route.to_string());
-        let stats = self
-            .routes
-            .lock()
-            .entry(key)
-            .or_insert_with(|| {
-                let bounds = self
-                    .bounds
-                    .clone()
-                    .unwrap_or_else(|| BUCKETS_S.as_slice().into());
-                Arc::new(RouteStats {
-                    requests: AtomicU64::new(0),
-                    duration: Histogram::new(bounds),
-                })
-            })
+        let method = method_label(method);
+        let stats = entry(&mut self.routes.lock(), route)
+            .entry(method)
+            .or_insert_with(|| self.route_stats())
             .clone();
         stats.requests.fetch_add(1, Ordering::Relaxed);
         stats.duration.observe(took);
-        *self
-            .responses
-            .lock()
-            .entry((status, error_code.to_string()))
-            .or_default() += 1;
+        *entry(self.responses.lock().entry(status).or_default(), error_code) += 1;
+    }
+
+    fn route_stats(&self) -> Arc<RouteStats> {
+        let bounds = self
+            .bounds
+            .clone()
+            .unwrap_or_else(|| BUCKETS_S.as_slice().into());
+        Arc::new(RouteStats {
+            requests: AtomicU64::new(0),
+            duration: Histogram::new(bounds),
+        })
     }
 
     fn render(&self, p: &mut PromText) {
-        let routes: Vec<_> = self
+        let routes: Vec<(String, &'static str, Arc<RouteStats>)> = self
             .routes
             .lock()
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .flat_map(|(path, by_method)| {
+                by_method
+                    .iter()
+                    .map(move |(m, s)| (path.clone(), *m, s.clone()))
+            })
             .collect();
         p.family(
             "smg_http_requests_total",
             "counter",
             "HTTP requests answered, by method and route.",
         );
-        for ((method, path), s) in &routes {
+        for (path, method, s) in &routes {
             p.sample(
                 "smg_http_requests_total",
                 &[("method", method), ("path", path)],
@@ -238,7 +248,7 @@ impl HttpMetrics {
             "histogram",
             "Time from a request's arrival to its response headers, by method and route.",
         );
-        for ((method, path), s) in &routes {
+        for (path, method, s) in &routes {
             s.duration.render(
                 p,
                 "smg_http_request_duration_seconds",
@@ -250,12 +260,14 @@ impl HttpMetrics {
             "counter",
             "HTTP responses, by status and error code (empty for successes).",
         );
-        for ((status, code), n) in self.responses.lock().iter() {
-            p.sample(
-                "smg_http_responses_total",
-                &[("status_code", &status.to_string()), ("error_code", code)],
-                *n as f64,
-            );
+        for (status, by_code) in self.responses.lock().iter() {
+            for (code, n) in by_code {
+                p.sample(
+                    "smg_http_responses_total",
+                    &[("status_code", &status.to_string()), ("error_code", code)],
+                    *n as f64,
+                );
+            }
         }
         p.single(
             "smg_http_connections_active",

@@ -167,12 +167,14 @@ enum Attempt {
 /// The workers serving `model`; if none says it does, those that have not said what they
 /// serve (an upstream whose model list could not be read yet).
 fn serving(workers: Vec<Arc<Worker>>, model: &str) -> Vec<Arc<Worker>> {
-    let (known, unknown): (Vec<_>, Vec<_>) =
-        workers.into_iter().partition(|w| w.serves(model).is_some());
-    let serving: Vec<_> = known
-        .into_iter()
-        .filter(|w| w.serves(model) == Some(true))
-        .collect();
+    let (mut serving, mut unknown) = (Vec::new(), Vec::new());
+    for w in workers {
+        match w.serves(model) {
+            Some(true) => serving.push(w),
+            Some(false) => {}
+            None => unknown.push(w),
+        }
+    }
     if serving.is_empty() {
         unknown
     } else {
@@ -356,29 +358,28 @@ impl Shared {
         } else {
             self.cfg.retry_max_retries
         };
-        if self.pd && !endpoint.generates() {
-            let r = error_response(
-                StatusCode::NOT_IMPLEMENTED,
-                "invalid_request_error",
-                &format!(
-                    "{} is not served by a prefill/decode router: send it to a regular router",
-                    endpoint.path()
-                ),
-                rid,
-            );
-            self.metrics.error(endpoint.name(), "not_implemented");
-            return r;
-        }
-        if self.cfg.backend == Backend::Openai && endpoint == Endpoint::Generate {
-            let r = error_response(
-                StatusCode::NOT_IMPLEMENTED,
-                "invalid_request_error",
+        let refused = if self.pd && !endpoint.generates() {
+            Some(format!(
+                "{} is not served by a prefill/decode router: send it to a regular router",
+                endpoint.path()
+            ))
+        } else if self.cfg.backend == Backend::Openai && endpoint == Endpoint::Generate {
+            Some(
                 "/generate is SGLang's: an OpenAI-compatible upstream (--backend openai) serves \
-                 /v1/chat/completions and /v1/completions",
+                 /v1/chat/completions and /v1/completions"
+                    .to_string(),
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            self.metrics.error(endpoint.name(), "not_implemented");
+            return error_response(
+                StatusCode::NOT_IMPLEMENTED,
+                "invalid_request_error",
+                &why,
                 rid,
             );
-            self.metrics.error(endpoint.name(), "not_implemented");
-            return r;
         }
         let mut permit = permit;
         let mut tried: Vec<Arc<str>> = Vec::new();

@@ -158,27 +158,20 @@ async fn inference(
             return error_response(status, "invalid_request_error", &msg, &rid);
         }
     };
-    let mut info = match inspect(endpoint, &bytes) {
+    let info = match inspect(endpoint, &bytes) {
+        Ok(mut info) => by_token(&shared, &mut info)
+            .await
+            .map(|()| info)
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let info = match info {
         Ok(i) => i,
         Err(e) => {
             shared.metrics.error(endpoint.name(), "bad_request");
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &e.to_string(),
-                &rid,
-            );
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e, &rid);
         }
     };
-    if let Err(e) = by_token(&shared, &mut info).await {
-        shared.metrics.error(endpoint.name(), "bad_request");
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            &e.to_string(),
-            &rid,
-        );
-    }
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);
     let _e = span.enter();
     shared
@@ -831,11 +824,11 @@ async fn get_loads(State(s): S) -> Json<Value> {
 async fn http_metrics(State(s): S, req: Request, next: Next) -> Response {
     let started = std::time::Instant::now();
     let method = req.method().clone();
+    // A cheap clone (the pattern is shared), kept past `next.run`.
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map_or("unmatched", |m| m.as_str())
-        .to_string();
+        .cloned();
     let resp = next.run(req).await;
     let code = resp
         .extensions()
@@ -843,7 +836,7 @@ async fn http_metrics(State(s): S, req: Request, next: Next) -> Response {
         .map_or("", |c| c.0.as_str());
     s.metrics.http.observe(
         &method,
-        &route,
+        route.as_ref().map_or("unmatched", |m| m.as_str()),
         resp.status().as_u16(),
         code,
         started.elapsed(),
