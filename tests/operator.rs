@@ -889,21 +889,25 @@ fn manifests_parse_and_the_examples_reconcile() {
     );
     // Coordinated upgrade of prefill and decode: the updated fractions never part by more
     // than maxSkew (20%) plus one instance's step.
-    let roles = |n: &str| {
-        e.group("rbgctl-kv")["status"]["roleStatuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == n)
-            .map(|r| r["updatedReplicas"].as_u64().unwrap_or(0))
-            .unwrap_or(0)
+    // Both roles from one read of the status: two reads could straddle a step of the rollout
+    // and show a drift that never existed.
+    let updated = || {
+        let g = e.group("rbgctl-kv");
+        let role = |n: &str| {
+            g["status"]["roleStatuses"]
+                .as_array()
+                .and_then(|all| all.iter().find(|r| r["name"] == n))
+                .and_then(|r| r["updatedReplicas"].as_u64())
+                .unwrap_or(0) as i64
+        };
+        (role("prefill"), role("decode"))
     };
     e.api.json_patch("rolebasedgroups", NS, "rbgctl-kv", json!([
         {"op": "replace", "path": "/spec/roles/2/standalonePattern/template/spec/containers/0/image", "value": "lmsysorg/sglang:v0.5.6"},
         {"op": "replace", "path": "/spec/roles/3/leaderWorkerPattern/template/spec/containers/0/image", "value": "lmsysorg/sglang:v0.5.6"}])).unwrap();
     let mut worst = 0i64;
     assert!(wait_until(T, || {
-        let (p, d) = (roles("prefill") as i64, roles("decode") as i64);
+        let (p, d) = updated();
         worst = worst.max((p - d).abs());
         p == 2 && d == 2 && e.ready("rbgctl-kv")
     }));
