@@ -1049,6 +1049,7 @@ fn vllm_pd_over_mooncake_sends_one_transfer_id_with_the_engine_concurrently_or_i
                    "remote_bootstrap_addr": format!("http://127.0.0.1:{bootstrap}")})
         );
         assert_eq!(dv["stream"], true);
+        assert_eq!(stats(&d)["cancelled"], 0, "a whole answer is not a cancel");
     }
 }
 
@@ -1121,6 +1122,66 @@ fn a_failing_vllm_leg_cancels_the_other_at_once() {
             Some(1.0)
         );
     }
+}
+
+#[test]
+fn a_prefill_failing_after_the_decode_answer_began_cuts_that_answer() {
+    // Concurrent Mooncake legs: decode streams at once (a token every 400 ms), prefill fails
+    // after 300 ms. The client has had decode's headers; its stream ends with an error event
+    // and the decode request is cancelled.
+    let bootstrap = free_port();
+    let p = vllm_prefill("cut-p", bootstrap, &["--headers-delay-ms", "300"]);
+    let d = vllm_decode("cut-d", &["--token-delay-ms", "400"]);
+    let r = router(
+        &s(&[
+            "--backend",
+            "vllm",
+            "--pd-disaggregation",
+            "--retry-max-retries",
+            "0",
+            "--prefill",
+            &p.url(),
+            &bootstrap.to_string(),
+            "--decode",
+            &d.url(),
+        ]),
+        true,
+    );
+    let failing = client()
+        .post(format!(
+            "http://127.0.0.1:{}/fake/fail?count=1&status=500",
+            p.port
+        ))
+        .send()
+        .unwrap();
+    assert_eq!(failing.status(), 200);
+    let t0 = Instant::now();
+    let resp = client()
+        .post(format!("http://127.0.0.1:{}/v1/chat/completions", r.port))
+        .header("content-type", "application/json")
+        .body(CHAT)
+        .send()
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "decode's answer began before prefill failed"
+    );
+    let (body, _) = read_chunks(resp);
+    let took = t0.elapsed();
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("prefill_server_error"), "{text}");
+    assert!(!text.contains("[DONE]"), "the answer was cut: {text}");
+    assert!(took < Duration::from_secs(3), "cut after {took:?}");
+    assert!(
+        wait_until(Duration::from_secs(3), || stats(&d)["cancelled"] == 1),
+        "the decode request was not cancelled: {}",
+        stats(&d)
+    );
+    assert_eq!(
+        metric(r.port, "rbgctl_router_vllm_pd_legs_cancelled_total"),
+        Some(1.0)
+    );
 }
 
 #[test]

@@ -20,6 +20,7 @@ use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -83,14 +84,41 @@ struct Held {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
+/// A leg the relayed answer depends on that is still running (vLLM Mooncake's prefill, sent
+/// beside its decode): the reason it failed, if it does.
+type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
 /// A worker's response body, relayed frame by frame.
 struct Relay {
-    inner: Incoming,
+    /// `None` once cut (dropping it closes the worker's connection: the request is cancelled).
+    inner: Option<Incoming>,
+    /// Watched while the body is relayed: its failure cuts the answer at once.
+    companion: Option<Companion>,
     sse: bool,
     done: bool,
     worker: Arc<Worker>,
     shared: Arc<Shared>,
     _held: Held,
+}
+
+impl Relay {
+    /// Ends the answer with `msg`: an SSE error event, or a body error (the status line is
+    /// gone already).
+    fn cut(
+        &mut self,
+        status: u16,
+        kind: &str,
+        msg: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.done = true;
+        self.inner = None;
+        if self.sse {
+            let event = format!("data: {}\n\n", error_body(status, kind, &msg));
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+        } else {
+            Poll::Ready(Some(Err(msg.into())))
+        }
+    }
 }
 
 impl http_body::Body for Relay {
@@ -105,14 +133,37 @@ impl http_body::Body for Relay {
         if this.done {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        if let Some(leg) = this.companion.as_mut() {
+            match leg.as_mut().poll(cx) {
+                Poll::Pending => {}
+                Poll::Ready(Ok(())) => this.companion = None,
+                Poll::Ready(Err(reason)) => {
+                    this.companion = None;
+                    this.shared
+                        .metrics
+                        .vllm_pd_legs_cancelled
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(worker = %this.worker.url, %reason, "the other leg failed: answer cut");
+                    return this.cut(502, "prefill_server_error", reason);
+                }
+            }
+        }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(None) => {
                 this.done = true;
+                // The answer is whole; a leg still running ends in the background.
+                if let Some(leg) = this.companion.take() {
+                    tokio::spawn(async move {
+                        let _ = leg.await;
+                    });
+                }
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
-                this.done = true;
                 this.shared
                     .metrics
                     .stream_errors
@@ -124,9 +175,9 @@ impl http_body::Body for Relay {
                         "worker {} closed the stream before it ended: {e}",
                         this.worker.url
                     );
-                    let event = format!("data: {}\n\n", error_body(502, "upstream_error", &msg));
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+                    this.cut(502, "upstream_error", msg)
                 } else {
+                    this.done = true;
                     Poll::Ready(Some(Err(Box::new(e))))
                 }
             }
@@ -135,11 +186,15 @@ impl http_body::Body for Relay {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.is_end_stream()
+        self.done
+            || (self.companion.is_none() && self.inner.as_ref().is_none_or(|i| i.is_end_stream()))
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map(|i| i.size_hint())
+            .unwrap_or_default()
     }
 }
 
@@ -151,6 +206,12 @@ struct Call<'a> {
     info: &'a RouteInfo,
     input: RouteInput<'a>,
     rid: &'a str,
+}
+
+/// A leg that failed: what the client gets, and why in one line.
+struct LegFailure {
+    answer: Attempt,
+    reason: String,
 }
 
 /// What one attempt came to.
@@ -499,7 +560,7 @@ impl Shared {
                     _load: vec![guard],
                     _permit: permit.take(),
                 };
-                Attempt::Done(self.relay(resp, worker, held, rid))
+                Attempt::Done(self.relay(resp, worker, held, None, rid))
             }
         }
     }
@@ -633,7 +694,7 @@ impl Shared {
             _load: vec![d_guard],
             _permit: permit.take(),
         };
-        Attempt::Done(self.relay(d_resp, decode, held, rid))
+        Attempt::Done(self.relay(d_resp, decode, held, None, rid))
     }
 
     // The legs end in `Result<_, Attempt>`: the error is what the client gets, already a
@@ -752,57 +813,7 @@ impl Shared {
             tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "vLLM PD leg failed");
         };
         // The prefill leg to its end: its answer's body (NIXL needs it), or what went wrong.
-        let prefill_leg = async {
-            let resp = match self.send(p_req).await {
-                Ok(r) => r,
-                Err(e) => {
-                    fail(&prefill, "prefill", &e);
-                    return Err(Attempt::Retry {
-                        tried: vec![prefill.url.clone()],
-                        fallback: error_response(
-                            StatusCode::BAD_GATEWAY,
-                            "prefill_server_error",
-                            &format!("prefill worker {}: {e}", prefill.url),
-                            rid,
-                        ),
-                    });
-                }
-            };
-            let status = resp.status();
-            prefill.record_outcome(
-                &self.cb,
-                !status.is_server_error() && !retryable(status.as_u16()),
-            );
-            if !status.is_success() {
-                let answer = prefixed(resp, "prefill", rid).await;
-                return Err(if retryable(status.as_u16()) {
-                    Attempt::Retry {
-                        tried: vec![prefill.url.clone()],
-                        fallback: answer,
-                    }
-                } else {
-                    Attempt::Done(answer)
-                });
-            }
-            match tokio::time::timeout(self.request_timeout, resp.into_body().collect()).await {
-                Ok(Ok(b)) => Ok(b.to_bytes()),
-                Ok(Err(e)) => Err(Attempt::Done(error_response(
-                    StatusCode::BAD_GATEWAY,
-                    "prefill_server_error",
-                    &format!("prefill worker {}: answer cut: {e}", prefill.url),
-                    rid,
-                ))),
-                Err(_) => Err(Attempt::Done(error_response(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "prefill_server_error",
-                    &format!(
-                        "prefill worker {}: no whole answer within {:?}",
-                        prefill.url, self.request_timeout
-                    ),
-                    rid,
-                ))),
-            }
-        };
+        let mut prefill_leg = Box::pin(self.prefill_leg(prefill.clone(), p_req, p_guard, rid));
         let decode_request = |kv: &Value| {
             vllm::decode_body(body, kv).map_err(bad).and_then(|b| {
                 self.upstream_request(
@@ -856,23 +867,23 @@ impl Shared {
             }
         };
         let concurrent = engine.is_some() && self.cfg.vllm_pd_legs == Legs::Concurrent;
-        let d_resp = if let (true, Some(engine)) = (concurrent, &engine) {
+        let (d_resp, companion) = if let (true, Some(engine)) = (concurrent, &engine) {
             let d_req = match decode_request(&vllm::mooncake_decode_params(&transfer, engine)) {
                 Ok(r) => r,
                 Err(a) => return a,
             };
-            let (p_leg, d_leg) = (prefill_leg, decode_leg(d_req));
-            tokio::pin!(p_leg, d_leg);
+            let d_leg = decode_leg(d_req);
+            tokio::pin!(d_leg);
             // Whichever leg fails first ends both: returning drops the other leg's future,
             // which closes its connection (the engine sees the request cancelled).
             tokio::select! {
-                p = &mut p_leg => match p {
-                    Err(a) => {
+                p = &mut prefill_leg => match p {
+                    Err(f) => {
                         self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
-                        return a;
+                        return f.answer;
                     }
                     Ok(_) => match d_leg.await {
-                        Ok(r) => r,
+                        Ok(r) => (r, None),
                         Err(a) => return a,
                     },
                 },
@@ -881,20 +892,21 @@ impl Shared {
                         self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
                         return a;
                     }
-                    // Decode answered first; its tokens need the prefill, which must succeed.
-                    Ok(r) => match p_leg.await {
-                        Ok(_) => r,
-                        Err(a) => {
-                            self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
-                            return a;
-                        }
-                    },
+                    // Decode answered first (as vLLM's own proxy, its answer goes to the client
+                    // at once: the engine holds its tokens until the KV cache has come). The
+                    // prefill leg is watched while it is relayed: its failure cuts the answer.
+                    Ok(r) => {
+                        let leg: Companion = Box::pin(async move {
+                            prefill_leg.await.map(|_| ()).map_err(|f| f.reason)
+                        });
+                        (r, Some(leg))
+                    }
                 },
             }
         } else {
             let answer = match prefill_leg.await {
                 Ok(b) => b,
-                Err(a) => return a,
+                Err(f) => return f.answer,
             };
             let kv = match &engine {
                 Some(e) => vllm::mooncake_decode_params(&transfer, e),
@@ -915,16 +927,90 @@ impl Shared {
                 Err(a) => return a,
             };
             match decode_leg(d_req).await {
-                Ok(r) => r,
+                Ok(r) => (r, None),
                 Err(a) => return a,
             }
         };
-        drop(p_guard);
         let held = Held {
             _load: vec![d_guard],
             _permit: permit.take(),
         };
-        Attempt::Done(self.relay(d_resp, decode, held, rid))
+        Attempt::Done(self.relay(d_resp, decode, held, companion, rid))
+    }
+
+    /// A vLLM prefill leg to its end, owning what it needs (it may outlive the attempt that
+    /// started it, watched by the decode answer's relay): the answer's body, or what the
+    /// client gets and a one-line reason.
+    fn prefill_leg(
+        self: &Arc<Self>,
+        prefill: Arc<Worker>,
+        req: Request<Full<Bytes>>,
+        load: LoadGuard,
+        rid: &str,
+    ) -> impl Future<Output = Result<Bytes, LegFailure>> + Send + 'static {
+        let this = self.clone();
+        let rid = rid.to_string();
+        async move {
+            let _load = load;
+            let failed = |status: StatusCode, reason: String| {
+                let answer = error_response(status, "prefill_server_error", &reason, &rid);
+                LegFailure {
+                    answer: Attempt::Done(answer),
+                    reason,
+                }
+            };
+            let resp = match this.send(req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    prefill.record_outcome(&this.cb, false);
+                    tracing::warn!(worker = %prefill.url, role = "prefill", error = %e, request_id = %rid, "vLLM PD leg failed");
+                    let reason = format!("prefill worker {}: {e}", prefill.url);
+                    let fallback = error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "prefill_server_error",
+                        &reason,
+                        &rid,
+                    );
+                    let tried = vec![prefill.url.clone()];
+                    return Err(LegFailure {
+                        answer: Attempt::Retry { tried, fallback },
+                        reason,
+                    });
+                }
+            };
+            let status = resp.status();
+            prefill.record_outcome(
+                &this.cb,
+                !status.is_server_error() && !retryable(status.as_u16()),
+            );
+            if !status.is_success() {
+                let reason = format!("prefill worker {} answered {status}", prefill.url);
+                let answer = prefixed(resp, "prefill", &rid).await;
+                let answer = if retryable(status.as_u16()) {
+                    Attempt::Retry {
+                        tried: vec![prefill.url.clone()],
+                        fallback: answer,
+                    }
+                } else {
+                    Attempt::Done(answer)
+                };
+                return Err(LegFailure { answer, reason });
+            }
+            match tokio::time::timeout(this.request_timeout, resp.into_body().collect()).await {
+                Ok(Ok(b)) => Ok(b.to_bytes()),
+                Ok(Err(e)) => Err(failed(
+                    StatusCode::BAD_GATEWAY,
+                    format!("prefill worker {}: answer cut: {e}", prefill.url),
+                )),
+                Err(_) => Err(failed(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!(
+                        "prefill worker {}: no whole answer within {:?}",
+                        prefill.url, this.request_timeout
+                    ),
+                )),
+            }
+        }
     }
 
     /// The Mooncake engine of a prefill worker: from the cache, or asked of its bootstrap
@@ -982,12 +1068,13 @@ impl Shared {
     }
 
     /// The client's response: the worker's status and headers (minus hop-by-hop ones), the
-    /// request id, and the body relayed as it arrives.
+    /// request id, and the body relayed as it arrives (cut if `companion` fails meanwhile).
     fn relay(
         self: &Arc<Self>,
         resp: Response<Incoming>,
         worker: Arc<Worker>,
         held: Held,
+        companion: Option<Companion>,
         rid: &str,
     ) -> Response<Body> {
         let (parts, inner) = resp.into_parts();
@@ -997,7 +1084,8 @@ impl Shared {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         let mut out = Response::new(Body::new(Relay {
-            inner,
+            inner: Some(inner),
+            companion,
             sse,
             done: false,
             worker,

@@ -60,8 +60,8 @@ pub struct FakeWorkerArgs {
     #[arg(long, default_value_t = 0)]
     pub kv_bootstrap_ready_after_ms: u64,
     /// Hold every inference answer (an injected failure too) this long before its headers (a
-    /// slow leg); a request whose client goes away meanwhile is counted as cancelled
-    /// (`/fake/stats`).
+    /// slow leg). A request whose client goes away before its answer ended is counted as
+    /// cancelled (`/fake/stats`).
     #[arg(long, default_value_t = 0)]
     pub headers_delay_ms: u64,
     /// More models `/v1/models` lists (as an OpenAI-compatible upstream serving several).
@@ -94,7 +94,7 @@ struct Fake {
     requests: AtomicU64,
     flushes: AtomicU64,
     inflight: AtomicUsize,
-    /// Requests whose client went away before the answer's headers.
+    /// Requests whose client went away before the answer ended.
     cancelled: AtomicU64,
     recent: Mutex<VecDeque<Recorded>>,
 }
@@ -123,11 +123,26 @@ fn default_fail_status() -> u16 {
     503
 }
 
-struct InflightGuard(Arc<Fake>);
+/// Held by an answer's body: in flight until it is dropped, cancelled if dropped before its
+/// last event was taken.
+struct BodyGuard {
+    fake: Arc<Fake>,
+    sent: usize,
+    total: usize,
+}
 
-impl Drop for InflightGuard {
+impl BodyGuard {
+    fn took_one(&mut self) {
+        self.sent += 1;
+    }
+}
+
+impl Drop for BodyGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.fake.inflight.fetch_sub(1, Ordering::Relaxed);
+        if self.sent < self.total {
+            self.fake.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -343,7 +358,11 @@ async fn inference(
         }
     }
     f.inflight.fetch_add(1, Ordering::Relaxed);
-    let guard = InflightGuard(f.clone());
+    let mut guard = BodyGuard {
+        fake: f.clone(),
+        sent: 0,
+        total: events.len(),
+    };
     let content_type = if stream {
         "text/event-stream"
     } else {
@@ -352,7 +371,7 @@ async fn inference(
     // The events, paced by the token delay; the in-flight count drops with the body.
     let delay = Duration::from_secs_f64(f.args.token_delay_ms.max(0.0) / 1e3);
     let paced = tokio_stream::iter(events).throttle(delay).map(move |e| {
-        let _inflight = &guard;
+        guard.took_one();
         Ok::<Bytes, std::convert::Infallible>(e)
     });
     let body = Body::from_stream(paced);
