@@ -2412,10 +2412,53 @@ fn a_local_tokenizer_serves_tokenize_and_detokenize_and_routes_by_token() {
 }
 
 #[test]
+fn bench_router_measures_prefill_decode_cases_beside_a_sequential_peer() {
+    // The peer is rbgctl's router with vLLM legs one after the other (as SMG runs them): its
+    // time to first byte includes the prefill answer's 200 ms, rbgctl's concurrent legs' not.
+    let peer = format!(
+        "{} router --host 127.0.0.1 --port {{port}} --prometheus-port {{prometheus_port}} \
+         --pd-disaggregation --vllm-pd-legs sequential --prefill {{prefill}} --decode {{decode}}",
+        common::BIN
+    );
+    let out = std::process::Command::new(common::BIN)
+        .args(["bench", "router", "--seconds", "0.5", "--reps", "1"])
+        .args(["--cases", "pd-gen,vllm-pd-chat-stream", "--clients", "2"])
+        .args(["--prefill-ms", "200", "--json", "--peer-pd-cmd", &peer])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for r in &rows {
+        for side in ["direct", "router", "peer"] {
+            assert!(r[side]["requests"].as_u64().unwrap() > 0, "{side}: {r}");
+            assert_eq!(r[side]["errors"], 0, "{side}: {r}");
+        }
+    }
+    let (sglang, vllm) = (&rows[0], &rows[1]);
+    assert_eq!(sglang["mode"], "sglang-pd");
+    assert_eq!(vllm["mode"], "vllm-pd");
+    // Every request waits for its prefill leg (200 ms) to end.
+    assert!(
+        vllm["router"]["p50_ms"].as_f64().unwrap() >= 200.0,
+        "{vllm}"
+    );
+    let ttfb = |side: &str| vllm[side]["ttfb_p50_ms"].as_f64().unwrap();
+    assert!(ttfb("peer") >= 200.0, "sequential legs: {vllm}");
+    assert!(ttfb("router") < 200.0, "concurrent legs: {vllm}");
+    assert!(vllm["ttfb_saved_vs_peer_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn bench_router_measures_a_peer_router_side_by_side() {
     // rbgctl's own router plays the peer here (SMG is measured the same way outside CI).
     let peer = format!(
-        "{} router --host 127.0.0.1 --port {{port}} --prometheus-port 0 --worker-urls {{workers}}",
+        "{} router --host 127.0.0.1 --port {{port}} --prometheus-port {{prometheus_port}} --worker-urls {{workers}}",
         common::BIN
     );
     let out = std::process::Command::new(common::BIN)

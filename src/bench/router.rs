@@ -1,12 +1,23 @@
 //! `rbgctl bench router`: the router's overhead. Starts FAKE workers (`bench fake-worker`, no
 //! model) and a router in front of them as separate processes on loopback, then drives the
-//! same load at a worker directly and through the router, interleaved, on keep-alive
-//! connections: requests per second, latency p50/p99, time to first byte for streams, and the
-//! router's CPU time per request (from /proc).
+//! same load at the workers directly and through the router (and through a peer router, given
+//! as a command line), interleaved, on keep-alive connections: requests per second, latency
+//! p50/p99, time to first byte for streams, and each router's CPU time per request (from
+//! /proc).
+//!
+//! Prefill/decode cases deploy a FAKE prefill worker that holds each answer `--prefill-ms`
+//! (the prefill leg's answer time) and a FAKE decode worker: `pd-*` runs SGLang's contract
+//! (both legs at once, bootstrap fields), `vllm-pd-*` vLLM's over the Mooncake connector
+//! (rbgctl: the legs at once). There, "direct" is the bench's client running both legs
+//! itself, at once, reading decode's answer as it comes: the router-less bound. FAKE engines
+//! hold no KV cache, so decode never waits for prefill: legs sent at once save the whole
+//! prefill answer time, where real engines save its return trip and decode's admission.
 
 use crate::bench::stats::percentile;
 use crate::launch::{self, wait_http_ok, Launcher, Logs, Spawned};
-use crate::router::config::{PolicyKind, RouterConfig};
+use crate::router::config::{Backend, PolicyKind, PrefillSpec, RouterConfig};
+use crate::router::request::{self, Endpoint};
+use crate::router::vllm;
 use crate::testkit::fake_worker;
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
@@ -14,6 +25,7 @@ use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Args)]
@@ -27,7 +39,9 @@ pub struct RouterBenchArgs {
     /// Concurrent clients, each on its own keep-alive connection (comma-separated list).
     #[arg(long, default_value = "1,32", value_delimiter = ',')]
     pub clients: Vec<usize>,
-    /// Cases: gen, gen-stream, chat, chat-stream.
+    /// Cases: `gen` (/generate) and `chat` (/v1/chat/completions), `-stream` added for SSE;
+    /// prefixed `pd-` for SGLang prefill/decode, `vllm-pd-` for vLLM's over Mooncake (chat
+    /// only), e.g. `gen,pd-gen-stream,vllm-pd-chat-stream`.
     #[arg(
         long,
         default_value = "gen,gen-stream,chat,chat-stream",
@@ -40,7 +54,7 @@ pub struct RouterBenchArgs {
     /// Tokens per reply.
     #[arg(long, default_value_t = 8)]
     pub tokens: usize,
-    /// Fake workers behind the router (the direct case uses the first).
+    /// Fake workers behind the router in regular cases (the direct case uses the first).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// Router policy.
@@ -52,21 +66,100 @@ pub struct RouterBenchArgs {
     /// Runtime threads of each fake worker.
     #[arg(long, default_value_t = 1)]
     pub worker_threads: usize,
+    /// Prefill/decode cases: milliseconds the FAKE prefill worker holds each answer (the
+    /// prefill leg's answer time).
+    #[arg(long, default_value_t = 20)]
+    pub prefill_ms: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Another router measured beside rbgctl's, on the same workers in the same run,
-    /// interleaved: a command run with `sh -c`, where `{port}` becomes a free port and
-    /// `{workers}` the worker URLs (space-separated), e.g. `smg launch --host 127.0.0.1
-    /// --port {port} --worker-urls {workers} --policy round_robin`. Default: none.
+    /// Another router measured beside rbgctl's in regular cases, on the same workers in the
+    /// same run, interleaved: a command run with `sh -c`, where `{port}` and
+    /// `{prometheus_port}` become free ports and `{workers}` the worker URLs (space-separated),
+    /// e.g. `smg launch --host 127.0.0.1 --port {port} --prometheus-port {prometheus_port}
+    /// --worker-urls {workers} --policy round_robin`. Default: none.
     #[arg(long)]
     pub peer_cmd: Option<String>,
+    /// The peer in prefill/decode cases: `{prefill}` becomes the prefill worker's URL and
+    /// bootstrap port (space-separated, as SMG's `--prefill URL PORT`), `{decode}` the decode
+    /// worker's URL, `{port}` and `{prometheus_port}` as for --peer-cmd, e.g. `smg launch
+    /// --host 127.0.0.1 --port {port} --prometheus-port {prometheus_port} --pd-disaggregation
+    /// --prefill {prefill} --decode {decode}`. Default: none.
+    #[arg(long)]
+    pub peer_pd_cmd: Option<String>,
     /// The peer's name in the report. Default: peer.
     #[arg(long, default_value = "peer")]
     pub peer_name: String,
 }
 
-/// The peer router's process, stopped when dropped.
+/// How a case's workers are deployed, and so which contract the routers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Regular workers.
+    Regular,
+    /// SGLang prefill/decode: both legs at once, with bootstrap fields.
+    SglangPd,
+    /// vLLM prefill/decode over the Mooncake connector.
+    VllmPd,
+}
+
+/// One measured case: `[pd-|vllm-pd-](gen|chat)[-stream]`.
+#[derive(Clone, Debug)]
+struct Case {
+    name: String,
+    mode: Mode,
+    endpoint: Endpoint,
+    stream: bool,
+}
+
+impl Case {
+    fn parse(name: &str) -> anyhow::Result<Case> {
+        let (mode, rest) = if let Some(r) = name.strip_prefix("vllm-pd-") {
+            (Mode::VllmPd, r)
+        } else if let Some(r) = name.strip_prefix("pd-") {
+            (Mode::SglangPd, r)
+        } else {
+            (Mode::Regular, name)
+        };
+        let (kind, stream) = match rest.strip_suffix("-stream") {
+            Some(k) => (k, true),
+            None => (rest, false),
+        };
+        let endpoint = match kind {
+            "gen" => Endpoint::Generate,
+            "chat" => Endpoint::Chat,
+            _ => bail!(
+                "unknown case {name:?}: [pd-|vllm-pd-](gen|chat)[-stream], e.g. gen, \
+                 pd-gen-stream, vllm-pd-chat"
+            ),
+        };
+        if mode == Mode::VllmPd && endpoint == Endpoint::Generate {
+            bail!("case {name:?}: vLLM serves no /generate; use vllm-pd-chat");
+        }
+        Ok(Case {
+            name: name.to_string(),
+            mode,
+            endpoint,
+            stream,
+        })
+    }
+
+    /// The client's request body.
+    fn body(&self, prompt: &str, tokens: usize) -> Bytes {
+        let v = match self.endpoint {
+            Endpoint::Generate => serde_json::json!({"text": prompt,
+                "sampling_params": {"max_new_tokens": tokens, "temperature": 0},
+                "stream": self.stream}),
+            _ => serde_json::json!({"model": "fake-model",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": tokens, "temperature": 0, "stream": self.stream}),
+        };
+        Bytes::from(v.to_string())
+    }
+}
+
+/// A peer router's process, stopped when dropped.
 struct Peer {
     child: std::process::Child,
     port: u16,
@@ -80,15 +173,26 @@ impl Drop for Peer {
     }
 }
 
-/// Starts the peer command and waits (up to 120 s) for its `/readiness` (or `/health`).
-fn start_peer(cmd: &str, workers: &[String], dir: &std::path::Path) -> anyhow::Result<Peer> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
-        .port();
-    let line = cmd
+        .port())
+}
+
+/// Starts a peer command (`{port}`, `{prometheus_port}` and the placeholders in `vars`
+/// replaced) and waits (up to 120 s) for its `/readiness` (or `/health`).
+fn start_peer(
+    template: &str,
+    vars: &[(&str, String)],
+    log: std::path::PathBuf,
+) -> anyhow::Result<Peer> {
+    let port = free_port()?;
+    let mut line = template
         .replace("{port}", &port.to_string())
-        .replace("{workers}", &workers.join(" "));
-    let log = dir.join("peer.log");
+        .replace("{prometheus_port}", &free_port()?.to_string());
+    for (name, value) in vars {
+        line = line.replace(name, value);
+    }
     let out = std::fs::File::create(&log)?;
     let child = std::process::Command::new("sh")
         .arg("-c")
@@ -129,6 +233,248 @@ fn start_peer(cmd: &str, workers: &[String], dir: &std::path::Path) -> anyhow::R
     }
 }
 
+/// Where one measurement's requests go.
+#[derive(Clone)]
+enum Target {
+    /// A router, or one worker.
+    One { port: u16, body: Bytes },
+    /// Both legs of a prefill/decode request, sent at once by the client itself; the answer
+    /// is decode's.
+    Legs {
+        prefill: (u16, Bytes),
+        decode: (u16, Bytes),
+    },
+}
+
+/// The workers of one mode, rbgctl's router in front of them, and the peer's.
+struct Deployment {
+    /// The regular worker the direct case uses, or (prefill, decode).
+    direct: Direct,
+    /// Prefill's bootstrap port (PD).
+    bootstrap: u16,
+    /// vLLM/Mooncake: the prefill engine as its bootstrap server describes it.
+    engine: Option<vllm::MooncakeEngine>,
+    router: (u16, Option<u32>),
+    peer: Option<Peer>,
+    _workers: Vec<Spawned<fake_worker::Addrs>>,
+    _router: launch::Child<launch::Router>,
+}
+
+#[derive(Clone, Copy)]
+enum Direct {
+    One(u16),
+    Legs { prefill: u16, decode: u16 },
+}
+
+/// Which of a deployment's paths a measurement takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Direct,
+    Router,
+    Peer,
+}
+
+impl Deployment {
+    fn start(
+        mode: Mode,
+        args: &RouterBenchArgs,
+        launcher: &Launcher,
+        scratch: &std::path::Path,
+    ) -> anyhow::Result<Deployment> {
+        let (tokens, cpu_us, threads) = (
+            args.tokens.to_string(),
+            args.worker_cpu_us.to_string(),
+            args.worker_threads.to_string(),
+        );
+        let common = [
+            "--tokens",
+            &tokens,
+            "--cpu-us",
+            &cpu_us,
+            "--threads",
+            &threads,
+        ];
+        let url =
+            |w: &Spawned<fake_worker::Addrs>| format!("http://127.0.0.1:{}", w.addrs.http.port());
+        let bootstrap = free_port()?;
+        let mut workers = Vec::new();
+        let mut config = RouterConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            prometheus_port: 0,
+            policy: args.policy,
+            ..RouterConfig::default()
+        };
+        let (direct, peer_vars) = match mode {
+            Mode::Regular => {
+                for i in 0..args.workers.max(1) {
+                    let name = format!("w{i}");
+                    workers.push(fake_worker::spawn(
+                        launcher,
+                        "127.0.0.1",
+                        0,
+                        &name,
+                        &common,
+                    )?);
+                }
+                config.worker_urls = workers.iter().map(url).collect();
+                let vars = vec![("{workers}", config.worker_urls.join(" "))];
+                (Direct::One(workers[0].addrs.http.port()), vars)
+            }
+            Mode::SglangPd | Mode::VllmPd => {
+                let held = args.prefill_ms.to_string();
+                let b = bootstrap.to_string();
+                let mut prefill_args = common.to_vec();
+                prefill_args.extend(["--headers-delay-ms", &held]);
+                let mut decode_args = common.to_vec();
+                if mode == Mode::VllmPd {
+                    prefill_args.extend(["--engine", "vllm", "--kv-bootstrap-port", &b]);
+                    decode_args.extend(["--engine", "vllm"]);
+                    config.backend = Backend::Vllm;
+                }
+                workers.push(fake_worker::spawn(
+                    launcher,
+                    "127.0.0.1",
+                    0,
+                    "prefill",
+                    &prefill_args,
+                )?);
+                workers.push(fake_worker::spawn(
+                    launcher,
+                    "127.0.0.1",
+                    0,
+                    "decode",
+                    &decode_args,
+                )?);
+                config.pd_disaggregation = true;
+                config.prefill = vec![PrefillSpec {
+                    url: url(&workers[0]),
+                    bootstrap_port: Some(bootstrap),
+                }];
+                config.decode = vec![url(&workers[1])];
+                let vars = vec![
+                    ("{prefill}", format!("{} {bootstrap}", url(&workers[0]))),
+                    ("{decode}", url(&workers[1])),
+                ];
+                let direct = Direct::Legs {
+                    prefill: workers[0].addrs.http.port(),
+                    decode: workers[1].addrs.http.port(),
+                };
+                (direct, vars)
+            }
+        };
+        let engine = match mode {
+            Mode::VllmPd => Some(query_engine(bootstrap)?),
+            _ => None,
+        };
+        let router = launcher.spawn::<launch::Router>(&format!("router-{mode:?}"), config)?;
+        let router_port = router.addrs.http.port();
+        wait_http_ok(
+            &format!("http://127.0.0.1:{router_port}/readiness"),
+            Duration::from_secs(20),
+        )?;
+        let template = match mode {
+            Mode::Regular => &args.peer_cmd,
+            _ => &args.peer_pd_cmd,
+        };
+        let peer = match template {
+            Some(t) => Some(start_peer(
+                t,
+                &peer_vars,
+                scratch.join(format!("peer-{mode:?}.log")),
+            )?),
+            None => None,
+        };
+        Ok(Deployment {
+            direct,
+            bootstrap,
+            engine,
+            router: (router_port, router.process.pid()),
+            peer,
+            _workers: workers,
+            _router: router,
+        })
+    }
+
+    fn paths(&self) -> Vec<Path> {
+        let mut p = vec![Path::Direct, Path::Router];
+        if self.peer.is_some() {
+            p.push(Path::Peer);
+        }
+        p
+    }
+
+    /// Where `case`'s requests go on `path`, and whose CPU is counted.
+    fn target(
+        &self,
+        path: Path,
+        case: &Case,
+        body: &Bytes,
+    ) -> anyhow::Result<(Target, Option<u32>)> {
+        let one = |port: u16, pid: Option<u32>| {
+            (
+                Target::One {
+                    port,
+                    body: body.clone(),
+                },
+                pid,
+            )
+        };
+        Ok(match (path, self.direct) {
+            (Path::Router, _) => one(self.router.0, self.router.1),
+            (Path::Peer, _) => {
+                let p = self.peer.as_ref().context("no peer")?;
+                one(p.port, Some(p.child.id()))
+            }
+            (Path::Direct, Direct::One(port)) => one(port, None),
+            (Path::Direct, Direct::Legs { prefill, decode }) => {
+                let (p_body, d_body) = self.leg_bodies(case, body)?;
+                (
+                    Target::Legs {
+                        prefill: (prefill, Bytes::from(p_body)),
+                        decode: (decode, Bytes::from(d_body)),
+                    },
+                    None,
+                )
+            }
+        })
+    }
+
+    /// The prefill and decode bodies a router would send for `body`.
+    fn leg_bodies(&self, case: &Case, body: &[u8]) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+        Ok(match &self.engine {
+            Some(engine) => {
+                let id = vllm::transfer_id();
+                (
+                    vllm::prefill_body(body, &vllm::mooncake_prefill_params(&id))?,
+                    vllm::decode_body(body, &vllm::mooncake_decode_params(&id, engine))?,
+                )
+            }
+            None => {
+                let info = request::inspect(case.endpoint, body)?;
+                let rooms = [request::random_room()];
+                let b = request::inject_bootstrap(
+                    body,
+                    &info,
+                    "127.0.0.1",
+                    Some(self.bootstrap),
+                    &rooms,
+                )?;
+                (b.clone(), b)
+            }
+        })
+    }
+}
+
+/// The Mooncake engine behind a prefill worker's bootstrap server, as a router learns it.
+fn query_engine(bootstrap: u16) -> anyhow::Result<vllm::MooncakeEngine> {
+    let addr = format!("http://127.0.0.1:{bootstrap}");
+    wait_http_ok(&format!("{addr}/query"), Duration::from_secs(20))?;
+    let answer: serde_json::Value = reqwest::blocking::get(format!("{addr}/query"))?.json()?;
+    vllm::mooncake_engine(&answer, &addr)
+        .with_context(|| format!("{addr}/query named no engine: {answer}"))
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Measure {
     pub requests: u64,
@@ -136,7 +482,7 @@ pub struct Measure {
     pub req_per_s: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
-    /// Time to the first body byte (streams).
+    /// Time to the first body byte (of decode's answer in prefill/decode cases).
     pub ttfb_p50_ms: f64,
     pub ttfb_p99_ms: f64,
     /// Router CPU per request, microseconds (router runs only).
@@ -146,15 +492,19 @@ pub struct Measure {
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     pub case: String,
+    pub mode: Mode,
     pub clients: usize,
+    /// Straight to the worker; prefill/decode: the client runs both legs itself, at once.
     pub direct: Measure,
     pub router: Measure,
     /// Router req/s over direct req/s.
     pub throughput_ratio: f64,
-    /// The peer router (`--peer-cmd`), measured the same way.
+    /// The peer router (`--peer-cmd`, `--peer-pd-cmd`), measured the same way.
     pub peer: Option<Measure>,
     /// rbgctl's router req/s over the peer's.
     pub router_over_peer: Option<f64>,
+    /// The peer's median time to first byte minus rbgctl's.
+    pub ttfb_saved_vs_peer_ms: Option<f64>,
     pub added_p50_ms: f64,
     pub added_p99_ms: f64,
     pub added_ttfb_p50_ms: f64,
@@ -170,60 +520,82 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
-fn body_for(case: &str, prompt: &str, tokens: usize) -> anyhow::Result<(&'static str, Bytes)> {
-    let stream = case.ends_with("-stream");
-    let (path, v) = match case.trim_end_matches("-stream") {
-        "gen" => (
-            "/generate",
-            serde_json::json!({"text": prompt, "sampling_params": {"max_new_tokens": tokens, "temperature": 0}, "stream": stream}),
-        ),
-        "chat" => (
-            "/v1/chat/completions",
-            serde_json::json!({"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": tokens, "temperature": 0, "stream": stream}),
-        ),
-        other => bail!("unknown case {other:?} (gen, gen-stream, chat, chat-stream)"),
-    };
-    Ok((path, Bytes::from(v.to_string())))
-}
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-/// One client on one keep-alive connection until `deadline`: (latency, ttfb) per request.
-async fn client_loop(
-    port: u16,
-    path: &'static str,
-    body: Bytes,
-    deadline: Instant,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, u64)> {
+async fn connect(port: u16) -> anyhow::Result<Sender> {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     tcp.set_nodelay(true)?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
+    Ok(send)
+}
+
+/// One request on `send`, its answer read to the end: (success, time of its first body byte
+/// since `t0`).
+async fn exchange(
+    send: &mut Sender,
+    path: &str,
+    body: Bytes,
+    t0: Instant,
+) -> anyhow::Result<(bool, Option<Duration>)> {
+    let req = http::Request::post(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .body(Full::new(body))?;
+    send.ready().await?;
+    let resp = send.send_request(req).await?;
+    let ok = resp.status().is_success();
+    let mut b = resp.into_body();
+    let mut first = None;
+    while let Some(frame) = b.frame().await {
+        if first.is_none() && frame?.data_ref().is_some_and(|d| !d.is_empty()) {
+            first = Some(t0.elapsed());
+        }
+    }
+    Ok((ok, first))
+}
+
+/// One client on its own keep-alive connection(s) until `deadline`: (latency, time to first
+/// byte) per successful request, and the failures.
+async fn client_loop(
+    target: Target,
+    path: &'static str,
+    deadline: Instant,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, u64)> {
     let mut lat = Vec::new();
     let mut ttfb = Vec::new();
     let mut errors = 0;
-    while Instant::now() < deadline {
-        let req = http::Request::post(path)
-            .header("host", "127.0.0.1")
-            .header("content-type", "application/json")
-            .body(Full::new(body.clone()))?;
-        let t0 = Instant::now();
-        send.ready().await?;
-        let resp = send.send_request(req).await?;
-        let ok = resp.status().is_success();
-        let mut b = resp.into_body();
-        let mut first = None;
-        while let Some(frame) = b.frame().await {
-            let frame = frame?;
-            if first.is_none() && frame.data_ref().is_some_and(|d| !d.is_empty()) {
-                first = Some(t0.elapsed());
-            }
-        }
-        let total = t0.elapsed();
+    let mut record = |ok: bool, first: Option<Duration>, total: Duration| {
         if ok {
             lat.push(total);
             ttfb.push(first.unwrap_or(total));
         } else {
             errors += 1;
+        }
+    };
+    match target {
+        Target::One { port, body } => {
+            let mut send = connect(port).await?;
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                let (ok, first) = exchange(&mut send, path, body.clone(), t0).await?;
+                record(ok, first, t0.elapsed());
+            }
+        }
+        Target::Legs {
+            prefill: (p_port, p_body),
+            decode: (d_port, d_body),
+        } => {
+            let (mut p_send, mut d_send) = (connect(p_port).await?, connect(d_port).await?);
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                let (p, d) = tokio::join!(
+                    exchange(&mut p_send, path, p_body.clone(), t0),
+                    exchange(&mut d_send, path, d_body.clone(), t0)
+                );
+                let ((p_ok, _), (d_ok, first)) = (p?, d?);
+                record(p_ok && d_ok, first, t0.elapsed());
+            }
         }
     }
     Ok((lat, ttfb, errors))
@@ -231,21 +603,19 @@ async fn client_loop(
 
 fn measure(
     rt: &tokio::runtime::Runtime,
-    port: u16,
-    case: &str,
+    target: &Target,
+    path: &'static str,
     clients: usize,
-    args: &RouterBenchArgs,
-    prompt: &str,
+    seconds: f64,
     cpu_pid: Option<u32>,
 ) -> anyhow::Result<Measure> {
-    let (path, body) = body_for(case, prompt, args.tokens)?;
     let cpu0 = cpu_pid.and_then(cpu_seconds);
     let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(args.seconds);
+    let deadline = started + Duration::from_secs_f64(seconds);
     let results = rt.block_on(async {
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..clients {
-            set.spawn(client_loop(port, path, body.clone(), deadline));
+            set.spawn(client_loop(target.clone(), path, deadline));
         }
         let mut out = Vec::new();
         while let Some(r) = set.join_next().await {
@@ -309,66 +679,50 @@ fn median_measure(ms: &[Measure]) -> Measure {
     }
 }
 
-pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
-    let launcher = Launcher::new(Logs::Null)?;
-    let mut workers: Vec<Spawned<fake_worker::Addrs>> = Vec::new();
-    for i in 0..args.workers.max(1) {
-        let (tokens, cpu_us, threads) = (
-            args.tokens.to_string(),
-            args.worker_cpu_us.to_string(),
-            args.worker_threads.to_string(),
-        );
-        let extra = [
-            "--tokens",
-            &tokens,
-            "--cpu-us",
-            &cpu_us,
-            "--threads",
-            &threads,
-        ];
-        let name = format!("w{i}");
-        workers.push(fake_worker::spawn(
-            &launcher,
-            "127.0.0.1",
-            0,
-            &name,
-            &extra,
-        )?);
-    }
-    let worker_ports: Vec<u16> = workers.iter().map(|w| w.addrs.http.port()).collect();
-    let router = launcher.spawn::<launch::Router>(
-        "router",
-        RouterConfig {
-            host: "127.0.0.1".into(),
-            port: 0,
-            prometheus_port: 0,
-            policy: args.policy,
-            worker_urls: worker_ports
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect(),
-            ..RouterConfig::default()
+fn row(case: &Case, clients: usize, measured: &[Vec<Measure>]) -> Row {
+    let d = median_measure(&measured[0]);
+    let r = median_measure(&measured[1]);
+    let p = measured.get(2).map(|m| median_measure(m));
+    Row {
+        router_over_peer: p
+            .as_ref()
+            .filter(|p| p.req_per_s > 0.0)
+            .map(|p| r.req_per_s / p.req_per_s),
+        ttfb_saved_vs_peer_ms: p.as_ref().map(|p| p.ttfb_p50_ms - r.ttfb_p50_ms),
+        peer: p,
+        case: case.name.clone(),
+        mode: case.mode,
+        clients,
+        throughput_ratio: if d.req_per_s > 0.0 {
+            r.req_per_s / d.req_per_s
+        } else {
+            0.0
         },
-    )?;
-    let router_port = router.addrs.http.port();
-    let router_pid = router.pid().unwrap_or(0);
-    wait_http_ok(
-        &format!("http://127.0.0.1:{router_port}/readiness"),
-        Duration::from_secs(20),
-    )?;
+        added_p50_ms: r.p50_ms - d.p50_ms,
+        added_p99_ms: r.p99_ms - d.p99_ms,
+        added_ttfb_p50_ms: r.ttfb_p50_ms - d.ttfb_p50_ms,
+        direct: d,
+        router: r,
+    }
+}
+
+pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
+    let cases = args
+        .cases
+        .iter()
+        .map(|c| Case::parse(c))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let launcher = Launcher::new(Logs::Null)?;
     let scratch = std::env::temp_dir().join(format!("rbgctl-bench-router-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let peer = match &args.peer_cmd {
-        Some(cmd) => {
-            let urls: Vec<String> = worker_ports
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect();
-            Some(start_peer(cmd, &urls, &scratch)?)
+    let mut deployments = BTreeMap::new();
+    for case in &cases {
+        if let std::collections::btree_map::Entry::Vacant(e) = deployments.entry(case.mode) {
+            let d = Deployment::start(case.mode, &args, &launcher, &scratch)
+                .with_context(|| format!("deploying the {:?} cases", case.mode))?;
+            e.insert(d);
         }
-        None => None,
-    };
-
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -377,21 +731,23 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         .cycle()
         .take(args.prompt_chars)
         .collect();
-    // Warm both paths (connections, allocator, caches).
-    let warm = RouterBenchArgs {
-        seconds: 0.3,
-        ..args.clone()
-    };
-    // Each side: 0 direct, 1 rbgctl's router, 2 the peer.
-    let mut sides = vec![(worker_ports[0], None), (router_port, Some(router_pid))];
-    if let Some(p) = &peer {
-        sides.push((p.port, Some(p.child.id())));
+    // Warm every path (connections, allocator, caches) with its deployment's first case.
+    for (mode, d) in &deployments {
+        let Some(case) = cases.iter().find(|c| c.mode == *mode) else {
+            continue;
+        };
+        let body = case.body(&prompt, args.tokens);
+        for path in d.paths() {
+            let (target, _) = d.target(path, case, &body)?;
+            measure(&rt, &target, case.endpoint.path(), 4, 0.3, None)?;
+        }
     }
-    for &(port, _) in &sides {
-        measure(&rt, port, "gen", 4, &warm, &prompt, None)?;
-    }
-    let mut rows = Vec::new();
-    let steps = args.cases.len() * args.clients.len() * args.reps.max(1) * sides.len();
+    let steps: usize = cases
+        .iter()
+        .map(|c| deployments.get(&c.mode).map_or(0, |d| d.paths().len()))
+        .sum::<usize>()
+        * args.clients.len()
+        * args.reps.max(1);
     let progress =
         crate::bench::progress::Progress::new("router measurements", steps as u64, args.json);
     if !args.json {
@@ -401,42 +757,34 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
             steps as f64 * args.seconds
         );
     }
-    for case in &args.cases {
+    let mut rows = Vec::new();
+    for case in &cases {
+        let d = deployments
+            .get(&case.mode)
+            .context("every case's deployment was started")?;
+        let body = case.body(&prompt, args.tokens);
+        let paths = d.paths();
         for &clients in &args.clients {
-            let mut measured: Vec<Vec<Measure>> = vec![Vec::new(); sides.len()];
+            let mut measured: Vec<Vec<Measure>> = vec![Vec::new(); paths.len()];
             for rep in 0..args.reps.max(1) {
-                // Rotate the order so that drift does not favour one side.
-                for k in 0..sides.len() {
-                    let side = (rep + k) % sides.len();
-                    let (port, pid) = sides[side];
-                    let m = measure(&rt, port, case, clients, &args, &prompt, pid)?;
-                    progress.set_message(&format!("{case}, {clients} clients"));
+                // Rotate the order so that drift does not favour one path.
+                for k in 0..paths.len() {
+                    let i = (rep + k) % paths.len();
+                    let (target, pid) = d.target(paths[i], case, &body)?;
+                    let m = measure(
+                        &rt,
+                        &target,
+                        case.endpoint.path(),
+                        clients,
+                        args.seconds,
+                        pid,
+                    )?;
+                    progress.set_message(&format!("{}, {clients} clients", case.name));
                     progress.inc(1);
-                    measured[side].push(m);
+                    measured[i].push(m);
                 }
             }
-            let d = median_measure(&measured[0]);
-            let r = median_measure(&measured[1]);
-            let p = measured.get(2).map(|m| median_measure(m));
-            rows.push(Row {
-                router_over_peer: p
-                    .as_ref()
-                    .filter(|p| p.req_per_s > 0.0)
-                    .map(|p| r.req_per_s / p.req_per_s),
-                peer: p,
-                case: case.clone(),
-                clients,
-                throughput_ratio: if d.req_per_s > 0.0 {
-                    r.req_per_s / d.req_per_s
-                } else {
-                    0.0
-                },
-                added_p50_ms: r.p50_ms - d.p50_ms,
-                added_p99_ms: r.p99_ms - d.p99_ms,
-                added_ttfb_p50_ms: r.ttfb_p50_ms - d.ttfb_p50_ms,
-                direct: d,
-                router: r,
-            });
+            rows.push(row(case, clients, &measured));
         }
     }
     progress.finish();
@@ -444,12 +792,24 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    print_tables(&args, &rows);
+    Ok(())
+}
+
+fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     println!(
         "rbgctl router vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} s x {} reps, medians",
         args.workers, args.worker_threads, args.worker_cpu_us, args.seconds, args.reps
     );
+    if rows.iter().any(|r| r.mode != Mode::Regular) {
+        println!(
+            "pd-*/vllm-pd-*: FAKE prefill answers after {} ms, decode at once (no KV: it does not \
+             wait for prefill); direct = the client sends both legs itself, at once",
+            args.prefill_ms
+        );
+    }
     println!(
-        "{:<12} {:>4} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
+        "{:<20} {:>4} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
         "case",
         "cli",
         "direct/s",
@@ -463,9 +823,9 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         "r ttfb50",
         "cpu µs"
     );
-    for r in &rows {
+    for r in rows {
         println!(
-            "{:<12} {:>4} {:>10.0} {:>10.0} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>8.1}",
+            "{:<20} {:>4} {:>10.0} {:>10.0} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>8.1}",
             r.case,
             r.clients,
             r.direct.req_per_s,
@@ -480,43 +840,48 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
             r.router.cpu_us_per_req.unwrap_or(f64::NAN),
         );
     }
-    if peer.is_some() {
-        let name = &args.peer_name;
-        println!();
-        println!("{name} on the same workers, same run (interleaved)");
-        println!(
-            "{:<12} {:>4} {:>10} {:>10} {:>7} {:>9} {:>9} {:>10} {:>8} {:>9}",
-            "case",
-            "cli",
-            "peer/s",
-            "router/s",
-            "r/peer",
-            "p p50ms",
-            "p p99ms",
-            "p ttfb50",
-            "p cpu µs",
-            "p/direct"
-        );
-        for r in &rows {
-            let Some(p) = &r.peer else { continue };
-            println!(
-                "{:<12} {:>4} {:>10.0} {:>10.0} {:>6.2}x {:>9.3} {:>9.3} {:>10.3} {:>8.1} {:>8.0}%",
-                r.case,
-                r.clients,
-                p.req_per_s,
-                r.router.req_per_s,
-                r.router_over_peer.unwrap_or(f64::NAN),
-                p.p50_ms,
-                p.p99_ms,
-                p.ttfb_p50_ms,
-                p.cpu_us_per_req.unwrap_or(f64::NAN),
-                if r.direct.req_per_s > 0.0 {
-                    p.req_per_s / r.direct.req_per_s * 100.0
-                } else {
-                    0.0
-                },
-            );
-        }
+    if rows.iter().all(|r| r.peer.is_none()) {
+        return;
     }
-    Ok(())
+    println!();
+    println!(
+        "{} on the same workers, same run (interleaved)",
+        args.peer_name
+    );
+    println!(
+        "{:<20} {:>4} {:>10} {:>10} {:>7} {:>9} {:>9} {:>10} {:>9} {:>8} {:>9}",
+        "case",
+        "cli",
+        "peer/s",
+        "router/s",
+        "r/peer",
+        "p p50ms",
+        "p p99ms",
+        "p ttfb50",
+        "saved ms",
+        "p cpu µs",
+        "p/direct"
+    );
+    for r in rows {
+        let Some(p) = &r.peer else { continue };
+        println!(
+            "{:<20} {:>4} {:>10.0} {:>10.0} {:>6.2}x {:>9.3} {:>9.3} {:>10.3} {:>9.3} {:>8.1} {:>8.0}%",
+            r.case,
+            r.clients,
+            p.req_per_s,
+            r.router.req_per_s,
+            r.router_over_peer.unwrap_or(f64::NAN),
+            p.p50_ms,
+            p.p99_ms,
+            p.ttfb_p50_ms,
+            r.ttfb_saved_vs_peer_ms.unwrap_or(f64::NAN),
+            p.cpu_us_per_req.unwrap_or(f64::NAN),
+            if r.direct.req_per_s > 0.0 {
+                p.req_per_s / r.direct.req_per_s * 100.0
+            } else {
+                0.0
+            },
+        );
+    }
+    println!("(saved ms: the peer's median time to first byte minus rbgctl's)");
 }

@@ -85,12 +85,13 @@ struct Held {
 }
 
 /// A leg the relayed answer depends on that is still running (vLLM Mooncake's prefill, sent
-/// beside its decode): the reason it failed, if it does.
+/// beside its decode): the reason it failed, if it does. The answer ends after it.
 type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// A worker's response body, relayed frame by frame.
 struct Relay {
-    /// `None` once cut (dropping it closes the worker's connection: the request is cancelled).
+    /// `None` once whole, or cut (dropping it unfinished closes the worker's connection: the
+    /// request is cancelled).
     inner: Option<Incoming>,
     /// Watched while the body is relayed: its failure cuts the answer at once.
     companion: Option<Companion>,
@@ -148,19 +149,26 @@ impl http_body::Body for Relay {
                 }
             }
         }
+        // The answer ends once it is whole and the leg it depends on has succeeded (which
+        // keeps that leg's resources within the client's request).
         let Some(inner) = this.inner.as_mut() else {
-            return Poll::Ready(None);
+            return match this.companion {
+                Some(_) => Poll::Pending,
+                None => {
+                    this.done = true;
+                    Poll::Ready(None)
+                }
+            };
         };
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(None) => {
-                this.done = true;
-                // The answer is whole; a leg still running ends in the background.
-                if let Some(leg) = this.companion.take() {
-                    tokio::spawn(async move {
-                        let _ = leg.await;
-                    });
+                this.inner = None;
+                if this.companion.is_some() {
+                    // Polled above: it wakes this body when it ends.
+                    return Poll::Pending;
                 }
+                this.done = true;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
@@ -892,9 +900,10 @@ impl Shared {
                         self.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
                         return a;
                     }
-                    // Decode answered first (as vLLM's own proxy, its answer goes to the client
-                    // at once: the engine holds its tokens until the KV cache has come). The
-                    // prefill leg is watched while it is relayed: its failure cuts the answer.
+                    // Decode answered first: as with vLLM's own proxy its answer goes to the
+                    // client at once (the engine holds its tokens until the KV cache has come).
+                    // The prefill leg is watched while it is relayed: its failure cuts the
+                    // answer, and the answer ends only after it.
                     Ok(r) => {
                         let leg: Companion = Box::pin(async move {
                             prefill_leg.await.map(|_| ()).map_err(|f| f.reason)
