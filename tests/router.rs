@@ -2518,3 +2518,31 @@ fn bench_router_measures_a_peer_router_side_by_side() {
     assert!(!out.status.success());
     assert!(err.contains("exited") && err.contains("false"), "{err}");
 }
+
+#[test]
+fn runtime_threads_sets_the_routers_thread_count() {
+    let w = fake_worker("threads-w", &[]);
+    // Threads of the router's runtime, named "router", once it has served a request.
+    let count = |threads: &str| {
+        let r = router(
+            &s(&["--worker-urls", &w.url(), "--runtime-threads", threads]),
+            true,
+        );
+        assert_eq!(post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
+        let pid = r._proc.pid().unwrap();
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "router")
+            .count()
+    };
+    let (one, four) = (count("1"), count("4"));
+    // (Beside the runtime's workers, a thread of its blocking pool may run.)
+    assert_eq!(four, one + 3, "1 thread: {one} named router; 4: {four}");
+    let out = std::process::Command::new(common::BIN)
+        .args(["router", "--runtime-threads", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runtime_threads"), "{err}");
+}

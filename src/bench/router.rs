@@ -66,6 +66,9 @@ pub struct RouterBenchArgs {
     /// Runtime threads of each fake worker.
     #[arg(long, default_value_t = 1)]
     pub worker_threads: usize,
+    /// Runtime threads of rbgctl's router. Default: the router's (one per core).
+    #[arg(long)]
+    pub router_threads: Option<usize>,
     /// Prefill/decode cases: milliseconds the FAKE prefill worker holds each answer (the
     /// prefill leg's answer time).
     #[arg(long, default_value_t = 20)]
@@ -303,6 +306,7 @@ impl Deployment {
             port: 0,
             prometheus_port: 0,
             policy: args.policy,
+            runtime_threads: args.router_threads,
             ..RouterConfig::default()
         };
         let (direct, peer_vars) = match mode {
@@ -798,8 +802,16 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
 
 fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     println!(
-        "rbgctl router vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} s x {} reps, medians",
-        args.workers, args.worker_threads, args.worker_cpu_us, args.seconds, args.reps
+        "rbgctl router ({}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} s x {} reps, medians",
+        match args.router_threads {
+            Some(n) => format!("{n} runtime thread(s)"),
+            None => "a runtime thread per core".to_string(),
+        },
+        args.workers,
+        args.worker_threads,
+        args.worker_cpu_us,
+        args.seconds,
+        args.reps
     );
     if rows.iter().any(|r| r.mode != Mode::Regular) {
         println!(

@@ -242,6 +242,10 @@ pub struct RouterConfig {
     /// sglang-router's model path: used as `tokenizer_path` when that is not given, and must
     /// then be a local directory holding `tokenizer.json`. Default: none.
     pub model_path: Option<PathBuf>,
+    /// Threads of the router's async runtime. Default: one per core. Fewer leave cores to
+    /// what shares the host (1 is fastest on a small host shared with engines: no hand-off
+    /// between threads).
+    pub runtime_threads: Option<usize>,
 }
 
 impl Default for RouterConfig {
@@ -331,6 +335,7 @@ impl Default for RouterConfig {
             client_key_path: None,
             tokenizer_path: None,
             model_path: None,
+            runtime_threads: None,
         }
     }
 }
@@ -654,6 +659,9 @@ pub struct RouterArgs {
     /// given (a hub id is refused: nothing is downloaded). Default: none.
     #[arg(long)]
     pub model_path: Option<PathBuf>,
+    /// Threads of the router's async runtime. Default: one per core.
+    #[arg(long)]
+    pub runtime_threads: Option<usize>,
     /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters. Default: info (RBGCTL_LOG wins).
     #[arg(long)]
     pub log_level: Option<String>,
@@ -786,6 +794,7 @@ impl RouterArgs {
             client_key_path,
             tokenizer_path,
             model_path,
+            runtime_threads,
         );
         set_list!(
             worker_urls,
@@ -1021,6 +1030,12 @@ impl RouterConfig {
                     format!("must be a positive rate, got {r}"),
                 ));
             }
+        }
+        if self.runtime_threads == Some(0) {
+            return Err(ConfigError::invalid(
+                "router.runtime_threads",
+                "must be at least 1 (leave it out for one per core)",
+            ));
         }
         let b = &self.prometheus_duration_buckets;
         if b.iter().any(|x| !(x.is_finite() && *x > 0.0)) || b.windows(2).any(|w| w[0] >= w[1]) {

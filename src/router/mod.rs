@@ -322,7 +322,7 @@ pub fn start(
         http: listeners.http.local_addr()?,
         metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
-    let runtime = role::runtime("router", None)?;
+    let runtime = role::runtime("router", cfg.runtime_threads)?;
     let (shared, http, metrics) = {
         let _guard = runtime.enter();
         (

@@ -14,7 +14,7 @@ use crate::router::vllm::{self, Connector, Legs};
 use crate::router::worker::{LoadGuard, Worker, WorkerType};
 use crate::router::Shared;
 use axum::body::Body;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
@@ -27,6 +27,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
+
+/// At most this many of a worker's data frames already received are merged into one.
+const MERGE_FRAMES: usize = 64;
+/// ... and up to this many bytes.
+const MERGE_BYTES: usize = 256 * 1024;
 
 /// Longest wait for a Mooncake prefill engine's bootstrap server to answer `GET /query`.
 const BOOTSTRAP_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -95,6 +100,8 @@ struct Relay {
     inner: Option<Incoming>,
     /// Watched while the body is relayed: its failure cuts the answer at once.
     companion: Option<Companion>,
+    /// What the worker's body gave after the data merged into the last frame: handed out next.
+    stash: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
     sse: bool,
     done: bool,
     worker: Arc<Worker>,
@@ -160,8 +167,41 @@ impl http_body::Body for Relay {
                 }
             };
         };
-        match Pin::new(inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+        let polled = match this.stash.take() {
+            Some(r) => Poll::Ready(r),
+            None => Pin::new(&mut *inner).poll_frame(cx),
+        };
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                let first = match frame.into_data() {
+                    Ok(d) => d,
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                };
+                // Data the worker has sent already goes out with it: one write, not several
+                // (an SSE stream's events often come together).
+                let mut merged: Option<BytesMut> = None;
+                for _ in 0..MERGE_FRAMES {
+                    let size = merged.as_ref().map_or(first.len(), |m| m.len());
+                    if size >= MERGE_BYTES {
+                        break;
+                    }
+                    match Pin::new(&mut *inner).poll_frame(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(Some(Ok(f))) if f.is_data() => {
+                            let m = merged.get_or_insert_with(|| BytesMut::from(&first[..]));
+                            if let Ok(d) = f.into_data() {
+                                m.extend_from_slice(&d);
+                            }
+                        }
+                        Poll::Ready(other) => {
+                            this.stash = Some(other);
+                            break;
+                        }
+                    }
+                }
+                let data = merged.map_or(first, BytesMut::freeze);
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
             Poll::Ready(None) => {
                 this.inner = None;
                 if this.companion.is_some() {
@@ -195,7 +235,9 @@ impl http_body::Body for Relay {
 
     fn is_end_stream(&self) -> bool {
         self.done
-            || (self.companion.is_none() && self.inner.as_ref().is_none_or(|i| i.is_end_stream()))
+            || (self.companion.is_none()
+                && self.stash.is_none()
+                && self.inner.as_ref().is_none_or(|i| i.is_end_stream()))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -1095,6 +1137,7 @@ impl Shared {
         let mut out = Response::new(Body::new(Relay {
             inner: Some(inner),
             companion,
+            stash: None,
             sse,
             done: false,
             worker,
