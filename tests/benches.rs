@@ -70,6 +70,65 @@ fn bench_store_keeps_to_its_own_keys_and_asks_before_writing_into_a_used_pool() 
 }
 
 #[test]
+fn bench_store_breakdown_shows_where_each_operation_went() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let o = bench_store(&c.rpc, &["--breakdown", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let row = |op: &str| -> serde_json::Value {
+        report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["op"] == op)
+            .unwrap_or_else(|| panic!("no {op} row: {report}"))["breakdown"]
+            .clone()
+    };
+    let (put, get, batch_put) = (row("put"), row("get"), row("batch_put 4x"));
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    // Today's protocol: a put is two master round trips (start, end), one transfer and one
+    // checksum; a get one round trip, one transfer, one checksum; a batch shares its calls.
+    // (Learning a store's segments the first time costs one round trip more.)
+    let about = |v: &serde_json::Value, k: &str, want: f64| {
+        assert!((f(v, k) - want).abs() < 0.05, "{k}: want {want}: {v}");
+    };
+    about(&put, "master_rpcs", 2.0);
+    about(&put, "transfers", 1.0);
+    about(&put, "checksums", 1.0);
+    about(&get, "master_rpcs", 1.0);
+    about(&get, "transfers", 1.0);
+    about(&batch_put, "master_rpcs", 0.5);
+    for b in [&put, &get, &batch_put] {
+        let parts = [
+            "master_us",
+            "transfer_us",
+            "copy_us",
+            "checksum_us",
+            "other_us",
+        ]
+        .iter()
+        .map(|k| f(b, k))
+        .sum::<f64>();
+        assert!(f(b, "master_us") > 0.0 && f(b, "transfer_us") > 0.0, "{b}");
+        assert!(
+            (parts - f(b, "total_us")).abs() < 0.01 * f(b, "total_us") + 0.5,
+            "{b}"
+        );
+        assert!(f(b, "syscalls") > 0.0, "{b}");
+    }
+    let o = bench_store(&c.rpc, &["--breakdown"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("where an item's time went"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn bench_store_that_could_not_measure_says_so_and_fails() {
     let mut c = Cluster::start(Opts {
         stores: 1,

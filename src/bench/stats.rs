@@ -40,6 +40,67 @@ pub struct PhaseResult {
     pub p99_us: f64,
     /// Share of the relevant machine limit (loopback or memcpy), when one applies.
     pub of_limit: Option<f64>,
+    /// Where an operation's time went (`bench store --breakdown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<OpBreakdown>,
+}
+
+/// Where one item's time went, as the client measured it: means per item (a batch call's
+/// figures divided by its items).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct OpBreakdown {
+    /// Mean latency.
+    pub total_us: f64,
+    /// Master round trips, and their time.
+    pub master_rpcs: f64,
+    pub master_us: f64,
+    /// Data-path calls to a store over the network (each a pipelined batch), and their time.
+    pub transfers: f64,
+    pub transfer_us: f64,
+    /// Copies to or from a same-host segment: their time and bytes.
+    pub copy_us: f64,
+    pub copied_bytes: f64,
+    /// CRC-32C computations, and their time.
+    pub checksums: f64,
+    pub checksum_us: f64,
+    /// The rest: the client's own work (planning, encoding, allocation, locks).
+    pub other_us: f64,
+    /// System calls of the client process (reads and writes, from /proc/self/io), when the
+    /// system reports them.
+    pub syscalls: Option<f64>,
+}
+
+impl OpBreakdown {
+    /// `d` over `items` items whose latencies sum to `latency` (one client thread).
+    pub fn per_item(
+        d: &crate::client::Breakdown,
+        items: u64,
+        latency: Duration,
+        syscalls: Option<u64>,
+    ) -> OpBreakdown {
+        let n = items.max(1) as f64;
+        let us = |ns: u64| ns as f64 / 1e3 / n;
+        let total_us = latency.as_secs_f64() * 1e6 / n;
+        let (master_us, transfer_us, copy_us, checksum_us) = (
+            us(d.master.ns),
+            us(d.transfer.ns),
+            us(d.copy.ns),
+            us(d.checksum.ns),
+        );
+        OpBreakdown {
+            total_us,
+            master_rpcs: d.master.calls as f64 / n,
+            master_us,
+            transfers: d.transfer.calls as f64 / n,
+            transfer_us,
+            copy_us,
+            copied_bytes: d.copied_bytes as f64 / n,
+            checksums: d.checksum.calls as f64 / n,
+            checksum_us,
+            other_us: (total_us - master_us - transfer_us - copy_us - checksum_us).max(0.0),
+            syscalls: syscalls.map(|s| s as f64 / n),
+        }
+    }
 }
 
 impl PhaseResult {
@@ -73,6 +134,7 @@ impl PhaseResult {
             p50_us: percentile(&latencies, 0.5).as_secs_f64() * 1e6,
             p99_us: percentile(&latencies, 0.99).as_secs_f64() * 1e6,
             of_limit: None,
+            breakdown: None,
         }
     }
 }

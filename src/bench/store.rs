@@ -4,7 +4,7 @@
 
 use super::cluster::master_or_own;
 use super::limits;
-use super::stats::PhaseResult;
+use super::stats::{OpBreakdown, PhaseResult};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::sync::Arc;
@@ -59,6 +59,10 @@ pub struct StoreBenchArgs {
     /// The local address the flood comes from (another loopback address than the client's).
     #[arg(long, default_value = "127.0.0.2")]
     pub flood_from: std::net::IpAddr,
+    /// Also show where each operation's time went, as the client sees it: master round trips,
+    /// store transfers, same-host copies, checksums, the rest, and system calls.
+    #[arg(long)]
+    pub breakdown: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -128,6 +132,7 @@ struct Phase {
     evicted: u64,
     first_error: Option<String>,
     elapsed: Duration,
+    breakdown: Option<OpBreakdown>,
 }
 
 impl Phase {
@@ -157,8 +162,43 @@ impl Phase {
             self.elapsed,
         );
         r.evicted = self.evicted;
+        r.breakdown = self.breakdown;
         r
     }
+}
+
+/// Reads and writes the process made (`syscr` + `syscw` of /proc/self/io), where reported.
+fn syscalls() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(field("syscr:")? + field("syscw:")?)
+}
+
+/// Runs a phase and, with `--breakdown`, adds where its items' time went (`items` per
+/// sample).
+fn probed(client: &Client, ctx: &Ctx<'_>, items: u64, run: impl FnOnce() -> Phase) -> Phase {
+    if !ctx.args.breakdown {
+        return run();
+    }
+    let (before, sys_before) = (client.breakdown(), syscalls());
+    let mut phase = run();
+    let (after, sys_after) = (client.breakdown(), syscalls());
+    let latency: Duration = phase.latencies.iter().sum();
+    let n = phase.latencies.len() as u64 * items;
+    let sys = sys_before.zip(sys_after).map(|(a, b)| b.saturating_sub(a));
+    phase.breakdown = Some(OpBreakdown::per_item(
+        &after.since(&before),
+        n,
+        latency,
+        sys,
+    ));
+    phase
 }
 
 /// Failed operations across the run: a benchmark with any cannot claim its figures.
@@ -193,6 +233,7 @@ fn run_phase(
         evicted: 0,
         first_error: None,
         elapsed: Duration::ZERO,
+        breakdown: None,
     };
     let parts = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -205,6 +246,7 @@ fn run_phase(
                         evicted: 0,
                         first_error: None,
                         elapsed: Duration::ZERO,
+                        breakdown: None,
                     };
                     for i in 0..per_thread {
                         if t0.elapsed() > time {
@@ -267,12 +309,14 @@ fn put_get_case(
     let key = |t: usize, i: u64| format!("{}{case}/{size}/{threads}/{t}/{i}", ctx.prefix);
     let written: Vec<parking_lot::Mutex<u64>> =
         (0..threads).map(|_| parking_lot::Mutex::new(0)).collect();
-    let phase = run_phase(threads, budget, ctx.args.phase_time.0, |t, i| {
-        let r = client.put(&key(t, i), &value, &cfg);
-        if r.is_ok() {
-            *written[t].lock() = i + 1;
-        }
-        Outcome::of(r, |_| true)
+    let phase = probed(client, ctx, 1, || {
+        run_phase(threads, budget, ctx.args.phase_time.0, |t, i| {
+            let r = client.put(&key(t, i), &value, &cfg);
+            if r.is_ok() {
+                *written[t].lock() = i + 1;
+            }
+            Outcome::of(r, |_| true)
+        })
     });
     let put = phase.result(
         case,
@@ -288,12 +332,14 @@ fn put_get_case(
     let bufs: Vec<parking_lot::Mutex<Vec<u8>>> = (0..threads)
         .map(|_| parking_lot::Mutex::new(vec![0u8; size]))
         .collect();
-    let phase = run_phase(threads, total.max(1), Duration::from_secs(3600), |t, i| {
-        if i >= counts[t] {
-            return Outcome::Ok;
-        }
-        let mut buf = bufs[t].lock();
-        Outcome::of(client.get_into(&key(t, i), &mut buf), |n| n == size)
+    let phase = probed(client, ctx, 1, || {
+        run_phase(threads, total.max(1), Duration::from_secs(3600), |t, i| {
+            if i >= counts[t] {
+                return Outcome::Ok;
+            }
+            let mut buf = bufs[t].lock();
+            Outcome::of(client.get_into(&key(t, i), &mut buf), |n| n == size)
+        })
     });
     let get = phase.result(
         case,
@@ -350,17 +396,19 @@ fn batch_case(client: &Arc<Client>, case: &str, ctx: &Ctx<'_>) -> Vec<PhaseResul
             .collect()
     };
     let done = parking_lot::Mutex::new(0u64);
-    let phase = run_phase(1, calls, args.phase_time.0, |_, call| {
-        let keys = keys_of(call);
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let results = client.batch_put(&refs, &value_refs, &cfg);
-        match results.into_iter().find_map(Result::err) {
-            None => {
-                *done.lock() = call + 1;
-                Outcome::Ok
+    let phase = probed(client, ctx, n as u64, || {
+        run_phase(1, calls, args.phase_time.0, |_, call| {
+            let keys = keys_of(call);
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let results = client.batch_put(&refs, &value_refs, &cfg);
+            match results.into_iter().find_map(Result::err) {
+                None => {
+                    *done.lock() = call + 1;
+                    Outcome::Ok
+                }
+                Some(e) => Outcome::Failed(e.to_string()),
             }
-            Some(e) => Outcome::Failed(e.to_string()),
-        }
+        })
     });
     let put_op = format!("batch_put {n}x");
     let put = phase.result(
@@ -375,29 +423,31 @@ fn batch_case(client: &Arc<Client>, case: &str, ctx: &Ctx<'_>) -> Vec<PhaseResul
     let done = *done.lock();
     let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; size]).collect();
     let bufs_lock = parking_lot::Mutex::new(&mut bufs);
-    let phase = run_phase(1, done.max(1), Duration::from_secs(3600), |_, call| {
-        if call >= done {
-            return Outcome::Ok;
-        }
-        let keys = keys_of(call);
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut guard = bufs_lock.lock();
-        let mut slices: Vec<&mut [u8]> = guard.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let results = client.batch_get_into(&refs, &mut slices);
-        if results
-            .iter()
-            .any(|r| matches!(r, Err(ClientError::NotFound(_))))
-        {
-            return Outcome::Evicted;
-        }
-        match results
-            .into_iter()
-            .find(|r| !matches!(r, Ok(x) if *x == size))
-        {
-            None => Outcome::Ok,
-            Some(Err(e)) => Outcome::Failed(e.to_string()),
-            Some(Ok(x)) => Outcome::Failed(format!("read {x} bytes, wrote {size}")),
-        }
+    let phase = probed(client, ctx, n as u64, || {
+        run_phase(1, done.max(1), Duration::from_secs(3600), |_, call| {
+            if call >= done {
+                return Outcome::Ok;
+            }
+            let keys = keys_of(call);
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let mut guard = bufs_lock.lock();
+            let mut slices: Vec<&mut [u8]> = guard.iter_mut().map(|b| b.as_mut_slice()).collect();
+            let results = client.batch_get_into(&refs, &mut slices);
+            if results
+                .iter()
+                .any(|r| matches!(r, Err(ClientError::NotFound(_))))
+            {
+                return Outcome::Evicted;
+            }
+            match results
+                .into_iter()
+                .find(|r| !matches!(r, Ok(x) if *x == size))
+            {
+                None => Outcome::Ok,
+                Some(Err(e)) => Outcome::Failed(e.to_string()),
+                Some(Ok(x)) => Outcome::Failed(format!("read {x} bytes, wrote {size}")),
+            }
+        })
     });
     let get_op = format!("batch_get {n}x");
     let get = phase.result(
@@ -677,6 +727,9 @@ fn table(r: &Report) -> String {
     }
     let _ = writeln!(
         out,"(of limit: large tcp values against the loopback stream, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
+    if r.results.iter().any(|x| x.breakdown.is_some()) {
+        out.push_str(&breakdown_table(r));
+    }
     if r.partial {
         let _ = writeln!(out, "PARTIAL RESULTS: some phases failed or did not run:");
         for f in &r.failures {
@@ -689,6 +742,56 @@ fn table(r: &Report) -> String {
             "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
              flood phases (the rest were refused or closed)",
             f.asked, f.opened, f.held_after
+        );
+    }
+    out
+}
+
+/// Where each item's time went, one row per phase that was probed.
+fn breakdown_table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "where an item's time went, client side (mean µs; rpcs, calls, syscalls per item):\n",
+    );
+    let _ = writeln!(
+        out,
+        "{:<5} {:<17} {:>11} {:>3} {:>8} {:>8} {:>5} {:>8} {:>5} {:>8} {:>8} {:>8} {:>8}",
+        "path",
+        "op",
+        "value",
+        "thr",
+        "total",
+        "master",
+        "rpcs",
+        "transfer",
+        "calls",
+        "copy",
+        "crc",
+        "other",
+        "syscalls"
+    );
+    for x in &r.results {
+        let Some(b) = &x.breakdown else { continue };
+        let syscalls = b
+            .syscalls
+            .map(|s| format!("{s:.1}"))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<5} {:<17} {:>11} {:>3} {:>8.1} {:>8.1} {:>5.2} {:>8.1} {:>5.2} {:>8.1} {:>8.1} {:>8.1} {:>8}",
+            x.case,
+            x.op,
+            human_bytes(x.value_bytes),
+            x.threads,
+            b.total_us,
+            b.master_us,
+            b.master_rpcs,
+            b.transfer_us,
+            b.transfers,
+            b.copy_us,
+            b.checksum_us,
+            b.other_us,
+            syscalls
         );
     }
     out

@@ -79,17 +79,21 @@ impl Inner {
         let mut last = String::from("no replica tried");
         let mut bad_checksum = false;
         for (route, offset) in &targets {
+            let bytes = dst.len() as u64;
             let mut op = [ReadOp {
                 offset: *offset,
                 dst: &mut *dst,
             }];
-            let read = route.path.read(&mut op).pop().unwrap_or(Ok(()));
+            let read = self
+                .moved(route, bytes, || route.path.read(&mut op))
+                .pop()
+                .unwrap_or(Ok(()));
             match &read {
                 Ok(()) => route.succeeded(),
                 Err(_) => route.failed(),
             }
             match read {
-                Ok(()) if crc32c::crc32c(dst) == desc.checksum => return Ok(()),
+                Ok(()) if self.checksum(dst) == desc.checksum => return Ok(()),
                 Ok(()) => {
                     bad_checksum = true;
                     tracing::warn!(key, segment = %route.info.name, "checksum mismatch; trying another replica");
@@ -181,7 +185,9 @@ impl Inner {
                         });
                     }
                 }
-                for (item, r) in items.into_iter().zip(route.path.read(&mut ops)) {
+                let bytes = ops.iter().map(|op| op.dst.len() as u64).sum();
+                let results = self.moved(&route, bytes, || route.path.read(&mut ops));
+                for (item, r) in items.into_iter().zip(results) {
                     match &r {
                         Ok(()) => route.succeeded(),
                         Err(_) => route.failed(),
@@ -197,7 +203,7 @@ impl Inner {
                 let d = d?;
                 let n = d.size as usize;
                 let dst = &mut bufs[i][..n];
-                if !(read_ok[i] && crc32c::crc32c(dst) == d.checksum) {
+                if !(read_ok[i] && self.checksum(dst) == d.checksum) {
                     self.read_object(keys[i], &d, dst)?;
                 }
                 Ok(n)

@@ -11,9 +11,11 @@
 //! - `datapath/`: the seam between the client and the bytes' medium (TCP, same-host shared
 //!   memory; RDMA later).
 //! - `routes.rs`: the segments this client knows and the data path of each.
+//! - `breakdown.rs`: where the time goes (master round trips, transfers, copies, checksums).
 //!
 //! `Client` is `Send + Sync`; share one per process.
 
+mod breakdown;
 mod datapath;
 mod error;
 mod get;
@@ -21,6 +23,7 @@ mod plan;
 mod put;
 mod routes;
 
+pub use breakdown::{Breakdown, Part};
 pub use error::ClientError;
 
 use crate::config::mooncake::MooncakeEnv;
@@ -99,6 +102,7 @@ struct Inner {
     master: Pool,
     routes: Routes,
     stop: Shutdown,
+    meter: breakdown::Meter,
 }
 
 pub struct Client {
@@ -131,6 +135,7 @@ impl Client {
                 cfg.conn.clone(),
             ),
             stop: Shutdown::new(),
+            meter: breakdown::Meter::default(),
             cfg,
         });
         inner.master_call::<_, PingResp>(
@@ -298,6 +303,12 @@ impl Client {
     }
 
     /// The segments the master knows, refreshed.
+    /// Where this client's time went since it connected: master round trips, transfers,
+    /// copies, checksums (subtract two with [`Breakdown::since`]).
+    pub fn breakdown(&self) -> Breakdown {
+        self.inner.meter.snapshot()
+    }
+
     pub fn segments(&self) -> Result<Vec<SegmentEntry>, ClientError> {
         let r: ListSegmentsResp = self.inner.master_call(Opcode::ListSegments, &())?;
         Ok(r.segments)
@@ -353,15 +364,38 @@ impl Inner {
         op: Opcode,
         req: &Req,
     ) -> Result<Resp, ClientError> {
-        self.master
-            .with(|c| c.call(op, req))
+        self.meter
+            .time(breakdown::Work::Master, || {
+                self.master.with(|c| c.call(op, req))
+            })
             .map_err(|e| ClientError::from_master(self.master.addr(), e))
+    }
+
+    /// Runs a data-path call on `route` moving `bytes`, metered as a transfer, or as a copy
+    /// on the same-host path.
+    fn moved<T>(&self, route: &Route, bytes: u64, f: impl FnOnce() -> T) -> T {
+        match route.path.kind() {
+            datapath::PathKind::Shm => {
+                self.meter.copied(bytes);
+                self.meter.time(breakdown::Work::Copy, f)
+            }
+            datapath::PathKind::Tcp => self.meter.time(breakdown::Work::Transfer, f),
+        }
+    }
+
+    /// A value's CRC-32C, metered.
+    fn checksum(&self, data: &[u8]) -> u32 {
+        self.meter
+            .time(breakdown::Work::Checksum, || crc32c::crc32c(data))
     }
 
     fn heartbeat_loop(&self) {
         while !self.stop.sleep(self.cfg.heartbeat_interval) {
-            if let Err(e) =
-                self.master_call::<_, PingResp>(Opcode::Ping, &PingReq { client_id: self.id })
+            // Not metered: heartbeats are not part of any operation.
+            let ping = PingReq { client_id: self.id };
+            if let Err(e) = self
+                .master
+                .with(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
             {
                 tracing::debug!(error = %e, "client heartbeat failed");
             }

@@ -49,7 +49,7 @@ impl Inner {
             Err(e) => return vec![Err(e); keys.len()],
         };
         // Checksums first: persistent stores record them with the object.
-        let checksums: Vec<u32> = values.iter().map(|v| crc32c::crc32c(v)).collect();
+        let checksums: Vec<u32> = values.iter().map(|v| self.checksum(v)).collect();
         let plan = WritePlan::new(keys, started, |segment| self.route(segment).map(|_| ()));
 
         let mut outcomes = Vec::new();
@@ -71,7 +71,8 @@ impl Inner {
                     checksum: checksums[w.item],
                 })
                 .collect();
-            let results = route.path.write(&ops);
+            let bytes = ops.iter().map(|op| op.value.len() as u64).sum();
+            let results = self.moved(&route, bytes, || route.path.write(&ops));
             for (w, r) in writes.iter().zip(results) {
                 let r = r.map_err(|e| ClientError::from_store(&route.info.endpoint, e));
                 outcomes.push((w.item, r));
