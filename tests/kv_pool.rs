@@ -366,24 +366,41 @@ fn corrupted_bytes_are_caught_by_the_checksum_and_never_served() {
         ..Default::default()
     });
     let client = c.client();
-    client.put("crc", &value(8192, 9), &one()).unwrap();
-    let offset = c.object("crc")["current"]["replicas"][0]["offset"]
-        .as_u64()
-        .unwrap();
-    let seg_file = std::fs::read_dir(c.shm_dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "seg"))
-        .unwrap();
-    use std::io::{Seek, SeekFrom, Write};
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&seg_file)
-        .unwrap();
-    f.seek(SeekFrom::Start(offset + 100)).unwrap();
-    f.write_all(b"CORRUPT").unwrap();
-    drop(f);
-    let err = client.get("crc").unwrap_err();
+    // A new object whose stored bytes are then overwritten (a reader that finds it corrupt
+    // has the master drop that replica, so each path gets its own).
+    let corrupted = |key: &str| {
+        client.put(key, &value(8192, 9), &one()).unwrap();
+        let offset = c.object(key)["current"]["replicas"][0]["offset"]
+            .as_u64()
+            .unwrap();
+        let seg_file = std::fs::read_dir(c.shm_dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "seg"))
+            .unwrap();
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&seg_file)
+            .unwrap();
+        f.seek(SeekFrom::Start(offset + 100)).unwrap();
+        f.write_all(b"CORRUPT").unwrap();
+    };
+    // Checksummed as the bytes arrive, on every path: one get and a batch over TCP, and a
+    // copy from the same-host segment.
+    corrupted("crc-get");
+    let err = client.get("crc-get").unwrap_err();
+    assert!(matches!(err, ClientError::Checksum { .. }), "{err}");
+    corrupted("crc-batch");
+    let batch = client.batch_get(&["crc-batch"]);
+    assert!(
+        matches!(&batch[0], Err(ClientError::Checksum { .. })),
+        "{batch:?}"
+    );
+    corrupted("crc-shm");
+    let shm =
+        rbgctl::client::Client::connect(rbgctl::client::ClientConfig::new(c.rpc.clone())).unwrap();
+    let err = shm.get("crc-shm").unwrap_err();
     assert!(matches!(err, ClientError::Checksum { .. }), "{err}");
 }
 

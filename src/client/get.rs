@@ -80,20 +80,20 @@ impl Inner {
         let mut bad_checksum = false;
         for (route, offset) in &targets {
             let bytes = dst.len() as u64;
-            let mut op = [ReadOp {
-                offset: *offset,
-                dst: &mut *dst,
-            }];
+            let mut op = [ReadOp::new(*offset, &mut *dst)];
             let read = self
                 .moved(route, bytes, || route.path.read(&mut op))
                 .pop()
                 .unwrap_or(Ok(()));
+            let crc = op[0].crc;
             match &read {
                 Ok(()) => route.succeeded(),
                 Err(_) => route.failed(),
             }
             match read {
-                Ok(()) if self.checksum(dst) == desc.checksum => return Ok(()),
+                Ok(()) if crc.unwrap_or_else(|| self.checksum(dst)) == desc.checksum => {
+                    return Ok(())
+                }
                 Ok(()) => {
                     bad_checksum = true;
                     tracing::warn!(key, segment = %route.info.name, "checksum mismatch; trying another replica");
@@ -166,6 +166,8 @@ impl Inner {
             Some((route.segment_id, offset))
         });
         let mut read_ok = vec![false; keys.len()];
+        // The CRC the data path computed in passing, where it did.
+        let mut crcs: Vec<Option<u32>> = vec![None; keys.len()];
         {
             let mut slots: Vec<Option<&mut [u8]>> =
                 bufs.iter_mut().map(|b| Some(&mut **b)).collect();
@@ -179,20 +181,18 @@ impl Inner {
                     let size = descs[r.item].as_ref().map_or(0, |d| d.size as usize);
                     if let Some(buf) = slots[r.item].take() {
                         items.push(r.item);
-                        ops.push(ReadOp {
-                            offset: r.offset,
-                            dst: &mut buf[..size],
-                        });
+                        ops.push(ReadOp::new(r.offset, &mut buf[..size]));
                     }
                 }
                 let bytes = ops.iter().map(|op| op.dst.len() as u64).sum();
                 let results = self.moved(&route, bytes, || route.path.read(&mut ops));
-                for (item, r) in items.into_iter().zip(results) {
+                for ((item, r), op) in items.into_iter().zip(results).zip(&ops) {
                     match &r {
                         Ok(()) => route.succeeded(),
                         Err(_) => route.failed(),
                     }
                     read_ok[item] = r.is_ok();
+                    crcs[item] = op.crc;
                 }
             }
         }
@@ -203,7 +203,9 @@ impl Inner {
                 let d = d?;
                 let n = d.size as usize;
                 let dst = &mut bufs[i][..n];
-                if !(read_ok[i] && self.checksum(dst) == d.checksum) {
+                let good =
+                    read_ok[i] && crcs[i].unwrap_or_else(|| self.checksum(dst)) == d.checksum;
+                if !good {
                     self.read_object(keys[i], &d, dst)?;
                 }
                 Ok(n)

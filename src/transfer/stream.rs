@@ -15,6 +15,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 const READ_BUF_LEN: usize = 16 * 1024;
+/// Most bytes read at once when checksumming on arrival: small enough that a piece is still
+/// in the cache when it is checksummed.
+const CRC_PIECE: usize = 256 * 1024;
 
 pub struct FramedStream {
     stream: TcpStream,
@@ -200,6 +203,40 @@ impl FramedStream {
         }
         self.pending_data -= dst.len() as u64;
         Ok(())
+    }
+
+    /// As [`FramedStream::read_data_into`], and the CRC-32C of what was read, computed per
+    /// piece as it arrives (while it is in the cache) instead of in a second pass.
+    pub fn read_data_into_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
+        if dst.len() as u64 > self.pending_data {
+            return Err(TransferError::Protocol(format!(
+                "asked for {} payload bytes, frame has {}",
+                dst.len(),
+                self.pending_data
+            )));
+        }
+        let from_buf = dst.len().min(self.buffered());
+        dst[..from_buf].copy_from_slice(&self.rbuf[self.rstart..self.rstart + from_buf]);
+        self.rstart += from_buf;
+        let mut crc = crc32c::crc32c(&dst[..from_buf]);
+        let mut done = from_buf;
+        if done < dst.len() {
+            self.arm(false)?;
+        }
+        while done < dst.len() {
+            let end = (done + CRC_PIECE).min(dst.len());
+            match self.stream.read(&mut dst[done..end]) {
+                Ok(0) => return Err(TransferError::Closed),
+                Ok(n) => {
+                    crc = crc32c::crc32c_append(crc, &dst[done..done + n]);
+                    done += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        self.pending_data -= dst.len() as u64;
+        Ok(crc)
     }
 
     /// Skips the rest of the current frame's payload.

@@ -46,6 +46,19 @@ pub struct WriteOp<'a> {
 pub struct ReadOp<'a> {
     pub offset: u64,
     pub dst: &'a mut [u8],
+    /// Set by the path when the read succeeded: the CRC-32C of `dst`, computed as the bytes
+    /// arrived (no second pass over them).
+    pub crc: Option<u32>,
+}
+
+impl<'a> ReadOp<'a> {
+    pub fn new(offset: u64, dst: &'a mut [u8]) -> ReadOp<'a> {
+        ReadOp {
+            offset,
+            dst,
+            crc: None,
+        }
+    }
 }
 
 /// Moves bytes to and from one store's segment. Each call takes a batch for that segment and

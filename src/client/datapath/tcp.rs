@@ -1,6 +1,6 @@
 //! Bytes over TCP: each batch is pipelined on one pooled connection to the store, in windows of
 //! [`WINDOW`] requests, payloads sent straight from the caller's buffers (vectored writes) and
-//! received straight into them.
+//! received straight into them, checksummed as they arrive.
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
 use crate::transfer::message::{ReadReq, WriteReq};
@@ -123,16 +123,17 @@ impl DataPath for Tcp {
             ops.len(),
             |conn, j| conn.send(Opcode::Read, &reqs[j].to_meta(), &[]),
             |conn, j, id| {
-                let dst = &mut *ops[j].dst;
+                let op = &mut ops[j];
                 let (header, _) = conn.recv(id)?;
-                if header.data_len != dst.len() as u64 {
+                if header.data_len != op.dst.len() as u64 {
                     return Err(TransferError::Protocol(format!(
                         "store sent {} bytes, expected {}",
                         header.data_len,
-                        dst.len()
+                        op.dst.len()
                     )));
                 }
-                conn.io.read_data_into(dst)
+                op.crc = Some(conn.io.read_data_into_crc(op.dst)?);
+                Ok(())
             },
         )
     }
