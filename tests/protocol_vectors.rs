@@ -383,6 +383,17 @@ fn cases() -> Vec<Case> {
     };
     c.request("write, 4 KiB payload", Opcode::Write, &write, 4096);
     c.reply("write reply", Opcode::Write, &(), 0);
+    let checked = WriteReq {
+        checksum: 0,
+        ..write.clone()
+    };
+    c.request(
+        "write checked, 4 KiB payload then its CRC-32C",
+        Opcode::WriteChecked,
+        &checked,
+        4096 + 4,
+    );
+    c.reply("write checked reply", Opcode::WriteChecked, &(), 0);
     let read = ReadReq {
         offset: 8192,
         length: 4096,

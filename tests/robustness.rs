@@ -467,3 +467,46 @@ fn idle_floods_and_half_sent_frames_do_not_lock_a_client_out() {
     let lines = log.matches("per-peer connection limit reached").count();
     assert!((1..=3).contains(&lines), "{lines} refusal lines:\n{log}");
 }
+
+#[test]
+fn a_checked_write_whose_bytes_do_not_match_their_crc_is_refused_and_not_recorded() {
+    use rbgctl::transfer::message::WriteReq;
+    use rbgctl::transfer::{ConnOptions, Pool, TransferError, Wire};
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let pool = Pool::new(store_endpoint(&c), ConnOptions::default());
+    let value = vec![7u8; 10_000];
+    let write = |crc: u32| {
+        let meta = WriteReq {
+            offset: 0,
+            key: "probe".into(),
+            version: 1,
+            checksum: 0,
+        }
+        .to_meta();
+        pool.with(|conn| {
+            let id = conn.send(Opcode::WriteChecked, &meta, &[&value, &crc.to_le_bytes()])?;
+            conn.recv(id)
+        })
+    };
+    // Bytes that arrive other than they left (here: a CRC that is not theirs) are refused.
+    match write(crc32c::crc32c(&value) ^ 1) {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::InvalidParams);
+            assert!(message.contains("corrupted on the way"), "{message}");
+        }
+        other => panic!("a mismatched CRC was accepted: {other:?}"),
+    }
+    assert_eq!(
+        c.store_metric(0, "rbgctl_store_checksum_mismatches_total"),
+        Some(1.0)
+    );
+    // The connection stays in step: the right CRC is accepted on it.
+    write(crc32c::crc32c(&value)).expect("a matching CRC is accepted");
+    assert_eq!(
+        c.store_metric(0, "rbgctl_store_checksum_mismatches_total"),
+        Some(1.0)
+    );
+}

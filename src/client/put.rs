@@ -1,5 +1,6 @@
-//! The batch put: one master round trip to start, the writes through each segment's data path,
-//! one round trip to commit what was written (and one to revoke what was not). What to write and
+//! The batch put: one master round trip to start, the writes through each segment's data path
+//! (each answering the value's CRC-32C, computed as the bytes went), one round trip to commit
+//! what was written with that CRC (and one to revoke what was not). What to write and
 //! what to commit is decided in `plan.rs`; this file only does the I/O.
 
 use super::datapath::WriteOp;
@@ -48,8 +49,8 @@ impl Inner {
             }
             Err(e) => return vec![Err(e); keys.len()],
         };
-        // Checksums first: persistent stores record them with the object.
-        let checksums: Vec<u32> = values.iter().map(|v| self.checksum(v)).collect();
+        // Each write answers the value's CRC-32C, computed as its bytes went.
+        let mut checksums: Vec<Option<u32>> = vec![None; keys.len()];
         let plan = WritePlan::new(keys, started, |segment| self.route(segment).map(|_| ()));
 
         let mut outcomes = Vec::new();
@@ -68,17 +69,29 @@ impl Inner {
                     value: values[w.item],
                     key: keys[w.item],
                     version: plan.object_id(w.item),
-                    checksum: checksums[w.item],
                 })
                 .collect();
             let bytes = ops.iter().map(|op| op.value.len() as u64).sum();
             let results = self.moved(&route, bytes, || route.path.write(&ops));
             for (w, r) in writes.iter().zip(results) {
-                let r = r.map_err(|e| ClientError::from_store(&route.info.endpoint, e));
+                let r = match r {
+                    Ok(crc) => match checksums[w.item].get_or_insert(crc) {
+                        // Replicas of one value that hash apart: the caller's buffer changed
+                        // while it was written; no replica can be trusted to be the value.
+                        first if *first != crc => Err(ClientError::Invalid(format!(
+                            "{:?}: the value changed while it was being written (its replicas \
+                             differ); do not modify a buffer during its put",
+                            keys[w.item]
+                        ))),
+                        _ => Ok(()),
+                    },
+                    Err(e) => Err(ClientError::from_store(&route.info.endpoint, e)),
+                };
                 outcomes.push((w.item, r));
             }
         }
 
+        let checksums: Vec<u32> = checksums.into_iter().map(|c| c.unwrap_or(0)).collect();
         let mut settlement = plan.settle(keys, &checksums, outcomes);
         if !settlement.revoke.is_empty() {
             let req = BatchPutEndReq {

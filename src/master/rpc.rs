@@ -217,7 +217,12 @@ impl MasterService {
                 });
                 answer(io, Ok(BatchStatusResp { items }))
             }
-            Opcode::Write | Opcode::Read | Opcode::StoreInfo | Opcode::Seal | Opcode::Forget => {
+            Opcode::Write
+            | Opcode::WriteChecked
+            | Opcode::Read
+            | Opcode::StoreInfo
+            | Opcode::Seal
+            | Opcode::Forget => {
                 io.error(
                     Status::UnknownOpcode,
                     &format!("{} is a store operation, not a master one", op.name()),

@@ -179,6 +179,7 @@ impl Store {
             index: index.clone(),
             recovery: recovery.unwrap_or_default(),
             index_errors: AtomicU64::new(0),
+            checksum_mismatches: AtomicU64::new(0),
             stats: OpStats::default(),
             bytes_written: AtomicU64::new(0),
             bytes_sealed: AtomicU64::new(0),
@@ -313,6 +314,12 @@ impl StoreStatus {
             "counter",
             "Index writes that failed (the request failed with them).",
             s.index_errors.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_checksum_mismatches_total",
+            "counter",
+            "Checked writes refused: their bytes did not match the CRC-32C their writer sent.",
+            s.checksum_mismatches.load(Ordering::Relaxed) as f64,
         );
         s.connections.render(&mut p, "rbgctl_store");
         s.stats.render(&mut p, "rbgctl_store", |op| {

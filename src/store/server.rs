@@ -22,6 +22,8 @@ pub struct StoreService {
     pub index: Option<Arc<DurableIndex>>,
     pub recovery: Recovery,
     pub index_errors: AtomicU64,
+    /// Checked writes whose bytes did not match the CRC their writer sent.
+    pub checksum_mismatches: AtomicU64,
     pub stats: OpStats,
     pub bytes_written: AtomicU64,
     /// Bytes same-host clients copied in and reported with `SEAL` (persistent stores).
@@ -31,6 +33,79 @@ pub struct StoreService {
 }
 
 impl StoreService {
+    /// WRITE and WRITE_CHECKED: the bytes straight into the segment, checksummed as they come;
+    /// with `checked`, the CRC-32C the writer sent after them must match.
+    fn write(
+        &self,
+        io: &mut ServerIo<'_>,
+        mem: &SegmentMemory,
+        r: WriteReq,
+        checked: bool,
+    ) -> Result<bool, TransferError> {
+        let total = io.data_len();
+        let trailer = if checked { 4 } else { 0 };
+        let Some(len) = total.checked_sub(trailer) else {
+            io.discard_data()?;
+            io.error(
+                Status::InvalidParams,
+                "a checked write's payload must end with its 4-byte CRC-32C",
+            )?;
+            return Ok(false);
+        };
+        if let Err(msg) = mem.check(r.offset, len) {
+            io.discard_data()?;
+            io.error(Status::OutOfBounds, &msg)?;
+            return Ok(false);
+        }
+        // SAFETY: the master allocated this range to exactly one writer.
+        let dst = unsafe { mem.slice_mut(r.offset, len) };
+        let checksum = if checked {
+            let crc = io.read_data_into_crc(dst)?;
+            let mut sent = [0u8; 4];
+            io.read_data_into(&mut sent)?;
+            let sent = u32::from_le_bytes(sent);
+            if sent != crc {
+                self.checksum_mismatches.fetch_add(1, Ordering::Relaxed);
+                let msg = format!(
+                    "the bytes written at offset {} hash to CRC-32C {crc:08x}, their writer sent \
+                     {sent:08x}: corrupted on the way; not recorded",
+                    r.offset
+                );
+                tracing::warn!(offset = r.offset, key = %r.key, "{msg}");
+                io.error(Status::InvalidParams, &msg)?;
+                return Ok(false);
+            }
+            crc
+        } else {
+            io.read_data_into(dst)?;
+            r.checksum
+        };
+        self.bytes_written.fetch_add(len, Ordering::Relaxed);
+        // Every byte is in place: now the object may be recorded (never before, so a crash
+        // mid-write leaves no record of a torn object).
+        if let Some(index) = &self.index {
+            let result = if r.key.is_empty() {
+                index.purge(r.offset, len)
+            } else {
+                index.seal(&[StoredObject {
+                    key: r.key,
+                    version: r.version,
+                    offset: r.offset,
+                    size: len,
+                    checksum,
+                }])
+            };
+            if let Err(e) = result {
+                self.index_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "cannot record the object in the index");
+                io.error(Status::Internal, &format!("index write failed: {e}"))?;
+                return Ok(false);
+            }
+        }
+        io.reply(Status::Ok, &[], &[])?;
+        Ok(true)
+    }
+
     fn dispatch(
         &self,
         op: Opcode,
@@ -46,44 +121,12 @@ impl StoreService {
             Ok(false)
         };
         match op {
-            Opcode::Write => {
+            Opcode::Write | Opcode::WriteChecked => {
                 let r = WriteReq::from_meta(meta)?;
-                let len = io.data_len();
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
-                if let Err(msg) = mem.check(r.offset, len) {
-                    io.discard_data()?;
-                    io.error(Status::OutOfBounds, &msg)?;
-                    return Ok(false);
-                }
-                // SAFETY: the master allocated this range to exactly one writer.
-                let dst = unsafe { mem.slice_mut(r.offset, len) };
-                io.read_data_into(dst)?;
-                self.bytes_written.fetch_add(len, Ordering::Relaxed);
-                // Every byte is in place: now the object may be recorded (never before, so a
-                // crash mid-write leaves no record of a torn object).
-                if let Some(index) = &self.index {
-                    let result = if r.key.is_empty() {
-                        index.purge(r.offset, len)
-                    } else {
-                        index.seal(&[StoredObject {
-                            key: r.key,
-                            version: r.version,
-                            offset: r.offset,
-                            size: len,
-                            checksum: r.checksum,
-                        }])
-                    };
-                    if let Err(e) = result {
-                        self.index_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(error = %e, "cannot record the object in the index");
-                        io.error(Status::Internal, &format!("index write failed: {e}"))?;
-                        return Ok(false);
-                    }
-                }
-                io.reply(Status::Ok, &[], &[])?;
-                Ok(true)
+                self.write(io, mem, r, op == Opcode::WriteChecked)
             }
             Opcode::Seal => {
                 let r = SealReq::from_meta(meta)?;

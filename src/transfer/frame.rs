@@ -40,10 +40,14 @@ pub enum Opcode {
     StoreInfo = 0x42,
     Seal = 0x43,
     Forget = 0x44,
+    /// A write whose payload ends with the value's CRC-32C (4 bytes, little-endian), computed
+    /// by the writer as it sent: the store checks it as it receives (meta: `WriteReq`, whose
+    /// `checksum` is unused).
+    WriteChecked = 0x45,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 25] = [
+    pub const ALL: [Opcode; 26] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -69,6 +73,7 @@ impl Opcode {
         Opcode::StoreInfo,
         Opcode::Seal,
         Opcode::Forget,
+        Opcode::WriteChecked,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -103,6 +108,7 @@ impl Opcode {
             Opcode::StoreInfo => "store_info",
             Opcode::Seal => "seal",
             Opcode::Forget => "forget",
+            Opcode::WriteChecked => "write_checked",
         }
     }
 }

@@ -73,6 +73,21 @@ impl Connection {
         Ok(id)
     }
 
+    /// Sends a request whose payload is `value` followed by its CRC-32C, computed as it is
+    /// sent (`WRITE_CHECKED`); answers its id and the CRC.
+    pub fn send_checked(
+        &mut self,
+        op: Opcode,
+        meta: &[u8],
+        value: &[u8],
+    ) -> Result<(u64, u32), TransferError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let header = Header::request(op, id, meta.len(), value.len() as u64 + 4);
+        let crc = self.io.write_frame_checked(&header, meta, value)?;
+        Ok((id, crc))
+    }
+
     /// Reads the reply to request `id` (replies come in request order). An error answer becomes
     /// `TransferError::Remote`; its payload, if any, is skipped.
     pub fn recv(&mut self, id: u64) -> Result<(Header, Vec<u8>), TransferError> {

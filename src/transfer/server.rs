@@ -148,6 +148,11 @@ impl ServerIo<'_> {
         self.stream.read_data_into(dst)
     }
 
+    /// Reads into `dst` and answers the CRC-32C of what came, computed as it arrived.
+    pub fn read_data_into_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
+        self.stream.read_data_into_crc(dst)
+    }
+
     pub fn discard_data(&mut self) -> Result<(), TransferError> {
         self.stream.discard_data()
     }

@@ -274,6 +274,44 @@ impl FramedStream {
         write_all_vectored(&mut self.stream, &mut slices)
     }
 
+    /// Writes one frame whose payload is `value` then its CRC-32C (4 bytes, little-endian),
+    /// computed piece by piece just before each piece is sent (while it is in the cache for the
+    /// kernel's copy); `header.data_len` must be `value.len() + 4`. Answers the CRC.
+    pub fn write_frame_checked(
+        &mut self,
+        header: &Header,
+        meta: &[u8],
+        value: &[u8],
+    ) -> Result<u32, TransferError> {
+        debug_assert_eq!(header.data_len, value.len() as u64 + 4);
+        self.wbuf.clear();
+        self.wbuf.extend_from_slice(&header.encode());
+        self.wbuf.extend_from_slice(meta);
+        let pieces = value.len().div_ceil(CRC_PIECE).max(1);
+        let mut crc = 0;
+        for (i, piece) in value
+            .chunks(CRC_PIECE)
+            .chain(std::iter::once(&[][..]))
+            .take(pieces)
+            .enumerate()
+        {
+            crc = crc32c::crc32c_append(crc, piece);
+            let trailer = crc.to_le_bytes();
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(3);
+            if i == 0 {
+                slices.push(IoSlice::new(&self.wbuf));
+            }
+            if !piece.is_empty() {
+                slices.push(IoSlice::new(piece));
+            }
+            if i + 1 == pieces {
+                slices.push(IoSlice::new(&trailer));
+            }
+            write_all_vectored(&mut self.stream, &mut slices)?;
+        }
+        Ok(crc)
+    }
+
     /// Sends raw bytes (tests use this to send garbage).
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<(), TransferError> {
         self.stream.write_all(bytes).map_err(io_err)

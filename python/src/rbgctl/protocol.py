@@ -55,6 +55,7 @@ class Opcode(enum.IntEnum):
     STORE_INFO = 0x42
     SEAL = 0x43
     FORGET = 0x44
+    WRITE_CHECKED = 0x45  # the Rust client's write with a trailing CRC; this client sends WRITE
 
 
 class Status(enum.IntEnum):

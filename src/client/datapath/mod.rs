@@ -31,14 +31,13 @@ pub enum PathKind {
 }
 
 /// One replica write: the value goes to `offset`, and a persistent store records `key` at
-/// `version` with `checksum` once every byte is in place.
+/// `version` with the value's checksum once every byte is in place.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteOp<'a> {
     pub offset: u64,
     pub value: &'a [u8],
     pub key: &'a str,
     pub version: u64,
-    pub checksum: u32,
 }
 
 /// One replica read: `dst.len()` bytes from `offset` into `dst`.
@@ -67,7 +66,8 @@ impl<'a> ReadOp<'a> {
 pub trait DataPath: Send + Sync {
     fn kind(&self) -> PathKind;
 
-    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<(), TransferError>>;
+    /// Each value's CRC-32C as it was written, computed in passing.
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>>;
 
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>>;
 }

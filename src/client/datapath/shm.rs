@@ -8,7 +8,7 @@ use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Reads copy and checksum this many bytes at a time (a piece is still in the cache when it
+/// Reads and writes copy and checksum this many bytes at a time (a piece is still in the cache when it
 /// is checksummed).
 const COPY_PIECE: usize = 256 * 1024;
 
@@ -134,10 +134,20 @@ impl DataPath for Shm {
         PathKind::Shm
     }
 
-    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<(), TransferError>> {
-        let mut out: Vec<Result<(), TransferError>> = ops
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
+        // Copied piece by piece, each checksummed while it is in the cache.
+        let mut out: Vec<Result<u32, TransferError>> = ops
             .iter()
-            .map(|op| self.segment.write(op.offset, op.value))
+            .map(|op| {
+                let mut crc = 0;
+                let mut done = 0;
+                for piece in op.value.chunks(COPY_PIECE) {
+                    self.segment.write(op.offset + done, piece)?;
+                    crc = crc32c::crc32c_append(crc, piece);
+                    done += piece.len() as u64;
+                }
+                Ok(crc)
+            })
             .collect();
         // Bytes copied into the file of a store that has died are not stored: the master drops
         // its segment when it notices. Checked after the copies, so a store dying before this
@@ -152,16 +162,16 @@ impl DataPath for Shm {
         let (copied, objects): (Vec<usize>, Vec<StoredObject>) = ops
             .iter()
             .enumerate()
-            .filter(|(j, _)| out[*j].is_ok())
-            .map(|(j, op)| {
+            .filter_map(|(j, op)| {
+                let checksum = *out[j].as_ref().ok()?;
                 let record = StoredObject {
                     key: op.key.to_string(),
                     version: op.version,
                     offset: op.offset,
                     size: op.value.len() as u64,
-                    checksum: op.checksum,
+                    checksum,
                 };
-                (j, record)
+                Some((j, record))
             })
             .unzip();
         if objects.is_empty() {

@@ -1,10 +1,12 @@
 //! Bytes over TCP: each batch is pipelined on one pooled connection to the store, in windows of
 //! [`WINDOW`] requests, payloads sent straight from the caller's buffers (vectored writes) and
-//! received straight into them, checksummed as they arrive.
+//! received straight into them, checksummed as they go (`WRITE_CHECKED`: the CRC-32C follows
+//! the bytes, and the store checks it) and as they arrive.
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
 use crate::transfer::message::{ReadReq, WriteReq};
-use crate::transfer::{Connection, Opcode, Pool, TransferError, Wire};
+use crate::transfer::{Connection, Opcode, Pool, Status, TransferError, Wire};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Most requests in flight on one connection.
@@ -12,11 +14,17 @@ pub const WINDOW: usize = 128;
 
 pub struct Tcp {
     pool: Arc<Pool>,
+    /// The store answered `UNKNOWN_OPCODE` to a checked write (it predates them): plain
+    /// writes, checksummed before they are sent.
+    plain_writes: AtomicBool,
 }
 
 impl Tcp {
     pub fn new(pool: Arc<Pool>) -> Tcp {
-        Tcp { pool }
+        Tcp {
+            pool,
+            plain_writes: AtomicBool::new(false),
+        }
     }
 
     /// Runs a batch: `send(conn, j)` sends operation `j` and returns its request id,
@@ -94,21 +102,55 @@ impl DataPath for Tcp {
         PathKind::Tcp
     }
 
-    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<(), TransferError>> {
-        self.pipeline(
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
+        let req = |op: &WriteOp<'_>, checksum: u32| WriteReq {
+            offset: op.offset,
+            key: op.key.to_string(),
+            version: op.version,
+            checksum,
+        };
+        if !self.plain_writes.load(Ordering::Relaxed) {
+            let mut crcs = vec![0u32; ops.len()];
+            let out = self.pipeline(
+                ops.len(),
+                |conn, j| {
+                    let meta = req(&ops[j], 0).to_meta();
+                    let (id, crc) = conn.send_checked(Opcode::WriteChecked, &meta, ops[j].value)?;
+                    crcs[j] = crc;
+                    Ok(id)
+                },
+                |conn, _, id| conn.recv(id).map(|_| ()),
+            );
+            let unknown = out.iter().any(|r| {
+                matches!(r, Err(TransferError::Remote { status, .. }) if *status == Status::UnknownOpcode)
+            });
+            if !unknown {
+                return out
+                    .into_iter()
+                    .zip(crcs)
+                    .map(|(r, c)| r.map(|()| c))
+                    .collect();
+            }
+            // A store from before checked writes: checksum first, then plain writes.
+            tracing::info!(
+                store = %self.pool.addr(),
+                "the store does not know WRITE_CHECKED; writing to it with WRITE"
+            );
+            self.plain_writes.store(true, Ordering::Relaxed);
+        }
+        let crcs: Vec<u32> = ops.iter().map(|op| crc32c::crc32c(op.value)).collect();
+        let out = self.pipeline(
             ops.len(),
             |conn, j| {
-                let op = &ops[j];
-                let req = WriteReq {
-                    offset: op.offset,
-                    key: op.key.to_string(),
-                    version: op.version,
-                    checksum: op.checksum,
-                };
-                conn.send(Opcode::Write, &req.to_meta(), &[op.value])
+                let meta = req(&ops[j], crcs[j]).to_meta();
+                conn.send(Opcode::Write, &meta, &[ops[j].value])
             },
             |conn, _, id| conn.recv(id).map(|_| ()),
-        )
+        );
+        out.into_iter()
+            .zip(crcs)
+            .map(|(r, c)| r.map(|()| c))
+            .collect()
     }
 
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
@@ -136,5 +178,84 @@ impl DataPath for Tcp {
                 Ok(())
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::server::{self, ConnCounters, ServerIo, ServerOptions, Service};
+    use crate::transfer::{ConnOptions, Header};
+    use parking_lot::Mutex;
+    use std::time::Duration;
+
+    /// A store from before checked writes: WRITE only, remembering what it was sent.
+    #[derive(Default)]
+    struct OldStore {
+        written: Mutex<Vec<(u64, u32, Vec<u8>)>>,
+        conns: ConnCounters,
+    }
+
+    impl Service for OldStore {
+        fn handle(
+            &self,
+            _: &Header,
+            op: Opcode,
+            meta: &[u8],
+            io: &mut ServerIo<'_>,
+        ) -> Result<(), TransferError> {
+            if op != Opcode::Write {
+                io.discard_data()?;
+                return io.error(Status::UnknownOpcode, "not known here");
+            }
+            let r = WriteReq::from_meta(meta)?;
+            let mut bytes = vec![0; io.data_len() as usize];
+            io.read_data_into(&mut bytes)?;
+            self.written.lock().push((r.offset, r.checksum, bytes));
+            io.reply(Status::Ok, &[], &[])
+        }
+        fn max_data_len(&self) -> u64 {
+            1 << 20
+        }
+        fn connections(&self) -> &ConnCounters {
+            &self.conns
+        }
+    }
+
+    #[test]
+    fn a_store_without_checked_writes_gets_plain_ones_with_the_checksum_first() {
+        let old = Arc::new(OldStore::default());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let opts = ServerOptions {
+            max_connections: 8,
+            max_connections_per_peer: 8,
+            idle_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            spin: Duration::ZERO,
+            role: "old-store",
+        };
+        let server = server::spawn(listener, old.clone(), opts).unwrap();
+        let pool = Arc::new(Pool::new(server.addr.to_string(), ConnOptions::default()));
+        let tcp = Tcp::new(pool);
+        let value = b"a value for a store from before checked writes".to_vec();
+        let op = |offset| WriteOp {
+            offset,
+            value: &value,
+            key: "k",
+            version: 1,
+        };
+        for offset in [0, 4096] {
+            let crc = tcp.write(&[op(offset)]).pop().unwrap().unwrap();
+            assert_eq!(crc, crc32c::crc32c(&value));
+        }
+        assert!(tcp.plain_writes.load(Ordering::Relaxed));
+        let written = old.written.lock();
+        assert_eq!(written.len(), 2, "each write arrived once, as WRITE");
+        for (offset, (at, checksum, bytes)) in [0, 4096].into_iter().zip(written.iter()) {
+            assert_eq!(
+                (*at, *checksum, bytes),
+                (offset, crc32c::crc32c(&value), &value)
+            );
+        }
     }
 }
