@@ -920,6 +920,19 @@ fn vllm_decode(name: &str, extra: &[&str]) -> Worker {
     fake_worker(name, &args)
 }
 
+/// A router running vLLM's prefill/decode contract over `p` (its bootstrap server on
+/// `bootstrap`, when it has one) and `d`, with `extra` flags.
+fn vllm_pd_router(p: &Worker, bootstrap: Option<u16>, d: &Worker, extra: &[&str]) -> Router {
+    let b = bootstrap.map(|b| b.to_string());
+    let mut args = vec!["--backend", "vllm", "--pd-disaggregation"];
+    args.extend(extra);
+    let (p_url, d_url) = (p.url(), d.url());
+    args.extend(["--prefill", &p_url]);
+    args.extend(b.as_deref());
+    args.extend(["--decode", &d_url]);
+    router(&s(&args), true)
+}
+
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"disaggregate me"}],"max_tokens":32,"max_completion_tokens":32,"stream":true,"stream_options":{"include_usage":true},"min_tokens":2,"temperature":0.70}"#;
 
 /// What the prefill leg must look like whatever the connector.
@@ -938,20 +951,7 @@ fn check_prefill_leg(v: &Value) {
 fn vllm_pd_over_nixl_relays_the_prefill_answers_transfer_parameters() {
     let p = vllm_prefill("nixl-p", free_port(), &[]);
     let d = vllm_decode("nixl-d", &[]);
-    let r = router(
-        &s(&[
-            "--backend",
-            "vllm",
-            "--vllm-kv-connector",
-            "nixl",
-            "--pd-disaggregation",
-            "--prefill",
-            &p.url(),
-            "--decode",
-            &d.url(),
-        ]),
-        true,
-    );
+    let r = vllm_pd_router(&p, None, &d, &["--vllm-kv-connector", "nixl"]);
     let resp = client()
         .post(format!("http://127.0.0.1:{}/v1/chat/completions", r.port))
         .body(CHAT)
@@ -1005,21 +1005,7 @@ fn vllm_pd_over_mooncake_sends_one_transfer_id_with_the_engine_concurrently_or_i
             &["--headers-delay-ms", "600"],
         );
         let d = vllm_decode(&format!("mc-d-{legs}"), &[]);
-        let r = router(
-            &s(&[
-                "--backend",
-                "vllm",
-                "--pd-disaggregation",
-                "--vllm-pd-legs",
-                legs,
-                "--prefill",
-                &p.url(),
-                &bootstrap.to_string(),
-                "--decode",
-                &d.url(),
-            ]),
-            true,
-        );
+        let r = vllm_pd_router(&p, Some(bootstrap), &d, &["--vllm-pd-legs", legs]);
         let port = r.port;
         let sent = std::thread::spawn(move || post(port, "/v1/chat/completions", CHAT));
         std::thread::sleep(Duration::from_millis(300));
@@ -1072,21 +1058,7 @@ fn a_failing_vllm_leg_cancels_the_other_at_once() {
                 vllm_decode("cx-d2", &soon),
             )
         };
-        let r = router(
-            &s(&[
-                "--backend",
-                "vllm",
-                "--pd-disaggregation",
-                "--retry-max-retries",
-                "0",
-                "--prefill",
-                &p.url(),
-                &bootstrap.to_string(),
-                "--decode",
-                &d.url(),
-            ]),
-            true,
-        );
+        let r = vllm_pd_router(&p, Some(bootstrap), &d, &["--retry-max-retries", "0"]);
         let bad = if failing == "prefill" { &p } else { &d };
         let other = if failing == "prefill" { &d } else { &p };
         let (st, _) = {
@@ -1132,21 +1104,7 @@ fn a_prefill_failing_after_the_decode_answer_began_cuts_that_answer() {
     let bootstrap = free_port();
     let p = vllm_prefill("cut-p", bootstrap, &["--headers-delay-ms", "300"]);
     let d = vllm_decode("cut-d", &["--token-delay-ms", "400"]);
-    let r = router(
-        &s(&[
-            "--backend",
-            "vllm",
-            "--pd-disaggregation",
-            "--retry-max-retries",
-            "0",
-            "--prefill",
-            &p.url(),
-            &bootstrap.to_string(),
-            "--decode",
-            &d.url(),
-        ]),
-        true,
-    );
+    let r = vllm_pd_router(&p, Some(bootstrap), &d, &["--retry-max-retries", "0"]);
     let failing = client()
         .post(format!(
             "http://127.0.0.1:{}/fake/fail?count=1&status=500",
@@ -1193,19 +1151,7 @@ fn a_mooncake_prefill_whose_bootstrap_is_not_up_is_503_until_it_answers() {
         &["--kv-bootstrap-ready-after-ms", "1500"],
     );
     let d = vllm_decode("late-d", &[]);
-    let r = router(
-        &s(&[
-            "--backend",
-            "vllm",
-            "--pd-disaggregation",
-            "--prefill",
-            &p.url(),
-            &bootstrap.to_string(),
-            "--decode",
-            &d.url(),
-        ]),
-        true,
-    );
+    let r = vllm_pd_router(&p, Some(bootstrap), &d, &[]);
     let (st, _, body) = post(r.port, "/v1/completions", r#"{"prompt":"x"}"#);
     assert_eq!(st, 503, "{body}");
     assert!(

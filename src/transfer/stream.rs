@@ -185,29 +185,24 @@ impl FramedStream {
     /// Reads exactly `dst.len()` payload bytes of the current frame into `dst`: what is already
     /// buffered is copied, the rest is read from the socket straight into `dst`.
     pub fn read_data_into(&mut self, dst: &mut [u8]) -> Result<(), TransferError> {
-        if dst.len() as u64 > self.pending_data {
-            return Err(TransferError::Protocol(format!(
-                "asked for {} payload bytes, frame has {}",
-                dst.len(),
-                self.pending_data
-            )));
-        }
-        let from_buf = dst.len().min(self.buffered());
-        dst[..from_buf].copy_from_slice(&self.rbuf[self.rstart..self.rstart + from_buf]);
-        self.rstart += from_buf;
-        if from_buf < dst.len() {
-            self.arm(false)?;
-            self.stream
-                .read_exact(&mut dst[from_buf..])
-                .map_err(io_err)?;
-        }
-        self.pending_data -= dst.len() as u64;
-        Ok(())
+        self.read_payload(dst, |_| {})
     }
 
     /// As [`FramedStream::read_data_into`], and the CRC-32C of what was read, computed per
     /// piece as it arrives (while it is in the cache) instead of in a second pass.
     pub fn read_data_into_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
+        let mut crc = 0;
+        self.read_payload(dst, |piece| crc = crc32c::crc32c_append(crc, piece))?;
+        Ok(crc)
+    }
+
+    /// Reads `dst.len()` payload bytes into `dst`, handing each piece to `arrived` as it
+    /// lands (pieces of at most [`CRC_PIECE`] bytes).
+    fn read_payload(
+        &mut self,
+        dst: &mut [u8],
+        mut arrived: impl FnMut(&[u8]),
+    ) -> Result<(), TransferError> {
         if dst.len() as u64 > self.pending_data {
             return Err(TransferError::Protocol(format!(
                 "asked for {} payload bytes, frame has {}",
@@ -218,7 +213,7 @@ impl FramedStream {
         let from_buf = dst.len().min(self.buffered());
         dst[..from_buf].copy_from_slice(&self.rbuf[self.rstart..self.rstart + from_buf]);
         self.rstart += from_buf;
-        let mut crc = crc32c::crc32c(&dst[..from_buf]);
+        arrived(&dst[..from_buf]);
         let mut done = from_buf;
         if done < dst.len() {
             self.arm(false)?;
@@ -228,7 +223,7 @@ impl FramedStream {
             match self.stream.read(&mut dst[done..end]) {
                 Ok(0) => return Err(TransferError::Closed),
                 Ok(n) => {
-                    crc = crc32c::crc32c_append(crc, &dst[done..done + n]);
+                    arrived(&dst[done..done + n]);
                     done += n;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -236,7 +231,7 @@ impl FramedStream {
             }
         }
         self.pending_data -= dst.len() as u64;
-        Ok(crc)
+        Ok(())
     }
 
     /// Skips the rest of the current frame's payload.
