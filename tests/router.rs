@@ -2357,6 +2357,22 @@ fn a_local_tokenizer_serves_tokenize_and_detokenize_and_routes_by_token() {
     );
 }
 
+/// `rbgctl bench router --reps 1 --json` with `args`: its rows.
+fn bench_router_json(args: &[&str]) -> Vec<Value> {
+    let out = std::process::Command::new(common::BIN)
+        .args(["bench", "router", "--reps", "1", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
 #[test]
 fn bench_router_measures_prefill_decode_cases_beside_a_sequential_peer() {
     // The peer is rbgctl's router with vLLM legs one after the other (as SMG runs them): its
@@ -2366,20 +2382,19 @@ fn bench_router_measures_prefill_decode_cases_beside_a_sequential_peer() {
          --pd-disaggregation --vllm-pd-legs sequential --prefill {{prefill}} --decode {{decode}}",
         common::BIN
     );
-    let out = std::process::Command::new(common::BIN)
-        .args(["bench", "router", "--seconds", "0.5", "--reps", "1"])
-        .args(["--cases", "pd-gen,vllm-pd-chat-stream", "--clients", "2"])
-        .args(["--prefill-ms", "200", "--json", "--peer-pd-cmd", &peer])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<Value> = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(rows.len(), 2, "{stdout}");
+    let rows = bench_router_json(&[
+        "--seconds",
+        "0.5",
+        "--cases",
+        "pd-gen,vllm-pd-chat-stream",
+        "--clients",
+        "2",
+        "--prefill-ms",
+        "200",
+        "--peer-pd-cmd",
+        &peer,
+    ]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
     for r in &rows {
         for side in ["direct", "router", "peer"] {
             assert!(r[side]["requests"].as_u64().unwrap() > 0, "{side}: {r}");
@@ -2407,44 +2422,22 @@ fn bench_router_measures_a_peer_router_side_by_side() {
         "{} router --host 127.0.0.1 --port {{port}} --prometheus-port {{prometheus_port}} --worker-urls {{workers}}",
         common::BIN
     );
-    let out = std::process::Command::new(common::BIN)
-        .args([
-            "bench",
-            "router",
-            "--seconds",
-            "0.3",
-            "--reps",
-            "1",
-            "--cases",
-            "gen",
-        ])
-        .args([
-            "--clients",
-            "2",
-            "--json",
-            "--peer-name",
-            "self",
-            "--peer-cmd",
-            &peer,
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    let rows = bench_router_json(&[
+        "--seconds",
+        "0.3",
+        "--cases",
+        "gen",
+        "--clients",
+        "2",
+        "--peer-name",
+        "self",
+        "--peer-cmd",
+        &peer,
+    ]);
     assert_eq!(rows.len(), 1);
-    assert!(
-        rows[0]["peer"]["requests"].as_u64().unwrap() > 0,
-        "{stdout}"
-    );
-    assert!(
-        rows[0]["router_over_peer"].as_f64().unwrap() > 0.0,
-        "{stdout}"
-    );
+    let row = &rows[0];
+    assert!(row["peer"]["requests"].as_u64().unwrap() > 0, "{row}");
+    assert!(row["router_over_peer"].as_f64().unwrap() > 0.0, "{row}");
     // A peer that never comes up is reported with its command.
     let out = std::process::Command::new(common::BIN)
         .args([

@@ -8,9 +8,16 @@ use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Reads and writes copy and checksum this many bytes at a time (a piece is still in the cache when it
-/// is checksummed).
+/// Same-host reads and writes copy (and checksum) this many bytes at a time.
 const COPY_PIECE: usize = 256 * 1024;
+
+/// `0..len` in ranges of [`COPY_PIECE`]: each piece is copied, then checksummed while it is
+/// still in the cache.
+fn pieces(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..len)
+        .step_by(COPY_PIECE)
+        .map(move |start| start..(start + COPY_PIECE).min(len))
+}
 
 pub struct LocalSegment {
     _map: memmap2::MmapRaw,
@@ -135,16 +142,14 @@ impl DataPath for Shm {
     }
 
     fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
-        // Copied piece by piece, each checksummed while it is in the cache.
         let mut out: Vec<Result<u32, TransferError>> = ops
             .iter()
             .map(|op| {
                 let mut crc = 0;
-                let mut done = 0;
-                for piece in op.value.chunks(COPY_PIECE) {
-                    self.segment.write(op.offset + done, piece)?;
+                for r in pieces(op.value.len()) {
+                    let piece = &op.value[r.clone()];
+                    self.segment.write(op.offset + r.start as u64, piece)?;
                     crc = crc32c::crc32c_append(crc, piece);
-                    done += piece.len() as u64;
                 }
                 Ok(crc)
             })
@@ -214,13 +219,11 @@ impl DataPath for Shm {
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
         ops.iter_mut()
             .map(|op| {
-                // Copied piece by piece, each checksummed while it is in the cache.
                 let mut crc = 0;
-                let mut done = 0;
-                for piece in op.dst.chunks_mut(COPY_PIECE) {
-                    self.segment.read(op.offset + done, piece)?;
+                for r in pieces(op.dst.len()) {
+                    let piece = &mut op.dst[r.clone()];
+                    self.segment.read(op.offset + r.start as u64, piece)?;
                     crc = crc32c::crc32c_append(crc, piece);
-                    done += piece.len() as u64;
                 }
                 op.crc = Some(crc);
                 Ok(())
