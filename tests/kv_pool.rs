@@ -265,7 +265,9 @@ fn leases_block_remove_unless_forced() {
     client.put("leased", b"v", &one()).unwrap();
     client.put("free", b"v", &one()).unwrap();
     client.remove("free", false).unwrap();
-    client.get("leased").unwrap();
+    // A get that asks the master takes a lease (the writer's own get would read the location
+    // it remembers, which needs none).
+    c.client().get("leased").unwrap();
     let e = client.remove("leased", false).unwrap_err();
     assert_eq!(e.status(), Some(Status::ObjectHasLease), "{e}");
     assert_eq!(
@@ -293,8 +295,9 @@ fn eviction_keeps_usage_under_the_watermark_lru_first_and_never_a_leased_object(
     for i in 0..40 {
         client.put(&format!("ev/{i}"), &v, &one()).unwrap();
     }
-    // ev/0 is read (leased); ev/1..10 are touched (recent); ev/10..40 are the oldest.
-    client.get("ev/0").unwrap();
+    // ev/0 is read (leased, by a client that asks the master); ev/1..10 are touched (recent);
+    // ev/10..40 are the oldest.
+    c.client().get("ev/0").unwrap();
     std::thread::sleep(Duration::from_millis(20));
     for i in 1..10 {
         assert!(client.exists(&format!("ev/{i}")).unwrap());
@@ -456,4 +459,156 @@ fn a_client_that_leaves_is_forgotten_at_once_without_a_warning() {
         "{}",
         c.master.log()
     );
+}
+
+/// Sum of one metric (exact sample name, labels included) over every store.
+fn stores_metric(c: &Cluster, name: &str) -> f64 {
+    (0..c.stores.len())
+        .map(|i| c.store_metric(i, name).unwrap_or(0.0))
+        .sum()
+}
+
+fn describes(c: &Cluster) -> f64 {
+    c.master_metric("rbgctl_master_requests_total{op=\"get_replicas\"}")
+        .unwrap_or(0.0)
+}
+
+fn leased(c: &Cluster) -> bool {
+    wait_until(Duration::from_secs(10), || {
+        (0..c.stores.len()).all(|i| c.store_metric(i, "rbgctl_store_read_lease") == Some(1.0))
+    })
+}
+
+#[test]
+fn remembered_locations_skip_the_master_and_never_serve_a_replaced_or_removed_value() {
+    let c = Cluster::start(Opts::default());
+    assert!(leased(&c), "the master renews every store's read lease");
+    let writer = c.client();
+    let reader = c.client();
+    let v1 = value(4096, 1);
+    writer.put("loc/k", &v1, &one()).unwrap();
+    assert_eq!(
+        reader.get("loc/k").unwrap(),
+        v1,
+        "first get: asks the master"
+    );
+
+    let (d0, r0) = (describes(&c), stores_metric(&c, VERSION_READS));
+    for _ in 0..20 {
+        assert_eq!(reader.get("loc/k").unwrap(), v1);
+    }
+    let mut buf = vec![0u8; 8192];
+    assert_eq!(
+        writer.get_into("loc/k", &mut buf).unwrap(),
+        4096,
+        "the writer remembers its put"
+    );
+    assert_eq!(&buf[..4096], &v1[..]);
+    assert_eq!(describes(&c), d0, "remembered gets did not ask the master");
+    assert_eq!(
+        stores_metric(&c, VERSION_READS) - r0,
+        21.0,
+        "each was one store read"
+    );
+
+    // Replaced by another client: the acknowledged new value, never the old one.
+    let v2 = value(4096, 2);
+    writer.put("loc/k", &v2, &one()).unwrap();
+    let stale = stores_metric(&c, "rbgctl_store_stale_reads_total");
+    assert_eq!(reader.get("loc/k").unwrap(), v2, "never the replaced value");
+    assert!(
+        stores_metric(&c, "rbgctl_store_stale_reads_total") > stale,
+        "the store refused the remembered location of the old version"
+    );
+    // Removed by another client (the reader's get holds a lease: forced).
+    writer.remove("loc/k", true).unwrap();
+    assert!(
+        matches!(reader.get("loc/k"), Err(ClientError::NotFound(_))),
+        "never a removed value"
+    );
+}
+
+const VERSION_READS: &str = "rbgctl_store_requests_total{op=\"read_version\"}";
+
+#[test]
+fn a_remembered_location_of_an_evicted_value_never_shadows_its_new_value() {
+    // Two 4 MiB stores, 64 KiB objects: about 115 fit under the watermark.
+    let c = Cluster::start(Opts {
+        stores: 2,
+        segment: 4 << 20,
+        master: MasterConfig {
+            default_kv_lease_ttl_ms: Millis(Duration::from_millis(1)),
+            ..MasterConfig::default()
+        },
+    });
+    assert!(leased(&c));
+    let writer = c.client();
+    let reader = c.client();
+    let old = value(65_536, 3);
+    writer.put("evl/k", &old, &one()).unwrap();
+    assert_eq!(
+        reader.get("evl/k").unwrap(),
+        old,
+        "the reader remembers where it is"
+    );
+    let filler = value(65_536, 4);
+    let gone = || c.http_get("/api/v1/objects?key=evl/k").0 == 404;
+    let mut filled = 0;
+    while !gone() && filled < 400 {
+        writer
+            .put(&format!("evl/fill/{filled}"), &filler, &one())
+            .unwrap();
+        filled += 1;
+    }
+    assert!(
+        gone() && filled > 50,
+        "the old value was evicted after {filled} puts"
+    );
+    let new = value(65_536, 5);
+    writer.put("evl/k", &new, &one()).unwrap();
+    let stale = stores_metric(&c, "rbgctl_store_stale_reads_total");
+    assert_eq!(
+        reader.get("evl/k").unwrap(),
+        new,
+        "never the evicted value after the new one"
+    );
+    assert!(
+        stores_metric(&c, "rbgctl_store_stale_reads_total") > stale,
+        "the reader tried its remembered location, and the store refused it"
+    );
+}
+
+#[test]
+fn a_store_serves_remembered_locations_only_while_the_master_renews_its_lease() {
+    let mut c = Cluster::start(Opts {
+        stores: 1,
+        ..Opts::default()
+    });
+    assert!(leased(&c));
+    let client = c.client();
+    let v = value(4096, 6);
+    client.put("lease/k", &v, &one()).unwrap();
+    c.master.kill();
+    // Without the master, the lease runs out (2 s) and the store refuses cached locations.
+    assert!(
+        wait_until(Duration::from_secs(10), || c
+            .store_metric(0, "rbgctl_store_read_lease")
+            == Some(0.0)),
+        "the store's read lease ran out without the master"
+    );
+    let refused = c
+        .store_metric(0, "rbgctl_store_stale_reads_total")
+        .unwrap_or(0.0);
+    assert!(
+        client.get("lease/k").is_err(),
+        "no lease, no master: no answer"
+    );
+    assert!(
+        c.store_metric(0, "rbgctl_store_stale_reads_total")
+            .unwrap_or(0.0)
+            > refused
+    );
+    // A new master: the store mounts again and is renewed once the master knows the segment.
+    c.restart_master();
+    assert!(leased(&c), "renewed by the new master");
 }

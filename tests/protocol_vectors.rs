@@ -418,6 +418,30 @@ fn cases() -> Vec<Case> {
         }],
     };
     c.request("forget", Opcode::Forget, &forget_req, 0);
+    let forget_lease = ForgetLeaseReq {
+        items: forget_req.items.clone(),
+        lease_ms: 2000,
+    };
+    c.request("forget lease", Opcode::ForgetLease, &forget_lease, 0);
+    c.reply("forget lease reply", Opcode::ForgetLease, &(), 0);
+    let read_version = ReadVersionReq {
+        offset: 8192,
+        length: 4096,
+        version: 9,
+    };
+    c.request("read version", Opcode::ReadVersion, &read_version, 0);
+    c.reply(
+        "read version reply, 4 KiB payload",
+        Opcode::ReadVersion,
+        &(),
+        4096,
+    );
+    c.error(
+        "error: the version moved",
+        Opcode::ReadVersion,
+        Status::ObjectNotFound,
+        "version 9 is not at offset 8192",
+    );
 
     c.error(
         "error: not found",
@@ -485,6 +509,8 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         StoreInfoResp,
         SealReq,
         ForgetReq,
+        ReadVersionReq,
+        ForgetLeaseReq,
     )
 }
 

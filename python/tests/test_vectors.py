@@ -113,6 +113,8 @@ NOT_USED_HERE = {
     "PutRevokeReq",
     "StoreInfoResp",
     "ForgetReq",
+    "ForgetLeaseReq",
+    "ReadVersionReq",
 }
 
 

@@ -11,6 +11,7 @@ use super::Inner;
 use crate::transfer::message::*;
 use crate::transfer::{Opcode, Status};
 use std::sync::Arc;
+use std::time::Instant;
 
 impl Inner {
     /// Resolves an object's replicas to routes: same-host ones first, those whose segment
@@ -35,9 +36,49 @@ impl Inner {
         Ok(out)
     }
 
+    /// Asks the master where `key` is (and remembers the answer).
     pub(super) fn describe(&self, key: &str) -> Result<ObjectDesc, ClientError> {
-        self.master_call(Opcode::GetReplicas, &KeyReq { key: key.into() })
-            .map_err(|e| e.for_key(key))
+        let asked = Instant::now();
+        let desc: ObjectDesc = self
+            .master_call(Opcode::GetReplicas, &KeyReq { key: key.into() })
+            .map_err(|e| e.for_key(key))?;
+        self.locations.insert(key, desc.clone(), asked);
+        Ok(desc)
+    }
+
+    /// Reads `key` from a remembered location: one round trip to a store that checks the
+    /// version is still there, and the CRC-32C as always. On anything else the location is
+    /// forgotten and `false` returned: the caller asks the master.
+    pub(super) fn read_cached(&self, key: &str, desc: &ObjectDesc, dst: &mut [u8]) -> bool {
+        let target = desc.replicas.iter().find_map(|r| {
+            let route = self.routes.get(r.segment_id)?;
+            route.path.checks_versions().then_some((route, r.offset))
+        });
+        let Some((route, offset)) = target else {
+            self.locations.remove(key);
+            return false;
+        };
+        let bytes = dst.len() as u64;
+        let mut op = [ReadOp::of_version(offset, &mut *dst, desc.version)];
+        let read = self
+            .moved(&route, bytes, || route.path.read(&mut op))
+            .pop()
+            .unwrap_or(Ok(()));
+        match read {
+            Ok(()) if op[0].crc == Some(desc.checksum) => return true,
+            Ok(()) => {
+                // Torn by a concurrent reuse of the space: the master knows better.
+                tracing::debug!(
+                    key,
+                    "cached location read failed its checksum; asking the master"
+                );
+            }
+            // The store no longer vouches for it (moved, or no lease): not the route's fault.
+            Err(crate::transfer::TransferError::Remote { .. }) => {}
+            Err(_) => route.failed(),
+        }
+        self.locations.remove(key);
+        false
     }
 
     pub(super) fn batch_describe(

@@ -11,6 +11,7 @@
 //! - `datapath/`: the seam between the client and the bytes' medium (TCP, same-host shared
 //!   memory; RDMA later).
 //! - `routes.rs`: the segments this client knows and the data path of each.
+//! - `locations.rs`: where objects are, as last learnt, so a get can skip the master.
 //! - `breakdown.rs`: where the time goes (master round trips, transfers, copies, checksums).
 //!
 //! `Client` is `Send + Sync`; share one per process.
@@ -19,6 +20,7 @@ mod breakdown;
 mod datapath;
 mod error;
 mod get;
+mod locations;
 mod plan;
 mod put;
 mod routes;
@@ -35,7 +37,7 @@ use crate::transfer::message::*;
 use crate::transfer::{ConnOptions, Opcode, Pool, Transport};
 use routes::{Route, Routes};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use crate::transfer::message::ReplicateConfig;
 
@@ -54,6 +56,12 @@ pub struct ClientConfig {
     pub heartbeat_interval: Duration,
     /// Contribute memory from this process (an embedded store); `None` = pure client.
     pub embedded_store: Option<StoreConfig>,
+    /// Object locations remembered (from gets and this client's puts), so that a get of one
+    /// reads from its store in one round trip; 0 = always ask the master. Default 65,536.
+    pub location_cache_entries: usize,
+    /// How long a remembered location is used before the master is asked again (which also
+    /// tells its LRU the object is in use). Default 10 s.
+    pub location_ttl: Duration,
 }
 
 impl ClientConfig {
@@ -65,6 +73,8 @@ impl ClientConfig {
             transport: Transport::Tcp,
             heartbeat_interval: Duration::from_secs(1),
             embedded_store: None,
+            location_cache_entries: 65_536,
+            location_ttl: Duration::from_secs(10),
         }
     }
 
@@ -103,6 +113,7 @@ struct Inner {
     routes: Routes,
     stop: Shutdown,
     meter: breakdown::Meter,
+    locations: locations::Locations,
 }
 
 pub struct Client {
@@ -136,6 +147,7 @@ impl Client {
             ),
             stop: Shutdown::new(),
             meter: breakdown::Meter::default(),
+            locations: locations::Locations::new(cfg.location_cache_entries, cfg.location_ttl),
             cfg,
         });
         inner.master_call::<_, PingResp>(
@@ -173,6 +185,12 @@ impl Client {
     /// Reads `key` into a new buffer.
     pub fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
         check_key(key)?;
+        if let Some(desc) = self.inner.locations.get(key, Instant::now()) {
+            let mut buf = vec![0u8; desc.size as usize];
+            if self.inner.read_cached(key, &desc, &mut buf) {
+                return Ok(buf);
+            }
+        }
         let desc = self.inner.describe(key)?;
         let mut buf = vec![0u8; desc.size as usize];
         self.inner.read_object(key, &desc, &mut buf)?;
@@ -182,6 +200,12 @@ impl Client {
     /// Reads `key` into `buf`; returns the value's length.
     pub fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize, ClientError> {
         check_key(key)?;
+        if let Some(desc) = self.inner.locations.get(key, Instant::now()) {
+            let n = desc.size as usize;
+            if buf.len() >= n && self.inner.read_cached(key, &desc, &mut buf[..n]) {
+                return Ok(n);
+            }
+        }
         let desc = self.inner.describe(key)?;
         if (buf.len() as u64) < desc.size {
             return Err(ClientError::BufferTooSmall {
@@ -210,6 +234,7 @@ impl Client {
     /// Removes `key`; refused while a read lease is held unless `force`.
     pub fn remove(&self, key: &str, force: bool) -> Result<(), ClientError> {
         check_key(key)?;
+        self.inner.locations.remove(key);
         let req = RemoveReq {
             key: key.into(),
             force,
@@ -221,6 +246,7 @@ impl Client {
 
     /// Removes every object (leased ones only with `force`); returns how many.
     pub fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
+        self.inner.locations.clear();
         let r: RemoveAllResp = self
             .inner
             .master_call(Opcode::RemoveAll, &RemoveAllReq { force })?;
@@ -242,6 +268,9 @@ impl Client {
         force: bool,
     ) -> Result<Vec<Result<(), ClientError>>, ClientError> {
         check_keys(keys)?;
+        for k in keys {
+            self.inner.locations.remove(k);
+        }
         let req = BatchRemoveReq {
             force,
             keys: keys.iter().map(|k| k.to_string()).collect(),

@@ -9,6 +9,7 @@ use super::plan::WritePlan;
 use super::Inner;
 use crate::transfer::message::*;
 use crate::transfer::Opcode;
+use std::time::Instant;
 
 impl Inner {
     pub(super) fn batch_put(
@@ -52,6 +53,17 @@ impl Inner {
         // Each write answers the value's CRC-32C, computed as its bytes went.
         let mut checksums: Vec<Option<u32>> = vec![None; keys.len()];
         let plan = WritePlan::new(keys, started, |segment| self.route(segment).map(|_| ()));
+        // Where each item went, remembered once it is committed.
+        let versions: Vec<u64> = (0..keys.len()).map(|i| plan.object_id(i)).collect();
+        let mut placed: Vec<Vec<ReplicaLoc>> = vec![Vec::new(); keys.len()];
+        for (segment, writes) in plan.groups() {
+            for w in writes {
+                placed[w.item].push(ReplicaLoc {
+                    segment_id: segment,
+                    offset: w.offset,
+                });
+            }
+        }
 
         let mut outcomes = Vec::new();
         for (segment, writes) in plan.groups() {
@@ -102,6 +114,7 @@ impl Inner {
                 tracing::warn!(error = %e, "revoking failed puts; the master reclaims them later");
             }
         }
+        let asked = Instant::now();
         let answer = if settlement.commit.is_empty() {
             Ok(Vec::new())
         } else {
@@ -112,6 +125,21 @@ impl Inner {
             self.master_call::<_, BatchStatusResp>(Opcode::BatchPutEnd, &req)
                 .map(|r| r.items)
         };
-        settlement.finish(keys, answer)
+        let results = settlement.finish(keys, answer);
+        for (i, r) in results.iter().enumerate() {
+            if r.is_ok() {
+                let desc = ObjectDesc {
+                    size: values[i].len() as u64,
+                    checksum: checksums[i],
+                    lease_ttl_ms: 0,
+                    version: versions[i],
+                    replicas: std::mem::take(&mut placed[i]),
+                };
+                self.locations.insert(keys[i], desc, asked);
+            } else {
+                self.locations.remove(keys[i]);
+            }
+        }
+        results
     }
 }

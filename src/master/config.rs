@@ -40,6 +40,13 @@ pub struct MasterConfig {
     /// stopped heartbeating for `client_ttl`) are kept, unreadable, waiting for it to come
     /// back with the same segment; then they are dropped. 0 drops them at once. Default 300 s.
     pub store_grace_period_ms: Millis,
+    /// How long a store may answer reads of locations clients cached (one round trip to the
+    /// store instead of one to the master first) after the master last told it what was
+    /// removed or replaced. A store the master cannot reach stops within this; a remove or
+    /// replace whose news cannot reach a store waits this long before it is acknowledged.
+    /// Used up to half of `client_ttl` (a store the master drops must have stopped); 0 turns
+    /// cached locations off. Default 2 s.
+    pub store_read_lease_ms: Millis,
     /// Read lease granted by every get. Default 10 s.
     pub default_kv_lease_ttl_ms: Millis,
     /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
@@ -86,6 +93,7 @@ impl Default for MasterConfig {
             metrics_port: 9003,
             client_ttl_ms: Millis(Duration::from_secs(10)),
             store_grace_period_ms: Millis(Duration::from_secs(300)),
+            store_read_lease_ms: Millis(Duration::from_secs(2)),
             default_kv_lease_ttl_ms: Millis(Duration::from_secs(10)),
             default_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(30 * 60)),
             max_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(24 * 3600)),
@@ -137,6 +145,10 @@ pub struct MasterArgs {
     /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds). Default 300 s.
     #[arg(long, env = "RBGCTL_MASTER_STORE_GRACE_PERIOD")]
     pub store_grace_period: Option<Millis>,
+    /// How long a store may serve clients' cached locations after the master last reached it
+    /// (`2s`, or milliseconds; 0 = off). Default 2 s.
+    #[arg(long, env = "RBGCTL_MASTER_STORE_READ_LEASE")]
+    pub store_read_lease: Option<Millis>,
     /// Read lease of a get (`10s`, or milliseconds). Default 10 s.
     #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL")]
     pub default_kv_lease_ttl: Option<Millis>,
@@ -200,6 +212,7 @@ impl MasterArgs {
             metrics_port => metrics_port,
             client_ttl => client_ttl_ms,
             store_grace_period => store_grace_period_ms,
+            store_read_lease => store_read_lease_ms,
             default_kv_lease_ttl => default_kv_lease_ttl_ms,
             default_kv_soft_pin_ttl => default_kv_soft_pin_ttl_ms,
             max_kv_soft_pin_ttl => max_kv_soft_pin_ttl_ms,
@@ -224,6 +237,11 @@ impl MasterArgs {
 }
 
 impl MasterConfig {
+    /// The store read lease in force: as configured, at most half of `client_ttl`.
+    pub fn store_read_lease(&self) -> Duration {
+        self.store_read_lease_ms.0.min(self.client_ttl_ms.0 / 2)
+    }
+
     /// The RPC server's connection limits and waits.
     pub fn server_options(&self) -> crate::transfer::server::ServerOptions {
         crate::transfer::server::ServerOptions {

@@ -119,7 +119,7 @@ pub fn start(
 ) -> Result<Handle, MasterError> {
     let addrs = listeners.addrs()?;
     let state = Arc::new(Mutex::new(MasterState::new(cfg.clone())));
-    let notifier = notifier::Notifier::new(state.clone());
+    let notifier = notifier::Notifier::new(state.clone(), cfg.store_read_lease());
     let notifier_thread = notifier.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),

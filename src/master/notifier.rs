@@ -1,16 +1,21 @@
-//! Delivers the master's forgets to the stores: when an object's record must go (replaced,
-//! removed, evicted, revoked), the store that holds it drops the record from its durable index,
-//! so that a restarted master does not bring the object back.
+//! Delivers the master's forgets to the stores and renews their read leases.
 //!
-//! One thread drains the outbox whenever it is woken (after a remove) or every 20 ms. A remove
-//! waits, for at most a second, until its forgets are delivered, so that a remove that returned
-//! is not undone by a master crash right after it. A store that cannot be reached loses its
-//! forgets: when it reports its records again, the master rejects those it no longer has.
+//! When an object's record must go (replaced, removed, evicted, revoked), the store that holds it
+//! drops the record, so that a restarted master does not bring the object back and a client
+//! that cached the object's location is told to ask the master. Each delivery (`FORGET_LEASE`)
+//! also extends the store's read lease: how long it may answer reads of cached locations. A
+//! store is renewed only by a request that carries every forget it is owed, so a store the
+//! master cannot reach keeps stale records only until its lease runs out.
+//!
+//! One thread drains the outbox whenever it is woken (after a remove) or every 20 ms, and renews
+//! idle stores every quarter lease. Forgets a live store did not take are kept and sent again.
+//! A remove or replace waits (`settle`) until its forgets are delivered, or, when a store could
+//! not be reached, until that store's lease has run out.
 
 use super::state::MasterState;
 use crate::shutdown::Shutdown;
-use crate::transfer::message::ForgetReq;
-use crate::transfer::{ConnOptions, Opcode, Pool};
+use crate::transfer::message::{ForgetItem, ForgetLeaseReq, ForgetReq};
+use crate::transfer::{ConnOptions, Opcode, Pool, Status, TransferError};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,30 +26,63 @@ use std::time::{Duration, Instant};
 /// Forgets per request.
 const CHUNK: usize = 16_384;
 const TICK: Duration = Duration::from_millis(20);
+/// Most forgets kept for one store that does not take them; past it the store's lease is no
+/// longer renewed (until it mounts again), since what it was owed is lost.
+const BACKLOG_LIMIT: usize = 1 << 20;
+
+/// One store endpoint as the notifier sees it.
+struct Endpoint {
+    pool: Arc<Pool>,
+    /// Forgets not yet taken, in order.
+    backlog: Vec<ForgetItem>,
+    /// When the store last acknowledged a renewal: its lease runs out by this plus the lease.
+    renewed: Option<Instant>,
+    last_sent: Option<Instant>,
+    /// The store answered `UNKNOWN_OPCODE` to `FORGET_LEASE`: it predates cached locations and
+    /// gets plain `FORGET`s.
+    legacy: bool,
+    /// Forgets were lost (backlog overflow): never renewed again.
+    poisoned: bool,
+    /// The last delivery failed: the next try waits a renewal period.
+    failing: bool,
+}
+
+#[derive(Default)]
+struct Delivered {
+    /// Highest outbox sequence number delivered (or given up on).
+    seq: u64,
+    /// Until when some store may still answer a cached location that the master has retired
+    /// (it could not be told): the latest such lease end seen.
+    stale_until: Option<Instant>,
+}
 
 pub struct Notifier {
     state: Arc<Mutex<MasterState>>,
-    /// Highest outbox sequence number delivered (or given up on).
-    delivered: Mutex<u64>,
+    lease: Duration,
+    delivered: Mutex<Delivered>,
     delivered_cv: Condvar,
     wake: Mutex<bool>,
     wake_cv: Condvar,
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    endpoints: Mutex<HashMap<String, Endpoint>>,
     pub sent: AtomicU64,
     pub failed: AtomicU64,
+    pub renewals: AtomicU64,
 }
 
 impl Notifier {
-    pub fn new(state: Arc<Mutex<MasterState>>) -> Arc<Notifier> {
+    /// `lease`: the stores' read lease (0: never renewed, cached locations off).
+    pub fn new(state: Arc<Mutex<MasterState>>, lease: Duration) -> Arc<Notifier> {
         Arc::new(Notifier {
             state,
-            delivered: Mutex::new(0),
+            lease,
+            delivered: Mutex::new(Delivered::default()),
             delivered_cv: Condvar::new(),
             wake: Mutex::new(false),
             wake_cv: Condvar::new(),
-            pools: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(HashMap::new()),
             sent: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            renewals: AtomicU64::new(0),
         })
     }
 
@@ -72,62 +110,182 @@ impl Notifier {
         self.wake_cv.notify_one();
     }
 
-    /// Waits until every forget queued up to `seq` was delivered, or `timeout`.
-    pub fn wait_delivered(&self, seq: u64, timeout: Duration) -> bool {
+    /// Waits until no store can serve a location retired up to outbox sequence `seq` any more:
+    /// the forgets are delivered (waited for at most `timeout`), and where a store could not
+    /// be told, its read lease has run out.
+    pub fn settle(&self, seq: u64, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        let mut d = self.delivered.lock();
-        while *d < seq {
-            if self.delivered_cv.wait_until(&mut d, deadline).timed_out() {
-                return *d >= seq;
+        let stale_until = {
+            let mut d = self.delivered.lock();
+            while d.seq < seq {
+                if self.delivered_cv.wait_until(&mut d, deadline).timed_out() {
+                    break;
+                }
+            }
+            if d.seq < seq {
+                // Still undelivered: any store's lease runs out within one lease from now.
+                Some(Instant::now() + self.lease)
+            } else {
+                d.stale_until
+            }
+        };
+        if let Some(until) = stale_until {
+            let now = Instant::now();
+            if until > now {
+                tracing::debug!(
+                    wait_ms = (until - now).as_millis() as u64,
+                    "a store could not be told of a removal; waiting for its read lease to end"
+                );
+                std::thread::sleep(until - now);
             }
         }
-        true
     }
 
-    /// Drains the outbox once and sends every store its forgets.
+    /// Drains the outbox once, sends every store its forgets, and renews idle stores' leases.
     pub fn flush(&self) {
-        let (seq, batches) = {
-            let mut st = self.state.lock();
-            (st.outbox_seq, st.take_outbox())
-        };
-        for (endpoint, items) in batches {
-            let pool = {
-                let mut pools = self.pools.lock();
-                if pools.len() > 1024 {
-                    pools.clear();
+        let outbox = self.state.lock().take_outbox();
+        let mut stale_until: Option<Instant> = None;
+        let mut later = |t: Instant| stale_until = Some(stale_until.map_or(t, |s| s.max(t)));
+        {
+            let mut endpoints = self.endpoints.lock();
+            // Stores no longer live (gone, away, recovering) are forgotten here once their
+            // forgets are out; a store that mounts again starts afresh.
+            for ep in &outbox.unreachable {
+                if let Some(renewed) = endpoints.get(ep).and_then(|e| e.renewed) {
+                    later(renewed + self.lease);
                 }
-                pools
-                    .entry(endpoint.clone())
-                    .or_insert_with(|| {
-                        Arc::new(Pool::new(
-                            endpoint.clone(),
-                            ConnOptions {
-                                connect_timeout: Duration::from_secs(1),
-                                io_timeout: Duration::from_secs(2),
-                                spin: Duration::ZERO,
-                            },
-                        ))
-                    })
-                    .clone()
+            }
+            endpoints.retain(|ep, e| {
+                let keep = outbox.live.contains(ep) || outbox.forgets.contains_key(ep);
+                if !keep {
+                    if let Some(renewed) = e.renewed {
+                        later(renewed + self.lease);
+                    }
+                }
+                keep
+            });
+            for (ep, items) in outbox.forgets {
+                let e = endpoints
+                    .entry(ep.clone())
+                    .or_insert_with(|| Endpoint::new(&ep));
+                e.backlog.extend(items);
+                if e.backlog.len() > BACKLOG_LIMIT {
+                    tracing::error!(store = %ep, forgets = e.backlog.len(),
+                        "a store has not taken its forgets for too long; it will serve no cached locations until it mounts again");
+                    e.backlog.clear();
+                    e.poisoned = true;
+                }
+            }
+            for ep in &outbox.live {
+                endpoints
+                    .entry(ep.clone())
+                    .or_insert_with(|| Endpoint::new(ep));
+            }
+            let renew_every = self.lease / 4;
+            for (ep, e) in endpoints.iter_mut() {
+                let live = outbox.live.contains(ep);
+                let waited = e.last_sent.is_none_or(|t| t.elapsed() >= renew_every);
+                let due = live && !self.lease.is_zero() && !e.poisoned && waited;
+                if (e.backlog.is_empty() && !due) || (e.failing && !waited) {
+                    continue;
+                }
+                let lease = if live && !e.poisoned {
+                    self.lease
+                } else {
+                    Duration::ZERO
+                };
+                let result = self.deliver(e, lease);
+                e.failing = result.is_err();
+                match result {
+                    Ok(()) => {}
+                    Err(err) => {
+                        self.failed
+                            .fetch_add(e.backlog.len().max(1) as u64, Ordering::Relaxed);
+                        e.pool.clear();
+                        tracing::debug!(store = %ep, error = %err, "cannot deliver forgets; keeping them");
+                        if let Some(renewed) = e.renewed {
+                            later(renewed + self.lease);
+                        }
+                    }
+                }
+            }
+        }
+        self.state
+            .lock()
+            .forgets_delivered(outbox.seq, Instant::now());
+        let mut d = self.delivered.lock();
+        d.seq = d.seq.max(outbox.seq);
+        d.stale_until = match (d.stale_until, stale_until) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.delivered_cv.notify_all();
+    }
+
+    /// Sends `e` its whole backlog, the last request extending its lease by `lease` (0: not
+    /// at all). The backlog is emptied only once the store took all of it.
+    fn deliver(&self, e: &mut Endpoint, lease: Duration) -> Result<(), TransferError> {
+        e.last_sent = Some(Instant::now());
+        let mut chunks: Vec<&[ForgetItem]> = e.backlog.chunks(CHUNK).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let lease_ms = if i == last {
+                lease.as_millis() as u64
+            } else {
+                0
             };
-            for chunk in items.chunks(CHUNK) {
+            if !e.legacy {
+                let req = ForgetLeaseReq {
+                    items: chunk.to_vec(),
+                    lease_ms,
+                };
+                match e.pool.with(|c| c.call::<_, ()>(Opcode::ForgetLease, &req)) {
+                    Ok(()) => {}
+                    Err(err) if err.status() == Some(Status::UnknownOpcode) => {
+                        tracing::info!(store = %e.pool.addr(), "the store does not know FORGET_LEASE; sending it FORGET (no cached locations there)");
+                        e.legacy = true;
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            if e.legacy && !chunk.is_empty() {
                 let req = ForgetReq {
                     items: chunk.to_vec(),
                 };
-                match pool.with(|c| c.call::<_, ()>(Opcode::Forget, &req)) {
-                    Ok(()) => {
-                        self.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        self.failed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                        pool.clear();
-                        tracing::debug!(%endpoint, error = %e, "cannot deliver forgets");
-                    }
-                }
+                e.pool.with(|c| c.call::<_, ()>(Opcode::Forget, &req))?;
             }
         }
-        let mut d = self.delivered.lock();
-        *d = (*d).max(seq);
-        self.delivered_cv.notify_all();
+        self.sent
+            .fetch_add(e.backlog.len() as u64, Ordering::Relaxed);
+        e.backlog.clear();
+        if !lease.is_zero() && !e.legacy {
+            e.renewed = Some(Instant::now());
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+impl Endpoint {
+    fn new(endpoint: &str) -> Endpoint {
+        Endpoint {
+            pool: Arc::new(Pool::new(
+                endpoint.to_string(),
+                ConnOptions {
+                    connect_timeout: Duration::from_secs(1),
+                    io_timeout: Duration::from_secs(2),
+                    spin: Duration::ZERO,
+                },
+            )),
+            backlog: Vec::new(),
+            renewed: None,
+            last_sent: None,
+            legacy: false,
+            poisoned: false,
+            failing: false,
+        }
     }
 }

@@ -219,6 +219,8 @@ impl MasterService {
             }
             Opcode::Write
             | Opcode::WriteChecked
+            | Opcode::ReadVersion
+            | Opcode::ForgetLease
             | Opcode::Read
             | Opcode::StoreInfo
             | Opcode::Seal
@@ -237,17 +239,17 @@ impl MasterService {
     /// Runs an operation that may drop object versions (a remove, or a put that replaces a
     /// value), then waits (bounded) until the stores dropped the records of those versions, so
     /// that a master restarted right after it brings back neither a removed object nor an old
-    /// value.
+    /// value, and no client reading a cached location gets the old value once this is answered.
     fn durably<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> T {
-        let (out, seq) = {
+        let (out, wait) = {
             let mut st = self.state.lock();
-            let before = st.outbox_seq;
+            st.take_forget_wait();
             let out = f(&mut st);
-            (out, (st.outbox_seq > before).then_some(st.outbox_seq))
+            (out, st.take_forget_wait())
         };
-        if let Some(seq) = seq {
+        if let Some(seq) = wait {
             self.notifier.wake();
-            self.notifier.wait_delivered(seq, REMOVE_DURABILITY_WAIT);
+            self.notifier.settle(seq, REMOVE_DURABILITY_WAIT);
         }
         out
     }

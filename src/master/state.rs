@@ -15,6 +15,12 @@
 //! that versions of a restarted master are newer than any from before. Whenever an object's
 //! record must go (replaced, removed, evicted, revoked), a *forget* for its store goes into the
 //! outbox, which the notifier delivers.
+//!
+//! Clients may cache an object's location and read it from its store directly; a store answers
+//! such a read only while it still records that version and its read lease (renewed by the
+//! notifier with its forgets) runs. So a remove or replace is acknowledged only once its
+//! forgets are delivered (or the stores' leases ran out), and a put of a key whose earlier
+//! value was evicted moments ago waits for that eviction's forgets too (`forget_wait`).
 
 use super::allocator::Allocator;
 use super::config::MasterConfig;
@@ -174,7 +180,30 @@ pub struct MasterState {
     outbox: Vec<(u64, ForgetItem)>,
     /// Incremented with every batch of forgets put in the outbox.
     pub outbox_seq: u64,
+    /// The highest outbox sequence number the notifier has delivered.
+    forgets_delivered: u64,
+    /// Keys evicted within the last store read lease, with their forgets' outbox sequence
+    /// number: a new value for one is acknowledged only once no store can serve the old one.
+    recently_evicted: HashMap<String, u64>,
+    /// The same keys in eviction order, with when.
+    eviction_log: VecDeque<(Instant, String)>,
+    /// The outbox sequence number the current operation must see delivered before it answers.
+    forget_wait: u64,
     lost_segments: VecDeque<u64>,
+}
+
+/// What the notifier has to deliver.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// The outbox sequence number these forgets run up to.
+    pub seq: u64,
+    /// Forgets by store endpoint.
+    pub forgets: HashMap<String, Vec<ForgetItem>>,
+    /// Endpoints of live segments: their stores get their read lease renewed.
+    pub live: Vec<String>,
+    /// Endpoints of away segments, whose forgets could not be sent: their stores keep stale
+    /// records until their read lease runs out.
+    pub unreachable: Vec<String>,
 }
 
 fn unix_micros() -> u64 {
@@ -198,6 +227,10 @@ impl MasterState {
             force_eviction: false,
             outbox: Vec::new(),
             outbox_seq: 0,
+            forgets_delivered: 0,
+            recently_evicted: HashMap::new(),
+            eviction_log: VecDeque::new(),
+            forget_wait: 0,
             lost_segments: VecDeque::new(),
         }
     }
@@ -213,20 +246,56 @@ impl MasterState {
 
     /// Takes the forgets waiting for delivery, grouped by store endpoint. Forgets for segments
     /// that are away or gone are dropped: a returning store reports its records and the master
-    /// rejects those it no longer has.
-    pub fn take_outbox(&mut self) -> Vec<(String, Vec<ForgetItem>)> {
-        let mut by_endpoint: HashMap<String, Vec<ForgetItem>> = HashMap::new();
+    /// rejects those it no longer has (a gone segment's store has stopped or lost its read
+    /// lease: it was dropped after `client_ttl`, or it left and revoked the lease first).
+    pub fn take_outbox(&mut self) -> Outbox {
+        let mut out = Outbox {
+            seq: self.outbox_seq,
+            ..Outbox::default()
+        };
         for (seg_id, item) in self.outbox.drain(..) {
-            if let Some(seg) = self.segments.get(&seg_id) {
-                if !matches!(seg.state, SegState::Away { .. }) {
-                    by_endpoint
-                        .entry(seg.info.endpoint.clone())
-                        .or_default()
-                        .push(item);
-                }
+            let Some(seg) = self.segments.get(&seg_id) else {
+                continue;
+            };
+            if matches!(seg.state, SegState::Away { .. }) {
+                out.unreachable.push(seg.info.endpoint.clone());
+            } else {
+                out.forgets
+                    .entry(seg.info.endpoint.clone())
+                    .or_default()
+                    .push(item);
             }
         }
-        by_endpoint.into_iter().collect()
+        out.unreachable.sort_unstable();
+        out.unreachable.dedup();
+        out.live = self
+            .segments
+            .values()
+            .filter(|s| s.is_live())
+            .map(|s| s.info.endpoint.clone())
+            .collect();
+        out
+    }
+
+    /// The notifier delivered the outbox up to `seq` (or kept what a store did not take).
+    pub fn forgets_delivered(&mut self, seq: u64, now: Instant) {
+        self.forgets_delivered = self.forgets_delivered.max(seq);
+        let lease = self.cfg.store_read_lease();
+        while let Some((at, _)) = self.eviction_log.front() {
+            if now.saturating_duration_since(*at) <= lease {
+                break;
+            }
+            if let Some((_, key)) = self.eviction_log.pop_front() {
+                self.recently_evicted.remove(&key);
+            }
+        }
+    }
+
+    /// The outbox sequence number the last operation must see settled before it is
+    /// acknowledged, if any (taken: the next operation starts from none).
+    pub fn take_forget_wait(&mut self) -> Option<u64> {
+        let w = std::mem::take(&mut self.forget_wait);
+        (w > 0).then_some(w)
     }
 
     fn remember_lost(&mut self, uuid: u64) {
@@ -897,6 +966,7 @@ impl MasterState {
     ) {
         if !replicas.is_empty() {
             self.outbox_seq += 1;
+            self.forget_wait = self.outbox_seq;
         }
         for r in replicas {
             self.outbox.push((
@@ -1003,6 +1073,9 @@ impl MasterState {
         if let Some(old) = entry.current.replace(new) {
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
+        }
+        if let Some(&seq) = self.recently_evicted.get(key) {
+            self.forget_wait = self.forget_wait.max(seq);
         }
         Ok(())
     }
@@ -1283,6 +1356,14 @@ impl MasterState {
             }
             freed += super::allocator::aligned(v.size) * v.replicas.len() as u64;
             self.release(&v.replicas, v.size, v.object_id, now, now);
+            if !self.cfg.store_read_lease().is_zero()
+                && self
+                    .recently_evicted
+                    .insert(k.clone(), self.outbox_seq)
+                    .is_none()
+            {
+                self.eviction_log.push_back((now, k.clone()));
+            }
         }
         self.counters.eviction_runs += 1;
         self.counters.evicted_objects += victims.len() as u64;
@@ -1689,8 +1770,8 @@ mod tests {
             .unwrap();
         assert_eq!(st.get_replicas("k", t0).unwrap().version, v2);
         let out = st.take_outbox();
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].1[0].version, v1);
+        assert_eq!(out.forgets.len(), 1);
+        assert_eq!(out.forgets.values().next().unwrap()[0].version, v1);
     }
 
     #[test]
@@ -1703,7 +1784,7 @@ mod tests {
         let later = t0 + Duration::from_secs(11);
         st.remove("a", false, later).unwrap();
         let out = st.take_outbox();
-        assert_eq!(out[0].1[0].version, a.version);
+        assert_eq!(out.forgets.values().next().unwrap()[0].version, a.version);
         let b = put(&mut st, "b", 100, 1, later);
         st.report_corrupt("b", b.version + 1, id, later);
         assert!(st.exists("b", later), "another version's report is ignored");

@@ -124,6 +124,14 @@ impl IndexMap {
         displaced
     }
 
+    /// Whether the record at `offset` is `version`, `size` bytes long; its checksum if so.
+    pub fn holds(&self, offset: u64, version: u64, size: u64) -> Option<u32> {
+        self.by_offset
+            .get(&offset)
+            .filter(|r| r.version == version && r.size == size)
+            .map(|r| r.checksum)
+    }
+
     /// Removes the record at `offset` if it has `version`.
     pub fn forget(&mut self, offset: u64, version: u64) -> bool {
         match self.by_offset.get(&offset) {
@@ -420,6 +428,11 @@ impl DurableIndex {
         self.len() == 0
     }
 
+    /// See [`IndexMap::holds`].
+    pub fn holds(&self, offset: u64, version: u64, size: u64) -> Option<u32> {
+        self.inner.lock().0.holds(offset, version, size)
+    }
+
     /// Every record, for the master.
     pub fn snapshot(&self) -> Vec<StoredObject> {
         let g = self.inner.lock();
@@ -592,6 +605,106 @@ fn write_snapshot(path: &Path, header: &IndexHeader, map: &IndexMap) -> std::io:
     }
     std::fs::rename(&tmp, path)?;
     OpenOptions::new().append(true).open(path)
+}
+
+/// What a store's segment holds, by offset: the durable index of a persistent store, or the same
+/// records kept in memory only. Besides recovery, the records let the store answer a read that
+/// names the version it expects (`READ_VERSION`) without asking the master.
+pub enum Records {
+    Durable(std::sync::Arc<DurableIndex>),
+    Memory(Mutex<IndexMap>),
+}
+
+impl Records {
+    pub fn in_memory() -> Records {
+        Records::Memory(Mutex::new(IndexMap::default()))
+    }
+
+    /// The durable index, on a persistent store.
+    pub fn durable(&self) -> Option<&std::sync::Arc<DurableIndex>> {
+        match self {
+            Records::Durable(index) => Some(index),
+            Records::Memory(_) => None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Records::Durable(index) => index.len(),
+            Records::Memory(map) => map.lock().len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records objects whose bytes are complete in the segment.
+    pub fn seal(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
+        match self {
+            Records::Durable(index) => index.seal(objects),
+            Records::Memory(map) => {
+                let mut map = map.lock();
+                for o in objects {
+                    let rec = Record {
+                        key: o.key.clone(),
+                        version: o.version,
+                        size: o.size,
+                        checksum: o.checksum,
+                    };
+                    map.insert(o.offset, rec);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops records (matched by offset and version); returns how many were present.
+    pub fn forget(&self, items: &[ForgetItem]) -> Result<usize, IndexError> {
+        match self {
+            Records::Durable(index) => index.forget(items),
+            Records::Memory(map) => {
+                let mut map = map.lock();
+                Ok(items
+                    .iter()
+                    .filter(|it| map.forget(it.offset, it.version))
+                    .count())
+            }
+        }
+    }
+
+    /// Drops every record overlapping `[offset, offset + size)`.
+    pub fn purge(&self, offset: u64, size: u64) -> Result<(), IndexError> {
+        match self {
+            Records::Durable(index) => index.purge(offset, size),
+            Records::Memory(map) => {
+                let mut map = map.lock();
+                for o in map.overlapping(offset, size) {
+                    map.by_offset.remove(&o);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets every record (the master no longer knows this segment's objects).
+    pub fn clear(&self) -> Result<(), IndexError> {
+        match self {
+            Records::Durable(index) => index.clear(),
+            Records::Memory(map) => {
+                map.lock().clear();
+                Ok(())
+            }
+        }
+    }
+
+    /// See [`IndexMap::holds`].
+    pub fn holds(&self, offset: u64, version: u64, size: u64) -> Option<u32> {
+        match self {
+            Records::Durable(index) => index.holds(offset, version, size),
+            Records::Memory(map) => map.lock().holds(offset, version, size),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -173,10 +173,17 @@ impl Store {
                 segment_uuid: index.as_ref().map_or(0, |i| i.uuid()),
             }
         });
+        let records = Arc::new(match index {
+            Some(index) => index::Records::Durable(index),
+            None => index::Records::in_memory(),
+        });
+        let lease = Arc::new(server::ReadLease::default());
         let service = Arc::new(StoreService {
             name: name.clone(),
             memory,
-            index: index.clone(),
+            records: records.clone(),
+            lease: lease.clone(),
+            stale_reads: AtomicU64::new(0),
             recovery: recovery.unwrap_or_default(),
             index_errors: AtomicU64::new(0),
             checksum_mismatches: AtomicU64::new(0),
@@ -194,7 +201,8 @@ impl Store {
         let mut registration = Registration::new(
             &cfg.master,
             segment,
-            index,
+            records,
+            lease,
             metadata_server,
             cfg.heartbeat_interval_ms.0,
         );
@@ -234,6 +242,11 @@ impl Store {
         }
         registration.unmount();
         self.server.stop();
+        // Connections still open (the master's among them) hold the service, and with it the
+        // segment, until they close: its files go now.
+        if let Some(memory) = &self.status.service.memory {
+            memory.unlink();
+        }
     }
 }
 
@@ -283,13 +296,26 @@ impl StoreStatus {
             "rbgctl_store_persistent",
             "gauge",
             "1 when objects are kept across restarts.",
-            s.index.is_some() as u8 as f64,
+            s.records.durable().is_some() as u8 as f64,
         )
         .single(
             "rbgctl_store_index_records",
             "gauge",
-            "Objects in the durable index.",
-            s.index.as_ref().map_or(0, |i| i.len()) as f64,
+            "Objects the store has a record of (in its durable index when persistent).",
+            s.records.len() as f64,
+        )
+        .single(
+            "rbgctl_store_read_lease",
+            "gauge",
+            "1 while the master's lease lets this store answer reads of cached locations.",
+            s.lease.valid(std::time::Instant::now()) as u8 as f64,
+        )
+        .single(
+            "rbgctl_store_stale_reads_total",
+            "counter",
+            "Reads of a cached location refused (the version moved, or no lease): the client \
+             asked the master instead.",
+            s.stale_reads.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_recovered_objects",

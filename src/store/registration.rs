@@ -4,7 +4,8 @@
 //! go away) binds them again. Optionally publishes the segment's Mooncake descriptor to an HTTP
 //! metadata server.
 
-use super::index::DurableIndex;
+use super::index::{DurableIndex, Records};
+use super::server::ReadLease;
 use crate::shutdown::Shutdown;
 use crate::transfer::message::{
     ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo,
@@ -22,7 +23,11 @@ pub struct Registration {
     pub client_id: u64,
     pub master: Pool,
     pub segment: Option<SegmentInfo>,
-    pub index: Option<Arc<DurableIndex>>,
+    /// What the segment holds (the durable index of a persistent store).
+    pub records: Arc<Records>,
+    /// Revoked whenever the segment is mounted (again): the master renews it once it knows
+    /// the segment's objects.
+    pub lease: Arc<ReadLease>,
     /// The id the master gave the segment; 0 while not mounted.
     pub segment_id: AtomicU64,
     pub metadata_server: Option<String>,
@@ -56,7 +61,8 @@ impl Registration {
     pub fn new(
         master: &str,
         segment: Option<SegmentInfo>,
-        index: Option<Arc<DurableIndex>>,
+        records: Arc<Records>,
+        lease: Arc<ReadLease>,
         metadata_server: Option<String>,
         interval: Duration,
     ) -> Registration {
@@ -69,7 +75,8 @@ impl Registration {
             client_id: fastrand::u64(1..),
             master: Pool::new(master, opts),
             segment,
-            index,
+            records,
+            lease,
             segment_id: AtomicU64::new(0),
             metadata_server,
             metadata_http: std::sync::OnceLock::new(),
@@ -107,13 +114,22 @@ impl Registration {
         let Some(seg) = &self.segment else {
             return Ok(());
         };
+        // Until the master knows this segment's objects again, no location a client cached
+        // may be trusted here; a store without a durable index starts its records afresh.
+        self.lease.revoke();
+        let index = self.records.durable();
+        if index.is_none() {
+            if let Err(e) = self.records.clear() {
+                tracing::error!(error = %e, "cannot clear the records");
+            }
+        }
         let req = MountReq {
             client_id: self.client_id,
             segment: seg.clone(),
-            recovering: self.index.is_some(),
+            recovering: index.is_some(),
         };
         let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
-        if let Some(index) = &self.index {
+        if let Some(index) = index {
             self.report(index, resp.segment_id, resp.discard)?;
         }
         let previous = self.segment_id.swap(resp.segment_id, Ordering::SeqCst);
@@ -292,6 +308,8 @@ impl Registration {
     /// Unmounts on a clean stop: a non-persistent store's objects are dropped at once, a
     /// persistent store's are kept (unreadable) for the master's grace period.
     pub fn unmount(&self) {
+        // Stop serving cached locations before the master stops telling us what is gone.
+        self.lease.revoke();
         let id = self.segment_id.swap(0, Ordering::SeqCst);
         if id == 0 {
             return;
@@ -299,7 +317,7 @@ impl Registration {
         let req = UnmountReq {
             client_id: self.client_id,
             segment_id: id,
-            keep: self.index.is_some(),
+            keep: self.records.durable().is_some(),
         };
         match self
             .master
@@ -363,7 +381,8 @@ mod tests {
         let r = Registration::new(
             "127.0.0.1:1",
             None,
-            None,
+            Arc::new(Records::in_memory()),
+            Arc::default(),
             Some("http://127.0.0.1:1/metadata".into()),
             Duration::from_secs(1),
         );

@@ -239,8 +239,10 @@ impl SegmentMemory {
     }
 }
 
-impl Drop for SegmentMemory {
-    fn drop(&mut self) {
+impl SegmentMemory {
+    /// Removes a non-persistent segment's files (the mapping stays valid for whoever still
+    /// uses it); a persistent segment's are kept. Idempotent.
+    pub fn unlink(&self) {
         if let Backing::File {
             path,
             token_path,
@@ -251,6 +253,12 @@ impl Drop for SegmentMemory {
             let _ = std::fs::remove_file(token_path);
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+impl Drop for SegmentMemory {
+    fn drop(&mut self) {
+        self.unlink();
     }
 }
 

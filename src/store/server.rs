@@ -1,25 +1,70 @@
 //! The store's data service: writes land straight in segment memory from the socket, reads go
-//! out straight from it (vectored writes), and every range is bounds-checked first. A persistent
-//! store records each completed object in its durable index before it answers the write.
+//! out straight from it (vectored writes), and every range is bounds-checked first. Each
+//! completed object is recorded (in the durable index of a persistent store, before the write is
+//! answered), so that a client holding an object's location can read it with one round trip
+//! (`READ_VERSION`) while the master's read lease runs.
 
-use super::index::DurableIndex;
+use super::index::Records;
 use super::segment::SegmentMemory;
 use super::Recovery;
 use crate::telemetry::OpStats;
 use crate::transfer::message::{
-    BatchStatusResp, ForgetReq, ReadReq, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
+    BatchStatusResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq, ReadVersionReq, SealReq,
+    StoreInfoResp, StoredObject, Wire, WriteReq,
 };
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long this store may answer version-checked reads. The master extends it with each
+/// `FORGET_LEASE`, after the store has applied the forgets it carries; it is revoked when the
+/// store mounts (again) or leaves. So a store the master cannot reach stops serving cached
+/// locations within one lease: the master, unable to tell it that an object was removed or
+/// replaced, waits that long before it acknowledges the removal or replacement.
+#[derive(Debug)]
+pub struct ReadLease {
+    base: Instant,
+    /// Nanoseconds after `base` until which the lease runs; 0 = revoked.
+    until_ns: AtomicU64,
+}
+
+impl Default for ReadLease {
+    fn default() -> ReadLease {
+        ReadLease {
+            base: Instant::now(),
+            until_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ReadLease {
+    /// Runs the lease until `from + lease` (never shortens it).
+    pub fn extend(&self, from: Instant, lease: Duration) {
+        let until = from.saturating_duration_since(self.base) + lease;
+        self.until_ns
+            .fetch_max(until.as_nanos() as u64, Ordering::SeqCst);
+    }
+
+    pub fn revoke(&self) {
+        self.until_ns.store(0, Ordering::SeqCst);
+    }
+
+    pub fn valid(&self, now: Instant) -> bool {
+        let until = self.until_ns.load(Ordering::SeqCst);
+        until != 0 && (now.saturating_duration_since(self.base).as_nanos() as u64) < until
+    }
+}
 
 pub struct StoreService {
     pub name: String,
     pub memory: Option<Arc<SegmentMemory>>,
-    /// The durable index of a persistent store.
-    pub index: Option<Arc<DurableIndex>>,
+    /// What the segment holds: the durable index of a persistent store, else in memory.
+    pub records: Arc<Records>,
+    pub lease: Arc<ReadLease>,
+    /// Version-checked reads refused: stale location, or no lease.
+    pub stale_reads: AtomicU64,
     pub recovery: Recovery,
     pub index_errors: AtomicU64,
     /// Checked writes whose bytes did not match the CRC their writer sent.
@@ -83,26 +128,46 @@ impl StoreService {
         self.bytes_written.fetch_add(len, Ordering::Relaxed);
         // Every byte is in place: now the object may be recorded (never before, so a crash
         // mid-write leaves no record of a torn object).
-        if let Some(index) = &self.index {
-            let result = if r.key.is_empty() {
-                index.purge(r.offset, len)
-            } else {
-                index.seal(&[StoredObject {
-                    key: r.key,
-                    version: r.version,
-                    offset: r.offset,
-                    size: len,
-                    checksum,
-                }])
-            };
-            if let Err(e) = result {
-                self.index_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "cannot record the object in the index");
-                io.error(Status::Internal, &format!("index write failed: {e}"))?;
-                return Ok(false);
-            }
+        let result = if r.key.is_empty() {
+            self.records.purge(r.offset, len)
+        } else {
+            self.records.seal(&[StoredObject {
+                key: r.key,
+                version: r.version,
+                offset: r.offset,
+                size: len,
+                checksum,
+            }])
+        };
+        if let Err(e) = result {
+            self.index_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "cannot record the object in the index");
+            io.error(Status::Internal, &format!("index write failed: {e}"))?;
+            return Ok(false);
         }
         io.reply(Status::Ok, &[], &[])?;
+        Ok(true)
+    }
+
+    /// FORGET and FORGET_LEASE: drop the records, then (with a lease) extend the read lease
+    /// from when the request arrived.
+    fn forget(
+        &self,
+        io: &mut ServerIo<'_>,
+        items: &[ForgetItem],
+        lease: Option<(Instant, Duration)>,
+    ) -> Result<bool, TransferError> {
+        if let Err(e) = self.records.forget(items) {
+            self.index_errors.fetch_add(1, Ordering::Relaxed);
+            io.error(Status::Internal, &format!("index write failed: {e}"))?;
+            return Ok(false);
+        }
+        if let Some((from, lease)) = lease {
+            if !lease.is_zero() {
+                self.lease.extend(from, lease);
+            }
+        }
+        io.ok(&())?;
         Ok(true)
     }
 
@@ -143,13 +208,11 @@ impl StoreService {
                         good.push(o);
                     }
                 }
-                if let Some(index) = &self.index {
-                    if let Err(e) = index.seal(&good) {
-                        self.index_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(error = %e, "cannot record objects in the index");
-                        io.error(Status::Internal, &format!("index write failed: {e}"))?;
-                        return Ok(false);
-                    }
+                if let Err(e) = self.records.seal(&good) {
+                    self.index_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %e, "cannot record objects in the index");
+                    io.error(Status::Internal, &format!("index write failed: {e}"))?;
+                    return Ok(false);
                 }
                 let sealed: u64 = good.iter().map(|o| o.size).sum();
                 self.bytes_sealed.fetch_add(sealed, Ordering::Relaxed);
@@ -158,14 +221,47 @@ impl StoreService {
             }
             Opcode::Forget => {
                 let r = ForgetReq::from_meta(meta)?;
-                if let Some(index) = &self.index {
-                    if let Err(e) = index.forget(&r.items) {
-                        self.index_errors.fetch_add(1, Ordering::Relaxed);
-                        io.error(Status::Internal, &format!("index write failed: {e}"))?;
-                        return Ok(false);
-                    }
+                self.forget(io, &r.items, None)
+            }
+            Opcode::ForgetLease => {
+                let received = Instant::now();
+                let r = ForgetLeaseReq::from_meta(meta)?;
+                let lease = Duration::from_millis(r.lease_ms);
+                self.forget(io, &r.items, Some((received, lease)))
+            }
+            Opcode::ReadVersion => {
+                let r = ReadVersionReq::from_meta(meta)?;
+                let Some(mem) = &self.memory else {
+                    return no_segment(io);
+                };
+                if let Err(msg) = mem.check(r.offset, r.length) {
+                    io.error(Status::OutOfBounds, &msg)?;
+                    return Ok(false);
                 }
-                io.ok(&())?;
+                if !self.lease.valid(Instant::now()) {
+                    self.stale_reads.fetch_add(1, Ordering::Relaxed);
+                    io.error(
+                        Status::ObjectUnavailable,
+                        "this store has no read lease from the master now; ask the master",
+                    )?;
+                    return Ok(false);
+                }
+                if self.records.holds(r.offset, r.version, r.length).is_none() {
+                    self.stale_reads.fetch_add(1, Ordering::Relaxed);
+                    let msg = format!(
+                        "version {} is not at offset {} (replaced, removed or evicted); ask \
+                         the master",
+                        r.version, r.offset
+                    );
+                    io.error(Status::ObjectNotFound, &msg)?;
+                    return Ok(false);
+                }
+                // The bytes may be overwritten while they go out (the space was freed and
+                // reused since the check): the reader's checksum catches that.
+                // SAFETY: the range is bounds-checked; the bytes are only read.
+                let src = unsafe { mem.slice(r.offset, r.length) };
+                io.reply(Status::Ok, &[], &[src])?;
+                self.bytes_read.fetch_add(r.length, Ordering::Relaxed);
                 Ok(true)
             }
             Opcode::Read => {

@@ -44,10 +44,17 @@ pub enum Opcode {
     /// by the writer as it sent: the store checks it as it receives (meta: `WriteReq`, whose
     /// `checksum` is unused).
     WriteChecked = 0x45,
+    /// A read that names the object version it expects (meta: `ReadVersionReq`): the store
+    /// answers the bytes only while its records hold that version at that offset and the
+    /// master's read lease on it runs; else `OBJECT_NOT_FOUND` (or `OBJECT_UNAVAILABLE`).
+    ReadVersion = 0x46,
+    /// From the master: forget records, then serve `READ_VERSION` for `lease_ms` more
+    /// (meta: `ForgetLeaseReq`; empty reply).
+    ForgetLease = 0x47,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 26] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -74,6 +81,8 @@ impl Opcode {
         Opcode::Seal,
         Opcode::Forget,
         Opcode::WriteChecked,
+        Opcode::ReadVersion,
+        Opcode::ForgetLease,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -109,6 +118,8 @@ impl Opcode {
             Opcode::Seal => "seal",
             Opcode::Forget => "forget",
             Opcode::WriteChecked => "write_checked",
+            Opcode::ReadVersion => "read_version",
+            Opcode::ForgetLease => "forget_lease",
         }
     }
 }

@@ -296,6 +296,15 @@ message!(
     /// Store: send `length` bytes from `offset` of the segment as the payload.
     ReadReq { offset: u64, length: u64 } min_len = 16
 );
+message!(
+    /// Store: as `ReadReq`, but only while the object at `offset` is still `version`.
+    ReadVersionReq { offset: u64, length: u64, version: u64 } min_len = 24
+);
+message!(
+    /// Store (from the master): drop these records, then serve version-checked reads for
+    /// `lease_ms` from now (0: do not extend the lease).
+    ForgetLeaseReq { items: Vec<ForgetItem>, lease_ms: u64 } min_len = 12
+);
 message!(StoreInfoResp { name: String, size: u64 } min_len = 10);
 
 #[cfg(test)]

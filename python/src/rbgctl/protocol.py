@@ -56,6 +56,8 @@ class Opcode(enum.IntEnum):
     SEAL = 0x43
     FORGET = 0x44
     WRITE_CHECKED = 0x45  # the Rust client's write with a trailing CRC; this client sends WRITE
+    READ_VERSION = 0x46  # the Rust client's read from a cached location; this client asks the master
+    FORGET_LEASE = 0x47  # master to store: forget records, extend the version-checked read lease
 
 
 class Status(enum.IntEnum):

@@ -45,6 +45,9 @@ pub struct WriteOp<'a> {
 pub struct ReadOp<'a> {
     pub offset: u64,
     pub dst: &'a mut [u8],
+    /// Read only if the store still holds this object version there (a location this client
+    /// cached); see [`DataPath::checks_versions`].
+    pub version: Option<u64>,
     /// Set by the path when the read succeeded: the CRC-32C of `dst`, computed as the bytes
     /// arrived (no second pass over them).
     pub crc: Option<u32>,
@@ -55,7 +58,16 @@ impl<'a> ReadOp<'a> {
         ReadOp {
             offset,
             dst,
+            version: None,
             crc: None,
+        }
+    }
+
+    /// A read of a cached location: answered only while the store holds `version` there.
+    pub fn of_version(offset: u64, dst: &'a mut [u8], version: u64) -> ReadOp<'a> {
+        ReadOp {
+            version: Some(version),
+            ..ReadOp::new(offset, dst)
         }
     }
 }
@@ -70,6 +82,12 @@ pub trait DataPath: Send + Sync {
     fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>>;
 
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>>;
+
+    /// Whether the store behind this path checks a read's version (so a cached location can be
+    /// read without asking the master). A path that cannot must not be given such reads.
+    fn checks_versions(&self) -> bool {
+        false
+    }
 }
 
 /// The path for a segment: shared memory when it is on this host and `same_host_shm` allows,

@@ -4,7 +4,7 @@
 //! the bytes, and the store checks it) and as they arrive.
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
-use crate::transfer::message::{ReadReq, WriteReq};
+use crate::transfer::message::{ReadReq, ReadVersionReq, WriteReq};
 use crate::transfer::{Connection, Opcode, Pool, Status, TransferError, Wire};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,6 +17,8 @@ pub struct Tcp {
     /// The store answered `UNKNOWN_OPCODE` to a checked write (it predates them): plain
     /// writes, checksummed before they are sent.
     plain_writes: AtomicBool,
+    /// The store answered `UNKNOWN_OPCODE` to a version-checked read: no cached locations.
+    no_version_reads: AtomicBool,
 }
 
 impl Tcp {
@@ -24,6 +26,7 @@ impl Tcp {
         Tcp {
             pool,
             plain_writes: AtomicBool::new(false),
+            no_version_reads: AtomicBool::new(false),
         }
     }
 
@@ -153,17 +156,32 @@ impl DataPath for Tcp {
             .collect()
     }
 
+    fn checks_versions(&self) -> bool {
+        !self.no_version_reads.load(Ordering::Relaxed)
+    }
+
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
-        let reqs: Vec<ReadReq> = ops
+        let reqs: Vec<(Opcode, Vec<u8>)> = ops
             .iter()
-            .map(|op| ReadReq {
-                offset: op.offset,
-                length: op.dst.len() as u64,
+            .map(|op| {
+                let (offset, length) = (op.offset, op.dst.len() as u64);
+                match op.version {
+                    Some(version) => (
+                        Opcode::ReadVersion,
+                        ReadVersionReq {
+                            offset,
+                            length,
+                            version,
+                        }
+                        .to_meta(),
+                    ),
+                    None => (Opcode::Read, ReadReq { offset, length }.to_meta()),
+                }
             })
             .collect();
-        self.pipeline(
+        let out = self.pipeline(
             ops.len(),
-            |conn, j| conn.send(Opcode::Read, &reqs[j].to_meta(), &[]),
+            |conn, j| conn.send(reqs[j].0, &reqs[j].1, &[]),
             |conn, j, id| {
                 let op = &mut ops[j];
                 let (header, _) = conn.recv(id)?;
@@ -177,7 +195,16 @@ impl DataPath for Tcp {
                 op.crc = Some(conn.io.read_data_into_crc(op.dst)?);
                 Ok(())
             },
-        )
+        );
+        if out.iter().any(|r| {
+            matches!(r, Err(TransferError::Remote { status, .. }) if *status == Status::UnknownOpcode)
+        }) && ops.iter().any(|op| op.version.is_some())
+        {
+            tracing::info!(store = %self.pool.addr(),
+                "the store does not know READ_VERSION; reading it through the master");
+            self.no_version_reads.store(true, Ordering::Relaxed);
+        }
+        out
     }
 }
 
