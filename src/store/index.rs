@@ -65,6 +65,15 @@ pub struct Record {
 }
 
 impl Record {
+    pub fn of(o: &StoredObject) -> Record {
+        Record {
+            key: o.key.clone(),
+            version: o.version,
+            size: o.size,
+            checksum: o.checksum,
+        }
+    }
+
     pub fn to_stored(&self, offset: u64) -> StoredObject {
         StoredObject {
             key: self.key.clone(),
@@ -446,12 +455,7 @@ impl DurableIndex {
         let mut g = self.inner.lock();
         let (map, log) = &mut *g;
         for o in objects {
-            let rec = Record {
-                key: o.key.clone(),
-                version: o.version,
-                size: o.size,
-                checksum: o.checksum,
-            };
+            let rec = Record::of(o);
             Entry::Put {
                 offset: o.offset,
                 rec: rec.clone(),
@@ -646,13 +650,7 @@ impl Records {
             Records::Memory(map) => {
                 let mut map = map.lock();
                 for o in objects {
-                    let rec = Record {
-                        key: o.key.clone(),
-                        version: o.version,
-                        size: o.size,
-                        checksum: o.checksum,
-                    };
-                    map.insert(o.offset, rec);
+                    map.insert(o.offset, Record::of(o));
                 }
                 Ok(())
             }
