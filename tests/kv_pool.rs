@@ -479,6 +479,89 @@ fn leased(c: &Cluster) -> bool {
     })
 }
 
+const PUT_STARTS: &str = "rbgctl_master_requests_total{op=\"batch_put_start\"}";
+
+#[test]
+fn a_put_into_a_reservation_takes_one_master_round_trip_and_never_undoes_a_newer_value() {
+    let c = Cluster::start(Opts::default());
+    let writer = c.client();
+    let other = c.client();
+    // The first put of a size starts, writes and commits; its commit reserves for the next.
+    writer.put("rsv/0", &value(4096, 0), &one()).unwrap();
+    let starts = c.master_metric(PUT_STARTS).unwrap_or(0.0);
+    let before = writer.breakdown();
+    for i in 1..=20u8 {
+        writer
+            .put(&format!("rsv/{i}"), &value(4096, i), &one())
+            .unwrap();
+    }
+    let spent = writer.breakdown().since(&before);
+    assert_eq!(spent.master.calls, 20, "one master round trip per put");
+    assert_eq!(
+        c.master_metric(PUT_STARTS).unwrap_or(0.0),
+        starts,
+        "no put was started"
+    );
+    assert!(
+        c.master_metric("rbgctl_master_reserved_puts_total")
+            .unwrap()
+            >= 20.0
+    );
+    for i in 0..=20u8 {
+        assert_eq!(other.get(&format!("rsv/{i}")).unwrap(), value(4096, i));
+    }
+
+    // Another client puts a newer value of a key after the writer's reservation was made;
+    // the writer's own later put of it still wins, being later (its commit is refused as
+    // older than the key's value, and the put is made again without a reservation).
+    other.put("rsv/1", &value(4096, 101), &one()).unwrap();
+    writer.put("rsv/1", &value(4096, 102), &one()).unwrap();
+    assert_eq!(other.get("rsv/1").unwrap(), value(4096, 102));
+    assert_eq!(writer.get("rsv/1").unwrap(), value(4096, 102));
+    // Reservations are handed back or expire; none is left once the writers are gone.
+    drop((writer, other));
+    assert!(
+        wait_until(Duration::from_secs(10), || c
+            .master_metric("rbgctl_master_put_reservations")
+            == Some(0.0)),
+        "clients that left hold no reservations"
+    );
+}
+
+#[test]
+fn a_restarted_master_allocates_nothing_while_its_predecessors_reservations_may_be_written() {
+    // Reservations usable for 3 s: one outlives the master that made it.
+    let mut c = Cluster::start(Opts {
+        stores: 1,
+        master: MasterConfig {
+            put_reservation_ttl_ms: Millis(Duration::from_secs(3)),
+            ..MasterConfig::default()
+        },
+        ..Opts::default()
+    });
+    let a = c.client();
+    a.put("rst/a1", &value(4096, 1), &one()).unwrap();
+    c.restart_master();
+    let b = c.client();
+    // B's put waits until no reservation of the killed master can be started into, so it
+    // cannot be given the space A still holds a reservation on...
+    assert!(wait_until(Duration::from_secs(15), || b
+        .put("rst/b", &value(4096, 2), &one())
+        .is_ok()));
+    // ...and A's next put, past its reservation's TTL, takes the usual way.
+    a.put("rst/a2", &value(4096, 3), &one()).unwrap();
+    assert_eq!(
+        b.get("rst/b").unwrap(),
+        value(4096, 2),
+        "B's value is intact"
+    );
+    assert_eq!(b.get("rst/a2").unwrap(), value(4096, 3));
+    assert!(wait_until(Duration::from_secs(15), || b
+        .get("rst/a1")
+        .is_ok()));
+    assert_eq!(b.get("rst/a1").unwrap(), value(4096, 1));
+}
+
 #[test]
 fn remembered_locations_skip_the_master_and_never_serve_a_replaced_or_removed_value() {
     let c = Cluster::start(Opts::default());

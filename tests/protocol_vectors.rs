@@ -342,6 +342,36 @@ fn cases() -> Vec<Case> {
     };
     c.reply("batch put end reply", Opcode::BatchPutEnd, &statuses, 0);
     c.request("batch put revoke", Opcode::BatchPutRevoke, &ends, 0);
+    let commit = BatchPutCommitReq {
+        client_id: 5,
+        items: ends.items.clone(),
+        config: ReplicateConfig {
+            replica_num: 2,
+            ..ReplicateConfig::default()
+        },
+        reserve: vec![4096, 1 << 20],
+    };
+    c.request("batch put commit", Opcode::BatchPutCommit, &commit, 0);
+    let committed = BatchPutCommitResp {
+        items: vec![Status::Ok],
+        reserved: vec![
+            Ok(PutStartResp {
+                object_id: 78,
+                replicas: vec![ReplicaLoc {
+                    segment_id: 1,
+                    offset: 4096,
+                }],
+            }),
+            Err(Status::NoSpace),
+        ],
+        ttl_ms: 500,
+    };
+    c.reply(
+        "batch put commit reply",
+        Opcode::BatchPutCommit,
+        &committed,
+        0,
+    );
     let keys = BatchKeysReq {
         keys: vec!["a".into(), String::new(), utf8_key.into()],
     };
@@ -499,6 +529,8 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         BatchPutStartReq,
         BatchPutStartResp,
         BatchPutEndReq,
+        BatchPutCommitReq,
+        BatchPutCommitResp,
         BatchStatusResp,
         BatchKeysReq,
         BatchGetReplicasResp,

@@ -115,6 +115,8 @@ NOT_USED_HERE = {
     "ForgetReq",
     "ForgetLeaseReq",
     "ReadVersionReq",
+    "BatchPutCommitReq",
+    "BatchPutCommitResp",
 }
 
 

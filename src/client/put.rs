@@ -1,14 +1,21 @@
-//! The batch put: one master round trip to start, the writes through each segment's data path
-//! (each answering the value's CRC-32C, computed as the bytes went), one round trip to commit
-//! what was written with that CRC (and one to revoke what was not). What to write and
-//! what to commit is decided in `plan.rs`; this file only does the I/O.
+//! The batch put. Items with a reservation (space the master set aside for this client's next
+//! put of that size, see `reservations.rs`) are written at once; the others are started with one
+//! master round trip. The writes go through each segment's data path (each answering the
+//! value's CRC-32C, computed as the bytes went); one round trip commits what was written with
+//! that CRC and asks for reservations for the next puts (one more revokes what was not written).
+//! What to write and what to commit is decided in `plan.rs`; this file only does the I/O.
+//!
+//! "Acknowledged means readable" is unchanged: a put is acknowledged only by the master's
+//! commit, sent after every replica's bytes are in place (and recorded by persistent stores).
 
 use super::datapath::WriteOp;
 use super::error::ClientError;
 use super::plan::WritePlan;
+use super::reservations::Reserved;
 use super::Inner;
 use crate::transfer::message::*;
-use crate::transfer::Opcode;
+use crate::transfer::{Opcode, Status};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 impl Inner {
@@ -26,30 +33,53 @@ impl Inner {
             ));
             return vec![Err(e); keys.len()];
         }
-        let req = BatchPutStartReq {
-            client_id: self.id,
-            config: config.clone(),
-            items: keys
-                .iter()
-                .zip(values)
-                .map(|(k, v)| PutItem {
-                    key: k.to_string(),
-                    size: v.len() as u64,
-                })
-                .collect(),
-        };
-        let started = match self.master_call::<_, BatchPutStartResp>(Opcode::BatchPutStart, &req) {
-            Ok(r) if r.items.len() == keys.len() => r.items,
-            Ok(r) => {
-                let e = ClientError::Invalid(format!(
-                    "the master answered {} items for {} keys",
-                    r.items.len(),
-                    keys.len()
-                ));
-                return vec![Err(e); keys.len()];
+        let (mut results, reserved) = self.put_once(keys, values, config, true);
+        // An item whose reservation was no longer good (the master restarted or dropped it, or
+        // another client put a newer value of the key since it was made) is put again the
+        // usual way.
+        let again: Vec<usize> = (0..keys.len())
+            .filter(|&i| reserved[i] && results[i].as_ref().is_err_and(reservation_spent))
+            .collect();
+        if !again.is_empty() {
+            let k: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
+            let v: Vec<&[u8]> = again.iter().map(|&i| values[i]).collect();
+            let (retried, _) = self.put_once(&k, &v, config, false);
+            for (i, r) in again.into_iter().zip(retried) {
+                results[i] = r;
             }
-            Err(e) => return vec![Err(e); keys.len()],
+        }
+        results
+    }
+
+    /// One attempt at a batch put, into reservations where `reserve` and one is held. Answers
+    /// each item's result and whether it went into a reservation.
+    fn put_once(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        config: &ReplicateConfig,
+        reserve: bool,
+    ) -> (Vec<Result<(), ClientError>>, Vec<bool>) {
+        let now = Instant::now();
+        let taken: Vec<Option<Reserved>> = values
+            .iter()
+            .map(|v| {
+                reserve
+                    .then(|| self.reservations.take(v.len() as u64, config, now))
+                    .flatten()
+            })
+            .collect();
+        let started = match self.start(keys, values, config, &taken) {
+            Ok(started) => started,
+            Err(e) => {
+                taken
+                    .into_iter()
+                    .flatten()
+                    .for_each(|r| self.reservations.put_back(r));
+                return (vec![Err(e); keys.len()], vec![false; keys.len()]);
+            }
         };
+        let reserved: Vec<bool> = taken.iter().map(Option::is_some).collect();
         // Each write answers the value's CRC-32C, computed as its bytes went.
         let mut checksums: Vec<Option<u32>> = vec![None; keys.len()];
         let plan = WritePlan::new(keys, started, |segment| self.route(segment).map(|_| ()));
@@ -115,16 +145,13 @@ impl Inner {
             }
         }
         let asked = Instant::now();
-        let answer = if settlement.commit.is_empty() {
-            Ok(Vec::new())
+        let sizes = values.iter().map(|v| v.len() as u64);
+        let want = if reserve {
+            self.reservations.wanted(sizes, config)
         } else {
-            let req = BatchPutEndReq {
-                client_id: self.id,
-                items: std::mem::take(&mut settlement.commit),
-            };
-            self.master_call::<_, BatchStatusResp>(Opcode::BatchPutEnd, &req)
-                .map(|r| r.items)
+            Vec::new()
         };
+        let answer = self.commit(std::mem::take(&mut settlement.commit), config, want, asked);
         let results = settlement.finish(keys, answer);
         for (i, r) in results.iter().enumerate() {
             if r.is_ok() {
@@ -140,6 +167,137 @@ impl Inner {
                 self.locations.remove(keys[i]);
             }
         }
-        results
+        (results, reserved)
     }
+
+    /// Each item's start: its reservation, or the master's answer to one `BatchPutStart` for
+    /// the items without one.
+    fn start(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        config: &ReplicateConfig,
+        taken: &[Option<Reserved>],
+    ) -> Result<Vec<Result<PutStartResp, Status>>, ClientError> {
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| taken[i].is_none()).collect();
+        let mut answers = Vec::new().into_iter();
+        if !rest.is_empty() {
+            let req = BatchPutStartReq {
+                client_id: self.id,
+                config: config.clone(),
+                items: rest
+                    .iter()
+                    .map(|&i| PutItem {
+                        key: keys[i].to_string(),
+                        size: values[i].len() as u64,
+                    })
+                    .collect(),
+            };
+            let r: BatchPutStartResp = self.master_call(Opcode::BatchPutStart, &req)?;
+            if r.items.len() != rest.len() {
+                return Err(ClientError::Invalid(format!(
+                    "the master answered {} items for {} keys",
+                    r.items.len(),
+                    rest.len()
+                )));
+            }
+            answers = r.items.into_iter();
+        }
+        Ok(taken
+            .iter()
+            .map(|t| match t {
+                Some(r) => Ok(r.start.clone()),
+                None => answers.next().unwrap_or(Err(Status::Internal)),
+            })
+            .collect())
+    }
+
+    /// Commits `items` and asks for reservations of `want` sizes (kept for the next puts);
+    /// answers one status per item. Against a master without `BatchPutCommit`, commits with
+    /// `BatchPutEnd` and reserves nothing.
+    fn commit(
+        &self,
+        items: Vec<EndItem>,
+        config: &ReplicateConfig,
+        want: Vec<u64>,
+        asked: Instant,
+    ) -> Result<Vec<Status>, ClientError> {
+        if items.is_empty() && want.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.no_commit_op.load(Ordering::Relaxed) {
+            let req = BatchPutCommitReq {
+                client_id: self.id,
+                items,
+                config: config.clone(),
+                reserve: want,
+            };
+            match self.master_call::<_, BatchPutCommitResp>(Opcode::BatchPutCommit, &req) {
+                Ok(r) => {
+                    let ttl = std::time::Duration::from_millis(r.ttl_ms);
+                    self.reservations
+                        .add(config, &req.reserve, r.reserved, asked, ttl);
+                    return Ok(r.items);
+                }
+                Err(ClientError::Rejected {
+                    status: Status::UnknownOpcode,
+                    ..
+                }) => {
+                    tracing::info!(master = %self.master.addr(),
+                        "the master has no BatchPutCommit; every put takes two round trips");
+                    self.no_commit_op.store(true, Ordering::Relaxed);
+                    return self.commit(req.items, config, Vec::new(), asked);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let req = BatchPutEndReq {
+            client_id: self.id,
+            items,
+        };
+        self.master_call::<_, BatchStatusResp>(Opcode::BatchPutEnd, &req)
+            .map(|r| r.items)
+    }
+
+    /// Hands back the reservations this client let run out, so their space is free at once
+    /// (called by the heartbeat).
+    pub(super) fn hand_back_expired_reservations(&self) {
+        let expired = self.reservations.take_expired(Instant::now());
+        if expired.is_empty() {
+            return;
+        }
+        let req = BatchPutEndReq {
+            client_id: self.id,
+            items: expired
+                .iter()
+                .map(|r| EndItem {
+                    key: String::new(),
+                    object_id: r.start.object_id,
+                    checksum: 0,
+                })
+                .collect(),
+        };
+        if let Err(e) = self
+            .master
+            .with(|c| c.call::<_, BatchStatusResp>(Opcode::BatchPutRevoke, &req))
+        {
+            tracing::debug!(error = %e, "handing back expired reservations failed; the master \
+                drops them itself");
+        }
+    }
+}
+
+/// A reservation-put failure that a put without one would not have.
+fn reservation_spent(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::NotFound(_)
+            | ClientError::Rejected {
+                status: Status::WriteSuperseded | Status::ReplicaNotReady,
+                ..
+            }
+    )
 }

@@ -61,6 +61,13 @@ pub struct MasterConfig {
     pub put_start_discard_timeout_ms: Millis,
     /// An unfinished put older than this is reclaimed. Default 600 s.
     pub put_start_release_timeout_ms: Millis,
+    /// How long a client may start writing into a put reservation (space allocated for its
+    /// next put of a size, so that put needs only its commit). A restarted master allocates
+    /// nothing for this long, so no reservation of its predecessor can be written over a new
+    /// object. 0 turns reservations off. Default 500 ms.
+    pub put_reservation_ttl_ms: Millis,
+    /// Most bytes of reservations one client may hold. Default 64 MiB.
+    pub put_reservation_max_bytes: ByteSize,
     /// `random` (default) or `free_ratio_first`.
     pub allocation_strategy: Strategy,
     /// Most simultaneous RPC connections. Default 4096.
@@ -101,6 +108,8 @@ impl Default for MasterConfig {
             eviction_ratio: 0.05,
             put_start_discard_timeout_ms: Millis(Duration::from_secs(30)),
             put_start_release_timeout_ms: Millis(Duration::from_secs(600)),
+            put_reservation_ttl_ms: Millis(Duration::from_millis(500)),
+            put_reservation_max_bytes: ByteSize(64 << 20),
             allocation_strategy: Strategy::Random,
             max_connections: 4096,
             max_connections_per_peer: 1024,
@@ -170,6 +179,13 @@ pub struct MasterArgs {
     /// An unfinished put older than this is reclaimed. Default 600 s.
     #[arg(long, env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT")]
     pub put_start_release_timeout: Option<Millis>,
+    /// How long a client may write into a put reservation (`500ms`, or milliseconds; 0 =
+    /// no reservations, every put takes two master round trips). Default 500 ms.
+    #[arg(long, env = "RBGCTL_MASTER_PUT_RESERVATION_TTL")]
+    pub put_reservation_ttl: Option<Millis>,
+    /// Most bytes of put reservations one client may hold (`64MiB`). Default 64 MiB.
+    #[arg(long, env = "RBGCTL_MASTER_PUT_RESERVATION_MAX_BYTES")]
+    pub put_reservation_max_bytes: Option<ByteSize>,
     /// `random` (default) or `free_ratio_first`.
     #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
     pub allocation_strategy: Option<String>,
@@ -220,6 +236,8 @@ impl MasterArgs {
             eviction_ratio => eviction_ratio,
             put_start_discard_timeout => put_start_discard_timeout_ms,
             put_start_release_timeout => put_start_release_timeout_ms,
+            put_reservation_ttl => put_reservation_ttl_ms,
+            put_reservation_max_bytes => put_reservation_max_bytes,
             max_connections => max_connections,
             max_connections_per_peer => max_connections_per_peer,
             idle_timeout => idle_timeout_ms,

@@ -256,6 +256,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         summary.pending_puts as f64,
     )
     .single(
+        "rbgctl_master_put_reservations",
+        "gauge",
+        "Space reserved for clients' next puts (a put into one needs only its commit).",
+        summary.reservations as f64,
+    )
+    .single(
         "rbgctl_master_clients",
         "gauge",
         "Clients with a live heartbeat.",
@@ -350,6 +356,19 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         "counter",
         "Abandoned puts reclaimed.",
         counters.reclaimed_puts as f64,
+    )
+    .single(
+        "rbgctl_master_reserved_puts_total",
+        "counter",
+        "Puts committed into a reservation: one master round trip instead of two.",
+        counters.reserved_puts as f64,
+    )
+    .single(
+        "rbgctl_master_expired_reservations_total",
+        "counter",
+        "Reservations dropped unused after twice their TTL; their space waits for the release \
+         timeout.",
+        counters.expired_reservations as f64,
     )
     .single(
         "rbgctl_master_alloc_failures_total",

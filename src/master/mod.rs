@@ -126,6 +126,7 @@ pub fn start(
         notifier,
         stats: Arc::new(OpStats::default()),
         connections: Default::default(),
+        allocations_from: Instant::now() + cfg.put_reservation_ttl_ms.0,
     });
     let shared = Arc::new(Shared {
         state: state.clone(),

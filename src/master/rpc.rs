@@ -19,6 +19,9 @@ pub struct MasterService {
     pub notifier: Arc<Notifier>,
     pub stats: Arc<OpStats>,
     pub connections: crate::transfer::server::ConnCounters,
+    /// No space is allocated before this: one put reservation TTL after the master started,
+    /// so that no client still writes into a reservation of a master that ran before.
+    pub allocations_from: Instant,
 }
 
 fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
@@ -96,6 +99,7 @@ impl MasterService {
             }
             Opcode::PutStart => {
                 let r = PutStartReq::from_meta(meta)?;
+                self.wait_for_allocations();
                 let res = self
                     .state
                     .lock()
@@ -144,6 +148,7 @@ impl MasterService {
             }
             Opcode::BatchPutStart => {
                 let r = BatchPutStartReq::from_meta(meta)?;
+                self.wait_for_allocations();
                 let mut st = self.state.lock();
                 let items = r
                     .items
@@ -177,6 +182,46 @@ impl MasterService {
                         .collect()
                 });
                 answer(io, Ok(BatchStatusResp { items }))
+            }
+            Opcode::BatchPutCommit => {
+                let r = BatchPutCommitReq::from_meta(meta)?;
+                if !r.reserve.is_empty() {
+                    self.wait_for_allocations();
+                }
+                let (items, reserved, ttl) = self.durably(|st| {
+                    let items = r
+                        .items
+                        .iter()
+                        .map(|it| {
+                            status_of(st.put_end(
+                                r.client_id,
+                                &it.key,
+                                it.object_id,
+                                it.checksum,
+                                now,
+                            ))
+                        })
+                        .collect();
+                    let reserved = st
+                        .reserve(r.client_id, &r.reserve, &r.config, now)
+                        .into_iter()
+                        .map(|res| {
+                            item(res).map(|(object_id, replicas)| PutStartResp {
+                                object_id,
+                                replicas,
+                            })
+                        })
+                        .collect();
+                    (items, reserved, st.config().put_reservation_ttl_ms.0)
+                });
+                answer(
+                    io,
+                    Ok(BatchPutCommitResp {
+                        items,
+                        reserved,
+                        ttl_ms: ttl.as_millis() as u64,
+                    }),
+                )
             }
             Opcode::BatchPutRevoke => {
                 let r = BatchPutEndReq::from_meta(meta)?;
@@ -236,6 +281,16 @@ impl MasterService {
 }
 
 impl MasterService {
+    /// Holds an allocating request until `allocations_from` (only just after a start).
+    fn wait_for_allocations(&self) {
+        let left = self
+            .allocations_from
+            .saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            std::thread::sleep(left);
+        }
+    }
+
     /// Runs an operation that may drop object versions (a remove, or a put that replaces a
     /// value), then waits (bounded) until the stores dropped the records of those versions, so
     /// that a master restarted right after it brings back neither a removed object nor an old

@@ -148,6 +148,10 @@ pub struct Counters {
     pub corrupt_replicas: u64,
     /// Away segments given up after the grace period.
     pub segments_given_up: u64,
+    /// Puts committed into a reservation (one master round trip).
+    pub reserved_puts: u64,
+    /// Reservations dropped unused after twice their TTL (their clients stopped or paused).
+    pub expired_reservations: u64,
 }
 
 /// A summary for logs, metrics and the admin API.
@@ -158,6 +162,8 @@ pub struct Summary {
     pub keys: u64,
     pub soft_pinned_keys: u64,
     pub pending_puts: u64,
+    /// Put reservations held by clients.
+    pub reservations: u64,
     pub clients: u64,
     pub segments: u64,
     pub away_segments: u64,
@@ -171,6 +177,8 @@ pub struct MasterState {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
     objects: HashMap<String, Entry>,
+    /// Put reservations by object id: allocated, versioned, not yet any key's.
+    reservations: HashMap<u64, Pending>,
     deferred: Vec<Deferred>,
     next_object_id: u64,
     rng: fastrand::Rng,
@@ -220,6 +228,7 @@ impl MasterState {
             segments: HashMap::new(),
             segment_by_name: HashMap::new(),
             objects: HashMap::new(),
+            reservations: HashMap::new(),
             deferred: Vec::new(),
             next_object_id: 1,
             rng: fastrand::Rng::new(),
@@ -741,6 +750,9 @@ impl MasterState {
             }
             e.current.is_some() || e.pending.is_some()
         });
+        for r in self.reservations.values_mut() {
+            r.replicas.retain(|loc| loc.segment_id != segment_id);
+        }
         self.counters.dropped_objects += dropped;
         tracing::info!(segment = %seg.info.name, dropped_objects = dropped, "segment unmounted");
     }
@@ -811,6 +823,17 @@ impl MasterState {
             self.drop_pending(&k, now, false);
             self.counters.reclaimed_puts += 1;
         }
+        let theirs: Vec<u64> = self
+            .reservations
+            .values()
+            .filter(|r| r.client_id == id)
+            .map(|r| r.object_id)
+            .collect();
+        for object_id in theirs {
+            if let Some(r) = self.reservations.remove(&object_id) {
+                self.release(&r.replicas, r.size, r.object_id, now, now);
+            }
+        }
     }
 
     // ---- objects ----
@@ -833,6 +856,42 @@ impl MasterState {
         now: Instant,
     ) -> OpResult<(u64, Vec<ReplicaLoc>)> {
         Self::check_key(key)?;
+        self.preempt_pending(key, now)?;
+        let p = self.start_version(client_id, size, config, now)?;
+        let answer = (p.object_id, p.replicas.clone());
+        self.objects.entry(key.to_string()).or_default().pending = Some(p);
+        Ok(answer)
+    }
+
+    /// Fails when a put of `key` is in progress; drops one abandoned longer than the discard
+    /// timeout (its space waits for the release timeout: its writer may still be writing).
+    fn preempt_pending(&mut self, key: &str, now: Instant) -> OpResult<()> {
+        if let Some(p) = self.objects.get(key).and_then(|e| e.pending.as_ref()) {
+            let age = now.saturating_duration_since(p.started);
+            if age < self.cfg.put_start_discard_timeout_ms.0 {
+                return fail(
+                    Status::PutInProgress,
+                    format!(
+                        "a put of {key:?} started {} ms ago is not finished",
+                        age.as_millis()
+                    ),
+                );
+            }
+            self.drop_pending(key, now, true);
+            self.counters.reclaimed_puts += 1;
+        }
+        Ok(())
+    }
+
+    /// Allocates the replicas of a new version of `size` bytes (evicting when the pool is
+    /// full) and draws its version; the caller records it as a pending put or a reservation.
+    fn start_version(
+        &mut self,
+        client_id: u64,
+        size: u64,
+        config: &ReplicateConfig,
+        now: Instant,
+    ) -> OpResult<Pending> {
         if size == 0 {
             return fail(Status::InvalidParams, "empty value");
         }
@@ -869,22 +928,6 @@ impl MasterState {
         } else {
             None
         };
-        if let Some(p) = self.objects.get(key).and_then(|e| e.pending.as_ref()) {
-            let age = now.saturating_duration_since(p.started);
-            if age < self.cfg.put_start_discard_timeout_ms.0 {
-                return fail(
-                    Status::PutInProgress,
-                    format!(
-                        "a put of {key:?} started {} ms ago is not finished",
-                        age.as_millis()
-                    ),
-                );
-            }
-            // An abandoned put: its writer may still be writing, so its space waits for the
-            // release timeout before reuse.
-            self.drop_pending(key, now, true);
-            self.counters.reclaimed_puts += 1;
-        }
         self.touch_client(client_id, now);
         let mut replicas = self.allocate(size, config);
         if replicas.is_empty() {
@@ -908,16 +951,54 @@ impl MasterState {
         if used as f64 > self.cfg.eviction_high_watermark_ratio * capacity as f64 {
             self.evict(now, 0);
         }
-        let object_id = self.next_version();
-        self.objects.entry(key.to_string()).or_default().pending = Some(Pending {
-            object_id,
+        Ok(Pending {
+            object_id: self.next_version(),
             client_id,
             size,
-            replicas: replicas.clone(),
+            replicas,
             started: now,
             soft_pin_ttl,
-        });
-        Ok((object_id, replicas))
+        })
+    }
+
+    /// Reserves space for a client's next puts, one per size: allocated and versioned now,
+    /// given a key by the put's commit (`put_end` with the reservation's object id). A client
+    /// holds at most `put_reservation_max_bytes`; reservations are off with a zero TTL.
+    pub fn reserve(
+        &mut self,
+        client_id: u64,
+        sizes: &[u64],
+        config: &ReplicateConfig,
+        now: Instant,
+    ) -> Vec<OpResult<(u64, Vec<ReplicaLoc>)>> {
+        let ttl = self.cfg.put_reservation_ttl_ms.0;
+        let mut held: u64 = self
+            .reservations
+            .values()
+            .filter(|r| r.client_id == client_id)
+            .map(|r| r.size * r.replicas.len() as u64)
+            .sum();
+        let cap = self.cfg.put_reservation_max_bytes.0;
+        sizes
+            .iter()
+            .map(|&size| {
+                if ttl.is_zero() {
+                    return fail(Status::InvalidParams, "put reservations are off");
+                }
+                let copies = u64::from(config.replica_num.max(1));
+                if held.saturating_add(size.saturating_mul(copies)) > cap {
+                    return fail(
+                        Status::NoSpace,
+                        format!("this client holds {held} bytes of reservations (most {cap})"),
+                    );
+                }
+                let p = self.start_version(client_id, size, config, now)?;
+                held += p.size * p.replicas.len() as u64;
+                let answer = (p.object_id, p.replicas.clone());
+                self.reservations.insert(p.object_id, p);
+                Ok(answer)
+            })
+            .collect()
     }
 
     fn allocate(&mut self, size: u64, config: &ReplicateConfig) -> Vec<ReplicaLoc> {
@@ -1018,6 +1099,14 @@ impl MasterState {
         checksum: u32,
         now: Instant,
     ) -> OpResult<()> {
+        let pending_here = self
+            .objects
+            .get(key)
+            .and_then(|e| e.pending.as_ref())
+            .is_some_and(|p| p.object_id == object_id);
+        if !pending_here && self.reservations.contains_key(&object_id) {
+            return self.commit_reservation(client_id, key, object_id, checksum, now);
+        }
         let entry = match self.objects.get_mut(key) {
             Some(e) => e,
             None => {
@@ -1061,8 +1150,15 @@ impl MasterState {
             }
         }
         let p = entry.pending.take().expect("matched above");
+        self.install(key, p, checksum, now);
+        Ok(())
+    }
+
+    /// A written put becomes the key's current version; the one it replaces is released when
+    /// its read leases end.
+    fn install(&mut self, key: &str, p: Pending, checksum: u32, now: Instant) {
         let new = Version {
-            object_id,
+            object_id: p.object_id,
             size: p.size,
             checksum,
             replicas: p.replicas,
@@ -1070,6 +1166,7 @@ impl MasterState {
             lease_until: now,
             soft_pin_until: p.soft_pin_ttl.map(|ttl| now + ttl),
         };
+        let entry = self.objects.entry(key.to_string()).or_default();
         if let Some(old) = entry.current.replace(new) {
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
@@ -1077,6 +1174,68 @@ impl MasterState {
         if let Some(&seq) = self.recently_evicted.get(key) {
             self.forget_wait = self.forget_wait.max(seq);
         }
+    }
+
+    /// Commits a put written into a reservation: it becomes `key`'s value unless a put of the
+    /// key is in progress or a newer version of it was committed meanwhile (the reservation's
+    /// version was drawn before that one's: a restarted master would let the newer win). Either
+    /// way the reservation is used up; the client puts again without one.
+    fn commit_reservation(
+        &mut self,
+        client_id: u64,
+        key: &str,
+        object_id: u64,
+        checksum: u32,
+        now: Instant,
+    ) -> OpResult<()> {
+        match self.reservations.get(&object_id) {
+            Some(r) if r.client_id != client_id => {
+                return fail(
+                    Status::IllegalClient,
+                    "only the client that holds a reservation may commit it",
+                )
+            }
+            Some(_) => {}
+            None => {
+                return fail(
+                    Status::ObjectNotFound,
+                    format!("reservation {object_id} expired or is unknown"),
+                )
+            }
+        }
+        let r = self.reservations.remove(&object_id).expect("checked above");
+        let newer = self
+            .objects
+            .get(key)
+            .and_then(|e| e.current.as_ref())
+            .map_or(0, |c| c.object_id)
+            .max(object_id);
+        let refusal = if let Err(e) = Self::check_key(key) {
+            Some(e)
+        } else if r.replicas.is_empty() {
+            Some((
+                Status::ReplicaNotReady,
+                "every replica's segment went away during the put".to_owned(),
+            ))
+        } else if let Err(e) = self.preempt_pending(key, now) {
+            Some(e)
+        } else if newer > object_id {
+            Some((
+                Status::WriteSuperseded,
+                format!(
+                    "{key:?} got version {newer} after reservation {object_id} was made; put again"
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some(e) = refusal {
+            // The client wrote and finished writing: the space is free at once.
+            self.release(&r.replicas, r.size, r.object_id, now, now);
+            return Err(e);
+        }
+        self.counters.reserved_puts += 1;
+        self.install(key, r, checksum, now);
         Ok(())
     }
 
@@ -1087,6 +1246,17 @@ impl MasterState {
         object_id: u64,
         now: Instant,
     ) -> OpResult<()> {
+        if let Some(r) = self.reservations.get(&object_id) {
+            if r.client_id != client_id {
+                return fail(
+                    Status::IllegalClient,
+                    "only the client that holds a reservation may revoke it",
+                );
+            }
+            let r = self.reservations.remove(&object_id).expect("checked above");
+            self.release(&r.replicas, r.size, r.object_id, now, now);
+            return Ok(());
+        }
         let pending = self.objects.get(key).and_then(|e| e.pending.as_ref());
         match pending {
             Some(p) if p.object_id == object_id && p.client_id == client_id => {
@@ -1285,6 +1455,7 @@ impl MasterState {
                 s.pending_puts += 1;
             }
         }
+        s.reservations = self.reservations.len() as u64;
         s
     }
 
@@ -1420,7 +1591,28 @@ impl MasterState {
             self.drop_pending(&k, now, false);
             self.counters.reclaimed_puts += 1;
         }
+        self.expire_reservations(now);
         self.evict(now, 0);
+    }
+
+    /// Reservations unused for twice their TTL are dropped. Their client may have started a
+    /// write just in time and be slow finishing it, so the space waits for the release timeout,
+    /// as an abandoned put's does. (A live client revokes the reservations it let expire.)
+    fn expire_reservations(&mut self, now: Instant) {
+        let limit = self.cfg.put_reservation_ttl_ms.0 * 2;
+        let expired: Vec<u64> = self
+            .reservations
+            .values()
+            .filter(|r| now.saturating_duration_since(r.started) > limit)
+            .map(|r| r.object_id)
+            .collect();
+        for object_id in expired {
+            if let Some(r) = self.reservations.remove(&object_id) {
+                let until = r.started + self.cfg.put_start_release_timeout_ms.0;
+                self.release(&r.replicas, r.size, r.object_id, until, now);
+                self.counters.expired_reservations += 1;
+            }
+        }
     }
 
     /// Up to `limit` readable keys starting with `prefix`, sorted, and whether more match.
@@ -1543,6 +1735,97 @@ mod tests {
         let d = st.get_replicas("k", t0).unwrap();
         assert_eq!((d.size, d.checksum), (200, 22));
         st.put_end(7, "k", id2, 22, t0).unwrap(); // idempotent
+    }
+
+    #[test]
+    fn a_reservation_becomes_the_value_of_the_key_its_commit_names() {
+        let (mut st, t0) = state();
+        let used = |st: &MasterState| st.segments().map(|s| s.alloc.used()).sum::<u64>();
+        let r = st.reserve(7, &[128, 128], &ONE, t0);
+        let (id, replicas) = r[0].clone().unwrap();
+        assert_eq!(used(&st), 256, "reserved space is allocated");
+        assert_eq!(st.summary(t0).reservations, 2);
+        assert!(!st.exists("k", t0), "a reservation is no key's");
+        assert_eq!(
+            st.put_end(8, "k", id, 5, t0).unwrap_err().0,
+            Status::IllegalClient,
+            "only its holder commits it"
+        );
+        st.put_end(7, "k", id, 5, t0).unwrap();
+        let d = st.get_replicas("k", t0).unwrap();
+        assert_eq!((d.version, d.checksum, d.replicas), (id, 5, replicas));
+        st.put_end(7, "k", id, 5, t0).unwrap(); // a retried commit is idempotent
+        assert_eq!(st.counters.reserved_puts, 1);
+        // The other one is handed back: its space is free at once.
+        let (other, _) = r[1].clone().unwrap();
+        st.put_revoke(7, "", other, t0).unwrap();
+        assert_eq!(used(&st), 128);
+        assert_eq!(st.summary(t0).reservations, 0);
+    }
+
+    #[test]
+    fn a_reservation_older_than_the_keys_newest_value_cannot_replace_it() {
+        let (mut st, t0) = state();
+        let (old, _) = st.reserve(7, &[128], &ONE, t0)[0].clone().unwrap();
+        let newer = put(&mut st, "k", 100, 1, t0);
+        assert!(newer.version > old);
+        assert_eq!(
+            st.put_end(7, "k", old, 2, t0).unwrap_err().0,
+            Status::WriteSuperseded
+        );
+        assert_eq!(
+            st.get_replicas("k", t0).unwrap().checksum,
+            1,
+            "newer value kept"
+        );
+        assert_eq!(st.summary(t0).reservations, 0, "the reservation is used up");
+        assert_eq!(
+            st.put_end(7, "other", old, 2, t0).unwrap_err().0,
+            Status::ObjectNotFound,
+            "and cannot be committed again"
+        );
+    }
+
+    #[test]
+    fn reservations_are_bounded_expire_and_go_with_their_client_or_segment() {
+        let cfg = MasterConfig {
+            put_reservation_max_bytes: crate::config::ByteSize(300),
+            ..MasterConfig::default()
+        };
+        let mut st = MasterState::new(cfg);
+        let t0 = Instant::now();
+        st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+        let r = st.reserve(7, &[128, 128, 128], &ONE, t0);
+        assert!(r[0].is_ok() && r[1].is_ok());
+        assert_eq!(
+            r[2].clone().unwrap_err().0,
+            Status::NoSpace,
+            "past the limit"
+        );
+        // Unused for twice the TTL: dropped; the space waits for the release timeout.
+        let ttl = st.config().put_reservation_ttl_ms.0;
+        st.housekeeping(t0 + ttl * 2 + Duration::from_millis(1));
+        assert_eq!(st.summary(t0).reservations, 0);
+        assert_eq!(st.counters.expired_reservations, 2);
+        assert_eq!(st.summary(t0).deferred_bytes, 256);
+        // A client that leaves takes its reservations with it.
+        st.reserve(9, &[128], &ONE, t0)[0].clone().unwrap();
+        st.leave(9, t0);
+        assert_eq!(st.summary(t0).reservations, 0);
+        // A segment that goes takes its replicas out of reservations: committing fails.
+        let (id, _) = st.reserve(7, &[128], &ONE, t0)[0].clone().unwrap();
+        let seg_id = st.segments().next().unwrap().id;
+        st.unmount(1, seg_id, false, t0).unwrap();
+        assert_eq!(
+            st.put_end(7, "k", id, 1, t0).unwrap_err().0,
+            Status::ReplicaNotReady
+        );
+        let off = MasterState::new(MasterConfig {
+            put_reservation_ttl_ms: crate::config::Millis(Duration::ZERO),
+            ..MasterConfig::default()
+        })
+        .reserve(7, &[128], &ONE, t0);
+        assert_eq!(off[0].clone().unwrap_err().0, Status::InvalidParams, "off");
     }
 
     #[test]

@@ -171,6 +171,54 @@ impl StoreService {
         Ok(true)
     }
 
+    /// Answers a read of `length` bytes at `offset`. With a `version`, the read is of a
+    /// remembered location: it is served only while the master's read lease holds and the
+    /// record at `offset` is still that version; otherwise the reader is told to ask the master.
+    fn read_range(
+        &self,
+        io: &mut ServerIo<'_>,
+        mem: &SegmentMemory,
+        offset: u64,
+        length: u64,
+        version: Option<u64>,
+    ) -> Result<bool, TransferError> {
+        if let Err(msg) = mem.check(offset, length) {
+            io.error(Status::OutOfBounds, &msg)?;
+            return Ok(false);
+        }
+        if let Some(version) = version {
+            let refusal = if !self.lease.valid(Instant::now()) {
+                Some((
+                    Status::ObjectUnavailable,
+                    "this store has no read lease from the master now; ask the master".to_owned(),
+                ))
+            } else if self.records.holds(offset, version, length).is_none() {
+                Some((
+                    Status::ObjectNotFound,
+                    format!(
+                        "version {version} is not at offset {offset} (replaced, removed or \
+                         evicted); ask the master"
+                    ),
+                ))
+            } else {
+                None
+            };
+            if let Some((status, msg)) = refusal {
+                self.stale_reads.fetch_add(1, Ordering::Relaxed);
+                io.error(status, &msg)?;
+                return Ok(false);
+            }
+        }
+        // A plain read is covered by the reader's lease from the master: the range is not
+        // reallocated meanwhile. A versioned read may race a reuse of freed space while the
+        // bytes go out: the reader's checksum catches that.
+        // SAFETY: the range is bounds-checked; the bytes are only read.
+        let src = unsafe { mem.slice(offset, length) };
+        io.reply(Status::Ok, &[], &[src])?;
+        self.bytes_read.fetch_add(length, Ordering::Relaxed);
+        Ok(true)
+    }
+
     fn dispatch(
         &self,
         op: Opcode,
@@ -234,50 +282,14 @@ impl StoreService {
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
-                if let Err(msg) = mem.check(r.offset, r.length) {
-                    io.error(Status::OutOfBounds, &msg)?;
-                    return Ok(false);
-                }
-                if !self.lease.valid(Instant::now()) {
-                    self.stale_reads.fetch_add(1, Ordering::Relaxed);
-                    io.error(
-                        Status::ObjectUnavailable,
-                        "this store has no read lease from the master now; ask the master",
-                    )?;
-                    return Ok(false);
-                }
-                if self.records.holds(r.offset, r.version, r.length).is_none() {
-                    self.stale_reads.fetch_add(1, Ordering::Relaxed);
-                    let msg = format!(
-                        "version {} is not at offset {} (replaced, removed or evicted); ask \
-                         the master",
-                        r.version, r.offset
-                    );
-                    io.error(Status::ObjectNotFound, &msg)?;
-                    return Ok(false);
-                }
-                // The bytes may be overwritten while they go out (the space was freed and
-                // reused since the check): the reader's checksum catches that.
-                // SAFETY: the range is bounds-checked; the bytes are only read.
-                let src = unsafe { mem.slice(r.offset, r.length) };
-                io.reply(Status::Ok, &[], &[src])?;
-                self.bytes_read.fetch_add(r.length, Ordering::Relaxed);
-                Ok(true)
+                self.read_range(io, mem, r.offset, r.length, Some(r.version))
             }
             Opcode::Read => {
                 let r = ReadReq::from_meta(meta)?;
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
-                if let Err(msg) = mem.check(r.offset, r.length) {
-                    io.error(Status::OutOfBounds, &msg)?;
-                    return Ok(false);
-                }
-                // SAFETY: a reader holds a lease on the object; the range is not reallocated.
-                let src = unsafe { mem.slice(r.offset, r.length) };
-                io.reply(Status::Ok, &[], &[src])?;
-                self.bytes_read.fetch_add(r.length, Ordering::Relaxed);
-                Ok(true)
+                self.read_range(io, mem, r.offset, r.length, None)
             }
             Opcode::StoreInfo => {
                 <()>::from_meta(meta)?;

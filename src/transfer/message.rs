@@ -81,6 +81,9 @@ impl MinLen for bool {
 impl MinLen for Status {
     const MIN_LEN: usize = 2;
 }
+impl MinLen for u64 {
+    const MIN_LEN: usize = 8;
+}
 
 impl<T: Wire + MinLen> Wire for Vec<T> {
     fn encode(&self, e: &mut Encoder) {
@@ -273,6 +276,27 @@ message!(BatchPutStartResp { items: Vec<Result<PutStartResp, Status>> } min_len 
 message!(EndItem { key: String, object_id: u64, checksum: u32 } min_len = 14);
 message!(BatchPutEndReq { client_id: u64, items: Vec<EndItem> } min_len = 12);
 message!(BatchStatusResp { items: Vec<Status> } min_len = 4);
+message!(
+    /// Commits `items` (as `BatchPutEndReq`) and asks for one reservation per size in
+    /// `reserve`, placed by `config`: space allocated and a version drawn for a put that does
+    /// not know its key yet. Committing an item whose object id is a reservation's makes that
+    /// reservation the key's value.
+    BatchPutCommitReq {
+        client_id: u64,
+        items: Vec<EndItem>,
+        config: ReplicateConfig,
+        reserve: Vec<u64>,
+    } min_len = 8 + 4 + 12 + 4
+);
+message!(
+    /// Per-item commit statuses, one answer per size asked, and how long the reservations may
+    /// be started into (counted from when the request was sent).
+    BatchPutCommitResp {
+        items: Vec<Status>,
+        reserved: Vec<Result<PutStartResp, Status>>,
+        ttl_ms: u64,
+    } min_len = 4 + 4 + 8
+);
 message!(BatchKeysReq { keys: Vec<String> } min_len = 4);
 message!(BatchGetReplicasResp { items: Vec<Result<ObjectDesc, Status>> } min_len = 4);
 message!(BatchExistsResp { items: Vec<bool> } min_len = 4);

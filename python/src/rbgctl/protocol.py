@@ -50,6 +50,7 @@ class Opcode(enum.IntEnum):
     BATCH_GET_REPLICAS = 0x23
     BATCH_EXISTS = 0x24
     BATCH_REMOVE = 0x25
+    BATCH_PUT_COMMIT = 0x26  # the Rust client's commit that also reserves space; this client sends BATCH_PUT_END
     WRITE = 0x40
     READ = 0x41
     STORE_INFO = 0x42
