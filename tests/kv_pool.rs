@@ -614,6 +614,68 @@ fn remembered_locations_skip_the_master_and_never_serve_a_replaced_or_removed_va
 const VERSION_READS: &str = "rbgctl_store_requests_total{op=\"read_version\"}";
 
 #[test]
+fn a_batch_get_reads_remembered_locations_and_asks_the_master_only_for_the_rest() {
+    let c = Cluster::start(Opts::default());
+    assert!(leased(&c));
+    let writer = c.client();
+    let reader = c.client();
+    let keys: Vec<String> = (0..8).map(|i| format!("bloc/{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = (0..8u8).map(|i| value(65_536, i)).collect();
+    let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    assert!(writer
+        .batch_put(&keys, &refs, &one())
+        .iter()
+        .all(Result::is_ok));
+    let batch_describes = || {
+        c.master_metric("rbgctl_master_requests_total{op=\"batch_get_replicas\"}")
+            .unwrap_or(0.0)
+    };
+    let got = |r: Vec<Result<Vec<u8>, ClientError>>| -> Vec<Vec<u8>> {
+        r.into_iter().map(Result::unwrap).collect()
+    };
+    assert_eq!(
+        got(reader.batch_get(&keys)),
+        values,
+        "first batch: asks the master"
+    );
+    let asked = batch_describes();
+    let reads = stores_metric(&c, VERSION_READS);
+    assert_eq!(got(reader.batch_get(&keys)), values);
+    let mut bufs = vec![vec![0u8; 65_536]; 8];
+    let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let lens = writer.batch_get_into(&keys, &mut slices);
+    assert!(lens.iter().all(|n| *n.as_ref().unwrap() == 65_536));
+    assert_eq!(bufs, values, "the writer remembers its batch put");
+    assert_eq!(
+        batch_describes(),
+        asked,
+        "remembered batches did not ask the master"
+    );
+    assert_eq!(stores_metric(&c, VERSION_READS) - reads, 16.0);
+
+    // One key replaced, one removed, one new: only those go to the master; never old values.
+    let v3 = value(65_536, 33);
+    writer.put(keys[3], &v3, &one()).unwrap();
+    writer.remove(keys[5], true).unwrap();
+    let mut with_new = keys.clone();
+    with_new.push("bloc/new");
+    writer.put("bloc/new", &value(100, 9), &one()).unwrap();
+    let r = reader.batch_get(&with_new);
+    assert_eq!(r[3].as_ref().unwrap(), &v3, "never the replaced value");
+    assert!(matches!(r[5], Err(ClientError::NotFound(_))), "{:?}", r[5]);
+    assert_eq!(r[8].as_ref().unwrap(), &value(100, 9));
+    for i in [0, 1, 2, 4, 6, 7] {
+        assert_eq!(r[i].as_ref().unwrap(), &values[i]);
+    }
+    assert_eq!(
+        batch_describes(),
+        asked + 1.0,
+        "one master round trip for the rest"
+    );
+}
+
+#[test]
 fn a_remembered_location_of_an_evicted_value_never_shadows_its_new_value() {
     // Two 4 MiB stores, 64 KiB objects: about 115 fit under the watermark.
     let c = Cluster::start(Opts {

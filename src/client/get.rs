@@ -1,7 +1,9 @@
 //! Reads: ask the master where an object is (granting a read lease), read one replica through
 //! its segment's data path straight into the destination, check the CRC-32C. A batch reads
 //! every item's first choice (same-host replicas first) grouped by segment; any item that fails
-//! there, or fails its checksum, is read again over all its replicas one by one.
+//! there, or fails its checksum, is read again over all its replicas one by one. Items whose
+//! location this client remembers are read from it first, version-checked by their stores
+//! (see `locations.rs`); only the rest are asked of the master.
 
 use super::datapath::ReadOp;
 use super::error::ClientError;
@@ -10,6 +12,7 @@ use super::routes::Route;
 use super::Inner;
 use crate::transfer::message::*;
 use crate::transfer::{Opcode, Status};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -88,6 +91,7 @@ impl Inner {
         let req = BatchKeysReq {
             keys: keys.iter().map(|k| k.to_string()).collect(),
         };
+        let asked = Instant::now();
         let r: BatchGetReplicasResp = self.master_call(Opcode::BatchGetReplicas, &req)?;
         if r.items.len() != keys.len() {
             return Err(ClientError::Invalid(format!(
@@ -95,6 +99,11 @@ impl Inner {
                 r.items.len(),
                 keys.len()
             )));
+        }
+        for (desc, k) in r.items.iter().zip(keys) {
+            if let Ok(desc) = desc {
+                self.locations.insert(k, desc.clone(), asked);
+            }
         }
         Ok(r.items
             .into_iter()
@@ -173,14 +182,45 @@ impl Inner {
             ));
             return vec![Err(e); keys.len()];
         }
-        let descs = match self.batch_describe(keys) {
+        let now = Instant::now();
+        let remembered: Vec<Option<Arc<ObjectDesc>>> = keys
+            .iter()
+            .zip(bufs.iter())
+            .map(|(k, b)| {
+                self.locations
+                    .get(k, now)
+                    .filter(|d| d.size <= b.len() as u64)
+            })
+            .collect();
+        let hits = self.batch_read_cached(keys, &remembered, bufs);
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| !hits[i]).collect();
+        let mut results: Vec<Result<usize, ClientError>> = remembered
+            .iter()
+            .map(|d| Ok(d.as_ref().map_or(0, |d| d.size as usize)))
+            .collect();
+        if rest.is_empty() {
+            return results;
+        }
+        let rest_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
+        let mut rest_bufs: Vec<&mut [u8]> = bufs
+            .iter_mut()
+            .zip(&hits)
+            .filter(|(_, hit)| !**hit)
+            .map(|(b, _)| &mut **b)
+            .collect();
+        let descs = match self.batch_describe(&rest_keys) {
             Ok(d) => d,
-            Err(e) => return vec![Err(e); keys.len()],
+            Err(e) => {
+                for &i in &rest {
+                    results[i] = Err(e.clone());
+                }
+                return results;
+            }
         };
         let descs: Vec<Result<ObjectDesc, ClientError>> = descs
             .into_iter()
-            .zip(bufs.iter())
-            .zip(keys)
+            .zip(rest_bufs.iter())
+            .zip(&rest_keys)
             .map(|((d, b), k)| match d {
                 Ok(d) if (b.len() as u64) < d.size => Err(ClientError::BufferTooSmall {
                     key: k.to_string(),
@@ -190,7 +230,71 @@ impl Inner {
                 other => other,
             })
             .collect();
-        self.batch_read(keys, descs, bufs)
+        let read = self.batch_read(&rest_keys, descs, &mut rest_bufs);
+        for (i, r) in rest.into_iter().zip(read) {
+            results[i] = r;
+        }
+        results
+    }
+
+    /// Reads the items with a remembered location (`remembered`, each no larger than its
+    /// buffer) from their stores, grouped by segment, each checked against its version and
+    /// CRC-32C; answers which were read. The others' locations are forgotten: the caller asks
+    /// the master for them.
+    pub(super) fn batch_read_cached(
+        &self,
+        keys: &[&str],
+        remembered: &[Option<Arc<ObjectDesc>>],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<bool> {
+        let mut hits = vec![false; keys.len()];
+        let mut groups: BTreeMap<u64, Vec<(usize, u64)>> = BTreeMap::new();
+        for (i, d) in remembered.iter().enumerate() {
+            let Some(d) = d else { continue };
+            let target = d.replicas.iter().find(|r| {
+                self.routes
+                    .get(r.segment_id)
+                    .is_some_and(|route| route.path.checks_versions())
+            });
+            match target {
+                Some(r) => groups.entry(r.segment_id).or_default().push((i, r.offset)),
+                None => self.locations.remove(keys[i]),
+            }
+        }
+        let mut slots: Vec<Option<&mut [u8]>> = bufs.iter_mut().map(|b| Some(&mut **b)).collect();
+        for (segment, reads) in groups {
+            let Some(route) = self.routes.get(segment) else {
+                continue;
+            };
+            let mut items = Vec::with_capacity(reads.len());
+            let mut ops = Vec::with_capacity(reads.len());
+            for (i, offset) in reads {
+                let (Some(d), Some(buf)) = (&remembered[i], slots[i].take()) else {
+                    continue;
+                };
+                items.push((i, d.checksum));
+                ops.push(ReadOp::of_version(
+                    offset,
+                    &mut buf[..d.size as usize],
+                    d.version,
+                ));
+            }
+            let bytes = ops.iter().map(|op| op.dst.len() as u64).sum();
+            let results = self.moved(&route, bytes, || route.path.read(&mut ops));
+            for (((i, checksum), r), op) in items.into_iter().zip(results).zip(&ops) {
+                match r {
+                    Ok(()) => hits[i] = op.crc == Some(checksum),
+                    Err(crate::transfer::TransferError::Remote { .. }) => {}
+                    Err(_) => route.failed(),
+                }
+            }
+        }
+        for (i, d) in remembered.iter().enumerate() {
+            if d.is_some() && !hits[i] {
+                self.locations.remove(keys[i]);
+            }
+        }
+        hits
     }
 
     /// Reads described objects into `bufs` (each at least its object's size); returns each

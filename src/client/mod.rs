@@ -331,6 +331,40 @@ impl Client {
         if let Err(e) = check_keys(keys) {
             return vec![Err(e); keys.len()];
         }
+        let now = Instant::now();
+        let remembered: Vec<Option<Arc<ObjectDesc>>> = keys
+            .iter()
+            .map(|k| self.inner.locations.get(k, now))
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = remembered
+            .iter()
+            .map(|d| vec![0u8; d.as_ref().map_or(0, |d| d.size as usize)])
+            .collect();
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let hits = self.inner.batch_read_cached(keys, &remembered, &mut slices);
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| !hits[i]).collect();
+        let mut results: Vec<Result<Vec<u8>, ClientError>> = Vec::with_capacity(keys.len());
+        let mut rest_results = if rest.is_empty() {
+            Vec::new()
+        } else {
+            let rest_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
+            self.batch_get_described(&rest_keys)
+        }
+        .into_iter();
+        for (buf, hit) in bufs.into_iter().zip(hits) {
+            results.push(if hit {
+                Ok(buf)
+            } else {
+                rest_results
+                    .next()
+                    .unwrap_or_else(|| Err(ClientError::Invalid("batch item left unread".into())))
+            });
+        }
+        results
+    }
+
+    /// Reads several keys into new buffers, asking the master where each is.
+    fn batch_get_described(&self, keys: &[&str]) -> Vec<Result<Vec<u8>, ClientError>> {
         let descs = match self.inner.batch_describe(keys) {
             Ok(d) => d,
             Err(e) => return vec![Err(e); keys.len()],
