@@ -413,8 +413,10 @@ fn a_batch_against_a_dead_master_names_the_master_for_every_item() {
         stores: 1,
         ..Default::default()
     });
+    // Written by another client: this one remembers no location (a remembered one would be
+    // read from its store, master or not, while the store's read lease runs).
+    c.client().put("k/0", b"v", &one()).unwrap();
     let client = c.client();
-    client.put("k/0", b"v", &one()).unwrap();
     c.master.kill();
     let keys = ["k/0", "k/1", "k/2"];
     let is_master_failure =
