@@ -99,7 +99,7 @@ impl MasterService {
             }
             Opcode::PutStart => {
                 let r = PutStartReq::from_meta(meta)?;
-                self.wait_for_allocations();
+                let now = self.wait_for_allocations(now);
                 let res = self
                     .state
                     .lock()
@@ -148,7 +148,7 @@ impl MasterService {
             }
             Opcode::BatchPutStart => {
                 let r = BatchPutStartReq::from_meta(meta)?;
-                self.wait_for_allocations();
+                let now = self.wait_for_allocations(now);
                 let mut st = self.state.lock();
                 let items = r
                     .items
@@ -185,9 +185,11 @@ impl MasterService {
             }
             Opcode::BatchPutCommit => {
                 let r = BatchPutCommitReq::from_meta(meta)?;
-                if !r.reserve.is_empty() {
-                    self.wait_for_allocations();
-                }
+                let now = if r.reserve.is_empty() {
+                    now
+                } else {
+                    self.wait_for_allocations(now)
+                };
                 let (items, reserved, ttl) = self.durably(|st| {
                     let items = r
                         .items
@@ -281,14 +283,15 @@ impl MasterService {
 }
 
 impl MasterService {
-    /// Holds an allocating request until `allocations_from` (only just after a start).
-    fn wait_for_allocations(&self) {
-        let left = self
-            .allocations_from
-            .saturating_duration_since(Instant::now());
-        if !left.is_zero() {
-            std::thread::sleep(left);
+    /// Holds an allocating request that arrived at `now` until `allocations_from` (only just
+    /// after a start); answers the time it goes on at.
+    fn wait_for_allocations(&self, now: Instant) -> Instant {
+        let left = self.allocations_from.saturating_duration_since(now);
+        if left.is_zero() {
+            return now;
         }
+        std::thread::sleep(left);
+        Instant::now()
     }
 
     /// Runs an operation that may drop object versions (a remove, or a put that replaces a
