@@ -367,3 +367,83 @@ fn bench_operator_reports_the_seed_steady_state_and_reconcile_rate_figures() {
     assert_eq!(many["operator_writes_while_touched"], 0, "{many}");
     assert!(text(&out).contains("SIMULATED kubelet"));
 }
+
+/// The Mooncake wheel's Python, which CI installs (`.ci/run`); elsewhere the test is skipped
+/// unless `RBGCTL_MOONCAKE_PYTHON` names one.
+fn mooncake_python() -> Option<String> {
+    let python = std::env::var("RBGCTL_MOONCAKE_PYTHON").ok();
+    if python.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI installs the Mooncake wheel and sets RBGCTL_MOONCAKE_PYTHON"
+        );
+        eprintln!("skipped: RBGCTL_MOONCAKE_PYTHON is not set (a Python with the Mooncake wheel)");
+    }
+    python
+}
+
+#[test]
+fn bench_store_measures_the_mooncake_store_side_by_side() {
+    let Some(python) = mooncake_python() else {
+        return;
+    };
+    let o = Command::new(BIN)
+        .args(["bench", "store", "--sizes", "4KiB,1MiB", "--threads", "1"])
+        .args([
+            "--phase-time",
+            "300ms",
+            "--phase-ops",
+            "300",
+            "--batch",
+            "4",
+        ])
+        .args(["--batch-value", "64KiB", "--exists-batch", "8", "--no-shm"])
+        .args([
+            "--segment-size",
+            "256MiB",
+            "--mooncake-python",
+            &python,
+            "--json",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let peer = report["mooncake"].as_array().expect("Mooncake's rows");
+    assert_eq!(
+        peer.len(),
+        6,
+        "put and get of each size, and both batches: {report}"
+    );
+    for row in peer {
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["ops"].as_u64().unwrap() > 0, "{row}");
+    }
+    let versus = report["versus_mooncake"]
+        .as_array()
+        .expect("the comparison");
+    let ops: Vec<(&str, u64)> = versus
+        .iter()
+        .map(|v| {
+            (
+                v["op"].as_str().unwrap(),
+                v["value_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            ("put", 4096),
+            ("get", 4096),
+            ("put", 1 << 20),
+            ("get", 1 << 20),
+            ("batch_put 4x", 65_536),
+            ("batch_get 4x", 65_536)
+        ]
+    );
+    for v in versus {
+        assert!(v["ratio"].as_f64().unwrap() > 0.0, "{v}");
+    }
+}

@@ -5,6 +5,7 @@ pub mod flood;
 pub mod hicache;
 pub mod limits;
 pub mod llm;
+pub mod mooncake_peer;
 pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;

@@ -22,7 +22,8 @@ pub fn percentile_as_sglang<T: Copy + Default>(sorted: &[T], q: f64) -> T {
 }
 
 /// One measured phase.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct PhaseResult {
     pub case: String,
     pub op: String,
@@ -47,7 +48,8 @@ pub struct PhaseResult {
 
 /// Where one item's time went, as the client measured it: means per item (a batch call's
 /// figures divided by its items).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct OpBreakdown {
     /// Mean latency.
     pub total_us: f64,

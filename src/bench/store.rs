@@ -4,6 +4,7 @@
 
 use super::cluster::master_or_own;
 use super::limits;
+use super::mooncake_peer;
 use super::stats::{OpBreakdown, PhaseResult};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
@@ -63,6 +64,11 @@ pub struct StoreBenchArgs {
     /// store transfers, same-host copies, checksums, the rest, and system calls.
     #[arg(long)]
     pub breakdown: bool,
+    /// Also measure the Mooncake store side by side, in the same run and topology: a Python
+    /// with the `mooncake-transfer-engine-non-cuda` wheel installed (its `mooncake_master`
+    /// next to it). Runs the single-thread TCP rows and the batch rows.
+    #[arg(long)]
+    pub mooncake_python: Option<std::path::PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -78,6 +84,12 @@ struct Report {
     /// Some phases failed or did not run: the figures are not the whole measurement.
     partial: bool,
     failures: Vec<String>,
+    /// The Mooncake store's rows, with `--mooncake-python`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mooncake: Vec<PhaseResult>,
+    /// rbgctl's rows beside Mooncake's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    versus_mooncake: Vec<mooncake_peer::Versus>,
 }
 
 /// What the idle flood did.
@@ -554,7 +566,25 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         memcpy,
         &progress,
     );
-    let failures = ctx.failures.take();
+    let mut failures = ctx.failures.take();
+    let mut mooncake = Vec::new();
+    if let Some(python) = &args.mooncake_python {
+        progress("the Mooncake store, same phases, same topology");
+        let plan = mooncake_peer::PeerPlan {
+            sizes: args.sizes.iter().map(|s| s.0).collect(),
+            phase_time: args.phase_time.0,
+            phase_ops: args.phase_ops,
+            phase_bytes: args.phase_bytes.0,
+            batch: args.batch,
+            batch_value: args.batch_value.0,
+            segment: args.segment_size.0,
+        };
+        match mooncake_peer::run(python, &plan) {
+            Ok(rows) => mooncake = rows,
+            Err(e) => failures.push(format!("mooncake: {e}")),
+        }
+    }
+    let versus_mooncake = mooncake_peer::versus(&results, &mooncake);
     let report = Report {
         persistent: args.persistent,
         loopback_tcp_gb_per_s: loopback,
@@ -563,6 +593,8 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         flood: outcome.as_ref().ok().cloned().flatten(),
         partial: outcome.is_err() || !failures.is_empty(),
         failures: failures.clone(),
+        mooncake,
+        versus_mooncake,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -730,6 +762,9 @@ fn table(r: &Report) -> String {
     if r.results.iter().any(|x| x.breakdown.is_some()) {
         out.push_str(&breakdown_table(r));
     }
+    if !r.versus_mooncake.is_empty() {
+        out.push_str(&versus_table(r));
+    }
     if r.partial {
         let _ = writeln!(out, "PARTIAL RESULTS: some phases failed or did not run:");
         for f in &r.failures {
@@ -742,6 +777,35 @@ fn table(r: &Report) -> String {
             "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
              flood phases (the rest were refused or closed)",
             f.asked, f.opened, f.held_after
+        );
+    }
+    out
+}
+
+/// rbgctl beside the Mooncake store, row by row.
+fn versus_table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "side by side with the Mooncake store (its zero-copy calls; same topology: a master, one \
+         storage process, this client; same run), one thread:\n",
+    );
+    let _ = writeln!(
+        out,
+        "{:<17} {:>11} {:>12} {:>9} {:>12} {:>9} {:>7}",
+        "op", "value", "rbgctl ops/s", "GB/s", "mooncake", "GB/s", "×"
+    );
+    for v in &r.versus_mooncake {
+        let gb = |ops: f64| ops * v.value_bytes as f64 / 1e9;
+        let _ = writeln!(
+            out,
+            "{:<17} {:>11} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>7.2}",
+            v.op,
+            human_bytes(v.value_bytes),
+            v.rbgctl_ops_per_s,
+            gb(v.rbgctl_ops_per_s),
+            v.peer_ops_per_s,
+            gb(v.peer_ops_per_s),
+            v.ratio
         );
     }
     out

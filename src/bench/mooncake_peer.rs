@@ -1,0 +1,167 @@
+//! The Mooncake store measured beside rbgctl in the same run (`bench store --mooncake-python`):
+//! runs `scripts/mooncake_peer.py` (embedded in the binary) with a Python that has the
+//! `mooncake-transfer-engine-non-cuda` wheel, which starts Mooncake's master, one storage process
+//! and a client in the topology rbgctl's rows use, and reads back its rows.
+
+use super::stats::PhaseResult;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SCRIPT: &str = include_str!("../../scripts/mooncake_peer.py");
+
+/// Longest the peer may run: its phases are bounded by the same time and size limits as ours.
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// What the peer run is told: the same phases as rbgctl's single-thread TCP rows.
+pub struct PeerPlan {
+    pub sizes: Vec<u64>,
+    pub phase_time: Duration,
+    pub phase_ops: u64,
+    pub phase_bytes: u64,
+    pub batch: usize,
+    pub batch_value: u64,
+    pub segment: u64,
+}
+
+/// One row of rbgctl beside the same row of the peer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Versus {
+    pub op: String,
+    pub value_bytes: u64,
+    pub rbgctl_ops_per_s: f64,
+    pub peer_ops_per_s: f64,
+    /// rbgctl's throughput over the peer's (objects or bytes per second: the same ratio).
+    pub ratio: f64,
+}
+
+/// Runs the peer; answers its rows (case `mooncake tcp`).
+pub fn run(python: &Path, plan: &PeerPlan) -> anyhow::Result<Vec<PhaseResult>> {
+    let script =
+        std::env::temp_dir().join(format!("rbgctl-mooncake-peer-{}.py", std::process::id()));
+    std::fs::write(&script, SCRIPT)?;
+    let rows = run_script(python, &script, plan);
+    let _ = std::fs::remove_file(&script);
+    rows
+}
+
+fn run_script(python: &Path, script: &Path, plan: &PeerPlan) -> anyhow::Result<Vec<PhaseResult>> {
+    let sizes: Vec<String> = plan.sizes.iter().map(u64::to_string).collect();
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg("run")
+        .args(["--sizes", &sizes.join(",")])
+        .args(["--phase-time", &plan.phase_time.as_secs_f64().to_string()])
+        .args(["--phase-ops", &plan.phase_ops.to_string()])
+        .args(["--phase-bytes", &plan.phase_bytes.to_string()])
+        .args(["--batch", &plan.batch.to_string()])
+        .args(["--batch-value", &plan.batch_value.to_string()])
+        .args(["--segment", &plan.segment.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", python.display()))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "the Mooncake peer ran longer than {} s; killed",
+                LIMIT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    if !status.success() {
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        anyhow::bail!(
+            "the Mooncake peer failed ({status}): {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        );
+    }
+    let json = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('['))
+        .ok_or_else(|| anyhow::anyhow!("the Mooncake peer printed no rows"))?;
+    Ok(serde_json::from_str(json)?)
+}
+
+/// Pairs rbgctl's single-thread TCP rows with the peer's rows of the same operation and size.
+pub fn versus(ours: &[PhaseResult], peer: &[PhaseResult]) -> Vec<Versus> {
+    peer.iter()
+        .filter_map(|p| {
+            let o = ours.iter().find(|o| {
+                o.case == "tcp" && o.threads == 1 && o.op == p.op && o.value_bytes == p.value_bytes
+            })?;
+            Some(Versus {
+                op: p.op.clone(),
+                value_bytes: p.value_bytes,
+                rbgctl_ops_per_s: o.ops_per_s,
+                peer_ops_per_s: p.ops_per_s,
+                ratio: if p.ops_per_s > 0.0 {
+                    o.ops_per_s / p.ops_per_s
+                } else {
+                    f64::INFINITY
+                },
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(case: &str, op: &str, value: u64, threads: usize, ops_per_s: f64) -> PhaseResult {
+        PhaseResult {
+            case: case.into(),
+            op: op.into(),
+            value_bytes: value,
+            threads,
+            ops_per_s,
+            ..PhaseResult::default()
+        }
+    }
+
+    #[test]
+    fn rows_pair_by_operation_and_size_on_one_thread_over_tcp() {
+        let ours = [
+            row("tcp", "put", 4096, 1, 20_000.0),
+            row("tcp", "put", 4096, 4, 50_000.0),
+            row("shm", "get", 4096, 1, 90_000.0),
+            row("tcp", "get", 4096, 1, 70_000.0),
+        ];
+        let peer = [
+            row("mooncake tcp", "put", 4096, 1, 4_000.0),
+            row("mooncake tcp", "get", 4096, 1, 0.0),
+            row("mooncake tcp", "put", 65536, 1, 1.0),
+        ];
+        let v = versus(&ours, &peer);
+        assert_eq!(v.len(), 2, "no rbgctl row for 64 KiB: left out");
+        assert_eq!((v[0].op.as_str(), v[0].ratio), ("put", 5.0));
+        assert!(v[1].ratio.is_infinite());
+    }
+}
