@@ -253,6 +253,33 @@ fn a_restarted_master_rebuilds_every_object_from_its_stores() {
 }
 
 #[test]
+fn puts_into_reservations_survive_a_store_killed_the_moment_they_returned() {
+    let mut c = cluster(1, MasterConfig::default());
+    let cl = client(&c);
+    // Same size: after the first, every put writes into a reservation and takes one master
+    // round trip (its commit), sent only once the store has the bytes and their record.
+    let reserved = || {
+        c.master_metric("rbgctl_master_reserved_puts_total")
+            .unwrap_or(0.0)
+    };
+    let before = reserved();
+    for i in 0..50 {
+        cl.put(&format!("rsv/{i}"), &value(i, 0)[..1000], &one())
+            .unwrap();
+    }
+    assert!(
+        reserved() - before >= 49.0,
+        "the puts went into reservations"
+    );
+    c.stores[0].kill();
+    c.restart_store(0);
+    assert!(wait_readable(&cl, "rsv/49"));
+    for i in 0..50 {
+        assert_eq!(cl.get(&format!("rsv/{i}")).unwrap(), &value(i, 0)[..1000]);
+    }
+}
+
+#[test]
 fn a_removed_key_stays_removed_across_a_master_restart() {
     let mut c = cluster(1, MasterConfig::default());
     let cl = client(&c);
