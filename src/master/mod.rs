@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod config;
 pub mod eviction;
 pub mod http;
+pub mod indexes;
 pub mod metadata;
 pub mod notifier;
 pub mod placement;

@@ -25,6 +25,7 @@
 use super::allocator::Allocator;
 use super::config::MasterConfig;
 use super::eviction::{self, EvictionCandidate};
+use super::indexes::Indexes;
 use super::placement::{self, Candidate};
 use crate::transfer::message::{
     ForgetItem, ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry, SegmentInfo, StoredObject,
@@ -179,6 +180,8 @@ pub struct MasterState {
     objects: HashMap<String, Entry>,
     /// Put reservations by object id: allocated, versioned, not yet any key's.
     reservations: HashMap<u64, Pending>,
+    /// Counts, soft pins by expiry and unfinished puts by age, kept as objects change.
+    indexes: Indexes,
     deferred: Vec<Deferred>,
     next_object_id: u64,
     rng: fastrand::Rng,
@@ -229,6 +232,7 @@ impl MasterState {
             segment_by_name: HashMap::new(),
             objects: HashMap::new(),
             reservations: HashMap::new(),
+            indexes: Indexes::default(),
             deferred: Vec::new(),
             next_object_id: 1,
             rng: fastrand::Rng::new(),
@@ -611,7 +615,7 @@ impl MasterState {
             segment_id,
             offset: o.offset,
         };
-        let entry = self.objects.entry(o.key).or_default();
+        let entry = self.objects.entry(o.key.clone()).or_default();
         if same {
             if let Some(v) = entry.current.as_mut() {
                 v.replicas.push(loc);
@@ -626,6 +630,11 @@ impl MasterState {
                 lease_until: now,
                 soft_pin_until: None,
             });
+            if let Some(old) = &old {
+                self.indexes
+                    .version_ended(old.object_id, old.soft_pin_until);
+            }
+            self.indexes.version_began(&o.key, o.version, None);
             if let Some(old) = old {
                 self.release(&old.replicas, old.size, old.object_id, now, now);
             }
@@ -647,6 +656,7 @@ impl MasterState {
         let mut lost = 0u64;
         if rebind {
             let mut freed = Vec::new();
+            let indexes = &mut self.indexes;
             self.objects.retain(|_, e| {
                 if let Some(v) = &mut e.current {
                     let before = v.replicas.len();
@@ -659,6 +669,7 @@ impl MasterState {
                         !gone
                     });
                     if v.replicas.len() < before && v.replicas.is_empty() {
+                        indexes.version_ended(v.object_id, v.soft_pin_until);
                         e.current = None;
                         lost += 1;
                     }
@@ -737,10 +748,12 @@ impl MasterState {
         }
         self.deferred.retain(|d| d.segment_id != segment_id);
         let mut dropped = 0u64;
+        let indexes = &mut self.indexes;
         self.objects.retain(|_, e| {
             if let Some(v) = &mut e.current {
                 v.replicas.retain(|r| r.segment_id != segment_id);
                 if v.replicas.is_empty() {
+                    indexes.version_ended(v.object_id, v.soft_pin_until);
                     e.current = None;
                     dropped += 1;
                 }
@@ -813,11 +826,17 @@ impl MasterState {
         for seg in client.segments {
             self.set_away(seg, now);
         }
+        let objects = &self.objects;
         let keys: Vec<String> = self
-            .objects
-            .iter()
-            .filter(|(_, e)| e.pending.as_ref().is_some_and(|p| p.client_id == id))
-            .map(|(k, _)| k.clone())
+            .indexes
+            .pending_keys()
+            .filter(|k| {
+                objects
+                    .get(*k)
+                    .and_then(|e| e.pending.as_ref())
+                    .is_some_and(|p| p.client_id == id)
+            })
+            .map(str::to_owned)
             .collect();
         for k in keys {
             self.drop_pending(&k, now, false);
@@ -859,6 +878,7 @@ impl MasterState {
         self.preempt_pending(key, now)?;
         let p = self.start_version(client_id, size, config, now)?;
         let answer = (p.object_id, p.replicas.clone());
+        self.indexes.pending_began(key, p.started, p.object_id);
         self.objects.entry(key.to_string()).or_default().pending = Some(p);
         Ok(answer)
     }
@@ -1079,6 +1099,7 @@ impl MasterState {
         let Some(p) = entry.pending.take() else {
             return;
         };
+        self.indexes.pending_ended(p.started, p.object_id);
         if entry.current.is_none() {
             self.objects.remove(key);
         }
@@ -1125,6 +1146,7 @@ impl MasterState {
                     );
                 }
                 if p.replicas.is_empty() {
+                    self.indexes.pending_ended(p.started, p.object_id);
                     entry.pending = None;
                     if entry.current.is_none() {
                         self.objects.remove(key);
@@ -1150,6 +1172,7 @@ impl MasterState {
             }
         }
         let p = entry.pending.take().expect("matched above");
+        self.indexes.pending_ended(p.started, p.object_id);
         self.install(key, p, checksum, now);
         Ok(())
     }
@@ -1166,8 +1189,12 @@ impl MasterState {
             lease_until: now,
             soft_pin_until: p.soft_pin_ttl.map(|ttl| now + ttl),
         };
+        self.indexes
+            .version_began(key, new.object_id, new.soft_pin_until);
         let entry = self.objects.entry(key.to_string()).or_default();
         if let Some(old) = entry.current.replace(new) {
+            self.indexes
+                .version_ended(old.object_id, old.soft_pin_until);
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
         }
@@ -1349,6 +1376,7 @@ impl MasterState {
         let r = v.replicas.remove(pos);
         let size = v.size;
         if v.replicas.is_empty() {
+            self.indexes.version_ended(v.object_id, v.soft_pin_until);
             entry.current = None;
             if entry.pending.is_none() {
                 self.objects.remove(key);
@@ -1381,6 +1409,7 @@ impl MasterState {
             }
             Some(_) => {
                 let v = entry.current.take().expect("matched");
+                self.indexes.version_ended(v.object_id, v.soft_pin_until);
                 if entry.pending.is_none() {
                     self.objects.remove(key);
                 }
@@ -1444,19 +1473,29 @@ impl MasterState {
                 SegState::Recovering { .. } => s.recovering_segments += 1,
             }
         }
+        // Kept as objects change: a summary (every metrics scrape) never walks the objects. A
+        // soft pin that ran out since the last housekeeping tick is not counted.
+        s.keys = self.indexes.keys();
+        s.soft_pinned_keys = self.indexes.soft_pinned();
+        s.pending_puts = self.indexes.pending();
+        s.reservations = self.reservations.len() as u64;
+        let _ = now;
+        s
+    }
+
+    /// The summary's object counts, recounted by walking every object (tests check the kept
+    /// counts against it).
+    #[cfg(test)]
+    fn recount(&self, now: Instant) -> (u64, u64, u64) {
+        let (mut keys, mut pinned, mut pending) = (0, 0, 0);
         for e in self.objects.values() {
             if let Some(v) = &e.current {
-                s.keys += 1;
-                if v.soft_pin_until.is_some_and(|t| t > now) {
-                    s.soft_pinned_keys += 1;
-                }
+                keys += 1;
+                pinned += u64::from(v.soft_pin_until.is_some_and(|t| t > now));
             }
-            if e.pending.is_some() {
-                s.pending_puts += 1;
-            }
+            pending += u64::from(e.pending.is_some());
         }
-        s.reservations = self.reservations.len() as u64;
-        s
+        (keys, pinned, pending)
     }
 
     fn used_and_capacity(&self) -> (u64, u64) {
@@ -1522,6 +1561,7 @@ impl MasterState {
             let Some(v) = entry.current.take() else {
                 continue;
             };
+            self.indexes.version_ended(v.object_id, v.soft_pin_until);
             if entry.pending.is_none() {
                 self.objects.remove(k);
             }
@@ -1577,22 +1617,31 @@ impl MasterState {
             }
         }
         let release = self.cfg.put_start_release_timeout_ms.0;
-        let stale: Vec<String> = self
-            .objects
-            .iter()
-            .filter(|(_, e)| {
-                e.pending
-                    .as_ref()
-                    .is_some_and(|p| now.saturating_duration_since(p.started) > release)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let stale = match now.checked_sub(release) {
+            Some(before) => self.indexes.pending_started_before(before),
+            None => Vec::new(),
+        };
         for k in stale {
             self.drop_pending(&k, now, false);
             self.counters.reclaimed_puts += 1;
         }
         self.expire_reservations(now);
+        self.expire_soft_pins(now);
         self.evict(now, 0);
+    }
+
+    /// Soft pins that ran out are cleared, so the kept count of pinned objects stays exact.
+    fn expire_soft_pins(&mut self, now: Instant) {
+        for (key, version) in self.indexes.pins_expired(now) {
+            if let Some(v) = self
+                .objects
+                .get_mut(&key)
+                .and_then(|e| e.current.as_mut())
+                .filter(|v| v.object_id == version)
+            {
+                v.soft_pin_until = None;
+            }
+        }
     }
 
     /// Reservations unused for twice their TTL are dropped. Their client may have started a
@@ -1644,6 +1693,7 @@ impl MasterState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Millis;
 
     fn seg(name: &str, size: u64) -> SegmentInfo {
         SegmentInfo {
@@ -1821,7 +1871,7 @@ mod tests {
             Status::ReplicaNotReady
         );
         let off = MasterState::new(MasterConfig {
-            put_reservation_ttl_ms: crate::config::Millis(Duration::ZERO),
+            put_reservation_ttl_ms: Millis(Duration::ZERO),
             ..MasterConfig::default()
         })
         .reserve(7, &[128], &ONE, t0);
@@ -1913,6 +1963,83 @@ mod tests {
             segment_uuid: uuid,
             ..seg(name, 1 << 20)
         }
+    }
+
+    #[test]
+    fn kept_counts_equal_a_recount_after_a_random_workload() {
+        let (mut evicted, mut pinned) = (0, 0);
+        for seed in 0..20u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let cfg = MasterConfig {
+                default_kv_lease_ttl_ms: Millis(Duration::from_millis(5)),
+                put_start_release_timeout_ms: Millis(Duration::from_millis(50)),
+                ..MasterConfig::default()
+            };
+            let mut st = MasterState::new(cfg);
+            let mut now = Instant::now();
+            // Small segments: puts evict.
+            st.mount(1, seg("a", 64 << 10), false, now).unwrap();
+            st.mount(2, seg("b", 64 << 10), false, now).unwrap();
+            let mut started: Vec<(String, u64)> = Vec::new();
+            for _ in 0..400 {
+                now += Duration::from_millis(rng.u64(0..4));
+                let key = format!("k{}", rng.u8(0..30));
+                match rng.u8(0..10) {
+                    0..=2 => {
+                        let pin = ReplicateConfig {
+                            replica_num: rng.u8(1..3),
+                            soft_pin: rng.bool(),
+                            soft_pin_ttl_ms: rng.u64(1..40),
+                            preferred_segment: String::new(),
+                        };
+                        if let Ok((id, _)) = st.put_start(7, &key, rng.u64(1..9000), &pin, now) {
+                            started.push((key, id));
+                        }
+                    }
+                    3..=4 if !started.is_empty() => {
+                        let (k, id) = started.swap_remove(rng.usize(..started.len()));
+                        let _ = st.put_end(7, &k, id, 1, now);
+                    }
+                    5 => {
+                        let _ = st.remove(&key, rng.bool(), now);
+                    }
+                    6 => {
+                        if let Ok(d) = st.get_replicas(&key, now) {
+                            if let Some(r) = d.replicas.first() {
+                                st.report_corrupt(&key, d.version, r.segment_id, now);
+                            }
+                        }
+                    }
+                    7 => {
+                        let sizes = [rng.u64(1..4000)];
+                        if let Ok((id, _)) = st.reserve(7, &sizes, &ONE, now)[0].clone() {
+                            let _ = st.put_end(7, &key, id, 1, now);
+                        }
+                    }
+                    8 => st.housekeeping(now),
+                    _ => {
+                        let _ = st.exists(&key, now);
+                    }
+                }
+                st.housekeeping(now);
+                let s = st.summary(now);
+                pinned += s.soft_pinned_keys;
+                assert_eq!(
+                    (s.keys, s.soft_pinned_keys, s.pending_puts),
+                    st.recount(now),
+                    "seed {seed}"
+                );
+            }
+            let (client, id) = st.segments().map(|s| (s.client_id, s.id)).next().unwrap();
+            st.unmount(client, id, false, now).unwrap();
+            let s = st.summary(now);
+            assert_eq!(
+                (s.keys, s.soft_pinned_keys, s.pending_puts),
+                st.recount(now)
+            );
+            evicted += st.counters.evicted_objects;
+        }
+        assert!(evicted > 0 && pinned > 0, "the workload evicts and pins");
     }
 
     fn put(st: &mut MasterState, key: &str, size: u64, crc: u32, now: Instant) -> ObjectDesc {
