@@ -68,3 +68,39 @@ fn a_master_holding_200000_objects_is_idle_at_rest() {
         share * 100.0
     );
 }
+
+#[test]
+fn a_large_segment_serves_at_once_and_its_pages_are_faulted_in_behind() {
+    const SEGMENT: u64 = 2 << 30;
+    let t0 = Instant::now();
+    // Returns once the store has mounted its segment.
+    let c = Cluster::start(Opts {
+        stores: 1,
+        segment: SEGMENT,
+        ..Default::default()
+    });
+    let mounted = t0.elapsed();
+    eprintln!(
+        "a {SEGMENT}-byte segment mounted {} ms after start",
+        mounted.as_millis()
+    );
+    assert!(
+        mounted < Duration::from_secs(2),
+        "mounting took {mounted:?} (pages faulted in first?)"
+    );
+    let client = c.client();
+    let one = ReplicateConfig::default();
+    client.put("early", &[5u8; 1 << 20], &one).unwrap();
+    assert_eq!(client.get("early").unwrap(), vec![5u8; 1 << 20]);
+    assert!(
+        wait_until(Duration::from_secs(60), || c
+            .store_metric(0, "rbgctl_store_segment_prefaulted_bytes")
+            == Some(SEGMENT as f64)),
+        "the pages were not faulted in behind"
+    );
+    assert_eq!(
+        client.get("early").unwrap(),
+        vec![5u8; 1 << 20],
+        "and kept their bytes"
+    );
+}

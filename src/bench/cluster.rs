@@ -88,6 +88,17 @@ impl OwnCluster {
             _launcher: launcher,
         };
         c.wait_live_segments(1, Duration::from_secs(30))?;
+        // The store serves at once and faults its pages in behind; measuring starts once that
+        // work is done, so it neither competes for the cores nor leaves faults to the writes.
+        let port = c.store_metrics_port(0);
+        let t0 = Instant::now();
+        while scrape(port, "rbgctl_store_segment_prefault_ended") != Some(1.0) {
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(600),
+                "the store did not fault its {segment_size}-byte segment in within 600 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Ok(c)
     }
 

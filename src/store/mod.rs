@@ -60,6 +60,8 @@ pub struct Store {
     pub status: Arc<StoreStatus>,
     server: ServerHandle,
     heartbeat: Option<JoinHandle<()>>,
+    /// Faults the segment's pages in while the store already serves.
+    prefault: Option<JoinHandle<()>>,
     _lock: Option<DirLock>,
 }
 
@@ -212,6 +214,25 @@ impl Store {
         let heartbeat = std::thread::Builder::new()
             .name("store-heartbeat".into())
             .spawn(move || reg.run())?;
+        let prefault = match &service.memory {
+            Some(memory) => {
+                let (memory, stop) = (memory.clone(), registration.stop.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("store-prefault".into())
+                        .spawn(move || {
+                            let t0 = std::time::Instant::now();
+                            let bytes = memory.prefault(|| stop.is_triggered());
+                            tracing::info!(
+                                bytes,
+                                ms = t0.elapsed().as_millis() as u64,
+                                "segment pages faulted in"
+                            );
+                        })?,
+                )
+            }
+            None => None,
+        };
         tracing::info!(%name, %endpoint, segment_bytes = cfg.segment_size.0, master = %cfg.master,
             local_buffer_bytes = cfg.local_buffer_size.0, "store serving");
         Ok(Store {
@@ -223,6 +244,7 @@ impl Store {
             }),
             server,
             heartbeat: Some(heartbeat),
+            prefault,
             _lock: lock,
         })
     }
@@ -238,6 +260,9 @@ impl Store {
         let registration = &self.status.registration;
         registration.stop.trigger();
         if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.prefault.take() {
             let _ = h.join();
         }
         registration.unmount();
@@ -259,6 +284,18 @@ impl StoreStatus {
             "gauge",
             "Bytes of memory contributed.",
             s.memory.as_ref().map_or(0, |m| m.size()) as f64,
+        )
+        .single(
+            "rbgctl_store_segment_prefaulted_bytes",
+            "gauge",
+            "Bytes of the segment whose pages are faulted in (done in the background after start).",
+            s.memory.as_ref().map_or(0, |m| m.prefaulted()) as f64,
+        )
+        .single(
+            "rbgctl_store_segment_prefault_ended",
+            "gauge",
+            "1 once the background prefault has finished (all pages, or as far as the kernel allows).",
+            f64::from(u8::from(s.memory.as_ref().is_none_or(|m| m.prefault_ended()))),
         )
         .single(
             "rbgctl_store_mounted",
