@@ -167,20 +167,7 @@ impl MasterService {
             }
             Opcode::BatchPutEnd => {
                 let r = BatchPutEndReq::from_meta(meta)?;
-                let items = self.durably(|st| {
-                    r.items
-                        .iter()
-                        .map(|it| {
-                            status_of(st.put_end(
-                                r.client_id,
-                                &it.key,
-                                it.object_id,
-                                it.checksum,
-                                now,
-                            ))
-                        })
-                        .collect()
-                });
+                let items = self.durably(|st| end_puts(st, r.client_id, &r.items, now));
                 answer(io, Ok(BatchStatusResp { items }))
             }
             Opcode::BatchPutCommit => {
@@ -191,19 +178,7 @@ impl MasterService {
                     self.wait_for_allocations(now)
                 };
                 let (items, reserved, ttl) = self.durably(|st| {
-                    let items = r
-                        .items
-                        .iter()
-                        .map(|it| {
-                            status_of(st.put_end(
-                                r.client_id,
-                                &it.key,
-                                it.object_id,
-                                it.checksum,
-                                now,
-                            ))
-                        })
-                        .collect();
+                    let items = end_puts(st, r.client_id, &r.items, now);
                     let reserved = st
                         .reserve(r.client_id, &r.reserve, &r.config, now)
                         .into_iter()
@@ -311,6 +286,14 @@ impl MasterService {
         }
         out
     }
+}
+
+/// Ends each put (or reservation) of a batch; one status per item.
+fn end_puts(st: &mut MasterState, client_id: u64, items: &[EndItem], now: Instant) -> Vec<Status> {
+    items
+        .iter()
+        .map(|it| status_of(st.put_end(client_id, &it.key, it.object_id, it.checksum, now)))
+        .collect()
 }
 
 fn status_of(r: OpResult<()>) -> Status {
