@@ -306,12 +306,13 @@ impl Launcher {
             name: name.to_string(),
             source,
         })?;
+        let mut forwarders = Vec::new();
         if self.0.logs == Logs::Inherit {
             if let Some(out) = child.stdout.take() {
-                forward_lines(name, out);
+                forwarders.extend(forward_lines(name, out));
             }
             if let Some(err) = child.stderr.take() {
-                forward_lines(name, err);
+                forwarders.extend(forward_lines(name, err));
             }
         }
         let mut process = Process {
@@ -319,6 +320,7 @@ impl Launcher {
             stem: stem.to_string(),
             child: Some(child),
             log: (self.0.logs == Logs::File).then(|| self.path(stem, "log")),
+            forwarders,
         };
         let addrs = self.wait_ready(name, &ready, &mut process)?;
         Ok(Spawned { process, addrs })
@@ -386,6 +388,8 @@ impl Launcher {
                 }
             }
             if let Some(status) = process.exited() {
+                // Its last lines (why it exited) are relayed before this error is reported.
+                process.drain_output(Duration::from_secs(2));
                 return Err(LaunchError::Exited {
                     name: name.to_string(),
                     status,
@@ -406,7 +410,10 @@ impl Launcher {
 
 /// Copies a child's output to this process's standard error, a line at a time, each line
 /// prefixed with the child's name, until the child closes it.
-fn forward_lines(name: &str, from: impl std::io::Read + Send + 'static) {
+fn forward_lines(
+    name: &str,
+    from: impl std::io::Read + Send + 'static,
+) -> Option<std::thread::JoinHandle<()>> {
     use std::io::{BufRead, Write};
     let prefix = format!("{name:>9} | ");
     let spawned = std::thread::Builder::new()
@@ -429,9 +436,11 @@ fn forward_lines(name: &str, from: impl std::io::Read + Send + 'static) {
                 }
             }
         });
-    if let Err(e) = spawned {
-        tracing::warn!(child = name, error = %e, "cannot forward the child's output");
-    }
+    spawned
+        .inspect_err(
+            |e| tracing::warn!(child = name, error = %e, "cannot forward the child's output"),
+        )
+        .ok()
 }
 
 /// The end of a child's log file, formatted for an error message.
@@ -454,6 +463,8 @@ pub struct Process {
     stem: String,
     child: Option<std::process::Child>,
     log: Option<PathBuf>,
+    /// Threads relaying its output (with `Logs::Inherit`).
+    forwarders: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// A child that reported its addresses.
@@ -463,6 +474,15 @@ pub struct Spawned<A> {
 }
 
 impl Process {
+    /// Waits (at most `within`) until the output of an exited child has been relayed.
+    fn drain_output(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.forwarders.iter().all(|f| f.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.forwarders.retain(|f| !f.is_finished());
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|p| p.id())
     }
