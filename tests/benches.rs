@@ -447,3 +447,39 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
         assert!(v["ratio"].as_f64().unwrap() > 0.0, "{v}");
     }
 }
+
+#[test]
+fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
+    let o = Command::new(BIN)
+        .args(["bench", "master", "--objects", "5000", "--clients", "3"])
+        .args(["--phase-time", "300ms", "--rest", "500ms", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["objects"], 5000);
+    assert_eq!(r["errors"], 0, "{r}");
+    let ops: Vec<&str> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "exists",
+            "batch_exists 128x",
+            "describe",
+            "put start+end",
+            "remove"
+        ]
+    );
+    for x in r["results"].as_array().unwrap() {
+        assert!(x["ops"].as_u64().unwrap() > 0, "{x}");
+    }
+    assert!(r["master_bytes_per_object"].as_f64().is_some(), "{r}");
+    assert!(r["master_cpu_at_rest"].as_f64().unwrap() < 0.5, "{r}");
+    assert!(r["rebuild_seconds"].as_f64().unwrap() > 0.0, "{r}");
+}

@@ -5,10 +5,12 @@ pub mod flood;
 pub mod hicache;
 pub mod limits;
 pub mod llm;
+pub mod master;
 pub mod mooncake_peer;
 pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;
+pub mod paper_store;
 pub mod progress;
 pub mod recovery;
 #[cfg(feature = "testkit")]
@@ -33,6 +35,10 @@ pub enum BenchKind {
     /// SGLang's L3 page traffic: batches of 128 KV pages of 256 KiB put and read back, from the
     /// Rust client and from the Python HiCache backend, over TCP and same-host shared memory.
     Hicache(hicache::HicacheBenchArgs),
+    /// The master at scale, by metadata operations over its RPC protocol (a PAPER store mounts
+    /// a segment that exists only on paper): load rate, exists, describe, put and remove
+    /// throughput and latency, memory per object, CPU at rest, rebuild after SIGKILL.
+    Master(master::MasterBenchArgs),
     /// Lossless restarts: fill a persistent store, kill -9 it and then the master, and time
     /// until every object is readable again (verified byte for byte).
     Recovery(recovery::RecoveryBenchArgs),
@@ -63,6 +69,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Store(a) => store::run(a),
         BenchKind::Hicache(a) => hicache::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
+        BenchKind::Master(a) => master::run(a),
         #[cfg(feature = "testkit")]
         BenchKind::Router(a) => router::run(a),
         BenchKind::Multiturn(a) => multiturn::run(a),

@@ -1,0 +1,496 @@
+//! `rbgctl bench master`: the master at scale, driven over its real RPC protocol by metadata
+//! operations only. A PAPER store (`paper_store.rs`) mounts a segment that exists only on paper,
+//! so millions of objects cost the master what they would cost it in production and nothing
+//! else. It loads N objects with C clients, then measures existence checks (single and
+//! batched), describes, put start+end and removes, the master's memory per object and its CPU at
+//! rest, and (with its own master) the time a master killed with SIGKILL takes to rebuild
+//! every object from the store's report.
+
+use super::cluster::scrape;
+use super::paper_store::PaperStore;
+use super::stats::PhaseResult;
+use crate::config::Millis;
+use crate::launch::{self, Launcher, Logs};
+use crate::master::config::MasterConfig;
+use crate::transfer::message::*;
+use crate::transfer::{ConnOptions, Connection, Opcode, Status};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct MasterBenchArgs {
+    /// An existing master (host:port). By default the benchmark starts its own, and only then
+    /// reports its memory, its CPU at rest and its rebuild after SIGKILL.
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Objects to load (`1M`, `10M` or a number).
+    #[arg(long, default_value = "1M", value_parser = parse_count)]
+    pub objects: u64,
+    /// Concurrent clients, each with its own connection.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Bytes per key (keys are zero-padded to this length).
+    #[arg(long, default_value_t = 64)]
+    pub key_bytes: usize,
+    /// Value size the objects are given (only allocated on paper).
+    #[arg(long, default_value_t = 256)]
+    pub value_bytes: u64,
+    /// Longest time of one measured phase.
+    #[arg(long, default_value = "3s")]
+    pub phase_time: Millis,
+    /// How long the master's CPU is measured at rest, with every object loaded.
+    #[arg(long, default_value = "10s")]
+    pub rest: Millis,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_count(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, scale) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1_000),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1_000_000),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .map(|n| n * scale)
+        .map_err(|_| format!("{s:?}: give a count such as 1000000, 500k or 10M"))
+}
+
+/// Keys per batched call, as SGLang's HiCache sends them.
+const BATCH: usize = 128;
+
+#[derive(Debug, Default, serde::Serialize)]
+struct Report {
+    objects: u64,
+    clients: usize,
+    key_bytes: usize,
+    load_seconds: f64,
+    load_objects_per_s: f64,
+    results: Vec<PhaseResult>,
+    /// With its own master: resident memory before and after the load.
+    master_rss_empty_bytes: Option<u64>,
+    master_rss_loaded_bytes: Option<u64>,
+    master_bytes_per_object: Option<f64>,
+    /// With its own master: share of one core used over `rest` with every object loaded.
+    master_cpu_at_rest: Option<f64>,
+    /// With its own master: from the start of a master killed with SIGKILL until it holds
+    /// every object again (rebuilt from the store's report).
+    rebuild_seconds: Option<f64>,
+    errors: u64,
+}
+
+fn key(args: &MasterBenchArgs, i: u64) -> String {
+    let width = args.key_bytes.saturating_sub(7).max(1);
+    format!("master/{i:0width$}")
+}
+
+fn rpc_opts() -> ConnOptions {
+    ConnOptions {
+        spin: Duration::ZERO,
+        ..ConnOptions::default()
+    }
+}
+
+/// Resident memory of a process, from /proc.
+fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// CPU time (user + system) of a process, from /proc (in USER_HZ, 100 per second).
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Runs `op` on `clients` threads, each with its own connection, until `budget` calls are done
+/// or `time` is up; `op(conn, thread, i)` answers whether the call succeeded, or `None` when
+/// that thread has nothing more to do.
+fn phase(
+    master: &str,
+    clients: usize,
+    budget: u64,
+    time: Duration,
+    op: impl Fn(&mut Connection, usize, u64) -> Option<bool> + Sync,
+) -> (Vec<Duration>, u64, Duration) {
+    let per = budget.div_ceil(clients as u64);
+    let errors = AtomicU64::new(0);
+    let t0 = Instant::now();
+    let lats = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|t| {
+                let (op, errors) = (&op, &errors);
+                s.spawn(move || {
+                    let mut lat = Vec::new();
+                    let Ok(mut conn) = Connection::connect(master, &rpc_opts()) else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        return lat;
+                    };
+                    for i in 0..per {
+                        if t0.elapsed() > time {
+                            break;
+                        }
+                        let start = Instant::now();
+                        match op(&mut conn, t, i) {
+                            Some(true) => lat.push(start.elapsed()),
+                            Some(false) => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                            None => break,
+                        }
+                    }
+                    lat
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect::<Vec<_>>()
+    });
+    (lats, errors.into_inner(), t0.elapsed())
+}
+
+/// Starts and ends puts of `keys` in one batch each; the started objects, for the store's
+/// report.
+fn put_batch(
+    conn: &mut Connection,
+    client_id: u64,
+    keys: &[String],
+    size: u64,
+) -> Option<Vec<StoredObject>> {
+    let start = BatchPutStartReq {
+        client_id,
+        config: ReplicateConfig::default(),
+        items: keys
+            .iter()
+            .map(|k| PutItem {
+                key: k.clone(),
+                size,
+            })
+            .collect(),
+    };
+    let started: BatchPutStartResp = conn.call(Opcode::BatchPutStart, &start).ok()?;
+    let mut objects = Vec::with_capacity(keys.len());
+    let mut ends = Vec::with_capacity(keys.len());
+    for (k, s) in keys.iter().zip(started.items) {
+        let s = s.ok()?;
+        let r = s.replicas.first()?;
+        objects.push(StoredObject {
+            key: k.clone(),
+            version: s.object_id,
+            offset: r.offset,
+            size,
+            checksum: 0,
+        });
+        ends.push(EndItem {
+            key: k.clone(),
+            object_id: s.object_id,
+            checksum: 0,
+        });
+    }
+    let end = BatchPutEndReq {
+        client_id,
+        items: ends,
+    };
+    let done: BatchStatusResp = conn.call(Opcode::BatchPutEnd, &end).ok()?;
+    done.items
+        .iter()
+        .all(|s| *s == Status::Ok)
+        .then_some(objects)
+}
+
+pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.clients > 0, "--clients: at least 1");
+    anyhow::ensure!(args.objects > 0, "--objects: at least 1");
+    anyhow::ensure!(args.value_bytes > 0, "--value-bytes: at least 1");
+    let progress = |msg: &str| {
+        if !args.json {
+            eprintln!("… {msg}");
+        }
+    };
+    let launcher = Launcher::new(Logs::Null)?;
+    let mut own = match &args.master {
+        Some(_) => None,
+        None => {
+            progress("starting a master (its own process, loopback)");
+            Some(launcher.spawn::<launch::Master>(
+                "master",
+                MasterConfig {
+                    rpc_address: "127.0.0.1".into(),
+                    rpc_port: 0,
+                    metrics_host: "127.0.0.1".into(),
+                    metrics_port: 0,
+                    ..MasterConfig::default()
+                },
+            )?)
+        }
+    };
+    let master = match (&args.master, &own) {
+        (Some(m), _) => m.clone(),
+        (None, Some(m)) => m.addrs.rpc.to_string(),
+        (None, None) => anyhow::bail!("no master to measure"),
+    };
+    let pid = own.as_ref().and_then(|m| m.pid());
+    let mut report = Report {
+        objects: args.objects,
+        clients: args.clients,
+        key_bytes: args.key_bytes,
+        master_rss_empty_bytes: pid.and_then(rss),
+        ..Report::default()
+    };
+    // Room on paper for every object and the phases' own puts, aligned as the allocator does.
+    let aligned = args.value_bytes.div_ceil(64) * 64;
+    let paper = PaperStore::start(&master, aligned * (args.objects + 10_000_000))?;
+    let client_id = fastrand::u64(1..);
+
+    progress(&format!(
+        "loading {} objects with {} clients",
+        args.objects, args.clients
+    ));
+    let batches = args.objects.div_ceil(BATCH as u64);
+    let (lat, errors, elapsed) = phase(&master, args.clients, batches, Duration::MAX, |c, t, i| {
+        let b = i * args.clients as u64 + t as u64;
+        let from = b * BATCH as u64;
+        let to = (from + BATCH as u64).min(args.objects);
+        if from >= to {
+            return None;
+        }
+        let keys: Vec<String> = (from..to).map(|n| key(&args, n)).collect();
+        Some(match put_batch(c, client_id, &keys, args.value_bytes) {
+            Some(objects) => {
+                paper.hold(objects);
+                true
+            }
+            None => false,
+        })
+    });
+    drop(lat);
+    report.errors += errors;
+    report.load_seconds = elapsed.as_secs_f64();
+    report.load_objects_per_s = args.objects as f64 / report.load_seconds;
+    report.master_rss_loaded_bytes = pid.and_then(rss);
+    report.master_bytes_per_object = report
+        .master_rss_empty_bytes
+        .zip(report.master_rss_loaded_bytes)
+        .map(|(e, l)| l.saturating_sub(e) as f64 / args.objects as f64);
+
+    let n = args.objects;
+    let time = args.phase_time.0;
+    let clients = args.clients;
+    let mut measured =
+        |op: &str, items: u64, (lat, errors, elapsed): (Vec<Duration>, u64, Duration)| {
+            report.errors += errors;
+            report.results.push(PhaseResult::from_samples(
+                "master", op, 0, clients, lat, items, errors, elapsed,
+            ));
+        };
+    progress("exists, single and batched");
+    measured(
+        "exists",
+        1,
+        phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
+            let k = KeyReq {
+                key: key(&args, fastrand::u64(..n)),
+            };
+            Some(matches!(c.call::<_, bool>(Opcode::Exists, &k), Ok(true)))
+        }),
+    );
+    measured(
+        "batch_exists 128x",
+        BATCH as u64,
+        phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
+            let from = fastrand::u64(..n.saturating_sub(BATCH as u64).max(1));
+            let req = BatchKeysReq {
+                keys: (from..(from + BATCH as u64).min(n))
+                    .map(|i| key(&args, i))
+                    .collect(),
+            };
+            Some(
+                c.call::<_, BatchExistsResp>(Opcode::BatchExists, &req)
+                    .is_ok_and(|r| r.items.iter().all(|e| *e)),
+            )
+        }),
+    );
+    progress("describe");
+    measured(
+        "describe",
+        1,
+        phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
+            let k = KeyReq {
+                key: key(&args, fastrand::u64(..n)),
+            };
+            Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
+        }),
+    );
+    progress("put start + end, then remove");
+    let fresh = |t: usize, i: u64| {
+        format!(
+            "master-put/{t}/{i:0w$}",
+            w = args.key_bytes.saturating_sub(14).max(1)
+        )
+    };
+    let put_count: Vec<AtomicU64> = (0..clients).map(|_| AtomicU64::new(0)).collect();
+    measured(
+        "put start+end",
+        1,
+        phase(&master, clients, u64::MAX / 2, time, |c, t, i| {
+            let ok = put_batch(c, client_id, &[fresh(t, i)], args.value_bytes).is_some();
+            if ok {
+                put_count[t].store(i + 1, Ordering::Relaxed);
+            }
+            Some(ok)
+        }),
+    );
+    let put_count: Vec<u64> = put_count
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .collect();
+    measured(
+        "remove",
+        1,
+        phase(
+            &master,
+            clients,
+            put_count.iter().max().copied().unwrap_or(0) * clients as u64,
+            time,
+            |c, t, i| {
+                if i >= put_count[t] {
+                    return None;
+                }
+                let req = RemoveReq {
+                    key: fresh(t, i),
+                    force: true,
+                };
+                Some(c.call::<_, ()>(Opcode::Remove, &req).is_ok())
+            },
+        ),
+    );
+
+    if let (Some(pid), Some(m)) = (pid, own.as_mut()) {
+        progress(&format!(
+            "the master at rest for {} s",
+            args.rest.0.as_secs_f64()
+        ));
+        let (c0, t0) = (cpu_time(pid), Instant::now());
+        std::thread::sleep(args.rest.0);
+        report.master_cpu_at_rest = cpu_time(pid)
+            .zip(c0)
+            .map(|(c1, c0)| (c1 - c0).as_secs_f64() / t0.elapsed().as_secs_f64());
+
+        progress("killing the master (SIGKILL) and timing its rebuild from the store's report");
+        let metrics = m.addrs.metrics.port();
+        paper.take_reported();
+        m.kill();
+        let t0 = Instant::now();
+        m.start()?;
+        let port = m.addrs.metrics.port();
+        debug_assert_eq!(port, metrics);
+        let deadline = t0 + Duration::from_secs(600);
+        loop {
+            if paper.take_reported() || scrape(port, "rbgctl_master_keys") == Some(n as f64) {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the master did not rebuild within 600 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        while scrape(port, "rbgctl_master_keys") != Some(n as f64) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the rebuilt master holds {:?} objects, not {n}",
+                scrape(port, "rbgctl_master_keys")
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        report.rebuild_seconds = Some(t0.elapsed().as_secs_f64());
+    }
+    paper.stop();
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", table(&report));
+    }
+    anyhow::ensure!(
+        report.errors == 0,
+        "{} operations failed; the figures above are partial",
+        report.errors
+    );
+    Ok(())
+}
+
+fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "master: {} objects ({}-byte keys) loaded by {} clients in {:.1} s ({:.0} objects/s)",
+        r.objects, r.key_bytes, r.clients, r.load_seconds, r.load_objects_per_s
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:>7} {:>12} {:>9} {:>9} {:>7}",
+        "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors"
+    );
+    for x in &r.results {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7}",
+            x.op, x.threads, x.ops_per_s, x.p50_us, x.p99_us, x.errors
+        );
+    }
+    let mb = |b: u64| b as f64 / (1 << 20) as f64;
+    if let (Some(e), Some(l), Some(per)) = (
+        r.master_rss_empty_bytes,
+        r.master_rss_loaded_bytes,
+        r.master_bytes_per_object,
+    ) {
+        let _ = writeln!(
+            out,
+            "master memory: {:.0} MiB empty, {:.0} MiB loaded: {per:.0} bytes per object",
+            mb(e),
+            mb(l)
+        );
+    }
+    if let Some(cpu) = r.master_cpu_at_rest {
+        let _ = writeln!(out, "master CPU at rest: {:.2} % of one core", cpu * 100.0);
+    }
+    if let Some(s) = r.rebuild_seconds {
+        let _ = writeln!(
+            out,
+            "master rebuild after SIGKILL: {s:.2} s until it held all {} objects again",
+            r.objects
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_take_suffixes_and_name_a_bad_one() {
+        assert_eq!(parse_count("1M"), Ok(1_000_000));
+        assert_eq!(parse_count("500k"), Ok(500_000));
+        assert_eq!(parse_count("12345"), Ok(12_345));
+        assert!(parse_count("lots").unwrap_err().contains("10M"));
+    }
+}
