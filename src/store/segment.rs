@@ -114,8 +114,8 @@ impl SegmentMemory {
 
     /// Opens `<dir>/<stem>.seg` for a persistent segment. With `reuse`, an existing file of
     /// exactly `size` bytes is mapped as it is (its bytes are the objects of the last run);
-    /// otherwise the file is created anew and its space reserved. Returns the memory and whether
-    /// the old bytes were kept.
+    /// otherwise the file is created anew, once the directory is seen to have room for it.
+    /// Returns the memory and whether the old bytes were kept.
     pub fn open_persistent(
         dir: &Path,
         stem: &str,
@@ -128,31 +128,21 @@ impl SegmentMemory {
         let file = if kept {
             open_file(&path, false)?
         } else {
-            let file = open_file(&path, true)?;
-            if let Err(e) = nix::fcntl::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                nix::fcntl::FallocateFlags::empty(),
-                0,
-                size as i64,
-            ) {
-                let _ = std::fs::remove_file(&path);
-                return Err(match e {
-                    nix::errno::Errno::ENOSPC | nix::errno::Errno::EFBIG => SegmentError::NoRoom {
-                        dir: dir.to_path_buf(),
-                        size,
-                        free: free_bytes(dir).unwrap_or(0),
-                    },
-                    // File systems without fallocate: fall back to a sized file, space unchecked.
-                    nix::errno::Errno::EOPNOTSUPP => {
-                        file.set_len(size).map_err(file_err(&path))?;
-                        return Self::map_file(file, path, token_path, size, true)
-                            .map(|m| (m, false));
-                    }
-                    e => SegmentError::File {
-                        path,
-                        source: e.into(),
-                    },
+            // Room is checked, not reserved: reserving (fallocate) clears every page of the
+            // segment before the store can mount (about 2 s for 8 GiB on tmpfs). The pages are
+            // faulted in behind the mount instead (`prefault`).
+            let free = free_bytes(dir).unwrap_or(u64::MAX);
+            if free < size {
+                return Err(SegmentError::NoRoom {
+                    dir: dir.to_path_buf(),
+                    size,
+                    free,
                 });
+            }
+            let file = open_file(&path, true)?;
+            if let Err(e) = file.set_len(size) {
+                let _ = std::fs::remove_file(&path);
+                return Err(SegmentError::File { path, source: e });
             }
             file
         };
@@ -226,8 +216,14 @@ impl SegmentMemory {
             };
             if rc != 0 {
                 let e = std::io::Error::last_os_error();
-                tracing::info!(error = %e, prefaulted = done,
-                    "cannot prefault the segment; its pages fault in on first write");
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    tracing::info!(error = %e, prefaulted = done,
+                        "this kernel cannot prefault the segment; its pages fault in on first write");
+                } else {
+                    tracing::warn!(error = %e, prefaulted = done,
+                        "cannot fault the segment's pages in (is its file system full?); \
+                         writes to the rest may fail");
+                }
                 break;
             }
             done += len;
