@@ -472,6 +472,7 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
             "exists",
             "batch_exists 128x",
             "describe",
+            "describe, puts streaming",
             "put start+end",
             "remove"
         ]
@@ -479,6 +480,7 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
     for x in r["results"].as_array().unwrap() {
         assert!(x["ops"].as_u64().unwrap() > 0, "{x}");
     }
+    assert!(r["streamed_puts"].as_u64().unwrap() > 0, "{r}");
     assert!(r["master_bytes_per_object"].as_f64().is_some(), "{r}");
     assert!(r["master_cpu_at_rest"].as_f64().unwrap() < 0.5, "{r}");
     assert!(r["rebuild_seconds"].as_f64().unwrap() > 0.0, "{r}");

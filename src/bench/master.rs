@@ -74,6 +74,9 @@ struct Report {
     master_rss_empty_bytes: Option<u64>,
     master_rss_loaded_bytes: Option<u64>,
     master_bytes_per_object: Option<f64>,
+    /// Puts (batches of 128, then removed) another client streamed during the
+    /// "describe, puts streaming" phase.
+    streamed_puts: u64,
     /// With its own master: share of one core used over `rest` with every object loaded.
     master_cpu_at_rest: Option<f64>,
     /// With its own master: from the start of a master killed with SIGKILL until it holds
@@ -337,6 +340,38 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
         }),
     );
+    progress("describe while another client streams puts");
+    let streaming = std::sync::atomic::AtomicBool::new(true);
+    let streamed = AtomicU64::new(0);
+    let under_puts = std::thread::scope(|s| {
+        s.spawn(|| {
+            let Ok(mut c) = Connection::connect(&master, &rpc_opts()) else {
+                return;
+            };
+            let mut b = 0u64;
+            while streaming.load(Ordering::Relaxed) {
+                let keys: Vec<String> = (0..BATCH as u64)
+                    .map(|j| format!("master-stream/{b}/{j}"))
+                    .collect();
+                if put_batch(&mut c, client_id, &keys, args.value_bytes).is_some() {
+                    streamed.fetch_add(BATCH as u64, Ordering::Relaxed);
+                }
+                let req = BatchRemoveReq { force: true, keys };
+                let _ = c.call::<_, BatchStatusResp>(Opcode::BatchRemove, &req);
+                b += 1;
+            }
+        });
+        let r = phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
+            let k = KeyReq {
+                key: key(&args, fastrand::u64(..n)),
+            };
+            Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
+        });
+        streaming.store(false, Ordering::Relaxed);
+        r
+    });
+    measured("describe, puts streaming", 1, under_puts);
+    report.streamed_puts = streamed.into_inner();
     progress("put start + end, then remove");
     let fresh = |t: usize, i: u64| {
         format!(
