@@ -481,13 +481,13 @@ fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<20} {:>7} {:>12} {:>9} {:>9} {:>7}",
+        "{:<26} {:>7} {:>12} {:>9} {:>9} {:>7}",
         "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors"
     );
     for x in &r.results {
         let _ = writeln!(
             out,
-            "{:<20} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7}",
+            "{:<26} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7}",
             x.op, x.threads, x.ops_per_s, x.p50_us, x.p99_us, x.errors
         );
     }
