@@ -14,6 +14,7 @@ pub mod indexes;
 pub mod metadata;
 pub mod notifier;
 pub mod placement;
+pub mod reservations;
 pub mod rpc;
 pub mod state;
 

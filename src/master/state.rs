@@ -27,6 +27,7 @@ use super::config::MasterConfig;
 use super::eviction::{self, EvictionCandidate};
 use super::indexes::Indexes;
 use super::placement::{self, Candidate};
+use super::reservations::Reservations;
 use crate::transfer::message::{
     ForgetItem, ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry, SegmentInfo, StoredObject,
 };
@@ -179,7 +180,7 @@ pub struct MasterState {
     segment_by_name: HashMap<String, u64>,
     objects: HashMap<String, Entry>,
     /// Put reservations by object id: allocated, versioned, not yet any key's.
-    reservations: HashMap<u64, Pending>,
+    reservations: Reservations,
     /// Counts, soft pins by expiry and unfinished puts by age, kept as objects change.
     indexes: Indexes,
     deferred: Vec<Deferred>,
@@ -231,7 +232,7 @@ impl MasterState {
             segments: HashMap::new(),
             segment_by_name: HashMap::new(),
             objects: HashMap::new(),
-            reservations: HashMap::new(),
+            reservations: Reservations::default(),
             indexes: Indexes::default(),
             deferred: Vec::new(),
             next_object_id: 1,
@@ -763,9 +764,7 @@ impl MasterState {
             }
             e.current.is_some() || e.pending.is_some()
         });
-        for r in self.reservations.values_mut() {
-            r.replicas.retain(|loc| loc.segment_id != segment_id);
-        }
+        self.reservations.drop_segment(segment_id);
         self.counters.dropped_objects += dropped;
         tracing::info!(segment = %seg.info.name, dropped_objects = dropped, "segment unmounted");
     }
@@ -842,14 +841,8 @@ impl MasterState {
             self.drop_pending(&k, now, false);
             self.counters.reclaimed_puts += 1;
         }
-        let theirs: Vec<u64> = self
-            .reservations
-            .values()
-            .filter(|r| r.client_id == id)
-            .map(|r| r.object_id)
-            .collect();
-        for object_id in theirs {
-            if let Some(r) = self.reservations.remove(&object_id) {
+        for object_id in self.reservations.of_client(id) {
+            if let Some(r) = self.reservations.remove(object_id) {
                 self.release(&r.replicas, r.size, r.object_id, now, now);
             }
         }
@@ -992,12 +985,6 @@ impl MasterState {
         now: Instant,
     ) -> Vec<OpResult<(u64, Vec<ReplicaLoc>)>> {
         let ttl = self.cfg.put_reservation_ttl_ms.0;
-        let mut held: u64 = self
-            .reservations
-            .values()
-            .filter(|r| r.client_id == client_id)
-            .map(|r| r.size * r.replicas.len() as u64)
-            .sum();
         let cap = self.cfg.put_reservation_max_bytes.0;
         sizes
             .iter()
@@ -1006,6 +993,7 @@ impl MasterState {
                     return fail(Status::InvalidParams, "put reservations are off");
                 }
                 let copies = u64::from(config.replica_num.max(1));
+                let held = self.reservations.held_by(client_id);
                 if held.saturating_add(size.saturating_mul(copies)) > cap {
                     return fail(
                         Status::NoSpace,
@@ -1013,9 +1001,8 @@ impl MasterState {
                     );
                 }
                 let p = self.start_version(client_id, size, config, now)?;
-                held += p.size * p.replicas.len() as u64;
                 let answer = (p.object_id, p.replicas.clone());
-                self.reservations.insert(p.object_id, p);
+                self.reservations.insert(p);
                 Ok(answer)
             })
             .collect()
@@ -1125,7 +1112,7 @@ impl MasterState {
             .get(key)
             .and_then(|e| e.pending.as_ref())
             .is_some_and(|p| p.object_id == object_id);
-        if !pending_here && self.reservations.contains_key(&object_id) {
+        if !pending_here && self.reservations.get(object_id).is_some() {
             return self.commit_reservation(client_id, key, object_id, checksum, now);
         }
         let entry = match self.objects.get_mut(key) {
@@ -1215,7 +1202,7 @@ impl MasterState {
         checksum: u32,
         now: Instant,
     ) -> OpResult<()> {
-        match self.reservations.get(&object_id) {
+        match self.reservations.get(object_id) {
             Some(r) if r.client_id != client_id => {
                 return fail(
                     Status::IllegalClient,
@@ -1230,7 +1217,7 @@ impl MasterState {
                 )
             }
         }
-        let r = self.reservations.remove(&object_id).expect("checked above");
+        let r = self.reservations.remove(object_id).expect("checked above");
         let newer = self
             .objects
             .get(key)
@@ -1273,14 +1260,14 @@ impl MasterState {
         object_id: u64,
         now: Instant,
     ) -> OpResult<()> {
-        if let Some(r) = self.reservations.get(&object_id) {
+        if let Some(r) = self.reservations.get(object_id) {
             if r.client_id != client_id {
                 return fail(
                     Status::IllegalClient,
                     "only the client that holds a reservation may revoke it",
                 );
             }
-            let r = self.reservations.remove(&object_id).expect("checked above");
+            let r = self.reservations.remove(object_id).expect("checked above");
             self.release(&r.replicas, r.size, r.object_id, now, now);
             return Ok(());
         }
@@ -1649,14 +1636,12 @@ impl MasterState {
     /// as an abandoned put's does. (A live client revokes the reservations it let expire.)
     fn expire_reservations(&mut self, now: Instant) {
         let limit = self.cfg.put_reservation_ttl_ms.0 * 2;
-        let expired: Vec<u64> = self
-            .reservations
-            .values()
-            .filter(|r| now.saturating_duration_since(r.started) > limit)
-            .map(|r| r.object_id)
-            .collect();
+        let expired = match now.checked_sub(limit) {
+            Some(before) => self.reservations.made_before(before),
+            None => Vec::new(),
+        };
         for object_id in expired {
-            if let Some(r) = self.reservations.remove(&object_id) {
+            if let Some(r) = self.reservations.remove(object_id) {
                 let until = r.started + self.cfg.put_start_release_timeout_ms.0;
                 self.release(&r.replicas, r.size, r.object_id, until, now);
                 self.counters.expired_reservations += 1;
