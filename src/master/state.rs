@@ -869,7 +869,7 @@ impl MasterState {
     ) -> OpResult<(u64, Vec<ReplicaLoc>)> {
         Self::check_key(key)?;
         self.preempt_pending(key, now)?;
-        let p = self.start_version(client_id, size, config, now)?;
+        let p = self.start_version(client_id, size, config, true, now)?;
         let answer = (p.object_id, p.replicas.clone());
         self.indexes.pending_began(key, p.started, p.object_id);
         self.objects.entry(key.to_string()).or_default().pending = Some(p);
@@ -897,12 +897,14 @@ impl MasterState {
     }
 
     /// Allocates the replicas of a new version of `size` bytes (evicting when the pool is
-    /// full) and draws its version; the caller records it as a pending put or a reservation.
+    /// full, if `may_evict`) and draws its version; the caller records it as a pending put or a
+    /// reservation.
     fn start_version(
         &mut self,
         client_id: u64,
         size: u64,
         config: &ReplicateConfig,
+        may_evict: bool,
         now: Instant,
     ) -> OpResult<Pending> {
         if size == 0 {
@@ -943,6 +945,9 @@ impl MasterState {
         };
         self.touch_client(client_id, now);
         let mut replicas = self.allocate(size, config);
+        if replicas.is_empty() && !may_evict {
+            return fail(Status::NoSpace, format!("no segment has {size} free bytes"));
+        }
         if replicas.is_empty() {
             self.counters.alloc_failures += 1;
             let need = size * config.replica_num as u64;
@@ -1000,7 +1005,8 @@ impl MasterState {
                         format!("this client holds {held} bytes of reservations (most {cap})"),
                     );
                 }
-                let p = self.start_version(client_id, size, config, now)?;
+                // Nothing is evicted for space that may go unused: the put that needs it will.
+                let p = self.start_version(client_id, size, config, false, now)?;
                 let answer = (p.object_id, p.replicas.clone());
                 self.reservations.insert(p);
                 Ok(answer)
@@ -1796,6 +1802,29 @@ mod tests {
         st.put_revoke(7, "", other, t0).unwrap();
         assert_eq!(used(&st), 128);
         assert_eq!(st.summary(t0).reservations, 0);
+    }
+
+    #[test]
+    fn a_full_pool_evicts_for_a_put_but_not_for_a_reservation() {
+        let mut st = MasterState::new(MasterConfig {
+            eviction_high_watermark_ratio: 1.0,
+            ..MasterConfig::default()
+        });
+        let t0 = Instant::now();
+        st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+        for i in 0..16 {
+            put(&mut st, &format!("k{i}"), 64 << 10, 1, t0);
+        }
+        let later = t0 + Duration::from_secs(60); // read leases over
+        let r = st.reserve(7, &[64 << 10], &ONE, later);
+        assert_eq!(r[0].clone().unwrap_err().0, Status::NoSpace);
+        assert_eq!(
+            st.summary(later).keys,
+            16,
+            "nothing evicted for a reservation"
+        );
+        st.put_start(7, "new", 64 << 10, &ONE, later).unwrap();
+        assert!(st.summary(later).keys < 16, "a put evicts");
     }
 
     #[test]
