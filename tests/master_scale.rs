@@ -3,19 +3,9 @@
 mod common;
 
 use common::*;
+use rbgctl::bench::master::cpu_time;
 use rbgctl::client::ReplicateConfig;
 use std::time::{Duration, Instant};
-
-/// CPU time (user + system) the process has used, from /proc.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the master runs");
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // /proc counts in USER_HZ, 100 per second on Linux.
-    Duration::from_millis(ticks * 10)
-}
 
 #[test]
 fn a_master_holding_200000_objects_is_idle_at_rest() {
@@ -53,11 +43,12 @@ fn a_master_holding_200000_objects_is_idle_at_rest() {
     // release build, several times that in this debug build).
     let pid = c.master.pid().expect("the master runs");
     let window = Duration::from_secs(3);
-    let (cpu0, t0) = (cpu_time(pid), Instant::now());
+    let (cpu0, t0) = (cpu_time(pid).expect("the master runs"), Instant::now());
     std::thread::sleep(window / 2);
     assert_eq!(c.master_metric("rbgctl_master_keys"), Some(OBJECTS as f64));
     std::thread::sleep(window / 2);
-    let share = (cpu_time(pid) - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    let share =
+        (cpu_time(pid).expect("the master runs") - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
     eprintln!(
         "master CPU at rest with {OBJECTS} objects: {:.2} % of a core",
         share * 100.0

@@ -112,7 +112,7 @@ fn rss(pid: u32) -> Option<u64> {
 }
 
 /// CPU time (user + system) of a process, from /proc (in USER_HZ, 100 per second).
-fn cpu_time(pid: u32) -> Option<Duration> {
+pub fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
@@ -302,6 +302,13 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                 "master", op, 0, clients, lat, items, errors, elapsed,
             ));
         };
+    // A describe (GET_REPLICAS) of a random loaded key.
+    let describe_one = |c: &mut Connection, _: usize, _: u64| {
+        let k = KeyReq {
+            key: key(&args, fastrand::u64(..n)),
+        };
+        Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
+    };
     progress("exists, single and batched");
     measured(
         "exists",
@@ -333,12 +340,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     measured(
         "describe",
         1,
-        phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
-            let k = KeyReq {
-                key: key(&args, fastrand::u64(..n)),
-            };
-            Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
-        }),
+        phase(&master, clients, u64::MAX / 2, time, describe_one),
     );
     progress("describe while another client streams puts");
     let streaming = std::sync::atomic::AtomicBool::new(true);
@@ -361,12 +363,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                 b += 1;
             }
         });
-        let r = phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
-            let k = KeyReq {
-                key: key(&args, fastrand::u64(..n)),
-            };
-            Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
-        });
+        let r = phase(&master, clients, u64::MAX / 2, time, describe_one);
         streaming.store(false, Ordering::Relaxed);
         r
     });
