@@ -141,23 +141,17 @@ impl PaperStore {
         self.segment_id.store(resp.segment_id, Ordering::Relaxed);
         if recovering {
             let objects = self.objects.lock().clone();
-            let chunks: Vec<&[StoredObject]> = objects.chunks(REPORT_CHUNK).collect();
-            let last = chunks.len().saturating_sub(1);
-            for (i, chunk) in chunks.iter().enumerate() {
+            let mut chunks: Vec<&[StoredObject]> = objects.chunks(REPORT_CHUNK).collect();
+            if chunks.is_empty() {
+                chunks.push(&[]);
+            }
+            let last = chunks.len() - 1;
+            for (i, chunk) in chunks.into_iter().enumerate() {
                 let req = ReportReq {
                     client_id: self.client_id,
                     segment_id: resp.segment_id,
                     objects: chunk.to_vec(),
                     done: i == last,
-                };
-                let _: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
-            }
-            if chunks.is_empty() {
-                let req = ReportReq {
-                    client_id: self.client_id,
-                    segment_id: resp.segment_id,
-                    objects: Vec::new(),
-                    done: true,
                 };
                 let _: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
             }
