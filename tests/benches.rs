@@ -56,9 +56,13 @@ fn bench_store_keeps_to_its_own_keys_and_asks_before_writing_into_a_used_pool() 
     let o = bench_store(&c.rpc, &[]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("--allow-eviction"), "{}", text(&o));
-    let o = bench_store(&c.rpc, &["--allow-eviction"]);
+    let o = bench_store(&c.rpc, &["--allow-eviction", "--held", "300,1500"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(!text(&o).contains("PARTIAL"), "{}", text(&o));
+    // Put/get measured with the pool holding each count, and the p99 change between them.
+    for line in ["get, 1500 held", "put p99", "with 300 objects held"] {
+        assert!(text(&o).contains(line), "{line}: {}", text(&o));
+    }
     assert_eq!(client.get("theirs").unwrap(), b"an engine's page");
     let (_, keys) = c.http_get("/api/v1/keys?prefix=bench-store/");
     let v: serde_json::Value = serde_json::from_str(&keys).unwrap();
@@ -472,7 +476,8 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
             "exists",
             "batch_exists 128x",
             "describe",
-            "describe, puts streaming",
+            "describe, 1 client",
+            "describe, 1 client, puts streaming",
             "put start+end",
             "remove"
         ]
@@ -484,4 +489,8 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
     assert!(r["master_bytes_per_object"].as_f64().is_some(), "{r}");
     assert!(r["master_cpu_at_rest"].as_f64().unwrap() < 0.5, "{r}");
     assert!(r["rebuild_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        r["loopback_round_trips_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
 }

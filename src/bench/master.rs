@@ -46,7 +46,8 @@ pub struct MasterBenchArgs {
     pub json: bool,
 }
 
-fn parse_count(s: &str) -> Result<u64, String> {
+/// A count such as `1000000`, `500k` or `10M` (a command-line value).
+pub(super) fn parse_count(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (digits, scale) = match s.chars().last() {
         Some('k' | 'K') => (&s[..s.len() - 1], 1_000),
@@ -75,7 +76,7 @@ struct Report {
     master_rss_loaded_bytes: Option<u64>,
     master_bytes_per_object: Option<f64>,
     /// Puts (batches of 128, then removed) another client streamed during the
-    /// "describe, puts streaming" phase.
+    /// "describe, 1 client, puts streaming" phase.
     streamed_puts: u64,
     /// With its own master: share of one core used over `rest` with every object loaded.
     master_cpu_at_rest: Option<f64>,
@@ -83,11 +84,29 @@ struct Report {
     /// every object again (rebuilt from the store's report).
     rebuild_seconds: Option<f64>,
     errors: u64,
+    /// The machine's ceiling for these clients, measured in the same run: round trips per
+    /// second from a 64-byte echo server with a thread per connection, `clients` connections.
+    loopback_round_trips_per_s: f64,
 }
 
-fn key(args: &MasterBenchArgs, i: u64) -> String {
-    let width = args.key_bytes.saturating_sub(7).max(1);
-    format!("master/{i:0width$}")
+/// `master/` and `i` zero-padded to `key_bytes` (written digit by digit: `format!` with a
+/// fill costs the benchmark's clients a third of their time in the batched phases).
+fn key(key_bytes: usize, i: u64) -> String {
+    const PREFIX: &str = "master/";
+    let width = key_bytes.saturating_sub(PREFIX.len()).max(1);
+    let mut digits = [b'0'; 20];
+    let (mut n, mut at) = (i, digits.len());
+    while n > 0 {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    let digits = &digits[at.min(digits.len() - 1)..];
+    let mut k = String::with_capacity(PREFIX.len() + width.max(digits.len()));
+    k.push_str(PREFIX);
+    k.extend(std::iter::repeat_n('0', width.saturating_sub(digits.len())));
+    k.extend(digits.iter().map(|&d| d as char));
+    k
 }
 
 fn rpc_opts() -> ConnOptions {
@@ -249,7 +268,13 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("no master to measure"),
     };
     let pid = own.as_ref().and_then(|m| m.pid());
+    progress(&format!(
+        "the machine's limit: loopback round trips with {} clients",
+        args.clients
+    ));
+    let ceiling = super::limits::loopback_round_trips(args.clients, args.phase_time.0)?;
     let mut report = Report {
+        loopback_round_trips_per_s: ceiling,
         objects: args.objects,
         clients: args.clients,
         key_bytes: args.key_bytes,
@@ -273,7 +298,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         if from >= to {
             return None;
         }
-        let keys: Vec<String> = (from..to).map(|n| key(&args, n)).collect();
+        let keys: Vec<String> = (from..to).map(|n| key(args.key_bytes, n)).collect();
         Some(match put_batch(c, client_id, &keys, args.value_bytes) {
             Some(objects) => {
                 paper.hold(objects);
@@ -295,17 +320,21 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     let n = args.objects;
     let time = args.phase_time.0;
     let clients = args.clients;
+    // A phase's figures: `items` per call, `threads` clients.
     let mut measured =
-        |op: &str, items: u64, (lat, errors, elapsed): (Vec<Duration>, u64, Duration)| {
+        |op: &str,
+         items: u64,
+         threads: usize,
+         (lat, errors, elapsed): (Vec<Duration>, u64, Duration)| {
             report.errors += errors;
             report.results.push(PhaseResult::from_samples(
-                "master", op, 0, clients, lat, items, errors, elapsed,
+                "master", op, 0, threads, lat, items, errors, elapsed,
             ));
         };
     // A describe (GET_REPLICAS) of a random loaded key.
     let describe_one = |c: &mut Connection, _: usize, _: u64| {
         let k = KeyReq {
-            key: key(&args, fastrand::u64(..n)),
+            key: key(args.key_bytes, fastrand::u64(..n)),
         };
         Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
     };
@@ -313,9 +342,10 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     measured(
         "exists",
         1,
+        clients,
         phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
             let k = KeyReq {
-                key: key(&args, fastrand::u64(..n)),
+                key: key(args.key_bytes, fastrand::u64(..n)),
             };
             Some(matches!(c.call::<_, bool>(Opcode::Exists, &k), Ok(true)))
         }),
@@ -323,11 +353,12 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     measured(
         "batch_exists 128x",
         BATCH as u64,
+        clients,
         phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
             let from = fastrand::u64(..n.saturating_sub(BATCH as u64).max(1));
             let req = BatchKeysReq {
                 keys: (from..(from + BATCH as u64).min(n))
-                    .map(|i| key(&args, i))
+                    .map(|i| key(args.key_bytes, i))
                     .collect(),
             };
             Some(
@@ -340,9 +371,19 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     measured(
         "describe",
         1,
+        clients,
         phase(&master, clients, u64::MAX / 2, time, describe_one),
     );
-    progress("describe while another client streams puts");
+    // The latency of one client's metadata operations, alone and while another client streams
+    // puts: on two cores, sixteen clients' p99 is the scheduler's time slice, not the master.
+    progress("describe by one client, alone");
+    measured(
+        "describe, 1 client",
+        1,
+        1,
+        phase(&master, 1, u64::MAX / 2, time, describe_one),
+    );
+    progress("describe by one client while another streams puts");
     let streaming = std::sync::atomic::AtomicBool::new(true);
     let streamed = AtomicU64::new(0);
     let under_puts = std::thread::scope(|s| {
@@ -363,11 +404,11 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                 b += 1;
             }
         });
-        let r = phase(&master, clients, u64::MAX / 2, time, describe_one);
+        let r = phase(&master, 1, u64::MAX / 2, time, describe_one);
         streaming.store(false, Ordering::Relaxed);
         r
     });
-    measured("describe, puts streaming", 1, under_puts);
+    measured("describe, 1 client, puts streaming", 1, 1, under_puts);
     report.streamed_puts = streamed.into_inner();
     progress("put start + end, then remove");
     let fresh = |t: usize, i: u64| {
@@ -380,6 +421,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     measured(
         "put start+end",
         1,
+        clients,
         phase(&master, clients, u64::MAX / 2, time, |c, t, i| {
             let ok = put_batch(c, client_id, &[fresh(t, i)], args.value_bytes).is_some();
             if ok {
@@ -395,6 +437,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     measured(
         "remove",
         1,
+        clients,
         phase(
             &master,
             clients,
@@ -478,16 +521,21 @@ fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<26} {:>7} {:>12} {:>9} {:>9} {:>7}",
+        "{:<34} {:>7} {:>12} {:>9} {:>9} {:>7}",
         "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors"
     );
     for x in &r.results {
         let _ = writeln!(
             out,
-            "{:<26} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7}",
+            "{:<34} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7}",
             x.op, x.threads, x.ops_per_s, x.p50_us, x.p99_us, x.errors
         );
     }
+    let _ = writeln!(
+        out,
+        "machine limit: {:.0} loopback round trips/s with {} clients (64-byte echo, same run)",
+        r.loopback_round_trips_per_s, r.clients
+    );
     let mb = |b: u64| b as f64 / (1 << 20) as f64;
     if let (Some(e), Some(l), Some(per)) = (
         r.master_rss_empty_bytes,
@@ -496,9 +544,12 @@ fn table(r: &Report) -> String {
     ) {
         let _ = writeln!(
             out,
-            "master memory: {:.0} MiB empty, {:.0} MiB loaded: {per:.0} bytes per object",
+            "master memory: {:.0} MiB empty, {:.0} MiB loaded: {per:.0} bytes per object, {:.0} \
+             beyond its {}-byte key",
             mb(e),
-            mb(l)
+            mb(l),
+            per - r.key_bytes as f64,
+            r.key_bytes
         );
     }
     if let Some(cpu) = r.master_cpu_at_rest {
@@ -517,6 +568,15 @@ fn table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_zero_padded_to_their_length() {
+        assert_eq!(key(12, 0), "master/00000");
+        assert_eq!(key(12, 4207), "master/04207");
+        assert_eq!(key(12, 1234567), "master/1234567");
+        assert_eq!(key(64, u64::MAX).len(), 64);
+        assert_eq!(key(64, 42), format!("master/{:057}", 42));
+    }
 
     #[test]
     fn counts_take_suffixes_and_name_a_bad_one() {

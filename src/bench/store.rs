@@ -69,6 +69,11 @@ pub struct StoreBenchArgs {
     /// next to it). Runs the single-thread TCP rows and the batch rows.
     #[arg(long)]
     pub mooncake_python: Option<std::path::PathBuf>,
+    /// Also measure 4 KiB put/get (one thread) with the pool holding each of these numbers of
+    /// small objects in turn (`10k,1M`): the pool is topped up with 256-byte objects before each,
+    /// and emptied of them at the end. The table shows how p99 moved between the first and last.
+    #[arg(long, value_delimiter = ',', value_parser = super::master::parse_count)]
+    pub held: Vec<u64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -90,6 +95,21 @@ struct Report {
     /// rbgctl's rows beside Mooncake's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake: Vec<mooncake_peer::Versus>,
+    /// With `--held`: how each operation's p99 moved from the fewest objects held to the most.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    held_p99: Vec<HeldChange>,
+}
+
+/// One operation's p99 with the pool holding few objects and many.
+#[derive(Clone, Debug, serde::Serialize)]
+struct HeldChange {
+    op: String,
+    from_objects: u64,
+    to_objects: u64,
+    from_p99_us: f64,
+    to_p99_us: f64,
+    /// to / from − 1.
+    change: f64,
 }
 
 /// What the idle flood did.
@@ -566,6 +586,10 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         memcpy,
         &progress,
     );
+    let held_p99 = match outcome {
+        Ok(_) if !args.held.is_empty() => held_cases(&tcp, &ctx, &mut results, &progress)?,
+        _ => Vec::new(),
+    };
     let mut failures = ctx.failures.take();
     let mut mooncake = Vec::new();
     if let Some(python) = &args.mooncake_python {
@@ -595,6 +619,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         failures: failures.clone(),
         mooncake,
         versus_mooncake,
+        held_p99,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -664,6 +689,104 @@ fn measure(
         }
     }
     Ok(flood)
+}
+
+/// `--held`: for each count in turn, the pool topped up to that many 256-byte objects (four
+/// threads, batches of 128), then 4 KiB put/get by one thread; the objects are removed at the
+/// end. Returns each operation's p99 change from the first count to the last.
+fn held_cases(
+    tcp: &Arc<Client>,
+    ctx: &Ctx<'_>,
+    results: &mut Vec<PhaseResult>,
+    progress: &impl Fn(&str),
+) -> anyhow::Result<Vec<HeldChange>> {
+    const LOADERS: u64 = 4;
+    const BATCH: u64 = 128;
+    let key = |i: u64| format!("{}held/{i:012}", ctx.prefix);
+    let value = value_for(256, 256);
+    let cfg = ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    let mut counts = ctx.args.held.clone();
+    counts.sort_unstable();
+    counts.dedup();
+    let mut held = 0u64;
+    let mut rows: Vec<(u64, PhaseResult)> = Vec::new();
+    let outcome = (|| -> anyhow::Result<()> {
+        for &target in &counts {
+            progress(&format!("holding {target} objects: loading"));
+            let from = held;
+            let failed = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for t in 0..LOADERS {
+                    let (key, value, cfg, failed) = (&key, &value, &cfg, &failed);
+                    s.spawn(move || {
+                        let mut b = from + t * BATCH;
+                        while b < target {
+                            let keys: Vec<String> = (b..(b + BATCH).min(target)).map(key).collect();
+                            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                            let values: Vec<&[u8]> = vec![value.as_slice(); refs.len()];
+                            let bad = tcp
+                                .batch_put(&refs, &values, cfg)
+                                .iter()
+                                .filter(|r| r.is_err())
+                                .count();
+                            failed.fetch_add(bad as u64, std::sync::atomic::Ordering::Relaxed);
+                            b += LOADERS * BATCH;
+                        }
+                    });
+                }
+            });
+            held = target;
+            let failed = failed.into_inner();
+            anyhow::ensure!(
+                failed == 0,
+                "{failed} of the objects to hold could not be put (is the segment large enough \
+                 for {target} objects of 256 bytes?)"
+            );
+            progress(&format!("holding {target} objects: 4 KiB × 1 thread"));
+            for mut r in put_get_case(tcp, "held", ctx, 4 << 10, 1) {
+                r.op = format!("{}, {} held", r.op, short_count(target));
+                rows.push((target, r));
+            }
+        }
+        Ok(())
+    })();
+    progress("removing the held objects");
+    cleanup(tcp, (0..held).map(key).collect());
+    outcome?;
+    let mut changes = Vec::new();
+    if let (Some(&first), Some(&last)) = (counts.first(), counts.last()) {
+        for op in ["put", "get"] {
+            let p99 = |n: u64| {
+                rows.iter()
+                    .find(|(held, r)| *held == n && r.op.starts_with(op))
+                    .map(|(_, r)| r.p99_us)
+            };
+            if let (Some(a), Some(b)) = (p99(first), p99(last)) {
+                changes.push(HeldChange {
+                    op: op.to_owned(),
+                    from_objects: first,
+                    to_objects: last,
+                    from_p99_us: a,
+                    to_p99_us: b,
+                    change: if a > 0.0 { b / a - 1.0 } else { 0.0 },
+                });
+            }
+        }
+    }
+    results.extend(rows.into_iter().map(|(_, r)| r));
+    Ok(changes)
+}
+
+/// 10000 as `10k`, 1000000 as `1M`.
+fn short_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
 }
 
 /// 4 KiB and 1 MiB put/get again while `--idle-flood` idle connections are held open to the
@@ -770,6 +893,18 @@ fn table(r: &Report) -> String {
         for f in &r.failures {
             let _ = writeln!(out, "  {f}");
         }
+    }
+    for h in &r.held_p99 {
+        let _ = writeln!(
+            out,
+            "held: 4 KiB {} p99 {:.1} µs with {} objects held, {:.1} µs with {} ({:+.0} %)",
+            h.op,
+            h.from_p99_us,
+            short_count(h.from_objects),
+            h.to_p99_us,
+            short_count(h.to_objects),
+            h.change * 100.0
+        );
     }
     if let Some(f) = &r.flood {
         let _ = writeln!(

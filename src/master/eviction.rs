@@ -1,32 +1,23 @@
-//! Which objects to evict: a pure function of the candidates, least recently used first, with
-//! soft-pinned objects taken only when nothing else is left. Leased objects and unfinished puts
-//! never reach this function (the caller leaves them out).
+//! What eviction does with each object, as a pure function; the order it looks at them in
+//! (least recently used first, kept as objects are touched) is the object table's
+//! (`objects.rs`). Leased objects, objects readable only on away or recovering segments (they
+//! take no live space) and unfinished puts are passed over; soft-pinned objects are set aside
+//! and taken only when nothing else is left.
 
+use super::allocator::aligned;
+use super::objects::{Verdict, Version};
 use std::time::Instant;
 
-#[derive(Clone, Debug)]
-pub struct EvictionCandidate<'a> {
-    pub key: &'a str,
-    pub last_access: Instant,
-    /// Bytes freed by evicting it (all replicas).
-    pub bytes: u64,
-    pub soft_pinned: bool,
-}
-
-/// Picks keys, oldest access first, until at least `need_bytes` would be freed: first among the
-/// unpinned, then among the soft-pinned. Returns fewer when the candidates cannot cover it.
-pub fn select<'a>(mut candidates: Vec<EvictionCandidate<'a>>, need_bytes: u64) -> Vec<&'a str> {
-    candidates.sort_unstable_by_key(|c| (c.soft_pinned, c.last_access));
-    let mut freed = 0u64;
-    let mut out = Vec::new();
-    for c in candidates {
-        if freed >= need_bytes {
-            break;
-        }
-        freed += c.bytes;
-        out.push(c.key);
+/// The verdict on a readable version. `on_live_segment`: one of its replicas is on a live
+/// segment; `set_aside_pass`: the walk is on the objects already set aside.
+pub fn verdict(v: &Version, on_live_segment: bool, set_aside_pass: bool, now: Instant) -> Verdict {
+    if v.lease_until > now || !on_live_segment {
+        return Verdict::PassOver;
     }
-    out
+    if !set_aside_pass && v.soft_pin_until.is_some_and(|t| t > now) {
+        return Verdict::SetAside;
+    }
+    Verdict::Evict(aligned(v.size) * v.replicas.len() as u64)
 }
 
 /// Bytes to free so that usage falls to `(high_watermark − ratio) × capacity`; 0 while usage is
@@ -53,45 +44,40 @@ pub fn bytes_to_free(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::message::ReplicaLoc;
     use std::time::Duration;
 
     #[test]
-    fn oldest_go_first_and_soft_pinned_last() {
+    fn leased_and_unreadable_objects_are_passed_over_and_pinned_ones_set_aside_once() {
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
-        let cands = vec![
-            EvictionCandidate {
-                key: "new",
-                last_access: at(30),
-                bytes: 10,
-                soft_pinned: false,
-            },
-            EvictionCandidate {
-                key: "pinned-old",
-                last_access: at(1),
-                bytes: 10,
-                soft_pinned: true,
-            },
-            EvictionCandidate {
-                key: "old",
-                last_access: at(5),
-                bytes: 10,
-                soft_pinned: false,
-            },
-            EvictionCandidate {
-                key: "mid",
-                last_access: at(10),
-                bytes: 10,
-                soft_pinned: false,
-            },
-        ];
-        assert_eq!(select(cands.clone(), 15), vec!["old", "mid"]);
-        assert_eq!(select(cands.clone(), 30), vec!["old", "mid", "new"]);
+        let loc = |segment_id| ReplicaLoc {
+            segment_id,
+            offset: 0,
+        };
+        let v = Version {
+            object_id: 1,
+            size: 100,
+            checksum: 0,
+            replicas: smallvec::smallvec![loc(1), loc(2)],
+            last_access: t0,
+            lease_until: at(5),
+            soft_pin_until: Some(at(10)),
+        };
+        // Two replicas of 100 bytes take two 128-byte blocks.
+        assert_eq!(verdict(&v, true, false, at(4)), Verdict::PassOver, "leased");
         assert_eq!(
-            select(cands.clone(), 35),
-            vec!["old", "mid", "new", "pinned-old"]
+            verdict(&v, false, false, at(6)),
+            Verdict::PassOver,
+            "not live"
         );
-        assert_eq!(select(cands, 0), Vec::<&str>::new());
+        assert_eq!(verdict(&v, true, false, at(6)), Verdict::SetAside);
+        assert_eq!(verdict(&v, true, true, at(6)), Verdict::Evict(256));
+        assert_eq!(
+            verdict(&v, true, false, at(10)),
+            Verdict::Evict(256),
+            "pin ran out"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod http;
 pub mod indexes;
 pub mod metadata;
 pub mod notifier;
+pub mod objects;
 pub mod placement;
 pub mod reservations;
 pub mod rpc;

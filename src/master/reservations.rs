@@ -3,7 +3,7 @@
 //! the reservations in the order they were made, so that granting, committing and expiring
 //! never walk every reservation.
 
-use super::state::Pending;
+use super::objects::Pending;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 

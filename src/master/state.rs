@@ -24,8 +24,10 @@
 
 use super::allocator::Allocator;
 use super::config::MasterConfig;
-use super::eviction::{self, EvictionCandidate};
+use super::eviction;
 use super::indexes::Indexes;
+pub use super::objects::{Entry, Pending, Version};
+use super::objects::{ObjectTable, Verdict};
 use super::placement::{self, Candidate};
 use super::reservations::Reservations;
 use crate::transfer::message::{
@@ -92,33 +94,6 @@ struct Client {
     segments: Vec<u64>,
 }
 
-#[derive(Clone, Debug)]
-pub struct Version {
-    pub object_id: u64,
-    pub size: u64,
-    pub checksum: u32,
-    pub replicas: Vec<ReplicaLoc>,
-    pub last_access: Instant,
-    pub lease_until: Instant,
-    pub soft_pin_until: Option<Instant>,
-}
-
-#[derive(Clone, Debug)]
-pub struct Pending {
-    pub object_id: u64,
-    pub client_id: u64,
-    pub size: u64,
-    pub replicas: Vec<ReplicaLoc>,
-    pub started: Instant,
-    pub soft_pin_ttl: Option<Duration>,
-}
-
-#[derive(Debug, Default)]
-pub struct Entry {
-    pub current: Option<Version>,
-    pub pending: Option<Pending>,
-}
-
 /// Space that is no longer any object's but may still be read (a lease runs) or written (a
 /// preempted writer), released at `until`.
 #[derive(Debug)]
@@ -178,7 +153,7 @@ pub struct MasterState {
     clients: HashMap<u64, Client>,
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
-    objects: HashMap<String, Entry>,
+    objects: ObjectTable,
     /// Put reservations by object id: allocated, versioned, not yet any key's.
     reservations: Reservations,
     /// Counts, soft pins by expiry and unfinished puts by age, kept as objects change.
@@ -231,7 +206,7 @@ impl MasterState {
             clients: HashMap::new(),
             segments: HashMap::new(),
             segment_by_name: HashMap::new(),
-            objects: HashMap::new(),
+            objects: ObjectTable::default(),
             reservations: Reservations::default(),
             indexes: Indexes::default(),
             deferred: Vec::new(),
@@ -616,7 +591,7 @@ impl MasterState {
             segment_id,
             offset: o.offset,
         };
-        let entry = self.objects.entry(o.key.clone()).or_default();
+        let entry = self.objects.get_or_insert(&o.key);
         if same {
             if let Some(v) = entry.current.as_mut() {
                 v.replicas.push(loc);
@@ -626,7 +601,7 @@ impl MasterState {
                 object_id: o.version,
                 size: o.size,
                 checksum: o.checksum,
-                replicas: vec![loc],
+                replicas: smallvec::smallvec![loc],
                 last_access: now,
                 lease_until: now,
                 soft_pin_until: None,
@@ -831,7 +806,7 @@ impl MasterState {
             .pending_keys()
             .filter(|k| {
                 objects
-                    .get(*k)
+                    .get(k)
                     .and_then(|e| e.pending.as_ref())
                     .is_some_and(|p| p.client_id == id)
             })
@@ -872,7 +847,7 @@ impl MasterState {
         let p = self.start_version(client_id, size, config, true, now)?;
         let answer = (p.object_id, p.replicas.clone());
         self.indexes.pending_began(key, p.started, p.object_id);
-        self.objects.entry(key.to_string()).or_default().pending = Some(p);
+        self.objects.get_or_insert(key).pending = Some(Box::new(p));
         Ok(answer)
     }
 
@@ -1166,7 +1141,7 @@ impl MasterState {
         }
         let p = entry.pending.take().expect("matched above");
         self.indexes.pending_ended(p.started, p.object_id);
-        self.install(key, p, checksum, now);
+        self.install(key, *p, checksum, now);
         Ok(())
     }
 
@@ -1177,14 +1152,14 @@ impl MasterState {
             object_id: p.object_id,
             size: p.size,
             checksum,
-            replicas: p.replicas,
+            replicas: p.replicas.into_iter().collect(),
             last_access: now,
             lease_until: now,
             soft_pin_until: p.soft_pin_ttl.map(|ttl| now + ttl),
         };
         self.indexes
             .version_began(key, new.object_id, new.soft_pin_until);
-        let entry = self.objects.entry(key.to_string()).or_default();
+        let entry = self.objects.touch_or_insert(key);
         if let Some(old) = entry.current.replace(new) {
             self.indexes
                 .version_ended(old.object_id, old.soft_pin_until);
@@ -1298,7 +1273,7 @@ impl MasterState {
     pub fn get_replicas(&mut self, key: &str, now: Instant) -> OpResult<ObjectDesc> {
         let lease = self.cfg.default_kv_lease_ttl_ms.0;
         let segments = &self.segments;
-        match self.objects.get_mut(key) {
+        match self.objects.touch(key) {
             Some(Entry {
                 current: Some(v), ..
             }) => {
@@ -1338,7 +1313,7 @@ impl MasterState {
     /// Whether `key` has a readable value (a replica on a live segment); counts as an access.
     pub fn exists(&mut self, key: &str, now: Instant) -> bool {
         let segments = &self.segments;
-        match self.objects.get_mut(key).and_then(|e| e.current.as_mut()) {
+        match self.objects.touch(key).and_then(|e| e.current.as_mut()) {
             Some(v)
                 if v.replicas
                     .iter()
@@ -1432,7 +1407,7 @@ impl MasterState {
                     .as_ref()
                     .is_some_and(|v| force || v.lease_until <= now)
             })
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_owned())
             .collect();
         let mut n = 0;
         for k in keys {
@@ -1518,34 +1493,18 @@ impl MasterState {
             return 0;
         }
         let segments = &self.segments;
-        let candidates: Vec<EvictionCandidate<'_>> = self
+        let victims = self
             .objects
-            .iter()
-            .filter_map(|(k, e)| {
-                let v = e.current.as_ref()?;
-                if v.lease_until > now {
-                    return None;
-                }
-                // Objects only on away or recovering segments take no live space.
-                if !v
+            .eviction_walk(need, |_, entry, set_aside_pass| {
+                let Some(v) = &entry.current else {
+                    return Verdict::PassOver; // only a put in progress
+                };
+                let on_live_segment = v
                     .replicas
                     .iter()
-                    .any(|r| segments.get(&r.segment_id).is_some_and(|s| s.is_live()))
-                {
-                    return None;
-                }
-                Some(EvictionCandidate {
-                    key: k,
-                    last_access: v.last_access,
-                    bytes: super::allocator::aligned(v.size) * v.replicas.len() as u64,
-                    soft_pinned: v.soft_pin_until.is_some_and(|t| t > now),
-                })
-            })
-            .collect();
-        let victims: Vec<String> = eviction::select(candidates, need)
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+                    .any(|r| segments.get(&r.segment_id).is_some_and(|s| s.is_live()));
+                eviction::verdict(v, on_live_segment, set_aside_pass, now)
+            });
         let mut freed = 0;
         for k in &victims {
             let Some(entry) = self.objects.get_mut(k) else {
@@ -1563,10 +1522,10 @@ impl MasterState {
             if !self.cfg.store_read_lease().is_zero()
                 && self
                     .recently_evicted
-                    .insert(k.clone(), self.outbox_seq)
+                    .insert(k.to_string(), self.outbox_seq)
                     .is_none()
             {
-                self.eviction_log.push_back((now, k.clone()));
+                self.eviction_log.push_back((now, k.to_string()));
             }
         }
         self.counters.eviction_runs += 1;
@@ -1633,6 +1592,7 @@ impl MasterState {
                 .filter(|v| v.object_id == version)
             {
                 v.soft_pin_until = None;
+                self.objects.unpinned(&key);
             }
         }
     }
@@ -1662,7 +1622,7 @@ impl MasterState {
             .objects
             .iter()
             .filter(|(k, e)| e.current.is_some() && k.starts_with(prefix))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_owned())
             .take(limit.saturating_add(1))
             .collect();
         let truncated = keys.len() > limit;
@@ -1972,6 +1932,50 @@ mod tests {
         assert!(st.counters.evicted_objects >= 1);
     }
 
+    #[test]
+    fn eviction_takes_the_least_recently_used_as_kept_through_touches_and_removals() {
+        let cfg = MasterConfig {
+            eviction_high_watermark_ratio: 1.0,
+            default_kv_lease_ttl_ms: Millis(Duration::from_millis(10)),
+            ..MasterConfig::default()
+        };
+        let mut st = MasterState::new(cfg);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+        // Sixteen objects of 64 KiB fill the segment.
+        for i in 0..16 {
+            put(&mut st, &format!("k{i}"), 64 << 10, 0, at(i));
+        }
+        st.exists("k0", at(20));
+        st.get_replicas("k1", at(21)).unwrap();
+        // Replacing k2 (full pool) evicts the oldest: k2's old value.
+        put(&mut st, "k2", 64 << 10, 0, at(22));
+        assert_eq!(st.counters.evicted_objects, 1);
+        assert!(st.lookup("k2").is_some() && st.lookup("k3").is_some());
+        assert!(st.remove("k4", false, at(23)).is_ok());
+        let kept = |st: &MasterState| -> Vec<String> {
+            (0..16)
+                .map(|i| format!("k{i}"))
+                .filter(|k| st.lookup(k).is_some())
+                .collect()
+        };
+        // Room for one: nothing evicted. Then each put evicts the oldest untouched.
+        put(&mut st, "n0", 64 << 10, 0, at(40));
+        assert_eq!(st.counters.evicted_objects, 1);
+        put(&mut st, "n1", 64 << 10, 0, at(41));
+        put(&mut st, "n2", 64 << 10, 0, at(42));
+        assert!(st.lookup("k3").is_none() && st.lookup("k5").is_none());
+        for i in 6..16 {
+            put(&mut st, &format!("m{i}"), 64 << 10, 0, at(50 + i));
+        }
+        // Left, oldest first: what was touched, in the order it was.
+        assert_eq!(kept(&st), ["k0", "k1", "k2"]);
+        put(&mut st, "m16", 64 << 10, 0, at(70));
+        assert_eq!(kept(&st), ["k1", "k2"]);
+        st.objects.order();
+    }
+
     fn pseg(name: &str, uuid: u64) -> SegmentInfo {
         SegmentInfo {
             segment_uuid: uuid,
@@ -2036,6 +2040,7 @@ mod tests {
                     }
                 }
                 st.housekeeping(now);
+                st.objects.order(); // every object on a list, links intact
                 let s = st.summary(now);
                 pinned += s.soft_pinned_keys;
                 assert_eq!(

@@ -1,0 +1,506 @@
+//! The master's objects, laid out for millions of them: entries live in a slab of slots, a
+//! hash table maps each key to its slot number (4 bytes a key, hashed with foldhash), and the
+//! slots are threaded on intrusive lists that keep least-recently-used order as objects are
+//! touched, so that eviction takes the oldest from the head instead of sorting every object.
+//!
+//! Two lists: *recent* holds every object in access order; *set aside* holds soft-pinned
+//! objects that an eviction walk passed (soft-pinned objects go only when nothing else is left),
+//! in the order they were found, which is their access order. Touching an object moves it to
+//! the tail of *recent*; an object set aside whose pin runs out goes back to the head of
+//! *recent*, being older than everything the walk that set it aside left there.
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use smallvec::SmallVec;
+use std::hash::BuildHasher;
+use std::time::{Duration, Instant};
+
+use crate::transfer::message::ReplicaLoc;
+
+/// An object's replicas: one is held inline (no allocation), more spill to the heap.
+pub type Replicas = SmallVec<[ReplicaLoc; 1]>;
+
+/// A readable version of an object.
+#[derive(Clone, Debug)]
+pub struct Version {
+    pub object_id: u64,
+    pub size: u64,
+    pub checksum: u32,
+    pub replicas: Replicas,
+    pub last_access: Instant,
+    pub lease_until: Instant,
+    pub soft_pin_until: Option<Instant>,
+}
+
+/// A put in progress (or a reservation): allocated, versioned, not yet readable.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub object_id: u64,
+    pub client_id: u64,
+    pub size: u64,
+    pub replicas: Vec<ReplicaLoc>,
+    pub started: Instant,
+    pub soft_pin_ttl: Option<Duration>,
+}
+
+/// A key's current version and its put in progress; a key with neither is not kept.
+#[derive(Debug, Default)]
+pub struct Entry {
+    pub current: Option<Version>,
+    /// Boxed: few keys have a put in progress at any moment.
+    pub pending: Option<Box<Pending>>,
+}
+
+/// What an eviction walk does with the object it looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Evict it: frees this many bytes.
+    Evict(u64),
+    /// Leave it, and move it to the back of the order (leased, unreadable, being written).
+    PassOver,
+    /// Soft-pinned: set it aside, to be taken only when nothing else is left.
+    SetAside,
+}
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum List {
+    Recent = 0,
+    SetAside = 1,
+    /// A free slot; `next` links the free slots.
+    Free = 2,
+}
+
+#[derive(Debug)]
+struct Slot {
+    key: Box<str>,
+    entry: Entry,
+    prev: u32,
+    next: u32,
+    list: List,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Ends {
+    head: u32,
+    tail: u32,
+}
+
+const EMPTY: Ends = Ends {
+    head: NIL,
+    tail: NIL,
+};
+
+#[derive(Debug)]
+pub struct ObjectTable {
+    slots: Vec<Slot>,
+    /// First free slot, or NIL.
+    free: u32,
+    index: HashTable<u32>,
+    hasher: DefaultHashBuilder,
+    lists: [Ends; 2],
+    len: usize,
+}
+
+impl Default for ObjectTable {
+    fn default() -> Self {
+        ObjectTable {
+            slots: Vec::new(),
+            free: NIL,
+            index: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            lists: [EMPTY; 2],
+            len: 0,
+        }
+    }
+}
+
+impl ObjectTable {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn find(&self, key: &str) -> Option<u32> {
+        let hash = self.hasher.hash_one(key);
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&i| &*slots[i as usize].key == key)
+            .copied()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Entry> {
+        self.find(key).map(|i| &self.slots[i as usize].entry)
+    }
+
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Entry> {
+        self.find(key).map(|i| &mut self.slots[i as usize].entry)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// `key`'s entry, as an access: it moves to the back of the eviction order.
+    pub fn touch(&mut self, key: &str) -> Option<&mut Entry> {
+        let i = self.find(key)?;
+        self.unlink(i);
+        self.link_tail(List::Recent, i);
+        Some(&mut self.slots[i as usize].entry)
+    }
+
+    /// `key`'s entry, made empty and most recently used if it was not kept, else touched.
+    pub fn touch_or_insert(&mut self, key: &str) -> &mut Entry {
+        let i = match self.find(key) {
+            Some(i) => {
+                self.unlink(i);
+                i
+            }
+            None => self.insert_new(key),
+        };
+        self.link_tail(List::Recent, i);
+        &mut self.slots[i as usize].entry
+    }
+
+    /// `key`'s entry, inserted empty and most recently used if it was not kept.
+    pub fn get_or_insert(&mut self, key: &str) -> &mut Entry {
+        let i = match self.find(key) {
+            Some(i) => i,
+            None => {
+                let i = self.insert_new(key);
+                self.link_tail(List::Recent, i);
+                i
+            }
+        };
+        &mut self.slots[i as usize].entry
+    }
+
+    /// Takes a free slot for `key` and indexes it; the caller links it.
+    fn insert_new(&mut self, key: &str) -> u32 {
+        let slot = Slot {
+            key: key.into(),
+            entry: Entry::default(),
+            prev: NIL,
+            next: NIL,
+            list: List::Free,
+        };
+        let i = if self.free != NIL {
+            let i = self.free;
+            self.free = self.slots[i as usize].next;
+            self.slots[i as usize] = slot;
+            i
+        } else {
+            let i = u32::try_from(self.slots.len())
+                .ok()
+                .filter(|&i| i != NIL)
+                .expect("more than 4 billion objects");
+            self.slots.push(slot);
+            i
+        };
+        let hash = self.hasher.hash_one(key);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index
+            .insert_unique(hash, i, |&j| hasher.hash_one(&*slots[j as usize].key));
+        self.len += 1;
+        i
+    }
+
+    /// Drops `key` and returns its entry.
+    pub fn remove(&mut self, key: &str) -> Option<Entry> {
+        let i = self.find(key)?;
+        Some(self.remove_slot(i))
+    }
+
+    fn remove_slot(&mut self, i: u32) -> Entry {
+        let hash = self.hasher.hash_one(&*self.slots[i as usize].key);
+        if let Ok(found) = self.index.find_entry(hash, |&j| j == i) {
+            found.remove();
+        }
+        self.unlink(i);
+        let slot = &mut self.slots[i as usize];
+        slot.key = Box::default();
+        slot.list = List::Free;
+        slot.next = self.free;
+        self.free = i;
+        self.len -= 1;
+        std::mem::take(&mut slot.entry)
+    }
+
+    /// Keeps the entries for which `keep` is true; the others are dropped.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut Entry) -> bool) {
+        for i in 0..self.slots.len() as u32 {
+            let slot = &mut self.slots[i as usize];
+            if slot.list != List::Free && !keep(&slot.key, &mut slot.entry) {
+                self.remove_slot(i);
+            }
+        }
+    }
+
+    /// Every kept key and entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.slots
+            .iter()
+            .filter(|s| s.list != List::Free)
+            .map(|s| (&*s.key, &s.entry))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.iter().map(|(_, e)| e)
+    }
+
+    /// `key`'s soft pin ran out: if an eviction walk had set it aside, it goes back to the head
+    /// of the order (it was older than everything that walk left in the recent list).
+    pub fn unpinned(&mut self, key: &str) {
+        if let Some(i) = self.find(key) {
+            if self.slots[i as usize].list == List::SetAside {
+                self.unlink(i);
+                self.link_head(List::Recent, i);
+            }
+        }
+    }
+
+    /// Walks the objects from the least recently used, recent list first, then the set-aside
+    /// list, asking `judge` about each (`true` on the set-aside pass) until the objects judged
+    /// to go free `need` bytes. Each object is looked at once. Returns those objects' keys,
+    /// oldest first; the caller removes them.
+    pub fn eviction_walk(
+        &mut self,
+        need: u64,
+        mut judge: impl FnMut(&str, &Entry, bool) -> Verdict,
+    ) -> Vec<Box<str>> {
+        let mut victims = Vec::new();
+        let mut freed = 0u64;
+        for (list, set_aside_pass) in [(List::Recent, false), (List::SetAside, true)] {
+            // Objects passed over move behind the last one looked at: stop there.
+            let last = self.lists[list as usize].tail;
+            let mut at = self.lists[list as usize].head;
+            while at != NIL && freed < need {
+                let slot = &self.slots[at as usize];
+                let next = if at == last { NIL } else { slot.next };
+                match judge(&slot.key, &slot.entry, set_aside_pass) {
+                    Verdict::Evict(bytes) => {
+                        freed = freed.saturating_add(bytes);
+                        victims.push(slot.key.clone());
+                    }
+                    Verdict::PassOver => {
+                        self.unlink(at);
+                        self.link_tail(list, at);
+                    }
+                    Verdict::SetAside if !set_aside_pass => {
+                        self.unlink(at);
+                        self.link_tail(List::SetAside, at);
+                    }
+                    Verdict::SetAside => {
+                        self.unlink(at);
+                        self.link_tail(list, at);
+                    }
+                }
+                at = next;
+            }
+        }
+        victims
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let Slot {
+            prev, next, list, ..
+        } = self.slots[i as usize];
+        if list == List::Free {
+            return;
+        }
+        let ends = &mut self.lists[list as usize];
+        if prev == NIL {
+            ends.head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            ends.tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+        let slot = &mut self.slots[i as usize];
+        slot.prev = NIL;
+        slot.next = NIL;
+        slot.list = List::Free;
+    }
+
+    fn link_tail(&mut self, list: List, i: u32) {
+        let ends = &mut self.lists[list as usize];
+        let tail = ends.tail;
+        ends.tail = i;
+        if tail == NIL {
+            ends.head = i;
+        } else {
+            self.slots[tail as usize].next = i;
+        }
+        let slot = &mut self.slots[i as usize];
+        slot.prev = tail;
+        slot.next = NIL;
+        slot.list = list;
+    }
+
+    fn link_head(&mut self, list: List, i: u32) {
+        let ends = &mut self.lists[list as usize];
+        let head = ends.head;
+        ends.head = i;
+        if head == NIL {
+            ends.tail = i;
+        } else {
+            self.slots[head as usize].prev = i;
+        }
+        let slot = &mut self.slots[i as usize];
+        slot.prev = NIL;
+        slot.next = head;
+        slot.list = list;
+    }
+
+    /// Keys in eviction order: the recent list, then the set-aside one, checking every link
+    /// (tests).
+    #[cfg(test)]
+    pub fn order(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        for list in [List::Recent, List::SetAside] {
+            let mut at = self.lists[list as usize].head;
+            let mut prev = NIL;
+            while at != NIL {
+                let s = &self.slots[at as usize];
+                assert_eq!(s.prev, prev, "back link of {}", s.key);
+                assert_eq!(s.list, list);
+                out.push(&*s.key);
+                prev = at;
+                at = s.next;
+            }
+            assert_eq!(self.lists[list as usize].tail, prev);
+        }
+        assert_eq!(out.len(), self.len, "every kept object is on a list");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(keys: &[&str]) -> ObjectTable {
+        let mut t = ObjectTable::default();
+        for k in keys {
+            t.get_or_insert(k);
+        }
+        t
+    }
+
+    fn keys(v: Vec<Box<str>>) -> Vec<String> {
+        v.into_iter().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_slot_costs_little_beyond_its_key() {
+        assert!(
+            std::mem::size_of::<Slot>() <= 144,
+            "{}",
+            std::mem::size_of::<Slot>()
+        );
+    }
+
+    #[test]
+    fn touches_move_to_the_back_and_removals_leave_the_order_intact() {
+        let mut t = table(&["a", "b", "c", "d"]);
+        assert_eq!(t.order(), ["a", "b", "c", "d"]);
+        t.touch("a");
+        t.touch("c");
+        assert_eq!(t.order(), ["b", "d", "a", "c"]);
+        assert!(t.remove("d").is_some());
+        assert!(t.remove("d").is_none());
+        assert_eq!(t.order(), ["b", "a", "c"]);
+        // A freed slot is reused; the new key is the most recent.
+        t.touch_or_insert("e");
+        t.touch_or_insert("b");
+        assert_eq!(t.order(), ["a", "c", "e", "b"]);
+        assert_eq!(t.slots.len(), 4);
+        // Looking without touching changes nothing.
+        assert!(t.get("a").is_some() && t.get_mut("c").is_some() && t.get("d").is_none());
+        t.get_or_insert("a");
+        assert_eq!(t.order(), ["a", "c", "e", "b"]);
+        t.retain(|k, _| k != "c");
+        assert_eq!(t.order(), ["a", "e", "b"]);
+        assert_eq!((t.len(), t.iter().count()), (3, 3));
+    }
+
+    #[test]
+    fn eviction_takes_the_oldest_passes_over_and_sets_pinned_aside() {
+        let mut t = table(&["old", "pinned", "leased", "mid", "new"]);
+        let judge = |k: &str, _: &Entry, set_aside_pass: bool| match k {
+            "pinned" if !set_aside_pass => Verdict::SetAside,
+            "leased" => Verdict::PassOver,
+            _ => Verdict::Evict(10),
+        };
+        assert_eq!(keys(t.eviction_walk(15, judge)), ["old", "mid"]);
+        // The walk moved what it passed; the caller removes the victims.
+        assert_eq!(t.order(), ["old", "mid", "new", "leased", "pinned"]);
+        t.remove("old");
+        t.remove("mid");
+        // Nothing else left: the pinned one goes, after everything unpinned.
+        assert_eq!(keys(t.eviction_walk(100, judge)), ["new", "pinned"]);
+        assert_eq!(keys(t.eviction_walk(0, judge)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_walk_looks_at_each_object_once_even_when_it_passes_over_everything() {
+        let mut t = table(&["a", "b", "c"]);
+        let mut seen = Vec::new();
+        let victims = t.eviction_walk(u64::MAX, |k, _, set_aside| {
+            seen.push((k.to_owned(), set_aside));
+            if k == "b" {
+                Verdict::SetAside
+            } else {
+                Verdict::PassOver
+            }
+        });
+        assert!(victims.is_empty());
+        let names: Vec<(&str, bool)> = seen.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+        assert_eq!(
+            names,
+            [("a", false), ("b", false), ("c", false), ("b", true)]
+        );
+        assert_eq!(t.order(), ["a", "c", "b"]);
+    }
+
+    #[test]
+    fn an_object_set_aside_returns_as_the_oldest_when_its_pin_runs_out_or_new_on_a_touch() {
+        let mut t = table(&["p", "q", "x", "y"]);
+        t.eviction_walk(u64::MAX, |k, _, set_aside| match (k, set_aside) {
+            ("p" | "q", false) => Verdict::SetAside,
+            _ => Verdict::PassOver,
+        });
+        assert_eq!(t.order(), ["x", "y", "p", "q"]);
+        t.unpinned("q");
+        t.unpinned("x"); // not set aside: stays where it is
+        assert_eq!(t.order(), ["q", "x", "y", "p"]);
+        t.touch("p");
+        assert_eq!(t.order(), ["q", "x", "y", "p"]);
+        assert_eq!(t.lists[List::SetAside as usize].head, NIL);
+    }
+
+    #[test]
+    fn many_keys_are_found_after_growth_and_reuse() {
+        let mut t = ObjectTable::default();
+        for i in 0..10_000 {
+            t.get_or_insert(&format!("key-{i}")).current = None;
+        }
+        for i in (0..10_000).step_by(2) {
+            assert!(t.remove(&format!("key-{i}")).is_some());
+        }
+        for i in 0..5_000 {
+            t.get_or_insert(&format!("new-{i}"));
+        }
+        assert_eq!(t.len(), 10_000);
+        assert_eq!(t.slots.len(), 10_000, "freed slots were reused");
+        assert!((0..10_000).all(|i| t.contains_key(&format!("key-{i}")) == (i % 2 == 1)));
+        assert!((0..5_000).all(|i| t.contains_key(&format!("new-{i}"))));
+        assert_eq!(t.order().len(), 10_000);
+    }
+}
