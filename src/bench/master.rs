@@ -84,9 +84,47 @@ struct Report {
     /// every object again (rebuilt from the store's report).
     rebuild_seconds: Option<f64>,
     errors: u64,
+    /// With its own master: its state lock during each phase (same order as `results`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    lock: Vec<LockUse>,
     /// The machine's ceiling for these clients, measured in the same run: round trips per
     /// second from a 64-byte echo server with a thread per connection, `clients` connections.
     loopback_round_trips_per_s: f64,
+}
+
+/// How the master's state lock was used during one phase (from its metrics).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+struct LockUse {
+    op: String,
+    /// Share of the phase's time the lock was held.
+    busy: f64,
+    /// Mean wait for the lock per acquisition, µs.
+    wait_us: f64,
+    /// Holds longer than 1 ms.
+    long_holds: u64,
+}
+
+/// The master's lock counters: (acquisitions, wait s, held s, long holds).
+type LockCounters = [f64; 4];
+
+fn lock_counters(metrics_port: Option<u16>) -> Option<LockCounters> {
+    let port = metrics_port?;
+    let body = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .ok()?
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .ok()?
+        .text()
+        .ok()?;
+    let get = |name: &str| crate::telemetry::sample(&body, name);
+    Some([
+        get("rbgctl_master_state_lock_acquisitions_total")?,
+        get("rbgctl_master_state_lock_wait_seconds_total")?,
+        get("rbgctl_master_state_lock_held_seconds_total")?,
+        get("rbgctl_master_state_lock_long_holds_total")?,
+    ])
 }
 
 /// `master/` and `i` zero-padded to `key_bytes` (written digit by digit: `format!` with a
@@ -268,6 +306,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("no master to measure"),
     };
     let pid = own.as_ref().and_then(|m| m.pid());
+    let metrics_port = own.as_ref().map(|m| m.addrs.metrics.port());
     progress(&format!(
         "the machine's limit: loopback round trips with {} clients",
         args.clients
@@ -320,12 +359,24 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     let n = args.objects;
     let time = args.phase_time.0;
     let clients = args.clients;
-    // A phase's figures: `items` per call, `threads` clients.
+    // A phase's figures: `items` per call, `threads` clients; `lock_before`: the master's lock
+    // counters taken before the phase.
+    let lock_now = || lock_counters(metrics_port);
     let mut measured =
         |op: &str,
          items: u64,
          threads: usize,
+         lock_before: Option<LockCounters>,
          (lat, errors, elapsed): (Vec<Duration>, u64, Duration)| {
+            if let (Some(b), Some(a)) = (lock_before, lock_now()) {
+                let acquired = (a[0] - b[0]).max(1.0);
+                report.lock.push(LockUse {
+                    op: op.to_owned(),
+                    busy: (a[2] - b[2]) / elapsed.as_secs_f64().max(1e-9),
+                    wait_us: (a[1] - b[1]) / acquired * 1e6,
+                    long_holds: (a[3] - b[3]) as u64,
+                });
+            }
             report.errors += errors;
             report.results.push(PhaseResult::from_samples(
                 "master", op, 0, threads, lat, items, errors, elapsed,
@@ -343,6 +394,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "exists",
         1,
         clients,
+        lock_now(),
         phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
             let k = KeyReq {
                 key: key(args.key_bytes, fastrand::u64(..n)),
@@ -354,6 +406,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "batch_exists 128x",
         BATCH as u64,
         clients,
+        lock_now(),
         phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
             let from = fastrand::u64(..n.saturating_sub(BATCH as u64).max(1));
             let req = BatchKeysReq {
@@ -372,6 +425,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "describe",
         1,
         clients,
+        lock_now(),
         phase(&master, clients, u64::MAX / 2, time, describe_one),
     );
     // The latency of one client's metadata operations, alone and while another client streams
@@ -381,11 +435,13 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "describe, 1 client",
         1,
         1,
+        lock_now(),
         phase(&master, 1, u64::MAX / 2, time, describe_one),
     );
     progress("describe by one client while another streams puts");
     let streaming = std::sync::atomic::AtomicBool::new(true);
     let streamed = AtomicU64::new(0);
+    let lock_before = lock_now();
     let under_puts = std::thread::scope(|s| {
         s.spawn(|| {
             let Ok(mut c) = Connection::connect(&master, &rpc_opts()) else {
@@ -408,7 +464,13 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         streaming.store(false, Ordering::Relaxed);
         r
     });
-    measured("describe, 1 client, puts streaming", 1, 1, under_puts);
+    measured(
+        "describe, 1 client, puts streaming",
+        1,
+        1,
+        lock_before,
+        under_puts,
+    );
     report.streamed_puts = streamed.into_inner();
     progress("put start + end, then remove");
     let fresh = |t: usize, i: u64| {
@@ -422,6 +484,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "put start+end",
         1,
         clients,
+        lock_now(),
         phase(&master, clients, u64::MAX / 2, time, |c, t, i| {
             let ok = put_batch(c, client_id, &[fresh(t, i)], args.value_bytes).is_some();
             if ok {
@@ -438,6 +501,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "remove",
         1,
         clients,
+        lock_now(),
         phase(
             &master,
             clients,
@@ -521,14 +585,33 @@ fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<34} {:>7} {:>12} {:>9} {:>9} {:>7}",
-        "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors"
+        "{:<34} {:>7} {:>12} {:>9} {:>9} {:>7} {:>10} {:>11} {:>10}",
+        "op",
+        "clients",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "errors",
+        "lock busy",
+        "lock wait µs",
+        "holds >1ms"
     );
     for x in &r.results {
+        let lock = r.lock.iter().find(|l| l.op == x.op);
         let _ = writeln!(
             out,
-            "{:<34} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7}",
-            x.op, x.threads, x.ops_per_s, x.p50_us, x.p99_us, x.errors
+            "{:<34} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7} {:>10} {:>11} {:>10}",
+            x.op,
+            x.threads,
+            x.ops_per_s,
+            x.p50_us,
+            x.p99_us,
+            x.errors,
+            lock.map(|l| format!("{:.0} %", l.busy * 100.0))
+                .unwrap_or_default(),
+            lock.map(|l| format!("{:.1}", l.wait_us))
+                .unwrap_or_default(),
+            lock.map(|l| l.long_holds.to_string()).unwrap_or_default(),
         );
     }
     let _ = writeln!(

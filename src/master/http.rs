@@ -382,6 +382,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         "Puts given fewer replicas than asked.",
         counters.partial_allocations as f64,
     );
+    shared.state.render(&mut p);
     shared.service.connections.render(&mut p, "rbgctl_master");
     shared.service.stats.render(&mut p, "rbgctl_master", |op| {
         Opcode::from_u8(op).map(|o| o.name())

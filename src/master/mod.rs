@@ -11,6 +11,7 @@ pub mod config;
 pub mod eviction;
 pub mod http;
 pub mod indexes;
+pub mod lock;
 pub mod metadata;
 pub mod notifier;
 pub mod objects;
@@ -19,6 +20,7 @@ pub mod reservations;
 pub mod rpc;
 pub mod state;
 
+use self::lock::StateLock;
 use crate::config::human_bytes;
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
@@ -43,7 +45,7 @@ pub enum MasterError {
 
 /// State shared by the RPC threads, the housekeeper and the HTTP handlers.
 pub struct Shared {
-    pub state: Arc<Mutex<MasterState>>,
+    pub state: Arc<StateLock>,
     pub service: Arc<rpc::MasterService>,
     pub started: Instant,
 }
@@ -121,7 +123,7 @@ pub fn start(
     shutdown: Shutdown,
 ) -> Result<Handle, MasterError> {
     let addrs = listeners.addrs()?;
-    let state = Arc::new(Mutex::new(MasterState::new(cfg.clone())));
+    let state = Arc::new(StateLock::new(MasterState::new(cfg.clone())));
     let notifier = notifier::Notifier::new(state.clone(), cfg.store_read_lease());
     let notifier_thread = notifier.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {

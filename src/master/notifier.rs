@@ -12,7 +12,7 @@
 //! A remove or replace waits (`settle`) until its forgets are delivered, or, when a store could
 //! not be reached, until that store's lease has run out.
 
-use super::state::MasterState;
+use super::lock::StateLock;
 use crate::shutdown::Shutdown;
 use crate::transfer::message::{ForgetItem, ForgetLeaseReq, ForgetReq};
 use crate::transfer::{ConnOptions, Opcode, Pool, Status, TransferError};
@@ -57,7 +57,7 @@ struct Delivered {
 }
 
 pub struct Notifier {
-    state: Arc<Mutex<MasterState>>,
+    state: Arc<StateLock>,
     lease: Duration,
     delivered: Mutex<Delivered>,
     delivered_cv: Condvar,
@@ -71,7 +71,7 @@ pub struct Notifier {
 
 impl Notifier {
     /// `lease`: the stores' read lease (0: never renewed, cached locations off).
-    pub fn new(state: Arc<Mutex<MasterState>>, lease: Duration) -> Arc<Notifier> {
+    pub fn new(state: Arc<StateLock>, lease: Duration) -> Arc<Notifier> {
         Arc::new(Notifier {
             state,
             lease,

@@ -1,13 +1,13 @@
 //! The master's RPC service: decodes each request, applies it to the state under one lock, and
 //! answers. Batch requests take the lock once for the whole batch.
 
+use super::lock::StateLock;
 use super::notifier::Notifier;
 use super::state::{MasterState, OpResult};
 use crate::telemetry::OpStats;
 use crate::transfer::message::*;
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 const REMOVE_DURABILITY_WAIT: Duration = Duration::from_secs(1);
 
 pub struct MasterService {
-    pub state: Arc<Mutex<MasterState>>,
+    pub state: Arc<StateLock>,
     pub notifier: Arc<Notifier>,
     pub stats: Arc<OpStats>,
     pub connections: crate::transfer::server::ConnCounters,

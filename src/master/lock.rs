@@ -1,0 +1,166 @@
+//! The lock around the master's state, measured: how often it is taken, how long takers wait,
+//! how long it is held, and how often one holder keeps it longer than a millisecond. Every
+//! metadata operation takes it once, so these figures say whether the master serializes its
+//! clients (`rbgctl bench master` reports them per phase).
+
+use super::state::MasterState;
+use crate::telemetry::PromText;
+use parking_lot::{Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// A hold longer than this is counted as long.
+pub const LONG_HOLD: Duration = Duration::from_millis(1);
+
+#[derive(Debug, Default)]
+struct LockStats {
+    acquisitions: AtomicU64,
+    wait_ns: AtomicU64,
+    held_ns: AtomicU64,
+    long_holds: AtomicU64,
+    longest_ns: AtomicU64,
+}
+
+/// What the lock's statistics say at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LockFigures {
+    pub acquisitions: u64,
+    pub wait: Duration,
+    pub held: Duration,
+    pub long_holds: u64,
+    pub longest: Duration,
+}
+
+pub struct StateLock {
+    state: Mutex<MasterState>,
+    stats: LockStats,
+}
+
+pub struct StateGuard<'a> {
+    guard: MutexGuard<'a, MasterState>,
+    stats: &'a LockStats,
+    since: Instant,
+}
+
+impl StateLock {
+    pub fn new(state: MasterState) -> StateLock {
+        StateLock {
+            state: Mutex::new(state),
+            stats: LockStats::default(),
+        }
+    }
+
+    pub fn lock(&self) -> StateGuard<'_> {
+        let asked = Instant::now();
+        let guard = self.state.lock();
+        let since = Instant::now();
+        let s = &self.stats;
+        s.acquisitions.fetch_add(1, Relaxed);
+        s.wait_ns.fetch_add(nanos(since - asked), Relaxed);
+        StateGuard {
+            guard,
+            stats: s,
+            since,
+        }
+    }
+
+    pub fn figures(&self) -> LockFigures {
+        let s = &self.stats;
+        LockFigures {
+            acquisitions: s.acquisitions.load(Relaxed),
+            wait: Duration::from_nanos(s.wait_ns.load(Relaxed)),
+            held: Duration::from_nanos(s.held_ns.load(Relaxed)),
+            long_holds: s.long_holds.load(Relaxed),
+            longest: Duration::from_nanos(s.longest_ns.load(Relaxed)),
+        }
+    }
+
+    pub fn render(&self, p: &mut PromText) {
+        let f = self.figures();
+        p.single(
+            "rbgctl_master_state_lock_acquisitions_total",
+            "counter",
+            "Times the master's state lock was taken (once per metadata operation).",
+            f.acquisitions as f64,
+        )
+        .single(
+            "rbgctl_master_state_lock_wait_seconds_total",
+            "counter",
+            "Time spent waiting for the master's state lock.",
+            f.wait.as_secs_f64(),
+        )
+        .single(
+            "rbgctl_master_state_lock_held_seconds_total",
+            "counter",
+            "Time the master's state lock was held.",
+            f.held.as_secs_f64(),
+        )
+        .single(
+            "rbgctl_master_state_lock_long_holds_total",
+            "counter",
+            "Times the master's state lock was held longer than 1 ms.",
+            f.long_holds as f64,
+        )
+        .single(
+            "rbgctl_master_state_lock_longest_hold_seconds",
+            "gauge",
+            "The longest single hold of the master's state lock since start.",
+            f.longest.as_secs_f64(),
+        );
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        let held = self.since.elapsed();
+        let ns = nanos(held);
+        self.stats.held_ns.fetch_add(ns, Relaxed);
+        if held > LONG_HOLD {
+            self.stats.long_holds.fetch_add(1, Relaxed);
+        }
+        self.stats.longest_ns.fetch_max(ns, Relaxed);
+    }
+}
+
+impl Deref for StateGuard<'_> {
+    type Target = MasterState;
+    fn deref(&self) -> &MasterState {
+        &self.guard
+    }
+}
+
+impl DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut MasterState {
+        &mut self.guard
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::config::MasterConfig;
+
+    #[test]
+    fn holds_are_counted_and_a_long_hold_is_noticed() {
+        let lock = StateLock::new(MasterState::new(MasterConfig::default()));
+        drop(lock.lock());
+        let held = lock.lock();
+        std::thread::sleep(LONG_HOLD * 5);
+        drop(held);
+        let f = lock.figures();
+        assert_eq!((f.acquisitions, f.long_holds), (2, 1), "{f:?}");
+        assert!(f.longest >= LONG_HOLD * 5 && f.held >= f.longest, "{f:?}");
+        let mut p = PromText::new();
+        lock.render(&mut p);
+        let text = p.finish();
+        assert!(
+            text.contains("rbgctl_master_state_lock_long_holds_total 1"),
+            "{text}"
+        );
+    }
+}
