@@ -11,6 +11,7 @@ pub mod config;
 pub mod eviction;
 pub mod http;
 pub mod indexes;
+pub mod key_index;
 pub mod lock;
 pub mod metadata;
 pub mod notifier;

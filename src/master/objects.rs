@@ -1,6 +1,6 @@
 //! The master's objects, laid out for millions of them: entries live in a slab of slots, a
-//! hash table maps each key to its slot number (4 bytes a key, hashed with foldhash), and the
-//! slots are threaded on intrusive lists that keep least-recently-used order as objects are
+//! hash table maps each key to its slot number (`key_index.rs`: 8 bytes a key, hashed with
+//! foldhash; a batch prefetches its lookups), and the slots are threaded on intrusive lists that keep least-recently-used order as objects are
 //! touched, so that eviction takes the oldest from the head instead of sorting every object.
 //!
 //! Two lists: *recent* holds every object in access order; *set aside* holds soft-pinned
@@ -9,7 +9,8 @@
 //! the tail of *recent*; an object set aside whose pin runs out goes back to the head of
 //! *recent*, being older than everything the walk that set it aside left there.
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use super::key_index::{prefetch, KeyIndex};
+use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
@@ -71,13 +72,64 @@ enum List {
     Free = 2,
 }
 
+/// Key and links first: a lookup and a touch read the first cache line.
 #[derive(Debug)]
+#[repr(C)]
 struct Slot {
     key: Box<str>,
-    entry: Entry,
     prev: u32,
     next: u32,
     list: List,
+    entry: Entry,
+}
+
+/// Slots in chunks of a fixed size: growing never moves or copies a slot (which would hold the
+/// master's lock for tens of milliseconds at millions of objects) nor leaves a freed copy of
+/// the table for the allocator to hand back.
+#[derive(Debug, Default)]
+struct Slots {
+    chunks: Vec<Vec<Slot>>,
+    len: usize,
+}
+
+const CHUNK_BITS: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+impl Slots {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, slot: Slot) {
+        if self.len % CHUNK == 0 {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        if let Some(chunk) = self.chunks.last_mut() {
+            chunk.push(slot);
+            self.len += 1;
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&Slot> {
+        self.chunks.get(i >> CHUNK_BITS)?.get(i & (CHUNK - 1))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.chunks.iter().flatten()
+    }
+}
+
+impl std::ops::Index<usize> for Slots {
+    type Output = Slot;
+    fn index(&self, i: usize) -> &Slot {
+        &self.chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Slots {
+    fn index_mut(&mut self, i: usize) -> &mut Slot {
+        &mut self.chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -93,11 +145,11 @@ const EMPTY: Ends = Ends {
 
 #[derive(Debug)]
 pub struct ObjectTable {
-    slots: Vec<Slot>,
+    slots: Slots,
     /// First free slot, or NIL.
     free: u32,
-    index: HashTable<u32>,
-    hasher: DefaultHashBuilder,
+    index: KeyIndex,
+    hasher: RandomState,
     lists: [Ends; 2],
     len: usize,
 }
@@ -105,10 +157,10 @@ pub struct ObjectTable {
 impl Default for ObjectTable {
     fn default() -> Self {
         ObjectTable {
-            slots: Vec::new(),
+            slots: Slots::default(),
             free: NIL,
-            index: HashTable::new(),
-            hasher: DefaultHashBuilder::default(),
+            index: KeyIndex::default(),
+            hasher: RandomState::default(),
             lists: [EMPTY; 2],
             len: 0,
         }
@@ -127,9 +179,41 @@ impl ObjectTable {
     fn find(&self, key: &str) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
         let slots = &self.slots;
-        self.index
-            .find(hash, |&i| &*slots[i as usize].key == key)
-            .copied()
+        self.index.find(hash, |i| &*slots[i as usize].key == key)
+    }
+
+    /// Brings what looking up and touching `keys` will read into the cache, all keys at once,
+    /// so that their cache misses overlap instead of coming one after another; a batch
+    /// operation calls it first. Changes nothing.
+    pub fn prefetch<K: AsRef<str>>(&self, keys: &[K]) {
+        let hashes: Vec<u64> = keys
+            .iter()
+            .map(|k| self.hasher.hash_one(k.as_ref()))
+            .collect();
+        for &h in &hashes {
+            self.index.prefetch(h);
+        }
+        let slots: Vec<&Slot> = hashes
+            .iter()
+            .filter_map(|&h| self.index.candidate(h))
+            .map(|i| &self.slots[i as usize])
+            .collect();
+        for s in &slots {
+            prefetch(*s);
+        }
+        for s in &slots {
+            if let Some(b) = s.key.as_bytes().first() {
+                prefetch(b);
+            }
+            for n in [s.prev, s.next] {
+                if let Some(n) = self.slots.get(n as usize) {
+                    prefetch(n);
+                }
+            }
+            if let Some(v) = &s.entry.current {
+                prefetch(v);
+            }
+        }
     }
 
     pub fn get(&self, key: &str) -> Option<&Entry> {
@@ -200,10 +284,7 @@ impl ObjectTable {
             self.slots.push(slot);
             i
         };
-        let hash = self.hasher.hash_one(key);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index
-            .insert_unique(hash, i, |&j| hasher.hash_one(&*slots[j as usize].key));
+        self.index.insert(self.hasher.hash_one(key), i);
         self.len += 1;
         i
     }
@@ -216,9 +297,7 @@ impl ObjectTable {
 
     fn remove_slot(&mut self, i: u32) -> Entry {
         let hash = self.hasher.hash_one(&*self.slots[i as usize].key);
-        if let Ok(found) = self.index.find_entry(hash, |&j| j == i) {
-            found.remove();
-        }
+        self.index.remove(hash, i);
         self.unlink(i);
         let slot = &mut self.slots[i as usize];
         slot.key = Box::default();
@@ -421,6 +500,7 @@ mod tests {
         t.touch_or_insert("b");
         assert_eq!(t.order(), ["a", "c", "e", "b"]);
         assert_eq!(t.slots.len(), 4);
+        assert!(t.slots.get(4).is_none());
         // Looking without touching changes nothing.
         assert!(t.get("a").is_some() && t.get_mut("c").is_some() && t.get("d").is_none());
         t.get_or_insert("a");
@@ -488,8 +568,11 @@ mod tests {
     #[test]
     fn many_keys_are_found_after_growth_and_reuse() {
         let mut t = ObjectTable::default();
-        for i in 0..10_000 {
+        for i in 0..40_000 {
             t.get_or_insert(&format!("key-{i}")).current = None;
+        }
+        for i in 10_000..40_000 {
+            assert!(t.remove(&format!("key-{i}")).is_some());
         }
         for i in (0..10_000).step_by(2) {
             assert!(t.remove(&format!("key-{i}")).is_some());
@@ -498,7 +581,8 @@ mod tests {
             t.get_or_insert(&format!("new-{i}"));
         }
         assert_eq!(t.len(), 10_000);
-        assert_eq!(t.slots.len(), 10_000, "freed slots were reused");
+        assert_eq!(t.slots.len(), 40_000, "freed slots were reused");
+        assert_eq!(t.slots.chunks.len(), 40_000usize.div_ceil(CHUNK));
         assert!((0..10_000).all(|i| t.contains_key(&format!("key-{i}")) == (i % 2 == 1)));
         assert!((0..5_000).all(|i| t.contains_key(&format!("new-{i}"))));
         assert_eq!(t.order().len(), 10_000);

@@ -149,7 +149,9 @@ impl MasterService {
             Opcode::BatchPutStart => {
                 let r = BatchPutStartReq::from_meta(meta)?;
                 let now = self.wait_for_allocations(now);
+                let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
                 let mut st = self.state.lock();
+                st.prefetch(&keys);
                 let items = r
                     .items
                     .iter()
@@ -214,6 +216,7 @@ impl MasterService {
             Opcode::BatchGetReplicas => {
                 let r = BatchKeysReq::from_meta(meta)?;
                 let mut st = self.state.lock();
+                st.prefetch(&r.keys);
                 let items = r
                     .keys
                     .iter()
@@ -225,6 +228,7 @@ impl MasterService {
             Opcode::BatchExists => {
                 let r = BatchKeysReq::from_meta(meta)?;
                 let mut st = self.state.lock();
+                st.prefetch(&r.keys);
                 let items = r.keys.iter().map(|k| st.exists(k, now)).collect();
                 drop(st);
                 answer(io, Ok(BatchExistsResp { items }))
@@ -232,6 +236,7 @@ impl MasterService {
             Opcode::BatchRemove => {
                 let r = BatchRemoveReq::from_meta(meta)?;
                 let items = self.durably(|st| {
+                    st.prefetch(&r.keys);
                     r.keys
                         .iter()
                         .map(|k| status_of(st.remove(k, r.force, now)))
@@ -290,6 +295,8 @@ impl MasterService {
 
 /// Ends each put (or reservation) of a batch; one status per item.
 fn end_puts(st: &mut MasterState, client_id: u64, items: &[EndItem], now: Instant) -> Vec<Status> {
+    let keys: Vec<&str> = items.iter().map(|it| it.key.as_str()).collect();
+    st.prefetch(&keys);
     items
         .iter()
         .map(|it| status_of(st.put_end(client_id, &it.key, it.object_id, it.checksum, now)))

@@ -1631,6 +1631,11 @@ impl MasterState {
         (keys, truncated)
     }
 
+    /// Warms the cache for a batch operation on `keys` (see `ObjectTable::prefetch`).
+    pub fn prefetch<K: AsRef<str>>(&self, keys: &[K]) {
+        self.objects.prefetch(keys);
+    }
+
     /// An object's details for the admin API.
     pub fn lookup(&self, key: &str) -> Option<&Entry> {
         self.objects.get(key)
