@@ -84,6 +84,10 @@ struct Report {
     /// every object again (rebuilt from the store's report).
     rebuild_seconds: Option<f64>,
     errors: u64,
+    /// With its own master: the longest hold of its state lock during the load, and over the
+    /// whole run (ms).
+    lock_longest_hold_load_ms: Option<f64>,
+    lock_longest_hold_ms: Option<f64>,
     /// With its own master: its state lock during each phase (same order as `results`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     lock: Vec<LockUse>,
@@ -104,8 +108,8 @@ struct LockUse {
     long_holds: u64,
 }
 
-/// The master's lock counters: (acquisitions, wait s, held s, long holds).
-type LockCounters = [f64; 4];
+/// The master's lock counters: (acquisitions, wait s, held s, long holds, longest hold s).
+type LockCounters = [f64; 5];
 
 fn lock_counters(metrics_port: Option<u16>) -> Option<LockCounters> {
     let port = metrics_port?;
@@ -124,6 +128,7 @@ fn lock_counters(metrics_port: Option<u16>) -> Option<LockCounters> {
         get("rbgctl_master_state_lock_wait_seconds_total")?,
         get("rbgctl_master_state_lock_held_seconds_total")?,
         get("rbgctl_master_state_lock_long_holds_total")?,
+        get("rbgctl_master_state_lock_longest_hold_seconds")?,
     ])
 }
 
@@ -368,6 +373,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     report.load_seconds = elapsed.as_secs_f64();
     report.load_objects_per_s = args.objects as f64 / report.load_seconds;
     report.master_rss_loaded_bytes = pid.and_then(settled_rss);
+    report.lock_longest_hold_load_ms = lock_counters(metrics_port).map(|c| c[4] * 1e3);
     report.master_bytes_per_object = report
         .master_rss_empty_bytes
         .zip(report.master_rss_loaded_bytes)
@@ -537,6 +543,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         ),
     );
 
+    report.lock_longest_hold_ms = lock_counters(metrics_port).map(|c| c[4] * 1e3);
     if let (Some(pid), Some(m)) = (pid, own.as_mut()) {
         progress(&format!(
             "the master at rest for {} s",
@@ -650,6 +657,12 @@ fn table(r: &Report) -> String {
             mb(l),
             per - r.key_bytes as f64,
             r.key_bytes
+        );
+    }
+    if let (Some(load), Some(all)) = (r.lock_longest_hold_load_ms, r.lock_longest_hold_ms) {
+        let _ = writeln!(
+            out,
+            "master lock: longest hold {load:.2} ms during the load, {all:.2} ms over the phases"
         );
     }
     if let Some(cpu) = r.master_cpu_at_rest {
