@@ -165,7 +165,12 @@ impl Drop for OwnCluster {
 
 /// One sample of a Prometheus text metric from `127.0.0.1:port/metrics`.
 pub fn scrape(port: u16, name: &str) -> Option<f64> {
-    let body = reqwest::blocking::Client::builder()
+    crate::telemetry::sample(&metrics_text(port)?, name)
+}
+
+/// The Prometheus text of `127.0.0.1:port/metrics`.
+pub fn metrics_text(port: u16) -> Option<String> {
+    reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
         .ok()?
@@ -173,6 +178,5 @@ pub fn scrape(port: u16, name: &str) -> Option<f64> {
         .send()
         .ok()?
         .text()
-        .ok()?;
-    crate::telemetry::sample(&body, name)
+        .ok()
 }

@@ -112,16 +112,7 @@ struct LockUse {
 type LockCounters = [f64; 5];
 
 fn lock_counters(metrics_port: Option<u16>) -> Option<LockCounters> {
-    let port = metrics_port?;
-    let body = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .ok()?
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .ok()?
-        .text()
-        .ok()?;
+    let body = super::cluster::metrics_text(metrics_port?)?;
     let get = |name: &str| crate::telemetry::sample(&body, name);
     Some([
         get("rbgctl_master_state_lock_acquisitions_total")?,
