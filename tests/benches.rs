@@ -489,6 +489,8 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
     assert!(r["master_bytes_per_object"].as_f64().is_some(), "{r}");
     assert!(r["master_cpu_at_rest"].as_f64().unwrap() < 0.5, "{r}");
     assert!(r["rebuild_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["store_leave_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["store_dropped_seconds"].as_f64().unwrap() > 0.0, "{r}");
     assert!(
         r["loopback_round_trips_per_s"].as_f64().unwrap() > 0.0,
         "{r}"

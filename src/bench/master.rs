@@ -83,6 +83,14 @@ struct Report {
     /// With its own master: from the start of a master killed with SIGKILL until it holds
     /// every object again (rebuilt from the store's report).
     rebuild_seconds: Option<f64>,
+    /// With its own master: the unmount of the store holding every object (the master drops
+    /// them all under its lock), after the rebuild.
+    store_leave_seconds: Option<f64>,
+    /// ... and until the master held none of its objects (dropped in steps, the lock let go
+    /// between them).
+    store_dropped_seconds: Option<f64>,
+    /// The restarted master's longest lock hold, over its rebuild and the store leaving (ms).
+    lock_longest_hold_rebuild_leave_ms: Option<f64>,
     errors: u64,
     /// With its own master: the longest hold of its state lock during the load, and over the
     /// whole run (ms).
@@ -574,6 +582,22 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
         report.rebuild_seconds = Some(t0.elapsed().as_secs_f64());
+
+        progress("the store leaves for good: the master drops every object");
+        let t0 = Instant::now();
+        paper.leave()?;
+        report.store_leave_seconds = Some(t0.elapsed().as_secs_f64());
+        let deadline = t0 + Duration::from_secs(600);
+        while scrape(port, "rbgctl_master_keys") != Some(0.0) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the master still holds objects of the store that left"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        report.store_dropped_seconds = Some(t0.elapsed().as_secs_f64());
+        // The restarted master's longest hold covers its rebuild and the store leaving.
+        report.lock_longest_hold_rebuild_leave_ms = lock_counters(Some(port)).map(|c| c[4] * 1e3);
     }
     paper.stop();
 
@@ -664,6 +688,17 @@ fn table(r: &Report) -> String {
             out,
             "master rebuild after SIGKILL: {s:.2} s until it held all {} objects again",
             r.objects
+        );
+    }
+    if let (Some(s), Some(d)) = (r.store_leave_seconds, r.store_dropped_seconds) {
+        let _ = writeln!(
+            out,
+            "store leaving with all {} objects: unmounted in {:.1} ms, every object dropped \
+             after {:.0} ms; longest lock hold over the rebuild and the leaving: {:.1} ms",
+            r.objects,
+            s * 1e3,
+            d * 1e3,
+            r.lock_longest_hold_rebuild_leave_ms.unwrap_or(f64::NAN)
         );
     }
     out

@@ -131,6 +131,19 @@ impl PaperStore {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// Stops heartbeating and unmounts the segment for good: the master drops every object in
+    /// it.
+    pub fn leave(&self) -> Result<(), TransferError> {
+        self.stop();
+        let req = UnmountReq {
+            client_id: self.client_id,
+            segment_id: self.segment_id(),
+            keep: false,
+        };
+        self.master
+            .with(|c| c.call::<_, ()>(Opcode::UnmountSegment, &req))
+    }
+
     fn mount(&self, recovering: bool) -> Result<(), TransferError> {
         let req = MountReq {
             client_id: self.client_id,

@@ -156,6 +156,13 @@ pub fn start(
                         last_summary = now;
                         tracing::info!("{}", summary_line(&st, now));
                     }
+                    // A store that left: its replicas go a step at a time, the lock let go
+                    // between steps.
+                    while st.dropping_replicas() {
+                        drop(st);
+                        st = state.lock();
+                        st.drop_replicas_step(state::DROP_STEP);
+                    }
                 }
             })?
     };

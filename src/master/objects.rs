@@ -318,6 +318,25 @@ impl ObjectTable {
         }
     }
 
+    /// `retain` over at most `budget` slots from slot `from`: returns where to go on, or `None`
+    /// once past the last slot. Slots never move, so a walk in steps (with other operations
+    /// between them) visits every object that was there when it began.
+    pub fn retain_some(
+        &mut self,
+        from: u32,
+        budget: usize,
+        mut keep: impl FnMut(&str, &mut Entry) -> bool,
+    ) -> Option<u32> {
+        let end = (from as usize).saturating_add(budget).min(self.slots.len());
+        for i in from as usize..end {
+            let slot = &mut self.slots[i];
+            if slot.list != List::Free && !keep(&slot.key, &mut slot.entry) {
+                self.remove_slot(i as u32);
+            }
+        }
+        (end < self.slots.len()).then_some(end as u32)
+    }
+
     /// Every kept key and entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
         self.slots
@@ -508,6 +527,11 @@ mod tests {
         t.retain(|k, _| k != "c");
         assert_eq!(t.order(), ["a", "e", "b"]);
         assert_eq!((t.len(), t.iter().count()), (3, 3));
+        // In steps: slot 0 is "a", 1 "b", 2 free ("c"), 3 "e" (where "d" was).
+        assert_eq!(t.retain_some(0, 2, |k, _| k != "b"), Some(2));
+        assert_eq!(t.order(), ["a", "e"]);
+        assert_eq!(t.retain_some(2, 5, |k, _| k != "e"), None);
+        assert_eq!(t.order(), ["a"]);
     }
 
     #[test]

@@ -37,6 +37,9 @@ use crate::transfer::Status;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+/// Object slots walked per step of dropping an unmounted segment's replicas (a few ms).
+pub const DROP_STEP: usize = 16_384;
+
 /// Incarnations of given-up segments remembered, so that a store returning after its grace
 /// period is told to start empty.
 const LOST_SEGMENTS_REMEMBERED: usize = 4096;
@@ -177,6 +180,9 @@ pub struct MasterState {
     /// The outbox sequence number the current operation must see delivered before it answers.
     forget_wait: u64,
     lost_segments: VecDeque<u64>,
+    /// Unmounted segments whose replicas are still being dropped, with the object slot to go
+    /// on from.
+    dropping: VecDeque<(u64, u32)>,
 }
 
 /// What the notifier has to deliver.
@@ -221,6 +227,7 @@ impl MasterState {
             eviction_log: VecDeque::new(),
             forget_wait: 0,
             lost_segments: VecDeque::new(),
+            dropping: VecDeque::new(),
         }
     }
 
@@ -423,8 +430,9 @@ impl MasterState {
             }
         }
         let discard = recovering && self.lost_segments.contains(&info.segment_uuid);
+        // Never the id of a segment whose replicas are still being dropped.
         let mut id = self.rng.u64(1..);
-        while self.segments.contains_key(&id) {
+        while self.segments.contains_key(&id) || self.dropping.iter().any(|d| d.0 == id) {
             id = self.rng.u64(1..);
         }
         tracing::info!(segment = %info.name, endpoint = %info.endpoint, size = info.size, client_id,
@@ -723,9 +731,29 @@ impl MasterState {
             c.segments.retain(|s| *s != segment_id);
         }
         self.deferred.retain(|d| d.segment_id != segment_id);
-        let mut dropped = 0u64;
-        let indexes = &mut self.indexes;
-        self.objects.retain(|_, e| {
+        self.reservations.drop_segment(segment_id);
+        tracing::info!(segment = %seg.info.name, "segment unmounted; dropping its replicas");
+        // Its replicas are unreadable from now on (no segment backs them); the objects they
+        // belonged to are walked in steps, the first one now (all of a small pool).
+        self.dropping.push_back((segment_id, 0));
+        self.drop_replicas_step(DROP_STEP);
+    }
+
+    /// Whether unmounted segments still have replicas to drop (`drop_replicas_step`).
+    pub fn dropping_replicas(&self) -> bool {
+        !self.dropping.is_empty()
+    }
+
+    /// Walks up to `budget` object slots dropping the replicas of unmounted segments; objects
+    /// left without a replica go. Returns whether more remains. The master's housekeeper calls
+    /// it until done, letting other operations in between: a store leaving with millions of
+    /// objects never holds the lock for long.
+    pub fn drop_replicas_step(&mut self, budget: usize) -> bool {
+        let Some(&(segment_id, from)) = self.dropping.front() else {
+            return false;
+        };
+        let (indexes, mut dropped) = (&mut self.indexes, 0u64);
+        let next = self.objects.retain_some(from, budget, |_, e| {
             if let Some(v) = &mut e.current {
                 v.replicas.retain(|r| r.segment_id != segment_id);
                 if v.replicas.is_empty() {
@@ -739,9 +767,19 @@ impl MasterState {
             }
             e.current.is_some() || e.pending.is_some()
         });
-        self.reservations.drop_segment(segment_id);
         self.counters.dropped_objects += dropped;
-        tracing::info!(segment = %seg.info.name, dropped_objects = dropped, "segment unmounted");
+        match next {
+            Some(at) => {
+                if let Some(front) = self.dropping.front_mut() {
+                    front.1 = at;
+                }
+            }
+            None => {
+                self.dropping.pop_front();
+                tracing::debug!(segment_id, "replicas of the unmounted segment dropped");
+            }
+        }
+        !self.dropping.is_empty()
     }
 
     /// The live segments, for clients.
@@ -1284,6 +1322,15 @@ impl MasterState {
                     .cloned()
                     .collect();
                 if replicas.is_empty() {
+                    // Every replica's store left for good: gone, even if its record is still
+                    // being dropped.
+                    if !v
+                        .replicas
+                        .iter()
+                        .any(|r| segments.contains_key(&r.segment_id))
+                    {
+                        return fail(Status::ObjectNotFound, format!("{key:?} not found"));
+                    }
                     return fail(
                         Status::ObjectUnavailable,
                         format!("{key:?} is on a store that is restarting"),
@@ -1978,6 +2025,58 @@ mod tests {
         assert_eq!(kept(&st), ["k0", "k1", "k2"]);
         put(&mut st, "m16", 64 << 10, 0, at(70));
         assert_eq!(kept(&st), ["k1", "k2"]);
+        st.objects.order();
+    }
+
+    #[test]
+    fn a_large_segment_unmounted_is_dropped_in_steps_and_its_objects_are_gone_at_once() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let (a, _) = st.mount(1, seg("a", 4 << 20), false, t0).unwrap();
+        st.mount(2, seg("b", 4 << 20), false, t0).unwrap();
+        let n = DROP_STEP + DROP_STEP / 2;
+        let on_a = ReplicateConfig {
+            preferred_segment: "a".into(),
+            ..ONE
+        };
+        for i in 0..n {
+            let key = format!("k{i}");
+            let (id, replicas) = st.put_start(7, &key, 64, &on_a, t0).unwrap();
+            assert_eq!(replicas[0].segment_id, a);
+            st.put_end(7, &key, id, 0, t0).unwrap();
+        }
+        let on_b = ReplicateConfig {
+            preferred_segment: "b".into(),
+            ..ONE
+        };
+        let (id, _) = st.put_start(7, "elsewhere", 64, &on_b, t0).unwrap();
+        st.put_end(7, "elsewhere", id, 0, t0).unwrap();
+        st.unmount(1, a, false, t0).unwrap();
+        // One step done; the rest waits, but nothing of the store is readable meanwhile.
+        assert!(st.dropping_replicas());
+        let last = format!("k{}", n - 1);
+        assert!(st.lookup(&last).is_some(), "not yet walked");
+        assert!(!st.exists(&last, t0));
+        assert_eq!(
+            st.get_replicas(&last, t0).unwrap_err().0,
+            Status::ObjectNotFound
+        );
+        // A new segment never takes the id of one being dropped, and a put of a key still
+        // being dropped replaces it.
+        put(&mut st, &last, 64, 0, t0);
+        assert!(st.exists(&last, t0));
+        while st.drop_replicas_step(DROP_STEP) {}
+        assert!(st.lookup("k0").is_none());
+        assert_eq!(st.counters.dropped_objects, n as u64 - 1);
+        assert_eq!(st.summary(t0).keys, 2);
+        assert_eq!(
+            (
+                st.summary(t0).keys,
+                st.summary(t0).soft_pinned_keys,
+                st.summary(t0).pending_puts
+            ),
+            st.recount(t0)
+        );
         st.objects.order();
     }
 
