@@ -13,9 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Objects per report request, as a real store sends them.
-const REPORT_CHUNK: usize = 4096;
-
 /// The store side: what the master sends a store.
 struct PaperService {
     connections: ConnCounters,
@@ -154,18 +151,12 @@ impl PaperStore {
         self.segment_id.store(resp.segment_id, Ordering::Relaxed);
         if recovering {
             let objects = self.objects.lock().clone();
-            let mut chunks: Vec<&[StoredObject]> = objects.chunks(REPORT_CHUNK).collect();
-            if chunks.is_empty() {
-                chunks.push(&[]);
-            }
-            let last = chunks.len() - 1;
-            for (i, chunk) in chunks.into_iter().enumerate() {
-                let req = ReportReq {
-                    client_id: self.client_id,
-                    segment_id: resp.segment_id,
-                    objects: chunk.to_vec(),
-                    done: i == last,
-                };
+            let requests = crate::store::registration::report_requests(
+                self.client_id,
+                resp.segment_id,
+                &objects,
+            );
+            for req in requests {
                 let _: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
             }
             self.reported.store(true, Ordering::SeqCst);

@@ -19,6 +19,26 @@ use std::time::Duration;
 /// Objects per `ReportObjects` request.
 const REPORT_CHUNK: usize = 8192;
 
+/// A store's report of the objects it kept, as the requests that carry it: chunks of
+/// `REPORT_CHUNK` records, the last one marked done (one empty request for no objects).
+pub fn report_requests(
+    client_id: u64,
+    segment_id: u64,
+    objects: &[crate::transfer::message::StoredObject],
+) -> impl Iterator<Item = ReportReq> + '_ {
+    let chunks = objects.len().div_ceil(REPORT_CHUNK).max(1);
+    (0..chunks).map(move |i| {
+        let from = (i * REPORT_CHUNK).min(objects.len());
+        let to = ((i + 1) * REPORT_CHUNK).min(objects.len());
+        ReportReq {
+            client_id,
+            segment_id,
+            objects: objects[from..to].to_vec(),
+            done: i + 1 == chunks,
+        }
+    })
+}
+
 pub struct Registration {
     pub client_id: u64,
     pub master: Pool,
@@ -163,18 +183,7 @@ impl Registration {
         let objects = index.snapshot();
         let total = objects.len();
         let mut dropped = 0;
-        let mut chunks: Vec<&[_]> = objects.chunks(REPORT_CHUNK).collect();
-        if chunks.is_empty() {
-            chunks.push(&[]);
-        }
-        let last = chunks.len() - 1;
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let req = ReportReq {
-                client_id: self.client_id,
-                segment_id,
-                objects: chunk.to_vec(),
-                done: i == last,
-            };
+        for req in report_requests(self.client_id, segment_id, &objects) {
             let resp: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
             dropped += resp.forget.len();
             if let Err(e) = index.forget(&resp.forget) {
