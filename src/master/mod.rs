@@ -156,12 +156,12 @@ pub fn start(
                         last_summary = now;
                         tracing::info!("{}", summary_line(&st, now));
                     }
-                    // A store that left: its replicas go a step at a time, the lock let go
-                    // between steps.
-                    while st.dropping_replicas() {
+                    // A store that left or came back: its replicas are dropped or confirmed a
+                    // step at a time, the lock let go between steps.
+                    while st.walking() {
                         drop(st);
                         st = state.lock();
-                        st.drop_replicas_step(state::DROP_STEP);
+                        st.walk_step(state::WALK_STEP);
                     }
                 }
             })?

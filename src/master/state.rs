@@ -37,8 +37,29 @@ use crate::transfer::Status;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-/// Object slots walked per step of dropping an unmounted segment's replicas (a few ms).
-pub const DROP_STEP: usize = 16_384;
+/// Object slots looked at per step of a walk over every object (a few ms under the lock).
+pub const WALK_STEP: usize = 16_384;
+
+/// A walk over every object slot, done in steps (`walk_step`) so that the lock is let go
+/// between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WalkKind {
+    /// Drop the replicas of an unmounted segment.
+    Drop,
+    /// A rebound segment's report is complete: drop the replicas its store did not confirm,
+    /// then make it live. The segment stays recovering (unreadable) until then.
+    Confirm,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Walk {
+    kind: WalkKind,
+    segment_id: u64,
+    /// The slot to go on from.
+    from: u32,
+    /// Objects left without a replica so far.
+    lost: u64,
+}
 
 /// Incarnations of given-up segments remembered, so that a store returning after its grace
 /// period is told to start empty.
@@ -180,9 +201,8 @@ pub struct MasterState {
     /// The outbox sequence number the current operation must see delivered before it answers.
     forget_wait: u64,
     lost_segments: VecDeque<u64>,
-    /// Unmounted segments whose replicas are still being dropped, with the object slot to go
-    /// on from.
-    dropping: VecDeque<(u64, u32)>,
+    /// Walks over every object in progress, the first one going on at each step.
+    walks: VecDeque<Walk>,
 }
 
 /// What the notifier has to deliver.
@@ -227,7 +247,7 @@ impl MasterState {
             eviction_log: VecDeque::new(),
             forget_wait: 0,
             lost_segments: VecDeque::new(),
-            dropping: VecDeque::new(),
+            walks: VecDeque::new(),
         }
     }
 
@@ -383,6 +403,9 @@ impl MasterState {
                 if let Some(c) = self.clients.get_mut(&old_client) {
                     c.segments.retain(|s| *s != id);
                 }
+                // A confirmation of its previous report stops: the new report confirms anew.
+                self.walks
+                    .retain(|w| !(w.kind == WalkKind::Confirm && w.segment_id == id));
                 let seg = self.segments.get_mut(&id).expect("looked up above");
                 tracing::info!(segment = %info.name, endpoint = %info.endpoint, was = seg.state.name(),
                     "store is back with its segment; waiting for its report");
@@ -432,7 +455,7 @@ impl MasterState {
         let discard = recovering && self.lost_segments.contains(&info.segment_uuid);
         // Never the id of a segment whose replicas are still being dropped.
         let mut id = self.rng.u64(1..);
-        while self.segments.contains_key(&id) || self.dropping.iter().any(|d| d.0 == id) {
+        while self.segments.contains_key(&id) || self.walks.iter().any(|w| w.segment_id == id) {
             id = self.rng.u64(1..);
         }
         tracing::info!(segment = %info.name, endpoint = %info.endpoint, size = info.size, client_id,
@@ -632,43 +655,16 @@ impl MasterState {
         let Some(seg) = self.segments.get_mut(&segment_id) else {
             return;
         };
-        let state = std::mem::replace(&mut seg.state, SegState::Live);
-        let name = seg.info.name.clone();
-        let SegState::Recovering { rebind, confirmed } = state else {
+        let SegState::Recovering { rebind, confirmed } = &seg.state else {
             return;
         };
-        let mut lost = 0u64;
-        if rebind {
-            let mut freed = Vec::new();
-            let indexes = &mut self.indexes;
-            self.objects.retain(|_, e| {
-                if let Some(v) = &mut e.current {
-                    let before = v.replicas.len();
-                    let size = v.size;
-                    v.replicas.retain(|r| {
-                        let gone = r.segment_id == segment_id && !confirmed.contains(&r.offset);
-                        if gone {
-                            freed.push((r.offset, size));
-                        }
-                        !gone
-                    });
-                    if v.replicas.len() < before && v.replicas.is_empty() {
-                        indexes.version_ended(v.object_id, v.soft_pin_until);
-                        e.current = None;
-                        lost += 1;
-                    }
-                }
-                e.current.is_some() || e.pending.is_some()
-            });
-            if let Some(seg) = self.segments.get_mut(&segment_id) {
-                for (offset, size) in freed {
-                    seg.alloc.release(offset, size);
-                }
-            }
+        if !*rebind {
+            tracing::info!(segment = %seg.info.name, adopted = confirmed.len(),
+                "segment recovered and live");
+            seg.state = SegState::Live;
+            return;
         }
-        self.counters.lost_objects += lost;
-        tracing::info!(segment = %name, rebind, confirmed = confirmed.len(), lost,
-            "segment recovered and live");
+        self.start_walk(WalkKind::Confirm, segment_id);
     }
 
     /// Unmounts a segment. With `keep` (a persistent store restarting), its objects are kept,
@@ -733,53 +729,113 @@ impl MasterState {
         self.deferred.retain(|d| d.segment_id != segment_id);
         self.reservations.drop_segment(segment_id);
         tracing::info!(segment = %seg.info.name, "segment unmounted; dropping its replicas");
-        // Its replicas are unreadable from now on (no segment backs them); the objects they
-        // belonged to are walked in steps, the first one now (all of a small pool).
-        self.dropping.push_back((segment_id, 0));
-        self.drop_replicas_step(DROP_STEP);
+        // Its replicas are unreadable from now on (no segment backs them).
+        self.start_walk(WalkKind::Drop, segment_id);
     }
 
-    /// Whether unmounted segments still have replicas to drop (`drop_replicas_step`).
-    pub fn dropping_replicas(&self) -> bool {
-        !self.dropping.is_empty()
+    /// Queues a walk and takes its first step now (the whole walk, in a small pool).
+    fn start_walk(&mut self, kind: WalkKind, segment_id: u64) {
+        self.walks.push_back(Walk {
+            kind,
+            segment_id,
+            from: 0,
+            lost: 0,
+        });
+        self.walk_step(WALK_STEP);
     }
 
-    /// Walks up to `budget` object slots dropping the replicas of unmounted segments; objects
-    /// left without a replica go. Returns whether more remains. The master's housekeeper calls
-    /// it until done, letting other operations in between: a store leaving with millions of
-    /// objects never holds the lock for long.
-    pub fn drop_replicas_step(&mut self, budget: usize) -> bool {
-        let Some(&(segment_id, from)) = self.dropping.front() else {
+    /// Whether a walk over every object is in progress (`walk_step`).
+    pub fn walking(&self) -> bool {
+        !self.walks.is_empty()
+    }
+
+    /// Takes the next step, over at most `budget` object slots, of the first walk: dropping
+    /// an unmounted segment's replicas, or a rebound segment's unconfirmed ones (objects left
+    /// without a replica go). Returns whether more remains. The master's housekeeper calls it
+    /// until done, letting other operations in between: a store leaving or coming back with
+    /// millions of objects never holds the lock for long.
+    pub fn walk_step(&mut self, budget: usize) -> bool {
+        let Some(&walk) = self.walks.front() else {
             return false;
         };
-        let (indexes, mut dropped) = (&mut self.indexes, 0u64);
-        let next = self.objects.retain_some(from, budget, |_, e| {
+        let segment_id = walk.segment_id;
+        let (segments, indexes) = (&self.segments, &mut self.indexes);
+        let confirmed = match (walk.kind, segments.get(&segment_id).map(|s| &s.state)) {
+            (WalkKind::Drop, _) => None,
+            (WalkKind::Confirm, Some(SegState::Recovering { confirmed, .. })) => Some(confirmed),
+            // Gone or away meanwhile: its replicas wait (away) or are dropped (unmounted).
+            (WalkKind::Confirm, _) => {
+                self.walks.pop_front();
+                return self.walking();
+            }
+        };
+        let (mut lost, mut freed) = (0u64, Vec::new());
+        let next = self.objects.retain_some(walk.from, budget, |_, e| {
+            let goes = |r: &ReplicaLoc| {
+                r.segment_id == segment_id && confirmed.is_none_or(|c| !c.contains(&r.offset))
+            };
             if let Some(v) = &mut e.current {
-                v.replicas.retain(|r| r.segment_id != segment_id);
-                if v.replicas.is_empty() {
+                let before = v.replicas.len();
+                let size = v.size;
+                v.replicas.retain(|r| {
+                    let gone = goes(r);
+                    if gone {
+                        freed.push((r.offset, size));
+                    }
+                    !gone
+                });
+                if v.replicas.len() < before && v.replicas.is_empty() {
                     indexes.version_ended(v.object_id, v.soft_pin_until);
                     e.current = None;
-                    dropped += 1;
+                    lost += 1;
                 }
             }
-            if let Some(p) = &mut e.pending {
+            // An unfinished put keeps its replicas on a rebound segment (its put end decides).
+            if let (Some(p), None) = (&mut e.pending, confirmed) {
                 p.replicas.retain(|r| r.segment_id != segment_id);
             }
             e.current.is_some() || e.pending.is_some()
         });
-        self.counters.dropped_objects += dropped;
-        match next {
-            Some(at) => {
-                if let Some(front) = self.dropping.front_mut() {
-                    front.1 = at;
-                }
-            }
-            None => {
-                self.dropping.pop_front();
-                tracing::debug!(segment_id, "replicas of the unmounted segment dropped");
+        if let Some(seg) = self.segments.get_mut(&segment_id) {
+            for (offset, size) in freed {
+                seg.alloc.release(offset, size);
             }
         }
-        !self.dropping.is_empty()
+        // Counted as they go: a walk cut short (its segment mounted again) keeps its count.
+        match walk.kind {
+            WalkKind::Drop => self.counters.dropped_objects += lost,
+            WalkKind::Confirm => self.counters.lost_objects += lost,
+        }
+        let lost = walk.lost + lost;
+        if let Some(at) = next {
+            if let Some(front) = self.walks.front_mut() {
+                front.from = at;
+                front.lost = lost;
+            }
+            return true;
+        }
+        self.walks.pop_front();
+        match walk.kind {
+            WalkKind::Drop => {
+                tracing::info!(
+                    segment_id,
+                    dropped_objects = lost,
+                    "unmounted segment's replicas dropped"
+                );
+            }
+            WalkKind::Confirm => {
+                if let Some(seg) = self.segments.get_mut(&segment_id) {
+                    let confirmed = match &seg.state {
+                        SegState::Recovering { confirmed, .. } => confirmed.len(),
+                        _ => 0,
+                    };
+                    seg.state = SegState::Live;
+                    tracing::info!(segment = %seg.info.name, rebind = true, confirmed, lost,
+                        "segment recovered and live");
+                }
+            }
+        }
+        self.walking()
     }
 
     /// The live segments, for clients.
@@ -2034,7 +2090,7 @@ mod tests {
         let t0 = Instant::now();
         let (a, _) = st.mount(1, seg("a", 4 << 20), false, t0).unwrap();
         st.mount(2, seg("b", 4 << 20), false, t0).unwrap();
-        let n = DROP_STEP + DROP_STEP / 2;
+        let n = WALK_STEP + WALK_STEP / 2;
         let on_a = ReplicateConfig {
             preferred_segment: "a".into(),
             ..ONE
@@ -2053,7 +2109,7 @@ mod tests {
         st.put_end(7, "elsewhere", id, 0, t0).unwrap();
         st.unmount(1, a, false, t0).unwrap();
         // One step done; the rest waits, but nothing of the store is readable meanwhile.
-        assert!(st.dropping_replicas());
+        assert!(st.walking());
         let last = format!("k{}", n - 1);
         assert!(st.lookup(&last).is_some(), "not yet walked");
         assert!(!st.exists(&last, t0));
@@ -2065,7 +2121,7 @@ mod tests {
         // being dropped replaces it.
         put(&mut st, &last, 64, 0, t0);
         assert!(st.exists(&last, t0));
-        while st.drop_replicas_step(DROP_STEP) {}
+        while st.walk_step(WALK_STEP) {}
         assert!(st.lookup("k0").is_none());
         assert_eq!(st.counters.dropped_objects, n as u64 - 1);
         assert_eq!(st.summary(t0).keys, 2);
@@ -2224,6 +2280,56 @@ mod tests {
         );
         assert_eq!(st.counters.lost_objects, 1);
         let _ = b;
+    }
+
+    #[test]
+    fn a_large_rebound_segment_is_confirmed_in_steps_and_readable_only_once_done() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let big = SegmentInfo {
+            segment_uuid: 42,
+            ..seg("a", 4 << 20)
+        };
+        let (id, _) = st.mount(1, big.clone(), true, t0).unwrap();
+        st.report(1, id, vec![], true, t0).unwrap();
+        let n = WALK_STEP + WALK_STEP / 2;
+        let records: Vec<StoredObject> = (0..n)
+            .map(|i| {
+                let key = format!("k{i}");
+                let d = put(&mut st, &key, 64, i as u32, t0);
+                stored(&key, &d)
+            })
+            .collect();
+        st.unmount(1, id, true, t0).unwrap();
+        // Back, twice: the first report's confirmation is cut short by the second mount, and
+        // must not drop what the second report confirms. k0 and the last key are lost.
+        let kept = &records[1..n - 1];
+        for client in [2, 3] {
+            assert_eq!(
+                st.mount(client, big.clone(), true, t0).unwrap(),
+                (id, false)
+            );
+            for chunk in kept.chunks(4096) {
+                st.report(client, id, chunk.to_vec(), false, t0).unwrap();
+            }
+            st.report(client, id, vec![], true, t0).unwrap();
+            assert!(st.walking(), "more objects than one step");
+            assert_eq!(
+                st.get_replicas("k1", t0).unwrap_err().0,
+                Status::ObjectUnavailable,
+                "unreadable until confirmed"
+            );
+        }
+        while st.walk_step(WALK_STEP) {}
+        assert!(st.segment(id).is_some_and(|s| s.is_live()));
+        assert_eq!(st.counters.lost_objects, 2);
+        assert!(st.lookup("k0").is_none() && st.lookup(&format!("k{}", n - 1)).is_none());
+        for r in kept.iter().step_by(1000) {
+            assert_eq!(st.get_replicas(&r.key, t0).unwrap().version, r.version);
+        }
+        let s = st.summary(t0);
+        assert_eq!(s.keys, n as u64 - 2);
+        assert_eq!((s.keys, s.soft_pinned_keys, s.pending_puts), st.recount(t0));
     }
 
     #[test]
