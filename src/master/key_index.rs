@@ -129,10 +129,12 @@ fn place(table: &mut [u64], e: u64) {
 }
 
 impl KeyIndex {
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

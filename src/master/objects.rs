@@ -168,10 +168,12 @@ impl Default for ObjectTable {
 }
 
 impl ObjectTable {
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -224,6 +226,7 @@ impl ObjectTable {
         self.find(key).map(|i| &mut self.slots[i as usize].entry)
     }
 
+    #[cfg(test)]
     pub fn contains_key(&self, key: &str) -> bool {
         self.find(key).is_some()
     }
@@ -345,6 +348,7 @@ impl ObjectTable {
             .map(|s| (&*s.key, &s.entry))
     }
 
+    #[cfg(test)]
     pub fn values(&self) -> impl Iterator<Item = &Entry> {
         self.iter().map(|(_, e)| e)
     }
