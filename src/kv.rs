@@ -6,7 +6,8 @@ use std::io::{IsTerminal, Read, Write};
 
 #[derive(Debug, Args)]
 pub struct KvArgs {
-    /// The master's RPC address (host:port); may stand before or after the operation.
+    /// The master's RPC address (host:port), or elected masters' `etcd://h1:2379;h2:2379/ID`
+    /// or `k8s://namespace/lease`; may stand before or after the operation.
     #[arg(
         long,
         global = true,

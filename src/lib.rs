@@ -18,6 +18,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod ha;
 pub mod hash;
 pub mod http_server;
 pub mod kube;

@@ -486,6 +486,12 @@ fn cases() -> Vec<Case> {
         "no segment has room",
     );
     c.error(
+        "error: a standby is not the leader",
+        Opcode::PutStart,
+        Status::NotLeader,
+        "this master is a standby; the leader is 10.0.0.2:50051 (epoch 7)",
+    );
+    c.error(
         "error: malformed, empty message",
         Opcode::Ping,
         Status::MalformedFrame,

@@ -31,11 +31,12 @@ pub use error::ClientError;
 
 use crate::config::mooncake::MooncakeEnv;
 use crate::config::ConfigError;
+use crate::ha::link::MasterLink;
 use crate::shutdown::Shutdown;
 use crate::store::config::StoreConfig;
 use crate::store::Store;
 use crate::transfer::message::*;
-use crate::transfer::{ConnOptions, Opcode, Pool, Transport};
+use crate::transfer::{ConnOptions, Opcode, Transport};
 use routes::{Route, Routes};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,7 +96,7 @@ impl ClientConfig {
             .master
             .clone()
             .ok_or_else(|| ConfigError::invalid("MOONCAKE_MASTER", "not set"))?;
-        crate::config::check_endpoint("MOONCAKE_MASTER", &master)?;
+        crate::config::check_master_address("MOONCAKE_MASTER", &master)?;
         let mut cfg = ClientConfig::new(master);
         if let Some(p) = &env.protocol {
             cfg.transport = p
@@ -118,7 +119,7 @@ struct Inner {
     cfg: ClientConfig,
     /// This client's id at the master, which ties its unfinished puts to its heartbeats.
     id: u64,
-    master: Pool,
+    master: MasterLink,
     routes: Routes,
     stop: Shutdown,
     meter: breakdown::Meter,
@@ -151,7 +152,12 @@ impl Client {
         };
         let inner = Arc::new(Inner {
             id: fastrand::u64(1..),
-            master: Pool::new(cfg.master.clone(), cfg.conn.clone()),
+            master: MasterLink::new(&cfg.master, cfg.conn.clone()).map_err(|e| {
+                ClientError::Config(Arc::new(ConfigError::invalid(
+                    "client.master",
+                    e.to_string(),
+                )))
+            })?,
             routes: Routes::new(
                 crate::transfer::local_host_id(),
                 cfg.same_host_shm,
@@ -448,7 +454,7 @@ impl Inner {
             .time(breakdown::Work::Master, || {
                 self.master.with(|c| c.call(op, req))
             })
-            .map_err(|e| ClientError::from_master(self.master.addr(), e))
+            .map_err(|e| ClientError::from_master(&self.master.addr(), e))
     }
 
     /// Runs a data-path call on `route` moving `bytes`, metered as a transfer, or as a copy

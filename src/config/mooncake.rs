@@ -11,7 +11,6 @@ use std::time::Duration;
 const IGNORED_MASTER_FLAGS: &[&str] = &[
     "allow_evict_soft_pinned_objects",
     "batch_oplog_retry_timeout_sec",
-    "cluster_id",
     "cxl_path",
     "cxl_size",
     "dynamic_replication_admission_qps_threshold",
@@ -20,7 +19,6 @@ const IGNORED_MASTER_FLAGS: &[&str] = &[
     "dynamic_replication_mode",
     "enable_cxl",
     "enable_disk_eviction",
-    "enable_ha",
     "enable_kv_events",
     "enable_metadata_cleanup_on_timeout",
     "enable_metric_reporting",
@@ -29,10 +27,7 @@ const IGNORED_MASTER_FLAGS: &[&str] = &[
     "enable_oplog",
     "enable_snapshot",
     "enable_snapshot_restore",
-    "etcd_endpoints",
     "global_file_segment_size",
-    "ha_backend_connstring",
-    "ha_backend_type",
     "kv_events_additional_salt",
     "kv_events_backend_id",
     "kv_events_bind_endpoint",
@@ -99,7 +94,7 @@ const IGNORED_MASTER_FLAGS: &[&str] = &[
     "stderrthreshold",
 ];
 
-const BOOL_FLAGS: &[&str] = &["enable_http_metadata_server"];
+const BOOL_FLAGS: &[&str] = &["enable_http_metadata_server", "enable_ha"];
 
 fn parse_bool(flag: &str, v: &str) -> Result<bool, ConfigError> {
     match v.to_ascii_lowercase().as_str() {
@@ -172,6 +167,12 @@ fn apply(
             args.put_start_release_timeout = Some(seconds(name, value)?)
         }
         "allocation_strategy" => args.allocation_strategy = Some(value.to_string()),
+        "enable_ha" => args.enable_ha = Some(parse_bool(name, value)?),
+        "etcd_endpoints" | "ha_backend_connstring" => {
+            args.ha_backend_connstring = Some(value.to_string())
+        }
+        "ha_backend_type" => args.ha_backend = Some(value.to_string()),
+        "cluster_id" => args.cluster_id = Some(value.to_string()),
         n if IGNORED_MASTER_FLAGS.contains(&n) => {
             tracing::info!(
                 flag = n,
@@ -393,6 +394,31 @@ mod tests {
         assert_eq!(a.eviction_high_watermark_ratio, Some(0.95));
         let c = a.resolve().unwrap();
         assert_eq!(c.eviction_high_watermark_ratio, 0.95);
+    }
+
+    #[test]
+    fn mooncake_ha_spellings() {
+        let a = parse_master_flags(&argv(
+            "--enable_ha=true --etcd_endpoints=127.0.0.1:2379;127.0.0.1:22379 --cluster_id prod",
+        ))
+        .unwrap();
+        let c = a.resolve().unwrap();
+        assert!(c.enable_ha);
+        assert_eq!(c.ha_backend_connstring, "127.0.0.1:2379;127.0.0.1:22379");
+        assert_eq!(c.cluster_id, "prod");
+        let a = parse_master_flags(&argv(
+            "--enable_ha --ha_backend_type=k8s --ha_backend_connstring=pool/masters",
+        ))
+        .unwrap();
+        let c = a.resolve().unwrap();
+        assert_eq!(c.ha_backend, crate::master::config::HaBackend::K8s);
+        assert_eq!(c.ha_backend_connstring, "pool/masters");
+        let e = parse_master_flags(&argv("--enable_ha --ha_backend_type=redis"))
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("etcd or k8s"), "{e}");
     }
 
     #[test]

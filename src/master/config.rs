@@ -83,6 +83,44 @@ pub struct MasterConfig {
     pub poll_spin_us: u64,
     /// Interval of the summary log line. Default 10 s.
     pub summary_interval_ms: Millis,
+    /// Run as one of several masters that elect a leader (`docs/ha.md`); the others stand by.
+    /// Default false.
+    pub enable_ha: bool,
+    /// Where the election happens: `etcd` (default) or `k8s` (a coordination.k8s.io Lease).
+    pub ha_backend: HaBackend,
+    /// For `etcd`: the endpoints, `h1:2379;h2:2379`. For `k8s`: `namespace/lease-name`.
+    /// Mooncake's `--etcd_endpoints` and `--ha_backend_connstring` set it. Default empty.
+    pub ha_backend_connstring: String,
+    /// The group's name: masters with the same id elect one leader; clients give it after the
+    /// endpoints (`etcd://h1:2379/ID`). Default `mooncake_cluster` (Mooncake's).
+    pub cluster_id: String,
+    /// How long the leader's lease lasts without renewal: the longest a dead leader blocks a
+    /// failover. Whole seconds, at least 1. Default 5 s.
+    pub ha_lease_ttl_ms: Millis,
+    /// The host other processes reach this master at, published to the election backend.
+    /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the address
+    /// this host's name resolves to.
+    pub advertise_host: String,
+}
+
+/// Where masters elect their leader.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HaBackend {
+    #[default]
+    Etcd,
+    K8s,
+}
+
+impl std::str::FromStr for HaBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "etcd" => Ok(HaBackend::Etcd),
+            "k8s" | "kubernetes" => Ok(HaBackend::K8s),
+            other => Err(format!("expected etcd or k8s, got {other:?}")),
+        }
+    }
 }
 
 impl Default for MasterConfig {
@@ -117,6 +155,12 @@ impl Default for MasterConfig {
             request_timeout_ms: Millis(Duration::from_secs(10)),
             poll_spin_us: 50,
             summary_interval_ms: Millis(Duration::from_secs(10)),
+            enable_ha: false,
+            ha_backend: HaBackend::Etcd,
+            ha_backend_connstring: String::new(),
+            cluster_id: crate::ha::DEFAULT_CLUSTER_ID.into(),
+            ha_lease_ttl_ms: Millis(Duration::from_secs(5)),
+            advertise_host: String::new(),
         }
     }
 }
@@ -204,6 +248,29 @@ pub struct MasterArgs {
     /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
+    /// Take part in leader election with other masters (see docs/ha.md). Default false.
+    #[arg(long, env = "RBGCTL_MASTER_ENABLE_HA", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_ha: Option<bool>,
+    /// Election backend: `etcd` (default) or `k8s` (a coordination.k8s.io/v1 Lease).
+    #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND")]
+    pub ha_backend: Option<String>,
+    /// etcd endpoints, `h1:2379;h2:2379` (same as --ha-backend-connstring with etcd).
+    /// Default: none (required with --enable-ha on etcd).
+    #[arg(long, env = "RBGCTL_MASTER_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+    /// etcd endpoints (`h1:2379;h2:2379`) or, for k8s, `namespace/lease-name`. Default: none.
+    #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND_CONNSTRING")]
+    pub ha_backend_connstring: Option<String>,
+    /// Masters with the same cluster id elect one leader. Default `mooncake_cluster`.
+    #[arg(long, env = "RBGCTL_MASTER_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// Leader lease TTL (`5s`; whole seconds, at least 1). Default 5 s.
+    #[arg(long, env = "RBGCTL_MASTER_HA_LEASE_TTL")]
+    pub ha_lease_ttl: Option<Millis>,
+    /// Host published for others to reach this master. Default: the RPC address, POD_IP or
+    /// the host name's address.
+    #[arg(long, env = "RBGCTL_MASTER_ADVERTISE_HOST")]
+    pub advertise_host: Option<String>,
 }
 
 impl MasterArgs {
@@ -243,7 +310,18 @@ impl MasterArgs {
             idle_timeout => idle_timeout_ms,
             request_timeout => request_timeout_ms,
             poll_spin_us => poll_spin_us,
+            enable_ha => enable_ha,
+            ha_backend_connstring => ha_backend_connstring,
+            etcd_endpoints => ha_backend_connstring,
+            cluster_id => cluster_id,
+            ha_lease_ttl => ha_lease_ttl_ms,
+            advertise_host => advertise_host,
         );
+        if let Some(s) = &self.ha_backend {
+            c.ha_backend = s
+                .parse()
+                .map_err(|e: String| ConfigError::invalid("master.ha_backend", e))?;
+        }
         if let Some(s) = &self.allocation_strategy {
             c.allocation_strategy = s
                 .parse()
@@ -300,6 +378,9 @@ impl MasterConfig {
                 "must not be shorter than put_start_discard_timeout_ms",
             ));
         }
+        if self.enable_ha {
+            self.validate_ha()?;
+        }
         for (field, host) in [
             ("master.rpc_address", &self.rpc_address),
             (
@@ -319,9 +400,145 @@ impl MasterConfig {
     }
 }
 
+impl MasterConfig {
+    fn validate_ha(&self) -> Result<(), ConfigError> {
+        let ttl = self.ha_lease_ttl_ms.0;
+        if ttl < Duration::from_secs(1) || ttl.subsec_nanos() != 0 {
+            return Err(ConfigError::invalid(
+                "master.ha_lease_ttl_ms",
+                format!(
+                    "must be whole seconds, at least 1 s (etcd leases count seconds), got {ttl:?}"
+                ),
+            ));
+        }
+        crate::ha::check_cluster_id(&self.cluster_id)
+            .map_err(|e| ConfigError::invalid("master.cluster_id", e))?;
+        let conn = self.ha_backend_connstring.trim();
+        match self.ha_backend {
+            HaBackend::Etcd => {
+                crate::ha::etcd::parse_endpoints(conn).map_err(|e| {
+                    ConfigError::invalid(
+                        "master.ha_backend_connstring (--etcd-endpoints)",
+                        e.to_string(),
+                    )
+                })?;
+            }
+            HaBackend::K8s => {
+                crate::ha::MasterAddress::parse(&format!("k8s://{conn}")).map_err(|e| {
+                    ConfigError::invalid(
+                        "master.ha_backend_connstring",
+                        format!("{e}; for k8s give namespace/lease-name"),
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the election backend is told about where to reach this master.
+    pub fn advertised_host(&self) -> Result<String, ConfigError> {
+        if !self.advertise_host.is_empty() {
+            return Ok(self.advertise_host.clone());
+        }
+        match self.rpc_address.parse::<std::net::IpAddr>() {
+            Ok(ip) if !ip.is_unspecified() => return Ok(self.rpc_address.clone()),
+            _ => {}
+        }
+        if let Some(ip) = crate::config::env_var("POD_IP") {
+            return Ok(ip);
+        }
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        use std::net::ToSocketAddrs;
+        (host.as_str(), 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.find(|a| !a.ip().is_loopback()))
+            .map(|a| a.ip().to_string())
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    "master.advertise_host",
+                    "the RPC server listens on every address and this host's name does not resolve \
+                     to one others can reach: set --advertise-host (or POD_IP)",
+                )
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ha_settings_are_checked_and_name_what_to_fix() {
+        let ok = MasterArgs {
+            enable_ha: Some(true),
+            etcd_endpoints: Some("127.0.0.1:2379;127.0.0.1:2380".into()),
+            cluster_id: Some("prod".into()),
+            ha_lease_ttl: Some(Millis(Duration::from_secs(2))),
+            ..Default::default()
+        };
+        let c = ok.resolve().unwrap();
+        assert_eq!(c.ha_backend, HaBackend::Etcd);
+        assert_eq!(c.ha_backend_connstring, "127.0.0.1:2379;127.0.0.1:2380");
+        for (args, field) in [
+            (
+                MasterArgs {
+                    etcd_endpoints: Some("".into()),
+                    ..ok.clone()
+                },
+                "etcd-endpoints",
+            ),
+            (
+                MasterArgs {
+                    etcd_endpoints: Some("h1".into()),
+                    ..ok.clone()
+                },
+                "no port",
+            ),
+            (
+                MasterArgs {
+                    cluster_id: Some("a/b".into()),
+                    ..ok.clone()
+                },
+                "master.cluster_id",
+            ),
+            (
+                MasterArgs {
+                    ha_lease_ttl: Some(Millis(Duration::from_millis(1500))),
+                    ..ok.clone()
+                },
+                "whole seconds",
+            ),
+            (
+                MasterArgs {
+                    ha_backend: Some("zk".into()),
+                    ..ok.clone()
+                },
+                "etcd or k8s",
+            ),
+            (
+                MasterArgs {
+                    ha_backend: Some("k8s".into()),
+                    ha_backend_connstring: Some("pool".into()),
+                    ..ok.clone()
+                },
+                "namespace/lease-name",
+            ),
+        ] {
+            let e = args.resolve().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        let c = MasterArgs {
+            rpc_address: Some("10.1.2.3".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(c.advertised_host().unwrap(), "10.1.2.3");
+    }
 
     #[test]
     fn defaults_match_mooncake() {

@@ -4,6 +4,7 @@
 use super::metadata::MetadataStore;
 use super::state::MasterState;
 use super::Shared;
+use crate::ha::lease::{LeaderHint, Leadership, Role};
 use crate::telemetry::PromText;
 use crate::transfer::Opcode;
 use axum::body::{Body, Bytes};
@@ -29,11 +30,52 @@ fn plain(status: u16, body: Vec<u8>, json: bool) -> Response {
     resp
 }
 
+/// A standby's answer to what only the leader serves: `307` to the same path at the leader
+/// (`pick` says which of its addresses), or `503` while no leader is known. `None` on the
+/// leader and on a master without HA.
+fn to_leader(
+    leadership: &Leadership,
+    pick: fn(&LeaderHint) -> Option<&str>,
+    uri: &Uri,
+) -> Option<Response> {
+    let Err(not_leader) = leadership.check(Instant::now()) else {
+        return None;
+    };
+    let target = not_leader.leader.as_ref().and_then(|h| {
+        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        pick(h).map(|addr| (format!("http://{addr}{path}"), h.epoch))
+    });
+    let body = serde_json::json!({
+        "error": not_leader.to_string(),
+        "role": "standby",
+        "leader": target.as_ref().map(|(url, _)| url),
+        "leader_epoch": target.as_ref().map(|(_, e)| e),
+    });
+    let mut resp = plain(
+        if target.is_some() { 307 } else { 503 },
+        body.to_string().into_bytes(),
+        true,
+    );
+    if let Some((url, _)) = target {
+        if let Ok(v) = header::HeaderValue::from_str(&url) {
+            resp.headers_mut().insert(header::LOCATION, v);
+        }
+    }
+    Some(resp)
+}
+
 /// Mooncake's metadata server: `GET/PUT/DELETE /metadata?key=…`, `GET /health`, 404 otherwise.
-pub fn metadata_router(store: Arc<Mutex<MetadataStore>>) -> Router {
+/// A standby sends `/metadata` to the leader's.
+pub fn metadata_router(store: Arc<Mutex<MetadataStore>>, leadership: Arc<Leadership>) -> Router {
     Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
         let store = store.clone();
+        let leadership = leadership.clone();
         async move {
+            if uri.path() == "/metadata" {
+                if let Some(r) = to_leader(&leadership, |h| h.metadata.as_deref(), &uri) {
+                    return r;
+                }
+            }
             match (uri.path(), method.as_str()) {
                 ("/metadata", m @ ("GET" | "PUT" | "DELETE")) => {
                     let r = store.lock().handle(m, uri.query(), &body);
@@ -49,6 +91,22 @@ pub fn metadata_router(store: Arc<Mutex<MetadataStore>>) -> Router {
 #[derive(Deserialize)]
 struct KeyQuery {
     key: Option<String>,
+}
+
+/// `/metrics` and `/health` are every master's own; the rest of the admin API is the leader's,
+/// and a standby sends it there.
+async fn leader_only(
+    State(shared): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let own = matches!(req.uri().path(), "/metrics" | "/health");
+    if !own {
+        if let Some(r) = to_leader(&shared.leadership, |h| Some(h.admin.as_str()), req.uri()) {
+            return r;
+        }
+    }
+    next.run(req).await
 }
 
 pub fn admin_router(shared: Arc<Shared>) -> Router {
@@ -68,14 +126,26 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
                 Json(serde_json::json!({"error": "not found"})),
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            leader_only,
+        ))
         .with_state(shared)
 }
 
+/// Alive is 200 whatever the role; `role` tells the leader (or the only master, `single`)
+/// from a standby, and a standby names the leader.
 async fn health(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let l = &shared.leadership;
+    let role = l.role(Instant::now());
+    let leader = l.hint();
     Json(serde_json::json!({
         "status": "ok",
-        "role": "leader",
-        "service_ready": true,
+        "role": role.name(),
+        "service_ready": role != Role::Standby,
+        "epoch": if role == Role::Standby { leader.as_ref().map_or(0, |h| h.epoch) } else { l.epoch() },
+        "leader": leader.as_ref().map(|h| &h.rpc),
+        "ha_error": shared.election.last_error.lock().clone(),
         "uptime_seconds": shared.started.elapsed().as_secs(),
     }))
 }
@@ -225,6 +295,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         (st.summary(now), st.counters.clone())
     };
     let mut p = PromText::new();
+    render_ha(&shared, now, &mut p);
     p.single(
         "rbgctl_master_used_bytes",
         "gauge",
@@ -393,4 +464,53 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         header::HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     resp
+}
+
+fn render_ha(shared: &Shared, now: Instant, p: &mut PromText) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let l = &shared.leadership;
+    let role = l.role(now);
+    let e = &shared.election;
+    p.family(
+        "rbgctl_master_ha_role",
+        "gauge",
+        "1 for this master's role: single (no HA), leader or standby.",
+    );
+    for r in [Role::Single, Role::Leader, Role::Standby] {
+        p.sample(
+            "rbgctl_master_ha_role",
+            &[("role", r.name())],
+            (r == role) as u8 as f64,
+        );
+    }
+    p.single(
+        "rbgctl_master_ha_epoch",
+        "gauge",
+        "Leadership epoch this master last led with (0: never led).",
+        l.epoch() as f64,
+    )
+    .single(
+        "rbgctl_master_ha_elections_won_total",
+        "counter",
+        "Elections this master won.",
+        e.elections_won.load(Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_ha_leadership_lost_total",
+        "counter",
+        "Times this master stopped leading without resigning (lease lost or ran out).",
+        e.leadership_lost.load(Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_ha_backend_errors_total",
+        "counter",
+        "Failed calls to the election backend.",
+        e.backend_errors.load(Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_ha_last_takeover_seconds",
+        "gauge",
+        "At the last election this master won: seconds from seeing the leadership change to leading.",
+        e.last_takeover_ms.load(Relaxed) as f64 / 1000.0,
+    );
 }

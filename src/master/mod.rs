@@ -23,6 +23,9 @@ pub mod state;
 
 use self::lock::StateLock;
 use crate::config::human_bytes;
+use crate::ha::elector::{self, ElectionStats};
+use crate::ha::lease::Leadership;
+use crate::ha::MasterView;
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::OpStats;
@@ -42,6 +45,10 @@ pub enum MasterError {
     Bind(#[from] BindError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("high availability: {0}")]
+    Ha(#[from] crate::ha::HaError),
 }
 
 /// State shared by the RPC threads, the housekeeper and the HTTP handlers.
@@ -49,6 +56,85 @@ pub struct Shared {
     pub state: Arc<StateLock>,
     pub service: Arc<rpc::MasterService>,
     pub started: Instant,
+    pub leadership: Arc<Leadership>,
+    pub election: Arc<ElectionStats>,
+}
+
+/// What an election does to the master: a master elected or deposed forgets everything, as a
+/// restarted one does, and rebuilds from its stores' reports.
+struct ElectionHooks {
+    state: Arc<StateLock>,
+    service: Arc<rpc::MasterService>,
+    reservation_ttl: Duration,
+}
+
+impl elector::Hooks for ElectionHooks {
+    fn elected(&mut self, _epoch: u64) {
+        self.state.lock().reset();
+        self.service.notifier.reset();
+        *self.service.allocations_from.lock() = Instant::now() + self.reservation_ttl;
+    }
+
+    fn deposed(&mut self) {
+        self.state.lock().reset();
+        self.service.notifier.reset();
+    }
+}
+
+/// Starts the election thread of an HA master.
+fn spawn_election(
+    cfg: &MasterConfig,
+    addrs: &Addrs,
+    shared: &Shared,
+    shutdown: Shutdown,
+) -> Result<std::thread::JoinHandle<()>, MasterError> {
+    let ttl = cfg.ha_lease_ttl_ms.0;
+    let host = cfg.advertised_host()?;
+    let identity = format!("{}/{}", hostname(), std::process::id());
+    let view = MasterView {
+        rpc: format!("{host}:{}", addrs.rpc.port()),
+        admin: format!("{host}:{}", addrs.metrics.port()),
+        metadata: addrs.metadata.map(|a| format!("{host}:{}", a.port())),
+        id: identity.clone(),
+    };
+    let backend: Box<dyn elector::Backend> = match cfg.ha_backend {
+        config::HaBackend::Etcd => {
+            let endpoints = crate::ha::etcd::parse_endpoints(&cfg.ha_backend_connstring)
+                .map_err(|e| MasterError::Ha(e.into()))?;
+            let etcd = crate::ha::etcd::Etcd::new(endpoints, ttl.min(Duration::from_secs(2)))
+                .map_err(|e| MasterError::Ha(e.into()))?;
+            Box::new(elector::EtcdBackend::new(etcd, &cfg.cluster_id, ttl))
+        }
+        config::HaBackend::K8s => {
+            let (ns, name) = cfg
+                .ha_backend_connstring
+                .trim()
+                .split_once('/')
+                .unwrap_or(("default", cfg.ha_backend_connstring.trim()));
+            let api = crate::ha::kube_lease::LeaseApi::from_env(ns, name)?;
+            Box::new(crate::ha::kube_lease::KubeLeaseBackend::new(
+                api, &identity, ttl,
+            ))
+        }
+    };
+    tracing::info!(backend = %backend.describe(), rpc = %view.rpc, ttl = ?ttl, "master high availability on: standing by until elected");
+    let hooks = Box::new(ElectionHooks {
+        state: shared.state.clone(),
+        service: shared.service.clone(),
+        reservation_ttl: cfg.put_reservation_ttl_ms.0,
+    });
+    let (leadership, stats) = (shared.leadership.clone(), shared.election.clone());
+    Ok(std::thread::Builder::new()
+        .name("master-election".into())
+        .spawn(move || elector::run(backend, view, leadership, hooks, stats, ttl, shutdown))?)
+}
+
+/// This host's name, for the identity a master elects with.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into())
 }
 
 /// The log line printed every `summary_interval`: storage used/total, keys, soft-pinned, clients.
@@ -125,20 +211,32 @@ pub fn start(
 ) -> Result<Handle, MasterError> {
     let addrs = listeners.addrs()?;
     let state = Arc::new(StateLock::new(MasterState::new(cfg.clone())));
-    let notifier = notifier::Notifier::new(state.clone(), cfg.store_read_lease());
+    let leadership = Arc::new(match cfg.enable_ha {
+        true => Leadership::elected(),
+        false => Leadership::single(),
+    });
+    let notifier =
+        notifier::Notifier::new(state.clone(), leadership.clone(), cfg.store_read_lease());
     let notifier_thread = notifier.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
         notifier,
         stats: Arc::new(OpStats::default()),
         connections: Default::default(),
-        allocations_from: Instant::now() + cfg.put_reservation_ttl_ms.0,
+        allocations_from: parking_lot::Mutex::new(Instant::now() + cfg.put_reservation_ttl_ms.0),
+        leadership: leadership.clone(),
     });
     let shared = Arc::new(Shared {
         state: state.clone(),
         service: service.clone(),
         started: Instant::now(),
+        leadership,
+        election: Default::default(),
     });
+    let election = match cfg.enable_ha {
+        true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),
+        false => None,
+    };
     let mut rpc = server::spawn(listeners.rpc, service.clone(), cfg.server_options())?;
     tracing::info!(addr = %rpc.addr, "master RPC listening");
     let housekeeper = {
@@ -177,7 +275,7 @@ pub fn start(
     tracing::info!(addr = %addrs.metrics, "master metrics and admin API listening");
     runtime.spawn(crate::http_server::serve(
         metrics,
-        http::admin_router(shared),
+        http::admin_router(shared.clone()),
         shutdown.clone(),
     ));
     if let Some(listener) = metadata {
@@ -193,7 +291,7 @@ pub fn start(
         };
         runtime.spawn(crate::http_server::serve_with(
             listener,
-            http::metadata_router(store),
+            http::metadata_router(store, shared.leadership.clone()),
             shutdown.clone(),
             limits,
         ));
@@ -203,6 +301,10 @@ pub fn start(
     Ok(Handle::spawn("master", addrs, shutdown, move || {
         runtime.block_on(stop.wait());
         tracing::info!("master stopping");
+        if let Some(e) = election {
+            // Resigns first, so that a standby takes over before this master's RPC stops.
+            let _ = e.join();
+        }
         rpc.stop();
         let _ = housekeeper.join();
         let _ = notifier_thread.join();

@@ -58,6 +58,8 @@ struct Delivered {
 
 pub struct Notifier {
     state: Arc<StateLock>,
+    /// Only a leader (or a master without HA) tells stores anything.
+    leadership: Arc<crate::ha::lease::Leadership>,
     lease: Duration,
     delivered: Mutex<Delivered>,
     delivered_cv: Condvar,
@@ -71,9 +73,14 @@ pub struct Notifier {
 
 impl Notifier {
     /// `lease`: the stores' read lease (0: never renewed, cached locations off).
-    pub fn new(state: Arc<StateLock>, lease: Duration) -> Arc<Notifier> {
+    pub fn new(
+        state: Arc<StateLock>,
+        leadership: Arc<crate::ha::lease::Leadership>,
+        lease: Duration,
+    ) -> Arc<Notifier> {
         Arc::new(Notifier {
             state,
+            leadership,
             lease,
             delivered: Mutex::new(Delivered::default()),
             delivered_cv: Condvar::new(),
@@ -100,9 +107,18 @@ impl Notifier {
                         }
                         *w = false;
                     }
-                    me.flush();
+                    if me.leadership.check(Instant::now()).is_ok() {
+                        me.flush();
+                    }
                 }
             })
+    }
+
+    /// Forgets everything owed (the master's state was reset: it was elected or deposed).
+    pub fn reset(&self) {
+        self.endpoints.lock().clear();
+        *self.delivered.lock() = Delivered::default();
+        self.delivered_cv.notify_all();
     }
 
     pub fn wake(&self) {

@@ -19,9 +19,12 @@ pub struct MasterService {
     pub notifier: Arc<Notifier>,
     pub stats: Arc<OpStats>,
     pub connections: crate::transfer::server::ConnCounters,
-    /// No space is allocated before this: one put reservation TTL after the master started,
-    /// so that no client still writes into a reservation of a master that ran before.
-    pub allocations_from: Instant,
+    /// No space is allocated before this: one put reservation TTL after the master started
+    /// (or was elected), so that no client still writes into a reservation of a master that
+    /// ran before.
+    pub allocations_from: parking_lot::Mutex<Instant>,
+    /// Whether this master may answer (always, without HA).
+    pub leadership: Arc<crate::ha::lease::Leadership>,
 }
 
 fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
@@ -266,7 +269,8 @@ impl MasterService {
     /// Holds an allocating request that arrived at `now` until `allocations_from` (only just
     /// after a start); answers the time it goes on at.
     fn wait_for_allocations(&self, now: Instant) -> Instant {
-        let left = self.allocations_from.saturating_duration_since(now);
+        let from = *self.allocations_from.lock();
+        let left = from.saturating_duration_since(now);
         if left.is_zero() {
             return now;
         }
@@ -319,6 +323,14 @@ impl Service for MasterService {
         io: &mut ServerIo<'_>,
     ) -> Result<(), TransferError> {
         let t0 = Instant::now();
+        match self.leadership.check(t0) {
+            Ok(Some(stamp)) => io.stamp(stamp),
+            Ok(None) => {}
+            Err(not_leader) => {
+                self.stats.record(req.opcode, false, t0.elapsed());
+                return io.error(Status::NotLeader, &not_leader.to_string());
+            }
+        }
         let result = self.dispatch(op, meta, io);
         let ok = matches!(result, Ok(true));
         self.stats.record(req.opcode, ok, t0.elapsed());

@@ -251,6 +251,14 @@ impl MasterState {
         }
     }
 
+    /// Forgets every segment, object and client, as a freshly started master knows nothing
+    /// (a master elected leader, or deposed); the counters carry on.
+    pub fn reset(&mut self) {
+        let counters = std::mem::take(&mut self.counters);
+        *self = MasterState::new(self.cfg.clone());
+        self.counters = counters;
+    }
+
     /// A new version: above every version issued or reported, and at least the wall clock in
     /// microseconds (so a restarted master's versions beat the ones stores kept).
     fn next_version(&mut self) -> u64 {

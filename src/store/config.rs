@@ -3,7 +3,7 @@
 //! each field. Example: `config/store.toml`.
 
 use crate::config::mooncake::MooncakeEnv;
-use crate::config::{check_endpoint, load_toml, ByteSize, ConfigError, Millis};
+use crate::config::{check_master_address, load_toml, ByteSize, ConfigError, Millis};
 use crate::transfer::Transport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -255,7 +255,7 @@ impl StoreConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_endpoint("store.master", &self.master)?;
+        check_master_address("store.master", &self.master)?;
         self.protocol.check_built("store.protocol")?;
         self.server_options().validate()?;
         if self.segment_size.0 != 0 && self.segment_size.0 < 4096 {

@@ -207,7 +207,8 @@ impl Store {
             lease,
             metadata_server,
             cfg.heartbeat_interval_ms.0,
-        );
+        )
+        .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
         let registration = Arc::new(registration);
         let reg = registration.clone();
@@ -472,7 +473,7 @@ fn http_router(status: Arc<StoreStatus>) -> axum::Router {
         let error = reg.last_error();
         let body = serde_json::json!({"status": if mounted {"ok"} else {"unregistered"},
             "segment": status.name, "endpoint": status.endpoint, "mounted": mounted,
-            "master": reg.master.addr(),
+            "master": &*reg.master.addr(),
             "master_reachable": reg.reachable.load(Ordering::Relaxed), "error": error});
         let code = match mounted {
             true => StatusCode::OK,

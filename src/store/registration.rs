@@ -6,12 +6,13 @@
 
 use super::index::{DurableIndex, Records};
 use super::server::ReadLease;
+use crate::ha::link::MasterLink;
 use crate::shutdown::Shutdown;
 use crate::transfer::message::{
     ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo,
     UnmountReq,
 };
-use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
+use crate::transfer::{ConnOptions, Opcode, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +42,7 @@ pub fn report_requests(
 
 pub struct Registration {
     pub client_id: u64,
-    pub master: Pool,
+    pub master: MasterLink,
     pub segment: Option<SegmentInfo>,
     /// What the segment holds (the durable index of a persistent store).
     pub records: Arc<Records>,
@@ -85,15 +86,15 @@ impl Registration {
         lease: Arc<ReadLease>,
         metadata_server: Option<String>,
         interval: Duration,
-    ) -> Registration {
+    ) -> Result<Registration, crate::ha::HaError> {
         let opts = ConnOptions {
             io_timeout: Duration::from_secs(3),
             spin: Duration::ZERO,
             ..ConnOptions::default()
         };
-        Registration {
+        Ok(Registration {
             client_id: fastrand::u64(1..),
-            master: Pool::new(master, opts),
+            master: MasterLink::new(master, opts)?,
             segment,
             records,
             lease,
@@ -109,7 +110,7 @@ impl Registration {
             reachable: std::sync::atomic::AtomicBool::new(false),
             used_bytes: AtomicU64::new(0),
             usage_asked: parking_lot::Mutex::new(None),
-        }
+        })
     }
 
     pub fn mounted(&self) -> bool {
@@ -154,7 +155,7 @@ impl Registration {
         }
         let previous = self.segment_id.swap(resp.segment_id, Ordering::SeqCst);
         if previous != resp.segment_id {
-            tracing::info!(segment = %seg.name, segment_id = resp.segment_id, master = self.master.addr(), "segment mounted");
+            tracing::info!(segment = %seg.name, segment_id = resp.segment_id, master = %self.master.addr(), "segment mounted");
             if let Some(url) = &self.metadata_server {
                 if let Some(http) = self.metadata_http() {
                     publish_descriptor(http, url, seg);
@@ -265,7 +266,7 @@ impl Registration {
                 Ok(()) => {
                     if let Some(t) = failing_since.take() {
                         tracing::info!(
-                            master = self.master.addr(),
+                            master = %self.master.addr(),
                             down_s = t.elapsed().as_secs(),
                             "master reachable again"
                         );
@@ -283,7 +284,7 @@ impl Registration {
                             "{e} (waited {} s for it to go)",
                             self.conflict_wait.as_secs()
                         );
-                        tracing::error!(master = self.master.addr(), error = %why, "stopping: the segment name is taken");
+                        tracing::error!(master = %self.master.addr(), error = %why, "stopping: the segment name is taken");
                         *self.failure.lock() = Some(why);
                         self.fatal.trigger();
                         return;
@@ -291,7 +292,7 @@ impl Registration {
                     if since.elapsed() < self.interval
                         || last_log.elapsed() >= Duration::from_secs(5)
                     {
-                        tracing::warn!(master = self.master.addr(), error = %e,
+                        tracing::warn!(master = %self.master.addr(), error = %e,
                             wait_s = self.conflict_wait.as_secs(), "segment name taken; waiting for the other store to go");
                         last_log = std::time::Instant::now();
                     }
@@ -303,7 +304,7 @@ impl Registration {
                     let first = failing_since.is_none();
                     let since = *failing_since.get_or_insert_with(std::time::Instant::now);
                     if first || last_log.elapsed() >= UNREACHABLE_LOG_EVERY {
-                        tracing::warn!(master = self.master.addr(), error = %e,
+                        tracing::warn!(master = %self.master.addr(), error = %e,
                             failing_s = since.elapsed().as_secs(), "cannot reach the master; retrying");
                         last_log = std::time::Instant::now();
                     }
@@ -394,7 +395,8 @@ mod tests {
             Arc::default(),
             Some("http://127.0.0.1:1/metadata".into()),
             Duration::from_secs(1),
-        );
+        )
+        .unwrap();
         let first: *const reqwest::blocking::Client = r.metadata_http().expect("a client");
         let again: *const reqwest::blocking::Client = r.metadata_http().expect("a client");
         assert_eq!(first, again, "one client for every publication");

@@ -9,6 +9,9 @@ pub const HEADER_LEN: usize = 32;
 /// Message fields are small; anything larger is a malformed or hostile frame.
 pub const MAX_META_LEN: u32 = 16 << 20;
 pub const FLAG_RESPONSE: u16 = 1;
+/// On a response: the meta starts with the answering master's leadership epoch (8 bytes,
+/// little-endian), set by elected masters (HA); the rest of the meta follows it.
+pub const FLAG_EPOCH: u16 = 2;
 
 /// Operation codes. Master operations are 0x01–0x3f, store operations 0x40–0x4f.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -151,6 +154,7 @@ pub enum Status {
     SegmentExists = 19,
     WriteSuperseded = 20,
     ObjectUnavailable = 21,
+    NotLeader = 22,
 }
 
 impl Status {
@@ -172,6 +176,7 @@ impl Status {
             19 => Status::SegmentExists,
             20 => Status::WriteSuperseded,
             21 => Status::ObjectUnavailable,
+            22 => Status::NotLeader,
             _ => Status::Internal,
         }
     }
@@ -195,6 +200,7 @@ impl Status {
             Status::SegmentExists => "SEGMENT_EXISTS",
             Status::WriteSuperseded => "WRITE_SUPERSEDED",
             Status::ObjectUnavailable => "OBJECT_UNAVAILABLE",
+            Status::NotLeader => "NOT_LEADER",
         }
     }
 }
@@ -222,6 +228,7 @@ impl Status {
             Status::ObjectUnavailable => {
                 "every replica is on a store that is restarting; retry shortly"
             }
+            Status::NotLeader => "this master is not the leader; ask the leader",
         }
     }
 }

@@ -35,6 +35,11 @@ pub enum TransferError {
     },
     #[error("{status}: {message}")]
     Remote { status: Status, message: String },
+    /// An answer from a master of an older leadership epoch than one already heard from.
+    #[error(
+        "answer from a deposed master (epoch {got}, the leader's is at least {known}); refused"
+    )]
+    StaleEpoch { got: u64, known: u64 },
 }
 
 /// A copy for each of several requests that one failure ended (a broken pipelined connection).
@@ -56,6 +61,10 @@ impl Clone for TransferError {
                 status: *status,
                 message: message.clone(),
             },
+            TransferError::StaleEpoch { got, known } => TransferError::StaleEpoch {
+                got: *got,
+                known: *known,
+            },
         }
     }
 }
@@ -72,6 +81,24 @@ impl TransferError {
     /// True when the connection can no longer be used (as opposed to an error answer).
     pub fn breaks_connection(&self) -> bool {
         !matches!(self, TransferError::Remote { .. })
+    }
+
+    /// True when the master answering may no longer be the leader: it could not be reached,
+    /// said it is not the leader, or spoke for an older epoch. Worth finding the leader again.
+    pub fn leader_may_have_moved(&self) -> bool {
+        match self {
+            TransferError::Remote { status, .. } => *status == Status::NotLeader,
+            _ => true,
+        }
+    }
+
+    /// True when the request surely did nothing at a leader (it never reached one, or a
+    /// standby or fenced master refused it): safe to send again to the new leader.
+    pub fn not_done_by_a_leader(&self) -> bool {
+        matches!(
+            self,
+            TransferError::Connect { .. } | TransferError::StaleEpoch { .. }
+        ) || self.status() == Some(Status::NotLeader)
     }
 }
 

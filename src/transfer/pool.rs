@@ -1,12 +1,14 @@
 //! The client side of a connection: numbered requests with their replies, and a pool of idle
 //! connections per peer so that connections are reused.
 
-use super::frame::{Header, Opcode, Status};
+use super::frame::{Header, Opcode, Status, FLAG_EPOCH};
 use super::message::Wire;
 use super::stream::FramedStream;
 use super::TransferError;
 use parking_lot::Mutex;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Connection settings of a client.
@@ -34,6 +36,9 @@ pub struct Connection {
     pub io: FramedStream,
     next_id: u64,
     pub peer: String,
+    /// The highest leadership epoch heard from the elected masters this connection's pool
+    /// follows: an answer of an older epoch is refused.
+    fence: Option<Arc<AtomicU64>>,
 }
 
 impl Connection {
@@ -60,6 +65,7 @@ impl Connection {
             io,
             next_id: 1,
             peer: addr.to_string(),
+            fence: None,
         })
     }
 
@@ -91,13 +97,32 @@ impl Connection {
     /// Reads the reply to request `id` (replies come in request order). An error answer becomes
     /// `TransferError::Remote`; its payload, if any, is skipped.
     pub fn recv(&mut self, id: u64) -> Result<(Header, Vec<u8>), TransferError> {
-        let (header, meta) = self.io.read_frame(true)?;
+        let (header, mut meta) = self.io.read_frame(true)?;
         if !header.is_response() || header.request_id != id {
             return Err(TransferError::Protocol(format!(
                 "expected the reply to request {id}, got frame {} (response: {})",
                 header.request_id,
                 header.is_response()
             )));
+        }
+        let mut epoch = 0;
+        if header.flags & FLAG_EPOCH != 0 {
+            let Some(e) = meta.get(..8) else {
+                return Err(TransferError::Protocol(
+                    "an epoch-stamped answer shorter than its epoch".into(),
+                ));
+            };
+            epoch = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+            meta.drain(..8);
+        }
+        // A standby's refusal carries no epoch and is no answer to fence: it says where to go.
+        let refused = header.status == Status::NotLeader as u16;
+        if let (Some(fence), false) = (&self.fence, refused) {
+            let known = fence.fetch_max(epoch, Ordering::AcqRel);
+            if epoch < known {
+                self.io.discard_data()?;
+                return Err(TransferError::StaleEpoch { got: epoch, known });
+            }
         }
         let status = Status::from_u16(header.status);
         if status != Status::Ok {
@@ -132,9 +157,11 @@ impl Connection {
 /// Idle connections to one peer. `get` hands out a connection that goes back to the pool when
 /// dropped, unless an error made it unusable.
 pub struct Pool {
-    addr: String,
+    /// The peer; an elected master's link moves it when the leader changes.
+    addr: parking_lot::RwLock<Arc<str>>,
     opts: ConnOptions,
     idle: Mutex<Vec<Connection>>,
+    fence: Option<Arc<AtomicU64>>,
 }
 
 /// Most idle connections kept per peer.
@@ -143,14 +170,34 @@ const MAX_IDLE: usize = 64;
 impl Pool {
     pub fn new(addr: impl Into<String>, opts: ConnOptions) -> Pool {
         Pool {
-            addr: addr.into(),
+            addr: parking_lot::RwLock::new(Arc::from(addr.into())),
             opts,
             idle: Mutex::new(Vec::new()),
+            fence: None,
         }
     }
 
-    pub fn addr(&self) -> &str {
-        &self.addr
+    /// Refuses answers of an epoch below the highest seen in `fence` (elected masters).
+    pub fn with_fence(mut self, fence: Arc<AtomicU64>) -> Pool {
+        self.fence = Some(fence);
+        self
+    }
+
+    pub fn addr(&self) -> Arc<str> {
+        self.addr.read().clone()
+    }
+
+    /// Points the pool at another peer (the new leader); idle connections to the old one go.
+    pub fn set_addr(&self, addr: &str) {
+        *self.addr.write() = Arc::from(addr);
+        self.idle.lock().clear();
+    }
+
+    fn connect(&self) -> Result<Connection, TransferError> {
+        let addr = self.addr();
+        let mut conn = Connection::connect(&addr, &self.opts)?;
+        conn.fence = self.fence.clone();
+        Ok(conn)
     }
 
     pub fn get(&self) -> Result<PooledConnection<'_>, TransferError> {
@@ -158,7 +205,7 @@ impl Pool {
         let reused = idle.is_some();
         let conn = match idle {
             Some(c) => c,
-            None => Connection::connect(&self.addr, &self.opts)?,
+            None => self.connect()?,
         };
         Ok(PooledConnection {
             pool: self,
@@ -171,7 +218,7 @@ impl Pool {
     pub fn get_fresh(&self) -> Result<PooledConnection<'_>, TransferError> {
         Ok(PooledConnection {
             pool: self,
-            conn: Some(Connection::connect(&self.addr, &self.opts)?),
+            conn: Some(self.connect()?),
             reused: false,
         })
     }
@@ -201,7 +248,7 @@ impl Pool {
                 }
             }
         }
-        let mut conn = Connection::connect(&self.addr, &self.opts)?;
+        let mut conn = self.connect()?;
         let result = f(&mut conn);
         match &result {
             Ok(_) => self.put_back(conn),
@@ -213,7 +260,7 @@ impl Pool {
 
     fn put_back(&self, conn: Connection) {
         let mut idle = self.idle.lock();
-        if idle.len() < MAX_IDLE {
+        if idle.len() < MAX_IDLE && *conn.peer == *self.addr.read().as_ref() {
             idle.push(conn);
         }
     }

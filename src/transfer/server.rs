@@ -137,6 +137,9 @@ pub struct ServerIo<'a> {
     stream: &'a mut FramedStream,
     req: Header,
     replied: bool,
+    /// An elected master's epoch and the instant its lease may run out: stamped on the reply,
+    /// and a success past that instant goes out as `NOT_LEADER` instead.
+    stamp: Option<crate::ha::lease::Stamp>,
 }
 
 impl ServerIo<'_> {
@@ -157,6 +160,11 @@ impl ServerIo<'_> {
         self.stream.discard_data()
     }
 
+    /// Answers as the leader of `stamp.epoch`, as long as its lease lasts.
+    pub fn stamp(&mut self, stamp: crate::ha::lease::Stamp) {
+        self.stamp = Some(stamp);
+    }
+
     /// Sends the reply: status, meta, and a payload written straight from `data`.
     pub fn reply(
         &mut self,
@@ -170,9 +178,27 @@ impl ServerIo<'_> {
             ));
         }
         self.replied = true;
+        let Some(stamp) = self.stamp else {
+            let data_len = data.iter().map(|d| d.len() as u64).sum();
+            let header = Header::response(&self.req, status, meta.len(), data_len);
+            return self.stream.write_frame(&header, meta, data);
+        };
+        // The last moment before the answer leaves: a leader whose lease may have run out
+        // meanwhile (it was paused, or the request took long) acknowledges nothing.
+        let late = "this master's leadership lease ran out before it could answer; \
+                    what the request did may or may not stand: ask the leader";
+        let (status, meta, data) = if std::time::Instant::now() >= stamp.until {
+            (Status::NotLeader, late.as_bytes(), &[][..])
+        } else {
+            (status, meta, data)
+        };
+        let mut stamped = Vec::with_capacity(8 + meta.len());
+        stamped.extend_from_slice(&stamp.epoch.to_le_bytes());
+        stamped.extend_from_slice(meta);
         let data_len = data.iter().map(|d| d.len() as u64).sum();
-        let header = Header::response(&self.req, status, meta.len(), data_len);
-        self.stream.write_frame(&header, meta, data)
+        let mut header = Header::response(&self.req, status, stamped.len(), data_len);
+        header.flags |= super::frame::FLAG_EPOCH;
+        self.stream.write_frame(&header, &stamped, data)
     }
 
     pub fn ok<T: Wire>(&mut self, msg: &T) -> Result<(), TransferError> {
@@ -431,6 +457,7 @@ fn serve_connection(
             stream: &mut io,
             req,
             replied: false,
+            stamp: None,
         };
         match service.handle(&req, op, &meta, &mut sio) {
             Ok(()) if sio.replied && sio.stream.pending_data() == 0 => {}

@@ -126,13 +126,18 @@ impl FramedStream {
             }
         }
         self.arm(between_frames)?;
-        let n = self
-            .stream
-            .read(&mut self.rbuf[self.rend..])
-            .map_err(|e| match io_err(e) {
-                TransferError::Timeout if between_frames => TransferError::Idle,
-                other => other,
-            })?;
+        // A read with a timeout is not restarted after the process was stopped and continued
+        // (SIGSTOP, SIGCONT): it fails with EINTR, and is simply read again.
+        let n = loop {
+            match self.stream.read(&mut self.rbuf[self.rend..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        }
+        .map_err(|e| match io_err(e) {
+            TransferError::Timeout if between_frames => TransferError::Idle,
+            other => other,
+        })?;
         if n == 0 {
             return Err(TransferError::Closed);
         }

@@ -269,6 +269,18 @@ pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
 
 /// `http` to another host (a container's address); status 0 when it cannot connect in 2 s.
 pub fn http_at(host: &str, port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    http_within(host, port, method, path, body, Duration::from_secs(5))
+}
+
+/// `http_at` that waits at most `wait` for the answer (a paused process answers nothing).
+pub fn http_within(
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    wait: Duration,
+) -> (u16, String) {
     let Some(addr) = format!("{host}:{port}")
         .parse::<std::net::SocketAddr>()
         .ok()
@@ -278,7 +290,7 @@ pub fn http_at(host: &str, port: u16, method: &str, path: &str, body: &[u8]) -> 
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return (0, String::new());
     };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()

@@ -22,7 +22,7 @@ from . import protocol as p
 from .buffers import regions, total
 from .checksum import crc32c_of
 from .config import ClientConfig
-from .connection import Pool
+from .connection import MasterPool, Pool
 from .errors import (
     BufferTooSmall,
     ChecksumError,
@@ -129,7 +129,7 @@ class Client:
         self.id = random.SystemRandom().randrange(1, 1 << 63)
         self.stats = Stats()
         self._host_id = local_host_id()
-        self._master = Pool(config.master, config.connect_timeout_s, config.io_timeout_s)
+        self._master = MasterPool(config.master, config.connect_timeout_s, config.io_timeout_s)
         self._routes: Dict[int, Route] = {}
         self._pools: Dict[str, Pool] = {}
         self._lock = threading.Lock()

@@ -4,7 +4,8 @@ Where the master is, in order of precedence:
 
 1. an explicit ``master`` (or Mooncake's ``master_server_address``) setting;
 2. ``MOONCAKE_CONFIG_PATH``: a Mooncake store JSON file (its ``master_server_address``);
-3. ``RBGCTL_MASTER``, then ``MOONCAKE_MASTER``: ``host:port`` of the master's RPC port.
+3. ``RBGCTL_MASTER``, then ``MOONCAKE_MASTER``: ``host:port`` of the master's RPC port, or
+   ``etcd://h1:2379;h2:2379[/cluster_id]`` / ``k8s://namespace/lease`` for elected masters.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ MOONCAKE_KEYS_IGNORED = frozenset(
         "tenant_id",
     }
 )
+
+
+def check_master(what: str, value: Any) -> str:
+    """A master address: ``host:port``, ``etcd://h1:2379;h2:2379[/cluster_id]`` or
+    ``k8s://namespace/lease`` (elected masters, see :mod:`rbgctl.leader`)."""
+    from .leader import is_elected, parse_master
+
+    if isinstance(value, str) and is_elected(value):
+        parse_master(value)
+        return value
+    return check_endpoint(what, value)
 
 
 def check_endpoint(what: str, value: Any) -> str:
@@ -104,7 +116,7 @@ class ClientConfig:
     replicate: ReplicateConfig = field(default_factory=ReplicateConfig)
 
     def __post_init__(self) -> None:
-        check_endpoint("master", self.master)
+        check_master("master", self.master)
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
             if _number(name, getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be above 0")
@@ -147,7 +159,7 @@ class ClientConfig:
                     f"{source}: no master address: set 'master' (or 'master_server_address'), "
                     "or MOONCAKE_CONFIG_PATH, RBGCTL_MASTER or MOONCAKE_MASTER in the environment"
                 )
-        kwargs: dict = {"master": check_endpoint(f"{source}: master", master)}
+        kwargs: dict = {"master": check_master(f"{source}: master", master)}
         if "same_host_shm" in values:
             kwargs["same_host_shm"] = _bool(f"{source}: same_host_shm", values["same_host_shm"])
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
@@ -206,7 +218,7 @@ class ClientConfig:
         master = master_from_env(env)
         if master is None:
             raise ConfigError("set RBGCTL_MASTER or MOONCAKE_MASTER (host:port) or MOONCAKE_CONFIG_PATH")
-        return cls(master=check_endpoint("RBGCTL_MASTER/MOONCAKE_MASTER", master))
+        return cls(master=check_master("RBGCTL_MASTER/MOONCAKE_MASTER", master))
 
 
 def master_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:

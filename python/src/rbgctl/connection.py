@@ -10,10 +10,11 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-from typing import Callable, List, Sequence, Tuple, TypeVar
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 from .errors import ObjectNotFound, ProtocolError, RemoteError, TransportError
 from .protocol import (
+    FLAG_EPOCH,
     HEADER_LEN,
     Header,
     Opcode,
@@ -38,19 +39,48 @@ class StaleConnection(TransportError):
     """The peer closed a connection before answering (it restarted, or closed an idle one)."""
 
 
+class ConnectFailed(TransportError):
+    """No connection could be made: the request never left."""
+
+
+class StaleEpoch(TransportError):
+    """An answer from a master of an older leadership epoch than one already heard from."""
+
+
+class Fence:
+    """The highest leadership epoch heard from the elected masters a pool follows."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.epoch = 0
+
+    def observe(self, epoch: int) -> int:
+        """Raises the fence to ``epoch``; returns the fence as it was (refuse if above)."""
+        with self._lock:
+            known = self.epoch
+            self.epoch = max(known, epoch)
+            return known
+
+    def set(self, epoch: int) -> None:
+        """The election backend named the leader's epoch: it is the authority."""
+        with self._lock:
+            self.epoch = epoch
+
+
 class Connection:
     """One TCP connection speaking protocol version 1. Not thread-safe: one user at a time."""
 
-    def __init__(self, addr: str, connect_timeout: float, io_timeout: float):
+    def __init__(self, addr: str, connect_timeout: float, io_timeout: float, fence: Optional[Fence] = None):
         host, _, port = addr.rpartition(":")
         self.addr = addr
+        self.fence = fence
         self.broken = False
         self._next_id = 1
         self._header = bytearray(HEADER_LEN)
         try:
             self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=connect_timeout)
         except OSError as e:
-            raise TransportError(addr, f"cannot connect: {e}") from None
+            raise ConnectFailed(addr, f"cannot connect: {e}") from None
         self.sock.settimeout(io_timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -134,6 +164,18 @@ class Connection:
         meta = bytearray(h.meta_len)
         if h.meta_len:
             self._recv_exact(memoryview(meta), "reply meta")
+        epoch = 0
+        if h.flags & FLAG_EPOCH:
+            if len(meta) < 8:
+                self.close()
+                raise ProtocolError(f"{self.addr}: an epoch-stamped reply shorter than its epoch")
+            epoch = int.from_bytes(meta[:8], "little")
+            del meta[:8]
+        if self.fence is not None and h.status != Status.NOT_LEADER:
+            known = self.fence.observe(epoch)
+            if epoch < known:
+                self.close()
+                raise StaleEpoch(self.addr, f"answer of leadership epoch {epoch}, the leader's is at least {known}; refused")
         if h.status != Status.OK:
             self.discard(h.data_len)
             if h.status == Status.MALFORMED_FRAME:
@@ -182,21 +224,33 @@ class Connection:
 class Pool:
     """Idle connections to one peer, shared by threads."""
 
-    def __init__(self, addr: str, connect_timeout: float, io_timeout: float):
+    def __init__(self, addr: str, connect_timeout: float, io_timeout: float, fence: Optional[Fence] = None):
         self.addr = addr
         self._timeouts = (connect_timeout, io_timeout)
         self._idle: List[Connection] = []
         self._lock = threading.Lock()
+        self.fence = fence
+
+    def _connect(self) -> Connection:
+        return Connection(self.addr, *self._timeouts, fence=self.fence)
+
+    def set_addr(self, addr: str) -> None:
+        """Points the pool at another peer (the new leader); idle connections go."""
+        self.addr = addr
+        self.clear()
 
     def get(self) -> Connection:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return Connection(self.addr, *self._timeouts)
+        return self._connect()
 
     def put(self, conn: Connection) -> None:
         """Returns a connection in a clean state (every reply read); a broken one is dropped."""
         if conn.broken:
+            return
+        if conn.addr != self.addr:
+            conn.close()
             return
         with self._lock:
             if len(self._idle) < MAX_IDLE:
@@ -225,7 +279,7 @@ class Pool:
             except RemoteError:
                 self.put(reused)
                 raise
-        conn = Connection(self.addr, *self._timeouts)
+        conn = self._connect()
         try:
             out = conn.call(opcode, meta, parse)
         except RemoteError:
@@ -233,3 +287,77 @@ class Pool:
             raise
         self.put(conn)
         return out
+
+
+class MasterPool:
+    """The master's connections, following the leader of elected masters (``etcd://``,
+    ``k8s://``): a call that fails because the master may have moved looks the leader up (at most
+    every 100 ms) and, when the leader moved and the call surely did nothing (it could not
+    connect, or a standby refused it), sends it to the new leader."""
+
+    REFRESH_EVERY_S = 0.1
+
+    def __init__(self, spec: str, connect_timeout: float, io_timeout: float):
+        from .leader import parse_master
+
+        self.spec = spec
+        self.lookup = parse_master(spec)
+        self.fence = Fence() if self.lookup is not None else None
+        self._last_refresh = 0.0
+        self._leader = None
+        self.pool = Pool("" if self.lookup else spec, connect_timeout, io_timeout, self.fence)
+        if self.lookup is not None:
+            try:
+                self.refresh(force=True)
+            except TransportError:
+                pass  # no leader yet: calls fail until there is one
+
+    @property
+    def addr(self) -> str:
+        return self.pool.addr or f"{self.spec} (no leader known yet)"
+
+    def refresh(self, force: bool = False) -> bool:
+        """Looks the leader up; answers whether it moved."""
+        import time
+
+        if self.lookup is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._last_refresh < self.REFRESH_EVERY_S:
+            return False
+        self._last_refresh = now
+        leader = self.lookup.leader()
+        if leader == self._leader:
+            return False
+        self._leader = leader
+        if leader is not None:
+            self.fence.set(leader.epoch)
+            if leader.rpc != self.pool.addr:
+                self.pool.set_addr(leader.rpc)
+        return True
+
+    def _once(self, opcode: int, meta: bytes, parse: Callable) -> T:
+        if not self.pool.addr:
+            raise ConnectFailed(self.spec, "no master leader is elected yet (or the election backend cannot be reached)")
+        return self.pool.call(opcode, meta, parse)
+
+    def call(self, opcode: int, meta: bytes, parse: Callable) -> T:
+        if self.lookup is None:
+            return self.pool.call(opcode, meta, parse)
+        try:
+            return self._once(opcode, meta, parse)
+        except (TransportError, RemoteError) as e:
+            if isinstance(e, RemoteError) and e.status != Status.NOT_LEADER:
+                raise
+            try:
+                moved = self.refresh()
+            except TransportError:
+                raise e from None
+            # Safe to send again: it never reached a leader, or one that is not refused it.
+            not_done = isinstance(e, (ConnectFailed, StaleEpoch, RemoteError))
+            if moved and not_done:
+                return self._once(opcode, meta, parse)
+            raise
+
+    def clear(self) -> None:
+        self.pool.clear()

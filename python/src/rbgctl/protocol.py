@@ -18,6 +18,8 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBHQHHIQ")
 HEADER_LEN = HEADER.size
 FLAG_REPLY = 1
+# On a reply: the meta starts with the answering master's leadership epoch (u64, little-endian).
+FLAG_EPOCH = 2
 MAX_META = 16 << 20
 MAX_STR = 4096
 MAX_LIST = 1 << 20
@@ -79,6 +81,7 @@ class Status(enum.IntEnum):
     SEGMENT_EXISTS = 19
     WRITE_SUPERSEDED = 20
     OBJECT_UNAVAILABLE = 21
+    NOT_LEADER = 22
 
 
 def status_name(code: int) -> str:

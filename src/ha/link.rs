@@ -1,0 +1,286 @@
+//! A client's (or store's) connection to "the master": a fixed address, or the leader of an
+//! elected group that it finds and follows.
+//!
+//! For `etcd://` and `k8s://` addresses a watcher thread keeps the pool pointed at the current
+//! leader (an etcd watch on the leader key; the Lease looked at four times per second) and sets
+//! the epoch fence to the leader's epoch, so that answers from a deposed master are refused.
+//! A call that fails because the master may have moved looks the leader up at once, and is
+//! sent again if it surely did nothing (it never reached a leader, or was refused by one that
+//! is not).
+
+use super::etcd::{Etcd, WatchOutcome};
+use super::kube_lease::{leader_of, LeaseApi};
+use super::lease::LeaderHint;
+use super::{HaError, MasterAddress, MasterView};
+use crate::shutdown::Shutdown;
+use crate::transfer::{ConnOptions, Connection, Pool, TransferError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a failing call may look the leader up itself (the watcher does the rest).
+const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(100);
+
+/// How long one look-up may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the leader is looked up.
+enum Lookup {
+    Etcd { etcd: Etcd, key: String },
+    Kube(Box<Mutex<LeaseApi>>),
+}
+
+impl Lookup {
+    fn new(addr: &MasterAddress) -> Result<Option<Lookup>, HaError> {
+        Ok(match addr {
+            MasterAddress::Direct(_) => None,
+            MasterAddress::Etcd {
+                endpoints,
+                cluster_id,
+            } => Some(Lookup::Etcd {
+                etcd: Etcd::new(endpoints.clone(), LOOKUP_TIMEOUT)?,
+                key: super::view_key(cluster_id),
+            }),
+            MasterAddress::Kube { namespace, lease } => Some(Lookup::Kube(Box::new(Mutex::new(
+                LeaseApi::from_env(namespace, lease)?,
+            )))),
+        })
+    }
+
+    /// The current leader, and the revision to watch after (etcd).
+    fn leader(&self) -> Result<(Option<LeaderHint>, i64), HaError> {
+        match self {
+            Lookup::Etcd { etcd, key } => match etcd.get(key)? {
+                (None, revision) => Ok((None, revision)),
+                (Some(kv), revision) => {
+                    let view = MasterView::from_json(key, &kv.value)?;
+                    Ok((Some(view.hint(kv.create_revision as u64)), revision))
+                }
+            },
+            Lookup::Kube(api) => {
+                let lease = api.lock().get()?;
+                Ok((lease.as_ref().and_then(leader_of), 0))
+            }
+        }
+    }
+
+    /// Waits (bounded) for the leader to change.
+    fn wait(&self, after: i64, stop: &Shutdown) {
+        match self {
+            Lookup::Etcd { etcd, key } => {
+                // A watch that fails (etcd down) is retried after a pause.
+                match etcd.watch(key, after, super::WATCH_WAIT) {
+                    Ok(WatchOutcome::Quiet) | Ok(_) => {}
+                    Err(_) => {
+                        stop.sleep(Duration::from_millis(250));
+                    }
+                }
+            }
+            Lookup::Kube(_) => {
+                stop.sleep(Duration::from_millis(250));
+            }
+        }
+    }
+}
+
+struct Shared {
+    spec: String,
+    pool: Pool,
+    fence: Arc<AtomicU64>,
+    lookup: Option<Lookup>,
+    last_refresh: Mutex<Option<Instant>>,
+    /// The leader as last looked up.
+    leader: Mutex<Option<LeaderHint>>,
+}
+
+impl Shared {
+    /// Points the pool at `hint` (if it moved); answers whether it moved.
+    fn follow(&self, hint: Option<LeaderHint>) -> bool {
+        let mut leader = self.leader.lock();
+        if *leader == hint {
+            return false;
+        }
+        if let Some(h) = &hint {
+            // The backend is the authority on the epoch: it may even go down (etcd rebuilt
+            // empty, the Lease recreated), and then the new leader must still be heard.
+            self.fence.store(h.epoch, Ordering::Release);
+            if *self.pool.addr() != *h.rpc {
+                tracing::info!(master = %h.rpc, epoch = h.epoch, spec = %self.spec, "following the master leader");
+                self.pool.set_addr(&h.rpc);
+            }
+        }
+        *leader = hint;
+        true
+    }
+
+    /// Looks the leader up now, unless that was done moments ago; answers whether it moved.
+    fn refresh(&self) -> bool {
+        let Some(lookup) = &self.lookup else {
+            return false;
+        };
+        {
+            let mut last = self.last_refresh.lock();
+            if last.is_some_and(|t| t.elapsed() < REFRESH_AT_MOST_EVERY) {
+                return false;
+            }
+            *last = Some(Instant::now());
+        }
+        match lookup.leader() {
+            Ok((hint, _)) => self.follow(hint),
+            Err(e) => {
+                tracing::debug!(error = %e, spec = %self.spec, "cannot look the master leader up");
+                false
+            }
+        }
+    }
+}
+
+/// A connection pool to the master that follows the leader.
+pub struct MasterLink {
+    shared: Arc<Shared>,
+    stop: Shutdown,
+    watcher: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MasterLink {
+    /// Parses `spec` (`host:port`, `etcd://…`, `k8s://…`) and, for an elected master, looks
+    /// the leader up (a leader not yet elected is no error: calls fail until there is one) and
+    /// starts following it.
+    pub fn new(spec: &str, opts: ConnOptions) -> Result<MasterLink, HaError> {
+        let addr = MasterAddress::parse(spec)?;
+        let fence = Arc::new(AtomicU64::new(0));
+        let first = match &addr {
+            MasterAddress::Direct(a) => a.clone(),
+            _ => String::new(),
+        };
+        let shared = Arc::new(Shared {
+            spec: spec.to_string(),
+            pool: Pool::new(first, opts).with_fence(fence.clone()),
+            fence,
+            lookup: Lookup::new(&addr)?,
+            last_refresh: Mutex::new(None),
+            leader: Mutex::new(None),
+        });
+        let stop = Shutdown::new();
+        let watcher = match &shared.lookup {
+            None => None,
+            Some(lookup) => {
+                match lookup.leader() {
+                    Ok((hint, _)) => {
+                        shared.follow(hint);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, spec, "cannot look the master leader up yet; will keep trying")
+                    }
+                }
+                let (shared, stop) = (shared.clone(), stop.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("master-leader-watch".into())
+                        .spawn(move || watch(&shared, &stop))
+                        .map_err(|e| HaError::Kube(format!("cannot start a thread: {e}")))?,
+                )
+            }
+        };
+        Ok(MasterLink {
+            shared,
+            stop,
+            watcher,
+        })
+    }
+
+    /// The current master's address (the leader's, as last looked up).
+    pub fn addr(&self) -> Arc<str> {
+        let a = self.shared.pool.addr();
+        if a.is_empty() {
+            Arc::from(format!("{} (no leader known yet)", self.shared.spec))
+        } else {
+            a
+        }
+    }
+
+    /// The address as given (`etcd://…` for an elected master).
+    pub fn spec(&self) -> &str {
+        &self.shared.spec
+    }
+
+    /// The leadership epoch of the answers accepted (0 for a master without HA).
+    pub fn epoch(&self) -> u64 {
+        self.shared.fence.load(Ordering::Acquire)
+    }
+
+    pub fn is_elected(&self) -> bool {
+        self.shared.lookup.is_some()
+    }
+
+    /// Runs `f` on a connection to the master. When the master may have moved, the leader is
+    /// looked up; if it did move and the call surely did nothing, it is sent to the new one.
+    pub fn with<T>(
+        &self,
+        mut f: impl FnMut(&mut Connection) -> Result<T, TransferError>,
+    ) -> Result<T, TransferError> {
+        let r = self.once(&mut f);
+        match &r {
+            Err(e) if self.is_elected() && e.leader_may_have_moved() => {
+                if self.shared.refresh() && e.not_done_by_a_leader() {
+                    return self.once(&mut f);
+                }
+                r
+            }
+            _ => r,
+        }
+    }
+
+    fn once<T>(
+        &self,
+        f: &mut impl FnMut(&mut Connection) -> Result<T, TransferError>,
+    ) -> Result<T, TransferError> {
+        if self.shared.pool.addr().is_empty() {
+            return Err(TransferError::Connect {
+                addr: self.shared.spec.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no master leader is elected yet (or the election backend cannot be reached)",
+                ),
+            });
+        }
+        self.shared.pool.with(f)
+    }
+
+    /// Drops idle connections (after the master is known to have gone).
+    pub fn clear(&self) {
+        self.shared.pool.clear();
+    }
+}
+
+impl Drop for MasterLink {
+    fn drop(&mut self) {
+        self.stop.trigger();
+        // The watcher wakes within one watch wait; it is not joined, so a drop never blocks
+        // on etcd.
+        drop(self.watcher.take());
+    }
+}
+
+fn watch(shared: &Shared, stop: &Shutdown) {
+    let Some(lookup) = &shared.lookup else {
+        return;
+    };
+    while !stop.is_triggered() {
+        let after = match lookup.leader() {
+            Ok((hint, revision)) => {
+                shared.follow(hint);
+                revision
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, spec = %shared.spec, "cannot look the master leader up");
+                if stop.sleep(Duration::from_millis(250)) {
+                    return;
+                }
+                continue;
+            }
+        };
+        lookup.wait(after, stop);
+    }
+}

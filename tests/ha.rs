@@ -1,0 +1,540 @@
+//! Master high availability with real etcd members and real masters, stores and clients:
+//! failover under a put/get loop, a paused leader fenced, etcd member loss, etcd lost and back,
+//! and Mooncake's flag spellings.
+
+mod common;
+
+use common::{launcher, loopback_master, wait_until};
+use nix::sys::signal::Signal;
+use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
+use rbgctl::config::{ByteSize, Millis};
+use rbgctl::ha::etcd_server::{etcd_program, EtcdCluster};
+use rbgctl::launch::{self, Child, Launcher};
+use rbgctl::master::config::MasterConfig;
+use rbgctl::store::config::StoreConfig;
+use rbgctl::transfer::message::KeyReq;
+use rbgctl::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
+use std::time::{Duration, Instant};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// etcd is needed; CI installs it (Debian's etcd-server). Elsewhere a missing etcd skips.
+fn etcd_or_skip(members: usize, dir: &std::path::Path) -> Option<EtcdCluster> {
+    if etcd_program().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "etcd is not installed; .ci/run installs Debian's etcd-server"
+        );
+        eprintln!("SKIPPED: no etcd program (apt-get install etcd-server)");
+        return None;
+    }
+    Some(EtcdCluster::start(members, dir).expect("etcd starts"))
+}
+
+struct Pool {
+    launcher: Launcher,
+    etcd: EtcdCluster,
+    masters: Vec<Child<launch::Master>>,
+    stores: Vec<Child<launch::Store>>,
+    cluster_id: String,
+    _dir: tempfile::TempDir,
+}
+
+fn ha_master(endpoints: &str, cluster_id: &str) -> MasterConfig {
+    loopback_master(MasterConfig {
+        enable_ha: true,
+        ha_backend_connstring: endpoints.to_string(),
+        cluster_id: cluster_id.to_string(),
+        ha_lease_ttl_ms: Millis(TTL),
+        client_ttl_ms: Millis(Duration::from_secs(3)),
+        ..MasterConfig::default()
+    })
+}
+
+impl Pool {
+    fn start(etcd_members: usize, masters: usize, stores: usize) -> Option<Pool> {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = etcd_or_skip(etcd_members, &dir.path().join("etcd"))?;
+        let launcher = launcher();
+        let cluster_id = format!("test-{}", std::process::id());
+        let mut pool = Pool {
+            launcher,
+            etcd,
+            masters: vec![],
+            stores: vec![],
+            cluster_id,
+            _dir: dir,
+        };
+        for i in 0..masters {
+            let cfg = ha_master(&pool.etcd.endpoints(), &pool.cluster_id);
+            let m = pool
+                .launcher
+                .spawn::<launch::Master>(&format!("master-{i}"), cfg)
+                .expect("a master starts");
+            pool.masters.push(m);
+        }
+        assert!(
+            wait_until(Duration::from_secs(15), || pool.leader().is_some()),
+            "no master was elected"
+        );
+        for i in 0..stores {
+            let cfg = StoreConfig {
+                master: pool.spec(),
+                bind_address: "127.0.0.1".into(),
+                local_hostname: "127.0.0.1".into(),
+                name: Some(format!("store-{i}")),
+                segment_size: ByteSize(32 << 20),
+                metrics_host: "127.0.0.1".into(),
+                metrics_port: 0,
+                heartbeat_interval_ms: Millis(Duration::from_millis(200)),
+                shm_dir: pool._dir.path().join("shm"),
+                ..StoreConfig::default()
+            };
+            let s = pool
+                .launcher
+                .spawn::<launch::Store>(&format!("store-{i}"), cfg)
+                .expect("a store starts");
+            pool.stores.push(s);
+        }
+        assert!(
+            wait_until(Duration::from_secs(15), || pool.segments_at_leader()
+                == stores),
+            "the stores did not mount at the leader"
+        );
+        Some(pool)
+    }
+
+    /// The master address clients and stores are given.
+    fn spec(&self) -> String {
+        format!("etcd://{}/{}", self.etcd.endpoints(), self.cluster_id)
+    }
+
+    fn health(&self, i: usize) -> Option<serde_json::Value> {
+        let m = &self.masters[i];
+        m.pid()?;
+        let (code, body) = common::http_within(
+            "127.0.0.1",
+            m.addrs.metrics.port(),
+            "GET",
+            "/health",
+            b"",
+            Duration::from_millis(300),
+        );
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    /// The index of the master whose `/health` says it leads.
+    fn leader(&self) -> Option<usize> {
+        (0..self.masters.len()).find(|&i| self.health(i).is_some_and(|h| h["role"] == "leader"))
+    }
+
+    fn epoch(&self, i: usize) -> u64 {
+        self.health(i)
+            .map_or(0, |h| h["epoch"].as_u64().unwrap_or(0))
+    }
+
+    fn segments_at_leader(&self) -> usize {
+        let Some(l) = self.leader() else { return 0 };
+        let (code, body) = common::http(
+            self.masters[l].addrs.metrics.port(),
+            "GET",
+            "/api/v1/segments",
+            b"",
+        );
+        if code != 200 {
+            return 0;
+        }
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["segments"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(ClientConfig::new(self.spec())).expect("a client connects through etcd")
+    }
+}
+
+fn value(key: &str) -> Vec<u8> {
+    let mut v = format!("{key}:").into_bytes();
+    v.resize(4096, key.len() as u8);
+    v
+}
+
+fn signal(child: &Child<launch::Master>, sig: Signal) {
+    let pid = child.pid().expect("running") as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("signal sent");
+}
+
+#[test]
+fn kill_9_of_the_leader_under_a_put_get_loop_loses_no_committed_object() {
+    let Some(mut pool) = Pool::start(1, 2, 2) else {
+        return;
+    };
+    let client = pool.client();
+    let cfg = ReplicateConfig::default();
+    let mut committed = Vec::new();
+    for i in 0..200 {
+        let key = format!("before-{i}");
+        client
+            .put(&key, &value(&key), &cfg)
+            .expect("put before the failover");
+        committed.push(key);
+    }
+    let old = pool.leader().expect("a leader");
+    let old_epoch = pool.epoch(old);
+    pool.masters[old].kill();
+    let killed = Instant::now();
+
+    // Keep putting and getting: errors are allowed while there is no leader, and every put
+    // that succeeded must stay readable.
+    let mut first_put_after: Option<Duration> = None;
+    let mut failed = 0;
+    let mut i = 0;
+    while killed.elapsed() < Duration::from_secs(20) && (first_put_after.is_none() || i < 50) {
+        let key = format!("during-{i}");
+        match client.put(&key, &value(&key), &cfg) {
+            Ok(()) => {
+                first_put_after.get_or_insert(killed.elapsed());
+                committed.push(key);
+                i += 1;
+            }
+            Err(_) => {
+                failed += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let probe = &committed[i % committed.len().min(200)];
+        let _ = client.get(probe);
+    }
+    let first = first_put_after.expect("a put succeeded after the leader was killed");
+    let new = pool.leader().expect("a new leader");
+    assert_ne!(new, old);
+    assert!(
+        pool.epoch(new) > old_epoch,
+        "the new leader's epoch is higher"
+    );
+
+    // Every committed object comes back, byte-exact, once the stores have reported.
+    let all_readable = wait_until(Duration::from_secs(15), || {
+        committed
+            .iter()
+            .all(|k| client.get(k).is_ok_and(|v| v == value(k)))
+    });
+    let missing: Vec<&String> = committed
+        .iter()
+        .filter(|k| !client.get(k).is_ok_and(|v| v == value(k)))
+        .take(5)
+        .collect();
+    assert!(
+        all_readable,
+        "objects lost across the failover: {missing:?} ..."
+    );
+    eprintln!(
+        "failover: first put {first:?} after the kill, {failed} failed attempts, {} objects checked",
+        committed.len()
+    );
+}
+
+#[test]
+fn a_paused_leader_is_fenced_and_a_request_it_held_is_refused() {
+    let Some(pool) = Pool::start(1, 2, 1) else {
+        return;
+    };
+    let old = pool.leader().expect("a leader");
+    let old_epoch = pool.epoch(old);
+    // A connection straight to the leader, as a client that has not heard of any failover.
+    let rpc = pool.masters[old].addrs.rpc.to_string();
+    let mut conn = Connection::connect(&rpc, &ConnOptions::default()).expect("connects");
+    let _: bool = conn
+        .call(Opcode::Exists, &KeyReq { key: "k".into() })
+        .expect("the leader answers");
+
+    signal(&pool.masters[old], Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let other = 1 - old;
+    assert!(
+        wait_until(Duration::from_secs(10), || pool.leader() == Some(other)),
+        "the standby did not take over from the paused leader"
+    );
+    let took_over = stopped.elapsed();
+    // A request sent to the paused leader waits in its socket until it continues.
+    let id = conn
+        .send(
+            Opcode::Exists,
+            &rbgctl::transfer::message::Wire::to_meta(&KeyReq { key: "k".into() }),
+            &[],
+        )
+        .expect("sent");
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&pool.masters[old], Signal::SIGCONT);
+    match conn.recv(id) {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::NotLeader, "{message}");
+        }
+        other => panic!("the fenced leader answered {other:?}"),
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || pool
+            .health(old)
+            .is_some_and(|h| h["role"] == "standby")),
+        "the old leader did not step down"
+    );
+    assert!(pool.epoch(other) > old_epoch);
+    // The store follows the leader and mounts there; then a client through etcd puts and
+    // reads back.
+    assert!(
+        wait_until(Duration::from_secs(10), || pool.segments_at_leader() == 1),
+        "the store did not mount at the new leader"
+    );
+    let client = pool.client();
+    client
+        .put("after", &value("after"), &ReplicateConfig::default())
+        .expect("a put at the new leader");
+    assert_eq!(client.get("after").unwrap(), value("after"));
+    eprintln!("standby took over {took_over:?} after the leader was paused");
+}
+
+#[test]
+fn losing_one_etcd_member_of_three_does_not_fail_over() {
+    let Some(mut pool) = Pool::start(3, 2, 1) else {
+        return;
+    };
+    let leader = pool.leader().expect("a leader");
+    let epoch = pool.epoch(leader);
+    let client = pool.client();
+    pool.etcd.kill(0);
+    let until = Instant::now() + TTL * 3;
+    let mut n = 0;
+    while Instant::now() < until {
+        let key = format!("k{n}");
+        client
+            .put(&key, &value(&key), &ReplicateConfig::default())
+            .expect("puts go on with two of three etcd members");
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(pool.leader(), Some(leader), "the leader kept its lease");
+    assert_eq!(pool.epoch(leader), epoch, "no election happened");
+    assert!(n > 10);
+}
+
+#[test]
+fn with_etcd_gone_the_masters_stop_answering_and_come_back_with_it() {
+    let Some(mut pool) = Pool::start(1, 2, 1) else {
+        return;
+    };
+    let client = pool.client();
+    client
+        .put("kept", &value("kept"), &ReplicateConfig::default())
+        .expect("put");
+    pool.etcd.kill(0);
+    // Within a lease, no master leads: writes are refused rather than risked.
+    assert!(
+        wait_until(TTL * 3, || pool.leader().is_none()),
+        "a master kept leading without etcd"
+    );
+    let refused = client.put("during", &value("during"), &ReplicateConfig::default());
+    assert!(refused.is_err(), "a put was accepted with no leader");
+    pool.etcd.restart(0).expect("etcd comes back");
+    assert!(
+        wait_until(Duration::from_secs(20), || pool.leader().is_some()),
+        "no leader after etcd came back"
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || client
+            .get("kept")
+            .is_ok_and(|v| v == value("kept"))),
+        "the object put before etcd went away is not readable again"
+    );
+    client
+        .put("after", &value("after"), &ReplicateConfig::default())
+        .expect("puts work again");
+}
+
+#[test]
+fn mooncake_master_spellings_elect_through_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd_or_skip(1, &dir.path().join("etcd")) else {
+        return;
+    };
+    let launcher = launcher();
+    let link = dir.path().join("mooncake_master");
+    std::os::unix::fs::symlink(common::BIN, &link).unwrap();
+    let argv: Vec<String> = [
+        "--rpc_address=127.0.0.1",
+        "--rpc_port=0",
+        "--metrics_port=0",
+        "--metrics_host=127.0.0.1",
+        "--enable_ha=true",
+        &format!("--etcd_endpoints={}", etcd.endpoints()),
+        "--cluster_id=spellings",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let m: launch::Spawned<rbgctl::master::Addrs> = launcher
+        .spawn_program(&link, "mooncake-master", &argv, &[])
+        .expect("mooncake_master starts");
+    let port = m.addrs.metrics.port();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (code, body) = common::http(port, "GET", "/health", b"");
+            code == 200 && body.contains("\"role\":\"leader\"")
+        }),
+        "mooncake_master --enable_ha did not become leader: {}",
+        m.process.log()
+    );
+    let (_, metrics) = common::http(port, "GET", "/metrics", b"");
+    assert!(
+        metrics.contains("rbgctl_master_ha_role{role=\"leader\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rbgctl_master_ha_elections_won_total 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn masters_elect_on_a_kubernetes_lease_and_fail_over() {
+    use rbgctl::testkit::apiserver::ApiServer;
+    const NS: &str = "pool";
+    let api = ApiServer::new();
+    let port = api.serve().expect("the API stand-in listens");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, NS)).unwrap();
+    let launcher = launcher();
+    let spawn = |i: usize| -> launch::Spawned<rbgctl::master::Addrs> {
+        let cfg = loopback_master(MasterConfig {
+            enable_ha: true,
+            ha_backend: rbgctl::master::config::HaBackend::K8s,
+            ha_backend_connstring: format!("{NS}/rbgctl-master"),
+            ha_lease_ttl_ms: Millis(TTL),
+            ..MasterConfig::default()
+        });
+        let path = dir.path().join(format!("master-{i}.toml"));
+        std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+        let argv = [
+            "master".to_string(),
+            "--config".into(),
+            path.display().to_string(),
+        ];
+        launcher
+            .spawn_argv_with_env(
+                &format!("k8s-master-{i}"),
+                &argv,
+                &[("KUBECONFIG", &kubeconfig)],
+            )
+            .expect("a master starts")
+    };
+    let mut masters = vec![spawn(0), spawn(1)];
+    let role = |m: &launch::Spawned<rbgctl::master::Addrs>| -> Option<(String, u64)> {
+        m.process.pid()?;
+        let (code, body) = common::http_within(
+            "127.0.0.1",
+            m.addrs.metrics.port(),
+            "GET",
+            "/health",
+            b"",
+            Duration::from_millis(300),
+        );
+        let h: serde_json::Value = (code == 200).then(|| serde_json::from_str(&body).ok())??;
+        Some((
+            h["role"].as_str()?.to_string(),
+            h["epoch"].as_u64().unwrap_or(0),
+        ))
+    };
+    let leader = |masters: &[launch::Spawned<rbgctl::master::Addrs>]| {
+        (0..masters.len()).find(|&i| role(&masters[i]).is_some_and(|(r, _)| r == "leader"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), || leader(&masters).is_some()),
+        "no master took the Lease"
+    );
+    let old = leader(&masters).unwrap();
+    let old_epoch = role(&masters[old]).unwrap().1;
+    let lease = api
+        .get("leases", NS, "rbgctl-master")
+        .expect("the Lease exists");
+    let view = lease["metadata"]["annotations"]["rbgctl.io/master-view"]
+        .as_str()
+        .expect("the leader's view is annotated");
+    assert!(
+        view.contains(&masters[old].addrs.rpc.port().to_string()),
+        "{view}"
+    );
+    assert_eq!(lease["spec"]["leaseTransitions"].as_u64(), Some(old_epoch));
+    assert_eq!(
+        role(&masters[1 - old]).map(|(r, _)| r).as_deref(),
+        Some("standby")
+    );
+
+    // A store and `rbgctl kv` given the Lease as their master follow its leader.
+    let spec = format!("k8s://{NS}/rbgctl-master");
+    let store_cfg = StoreConfig {
+        master: spec.clone(),
+        bind_address: "127.0.0.1".into(),
+        local_hostname: "127.0.0.1".into(),
+        name: Some("k8s-store".into()),
+        segment_size: ByteSize(32 << 20),
+        metrics_host: "127.0.0.1".into(),
+        metrics_port: 0,
+        port: 0,
+        heartbeat_interval_ms: Millis(Duration::from_millis(200)),
+        shm_dir: dir.path().join("shm"),
+        ..StoreConfig::default()
+    };
+    let store_path = dir.path().join("store.toml");
+    std::fs::write(&store_path, toml::to_string(&store_cfg).unwrap()).unwrap();
+    let _store: launch::Spawned<rbgctl::store::Addrs> = launcher
+        .spawn_argv_with_env(
+            "k8s-store",
+            &[
+                "store".into(),
+                "--config".into(),
+                store_path.display().to_string(),
+            ],
+            &[("KUBECONFIG", &kubeconfig)],
+        )
+        .expect("a store starts");
+    let kv = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new(common::BIN)
+            .args(["kv", "--master", &spec])
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), || kv(&["put", "lease-key", "v1"])
+            .is_some()),
+        "rbgctl kv could not put through the Lease's leader"
+    );
+
+    masters[old].process.kill();
+    let killed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(15), || leader(&masters)
+            == Some(1 - old)),
+        "the standby did not take the Lease over"
+    );
+    eprintln!(
+        "Lease taken over {:?} after the leader was killed",
+        killed.elapsed()
+    );
+    let new_epoch = role(&masters[1 - old]).unwrap().1;
+    assert!(new_epoch > old_epoch, "{new_epoch} > {old_epoch}");
+    let lease = api.get("leases", NS, "rbgctl-master").unwrap();
+    assert_eq!(lease["spec"]["leaseTransitions"].as_u64(), Some(new_epoch));
+    assert!(
+        wait_until(Duration::from_secs(15), || kv(&["get", "lease-key"])
+            .as_deref()
+            == Some("v1")),
+        "the object put before the failover is not readable through the new leader"
+    );
+}
