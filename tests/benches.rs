@@ -496,3 +496,36 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
         "{r}"
     );
 }
+
+#[test]
+fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
+    if rbgctl::ha::etcd_server::etcd_program().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "CI installs etcd-server");
+        eprintln!("SKIPPED: no etcd program");
+        return;
+    }
+    let o = Command::new(BIN)
+        .args(["bench", "failover", "--objects", "300", "--value-size", "4KiB"])
+        .args(["--segment-size", "64MiB", "--pause", "3s", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["objects_lost"], 0, "{r}");
+    assert!(r["objects_committed"].as_u64().unwrap() > 300, "{r}");
+    for fault in [&r["kill"], &r["pause"]] {
+        assert!(fault["first_put_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(fault["all_readable_s"].as_f64().is_some(), "{r}");
+        assert!(
+            fault["epoch_after"].as_u64().unwrap() > fault["epoch_before"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+    assert_eq!(r["pause"]["stale_writes_accepted"], 0, "{r}");
+    assert_eq!(r["pause"]["stale_writes_refused"], 16, "{r}");
+    assert!(
+        r["pause"]["stepped_down_after_continue_s"].as_f64().is_some(),
+        "{r}"
+    );
+}

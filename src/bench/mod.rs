@@ -1,6 +1,7 @@
 //! `rbgctl bench`: load tools that print a table a person can read, or JSON with `--json`.
 
 pub mod cluster;
+pub mod failover;
 pub mod flood;
 pub mod hicache;
 pub mod limits;
@@ -42,6 +43,11 @@ pub enum BenchKind {
     /// Lossless restarts: fill a persistent store, kill -9 it and then the master, and time
     /// until every object is readable again (verified byte for byte).
     Recovery(recovery::RecoveryBenchArgs),
+    /// Master high availability: masters electing through etcd members started here, stores
+    /// and a client putting and getting; kill -9 of the leader, then SIGSTOP of the next one.
+    /// Time to the first put and until every earlier object is back, writes a paused leader
+    /// accepted after its lease (must be 0), objects lost (must be 0).
+    Failover(failover::FailoverBenchArgs),
     /// Multi-turn conversations (SGLang's bench_multiturn.py): TTFT, throughput, cache hit rate.
     Multiturn(multiturn::MultiturnArgs),
     /// Random-dataset throughput and latency, like `sglang.bench_serving --dataset-name random`.
@@ -69,6 +75,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Store(a) => store::run(a),
         BenchKind::Hicache(a) => hicache::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
+        BenchKind::Failover(a) => failover::run(a),
         BenchKind::Master(a) => master::run(a),
         #[cfg(feature = "testkit")]
         BenchKind::Router(a) => router::run(a),

@@ -45,7 +45,7 @@ struct Report {
 }
 
 /// A deterministic value for object `i`: 8-byte words derived from `i`.
-fn fill_value(i: usize, buf: &mut [u8]) {
+pub(super) fn fill_value(i: usize, buf: &mut [u8]) {
     let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for chunk in buf.chunks_mut(8) {
         x ^= x << 13;

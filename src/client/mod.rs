@@ -394,6 +394,11 @@ impl Client {
         self.inner.meter.snapshot()
     }
 
+    /// The leadership epoch of the master answering (0 for a master without HA).
+    pub fn master_epoch(&self) -> u64 {
+        self.inner.master.epoch()
+    }
+
     /// The segments the master knows, refreshed.
     pub fn segments(&self) -> Result<Vec<SegmentEntry>, ClientError> {
         let r: ListSegmentsResp = self.inner.master_call(Opcode::ListSegments, &())?;

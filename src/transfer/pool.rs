@@ -39,6 +39,45 @@ pub struct Connection {
     /// The highest leadership epoch heard from the elected masters this connection's pool
     /// follows: an answer of an older epoch is refused.
     fence: Option<Arc<AtomicU64>>,
+    /// Where the pool that made it can cut it off (an elected master's pool, when the leader
+    /// moves); removed from there when the connection goes.
+    live: Option<(Arc<LiveSet>, u64)>,
+}
+
+/// The open connections of a pool that follows a leader, by a handle on each socket: when the
+/// leader moves, calls still waiting on the old one (paused, partitioned) fail at once instead
+/// of at their I/O timeout.
+#[derive(Default)]
+pub struct LiveSet {
+    sockets: Mutex<std::collections::HashMap<u64, TcpStream>>,
+    next: AtomicU64,
+}
+
+impl LiveSet {
+    fn add(self: &Arc<Self>, conn: &mut Connection) {
+        if let Ok(handle) = conn.io.socket_handle() {
+            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            self.sockets.lock().insert(id, handle);
+            conn.live = Some((self.clone(), id));
+        }
+    }
+
+    /// Shuts every open connection down; their pending calls fail with a closed connection.
+    fn cut_all(&self) -> usize {
+        let sockets = self.sockets.lock();
+        for s in sockets.values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        sockets.len()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some((set, id)) = self.live.take() {
+            set.sockets.lock().remove(&id);
+        }
+    }
 }
 
 impl Connection {
@@ -66,6 +105,7 @@ impl Connection {
             next_id: 1,
             peer: addr.to_string(),
             fence: None,
+            live: None,
         })
     }
 
@@ -162,6 +202,7 @@ pub struct Pool {
     opts: ConnOptions,
     idle: Mutex<Vec<Connection>>,
     fence: Option<Arc<AtomicU64>>,
+    live: Option<Arc<LiveSet>>,
 }
 
 /// Most idle connections kept per peer.
@@ -174,12 +215,15 @@ impl Pool {
             opts,
             idle: Mutex::new(Vec::new()),
             fence: None,
+            live: None,
         }
     }
 
-    /// Refuses answers of an epoch below the highest seen in `fence` (elected masters).
+    /// Follows elected masters: refuses answers of an epoch below the highest seen in
+    /// `fence`, and keeps a handle on every connection so that a move cuts them off.
     pub fn with_fence(mut self, fence: Arc<AtomicU64>) -> Pool {
         self.fence = Some(fence);
+        self.live = Some(Arc::default());
         self
     }
 
@@ -187,16 +231,23 @@ impl Pool {
         self.addr.read().clone()
     }
 
-    /// Points the pool at another peer (the new leader); idle connections to the old one go.
+    /// Points the pool at another peer (the new leader); connections to the old one go, and
+    /// calls waiting on them fail at once.
     pub fn set_addr(&self, addr: &str) {
         *self.addr.write() = Arc::from(addr);
         self.idle.lock().clear();
+        if let Some(live) = &self.live {
+            live.cut_all();
+        }
     }
 
     fn connect(&self) -> Result<Connection, TransferError> {
         let addr = self.addr();
         let mut conn = Connection::connect(&addr, &self.opts)?;
         conn.fence = self.fence.clone();
+        if let Some(live) = &self.live {
+            live.add(&mut conn);
+        }
         Ok(conn)
     }
 

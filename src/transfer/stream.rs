@@ -38,6 +38,11 @@ pub struct FramedStream {
 }
 
 impl FramedStream {
+    /// Another handle on the socket (to shut it down from another thread).
+    pub fn socket_handle(&self) -> std::io::Result<TcpStream> {
+        self.stream.try_clone()
+    }
+
     pub fn new(stream: TcpStream, spin: Duration) -> std::io::Result<FramedStream> {
         stream.set_nodelay(true)?;
         Ok(FramedStream {

@@ -1,0 +1,669 @@
+//! `rbgctl bench failover`: master high availability measured. It starts etcd members, two or
+//! three masters electing a leader through them, and stores; fills the pool; then runs a client
+//! that puts and gets without pause while it
+//!
+//! 1. kills the leader with SIGKILL, and times from the kill to the first successful put and to
+//!    every object committed before the kill being listed again;
+//! 2. pauses the new leader with SIGSTOP for `--pause` (writes are sent to it meanwhile on
+//!    connections that know nothing of the failover), continues it, and counts the writes it
+//!    accepted after its lease ran out (must be 0) and how long it took to step down.
+//!
+//! At the end every object any put acknowledged is read back and compared byte for byte:
+//! objects lost must be 0.
+
+use super::recovery::fill_value;
+use crate::client::{Client, ClientConfig, ReplicateConfig};
+use crate::config::{ByteSize, Millis};
+use crate::ha::etcd_server::EtcdCluster;
+use crate::launch::{self, Child, Launcher, Logs};
+use crate::master::config::MasterConfig;
+use crate::store::config::StoreConfig;
+use crate::transfer::message::{PutStartReq, Wire};
+use crate::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FailoverBenchArgs {
+    /// Masters electing a leader (2 or 3).
+    #[arg(long, default_value_t = 2)]
+    pub masters: usize,
+    /// etcd members (1 or 3).
+    #[arg(long, default_value_t = 1)]
+    pub etcd_members: usize,
+    /// The leader's lease TTL (whole seconds).
+    #[arg(long, default_value = "2s")]
+    pub lease_ttl: Millis,
+    /// Stores contributing a segment each.
+    #[arg(long, default_value_t = 2)]
+    pub stores: usize,
+    /// Segment size of each store.
+    #[arg(long, default_value = "512MiB")]
+    pub segment_size: ByteSize,
+    /// Objects written before the faults.
+    #[arg(long, default_value_t = 5000)]
+    pub objects: usize,
+    /// Size of each object.
+    #[arg(long, default_value = "16KiB")]
+    pub value_size: ByteSize,
+    /// How long the second leader is paused (SIGSTOP) before it is continued.
+    #[arg(long, default_value = "10s")]
+    pub pause: Millis,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What one fault did, as the client saw it.
+#[derive(Debug, Default, serde::Serialize)]
+struct Fault {
+    /// From the fault to the first put acknowledged after it.
+    first_put_s: Option<f64>,
+    /// From the fault to every object committed before it being listed by the new leader.
+    all_readable_s: Option<f64>,
+    /// Objects committed before the fault.
+    objects_before: usize,
+    /// The new leader's epoch, and the old one's.
+    epoch_before: u64,
+    epoch_after: u64,
+    /// Client operations that failed from the fault until the pool was whole again, by reason.
+    errors: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+struct Pause {
+    #[serde(flatten)]
+    fault: Fault,
+    pause_s: f64,
+    /// Writes (PUT_START) sent to the paused leader on connections that knew nothing of the
+    /// failover, answered once it continued.
+    stale_writes_sent: usize,
+    /// Of those, answered with success: writes accepted after the lease ran out (must be 0).
+    stale_writes_accepted: usize,
+    /// Of those, refused with NOT_LEADER.
+    stale_writes_refused: usize,
+    /// From SIGCONT until the old leader's `/health` says standby.
+    stepped_down_after_continue_s: Option<f64>,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+struct Report {
+    masters: usize,
+    etcd_members: usize,
+    lease_ttl_s: f64,
+    stores: usize,
+    value_bytes: u64,
+    kill: Fault,
+    pause: Pause,
+    /// Distinct objects a put acknowledged over the whole run (prefill included).
+    objects_committed: usize,
+    /// Of those, not read back byte-exact at the end (must be 0).
+    objects_lost: usize,
+    /// Puts acknowledged (the loop writes its keys again and again, the same bytes each time).
+    puts_acknowledged: usize,
+    /// Client operations over the run.
+    client_ops: u64,
+    client_errors: u64,
+    errors_by_reason: BTreeMap<String, u64>,
+}
+
+fn key(i: usize) -> String {
+    format!("failover/{i}")
+}
+
+/// The distinct objects acknowledged so far.
+fn committed_objects(rec: &Record) -> Vec<usize> {
+    let set: std::collections::BTreeSet<usize> = rec.committed.iter().map(|(i, _, _)| *i).collect();
+    set.into_iter().collect()
+}
+
+fn committed_keys(rec: &Record) -> Vec<String> {
+    committed_objects(rec).into_iter().map(key).collect()
+}
+
+/// The client's record of its loop: what it committed and what failed.
+#[derive(Default)]
+struct Record {
+    /// (object index, when acknowledged, the epoch of the master that acknowledged it).
+    committed: Vec<(usize, Instant, u64)>,
+    /// (when, reason).
+    errors: Vec<(Instant, String)>,
+    ops: u64,
+}
+
+fn reason(e: &crate::client::ClientError) -> String {
+    let s = e.to_string();
+    for (needle, name) in [
+        ("NOT_LEADER", "not the leader"),
+        ("no master leader", "no leader known"),
+        ("connect", "master unreachable"),
+        ("deposed master", "stale epoch"),
+        ("NO_SPACE", "no space (stores not reported yet)"),
+        ("not found", "miss (stores not reported yet)"),
+        ("timed out", "timeout"),
+    ] {
+        if s.contains(needle) {
+            return name.into();
+        }
+    }
+    "other".into()
+}
+
+/// Dropped in field order: masters and stores, then etcd, then the run directory.
+struct Bench {
+    masters: Vec<Child<launch::Master>>,
+    _stores: Vec<Child<launch::Store>>,
+    spec: String,
+    http: reqwest::blocking::Client,
+    _etcd: EtcdCluster,
+    launcher: Launcher,
+}
+
+impl Bench {
+    fn health(&self, i: usize) -> Option<serde_json::Value> {
+        let m = &self.masters[i];
+        m.pid()?;
+        self.http
+            .get(format!("http://{}/health", m.addrs.metrics))
+            .send()
+            .ok()?
+            .json()
+            .ok()
+    }
+
+    fn leader(&self) -> Option<(usize, u64)> {
+        (0..self.masters.len()).find_map(|i| {
+            let h = self.health(i)?;
+            (h["role"] == "leader").then(|| (i, h["epoch"].as_u64().unwrap_or(0)))
+        })
+    }
+
+    fn wait_leader(
+        &self,
+        other_than: Option<usize>,
+        within: Duration,
+    ) -> anyhow::Result<(usize, u64)> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some((i, e)) = self.leader() {
+                if Some(i) != other_than {
+                    return Ok((i, e));
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no master led within {within:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Waits until every one of `keys` exists (the new leader has them from the stores).
+fn wait_all_listed(
+    client: &Client,
+    keys: &[String],
+    since: Instant,
+    within: Duration,
+) -> Option<f64> {
+    let mut from = 0;
+    while since.elapsed() < within {
+        let chunk: Vec<&str> = keys[from..(from + 512).min(keys.len())]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        if let Ok(found) = client.batch_exists(&chunk) {
+            match found.iter().position(|f| !f) {
+                None => {
+                    from += chunk.len();
+                    if from >= keys.len() {
+                        return Some(since.elapsed().as_secs_f64());
+                    }
+                    continue;
+                }
+                Some(at) => from += at,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+pub fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (2..=3).contains(&args.masters),
+        "--masters: 2 or 3, got {}",
+        args.masters
+    );
+    anyhow::ensure!(
+        args.etcd_members == 1 || args.etcd_members == 3,
+        "--etcd-members: 1 or 3, got {}",
+        args.etcd_members
+    );
+    let progress = |msg: &str| {
+        if !args.json {
+            eprintln!("… {msg}");
+        }
+    };
+    let ttl = args.lease_ttl.0;
+    let size = args.value_size.0 as usize;
+    let launcher = Launcher::new(Logs::Null)?;
+    progress(&format!("starting {} etcd member(s)", args.etcd_members));
+    let etcd = EtcdCluster::start(args.etcd_members, &launcher.dir().join("etcd"))?;
+    let cluster_id = format!("bench-{}", std::process::id());
+    progress(&format!(
+        "starting {} masters electing through etcd (lease TTL {ttl:?}) and {} stores",
+        args.masters, args.stores
+    ));
+    let mut masters = Vec::new();
+    for i in 0..args.masters {
+        masters.push(launcher.spawn::<launch::Master>(
+            &format!("master-{i}"),
+            MasterConfig {
+                rpc_address: "127.0.0.1".into(),
+                rpc_port: 0,
+                metrics_host: "127.0.0.1".into(),
+                metrics_port: 0,
+                enable_ha: true,
+                ha_backend_connstring: etcd.endpoints(),
+                cluster_id: cluster_id.clone(),
+                ha_lease_ttl_ms: args.lease_ttl,
+                client_ttl_ms: Millis(Duration::from_secs(3)),
+                ..MasterConfig::default()
+            },
+        )?);
+    }
+    let spec = format!("etcd://{}/{cluster_id}", etcd.endpoints());
+    let mut bench = Bench {
+        masters,
+        _stores: Vec::new(),
+        spec: spec.clone(),
+        http: reqwest::blocking::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()?,
+        _etcd: etcd,
+        launcher,
+    };
+    bench.wait_leader(None, Duration::from_secs(30))?;
+    let shm = std::path::PathBuf::from("/dev/shm")
+        .join(format!("rbgctl-bench-failover-{}", std::process::id()));
+    for i in 0..args.stores {
+        let s = bench.launcher.spawn::<launch::Store>(
+            &format!("store-{i}"),
+            StoreConfig {
+                master: spec.clone(),
+                bind_address: "127.0.0.1".into(),
+                local_hostname: "127.0.0.1".into(),
+                name: Some(format!("store-{i}")),
+                segment_size: args.segment_size,
+                metrics_host: "127.0.0.1".into(),
+                metrics_port: 0,
+                heartbeat_interval_ms: Millis(Duration::from_millis(200)),
+                shm_dir: shm.clone(),
+                ..StoreConfig::default()
+            },
+        )?;
+        bench._stores.push(s);
+    }
+    let result = measure(&mut bench, &args, size, ttl, progress);
+    let _ = std::fs::remove_dir_all(&shm);
+    let report = result?;
+    print_report(&report, args.json)
+}
+
+fn client(spec: &str) -> anyhow::Result<Client> {
+    Ok(Client::connect(ClientConfig {
+        same_host_shm: false,
+        ..ClientConfig::new(spec.to_string())
+    })?)
+}
+
+fn measure(
+    bench: &mut Bench,
+    args: &FailoverBenchArgs,
+    size: usize,
+    ttl: Duration,
+    progress: impl Fn(&str),
+) -> anyhow::Result<Report> {
+    let main = client(&bench.spec)?;
+    // Wait until every store has mounted at the leader: a put lands on some store.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while main.segments().map_or(0, |s| s.len()) < args.stores {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the stores did not mount at the leader"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    progress(&format!("writing {} objects of {size} bytes", args.objects));
+    let record = Arc::new(Mutex::new(Record::default()));
+    let mut buf = vec![0u8; size];
+    for start in (0..args.objects).step_by(64) {
+        let end = (start + 64).min(args.objects);
+        let keys: Vec<String> = (start..end).map(key).collect();
+        let vals: Vec<Vec<u8>> = (start..end)
+            .map(|i| {
+                fill_value(i, &mut buf);
+                buf.clone()
+            })
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vrefs: Vec<&[u8]> = vals.iter().map(Vec::as_slice).collect();
+        for (j, r) in main
+            .batch_put(&refs, &vrefs, &ReplicateConfig::default())
+            .into_iter()
+            .enumerate()
+        {
+            r.map_err(|e| anyhow::anyhow!("prefill put {}: {e}", keys[j]))?;
+            record
+                .lock()
+                .committed
+                .push((start + j, Instant::now(), main.master_epoch()));
+        }
+    }
+
+    // The loop: one put and one get of a committed object, without pause. The puts cycle
+    // through keys that fit under the eviction watermark with the prefill (a put of a key
+    // again writes the same bytes), so that nothing is evicted and every loss is a loss.
+    let capacity = args.stores as u64 * args.segment_size.0;
+    let fit = (capacity as f64 * 0.7 / size as f64) as usize;
+    anyhow::ensure!(
+        fit > args.objects + 100,
+        "{} objects of {size} bytes leave no room under the eviction watermark of {} stores of {}: \
+         use fewer --objects or a larger --segment-size",
+        args.objects,
+        args.stores,
+        crate::config::human_bytes(args.segment_size.0)
+    );
+    let loop_keys = fit - args.objects;
+    let stop = Arc::new(AtomicBool::new(false));
+    let looper = {
+        let (record, stop, spec) = (record.clone(), stop.clone(), bench.spec.clone());
+        let first = args.objects;
+        std::thread::Builder::new()
+            .name("failover-client".into())
+            .spawn(move || -> anyhow::Result<()> {
+                let c = client(&spec)?;
+                let mut buf = vec![0u8; size];
+                let mut n = 0;
+                let mut rng = fastrand::Rng::with_seed(7);
+                while !stop.load(Ordering::Relaxed) {
+                    let i = first + n % loop_keys;
+                    fill_value(i, &mut buf);
+                    let r = c.put(&key(i), &buf, &ReplicateConfig::default());
+                    let now = Instant::now();
+                    {
+                        let mut rec = record.lock();
+                        rec.ops += 1;
+                        match &r {
+                            Ok(()) => rec.committed.push((i, now, c.master_epoch())),
+                            Err(e) => rec.errors.push((now, format!("put: {}", reason(e)))),
+                        }
+                    }
+                    if r.is_ok() {
+                        n += 1;
+                    } else {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    let probe = {
+                        let rec = record.lock();
+                        rec.committed[rng.usize(..rec.committed.len())].0
+                    };
+                    let g = c.get(&key(probe));
+                    let mut rec = record.lock();
+                    rec.ops += 1;
+                    if let Err(e) = g {
+                        rec.errors
+                            .push((Instant::now(), format!("get: {}", reason(&e))));
+                    }
+                }
+                Ok(())
+            })?
+    };
+    std::thread::sleep(Duration::from_secs(1));
+
+    // 1. kill -9 of the leader.
+    let (old, old_epoch) = bench.wait_leader(None, Duration::from_secs(5))?;
+    progress(&format!(
+        "kill -9 of the leader (master-{old}, epoch {old_epoch})"
+    ));
+    let before = committed_keys(&record.lock());
+    let killed = Instant::now();
+    bench.masters[old].kill();
+    let kill = fault_outcome(
+        bench,
+        &main,
+        &record,
+        &before,
+        killed,
+        Some(old),
+        old_epoch,
+        ttl,
+    )?;
+    progress(&format!("master-{old} started again: it stands by"));
+    bench.masters[old].start()?;
+
+    // 2. SIGSTOP of the new leader for --pause, writes sent to it meanwhile.
+    std::thread::sleep(Duration::from_secs(1));
+    let (paused, paused_epoch) = bench.wait_leader(None, Duration::from_secs(5))?;
+    let rpc = bench.masters[paused].addrs.rpc.to_string();
+    let mut stale: Vec<Connection> = (0..16)
+        .map(|_| Connection::connect(&rpc, &ConnOptions::default()))
+        .collect::<Result<_, _>>()?;
+    progress(&format!(
+        "SIGSTOP of the leader (master-{paused}, epoch {paused_epoch}) for {:?}",
+        args.pause.0
+    ));
+    let before = committed_keys(&record.lock());
+    let pid = bench.masters[paused].pid().unwrap_or(0) as i32;
+    let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
+    signal(nix::sys::signal::Signal::SIGSTOP)?;
+    let stopped = Instant::now();
+    let mut ids = Vec::new();
+    for (j, conn) in stale.iter_mut().enumerate() {
+        let req = PutStartReq {
+            client_id: 1 + j as u64,
+            key: format!("stale/{j}"),
+            size: 4096,
+            config: Default::default(),
+        };
+        ids.push(conn.send(Opcode::PutStart, &req.to_meta(), &[])?);
+    }
+    let fault = fault_outcome(
+        bench,
+        &main,
+        &record,
+        &before,
+        stopped,
+        Some(paused),
+        paused_epoch,
+        ttl,
+    )?;
+    let left = args.pause.0.saturating_sub(stopped.elapsed());
+    std::thread::sleep(left);
+    signal(nix::sys::signal::Signal::SIGCONT)?;
+    let continued = Instant::now();
+    let (mut accepted, mut refused) = (0, 0);
+    for (conn, id) in stale.iter_mut().zip(ids) {
+        match conn.recv(id) {
+            Ok(_) => accepted += 1,
+            Err(TransferError::Remote {
+                status: Status::NotLeader,
+                ..
+            }) => refused += 1,
+            Err(_) => {}
+        }
+    }
+    let mut stepped_down = None;
+    while continued.elapsed() < Duration::from_secs(30) {
+        if bench.health(paused).is_some_and(|h| h["role"] == "standby") {
+            stepped_down = Some(continued.elapsed().as_secs_f64());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pause = Pause {
+        fault,
+        pause_s: continued.duration_since(stopped).as_secs_f64(),
+        stale_writes_sent: stale.len(),
+        stale_writes_accepted: accepted,
+        stale_writes_refused: refused,
+        stepped_down_after_continue_s: stepped_down,
+    };
+
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    if let Ok(Err(e)) = looper.join() {
+        progress(&format!("the client loop stopped: {e}"));
+    }
+    let rec = record.lock();
+    let objects = committed_objects(&rec);
+    progress(&format!(
+        "reading all {} committed objects back",
+        objects.len()
+    ));
+    let mut good = 0;
+    let mut expected = vec![0u8; size];
+    for chunk in objects.chunks(64) {
+        let keys: Vec<String> = chunk.iter().map(|i| key(*i)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for (i, r) in chunk.iter().zip(main.batch_get(&refs)) {
+            fill_value(*i, &mut expected);
+            if r.is_ok_and(|v| v == expected) {
+                good += 1;
+            }
+        }
+    }
+    Ok(Report {
+        masters: args.masters,
+        etcd_members: args.etcd_members,
+        lease_ttl_s: ttl.as_secs_f64(),
+        stores: args.stores,
+        value_bytes: size as u64,
+        kill,
+        pause,
+        objects_committed: objects.len(),
+        objects_lost: objects.len() - good,
+        puts_acknowledged: rec.committed.len(),
+        client_ops: rec.ops,
+        client_errors: rec.errors.len() as u64,
+        errors_by_reason: rec.errors.iter().fold(BTreeMap::new(), |mut m, (_, why)| {
+            *m.entry(why.clone()).or_insert(0) += 1;
+            m
+        }),
+    })
+}
+
+/// Waits for the failover that `at` started and measures it from the client's record.
+#[allow(clippy::too_many_arguments)]
+fn fault_outcome(
+    bench: &Bench,
+    main: &Client,
+    record: &Mutex<Record>,
+    before: &[String],
+    at: Instant,
+    old: Option<usize>,
+    old_epoch: u64,
+    ttl: Duration,
+) -> anyhow::Result<Fault> {
+    let within = ttl * 5 + Duration::from_secs(20);
+    let (_, epoch_after) = bench.wait_leader(old, within)?;
+    let all_readable_s = wait_all_listed(main, before, at, within);
+    let deadline = Instant::now() + within;
+    let first_put_s = loop {
+        // The first put a newer leader acknowledged (the old one may answer for a moment
+        // after a signal is sent: delivery is not instant).
+        let first = record
+            .lock()
+            .committed
+            .iter()
+            .rev()
+            .take_while(|(_, t, _)| *t > at)
+            .filter(|(_, _, epoch)| *epoch > old_epoch)
+            .last()
+            .map(|(_, t, _)| t.duration_since(at).as_secs_f64());
+        if first.is_some() || Instant::now() > deadline {
+            break first;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let until = at
+        + Duration::from_secs_f64(
+            all_readable_s
+                .unwrap_or(0.0)
+                .max(first_put_s.unwrap_or(0.0)),
+        );
+    let mut errors = BTreeMap::new();
+    for (t, why) in &record.lock().errors {
+        if *t >= at && *t <= until {
+            *errors.entry(why.clone()).or_insert(0) += 1;
+        }
+    }
+    Ok(Fault {
+        first_put_s,
+        all_readable_s,
+        objects_before: before.len(),
+        epoch_before: old_epoch,
+        epoch_after,
+        errors,
+    })
+}
+
+fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    let s = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.3} s"));
+    println!(
+        "{} masters on {} etcd member(s), lease TTL {:.0} s; {} stores; objects of {} bytes",
+        r.masters, r.etcd_members, r.lease_ttl_s, r.stores, r.value_bytes
+    );
+    for (name, f) in [
+        ("kill -9 of the leader", &r.kill),
+        ("SIGSTOP of the leader", &r.pause.fault),
+    ] {
+        println!(
+            "{name} (epoch {} → {}): first put after {}, all {} earlier objects listed after {}; \
+             client errors meanwhile: {}",
+            f.epoch_before,
+            f.epoch_after,
+            s(f.first_put_s),
+            f.objects_before,
+            s(f.all_readable_s),
+            if f.errors.is_empty() {
+                "none".to_string()
+            } else {
+                f.errors
+                    .iter()
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+    }
+    println!(
+        "paused {:.1} s: writes sent to it meanwhile {}, accepted after its lease {} (must be 0), \
+         refused NOT_LEADER {}; it stepped down {} after SIGCONT",
+        r.pause.pause_s,
+        r.pause.stale_writes_sent,
+        r.pause.stale_writes_accepted,
+        r.pause.stale_writes_refused,
+        s(r.pause.stepped_down_after_continue_s)
+    );
+    println!(
+        "objects committed {} ({} puts acknowledged), lost {} (must be 0); client operations {}, \
+         failed {} ({})",
+        r.objects_committed,
+        r.puts_acknowledged,
+        r.objects_lost,
+        r.client_ops,
+        r.client_errors,
+        r.errors_by_reason
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
