@@ -505,7 +505,14 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
         return;
     }
     let o = Command::new(BIN)
-        .args(["bench", "failover", "--objects", "300", "--value-size", "4KiB"])
+        .args([
+            "bench",
+            "failover",
+            "--objects",
+            "300",
+            "--value-size",
+            "4KiB",
+        ])
         .args(["--segment-size", "64MiB", "--pause", "3s", "--json"])
         .stdin(Stdio::null())
         .output()
@@ -525,7 +532,9 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
     assert_eq!(r["pause"]["stale_writes_accepted"], 0, "{r}");
     assert_eq!(r["pause"]["stale_writes_refused"], 16, "{r}");
     assert!(
-        r["pause"]["stepped_down_after_continue_s"].as_f64().is_some(),
+        r["pause"]["stepped_down_after_continue_s"]
+            .as_f64()
+            .is_some(),
         "{r}"
     );
 }

@@ -144,12 +144,17 @@ fn reason(e: &crate::client::ClientError) -> String {
         ("NO_SPACE", "no space (stores not reported yet)"),
         ("not found", "miss (stores not reported yet)"),
         ("timed out", "timeout"),
+        ("reset by peer", "connection cut (the master died)"),
     ] {
         if s.contains(needle) {
             return name.into();
         }
     }
-    "other".into()
+    let mut short: String = s.chars().take(80).collect();
+    if short.len() < s.len() {
+        short.push('…');
+    }
+    format!("other ({short})")
 }
 
 /// Dropped in field order: masters and stores, then etcd, then the run directory.
@@ -459,6 +464,12 @@ fn measure(
     let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
     signal(nix::sys::signal::Signal::SIGSTOP)?;
     let stopped = Instant::now();
+    // A signal takes effect a moment after it is sent: the writes must reach a master that
+    // is really stopped, or they are rightly answered by a leader still within its lease.
+    anyhow::ensure!(
+        wait_stopped(pid, Duration::from_secs(5)),
+        "master-{paused} did not stop"
+    );
     let mut ids = Vec::new();
     for (j, conn) in stale.iter_mut().enumerate() {
         let req = PutStartReq {
@@ -552,6 +563,28 @@ fn measure(
             m
         }),
     })
+}
+
+/// Waits until every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn wait_stopped(pid: i32, within: Duration) -> bool {
+    let stopped = || -> Option<bool> {
+        let mut all = true;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
+            // The state follows the command name's closing parenthesis.
+            let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+            all &= state == "T" || state == "t";
+        }
+        Some(all)
+    };
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if stopped() == Some(true) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
 }
 
 /// Waits for the failover that `at` started and measures it from the client's record.
