@@ -12,7 +12,7 @@ use rbgctl::ha::etcd_server::{etcd_program, EtcdCluster};
 use rbgctl::launch::{self, Child, Launcher};
 use rbgctl::master::config::MasterConfig;
 use rbgctl::store::config::StoreConfig;
-use rbgctl::transfer::message::KeyReq;
+use rbgctl::transfer::message::{KeyReq, PutStartReq, PutStartResp};
 use rbgctl::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
 use std::time::{Duration, Instant};
 
@@ -536,5 +536,202 @@ fn masters_elect_on_a_kubernetes_lease_and_fail_over() {
             .as_deref()
             == Some("v1")),
         "the object put before the failover is not readable through the new leader"
+    );
+}
+
+#[test]
+fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() {
+    use rbgctl::testkit::proxy::DelayProxy;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd_or_skip(3, &dir.path().join("etcd")) else {
+        return;
+    };
+    // master-0 reaches every etcd member through a proxy that can cut the link.
+    let proxies: Vec<DelayProxy> = etcd
+        .members
+        .iter()
+        .map(|m| DelayProxy::start(m.endpoint().parse().unwrap(), Duration::ZERO).expect("proxy"))
+        .collect();
+    let through: Vec<String> = proxies.iter().map(|p| p.addr.to_string()).collect();
+    let cluster_id = "partition";
+    let launcher = launcher();
+    let m0 = launcher
+        .spawn::<launch::Master>("master-0", ha_master(&through.join(";"), cluster_id))
+        .expect("master-0 starts");
+    let health = |m: &Child<launch::Master>| -> Option<String> {
+        let (code, body) = common::http_within(
+            "127.0.0.1",
+            m.addrs.metrics.port(),
+            "GET",
+            "/health",
+            b"",
+            Duration::from_millis(300),
+        );
+        let h: serde_json::Value = (code == 200).then(|| serde_json::from_str(&body).ok())??;
+        h["role"].as_str().map(str::to_string)
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || health(&m0).as_deref()
+            == Some("leader")),
+        "master-0 did not lead"
+    );
+    let m1 = launcher
+        .spawn::<launch::Master>("master-1", ha_master(&etcd.endpoints(), cluster_id))
+        .expect("master-1 starts");
+    assert!(wait_until(Duration::from_secs(5), || health(&m1)
+        .as_deref()
+        == Some("standby")));
+    let mut stale = Connection::connect(&m0.addrs.rpc.to_string(), &ConnOptions::default())
+        .expect("connects to master-0");
+
+    for p in &proxies {
+        p.partition();
+    }
+    let cut = Instant::now();
+    let (mut m0_down, mut m1_up) = (None, None);
+    while cut.elapsed() < Duration::from_secs(15) && (m0_down.is_none() || m1_up.is_none()) {
+        if m0_down.is_none() && health(&m0).as_deref() == Some("standby") {
+            m0_down = Some(cut.elapsed());
+        }
+        if m1_up.is_none() && health(&m1).as_deref() == Some("leader") {
+            m1_up = Some(cut.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (m0_down, m1_up) = (
+        m0_down.expect("master-0 never stepped down"),
+        m1_up.expect("master-1 never took over"),
+    );
+    assert!(
+        m0_down < m1_up,
+        "master-0 answered as leader until {m0_down:?}, master-1 led from {m1_up:?}"
+    );
+    // master-0 still has its clients, but accepts no write.
+    let refused: Result<PutStartResp, _> = stale.call(
+        Opcode::PutStart,
+        &PutStartReq {
+            client_id: 9,
+            key: "k".into(),
+            size: 4096,
+            config: Default::default(),
+        },
+    );
+    assert!(
+        matches!(
+            &refused,
+            Err(TransferError::Remote {
+                status: Status::NotLeader,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    // Healed, master-0 finds master-1 leading and stands by.
+    for p in &proxies {
+        p.heal();
+    }
+    std::thread::sleep(TTL);
+    assert_eq!(health(&m0).as_deref(), Some("standby"));
+    assert_eq!(health(&m1).as_deref(), Some("leader"));
+    eprintln!("partitioned leader stepped down after {m0_down:?}, standby led after {m1_up:?}");
+}
+
+#[test]
+fn a_standby_sends_admin_and_metadata_requests_to_the_leader() {
+    let Some(pool) = Pool::start(1, 2, 0) else {
+        return;
+    };
+    let leader = pool.leader().expect("a leader");
+    let standby = 1 - leader;
+    let l = &pool.masters[leader].addrs;
+    let s = &pool.masters[standby].addrs;
+    // Until a standby has seen the leader's view it answers 503 (no leader known).
+    assert!(
+        wait_until(Duration::from_secs(10), || pool
+            .health(standby)
+            .is_some_and(
+                |h| h["leader"].as_str() == Some(l.rpc.to_string().as_str())
+            )),
+        "the standby does not know the leader"
+    );
+    let head = |port: u16, path: &str| -> String {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        use std::io::{Read, Write};
+        write!(
+            conn,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).unwrap();
+        out
+    };
+    let r = head(s.metadata.unwrap().port(), "/metadata?key=a");
+    assert!(r.starts_with("HTTP/1.1 307"), "{r}");
+    let location = format!(
+        "http://127.0.0.1:{}/metadata?key=a",
+        l.metadata.unwrap().port()
+    );
+    assert!(
+        r.to_ascii_lowercase()
+            .contains(&format!("location: {location}")),
+        "{r}"
+    );
+    let r = head(s.metrics.port(), "/api/v1/status");
+    assert!(r.starts_with("HTTP/1.1 307"), "{r}");
+    assert!(
+        r.contains(&format!("127.0.0.1:{}/api/v1/status", l.metrics.port())),
+        "{r}"
+    );
+    // Its own metrics and health stay its own.
+    let r = head(s.metrics.port(), "/metrics");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(
+        r.contains("rbgctl_master_ha_role{role=\"standby\"} 1"),
+        "{r}"
+    );
+    let r = head(l.metadata.unwrap().port(), "/metadata?key=a");
+    assert!(
+        r.starts_with("HTTP/1.1 404"),
+        "the leader answers itself: {r}"
+    );
+}
+
+#[test]
+fn a_master_that_cannot_reach_etcd_stands_by_and_says_why() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let launcher = launcher();
+    let m = launcher
+        .spawn::<launch::Master>("master", ha_master(&endpoint, "unreachable"))
+        .expect("the master starts even without etcd");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (code, body) = common::http(m.addrs.metrics.port(), "GET", "/health", b"");
+            code == 200 && body.contains("\"role\":\"standby\"") && body.contains(&endpoint)
+        }),
+        "no standby with the etcd error in /health: {}",
+        m.log()
+    );
+    let mut conn = Connection::connect(&m.addrs.rpc.to_string(), &ConnOptions::default()).unwrap();
+    let r: Result<bool, _> = conn.call(Opcode::Exists, &KeyReq { key: "k".into() });
+    assert!(
+        matches!(&r, Err(TransferError::Remote { status: Status::NotLeader, message }) if message.contains("no leader is known")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_bad_etcd_endpoint_list_is_a_start_up_error_naming_the_setting() {
+    let out = std::process::Command::new(common::BIN)
+        .args(["master", "--enable-ha", "--etcd-endpoints", "h1;h2:2379"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--etcd-endpoints") && err.contains("no port"),
+        "{err}"
     );
 }

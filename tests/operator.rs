@@ -837,6 +837,7 @@ fn manifests_parse_and_the_examples_reconcile() {
         "pd-kvcache-v1alpha1.yaml",
         "kvcache-v1alpha2.yaml",
         "autoscaling.yaml",
+        "kvcache-ha.yaml",
     ] {
         for d in docs(&format!("manifests/examples/{file}")) {
             match d["kind"].as_str() {

@@ -496,3 +496,67 @@ fn objects_copied_through_shared_memory_are_recorded_and_survive_a_kill() {
         assert_eq!(&cl.get(k).unwrap(), v, "{k}");
     }
 }
+
+#[test]
+fn a_write_of_a_put_an_earlier_master_started_is_refused_by_the_store() {
+    use rbgctl::transfer::message::*;
+    use rbgctl::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
+    let mut c = Cluster::start(Opts {
+        stores: 1,
+        ..Opts::default()
+    });
+    let opts = ConnOptions::default();
+    let mut master = Connection::connect(&c.rpc, &opts).unwrap();
+    let client_id = 77;
+    let _: PingResp = master.call(Opcode::Ping, &PingReq { client_id }).unwrap();
+    let started: PutStartResp = master
+        .call(
+            Opcode::PutStart,
+            &PutStartReq {
+                client_id,
+                key: "stale".into(),
+                size: 4096,
+                config: ReplicateConfig::default(),
+            },
+        )
+        .unwrap();
+    let segments: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+    let endpoint = segments.segments[0].info.endpoint.clone();
+    drop(master);
+
+    // The master restarts before the client writes: the put is committed by no one.
+    c.restart_master();
+    assert!(
+        wait_until(Duration::from_secs(10), || c.segment_count() == 1),
+        "the store did not mount again"
+    );
+    let loc = &started.replicas[0];
+    let mut store = Connection::connect(&endpoint, &opts).unwrap();
+    let value = vec![7u8; 4096];
+    let req = WriteReq {
+        offset: loc.offset,
+        key: "stale".into(),
+        version: started.object_id,
+        checksum: crc32c::crc32c(&value),
+    };
+    let id = store
+        .send(Opcode::Write, &req.to_meta(), &[&value])
+        .unwrap();
+    match store.recv(id) {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::WriteSuperseded, "{message}");
+            assert!(message.contains("earlier master"), "{message}");
+        }
+        other => panic!("the stale write was taken: {other:?}"),
+    }
+    assert_eq!(
+        c.store_metric(0, "rbgctl_store_stale_writes_total"),
+        Some(1.0)
+    );
+    // Puts through the new master land as before.
+    let client = c.client();
+    client
+        .put("fresh", &value, &ReplicateConfig::default())
+        .unwrap();
+    assert_eq!(client.get("fresh").unwrap(), value);
+}

@@ -186,6 +186,7 @@ fn cases() -> Vec<Case> {
     let mounted = MountResp {
         segment_id: 3,
         discard: false,
+        write_floor: 1_764_000_000_000_000,
     };
     c.reply("mount reply", Opcode::MountSegment, &mounted, 0);
     let unmount = UnmountReq {

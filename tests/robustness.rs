@@ -482,7 +482,8 @@ fn a_checked_write_whose_bytes_do_not_match_their_crc_is_refused_and_not_recorde
         let meta = WriteReq {
             offset: 0,
             key: "probe".into(),
-            version: 1,
+            // Above the master's write floor (its clock at start), as a version it issued is.
+            version: u64::MAX / 2,
             checksum: 0,
         }
         .to_meta();

@@ -30,6 +30,14 @@ class Addresses(unittest.TestCase):
         self.assertEqual(e.key, "mooncake-store/prod/master_view")
         self.assertIsInstance(parse_master("k8s://pool/rbgctl-master"), KubeLookup)
         self.assertIsNone(parse_master("127.0.0.1:50051"))
+        # Every place that takes a master address takes these: the client config, the
+        # HiCache extra config (a mapping), and the environment.
+        from rbgctl import ClientConfig
+
+        spec = "etcd://127.0.0.1:2379;127.0.0.1:22379/prod"
+        self.assertEqual(ClientConfig(master=spec).master, spec)
+        self.assertEqual(ClientConfig.from_mapping({"master_server_address": spec}).master, spec)
+        self.assertEqual(ClientConfig(master="k8s://pool/masters").master, "k8s://pool/masters")
         for spec, why in [
             ("etcd://", "no etcd endpoint"),
             ("etcd://h1", "not host:port"),

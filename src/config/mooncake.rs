@@ -272,7 +272,8 @@ fn read_master_json(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
 /// What Mooncake's store service reads from `MOONCAKE_*` variables or `MOONCAKE_CONFIG_PATH`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MooncakeEnv {
-    /// `MOONCAKE_MASTER` / `master_server_address`: the master's `host:port`.
+    /// `MOONCAKE_MASTER` / `master_server_address`: the master's `host:port` (or an elected
+    /// group's `etcd://…` / `k8s://…`).
     pub master: Option<String>,
     /// `MOONCAKE_LOCAL_HOSTNAME` / `local_hostname`: the host part of the segment name and the
     /// address peers use to reach this process.

@@ -59,15 +59,17 @@ impl MasterService {
             }
             Opcode::MountSegment => {
                 let r = MountReq::from_meta(meta)?;
-                let res = self
-                    .state
-                    .lock()
-                    .mount(r.client_id, r.segment, r.recovering, now);
+                let (res, write_floor) = {
+                    let mut st = self.state.lock();
+                    let res = st.mount(r.client_id, r.segment, r.recovering, now);
+                    (res, st.write_floor())
+                };
                 answer(
                     io,
                     res.map(|(segment_id, discard)| MountResp {
                         segment_id,
                         discard,
+                        write_floor,
                     }),
                 )
             }

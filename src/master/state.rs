@@ -203,6 +203,8 @@ pub struct MasterState {
     lost_segments: VecDeque<u64>,
     /// Walks over every object in progress, the first one going on at each step.
     walks: VecDeque<Walk>,
+    /// The first version this state machine could issue (see `write_floor`).
+    write_floor: u64,
 }
 
 /// What the notifier has to deliver.
@@ -227,6 +229,7 @@ fn unix_micros() -> u64 {
 
 impl MasterState {
     pub fn new(cfg: MasterConfig) -> MasterState {
+        let write_floor = unix_micros();
         MasterState {
             cfg,
             clients: HashMap::new(),
@@ -236,7 +239,7 @@ impl MasterState {
             reservations: Reservations::default(),
             indexes: Indexes::default(),
             deferred: Vec::new(),
-            next_object_id: 1,
+            next_object_id: write_floor,
             rng: fastrand::Rng::new(),
             counters: Counters::default(),
             force_eviction: false,
@@ -248,6 +251,7 @@ impl MasterState {
             forget_wait: 0,
             lost_segments: VecDeque::new(),
             walks: VecDeque::new(),
+            write_floor,
         }
     }
 
@@ -261,6 +265,12 @@ impl MasterState {
 
     /// A new version: above every version issued or reported, and at least the wall clock in
     /// microseconds (so a restarted master's versions beat the ones stores kept).
+    /// The lowest version this state machine issues: the wall clock when it started. Stores
+    /// refuse writes below it (`MountResp::write_floor`).
+    pub fn write_floor(&self) -> u64 {
+        self.write_floor
+    }
+
     fn next_version(&mut self) -> u64 {
         self.next_object_id = self.next_object_id.max(unix_micros());
         let v = self.next_object_id;

@@ -12,7 +12,8 @@ use std::time::Duration;
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// The master's RPC address. Default `127.0.0.1:50051`.
+    /// The master's RPC address (`host:port`), or elected masters' `etcd://h1:2379;h2:2379/ID`
+    /// or `k8s://namespace/lease`. Default `127.0.0.1:50051`.
     pub master: String,
     /// Address the data server binds to. Default `0.0.0.0`.
     pub bind_address: String,
@@ -101,7 +102,8 @@ pub struct StoreArgs {
     /// TOML config file (see config/store.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_STORE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Master RPC address (host:port). Default `127.0.0.1:50051`.
+    /// Master RPC address (host:port), or `etcd://h1:2379;h2:2379/ID` or `k8s://ns/lease` for
+    /// elected masters. Default `127.0.0.1:50051`.
     #[arg(long, env = "RBGCTL_STORE_MASTER")]
     pub master: Option<String>,
     /// Address the data server binds to. Default `0.0.0.0`.

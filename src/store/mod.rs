@@ -180,11 +180,14 @@ impl Store {
             None => index::Records::in_memory(),
         });
         let lease = Arc::new(server::ReadLease::default());
+        let write_floor = Arc::new(AtomicU64::new(0));
         let service = Arc::new(StoreService {
             name: name.clone(),
             memory,
             records: records.clone(),
             lease: lease.clone(),
+            write_floor: write_floor.clone(),
+            stale_writes: AtomicU64::new(0),
             stale_reads: AtomicU64::new(0),
             recovery: recovery.unwrap_or_default(),
             index_errors: AtomicU64::new(0),
@@ -210,6 +213,7 @@ impl Store {
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
+        registration.write_floor = write_floor;
         let registration = Arc::new(registration);
         let reg = registration.clone();
         let heartbeat = std::thread::Builder::new()
@@ -354,6 +358,13 @@ impl StoreStatus {
             "Reads of a cached location refused (the version moved, or no lease): the client \
              asked the master instead.",
             s.stale_reads.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_stale_writes_total",
+            "counter",
+            "Writes refused because an earlier master (restarted or deposed) started their put; \
+             the client starts it again.",
+            s.stale_writes.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_recovered_objects",

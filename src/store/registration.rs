@@ -49,6 +49,8 @@ pub struct Registration {
     /// Revoked whenever the segment is mounted (again): the master renews it once it knows
     /// the segment's objects.
     pub lease: Arc<ReadLease>,
+    /// The master's `write_floor` at the last mount, shared with the data service.
+    pub write_floor: Arc<AtomicU64>,
     /// The id the master gave the segment; 0 while not mounted.
     pub segment_id: AtomicU64,
     pub metadata_server: Option<String>,
@@ -98,6 +100,7 @@ impl Registration {
             segment,
             records,
             lease,
+            write_floor: Arc::default(),
             segment_id: AtomicU64::new(0),
             metadata_server,
             metadata_http: std::sync::OnceLock::new(),
@@ -150,16 +153,21 @@ impl Registration {
             recovering: index.is_some(),
         };
         let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
+        // Authoritative, not a maximum: the master answering is the current one (an older
+        // one's answer is refused by its epoch), and its clock may be behind a predecessor's.
+        self.write_floor.store(resp.write_floor, Ordering::Release);
         if let Some(index) = index {
             self.report(index, resp.segment_id, resp.discard)?;
         }
         let previous = self.segment_id.swap(resp.segment_id, Ordering::SeqCst);
         if previous != resp.segment_id {
             tracing::info!(segment = %seg.name, segment_id = resp.segment_id, master = %self.master.addr(), "segment mounted");
-            if let Some(url) = &self.metadata_server {
-                if let Some(http) = self.metadata_http() {
-                    publish_descriptor(http, url, seg);
-                }
+        }
+        // On every mount: a master that restarted or took over has an empty metadata server
+        // (a standby's redirects the PUT to the leader's).
+        if let Some(url) = &self.metadata_server {
+            if let Some(http) = self.metadata_http() {
+                publish_descriptor(http, url, seg);
             }
         }
         Ok(())

@@ -63,6 +63,10 @@ pub struct StoreService {
     /// What the segment holds: the durable index of a persistent store, else in memory.
     pub records: Arc<Records>,
     pub lease: Arc<ReadLease>,
+    /// Writes of a lower version are refused: the master's `write_floor` at the last mount.
+    pub write_floor: Arc<AtomicU64>,
+    /// Writes refused for it (puts an earlier master started).
+    pub stale_writes: AtomicU64,
     /// Version-checked reads refused: stale location, or no lease.
     pub stale_reads: AtomicU64,
     pub recovery: Recovery,
@@ -78,6 +82,21 @@ pub struct StoreService {
 }
 
 impl StoreService {
+    /// Why a write of `version` must not land: a put that a master before the current one
+    /// started (it restarted or was deposed) is committed by no one, and its space may already
+    /// be another object's.
+    fn stale(&self, key: &str, version: u64) -> Option<String> {
+        let floor = self.write_floor.load(Ordering::Acquire);
+        if key.is_empty() || version >= floor {
+            return None;
+        }
+        self.stale_writes.fetch_add(1, Ordering::Relaxed);
+        Some(format!(
+            "version {version} of {key:?} was started at an earlier master (this one issues \
+             versions from {floor}); start the put again"
+        ))
+    }
+
     /// WRITE and WRITE_CHECKED: the bytes straight into the segment, checksummed as they come;
     /// with `checked`, the CRC-32C the writer sent after them must match.
     fn write(
@@ -100,6 +119,11 @@ impl StoreService {
         if let Err(msg) = mem.check(r.offset, len) {
             io.discard_data()?;
             io.error(Status::OutOfBounds, &msg)?;
+            return Ok(false);
+        }
+        if let Some(msg) = self.stale(&r.key, r.version) {
+            io.discard_data()?;
+            io.error(Status::WriteSuperseded, &msg)?;
             return Ok(false);
         }
         // SAFETY: the master allocated this range to exactly one writer.
@@ -251,6 +275,8 @@ impl StoreService {
                 for o in r.objects {
                     if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
                         items.push(Status::OutOfBounds);
+                    } else if self.stale(&o.key, o.version).is_some() {
+                        items.push(Status::WriteSuperseded);
                     } else {
                         items.push(Status::Ok);
                         good.push(o);

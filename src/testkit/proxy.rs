@@ -1,6 +1,8 @@
 //! A TCP proxy on loopback that delays every chunk it forwards, in both directions: a slow
 //! link between two roles, so that a test can hold a request in flight while something else
-//! happens. It counts chunks in flight, so a test can wait until the link is quiet.
+//! happens. It counts chunks in flight, so a test can wait until the link is quiet. It can also
+//! cut the link (`partition`): bytes are read and dropped, as a network that loses every packet,
+//! until `heal`.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown as Direction, SocketAddr, TcpListener, TcpStream};
@@ -15,6 +17,7 @@ pub struct DelayProxy {
     pub addr: SocketAddr,
     in_flight: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
+    cut: Arc<AtomicBool>,
 }
 
 impl DelayProxy {
@@ -24,7 +27,8 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let in_flight = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (count, halt) = (in_flight.clone(), stop.clone());
+        let cut = Arc::new(AtomicBool::new(false));
+        let (count, halt, cut_link) = (in_flight.clone(), stop.clone(), cut.clone());
         let open = Arc::new(AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("delay-proxy".into())
@@ -45,12 +49,12 @@ impl DelayProxy {
                         let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
                             continue;
                         };
-                        let (count, open) = (count.clone(), open.clone());
+                        let (count, open, cut) = (count.clone(), open.clone(), cut_link.clone());
                         open.fetch_add(1, Ordering::SeqCst);
                         let _ = std::thread::Builder::new()
                             .name("delay-proxy-pump".into())
                             .spawn(move || {
-                                pump(from, to, delay, &count);
+                                pump(from, to, delay, &count, &cut);
                                 open.fetch_sub(1, Ordering::SeqCst);
                             });
                     }
@@ -60,7 +64,18 @@ impl DelayProxy {
             addr,
             in_flight,
             stop,
+            cut,
         })
+    }
+
+    /// Cuts the link: from now on every byte either way is dropped.
+    pub fn partition(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again (bytes dropped meanwhile stay lost).
+    pub fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
     }
 
     /// Chunks read but not yet forwarded.
@@ -81,13 +96,22 @@ impl DelayProxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration, in_flight: &AtomicUsize) {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    delay: Duration,
+    in_flight: &AtomicUsize,
+    cut: &AtomicBool,
+) {
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if cut.load(Ordering::SeqCst) {
+            continue;
+        }
         in_flight.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(delay);
         let sent = to.write_all(&buf[..n]);

@@ -218,8 +218,11 @@ message!(
 );
 message!(
     /// `discard`: the master gave this segment's objects up (the store was away longer than the
-    /// grace period); the store must forget them and report none.
-    MountResp { segment_id: u64, discard: bool } min_len = 9
+    /// grace period); the store must forget them and report none. `write_floor`: every version
+    /// this master issues is at least this; a write of a lower version belongs to a put that an
+    /// earlier master (restarted, or deposed) started, which no master will commit, and the
+    /// store refuses it (its space may already hold a newer object).
+    MountResp { segment_id: u64, discard: bool, write_floor: u64 } min_len = 17
 );
 message!(
     /// `keep`: the store is restarting and keeps its objects; the master holds them, unreadable,

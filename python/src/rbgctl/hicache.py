@@ -8,6 +8,8 @@ SGLang loads it with its dynamic backend loader::
             "module_path": "rbgctl.hicache", "class_name": "RbgctlHiCacheStorage",
             "master": "10.0.0.1:50051", "interface_v1": 1}'
 
+(``"master": "etcd://h1:2379;h2:2379/cluster_id"`` follows elected masters, see ``rbgctl.leader``.)
+
 With ``interface_v1`` SGLang calls :meth:`batch_get_v1` / :meth:`batch_set_v1`, which move each
 page between the host KV pool and the store with no copy in Python: the pool's page pointers
 (``get_page_buffer_meta``) are sent with ``sendmsg`` and filled with ``recv_into`` (or copied
