@@ -402,6 +402,9 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
             "4",
         ])
         .args(["--batch-value", "64KiB", "--exists-batch", "8", "--no-shm"])
+        // Well under both segments: a fast machine must not write enough 1 MiB values for
+        // either store to evict (an evicted object is a get error in the peer's rows).
+        .args(["--phase-bytes", "128MiB"])
         .args([
             "--segment-size",
             "256MiB",
