@@ -112,15 +112,7 @@ impl Pool {
     fn health(&self, i: usize) -> Option<serde_json::Value> {
         let m = &self.masters[i];
         m.pid()?;
-        let (code, body) = common::http_within(
-            "127.0.0.1",
-            m.addrs.metrics.port(),
-            "GET",
-            "/health",
-            b"",
-            Duration::from_millis(300),
-        );
-        (code == 200).then(|| serde_json::from_str(&body).ok())?
+        health(m.addrs.metrics.port())
     }
 
     /// The index of the master whose `/health` says it leads.
@@ -153,6 +145,19 @@ impl Pool {
     fn client(&self) -> Client {
         Client::connect(ClientConfig::new(self.spec())).expect("a client connects through etcd")
     }
+}
+
+/// A master's `/health`, waited for at most 300 ms (a paused master answers nothing).
+fn health(metrics_port: u16) -> Option<serde_json::Value> {
+    let (code, body) = common::http_within(
+        "127.0.0.1",
+        metrics_port,
+        "GET",
+        "/health",
+        b"",
+        Duration::from_millis(300),
+    );
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
 }
 
 fn value(key: &str) -> Vec<u8> {
@@ -432,15 +437,7 @@ fn masters_elect_on_a_kubernetes_lease_and_fail_over() {
     let mut masters = vec![spawn(0), spawn(1)];
     let role = |m: &launch::Spawned<rbgctl::master::Addrs>| -> Option<(String, u64)> {
         m.process.pid()?;
-        let (code, body) = common::http_within(
-            "127.0.0.1",
-            m.addrs.metrics.port(),
-            "GET",
-            "/health",
-            b"",
-            Duration::from_millis(300),
-        );
-        let h: serde_json::Value = (code == 200).then(|| serde_json::from_str(&body).ok())??;
+        let h = health(m.addrs.metrics.port())?;
         Some((
             h["role"].as_str()?.to_string(),
             h["epoch"].as_u64().unwrap_or(0),
@@ -558,28 +555,20 @@ fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() 
     let m0 = launcher
         .spawn::<launch::Master>("master-0", ha_master(&through.join(";"), cluster_id))
         .expect("master-0 starts");
-    let health = |m: &Child<launch::Master>| -> Option<String> {
-        let (code, body) = common::http_within(
-            "127.0.0.1",
-            m.addrs.metrics.port(),
-            "GET",
-            "/health",
-            b"",
-            Duration::from_millis(300),
-        );
-        let h: serde_json::Value = (code == 200).then(|| serde_json::from_str(&body).ok())??;
-        h["role"].as_str().map(str::to_string)
+    let role = |m: &Child<launch::Master>| -> Option<String> {
+        health(m.addrs.metrics.port())?["role"]
+            .as_str()
+            .map(str::to_string)
     };
     assert!(
-        wait_until(Duration::from_secs(10), || health(&m0).as_deref()
+        wait_until(Duration::from_secs(10), || role(&m0).as_deref()
             == Some("leader")),
         "master-0 did not lead"
     );
     let m1 = launcher
         .spawn::<launch::Master>("master-1", ha_master(&etcd.endpoints(), cluster_id))
         .expect("master-1 starts");
-    assert!(wait_until(Duration::from_secs(5), || health(&m1)
-        .as_deref()
+    assert!(wait_until(Duration::from_secs(5), || role(&m1).as_deref()
         == Some("standby")));
     let mut stale = Connection::connect(&m0.addrs.rpc.to_string(), &ConnOptions::default())
         .expect("connects to master-0");
@@ -590,10 +579,10 @@ fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() 
     let cut = Instant::now();
     let (mut m0_down, mut m1_up) = (None, None);
     while cut.elapsed() < Duration::from_secs(15) && (m0_down.is_none() || m1_up.is_none()) {
-        if m0_down.is_none() && health(&m0).as_deref() == Some("standby") {
+        if m0_down.is_none() && role(&m0).as_deref() == Some("standby") {
             m0_down = Some(cut.elapsed());
         }
-        if m1_up.is_none() && health(&m1).as_deref() == Some("leader") {
+        if m1_up.is_none() && role(&m1).as_deref() == Some("leader") {
             m1_up = Some(cut.elapsed());
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -631,8 +620,8 @@ fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() 
         p.heal();
     }
     std::thread::sleep(TTL);
-    assert_eq!(health(&m0).as_deref(), Some("standby"));
-    assert_eq!(health(&m1).as_deref(), Some("leader"));
+    assert_eq!(role(&m0).as_deref(), Some("standby"));
+    assert_eq!(role(&m1).as_deref(), Some("leader"));
     eprintln!("partitioned leader stepped down after {m0_down:?}, standby led after {m1_up:?}");
 }
 

@@ -1,15 +1,15 @@
 //! Election on a `coordination.k8s.io/v1` Lease, for a pool inside Kubernetes without etcd.
 //!
-//! As client-go does it: the holder renews `renewTime`; a candidate takes the Lease only after
-//! seeing the same record unchanged for a whole `leaseDurationSeconds` on its own clock (clock
-//! skew between nodes does not matter), and every write is conditional on the resourceVersion
-//! read, so two candidates never both win. The epoch is `leaseTransitions`, raised by every
+//! The decision is `kube::lease::claim` (client-go's rule: a candidate takes the Lease only
+//! after seeing the same record unchanged for a whole `leaseDurationSeconds` on its own clock),
+//! and every write is conditional on the resourceVersion read. The epoch is `leaseTransitions`, raised by every
 //! acquisition (also when the same master takes the Lease again after losing it); the leader's
 //! view is the annotation `rbgctl.io/master-view`.
 
 use super::elector::{Backend, Outcome};
 use super::lease::{self, LeaderHint};
 use super::{HaError, MasterView};
+use crate::kube::lease::{self as kube_lease, Claim};
 use crate::kube::{Kube, KubeConfig, KubeError};
 use crate::shutdown::Shutdown;
 use serde_json::{json, Value};
@@ -20,10 +20,6 @@ pub const VIEW_ANNOTATION: &str = "rbgctl.io/master-view";
 
 /// Longest wait for one API call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn micro_now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-}
 
 fn kube_err(e: KubeError) -> HaError {
     HaError::Kube(e.to_string())
@@ -115,7 +111,7 @@ pub struct KubeLeaseBackend {
     identity: String,
     ttl: Duration,
     /// The record last seen and when it was first seen so (the takeover clock).
-    observed: Option<(Value, Instant)>,
+    observed: kube_lease::Observed,
     /// The Lease as last written while leading, and the epoch.
     held: Option<(Value, u64)>,
 }
@@ -150,42 +146,36 @@ impl Backend for KubeLeaseBackend {
     fn campaign(&mut self, view: &MasterView) -> Result<Outcome, HaError> {
         let sent = Instant::now();
         let view_json = String::from_utf8_lossy(&view.to_json()).into_owned();
+        let duration = Duration::from_secs(self.secs());
         let Some(current) = self.api.get()? else {
-            let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.api.name, "annotations": {VIEW_ANNOTATION: view_json}},
-                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.secs(),
-                         "acquireTime": micro_now(), "renewTime": micro_now(),
-                         "leaseTransitions": 1}});
+            let mut lease = kube_lease::new_lease(&self.api.name, &self.identity, duration, 1);
+            lease["metadata"]["annotations"] = json!({VIEW_ANNOTATION: view_json});
             return Ok(match self.api.create(&lease)? {
                 Some(v) => self.won(v, sent),
                 None => Outcome::Held(None),
             });
         };
-        let spec = current["spec"].clone();
+        // Not leading now, so even a Lease naming this master is taken anew (a transition):
+        // it may have lost it meanwhile.
         let now = Instant::now();
-        let seen_at = match &self.observed {
-            Some((s, t)) if *s == spec => *t,
-            _ => {
-                self.observed = Some((spec.clone(), now));
-                now
-            }
+        let mut next = match kube_lease::claim(
+            &current,
+            &self.identity,
+            duration,
+            false,
+            &mut self.observed,
+            now,
+        ) {
+            Claim::Wait => return Ok(Outcome::Held(leader_of(&current))),
+            Claim::Write(next) => next,
         };
-        let holder = spec["holderIdentity"].as_str().unwrap_or("");
-        let their = Duration::from_secs(spec["leaseDurationSeconds"].as_u64().unwrap_or(15));
-        if !holder.is_empty() && now.duration_since(seen_at) < their {
-            return Ok(Outcome::Held(leader_of(&current)));
-        }
-        let mut next = current.clone();
         next["metadata"]["annotations"][VIEW_ANNOTATION] = json!(view_json);
-        next["spec"]["holderIdentity"] = json!(self.identity);
-        next["spec"]["leaseDurationSeconds"] = json!(self.secs());
-        next["spec"]["acquireTime"] = json!(micro_now());
-        next["spec"]["renewTime"] = json!(micro_now());
-        next["spec"]["leaseTransitions"] =
-            json!(spec["leaseTransitions"].as_u64().unwrap_or(0) + 1);
         Ok(match self.api.replace(&next)? {
             Some(v) => {
-                tracing::info!(previous = holder, "took the Lease");
+                tracing::info!(
+                    previous = current["spec"]["holderIdentity"].as_str().unwrap_or(""),
+                    "took the Lease"
+                );
                 self.won(v, sent)
             }
             None => Outcome::Held(None),
@@ -197,7 +187,7 @@ impl Backend for KubeLeaseBackend {
             return Ok(None);
         };
         let sent = Instant::now();
-        mine["spec"]["renewTime"] = json!(micro_now());
+        mine["spec"]["renewTime"] = json!(kube_lease::micro_now());
         let written = match self.api.replace(&mine)? {
             Some(v) => v,
             None => {
@@ -212,7 +202,7 @@ impl Backend for KubeLeaseBackend {
                     return Ok(None);
                 }
                 let mut again = current.clone();
-                again["spec"]["renewTime"] = json!(micro_now());
+                again["spec"]["renewTime"] = json!(kube_lease::micro_now());
                 match self.api.replace(&again)? {
                     Some(v) => v,
                     None => return Ok(None),

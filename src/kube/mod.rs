@@ -2,6 +2,7 @@
 //! pod's service account or from a kubeconfig, JSON GETs, and watches read as line-delimited
 //! JSON events. Used by the router's pod discovery; the operator builds on it.
 
+pub mod lease;
 pub mod object;
 pub mod patch;
 pub mod selector;

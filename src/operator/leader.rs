@@ -1,10 +1,8 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease, as client-go does it: the holder
-//! renews `renewTime`; another candidate takes the lease only after seeing the same record
-//! unchanged for a whole `leaseDurationSeconds` on its own clock (so clock skew between
-//! nodes does not matter), and every write is conditional on the resourceVersion read, so
-//! two candidates can never both win.
+//! The operator's replicas elect one that acts, on a `coordination.k8s.io/v1` Lease (the
+//! decision is `kube::lease::claim`); every write is conditional on the resourceVersion read,
+//! so two candidates can never both win.
 
-use crate::kube::{Kube, KubeError};
+use crate::kube::{lease, Kube, KubeError};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -15,11 +13,7 @@ pub struct Elector {
     name: String,
     pub identity: String,
     pub lease: Duration,
-    observed: Option<(Value, Instant)>,
-}
-
-fn micro_now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    observed: lease::Observed,
 }
 
 impl Elector {
@@ -44,15 +38,10 @@ impl Elector {
 
     /// One attempt to take or renew the lease; `Ok(true)` while we hold it.
     pub async fn try_acquire(&mut self) -> Result<bool, KubeError> {
-        let secs = self.lease.as_secs().max(1);
         let current = match self.kube.get_json(&self.path).await {
             Ok(v) => v,
             Err(e) if e.code() == Some(404) => {
-                let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name},
-                    "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": secs,
-                             "acquireTime": micro_now(), "renewTime": micro_now(),
-                             "leaseTransitions": 0}});
+                let lease = lease::new_lease(&self.name, &self.identity, self.lease, 0);
                 return match self.kube.create(&self.collection, &lease).await {
                     Ok(v) => {
                         self.observed = Some((v["spec"].clone(), Instant::now()));
@@ -64,36 +53,27 @@ impl Elector {
             }
             Err(e) => return Err(e),
         };
-        let spec = current["spec"].clone();
-        let holder = spec["holderIdentity"].as_str().unwrap_or("");
-        let now = Instant::now();
-        // The record's age is measured from when we first saw it as it is.
-        let seen_at = match &self.observed {
-            Some((s, t)) if *s == spec => *t,
-            _ => {
-                self.observed = Some((spec.clone(), now));
-                now
-            }
-        };
-        let their_lease =
-            Duration::from_secs(spec["leaseDurationSeconds"].as_u64().unwrap_or(secs));
+        let holder = current["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let mine = holder == self.identity;
-        if !mine && !holder.is_empty() && now.duration_since(seen_at) < their_lease {
-            return Ok(false);
-        }
-        let mut next = current.clone();
-        next["spec"]["holderIdentity"] = json!(self.identity);
-        next["spec"]["leaseDurationSeconds"] = json!(secs);
-        next["spec"]["renewTime"] = json!(micro_now());
-        if !mine {
-            next["spec"]["acquireTime"] = json!(micro_now());
-            let t = spec["leaseTransitions"].as_i64().unwrap_or(0);
-            next["spec"]["leaseTransitions"] = json!(t + 1);
-        }
+        let now = Instant::now();
+        let next = match lease::claim(
+            &current,
+            &self.identity,
+            self.lease,
+            mine,
+            &mut self.observed,
+            now,
+        ) {
+            lease::Claim::Wait => return Ok(false),
+            lease::Claim::Write(next) => next,
+        };
         match self.kube.replace(&self.path, &next).await {
             Ok(v) => {
                 if !mine {
-                    tracing::info!(identity = %self.identity, previous = holder, "took the lease");
+                    tracing::info!(identity = %self.identity, previous = %holder, "took the lease");
                 }
                 self.observed = Some((v["spec"].clone(), Instant::now()));
                 Ok(true)
