@@ -8,7 +8,7 @@
 //! sent again if it surely did nothing (it never reached a leader, or was refused by one that
 //! is not).
 
-use super::etcd::{Etcd, WatchOutcome};
+use super::etcd::Etcd;
 use super::kube_lease::{leader_of, LeaseApi};
 use super::lease::LeaderHint;
 use super::{HaError, MasterAddress, MasterView};
@@ -69,12 +69,10 @@ impl Lookup {
     fn wait(&self, after: i64, stop: &Shutdown) {
         match self {
             Lookup::Etcd { etcd, key } => {
-                // A watch that fails (etcd down) is retried after a pause.
-                match etcd.watch(key, after, super::WATCH_WAIT) {
-                    Ok(WatchOutcome::Quiet) | Ok(_) => {}
-                    Err(_) => {
-                        stop.sleep(Duration::from_millis(250));
-                    }
+                // Any change, or the wait's end, means looking again; a watch that fails (etcd
+                // down) is retried after a pause.
+                if etcd.watch(key, after, super::WATCH_WAIT).is_err() {
+                    stop.sleep(Duration::from_millis(250));
                 }
             }
             Lookup::Kube(_) => {
