@@ -3,6 +3,7 @@
 //! assigned to clients. The same machinery runs embedded in a client that contributes memory.
 
 pub mod config;
+pub mod disk;
 pub mod index;
 pub mod registration;
 pub mod segment;
