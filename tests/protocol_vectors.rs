@@ -126,6 +126,7 @@ fn segment(name: &str, size: u64) -> SegmentInfo {
         shm_token: 0x0123_4567_89ab_cdef,
         host_id: "5f2c0b9e-8f5e-4a8e-9d1c-3c0e2f7a9b11".into(),
         segment_uuid: 42,
+        tier: Tier::Memory,
     }
 }
 
@@ -213,6 +214,18 @@ fn cases() -> Vec<Case> {
                     ..Default::default()
                 },
                 used: 0,
+            },
+            SegmentEntry {
+                id: 5,
+                info: SegmentInfo {
+                    name: "store-0/disk".into(),
+                    endpoint: "10.0.0.7:12831".into(),
+                    size: 1 << 40,
+                    segment_uuid: 43,
+                    tier: Tier::Disk,
+                    ..Default::default()
+                },
+                used: 1 << 20,
             },
         ],
     };

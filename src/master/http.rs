@@ -174,6 +174,7 @@ async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                 "id": s.id,
                 "name": s.info.name,
                 "endpoint": s.info.endpoint,
+                "tier": s.info.tier.name(),
                 "client_id": s.client_id,
                 "capacity_bytes": s.alloc.capacity(),
                 "used_bytes": s.alloc.used(),

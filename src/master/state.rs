@@ -32,6 +32,7 @@ use super::placement::{self, Candidate};
 use super::reservations::Reservations;
 use crate::transfer::message::{
     ForgetItem, ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry, SegmentInfo, StoredObject,
+    Tier,
 };
 use crate::transfer::Status;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -110,6 +111,11 @@ impl Segment {
     pub fn is_live(&self) -> bool {
         self.state == SegState::Live
     }
+
+    /// A live memory segment: where new puts go and what the memory watermark counts.
+    fn is_live_memory(&self) -> bool {
+        self.is_live() && self.info.tier == Tier::Memory
+    }
 }
 
 #[derive(Debug)]
@@ -158,8 +164,12 @@ pub struct Counters {
 /// A summary for logs, metrics and the admin API.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Summary {
+    /// Memory segments only (the eviction watermark's figures).
     pub used_bytes: u64,
     pub capacity_bytes: u64,
+    /// Disk-tier segments.
+    pub disk_used_bytes: u64,
+    pub disk_capacity_bytes: u64,
     pub keys: u64,
     pub soft_pinned_keys: u64,
     pub pending_puts: u64,
@@ -1105,7 +1115,7 @@ impl MasterState {
         let candidates: Vec<Candidate<'_>> = self
             .segments
             .values()
-            .filter(|s| s.is_live() && s.alloc.largest_free() >= size)
+            .filter(|s| s.is_live_memory() && s.alloc.largest_free() >= size)
             .map(|s| Candidate {
                 id: s.id,
                 name: &s.info.name,
@@ -1554,6 +1564,10 @@ impl MasterState {
         };
         for seg in self.segments.values() {
             match seg.state {
+                SegState::Live if seg.info.tier == Tier::Disk => {
+                    s.disk_used_bytes += seg.alloc.used();
+                    s.disk_capacity_bytes += seg.alloc.capacity();
+                }
                 SegState::Live => {
                     s.used_bytes += seg.alloc.used();
                     s.capacity_bytes += seg.alloc.capacity();
@@ -1587,10 +1601,11 @@ impl MasterState {
         (keys, pinned, pending)
     }
 
+    /// Of the memory tier: eviction keeps it under the watermark.
     fn used_and_capacity(&self) -> (u64, u64) {
         self.segments
             .values()
-            .filter(|s| s.is_live())
+            .filter(|s| s.is_live_memory())
             .fold((0, 0), |(u, c), s| {
                 (u + s.alloc.used(), c + s.alloc.capacity())
             })
@@ -1620,10 +1635,12 @@ impl MasterState {
                 let Some(v) = &entry.current else {
                     return Verdict::PassOver; // only a put in progress
                 };
-                let on_live_segment = v
-                    .replicas
-                    .iter()
-                    .any(|r| segments.get(&r.segment_id).is_some_and(|s| s.is_live()));
+                // Memory is what is short: an object only on disk frees none of it.
+                let on_live_segment = v.replicas.iter().any(|r| {
+                    segments
+                        .get(&r.segment_id)
+                        .is_some_and(|s| s.is_live_memory())
+                });
                 eviction::verdict(v, on_live_segment, set_aside_pass, now)
             });
         let mut freed = 0;
@@ -2298,6 +2315,37 @@ mod tests {
         );
         assert_eq!(st.counters.lost_objects, 1);
         let _ = b;
+    }
+
+    #[test]
+    fn puts_land_only_in_memory_and_the_watermark_counts_only_memory() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let (mem, _) = st.mount(1, seg("mem", 1 << 20), false, t0).unwrap();
+        let disk = SegmentInfo {
+            tier: Tier::Disk,
+            ..seg("disk", 1 << 30)
+        };
+        let (disk_id, _) = st.mount(1, disk, false, t0).unwrap();
+        st.ping(7, t0);
+        let cfg = ReplicateConfig::default();
+        // Fill memory past the watermark: every object lands in memory, and eviction (not
+        // the huge disk segment's free space) makes room.
+        for i in 0..40 {
+            let key = format!("k{i}");
+            let (id, replicas) = st.put_start(7, &key, 64 << 10, &cfg, t0).unwrap();
+            assert!(replicas.iter().all(|r| r.segment_id == mem), "{replicas:?}");
+            assert_ne!(replicas[0].segment_id, disk_id);
+            st.put_end(7, &key, id, 0, t0).unwrap();
+        }
+        let s = st.summary(t0);
+        assert_eq!(s.capacity_bytes, 1 << 20, "memory only");
+        assert_eq!((s.disk_capacity_bytes, s.disk_used_bytes), (1 << 30, 0));
+        assert!(
+            s.used_bytes as f64 <= 0.9 * s.capacity_bytes as f64,
+            "evicted down to the memory watermark: {s:?}"
+        );
+        assert!(st.counters.evicted_objects > 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod server;
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{OpStats, PromText};
-use crate::transfer::message::SegmentInfo;
+use crate::transfer::message::{SegmentInfo, Tier};
 use crate::transfer::server::{self as tserver, ServerHandle};
 use crate::transfer::Opcode;
 use config::StoreConfig;
@@ -174,6 +174,7 @@ impl Store {
                 shm_token,
                 host_id: crate::transfer::local_host_id(),
                 segment_uuid: index.as_ref().map_or(0, |i| i.uuid()),
+                tier: Tier::Memory,
             }
         });
         let records = Arc::new(match index {

@@ -161,8 +161,48 @@ impl Wire for u32 {
     }
 }
 
+/// Where a segment keeps its bytes. New puts go to memory segments only; a disk segment holds
+/// what memory gave up (the disk tier).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Tier {
+    #[default]
+    Memory,
+    Disk,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
+impl Wire for Tier {
+    fn encode(&self, e: &mut Encoder) {
+        e.u8(*self as u8);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        match d.u8()? {
+            0 => Ok(Tier::Memory),
+            1 => Ok(Tier::Disk),
+            t => Err(TransferError::Protocol(format!(
+                "unknown segment tier {t} (0 memory, 1 disk)"
+            ))),
+        }
+    }
+}
+
+/// A tier is its number on the wire and in test vectors.
+impl serde::Serialize for Tier {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(*self as u8)
+    }
+}
+
 message!(
-    /// What a store tells the master about the memory it contributes.
+    /// What a store tells the master about the memory (or disk) it contributes.
     SegmentInfo {
         /// Unique name, `host:port` by convention (Mooncake's segment naming).
         name: String,
@@ -179,12 +219,14 @@ message!(
         /// Random id of the backing file's incarnation when the store keeps its objects across
         /// restarts (a persistent segment); 0 when it does not.
         segment_uuid: u64,
-    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8
+        /// Memory or disk.
+        tier: Tier,
+    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1
 );
 
 message!(
     /// A mounted segment as the master lists it.
-    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 32 + 8
+    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 33 + 8
 );
 message!(
     /// One replica: a byte range in a segment.
@@ -214,7 +256,7 @@ message!(
 message!(
     /// `recovering`: the segment holds objects from before a restart, which the store reports
     /// with `ReportObjects` before the segment takes new allocations.
-    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool } min_len = 8 + 32 + 1
+    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool } min_len = 8 + 33 + 1
 );
 message!(
     /// `discard`: the master gave this segment's objects up (the store was away longer than the

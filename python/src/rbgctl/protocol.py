@@ -286,14 +286,15 @@ class SegmentInfo:
     shm_token: int
     host_id: str
     segment_uuid: int
+    tier: int = 0  # 0 memory, 1 disk (the disk tier); reads go to the endpoint either way
 
     @staticmethod
     def decode(d: Decoder) -> "SegmentInfo":
-        return SegmentInfo(d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64())
+        return SegmentInfo(d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64(), d.u8())
 
     def encode(self, e: Encoder) -> None:
         e.str(self.name).str(self.endpoint).u64(self.size).str(self.shm_path).u64(self.shm_token)
-        e.str(self.host_id).u64(self.segment_uuid)
+        e.str(self.host_id).u64(self.segment_uuid).u8(self.tier)
 
 
 @dataclass(frozen=True)
