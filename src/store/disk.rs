@@ -189,6 +189,14 @@ impl DiskArea {
         self.direct
     }
 
+    fn io(&self, what: &'static str) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
+        move |source| DiskError::Io {
+            path: self.path.clone(),
+            what,
+            source,
+        }
+    }
+
     fn check(&self, offset: u64, len: u64) -> Result<(), DiskError> {
         if offset % BLOCK != 0 || len % BLOCK != 0 {
             return Err(DiskError::Range(format!(
@@ -209,11 +217,7 @@ impl DiskArea {
         self.check(offset, buf.len() as u64)?;
         self.file
             .write_all_at(buf, offset)
-            .map_err(|source| DiskError::Io {
-                path: self.path.clone(),
-                what: "write",
-                source,
-            })
+            .map_err(self.io("write"))
     }
 
     /// Fills the whole of `buf` (whole blocks) from `offset`.
@@ -221,20 +225,12 @@ impl DiskArea {
         self.check(offset, buf.len() as u64)?;
         self.file
             .read_exact_at(buf, offset)
-            .map_err(|source| DiskError::Io {
-                path: self.path.clone(),
-                what: "read",
-                source,
-            })
+            .map_err(self.io("read"))
     }
 
     /// Makes what was written durable (`fdatasync`).
     pub fn sync(&self) -> Result<(), DiskError> {
-        self.file.sync_data().map_err(|source| DiskError::Io {
-            path: self.path.clone(),
-            what: "sync",
-            source,
-        })
+        self.file.sync_data().map_err(self.io("sync"))
     }
 }
 
