@@ -52,6 +52,14 @@ pub enum KvOp {
         #[arg(allow_hyphen_values = true)]
         key: String,
     },
+    /// Print where a value is: size, checksum, version, and each replica's segment, tier
+    /// (memory or disk), endpoint and offset. Counts as a read (it may promote the value from
+    /// a disk tier).
+    Describe {
+        /// The key.
+        #[arg(allow_hyphen_values = true)]
+        key: String,
+    },
     /// Remove a key.
     Rm {
         /// The key.
@@ -61,7 +69,7 @@ pub enum KvOp {
         #[arg(long)]
         force: bool,
     },
-    /// List the mounted segments: name, endpoint, used and total bytes.
+    /// List the mounted segments: name, tier, endpoint, used and total bytes.
     Segments,
 }
 
@@ -104,6 +112,7 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
                 let largest = client
                     .segments()?
                     .iter()
+                    .filter(|s| s.info.tier == crate::transfer::message::Tier::Memory)
                     .map(|s| s.info.size)
                     .max()
                     .unwrap_or(0);
@@ -135,6 +144,23 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
                 std::process::exit(1);
             }
         }
+        KvOp::Describe { key } => {
+            let (desc, segments) = client.describe(&key)?;
+            println!(
+                "key {key:?}: {} bytes, crc32c {:08x}, version {}",
+                desc.size, desc.checksum, desc.version
+            );
+            for r in &desc.replicas {
+                let s = segments.iter().find(|s| s.id == r.segment_id);
+                println!(
+                    "  replica: segment {} tier {} endpoint {} offset {}",
+                    s.map_or("?", |s| s.info.name.as_str()),
+                    s.map_or("?", |s| s.info.tier.name()),
+                    s.map_or("?", |s| s.info.endpoint.as_str()),
+                    r.offset
+                );
+            }
+        }
         KvOp::Rm { key, force } => {
             client.remove(&key, force)?;
             eprintln!("removed {key:?}");
@@ -142,13 +168,14 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
         KvOp::Segments => {
             let segments = client.segments()?;
             println!(
-                "{:<24} {:<24} {:>10} {:>10}",
-                "NAME", "ENDPOINT", "USED", "SIZE"
+                "{:<24} {:<6} {:<24} {:>10} {:>10}",
+                "NAME", "TIER", "ENDPOINT", "USED", "SIZE"
             );
             for s in segments {
                 println!(
-                    "{:<24} {:<24} {:>10} {:>10}",
+                    "{:<24} {:<6} {:<24} {:>10} {:>10}",
                     s.info.name,
+                    s.info.tier.name(),
                     s.info.endpoint,
                     crate::config::human_bytes(s.used),
                     crate::config::human_bytes(s.info.size)

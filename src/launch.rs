@@ -86,6 +86,9 @@ impl Launchable for Store {
     fn pin(cfg: &mut Self::Config, addrs: &Self::Addrs) {
         cfg.port = addrs.data.port();
         cfg.metrics_port = addrs.metrics.port();
+        if let Some(disk) = addrs.disk {
+            cfg.disk_tier_port = disk.port();
+        }
     }
 }
 

@@ -162,6 +162,14 @@ impl OpStats {
         }
     }
 
+    /// Runs one request's handler (`Ok(true)`: it succeeded) and records it under `opcode`.
+    pub fn timed<E>(&self, opcode: u8, handle: impl FnOnce() -> Result<bool, E>) -> Result<(), E> {
+        let t0 = std::time::Instant::now();
+        let result = handle();
+        self.record(opcode, matches!(result, Ok(true)), t0.elapsed());
+        result.map(|_| ())
+    }
+
     pub fn requests(&self, opcode: u8) -> u64 {
         self.requests[opcode as usize].load(Ordering::Relaxed)
     }

@@ -35,6 +35,11 @@ pub struct PoolConfig {
     pub metrics_port: u16,
     /// Directory of the stores' segment files. Default: a fresh one under /dev/shm.
     pub shm_dir: Option<PathBuf>,
+    /// Each store's disk tier (objects memory gives up go there). Default 0: none.
+    pub disk_tier_size: ByteSize,
+    /// Directory of the stores' disk tiers (a local filesystem). Default: a fresh one under
+    /// the system's temporary directory, removed on exit.
+    pub disk_tier_dir: Option<PathBuf>,
 }
 
 impl Default for PoolConfig {
@@ -46,6 +51,8 @@ impl Default for PoolConfig {
             metadata_port: 8080,
             metrics_port: 9003,
             shm_dir: None,
+            disk_tier_size: ByteSize(0),
+            disk_tier_dir: None,
         }
     }
 }
@@ -153,6 +160,15 @@ impl UpConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.pool.disk_tier_size.0 % 4096 != 0 {
+            return Err(ConfigError::invalid(
+                "pool.disk_tier_size",
+                format!(
+                    "must be a multiple of 4 KiB, got {}",
+                    self.pool.disk_tier_size.0
+                ),
+            ));
+        }
         if self.pool.stores > 0 && self.pool.segment_size.0 < 4096 {
             return Err(ConfigError::invalid(
                 "pool.segment_size",
@@ -209,6 +225,12 @@ pub struct UpArgs {
     /// Directory for the stores' segment files (default: a fresh one under /dev/shm).
     #[arg(long)]
     pub shm_dir: Option<PathBuf>,
+    /// Each store's disk tier size (0 = none).
+    #[arg(long)]
+    pub disk_tier_size: Option<ByteSize>,
+    /// Directory for the stores' disk tiers (default: a fresh one in the temporary directory).
+    #[arg(long)]
+    pub disk_tier_dir: Option<PathBuf>,
     /// Number of regular SIMULATED engines (0 = the pool only, no router).
     #[arg(long)]
     pub engines: Option<usize>,
@@ -240,6 +262,12 @@ impl UpArgs {
         }
         if let Some(v) = &self.shm_dir {
             c.pool.shm_dir = Some(v.clone());
+        }
+        if let Some(v) = self.disk_tier_size {
+            c.pool.disk_tier_size = v;
+        }
+        if let Some(v) = &self.disk_tier_dir {
+            c.pool.disk_tier_dir = Some(v.clone());
         }
         if let Some(v) = self.engines {
             c.engines.count = v;
@@ -293,6 +321,8 @@ pub struct Stack {
     store_procs: Vec<Child<launch::Store>>,
     master_proc: Option<Child<launch::Master>>,
     shm_dir: Option<(PathBuf, bool)>,
+    /// The disk tiers' directory, and whether it is this stack's own (removed on stop).
+    disk_dir: Option<(PathBuf, bool)>,
     pub master: Option<String>,
     pub metadata: Option<String>,
     pub master_metrics: Option<String>,
@@ -323,6 +353,7 @@ impl Stack {
             store_procs: Vec::new(),
             master_proc: None,
             shm_dir: None,
+            disk_dir: None,
             master: None,
             metadata: None,
             master_metrics: None,
@@ -361,6 +392,23 @@ impl Stack {
                 ),
             };
             st.shm_dir = Some((dir.clone(), owned));
+            if p.disk_tier_size.0 > 0 {
+                let (disk, owned) = match &p.disk_tier_dir {
+                    Some(d) => (d.clone(), false),
+                    None => (
+                        std::env::temp_dir().join(format!(
+                            "rbgctl-up-disk-{}-{}",
+                            std::process::id(),
+                            fastrand::u32(..)
+                        )),
+                        true,
+                    ),
+                };
+                std::fs::create_dir_all(&disk).map_err(|e| {
+                    ConfigError::invalid("pool.disk_tier_dir", format!("{}: {e}", disk.display()))
+                })?;
+                st.disk_dir = Some((disk, owned));
+            }
             for i in 0..p.stores {
                 let name = format!("store-{i}");
                 let store = launcher.spawn::<launch::Store>(
@@ -377,6 +425,8 @@ impl Stack {
                         shm_dir: dir.clone(),
                         // A throwaway directory and kernel-chosen ports: nothing to keep.
                         persistent: false,
+                        disk_tier: st.disk_dir.as_ref().map(|(d, _)| d.clone()),
+                        disk_tier_size: p.disk_tier_size,
                         ..StoreConfig::default()
                     },
                 )?;
@@ -388,7 +438,8 @@ impl Stack {
                 ));
                 st.store_procs.push(store);
             }
-            wait_for_segments(&rpc, p.stores, Duration::from_secs(15))?;
+            let per_store = if p.disk_tier_size.0 > 0 { 2 } else { 1 };
+            wait_for_segments(&rpc, p.stores * per_store, Duration::from_secs(15))?;
             st.master = Some(rpc);
             st.metadata = metadata;
             st.master_metrics = Some(format!("http://{}", a.metrics));
@@ -502,6 +553,17 @@ impl Stack {
         if let Some((dir, true)) = self.shm_dir.take() {
             let _ = std::fs::remove_dir_all(&dir);
         }
+        if let Some((dir, true)) = self.disk_dir.take() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// The stores' `/metrics` URLs.
+    pub fn store_metrics_urls(&self) -> Vec<String> {
+        self.store_procs
+            .iter()
+            .map(|s| format!("http://{}/metrics", s.addrs.metrics))
+            .collect()
     }
 
     fn print(&self) {

@@ -541,3 +541,47 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
         "{r}"
     );
 }
+
+#[test]
+fn bench_store_disk_tier_measures_demotion_and_disk_reads_beside_the_filesystem() {
+    let dir = tempfile::Builder::new()
+        .prefix("bench-disk")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let o = Command::new(BIN)
+        .args(["bench", "store", "--disk-tier"])
+        .arg(dir.path())
+        .args(["--disk-tier-memory", "16MiB", "--disk-tier-size", "64MiB"])
+        .args(["--disk-tier-values", "256KiB", "--threads", "1,2", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        r["filesystem"][0]["read_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    let stream = &r["put_streams"][0];
+    assert!(stream["no_tier_gb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(stream["demotion_gb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(stream["dropped_with_tier"], 0, "{r}");
+    let gets = r["disk_gets"].as_array().unwrap();
+    assert_eq!(
+        gets.len(),
+        4,
+        "1 and 2 threads, over TCP and on the same host"
+    );
+    for g in gets {
+        assert!(g["ops"].as_u64().unwrap() > 0, "{r}");
+        if g["path"] == "tcp" {
+            let from_disk = g["from_disk"].as_f64().unwrap();
+            assert!(from_disk > 0.99, "every read came from disk: {r}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "the benchmark's files are gone"
+    );
+}

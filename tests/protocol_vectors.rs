@@ -480,6 +480,33 @@ fn cases() -> Vec<Case> {
         &(),
         4096,
     );
+    let moves = MoveReq {
+        items: vec![
+            MoveItem {
+                kind: MoveKind::Demote,
+                key: "page/0".into(),
+                version: 9,
+                from: 8192,
+                to: 1 << 20,
+                size: 4096,
+                checksum: 0xdead_beef,
+            },
+            MoveItem {
+                kind: MoveKind::Promote,
+                key: "page/1".into(),
+                version: 10,
+                from: 4096,
+                to: 128,
+                size: 100,
+                checksum: 7,
+            },
+        ],
+    };
+    c.request("move between tiers", Opcode::Move, &moves, 0);
+    let moved = BatchStatusResp {
+        items: vec![Status::Ok, Status::ChecksumMismatch],
+    };
+    c.reply("move between tiers reply", Opcode::Move, &moved, 0);
     c.error(
         "error: the version moved",
         Opcode::ReadVersion,
@@ -563,6 +590,7 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         ForgetReq,
         ReadVersionReq,
         ForgetLeaseReq,
+        MoveReq,
     )
 }
 

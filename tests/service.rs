@@ -129,7 +129,7 @@ fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
 }
 
 #[test]
-fn three_tiers_on_the_same_workload_rank_as_in_seed_000() {
+fn the_cache_tiers_on_the_same_workload_rank_as_in_seed_000_and_a_disk_tier_keeps_the_hits() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("tiers.toml");
     std::fs::write(
@@ -169,13 +169,21 @@ fn three_tiers_on_the_same_workload_rank_as_in_seed_000() {
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let hit = |t: &str| v[t]["summary"]["cache_hit_rate"].as_f64().unwrap();
-    for t in ["L1", "L1+L2", "L1+L2+L3"] {
+    for t in ["L1", "L1+L2", "L1+L2+L3", "L1+L2+L3+disk"] {
         assert_eq!(v[t]["summary"]["failed_requests"], 0, "{t}");
         assert_eq!(v[t]["summary"]["total_requests"], 48, "{t}");
     }
     assert!(hit("L1+L2+L3") > hit("L1"), "{v}");
     assert!(hit("L1+L2+L3") >= hit("L1+L2"), "{v}");
     assert!(hit("L1+L2+L3") > 0.4, "{v}");
+    // A quarter of the working set in memory, the rest on disk: the hit rate holds.
+    let l4 = &v["L1+L2+L3+disk"];
+    assert!(hit("L1+L2+L3+disk") >= hit("L1+L2+L3") - 0.05, "{v}");
+    assert!(l4["pool_reads_from_disk"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(
+        l4["pool_memory_bytes"].as_u64() < v["L1+L2+L3"]["pool_memory_bytes"].as_u64(),
+        "{v}"
+    );
 }
 
 #[test]

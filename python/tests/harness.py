@@ -52,11 +52,16 @@ def port_open(port: int) -> bool:
 
 
 class Store:
-    def __init__(self, pool: "LivePool", segment: str, persistent: bool, shm_dir: str):
+    def __init__(
+        self, pool: "LivePool", segment: str, persistent: bool, shm_dir: str, disk_tier: Optional[str] = None
+    ):
         self.pool = pool
         self.segment = segment
         self.persistent = persistent
         self.shm_dir = shm_dir
+        # A disk tier of this size, in a directory on a real filesystem (O_DIRECT needs one).
+        self.disk_tier = disk_tier
+        self.disk_dir = tempfile.mkdtemp(prefix="rbgctl-pytest-disk-") if disk_tier else None
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc: Optional[subprocess.Popen] = None
@@ -91,10 +96,17 @@ class Store:
                 "200ms",
                 "--shm-dir",
                 self.shm_dir,
+                *self.disk_args(),
             ],
             stdout=subprocess.DEVNULL,
             stderr=self.pool.log,
         )
+
+    def disk_args(self) -> List[str]:
+        if not self.disk_tier:
+            return []
+        name = f"store-{self.port}"
+        return ["--name", name, "--disk-tier", self.disk_dir, "--disk-tier-size", self.disk_tier]
 
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -105,7 +117,14 @@ class Store:
 class LivePool:
     """``with LivePool(stores=2) as pool: Client(pool.master)``"""
 
-    def __init__(self, stores: int = 1, segment: str = "256MiB", persistent: bool = False, master_args=()):
+    def __init__(
+        self,
+        stores: int = 1,
+        segment: str = "256MiB",
+        persistent: bool = False,
+        master_args=(),
+        disk_tier: Optional[str] = None,
+    ):
         self.rpc_port = free_port()
         self.master = f"127.0.0.1:{self.rpc_port}"
         self.metrics_port = free_port()
@@ -134,8 +153,11 @@ class LivePool:
         try:
             wait_until("master listening", lambda: port_open(self.rpc_port))
             for i in range(stores):
-                self.stores.append(Store(self, segment, persistent, os.path.join(self.dir, f"store{i}")))
-            self.wait_segments(stores)
+                self.stores.append(
+                    Store(self, segment, persistent, os.path.join(self.dir, f"store{i}"), disk_tier)
+                )
+            # A store with a disk tier mounts two segments.
+            self.wait_segments(stores * (2 if disk_tier else 1))
         except BaseException:
             self.close()
             raise
@@ -149,9 +171,21 @@ class LivePool:
     def wait_segments(self, n: int) -> None:
         wait_until(f"{n} segment(s) mounted", lambda: len(self.segments()) == n, timeout=30)
 
+    def master_metric(self, name: str) -> Optional[float]:
+        """The first sample of a master metric, or None."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return None
+
     def close(self) -> None:
         for s in self.stores:
             s.kill9()
+            if s.disk_dir:
+                shutil.rmtree(s.disk_dir, ignore_errors=True)
         if self.master_proc.poll() is None:
             self.master_proc.send_signal(signal.SIGKILL)
             self.master_proc.wait(timeout=10)

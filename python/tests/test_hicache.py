@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from harness import LivePool
+from harness import LivePool, wait_until
 
 STORAGE_BATCH_SIZE = 128  # SGLang's pages per batched storage call
 
@@ -478,6 +478,37 @@ class Failures(unittest.TestCase):
                 self.assertFalse(backend.exists(hashes[0]))
             finally:
                 backend.close()
+
+
+class DiskTier(unittest.TestCase):
+    def test_pages_memory_gave_to_the_disk_tier_prefetch_transparently(self):
+        # 4 MiB of pool memory for 16 MiB of pages: most go to the store's disk tier.
+        with LivePool(stores=1, segment="4MiB", disk_tier="64MiB") as pool:
+            host_a = PageFirstHostPool(2000, PAGE, TOKEN_BYTES)
+            a = create_backend(config(pool.master), host_a)
+            host_b = PageFirstHostPool(2000, PAGE, TOKEN_BYTES)
+            b = create_backend(config(pool.master, same_host_shm=False), host_b)
+            try:
+                hashes = page_hashes(tokens(2000, seed=7), PAGE)
+                idx = [s * PAGE + t for s in range(2000) for t in range(PAGE)]
+                for s in range(2000):
+                    host_a.fill(s * PAGE, seed=s)
+                self.assertTrue(page_backup(a, host_a, hashes, idx, v1=True))
+
+                def settled():
+                    return pool.master_metric("rbgctl_master_tier_moves_in_flight") == 0
+
+                wait_until("copies between tiers finish", settled)
+                self.assertGreater(pool.master_metric("rbgctl_master_demotions_total"), 1000)
+                self.assertEqual(pool.master_metric("rbgctl_master_evicted_objects_total"), 0)
+                self.assertEqual(storage_hit_query(b, hashes), 2000)
+                self.assertEqual(page_prefetch(b, host_b, hashes, idx, v1=True), 2000)
+                for s in range(2000):
+                    self.assertEqual(host_a.get_data_page(s * PAGE), host_b.get_data_page(s * PAGE), f"page {s}")
+                self.assertGreater(pool.master_metric("rbgctl_master_disk_hits_total"), 1000)
+            finally:
+                a.close()
+                b.close()
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ NOT_USED_HERE = {
     "StoreInfoResp",
     "ForgetReq",
     "ForgetLeaseReq",
+    "MoveReq",
     "ReadVersionReq",
     "BatchPutCommitReq",
     "BatchPutCommitResp",

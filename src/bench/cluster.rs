@@ -16,6 +16,8 @@ pub struct OwnCluster {
     stores: Vec<Child<launch::Store>>,
     /// The stores' segments, in memory (`/dev/shm`) as in production; removed on drop.
     shm_dir: std::path::PathBuf,
+    /// The disk tier's files, in a new directory inside the one asked for; removed on drop.
+    disk_dir: Option<std::path::PathBuf>,
     // Last: the run directory goes after the children.
     _launcher: Launcher,
 }
@@ -38,9 +40,36 @@ pub fn master_or_own(
     Ok((c.master.clone(), Some(c)))
 }
 
+/// What the benchmarks' own cluster is made of.
+pub struct OwnOpts {
+    pub segment_size: u64,
+    pub persistent: bool,
+    /// The store's disk tier: a directory (its files go in a new directory inside, removed at
+    /// the end) and the tier's size.
+    pub disk_tier: Option<(std::path::PathBuf, u64)>,
+    /// The master's settings (its addresses are chosen here).
+    pub master: MasterConfig,
+}
+
 impl OwnCluster {
     /// Starts a master and one store, and waits until the store's segment is live.
     pub fn start(segment_size: u64, persistent: bool) -> anyhow::Result<OwnCluster> {
+        OwnCluster::start_with(OwnOpts {
+            segment_size,
+            persistent,
+            disk_tier: None,
+            master: MasterConfig::default(),
+        })
+    }
+
+    /// Starts a master and one store as `opts` says, and waits until its segments are live.
+    pub fn start_with(opts: OwnOpts) -> anyhow::Result<OwnCluster> {
+        let OwnOpts {
+            segment_size,
+            persistent,
+            disk_tier,
+            master,
+        } = opts;
         anyhow::ensure!(
             segment_size >= 4096,
             "--segment-size: the store it starts needs at least 4 KiB, got {segment_size} bytes"
@@ -54,15 +83,25 @@ impl OwnCluster {
                 rpc_port: 0,
                 metrics_host: host.clone(),
                 metrics_port: 0,
-                ..MasterConfig::default()
+                ..master
             },
         )?;
         let master = master_proc.addrs.rpc.to_string();
-        let shm_dir = std::path::PathBuf::from(format!(
-            "/dev/shm/rbgctl-bench-{}-{:08x}",
+        let run = format!(
+            "rbgctl-bench-{}-{:08x}",
             std::process::id(),
             fastrand::u32(..)
-        ));
+        );
+        let shm_dir = std::path::PathBuf::from(format!("/dev/shm/{run}"));
+        let disk_tier = match disk_tier {
+            Some((dir, size)) => {
+                let mine = dir.join(&run);
+                std::fs::create_dir(&mine)
+                    .map_err(|e| anyhow::anyhow!("disk tier directory {}: {e}", mine.display()))?;
+                Some((mine, size))
+            }
+            None => None,
+        };
         let store = launcher.spawn::<launch::Store>(
             "store-0",
             StoreConfig {
@@ -76,18 +115,22 @@ impl OwnCluster {
                 metrics_host: host,
                 metrics_port: 0,
                 shm_dir: shm_dir.clone(),
+                disk_tier: disk_tier.as_ref().map(|(dir, _)| dir.clone()),
+                disk_tier_size: crate::config::ByteSize(disk_tier.as_ref().map_or(0, |(_, n)| *n)),
                 ..StoreConfig::default()
             },
         )?;
+        let segments = if disk_tier.is_some() { 2 } else { 1 };
         let c = OwnCluster {
             master,
             master_metrics_port: master_proc.addrs.metrics.port(),
             master_proc,
             stores: vec![store],
             shm_dir,
+            disk_dir: disk_tier.map(|(dir, _)| dir),
             _launcher: launcher,
         };
-        c.wait_live_segments(1, Duration::from_secs(30))?;
+        c.wait_live_segments(segments, Duration::from_secs(30))?;
         // The store serves at once and faults its pages in behind; measuring starts once that
         // work is done, so it neither competes for the cores nor leaves faults to the writes.
         let port = c.store_metrics_port(0);
@@ -160,6 +203,9 @@ impl Drop for OwnCluster {
         }
         self.master_proc.stop();
         let _ = std::fs::remove_dir_all(&self.shm_dir);
+        if let Some(dir) = &self.disk_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! `rbgctl bench`: load tools that print a table a person can read, or JSON with `--json`.
 
 pub mod cluster;
+pub mod disk_tier;
 pub mod failover;
 pub mod flood;
 pub mod hicache;

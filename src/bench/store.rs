@@ -74,6 +74,20 @@ pub struct StoreBenchArgs {
     /// and emptied of them at the end. The table shows how p99 moved between the first and last.
     #[arg(long, value_delimiter = ',', value_parser = super::master::parse_count)]
     pub held: Vec<u64>,
+    /// Measure the disk tier instead, with its directory here (a local filesystem): a put
+    /// stream at the memory watermark with and without the tier, and gets of disk-resident
+    /// values beside the filesystem's sequential read speed (measured in the same run).
+    #[arg(long)]
+    pub disk_tier: Option<std::path::PathBuf>,
+    /// With --disk-tier: the disk tier's size (at least 4 × --disk-tier-memory).
+    #[arg(long, default_value = "4GiB")]
+    pub disk_tier_size: ByteSize,
+    /// With --disk-tier: the store's memory, small so that most values go to disk.
+    #[arg(long, default_value = "512MiB")]
+    pub disk_tier_memory: ByteSize,
+    /// With --disk-tier: value sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1MiB,256KiB")]
+    pub disk_tier_values: Vec<ByteSize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -547,6 +561,20 @@ fn check_foreign_pool(client: &Client, master: &str, args: &StoreBenchArgs) -> a
 }
 
 pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.disk_tier {
+        anyhow::ensure!(
+            args.master.is_none(),
+            "--disk-tier starts its own master and store; leave out --master"
+        );
+        return super::disk_tier::run(super::disk_tier::Plan {
+            dir,
+            memory: args.disk_tier_memory.0,
+            disk: args.disk_tier_size.0,
+            sizes: args.disk_tier_values.iter().map(|s| s.0).collect(),
+            threads: args.threads.clone(),
+            json: args.json,
+        });
+    }
     let progress = |msg: &str| {
         if !args.json {
             eprintln!("… {msg}");

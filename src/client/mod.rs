@@ -248,6 +248,20 @@ impl Client {
         Ok(self.inner.describe(key)?.size)
     }
 
+    /// Where the value is: its size, checksum, version and replicas (each with its segment,
+    /// whose `tier` says memory or disk), without reading it. Counts as an access.
+    pub fn describe(&self, key: &str) -> Result<(ObjectDesc, Vec<SegmentEntry>), ClientError> {
+        check_key(key)?;
+        let desc = self.inner.describe(key)?;
+        let segments = self.segments()?;
+        let used = desc
+            .replicas
+            .iter()
+            .filter_map(|r| segments.iter().find(|s| s.id == r.segment_id).cloned())
+            .collect();
+        Ok((desc, used))
+    }
+
     pub fn exists(&self, key: &str) -> Result<bool, ClientError> {
         check_key(key)?;
         self.inner

@@ -60,9 +60,7 @@ const IGNORED_MASTER_FLAGS: &[&str] = &[
     "pod_name",
     "pod_namespace",
     "processing_task_timeout_sec",
-    "promotion_admission_threshold",
     "promotion_max_per_heartbeat",
-    "promotion_on_hit",
     "promotion_queue_limit",
     "quota_bytes",
     "root_fs_dir",
@@ -159,6 +157,10 @@ fn apply(
             args.eviction_high_watermark_ratio = Some(parse_num(name, value)?)
         }
         "eviction_ratio" => args.eviction_ratio = Some(parse_num(name, value)?),
+        "promotion_on_hit" => args.promotion_on_hit = Some(parse_bool(name, value)?),
+        "promotion_admission_threshold" => {
+            args.promotion_admission_threshold = Some(parse_num(name, value)?)
+        }
         "client_ttl" | "client_live_ttl_sec" => args.client_ttl = Some(seconds(name, value)?),
         "put_start_discard_timeout_sec" => {
             args.put_start_discard_timeout = Some(seconds(name, value)?)
@@ -289,6 +291,8 @@ pub struct MooncakeEnv {
     pub protocol: Option<String>,
     /// `MOONCAKE_DEVICE` / `device_name`: RDMA device names.
     pub device: Option<String>,
+    /// `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` / `ssd_offload_path`: the disk tier's directory.
+    pub offload_path: Option<String>,
 }
 
 impl MooncakeEnv {
@@ -318,6 +322,7 @@ impl MooncakeEnv {
             local_buffer_size: size("MOONCAKE_LOCAL_BUFFER_SIZE")?,
             protocol: get("MOONCAKE_PROTOCOL").map(|p| p.to_ascii_lowercase()),
             device: get("MOONCAKE_DEVICE"),
+            offload_path: get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").filter(|p| !p.is_empty()),
         })
     }
 
@@ -362,6 +367,7 @@ impl MooncakeEnv {
             local_buffer_size: size("local_buffer_size")?,
             protocol: text_field("protocol").map(|p| p.to_ascii_lowercase()),
             device: text_field("device_name"),
+            offload_path: text_field("ssd_offload_path").filter(|p| !p.is_empty()),
         })
     }
 }

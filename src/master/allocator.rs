@@ -1,17 +1,30 @@
 //! Per-segment space allocator: best fit over a free list indexed both by size and by offset, so
 //! allocation is O(log n) and freed neighbours coalesce at once (little fragmentation).
+//! Memory segments hand out 64-byte blocks; disk segments 4 KiB ones (`DISK_ALIGN`), so every
+//! disk-tier range can be read and written with `O_DIRECT`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Every allocation is rounded up to this, so payloads start cache-line aligned.
 pub const ALIGN: u64 = 64;
 
+/// A disk segment's block: the store's direct I/O granularity (`store::disk::BLOCK`).
+pub const DISK_ALIGN: u64 = 4096;
+
+/// A memory page: large allocations start on one.
+pub const PAGE: u64 = 4096;
+/// Allocations this large or larger start on a page.
+pub const PAGE_ALIGNED_FROM: u64 = 64 << 10;
+
+/// `size` rounded up to memory blocks.
 pub fn aligned(size: u64) -> u64 {
     size.div_ceil(ALIGN) * ALIGN
 }
 
 #[derive(Debug)]
 pub struct Allocator {
+    /// Every allocation is a multiple of this and starts at one.
+    align: u64,
     capacity: u64,
     used: u64,
     /// offset → length of each free extent.
@@ -21,9 +34,17 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// An allocator of memory blocks (`ALIGN`).
     pub fn new(capacity: u64) -> Allocator {
-        let capacity = capacity / ALIGN * ALIGN;
+        Allocator::with_align(capacity, ALIGN)
+    }
+
+    /// An allocator of `align`-byte blocks (a power of two).
+    pub fn with_align(capacity: u64, align: u64) -> Allocator {
+        debug_assert!(align.is_power_of_two());
+        let capacity = capacity / align * align;
         let mut a = Allocator {
+            align,
             capacity,
             used: 0,
             free_by_offset: BTreeMap::new(),
@@ -37,6 +58,10 @@ impl Allocator {
 
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+    /// The space `size` bytes take here: rounded up to whole blocks.
+    pub fn footprint(&self, size: u64) -> u64 {
+        size.div_ceil(self.align) * self.align
     }
     pub fn used(&self) -> u64 {
         self.used
@@ -60,26 +85,51 @@ impl Allocator {
         }
     }
 
-    /// Allocates `size` bytes (rounded up to `ALIGN`); the smallest extent that fits is used.
+    /// Allocates `size` bytes (rounded up to whole blocks); the smallest extent that fits is
+    /// used.
+    ///
+    /// Allocations of `PAGE_ALIGNED_FROM` bytes or more start on a 4 KiB page, so that a store
+    /// can hand them to direct I/O (its disk tier) without copying them first.
     pub fn alloc(&mut self, size: u64) -> Option<u64> {
         if size == 0 {
             return None;
         }
-        let need = aligned(size);
-        let &(len, offset) = self.free_by_size.range((need, 0)..).next()?;
+        let need = self.footprint(size);
+        let align = if need >= PAGE_ALIGNED_FROM {
+            self.align.max(PAGE)
+        } else {
+            self.align
+        };
+        let fits = |&(len, offset): &(u64, u64)| {
+            let pad = (align - offset % align) % align;
+            (len >= need + pad).then_some((len, offset, pad))
+        };
+        // The best fit whose start can be aligned: a few extents just large enough may not be;
+        // any of `need + align` or more is.
+        let found = self
+            .free_by_size
+            .range((need, 0)..)
+            .take(16)
+            .find_map(fits)
+            .or_else(|| self.free_by_size.range((need + align, 0)..).find_map(fits));
+        let (len, offset, pad) = found?;
         self.remove_free(offset, len);
-        if len > need {
-            self.insert_free(offset + need, len - need);
+        if pad > 0 {
+            self.insert_free(offset, pad);
+        }
+        let tail = len - pad - need;
+        if tail > 0 {
+            self.insert_free(offset + pad + need, tail);
         }
         self.used += need;
-        Some(offset)
+        Some(offset + pad)
     }
 
-    /// Takes the specific range `[offset, offset + size)` (rounded up to `ALIGN`), as a
+    /// Takes the specific range `[offset, offset + size)` (rounded up to whole blocks), as a
     /// recovering store reports it; false when any of it is not free or `offset` is unaligned.
     pub fn reserve(&mut self, offset: u64, size: u64) -> bool {
-        let need = aligned(size);
-        if size == 0 || offset % ALIGN != 0 || offset.checked_add(need).is_none() {
+        let need = self.footprint(size);
+        if size == 0 || offset % self.align != 0 || offset.checked_add(need).is_none() {
             return false;
         }
         let Some((&start, &len)) = self.free_by_offset.range(..=offset).next_back() else {
@@ -103,7 +153,7 @@ impl Allocator {
     /// Frees an allocation made with the same `size`.
     pub fn release(&mut self, offset: u64, size: u64) {
         let mut start = offset;
-        let mut len = aligned(size);
+        let mut len = self.footprint(size);
         debug_assert!(start + len <= self.capacity);
         self.used = self.used.saturating_sub(len);
         if let Some((&prev_off, &prev_len)) = self.free_by_offset.range(..start).next_back() {
@@ -163,6 +213,40 @@ mod tests {
     }
 
     #[test]
+    fn large_allocations_start_on_a_page_and_the_gap_stays_usable() {
+        let mut a = Allocator::new(1 << 20);
+        let small = a.alloc(100).unwrap();
+        let big = a.alloc(64 << 10).unwrap();
+        assert_eq!(small, 0);
+        assert_eq!(big % PAGE, 0, "page-aligned");
+        assert_eq!(a.used(), 128 + (64 << 10), "the gap is not counted as used");
+        // The gap before the large allocation takes small ones.
+        let again = a.alloc(1000).unwrap();
+        assert!(again < big, "{again} fills the gap before {big}");
+        a.release(big, 64 << 10);
+        a.release(again, 1000);
+        a.release(small, 100);
+        assert_eq!(
+            (a.used(), a.largest_free()),
+            (0, 1 << 20),
+            "everything coalesces"
+        );
+    }
+
+    #[test]
+    fn a_disk_allocator_hands_out_whole_4k_blocks() {
+        let mut a = Allocator::with_align(1 << 20, DISK_ALIGN);
+        let x = a.alloc(100).unwrap();
+        let y = a.alloc(5000).unwrap();
+        assert_eq!([x % DISK_ALIGN, y % DISK_ALIGN], [0, 0]);
+        assert_eq!(a.used(), 4096 + 8192);
+        assert!(!a.reserve(64, 10), "unaligned for a disk segment");
+        a.release(y, 5000);
+        a.release(x, 100);
+        assert_eq!((a.used(), a.largest_free()), (0, 1 << 20));
+    }
+
+    #[test]
     fn freed_neighbours_coalesce_into_one_extent() {
         let mut a = Allocator::new(4096);
         let offs: Vec<u64> = (0..64).map(|_| a.alloc(64).unwrap()).collect();
@@ -202,8 +286,13 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(7);
         for _ in 0..5000 {
             if rng.bool() || live.is_empty() {
-                let size = rng.u64(1..20_000);
+                let size = if rng.u8(..) < 32 {
+                    rng.u64(PAGE_ALIGNED_FROM..200_000)
+                } else {
+                    rng.u64(1..20_000)
+                };
                 if let Some(off) = a.alloc(size) {
+                    assert!(size < PAGE_ALIGNED_FROM || off % PAGE == 0, "aligned");
                     for &(o, s) in &live {
                         assert!(off + aligned(size) <= o || o + aligned(s) <= off, "overlap");
                     }

@@ -57,6 +57,21 @@ pub struct MasterConfig {
     pub eviction_high_watermark_ratio: f64,
     /// Each eviction brings usage this far below the watermark. Default 0.05.
     pub eviction_ratio: f64,
+    /// Disk tier eviction (objects dropped from disk, least recently used first) starts when a
+    /// disk segment's used/capacity passes this. Default 0.95.
+    pub disk_eviction_high_watermark_ratio: f64,
+    /// Each disk tier eviction brings the segment's usage this far below its watermark.
+    /// Default 0.05.
+    pub disk_eviction_ratio: f64,
+    /// Most bytes of demotions (memory → disk copies) in flight per store; past it, eviction
+    /// waits for them, and drops what memory must give up at once. Default 256 MiB.
+    pub disk_tier_queue_bytes: ByteSize,
+    /// Copy an object that lives only on disk back to memory when it is read (Mooncake's
+    /// `promotion_on_hit`). Default true.
+    pub promotion_on_hit: bool,
+    /// Reads of a disk-only object before it is promoted: 1 promotes on the first hit, 2 on the
+    /// second (Mooncake's `promotion_admission_threshold`, whose default is 2). Default 1.
+    pub promotion_admission_threshold: u32,
     /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
     pub put_start_discard_timeout_ms: Millis,
     /// An unfinished put older than this is reclaimed. Default 600 s.
@@ -144,6 +159,11 @@ impl Default for MasterConfig {
             max_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(24 * 3600)),
             eviction_high_watermark_ratio: 0.9,
             eviction_ratio: 0.05,
+            disk_eviction_high_watermark_ratio: 0.95,
+            disk_eviction_ratio: 0.05,
+            disk_tier_queue_bytes: ByteSize(256 << 20),
+            promotion_on_hit: true,
+            promotion_admission_threshold: 1,
             put_start_discard_timeout_ms: Millis(Duration::from_secs(30)),
             put_start_release_timeout_ms: Millis(Duration::from_secs(600)),
             put_reservation_ttl_ms: Millis(Duration::from_millis(500)),
@@ -217,6 +237,21 @@ pub struct MasterArgs {
     /// Each eviction brings usage this far below the watermark. Default 0.05.
     #[arg(long, env = "RBGCTL_MASTER_EVICTION_RATIO")]
     pub eviction_ratio: Option<f64>,
+    /// Disk tier eviction starts when a disk segment's used/capacity passes this. Default 0.95.
+    #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_HIGH_WATERMARK_RATIO")]
+    pub disk_eviction_high_watermark_ratio: Option<f64>,
+    /// Each disk tier eviction brings usage this far below its watermark. Default 0.05.
+    #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_RATIO")]
+    pub disk_eviction_ratio: Option<f64>,
+    /// Most bytes of memory → disk copies in flight per store (256MiB, bytes). Default 256 MiB.
+    #[arg(long, env = "RBGCTL_MASTER_DISK_TIER_QUEUE_BYTES")]
+    pub disk_tier_queue_bytes: Option<ByteSize>,
+    /// Copy disk-only objects back to memory when read (true/false). Default true.
+    #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ON_HIT")]
+    pub promotion_on_hit: Option<bool>,
+    /// Reads of a disk-only object before it is promoted (1 = first hit). Default 1.
+    #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ADMISSION_THRESHOLD")]
+    pub promotion_admission_threshold: Option<u32>,
     /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
     #[arg(long, env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT")]
     pub put_start_discard_timeout: Option<Millis>,
@@ -301,6 +336,11 @@ impl MasterArgs {
             max_kv_soft_pin_ttl => max_kv_soft_pin_ttl_ms,
             eviction_high_watermark_ratio => eviction_high_watermark_ratio,
             eviction_ratio => eviction_ratio,
+            disk_eviction_high_watermark_ratio => disk_eviction_high_watermark_ratio,
+            disk_eviction_ratio => disk_eviction_ratio,
+            disk_tier_queue_bytes => disk_tier_queue_bytes,
+            promotion_on_hit => promotion_on_hit,
+            promotion_admission_threshold => promotion_admission_threshold,
             put_start_discard_timeout => put_start_discard_timeout_ms,
             put_start_release_timeout => put_start_release_timeout_ms,
             put_reservation_ttl => put_reservation_ttl_ms,
@@ -357,6 +397,19 @@ impl MasterConfig {
             false,
         )?;
         check_ratio("master.eviction_ratio", self.eviction_ratio, true)?;
+        check_ratio(
+            "master.disk_eviction_high_watermark_ratio",
+            self.disk_eviction_high_watermark_ratio,
+            false,
+        )?;
+        check_ratio("master.disk_eviction_ratio", self.disk_eviction_ratio, true)?;
+        if self.promotion_admission_threshold == 0 {
+            return Err(ConfigError::invalid(
+                "master.promotion_admission_threshold",
+                "must be at least 1 (promotion on the first hit); turn promotion off with \
+                 promotion_on_hit = false",
+            ));
+        }
         if self.client_ttl_ms.0 < Duration::from_millis(100) {
             return Err(ConfigError::invalid(
                 "master.client_ttl_ms",

@@ -63,6 +63,7 @@ mod tests {
             last_access: t0,
             lease_until: at(5),
             soft_pin_until: Some(at(10)),
+            disk_hits: 0,
         };
         // Two replicas of 100 bytes take two 128-byte blocks.
         assert_eq!(verdict(&v, true, false, at(4)), Verdict::PassOver, "leased");

@@ -162,6 +162,9 @@ async fn status(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "counters": st.counters,
         "eviction_high_watermark_ratio": st.config().eviction_high_watermark_ratio,
         "eviction_ratio": st.config().eviction_ratio,
+        "disk_eviction_high_watermark_ratio": st.config().disk_eviction_high_watermark_ratio,
+        "promotion_on_hit": st.config().promotion_on_hit,
+        "promotion_admission_threshold": st.config().promotion_admission_threshold,
     }))
 }
 
@@ -195,9 +198,11 @@ async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 fn object_json(st: &MasterState, key: &str, now: Instant) -> Option<serde_json::Value> {
     let e = st.lookup(key)?;
     let replica_json = |r: &crate::transfer::message::ReplicaLoc| {
+        let seg = st.segment(r.segment_id);
         serde_json::json!({
             "segment_id": r.segment_id,
-            "segment": st.segment(r.segment_id).map(|s| s.info.name.clone()),
+            "segment": seg.map(|s| s.info.name.clone()),
+            "tier": seg.map(|s| s.info.tier.name()),
             "offset": r.offset,
         })
     };
@@ -210,6 +215,9 @@ fn object_json(st: &MasterState, key: &str, now: Instant) -> Option<serde_json::
             "lease_ms_left": v.lease_until.saturating_duration_since(now).as_millis() as u64,
             "soft_pin_ms_left": v.soft_pin_until.map(|t| t.saturating_duration_since(now).as_millis() as u64),
             "idle_ms": now.saturating_duration_since(v.last_access).as_millis() as u64,
+            "tier": if st.on_disk_only(key) { "disk" } else { "memory" },
+            "moving": st.moving(v.object_id),
+            "disk_hits": v.disk_hits,
         })
     });
     let pending = e.pending.as_ref().map(|p| {
@@ -289,6 +297,115 @@ async fn all_segments(State(shared): State<Arc<Shared>>) -> String {
     names.join("\n")
 }
 
+/// Memory vs disk: objects, bytes, and the copies between the tiers.
+fn render_tiers(
+    shared: &Shared,
+    summary: &super::state::Summary,
+    counters: &super::state::Counters,
+    p: &mut PromText,
+) {
+    let tiered = |p: &mut PromText, name: &str, help: &str, memory: u64, disk: u64| {
+        p.family(name, "gauge", help)
+            .sample(name, &[("tier", "memory")], memory as f64)
+            .sample(name, &[("tier", "disk")], disk as f64);
+    };
+    tiered(
+        p,
+        "rbgctl_master_tier_keys",
+        "Readable objects by the tier they live in (memory, or only the disk tier).",
+        summary.keys.saturating_sub(summary.disk_keys),
+        summary.disk_keys,
+    );
+    tiered(
+        p,
+        "rbgctl_master_tier_used_bytes",
+        "Bytes allocated by tier.",
+        summary.used_bytes,
+        summary.disk_used_bytes,
+    );
+    tiered(
+        p,
+        "rbgctl_master_tier_capacity_bytes",
+        "Bytes contributed by tier.",
+        summary.capacity_bytes,
+        summary.disk_capacity_bytes,
+    );
+    let mover = &shared.mover;
+    p.single(
+        "rbgctl_master_demotions_total",
+        "counter",
+        "Objects memory gave up to a store's disk tier (copies confirmed).",
+        counters.demoted_objects as f64,
+    )
+    .single(
+        "rbgctl_master_demoted_bytes_total",
+        "counter",
+        "Bytes moved from memory to disk tiers.",
+        counters.demoted_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_promotions_total",
+        "counter",
+        "Objects a hit brought back from a disk tier to memory.",
+        counters.promoted_objects as f64,
+    )
+    .single(
+        "rbgctl_master_promoted_bytes_total",
+        "counter",
+        "Bytes moved from disk tiers back to memory.",
+        counters.promoted_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_disk_hits_total",
+        "counter",
+        "Reads answered with a disk tier replica.",
+        counters.disk_hits as f64,
+    )
+    .single(
+        "rbgctl_master_tier_moves_in_flight",
+        "gauge",
+        "Copies between tiers sent or queued and not yet answered.",
+        summary.moves_in_flight as f64,
+    )
+    .single(
+        "rbgctl_master_demoting_bytes",
+        "gauge",
+        "Memory the demotions under way will free.",
+        summary.demoting_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_tier_move_failures_total",
+        "counter",
+        "Copies between tiers that failed (the object stayed where it was).",
+        counters.move_failures as f64,
+    )
+    .single(
+        "rbgctl_master_tier_moves_sent_total",
+        "counter",
+        "Copies between tiers sent to stores.",
+        mover.sent.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_disk_evicted_objects_total",
+        "counter",
+        "Objects dropped from disk tiers by their own eviction.",
+        counters.disk_evicted_objects as f64,
+    )
+    .single(
+        "rbgctl_master_disk_evicted_bytes_total",
+        "counter",
+        "Bytes dropped from disk tiers by their own eviction.",
+        counters.disk_evicted_bytes as f64,
+    )
+    .single(
+        "rbgctl_master_disk_full_drops_total",
+        "counter",
+        "Objects memory eviction dropped although their store has a disk tier (no room there, \
+         or too large to move).",
+        counters.disk_full_drops as f64,
+    );
+}
+
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let now = Instant::now();
     let (summary, counters) = {
@@ -297,6 +414,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     };
     let mut p = PromText::new();
     render_ha(&shared, now, &mut p);
+    render_tiers(&shared, &summary, &counters, &mut p);
     p.single(
         "rbgctl_master_used_bytes",
         "gauge",

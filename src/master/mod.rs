@@ -14,12 +14,14 @@ pub mod indexes;
 pub mod key_index;
 pub mod lock;
 pub mod metadata;
+pub mod mover;
 pub mod notifier;
 pub mod objects;
 pub mod placement;
 pub mod reservations;
 pub mod rpc;
 pub mod state;
+pub mod tiering;
 
 use self::lock::StateLock;
 use crate::config::human_bytes;
@@ -58,6 +60,8 @@ pub struct Shared {
     pub started: Instant,
     pub leadership: Arc<Leadership>,
     pub election: Arc<ElectionStats>,
+    /// Carries out moves between memory and disk tiers.
+    pub mover: Arc<mover::Mover>,
 }
 
 /// What an election does to the master: a master elected or deposed forgets everything, as a
@@ -146,15 +150,20 @@ pub fn summary_line(st: &MasterState, now: Instant) -> String {
         100.0 * s.used_bytes as f64 / s.capacity_bytes as f64
     };
     format!(
-        "Storage: {} / {} ({pct:.1}%) | Keys: {} (soft-pinned: {}, pending: {}) | Clients: {} | Segments: {} | Evicted: {}",
+        "Storage: {} / {} ({pct:.1}%) | Disk tier: {} / {} | Keys: {} (on disk only: {}, soft-pinned: {}, pending: {}) | Clients: {} | Segments: {} | Evicted: {} | Demoted: {} | Promoted: {}",
         human_bytes(s.used_bytes),
         human_bytes(s.capacity_bytes),
+        human_bytes(s.disk_used_bytes),
+        human_bytes(s.disk_capacity_bytes),
         s.keys,
+        s.disk_keys,
         s.soft_pinned_keys,
         s.pending_puts,
         s.clients,
         s.segments,
         st.counters.evicted_objects,
+        st.counters.demoted_objects,
+        st.counters.promoted_objects,
     )
 }
 
@@ -218,6 +227,8 @@ pub fn start(
     let notifier =
         notifier::Notifier::new(state.clone(), leadership.clone(), cfg.store_read_lease());
     let notifier_thread = notifier.spawn(shutdown.clone())?;
+    let mover = mover::Mover::new(state.clone(), leadership.clone());
+    let mover_thread = mover.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
         notifier,
@@ -225,6 +236,7 @@ pub fn start(
         connections: Default::default(),
         allocations_from: parking_lot::Mutex::new(Instant::now() + cfg.put_reservation_ttl_ms.0),
         leadership: leadership.clone(),
+        mover: mover.clone(),
     });
     let shared = Arc::new(Shared {
         state: state.clone(),
@@ -232,6 +244,7 @@ pub fn start(
         started: Instant::now(),
         leadership,
         election: Default::default(),
+        mover,
     });
     let election = match cfg.enable_ha {
         true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),
@@ -241,6 +254,7 @@ pub fn start(
     tracing::info!(addr = %rpc.addr, "master RPC listening");
     let housekeeper = {
         let (state, shutdown) = (state.clone(), shutdown.clone());
+        let mover = shared.mover.clone();
         let interval = cfg.summary_interval_ms.0;
         std::thread::Builder::new()
             .name("master-housekeeper".into())
@@ -250,6 +264,9 @@ pub fn start(
                     let now = Instant::now();
                     let mut st = state.lock();
                     st.housekeeping(now);
+                    if st.has_queued_moves() {
+                        mover.wake();
+                    }
                     if now.duration_since(last_summary) >= interval {
                         last_summary = now;
                         tracing::info!("{}", summary_line(&st, now));
@@ -308,6 +325,7 @@ pub fn start(
         rpc.stop();
         let _ = housekeeper.join();
         let _ = notifier_thread.join();
+        let _ = mover_thread.join();
         runtime.shutdown_timeout(Duration::from_secs(5));
         Ok(())
     })?)

@@ -3,11 +3,14 @@
 //! foldhash; a batch prefetches its lookups), and the slots are threaded on intrusive lists that keep least-recently-used order as objects are
 //! touched, so that eviction takes the oldest from the head instead of sorting every object.
 //!
-//! Two lists: *recent* holds every object in access order; *set aside* holds soft-pinned
-//! objects that an eviction walk passed (soft-pinned objects go only when nothing else is left),
-//! in the order they were found, which is their access order. Touching an object moves it to
-//! the tail of *recent*; an object set aside whose pin runs out goes back to the head of
-//! *recent*, being older than everything the walk that set it aside left there.
+//! Three lists: *recent* holds every object in memory in access order; *set aside* holds
+//! soft-pinned objects that an eviction walk passed (soft-pinned objects go only when nothing
+//! else is left), in the order they were found, which is their access order; *disk* holds the
+//! objects that live only in the disk tier, in access order, for the disk tier's own eviction.
+//! Touching an object moves it to the tail of its list (*recent* for one set aside); an object
+//! set aside whose pin runs out goes back to the head of *recent*, being older than everything
+//! the walk that set it aside left there. Demotion and promotion move an object between
+//! *recent* and *disk* (`to_disk`, `to_memory`).
 
 use super::key_index::{prefetch, KeyIndex};
 use foldhash::fast::RandomState;
@@ -30,6 +33,8 @@ pub struct Version {
     pub last_access: Instant,
     pub lease_until: Instant,
     pub soft_pin_until: Option<Instant>,
+    /// Reads since the object went to the disk tier (promotion's admission count).
+    pub disk_hits: u8,
 }
 
 /// A put in progress (or a reservation): allocated, versioned, not yet readable.
@@ -60,6 +65,8 @@ pub enum Verdict {
     PassOver,
     /// Soft-pinned: set it aside, to be taken only when nothing else is left.
     SetAside,
+    /// Not this walk's business: leave it where it is.
+    Skip,
 }
 
 const NIL: u32 = u32::MAX;
@@ -68,9 +75,13 @@ const NIL: u32 = u32::MAX;
 enum List {
     Recent = 0,
     SetAside = 1,
+    /// Objects only in the disk tier.
+    Disk = 2,
     /// A free slot; `next` links the free slots.
-    Free = 2,
+    Free = 3,
 }
+
+const LISTS: usize = 3;
 
 /// Key and links first: a lookup and a touch read the first cache line.
 #[derive(Debug)]
@@ -150,7 +161,9 @@ pub struct ObjectTable {
     free: u32,
     index: KeyIndex,
     hasher: RandomState,
-    lists: [Ends; 2],
+    lists: [Ends; LISTS],
+    /// Objects on each list.
+    list_len: [usize; LISTS],
     len: usize,
 }
 
@@ -161,7 +174,8 @@ impl Default for ObjectTable {
             free: NIL,
             index: KeyIndex::default(),
             hasher: RandomState::default(),
-            lists: [EMPTY; 2],
+            lists: [EMPTY; LISTS],
+            list_len: [0; LISTS],
             len: 0,
         }
     }
@@ -231,12 +245,47 @@ impl ObjectTable {
         self.find(key).is_some()
     }
 
-    /// `key`'s entry, as an access: it moves to the back of the eviction order.
+    /// `key`'s entry, as an access: it moves to the back of its tier's eviction order.
     pub fn touch(&mut self, key: &str) -> Option<&mut Entry> {
+        self.touch_tiered(key).map(|(e, _)| e)
+    }
+
+    /// As `touch`, and whether the object lives only in the disk tier.
+    pub fn touch_tiered(&mut self, key: &str) -> Option<(&mut Entry, bool)> {
         let i = self.find(key)?;
+        let on_disk = self.slots[i as usize].list == List::Disk;
+        let list = if on_disk { List::Disk } else { List::Recent };
         self.unlink(i);
-        self.link_tail(List::Recent, i);
-        Some(&mut self.slots[i as usize].entry)
+        self.link_tail(list, i);
+        Some((&mut self.slots[i as usize].entry, on_disk))
+    }
+
+    /// `key` now lives only in the disk tier: it joins the back of the disk order.
+    pub fn to_disk(&mut self, key: &str) {
+        self.move_to(key, List::Disk);
+    }
+
+    /// `key` is in memory again: it joins the back of the memory order.
+    pub fn to_memory(&mut self, key: &str) {
+        self.move_to(key, List::Recent);
+    }
+
+    fn move_to(&mut self, key: &str, list: List) {
+        if let Some(i) = self.find(key) {
+            self.unlink(i);
+            self.link_tail(list, i);
+        }
+    }
+
+    /// Objects that live only in the disk tier.
+    pub fn disk_len(&self) -> usize {
+        self.list_len[List::Disk as usize]
+    }
+
+    /// Whether `key` is on the disk tier's list.
+    pub fn on_disk(&self, key: &str) -> bool {
+        self.find(key)
+            .is_some_and(|i| self.slots[i as usize].list == List::Disk)
     }
 
     /// `key`'s entry, made empty and most recently used if it was not kept, else touched.
@@ -371,11 +420,33 @@ impl ObjectTable {
     pub fn eviction_walk(
         &mut self,
         need: u64,
+        judge: impl FnMut(&str, &Entry, bool) -> Verdict,
+    ) -> Vec<Box<str>> {
+        self.walk(
+            &[(List::Recent, false), (List::SetAside, true)],
+            need,
+            judge,
+        )
+    }
+
+    /// As `eviction_walk`, over the objects only in the disk tier.
+    pub fn disk_eviction_walk(
+        &mut self,
+        need: u64,
+        judge: impl FnMut(&str, &Entry, bool) -> Verdict,
+    ) -> Vec<Box<str>> {
+        self.walk(&[(List::Disk, true)], need, judge)
+    }
+
+    fn walk(
+        &mut self,
+        lists: &[(List, bool)],
+        need: u64,
         mut judge: impl FnMut(&str, &Entry, bool) -> Verdict,
     ) -> Vec<Box<str>> {
         let mut victims = Vec::new();
         let mut freed = 0u64;
-        for (list, set_aside_pass) in [(List::Recent, false), (List::SetAside, true)] {
+        for &(list, set_aside_pass) in lists {
             // Objects passed over move behind the last one looked at: stop there.
             let last = self.lists[list as usize].tail;
             let mut at = self.lists[list as usize].head;
@@ -399,6 +470,7 @@ impl ObjectTable {
                         self.unlink(at);
                         self.link_tail(list, at);
                     }
+                    Verdict::Skip => {}
                 }
                 at = next;
             }
@@ -413,6 +485,7 @@ impl ObjectTable {
         if list == List::Free {
             return;
         }
+        self.list_len[list as usize] -= 1;
         let ends = &mut self.lists[list as usize];
         if prev == NIL {
             ends.head = next;
@@ -431,6 +504,7 @@ impl ObjectTable {
     }
 
     fn link_tail(&mut self, list: List, i: u32) {
+        self.list_len[list as usize] += 1;
         let ends = &mut self.lists[list as usize];
         let tail = ends.tail;
         ends.tail = i;
@@ -446,6 +520,7 @@ impl ObjectTable {
     }
 
     fn link_head(&mut self, list: List, i: u32) {
+        self.list_len[list as usize] += 1;
         let ends = &mut self.lists[list as usize];
         let head = ends.head;
         ends.head = i;
@@ -460,12 +535,13 @@ impl ObjectTable {
         slot.list = list;
     }
 
-    /// Keys in eviction order: the recent list, then the set-aside one, checking every link
-    /// (tests).
+    /// Keys in eviction order: the recent list, then the set-aside one, then the disk one,
+    /// checking every link (tests).
     #[cfg(test)]
     pub fn order(&self) -> Vec<&str> {
         let mut out = Vec::new();
-        for list in [List::Recent, List::SetAside] {
+        for list in [List::Recent, List::SetAside, List::Disk] {
+            let out_before = out.len();
             let mut at = self.lists[list as usize].head;
             let mut prev = NIL;
             while at != NIL {
@@ -477,6 +553,8 @@ impl ObjectTable {
                 at = s.next;
             }
             assert_eq!(self.lists[list as usize].tail, prev);
+            let on_list = out.len() - out_before;
+            assert_eq!(self.list_len[list as usize], on_list, "length of {list:?}");
         }
         assert_eq!(out.len(), self.len, "every kept object is on a list");
         out

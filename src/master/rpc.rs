@@ -1,7 +1,7 @@
 //! The master's RPC service: decodes each request, applies it to the state under one lock, and
 //! answers. Batch requests take the lock once for the whole batch.
 
-use super::lock::StateLock;
+use super::lock::{StateGuard, StateLock};
 use super::notifier::Notifier;
 use super::state::{MasterState, OpResult};
 use crate::telemetry::OpStats;
@@ -25,7 +25,13 @@ pub struct MasterService {
     pub allocations_from: parking_lot::Mutex<Instant>,
     /// Whether this master may answer (always, without HA).
     pub leadership: Arc<crate::ha::lease::Leadership>,
+    /// Carries out moves between tiers; puts wait for it when memory is short.
+    pub mover: Arc<super::mover::Mover>,
 }
+
+/// Longest a put waits for demotions under way to free the memory it needs, before eviction
+/// drops objects instead.
+const ROOM_WAIT: Duration = Duration::from_secs(2);
 
 fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
     match r {
@@ -105,10 +111,10 @@ impl MasterService {
             Opcode::PutStart => {
                 let r = PutStartReq::from_meta(meta)?;
                 let now = self.wait_for_allocations(now);
-                let res = self
-                    .state
-                    .lock()
-                    .put_start(r.client_id, &r.key, r.size, &r.config, now);
+                let bytes = r.size * u64::from(r.config.replica_num.max(1));
+                let (mut st, now) = self.lock_with_room((bytes, r.size), now);
+                let res = st.put_start(r.client_id, &r.key, r.size, &r.config, now);
+                self.send_moves(st);
                 answer(
                     io,
                     res.map(|(object_id, replicas)| PutStartResp {
@@ -133,7 +139,9 @@ impl MasterService {
             }
             Opcode::GetReplicas => {
                 let r = KeyReq::from_meta(meta)?;
-                let res = self.state.lock().get_replicas(&r.key, now);
+                let mut st = self.state.lock();
+                let res = st.get_replicas(&r.key, now);
+                self.send_moves(st);
                 answer(io, res)
             }
             Opcode::Exists => {
@@ -154,8 +162,11 @@ impl MasterService {
             Opcode::BatchPutStart => {
                 let r = BatchPutStartReq::from_meta(meta)?;
                 let now = self.wait_for_allocations(now);
+                let copies = u64::from(r.config.replica_num.max(1));
+                let bytes = r.items.iter().map(|it| it.size * copies).sum();
+                let largest = r.items.iter().map(|it| it.size).max().unwrap_or(0);
                 let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
-                let mut st = self.state.lock();
+                let (mut st, now) = self.lock_with_room((bytes, largest), now);
                 st.prefetch(&keys);
                 let items = r
                     .items
@@ -169,7 +180,7 @@ impl MasterService {
                         )
                     })
                     .collect();
-                drop(st);
+                self.send_moves(st);
                 answer(io, Ok(BatchPutStartResp { items }))
             }
             Opcode::BatchPutEnd => {
@@ -182,7 +193,13 @@ impl MasterService {
                 let now = if r.reserve.is_empty() {
                     now
                 } else {
-                    self.wait_for_allocations(now)
+                    let now = self.wait_for_allocations(now);
+                    let copies = u64::from(r.config.replica_num.max(1));
+                    let bytes = r.reserve.iter().sum::<u64>() * copies;
+                    let largest = r.reserve.iter().copied().max().unwrap_or(0);
+                    let (st, now) = self.lock_with_room((bytes, largest), now);
+                    drop(st);
+                    now
                 };
                 let (items, reserved, ttl) = self.durably(|st| {
                     let items = end_puts(st, r.client_id, &r.items, now);
@@ -227,7 +244,7 @@ impl MasterService {
                     .iter()
                     .map(|k| item(st.get_replicas(k, now)))
                     .collect();
-                drop(st);
+                self.send_moves(st);
                 answer(io, Ok(BatchGetReplicasResp { items }))
             }
             Opcode::BatchExists => {
@@ -253,6 +270,7 @@ impl MasterService {
             | Opcode::WriteChecked
             | Opcode::ReadVersion
             | Opcode::ForgetLease
+            | Opcode::Move
             | Opcode::Read
             | Opcode::StoreInfo
             | Opcode::Seal
@@ -270,6 +288,40 @@ impl MasterService {
 impl MasterService {
     /// Holds an allocating request that arrived at `now` until `allocations_from` (only just
     /// after a start); answers the time it goes on at.
+    /// The state, locked once memory has room for a put of `bytes` (the disk tier's
+    /// backpressure): while it has less free, objects are demoted and the put waits for them
+    /// (at most `ROOM_WAIT`), so that a put stream runs at the speed memory is copied to disk
+    /// instead of having eviction drop objects. Without a disk tier, one lock and no wait.
+    fn lock_with_room(
+        &self,
+        (bytes, largest): (u64, u64),
+        now: Instant,
+    ) -> (StateGuard<'_>, Instant) {
+        let mut st = self.state.lock();
+        if !st.make_room(bytes, largest, now) {
+            return (st, now);
+        }
+        let deadline = Instant::now() + ROOM_WAIT;
+        loop {
+            drop(st);
+            self.mover.wake();
+            let reported = self.mover.wait_reported(deadline);
+            st = self.state.lock();
+            if !reported || !st.make_room(bytes, largest, Instant::now()) {
+                return (st, Instant::now());
+            }
+        }
+    }
+
+    /// Sends the moves an operation queued (after letting the state go).
+    fn send_moves(&self, st: StateGuard<'_>) {
+        let queued = st.has_queued_moves();
+        drop(st);
+        if queued {
+            self.mover.wake();
+        }
+    }
+
     fn wait_for_allocations(&self, now: Instant) -> Instant {
         let from = *self.allocations_from.lock();
         let left = from.saturating_duration_since(now);

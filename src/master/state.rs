@@ -30,9 +30,10 @@ pub use super::objects::{Entry, Pending, Version};
 use super::objects::{ObjectTable, Verdict};
 use super::placement::{self, Candidate};
 use super::reservations::Reservations;
+use super::tiering::{Move, Moves};
 use crate::transfer::message::{
-    ForgetItem, ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry, SegmentInfo, StoredObject,
-    Tier,
+    ForgetItem, MoveItem, MoveKind, ObjectDesc, ReplicaLoc, ReplicateConfig, SegmentEntry,
+    SegmentInfo, StoredObject, Tier, MAX_MOVE_BYTES,
 };
 use crate::transfer::Status;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -67,6 +68,29 @@ struct Walk {
 const LOST_SEGMENTS_REMEMBERED: usize = 4096;
 
 pub type OpResult<T> = Result<T, (Status, String)>;
+
+/// What an eviction walk may do with the objects it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Eviction {
+    /// Demote where the object's store has a disk tier, else drop (the watermark).
+    DemoteOrDrop,
+    /// Demote only; leave what cannot be (room for a put that can wait).
+    DemoteOnly,
+    /// Drop (a put needs the memory now).
+    Drop,
+}
+
+/// What memory eviction does with an object whose store may have a disk tier.
+enum Demotion {
+    /// A copy to disk is queued; the memory (bytes) is freed when it is confirmed.
+    Started(u64),
+    /// It already had a disk replica: its memory (bytes) is freed now.
+    Done(u64),
+    /// Its store's demotion queue is full: leave it for now.
+    Wait,
+    /// No disk tier (or no room there, or too large): drop it.
+    Drop,
+}
 
 fn fail<T>(status: Status, msg: impl Into<String>) -> OpResult<T> {
     Err((status, msg.into()))
@@ -159,6 +183,22 @@ pub struct Counters {
     pub reserved_puts: u64,
     /// Reservations dropped unused after twice their TTL (their clients stopped or paused).
     pub expired_reservations: u64,
+    /// Objects memory gave up to a disk tier (copies confirmed by their stores).
+    pub demoted_objects: u64,
+    pub demoted_bytes: u64,
+    /// Objects a hit brought back from a disk tier to memory.
+    pub promoted_objects: u64,
+    pub promoted_bytes: u64,
+    /// Moves between tiers that failed (the object stayed where it was).
+    pub move_failures: u64,
+    /// Objects dropped from a disk tier by its own eviction.
+    pub disk_evicted_objects: u64,
+    pub disk_evicted_bytes: u64,
+    /// Objects memory eviction dropped although their store has a disk tier: it had no room,
+    /// or the object was too large to move.
+    pub disk_full_drops: u64,
+    /// Reads answered with a disk tier replica.
+    pub disk_hits: u64,
 }
 
 /// A summary for logs, metrics and the admin API.
@@ -175,6 +215,11 @@ pub struct Summary {
     pub pending_puts: u64,
     /// Put reservations held by clients.
     pub reservations: u64,
+    /// Keys whose value lives only in a disk tier.
+    pub disk_keys: u64,
+    /// Copies between tiers under way, and the memory the demotions among them will free.
+    pub moves_in_flight: u64,
+    pub demoting_bytes: u64,
     pub clients: u64,
     pub segments: u64,
     pub away_segments: u64,
@@ -215,6 +260,10 @@ pub struct MasterState {
     walks: VecDeque<Walk>,
     /// The first version this state machine could issue (see `write_floor`).
     write_floor: u64,
+    /// Copies between memory and disk tiers under way.
+    moves: Moves,
+    /// Disk segments mounted (live or not): with none, puts never wait for room.
+    disk_segments: usize,
 }
 
 /// What the notifier has to deliver.
@@ -262,6 +311,8 @@ impl MasterState {
             lost_segments: VecDeque::new(),
             walks: VecDeque::new(),
             write_floor,
+            moves: Moves::default(),
+            disk_segments: 0,
         }
     }
 
@@ -497,11 +548,17 @@ impl MasterState {
         } else {
             SegState::Live
         };
+        self.disk_segments += usize::from(info.tier == Tier::Disk);
         self.segments.insert(
             id,
             Segment {
                 id,
-                alloc: Allocator::new(info.size),
+                // Disk segments hand out whole blocks: the store reads and writes them with
+                // direct I/O.
+                alloc: match info.tier {
+                    Tier::Memory => Allocator::new(info.size),
+                    Tier::Disk => Allocator::with_align(info.size, super::allocator::DISK_ALIGN),
+                },
                 info,
                 client_id,
                 state,
@@ -664,6 +721,7 @@ impl MasterState {
                 last_access: now,
                 lease_until: now,
                 soft_pin_until: None,
+                disk_hits: 0,
             });
             if let Some(old) = &old {
                 self.indexes
@@ -673,6 +731,17 @@ impl MasterState {
             if let Some(old) = old {
                 self.release(&old.replicas, old.size, old.object_id, now, now);
             }
+        }
+        // An object only on disk segments belongs to the disk tier's eviction order.
+        let only_disk = self
+            .objects
+            .get(&o.key)
+            .and_then(|e| e.current.as_ref())
+            .is_some_and(|v| v.replicas.iter().all(|r| self.is_disk(r)));
+        if only_disk {
+            self.objects.to_disk(&o.key);
+        } else if self.objects.on_disk(&o.key) {
+            self.objects.to_memory(&o.key);
         }
         self.counters.recovered_objects += 1;
         true
@@ -749,6 +818,7 @@ impl MasterState {
         let Some(seg) = self.segments.remove(&segment_id) else {
             return;
         };
+        self.disk_segments -= usize::from(seg.info.tier == Tier::Disk);
         self.remember_lost(seg.info.segment_uuid);
         self.segment_by_name.remove(&seg.info.name);
         if let Some(c) = self.clients.get_mut(&seg.client_id) {
@@ -1015,7 +1085,7 @@ impl MasterState {
         let largest = self
             .segments
             .values()
-            .filter(|s| s.is_live())
+            .filter(|s| s.is_live_memory())
             .map(|s| s.alloc.capacity())
             .max()
             .unwrap_or(0);
@@ -1278,6 +1348,7 @@ impl MasterState {
             last_access: now,
             lease_until: now,
             soft_pin_until: p.soft_pin_ttl.map(|ttl| now + ttl),
+            disk_hits: 0,
         };
         self.indexes
             .version_began(key, new.object_id, new.soft_pin_until);
@@ -1392,13 +1463,17 @@ impl MasterState {
     }
 
     /// Where to read `key`; grants a read lease of `default_kv_lease_ttl` and counts as an access.
+    /// A read of an object that lives only on disk may promote it (`promotion_on_hit`).
     pub fn get_replicas(&mut self, key: &str, now: Instant) -> OpResult<ObjectDesc> {
         let lease = self.cfg.default_kv_lease_ttl_ms.0;
         let segments = &self.segments;
-        match self.objects.touch(key) {
-            Some(Entry {
-                current: Some(v), ..
-            }) => {
+        let (desc, on_disk) = match self.objects.touch_tiered(key) {
+            Some((
+                Entry {
+                    current: Some(v), ..
+                },
+                on_disk,
+            )) => {
                 let replicas: Vec<ReplicaLoc> = v
                     .replicas
                     .iter()
@@ -1422,22 +1497,55 @@ impl MasterState {
                 }
                 v.last_access = now;
                 v.lease_until = v.lease_until.max(now + lease);
-                Ok(ObjectDesc {
+                if on_disk {
+                    v.disk_hits = v.disk_hits.saturating_add(1);
+                }
+                let desc = ObjectDesc {
                     size: v.size,
                     checksum: v.checksum,
                     lease_ttl_ms: lease.as_millis() as u64,
                     version: v.object_id,
                     replicas,
-                })
+                };
+                (desc, on_disk)
             }
-            Some(Entry {
-                current: None,
-                pending: Some(_),
-            }) => fail(
-                Status::ReplicaNotReady,
-                format!("{key:?} is still being written"),
-            ),
-            _ => fail(Status::ObjectNotFound, format!("{key:?} not found")),
+            Some((
+                Entry {
+                    current: None,
+                    pending: Some(_),
+                },
+                _,
+            )) => {
+                return fail(
+                    Status::ReplicaNotReady,
+                    format!("{key:?} is still being written"),
+                )
+            }
+            _ => return fail(Status::ObjectNotFound, format!("{key:?} not found")),
+        };
+        if on_disk {
+            self.counters.disk_hits += 1;
+            self.maybe_promote(key, &desc.replicas);
+        }
+        Ok(desc)
+    }
+
+    /// A read of disk-only `key` (its live replicas `replicas`): promote it once it has been
+    /// read `promotion_admission_threshold` times.
+    fn maybe_promote(&mut self, key: &str, replicas: &[ReplicaLoc]) {
+        if !self.cfg.promotion_on_hit {
+            return;
+        }
+        let hits = self
+            .objects
+            .get(key)
+            .and_then(|e| e.current.as_ref())
+            .map_or(0, |v| u32::from(v.disk_hits));
+        if hits < self.cfg.promotion_admission_threshold {
+            return;
+        }
+        if let Some(from) = replicas.iter().find(|r| self.is_disk(r)) {
+            self.promote(key, from.clone());
         }
     }
 
@@ -1582,6 +1690,9 @@ impl MasterState {
         s.soft_pinned_keys = self.indexes.soft_pinned();
         s.pending_puts = self.indexes.pending();
         s.reservations = self.reservations.len() as u64;
+        s.disk_keys = self.objects.disk_len() as u64;
+        s.moves_in_flight = self.moves.len() as u64;
+        s.demoting_bytes = self.moves.demoting_total();
         let _ = now;
         s
     }
@@ -1613,9 +1724,14 @@ impl MasterState {
 
     /// Evicts least-recently-used objects, if usage is over the high watermark (or an allocation
     /// failed since the last run), down to `(watermark − ratio) × capacity`, and at least
-    /// `at_least` bytes. Returns the bytes freed.
+    /// `at_least` bytes. Returns the bytes freed or being freed.
+    ///
+    /// An object on a store with a disk tier is demoted rather than dropped (`demote`): its
+    /// memory is freed once the copy is confirmed, so the watermark counts the demotions under
+    /// way as freed. With `at_least` (a put needs the memory now) objects are dropped.
     pub fn evict(&mut self, now: Instant, at_least: u64) -> u64 {
         let (used, capacity) = self.used_and_capacity();
+        let used = used.saturating_sub(self.moves.demoting_total());
         let forced = std::mem::take(&mut self.force_eviction) || at_least > 0;
         let need = eviction::bytes_to_free(
             used,
@@ -1628,13 +1744,58 @@ impl MasterState {
         if need == 0 || self.cfg.eviction_ratio == 0.0 {
             return 0;
         }
-        let segments = &self.segments;
+        let mode = if at_least == 0 {
+            Eviction::DemoteOrDrop
+        } else {
+            Eviction::Drop
+        };
+        self.evict_walk(now, need, mode)
+    }
+
+    /// Makes room for a put of `bytes` in all, the largest value `largest` bytes, without
+    /// dropping anything: when memory has less free (or no free extent that large), objects
+    /// are demoted to their stores' disk tiers. Returns whether the put should wait for
+    /// demotions under way (none are, or no more can be started: it should not).
+    pub fn make_room(&mut self, bytes: u64, largest: u64, now: Instant) -> bool {
+        if self.disk_segments == 0 {
+            return false;
+        }
+        let (used, capacity) = self.used_and_capacity();
+        let free = capacity.saturating_sub(used);
+        let extent = self
+            .segments
+            .values()
+            .filter(|s| s.is_live_memory())
+            .map(|s| s.alloc.largest_free())
+            .max()
+            .unwrap_or(0);
+        if (free >= bytes && extent >= largest) || self.cfg.eviction_ratio == 0.0 {
+            return false;
+        }
+        // Freed space is contiguous only by chance: a value larger than every free extent asks
+        // for at least its own size again.
+        let need = bytes
+            .saturating_sub(free)
+            .max(if extent < largest { largest } else { 0 });
+        let coming = self.moves.demoting_total();
+        if coming < need {
+            self.evict_walk(now, need - coming, Eviction::DemoteOnly);
+        }
+        self.moves.demoting_total() > 0
+    }
+
+    /// One eviction walk over memory's least recently used objects, for `need` bytes.
+    fn evict_walk(&mut self, now: Instant, need: u64, mode: Eviction) -> u64 {
+        let (segments, moves) = (&self.segments, &self.moves);
         let victims = self
             .objects
             .eviction_walk(need, |_, entry, set_aside_pass| {
                 let Some(v) = &entry.current else {
                     return Verdict::PassOver; // only a put in progress
                 };
+                if moves.contains(v.object_id) {
+                    return Verdict::Skip; // already leaving memory (or coming in)
+                }
                 // Memory is what is short: an object only on disk frees none of it.
                 let on_live_segment = v.replicas.iter().any(|r| {
                     segments
@@ -1643,40 +1804,366 @@ impl MasterState {
                 });
                 eviction::verdict(v, on_live_segment, set_aside_pass, now)
             });
-        let mut freed = 0;
+        let (mut freed, mut dropped, mut demoting) = (0, 0u64, 0u64);
         for k in &victims {
-            let Some(entry) = self.objects.get_mut(k) else {
-                continue;
-            };
-            let Some(v) = entry.current.take() else {
-                continue;
-            };
-            self.indexes.version_ended(v.object_id, v.soft_pin_until);
-            if entry.pending.is_none() {
-                self.objects.remove(k);
+            if mode != Eviction::Drop {
+                match self.demote(k, now) {
+                    Demotion::Started(bytes) | Demotion::Done(bytes) => {
+                        freed += bytes;
+                        demoting += 1;
+                        continue;
+                    }
+                    // Its store's queue is full: the object stays until the copies drain, or
+                    // until a put needs its memory at once.
+                    Demotion::Wait => continue,
+                    Demotion::Drop if mode == Eviction::DemoteOnly => continue,
+                    Demotion::Drop => {}
+                }
             }
-            freed += super::allocator::aligned(v.size) * v.replicas.len() as u64;
-            self.release(&v.replicas, v.size, v.object_id, now, now);
-            if !self.cfg.store_read_lease().is_zero()
-                && self
-                    .recently_evicted
-                    .insert(k.to_string(), self.outbox_seq)
-                    .is_none()
-            {
-                self.eviction_log.push_back((now, k.to_string()));
+            if let Some(bytes) = self.drop_evicted(k, now) {
+                freed += bytes;
+                dropped += 1;
+                self.counters.evicted_bytes += bytes;
             }
         }
         self.counters.eviction_runs += 1;
-        self.counters.evicted_objects += victims.len() as u64;
-        self.counters.evicted_bytes += freed;
-        if !victims.is_empty() {
+        self.counters.evicted_objects += dropped;
+        if dropped > 0 || demoting > 0 {
             tracing::info!(
-                objects = victims.len(),
+                dropped,
+                demoting,
                 bytes = freed,
                 "evicted least recently used objects"
             );
         }
         freed
+    }
+
+    /// Drops the current version of `key` as eviction does; returns the bytes it held.
+    fn drop_evicted(&mut self, k: &str, now: Instant) -> Option<u64> {
+        let entry = self.objects.get_mut(k)?;
+        let v = entry.current.take()?;
+        self.indexes.version_ended(v.object_id, v.soft_pin_until);
+        if entry.pending.is_none() {
+            self.objects.remove(k);
+        }
+        let freed: u64 = v
+            .replicas
+            .iter()
+            .filter_map(|r| self.segments.get(&r.segment_id))
+            .map(|s| s.alloc.footprint(v.size))
+            .sum();
+        self.release(&v.replicas, v.size, v.object_id, now, now);
+        if !self.cfg.store_read_lease().is_zero()
+            && self
+                .recently_evicted
+                .insert(k.to_string(), self.outbox_seq)
+                .is_none()
+        {
+            self.eviction_log.push_back((now, k.to_string()));
+        }
+        Some(freed)
+    }
+
+    /// The live segment of tier `tier` of the store (client) that holds segment `id`: its
+    /// disk tier for a memory segment, and the other way round.
+    fn sibling(&self, id: u64, tier: Tier) -> Option<u64> {
+        let client = self.segments.get(&id)?.client_id;
+        let mine = &self.clients.get(&client)?.segments;
+        mine.iter().copied().find(|s| {
+            self.segments
+                .get(s)
+                .is_some_and(|s| s.is_live() && s.info.tier == tier)
+        })
+    }
+
+    fn is_disk(&self, r: &ReplicaLoc) -> bool {
+        self.segments
+            .get(&r.segment_id)
+            .is_some_and(|s| s.info.tier == Tier::Disk)
+    }
+
+    /// Memory gives `key` up: to its store's disk tier when it has one with room.
+    fn demote(&mut self, key: &str, now: Instant) -> Demotion {
+        let Some(v) = self.objects.get(key).and_then(|e| e.current.as_ref()) else {
+            return Demotion::Drop;
+        };
+        let (version, size, checksum) = (v.object_id, v.size, v.checksum);
+        let memory: Vec<ReplicaLoc> = v
+            .replicas
+            .iter()
+            .filter(|r| !self.is_disk(r))
+            .cloned()
+            .collect();
+        let memory_bytes: u64 = memory
+            .iter()
+            .filter_map(|r| self.segments.get(&r.segment_id))
+            .map(|s| s.alloc.footprint(size))
+            .sum();
+        if v.replicas.iter().any(|r| self.is_disk(r)) {
+            // Already on disk (reported by a store that died mid-demotion): memory just goes.
+            self.leave_memory(key, &memory, now);
+            return Demotion::Done(memory_bytes);
+        }
+        let Some((from, via)) = memory.iter().find_map(|r| {
+            self.sibling(r.segment_id, Tier::Disk)
+                .map(|d| (r.clone(), d))
+        }) else {
+            return Demotion::Drop;
+        };
+        if size > MAX_MOVE_BYTES {
+            self.counters.disk_full_drops += 1;
+            return Demotion::Drop;
+        }
+        if self.moves.demoting(via) + size > self.cfg.disk_tier_queue_bytes.0 {
+            return Demotion::Wait;
+        }
+        let Some(offset) = self.alloc_on_disk(via, size, now) else {
+            self.counters.disk_full_drops += 1;
+            return Demotion::Drop;
+        };
+        let to = ReplicaLoc {
+            segment_id: via,
+            offset,
+        };
+        self.moves.start(Move {
+            kind: MoveKind::Demote,
+            key: key.into(),
+            version,
+            size,
+            checksum,
+            from,
+            to,
+            via,
+        });
+        Demotion::Started(memory_bytes)
+    }
+
+    /// Space for `size` bytes on disk segment `id`, its own eviction making room first when
+    /// it is over its watermark or full.
+    fn alloc_on_disk(&mut self, id: u64, size: u64, now: Instant) -> Option<u64> {
+        let (used, capacity, footprint) = {
+            let seg = self.segments.get(&id)?;
+            (
+                seg.alloc.used(),
+                seg.alloc.capacity(),
+                seg.alloc.footprint(size),
+            )
+        };
+        let over = eviction::bytes_to_free(
+            used + footprint,
+            capacity,
+            self.cfg.disk_eviction_high_watermark_ratio,
+            self.cfg.disk_eviction_ratio,
+            false,
+        );
+        if over > 0 {
+            self.evict_disk(id, over, now);
+        }
+        if let Some(offset) = self.segments.get_mut(&id)?.alloc.alloc(size) {
+            return Some(offset);
+        }
+        self.evict_disk(id, footprint, now);
+        self.segments.get_mut(&id)?.alloc.alloc(size)
+    }
+
+    /// Drops objects that live only on disk segment `id`, least recently used first, until
+    /// `need` bytes are free (leased and moving objects stay).
+    fn evict_disk(&mut self, id: u64, need: u64, now: Instant) -> u64 {
+        let Some(seg) = self.segments.get(&id) else {
+            return 0;
+        };
+        let block = seg.alloc.footprint(1);
+        let moves = &self.moves;
+        let victims = self.objects.disk_eviction_walk(need, |_, entry, _| {
+            let Some(v) = &entry.current else {
+                return Verdict::Skip;
+            };
+            if moves.contains(v.object_id) || !v.replicas.iter().any(|r| r.segment_id == id) {
+                return Verdict::Skip;
+            }
+            if v.lease_until > now {
+                return Verdict::PassOver;
+            }
+            Verdict::Evict(v.size.div_ceil(block) * block)
+        });
+        let mut freed = 0;
+        for k in &victims {
+            if let Some(bytes) = self.drop_evicted(k, now) {
+                freed += bytes;
+                self.counters.disk_evicted_objects += 1;
+                self.counters.disk_evicted_bytes += bytes;
+            }
+        }
+        if !victims.is_empty() {
+            tracing::info!(
+                segment_id = id,
+                objects = victims.len(),
+                bytes = freed,
+                "disk tier evicted least recently used objects"
+            );
+        }
+        freed
+    }
+
+    /// `key`'s memory replicas go (readers under a lease keep theirs until it ends) and it
+    /// lives on in the disk tier.
+    fn leave_memory(&mut self, key: &str, memory: &[ReplicaLoc], now: Instant) {
+        let Some(v) = self.objects.get_mut(key).and_then(|e| e.current.as_mut()) else {
+            return;
+        };
+        v.replicas.retain(|r| !memory.contains(r));
+        v.disk_hits = 0;
+        let (size, version, until) = (v.size, v.object_id, v.lease_until);
+        self.objects.to_disk(key);
+        self.release(memory, size, version, until, now);
+    }
+
+    /// The store of disk replica `from` copies `key` back to its memory segment, if that has
+    /// room (promotion never evicts: the next eviction makes room again).
+    fn promote(&mut self, key: &str, from: ReplicaLoc) {
+        let Some(v) = self.objects.get(key).and_then(|e| e.current.as_ref()) else {
+            return;
+        };
+        let (version, size, checksum) = (v.object_id, v.size, v.checksum);
+        if self.moves.contains(version) || size > MAX_MOVE_BYTES {
+            return;
+        }
+        let Some(memory) = self.sibling(from.segment_id, Tier::Memory) else {
+            return;
+        };
+        let Some(seg) = self.segments.get_mut(&memory) else {
+            return;
+        };
+        let Some(offset) = seg.alloc.alloc(size) else {
+            return;
+        };
+        self.moves.start(Move {
+            kind: MoveKind::Promote,
+            key: key.into(),
+            version,
+            size,
+            checksum,
+            via: from.segment_id,
+            from,
+            to: ReplicaLoc {
+                segment_id: memory,
+                offset,
+            },
+        });
+    }
+
+    /// The queued moves, grouped by the endpoint of the store that does them.
+    pub fn take_moves(&mut self) -> Vec<(String, Vec<MoveItem>)> {
+        let mut by_endpoint: HashMap<&str, Vec<MoveItem>> = HashMap::new();
+        let mut orphans = Vec::new();
+        for m in self.moves.take_queued() {
+            match self.segments.get(&m.via).filter(|s| s.is_live()) {
+                Some(seg) => by_endpoint
+                    .entry(seg.info.endpoint.as_str())
+                    .or_default()
+                    .push(m.item()),
+                None => orphans.push(m.version),
+            }
+        }
+        let jobs = by_endpoint
+            .into_iter()
+            .map(|(e, items)| (e.to_owned(), items))
+            .collect();
+        // Their store went away before the move was sent: the moves fail.
+        let failed: Vec<(u64, crate::transfer::Status)> = orphans
+            .into_iter()
+            .map(|v| (v, crate::transfer::Status::SegmentNotFound))
+            .collect();
+        if !failed.is_empty() {
+            self.moved(&failed, Instant::now());
+        }
+        jobs
+    }
+
+    /// The outcome of moves, by object version, as their stores answered (a store that did
+    /// not answer counts as a failure). A copy that landed replaces the source replica; one
+    /// whose source failed its checksum drops that replica; any other failure leaves the
+    /// object where it was. The destination's space goes back whenever the object did not
+    /// move.
+    pub fn moved(&mut self, results: &[(u64, crate::transfer::Status)], now: Instant) {
+        use crate::transfer::Status;
+        for &(version, status) in results {
+            let Some(m) = self.moves.finish(version) else {
+                continue;
+            };
+            let landed = status == Status::Ok
+                && self
+                    .segments
+                    .get(&m.to.segment_id)
+                    .is_some_and(|s| s.is_live());
+            let here = self
+                .objects
+                .get(&m.key)
+                .and_then(|e| e.current.as_ref())
+                .is_some_and(|v| v.object_id == m.version && v.replicas.contains(&m.from));
+            if landed && here {
+                self.moved_in(&m, now);
+                continue;
+            }
+            self.release(std::slice::from_ref(&m.to), m.size, m.version, now, now);
+            if status == Status::ChecksumMismatch && here {
+                self.report_corrupt(&m.key, m.version, m.from.segment_id, now);
+            } else if status != Status::Ok {
+                self.counters.move_failures += 1;
+                tracing::warn!(key = %m.key, kind = ?m.kind, status = status.name(),
+                    "copy between tiers failed; the object stays where it was");
+            }
+        }
+        // Nothing waits on these forgets: no client operation is answered by a move.
+        self.take_forget_wait();
+    }
+
+    /// A confirmed move: the copy at `m.to` replaces the replicas of the tier it left.
+    fn moved_in(&mut self, m: &Move, now: Instant) {
+        match m.kind {
+            MoveKind::Demote => {
+                let memory: Vec<ReplicaLoc> = self
+                    .objects
+                    .get(&m.key)
+                    .and_then(|e| e.current.as_ref())
+                    .map(|v| {
+                        v.replicas
+                            .iter()
+                            .filter(|r| !self.is_disk(r))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let Some(v) = self
+                    .objects
+                    .get_mut(&m.key)
+                    .and_then(|e| e.current.as_mut())
+                {
+                    v.replicas.push(m.to.clone());
+                }
+                self.leave_memory(&m.key, &memory, now);
+                self.counters.demoted_objects += 1;
+                self.counters.demoted_bytes += m.size;
+            }
+            MoveKind::Promote => {
+                let Some(v) = self
+                    .objects
+                    .get_mut(&m.key)
+                    .and_then(|e| e.current.as_mut())
+                else {
+                    return;
+                };
+                let disk: Vec<ReplicaLoc> = std::mem::take(&mut v.replicas).into_iter().collect();
+                v.replicas.push(m.to.clone());
+                v.disk_hits = 0;
+                let (size, version, until) = (v.size, v.object_id, v.lease_until);
+                self.objects.to_memory(&m.key);
+                self.release(&disk, size, version, until, now);
+                self.counters.promoted_objects += 1;
+                self.counters.promoted_bytes += m.size;
+            }
+        }
     }
 
     /// Periodic work: expire clients, release deferred space, reclaim abandoned puts, evict.
@@ -1775,6 +2262,21 @@ impl MasterState {
     }
 
     /// An object's details for the admin API.
+    /// Whether moves wait for the mover.
+    pub fn has_queued_moves(&self) -> bool {
+        self.moves.has_queued()
+    }
+
+    /// Whether `key`'s value lives only in a disk tier.
+    pub fn on_disk_only(&self, key: &str) -> bool {
+        self.objects.on_disk(key)
+    }
+
+    /// Whether version `object_id` is being copied between tiers.
+    pub fn moving(&self, object_id: u64) -> bool {
+        self.moves.contains(object_id)
+    }
+
     pub fn lookup(&self, key: &str) -> Option<&Entry> {
         self.objects.get(key)
     }
@@ -1787,7 +2289,7 @@ impl MasterState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Millis;
+    use crate::config::{ByteSize, Millis};
 
     fn seg(name: &str, size: u64) -> SegmentInfo {
         SegmentInfo {
@@ -2256,6 +2758,111 @@ mod tests {
         assert!(evicted > 0 && pinned > 0, "the workload evicts and pins");
     }
 
+    #[test]
+    fn tiers_stay_consistent_through_a_random_workload_with_moves_failing_and_hanging() {
+        let (mut demoted, mut promoted, mut failed) = (0, 0, 0);
+        for seed in 0..20u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let cfg = MasterConfig {
+                default_kv_lease_ttl_ms: Millis(Duration::from_millis(5)),
+                disk_tier_queue_bytes: ByteSize(32 << 10),
+                ..MasterConfig::default()
+            };
+            let mut st = MasterState::new(cfg);
+            let mut now = Instant::now();
+            for (client, name) in [(1, "a"), (2, "b")] {
+                st.mount(client, seg(name, 64 << 10), false, now).unwrap();
+                let disk = SegmentInfo {
+                    tier: Tier::Disk,
+                    ..seg(&format!("{name}/disk"), 128 << 10)
+                };
+                st.mount(client, disk, false, now).unwrap();
+            }
+            let mut sent: Vec<u64> = Vec::new();
+            for _ in 0..600 {
+                now += Duration::from_millis(rng.u64(0..4));
+                let key = format!("k{}", rng.u8(0..40));
+                match rng.u8(0..10) {
+                    0..=3 => {
+                        let size = rng.u64(1..9000);
+                        if !st.make_room(size, size, now) {
+                            if let Ok((id, _)) = st.put_start(7, &key, size, &ONE, now) {
+                                let _ = st.put_end(7, &key, id, 1, now);
+                            }
+                        }
+                    }
+                    4 => {
+                        let _ = st.remove(&key, rng.bool(), now);
+                    }
+                    5..=6 => {
+                        let _ = st.get_replicas(&key, now);
+                    }
+                    7 => {
+                        sent.extend(
+                            st.take_moves()
+                                .into_iter()
+                                .flat_map(|(_, i)| i)
+                                .map(|m| m.version),
+                        );
+                    }
+                    _ if !sent.is_empty() => {
+                        // Answered in any order, some failing; some never (they hang).
+                        let v = sent.swap_remove(rng.usize(..sent.len()));
+                        let status = match rng.u8(0..10) {
+                            0 => Status::Internal,
+                            1 => Status::ChecksumMismatch,
+                            _ => Status::Ok,
+                        };
+                        st.moved(&[(v, status)], now);
+                    }
+                    _ => st.housekeeping(now),
+                }
+                st.objects.order(); // every object on a list, links and lengths intact
+                let s = st.summary(now);
+                assert_eq!(
+                    (s.keys, s.soft_pinned_keys, s.pending_puts),
+                    st.recount(now)
+                );
+                let mut disk_only = 0;
+                for (k, e) in st.objects.iter() {
+                    let Some(v) = &e.current else { continue };
+                    let on_disk = v.replicas.iter().all(|r| st.is_disk(r));
+                    assert!(!v.replicas.is_empty(), "seed {seed}: {k} has no replica");
+                    assert_eq!(
+                        st.objects.on_disk(k),
+                        on_disk,
+                        "seed {seed}: {k} on the wrong list"
+                    );
+                    disk_only += u64::from(on_disk);
+                }
+                assert_eq!(s.disk_keys, disk_only, "seed {seed}");
+                for seg in st.segments() {
+                    assert!(seg.alloc.used() <= seg.alloc.capacity());
+                }
+            }
+            demoted += st.counters.demoted_objects;
+            promoted += st.counters.promoted_objects;
+            failed += st.counters.move_failures;
+            // A disk segment leaving drops what only it held.
+            let (client, id) = st
+                .segments()
+                .find(|s| s.info.tier == Tier::Disk)
+                .map(|s| (s.client_id, s.id))
+                .unwrap();
+            st.unmount(client, id, false, now).unwrap();
+            while st.walk_step(WALK_STEP) {}
+            let s = st.summary(now);
+            assert_eq!(
+                (s.keys, s.soft_pinned_keys, s.pending_puts),
+                st.recount(now)
+            );
+        }
+        assert!(
+            demoted > 0 && promoted > 0 && failed > 0,
+            "{demoted} {promoted} {failed}"
+        );
+    }
+
     fn put(st: &mut MasterState, key: &str, size: u64, crc: u32, now: Instant) -> ObjectDesc {
         let (id, _) = st.put_start(7, key, size, &ONE, now).unwrap();
         st.put_end(7, key, id, crc, now).unwrap();
@@ -2317,35 +2924,301 @@ mod tests {
         let _ = b;
     }
 
-    #[test]
-    fn puts_land_only_in_memory_and_the_watermark_counts_only_memory() {
-        let mut st = MasterState::new(MasterConfig::default());
+    /// A store with 1 MiB of memory and a disk tier of `disk` bytes (client 1), and a client 7.
+    fn tiered(cfg: MasterConfig, disk: u64) -> (MasterState, Instant, u64, u64) {
+        let mut st = MasterState::new(cfg);
         let t0 = Instant::now();
         let (mem, _) = st.mount(1, seg("mem", 1 << 20), false, t0).unwrap();
-        let disk = SegmentInfo {
+        let info = SegmentInfo {
             tier: Tier::Disk,
-            ..seg("disk", 1 << 30)
+            ..seg("mem/disk", disk)
         };
-        let (disk_id, _) = st.mount(1, disk, false, t0).unwrap();
+        let (disk_id, _) = st.mount(1, info, false, t0).unwrap();
         st.ping(7, t0);
-        let cfg = ReplicateConfig::default();
-        // Fill memory past the watermark: every object lands in memory, and eviction (not
-        // the huge disk segment's free space) makes room.
-        for i in 0..40 {
-            let key = format!("k{i}");
-            let (id, replicas) = st.put_start(7, &key, 64 << 10, &cfg, t0).unwrap();
-            assert!(replicas.iter().all(|r| r.segment_id == mem), "{replicas:?}");
-            assert_ne!(replicas[0].segment_id, disk_id);
-            st.put_end(7, &key, id, 0, t0).unwrap();
+        (st, t0, mem, disk_id)
+    }
+
+    const KB64: u64 = 64 << 10;
+
+    /// Puts `key` (64 KiB) without reading it; its checksum is its number.
+    fn put_quiet(st: &mut MasterState, i: u64, now: Instant) -> u64 {
+        let key = format!("k{i}");
+        let (id, replicas) = st.put_start(7, &key, KB64, &ONE, now).unwrap();
+        assert_eq!(replicas.len(), 1);
+        st.put_end(7, &key, id, i as u32, now).unwrap();
+        id
+    }
+
+    /// The queued moves, answered with `status` each; returns the items.
+    fn answer_moves(st: &mut MasterState, status: Status, now: Instant) -> Vec<MoveItem> {
+        let jobs = st.take_moves();
+        let items: Vec<MoveItem> = jobs.into_iter().flat_map(|(_, items)| items).collect();
+        let results: Vec<(u64, Status)> = items.iter().map(|m| (m.version, status)).collect();
+        st.moved(&results, now);
+        items
+    }
+
+    fn replica_segment(st: &mut MasterState, key: &str, now: Instant) -> u64 {
+        st.get_replicas(key, now).unwrap().replicas[0].segment_id
+    }
+
+    #[test]
+    fn puts_land_in_memory_and_eviction_demotes_to_the_stores_disk_tier() {
+        let (mut st, t0, mem, disk) = tiered(MasterConfig::default(), 1 << 30);
+        // Fill memory past the watermark (16 objects fill it): every object lands in memory;
+        // the oldest are queued to go to disk, and stay readable from memory until their
+        // copies are confirmed.
+        for i in 0..15 {
+            put_quiet(&mut st, i, t0);
         }
         let s = st.summary(t0);
         assert_eq!(s.capacity_bytes, 1 << 20, "memory only");
-        assert_eq!((s.disk_capacity_bytes, s.disk_used_bytes), (1 << 30, 0));
+        assert_eq!(s.disk_capacity_bytes, 1 << 30);
+        assert!(s.moves_in_flight > 0, "{s:?}");
+        assert_eq!(s.demoting_bytes, s.moves_in_flight * KB64);
+        assert_eq!(
+            replica_segment(&mut st, "k0", t0),
+            mem,
+            "readable while it moves"
+        );
+        let jobs = st.take_moves();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].0, "mem/disk:1", "sent to the disk tier's endpoint");
+        let items = jobs.into_iter().next().unwrap().1;
+        assert!(items.iter().all(|m| m.kind == MoveKind::Demote));
+        assert_eq!(items[0].key, "k0", "least recently used first");
+        assert_eq!(items[0].checksum, 0);
+        assert_eq!(items[0].to % 4096, 0, "whole disk blocks");
+        let results: Vec<(u64, Status)> = items.iter().map(|m| (m.version, Status::Ok)).collect();
+        st.take_outbox();
+        st.moved(&results, t0);
+        // The memory records go to the store as forgets.
+        let out = st.take_outbox();
+        assert_eq!(out.forgets["mem:1"].len(), items.len());
+        let d = st.get_replicas("k1", t0).unwrap();
+        assert_eq!((d.replicas[0].segment_id, d.checksum), (disk, 1));
+        // A stream of puts goes on with the copies confirmed as they come: nothing is dropped.
+        for i in 15..60 {
+            put_quiet(&mut st, i, t0);
+            answer_moves(&mut st, Status::Ok, t0);
+        }
+        let s = st.summary(t0);
+        assert_eq!(st.counters.evicted_objects, 0, "nothing dropped");
+        assert_eq!(st.counters.alloc_failures, 0);
+        assert_eq!(s.keys, 60);
+        // k1 was read from disk above: promoted back on that first hit.
+        assert_eq!(st.counters.promoted_objects, 1);
+        assert_eq!(s.disk_keys, st.counters.demoted_objects - 1);
+        // k1's disk copy is freed when the read lease granted on it ends.
+        assert_eq!(s.disk_used_bytes, (s.disk_keys + 1) * KB64);
         assert!(
             s.used_bytes as f64 <= 0.9 * s.capacity_bytes as f64,
-            "evicted down to the memory watermark: {s:?}"
+            "{s:?}"
         );
+        assert_eq!((s.moves_in_flight, s.demoting_bytes), (0, 0));
+        assert_eq!(replica_segment(&mut st, "k59", t0), mem);
+        st.objects.order(); // every list's links and lengths check out
+    }
+
+    #[test]
+    fn a_hit_promotes_after_the_admission_count_and_a_failed_move_leaves_the_object() {
+        let cfg = MasterConfig {
+            promotion_admission_threshold: 2,
+            ..MasterConfig::default()
+        };
+        let (mut st, t0, mem, disk) = tiered(cfg, 1 << 30);
+        let mut demoted = Vec::new();
+        for i in 0..20 {
+            put_quiet(&mut st, i, t0);
+            demoted.extend(answer_moves(&mut st, Status::Ok, t0));
+        }
+        assert!(demoted.len() >= 3, "{}", demoted.len());
+        // Room in memory again for promotions.
+        for m in &demoted[..3] {
+            assert_eq!(
+                replica_segment(&mut st, &m.key, t0),
+                disk,
+                "first hit: stays"
+            );
+        }
+        assert!(st.take_moves().is_empty(), "not admitted yet");
+        assert_eq!(replica_segment(&mut st, "k0", t0), disk, "second hit");
+        let items = st.take_moves().into_iter().next().unwrap().1;
+        assert_eq!(items.len(), 1);
+        assert_eq!(
+            (items[0].kind, items[0].key.as_str()),
+            (MoveKind::Promote, "k0")
+        );
+        assert_eq!(
+            items[0].from, demoted[0].to,
+            "from the disk replica to new memory"
+        );
+        assert_eq!(
+            replica_segment(&mut st, "k0", t0),
+            disk,
+            "served from disk meanwhile"
+        );
+        st.take_outbox();
+        st.moved(&[(items[0].version, Status::Ok)], t0);
+        assert_eq!(replica_segment(&mut st, "k0", t0), mem, "promoted");
+        assert_eq!(st.counters.promoted_objects, 1);
+        assert_eq!(
+            st.take_outbox().forgets["mem/disk:1"].len(),
+            1,
+            "disk record forgotten"
+        );
+        // A promotion that fails leaves the object on disk and gives the memory back.
+        let used = st.summary(t0).used_bytes;
+        assert_eq!(replica_segment(&mut st, "k1", t0), disk);
+        assert_eq!(
+            st.summary(t0).used_bytes,
+            used + KB64,
+            "allocated for the copy"
+        );
+        answer_moves(&mut st, Status::Internal, t0);
+        assert_eq!(st.counters.move_failures, 1);
+        assert_eq!(st.summary(t0).used_bytes, used);
+        assert_eq!(replica_segment(&mut st, "k1", t0), disk, "tried again");
+        assert_eq!(answer_moves(&mut st, Status::Internal, t0).len(), 1);
+        // A promotion whose disk bytes fail their checksum drops that replica (its only one).
+        assert_eq!(replica_segment(&mut st, "k2", t0), disk);
+        let items = answer_moves(&mut st, Status::ChecksumMismatch, t0);
+        assert_eq!(items[0].key, "k2");
+        assert_eq!(
+            st.get_replicas("k2", t0).unwrap_err().0,
+            Status::ObjectNotFound
+        );
+        assert_eq!(st.counters.corrupt_replicas, 1);
+        st.objects.order();
+    }
+
+    #[test]
+    fn the_disk_tier_drops_its_least_recently_used_and_a_full_one_degrades_to_dropping() {
+        // Room on disk for 8 objects of 64 KiB: its watermark (95 %) keeps 7.
+        let (mut st, t0, _, disk) = tiered(MasterConfig::default(), 8 * KB64);
+        for i in 0..200 {
+            put_quiet(&mut st, i, t0);
+            answer_moves(&mut st, Status::Ok, t0);
+        }
+        let s = st.summary(t0);
+        assert!(
+            s.disk_used_bytes <= (0.95 * (8 * KB64) as f64) as u64,
+            "{s:?}"
+        );
+        assert!(st.counters.disk_evicted_objects > 0);
+        assert_eq!(st.counters.alloc_failures, 0, "puts never failed for room");
+        // The disk holds the most recently demoted; the first ones are gone.
+        assert_eq!(
+            st.get_replicas("k0", t0).unwrap_err().0,
+            Status::ObjectNotFound
+        );
+        let on_disk: Vec<u64> = (0..200)
+            .filter(|i| {
+                st.get_replicas(&format!("k{i}"), t0)
+                    .is_ok_and(|d| d.replicas[0].segment_id == disk)
+            })
+            .collect();
+        assert!(!on_disk.is_empty());
+        let newest_gone = (0..200)
+            .filter(|i| st.lookup(&format!("k{i}")).is_none())
+            .max()
+            .unwrap();
+        assert!(
+            on_disk.iter().all(|i| *i > newest_gone),
+            "disk eviction took the oldest first: {on_disk:?}, {newest_gone}"
+        );
+        st.objects.order();
+
+        // A disk tier that cannot take an object at all (everything on it leased): the object
+        // is dropped, counted; the put goes through.
+        let (mut st, t0, _, _) = tiered(MasterConfig::default(), KB64);
+        for i in 0..40 {
+            put_quiet(&mut st, i, t0);
+            for m in answer_moves(&mut st, Status::Ok, t0) {
+                st.get_replicas(&m.key, t0).unwrap(); // leased: disk eviction passes it over
+            }
+        }
+        assert!(st.counters.disk_full_drops > 0);
         assert!(st.counters.evicted_objects > 0);
+        assert_eq!(st.counters.alloc_failures, 0);
+    }
+
+    #[test]
+    fn disk_segments_are_allocated_in_whole_blocks_whatever_the_value_size() {
+        let (mut st, t0, _, disk) = tiered(MasterConfig::default(), 1 << 30);
+        let cfg = ReplicateConfig::default();
+        for i in 0..400u64 {
+            let key = format!("odd{i}");
+            let (id, _) = st.put_start(7, &key, 5000 + i, &cfg, t0).unwrap();
+            st.put_end(7, &key, id, 0, t0).unwrap();
+            for m in answer_moves(&mut st, Status::Ok, t0) {
+                assert_eq!(m.to % 4096, 0, "{m:?}");
+            }
+        }
+        let seg = st.segment(disk).unwrap();
+        assert!(seg.alloc.used() > 0);
+        assert_eq!(seg.alloc.used() % 4096, 0, "whole blocks");
+    }
+
+    #[test]
+    fn a_batch_larger_than_free_memory_waits_for_demotions_instead_of_dropping() {
+        let (mut st, t0, _, _) = tiered(MasterConfig::default(), 1 << 30);
+        for i in 0..14 {
+            put_quiet(&mut st, i, t0);
+        }
+        assert!(!st.make_room(KB64, KB64, t0), "room enough: no wait");
+        // A batch of 8 objects needs 512 KiB; 128 KiB are free.
+        assert!(
+            st.make_room(8 * KB64, KB64, t0),
+            "demotions started: wait for them"
+        );
+        let s = st.summary(t0);
+        assert!(s.demoting_bytes >= 6 * KB64, "{s:?}");
+        assert!(
+            !st.make_room(8 * KB64, KB64, t0) || st.summary(t0).demoting_bytes == s.demoting_bytes,
+            "asking again starts no more than needed"
+        );
+        answer_moves(&mut st, Status::Ok, t0);
+        assert!(!st.make_room(8 * KB64, KB64, t0), "the copies landed: room");
+        for i in 14..22 {
+            put_quiet(&mut st, i, t0);
+        }
+        assert_eq!(st.counters.evicted_objects, 0);
+        // Without a disk tier there is nothing to wait for.
+        let (mut plain, t0) = state();
+        for i in 0..15 {
+            put_quiet(&mut plain, i, t0);
+        }
+        assert!(!plain.make_room(8 * KB64, KB64, t0));
+    }
+
+    #[test]
+    fn demotions_in_flight_are_bounded_and_a_put_short_of_memory_drops_instead() {
+        let cfg = MasterConfig {
+            disk_tier_queue_bytes: ByteSize(2 * KB64),
+            ..MasterConfig::default()
+        };
+        let (mut st, t0, _, _) = tiered(cfg, 1 << 30);
+        // Nobody answers the moves: at most two are in flight, and once memory is full the
+        // puts go on by dropping the least recently used objects that are not moving.
+        for i in 0..60 {
+            put_quiet(&mut st, i, t0);
+            let s = st.summary(t0);
+            assert!(s.demoting_bytes <= 2 * KB64, "{s:?}");
+        }
+        assert_eq!(st.summary(t0).moves_in_flight, 2);
+        assert!(
+            st.counters.evicted_objects > 0,
+            "dropped while the copies hang"
+        );
+        assert!(
+            st.exists("k0", t0) && st.exists("k1", t0),
+            "moving objects stay"
+        );
+        // The copies land late: both objects end on disk.
+        let items = answer_moves(&mut st, Status::Ok, t0);
+        assert_eq!(items.len(), 2);
+        assert_eq!(st.summary(t0).disk_keys, 2);
     }
 
     #[test]

@@ -67,6 +67,16 @@ pub struct StoreConfig {
     pub request_timeout_ms: Millis,
     /// Spin-poll window in microseconds (0 = block at once). Default 50.
     pub poll_spin_us: u64,
+    /// A directory on a local filesystem (NVMe, SSD) for the disk tier: objects the memory
+    /// segment gives up are written here instead of dropped, and served from here. Mooncake's
+    /// `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` sets it too. Default: none (no disk tier).
+    pub disk_tier: Option<PathBuf>,
+    /// Size of the disk tier's file, preallocated at start (a multiple of 4 KiB). Default 0;
+    /// must be set with `disk_tier`.
+    pub disk_tier_size: ByteSize,
+    /// Port of the disk tier's data service (its segment's endpoint); 0 picks a free one.
+    /// Default 0.
+    pub disk_tier_port: u16,
 }
 
 impl Default for StoreConfig {
@@ -93,6 +103,9 @@ impl Default for StoreConfig {
             idle_timeout_ms: Millis(Duration::from_secs(120)),
             request_timeout_ms: Millis(Duration::from_secs(10)),
             poll_spin_us: 50,
+            disk_tier: None,
+            disk_tier_size: ByteSize(0),
+            disk_tier_port: 0,
         }
     }
 }
@@ -171,6 +184,17 @@ pub struct StoreArgs {
     /// Spin-poll window in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
+    /// Directory for the disk tier (local NVMe/SSD): objects memory gives up go here instead
+    /// of away. Default: none.
+    #[arg(long, env = "RBGCTL_STORE_DISK_TIER")]
+    pub disk_tier: Option<PathBuf>,
+    /// Size of the disk tier (200GiB, bytes; a multiple of 4 KiB), preallocated at start.
+    /// Default 0; required with --disk-tier.
+    #[arg(long, env = "RBGCTL_STORE_DISK_TIER_SIZE")]
+    pub disk_tier_size: Option<ByteSize>,
+    /// Port of the disk tier's data service; 0 picks a free one. Default 0.
+    #[arg(long, env = "RBGCTL_STORE_DISK_TIER_PORT")]
+    pub disk_tier_port: Option<u16>,
 }
 
 impl StoreArgs {
@@ -202,6 +226,9 @@ impl StoreArgs {
         if let Some(v) = &mooncake.device {
             c.device = v.clone();
         }
+        if let Some(v) = &mooncake.offload_path {
+            c.disk_tier = Some(v.into());
+        }
         macro_rules! set {
             ($($field:ident => $target:ident),* $(,)?) => {
                 $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
@@ -228,7 +255,12 @@ impl StoreArgs {
             idle_timeout => idle_timeout_ms,
             request_timeout => request_timeout_ms,
             poll_spin_us => poll_spin_us,
+            disk_tier_size => disk_tier_size,
+            disk_tier_port => disk_tier_port,
         );
+        if self.disk_tier.is_some() {
+            c.disk_tier = self.disk_tier.clone();
+        }
         if self.name.is_some() {
             c.name = self.name.clone();
         }
@@ -290,6 +322,7 @@ impl StoreConfig {
                 ),
             ));
         }
+        self.validate_disk_tier()?;
         if self.heartbeat_interval_ms.0 < Duration::from_millis(10) {
             return Err(ConfigError::invalid(
                 "store.heartbeat_interval_ms",
@@ -297,6 +330,40 @@ impl StoreConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl StoreConfig {
+    fn validate_disk_tier(&self) -> Result<(), ConfigError> {
+        let size = self.disk_tier_size.0;
+        match &self.disk_tier {
+            None if size != 0 => Err(ConfigError::invalid(
+                "store.disk_tier",
+                "disk_tier_size is set but no directory is: set --disk-tier DIR too",
+            )),
+            None => Ok(()),
+            Some(_) if self.segment_size.0 == 0 => Err(ConfigError::invalid(
+                "store.disk_tier",
+                "a disk tier holds what the memory segment gives up: segment_size must not be 0",
+            )),
+            Some(_) if self.name.is_none() && self.port == 0 => Err(ConfigError::invalid(
+                "store.disk_tier",
+                "a disk tier needs a stable store name (--name, or a fixed --port) so that a \
+                 restarted store finds its files",
+            )),
+            Some(_) if size == 0 => Err(ConfigError::invalid(
+                "store.disk_tier_size",
+                "the disk tier needs a size (--disk-tier-size 200GiB)",
+            )),
+            Some(_) if size % super::disk::BLOCK != 0 => Err(ConfigError::invalid(
+                "store.disk_tier_size",
+                format!(
+                    "must be a multiple of {} bytes, got {size}",
+                    super::disk::BLOCK
+                ),
+            )),
+            Some(_) => Ok(()),
+        }
     }
 }
 

@@ -6,8 +6,7 @@
 //! page cache would hold a second copy of data the memory tier just gave up. Filesystems that
 //! refuse `O_DIRECT` (tmpfs) get buffered I/O, said in `DiskArea::direct`.
 //!
-//! This is the store-side building block of the disk tier (issue 24); the master does not place
-//! replicas here yet.
+//! The store's disk-tier service (`tier.rs`) reads and writes objects through it.
 
 use std::alloc::Layout;
 use std::fs::{File, OpenOptions};
@@ -176,6 +175,44 @@ impl DiskArea {
         })
     }
 
+    /// Opens an existing area file of `size` bytes for reading only (a same-host client reads
+    /// a store's disk tier this way).
+    pub fn open_existing(path: &Path, size: u64) -> Result<DiskArea, DiskError> {
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true);
+            if direct {
+                o.custom_flags(nix::fcntl::OFlag::O_DIRECT.bits());
+            }
+            o.open(path)
+        };
+        let io = |what| {
+            let path = path.to_path_buf();
+            move |source| DiskError::Io { path, what, source }
+        };
+        let (file, direct) = match open(true) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                (open(false).map_err(io("open"))?, false)
+            }
+            Err(e) => return Err(io("open")(e)),
+        };
+        let found = file.metadata().map_err(io("stat"))?.len();
+        if found != size {
+            return Err(DiskError::SizeChanged {
+                path: path.to_path_buf(),
+                found,
+                size,
+            });
+        }
+        Ok(DiskArea {
+            file,
+            path: path.to_path_buf(),
+            size,
+            direct,
+        })
+    }
+
     pub fn size(&self) -> u64 {
         self.size
     }
@@ -212,17 +249,31 @@ impl DiskArea {
         Ok(())
     }
 
-    /// Writes the whole of `buf` (whole blocks) at `offset`.
-    pub fn write_at(&self, offset: u64, buf: &AlignedBuf) -> Result<(), DiskError> {
+    /// Direct I/O moves whole blocks between block-aligned memory and the file.
+    fn check_buf(&self, buf: &[u8]) -> Result<(), DiskError> {
+        if self.direct && buf.as_ptr() as u64 % BLOCK != 0 {
+            return Err(DiskError::Range(format!(
+                "buffer at {:p} is not {BLOCK}-byte aligned (use an AlignedBuf)",
+                buf.as_ptr()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the whole of `buf` (whole blocks, block-aligned, as an `AlignedBuf` is) at
+    /// `offset`.
+    pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), DiskError> {
         self.check(offset, buf.len() as u64)?;
+        self.check_buf(buf)?;
         self.file
             .write_all_at(buf, offset)
             .map_err(self.io("write"))
     }
 
-    /// Fills the whole of `buf` (whole blocks) from `offset`.
-    pub fn read_at(&self, offset: u64, buf: &mut AlignedBuf) -> Result<(), DiskError> {
+    /// Fills the whole of `buf` (whole blocks, block-aligned) from `offset`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DiskError> {
         self.check(offset, buf.len() as u64)?;
+        self.check_buf(buf)?;
         self.file
             .read_exact_at(buf, offset)
             .map_err(self.io("read"))
@@ -234,10 +285,18 @@ impl DiskArea {
     }
 }
 
-/// The filesystem's own sequential read speed under `dir`, in bytes per second: `bytes` written
-/// to a scratch file, then read back in `chunk`-byte blocks the way the disk tier reads (same
-/// `O_DIRECT` choice), and the file removed. The benchmark's reference line.
-pub fn probe_read_speed(dir: &Path, bytes: u64, chunk: usize) -> Result<f64, DiskError> {
+/// What `probe` measured: bytes per second.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Speeds {
+    pub write: f64,
+    pub read: f64,
+}
+
+/// The filesystem's own sequential write and read speeds under `dir`, in bytes per second:
+/// `bytes` written to a scratch file in `chunk`-byte blocks (then synced), then read back the
+/// same way, the way the disk tier does it (same `O_DIRECT` choice); the file is removed. The
+/// benchmark's reference lines.
+pub fn probe(dir: &Path, bytes: u64, chunk: usize) -> Result<Speeds, DiskError> {
     let chunk = blocks(chunk as u64).max(BLOCK);
     let size = blocks(bytes).max(chunk);
     let stem = format!(".rbgctl-probe-{}", std::process::id());
@@ -245,15 +304,18 @@ pub fn probe_read_speed(dir: &Path, bytes: u64, chunk: usize) -> Result<f64, Dis
     let mut buf = AlignedBuf::new(chunk as usize);
     buf.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
     let result = (|| {
+        let t0 = Instant::now();
         for off in (0..size).step_by(chunk as usize) {
             area.write_at(off, &buf)?;
         }
         area.sync()?;
+        let write = size as f64 / t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
         for off in (0..size).step_by(chunk as usize) {
             area.read_at(off, &mut buf)?;
         }
-        Ok(size as f64 / t0.elapsed().as_secs_f64())
+        let read = size as f64 / t0.elapsed().as_secs_f64();
+        Ok(Speeds { write, read })
     })();
     let _ = std::fs::remove_file(area.path());
     result
@@ -320,8 +382,8 @@ mod tests {
     #[test]
     fn the_read_speed_probe_measures_and_cleans_up() {
         let dir = disk_dir();
-        let speed = probe_read_speed(dir.path(), 8 << 20, 1 << 20).unwrap();
-        assert!(speed > 0.0);
+        let speed = probe(dir.path(), 8 << 20, 1 << 20).unwrap();
+        assert!(speed.read > 0.0 && speed.write > 0.0);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

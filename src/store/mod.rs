@@ -8,6 +8,7 @@ pub mod index;
 pub mod registration;
 pub mod segment;
 pub mod server;
+pub mod tier;
 
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
@@ -41,6 +42,8 @@ pub enum StoreError {
     Config(#[from] crate::config::ConfigError),
     #[error("{0}")]
     NameTaken(String),
+    #[error(transparent)]
+    Disk(#[from] disk::DiskError),
 }
 
 /// What a persistent store found at start-up.
@@ -72,6 +75,205 @@ pub struct StoreStatus {
     pub registration: Arc<Registration>,
     pub name: String,
     pub endpoint: String,
+    pub disk: Option<DiskTier>,
+}
+
+/// A running disk tier: its segment's data service and registration.
+pub struct DiskTier {
+    pub service: Arc<tier::DiskService>,
+    pub registration: Arc<Registration>,
+    pub endpoint: String,
+    server: parking_lot::Mutex<Option<ServerHandle>>,
+    heartbeat: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    _lock: DirLock,
+}
+
+/// The disk tier's segment name: the store's, with `/disk`.
+pub fn disk_segment_name(store: &str) -> String {
+    format!("{store}/disk")
+}
+
+impl DiskTier {
+    /// Opens the disk tier of `cfg` (its directory must exist) and starts serving it on
+    /// `listener`, registered with the master as `client_id`'s second segment.
+    fn start(
+        cfg: &StoreConfig,
+        store_name: &str,
+        listener: TcpListener,
+        memory: (&Arc<SegmentMemory>, &Arc<index::Records>),
+        client_id: u64,
+    ) -> Result<DiskTier, StoreError> {
+        let Some(dir) = &cfg.disk_tier else {
+            return Err(crate::config::ConfigError::invalid("store.disk_tier", "not set").into());
+        };
+        let size = cfg.disk_tier_size.0;
+        let name = disk_segment_name(store_name);
+        let stem = format!("{}-disk", segment::file_stem(store_name));
+        if !dir.is_dir() {
+            return Err(disk::DiskError::Missing(dir.clone()).into());
+        }
+        let lock = DirLock::acquire(dir, &stem)?;
+        let area = Arc::new(disk::DiskArea::open(dir, &stem, size)?);
+        let records = if cfg.effective_persistence() {
+            let (index, _) = DurableIndex::open(dir, &stem, &name, size)?;
+            index::Records::Durable(Arc::new(index))
+        } else {
+            index::Records::in_memory()
+        };
+        let records = Arc::new(records);
+        let endpoint = format!("{}:{}", cfg.local_hostname, listener.local_addr()?.port());
+        // Same-host clients read the file directly once they find this token beside it.
+        let token = fastrand::u64(1..);
+        let token_path = area.path().with_extension("token");
+        std::fs::write(&token_path, format!("{token:016x}\n"))?;
+        let info = SegmentInfo {
+            name: name.clone(),
+            endpoint: endpoint.clone(),
+            size,
+            shm_path: area.path().display().to_string(),
+            shm_token: token,
+            host_id: crate::transfer::local_host_id(),
+            segment_uuid: records.durable().map_or(0, |i| i.uuid()),
+            tier: Tier::Disk,
+        };
+        let service = Arc::new(tier::DiskService::new(
+            name.clone(),
+            area.clone(),
+            records.clone(),
+            memory.0.clone(),
+            memory.1.clone(),
+        ));
+        let server = tserver::spawn(listener, service.clone(), cfg.server_options())?;
+        let mut registration = Registration::new(
+            &cfg.master,
+            Some(info),
+            records.clone(),
+            service.lease.clone(),
+            None,
+            cfg.heartbeat_interval_ms.0,
+        )
+        .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
+        registration.client_id = client_id;
+        registration.conflict_wait = cfg.name_conflict_wait_ms.0;
+        let registration = Arc::new(registration);
+        let reg = registration.clone();
+        let heartbeat = std::thread::Builder::new()
+            .name("store-disk-heartbeat".into())
+            .spawn(move || reg.run())?;
+        tracing::info!(%name, %endpoint, bytes = size, dir = %dir.display(), direct_io = area.direct(),
+            records = records.len(), "disk tier serving");
+        Ok(DiskTier {
+            service,
+            registration,
+            endpoint,
+            server: parking_lot::Mutex::new(Some(server)),
+            heartbeat: parking_lot::Mutex::new(Some(heartbeat)),
+            _lock: lock,
+        })
+    }
+
+    fn render(&self, p: &mut PromText) {
+        let s = &self.service;
+        let c = &s.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        p.single(
+            "rbgctl_store_disk_tier_bytes",
+            "gauge",
+            "Bytes of the disk tier's file.",
+            s.area.size() as f64,
+        )
+        .single(
+            "rbgctl_store_disk_tier_mounted",
+            "gauge",
+            "1 while the master has the disk tier's segment mounted.",
+            f64::from(u8::from(self.registration.mounted())),
+        )
+        .single(
+            "rbgctl_store_disk_tier_direct_io",
+            "gauge",
+            "1 when the disk tier bypasses the page cache (O_DIRECT).",
+            f64::from(u8::from(s.area.direct())),
+        )
+        .single(
+            "rbgctl_store_disk_tier_records",
+            "gauge",
+            "Objects the disk tier holds a record of.",
+            s.records.len() as f64,
+        )
+        .single(
+            "rbgctl_store_disk_reads_total",
+            "counter",
+            "Reads served from the disk tier.",
+            n(&c.reads),
+        )
+        .single(
+            "rbgctl_store_disk_read_bytes_total",
+            "counter",
+            "Payload bytes read from the disk tier.",
+            n(&c.bytes_read),
+        )
+        .single(
+            "rbgctl_store_demotions_total",
+            "counter",
+            "Objects copied from memory to the disk tier.",
+            n(&c.demoted),
+        )
+        .single(
+            "rbgctl_store_demoted_bytes_total",
+            "counter",
+            "Bytes copied from memory to the disk tier.",
+            n(&c.demoted_bytes),
+        )
+        .single(
+            "rbgctl_store_promotions_total",
+            "counter",
+            "Objects copied from the disk tier back to memory.",
+            n(&c.promoted),
+        )
+        .single(
+            "rbgctl_store_promoted_bytes_total",
+            "counter",
+            "Bytes copied from the disk tier back to memory.",
+            n(&c.promoted_bytes),
+        )
+        .single(
+            "rbgctl_store_disk_checksum_failures_total",
+            "counter",
+            "Moves refused because the source bytes failed their checksum.",
+            n(&c.checksum_failures),
+        )
+        .single(
+            "rbgctl_store_disk_errors_total",
+            "counter",
+            "Disk tier reads and writes the filesystem failed.",
+            n(&c.io_errors),
+        )
+        .single(
+            "rbgctl_store_disk_index_errors_total",
+            "counter",
+            "Disk tier index writes that failed.",
+            n(&c.index_errors),
+        )
+        .single(
+            "rbgctl_store_disk_stale_reads_total",
+            "counter",
+            "Version-checked disk tier reads refused (stale location or no lease).",
+            n(&c.stale_reads),
+        );
+    }
+
+    fn stop_heartbeat(&self) {
+        self.registration.stop.trigger();
+        if let Some(h) = self.heartbeat.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    fn stop_serving(&self) {
+        if let Some(mut server) = self.server.lock().take() {
+            server.stop();
+        }
+    }
 }
 
 /// The segment, its index and lock, and what recovery found.
@@ -139,6 +341,15 @@ impl Store {
     /// Creates the segment and starts serving on `listener` and heartbeating (in background
     /// threads).
     pub fn start(cfg: &StoreConfig, listener: TcpListener) -> Result<Store, StoreError> {
+        Store::start_tiers(cfg, listener, None)
+    }
+
+    /// As `start`, with the disk tier's listener when `cfg` has a disk tier.
+    pub fn start_tiers(
+        cfg: &StoreConfig,
+        listener: TcpListener,
+        disk_listener: Option<TcpListener>,
+    ) -> Result<Store, StoreError> {
         cfg.protocol.check_built("store.protocol")?;
         let port = listener.local_addr()?.port();
         let endpoint = format!("{}:{port}", cfg.local_hostname);
@@ -177,7 +388,7 @@ impl Store {
                 tier: Tier::Memory,
             }
         });
-        let records = Arc::new(match index {
+        let records: Arc<index::Records> = Arc::new(match index {
             Some(index) => index::Records::Durable(index),
             None => index::Records::in_memory(),
         });
@@ -208,7 +419,7 @@ impl Store {
         let mut registration = Registration::new(
             &cfg.master,
             segment,
-            records,
+            records.clone(),
             lease,
             metadata_server,
             cfg.heartbeat_interval_ms.0,
@@ -217,6 +428,26 @@ impl Store {
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
         registration.write_floor = write_floor;
         let registration = Arc::new(registration);
+        let disk = match (&cfg.disk_tier, &service.memory, disk_listener) {
+            (Some(_), Some(memory), Some(l)) => Some(DiskTier::start(
+                cfg,
+                &name,
+                l,
+                (memory, &records),
+                registration.client_id,
+            )?),
+            (Some(_), Some(memory), None) => {
+                let l = role::bind("store disk tier", &cfg.bind_address, cfg.disk_tier_port)?;
+                Some(DiskTier::start(
+                    cfg,
+                    &name,
+                    l,
+                    (memory, &records),
+                    registration.client_id,
+                )?)
+            }
+            _ => None,
+        };
         let reg = registration.clone();
         let heartbeat = std::thread::Builder::new()
             .name("store-heartbeat".into())
@@ -248,6 +479,7 @@ impl Store {
                 registration,
                 name,
                 endpoint,
+                disk,
             }),
             server,
             heartbeat: Some(heartbeat),
@@ -269,8 +501,16 @@ impl Store {
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }
+        if let Some(disk) = &self.status.disk {
+            disk.stop_heartbeat();
+        }
         if let Some(h) = self.prefault.take() {
             let _ = h.join();
+        }
+        // The disk segment first: the master's moves into memory stop before memory goes.
+        if let Some(disk) = &self.status.disk {
+            disk.registration.unmount();
+            disk.stop_serving();
         }
         registration.unmount();
         self.server.stop();
@@ -398,6 +638,9 @@ impl StoreStatus {
             "Checked writes refused: their bytes did not match the CRC-32C their writer sent.",
             s.checksum_mismatches.load(Ordering::Relaxed) as f64,
         );
+        if let Some(d) = &self.disk {
+            d.render(&mut p);
+        }
         s.connections.render(&mut p, "rbgctl_store");
         s.stats.render(&mut p, "rbgctl_store", |op| {
             Opcode::from_u8(op).map(|o| o.name())
@@ -412,13 +655,24 @@ pub struct Listeners {
     pub data: TcpListener,
     /// `/metrics` and `/health`.
     pub metrics: TcpListener,
+    /// Reads of the disk tier and the master's moves (with a disk tier only).
+    pub disk: Option<TcpListener>,
 }
 
 impl Listeners {
     pub fn bind(cfg: &StoreConfig) -> Result<Listeners, StoreError> {
+        let disk = match &cfg.disk_tier {
+            Some(_) => Some(role::bind(
+                "store disk tier",
+                &cfg.bind_address,
+                cfg.disk_tier_port,
+            )?),
+            None => None,
+        };
         Ok(Listeners {
             data: role::bind("store data", &cfg.bind_address, cfg.port)?,
             metrics: role::bind("store metrics", &cfg.metrics_host, cfg.metrics_port)?,
+            disk,
         })
     }
 }
@@ -428,6 +682,9 @@ impl Listeners {
 pub struct Addrs {
     pub data: SocketAddr,
     pub metrics: SocketAddr,
+    /// The disk tier's data service, when the store has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<SocketAddr>,
 }
 
 pub type Handle = role::Handle<Addrs, StoreError>;
@@ -441,13 +698,18 @@ pub fn start(
     let addrs = Addrs {
         data: listeners.data.local_addr()?,
         metrics: listeners.metrics.local_addr()?,
+        disk: listeners
+            .disk
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()?,
     };
     let runtime = role::runtime("store-http", Some(1))?;
     let metrics = {
         let _guard = runtime.enter();
         role::async_listener(listeners.metrics)?
     };
-    let mut store = Store::start(&cfg, listeners.data)?;
+    let mut store = Store::start_tiers(&cfg, listeners.data, listeners.disk)?;
     tracing::info!(addr = %addrs.metrics, "store metrics listening");
     runtime.spawn(crate::http_server::serve(
         metrics,
@@ -482,12 +744,22 @@ fn http_router(status: Arc<StoreStatus>) -> axum::Router {
     };
     let health = move || async move {
         let reg = &status.registration;
-        let mounted = reg.mounted();
+        let disk = status.disk.as_ref().map(|d| {
+            serde_json::json!({"segment": d.service.name, "endpoint": d.endpoint,
+                "mounted": d.registration.mounted(), "error": d.registration.last_error(),
+                "direct_io": d.service.area.direct()})
+        });
+        let mounted = reg.mounted()
+            && status
+                .disk
+                .as_ref()
+                .is_none_or(|d| d.registration.mounted());
         let error = reg.last_error();
         let body = serde_json::json!({"status": if mounted {"ok"} else {"unregistered"},
             "segment": status.name, "endpoint": status.endpoint, "mounted": mounted,
             "master": &*reg.master.addr(),
-            "master_reachable": reg.reachable.load(Ordering::Relaxed), "error": error});
+            "master_reachable": reg.reachable.load(Ordering::Relaxed), "error": error,
+            "disk_tier": disk});
         let code = match mounted {
             true => StatusCode::OK,
             false => StatusCode::SERVICE_UNAVAILABLE,

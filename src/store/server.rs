@@ -57,6 +57,57 @@ impl ReadLease {
     }
 }
 
+/// Why a read of a remembered location (`READ_VERSION`) must go to the master instead: no read
+/// lease, or `version` is no longer what the records hold at `offset`.
+pub fn versioned_refusal(
+    lease: &ReadLease,
+    records: &Records,
+    offset: u64,
+    version: u64,
+    length: u64,
+) -> Option<(Status, String)> {
+    if !lease.valid(Instant::now()) {
+        Some((
+            Status::ObjectUnavailable,
+            "this store has no read lease from the master now; ask the master".to_owned(),
+        ))
+    } else if records.holds(offset, version, length).is_none() {
+        Some((
+            Status::ObjectNotFound,
+            format!(
+                "version {version} is not at offset {offset} (replaced, removed or evicted); \
+                 ask the master"
+            ),
+        ))
+    } else {
+        None
+    }
+}
+
+/// FORGET and FORGET_LEASE on `records`: drop them, then (with a lease) extend `read_lease`
+/// from when the request arrived; answers the request.
+pub fn answer_forget(
+    records: &Records,
+    read_lease: &ReadLease,
+    index_errors: &AtomicU64,
+    io: &mut ServerIo<'_>,
+    items: &[ForgetItem],
+    lease: Option<(Instant, Duration)>,
+) -> Result<bool, TransferError> {
+    if let Err(e) = records.forget(items) {
+        index_errors.fetch_add(1, Ordering::Relaxed);
+        io.error(Status::Internal, &format!("index write failed: {e}"))?;
+        return Ok(false);
+    }
+    if let Some((from, lease)) = lease {
+        if !lease.is_zero() {
+            read_lease.extend(from, lease);
+        }
+    }
+    io.ok(&())?;
+    Ok(true)
+}
+
 pub struct StoreService {
     pub name: String,
     pub memory: Option<Arc<SegmentMemory>>,
@@ -181,18 +232,14 @@ impl StoreService {
         items: &[ForgetItem],
         lease: Option<(Instant, Duration)>,
     ) -> Result<bool, TransferError> {
-        if let Err(e) = self.records.forget(items) {
-            self.index_errors.fetch_add(1, Ordering::Relaxed);
-            io.error(Status::Internal, &format!("index write failed: {e}"))?;
-            return Ok(false);
-        }
-        if let Some((from, lease)) = lease {
-            if !lease.is_zero() {
-                self.lease.extend(from, lease);
-            }
-        }
-        io.ok(&())?;
-        Ok(true)
+        answer_forget(
+            &self.records,
+            &self.lease,
+            &self.index_errors,
+            io,
+            items,
+            lease,
+        )
     }
 
     /// Answers a read of `length` bytes at `offset`. With a `version`, the read is of a
@@ -211,23 +258,9 @@ impl StoreService {
             return Ok(false);
         }
         if let Some(version) = version {
-            let refusal = if !self.lease.valid(Instant::now()) {
-                Some((
-                    Status::ObjectUnavailable,
-                    "this store has no read lease from the master now; ask the master".to_owned(),
-                ))
-            } else if self.records.holds(offset, version, length).is_none() {
-                Some((
-                    Status::ObjectNotFound,
-                    format!(
-                        "version {version} is not at offset {offset} (replaced, removed or \
-                         evicted); ask the master"
-                    ),
-                ))
-            } else {
-                None
-            };
-            if let Some((status, msg)) = refusal {
+            if let Some((status, msg)) =
+                versioned_refusal(&self.lease, &self.records, offset, version, length)
+            {
                 self.stale_reads.fetch_add(1, Ordering::Relaxed);
                 io.error(status, &msg)?;
                 return Ok(false);
@@ -345,11 +378,7 @@ impl Service for StoreService {
         meta: &[u8],
         io: &mut ServerIo<'_>,
     ) -> Result<(), TransferError> {
-        let t0 = Instant::now();
-        let result = self.dispatch(op, meta, io);
-        self.stats
-            .record(req.opcode, matches!(result, Ok(true)), t0.elapsed());
-        result.map(|_| ())
+        self.stats.timed(req.opcode, || self.dispatch(op, meta, io))
     }
 
     fn max_data_len(&self) -> u64 {

@@ -58,10 +58,14 @@ pub enum Opcode {
     /// From the master: forget records, then serve `READ_VERSION` for `lease_ms` more
     /// (meta: `ForgetLeaseReq`; empty reply).
     ForgetLease = 0x47,
+    /// From the master, to a store with a disk tier: copy objects between its memory segment
+    /// and its disk segment, each checked against its checksum and recorded where it lands
+    /// (meta: `MoveReq`; answer `BatchStatusResp`). Sent to the disk segment's endpoint.
+    Move = 0x48,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 29] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -91,6 +95,7 @@ impl Opcode {
         Opcode::WriteChecked,
         Opcode::ReadVersion,
         Opcode::ForgetLease,
+        Opcode::Move,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -129,6 +134,7 @@ impl Opcode {
             Opcode::WriteChecked => "write_checked",
             Opcode::ReadVersion => "read_version",
             Opcode::ForgetLease => "forget_lease",
+            Opcode::Move => "move",
         }
     }
 }
@@ -155,6 +161,8 @@ pub enum Status {
     WriteSuperseded = 20,
     ObjectUnavailable = 21,
     NotLeader = 22,
+    /// Bytes did not match their object's checksum (a store moving an object between tiers).
+    ChecksumMismatch = 23,
 }
 
 impl Status {
@@ -177,6 +185,7 @@ impl Status {
             20 => Status::WriteSuperseded,
             21 => Status::ObjectUnavailable,
             22 => Status::NotLeader,
+            23 => Status::ChecksumMismatch,
             _ => Status::Internal,
         }
     }
@@ -201,6 +210,7 @@ impl Status {
             Status::WriteSuperseded => "WRITE_SUPERSEDED",
             Status::ObjectUnavailable => "OBJECT_UNAVAILABLE",
             Status::NotLeader => "NOT_LEADER",
+            Status::ChecksumMismatch => "CHECKSUM_MISMATCH",
         }
     }
 }
@@ -229,6 +239,7 @@ impl Status {
                 "every replica is on a store that is restarting; retry shortly"
             }
             Status::NotLeader => "this master is not the leader; ask the leader",
+            Status::ChecksumMismatch => "the bytes fail their checksum",
         }
     }
 }

@@ -374,6 +374,58 @@ message!(
     /// `lease_ms` from now (0: do not extend the lease).
     ForgetLeaseReq { items: Vec<ForgetItem>, lease_ms: u64 } min_len = 12
 );
+/// Largest object a store copies between its tiers in one move (and reads from its disk tier
+/// in one request): larger objects are dropped by eviction rather than demoted.
+pub const MAX_MOVE_BYTES: u64 = 64 << 20;
+
+/// Which way a `MoveItem` copies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MoveKind {
+    /// Memory segment → disk segment (memory gave the object up).
+    #[default]
+    Demote,
+    /// Disk segment → memory segment (a hit brings it back).
+    Promote,
+}
+
+impl Wire for MoveKind {
+    fn encode(&self, e: &mut Encoder) {
+        e.u8(*self as u8);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        match d.u8()? {
+            0 => Ok(MoveKind::Demote),
+            1 => Ok(MoveKind::Promote),
+            k => Err(TransferError::Protocol(format!(
+                "unknown move kind {k} (0 demote, 1 promote)"
+            ))),
+        }
+    }
+}
+
+/// A move kind is its number on the wire and in test vectors.
+impl serde::Serialize for MoveKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(*self as u8)
+    }
+}
+
+message!(
+    /// One object to copy between a store's tiers: `size` bytes at `from` (of the memory
+    /// segment for a demotion, of the disk segment for a promotion) to `to` (of the other).
+    /// The store checks the bytes against `checksum` and records the object (key, version)
+    /// where it lands before it answers; the master drops the old record with a forget.
+    MoveItem {
+        kind: MoveKind,
+        key: String,
+        version: u64,
+        from: u64,
+        to: u64,
+        size: u64,
+        checksum: u32,
+    } min_len = 1 + 2 + 8 + 8 + 8 + 8 + 4
+);
+message!(MoveReq { items: Vec<MoveItem> } min_len = 4);
 message!(StoreInfoResp { name: String, size: u64 } min_len = 10);
 
 #[cfg(test)]

@@ -422,7 +422,9 @@ class Client:
         for e in entries:
             if e.id in known:
                 continue
-            local = LocalSegment.open(e.info, self._host_id) if self.config.same_host_shm else None
+            # A disk tier segment (tier 1) is read over TCP: its file is meant for O_DIRECT reads.
+            shareable = self.config.same_host_shm and e.info.tier == 0
+            local = LocalSegment.open(e.info, self._host_id) if shareable else None
             route = Route(e.info, self._pool_for(e.info.endpoint), local)
             with self._lock:
                 if e.id in self._routes:

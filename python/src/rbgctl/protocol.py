@@ -61,6 +61,7 @@ class Opcode(enum.IntEnum):
     WRITE_CHECKED = 0x45  # the Rust client's write with a trailing CRC; this client sends WRITE
     READ_VERSION = 0x46  # the Rust client's read from a cached location; this client asks the master
     FORGET_LEASE = 0x47  # master to store: forget records, extend the version-checked read lease
+    MOVE = 0x48  # master to store: copy objects between its memory and disk tiers
 
 
 class Status(enum.IntEnum):
@@ -82,6 +83,7 @@ class Status(enum.IntEnum):
     WRITE_SUPERSEDED = 20
     OBJECT_UNAVAILABLE = 21
     NOT_LEADER = 22
+    CHECKSUM_MISMATCH = 23
 
 
 def status_name(code: int) -> str:

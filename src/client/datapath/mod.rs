@@ -5,15 +5,18 @@
 //! - [`Shm`]: the segment is on this host (same kernel, its token file matches), so bytes are
 //!   memory copies into the store's mapped segment file; a persistent store is then told what
 //!   was written (`Seal`) so its durable index records it.
+//! - [`LocalDisk`]: a disk tier segment on this host: reads are `O_DIRECT` reads of its file.
 //! - [`Tcp`]: requests pipelined on one pooled connection per store, payloads sent straight from
 //!   the caller's buffers and received straight into them.
 //!
 //! An RDMA transport (the `ibverbs` crate, under a cargo feature) is a third implementation of
 //! the same trait; until one exists, `Transport::Rdma` is refused where it is configured.
 
+mod disk;
 mod shm;
 mod tcp;
 
+pub use disk::LocalDisk;
 pub use shm::{LocalSegment, Shm};
 pub use tcp::Tcp;
 
@@ -99,7 +102,11 @@ pub fn open(
     same_host_shm: bool,
     pool: Arc<Pool>,
 ) -> Arc<dyn DataPath> {
-    if same_host_shm {
+    if same_host_shm && info.tier == crate::transfer::message::Tier::Disk {
+        if let Some(disk) = LocalDisk::open(info, host_id) {
+            return Arc::new(disk);
+        }
+    } else if same_host_shm {
         if let Some(segment) = LocalSegment::open(info, host_id) {
             // A persistent segment keeps an index of its objects, which copies bypass.
             let seal = (info.segment_uuid != 0).then_some(pool);

@@ -19,6 +19,23 @@ fn pieces(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         .map(move |start| start..(start + COPY_PIECE).min(len))
 }
 
+/// Whether a store holds its lock file `lock`: it holds an exclusive lock for as long as it
+/// lives, and the kernel drops the lock when it dies (kill -9 included). A shared lock that we
+/// can take means nobody holds it.
+pub fn lock_held(lock: &Path) -> bool {
+    use nix::fcntl::{Flock, FlockArg};
+    let Ok(file) = std::fs::File::open(lock) else {
+        // The lock file is gone: its store stopped (and removed it) or died and was swept.
+        return false;
+    };
+    match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => true,
+        Ok(_unlocked_on_drop) => false,
+        // Cannot tell: do not claim the store is gone.
+        Err(_) => true,
+    }
+}
+
 pub struct LocalSegment {
     _map: memmap2::MmapRaw,
     ptr: *mut u8,
@@ -70,17 +87,7 @@ impl LocalSegment {
     /// lock file for as long as it lives, and the kernel drops the lock when it dies (kill -9
     /// included). A shared lock that we can take means nobody holds it.
     pub fn owner_alive(&self) -> bool {
-        use nix::fcntl::{Flock, FlockArg};
-        let Ok(file) = std::fs::File::open(&self.lock) else {
-            // The lock file is gone: its store stopped (and removed it) or died and was swept.
-            return false;
-        };
-        match Flock::lock(file, FlockArg::LockSharedNonblock) {
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => true,
-            Ok(_unlocked_on_drop) => false,
-            // Cannot tell: do not claim the store is gone.
-            Err(_) => true,
-        }
+        lock_held(&self.lock)
     }
 
     fn check(&self, offset: u64, len: u64) -> bool {
