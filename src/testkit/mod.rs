@@ -4,9 +4,11 @@
 //!
 //! - `apiserver`: an in-process stand-in for kube-apiserver, with a SIMULATED kubelet.
 //! - `fake_worker`: a FAKE SGLang-compatible worker (`rbgctl bench fake-worker`).
+//! - `history`: the checker of recorded put/get/remove histories (`docs/consistency.md`).
 //! - `proxy`: a TCP link that delays what it forwards.
 
 pub mod apiserver;
 pub mod fake_worker;
+pub mod history;
 pub mod proxy;
 pub mod tokenizer;
