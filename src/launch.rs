@@ -152,7 +152,11 @@ impl Drop for Context {
 
 /// Starts children; owns the run directory their config, ready and log files live in.
 #[derive(Clone)]
-pub struct Launcher(Arc<Context>);
+pub struct Launcher {
+    ctx: Arc<Context>,
+    /// Words the children's command lines start with (`ip netns exec NS`), if any.
+    wrapper: Arc<[String]>,
+}
 
 impl Launcher {
     /// A launcher of this executable with a fresh run directory under the system's temp dir,
@@ -170,19 +174,32 @@ impl Launcher {
             fastrand::u32(..)
         ));
         std::fs::create_dir_all(&dir)?;
-        Ok(Launcher(Arc::new(Context {
-            exe,
-            dir,
-            owned: true,
-            logs,
-            ready_timeout: Duration::from_secs(60),
-            seq: std::sync::atomic::AtomicU64::new(0),
-        })))
+        Ok(Launcher {
+            ctx: Arc::new(Context {
+                exe,
+                dir,
+                owned: true,
+                logs,
+                ready_timeout: Duration::from_secs(60),
+                seq: std::sync::atomic::AtomicU64::new(0),
+            }),
+            wrapper: Arc::new([]),
+        })
+    }
+
+    /// The same launcher (run directory, logs, numbering) whose children run under `wrapper`,
+    /// e.g. `ip netns exec NS` to put them on a host of their own. The wrapper must exec the
+    /// child in its place, so that signals reach the child itself.
+    pub fn wrapped(&self, wrapper: Vec<String>) -> Launcher {
+        Launcher {
+            ctx: self.ctx.clone(),
+            wrapper: wrapper.into(),
+        }
     }
 
     /// The run directory (configs, ready files, logs).
     pub fn dir(&self) -> &Path {
-        &self.0.dir
+        &self.ctx.dir
     }
 
     /// Starts `R` with `cfg` and waits until it reports its addresses.
@@ -238,7 +255,7 @@ impl Launcher {
             path.display().to_string(),
         ];
         argv.extend(extra.iter().cloned());
-        self.spawn_stem(&self.0.exe, name, stem, &argv, &[])
+        self.spawn_stem(&self.ctx.exe, name, stem, &argv, &[])
     }
 
     /// Runs this executable with `argv` and waits until it reports its addresses: for
@@ -249,7 +266,7 @@ impl Launcher {
         name: &str,
         argv: &[String],
     ) -> Result<Spawned<A>, LaunchError> {
-        self.spawn_program(&self.0.exe, name, argv, &[])
+        self.spawn_program(&self.ctx.exe, name, argv, &[])
     }
 
     /// [`Launcher::spawn_argv`] with extra environment variables for the child.
@@ -259,7 +276,7 @@ impl Launcher {
         argv: &[String],
         env: &[(&str, &Path)],
     ) -> Result<Spawned<A>, LaunchError> {
-        self.spawn_program(&self.0.exe, name, argv, env)
+        self.spawn_program(&self.ctx.exe, name, argv, env)
     }
 
     /// Runs `program` (e.g. a link to this executable under another name) with `argv`.
@@ -276,7 +293,7 @@ impl Launcher {
     /// A file stem of its own for a child called `name`.
     fn stem(&self, name: &str) -> String {
         let n = self
-            .0
+            .ctx
             .seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let safe: String = name
@@ -310,7 +327,7 @@ impl Launcher {
             source,
         })?;
         let mut forwarders = Vec::new();
-        if self.0.logs == Logs::Inherit {
+        if self.ctx.logs == Logs::Inherit {
             if let Some(out) = child.stdout.take() {
                 forwarders.extend(forward_lines(name, out));
             }
@@ -322,7 +339,7 @@ impl Launcher {
             name: name.to_string(),
             stem: stem.to_string(),
             child: Some(child),
-            log: (self.0.logs == Logs::File).then(|| self.path(stem, "log")),
+            log: (self.ctx.logs == Logs::File).then(|| self.path(stem, "log")),
             forwarders,
         };
         let addrs = self.wait_ready(name, &ready, &mut process)?;
@@ -330,7 +347,7 @@ impl Launcher {
     }
 
     fn path(&self, stem: &str, ext: &str) -> PathBuf {
-        self.0.dir.join(format!("{stem}.{ext}"))
+        self.ctx.dir.join(format!("{stem}.{ext}"))
     }
 
     /// The child's command with its environment and log routing; the ready file is cleared.
@@ -343,7 +360,14 @@ impl Launcher {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
             _ => {}
         }
-        let mut cmd = Command::new(program);
+        let mut cmd = match self.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest).arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        };
         for (k, _) in std::env::vars_os() {
             let k = k.to_string_lossy();
             if CONFIG_ENV_PREFIXES.iter().any(|p| k.starts_with(p)) {
@@ -352,7 +376,7 @@ impl Launcher {
         }
         cmd.env(READY_FILE_ENV, ready).stdin(Stdio::null());
         let level = std::env::var("RBGCTL_TEST_LOG").ok();
-        match self.0.logs {
+        match self.ctx.logs {
             Logs::Inherit => {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
@@ -383,7 +407,7 @@ impl Launcher {
         ready: &Path,
         process: &mut Process,
     ) -> Result<A, LaunchError> {
-        let deadline = Instant::now() + self.0.ready_timeout;
+        let deadline = Instant::now() + self.ctx.ready_timeout;
         loop {
             if let Ok(bytes) = std::fs::read(ready) {
                 if let Ok(r) = serde_json::from_slice::<Ready<A>>(&bytes) {
@@ -402,7 +426,7 @@ impl Launcher {
             if Instant::now() > deadline {
                 return Err(LaunchError::Timeout {
                     name: name.to_string(),
-                    timeout: self.0.ready_timeout,
+                    timeout: self.ctx.ready_timeout,
                     log: log_tail(process),
                 });
             }
@@ -503,6 +527,13 @@ impl Process {
         if let Some(mut p) = self.child.take() {
             let _ = p.kill();
             let _ = p.wait();
+        }
+    }
+
+    /// Sends `sig` (SIGSTOP, SIGCONT, ...) without waiting.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(p) = &self.child {
+            signal(p, sig);
         }
     }
 

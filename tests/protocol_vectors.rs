@@ -172,6 +172,17 @@ fn cases() -> Vec<Case> {
     c.request("ping", Opcode::Ping, &PingReq { client_id: 1 }, 0);
     c.request("leave", Opcode::Leave, &PingReq { client_id: 1 }, 0);
     c.reply("leave reply", Opcode::Leave, &(), 0);
+    let lease = LeaseReq {
+        client_id: 1,
+        segment_id: 3,
+    };
+    c.request("lease", Opcode::Lease, &lease, 0);
+    c.reply(
+        "lease reply",
+        Opcode::Lease,
+        &LeaseResp { lease_ms: 2000 },
+        0,
+    );
     c.reply(
         "ping reply",
         Opcode::Ping,
@@ -557,6 +568,8 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
     by_name!(
         PingReq,
         PingResp,
+        LeaseReq,
+        LeaseResp,
         MountReq,
         MountResp,
         UnmountReq,

@@ -114,6 +114,8 @@ NOT_USED_HERE = {
     "StoreInfoResp",
     "ForgetReq",
     "ForgetLeaseReq",
+    "LeaseReq",
+    "LeaseResp",
     "MoveReq",
     "ReadVersionReq",
     "BatchPutCommitReq",

@@ -69,6 +69,11 @@ pub enum BenchKind {
     /// and benchmarks. Test kit builds only (`--features testkit`).
     #[cfg(feature = "testkit")]
     FakeWorker(crate::testkit::fake_worker::FakeWorkerArgs),
+    /// A put/get/remove load on a small key space that records every operation (times, key,
+    /// value digest, outcome) for the history checker of the fault tests. Test kit builds
+    /// only (`--features testkit`).
+    #[cfg(feature = "testkit")]
+    HistoryLoad(crate::testkit::load::HistoryLoadArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -87,5 +92,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::FakeWorker(a) => Ok(crate::testkit::fake_worker::run(a)?),
         #[cfg(feature = "testkit")]
         BenchKind::Operator(a) => operator::run(a),
+        #[cfg(feature = "testkit")]
+        BenchKind::HistoryLoad(a) => Ok(crate::testkit::load::run(a)?),
     }
 }

@@ -41,6 +41,90 @@ pub fn bytes_to_free(
         .max((ratio * capacity as f64) as u64 * forced as u64)
 }
 
+/// Entries the eviction log keeps; older ones are overwritten (`EvictionLog::since` says how
+/// many a reader missed).
+pub const EVICTION_LOG_ENTRIES: usize = 65_536;
+
+/// One logged eviction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged {
+    /// Numbered from 1, in the order evictions happened.
+    pub seq: u64,
+    pub key: String,
+    /// Wall clock, microseconds since the Unix epoch.
+    pub at_us: u64,
+    /// The tier the value was dropped from.
+    pub tier: crate::transfer::message::Tier,
+}
+
+/// The keys eviction dropped, oldest first, with when: what lets a reader (the history checker
+/// of the fault tests) tell an eviction from a loss. Bounded to `capacity` entries.
+#[derive(Debug)]
+pub struct EvictionLog {
+    entries: std::collections::VecDeque<Logged>,
+    capacity: usize,
+    next_seq: u64,
+    started_us: u64,
+}
+
+impl Default for EvictionLog {
+    fn default() -> Self {
+        EvictionLog::with_capacity(EVICTION_LOG_ENTRIES)
+    }
+}
+
+impl EvictionLog {
+    pub fn with_capacity(capacity: usize) -> EvictionLog {
+        EvictionLog {
+            entries: std::collections::VecDeque::new(),
+            capacity,
+            next_seq: 1,
+            started_us: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+        }
+    }
+
+    pub fn push(&mut self, key: &str, at_us: u64, tier: crate::transfer::message::Tier) {
+        if self.entries.len() == self.capacity {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(Logged {
+            seq: self.next_seq,
+            key: key.to_string(),
+            at_us,
+            tier,
+        });
+        self.next_seq += 1;
+    }
+
+    /// At most `limit` entries numbered above `after`, and how many such entries were already
+    /// overwritten.
+    pub fn since(&self, after: u64, limit: usize) -> (Vec<Logged>, u64) {
+        let first = self.entries.front().map_or(self.next_seq, |e| e.seq);
+        let missed = first.saturating_sub(after + 1);
+        let skip = (after + 1).saturating_sub(first) as usize;
+        let entries = self
+            .entries
+            .iter()
+            .skip(skip)
+            .take(limit)
+            .cloned()
+            .collect();
+        (entries, missed)
+    }
+
+    /// When this log began (wall clock, microseconds).
+    pub fn started_us(&self) -> u64 {
+        self.started_us
+    }
+
+    /// The number the next eviction gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +174,25 @@ mod tests {
         // Forced (an allocation failed) under the watermark: at least ratio × capacity.
         assert_eq!(bytes_to_free(50, 1000, 0.9, 0.05, true), 50);
         assert_eq!(bytes_to_free(0, 0, 0.9, 0.05, true), 0);
+    }
+
+    #[test]
+    fn the_eviction_log_is_read_in_order_and_says_what_was_overwritten() {
+        use crate::transfer::message::Tier;
+        let mut log = EvictionLog::with_capacity(3);
+        for (i, k) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+            log.push(k, 100 + i as u64, Tier::Memory);
+        }
+        let (entries, missed) = log.since(0, 10);
+        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!((keys, missed), (vec!["c", "d", "e"], 2));
+        let (entries, missed) = log.since(3, 1);
+        assert_eq!(
+            (entries[0].key.as_str(), entries[0].seq, missed),
+            ("d", 4, 0)
+        );
+        let (entries, missed) = log.since(5, 10);
+        assert!(entries.is_empty() && missed == 0);
+        assert_eq!(log.next_seq(), 6);
     }
 }

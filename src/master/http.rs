@@ -118,6 +118,7 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/segments", get(segments))
         .route("/api/v1/objects", get(object))
         .route("/api/v1/keys", get(keys))
+        .route("/api/v1/evictions", get(evictions))
         .route("/query_key", get(query_key))
         .route("/get_all_segments", get(all_segments))
         .fallback(|| async {
@@ -274,6 +275,46 @@ async fn keys(State(shared): State<Arc<Shared>>, Query(q): Query<KeysQuery>) -> 
     let (keys, truncated) = shared.state.lock().keys_with_prefix(&q.prefix, limit);
     Json(serde_json::json!({"prefix": q.prefix, "keys": keys, "truncated": truncated}))
         .into_response()
+}
+
+#[derive(Deserialize)]
+struct EvictionsQuery {
+    #[serde(default)]
+    after: u64,
+    limit: Option<usize>,
+}
+
+/// `/api/v1/evictions?after=SEQ&limit=N`: the evictions numbered above SEQ (default 0), at
+/// most N (default and at most 10,000), oldest first, each with its key, wall-clock time
+/// (`at_us`) and tier; `next` is the `after` to ask with next, `missed` how many entries
+/// above SEQ the bounded log no longer holds, `started_us` when this master process began the
+/// log (numbering starts again at 1 in a new process).
+async fn evictions(State(shared): State<Arc<Shared>>, Query(q): Query<EvictionsQuery>) -> Response {
+    let limit = q.limit.unwrap_or(MAX_KEYS_LISTED);
+    if limit > MAX_KEYS_LISTED {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": format!("limit {limit} is over {MAX_KEYS_LISTED}")})),
+        )
+            .into_response();
+    }
+    let (entries, missed, next, started_us) = {
+        let st = shared.state.lock();
+        let log = &st.evictions;
+        let (entries, missed) = log.since(q.after, limit);
+        let next = entries
+            .last()
+            .map_or(q.after.min(log.next_seq() - 1), |e| e.seq);
+        (entries, missed, next, log.started_us())
+    };
+    let entries: Vec<_> = entries
+        .iter()
+        .map(|e| serde_json::json!({"seq": e.seq, "key": e.key, "at_us": e.at_us, "tier": e.tier.name()}))
+        .collect();
+    Json(serde_json::json!({
+        "entries": entries, "next": next, "missed": missed, "started_us": started_us,
+    }))
+    .into_response()
 }
 
 /// Mooncake's `/query_key?key=`: the same 404 body as its admin server.

@@ -1,23 +1,26 @@
-//! Delivers the master's forgets to the stores and renews their read leases.
+//! Delivers the master's forgets to the stores, and grants their read leases.
 //!
 //! When an object's record must go (replaced, removed, evicted, revoked), the store that holds it
 //! drops the record, so that a restarted master does not bring the object back and a client
-//! that cached the object's location is told to ask the master. Each delivery (`FORGET_LEASE`)
-//! also extends the store's read lease: how long it may answer reads of cached locations. A
-//! store is renewed only by a request that carries every forget it is owed, so a store the
-//! master cannot reach keeps stale records only until its lease runs out.
+//! that cached the object's location is told to ask the master.
 //!
-//! One thread drains the outbox whenever it is woken (after a remove) or every 20 ms, and renews
-//! idle stores every quarter lease. Forgets a live store did not take are kept and sent again.
-//! A remove or replace waits (`settle`) until its forgets are delivered, or, when a store could
-//! not be reached, until that store's lease has run out.
+//! A store answers reads of cached locations only while it holds a read lease, which it asks
+//! for (`LEASE`) with each heartbeat and counts from when it sent the request: however late an
+//! answer arrives, the store's lease ends no later than the master thinks. The master grants
+//! one only to a live segment whose store has taken every forget queued for it (`grant`), so a
+//! store the master cannot reach keeps stale records only until its last lease runs out.
+//!
+//! One thread drains the outbox whenever it is woken (after a remove) or every 20 ms. Forgets a
+//! live store did not take are kept and sent again. A remove or replace waits (`settle`) until
+//! its forgets are delivered, or, when a store could not be reached, until that store's last
+//! lease has run out.
 
 use super::lock::StateLock;
 use crate::shutdown::Shutdown;
-use crate::transfer::message::{ForgetItem, ForgetLeaseReq, ForgetReq};
-use crate::transfer::{ConnOptions, Opcode, Pool, Status, TransferError};
+use crate::transfer::message::{ForgetItem, ForgetReq};
+use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -26,8 +29,8 @@ use std::time::{Duration, Instant};
 /// Forgets per request.
 const CHUNK: usize = 16_384;
 const TICK: Duration = Duration::from_millis(20);
-/// Most forgets kept for one store that does not take them; past it the store's lease is no
-/// longer renewed (until it mounts again), since what it was owed is lost.
+/// Most forgets kept for one store that does not take them; past it the store is granted no
+/// lease (until it mounts again), since what it was owed is lost.
 const BACKLOG_LIMIT: usize = 1 << 20;
 
 /// One store endpoint as the notifier sees it.
@@ -35,16 +38,26 @@ struct Endpoint {
     pool: Arc<Pool>,
     /// Forgets not yet taken, in order.
     backlog: Vec<ForgetItem>,
-    /// When the store last acknowledged a renewal: its lease runs out by this plus the lease.
-    renewed: Option<Instant>,
     last_sent: Option<Instant>,
-    /// The store answered `UNKNOWN_OPCODE` to `FORGET_LEASE`: it predates cached locations and
-    /// gets plain `FORGET`s.
-    legacy: bool,
-    /// Forgets were lost (backlog overflow): never renewed again.
-    poisoned: bool,
-    /// The last delivery failed: the next try waits a renewal period.
+    /// The last delivery failed: the next try waits a quarter lease.
     failing: bool,
+}
+
+/// What read leases depend on, by store endpoint. Never locked while the state lock is taken
+/// inside it, nor across network I/O.
+#[derive(Default)]
+struct LeaseBook {
+    /// The outbox sequence number up to which the store took every forget queued for it.
+    taken: HashMap<String, u64>,
+    /// When the master last granted the store a lease: the store's lease ends by this plus
+    /// the lease.
+    granted: HashMap<String, Instant>,
+    /// Stores whose forgets were lost (backlog overflow): granted nothing until they mount
+    /// again.
+    poisoned: HashSet<String>,
+    /// Until when a lease granted by a master before this one (before a restart, or the
+    /// previous leader) may run.
+    inherited_until: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -66,9 +79,11 @@ pub struct Notifier {
     wake: Mutex<bool>,
     wake_cv: Condvar,
     endpoints: Mutex<HashMap<String, Endpoint>>,
+    book: Mutex<LeaseBook>,
     pub sent: AtomicU64,
     pub failed: AtomicU64,
-    pub renewals: AtomicU64,
+    pub granted: AtomicU64,
+    pub refused: AtomicU64,
 }
 
 impl Notifier {
@@ -87,9 +102,14 @@ impl Notifier {
             wake: Mutex::new(false),
             wake_cv: Condvar::new(),
             endpoints: Mutex::new(HashMap::new()),
+            book: Mutex::new(LeaseBook {
+                inherited_until: Some(Instant::now() + lease),
+                ..LeaseBook::default()
+            }),
             sent: AtomicU64::new(0),
             failed: AtomicU64::new(0),
-            renewals: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         })
     }
 
@@ -115,10 +135,45 @@ impl Notifier {
     }
 
     /// Forgets everything owed (the master's state was reset: it was elected or deposed).
+    /// Grants stay, and any store may hold a lease from the previous leader for one more
+    /// lease.
     pub fn reset(&self) {
         self.endpoints.lock().clear();
+        {
+            let mut book = self.book.lock();
+            book.taken.clear();
+            book.poisoned.clear();
+            book.inherited_until = Some(Instant::now() + self.lease);
+        }
         *self.delivered.lock() = Delivered::default();
         self.delivered_cv.notify_all();
+    }
+
+    /// A read lease for the store at `endpoint`, which is owed every forget up to outbox
+    /// sequence number `owed` (`MasterState::lease_terms`; the caller holds the state lock, so
+    /// no forget is queued meanwhile). Returns the lease, or zero when the store has not
+    /// taken all it is owed. The grant is recorded before it is answered.
+    pub fn grant(&self, endpoint: &str, owed: u64, now: Instant) -> Duration {
+        if self.lease.is_zero() {
+            return Duration::ZERO;
+        }
+        let mut book = self.book.lock();
+        let taken = book.taken.get(endpoint).copied().unwrap_or(0);
+        if taken < owed || book.poisoned.contains(endpoint) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Duration::ZERO;
+        }
+        book.granted.insert(endpoint.to_string(), now);
+        self.granted.fetch_add(1, Ordering::Relaxed);
+        self.lease
+    }
+
+    /// When the last lease granted to `endpoint` (by this master or, as far as it can tell,
+    /// one before it) ends.
+    fn lease_end(&self, endpoint: &str) -> Option<Instant> {
+        let book = self.book.lock();
+        let granted = book.granted.get(endpoint).map(|g| *g + self.lease);
+        granted.max(book.inherited_until)
     }
 
     pub fn wake(&self) {
@@ -157,26 +212,30 @@ impl Notifier {
         }
     }
 
-    /// Drains the outbox once, sends every store its forgets, and renews idle stores' leases.
+    /// Drains the outbox once and sends every store its forgets.
     pub fn flush(&self) {
         let outbox = self.state.lock().take_outbox();
         let mut stale_until: Option<Instant> = None;
-        let mut later = |t: Instant| stale_until = Some(stale_until.map_or(t, |s| s.max(t)));
+        let mut later = |t: Option<Instant>| {
+            if let Some(t) = t {
+                stale_until = Some(stale_until.map_or(t, |s| s.max(t)));
+            }
+        };
+        let mut taken = Vec::new();
         {
             let mut endpoints = self.endpoints.lock();
             // Stores no longer live (gone, away, recovering) are forgotten here once their
             // forgets are out; a store that mounts again starts afresh.
             for ep in &outbox.unreachable {
-                if let Some(renewed) = endpoints.get(ep).and_then(|e| e.renewed) {
-                    later(renewed + self.lease);
-                }
+                later(self.lease_end(ep));
             }
-            endpoints.retain(|ep, e| {
+            endpoints.retain(|ep, _| {
                 let keep = outbox.live.contains(ep) || outbox.forgets.contains_key(ep);
                 if !keep {
-                    if let Some(renewed) = e.renewed {
-                        later(renewed + self.lease);
-                    }
+                    later(self.lease_end(ep));
+                    let mut book = self.book.lock();
+                    book.taken.remove(ep);
+                    book.poisoned.remove(ep);
                 }
                 keep
             });
@@ -189,7 +248,7 @@ impl Notifier {
                     tracing::error!(store = %ep, forgets = e.backlog.len(),
                         "a store has not taken its forgets for too long; it will serve no cached locations until it mounts again");
                     e.backlog.clear();
-                    e.poisoned = true;
+                    self.book.lock().poisoned.insert(ep.clone());
                 }
             }
             for ep in &outbox.live {
@@ -197,34 +256,39 @@ impl Notifier {
                     .entry(ep.clone())
                     .or_insert_with(|| Endpoint::new(ep));
             }
-            let renew_every = self.lease / 4;
+            let retry_every = self.lease / 4;
             for (ep, e) in endpoints.iter_mut() {
-                let live = outbox.live.contains(ep);
-                let waited = e.last_sent.is_none_or(|t| t.elapsed() >= renew_every);
-                let due = live && !self.lease.is_zero() && !e.poisoned && waited;
-                if (e.backlog.is_empty() && !due) || (e.failing && !waited) {
+                let waited = e.last_sent.is_none_or(|t| t.elapsed() >= retry_every);
+                if e.backlog.is_empty() {
+                    taken.push(ep.clone());
                     continue;
                 }
-                let lease = if live && !e.poisoned {
-                    self.lease
-                } else {
-                    Duration::ZERO
-                };
-                let result = self.deliver(e, lease);
+                if e.failing && !waited {
+                    continue;
+                }
+                let result = self.deliver(e);
                 e.failing = result.is_err();
                 match result {
-                    Ok(()) => {}
+                    Ok(()) => taken.push(ep.clone()),
                     Err(err) => {
                         self.failed
                             .fetch_add(e.backlog.len().max(1) as u64, Ordering::Relaxed);
                         e.pool.clear();
                         tracing::debug!(store = %ep, error = %err, "cannot deliver forgets; keeping them");
-                        if let Some(renewed) = e.renewed {
-                            later(renewed + self.lease);
-                        }
+                        later(self.lease_end(ep));
                     }
                 }
             }
+        }
+        {
+            // Every store with nothing left in its backlog took all it was owed up to here.
+            let mut book = self.book.lock();
+            for ep in taken {
+                let t = book.taken.entry(ep).or_default();
+                *t = (*t).max(outbox.seq);
+            }
+            let (now, lease) = (Instant::now(), self.lease);
+            book.granted.retain(|_, g| *g + lease > now);
         }
         self.state
             .lock()
@@ -238,49 +302,18 @@ impl Notifier {
         self.delivered_cv.notify_all();
     }
 
-    /// Sends `e` its whole backlog, the last request extending its lease by `lease` (0: not
-    /// at all). The backlog is emptied only once the store took all of it.
-    fn deliver(&self, e: &mut Endpoint, lease: Duration) -> Result<(), TransferError> {
+    /// Sends `e` its whole backlog; it is emptied only once the store took all of it.
+    fn deliver(&self, e: &mut Endpoint) -> Result<(), TransferError> {
         e.last_sent = Some(Instant::now());
-        let mut chunks: Vec<&[ForgetItem]> = e.backlog.chunks(CHUNK).collect();
-        if chunks.is_empty() {
-            chunks.push(&[]);
-        }
-        let last = chunks.len() - 1;
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let lease_ms = if i == last {
-                lease.as_millis() as u64
-            } else {
-                0
+        for chunk in e.backlog.chunks(CHUNK) {
+            let req = ForgetReq {
+                items: chunk.to_vec(),
             };
-            if !e.legacy {
-                let req = ForgetLeaseReq {
-                    items: chunk.to_vec(),
-                    lease_ms,
-                };
-                match e.pool.with(|c| c.call::<_, ()>(Opcode::ForgetLease, &req)) {
-                    Ok(()) => {}
-                    Err(err) if err.status() == Some(Status::UnknownOpcode) => {
-                        tracing::info!(store = %e.pool.addr(), "the store does not know FORGET_LEASE; sending it FORGET (no cached locations there)");
-                        e.legacy = true;
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
-            if e.legacy && !chunk.is_empty() {
-                let req = ForgetReq {
-                    items: chunk.to_vec(),
-                };
-                e.pool.with(|c| c.call::<_, ()>(Opcode::Forget, &req))?;
-            }
+            e.pool.with(|c| c.call::<_, ()>(Opcode::Forget, &req))?;
         }
         self.sent
             .fetch_add(e.backlog.len() as u64, Ordering::Relaxed);
         e.backlog.clear();
-        if !lease.is_zero() && !e.legacy {
-            e.renewed = Some(Instant::now());
-            self.renewals.fetch_add(1, Ordering::Relaxed);
-        }
         Ok(())
     }
 }
@@ -297,11 +330,65 @@ impl Endpoint {
                 },
             )),
             backlog: Vec::new(),
-            renewed: None,
             last_sent: None,
-            legacy: false,
-            poisoned: false,
             failing: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::config::MasterConfig;
+    use crate::master::state::MasterState;
+
+    const LEASE: Duration = Duration::from_secs(2);
+
+    fn notifier() -> Arc<Notifier> {
+        let state = Arc::new(StateLock::new(MasterState::new(MasterConfig::default())));
+        Notifier::new(
+            state,
+            Arc::new(crate::ha::lease::Leadership::single()),
+            LEASE,
+        )
+    }
+
+    #[test]
+    fn a_store_owed_forgets_it_has_not_taken_gets_no_lease() {
+        let n = notifier();
+        let now = Instant::now();
+        assert_eq!(n.grant("s:1", 0, now), LEASE, "owed nothing");
+        assert_eq!(n.grant("s:1", 3, now), Duration::ZERO, "owed forget 3");
+        n.book.lock().taken.insert("s:1".into(), 3);
+        assert_eq!(n.grant("s:1", 3, now), LEASE, "took everything up to 3");
+        n.book.lock().poisoned.insert("s:1".into());
+        assert_eq!(
+            n.grant("s:1", 0, now),
+            Duration::ZERO,
+            "its forgets were lost"
+        );
+        assert_eq!(n.granted.load(Ordering::Relaxed), 2);
+        assert_eq!(n.refused.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_lease_ends_no_earlier_than_the_last_grant_or_a_predecessors_could() {
+        let n = notifier();
+        let start = Instant::now();
+        // A new master cannot know what its predecessor granted: one lease from its start.
+        let inherited = n.lease_end("s:1").expect("a predecessor's lease may run");
+        assert!(inherited >= start + LEASE - Duration::from_millis(50));
+        let later = start + Duration::from_secs(5);
+        n.grant("s:1", 0, later);
+        assert_eq!(n.lease_end("s:1"), Some(later + LEASE));
+        assert_eq!(n.lease_end("s:2"), Some(inherited), "never granted");
+        // Never zero lease: a master with cached locations off grants nothing.
+        let state = Arc::new(StateLock::new(MasterState::new(MasterConfig::default())));
+        let off = Notifier::new(
+            state,
+            Arc::new(crate::ha::lease::Leadership::single()),
+            Duration::ZERO,
+        );
+        assert_eq!(off.grant("s:1", 0, start), Duration::ZERO);
     }
 }

@@ -58,6 +58,21 @@ impl MasterService {
                 let need_remount = self.state.lock().ping(r.client_id, now);
                 answer(io, Ok(PingResp { need_remount }))
             }
+            Opcode::Lease => {
+                let r = LeaseReq::from_meta(meta)?;
+                let lease = {
+                    // Under the state lock: no forget for the segment is queued meanwhile.
+                    let st = self.state.lock();
+                    st.lease_terms(r.client_id, r.segment_id)
+                        .map(|(endpoint, owed)| self.notifier.grant(&endpoint, owed, now))
+                };
+                answer(
+                    io,
+                    lease.map(|l| LeaseResp {
+                        lease_ms: l.as_millis() as u64,
+                    }),
+                )
+            }
             Opcode::Leave => {
                 let r = PingReq::from_meta(meta)?;
                 self.state.lock().leave(r.client_id, now);

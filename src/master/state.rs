@@ -24,7 +24,7 @@
 
 use super::allocator::Allocator;
 use super::config::MasterConfig;
-use super::eviction;
+use super::eviction::{self, EvictionLog};
 use super::indexes::Indexes;
 pub use super::objects::{Entry, Pending, Version};
 use super::objects::{ObjectTable, Verdict};
@@ -129,6 +129,9 @@ pub struct Segment {
     pub client_id: u64,
     pub alloc: Allocator,
     pub state: SegState,
+    /// The outbox sequence number of the last forget queued for this segment: its store is
+    /// granted a read lease only once it has taken every forget up to this one.
+    pub owed_seq: u64,
 }
 
 impl Segment {
@@ -253,6 +256,8 @@ pub struct MasterState {
     recently_evicted: HashMap<String, u64>,
     /// The same keys in eviction order, with when.
     eviction_log: VecDeque<(Instant, String)>,
+    /// Every eviction, with the wall-clock time, for readers that tell evictions from losses.
+    pub evictions: EvictionLog,
     /// The outbox sequence number the current operation must see delivered before it answers.
     forget_wait: u64,
     lost_segments: VecDeque<u64>,
@@ -307,6 +312,7 @@ impl MasterState {
             forgets_delivered: 0,
             recently_evicted: HashMap::new(),
             eviction_log: VecDeque::new(),
+            evictions: EvictionLog::default(),
             forget_wait: 0,
             lost_segments: VecDeque::new(),
             walks: VecDeque::new(),
@@ -320,8 +326,10 @@ impl MasterState {
     /// (a master elected leader, or deposed); the counters carry on.
     pub fn reset(&mut self) {
         let counters = std::mem::take(&mut self.counters);
+        let evictions = std::mem::take(&mut self.evictions);
         *self = MasterState::new(self.cfg.clone());
         self.counters = counters;
+        self.evictions = evictions;
     }
 
     /// A new version: above every version issued or reported, and at least the wall clock in
@@ -490,6 +498,9 @@ impl MasterState {
                     "store is back with its segment; waiting for its report");
                 seg.client_id = client_id;
                 seg.info = info;
+                // Its store dropped its lease to mount; its report settles which records stay,
+                // so forgets owed to it before are moot.
+                seg.owed_seq = 0;
                 seg.state = SegState::Recovering {
                     rebind: true,
                     confirmed: HashSet::new(),
@@ -562,6 +573,7 @@ impl MasterState {
                 info,
                 client_id,
                 state,
+                owed_seq: 0,
             },
         );
         self.touch_client(client_id, now).segments.push(id);
@@ -762,6 +774,27 @@ impl MasterState {
             return;
         }
         self.start_walk(WalkKind::Confirm, segment_id);
+    }
+
+    /// What a read lease for segment `segment_id` of store `client_id` depends on: the
+    /// segment's endpoint and the outbox sequence number its store must have taken every
+    /// forget up to (`Notifier::grant`). Refused unless the segment is the store's and live.
+    pub fn lease_terms(&self, client_id: u64, segment_id: u64) -> OpResult<(String, u64)> {
+        match self.segments.get(&segment_id) {
+            Some(s) if s.client_id != client_id => fail(
+                Status::IllegalClient,
+                format!("segment {segment_id} belongs to another client"),
+            ),
+            Some(s) if s.is_live() => Ok((s.info.endpoint.clone(), s.owed_seq)),
+            Some(s) => fail(
+                Status::ObjectUnavailable,
+                format!("segment {segment_id} is {}", s.state.name()),
+            ),
+            None => fail(
+                Status::SegmentNotFound,
+                format!("segment {segment_id} is not mounted"),
+            ),
+        }
     }
 
     /// Unmounts a segment. With `keep` (a persistent store restarting), its objects are kept,
@@ -1230,6 +1263,9 @@ impl MasterState {
             self.forget_wait = self.outbox_seq;
         }
         for r in replicas {
+            if let Some(seg) = self.segments.get_mut(&r.segment_id) {
+                seg.owed_seq = self.outbox_seq;
+            }
             self.outbox.push((
                 r.segment_id,
                 ForgetItem {
@@ -1820,7 +1856,7 @@ impl MasterState {
                     Demotion::Drop => {}
                 }
             }
-            if let Some(bytes) = self.drop_evicted(k, now) {
+            if let Some(bytes) = self.drop_evicted(k, Tier::Memory, now) {
                 freed += bytes;
                 dropped += 1;
                 self.counters.evicted_bytes += bytes;
@@ -1839,10 +1875,12 @@ impl MasterState {
         freed
     }
 
-    /// Drops the current version of `key` as eviction does; returns the bytes it held.
-    fn drop_evicted(&mut self, k: &str, now: Instant) -> Option<u64> {
+    /// Drops the current version of `key` as eviction of `tier` does, and logs it; returns
+    /// the bytes it held.
+    fn drop_evicted(&mut self, k: &str, tier: Tier, now: Instant) -> Option<u64> {
         let entry = self.objects.get_mut(k)?;
         let v = entry.current.take()?;
+        self.evictions.push(k, unix_micros(), tier);
         self.indexes.version_ended(v.object_id, v.soft_pin_until);
         if entry.pending.is_none() {
             self.objects.remove(k);
@@ -1989,7 +2027,7 @@ impl MasterState {
         });
         let mut freed = 0;
         for k in &victims {
-            if let Some(bytes) = self.drop_evicted(k, now) {
+            if let Some(bytes) = self.drop_evicted(k, Tier::Disk, now) {
                 freed += bytes;
                 self.counters.disk_evicted_objects += 1;
                 self.counters.disk_evicted_bytes += bytes;
@@ -2877,6 +2915,31 @@ mod tests {
             size: d.size,
             checksum: d.checksum,
         }
+    }
+
+    #[test]
+    fn a_segment_owes_the_forgets_of_what_left_it_until_it_mounts_again() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        let (id, _) = st.mount(1, pseg("a", 42), true, t0).unwrap();
+        assert_eq!(
+            st.lease_terms(1, id).unwrap_err().0,
+            Status::ObjectUnavailable,
+            "no lease while it reports"
+        );
+        st.report(1, id, vec![], true, t0).unwrap();
+        assert_eq!(st.lease_terms(1, id).unwrap(), ("a:1".to_string(), 0));
+        assert_eq!(st.lease_terms(2, id).unwrap_err().0, Status::IllegalClient);
+        put(&mut st, "k", 100, 1, t0);
+        st.remove("k", true, t0).unwrap();
+        let (_, owed) = st.lease_terms(1, id).unwrap();
+        assert_eq!(owed, st.outbox_seq, "owes the removal's forget");
+        assert_eq!(st.take_outbox().seq, owed);
+        // Back after a restart: its report settles its records; nothing older is owed.
+        st.unmount(1, id, true, t0).unwrap();
+        st.mount(2, pseg("a", 42), true, t0).unwrap();
+        st.report(2, id, vec![], true, t0).unwrap();
+        assert_eq!(st.lease_terms(2, id).unwrap().1, 0);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use super::server::ReadLease;
 use crate::ha::link::MasterLink;
 use crate::shutdown::Shutdown;
 use crate::transfer::message::{
-    ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo,
-    UnmountReq,
+    LeaseReq, LeaseResp, ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq,
+    ReportResp, SegmentInfo, UnmountReq,
 };
 use crate::transfer::{ConnOptions, Opcode, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -227,8 +227,37 @@ impl Registration {
             }
             self.mount()?;
         }
+        self.renew_lease();
         self.refresh_usage();
         Ok(())
+    }
+
+    /// Asks the master for a read lease, counted from before the request leaves: however late
+    /// the answer comes, the lease ends no later than the master thinks it does.
+    fn renew_lease(&self) {
+        let segment_id = self.segment_id.load(Ordering::SeqCst);
+        if segment_id == 0 {
+            return;
+        }
+        let sent = std::time::Instant::now();
+        let req = LeaseReq {
+            client_id: self.client_id,
+            segment_id,
+        };
+        match self
+            .master
+            .with(|c| c.call::<_, LeaseResp>(Opcode::Lease, &req))
+        {
+            // Mounted again meanwhile: that mount revoked the lease, and this one is not its.
+            Ok(r) if r.lease_ms > 0 && self.segment_id.load(Ordering::SeqCst) == segment_id => {
+                self.lease
+                    .extend(sent, std::time::Duration::from_millis(r.lease_ms));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "no read lease from the master");
+            }
+        }
     }
 
     /// Every few seconds: how much of the segment is in use, from the master's segment list.

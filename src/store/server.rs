@@ -84,25 +84,19 @@ pub fn versioned_refusal(
     }
 }
 
-/// FORGET and FORGET_LEASE on `records`: drop them, then (with a lease) extend `read_lease`
-/// from when the request arrived; answers the request.
+/// FORGET and FORGET_LEASE on `records`: drops them and answers the request. A lease that
+/// comes with a FORGET_LEASE is not taken: counted from its arrival, it could outlast what
+/// the master thinks (the store asks for its lease with `LEASE` instead).
 pub fn answer_forget(
     records: &Records,
-    read_lease: &ReadLease,
     index_errors: &AtomicU64,
     io: &mut ServerIo<'_>,
     items: &[ForgetItem],
-    lease: Option<(Instant, Duration)>,
 ) -> Result<bool, TransferError> {
     if let Err(e) = records.forget(items) {
         index_errors.fetch_add(1, Ordering::Relaxed);
         io.error(Status::Internal, &format!("index write failed: {e}"))?;
         return Ok(false);
-    }
-    if let Some((from, lease)) = lease {
-        if !lease.is_zero() {
-            read_lease.extend(from, lease);
-        }
     }
     io.ok(&())?;
     Ok(true)
@@ -224,22 +218,9 @@ impl StoreService {
         Ok(true)
     }
 
-    /// FORGET and FORGET_LEASE: drop the records, then (with a lease) extend the read lease
-    /// from when the request arrived.
-    fn forget(
-        &self,
-        io: &mut ServerIo<'_>,
-        items: &[ForgetItem],
-        lease: Option<(Instant, Duration)>,
-    ) -> Result<bool, TransferError> {
-        answer_forget(
-            &self.records,
-            &self.lease,
-            &self.index_errors,
-            io,
-            items,
-            lease,
-        )
+    /// FORGET and FORGET_LEASE: drop the records.
+    fn forget(&self, io: &mut ServerIo<'_>, items: &[ForgetItem]) -> Result<bool, TransferError> {
+        answer_forget(&self.records, &self.index_errors, io, items)
     }
 
     /// Answers a read of `length` bytes at `offset`. With a `version`, the read is of a
@@ -328,13 +309,11 @@ impl StoreService {
             }
             Opcode::Forget => {
                 let r = ForgetReq::from_meta(meta)?;
-                self.forget(io, &r.items, None)
+                self.forget(io, &r.items)
             }
             Opcode::ForgetLease => {
-                let received = Instant::now();
                 let r = ForgetLeaseReq::from_meta(meta)?;
-                let lease = Duration::from_millis(r.lease_ms);
-                self.forget(io, &r.items, Some((received, lease)))
+                self.forget(io, &r.items)
             }
             Opcode::ReadVersion => {
                 let r = ReadVersionReq::from_meta(meta)?;

@@ -416,15 +416,11 @@ impl DiskService {
             }
             Opcode::Forget => {
                 let r = ForgetReq::from_meta(meta)?;
-                let errors = &self.counters.index_errors;
-                answer_forget(&self.records, &self.lease, errors, io, &r.items, None)
+                answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::ForgetLease => {
-                let received = Instant::now();
                 let r = ForgetLeaseReq::from_meta(meta)?;
-                let lease = Some((received, Duration::from_millis(r.lease_ms)));
-                let errors = &self.counters.index_errors;
-                answer_forget(&self.records, &self.lease, errors, io, &r.items, lease)
+                answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::StoreInfo => {
                 <()>::from_meta(meta)?;

@@ -2,10 +2,11 @@
 //! pool's promise as `docs/consistency.md` states it, rule for rule. Pure: histories are data,
 //! so the checker is tested on hand-written bad histories.
 
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// What an operation returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     /// The pool said it was done.
     Ok,
@@ -16,7 +17,7 @@ pub enum Outcome {
 }
 
 /// What a get returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Read {
     /// A value, by its digest.
     Value(u64),
@@ -26,7 +27,7 @@ pub enum Read {
     Error,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Put { digest: u64, outcome: Outcome },
     Get { read: Read },
@@ -35,16 +36,19 @@ pub enum Kind {
 
 /// One operation: its key, what it was, and when it was invoked and completed (microseconds
 /// on the clock the test's processes share).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Op {
     pub key: String,
     pub kind: Kind,
     pub invoked: u64,
     pub completed: u64,
+    /// Why it failed or could not tell, for people (the checker does not look).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// An eviction the master logged.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Eviction {
     pub key: String,
     pub at: u64,
@@ -193,6 +197,7 @@ mod tests {
             kind,
             invoked,
             completed,
+            error: None,
         }
     }
 

@@ -5,10 +5,14 @@
 //! - `apiserver`: an in-process stand-in for kube-apiserver, with a SIMULATED kubelet.
 //! - `fake_worker`: a FAKE SGLang-compatible worker (`rbgctl bench fake-worker`).
 //! - `history`: the checker of recorded put/get/remove histories (`docs/consistency.md`).
+//! - `load`: a put/get/remove load that records its history (`rbgctl bench history-load`).
+//! - `netns`: hosts of their own (network namespaces on a bridge) whose links fail on demand.
 //! - `proxy`: a TCP link that delays what it forwards.
 
 pub mod apiserver;
 pub mod fake_worker;
 pub mod history;
+pub mod load;
+pub mod netns;
 pub mod proxy;
 pub mod tokenizer;

@@ -24,6 +24,9 @@ pub enum Opcode {
     ReportObjects = 0x05,
     /// A client leaving cleanly (meta: `PingReq`; empty reply).
     Leave = 0x06,
+    /// From a store: may this segment serve `READ_VERSION` (meta: `LeaseReq`; answer
+    /// `LeaseResp`)? The store counts the lease from when it sent the request.
+    Lease = 0x07,
     PutStart = 0x10,
     PutEnd = 0x11,
     PutRevoke = 0x12,
@@ -55,8 +58,8 @@ pub enum Opcode {
     /// answers the bytes only while its records hold that version at that offset and the
     /// master's read lease on it runs; else `OBJECT_NOT_FOUND` (or `OBJECT_UNAVAILABLE`).
     ReadVersion = 0x46,
-    /// From the master: forget records, then serve `READ_VERSION` for `lease_ms` more
-    /// (meta: `ForgetLeaseReq`; empty reply).
+    /// From the master: forget records (meta: `ForgetLeaseReq`; empty reply). Its `lease_ms`
+    /// is ignored: stores ask for their read lease with `LEASE`.
     ForgetLease = 0x47,
     /// From the master, to a store with a disk tier: copy objects between its memory segment
     /// and its disk segment, each checked against its checksum and recorded where it lands
@@ -65,13 +68,14 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 30] = [
+    pub const ALL: [Opcode; 31] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
         Opcode::ListSegments,
         Opcode::ReportObjects,
         Opcode::Leave,
+        Opcode::Lease,
         Opcode::PutStart,
         Opcode::PutEnd,
         Opcode::PutRevoke,
@@ -111,6 +115,7 @@ impl Opcode {
             Opcode::ListSegments => "list_segments",
             Opcode::ReportObjects => "report_objects",
             Opcode::Leave => "leave",
+            Opcode::Lease => "lease",
             Opcode::PutStart => "put_start",
             Opcode::PutEnd => "put_end",
             Opcode::PutRevoke => "put_revoke",

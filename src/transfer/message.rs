@@ -249,6 +249,15 @@ message!(
 
 message!(PingReq { client_id: u64 } min_len = 8);
 message!(
+    /// Master (from a store): a read lease for the store's segment `segment_id`.
+    LeaseReq { client_id: u64, segment_id: u64 } min_len = 16
+);
+message!(
+    /// How long the segment may serve `READ_VERSION`, counted from when the store sent the
+    /// request; 0 = not now (the segment is not live, or is owed forgets it has not taken).
+    LeaseResp { lease_ms: u64 } min_len = 8
+);
+message!(
     /// `need_remount` is true when the master does not know this client (it restarted or the
     /// client expired): the client must mount its segments again.
     PingResp { need_remount: bool } min_len = 1
@@ -370,8 +379,8 @@ message!(
     ReadVersionReq { offset: u64, length: u64, version: u64 } min_len = 24
 );
 message!(
-    /// Store (from the master): drop these records, then serve version-checked reads for
-    /// `lease_ms` from now (0: do not extend the lease).
+    /// Store (from the master): drop these records. `lease_ms` is ignored (masters before
+    /// `LEASE` extended the read lease with it, counted from when it arrived).
     ForgetLeaseReq { items: Vec<ForgetItem>, lease_ms: u64 } min_len = 12
 );
 /// Largest object a store copies between its tiers in one move (and reads from its disk tier

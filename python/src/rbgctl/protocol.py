@@ -38,6 +38,7 @@ class Opcode(enum.IntEnum):
     LIST_SEGMENTS = 0x04
     REPORT_OBJECTS = 0x05
     LEAVE = 0x06
+    LEASE = 0x07  # store to master: a read lease for its segment
     PUT_START = 0x10
     PUT_END = 0x11
     PUT_REVOKE = 0x12
@@ -60,7 +61,7 @@ class Opcode(enum.IntEnum):
     FORGET = 0x44
     WRITE_CHECKED = 0x45  # the Rust client's write with a trailing CRC; this client sends WRITE
     READ_VERSION = 0x46  # the Rust client's read from a cached location; this client asks the master
-    FORGET_LEASE = 0x47  # master to store: forget records, extend the version-checked read lease
+    FORGET_LEASE = 0x47  # master to store: forget records (its lease field is ignored)
     MOVE = 0x48  # master to store: copy objects between its memory and disk tiers
 
 
