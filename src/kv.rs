@@ -15,6 +15,9 @@ pub struct KvArgs {
         default_value = "127.0.0.1:50051"
     )]
     pub master: String,
+    /// A file holding the cluster secret, when the pool requires it.
+    #[arg(long, global = true, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -80,6 +83,8 @@ pub enum KvError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error(
         "the value on standard input is larger than the largest segment ({limit} bytes); \
          nothing was stored"
@@ -99,7 +104,8 @@ fn read_value(input: impl Read, limit: u64) -> Result<Vec<u8>, KvError> {
 }
 
 pub fn run(args: KvArgs) -> Result<(), KvError> {
-    let client = Client::connect(ClientConfig::new(args.master))?;
+    let cfg = ClientConfig::new(args.master).with_auth_file(args.auth_token_file.as_deref())?;
+    let client = Client::connect(cfg)?;
     match args.op {
         KvOp::Put {
             key,

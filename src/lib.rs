@@ -12,6 +12,7 @@
 //! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
 //! - `config`, `telemetry`: shared configuration layering and observability.
 
+pub mod auth;
 pub mod backoff;
 pub mod bench;
 pub mod cli;

@@ -183,6 +183,20 @@ fn cases() -> Vec<Case> {
         &LeaseResp { lease_ms: 2000 },
         0,
     );
+    let hello = AuthHelloReq {
+        nonce: (0u8..16).collect(),
+    };
+    c.request("auth hello", Opcode::AuthHello, &hello, 0);
+    let challenge = AuthChallengeResp {
+        nonce: (16u8..32).collect(),
+        proof: (100u8..132).collect(),
+    };
+    c.reply("auth hello reply", Opcode::AuthHello, &challenge, 0);
+    let proof = AuthProofReq {
+        proof: (200u8..232).collect(),
+    };
+    c.request("auth proof", Opcode::AuthProof, &proof, 0);
+    c.reply("auth proof reply", Opcode::AuthProof, &(), 0);
     c.reply(
         "ping reply",
         Opcode::Ping,
@@ -570,6 +584,9 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         PingResp,
         LeaseReq,
         LeaseResp,
+        AuthHelloReq,
+        AuthChallengeResp,
+        AuthProofReq,
         MountReq,
         MountResp,
         UnmountReq,

@@ -173,6 +173,7 @@ impl OwnCluster {
             connect_timeout: Duration::from_millis(200),
             io_timeout: Duration::from_secs(2),
             spin: Duration::ZERO,
+            auth: None,
         };
         Connection::connect(&self.master, &opts)
             .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()))

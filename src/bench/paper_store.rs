@@ -84,6 +84,7 @@ impl PaperStore {
                 request_timeout: Duration::from_secs(10),
                 spin: Duration::ZERO,
                 role: "paper-store",
+                auth: None,
             },
         )?;
         let store = Arc::new(PaperStore {

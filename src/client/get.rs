@@ -68,7 +68,11 @@ impl Inner {
             .pop()
             .unwrap_or(Ok(()));
         match read {
-            Ok(()) if op[0].crc == Some(desc.checksum) => return true,
+            Ok(()) if op[0].crc == Some(desc.checksum) => {
+                tracing::trace!(key, version = desc.version, segment = %route.info.name, offset,
+                    "read from a cached location");
+                return true;
+            }
             Ok(()) => {
                 // Torn by a concurrent reuse of the space: the master knows better.
                 tracing::debug!(

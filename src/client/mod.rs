@@ -88,6 +88,17 @@ impl ClientConfig {
         }
     }
 
+    /// Proves the cluster secret in `file` on every connection (`crate::auth`); `None`
+    /// leaves the config as it is.
+    pub fn with_auth_file(mut self, file: Option<&std::path::Path>) -> Result<Self, ConfigError> {
+        if let Some(f) = file {
+            let secret = crate::auth::Secret::from_file(f)
+                .map_err(|e| ConfigError::invalid("auth_token_file", e.to_string()))?;
+            self.conn.auth = Some(Arc::new(secret));
+        }
+        Ok(self)
+    }
+
     /// Reads `MOONCAKE_MASTER`, `MOONCAKE_GLOBAL_SEGMENT_SIZE` (> 0 embeds a store) and the other
     /// `MOONCAKE_*` variables, or `MOONCAKE_CONFIG_PATH`, as Mooncake's store client does.
     pub fn from_mooncake_env() -> Result<ClientConfig, ConfigError> {
@@ -97,7 +108,9 @@ impl ClientConfig {
             .clone()
             .ok_or_else(|| ConfigError::invalid("MOONCAKE_MASTER", "not set"))?;
         crate::config::check_master_address("MOONCAKE_MASTER", &master)?;
-        let mut cfg = ClientConfig::new(master);
+        let token_file = std::env::var_os(crate::auth::TOKEN_FILE_ENV).filter(|f| !f.is_empty());
+        let mut cfg = ClientConfig::new(master)
+            .with_auth_file(token_file.as_deref().map(std::path::Path::new))?;
         if let Some(p) = &env.protocol {
             cfg.transport = p
                 .parse()

@@ -112,6 +112,9 @@ pub struct MasterConfig {
     /// How long the leader's lease lasts without renewal: the longest a dead leader blocks a
     /// failover. Whole seconds, at least 1. Default 5 s.
     pub ha_lease_ttl_ms: Millis,
+    /// A file holding the cluster secret: RPC connections must prove they hold it, and writes
+    /// to the metadata server carry it (`docs/security.md`). Default none: no authentication.
+    pub auth_token_file: Option<std::path::PathBuf>,
     /// The host other processes reach this master at, published to the election backend.
     /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the address
     /// this host's name resolves to.
@@ -180,6 +183,7 @@ impl Default for MasterConfig {
             ha_backend_connstring: String::new(),
             cluster_id: crate::ha::DEFAULT_CLUSTER_ID.into(),
             ha_lease_ttl_ms: Millis(Duration::from_secs(5)),
+            auth_token_file: None,
             advertise_host: String::new(),
         }
     }
@@ -306,6 +310,10 @@ pub struct MasterArgs {
     /// the host name's address.
     #[arg(long, env = "RBGCTL_MASTER_ADVERTISE_HOST")]
     pub advertise_host: Option<String>,
+    /// A file holding the cluster secret (at least 16 bytes): connections must prove they
+    /// hold it. Default: no authentication.
+    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
 }
 
 impl MasterArgs {
@@ -319,6 +327,9 @@ impl MasterArgs {
             ($($field:ident => $target:ident),* $(,)?) => {
                 $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
             };
+        }
+        if let Some(f) = &self.auth_token_file {
+            c.auth_token_file = Some(f.clone());
         }
         set!(
             rpc_address => rpc_address,
@@ -387,6 +398,7 @@ impl MasterConfig {
             request_timeout: self.request_timeout_ms.0,
             spin: Duration::from_micros(self.poll_spin_us),
             role: "master",
+            auth: None,
         }
     }
 

@@ -51,6 +51,8 @@ pub enum MasterError {
     Config(#[from] crate::config::ConfigError),
     #[error("high availability: {0}")]
     Ha(#[from] crate::ha::HaError),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
 }
 
 /// State shared by the RPC threads, the housekeeper and the HTTP handlers.
@@ -219,15 +221,21 @@ pub fn start(
     shutdown: Shutdown,
 ) -> Result<Handle, MasterError> {
     let addrs = listeners.addrs()?;
+    let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
+    crate::auth::warn_if_open("master", &cfg.rpc_address, secret.as_deref());
     let state = Arc::new(StateLock::new(MasterState::new(cfg.clone())));
     let leadership = Arc::new(match cfg.enable_ha {
         true => Leadership::elected(),
         false => Leadership::single(),
     });
-    let notifier =
-        notifier::Notifier::new(state.clone(), leadership.clone(), cfg.store_read_lease());
+    let notifier = notifier::Notifier::new(
+        state.clone(),
+        leadership.clone(),
+        cfg.store_read_lease(),
+        secret.clone(),
+    );
     let notifier_thread = notifier.spawn(shutdown.clone())?;
-    let mover = mover::Mover::new(state.clone(), leadership.clone());
+    let mover = mover::Mover::new(state.clone(), leadership.clone(), secret.clone());
     let mover_thread = mover.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
@@ -250,7 +258,11 @@ pub fn start(
         true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),
         false => None,
     };
-    let mut rpc = server::spawn(listeners.rpc, service.clone(), cfg.server_options())?;
+    let rpc_opts = server::ServerOptions {
+        auth: secret,
+        ..cfg.server_options()
+    };
+    let mut rpc = server::spawn(listeners.rpc, service.clone(), rpc_opts)?;
     tracing::info!(addr = %rpc.addr, "master RPC listening");
     let housekeeper = {
         let (state, shutdown) = (state.clone(), shutdown.clone());

@@ -29,6 +29,8 @@ const STREAMS: usize = 2;
 pub struct Mover {
     state: Arc<StateLock>,
     leadership: Arc<crate::ha::lease::Leadership>,
+    /// The cluster secret, proven on each connection to a store.
+    auth: Option<Arc<crate::auth::Secret>>,
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Set (and signalled) when moves were queued.
     wake: Mutex<bool>,
@@ -63,10 +65,16 @@ fn requests(items: Vec<MoveItem>) -> Vec<Vec<MoveItem>> {
 }
 
 impl Mover {
-    pub fn new(state: Arc<StateLock>, leadership: Arc<crate::ha::lease::Leadership>) -> Arc<Mover> {
+    /// `auth`: the cluster secret its connections to stores prove.
+    pub fn new(
+        state: Arc<StateLock>,
+        leadership: Arc<crate::ha::lease::Leadership>,
+        auth: Option<Arc<crate::auth::Secret>>,
+    ) -> Arc<Mover> {
         Arc::new(Mover {
             state,
             leadership,
+            auth,
             pools: Mutex::new(HashMap::new()),
             wake: Mutex::new(false),
             wake_cv: Condvar::new(),
@@ -126,6 +134,7 @@ impl Mover {
                         // A request copies up to 8 MiB to or from a disk.
                         io_timeout: Duration::from_secs(10),
                         spin: Duration::ZERO,
+                        auth: self.auth.clone(),
                     },
                 ))
             })

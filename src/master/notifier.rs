@@ -80,6 +80,8 @@ pub struct Notifier {
     wake_cv: Condvar,
     endpoints: Mutex<HashMap<String, Endpoint>>,
     book: Mutex<LeaseBook>,
+    /// The cluster secret, proven on each connection to a store.
+    auth: Option<Arc<crate::auth::Secret>>,
     pub sent: AtomicU64,
     pub failed: AtomicU64,
     pub granted: AtomicU64,
@@ -87,11 +89,13 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// `lease`: the stores' read lease (0: never renewed, cached locations off).
+    /// `lease`: the stores' read lease (0: never granted, cached locations off); `auth`: the
+    /// cluster secret its connections to stores prove.
     pub fn new(
         state: Arc<StateLock>,
         leadership: Arc<crate::ha::lease::Leadership>,
         lease: Duration,
+        auth: Option<Arc<crate::auth::Secret>>,
     ) -> Arc<Notifier> {
         Arc::new(Notifier {
             state,
@@ -102,6 +106,7 @@ impl Notifier {
             wake: Mutex::new(false),
             wake_cv: Condvar::new(),
             endpoints: Mutex::new(HashMap::new()),
+            auth,
             book: Mutex::new(LeaseBook {
                 inherited_until: Some(Instant::now() + lease),
                 ..LeaseBook::default()
@@ -166,6 +171,16 @@ impl Notifier {
         book.granted.insert(endpoint.to_string(), now);
         self.granted.fetch_add(1, Ordering::Relaxed);
         self.lease
+    }
+
+    /// Whether every store in `endpoints` has taken all forgets up to outbox sequence number
+    /// `seq` (so none of them can report a removed or replaced version to a master that
+    /// restarts).
+    pub fn taken_by_all(&self, endpoints: &[String], seq: u64) -> bool {
+        let book = self.book.lock();
+        endpoints
+            .iter()
+            .all(|ep| book.taken.get(ep).is_some_and(|t| *t >= seq))
     }
 
     /// When the last lease granted to `endpoint` (by this master or, as far as it can tell,
@@ -242,7 +257,7 @@ impl Notifier {
             for (ep, items) in outbox.forgets {
                 let e = endpoints
                     .entry(ep.clone())
-                    .or_insert_with(|| Endpoint::new(&ep));
+                    .or_insert_with(|| Endpoint::new(&ep, &self.auth));
                 e.backlog.extend(items);
                 if e.backlog.len() > BACKLOG_LIMIT {
                     tracing::error!(store = %ep, forgets = e.backlog.len(),
@@ -254,7 +269,7 @@ impl Notifier {
             for ep in &outbox.live {
                 endpoints
                     .entry(ep.clone())
-                    .or_insert_with(|| Endpoint::new(ep));
+                    .or_insert_with(|| Endpoint::new(ep, &self.auth));
             }
             let retry_every = self.lease / 4;
             for (ep, e) in endpoints.iter_mut() {
@@ -264,6 +279,8 @@ impl Notifier {
                     continue;
                 }
                 if e.failing && !waited {
+                    // Not tried this time: what it is owed waits, so its lease must run out.
+                    later(self.lease_end(ep));
                     continue;
                 }
                 let result = self.deliver(e);
@@ -319,7 +336,7 @@ impl Notifier {
 }
 
 impl Endpoint {
-    fn new(endpoint: &str) -> Endpoint {
+    fn new(endpoint: &str, auth: &Option<Arc<crate::auth::Secret>>) -> Endpoint {
         Endpoint {
             pool: Arc::new(Pool::new(
                 endpoint.to_string(),
@@ -327,6 +344,7 @@ impl Endpoint {
                     connect_timeout: Duration::from_secs(1),
                     io_timeout: Duration::from_secs(2),
                     spin: Duration::ZERO,
+                    auth: auth.clone(),
                 },
             )),
             backlog: Vec::new(),
@@ -350,6 +368,7 @@ mod tests {
             state,
             Arc::new(crate::ha::lease::Leadership::single()),
             LEASE,
+            None,
         )
     }
 
@@ -388,6 +407,7 @@ mod tests {
             state,
             Arc::new(crate::ha::lease::Leadership::single()),
             Duration::ZERO,
+            None,
         );
         assert_eq!(off.grant("s:1", 0, start), Duration::ZERO);
     }

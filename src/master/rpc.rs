@@ -140,9 +140,9 @@ impl MasterService {
             }
             Opcode::PutEnd => {
                 let r = PutEndReq::from_meta(meta)?;
-                let res = self
+                let (res, durable) = self
                     .durably(|st| st.put_end(r.client_id, &r.key, r.object_id, r.checksum, now));
-                answer(io, res)
+                answer(io, not_durable(res, durable))
             }
             Opcode::PutRevoke => {
                 let r = PutRevokeReq::from_meta(meta)?;
@@ -166,13 +166,13 @@ impl MasterService {
             }
             Opcode::Remove => {
                 let r = RemoveReq::from_meta(meta)?;
-                let res = self.durably(|st| st.remove(&r.key, r.force, now));
-                answer(io, res)
+                let (res, durable) = self.durably(|st| st.remove(&r.key, r.force, now));
+                answer(io, not_durable(res, durable))
             }
             Opcode::RemoveAll => {
                 let r = RemoveAllReq::from_meta(meta)?;
-                let removed = self.durably(|st| st.remove_all(r.force, now));
-                answer(io, Ok(RemoveAllResp { removed }))
+                let (removed, durable) = self.durably(|st| st.remove_all(r.force, now));
+                answer(io, not_durable(Ok(RemoveAllResp { removed }), durable))
             }
             Opcode::BatchPutStart => {
                 let r = BatchPutStartReq::from_meta(meta)?;
@@ -200,7 +200,8 @@ impl MasterService {
             }
             Opcode::BatchPutEnd => {
                 let r = BatchPutEndReq::from_meta(meta)?;
-                let items = self.durably(|st| end_puts(st, r.client_id, &r.items, now));
+                let (items, durable) = self.durably(|st| end_puts(st, r.client_id, &r.items, now));
+                let items = mark_not_durable(items, durable);
                 answer(io, Ok(BatchStatusResp { items }))
             }
             Opcode::BatchPutCommit => {
@@ -216,7 +217,7 @@ impl MasterService {
                     drop(st);
                     now
                 };
-                let (items, reserved, ttl) = self.durably(|st| {
+                let ((items, reserved, ttl), durable) = self.durably(|st| {
                     let items = end_puts(st, r.client_id, &r.items, now);
                     let reserved = st
                         .reserve(r.client_id, &r.reserve, &r.config, now)
@@ -233,7 +234,7 @@ impl MasterService {
                 answer(
                     io,
                     Ok(BatchPutCommitResp {
-                        items,
+                        items: mark_not_durable(items, durable),
                         reserved,
                         ttl_ms: ttl.as_millis() as u64,
                     }),
@@ -272,16 +273,19 @@ impl MasterService {
             }
             Opcode::BatchRemove => {
                 let r = BatchRemoveReq::from_meta(meta)?;
-                let items = self.durably(|st| {
+                let (items, durable) = self.durably(|st| {
                     st.prefetch(&r.keys);
                     r.keys
                         .iter()
                         .map(|k| status_of(st.remove(k, r.force, now)))
                         .collect()
                 });
+                let items = mark_not_durable(items, durable);
                 answer(io, Ok(BatchStatusResp { items }))
             }
-            Opcode::Write
+            Opcode::AuthHello
+            | Opcode::AuthProof
+            | Opcode::Write
             | Opcode::WriteChecked
             | Opcode::ReadVersion
             | Opcode::ForgetLease
@@ -351,19 +355,58 @@ impl MasterService {
     /// value), then waits (bounded) until the stores dropped the records of those versions, so
     /// that a master restarted right after it brings back neither a removed object nor an old
     /// value, and no client reading a cached location gets the old value once this is answered.
-    fn durably<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> T {
+    /// Returns whether the stores took them: when one could not be told in time, the operation
+    /// is done here but not durable, and is answered `NOT_DURABLE`.
+    fn durably<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> (T, bool) {
         let (out, wait) = {
             let mut st = self.state.lock();
             st.take_forget_wait();
             let out = f(&mut st);
             (out, st.take_forget_wait())
         };
-        if let Some(seq) = wait {
-            self.notifier.wake();
-            self.notifier.settle(seq, REMOVE_DURABILITY_WAIT);
+        let Some(wait) = wait else {
+            return (out, true);
+        };
+        self.notifier.wake();
+        self.notifier.settle(wait.seq, REMOVE_DURABILITY_WAIT);
+        let durable = self.notifier.taken_by_all(&wait.endpoints, wait.seq);
+        if !durable {
+            tracing::debug!(stores = ?wait.endpoints, "a store holding a replaced or removed version could not be told in time");
         }
-        out
+        (out, durable)
     }
+}
+
+/// The answer to an operation that is done but, as far as the master can tell, not durable.
+fn not_durable<T>(r: OpResult<T>, durable: bool) -> OpResult<T> {
+    match r {
+        Ok(_) if !durable => fail_not_durable(),
+        other => other,
+    }
+}
+
+fn fail_not_durable<T>() -> OpResult<T> {
+    Err((
+        Status::NotDurable,
+        "done, but a store that held the old value could not be told yet: it may come back if \
+         the master restarts before that store does"
+            .to_owned(),
+    ))
+}
+
+/// Per-item statuses of a batch that is done but not durable: its successes become
+/// `NOT_DURABLE`.
+fn mark_not_durable(items: Vec<Status>, durable: bool) -> Vec<Status> {
+    if durable {
+        return items;
+    }
+    items
+        .into_iter()
+        .map(|s| match s {
+            Status::Ok => Status::NotDurable,
+            other => other,
+        })
+        .collect()
 }
 
 /// Ends each put (or reservation) of a batch; one status per item.

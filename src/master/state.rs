@@ -251,15 +251,19 @@ pub struct MasterState {
     pub outbox_seq: u64,
     /// The highest outbox sequence number the notifier has delivered.
     forgets_delivered: u64,
-    /// Keys evicted within the last store read lease, with their forgets' outbox sequence
-    /// number: a new value for one is acknowledged only once no store can serve the old one.
-    recently_evicted: HashMap<String, u64>,
+    /// Keys evicted or removed within the last store read lease, with their forgets' outbox
+    /// sequence number: a new value for one is acknowledged only once no store can serve the
+    /// old one.
+    recently_evicted: HashMap<String, (u64, Instant)>,
     /// The same keys in eviction order, with when.
     eviction_log: VecDeque<(Instant, String)>,
     /// Every eviction, with the wall-clock time, for readers that tell evictions from losses.
     pub evictions: EvictionLog,
     /// The outbox sequence number the current operation must see delivered before it answers.
     forget_wait: u64,
+    /// The segments the current operation queued forgets for (of versions it replaced or
+    /// removed).
+    forget_targets: Vec<u64>,
     lost_segments: VecDeque<u64>,
     /// Walks over every object in progress, the first one going on at each step.
     walks: VecDeque<Walk>,
@@ -269,6 +273,16 @@ pub struct MasterState {
     moves: Moves,
     /// Disk segments mounted (live or not): with none, puts never wait for room.
     disk_segments: usize,
+}
+
+/// What an operation that replaced or removed values waits for before it is acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForgetWait {
+    /// The outbox sequence number its forgets (and those of evictions it depends on) have.
+    pub seq: u64,
+    /// The endpoints of the stores that held the versions it replaced or removed: once each
+    /// has taken its forgets, no master restart can bring those versions back.
+    pub endpoints: Vec<String>,
 }
 
 /// What the notifier has to deliver.
@@ -314,6 +328,7 @@ impl MasterState {
             eviction_log: VecDeque::new(),
             evictions: EvictionLog::default(),
             forget_wait: 0,
+            forget_targets: Vec::new(),
             lost_segments: VecDeque::new(),
             walks: VecDeque::new(),
             write_floor,
@@ -388,17 +403,32 @@ impl MasterState {
             if now.saturating_duration_since(*at) <= lease {
                 break;
             }
-            if let Some((_, key)) = self.eviction_log.pop_front() {
-                self.recently_evicted.remove(&key);
+            if let Some((at, key)) = self.eviction_log.pop_front() {
+                // Retired again since: that later entry prunes it.
+                if self
+                    .recently_evicted
+                    .get(&key)
+                    .is_some_and(|(_, t)| *t <= at)
+                {
+                    self.recently_evicted.remove(&key);
+                }
             }
         }
     }
 
-    /// The outbox sequence number the last operation must see settled before it is
-    /// acknowledged, if any (taken: the next operation starts from none).
-    pub fn take_forget_wait(&mut self) -> Option<u64> {
-        let w = std::mem::take(&mut self.forget_wait);
-        (w > 0).then_some(w)
+    /// What the last operation must see settled before it is acknowledged, if anything
+    /// (taken: the next operation starts from none).
+    pub fn take_forget_wait(&mut self) -> Option<ForgetWait> {
+        let seq = std::mem::take(&mut self.forget_wait);
+        let mut targets = std::mem::take(&mut self.forget_targets);
+        targets.sort_unstable();
+        targets.dedup();
+        let endpoints = targets
+            .iter()
+            .filter_map(|id| self.segments.get(id))
+            .map(|s| s.info.endpoint.clone())
+            .collect();
+        (seq > 0).then_some(ForgetWait { seq, endpoints })
     }
 
     fn remember_lost(&mut self, uuid: u64) {
@@ -786,6 +816,12 @@ impl MasterState {
                 format!("segment {segment_id} belongs to another client"),
             ),
             Some(s) if s.is_live() => Ok((s.info.endpoint.clone(), s.owed_seq)),
+            // Its store missed that it was given up (a lost answer to a heartbeat): it must
+            // mount again.
+            Some(s) if matches!(s.state, SegState::Away { .. }) => fail(
+                Status::SegmentNotFound,
+                format!("segment {segment_id} is away here; mount it again"),
+            ),
             Some(s) => fail(
                 Status::ObjectUnavailable,
                 format!("segment {segment_id} is {}", s.state.name()),
@@ -1266,6 +1302,7 @@ impl MasterState {
             if let Some(seg) = self.segments.get_mut(&r.segment_id) {
                 seg.owed_seq = self.outbox_seq;
             }
+            self.forget_targets.push(r.segment_id);
             self.outbox.push((
                 r.segment_id,
                 ForgetItem {
@@ -1395,7 +1432,7 @@ impl MasterState {
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
         }
-        if let Some(&seq) = self.recently_evicted.get(key) {
+        if let Some(&(seq, _)) = self.recently_evicted.get(key) {
             self.forget_wait = self.forget_wait.max(seq);
         }
     }
@@ -1659,6 +1696,9 @@ impl MasterState {
                 // Forced or not, the space is free now: a reader still under the lease fails the
                 // checksum and sees a miss, never another object's bytes.
                 self.release(&v.replicas, v.size, v.object_id, now, now);
+                // A put of the key that ends while these forgets are under way must wait for
+                // them too, or a reader of a cached location could see this value after it.
+                self.remember_retired(key, now);
                 Ok(())
             }
             None if force => {
@@ -1892,15 +1932,20 @@ impl MasterState {
             .map(|s| s.alloc.footprint(v.size))
             .sum();
         self.release(&v.replicas, v.size, v.object_id, now, now);
-        if !self.cfg.store_read_lease().is_zero()
-            && self
-                .recently_evicted
-                .insert(k.to_string(), self.outbox_seq)
-                .is_none()
-        {
-            self.eviction_log.push_back((now, k.to_string()));
-        }
+        self.remember_retired(k, now);
         Some(freed)
+    }
+
+    /// Remembers that `key`'s value was just evicted or removed, with the forgets that retire
+    /// it: the next value of the key is acknowledged only once no store can serve the old one
+    /// from a cached location (`install` waits for those forgets).
+    fn remember_retired(&mut self, key: &str, now: Instant) {
+        if self.cfg.store_read_lease().is_zero() {
+            return;
+        }
+        self.recently_evicted
+            .insert(key.to_string(), (self.outbox_seq, now));
+        self.eviction_log.push_back((now, key.to_string()));
     }
 
     /// The live segment of tier `tier` of the store (client) that holds segment `id`: its
@@ -2918,6 +2963,34 @@ mod tests {
     }
 
     #[test]
+    fn a_put_after_a_removal_waits_for_the_removals_forgets() {
+        let (mut st, t0) = state();
+        put(&mut st, "k", 100, 1, t0);
+        st.take_forget_wait();
+        st.remove("k", true, t0).unwrap();
+        let removal = st.take_forget_wait().expect("the removal waits").seq;
+        // The next value ends while the removal's forgets may still be on their way: a reader
+        // of a cached location could see the removed value after it, so it waits for them.
+        let (id, _) = st.put_start(7, "k", 10, &ONE, t0).unwrap();
+        st.put_end(7, "k", id, 0, t0).unwrap();
+        let wait = st.take_forget_wait().expect("the put waits");
+        assert!(wait.seq >= removal, "{wait:?} before {removal}");
+        assert!(
+            wait.endpoints.is_empty(),
+            "not its own forgets: its durability is not theirs"
+        );
+        // Once a lease has passed, a store cannot serve it any more: nothing to wait for.
+        let later = t0 + Duration::from_secs(30);
+        st.forgets_delivered(st.outbox_seq, later);
+        st.remove("k", true, later).unwrap();
+        st.take_forget_wait();
+        st.forgets_delivered(st.outbox_seq, later + Duration::from_secs(30));
+        let (id, _) = st.put_start(7, "k", 10, &ONE, later).unwrap();
+        st.put_end(7, "k", id, 0, later).unwrap();
+        assert_eq!(st.take_forget_wait(), None);
+    }
+
+    #[test]
     fn a_segment_owes_the_forgets_of_what_left_it_until_it_mounts_again() {
         let mut st = MasterState::new(MasterConfig::default());
         let t0 = Instant::now();
@@ -2937,6 +3010,11 @@ mod tests {
         assert_eq!(st.take_outbox().seq, owed);
         // Back after a restart: its report settles its records; nothing older is owed.
         st.unmount(1, id, true, t0).unwrap();
+        assert_eq!(
+            st.lease_terms(1, id).unwrap_err().0,
+            Status::SegmentNotFound,
+            "away: its store must mount again"
+        );
         st.mount(2, pseg("a", 42), true, t0).unwrap();
         st.report(2, id, vec![], true, t0).unwrap();
         assert_eq!(st.lease_terms(2, id).unwrap().1, 0);

@@ -77,6 +77,9 @@ pub struct StoreConfig {
     /// Port of the disk tier's data service (its segment's endpoint); 0 picks a free one.
     /// Default 0.
     pub disk_tier_port: u16,
+    /// A file holding the cluster secret: connections to this store must prove they hold it,
+    /// and so do this store's own to the master (`docs/security.md`). Default none.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -106,6 +109,7 @@ impl Default for StoreConfig {
             disk_tier: None,
             disk_tier_size: ByteSize(0),
             disk_tier_port: 0,
+            auth_token_file: None,
         }
     }
 }
@@ -195,6 +199,10 @@ pub struct StoreArgs {
     /// Port of the disk tier's data service; 0 picks a free one. Default 0.
     #[arg(long, env = "RBGCTL_STORE_DISK_TIER_PORT")]
     pub disk_tier_port: Option<u16>,
+    /// A file holding the cluster secret (at least 16 bytes): connections must prove they
+    /// hold it. Default: no authentication.
+    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl StoreArgs {
@@ -258,6 +266,9 @@ impl StoreArgs {
             disk_tier_size => disk_tier_size,
             disk_tier_port => disk_tier_port,
         );
+        if self.auth_token_file.is_some() {
+            c.auth_token_file = self.auth_token_file.clone();
+        }
         if self.disk_tier.is_some() {
             c.disk_tier = self.disk_tier.clone();
         }
@@ -279,6 +290,7 @@ impl StoreConfig {
             request_timeout: self.request_timeout_ms.0,
             spin: Duration::from_micros(self.poll_spin_us),
             role: "store",
+            auth: None,
         }
     }
 

@@ -44,6 +44,8 @@ pub enum StoreError {
     NameTaken(String),
     #[error(transparent)]
     Disk(#[from] disk::DiskError),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
 }
 
 /// What a persistent store found at start-up.
@@ -143,7 +145,12 @@ impl DiskTier {
             memory.0.clone(),
             memory.1.clone(),
         ));
-        let server = tserver::spawn(listener, service.clone(), cfg.server_options())?;
+        let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
+        let opts = tserver::ServerOptions {
+            auth: secret.clone(),
+            ..cfg.server_options()
+        };
+        let server = tserver::spawn(listener, service.clone(), opts)?;
         let mut registration = Registration::new(
             &cfg.master,
             Some(info),
@@ -151,6 +158,7 @@ impl DiskTier {
             service.lease.clone(),
             None,
             cfg.heartbeat_interval_ms.0,
+            secret,
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.client_id = client_id;
@@ -411,7 +419,13 @@ impl Store {
             bytes_read: AtomicU64::new(0),
             connections: Default::default(),
         });
-        let server = tserver::spawn(listener, service.clone(), cfg.server_options())?;
+        let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
+        crate::auth::warn_if_open("store", &cfg.bind_address, secret.as_deref());
+        let opts = tserver::ServerOptions {
+            auth: secret.clone(),
+            ..cfg.server_options()
+        };
+        let server = tserver::spawn(listener, service.clone(), opts)?;
         let metadata_server = cfg
             .metadata_server
             .starts_with("http")
@@ -423,6 +437,7 @@ impl Store {
             lease,
             metadata_server,
             cfg.heartbeat_interval_ms.0,
+            secret,
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;

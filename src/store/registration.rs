@@ -12,7 +12,7 @@ use crate::transfer::message::{
     LeaseReq, LeaseResp, ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq,
     ReportResp, SegmentInfo, UnmountReq,
 };
-use crate::transfer::{ConnOptions, Opcode, TransferError};
+use crate::transfer::{ConnOptions, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,10 +88,12 @@ impl Registration {
         lease: Arc<ReadLease>,
         metadata_server: Option<String>,
         interval: Duration,
+        auth: Option<Arc<crate::auth::Secret>>,
     ) -> Result<Registration, crate::ha::HaError> {
         let opts = ConnOptions {
             io_timeout: Duration::from_secs(3),
             spin: Duration::ZERO,
+            auth,
             ..ConnOptions::default()
         };
         Ok(Registration {
@@ -254,6 +256,22 @@ impl Registration {
                     .extend(sent, std::time::Duration::from_millis(r.lease_ms));
             }
             Ok(_) => {}
+            // The master gave the segment up (or never had it) while an answer telling us so
+            // was lost: mount again at the next heartbeat.
+            Err(e)
+                if matches!(
+                    e.status(),
+                    Some(Status::SegmentNotFound | Status::IllegalClient)
+                ) =>
+            {
+                tracing::warn!(error = %e, "the master no longer has this segment mounted; mounting again");
+                let _ = self.segment_id.compare_exchange(
+                    segment_id,
+                    0,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "no read lease from the master");
             }
@@ -432,6 +450,7 @@ mod tests {
             Arc::default(),
             Some("http://127.0.0.1:1/metadata".into()),
             Duration::from_secs(1),
+            None,
         )
         .unwrap();
         let first: *const reqwest::blocking::Client = r.metadata_http().expect("a client");

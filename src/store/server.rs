@@ -98,6 +98,11 @@ pub fn answer_forget(
         io.error(Status::Internal, &format!("index write failed: {e}"))?;
         return Ok(false);
     }
+    if tracing::enabled!(tracing::Level::TRACE) {
+        for it in items {
+            tracing::trace!(offset = it.offset, version = it.version, "forgot");
+        }
+    }
     io.ok(&())?;
     Ok(true)
 }
@@ -214,6 +219,7 @@ impl StoreService {
             io.error(Status::Internal, &format!("index write failed: {e}"))?;
             return Ok(false);
         }
+        tracing::trace!(offset = r.offset, version = r.version, "recorded");
         io.reply(Status::Ok, &[], &[])?;
         Ok(true)
     }
@@ -246,6 +252,9 @@ impl StoreService {
                 io.error(status, &msg)?;
                 return Ok(false);
             }
+        }
+        if let Some(version) = version {
+            tracing::trace!(offset, version, length, "served a cached location");
         }
         // A plain read is covered by the reader's lease from the master: the range is not
         // reallocated meanwhile. A versioned read may race a reuse of freed space while the

@@ -52,6 +52,9 @@ pub struct HistoryLoadArgs {
     /// Read every key once, then stop (the final check once faults are healed).
     #[arg(long)]
     pub read_all: bool,
+    /// A file holding the cluster secret, when the pool requires it.
+    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Seed of the key and operation choices (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -259,7 +262,13 @@ impl Summary {
 
 /// Connects, retrying until `within` passes (the master may be restarting).
 fn connect(args: &HistoryLoadArgs, within: Duration) -> Result<Client, LoadError> {
-    let mut cfg = ClientConfig::new(args.master.clone());
+    let mut cfg = ClientConfig::new(args.master.clone())
+        .with_auth_file(args.auth_token_file.as_deref())
+        .map_err(|e| LoadError::Connect {
+            master: args.master.clone(),
+            within: Duration::ZERO,
+            source: ClientError::Config(std::sync::Arc::new(e)),
+        })?;
     // Each process of a fault test stands for a host of its own: no same-host shortcuts.
     cfg.same_host_shm = false;
     cfg.conn.io_timeout = args.io_timeout;

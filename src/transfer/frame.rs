@@ -27,6 +27,13 @@ pub enum Opcode {
     /// From a store: may this segment serve `READ_VERSION` (meta: `LeaseReq`; answer
     /// `LeaseResp`)? The store counts the lease from when it sent the request.
     Lease = 0x07,
+    /// The first request on a connection to a server that holds the cluster secret (meta:
+    /// `AuthHelloReq`, the client's nonce; answer `AuthChallengeResp`: the server's nonce and
+    /// its proof, empty when the server has no secret). See `crate::auth`.
+    AuthHello = 0x08,
+    /// The client's proof over both nonces (meta: `AuthProofReq`; empty reply, or
+    /// `UNAUTHENTICATED` and the connection closes).
+    AuthProof = 0x09,
     PutStart = 0x10,
     PutEnd = 0x11,
     PutRevoke = 0x12,
@@ -68,7 +75,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 31] = [
+    pub const ALL: [Opcode; 33] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -76,6 +83,8 @@ impl Opcode {
         Opcode::ReportObjects,
         Opcode::Leave,
         Opcode::Lease,
+        Opcode::AuthHello,
+        Opcode::AuthProof,
         Opcode::PutStart,
         Opcode::PutEnd,
         Opcode::PutRevoke,
@@ -116,6 +125,8 @@ impl Opcode {
             Opcode::ReportObjects => "report_objects",
             Opcode::Leave => "leave",
             Opcode::Lease => "lease",
+            Opcode::AuthHello => "auth_hello",
+            Opcode::AuthProof => "auth_proof",
             Opcode::PutStart => "put_start",
             Opcode::PutEnd => "put_end",
             Opcode::PutRevoke => "put_revoke",
@@ -168,6 +179,11 @@ pub enum Status {
     NotLeader = 22,
     /// Bytes did not match their object's checksum (a store moving an object between tiers).
     ChecksumMismatch = 23,
+    /// Done at the master, but a store holding the replaced or removed value could not be told
+    /// in time: the old value may come back if the master restarts before that store does.
+    NotDurable = 24,
+    /// The connection has not proven it holds the cluster secret (`crate::auth`).
+    Unauthenticated = 25,
 }
 
 impl Status {
@@ -191,6 +207,8 @@ impl Status {
             21 => Status::ObjectUnavailable,
             22 => Status::NotLeader,
             23 => Status::ChecksumMismatch,
+            24 => Status::NotDurable,
+            25 => Status::Unauthenticated,
             _ => Status::Internal,
         }
     }
@@ -216,6 +234,8 @@ impl Status {
             Status::ObjectUnavailable => "OBJECT_UNAVAILABLE",
             Status::NotLeader => "NOT_LEADER",
             Status::ChecksumMismatch => "CHECKSUM_MISMATCH",
+            Status::NotDurable => "NOT_DURABLE",
+            Status::Unauthenticated => "UNAUTHENTICATED",
         }
     }
 }
@@ -245,6 +265,8 @@ impl Status {
             }
             Status::NotLeader => "this master is not the leader; ask the leader",
             Status::ChecksumMismatch => "the bytes fail their checksum",
+            Status::NotDurable => "done, but a store holding the old value could not be told yet",
+            Status::Unauthenticated => "this connection has not proven it holds the cluster secret",
         }
     }
 }

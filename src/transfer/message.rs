@@ -84,6 +84,9 @@ impl MinLen for Status {
 impl MinLen for u64 {
     const MIN_LEN: usize = 8;
 }
+impl MinLen for u8 {
+    const MIN_LEN: usize = 1;
+}
 
 impl<T: Wire + MinLen> Wire for Vec<T> {
     fn encode(&self, e: &mut Encoder) {
@@ -248,6 +251,19 @@ message!(
 );
 
 message!(PingReq { client_id: u64 } min_len = 8);
+message!(
+    /// A client's fresh nonce (`AUTH_HELLO`).
+    AuthHelloReq { nonce: Vec<u8> } min_len = 4
+);
+message!(
+    /// A server's fresh nonce and its proof over both nonces; `proof` is empty when the
+    /// server holds no secret.
+    AuthChallengeResp { nonce: Vec<u8>, proof: Vec<u8> } min_len = 8
+);
+message!(
+    /// A client's proof over both nonces (`AUTH_PROOF`).
+    AuthProofReq { proof: Vec<u8> } min_len = 4
+);
 message!(
     /// Master (from a store): a read lease for the store's segment `segment_id`.
     LeaseReq { client_id: u64, segment_id: u64 } min_len = 16

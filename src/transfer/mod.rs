@@ -40,6 +40,9 @@ pub enum TransferError {
         "answer from a deposed master (epoch {got}, the leader's is at least {known}); refused"
     )]
     StaleEpoch { got: u64, known: u64 },
+    /// The handshake of the cluster secret failed on this side (`crate::auth`).
+    #[error("authentication with {addr} failed: {reason}")]
+    Auth { addr: String, reason: String },
 }
 
 /// A copy for each of several requests that one failure ended (a broken pipelined connection).
@@ -64,6 +67,10 @@ impl Clone for TransferError {
             TransferError::StaleEpoch { got, known } => TransferError::StaleEpoch {
                 got: *got,
                 known: *known,
+            },
+            TransferError::Auth { addr, reason } => TransferError::Auth {
+                addr: addr.clone(),
+                reason: reason.clone(),
             },
         }
     }

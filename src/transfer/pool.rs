@@ -2,7 +2,7 @@
 //! connections per peer so that connections are reused.
 
 use super::frame::{Header, Opcode, Status, FLAG_EPOCH};
-use super::message::Wire;
+use super::message::{AuthChallengeResp, AuthHelloReq, AuthProofReq, Wire};
 use super::stream::FramedStream;
 use super::TransferError;
 use parking_lot::Mutex;
@@ -20,6 +20,9 @@ pub struct ConnOptions {
     pub io_timeout: Duration,
     /// Spin-poll window before blocking for a reply (see `stream`).
     pub spin: Duration,
+    /// The cluster secret: each new connection proves it holds it, and checks that the
+    /// server does (`crate::auth`). `None`: no handshake.
+    pub auth: Option<Arc<crate::auth::Secret>>,
 }
 
 impl Default for ConnOptions {
@@ -28,6 +31,7 @@ impl Default for ConnOptions {
             connect_timeout: Duration::from_secs(2),
             io_timeout: Duration::from_secs(10),
             spin: Duration::from_micros(50),
+            auth: None,
         }
     }
 }
@@ -100,13 +104,54 @@ impl Connection {
             TcpStream::connect_timeout(&sockaddr, opts.connect_timeout).map_err(connect_err)?;
         let io = FramedStream::new(stream, opts.spin)?;
         io.set_timeout(Some(opts.io_timeout))?;
-        Ok(Connection {
+        let mut conn = Connection {
             io,
             next_id: 1,
             peer: addr.to_string(),
             fence: None,
             live: None,
-        })
+        };
+        if let Some(secret) = &opts.auth {
+            conn.authenticate(secret)?;
+        }
+        Ok(conn)
+    }
+
+    /// Proves this side holds the cluster secret, and checks that the server does.
+    fn authenticate(&mut self, secret: &crate::auth::Secret) -> Result<(), TransferError> {
+        use crate::auth::{nonce, Side};
+        let peer = self.peer.clone();
+        let failed = |reason: &str| TransferError::Auth {
+            addr: peer.clone(),
+            reason: reason.to_string(),
+        };
+        let mine = nonce().map_err(|e| failed(&e.to_string()))?;
+        let hello = AuthHelloReq {
+            nonce: mine.to_vec(),
+        };
+        let challenge: AuthChallengeResp = match self.call(Opcode::AuthHello, &hello) {
+            Ok(c) => c,
+            Err(e) if e.status() == Some(Status::UnknownOpcode) => {
+                return Err(failed(
+                    "the server does not know authentication (an older version)",
+                ))
+            }
+            Err(e) => return Err(e),
+        };
+        if challenge.proof.is_empty() {
+            return Err(failed(
+                "the server holds no cluster secret; give it the same --auth-token-file",
+            ));
+        }
+        if !secret.verify(Side::Server, &mine, &challenge.nonce, &challenge.proof) {
+            return Err(failed(
+                "the server did not prove it holds this cluster secret",
+            ));
+        }
+        let proof = AuthProofReq {
+            proof: secret.prove(Side::Client, &mine, &challenge.nonce),
+        };
+        self.call::<_, ()>(Opcode::AuthProof, &proof)
     }
 
     /// Sends a request and returns its id; the payload goes out straight from `data`.

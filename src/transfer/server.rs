@@ -57,11 +57,13 @@ pub struct ConnCounters {
     pub refused: AtomicU64,
     /// Closed after idling.
     pub idle_closed: AtomicU64,
+    /// Closed because the peer did not prove it holds the cluster secret.
+    pub unauthenticated: AtomicU64,
 }
 
 impl ConnCounters {
     /// As `<prefix>_bad_frames_total`, `<prefix>_refused_connections_total`,
-    /// `<prefix>_idle_closed_connections_total`.
+    /// `<prefix>_idle_closed_connections_total`, `<prefix>_unauthenticated_connections_total`.
     pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
         p.single(
@@ -81,6 +83,12 @@ impl ConnCounters {
             "counter",
             "Connections closed after idling (clients reconnect).",
             n(&self.idle_closed),
+        )
+        .single(
+            &format!("{prefix}_unauthenticated_connections_total"),
+            "counter",
+            "Connections closed because the peer did not prove it holds the cluster secret.",
+            n(&self.unauthenticated),
         );
     }
 
@@ -223,6 +231,9 @@ pub struct ServerOptions {
     pub spin: Duration,
     /// Used in thread names and logs.
     pub role: &'static str,
+    /// The cluster secret: every connection must prove it holds it before anything else
+    /// (`crate::auth`). `None`: connections need not.
+    pub auth: Option<Arc<crate::auth::Secret>>,
 }
 
 impl ServerOptions {
@@ -382,6 +393,7 @@ fn serve_connection(
         return;
     }
     let mut first = true;
+    let mut handshake = Handshake::new(opts.auth.clone());
     let bad_frame = |reason: &dyn std::fmt::Display| {
         ConnCounters::count(&service.connections().bad_frames);
         if let Some(n) = logs.bad_frames.spend(Instant::now()) {
@@ -459,6 +471,22 @@ fn serve_connection(
             replied: false,
             stamp: None,
         };
+        match handshake.step(op, &meta, &mut sio) {
+            Ok(Step::Answered) if sio.stream.pending_data() == 0 => continue,
+            Ok(Step::Answered) => break,
+            Ok(Step::Refused(why)) => {
+                ConnCounters::count(&service.connections().unauthenticated);
+                if let Some(n) = logs.bad_frames.spend(Instant::now()) {
+                    tracing::warn!(role, %peer, op = op.name(), refused = n, "closing connection: {why}");
+                }
+                break;
+            }
+            Ok(Step::Pass) => {}
+            Err(e) => {
+                tracing::debug!(role, %peer, error = %e, "connection ended in its handshake");
+                break;
+            }
+        }
         match service.handle(&req, op, &meta, &mut sio) {
             Ok(()) if sio.replied && sio.stream.pending_data() == 0 => {}
             Ok(()) => {
@@ -479,6 +507,91 @@ fn serve_connection(
         }
     }
     tracing::debug!(role, %peer, "connection closed");
+}
+
+/// Where a connection is in proving it holds the cluster secret.
+struct Handshake {
+    secret: Option<Arc<crate::auth::Secret>>,
+    /// Nonces of an `AUTH_HELLO` answered: the client's and this server's.
+    nonces: Option<(Vec<u8>, [u8; crate::auth::NONCE_LEN])>,
+    proven: bool,
+}
+
+enum Step {
+    /// A handshake request, answered.
+    Answered,
+    /// Not allowed yet (answered `UNAUTHENTICATED`): close the connection.
+    Refused(&'static str),
+    /// An ordinary request the connection may make.
+    Pass,
+}
+
+impl Handshake {
+    fn new(secret: Option<Arc<crate::auth::Secret>>) -> Handshake {
+        let proven = secret.is_none();
+        Handshake {
+            secret,
+            nonces: None,
+            proven,
+        }
+    }
+
+    fn step(
+        &mut self,
+        op: Opcode,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+    ) -> Result<Step, TransferError> {
+        use crate::auth::{nonce, Side};
+        use crate::transfer::message::{AuthChallengeResp, AuthHelloReq, AuthProofReq};
+        match op {
+            Opcode::AuthHello => {
+                let hello = AuthHelloReq::from_meta(meta)?;
+                let mine = nonce().map_err(|e| TransferError::Protocol(e.to_string()))?;
+                let proof = match &self.secret {
+                    Some(s) => s.prove(Side::Server, &hello.nonce, &mine),
+                    // No secret here: an empty proof says so (a client with one refuses us).
+                    None => Vec::new(),
+                };
+                io.ok(&AuthChallengeResp {
+                    nonce: mine.to_vec(),
+                    proof,
+                })?;
+                self.nonces = Some((hello.nonce, mine));
+                Ok(Step::Answered)
+            }
+            Opcode::AuthProof => {
+                let p = AuthProofReq::from_meta(meta)?;
+                let Some(secret) = &self.secret else {
+                    io.ok(&())?;
+                    return Ok(Step::Answered);
+                };
+                // One proof per AUTH_HELLO: the nonces are used up either way.
+                let good = self.nonces.take().is_some_and(|(client, mine)| {
+                    secret.verify(Side::Client, &client, &mine, &p.proof)
+                });
+                if !good {
+                    io.error(
+                        Status::Unauthenticated,
+                        "the proof does not match this connection's nonces and the cluster secret",
+                    )?;
+                    return Ok(Step::Refused("a bad authentication proof"));
+                }
+                self.proven = true;
+                io.ok(&())?;
+                Ok(Step::Answered)
+            }
+            _ if !self.proven => {
+                // Its payload is not read: an unproven peer gets nothing more from us.
+                io.error(
+                    Status::Unauthenticated,
+                    "prove the cluster secret first (AUTH_HELLO, AUTH_PROOF); see --auth-token-file",
+                )?;
+                Ok(Step::Refused("a request before authentication"))
+            }
+            _ => Ok(Step::Pass),
+        }
+    }
 }
 
 fn check_request(req: &Header, max_data_len: u64) -> Result<(), String> {

@@ -39,6 +39,8 @@ class Opcode(enum.IntEnum):
     REPORT_OBJECTS = 0x05
     LEAVE = 0x06
     LEASE = 0x07  # store to master: a read lease for its segment
+    AUTH_HELLO = 0x08  # the cluster secret's handshake (not yet sent by this client)
+    AUTH_PROOF = 0x09
     PUT_START = 0x10
     PUT_END = 0x11
     PUT_REVOKE = 0x12
@@ -85,6 +87,8 @@ class Status(enum.IntEnum):
     OBJECT_UNAVAILABLE = 21
     NOT_LEADER = 22
     CHECKSUM_MISMATCH = 23
+    NOT_DURABLE = 24
+    UNAUTHENTICATED = 25
 
 
 def status_name(code: int) -> str:

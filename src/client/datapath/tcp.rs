@@ -260,6 +260,7 @@ mod tests {
             request_timeout: Duration::from_secs(5),
             spin: Duration::ZERO,
             role: "old-store",
+            auth: None,
         };
         let server = server::spawn(listener, old.clone(), opts).unwrap();
         let pool = Arc::new(Pool::new(server.addr.to_string(), ConnOptions::default()));

@@ -1,0 +1,204 @@
+//! The cluster secret on RPC connections (`src/auth.rs`), with a real master and store: a
+//! client holding it works; one without it, or with another, is refused by master and store;
+//! a handshake recorded on one connection does not open another; a client holding the secret
+//! will not talk to a server that does not.
+
+mod common;
+
+use common::{loopback_master, wait_until, Cluster, Opts};
+use rbgctl::auth::{Secret, Side};
+use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
+use rbgctl::master::config::MasterConfig;
+use rbgctl::transfer::message::{
+    AuthChallengeResp, AuthHelloReq, AuthProofReq, ListSegmentsResp, PingReq, StoreInfoResp,
+};
+use rbgctl::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+const SECRET: &str = "the cluster secret of this test, 0123456789";
+
+fn token_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A master and two stores that all hold the secret in `file`.
+fn cluster(file: &Path) -> Cluster {
+    let master = MasterConfig {
+        auth_token_file: Some(file.to_path_buf()),
+        ..loopback_master(MasterConfig::default())
+    };
+    let mut c = Cluster::start(Opts {
+        stores: 0,
+        master,
+        ..Opts::default()
+    });
+    for _ in 0..2 {
+        c.add_store_with(32 << 20, |s| s.auth_token_file = Some(file.to_path_buf()));
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || c.segment_count() == 2),
+        "stores holding the secret did not mount"
+    );
+    c
+}
+
+fn options(secret: Option<&Path>) -> ConnOptions {
+    ConnOptions {
+        io_timeout: Duration::from_secs(3),
+        auth: secret.map(|f| Arc::new(Secret::from_file(f).unwrap())),
+        ..ConnOptions::default()
+    }
+}
+
+fn store_endpoint(c: &Cluster) -> String {
+    format!("127.0.0.1:{}", c.stores[0].addrs.data.port())
+}
+
+#[test]
+fn only_connections_that_prove_the_secret_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", &format!("{SECRET}\n"));
+    let c = cluster(&file);
+
+    // A client holding the secret puts and gets, over TCP to the stores.
+    let mut cfg = ClientConfig::new(c.rpc.clone())
+        .with_auth_file(Some(&file))
+        .unwrap();
+    cfg.same_host_shm = false;
+    let client = Client::connect(cfg).unwrap();
+    client
+        .put("k", &vec![7u8; 100_000], &ReplicateConfig::default())
+        .unwrap();
+    assert_eq!(client.get("k").unwrap(), vec![7u8; 100_000]);
+
+    // Without the secret: master and store answer UNAUTHENTICATED and close.
+    for addr in [c.rpc.clone(), store_endpoint(&c)] {
+        let mut conn = Connection::connect(&addr, &options(None)).unwrap();
+        let e = conn
+            .call::<_, ()>(Opcode::Ping, &PingReq { client_id: 1 })
+            .unwrap_err();
+        assert_eq!(e.status(), Some(Status::Unauthenticated), "{addr}: {e}");
+    }
+    let mut plain = ClientConfig::new(c.rpc.clone());
+    plain.same_host_shm = false;
+    let e = Client::connect(plain).err().expect("refused");
+    assert!(e.to_string().contains("UNAUTHENTICATED"), "{e}");
+
+    // Another secret: the server's proof does not check out, and the server refuses ours.
+    let other = token_file(dir.path(), "other", "another secret, not this cluster's");
+    for addr in [c.rpc.clone(), store_endpoint(&c)] {
+        let e = Connection::connect(&addr, &options(Some(&other)))
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&e, TransferError::Auth { reason, .. } if reason.contains("did not prove")),
+            "{addr}: {e}"
+        );
+    }
+    let refused = c.master_metric("rbgctl_master_unauthenticated_connections_total");
+    assert!(refused.is_some_and(|n| n >= 2.0), "{refused:?}");
+}
+
+#[test]
+fn a_recorded_handshake_does_not_open_another_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let c = cluster(&file);
+    let secret = Secret::from_file(&file).unwrap();
+    for addr in [c.rpc.clone(), store_endpoint(&c)] {
+        // An honest handshake, recorded.
+        let client_nonce = vec![42u8; 16];
+        let mut first = Connection::connect(&addr, &options(None)).unwrap();
+        let challenge: AuthChallengeResp = first
+            .call(
+                Opcode::AuthHello,
+                &AuthHelloReq {
+                    nonce: client_nonce.clone(),
+                },
+            )
+            .unwrap();
+        assert!(secret.verify(
+            Side::Server,
+            &client_nonce,
+            &challenge.nonce,
+            &challenge.proof
+        ));
+        let proof = secret.prove(Side::Client, &client_nonce, &challenge.nonce);
+        first
+            .call::<_, ()>(
+                Opcode::AuthProof,
+                &AuthProofReq {
+                    proof: proof.clone(),
+                },
+            )
+            .unwrap();
+        // Now served.
+        let served = if addr == c.rpc {
+            first
+                .call::<_, ListSegmentsResp>(Opcode::ListSegments, &())
+                .map(|r| r.segments.len())
+        } else {
+            first
+                .call::<_, StoreInfoResp>(Opcode::StoreInfo, &())
+                .map(|_| 1)
+        };
+        assert!(served.unwrap() >= 1, "{addr}");
+
+        // Replayed on a new connection: the same hello, the recorded proof. The server's nonce
+        // is new, so the proof is not for it.
+        let mut second = Connection::connect(&addr, &options(None)).unwrap();
+        let again: AuthChallengeResp = second
+            .call(
+                Opcode::AuthHello,
+                &AuthHelloReq {
+                    nonce: client_nonce.clone(),
+                },
+            )
+            .unwrap();
+        assert_ne!(again.nonce, challenge.nonce, "{addr}: a fresh nonce");
+        let e = second
+            .call::<_, ()>(Opcode::AuthProof, &AuthProofReq { proof })
+            .unwrap_err();
+        assert_eq!(e.status(), Some(Status::Unauthenticated), "{addr}: {e}");
+
+        // The server's own proof, sent back as the client's, is refused too.
+        let mut third = Connection::connect(&addr, &options(None)).unwrap();
+        let ch: AuthChallengeResp = third
+            .call(
+                Opcode::AuthHello,
+                &AuthHelloReq {
+                    nonce: client_nonce.clone(),
+                },
+            )
+            .unwrap();
+        let e = third
+            .call::<_, ()>(Opcode::AuthProof, &AuthProofReq { proof: ch.proof })
+            .unwrap_err();
+        assert_eq!(e.status(), Some(Status::Unauthenticated), "{addr}: {e}");
+    }
+}
+
+#[test]
+fn a_client_holding_the_secret_refuses_a_server_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let c = Cluster::start(Opts::default());
+    let e = Connection::connect(&c.rpc, &options(Some(&file)))
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&e, TransferError::Auth { reason, .. } if reason.contains("holds no cluster secret")),
+        "{e}"
+    );
+    // A short secret is a start-up error that says what to do.
+    let short = token_file(dir.path(), "short", "tooshort\n");
+    let e = Secret::from_file(&short).unwrap_err().to_string();
+    assert!(
+        e.contains("at least 16") && e.contains("/dev/urandom"),
+        "{e}"
+    );
+}
