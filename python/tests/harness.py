@@ -97,6 +97,7 @@ class Store:
                 "--shm-dir",
                 self.shm_dir,
                 *self.disk_args(),
+                *self.pool.auth_args(),
             ],
             stdout=subprocess.DEVNULL,
             stderr=self.pool.log,
@@ -124,7 +125,10 @@ class LivePool:
         persistent: bool = False,
         master_args=(),
         disk_tier: Optional[str] = None,
+        auth_token_file: Optional[str] = None,
     ):
+        # Every role holds this cluster secret, and so do the harness's own clients.
+        self.auth_token_file = auth_token_file
         self.rpc_port = free_port()
         self.master = f"127.0.0.1:{self.rpc_port}"
         self.metrics_port = free_port()
@@ -144,6 +148,7 @@ class LivePool:
                 "127.0.0.1",
                 "--metrics-port",
                 str(self.metrics_port),
+                *self.auth_args(),
                 *master_args,
             ],
             stdout=subprocess.DEVNULL,
@@ -162,10 +167,14 @@ class LivePool:
             self.close()
             raise
 
+    def auth_args(self) -> List[str]:
+        return ["--auth-token-file", self.auth_token_file] if self.auth_token_file else []
+
     def segments(self):
         from rbgctl.client import Client
+        from rbgctl.config import ClientConfig
 
-        with Client(self.master) as c:
+        with Client(ClientConfig(master=self.master, auth_token_file=self.auth_token_file)) as c:
             return c.segments()
 
     def wait_segments(self, n: int) -> None:

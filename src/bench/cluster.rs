@@ -76,6 +76,8 @@ impl OwnCluster {
         );
         let launcher = Launcher::new(Logs::Null)?;
         let host = "127.0.0.1".to_string();
+        // The store holds the master's cluster secret, if it has one.
+        let auth_token_file = master.auth_token_file.clone();
         let master_proc = launcher.spawn::<launch::Master>(
             "master",
             MasterConfig {
@@ -117,6 +119,7 @@ impl OwnCluster {
                 shm_dir: shm_dir.clone(),
                 disk_tier: disk_tier.as_ref().map(|(dir, _)| dir.clone()),
                 disk_tier_size: crate::config::ByteSize(disk_tier.as_ref().map_or(0, |(_, n)| *n)),
+                auth_token_file,
                 ..StoreConfig::default()
             },
         )?;

@@ -16,6 +16,10 @@ pub struct StoreBenchArgs {
     /// An existing master (host:port); by default the benchmark starts a master and one store.
     #[arg(long)]
     pub master: Option<String>,
+    /// A file holding the cluster secret: the master and store it starts require it, and the
+    /// client proves it on every connection (`docs/security.md`).
+    #[arg(long)]
+    pub auth_token_file: Option<std::path::PathBuf>,
     /// Segment size of the store it starts.
     #[arg(long, default_value = "4GiB")]
     pub segment_size: ByteSize,
@@ -582,16 +586,34 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     };
     progress("measuring the machine: loopback TCP, memcpy");
     let (loopback, memcpy) = limits::machine()?;
-    let (master, _cluster) = master_or_own(
-        args.master.as_deref(),
-        args.segment_size.0,
-        args.persistent,
-        progress,
-    )?;
-    let tcp = Arc::new(Client::connect(ClientConfig {
-        same_host_shm: false,
-        ..ClientConfig::new(master.clone())
-    })?);
+    let (master, _cluster) = match (&args.auth_token_file, &args.master) {
+        (Some(file), None) => {
+            progress("starting a master and a store that require the cluster secret");
+            let c = super::cluster::OwnCluster::start_with(super::cluster::OwnOpts {
+                segment_size: args.segment_size.0,
+                persistent: args.persistent,
+                disk_tier: None,
+                master: crate::master::config::MasterConfig {
+                    auth_token_file: Some(file.clone()),
+                    ..Default::default()
+                },
+            })?;
+            (c.master.clone(), Some(c))
+        }
+        _ => master_or_own(
+            args.master.as_deref(),
+            args.segment_size.0,
+            args.persistent,
+            progress,
+        )?,
+    };
+    let tcp = Arc::new(Client::connect(
+        ClientConfig {
+            same_host_shm: false,
+            ..ClientConfig::new(master.clone())
+        }
+        .with_auth_file(args.auth_token_file.as_deref())?,
+    )?);
     if args.master.is_some() {
         check_foreign_pool(&tcp, &master, &args)?;
     }
@@ -701,7 +723,10 @@ fn measure(
         None
     };
     if !args.no_shm {
-        let shm = Arc::new(Client::connect(ClientConfig::new(master.to_string()))?);
+        let shm = Arc::new(Client::connect(
+            ClientConfig::new(master.to_string())
+                .with_auth_file(args.auth_token_file.as_deref())?,
+        )?);
         let shared = shm.segments()?.iter().any(|s| !s.info.shm_path.is_empty());
         if shared {
             for size in [1u64 << 20, 4 << 20] {

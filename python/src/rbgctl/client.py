@@ -129,13 +129,18 @@ class Client:
         self.id = random.SystemRandom().randrange(1, 1 << 63)
         self.stats = Stats()
         self._host_id = local_host_id()
-        self._master = MasterPool(config.master, config.connect_timeout_s, config.io_timeout_s)
+        self._secret = config.auth_secret()
+        self._master = MasterPool(config.master, config.connect_timeout_s, config.io_timeout_s, self._secret)
         self._routes: Dict[int, Route] = {}
         self._pools: Dict[str, Pool] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        # The first heartbeat checks that the master is there.
-        self._master_call(Opcode.PING, p.ping(self.id), p.parse_bool)
+        # The first heartbeat checks that the master is there (and lets us in).
+        try:
+            self._master_call(Opcode.PING, p.ping(self.id), p.parse_bool)
+        except BaseException:
+            self._master.clear()
+            raise
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="rbgctl-heartbeat", daemon=True)
         self._heartbeat.start()
         log.debug("connected to master %s as client %x", config.master, self.id)
@@ -408,7 +413,12 @@ class Client:
         with self._lock:
             pool = self._pools.get(endpoint)
             if pool is None:
-                pool = Pool(endpoint, self.config.connect_timeout_s, self.config.io_timeout_s)
+                pool = Pool(
+                    endpoint,
+                    self.config.connect_timeout_s,
+                    self.config.io_timeout_s,
+                    secret=self._secret,
+                )
                 self._pools[endpoint] = pool
             return pool
 

@@ -106,6 +106,9 @@ class ClientConfig:
         heartbeat_interval_s: seconds between heartbeats to the master, which keep this client's
             unfinished puts alive. Default 1.
         replicate: the default :class:`ReplicateConfig` of puts. Default one replica.
+        auth_token_file: a file holding the cluster secret, when the pool requires one
+            (``rbgctl master --auth-token-file``); ``RBGCTL_AUTH_TOKEN_FILE`` sets it too.
+            Default none.
     """
 
     master: str
@@ -114,9 +117,12 @@ class ClientConfig:
     io_timeout_s: float = 30.0
     heartbeat_interval_s: float = 1.0
     replicate: ReplicateConfig = field(default_factory=ReplicateConfig)
+    auth_token_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_master("master", self.master)
+        if self.auth_token_file is not None and not isinstance(self.auth_token_file, str):
+            raise ConfigError(f"auth_token_file: expected a path, got {self.auth_token_file!r}")
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
             if _number(name, getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be above 0")
@@ -133,7 +139,14 @@ class ClientConfig:
         "soft_pin",
         "soft_pin_ttl_ms",
         "preferred_segment",
+        "auth_token_file",
     )
+
+    def auth_secret(self) -> Optional[bytes]:
+        """The cluster secret from ``auth_token_file``, read now (a clear error if unusable)."""
+        from .auth import secret_from
+
+        return secret_from(self.auth_token_file)
 
     @classmethod
     def from_mapping(
@@ -160,6 +173,9 @@ class ClientConfig:
                     "or MOONCAKE_CONFIG_PATH, RBGCTL_MASTER or MOONCAKE_MASTER in the environment"
                 )
         kwargs: dict = {"master": check_master(f"{source}: master", master)}
+        token_file = values.get("auth_token_file", _env(env).get("RBGCTL_AUTH_TOKEN_FILE"))
+        if token_file:
+            kwargs["auth_token_file"] = str(token_file)
         if "same_host_shm" in values:
             kwargs["same_host_shm"] = _bool(f"{source}: same_host_shm", values["same_host_shm"])
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
@@ -213,12 +229,22 @@ class ClientConfig:
         env = os.environ if env is None else env
         path = env.get("MOONCAKE_CONFIG_PATH")
         if path:
-            return cls.from_file(path)
+            cfg = cls.from_file(path)
+            if cfg.auth_token_file is None and env.get("RBGCTL_AUTH_TOKEN_FILE"):
+                cfg.auth_token_file = env["RBGCTL_AUTH_TOKEN_FILE"]
+            return cfg
         _check_protocol("MOONCAKE_PROTOCOL", env.get("MOONCAKE_PROTOCOL"))
         master = master_from_env(env)
         if master is None:
             raise ConfigError("set RBGCTL_MASTER or MOONCAKE_MASTER (host:port) or MOONCAKE_CONFIG_PATH")
-        return cls(master=check_master("RBGCTL_MASTER/MOONCAKE_MASTER", master))
+        return cls(
+            master=check_master("RBGCTL_MASTER/MOONCAKE_MASTER", master),
+            auth_token_file=env.get("RBGCTL_AUTH_TOKEN_FILE") or None,
+        )
+
+
+def _env(env: Optional[Mapping[str, str]]) -> Mapping[str, str]:
+    return os.environ if env is None else env
 
 
 def master_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:

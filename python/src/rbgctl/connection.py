@@ -70,7 +70,14 @@ class Fence:
 class Connection:
     """One TCP connection speaking protocol version 1. Not thread-safe: one user at a time."""
 
-    def __init__(self, addr: str, connect_timeout: float, io_timeout: float, fence: Optional[Fence] = None):
+    def __init__(
+        self,
+        addr: str,
+        connect_timeout: float,
+        io_timeout: float,
+        fence: Optional[Fence] = None,
+        secret: Optional[bytes] = None,
+    ):
         host, _, port = addr.rpartition(":")
         self.addr = addr
         self.fence = fence
@@ -83,6 +90,10 @@ class Connection:
             raise ConnectFailed(addr, f"cannot connect: {e}") from None
         self.sock.settimeout(io_timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if secret is not None:
+            from .auth import handshake
+
+            handshake(self, secret)
 
     def close(self) -> None:
         self.broken = True
@@ -178,7 +189,7 @@ class Connection:
                 raise StaleEpoch(self.addr, f"answer of leadership epoch {epoch}, the leader's is at least {known}; refused")
         if h.status != Status.OK:
             self.discard(h.data_len)
-            if h.status == Status.MALFORMED_FRAME:
+            if h.status in (Status.MALFORMED_FRAME, Status.UNAUTHENTICATED):
                 self.close()  # the server closes it too
             message = error_message(meta)
             if h.status == Status.OBJECT_NOT_FOUND:
@@ -224,15 +235,23 @@ class Connection:
 class Pool:
     """Idle connections to one peer, shared by threads."""
 
-    def __init__(self, addr: str, connect_timeout: float, io_timeout: float, fence: Optional[Fence] = None):
+    def __init__(
+        self,
+        addr: str,
+        connect_timeout: float,
+        io_timeout: float,
+        fence: Optional[Fence] = None,
+        secret: Optional[bytes] = None,
+    ):
         self.addr = addr
         self._timeouts = (connect_timeout, io_timeout)
         self._idle: List[Connection] = []
         self._lock = threading.Lock()
         self.fence = fence
+        self._secret = secret
 
     def _connect(self) -> Connection:
-        return Connection(self.addr, *self._timeouts, fence=self.fence)
+        return Connection(self.addr, *self._timeouts, fence=self.fence, secret=self._secret)
 
     def set_addr(self, addr: str) -> None:
         """Points the pool at another peer (the new leader); idle connections go."""
@@ -297,7 +316,7 @@ class MasterPool:
 
     REFRESH_EVERY_S = 0.1
 
-    def __init__(self, spec: str, connect_timeout: float, io_timeout: float):
+    def __init__(self, spec: str, connect_timeout: float, io_timeout: float, secret: Optional[bytes] = None):
         from .leader import parse_master
 
         self.spec = spec
@@ -305,7 +324,7 @@ class MasterPool:
         self.fence = Fence() if self.lookup is not None else None
         self._last_refresh = 0.0
         self._leader = None
-        self.pool = Pool("" if self.lookup else spec, connect_timeout, io_timeout, self.fence)
+        self.pool = Pool("" if self.lookup else spec, connect_timeout, io_timeout, self.fence, secret)
         if self.lookup is not None:
             try:
                 self.refresh(force=True)

@@ -402,6 +402,23 @@ def ping(client_id: int) -> bytes:
     return Encoder().u64(client_id).bytes()
 
 
+def auth_hello_req(nonce: bytes) -> bytes:
+    """``AUTH_HELLO``: the client's nonce, as list<u8>."""
+    return Encoder().list(list(nonce), Encoder.u8).bytes()
+
+
+def auth_proof_req(proof: bytes) -> bytes:
+    """``AUTH_PROOF``: the client's proof, as list<u8>."""
+    return Encoder().list(list(proof), Encoder.u8).bytes()
+
+
+def parse_auth_challenge(d: "Decoder") -> Tuple[bytes, bytes]:
+    """The server's nonce and proof (empty when the server holds no secret)."""
+    nonce = bytes(d.list(Decoder.u8))
+    proof = bytes(d.list(Decoder.u8))
+    return nonce, proof
+
+
 def key_req(key: str) -> bytes:
     return Encoder().str(key).bytes()
 
