@@ -18,6 +18,8 @@ pub struct OwnCluster {
     shm_dir: std::path::PathBuf,
     /// The disk tier's files, in a new directory inside the one asked for; removed on drop.
     disk_dir: Option<std::path::PathBuf>,
+    /// The cluster secret, when its roles require one.
+    auth: Option<std::sync::Arc<crate::auth::Secret>>,
     // Last: the run directory goes after the children.
     _launcher: Launcher,
 }
@@ -78,6 +80,7 @@ impl OwnCluster {
         let host = "127.0.0.1".to_string();
         // The store holds the master's cluster secret, if it has one.
         let auth_token_file = master.auth_token_file.clone();
+        let auth = crate::auth::load(auth_token_file.as_deref())?;
         let master_proc = launcher.spawn::<launch::Master>(
             "master",
             MasterConfig {
@@ -131,6 +134,7 @@ impl OwnCluster {
             stores: vec![store],
             shm_dir,
             disk_dir: disk_tier.map(|(dir, _)| dir),
+            auth,
             _launcher: launcher,
         };
         c.wait_live_segments(segments, Duration::from_secs(30))?;
@@ -176,7 +180,7 @@ impl OwnCluster {
             connect_timeout: Duration::from_millis(200),
             io_timeout: Duration::from_secs(2),
             spin: Duration::ZERO,
-            auth: None,
+            auth: self.auth.clone(),
         };
         Connection::connect(&self.master, &opts)
             .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()))
