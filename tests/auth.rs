@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{loopback_master, wait_until, Cluster, Opts};
+use common::{http, loopback_master, wait_until, Cluster, Opts};
 use rbgctl::auth::{Secret, Side};
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
 use rbgctl::master::config::MasterConfig;
@@ -36,8 +36,12 @@ fn cluster(file: &Path) -> Cluster {
         master,
         ..Opts::default()
     });
+    let metadata = format!("http://127.0.0.1:{}/metadata", c.metadata_port);
     for _ in 0..2 {
-        c.add_store_with(32 << 20, |s| s.auth_token_file = Some(file.to_path_buf()));
+        c.add_store_with(32 << 20, |s| {
+            s.auth_token_file = Some(file.to_path_buf());
+            s.metadata_server = metadata.clone();
+        });
     }
     assert!(
         wait_until(Duration::from_secs(15), || c.segment_count() == 2),
@@ -201,4 +205,52 @@ fn a_client_holding_the_secret_refuses_a_server_without_one() {
         e.contains("at least 16") && e.contains("/dev/urandom"),
         "{e}"
     );
+}
+
+#[test]
+fn metadata_writes_need_the_bearer_and_reads_stay_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let c = cluster(&file);
+    let port = c.metadata_port;
+    // The stores published their descriptors: they sent the Bearer.
+    let key = rbgctl::url::encode("mooncake/ram/store-0");
+    assert!(
+        wait_until(Duration::from_secs(10), || http(
+            port,
+            "GET",
+            &format!("/metadata?key={key}"),
+            b""
+        )
+        .0 == 200),
+        "the store's descriptor was not published"
+    );
+    let put = |auth: Option<&str>| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let header = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        let req = format!(
+            "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\n{header}Content-Length: 2\r\nConnection: close\r\n\r\nhi"
+        );
+        use std::io::{Read, Write};
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(put(None), 401, "a write without the Bearer");
+    assert_eq!(put(Some("Bearer not-the-secret-at-all")), 401);
+    assert_eq!(put(Some(&format!("Bearer {SECRET}"))), 200);
+    assert_eq!(
+        http(port, "GET", "/metadata?key=k", b"").0,
+        200,
+        "reads stay open"
+    );
+    let (code, _) = http(c.metrics_port, "GET", "/metrics", b"");
+    assert_eq!(code, 200, "/metrics stays open");
+    assert_eq!(http(c.metrics_port, "GET", "/health", b"").0, 200);
 }

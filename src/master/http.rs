@@ -65,15 +65,36 @@ fn to_leader(
 }
 
 /// Mooncake's metadata server: `GET/PUT/DELETE /metadata?key=…`, `GET /health`, 404 otherwise.
-/// A standby sends `/metadata` to the leader's.
-pub fn metadata_router(store: Arc<Mutex<MetadataStore>>, leadership: Arc<Leadership>) -> Router {
-    Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+/// A standby sends `/metadata` to the leader's. With the cluster secret (`auth`), writes need
+/// `Authorization: Bearer <secret>`; reads stay open.
+pub fn metadata_router(
+    store: Arc<Mutex<MetadataStore>>,
+    leadership: Arc<Leadership>,
+    auth: Option<Arc<crate::auth::Secret>>,
+) -> Router {
+    Router::new().fallback(
+        move |method: Method, uri: Uri, headers: header::HeaderMap, body: Bytes| {
         let store = store.clone();
         let leadership = leadership.clone();
+        let auth = auth.clone();
         async move {
             if uri.path() == "/metadata" {
                 if let Some(r) = to_leader(&leadership, |h| h.metadata.as_deref(), &uri) {
                     return r;
+                }
+            }
+            let write = matches!(method.as_str(), "PUT" | "DELETE");
+            if let Some(secret) = auth.as_deref().filter(|_| write) {
+                let given = headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok());
+                if !secret.bearer_ok(given) {
+                    return plain(
+                        401,
+                        b"writes need Authorization: Bearer <the cluster secret> (--auth-token-file)"
+                            .to_vec(),
+                        false,
+                    );
                 }
             }
             match (uri.path(), method.as_str()) {
@@ -85,7 +106,8 @@ pub fn metadata_router(store: Arc<Mutex<MetadataStore>>, leadership: Arc<Leaders
                 _ => plain(404, b"404 Not Found".to_vec(), false),
             }
         }
-    })
+    },
+    )
 }
 
 #[derive(Deserialize)]

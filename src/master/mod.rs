@@ -236,6 +236,7 @@ pub fn start(
     );
     let notifier_thread = notifier.spawn(shutdown.clone())?;
     let mover = mover::Mover::new(state.clone(), leadership.clone(), secret.clone());
+    let metadata_auth = secret.clone();
     let mover_thread = mover.spawn(shutdown.clone())?;
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
@@ -320,7 +321,7 @@ pub fn start(
         };
         runtime.spawn(crate::http_server::serve_with(
             listener,
-            http::metadata_router(store, shared.leadership.clone()),
+            http::metadata_router(store, shared.leadership.clone(), metadata_auth),
             shutdown.clone(),
             limits,
         ));

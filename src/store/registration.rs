@@ -42,6 +42,8 @@ pub fn report_requests(
 
 pub struct Registration {
     pub client_id: u64,
+    /// The cluster secret: sent as a Bearer token with the metadata server writes.
+    auth: Option<Arc<crate::auth::Secret>>,
     pub master: MasterLink,
     pub segment: Option<SegmentInfo>,
     /// What the segment holds (the durable index of a persistent store).
@@ -93,11 +95,12 @@ impl Registration {
         let opts = ConnOptions {
             io_timeout: Duration::from_secs(3),
             spin: Duration::ZERO,
-            auth,
+            auth: auth.clone(),
             ..ConnOptions::default()
         };
         Ok(Registration {
             client_id: fastrand::u64(1..),
+            auth,
             master: MasterLink::new(master, opts)?,
             segment,
             records,
@@ -169,7 +172,7 @@ impl Registration {
         // (a standby's redirects the PUT to the leader's).
         if let Some(url) = &self.metadata_server {
             if let Some(http) = self.metadata_http() {
-                publish_descriptor(http, url, seg);
+                publish_descriptor(http, url, seg, self.auth.as_deref());
             }
         }
         Ok(())
@@ -398,7 +401,12 @@ impl Registration {
 
 /// Publishes `mooncake/ram/<name>` and `mooncake/rpc_meta/<name>` the way Mooncake's transfer
 /// engine does, so that tools reading the metadata server see this segment.
-fn publish_descriptor(client: &reqwest::blocking::Client, base_url: &str, seg: &SegmentInfo) {
+fn publish_descriptor(
+    client: &reqwest::blocking::Client,
+    base_url: &str,
+    seg: &SegmentInfo,
+    auth: Option<&crate::auth::Secret>,
+) {
     let (host, port) = seg
         .endpoint
         .rsplit_once(':')
@@ -420,8 +428,11 @@ fn publish_descriptor(client: &reqwest::blocking::Client, base_url: &str, seg: &
         (format!("mooncake/rpc_meta/{}", seg.name), rpc_meta),
     ] {
         let url = format!("{base_url}?key={}", crate::url::encode(&key));
-        let result = client
-            .put(&url)
+        let mut request = client.put(&url);
+        if let Some(secret) = auth {
+            request = request.header("Authorization", secret.bearer());
+        }
+        let result = request
             .header("Content-Type", "application/json")
             .body(value.to_string())
             .send();
