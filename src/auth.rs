@@ -37,6 +37,11 @@ pub enum AuthError {
     TooShort { path: PathBuf, len: usize },
     #[error("auth token file {path}: larger than {MAX_SECRET_LEN} bytes; is it the right file?")]
     TooLong { path: PathBuf },
+    #[error(
+        "auth token file {path}: the secret must be printable ASCII without spaces (it travels \
+         in HTTP headers); base64 output is"
+    )]
+    NotText { path: PathBuf },
     #[error("no random numbers from the system")]
     Random,
 }
@@ -74,6 +79,11 @@ impl Secret {
     /// The secret in `text`, without surrounding whitespace (a trailing newline).
     pub fn new(text: &[u8], path: &Path) -> Result<Secret, AuthError> {
         let token = text.trim_ascii().to_vec();
+        if !token.iter().all(u8::is_ascii_graphic) {
+            return Err(AuthError::NotText {
+                path: path.to_path_buf(),
+            });
+        }
         if token.len() < MIN_SECRET_LEN {
             return Err(AuthError::TooShort {
                 path: path.to_path_buf(),
@@ -208,7 +218,7 @@ mod tests {
             !s.verify(Side::Server, &c, &other, &server),
             "another connection"
         );
-        assert!(!secret("another secret of 16+ bytes").verify(Side::Server, &c, &n, &server));
+        assert!(!secret("another-secret-of-16-bytes").verify(Side::Server, &c, &n, &server));
         assert!(!s.verify(Side::Server, &c, &n, &server[..31]));
     }
 
@@ -222,5 +232,7 @@ mod tests {
         assert!(!s.bearer_ok(None));
         let e = Secret::new(b"short\n", Path::new("/etc/rbgctl/token")).unwrap_err();
         assert!(e.to_string().contains("at least 16"), "{e}");
+        let e = Secret::new(b"two words of a long enough secret", Path::new("t")).unwrap_err();
+        assert!(e.to_string().contains("printable ASCII"), "{e}");
     }
 }

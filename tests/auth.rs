@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-const SECRET: &str = "the cluster secret of this test, 0123456789";
+const SECRET: &str = "the-cluster-secret-of-this-test-0123456789";
 
 fn token_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
@@ -93,7 +93,7 @@ fn only_connections_that_prove_the_secret_are_served() {
     assert!(e.to_string().contains("UNAUTHENTICATED"), "{e}");
 
     // Another secret: the server's proof does not check out, and the server refuses ours.
-    let other = token_file(dir.path(), "other", "another secret, not this cluster's");
+    let other = token_file(dir.path(), "other", "another-secret-not-this-clusters");
     for addr in [c.rpc.clone(), store_endpoint(&c)] {
         let e = Connection::connect(&addr, &options(Some(&other)))
             .err()

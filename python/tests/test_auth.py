@@ -10,7 +10,7 @@ from rbgctl.client import Client
 from rbgctl.config import ClientConfig
 from rbgctl.errors import ConfigError, RbgctlError
 
-SECRET = b"a secret of this python test, 0123456789\n"
+SECRET = b"a-secret-of-this-python-test-0123456789\n"
 
 
 def token_file(text: bytes) -> str:
@@ -51,7 +51,7 @@ class Auth(unittest.TestCase):
         self.assertIn("UNAUTHENTICATED", str(e.exception))
 
     def test_another_secret_is_refused_and_a_short_one_is_a_clear_error(self):
-        other = token_file(b"another secret, not this cluster's")
+        other = token_file(b"another-secret-not-this-clusters")
         try:
             with self.assertRaises(RbgctlError) as e:
                 with Client(ClientConfig(master=self.pool.master, auth_token_file=other)) as c:

@@ -88,6 +88,8 @@ fn parse_mix(text: &str) -> Result<Mix, String> {
 pub enum LoadError {
     #[error("--keys must be at least 1 and --threads at least 1")]
     Invalid,
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("cannot connect to the master {master} within {within:?}: {source}")]
     Connect {
         master: String,
@@ -262,13 +264,8 @@ impl Summary {
 
 /// Connects, retrying until `within` passes (the master may be restarting).
 fn connect(args: &HistoryLoadArgs, within: Duration) -> Result<Client, LoadError> {
-    let mut cfg = ClientConfig::new(args.master.clone())
-        .with_auth_file(args.auth_token_file.as_deref())
-        .map_err(|e| LoadError::Connect {
-            master: args.master.clone(),
-            within: Duration::ZERO,
-            source: ClientError::Config(std::sync::Arc::new(e)),
-        })?;
+    let mut cfg =
+        ClientConfig::new(args.master.clone()).with_auth_file(args.auth_token_file.as_deref())?;
     // Each process of a fault test stands for a host of its own: no same-host shortcuts.
     cfg.same_host_shm = false;
     cfg.conn.io_timeout = args.io_timeout;

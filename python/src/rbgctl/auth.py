@@ -34,6 +34,11 @@ def load_secret(path: str) -> bytes:
     if len(text) > MAX_SECRET_LEN:
         raise ConfigError(f"auth token file {path}: larger than {MAX_SECRET_LEN} bytes; is it the right file?")
     secret = text.strip()
+    if not all(0x21 <= b <= 0x7E for b in secret):
+        raise ConfigError(
+            f"auth token file {path}: the secret must be printable ASCII without spaces "
+            "(it travels in HTTP headers); base64 output is"
+        )
     if len(secret) < MIN_SECRET_LEN:
         raise ConfigError(
             f"auth token file {path}: the secret is {len(secret)} bytes; use at least {MIN_SECRET_LEN} "
