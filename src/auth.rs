@@ -114,14 +114,6 @@ impl Secret {
         Secret::new(&text, path)
     }
 
-    /// The secret named by `RBGCTL_AUTH_TOKEN_FILE`, if set.
-    pub fn from_env() -> Result<Option<Secret>, AuthError> {
-        match std::env::var_os(TOKEN_FILE_ENV) {
-            Some(p) if !p.is_empty() => Secret::from_file(Path::new(&p)).map(Some),
-            _ => Ok(None),
-        }
-    }
-
     /// `side`'s proof over the client's and the server's nonces.
     pub fn prove(&self, side: Side, client_nonce: &[u8], server_nonce: &[u8]) -> Vec<u8> {
         let mut ctx = hmac::Context::with_key(&self.key);

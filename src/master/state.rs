@@ -254,9 +254,10 @@ pub struct MasterState {
     /// Keys evicted or removed within the last store read lease, with their forgets' outbox
     /// sequence number: a new value for one is acknowledged only once no store can serve the
     /// old one.
-    recently_evicted: HashMap<String, (u64, Instant)>,
-    /// The same keys in eviction order, with when.
-    eviction_log: VecDeque<(Instant, String)>,
+    recently_retired: HashMap<String, (u64, Instant)>,
+    /// The same keys in the order they were retired, with when (a key retired again is here
+    /// twice; `forgets_delivered` prunes both maps from the front).
+    retired_order: VecDeque<(Instant, String)>,
     /// Every eviction, with the wall-clock time, for readers that tell evictions from losses.
     pub evictions: EvictionLog,
     /// The outbox sequence number the current operation must see delivered before it answers.
@@ -324,8 +325,8 @@ impl MasterState {
             outbox: Vec::new(),
             outbox_seq: 0,
             forgets_delivered: 0,
-            recently_evicted: HashMap::new(),
-            eviction_log: VecDeque::new(),
+            recently_retired: HashMap::new(),
+            retired_order: VecDeque::new(),
             evictions: EvictionLog::default(),
             forget_wait: 0,
             forget_targets: Vec::new(),
@@ -399,18 +400,18 @@ impl MasterState {
     pub fn forgets_delivered(&mut self, seq: u64, now: Instant) {
         self.forgets_delivered = self.forgets_delivered.max(seq);
         let lease = self.cfg.store_read_lease();
-        while let Some((at, _)) = self.eviction_log.front() {
+        while let Some((at, _)) = self.retired_order.front() {
             if now.saturating_duration_since(*at) <= lease {
                 break;
             }
-            if let Some((at, key)) = self.eviction_log.pop_front() {
+            if let Some((at, key)) = self.retired_order.pop_front() {
                 // Retired again since: that later entry prunes it.
                 if self
-                    .recently_evicted
+                    .recently_retired
                     .get(&key)
                     .is_some_and(|(_, t)| *t <= at)
                 {
-                    self.recently_evicted.remove(&key);
+                    self.recently_retired.remove(&key);
                 }
             }
         }
@@ -1432,7 +1433,7 @@ impl MasterState {
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
         }
-        if let Some(&(seq, _)) = self.recently_evicted.get(key) {
+        if let Some(&(seq, _)) = self.recently_retired.get(key) {
             self.forget_wait = self.forget_wait.max(seq);
         }
     }
@@ -1943,9 +1944,9 @@ impl MasterState {
         if self.cfg.store_read_lease().is_zero() {
             return;
         }
-        self.recently_evicted
+        self.recently_retired
             .insert(key.to_string(), (self.outbox_seq, now));
-        self.eviction_log.push_back((now, key.to_string()));
+        self.retired_order.push_back((now, key.to_string()));
     }
 
     /// The live segment of tier `tier` of the store (client) that holds segment `id`: its
