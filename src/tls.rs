@@ -13,6 +13,8 @@ pub enum TlsError {
     File { path: PathBuf, reason: String },
     #[error("TLS setup: {0}")]
     Setup(#[from] rustls::Error),
+    #[error("HTTPS client: {0}")]
+    Client(String),
 }
 
 fn file_error(path: &Path, reason: impl ToString) -> TlsError {
@@ -70,6 +72,18 @@ pub fn server_config(
     let mut config = builder.with_single_cert(certificates(cert)?, private_key(key)?)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The server side of an optional certificate and key pair (the config checked that both or
+/// neither are given): `None` serves plain HTTP.
+pub fn optional_server(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<Arc<rustls::ServerConfig>>, TlsError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => server_config(cert, key, None).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// A client trusting the public web's roots and the CA certificates in `extra_roots`,

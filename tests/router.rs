@@ -2045,48 +2045,10 @@ fn dp_aware_routes_to_every_rank_with_its_data_parallel_rank() {
     assert!(body.contains("--dp-aware"), "{body}");
 }
 
-/// A test CA, and PEM files of a server certificate (localhost, 127.0.0.1) and a client
-/// certificate it signed, in `dir`: (ca, server cert, server key, client cert, client key).
-fn test_pki(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "rbgctl test CA");
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(names).unwrap();
-        p.extended_key_usages = vec![usage];
-        let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let server = leaf(
-        vec!["localhost".into(), "127.0.0.1".into()],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let client = leaf(vec![], ExtendedKeyUsagePurpose::ClientAuth);
-    let files = [
-        ("ca.pem", ca_cert.pem()),
-        ("server.pem", server.0),
-        ("server.key", server.1),
-        ("client.pem", client.0),
-        ("client.key", client.1),
-    ];
-    files.map(|(name, text)| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    })
-}
-
 #[test]
 fn tls_on_the_listener_and_to_workers_with_client_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let [ca, cert, key, client_cert, client_key] = test_pki(dir.path());
+    let [ca, cert, key, client_cert, client_key] = common::test_pki(dir.path());
     let p = |x: &std::path::PathBuf| x.to_str().unwrap().to_string();
     // A worker over HTTPS that serves only clients with a certificate of the test CA.
     let w = fake_worker(

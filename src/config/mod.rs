@@ -27,6 +27,17 @@ impl ConfigError {
     }
 }
 
+/// Two settings that only work together (a certificate and its key): both given or neither.
+/// The error names the missing one.
+pub fn check_pair(first: (&str, bool), second: (&str, bool)) -> Result<(), ConfigError> {
+    match (first, second) {
+        ((given, true), (missing, false)) | ((missing, false), (given, true)) => Err(
+            ConfigError::invalid(missing, format!("{given} is given: give its pair too")),
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Reads a TOML file into a role's config; unknown keys and wrong types are errors that name the
 /// key (the structs use `deny_unknown_fields`).
 pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {

@@ -2,7 +2,7 @@
 //! (`--config`) > the defaults documented on each field (Mooncake's defaults where it has one).
 //! Example: `config/master.toml`.
 
-use crate::config::{check_ratio, load_toml, ByteSize, ConfigError, Millis};
+use crate::config::{check_pair, check_ratio, load_toml, ByteSize, ConfigError, Millis};
 use crate::master::placement::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -115,6 +115,11 @@ pub struct MasterConfig {
     /// A file holding the cluster secret: RPC connections must prove they hold it, and writes
     /// to the metadata server carry it (`docs/security.md`). Default none: no authentication.
     pub auth_token_file: Option<std::path::PathBuf>,
+    /// Serve the metrics and admin port and the metadata server over HTTPS with this PEM
+    /// certificate chain, leaf first (with `tls_key_path`). Default: none (plain HTTP).
+    pub tls_cert_path: Option<std::path::PathBuf>,
+    /// The PEM private key of `tls_cert_path`. Default: none.
+    pub tls_key_path: Option<std::path::PathBuf>,
     /// The host other processes reach this master at, published to the election backend.
     /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the address
     /// this host's name resolves to.
@@ -184,6 +189,8 @@ impl Default for MasterConfig {
             cluster_id: crate::ha::DEFAULT_CLUSTER_ID.into(),
             ha_lease_ttl_ms: Millis(Duration::from_secs(5)),
             auth_token_file: None,
+            tls_cert_path: None,
+            tls_key_path: None,
             advertise_host: String::new(),
         }
     }
@@ -314,6 +321,13 @@ pub struct MasterArgs {
     /// hold it. Default: no authentication.
     #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<std::path::PathBuf>,
+    /// Serve the metrics/admin port and the metadata server over HTTPS with this PEM
+    /// certificate chain (needs --tls-key-path). Default: plain HTTP.
+    #[arg(long, env = "RBGCTL_MASTER_TLS_CERT_PATH")]
+    pub tls_cert_path: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert-path. Default: none.
+    #[arg(long, env = "RBGCTL_MASTER_TLS_KEY_PATH")]
+    pub tls_key_path: Option<std::path::PathBuf>,
 }
 
 impl MasterArgs {
@@ -328,8 +342,14 @@ impl MasterArgs {
                 $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
             };
         }
-        if let Some(f) = &self.auth_token_file {
-            c.auth_token_file = Some(f.clone());
+        for (given, target) in [
+            (&self.auth_token_file, &mut c.auth_token_file),
+            (&self.tls_cert_path, &mut c.tls_cert_path),
+            (&self.tls_key_path, &mut c.tls_key_path),
+        ] {
+            if given.is_some() {
+                target.clone_from(given);
+            }
         }
         set!(
             rpc_address => rpc_address,
@@ -429,6 +449,10 @@ impl MasterConfig {
             ));
         }
         self.server_options().validate()?;
+        check_pair(
+            ("master.tls_cert_path", self.tls_cert_path.is_some()),
+            ("master.tls_key_path", self.tls_key_path.is_some()),
+        )?;
         if self.http_metadata_max_value_bytes.0 == 0
             || self.http_metadata_max_value_bytes.0 > self.http_metadata_max_bytes.0
         {

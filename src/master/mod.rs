@@ -53,6 +53,8 @@ pub enum MasterError {
     Ha(#[from] crate::ha::HaError),
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// State shared by the RPC threads, the housekeeper and the HTTP handlers.
@@ -223,6 +225,8 @@ pub fn start(
     let addrs = listeners.addrs()?;
     let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
     crate::auth::warn_if_open("master", &cfg.rpc_address, secret.as_deref());
+    let tls =
+        crate::tls::optional_server(cfg.tls_cert_path.as_deref(), cfg.tls_key_path.as_deref())?;
     let state = Arc::new(StateLock::new(MasterState::new(cfg.clone())));
     let leadership = Arc::new(match cfg.enable_ha {
         true => Leadership::elected(),
@@ -303,10 +307,13 @@ pub fn start(
         )
     };
     tracing::info!(addr = %addrs.metrics, "master metrics and admin API listening");
-    runtime.spawn(crate::http_server::serve(
+    runtime.spawn(crate::http_server::serve_tls(
         metrics,
         http::admin_router(shared.clone()),
         shutdown.clone(),
+        Default::default(),
+        tls.clone(),
+        None,
     ));
     if let Some(listener) = metadata {
         tracing::info!(addr = ?addrs.metadata, "HTTP metadata server listening");
@@ -319,11 +326,13 @@ pub fn start(
             max_body_bytes: cfg.http_metadata_max_value_bytes.0 as usize,
             ..Default::default()
         };
-        runtime.spawn(crate::http_server::serve_with(
+        runtime.spawn(crate::http_server::serve_tls(
             listener,
             http::metadata_router(store, shared.leadership.clone(), metadata_auth),
             shutdown.clone(),
             limits,
+            tls,
+            None,
         ));
     }
     role::announce("master", &addrs);

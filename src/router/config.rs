@@ -5,7 +5,7 @@
 
 use super::policy::AssignmentMode;
 use super::vllm::{self, Connector, Legs};
-use crate::config::{load_toml, ConfigError};
+use crate::config::{check_pair, load_toml, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -979,28 +979,14 @@ impl RouterConfig {
                 self.health_check_endpoint = "/v1/models".into();
             }
         }
-        for (cert, key, a, b) in [
-            (
-                &self.tls_cert_path,
-                &self.tls_key_path,
-                "router.tls_cert_path",
-                "router.tls_key_path",
-            ),
-            (
-                &self.client_cert_path,
-                &self.client_key_path,
-                "router.client_cert_path",
-                "router.client_key_path",
-            ),
-        ] {
-            if cert.is_some() != key.is_some() {
-                let (given, missing) = if cert.is_some() { (a, b) } else { (b, a) };
-                return Err(ConfigError::invalid(
-                    missing,
-                    format!("{given} is given: give its pair too"),
-                ));
-            }
-        }
+        check_pair(
+            ("router.tls_cert_path", self.tls_cert_path.is_some()),
+            ("router.tls_key_path", self.tls_key_path.is_some()),
+        )?;
+        check_pair(
+            ("router.client_cert_path", self.client_cert_path.is_some()),
+            ("router.client_key_path", self.client_key_path.is_some()),
+        )?;
         if !(0.0..=1.0).contains(&self.cache_threshold) {
             return Err(ConfigError::invalid(
                 "router.cache_threshold",

@@ -3,7 +3,7 @@
 //! each field. Example: `config/store.toml`.
 
 use crate::config::mooncake::MooncakeEnv;
-use crate::config::{check_master_address, load_toml, ByteSize, ConfigError, Millis};
+use crate::config::{check_master_address, check_pair, load_toml, ByteSize, ConfigError, Millis};
 use crate::transfer::Transport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -80,6 +80,14 @@ pub struct StoreConfig {
     /// A file holding the cluster secret: connections to this store must prove they hold it,
     /// and so do this store's own to the master (`docs/security.md`). Default none.
     pub auth_token_file: Option<PathBuf>,
+    /// Serve the metrics port over HTTPS with this PEM certificate chain, leaf first (with
+    /// `tls_key_path`). Default: none (plain HTTP).
+    pub tls_cert_path: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_path`. Default: none.
+    pub tls_key_path: Option<PathBuf>,
+    /// PEM CA certificates trusted for an `https://` metadata server, beside the public web's
+    /// roots. Default: none.
+    pub ca_cert_paths: Vec<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -110,6 +118,9 @@ impl Default for StoreConfig {
             disk_tier_size: ByteSize(0),
             disk_tier_port: 0,
             auth_token_file: None,
+            tls_cert_path: None,
+            tls_key_path: None,
+            ca_cert_paths: Vec::new(),
         }
     }
 }
@@ -203,6 +214,16 @@ pub struct StoreArgs {
     /// hold it. Default: no authentication.
     #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// Serve the metrics port over HTTPS with this PEM certificate chain (needs
+    /// --tls-key-path). Default: plain HTTP.
+    #[arg(long, env = "RBGCTL_STORE_TLS_CERT_PATH")]
+    pub tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path. Default: none.
+    #[arg(long, env = "RBGCTL_STORE_TLS_KEY_PATH")]
+    pub tls_key_path: Option<PathBuf>,
+    /// PEM CA certificates trusted for an https:// metadata server. Default: none.
+    #[arg(long, num_args = 1..)]
+    pub ca_cert_paths: Vec<PathBuf>,
 }
 
 impl StoreArgs {
@@ -266,8 +287,17 @@ impl StoreArgs {
             disk_tier_size => disk_tier_size,
             disk_tier_port => disk_tier_port,
         );
-        if self.auth_token_file.is_some() {
-            c.auth_token_file = self.auth_token_file.clone();
+        for (given, target) in [
+            (&self.auth_token_file, &mut c.auth_token_file),
+            (&self.tls_cert_path, &mut c.tls_cert_path),
+            (&self.tls_key_path, &mut c.tls_key_path),
+        ] {
+            if given.is_some() {
+                target.clone_from(given);
+            }
+        }
+        if !self.ca_cert_paths.is_empty() {
+            c.ca_cert_paths = self.ca_cert_paths.clone();
         }
         if self.disk_tier.is_some() {
             c.disk_tier = self.disk_tier.clone();
@@ -334,6 +364,10 @@ impl StoreConfig {
                 ),
             ));
         }
+        check_pair(
+            ("store.tls_cert_path", self.tls_cert_path.is_some()),
+            ("store.tls_key_path", self.tls_key_path.is_some()),
+        )?;
         self.validate_disk_tier()?;
         if self.heartbeat_interval_ms.0 < Duration::from_millis(10) {
             return Err(ConfigError::invalid(

@@ -46,6 +46,8 @@ pub enum StoreError {
     Disk(#[from] disk::DiskError),
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// What a persistent store found at start-up.
@@ -429,7 +431,8 @@ impl Store {
         let metadata_server = cfg
             .metadata_server
             .starts_with("http")
-            .then(|| cfg.metadata_server.clone());
+            .then(|| registration::MetadataServer::new(&cfg.metadata_server, &cfg.ca_cert_paths))
+            .transpose()?;
         let mut registration = Registration::new(
             &cfg.master,
             segment,
@@ -710,6 +713,8 @@ pub fn start(
     listeners: Listeners,
     shutdown: Shutdown,
 ) -> Result<Handle, StoreError> {
+    let tls =
+        crate::tls::optional_server(cfg.tls_cert_path.as_deref(), cfg.tls_key_path.as_deref())?;
     let addrs = Addrs {
         data: listeners.data.local_addr()?,
         metrics: listeners.metrics.local_addr()?,
@@ -726,10 +731,13 @@ pub fn start(
     };
     let mut store = Store::start_tiers(&cfg, listeners.data, listeners.disk)?;
     tracing::info!(addr = %addrs.metrics, "store metrics listening");
-    runtime.spawn(crate::http_server::serve(
+    runtime.spawn(crate::http_server::serve_tls(
         metrics,
         http_router(store.status.clone()),
         shutdown.clone(),
+        Default::default(),
+        tls,
+        None,
     ));
     role::announce("store", &addrs);
     let stop = shutdown.clone();

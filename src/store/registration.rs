@@ -55,9 +55,8 @@ pub struct Registration {
     pub write_floor: Arc<AtomicU64>,
     /// The id the master gave the segment; 0 while not mounted.
     pub segment_id: AtomicU64,
-    pub metadata_server: Option<String>,
-    /// The HTTP client for the metadata server, built on first use and kept.
-    metadata_http: std::sync::OnceLock<Option<reqwest::blocking::Client>>,
+    /// Where the segment's descriptor is published on each mount, if anywhere.
+    pub metadata_server: Option<MetadataServer>,
     /// Fired on a clean stop: the heartbeat loop returns.
     pub stop: Shutdown,
     pub interval: Duration,
@@ -76,6 +75,31 @@ pub struct Registration {
     usage_asked: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
+/// An HTTP metadata server (Mooncake's `http://host:port/metadata`) and the one client that
+/// publishes to it, trusting `ca_cert_paths` beside the public web's roots for `https://`.
+pub struct MetadataServer {
+    pub url: String,
+    http: reqwest::blocking::Client,
+}
+
+impl MetadataServer {
+    pub fn new(
+        url: &str,
+        ca_cert_paths: &[std::path::PathBuf],
+    ) -> Result<MetadataServer, crate::tls::TlsError> {
+        let tls = crate::tls::client_config(ca_cert_paths, None)?;
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(3))
+            .use_preconfigured_tls(tls)
+            .build()
+            .map_err(|e| crate::tls::TlsError::Client(e.to_string()))?;
+        Ok(MetadataServer {
+            url: url.to_string(),
+            http,
+        })
+    }
+}
+
 /// How often the store asks the master how much of its segment is in use.
 const USAGE_EVERY: Duration = Duration::from_secs(5);
 
@@ -88,7 +112,7 @@ impl Registration {
         segment: Option<SegmentInfo>,
         records: Arc<Records>,
         lease: Arc<ReadLease>,
-        metadata_server: Option<String>,
+        metadata_server: Option<MetadataServer>,
         interval: Duration,
         auth: Option<Arc<crate::auth::Secret>>,
     ) -> Result<Registration, crate::ha::HaError> {
@@ -108,7 +132,6 @@ impl Registration {
             write_floor: Arc::default(),
             segment_id: AtomicU64::new(0),
             metadata_server,
-            metadata_http: std::sync::OnceLock::new(),
             stop: Shutdown::new(),
             interval,
             conflict_wait: Duration::from_secs(30),
@@ -123,20 +146,6 @@ impl Registration {
 
     pub fn mounted(&self) -> bool {
         self.segment.is_none() || self.segment_id.load(Ordering::SeqCst) != 0
-    }
-
-    fn metadata_http(&self) -> Option<&reqwest::blocking::Client> {
-        self.metadata_http
-            .get_or_init(|| {
-                reqwest::blocking::Client::builder()
-                    .timeout(Duration::from_secs(3))
-                    .build()
-                    .map_err(|e| {
-                        tracing::warn!(error = %e, "cannot build an HTTP client for the metadata server")
-                    })
-                    .ok()
-            })
-            .as_ref()
     }
 
     fn mount(&self) -> Result<(), TransferError> {
@@ -170,10 +179,8 @@ impl Registration {
         }
         // On every mount: a master that restarted or took over has an empty metadata server
         // (a standby's redirects the PUT to the leader's).
-        if let Some(url) = &self.metadata_server {
-            if let Some(http) = self.metadata_http() {
-                publish_descriptor(http, url, seg, self.auth.as_deref());
-            }
+        if let Some(server) = &self.metadata_server {
+            publish_descriptor(&server.http, &server.url, seg, self.auth.as_deref());
         }
         Ok(())
     }
@@ -445,27 +452,5 @@ fn publish_descriptor(
             }
             Err(e) => tracing::warn!(%key, error = %e, "cannot reach the metadata server"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_metadata_server_client_is_built_once_and_kept() {
-        let r = Registration::new(
-            "127.0.0.1:1",
-            None,
-            Arc::new(Records::in_memory()),
-            Arc::default(),
-            Some("http://127.0.0.1:1/metadata".into()),
-            Duration::from_secs(1),
-            None,
-        )
-        .unwrap();
-        let first: *const reqwest::blocking::Client = r.metadata_http().expect("a client");
-        let again: *const reqwest::blocking::Client = r.metadata_http().expect("a client");
-        assert_eq!(first, again, "one client for every publication");
     }
 }

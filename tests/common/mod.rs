@@ -319,3 +319,41 @@ pub fn http_within(
 pub fn tmp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("rbgctl-test-{}-{name}", std::process::id()))
 }
+
+/// A test CA, and PEM files of a server certificate (localhost, 127.0.0.1) and a client
+/// certificate it signed, in `dir`: (ca, server cert, server key, client cert, client key).
+pub fn test_pki(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "rbgctl test CA");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(names).unwrap();
+        p.extended_key_usages = vec![usage];
+        let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let server = leaf(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let client = leaf(vec![], ExtendedKeyUsagePurpose::ClientAuth);
+    let files = [
+        ("ca.pem", ca_cert.pem()),
+        ("server.pem", server.0),
+        ("server.key", server.1),
+        ("client.pem", client.0),
+        ("client.key", client.1),
+    ];
+    files.map(|(name, text)| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    })
+}
