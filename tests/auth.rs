@@ -187,6 +187,37 @@ fn a_recorded_handshake_does_not_open_another_connection() {
 }
 
 #[test]
+fn a_stranger_may_not_announce_large_frames_before_proving_the_secret() {
+    use rbgctl::transfer::frame::{Header, HEADER_LEN};
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let c = cluster(&file);
+    for addr in [c.rpc.clone(), store_endpoint(&c)] {
+        // A header announcing 1 MiB of message fields, from a connection that has not proven
+        // the secret: answered at once, without reading them, and closed.
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&Header::request(Opcode::Ping, 77, 1 << 20, 0).encode())
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        assert!(out.len() > HEADER_LEN, "{addr}: no answer");
+        let h = Header::decode(&out[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(
+            (Status::from_u16(h.status), h.request_id),
+            (Status::MalformedFrame, 77),
+            "{addr}"
+        );
+        let reason = String::from_utf8_lossy(&out[HEADER_LEN..]);
+        assert!(
+            reason.contains("before it proves the cluster secret"),
+            "{addr}: {reason}"
+        );
+    }
+}
+
+#[test]
 fn a_client_holding_the_secret_refuses_a_server_without_one() {
     let dir = tempfile::tempdir().unwrap();
     let file = token_file(dir.path(), "token", SECRET);

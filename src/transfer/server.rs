@@ -402,7 +402,7 @@ fn serve_connection(
     };
     tracing::debug!(role, %peer, "connection opened");
     loop {
-        let (req, meta) = match io.read_frame(true) {
+        let (req, meta) = match io.read_frame_within(true, handshake.meta_limit()) {
             Ok(x) => x,
             Err(TransferError::Closed) => break,
             Err(TransferError::Idle) => {
@@ -533,6 +533,14 @@ impl Handshake {
             secret,
             nonces: None,
             proven,
+        }
+    }
+
+    /// The largest meta the next frame may declare: small until the peer proves the secret.
+    fn meta_limit(&self) -> u32 {
+        match self.proven {
+            true => super::frame::MAX_META_LEN,
+            false => super::frame::MAX_UNPROVEN_META_LEN,
         }
     }
 
