@@ -585,3 +585,49 @@ fn bench_store_disk_tier_measures_demotion_and_disk_reads_beside_the_filesystem(
         "the benchmark's files are gone"
     );
 }
+
+#[test]
+fn bench_abuse_shows_every_attack_bounded_in_memory_and_time() {
+    let out = Command::new(BIN)
+        .args(["bench", "abuse", "--connections", "1200", "--slow", "100"])
+        .args(["--huge", "200", "--deadline", "40s", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let attacks = report["attacks"].as_array().expect("attacks");
+    let names: Vec<&str> = attacks.iter().filter_map(|a| a["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["idle flood", "slowloris", "huge frames", "huge bodies"]
+    );
+    for a in attacks {
+        let name = a["name"].as_str().unwrap_or_default();
+        assert_eq!(a["opened"], a["attempted"], "{name}: {a}");
+        // The servers closed every connection, within their 10 s timeouts plus the opening.
+        let closed = a["all_closed_after_s"].as_f64();
+        assert!(closed.is_some_and(|s| s < 35.0), "{name}: {a}");
+        // A normal client on connections opened before kept working.
+        assert_eq!(a["client"]["failed"], 0, "{name}: {a}");
+        assert_eq!(a["health"]["failed"], 0, "{name}: {a}");
+        // At most 1200 connections per role: well under 128 KiB each (a 2 MiB huge page per
+        // connection thread would be ten times that), and nothing near the 16 MiB announced.
+        for role in ["master", "store"] {
+            let u = &a[role];
+            let grew = u["rss_peak_mib"].as_f64().unwrap() - u["rss_before_mib"].as_f64().unwrap();
+            assert!(grew < 150.0, "{name}: the {role} grew {grew} MiB: {a}");
+            assert!(
+                u["fds_after"].as_u64().unwrap() <= u["fds_before"].as_u64().unwrap() + 4,
+                "{name}: the {role} kept files open: {a}"
+            );
+        }
+    }
+    let frames = &attacks[2];
+    assert!(
+        frames["closed_within_1s"].as_u64().unwrap() >= 200,
+        "the announced 2^64-1 byte payloads are refused at once: {frames}"
+    );
+    let bodies = &attacks[3];
+    assert_eq!(bodies["answers"]["413"], 200, "{bodies}");
+}

@@ -174,6 +174,24 @@ impl OwnCluster {
         self.stores[i].addrs.metrics.port()
     }
 
+    /// Store `i`'s data port.
+    pub fn store_data_addr(&self, i: usize) -> std::net::SocketAddr {
+        self.stores[i].addrs.data
+    }
+
+    /// The master's metrics/admin port and, when it serves one, its metadata server.
+    pub fn master_http_addrs(&self) -> (std::net::SocketAddr, Option<std::net::SocketAddr>) {
+        (
+            self.master_proc.addrs.metrics,
+            self.master_proc.addrs.metadata,
+        )
+    }
+
+    /// Process ids of the master and store `i` (while they run).
+    pub fn pids(&self, i: usize) -> (Option<u32>, Option<u32>) {
+        (self.master_proc.process.pid(), self.stores[i].process.pid())
+    }
+
     /// Live segments the master lists, or `None` while it cannot be reached.
     pub fn live_segments(&self) -> Option<usize> {
         let opts = ConnOptions {

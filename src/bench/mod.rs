@@ -1,5 +1,6 @@
 //! `rbgctl bench`: load tools that print a table a person can read, or JSON with `--json`.
 
+pub mod abuse;
 pub mod cluster;
 pub mod disk_tier;
 pub mod failover;
@@ -44,6 +45,11 @@ pub enum BenchKind {
     /// Lossless restarts: fill a persistent store, kill -9 it and then the master, and time
     /// until every object is readable again (verified byte for byte).
     Recovery(recovery::RecoveryBenchArgs),
+    /// Bad input against a master and store started here: idle connection floods, slowloris
+    /// HTTP, frames and bodies announcing huge lengths. Memory and open files of both roles
+    /// before, at the peak and after; how soon they close the connections; a normal client's
+    /// put, get and /health meanwhile.
+    Abuse(abuse::AbuseBenchArgs),
     /// Master high availability: masters electing through etcd members started here, stores
     /// and a client putting and getting; kill -9 of the leader, then SIGSTOP of the next one.
     /// Time to the first put and until every earlier object is back, writes a paused leader
@@ -81,6 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Store(a) => store::run(a),
         BenchKind::Hicache(a) => hicache::run(a),
         BenchKind::Recovery(a) => recovery::run(a),
+        BenchKind::Abuse(a) => abuse::run(a),
         BenchKind::Failover(a) => failover::run(a),
         BenchKind::Master(a) => master::run(a),
         #[cfg(feature = "testkit")]
