@@ -125,64 +125,175 @@ impl Figures {
 
 struct Pool {
     launcher: Launcher,
-    master: Child<launch::Master>,
+    /// One master, or two that elect a leader through etcd.
+    masters: Vec<Child<launch::Master>>,
+    /// The host each master runs on.
+    master_hosts: Vec<&'static str>,
     stores: Vec<Child<launch::Store>>,
-    rpc: String,
-    admin: (String, u16),
+    /// What stores and clients are given: the master's address, or `etcd://…/ID`.
+    master_spec: String,
     dir: tempfile::TempDir,
+    /// etcd, on a host of its own, with the elected shape.
+    _etcd: Option<Etcd>,
     /// Last: the hosts go after the processes on them.
     net: Net,
 }
 
+/// The masters of a pool: one, or two elected through etcd.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    Single,
+    Elected,
+}
+
+/// The elected masters' lease: a leader cut off from etcd stops answering within it.
+const HA_TTL: Duration = Duration::from_secs(1);
+
+/// A one-member etcd (Debian's etcd-server) on the host "e"; killed on drop.
+struct Etcd {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The network or etcd missing: SKIPPED, except in CI.
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run the fault tests: {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
+fn start_etcd(net: &Net, dir: &Path) -> Option<Etcd> {
+    let Some(program) = rbgctl::ha::etcd_server::etcd_program() else {
+        skip("no etcd program (apt-get install etcd-server)");
+        return None;
+    };
+    let host = net.addr("e").unwrap().to_string();
+    let client = format!("http://{host}:2379");
+    let peer = format!("http://{host}:2380");
+    let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
+    let child = net
+        .command("e", program.to_str().unwrap())
+        .unwrap()
+        .args(["--name", "e", "--data-dir"])
+        .arg(dir.join("etcd.data"))
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("e={peer}")])
+        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("etcd starts");
+    let etcd = Etcd {
+        child,
+        endpoint: format!("{host}:2379"),
+    };
+    let healthy = wait_until(Duration::from_secs(30), || {
+        let h = host.clone();
+        net.run_on("e", move || http_at(&h, 2379, "GET", "/health", b""))
+            .is_ok_and(|(code, body)| code == 200 && body.contains("true"))
+    });
+    assert!(healthy, "etcd did not become healthy");
+    Some(etcd)
+}
+
 /// The pool on hosts of its own, or `None` (SKIPPED) where namespaces cannot be made.
 fn pool() -> Option<Pool> {
-    let mut hosts = vec!["m"];
+    pool_of(Shape::Single)
+}
+
+fn pool_of(shape: Shape) -> Option<Pool> {
+    let master_hosts = match shape {
+        Shape::Single => vec!["m"],
+        Shape::Elected => vec!["m", "m2"],
+    };
+    let mut hosts = master_hosts.clone();
+    if shape == Shape::Elected {
+        hosts.push("e");
+    }
     hosts.extend(STORES);
     hosts.extend(CLIENTS);
     let net = match Net::new(&hosts) {
         Ok(n) => n,
         Err(NetError::Unavailable(why)) => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI must run the fault tests: {why}"
-            );
-            eprintln!("SKIPPED: {why}");
+            skip(&why);
             return None;
         }
         Err(e) => panic!("cannot make the test network: {e}"),
     };
-    let base = launcher();
-    let m = net.addr("m").unwrap().to_string();
-    let master = base
-        .wrapped(net.prefix("m").unwrap())
-        .spawn::<launch::Master>(
-            "master",
-            MasterConfig {
-                rpc_address: m.clone(),
-                rpc_port: 0,
-                metrics_host: m.clone(),
-                metrics_port: 0,
-                client_ttl_ms: Millis(CLIENT_TTL),
-                ..MasterConfig::default()
-            },
-        )
-        .expect("the master starts");
-    let rpc = master.addrs.rpc.to_string();
-    let admin = (m, master.addrs.metrics.port());
     let dir = tempfile::tempdir().unwrap();
+    let etcd = match shape {
+        Shape::Single => None,
+        Shape::Elected => Some(start_etcd(&net, dir.path())?),
+    };
+    let cluster_id = format!("faults-{}", std::process::id());
+    let base = launcher();
+    let mut masters = Vec::new();
+    for (i, host) in master_hosts.iter().enumerate() {
+        let addr = net.addr(host).unwrap().to_string();
+        let mut cfg = MasterConfig {
+            rpc_address: addr.clone(),
+            rpc_port: 0,
+            metrics_host: addr.clone(),
+            metrics_port: 0,
+            client_ttl_ms: Millis(CLIENT_TTL),
+            ..MasterConfig::default()
+        };
+        if let Some(etcd) = &etcd {
+            cfg.enable_ha = true;
+            cfg.ha_backend_connstring = etcd.endpoint.clone();
+            cfg.cluster_id = cluster_id.clone();
+            cfg.ha_lease_ttl_ms = Millis(HA_TTL);
+            cfg.advertise_host = addr;
+        }
+        let master = base
+            .wrapped(net.prefix(host).unwrap())
+            .spawn::<launch::Master>(&format!("master-{i}"), cfg)
+            .expect("the master starts");
+        masters.push(master);
+    }
+    let master_spec = match &etcd {
+        None => masters[0].addrs.rpc.to_string(),
+        Some(etcd) => format!("etcd://{}/{cluster_id}", etcd.endpoint),
+    };
     let mut pool = Pool {
         launcher: base,
-        master,
+        masters,
+        master_hosts,
         stores: Vec::new(),
-        rpc,
-        admin,
+        master_spec,
         dir,
+        _etcd: etcd,
         net,
     };
+    assert!(
+        wait_until(Duration::from_secs(20), || pool.leader().is_some()),
+        "no master leads"
+    );
     for s in STORES {
         let addr = pool.net.addr(s).unwrap().to_string();
         let cfg = StoreConfig {
-            master: pool.rpc.clone(),
+            master: pool.master_spec.clone(),
             bind_address: addr.clone(),
             local_hostname: addr.clone(),
             name: Some(format!("store-{s}")),
@@ -209,12 +320,31 @@ fn pool() -> Option<Pool> {
 }
 
 impl Pool {
-    /// A GET of the master's admin API, from the master's host.
-    fn admin_get(&self, path: &str) -> (u16, String) {
-        let (host, port, path) = (self.admin.0.clone(), self.admin.1, path.to_string());
+    /// A GET of master `i`'s admin API, from its host.
+    fn admin_get_at(&self, i: usize, path: &str) -> (u16, String) {
+        let host = self.master_hosts[i];
+        let addr = self.masters[i].addrs.metrics;
+        let (ip, port, path) = (addr.ip().to_string(), addr.port(), path.to_string());
         self.net
-            .run_on("m", move || http_at(&host, port, "GET", &path, b""))
+            .run_on(host, move || http_at(&ip, port, "GET", &path, b""))
             .unwrap_or((0, String::new()))
+    }
+
+    /// The master that leads: the only one, or the one whose `/health` says so.
+    fn leader(&self) -> Option<usize> {
+        if self.masters.len() == 1 {
+            return Some(0);
+        }
+        (0..self.masters.len()).find(|&i| {
+            let (code, body) = self.admin_get_at(i, "/health");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            code == 200 && v["role"] == "leader"
+        })
+    }
+
+    /// A GET of the leading master's admin API (the first master's while none leads).
+    fn admin_get(&self, path: &str) -> (u16, String) {
+        self.admin_get_at(self.leader().unwrap_or(0), path)
     }
 
     /// Waits until every store's segment is live at the master.
@@ -229,25 +359,34 @@ impl Pool {
         })
     }
 
-    /// Every eviction the master logged (it has not restarted since, or the log says so).
+    /// Every eviction the masters logged (they have not restarted since, or the logs say so).
+    /// A standby sends its reader to the leader: what it evicted while it led is not counted,
+    /// which can only make the checker stricter.
     fn evictions(&self) -> Vec<Eviction> {
-        let (mut out, mut after) = (Vec::new(), 0u64);
-        for _ in 0..1000 {
-            let (code, body) = self.admin_get(&format!("/api/v1/evictions?after={after}"));
-            assert_eq!(code, 200, "eviction log: {body}");
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert_eq!(v["missed"], 0, "the eviction log overflowed");
-            let entries = v["entries"].as_array().unwrap();
-            if entries.is_empty() {
-                break;
+        let mut out = Vec::new();
+        for i in 0..self.masters.len() {
+            let mut after = 0u64;
+            for _ in 0..1000 {
+                let (code, body) =
+                    self.admin_get_at(i, &format!("/api/v1/evictions?after={after}"));
+                if self.masters.len() > 1 && code != 200 && body.contains("\"standby\"") {
+                    break;
+                }
+                assert_eq!(code, 200, "eviction log: {body}");
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(v["missed"], 0, "the eviction log overflowed");
+                let entries = v["entries"].as_array().unwrap();
+                if entries.is_empty() {
+                    break;
+                }
+                for e in entries {
+                    out.push(Eviction {
+                        key: e["key"].as_str().unwrap().to_string(),
+                        at: e["at_us"].as_u64().unwrap(),
+                    });
+                }
+                after = v["next"].as_u64().unwrap();
             }
-            for e in entries {
-                out.push(Eviction {
-                    key: e["key"].as_str().unwrap().to_string(),
-                    at: e["at_us"].as_u64().unwrap(),
-                });
-            }
-            after = v["next"].as_u64().unwrap();
         }
         out
     }
@@ -268,7 +407,7 @@ impl Pool {
     ) -> LoadRun {
         let log = out.with_extension("log");
         let mut cmd = self.net.command(host, BIN).unwrap();
-        cmd.args(["bench", "history-load", "--master", &self.rpc])
+        cmd.args(["bench", "history-load", "--master", &self.master_spec])
             .arg("--out")
             .arg(out)
             .args(["--keys", &load.keys.to_string()])
@@ -504,9 +643,9 @@ fn kill_9_and_restart_of_random_roles() {
         while Instant::now() + Duration::from_secs(3) <= end {
             match rng.usize(..=STORES.len()) {
                 0 => {
-                    p.master.kill();
+                    p.masters[0].kill();
                     pause(Duration::from_millis(500));
-                    p.master.start().expect("the master starts again");
+                    p.masters[0].start().expect("the master starts again");
                 }
                 i => {
                     let store = p.store(STORES[i - 1]);
@@ -555,5 +694,40 @@ fn a_store_that_answers_slowly() {
             pause(Duration::from_secs(1));
         }
     });
+    f.assert_clean();
+}
+
+#[test]
+fn the_leader_cut_off_from_etcd() {
+    let Some(mut pool) = pool_of(Shape::Elected) else {
+        return;
+    };
+    let mut failovers = 0;
+    let f = pool.run("leader-cut-from-etcd", Load::default(), |p| {
+        let end = Instant::now() + span();
+        while Instant::now() + HA_TTL * 3 + Duration::from_secs(1) <= end {
+            let Some(leader) = p.leader() else {
+                pause(Duration::from_millis(200));
+                continue;
+            };
+            let host = p.master_hosts[leader];
+            p.net.cut(host, "e").unwrap();
+            // The other master takes the lease once it lapses; the cut one must have stopped
+            // answering as leader by then.
+            if wait_until(HA_TTL * 4 + Duration::from_secs(2), || {
+                p.leader().is_some_and(|l| l != leader)
+            }) {
+                failovers += 1;
+            }
+            pause(Duration::from_secs(1));
+            p.net.join(host, "e").unwrap();
+            pause(Duration::from_secs(1));
+        }
+    });
+    eprintln!("FAULTS leader-cut-from-etcd: {failovers} failovers");
+    assert!(
+        failovers >= 1,
+        "the leader cut off from etcd never lost its lead"
+    );
     f.assert_clean();
 }

@@ -139,6 +139,8 @@ pub struct MasterLink {
     shared: Arc<Shared>,
     stop: Shutdown,
     watcher: Option<std::thread::JoinHandle<()>>,
+    /// How long a call that reached no leader keeps trying for one.
+    failover_wait: Duration,
 }
 
 impl MasterLink {
@@ -147,6 +149,7 @@ impl MasterLink {
     /// starts following it.
     pub fn new(spec: &str, opts: ConnOptions) -> Result<MasterLink, HaError> {
         let addr = MasterAddress::parse(spec)?;
+        let failover_wait = opts.io_timeout;
         let fence = Arc::new(AtomicU64::new(0));
         let first = match &addr {
             MasterAddress::Direct(a) => a.clone(),
@@ -185,6 +188,7 @@ impl MasterLink {
             shared,
             stop,
             watcher,
+            failover_wait,
         })
     }
 
@@ -213,20 +217,33 @@ impl MasterLink {
     }
 
     /// Runs `f` on a connection to the master. When the master may have moved, the leader is
-    /// looked up; if it did move and the call surely did nothing, it is sent to the new one.
+    /// looked up; while the call surely did nothing (no leader reached, or a standby or fenced
+    /// master refused it), it is sent again, to the new leader once there is one, for up to
+    /// the failover wait (the connections' I/O timeout): a call during a failover waits for
+    /// the next leader instead of failing at once.
     pub fn with<T>(
         &self,
         mut f: impl FnMut(&mut Connection) -> Result<T, TransferError>,
     ) -> Result<T, TransferError> {
-        let r = self.once(&mut f);
-        match &r {
-            Err(e) if self.is_elected() && e.leader_may_have_moved() => {
-                if self.shared.refresh() && e.not_done_by_a_leader() {
-                    return self.once(&mut f);
-                }
-                r
+        let deadline = Instant::now() + self.failover_wait;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let r = self.once(&mut f);
+            let Err(e) = &r else { return r };
+            if !(self.is_elected() && e.leader_may_have_moved()) {
+                return r;
             }
-            _ => r,
+            let moved = self.shared.refresh();
+            if !e.not_done_by_a_leader() {
+                return r;
+            }
+            if Instant::now() + pause > deadline {
+                return r;
+            }
+            if !moved {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
         }
     }
 

@@ -74,11 +74,16 @@ struct ElectionHooks {
     state: Arc<StateLock>,
     service: Arc<rpc::MasterService>,
     reservation_ttl: Duration,
+    /// How long a new leader answers unknown keys as unavailable, not missing: the client TTL.
+    learning_window: Duration,
 }
 
 impl elector::Hooks for ElectionHooks {
     fn elected(&mut self, _epoch: u64) {
-        self.state.lock().reset();
+        let mut st = self.state.lock();
+        st.reset();
+        st.learn_for(self.learning_window, Instant::now());
+        drop(st);
         self.service.notifier.reset();
         *self.service.allocations_from.lock() = Instant::now() + self.reservation_ttl;
     }
@@ -130,6 +135,7 @@ fn spawn_election(
         state: shared.state.clone(),
         service: shared.service.clone(),
         reservation_ttl: cfg.put_reservation_ttl_ms.0,
+        learning_window: cfg.client_ttl_ms.0,
     });
     let (leadership, stats) = (shared.leadership.clone(), shared.election.clone());
     Ok(std::thread::Builder::new()

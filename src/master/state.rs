@@ -232,6 +232,9 @@ pub struct Summary {
 
 pub struct MasterState {
     cfg: MasterConfig,
+    /// Until when a master that took office learns the pool's objects from its stores (see
+    /// `learn_for`): a key it does not know may be on a store that has not mounted yet.
+    learning_until: Option<Instant>,
     clients: HashMap<u64, Client>,
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
@@ -335,7 +338,28 @@ impl MasterState {
             write_floor,
             moves: Moves::default(),
             disk_segments: 0,
+            learning_until: None,
         }
+    }
+
+    /// A master that took office from another leader knows nothing until its stores mount and
+    /// report what they hold. For `window` (the client TTL: by then every running store has
+    /// found this master), a key it does not know is answered `OBJECT_UNAVAILABLE` rather
+    /// than a miss, which would deny a value a client was told is stored.
+    pub fn learn_for(&mut self, window: Duration, now: Instant) {
+        self.learning_until = Some(now + window);
+    }
+
+    /// Why a key this master does not know might still exist, if it might.
+    fn unsure_of_misses(&self, now: Instant) -> Option<&'static str> {
+        if self.learning_until.is_some_and(|t| now < t) {
+            return Some("this master took office moments ago and its stores are still mounting");
+        }
+        let recovering = self
+            .segments
+            .values()
+            .any(|s| matches!(s.state, SegState::Recovering { .. }));
+        recovering.then_some("a store is still reporting the objects it kept")
     }
 
     /// Forgets every segment, object and client, as a freshly started master knows nothing
@@ -1540,6 +1564,7 @@ impl MasterState {
     /// A read of an object that lives only on disk may promote it (`promotion_on_hit`).
     pub fn get_replicas(&mut self, key: &str, now: Instant) -> OpResult<ObjectDesc> {
         let lease = self.cfg.default_kv_lease_ttl_ms.0;
+        let unsure = self.unsure_of_misses(now);
         let segments = &self.segments;
         let (desc, on_disk) = match self.objects.touch_tiered(key) {
             Some((
@@ -1595,7 +1620,15 @@ impl MasterState {
                     format!("{key:?} is still being written"),
                 )
             }
-            _ => return fail(Status::ObjectNotFound, format!("{key:?} not found")),
+            _ => {
+                return match unsure {
+                    Some(why) => fail(
+                        Status::ObjectUnavailable,
+                        format!("{key:?} is not known yet: {why}"),
+                    ),
+                    None => fail(Status::ObjectNotFound, format!("{key:?} not found")),
+                }
+            }
         };
         if on_disk {
             self.counters.disk_hits += 1;
@@ -2397,6 +2430,30 @@ mod tests {
         soft_pin_ttl_ms: 0,
         preferred_segment: String::new(),
     };
+
+    #[test]
+    fn a_new_leader_does_not_deny_keys_its_stores_have_not_reported_yet() {
+        let mut st = MasterState::new(MasterConfig::default());
+        let t0 = Instant::now();
+        st.learn_for(Duration::from_secs(10), t0);
+        let e = st.get_replicas("k", t0).unwrap_err();
+        assert_eq!(e.0, Status::ObjectUnavailable, "{}", e.1);
+        assert!(e.1.contains("took office"), "{}", e.1);
+        // A persistent store reporting what it kept: still unsure after the window.
+        let later = t0 + Duration::from_secs(11);
+        let mut kept = seg("a", 1 << 20);
+        kept.segment_uuid = 42;
+        st.mount(1, kept, true, later).unwrap();
+        let e = st.get_replicas("k", later).unwrap_err();
+        assert_eq!(e.0, Status::ObjectUnavailable, "{}", e.1);
+        assert!(e.1.contains("still reporting"), "{}", e.1);
+        // Without either, an unknown key is a miss.
+        let (mut fresh, t0) = state();
+        assert_eq!(
+            fresh.get_replicas("k", t0).unwrap_err().0,
+            Status::ObjectNotFound
+        );
+    }
 
     #[test]
     fn a_name_held_by_a_live_store_is_refused_and_its_objects_kept() {
