@@ -183,22 +183,13 @@ fn start_etcd(net: &Net, dir: &Path) -> Option<Etcd> {
     let child = net
         .command("e", program.to_str().unwrap())
         .unwrap()
-        .args(["--name", "e", "--data-dir"])
-        .arg(dir.join("etcd.data"))
-        .args([
-            "--listen-client-urls",
+        .args(rbgctl::ha::etcd_server::member_args(
+            "e",
+            &dir.join("etcd.data"),
             &client,
-            "--advertise-client-urls",
-            &client,
-        ])
-        .args([
-            "--listen-peer-urls",
             &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .args(["--initial-cluster", &format!("e={peer}")])
-        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            &format!("e={peer}"),
+        ))
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)

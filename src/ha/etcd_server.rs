@@ -64,6 +64,34 @@ impl Member {
     }
 }
 
+/// The arguments of one etcd member named `name`, keeping its data in `data`, serving clients
+/// at URL `client` and peers at `peer`, in a new cluster of `initial_cluster`
+/// (`name=peer-url,…`). Elections inside etcd are quick, so a lost member costs little.
+pub fn member_args(
+    name: &str,
+    data: &Path,
+    client: &str,
+    peer: &str,
+    initial_cluster: &str,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec!["--name".into(), name.into()];
+    args.extend(["--data-dir".into(), data.as_os_str().to_owned()]);
+    for (flag, value) in [
+        ("--listen-client-urls", client),
+        ("--advertise-client-urls", client),
+        ("--listen-peer-urls", peer),
+        ("--initial-advertise-peer-urls", peer),
+        ("--initial-cluster", initial_cluster),
+        ("--initial-cluster-state", "new"),
+        ("--initial-cluster-token", "rbgctl-test"),
+        ("--heartbeat-interval", "50"),
+        ("--election-timeout", "500"),
+    ] {
+        args.extend([flag.into(), value.into()]);
+    }
+    args
+}
+
 /// A cluster of members started together.
 pub struct EtcdCluster {
     program: PathBuf,
@@ -130,31 +158,13 @@ impl EtcdCluster {
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let child = Command::new(&self.program)
-            .arg("--name")
-            .arg(&m.name)
-            .arg("--data-dir")
-            .arg(&m.data)
-            .args([
-                "--listen-client-urls",
+            .args(member_args(
+                &m.name,
+                &m.data,
                 &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
                 &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &self.initial_cluster])
-            .args([
-                "--initial-cluster-state",
-                "new",
-                "--initial-cluster-token",
-                "rbgctl-test",
-            ])
-            // Quick elections inside etcd, so that a lost etcd member costs little.
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                &self.initial_cluster,
+            ))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -235,6 +235,9 @@ pub struct MasterState {
     /// Until when a master that took office learns the pool's objects from its stores (see
     /// `learn_for`): a key it does not know may be on a store that has not mounted yet.
     learning_until: Option<Instant>,
+    /// Whether a segment may be recovering: set when one starts, cleared by the next look that
+    /// finds none, so that a miss costs a walk over the segments only while one might be.
+    maybe_recovering: bool,
     clients: HashMap<u64, Client>,
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
@@ -339,6 +342,7 @@ impl MasterState {
             moves: Moves::default(),
             disk_segments: 0,
             learning_until: None,
+            maybe_recovering: false,
         }
     }
 
@@ -351,14 +355,18 @@ impl MasterState {
     }
 
     /// Why a key this master does not know might still exist, if it might.
-    fn unsure_of_misses(&self, now: Instant) -> Option<&'static str> {
+    fn unsure_of_misses(&mut self, now: Instant) -> Option<&'static str> {
         if self.learning_until.is_some_and(|t| now < t) {
             return Some("this master took office moments ago and its stores are still mounting");
+        }
+        if !self.maybe_recovering {
+            return None;
         }
         let recovering = self
             .segments
             .values()
             .any(|s| matches!(s.state, SegState::Recovering { .. }));
+        self.maybe_recovering = recovering;
         recovering.then_some("a store is still reporting the objects it kept")
     }
 
@@ -560,6 +568,7 @@ impl MasterState {
                     rebind: true,
                     confirmed: HashSet::new(),
                 };
+                self.maybe_recovering = true;
                 self.touch_client(client_id, now).segments.push(id);
                 return Ok((id, false));
             }
@@ -606,6 +615,7 @@ impl MasterState {
         tracing::info!(segment = %info.name, endpoint = %info.endpoint, size = info.size, client_id,
             recovering, discard, "segment mounted");
         self.segment_by_name.insert(info.name.clone(), id);
+        self.maybe_recovering |= recovering;
         let state = if recovering {
             SegState::Recovering {
                 rebind: false,
