@@ -27,6 +27,13 @@ impl ConfigError {
     }
 }
 
+/// Layers an optional setting given on the command line over the config's.
+pub fn overlay<T: Clone>(target: &mut Option<T>, given: &Option<T>) {
+    if given.is_some() {
+        target.clone_from(given);
+    }
+}
+
 /// Two settings that only work together (a certificate and its key): both given or neither.
 /// The error names the missing one.
 pub fn check_pair(first: (&str, bool), second: (&str, bool)) -> Result<(), ConfigError> {

@@ -2,7 +2,7 @@
 //! (`--config`) > the defaults documented on each field (Mooncake's defaults where it has one).
 //! Example: `config/master.toml`.
 
-use crate::config::{check_pair, check_ratio, load_toml, ByteSize, ConfigError, Millis};
+use crate::config::{check_pair, check_ratio, load_toml, overlay, ByteSize, ConfigError, Millis};
 use crate::master::placement::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -342,15 +342,9 @@ impl MasterArgs {
                 $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
             };
         }
-        for (given, target) in [
-            (&self.auth_token_file, &mut c.auth_token_file),
-            (&self.tls_cert_path, &mut c.tls_cert_path),
-            (&self.tls_key_path, &mut c.tls_key_path),
-        ] {
-            if given.is_some() {
-                target.clone_from(given);
-            }
-        }
+        overlay(&mut c.auth_token_file, &self.auth_token_file);
+        overlay(&mut c.tls_cert_path, &self.tls_cert_path);
+        overlay(&mut c.tls_key_path, &self.tls_key_path);
         set!(
             rpc_address => rpc_address,
             rpc_port => rpc_port,

@@ -3,7 +3,9 @@
 //! each field. Example: `config/store.toml`.
 
 use crate::config::mooncake::MooncakeEnv;
-use crate::config::{check_master_address, check_pair, load_toml, ByteSize, ConfigError, Millis};
+use crate::config::{
+    check_master_address, check_pair, load_toml, overlay, ByteSize, ConfigError, Millis,
+};
 use crate::transfer::Transport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -287,15 +289,9 @@ impl StoreArgs {
             disk_tier_size => disk_tier_size,
             disk_tier_port => disk_tier_port,
         );
-        for (given, target) in [
-            (&self.auth_token_file, &mut c.auth_token_file),
-            (&self.tls_cert_path, &mut c.tls_cert_path),
-            (&self.tls_key_path, &mut c.tls_key_path),
-        ] {
-            if given.is_some() {
-                target.clone_from(given);
-            }
-        }
+        overlay(&mut c.auth_token_file, &self.auth_token_file);
+        overlay(&mut c.tls_cert_path, &self.tls_cert_path);
+        overlay(&mut c.tls_key_path, &self.tls_key_path);
         if !self.ca_cert_paths.is_empty() {
             c.ca_cert_paths = self.ca_cert_paths.clone();
         }
