@@ -23,7 +23,8 @@ pub struct Role {
 
 impl Role {
     fn command(&self) -> Command {
-        (self.args)(Command::new(self.name)).about(self.about)
+        crate::telemetry::LogArgs::augment_args((self.args)(Command::new(self.name)))
+            .about(self.about)
     }
 }
 
@@ -150,6 +151,16 @@ pub fn command() -> Command {
 pub struct Invocation {
     pub role: &'static Role,
     matches: ArgMatches,
+    /// Arguments that held a flag and its value, split by [`split_joined_flags`].
+    joined: Vec<JoinedFlag>,
+}
+
+/// One argument that held a flag and its value (`"--port 8000"`), and how it was split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinedFlag {
+    pub argument: String,
+    pub flag: String,
+    pub value: String,
 }
 
 impl std::fmt::Debug for Invocation {
@@ -161,6 +172,23 @@ impl std::fmt::Debug for Invocation {
 }
 
 impl Invocation {
+    /// The logging flags, to set up logging before the role runs.
+    pub fn log_args(&self) -> crate::telemetry::LogArgs {
+        // The flags are on every role's command, so they always parse.
+        crate::telemetry::LogArgs::from_arg_matches(&self.matches).unwrap_or_default()
+    }
+
+    /// Logs what parsing did that a reader of the log should know (arguments split).
+    pub fn log_parsing(&self) {
+        for j in &self.joined {
+            tracing::info!(
+                argument = %j.argument, flag = %j.flag, value = %j.value,
+                "one argument held a flag and its value (as a Kubernetes command list item \
+                 `- --flag value` passes them); split"
+            );
+        }
+    }
+
     pub fn run(&self) -> RoleResult {
         (self.role.run)(&self.matches)
     }
@@ -185,17 +213,21 @@ pub fn parse<T: Into<std::ffi::OsString>>(
             argv.remove(1);
         }
         let cmd = role.command();
-        let argv = split_joined_flags(argv, &cmd, 1);
+        let (argv, joined) = split_joined_flags(argv, &cmd, 1);
         let matches = cmd.try_get_matches_from(argv)?;
-        return Ok(Invocation { role, matches });
+        return Ok(Invocation {
+            role,
+            matches,
+            joined,
+        });
     }
-    let argv = match argv
+    let (argv, joined) = match argv
         .get(1)
         .and_then(|a| a.to_str())
         .and_then(|name| ROLES.iter().find(|r| r.name == name))
     {
         Some(role) => split_joined_flags(argv, &role.command(), 2),
-        None => argv,
+        None => (argv, Vec::new()),
     };
     let top = command().try_get_matches_from(argv)?;
     let Some((name, sub)) = top.subcommand() else {
@@ -213,6 +245,7 @@ pub fn parse<T: Into<std::ffi::OsString>>(
     Ok(Invocation {
         role,
         matches: sub.clone(),
+        joined,
     })
 }
 
@@ -220,40 +253,41 @@ pub fn parse<T: Into<std::ffi::OsString>>(
 /// `- --prefill http://host:8000` arrives as the single argument `"--prefill http://host:8000"`
 /// (seed 003 writes its gateway this way). An argument from `first` on that starts with `--`,
 /// holds a space, is not itself a flag of `cmd`, and whose part before the first space is one, is
-/// split there into flag and value, and the split is logged.
+/// split there into flag and value; the splits are returned to be logged.
 pub fn split_joined_flags(
     argv: Vec<std::ffi::OsString>,
     cmd: &Command,
     first: usize,
-) -> Vec<std::ffi::OsString> {
+) -> (Vec<std::ffi::OsString>, Vec<JoinedFlag>) {
     let known = |flag: &str| {
         cmd.get_arguments().any(|a| {
             a.get_long() == Some(flag) || a.get_all_aliases().is_some_and(|al| al.contains(&flag))
         })
     };
     let mut out = Vec::with_capacity(argv.len() + 4);
+    let mut joined = Vec::new();
     for (i, item) in argv.into_iter().enumerate() {
         let split = item.to_str().filter(|_| i >= first).and_then(|s| {
             let long = s.strip_prefix("--")?;
             let (flag, value) = long.split_once(' ')?;
-            (!known(long) && known(flag)).then(|| (format!("--{flag}"), value.trim().to_string()))
+            (!known(long) && known(flag)).then(|| JoinedFlag {
+                argument: s.to_string(),
+                flag: format!("--{flag}"),
+                value: value.trim().to_string(),
+            })
         });
         match split {
-            Some((flag, value)) => {
-                tracing::info!(
-                    argument = ?item, %flag, %value,
-                    "one argument held a flag and its value (as a Kubernetes command list item \
-                     `- --flag value` passes them); split"
-                );
-                out.push(flag.into());
-                if !value.is_empty() {
-                    out.push(value.into());
+            Some(j) => {
+                out.push(j.flag.clone().into());
+                if !j.value.is_empty() {
+                    out.push(j.value.clone().into());
                 }
+                joined.push(j);
             }
             None => out.push(item),
         }
     }
-    out
+    (out, joined)
 }
 
 #[cfg(test)]
@@ -318,6 +352,30 @@ mod tests {
             "master"
         );
         assert!(parse(argv("rbgctl frobnicate")).is_err());
+    }
+
+    #[test]
+    fn every_role_takes_the_logging_flags() {
+        use crate::telemetry::LogFormat;
+        for r in ROLES.iter().filter(|r| !r.name.starts_with("mooncake_")) {
+            // Roles with subcommands take the flags after them too.
+            let sub = match r.name {
+                "kv" => &["segments"][..],
+                "bench" => &["store"][..],
+                _ => &[],
+            };
+            let mut argv = vec!["rbgctl", r.name];
+            argv.extend(sub);
+            argv.extend(["--log-format", "json", "--log-level", "debug"]);
+            let i = parse(argv).unwrap_or_else(|e| panic!("{}: {e}", r.name));
+            let log = i.log_args();
+            assert_eq!(log.log_format, LogFormat::Json, "{}", r.name);
+            assert_eq!(log.log_level.as_deref(), Some("debug"), "{}", r.name);
+        }
+        let e = parse(["rbgctl", "master", "--log-format", "xml"])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("--log-format"), "{e}");
     }
 
     #[test]

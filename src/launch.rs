@@ -375,6 +375,8 @@ impl Launcher {
             }
         }
         cmd.env(READY_FILE_ENV, ready).stdin(Stdio::null());
+        // Children log as this process does (`--log-format` is not in their config).
+        cmd.env("RBGCTL_LOG_FORMAT", crate::telemetry::log_format().as_str());
         let level = std::env::var("RBGCTL_TEST_LOG").ok();
         match self.ctx.logs {
             Logs::Inherit => {
@@ -435,14 +437,16 @@ impl Launcher {
     }
 }
 
-/// Copies a child's output to this process's standard error, a line at a time, each line
-/// prefixed with the child's name, until the child closes it.
+/// Copies a child's output to this process's standard error, a line at a time, until the child
+/// closes it. A text line is prefixed with the child's name; a JSON line (`--log-format json`)
+/// gets it as its first field, `"role"`, and stays one JSON object.
 fn forward_lines(
     name: &str,
     from: impl std::io::Read + Send + 'static,
 ) -> Option<std::thread::JoinHandle<()>> {
     use std::io::{BufRead, Write};
     let prefix = format!("{name:>9} | ");
+    let json_field = format!("{{\"role\":{},", serde_json::Value::from(name));
     let spawned = std::thread::Builder::new()
         .name(format!("log-{name}"))
         .spawn(move || {
@@ -454,8 +458,16 @@ fn forward_lines(
                     Ok(0) | Err(_) => return,
                     Ok(_) => {
                         let mut err = std::io::stderr().lock();
-                        let _ = err.write_all(prefix.as_bytes());
-                        let _ = err.write_all(&line);
+                        match line.strip_prefix(b"{") {
+                            Some(rest) if rest.first() == Some(&b'"') => {
+                                let _ = err.write_all(json_field.as_bytes());
+                                let _ = err.write_all(rest);
+                            }
+                            _ => {
+                                let _ = err.write_all(prefix.as_bytes());
+                                let _ = err.write_all(&line);
+                            }
+                        }
                         if !line.ends_with(b"\n") {
                             let _ = err.write_all(b"\n");
                         }

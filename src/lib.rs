@@ -9,7 +9,8 @@
 //! - `engine`: a SIMULATED SGLang-compatible engine (cost-model timing, L1/L2/L3 page cache).
 //! - `operator`: the RoleBasedGroup controller (plain REST to the Kubernetes API server); `kube`
 //!   is its client, patch algebra, and an in-process API server stand-in for tests.
-//! - `bench`: load tools; `up`: every role on loopback in one command; `kv`: a command-line client.
+//! - `bench`: load tools, with `report` drawing their charts into HTML pages; `up`: every role on
+//!   loopback in one command; `kv`: a command-line client.
 //! - `config`, `telemetry`: shared configuration layering and observability.
 
 pub mod auth;
@@ -27,6 +28,7 @@ pub mod kv;
 pub mod launch;
 pub mod master;
 pub mod operator;
+pub mod report;
 pub mod role;
 pub mod router;
 pub mod shutdown;

@@ -9,11 +9,15 @@ fn main() {
     // each thread's heap then sits in a 2 MiB page of its own: 675 KiB per idle connection
     // instead of 40 KiB (`rbgctl bench abuse`). Off for this process and the roles it starts.
     let _ = nix::sys::prctl::set_thp_disable(true);
-    rbgctl::telemetry::init_tracing();
     let invocation = match rbgctl::cli::parse(std::env::args_os()) {
         Ok(i) => i,
         Err(e) => e.exit(),
     };
+    if let Err(e) = rbgctl::telemetry::init_tracing(&invocation.log_args()) {
+        eprintln!("rbgctl: {e}");
+        std::process::exit(2);
+    }
+    invocation.log_parsing();
     if let Err(e) = invocation.run() {
         let mut message = e.to_string();
         let mut cause = e.source();

@@ -4,47 +4,121 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Logs to stderr; the level comes from `RBGCTL_LOG` or `RUST_LOG` (default `info`).
-pub fn init_tracing() {
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event; colours only when stderr is a terminal and `NO_COLOR` is
+    /// not set.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `span`, `spans`), for log
+    /// collectors.
+    Json,
+}
+
+impl LogFormat {
+    /// The value of `--log-format` that selects this format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// The format this process logs in (text until [`init_tracing`] chose one): roles it starts
+/// log the same way.
+pub fn log_format() -> LogFormat {
+    FILE_LOG
+        .get()
+        .map_or(LogFormat::Text, |(format, _)| *format)
+}
+
+/// The logging flags every role takes.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LogArgs {
+    /// Log lines as `text` or `json` (one object per line). Default: text.
+    #[arg(
+        long,
+        value_enum,
+        env = "RBGCTL_LOG_FORMAT",
+        default_value_t,
+        global = true
+    )]
+    pub log_format: LogFormat,
+    /// Log level (trace, debug, info, warn, error) or a filter such as
+    /// `info,rbgctl::router=debug`. `RBGCTL_LOG` overrides it; without either, `RUST_LOG`.
+    /// Default: info.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+}
+
+impl LogArgs {
+    /// The filter in force: `RBGCTL_LOG`, else `--log-level`, else `RUST_LOG`, else `info`.
+    fn filter(&self) -> Result<tracing_subscriber::EnvFilter, String> {
+        let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        let (source, text) = match (env("RBGCTL_LOG"), &self.log_level, env("RUST_LOG")) {
+            (Some(v), _, _) => ("RBGCTL_LOG", v),
+            (None, Some(v), _) => ("--log-level", v.clone()),
+            (None, None, Some(v)) => ("RUST_LOG", v),
+            (None, None, None) => ("default", "info".to_string()),
+        };
+        tracing_subscriber::EnvFilter::try_new(&text).map_err(|e| {
+            format!(
+                "{source} {text:?} is not a log level or filter \
+                 (info, debug, warn,rbgctl=debug, ...): {e}"
+            )
+        })
+    }
+}
+
+/// A layer over the registry, boxed so that text and JSON share one type.
+type BoxedLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// The format chosen at start-up and the slot for the log files of [`log_to_dir`].
+static FILE_LOG: std::sync::OnceLock<(
+    LogFormat,
+    tracing_subscriber::reload::Handle<Option<BoxedLayer>, tracing_subscriber::Registry>,
+)> = std::sync::OnceLock::new();
+
+/// Logs to stderr in the chosen format, filtered as [`LogArgs::filter`] says. A second call
+/// in one process leaves the first set-up in place.
+pub fn init_tracing(args: &LogArgs) -> Result<(), String> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = std::env::var("RBGCTL_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".into());
+    use tracing_subscriber::Layer;
+    let filter = args.filter()?;
     // Colours only on a terminal, and not when NO_COLOR is set: log files and pipes (a role
     // started by `up` or the launcher) get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let (files, handle) = tracing_subscriber::reload::Layer::new(None::<FileLayer>);
+    let (files, handle) = tracing_subscriber::reload::Layer::new(None::<BoxedLayer>);
+    let stderr = match args.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .boxed(),
+    };
     let ok = tracing_subscriber::registry()
         .with(files)
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(ansi)
-                .with_writer(std::io::stderr)
-                .with_target(false),
-        )
-        .with(tracing_subscriber::EnvFilter::new(filter))
+        .with(stderr)
+        .with(filter)
         .try_init()
         .is_ok();
     if ok {
-        let _ = FILE_LOG.set(handle);
+        let _ = FILE_LOG.set((args.log_format, handle));
     }
+    Ok(())
 }
 
-type FileLayer = tracing_subscriber::fmt::Layer<
-    tracing_subscriber::Registry,
-    tracing_subscriber::fmt::format::DefaultFields,
-    tracing_subscriber::fmt::format::Format,
-    tracing_appender::rolling::RollingFileAppender,
->;
-
-static FILE_LOG: std::sync::OnceLock<
-    tracing_subscriber::reload::Handle<Option<FileLayer>, tracing_subscriber::Registry>,
-> = std::sync::OnceLock::new();
-
-/// Also writes the log, as plain text, to daily files `<dir>/<prefix>.YYYY-MM-DD` (as
-/// sglang-router's `--log-dir`). The folder is created; an error names it.
+/// Also writes the log, in the stderr log's format without colours, to daily files
+/// `<dir>/<prefix>.YYYY-MM-DD` (as sglang-router's `--log-dir`). The folder is created; an error names it.
 pub fn log_to_dir(dir: &std::path::Path, prefix: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| std::io::Error::new(e.kind(), format!("log dir {}: {e}", dir.display())))?;
@@ -53,18 +127,28 @@ pub fn log_to_dir(dir: &std::path::Path, prefix: &str) -> std::io::Result<()> {
         .filename_prefix(prefix)
         .build(dir)
         .map_err(|e| std::io::Error::other(format!("log dir {}: {e}", dir.display())))?;
-    let layer = tracing_subscriber::fmt::layer()
-        .with_ansi(false)
-        .with_target(false)
-        .with_writer(appender);
-    match FILE_LOG.get() {
-        Some(h) => h
-            .reload(Some(layer))
-            .map_err(|e| std::io::Error::other(format!("log dir: {e}"))),
-        None => Err(std::io::Error::other(
+    let Some((format, handle)) = FILE_LOG.get() else {
+        return Err(std::io::Error::other(
             "log dir: logging was not set up by this process",
-        )),
-    }
+        ));
+    };
+    let layer: BoxedLayer = match format {
+        LogFormat::Text => Box::new(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_target(false)
+                .with_writer(appender),
+        ),
+        LogFormat::Json => Box::new(
+            tracing_subscriber::fmt::layer()
+                .json()
+                .with_target(false)
+                .with_writer(appender),
+        ),
+    };
+    handle
+        .reload(Some(layer))
+        .map_err(|e| std::io::Error::other(format!("log dir: {e}")))
 }
 
 /// The value of the first sample of metric `name` in Prometheus text, if any.

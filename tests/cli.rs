@@ -154,8 +154,9 @@ fn up_on_a_taken_port_says_which_and_claims_no_endpoints() {
     assert!(!out.contains("rbgctl is up"), "it claimed endpoints: {out}");
 }
 
-#[test]
-fn up_prefixes_each_child_line_with_its_role_and_writes_no_colour_codes_to_a_pipe() {
+/// Starts `up` with one store and no engines (plus `extra` arguments), reads its standard
+/// error until a line says `done`, stops it with SIGINT, and returns the lines read.
+fn up_log_lines(extra: &[&str], done: impl Fn(&str) -> bool) -> Vec<String> {
     use std::io::BufRead;
     let mut child = Command::new(BIN)
         .args([
@@ -175,7 +176,9 @@ fn up_prefixes_each_child_line_with_its_role_and_writes_no_colour_codes_to_a_pip
             "--metrics-port",
             "0",
         ])
+        .args(extra)
         .env_remove("MOONCAKE_MASTER")
+        .env_remove("RBGCTL_LOG_FORMAT")
         .env("RBGCTL_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -196,9 +199,9 @@ fn up_prefixes_each_child_line_with_its_role_and_writes_no_colour_codes_to_a_pip
     while let Ok(line) =
         rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
     {
-        let done = line.contains("store-0 | ") && line.contains("segment mounted");
+        let found = done(&line);
         lines.push(line);
-        if done {
+        if found {
             break;
         }
     }
@@ -215,8 +218,45 @@ fn up_prefixes_each_child_line_with_its_role_and_writes_no_colour_codes_to_a_pip
         let _ = child.wait();
     }
     assert!(stopped, "up did not stop on SIGINT within 10 s");
+    lines
+}
+
+#[test]
+fn up_prefixes_each_child_line_with_its_role_and_writes_no_colour_codes_to_a_pipe() {
+    let lines = up_log_lines(&[], |l| {
+        l.contains("store-0 | ") && l.contains("segment mounted")
+    });
     let text = lines.join("\n");
     assert!(text.contains("   master | "), "{text}");
     assert!(text.contains("  store-0 | "), "{text}");
     assert!(!text.contains('\u{1b}'), "colour codes in a pipe: {text}");
+}
+
+#[test]
+fn log_format_json_gives_one_json_object_per_line_from_every_role_up_starts() {
+    let lines = up_log_lines(&["--log-format", "json"], |l| {
+        l.contains("\"store-0\"") && l.contains("segment mounted")
+    });
+    let text = lines.join("\n");
+    assert!(
+        lines.iter().any(|l| l.contains("segment mounted")),
+        "the store never said it mounted: {text}"
+    );
+    let mut roles = std::collections::BTreeSet::new();
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        if let Some(role) = v["role"].as_str() {
+            roles.insert(role.to_string());
+        }
+    }
+    assert!(
+        roles.contains("master") && roles.contains("store-0"),
+        "{roles:?}: {text}"
+    );
+    assert!(!text.contains('\u{1b}'), "colour codes in JSON: {text}");
 }

@@ -662,9 +662,6 @@ pub struct RouterArgs {
     /// Threads of the router's async runtime. Default: one per core.
     #[arg(long)]
     pub runtime_threads: Option<usize>,
-    /// Log level (debug, info, warn, error); `RBGCTL_LOG` / `RUST_LOG` give finer filters. Default: info (RBGCTL_LOG wins).
-    #[arg(long)]
-    pub log_level: Option<String>,
 }
 
 /// Splits the values of every `--prefill URL [PORT|none]` into one group per URL: a value

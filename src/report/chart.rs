@@ -1,0 +1,596 @@
+//! Charts drawn as SVG by `plotters`: lines over a numeric axis (CDFs, curves over time or
+//! size) and bars over categories with an optional line series on a second axis (seed 000's
+//! figures). Each chart names its series in a legend, as SVG `<text>`, so a reader (and a
+//! test) finds them by name. The browser sets the text; nothing here needs a font.
+
+use super::ReportError;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+const WIDTH: u32 = 880;
+const HEIGHT: u32 = 400;
+const FONT: &str = "sans-serif";
+
+/// Tableau's ten colours: distinct, and readable by most colour-blind readers.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+fn colour(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// How an axis writes its numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Format {
+    /// Up to three significant decimals, thousands as `k`.
+    #[default]
+    Number,
+    /// A fraction shown as a percentage.
+    Percent,
+    /// A byte count (`4 KiB`, `1 MiB`).
+    Bytes,
+}
+
+impl Format {
+    pub fn write(self, v: f64) -> String {
+        match self {
+            Format::Percent => format!("{:.0}%", v * 100.0),
+            Format::Bytes => bytes(v),
+            Format::Number => number(v),
+        }
+    }
+}
+
+/// A tick label: short, and exact for round numbers.
+fn number(v: f64) -> String {
+    let a = v.abs();
+    if a >= 10_000.0 {
+        format!("{}k", trim(v / 1000.0))
+    } else {
+        trim(v)
+    }
+}
+
+/// A byte count in binary units, without trailing zeros: `4 KiB`, `1.5 MiB`.
+fn bytes(v: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut unit) = (v.max(0.0), 0);
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{} {}", trim((v * 100.0).round() / 100.0), UNITS[unit])
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.to_string()
+    }
+}
+
+/// One named curve.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    /// Drawn dashed: a reference (a machine limit, a published figure), not a measurement.
+    pub reference: bool,
+}
+
+impl Series {
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
+        Series {
+            name: name.into(),
+            points,
+            reference: false,
+        }
+    }
+
+    /// A dashed horizontal line at `y` across `[x0, x1]`.
+    pub fn level(name: impl Into<String>, y: f64, x0: f64, x1: f64) -> Series {
+        Series {
+            name: name.into(),
+            points: vec![(x0, y), (x1, y)],
+            reference: true,
+        }
+    }
+
+    /// The empirical CDF of `values`: (value, share of values at or below it).
+    pub fn cdf(name: impl Into<String>, values: &[f64]) -> Series {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len() as f64;
+        // At most ~400 points: a CDF of 100k requests draws the same at that resolution.
+        let step = v.len().div_ceil(400).max(1);
+        let mut points: Vec<(f64, f64)> = v
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % step == 0 || i + 1 == v.len())
+            .map(|(i, x)| (*x, (i + 1) as f64 / n))
+            .collect();
+        if let Some(&(x, _)) = points.first() {
+            points.insert(0, (x, 0.0));
+        }
+        Series::new(name, points)
+    }
+}
+
+/// Curves over a numeric x axis.
+#[derive(Debug, Clone)]
+pub struct LineChart {
+    /// The figure's id in the page (`id` attribute): letters, digits and `-`.
+    pub id: String,
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub x_format: Format,
+    pub y_format: Format,
+    /// Logarithmic x axis (sizes spanning decades).
+    pub x_log: bool,
+    pub series: Vec<Series>,
+}
+
+impl LineChart {
+    pub fn new(id: &str, title: &str, x_label: &str, y_label: &str) -> LineChart {
+        LineChart {
+            id: id.into(),
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            x_format: Format::Number,
+            y_format: Format::Number,
+            x_log: false,
+            series: Vec::new(),
+        }
+    }
+
+    pub fn series(mut self, s: Series) -> LineChart {
+        self.series.push(s);
+        self
+    }
+
+    pub fn formats(mut self, x: Format, y: Format) -> LineChart {
+        self.x_format = x;
+        self.y_format = y;
+        self
+    }
+
+    pub fn log_x(mut self) -> LineChart {
+        self.x_log = true;
+        self
+    }
+
+    /// The chart as one `<svg>` element.
+    pub fn svg(&self) -> Result<String, ReportError> {
+        let to_x = |x: f64| if self.x_log { x.max(1e-12).log10() } else { x };
+        let points = || {
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter())
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+        };
+        let (x0, x1) = span(points().map(|p| to_x(p.0)), false);
+        let (y0, y1) = span(points().map(|p| p.1), true);
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area();
+            draw(root.fill(&WHITE))?;
+            let mut chart = draw(
+                ChartBuilder::on(&root)
+                    .caption(&self.title, (FONT, 18))
+                    .margin(12)
+                    .x_label_area_size(44)
+                    .y_label_area_size(64)
+                    .build_cartesian_2d(x0..x1, y0..y1),
+            )?;
+            let (xf, yf, log) = (self.x_format, self.y_format, self.x_log);
+            let x_text = move |x: &f64| xf.write(if log { 10f64.powf(*x) } else { *x });
+            let y_text = move |y: &f64| yf.write(*y);
+            draw(
+                chart
+                    .configure_mesh()
+                    .x_desc(&self.x_label)
+                    .y_desc(&self.y_label)
+                    .x_label_formatter(&x_text)
+                    .y_label_formatter(&y_text)
+                    .label_style((FONT, 12))
+                    .light_line_style(RGBColor(238, 238, 238))
+                    .draw(),
+            )?;
+            for (i, s) in self.series.iter().enumerate() {
+                let c = colour(i);
+                let pts: Vec<(f64, f64)> = s
+                    .points
+                    .iter()
+                    .filter(|(x, y)| x.is_finite() && y.is_finite())
+                    .map(|&(x, y)| (to_x(x), y))
+                    .collect();
+                let style = c.stroke_width(2);
+                let anno = if s.reference {
+                    draw(chart.draw_series(DashedLineSeries::new(pts, 8, 5, style)))?
+                } else {
+                    if pts.len() <= 24 {
+                        draw(
+                            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))),
+                        )?;
+                    }
+                    draw(chart.draw_series(LineSeries::new(pts, style)))?
+                };
+                anno.label(s.name.as_str())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+            }
+            if !self.series.is_empty() {
+                draw(
+                    chart
+                        .configure_series_labels()
+                        .label_font((FONT, 12))
+                        .background_style(WHITE.mix(0.85))
+                        .border_style(RGBColor(200, 200, 200))
+                        .position(SeriesLabelPosition::LowerRight)
+                        .draw(),
+                )?;
+            }
+            draw(root.present())?;
+        }
+        Ok(out)
+    }
+}
+
+/// Values of one named series over the categories (`None`: no figure for that category).
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub name: String,
+    pub values: Vec<Option<f64>>,
+}
+
+impl Group {
+    pub fn new(name: impl Into<String>, values: Vec<Option<f64>>) -> Group {
+        Group {
+            name: name.into(),
+            values,
+        }
+    }
+}
+
+/// One panel of a [`BarChart`]: grouped bars over the categories on the left axis, and
+/// optionally lines over the same categories on a right axis of their own.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    pub bar_label: String,
+    pub bar_format: Format,
+    pub bars: Vec<Group>,
+    pub line_label: String,
+    pub line_format: Format,
+    pub lines: Vec<Group>,
+}
+
+impl Panel {
+    pub fn bars(title: &str, label: &str, format: Format, bars: Vec<Group>) -> Panel {
+        Panel {
+            title: title.into(),
+            bar_label: label.into(),
+            bar_format: format,
+            bars,
+            line_label: String::new(),
+            line_format: Format::Number,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Adds lines on a right axis.
+    pub fn with_lines(mut self, label: &str, format: Format, lines: Vec<Group>) -> Panel {
+        self.line_label = label.into();
+        self.line_format = format;
+        self.lines = lines;
+        self
+    }
+}
+
+/// Bars over named categories, in one or more panels side by side, each with its own scale
+/// (ours beside a published figure, whose units or machine differ).
+#[derive(Debug, Clone)]
+pub struct BarChart {
+    pub id: String,
+    pub title: String,
+    pub categories: Vec<String>,
+    pub panels: Vec<Panel>,
+}
+
+impl BarChart {
+    pub fn new(id: &str, title: &str, categories: Vec<String>) -> BarChart {
+        BarChart {
+            id: id.into(),
+            title: title.into(),
+            categories,
+            panels: Vec::new(),
+        }
+    }
+
+    pub fn panel(mut self, p: Panel) -> BarChart {
+        self.panels.push(p);
+        self
+    }
+
+    pub fn svg(&self) -> Result<String, ReportError> {
+        let mut out = String::new();
+        {
+            let width = if self.panels.len() > 1 { 1100 } else { WIDTH };
+            let root = SVGBackend::with_string(&mut out, (width, HEIGHT + 30)).into_drawing_area();
+            draw(root.fill(&WHITE))?;
+            let root = draw(root.titled(&self.title, (FONT, 18)))?;
+            let cols = self.panels.len().max(1);
+            for (area, panel) in root.split_evenly((1, cols)).iter().zip(&self.panels) {
+                self.draw_panel(area, panel)?;
+            }
+            draw(root.present())?;
+        }
+        Ok(out)
+    }
+
+    fn draw_panel(
+        &self,
+        area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+        p: &Panel,
+    ) -> Result<(), ReportError> {
+        let n = self.categories.len();
+        let bar_values = p
+            .bars
+            .iter()
+            .flat_map(|g| g.values.iter().flatten().copied());
+        let (_, y1) = span(bar_values, true);
+        let has_lines = !p.lines.is_empty();
+        let line_values = p
+            .lines
+            .iter()
+            .flat_map(|g| g.values.iter().flatten().copied());
+        let (_, l1) = span(line_values, true);
+        let mut builder = ChartBuilder::on(area);
+        builder
+            .caption(&p.title, (FONT, 14))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(64)
+            .right_y_label_area_size(if has_lines { 56 } else { 0 });
+        let mut chart = draw(
+            builder
+                .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..y1 * 1.15)
+                .map(|c| c.set_secondary_coord(-0.5f64..(n as f64 - 0.5), 0f64..l1 * 1.15)),
+        )?;
+        let cats = self.categories.clone();
+        let cat_text = move |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                cats.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        let bf = p.bar_format;
+        let lf = p.line_format;
+        draw(
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n.max(1) * 2 + 1)
+                .x_label_formatter(&cat_text)
+                .y_desc(&p.bar_label)
+                .y_label_formatter(&move |y: &f64| bf.write(*y))
+                .label_style((FONT, 12))
+                .light_line_style(RGBColor(238, 238, 238))
+                .draw(),
+        )?;
+        if has_lines {
+            draw(
+                chart
+                    .configure_secondary_axes()
+                    .y_desc(&p.line_label)
+                    .y_label_formatter(&move |y: &f64| lf.write(*y))
+                    .label_style((FONT, 12))
+                    .draw(),
+            )?;
+        }
+        let groups = p.bars.len().max(1) as f64;
+        let width = 0.8 / groups;
+        for (g, group) in p.bars.iter().enumerate() {
+            let c = colour(g);
+            let left = -0.4 + g as f64 * width;
+            let rects = group.values.iter().enumerate().filter_map(|(i, v)| {
+                let v = (*v)?;
+                let x = i as f64 + left;
+                Some(Rectangle::new(
+                    [(x + 0.01, 0.0), (x + width - 0.01, v)],
+                    c.filled(),
+                ))
+            });
+            let labels = group.values.iter().enumerate().filter_map(|(i, v)| {
+                let v = (*v)?;
+                let x = i as f64 - 0.4 + (g as f64 + 0.5) * width;
+                let style = TextStyle::from((FONT, 11).into_font())
+                    .pos(Pos::new(HPos::Center, VPos::Bottom));
+                Some(Text::new(bf.write_value(v), (x, v), style))
+            });
+            draw(chart.draw_series(labels))?;
+            draw(chart.draw_series(rects))?
+                .label(group.name.as_str())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+        }
+        for (l, line) in p.lines.iter().enumerate() {
+            let c = colour(p.bars.len() + l);
+            let style = c.stroke_width(2);
+            let pts: Vec<(f64, f64)> = line
+                .values
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| Some((i as f64, (*v)?)))
+                .collect();
+            draw(chart.draw_secondary_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled()))))?;
+            draw(chart.draw_secondary_series(LineSeries::new(pts, style)))?
+                .label(line.name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        }
+        draw(
+            chart
+                .configure_series_labels()
+                .label_font((FONT, 12))
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(200, 200, 200))
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw(),
+        )?;
+        Ok(())
+    }
+}
+
+impl Format {
+    /// A value printed on a bar: a little more precise than a tick.
+    fn write_value(self, v: f64) -> String {
+        match self {
+            Format::Percent => format!("{:.1}%", v * 100.0),
+            Format::Number if v.abs() < 100.0 => format!("{v:.2}"),
+            Format::Number => format!("{v:.0}"),
+            Format::Bytes => self.write(v),
+        }
+    }
+}
+
+/// The range an axis shows for `values`: from 0 when `from_zero`, widened when empty or flat.
+fn span(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in values.filter(|v| v.is_finite()) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    if from_zero {
+        lo = lo.min(0.0);
+    }
+    if hi - lo < 1e-12 {
+        hi = lo + if lo.abs() > 0.0 { lo.abs() } else { 1.0 };
+    }
+    if from_zero {
+        hi += (hi - lo) * 0.05;
+    }
+    (lo, hi)
+}
+
+fn draw<T, E: std::fmt::Debug>(r: Result<T, E>) -> Result<T, ReportError> {
+    r.map_err(|e| ReportError::Draw(format!("{e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The trimmed contents of the SVG's `<text>` elements.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| {
+                let body = &t[t.find('>')? + 1..];
+                Some(body[..body.find("</text>")?].trim().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_line_chart_names_its_series_in_svg_text() {
+        let svg = LineChart::new("c", "TTFT <CDF>", "s", "share")
+            .series(Series::cdf("rate 4", &[0.3, 0.1, 0.2]))
+            .series(Series::level("loopback TCP", 4.0, 0.0, 1.0))
+            .svg()
+            .unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
+        let t = texts(&svg);
+        assert!(t.iter().any(|t| t == "rate 4"), "{t:?}");
+        assert!(t.iter().any(|t| t == "loopback TCP"), "{t:?}");
+        assert!(
+            t.iter().any(|t| t == "TTFT &lt;CDF&gt;"),
+            "the title is escaped: {t:?}"
+        );
+    }
+
+    #[test]
+    fn a_cdf_climbs_to_one_over_sorted_values() {
+        let s = Series::cdf("x", &[3.0, 1.0, 2.0, f64::NAN]);
+        assert_eq!(
+            s.points,
+            vec![(1.0, 0.0), (1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]
+        );
+        let big: Vec<f64> = (0..100_000).map(f64::from).collect();
+        let s = Series::cdf("big", &big);
+        assert!(s.points.len() <= 402, "{}", s.points.len());
+        assert_eq!(s.points.last(), Some(&(99_999.0, 1.0)));
+    }
+
+    #[test]
+    fn bar_panels_name_bars_and_lines_and_skip_missing_values() {
+        let svg = BarChart::new("t", "tiers", vec!["L1".into(), "L1+L2".into()])
+            .panel(
+                Panel::bars(
+                    "ours",
+                    "hit rate",
+                    Format::Percent,
+                    vec![Group::new("hit rate", vec![Some(0.1), None])],
+                )
+                .with_lines(
+                    "TTFT (s)",
+                    Format::Number,
+                    vec![Group::new("mean TTFT", vec![Some(2.0), Some(1.0)])],
+                ),
+            )
+            .panel(Panel::bars(
+                "seed 000 (published)",
+                "tok/s",
+                Format::Number,
+                vec![Group::new("seed", vec![Some(6576.86), Some(10054.21)])],
+            ))
+            .svg()
+            .unwrap();
+        let t = texts(&svg);
+        for name in [
+            "hit rate",
+            "mean TTFT",
+            "seed",
+            "L1+L2",
+            "seed 000 (published)",
+            "10.0%",
+        ] {
+            assert!(t.iter().any(|t| t == name), "{name}: {t:?}");
+        }
+    }
+
+    #[test]
+    fn empty_and_flat_data_still_draw() {
+        assert!(LineChart::new("e", "empty", "x", "y").svg().is_ok());
+        let flat = LineChart::new("f", "flat", "x", "y").series(Series::new("s", vec![(1.0, 5.0)]));
+        assert!(flat.svg().is_ok());
+        assert_eq!(span([2.0, 2.0].into_iter(), false), (2.0, 4.0));
+        assert_eq!(span(std::iter::empty(), true), (0.0, 1.0));
+    }
+
+    #[test]
+    fn axis_numbers_are_short() {
+        assert_eq!(Format::Number.write(15000.0), "15k");
+        assert_eq!(Format::Number.write(0.25), "0.25");
+        assert_eq!(Format::Number.write(2.0), "2");
+        assert_eq!(Format::Percent.write(0.4062), "41%");
+        assert_eq!(Format::Bytes.write(1048576.0), "1 MiB");
+    }
+}
