@@ -67,6 +67,10 @@ pub struct ServingArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write an HTML report with charts (TTFT, latency and inter-token latency CDFs,
+    /// throughput over time) to this file: self-contained, opens offline.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -270,6 +274,72 @@ pub fn render(r: &ServingResult) -> String {
     s
 }
 
+/// The HTML report: latency CDFs and throughput over time of the finished requests.
+fn write_report(
+    a: &ServingArgs,
+    r: &ServingResult,
+    done: &[(usize, Outcome)],
+    finished_at: &[f64],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    use crate::report::{Format, LineChart, Page, Series};
+    let ok: Vec<(&Outcome, f64)> = done
+        .iter()
+        .zip(finished_at)
+        .filter(|((_, o), _)| o.ok)
+        .map(|((_, o), at)| (o, *at))
+        .collect();
+    let mut page = Page::new("Serving benchmark");
+    page.fact("backend", &a.backend).fact(
+        "workload",
+        format!(
+            "{} prompts, random input ≤ {} tokens, output ≤ {} tokens, rate {} req/s, max concurrency {}",
+            a.num_prompts,
+            a.random_input_len,
+            a.random_output_len,
+            a.request_rate,
+            a.max_concurrency.map_or("unlimited".into(), |c| c.to_string())
+        ),
+    );
+    let seconds = |f: fn(&Outcome) -> f64| -> Vec<f64> { ok.iter().map(|(o, _)| f(o)).collect() };
+    let latency = LineChart::new("latency-cdf", "Latency: CDF", "seconds", "share of requests")
+        .formats(Format::Number, Format::Percent)
+        .series(Series::cdf("TTFT", &seconds(|o| o.ttft)))
+        .series(Series::cdf("end-to-end latency", &seconds(|o| o.latency)));
+    let itl: Vec<f64> = ok.iter().flat_map(|(o, _)| o.itl.iter().map(|s| s * 1e3)).collect();
+    let itl = LineChart::new("itl-cdf", "Inter-token latency: CDF", "ms", "share of gaps")
+        .formats(Format::Number, Format::Percent)
+        .series(Series::cdf("inter-token latency", &itl));
+    let over_time = |f: fn(&Outcome) -> f64| -> Vec<(f64, f64)> { ok.iter().map(|(o, at)| (*at, f(o))).collect() };
+    let tput = LineChart::new("throughput-over-time", "Output-token throughput over time", "time since start (s)", "output tokens/s")
+        .series(Series::per_second("output tokens/s", &over_time(|o| o.generated_len as f64)));
+    let requests = LineChart::new("requests-over-time", "Requests finished over time", "time since start (s)", "requests/s")
+        .series(Series::per_second("requests/s", &over_time(|_| 1.0)));
+    page.heading("Summary");
+    page.table(
+        &["completed", "failed", "duration s", "req/s", "output tok/s", "TTFT mean/p99 ms", "E2E mean/p99 ms", "ITL mean/p99 ms", "concurrency"],
+        vec![vec![
+            r.completed.to_string(),
+            r.failed.to_string(),
+            format!("{:.2}", r.duration),
+            format!("{:.2}", r.request_throughput),
+            format!("{:.1}", r.output_throughput),
+            format!("{:.1} / {:.1}", r.mean_ttft_ms, r.p99_ttft_ms),
+            format!("{:.1} / {:.1}", r.mean_e2e_latency_ms, r.p99_e2e_latency_ms),
+            format!("{:.2} / {:.2}", r.mean_itl_ms, r.p99_itl_ms),
+            format!("{:.2}", r.concurrency),
+        ]],
+    );
+    page.heading("Charts");
+    page.line_chart(&latency, "Share of requests whose first token (TTFT) or last token (end-to-end) came within the time on the x axis.")?;
+    page.line_chart(&itl, "Gaps between streamed token chunks.")?;
+    page.line_chart(&tput, "Output tokens of the requests finished per second.")?;
+    page.line_chart(&requests, "Requests finished per second.")?;
+    page.write(path)?;
+    eprintln!("report: {}", path.display());
+    Ok(())
+}
+
 pub fn run(a: ServingArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.dataset_name == "random" || a.dataset_name == "random-ids",
@@ -337,7 +407,7 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
                 let o = llm::send(&http, &url, api, &b, timeout).await;
                 drop(permit);
                 bar.inc(1);
-                (n, o)
+                (n, o, start.elapsed().as_secs_f64())
             }));
             let gap = arrivals.next_gap();
             if !gap.is_zero() {
@@ -345,13 +415,19 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
             }
         }
         let mut done = Vec::with_capacity(tasks.len());
+        let mut finished_at = Vec::with_capacity(tasks.len());
         for t in tasks {
-            if let Ok(x) = t.await {
-                done.push(x);
+            if let Ok((n, o, at)) = t.await {
+                done.push((n, o));
+                finished_at.push(at);
             }
         }
         bar.finish();
-        Ok::<_, anyhow::Error>(result(&a, &done, start.elapsed().as_secs_f64()))
+        let r = result(&a, &done, start.elapsed().as_secs_f64());
+        if let Some(path) = &a.report {
+            write_report(&a, &r, &done, &finished_at, path)?;
+        }
+        Ok::<_, anyhow::Error>(r)
     })?;
     if let Some(f) = &a.output_file {
         super::multiturn::append_log(f, &json!(r))?;

@@ -106,6 +106,199 @@ fn stored_bytes(stack: &Stack) -> u64 {
     n("rbgctl_master_used_bytes") + n("rbgctl_master_evicted_bytes_total")
 }
 
+/// Seed 000's table (appendix 8.2), as published: SGLang with HiCache and Mooncake on GPUs.
+pub struct Published {
+    pub tiers: &'static str,
+    pub mean_ttft_s: f64,
+    pub p90_ttft_s: f64,
+    pub input_tokens_per_s: f64,
+    pub hit_rate: f64,
+}
+
+pub const SEED_000: [Published; 3] = [
+    Published {
+        tiers: "L1",
+        mean_ttft_s: 5.91,
+        p90_ttft_s: 12.16,
+        input_tokens_per_s: 6576.86,
+        hit_rate: 0.0222,
+    },
+    Published {
+        tiers: "L1+L2",
+        mean_ttft_s: 3.77,
+        p90_ttft_s: 10.88,
+        input_tokens_per_s: 10054.21,
+        hit_rate: 0.4062,
+    },
+    Published {
+        tiers: "L1+L2+L3",
+        mean_ttft_s: 2.58,
+        p90_ttft_s: 6.97,
+        input_tokens_per_s: 15022.80,
+        hit_rate: 0.6467,
+    },
+];
+
+/// One layout's result as the report draws it.
+pub struct TierRun<'a> {
+    pub tiers: &'a str,
+    pub result: &'a multiturn::RateResult,
+}
+
+/// Seed 000's two figures with this run's figures beside the published ones (each in its
+/// own panel: the machines differ), and the relative throughput of both on one axis.
+pub fn seed_figures(page: &mut crate::report::Page, runs: &[TierRun<'_>]) -> anyhow::Result<()> {
+    use crate::report::{BarChart, Format, Group, Panel};
+    let tiers: Vec<String> = runs.iter().map(|r| r.tiers.to_string()).collect();
+    let ours = |f: fn(&multiturn::summary::Summary) -> f64| -> Vec<Option<f64>> {
+        runs.iter().map(|r| Some(f(&r.result.summary))).collect()
+    };
+    let seed = |f: fn(&Published) -> f64| -> Vec<Option<f64>> {
+        tiers
+            .iter()
+            .map(|t| SEED_000.iter().find(|p| p.tiers == t).map(f))
+            .collect()
+    };
+    let relative = |v: Vec<Option<f64>>| -> Vec<Option<f64>> {
+        let base = v.first().copied().flatten().filter(|b| *b > 0.0);
+        v.iter().map(|x| Some((*x)? / base?)).collect()
+    };
+    const OURS: &str = "rbgctl, this run (SIMULATED engines)";
+    const SEED: &str = "seed 000, as published (SGLang + Mooncake on GPUs)";
+    let tput = BarChart::new(
+        "tiers-throughput",
+        "Overall throughput per cache tier (input tokens/s)",
+        tiers.clone(),
+    )
+    .panel(Panel::bars(
+        OURS,
+        "input tokens/s",
+        Format::Number,
+        vec![Group::new("rbgctl input tok/s", ours(|s| s.input_token_throughput))],
+    ))
+    .panel(Panel::bars(
+        SEED,
+        "input tokens/s",
+        Format::Number,
+        vec![Group::new("seed 000 input tok/s", seed(|p| p.input_tokens_per_s))],
+    ))
+    .panel(Panel::bars(
+        "both, relative to L1",
+        "× L1's throughput",
+        Format::Number,
+        vec![
+            Group::new("rbgctl", relative(ours(|s| s.input_token_throughput))),
+            Group::new("seed 000", relative(seed(|p| p.input_tokens_per_s))),
+        ],
+    ));
+    page.bar_chart(
+        &tput,
+        "Seed 000's first figure. Left: this run; middle: the seed's published figures (its \
+         machine, not this one); right: both as multiples of their own L1 run.",
+    )?;
+    let hit_ttft = |title: &str, name: &str, hit, mean, p90| {
+        Panel::bars(title, "cache hit rate", Format::Percent, vec![Group::new(format!("{name} hit rate"), hit)])
+            .with_lines(
+                "TTFT (s)",
+                Format::Number,
+                vec![
+                    Group::new(format!("{name} mean TTFT"), mean),
+                    Group::new(format!("{name} p90 TTFT"), p90),
+                ],
+            )
+    };
+    let hits = BarChart::new(
+        "tiers-hit-rate-ttft",
+        "KV-cache hit rate and TTFT per cache tier",
+        tiers.clone(),
+    )
+    .panel(hit_ttft(
+        OURS,
+        "rbgctl",
+        ours(|s| s.cache_hit_rate),
+        ours(|s| s.average_ttft),
+        ours(|s| s.p90_ttft),
+    ))
+    .panel(hit_ttft(
+        SEED,
+        "seed 000",
+        seed(|p| p.hit_rate),
+        seed(|p| p.mean_ttft_s),
+        seed(|p| p.p90_ttft_s),
+    ));
+    page.bar_chart(
+        &hits,
+        "Seed 000's second figure: bars are the hit rate (left axis), lines the mean and p90 \
+         TTFT (right axis). The seed has no disk-tier run.",
+    )?;
+    Ok(())
+}
+
+fn write_report(
+    a: &TiersArgs,
+    results: &[(&str, multiturn::RateResult, u64, Option<f64>)],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let w = &a.workload;
+    let mut page = crate::report::Page::new("Cache tiers: seed 000's experiment on this machine");
+    page.fact(
+        "workload",
+        format!(
+            "{} clients × {} rounds, {} prompt tokens, {} output tokens, rate {} req/s; SIMULATED engines",
+            w.num_clients, w.num_rounds, w.request_length, w.output_length, w.request_rate
+        ),
+    );
+    let runs: Vec<TierRun<'_>> = results
+        .iter()
+        .map(|(n, r, _, _)| TierRun { tiers: n, result: r })
+        .collect();
+    page.heading("Seed 000's figures, beside ours");
+    seed_figures(&mut page, &runs)?;
+    page.heading("Figures");
+    let ms = |s: f64| format!("{:.1}", s * 1e3);
+    let mut rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|(n, r, memory, from_disk)| {
+            let s = &r.summary;
+            vec![
+                format!("rbgctl {n}"),
+                format!("{:.2}%", s.cache_hit_rate * 100.0),
+                ms(s.average_ttft),
+                ms(s.p90_ttft),
+                format!("{:.1}", s.input_token_throughput),
+                s.failed_requests.to_string(),
+                if n.contains("L3") { crate::config::human_bytes(*memory) } else { "-".into() },
+                from_disk.map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
+            ]
+        })
+        .collect();
+    rows.extend(SEED_000.iter().map(|p| {
+        vec![
+            format!("seed 000 {} (published)", p.tiers),
+            format!("{:.2}%", p.hit_rate * 100.0),
+            ms(p.mean_ttft_s),
+            ms(p.p90_ttft_s),
+            format!("{:.2}", p.input_tokens_per_s),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ]
+    }));
+    page.table(
+        &["run", "hit rate", "mean TTFT ms", "p90 TTFT ms", "input tok/s", "failed", "pool memory", "from disk"],
+        rows,
+    );
+    page.heading("Each tier's run");
+    let named: Vec<multiturn::report::Run<'_>> = results
+        .iter()
+        .map(|(n, r, _, _)| multiturn::report::Run { name: n.to_string(), result: r })
+        .collect();
+    multiturn::report::charts(&mut page, &named)?;
+    page.write(path)?;
+    eprintln!("report: {}", path.display());
+    Ok(())
+}
+
 pub fn run(a: TiersArgs) -> anyhow::Result<()> {
     let base = match &a.config {
         Some(p) => UpConfig::from_file(p)?,
@@ -173,6 +366,9 @@ pub fn run(a: TiersArgs) -> anyhow::Result<()> {
             eprintln!("interrupted");
             break;
         }
+    }
+    if let Some(path) = &a.workload.report {
+        write_report(&a, &results, path)?;
     }
     if a.workload.json {
         let v: serde_json::Map<String, serde_json::Value> = results

@@ -10,6 +10,10 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 const WIDTH: u32 = 880;
 const HEIGHT: u32 = 400;
 const FONT: &str = "sans-serif";
+/// The legend column of a line chart.
+const LEGEND_WIDTH: u32 = 250;
+/// Room above the tallest bar for the legend.
+const HEADROOM: f64 = 1.45;
 
 /// Tableau's ten colours: distinct, and readable by most colour-blind readers.
 const PALETTE: [RGBColor; 10] = [
@@ -39,6 +43,8 @@ pub enum Format {
     Percent,
     /// A byte count (`4 KiB`, `1 MiB`).
     Bytes,
+    /// Whole numbers only (rounds, counts): other ticks are left blank.
+    Integer,
 }
 
 impl Format {
@@ -47,6 +53,8 @@ impl Format {
             Format::Percent => format!("{:.0}%", v * 100.0),
             Format::Bytes => bytes(v),
             Format::Number => number(v),
+            Format::Integer if (v - v.round()).abs() < 1e-9 => format!("{v:.0}"),
+            Format::Integer => String::new(),
         }
     }
 }
@@ -129,6 +137,27 @@ impl Series {
     }
 }
 
+impl Series {
+    /// A rate over time: `events` (time in seconds, amount) summed in buckets of about a
+    /// sixtieth of the span (at least 0.5 s), each point the bucket's amount per second at
+    /// its middle.
+    pub fn per_second(name: impl Into<String>, events: &[(f64, f64)]) -> Series {
+        let end = events.iter().map(|e| e.0).fold(0.0, f64::max);
+        let width = (end / 60.0).max(0.5);
+        let buckets = ((end / width).ceil() as usize).max(1);
+        let mut sums = vec![0.0; buckets];
+        for &(t, amount) in events.iter().filter(|e| e.0.is_finite() && e.0 >= 0.0) {
+            sums[((t / width) as usize).min(buckets - 1)] += amount;
+        }
+        let points = sums
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ((i as f64 + 0.5) * width, s / width))
+            .collect();
+        Series::new(name, points)
+    }
+}
+
 /// Curves over a numeric x axis.
 #[derive(Debug, Clone)]
 pub struct LineChart {
@@ -141,6 +170,8 @@ pub struct LineChart {
     pub y_format: Format,
     /// Logarithmic x axis (sizes spanning decades).
     pub x_log: bool,
+    /// Logarithmic y axis (latencies spanning decades).
+    pub y_log: bool,
     pub series: Vec<Series>,
 }
 
@@ -154,6 +185,7 @@ impl LineChart {
             x_format: Format::Number,
             y_format: Format::Number,
             x_log: false,
+            y_log: false,
             series: Vec::new(),
         }
     }
@@ -174,36 +206,58 @@ impl LineChart {
         self
     }
 
-    /// The chart as one `<svg>` element.
+    pub fn log_y(mut self) -> LineChart {
+        self.y_log = true;
+        self
+    }
+
+    /// The chart as one `<svg>` element: the plot on the left, its legend on the right.
     pub fn svg(&self) -> Result<String, ReportError> {
-        let to_x = |x: f64| if self.x_log { x.max(1e-12).log10() } else { x };
-        let points = || {
-            self.series
-                .iter()
-                .flat_map(|s| s.points.iter())
-                .filter(|(x, y)| x.is_finite() && y.is_finite())
-        };
-        let (x0, x1) = span(points().map(|p| to_x(p.0)), false);
-        let (y0, y1) = span(points().map(|p| p.1), true);
+        // A log axis is drawn linear in log2 (sizes: ticks fall on powers of two) or log10.
+        let log_base = |format| if format == Format::Bytes { 2f64 } else { 10f64 };
+        let (xb, yb) = (log_base(self.x_format), log_base(self.y_format));
+        let tx = |x: f64| if self.x_log { x.max(1e-12).log(xb) } else { x };
+        let ty = |y: f64| if self.y_log { y.max(1e-12).log(yb) } else { y };
+        let series: Vec<(&Series, Vec<(f64, f64)>)> = self
+            .series
+            .iter()
+            .map(|s| {
+                let pts = s
+                    .points
+                    .iter()
+                    .filter(|(x, y)| x.is_finite() && y.is_finite())
+                    .filter(|(x, y)| (!self.x_log || *x > 0.0) && (!self.y_log || *y > 0.0))
+                    .map(|&(x, y)| (tx(x), ty(y)))
+                    .collect();
+                (s, pts)
+            })
+            .collect();
+        let all = || series.iter().flat_map(|(_, p)| p.iter());
+        let (x0, x1) = span(all().map(|p| p.0), false);
+        let (y0, y1) = span(all().map(|p| p.1), !self.y_log);
         let mut out = String::new();
         {
             let root = SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area();
             draw(root.fill(&WHITE))?;
+            let (plot, legend) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
             let mut chart = draw(
-                ChartBuilder::on(&root)
-                    .caption(&self.title, (FONT, 18))
+                ChartBuilder::on(&plot)
+                    .caption(&self.title, (FONT, 17))
                     .margin(12)
                     .x_label_area_size(44)
                     .y_label_area_size(64)
                     .build_cartesian_2d(x0..x1, y0..y1),
             )?;
-            let (xf, yf, log) = (self.x_format, self.y_format, self.x_log);
-            let x_text = move |x: &f64| xf.write(if log { 10f64.powf(*x) } else { *x });
-            let y_text = move |y: &f64| yf.write(*y);
+            let (xf, yf, xlog, ylog) = (self.x_format, self.y_format, self.x_log, self.y_log);
+            let x_text = move |x: &f64| axis_text(xf, *x, xlog.then_some(xb));
+            let y_text = move |y: &f64| axis_text(yf, *y, ylog.then_some(yb));
+            let mut mesh = chart.configure_mesh();
+            if self.x_log {
+                // One tick per power: the span in whole powers, plus one.
+                mesh.x_labels(((x1 - x0).ceil() as usize + 1).clamp(2, 24));
+            }
             draw(
-                chart
-                    .configure_mesh()
-                    .x_desc(&self.x_label)
+                mesh.x_desc(&self.x_label)
                     .y_desc(&self.y_label)
                     .x_label_formatter(&x_text)
                     .y_label_formatter(&y_text)
@@ -211,43 +265,57 @@ impl LineChart {
                     .light_line_style(RGBColor(238, 238, 238))
                     .draw(),
             )?;
-            for (i, s) in self.series.iter().enumerate() {
+            for (i, (s, pts)) in series.iter().enumerate() {
                 let c = colour(i);
-                let pts: Vec<(f64, f64)> = s
-                    .points
-                    .iter()
-                    .filter(|(x, y)| x.is_finite() && y.is_finite())
-                    .map(|&(x, y)| (to_x(x), y))
-                    .collect();
                 let style = c.stroke_width(2);
-                let anno = if s.reference {
-                    draw(chart.draw_series(DashedLineSeries::new(pts, 8, 5, style)))?
+                if s.reference {
+                    draw(chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style)))?;
                 } else {
                     if pts.len() <= 24 {
-                        draw(
-                            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))),
-                        )?;
+                        draw(chart.draw_series(
+                            pts.iter().map(|&p| Circle::new(p, 3, c.filled())),
+                        ))?;
                     }
-                    draw(chart.draw_series(LineSeries::new(pts, style)))?
-                };
-                anno.label(s.name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+                    draw(chart.draw_series(LineSeries::new(pts.clone(), style)))?;
+                }
             }
-            if !self.series.is_empty() {
-                draw(
-                    chart
-                        .configure_series_labels()
-                        .label_font((FONT, 12))
-                        .background_style(WHITE.mix(0.85))
-                        .border_style(RGBColor(200, 200, 200))
-                        .position(SeriesLabelPosition::LowerRight)
-                        .draw(),
-                )?;
-            }
+            let names: Vec<(&str, bool)> =
+                self.series.iter().map(|s| (s.name.as_str(), s.reference)).collect();
+            side_legend(&legend, &names)?;
             draw(root.present())?;
         }
         Ok(out)
     }
+}
+
+/// A tick label; on a log axis (`Some(base)`) the tick is the exponent, and only whole powers
+/// get a label.
+fn axis_text(format: Format, v: f64, log_base: Option<f64>) -> String {
+    match log_base {
+        None => format.write(v),
+        Some(_) if (v - v.round()).abs() > 1e-6 => String::new(),
+        Some(b) => format.write(b.powf(v.round())),
+    }
+}
+
+/// The legend in its own column: a line sample (dashed for references) and each name.
+fn side_legend(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    names: &[(&str, bool)],
+) -> Result<(), ReportError> {
+    let style = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, (name, reference)) in names.iter().enumerate() {
+        let y = 48 + 20 * i as i32;
+        let c = colour(i).stroke_width(2);
+        if *reference {
+            draw(area.draw(&PathElement::new(vec![(4, y), (10, y)], c)))?;
+            draw(area.draw(&PathElement::new(vec![(14, y), (22, y)], c)))?;
+        } else {
+            draw(area.draw(&PathElement::new(vec![(4, y), (22, y)], c)))?;
+        }
+        draw(area.draw(&Text::new(name.to_string(), (28, y), style.clone())))?;
+    }
+    Ok(())
 }
 
 /// Values of one named series over the categories (`None`: no figure for that category).
@@ -368,8 +436,8 @@ impl BarChart {
             .right_y_label_area_size(if has_lines { 56 } else { 0 });
         let mut chart = draw(
             builder
-                .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..y1 * 1.15)
-                .map(|c| c.set_secondary_coord(-0.5f64..(n as f64 - 0.5), 0f64..l1 * 1.15)),
+                .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..y1 * HEADROOM)
+                .map(|c| c.set_secondary_coord(-0.5f64..(n as f64 - 0.5), 0f64..l1 * HEADROOM)),
         )?;
         let cats = self.categories.clone();
         let cat_text = move |x: &f64| {
@@ -462,7 +530,7 @@ impl Format {
         match self {
             Format::Percent => format!("{:.1}%", v * 100.0),
             Format::Number if v.abs() < 100.0 => format!("{v:.2}"),
-            Format::Number => format!("{v:.0}"),
+            Format::Number | Format::Integer => format!("{v:.0}"),
             Format::Bytes => self.write(v),
         }
     }
@@ -537,6 +605,17 @@ mod tests {
         let s = Series::cdf("big", &big);
         assert!(s.points.len() <= 402, "{}", s.points.len());
         assert_eq!(s.points.last(), Some(&(99_999.0, 1.0)));
+    }
+
+    #[test]
+    fn a_rate_over_time_sums_each_bucket_per_second() {
+        let events: Vec<(f64, f64)> = (0..10).map(|i| (f64::from(i) * 0.1, 1.0)).collect();
+        let s = Series::per_second("req/s", &events);
+        assert_eq!(s.points, vec![(0.25, 10.0), (0.75, 10.0)]);
+        let long: Vec<(f64, f64)> = (0..=600).map(|i| (f64::from(i), 2.0)).collect();
+        let s = Series::per_second("long", &long);
+        assert_eq!(s.points.len(), 60);
+        assert!(s.points[..59].iter().all(|p| p.1 == 2.0), "{:?}", s.points);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! release binary carries none of it.
 //!
 //! - `apiserver`: an in-process stand-in for kube-apiserver, with a SIMULATED kubelet.
+//! - `browser`: a headless Chromium driven over the DevTools protocol, for the pictures' tests.
 //! - `fake_worker`: a FAKE SGLang-compatible worker (`rbgctl bench fake-worker`).
 //! - `history`: the checker of recorded put/get/remove histories (`docs/consistency.md`).
 //! - `load`: a put/get/remove load that records its history (`rbgctl bench history-load`).
@@ -10,6 +11,7 @@
 //! - `proxy`: a TCP link that delays what it forwards.
 
 pub mod apiserver;
+pub mod browser;
 pub mod fake_worker;
 pub mod history;
 pub mod load;

@@ -5,6 +5,7 @@
 //! hit rate (cached over prompt tokens), overall and per round, and appends one JSON line per
 //! request rate to a log file in the original's shape.
 
+pub mod report;
 pub mod summary;
 pub mod workload;
 
@@ -111,6 +112,10 @@ pub struct MultiturnArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write an HTML report with charts (TTFT CDF, TTFT and hit rate per round,
+    /// throughput over time) to this file: self-contained, opens offline.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
     /// Makes this run's prompts its own, so that a server (or a KV pool) that kept an earlier
     /// run's pages does not serve round 0 from cache: `auto` (a random salt per run), `none`
     /// (the same prompts every run, for a warm-cache measurement), or a number.
@@ -223,6 +228,8 @@ pub struct RateResult {
     pub failed: usize,
     /// Turns not sent because an earlier turn of their conversation failed.
     pub abandoned: usize,
+    /// Every request that succeeded, in the order they finished.
+    pub records: Vec<Record>,
 }
 
 /// A client's state between rounds.
@@ -395,6 +402,7 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
         errors,
         failed,
         abandoned,
+        records,
     })
 }
 
@@ -411,6 +419,7 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
         };
         let stop = Shutdown::on_signals()?;
         probe(&a).await?;
+        let mut runs: Vec<RateResult> = Vec::new();
         for rate in rates {
             if !a.json {
                 eprintln!(
@@ -422,12 +431,21 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
             }
             let r = run_rate(&a, rate, &stop).await?;
             report(&a, &r)?;
-            if r.interrupted {
+            let (interrupted, failed) = (r.interrupted, r.failed > 0);
+            runs.push(r);
+            if interrupted {
                 eprintln!("interrupted: the summary above covers the requests finished so far");
                 break;
             }
-            anyhow::ensure!(
-                r.failed == 0,
+            if failed {
+                break;
+            }
+        }
+        if let Some(path) = &a.report {
+            write_report(&a, &runs, path)?;
+        }
+        if let Some(r) = runs.iter().find(|r| r.failed > 0) {
+            anyhow::bail!(
                 "{} request(s) failed (first: {}); {} later turn(s) of their conversations were not \
                  sent; the figures above cover the rest only",
                 r.failed,
@@ -437,6 +455,38 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// The HTML report of the rates run, a curve each.
+fn write_report(a: &MultiturnArgs, runs: &[RateResult], path: &std::path::Path) -> anyhow::Result<()> {
+    let mut page = crate::report::Page::new("Multi-turn benchmark");
+    page.fact("server", format!("{} ({})", a.base(), a.api_format.path()))
+        .fact(
+            "workload",
+            format!(
+                "{} clients, {} rounds, {} prompt tokens then +{} per round, {} output tokens, at most {} in flight",
+                a.num_clients,
+                a.num_rounds,
+                a.request_length,
+                if a.sub_question_input_length == 0 { a.request_length } else { a.sub_question_input_length },
+                a.output_length,
+                a.max_parallel
+            ),
+        );
+    let named: Vec<report::Run<'_>> = runs
+        .iter()
+        .map(|r| report::Run {
+            name: format!("rate {} req/s", r.summary.request_rate),
+            result: r,
+        })
+        .collect();
+    page.heading("Summary");
+    report::table(&mut page, &named);
+    page.heading("Charts");
+    report::charts(&mut page, &named)?;
+    page.write(path)?;
+    eprintln!("report: {}", path.display());
+    Ok(())
 }
 
 /// Fails fast, naming the address, when nothing answers there (any HTTP answer will do).
