@@ -302,22 +302,55 @@ fn write_report(
         ),
     );
     let seconds = |f: fn(&Outcome) -> f64| -> Vec<f64> { ok.iter().map(|(o, _)| f(o)).collect() };
-    let latency = LineChart::new("latency-cdf", "Latency: CDF", "seconds", "share of requests")
-        .formats(Format::Number, Format::Percent)
-        .series(Series::cdf("TTFT", &seconds(|o| o.ttft)))
-        .series(Series::cdf("end-to-end latency", &seconds(|o| o.latency)));
-    let itl: Vec<f64> = ok.iter().flat_map(|(o, _)| o.itl.iter().map(|s| s * 1e3)).collect();
+    let latency = LineChart::new(
+        "latency-cdf",
+        "Latency: CDF",
+        "seconds",
+        "share of requests",
+    )
+    .formats(Format::Number, Format::Percent)
+    .series(Series::cdf("TTFT", &seconds(|o| o.ttft)))
+    .series(Series::cdf("end-to-end latency", &seconds(|o| o.latency)));
+    let itl: Vec<f64> = ok
+        .iter()
+        .flat_map(|(o, _)| o.itl.iter().map(|s| s * 1e3))
+        .collect();
     let itl = LineChart::new("itl-cdf", "Inter-token latency: CDF", "ms", "share of gaps")
         .formats(Format::Number, Format::Percent)
         .series(Series::cdf("inter-token latency", &itl));
-    let over_time = |f: fn(&Outcome) -> f64| -> Vec<(f64, f64)> { ok.iter().map(|(o, at)| (*at, f(o))).collect() };
-    let tput = LineChart::new("throughput-over-time", "Output-token throughput over time", "time since start (s)", "output tokens/s")
-        .series(Series::per_second("output tokens/s", &over_time(|o| o.generated_len as f64)));
-    let requests = LineChart::new("requests-over-time", "Requests finished over time", "time since start (s)", "requests/s")
-        .series(Series::per_second("requests/s", &over_time(|_| 1.0)));
+    let over_time = |f: fn(&Outcome) -> f64| -> Vec<(f64, f64)> {
+        ok.iter().map(|(o, at)| (*at, f(o))).collect()
+    };
+    let tput = LineChart::new(
+        "throughput-over-time",
+        "Output-token throughput over time",
+        "time since start (s)",
+        "output tokens/s",
+    )
+    .series(Series::per_second(
+        "output tokens/s",
+        &over_time(|o| o.generated_len as f64),
+    ));
+    let requests = LineChart::new(
+        "requests-over-time",
+        "Requests finished over time",
+        "time since start (s)",
+        "requests/s",
+    )
+    .series(Series::per_second("requests/s", &over_time(|_| 1.0)));
     page.heading("Summary");
     page.table(
-        &["completed", "failed", "duration s", "req/s", "output tok/s", "TTFT mean/p99 ms", "E2E mean/p99 ms", "ITL mean/p99 ms", "concurrency"],
+        &[
+            "completed",
+            "failed",
+            "duration s",
+            "req/s",
+            "output tok/s",
+            "TTFT mean/p99 ms",
+            "E2E mean/p99 ms",
+            "ITL mean/p99 ms",
+            "concurrency",
+        ],
         vec![vec![
             r.completed.to_string(),
             r.failed.to_string(),

@@ -893,44 +893,90 @@ fn flood_cases(
 fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
     use crate::report::{Format, LineChart, Page, Series};
     let mut page = Page::new("KV pool: put and get");
-    page.fact("loopback TCP, one stream", format!("{:.2} GB/s", r.loopback_tcp_gb_per_s))
-        .fact("memcpy", format!("{:.2} GB/s", r.memcpy_gb_per_s))
-        .fact("store persistent", r.persistent.to_string());
+    page.fact(
+        "loopback TCP, one stream",
+        format!("{:.2} GB/s", r.loopback_tcp_gb_per_s),
+    )
+    .fact("memcpy", format!("{:.2} GB/s", r.memcpy_gb_per_s))
+    .fact("store persistent", r.persistent.to_string());
     if r.partial {
         page.fact("PARTIAL", r.failures.join("; "));
     }
     // One curve per (path, operation, threads) measured at two sizes or more.
     let mut curves: Vec<(String, Vec<&PhaseResult>)> = Vec::new();
-    for x in r.results.iter().chain(&r.mooncake).filter(|x| x.value_bytes > 0) {
-        let name = format!("{} {}, {} thread{}", x.case, x.op, x.threads, if x.threads == 1 { "" } else { "s" });
+    for x in r
+        .results
+        .iter()
+        .chain(&r.mooncake)
+        .filter(|x| x.value_bytes > 0)
+    {
+        let name = format!(
+            "{} {}, {} thread{}",
+            x.case,
+            x.op,
+            x.threads,
+            if x.threads == 1 { "" } else { "s" }
+        );
         match curves.iter_mut().find(|(n, _)| *n == name) {
             Some((_, rows)) => rows.push(x),
             None => curves.push((name, vec![x])),
         }
     }
     curves.retain(|(_, rows)| rows.len() > 1);
-    let sizes = || curves.iter().flat_map(|(_, rows)| rows.iter().map(|x| x.value_bytes as f64));
-    let (lo, hi) = (sizes().fold(f64::INFINITY, f64::min), sizes().fold(0.0, f64::max));
-    let mut gbps = LineChart::new("gb-per-s-per-size", "Throughput per value size", "value size", "GB/s")
-        .formats(Format::Bytes, Format::Number)
-        .log_x();
-    let mut p99 = LineChart::new("p99-per-size", "p99 latency per value size", "value size", "p99 latency (µs)")
-        .formats(Format::Bytes, Format::Number)
-        .log_x()
-        .log_y();
+    let sizes = || {
+        curves
+            .iter()
+            .flat_map(|(_, rows)| rows.iter().map(|x| x.value_bytes as f64))
+    };
+    let (lo, hi) = (
+        sizes().fold(f64::INFINITY, f64::min),
+        sizes().fold(0.0, f64::max),
+    );
+    let mut gbps = LineChart::new(
+        "gb-per-s-per-size",
+        "Throughput per value size",
+        "value size",
+        "GB/s",
+    )
+    .formats(Format::Bytes, Format::Number)
+    .log_x();
+    let mut p99 = LineChart::new(
+        "p99-per-size",
+        "p99 latency per value size",
+        "value size",
+        "p99 latency (µs)",
+    )
+    .formats(Format::Bytes, Format::Number)
+    .log_x()
+    .log_y();
     for (name, rows) in &curves {
-        let points = |f: fn(&PhaseResult) -> f64| rows.iter().map(|x| (x.value_bytes as f64, f(x))).collect();
+        let points = |f: fn(&PhaseResult) -> f64| {
+            rows.iter().map(|x| (x.value_bytes as f64, f(x))).collect()
+        };
         gbps = gbps.series(Series::new(name, points(|x| x.gb_per_s)));
         p99 = p99.series(Series::new(name, points(|x| x.p99_us)));
     }
     if hi > 0.0 {
         gbps = gbps
-            .series(Series::level("loopback TCP (this machine)", r.loopback_tcp_gb_per_s, lo, hi))
-            .series(Series::level("memcpy (this machine)", r.memcpy_gb_per_s, lo, hi));
+            .series(Series::level(
+                "loopback TCP (this machine)",
+                r.loopback_tcp_gb_per_s,
+                lo,
+                hi,
+            ))
+            .series(Series::level(
+                "memcpy (this machine)",
+                r.memcpy_gb_per_s,
+                lo,
+                hi,
+            ));
     }
     page.heading("Charts");
     page.line_chart(&gbps, "Bytes moved per second by all threads. Dashed: the machine's own limits, measured in this run: what one TCP stream over loopback and one memcpy reach.")?;
-    page.line_chart(&p99, "99th percentile of one operation's latency (both axes logarithmic).")?;
+    page.line_chart(
+        &p99,
+        "99th percentile of one operation's latency (both axes logarithmic).",
+    )?;
     page.heading("Every phase");
     let rows = r
         .results
@@ -940,19 +986,27 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
             vec![
                 x.case.clone(),
                 x.op.clone(),
-                if x.value_bytes == 0 { "-".into() } else { human_bytes(x.value_bytes) },
+                if x.value_bytes == 0 {
+                    "-".into()
+                } else {
+                    human_bytes(x.value_bytes)
+                },
                 x.threads.to_string(),
                 format!("{:.2}", x.gb_per_s),
                 format!("{:.0}", x.ops_per_s),
                 format!("{:.1}", x.p50_us),
                 format!("{:.1}", x.p99_us),
                 x.errors.to_string(),
-                x.of_limit.map_or(String::new(), |l| format!("{:.0}%", l * 100.0)),
+                x.of_limit
+                    .map_or(String::new(), |l| format!("{:.0}%", l * 100.0)),
             ]
         })
         .collect();
     page.table(
-        &["path", "op", "value", "threads", "GB/s", "ops/s", "p50 µs", "p99 µs", "errors", "of limit"],
+        &[
+            "path", "op", "value", "threads", "GB/s", "ops/s", "p50 µs", "p99 µs", "errors",
+            "of limit",
+        ],
         rows,
     );
     page.write(path)?;

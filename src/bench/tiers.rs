@@ -174,13 +174,19 @@ pub fn seed_figures(page: &mut crate::report::Page, runs: &[TierRun<'_>]) -> any
         OURS,
         "input tokens/s",
         Format::Number,
-        vec![Group::new("rbgctl input tok/s", ours(|s| s.input_token_throughput))],
+        vec![Group::new(
+            "rbgctl input tok/s",
+            ours(|s| s.input_token_throughput),
+        )],
     ))
     .panel(Panel::bars(
         SEED,
         "input tokens/s",
         Format::Number,
-        vec![Group::new("seed 000 input tok/s", seed(|p| p.input_tokens_per_s))],
+        vec![Group::new(
+            "seed 000 input tok/s",
+            seed(|p| p.input_tokens_per_s),
+        )],
     ))
     .panel(Panel::bars(
         "both, relative to L1",
@@ -197,15 +203,20 @@ pub fn seed_figures(page: &mut crate::report::Page, runs: &[TierRun<'_>]) -> any
          machine, not this one); right: both as multiples of their own L1 run.",
     )?;
     let hit_ttft = |title: &str, name: &str, hit, mean, p90| {
-        Panel::bars(title, "cache hit rate", Format::Percent, vec![Group::new(format!("{name} hit rate"), hit)])
-            .with_lines(
-                "TTFT (s)",
-                Format::Number,
-                vec![
-                    Group::new(format!("{name} mean TTFT"), mean),
-                    Group::new(format!("{name} p90 TTFT"), p90),
-                ],
-            )
+        Panel::bars(
+            title,
+            "cache hit rate",
+            Format::Percent,
+            vec![Group::new(format!("{name} hit rate"), hit)],
+        )
+        .with_lines(
+            "TTFT (s)",
+            Format::Number,
+            vec![
+                Group::new(format!("{name} mean TTFT"), mean),
+                Group::new(format!("{name} p90 TTFT"), p90),
+            ],
+        )
     };
     let hits = BarChart::new(
         "tiers-hit-rate-ttft",
@@ -250,7 +261,10 @@ fn write_report(
     );
     let runs: Vec<TierRun<'_>> = results
         .iter()
-        .map(|(n, r, _, _)| TierRun { tiers: n, result: r })
+        .map(|(n, r, _, _)| TierRun {
+            tiers: n,
+            result: r,
+        })
         .collect();
     page.heading("Seed 000's figures, beside ours");
     seed_figures(&mut page, &runs)?;
@@ -267,7 +281,11 @@ fn write_report(
                 ms(s.p90_ttft),
                 format!("{:.1}", s.input_token_throughput),
                 s.failed_requests.to_string(),
-                if n.contains("L3") { crate::config::human_bytes(*memory) } else { "-".into() },
+                if n.contains("L3") {
+                    crate::config::human_bytes(*memory)
+                } else {
+                    "-".into()
+                },
                 from_disk.map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
             ]
         })
@@ -285,13 +303,25 @@ fn write_report(
         ]
     }));
     page.table(
-        &["run", "hit rate", "mean TTFT ms", "p90 TTFT ms", "input tok/s", "failed", "pool memory", "from disk"],
+        &[
+            "run",
+            "hit rate",
+            "mean TTFT ms",
+            "p90 TTFT ms",
+            "input tok/s",
+            "failed",
+            "pool memory",
+            "from disk",
+        ],
         rows,
     );
     page.heading("Each tier's run");
     let named: Vec<multiturn::report::Run<'_>> = results
         .iter()
-        .map(|(n, r, _, _)| multiturn::report::Run { name: n.to_string(), result: r })
+        .map(|(n, r, _, _)| multiturn::report::Run {
+            name: n.to_string(),
+            result: r,
+        })
         .collect();
     multiturn::report::charts(&mut page, &named)?;
     page.write(path)?;

@@ -272,15 +272,18 @@ impl LineChart {
                     draw(chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style)))?;
                 } else {
                     if pts.len() <= 24 {
-                        draw(chart.draw_series(
-                            pts.iter().map(|&p| Circle::new(p, 3, c.filled())),
-                        ))?;
+                        draw(
+                            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))),
+                        )?;
                     }
                     draw(chart.draw_series(LineSeries::new(pts.clone(), style)))?;
                 }
             }
-            let names: Vec<(&str, bool)> =
-                self.series.iter().map(|s| (s.name.as_str(), s.reference)).collect();
+            let names: Vec<(&str, bool)> = self
+                .series
+                .iter()
+                .map(|s| (s.name.as_str(), s.reference))
+                .collect();
             side_legend(&legend, &names)?;
             draw(root.present())?;
         }

@@ -24,10 +24,7 @@ pub enum BrowserError {
     #[error("the browser closed its pipe (it exited)")]
     Closed,
     #[error("no answer to {method} within {timeout:?}")]
-    Timeout {
-        method: String,
-        timeout: Duration,
-    },
+    Timeout { method: String, timeout: Duration },
     #[error("{method} failed: {error}")]
     Protocol { method: String, error: String },
     #[error("loading {url}: {error}")]
@@ -242,7 +239,12 @@ impl Browser {
     }
 
     /// Waits for an event of `method` on `session`.
-    fn event(&mut self, session: &str, method: &str, timeout: Duration) -> Result<(), BrowserError> {
+    fn event(
+        &mut self,
+        session: &str,
+        method: &str,
+        timeout: Duration,
+    ) -> Result<(), BrowserError> {
         let is = |v: &Value| v["method"] == method && v["sessionId"] == session;
         if self.events.iter().any(is) {
             return Ok(());
@@ -289,7 +291,12 @@ impl Browser {
     pub fn load(&mut self, url: &str, o: &LoadOptions) -> Result<Loaded, BrowserError> {
         let t = o.timeout;
         self.events.clear();
-        let target = self.call(None, "Target.createTarget", json!({"url": "about:blank"}), t)?;
+        let target = self.call(
+            None,
+            "Target.createTarget",
+            json!({"url": "about:blank"}),
+            t,
+        )?;
         let target_id = target["targetId"].as_str().unwrap_or_default().to_string();
         let attached = self.call(
             None,
@@ -297,17 +304,23 @@ impl Browser {
             json!({"targetId": target_id, "flatten": true}),
             t,
         )?;
-        let session = attached["sessionId"].as_str().unwrap_or_default().to_string();
+        let session = attached["sessionId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let s = Some(session.as_str());
         for method in ["Page.enable", "Runtime.enable", "Log.enable"] {
             self.call(s, method, json!({}), t)?;
         }
         if !o.javascript {
-            self.call(s, "Emulation.setScriptExecutionDisabled", json!({"value": true}), t)?;
+            self.call(
+                s,
+                "Emulation.setScriptExecutionDisabled",
+                json!({"value": true}),
+                t,
+            )?;
         }
-        let metrics = |height: u64| {
-            json!({"width": o.width, "height": height, "deviceScaleFactor": 1, "mobile": false})
-        };
+        let metrics = |height: u64| json!({"width": o.width, "height": height, "deviceScaleFactor": 1, "mobile": false});
         self.call(s, "Emulation.setDeviceMetricsOverride", metrics(900), t)?;
         let nav = self.call(s, "Page.navigate", json!({"url": url}), t)?;
         if let Some(e) = nav["errorText"].as_str().filter(|e| !e.is_empty()) {
@@ -330,8 +343,8 @@ impl Browser {
             }
         }
         let figures = self.evaluate(&session, FIGURES_JS, t)?;
-        let figures: Vec<Figure> =
-            serde_json::from_str(figures.as_str().unwrap_or("[]")).map_err(std::io::Error::other)?;
+        let figures: Vec<Figure> = serde_json::from_str(figures.as_str().unwrap_or("[]"))
+            .map_err(std::io::Error::other)?;
         let text = self.evaluate(&session, "document.body.innerText", t)?;
         let layout = self.call(s, "Page.getLayoutMetrics", json!({}), t)?;
         let height = layout["cssContentSize"]["height"].as_f64().unwrap_or(900.0);
@@ -347,7 +360,12 @@ impl Browser {
             .decode(shot["data"].as_str().unwrap_or_default())
             .map_err(std::io::Error::other)?;
         let errors = self.errors(&session);
-        let _ = self.call(None, "Target.closeTarget", json!({"targetId": target_id}), t);
+        let _ = self.call(
+            None,
+            "Target.closeTarget",
+            json!({"targetId": target_id}),
+            t,
+        );
         Ok(Loaded {
             errors,
             figures,

@@ -458,7 +458,11 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
 }
 
 /// The HTML report of the rates run, a curve each.
-fn write_report(a: &MultiturnArgs, runs: &[RateResult], path: &std::path::Path) -> anyhow::Result<()> {
+fn write_report(
+    a: &MultiturnArgs,
+    runs: &[RateResult],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
     let mut page = crate::report::Page::new("Multi-turn benchmark");
     page.fact("server", format!("{} ({})", a.base(), a.api_format.path()))
         .fact(

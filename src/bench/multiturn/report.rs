@@ -14,10 +14,20 @@ pub struct Run<'a> {
 /// Adds the charts of `runs` (each a curve) to `page`.
 pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
     let records = |r: &Run<'_>| -> Vec<f64> { r.result.records.iter().map(|x| x.ttft).collect() };
-    let mut cdf = LineChart::new("ttft-cdf", "Time to first token: CDF", "TTFT (s)", "share of requests")
-        .formats(Format::Number, Format::Percent);
-    let mut ttft = LineChart::new("ttft-per-round", "Mean TTFT per round", "round", "mean TTFT (s)")
-        .formats(Format::Integer, Format::Number);
+    let mut cdf = LineChart::new(
+        "ttft-cdf",
+        "Time to first token: CDF",
+        "TTFT (s)",
+        "share of requests",
+    )
+    .formats(Format::Number, Format::Percent);
+    let mut ttft = LineChart::new(
+        "ttft-per-round",
+        "Mean TTFT per round",
+        "round",
+        "mean TTFT (s)",
+    )
+    .formats(Format::Integer, Format::Number);
     let mut hits = LineChart::new(
         "hit-rate-per-round",
         "Cache hit rate per round (cached / prompt tokens)",
@@ -42,11 +52,17 @@ pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
         let rounds = &r.result.rounds;
         ttft = ttft.series(Series::new(
             &r.name,
-            rounds.iter().map(|(k, v)| (*k as f64, v.average_ttft)).collect(),
+            rounds
+                .iter()
+                .map(|(k, v)| (*k as f64, v.average_ttft))
+                .collect(),
         ));
         hits = hits.series(Series::new(
             &r.name,
-            rounds.iter().map(|(k, v)| (*k as f64, v.cache_hit_rate)).collect(),
+            rounds
+                .iter()
+                .map(|(k, v)| (*k as f64, v.cache_hit_rate))
+                .collect(),
         ));
         let done = |f: fn(&Record) -> f64| -> Vec<(f64, f64)> {
             r.result.records.iter().map(|x| (x.done_at, f(x))).collect()
@@ -55,10 +71,22 @@ pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
         tokens = tokens.series(Series::per_second(&r.name, &done(|x| x.prompt_len as f64)));
     }
     page.line_chart(&cdf, "Share of requests whose first token came within the time on the x axis; further left is better.")?;
-    page.line_chart(&ttft, "Each round resends the conversation so far: with a prefix cache, later rounds reuse more.")?;
-    page.line_chart(&hits, "Prompt tokens served from cache over prompt tokens sent, per round.")?;
-    page.line_chart(&tput, "Requests finished per second, in buckets of a sixtieth of the run (at least 0.5 s).")?;
-    page.line_chart(&tokens, "Prompt tokens of the requests finished per second.")?;
+    page.line_chart(
+        &ttft,
+        "Each round resends the conversation so far: with a prefix cache, later rounds reuse more.",
+    )?;
+    page.line_chart(
+        &hits,
+        "Prompt tokens served from cache over prompt tokens sent, per round.",
+    )?;
+    page.line_chart(
+        &tput,
+        "Requests finished per second, in buckets of a sixtieth of the run (at least 0.5 s).",
+    )?;
+    page.line_chart(
+        &tokens,
+        "Prompt tokens of the requests finished per second.",
+    )?;
     Ok(())
 }
 
@@ -88,8 +116,19 @@ pub fn table(page: &mut Page, runs: &[Run<'_>]) {
         .collect();
     page.table(
         &[
-            "run", "requests", "failed", "hit rate", "TTFT avg ms", "TTFT p50 ms", "TTFT p90 ms",
-            "TTFT p99 ms", "ITL avg ms", "input tok/s", "output tok/s", "req/s", "duration s",
+            "run",
+            "requests",
+            "failed",
+            "hit rate",
+            "TTFT avg ms",
+            "TTFT p50 ms",
+            "TTFT p90 ms",
+            "TTFT p99 ms",
+            "ITL avg ms",
+            "input tok/s",
+            "output tok/s",
+            "req/s",
+            "duration s",
         ],
         rows,
     );

@@ -1,0 +1,318 @@
+//! Pictures, checked in a real browser: each benchmark report and each status page is loaded
+//! in headless Chromium (Debian's `chromium`, no network), rendered to a PNG under
+//! `target/pictures/`, and asserted to hold the expected charts (figures whose SVG names the
+//! series) with no console errors.
+
+mod common;
+
+use common::*;
+use rbgctl::engine::Addrs as EngineAddrs;
+use rbgctl::launch::Spawned;
+use rbgctl::testkit::browser::{self, Browser, LoadOptions, Loaded};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The browser, or None (SKIPPED) where none is installed; under CI it must be there.
+fn browser() -> Option<Browser> {
+    let Some(program) = browser::program() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no chromium under CI: .ci/run installs Debian's chromium"
+        );
+        eprintln!("SKIPPED: no chromium on the PATH (set RBGCTL_CHROMIUM or install chromium)");
+        return None;
+    };
+    Some(Browser::start(&program).expect("chromium starts"))
+}
+
+/// Where the PNGs go: `target/pictures/`, kept after the run for people to look at.
+fn pictures() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target/")
+        .join("pictures");
+    std::fs::create_dir_all(&dir).expect("target/pictures");
+    dir
+}
+
+/// Loads `url`, saves its PNG as `name.png`, and checks it has no errors and every figure
+/// in `expect` names every one of its series.
+fn check(
+    b: &mut Browser,
+    url: &str,
+    name: &str,
+    o: &LoadOptions,
+    expect: &[(&str, &[&str])],
+) -> Loaded {
+    let page = b.load(url, o).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let png = pictures().join(format!("{name}.png"));
+    std::fs::write(&png, &page.png).unwrap();
+    assert!(page.png.starts_with(b"\x89PNG"), "{name}: not a PNG");
+    assert!(
+        page.png.len() > 10_000,
+        "{name}: a blank picture? {} bytes",
+        page.png.len()
+    );
+    assert!(
+        page.errors.is_empty(),
+        "{name}: console errors: {:?}",
+        page.errors
+    );
+    for (id, series) in expect {
+        let f = page
+            .figure(id)
+            .unwrap_or_else(|| panic!("{name}: no figure #{id} in {:?}", ids(&page)));
+        for s in *series {
+            assert!(
+                f.texts.iter().any(|t| t == s),
+                "{name}: figure #{id} does not name {s:?}: {:?}",
+                f.texts
+            );
+        }
+    }
+    eprintln!("{name}: {} ({} figures)", png.display(), page.figures.len());
+    page
+}
+
+fn ids(p: &Loaded) -> Vec<&str> {
+    p.figures.iter().map(|f| f.id.as_str()).collect()
+}
+
+fn file_url(p: &Path) -> String {
+    format!("file://{}", p.display())
+}
+
+fn run_ok(c: &mut Command) {
+    let out = c.stdin(Stdio::null()).output().expect("rbgctl runs");
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        c,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn every_benchmark_report_renders_its_charts_in_a_browser() {
+    let Some(mut b) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let o = LoadOptions::default();
+
+    // bench store: its own master and store; GB/s per size against the machine's limits.
+    let store = dir.path().join("store.html");
+    run_ok(
+        Command::new(BIN)
+            .args([
+                "bench",
+                "store",
+                "--segment-size",
+                "256MiB",
+                "--threads",
+                "1",
+            ])
+            .args([
+                "--sizes",
+                "4KiB,1MiB",
+                "--phase-time",
+                "200ms",
+                "--phase-ops",
+                "500",
+            ])
+            .args(["--phase-bytes", "64MiB", "--no-shm", "--report"])
+            .arg(&store),
+    );
+    check(
+        &mut b,
+        &file_url(&store),
+        "bench-store",
+        &o,
+        &[
+            (
+                "gb-per-s-per-size",
+                &[
+                    "tcp put, 1 thread",
+                    "tcp get, 1 thread",
+                    "loopback TCP (this machine)",
+                    "memcpy (this machine)",
+                ],
+            ),
+            ("p99-per-size", &["tcp put, 1 thread", "tcp get, 1 thread"]),
+        ],
+    );
+
+    // bench multiturn and bench serving against a SIMULATED engine.
+    let launcher = launcher();
+    let argv: Vec<String> = ["sim-engine", "--port", "0", "--decode-ms-per-token", "1"]
+        .map(String::from)
+        .to_vec();
+    let e: Spawned<EngineAddrs> = launcher.spawn_argv("engine", &argv).unwrap();
+    let port = e.addrs.http.port().to_string();
+    let multiturn = dir.path().join("multiturn.html");
+    run_ok(
+        Command::new(BIN)
+            .args(["bench", "multiturn", "--host", "127.0.0.1", "--port", &port])
+            .args([
+                "--num-clients",
+                "6",
+                "--num-rounds",
+                "3",
+                "--request-length",
+                "128",
+            ])
+            .args([
+                "--output-length",
+                "4",
+                "--disable-auto-run",
+                "--request-rate",
+                "50",
+            ])
+            .args(["--log-file", "", "--report"])
+            .arg(&multiturn),
+    );
+    let run = ["rate 50 req/s"];
+    let page = check(
+        &mut b,
+        &file_url(&multiturn),
+        "bench-multiturn",
+        &o,
+        &[
+            ("ttft-cdf", &run),
+            ("ttft-per-round", &run),
+            ("hit-rate-per-round", &run),
+            ("throughput-over-time", &run),
+        ],
+    );
+    assert!(page.text.contains("Multi-turn benchmark"), "{}", page.text);
+    let serving = dir.path().join("serving.html");
+    run_ok(
+        Command::new(BIN)
+            .args(["bench", "serving", "--port", &port, "--num-prompts", "20"])
+            .args(["--random-input-len", "64", "--random-output-len", "8"])
+            .args([
+                "--max-concurrency",
+                "4",
+                "--backend",
+                "sglang-oai",
+                "--report",
+            ])
+            .arg(&serving),
+    );
+    check(
+        &mut b,
+        &file_url(&serving),
+        "bench-serving",
+        &o,
+        &[
+            ("latency-cdf", &["TTFT", "end-to-end latency"]),
+            ("itl-cdf", &["inter-token latency"]),
+            ("throughput-over-time", &["output tokens/s"]),
+        ],
+    );
+
+    // bench tiers: seed 000's two figures, its published numbers labelled beside ours.
+    let cfg = dir.path().join("tiers.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 1\ndevice_cache_tokens = 2048\n\
+         host_cache_tokens = 4096\nbytes_per_token = 512\nprefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
+    )
+    .unwrap();
+    let tiers = dir.path().join("tiers.html");
+    run_ok(
+        Command::new(BIN)
+            .args(["bench", "tiers", "--config"])
+            .arg(&cfg)
+            .args([
+                "--num-clients",
+                "8",
+                "--num-rounds",
+                "3",
+                "--request-length",
+                "256",
+            ])
+            .args([
+                "--output-length",
+                "8",
+                "--disable-auto-run",
+                "--request-rate",
+                "40",
+            ])
+            .args(["--log-file", "", "--report"])
+            .arg(&tiers),
+    );
+    let page = check(
+        &mut b,
+        &file_url(&tiers),
+        "bench-tiers",
+        &o,
+        &[
+            (
+                "tiers-throughput",
+                &[
+                    "rbgctl input tok/s",
+                    "seed 000 input tok/s",
+                    "seed 000, as published (SGLang + Mooncake on GPUs)",
+                    "rbgctl, this run (SIMULATED engines)",
+                    "L1",
+                    "L1+L2",
+                    "L1+L2+L3",
+                    "L1+L2+L3+disk",
+                ],
+            ),
+            (
+                "tiers-hit-rate-ttft",
+                &[
+                    "rbgctl hit rate",
+                    "rbgctl mean TTFT",
+                    "rbgctl p90 TTFT",
+                    "seed 000 hit rate",
+                    "seed 000 mean TTFT",
+                    "seed 000 p90 TTFT",
+                    // The seed's own figures, drawn on its bars.
+                    "40.6%",
+                    "64.7%",
+                ],
+            ),
+            ("ttft-cdf", &["L1", "L1+L2", "L1+L2+L3", "L1+L2+L3+disk"]),
+        ],
+    );
+    assert!(
+        page.text.contains("15022.80"),
+        "the seed's table: {}",
+        page.text
+    );
+}
+
+#[test]
+fn the_browser_check_sees_script_errors_failed_loads_and_missing_figures() {
+    let Some(mut b) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.html");
+    std::fs::write(
+        &bad,
+        "<!DOCTYPE html><html><body><figure id=\"f\"><svg><text>one</text></svg></figure>\
+         <img src=\"missing.png\"><script>console.error('said'); undefinedFunction();</script>\
+         </body></html>",
+    )
+    .unwrap();
+    let page = b.load(&file_url(&bad), &LoadOptions::default()).unwrap();
+    let errors = page.errors.join("\n");
+    assert!(errors.contains("said"), "{errors}");
+    assert!(errors.contains("undefinedFunction"), "{errors}");
+    assert!(errors.contains("missing.png"), "{errors}");
+    assert_eq!(
+        page.figure("f").map(|f| f.texts.clone()),
+        Some(vec!["one".to_string()])
+    );
+    // With scripts off, the same page runs none of them.
+    let quiet = LoadOptions {
+        javascript: false,
+        ..LoadOptions::default()
+    };
+    let page = b.load(&file_url(&bad), &quiet).unwrap();
+    assert!(
+        !page.errors.join("\n").contains("undefinedFunction"),
+        "{:?}",
+        page.errors
+    );
+}
