@@ -316,3 +316,161 @@ fn the_browser_check_sees_script_errors_failed_loads_and_missing_figures() {
         page.errors
     );
 }
+
+/// Waits (up to 10 s) for the page's own script to have refreshed it once.
+const REFRESHED: &str = "Number(document.body.dataset.refreshes) >= 1";
+
+#[test]
+fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scripts() {
+    let Some(mut b) = browser() else { return };
+    let c = Cluster::start(Opts::default());
+    let client = c.client();
+    let value = vec![7u8; 256 << 10];
+    for i in 0..40 {
+        client
+            .put(&format!("page/{i}"), &value, &Default::default())
+            .expect("put");
+    }
+    for i in 0..20 {
+        assert_eq!(
+            client.get(&format!("page/{i}")).expect("get").len(),
+            value.len()
+        );
+    }
+    // The housekeeper samples once a second: wait until the rates cover the puts.
+    let url = format!("http://127.0.0.1:{}/ui", c.metrics_port);
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || {
+            let (_, body) = c.http_get("/ui?part=main");
+            !body.contains("<td class=\"n\">—</td>")
+        }),
+        "no rates after 10 s"
+    );
+    let live = LoadOptions {
+        wait_for: Some(REFRESHED.into()),
+        ..LoadOptions::default()
+    };
+    let page = check(
+        &mut b,
+        &url,
+        "master-status",
+        &live,
+        &[("rates", &["puts", "gets", "evictions"])],
+    );
+    for want in [
+        "store-0",
+        "store-1",
+        "Segments (2)",
+        "put requests/s",
+        "role",
+        "single",
+    ] {
+        assert!(
+            page.text.contains(want),
+            "{want:?} not on the page: {}",
+            page.text
+        );
+    }
+    assert!(page.text.contains("live, refreshed"), "{}", page.text);
+    // Without scripts: the same page from the server, never refreshed by a script.
+    let off = LoadOptions {
+        javascript: false,
+        ..LoadOptions::default()
+    };
+    let page = check(
+        &mut b,
+        &url,
+        "master-status-noscript",
+        &off,
+        &[("rates", &["puts", "gets", "evictions"])],
+    );
+    assert!(
+        page.text.contains("store-1") && page.text.contains("reloads every 5 s"),
+        "{}",
+        page.text
+    );
+    // The segments' bars: the two stores hold the 40 objects between them.
+    let (_, main) = c.http_get("/ui?part=main");
+    assert!(
+        main.contains("<td class=\"n\">40</td>"),
+        "40 objects in memory: {main}"
+    );
+    assert!(
+        main.matches("class=\"bar\"").count() >= 3,
+        "memory and two segments: {main}"
+    );
+}
+
+#[test]
+fn the_router_status_page_shows_each_workers_health_circuit_and_load() {
+    let Some(mut b) = browser() else { return };
+    let launcher = launcher();
+    let workers: Vec<_> = ["w1", "w2"]
+        .iter()
+        .map(|n| {
+            rbgctl::testkit::fake_worker::spawn(&launcher, "127.0.0.1", 0, n, &["--threads", "1"])
+                .expect("a FAKE worker starts")
+        })
+        .collect();
+    let urls: Vec<String> = workers
+        .iter()
+        .map(|w| format!("http://127.0.0.1:{}", w.addrs.http.port()))
+        .collect();
+    let mut argv: Vec<String> = [
+        "router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec();
+    argv.push("--worker-urls".into());
+    argv.extend(urls.iter().cloned());
+    argv.extend(["--policy".into(), "round_robin".into()]);
+    let r: Spawned<rbgctl::router::Addrs> = launcher.spawn_argv("router", &argv).expect("router");
+    let port = r.addrs.http.port();
+    assert!(
+        wait_until(std::time::Duration::from_secs(20), || http(
+            port,
+            "GET",
+            "/readiness",
+            b""
+        )
+        .0 == 200),
+        "the router did not become ready"
+    );
+    for _ in 0..6 {
+        let (status, _) = http(
+            port,
+            "POST",
+            "/generate",
+            br#"{"text":"hello","stream":false}"#,
+        );
+        assert_eq!(status, 200);
+    }
+    let live = LoadOptions {
+        wait_for: Some(REFRESHED.into()),
+        ..LoadOptions::default()
+    };
+    let page = check(
+        &mut b,
+        &format!("http://127.0.0.1:{port}/ui"),
+        "router-status",
+        &live,
+        &[(
+            "worker-load",
+            &["in flight", "served", urls[0].as_str(), urls[1].as_str()],
+        )],
+    );
+    assert!(page.text.contains("round_robin"), "{}", page.text);
+    assert_eq!(
+        page.text.matches("healthy").count() - page.text.matches("unhealthy").count(),
+        3,
+        "two workers healthy (and the summary): {}",
+        page.text
+    );
+    assert!(page.text.contains("closed"), "{}", page.text);
+}

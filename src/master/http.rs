@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn plain(status: u16, body: Vec<u8>, json: bool) -> Response {
     let mut resp = Response::new(Body::from(body));
@@ -122,7 +122,7 @@ async fn leader_only(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let own = matches!(req.uri().path(), "/metrics" | "/health");
+    let own = matches!(req.uri().path(), "/metrics" | "/health" | "/" | "/ui");
     if !own {
         if let Some(r) = to_leader(&shared.leadership, |h| Some(h.admin.as_str()), req.uri()) {
             return r;
@@ -133,6 +133,8 @@ async fn leader_only(
 
 pub fn admin_router(shared: Arc<Shared>) -> Router {
     Router::new()
+        .route("/", get(status_page))
+        .route("/ui", get(status_page))
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/metrics/summary", get(summary_text))
@@ -171,6 +173,84 @@ async fn health(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "ha_error": shared.election.last_error.lock().clone(),
         "uptime_seconds": shared.started.elapsed().as_secs(),
     }))
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    part: Option<String>,
+}
+
+/// The status page (`super::ui`), from one look at the state.
+async fn status_page(State(shared): State<Arc<Shared>>, Query(q): Query<PageQuery>) -> Response {
+    use super::ui;
+    let now = Instant::now();
+    let l = &shared.leadership;
+    let role = l.role(now);
+    let hint = l.hint();
+    let role = ui::RoleView {
+        role: role.name(),
+        epoch: if role == Role::Standby {
+            hint.as_ref().map_or(0, |h| h.epoch)
+        } else {
+            l.epoch()
+        },
+        leader_admin: hint.filter(|_| role == Role::Standby).map(|h| h.admin),
+        ha_error: shared.election.last_error.lock().clone(),
+    };
+    let (summary, counters, high_watermark, mut segments) = {
+        let st = shared.state.lock();
+        let segments: Vec<ui::SegmentRow> = st
+            .segments()
+            .map(|s| ui::SegmentRow {
+                name: s.info.name.clone(),
+                tier: s.info.tier.name(),
+                endpoint: s.info.endpoint.clone(),
+                state: s.state.name(),
+                used_bytes: s.alloc.used(),
+                capacity_bytes: s.alloc.capacity(),
+            })
+            .collect();
+        (
+            st.summary(now),
+            st.counters.clone(),
+            st.config().eviction_high_watermark_ratio,
+            segments,
+        )
+    };
+    segments.sort_by(|a, b| a.name.cmp(&b.name));
+    let (last_10s, last_60s, history) = {
+        let h = shared.history.lock();
+        (
+            h.rates(Duration::from_secs(10)),
+            h.rates(Duration::from_secs(60)),
+            h.series(),
+        )
+    };
+    let view = ui::View {
+        role,
+        uptime: shared.started.elapsed(),
+        summary,
+        counters,
+        high_watermark,
+        segments,
+        last_10s,
+        last_60s,
+        history,
+    };
+    let part = match q.part.as_deref() {
+        Some("main") => ui::Part::Main,
+        _ => ui::Part::Whole,
+    };
+    let mut resp = ui::render(&view, part).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    resp
 }
 
 async fn summary_text(State(shared): State<Arc<Shared>>) -> String {

@@ -22,6 +22,7 @@ pub mod reservations;
 pub mod rpc;
 pub mod state;
 pub mod tiering;
+pub mod ui;
 
 use self::lock::StateLock;
 use crate::config::human_bytes;
@@ -66,6 +67,8 @@ pub struct Shared {
     pub election: Arc<ElectionStats>,
     /// Carries out moves between memory and disk tiers.
     pub mover: Arc<mover::Mover>,
+    /// The status page's rates: counters sampled once a second by the housekeeper.
+    pub history: Arc<parking_lot::Mutex<ui::History>>,
 }
 
 /// What an election does to the master: a master elected or deposed forgets everything, as a
@@ -264,6 +267,7 @@ pub fn start(
         leadership,
         election: Default::default(),
         mover,
+        history: Default::default(),
     });
     let election = match cfg.enable_ha {
         true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),
@@ -278,6 +282,7 @@ pub fn start(
     let housekeeper = {
         let (state, shutdown) = (state.clone(), shutdown.clone());
         let mover = shared.mover.clone();
+        let (history, stats) = (shared.history.clone(), service.stats.clone());
         let interval = cfg.summary_interval_ms.0;
         std::thread::Builder::new()
             .name("master-housekeeper".into())
@@ -294,6 +299,11 @@ pub fn start(
                         last_summary = now;
                         tracing::info!("{}", summary_line(&st, now));
                     }
+                    let mut history = history.lock();
+                    if history.due(now) {
+                        history.record(ui::sample(&stats, &st.counters, now));
+                    }
+                    drop(history);
                     // A store that left or came back: its replicas are dropped or confirmed a
                     // step at a time, the lock let go between steps.
                     while st.walking() {

@@ -116,7 +116,7 @@ impl Page {
             h,
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
              <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-             <title>{}</title><style>{STYLE}</style></head><body>\n<h1>{}</h1>\n<dl class=\"facts\">",
+             <title>{}</title>{FAVICON}<style>{STYLE}</style></head><body>\n<h1>{}</h1>\n<dl class=\"facts\">",
             escape(&self.title),
             escape(&self.title)
         );
@@ -198,6 +198,12 @@ pub fn escape(s: &str) -> String {
     }
     out
 }
+
+/// The pages' icon, inline: a browser asks for nothing (no `/favicon.ico` to miss).
+pub const FAVICON: &str = "<link rel=\"icon\" href=\"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' \
+viewBox='0 0 16 16'%3E%3Crect width='16' height='16' rx='3' fill='%231f77b4'/%3E%3Crect x='3' y='8' \
+width='3' height='5' fill='white'/%3E%3Crect x='7' y='5' width='3' height='8' fill='white'/%3E%3Crect \
+x='11' y='3' width='2' height='10' fill='white'/%3E%3C/svg%3E\">";
 
 /// The pages' one style sheet (also the status pages'): system fonts, readable widths.
 pub const STYLE: &str = "\

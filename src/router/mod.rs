@@ -26,6 +26,7 @@ pub mod request;
 pub mod server;
 pub mod tokenize;
 pub mod tree;
+pub mod ui;
 pub mod vllm;
 pub mod worker;
 

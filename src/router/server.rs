@@ -637,6 +637,55 @@ async fn list_workers(State(s): S) -> Json<Value> {
     Json(json!({"workers": workers, "total": workers.len()}))
 }
 
+#[derive(Deserialize)]
+struct PageQuery {
+    part: Option<String>,
+}
+
+/// The status page (`super::ui`): the same workers as `GET /workers`, drawn.
+async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
+    let now = std::time::Instant::now();
+    let workers = s
+        .registry
+        .snapshot()
+        .iter()
+        .map(|w| super::ui::WorkerRow {
+            url: w.url.to_string(),
+            worker_type: w.worker_type.name(),
+            healthy: w.healthy(),
+            circuit: w.circuit(&s.cb, now).name(),
+            load: w.load(),
+            processed: w.processed(),
+            model: w.model_id.read().clone(),
+        })
+        .collect();
+    let view = super::ui::View {
+        policy: if s.pd {
+            format!(
+                "prefill: {}, decode: {}",
+                s.prefill_policy.name(),
+                s.decode_policy.name()
+            )
+        } else {
+            s.policy.name().to_string()
+        },
+        pd: s.pd,
+        workers,
+    };
+    let part = match q.part.as_deref() {
+        Some("main") => crate::master::ui::Part::Main,
+        _ => crate::master::ui::Part::Whole,
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        super::ui::render(&view, part),
+    )
+        .into_response()
+}
+
 async fn get_worker(State(s): S, Path(id): Path<String>) -> Response {
     match s.registry.get(&id) {
         Some(w) => Json(worker_json(&s, &w)).into_response(),
@@ -879,6 +928,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/list_workers", get(list_worker_urls))
         .route("/flush_cache", post(flush_cache))
         .route("/get_loads", get(get_loads))
+        .route("/ui", get(status_page))
         .route_layer(middleware::from_fn_with_state(
             shared.clone(),
             require_control_key,

@@ -1,0 +1,177 @@
+//! The router's status page (`/ui`): its policy, and each worker's health, circuit state, load
+//! and requests served, as a table with load bars and a chart. Server-rendered like the
+//! master's (`crate::master::ui`): it works with scripts off, and with them on refreshes its
+//! body every 2 s from `/ui?part=main`.
+
+use crate::master::ui::{Part, REFRESH_JS};
+use crate::report::{self, escape, BarChart, Format, Group, Panel};
+use std::fmt::Write as _;
+
+/// One worker's row.
+#[derive(Clone, Debug)]
+pub struct WorkerRow {
+    pub url: String,
+    pub worker_type: &'static str,
+    pub healthy: bool,
+    pub circuit: &'static str,
+    /// Requests in flight.
+    pub load: usize,
+    pub processed: u64,
+    pub model: Option<String>,
+}
+
+/// What the page shows.
+pub struct View {
+    /// The policy, or `prefill: X, decode: Y` with PD.
+    pub policy: String,
+    pub pd: bool,
+    pub workers: Vec<WorkerRow>,
+}
+
+pub fn render(v: &View, part: Part) -> String {
+    let main = main(v);
+    if part == Part::Main {
+        return main;
+    }
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>rbgctl router: status</title>\
+         <noscript><meta http-equiv=\"refresh\" content=\"5\"></noscript>\
+         {}<style>{}</style></head><body data-refreshes=\"0\">\
+         <h1>rbgctl router <small id=\"live\" class=\"warn\">rendered by the server; reloads every 5 s</small></h1>\
+         <main id=\"main\">{main}</main>\
+         <footer>Also: <a href=\"/metrics\">/metrics</a> · <a href=\"/workers\">/workers</a> · \
+         <a href=\"/health\">/health</a></footer>\
+         <script>{REFRESH_JS}</script></body></html>\n",
+        report::FAVICON,
+        report::STYLE
+    )
+}
+
+fn main(v: &View) -> String {
+    let mut h = String::new();
+    let healthy = v.workers.iter().filter(|w| w.healthy).count();
+    let _ = write!(
+        h,
+        "<dl class=\"facts\"><dt>policy</dt><dd id=\"policy\">{}</dd><dt>mode</dt><dd>{}</dd>\
+         <dt>workers</dt><dd>{} ({} healthy)</dd><dt>in flight</dt><dd>{}</dd></dl>",
+        escape(&v.policy),
+        if v.pd {
+            "prefill/decode disaggregation"
+        } else {
+            "regular"
+        },
+        v.workers.len(),
+        healthy,
+        v.workers.iter().map(|w| w.load).sum::<usize>()
+    );
+    let _ = write!(h, "<h2>Workers ({})</h2>", v.workers.len());
+    if v.workers.is_empty() {
+        h.push_str(
+            "<p class=\"warn\">No workers: add some with POST /workers, flags or discovery.</p>",
+        );
+        return h;
+    }
+    let most = v.workers.iter().map(|w| w.load).max().unwrap_or(0).max(1);
+    h.push_str(
+        "<table id=\"workers\"><thead><tr><th>worker</th><th>type</th><th>health</th>\
+         <th>circuit</th><th>in flight</th><th></th><th>served</th><th>model</th></tr></thead><tbody>",
+    );
+    for w in &v.workers {
+        let share = w.load as f64 / most as f64 * 100.0;
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"{}\">{}</td>\
+             <td class=\"n\">{}</td><td><span class=\"bar\"><span style=\"width:{share:.0}%\"></span></span></td>\
+             <td class=\"n\">{}</td><td>{}</td></tr>",
+            escape(&w.url),
+            w.worker_type,
+            if w.healthy { "ok" } else { "bad" },
+            if w.healthy { "healthy" } else { "unhealthy" },
+            if w.circuit == "closed" { "ok" } else { "bad" },
+            w.circuit,
+            w.load,
+            w.processed,
+            escape(w.model.as_deref().unwrap_or("")),
+        );
+    }
+    h.push_str("</tbody></table>");
+    let urls: Vec<String> = v.workers.iter().map(|w| w.url.clone()).collect();
+    let chart = BarChart::new(
+        "worker-load",
+        "Workers: requests in flight and served",
+        urls,
+    )
+    .panel(
+        Panel::bars(
+            "",
+            "in flight",
+            Format::Integer,
+            vec![Group::new(
+                "in flight",
+                v.workers.iter().map(|w| Some(w.load as f64)).collect(),
+            )],
+        )
+        .with_lines(
+            "served",
+            Format::Integer,
+            vec![Group::new(
+                "served",
+                v.workers.iter().map(|w| Some(w.processed as f64)).collect(),
+            )],
+        ),
+    );
+    match chart.svg() {
+        Ok(svg) => {
+            let _ = write!(
+                h,
+                "<figure class=\"chart\" id=\"worker-load\">{svg}<figcaption>Bars: requests in \
+                 flight now (left axis); line: requests served since the router started (right \
+                 axis).</figcaption></figure>"
+            );
+        }
+        Err(e) => {
+            let _ = write!(h, "<p class=\"bad\">{}</p>", escape(&e.to_string()));
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_shows_each_workers_health_circuit_and_load() {
+        let w = |url: &str, healthy, circuit, load| WorkerRow {
+            url: url.into(),
+            worker_type: "regular",
+            healthy,
+            circuit,
+            load,
+            processed: 7,
+            model: Some("m".into()),
+        };
+        let v = View {
+            policy: "cache_aware".into(),
+            pd: false,
+            workers: vec![
+                w("http://a:1", true, "closed", 4),
+                w("http://b<2>", false, "open", 1),
+            ],
+        };
+        let html = render(&v, Part::Whole);
+        assert!(html.contains("cache_aware"));
+        assert!(html.contains("http://b&lt;2&gt;"), "escaped");
+        assert!(html.contains("class=\"bad\">unhealthy") && html.contains("class=\"bad\">open"));
+        assert!(html.contains("width:25%"), "load 1 of the most, 4");
+        assert!(html.contains("id=\"worker-load\""));
+        let empty = View {
+            policy: "random".into(),
+            pd: true,
+            workers: vec![],
+        };
+        assert!(render(&empty, Part::Main).contains("No workers"));
+    }
+}
