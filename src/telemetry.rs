@@ -206,6 +206,63 @@ impl PromText {
     }
 }
 
+/// Upper bounds, in seconds, of the buckets of [`Histogram`]: SGLang's for request latencies
+/// (1 ms to 400 s), so that dashboards built for SGLang read ours.
+pub const LATENCY_BUCKETS_S: [f64; 27] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+];
+
+/// A Prometheus histogram of durations over [`LATENCY_BUCKETS_S`], lock-free.
+pub struct Histogram {
+    counts: [AtomicU64; LATENCY_BUCKETS_S.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(b) = LATENCY_BUCKETS_S.iter().position(|&ub| s <= ub) {
+            self.counts[b].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Writes the family `name` (buckets, sum, count) with `labels` on every sample.
+    pub fn render(&self, p: &mut PromText, name: &str, help: &str, labels: &[(&str, &str)]) {
+        p.family(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
+        let mut cumulative = 0;
+        for (ub, n) in LATENCY_BUCKETS_S.iter().zip(&self.counts) {
+            cumulative += n.load(Ordering::Relaxed);
+            let le = ub.to_string();
+            let mut l = labels.to_vec();
+            l.push(("le", &le));
+            p.sample(&bucket, &l, cumulative as f64);
+        }
+        let count = self.count.load(Ordering::Relaxed) as f64;
+        let mut l = labels.to_vec();
+        l.push(("le", "+Inf"));
+        p.sample(&bucket, &l, count);
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        p.sample(&format!("{name}_sum"), labels, sum);
+        p.sample(&format!("{name}_count"), labels, count);
+    }
+}
+
 /// Upper bounds of the latency histogram buckets, in microseconds.
 const BUCKETS_US: [u64; 12] = [
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 50_000, 250_000, 1_000_000,
@@ -318,6 +375,45 @@ impl OpStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_counts_cumulatively_with_its_labels() {
+        let h = Histogram::default();
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(1000));
+        let mut p = PromText::new();
+        h.render(&mut p, "x_seconds", "help", &[("model_name", "m")]);
+        let text = p.finish();
+        assert!(
+            text.contains("x_seconds_bucket{model_name=\"m\",le=\"0.001\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_bucket{model_name=\"m\",le=\"0.005\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_bucket{model_name=\"m\",le=\"0.04\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_bucket{model_name=\"m\",le=\"400\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_count{model_name=\"m\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_sum{model_name=\"m\"} 1000.033\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn exposition_format() {

@@ -290,6 +290,9 @@ pub struct UpAddrs {
     pub metadata: Option<String>,
     pub master_metrics: Option<String>,
     pub engines: Vec<String>,
+    /// Each store's metrics base URL (`http://host:port`).
+    #[serde(default)]
+    pub store_metrics: Vec<String>,
 }
 
 fn wait_for_segments(master: &str, n: usize, timeout: Duration) -> Result<(), UpError> {
@@ -519,6 +522,11 @@ impl Stack {
             metadata: self.metadata.clone(),
             master_metrics: self.master_metrics.clone(),
             engines: self.engines.iter().map(|(u, _)| u.clone()).collect(),
+            store_metrics: self
+                .store_procs
+                .iter()
+                .map(|s| format!("http://{}", s.addrs.metrics))
+                .collect(),
         }
     }
 

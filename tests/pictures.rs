@@ -1,7 +1,8 @@
 //! Pictures, checked in a real browser: each benchmark report and each status page is loaded
 //! in headless Chromium (Debian's `chromium`, no network), rendered to a PNG under
 //! `target/pictures/`, and asserted to hold the expected charts (figures whose SVG names the
-//! series) with no console errors.
+//! series) with no console errors. And the Grafana dashboards of `manifests/grafana/`: every
+//! metric they query is exported by a running role.
 
 mod common;
 
@@ -473,4 +474,168 @@ fn the_router_status_page_shows_each_workers_health_circuit_and_load() {
         page.text
     );
     assert!(page.text.contains("closed"), "{}", page.text);
+}
+
+/// The metric names in a PromQL expression: ours (`rbgctl_`), the router's SMG names
+/// (`smg_`) and the engines' SGLang names (`sglang:`).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = ["rbgctl_", "smg_", "sglang:"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The sample names a `/metrics` page holds (histograms' `_bucket`, `_sum`, `_count`).
+fn sample_names(url: &str) -> std::collections::BTreeSet<String> {
+    let text = reqwest::blocking::get(format!("{url}/metrics"))
+        .and_then(|r| r.text())
+        .unwrap_or_else(|e| panic!("{url}/metrics: {e}"));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_metric_a_grafana_dashboard_queries_is_exported_by_a_running_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[pool]\nstores = 2\nsegment_size = \"32MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\n\
+             disk_tier_size = \"64MiB\"\ndisk_tier_dir = {:?}\n\
+             [engines]\ncount = 2\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = 0\npolicy = \"round_robin\"\n",
+            dir.path().join("disk"),
+        ),
+    )
+    .unwrap();
+    let launcher = launcher();
+    let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
+    let up = launcher
+        .spawn_argv::<rbgctl::up::UpAddrs>("up", &argv)
+        .expect("up starts");
+    let a = &up.addrs;
+    let router = a.router.clone().expect("a router");
+    let port = router.rsplit(':').next().unwrap().to_string();
+    // Traffic through every role: conversations through the router, pages through the pool.
+    run_ok(
+        Command::new(BIN)
+            .args(["bench", "multiturn", "--host", "127.0.0.1", "--port", &port])
+            .args([
+                "--num-clients",
+                "6",
+                "--num-rounds",
+                "3",
+                "--request-length",
+                "256",
+            ])
+            .args([
+                "--output-length",
+                "4",
+                "--disable-auto-run",
+                "--request-rate",
+                "inf",
+            ])
+            .args(["--log-file", ""]),
+    );
+    // The engines reach the stores through shared memory: some traffic over TCP as well.
+    run_ok(
+        Command::new(BIN)
+            .args([
+                "bench",
+                "store",
+                "--master",
+                a.master.as_deref().expect("a master"),
+            ])
+            .args([
+                "--no-shm",
+                "--allow-eviction",
+                "--sizes",
+                "4KiB",
+                "--threads",
+                "1",
+            ])
+            .args(["--phase-ops", "50", "--phase-time", "200ms", "--batch", "4"])
+            .args(["--batch-value", "4KiB", "--exists-batch", "4"]),
+    );
+    let mut exported = std::collections::BTreeSet::new();
+    let mut roles: Vec<String> = vec![router, a.master_metrics.clone().expect("a master")];
+    roles.extend(a.engines.iter().cloned());
+    roles.extend(a.store_metrics.iter().cloned());
+    assert_eq!(a.store_metrics.len(), 2, "{:?}", a.store_metrics);
+    for url in &roles {
+        exported.extend(sample_names(url));
+    }
+    let dashboards = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/grafana");
+    let mut checked = 0;
+    for name in ["pool", "router", "engines"] {
+        let path = dashboards.join(format!("{name}.json"));
+        let d: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(
+            d["uid"].as_str().is_some_and(|u| u.starts_with("rbgctl-")),
+            "{name}"
+        );
+        let mut ids = std::collections::BTreeSet::new();
+        for p in d["panels"].as_array().expect("panels") {
+            assert!(
+                ids.insert(p["id"].as_u64().expect("an id")),
+                "{name}: duplicate id"
+            );
+            if p["type"] == "row" {
+                continue;
+            }
+            let targets = p["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "{name}: {} has no query", p["title"]);
+            for t in targets {
+                let expr = t["expr"].as_str().expect("expr");
+                let names = metric_names(expr);
+                assert!(!names.is_empty(), "{name}: no metric in {expr}");
+                for m in names {
+                    let sample = if expr.contains(&format!("{m}_bucket")) {
+                        format!("{m}_bucket")
+                    } else {
+                        m.clone()
+                    };
+                    assert!(
+                        exported.contains(&sample) || exported.contains(&m),
+                        "{name}.json, panel {}: {m} is not exported by any running role",
+                        p["title"]
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 60, "only {checked} queries checked");
+    eprintln!("{checked} metric references in 3 dashboards, all exported");
+}
+
+#[test]
+fn metric_names_are_read_out_of_promql() {
+    assert_eq!(
+        metric_names("histogram_quantile(0.99, sum by (op, le) (rate(rbgctl_master_request_duration_seconds_bucket[5m])))"),
+        ["rbgctl_master_request_duration_seconds_bucket"]
+    );
+    assert_eq!(
+        metric_names(
+            "sum(rate(sglang:cached_tokens_total[1m])) / sum(rate(sglang:prompt_tokens_total[1m]))"
+        ),
+        ["sglang:cached_tokens_total", "sglang:prompt_tokens_total"]
+    );
+    assert_eq!(metric_names("smg_worker_health"), ["smg_worker_health"]);
 }

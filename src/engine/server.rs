@@ -47,6 +47,9 @@ struct Counters {
     running: AtomicI64,
     waiting: AtomicI64,
     tokens_in_flight: AtomicI64,
+    /// From the request's start to its first token, and to its last (SGLang's histograms).
+    ttft: crate::telemetry::Histogram,
+    e2e: crate::telemetry::Histogram,
 }
 
 struct Room {
@@ -423,6 +426,7 @@ fn sse(v: &Value) -> Bytes {
 async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<Value, String> {
     let _running = Gauge::up(&e.m.running, 1);
     let _tokens = Gauge::up(&e.m.tokens_in_flight, (r.tokens.len() + r.max_new) as i64);
+    let started = Instant::now();
     let prompt = r.tokens.len();
     let (pre, n) = match (e.cfg.mode, &r.bootstrap) {
         (Mode::Decode, Some((host, port, room))) => {
@@ -448,6 +452,9 @@ async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<
             tokio::time::sleep(e.cost.decode_step()).await;
         }
         out.push(tokens::output_token(&r.tokens, i));
+        if i == 0 {
+            e.m.ttft.observe(started.elapsed());
+        }
         if let Some(tx) = &tx {
             let v = chunk(&e, &r, &out, pre.cached_tokens, i + 1 == n, true);
             if tx.send(sse(&v)).await.is_err() {
@@ -457,6 +464,7 @@ async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<
     }
     e.m.generated_tokens
         .fetch_add(out.len() as u64, Ordering::Relaxed);
+    e.m.e2e.observe(started.elapsed());
     if e.cfg.mode != Mode::Decode {
         e.finish(&r.tokens, &out);
     }
@@ -665,6 +673,18 @@ async fn metrics(State(e): S) -> Response {
         "sglang:num_queue_reqs",
         &model,
         m.waiting.load(Ordering::Relaxed) as f64,
+    );
+    m.ttft.render(
+        &mut p,
+        "sglang:time_to_first_token_seconds",
+        "Time from a request's arrival to its first token (simulated engine).",
+        &model,
+    );
+    m.e2e.render(
+        &mut p,
+        "sglang:e2e_request_latency_seconds",
+        "Time from a request's arrival to its last token (simulated engine).",
+        &model,
     );
     p.family(
         "rbgctl_sim_requests_total",
