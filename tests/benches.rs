@@ -457,9 +457,19 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
 
 #[test]
 fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("master.html");
     let o = Command::new(BIN)
         .args(["bench", "master", "--objects", "5000", "--clients", "3"])
-        .args(["--phase-time", "300ms", "--rest", "500ms", "--json"])
+        .args([
+            "--phase-time",
+            "300ms",
+            "--rest",
+            "500ms",
+            "--json",
+            "--report",
+        ])
+        .arg(&report)
         .stdin(Stdio::null())
         .output()
         .expect("rbgctl runs");
@@ -498,6 +508,21 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
         r["loopback_round_trips_per_s"].as_f64().unwrap() > 0.0,
         "{r}"
     );
+    common::pictures::check_report(
+        &report,
+        "bench-master",
+        &[
+            (
+                "master-ops-per-s",
+                &[
+                    "master ops/s",
+                    "machine's round trips/s (ceiling)",
+                    "exists ×3",
+                ],
+            ),
+            ("master-latency", &["p50", "p99", "remove ×3"]),
+        ],
+    );
 }
 
 #[test]
@@ -507,6 +532,8 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
         eprintln!("SKIPPED: no etcd program");
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("failover.html");
     let o = Command::new(BIN)
         .args([
             "bench",
@@ -516,7 +543,15 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
             "--value-size",
             "4KiB",
         ])
-        .args(["--segment-size", "64MiB", "--pause", "3s", "--json"])
+        .args([
+            "--segment-size",
+            "64MiB",
+            "--pause",
+            "3s",
+            "--json",
+            "--report",
+        ])
+        .arg(&report)
         .stdin(Stdio::null())
         .output()
         .expect("rbgctl runs");
@@ -539,6 +574,22 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
             .as_f64()
             .is_some(),
         "{r}"
+    );
+    common::pictures::check_report(
+        &report,
+        "bench-failover",
+        &[
+            (
+                "failover-rates",
+                &[
+                    "puts acknowledged/s",
+                    "operations failed/s",
+                    "kill -9 of master-0",
+                    "SIGSTOP of master-1",
+                ],
+            ),
+            ("failover-epochs", &["epoch"]),
+        ],
     );
 }
 

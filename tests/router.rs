@@ -2384,6 +2384,8 @@ fn bench_router_measures_a_peer_router_side_by_side() {
         "{} router --host 127.0.0.1 --port {{port}} --prometheus-port {{prometheus_port}} --worker-urls {{workers}}",
         common::BIN
     );
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("router.html");
     let rows = bench_router_json(&[
         "--seconds",
         "0.3",
@@ -2395,11 +2397,19 @@ fn bench_router_measures_a_peer_router_side_by_side() {
         "self",
         "--peer-cmd",
         &peer,
+        "--report",
+        report.to_str().unwrap(),
     ]);
     assert_eq!(rows.len(), 1);
     let row = &rows[0];
     assert!(row["peer"]["requests"].as_u64().unwrap() > 0, "{row}");
     assert!(row["router_over_peer"].as_f64().unwrap() > 0.0, "{row}");
+    let bars: &[&str] = &["direct", "rbgctl router", "self", "gen ×2"];
+    common::pictures::check_report(
+        &report,
+        "bench-router",
+        &[("req-per-s", bars), ("p50-ms", bars), ("ttfb-p50-ms", bars)],
+    );
     // A peer that never comes up is reported with its command.
     let out = std::process::Command::new(common::BIN)
         .args([

@@ -55,6 +55,11 @@ pub struct FailoverBenchArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also write an HTML report with charts (puts acknowledged and operations failed per
+    /// second over the run, the faults marked; the epoch of the master that acknowledged
+    /// each put) to this file.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// What one fault did, as the client saw it.
@@ -108,6 +113,18 @@ struct Report {
     client_ops: u64,
     client_errors: u64,
     errors_by_reason: BTreeMap<String, u64>,
+    /// The client's run over time, for the report's charts.
+    #[serde(skip)]
+    timeline: Timeline,
+}
+
+/// Seconds from the start of the client's loop: each acknowledged put (with the epoch of the
+/// master that acknowledged it), each failed operation, and the faults.
+#[derive(Debug, Default)]
+struct Timeline {
+    acks: Vec<(f64, u64)>,
+    errors: Vec<f64>,
+    events: Vec<(f64, String)>,
 }
 
 fn key(i: usize) -> String {
@@ -313,6 +330,9 @@ pub fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
     let result = measure(&mut bench, &args, size, ttl, progress);
     let _ = std::fs::remove_dir_all(&shm);
     let report = result?;
+    if let Some(path) = &args.report {
+        write_report(&report, path)?;
+    }
     print_report(&report, args.json)
 }
 
@@ -382,6 +402,9 @@ fn measure(
     );
     let loop_keys = fit - args.objects;
     let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let at = |i: Instant| i.saturating_duration_since(t0).as_secs_f64();
+    let mut events: Vec<(f64, String)> = Vec::new();
     let looper = {
         let (record, stop, spec) = (record.clone(), stop.clone(), bench.spec.clone());
         let first = args.objects;
@@ -435,6 +458,7 @@ fn measure(
     let before = committed_keys(&record.lock());
     let killed = Instant::now();
     bench.masters[old].kill();
+    events.push((at(killed), format!("kill -9 of master-{old}")));
     let kill = fault_outcome(
         bench,
         &main,
@@ -447,6 +471,7 @@ fn measure(
     )?;
     progress(&format!("master-{old} started again: it stands by"));
     bench.masters[old].start()?;
+    events.push((at(Instant::now()), format!("master-{old} restarted")));
 
     // 2. SIGSTOP of the new leader for --pause, writes sent to it meanwhile.
     std::thread::sleep(Duration::from_secs(1));
@@ -464,6 +489,7 @@ fn measure(
     let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
     signal(nix::sys::signal::Signal::SIGSTOP)?;
     let stopped = Instant::now();
+    events.push((at(stopped), format!("SIGSTOP of master-{paused}")));
     // A signal takes effect a moment after it is sent: the writes must reach a master that
     // is really stopped, or they are rightly answered by a leader still within its lease.
     anyhow::ensure!(
@@ -494,6 +520,7 @@ fn measure(
     std::thread::sleep(left);
     signal(nix::sys::signal::Signal::SIGCONT)?;
     let continued = Instant::now();
+    events.push((at(continued), format!("SIGCONT of master-{paused}")));
     let (mut accepted, mut refused) = (0, 0);
     for (conn, id) in stale.iter_mut().zip(ids) {
         match conn.recv(id) {
@@ -562,7 +589,118 @@ fn measure(
             *m.entry(why.clone()).or_insert(0) += 1;
             m
         }),
+        timeline: Timeline {
+            acks: rec
+                .committed
+                .iter()
+                .filter(|(_, when, _)| *when >= t0)
+                .map(|(_, when, epoch)| (at(*when), *epoch))
+                .collect(),
+            errors: rec.errors.iter().map(|(when, _)| at(*when)).collect(),
+            events,
+        },
     })
+}
+
+/// The HTML report: the client's puts and failures per second with the faults marked, and
+/// the epoch of the master behind each acknowledgement.
+fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
+    use crate::report::{Format, LineChart, Page, Series};
+    let t = &r.timeline;
+    let mut page = Page::new("Master failover: kill -9 and SIGSTOP of the leader");
+    page.fact(
+        "cluster",
+        format!(
+            "{} masters electing through {} etcd member(s), lease TTL {} s; {} stores; values of {} bytes",
+            r.masters, r.etcd_members, r.lease_ttl_s, r.stores, r.value_bytes
+        ),
+    )
+    .fact(
+        "outcome",
+        format!(
+            "{} objects committed, {} lost; writes a paused leader accepted after its lease: {}",
+            r.objects_committed, r.objects_lost, r.pause.stale_writes_accepted
+        ),
+    );
+    let acks = Series::per_second(
+        "puts acknowledged/s",
+        &t.acks.iter().map(|(s, _)| (*s, 1.0)).collect::<Vec<_>>(),
+    );
+    let errors = Series::per_second(
+        "operations failed/s",
+        &t.errors.iter().map(|s| (*s, 1.0)).collect::<Vec<_>>(),
+    );
+    let top = acks
+        .points
+        .iter()
+        .chain(&errors.points)
+        .map(|p| p.1)
+        .fold(1.0, f64::max);
+    let mut rates = LineChart::new(
+        "failover-rates",
+        "The client's puts and failures over the run",
+        "seconds since the loop started",
+        "per second",
+    )
+    .series(acks)
+    .series(errors);
+    let mut epochs = LineChart::new(
+        "failover-epochs",
+        "Epoch of the master that acknowledged each put",
+        "seconds since the loop started",
+        "epoch",
+    )
+    .formats(Format::Number, Format::Integer);
+    let step = t.acks.len().div_ceil(2000).max(1);
+    epochs = epochs.series(Series::new(
+        "epoch",
+        t.acks
+            .iter()
+            .step_by(step)
+            .map(|(s, e)| (*s, *e as f64))
+            .collect(),
+    ));
+    for (at, what) in &t.events {
+        rates = rates.series(Series {
+            name: what.clone(),
+            points: vec![(*at, 0.0), (*at, top)],
+            reference: true,
+        });
+    }
+    page.heading("Charts");
+    page.line_chart(&rates, "Dashed: the faults, when they were made.")?;
+    page.line_chart(
+        &epochs,
+        "A new epoch is a new leader: every put after a failover is acknowledged by it.",
+    )?;
+    page.heading("Figures");
+    let fault_row = |name: &str, f: &Fault| {
+        vec![
+            name.to_string(),
+            f.first_put_s.map_or("-".into(), |s| format!("{s:.2}")),
+            f.all_readable_s.map_or("-".into(), |s| format!("{s:.2}")),
+            f.objects_before.to_string(),
+            format!("{} → {}", f.epoch_before, f.epoch_after),
+            f.errors.values().sum::<u64>().to_string(),
+        ]
+    };
+    page.table(
+        &[
+            "fault",
+            "first put after (s)",
+            "all readable after (s)",
+            "objects before",
+            "epoch",
+            "client errors",
+        ],
+        vec![
+            fault_row("kill -9 of the leader", &r.kill),
+            fault_row("SIGSTOP of the next leader", &r.pause.fault),
+        ],
+    );
+    page.write(path)?;
+    eprintln!("report: {}", path.display());
+    Ok(())
 }
 
 /// Waits until every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).

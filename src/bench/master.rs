@@ -44,6 +44,10 @@ pub struct MasterBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also write an HTML report with charts (operations per second per phase beside the
+    /// machine's round-trip ceiling; p50 and p99 latency per phase) to this file.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// A count such as `1000000`, `500k` or `10M` (a command-line value).
@@ -601,6 +605,9 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     }
     paper.stop();
 
+    if let Some(path) = &args.report {
+        write_report(&report, path)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -611,6 +618,103 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "{} operations failed; the figures above are partial",
         report.errors
     );
+    Ok(())
+}
+
+/// The HTML report: each phase's throughput (and the machine's ceiling for as many clients)
+/// and latency as bars, and the figures of memory, rest and rebuild.
+fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
+    use crate::report::{BarChart, Format, Group, Page, Panel};
+    let mut page = Page::new("The master at scale: metadata operations");
+    page.fact(
+        "load",
+        format!(
+            "{} objects ({}-byte keys) loaded by {} clients in {:.1} s ({:.0} objects/s)",
+            r.objects, r.key_bytes, r.clients, r.load_seconds, r.load_objects_per_s
+        ),
+    )
+    .fact(
+        "machine",
+        format!(
+            "loopback echo, {} connections: {:.0} round trips/s",
+            r.clients, r.loopback_round_trips_per_s
+        ),
+    );
+    let mut phases: Vec<String> = r
+        .results
+        .iter()
+        .map(|x| format!("{} ×{}", x.op, x.threads))
+        .collect();
+    let mut ops: Vec<Option<f64>> = r.results.iter().map(|x| Some(x.ops_per_s)).collect();
+    let mut ceiling = vec![None; ops.len()];
+    phases.push(format!("loopback echo ×{}", r.clients));
+    ops.push(None);
+    ceiling.push(Some(r.loopback_round_trips_per_s));
+    let throughput = BarChart::new("master-ops-per-s", "Operations per second by phase", phases)
+        .panel(Panel::bars(
+            "",
+            "operations/s",
+            Format::Number,
+            vec![
+                Group::new("master ops/s", ops),
+                Group::new("machine's round trips/s (ceiling)", ceiling),
+            ],
+        ));
+    let names: Vec<String> = r
+        .results
+        .iter()
+        .map(|x| format!("{} ×{}", x.op, x.threads))
+        .collect();
+    let latency =
+        BarChart::new("master-latency", "Latency by phase (µs)", names).panel(Panel::bars(
+            "",
+            "µs",
+            Format::Number,
+            vec![
+                Group::new("p50", r.results.iter().map(|x| Some(x.p50_us)).collect()),
+                Group::new("p99", r.results.iter().map(|x| Some(x.p99_us)).collect()),
+            ],
+        ));
+    page.heading("Charts");
+    page.bar_chart(&throughput, "A batch call counts its keys. The ceiling: a 64-byte echo server with a thread per connection, as many connections, same run.")?;
+    page.bar_chart(&latency, "Per call.")?;
+    page.heading("Memory, rest and rebuild");
+    let opt = |v: Option<f64>, unit: &str| v.map_or("-".into(), |v| format!("{v:.2} {unit}"));
+    page.table(
+        &["figure", "value"],
+        vec![
+            vec![
+                "resident memory, empty".into(),
+                r.master_rss_empty_bytes
+                    .map_or("-".into(), crate::config::human_bytes),
+            ],
+            vec![
+                "resident memory, loaded".into(),
+                r.master_rss_loaded_bytes
+                    .map_or("-".into(), crate::config::human_bytes),
+            ],
+            vec![
+                "bytes per object".into(),
+                opt(r.master_bytes_per_object, "B"),
+            ],
+            vec![
+                "CPU at rest (share of a core)".into(),
+                opt(r.master_cpu_at_rest.map(|c| c * 100.0), "%"),
+            ],
+            vec!["rebuild after SIGKILL".into(), opt(r.rebuild_seconds, "s")],
+            vec![
+                "store leaving: unmount answered".into(),
+                opt(r.store_leave_seconds, "s"),
+            ],
+            vec![
+                "store leaving: every object dropped".into(),
+                opt(r.store_dropped_seconds, "s"),
+            ],
+            vec!["errors".into(), r.errors.to_string()],
+        ],
+    );
+    page.write(path)?;
+    eprintln!("report: {}", path.display());
     Ok(())
 }
 

@@ -76,6 +76,10 @@ pub struct RouterBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also write an HTML report with charts (requests/s, p50 and p99 latency, time to
+    /// first byte per case: direct, rbgctl's router and the peer) to this file.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
     /// Another router measured beside rbgctl's in regular cases, on the same workers in the
     /// same run, interleaved: a command run with `sh -c`, where `{port}` and
     /// `{prometheus_port}` become free ports and `{workers}` the worker URLs (space-separated),
@@ -792,11 +796,117 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         }
     }
     progress.finish();
+    if let Some(path) = &args.report {
+        write_report(&args, &rows, path)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
     print_tables(&args, &rows);
+    Ok(())
+}
+
+/// The HTML report: per case and client count, bars for direct, rbgctl's router and the
+/// peer (when measured) — requests/s, p50 and p99 latency, median time to first byte.
+fn write_report(
+    args: &RouterBenchArgs,
+    rows: &[Row],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    use crate::report::{BarChart, Format, Group, Page, Panel};
+    let mut page = Page::new("Router against direct-to-worker (FAKE workers)");
+    page.fact(
+        "workers",
+        format!(
+            "{} FAKE worker(s), {} thread(s), {} µs CPU per request; {} s × {} reps, medians",
+            args.workers, args.worker_threads, args.worker_cpu_us, args.seconds, args.reps
+        ),
+    );
+    let cases: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{} ×{}", r.case, r.clients))
+        .collect();
+    let peer = rows.iter().any(|r| r.peer.is_some());
+    let groups = |f: fn(&Measure) -> f64| -> Vec<Group> {
+        let mut g = vec![
+            Group::new("direct", rows.iter().map(|r| Some(f(&r.direct))).collect()),
+            Group::new(
+                "rbgctl router",
+                rows.iter().map(|r| Some(f(&r.router))).collect(),
+            ),
+        ];
+        if peer {
+            g.push(Group::new(
+                args.peer_name.as_str(),
+                rows.iter().map(|r| r.peer.as_ref().map(f)).collect(),
+            ));
+        }
+        g
+    };
+    let chart = |id: &str, title: &str, unit: &str, f: fn(&Measure) -> f64| {
+        BarChart::new(id, title, cases.clone()).panel(Panel::bars(
+            "",
+            unit,
+            Format::Number,
+            groups(f),
+        ))
+    };
+    page.heading("Charts");
+    page.bar_chart(
+        &chart("req-per-s", "Requests per second", "requests/s", |m| {
+            m.req_per_s
+        }),
+        "Case ×clients: each client on its own keep-alive connection. Higher is better.",
+    )?;
+    page.bar_chart(
+        &chart("p50-ms", "Median latency", "ms", |m| m.p50_ms),
+        "The router's added latency is its bar minus direct's.",
+    )?;
+    page.bar_chart(&chart("p99-ms", "p99 latency", "ms", |m| m.p99_ms), "")?;
+    page.bar_chart(
+        &chart("ttfb-p50-ms", "Median time to first byte", "ms", |m| {
+            m.ttfb_p50_ms
+        }),
+        "Of decode's answer in prefill/decode cases.",
+    )?;
+    page.heading("Figures");
+    let rows = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.case.clone(),
+                r.clients.to_string(),
+                format!("{:.0}", r.direct.req_per_s),
+                format!("{:.0}", r.router.req_per_s),
+                format!("{:.0}%", r.throughput_ratio * 100.0),
+                format!("{:.3}", r.added_p50_ms),
+                format!("{:.3}", r.added_p99_ms),
+                r.router
+                    .cpu_us_per_req
+                    .map_or("-".into(), |c| format!("{c:.1}")),
+                r.peer
+                    .as_ref()
+                    .map_or("-".into(), |p| format!("{:.0}", p.req_per_s)),
+            ]
+        })
+        .collect();
+    page.table(
+        &[
+            "case",
+            "clients",
+            "direct/s",
+            "router/s",
+            "router/direct",
+            "added p50 ms",
+            "added p99 ms",
+            "router CPU µs/req",
+            "peer/s",
+        ],
+        rows,
+    );
+    page.write(path)?;
+    eprintln!("report: {}", path.display());
     Ok(())
 }
 

@@ -12,6 +12,8 @@ const HEIGHT: u32 = 400;
 const FONT: &str = "sans-serif";
 /// The legend column of a line chart.
 const LEGEND_WIDTH: u32 = 250;
+/// About how wide a character of a 12-pixel tick label is.
+const CHAR_PX: f64 = 6.5;
 /// Room above the tallest bar for the legend.
 const HEADROOM: f64 = 1.45;
 
@@ -398,6 +400,9 @@ impl BarChart {
     }
 
     pub fn svg(&self) -> Result<String, ReportError> {
+        if let Some(p) = self.horizontal() {
+            return self.horizontal_svg(p);
+        }
         let mut out = String::new();
         {
             let width = if self.panels.len() > 1 { 1100 } else { WIDTH };
@@ -408,6 +413,108 @@ impl BarChart {
             for (area, panel) in root.split_evenly((1, cols)).iter().zip(&self.panels) {
                 self.draw_panel(area, panel)?;
             }
+            draw(root.present())?;
+        }
+        Ok(out)
+    }
+
+    /// The one panel, when its category names are too long to sit side by side under
+    /// vertical bars (and it has no lines): then the bars lie down, names on the left.
+    fn horizontal(&self) -> Option<&Panel> {
+        let [p] = self.panels.as_slice() else {
+            return None;
+        };
+        let longest = self.categories.iter().map(|c| c.chars().count()).max()?;
+        let slot = (WIDTH as f64 - 110.0) / self.categories.len() as f64;
+        (p.lines.is_empty() && longest as f64 * CHAR_PX > slot - 6.0).then_some(p)
+    }
+
+    fn horizontal_svg(&self, p: &Panel) -> Result<String, ReportError> {
+        let n = self.categories.len();
+        let groups = p.bars.len().max(1);
+        let per = (groups as u32 * 13 + 10).max(26);
+        let height = per * n as u32 + 120;
+        let longest = self
+            .categories
+            .iter()
+            .map(|c| c.chars().count())
+            .max()
+            .unwrap_or(0);
+        let names_px = ((longest as f64 * CHAR_PX) as u32 + 16).min(380);
+        let values = p
+            .bars
+            .iter()
+            .flat_map(|g| g.values.iter().flatten().copied());
+        let (_, x1) = span(values, true);
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
+            draw(root.fill(&WHITE))?;
+            let mut chart = draw(
+                ChartBuilder::on(&root)
+                    .caption(&self.title, (FONT, 18))
+                    .margin(12)
+                    .x_label_area_size(40)
+                    .y_label_area_size(names_px)
+                    .build_cartesian_2d(0f64..x1 * 1.6, -0.5f64..(n as f64 - 0.5)),
+            )?;
+            // The first category on top.
+            let cats = self.categories.clone();
+            let cat_text = move |y: &f64| {
+                let i = y.round();
+                if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < cats.len() {
+                    cats[cats.len() - 1 - i as usize].clone()
+                } else {
+                    String::new()
+                }
+            };
+            let bf = p.bar_format;
+            draw(
+                chart
+                    .configure_mesh()
+                    .disable_y_mesh()
+                    .y_labels(n.max(1) * 2 + 1)
+                    .y_label_formatter(&cat_text)
+                    .x_desc(&p.bar_label)
+                    .x_label_formatter(&move |x: &f64| bf.write(*x))
+                    .label_style((FONT, 12))
+                    .light_line_style(RGBColor(238, 238, 238))
+                    .draw(),
+            )?;
+            let h = 0.8 / groups as f64;
+            for (g, group) in p.bars.iter().enumerate() {
+                let c = colour(g);
+                let row = |i: usize| (n - 1 - i) as f64 + 0.4 - g as f64 * h;
+                let rects = group.values.iter().enumerate().filter_map(|(i, v)| {
+                    let top = row(i);
+                    Some(Rectangle::new(
+                        [(0.0, top - 0.01), ((*v)?, top - h + 0.01)],
+                        c.filled(),
+                    ))
+                });
+                let style =
+                    TextStyle::from((FONT, 11).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+                let labels = group.values.iter().enumerate().filter_map(|(i, v)| {
+                    let v = (*v)?;
+                    let at = (v, row(i) - h / 2.0);
+                    Some(EmptyElement::at(at) + Text::new(bf.write_value(v), (4, 0), style.clone()))
+                });
+                draw(chart.draw_series(labels))?;
+                draw(chart.draw_series(rects))?
+                    .label(group.name.as_str())
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled())
+                    });
+            }
+            draw(
+                chart
+                    .configure_series_labels()
+                    .label_font((FONT, 12))
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(RGBColor(200, 200, 200))
+                    .position(SeriesLabelPosition::LowerRight)
+                    .draw(),
+            )?;
             draw(root.present())?;
         }
         Ok(out)
@@ -656,6 +763,38 @@ mod tests {
         ] {
             assert!(t.iter().any(|t| t == name), "{name}: {t:?}");
         }
+    }
+
+    #[test]
+    fn bars_with_long_names_lie_down_and_keep_every_name() {
+        let names: Vec<String> = (0..6)
+            .map(|i| format!("describe, 1 client, puts streaming, case {i}"))
+            .collect();
+        let chart = BarChart::new("h", "long", names.clone()).panel(Panel::bars(
+            "",
+            "ops/s",
+            Format::Number,
+            vec![
+                Group::new("ours", (0..6).map(|i| Some(f64::from(i) * 10.0)).collect()),
+                Group::new("ceiling", vec![None, None, None, None, None, Some(99.0)]),
+            ],
+        ));
+        assert!(chart.horizontal().is_some());
+        let t = texts(&chart.svg().unwrap());
+        for name in names
+            .iter()
+            .map(String::as_str)
+            .chain(["ours", "ceiling", "99.00"])
+        {
+            assert!(t.iter().any(|t| t == name), "{name}: {t:?}");
+        }
+        let short = BarChart::new("v", "short", vec!["L1".into(), "L2".into()]).panel(Panel::bars(
+            "",
+            "x",
+            Format::Number,
+            vec![],
+        ));
+        assert!(short.horizontal().is_none());
     }
 
     #[test]

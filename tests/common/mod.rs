@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod pictures;
+
 use rbgctl::config::{ByteSize, Millis};
 use rbgctl::launch::{self, Child, Launcher, Logs};
 use rbgctl::master::config::MasterConfig;
