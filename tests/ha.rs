@@ -684,6 +684,22 @@ fn a_standby_sends_admin_and_metadata_requests_to_the_leader() {
         r.starts_with("HTTP/1.1 404"),
         "the leader answers itself: {r}"
     );
+    // The status pages: the standby's its own, pointing at the leader's; the leader's its pool.
+    let r = head(s.metrics.port(), "/ui");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(
+        r.contains("standby") && r.contains(&format!("http://{}/ui", l.metrics)),
+        "{r}"
+    );
+    let r = head(l.metrics.port(), "/ui");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains("leader (epoch "),
+        "{r}"
+    );
+    assert!(
+        r.contains("Segments (0)") && r.contains("No store has mounted"),
+        "{r}"
+    );
 }
 
 #[test]

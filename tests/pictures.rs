@@ -14,6 +14,29 @@ use rbgctl::testkit::browser::LoadOptions;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+/// `bench multiturn` against 127.0.0.1:`port`: 6 clients, 3 rounds, at `rate` requests/s.
+fn multiturn_command(port: &str, rate: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["bench", "multiturn", "--host", "127.0.0.1", "--port", port])
+        .args([
+            "--num-clients",
+            "6",
+            "--num-rounds",
+            "3",
+            "--request-length",
+            "256",
+        ])
+        .args([
+            "--output-length",
+            "4",
+            "--disable-auto-run",
+            "--request-rate",
+            rate,
+        ])
+        .args(["--log-file", ""]);
+    c
+}
+
 fn run_ok(c: &mut Command) {
     let out = c.stdin(Stdio::null()).output().expect("rbgctl runs");
     assert!(
@@ -81,24 +104,8 @@ fn every_benchmark_report_renders_its_charts_in_a_browser() {
     let port = e.addrs.http.port().to_string();
     let multiturn = dir.path().join("multiturn.html");
     run_ok(
-        Command::new(BIN)
-            .args(["bench", "multiturn", "--host", "127.0.0.1", "--port", &port])
-            .args([
-                "--num-clients",
-                "6",
-                "--num-rounds",
-                "3",
-                "--request-length",
-                "128",
-            ])
-            .args([
-                "--output-length",
-                "4",
-                "--disable-auto-run",
-                "--request-rate",
-                "50",
-            ])
-            .args(["--log-file", "", "--report"])
+        multiturn_command(&port, "50")
+            .arg("--report")
             .arg(&multiturn),
     );
     let run = ["rate 50 req/s"];
@@ -142,13 +149,7 @@ fn every_benchmark_report_renders_its_charts_in_a_browser() {
     );
 
     // bench tiers: seed 000's two figures, its published numbers labelled beside ours.
-    let cfg = dir.path().join("tiers.toml");
-    std::fs::write(
-        &cfg,
-        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 1\ndevice_cache_tokens = 2048\n\
-         host_cache_tokens = 4096\nbytes_per_token = 512\nprefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
-    )
-    .unwrap();
+    let cfg = common::small_tiers_config(dir.path());
     let tiers = dir.path().join("tiers.html");
     run_ok(
         Command::new(BIN)
@@ -463,26 +464,7 @@ fn every_metric_a_grafana_dashboard_queries_is_exported_by_a_running_role() {
     let router = a.router.clone().expect("a router");
     let port = router.rsplit(':').next().unwrap().to_string();
     // Traffic through every role: conversations through the router, pages through the pool.
-    run_ok(
-        Command::new(BIN)
-            .args(["bench", "multiturn", "--host", "127.0.0.1", "--port", &port])
-            .args([
-                "--num-clients",
-                "6",
-                "--num-rounds",
-                "3",
-                "--request-length",
-                "256",
-            ])
-            .args([
-                "--output-length",
-                "4",
-                "--disable-auto-run",
-                "--request-rate",
-                "inf",
-            ])
-            .args(["--log-file", ""]),
-    );
+    run_ok(&mut multiturn_command(&port, "inf"));
     // The engines reach the stores through shared memory: some traffic over TCP as well.
     run_ok(
         Command::new(BIN)

@@ -131,13 +131,7 @@ fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
 #[test]
 fn the_cache_tiers_on_the_same_workload_rank_as_in_seed_000_and_a_disk_tier_keeps_the_hits() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("tiers.toml");
-    std::fs::write(
-        &cfg,
-        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 1\ndevice_cache_tokens = 2048\n\
-         host_cache_tokens = 4096\nbytes_per_token = 512\nprefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
-    )
-    .unwrap();
+    let cfg = common::small_tiers_config(dir.path());
     let out = Command::new(BIN)
         .args(["bench", "tiers", "--config"])
         .arg(&cfg)

@@ -459,15 +459,7 @@ impl BarChart {
                     .build_cartesian_2d(0f64..x1 * 1.6, -0.5f64..(n as f64 - 0.5)),
             )?;
             // The first category on top.
-            let cats = self.categories.clone();
-            let cat_text = move |y: &f64| {
-                let i = y.round();
-                if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < cats.len() {
-                    cats[cats.len() - 1 - i as usize].clone()
-                } else {
-                    String::new()
-                }
-            };
+            let cat_text = category_label(self.categories.clone(), true);
             let bf = p.bar_format;
             draw(
                 chart
@@ -506,15 +498,7 @@ impl BarChart {
                         Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled())
                     });
             }
-            draw(
-                chart
-                    .configure_series_labels()
-                    .label_font((FONT, 12))
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(RGBColor(200, 200, 200))
-                    .position(SeriesLabelPosition::LowerRight)
-                    .draw(),
-            )?;
+            legend(&mut chart, SeriesLabelPosition::LowerRight)?;
             draw(root.present())?;
         }
         Ok(out)
@@ -549,15 +533,7 @@ impl BarChart {
                 .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..y1 * HEADROOM)
                 .map(|c| c.set_secondary_coord(-0.5f64..(n as f64 - 0.5), 0f64..l1 * HEADROOM)),
         )?;
-        let cats = self.categories.clone();
-        let cat_text = move |x: &f64| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                cats.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        };
+        let cat_text = category_label(self.categories.clone(), false);
         let bf = p.bar_format;
         let lf = p.line_format;
         draw(
@@ -621,17 +597,38 @@ impl BarChart {
                 .label(line.name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         }
-        draw(
-            chart
-                .configure_series_labels()
-                .label_font((FONT, 12))
-                .background_style(WHITE.mix(0.85))
-                .border_style(RGBColor(200, 200, 200))
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw(),
-        )?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         Ok(())
     }
+}
+
+/// The name of the category at a whole tick of a category axis (`reversed`: counted from the
+/// far end), blank between them.
+fn category_label(cats: Vec<String>, reversed: bool) -> impl Fn(&f64) -> String {
+    move |at: &f64| {
+        let i = at.round();
+        if (at - i).abs() > 1e-6 || i < 0.0 || i as usize >= cats.len() {
+            return String::new();
+        }
+        let i = i as usize;
+        cats[if reversed { cats.len() - 1 - i } else { i }].clone()
+    }
+}
+
+/// The chart's legend, in a box at `position`.
+fn legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), ReportError> {
+    draw(
+        chart
+            .configure_series_labels()
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .position(position)
+            .draw(),
+    )
 }
 
 impl Format {

@@ -36,6 +36,19 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// Writes `tiers.toml` in `dir` for `bench tiers`: one store, one SIMULATED engine whose
+/// device cache is far smaller than a conversation, so that the tiers differ; its path.
+pub fn small_tiers_config(dir: &std::path::Path) -> PathBuf {
+    let cfg = dir.join("tiers.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 1\ndevice_cache_tokens = 2048\n\
+         host_cache_tokens = 4096\nbytes_per_token = 512\nprefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
+    )
+    .expect("the tiers config is written");
+    cfg
+}
+
 /// A master config on loopback, every port chosen by the kernel, the metadata server on.
 pub fn loopback_master(base: MasterConfig) -> MasterConfig {
     MasterConfig {
