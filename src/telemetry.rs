@@ -54,15 +54,37 @@ pub struct LogArgs {
 }
 
 impl LogArgs {
-    /// The filter in force: `RBGCTL_LOG`, else `--log-level`, else `RUST_LOG`, else `info`.
+    /// The filter in force, from this process's environment.
     fn filter(&self) -> Result<tracing_subscriber::EnvFilter, String> {
         let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
-        let (source, text) = match (env("RBGCTL_LOG"), &self.log_level, env("RUST_LOG")) {
+        self.filter_from(env("RBGCTL_LOG"), env("RUST_LOG"))
+    }
+
+    /// The filter in force: `RBGCTL_LOG`, else `--log-level`, else `RUST_LOG`, else `info`.
+    fn filter_from(
+        &self,
+        rbgctl_log: Option<String>,
+        rust_log: Option<String>,
+    ) -> Result<tracing_subscriber::EnvFilter, String> {
+        let (source, text) = match (rbgctl_log, &self.log_level, rust_log) {
             (Some(v), _, _) => ("RBGCTL_LOG", v),
             (None, Some(v), _) => ("--log-level", v.clone()),
             (None, None, Some(v)) => ("RUST_LOG", v),
             (None, None, None) => ("default", "info".to_string()),
         };
+        // A bare word is a level; a typo (`inf`, `verbose`) would otherwise become a filter
+        // for a target of that name, and silence every line.
+        const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+        let word = text.trim();
+        if !word.contains(['=', ',', '[', ':'])
+            && !LEVELS.contains(&word.to_ascii_lowercase().as_str())
+        {
+            return Err(format!(
+                "{source} {text:?} is not a log level ({}) or a filter such as \
+                 info,rbgctl::router=debug",
+                LEVELS.join(", ")
+            ));
+        }
         tracing_subscriber::EnvFilter::try_new(&text).map_err(|e| {
             format!(
                 "{source} {text:?} is not a log level or filter \
@@ -375,6 +397,37 @@ impl OpStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_filter_comes_from_rbgctl_log_then_the_flag_then_rust_log() {
+        let args = |level: Option<&str>| LogArgs {
+            log_level: level.map(String::from),
+            ..LogArgs::default()
+        };
+        let f = |a: &LogArgs, ours: Option<&str>, rust: Option<&str>| {
+            a.filter_from(ours.map(String::from), rust.map(String::from))
+                .map(|f| f.to_string())
+        };
+        assert_eq!(f(&args(None), None, None).unwrap(), "info");
+        assert_eq!(f(&args(None), None, Some("warn")).unwrap(), "warn");
+        assert_eq!(
+            f(&args(Some("debug")), None, Some("warn")).unwrap(),
+            "debug"
+        );
+        assert_eq!(
+            f(&args(Some("debug")), Some("error"), Some("warn")).unwrap(),
+            "error"
+        );
+        let e = f(&args(None), None, Some("info,=[")).unwrap_err();
+        assert!(e.starts_with("RUST_LOG \"info,=[\""), "{e}");
+        let e = f(&args(Some("loud")), None, None).unwrap_err();
+        assert!(
+            e.starts_with("--log-level \"loud\" is not a log level (trace,"),
+            "{e}"
+        );
+        assert_eq!(f(&args(Some("WARN")), None, None).unwrap(), "warn");
+        assert!(f(&args(Some("rbgctl::router=debug")), None, None).is_ok());
+    }
 
     #[test]
     fn a_histogram_counts_cumulatively_with_its_labels() {

@@ -587,6 +587,10 @@ impl Stack {
             println!("  master RPC          {m}");
             println!("  metadata server     {md}");
             println!("  metrics / admin     {mm}/metrics  {mm}/api/v1/segments");
+            println!("  pool status page    {mm}/ui");
+        }
+        if let Some(r) = &self.router {
+            println!("  router status page  {r}/ui");
         }
         for s in &self.stores {
             println!("  store               {s}");
