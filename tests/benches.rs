@@ -599,11 +599,15 @@ fn bench_store_disk_tier_measures_demotion_and_disk_reads_beside_the_filesystem(
         .prefix("bench-disk")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
         .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let report = out.path().join("disk-tier.html");
     let o = Command::new(BIN)
         .args(["bench", "store", "--disk-tier"])
         .arg(dir.path())
         .args(["--disk-tier-memory", "16MiB", "--disk-tier-size", "64MiB"])
         .args(["--disk-tier-values", "256KiB", "--threads", "1,2", "--json"])
+        .arg("--report")
+        .arg(&report)
         .stdin(Stdio::null())
         .output()
         .expect("rbgctl runs");
@@ -634,6 +638,28 @@ fn bench_store_disk_tier_measures_demotion_and_disk_reads_beside_the_filesystem(
         std::fs::read_dir(dir.path()).unwrap().count(),
         0,
         "the benchmark's files are gone"
+    );
+    common::pictures::check_report(
+        &report,
+        "bench-store-disk-tier",
+        &[
+            (
+                "put-streams",
+                &[
+                    "no tier (eviction drops)",
+                    "disk tier (eviction demotes)",
+                    "256 KiB",
+                ],
+            ),
+            (
+                "disk-gets",
+                &[
+                    "tcp get, 1 thread",
+                    "same-host get, 2 threads",
+                    "filesystem sequential read (this machine)",
+                ],
+            ),
+        ],
     );
 }
 

@@ -31,6 +31,8 @@ pub struct Plan<'a> {
     pub sizes: Vec<u64>,
     pub threads: Vec<usize>,
     pub json: bool,
+    /// Where to write the HTML report, if anywhere.
+    pub report: Option<&'a Path>,
 }
 
 #[derive(Debug, Default, serde::Serialize)]
@@ -331,11 +333,113 @@ pub fn run(plan: Plan<'_>) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(path) = plan.report {
+        write_report(&report, path)?;
+        eprintln!("report: {}", path.display());
+    }
     if plan.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", table(&report));
     }
+    Ok(())
+}
+
+/// The HTML report: put streams with and without the tier as bars, and disk-resident gets per
+/// value size against the filesystem's own sequential read speed.
+fn write_report(r: &Report, path: &Path) -> anyhow::Result<()> {
+    use crate::report::{BarChart, Format, Group, LineChart, Page, Panel, Series};
+    let mut page = Page::new("The disk tier: puts at the watermark, reads from disk");
+    page.fact(
+        "machine",
+        format!(
+            "loopback TCP {:.2} GB/s, memcpy {:.2} GB/s; disk tier {} ({}), memory {}",
+            r.loopback_tcp_gb_per_s,
+            r.memcpy_gb_per_s,
+            human_bytes(r.disk_bytes),
+            if r.direct_io { "O_DIRECT" } else { "buffered" },
+            human_bytes(r.memory_bytes)
+        ),
+    );
+    let sizes: Vec<String> = r
+        .put_streams
+        .iter()
+        .map(|p| Format::Bytes.write(p.value_bytes as f64))
+        .collect();
+    let puts = BarChart::new(
+        "put-streams",
+        "A put stream at the memory watermark (GB/s)",
+        sizes,
+    )
+    .panel(Panel::bars(
+        "",
+        "GB/s",
+        Format::Number,
+        vec![
+            Group::new(
+                "no tier (eviction drops)",
+                r.put_streams
+                    .iter()
+                    .map(|p| Some(p.no_tier_gb_per_s))
+                    .collect(),
+            ),
+            Group::new(
+                "disk tier (eviction demotes)",
+                r.put_streams
+                    .iter()
+                    .map(|p| Some(p.disk_tier_gb_per_s))
+                    .collect(),
+            ),
+            Group::new(
+                "demotion to disk",
+                r.put_streams
+                    .iter()
+                    .map(|p| Some(p.demotion_gb_per_s))
+                    .collect(),
+            ),
+        ],
+    ));
+    let mut gets = LineChart::new(
+        "disk-gets",
+        "Gets of disk-resident values",
+        "value size",
+        "GB/s",
+    )
+    .formats(Format::Bytes, Format::Number)
+    .log_x();
+    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for g in &r.disk_gets {
+        let name = format!(
+            "{} get, {} thread{}",
+            g.path,
+            g.threads,
+            if g.threads == 1 { "" } else { "s" }
+        );
+        let point = (g.value_bytes as f64, g.gb_per_s);
+        match curves.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, pts)) => pts.push(point),
+            None => curves.push((name, vec![point])),
+        }
+    }
+    for (name, mut pts) in curves {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        gets = gets.series(Series::new(name, pts));
+    }
+    let mut fs: Vec<(f64, f64)> = r
+        .filesystem
+        .iter()
+        .map(|p| (p.block_bytes as f64, p.read_gb_per_s))
+        .collect();
+    fs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    gets = gets.series(Series {
+        name: "filesystem sequential read (this machine)".into(),
+        points: fs,
+        reference: true,
+    });
+    page.heading("Charts");
+    page.bar_chart(&puts, "Values streamed into a pool whose memory is full: without a disk tier eviction drops the oldest; with one it copies them to disk first.")?;
+    page.line_chart(&gets, "tcp: the store reads its disk and sends the bytes; same-host: the client reads the disk tier's file itself. Dashed: the filesystem's own sequential read speed per block size, measured in this run.")?;
+    page.write(path)?;
     Ok(())
 }
 

@@ -96,7 +96,8 @@ pub struct StoreBenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Also write an HTML report with charts (GB/s and p99 latency per value size against
-    /// the machine's loopback and memcpy lines) to this file: self-contained, opens offline.
+    /// the machine's loopback and memcpy lines; with --disk-tier, put streams and disk reads
+    /// against the filesystem's speed) to this file: self-contained, opens offline.
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
 }
@@ -581,6 +582,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
             sizes: args.disk_tier_values.iter().map(|s| s.0).collect(),
             threads: args.threads.clone(),
             json: args.json,
+            report: args.report.as_deref(),
         });
     }
     let progress = |msg: &str| {
