@@ -237,10 +237,7 @@ async fn status_page(State(shared): State<Arc<Shared>>, Query(q): Query<PageQuer
         last_60s,
         history,
     };
-    let part = match q.part.as_deref() {
-        Some("main") => ui::Part::Main,
-        _ => ui::Part::Whole,
-    };
+    let part = crate::report::live::Part::from_query(q.part.as_deref());
     let mut resp = ui::render(&view, part).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,13 +1,13 @@
 //! The master's status page (`/` and `/ui` on the admin port): segments with their use as
 //! bars, objects per tier, put/get/eviction rates over the last seconds with a chart of the
-//! last two minutes, and the master's HA role. Rendered on the server, so it works with
-//! scripts off (the page then reloads itself every 5 s); with scripts on, it refreshes its
-//! body every 2 s from `/ui?part=main`, the same rendering, without a reload.
+//! last two minutes, and the master's HA role, in the frame of `report::live` (server-rendered,
+//! refreshed by an inline script when scripts are on).
 //!
 //! `History` (the rates) and `render` (the page from a `View`) are pure; `view` reads the
 //! master's state under its lock, once per page.
 
 use super::state::{Counters, Summary};
+use crate::report::live::{self, Part};
 use crate::report::{self, escape, LineChart, Series};
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -150,49 +150,11 @@ pub struct View {
     pub history: Vec<(f64, Rates)>,
 }
 
-/// Which part of the page to render.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    Whole,
-    /// The contents of `<main>` only, for the page's own refresh.
-    Main,
-}
-
 /// The page (or its `<main>`).
 pub fn render(v: &View, part: Part) -> String {
-    let main = main(v);
-    if part == Part::Main {
-        return main;
-    }
-    let mut h = String::with_capacity(main.len() + 4096);
-    let _ = write!(
-        h,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>rbgctl master: status</title>\
-         <noscript><meta http-equiv=\"refresh\" content=\"5\"></noscript>\
-         {}<style>{}</style></head><body data-refreshes=\"0\">\
-         <h1>rbgctl master <small id=\"live\" class=\"warn\">rendered by the server; reloads every 5 s</small></h1>\
-         <main id=\"main\">{main}</main>\
-         <footer>Also: <a href=\"/metrics\">/metrics</a> · <a href=\"/api/v1/status\">/api/v1/status</a> · \
-         <a href=\"/api/v1/segments\">/api/v1/segments</a> · <a href=\"/health\">/health</a></footer>\
-         <script>{REFRESH_JS}</script></body></html>\n",
-        report::FAVICON,
-        report::STYLE,
-    );
-    h
+    let links = ["/metrics", "/api/v1/status", "/api/v1/segments", "/health"];
+    live::page("rbgctl master", main(v), &links, part)
 }
-
-/// Replaces `<main>` every 2 s with `?part=main`; says when it could not.
-pub const REFRESH_JS: &str = "(function(){var n=0,live=document.getElementById('live');\
-live.textContent='live';live.className='ok';\
-function tick(){fetch(location.pathname+'?part=main',{cache:'no-store'})\
-.then(function(r){if(!r.ok){throw new Error('HTTP '+r.status);}return r.text();})\
-.then(function(t){document.getElementById('main').innerHTML=t;n+=1;\
-document.body.dataset.refreshes=String(n);\
-live.textContent='live, refreshed '+new Date().toLocaleTimeString();live.className='ok';})\
-.catch(function(e){live.textContent='not refreshed: '+e.message;live.className='bad';});}\
-setInterval(tick,2000);tick();})();";
 
 fn main(v: &View) -> String {
     let mut h = String::new();
@@ -298,12 +260,11 @@ fn main(v: &View) -> String {
         "evictions",
         v.history.iter().map(|(t, r)| (*t, r.evictions)).collect(),
     ));
-    figure(
-        &mut h,
+    h.push_str(&report::figure_or_error(
         "rates",
         chart.svg(),
         "Batch calls count once. One point a second.",
-    );
+    ));
     let _ = write!(h, "<h2>Segments ({})</h2>", v.segments.len());
     if v.segments.is_empty() {
         h.push_str("<p class=\"warn\">No store has mounted a segment.</p>");
@@ -330,21 +291,6 @@ fn main(v: &View) -> String {
     }
     h.push_str("</tbody></table>");
     h
-}
-
-fn figure(h: &mut String, id: &str, svg: Result<String, report::ReportError>, caption: &str) {
-    match svg {
-        Ok(svg) => {
-            let _ = write!(
-                h,
-                "<figure class=\"chart\" id=\"{id}\">{svg}<figcaption>{}</figcaption></figure>",
-                escape(caption)
-            );
-        }
-        Err(e) => {
-            let _ = write!(h, "<p class=\"bad\">{}</p>", escape(&e.to_string()));
-        }
-    }
 }
 
 /// A row with a use bar, and the watermark where eviction starts.

@@ -3,6 +3,7 @@
 //! and how the run was made. No script and nothing fetched: it opens offline, in any browser.
 
 pub mod chart;
+pub mod live;
 
 pub use chart::{BarChart, Format, Group, LineChart, Panel, Series};
 
@@ -133,12 +134,8 @@ impl Page {
                     let _ = writeln!(h, "<p>{}</p>", escape(t));
                 }
                 Block::Figure { id, svg, caption } => {
-                    let _ = writeln!(
-                        h,
-                        "<figure class=\"chart\" id=\"{}\">{svg}<figcaption>{}</figcaption></figure>",
-                        escape(id),
-                        escape(caption)
-                    );
+                    h.push_str(&figure(id, svg, caption));
+                    h.push('\n');
                 }
                 Block::Table { headers, rows } => h.push_str(&table(headers, rows)),
             }
@@ -156,6 +153,23 @@ impl Page {
         let tmp = path.with_extension("html.partial");
         std::fs::write(&tmp, self.render()).map_err(err)?;
         std::fs::rename(&tmp, path).map_err(err)
+    }
+}
+
+/// A chart in its `<figure>`, found by `id`.
+pub fn figure(id: &str, svg: &str, caption: &str) -> String {
+    format!(
+        "<figure class=\"chart\" id=\"{}\">{svg}<figcaption>{}</figcaption></figure>",
+        escape(id),
+        escape(caption)
+    )
+}
+
+/// A chart's figure, or the reason it could not be drawn.
+pub fn figure_or_error(id: &str, svg: Result<String, ReportError>, caption: &str) -> String {
+    match svg {
+        Ok(svg) => figure(id, &svg, caption),
+        Err(e) => format!("<p class=\"bad\">{}</p>", escape(&e.to_string())),
     }
 }
 

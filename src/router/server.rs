@@ -672,10 +672,7 @@ async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
         pd: s.pd,
         workers,
     };
-    let part = match q.part.as_deref() {
-        Some("main") => crate::master::ui::Part::Main,
-        _ => crate::master::ui::Part::Whole,
-    };
+    let part = crate::report::live::Part::from_query(q.part.as_deref());
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),

@@ -1,10 +1,9 @@
 //! The router's status page (`/ui`): its policy, and each worker's health, circuit state, load
-//! and requests served, as a table with load bars and a chart. Server-rendered like the
-//! master's (`crate::master::ui`): it works with scripts off, and with them on refreshes its
-//! body every 2 s from `/ui?part=main`.
+//! and requests served, as a table with load bars and a chart, in the frame of `report::live`
+//! (server-rendered, refreshed by an inline script when scripts are on).
 
-use crate::master::ui::{Part, REFRESH_JS};
-use crate::report::{self, escape, BarChart, Format, Group, Panel};
+use crate::report::live::{self, Part};
+use crate::report::{escape, BarChart, Format, Group, Panel};
 use std::fmt::Write as _;
 
 /// One worker's row.
@@ -29,23 +28,11 @@ pub struct View {
 }
 
 pub fn render(v: &View, part: Part) -> String {
-    let main = main(v);
-    if part == Part::Main {
-        return main;
-    }
-    format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>rbgctl router: status</title>\
-         <noscript><meta http-equiv=\"refresh\" content=\"5\"></noscript>\
-         {}<style>{}</style></head><body data-refreshes=\"0\">\
-         <h1>rbgctl router <small id=\"live\" class=\"warn\">rendered by the server; reloads every 5 s</small></h1>\
-         <main id=\"main\">{main}</main>\
-         <footer>Also: <a href=\"/metrics\">/metrics</a> · <a href=\"/workers\">/workers</a> · \
-         <a href=\"/health\">/health</a></footer>\
-         <script>{REFRESH_JS}</script></body></html>\n",
-        report::FAVICON,
-        report::STYLE
+    live::page(
+        "rbgctl router",
+        main(v),
+        &["/metrics", "/workers", "/health"],
+        part,
     )
 }
 
@@ -122,19 +109,12 @@ fn main(v: &View) -> String {
             )],
         ),
     );
-    match chart.svg() {
-        Ok(svg) => {
-            let _ = write!(
-                h,
-                "<figure class=\"chart\" id=\"worker-load\">{svg}<figcaption>Bars: requests in \
-                 flight now (left axis); line: requests served since the router started (right \
-                 axis).</figcaption></figure>"
-            );
-        }
-        Err(e) => {
-            let _ = write!(h, "<p class=\"bad\">{}</p>", escape(&e.to_string()));
-        }
-    }
+    h.push_str(&crate::report::figure_or_error(
+        "worker-load",
+        chart.svg(),
+        "Bars: requests in flight now (left axis); line: requests served since the router \
+         started (right axis).",
+    ));
     h
 }
 
