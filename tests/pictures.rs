@@ -264,9 +264,11 @@ fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scri
             .put(&format!("page/{i}"), &value, &Default::default())
             .expect("put");
     }
+    // Another client, which has not learnt where the values live: it asks the master.
+    let reader = c.client();
     for i in 0..20 {
         assert_eq!(
-            client.get(&format!("page/{i}")).expect("get").len(),
+            reader.get(&format!("page/{i}")).expect("get").len(),
             value.len()
         );
     }
@@ -275,7 +277,7 @@ fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scri
     assert!(
         wait_until(std::time::Duration::from_secs(10), || {
             let (_, body) = c.http_get("/ui?part=main");
-            !body.contains("<td class=\"n\">—</td>")
+            body.contains("put requests/s") && !body.contains("<td>—</td>")
         }),
         "no rates after 10 s"
     );
@@ -328,6 +330,21 @@ fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scri
         main.contains("<td class=\"n\">40</td>"),
         "40 objects in memory: {main}"
     );
+    // The 40 puts and 20 gets fall within the last minute: both rates are above zero.
+    for op in ["put", "get"] {
+        let row = main
+            .split(&format!("<td>{op} requests/s</td>"))
+            .nth(1)
+            .and_then(|r| r.split("</tr>").next())
+            .unwrap_or_else(|| panic!("no {op} row: {main}"));
+        let last_60s: f64 = row
+            .rsplit("<td class=\"n\">")
+            .next()
+            .and_then(|c| c.strip_suffix("</td>"))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("{op} row: {row}"));
+        assert!(last_60s > 0.0, "{op} requests/s over 60 s: {row}");
+    }
     assert!(
         main.matches("class=\"bar\"").count() >= 3,
         "memory and two segments: {main}"

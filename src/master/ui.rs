@@ -263,7 +263,8 @@ fn main(v: &View) -> String {
     h.push_str(&report::figure_or_error(
         "rates",
         chart.svg(),
-        "Batch calls count once. One point a second.",
+        "Requests the master answered, one point a second; a batch call counts once. A client \
+         that remembers where a value lives reads it from its store without asking.",
     ));
     let _ = write!(h, "<h2>Segments ({})</h2>", v.segments.len());
     if v.segments.is_empty() {

@@ -271,7 +271,12 @@ impl LineChart {
                 let c = colour(i);
                 let style = c.stroke_width(2);
                 if s.reference {
-                    draw(chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style)))?;
+                    // A reference known at one x only holds across the chart.
+                    let pts = match pts.as_slice() {
+                        [(_, y)] => vec![(x0, *y), (x1, *y)],
+                        _ => pts.clone(),
+                    };
+                    draw(chart.draw_series(DashedLineSeries::new(pts, 8, 5, style)))?;
                 } else {
                     if pts.len() <= 24 {
                         draw(
@@ -657,7 +662,15 @@ fn span(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
         lo = lo.min(0.0);
     }
     if hi - lo < 1e-12 {
-        hi = lo + if lo.abs() > 0.0 { lo.abs() } else { 1.0 };
+        let d = if lo.abs() > 0.0 { lo.abs() } else { 1.0 };
+        if from_zero {
+            hi = lo + d;
+        } else {
+            // One value: centred, a twentieth of it or a unit (on a log axis, a power) either
+            // side, whichever is more.
+            let d = (d * 0.05).max(1.0);
+            (lo, hi) = (lo - d, hi + d);
+        }
     }
     if from_zero {
         hi += (hi - lo) * 0.05;
@@ -799,7 +812,11 @@ mod tests {
         assert!(LineChart::new("e", "empty", "x", "y").svg().is_ok());
         let flat = LineChart::new("f", "flat", "x", "y").series(Series::new("s", vec![(1.0, 5.0)]));
         assert!(flat.svg().is_ok());
-        assert_eq!(span([2.0, 2.0].into_iter(), false), (2.0, 4.0));
+        assert_eq!(span([2.0, 2.0].into_iter(), false), (1.0, 3.0));
+        assert_eq!(span([18.0].into_iter(), false), (17.0, 19.0));
+        assert_eq!(span([1e6].into_iter(), false), (0.95e6, 1.05e6));
+        assert_eq!(span([0.5].into_iter(), false), (-0.5, 1.5));
+        assert_eq!(span([2.0].into_iter(), true), (0.0, 2.1));
         assert_eq!(span(std::iter::empty(), true), (0.0, 1.0));
     }
 
