@@ -248,6 +248,7 @@ fn main(v: &View) -> String {
         "seconds ago",
         "per second",
     )
+    .x_range(-(HISTORY_LEN as f64), 0.0)
     .series(Series::new(
         "puts",
         v.history.iter().map(|(t, r)| (*t, r.puts)).collect(),

@@ -174,6 +174,8 @@ pub struct LineChart {
     pub x_log: bool,
     /// Logarithmic y axis (latencies spanning decades).
     pub y_log: bool,
+    /// A fixed x range (a time window), instead of the data's.
+    pub x_range: Option<(f64, f64)>,
     pub series: Vec<Series>,
 }
 
@@ -188,6 +190,7 @@ impl LineChart {
             y_format: Format::Number,
             x_log: false,
             y_log: false,
+            x_range: None,
             series: Vec::new(),
         }
     }
@@ -213,6 +216,12 @@ impl LineChart {
         self
     }
 
+    /// Shows x from `from` to `to` whatever the data covers (on a linear axis).
+    pub fn x_range(mut self, from: f64, to: f64) -> LineChart {
+        self.x_range = Some((from, to));
+        self
+    }
+
     /// The chart as one `<svg>` element: the plot on the left, its legend on the right.
     pub fn svg(&self) -> Result<String, ReportError> {
         // A log axis is drawn linear in log2 (sizes: ticks fall on powers of two) or log10.
@@ -235,7 +244,10 @@ impl LineChart {
             })
             .collect();
         let all = || series.iter().flat_map(|(_, p)| p.iter());
-        let (x0, x1) = span(all().map(|p| p.0), false);
+        let (x0, x1) = match self.x_range {
+            Some(r) if !self.x_log && r.0 < r.1 => r,
+            _ => span(all().map(|p| p.0), false),
+        };
         let (y0, y1) = span(all().map(|p| p.1), !self.y_log);
         let mut out = String::new();
         {
