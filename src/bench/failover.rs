@@ -602,6 +602,25 @@ fn measure(
     })
 }
 
+/// The epoch of the acknowledging master as a step line: the first acknowledgement, each change
+/// (the old epoch held until the new one's first acknowledgement), and the last.
+fn epoch_steps(acks: &[(f64, u64)]) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for (i, &(at, epoch)) in acks.iter().enumerate() {
+        let epoch = epoch as f64;
+        match out.last() {
+            None => out.push((at, epoch)),
+            Some(&(_, prev)) if prev != epoch => {
+                out.push((at, prev));
+                out.push((at, epoch));
+            }
+            _ if i + 1 == acks.len() => out.push((at, epoch)),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// The HTML report: the client's puts and failures per second with the faults marked, and
 /// the epoch of the master behind each acknowledgement.
 fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
@@ -651,15 +670,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         "epoch",
     )
     .formats(Format::Number, Format::Integer);
-    let step = t.acks.len().div_ceil(2000).max(1);
-    epochs = epochs.series(Series::new(
-        "epoch",
-        t.acks
-            .iter()
-            .step_by(step)
-            .map(|(s, e)| (*s, *e as f64))
-            .collect(),
-    ));
+    epochs = epochs.series(Series::new("epoch", epoch_steps(&t.acks)));
     for (at, what) in &t.events {
         rates = rates.series(Series {
             name: what.clone(),
@@ -671,7 +682,8 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
     page.line_chart(&rates, "Dashed: the faults, when they were made.")?;
     page.line_chart(
         &epochs,
-        "A new epoch is a new leader: every put after a failover is acknowledged by it.",
+        "A new epoch is a new leader: every put after a failover is acknowledged by it. Each \
+         step is the first put the new leader acknowledged.",
     )?;
     page.heading("Figures");
     let fault_row = |name: &str, f: &Fault| {
@@ -837,4 +849,23 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
             .join(", ")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_are_drawn_as_steps_through_the_gap_a_failover_leaves() {
+        let acks = [(0.0, 2), (0.5, 2), (1.0, 2), (3.5, 4), (4.0, 4), (7.0, 6)];
+        assert_eq!(
+            epoch_steps(&acks),
+            vec![(0.0, 2.0), (3.5, 2.0), (3.5, 4.0), (7.0, 4.0), (7.0, 6.0)]
+        );
+        assert_eq!(
+            epoch_steps(&[(1.0, 3), (2.0, 3)]),
+            vec![(1.0, 3.0), (2.0, 3.0)]
+        );
+        assert!(epoch_steps(&[]).is_empty());
+    }
 }
