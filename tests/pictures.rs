@@ -366,18 +366,7 @@ fn the_router_status_page_shows_each_workers_health_circuit_and_load() {
         .iter()
         .map(|w| format!("http://127.0.0.1:{}", w.addrs.http.port()))
         .collect();
-    let mut argv: Vec<String> = [
-        "router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
-    ]
-    .map(String::from)
-    .to_vec();
-    argv.push("--worker-urls".into());
+    let mut argv = router_argv(&["--worker-urls"]);
     argv.extend(urls.iter().cloned());
     argv.extend(["--policy".into(), "round_robin".into()]);
     let r: Spawned<rbgctl::router::Addrs> = launcher.spawn_argv("router", &argv).expect("router");

@@ -63,15 +63,7 @@ fn router_with_env(
     ready: Option<bool>,
     env: &[(&str, &std::path::Path)],
 ) -> Router {
-    let mut argv = s(&[
-        "router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
-    ]);
+    let mut argv = common::router_argv(&[]);
     argv.extend(args.iter().cloned());
     let r: Spawned<rbgctl::router::Addrs> = launcher()
         .spawn_argv_with_env("router", &argv, env)

@@ -198,23 +198,14 @@ fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
     let de = engine("decode", &[]);
     let (p, d) = (pe.addrs.http.port(), de.addrs.http.port());
     let boot = pe.addrs.bootstrap.expect("a bootstrap port").port();
-    let argv: Vec<String> = [
-        "router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
+    let argv = common::router_argv(&[
         "--pd-disaggregation",
         "--prefill",
         &format!("http://127.0.0.1:{p}"),
         &boot.to_string(),
         "--decode",
         &format!("http://127.0.0.1:{d}"),
-    ]
-    .map(String::from)
-    .to_vec();
+    ]);
     let r: Spawned<RouterAddrs> = launcher.spawn_argv("router", &argv).unwrap();
     let router = r.addrs.http.port();
     assert!(wait_until(Duration::from_secs(30), || http(

@@ -49,6 +49,23 @@ pub fn small_tiers_config(dir: &std::path::Path) -> PathBuf {
     cfg
 }
 
+/// A router's command line on loopback, its ports chosen by the kernel, then `extra`.
+pub fn router_argv(extra: &[&str]) -> Vec<String> {
+    [
+        "router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|a| a.to_string())
+    .collect()
+}
+
 /// A master config on loopback, every port chosen by the kernel, the metadata server on.
 pub fn loopback_master(base: MasterConfig) -> MasterConfig {
     MasterConfig {
