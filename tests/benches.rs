@@ -160,31 +160,7 @@ fn fake_worker(
 }
 
 fn multiturn(port: u16, extra: &[&str]) -> Output {
-    Command::new(BIN)
-        .args([
-            "bench",
-            "multiturn",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .args([
-            "--num-clients",
-            "4",
-            "--num-rounds",
-            "2",
-            "--request-length",
-            "256",
-        ])
-        .args([
-            "--output-length",
-            "4",
-            "--disable-auto-run",
-            "--request-rate",
-            "inf",
-        ])
-        .args(["--log-file", ""])
+    multiturn_command(&port.to_string(), 4, 2, "inf")
         .args(extra)
         .stdin(Stdio::null())
         .output()

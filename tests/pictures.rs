@@ -14,29 +14,6 @@ use rbgctl::testkit::browser::LoadOptions;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// `bench multiturn` against 127.0.0.1:`port`: 6 clients, 3 rounds, at `rate` requests/s.
-fn multiturn_command(port: &str, rate: &str) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(["bench", "multiturn", "--host", "127.0.0.1", "--port", port])
-        .args([
-            "--num-clients",
-            "6",
-            "--num-rounds",
-            "3",
-            "--request-length",
-            "256",
-        ])
-        .args([
-            "--output-length",
-            "4",
-            "--disable-auto-run",
-            "--request-rate",
-            rate,
-        ])
-        .args(["--log-file", ""]);
-    c
-}
-
 fn run_ok(c: &mut Command) {
     let out = c.stdin(Stdio::null()).output().expect("rbgctl runs");
     assert!(
@@ -104,7 +81,7 @@ fn every_benchmark_report_renders_its_charts_in_a_browser() {
     let port = e.addrs.http.port().to_string();
     let multiturn = dir.path().join("multiturn.html");
     run_ok(
-        multiturn_command(&port, "50")
+        multiturn_command(&port, 6, 3, "50")
             .arg("--report")
             .arg(&multiturn),
     );
@@ -470,7 +447,7 @@ fn every_metric_a_grafana_dashboard_queries_is_exported_by_a_running_role() {
     let router = a.router.clone().expect("a router");
     let port = router.rsplit(':').next().unwrap().to_string();
     // Traffic through every role: conversations through the router, pages through the pool.
-    run_ok(&mut multiturn_command(&port, "inf"));
+    run_ok(&mut multiturn_command(&port, 6, 3, "inf"));
     // The engines reach the stores through shared memory: some traffic over TCP as well.
     run_ok(
         Command::new(BIN)

@@ -335,7 +335,6 @@ pub fn run(plan: Plan<'_>) -> anyhow::Result<()> {
     }
     if let Some(path) = plan.report {
         write_report(&report, path)?;
-        eprintln!("report: {}", path.display());
     }
     if plan.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -439,7 +438,7 @@ fn write_report(r: &Report, path: &Path) -> anyhow::Result<()> {
     page.heading("Charts");
     page.bar_chart(&puts, "Values streamed into a pool whose memory is full: without a disk tier eviction drops the oldest; with one it copies them to disk first.")?;
     page.line_chart(&gets, "tcp: the store reads its disk and sends the bytes; same-host: the client reads the disk tier's file itself. Dashed: the filesystem's own sequential read speed per block size, measured in this run.")?;
-    page.write(path)?;
+    page.save(path)?;
     Ok(())
 }
 

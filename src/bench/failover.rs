@@ -710,8 +710,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
             fault_row("SIGSTOP of the next leader", &r.pause.fault),
         ],
     );
-    page.write(path)?;
-    eprintln!("report: {}", path.display());
+    page.save(path)?;
     Ok(())
 }
 

@@ -713,8 +713,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
             vec!["errors".into(), r.errors.to_string()],
         ],
     );
-    page.write(path)?;
-    eprintln!("report: {}", path.display());
+    page.save(path)?;
     Ok(())
 }
 

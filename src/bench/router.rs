@@ -905,8 +905,7 @@ fn write_report(
         ],
         rows,
     );
-    page.write(path)?;
-    eprintln!("report: {}", path.display());
+    page.save(path)?;
     Ok(())
 }
 

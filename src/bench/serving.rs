@@ -368,8 +368,7 @@ fn write_report(
     page.line_chart(&itl, "Gaps between streamed token chunks.")?;
     page.line_chart(&tput, "Output tokens of the requests finished per second.")?;
     page.line_chart(&requests, "Requests finished per second.")?;
-    page.write(path)?;
-    eprintln!("report: {}", path.display());
+    page.save(path)?;
     Ok(())
 }
 

@@ -684,7 +684,6 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.report {
         write_report(&report, path)?;
-        eprintln!("report: {}", path.display());
     }
     outcome?;
     anyhow::ensure!(
@@ -1011,7 +1010,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         ],
         rows,
     );
-    page.write(path)?;
+    page.save(path)?;
     Ok(())
 }
 

@@ -324,8 +324,7 @@ fn write_report(
         })
         .collect();
     multiturn::report::charts(&mut page, &named)?;
-    page.write(path)?;
-    eprintln!("report: {}", path.display());
+    page.save(path)?;
     Ok(())
 }
 

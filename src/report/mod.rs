@@ -144,6 +144,14 @@ impl Page {
         h
     }
 
+    /// Writes the page to `path` and says where on standard error (a benchmark's last word
+    /// about its report).
+    pub fn save(&self, path: &Path) -> Result<(), ReportError> {
+        self.write(path)?;
+        eprintln!("report: {}", path.display());
+        Ok(())
+    }
+
     /// Writes the page to `path` (through a temporary file, so a reader never sees half).
     pub fn write(&self, path: &Path) -> Result<(), ReportError> {
         let err = |source| ReportError::Write {

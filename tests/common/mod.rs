@@ -49,6 +49,33 @@ pub fn small_tiers_config(dir: &std::path::Path) -> PathBuf {
     cfg
 }
 
+/// `bench multiturn` against 127.0.0.1:`port`: `clients` conversations of `rounds` rounds
+/// (256 prompt tokens, 4 output tokens) at `rate` requests/s, no log file.
+pub fn multiturn_command(
+    port: &str,
+    clients: usize,
+    rounds: usize,
+    rate: &str,
+) -> std::process::Command {
+    let mut c = std::process::Command::new(BIN);
+    c.args(["bench", "multiturn", "--host", "127.0.0.1", "--port", port])
+        .args([
+            "--num-clients",
+            &clients.to_string(),
+            "--num-rounds",
+            &rounds.to_string(),
+        ])
+        .args([
+            "--request-length",
+            "256",
+            "--output-length",
+            "4",
+            "--disable-auto-run",
+        ])
+        .args(["--request-rate", rate, "--log-file", ""]);
+    c
+}
+
 /// A router's command line on loopback, its ports chosen by the kernel, then `extra`.
 pub fn router_argv(extra: &[&str]) -> Vec<String> {
     [

@@ -488,8 +488,7 @@ fn write_report(
     report::table(&mut page, &named);
     page.heading("Charts");
     report::charts(&mut page, &named)?;
-    page.write(path)?;
-    eprintln!("report: {}", path.display());
+    page.save(path)?;
     Ok(())
 }
 
