@@ -1,13 +1,14 @@
 # One image for every rbgctl role: master, store, router, operator, sim-engine, bench, kv.
-# The role is the command: `docker run IMAGE rbgctl store --master ...`.
+# The role is the command: `docker run IMAGE store --master ...` (or `rbgctl store ...`, or a
+# program name such as `mooncake_master`); `docker run IMAGE --help` lists the roles.
 #
-#   docker build -t rbgctl:0.1.0 .                      # compiles here (needs crates.io)
-#   docker build -t rbgctl:0.1.0 --target prebuilt \
-#       --build-arg PREBUILT=target/release/rbgctl .    # copies a binary built on the host
+#   scripts/build-image.sh                  # base image if missing, release build, labels
+#   docker build -t rbgctl:0.1.0 .          # the same by hand, after `cargo build --release`
 #
-# Both base images are build arguments. Where nothing can be pulled, scripts/build-base-images.sh
-# builds debian:bookworm-slim from Debian's packages, and the `prebuilt` target needs no builder.
-ARG BUILDER=rust:1.95-bookworm
+# The image takes the binary built on the host: no stage compiles, so it builds offline with
+# the legacy builder (Docker without BuildKit builds every stage before the target). The base
+# image is a build argument; where nothing can be pulled, scripts/build-base-images.sh builds
+# debian:bookworm-slim from Debian's packages.
 ARG RUNTIME=debian:bookworm-slim
 
 # --- what every final image has: tini, a non-root user, the Python client, the layout ------
@@ -46,22 +47,12 @@ ENV RBGCTL_LOG=info
 WORKDIR /var/lib/rbgctl
 # Stores keep their segment here (mount a memory-backed volume at it to keep the cache
 # across container restarts); roles that need root (none of the shipped ones) can override.
+COPY scripts/docker-entrypoint.sh /usr/local/bin/rbgctl-entrypoint
 USER 10001:10001
-ENTRYPOINT ["/usr/bin/tini", "--"]
-CMD ["rbgctl", "--help"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/rbgctl-entrypoint"]
+CMD ["--help"]
 
-# --- a binary built on the host (CI, offline machines): no Rust toolchain in the image -------
+# --- the binary built on the host: no Rust toolchain in the image (the default target) ------
 FROM base AS prebuilt
 ARG PREBUILT=target/release/rbgctl
 COPY ${PREBUILT} /usr/local/bin/rbgctl
-
-# --- the normal build ------------------------------------------------------------------------
-FROM ${BUILDER} AS build
-WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
-COPY src src
-COPY tests/seeds tests/seeds
-RUN cargo build --release --locked && cp target/release/rbgctl /rbgctl
-
-FROM base AS runtime
-COPY --from=build /rbgctl /usr/local/bin/rbgctl

@@ -141,7 +141,7 @@ impl Secret {
     /// Whether an HTTP `Authorization` header value is `Bearer <the secret>` (compared in
     /// constant time).
     pub fn bearer_ok(&self, header: Option<&str>) -> bool {
-        let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
+        let Some(token) = header.and_then(bearer_token) else {
             return false;
         };
         // Compared as their HMACs, which `hmac::verify` does in constant time.
@@ -153,6 +153,14 @@ impl Secret {
     pub fn bearer(&self) -> String {
         format!("Bearer {}", String::from_utf8_lossy(&self.token))
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 7235: `bearer`, `BEARER`), the token is what follows the spaces after it, trimmed.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once([' ', '\t'])?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// The secret in `file`, if one is named (a role's `auth_token_file`).
@@ -192,6 +200,19 @@ mod tests {
 
     fn secret(text: &str) -> Secret {
         Secret::new(text.as_bytes(), Path::new("test")).expect("long enough")
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token("BEARER\tabc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+        let s = secret("0123456789abcdef-cluster");
+        assert!(s.bearer_ok(Some("bearer 0123456789abcdef-cluster")));
+        assert!(!s.bearer_ok(Some("bearer 0123456789abcdef-clusteR")));
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub static ROLES: &[Role] = &[
                 .get_many::<String>("args")
                 .map(|v| v.cloned().collect())
                 .unwrap_or_default();
+            if mooncake::asks_for_help(&args) {
+                print!("{}", mooncake::master_flags_help());
+                return Ok(());
+            }
             let cfg = mooncake::parse_master_flags(&args)?.resolve()?;
             Ok(crate::master::run(cfg)?)
         },

@@ -3,7 +3,11 @@
 //! A client gets `header_read_timeout` to send its request headers (slowloris connections are
 //! closed), at most `max_connections` connections are open at once (more are refused, logged
 //! at most once per 10 s), and a request whose declared `Content-Length` is above
-//! `max_body_bytes` is answered 413 from its headers, without waiting for the body.
+//! `max_body_bytes` is answered 413 from its headers, without waiting for the body. A body must
+//! arrive whole within `body_read_timeout` of its headers (a client that sends headers and then
+//! trickles or withholds the body holds nothing for long), and with a `BodyBudget` the bodies
+//! being received on the port together stay under a total: beyond it a request is answered 503
+//! from its headers.
 
 use crate::shutdown::Shutdown;
 use crate::transfer::server::LogBudget;
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 /// Limits of one HTTP port.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct HttpLimits {
     /// Longest wait for a request's headers. Default 10 s.
     pub header_read_timeout: Duration,
@@ -27,6 +31,11 @@ pub struct HttpLimits {
     pub max_connections: usize,
     /// Largest request body. Default 16 MiB.
     pub max_body_bytes: usize,
+    /// Longest wait for a whole request body, from its headers. Default 10 s.
+    pub body_read_timeout: Duration,
+    /// Bytes of request bodies the port receives at once, all requests together; `None` for
+    /// no total (each body is still bounded by `max_body_bytes`).
+    pub body_budget: Option<Arc<BodyBudget>>,
     /// On shutdown, how long requests in flight may take to finish. Default 1 s.
     pub grace: Duration,
 }
@@ -37,9 +46,209 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 1024,
             max_body_bytes: 16 << 20,
+            body_read_timeout: Duration::from_secs(10),
+            body_budget: None,
             grace: Duration::from_secs(1),
         }
     }
+}
+
+/// A total of request-body bytes that one port holds at once, charged from a request's headers
+/// (its declared length) or as its chunks arrive, and given back when its response is made.
+#[derive(Debug)]
+pub struct BodyBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl BodyBudget {
+    pub fn new(limit: usize) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// A quarter of this machine's memory: the default total of a port that buffers bodies.
+    pub fn quarter_of_memory() -> usize {
+        // SAFETY: sysconf reads a system constant.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        match (usize::try_from(pages), usize::try_from(page)) {
+            (Ok(p), Ok(s)) if p > 0 && s > 0 => p.saturating_mul(s) / 4,
+            _ => 1 << 30,
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Charges `n` bytes if they fit under the limit.
+    fn charge(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|t| *t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// What one request has charged to its port's budget, given back when dropped.
+struct Charge {
+    budget: Arc<BodyBudget>,
+    bytes: AtomicUsize,
+}
+
+impl Charge {
+    fn add(&self, n: usize) -> bool {
+        let ok = self.budget.charge(n);
+        if ok {
+            self.bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(*self.bytes.get_mut());
+    }
+}
+
+/// A request body that fails once `deadline` passes before it has all arrived, and that charges
+/// the chunks of a body of undeclared length to the port's budget.
+struct GuardedBody {
+    inner: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+    /// Set for a body of undeclared length under a budget.
+    charge: Option<Arc<Charge>>,
+}
+
+/// Why a request body was cut off.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("the request body did not arrive within {0:?} of its headers")]
+    TooSlow(Duration),
+    #[error("too many request bodies are being received at once; retry later")]
+    OverBudget,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(charge)) = (frame.data_ref(), &this.charge) {
+                    if !charge.add(data.len()) {
+                        return Poll::Ready(Some(Err(axum::Error::new(BodyError::OverBudget))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(BodyError::TooSlow(
+                    this.timeout,
+                ))))),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Why reading a request body failed, as the status to answer and a sentence: 408 when it did
+/// not arrive in time, 503 past the port's budget, 413 past the length limit, else 400.
+pub fn body_error(e: &(dyn std::error::Error + 'static)) -> (StatusCode, String) {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(b) = c.downcast_ref::<BodyError>() {
+            let status = match b {
+                BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+                BodyError::OverBudget => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            return (status, b.to_string());
+        }
+        if c.to_string().contains("length limit") {
+            return (StatusCode::PAYLOAD_TOO_LARGE, c.to_string());
+        }
+        cause = c.source();
+    }
+    (
+        StatusCode::BAD_REQUEST,
+        format!("could not read the request body: {e}"),
+    )
+}
+
+/// Puts the body deadline (and the port's budget) on a request: a declared length is charged
+/// from the headers, and refused with 503 when the budget has no room for it.
+async fn guard_body(req: Request, next: Next, limits: HttpLimits) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let mut charge = None;
+    if let Some(budget) = &limits.body_budget {
+        let c = Arc::new(Charge {
+            budget: budget.clone(),
+            bytes: AtomicUsize::new(0),
+        });
+        if !c.add(declared.unwrap_or(0)) {
+            let message = format!(
+                "too many request bodies are being received at once ({} of {} bytes in                  flight); retry later",
+                budget.used(),
+                budget.limit()
+            );
+            let body = serde_json::json!({"error": {"message": message,
+                "type": "service_unavailable", "code": 503}});
+            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        }
+        charge = Some(c);
+    }
+    let timeout = limits.body_read_timeout;
+    let per_chunk = charge.clone().filter(|_| declared.is_none());
+    let req = req.map(|inner| {
+        axum::body::Body::new(GuardedBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+            charge: per_chunk,
+        })
+    });
+    let response = next.run(req).await;
+    drop(charge);
+    response
 }
 
 /// Serves `app` with the default limits until `shutdown` fires.
@@ -70,8 +279,12 @@ pub async fn serve_tls(
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let max_body = limits.max_body_bytes;
+    let guard = limits.clone();
     let app = app
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| guard_body(req, next, guard.clone()),
+        ))
         .layer(axum::middleware::from_fn(
             move |req: Request, next: Next| refuse_declared_oversize(req, next, max_body),
         ));
@@ -102,16 +315,18 @@ pub async fn serve_tls(
         let stop = shutdown.clone();
         let acceptor = acceptor.clone();
         let open = open.clone().map(OpenConnection::new);
+        let header_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _slot = slot;
             let _open = open;
             match acceptor {
-                None => serve_connection(stream, service, stop, limits, peer).await,
+                None => serve_connection(stream, service, stop, header_timeout, peer).await,
                 Some(acceptor) => {
-                    let handshake =
-                        tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+                    let handshake = tokio::time::timeout(header_timeout, acceptor.accept(stream));
                     match handshake.await {
-                        Ok(Ok(tls)) => serve_connection(tls, service, stop, limits, peer).await,
+                        Ok(Ok(tls)) => {
+                            serve_connection(tls, service, stop, header_timeout, peer).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -150,7 +365,7 @@ async fn serve_connection<I>(
     io: I,
     service: TowerToHyperService<axum::Router>,
     stop: Shutdown,
-    limits: HttpLimits,
+    header_timeout: Duration,
     peer: std::net::SocketAddr,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -158,7 +373,7 @@ async fn serve_connection<I>(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(header_timeout);
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let done = tokio::select! {

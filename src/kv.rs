@@ -74,6 +74,16 @@ pub enum KvOp {
     },
     /// List the mounted segments: name, tier, endpoint, used and total bytes.
     Segments,
+    /// Wait until the master answers and lists at least `--segments` memory segments (a pool
+    /// started in the background is ready); exit 1 if it does not within `--timeout`.
+    Wait {
+        /// Memory segments to wait for.
+        #[arg(long, default_value_t = 1)]
+        segments: usize,
+        /// How long to wait (`30s`, `500ms`).
+        #[arg(long, default_value = "30s", allow_hyphen_values = true)]
+        timeout: crate::config::Millis,
+    },
 }
 
 /// What a `kv` command can fail with: the pool's answer, or this process's own I/O.
@@ -90,6 +100,14 @@ pub enum KvError {
          nothing was stored"
     )]
     TooLarge { limit: u64 },
+    #[error("no segment is mounted at the master: start a store (rbgctl store), or wait for one to mount")]
+    NoSegment,
+    #[error("the pool at {master} was not ready within {timeout:?} (last: {last})")]
+    NotReady {
+        master: String,
+        timeout: std::time::Duration,
+        last: String,
+    },
 }
 
 /// Reads standard input, up to `limit` bytes; more is an error (a value larger than any
@@ -103,8 +121,46 @@ fn read_value(input: impl Read, limit: u64) -> Result<Vec<u8>, KvError> {
     Ok(b)
 }
 
+/// `kv wait`: polls the master (connecting again each time) until it lists `want` memory
+/// segments or `timeout` passes.
+fn wait_ready(
+    cfg: &ClientConfig,
+    want: usize,
+    timeout: std::time::Duration,
+) -> Result<(), KvError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut last;
+    loop {
+        match Client::connect(cfg.clone()).and_then(|c| c.segments()) {
+            Ok(segments) => {
+                let n = segments
+                    .iter()
+                    .filter(|s| s.info.tier == crate::transfer::message::Tier::Memory)
+                    .count();
+                if n >= want {
+                    eprintln!("ready: {n} segments mounted at {}", cfg.master);
+                    return Ok(());
+                }
+                last = format!("{n} of {want} segments mounted");
+            }
+            Err(e) => last = e.to_string(),
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(KvError::NotReady {
+                master: cfg.master.clone(),
+                timeout,
+                last,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 pub fn run(args: KvArgs) -> Result<(), KvError> {
     let cfg = ClientConfig::new(args.master).with_auth_file(args.auth_token_file.as_deref())?;
+    if let KvOp::Wait { segments, timeout } = args.op {
+        return wait_ready(&cfg, segments, timeout.0);
+    }
     let client = Client::connect(cfg)?;
     match args.op {
         KvOp::Put {
@@ -114,14 +170,24 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
             soft_pin,
             preferred_segment,
         } => {
+            let memory: Vec<u64> = client
+                .segments()?
+                .iter()
+                .filter(|s| s.info.tier == crate::transfer::message::Tier::Memory)
+                .map(|s| s.info.size)
+                .collect();
+            let Some(&largest) = memory.iter().max() else {
+                return Err(KvError::NoSegment);
+            };
+            if usize::from(replicas) > memory.len() {
+                eprintln!(
+                    "warning: {replicas} replicas asked, {} segments mounted: at most {} copies \
+                     can be kept (one per segment)",
+                    memory.len(),
+                    memory.len()
+                );
+            }
             let bytes = if value == "-" {
-                let largest = client
-                    .segments()?
-                    .iter()
-                    .filter(|s| s.info.tier == crate::transfer::message::Tier::Memory)
-                    .map(|s| s.info.size)
-                    .max()
-                    .unwrap_or(0);
                 read_value(std::io::stdin().lock(), largest)?
             } else {
                 value.into_bytes()
@@ -171,6 +237,8 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
             client.remove(&key, force)?;
             eprintln!("removed {key:?}");
         }
+        // Answered before connecting, above.
+        KvOp::Wait { .. } => {}
         KvOp::Segments => {
             let segments = client.segments()?;
             println!(

@@ -375,6 +375,7 @@ impl Launcher {
             }
         }
         cmd.env(READY_FILE_ENV, ready).stdin(Stdio::null());
+        bound_to_this_process(&mut cmd);
         // Children log as this process does (`--log-format` is not in their config).
         cmd.env("RBGCTL_LOG_FORMAT", crate::telemetry::log_format().as_str());
         let level = std::env::var("RBGCTL_TEST_LOG").ok();
@@ -434,6 +435,30 @@ impl Launcher {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+/// Makes a child live and die with this process: it gets SIGTERM (its graceful stop) when this
+/// process dies, however it dies (`kill -9` included), and it runs in a process group of its
+/// own, so that a terminal's Ctrl-C reaches only this process, which then stops each child once.
+/// The death signal is tied to the thread that starts the child: children are started from
+/// threads that outlive them (the launcher's owner).
+fn bound_to_this_process(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    cmd.process_group(0);
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, kill, getpid).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the death signal was set: it will never come.
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGTERM);
+            }
+            Ok(())
+        });
     }
 }
 
@@ -587,9 +612,18 @@ impl Process {
     }
 }
 
+/// How long a dropped child has to stop by itself before it is killed.
+const DROP_GRACE: Duration = Duration::from_secs(3);
+
 impl Drop for Process {
+    /// A graceful stop (SIGTERM; SIGKILL after `DROP_GRACE`), so that a child that owns
+    /// children and files (`up`, the benchmarks) takes them along.
     fn drop(&mut self) {
-        self.kill();
+        if let Some(mut p) = self.child.take() {
+            // A paused child must run to take its SIGTERM.
+            signal(&p, nix::sys::signal::Signal::SIGCONT);
+            stop_process(&mut p, &self.name, DROP_GRACE);
+        }
     }
 }
 

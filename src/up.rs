@@ -1,8 +1,10 @@
 //! `rbgctl up`: the whole service on loopback, as child processes of this one: a master and
 //! stores (the KV pool), SIMULATED engines using the pool as their L3 cache, and the router in
 //! front of them. The layout comes from a TOML file (`config/up.toml`; every key has a default)
-//! and a few flags. Ctrl-C (or SIGTERM) stops everything cleanly; if any child dies, the rest
-//! are stopped too.
+//! and a few flags. Ctrl-C (or SIGTERM) stops everything cleanly. A child that dies is started
+//! again with the same name, ports and files (a store recovers its objects), after a backoff that
+//! grows while it keeps failing; the others go on serving. The children die with `up` itself,
+//! even when it is killed.
 //!
 //! [`Stack`] is the same machinery as a library: `rbgctl bench tiers` and the tests use it.
 
@@ -211,7 +213,7 @@ pub struct UpArgs {
     #[arg(long)]
     pub stores: Option<usize>,
     /// Memory each store contributes.
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub segment_size: Option<ByteSize>,
     /// Master RPC port.
     #[arg(long)]
@@ -226,7 +228,7 @@ pub struct UpArgs {
     #[arg(long)]
     pub shm_dir: Option<PathBuf>,
     /// Each store's disk tier size (0 = none).
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub disk_tier_size: Option<ByteSize>,
     /// Directory for the stores' disk tiers (default: a fresh one in the temporary directory).
     #[arg(long)]
@@ -326,6 +328,8 @@ pub struct Stack {
     shm_dir: Option<(PathBuf, bool)>,
     /// The disk tiers' directory, and whether it is this stack's own (removed on stop).
     disk_dir: Option<(PathBuf, bool)>,
+    /// Restarts of the children that died, by child name.
+    restarts: std::collections::HashMap<String, Restarts>,
     pub master: Option<String>,
     pub metadata: Option<String>,
     pub master_metrics: Option<String>,
@@ -357,6 +361,7 @@ impl Stack {
             master_proc: None,
             shm_dir: None,
             disk_dir: None,
+            restarts: Default::default(),
             master: None,
             metadata: None,
             master_metrics: None,
@@ -426,8 +431,8 @@ impl Stack {
                         metrics_port: 0,
                         metadata_server: metadata.clone().unwrap_or_default(),
                         shm_dir: dir.clone(),
-                        // A throwaway directory and kernel-chosen ports: nothing to keep.
-                        persistent: false,
+                        // A store that dies is started again on its files and keeps its objects.
+                        persistent: true,
                         disk_tier: st.disk_dir.as_ref().map(|(d, _)| d.clone()),
                         disk_tier_size: p.disk_tier_size,
                         ..StoreConfig::default()
@@ -530,21 +535,29 @@ impl Stack {
         }
     }
 
-    /// The first child that has exited, if any.
-    pub fn exited(&mut self) -> Option<String> {
-        fn check<R: launch::Launchable>(c: &mut Child<R>) -> Option<String> {
-            c.exited()
-                .map(|status| format!("{} exited ({status})", c.name))
+    /// Starts again every child that died, each once its backoff has passed; the others go on
+    /// serving. Fails when one has failed to start `MAX_FAILED_STARTS` times in a row.
+    pub fn supervise(&mut self, now: Instant) -> Result<(), UpError> {
+        let restarts = &mut self.restarts;
+        if let Some(r) = &mut self.router_proc {
+            supervise_one(r, restarts, now)?;
         }
-        let router = self.router_proc.iter_mut().find_map(check);
-        router
-            .or_else(|| self.engine_procs.iter_mut().find_map(check))
-            .or_else(|| self.store_procs.iter_mut().find_map(check))
-            .or_else(|| self.master_proc.iter_mut().find_map(check))
+        for e in &mut self.engine_procs {
+            supervise_one(e, restarts, now)?;
+        }
+        for s in &mut self.store_procs {
+            supervise_one(s, restarts, now)?;
+        }
+        if let Some(m) = &mut self.master_proc {
+            supervise_one(m, restarts, now)?;
+        }
+        Ok(())
     }
 
     /// Stops the children one by one, last started first (the router before the engines,
-    /// the stores before the master, so that they can unmount).
+    /// the stores before the master, so that they can unmount). This stack's own directories
+    /// go only when every store stopped cleanly: a store's files are never removed after it
+    /// exited abnormally.
     pub fn stop(&mut self) {
         if let Some(mut r) = self.router_proc.take() {
             r.stop();
@@ -552,17 +565,23 @@ impl Stack {
         for mut e in self.engine_procs.drain(..).rev() {
             e.stop();
         }
+        let mut clean = true;
         for mut s in self.store_procs.drain(..).rev() {
-            s.stop();
+            clean &= s.stop().is_some_and(|status| status.success());
         }
         if let Some(mut m) = self.master_proc.take() {
             m.stop();
         }
-        if let Some((dir, true)) = self.shm_dir.take() {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        if let Some((dir, true)) = self.disk_dir.take() {
-            let _ = std::fs::remove_dir_all(&dir);
+        for (dir, owned) in [self.shm_dir.take(), self.disk_dir.take()]
+            .into_iter()
+            .flatten()
+        {
+            if owned && clean {
+                let _ = std::fs::remove_dir_all(&dir);
+            } else if owned {
+                tracing::warn!(dir = %dir.display(),
+                    "a store did not stop cleanly: its files are kept (remove them when done)");
+            }
         }
     }
 
@@ -595,19 +614,161 @@ impl Stack {
         for s in &self.stores {
             println!("  store               {s}");
         }
+        let rbgctl = self_command();
         println!();
         println!("Try it:");
         if let Some(r) = &self.router {
             println!("  curl -s {r}/v1/chat/completions -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}'");
             let port = r.rsplit(':').next().unwrap_or("30000");
-            println!("  rbgctl bench multiturn --host 127.0.0.1 --port {port} --num-clients 32 --num-rounds 4 --disable-auto-run --request-rate 8");
+            println!("  {rbgctl} bench multiturn --host 127.0.0.1 --port {port} --num-clients 32 --num-rounds 4 --disable-auto-run --request-rate 8");
         }
         if let Some(m) = &self.master {
-            println!("  rbgctl kv --master {m} put hello world --replicas 2");
-            println!("  rbgctl bench store --master {m}");
+            println!("  {rbgctl} kv --master {m} put hello world --replicas 2");
+            println!("  {rbgctl} bench store --master {m}");
         }
         println!("Ctrl-C stops everything.");
     }
+}
+
+/// How many starts in a row may fail before `up` gives up.
+const MAX_FAILED_STARTS: u32 = 10;
+
+/// A child's restarts: when the next is due, and a backoff that grows while it keeps dying
+/// soon after its start and starts over once it has served for `STABLE`.
+#[derive(Debug)]
+pub struct Restarts {
+    backoff: crate::backoff::Backoff,
+    /// When the child is to be started again; `None` while it runs.
+    due: Option<Instant>,
+    /// When it was last started (or found running).
+    started: Instant,
+    /// Starts that failed in a row.
+    failed_starts: u32,
+    /// Restarts so far.
+    pub count: u64,
+}
+
+/// A child that served this long before dying starts over with the shortest backoff.
+const STABLE: Duration = Duration::from_secs(30);
+
+impl Restarts {
+    pub fn new(now: Instant) -> Restarts {
+        Restarts {
+            backoff: crate::backoff::Backoff::new(
+                Duration::from_millis(200),
+                Duration::from_secs(10),
+            ),
+            due: None,
+            started: now,
+            failed_starts: 0,
+            count: 0,
+        }
+    }
+
+    /// The child died at `now`: returns the wait before it is started again.
+    pub fn died(&mut self, now: Instant) -> Duration {
+        if now.saturating_duration_since(self.started) >= STABLE {
+            self.backoff.reset();
+        }
+        let wait = self.backoff.next_delay();
+        self.due = Some(now + wait);
+        wait
+    }
+
+    /// Whether a restart is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.due.is_some_and(|d| now >= d)
+    }
+
+    /// Whether the child is waiting for its restart.
+    pub fn waiting(&self) -> bool {
+        self.due.is_some()
+    }
+
+    /// It started again at `now`.
+    pub fn started(&mut self, now: Instant) {
+        self.due = None;
+        self.started = now;
+        self.failed_starts = 0;
+        self.count += 1;
+    }
+
+    /// Its start failed at `now`: returns the wait before the next try, or `None` after
+    /// `MAX_FAILED_STARTS` failures in a row.
+    pub fn start_failed(&mut self, now: Instant) -> Option<Duration> {
+        self.failed_starts += 1;
+        if self.failed_starts >= MAX_FAILED_STARTS {
+            return None;
+        }
+        let wait = self.backoff.next_delay();
+        self.due = Some(now + wait);
+        Some(wait)
+    }
+}
+
+/// Notices that `child` died, and starts it again once its backoff has passed.
+fn supervise_one<R: launch::Launchable>(
+    child: &mut Child<R>,
+    restarts: &mut std::collections::HashMap<String, Restarts>,
+    now: Instant,
+) -> Result<(), UpError> {
+    let name = child.name.clone();
+    let r = restarts
+        .entry(name.clone())
+        .or_insert_with(|| Restarts::new(now));
+    if !r.waiting() {
+        let Some(status) = child.exited() else {
+            return Ok(());
+        };
+        let wait = r.died(now);
+        tracing::warn!(child = %name, %status, restart_in_ms = wait.as_millis() as u64,
+            "exited; starting it again with the same name, ports and files");
+        return Ok(());
+    }
+    if !r.due(now) {
+        return Ok(());
+    }
+    match child.start() {
+        Ok(()) => {
+            r.started(Instant::now());
+            tracing::info!(child = %name, restarts = r.count, "started again");
+            Ok(())
+        }
+        Err(e) => match r.start_failed(Instant::now()) {
+            Some(wait) => {
+                tracing::warn!(child = %name, error = %e, retry_in_ms = wait.as_millis() as u64,
+                    "could not start it again; retrying");
+                Ok(())
+            }
+            None => Err(UpError::Exited(format!(
+                "{name} could not be started again ({MAX_FAILED_STARTS} tries): {e}"
+            ))),
+        },
+    }
+}
+
+/// How to run this program again from the shell `up` was started in: `rbgctl` when that name
+/// on the PATH is this program, else its path (relative to the working directory when under it,
+/// as `./target/release/rbgctl` after `cargo build`).
+fn self_command() -> String {
+    let Ok(exe) = std::env::current_exe() else {
+        return "rbgctl".into();
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|d| {
+            std::fs::canonicalize(d.join("rbgctl"))
+                .is_ok_and(|p| std::fs::canonicalize(&exe).is_ok_and(|e| e == p))
+        })
+    });
+    if on_path {
+        return "rbgctl".into();
+    }
+    let relative = std::env::current_dir().ok().and_then(|cwd| {
+        exe.strip_prefix(cwd)
+            .ok()
+            .map(|p| format!("./{}", p.display()))
+    });
+    relative.unwrap_or_else(|| exe.display().to_string())
 }
 
 impl Drop for Stack {
@@ -645,14 +806,14 @@ pub fn run(args: UpArgs) -> Result<(), UpError> {
         if stop.sleep(Duration::from_millis(200)) {
             break None;
         }
-        if let Some(why) = stack.exited() {
-            break Some(why);
+        if let Err(e) = stack.supervise(Instant::now()) {
+            break Some(e);
         }
     };
     eprintln!("stopping...");
     stack.stop();
     match failed {
-        Some(why) => Err(UpError::Exited(why)),
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }
@@ -660,6 +821,34 @@ pub fn run(args: UpArgs) -> Result<(), UpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_that_keeps_dying_waits_longer_each_time_and_one_that_served_starts_over() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut r = Restarts::new(t0);
+        assert!(!r.waiting());
+        assert_eq!(r.died(t0 + ms(100)), ms(200));
+        assert!(r.waiting() && !r.due(t0 + ms(299)) && r.due(t0 + ms(300)));
+        r.started(t0 + ms(300));
+        assert_eq!(r.died(t0 + ms(400)), ms(400), "died soon after its start");
+        r.started(t0 + ms(800));
+        assert_eq!(r.died(t0 + ms(900)), ms(800));
+        // Served for longer than STABLE: the shortest wait again.
+        r.started(t0 + ms(1700));
+        assert_eq!(r.died(t0 + ms(1700) + STABLE), ms(200));
+        assert_eq!(r.count, 3);
+        // Failed starts are bounded.
+        let mut r = Restarts::new(t0);
+        r.died(t0);
+        let tries = (0..20).take_while(|_| r.start_failed(t0).is_some()).count();
+        assert_eq!(tries as u32, MAX_FAILED_STARTS - 1);
+        let waits: Vec<Duration> = (0..8).map(|_| Restarts::new(t0).backoff.nth(8)).collect();
+        assert!(
+            waits.iter().all(|w| *w <= Duration::from_secs(10)),
+            "capped"
+        );
+    }
 
     #[test]
     fn the_example_config_parses_and_bad_layouts_are_refused() {

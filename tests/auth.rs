@@ -285,3 +285,116 @@ fn metadata_writes_need_the_bearer_and_reads_stay_open() {
     assert_eq!(code, 200, "/metrics stays open");
     assert_eq!(http(c.metrics_port, "GET", "/health", b"").0, 200);
 }
+
+/// Issue 40, items 5 and 9: on the metadata server, the secret is checked from the headers
+/// (a writer without it is refused before its body is read), a body that stops coming is cut
+/// off by the body deadline, and neither holds the server: `/health` answers meanwhile. The
+/// bearer scheme is case-insensitive. The admin routes that name keys need the secret.
+#[test]
+fn slow_bodies_hold_nothing_and_the_secret_is_checked_before_the_body() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let c = cluster(&file);
+    let port = c.metadata_port;
+    let slow = |auth: Option<String>| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let header = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        let req = format!(
+            "PUT /metadata?key=slow HTTP/1.1\r\nHost: x\r\n{header}Content-Length: 1000\r\n\r\nx"
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s
+    };
+    let answer = |s: &mut std::net::TcpStream| {
+        let mut out = vec![0u8; 2048];
+        let n = s.read(&mut out).unwrap_or(0);
+        String::from_utf8_lossy(&out[..n]).to_string()
+    };
+    // Without the secret: 401 at once, the body never waited for.
+    let t0 = std::time::Instant::now();
+    let mut stranger = slow(None);
+    let text = answer(&mut stranger);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // With it: held until the body deadline, while /health answers.
+    let t0 = std::time::Instant::now();
+    let mut holders: Vec<_> = (0..4)
+        .map(|_| slow(Some(format!("Bearer {SECRET}"))))
+        .collect();
+    for _ in 0..3 {
+        let (code, _) = common::http_within(
+            "127.0.0.1",
+            port,
+            "GET",
+            "/health",
+            b"",
+            Duration::from_secs(1),
+        );
+        assert_eq!(code, 200, "/health while bodies are withheld");
+    }
+    for h in &mut holders {
+        let text = answer(h);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("did not arrive within"), "{text}");
+    }
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_secs(9) && waited < Duration::from_secs(20),
+        "cut off after {waited:?}"
+    );
+    // The scheme is case-insensitive (RFC 7235), as on the router.
+    let put = |auth: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let req = format!(
+            "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        answer(&mut s)
+    };
+    assert!(put(&format!("bearer {SECRET}")).starts_with("HTTP/1.1 200"));
+    // Admin routes naming keys and clients: the secret, or 401.
+    for path in [
+        "/api/v1/keys?prefix=",
+        "/api/v1/objects?key=k",
+        "/query_key?key=k",
+    ] {
+        let (code, body) = http(c.metrics_port, "GET", path, b"");
+        assert_eq!(code, 401, "{path}: {body}");
+    }
+    let client = reqwest::blocking::Client::new();
+    let listed = client
+        .get(format!(
+            "http://127.0.0.1:{}/api/v1/keys?prefix=",
+            c.metrics_port
+        ))
+        .header("Authorization", format!("Bearer {SECRET}"))
+        .send()
+        .unwrap();
+    assert_eq!(listed.status().as_u16(), 200);
+    assert_eq!(http(c.metrics_port, "GET", "/api/v1/segments", b"").0, 200);
+}
+
+/// Issue 40, item 8: a metadata server reachable beyond loopback without the secret says so,
+/// as master RPC and stores do.
+#[test]
+fn a_metadata_server_open_beyond_loopback_without_a_secret_is_warned_about() {
+    let master = MasterConfig {
+        http_metadata_server_host: "0.0.0.0".into(),
+        ..loopback_master(MasterConfig::default())
+    };
+    let launcher = common::launcher();
+    let m = launcher
+        .spawn::<rbgctl::launch::Master>("master", master)
+        .expect("the master starts");
+    assert!(
+        wait_until(Duration::from_secs(5), || m.log().lines().any(|l| l
+            .contains("metadata server")
+            && l.contains("without authentication"))),
+        "{}",
+        m.log()
+    );
+}

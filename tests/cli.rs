@@ -260,3 +260,125 @@ fn log_format_json_gives_one_json_object_per_line_from_every_role_up_starts() {
     );
     assert!(!text.contains('\u{1b}'), "colour codes in JSON: {text}");
 }
+
+/// Issue 40, item 13: the README's "Try it" block works pasted into a shell as it is (the
+/// program's path is this build's, `cargo build` is left out).
+#[test]
+fn the_readme_try_it_block_works_as_pasted() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("## Try it\n")
+        .nth(1)
+        .expect("README has a Try it section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block");
+    let script: String = block
+        .lines()
+        .filter(|l| !l.starts_with("cargo build"))
+        .map(|l| l.replace("./target/release/rbgctl", BIN) + "\n")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("timeout")
+        .args(["120", "bash", "-e", "-c", &script])
+        .current_dir(dir.path())
+        .env_remove("MOONCAKE_MASTER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{script}\nstdout:\n{so}\nstderr:\n{se}"
+    );
+    assert!(so.contains("world"), "kv get printed the value:\n{so}");
+    assert!(
+        so.contains("store-1"),
+        "kv segments lists both stores:\n{so}"
+    );
+    assert!(so.contains("rbgctl_master"), "the metrics answered:\n{so}");
+    assert!(
+        std::net::TcpStream::connect("127.0.0.1:21051").is_err(),
+        "the pool stopped"
+    );
+}
+
+/// Issue 40, items 22 and 24: what a new user's mistakes get told.
+#[test]
+fn first_mistakes_get_an_answer_naming_what_to_fix() {
+    let mut c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    let master = c.rpc.clone();
+    let master = master.as_str();
+    let o = run(&["kv", "--master", master, "put", "k", "v"]);
+    assert!(
+        stderr(&o).contains("no segment is mounted"),
+        "{}",
+        stderr(&o)
+    );
+    c.add_store(4 << 20);
+    c.add_store(4 << 20);
+    assert!(wait_until(std::time::Duration::from_secs(10), || c
+        .segment_count()
+        == 2));
+    let o = run(&["kv", "--master", master, "put", "k", "v", "--replicas", "5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("5 replicas asked, 2 segments mounted"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["master", "--client-ttl", "-5s"]);
+    assert!(stderr(&o).contains("cannot be negative"), "{}", stderr(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(&cfg, "[pool]\nstores = -1\n").unwrap();
+    let o = run(&["up", "--config", cfg.to_str().unwrap()]);
+    assert!(stderr(&o).contains("pool.stores"), "{}", stderr(&o));
+    std::fs::write(&cfg, "[pool]\nsegment_size = \"-5GiB\"\n").unwrap();
+    let o = run(&["up", "--config", cfg.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert!(
+        e.contains("pool.segment_size") && e.contains("cannot be negative"),
+        "{e}"
+    );
+}
+
+/// Issue 40, item 27: `kv get` to a terminal ends its line; to a pipe it prints the bytes as
+/// they are.
+#[test]
+fn kv_get_to_a_terminal_ends_its_line() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        segment: 4 << 20,
+        ..Default::default()
+    });
+    let o = run(&["kv", "--master", &c.rpc, "put", "k", "value"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let piped = run(&["kv", "--master", &c.rpc, "get", "k"]);
+    assert_eq!(piped.stdout, b"value");
+    // `script` gives the command a pseudo-terminal (util-linux).
+    let tty = Command::new("script")
+        .args([
+            "-qec",
+            &format!("{BIN} kv --master {} get k", c.rpc),
+            "/dev/null",
+        ])
+        .env_remove("MOONCAKE_MASTER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script runs");
+    let out = String::from_utf8_lossy(&tty.stdout);
+    assert!(
+        out.starts_with("value\r\n") || out.starts_with("value\n"),
+        "{out:?}"
+    );
+}

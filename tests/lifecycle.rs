@@ -155,3 +155,167 @@ fn up_starts_a_master_and_stores_that_serve_the_kv_command() {
         "the master is still up after `up` stopped"
     );
 }
+
+/// `up` with the pool only, on kernel-chosen ports, in its own shared-memory directory.
+fn pool_up(launcher: &rbgctl::launch::Launcher) -> rbgctl::launch::Spawned<UpAddrs> {
+    let argv: Vec<String> = [
+        "up",
+        "--stores",
+        "2",
+        "--segment-size",
+        "16MiB",
+        "--master-port",
+        "0",
+        "--metadata-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--engines",
+        "0",
+    ]
+    .map(String::from)
+    .into();
+    launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap()
+}
+
+/// The shared-memory directories `up` (process `pid`) made.
+fn up_shm_dirs(pid: u32) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("rbgctl-up-{pid}-")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pid of `up`'s child whose command line holds `stem` (its config file's stem).
+fn child_pid(up: u32, stem: &str) -> Option<u32> {
+    children_of(up)
+        .into_iter()
+        .find(|(_, cmd)| cmd.contains(stem))
+        .map(|(pid, _)| pid)
+}
+
+/// Issue 40, item 2: `kill -9` of a store under `up` restarts that store on its files (its
+/// objects come back), the other store serves throughout, and `up` goes on; its files are not
+/// removed. A clean stop then takes every child and the directory along (item 11).
+#[test]
+fn up_restarts_a_killed_store_with_its_objects_and_keeps_the_rest_serving() {
+    let launcher = common::launcher();
+    let mut up = pool_up(&launcher);
+    let up_pid = up.process.pid().unwrap();
+    let master = up.addrs.master.clone().unwrap();
+    let mut cfg = ClientConfig::new(master.clone());
+    cfg.same_host_shm = false;
+    let client = Client::connect(cfg).unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        client
+            .put(k, k.as_bytes(), &ReplicateConfig::default())
+            .unwrap();
+    }
+    let store0 = child_pid(up_pid, "store-0-").expect("store-0 runs under up");
+    let store1 = child_pid(up_pid, "store-1-").expect("store-1 runs under up");
+    let shm = up_shm_dirs(up_pid);
+    assert_eq!(shm.len(), 1, "{shm:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(store0 as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Started again under the same name, with a new pid, and every object readable again.
+    assert!(
+        wait_until(Duration::from_secs(30), || child_pid(up_pid, "store-0-")
+            .is_some_and(|p| p != store0)),
+        "store-0 was not started again:\n{}",
+        up.process.log()
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || keys
+            .iter()
+            .all(|k| client.get(k).is_ok_and(|v| v == k.as_bytes()))),
+        "objects lost with the store's restart:\n{}",
+        up.process.log()
+    );
+    assert!(up.process.exited().is_none(), "up went on");
+    assert_eq!(
+        child_pid(up_pid, "store-1-"),
+        Some(store1),
+        "store-1 untouched"
+    );
+    assert!(shm[0].exists(), "the files stayed");
+    let log = up.process.log();
+    assert!(log.contains("starting it again"), "{log}");
+    // Issue 40, item 14: the hints name this program as the shell can run it (it is not on
+    // the PATH here).
+    assert!(log.contains("/rbgctl kv --master"), "{log}");
+    assert!(!log.contains("  rbgctl kv --master"), "{log}");
+    // A clean stop: every child gone, the directory removed.
+    let children: Vec<u32> = children_of(up_pid).into_iter().map(|(p, _)| p).collect();
+    let status = up.process.sigterm_exits_within(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(children.iter().all(|&p| gone(p)), "children left behind");
+    assert!(
+        up_shm_dirs(up_pid).is_empty(),
+        "the shared memory left behind"
+    );
+}
+
+/// Issue 40, item 10: `kill -9` of `up` takes its children along (they stop gracefully).
+#[test]
+fn the_children_of_up_die_with_it() {
+    let launcher = common::launcher();
+    let mut up = pool_up(&launcher);
+    let up_pid = up.process.pid().unwrap();
+    let children: Vec<u32> = children_of(up_pid).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(children.len(), 3, "a master and two stores");
+    let master = up.addrs.master.clone().unwrap();
+    up.process.kill();
+    assert!(
+        wait_until(Duration::from_secs(20), || children
+            .iter()
+            .all(|&p| gone(p))),
+        "orphans: {:?}",
+        children.iter().filter(|&&p| !gone(p)).collect::<Vec<_>>()
+    );
+    assert!(
+        std::net::TcpStream::connect(&master).is_err(),
+        "the port is free"
+    );
+    // Killed, up could not clean up: its stores' files stay for a restart; remove them here.
+    for d in up_shm_dirs(up_pid) {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// Issue 40, item 12: Ctrl-C at a terminal reaches `up` only (the children run in process
+/// groups of their own), and `up` stops each child once, gracefully.
+#[test]
+fn ctrl_c_on_up_stops_each_child_once_and_gracefully() {
+    let launcher = common::launcher();
+    let mut up = pool_up(&launcher);
+    let up_pid = up.process.pid().unwrap();
+    // The terminal sends SIGINT to the foreground process group: up's.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(up_pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = up
+        .process
+        .signal_exits_within(nix::sys::signal::Signal::SIGCONT, Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let log = up.process.log();
+    assert!(!log.contains("second stop signal"), "{log}");
+    assert!(
+        log.matches("segment unmounted").count() >= 2,
+        "both stores unmounted on their way out:\n{log}"
+    );
+    assert!(up_shm_dirs(up_pid).is_empty());
+}

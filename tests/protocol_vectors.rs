@@ -127,6 +127,7 @@ fn segment(name: &str, size: u64) -> SegmentInfo {
         host_id: "5f2c0b9e-8f5e-4a8e-9d1c-3c0e2f7a9b11".into(),
         segment_uuid: 42,
         tier: Tier::Memory,
+        persistent: true,
     }
 }
 

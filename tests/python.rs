@@ -1,11 +1,13 @@
 //! The Python client and SGLang HiCache backend (`python/`): their unittest suite, run with
 //! `$RBGCTL_PYTHON` (default `python3`) against masters and stores of this build.
 
+mod common;
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rbgctl");
+const BIN: &str = common::BIN;
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 #[test]
@@ -46,6 +48,12 @@ fn python_client_and_hicache_backend() {
     };
     let log = reader.join().unwrap_or_default();
     eprintln!("{log}");
+    // unittest -v: "test_name (module.Class.test_name) ... skipped 'why'"
+    for line in log.lines() {
+        if let Some((test, why)) = line.split_once(" ... skipped ") {
+            common::note_skip(&format!("python: {test}"), why.trim_matches('\''));
+        }
+    }
     match status {
         Some(st) => assert!(st.success(), "python tests failed ({st}); output above"),
         None => panic!("python tests did not finish within 600 s; output above"),
@@ -54,4 +62,38 @@ fn python_client_and_hicache_backend() {
         log.contains("Ran ") && !log.contains("Ran 0 tests"),
         "the python suite ran no tests"
     );
+}
+
+/// SGLang's own code against the pool (`python/tests/sglang_e2e.py`): its storage backend
+/// factory, host KV pools (MHA and MLA, both layouts) and cache controller's page functions,
+/// on both paths, and the v2 pool API. Needs an interpreter with SGLang in
+/// `$RBGCTL_SGLANG_PYTHON`; `.ci/run` makes one (sglang 0.5.23 and its torch, on the CPU).
+#[test]
+fn sglangs_own_code_drives_the_pool() {
+    let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
+        common::skip(
+            "RBGCTL_SGLANG_PYTHON is not set (an interpreter with sglang 0.5.23 and torch; \
+             .ci/run makes one in target/ci-sglang)",
+        );
+        return;
+    };
+    let py = format!("{REPO}/python");
+    let out = Command::new("timeout")
+        .arg("900")
+        .arg(&python)
+        .arg("tests/sglang_e2e.py")
+        .current_dir(&py)
+        .env("PYTHONPATH", format!("{py}/src:{py}/tests"))
+        .env("RBGCTL_BIN", BIN)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the SGLang interpreter runs");
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    assert!(
+        out.status.success(),
+        "SGLang's e2e test failed; output above"
+    );
+    assert!(log.contains("Ran 2 tests") && log.contains("OK"), "{log}");
 }

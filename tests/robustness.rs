@@ -381,6 +381,16 @@ fn a_link_named_mooncake_master_runs_the_master_with_mooncake_flags() {
     );
     assert_eq!(http(meta, "GET", "/health", b""), (200, "OK".into()));
     assert!(TcpStream::connect(("127.0.0.1", rpc)).is_ok());
+    // Issue 40, item 16: `--help` (and `-h`) list the flags, as `mooncake_master --help` does.
+    for flag in ["--help", "-h"] {
+        let out = Command::new(&link).arg(flag).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{flag}: {out:?}");
+        assert!(
+            text.contains("--rpc_port") && text.contains("--cluster_id"),
+            "{text}"
+        );
+    }
 }
 
 /// Waits (bounded) until the server closes `s`: true when it did.
@@ -509,5 +519,86 @@ fn a_checked_write_whose_bytes_do_not_match_their_crc_is_refused_and_not_recorde
     assert_eq!(
         c.store_metric(0, "rbgctl_store_checksum_mismatches_total"),
         Some(1.0)
+    );
+}
+
+/// Issue 40, item 7: a client over the per-peer limit is told why (not just "peer closed the
+/// connection"); with the cluster secret, a connection that has not proven it is closed within
+/// `request_timeout` however it keeps itself busy (unknown opcodes, a handshake left half done).
+#[test]
+fn a_refused_client_is_told_why_and_an_unproven_one_is_closed_in_time() {
+    use rbgctl::config::Millis;
+    use rbgctl::transfer::message::AuthHelloReq;
+    use rbgctl::transfer::{ConnOptions, Connection, Status, TransferError, Wire};
+    let master = rbgctl::master::config::MasterConfig {
+        max_connections_per_peer: 2,
+        request_timeout_ms: Millis(Duration::from_secs(20)),
+        ..Default::default()
+    };
+    let c = Cluster::start(Opts {
+        stores: 0,
+        master,
+        ..Default::default()
+    });
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(&c.rpc).unwrap())
+        .collect();
+    let refused = Connection::connect(&c.rpc, &ConnOptions::default()).and_then(|mut conn| {
+        conn.call::<_, ()>(
+            Opcode::Ping,
+            &rbgctl::transfer::message::PingReq { client_id: 1 },
+        )
+    });
+    match refused {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::ConnectionRefused);
+            assert!(
+                message.contains("per-peer connection limit reached"),
+                "{message}"
+            );
+            assert!(message.contains("127.0.0.1"), "{message}");
+        }
+        other => panic!("expected a refusal with its reason, got {other:?}"),
+    }
+    drop(held);
+
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "a-cluster-secret-for-the-unproven-test").unwrap();
+    let master = rbgctl::master::config::MasterConfig {
+        auth_token_file: Some(token),
+        request_timeout_ms: Millis(Duration::from_secs(1)),
+        idle_timeout_ms: Millis(Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let c = Cluster::start(Opts {
+        stores: 0,
+        master,
+        ..Default::default()
+    });
+    // An unknown opcode before the proof: answered UNAUTHENTICATED, and the connection closes.
+    let mut s = TcpStream::connect(&c.rpc).unwrap();
+    let mut h = Header::request(Opcode::Ping, 5, 0, 0);
+    h.opcode = 0xee;
+    s.write_all(&h.encode()).unwrap();
+    let mut reply = [0u8; HEADER_LEN];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.read_exact(&mut reply).unwrap();
+    let reply = Header::decode(&reply).unwrap();
+    assert_eq!(reply.status, Status::Unauthenticated as u16);
+    assert!(closed_by_server(&s, Duration::from_secs(5)));
+    // A handshake begun and left: closed once request_timeout has passed since the connect,
+    // not after the idle timeout (60 s).
+    let t0 = std::time::Instant::now();
+    let mut s = TcpStream::connect(&c.rpc).unwrap();
+    let hello = AuthHelloReq { nonce: vec![7; 16] }.to_meta();
+    s.write_all(&Header::request(Opcode::AuthHello, 1, hello.len(), 0).encode())
+        .unwrap();
+    s.write_all(&hello).unwrap();
+    assert!(closed_by_server(&s, Duration::from_secs(10)));
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "an unproven connection stayed {took:?}"
     );
 }

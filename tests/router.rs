@@ -882,6 +882,99 @@ fn a_body_declared_above_max_payload_size_is_refused_from_its_headers() {
     assert!(recorded(&w).is_empty(), "nothing reached the worker");
 }
 
+/// Sends `head` (request line and headers, then the blank line) and `body_part` on a new
+/// connection and returns it; reads nothing.
+fn hold_body(port: u16, head: &str, body_part: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(body_part).unwrap();
+    conn
+}
+
+/// The status line's code of what `conn` answers (0 if nothing).
+fn status_of(conn: &mut std::net::TcpStream) -> (u16, String) {
+    let mut answer = vec![0u8; 4096];
+    let n = conn.read(&mut answer).unwrap_or(0);
+    let text = String::from_utf8_lossy(&answer[..n]).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// Issue 40, item 6: the bodies the router receives at once are bounded all together: a body
+/// that would take it past `--max-inflight-body-bytes` is answered 503 from its headers; the
+/// room comes back once a body is done with. Item 5: a body that stops arriving is cut off.
+#[test]
+fn bodies_in_flight_are_bounded_together_and_a_withheld_body_is_cut_off() {
+    let w = fake_worker("w", &[]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--max-inflight-body-bytes",
+            "1000000",
+        ]),
+        true,
+    );
+    let head = |n: usize| {
+        format!("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n")
+    };
+    // 600 kB announced and begun: held.
+    let t0 = Instant::now();
+    let mut first = hold_body(r.port, &head(600_000), b"{\"text\":\"");
+    // Another 600 kB: no room.
+    let mut second = hold_body(r.port, &head(600_000), b"{\"text\":\"");
+    let (code, text) = status_of(&mut second);
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("too many request bodies"), "{text}");
+    // A small one fits beside the first.
+    let (code, _, body) = post(r.port, "/generate", r#"{"text":"hi"}"#);
+    assert_eq!(code, 200, "{body}");
+    // The first never finishes its body: cut off by the body deadline (10 s), its room back.
+    let (code, text) = status_of(&mut first);
+    assert_eq!(code, 408, "{text}");
+    assert!(text.contains("did not arrive within"), "{text}");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_secs(9) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
+    let mut third = hold_body(r.port, &head(600_000), b"");
+    use std::io::Write;
+    let mut rest = format!("{{\"text\":\"{}\"}}", "a".repeat(600_000 - 11)).into_bytes();
+    rest.truncate(600_000);
+    third.write_all(&rest).unwrap();
+    let (code, text) = status_of(&mut third);
+    assert_eq!(code, 200, "{}", &text[..text.len().min(300)]);
+}
+
+/// Issue 40, item 9: with `--api-key`, what runs a generation or tells about the workers needs
+/// the key; the scheme of `Authorization: Bearer` is case-insensitive.
+#[test]
+fn with_an_api_key_health_generate_server_info_and_engine_metrics_need_it() {
+    let w = fake_worker("w", &[]);
+    let r = router(
+        &s(&["--worker-urls", &w.url(), "--api-key", "sekret"]),
+        true,
+    );
+    for path in ["/health_generate", "/get_server_info", "/engine_metrics"] {
+        assert_eq!(get(r.port, path).0, 401, "{path} without the key");
+        let with = client()
+            .get(format!("http://127.0.0.1:{}{path}", r.port))
+            .header("Authorization", "bearer sekret")
+            .send()
+            .unwrap();
+        assert_ne!(with.status().as_u16(), 401, "{path} with the key");
+    }
+    assert_eq!(get(r.port, "/health").0, 200, "liveness stays open");
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -225,3 +225,35 @@ fn a_store_counts_bytes_copied_through_shared_memory_and_shows_its_use() {
         metric("rbgctl_store_used_bytes")
     );
 }
+
+/// Issue 40, item 21: after `kill -9` of one store, puts that the master still places on its
+/// segment (it is listed until the store's TTL runs out) go to the live store instead of
+/// failing.
+#[test]
+fn puts_go_to_a_live_store_while_a_killed_one_is_still_listed() {
+    let mut c = Cluster::start(Opts {
+        stores: 2,
+        master: rbgctl::master::config::MasterConfig {
+            client_ttl_ms: Millis(Duration::from_secs(30)),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let client = c.client();
+    client
+        .put("before", b"v", &ReplicateConfig::default())
+        .unwrap();
+    c.stores[0].kill();
+    let t0 = std::time::Instant::now();
+    for i in 0..20 {
+        client
+            .put(&format!("after/{i}"), b"kept", &ReplicateConfig::default())
+            .unwrap_or_else(|e| panic!("put {i} after the kill: {e}"));
+    }
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert_eq!(c.segment_count(), 2, "the dead store is still listed");
+    for i in 0..20 {
+        assert_eq!(client.get(&format!("after/{i}")).unwrap(), b"kept");
+        assert_eq!(c.replica_segments(&format!("after/{i}")), vec!["store-1"]);
+    }
+}

@@ -215,6 +215,58 @@ class MLAHostPool(PageFirstHostPool):
         return bytearray(self.page_half_bytes())
 
 
+class LayerFirstHostPool:
+    """MHA host pool, ``layer_first`` layout, as SGLang's MHATokenToKVPoolHost lays it out:
+    kv_buffer (2, layers, tokens, heads, head_dim). ``get_page_buffer_meta`` lists a page's
+    regions layer by layer, K then V (K0 V0 K1 V1 ...); the flat page of ``get_data_page`` is
+    ``kv_buffer[:, :, page]``: the K of every layer, then the V of every layer."""
+
+    layout = "layer_first"
+    LAYERS = 4
+
+    def __init__(self, pages: int, page_size: int, token_bytes: int):
+        self.page_size = page_size
+        self.size = pages * page_size
+        self.layer_bytes = token_bytes // self.LAYERS  # per token and layer, K or V
+        self.memory = (ctypes.c_ubyte * (2 * self.LAYERS * self.size * self.layer_bytes))()
+        self.base = ctypes.addressof(self.memory)
+        self.kv_buffer = self.memory
+
+    def _offset(self, kv: int, layer: int, token: int) -> int:
+        return ((kv * self.LAYERS + layer) * self.size + token) * self.layer_bytes
+
+    def _region(self) -> int:
+        return self.page_size * self.layer_bytes
+
+    def get_page_buffer_meta(self, indices):
+        ptrs = []
+        for i in range(0, len(indices), self.page_size):
+            for layer in range(self.LAYERS):
+                ptrs += [self.base + self._offset(0, layer, indices[i]), self.base + self._offset(1, layer, indices[i])]
+        return ptrs, [self._region()] * len(ptrs)
+
+    def _views(self, index: int):
+        mv = memoryview(self.memory).cast("B")
+        n = self._region()
+        return [mv[self._offset(kv, layer, index) :][:n] for kv in (0, 1) for layer in range(self.LAYERS)]
+
+    def get_data_page(self, index: int, flat: bool = True):
+        views = self._views(index)
+        return b"".join(bytes(v) for v in views) if flat else views
+
+    def get_dummy_flat_data_page(self):
+        return bytearray(2 * self.LAYERS * self._region())
+
+    def set_from_flat_data_page(self, index: int, data) -> None:
+        n = self._region()
+        for i, v in enumerate(self._views(index)):
+            v[:] = data[i * n : (i + 1) * n]
+
+    def fill(self, index: int, seed: int) -> None:
+        for i, v in enumerate(self._views(index)):
+            v[:] = bytes((seed * 7 + i * 31 + j) & 0xFF for j in range(len(v)))
+
+
 # ---- the cache controller's storage loops -----------------------------------------------------
 
 
@@ -359,8 +411,8 @@ class ControllerDriven(unittest.TestCase):
         self.assertEqual(page_prefetch(b, host_b, hashes, idx_b, v1=True), 300)
         self.assertSamePages(host_a, slots_a, host_b, slots_b)
         stats = b.get_stats()
-        self.assertEqual(sum(stats["prefetch_pgs"]), 300)
-        self.assertTrue(all(bw > 0 for bw in stats["prefetch_bandwidth"]))
+        self.assertEqual(sum(stats.prefetch_pgs), 300)
+        self.assertTrue(all(bw > 0 for bw in stats.prefetch_bandwidth))
 
     def test_partial_prefix_stops_at_the_first_missing_page(self):
         host_a, a = self.server()
@@ -433,6 +485,65 @@ class ControllerDriven(unittest.TestCase):
         self.assertTrue(generic.set("f" * 64, host_g.get_data_page(0, flat=False)))
         self.assertEqual(bytes(generic.get("f" * 64)), host_g.get_data_page(0))
 
+    def test_layer_first_pages_are_byte_equal_across_paths(self):
+        """Issue 40, item 29: a page written by the zero-copy path of a layer_first server reads
+        back through the generic path (and the other way) as the same flat page."""
+        hashes = page_hashes(tokens(16, seed=9), PAGE)
+        idx = [s * PAGE + t for s in range(16) for t in range(PAGE)]
+        host_v, v1 = self.server(pages=16, pool_cls=LayerFirstHostPool)
+        host_g, generic = self.server(pages=16, pool_cls=LayerFirstHostPool, interface_v1=0)
+        for s in range(16):
+            (host_v if s < 8 else host_g).fill(s * PAGE, seed=900 + s)
+        self.assertTrue(page_backup(v1, host_v, hashes[:8], idx[: 8 * PAGE], v1=True))
+        self.assertTrue(page_backup(generic, host_g, hashes[8:], idx[8 * PAGE :], v1=False))
+        fresh_v = LayerFirstHostPool(16, PAGE, TOKEN_BYTES)
+        fresh_g = LayerFirstHostPool(16, PAGE, TOKEN_BYTES)
+        v1.register_mem_pool_host(fresh_v)
+        generic.register_mem_pool_host(fresh_g)
+        self.assertEqual(page_prefetch(v1, fresh_v, hashes, idx, v1=True), 16)
+        self.assertEqual(page_prefetch(generic, fresh_g, hashes, idx, v1=False), 16)
+        self.assertSamePages(host_v, range(8), fresh_g, range(8))
+        self.assertSamePages(host_g, range(8, 16), fresh_v, range(8, 16))
+        # Stored as the flat page: what the generic path hands SGLang is get_data_page's layout.
+        self.assertEqual(bytes(generic.get(hashes[0])), host_v.get_data_page(0))
+
+    def test_the_generic_path_records_metrics_and_get_stats_is_sglangs_class(self):
+        """Issue 40, items 28 and 30."""
+        hashes = page_hashes(tokens(6, seed=11), PAGE)
+        idx = [s * PAGE + t for s in range(6) for t in range(PAGE)]
+        host, generic = self.server(pages=6, interface_v1=0)
+        generic.get_stats()  # start from nothing
+        self.assertTrue(page_backup(generic, host, hashes, idx, v1=False))
+        self.assertEqual(page_prefetch(generic, host, hashes, idx, v1=False), 6)
+        stats = generic.get_stats()
+        self.assertEqual(sum(stats.backup_pgs), 6)
+        self.assertEqual(sum(stats.prefetch_pgs), 6)
+        self.assertTrue(all(b > 0 for b in stats.prefetch_bandwidth + stats.backup_bandwidth))
+        self.assertEqual(generic.get_stats().prefetch_pgs, [], "reset after each call")
+        # Each SGLang version's module path for its StorageMetrics class is found.
+        for module in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
+            cls = type("StorageMetrics", (rbgctl.hicache.StorageMetrics,), {})
+            mod = types.ModuleType(module)
+            mod.StorageMetrics = cls
+            saved = {m: sys.modules.get(m) for m in (
+                "sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector")}
+            for m in saved:
+                sys.modules[m] = None  # type: ignore[assignment]  (import fails)
+            sys.modules[module] = mod
+            try:
+                self.assertIsInstance(generic.get_stats(), cls, module)
+            finally:
+                for m, v in saved.items():
+                    if v is None:
+                        sys.modules.pop(m, None)
+                    else:
+                        sys.modules[m] = v
+
+    def test_sglangs_own_extra_config_keys_are_accepted(self):
+        """Issue 40, item 31: SGLang adds file_storage_path with --file-storage-path."""
+        _, backend = self.server(pages=1, file_storage_path="/tmp/hicache")
+        self.assertTrue(backend.batch_exists([]) == 0)
+
     def test_backup_skips_stored_pages(self):
         host, backend = self.server(pages=30)
         hashes = page_hashes(tokens(30, seed=5), PAGE)
@@ -458,6 +569,46 @@ class ControllerDriven(unittest.TestCase):
 
 
 class Failures(unittest.TestCase):
+    def test_attaching_waits_for_the_master_within_a_bound(self):
+        """Issue 40, item 33: a master that is not up when SGLang constructs the backend is
+        waited for up to connect_timeout; past it, the constructor says why."""
+        from harness import free_port
+        from rbgctl.errors import RbgctlError
+
+        cfg = config(f"127.0.0.1:{free_port()}", connect_timeout=1)
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(RbgctlError, "did not answer within 1 s"):
+            create_backend(cfg, PageFirstHostPool(1, PAGE, 8))
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9)
+        # A master that comes up while the backend waits is attached to.
+        import subprocess
+        import threading
+
+        from harness import binary, port_open
+
+        port = free_port()
+        cfg = config(f"127.0.0.1:{port}", connect_timeout=30)
+        made = []
+        waiter = threading.Thread(target=lambda: made.append(create_backend(cfg, PageFirstHostPool(1, PAGE, 8))))
+        waiter.start()
+        time.sleep(0.5)
+        self.assertFalse(made, "attached to nothing")
+        master = subprocess.Popen(
+            [binary(), "master", "--rpc-address", "127.0.0.1", "--rpc-port", str(port),
+             "--metrics-host", "127.0.0.1", "--metrics-port", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_until("master listening", lambda: port_open(port))
+            waiter.join(timeout=40)
+            self.assertFalse(waiter.is_alive())
+            self.assertEqual(len(made), 1, "attached once the master answered")
+            made[0].close()
+        finally:
+            master.kill()
+            master.wait(timeout=10)
+
     def test_dead_store_and_dead_master_read_as_misses(self):
         with LivePool(stores=1, segment="32MiB") as pool:
             cfg = config(pool.master, same_host_shm=False, io_timeout_s=5)

@@ -48,7 +48,58 @@ impl Inner {
                 results[i] = r;
             }
         }
+        self.put_elsewhere(keys, values, config, &mut results);
         results
+    }
+
+    /// Items that failed because their store could not be reached (it died or is cut off; the
+    /// master keeps its segment until the store's TTL runs out) are put once more, placed first
+    /// on the live segment with the most room elsewhere: a put goes to a live store instead of
+    /// failing for the TTL.
+    fn put_elsewhere(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        config: &ReplicateConfig,
+        results: &mut [Result<(), ClientError>],
+    ) {
+        let dead: Vec<&str> = results
+            .iter()
+            .filter_map(|r| match r {
+                Err(ClientError::Store { endpoint, .. }) => Some(endpoint.as_str()),
+                _ => None,
+            })
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        let Ok(segments) = self.master_call::<_, ListSegmentsResp>(Opcode::ListSegments, &())
+        else {
+            return;
+        };
+        let Some(other) = segments
+            .segments
+            .iter()
+            .filter(|s| s.info.tier == Tier::Memory && !dead.contains(&s.info.endpoint.as_str()))
+            .max_by_key(|s| s.info.size.saturating_sub(s.used))
+        else {
+            return;
+        };
+        let again: Vec<usize> = (0..keys.len())
+            .filter(|&i| matches!(results[i], Err(ClientError::Store { .. })))
+            .collect();
+        tracing::info!(stores = ?dead, to = %other.info.name, items = again.len(),
+            "a store could not be reached; putting its items elsewhere");
+        let elsewhere = ReplicateConfig {
+            preferred_segment: other.info.name.clone(),
+            ..config.clone()
+        };
+        let k: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
+        let v: Vec<&[u8]> = again.iter().map(|&i| values[i]).collect();
+        let (retried, _) = self.put_once(&k, &v, &elsewhere, false);
+        for (i, r) in again.into_iter().zip(retried) {
+            results[i] = r;
+        }
     }
 
     /// One attempt at a batch put, into reservations where `reserve` and one is held. Answers

@@ -52,12 +52,21 @@ pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
-    toml::from_str(&text).map_err(|e| ConfigError::File {
-        path: path.display().to_string(),
-        reason: e.message().to_string()
-            + &e.span()
-                .map(|s| format!(" (at line {})", line_of(&text, s.start)))
-                .unwrap_or_default(),
+    serde_path_to_error::deserialize(toml::Deserializer::new(&text)).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let at = inner
+            .span()
+            .map(|s| format!(" (at line {})", line_of(&text, s.start)))
+            .unwrap_or_default();
+        let reason = match field.as_str() {
+            "" | "." => format!("{}{at}", inner.message()),
+            _ => format!("{field}: {}{at}", inner.message()),
+        };
+        ConfigError::File {
+            path: path.display().to_string(),
+            reason,
+        }
     })
 }
 

@@ -190,6 +190,97 @@ fn apply(
     Ok(())
 }
 
+/// The flags `mooncake_master` takes here, with what each sets (`--help`). Every name is one
+/// `apply` knows (a unit test holds them together).
+pub const MASTER_FLAGS: &[(&str, &str)] = &[
+    ("rpc_port", "RPC port (default 50051)"),
+    (
+        "port",
+        "deprecated spelling of rpc_port, used when rpc_port is 0",
+    ),
+    ("rpc_address", "RPC address to listen on"),
+    (
+        "enable_http_metadata_server",
+        "serve Mooncake's HTTP metadata protocol (bool)",
+    ),
+    ("http_metadata_server_host", "its address"),
+    ("http_metadata_server_port", "its port (default 8080)"),
+    (
+        "metrics_host",
+        "address of /metrics, /health and the admin API",
+    ),
+    ("metrics_port", "its port (default 9003)"),
+    (
+        "default_kv_lease_ttl",
+        "read lease of an object, milliseconds",
+    ),
+    (
+        "default_kv_soft_pin_ttl",
+        "soft pin of an object, milliseconds",
+    ),
+    ("max_kv_soft_pin_ttl", "longest soft pin, milliseconds"),
+    (
+        "eviction_high_watermark_ratio",
+        "memory use that starts eviction (0..1)",
+    ),
+    ("eviction_ratio", "share evicted at once (0..1)"),
+    (
+        "promotion_on_hit",
+        "copy a disk-tier object back to memory on a hit (bool)",
+    ),
+    ("promotion_admission_threshold", "hits before a promotion"),
+    (
+        "client_ttl",
+        "seconds a silent client or store stays known (also client_live_ttl_sec)",
+    ),
+    (
+        "put_start_discard_timeout_sec",
+        "seconds before an unfinished put may be replaced",
+    ),
+    (
+        "put_start_release_timeout_sec",
+        "seconds before its space is reused",
+    ),
+    ("allocation_strategy", "random or free_ratio_first"),
+    ("enable_ha", "elect a leader among masters (bool)"),
+    (
+        "etcd_endpoints",
+        "etcd members, h1:2379;h2:2379 (also ha_backend_connstring)",
+    ),
+    ("ha_backend_type", "etcd or k8s"),
+    ("cluster_id", "the cluster the masters elect for"),
+    (
+        "config_path",
+        "a JSON file of these flags; the command line overrides it",
+    ),
+];
+
+/// `mooncake_master --help`: the flags above, and those accepted without effect.
+pub fn master_flags_help() -> String {
+    let mut h = String::from(
+        "mooncake_master (rbgctl's master with Mooncake's flag spellings)\n\n\
+         Usage: mooncake_master [--flag=value | --flag value | --bool_flag | --nobool_flag]...\n\n\
+         Flags:\n",
+    );
+    for (name, what) in MASTER_FLAGS {
+        h.push_str(&format!("  --{name:<32} {what}\n"));
+    }
+    h.push_str("\nAccepted, without effect in rbgctl:\n  ");
+    h.push_str(&IGNORED_MASTER_FLAGS.join(", "));
+    h.push_str("\n\nrbgctl's own spellings of every setting: rbgctl master --help\n");
+    h
+}
+
+/// Whether `argv` asks for help rather than a master (`--help`, `-h`, gflags' `--helpfull`).
+pub fn asks_for_help(argv: &[String]) -> bool {
+    argv.iter().any(|a| {
+        matches!(
+            a.as_str(),
+            "-h" | "--help" | "-help" | "--helpfull" | "-helpfull" | "--helpshort"
+        )
+    })
+}
+
 /// Parses `mooncake_master` command-line flags (gflags spellings: `--name=value`,
 /// `--name value`, `-name=value`, bare `--bool_flag`, `--nobool_flag`) into master arguments.
 /// A `--config_path` JSON file is read first; flags on the command line override it.
@@ -426,6 +517,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("etcd or k8s"), "{e}");
+    }
+
+    #[test]
+    fn every_flag_the_help_names_is_taken() {
+        for (name, _) in MASTER_FLAGS {
+            let value = match *name {
+                "enable_http_metadata_server" | "enable_ha" | "promotion_on_hit" => "true",
+                "allocation_strategy" => "random",
+                "ha_backend_type" => "etcd",
+                "etcd_endpoints" => "h:2379",
+                "cluster_id" => "c",
+                "rpc_address" | "http_metadata_server_host" | "metrics_host" => "127.0.0.1",
+                "eviction_high_watermark_ratio" | "eviction_ratio" => "0.5",
+                "config_path" => "",
+                _ => "1",
+            };
+            parse_master_flags(&[format!("--{name}={value}")])
+                .unwrap_or_else(|e| panic!("--{name}: {e}"));
+        }
+        let help = master_flags_help();
+        assert!(help.contains("--rpc_port") && help.contains("enable_kv_events"));
+        assert!(asks_for_help(&["--help".into()]) && asks_for_help(&["-h".into()]));
     }
 
     #[test]

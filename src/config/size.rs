@@ -25,6 +25,9 @@ impl FromStr for ByteSize {
         if s.is_empty() {
             return Err("empty size".into());
         }
+        if s.starts_with('-') {
+            return Err(format!("{text:?}: a size cannot be negative"));
+        }
         let split = s
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(s.len());
@@ -111,6 +114,9 @@ impl serde::Serialize for ByteSize {
 /// Parses `10s`, `500ms`, `2m`, `1h` or a bare number of milliseconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let s = text.trim();
+    if s.starts_with('-') {
+        return Err(format!("{text:?}: a duration cannot be negative"));
+    }
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());

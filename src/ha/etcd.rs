@@ -244,6 +244,29 @@ impl Etcd {
         ))
     }
 
+    /// The keys under `prefix` (at most `limit`), without their values.
+    pub fn keys_with_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<String>, EtcdError> {
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let v = self.post(
+            "/v3/kv/range",
+            &json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end),
+                "keys_only": true, "limit": limit}),
+        )?;
+        Ok(v["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .filter_map(|kv| kv["key"].as_str())
+                    .filter_map(|k| B64.decode(k).ok())
+                    .map(|k| String::from_utf8_lossy(&k).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// Creates `key` with `value` attached to `lease` if no such key exists (its create
     /// revision is 0); otherwise answers who holds it.
     pub fn campaign(&self, key: &str, value: &[u8], lease: i64) -> Result<Campaign, EtcdError> {

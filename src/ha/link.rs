@@ -48,6 +48,38 @@ impl Lookup {
         })
     }
 
+    /// Why no leader is found: for etcd, the cluster id looked under and those that have one.
+    fn no_leader(&self) -> String {
+        match self {
+            Lookup::Etcd { etcd, key } => {
+                let id = super::cluster_of_view_key(key).unwrap_or(key);
+                let others = etcd.keys_with_prefix(super::VIEW_PREFIX, 20).map(|keys| {
+                    keys.iter()
+                        .filter_map(|k| super::cluster_of_view_key(k))
+                        .map(|c| format!("{c:?}"))
+                        .collect::<Vec<_>>()
+                });
+                match others {
+                    Ok(o) if o.is_empty() => format!(
+                        "no master leader is elected under cluster id {id:?} (etcd key {key}), \
+                         and none under any other cluster id yet"
+                    ),
+                    Ok(o) => format!(
+                        "no master leader is elected under cluster id {id:?} (etcd key {key}); \
+                         leaders are elected under {}: give this process the masters' cluster \
+                         id (etcd://ENDPOINTS/CLUSTER_ID)",
+                        o.join(", ")
+                    ),
+                    Err(e) => format!(
+                        "no master leader is elected under cluster id {id:?}, and etcd cannot be \
+                         reached: {e}"
+                    ),
+                }
+            }
+            Lookup::Kube(_) => "no master leader holds the Lease yet".to_string(),
+        }
+    }
+
     /// The current leader, and the revision to watch after (etcd).
     fn leader(&self) -> Result<(Option<LeaderHint>, i64), HaError> {
         match self {
@@ -90,11 +122,18 @@ struct Shared {
     last_refresh: Mutex<Option<Instant>>,
     /// The leader as last looked up.
     leader: Mutex<Option<LeaderHint>>,
+    /// Why no leader was found at the last look-up.
+    no_leader: Mutex<Option<String>>,
 }
 
 impl Shared {
     /// Points the pool at `hint` (if it moved); answers whether it moved.
     fn follow(&self, hint: Option<LeaderHint>) -> bool {
+        let why = match (&hint, &self.lookup) {
+            (None, Some(lookup)) => Some(lookup.no_leader()),
+            _ => None,
+        };
+        *self.no_leader.lock() = why;
         let mut leader = self.leader.lock();
         if *leader == hint {
             return false;
@@ -162,6 +201,7 @@ impl MasterLink {
             lookup: Lookup::new(&addr)?,
             last_refresh: Mutex::new(None),
             leader: Mutex::new(None),
+            no_leader: Mutex::new(None),
         });
         let stop = Shutdown::new();
         let watcher = match &shared.lookup {
@@ -256,7 +296,11 @@ impl MasterLink {
                 addr: self.shared.spec.clone(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
-                    "no master leader is elected yet (or the election backend cannot be reached)",
+                    self.shared.no_leader.lock().clone().unwrap_or_else(|| {
+                        "no master leader is elected yet (or the election backend cannot be \
+                         reached)"
+                            .into()
+                    }),
                 ),
             });
         }

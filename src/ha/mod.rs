@@ -76,7 +76,15 @@ impl MasterView {
 
 /// The etcd key the leader holds for a cluster (Mooncake's name for it).
 pub fn view_key(cluster_id: &str) -> String {
-    format!("mooncake-store/{cluster_id}/master_view")
+    format!("{VIEW_PREFIX}{cluster_id}/master_view")
+}
+
+/// Where every cluster's leader key lives in etcd.
+pub const VIEW_PREFIX: &str = "mooncake-store/";
+
+/// The cluster id of a leader key (`mooncake-store/<id>/master_view`).
+pub fn cluster_of_view_key(key: &str) -> Option<&str> {
+    key.strip_prefix(VIEW_PREFIX)?.strip_suffix("/master_view")
 }
 
 /// Where a master is found: a fixed address, or the leader of an elected group.

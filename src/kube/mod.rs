@@ -36,12 +36,48 @@ pub enum KubeError {
     Decode { path: String, reason: String },
 }
 
+#[cfg(test)]
+mod conflict_tests {
+    use super::KubeError;
+
+    #[test]
+    fn a_lost_race_is_a_conflict_and_other_refusals_are_not() {
+        let e = |code, message: &str| KubeError::Status {
+            path: "/apis/x".into(),
+            code,
+            message: message.into(),
+        };
+        assert!(e(409, "the object has been modified").is_conflict());
+        assert!(e(
+            422,
+            "the server rejected our request: testing value /metadata/resourceVersion failed"
+        )
+        .is_conflict());
+        assert!(!e(422, "spec.replicas: Invalid value").is_conflict());
+        assert!(!e(500, "/metadata/resourceVersion").is_conflict());
+    }
+}
+
 impl KubeError {
     /// HTTP status of an API error (410 Gone means "list again").
     pub fn code(&self) -> Option<u16> {
         match self {
             KubeError::Status { code, .. } => Some(*code),
             _ => None,
+        }
+    }
+
+    /// Whether the write lost a race with another writer: 409 Conflict, or the 422 a JSON
+    /// patch gets when its `test` of `/metadata/resourceVersion` fails (the API server names
+    /// the path: "testing value /metadata/resourceVersion failed"). Reading again and
+    /// retrying is the normal answer, not a failure.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            KubeError::Status { code: 409, .. } => true,
+            KubeError::Status {
+                code: 422, message, ..
+            } => message.contains("/metadata/resourceVersion"),
+            _ => false,
         }
     }
 }

@@ -224,23 +224,43 @@ pub struct MasterArgs {
     #[arg(long, env = "RBGCTL_MASTER_METRICS_PORT")]
     pub metrics_port: Option<u16>,
     /// Client TTL (`10s`, or milliseconds). Default 10 s.
-    #[arg(long, env = "RBGCTL_MASTER_CLIENT_TTL")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_CLIENT_TTL")]
     pub client_ttl: Option<Millis>,
     /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds). Default 300 s.
-    #[arg(long, env = "RBGCTL_MASTER_STORE_GRACE_PERIOD")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_STORE_GRACE_PERIOD"
+    )]
     pub store_grace_period: Option<Millis>,
     /// How long a store may serve clients' cached locations after the master last reached it
     /// (`2s`, or milliseconds; 0 = off). Default 2 s.
-    #[arg(long, env = "RBGCTL_MASTER_STORE_READ_LEASE")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_STORE_READ_LEASE"
+    )]
     pub store_read_lease: Option<Millis>,
     /// Read lease of a get (`10s`, or milliseconds). Default 10 s.
-    #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL"
+    )]
     pub default_kv_lease_ttl: Option<Millis>,
     /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
-    #[arg(long, env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL"
+    )]
     pub default_kv_soft_pin_ttl: Option<Millis>,
     /// Longest soft pin a put may ask for. Default 24 h.
-    #[arg(long, env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL"
+    )]
     pub max_kv_soft_pin_ttl: Option<Millis>,
     /// Eviction starts when used/capacity passes this. Default 0.9.
     #[arg(long, env = "RBGCTL_MASTER_EVICTION_HIGH_WATERMARK_RATIO")]
@@ -255,7 +275,11 @@ pub struct MasterArgs {
     #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_RATIO")]
     pub disk_eviction_ratio: Option<f64>,
     /// Most bytes of memory → disk copies in flight per store (256MiB, bytes). Default 256 MiB.
-    #[arg(long, env = "RBGCTL_MASTER_DISK_TIER_QUEUE_BYTES")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_DISK_TIER_QUEUE_BYTES"
+    )]
     pub disk_tier_queue_bytes: Option<ByteSize>,
     /// Copy disk-only objects back to memory when read (true/false). Default true.
     #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ON_HIT")]
@@ -264,17 +288,33 @@ pub struct MasterArgs {
     #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ADMISSION_THRESHOLD")]
     pub promotion_admission_threshold: Option<u32>,
     /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
-    #[arg(long, env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT"
+    )]
     pub put_start_discard_timeout: Option<Millis>,
     /// An unfinished put older than this is reclaimed. Default 600 s.
-    #[arg(long, env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT"
+    )]
     pub put_start_release_timeout: Option<Millis>,
     /// How long a client may write into a put reservation (`500ms`, or milliseconds; 0 =
     /// no reservations, every put takes two master round trips). Default 500 ms.
-    #[arg(long, env = "RBGCTL_MASTER_PUT_RESERVATION_TTL")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_PUT_RESERVATION_TTL"
+    )]
     pub put_reservation_ttl: Option<Millis>,
     /// Most bytes of put reservations one client may hold (`64MiB`). Default 64 MiB.
-    #[arg(long, env = "RBGCTL_MASTER_PUT_RESERVATION_MAX_BYTES")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_PUT_RESERVATION_MAX_BYTES"
+    )]
     pub put_reservation_max_bytes: Option<ByteSize>,
     /// `random` (default) or `free_ratio_first`.
     #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
@@ -286,10 +326,14 @@ pub struct MasterArgs {
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS_PER_PEER")]
     pub max_connections_per_peer: Option<usize>,
     /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
-    #[arg(long, env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
     pub idle_timeout: Option<Millis>,
     /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
-    #[arg(long, env = "RBGCTL_MASTER_REQUEST_TIMEOUT")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_REQUEST_TIMEOUT"
+    )]
     pub request_timeout: Option<Millis>,
     /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
@@ -311,7 +355,7 @@ pub struct MasterArgs {
     #[arg(long, env = "RBGCTL_MASTER_CLUSTER_ID")]
     pub cluster_id: Option<String>,
     /// Leader lease TTL (`5s`; whole seconds, at least 1). Default 5 s.
-    #[arg(long, env = "RBGCTL_MASTER_HA_LEASE_TTL")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_HA_LEASE_TTL")]
     pub ha_lease_ttl: Option<Millis>,
     /// Host published for others to reach this master. Default: the RPC address, POD_IP or
     /// the host name's address.

@@ -7,9 +7,9 @@ use super::Shared;
 use crate::ha::lease::{LeaderHint, Leadership, Role};
 use crate::telemetry::PromText;
 use crate::transfer::Opcode;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{header, Method, StatusCode, Uri};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -71,21 +71,25 @@ pub fn metadata_router(
     store: Arc<Mutex<MetadataStore>>,
     leadership: Arc<Leadership>,
     auth: Option<Arc<crate::auth::Secret>>,
+    max_body: usize,
 ) -> Router {
-    Router::new().fallback(
-        move |method: Method, uri: Uri, headers: header::HeaderMap, body: Bytes| {
+    Router::new().fallback(move |req: axum::extract::Request| {
         let store = store.clone();
         let leadership = leadership.clone();
         let auth = auth.clone();
         async move {
+            let (method, uri) = (req.method().clone(), req.uri().clone());
             if uri.path() == "/metadata" {
                 if let Some(r) = to_leader(&leadership, |h| h.metadata.as_deref(), &uri) {
                     return r;
                 }
             }
+            // From the headers, before a byte of the body is read: a client without the
+            // secret holds nothing while it sends (or withholds) a body.
             let write = matches!(method.as_str(), "PUT" | "DELETE");
             if let Some(secret) = auth.as_deref().filter(|_| write) {
-                let given = headers
+                let given = req
+                    .headers()
                     .get(header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok());
                 if !secret.bearer_ok(given) {
@@ -99,6 +103,13 @@ pub fn metadata_router(
             }
             match (uri.path(), method.as_str()) {
                 ("/metadata", m @ ("GET" | "PUT" | "DELETE")) => {
+                    let body = match axum::body::to_bytes(req.into_body(), max_body).await {
+                        Ok(b) => b,
+                        Err(e) => {
+                            let (status, why) = crate::http_server::body_error(&e);
+                            return plain(status.as_u16(), why.into_bytes(), false);
+                        }
+                    };
                     let r = store.lock().handle(m, uri.query(), &body);
                     plain(r.status, r.body, r.json)
                 }
@@ -106,8 +117,7 @@ pub fn metadata_router(
                 _ => plain(404, b"404 Not Found".to_vec(), false),
             }
         }
-    },
-    )
+    })
 }
 
 #[derive(Deserialize)]
@@ -132,6 +142,17 @@ async fn leader_only(
 }
 
 pub fn admin_router(shared: Arc<Shared>) -> Router {
+    // Key names, their places and the clients that wrote them: with the cluster secret set,
+    // only for those who hold it.
+    let objects = Router::new()
+        .route("/api/v1/objects", get(object))
+        .route("/api/v1/keys", get(keys))
+        .route("/api/v1/evictions", get(evictions))
+        .route("/query_key", get(query_key))
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            require_secret,
+        ));
     Router::new()
         .route("/", get(status_page))
         .route("/ui", get(status_page))
@@ -140,11 +161,8 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/metrics/summary", get(summary_text))
         .route("/api/v1/status", get(status))
         .route("/api/v1/segments", get(segments))
-        .route("/api/v1/objects", get(object))
-        .route("/api/v1/keys", get(keys))
-        .route("/api/v1/evictions", get(evictions))
-        .route("/query_key", get(query_key))
         .route("/get_all_segments", get(all_segments))
+        .merge(objects)
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -156,6 +174,29 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
             leader_only,
         ))
         .with_state(shared)
+}
+
+/// With the cluster secret set, a request must carry it as `Authorization: Bearer`.
+async fn require_secret(
+    State(shared): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(secret) = &shared.secret {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !secret.bearer_ok(given) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"error":
+                    "this route names keys and clients: send Authorization: Bearer <the cluster secret>"})),
+            )
+                .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// Alive is 200 whatever the role; `role` tells the leader (or the only master, `single`)
@@ -287,7 +328,7 @@ async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                 "shm_path": s.info.shm_path,
                 "host_id": s.info.host_id,
                 "state": s.state.name(),
-                "persistent": s.info.segment_uuid != 0,
+                "persistent": s.info.persistent,
             })
         })
         .collect();

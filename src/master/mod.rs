@@ -69,6 +69,8 @@ pub struct Shared {
     pub mover: Arc<mover::Mover>,
     /// The status page's rates: counters sampled once a second by the housekeeper.
     pub history: Arc<parking_lot::Mutex<ui::History>>,
+    /// The cluster secret: with one, the admin routes that name keys or clients need it.
+    pub secret: Option<Arc<crate::auth::Secret>>,
 }
 
 /// What an election does to the master: a master elected or deposed forgets everything, as a
@@ -268,6 +270,7 @@ pub fn start(
         election: Default::default(),
         mover,
         history: Default::default(),
+        secret: secret.clone(),
     });
     let election = match cfg.enable_ha {
         true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),
@@ -288,6 +291,8 @@ pub fn start(
             .name("master-housekeeper".into())
             .spawn(move || {
                 let mut last_summary = Instant::now();
+                // Said when it changed: an idle master stays quiet.
+                let mut last_said = String::new();
                 while !shutdown.sleep(Duration::from_millis(50)) {
                     let now = Instant::now();
                     let mut st = state.lock();
@@ -297,7 +302,11 @@ pub fn start(
                     }
                     if now.duration_since(last_summary) >= interval {
                         last_summary = now;
-                        tracing::info!("{}", summary_line(&st, now));
+                        let line = summary_line(&st, now);
+                        if line != last_said {
+                            tracing::info!("{line}");
+                            last_said = line;
+                        }
                     }
                     let mut history = history.lock();
                     if history.due(now) {
@@ -333,6 +342,11 @@ pub fn start(
     ));
     if let Some(listener) = metadata {
         tracing::info!(addr = ?addrs.metadata, "HTTP metadata server listening");
+        crate::auth::warn_if_open(
+            "metadata server",
+            &cfg.http_metadata_server_host,
+            metadata_auth.as_deref(),
+        );
         let store = Arc::new(Mutex::new(metadata::MetadataStore::new(metadata::Limits {
             max_bytes: cfg.http_metadata_max_bytes.0,
             max_keys: cfg.http_metadata_max_keys,
@@ -344,7 +358,12 @@ pub fn start(
         };
         runtime.spawn(crate::http_server::serve_tls(
             listener,
-            http::metadata_router(store, shared.leadership.clone(), metadata_auth),
+            http::metadata_router(
+                store,
+                shared.leadership.clone(),
+                metadata_auth,
+                cfg.http_metadata_max_value_bytes.0 as usize,
+            ),
             shutdown.clone(),
             limits,
             tls,

@@ -21,6 +21,16 @@ pub enum ReconcileError {
     Api(#[from] KubeError),
 }
 
+impl ReconcileError {
+    /// A write lost a race with another writer: reconciling again from the latest version is
+    /// the normal course, not a failure.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            ReconcileError::Api(e) => e.is_conflict(),
+        }
+    }
+}
+
 /// Caches of what the operator reads.
 #[derive(Clone, Default)]
 pub struct Caches {

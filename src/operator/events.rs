@@ -1,6 +1,7 @@
 //! Kubernetes Events on a group, told once: an event is posted unless the same message was
-//! the last one told for that group and reason, so that a condition repeated by every resync
-//! does not flood the API server. The memory of what was told is pure ([`Told`]).
+//! the last one told for that group, reason and subject (a role, for a condition each role has
+//! on its own), so that a condition repeated by every resync does not flood the API server.
+//! The memory of what was told is pure ([`Told`]).
 
 use super::throttle::Throttle;
 use crate::kube::object::ObjectMeta;
@@ -10,14 +11,20 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The last message told per (group key, reason).
+/// The last message told per (group key, reason, subject).
 #[derive(Debug, Default)]
-pub struct Told(HashMap<(String, String), String>);
+pub struct Told(HashMap<(String, String, String), String>);
 
 impl Told {
     /// True (and remembered) when `message` is news for this group and reason.
     pub fn tell(&mut self, group: &str, reason: &str, message: &str) -> bool {
-        let key = (group.to_string(), reason.to_string());
+        self.tell_about(group, reason, "", message)
+    }
+
+    /// True (and remembered) when `message` is news for this group, reason and subject: the
+    /// roles of a group waiting each for its own dependencies are told apart.
+    pub fn tell_about(&mut self, group: &str, reason: &str, subject: &str, message: &str) -> bool {
+        let key = (group.to_string(), reason.to_string(), subject.to_string());
         if self.0.get(&key).is_some_and(|m| m == message) {
             return false;
         }
@@ -25,14 +32,14 @@ impl Told {
         true
     }
 
-    /// The next message for this reason is news whatever it says.
+    /// The next message for this reason is news whatever it says, for every subject.
     pub fn forget(&mut self, group: &str, reason: &str) {
-        self.0.remove(&(group.to_string(), reason.to_string()));
+        self.0.retain(|(g, r, _), _| !(g == group && r == reason));
     }
 
     /// A group is gone: forget all it was told.
     pub fn forget_group(&mut self, group: &str) {
-        self.0.retain(|(g, _), _| g != group);
+        self.0.retain(|(g, _, _), _| g != group);
     }
 }
 
@@ -57,6 +64,17 @@ impl Recorder {
             .await
     }
 
+    /// Posts an event on the group `g` about one of its roles, unless it is no news for that
+    /// role: each role's condition is deduplicated on its own.
+    pub async fn post_about(&self, g: &Value, role: &str, kind: &str, reason: &str, message: &str) {
+        let who = ObjectMeta::of(g).key();
+        if !self.told.lock().tell_about(&who, reason, role, message) {
+            return;
+        }
+        self.create(g, "RoleBasedGroup", kind, reason, message)
+            .await
+    }
+
     /// Posts an event on an object of `object_kind` (a workloads.x-k8s.io/v1alpha2 kind),
     /// unless it is no news.
     pub async fn post_on(
@@ -75,6 +93,19 @@ impl Recorder {
         if !self.told.lock().tell(&who, reason, message) {
             return;
         }
+        self.create(obj, object_kind, kind, reason, message).await
+    }
+
+    /// Writes the event.
+    async fn create(
+        &self,
+        obj: &Value,
+        object_kind: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let meta = ObjectMeta::of(obj);
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let name = format!("{}.{:x}", meta.name, fastrand::u64(..));
         let ev = json!({"apiVersion": "v1", "kind": "Event",
@@ -126,5 +157,25 @@ mod tests {
             !t.tell("ns/h", "DependencyNotMet", "waits for a"),
             "other groups keep theirs"
         );
+    }
+
+    /// Issue 40, item 35: roles waiting each for their own dependencies are told once each,
+    /// not once per alternation of their messages.
+    #[test]
+    fn each_role_is_told_once_however_the_roles_take_turns() {
+        let mut t = Told::default();
+        let mut told = 0;
+        for _resync in 0..5 {
+            for (role, msg) in [
+                ("router", "waits for prefill"),
+                ("prefill", "waits for cache"),
+            ] {
+                told += usize::from(t.tell_about("ns/g", "DependencyNotMet", role, msg));
+            }
+        }
+        assert_eq!(told, 2);
+        assert!(t.tell_about("ns/g", "DependencyNotMet", "router", "waits for decode"));
+        t.forget("ns/g", "DependencyNotMet");
+        assert!(t.tell_about("ns/g", "DependencyNotMet", "prefill", "waits for cache"));
     }
 }

@@ -321,6 +321,11 @@ async fn work(ctl: Arc<Controller>, kind: Kind) {
                     queue.add_after(&key, d);
                 }
             }
+            Err(e) if e.is_conflict() => {
+                let d = queue.retry(&key);
+                tracing::info!(kind = kind.label(), key = %key, error = %e, retry_in = ?d,
+                    "an object changed under this reconcile (resourceVersion conflict); reconciling again from the latest");
+            }
             Err(e) => {
                 ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
                 let d = queue.retry(&key);

@@ -73,7 +73,13 @@ pub fn inplace_done(pod: &Pod<'_>) -> bool {
             .is_some_and(|before| now.restart_count > *before);
         let new_content = !now.image_id.is_empty() && now.image_id != id_before;
         let legacy = id_before.is_empty() && state.restart_counts.is_none();
-        takes_spec && now.ready && (restarted || new_content || legacy)
+        // A retag to the same content: the runtime may go on reporting the other tag of that
+        // image (the kubelet copies what it says), so a restart on an unchanged image ID
+        // confirms the update whatever tag the status names.
+        let same_content_restarted =
+            restarted && !id_before.is_empty() && now.image_id == *id_before;
+        now.ready
+            && ((takes_spec && (restarted || new_content || legacy)) || same_content_restarted)
     })
 }
 
@@ -709,6 +715,11 @@ mod tests {
             0,
             true
         )));
+        // Issue 40, item 34: a retag to the same content whose runtime reports the other tag
+        // of that image: restarted on the same image ID, so done.
+        assert!(done(pod_after_patch("x:1b", "x:1", "sha256:one", 1, true)));
+        // The other tag and no restart: not yet.
+        assert!(!done(pod_after_patch("x:1b", "x:1", "sha256:one", 0, true)));
         assert!(done(json!({"metadata": {}})));
     }
 }

@@ -170,9 +170,26 @@ impl Controller {
                 .post(&obj, "Warning", "EndpointAddressRefused", &msg)
                 .await;
         }
+        // Written before the status says anything about them: the condition reports what the
+        // API server took. One slice that cannot be written does not hold the others back;
+        // the first failure is returned at the end (and retried).
+        let mut slice_failed = None;
+        let mut not_written = Vec::new();
+        for (slice, _) in slices {
+            let name = ObjectMeta::of(&slice).name.to_string();
+            if let Err(e) = self.ensure_slice(slice).await {
+                tracing::warn!(group = %key, slice = %name, error = %e, "EndpointSlice not written");
+                not_written.push(format!("{name}: {e}"));
+                slice_failed.get_or_insert(e);
+            }
+        }
         let mut conditions = Vec::new();
         if g.legacy {
-            conditions.push(if refused.is_empty() {
+            conditions.push(if !not_written.is_empty() {
+                json!({"type": "EndpointsPublished", "status": "False",
+                       "reason": "EndpointSliceNotWritten",
+                       "message": format!("the API server did not take: {}", not_written.join("; "))})
+            } else if refused.is_empty() {
                 json!({"type": "EndpointsPublished", "status": "True", "reason": "AllEndpoints",
                        "message": "every pod with an IP is in its Service's endpoints"})
             } else {
@@ -260,7 +277,7 @@ impl Controller {
                             .join(", ")
                     );
                     self.events
-                        .post(&obj, "Normal", "DependencyNotMet", &msg)
+                        .post_about(&obj, &r.name, "Normal", "DependencyNotMet", &msg)
                         .await;
                     continue;
                 }
@@ -284,17 +301,9 @@ impl Controller {
                 again |= !stepped;
             }
         }
-        // One child that cannot be written does not hold the others back: the orphans of
-        // removed roles still go; the first failure is returned afterwards (and retried).
-        let mut failed = None;
-        for (slice, _) in slices {
-            if let Err(e) = self.ensure_slice(slice).await {
-                tracing::warn!(group = %key, error = %e, "EndpointSlice not written");
-                failed.get_or_insert(e);
-            }
-        }
+        // The orphans of removed roles go even when a slice could not be written.
         self.remove_orphans(&g, &pods).await?;
-        if let Some(e) = failed {
+        if let Some(e) = slice_failed {
             return Err(e);
         }
         // Look again soon after a refused step, and when an in-place update falls due.

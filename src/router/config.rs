@@ -88,6 +88,9 @@ pub struct RouterConfig {
     pub max_tree_size: usize,
     /// Largest request body accepted. Default 512 MiB.
     pub max_payload_size: usize,
+    /// Bytes of request bodies received at once, all requests together; beyond it a request
+    /// is answered 503. Default 0: a quarter of this machine's memory.
+    pub max_inflight_body_bytes: usize,
     /// Prefill/decode disaggregation. Default false.
     pub pd_disaggregation: bool,
     /// Prefill workers (PD), each with its bootstrap port.
@@ -263,6 +266,7 @@ impl Default for RouterConfig {
             eviction_interval_secs: 60.0,
             max_tree_size: 1 << 26,
             max_payload_size: 512 << 20,
+            max_inflight_body_bytes: 0,
             pd_disaggregation: false,
             backend: Backend::Sglang,
             vllm_kv_connector: Connector::Mooncake,
@@ -429,6 +433,10 @@ pub struct RouterArgs {
     /// Largest request body accepted. Default 512 MiB.
     #[arg(long)]
     pub max_payload_size: Option<usize>,
+    /// Bytes of request bodies received at once, all requests together (503 beyond).
+    /// Default 0: a quarter of this machine's memory.
+    #[arg(long)]
+    pub max_inflight_body_bytes: Option<usize>,
     /// Prefill/decode disaggregation. Default false.
     #[arg(long)]
     pub pd_disaggregation: bool,
@@ -731,6 +739,7 @@ impl RouterArgs {
             eviction_interval_secs,
             max_tree_size,
             max_payload_size,
+            max_inflight_body_bytes,
             service_discovery_port,
             rbg_poll_secs,
             prometheus_host,

@@ -43,11 +43,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
+        .and_then(crate::auth::bearer_token)
 }
 
 async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
@@ -139,20 +135,12 @@ async fn inference(
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
-            let too_big = std::error::Error::source(&e)
-                .map(|s| s.to_string().contains("length limit"))
-                .unwrap_or(false)
-                || e.to_string().contains("length limit");
-            let (status, msg) = if too_big {
-                (
+            let (status, msg) = match crate::http_server::body_error(&e) {
+                (StatusCode::PAYLOAD_TOO_LARGE, _) => (
                     StatusCode::PAYLOAD_TOO_LARGE,
                     format!("request body is larger than max_payload_size ({limit} bytes)"),
-                )
-            } else {
-                (
-                    StatusCode::BAD_REQUEST,
-                    format!("could not read the request body: {e}"),
-                )
+                ),
+                other => other,
             };
             shared.metrics.error(endpoint.name(), "bad_request");
             return error_response(status, "invalid_request_error", &msg, &rid);
@@ -916,6 +904,10 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/v1/detokenize", post(detokenize))
         .route("/detokenize", post(detokenize))
+        // Runs a generation on a worker, or tells what the workers are and how loaded.
+        .route("/health_generate", get(health_generate))
+        .route("/engine_metrics", get(engine_metrics))
+        .route("/get_server_info", get(server_info))
         .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
     let control = Router::new()
         .route("/workers", post(add_worker).get(list_workers))
@@ -934,11 +926,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/health", get(health))
         .route("/liveness", get(health))
         .route("/readiness", get(readiness))
-        .route("/health_generate", get(health_generate))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
-        .route("/engine_metrics", get(engine_metrics))
-        .route("/get_server_info", get(server_info))
         .route("/get_model_info", get(model_info))
         .route("/metrics", get(metrics))
         .merge(protected)
@@ -1089,9 +1078,14 @@ pub async fn serve(
         "router listening"
     );
     let grace = Duration::from_secs_f64(shared.cfg.shutdown_grace_period_secs.clamp(0.0, 86_400.0));
+    let budget = match shared.cfg.max_inflight_body_bytes {
+        0 => crate::http_server::BodyBudget::quarter_of_memory(),
+        n => n,
+    };
     let limits = crate::http_server::HttpLimits {
         max_body_bytes: shared.cfg.max_payload_size,
         max_connections: 16_384,
+        body_budget: Some(crate::http_server::BodyBudget::new(budget)),
         grace,
         ..Default::default()
     };

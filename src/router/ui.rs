@@ -90,30 +90,29 @@ fn main(v: &View) -> String {
         "Workers: requests in flight and served",
         urls,
     )
-    .panel(
-        Panel::bars(
-            "",
+    .panel(Panel::bars(
+        "",
+        "in flight",
+        Format::Integer,
+        vec![Group::new(
             "in flight",
-            Format::Integer,
-            vec![Group::new(
-                "in flight",
-                v.workers.iter().map(|w| Some(w.load as f64)).collect(),
-            )],
-        )
-        .with_lines(
+            v.workers.iter().map(|w| Some(w.load as f64)).collect(),
+        )],
+    ))
+    // Bars, not a line: the workers are categories, and nothing lies between two of them.
+    .panel(Panel::bars(
+        "",
+        "served",
+        Format::Integer,
+        vec![Group::new(
             "served",
-            Format::Integer,
-            vec![Group::new(
-                "served",
-                v.workers.iter().map(|w| Some(w.processed as f64)).collect(),
-            )],
-        ),
-    );
+            v.workers.iter().map(|w| Some(w.processed as f64)).collect(),
+        )],
+    ));
     h.push_str(&crate::report::figure_or_error(
         "worker-load",
         chart.svg(),
-        "Bars: requests in flight now (left axis); line: requests served since the router \
-         started (right axis).",
+        "Requests in flight now, and requests served since the router started, per worker.",
     ));
     h
 }

@@ -20,7 +20,8 @@ pub struct StoreConfig {
     /// Address the data server binds to. Default `0.0.0.0`.
     pub bind_address: String,
     /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
-    /// Default: `$POD_IP` when set, else `127.0.0.1`.
+    /// Default: `$POD_IP` when set, else the address of this host's interface that reaches the
+    /// master (`127.0.0.1` for a master on loopback).
     pub local_hostname: String,
     /// Data port; 0 picks a free one. Default 0.
     pub port: u16,
@@ -43,6 +44,10 @@ pub struct StoreConfig {
     /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
     /// reboots too. Default `/dev/shm/rbgctl`.
     pub shm_dir: PathBuf,
+    /// A group (name or number) whose members may map the segment from same-host clients
+    /// running as another user. Default none: the store's files are its user's alone (the
+    /// directory `0700`, the files `0600`).
+    pub shm_group: Option<String>,
     /// Keep objects across restarts: the segment file and an index of its objects stay in
     /// `shm_dir`, and a store started again with the same name and directory serves them again.
     /// Needs a stable name (`name` set, or a fixed `port`); with neither, the store runs
@@ -97,7 +102,7 @@ impl Default for StoreConfig {
         StoreConfig {
             master: "127.0.0.1:50051".into(),
             bind_address: "0.0.0.0".into(),
-            local_hostname: crate::config::env_var("POD_IP").unwrap_or_else(|| "127.0.0.1".into()),
+            local_hostname: crate::config::env_var("POD_IP").unwrap_or_default(),
             port: 0,
             name: None,
             segment_size: ByteSize(1 << 30),
@@ -106,6 +111,7 @@ impl Default for StoreConfig {
             device: String::new(),
             metadata_server: "P2PHANDSHAKE".into(),
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
+            shm_group: None,
             persistent: true,
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9004,
@@ -140,7 +146,8 @@ pub struct StoreArgs {
     #[arg(long, env = "RBGCTL_STORE_BIND_ADDRESS")]
     pub bind_address: Option<String>,
     /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
-    /// Default: `$POD_IP` when set, else `127.0.0.1`.
+    /// Default: `$POD_IP` when set, else the address of this host's interface that reaches the
+    /// master (`127.0.0.1` for a master on loopback).
     #[arg(long, env = "RBGCTL_STORE_LOCAL_HOSTNAME")]
     pub local_hostname: Option<String>,
     /// Data port; 0 picks a free one. Default 0.
@@ -150,11 +157,15 @@ pub struct StoreArgs {
     #[arg(long, env = "RBGCTL_STORE_NAME")]
     pub name: Option<String>,
     /// Memory contributed (4GiB, 512mb, bytes). Default 1 GiB.
-    #[arg(long, env = "RBGCTL_STORE_SEGMENT_SIZE")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_SEGMENT_SIZE")]
     pub segment_size: Option<ByteSize>,
     /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
     /// and needs none; the value is accepted and reported only. Default 0.
-    #[arg(long, env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE"
+    )]
     pub local_buffer_size: Option<ByteSize>,
     /// tcp or rdma (rdma is refused: no build carries it yet). Default tcp.
     #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
@@ -171,6 +182,10 @@ pub struct StoreArgs {
     /// reboots too. Default `/dev/shm/rbgctl`.
     #[arg(long, env = "RBGCTL_STORE_SHM_DIR")]
     pub shm_dir: Option<PathBuf>,
+    /// A group (name or number) whose members may map the segment from same-host clients
+    /// running as another user. Default none: the store's files are its user's alone.
+    #[arg(long, env = "RBGCTL_STORE_SHM_GROUP")]
+    pub shm_group: Option<String>,
     /// Keep objects across restarts (true/false). Default true.
     #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
     pub persistent: Option<bool>,
@@ -181,10 +196,18 @@ pub struct StoreArgs {
     #[arg(long, env = "RBGCTL_STORE_METRICS_PORT")]
     pub metrics_port: Option<u16>,
     /// Heartbeat period. Default 1 s.
-    #[arg(long, env = "RBGCTL_STORE_HEARTBEAT_INTERVAL")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_STORE_HEARTBEAT_INTERVAL"
+    )]
     pub heartbeat_interval: Option<Millis>,
     /// How long to wait for another running store holding this name to go (e.g. 30s). Default 30 s.
-    #[arg(long, env = "RBGCTL_STORE_NAME_CONFLICT_WAIT")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_STORE_NAME_CONFLICT_WAIT"
+    )]
     pub name_conflict_wait: Option<Millis>,
     /// Most simultaneous data connections. Default 4096.
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
@@ -193,10 +216,10 @@ pub struct StoreArgs {
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS_PER_PEER")]
     pub max_connections_per_peer: Option<usize>,
     /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
-    #[arg(long, env = "RBGCTL_STORE_IDLE_TIMEOUT")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_IDLE_TIMEOUT")]
     pub idle_timeout: Option<Millis>,
     /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
-    #[arg(long, env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
     pub request_timeout: Option<Millis>,
     /// Spin-poll window in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
@@ -207,7 +230,7 @@ pub struct StoreArgs {
     pub disk_tier: Option<PathBuf>,
     /// Size of the disk tier (200GiB, bytes; a multiple of 4 KiB), preallocated at start.
     /// Default 0; required with --disk-tier.
-    #[arg(long, env = "RBGCTL_STORE_DISK_TIER_SIZE")]
+    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_DISK_TIER_SIZE")]
     pub disk_tier_size: Option<ByteSize>,
     /// Port of the disk tier's data service; 0 picks a free one. Default 0.
     #[arg(long, env = "RBGCTL_STORE_DISK_TIER_PORT")]
@@ -289,6 +312,7 @@ impl StoreArgs {
             disk_tier_size => disk_tier_size,
             disk_tier_port => disk_tier_port,
         );
+        overlay(&mut c.shm_group, &self.shm_group);
         overlay(&mut c.auth_token_file, &self.auth_token_file);
         overlay(&mut c.tls_cert_path, &self.tls_cert_path);
         overlay(&mut c.tls_key_path, &self.tls_key_path);
@@ -307,6 +331,33 @@ impl StoreArgs {
 }
 
 impl StoreConfig {
+    /// The host clients reach this store at: `local_hostname` when set, else the address of
+    /// the interface that reaches the master. Warns when that is a loopback address while the
+    /// master is elsewhere: no other host could reach the store.
+    pub fn advertised_host(&self) -> String {
+        let master = master_target(&self.master);
+        let host = match self.local_hostname.trim() {
+            "" => master
+                .and_then(route_source)
+                .map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string()),
+            h => h.to_string(),
+        };
+        let loopback = |h: &str| {
+            h == "localhost"
+                || h.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        };
+        if let Some(m) = master.filter(|m| !m.ip().is_loopback()) {
+            if loopback(&host) {
+                tracing::warn!(advertised = %host, master = %m,
+                    "this store advertises a loopback address but its master is on another \
+                     host: clients elsewhere cannot reach it; set --local-hostname to an address \
+                     they can");
+            }
+        }
+        host
+    }
+
     /// The data server's connection limits and waits.
     pub fn server_options(&self) -> crate::transfer::server::ServerOptions {
         crate::transfer::server::ServerOptions {
@@ -339,7 +390,8 @@ impl StoreConfig {
                 ),
             ));
         }
-        if self.local_hostname.is_empty() || self.local_hostname.contains(char::is_whitespace) {
+        // Empty: the address of the interface toward the master (`advertised_host`).
+        if self.local_hostname.contains(char::is_whitespace) {
             return Err(ConfigError::invalid(
                 "store.local_hostname",
                 "must be a host name or IP",
@@ -507,5 +559,56 @@ mod tests {
                 d.request_timeout_ms.0
             )
         );
+    }
+}
+
+/// The master's socket address, for choosing the interface that reaches it: the address of a
+/// direct master, or the first etcd member of an elected one (`None` for a Lease, or a name
+/// that does not resolve).
+fn master_target(spec: &str) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let target = match crate::ha::MasterAddress::parse(spec).ok()? {
+        crate::ha::MasterAddress::Direct(a) => a,
+        crate::ha::MasterAddress::Etcd { endpoints, .. } => {
+            let first = endpoints.into_iter().next()?;
+            first
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .to_string()
+        }
+        crate::ha::MasterAddress::Kube { .. } => return None,
+    };
+    target.to_socket_addrs().ok()?.next()
+}
+
+/// The local address the kernel would send from to reach `to` (a UDP socket's connect sends
+/// nothing).
+fn route_source(to: std::net::SocketAddr) -> Option<std::net::IpAddr> {
+    let any: std::net::SocketAddr = match to {
+        std::net::SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+        std::net::SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = std::net::UdpSocket::bind(any).ok()?;
+    socket.connect(to).ok()?;
+    Some(socket.local_addr().ok()?.ip())
+}
+
+#[cfg(test)]
+mod advertise_tests {
+    use super::*;
+
+    #[test]
+    fn the_advertised_host_is_the_one_given_or_the_interface_toward_the_master() {
+        let mut c = StoreConfig {
+            master: "127.0.0.1:50051".into(),
+            local_hostname: String::new(),
+            ..StoreConfig::default()
+        };
+        assert_eq!(c.advertised_host(), "127.0.0.1");
+        c.local_hostname = "store-0.example".into();
+        assert_eq!(c.advertised_host(), "store-0.example");
+        c.local_hostname = String::new();
+        c.master = "etcd://127.0.0.1:2379/bars".into();
+        assert_eq!(c.advertised_host(), "127.0.0.1");
     }
 }

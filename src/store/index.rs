@@ -703,6 +703,14 @@ impl Records {
             Records::Memory(map) => map.lock().holds(offset, version, size),
         }
     }
+
+    /// Every record, for the master's report after a mount.
+    pub fn snapshot(&self) -> Vec<StoredObject> {
+        match self {
+            Records::Durable(index) => index.snapshot(),
+            Records::Memory(map) => map.lock().iter().map(|(o, r)| r.to_stored(o)).collect(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! with the master and heartbeats, and serves reads and writes of byte ranges that the master
 //! assigned to clients. The same machinery runs embedded in a client that contributes memory.
 
+pub mod access;
 pub mod config;
 pub mod disk;
 pub mod index;
@@ -16,6 +17,7 @@ use crate::telemetry::{OpStats, PromText};
 use crate::transfer::message::{SegmentInfo, Tier};
 use crate::transfer::server::{self as tserver, ServerHandle};
 use crate::transfer::Opcode;
+use access::Access;
 use config::StoreConfig;
 use index::{DurableIndex, IndexError, Opened};
 use registration::Registration;
@@ -92,6 +94,12 @@ pub struct DiskTier {
     _lock: DirLock,
 }
 
+/// A non-persistent segment's incarnation: this process's. Its memory outlives a master
+/// restart or failover, so the store mounts it again under the same id and reports what it holds.
+fn incarnation() -> u64 {
+    fastrand::u64(1..)
+}
+
 /// The disk tier's segment name: the store's, with `/disk`.
 pub fn disk_segment_name(store: &str) -> String {
     format!("{store}/disk")
@@ -116,6 +124,8 @@ impl DiskTier {
         if !dir.is_dir() {
             return Err(disk::DiskError::Missing(dir.clone()).into());
         }
+        let access = Access::new(cfg.shm_group.as_deref())?;
+        access.prepare_dir(dir)?;
         let lock = DirLock::acquire(dir, &stem)?;
         let area = Arc::new(disk::DiskArea::open(dir, &stem, size)?);
         let records = if cfg.effective_persistence() {
@@ -125,11 +135,17 @@ impl DiskTier {
             index::Records::in_memory()
         };
         let records = Arc::new(records);
-        let endpoint = format!("{}:{}", cfg.local_hostname, listener.local_addr()?.port());
+        let endpoint = format!(
+            "{}:{}",
+            cfg.advertised_host(),
+            listener.local_addr()?.port()
+        );
         // Same-host clients read the file directly once they find this token beside it.
         let token = fastrand::u64(1..);
         let token_path = area.path().with_extension("token");
         std::fs::write(&token_path, format!("{token:016x}\n"))?;
+        access.apply(area.path(), access::FileKind::Segment)?;
+        access.apply_all(dir, &stem)?;
         let info = SegmentInfo {
             name: name.clone(),
             endpoint: endpoint.clone(),
@@ -137,8 +153,9 @@ impl DiskTier {
             shm_path: area.path().display().to_string(),
             shm_token: token,
             host_id: crate::transfer::local_host_id(),
-            segment_uuid: records.durable().map_or(0, |i| i.uuid()),
+            segment_uuid: records.durable().map_or_else(incarnation, |i| i.uuid()),
             tier: Tier::Disk,
+            persistent: records.durable().is_some(),
         };
         let service = Arc::new(tier::DiskService::new(
             name.clone(),
@@ -295,26 +312,32 @@ type Opened3 = (
 /// Opens a non-persistent segment: removes the files dead non-persistent stores left in the
 /// directory, takes the segment's lock (it goes at exit, with the files) and creates the
 /// segment. The lock also tells same-host clients whether this store still runs.
-fn open_ephemeral(cfg: &StoreConfig, name: &str) -> Result<(SegmentMemory, DirLock), StoreError> {
+fn open_ephemeral(
+    cfg: &StoreConfig,
+    access: &Access,
+    name: &str,
+) -> Result<(SegmentMemory, DirLock), StoreError> {
     let dir = &cfg.shm_dir;
-    segment::prepare_dir(dir)?;
+    access.prepare_dir(dir)?;
     let freed = segment::sweep_stale(dir);
     if freed > 0 {
         tracing::info!(dir = %dir.display(), bytes = freed, "stale segment files removed");
     }
-    let lock = DirLock::acquire_ephemeral(dir, &segment::file_stem(name))?;
+    let stem = segment::file_stem(name);
+    let lock = DirLock::acquire_ephemeral(dir, &stem)?;
     let memory = SegmentMemory::create(dir, name, cfg.segment_size.0)?;
+    access.apply_all(dir, &stem)?;
     Ok((memory, lock))
 }
 
 /// Opens a persistent segment: directory checks, exclusive lock, index replay, mapping of the
 /// old file, and checksum verification of every object it held.
-fn open_persistent(cfg: &StoreConfig, name: &str) -> Result<Opened3, StoreError> {
+fn open_persistent(cfg: &StoreConfig, access: &Access, name: &str) -> Result<Opened3, StoreError> {
     let t0 = Instant::now();
     let dir = &cfg.shm_dir;
     let size = cfg.segment_size.0;
     let stem = segment::file_stem(name);
-    segment::prepare_dir(dir)?;
+    access.prepare_dir(dir)?;
     let lock = DirLock::acquire(dir, &stem)?;
     let (index, opened) = DurableIndex::open(dir, &stem, name, size)?;
     let torn_bytes = match opened {
@@ -322,6 +345,7 @@ fn open_persistent(cfg: &StoreConfig, name: &str) -> Result<Opened3, StoreError>
         Opened::Fresh => None,
     };
     let (memory, kept) = SegmentMemory::open_persistent(dir, &stem, size, torn_bytes.is_some())?;
+    access.apply_all(dir, &stem)?;
     let mut rec = Recovery {
         torn_bytes: torn_bytes.unwrap_or(0),
         ..Recovery::default()
@@ -362,7 +386,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         cfg.protocol.check_built("store.protocol")?;
         let port = listener.local_addr()?.port();
-        let endpoint = format!("{}:{port}", cfg.local_hostname);
+        let endpoint = format!("{}:{port}", cfg.advertised_host());
         let name = cfg.name.clone().unwrap_or_else(|| endpoint.clone());
         if cfg.persistent && cfg.segment_size.0 > 0 && !cfg.effective_persistence() {
             tracing::warn!(
@@ -370,13 +394,14 @@ impl Store {
                 will not be kept across restarts"
             );
         }
+        let access = Access::new(cfg.shm_group.as_deref())?;
         let (memory, lock, index, recovery) = if cfg.effective_persistence() {
-            match open_persistent(cfg, &name)? {
+            match open_persistent(cfg, &access, &name)? {
                 (m, Some((i, l, r))) => (Some(Arc::new(m)), Some(l), Some(i), Some(r)),
                 (m, None) => (Some(Arc::new(m)), None, None, None),
             }
         } else if cfg.segment_size.0 > 0 {
-            let (m, l) = open_ephemeral(cfg, &name)?;
+            let (m, l) = open_ephemeral(cfg, &access, &name)?;
             (Some(Arc::new(m)), Some(l), None, None)
         } else {
             tracing::warn!("segment_size is 0: this store contributes no memory (pure client)");
@@ -394,8 +419,9 @@ impl Store {
                 shm_path,
                 shm_token,
                 host_id: crate::transfer::local_host_id(),
-                segment_uuid: index.as_ref().map_or(0, |i| i.uuid()),
+                segment_uuid: index.as_ref().map_or_else(incarnation, |i| i.uuid()),
                 tier: Tier::Memory,
+                persistent: index.is_some(),
             }
         });
         let records: Arc<index::Records> = Arc::new(match index {
@@ -796,6 +822,7 @@ fn http_router(status: Arc<StoreStatus>) -> axum::Router {
 
 /// Runs `rbgctl store` on the addresses of its config until SIGINT or SIGTERM.
 pub fn run(cfg: StoreConfig) -> Result<(), StoreError> {
+    access::private_umask();
     // Both ports are bound before registering: a store that cannot serve never mounts.
     let listeners = Listeners::bind(&cfg)?;
     start(cfg, listeners, Shutdown::on_signals()?)?.wait()

@@ -4,7 +4,7 @@
 //! go away) binds them again. Optionally publishes the segment's Mooncake descriptor to an HTTP
 //! metadata server.
 
-use super::index::{DurableIndex, Records};
+use super::index::Records;
 use super::server::ReadLease;
 use crate::ha::link::MasterLink;
 use crate::shutdown::Shutdown;
@@ -103,6 +103,9 @@ impl MetadataServer {
 /// How often the store asks the master how much of its segment is in use.
 const USAGE_EVERY: Duration = Duration::from_secs(5);
 
+/// How often a store the master refuses for want of the cluster secret says so again.
+const UNAUTHENTICATED_LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// How often a store that cannot reach its master says so again.
 const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
@@ -153,25 +156,21 @@ impl Registration {
             return Ok(());
         };
         // Until the master knows this segment's objects again, no location a client cached
-        // may be trusted here; a store without a durable index starts its records afresh.
+        // may be trusted here. Whatever the store holds (its durable index, or the records of
+        // a running non-persistent store), it reports: a master that restarted or took over
+        // learns the objects from their stores, persistent or not.
         self.lease.revoke();
-        let index = self.records.durable();
-        if index.is_none() {
-            if let Err(e) = self.records.clear() {
-                tracing::error!(error = %e, "cannot clear the records");
-            }
-        }
         let req = MountReq {
             client_id: self.client_id,
             segment: seg.clone(),
-            recovering: index.is_some(),
+            recovering: seg.segment_uuid != 0,
         };
         let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
         // Authoritative, not a maximum: the master answering is the current one (an older
         // one's answer is refused by its epoch), and its clock may be behind a predecessor's.
         self.write_floor.store(resp.write_floor, Ordering::Release);
-        if let Some(index) = index {
-            self.report(index, resp.segment_id, resp.discard)?;
+        if req.recovering {
+            self.report(resp.segment_id, resp.discard)?;
         }
         let previous = self.segment_id.swap(resp.segment_id, Ordering::SeqCst);
         if previous != resp.segment_id {
@@ -185,13 +184,9 @@ impl Registration {
         Ok(())
     }
 
-    /// Reports the index to the master in chunks and drops what the master does not take.
-    fn report(
-        &self,
-        index: &DurableIndex,
-        segment_id: u64,
-        discard: bool,
-    ) -> Result<(), TransferError> {
+    /// Reports the records to the master in chunks and drops what the master does not take.
+    fn report(&self, segment_id: u64, discard: bool) -> Result<(), TransferError> {
+        let index = &*self.records;
         if discard {
             tracing::warn!(
                 "the master gave this segment's objects up (away longer than its \
@@ -368,9 +363,21 @@ impl Registration {
                         .store(e.status().is_some(), Ordering::Relaxed);
                     let first = failing_since.is_none();
                     let since = *failing_since.get_or_insert_with(std::time::Instant::now);
-                    if first || last_log.elapsed() >= UNREACHABLE_LOG_EVERY {
-                        tracing::warn!(master = %self.master.addr(), error = %e,
-                            failing_s = since.elapsed().as_secs(), "cannot reach the master; retrying");
+                    let refused = e.status() == Some(Status::Unauthenticated);
+                    let every = match refused {
+                        true => UNAUTHENTICATED_LOG_EVERY,
+                        false => UNREACHABLE_LOG_EVERY,
+                    };
+                    if first || last_log.elapsed() >= every {
+                        if refused {
+                            tracing::warn!(master = %self.master.addr(), error = %e,
+                                failing_s = since.elapsed().as_secs(),
+                                "the master requires the cluster secret and this store does not \
+                                 prove it: give the store the master's --auth-token-file; retrying");
+                        } else {
+                            tracing::warn!(master = %self.master.addr(), error = %e,
+                                failing_s = since.elapsed().as_secs(), "cannot reach the master; retrying");
+                        }
                         last_log = std::time::Instant::now();
                     }
                     self.master.clear();

@@ -7,6 +7,8 @@
 //! than a SIGBUS later. A non-persistent segment's files are removed on stop; when its directory
 //! cannot hold it, anonymous memory is used instead and same-host sharing is off.
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -339,49 +341,12 @@ fn free_bytes(dir: &Path) -> Option<u64> {
         .map(|s| s.blocks_available() * s.fragment_size())
 }
 
-/// Makes sure a persistent segment's directory is usable: it is created when missing (one level
-/// only: a missing parent usually means a volume that is not mounted, which must not be papered
-/// over), and it must be a writable directory.
-pub fn prepare_dir(dir: &Path) -> Result<(), SegmentError> {
-    let err = |source| SegmentError::Dir {
-        dir: dir.to_path_buf(),
-        source,
-    };
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "exists and is not a directory",
-            )))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(dir).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    err(std::io::Error::new(
-                        e.kind(),
-                        "parent directory does not exist (is the volume mounted?)",
-                    ))
-                } else {
-                    err(e)
-                }
-            })?;
-        }
-        Err(e) => return Err(err(e)),
-    }
-    nix::unistd::access(
-        dir,
-        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-    )
-    .map_err(|e| err(std::io::Error::from(e)))
-}
-
 /// An exclusive lock on `<dir>/<stem>.lock`, held while the store runs, so that two processes
 /// never use the same segment files. The kernel releases it when the process dies, which is
 /// how same-host clients tell a running store from a dead one (`client::datapath::shm`) and
 /// how a starting store tells stale files from live ones ([`sweep_stale`]).
 pub struct DirLock {
-    _lock: nix::fcntl::Flock<File>,
+    _lock: Flock<File>,
     /// Removed with the lock (a non-persistent store leaves nothing behind).
     remove: Option<PathBuf>,
 }
@@ -390,6 +355,8 @@ impl Drop for DirLock {
     fn drop(&mut self) {
         if let Some(p) = &self.remove {
             let _ = std::fs::remove_file(p);
+            // A takeover's guard, if this store took its lock over from readers.
+            let _ = std::fs::remove_file(p.with_extension("takeover"));
         }
     }
 }
@@ -448,41 +415,136 @@ impl DirLock {
 
     fn take(dir: &Path, stem: &str, ephemeral: bool) -> Result<DirLock, SegmentError> {
         let path = dir.join(format!("{stem}.lock"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|source| SegmentError::File {
+        // A lock file replaced under us (a takeover, below) is opened again; bounded.
+        for _ in 0..3 {
+            match lock_retrying(open_lock(&path)?, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) if same_inode(&lock, &path) => {
+                    return Ok(DirLock {
+                        _lock: lock,
+                        remove: ephemeral.then_some(path),
+                    })
+                }
+                Ok(_replaced) => continue,
+                Err((_, Errno::EWOULDBLOCK)) => return Self::take_over(dir, stem, path, ephemeral),
+                Err((_, e)) => {
+                    return Err(SegmentError::File {
+                        path,
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+        Err(SegmentError::InUse { path })
+    }
+
+    /// The lock is held. A store holds it exclusively; readers (a same-host client checking
+    /// whether the store lives, or any process of this user that opened the file) hold it
+    /// shared. When a shared lock can be had, no store holds it: the file is replaced by a new
+    /// one locked by us, so that readers cannot keep a store from starting. Takeovers are
+    /// serialized by `<stem>.takeover`, and a store that locked the old file finds it replaced.
+    fn take_over(
+        dir: &Path,
+        stem: &str,
+        path: PathBuf,
+        ephemeral: bool,
+    ) -> Result<DirLock, SegmentError> {
+        let file_err = |path: &Path, e: Errno| SegmentError::File {
+            path: path.to_path_buf(),
+            source: e.into(),
+        };
+        // A store holds it (no shared lock can be had): in use, and nothing is created.
+        match Flock::lock(open_lock(&path)?, FlockArg::LockSharedNonblock) {
+            Ok(_probe) => {}
+            Err((_, Errno::EWOULDBLOCK)) => return Err(SegmentError::InUse { path }),
+            Err((_, e)) => return Err(file_err(&path, e)),
+        }
+        let guard_path = dir.join(format!("{stem}.takeover"));
+        let _guard = match lock_retrying(open_lock(&guard_path)?, FlockArg::LockExclusiveNonblock) {
+            Ok(g) => g,
+            Err((_, Errno::EWOULDBLOCK)) => return Err(SegmentError::InUse { path }),
+            Err((_, e)) => return Err(file_err(&guard_path, e)),
+        };
+        // Again under the guard: another store may have taken over meanwhile.
+        let readers = match Flock::lock(open_lock(&path)?, FlockArg::LockSharedNonblock) {
+            Ok(shared) => shared,
+            Err((_, Errno::EWOULDBLOCK)) => return Err(SegmentError::InUse { path }),
+            Err((_, e)) => return Err(file_err(&path, e)),
+        };
+        tracing::warn!(lock = %path.display(),
+            "the lock file is held shared (by a reader, not a store): replacing it");
+        let fresh_path = dir.join(format!("{stem}.lock.{}", std::process::id()));
+        let fresh = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&fresh_path)
+                .map_err(|source| SegmentError::File {
+                    path: fresh_path.clone(),
+                    source,
+                })?
+        };
+        let lock = Flock::lock(fresh, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| file_err(&fresh_path, e))?;
+        std::fs::rename(&fresh_path, &path).map_err(|source| {
+            let _ = std::fs::remove_file(&fresh_path);
+            SegmentError::File {
                 path: path.clone(),
                 source,
-            })?;
-        // A same-host client checking whether the store lives holds a shared lock for a few
-        // microseconds; a few short retries tell that apart from a running store.
-        let mut file = file;
-        let mut tries = 0;
-        let locked = loop {
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-                Err((f, nix::errno::Errno::EWOULDBLOCK)) if tries < 10 => {
-                    tries += 1;
-                    file = f;
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                other => break other,
             }
-        };
-        match locked {
-            Ok(lock) => Ok(DirLock {
-                _lock: lock,
-                remove: ephemeral.then_some(path),
-            }),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(SegmentError::InUse { path }),
-            Err((_, e)) => Err(SegmentError::File {
-                path,
-                source: e.into(),
-            }),
+        })?;
+        drop(readers);
+        if !same_inode(&lock, &path) {
+            return Err(SegmentError::InUse { path });
         }
+        Ok(DirLock {
+            _lock: lock,
+            remove: ephemeral.then_some(path),
+        })
+    }
+}
+
+/// Opens (creating) a lock file, the store's alone.
+fn open_lock(path: &Path) -> Result<File, SegmentError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| SegmentError::File {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// `flock` with a few short retries: a same-host client checking whether the store lives
+/// holds a shared lock for a few microseconds.
+fn lock_retrying(mut file: File, how: FlockArg) -> Result<Flock<File>, (File, Errno)> {
+    let mut tries = 0;
+    loop {
+        match Flock::lock(file, how) {
+            Err((f, Errno::EWOULDBLOCK)) if tries < 10 => {
+                tries += 1;
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether `path` still names the file `lock` holds (it was not replaced meanwhile).
+fn same_inode(lock: &Flock<File>, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (lock.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
@@ -555,16 +617,44 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_holding_the_lock_shared_cannot_keep_a_store_out_but_a_store_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path(), "s").unwrap();
+        let e = DirLock::acquire(dir.path(), "s").err().unwrap();
+        assert!(matches!(e, SegmentError::InUse { .. }), "{e}");
+        drop(first);
+        // A reader's shared lock, held as long as it likes (flock(1) -s, a stopped client).
+        let reader = Flock::lock(
+            File::open(dir.path().join("s.lock")).unwrap(),
+            FlockArg::LockSharedNonblock,
+        )
+        .unwrap();
+        let store = DirLock::acquire(dir.path(), "s").expect("the reader does not keep it out");
+        // The store's lock is on the file now at the path: a second store is refused.
+        let e = DirLock::acquire(dir.path(), "s").err().unwrap();
+        assert!(matches!(e, SegmentError::InUse { .. }), "{e}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("s.lock"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "nobody else may open the lock");
+        drop((reader, store));
+        DirLock::acquire(dir.path(), "s").unwrap();
+    }
+
+    #[test]
     fn unusable_directories_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
         let missing_parent = dir.path().join("no/such");
-        let e = prepare_dir(&missing_parent).unwrap_err().to_string();
+        let access = super::super::access::Access::default();
+        let e = access.prepare_dir(&missing_parent).unwrap_err().to_string();
         assert!(e.contains("parent directory does not exist"), "{e}");
         let file = dir.path().join("f");
         std::fs::write(&file, b"x").unwrap();
-        let e = prepare_dir(&file).unwrap_err().to_string();
+        let e = access.prepare_dir(&file).unwrap_err().to_string();
         assert!(e.contains("not a directory"), "{e}");
-        prepare_dir(&dir.path().join("new")).unwrap();
+        access.prepare_dir(&dir.path().join("new")).unwrap();
         // Far more than any test machine has.
         let e = SegmentMemory::open_persistent(dir.path(), "big", 1 << 50, false)
             .err()

@@ -187,7 +187,13 @@ pub enum Status {
     NotDurable = 24,
     /// The connection has not proven it holds the cluster secret (`crate::auth`).
     Unauthenticated = 25,
+    /// The server refused the connection at a connection limit; sent once, unasked, with
+    /// request id [`REFUSAL_ID`], before it closes.
+    ConnectionRefused = 26,
 }
+
+/// The request id of a server's answer to no request: its refusal of the connection.
+pub const REFUSAL_ID: u64 = u64::MAX;
 
 impl Status {
     pub fn from_u16(v: u16) -> Status {
@@ -212,6 +218,7 @@ impl Status {
             23 => Status::ChecksumMismatch,
             24 => Status::NotDurable,
             25 => Status::Unauthenticated,
+            26 => Status::ConnectionRefused,
             _ => Status::Internal,
         }
     }
@@ -239,6 +246,7 @@ impl Status {
             Status::ChecksumMismatch => "CHECKSUM_MISMATCH",
             Status::NotDurable => "NOT_DURABLE",
             Status::Unauthenticated => "UNAUTHENTICATED",
+            Status::ConnectionRefused => "CONNECTION_REFUSED",
         }
     }
 }
@@ -270,6 +278,7 @@ impl Status {
             Status::ChecksumMismatch => "the bytes fail their checksum",
             Status::NotDurable => "done, but a store holding the old value could not be told yet",
             Status::Unauthenticated => "this connection has not proven it holds the cluster secret",
+            Status::ConnectionRefused => "the server refused the connection at a connection limit",
         }
     }
 }

@@ -219,17 +219,21 @@ message!(
         /// Kernel boot id of the store's host: equal boot ids mean the same kernel, hence shared
         /// `/dev/shm` is possible.
         host_id: String,
-        /// Random id of the backing file's incarnation when the store keeps its objects across
-        /// restarts (a persistent segment); 0 when it does not.
+        /// Random id of the segment's incarnation: of its backing file for a persistent store,
+        /// of the store's process otherwise. A store mounting again with the same id still holds
+        /// what it held (after a master restart or failover, or an expiry it outlived) and
+        /// reports it; 0 from a store that reports nothing.
         segment_uuid: u64,
         /// Memory or disk.
         tier: Tier,
-    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1
+        /// Whether the store keeps its objects across its own restarts (a durable index).
+        persistent: bool,
+    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1 + 1
 );
 
 message!(
     /// A mounted segment as the master lists it.
-    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 33 + 8
+    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 34 + 8
 );
 message!(
     /// One replica: a byte range in a segment.
@@ -281,7 +285,7 @@ message!(
 message!(
     /// `recovering`: the segment holds objects from before a restart, which the store reports
     /// with `ReportObjects` before the segment takes new allocations.
-    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool } min_len = 8 + 33 + 1
+    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool } min_len = 8 + 34 + 1
 );
 message!(
     /// `discard`: the master gave this segment's objects up (the store was away longer than the

@@ -183,6 +183,12 @@ impl Connection {
     /// `TransferError::Remote`; its payload, if any, is skipped.
     pub fn recv(&mut self, id: u64) -> Result<(Header, Vec<u8>), TransferError> {
         let (header, mut meta) = self.io.read_frame(true)?;
+        if header.is_response() && header.request_id == super::frame::REFUSAL_ID {
+            return Err(TransferError::Remote {
+                status: Status::from_u16(header.status),
+                message: String::from_utf8_lossy(&meta).into_owned(),
+            });
+        }
         if !header.is_response() || header.request_id != id {
             return Err(TransferError::Protocol(format!(
                 "expected the reply to request {id}, got frame {} (response: {})",

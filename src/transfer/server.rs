@@ -302,6 +302,7 @@ fn accept_loop(
 ) {
     let occupancy = Arc::new(Mutex::new(Occupancy::default()));
     let refusals = LogBudget::new(Duration::from_secs(10));
+    let refuser = Refuser::spawn(opts.role);
     let logs = Arc::new(ConnLogs {
         bad_frames: LogBudget::new(Duration::from_secs(10)),
         stalls: LogBudget::new(Duration::from_secs(10)),
@@ -342,7 +343,16 @@ fn accept_loop(
             if let Some(n) = refusals.spend(Instant::now()) {
                 tracing::warn!(role = opts.role, %peer, limit, refused = n, "{why}; refusing connections");
             }
-            drop(stream);
+            let reason = format!(
+                "the {} at {} refused this connection: {why} ({limit} connections from {}); \
+                 close idle connections or raise the limit",
+                opts.role,
+                listener
+                    .local_addr()
+                    .map_or_else(|_| "?".into(), |a| a.to_string()),
+                peer.ip()
+            );
+            refuser.refuse(stream, &reason);
             continue;
         }
         let service = service.clone();
@@ -362,6 +372,67 @@ fn accept_loop(
         // A failed spawn dropped the closure, and with it the slot.
         if let Err(e) = spawned {
             tracing::error!(role, error = %e, "cannot start a connection thread");
+        }
+    }
+}
+
+/// Tells a refused connection why before closing it: a `CONNECTION_REFUSED` answer to no
+/// request ([`REFUSAL_ID`](super::frame::REFUSAL_ID)), written without blocking the accept
+/// loop. One thread then reads what the peer sent for a moment before the socket closes, so
+/// that the close is not a reset that could discard the answer on the peer's side. Bounded:
+/// past `REFUSALS_QUEUED` waiting sockets, one closes at once.
+struct Refuser {
+    queue: Option<std::sync::mpsc::SyncSender<TcpStream>>,
+}
+
+const REFUSALS_QUEUED: usize = 64;
+
+impl Refuser {
+    fn spawn(role: &'static str) -> Refuser {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<TcpStream>(REFUSALS_QUEUED);
+        let spawned = std::thread::Builder::new()
+            .name(format!("{role}-refuse"))
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let mut scratch = [0u8; 4096];
+                for mut stream in rx {
+                    let until = Instant::now() + Duration::from_millis(100);
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+                    while Instant::now() < until {
+                        match std::io::Read::read(&mut stream, &mut scratch) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            });
+        Refuser {
+            queue: spawned.ok().map(|_| tx),
+        }
+    }
+
+    fn refuse(&self, stream: TcpStream, reason: &str) {
+        let header = Header {
+            opcode: 0,
+            flags: super::frame::FLAG_RESPONSE,
+            request_id: super::frame::REFUSAL_ID,
+            status: Status::ConnectionRefused as u16,
+            meta_len: reason.len() as u32,
+            data_len: 0,
+        };
+        let mut frame = header.encode().to_vec();
+        frame.extend_from_slice(reason.as_bytes());
+        // A fresh socket's send buffer takes the few hundred bytes at once.
+        if stream.set_nonblocking(true).is_ok() {
+            let _ = std::io::Write::write(&mut &stream, &frame);
+        }
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        if let Some(q) = &self.queue {
+            let _ = q.try_send(stream);
         }
     }
 }
@@ -393,6 +464,8 @@ fn serve_connection(
         return;
     }
     let mut first = true;
+    let mut waits_idle = false;
+    let opened = Instant::now();
     let mut handshake = Handshake::new(opts.auth.clone());
     let bad_frame = |reason: &dyn std::fmt::Display| {
         ConnCounters::count(&service.connections().bad_frames);
@@ -402,6 +475,24 @@ fn serve_connection(
     };
     tracing::debug!(role, %peer, "connection opened");
     loop {
+        // Until it proves the secret, a connection has `request_timeout` in all; then the
+        // waits of a pooled connection (idle between requests).
+        if !handshake.proven {
+            let left = opts.request_timeout.saturating_sub(opened.elapsed());
+            if left.is_zero() || io.set_server_waits(left, left).is_err() {
+                ConnCounters::count(&service.connections().unauthenticated);
+                tracing::debug!(role, %peer, "closing a connection that did not prove the secret in time");
+                break;
+            }
+        } else if !first && !waits_idle {
+            waits_idle = true;
+            if io
+                .set_server_waits(opts.idle_timeout, opts.request_timeout)
+                .is_err()
+            {
+                break;
+            }
+        }
         let (req, meta) = match io.read_frame_within(true, handshake.meta_limit()) {
             Ok(x) => x,
             Err(TransferError::Closed) => break,
@@ -438,15 +529,7 @@ fn serve_connection(
                 break;
             }
         };
-        if first {
-            first = false;
-            if io
-                .set_server_waits(opts.idle_timeout, opts.request_timeout)
-                .is_err()
-            {
-                break;
-            }
-        }
+        first = false;
         if let Err(reason) = check_request(&req, service.max_data_len()) {
             bad_frame(&reason);
             let header = Header::response(&req, Status::MalformedFrame, reason.len(), 0);
@@ -454,6 +537,13 @@ fn serve_connection(
             break;
         }
         let Some(op) = Opcode::from_u8(req.opcode) else {
+            if !handshake.proven {
+                let msg = "prove the cluster secret first (AUTH_HELLO, AUTH_PROOF); see --auth-token-file";
+                let header = Header::response(&req, Status::Unauthenticated, msg.len(), 0);
+                let _ = io.write_frame(&header, msg.as_bytes(), &[]);
+                ConnCounters::count(&service.connections().unauthenticated);
+                break;
+            }
             // Unknown operation: answer and keep the connection (the frame itself was sound).
             if io.discard_data().is_err() {
                 break;

@@ -19,6 +19,73 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_rbgctl");
 
+/// Where skipped tests are listed, a line each, for `.ci/run` to print after the run.
+pub const SKIPPED_FILE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/skipped-tests.txt");
+
+/// Says that the running test is skipped and why: on standard error (hidden by the harness when the test
+/// passes) and as a line of `SKIPPED_FILE`, which `.ci/run` prints. Under `CI=true` a test is
+/// never skipped: a missing tool is a failure.
+pub fn skip(why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} cannot run under CI: {why}"
+    );
+    note_skip(&test, why);
+}
+
+/// Lists `test` as skipped (stderr and `SKIPPED_FILE`), for a skip decided elsewhere (the
+/// Python suite's own).
+pub fn note_skip(test: &str, why: &str) {
+    eprintln!("SKIPPED: {test}: {why}");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(SKIPPED_FILE)
+    {
+        let _ = writeln!(f, "SKIPPED {test}: {why}");
+    }
+}
+
+/// The processes whose parent is `pid`, with their command lines (from `/proc`).
+pub fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            // The command name is in parentheses and may hold spaces: fields follow the last ')'.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmd = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (ppid == pid).then_some((child, cmd))
+        })
+        .collect()
+}
+
+/// Whether process `pid` is gone (or a zombie waiting for its parent).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
 /// A launcher of the built binary that logs each child to a file in its run directory.
 pub fn launcher() -> Launcher {
     Launcher::with_exe(PathBuf::from(BIN), Logs::File).expect("a run directory")

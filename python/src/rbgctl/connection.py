@@ -16,6 +16,7 @@ from .errors import ObjectNotFound, ProtocolError, RemoteError, TransportError
 from .protocol import (
     FLAG_EPOCH,
     HEADER_LEN,
+    REFUSAL_ID,
     Header,
     Opcode,
     Status,
@@ -166,6 +167,12 @@ class Connection:
         except ProtocolError:
             self.close()
             raise
+        if h.is_reply and h.request_id == REFUSAL_ID:
+            meta = bytearray(h.meta_len)
+            if h.meta_len:
+                self._recv_exact(memoryview(meta), "refusal")
+            self.close()
+            raise RemoteError(h.status, error_message(meta))
         if not h.is_reply or h.request_id != request_id or h.opcode != int(opcode):
             self.close()
             raise ProtocolError(

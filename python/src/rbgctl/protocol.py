@@ -89,6 +89,10 @@ class Status(enum.IntEnum):
     CHECKSUM_MISMATCH = 23
     NOT_DURABLE = 24
     UNAUTHENTICATED = 25
+    CONNECTION_REFUSED = 26  # unasked, with request id REFUSAL_ID, before the server closes
+
+
+REFUSAL_ID = (1 << 64) - 1
 
 
 def status_name(code: int) -> str:
@@ -294,14 +298,17 @@ class SegmentInfo:
     host_id: str
     segment_uuid: int
     tier: int = 0  # 0 memory, 1 disk (the disk tier); reads go to the endpoint either way
+    persistent: bool = False  # the store keeps its objects across its own restarts
 
     @staticmethod
     def decode(d: Decoder) -> "SegmentInfo":
-        return SegmentInfo(d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64(), d.u8())
+        return SegmentInfo(
+            d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64(), d.u8(), d.bool()
+        )
 
     def encode(self, e: Encoder) -> None:
         e.str(self.name).str(self.endpoint).u64(self.size).str(self.shm_path).u64(self.shm_token)
-        e.str(self.host_id).u64(self.segment_uuid).u8(self.tier)
+        e.str(self.host_id).u64(self.segment_uuid).u8(self.tier).bool(self.persistent)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,17 @@ def local_host_id() -> str:
         return ""
 
 
+def _not_ours(info: SegmentInfo, e: OSError) -> None:
+    log.warning(
+        "same-host segment %s (%s) cannot be opened by this user (%s); using TCP. A store's "
+        "files are private to the user it runs as: run this client as that user, or start the "
+        "store with --shm-group GROUP and make this user a member of GROUP",
+        info.name,
+        info.shm_path,
+        e.strerror or e,
+    )
+
+
 class LocalSegment:
     """A mapped segment; ``read``/``write`` copy between it and caller buffers."""
 
@@ -45,6 +56,9 @@ class LocalSegment:
         try:
             with open(token_path) as f:
                 token = int(f.read().strip(), 16)
+        except PermissionError as e:
+            _not_ours(info, e)
+            return None
         except (OSError, ValueError):
             return None
         if token != info.shm_token:
@@ -52,6 +66,9 @@ class LocalSegment:
             return None
         try:
             fd = os.open(info.shm_path, os.O_RDWR)
+        except PermissionError as e:
+            _not_ours(info, e)
+            return None
         except OSError:
             return None
         try:

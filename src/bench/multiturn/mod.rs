@@ -103,8 +103,9 @@ pub struct MultiturnArgs {
     /// Port of the server under test.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
-    /// JSONL log, appended.
-    #[arg(long, default_value = "performance_metrics.jsonl")]
+    /// JSONL log to append one summary line to (SGLang's `performance_metrics.jsonl`).
+    /// Default: none.
+    #[arg(long, default_value = "")]
     pub log_file: String,
     /// Per-request timeout, seconds.
     #[arg(long, default_value_t = 600.0)]

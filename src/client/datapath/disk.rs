@@ -29,7 +29,9 @@ impl LocalDisk {
             return None;
         }
         let path = Path::new(&info.shm_path);
-        let token = std::fs::read_to_string(path.with_extension("token")).ok()?;
+        let token = std::fs::read_to_string(path.with_extension("token"))
+            .map_err(|e| super::shm::not_ours(info, &e))
+            .ok()?;
         if u64::from_str_radix(token.trim(), 16).ok()? != info.shm_token {
             return None;
         }
@@ -37,7 +39,13 @@ impl LocalDisk {
         if !lock.exists() {
             return None;
         }
-        let area = DiskArea::open_existing(path, info.size).ok()?;
+        let area = DiskArea::open_existing(path, info.size)
+            .map_err(|e| {
+                if let crate::store::disk::DiskError::Io { source, .. } = &e {
+                    super::shm::not_ours(info, source)
+                }
+            })
+            .ok()?;
         tracing::debug!(segment = %info.name, direct = area.direct(), "reading same-host disk tier directly");
         Some(LocalDisk {
             area,

@@ -24,15 +24,29 @@ fn pieces(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
 /// can take means nobody holds it.
 pub fn lock_held(lock: &Path) -> bool {
     use nix::fcntl::{Flock, FlockArg};
-    let Ok(file) = std::fs::File::open(lock) else {
+    let file = match std::fs::File::open(lock) {
+        Ok(file) => file,
         // The lock file is gone: its store stopped (and removed it) or died and was swept.
-        return false;
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+        // Not ours to open (a store sharing its segment with a group keeps its lock private):
+        // cannot tell, so do not claim the store is gone.
+        Err(_) => return true,
     };
     match Flock::lock(file, FlockArg::LockSharedNonblock) {
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => true,
         Ok(_unlocked_on_drop) => false,
         // Cannot tell: do not claim the store is gone.
         Err(_) => true,
+    }
+}
+
+/// Says why a same-host segment is reached over TCP when this user may not open its files.
+pub fn not_ours(info: &SegmentInfo, e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        tracing::warn!(segment = %info.name, path = %info.shm_path, error = %e,
+            "this user cannot open the same-host segment's files; using TCP. A store's files \
+             are private to the user it runs as: run this client as that user, or start the \
+             store with --shm-group GROUP and make this user a member of GROUP");
     }
 }
 
@@ -57,7 +71,9 @@ impl LocalSegment {
         }
         let path = Path::new(&info.shm_path);
         let token_path = path.with_extension("token");
-        let token = std::fs::read_to_string(&token_path).ok()?;
+        let token = std::fs::read_to_string(&token_path)
+            .map_err(|e| not_ours(info, &e))
+            .ok()?;
         if u64::from_str_radix(token.trim(), 16).ok()? != info.shm_token {
             tracing::debug!(path = %path.display(), "segment token differs: not the same file");
             return None;
@@ -66,7 +82,12 @@ impl LocalSegment {
         if !lock.exists() {
             return None;
         }
-        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| not_ours(info, &e))
+            .ok()?;
         if file.metadata().ok()?.len() != info.size {
             return None;
         }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs rbgctl on a systemd host: the binary, the units, the rbgctl user, /etc/rbgctl with
+# the environment files the units read (existing ones are kept) and the example configs, and,
+# with --secret, a fresh cluster secret readable by the rbgctl user alone.
+#
+#   cargo build --release && sudo scripts/install-systemd.sh [--secret]
+#   scripts/install-systemd.sh --destdir DIR [--bin PATH]     # into a staging tree (packaging)
+#
+# Then: edit /etc/rbgctl/<role>.env, `systemctl daemon-reload`, `systemctl enable --now
+# rbgctl-master` (and rbgctl-store, rbgctl-router where they run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+destdir=""
+bin=target/release/rbgctl
+secret=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --destdir) destdir=$2; shift 2 ;;
+        --bin) bin=$2; shift 2 ;;
+        --secret) secret=1; shift ;;
+        *) echo "usage: $0 [--destdir DIR] [--bin PATH] [--secret]" >&2; exit 2 ;;
+    esac
+done
+if [ ! -x "$bin" ]; then
+    echo "$bin: no such program (cargo build --release, or --bin PATH)" >&2
+    exit 1
+fi
+
+install -D -m 0755 "$bin" "$destdir/usr/local/bin/rbgctl"
+for unit in manifests/systemd/*.service; do
+    install -D -m 0644 "$unit" "$destdir/etc/systemd/system/$(basename "$unit")"
+done
+install -D -m 0644 manifests/systemd/rbgctl.sysusers "$destdir/usr/lib/sysusers.d/rbgctl.conf"
+install -d -m 0755 "$destdir/etc/rbgctl" "$destdir/etc/rbgctl/examples"
+install -m 0644 config/*.toml "$destdir/etc/rbgctl/examples/"
+# On the live system, the user first: the files below are given to its group.
+if [ -z "$destdir" ] && command -v systemd-sysusers >/dev/null; then
+    systemd-sysusers /usr/lib/sysusers.d/rbgctl.conf
+fi
+owner() {
+    if [ -z "$destdir" ] && id rbgctl >/dev/null 2>&1; then chown "$@"; fi
+}
+for env in config/env/*.env; do
+    target="$destdir/etc/rbgctl/$(basename "$env")"
+    if [ -e "$target" ]; then
+        echo "kept $target"
+    else
+        install -m 0640 "$env" "$target"
+        owner root:rbgctl "$target"
+    fi
+done
+if [ "$secret" = 1 ]; then
+    token="$destdir/etc/rbgctl/token"
+    if [ -e "$token" ]; then
+        echo "kept $token"
+    else
+        (umask 077 && head -c 32 /dev/urandom | base64 > "$token")
+        owner rbgctl:rbgctl "$token"
+        echo "wrote $token: copy it to every host of the cluster (mode 600, owner rbgctl), and set"
+        echo "RBGCTL_AUTH_TOKEN_FILE=/etc/rbgctl/token in each /etc/rbgctl/<role>.env"
+    fi
+fi
+echo "installed under ${destdir:-/}: edit /etc/rbgctl/<role>.env, then systemctl daemon-reload"
+echo "and systemctl enable --now rbgctl-master (rbgctl-store, rbgctl-router where they run)"
