@@ -683,3 +683,44 @@ fn bench_abuse_shows_every_attack_bounded_in_memory_and_time() {
     let bodies = &attacks[3];
     assert_eq!(bodies["answers"]["413"], 200, "{bodies}");
 }
+
+/// Issue 40, item 26: `bench multiturn` writes its JSONL log only when asked for one.
+#[test]
+fn bench_multiturn_writes_a_log_file_only_when_asked() {
+    let launcher = common::launcher();
+    let w = fake_worker(&launcher);
+    let port = w.addrs.http.port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["bench", "multiturn", "--host", "127.0.0.1", "--port", &port])
+            .args([
+                "--num-clients",
+                "2",
+                "--num-rounds",
+                "1",
+                "--request-length",
+                "32",
+            ])
+            .args([
+                "--output-length",
+                "2",
+                "--disable-auto-run",
+                "--request-rate",
+                "inf",
+            ])
+            .args(extra)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("rbgctl runs")
+    };
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let written: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(written.is_empty(), "{written:?}");
+    let o = run(&["--log-file", "mine.jsonl"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = std::fs::read_to_string(dir.path().join("mine.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 1, "{log}");
+}

@@ -288,9 +288,21 @@ fn the_children_of_up_die_with_it() {
         std::net::TcpStream::connect(&master).is_err(),
         "the port is free"
     );
-    // Killed, up could not clean up: its stores' files stay for a restart; remove them here.
+    // Killed, up could not clean up: its stores' files stay for a restart, and its run
+    // directory (its children's configs); remove them here.
     for d in up_shm_dirs(up_pid) {
         std::fs::remove_dir_all(d).unwrap();
+    }
+    let run_dirs = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&format!("rbgctl-run-{up_pid}-")))
+        });
+    for d in run_dirs {
+        std::fs::remove_dir_all(d.path()).unwrap();
     }
 }
 
@@ -318,4 +330,37 @@ fn ctrl_c_on_up_stops_each_child_once_and_gracefully() {
         "both stores unmounted on their way out:\n{log}"
     );
     assert!(up_shm_dirs(up_pid).is_empty());
+}
+
+/// Issue 40, item 26: an idle master says its `Storage:` line when it changes, not every
+/// summary interval.
+#[test]
+fn an_idle_master_logs_its_storage_line_only_when_it_changes() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        master: rbgctl::master::config::MasterConfig {
+            summary_interval_ms: rbgctl::config::Millis(Duration::from_millis(100)),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let lines = || c.master.log().matches("Storage:").count();
+    assert!(wait_until(Duration::from_secs(5), || lines() >= 1));
+    let first = lines();
+    // Ten intervals with nothing happening.
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = lines();
+    c.client()
+        .put("k", b"v", &ReplicateConfig::default())
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || lines() > idle),
+        "a change is said"
+    );
+    assert_eq!(
+        idle,
+        first,
+        "idle intervals said nothing:\n{}",
+        c.master.log()
+    );
 }

@@ -23,8 +23,7 @@ impl Worker {
 
 /// The test's launcher: children log into its run directory, quoted if one fails to start.
 fn launcher() -> &'static Launcher {
-    static L: std::sync::OnceLock<Launcher> = std::sync::OnceLock::new();
-    L.get_or_init(common::launcher)
+    common::shared_launcher()
 }
 
 /// A FAKE worker on `host:port` (port 0: the kernel chooses).

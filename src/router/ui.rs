@@ -146,6 +146,20 @@ mod tests {
         assert!(html.contains("class=\"bad\">unhealthy") && html.contains("class=\"bad\">open"));
         assert!(html.contains("width:25%"), "load 1 of the most, 4");
         assert!(html.contains("id=\"worker-load\""));
+        // Issue 40, item 26: workers are categories: bars, and no line drawn from one to another.
+        let load = html
+            .split("id=\"worker-load\"")
+            .nth(1)
+            .and_then(|rest| rest.split("</figure>").next())
+            .unwrap();
+        // Axis ticks are thin polylines; a data series is drawn 2 px wide.
+        let series_lines = load
+            .split("<polyline")
+            .skip(1)
+            .filter(|p| p.contains("stroke-width=\"2\""))
+            .count();
+        assert_eq!(series_lines, 0, "a line between workers");
+        assert!(load.contains("served") && load.contains("in flight"));
         let empty = View {
             policy: "random".into(),
             pd: true,

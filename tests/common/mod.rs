@@ -86,6 +86,22 @@ pub fn gone(pid: u32) -> bool {
     }
 }
 
+/// One launcher for a whole test binary (its children's logs outlive each test). A static is
+/// never dropped, so its run directory is removed when the process exits.
+pub fn shared_launcher() -> &'static Launcher {
+    static SHARED: std::sync::OnceLock<Launcher> = std::sync::OnceLock::new();
+    extern "C" fn remove_run_dir() {
+        if let Some(l) = SHARED.get() {
+            let _ = std::fs::remove_dir_all(l.dir());
+        }
+    }
+    SHARED.get_or_init(|| {
+        // SAFETY: registers a plain function to run at exit; it only removes a directory.
+        unsafe { libc::atexit(remove_run_dir) };
+        launcher()
+    })
+}
+
 /// A launcher of the built binary that logs each child to a file in its run directory.
 pub fn launcher() -> Launcher {
     Launcher::with_exe(PathBuf::from(BIN), Logs::File).expect("a run directory")
