@@ -398,3 +398,29 @@ fn a_metadata_server_open_beyond_loopback_without_a_secret_is_warned_about() {
         m.log()
     );
 }
+
+/// Issue 40, item 24: a store the master refuses for want of the cluster secret says so, with
+/// the fix (and again every minute while it lasts).
+#[test]
+fn a_store_without_the_secret_says_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let master = MasterConfig {
+        auth_token_file: Some(file),
+        ..loopback_master(MasterConfig::default())
+    };
+    let mut c = Cluster::start(Opts {
+        stores: 0,
+        master,
+        ..Opts::default()
+    });
+    c.add_store_with(8 << 20, |_| {});
+    assert!(
+        wait_until(Duration::from_secs(10), || c.stores[0]
+            .log()
+            .contains("give the store the master's --auth-token-file")),
+        "{}",
+        c.stores[0].log()
+    );
+    assert_eq!(c.segment_count(), 0, "refused");
+}
