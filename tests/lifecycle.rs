@@ -84,27 +84,8 @@ fn sigterm_unmounts_a_store_at_once() {
 fn up_starts_a_master_and_stores_that_serve_the_kv_command() {
     let dir = tempfile::tempdir().unwrap();
     let launcher = common::launcher();
-    let argv: Vec<String> = [
-        "up",
-        "--stores",
-        "2",
-        "--segment-size",
-        "16MiB",
-        "--master-port",
-        "0",
-        "--metadata-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--engines",
-        "0",
-        "--shm-dir",
-    ]
-    .map(String::from)
-    .into_iter()
-    .chain([dir.path().display().to_string()])
-    .collect();
-    let mut up = launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap();
+    let shm = dir.path().display().to_string();
+    let mut up = pool_up(&launcher, &["--shm-dir", &shm]);
     let master = up.addrs.master.clone().expect("up reports its master");
     let metrics: u16 = up
         .addrs
@@ -156,8 +137,12 @@ fn up_starts_a_master_and_stores_that_serve_the_kv_command() {
     );
 }
 
-/// `up` with the pool only, on kernel-chosen ports, in its own shared-memory directory.
-fn pool_up(launcher: &rbgctl::launch::Launcher) -> rbgctl::launch::Spawned<UpAddrs> {
+/// `up` with the pool only (two stores of 16 MiB) on kernel-chosen ports, in its own
+/// shared-memory directory unless `extra` names one.
+fn pool_up(
+    launcher: &rbgctl::launch::Launcher,
+    extra: &[&str],
+) -> rbgctl::launch::Spawned<UpAddrs> {
     let argv: Vec<String> = [
         "up",
         "--stores",
@@ -173,8 +158,10 @@ fn pool_up(launcher: &rbgctl::launch::Launcher) -> rbgctl::launch::Spawned<UpAdd
         "--engines",
         "0",
     ]
+    .into_iter()
+    .chain(extra.iter().copied())
     .map(String::from)
-    .into();
+    .collect();
     launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap()
 }
 
@@ -208,7 +195,7 @@ fn child_pid(up: u32, stem: &str) -> Option<u32> {
 #[test]
 fn up_restarts_a_killed_store_with_its_objects_and_keeps_the_rest_serving() {
     let launcher = common::launcher();
-    let mut up = pool_up(&launcher);
+    let mut up = pool_up(&launcher, &[]);
     let up_pid = up.process.pid().unwrap();
     let master = up.addrs.master.clone().unwrap();
     let mut cfg = ClientConfig::new(master.clone());
@@ -271,7 +258,7 @@ fn up_restarts_a_killed_store_with_its_objects_and_keeps_the_rest_serving() {
 #[test]
 fn the_children_of_up_die_with_it() {
     let launcher = common::launcher();
-    let mut up = pool_up(&launcher);
+    let mut up = pool_up(&launcher, &[]);
     let up_pid = up.process.pid().unwrap();
     let children: Vec<u32> = children_of(up_pid).into_iter().map(|(p, _)| p).collect();
     assert_eq!(children.len(), 3, "a master and two stores");
@@ -311,7 +298,7 @@ fn the_children_of_up_die_with_it() {
 #[test]
 fn ctrl_c_on_up_stops_each_child_once_and_gracefully() {
     let launcher = common::launcher();
-    let mut up = pool_up(&launcher);
+    let mut up = pool_up(&launcher, &[]);
     let up_pid = up.process.pid().unwrap();
     // The terminal sends SIGINT to the foreground process group: up's.
     nix::sys::signal::killpg(

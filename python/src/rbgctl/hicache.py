@@ -442,27 +442,28 @@ class RbgctlHiCacheStorage(HiCacheStorage):
         firsts = [_index_at(indices, i * page) for i in range(len(keys))]
         return pool, keys, firsts
 
-    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> dict:
-        """Each transfer's pages into its host pool (flat pages); per pool, per page, whether
-        it was read."""
+    def _each_transfer(self, transfers: List[Any], move) -> dict:
+        """``move(pool, keys, first host index of each page, pool name)`` for each transfer
+        that fits together; per pool, per page, whether it was moved."""
         out = {}
         for t in transfers:
             fit = self._v2_pages(t)
-            if fit is None:
-                out[t.name] = [False] * len(t.keys or [])
-                continue
-            pool, keys, firsts = fit
-            pages = [pool.get_dummy_flat_data_page() for _ in keys]
-            got = self._get_components(keys, t.name, pages)
-            ok = []
-            for first, page in zip(firsts, got):
-                if page is None:
-                    ok.append(False)
-                    continue
-                pool.set_from_flat_data_page(first, page)
-                ok.append(True)
-            out[t.name] = ok
+            out[t.name] = [False] * len(t.keys or []) if fit is None else move(*fit, t.name)
         return out
+
+    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> dict:
+        """Each transfer's pages into its host pool (flat pages)."""
+
+        def read(pool, keys, firsts, name) -> List[bool]:
+            pages = [pool.get_dummy_flat_data_page() for _ in keys]
+            ok = []
+            for first, page in zip(firsts, self._get_components(keys, name, pages)):
+                if page is not None:
+                    pool.set_from_flat_data_page(first, page)
+                ok.append(page is not None)
+            return ok
+
+        return self._each_transfer(transfers, read)
 
     def _get_components(self, keys: List[str], pool_name: Any, pages: list) -> list:
         skeys = [self.component_key(k, pool_name) for k in keys]
@@ -474,18 +475,13 @@ class RbgctlHiCacheStorage(HiCacheStorage):
         return [p if isinstance(r, int) and r == _nbytes(p) else None for r, p in zip(results, pages)]
 
     def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> dict:
-        """Each transfer's pages from its host pool, those not stored yet; per pool, per
-        page, whether it is stored."""
-        out = {}
-        for t in transfers:
-            fit = self._v2_pages(t)
-            if fit is None:
-                out[t.name] = [False] * len(t.keys or [])
-                continue
-            pool, keys, firsts = fit
+        """Each transfer's pages from its host pool, those not stored yet."""
+
+        def write(pool, keys, firsts, name) -> List[bool]:
             pages = [pool.get_data_page(first, flat=True) for first in firsts]
-            out[t.name] = self._put_missing([self.component_key(k, t.name) for k in keys], pages)
-        return out
+            return self._put_missing([self.component_key(k, name) for k in keys], pages)
+
+        return self._each_transfer(transfers, write)
 
     # ---- shared ----
 
