@@ -108,7 +108,8 @@ pub fn open(
         }
     } else if same_host_shm {
         if let Some(segment) = LocalSegment::open(info, host_id) {
-            // A persistent segment keeps an index of its objects, which copies bypass.
+            // A store with a segment_uuid keeps records of its objects (durable or in memory),
+            // which copies bypass: they are sealed.
             let seal = (info.segment_uuid != 0).then_some(pool);
             return Arc::new(Shm::new(segment, seal));
         }

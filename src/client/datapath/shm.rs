@@ -237,9 +237,10 @@ impl LocalSegment {
 /// A same-host segment as a data path.
 pub struct Shm {
     segment: LocalSegment,
-    /// The store's connection pool when its segment is persistent: copies bypass the store, so
-    /// it is told what was written (`Seal`) for its durable index. A put is acknowledged only
-    /// after the seal, so a store restarted from its files serves what was acknowledged.
+    /// The store's connection pool when it keeps records of its objects (a `segment_uuid`: a
+    /// durable index, or records in memory that it reports to a master that restarted or took
+    /// over): copies bypass the store, so it is told what was written (`Seal`). A put is
+    /// acknowledged only after the seal, so whatever the store reports was acknowledged.
     seal: Option<Arc<Pool>>,
 }
 
