@@ -133,7 +133,11 @@ impl Drop for Charge {
 /// the chunks of a body of undeclared length to the port's budget.
 struct GuardedBody {
     inner: axum::body::Body,
-    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// When the body must have arrived: the headers' arrival plus the timeout.
+    until: tokio::time::Instant,
+    /// The timer, made the first time the body makes the reader wait (a body that came with
+    /// its headers never needs one).
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     timeout: Duration,
     /// Set for a body of undeclared length under a budget.
     charge: Option<Arc<Charge>>,
@@ -168,7 +172,12 @@ impl http_body::Body for GuardedBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+            Poll::Pending => match this
+                .deadline
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(this.until)))
+                .as_mut()
+                .poll(cx)
+            {
                 Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(BodyError::TooSlow(
                     this.timeout,
                 ))))),
@@ -210,14 +219,35 @@ pub fn body_error(e: &(dyn std::error::Error + 'static)) -> (StatusCode, String)
     )
 }
 
-/// Puts the body deadline (and the port's budget) on a request: a declared length is charged
-/// from the headers, and refused with 503 when the budget has no room for it.
+/// An error answer shaped as the OpenAI-style APIs answer (the router's clients read it).
+fn refusal(status: StatusCode, kind: &str, message: String) -> Response {
+    let body = serde_json::json!({"error": {"message": message, "type": kind,
+        "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// What every request goes through before its handler: a declared `Content-Length` above
+/// `max_body_bytes` is answered 413 and one the port's budget has no room for 503, both from the
+/// headers; a body still to come gets the body deadline (and, of undeclared length, is charged
+/// to the budget as its chunks arrive). A request without a body is passed on untouched.
 async fn guard_body(req: Request, next: Next, limits: HttpLimits) -> Response {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok());
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let limit = limits.max_body_bytes;
+    if let Some(n) = declared.filter(|n| *n > limit as u64) {
+        return refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("request body of {n} bytes is larger than this port's limit of {limit} bytes"),
+        );
+    }
+    if declared == Some(0) || http_body::Body::is_end_stream(req.body()) {
+        return next.run(req).await;
+    }
+    let declared = declared.map(|n| n as usize);
     let mut charge = None;
     if let Some(budget) = &limits.body_budget {
         let c = Arc::new(Charge {
@@ -225,14 +255,16 @@ async fn guard_body(req: Request, next: Next, limits: HttpLimits) -> Response {
             bytes: AtomicUsize::new(0),
         });
         if !c.add(declared.unwrap_or(0)) {
-            let message = format!(
-                "too many request bodies are being received at once ({} of {} bytes in                  flight); retry later",
-                budget.used(),
-                budget.limit()
+            return refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!(
+                    "too many request bodies are being received at once ({} of {} bytes in \
+                     flight); retry later",
+                    budget.used(),
+                    budget.limit()
+                ),
             );
-            let body = serde_json::json!({"error": {"message": message,
-                "type": "service_unavailable", "code": 503}});
-            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
         }
         charge = Some(c);
     }
@@ -241,7 +273,8 @@ async fn guard_body(req: Request, next: Next, limits: HttpLimits) -> Response {
     let req = req.map(|inner| {
         axum::body::Body::new(GuardedBody {
             inner,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
+            until: tokio::time::Instant::now() + timeout,
+            deadline: None,
             timeout,
             charge: per_chunk,
         })
@@ -284,9 +317,6 @@ pub async fn serve_tls(
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn(
             move |req: Request, next: Next| guard_body(req, next, guard.clone()),
-        ))
-        .layer(axum::middleware::from_fn(
-            move |req: Request, next: Next| refuse_declared_oversize(req, next, max_body),
         ));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let refusals = LogBudget::new(Duration::from_secs(10));
@@ -389,25 +419,5 @@ async fn serve_connection<I>(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "HTTP connection ended");
-    }
-}
-
-/// Answers 413 from the headers when the declared body is larger than `limit`.
-async fn refuse_declared_oversize(req: Request, next: Next, limit: usize) -> Response {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    match declared {
-        Some(n) if n > limit as u64 => {
-            let message = format!(
-                "request body of {n} bytes is larger than this port's limit of {limit} bytes"
-            );
-            let body = serde_json::json!({"error": {"message": message,
-                "type": "invalid_request_error", "code": 413}});
-            (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(body)).into_response()
-        }
-        _ => next.run(req).await,
     }
 }

@@ -67,11 +67,7 @@ impl Recorder {
     /// Posts an event on the group `g` about one of its roles, unless it is no news for that
     /// role: each role's condition is deduplicated on its own.
     pub async fn post_about(&self, g: &Value, role: &str, kind: &str, reason: &str, message: &str) {
-        let who = ObjectMeta::of(g).key();
-        if !self.told.lock().tell_about(&who, reason, role, message) {
-            return;
-        }
-        self.create(g, "RoleBasedGroup", kind, reason, message)
+        self.post_told(g, "RoleBasedGroup", role, kind, reason, message)
             .await
     }
 
@@ -85,27 +81,29 @@ impl Recorder {
         reason: &str,
         message: &str,
     ) {
-        let meta = ObjectMeta::of(obj);
-        let who = match object_kind {
-            "RoleBasedGroup" => meta.key(),
-            k => format!("{k}:{}", meta.key()),
-        };
-        if !self.told.lock().tell(&who, reason, message) {
-            return;
-        }
-        self.create(obj, object_kind, kind, reason, message).await
+        self.post_told(obj, object_kind, "", kind, reason, message)
+            .await
     }
 
-    /// Writes the event.
-    async fn create(
+    /// Writes the event unless the same message was the last told for this object, reason and
+    /// subject.
+    async fn post_told(
         &self,
         obj: &Value,
         object_kind: &str,
+        subject: &str,
         kind: &str,
         reason: &str,
         message: &str,
     ) {
         let meta = ObjectMeta::of(obj);
+        let who = match object_kind {
+            "RoleBasedGroup" => meta.key(),
+            k => format!("{k}:{}", meta.key()),
+        };
+        if !self.told.lock().tell_about(&who, reason, subject, message) {
+            return;
+        }
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let name = format!("{}.{:x}", meta.name, fastrand::u64(..));
         let ev = json!({"apiVersion": "v1", "kind": "Event",

@@ -111,6 +111,7 @@ impl DiskTier {
     fn start(
         cfg: &StoreConfig,
         store_name: &str,
+        host: &str,
         listener: TcpListener,
         memory: (&Arc<SegmentMemory>, &Arc<index::Records>),
         client_id: u64,
@@ -135,11 +136,7 @@ impl DiskTier {
             index::Records::in_memory()
         };
         let records = Arc::new(records);
-        let endpoint = format!(
-            "{}:{}",
-            cfg.advertised_host(),
-            listener.local_addr()?.port()
-        );
+        let endpoint = format!("{host}:{}", listener.local_addr()?.port());
         // Same-host clients read the file directly once they find this token beside it.
         let token = fastrand::u64(1..);
         let token_path = area.path().with_extension("token");
@@ -386,7 +383,8 @@ impl Store {
     ) -> Result<Store, StoreError> {
         cfg.protocol.check_built("store.protocol")?;
         let port = listener.local_addr()?.port();
-        let endpoint = format!("{}:{port}", cfg.advertised_host());
+        let host = cfg.advertised_host();
+        let endpoint = format!("{host}:{port}");
         let name = cfg.name.clone().unwrap_or_else(|| endpoint.clone());
         if cfg.persistent && cfg.segment_size.0 > 0 && !cfg.effective_persistence() {
             tracing::warn!(
@@ -472,21 +470,19 @@ impl Store {
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
         registration.write_floor = write_floor;
         let registration = Arc::new(registration);
-        let disk = match (&cfg.disk_tier, &service.memory, disk_listener) {
-            (Some(_), Some(memory), Some(l)) => Some(DiskTier::start(
-                cfg,
-                &name,
-                l,
-                (memory, &records),
-                registration.client_id,
-            )?),
-            (Some(_), Some(memory), None) => {
-                let l = role::bind("store disk tier", &cfg.bind_address, cfg.disk_tier_port)?;
+        let disk = match (&cfg.disk_tier, &service.memory) {
+            (Some(_), Some(memory)) => {
+                let l = match disk_listener {
+                    Some(l) => l,
+                    None => role::bind("store disk tier", &cfg.bind_address, cfg.disk_tier_port)?,
+                };
+                let tier = (memory, &records);
                 Some(DiskTier::start(
                     cfg,
                     &name,
+                    &host,
                     l,
-                    (memory, &records),
+                    tier,
                     registration.client_id,
                 )?)
             }

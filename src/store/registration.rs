@@ -186,23 +186,22 @@ impl Registration {
 
     /// Reports the records to the master in chunks and drops what the master does not take.
     fn report(&self, segment_id: u64, discard: bool) -> Result<(), TransferError> {
-        let index = &*self.records;
         if discard {
             tracing::warn!(
                 "the master gave this segment's objects up (away longer than its \
                 grace period); forgetting them"
             );
-            if let Err(e) = index.clear() {
-                tracing::error!(error = %e, "cannot clear the index");
+            if let Err(e) = self.records.clear() {
+                tracing::error!(error = %e, "cannot clear the records");
             }
         }
-        let objects = index.snapshot();
+        let objects = self.records.snapshot();
         let total = objects.len();
         let mut dropped = 0;
         for req in report_requests(self.client_id, segment_id, &objects) {
             let resp: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
             dropped += resp.forget.len();
-            if let Err(e) = index.forget(&resp.forget) {
+            if let Err(e) = self.records.forget(&resp.forget) {
                 tracing::error!(error = %e, "cannot drop records the master did not take");
             }
         }
