@@ -73,6 +73,52 @@ fn bench_store_keeps_to_its_own_keys_and_asks_before_writing_into_a_used_pool() 
     );
 }
 
+/// Issue 41: `bench store` measures fresh segment memory beside reused: 1 MiB and 4 MiB rows
+/// into new stores that leave their pages to the writes, over TCP and same-host, judged against
+/// the same limits; the report says which rows are which, and the extra stores leave nothing.
+#[test]
+fn bench_store_measures_fresh_segment_memory_beside_reused() {
+    let o = Command::new(BIN)
+        .args(["bench", "store", "--sizes", "4KiB", "--threads", "1"])
+        .args(["--phase-time", "200ms", "--phase-bytes", "16MiB"])
+        .args([
+            "--segment-size",
+            "64MiB",
+            "--batch",
+            "4",
+            "--batch-value",
+            "16KiB",
+        ])
+        .args(["--exists-batch", "8", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        report["segments"]
+            .as_str()
+            .unwrap()
+            .contains("prefault = false"),
+        "{report}"
+    );
+    let rows = report["results"].as_array().unwrap();
+    for case in ["tcp-fresh", "shm-fresh"] {
+        for size in [1u64 << 20, 4 << 20] {
+            for op in ["put", "get"] {
+                let row = rows
+                    .iter()
+                    .find(|r| r["case"] == case && r["op"] == op && r["value_bytes"] == size)
+                    .unwrap_or_else(|| panic!("no {case} {op} {size} row: {report}"));
+                assert!(row["ops_per_s"].as_f64().unwrap() > 0.0, "{row}");
+                assert_eq!(row["errors"], 0, "{row}");
+                assert!(row["of_limit"].as_f64().unwrap() > 0.0, "{row}");
+            }
+        }
+    }
+    assert_eq!(report["partial"], false, "{report}");
+}
+
 #[test]
 fn bench_store_breakdown_shows_where_each_operation_went() {
     let c = Cluster::start(Opts {

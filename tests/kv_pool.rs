@@ -113,6 +113,48 @@ fn batch_operations() {
     assert!(client.batch_exists(&refs).unwrap().iter().all(|e| !e));
 }
 
+/// Issue 41: a batch of several megabytes goes over several connections to its store at once
+/// (one lane each), and every value comes back whole, in its place.
+#[test]
+fn a_batch_of_megabytes_goes_over_several_connections_and_reads_back_whole() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        segment: 64 << 20,
+        ..Default::default()
+    });
+    let accepted = || {
+        c.store_metric(0, "rbgctl_store_accepted_connections_total")
+            .expect("the store counts its connections")
+    };
+    let before = accepted();
+    let client = c.client();
+    let keys: Vec<String> = (0..32).map(|i| format!("lanes/{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = (0..32).map(|i| value(256 << 10, i as u8)).collect();
+    let vrefs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    let put = client.batch_put(&refs, &vrefs, &one());
+    assert!(put.iter().all(Result::is_ok), "{put:?}");
+    let lanes = accepted() - before;
+    assert!(lanes >= 4.0, "8 MiB went over {lanes} connections");
+    let got = client.batch_get(&refs);
+    for (i, r) in got.iter().enumerate() {
+        assert!(
+            r.as_ref().unwrap() == &values[i],
+            "value {i} read back whole"
+        );
+    }
+    let mut bufs: Vec<Vec<u8>> = (0..32).map(|_| vec![0u8; 300 << 10]).collect();
+    let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    let lens = client.batch_get_into(&refs, &mut slices);
+    for (i, n) in lens.iter().enumerate() {
+        assert_eq!(*n.as_ref().unwrap(), 256 << 10);
+        assert!(
+            bufs[i][..256 << 10] == values[i][..],
+            "value {i} in its buffer"
+        );
+    }
+}
+
 #[test]
 fn replicas_land_on_distinct_stores() {
     let c = Cluster::start(Opts {

@@ -95,3 +95,31 @@ fn a_large_segment_serves_at_once_and_its_pages_are_faulted_in_behind() {
         "and kept their bytes"
     );
 }
+
+/// Issue 41: `prefault = false` leaves the pages to fault in on their first write (as a
+/// benchmark of fresh memory needs): nothing faulted in behind, the metric says no prefault
+/// runs, and the store serves as usual.
+#[test]
+fn a_store_told_not_to_prefault_leaves_its_pages_to_their_first_write() {
+    let mut c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    let i = c.add_store_with(64 << 20, |cfg| cfg.prefault = false);
+    assert!(c.wait_store_mounted(i), "the store mounts");
+    assert_eq!(
+        c.store_metric(i, "rbgctl_store_segment_prefault_ended"),
+        Some(1.0),
+        "no prefault runs"
+    );
+    let client = c.client();
+    client
+        .put("fresh", &[9u8; 1 << 20], &ReplicateConfig::default())
+        .unwrap();
+    assert_eq!(client.get("fresh").unwrap(), vec![9u8; 1 << 20]);
+    assert_eq!(
+        c.store_metric(i, "rbgctl_store_segment_prefaulted_bytes"),
+        Some(0.0),
+        "nothing was faulted in behind"
+    );
+}

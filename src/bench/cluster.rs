@@ -20,8 +20,10 @@ pub struct OwnCluster {
     disk_dir: Option<std::path::PathBuf>,
     /// The cluster secret, when its roles require one.
     auth: Option<std::sync::Arc<crate::auth::Secret>>,
+    /// The first store's settings, which [`OwnCluster::add_fresh_store`] starts from.
+    store_base: StoreConfig,
     // Last: the run directory goes after the children.
-    _launcher: Launcher,
+    launcher: Launcher,
 }
 
 /// The master a pool benchmark runs against: `existing`, or a master and one store started here
@@ -107,23 +109,26 @@ impl OwnCluster {
             }
             None => None,
         };
+        let store_base = StoreConfig {
+            master: master.clone(),
+            bind_address: host.clone(),
+            local_hostname: host.clone(),
+            // A stable name: a restarted persistent store finds its segment again.
+            name: Some("bench-store-0".into()),
+            segment_size: crate::config::ByteSize(segment_size),
+            persistent,
+            metrics_host: host,
+            metrics_port: 0,
+            shm_dir: shm_dir.clone(),
+            auth_token_file,
+            ..StoreConfig::default()
+        };
         let store = launcher.spawn::<launch::Store>(
             "store-0",
             StoreConfig {
-                master: master.clone(),
-                bind_address: host.clone(),
-                local_hostname: host.clone(),
-                // A stable name: a restarted persistent store finds its segment again.
-                name: Some("bench-store-0".into()),
-                segment_size: crate::config::ByteSize(segment_size),
-                persistent,
-                metrics_host: host,
-                metrics_port: 0,
-                shm_dir: shm_dir.clone(),
                 disk_tier: disk_tier.as_ref().map(|(dir, _)| dir.clone()),
                 disk_tier_size: crate::config::ByteSize(disk_tier.as_ref().map_or(0, |(_, n)| *n)),
-                auth_token_file,
-                ..StoreConfig::default()
+                ..store_base.clone()
             },
         )?;
         let segments = if disk_tier.is_some() { 2 } else { 1 };
@@ -135,7 +140,8 @@ impl OwnCluster {
             shm_dir,
             disk_dir: disk_tier.map(|(dir, _)| dir),
             auth,
-            _launcher: launcher,
+            store_base,
+            launcher,
         };
         c.wait_live_segments(segments, Duration::from_secs(30))?;
         // The store serves at once and faults its pages in behind; measuring starts once that
@@ -150,6 +156,36 @@ impl OwnCluster {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(c)
+    }
+
+    /// Starts one more store, of `segment_size` bytes, that leaves its pages to fault in on
+    /// their first write (`prefault = false`): memory as fresh as a store's just after its
+    /// start. Answers its index and segment name once its segment is live.
+    pub fn add_fresh_store(&mut self, segment_size: u64) -> anyhow::Result<(usize, String)> {
+        let i = self.stores.len();
+        let name = format!("bench-store-fresh-{i}");
+        let live = self.live_segments().unwrap_or(0);
+        let store = self.launcher.spawn::<launch::Store>(
+            &format!("store-{i}"),
+            StoreConfig {
+                name: Some(name.clone()),
+                segment_size: crate::config::ByteSize(segment_size),
+                prefault: false,
+                ..self.store_base.clone()
+            },
+        )?;
+        self.stores.push(store);
+        self.wait_live_segments(live + 1, Duration::from_secs(30))?;
+        Ok((i, name))
+    }
+
+    /// Stops store `i` (it unmounts its segment) and waits until the master no longer counts
+    /// its segment live.
+    pub fn stop_store(&mut self, i: usize) -> anyhow::Result<()> {
+        let live = self.live_segments().unwrap_or(0);
+        self.stores[i].stop();
+        self.wait_live_segments(live.saturating_sub(1), Duration::from_secs(30))?;
+        Ok(())
     }
 
     /// Starts the master again (after `kill_master`) on the same ports.

@@ -102,9 +102,17 @@ pub struct StoreBenchArgs {
     pub report: Option<std::path::PathBuf>,
 }
 
+/// What the rows' segment memory was, said in the report.
+const SEGMENTS: &str = "rows without -fresh: the store faulted its segment's pages in before \
+    measuring (as a store has seconds after its start), and phases reuse memory earlier ones \
+    wrote; -fresh rows: a store just started with prefault = false, each write faulting its \
+    pages in (a store's first minutes with a large segment)";
+
 #[derive(Debug, Default, serde::Serialize)]
 struct Report {
     persistent: bool,
+    /// Fresh or reused segment memory: which rows measured which.
+    segments: &'static str,
     /// The best of the runs below: the limit each row is judged against.
     loopback_tcp_gb_per_s: f64,
     memcpy_gb_per_s: f64,
@@ -358,10 +366,23 @@ fn put_get_case(
     size: usize,
     threads: usize,
 ) -> Vec<PhaseResult> {
+    put_get_case_on(client, case, ctx, size, threads, "")
+}
+
+/// [`put_get_case`] with its values placed on `segment` (any, if empty).
+fn put_get_case_on(
+    client: &Arc<Client>,
+    case: &str,
+    ctx: &Ctx<'_>,
+    size: usize,
+    threads: usize,
+    segment: &str,
+) -> Vec<PhaseResult> {
     let value = value_for(size, size as u64);
     let budget = phase_budget(ctx.args, size as u64);
     let cfg = ReplicateConfig {
         replica_num: 1,
+        preferred_segment: segment.to_string(),
         ..Default::default()
     };
     let key = |t: usize, i: u64| format!("{}{case}/{size}/{threads}/{t}/{i}", ctx.prefix);
@@ -596,7 +617,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     progress("measuring the machine: loopback TCP, memcpy");
     let machine = limits::machine_spread()?;
     let (loopback, memcpy) = (machine.loopback.best, machine.memcpy.best);
-    let (master, _cluster) = match (&args.auth_token_file, &args.master) {
+    let (master, mut cluster) = match (&args.auth_token_file, &args.master) {
         (Some(file), None) => {
             progress("starting a master and a store that require the cluster secret");
             let c = super::cluster::OwnCluster::start_with(super::cluster::OwnOpts {
@@ -650,6 +671,12 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         Ok(_) if !args.held.is_empty() => held_cases(&tcp, &ctx, &mut results, &progress)?,
         _ => Vec::new(),
     };
+    if let (Ok(_), Some(cluster)) = (&outcome, cluster.as_mut()) {
+        let limits = (loopback, memcpy);
+        if let Err(e) = fresh_cases(cluster, &master, &ctx, &mut results, limits, &progress) {
+            ctx.failures.note("fresh segments", 1, &e.to_string());
+        }
+    }
     let mut failures = ctx.failures.take();
     let mut mooncake = Vec::new();
     if let Some(python) = &args.mooncake_python {
@@ -671,6 +698,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     let versus_mooncake = mooncake_peer::versus(&results, &mooncake);
     let report = Report {
         persistent: args.persistent,
+        segments: SEGMENTS,
         loopback_tcp_gb_per_s: loopback,
         memcpy_gb_per_s: memcpy,
         limits: machine,
@@ -756,6 +784,52 @@ fn measure(
         }
     }
     Ok(flood)
+}
+
+/// The 1 MiB and 4 MiB single-thread rows again, each into a store of its own just started with
+/// `prefault = false` (`OwnCluster::add_fresh_store`), so every write lands on memory never
+/// touched: over TCP, and same-host unless `--no-shm`. Each store is stopped after its row.
+fn fresh_cases(
+    cluster: &mut super::cluster::OwnCluster,
+    master: &str,
+    ctx: &Ctx<'_>,
+    results: &mut Vec<PhaseResult>,
+    (loopback, memcpy): (f64, f64),
+    progress: &impl Fn(&str),
+) -> anyhow::Result<()> {
+    let args = ctx.args;
+    let client = |same_host_shm| -> anyhow::Result<Arc<Client>> {
+        let cfg = ClientConfig {
+            same_host_shm,
+            ..ClientConfig::new(master.to_string())
+        };
+        Ok(Arc::new(Client::connect(
+            cfg.with_auth_file(args.auth_token_file.as_deref())?,
+        )?))
+    };
+    let mut paths = vec![("tcp-fresh", false, loopback)];
+    if !args.no_shm {
+        paths.push(("shm-fresh", true, memcpy));
+    }
+    for (case, same_host, limit) in paths {
+        let client = client(same_host)?;
+        for size in [1u64 << 20, 4 << 20] {
+            progress(&format!(
+                "{case}: {} into a new store's untouched memory",
+                human_bytes(size)
+            ));
+            // Room for the phase's bytes, in whole values, and a little more.
+            let room = args.phase_bytes.0.min(args.phase_ops * size) + 2 * size;
+            let (i, segment) = cluster.add_fresh_store(room.next_multiple_of(4096))?;
+            let rows = put_get_case_on(&client, case, ctx, size as usize, 1, &segment);
+            results.extend(rows.into_iter().map(|mut r| {
+                r.of_limit = Some(r.gb_per_s / limit);
+                r
+            }));
+            cluster.stop_store(i)?;
+        }
+    }
+    Ok(())
 }
 
 /// `--held`: for each count in turn, the pool topped up to that many 256-byte objects (four
@@ -901,7 +975,8 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
     let mut page = Page::new("KV pool: put and get");
     page.fact("loopback TCP, one stream", r.limits.loopback.describe())
         .fact("memcpy", r.limits.memcpy.describe())
-        .fact("store persistent", r.persistent.to_string());
+        .fact("store persistent", r.persistent.to_string())
+        .fact("segment memory", r.segments);
     if r.partial {
         page.fact("PARTIAL", r.failures.join("; "));
     }
@@ -1033,7 +1108,7 @@ fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<5} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
+        "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
         "path",
         "op",
         "value",
@@ -1058,7 +1133,7 @@ fn table(r: &Report) -> String {
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{:<5} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
+            "{:<9} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
             x.case,
             x.op,
             value,
@@ -1074,6 +1149,7 @@ fn table(r: &Report) -> String {
     }
     let _ = writeln!(
         out,"(of limit: large tcp values against the loopback stream, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
+    let _ = writeln!(out, "(segment memory: {})", r.segments);
     if r.results.iter().any(|x| x.breakdown.is_some()) {
         out.push_str(&breakdown_table(r));
     }
@@ -1215,11 +1291,12 @@ mod tests {
                 row("tcp", "batch_exists 128x", 0),
                 row("flood", "get", 1 << 20),
                 row("shm", "get", 4 << 20),
+                row("shm-fresh", "put", 1 << 20),
             ],
             ..Default::default()
         };
         let text = table(&report);
-        let lines: Vec<&str> = text.lines().skip(1).take(6).collect();
+        let lines: Vec<&str> = text.lines().skip(1).take(7).collect();
         let width = lines[0].chars().count();
         for l in &lines {
             assert_eq!(l.chars().count(), width, "{l:?} in\n{text}");

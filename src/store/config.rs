@@ -53,6 +53,11 @@ pub struct StoreConfig {
     /// Needs a stable name (`name` set, or a fixed `port`); with neither, the store runs
     /// non-persistent. Default true.
     pub persistent: bool,
+    /// Fault the segment's pages in behind the start (`MADV_POPULATE_WRITE`, which changes no
+    /// byte), so that writes do not pay the kernel's first-touch fault of each page. `false`
+    /// leaves each page to fault in on its first write: a store whose segment stays mostly
+    /// empty for long, or a benchmark of fresh memory. Default true.
+    pub prefault: bool,
     /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
     pub metrics_host: String,
     /// Metrics port; 0 picks a free one. Default 9004.
@@ -113,6 +118,7 @@ impl Default for StoreConfig {
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
             shm_group: None,
             persistent: true,
+            prefault: true,
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9004,
             heartbeat_interval_ms: Millis(Duration::from_secs(1)),
@@ -189,6 +195,10 @@ pub struct StoreArgs {
     /// Keep objects across restarts (true/false). Default true.
     #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
     pub persistent: Option<bool>,
+    /// Fault the segment's pages in behind the start, so writes pay no first-touch faults
+    /// (true/false). Default true.
+    #[arg(long, env = "RBGCTL_STORE_PREFAULT")]
+    pub prefault: Option<bool>,
     /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_STORE_METRICS_HOST")]
     pub metrics_host: Option<String>,
@@ -300,6 +310,7 @@ impl StoreArgs {
             metadata_server => metadata_server,
             shm_dir => shm_dir,
             persistent => persistent,
+            prefault => prefault,
             metrics_host => metrics_host,
             metrics_port => metrics_port,
             heartbeat_interval => heartbeat_interval_ms,

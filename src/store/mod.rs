@@ -493,6 +493,11 @@ impl Store {
             .name("store-heartbeat".into())
             .spawn(move || reg.run())?;
         let prefault = match &service.memory {
+            Some(memory) if !cfg.prefault => {
+                memory.leave_pages_to_fault();
+                tracing::info!("segment pages fault in on first write (prefault = false)");
+                None
+            }
             Some(memory) => {
                 let (memory, stop) = (memory.clone(), registration.stop.clone());
                 Some(
@@ -581,7 +586,7 @@ impl StoreStatus {
         .single(
             "rbgctl_store_segment_prefault_ended",
             "gauge",
-            "1 once the background prefault has finished (all pages, or as far as the kernel allows).",
+            "1 once the background prefault has finished (all pages, or as far as the kernel allows), or when none runs (prefault = false).",
             f64::from(u8::from(s.memory.as_ref().is_none_or(|m| m.prefault_ended()))),
         )
         .single(

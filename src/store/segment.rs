@@ -235,6 +235,11 @@ impl SegmentMemory {
         done
     }
 
+    /// Says that no `prefault` will run: each page faults in on its first write.
+    pub fn leave_pages_to_fault(&self) {
+        self.prefault_ended.store(true, Ordering::Relaxed);
+    }
+
     /// Whether `prefault` has finished (whatever it managed).
     pub fn prefault_ended(&self) -> bool {
         self.prefault_ended.load(Ordering::Relaxed)

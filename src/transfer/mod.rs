@@ -2,6 +2,7 @@
 //! (`docs/protocol.md`). Frames carry request ids, so several requests can be in flight on one
 //! connection; payloads move between sockets and segment or caller memory without copies.
 
+pub mod checked_copy;
 pub mod codec;
 pub mod frame;
 pub mod message;

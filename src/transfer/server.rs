@@ -51,6 +51,8 @@ impl LogBudget {
 /// What happened to a server's connections.
 #[derive(Debug, Default)]
 pub struct ConnCounters {
+    /// Admitted (each then served on a thread of its own).
+    pub accepted: AtomicU64,
     /// Closed because of malformed input or a request that stopped arriving.
     pub bad_frames: AtomicU64,
     /// Refused at a connection limit.
@@ -62,11 +64,18 @@ pub struct ConnCounters {
 }
 
 impl ConnCounters {
-    /// As `<prefix>_bad_frames_total`, `<prefix>_refused_connections_total`,
-    /// `<prefix>_idle_closed_connections_total`, `<prefix>_unauthenticated_connections_total`.
+    /// As `<prefix>_accepted_connections_total`, `<prefix>_bad_frames_total`,
+    /// `<prefix>_refused_connections_total`, `<prefix>_idle_closed_connections_total`,
+    /// `<prefix>_unauthenticated_connections_total`.
     pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
         p.single(
+            &format!("{prefix}_accepted_connections_total"),
+            "counter",
+            "Connections admitted (each served on a thread of its own).",
+            n(&self.accepted),
+        )
+        .single(
             &format!("{prefix}_bad_frames_total"),
             "counter",
             "Connections closed because of malformed input or a request that stopped arriving.",
@@ -355,6 +364,7 @@ fn accept_loop(
             refuser.refuse(stream, &reason);
             continue;
         }
+        ConnCounters::count(&service.connections().accepted);
         let service = service.clone();
         let slot = Slot {
             occupancy: occupancy.clone(),

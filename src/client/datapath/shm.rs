@@ -2,23 +2,13 @@
 //! local replicas are memory copies instead of socket transfers.
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
+use crate::transfer::checked_copy::{copy_crc_raw, Dest};
 use crate::transfer::message::{BatchStatusResp, SealReq, SegmentInfo, StoredObject};
 use crate::transfer::{Opcode, Pool, Status, TransferError};
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Same-host reads and writes copy (and checksum) this many bytes at a time.
-const COPY_PIECE: usize = 256 * 1024;
-
-/// `0..len` in ranges of [`COPY_PIECE`]: each piece is copied, then checksummed while it is
-/// still in the cache.
-fn pieces(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    (0..len)
-        .step_by(COPY_PIECE)
-        .map(move |start| start..(start + COPY_PIECE).min(len))
-}
 
 /// Whether a store holds its lock file `lock`: it holds an exclusive lock for as long as it
 /// lives, and the kernel drops the lock when it dies (kill -9 included). A shared lock that we
@@ -207,30 +197,40 @@ impl LocalSegment {
         ))
     }
 
-    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), TransferError> {
+    /// Copies `dst.len()` bytes at `offset` into `dst` and answers their CRC-32C, in one pass
+    /// (`checked_copy`); the caller reads them next, so they stay in its cache.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<u32, TransferError> {
         if !self.check(offset, dst.len() as u64) {
             return Err(self.out_of_bounds(offset, dst.len()));
         }
-        // SAFETY: bounds checked; the object is under a read lease.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.add(offset as usize),
+        // SAFETY: bounds checked; the object is under a read lease, so nobody writes it.
+        Ok(unsafe {
+            copy_crc_raw(
                 dst.as_mut_ptr(),
+                self.ptr.add(offset as usize),
                 dst.len(),
+                0,
+                Dest::Cached,
             )
-        };
-        Ok(())
+        })
     }
 
-    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), TransferError> {
+    /// Copies `src` to `offset` and answers its CRC-32C, in one pass (`checked_copy`); the
+    /// bytes are for the store and its readers, so they are streamed past this core's cache.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<u32, TransferError> {
         if !self.check(offset, src.len() as u64) {
             return Err(self.out_of_bounds(offset, src.len()));
         }
-        // SAFETY: bounds checked; the master allocated the range to this put.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset as usize), src.len())
-        };
-        Ok(())
+        // SAFETY: bounds checked; the master allocated the range to this put alone.
+        Ok(unsafe {
+            copy_crc_raw(
+                self.ptr.add(offset as usize),
+                src.as_ptr(),
+                src.len(),
+                0,
+                Dest::Streamed,
+            )
+        })
     }
 }
 
@@ -258,15 +258,7 @@ impl DataPath for Shm {
     fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
         let mut out: Vec<Result<u32, TransferError>> = ops
             .iter()
-            .map(|op| {
-                let mut crc = 0;
-                for r in pieces(op.value.len()) {
-                    let piece = &op.value[r.clone()];
-                    self.segment.write(op.offset + r.start as u64, piece)?;
-                    crc = crc32c::crc32c_append(crc, piece);
-                }
-                Ok(crc)
-            })
+            .map(|op| self.segment.write(op.offset, op.value))
             .collect();
         // Bytes copied into the file of a store that has died are not stored: the master drops
         // its segment when it notices. Checked after the copies, so a store dying before this
@@ -333,13 +325,7 @@ impl DataPath for Shm {
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
         ops.iter_mut()
             .map(|op| {
-                let mut crc = 0;
-                for r in pieces(op.dst.len()) {
-                    let piece = &mut op.dst[r.clone()];
-                    self.segment.read(op.offset + r.start as u64, piece)?;
-                    crc = crc32c::crc32c_append(crc, piece);
-                }
-                op.crc = Some(crc);
+                op.crc = Some(self.segment.read(op.offset, op.dst)?);
                 Ok(())
             })
             .collect()
@@ -392,7 +378,8 @@ mod tests {
         let host = crate::transfer::local_host_id();
         let value = vec![7u8; 4 << 20];
         let cold = LocalSegment::open_populating(&info, &host, false).unwrap();
-        let cold_faults = faults_in(|| cold.write(0, &value).unwrap());
+        let crc = crc32c::crc32c(&value);
+        let cold_faults = faults_in(|| assert_eq!(cold.write(0, &value).unwrap(), crc));
         assert!(
             cold_faults >= 512,
             "{cold_faults} faults for 1024 fresh pages"
@@ -403,13 +390,13 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(warm.populated(), size, "populated in time");
-        let warm_faults = faults_in(|| warm.write(4 << 20, &value).unwrap());
+        let warm_faults = faults_in(|| assert_eq!(warm.write(4 << 20, &value).unwrap(), crc));
         assert!(
             warm_faults < 16,
             "{warm_faults} faults through a populated mapping"
         );
         let mut back = vec![0u8; 4 << 20];
-        warm.read(4 << 20, &mut back).unwrap();
+        assert_eq!(warm.read(4 << 20, &mut back).unwrap(), crc);
         assert_eq!(back, value);
     }
 }

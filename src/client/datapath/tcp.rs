@@ -1,7 +1,12 @@
-//! Bytes over TCP: each batch is pipelined on one pooled connection to the store, in windows of
+//! Bytes over TCP: a batch is pipelined on a pooled connection to the store, in windows of
 //! [`WINDOW`] requests, payloads sent straight from the caller's buffers (vectored writes) and
 //! received straight into them, checksummed as they go (`WRITE_CHECKED`: the CRC-32C follows
 //! the bytes, and the store checks it) and as they arrive.
+//!
+//! A batch of several megabytes goes over several connections at once ([`lanes`]): one stream
+//! is bound by the one core that copies it on each side (the kernel's copy into and out of the
+//! socket, the checksum), and the store serves each connection on a thread of its own, so a
+//! batch of KV-cache pages spread over a few lanes moves at a multiple of one stream's speed.
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
 use crate::transfer::message::{ReadReq, ReadVersionReq, WriteReq};
@@ -11,6 +16,68 @@ use std::sync::Arc;
 
 /// Most requests in flight on one connection.
 pub const WINDOW: usize = 128;
+
+/// Fewest bytes of a batch that are worth a lane of their own: below this, starting a thread
+/// and a second stream costs more than it saves.
+const LANE_BYTES: u64 = 2 << 20;
+/// Most connections one batch uses at once.
+const MAX_LANES: usize = 4;
+
+/// Splits a batch (the sizes of its operations, in order) into contiguous runs, one per lane:
+/// as many lanes as there are [`LANE_BYTES`] in it, at most [`MAX_LANES`] and at most one per
+/// operation, each run closing once it holds its share of the bytes.
+fn lanes(sizes: &[u64]) -> Vec<std::ops::Range<usize>> {
+    let total: u64 = sizes.iter().sum();
+    let count = ((total / LANE_BYTES) as usize).clamp(1, MAX_LANES.min(sizes.len().max(1)));
+    let share = total.div_ceil(count as u64);
+    let mut runs = Vec::with_capacity(count);
+    let (mut start, mut bytes) = (0, 0u64);
+    for (j, size) in sizes.iter().enumerate() {
+        bytes += size;
+        let ops_left = sizes.len() - j - 1;
+        let lanes_left = count - runs.len() - 1;
+        if (bytes >= share || ops_left == lanes_left) && lanes_left > 0 {
+            runs.push(start..j + 1);
+            (start, bytes) = (j + 1, 0);
+        }
+    }
+    runs.push(start..sizes.len());
+    runs
+}
+
+/// Runs `lane` on each of `parts` at once, the first on this thread and the others on scoped
+/// threads, and answers their results in order. A lane no thread can be started for runs on
+/// this thread too, after the first.
+fn in_lanes<P: Send, R: Send>(parts: Vec<P>, lane: impl Fn(P) -> Vec<R> + Sync) -> Vec<R> {
+    let slots: Vec<parking_lot::Mutex<Option<P>>> = parts
+        .into_iter()
+        .map(|p| parking_lot::Mutex::new(Some(p)))
+        .collect();
+    let run = |i: usize| slots[i].lock().take().map(&lane).unwrap_or_default();
+    let run = &run;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = (1..slots.len())
+            .map(|i| {
+                std::thread::Builder::new()
+                    .name("tcp-lane".into())
+                    .spawn_scoped(scope, move || run(i))
+            })
+            .collect();
+        let mut out = run(0);
+        for (i, spawned) in (1..).zip(others) {
+            out.extend(match spawned {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot start a TCP lane's thread; running it here");
+                    run(i)
+                }
+            });
+        }
+        out
+    })
+}
 
 pub struct Tcp {
     pool: Arc<Pool>,
@@ -98,14 +165,9 @@ impl Tcp {
         conn.release();
         out
     }
-}
 
-impl DataPath for Tcp {
-    fn kind(&self) -> PathKind {
-        PathKind::Tcp
-    }
-
-    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
+    /// A batch's writes pipelined on one connection.
+    fn write_lane(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
         let req = |op: &WriteOp<'_>, checksum: u32| WriteReq {
             offset: op.offset,
             key: op.key.to_string(),
@@ -156,11 +218,8 @@ impl DataPath for Tcp {
             .collect()
     }
 
-    fn checks_versions(&self) -> bool {
-        !self.no_version_reads.load(Ordering::Relaxed)
-    }
-
-    fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
+    /// A batch's reads pipelined on one connection.
+    fn read_lane(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
         let reqs: Vec<(Opcode, Vec<u8>)> = ops
             .iter()
             .map(|op| {
@@ -208,6 +267,34 @@ impl DataPath for Tcp {
     }
 }
 
+impl DataPath for Tcp {
+    fn kind(&self) -> PathKind {
+        PathKind::Tcp
+    }
+
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
+        let sizes: Vec<u64> = ops.iter().map(|op| op.value.len() as u64).collect();
+        let parts: Vec<&[WriteOp<'_>]> = lanes(&sizes).into_iter().map(|r| &ops[r]).collect();
+        in_lanes(parts, |part| self.write_lane(part))
+    }
+
+    fn checks_versions(&self) -> bool {
+        !self.no_version_reads.load(Ordering::Relaxed)
+    }
+
+    fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
+        let sizes: Vec<u64> = ops.iter().map(|op| op.dst.len() as u64).collect();
+        let mut parts = Vec::new();
+        let mut rest = ops;
+        for run in lanes(&sizes) {
+            let (part, tail) = rest.split_at_mut(run.len());
+            parts.push(part);
+            rest = tail;
+        }
+        in_lanes(parts, |part| self.read_lane(part))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +302,47 @@ mod tests {
     use crate::transfer::{ConnOptions, Header};
     use parking_lot::Mutex;
     use std::time::Duration;
+
+    /// A batch is split into at most four contiguous lanes of about equal bytes, one per 2 MiB,
+    /// never an empty one; a small batch stays on one connection.
+    #[test]
+    fn a_batch_is_split_into_lanes_of_about_equal_bytes() {
+        const K: u64 = 1024;
+        assert_eq!(lanes(&[]), vec![0..0]);
+        assert_eq!(lanes(&[4 * K]), vec![0..1]);
+        assert_eq!(lanes(&[64 << 20]), vec![0..1], "one value, one lane");
+        assert_eq!(lanes(&[1 << 20; 3]), vec![0..3], "3 MiB: one lane");
+        assert_eq!(lanes(&[1 << 20; 4]), vec![0..2, 2..4]);
+        assert_eq!(
+            lanes(&[256 * K; 32]),
+            vec![0..8, 8..16, 16..24, 24..32],
+            "32 x 256 KiB: four lanes of 2 MiB"
+        );
+        assert_eq!(lanes(&[1 << 20; 40]).len(), 4, "at most four");
+        let uneven = lanes(&[6 << 20, 1, 1, 1]);
+        assert_eq!(uneven, vec![0..1, 1..3, 3..4], "the big value alone");
+        for sizes in [vec![3 << 20, 100, 5 << 20, 7], vec![512 * K; 17]] {
+            let runs = lanes(&sizes);
+            assert_eq!(runs.first().unwrap().start, 0);
+            assert_eq!(runs.last().unwrap().end, sizes.len());
+            assert!(runs
+                .windows(2)
+                .all(|w| w[0].end == w[1].start && !w[0].is_empty()));
+        }
+    }
+
+    /// Lanes run at once and their results come back in the order of their parts.
+    #[test]
+    fn lanes_answer_in_order() {
+        let parts: Vec<Vec<u32>> = vec![vec![1, 2], vec![3], vec![], vec![4, 5, 6]];
+        let threads = parking_lot::Mutex::new(std::collections::HashSet::new());
+        let out = in_lanes(parts, |part| {
+            threads.lock().insert(std::thread::current().id());
+            part.into_iter().map(|x| x * 10).collect()
+        });
+        assert_eq!(out, vec![10, 20, 30, 40, 50, 60]);
+        assert_eq!(threads.lock().len(), 4, "each lane on a thread of its own");
+    }
 
     /// A store from before checked writes: WRITE only, remembering what it was sent.
     #[derive(Default)]
