@@ -443,7 +443,7 @@ impl Launcher {
 /// own, so that a terminal's Ctrl-C reaches only this process, which then stops each child once.
 /// The death signal is tied to the thread that starts the child: children are started from
 /// threads that outlive them (the launcher's owner).
-fn bound_to_this_process(cmd: &mut Command) {
+pub(crate) fn bound_to_this_process(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id() as libc::pid_t;
     cmd.process_group(0);

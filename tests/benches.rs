@@ -119,6 +119,62 @@ fn bench_store_measures_fresh_segment_memory_beside_reused() {
     assert_eq!(report["partial"], false, "{report}");
 }
 
+/// The `redis-server` to measure beside the pool: `$RBGCTL_REDIS_SERVER` (CI installs Debian's),
+/// else one on the PATH.
+fn redis_server() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("RBGCTL_REDIS_SERVER") {
+        return Some(p.into());
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| std::path::Path::new(d).join("redis-server"))
+        .find(|p| p.is_file())
+}
+
+/// Issue 41: `bench store --redis-server` runs redis-server's SET and GET of the same small
+/// values in the same run, one connection with one request in flight, and sets the pool's
+/// one-thread rows beside them; the server is gone afterwards.
+#[test]
+fn bench_store_measures_redis_beside_the_pool() {
+    let Some(redis) = redis_server() else {
+        return skip("no redis-server (apt-get install redis-server)");
+    };
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let o = bench_store(
+        &c.rpc,
+        &["--json", "--redis-server", redis.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for op in ["put", "get"] {
+        let row = report["redis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["op"] == op && r["value_bytes"] == 4096)
+            .unwrap_or_else(|| panic!("no redis {op} row: {report}"));
+        assert!(row["ops"].as_u64().unwrap() > 0, "{row}");
+        let versus = report["versus_redis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["op"] == op)
+            .unwrap_or_else(|| panic!("no {op} beside redis: {report}"));
+        assert!(versus["ratio"].as_f64().unwrap() > 0.0, "{versus}");
+    }
+    assert_eq!(report["partial"], false, "{report}");
+    let dirs = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rbgctl-redis-"))
+        .count();
+    assert_eq!(dirs, 0, "redis-server's directory was left behind");
+}
+
 #[test]
 fn bench_store_breakdown_shows_where_each_operation_went() {
     let c = Cluster::start(Opts {

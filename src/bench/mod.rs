@@ -16,6 +16,7 @@ pub mod operator;
 pub mod paper_store;
 pub mod progress;
 pub mod recovery;
+pub mod redis_peer;
 #[cfg(feature = "testkit")]
 pub mod router;
 pub mod serving;

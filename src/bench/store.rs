@@ -5,6 +5,7 @@
 use super::cluster::master_or_own;
 use super::limits;
 use super::mooncake_peer;
+use super::redis_peer;
 use super::stats::{OpBreakdown, PhaseResult};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
@@ -73,6 +74,11 @@ pub struct StoreBenchArgs {
     /// next to it). Runs the single-thread TCP rows and the batch rows.
     #[arg(long)]
     pub mooncake_python: Option<std::path::PathBuf>,
+    /// Also measure this `redis-server` (Redis 7) in the same run: started on loopback with
+    /// nothing saved, one connection with one request in flight (as `redis-benchmark -c 1`),
+    /// `SET` then `GET` of each value size up to 64 KiB, beside the pool's one-thread TCP rows.
+    #[arg(long)]
+    pub redis_server: Option<std::path::PathBuf>,
     /// Also measure 4 KiB put/get (one thread) with the pool holding each of these numbers of
     /// small objects in turn (`10k,1M`): the pool is topped up with 256-byte objects before each,
     /// and emptied of them at the end. The table shows how p99 moved between the first and last.
@@ -129,6 +135,12 @@ struct Report {
     /// rbgctl's rows beside Mooncake's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake: Vec<mooncake_peer::Versus>,
+    /// redis-server's rows, with `--redis-server`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    redis: Vec<PhaseResult>,
+    /// rbgctl's small-value rows beside Redis's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    versus_redis: Vec<mooncake_peer::Versus>,
     /// With `--held`: how each operation's p99 moved from the fewest objects held to the most.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     held_p99: Vec<HeldChange>,
@@ -696,6 +708,21 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         }
     }
     let versus_mooncake = mooncake_peer::versus(&results, &mooncake);
+    let mut redis = Vec::new();
+    if let Some(server) = &args.redis_server {
+        progress("redis-server, small values, one connection");
+        let plan = redis_peer::RedisPlan {
+            server,
+            sizes: &args.sizes.iter().map(|s| s.0).collect::<Vec<_>>(),
+            phase_time: args.phase_time.0,
+            phase_ops: args.phase_ops,
+        };
+        match redis_peer::run(&plan) {
+            Ok(rows) => redis = rows,
+            Err(e) => failures.push(format!("redis: {e}")),
+        }
+    }
+    let versus_redis = mooncake_peer::versus(&results, &redis);
     let report = Report {
         persistent: args.persistent,
         segments: SEGMENTS,
@@ -708,6 +735,8 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         failures: failures.clone(),
         mooncake,
         versus_mooncake,
+        redis,
+        versus_redis,
         held_p99,
     };
     if args.json {
@@ -986,6 +1015,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         .results
         .iter()
         .chain(&r.mooncake)
+        .chain(&r.redis)
         .filter(|x| x.value_bytes > 0)
     {
         let name = format!(
@@ -1060,6 +1090,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         .results
         .iter()
         .chain(&r.mooncake)
+        .chain(&r.redis)
         .map(|x| {
             vec![
                 x.case.clone(),
@@ -1154,7 +1185,20 @@ fn table(r: &Report) -> String {
         out.push_str(&breakdown_table(r));
     }
     if !r.versus_mooncake.is_empty() {
-        out.push_str(&versus_table(r));
+        out.push_str(&versus_table(
+            "side by side with the Mooncake store (its zero-copy calls; same topology: a master, \
+             one storage process, this client; same run)",
+            "mooncake",
+            &r.versus_mooncake,
+        ));
+    }
+    if !r.versus_redis.is_empty() {
+        out.push_str(&versus_table(
+            "side by side with redis-server (one connection, one request in flight, as \
+             redis-benchmark -c 1; same run)",
+            "redis",
+            &r.versus_redis,
+        ));
     }
     if r.partial {
         let _ = writeln!(out, "PARTIAL RESULTS: some phases failed or did not run:");
@@ -1186,18 +1230,17 @@ fn table(r: &Report) -> String {
 }
 
 /// rbgctl beside the Mooncake store, row by row.
-fn versus_table(r: &Report) -> String {
+/// rbgctl's one-thread rows beside a peer's: `title` says what the peer ran, `peer` names its
+/// column.
+fn versus_table(title: &str, peer: &str, rows: &[mooncake_peer::Versus]) -> String {
     use std::fmt::Write as _;
-    let mut out = String::from(
-        "side by side with the Mooncake store (its zero-copy calls; same topology: a master, one \
-         storage process, this client; same run), one thread:\n",
-    );
+    let mut out = format!("{title}, one thread:\n");
     let _ = writeln!(
         out,
         "{:<17} {:>11} {:>12} {:>9} {:>12} {:>9} {:>7}",
-        "op", "value", "rbgctl ops/s", "GB/s", "mooncake", "GB/s", "×"
+        "op", "value", "rbgctl ops/s", "GB/s", peer, "GB/s", "×"
     );
-    for v in &r.versus_mooncake {
+    for v in rows {
         let gb = |ops: f64| ops * v.value_bytes as f64 / 1e9;
         let _ = writeln!(
             out,
