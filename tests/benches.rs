@@ -75,11 +75,12 @@ fn bench_store_keeps_to_its_own_keys_and_asks_before_writing_into_a_used_pool() 
 
 /// Issue 41: `bench store` measures fresh segment memory beside reused: 1 MiB and 4 MiB rows
 /// into new stores that leave their pages to the writes, over TCP and same-host, judged against
-/// the same limits; the report says which rows are which, and the extra stores leave nothing.
+/// the same limits; the report says which rows are which. Rows of several threads have a limit
+/// of as many loopback streams, measured in the same run.
 #[test]
 fn bench_store_measures_fresh_segment_memory_beside_reused() {
     let o = Command::new(BIN)
-        .args(["bench", "store", "--sizes", "4KiB", "--threads", "1"])
+        .args(["bench", "store", "--sizes", "4KiB", "--threads", "1,2"])
         .args(["--phase-time", "200ms", "--phase-bytes", "16MiB"])
         .args([
             "--segment-size",
@@ -100,6 +101,15 @@ fn bench_store_measures_fresh_segment_memory_beside_reused() {
             .as_str()
             .unwrap()
             .contains("prefault = false"),
+        "{report}"
+    );
+    let streams = &report["loopback_streams"][0];
+    assert_eq!(
+        streams["streams"], 2,
+        "two-thread rows judged against two streams: {report}"
+    );
+    assert!(
+        streams["gb_per_s"]["best"].as_f64().unwrap() > 0.0,
         "{report}"
     );
     let rows = report["results"].as_array().unwrap();

@@ -79,39 +79,69 @@ pub fn loopback_tcp_gbps(bytes: usize, rounds: usize) -> std::io::Result<f64> {
 /// options on both ends (`TCP_NODELAY`) and reads of 1 MiB straight into one buffer, as the
 /// client's and the store's reads of a value go.
 pub fn loopback_tcp(bytes: usize, rounds: usize) -> std::io::Result<Spread> {
+    loopback_tcp_streams(1, bytes, rounds)
+}
+
+/// `streams` such streams at once (a sender and a receiver thread each), `rounds` times, each
+/// stream carrying `bytes`: their summed GB/s, from the first byte sent to the last received.
+/// The limit of several client threads, each on its own connection.
+pub fn loopback_tcp_streams(
+    streams: usize,
+    bytes: usize,
+    rounds: usize,
+) -> std::io::Result<Spread> {
     let mut runs = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
-        let receiver = std::thread::spawn(move || -> std::io::Result<Duration> {
-            let (mut s, _) = listener.accept()?;
-            s.set_nodelay(true)?;
-            let mut buf = vec![0u8; 1 << 20];
-            let mut got = 0;
-            let t0 = Instant::now();
-            while got < bytes {
-                let n = s.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                got += n;
-            }
-            Ok(t0.elapsed())
-        });
-        let mut s = TcpStream::connect(addr)?;
-        s.set_nodelay(true)?;
-        let chunk = vec![7u8; 1 << 20];
-        let mut sent = 0;
-        while sent < bytes {
-            let n = chunk.len().min(bytes - sent);
-            s.write_all(&chunk[..n])?;
-            sent += n;
+        let mut pairs = Vec::with_capacity(streams);
+        for _ in 0..streams.max(1) {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let sender = TcpStream::connect(listener.local_addr()?)?;
+            let (receiver, _) = listener.accept()?;
+            sender.set_nodelay(true)?;
+            receiver.set_nodelay(true)?;
+            pairs.push((sender, receiver));
         }
-        drop(s);
-        let elapsed = receiver
-            .join()
-            .map_err(|_| std::io::Error::other("receiver panicked"))??;
-        runs.push(bytes as f64 / elapsed.as_secs_f64() / 1e9);
+        let start = std::sync::Barrier::new(2 * pairs.len() + 1);
+        let elapsed = std::thread::scope(|scope| -> std::io::Result<Duration> {
+            let start = &start;
+            let mut receivers = Vec::with_capacity(pairs.len());
+            for (mut tx, mut rx) in pairs {
+                scope.spawn(move || -> std::io::Result<()> {
+                    let chunk = vec![7u8; 1 << 20];
+                    start.wait();
+                    let mut sent = 0;
+                    while sent < bytes {
+                        let n = chunk.len().min(bytes - sent);
+                        tx.write_all(&chunk[..n])?;
+                        sent += n;
+                    }
+                    Ok(())
+                });
+                receivers.push(scope.spawn(move || -> std::io::Result<Instant> {
+                    let mut buf = vec![0u8; 1 << 20];
+                    start.wait();
+                    let mut got = 0;
+                    while got < bytes {
+                        match rx.read(&mut buf)? {
+                            0 => break,
+                            n => got += n,
+                        }
+                    }
+                    Ok(Instant::now())
+                }));
+            }
+            start.wait();
+            let t0 = Instant::now();
+            let mut last = t0;
+            for r in receivers {
+                let done = r
+                    .join()
+                    .map_err(|_| std::io::Error::other("receiver panicked"))??;
+                last = last.max(done);
+            }
+            Ok(last - t0)
+        })?;
+        runs.push((bytes * streams.max(1)) as f64 / elapsed.as_secs_f64() / 1e9);
     }
     Ok(Spread::of(&runs))
 }
@@ -211,6 +241,13 @@ mod tests {
             Spread::of(&[6.29, 6.1, 5.88]).describe(),
             "6.29 GB/s (median 6.10, worst 5.88 of 3 runs)"
         );
+    }
+
+    #[test]
+    fn several_streams_at_once_are_summed_and_every_thread_ends() {
+        let s = loopback_tcp_streams(3, 4 << 20, 2).unwrap();
+        assert_eq!(s.runs, 2);
+        assert!(s.best > 0.0 && s.worst > 0.0 && s.best >= s.worst, "{s:?}");
     }
 
     #[test]

@@ -124,6 +124,10 @@ struct Report {
     memcpy_gb_per_s: f64,
     /// Every run of the two limits: best, median, worst.
     limits: limits::Machine,
+    /// Several loopback streams at once, one per client thread of each multi-thread row:
+    /// those rows are judged against the limit with as many streams.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    loopback_streams: Vec<StreamsLimit>,
     results: Vec<PhaseResult>,
     flood: Option<FloodReport>,
     /// Some phases failed or did not run: the figures are not the whole measurement.
@@ -144,6 +148,13 @@ struct Report {
     /// With `--held`: how each operation's p99 moved from the fewest objects held to the most.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     held_p99: Vec<HeldChange>,
+}
+
+/// `streams` loopback TCP streams at once.
+#[derive(Clone, Debug, serde::Serialize)]
+struct StreamsLimit {
+    streams: usize,
+    gb_per_s: limits::Spread,
 }
 
 /// One operation's p99 with the pool holding few objects and many.
@@ -629,6 +640,23 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     progress("measuring the machine: loopback TCP, memcpy");
     let machine = limits::machine_spread()?;
     let (loopback, memcpy) = (machine.loopback.best, machine.memcpy.best);
+    let mut streams = Vec::new();
+    for &n in args.threads.iter().filter(|&&n| n > 1) {
+        progress(&format!(
+            "measuring the machine: {n} loopback TCP streams at once"
+        ));
+        streams.push(StreamsLimit {
+            streams: n,
+            gb_per_s: limits::loopback_tcp_streams(n, 128 << 20, 5)?,
+        });
+    }
+    // The limit a TCP row of `threads` client threads is judged against.
+    let tcp_limit = |threads: usize| {
+        streams
+            .iter()
+            .find(|s| s.streams == threads)
+            .map_or(loopback, |s| s.gb_per_s.best)
+    };
     let (master, mut cluster) = match (&args.auth_token_file, &args.master) {
         (Some(file), None) => {
             progress("starting a master and a store that require the cluster secret");
@@ -675,7 +703,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         &master,
         &ctx,
         &mut results,
-        loopback,
+        &tcp_limit,
         memcpy,
         &progress,
     );
@@ -727,6 +755,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         persistent: args.persistent,
         segments: SEGMENTS,
         loopback_tcp_gb_per_s: loopback,
+        loopback_streams: streams,
         memcpy_gb_per_s: memcpy,
         limits: machine,
         results,
@@ -763,7 +792,7 @@ fn measure(
     master: &str,
     ctx: &Ctx<'_>,
     results: &mut Vec<PhaseResult>,
-    loopback: f64,
+    tcp_limit: &impl Fn(usize) -> f64,
     memcpy: f64,
     progress: &impl Fn(&str),
 ) -> anyhow::Result<Option<FloodReport>> {
@@ -786,7 +815,7 @@ fn measure(
     progress("master: batched existence checks");
     results.push(exists_case(tcp, ctx));
     for r in results.iter_mut().filter(|r| r.value_bytes >= 1 << 20) {
-        r.of_limit = Some(r.gb_per_s / loopback);
+        r.of_limit = Some(r.gb_per_s / tcp_limit(r.threads));
     }
     let flood = if args.idle_flood > 0 {
         Some(flood_cases(tcp, master, ctx, results, progress)?)
@@ -1006,6 +1035,12 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         .fact("memcpy", r.limits.memcpy.describe())
         .fact("store persistent", r.persistent.to_string())
         .fact("segment memory", r.segments);
+    for s in &r.loopback_streams {
+        page.fact(
+            &format!("loopback TCP, {} streams at once", s.streams),
+            s.gb_per_s.describe(),
+        );
+    }
     if r.partial {
         page.fact("PARTIAL", r.failures.join("; "));
     }
@@ -1137,6 +1172,14 @@ fn table(r: &Report) -> String {
         r.limits.memcpy.describe(),
         r.persistent
     );
+    for s in &r.loopback_streams {
+        let _ = writeln!(
+            out,
+            "machine: {} loopback TCP streams at once {}",
+            s.streams,
+            s.gb_per_s.describe()
+        );
+    }
     let _ = writeln!(
         out,
         "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
@@ -1179,7 +1222,7 @@ fn table(r: &Report) -> String {
         );
     }
     let _ = writeln!(
-        out,"(of limit: large tcp values against the loopback stream, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
+        out,"(of limit: large tcp values against as many loopback streams as threads, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
     let _ = writeln!(out, "(segment memory: {})", r.segments);
     if r.results.iter().any(|x| x.breakdown.is_some()) {
         out.push_str(&breakdown_table(r));
