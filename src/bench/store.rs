@@ -381,19 +381,9 @@ struct Ctx<'a> {
     failures: Failures,
 }
 
-/// Put then get of unique keys for one value size and thread count.
+/// Put then get of unique keys for one value size and thread count, the values placed on
+/// `segment` (any, if empty).
 fn put_get_case(
-    client: &Arc<Client>,
-    case: &str,
-    ctx: &Ctx<'_>,
-    size: usize,
-    threads: usize,
-) -> Vec<PhaseResult> {
-    put_get_case_on(client, case, ctx, size, threads, "")
-}
-
-/// [`put_get_case`] with its values placed on `segment` (any, if empty).
-fn put_get_case_on(
     client: &Arc<Client>,
     case: &str,
     ctx: &Ctx<'_>,
@@ -803,7 +793,7 @@ fn measure(
                 "tcp: {} × {threads} thread(s)",
                 human_bytes(size.0)
             ));
-            results.extend(put_get_case(tcp, "tcp", ctx, size.0 as usize, threads));
+            results.extend(put_get_case(tcp, "tcp", ctx, size.0 as usize, threads, ""));
         }
     }
     progress(&format!(
@@ -831,7 +821,7 @@ fn measure(
         if shared {
             for size in [1u64 << 20, 4 << 20] {
                 progress(&format!("same-host shared memory: {}", human_bytes(size)));
-                let mut r = put_get_case(&shm, "shm", ctx, size as usize, 1);
+                let mut r = put_get_case(&shm, "shm", ctx, size as usize, 1, "");
                 for x in &mut r {
                     x.of_limit = Some(x.gb_per_s / memcpy);
                 }
@@ -879,7 +869,7 @@ fn fresh_cases(
             // Room for the phase's bytes, in whole values, and a little more.
             let room = args.phase_bytes.0.min(args.phase_ops * size) + 2 * size;
             let (i, segment) = cluster.add_fresh_store(room.next_multiple_of(4096))?;
-            let rows = put_get_case_on(&client, case, ctx, size as usize, 1, &segment);
+            let rows = put_get_case(&client, case, ctx, size as usize, 1, &segment);
             results.extend(rows.into_iter().map(|mut r| {
                 r.of_limit = Some(r.gb_per_s / limit);
                 r
@@ -945,7 +935,7 @@ fn held_cases(
                  for {target} objects of 256 bytes?)"
             );
             progress(&format!("holding {target} objects: 4 KiB × 1 thread"));
-            for mut r in put_get_case(tcp, "held", ctx, 4 << 10, 1) {
+            for mut r in put_get_case(tcp, "held", ctx, 4 << 10, 1, "") {
                 r.op = format!("{}, {} held", r.op, short_count(target));
                 rows.push((target, r));
             }
@@ -1016,7 +1006,7 @@ fn flood_cases(
             human_bytes(size as u64),
             flood.len()
         ));
-        results.extend(put_get_case(tcp, "flood", ctx, size, 1));
+        results.extend(put_get_case(tcp, "flood", ctx, size, 1, ""));
     }
     Ok(FloodReport {
         asked: args.idle_flood,

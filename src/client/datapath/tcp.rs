@@ -48,7 +48,11 @@ fn lanes(sizes: &[u64]) -> Vec<std::ops::Range<usize>> {
 /// Runs `lane` on each of `parts` at once, the first on this thread and the others on scoped
 /// threads, and answers their results in order. A lane no thread can be started for runs on
 /// this thread too, after the first.
-fn in_lanes<P: Send, R: Send>(parts: Vec<P>, lane: impl Fn(P) -> Vec<R> + Sync) -> Vec<R> {
+fn in_lanes<P: Send, R: Send>(mut parts: Vec<P>, lane: impl Fn(P) -> Vec<R> + Sync) -> Vec<R> {
+    // One lane (every small batch): on this thread, with no scope or slots to set up.
+    if parts.len() <= 1 {
+        return parts.pop().map(lane).unwrap_or_default();
+    }
     let slots: Vec<parking_lot::Mutex<Option<P>>> = parts
         .into_iter()
         .map(|p| parking_lot::Mutex::new(Some(p)))
