@@ -179,7 +179,7 @@ impl StoreService {
         // SAFETY: the master allocated this range to exactly one writer.
         let dst = unsafe { mem.slice_mut(r.offset, len) };
         let checksum = if checked {
-            let crc = io.read_data_into_crc(dst)?;
+            let crc = io.read_data_streamed_crc(dst)?;
             let mut sent = [0u8; 4];
             io.read_data_into(&mut sent)?;
             let sent = u32::from_le_bytes(sent);

@@ -168,9 +168,10 @@ impl ServerIo<'_> {
         self.stream.read_data_into(dst)
     }
 
-    /// Reads into `dst` and answers the CRC-32C of what came, computed as it arrived.
-    pub fn read_data_into_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
-        self.stream.read_data_into_crc(dst)
+    /// Reads into memory this thread does not read next (a segment) and answers the CRC-32C of
+    /// what came, computed in the same pass (`FramedStream::read_data_streamed_crc`).
+    pub fn read_data_streamed_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
+        self.stream.read_data_streamed_crc(dst)
     }
 
     pub fn discard_data(&mut self) -> Result<(), TransferError> {

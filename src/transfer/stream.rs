@@ -21,6 +21,9 @@ const READ_BUF_LEN: usize = 16 * 1024;
 /// Most bytes read at once when checksumming on arrival: small enough that a piece is still
 /// in the cache when it is checksummed.
 const CRC_PIECE: usize = 256 * 1024;
+/// The buffer a payload bound for memory this thread does not read next passes through (see
+/// [`FramedStream::read_data_streamed_crc`]); payloads shorter than it are read straight in.
+const BOUNCE_LEN: usize = 128 * 1024;
 
 pub struct FramedStream {
     stream: TcpStream,
@@ -38,6 +41,9 @@ pub struct FramedStream {
     read_timeout: Option<Duration>,
     /// The 32 bytes of the last header that did not decode (bad magic or version).
     bad_header: Option<[u8; HEADER_LEN]>,
+    /// [`BOUNCE_LEN`] bytes, made on the first payload that needs them and kept while the
+    /// connection lives.
+    bounce: Option<Box<[u8]>>,
 }
 
 impl FramedStream {
@@ -59,6 +65,7 @@ impl FramedStream {
             waits: None,
             read_timeout: None,
             bad_header: None,
+            bounce: None,
         })
     }
 
@@ -233,6 +240,58 @@ impl FramedStream {
         Ok(crc)
     }
 
+    /// As [`FramedStream::read_data_into_crc`], for memory that nobody on this thread reads
+    /// next (a store's segment): each piece is received into a small buffer that stays in the
+    /// cache, then stored into `dst` past the cache and checksummed in the same pass
+    /// (`checked_copy`). The kernel's copy straight into cold memory reads every cache line
+    /// before it overwrites it; measured on the 2-core VM over loopback, 2 GiB received into
+    /// populated memory went from 3.2-3.5 GB/s (straight in, then a checksum pass) to 4.7-5.1.
+    pub fn read_data_streamed_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
+        if dst.len() < BOUNCE_LEN {
+            return self.read_data_into_crc(dst);
+        }
+        let mut bounce = self
+            .bounce
+            .take()
+            .unwrap_or_else(|| vec![0u8; BOUNCE_LEN].into_boxed_slice());
+        let read = self.read_bounced(dst, &mut bounce);
+        self.bounce = Some(bounce);
+        read
+    }
+
+    fn read_bounced(&mut self, dst: &mut [u8], bounce: &mut [u8]) -> Result<u32, TransferError> {
+        use super::checked_copy::{copy_crc, Dest};
+        if dst.len() as u64 > self.pending_data {
+            return Err(TransferError::Protocol(format!(
+                "asked for {} payload bytes, frame has {}",
+                dst.len(),
+                self.pending_data
+            )));
+        }
+        let from_buf = dst.len().min(self.buffered());
+        let buffered = &self.rbuf[self.rstart..self.rstart + from_buf];
+        let mut crc = copy_crc(&mut dst[..from_buf], buffered, 0, Dest::Streamed);
+        self.rstart += from_buf;
+        let mut done = from_buf;
+        if done < dst.len() {
+            self.arm(false)?;
+        }
+        while done < dst.len() {
+            let want = bounce.len().min(dst.len() - done);
+            match self.stream.read(&mut bounce[..want]) {
+                Ok(0) => return Err(TransferError::Closed),
+                Ok(n) => {
+                    crc = copy_crc(&mut dst[done..done + n], &bounce[..n], crc, Dest::Streamed);
+                    done += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        self.pending_data -= dst.len() as u64;
+        Ok(crc)
+    }
+
     /// Reads `dst.len()` payload bytes into `dst`, handing each piece to `arrived` as it
     /// lands (pieces of at most [`CRC_PIECE`] bytes).
     fn read_payload(
@@ -370,5 +429,53 @@ fn io_err(e: std::io::Error) -> TransferError {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => TransferError::Timeout,
         std::io::ErrorKind::UnexpectedEof => TransferError::Closed,
         _ => TransferError::Io(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::frame::Opcode;
+
+    fn pair() -> (FramedStream, FramedStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (b, _) = listener.accept().unwrap();
+        let framed = |s| FramedStream::new(s, Duration::ZERO).unwrap();
+        (framed(a), framed(b))
+    }
+
+    fn value(len: usize, seed: usize) -> Vec<u8> {
+        (0..len).map(|j| (j * 7 + j / 253 + seed) as u8).collect()
+    }
+
+    /// A checked payload received through the bounce buffer lands whole, with the CRC its
+    /// writer sent: shorter than the buffer, as long, and many times longer with its first
+    /// bytes already buffered with the header; each next frame reads as usual.
+    #[test]
+    fn a_streamed_payload_lands_whole_with_its_writers_crc() {
+        let sizes = [100, BOUNCE_LEN, 5 * BOUNCE_LEN + 4097];
+        let (mut tx, mut rx) = pair();
+        let writer = std::thread::spawn(move || {
+            for (i, n) in sizes.into_iter().enumerate() {
+                let header = Header::request(Opcode::WriteChecked, i as u64 + 1, 3, n as u64 + 4);
+                tx.write_frame_checked(&header, b"abc", &value(n, i))
+                    .unwrap();
+            }
+        });
+        for (i, n) in sizes.into_iter().enumerate() {
+            let (header, meta) = rx.read_frame(false).unwrap();
+            assert_eq!(
+                (header.request_id, meta.as_slice()),
+                (i as u64 + 1, &b"abc"[..])
+            );
+            let mut dst = vec![0u8; n];
+            let crc = rx.read_data_streamed_crc(&mut dst).unwrap();
+            let mut sent = [0u8; 4];
+            rx.read_data_into(&mut sent).unwrap();
+            assert_eq!(crc, u32::from_le_bytes(sent), "frame {i}: the writer's CRC");
+            assert!(dst == value(n, i), "frame {i}: {n} bytes landed whole");
+        }
+        writer.join().unwrap();
     }
 }
