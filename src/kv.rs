@@ -18,6 +18,15 @@ pub struct KvArgs {
     /// A file holding the cluster secret, when the pool requires it.
     #[arg(long, global = true, env = "RBGCTL_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<std::path::PathBuf>,
+    /// How bytes reach stores: tcp, or rdma (through --rdma-device, for stores that serve it).
+    #[arg(long, global = true, env = "MOONCAKE_PROTOCOL", default_value = "tcp")]
+    pub protocol: crate::transfer::Transport,
+    /// The RDMA devices to use with --protocol rdma (rxe0, mlx5_0,mlx5_1).
+    #[arg(long, global = true, env = "MOONCAKE_DEVICE", default_value = "")]
+    pub rdma_device: String,
+    /// Reach stores on this host over the network too, instead of their shared memory.
+    #[arg(long, global = true)]
+    pub no_shm: bool,
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -157,7 +166,13 @@ fn wait_ready(
 }
 
 pub fn run(args: KvArgs) -> Result<(), KvError> {
-    let cfg = ClientConfig::new(args.master).with_auth_file(args.auth_token_file.as_deref())?;
+    let cfg = ClientConfig {
+        transport: args.protocol,
+        rdma_devices: args.rdma_device,
+        same_host_shm: !args.no_shm,
+        ..ClientConfig::new(args.master)
+    }
+    .with_auth_file(args.auth_token_file.as_deref())?;
     if let KvOp::Wait { segments, timeout } = args.op {
         return wait_ready(&cfg, segments, timeout.0);
     }

@@ -533,6 +533,50 @@ fn cases() -> Vec<Case> {
         items: vec![Status::Ok, Status::ChecksumMismatch],
     };
     c.reply("move between tiers reply", Opcode::Move, &moved, 0);
+    let connect = RdmaConnectReq {
+        qpn: 0x11,
+        psn: 0x00ab_cdef,
+        lid: 0,
+        gid_hi: 0,
+        gid_lo: 0x0000_ffff_0a00_020f,
+        mtu: 3,
+        nic: 1,
+    };
+    c.request("rdma connect", Opcode::RdmaConnect, &connect, 0);
+    let connected = RdmaConnectResp {
+        qpn: 0x12,
+        psn: 0x0012_3456,
+        lid: 0,
+        gid_hi: 0,
+        gid_lo: 0x0000_ffff_0a00_0210,
+        mtu: 3,
+        nics: 2,
+        addr: 0x7f00_0000_0000,
+        length: 64 << 20,
+        rkey: 0x1234,
+        idle_ms: 120_000,
+    };
+    c.reply("rdma connect reply", Opcode::RdmaConnect, &connected, 0);
+    let sealed = SealReq {
+        objects: vec![StoredObject {
+            key: "page/0".into(),
+            version: 9,
+            offset: 8192,
+            size: 1 << 20,
+            checksum: 0xdead_beef,
+        }],
+    };
+    c.request("seal checked", Opcode::SealChecked, &sealed, 0);
+    c.reply(
+        "seal checked reply",
+        Opcode::SealChecked,
+        &BatchStatusResp {
+            items: vec![Status::ChecksumMismatch],
+        },
+        0,
+    );
+    c.request("check version", Opcode::CheckVersion, &read_version, 0);
+    c.reply("check version reply", Opcode::CheckVersion, &(), 0);
     c.error(
         "error: the version moved",
         Opcode::ReadVersion,
@@ -622,6 +666,8 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         ReadVersionReq,
         ForgetLeaseReq,
         MoveReq,
+        RdmaConnectReq,
+        RdmaConnectResp,
     )
 }
 

@@ -211,11 +211,13 @@ class Settings(unittest.TestCase):
         with self.assertRaisesRegex(ConfigError, "RBGCTL_MASTER or MOONCAKE_MASTER"):
             ClientConfig.from_env({})
 
-    def test_rdma_is_refused_by_name(self):
-        with self.assertRaisesRegex(ConfigError, "MOONCAKE_PROTOCOL: rdma: rbgctl has no RDMA"):
-            ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "MOONCAKE_PROTOCOL": "RDMA"})
-        with self.assertRaisesRegex(ConfigError, "cfg: protocol: rdma"):
-            ClientConfig.from_mapping({"master": "m:1", "protocol": "rdma"}, source="cfg")
+    def test_rdma_is_taken_and_served_over_tcp(self):
+        with self.assertLogs("rbgctl.config", "WARNING") as logs:
+            c = ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "MOONCAKE_PROTOCOL": "RDMA"})
+        self.assertEqual(c.master, "m:1")
+        self.assertIn("reaches stores over TCP", logs.output[0])
+        with self.assertRaisesRegex(ConfigError, "cfg: protocol: expected tcp or rdma"):
+            ClientConfig.from_mapping({"master": "m:1", "protocol": "udp"}, source="cfg")
         self.assertEqual(
             ClientConfig.from_env({"MOONCAKE_MASTER": "m:1", "MOONCAKE_PROTOCOL": "tcp"}).master, "m:1"
         )

@@ -123,6 +123,8 @@ NOT_USED_HERE = {
     "ReadVersionReq",
     "BatchPutCommitReq",
     "BatchPutCommitResp",
+    "RdmaConnectReq",
+    "RdmaConnectResp",
 }
 
 

@@ -51,9 +51,12 @@ pub struct ClientConfig {
     pub conn: ConnOptions,
     /// Read and write same-host replicas through shared memory. Default true.
     pub same_host_shm: bool,
-    /// How bytes reach stores on other hosts. Default TCP; RDMA is refused until a build
-    /// carries it.
+    /// How bytes reach stores on other hosts. Default TCP; with RDMA, stores that serve it
+    /// are read and written one-sidedly through `rdma_devices` (the others over TCP).
     pub transport: Transport,
+    /// The RDMA devices this client uses (`rxe0`, `mlx5_0,mlx5_1`; Mooncake's
+    /// `MOONCAKE_DEVICE`), with `transport` RDMA.
+    pub rdma_devices: String,
     /// Heartbeat period, which keeps this client's unfinished puts alive at the master.
     pub heartbeat_interval: Duration,
     /// Contribute memory from this process (an embedded store); `None` = pure client.
@@ -79,6 +82,7 @@ impl ClientConfig {
             conn: ConnOptions::default(),
             same_host_shm: true,
             transport: Transport::Tcp,
+            rdma_devices: String::new(),
             heartbeat_interval: Duration::from_secs(1),
             embedded_store: None,
             location_cache_entries: 65_536,
@@ -116,6 +120,9 @@ impl ClientConfig {
                 .parse()
                 .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?;
             cfg.transport.check_built("MOONCAKE_PROTOCOL")?;
+        }
+        if let Some(d) = &env.device {
+            cfg.rdma_devices = d.clone();
         }
         if env.global_segment_size.unwrap_or(0) > 0 {
             let store = crate::store::config::StoreArgs::default().resolve(&env)?;
@@ -175,7 +182,8 @@ impl Client {
                 crate::transfer::local_host_id(),
                 cfg.same_host_shm,
                 cfg.conn.clone(),
-            ),
+            )
+            .with_rdma(datapath::open_nics(&cfg)?),
             stop: Shutdown::new(),
             meter: breakdown::Meter::default(),
             locations: locations::Locations::new(cfg.location_cache_entries, cfg.location_ttl),
@@ -497,7 +505,9 @@ impl Inner {
                 self.meter.copied(bytes);
                 self.meter.time(breakdown::Work::Copy, f)
             }
-            datapath::PathKind::Tcp => self.meter.time(breakdown::Work::Transfer, f),
+            datapath::PathKind::Tcp | datapath::PathKind::Rdma => {
+                self.meter.time(breakdown::Work::Transfer, f)
+            }
         }
     }
 

@@ -52,6 +52,8 @@ pub struct Routes {
     by_segment: RwLock<HashMap<u64, Arc<Route>>>,
     /// One connection pool per store endpoint, kept across route refreshes.
     pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// The RDMA NICs to reach stores with (transport RDMA); `None`: TCP.
+    rdma: datapath::Nics,
 }
 
 impl Routes {
@@ -62,7 +64,14 @@ impl Routes {
             conn,
             by_segment: RwLock::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
+            rdma: None,
         }
+    }
+
+    /// Reaches stores that serve RDMA through these NICs.
+    pub fn with_rdma(mut self, nics: datapath::Nics) -> Routes {
+        self.rdma = nics;
+        self
     }
 
     pub fn get(&self, segment_id: u64) -> Option<Arc<Route>> {
@@ -80,7 +89,13 @@ impl Routes {
                 continue;
             }
             let pool = self.pool_for(&s.info.endpoint);
-            let path = datapath::open(&s.info, &self.host_id, self.same_host_shm, pool);
+            let path = datapath::open(
+                &s.info,
+                &self.host_id,
+                self.same_host_shm,
+                pool,
+                self.rdma.as_ref(),
+            );
             let route = Route {
                 segment_id: s.id,
                 info: s.info,

@@ -290,6 +290,9 @@ impl MasterService {
             | Opcode::ReadVersion
             | Opcode::ForgetLease
             | Opcode::Move
+            | Opcode::RdmaConnect
+            | Opcode::SealChecked
+            | Opcode::CheckVersion
             | Opcode::Read
             | Opcode::StoreInfo
             | Opcode::Seal

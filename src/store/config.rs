@@ -32,10 +32,13 @@ pub struct StoreConfig {
     /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
     /// and needs none; the value is accepted and reported only.
     pub local_buffer_size: ByteSize,
-    /// `tcp` (default) or `rdma`. No build carries RDMA yet: `rdma` is refused at start with an
-    /// error naming this field, never served silently over TCP.
+    /// `tcp` (default) or `rdma`: with `rdma`, the segment is also registered on the RDMA
+    /// devices in `device` and clients READ and WRITE it one-sidedly (TCP is still served). A
+    /// build without the `rdma` feature refuses it at start, naming this field.
     pub protocol: Transport,
-    /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`).
+    /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`): `rxe0`, or `mlx5_0,mlx5_1` for several
+    /// NICs, used in turn by clients' queue pairs. The GID index is found (RoCE v2, IPv4) unless
+    /// `MC_GID_INDEX` names one.
     pub device: String,
     /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
     /// `P2PHANDSHAKE` (default) for none.
@@ -173,10 +176,11 @@ pub struct StoreArgs {
         env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE"
     )]
     pub local_buffer_size: Option<ByteSize>,
-    /// tcp or rdma (rdma is refused: no build carries it yet). Default tcp.
+    /// tcp or rdma (needs --device; a build without the rdma feature refuses it). Default tcp.
     #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
     pub protocol: Option<Transport>,
-    /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`). Default: none.
+    /// RDMA device names, comma-separated (Mooncake's `MOONCAKE_DEVICE`): rxe0,
+    /// mlx5_0,mlx5_1. Default: none.
     #[arg(long, env = "RBGCTL_STORE_DEVICE")]
     pub device: Option<String>,
     /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
@@ -391,6 +395,14 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_master_address("store.master", &self.master)?;
         self.protocol.check_built("store.protocol")?;
+        if self.protocol == Transport::Rdma && self.device.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                "store.device",
+                "protocol rdma needs the RDMA devices to serve on (--device rxe0, \
+                 MOONCAKE_DEVICE=mlx5_0,mlx5_1 or device_name); `rdma link` or `ibv_devices` \
+                 lists them",
+            ));
+        }
         self.server_options().validate()?;
         if self.segment_size.0 != 0 && self.segment_size.0 < 4096 {
             return Err(ConfigError::invalid(
@@ -527,10 +539,17 @@ mod tests {
             protocol: Some(Transport::Rdma),
             ..Default::default()
         });
-        assert!(
-            rdma.contains("store.protocol") && rdma.contains("no RDMA transport"),
-            "{rdma}"
-        );
+        if cfg!(feature = "rdma") {
+            assert!(
+                rdma.contains("store.device") && rdma.contains("--device rxe0"),
+                "{rdma}"
+            );
+        } else {
+            assert!(
+                rdma.contains("store.protocol") && rdma.contains("without RDMA"),
+                "{rdma}"
+            );
+        }
         let env = MooncakeEnv {
             protocol: Some("udp".into()),
             ..Default::default()

@@ -368,6 +368,30 @@ fn open_persistent(cfg: &StoreConfig, access: &Access, name: &str) -> Result<Ope
     Ok((memory, Some((Arc::new(index), lock, rec))))
 }
 
+/// Registers the memory segment on the store's RDMA devices (`device`), so that clients can
+/// READ and WRITE it one-sidedly.
+#[cfg(feature = "rdma")]
+fn register_rdma(
+    cfg: &StoreConfig,
+    mem: &Arc<segment::SegmentMemory>,
+) -> Result<crate::transfer::rdma::serve::RdmaSegment, StoreError> {
+    use crate::transfer::rdma::{nic, serve::RdmaSegment};
+    let bad = |e: crate::transfer::rdma::verbs::VerbsError| {
+        StoreError::Config(crate::config::ConfigError::invalid(
+            "store.device",
+            e.to_string(),
+        ))
+    };
+    let nics = nic::open_all(&cfg.device, None).map_err(bad)?;
+    let len = mem.size() as usize;
+    // SAFETY: the range is the whole mapping, which the Arc handed over keeps mapped for as
+    // long as the registration lives.
+    unsafe {
+        let base = mem.slice_mut(0, mem.size()).as_mut_ptr();
+        RdmaSegment::register(nics, base, len, mem.clone(), cfg.idle_timeout_ms.0).map_err(bad)
+    }
+}
+
 impl Store {
     /// Creates the segment and starts serving on `listener` and heartbeating (in background
     /// threads).
@@ -422,6 +446,13 @@ impl Store {
                 persistent: index.is_some(),
             }
         });
+        #[cfg(feature = "rdma")]
+        let rdma = match (&memory, cfg.protocol) {
+            (Some(mem), crate::transfer::Transport::Rdma) => {
+                Some(Arc::new(register_rdma(cfg, mem)?))
+            }
+            _ => None,
+        };
         let records: Arc<index::Records> = Arc::new(match index {
             Some(index) => index::Records::Durable(index),
             None => index::Records::in_memory(),
@@ -444,6 +475,10 @@ impl Store {
             bytes_sealed: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             connections: Default::default(),
+            #[cfg(feature = "rdma")]
+            rdma,
+            rdma_connects: AtomicU64::new(0),
+            rdma_bytes_sealed: AtomicU64::new(0),
         });
         let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
         crate::auth::warn_if_open("store", &cfg.bind_address, secret.as_deref());
@@ -607,6 +642,19 @@ impl StoreStatus {
             "Bytes same-host clients copied into the segment through shared memory and reported \
              (persistent stores; a non-persistent store is not told of such copies).",
             s.bytes_sealed.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_rdma_queue_pairs_total",
+            "counter",
+            "RDMA queue pairs connected for clients (each lives as long as its TCP connection).",
+            s.rdma_connects.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_rdma_sealed_bytes_total",
+            "counter",
+            "Bytes clients wrote into the segment with RDMA WRITE, checked against their CRC-32C \
+             and recorded.",
+            s.rdma_bytes_sealed.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_used_bytes",

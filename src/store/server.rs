@@ -129,6 +129,13 @@ pub struct StoreService {
     pub bytes_sealed: AtomicU64,
     pub bytes_read: AtomicU64,
     pub connections: crate::transfer::server::ConnCounters,
+    /// The segment registered on this store's RDMA NICs (`protocol = "rdma"`).
+    #[cfg(feature = "rdma")]
+    pub rdma: Option<Arc<crate::transfer::rdma::serve::RdmaSegment>>,
+    /// Queue pairs connected (`RDMA_CONNECT` answered).
+    pub rdma_connects: AtomicU64,
+    /// Bytes clients wrote with RDMA and sealed (checked and recorded).
+    pub rdma_bytes_sealed: AtomicU64,
 }
 
 impl StoreService {
@@ -266,6 +273,83 @@ impl StoreService {
         Ok(true)
     }
 
+    /// RDMA_CONNECT: a queue pair for this connection, joined to the client's.
+    fn rdma_connect(&self, io: &mut ServerIo<'_>, meta: &[u8]) -> Result<bool, TransferError> {
+        let req = crate::transfer::message::RdmaConnectReq::from_meta(meta)?;
+        #[cfg(feature = "rdma")]
+        if let Some(rdma) = &self.rdma {
+            if io.has_attached() {
+                io.error(
+                    Status::InvalidParams,
+                    "this connection has its RDMA queue pair already",
+                )?;
+                return Ok(false);
+            }
+            return match rdma.accept(&req) {
+                Ok((qp, resp)) => {
+                    io.attach(Box::new(qp));
+                    self.rdma_connects.fetch_add(1, Ordering::Relaxed);
+                    io.ok(&resp)?;
+                    Ok(true)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot connect a client's RDMA queue pair");
+                    io.error(Status::Internal, &format!("RDMA: {e}"))?;
+                    Ok(false)
+                }
+            };
+        }
+        let _ = req;
+        io.error(
+            Status::InvalidParams,
+            "this store does not serve RDMA (its protocol is tcp): use TCP",
+        )?;
+        Ok(false)
+    }
+
+    /// SEAL_CHECKED: records objects a client wrote with RDMA, each only if its bytes in the
+    /// segment hash to the CRC-32C the client computed as it sent them.
+    fn seal_checked(
+        &self,
+        io: &mut ServerIo<'_>,
+        mem: &SegmentMemory,
+        objects: Vec<StoredObject>,
+    ) -> Result<bool, TransferError> {
+        let mut items = Vec::with_capacity(objects.len());
+        let mut good = Vec::with_capacity(objects.len());
+        for o in objects {
+            if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
+                items.push(Status::OutOfBounds);
+                continue;
+            }
+            if self.stale(&o.key, o.version).is_some() {
+                items.push(Status::WriteSuperseded);
+                continue;
+            }
+            // SAFETY: bounds checked; the range is this put's alone, and its writer is done.
+            let crc = crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) });
+            if crc != o.checksum {
+                self.checksum_mismatches.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(offset = o.offset, key = %o.key, crc, sent = o.checksum,
+                    "bytes written by RDMA do not match their writer's CRC-32C; not recorded");
+                items.push(Status::ChecksumMismatch);
+                continue;
+            }
+            items.push(Status::Ok);
+            good.push(o);
+        }
+        if let Err(e) = self.records.seal(&good) {
+            self.index_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "cannot record objects in the index");
+            io.error(Status::Internal, &format!("index write failed: {e}"))?;
+            return Ok(false);
+        }
+        let written: u64 = good.iter().map(|o| o.size).sum();
+        self.rdma_bytes_sealed.fetch_add(written, Ordering::Relaxed);
+        io.ok(&BatchStatusResp { items })?;
+        Ok(true)
+    }
+
     fn dispatch(
         &self,
         op: Opcode,
@@ -314,6 +398,29 @@ impl StoreService {
                 let sealed: u64 = good.iter().map(|o| o.size).sum();
                 self.bytes_sealed.fetch_add(sealed, Ordering::Relaxed);
                 io.ok(&BatchStatusResp { items })?;
+                Ok(true)
+            }
+            Opcode::SealChecked => {
+                let r = SealReq::from_meta(meta)?;
+                let Some(mem) = &self.memory else {
+                    return no_segment(io);
+                };
+                self.seal_checked(io, mem, r.objects)
+            }
+            Opcode::RdmaConnect => self.rdma_connect(io, meta),
+            Opcode::CheckVersion => {
+                let r = ReadVersionReq::from_meta(meta)?;
+                if self.memory.is_none() {
+                    return no_segment(io);
+                }
+                if let Some((status, msg)) =
+                    versioned_refusal(&self.lease, &self.records, r.offset, r.version, r.length)
+                {
+                    self.stale_reads.fetch_add(1, Ordering::Relaxed);
+                    io.error(status, &msg)?;
+                    return Ok(false);
+                }
+                io.ok(&())?;
                 Ok(true)
             }
             Opcode::Forget => {

@@ -75,10 +75,21 @@ pub enum Opcode {
     /// and its disk segment, each checked against its checksum and recorded where it lands
     /// (meta: `MoveReq`; answer `BatchStatusResp`). Sent to the disk segment's endpoint.
     Move = 0x48,
+    /// Connects an RDMA queue pair to this connection's store (meta: `RdmaConnectReq`; answer
+    /// `RdmaConnectResp`: the store's pair and its segment's address and key). The pair lives
+    /// as long as the connection.
+    RdmaConnect = 0x49,
+    /// As `SEAL`, for bytes a client wrote with RDMA: the store checks each object's CRC-32C
+    /// over what its segment holds before it records it (answer `BatchStatusResp`; a mismatch
+    /// is `CHECKSUM_MISMATCH` for that item, not recorded).
+    SealChecked = 0x4a,
+    /// Whether the store would answer `READ_VERSION` for this range now (meta:
+    /// `ReadVersionReq`; empty reply, or the same refusal): the check beside a one-sided read.
+    CheckVersion = 0x4b,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 33] = [
+    pub const ALL: [Opcode; 36] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -112,6 +123,9 @@ impl Opcode {
         Opcode::ReadVersion,
         Opcode::ForgetLease,
         Opcode::Move,
+        Opcode::RdmaConnect,
+        Opcode::SealChecked,
+        Opcode::CheckVersion,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -154,6 +168,9 @@ impl Opcode {
             Opcode::ReadVersion => "read_version",
             Opcode::ForgetLease => "forget_lease",
             Opcode::Move => "move",
+            Opcode::RdmaConnect => "rdma_connect",
+            Opcode::SealChecked => "seal_checked",
+            Opcode::CheckVersion => "check_version",
         }
     }
 }

@@ -399,6 +399,38 @@ message!(
     ReadVersionReq { offset: u64, length: u64, version: u64 } min_len = 24
 );
 message!(
+    /// Store: connect an RDMA reliable-connected queue pair to this connection. The client's
+    /// pair (number, first packet sequence number, LID, GID as two big-endian halves, port MTU
+    /// as the verbs enum) and which of the store's NICs it uses (an index, modulo their count).
+    RdmaConnectReq {
+        qpn: u32,
+        psn: u32,
+        lid: u32,
+        gid_hi: u64,
+        gid_lo: u64,
+        mtu: u8,
+        nic: u32,
+    } min_len = 4 + 4 + 4 + 8 + 8 + 1 + 4
+);
+message!(
+    /// The store's pair, connected to the client's, its NIC count, its memory segment as that
+    /// NIC sees it (base address, length, remote key), and how long the store keeps an idle
+    /// connection (and the pair with it).
+    RdmaConnectResp {
+        qpn: u32,
+        psn: u32,
+        lid: u32,
+        gid_hi: u64,
+        gid_lo: u64,
+        mtu: u8,
+        nics: u32,
+        addr: u64,
+        length: u64,
+        rkey: u32,
+        idle_ms: u64,
+    } min_len = 4 + 4 + 4 + 8 + 8 + 1 + 4 + 8 + 8 + 4 + 8
+);
+message!(
     /// Store (from the master): drop these records. `lease_ms` is ignored (masters before
     /// `LEASE` extended the read lease with it, counted from when it arrived).
     ForgetLeaseReq { items: Vec<ForgetItem>, lease_ms: u64 } min_len = 12

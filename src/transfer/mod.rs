@@ -7,6 +7,8 @@ pub mod codec;
 pub mod frame;
 pub mod message;
 pub mod pool;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod server;
 pub mod stream;
 
@@ -117,8 +119,8 @@ impl TransferError {
 pub enum Transport {
     #[default]
     Tcp,
-    /// RDMA verbs (the `ibverbs` crate). The data-path seam (`client::datapath`) is where it
-    /// plugs in; no build carries it yet, and asking for it is an error, never a silent TCP.
+    /// RDMA verbs (libibverbs, loaded at run time; the `rdma` cargo feature, on by default).
+    /// A build without it refuses it where it is configured, never a silent TCP.
     Rdma,
 }
 
@@ -134,10 +136,12 @@ impl Transport {
     pub fn check_built(self, field: &str) -> Result<(), crate::config::ConfigError> {
         match self {
             Transport::Tcp => Ok(()),
+            Transport::Rdma if cfg!(feature = "rdma") => Ok(()),
             Transport::Rdma => Err(crate::config::ConfigError::invalid(
                 field,
-                "rdma: this build of rbgctl has no RDMA transport yet; set it to tcp \
-                 (MOONCAKE_PROTOCOL=tcp, --protocol tcp or protocol = \"tcp\")",
+                "rdma: this build of rbgctl was made without RDMA (cargo feature `rdma`, on by \
+                 default: build with `cargo build --release`, not --no-default-features); or set \
+                 it to tcp (MOONCAKE_PROTOCOL=tcp, --protocol tcp or protocol = \"tcp\")",
             )),
         }
     }

@@ -282,6 +282,10 @@ impl Pool {
         self.addr.read().clone()
     }
 
+    pub fn options(&self) -> &ConnOptions {
+        &self.opts
+    }
+
     /// Points the pool at another peer (the new leader); connections to the old one go, and
     /// calls waiting on them fail at once.
     pub fn set_addr(&self, addr: &str) {

@@ -157,6 +157,9 @@ pub struct ServerIo<'a> {
     /// An elected master's epoch and the instant its lease may run out: stamped on the reply,
     /// and a success past that instant goes out as `NOT_LEADER` instead.
     stamp: Option<crate::ha::lease::Stamp>,
+    /// What the service keeps for this connection (a store's RDMA queue pair): dropped when
+    /// the connection ends.
+    attached: &'a mut Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl ServerIo<'_> {
@@ -176,6 +179,21 @@ impl ServerIo<'_> {
 
     pub fn discard_data(&mut self) -> Result<(), TransferError> {
         self.stream.discard_data()
+    }
+
+    /// Keeps `thing` until the connection ends; false (and `thing` dropped) if something is
+    /// kept already.
+    pub fn attach(&mut self, thing: Box<dyn std::any::Any + Send>) -> bool {
+        if self.attached.is_some() {
+            return false;
+        }
+        *self.attached = Some(thing);
+        true
+    }
+
+    /// Whether something is kept for this connection.
+    pub fn has_attached(&self) -> bool {
+        self.attached.is_some()
     }
 
     /// Answers as the leader of `stamp.epoch`, as long as its lease lasts.
@@ -478,6 +496,7 @@ fn serve_connection(
     let mut waits_idle = false;
     let opened = Instant::now();
     let mut handshake = Handshake::new(opts.auth.clone());
+    let mut attached: Option<Box<dyn std::any::Any + Send>> = None;
     let bad_frame = |reason: &dyn std::fmt::Display| {
         ConnCounters::count(&service.connections().bad_frames);
         if let Some(n) = logs.bad_frames.spend(Instant::now()) {
@@ -571,6 +590,7 @@ fn serve_connection(
             req,
             replied: false,
             stamp: None,
+            attached: &mut attached,
         };
         match handshake.step(op, &meta, &mut sio) {
             Ok(Step::Answered) if sio.stream.pending_data() == 0 => continue,

@@ -256,13 +256,17 @@ def master_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 
 
 def _check_protocol(what: str, value: Any) -> None:
-    """TCP only: asking for RDMA is an error naming the setting, never a silent TCP."""
+    """tcp or rdma. This client moves bytes over TCP (and same-host shared memory) either way:
+    stores that serve RDMA serve TCP too, so a deployment that sets rdma for every process
+    works, and the log says which path this one takes."""
     proto = str(value or "tcp").strip().lower()
     if proto == "rdma":
-        raise ConfigError(
-            f"{what}: rdma: rbgctl has no RDMA transport yet; set it to tcp "
-            "(same-host replicas still move through shared memory)"
+        log.warning(
+            "%s is rdma: the Python client reaches stores over TCP (RDMA stores serve it too); "
+            "the Rust client and HiCache's Rust path use RDMA",
+            what,
         )
+        return
     if proto != "tcp":
         raise ConfigError(f"{what}: expected tcp or rdma, got {value!r}")
 

@@ -65,6 +65,9 @@ class Opcode(enum.IntEnum):
     READ_VERSION = 0x46  # the Rust client's read from a cached location; this client asks the master
     FORGET_LEASE = 0x47  # master to store: forget records (its lease field is ignored)
     MOVE = 0x48  # master to store: copy objects between its memory and disk tiers
+    RDMA_CONNECT = 0x49  # the Rust client's RDMA queue pair set-up; this client uses TCP
+    SEAL_CHECKED = 0x4A  # the Rust client's seal after RDMA WRITE
+    CHECK_VERSION = 0x4B  # the Rust client's version check beside an RDMA READ
 
 
 class Status(enum.IntEnum):

@@ -8,15 +8,18 @@
 //! - [`LocalDisk`]: a disk tier segment on this host: reads are `O_DIRECT` reads of its file.
 //! - [`Tcp`]: requests pipelined on one pooled connection per store, payloads sent straight from
 //!   the caller's buffers and received straight into them.
-//!
-//! An RDMA transport (the `ibverbs` crate, under a cargo feature) is a third implementation of
-//! the same trait; until one exists, `Transport::Rdma` is refused where it is configured.
+//! - `Rdma` (cargo feature `rdma`): one-sided READ and WRITE of the store's registered segment
+//!   through queue pairs set up on the store's TCP port, TCP when the store does not serve it.
 
 mod disk;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod shm;
 mod tcp;
 
 pub use disk::LocalDisk;
+#[cfg(feature = "rdma")]
+pub use rdma::Rdma;
 pub use shm::{LocalSegment, Shm};
 pub use tcp::Tcp;
 
@@ -29,6 +32,9 @@ use std::sync::Arc;
 pub enum PathKind {
     /// Memory copies on the same host.
     Shm,
+    /// One-sided RDMA READ and WRITE.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    Rdma,
     /// Requests over a TCP connection.
     Tcp,
 }
@@ -93,14 +99,42 @@ pub trait DataPath: Send + Sync {
     }
 }
 
+/// The RDMA NICs a client uses, opened once; `None` when its transport is TCP.
+pub type Nics = Option<NicsInner>;
+
+/// What `Nics` holds: the opened NICs, used in turn by a store's queue pairs.
+#[cfg(feature = "rdma")]
+pub type NicsInner = Arc<[Arc<crate::transfer::rdma::nic::Nic>]>;
+/// Without the `rdma` feature there are none.
+#[cfg(not(feature = "rdma"))]
+pub type NicsInner = std::convert::Infallible;
+
+/// Opens the client's RDMA devices when its transport is RDMA: a missing device, a port that
+/// is not ACTIVE or no usable GID is an error now, naming the setting.
+pub fn open_nics(cfg: &crate::client::ClientConfig) -> Result<Nics, crate::config::ConfigError> {
+    if cfg.transport != crate::transfer::Transport::Rdma {
+        return Ok(None);
+    }
+    #[cfg(feature = "rdma")]
+    {
+        crate::transfer::rdma::nic::open_all(&cfg.rdma_devices, None)
+            .map(|nics| Some(nics.into()))
+            .map_err(|e| crate::config::ConfigError::invalid("MOONCAKE_DEVICE", e.to_string()))
+    }
+    #[cfg(not(feature = "rdma"))]
+    cfg.transport.check_built("client transport").map(|()| None)
+}
+
 /// The path for a segment: shared memory when it is on this host and `same_host_shm` allows,
-/// else TCP to the store through `pool` (the store's connection pool, shared by every segment
-/// at that endpoint).
+/// else RDMA when the client has NICs for it (TCP if the store turns out not to serve it), else
+/// TCP to the store through `pool` (the store's connection pool, shared by every segment at
+/// that endpoint).
 pub fn open(
     info: &SegmentInfo,
     host_id: &str,
     same_host_shm: bool,
     pool: Arc<Pool>,
+    nics: Option<&NicsInner>,
 ) -> Arc<dyn DataPath> {
     if same_host_shm && info.tier == crate::transfer::message::Tier::Disk {
         if let Some(disk) = LocalDisk::open(info, host_id) {
@@ -114,5 +148,11 @@ pub fn open(
             return Arc::new(Shm::new(segment, seal));
         }
     }
+    #[cfg(feature = "rdma")]
+    if let (Some(nics), crate::transfer::message::Tier::Memory) = (nics, info.tier) {
+        return Arc::new(Rdma::new(pool, nics.clone()));
+    }
+    #[cfg(not(feature = "rdma"))]
+    let _ = nics;
     Arc::new(Tcp::new(pool))
 }

@@ -1,0 +1,626 @@
+//! Bytes over RDMA (reliable-connected queue pairs through libibverbs): a get is an RDMA READ
+//! from the store's segment, a put an RDMA WRITE into the extent the master granted, followed
+//! by `SEAL_CHECKED`, in which the store checks each value's CRC-32C over what landed before it
+//! records it. The store's CPU takes no part in moving the bytes.
+//!
+//! A *lane* is one queue pair with its own completion queue, the TCP connection it was set up
+//! on (after the cluster-secret handshake: the store's segment key is a capability, given only
+//! to a proven peer; the store destroys its pair when that connection closes), and a registered
+//! staging buffer of [`SLOTS`] × [`SLOT`] bytes. Values are cut into slot-sized chunks that are
+//! posted many per doorbell and stream through the slots: a READ lands in a slot and is copied
+//! out into the caller's buffer with its checksum computed in the same pass (the checked copy),
+//! a WRITE is copied in (and checksummed) before it is posted. The caller's memory is never
+//! registered, so nothing the caller frees can still be a target of the NIC.
+//!
+//! A read of a remembered location (a `version` is named) sends `CHECK_VERSION` on the lane's
+//! connection beside the READ, and is answered only if the store still holds that version
+//! there under the master's read lease; `docs/kv-pool.md` has the argument.
+//!
+//! What fails on a lane — a completion error (the store died, its pair was torn down), no
+//! completion in time, a broken connection — tears the lane down (its pair moved to the error
+//! state, then destroyed) and the batch's unanswered operations go over TCP instead, once; a
+//! store that does not serve RDMA is reached over TCP from then on.
+
+use super::{DataPath, PathKind, ReadOp, Tcp, WriteOp};
+use crate::transfer::checked_copy::{copy_crc, Dest};
+use crate::transfer::message::{
+    BatchStatusResp, RdmaConnectReq, RdmaConnectResp, ReadVersionReq, SealReq, StoredObject,
+};
+use crate::transfer::rdma::nic::Nic;
+use crate::transfer::rdma::verbs::{
+    self, Cq, IbvSge, IbvWc, Mr, Qp, QpEndpoint, VerbsError, ACCESS_LOCAL_WRITE, WC_SUCCESS,
+    WR_RDMA_READ, WR_RDMA_WRITE,
+};
+use crate::transfer::{ConnOptions, Connection, Opcode, Pool, Status, TransferError};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of one staging slot: the largest piece one work request moves.
+pub const SLOT: usize = 256 << 10;
+/// Slots per lane: work requests in flight at once (at most [`verbs::RD_ATOMIC`] of them READs
+/// the NIC keeps outstanding; the rest wait in its send queue).
+pub const SLOTS: usize = 16;
+/// Most lanes (queue pairs) one client keeps to one store.
+pub const MAX_LANES: usize = 4;
+
+/// A lane broke: why, to log and to answer the operations it left unanswered.
+struct Broken(TransferError);
+
+impl From<VerbsError> for Broken {
+    fn from(e: VerbsError) -> Broken {
+        Broken(TransferError::Io(std::io::Error::other(e.to_string())))
+    }
+}
+
+impl From<TransferError> for Broken {
+    fn from(e: TransferError) -> Broken {
+        Broken(e)
+    }
+}
+
+/// Registered, page-aligned memory the NIC reads from and writes into.
+struct Staging {
+    /// Dropped (deregistered) before the mapping it covers.
+    mr: Mr,
+    map: memmap2::MmapMut,
+}
+
+impl Staging {
+    fn new(nic: &Nic) -> Result<Staging, VerbsError> {
+        let mut map = memmap2::MmapMut::map_anon(SLOT * SLOTS).map_err(|e| VerbsError::Call {
+            call: "mmap (RDMA staging)",
+            source: e,
+        })?;
+        // SAFETY: the mapping lives in this struct, after the region (dropped later).
+        let mr = unsafe { Mr::register(&nic.pd, map.as_mut_ptr(), map.len(), ACCESS_LOCAL_WRITE)? };
+        Ok(Staging { mr, map })
+    }
+
+    fn slot(&self, k: usize) -> (u64, u32) {
+        (self.mr.addr() + ((k % SLOTS) * SLOT) as u64, self.mr.lkey())
+    }
+
+    fn slot_bytes(&mut self, k: usize, len: usize) -> &mut [u8] {
+        let at = (k % SLOTS) * SLOT;
+        &mut self.map[at..at + len]
+    }
+}
+
+/// The store's segment as its NIC sees it.
+#[derive(Clone, Copy, Debug)]
+struct Remote {
+    addr: u64,
+    len: u64,
+    rkey: u32,
+}
+
+/// One queue pair to the store and what it needs. Fields drop in order: the pair first, then
+/// its staging memory, then the connection (whose closing makes the store drop its pair).
+struct Lane {
+    qp: Qp,
+    staging: Staging,
+    conn: Connection,
+    remote: Remote,
+    /// Retired once idle this long (half the store's idle timeout: the store closes an idle
+    /// connection, and its queue pair with it).
+    max_idle: Duration,
+    last_used: Instant,
+}
+
+/// A piece of one operation that goes through one slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Chunk {
+    op: usize,
+    at: usize,
+    len: usize,
+}
+
+/// Cuts operations of these sizes into slot-sized chunks, in order.
+fn chunks(sizes: impl Iterator<Item = usize>) -> Vec<Chunk> {
+    let mut out = Vec::new();
+    for (op, size) in sizes.enumerate() {
+        let mut at = 0;
+        while at < size {
+            let len = SLOT.min(size - at);
+            out.push(Chunk { op, at, len });
+            at += len;
+        }
+    }
+    out
+}
+
+impl Lane {
+    fn connect(
+        addr: &str,
+        opts: &ConnOptions,
+        nic: &Arc<Nic>,
+        nic_index: usize,
+    ) -> Result<Lane, Broken> {
+        let mut conn = Connection::connect(addr, opts)?;
+        let ctx = nic.pd.context();
+        let cq = Cq::new(ctx, (2 * SLOTS) as u32)?;
+        let qp = Qp::new(&nic.pd, &cq, nic.path, (2 * SLOTS) as u32)?;
+        let staging = Staging::new(nic)?;
+        let me = qp.endpoint();
+        let (gid_hi, gid_lo) = gid_halves(&me.gid);
+        let resp: RdmaConnectResp = conn.call(
+            Opcode::RdmaConnect,
+            &RdmaConnectReq {
+                qpn: me.qpn,
+                psn: me.psn,
+                lid: u32::from(me.lid),
+                gid_hi,
+                gid_lo,
+                mtu: me.mtu,
+                nic: nic_index as u32,
+            },
+        )?;
+        let mut gid = [0u8; 16];
+        gid[..8].copy_from_slice(&resp.gid_hi.to_be_bytes());
+        gid[8..].copy_from_slice(&resp.gid_lo.to_be_bytes());
+        qp.connect(
+            &QpEndpoint {
+                qpn: resp.qpn,
+                psn: resp.psn,
+                lid: resp.lid as u16,
+                gid,
+                mtu: resp.mtu,
+            },
+            0,
+        )?;
+        tracing::debug!(
+            store = addr,
+            device = nic.name(),
+            qpn = me.qpn,
+            peer_qpn = resp.qpn,
+            "RDMA lane connected"
+        );
+        Ok(Lane {
+            qp,
+            staging,
+            conn,
+            remote: Remote {
+                addr: resp.addr,
+                len: resp.length,
+                rkey: resp.rkey,
+            },
+            max_idle: Duration::from_millis(resp.idle_ms / 2),
+            last_used: Instant::now(),
+        })
+    }
+
+    fn remote_at(&self, offset: u64, len: usize) -> Result<u64, TransferError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.remote.len => Ok(self.remote.addr + offset),
+            _ => Err(TransferError::Remote {
+                status: Status::OutOfBounds,
+                message: format!(
+                    "range {offset}+{len} is outside the store's segment of {} bytes",
+                    self.remote.len
+                ),
+            }),
+        }
+    }
+
+    /// Streams `chunks` through the slots: `post_one(k)` says how to post chunk `k` (it may
+    /// fill its slot first), `landed(k)` takes it once its completion is in. Completions on one
+    /// queue pair arrive in the order posted.
+    fn stream(
+        &mut self,
+        chunks: &[Chunk],
+        deadline: Instant,
+        mut prepare: impl FnMut(&mut Staging, usize) -> Result<(u32, u64), TransferError>,
+        mut landed: impl FnMut(&mut Staging, usize),
+    ) -> Result<(), Broken> {
+        let mut posted = 0;
+        let mut done = 0;
+        let mut wrs = Vec::with_capacity(SLOTS);
+        let mut sges = Vec::with_capacity(SLOTS);
+        let mut wcs = [IbvWc::default(); SLOTS];
+        let mut spins = 0u32;
+        while done < chunks.len() {
+            wrs.clear();
+            sges.clear();
+            while posted < chunks.len() && posted - done < SLOTS {
+                let (opcode, remote) = prepare(&mut self.staging, posted)?;
+                let (addr, lkey) = self.staging.slot(posted);
+                sges.push(IbvSge {
+                    addr,
+                    length: chunks[posted].len as u32,
+                    lkey,
+                });
+                wrs.push(verbs::rdma_wr(
+                    opcode,
+                    posted as u64,
+                    remote,
+                    self.remote.rkey,
+                    true,
+                ));
+                posted += 1;
+            }
+            // SAFETY: each request names its own slot of the registered staging buffer and a
+            // bounds-checked range of the store's segment; the slot is not touched again until
+            // its completion is polled below (or the lane is dropped, pair first).
+            unsafe { self.qp.post(&mut wrs, &mut sges)? };
+            loop {
+                let n = self.qp.cq().poll(&mut wcs)?;
+                for wc in &wcs[..n] {
+                    if wc.status != WC_SUCCESS {
+                        return Err(Broken(TransferError::Io(std::io::Error::other(format!(
+                            "RDMA {} failed: {} (vendor error {:#x})",
+                            if wc.opcode == 0 { "WRITE" } else { "READ" },
+                            verbs::wc_status_text(wc.status),
+                            wc.vendor_err
+                        )))));
+                    }
+                    let k = wc.wr_id as usize;
+                    if k != done {
+                        return Err(Broken(TransferError::Protocol(format!(
+                            "RDMA completion {k} arrived where {done} was due"
+                        ))));
+                    }
+                    landed(&mut self.staging, k);
+                    done += 1;
+                }
+                if n > 0 || done == chunks.len() {
+                    spins = 0;
+                    break;
+                }
+                spins += 1;
+                if spins % 1024 == 0 {
+                    if Instant::now() >= deadline {
+                        return Err(Broken(TransferError::Timeout));
+                    }
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        ops: &mut [ReadOp<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Result<(), TransferError>>, Broken> {
+        let mut out: Vec<Result<(), TransferError>> = vec![Ok(()); ops.len()];
+        // Remembered locations: ask beside the READ whether the store still holds them.
+        let mut checks = Vec::new();
+        for (j, op) in ops.iter().enumerate() {
+            if let Some(version) = op.version {
+                let req = ReadVersionReq {
+                    offset: op.offset,
+                    length: op.dst.len() as u64,
+                    version,
+                };
+                let id = self.conn.send(
+                    Opcode::CheckVersion,
+                    &crate::transfer::Wire::to_meta(&req),
+                    &[],
+                )?;
+                checks.push((j, id));
+            }
+        }
+        let mut remotes = Vec::with_capacity(ops.len());
+        for (j, op) in ops.iter().enumerate() {
+            let at = self.remote_at(op.offset, op.dst.len());
+            remotes.push(at.as_ref().copied().unwrap_or(0));
+            if let Err(e) = at {
+                out[j] = Err(e);
+            }
+        }
+        let all = chunks(ops.iter().map(|op| op.dst.len()));
+        let work: Vec<Chunk> = all.into_iter().filter(|c| out[c.op].is_ok()).collect();
+        let mut crcs = vec![0u32; ops.len()];
+        self.stream(
+            &work,
+            deadline,
+            |_, k| Ok((WR_RDMA_READ, remotes[work[k].op] + work[k].at as u64)),
+            |staging, k| {
+                let c = work[k];
+                let src = staging.slot_bytes(k, c.len);
+                let dst = &mut ops[c.op].dst[c.at..c.at + c.len];
+                crcs[c.op] = copy_crc(dst, src, crcs[c.op], Dest::Cached);
+            },
+        )?;
+        for (j, id) in checks {
+            if let Err(e) = self.conn.recv(id) {
+                if e.breaks_connection() {
+                    return Err(Broken(e));
+                }
+                out[j] = Err(e);
+            }
+        }
+        for (j, op) in ops.iter_mut().enumerate() {
+            if out[j].is_ok() {
+                op.crc = Some(crcs[j]);
+            }
+        }
+        Ok(out)
+    }
+
+    fn write(
+        &mut self,
+        ops: &[WriteOp<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Result<u32, TransferError>>, Broken> {
+        let mut out: Vec<Result<u32, TransferError>> = Vec::with_capacity(ops.len());
+        let mut remotes = Vec::with_capacity(ops.len());
+        for op in ops {
+            match self.remote_at(op.offset, op.value.len()) {
+                Ok(at) => {
+                    remotes.push(at);
+                    out.push(Ok(0));
+                }
+                Err(e) => {
+                    remotes.push(0);
+                    out.push(Err(e));
+                }
+            }
+        }
+        let work: Vec<Chunk> = chunks(ops.iter().map(|op| op.value.len()))
+            .into_iter()
+            .filter(|c| out[c.op].is_ok())
+            .collect();
+        let mut crcs = vec![0u32; ops.len()];
+        self.stream(
+            &work,
+            deadline,
+            |staging, k| {
+                let c = work[k];
+                let src = &ops[c.op].value[c.at..c.at + c.len];
+                crcs[c.op] = copy_crc(staging.slot_bytes(k, c.len), src, crcs[c.op], Dest::Cached);
+                Ok((WR_RDMA_WRITE, remotes[c.op] + c.at as u64))
+            },
+            |_, _| {},
+        )?;
+        // Every byte is in the store's memory: it checks and records them.
+        let sealed: Vec<usize> = (0..ops.len()).filter(|&j| out[j].is_ok()).collect();
+        if sealed.is_empty() {
+            return Ok(out);
+        }
+        let req = SealReq {
+            objects: sealed
+                .iter()
+                .map(|&j| StoredObject {
+                    key: ops[j].key.to_string(),
+                    version: ops[j].version,
+                    offset: ops[j].offset,
+                    size: ops[j].value.len() as u64,
+                    checksum: crcs[j],
+                })
+                .collect(),
+        };
+        let resp: BatchStatusResp = self.conn.call(Opcode::SealChecked, &req)?;
+        if resp.items.len() != sealed.len() {
+            return Err(Broken(TransferError::Protocol(format!(
+                "store sealed {} objects of {}",
+                resp.items.len(),
+                sealed.len()
+            ))));
+        }
+        for (j, status) in sealed.into_iter().zip(resp.items) {
+            out[j] = if status == Status::Ok {
+                Ok(crcs[j])
+            } else {
+                Err(TransferError::Remote {
+                    status,
+                    message: format!("seal after RDMA WRITE: {}", status.describe()),
+                })
+            };
+        }
+        Ok(out)
+    }
+}
+
+fn gid_halves(gid: &[u8; 16]) -> (u64, u64) {
+    (
+        u64::from_be_bytes(gid[..8].try_into().unwrap_or_default()),
+        u64::from_be_bytes(gid[8..].try_into().unwrap_or_default()),
+    )
+}
+
+pub struct Rdma {
+    pool: Arc<Pool>,
+    tcp: Tcp,
+    nics: Arc<[Arc<Nic>]>,
+    idle: Mutex<Vec<Lane>>,
+    freed: Condvar,
+    /// Lanes that exist (idle or in use).
+    lanes: AtomicUsize,
+    next_nic: AtomicUsize,
+    /// The store does not serve RDMA (it said so when asked): TCP from now on.
+    tcp_only: AtomicBool,
+}
+
+impl Rdma {
+    pub fn new(pool: Arc<Pool>, nics: Arc<[Arc<Nic>]>) -> Rdma {
+        Rdma {
+            tcp: Tcp::new(pool.clone()),
+            pool,
+            nics,
+            idle: Mutex::new(Vec::new()),
+            freed: Condvar::new(),
+            lanes: AtomicUsize::new(0),
+            next_nic: AtomicUsize::new(0),
+            tcp_only: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether operations go over RDMA (false once the store said it does not serve it).
+    pub fn uses_rdma(&self) -> bool {
+        !self.tcp_only.load(Ordering::Relaxed)
+    }
+
+    /// An idle lane, a new one while fewer than [`MAX_LANES`] exist, or the next one freed.
+    fn take(&self, deadline: Instant) -> Result<Lane, Broken> {
+        let mut idle = self.idle.lock();
+        loop {
+            while let Some(lane) = idle.pop() {
+                if lane.last_used.elapsed() < lane.max_idle {
+                    return Ok(lane);
+                }
+                self.lanes.fetch_sub(1, Ordering::Relaxed);
+                tracing::debug!(store = %self.pool.addr(), "retired an idle RDMA lane");
+            }
+            if self.lanes.load(Ordering::Relaxed) < MAX_LANES {
+                self.lanes.fetch_add(1, Ordering::Relaxed);
+                drop(idle);
+                let i = self.next_nic.fetch_add(1, Ordering::Relaxed);
+                let nic = &self.nics[i % self.nics.len()];
+                return Lane::connect(&self.pool.addr(), self.pool.options(), nic, i).inspect_err(
+                    |_| {
+                        self.lanes.fetch_sub(1, Ordering::Relaxed);
+                    },
+                );
+            }
+            if self.freed.wait_until(&mut idle, deadline).timed_out() {
+                return Err(Broken(TransferError::Timeout));
+            }
+        }
+    }
+
+    fn give_back(&self, mut lane: Lane) {
+        lane.last_used = Instant::now();
+        self.idle.lock().push(lane);
+        self.freed.notify_one();
+    }
+
+    /// A lane failed: it is dropped (its pair to the error state first, so nothing posted
+    /// lingers) and the reason logged; a store that refused RDMA is reached by TCP from now on.
+    fn broke(&self, lane: Option<Lane>, why: &TransferError) {
+        if let Some(lane) = lane {
+            lane.qp.fail();
+            drop(lane);
+        }
+        self.lanes.fetch_sub(1, Ordering::Relaxed);
+        self.freed.notify_one();
+        let refused = matches!(why, TransferError::Remote { status, .. }
+            if matches!(status, Status::UnknownOpcode | Status::InvalidParams));
+        if refused && !self.tcp_only.swap(true, Ordering::Relaxed) {
+            tracing::warn!(store = %self.pool.addr(), reason = %why,
+                "this store does not serve RDMA; reaching it over TCP");
+        } else if !refused {
+            tracing::warn!(store = %self.pool.addr(), error = %why,
+                "RDMA lane failed and was torn down; its operations go over TCP");
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.pool.options().io_timeout
+    }
+
+    /// Runs `f` on a lane; on failure, the lane goes and `None` says to use TCP.
+    fn on_lane<T>(&self, f: impl FnOnce(&mut Lane, Instant) -> Result<T, Broken>) -> Option<T> {
+        if !self.uses_rdma() {
+            return None;
+        }
+        let deadline = self.deadline();
+        let mut lane = match self.take(deadline) {
+            Ok(lane) => lane,
+            Err(Broken(TransferError::Timeout)) => return None,
+            Err(Broken(e)) => {
+                self.broke(None, &e);
+                return None;
+            }
+        };
+        match f(&mut lane, deadline) {
+            Ok(v) => {
+                self.give_back(lane);
+                Some(v)
+            }
+            Err(Broken(e)) => {
+                self.broke(Some(lane), &e);
+                None
+            }
+        }
+    }
+}
+
+impl DataPath for Rdma {
+    fn kind(&self) -> PathKind {
+        PathKind::Rdma
+    }
+
+    fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
+        self.on_lane(|lane, deadline| lane.write(ops, deadline))
+            .unwrap_or_else(|| self.tcp.write(ops))
+    }
+
+    fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
+        // `ops` is reborrowed for the lane, and given whole to TCP if the lane fails.
+        match self.on_lane(|lane, deadline| lane.read(ops, deadline)) {
+            Some(out) => out,
+            None => {
+                for op in ops.iter_mut() {
+                    op.crc = None;
+                }
+                self.tcp.read(ops)
+            }
+        }
+    }
+
+    fn checks_versions(&self) -> bool {
+        self.tcp.checks_versions()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_cut_into_slot_sized_chunks_in_order() {
+        let c = chunks([0, 10, SLOT, SLOT + 1, 3 * SLOT].into_iter());
+        let want = [
+            Chunk {
+                op: 1,
+                at: 0,
+                len: 10,
+            },
+            Chunk {
+                op: 2,
+                at: 0,
+                len: SLOT,
+            },
+            Chunk {
+                op: 3,
+                at: 0,
+                len: SLOT,
+            },
+            Chunk {
+                op: 3,
+                at: SLOT,
+                len: 1,
+            },
+            Chunk {
+                op: 4,
+                at: 0,
+                len: SLOT,
+            },
+            Chunk {
+                op: 4,
+                at: SLOT,
+                len: SLOT,
+            },
+            Chunk {
+                op: 4,
+                at: 2 * SLOT,
+                len: SLOT,
+            },
+        ];
+        assert_eq!(c, want);
+        assert!(chunks(std::iter::empty()).is_empty());
+    }
+
+    #[test]
+    fn gids_split_into_the_halves_the_wire_carries() {
+        let gid = crate::transfer::rdma::nic::parse_gid("0000:0000:0000:0000:0000:ffff:0a00:020f")
+            .unwrap();
+        assert_eq!(gid_halves(&gid), (0, 0x0000_ffff_0a00_020f));
+    }
+}

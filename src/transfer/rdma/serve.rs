@@ -1,0 +1,113 @@
+//! The store's side of RDMA: its memory segment registered once on each NIC (one memory
+//! region per NIC, remote read and write, rotated with every start of the store: a new
+//! registration has a new key), and, for each client connection that asks (`RDMA_CONNECT`, only
+//! after the cluster-secret handshake), a reliable-connected queue pair joined to the client's.
+//! The pair belongs to that connection and is destroyed when it closes; from then on the key it
+//! carried opens nothing through it.
+//!
+//! The store posts no work on these pairs: clients READ and WRITE its segment one-sidedly, and
+//! the store learns of a write only from the `SEAL_CHECKED` that follows it.
+
+use super::nic::Nic;
+use super::verbs::{
+    Cq, Mr, Qp, QpEndpoint, VerbsError, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE,
+};
+use crate::transfer::message::{RdmaConnectReq, RdmaConnectResp};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The segment as one NIC serves it.
+struct Served {
+    /// Shared by every pair on this NIC; never polled (a responder to one-sided operations
+    /// gets no completions), sized for the receive queue entries no one posts.
+    cq: Arc<Cq>,
+    mr: Mr,
+    nic: Arc<Nic>,
+}
+
+pub struct RdmaSegment {
+    nics: Vec<Served>,
+    /// How long the store keeps an idle connection: clients retire their pairs before it.
+    idle: Duration,
+    /// Whatever keeps the registered memory mapped: dropped after the regions.
+    _memory: Arc<dyn Send + Sync>,
+}
+
+impl RdmaSegment {
+    /// Registers `len` bytes at `base` on each NIC.
+    ///
+    /// # Safety
+    /// `memory` must keep `base..base + len` mapped for as long as it lives.
+    pub unsafe fn register(
+        nics: Vec<Arc<Nic>>,
+        base: *mut u8,
+        len: usize,
+        memory: Arc<dyn Send + Sync>,
+        idle: Duration,
+    ) -> Result<RdmaSegment, VerbsError> {
+        let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE;
+        let mut served = Vec::with_capacity(nics.len());
+        for nic in nics {
+            let t0 = std::time::Instant::now();
+            let mr = Mr::register(&nic.pd, base, len, access).map_err(|e| {
+                VerbsError::Device(format!(
+                    "cannot register the {len}-byte segment with {}: {e} (is the memlock limit \
+                     high enough? `ulimit -l unlimited`, or LimitMEMLOCK=infinity under systemd)",
+                    nic.name()
+                ))
+            })?;
+            tracing::info!(
+                device = nic.name(),
+                bytes = len,
+                seconds = t0.elapsed().as_secs_f64(),
+                "segment registered for RDMA"
+            );
+            let cq = Cq::new(nic.pd.context(), 16)?;
+            served.push(Served { cq, mr, nic });
+        }
+        Ok(RdmaSegment {
+            nics: served,
+            idle,
+            _memory: memory,
+        })
+    }
+
+    /// Makes a queue pair for a client's, connected to it, and the answer that tells the
+    /// client how to reach the segment through it. The pair must live exactly as long as the
+    /// connection that asked.
+    pub fn accept(&self, req: &RdmaConnectReq) -> Result<(Qp, RdmaConnectResp), VerbsError> {
+        let served = &self.nics[req.nic as usize % self.nics.len()];
+        let qp = Qp::new(&served.nic.pd, &served.cq, served.nic.path, 1)?;
+        let mut gid = [0u8; 16];
+        gid[..8].copy_from_slice(&req.gid_hi.to_be_bytes());
+        gid[8..].copy_from_slice(&req.gid_lo.to_be_bytes());
+        let client = QpEndpoint {
+            qpn: req.qpn,
+            psn: req.psn & 0xff_ffff,
+            lid: req.lid as u16,
+            gid,
+            mtu: req.mtu,
+        };
+        qp.connect(&client, ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE)?;
+        let me = qp.endpoint();
+        let resp = RdmaConnectResp {
+            qpn: me.qpn,
+            psn: me.psn,
+            lid: u32::from(me.lid),
+            gid_hi: u64::from_be_bytes(me.gid[..8].try_into().unwrap_or_default()),
+            gid_lo: u64::from_be_bytes(me.gid[8..].try_into().unwrap_or_default()),
+            mtu: me.mtu,
+            nics: self.nics.len() as u32,
+            addr: served.mr.addr(),
+            length: served.mr.len(),
+            rkey: served.mr.rkey(),
+            idle_ms: self.idle.as_millis() as u64,
+        };
+        Ok((qp, resp))
+    }
+
+    /// The devices serving the segment, by name.
+    pub fn devices(&self) -> Vec<String> {
+        self.nics.iter().map(|s| s.nic.name().to_string()).collect()
+    }
+}
