@@ -173,6 +173,8 @@ fn the_pool_over_soft_roce_in_one_vm() {
     for name in [
         "inside_one_vm_values_move_by_rdma_byte_exact",
         "inside_one_vm_a_reused_extent_never_answers_for_the_object_it_held",
+        "inside_one_vm_a_store_killed_mid_read_leaves_the_gets_to_the_other_replica",
+        "inside_one_vm_a_restarted_store_is_read_by_rdma_again_after_its_old_pair_fails",
     ] {
         assert!(
             console.contains(&format!("{name} ... ok")),
@@ -307,4 +309,76 @@ fn inside_one_vm_a_reused_extent_never_answers_for_the_object_it_held() {
         ),
     }
     assert!(metric(&c, 0, "rbgctl_store_stale_reads_total") >= 1.0);
+}
+
+/// A store killed (SIGKILL) while a client keeps reading a value it holds a replica of: every
+/// get answers the value whole or fails cleanly, none hangs, and the gets after the kill are
+/// served by the other store's replica.
+#[test]
+#[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
+fn inside_one_vm_a_store_killed_mid_read_leaves_the_gets_to_the_other_replica() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
+    let mut c = rdma_cluster(2);
+    let client = rdma_client(&c);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    let v = value(3 << 20, 7);
+    client.put("big", &v, &two).unwrap();
+    assert_eq!(c.replica_segments("big").len(), 2);
+    let done = AtomicUsize::new(0);
+    const GETS: usize = 30;
+    let outcomes: Vec<Result<bool, String>> = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            (0..GETS)
+                .map(|_| {
+                    let r = client.get("big").map(|got| got == v).map_err(|e| e.to_string());
+                    done.fetch_add(1, Ordering::SeqCst);
+                    r
+                })
+                .collect()
+        });
+        assert!(
+            wait_until(Duration::from_secs(60), || done.load(Ordering::SeqCst) >= 3),
+            "the reader got going"
+        );
+        c.stores[0].kill();
+        reader.join().unwrap()
+    });
+    assert!(
+        outcomes.iter().all(|o| !matches!(o, Ok(false))),
+        "a get answered bytes other than the value: {outcomes:?}"
+    );
+    let tail = &outcomes[GETS - 5..];
+    assert!(
+        tail.iter().all(|o| matches!(o, Ok(true))),
+        "the gets after the kill are served by the other replica: {outcomes:?}"
+    );
+    assert!(metric(&c, 1, "rbgctl_store_rdma_queue_pairs_total") >= 1.0);
+}
+
+/// A store restarted under a client: the client's queue pair to the old process fails (its
+/// peer is gone), the lane is torn down, that get goes over TCP, and the next ones connect a
+/// new pair to the new process and read by RDMA again.
+#[test]
+#[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
+fn inside_one_vm_a_restarted_store_is_read_by_rdma_again_after_its_old_pair_fails() {
+    assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
+    let mut c = rdma_cluster(1);
+    let client = rdma_client(&c);
+    let v = value(1 << 20, 9);
+    client.put("kept", &v, &ReplicateConfig::default()).unwrap();
+    assert_eq!(client.get("kept").unwrap(), v);
+    c.stores[0].kill();
+    c.restart_store(0);
+    assert!(c.wait_store_mounted(0), "the store came back");
+    for _ in 0..3 {
+        assert_eq!(client.get("kept").unwrap(), v);
+    }
+    assert!(
+        metric(&c, 0, "rbgctl_store_rdma_queue_pairs_total") >= 1.0,
+        "the restarted store was connected by RDMA again"
+    );
 }
