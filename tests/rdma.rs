@@ -62,6 +62,55 @@ fn vm_image(test: &str) -> Option<PathBuf> {
 /// Boots the VM and runs, inside it, this test binary's ignored tests whose names contain
 /// `filter`; answers whether they passed, and the console.
 fn run_inside(image: &Path, filter: &str, limit: Duration) -> (bool, String) {
+    let vm = start_vm(image, filter, &[]);
+    vm.finish(limit)
+}
+
+/// A VM running this binary's ignored tests that match `filter`; `net` are the extra arguments
+/// of `scripts/rdma-vm.sh run` (network and address).
+struct Vm {
+    qemu: std::process::Child,
+    filter: String,
+    log: PathBuf,
+    rc: PathBuf,
+    _job_dir: tempfile::TempDir,
+}
+
+impl Vm {
+    fn finish(mut self, limit: Duration) -> (bool, String) {
+        let deadline = Instant::now() + limit;
+        let exited = loop {
+            if let Ok(Some(_)) = self.qemu.try_wait() {
+                break true;
+            }
+            if Instant::now() > deadline {
+                let _ = self.qemu.kill();
+                let _ = self.qemu.wait();
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let console = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let rc = std::fs::read_to_string(&self.rc).unwrap_or_default();
+        println!(
+            "---- VM console ({}) ----\n{console}\n---- end of console ----",
+            self.filter
+        );
+        assert!(exited, "the VM did not finish within {limit:?}");
+        (rc.trim() == "0", console)
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.qemu.try_wait() {
+            let _ = self.qemu.kill();
+            let _ = self.qemu.wait();
+        }
+    }
+}
+
+fn start_vm(image: &Path, filter: &str, net: &[&str]) -> Vm {
     let exe = std::env::current_exe().expect("this test binary");
     let jobs = Path::new(REPO).join("target/tmp");
     std::fs::create_dir_all(&jobs).unwrap();
@@ -81,33 +130,24 @@ fn run_inside(image: &Path, filter: &str, limit: Duration) -> (bool, String) {
     .unwrap();
     let rel = job.strip_prefix(REPO).unwrap().to_path_buf();
     let log = job_dir.path().join("console.log");
-    let mut qemu = Command::new(Path::new(REPO).join("scripts/rdma-vm.sh"))
+    let qemu = Command::new(Path::new(REPO).join("scripts/rdma-vm.sh"))
         .arg("run")
         .arg(image)
         .arg(REPO)
         .arg(&rel)
+        .args(net)
         .env("RDMA_VM_MOUNT", REPO)
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start qemu");
-    let deadline = Instant::now() + limit;
-    let exited = loop {
-        if let Ok(Some(_)) = qemu.try_wait() {
-            break true;
-        }
-        if Instant::now() > deadline {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let console = std::fs::read_to_string(&log).unwrap_or_default();
-    let rc = std::fs::read_to_string(job.with_extension("sh.rc")).unwrap_or_default();
-    println!("---- VM console ({filter}) ----\n{console}\n---- end of console ----");
-    assert!(exited, "the VM did not finish within {limit:?}");
-    (rc.trim() == "0", console)
+    Vm {
+        qemu,
+        filter: filter.to_string(),
+        log,
+        rc: job.with_extension("sh.rc"),
+        _job_dir: job_dir,
+    }
 }
 
 /// The ABI this build assumes (sizes, offsets, constants of `<infiniband/verbs.h>`) is the
@@ -334,7 +374,10 @@ fn inside_one_vm_a_store_killed_mid_read_leaves_the_gets_to_the_other_replica() 
         let reader = s.spawn(|| {
             (0..GETS)
                 .map(|_| {
-                    let r = client.get("big").map(|got| got == v).map_err(|e| e.to_string());
+                    let r = client
+                        .get("big")
+                        .map(|got| got == v)
+                        .map_err(|e| e.to_string());
                     done.fetch_add(1, Ordering::SeqCst);
                     r
                 })
@@ -381,4 +424,200 @@ fn inside_one_vm_a_restarted_store_is_read_by_rdma_again_after_its_old_pair_fail
         metric(&c, 0, "rbgctl_store_rdma_queue_pairs_total") >= 1.0,
         "the restarted store was connected by RDMA again"
     );
+}
+
+/// Two VMs, two hosts, each with its own kernel RDMA stack, joined by one virtual wire (a QEMU
+/// socket): the master and a store in one, a client and a second store in the other. Values
+/// placed on the far store are written and read across the wire by RDMA, replicas span both.
+#[test]
+fn the_pool_over_soft_roce_across_two_vms() {
+    if in_vm() {
+        return;
+    }
+    let Some(image) = vm_image("the_pool_over_soft_roce_across_two_vms") else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let a = start_vm(
+        &image,
+        "inside_two_vms_host_a",
+        &[&format!("listen:{port}"), "10.77.0.1/24"],
+    );
+    // QEMU listens for the other end of the wire before the first VM boots: wait for the
+    // socket (a probe connection would take the wire's only place).
+    assert!(
+        wait_until(Duration::from_secs(20), || listening(port)),
+        "the first VM's QEMU listens on {port}"
+    );
+    let b = start_vm(
+        &image,
+        "inside_two_vms_host_b",
+        &[&format!("connect:{port}"), "10.77.0.2/24"],
+    );
+    let (b_passed, b_console) = b.finish(Duration::from_secs(300));
+    let (a_passed, a_console) = a.finish(Duration::from_secs(60));
+    assert!(
+        a_passed && b_passed,
+        "a test inside a VM failed (consoles above)"
+    );
+    assert!(a_console.contains("inside_two_vms_host_a_serves_the_master_and_a_store ... ok"));
+    assert!(b_console.contains("inside_two_vms_host_b_writes_and_reads_across_the_wire ... ok"));
+}
+
+/// Whether a socket listens on 127.0.0.1:`port` (from /proc/net/tcp).
+fn listening(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        f.len() > 3 && f[1].ends_with(&format!(":{port:04X}")) && f[3] == "0A"
+    })
+}
+
+const HOST_A: &str = "10.77.0.1";
+const HOST_B: &str = "10.77.0.2";
+const MASTER_PORT: u16 = 50051;
+const STORE_METRICS_PORT: u16 = 9100;
+const DONE: &str = "two-vms/done";
+
+/// A store on this VM serving RDMA, reachable from the other VM at `host`.
+fn store_on(
+    launcher: &rbgctl::launch::Launcher,
+    name: &str,
+    host: &str,
+    master: &str,
+) -> rbgctl::launch::Child<rbgctl::launch::Store> {
+    let cfg = rbgctl::store::config::StoreConfig {
+        master: master.into(),
+        bind_address: "0.0.0.0".into(),
+        local_hostname: host.into(),
+        name: Some(name.into()),
+        segment_size: rbgctl::config::ByteSize(32 << 20),
+        metrics_host: "0.0.0.0".into(),
+        metrics_port: STORE_METRICS_PORT,
+        heartbeat_interval_ms: rbgctl::config::Millis(Duration::from_millis(200)),
+        shm_dir: std::env::temp_dir().join(format!("rdma-{name}")),
+        protocol: Transport::Rdma,
+        device: "rxe0".into(),
+        ..Default::default()
+    };
+    launcher
+        .spawn::<rbgctl::launch::Store>(name, cfg)
+        .expect("the store starts")
+}
+
+#[test]
+#[ignore = "runs inside the first of the two VMs that the_pool_over_soft_roce_across_two_vms boots"]
+fn inside_two_vms_host_a_serves_the_master_and_a_store() {
+    assert!(in_vm(), "run by the_pool_over_soft_roce_across_two_vms");
+    let launcher = common::launcher();
+    let master_cfg = rbgctl::master::config::MasterConfig {
+        rpc_address: "0.0.0.0".into(),
+        rpc_port: MASTER_PORT,
+        ..common::loopback_master(Default::default())
+    };
+    let _master = launcher
+        .spawn::<rbgctl::launch::Master>("master", master_cfg)
+        .expect("the master starts");
+    let local = format!("127.0.0.1:{MASTER_PORT}");
+    let _store = store_on(&launcher, "store-a", HOST_A, &local);
+    // Serve until the other host says it is done (its last put).
+    let watcher = Client::connect(ClientConfig::new(local)).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(240), || watcher
+            .exists(DONE)
+            .unwrap_or(false)),
+        "the other host finished"
+    );
+}
+
+#[test]
+#[ignore = "runs inside the second of the two VMs that the_pool_over_soft_roce_across_two_vms boots"]
+fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
+    assert!(in_vm(), "run by the_pool_over_soft_roce_across_two_vms");
+    let master = format!("{HOST_A}:{MASTER_PORT}");
+    // The first host's master and store, across the wire.
+    assert!(
+        wait_until(Duration::from_secs(150), || {
+            Client::connect(ClientConfig::new(master.clone()))
+                .and_then(|c| c.segments())
+                .is_ok_and(|s| !s.is_empty())
+        }),
+        "the master and store on {HOST_A} are up"
+    );
+    let launcher = common::launcher();
+    let _store = store_on(&launcher, "store-b", HOST_B, &master);
+    let client = Client::connect(ClientConfig {
+        transport: Transport::Rdma,
+        rdma_devices: "rxe0".into(),
+        ..ClientConfig::new(master.clone())
+    })
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || client
+            .segments()
+            .is_ok_and(|s| s.len() == 2)),
+        "both stores mounted"
+    );
+    let on_a = ReplicateConfig {
+        preferred_segment: "store-a".into(),
+        ..ReplicateConfig::default()
+    };
+    // One value, and a batch of pages, on the far store only.
+    let far = value(2 << 20, 21);
+    client.put("far", &far, &on_a).unwrap();
+    let keys: Vec<String> = (0..16).map(|i| format!("far/page/{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let pages: Vec<Vec<u8>> = (0..16).map(|i| value(256 << 10, 30 + i)).collect();
+    let slices: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    for r in client.batch_put(&refs, &slices, &on_a) {
+        r.unwrap();
+    }
+    let segment_of = |key: &str| {
+        let (desc, segments) = client.describe(key).unwrap();
+        desc.replicas
+            .iter()
+            .map(|r| {
+                segments
+                    .iter()
+                    .find(|s| s.id == r.segment_id)
+                    .map(|s| s.info.name.clone())
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(segment_of("far"), ["store-a"]);
+    assert_eq!(client.get("far").unwrap(), far);
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 256 << 10]; 16];
+    let mut targets: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    for r in client.batch_get_into(&refs, &mut targets) {
+        r.unwrap();
+    }
+    assert!(bufs == pages, "the far pages came back whole");
+    // Replicas across both hosts.
+    let both = value(1 << 20, 40);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    client.put("both", &both, &two).unwrap();
+    let mut holders = segment_of("both");
+    holders.sort();
+    assert_eq!(holders, ["store-a", "store-b"]);
+    assert_eq!(client.get("both").unwrap(), both);
+    // The far store moved none of those bytes itself.
+    let far_metric = |name: &str| {
+        let (_, body) = common::http_at(HOST_A, STORE_METRICS_PORT, "GET", "/metrics", b"");
+        rbgctl::telemetry::sample(&body, name).unwrap_or(-1.0)
+    };
+    assert!(far_metric("rbgctl_store_rdma_queue_pairs_total") >= 1.0);
+    assert_eq!(far_metric("rbgctl_store_read_bytes_total"), 0.0);
+    assert_eq!(far_metric("rbgctl_store_written_bytes_total"), 0.0);
+    assert!(
+        far_metric("rbgctl_store_rdma_sealed_bytes_total") >= (2 << 20) as f64 + (4 << 20) as f64
+    );
+    client.put(DONE, b"1", &ReplicateConfig::default()).unwrap();
 }
