@@ -130,6 +130,7 @@ pub fn run(args: AbuseBenchArgs) -> anyhow::Result<()> {
             http_metadata_server_port: 0,
             ..MasterConfig::default()
         },
+        rdma_device: None,
     })?;
     let (master_pid, store_pid) = match cluster.pids(0) {
         (Some(m), Some(s)) => (m, s),

@@ -53,6 +53,8 @@ pub struct OwnOpts {
     pub disk_tier: Option<(std::path::PathBuf, u64)>,
     /// The master's settings (its addresses are chosen here).
     pub master: MasterConfig,
+    /// The store serves RDMA on these devices too (`protocol = "rdma"`).
+    pub rdma_device: Option<String>,
 }
 
 impl OwnCluster {
@@ -63,6 +65,7 @@ impl OwnCluster {
             persistent,
             disk_tier: None,
             master: MasterConfig::default(),
+            rdma_device: None,
         })
     }
 
@@ -73,6 +76,7 @@ impl OwnCluster {
             persistent,
             disk_tier,
             master,
+            rdma_device,
         } = opts;
         anyhow::ensure!(
             segment_size >= 4096,
@@ -121,6 +125,12 @@ impl OwnCluster {
             metrics_port: 0,
             shm_dir: shm_dir.clone(),
             auth_token_file,
+            protocol: if rdma_device.is_some() {
+                crate::transfer::Transport::Rdma
+            } else {
+                crate::transfer::Transport::Tcp
+            },
+            device: rdma_device.unwrap_or_default(),
             ..StoreConfig::default()
         };
         let store = launcher.spawn::<launch::Store>(

@@ -114,6 +114,7 @@ fn cluster(plan: &Plan<'_>, tier: bool) -> anyhow::Result<OwnCluster> {
             promotion_on_hit: false,
             ..MasterConfig::default()
         },
+        rdma_device: None,
     })
 }
 

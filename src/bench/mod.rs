@@ -15,6 +15,8 @@ pub mod multiturn;
 pub mod operator;
 pub mod paper_store;
 pub mod progress;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod recovery;
 pub mod redis_peer;
 #[cfg(feature = "testkit")]

@@ -98,6 +98,13 @@ pub struct StoreBenchArgs {
     /// With --disk-tier: value sizes.
     #[arg(long, value_delimiter = ',', default_value = "1MiB,256KiB")]
     pub disk_tier_values: Vec<ByteSize>,
+    /// Measure the RDMA data path on this device instead (`rxe0`, `mlx5_0`): a master and a
+    /// store serving RDMA, one client thread reading and writing it one-sidedly, each row
+    /// beside perftest's ib_write_bw / ib_read_bw at the same message size and 4 KiB gets
+    /// beside ib_read_lat, all run in the same run on the same device; and the store's CPU time
+    /// for a stream of gets by RDMA against the same gets over TCP.
+    #[arg(long)]
+    pub rdma: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -607,6 +614,16 @@ fn check_foreign_pool(client: &Client, master: &str, args: &StoreBenchArgs) -> a
 }
 
 pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
+    if let Some(device) = &args.rdma {
+        anyhow::ensure!(
+            args.master.is_none(),
+            "--rdma starts its own master and store; leave out --master"
+        );
+        #[cfg(feature = "rdma")]
+        return rdma_mode(&args, device);
+        #[cfg(not(feature = "rdma"))]
+        anyhow::bail!("--rdma {device}: this build has no RDMA (cargo feature `rdma`)");
+    }
     if let Some(dir) = &args.disk_tier {
         anyhow::ensure!(
             args.master.is_none(),
@@ -658,6 +675,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
                     auth_token_file: Some(file.clone()),
                     ..Default::default()
                 },
+                rdma_device: None,
             })?;
             (c.master.clone(), Some(c))
         }
@@ -1377,5 +1395,247 @@ mod tests {
         for l in &lines {
             assert_eq!(l.chars().count(), width, "{l:?} in\n{text}");
         }
+    }
+}
+
+/// `--rdma`: what one store serving RDMA gives one client thread, against perftest on the same
+/// device in the same run.
+#[cfg(feature = "rdma")]
+#[derive(Debug, Default, serde::Serialize)]
+struct RdmaReport {
+    device: String,
+    /// The limits: perftest's bandwidth at each message size, and its read latency.
+    perftest: Vec<super::rdma::Perftest>,
+    /// Rows `rdma`; `of_limit` is the share of ib_write_bw (puts) or ib_read_bw (gets) at the
+    /// value size.
+    results: Vec<PhaseResult>,
+    /// 4 KiB get p50 over ib_read_lat's typical latency.
+    get_4k_latency_ratio: Option<f64>,
+    /// The store's CPU time for the same stream of gets by RDMA and over TCP.
+    store_cpu: Vec<StoreCpu>,
+    /// RDMA's store CPU over TCP's.
+    store_cpu_ratio: Option<f64>,
+    failures: Vec<String>,
+}
+
+#[cfg(feature = "rdma")]
+#[derive(Debug, Default, serde::Serialize)]
+struct StoreCpu {
+    path: &'static str,
+    gets: u64,
+    bytes: u64,
+    seconds: f64,
+    store_cpu_seconds: f64,
+}
+
+#[cfg(feature = "rdma")]
+fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
+    use super::rdma::{cpu_seconds, perftest};
+    let progress = |msg: &str| {
+        if !args.json {
+            eprintln!("… {msg}");
+        }
+    };
+    let gid_index = crate::transfer::rdma::nic::Nic::open(device, None)
+        .map_err(|e| anyhow::anyhow!("--rdma {device}: {e}"))?
+        .path
+        .gid_index as u32;
+    let batch_value = args.batch_value.0;
+    let mut limits = Vec::new();
+    let bw_cases = [
+        ("ib_write_bw", 1u64 << 20),
+        ("ib_read_bw", 1 << 20),
+        ("ib_write_bw", 4 << 20),
+        ("ib_read_bw", 4 << 20),
+        ("ib_write_bw", batch_value),
+        ("ib_read_bw", batch_value),
+    ];
+    for (i, (tool, size)) in bw_cases.into_iter().enumerate() {
+        progress(&format!("perftest: {tool} at {}", human_bytes(size)));
+        let iterations = (args.phase_bytes.0 / size).clamp(20, 5000);
+        limits.push(perftest(
+            tool,
+            device,
+            gid_index,
+            size,
+            iterations,
+            18515 + i as u16,
+        )?);
+    }
+    progress("perftest: ib_read_lat at 4 KiB");
+    limits.push(perftest(
+        "ib_read_lat",
+        device,
+        gid_index,
+        4096,
+        1000,
+        18530,
+    )?);
+    let bw = |tool: &str, size: u64| {
+        limits
+            .iter()
+            .find(|p| p.tool == tool && p.message_bytes == size)
+            .and_then(|p| p.gb_per_s)
+    };
+    progress(&format!("a master and a store serving RDMA on {device}"));
+    let cluster = super::cluster::OwnCluster::start_with(super::cluster::OwnOpts {
+        segment_size: args.segment_size.0,
+        persistent: args.persistent,
+        disk_tier: None,
+        master: Default::default(),
+        rdma_device: Some(device.to_string()),
+    })?;
+    let master = cluster.master.clone();
+    let connect = |transport| -> anyhow::Result<Arc<Client>> {
+        Ok(Arc::new(Client::connect(ClientConfig {
+            transport,
+            rdma_devices: device.to_string(),
+            same_host_shm: false,
+            ..ClientConfig::new(master.clone())
+        })?))
+    };
+    let rdma = connect(crate::transfer::Transport::Rdma)?;
+    let tcp = connect(crate::transfer::Transport::Tcp)?;
+    let ctx = Ctx {
+        args,
+        prefix: format!(
+            "bench-store/{:x}-{:x}/",
+            std::process::id(),
+            fastrand::u32(..)
+        ),
+        failures: Failures::default(),
+    };
+    let mut results = Vec::new();
+    for size in [4096u64, 1 << 20, 4 << 20] {
+        progress(&format!("rdma: {} × 1 thread", human_bytes(size)));
+        results.extend(put_get_case(&rdma, "rdma", &ctx, size as usize, 1, ""));
+    }
+    progress(&format!(
+        "rdma: batches of {} × {}",
+        args.batch,
+        human_bytes(batch_value)
+    ));
+    results.extend(batch_case(&rdma, "rdma", &ctx));
+    for r in results.iter_mut().filter(|r| r.value_bytes >= 64 << 10) {
+        let tool = if r.op.contains("put") {
+            "ib_write_bw"
+        } else {
+            "ib_read_bw"
+        };
+        r.of_limit = bw(tool, r.value_bytes).map(|limit| r.gb_per_s / limit);
+    }
+    let read_lat = limits.iter().find_map(|p| p.typical_us);
+    let get_4k = results
+        .iter()
+        .find(|r| r.op == "get" && r.value_bytes == 4096)
+        .map(|r| r.p50_us);
+    // The store's CPU for the same gets, one-sided and over TCP.
+    let store_pid = cluster
+        .pids(0)
+        .1
+        .ok_or_else(|| anyhow::anyhow!("the store's process id is unknown"))?;
+    let size = 1usize << 20;
+    let keys: Vec<String> = (0..64).map(|i| format!("{}cpu/{i}", ctx.prefix)).collect();
+    let v = value_for(size, 7);
+    for k in &keys {
+        rdma.put(k, &v, &ReplicateConfig::default())?;
+    }
+    let mut store_cpu = Vec::new();
+    let mut buf = vec![0u8; size];
+    for (path, client) in [("rdma", &rdma), ("tcp", &tcp)] {
+        progress(&format!("the store's CPU for 1 MiB gets by {path}"));
+        let (t0, cpu0) = (Instant::now(), cpu_seconds(store_pid)?);
+        let rounds = (args.phase_bytes.0 / (keys.len() * size) as u64).clamp(1, 16);
+        let mut gets = 0u64;
+        for _ in 0..rounds {
+            for k in &keys {
+                client.get_into(k, &mut buf)?;
+                gets += 1;
+            }
+        }
+        store_cpu.push(StoreCpu {
+            path,
+            gets,
+            bytes: gets * size as u64,
+            seconds: t0.elapsed().as_secs_f64(),
+            store_cpu_seconds: cpu_seconds(store_pid)? - cpu0,
+        });
+    }
+    cleanup(&rdma, keys);
+    let ratio = match store_cpu.as_slice() {
+        [r, t] if t.store_cpu_seconds > 0.0 => Some(r.store_cpu_seconds / t.store_cpu_seconds),
+        _ => None,
+    };
+    let report = RdmaReport {
+        device: device.to_string(),
+        perftest: limits,
+        results,
+        get_4k_latency_ratio: get_4k.zip(read_lat).map(|(ours, theirs)| ours / theirs),
+        store_cpu,
+        store_cpu_ratio: ratio,
+        failures: ctx.failures.take(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_rdma_table(&report);
+    }
+    anyhow::ensure!(
+        report.failures.is_empty(),
+        "{} phase(s) had failed operations; the figures above are partial",
+        report.failures.len()
+    );
+    Ok(())
+}
+
+#[cfg(feature = "rdma")]
+fn print_rdma_table(r: &RdmaReport) {
+    println!(
+        "RDMA on {} (one client thread; limits from perftest in the same run)",
+        r.device
+    );
+    for p in &r.perftest {
+        match (p.gb_per_s, p.typical_us) {
+            (Some(gb), _) => println!(
+                "  {:<12} {:>9}  {gb:.3} GB/s",
+                p.tool,
+                human_bytes(p.message_bytes)
+            ),
+            (_, Some(us)) => println!(
+                "  {:<12} {:>9}  {us:.1} µs typical",
+                p.tool,
+                human_bytes(p.message_bytes)
+            ),
+            _ => {}
+        }
+    }
+    println!(
+        "{:<16} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "op", "value", "GB/s", "ops/s", "p50 µs", "p99 µs", "of limit"
+    );
+    for x in &r.results {
+        println!(
+            "{:<16} {:>9} {:>10.3} {:>10.0} {:>9.1} {:>9.1} {:>9}",
+            x.op,
+            human_bytes(x.value_bytes),
+            x.gb_per_s,
+            x.ops_per_s,
+            x.p50_us,
+            x.p99_us,
+            x.of_limit
+                .map_or("-".into(), |f| format!("{:.0} %", f * 100.0))
+        );
+    }
+    if let Some(l) = r.get_4k_latency_ratio {
+        println!("4 KiB get p50 / ib_read_lat typical: {l:.2}×");
+    }
+    for c in &r.store_cpu {
+        println!(
+            "store CPU, {} gets of 1 MiB by {}: {:.3} s in {:.2} s",
+            c.gets, c.path, c.store_cpu_seconds, c.seconds
+        );
+    }
+    if let Some(x) = r.store_cpu_ratio {
+        println!("store CPU by RDMA / over TCP: {:.1} %", x * 100.0);
     }
 }
