@@ -439,6 +439,39 @@ impl Client {
         let r: ListSegmentsResp = self.inner.master_call(Opcode::ListSegments, &())?;
         Ok(r.segments)
     }
+
+    /// Registers `len` bytes at `ptr` with this client's RDMA devices (Mooncake's
+    /// `register_buffer`): gets into that memory and puts from it move by RDMA with no staging
+    /// copy (the checksum is then a pass of its own). Register a pool once (SGLang's host KV
+    /// pool), not each buffer: a registration pins its pages and takes the kernel's time. Over
+    /// TCP, nothing to do. At most 256 registrations; they may not overlap.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until `unregister_buffer(ptr)` returns.
+    pub unsafe fn register_buffer(&self, ptr: *mut u8, len: usize) -> Result<(), ClientError> {
+        #[cfg(feature = "rdma")]
+        if let Some(local) = self.inner.routes.rdma_local() {
+            return local
+                .register(ptr, len)
+                .map_err(|e| ClientError::Invalid(format!("register_buffer: {e}")));
+        }
+        let _ = (ptr, len);
+        Ok(())
+    }
+
+    /// Forgets a registration made by `register_buffer` at `ptr`. Over TCP, nothing to do.
+    pub fn unregister_buffer(&self, ptr: *mut u8) -> Result<(), ClientError> {
+        #[cfg(feature = "rdma")]
+        if let Some(local) = self.inner.routes.rdma_local() {
+            if !local.unregister(ptr) {
+                return Err(ClientError::Invalid(format!(
+                    "unregister_buffer: nothing is registered at {ptr:p}"
+                )));
+            }
+        }
+        let _ = ptr;
+        Ok(())
+    }
 }
 
 /// A key the protocol can carry: 1 to 4096 bytes. Checked before anything is sent, so that

@@ -68,6 +68,12 @@ impl Routes {
         }
     }
 
+    /// This client's RDMA side, when its transport is RDMA.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn rdma_local(&self) -> Option<&datapath::NicsInner> {
+        self.rdma.as_ref()
+    }
+
     /// Reaches stores that serve RDMA through these NICs.
     pub fn with_rdma(mut self, nics: datapath::Nics) -> Routes {
         self.rdma = nics;

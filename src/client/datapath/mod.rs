@@ -102,9 +102,10 @@ pub trait DataPath: Send + Sync {
 /// The RDMA NICs a client uses, opened once; `None` when its transport is TCP.
 pub type Nics = Option<NicsInner>;
 
-/// What `Nics` holds: the opened NICs, used in turn by a store's queue pairs.
+/// What `Nics` holds: the opened NICs, used in turn by a store's queue pairs, and the memory
+/// registered with them.
 #[cfg(feature = "rdma")]
-pub type NicsInner = Arc<[Arc<crate::transfer::rdma::nic::Nic>]>;
+pub type NicsInner = Arc<rdma::Local>;
 /// Without the `rdma` feature there are none.
 #[cfg(not(feature = "rdma"))]
 pub type NicsInner = std::convert::Infallible;
@@ -118,7 +119,7 @@ pub fn open_nics(cfg: &crate::client::ClientConfig) -> Result<Nics, crate::confi
     #[cfg(feature = "rdma")]
     {
         crate::transfer::rdma::nic::open_all(&cfg.rdma_devices, None)
-            .map(|nics| Some(nics.into()))
+            .map(|nics| Some(Arc::new(rdma::Local::new(nics))))
             .map_err(|e| crate::config::ConfigError::invalid("MOONCAKE_DEVICE", e.to_string()))
     }
     #[cfg(not(feature = "rdma"))]

@@ -45,6 +45,86 @@ pub const SLOTS: usize = 16;
 /// Most lanes (queue pairs) one client keeps to one store.
 pub const MAX_LANES: usize = 4;
 
+/// Most memory regions a client registers (`Client::register_buffer`).
+pub const MAX_REGISTERED: usize = 256;
+
+/// This client's RDMA side: its NICs (queue pairs use them in turn) and the memory its caller
+/// registered, which reads land in and writes leave from with no staging copy.
+pub struct Local {
+    pub nics: Vec<Arc<Nic>>,
+    registered: parking_lot::RwLock<Vec<Arc<Registered>>>,
+}
+
+/// Caller memory registered on every NIC of the client.
+struct Registered {
+    start: usize,
+    len: usize,
+    /// One region per NIC, in the order of `Local::nics`.
+    mrs: Vec<Mr>,
+}
+
+impl Local {
+    pub fn new(nics: Vec<Arc<Nic>>) -> Local {
+        Local {
+            nics,
+            registered: Default::default(),
+        }
+    }
+
+    /// Registers `len` bytes at `ptr` on every NIC.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until [`Local::unregister`] returns for it.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<(), VerbsError> {
+        let start = ptr as usize;
+        let end = start.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
+            VerbsError::Device(format!("cannot register {len} bytes at {start:#x}"))
+        })?;
+        let mut regions = self.registered.write();
+        if regions
+            .iter()
+            .any(|r| start < r.start + r.len && r.start < end)
+        {
+            return Err(VerbsError::Device(format!(
+                "{len} bytes at {start:#x} overlap memory registered already"
+            )));
+        }
+        if regions.len() >= MAX_REGISTERED {
+            return Err(VerbsError::Device(format!(
+                "{MAX_REGISTERED} buffers are registered already: unregister one first"
+            )));
+        }
+        let access = ACCESS_LOCAL_WRITE;
+        let mrs = self
+            .nics
+            .iter()
+            .map(|nic| Mr::register(&nic.pd, ptr, len, access))
+            .collect::<Result<Vec<_>, _>>()?;
+        regions.push(Arc::new(Registered { start, len, mrs }));
+        Ok(())
+    }
+
+    /// Forgets the registration that starts at `ptr`; false if there is none.
+    pub fn unregister(&self, ptr: *mut u8) -> bool {
+        let mut regions = self.registered.write();
+        let before = regions.len();
+        regions.retain(|r| r.start != ptr as usize);
+        regions.len() != before
+    }
+
+    /// The registration holding `[addr, addr + len)`, if any.
+    fn find(&self, addr: usize, len: usize) -> Option<Arc<Registered>> {
+        if len == 0 {
+            return None;
+        }
+        self.registered
+            .read()
+            .iter()
+            .find(|r| addr >= r.start && addr + len <= r.start + r.len)
+            .cloned()
+    }
+}
+
 /// A lane broke: why, to log and to answer the operations it left unanswered.
 struct Broken(TransferError);
 
@@ -101,12 +181,24 @@ struct Remote {
 struct Lane {
     qp: Qp,
     staging: Staging,
+    /// Which of the client's NICs it uses (the index of its regions in a registration).
+    nic: usize,
+    /// The client's NICs and registered memory.
+    local: Arc<Local>,
     conn: Connection,
     remote: Remote,
     /// Retired once idle this long (half the store's idle timeout: the store closes an idle
     /// connection, and its queue pair with it).
     max_idle: Duration,
     last_used: Instant,
+}
+
+/// How to post one chunk.
+struct Post {
+    opcode: u32,
+    remote: u64,
+    /// The caller's registered memory (address, key); `None`: the chunk's staging slot.
+    local: Option<(u64, u32)>,
 }
 
 /// A piece of one operation that goes through one slot.
@@ -135,9 +227,10 @@ impl Lane {
     fn connect(
         addr: &str,
         opts: &ConnOptions,
-        nic: &Arc<Nic>,
+        local: &Arc<Local>,
         nic_index: usize,
     ) -> Result<Lane, Broken> {
+        let nic = &local.nics[nic_index % local.nics.len()];
         let mut conn = Connection::connect(addr, opts)?;
         let ctx = nic.pd.context();
         let cq = Cq::new(ctx, (2 * SLOTS) as u32)?;
@@ -180,6 +273,8 @@ impl Lane {
         Ok(Lane {
             qp,
             staging,
+            nic: nic_index % local.nics.len(),
+            local: local.clone(),
             conn,
             remote: Remote {
                 addr: resp.addr,
@@ -204,14 +299,16 @@ impl Lane {
         }
     }
 
-    /// Streams `chunks` through the slots: `post_one(k)` says how to post chunk `k` (it may
-    /// fill its slot first), `landed(k)` takes it once its completion is in. Completions on one
-    /// queue pair arrive in the order posted.
+    /// Streams `chunks` through the slots: `prepare(k)` says how to post chunk `k` (opcode,
+    /// remote address, and its local memory when the caller registered it, else its slot, which
+    /// it may fill first), `landed(k)` takes it once its completion is in. Completions on one
+    /// queue pair arrive in the order posted, so at most [`SLOTS`] chunks are in flight and
+    /// chunk `k`'s slot is `k % SLOTS`.
     fn stream(
         &mut self,
         chunks: &[Chunk],
         deadline: Instant,
-        mut prepare: impl FnMut(&mut Staging, usize) -> Result<(u32, u64), TransferError>,
+        mut prepare: impl FnMut(&mut Staging, usize) -> Result<Post, TransferError>,
         mut landed: impl FnMut(&mut Staging, usize),
     ) -> Result<(), Broken> {
         let mut posted = 0;
@@ -224,8 +321,12 @@ impl Lane {
             wrs.clear();
             sges.clear();
             while posted < chunks.len() && posted - done < SLOTS {
-                let (opcode, remote) = prepare(&mut self.staging, posted)?;
-                let (addr, lkey) = self.staging.slot(posted);
+                let Post {
+                    opcode,
+                    remote,
+                    local,
+                } = prepare(&mut self.staging, posted)?;
+                let (addr, lkey) = local.unwrap_or_else(|| self.staging.slot(posted));
                 sges.push(IbvSge {
                     addr,
                     length: chunks[posted].len as u32,
@@ -315,16 +416,39 @@ impl Lane {
         }
         let all = chunks(ops.iter().map(|op| op.dst.len()));
         let work: Vec<Chunk> = all.into_iter().filter(|c| out[c.op].is_ok()).collect();
+        // Destinations the caller registered are read into directly.
+        let direct: Vec<Option<(Arc<Registered>, u32)>> = ops
+            .iter()
+            .map(|op| {
+                let reg = self.local.find(op.dst.as_ptr() as usize, op.dst.len())?;
+                let lkey = reg.mrs[self.nic].lkey();
+                Some((reg, lkey))
+            })
+            .collect();
+        let bases: Vec<u64> = ops.iter().map(|op| op.dst.as_ptr() as u64).collect();
         let mut crcs = vec![0u32; ops.len()];
         self.stream(
             &work,
             deadline,
-            |_, k| Ok((WR_RDMA_READ, remotes[work[k].op] + work[k].at as u64)),
+            |_, k| {
+                let c = work[k];
+                Ok(Post {
+                    opcode: WR_RDMA_READ,
+                    remote: remotes[c.op] + c.at as u64,
+                    local: direct[c.op]
+                        .as_ref()
+                        .map(|(_, lkey)| (bases[c.op] + c.at as u64, *lkey)),
+                })
+            },
             |staging, k| {
                 let c = work[k];
-                let src = staging.slot_bytes(k, c.len);
                 let dst = &mut ops[c.op].dst[c.at..c.at + c.len];
-                crcs[c.op] = copy_crc(dst, src, crcs[c.op], Dest::Cached);
+                crcs[c.op] = if direct[c.op].is_some() {
+                    // Landed in place: checksummed as it is, a pass of its own.
+                    crc32c::crc32c_append(crcs[c.op], dst)
+                } else {
+                    copy_crc(dst, staging.slot_bytes(k, c.len), crcs[c.op], Dest::Cached)
+                };
             },
         )?;
         for (j, id) in checks {
@@ -366,6 +490,16 @@ impl Lane {
             .into_iter()
             .filter(|c| out[c.op].is_ok())
             .collect();
+        // Values the caller registered are written from where they are.
+        let direct: Vec<Option<u32>> = ops
+            .iter()
+            .map(|op| {
+                let reg = self
+                    .local
+                    .find(op.value.as_ptr() as usize, op.value.len())?;
+                Some(reg.mrs[self.nic].lkey())
+            })
+            .collect();
         let mut crcs = vec![0u32; ops.len()];
         self.stream(
             &work,
@@ -373,8 +507,22 @@ impl Lane {
             |staging, k| {
                 let c = work[k];
                 let src = &ops[c.op].value[c.at..c.at + c.len];
-                crcs[c.op] = copy_crc(staging.slot_bytes(k, c.len), src, crcs[c.op], Dest::Cached);
-                Ok((WR_RDMA_WRITE, remotes[c.op] + c.at as u64))
+                let local = match direct[c.op] {
+                    Some(lkey) => {
+                        crcs[c.op] = crc32c::crc32c_append(crcs[c.op], src);
+                        Some((src.as_ptr() as u64, lkey))
+                    }
+                    None => {
+                        let slot = staging.slot_bytes(k, c.len);
+                        crcs[c.op] = copy_crc(slot, src, crcs[c.op], Dest::Cached);
+                        None
+                    }
+                };
+                Ok(Post {
+                    opcode: WR_RDMA_WRITE,
+                    remote: remotes[c.op] + c.at as u64,
+                    local,
+                })
             },
             |_, _| {},
         )?;
@@ -427,7 +575,7 @@ fn gid_halves(gid: &[u8; 16]) -> (u64, u64) {
 pub struct Rdma {
     pool: Arc<Pool>,
     tcp: Tcp,
-    nics: Arc<[Arc<Nic>]>,
+    local: Arc<Local>,
     idle: Mutex<Vec<Lane>>,
     freed: Condvar,
     /// Lanes that exist (idle or in use).
@@ -438,11 +586,11 @@ pub struct Rdma {
 }
 
 impl Rdma {
-    pub fn new(pool: Arc<Pool>, nics: Arc<[Arc<Nic>]>) -> Rdma {
+    pub fn new(pool: Arc<Pool>, local: Arc<Local>) -> Rdma {
         Rdma {
             tcp: Tcp::new(pool.clone()),
             pool,
-            nics,
+            local,
             idle: Mutex::new(Vec::new()),
             freed: Condvar::new(),
             lanes: AtomicUsize::new(0),
@@ -471,12 +619,10 @@ impl Rdma {
                 self.lanes.fetch_add(1, Ordering::Relaxed);
                 drop(idle);
                 let i = self.next_nic.fetch_add(1, Ordering::Relaxed);
-                let nic = &self.nics[i % self.nics.len()];
-                return Lane::connect(&self.pool.addr(), self.pool.options(), nic, i).inspect_err(
-                    |_| {
+                return Lane::connect(&self.pool.addr(), self.pool.options(), &self.local, i)
+                    .inspect_err(|_| {
                         self.lanes.fetch_sub(1, Ordering::Relaxed);
-                    },
-                );
+                    });
             }
             if self.freed.wait_until(&mut idle, deadline).timed_out() {
                 return Err(Broken(TransferError::Timeout));
