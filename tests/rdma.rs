@@ -37,9 +37,11 @@ fn have(tool: &str) -> bool {
 }
 
 /// The VM image, built (or found up to date); `None` after saying why the test is skipped.
-fn vm_image(test: &str) -> Option<PathBuf> {
+fn vm_image() -> Option<PathBuf> {
     if !have("qemu-system-x86_64") {
-        common::note_skip(test, "no qemu-system-x86_64 (Debian: qemu-system-x86)");
+        common::skip(&format!(
+            "{test}: no qemu-system-x86_64 (Debian: qemu-system-x86)"
+        ));
         return None;
     }
     let dir = Path::new(REPO).join("target/rdma-vm");
@@ -53,7 +55,7 @@ fn vm_image(test: &str) -> Option<PathBuf> {
             "cannot build the RDMA VM: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
-        common::note_skip(test, &why);
+        common::skip(&why);
         return None;
     }
     Some(dir)
@@ -156,10 +158,7 @@ fn start_vm(image: &Path, filter: &str, net: &[&str]) -> Vm {
 fn the_verbs_abi_is_the_system_headers() {
     let header = Path::new("/usr/include/infiniband/verbs.h");
     if !header.exists() {
-        common::note_skip(
-            "the_verbs_abi_is_the_system_headers",
-            "no <infiniband/verbs.h> (Debian: libibverbs-dev)",
-        );
+        common::skip("no <infiniband/verbs.h> (Debian: libibverbs-dev)");
         return;
     }
     let facts = rbgctl::transfer::rdma::verbs::abi_facts();
@@ -204,7 +203,7 @@ fn the_pool_over_soft_roce_in_one_vm() {
     if in_vm() {
         return;
     }
-    let Some(image) = vm_image("the_pool_over_soft_roce_in_one_vm") else {
+    let Some(image) = vm_image() else {
         return;
     };
     let (passed, console) = run_inside(&image, "inside_one_vm", Duration::from_secs(360));
@@ -435,7 +434,7 @@ fn the_pool_over_soft_roce_across_two_vms() {
     if in_vm() {
         return;
     }
-    let Some(image) = vm_image("the_pool_over_soft_roce_across_two_vms") else {
+    let Some(image) = vm_image() else {
         return;
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0")

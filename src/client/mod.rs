@@ -103,6 +103,24 @@ impl ClientConfig {
         Ok(self)
     }
 
+    /// Takes the transport from `MOONCAKE_PROTOCOL` and the RDMA devices from
+    /// `MOONCAKE_DEVICE` when they are set, as an engine that links Mooncake's client does.
+    pub fn with_transport_from_env(mut self) -> Result<Self, ConfigError> {
+        if let Some(p) = std::env::var("MOONCAKE_PROTOCOL")
+            .ok()
+            .filter(|p| !p.is_empty())
+        {
+            self.transport = p
+                .parse()
+                .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?;
+            self.transport.check_built("MOONCAKE_PROTOCOL")?;
+        }
+        if let Ok(d) = std::env::var("MOONCAKE_DEVICE") {
+            self.rdma_devices = d;
+        }
+        Ok(self)
+    }
+
     /// Reads `MOONCAKE_MASTER`, `MOONCAKE_GLOBAL_SEGMENT_SIZE` (> 0 embeds a store) and the other
     /// `MOONCAKE_*` variables, or `MOONCAKE_CONFIG_PATH`, as Mooncake's store client does.
     pub fn from_mooncake_env() -> Result<ClientConfig, ConfigError> {

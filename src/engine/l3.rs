@@ -5,6 +5,7 @@
 use super::tokens::{page_bytes, page_bytes_ok};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -36,8 +37,15 @@ impl L3 {
     /// Connects to the master, retrying for up to `wait` (the pool may still be starting).
     pub fn connect(master: &str, page_bytes: usize, wait: Duration) -> Result<L3, L3Error> {
         let deadline = Instant::now() + wait;
+        // MOONCAKE_PROTOCOL=rdma and MOONCAKE_DEVICE, as for an engine linking Mooncake.
+        let cfg = ClientConfig::new(master)
+            .with_transport_from_env()
+            .map_err(|e| L3Error {
+                master: master.to_string(),
+                source: ClientError::Config(Arc::new(e)),
+            })?;
         loop {
-            match Client::connect(ClientConfig::new(master)) {
+            match Client::connect(cfg.clone()) {
                 Ok(client) => {
                     return Ok(L3 {
                         client,
