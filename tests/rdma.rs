@@ -39,9 +39,7 @@ fn have(tool: &str) -> bool {
 /// The VM image, built (or found up to date); `None` after saying why the test is skipped.
 fn vm_image() -> Option<PathBuf> {
     if !have("qemu-system-x86_64") {
-        common::skip(&format!(
-            "{test}: no qemu-system-x86_64 (Debian: qemu-system-x86)"
-        ));
+        common::skip("no qemu-system-x86_64 (Debian: qemu-system-x86)");
         return None;
     }
     let dir = Path::new(REPO).join("target/rdma-vm");
