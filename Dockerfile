@@ -23,10 +23,13 @@ LABEL org.opencontainers.image.title="rbgctl" \
       org.opencontainers.image.created="${CREATED}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/rbgctl/rbgctl"
-# tini is PID 1 so SIGTERM reaches the role (a store then tells the master it will be back).
-# The locally built base (scripts/build-base-images.sh) already has tini and ca-certificates.
-RUN if ! command -v tini >/dev/null; then \
+# tini is PID 1 so SIGTERM reaches the role (a store then tells the master it will be back);
+# ibverbs-providers brings libibverbs and its providers, which the RDMA data path loads
+# (`protocol = "rdma"`; the container needs the host's /dev/infiniband devices and IPC_LOCK).
+# The locally built base (scripts/build-base-images.sh) already has all three.
+RUN if ! command -v tini >/dev/null || ! ldconfig -p | grep -q libibverbs.so.1; then \
         apt-get update && apt-get install -y --no-install-recommends tini ca-certificates \
+            ibverbs-providers \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && groupadd --gid 10001 rbgctl \

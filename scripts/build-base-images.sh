@@ -5,8 +5,10 @@
 #
 #   scripts/build-base-images.sh [TAG]        # TAG defaults to debian:bookworm-slim
 #
-# The image carries what the runtime stage would otherwise apt-get: tini (PID 1) and
-# ca-certificates. Set DEBIAN_MIRROR to use another mirror, FORCE=1 to rebuild an existing tag.
+# The image carries what the runtime stage would otherwise apt-get: tini (PID 1),
+# ca-certificates, and rdma-core's user libraries (ibverbs-providers: libibverbs1 and the
+# providers, which the RDMA data path loads). Set DEBIAN_MIRROR to use another mirror, FORCE=1
+# to rebuild an existing tag; an image of an older recipe (its label) is rebuilt.
 # Needs root (debootstrap) and a Docker engine.
 set -euo pipefail
 
@@ -14,7 +16,10 @@ TAG=${1:-debian:bookworm-slim}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${DEBIAN_SUITE:-bookworm}
 
-if docker image inspect "$TAG" >/dev/null 2>&1 && [ -z "${FORCE:-}" ]; then
+PACKAGES=tini,ca-certificates,ibverbs-providers
+RECIPE="2 $PACKAGES"
+have=$(docker image inspect -f '{{index .Config.Labels "rbgctl.base-recipe"}}' "$TAG" 2>/dev/null || true)
+if [ "$have" = "$RECIPE" ] && [ -z "${FORCE:-}" ]; then
     echo "base image $TAG exists (FORCE=1 rebuilds it)"
     exit 0
 fi
@@ -25,7 +30,7 @@ fi
 root=$(mktemp -d /tmp/rbgctl-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 echo "debootstrap $SUITE (minbase) from $MIRROR into $root"
-debootstrap --variant=minbase --include=tini,ca-certificates "$SUITE" "$root" "$MIRROR" >/dev/null
+debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$root" "$MIRROR" >/dev/null
 
 # Slim, as Debian's own -slim images: no docs, man pages, locales or package lists.
 rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
@@ -39,5 +44,6 @@ tar --numeric-owner -C "$root" -c . \
     | docker import \
         --change 'CMD ["bash"]' \
         --change "LABEL org.opencontainers.image.description=\"Debian $SUITE minbase, built locally by rbgctl's scripts/build-base-images.sh\"" \
+        --change "LABEL rbgctl.base-recipe=\"$RECIPE\"" \
         - "$TAG" >/dev/null
 echo "built $TAG: $(docker image inspect "$TAG" --format '{{.Size}}') bytes"

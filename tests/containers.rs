@@ -294,6 +294,27 @@ fn check_image_basics(image: &str) {
     assert!(help.contains("--rpc_port"), "{help}");
     let help = must(&["run", "--rm", image, "store", "--help"]);
     assert!(help.contains("--shm-group"), "{help}");
+    // Issue 42: the image carries libibverbs, so a store asked for RDMA on a device this host
+    // lacks says which device is missing, not that the library is.
+    let refused = docker(&[
+        "run",
+        "--rm",
+        image,
+        "store",
+        "--master",
+        "127.0.0.1:1",
+        "--protocol",
+        "rdma",
+        "--device",
+        "rxe9",
+        "--segment-size",
+        "1MiB",
+    ])
+    .expect_err("no RDMA device in the container");
+    assert!(
+        refused.contains("store.device") && !refused.contains("cannot load libibverbs"),
+        "{refused}"
+    );
 }
 
 #[test]
