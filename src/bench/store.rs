@@ -1411,10 +1411,11 @@ struct RdmaReport {
     results: Vec<PhaseResult>,
     /// 4 KiB get p50 over ib_read_lat's typical latency.
     get_4k_latency_ratio: Option<f64>,
-    /// The store's CPU time for the same stream of gets by RDMA and over TCP, less what it
-    /// spends at rest (measured first) for as long.
+    /// The store's CPU time for the same stream of gets by RDMA and over TCP, each asking the
+    /// master where the value is, then by RDMA from remembered locations (a `CHECK_VERSION`
+    /// to the store beside each READ); less what the store spends at rest (measured first).
     store_cpu: Vec<StoreCpu>,
-    /// RDMA's store CPU over TCP's.
+    /// RDMA's store CPU over TCP's, both through the master.
     store_cpu_ratio: Option<f64>,
     failures: Vec<String>,
 }
@@ -1487,16 +1488,18 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         rdma_device: Some(device.to_string()),
     })?;
     let master = cluster.master.clone();
-    let connect = |transport| -> anyhow::Result<Arc<Client>> {
+    // `remember`: whether the client reads remembered locations (one store round trip) or
+    // asks the master each time (its read lease then covers a one-sided read alone).
+    let connect = |transport, remember: bool| -> anyhow::Result<Arc<Client>> {
         Ok(Arc::new(Client::connect(ClientConfig {
             transport,
             rdma_devices: device.to_string(),
             same_host_shm: false,
+            location_cache_entries: if remember { 65_536 } else { 0 },
             ..ClientConfig::new(master.clone())
         })?))
     };
-    let rdma = connect(crate::transfer::Transport::Rdma)?;
-    let tcp = connect(crate::transfer::Transport::Tcp)?;
+    let rdma = connect(crate::transfer::Transport::Rdma, true)?;
     let ctx = Ctx {
         args,
         prefix: format!(
@@ -1556,7 +1559,13 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
     let (t0, cpu0) = (Instant::now(), cpu_seconds(store_pid)?);
     std::thread::sleep(Duration::from_secs(3));
     let rest_per_s = (cpu_seconds(store_pid)? - cpu0) / t0.elapsed().as_secs_f64();
-    for (path, client) in [("rdma", &rdma), ("tcp", &tcp)] {
+    let readers = [
+        ("rdma", connect(crate::transfer::Transport::Rdma, false)?),
+        ("tcp", connect(crate::transfer::Transport::Tcp, false)?),
+        ("rdma, remembered locations", rdma.clone()),
+    ];
+    for (path, client) in &readers {
+        let path = *path;
         progress(&format!("the store's CPU for 1 MiB gets by {path}"));
         let (t0, cpu0) = (Instant::now(), cpu_seconds(store_pid)?);
         let rounds = (args.phase_bytes.0 / (keys.len() * size) as u64).clamp(1, 16);
@@ -1578,7 +1587,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
     }
     cleanup(&rdma, keys);
     let ratio = match store_cpu.as_slice() {
-        [r, t] if t.store_cpu_seconds > 0.0 => Some(r.store_cpu_seconds / t.store_cpu_seconds),
+        [r, t, ..] if t.store_cpu_seconds > 0.0 => Some(r.store_cpu_seconds / t.store_cpu_seconds),
         _ => None,
     };
     let report = RdmaReport {

@@ -638,13 +638,14 @@ impl Rdma {
 
     /// A lane failed: it is dropped (its pair to the error state first, so nothing posted
     /// lingers) and the reason logged; a store that refused RDMA is reached by TCP from now on.
+    /// `lane` is `None` when it failed to connect (`take` has counted it out already).
     fn broke(&self, lane: Option<Lane>, why: &TransferError) {
         if let Some(lane) = lane {
             lane.qp.fail();
             drop(lane);
+            self.lanes.fetch_sub(1, Ordering::Relaxed);
+            self.freed.notify_one();
         }
-        self.lanes.fetch_sub(1, Ordering::Relaxed);
-        self.freed.notify_one();
         let refused = matches!(why, TransferError::Remote { status, .. }
             if matches!(status, Status::UnknownOpcode | Status::InvalidParams));
         if refused && !self.tcp_only.swap(true, Ordering::Relaxed) {
