@@ -213,6 +213,7 @@ fn the_pool_over_soft_roce_in_one_vm() {
         "inside_one_vm_a_store_killed_mid_read_leaves_the_gets_to_the_other_replica",
         "inside_one_vm_a_restarted_store_is_read_by_rdma_again_after_its_old_pair_fails",
         "inside_one_vm_bench_store_rdma_reports_against_perftest",
+        "inside_one_vm_the_python_client_works_over_tcp_against_an_rdma_store",
     ] {
         assert!(
             console.contains(&format!("{name} ... ok")),
@@ -675,4 +676,59 @@ fn inside_one_vm_bench_store_rdma_reports_against_perftest() {
     let ratio = r["store_cpu_ratio"].as_f64().unwrap();
     assert!(ratio < 0.5, "the store worked for one-sided reads: {ratio}");
     assert_eq!(r["failures"].as_array().unwrap().len(), 0);
+}
+
+/// The Python client (SGLang's HiCache path) against a store serving RDMA: it takes
+/// `MOONCAKE_PROTOCOL=rdma`, moves the bytes over TCP, which the store serves too, and reads back
+/// what the Rust client wrote by RDMA.
+#[test]
+#[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
+fn inside_one_vm_the_python_client_works_over_tcp_against_an_rdma_store() {
+    assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
+    let c = rdma_cluster(1);
+    let rust = rdma_client(&c);
+    let v = value(1 << 20, 50);
+    rust.put("from-rust", &v, &ReplicateConfig::default())
+        .unwrap();
+    let script = format!(
+        r#"
+import hashlib
+from rbgctl import Client, ClientConfig
+cfg = ClientConfig.from_env({{"MOONCAKE_MASTER": "{master}", "MOONCAKE_PROTOCOL": "rdma"}})
+cfg.same_host_shm = False
+c = Client(cfg)
+got = c.get("from-rust")
+print("rust-value", len(got), hashlib.sha256(bytes(got)).hexdigest())
+c.put("from-python", bytes(range(256)) * 4096)
+print("python-put ok")
+"#,
+        master = c.rpc
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .env("PYTHONPATH", Path::new(REPO).join("python/src"))
+        .output()
+        .expect("python3 in the VM");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(&v)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        stdout.contains(&format!("rust-value {} {digest}", 1 << 20)),
+        "{stdout}"
+    );
+    assert!(stdout.contains("python-put ok"), "{stdout}");
+    let want: Vec<u8> = (0..4096).flat_map(|_| 0..=255u8).collect();
+    assert_eq!(rust.get("from-python").unwrap(), want);
+    // The Python client's bytes went over TCP, both ways.
+    assert!(metric(&c, 0, "rbgctl_store_read_bytes_total") >= (1 << 20) as f64);
+    assert!(metric(&c, 0, "rbgctl_store_written_bytes_total") >= (1 << 20) as f64);
 }
