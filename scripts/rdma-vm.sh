@@ -14,7 +14,9 @@
 #                                    standard output.
 #                                    NET: `user` (default; 10.0.2.15, QEMU's user network),
 #                                    `listen:PORT` or `connect:PORT` (two VMs joined by a socket
-#                                    on 127.0.0.1:PORT; give each its IP, e.g. 10.77.0.1/24).
+#                                    on 127.0.0.1:PORT; give each its IP, e.g. 10.77.0.1/24);
+#                                    several, comma-separated, for several NICs (ethN, rxeN),
+#                                    with as many IPs.
 #
 # Needs root (debootstrap, chroot), debootstrap, dpkg-deb, cpio, zstd and qemu-system-x86_64.
 # What works and what does not on these machines: ../shared/reference/rdma-softroce.md (rxe in
@@ -28,7 +30,7 @@ SUITE=bookworm
 PACKAGES=rdma-core,ibverbs-utils,ibverbs-providers,perftest,iproute2,kmod,rdmacm-utils,procps,curl,python3
 # crc32_generic: rxe asks the crypto API for "crc32" by name, which no module dependency names.
 MODULES="virtio_pci virtio_net 9p 9pnet_virtio crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad"
-RECIPE="v4 $SUITE $PACKAGES $MODULES"
+RECIPE="v5 $SUITE $PACKAGES $MODULES"
 
 die() { echo "rdma-vm: $*" >&2; exit 1; }
 
@@ -57,7 +59,6 @@ for word in $(cat /proc/cmdline); do
         rvm.job=*) job=${word#rvm.job=} ;;
         rvm.mnt=*) mnt=${word#rvm.mnt=} ;;
         rvm.ip=*) ip=${word#rvm.ip=} ;;
-        rvm.gw=*) gw=${word#rvm.gw=} ;;
     esac
 done
 say() { echo "rdma-vm: $*" >/dev/console; }
@@ -67,16 +68,24 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576,cache=loose host0 "$m
     || say "cannot mount the host's folder"
 hostname rdma-vm
 ip link set lo up
-ip link set eth0 up
-ip addr add "$ip" dev eth0
-[ -n "${gw:-}" ] && ip route add default via "$gw"
-rdma link add rxe0 type rxe netdev eth0 || say "cannot add rxe0 on eth0"
-# The port goes ACTIVE once the link is up; wait for it (bounded).
+# One address per NIC (comma-separated), in order: eth0, eth1, ...; soft-RoCE rxeN on ethN.
 n=0
-until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null || [ $n -ge 50 ]; do
-    sleep 0.1; n=$((n + 1))
+for addr in $(echo "$ip" | tr ',' ' '); do
+    ip link set "eth$n" up
+    ip addr add "$addr" dev "eth$n"
+    rdma link add "rxe$n" type rxe netdev "eth$n" || say "cannot add rxe$n on eth$n"
+    n=$((n + 1))
 done
-say "rxe0 $(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null), eth0 $ip"
+# Each port goes ACTIVE once its link is up; wait for them (bounded).
+i=0
+while [ $i -lt $n ]; do
+    t=0
+    until grep -q ACTIVE "/sys/class/infiniband/rxe$i/ports/1/state" 2>/dev/null || [ $t -ge 50 ]; do
+        sleep 0.1; t=$((t + 1))
+    done
+    say "rxe$i $(cat "/sys/class/infiniband/rxe$i/ports/1/state" 2>/dev/null), eth$i"
+    i=$((i + 1))
+done
 rc=99
 if [ -n "${job:-}" ] && [ -f "$mnt/$job" ]; then
     ( cd "$(dirname "$mnt/$job")" && sh "$mnt/$job" ) </dev/null >/dev/console 2>&1
@@ -159,15 +168,20 @@ run() {
     [ -f "$dir/vmlinuz" ] || die "no VM in $dir: run '$0 build $dir' first"
     [ -f "$share/$job" ] || die "no job $share/$job"
     rm -f "$share/$job.rc"
-    local nic mac
-    mac=52:54:00:12:34:$(printf %02x $((RANDOM % 200 + 16)))
-    case "$net" in
-        user) nic=(-nic "user,model=virtio-net-pci,mac=$mac") ;;
-        listen:* | connect:*)
-            nic=(-netdev "socket,id=n0,${net%%:*}=127.0.0.1:${net#*:}"
-                -device "virtio-net-pci,netdev=n0,mac=$mac") ;;
-        *) die "NET is user, listen:PORT or connect:PORT, not $net" ;;
-    esac
+    # One NIC per NET (comma-separated): `user`, or `listen:PORT` / `connect:PORT`.
+    local nic=() k=0 spec
+    for spec in $(echo "$net" | tr ',' ' '); do
+        local mac
+        mac=52:54:00:12:$(printf %02x $((k + 1))):$(printf %02x $((RANDOM % 200 + 16)))
+        case "$spec" in
+            user) nic+=(-nic "user,model=virtio-net-pci,mac=$mac") ;;
+            listen:* | connect:*)
+                nic+=(-netdev "socket,id=n$k,${spec%%:*}=127.0.0.1:${spec#*:}"
+                    -device "virtio-net-pci,netdev=n$k,mac=$mac") ;;
+            *) die "NET is user, listen:PORT or connect:PORT (comma-separated), not $spec" ;;
+        esac
+        k=$((k + 1))
+    done
     # TCG only: KVM here cannot boot a stock kernel (see the reference note).
     exec qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "${RDMA_VM_MEMORY:-2048}" \
         -kernel "$dir/vmlinuz" -initrd "$dir/initrd.img" \

@@ -425,9 +425,10 @@ fn inside_one_vm_a_restarted_store_is_read_by_rdma_again_after_its_old_pair_fail
     );
 }
 
-/// Two VMs, two hosts, each with its own kernel RDMA stack, joined by one virtual wire (a QEMU
-/// socket): the master and a store in one, a client and a second store in the other. Values
-/// placed on the far store are written and read across the wire by RDMA, replicas span both.
+/// Two VMs, two hosts, each with its own kernel RDMA stack and two NICs (rxe0, rxe1), joined by
+/// two virtual wires (QEMU sockets, one subnet each): the master and a store in one, a client and
+/// a second store in the other. Values placed on the far store are written and read across the
+/// wires by RDMA, the client's queue pairs striped over both NICs; replicas span both hosts.
 #[test]
 fn the_pool_over_soft_roce_across_two_vms() {
     if in_vm() {
@@ -436,26 +437,35 @@ fn the_pool_over_soft_roce_across_two_vms() {
     let Some(image) = vm_image() else {
         return;
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (p0, p1) = (free_port(), free_port());
     let a = start_vm(
         &image,
         "inside_two_vms_host_a",
-        &[&format!("listen:{port}"), "10.77.0.1/24"],
+        &[
+            &format!("listen:{p0},listen:{p1}"),
+            &format!("{HOST_A}/24,{HOST_A_2}/24"),
+        ],
     );
-    // QEMU listens for the other end of the wire before the first VM boots: wait for the
-    // socket (a probe connection would take the wire's only place).
+    // QEMU listens for the other ends of the wires before the first VM boots: wait for the
+    // sockets (a probe connection would take a wire's only place).
     assert!(
-        wait_until(Duration::from_secs(20), || listening(port)),
-        "the first VM's QEMU listens on {port}"
+        wait_until(Duration::from_secs(20), || listening(p0) && listening(p1)),
+        "the first VM's QEMU listens on {p0} and {p1}"
     );
     let b = start_vm(
         &image,
         "inside_two_vms_host_b",
-        &[&format!("connect:{port}"), "10.77.0.2/24"],
+        &[
+            &format!("connect:{p0},connect:{p1}"),
+            &format!("{HOST_B}/24,{HOST_B_2}/24"),
+        ],
     );
     let (b_passed, b_console) = b.finish(Duration::from_secs(300));
     let (a_passed, a_console) = a.finish(Duration::from_secs(60));
@@ -478,6 +488,10 @@ fn listening(port: u16) -> bool {
 
 const HOST_A: &str = "10.77.0.1";
 const HOST_B: &str = "10.77.0.2";
+/// The second wire's subnet (rxe1 on eth1).
+const HOST_A_2: &str = "10.78.0.1";
+const HOST_B_2: &str = "10.78.0.2";
+const DEVICES: &str = "rxe0,rxe1";
 const MASTER_PORT: u16 = 50051;
 const STORE_METRICS_PORT: u16 = 9100;
 const DONE: &str = "two-vms/done";
@@ -500,7 +514,7 @@ fn store_on(
         heartbeat_interval_ms: rbgctl::config::Millis(Duration::from_millis(200)),
         shm_dir: std::env::temp_dir().join(format!("rdma-{name}")),
         protocol: Transport::Rdma,
-        device: "rxe0".into(),
+        device: DEVICES.into(),
         ..Default::default()
     };
     launcher
@@ -551,7 +565,7 @@ fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
     let _store = store_on(&launcher, "store-b", HOST_B, &master);
     let client = Client::connect(ClientConfig {
         transport: Transport::Rdma,
-        rdma_devices: "rxe0".into(),
+        rdma_devices: DEVICES.into(),
         ..ClientConfig::new(master.clone())
     })
     .unwrap();
@@ -596,6 +610,17 @@ fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
         r.unwrap();
     }
     assert!(bufs == pages, "the far pages came back whole");
+    // Four readers at once: the client opens more queue pairs to the far store, which take
+    // its two NICs in turn.
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..3 {
+                    assert_eq!(client.get("far").unwrap(), far);
+                }
+            });
+        }
+    });
     // Replicas across both hosts.
     let both = value(1 << 20, 40);
     let two = ReplicateConfig {
@@ -612,7 +637,20 @@ fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
         let (_, body) = common::http_at(HOST_A, STORE_METRICS_PORT, "GET", "/metrics", b"");
         rbgctl::telemetry::sample(&body, name).unwrap_or(-1.0)
     };
-    assert!(far_metric("rbgctl_store_rdma_queue_pairs_total") >= 1.0);
+    assert!(far_metric("rbgctl_store_rdma_queue_pairs_total") >= 2.0);
+    let (_, body) = common::http_at(HOST_A, STORE_METRICS_PORT, "GET", "/metrics", b"");
+    for device in ["rxe0", "rxe1"] {
+        let line = format!("rbgctl_store_rdma_device_queue_pairs_total{{device=\"{device}\"}}");
+        let n: f64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(
+            n >= 1.0,
+            "no queue pair on the far store's {device}:\n{body}"
+        );
+    }
     assert_eq!(far_metric("rbgctl_store_read_bytes_total"), 0.0);
     assert_eq!(far_metric("rbgctl_store_written_bytes_total"), 0.0);
     assert!(

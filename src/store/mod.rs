@@ -734,6 +734,21 @@ impl StoreStatus {
         if let Some(d) = &self.disk {
             d.render(&mut p);
         }
+        #[cfg(feature = "rdma")]
+        if let Some(rdma) = &s.rdma {
+            p.family(
+                "rbgctl_store_rdma_device_queue_pairs_total",
+                "counter",
+                "RDMA queue pairs connected for clients, by the device (NIC) they use.",
+            );
+            for (device, n) in rdma.devices() {
+                p.sample(
+                    "rbgctl_store_rdma_device_queue_pairs_total",
+                    &[("device", &device)],
+                    n as f64,
+                );
+            }
+        }
         s.connections.render(&mut p, "rbgctl_store");
         s.stats.render(&mut p, "rbgctl_store", |op| {
             Opcode::from_u8(op).map(|o| o.name())

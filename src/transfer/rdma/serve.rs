@@ -23,6 +23,8 @@ struct Served {
     cq: Arc<Cq>,
     mr: Mr,
     nic: Arc<Nic>,
+    /// Queue pairs made on this NIC.
+    connects: std::sync::atomic::AtomicU64,
 }
 
 pub struct RdmaSegment {
@@ -63,7 +65,12 @@ impl RdmaSegment {
                 "segment registered for RDMA"
             );
             let cq = Cq::new(nic.pd.context(), 16)?;
-            served.push(Served { cq, mr, nic });
+            served.push(Served {
+                cq,
+                mr,
+                nic,
+                connects: Default::default(),
+            });
         }
         Ok(RdmaSegment {
             nics: served,
@@ -89,6 +96,9 @@ impl RdmaSegment {
             mtu: req.mtu,
         };
         qp.connect(&client, ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE)?;
+        served
+            .connects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let me = qp.endpoint();
         let resp = RdmaConnectResp {
             qpn: me.qpn,
@@ -106,8 +116,14 @@ impl RdmaSegment {
         Ok((qp, resp))
     }
 
-    /// The devices serving the segment, by name.
-    pub fn devices(&self) -> Vec<String> {
-        self.nics.iter().map(|s| s.nic.name().to_string()).collect()
+    /// Each device serving the segment, by name, with the queue pairs made on it.
+    pub fn devices(&self) -> Vec<(String, u64)> {
+        self.nics
+            .iter()
+            .map(|s| {
+                let n = s.connects.load(std::sync::atomic::Ordering::Relaxed);
+                (s.nic.name().to_string(), n)
+            })
+            .collect()
     }
 }
