@@ -307,36 +307,33 @@ impl StoreService {
         Ok(false)
     }
 
-    /// SEAL_CHECKED: records objects a client wrote with RDMA, each only if its bytes in the
-    /// segment hash to the CRC-32C the client computed as it sent them.
-    fn seal_checked(
+    /// SEAL and SEAL_CHECKED: records objects whose bytes came into the segment without this
+    /// store moving them (a same-host client's copies; a client's RDMA WRITEs), each if it is
+    /// in bounds and not superseded, and with `checked`, only if its bytes in the segment hash
+    /// to the CRC-32C its writer computed as it sent them.
+    fn seal(
         &self,
         io: &mut ServerIo<'_>,
         mem: &SegmentMemory,
         objects: Vec<StoredObject>,
+        checked: bool,
     ) -> Result<bool, TransferError> {
         let mut items = Vec::with_capacity(objects.len());
         let mut good = Vec::with_capacity(objects.len());
         for o in objects {
-            if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
-                items.push(Status::OutOfBounds);
-                continue;
+            let status = if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
+                Status::OutOfBounds
+            } else if self.stale(&o.key, o.version).is_some() {
+                Status::WriteSuperseded
+            } else if checked && !self.holds_bytes_of(mem, &o) {
+                Status::ChecksumMismatch
+            } else {
+                Status::Ok
+            };
+            items.push(status);
+            if status == Status::Ok {
+                good.push(o);
             }
-            if self.stale(&o.key, o.version).is_some() {
-                items.push(Status::WriteSuperseded);
-                continue;
-            }
-            // SAFETY: bounds checked; the range is this put's alone, and its writer is done.
-            let crc = crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) });
-            if crc != o.checksum {
-                self.checksum_mismatches.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(offset = o.offset, key = %o.key, crc, sent = o.checksum,
-                    "bytes written by RDMA do not match their writer's CRC-32C; not recorded");
-                items.push(Status::ChecksumMismatch);
-                continue;
-            }
-            items.push(Status::Ok);
-            good.push(o);
         }
         if let Err(e) = self.records.seal(&good) {
             self.index_errors.fetch_add(1, Ordering::Relaxed);
@@ -344,10 +341,29 @@ impl StoreService {
             io.error(Status::Internal, &format!("index write failed: {e}"))?;
             return Ok(false);
         }
-        let written: u64 = good.iter().map(|o| o.size).sum();
-        self.rdma_bytes_sealed.fetch_add(written, Ordering::Relaxed);
+        let bytes: u64 = good.iter().map(|o| o.size).sum();
+        let counter = if checked {
+            &self.rdma_bytes_sealed
+        } else {
+            &self.bytes_sealed
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
         io.ok(&BatchStatusResp { items })?;
         Ok(true)
+    }
+
+    /// Whether the (bounds-checked) range of `o` hashes to its CRC-32C; a mismatch is counted
+    /// and logged.
+    fn holds_bytes_of(&self, mem: &SegmentMemory, o: &StoredObject) -> bool {
+        // SAFETY: bounds checked by the caller; the range is this put's alone, its writer done.
+        let crc = crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) });
+        if crc == o.checksum {
+            return true;
+        }
+        self.checksum_mismatches.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(offset = o.offset, key = %o.key, crc, sent = o.checksum,
+            "bytes written by RDMA do not match their writer's CRC-32C; not recorded");
+        false
     }
 
     fn dispatch(
@@ -372,40 +388,12 @@ impl StoreService {
                 };
                 self.write(io, mem, r, op == Opcode::WriteChecked)
             }
-            Opcode::Seal => {
+            Opcode::Seal | Opcode::SealChecked => {
                 let r = SealReq::from_meta(meta)?;
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
-                let mut items = Vec::with_capacity(r.objects.len());
-                let mut good = Vec::with_capacity(r.objects.len());
-                for o in r.objects {
-                    if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
-                        items.push(Status::OutOfBounds);
-                    } else if self.stale(&o.key, o.version).is_some() {
-                        items.push(Status::WriteSuperseded);
-                    } else {
-                        items.push(Status::Ok);
-                        good.push(o);
-                    }
-                }
-                if let Err(e) = self.records.seal(&good) {
-                    self.index_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(error = %e, "cannot record objects in the index");
-                    io.error(Status::Internal, &format!("index write failed: {e}"))?;
-                    return Ok(false);
-                }
-                let sealed: u64 = good.iter().map(|o| o.size).sum();
-                self.bytes_sealed.fetch_add(sealed, Ordering::Relaxed);
-                io.ok(&BatchStatusResp { items })?;
-                Ok(true)
-            }
-            Opcode::SealChecked => {
-                let r = SealReq::from_meta(meta)?;
-                let Some(mem) = &self.memory else {
-                    return no_segment(io);
-                };
-                self.seal_checked(io, mem, r.objects)
+                self.seal(io, mem, r.objects, op == Opcode::SealChecked)
             }
             Opcode::RdmaConnect => self.rdma_connect(io, meta),
             Opcode::CheckVersion => {
