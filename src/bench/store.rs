@@ -388,6 +388,21 @@ struct Ctx<'a> {
     failures: Failures,
 }
 
+impl<'a> Ctx<'a> {
+    /// A run's context: its keys under a prefix of their own (this process, a random draw).
+    fn new(args: &'a StoreBenchArgs) -> Ctx<'a> {
+        Ctx {
+            args,
+            prefix: format!(
+                "bench-store/{:x}-{:x}/",
+                std::process::id(),
+                fastrand::u32(..)
+            ),
+            failures: Failures::default(),
+        }
+    }
+}
+
 /// Put then get of unique keys for one value size and thread count, the values placed on
 /// `segment` (any, if empty).
 fn put_get_case(
@@ -696,15 +711,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     if args.master.is_some() {
         check_foreign_pool(&tcp, &master, &args)?;
     }
-    let ctx = Ctx {
-        args: &args,
-        prefix: format!(
-            "bench-store/{:x}-{:x}/",
-            std::process::id(),
-            fastrand::u32(..)
-        ),
-        failures: Failures::default(),
-    };
+    let ctx = Ctx::new(&args);
     let mut results = Vec::new();
     let outcome = measure(
         &tcp,
@@ -1500,15 +1507,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         })?))
     };
     let rdma = connect(crate::transfer::Transport::Rdma, true)?;
-    let ctx = Ctx {
-        args,
-        prefix: format!(
-            "bench-store/{:x}-{:x}/",
-            std::process::id(),
-            fastrand::u32(..)
-        ),
-        failures: Failures::default(),
-    };
+    let ctx = Ctx::new(args);
     let mut results = Vec::new();
     for size in [4096u64, 1 << 20, 4 << 20] {
         progress(&format!("rdma: {} × 1 thread", human_bytes(size)));

@@ -106,19 +106,30 @@ impl ClientConfig {
     /// Takes the transport from `MOONCAKE_PROTOCOL` and the RDMA devices from
     /// `MOONCAKE_DEVICE` when they are set, as an engine that links Mooncake's client does.
     pub fn with_transport_from_env(mut self) -> Result<Self, ConfigError> {
-        if let Some(p) = std::env::var("MOONCAKE_PROTOCOL")
+        let protocol = std::env::var("MOONCAKE_PROTOCOL")
             .ok()
-            .filter(|p| !p.is_empty())
-        {
+            .filter(|p| !p.is_empty());
+        let device = std::env::var("MOONCAKE_DEVICE").ok();
+        self.take_transport(protocol.as_deref(), device.as_deref())?;
+        Ok(self)
+    }
+
+    /// Mooncake's `protocol` (`tcp` or `rdma`) and `device_name`, checked.
+    fn take_transport(
+        &mut self,
+        protocol: Option<&str>,
+        device: Option<&str>,
+    ) -> Result<(), ConfigError> {
+        if let Some(p) = protocol {
             self.transport = p
                 .parse()
                 .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?;
             self.transport.check_built("MOONCAKE_PROTOCOL")?;
         }
-        if let Ok(d) = std::env::var("MOONCAKE_DEVICE") {
-            self.rdma_devices = d;
+        if let Some(d) = device {
+            self.rdma_devices = d.to_string();
         }
-        Ok(self)
+        Ok(())
     }
 
     /// Reads `MOONCAKE_MASTER`, `MOONCAKE_GLOBAL_SEGMENT_SIZE` (> 0 embeds a store) and the other
@@ -133,15 +144,7 @@ impl ClientConfig {
         let token_file = std::env::var_os(crate::auth::TOKEN_FILE_ENV).filter(|f| !f.is_empty());
         let mut cfg = ClientConfig::new(master)
             .with_auth_file(token_file.as_deref().map(std::path::Path::new))?;
-        if let Some(p) = &env.protocol {
-            cfg.transport = p
-                .parse()
-                .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?;
-            cfg.transport.check_built("MOONCAKE_PROTOCOL")?;
-        }
-        if let Some(d) = &env.device {
-            cfg.rdma_devices = d.clone();
-        }
+        cfg.take_transport(env.protocol.as_deref(), env.device.as_deref())?;
         if env.global_segment_size.unwrap_or(0) > 0 {
             let store = crate::store::config::StoreArgs::default().resolve(&env)?;
             cfg.embedded_store = Some(StoreConfig {

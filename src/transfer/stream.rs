@@ -259,15 +259,20 @@ impl FramedStream {
         read
     }
 
-    fn read_bounced(&mut self, dst: &mut [u8], bounce: &mut [u8]) -> Result<u32, TransferError> {
-        use super::checked_copy::{copy_crc, Dest};
-        if dst.len() as u64 > self.pending_data {
+    /// A read of `len` payload bytes must stay within the frame's payload.
+    fn check_payload(&self, len: usize) -> Result<(), TransferError> {
+        if len as u64 > self.pending_data {
             return Err(TransferError::Protocol(format!(
-                "asked for {} payload bytes, frame has {}",
-                dst.len(),
+                "asked for {len} payload bytes, frame has {}",
                 self.pending_data
             )));
         }
+        Ok(())
+    }
+
+    fn read_bounced(&mut self, dst: &mut [u8], bounce: &mut [u8]) -> Result<u32, TransferError> {
+        use super::checked_copy::{copy_crc, Dest};
+        self.check_payload(dst.len())?;
         let from_buf = dst.len().min(self.buffered());
         let buffered = &self.rbuf[self.rstart..self.rstart + from_buf];
         let mut crc = copy_crc(&mut dst[..from_buf], buffered, 0, Dest::Streamed);
@@ -299,13 +304,7 @@ impl FramedStream {
         dst: &mut [u8],
         mut arrived: impl FnMut(&[u8]),
     ) -> Result<(), TransferError> {
-        if dst.len() as u64 > self.pending_data {
-            return Err(TransferError::Protocol(format!(
-                "asked for {} payload bytes, frame has {}",
-                dst.len(),
-                self.pending_data
-            )));
-        }
+        self.check_payload(dst.len())?;
         let from_buf = dst.len().min(self.buffered());
         dst[..from_buf].copy_from_slice(&self.rbuf[self.rstart..self.rstart + from_buf]);
         self.rstart += from_buf;

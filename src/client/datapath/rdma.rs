@@ -193,6 +193,29 @@ struct Lane {
     last_used: Instant,
 }
 
+/// A batch's plan on a lane: per operation, its remote address (or why it has none), whether
+/// its local memory is registered (and under which key), and the chunks to post.
+#[derive(Default)]
+struct Planned {
+    remote: Vec<Result<u64, TransferError>>,
+    direct: Vec<Option<(Arc<Registered>, u32)>>,
+    bases: Vec<u64>,
+    lens: Vec<usize>,
+    work: Vec<Chunk>,
+}
+
+impl Planned {
+    fn remote(&self, c: Chunk) -> u64 {
+        self.remote[c.op].as_ref().map_or(0, |at| at + c.at as u64)
+    }
+
+    /// The chunk's local memory when its operation's is registered.
+    fn local(&self, c: Chunk) -> Option<(u64, u32)> {
+        let (_, lkey) = self.direct[c.op].as_ref()?;
+        Some((self.bases[c.op] + c.at as u64, *lkey))
+    }
+}
+
 /// How to post one chunk.
 struct Post {
     opcode: u32,
@@ -383,6 +406,35 @@ impl Lane {
         Ok(())
     }
 
+    /// Where each operation goes and how its chunks are posted. `spans` are the operations'
+    /// segment offsets and local memory (address, length).
+    fn plan(&self, spans: impl Iterator<Item = (u64, usize, usize)>) -> Planned {
+        let mut p = Planned::default();
+        for (offset, addr, len) in spans {
+            let remote = self.remote_at(offset, len);
+            // Memory the caller registered is posted as it is (the registration kept alive
+            // until the chunks are done); the rest goes through the staging slots.
+            p.direct.push(
+                remote
+                    .is_ok()
+                    .then(|| self.local.find(addr, len))
+                    .flatten()
+                    .map(|reg| {
+                        let lkey = reg.mrs[self.nic].lkey();
+                        (reg, lkey)
+                    }),
+            );
+            p.bases.push(addr as u64);
+            p.lens.push(len);
+            p.remote.push(remote);
+        }
+        p.work = chunks(p.lens.iter().copied())
+            .into_iter()
+            .filter(|c| p.remote[c.op].is_ok())
+            .collect();
+        p
+    }
+
     fn read(
         &mut self,
         ops: &mut [ReadOp<'_>],
@@ -406,44 +458,26 @@ impl Lane {
                 checks.push((j, id));
             }
         }
-        let mut remotes = Vec::with_capacity(ops.len());
-        for (j, op) in ops.iter().enumerate() {
-            let at = self.remote_at(op.offset, op.dst.len());
-            remotes.push(at.as_ref().copied().unwrap_or(0));
-            if let Err(e) = at {
-                out[j] = Err(e);
-            }
-        }
-        let all = chunks(ops.iter().map(|op| op.dst.len()));
-        let work: Vec<Chunk> = all.into_iter().filter(|c| out[c.op].is_ok()).collect();
-        // Destinations the caller registered are read into directly.
-        let direct: Vec<Option<(Arc<Registered>, u32)>> = ops
-            .iter()
-            .map(|op| {
-                let reg = self.local.find(op.dst.as_ptr() as usize, op.dst.len())?;
-                let lkey = reg.mrs[self.nic].lkey();
-                Some((reg, lkey))
-            })
-            .collect();
-        let bases: Vec<u64> = ops.iter().map(|op| op.dst.as_ptr() as u64).collect();
+        let plan = self.plan(
+            ops.iter()
+                .map(|op| (op.offset, op.dst.as_ptr() as usize, op.dst.len())),
+        );
+        let work = &plan.work;
         let mut crcs = vec![0u32; ops.len()];
         self.stream(
-            &work,
+            work,
             deadline,
             |_, k| {
-                let c = work[k];
                 Ok(Post {
                     opcode: WR_RDMA_READ,
-                    remote: remotes[c.op] + c.at as u64,
-                    local: direct[c.op]
-                        .as_ref()
-                        .map(|(_, lkey)| (bases[c.op] + c.at as u64, *lkey)),
+                    remote: plan.remote(work[k]),
+                    local: plan.local(work[k]),
                 })
             },
             |staging, k| {
                 let c = work[k];
                 let dst = &mut ops[c.op].dst[c.at..c.at + c.len];
-                crcs[c.op] = if direct[c.op].is_some() {
+                crcs[c.op] = if plan.direct[c.op].is_some() {
                     // Landed in place: checksummed as it is, a pass of its own.
                     crc32c::crc32c_append(crcs[c.op], dst)
                 } else {
@@ -451,6 +485,11 @@ impl Lane {
                 };
             },
         )?;
+        for (j, r) in plan.remote.iter().enumerate() {
+            if let Err(e) = r {
+                out[j] = Err(e.clone());
+            }
+        }
         for (j, id) in checks {
             if let Err(e) = self.conn.recv(id) {
                 if e.breaks_connection() {
@@ -472,60 +511,36 @@ impl Lane {
         ops: &[WriteOp<'_>],
         deadline: Instant,
     ) -> Result<Vec<Result<u32, TransferError>>, Broken> {
-        let mut out: Vec<Result<u32, TransferError>> = Vec::with_capacity(ops.len());
-        let mut remotes = Vec::with_capacity(ops.len());
-        for op in ops {
-            match self.remote_at(op.offset, op.value.len()) {
-                Ok(at) => {
-                    remotes.push(at);
-                    out.push(Ok(0));
-                }
-                Err(e) => {
-                    remotes.push(0);
-                    out.push(Err(e));
-                }
-            }
-        }
-        let work: Vec<Chunk> = chunks(ops.iter().map(|op| op.value.len()))
-            .into_iter()
-            .filter(|c| out[c.op].is_ok())
-            .collect();
-        // Values the caller registered are written from where they are.
-        let direct: Vec<Option<u32>> = ops
-            .iter()
-            .map(|op| {
-                let reg = self
-                    .local
-                    .find(op.value.as_ptr() as usize, op.value.len())?;
-                Some(reg.mrs[self.nic].lkey())
-            })
-            .collect();
+        let plan = self.plan(
+            ops.iter()
+                .map(|op| (op.offset, op.value.as_ptr() as usize, op.value.len())),
+        );
+        let work = &plan.work;
         let mut crcs = vec![0u32; ops.len()];
         self.stream(
-            &work,
+            work,
             deadline,
             |staging, k| {
                 let c = work[k];
                 let src = &ops[c.op].value[c.at..c.at + c.len];
-                let local = match direct[c.op] {
-                    Some(lkey) => {
-                        crcs[c.op] = crc32c::crc32c_append(crcs[c.op], src);
-                        Some((src.as_ptr() as u64, lkey))
-                    }
-                    None => {
-                        let slot = staging.slot_bytes(k, c.len);
-                        crcs[c.op] = copy_crc(slot, src, crcs[c.op], Dest::Cached);
-                        None
-                    }
+                let local = plan.local(c);
+                crcs[c.op] = match local {
+                    Some(_) => crc32c::crc32c_append(crcs[c.op], src),
+                    None => copy_crc(staging.slot_bytes(k, c.len), src, crcs[c.op], Dest::Cached),
                 };
                 Ok(Post {
                     opcode: WR_RDMA_WRITE,
-                    remote: remotes[c.op] + c.at as u64,
+                    remote: plan.remote(c),
                     local,
                 })
             },
             |_, _| {},
         )?;
+        let mut out: Vec<Result<u32, TransferError>> = plan
+            .remote
+            .iter()
+            .map(|r| r.as_ref().map(|_| 0).map_err(Clone::clone))
+            .collect();
         // Every byte is in the store's memory: it checks and records them.
         let sealed: Vec<usize> = (0..ops.len()).filter(|&j| out[j].is_ok()).collect();
         if sealed.is_empty() {

@@ -33,6 +33,9 @@ pub enum VerbsError {
     },
     #[error("{0}")]
     Device(String),
+    /// The kernel lists no RDMA devices at all.
+    #[error("this host's kernel offers no RDMA devices ({0}); load its RDMA drivers (ib_uverbs and the NIC's; for soft-RoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE)")]
+    NoRdma(std::io::Error),
 }
 
 impl VerbsError {
@@ -497,23 +500,32 @@ pub fn available() -> Result<(), VerbsError> {
 
 /// The RDMA devices this host has, by name (`rxe0`, `mlx5_0`).
 pub fn device_names() -> Result<Vec<String>, VerbsError> {
-    let f = lib()?;
+    with_devices(|_, devices| Ok(devices.iter().map(|(_, name)| name.clone()).collect()))
+}
+
+/// Runs `f` on this host's RDMA devices (each with its name); the list is freed after, so a
+/// device pointer must not outlive `f`. No list at all is the kernel saying it has no RDMA.
+fn with_devices<T>(
+    f: impl FnOnce(&Fns, &[(*mut IbvDevice, String)]) -> Result<T, VerbsError>,
+) -> Result<T, VerbsError> {
+    let fns = lib()?;
     let mut n: c_int = 0;
-    // SAFETY: the list is freed below; names are copied out first.
+    // SAFETY: the list is read while it lives and freed once `f` is done with it.
     unsafe {
-        let list = (f.get_device_list)(&mut n);
+        let list = (fns.get_device_list)(&mut n);
         if list.is_null() {
-            return Err(VerbsError::call("ibv_get_device_list"));
+            return Err(VerbsError::NoRdma(std::io::Error::last_os_error()));
         }
-        let names = (0..n as usize)
+        let devices: Vec<(*mut IbvDevice, String)> = (0..n.max(0) as usize)
             .map(|i| {
-                CStr::from_ptr((f.get_device_name)(*list.add(i)))
-                    .to_string_lossy()
-                    .into_owned()
+                let dev = *list.add(i);
+                let name = CStr::from_ptr((fns.get_device_name)(dev)).to_string_lossy();
+                (dev, name.into_owned())
             })
             .collect();
-        (f.free_device_list)(list);
-        Ok(names)
+        let result = f(fns, &devices);
+        (fns.free_device_list)(list);
+        result
     }
 }
 
@@ -542,33 +554,10 @@ unsafe impl Sync for Context {}
 
 impl Context {
     pub fn open(name: &str) -> Result<Arc<Context>, VerbsError> {
-        let f = lib()?;
-        let mut n: c_int = 0;
-        // SAFETY: the device pointer is used before the list is freed (the opened context
-        // does not need the list).
-        unsafe {
-            let list = (f.get_device_list)(&mut n);
-            if list.is_null() {
-                let e = std::io::Error::last_os_error();
-                return Err(VerbsError::Device(format!(
-                    "no RDMA device {name:?}: this host's kernel offers no RDMA devices \
-                     (ibv_get_device_list: {e}); load its RDMA drivers (ib_uverbs and the NIC's; \
-                     for soft-RoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev \
-                     IFACE)"
-                )));
-            }
-            let mut found = None;
-            let mut names = Vec::new();
-            for i in 0..n as usize {
-                let dev = *list.add(i);
-                let dev_name = CStr::from_ptr((f.get_device_name)(dev)).to_string_lossy();
-                if dev_name == name {
-                    found = Some(dev);
-                }
-                names.push(dev_name.into_owned());
-            }
-            let result = match found {
-                None => Err(VerbsError::Device(if names.is_empty() {
+        let opened = with_devices(|fns, devices| {
+            let Some((dev, _)) = devices.iter().find(|(_, n)| n == name) else {
+                let names: Vec<&str> = devices.iter().map(|(_, n)| n.as_str()).collect();
+                return Err(VerbsError::Device(if names.is_empty() {
                     format!(
                         "no RDMA device {name:?}: this host has none (load a driver, or for \
                          soft-RoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE)"
@@ -578,22 +567,22 @@ impl Context {
                         "no RDMA device {name:?}; this host has {}",
                         names.join(", ")
                     )
-                })),
-                Some(dev) => {
-                    let raw = (f.open_device)(dev);
-                    if raw.is_null() {
-                        Err(VerbsError::call("ibv_open_device"))
-                    } else {
-                        Ok(Arc::new(Context {
-                            raw,
-                            name: name.to_string(),
-                        }))
-                    }
-                }
+                }));
             };
-            (f.free_device_list)(list);
-            result
-        }
+            // SAFETY: the device is in the live list; the context does not need the list.
+            let raw = unsafe { (fns.open_device)(*dev) };
+            if raw.is_null() {
+                return Err(VerbsError::call("ibv_open_device"));
+            }
+            Ok(Arc::new(Context {
+                raw,
+                name: name.to_string(),
+            }))
+        });
+        opened.map_err(|e| match e {
+            VerbsError::NoRdma(_) => VerbsError::Device(format!("no RDMA device {name:?}: {e}")),
+            e => e,
+        })
     }
 
     pub fn name(&self) -> &str {
