@@ -555,6 +555,9 @@ fn cases() -> Vec<Case> {
         length: 64 << 20,
         rkey: 0x1234,
         idle_ms: 120_000,
+        stamp_addr: 0x7f00_1000_0000,
+        stamp_rkey: 0x1235,
+        stamp_slots: 8192,
     };
     c.reply("rdma connect reply", Opcode::RdmaConnect, &connected, 0);
     let sealed = SealReq {
@@ -576,7 +579,14 @@ fn cases() -> Vec<Case> {
         0,
     );
     c.request("check version", Opcode::CheckVersion, &read_version, 0);
-    c.reply("check version reply", Opcode::CheckVersion, &(), 0);
+    c.reply(
+        "check version reply",
+        Opcode::CheckVersion,
+        &CheckVersionResp {
+            lease_ms_left: 1_500,
+        },
+        0,
+    );
     c.error(
         "error: the version moved",
         Opcode::ReadVersion,
@@ -668,6 +678,7 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         MoveReq,
         RdmaConnectReq,
         RdmaConnectResp,
+        CheckVersionResp,
     )
 }
 

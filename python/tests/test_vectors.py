@@ -125,6 +125,7 @@ NOT_USED_HERE = {
     "BatchPutCommitResp",
     "RdmaConnectReq",
     "RdmaConnectResp",
+    "CheckVersionResp",
 }
 
 

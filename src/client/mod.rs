@@ -27,6 +27,8 @@ mod reservations;
 mod routes;
 
 pub use breakdown::{Breakdown, Part};
+#[cfg(feature = "rdma")]
+pub use datapath::VersionChecks;
 pub use error::ClientError;
 
 use crate::config::mooncake::MooncakeEnv;
@@ -478,6 +480,13 @@ impl Client {
         }
         let _ = (ptr, len);
         Ok(())
+    }
+
+    /// Over RDMA, how this client's reads of remembered locations were checked: by the version
+    /// stamp read with the bytes, or by asking the store. `None` over TCP.
+    #[cfg(feature = "rdma")]
+    pub fn rdma_version_checks(&self) -> Option<VersionChecks> {
+        self.inner.routes.rdma_local().map(|l| l.version_checks())
     }
 
     /// Forgets a registration made by `register_buffer` at `ptr`. Over TCP, nothing to do.

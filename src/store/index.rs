@@ -13,6 +13,7 @@
 //! `IndexMap` is the pure part (records by offset, overlap rules); `DurableIndex` adds the file.
 
 use crate::transfer::message::{ForgetItem, StoredObject};
+use crate::transfer::stamps::{StampTable, Stamps};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -87,9 +88,21 @@ impl Record {
 
 /// Records by offset. Records never overlap: a new record removes every record it overlaps
 /// (their bytes are being overwritten, so they are gone).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct IndexMap {
     by_offset: BTreeMap<u64, Record>,
+    /// The version stamps that one-sided readers check, kept in step with the records (set
+    /// once a record exists, cleared before it is dropped).
+    stamps: Option<Stamps>,
+}
+
+impl std::fmt::Debug for IndexMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IndexMap")
+            .field("by_offset", &self.by_offset)
+            .field("stamps", &self.stamps.is_some())
+            .finish()
+    }
 }
 
 impl IndexMap {
@@ -122,15 +135,36 @@ impl IndexMap {
         out
     }
 
+    /// Keeps `table`'s stamps in step with the records from now on, starting with those
+    /// already here.
+    pub fn attach_stamps(&mut self, table: std::sync::Arc<StampTable>) {
+        let mut stamps = Stamps::new(table);
+        for (o, r) in &self.by_offset {
+            stamps.recorded(*o, r.version);
+        }
+        self.stamps = Some(stamps);
+    }
+
     /// Inserts a record; returns the records it displaced.
     pub fn insert(&mut self, offset: u64, rec: Record) -> Vec<(u64, Record)> {
         let displaced = self
             .overlapping(offset, rec.size)
             .into_iter()
-            .filter_map(|o| self.by_offset.remove(&o).map(|r| (o, r)))
+            .filter_map(|o| self.remove(o).map(|r| (o, r)))
             .collect();
+        if let Some(stamps) = &mut self.stamps {
+            stamps.recorded(offset, rec.version);
+        }
         self.by_offset.insert(offset, rec);
         displaced
+    }
+
+    /// Drops the record at `offset` (its stamp first).
+    pub fn remove(&mut self, offset: u64) -> Option<Record> {
+        if let Some(stamps) = &mut self.stamps {
+            stamps.dropping(offset);
+        }
+        self.by_offset.remove(&offset)
     }
 
     /// Whether the record at `offset` is `version`, `size` bytes long; its checksum if so.
@@ -145,7 +179,7 @@ impl IndexMap {
     pub fn forget(&mut self, offset: u64, version: u64) -> bool {
         match self.by_offset.get(&offset) {
             Some(r) if r.version == version => {
-                self.by_offset.remove(&offset);
+                self.remove(offset);
                 true
             }
             _ => false,
@@ -153,6 +187,9 @@ impl IndexMap {
     }
 
     pub fn clear(&mut self) {
+        if let Some(stamps) = &mut self.stamps {
+            stamps.clear();
+        }
         self.by_offset.clear();
     }
 }
@@ -678,7 +715,7 @@ impl Records {
             Records::Memory(map) => {
                 let mut map = map.lock();
                 for o in map.overlapping(offset, size) {
-                    map.by_offset.remove(&o);
+                    map.remove(o);
                 }
                 Ok(())
             }
@@ -693,6 +730,14 @@ impl Records {
                 map.lock().clear();
                 Ok(())
             }
+        }
+    }
+
+    /// Keeps `table`'s version stamps in step with the records from now on.
+    pub fn attach_stamps(&self, table: std::sync::Arc<StampTable>) {
+        match self {
+            Records::Durable(index) => index.inner.lock().0.attach_stamps(table),
+            Records::Memory(map) => map.lock().attach_stamps(table),
         }
     }
 
@@ -747,6 +792,53 @@ mod tests {
         assert!(!m.forget(256, 99));
         assert!(m.forget(256, 3));
         assert!(m.get(256).is_none());
+    }
+
+    #[test]
+    fn stamps_follow_the_records_through_every_change() {
+        use crate::transfer::stamps::{slot, StampTable};
+        let table = std::sync::Arc::new(StampTable::new(1 << 20).unwrap());
+        let at = |offset| table.get(slot(offset, table.slots()));
+        let records = Records::in_memory();
+        records.seal(&[obj("before", 1, 0, 64)]).unwrap();
+        // Attached late, the table takes the records already there.
+        records.attach_stamps(table.clone());
+        assert_eq!(at(0), 1);
+        records.seal(&[obj("a", 2, 4096, 64)]).unwrap();
+        assert_eq!(at(4096), 2);
+        // Displaced by an overlapping record: the old stamp goes, the new one comes.
+        records.seal(&[obj("b", 3, 4096 - 64, 128)]).unwrap();
+        assert_eq!(at(4096), 0);
+        assert_eq!(at(4096 - 64), 3);
+        // A forget of another version leaves it; of its own version clears it.
+        records
+            .forget(&[ForgetItem {
+                offset: 4096 - 64,
+                version: 2,
+            }])
+            .unwrap();
+        assert_eq!(at(4096 - 64), 3);
+        records
+            .forget(&[ForgetItem {
+                offset: 4096 - 64,
+                version: 3,
+            }])
+            .unwrap();
+        assert_eq!(at(4096 - 64), 0);
+        records.purge(0, 8).unwrap();
+        assert_eq!(at(0), 0);
+        records.seal(&[obj("c", 4, 8192, 64)]).unwrap();
+        records.clear().unwrap();
+        assert_eq!(at(8192), 0);
+        // The durable index keeps them in step the same way.
+        let dir = tempfile::tempdir().unwrap();
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        let durable = Records::Durable(std::sync::Arc::new(idx));
+        durable.attach_stamps(table.clone());
+        durable.seal(&[obj("d", 5, 12288, 64)]).unwrap();
+        assert_eq!(at(12288), 5);
+        durable.purge(12288, 1).unwrap();
+        assert_eq!(at(12288), 0);
     }
 
     #[test]

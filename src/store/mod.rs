@@ -374,6 +374,7 @@ fn open_persistent(cfg: &StoreConfig, access: &Access, name: &str) -> Result<Ope
 fn register_rdma(
     cfg: &StoreConfig,
     mem: &Arc<segment::SegmentMemory>,
+    stamps: Arc<crate::transfer::stamps::StampTable>,
 ) -> Result<crate::transfer::rdma::serve::RdmaSegment, StoreError> {
     use crate::transfer::rdma::{nic, serve::RdmaSegment};
     let bad = |e: crate::transfer::rdma::verbs::VerbsError| {
@@ -388,7 +389,8 @@ fn register_rdma(
     // long as the registration lives.
     unsafe {
         let base = mem.slice_mut(0, mem.size()).as_mut_ptr();
-        RdmaSegment::register(nics, base, len, mem.clone(), cfg.idle_timeout_ms.0).map_err(bad)
+        RdmaSegment::register(nics, base, len, mem.clone(), stamps, cfg.idle_timeout_ms.0)
+            .map_err(bad)
     }
 }
 
@@ -446,17 +448,20 @@ impl Store {
                 persistent: index.is_some(),
             }
         });
-        #[cfg(feature = "rdma")]
-        let rdma = match (&memory, cfg.protocol) {
-            (Some(mem), crate::transfer::Transport::Rdma) => {
-                Some(Arc::new(register_rdma(cfg, mem)?))
-            }
-            _ => None,
-        };
         let records: Arc<index::Records> = Arc::new(match index {
             Some(index) => index::Records::Durable(index),
             None => index::Records::in_memory(),
         });
+        #[cfg(feature = "rdma")]
+        let rdma = match (&memory, cfg.protocol) {
+            (Some(mem), crate::transfer::Transport::Rdma) => {
+                // One-sided readers check versions in this table; it follows the records.
+                let stamps = Arc::new(crate::transfer::stamps::StampTable::new(mem.size())?);
+                records.attach_stamps(stamps.clone());
+                Some(Arc::new(register_rdma(cfg, mem, stamps)?))
+            }
+            _ => None,
+        };
         let lease = Arc::new(server::ReadLease::default());
         let write_floor = Arc::new(AtomicU64::new(0));
         let service = Arc::new(StoreService {

@@ -9,8 +9,8 @@ use super::segment::SegmentMemory;
 use super::Recovery;
 use crate::telemetry::OpStats;
 use crate::transfer::message::{
-    BatchStatusResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq, ReadVersionReq, SealReq,
-    StoreInfoResp, StoredObject, Wire, WriteReq,
+    BatchStatusResp, CheckVersionResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq,
+    ReadVersionReq, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
 };
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
@@ -52,8 +52,14 @@ impl ReadLease {
     }
 
     pub fn valid(&self, now: Instant) -> bool {
+        !self.left(now).is_zero()
+    }
+
+    /// How much longer the lease runs from `now` (zero when it has none).
+    pub fn left(&self, now: Instant) -> Duration {
         let until = self.until_ns.load(Ordering::SeqCst);
-        until != 0 && (now.saturating_duration_since(self.base).as_nanos() as u64) < until
+        let at = now.saturating_duration_since(self.base).as_nanos() as u64;
+        Duration::from_nanos(until.saturating_sub(at))
     }
 }
 
@@ -408,7 +414,11 @@ impl StoreService {
                     io.error(status, &msg)?;
                     return Ok(false);
                 }
-                io.ok(&())?;
+                // Read after the check: the lease ran at least this long past it.
+                let left = self.lease.left(Instant::now());
+                io.ok(&CheckVersionResp {
+                    lease_ms_left: left.as_millis() as u64,
+                })?;
                 Ok(true)
             }
             Opcode::Forget => {

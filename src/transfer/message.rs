@@ -414,8 +414,9 @@ message!(
 );
 message!(
     /// The store's pair, connected to the client's, its NIC count, its memory segment as that
-    /// NIC sees it (base address, length, remote key), and how long the store keeps an idle
-    /// connection (and the pair with it).
+    /// NIC sees it (base address, length, remote key), how long the store keeps an idle
+    /// connection (and the pair with it), and its table of version stamps (address, remote key,
+    /// slots: a power of two, or 0 when it keeps none; `transfer::stamps`).
     RdmaConnectResp {
         qpn: u32,
         psn: u32,
@@ -428,7 +429,16 @@ message!(
         length: u64,
         rkey: u32,
         idle_ms: u64,
-    } min_len = 4 + 4 + 4 + 8 + 8 + 1 + 4 + 8 + 8 + 4 + 8
+        stamp_addr: u64,
+        stamp_rkey: u32,
+        stamp_slots: u64,
+    } min_len = 4 + 4 + 4 + 8 + 8 + 1 + 4 + 8 + 8 + 4 + 8 + 8 + 4 + 8
+);
+message!(
+    /// Store: the answer to `CHECK_VERSION` (the version is there): how much longer its read
+    /// lease from the master runs, counted from when it answered. A client trusts the version
+    /// stamps it reads one-sidedly only within that time, counted from when it asked.
+    CheckVersionResp { lease_ms_left: u64 } min_len = 8
 );
 message!(
     /// Store (from the master): drop these records. `lease_ms` is ignored (masters before

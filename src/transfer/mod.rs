@@ -10,6 +10,7 @@ pub mod pool;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod server;
+pub mod stamps;
 pub mod stream;
 
 pub use frame::{Header, Opcode, Status};

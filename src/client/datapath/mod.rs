@@ -19,7 +19,7 @@ mod tcp;
 
 pub use disk::LocalDisk;
 #[cfg(feature = "rdma")]
-pub use rdma::Rdma;
+pub use rdma::{Rdma, VersionChecks};
 pub use shm::{LocalSegment, Shm};
 pub use tcp::Tcp;
 

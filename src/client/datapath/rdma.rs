@@ -12,9 +12,12 @@
 //! a WRITE is copied in (and checksummed) before it is posted. The caller's memory is never
 //! registered, so nothing the caller frees can still be a target of the NIC.
 //!
-//! A read of a remembered location (a `version` is named) sends `CHECK_VERSION` on the lane's
-//! connection beside the READ, and is answered only if the store still holds that version
-//! there under the master's read lease; `docs/kv-pool.md` has the argument.
+//! A read of a remembered location (a `version` is named) is checked by the store's version
+//! stamp for its extent, READ right after the bytes in the same doorbell, while the store's
+//! read lease runs as the store last reported it; otherwise (no lease known, another version
+//! in the stamp) by `CHECK_VERSION` on the lane's connection, which the store answers only if
+//! it still holds that version there under the master's read lease, saying how long that lease
+//! runs. `docs/kv-pool.md` ("Versions") has the argument.
 //!
 //! What fails on a lane — a completion error (the store died, its pair was torn down), no
 //! completion in time, a broken connection — tears the lane down (its pair moved to the error
@@ -24,16 +27,18 @@
 use super::{DataPath, PathKind, ReadOp, Tcp, WriteOp};
 use crate::transfer::checked_copy::{copy_crc, Dest};
 use crate::transfer::message::{
-    BatchStatusResp, RdmaConnectReq, RdmaConnectResp, ReadVersionReq, SealReq, StoredObject,
+    BatchStatusResp, CheckVersionResp, RdmaConnectReq, RdmaConnectResp, ReadVersionReq, SealReq,
+    StoredObject,
 };
 use crate::transfer::rdma::nic::Nic;
 use crate::transfer::rdma::verbs::{
     self, Cq, IbvSge, IbvWc, Mr, Qp, QpEndpoint, VerbsError, ACCESS_LOCAL_WRITE, WC_SUCCESS,
     WR_RDMA_READ, WR_RDMA_WRITE,
 };
+use crate::transfer::stamps::{self, STAMP_BYTES};
 use crate::transfer::{ConnOptions, Connection, Opcode, Pool, Status, TransferError};
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,6 +58,25 @@ pub const MAX_REGISTERED: usize = 256;
 pub struct Local {
     pub nics: Vec<Arc<Nic>>,
     registered: parking_lot::RwLock<Vec<Arc<Registered>>>,
+    counts: Counts,
+}
+
+/// How this client's reads of remembered locations were checked.
+#[derive(Debug, Default)]
+struct Counts {
+    /// By the version stamp read beside the bytes: no round trip to the store.
+    stamped: AtomicU64,
+    /// By asking the store (`CHECK_VERSION`).
+    asked: AtomicU64,
+}
+
+/// What [`Local::counts`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VersionChecks {
+    /// Reads of remembered locations that the version stamp read with the bytes answered.
+    pub stamped: u64,
+    /// Reads of remembered locations for which the store was asked (`CHECK_VERSION`).
+    pub asked: u64,
 }
 
 /// Caller memory registered on every NIC of the client.
@@ -68,6 +92,15 @@ impl Local {
         Local {
             nics,
             registered: Default::default(),
+            counts: Counts::default(),
+        }
+    }
+
+    /// How this client's reads of remembered locations were checked so far.
+    pub fn version_checks(&self) -> VersionChecks {
+        VersionChecks {
+            stamped: self.counts.stamped.load(Ordering::Relaxed),
+            asked: self.counts.asked.load(Ordering::Relaxed),
         }
     }
 
@@ -176,6 +209,28 @@ struct Remote {
     rkey: u32,
 }
 
+/// The store's table of version stamps as its NIC sees it.
+#[derive(Clone, Copy, Debug)]
+struct RemoteStamps {
+    addr: u64,
+    rkey: u32,
+    slots: u64,
+}
+
+impl RemoteStamps {
+    fn of(resp: &RdmaConnectResp) -> Option<RemoteStamps> {
+        resp.stamp_slots.is_power_of_two().then_some(RemoteStamps {
+            addr: resp.stamp_addr,
+            rkey: resp.stamp_rkey,
+            slots: resp.stamp_slots,
+        })
+    }
+
+    fn at(&self, offset: u64) -> u64 {
+        self.addr + stamps::slot(offset, self.slots) * STAMP_BYTES
+    }
+}
+
 /// One queue pair to the store and what it needs. Fields drop in order: the pair first, then
 /// its staging memory, then the connection (whose closing makes the store drop its pair).
 struct Lane {
@@ -187,6 +242,10 @@ struct Lane {
     local: Arc<Local>,
     conn: Connection,
     remote: Remote,
+    stamps: Option<RemoteStamps>,
+    /// Until when the store's read lease surely runs, as the last `CHECK_VERSION` answer told
+    /// (counted from when it was asked): version stamps are trusted only before then.
+    lease_until: Option<Instant>,
     /// Retired once idle this long (half the store's idle timeout: the store closes an idle
     /// connection, and its queue pair with it).
     max_idle: Duration,
@@ -220,6 +279,7 @@ impl Planned {
 struct Post {
     opcode: u32,
     remote: u64,
+    rkey: u32,
     /// The caller's registered memory (address, key); `None`: the chunk's staging slot.
     local: Option<(u64, u32)>,
 }
@@ -304,6 +364,8 @@ impl Lane {
                 len: resp.length,
                 rkey: resp.rkey,
             },
+            stamps: RemoteStamps::of(&resp),
+            lease_until: None,
             max_idle: Duration::from_millis(resp.idle_ms / 2),
             last_used: Instant::now(),
         })
@@ -347,6 +409,7 @@ impl Lane {
                 let Post {
                     opcode,
                     remote,
+                    rkey,
                     local,
                 } = prepare(&mut self.staging, posted)?;
                 let (addr, lkey) = local.unwrap_or_else(|| self.staging.slot(posted));
@@ -355,13 +418,7 @@ impl Lane {
                     length: chunks[posted].len as u32,
                     lkey,
                 });
-                wrs.push(verbs::rdma_wr(
-                    opcode,
-                    posted as u64,
-                    remote,
-                    self.remote.rkey,
-                    true,
-                ));
+                wrs.push(verbs::rdma_wr(opcode, posted as u64, remote, rkey, true));
                 posted += 1;
             }
             // SAFETY: each request names its own slot of the registered staging buffer and a
@@ -441,41 +498,70 @@ impl Lane {
         deadline: Instant,
     ) -> Result<Vec<Result<(), TransferError>>, Broken> {
         let mut out: Vec<Result<(), TransferError>> = vec![Ok(()); ops.len()];
-        // Remembered locations: ask beside the READ whether the store still holds them.
+        // Remembered locations are checked by the version stamp read right after the bytes,
+        // while the store's lease (as it last told) runs; otherwise by asking the store beside
+        // the READ, which also tells how long its lease runs.
+        let stamped = self
+            .stamps
+            .filter(|_| self.lease_until.is_some_and(|u| Instant::now() < u));
         let mut checks = Vec::new();
+        let mut stamp_ops = Vec::new();
         for (j, op) in ops.iter().enumerate() {
-            if let Some(version) = op.version {
-                let req = ReadVersionReq {
-                    offset: op.offset,
-                    length: op.dst.len() as u64,
-                    version,
-                };
-                let id = self.conn.send(
-                    Opcode::CheckVersion,
-                    &crate::transfer::Wire::to_meta(&req),
-                    &[],
-                )?;
-                checks.push((j, id));
+            match (op.version, stamped) {
+                (None, _) => {}
+                (Some(_), Some(_)) => stamp_ops.push(j),
+                (Some(version), None) => checks.push(self.ask(j, op, version)?),
             }
         }
         let plan = self.plan(
             ops.iter()
                 .map(|op| (op.offset, op.dst.as_ptr() as usize, op.dst.len())),
         );
-        let work = &plan.work;
+        // The bytes' chunks, then one 8-byte READ of each remembered operation's stamp.
+        let data = plan.work.len();
+        let mut work = plan.work.clone();
+        work.extend(stamp_ops.iter().map(|&op| Chunk {
+            op,
+            at: 0,
+            len: STAMP_BYTES as usize,
+        }));
+        let stamp_at: Vec<(u64, u32)> = match stamped {
+            Some(table) => stamp_ops
+                .iter()
+                .map(|&j| (table.at(ops[j].offset), table.rkey))
+                .collect(),
+            None => Vec::new(),
+        };
         let mut crcs = vec![0u32; ops.len()];
+        let mut stamps_read = vec![0u64; ops.len()];
+        let rkey = self.remote.rkey;
         self.stream(
-            work,
+            &work,
             deadline,
             |_, k| {
-                Ok(Post {
-                    opcode: WR_RDMA_READ,
-                    remote: plan.remote(work[k]),
-                    local: plan.local(work[k]),
+                let c = work[k];
+                Ok(match k.checked_sub(data).map(|i| stamp_at[i]) {
+                    Some((remote, rkey)) => Post {
+                        opcode: WR_RDMA_READ,
+                        remote,
+                        rkey,
+                        local: None,
+                    },
+                    None => Post {
+                        opcode: WR_RDMA_READ,
+                        remote: plan.remote(c),
+                        rkey,
+                        local: plan.local(c),
+                    },
                 })
             },
             |staging, k| {
                 let c = work[k];
+                if k >= data {
+                    let bytes = staging.slot_bytes(k, c.len);
+                    stamps_read[c.op] = u64::from_le_bytes(bytes.try_into().unwrap_or_default());
+                    return;
+                }
                 let dst = &mut ops[c.op].dst[c.at..c.at + c.len];
                 crcs[c.op] = if plan.direct[c.op].is_some() {
                     // Landed in place: checksummed as it is, a pass of its own.
@@ -485,17 +571,33 @@ impl Lane {
                 };
             },
         )?;
+        // Every stamp was read before now: one that names the version, read while the lease
+        // ran, answers for it; any other is asked about (after the READ, which is as good).
+        let in_lease = self.lease_until.is_some_and(|u| Instant::now() < u);
+        let local = self.local.clone();
+        for j in stamp_ops {
+            let version = ops[j].version.unwrap_or_default();
+            if in_lease && plan.remote[j].is_ok() && stamps_read[j] == version {
+                local.counts.stamped.fetch_add(1, Ordering::Relaxed);
+            } else {
+                checks.push(self.ask(j, &ops[j], version)?);
+            }
+        }
         for (j, r) in plan.remote.iter().enumerate() {
             if let Err(e) = r {
                 out[j] = Err(e.clone());
             }
         }
-        for (j, id) in checks {
-            if let Err(e) = self.conn.recv(id) {
-                if e.breaks_connection() {
-                    return Err(Broken(e));
+        for (j, id, asked) in checks {
+            match self.conn.recv(id) {
+                Ok((_, meta)) => {
+                    if let Ok(r) = <CheckVersionResp as crate::transfer::Wire>::from_meta(&meta) {
+                        let until = asked + Duration::from_millis(r.lease_ms_left);
+                        self.lease_until = Some(self.lease_until.map_or(until, |u| u.max(until)));
+                    }
                 }
-                out[j] = Err(e);
+                Err(e) if e.breaks_connection() => return Err(Broken(e)),
+                Err(e) => out[j] = Err(e),
             }
         }
         for (j, op) in ops.iter_mut().enumerate() {
@@ -504,6 +606,28 @@ impl Lane {
             }
         }
         Ok(out)
+    }
+
+    /// Sends `CHECK_VERSION` for operation `j`: answers (j, request id, when it was sent).
+    fn ask(
+        &mut self,
+        j: usize,
+        op: &ReadOp<'_>,
+        version: u64,
+    ) -> Result<(usize, u64, Instant), Broken> {
+        let req = ReadVersionReq {
+            offset: op.offset,
+            length: op.dst.len() as u64,
+            version,
+        };
+        let sent = Instant::now();
+        let id = self.conn.send(
+            Opcode::CheckVersion,
+            &crate::transfer::Wire::to_meta(&req),
+            &[],
+        )?;
+        self.local.counts.asked.fetch_add(1, Ordering::Relaxed);
+        Ok((j, id, sent))
     }
 
     fn write(
@@ -517,6 +641,7 @@ impl Lane {
         );
         let work = &plan.work;
         let mut crcs = vec![0u32; ops.len()];
+        let rkey = self.remote.rkey;
         self.stream(
             work,
             deadline,
@@ -531,6 +656,7 @@ impl Lane {
                 Ok(Post {
                     opcode: WR_RDMA_WRITE,
                     remote: plan.remote(c),
+                    rkey,
                     local,
                 })
             },

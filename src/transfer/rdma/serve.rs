@@ -6,13 +6,16 @@
 //! carried opens nothing through it.
 //!
 //! The store posts no work on these pairs: clients READ and WRITE its segment one-sidedly, and
-//! the store learns of a write only from the `SEAL_CHECKED` that follows it.
+//! the store learns of a write only from the `SEAL_CHECKED` that follows it. Its table of
+//! version stamps (`transfer::stamps`) is registered beside the segment, for remote reads
+//! only, so a client reads a version with the bytes.
 
 use super::nic::Nic;
 use super::verbs::{
     Cq, Mr, Qp, QpEndpoint, VerbsError, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE,
 };
 use crate::transfer::message::{RdmaConnectReq, RdmaConnectResp};
+use crate::transfer::stamps::StampTable;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +25,8 @@ struct Served {
     /// gets no completions), sized for the receive queue entries no one posts.
     cq: Arc<Cq>,
     mr: Mr,
+    /// The version stamps, remote read only.
+    stamps_mr: Mr,
     nic: Arc<Nic>,
     /// Queue pairs made on this NIC.
     connects: std::sync::atomic::AtomicU64,
@@ -33,10 +38,11 @@ pub struct RdmaSegment {
     idle: Duration,
     /// Whatever keeps the registered memory mapped: dropped after the regions.
     _memory: Arc<dyn Send + Sync>,
+    stamps: Arc<StampTable>,
 }
 
 impl RdmaSegment {
-    /// Registers `len` bytes at `base` on each NIC.
+    /// Registers `len` bytes at `base`, and the table of version stamps, on each NIC.
     ///
     /// # Safety
     /// `memory` must keep `base..base + len` mapped for as long as it lives.
@@ -45,6 +51,7 @@ impl RdmaSegment {
         base: *mut u8,
         len: usize,
         memory: Arc<dyn Send + Sync>,
+        stamps: Arc<StampTable>,
         idle: Duration,
     ) -> Result<RdmaSegment, VerbsError> {
         let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE;
@@ -64,10 +71,14 @@ impl RdmaSegment {
                 seconds = t0.elapsed().as_secs_f64(),
                 "segment registered for RDMA"
             );
+            let (at, bytes) = stamps.memory();
+            // SAFETY: the table's mapping lives in `stamps`, kept here after the regions.
+            let stamps_mr = Mr::register(&nic.pd, at, bytes, ACCESS_REMOTE_READ)?;
             let cq = Cq::new(nic.pd.context(), 16)?;
             served.push(Served {
                 cq,
                 mr,
+                stamps_mr,
                 nic,
                 connects: Default::default(),
             });
@@ -76,6 +87,7 @@ impl RdmaSegment {
             nics: served,
             idle,
             _memory: memory,
+            stamps,
         })
     }
 
@@ -112,6 +124,9 @@ impl RdmaSegment {
             length: served.mr.len(),
             rkey: served.mr.rkey(),
             idle_ms: self.idle.as_millis() as u64,
+            stamp_addr: served.stamps_mr.addr(),
+            stamp_rkey: served.stamps_mr.rkey(),
+            stamp_slots: self.stamps.slots(),
         };
         Ok((qp, resp))
     }
