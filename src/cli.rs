@@ -2,7 +2,8 @@
 //! (`rbgctl master …`) or, busybox style, by the program name it was started under: a link
 //! named `mooncake_master` runs the master with Mooncake's flag spellings.
 
-use crate::config::mooncake::{self, MooncakeEnv};
+use crate::config::mooncake::MooncakeEnv;
+use crate::master::compat as mooncake;
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 
 /// What a role returns to `main`.

@@ -142,7 +142,7 @@ impl ClientConfig {
             .master
             .clone()
             .ok_or_else(|| ConfigError::invalid("MOONCAKE_MASTER", "not set"))?;
-        crate::config::check_master_address("MOONCAKE_MASTER", &master)?;
+        crate::ha::MasterAddress::check("MOONCAKE_MASTER", &master)?;
         let token_file = std::env::var_os(crate::auth::TOKEN_FILE_ENV).filter(|f| !f.is_empty());
         let mut cfg = ClientConfig::new(master)
             .with_auth_file(token_file.as_deref().map(std::path::Path::new))?;

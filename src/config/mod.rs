@@ -93,21 +93,6 @@ pub fn check_ratio(field: &str, value: f64, allow_zero: bool) -> Result<(), Conf
 }
 
 /// Checks that `value` is a `host:port` with a numeric port.
-/// A master address: `host:port`, or an elected master's `etcd://h1:2379;h2:2379[/cluster]`
-/// or `k8s://namespace/lease`.
-pub fn check_master_address(field: &str, value: &str) -> Result<(), ConfigError> {
-    match crate::ha::MasterAddress::parse(value) {
-        Ok(crate::ha::MasterAddress::Direct(a)) => check_endpoint(field, &a).map_err(|_| {
-            ConfigError::invalid(
-                field,
-                format!("expected host:port, etcd://h1:2379;h2:2379 or k8s://namespace/lease, got {value:?}"),
-            )
-        }),
-        Ok(_) => Ok(()),
-        Err(e) => Err(ConfigError::invalid(field, e.to_string())),
-    }
-}
-
 pub fn check_endpoint(field: &str, value: &str) -> Result<(), ConfigError> {
     match value.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),

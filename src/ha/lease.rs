@@ -8,6 +8,7 @@
 //! partitioned from the backend or starved answers nothing as leader once its lease may be
 //! gone — even an answer computed before the pause.
 
+use crate::transfer::Fence;
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -61,14 +62,6 @@ impl std::fmt::Display for NotLeader {
             None => write!(f, "{what}; no leader is known yet, retry shortly"),
         }
     }
-}
-
-/// What a leader stamps on an answer: its epoch, and the instant after which the answer must
-/// not go out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
-    pub epoch: u64,
-    pub until: Instant,
 }
 
 /// The role as the metrics and `/health` show it.
@@ -130,13 +123,13 @@ impl Leadership {
     }
 
     /// Whether this master may answer now, and with what stamp (`None` without HA).
-    pub fn check(&self, now: Instant) -> Result<Option<Stamp>, NotLeader> {
+    pub fn check(&self, now: Instant) -> Result<Option<Fence>, NotLeader> {
         if !self.ha {
             return Ok(None);
         }
         let until = self.until_ns.load(Ordering::Acquire);
         if until != 0 && self.ns(now) < until {
-            return Ok(Some(Stamp {
+            return Ok(Some(Fence {
                 epoch: self.epoch.load(Ordering::Acquire),
                 until: self.base + Duration::from_nanos(until),
             }));

@@ -102,6 +102,25 @@ pub enum MasterAddress {
 }
 
 impl MasterAddress {
+    /// Checks the setting `field`: `host:port`, or an elected master's
+    /// `etcd://h1:2379;h2:2379[/cluster]` or `k8s://namespace/lease`.
+    pub fn check(field: &str, value: &str) -> Result<(), crate::config::ConfigError> {
+        use crate::config::{check_endpoint, ConfigError};
+        match MasterAddress::parse(value) {
+            Ok(MasterAddress::Direct(a)) => check_endpoint(field, &a).map_err(|_| {
+                ConfigError::invalid(
+                    field,
+                    format!(
+                        "expected host:port, etcd://h1:2379;h2:2379 or k8s://namespace/lease, \
+                         got {value:?}"
+                    ),
+                )
+            }),
+            Ok(_) => Ok(()),
+            Err(e) => Err(ConfigError::invalid(field, e.to_string())),
+        }
+    }
+
     /// Parses a master address. The cluster id of an `etcd://` address without one comes from
     /// `RBGCTL_CLUSTER_ID` or Mooncake's `MC_STORE_CLUSTER_ID`, else `mooncake_cluster`.
     pub fn parse(spec: &str) -> Result<MasterAddress, HaError> {

@@ -7,6 +7,7 @@
 //! `http` (HTTP servers), `config`.
 
 pub mod allocator;
+pub mod compat;
 pub mod config;
 pub mod eviction;
 pub mod http;

@@ -439,7 +439,7 @@ impl Service for MasterService {
     ) -> Result<(), TransferError> {
         let t0 = Instant::now();
         match self.leadership.check(t0) {
-            Ok(Some(stamp)) => io.stamp(stamp),
+            Ok(Some(fence)) => io.fence(fence),
             Ok(None) => {}
             Err(not_leader) => {
                 self.stats.record(req.opcode, false, t0.elapsed());

@@ -3,9 +3,7 @@
 //! each field. Example: `config/store.toml`.
 
 use crate::config::mooncake::MooncakeEnv;
-use crate::config::{
-    check_master_address, check_pair, load_toml, overlay, ByteSize, ConfigError, Millis,
-};
+use crate::config::{check_pair, load_toml, overlay, ByteSize, ConfigError, Millis};
 use crate::transfer::Transport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -393,7 +391,7 @@ impl StoreConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_master_address("store.master", &self.master)?;
+        crate::ha::MasterAddress::check("store.master", &self.master)?;
         self.protocol.check_built("store.protocol")?;
         if self.protocol == Transport::Rdma && self.device.trim().is_empty() {
             return Err(ConfigError::invalid(

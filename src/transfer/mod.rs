@@ -16,6 +16,7 @@ pub mod stream;
 pub use frame::{Header, Opcode, Status};
 pub use message::Wire;
 pub use pool::{ConnOptions, Connection, Pool};
+pub use server::Fence;
 pub use stream::FramedStream;
 
 /// Errors of the transfer core.

@@ -149,14 +149,23 @@ pub trait Service: Send + Sync + 'static {
     fn connections(&self) -> &ConnCounters;
 }
 
+/// What an elected master puts on its answers: its epoch (clients drop answers from an older
+/// one), and the instant its leadership lease may run out, after which no answer may go out as
+/// a success (`ha::lease::Leadership::check` makes one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub epoch: u64,
+    pub until: std::time::Instant,
+}
+
 /// A request's view of its connection.
 pub struct ServerIo<'a> {
     stream: &'a mut FramedStream,
     req: Header,
     replied: bool,
-    /// An elected master's epoch and the instant its lease may run out: stamped on the reply,
-    /// and a success past that instant goes out as `NOT_LEADER` instead.
-    stamp: Option<crate::ha::lease::Stamp>,
+    /// An elected master's fence: its epoch goes on the reply, and a success past the fence's
+    /// instant goes out as `NOT_LEADER` instead.
+    fence: Option<Fence>,
     /// What the service keeps for this connection (a store's RDMA queue pair): dropped when
     /// the connection ends.
     attached: &'a mut Option<Box<dyn std::any::Any + Send>>,
@@ -196,9 +205,9 @@ impl ServerIo<'_> {
         self.attached.is_some()
     }
 
-    /// Answers as the leader of `stamp.epoch`, as long as its lease lasts.
-    pub fn stamp(&mut self, stamp: crate::ha::lease::Stamp) {
-        self.stamp = Some(stamp);
+    /// Answers as the leader of `fence.epoch`, as long as its lease lasts.
+    pub fn fence(&mut self, fence: Fence) {
+        self.fence = Some(fence);
     }
 
     /// Sends the reply: status, meta, and a payload written straight from `data`.
@@ -214,7 +223,7 @@ impl ServerIo<'_> {
             ));
         }
         self.replied = true;
-        let Some(stamp) = self.stamp else {
+        let Some(fence) = self.fence else {
             let data_len = data.iter().map(|d| d.len() as u64).sum();
             let header = Header::response(&self.req, status, meta.len(), data_len);
             return self.stream.write_frame(&header, meta, data);
@@ -223,13 +232,13 @@ impl ServerIo<'_> {
         // meanwhile (it was paused, or the request took long) acknowledges nothing.
         let late = "this master's leadership lease ran out before it could answer; \
                     what the request did may or may not stand: ask the leader";
-        let (status, meta, data) = if std::time::Instant::now() >= stamp.until {
+        let (status, meta, data) = if std::time::Instant::now() >= fence.until {
             (Status::NotLeader, late.as_bytes(), &[][..])
         } else {
             (status, meta, data)
         };
         let mut stamped = Vec::with_capacity(8 + meta.len());
-        stamped.extend_from_slice(&stamp.epoch.to_le_bytes());
+        stamped.extend_from_slice(&fence.epoch.to_le_bytes());
         stamped.extend_from_slice(meta);
         let data_len = data.iter().map(|d| d.len() as u64).sum();
         let mut header = Header::response(&self.req, status, stamped.len(), data_len);
@@ -589,7 +598,7 @@ fn serve_connection(
             stream: &mut io,
             req,
             replied: false,
-            stamp: None,
+            fence: None,
             attached: &mut attached,
         };
         match handshake.step(op, &meta, &mut sio) {

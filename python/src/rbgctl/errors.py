@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .status import status_name
+
 
 class RbgctlError(Exception):
     """Base class of every error raised or returned by this package."""
@@ -28,8 +30,6 @@ class RemoteError(RbgctlError):
     """The master or a store answered with a non-OK status."""
 
     def __init__(self, status: int, message: str):
-        from .protocol import status_name
-
         super().__init__(f"{status_name(status)}: {message}")
         self.status = status
         self.message = message
