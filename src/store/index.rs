@@ -371,6 +371,27 @@ pub enum Opened {
 struct LogFile {
     file: File,
     entries: u64,
+    /// Bumped by every snapshot written under the lock (`clear`): a compaction that began
+    /// before one does not swap its older snapshot in.
+    generation: u64,
+    /// While a compaction writes its snapshot outside the lock: the entries logged since its
+    /// copy was taken (and their count), added to the new file before it replaces this one.
+    since_copy: Option<(Vec<u8>, u64)>,
+}
+
+/// A compaction's copy of the records, taken under the lock and written outside it.
+struct Compaction {
+    bytes: Vec<u8>,
+    entries: u64,
+    generation: u64,
+}
+
+/// When the last compaction wrote its snapshot (outside the index lock): start and end of the
+/// write and its fsync.
+#[derive(Clone, Copy, Debug)]
+pub struct CompactionIo {
+    pub started: std::time::Instant,
+    pub ended: std::time::Instant,
 }
 
 /// The index and its log file.
@@ -378,6 +399,7 @@ pub struct DurableIndex {
     path: PathBuf,
     header: IndexHeader,
     inner: Mutex<(IndexMap, LogFile)>,
+    last_compaction: Mutex<Option<CompactionIo>>,
 }
 
 impl DurableIndex {
@@ -431,13 +453,8 @@ impl DurableIndex {
             let idx = DurableIndex {
                 path: path.clone(),
                 header: r.header,
-                inner: Mutex::new((
-                    r.map,
-                    LogFile {
-                        file,
-                        entries: r.entries,
-                    },
-                )),
+                inner: Mutex::new((r.map, LogFile::new(file, r.entries))),
+                last_compaction: Mutex::new(None),
             };
             return Ok((idx, Opened::Existing { torn_bytes: torn }));
         }
@@ -453,7 +470,8 @@ impl DurableIndex {
         let idx = DurableIndex {
             path: path.clone(),
             header,
-            inner: Mutex::new((IndexMap::default(), LogFile { file, entries: 0 })),
+            inner: Mutex::new((IndexMap::default(), LogFile::new(file, 0))),
+            last_compaction: Mutex::new(None),
         };
         Ok((idx, Opened::Fresh))
     }
@@ -501,7 +519,12 @@ impl DurableIndex {
             map.insert(o.offset, rec);
         }
         self.append(log, &buf, objects.len() as u64)?;
-        self.maybe_compact(&mut g)
+        let due = self.compaction_due(&mut g);
+        drop(g);
+        match due {
+            Some(job) => self.compact_outside_lock(job),
+            None => Ok(()),
+        }
     }
 
     /// Drops records (matched by offset and version); returns how many were present.
@@ -555,31 +578,87 @@ impl DurableIndex {
     }
 
     fn append(&self, log: &mut LogFile, buf: &[u8], entries: u64) -> Result<(), IndexError> {
-        log.file.write_all(buf).map_err(|source| IndexError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
+        log.file.write_all(buf).map_err(|e| self.io_err(e))?;
         log.entries += entries;
-        Ok(())
-    }
-
-    fn maybe_compact(&self, g: &mut (IndexMap, LogFile)) -> Result<(), IndexError> {
-        if g.1.entries > 2 * g.0.len() as u64 + COMPACT_SLACK {
-            self.compact(g)?;
+        if let Some((since, n)) = &mut log.since_copy {
+            since.extend_from_slice(buf);
+            *n += entries;
         }
         Ok(())
     }
 
+    fn io_err(&self, source: std::io::Error) -> IndexError {
+        IndexError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// When the log has grown well past the records, a copy of them to compact to (taken
+    /// here, under the lock), unless a compaction is under way.
+    fn compaction_due(&self, g: &mut (IndexMap, LogFile)) -> Option<Compaction> {
+        let (map, log) = g;
+        if log.entries <= 2 * map.len() as u64 + COMPACT_SLACK || log.since_copy.is_some() {
+            return None;
+        }
+        log.since_copy = Some((Vec::new(), 0));
+        Some(Compaction {
+            bytes: snapshot_bytes(&self.header, map),
+            entries: map.len() as u64,
+            generation: log.generation,
+        })
+    }
+
+    /// Writes and syncs `job`'s snapshot with the lock released (reads and writes of the
+    /// records go on meanwhile), then, under the lock, adds what was logged since the copy and
+    /// swaps the new file in.
+    fn compact_outside_lock(&self, job: Compaction) -> Result<(), IndexError> {
+        // Not `write_snapshot`'s file: a `clear` may write that one meanwhile.
+        let tmp = self.path.with_extension("idx.compacting");
+        let started = std::time::Instant::now();
+        let written = write_synced(&tmp, &job.bytes);
+        let ended = std::time::Instant::now();
+        let mut g = self.inner.lock();
+        let log = &mut g.1;
+        let since = log.since_copy.take();
+        let swapped = written.and_then(|mut f| {
+            if log.generation != job.generation {
+                return Ok(None);
+            }
+            let (bytes, n) = since.unwrap_or_default();
+            f.write_all(&bytes)?;
+            std::fs::rename(&tmp, &self.path)?;
+            Ok(Some((OpenOptions::new().append(true).open(&self.path)?, n)))
+        });
+        match swapped {
+            Ok(Some((file, n))) => {
+                log.file = file;
+                log.entries = job.entries + n;
+                *self.last_compaction.lock() = Some(CompactionIo { started, ended });
+                Ok(())
+            }
+            Ok(None) => {
+                let _ = std::fs::remove_file(&tmp);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(self.io_err(e))
+            }
+        }
+    }
+
+    /// When the last compaction wrote its snapshot.
+    pub fn last_compaction(&self) -> Option<CompactionIo> {
+        *self.last_compaction.lock()
+    }
+
+    /// Writes a snapshot under the lock (the records were just replaced wholesale).
     fn compact(&self, g: &mut (IndexMap, LogFile)) -> Result<(), IndexError> {
-        let file =
-            write_snapshot(&self.path, &self.header, &g.0).map_err(|source| IndexError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
-        g.1 = LogFile {
-            file,
-            entries: g.0.len() as u64,
-        };
+        let file = write_snapshot(&self.path, &self.header, &g.0).map_err(|e| self.io_err(e))?;
+        let generation = g.1.generation + 1;
+        g.1 = LogFile::new(file, g.0.len() as u64);
+        g.1.generation = generation;
         Ok(())
     }
 
@@ -631,6 +710,13 @@ impl DurableIndex {
 /// file opened for appending.
 fn write_snapshot(path: &Path, header: &IndexHeader, map: &IndexMap) -> std::io::Result<File> {
     let tmp = path.with_extension("idx.tmp");
+    drop(write_synced(&tmp, &snapshot_bytes(header, map))?);
+    std::fs::rename(&tmp, path)?;
+    OpenOptions::new().append(true).open(path)
+}
+
+/// Header + live records, as a snapshot file holds them.
+fn snapshot_bytes(header: &IndexHeader, map: &IndexMap) -> Vec<u8> {
     let mut buf = header.encode();
     for (offset, rec) in map.iter() {
         Entry::Put {
@@ -639,13 +725,26 @@ fn write_snapshot(path: &Path, header: &IndexHeader, map: &IndexMap) -> std::io:
         }
         .encode_into(&mut buf);
     }
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&buf)?;
-        f.sync_all()?;
+    buf
+}
+
+/// Creates `path` with `bytes`, synced to the disk; returns it open for more writes.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<File> {
+    let mut f = File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(f)
+}
+
+impl LogFile {
+    fn new(file: File, entries: u64) -> LogFile {
+        LogFile {
+            file,
+            entries,
+            generation: 0,
+            since_copy: None,
+        }
     }
-    std::fs::rename(&tmp, path)?;
-    OpenOptions::new().append(true).open(path)
 }
 
 /// What a store's segment holds, by offset: the durable index of a persistent store, or the same
@@ -920,6 +1019,80 @@ mod tests {
         let mut versions: Vec<u64> = idx.snapshot().iter().map(|o| o.version).collect();
         versions.sort();
         assert_eq!(versions, [19_999, 20_000]);
+    }
+
+    /// A compaction writes and syncs its snapshot with the lock released: remembered-version
+    /// reads (`holds`) complete while it writes, and what is sealed meanwhile is in the file
+    /// that replaces the log.
+    #[test]
+    fn reads_and_seals_go_on_while_a_compaction_writes() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::Instant;
+        let dir = tempfile::tempdir().unwrap();
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 40).unwrap();
+        let idx = std::sync::Arc::new(idx);
+        // A large index, so that its snapshot takes a while to write.
+        const RECORDS: u64 = 100_000;
+        let batch = |v: u64, from: u64| -> Vec<StoredObject> {
+            (from..from + 1000)
+                .map(|i| obj(&format!("key/{i:08}"), v, i * 64, 10))
+                .collect()
+        };
+        for from in (0..RECORDS).step_by(1000) {
+            idx.seal(&batch(1, from)).unwrap();
+        }
+        let stop = AtomicBool::new(false);
+        let mut overlapped = false;
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut done = Vec::new();
+                while !stop.load(Ordering::Relaxed) && done.len() < 5_000_000 {
+                    idx.holds(64 * 7, 0, 10);
+                    done.push(Instant::now());
+                }
+                done
+            });
+            // Rewrite the records until the log has compacted three times.
+            let mut v = 2;
+            let mut compactions = 0;
+            let mut seen = None;
+            while compactions < 3 {
+                for from in (0..RECORDS).step_by(1000) {
+                    idx.seal(&batch(v, from)).unwrap();
+                    let last = idx.last_compaction().map(|c| c.started);
+                    if last != seen {
+                        seen = last;
+                        compactions += 1;
+                    }
+                }
+                v += 1;
+            }
+            stop.store(true, Ordering::Relaxed);
+            let done = reader.join().unwrap();
+            let io = idx.last_compaction().expect("the log compacted");
+            overlapped = done.iter().any(|t| *t > io.started && *t < io.ended);
+            let during = done
+                .iter()
+                .filter(|t| **t > io.started && **t < io.ended)
+                .count();
+            eprintln!(
+                "last compaction wrote for {:?}; {during} reads completed meanwhile",
+                io.ended - io.started
+            );
+        });
+        assert!(
+            overlapped,
+            "no read completed while the snapshot was written"
+        );
+        // Every record is in the file at its newest version, what was sealed while a snapshot
+        // was being written included.
+        let newest = idx.snapshot().iter().map(|o| o.version).max().unwrap();
+        drop(idx);
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 40).unwrap();
+        let got = idx.snapshot();
+        assert_eq!(got.len() as u64, RECORDS);
+        assert!(got.iter().all(|o| o.version == newest));
+        assert!(!dir.path().join("s.idx.compacting").exists());
     }
 
     #[test]
