@@ -32,14 +32,28 @@ struct Table {
 }
 
 impl Table {
-    fn zeroed(len: usize) -> Table {
-        let map = memmap2::MmapMut::map_anon(len * std::mem::size_of::<u64>())
-            .unwrap_or_else(|e| panic!("cannot map {len} index entries: {e}"));
-        Table {
+    /// A table of `len` zeroed entries, or why the system would not map one.
+    fn zeroed(len: usize) -> Result<Table, IndexFull> {
+        let map =
+            memmap2::MmapMut::map_anon(len * std::mem::size_of::<u64>()).map_err(|source| {
+                IndexFull {
+                    entries: len,
+                    source,
+                }
+            })?;
+        Ok(Table {
             map: Some(map),
             len,
-        }
+        })
     }
+}
+
+/// The key index could not grow: the system refused the memory for its larger table.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot map a key index of {entries} entries: {source}")]
+pub struct IndexFull {
+    entries: usize,
+    source: std::io::Error,
 }
 
 impl std::ops::Deref for Table {
@@ -167,19 +181,28 @@ impl KeyIndex {
         }
     }
 
-    /// Adds `slot` under `hash`; the caller knows its key is not in the index.
-    pub fn insert(&mut self, hash: u64, slot: u32) {
-        self.step();
+    /// Makes room for one more entry (growing the table if it would be more than 7/8 full),
+    /// so that the next `insert` cannot fail; on an error nothing changed.
+    pub fn reserve_one(&mut self) -> Result<(), IndexFull> {
         if self.entries.is_empty() {
-            self.entries = Table::zeroed(MIN_ENTRIES);
+            self.entries = Table::zeroed(MIN_ENTRIES)?;
         } else if !self.growing() && (self.len + 1) * 8 > self.entries.len() * 7 {
-            let bigger = Table::zeroed(self.entries.len() * 2);
+            let bigger = Table::zeroed(self.entries.len() * 2)?;
             self.old = std::mem::replace(&mut self.entries, bigger);
             self.cursor = 0;
             self.step();
         }
+        Ok(())
+    }
+
+    /// Adds `slot` under `hash`; the caller knows its key is not in the index. On an error
+    /// (the table could not grow) nothing changed.
+    pub fn insert(&mut self, hash: u64, slot: u32) -> Result<(), IndexFull> {
+        self.step();
+        self.reserve_one()?;
         place(&mut self.entries, pack(hash, slot));
         self.len += 1;
+        Ok(())
     }
 
     /// Moves the next few entries of the old table across; frees it once it is empty.
@@ -275,7 +298,7 @@ mod tests {
                 if rng.u8(..3) > 0 || model.is_empty() {
                     // Few distinct hashes, and low bits that cluster: long runs, wraps, ties.
                     let hash = rng.u64(..64) * (1 << 40) + rng.u64(..8);
-                    ix.insert(hash, next);
+                    ix.insert(hash, next).unwrap();
                     model.insert(next, hash);
                     next += 1;
                 } else {
@@ -305,18 +328,18 @@ mod tests {
         assert!(!ix.remove(5, 1));
         ix.prefetch(5);
         for slot in 0..14 {
-            ix.insert(slot as u64, slot); // nearly full: 14 of 16
+            ix.insert(slot as u64, slot).unwrap(); // nearly full: 14 of 16
         }
         assert_eq!(ix.entries.len(), 16);
         assert_eq!(ix.find(99, |_| true), None);
         assert_eq!(ix.candidate(3), Some(3));
-        ix.insert(100, 100);
+        ix.insert(100, 100).unwrap();
         assert_eq!(ix.entries.len(), 32, "grew past 7/8");
         // Growing moves a few old entries per insert; both tables are searched meanwhile.
         assert!(ix.growing());
         assert!((0..14).all(|s| ix.find(s as u64, |x| x == s) == Some(s)));
         assert_eq!(ix.find(100, |s| s == 100), Some(100));
-        ix.insert(101, 101);
+        ix.insert(101, 101).unwrap();
         assert!(!ix.growing(), "16 old entries, 8 moved per insert");
         assert!((0..14).all(|s| ix.find(s as u64, |x| x == s) == Some(s)));
         assert_eq!(ix.len(), 16);

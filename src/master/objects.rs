@@ -154,6 +154,15 @@ const EMPTY: Ends = Ends {
     tail: NIL,
 };
 
+/// Why one more key does not fit in the object table.
+#[derive(Debug, thiserror::Error)]
+pub enum TableFull {
+    #[error("the master holds 4,294,967,294 objects, its most")]
+    Slots,
+    #[error(transparent)]
+    Index(super::key_index::IndexFull),
+}
+
 #[derive(Debug)]
 pub struct ObjectTable {
     slots: Slots,
@@ -288,34 +297,57 @@ impl ObjectTable {
             .is_some_and(|i| self.slots[i as usize].list == List::Disk)
     }
 
+    /// Makes sure one more key fits (a free slot number, room in the key index, which may
+    /// have to grow), so that an insert that follows cannot fail: operations call it before
+    /// they change anything. On an error nothing changed.
+    pub fn make_room(&mut self) -> Result<(), TableFull> {
+        if self.free == NIL && self.next_slot().is_none() {
+            return Err(TableFull::Slots);
+        }
+        self.index.reserve_one().map_err(TableFull::Index)
+    }
+
+    /// The number a new slot at the end would have, if it can have one.
+    fn next_slot(&self) -> Option<u32> {
+        u32::try_from(self.slots.len()).ok().filter(|&i| i != NIL)
+    }
+
     /// `key`'s entry, made empty and most recently used if it was not kept, else touched.
-    pub fn touch_or_insert(&mut self, key: &str) -> &mut Entry {
+    pub fn touch_or_insert(&mut self, key: &str) -> Result<&mut Entry, TableFull> {
         let i = match self.find(key) {
             Some(i) => {
                 self.unlink(i);
                 i
             }
-            None => self.insert_new(key),
+            None => self.insert_new(key)?,
         };
         self.link_tail(List::Recent, i);
-        &mut self.slots[i as usize].entry
+        Ok(&mut self.slots[i as usize].entry)
     }
 
     /// `key`'s entry, inserted empty and most recently used if it was not kept.
-    pub fn get_or_insert(&mut self, key: &str) -> &mut Entry {
+    pub fn get_or_insert(&mut self, key: &str) -> Result<&mut Entry, TableFull> {
         let i = match self.find(key) {
             Some(i) => i,
             None => {
-                let i = self.insert_new(key);
+                let i = self.insert_new(key)?;
                 self.link_tail(List::Recent, i);
                 i
             }
         };
-        &mut self.slots[i as usize].entry
+        Ok(&mut self.slots[i as usize].entry)
     }
 
-    /// Takes a free slot for `key` and indexes it; the caller links it.
-    fn insert_new(&mut self, key: &str) -> u32 {
+    /// Takes a free slot for `key` and indexes it; the caller links it. On an error nothing
+    /// changed.
+    fn insert_new(&mut self, key: &str) -> Result<u32, TableFull> {
+        let i = match self.free {
+            NIL => self.next_slot().ok_or(TableFull::Slots)?,
+            free => free,
+        };
+        self.index
+            .insert(self.hasher.hash_one(key), i)
+            .map_err(TableFull::Index)?;
         let slot = Slot {
             key: key.into(),
             entry: Entry::default(),
@@ -323,22 +355,14 @@ impl ObjectTable {
             next: NIL,
             list: List::Free,
         };
-        let i = if self.free != NIL {
-            let i = self.free;
+        if i == self.free {
             self.free = self.slots[i as usize].next;
             self.slots[i as usize] = slot;
-            i
         } else {
-            let i = u32::try_from(self.slots.len())
-                .ok()
-                .filter(|&i| i != NIL)
-                .expect("more than 4 billion objects");
             self.slots.push(slot);
-            i
-        };
-        self.index.insert(self.hasher.hash_one(key), i);
+        }
         self.len += 1;
-        i
+        Ok(i)
     }
 
     /// Drops `key` and returns its entry.
@@ -568,7 +592,7 @@ mod tests {
     fn table(keys: &[&str]) -> ObjectTable {
         let mut t = ObjectTable::default();
         for k in keys {
-            t.get_or_insert(k);
+            t.get_or_insert(k).unwrap();
         }
         t
     }
@@ -597,14 +621,14 @@ mod tests {
         assert!(t.remove("d").is_none());
         assert_eq!(t.order(), ["b", "a", "c"]);
         // A freed slot is reused; the new key is the most recent.
-        t.touch_or_insert("e");
-        t.touch_or_insert("b");
+        t.touch_or_insert("e").unwrap();
+        t.touch_or_insert("b").unwrap();
         assert_eq!(t.order(), ["a", "c", "e", "b"]);
         assert_eq!(t.slots.len(), 4);
         assert!(t.slots.get(4).is_none());
         // Looking without touching changes nothing.
         assert!(t.get("a").is_some() && t.get_mut("c").is_some() && t.get("d").is_none());
-        t.get_or_insert("a");
+        t.get_or_insert("a").unwrap();
         assert_eq!(t.order(), ["a", "c", "e", "b"]);
         t.retain(|k, _| k != "c");
         assert_eq!(t.order(), ["a", "e", "b"]);
@@ -675,7 +699,7 @@ mod tests {
     fn many_keys_are_found_after_growth_and_reuse() {
         let mut t = ObjectTable::default();
         for i in 0..40_000 {
-            t.get_or_insert(&format!("key-{i}")).current = None;
+            t.get_or_insert(&format!("key-{i}")).unwrap().current = None;
         }
         for i in 10_000..40_000 {
             assert!(t.remove(&format!("key-{i}")).is_some());
@@ -684,7 +708,7 @@ mod tests {
             assert!(t.remove(&format!("key-{i}")).is_some());
         }
         for i in 0..5_000 {
-            t.get_or_insert(&format!("new-{i}"));
+            t.get_or_insert(&format!("new-{i}")).unwrap();
         }
         assert_eq!(t.len(), 10_000);
         assert_eq!(t.slots.len(), 40_000, "freed slots were reused");

@@ -69,6 +69,14 @@ const LOST_SEGMENTS_REMEMBERED: usize = 4096;
 
 pub type OpResult<T> = Result<T, (Status, String)>;
 
+/// The object table has no room for another key: the put is refused, nothing changed.
+fn table_full(e: super::objects::TableFull) -> (Status, String) {
+    (
+        Status::NoSpace,
+        format!("the master cannot hold another object: {e}"),
+    )
+}
+
 /// What an eviction walk may do with the objects it takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Eviction {
@@ -775,6 +783,9 @@ impl MasterState {
         if !same && o.version <= newest_known {
             return false;
         }
+        if self.objects.make_room().is_err() {
+            return false;
+        }
         let seg = self.segments.get_mut(&segment_id).expect("checked above");
         if !seg.alloc.reserve(o.offset, o.size) {
             return false;
@@ -784,7 +795,9 @@ impl MasterState {
             segment_id,
             offset: o.offset,
         };
-        let entry = self.objects.get_or_insert(&o.key);
+        let Ok(entry) = self.objects.get_or_insert(&o.key) else {
+            return false;
+        };
         if same {
             if let Some(v) = entry.current.as_mut() {
                 v.replicas.push(loc);
@@ -1140,10 +1153,11 @@ impl MasterState {
     ) -> OpResult<(u64, Vec<ReplicaLoc>)> {
         Self::check_key(key)?;
         self.preempt_pending(key, now)?;
+        self.objects.make_room().map_err(table_full)?;
         let p = self.start_version(client_id, size, config, true, now)?;
         let answer = (p.object_id, p.replicas.clone());
         self.indexes.pending_began(key, p.started, p.object_id);
-        self.objects.get_or_insert(key).pending = Some(Box::new(p));
+        self.objects.get_or_insert(key).map_err(table_full)?.pending = Some(Box::new(p));
         Ok(answer)
     }
 
@@ -1441,13 +1455,17 @@ impl MasterState {
         }
         let p = entry.pending.take().expect("matched above");
         self.indexes.pending_ended(p.started, p.object_id);
-        self.install(key, *p, checksum, now);
-        Ok(())
+        self.install(key, *p, checksum, now)
     }
 
     /// A written put becomes the key's current version; the one it replaces is released when
     /// its read leases end.
-    fn install(&mut self, key: &str, p: Pending, checksum: u32, now: Instant) {
+    fn install(&mut self, key: &str, p: Pending, checksum: u32, now: Instant) -> OpResult<()> {
+        if let Err(e) = self.objects.make_room() {
+            // Callers make room before they change anything; a put cannot stay half-installed.
+            self.release(&p.replicas, p.size, p.object_id, now, now);
+            return Err(table_full(e));
+        }
         let new = Version {
             object_id: p.object_id,
             size: p.size,
@@ -1460,7 +1478,7 @@ impl MasterState {
         };
         self.indexes
             .version_began(key, new.object_id, new.soft_pin_until);
-        let entry = self.objects.touch_or_insert(key);
+        let entry = self.objects.touch_or_insert(key).map_err(table_full)?;
         if let Some(old) = entry.current.replace(new) {
             self.indexes
                 .version_ended(old.object_id, old.soft_pin_until);
@@ -1470,6 +1488,7 @@ impl MasterState {
         if let Some(&(seq, _)) = self.recently_retired.get(key) {
             self.forget_wait = self.forget_wait.max(seq);
         }
+        Ok(())
     }
 
     /// Commits a put written into a reservation: it becomes `key`'s value unless a put of the
@@ -1515,6 +1534,8 @@ impl MasterState {
             ))
         } else if let Err(e) = self.preempt_pending(key, now) {
             Some(e)
+        } else if let Err(e) = self.objects.make_room() {
+            Some(table_full(e))
         } else if newer > object_id {
             Some((
                 Status::WriteSuperseded,
@@ -1531,8 +1552,7 @@ impl MasterState {
             return Err(e);
         }
         self.counters.reserved_puts += 1;
-        self.install(key, r, checksum, now);
-        Ok(())
+        self.install(key, r, checksum, now)
     }
 
     pub fn put_revoke(
