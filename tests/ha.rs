@@ -681,7 +681,17 @@ fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() 
     for p in &proxies {
         p.heal();
     }
-    std::thread::sleep(TTL);
+    // Once master-0 has read etcd again it names master-1, at master-1's epoch, as the leader.
+    let m1_epoch = health(m1.addrs.metrics.port()).unwrap()["epoch"].clone();
+    let m1_rpc = m1.addrs.rpc.to_string();
+    assert!(
+        wait_until(Duration::from_secs(10), || health(m0.addrs.metrics.port())
+            .is_some_and(
+                |h| h["leader"] == m1_rpc.as_str() && h["epoch"] == m1_epoch
+            )),
+        "master-0 did not find master-1 leading: {:?}",
+        health(m0.addrs.metrics.port())
+    );
     assert_eq!(role(&m0).as_deref(), Some("standby"));
     assert_eq!(role(&m1).as_deref(), Some("leader"));
     eprintln!("partitioned leader stepped down after {m0_down:?}, standby led after {m1_up:?}");

@@ -13,11 +13,18 @@ use std::time::{Duration, Instant};
 struct Worker {
     proc: Process,
     port: u16,
+    /// Its Mooncake bootstrap server's port, with `--kv-bootstrap-port`.
+    bootstrap: Option<u16>,
 }
 
 impl Worker {
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn bootstrap(&self) -> u16 {
+        self.bootstrap
+            .expect("a worker started with a bootstrap server")
     }
 }
 
@@ -36,6 +43,7 @@ fn fake_worker_on(host: &str, port: u16, name: &str, extra: &[&str]) -> Worker {
         fake_worker::spawn(launcher(), host, port, name, &extra).expect("the fake worker starts");
     Worker {
         port: w.addrs.http.port(),
+        bootstrap: w.addrs.kv_bootstrap.map(|a| a.port()),
         proc: w.process,
     }
 }
@@ -987,14 +995,6 @@ fn with_an_api_key_health_generate_server_info_and_engine_metrics_need_it() {
     assert_eq!(get(r.port, "/health").0, 200, "liveness stays open");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn body_of(recorded: &Value) -> Value {
     serde_json::from_str(recorded["body"].as_str().unwrap()).unwrap()
 }
@@ -1003,8 +1003,14 @@ fn stats(w: &Worker) -> Value {
     serde_json::from_str(&get(w.port, "/fake/stats").1).unwrap_or(Value::Null)
 }
 
+/// A FAKE vLLM prefill engine with its Mooncake bootstrap server on a port the kernel chooses
+/// (`Worker::bootstrap`).
+fn vllm_prefill(name: &str, extra: &[&str]) -> Worker {
+    vllm_prefill_on(name, 0, extra)
+}
+
 /// A FAKE vLLM prefill engine with its Mooncake bootstrap server on `bootstrap`.
-fn vllm_prefill(name: &str, bootstrap: u16, extra: &[&str]) -> Worker {
+fn vllm_prefill_on(name: &str, bootstrap: u16, extra: &[&str]) -> Worker {
     let b = bootstrap.to_string();
     let mut args = vec!["--engine", "vllm", "--kv-bootstrap-port", &b];
     args.extend(extra);
@@ -1046,7 +1052,7 @@ fn check_prefill_leg(v: &Value) {
 
 #[test]
 fn vllm_pd_over_nixl_relays_the_prefill_answers_transfer_parameters() {
-    let p = vllm_prefill("nixl-p", free_port(), &[]);
+    let p = vllm_prefill("nixl-p", &[]);
     let d = vllm_decode("nixl-d", &[]);
     let r = vllm_pd_router(&p, None, &d, &["--vllm-kv-connector", "nixl"]);
     let resp = client()
@@ -1094,25 +1100,30 @@ fn vllm_pd_over_nixl_relays_the_prefill_answers_transfer_parameters() {
 #[test]
 fn vllm_pd_over_mooncake_sends_one_transfer_id_with_the_engine_concurrently_or_in_turn() {
     for legs in ["concurrent", "sequential"] {
-        let bootstrap = free_port();
         // Prefill answers after 600 ms: concurrent legs reach decode before that.
-        let p = vllm_prefill(
-            &format!("mc-p-{legs}"),
-            bootstrap,
-            &["--headers-delay-ms", "600"],
-        );
+        let p = vllm_prefill(&format!("mc-p-{legs}"), &["--headers-delay-ms", "600"]);
+        let bootstrap = p.bootstrap();
         let d = vllm_decode(&format!("mc-d-{legs}"), &[]);
         let r = vllm_pd_router(&p, Some(bootstrap), &d, &["--vllm-pd-legs", legs]);
-        let port = r.port;
-        let sent = std::thread::spawn(move || post(port, "/v1/chat/completions", CHAT));
-        std::thread::sleep(Duration::from_millis(300));
-        let early = recorded(&d).len();
-        let (st, h, _) = sent.join().unwrap();
+        let (st, h, _) = post(r.port, "/v1/chat/completions", CHAT);
         assert_eq!(st, 200, "{legs}");
         assert_eq!(h["x-fake-worker"], format!("mc-d-{legs}"));
+        // When each leg arrived, as the workers recorded it: prefill cannot answer before
+        // 600 ms after its request came.
+        let at = |w: &Worker| recorded(w)[0]["received_us"].as_u64().unwrap();
+        let (prefill_at, decode_at) = (at(&p), at(&d));
+        let answer_at = prefill_at + 600_000;
         match legs {
-            "concurrent" => assert_eq!(early, 1, "decode was sent beside prefill"),
-            _ => assert_eq!(early, 0, "decode waits for the prefill answer"),
+            "concurrent" => assert!(
+                decode_at < answer_at,
+                "decode was sent beside prefill: it came {} µs after prefill",
+                decode_at as i64 - prefill_at as i64
+            ),
+            _ => assert!(
+                decode_at >= answer_at,
+                "decode waits for the prefill answer: it came {} µs after prefill",
+                decode_at as i64 - prefill_at as i64
+            ),
         }
         let (pv, dv) = (body_of(&recorded(&p)[0]), body_of(&recorded(&d)[0]));
         check_prefill_leg(&pv);
@@ -1141,21 +1152,14 @@ fn a_failing_vllm_leg_cancels_the_other_at_once() {
     // Prefill fails after 300 ms while decode would hold its answer for 5 s: and the reverse.
     // (300 ms: the other leg's request is in flight when the failure comes.)
     for failing in ["prefill", "decode"] {
-        let bootstrap = free_port();
         let slow = ["--headers-delay-ms", "5000"];
         let soon = ["--headers-delay-ms", "300"];
         let (p, d) = if failing == "prefill" {
-            (
-                vllm_prefill("cx-p1", bootstrap, &soon),
-                vllm_decode("cx-d1", &slow),
-            )
+            (vllm_prefill("cx-p1", &soon), vllm_decode("cx-d1", &slow))
         } else {
-            (
-                vllm_prefill("cx-p2", bootstrap, &slow),
-                vllm_decode("cx-d2", &soon),
-            )
+            (vllm_prefill("cx-p2", &slow), vllm_decode("cx-d2", &soon))
         };
-        let r = vllm_pd_router(&p, Some(bootstrap), &d, &["--retry-max-retries", "0"]);
+        let r = vllm_pd_router(&p, Some(p.bootstrap()), &d, &["--retry-max-retries", "0"]);
         let bad = if failing == "prefill" { &p } else { &d };
         let other = if failing == "prefill" { &d } else { &p };
         let (st, _) = {
@@ -1198,10 +1202,9 @@ fn a_prefill_failing_after_the_decode_answer_began_cuts_that_answer() {
     // Concurrent Mooncake legs: decode streams at once (a token every 400 ms), prefill fails
     // after 300 ms. The client has had decode's headers; its stream ends with an error event
     // and the decode request is cancelled.
-    let bootstrap = free_port();
-    let p = vllm_prefill("cut-p", bootstrap, &["--headers-delay-ms", "300"]);
+    let p = vllm_prefill("cut-p", &["--headers-delay-ms", "300"]);
     let d = vllm_decode("cut-d", &["--token-delay-ms", "400"]);
-    let r = vllm_pd_router(&p, Some(bootstrap), &d, &["--retry-max-retries", "0"]);
+    let r = vllm_pd_router(&p, Some(p.bootstrap()), &d, &["--retry-max-retries", "0"]);
     let failing = client()
         .post(format!(
             "http://127.0.0.1:{}/fake/fail?count=1&status=500",
@@ -1241,12 +1244,8 @@ fn a_prefill_failing_after_the_decode_answer_began_cuts_that_answer() {
 
 #[test]
 fn a_mooncake_prefill_whose_bootstrap_is_not_up_is_503_until_it_answers() {
-    let bootstrap = free_port();
-    let p = vllm_prefill(
-        "late-p",
-        bootstrap,
-        &["--kv-bootstrap-ready-after-ms", "1500"],
-    );
+    let p = vllm_prefill("late-p", &["--kv-bootstrap-ready-after-ms", "1500"]);
+    let bootstrap = p.bootstrap();
     let d = vllm_decode("late-d", &[]);
     let r = vllm_pd_router(&p, Some(bootstrap), &d, &[]);
     let (st, _, body) = post(r.port, "/v1/completions", r#"{"prompt":"x"}"#);
@@ -1307,7 +1306,7 @@ fn seed_003s_gateway_lines_start_the_router_as_written() {
     router.stop();
     // vllm-pd-with-mooncake-demo: vLLM's proxy flags, hosts with `http://`, no port given.
     let (vp, vd) = (
-        vllm_prefill("seed-vp", 8998, &[]),
+        vllm_prefill_on("seed-vp", 8998, &[]),
         vllm_decode("seed-vd", &[]),
     );
     let line = s(&[
@@ -1339,8 +1338,8 @@ fn workers(port: u16) -> Vec<Value> {
 #[test]
 fn vllm_engines_are_recognised_per_worker_and_registered_with_their_connector() {
     // No --backend: the router asks each worker's /v1/models and finds vLLM.
-    let bootstrap = free_port();
-    let p = vllm_prefill("det-p", bootstrap, &[]);
+    let p = vllm_prefill("det-p", &[]);
+    let bootstrap = p.bootstrap();
     let d = vllm_decode("det-d", &[]);
     let r = router(
         &s(&[
@@ -1371,10 +1370,7 @@ fn vllm_engines_are_recognised_per_worker_and_registered_with_their_connector() 
     assert_eq!(kv["remote_engine_id"], "det-p-engine", "{kv}");
 
     // Registered through the API with SMG's fields: NIXL for this pair, by worker.
-    let (p2, d2) = (
-        vllm_prefill("reg-p", free_port(), &[]),
-        vllm_decode("reg-d", &[]),
-    );
+    let (p2, d2) = (vllm_prefill("reg-p", &[]), vllm_decode("reg-d", &[]));
     let r2 = router(&s(&["--pd-disaggregation", "--backend", "vllm"]), false);
     let reg = |body: Value| {
         let resp = client()
@@ -1523,8 +1519,8 @@ fn sigterm_lets_requests_in_flight_finish_within_the_grace_period() {
         .send()
         .unwrap();
     assert_eq!(resp.status(), 200);
+    // The answer's headers are in: the 2 s stream is under way when the SIGTERM comes.
     let reader = std::thread::spawn(move || read_chunks(resp).0);
-    std::thread::sleep(Duration::from_millis(300));
     let exited = std::thread::spawn(move || {
         let st = r
             ._proc
@@ -1573,7 +1569,18 @@ fn sigterm_lets_requests_in_flight_finish_within_the_grace_period() {
 
 #[test]
 fn workers_that_never_answer_at_start_stop_the_router_after_the_startup_timeout() {
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    // Bound but not listening: connections are refused, and no other process can take the
+    // port while the test holds it.
+    let held = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    held.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    let port = held.local_addr().unwrap().as_socket().unwrap().port();
+    let dead = format!("http://127.0.0.1:{port}");
     let live = fake_worker("startup-live", &[]);
     let mut r = router_with_env(
         &s(&[

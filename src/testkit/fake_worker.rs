@@ -85,6 +85,15 @@ struct Recorded {
     path: String,
     headers: Value,
     body: Bytes,
+    /// When it arrived, in microseconds since the Unix epoch: comparable between workers on
+    /// one host, so a test tells concurrent requests from sequential ones by their times.
+    received_us: u64,
+}
+
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 struct Fake {
@@ -296,6 +305,7 @@ async fn inference(
             path: path.clone(),
             headers: Value::Object(h),
             body: body.clone(),
+            received_us: unix_micros(),
         });
     }
     let name = f.args.name.clone();
@@ -395,7 +405,10 @@ async fn recent(State(f): State<Arc<Fake>>) -> Json<Value> {
     let r = f.recent.lock();
     let list: Vec<Value> = r
         .iter()
-        .map(|x| json!({"path": x.path, "headers": x.headers, "body": String::from_utf8_lossy(&x.body)}))
+        .map(|x| {
+            json!({"path": x.path, "headers": x.headers,
+                   "body": String::from_utf8_lossy(&x.body), "received_us": x.received_us})
+        })
         .collect();
     Json(json!({"requests": list}))
 }
@@ -455,6 +468,9 @@ async fn metrics(State(f): State<Arc<Fake>>) -> String {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Addrs {
     pub http: std::net::SocketAddr,
+    /// Its Mooncake bootstrap server, with `--kv-bootstrap-port` (0: the kernel chooses).
+    #[serde(default)]
+    pub kv_bootstrap: Option<std::net::SocketAddr>,
 }
 
 /// Starts a FAKE worker as a child process (`rbgctl bench fake-worker`) on `host:port` (port
@@ -488,8 +504,9 @@ pub fn spawn(
 pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
     let listener = crate::role::bind("fake worker", &args.host, args.port)
         .map_err(|e| std::io::Error::new(e.source.kind(), e.to_string()))?;
-    let addrs = Addrs {
+    let mut addrs = Addrs {
         http: listener.local_addr()?,
+        kv_bootstrap: None,
     };
     let shutdown = crate::shutdown::Shutdown::on_signals()?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
@@ -520,6 +537,7 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
         });
         if let Some(port) = f.args.kv_bootstrap_port {
             let listener = tokio::net::TcpListener::bind((f.args.host.as_str(), port)).await?;
+            addrs.kv_bootstrap = Some(listener.local_addr()?);
             let ready_at =
                 Instant::now() + Duration::from_millis(f.args.kv_bootstrap_ready_after_ms);
             let engine = format!("{}-engine", f.args.name);
