@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use rbgctl::bench::master::cpu_time;
+use rbgctl::bench::procfs::cpu_time;
 use rbgctl::client::ReplicateConfig;
 use std::time::{Duration, Instant};
 

@@ -491,16 +491,8 @@ fn run_probes(
 
 /// Resident memory (KiB) and open files of a process; zeros once it is gone.
 fn sample(pid: u32) -> (u64, usize) {
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0);
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
-    (rss, fds)
+    let rss = super::procfs::rss_bytes(pid).unwrap_or(0) / 1024;
+    (rss, super::procfs::open_files(pid))
 }
 
 fn mib(kib: u64) -> f64 {

@@ -716,16 +716,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
 
 /// Waits until every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
 fn wait_stopped(pid: i32, within: Duration) -> bool {
-    let stopped = || -> Option<bool> {
-        let mut all = true;
-        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-            let stat = std::fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
-            // The state follows the command name's closing parenthesis.
-            let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
-            all &= state == "T" || state == "t";
-        }
-        Some(all)
-    };
+    let stopped = || super::procfs::all_threads_stopped(pid as u32);
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if stopped() == Some(true) {

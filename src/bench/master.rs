@@ -8,6 +8,7 @@
 
 use super::cluster::scrape;
 use super::paper_store::PaperStore;
+use super::procfs::{cpu_time, rss_bytes as rss};
 use super::stats::PhaseResult;
 use crate::config::Millis;
 use crate::launch::{self, Launcher, Logs};
@@ -178,28 +179,6 @@ fn settled_rss(pid: u32) -> Option<u64> {
         }
     }
     Some(last)
-}
-
-fn rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
-}
-
-/// CPU time (user + system) of a process, from /proc (in USER_HZ, 100 per second).
-pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
 }
 
 /// Runs `op` on `clients` threads, each with its own connection, until `budget` calls are done

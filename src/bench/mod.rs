@@ -14,6 +14,7 @@ pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;
 pub mod paper_store;
+pub mod procfs;
 pub mod progress;
 #[cfg(feature = "rdma")]
 pub mod rdma;

@@ -518,14 +518,9 @@ pub struct Row {
     pub added_ttfb_p50_ms: f64,
 }
 
-/// User + system CPU seconds of a process (Linux reports ticks of 1/100 s).
+/// User + system CPU seconds of a process.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let utime: f64 = f.get(11)?.parse().ok()?;
-    let stime: f64 = f.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    super::procfs::cpu_time(pid).map(|t| t.as_secs_f64())
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;

@@ -5,6 +5,7 @@
 use super::cluster::master_or_own;
 use super::limits;
 use super::mooncake_peer;
+use super::procfs::own_syscalls as syscalls;
 use super::redis_peer;
 use super::stats::{OpBreakdown, PhaseResult};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
@@ -261,19 +262,6 @@ impl Phase {
         r.breakdown = self.breakdown;
         r
     }
-}
-
-/// Reads and writes the process made (`syscr` + `syscw` of /proc/self/io), where reported.
-fn syscalls() -> Option<u64> {
-    let io = std::fs::read_to_string("/proc/self/io").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        io.lines()
-            .find_map(|l| l.strip_prefix(name))?
-            .trim()
-            .parse()
-            .ok()
-    };
-    Some(field("syscr:")? + field("syscw:")?)
 }
 
 /// Runs a phase and, with `--breakdown`, adds where its items' time went (`items` per
