@@ -15,6 +15,7 @@
 
 use super::cluster::{scrape, OwnCluster, OwnOpts};
 use super::limits;
+use super::load::Outcome;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::human_bytes;
 use crate::master::config::MasterConfig;
@@ -195,39 +196,35 @@ fn disk_gets(
     let expected = Arc::new(value(size, 1));
     let store = c.store_metrics_port(0);
     let disk0 = scrape(store, "rbgctl_store_disk_read_bytes_total").unwrap_or(0.0);
-    let per = keys.len().div_ceil(threads.max(1));
-    let t0 = Instant::now();
-    let results: Vec<anyhow::Result<Vec<f64>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = keys
-            .chunks(per.max(1))
-            .map(|chunk| {
-                let (client, expected) = (client.clone(), expected.clone());
-                scope.spawn(move || -> anyhow::Result<Vec<f64>> {
-                    let mut buf = vec![0u8; size as usize];
-                    let mut lat = Vec::with_capacity(chunk.len());
-                    for k in chunk {
-                        let t = Instant::now();
-                        let n = client.get_into(&format!("v{k}"), &mut buf)?;
-                        lat.push(t.elapsed().as_secs_f64() * 1e6);
-                        anyhow::ensure!(buf[..n] == expected[..], "v{k}: wrong bytes");
-                    }
-                    Ok(lat)
-                })
+    // Each thread reads its share of the keys once.
+    let per = keys.len().div_ceil(threads.max(1)) as u64;
+    let run = super::load::closed_loop(
+        threads,
+        keys.len() as u64,
+        Duration::MAX,
+        |_| Ok(vec![0u8; size as usize]),
+        |buf, t, i| {
+            let k = keys.get((t as u64 * per + i) as usize)?;
+            Some(match client.get_into(&format!("v{k}"), buf) {
+                Ok(n) if buf[..n] == expected[..] => Outcome::Ok,
+                Ok(_) => Outcome::Failed(format!("v{k}: wrong bytes")),
+                Err(e) => Outcome::Failed(format!("v{k}: {e}")),
             })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a reader panicked")))
-            })
-            .collect()
-    });
-    let seconds = t0.elapsed().as_secs_f64();
-    let mut lat = Vec::new();
-    for r in results {
-        lat.extend(r?);
+        },
+    );
+    if let Some(e) = run.first_error {
+        anyhow::bail!(
+            "{} of {} reads failed; the first: {e}",
+            run.errors,
+            keys.len()
+        );
     }
+    let seconds = run.elapsed.as_secs_f64();
+    let mut lat: Vec<f64> = run
+        .latencies
+        .iter()
+        .map(|d| d.as_secs_f64() * 1e6)
+        .collect();
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
     let bytes = (keys.len() as u64 * size) as f64;

@@ -191,42 +191,19 @@ fn phase(
     time: Duration,
     op: impl Fn(&mut Connection, usize, u64) -> Option<bool> + Sync,
 ) -> (Vec<Duration>, u64, Duration) {
-    let per = budget.div_ceil(clients as u64);
-    let errors = AtomicU64::new(0);
-    let t0 = Instant::now();
-    let lats = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..clients)
-            .map(|t| {
-                let (op, errors) = (&op, &errors);
-                s.spawn(move || {
-                    let mut lat = Vec::new();
-                    let Ok(mut conn) = Connection::connect(master, &rpc_opts()) else {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        return lat;
-                    };
-                    for i in 0..per {
-                        if t0.elapsed() > time {
-                            break;
-                        }
-                        let start = Instant::now();
-                        match op(&mut conn, t, i) {
-                            Some(true) => lat.push(start.elapsed()),
-                            Some(false) => {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            None => break,
-                        }
-                    }
-                    lat
-                })
+    let run = super::load::closed_loop(
+        clients,
+        budget,
+        time,
+        |_| Connection::connect(master, &rpc_opts()).map_err(|e| e.to_string()),
+        |conn, t, i| {
+            op(conn, t, i).map(|ok| match ok {
+                true => super::load::Outcome::Ok,
+                false => super::load::Outcome::Failed(String::new()),
             })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect::<Vec<_>>()
-    });
-    (lats, errors.into_inner(), t0.elapsed())
+        },
+    );
+    (run.latencies, run.errors, run.elapsed)
 }
 
 /// Starts and ends puts of `keys` in one batch each; the started objects, for the store's

@@ -8,6 +8,7 @@ pub mod flood;
 pub mod hicache;
 pub mod limits;
 pub mod llm;
+pub mod load;
 pub mod master;
 pub mod mooncake_peer;
 pub mod multiturn;

@@ -4,6 +4,7 @@
 
 use super::cluster::master_or_own;
 use super::limits;
+use super::load::Outcome;
 use super::mooncake_peer;
 use super::procfs::own_syscalls as syscalls;
 use super::redis_peer;
@@ -198,15 +199,9 @@ fn phase_budget(args: &StoreBenchArgs, size: u64) -> u64 {
         .max(1)
 }
 
-/// What one benchmark operation came to.
-enum Outcome {
-    Ok,
-    /// A read of an object the pool had evicted (it may: it is a cache).
-    Evicted,
-    Failed(String),
-}
-
 impl Outcome {
+    /// A client call's outcome: a read of an object the pool had evicted is skipped (it may
+    /// evict: it is a cache), not failed.
     fn of<T>(r: Result<T, ClientError>, ok: impl FnOnce(T) -> bool) -> Outcome {
         match r {
             Ok(v) => {
@@ -216,7 +211,7 @@ impl Outcome {
                     Outcome::Failed("wrong length or content read back".into())
                 }
             }
-            Err(ClientError::NotFound(_)) => Outcome::Evicted,
+            Err(ClientError::NotFound(_)) => Outcome::Skipped,
             Err(e) => Outcome::Failed(e.to_string()),
         }
     }
@@ -309,62 +304,15 @@ fn run_phase(
     time: Duration,
     op: impl Fn(usize, u64) -> Outcome + Sync,
 ) -> Phase {
-    let per_thread = budget.div_ceil(threads as u64);
-    let t0 = Instant::now();
-    let mut phase = Phase {
-        latencies: Vec::new(),
-        errors: 0,
-        evicted: 0,
-        first_error: None,
-        elapsed: Duration::ZERO,
+    let run = super::load::closed_loop(threads, budget, time, |_| Ok(()), |_, t, i| Some(op(t, i)));
+    Phase {
+        latencies: run.latencies,
+        errors: run.errors,
+        evicted: run.skipped,
+        first_error: run.first_error,
+        elapsed: run.elapsed,
         breakdown: None,
-    };
-    let parts = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let op = &op;
-                s.spawn(move || {
-                    let mut part = Phase {
-                        latencies: Vec::with_capacity(per_thread.min(1 << 20) as usize),
-                        errors: 0,
-                        evicted: 0,
-                        first_error: None,
-                        elapsed: Duration::ZERO,
-                        breakdown: None,
-                    };
-                    for i in 0..per_thread {
-                        if t0.elapsed() > time {
-                            break;
-                        }
-                        let start = Instant::now();
-                        match op(t, i) {
-                            Outcome::Ok => part.latencies.push(start.elapsed()),
-                            Outcome::Evicted => part.evicted += 1,
-                            Outcome::Failed(e) => {
-                                part.errors += 1;
-                                part.first_error.get_or_insert(e);
-                            }
-                        }
-                    }
-                    part
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().ok())
-            .collect::<Vec<Phase>>()
-    });
-    for p in parts {
-        phase.latencies.extend(p.latencies);
-        phase.errors += p.errors;
-        phase.evicted += p.evicted;
-        if phase.first_error.is_none() {
-            phase.first_error = p.first_error;
-        }
     }
-    phase.elapsed = t0.elapsed();
-    phase
 }
 
 /// What every case needs: the arguments, the run's own key prefix, and where failures go.
@@ -539,7 +487,7 @@ fn batch_case(client: &Arc<Client>, case: &str, ctx: &Ctx<'_>) -> Vec<PhaseResul
                 .iter()
                 .any(|r| matches!(r, Err(ClientError::NotFound(_))))
             {
-                return Outcome::Evicted;
+                return Outcome::Skipped;
             }
             match results
                 .into_iter()
