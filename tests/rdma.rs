@@ -245,12 +245,17 @@ fn rdma_cluster(stores: usize) -> Cluster {
 }
 
 fn rdma_client(c: &Cluster) -> Client {
-    let cfg = ClientConfig {
+    rdma_client_with(c, |_| {})
+}
+
+fn rdma_client_with(c: &Cluster, change: impl FnOnce(&mut ClientConfig)) -> Client {
+    let mut cfg = ClientConfig {
         transport: Transport::Rdma,
         rdma_devices: "rxe0".into(),
         same_host_shm: false,
         ..ClientConfig::new(c.rpc.clone())
     };
+    change(&mut cfg);
     Client::connect(cfg).expect("an RDMA client connects")
 }
 
@@ -374,17 +379,7 @@ fn inside_one_vm_a_paused_store_s_stamps_answer_for_no_removed_object() {
     assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
     let c = rdma_cluster(1);
     let writer = rdma_client(&c);
-    let reader = Client::connect(ClientConfig {
-        transport: Transport::Rdma,
-        rdma_devices: "rxe0".into(),
-        same_host_shm: false,
-        conn: rbgctl::transfer::ConnOptions {
-            io_timeout: Duration::from_secs(2),
-            ..Default::default()
-        },
-        ..ClientConfig::new(c.rpc.clone())
-    })
-    .unwrap();
+    let reader = rdma_client_with(&c, |cfg| cfg.conn.io_timeout = Duration::from_secs(2));
     let v = value(64 << 10, 3);
     writer.put("k", &v, &ReplicateConfig::default()).unwrap();
     for _ in 0..3 {

@@ -117,21 +117,15 @@ mod tests {
     #[test]
     fn the_budget_is_shared_by_the_threads_and_every_outcome_counted() {
         let calls = AtomicU64::new(0);
-        let run = closed_loop(
-            4,
-            100,
-            Duration::from_secs(60),
-            Ok,
-            |state, t, i| {
-                assert_eq!(*state, t);
-                calls.fetch_add(1, Ordering::Relaxed);
-                Some(match i % 5 {
-                    0 => Outcome::Skipped,
-                    1 => Outcome::Failed(format!("call {i}")),
-                    _ => Outcome::Ok,
-                })
-            },
-        );
+        let run = closed_loop(4, 100, Duration::from_secs(60), Ok, |state, t, i| {
+            assert_eq!(*state, t);
+            calls.fetch_add(1, Ordering::Relaxed);
+            Some(match i % 5 {
+                0 => Outcome::Skipped,
+                1 => Outcome::Failed(format!("call {i}")),
+                _ => Outcome::Ok,
+            })
+        });
         assert_eq!(calls.load(Ordering::Relaxed), 100);
         assert_eq!((run.latencies.len(), run.skipped, run.errors), (60, 20, 20));
         assert_eq!(run.first_error.as_deref(), Some("call 1"));

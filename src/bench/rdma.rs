@@ -34,7 +34,11 @@ pub fn perftest(
 ) -> anyhow::Result<Perftest> {
     let mut last = None;
     for _ in 0..3 {
-        match perftest_once(tool, device, gid_index, message, iterations, port) {
+        match perftest_once(tool, message, |cmd| {
+            cmd.args(["-d", device, "-x", &gid_index.to_string(), "-F"])
+                .args(["-s", &message.to_string(), "-n", &iterations.to_string()])
+                .args(["-p", &port.to_string()]);
+        }) {
             Ok(p) => return Ok(p),
             Err(e) => last = Some(e),
         }
@@ -42,19 +46,12 @@ pub fn perftest(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("{tool}: not run")))
 }
 
+/// One run of `tool` for `message`-byte messages, `args` giving both sides their options.
 fn perftest_once(
     tool: &str,
-    device: &str,
-    gid_index: u32,
     message: u64,
-    iterations: u64,
-    port: u16,
+    args: impl Fn(&mut Command),
 ) -> anyhow::Result<Perftest> {
-    let args = |cmd: &mut Command| {
-        cmd.args(["-d", device, "-x", &gid_index.to_string(), "-F"])
-            .args(["-s", &message.to_string(), "-n", &iterations.to_string()])
-            .args(["-p", &port.to_string()]);
-    };
     let mut server = Command::new(tool);
     args(&mut server);
     let mut server = server
