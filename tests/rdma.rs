@@ -204,7 +204,7 @@ fn the_pool_over_soft_roce_in_one_vm() {
     let Some(image) = vm_image() else {
         return;
     };
-    let (passed, console) = run_inside(&image, "inside_one_vm", Duration::from_secs(360));
+    let (passed, console) = run_inside(&image, "inside_one_vm", Duration::from_secs(480));
     assert!(passed, "the tests inside the VM failed (console above)");
     // Each inner test ran (a filter that matched nothing would pass too).
     for name in [
