@@ -266,7 +266,8 @@ impl MasterLink {
         mut f: impl FnMut(&mut Connection) -> Result<T, TransferError>,
     ) -> Result<T, TransferError> {
         let deadline = Instant::now() + self.failover_wait;
-        let mut pause = Duration::from_millis(10);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
         loop {
             let r = self.once(&mut f);
             let Err(e) = &r else { return r };
@@ -277,13 +278,18 @@ impl MasterLink {
             if !e.not_done_by_a_leader() {
                 return r;
             }
+            if moved {
+                // Straight to the new leader, while the wait lasts.
+                if Instant::now() > deadline {
+                    return r;
+                }
+                continue;
+            }
+            let pause = backoff.next_delay();
             if Instant::now() + pause > deadline {
                 return r;
             }
-            if !moved {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(200));
-            }
+            std::thread::sleep(pause);
         }
     }
 

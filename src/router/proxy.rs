@@ -8,7 +8,7 @@ use crate::router::dp;
 use crate::router::policy::{Candidate, Policy, RouteInput};
 use crate::router::request;
 use crate::router::request::{
-    backoff, error_body, inject_bootstrap, random_room, retryable, BadRequest, Endpoint, RouteInfo,
+    error_body, inject_bootstrap, random_room, retryable, BadRequest, Endpoint, RouteInfo,
 };
 use crate::router::vllm::{self, Connector, Legs};
 use crate::router::worker::{LoadGuard, Worker, WorkerType};
@@ -498,7 +498,8 @@ impl Shared {
         for attempt in 0..=retries {
             if attempt > 0 {
                 self.metrics.retries.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(backoff(&self.retry, attempt - 1, fastrand::f64())).await;
+                let wait = self.retry.backoff().nth_jittered(attempt, fastrand::f64());
+                tokio::time::sleep(wait).await;
             }
             let call = Call {
                 endpoint,

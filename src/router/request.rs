@@ -372,13 +372,14 @@ pub struct RetryConfig {
     pub jitter: f64,
 }
 
-/// The wait before retry `attempt` (0 = the first retry): `min(initial × multiplier^attempt,
-/// max)`, then moved by up to ± `jitter` of itself; `unit` in [0, 1) picks where.
-pub fn backoff(cfg: &RetryConfig, attempt: u32, unit: f64) -> Duration {
-    let base = cfg.initial_backoff.as_secs_f64() * cfg.multiplier.powi(attempt.min(64) as i32);
-    let base = base.min(cfg.max_backoff.as_secs_f64());
-    let jittered = base * (1.0 + cfg.jitter * (2.0 * unit - 1.0));
-    Duration::from_secs_f64(jittered.max(0.0))
+impl RetryConfig {
+    /// The waits between tries: `min(initial × multiplier^(n-1), max)` before retry `n`, moved
+    /// by up to ± `jitter` of itself.
+    pub fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff::new(self.initial_backoff, self.max_backoff)
+            .growing_by(self.multiplier)
+            .jittered_by(self.jitter)
+    }
 }
 
 /// A JSON error body in OpenAI's shape: `{"error": {"message", "type", "code"}}`.
@@ -520,11 +521,12 @@ mod tests {
             multiplier: 1.5,
             jitter: 0.2,
         };
-        assert_eq!(backoff(&cfg, 0, 0.5), Duration::from_millis(50));
-        assert_eq!(backoff(&cfg, 1, 0.5), Duration::from_millis(75));
-        assert_eq!(backoff(&cfg, 5, 0.5), Duration::from_millis(100));
-        assert_eq!(backoff(&cfg, 0, 0.0), Duration::from_millis(40));
-        assert!(backoff(&cfg, 0, 0.999_999) < Duration::from_millis(60));
+        let b = cfg.backoff();
+        assert_eq!(b.nth_jittered(1, 0.5), Duration::from_millis(50));
+        assert_eq!(b.nth_jittered(2, 0.5), Duration::from_millis(75));
+        assert_eq!(b.nth_jittered(6, 0.5), Duration::from_millis(100));
+        assert_eq!(b.nth_jittered(1, 0.0), Duration::from_millis(40));
+        assert!(b.nth_jittered(1, 0.999_999) < Duration::from_millis(60));
         assert!(retryable(503) && retryable(408) && !retryable(400) && !retryable(404));
     }
 }
