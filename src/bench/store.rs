@@ -217,13 +217,10 @@ impl Outcome {
     }
 }
 
-/// What a phase measured.
+/// What a phase measured: its calls (a read of an evicted value is skipped), and with
+/// `--breakdown`, where their time went.
 struct Phase {
-    latencies: Vec<Duration>,
-    errors: u64,
-    evicted: u64,
-    first_error: Option<String>,
-    elapsed: Duration,
+    run: super::load::Run,
     breakdown: Option<OpBreakdown>,
 }
 
@@ -239,10 +236,11 @@ impl Phase {
         keep: usize,
         failures: &Failures,
     ) -> PhaseResult {
-        if let Some(e) = &self.first_error {
-            failures.note(&format!("{case} {op}"), self.errors, e);
+        let run = self.run;
+        if let Some(e) = &run.first_error {
+            failures.note(&format!("{case} {op}"), run.errors, e);
         }
-        let lat: Vec<Duration> = self.latencies.into_iter().take(keep).collect();
+        let lat: Vec<Duration> = run.latencies.into_iter().take(keep).collect();
         let mut r = PhaseResult::from_samples(
             case,
             op,
@@ -250,10 +248,10 @@ impl Phase {
             threads,
             lat,
             items,
-            self.errors,
-            self.elapsed,
+            run.errors,
+            run.elapsed,
         );
-        r.evicted = self.evicted;
+        r.evicted = run.skipped;
         r.breakdown = self.breakdown;
         r
     }
@@ -268,8 +266,8 @@ fn probed(client: &Client, ctx: &Ctx<'_>, items: u64, run: impl FnOnce() -> Phas
     let (before, sys_before) = (client.breakdown(), syscalls());
     let mut phase = run();
     let (after, sys_after) = (client.breakdown(), syscalls());
-    let latency: Duration = phase.latencies.iter().sum();
-    let n = phase.latencies.len() as u64 * items;
+    let latency: Duration = phase.run.latencies.iter().sum();
+    let n = phase.run.latencies.len() as u64 * items;
     let sys = sys_before.zip(sys_after).map(|(a, b)| b.saturating_sub(a));
     phase.breakdown = Some(OpBreakdown::per_item(
         &after.since(&before),
@@ -304,13 +302,8 @@ fn run_phase(
     time: Duration,
     op: impl Fn(usize, u64) -> Outcome + Sync,
 ) -> Phase {
-    let run = super::load::closed_loop(threads, budget, time, |_| Ok(()), |_, t, i| Some(op(t, i)));
     Phase {
-        latencies: run.latencies,
-        errors: run.errors,
-        evicted: run.skipped,
-        first_error: run.first_error,
-        elapsed: run.elapsed,
+        run: super::load::closed_loop(threads, budget, time, |_| Ok(()), |_, t, i| Some(op(t, i))),
         breakdown: None,
     }
 }
@@ -1355,8 +1348,9 @@ struct RdmaReport {
     /// 4 KiB get p50 over ib_read_lat's typical latency.
     get_4k_latency_ratio: Option<f64>,
     /// The store's CPU time for the same stream of gets by RDMA and over TCP, each asking the
-    /// master where the value is, then by RDMA from remembered locations (a `CHECK_VERSION`
-    /// to the store beside each READ); less what the store spends at rest (measured first).
+    /// master where the value is, then by RDMA from remembered locations (checked by the
+    /// version stamp read with the bytes, or by asking the store); less what the store spends
+    /// at rest (measured first).
     store_cpu: Vec<StoreCpu>,
     /// RDMA's store CPU over TCP's, both through the master.
     store_cpu_ratio: Option<f64>,
@@ -1434,8 +1428,9 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         rdma_device: Some(device.to_string()),
     })?;
     let master = cluster.master.clone();
-    // `remember`: whether the client reads remembered locations (one store round trip) or
-    // asks the master each time (its read lease then covers a one-sided read alone).
+    // `remember`: whether the client reads remembered locations (checked by their stamps, or
+    // by asking the store) or asks the master each time (its read lease then covers a
+    // one-sided read alone).
     let connect = |transport, remember: bool| -> anyhow::Result<Arc<Client>> {
         Ok(Arc::new(Client::connect(ClientConfig {
             transport,

@@ -1461,10 +1461,13 @@ impl MasterState {
     /// A written put becomes the key's current version; the one it replaces is released when
     /// its read leases end.
     fn install(&mut self, key: &str, p: Pending, checksum: u32, now: Instant) -> OpResult<()> {
-        if let Err(e) = self.objects.make_room() {
-            // Callers make room before they change anything; a put cannot stay half-installed.
-            self.release(&p.replicas, p.size, p.object_id, now, now);
-            return Err(table_full(e));
+        // A new key needs room in the object table, found before anything changes: a put
+        // refused here frees its space at once.
+        if self.objects.get(key).is_none() {
+            if let Err(e) = self.objects.make_room() {
+                self.release(&p.replicas, p.size, p.object_id, now, now);
+                return Err(table_full(e));
+            }
         }
         let new = Version {
             object_id: p.object_id,
@@ -1534,8 +1537,6 @@ impl MasterState {
             ))
         } else if let Err(e) = self.preempt_pending(key, now) {
             Some(e)
-        } else if let Err(e) = self.objects.make_room() {
-            Some(table_full(e))
         } else if newer > object_id {
             Some((
                 Status::WriteSuperseded,
@@ -1551,8 +1552,9 @@ impl MasterState {
             self.release(&r.replicas, r.size, r.object_id, now, now);
             return Err(e);
         }
+        self.install(key, r, checksum, now)?;
         self.counters.reserved_puts += 1;
-        self.install(key, r, checksum, now)
+        Ok(())
     }
 
     pub fn put_revoke(

@@ -656,9 +656,14 @@ impl DurableIndex {
     /// Writes a snapshot under the lock (the records were just replaced wholesale).
     fn compact(&self, g: &mut (IndexMap, LogFile)) -> Result<(), IndexError> {
         let file = write_snapshot(&self.path, &self.header, &g.0).map_err(|e| self.io_err(e))?;
-        let generation = g.1.generation + 1;
-        g.1 = LogFile::new(file, g.0.len() as u64);
-        g.1.generation = generation;
+        // A compaction under way finds a newer generation and leaves this file be; it stays
+        // marked as under way, so that no second one starts before it is done.
+        g.1 = LogFile {
+            file,
+            entries: g.0.len() as u64,
+            generation: g.1.generation + 1,
+            since_copy: g.1.since_copy.as_ref().map(|_| Default::default()),
+        };
         Ok(())
     }
 

@@ -513,13 +513,13 @@ impl Lane {
                 (Some(version), None) => checks.push(self.ask(j, op, version)?),
             }
         }
-        let plan = self.plan(
+        let mut plan = self.plan(
             ops.iter()
                 .map(|op| (op.offset, op.dst.as_ptr() as usize, op.dst.len())),
         );
         // The bytes' chunks, then one 8-byte READ of each remembered operation's stamp.
-        let data = plan.work.len();
-        let mut work = plan.work.clone();
+        let mut work = std::mem::take(&mut plan.work);
+        let data = work.len();
         work.extend(stamp_ops.iter().map(|&op| Chunk {
             op,
             at: 0,
@@ -574,15 +574,19 @@ impl Lane {
         // Every stamp was read before now: one that names the version, read while the lease
         // ran, answers for it; any other is asked about (after the READ, which is as good).
         let in_lease = self.lease_until.is_some_and(|u| Instant::now() < u);
-        let local = self.local.clone();
+        let mut answered = 0;
         for j in stamp_ops {
             let version = ops[j].version.unwrap_or_default();
             if in_lease && plan.remote[j].is_ok() && stamps_read[j] == version {
-                local.counts.stamped.fetch_add(1, Ordering::Relaxed);
+                answered += 1;
             } else {
                 checks.push(self.ask(j, &ops[j], version)?);
             }
         }
+        self.local
+            .counts
+            .stamped
+            .fetch_add(answered, Ordering::Relaxed);
         for (j, r) in plan.remote.iter().enumerate() {
             if let Err(e) = r {
                 out[j] = Err(e.clone());
@@ -593,7 +597,7 @@ impl Lane {
                 Ok((_, meta)) => {
                     if let Ok(r) = <CheckVersionResp as crate::transfer::Wire>::from_meta(&meta) {
                         let until = asked + Duration::from_millis(r.lease_ms_left);
-                        self.lease_until = Some(self.lease_until.map_or(until, |u| u.max(until)));
+                        self.lease_until = self.lease_until.max(Some(until));
                     }
                 }
                 Err(e) if e.breaks_connection() => return Err(Broken(e)),
