@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn holds_are_counted_and_a_long_hold_is_noticed() {
-        let lock = StateLock::new(MasterState::new(MasterConfig::default()));
+        let lock = StateLock::new(MasterState::with_system_clock(MasterConfig::default()));
         drop(lock.lock());
         let held = lock.lock();
         std::thread::sleep(LONG_HOLD * 5);

@@ -239,7 +239,7 @@ pub fn start(
     crate::auth::warn_if_open("master", &cfg.rpc_address, secret.as_deref());
     let tls =
         crate::tls::optional_server(cfg.tls_cert_path.as_deref(), cfg.tls_key_path.as_deref())?;
-    let state = Arc::new(StateLock::new(MasterState::new(cfg.clone())));
+    let state = Arc::new(StateLock::new(MasterState::with_system_clock(cfg.clone())));
     let leadership = Arc::new(match cfg.enable_ha {
         true => Leadership::elected(),
         false => Leadership::single(),

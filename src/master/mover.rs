@@ -143,7 +143,7 @@ impl Mover {
 
     /// Sends every queued move and reports the outcomes; returns how many were sent.
     pub fn run_once(&self) -> usize {
-        let jobs = self.state.lock().take_moves();
+        let jobs = self.state.lock().take_moves(Instant::now());
         let total = jobs.iter().map(|(_, items)| items.len()).sum();
         if total == 0 {
             return 0;

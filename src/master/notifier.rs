@@ -307,9 +307,7 @@ impl Notifier {
             let (now, lease) = (Instant::now(), self.lease);
             book.granted.retain(|_, g| *g + lease > now);
         }
-        self.state
-            .lock()
-            .forgets_delivered(outbox.seq, Instant::now());
+        self.state.lock().forgets_delivered(Instant::now());
         let mut d = self.delivered.lock();
         d.seq = d.seq.max(outbox.seq);
         d.stale_until = match (d.stale_until, stale_until) {
@@ -363,7 +361,9 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(2);
 
     fn notifier() -> Arc<Notifier> {
-        let state = Arc::new(StateLock::new(MasterState::new(MasterConfig::default())));
+        let state = Arc::new(StateLock::new(MasterState::with_system_clock(
+            MasterConfig::default(),
+        )));
         Notifier::new(
             state,
             Arc::new(crate::ha::lease::Leadership::single()),
@@ -402,7 +402,9 @@ mod tests {
         assert_eq!(n.lease_end("s:1"), Some(later + LEASE));
         assert_eq!(n.lease_end("s:2"), Some(inherited), "never granted");
         // Never zero lease: a master with cached locations off grants nothing.
-        let state = Arc::new(StateLock::new(MasterState::new(MasterConfig::default())));
+        let state = Arc::new(StateLock::new(MasterState::with_system_clock(
+            MasterConfig::default(),
+        )));
         let off = Notifier::new(
             state,
             Arc::new(crate::ha::lease::Leadership::single()),
