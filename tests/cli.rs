@@ -382,3 +382,83 @@ fn kv_get_to_a_terminal_ends_its_line() {
         "{out:?}"
     );
 }
+
+/// Every flag and environment variable of every role, one per line: `role --flag`,
+/// `role --flag env=NAME`, `mooncake_master --flag` (Mooncake's spellings) and `store
+/// env=NAME` (Mooncake's environment, read by the store and the Python client's launcher).
+fn contract_names() -> String {
+    let mut lines = std::collections::BTreeSet::new();
+    for role in rbgctl::cli::command().get_subcommands() {
+        let mut walk = vec![(role.get_name().to_string(), role.clone())];
+        while let Some((path, cmd)) = walk.pop() {
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long() else {
+                    continue;
+                };
+                let env = arg
+                    .get_env()
+                    .map(|e| format!(" env={}", e.to_string_lossy()))
+                    .unwrap_or_default();
+                lines.insert(format!("{path} --{long}{env}"));
+            }
+            for sub in cmd.get_subcommands() {
+                walk.push((format!("{path} {}", sub.get_name()), sub.clone()));
+            }
+        }
+    }
+    for (flag, _) in rbgctl::master::compat::MASTER_FLAGS {
+        lines.insert(format!("mooncake_master --{flag}"));
+    }
+    let read = std::cell::RefCell::new(Vec::new());
+    let _ = rbgctl::config::mooncake::MooncakeEnv::from_lookup(|name| {
+        read.borrow_mut().push(name.to_string());
+        None
+    });
+    for name in read.into_inner() {
+        lines.insert(format!("store env={name}"));
+    }
+    lines.into_iter().map(|l| l + "\n").collect()
+}
+
+/// sglang-router's flags, Mooncake's flags and environment, and rbgctl's own are what scripts,
+/// manifests and the operator's pods are written against: a change to any of them is a change
+/// of contract, made on purpose by updating `tests/contract/names.txt` (`RBGCTL_BLESS=1`
+/// rewrites it outside CI).
+#[test]
+fn the_flag_and_environment_names_users_depend_on_are_pinned() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/contract/names.txt");
+    let now = contract_names();
+    if std::env::var_os("RBGCTL_BLESS").is_some() && std::env::var_os("CI").is_none() {
+        std::fs::write(&path, &now).expect("write the pinned names");
+        return;
+    }
+    let pinned = std::fs::read_to_string(&path).expect("tests/contract/names.txt");
+    let set =
+        |s: &str| -> std::collections::BTreeSet<String> { s.lines().map(str::to_string).collect() };
+    let (pinned, now) = (set(&pinned), set(&now));
+    let gone: Vec<_> = pinned.difference(&now).collect();
+    let new: Vec<_> = now.difference(&pinned).collect();
+    assert!(
+        gone.is_empty() && new.is_empty(),
+        "flag or environment names changed; gone: {gone:#?}\nnew: {new:#?}\nif on purpose, \
+         update tests/contract/names.txt (RBGCTL_BLESS=1 cargo test --test cli pinned)"
+    );
+    for must in [
+        "router --worker-urls",
+        "router --policy",
+        "router --cache-threshold",
+        "router --pd-disaggregation",
+        "router --prefill",
+        "router --decode",
+        "router --retry-max-retries",
+        "router --cb-failure-threshold",
+        "router --prometheus-port",
+        "mooncake_master --rpc_port",
+        "mooncake_master --enable_http_metadata_server",
+        "store env=MOONCAKE_MASTER",
+        "store env=MOONCAKE_GLOBAL_SEGMENT_SIZE",
+        "store env=MOONCAKE_PROTOCOL",
+    ] {
+        assert!(pinned.contains(must), "{must} is part of the contract");
+    }
+}

@@ -674,17 +674,17 @@ async fn metrics(State(e): S) -> Response {
         &model,
         m.waiting.load(Ordering::Relaxed) as f64,
     );
-    m.ttft.render(
-        &mut p,
+    p.histogram(
         "sglang:time_to_first_token_seconds",
         "Time from a request's arrival to its first token (simulated engine).",
         &model,
+        &m.ttft,
     );
-    m.e2e.render(
-        &mut p,
+    p.histogram(
         "sglang:e2e_request_latency_seconds",
         "Time from a request's arrival to its last token (simulated engine).",
         &model,
+        &m.e2e,
     );
     p.family(
         "rbgctl_sim_requests_total",

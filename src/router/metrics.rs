@@ -3,7 +3,7 @@
 
 use crate::router::request::Endpoint;
 use crate::router::worker::{BreakerConfig, Worker, WorkerType};
-use crate::telemetry::PromText;
+use crate::telemetry::{Histogram, PromText};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,63 +14,6 @@ use std::time::{Duration, Instant};
 pub const BUCKETS_S: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
 ];
-
-struct Histogram {
-    /// Upper bounds in seconds, increasing.
-    bounds: Arc<[f64]>,
-    buckets: Box<[AtomicU64]>,
-    count: AtomicU64,
-    sum_us: AtomicU64,
-}
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram::new(BUCKETS_S.as_slice().into())
-    }
-}
-
-impl Histogram {
-    fn new(bounds: Arc<[f64]>) -> Histogram {
-        Histogram {
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            bounds,
-            count: AtomicU64::new(0),
-            sum_us: AtomicU64::new(0),
-        }
-    }
-
-    fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        if let Some(i) = self.bounds.iter().position(|&ub| s <= ub) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    fn render(&self, prom: &mut PromText, name: &str, labels: &[(&str, &str)]) {
-        let bucket = format!("{name}_bucket");
-        let mut cumulative = 0;
-        for (i, ub) in self.bounds.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let le = ub.to_string();
-            let mut l = labels.to_vec();
-            l.push(("le", &le));
-            prom.sample(&bucket, &l, cumulative as f64);
-        }
-        let count = self.count.load(Ordering::Relaxed) as f64;
-        let mut l = labels.to_vec();
-        l.push(("le", "+Inf"));
-        prom.sample(&bucket, &l, count);
-        prom.sample(
-            &format!("{name}_sum"),
-            labels,
-            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
-        );
-        prom.sample(&format!("{name}_count"), labels, count);
-    }
-}
 
 /// Distinct `model` label values kept; requests naming others count as `other`, so that a
 /// client cannot grow the metrics without bound.
@@ -107,7 +50,7 @@ pub struct Metrics {
     /// By endpoint × streaming.
     requests: [[AtomicU64; 2]; Endpoint::ALL.len()],
     /// Time to the worker's response headers, by endpoint.
-    duration: [Histogram; Endpoint::ALL.len()],
+    duration: Durations,
     /// (endpoint, error kind) → count.
     errors: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     pub retries: AtomicU64,
@@ -129,6 +72,21 @@ pub struct Metrics {
     pub discovery_rejected: AtomicU64,
     /// SMG's HTTP layer: every request the API answered.
     pub http: HttpMetrics,
+}
+
+/// Time to the worker's response headers, by endpoint.
+struct Durations([Histogram; Endpoint::ALL.len()]);
+
+impl Durations {
+    fn new(bounds: &[f64]) -> Durations {
+        Durations(std::array::from_fn(|_| Histogram::with_buckets(bounds)))
+    }
+}
+
+impl Default for Durations {
+    fn default() -> Self {
+        Durations::new(&BUCKETS_S)
+    }
 }
 
 /// A route's requests and their durations.
@@ -210,13 +168,10 @@ impl HttpMetrics {
     }
 
     fn route_stats(&self) -> Arc<RouteStats> {
-        let bounds = self
-            .bounds
-            .clone()
-            .unwrap_or_else(|| BUCKETS_S.as_slice().into());
+        let bounds = self.bounds.as_deref().unwrap_or(&BUCKETS_S);
         Arc::new(RouteStats {
             requests: AtomicU64::new(0),
-            duration: Histogram::new(bounds),
+            duration: Histogram::with_buckets(bounds),
         })
     }
 
@@ -243,16 +198,12 @@ impl HttpMetrics {
                 s.requests.load(Ordering::Relaxed) as f64,
             );
         }
-        p.family(
-            "smg_http_request_duration_seconds",
-            "histogram",
-            "Time from a request's arrival to its response headers, by method and route.",
-        );
         for (path, method, s) in &routes {
-            s.duration.render(
-                p,
+            p.histogram(
                 "smg_http_request_duration_seconds",
+                "Time from a request's arrival to its response headers, by method and route.",
                 &[("method", method), ("path", path)],
+                &s.duration,
             );
         }
         p.family(
@@ -288,7 +239,7 @@ impl Metrics {
             bounds.into()
         };
         Metrics {
-            duration: std::array::from_fn(|_| Histogram::new(bounds.clone())),
+            duration: Durations::new(&bounds),
             http: HttpMetrics {
                 bounds: Some(bounds.clone()),
                 ..HttpMetrics::default()
@@ -326,7 +277,7 @@ impl Metrics {
     }
 
     pub fn duration(&self, e: Endpoint, d: Duration) {
-        self.duration[e.index()].observe(d);
+        self.duration.0[e.index()].observe(d);
     }
 
     pub fn error(&self, e: &'static str, kind: &'static str) {
@@ -384,20 +335,16 @@ impl Metrics {
                 *n as f64,
             );
         }
-        p.family(
-            "smg_router_request_duration_seconds",
-            "histogram",
-            "Time from a request's arrival to the worker's response headers.",
-        );
         for e in ENDPOINTS {
-            self.duration[e.index()].render(
-                &mut p,
+            p.histogram(
                 "smg_router_request_duration_seconds",
+                "Time from a request's arrival to the worker's response headers.",
                 &[
                     ("router_type", l.router_type),
                     ("backend_type", l.backend_type),
                     ("endpoint", e.name()),
                 ],
+                &self.duration.0[e.index()],
             );
         }
         p.family(
