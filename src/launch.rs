@@ -8,6 +8,10 @@
 //! addresses they got through `RBGCTL_READY_FILE` (see `crate::role`). A restarted child is
 //! given the addresses it had, so its clients find it again.
 
+mod pool;
+
+pub use pool::{Dir, Pool, PoolError, PoolSpec};
+
 use crate::role::{Ready, READY_FILE_ENV};
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -10,13 +10,9 @@
 
 use crate::config::{ByteSize, ConfigError};
 use crate::engine::{EngineConfig, Mode};
-use crate::launch::{self, wait_http_ok, Child, Launcher, Logs};
-use crate::master::config::MasterConfig;
+use crate::launch::{self, wait_http_ok, Child, Dir, Launcher, Logs, Pool, PoolSpec};
 use crate::router::config::{PolicyKind, PrefillSpec, RouterConfig};
 use crate::shutdown::Shutdown;
-use crate::store::config::StoreConfig;
-use crate::transfer::message::ListSegmentsResp;
-use crate::transfer::{ConnOptions, Connection, Opcode};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -297,37 +293,12 @@ pub struct UpAddrs {
     pub store_metrics: Vec<String>,
 }
 
-fn wait_for_segments(master: &str, n: usize, timeout: Duration) -> Result<(), UpError> {
-    let deadline = Instant::now() + timeout;
-    let opts = ConnOptions {
-        spin: Duration::ZERO,
-        ..ConnOptions::default()
-    };
-    loop {
-        let listed = Connection::connect(master, &opts)
-            .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()));
-        match listed {
-            Ok(r) if r.segments.len() >= n => return Ok(()),
-            _ if Instant::now() > deadline => {
-                return Err(UpError::NotReady(format!(
-                    "the master at {master} did not list {n} segments within {timeout:?}"
-                )))
-            }
-            _ => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 /// A started service.
 pub struct Stack {
     // Declared in stop order: router, engines, stores, master (children stop when dropped).
     router_proc: Option<Child<launch::Router>>,
     engine_procs: Vec<Child<launch::Engine>>,
-    store_procs: Vec<Child<launch::Store>>,
-    master_proc: Option<Child<launch::Master>>,
-    shm_dir: Option<(PathBuf, bool)>,
-    /// The disk tiers' directory, and whether it is this stack's own (removed on stop).
-    disk_dir: Option<(PathBuf, bool)>,
+    pool: Option<Pool>,
     /// Restarts of the children that died, by child name.
     restarts: std::collections::HashMap<String, Restarts>,
     pub master: Option<String>,
@@ -357,10 +328,7 @@ impl Stack {
         let mut st = Stack {
             router_proc: None,
             engine_procs: Vec::new(),
-            store_procs: Vec::new(),
-            master_proc: None,
-            shm_dir: None,
-            disk_dir: None,
+            pool: None,
             restarts: Default::default(),
             master: None,
             metadata: None,
@@ -371,86 +339,40 @@ impl Stack {
         };
         let p = &cfg.pool;
         if p.stores > 0 {
-            let master = launcher.spawn::<launch::Master>(
-                "master",
-                MasterConfig {
-                    rpc_address: host.into(),
-                    rpc_port: p.master_port,
-                    enable_http_metadata_server: true,
-                    http_metadata_server_host: host.into(),
-                    http_metadata_server_port: p.metadata_port,
-                    metrics_host: host.into(),
-                    metrics_port: p.metrics_port,
-                    ..MasterConfig::default()
-                },
-            )?;
-            let a = master.addrs.clone();
-            let rpc = a.rpc.to_string();
-            let metadata = a.metadata.map(|m| format!("http://{m}/metadata"));
-            st.master_proc = Some(master);
-            let (dir, owned) = match &p.shm_dir {
-                Some(d) => (d.clone(), false),
-                None => (
-                    PathBuf::from(format!(
-                        "/dev/shm/rbgctl-up-{}-{}",
-                        std::process::id(),
-                        fastrand::u32(..)
-                    )),
-                    true,
-                ),
+            let mut spec = PoolSpec::loopback(p.stores, p.segment_size.0);
+            spec.name = "rbgctl-up".into();
+            spec.master.rpc_port = p.master_port;
+            spec.master.http_metadata_server_port = p.metadata_port;
+            spec.master.metrics_port = p.metrics_port;
+            // A store that dies is started again on its files and keeps its objects.
+            spec.store.persistent = true;
+            spec.shm_dir = match &p.shm_dir {
+                Some(d) => Dir::At(d.clone()),
+                None => Dir::Inside("/dev/shm".into()),
             };
-            st.shm_dir = Some((dir.clone(), owned));
             if p.disk_tier_size.0 > 0 {
-                let (disk, owned) = match &p.disk_tier_dir {
-                    Some(d) => (d.clone(), false),
-                    None => (
-                        std::env::temp_dir().join(format!(
-                            "rbgctl-up-disk-{}-{}",
-                            std::process::id(),
-                            fastrand::u32(..)
-                        )),
-                        true,
-                    ),
+                let dir = match &p.disk_tier_dir {
+                    Some(d) => Dir::At(d.clone()),
+                    None => Dir::Inside(std::env::temp_dir()),
                 };
-                std::fs::create_dir_all(&disk).map_err(|e| {
-                    ConfigError::invalid("pool.disk_tier_dir", format!("{}: {e}", disk.display()))
-                })?;
-                st.disk_dir = Some((disk, owned));
+                spec.disk_tier = Some((dir, p.disk_tier_size));
             }
-            for i in 0..p.stores {
-                let name = format!("store-{i}");
-                let store = launcher.spawn::<launch::Store>(
-                    &name,
-                    StoreConfig {
-                        name: Some(name.clone()),
-                        master: rpc.clone(),
-                        bind_address: host.into(),
-                        local_hostname: host.into(),
-                        segment_size: p.segment_size,
-                        metrics_host: host.into(),
-                        metrics_port: 0,
-                        metadata_server: metadata.clone().unwrap_or_default(),
-                        shm_dir: dir.clone(),
-                        // A store that dies is started again on its files and keeps its objects.
-                        persistent: true,
-                        disk_tier: st.disk_dir.as_ref().map(|(d, _)| d.clone()),
-                        disk_tier_size: p.disk_tier_size,
-                        ..StoreConfig::default()
-                    },
-                )?;
+            spec.ready_timeout = Duration::from_secs(15);
+            spec.keep_dirs_after_unclean_stop = true;
+            let pool = Pool::start(launcher, spec)?;
+            for (i, store) in pool.stores.iter().enumerate() {
                 st.stores.push(format!(
-                    "{name:<10} data {}   metrics http://{}/metrics   ({})",
+                    "{:<10} data {}   metrics http://{}/metrics   ({})",
+                    format!("store-{i}"),
                     store.addrs.data,
                     store.addrs.metrics,
                     crate::config::human_bytes(p.segment_size.0)
                 ));
-                st.store_procs.push(store);
             }
-            let per_store = if p.disk_tier_size.0 > 0 { 2 } else { 1 };
-            wait_for_segments(&rpc, p.stores * per_store, Duration::from_secs(15))?;
-            st.master = Some(rpc);
-            st.metadata = metadata;
-            st.master_metrics = Some(format!("http://{}", a.metrics));
+            st.master = Some(pool.rpc.clone());
+            st.metadata = pool.metadata_url();
+            st.master_metrics = Some(format!("http://{}", pool.master.addrs.metrics));
+            st.pool = Some(pool);
         }
         let e = &cfg.engines;
         let roles: Vec<Mode> = if e.pd() {
@@ -528,8 +450,9 @@ impl Stack {
             master_metrics: self.master_metrics.clone(),
             engines: self.engines.iter().map(|(u, _)| u.clone()).collect(),
             store_metrics: self
-                .store_procs
+                .pool
                 .iter()
+                .flat_map(|p| &p.stores)
                 .map(|s| format!("http://{}", s.addrs.metrics))
                 .collect(),
         }
@@ -545,11 +468,11 @@ impl Stack {
         for e in &mut self.engine_procs {
             supervise_one(e, restarts, now)?;
         }
-        for s in &mut self.store_procs {
-            supervise_one(s, restarts, now)?;
-        }
-        if let Some(m) = &mut self.master_proc {
-            supervise_one(m, restarts, now)?;
+        if let Some(pool) = &mut self.pool {
+            for s in &mut pool.stores {
+                supervise_one(s, restarts, now)?;
+            }
+            supervise_one(&mut pool.master, restarts, now)?;
         }
         Ok(())
     }
@@ -565,30 +488,16 @@ impl Stack {
         for mut e in self.engine_procs.drain(..).rev() {
             e.stop();
         }
-        let mut clean = true;
-        for mut s in self.store_procs.drain(..).rev() {
-            clean &= s.stop().is_some_and(|status| status.success());
-        }
-        if let Some(mut m) = self.master_proc.take() {
-            m.stop();
-        }
-        for (dir, owned) in [self.shm_dir.take(), self.disk_dir.take()]
-            .into_iter()
-            .flatten()
-        {
-            if owned && clean {
-                let _ = std::fs::remove_dir_all(&dir);
-            } else if owned {
-                tracing::warn!(dir = %dir.display(),
-                    "a store did not stop cleanly: its files are kept (remove them when done)");
-            }
+        if let Some(mut pool) = self.pool.take() {
+            pool.stop();
         }
     }
 
     /// The stores' `/metrics` URLs.
     pub fn store_metrics_urls(&self) -> Vec<String> {
-        self.store_procs
+        self.pool
             .iter()
+            .flat_map(|p| &p.stores)
             .map(|s| format!("http://{}/metrics", s.addrs.metrics))
             .collect()
     }
@@ -784,6 +693,8 @@ pub enum UpError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Launch(#[from] crate::launch::LaunchError),
+    #[error(transparent)]
+    Pool(#[from] crate::launch::PoolError),
     #[error(transparent)]
     Http(#[from] crate::launch::HttpWaitError),
     #[error("{0}")]

@@ -414,7 +414,7 @@ fn a_store_without_the_secret_says_what_to_fix() {
         master,
         ..Opts::default()
     });
-    c.add_store_with(8 << 20, |_| {});
+    c.add_store_with(8 << 20, |s| s.auth_token_file = None);
     assert!(
         wait_until(Duration::from_secs(10), || c.stores[0]
             .log()

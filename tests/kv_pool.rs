@@ -417,7 +417,7 @@ fn corrupted_bytes_are_caught_by_the_checksum_and_never_served() {
         let offset = c.object(key)["current"]["replicas"][0]["offset"]
             .as_u64()
             .unwrap();
-        let seg_file = std::fs::read_dir(c.shm_dir.path())
+        let seg_file = std::fs::read_dir(c.shm_dir())
             .unwrap()
             .map(|e| e.unwrap().path())
             .find(|p| p.extension().is_some_and(|x| x == "seg"))

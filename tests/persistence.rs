@@ -338,10 +338,7 @@ fn a_removed_key_stays_removed_across_a_master_restart() {
 fn corrupt(c: &Cluster, store: usize, key: &str) {
     let obj = c.object(key);
     let offset = obj["current"]["replicas"][0]["offset"].as_u64().unwrap();
-    let path = c
-        .shm_dir
-        .path()
-        .join(format!("{}.seg", c.store_stem(store)));
+    let path = c.shm_dir().join(format!("{}.seg", c.store_stem(store)));
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -464,7 +461,7 @@ fn a_foreign_directory_is_refused_or_left_alone() {
     let cl = client(&c);
     cl.put("a", b"v", &one()).unwrap();
     c.stores[0].stop();
-    let dir = c.shm_dir.path().to_path_buf();
+    let dir = c.shm_dir().to_path_buf();
     let stem = c.store_stem(0);
     // A second store (another name) in the same directory starts empty and leaves the first
     // store's files alone.
@@ -501,7 +498,7 @@ fn an_unusable_directory_is_a_clear_start_up_error() {
     };
     let (ok, err) = c.run_store_expecting_exit(0, |s| {
         fresh_ports(s);
-        s.shm_dir = c.shm_dir.path().join("no/such/dir");
+        s.shm_dir = c.shm_dir().join("no/such/dir");
     });
     assert!(!ok);
     assert!(err.contains("parent directory does not exist"), "{err}");

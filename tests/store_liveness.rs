@@ -63,7 +63,7 @@ fn a_put_through_shared_memory_into_a_dead_store_is_never_acknowledged() {
     let client = Client::connect(cfg).unwrap();
     client.put("before", b"alive", &on("store-0")).unwrap();
     assert_eq!(client.get("before").unwrap(), b"alive");
-    let seg_file = c.shm_dir.path().join("store-0.seg");
+    let seg_file = c.shm_dir().join("store-0.seg");
     assert!(
         seg_file.exists(),
         "the segment is file-backed (shared memory)"
@@ -83,8 +83,8 @@ fn a_put_through_shared_memory_into_a_dead_store_is_never_acknowledged() {
         !seg_file.exists(),
         "the dead store's segment file is still there"
     );
-    assert!(!c.shm_dir.path().join("store-0.lock").exists());
-    assert!(c.shm_dir.path().join("store-1.seg").exists());
+    assert!(!c.shm_dir().join("store-0.lock").exists());
+    assert!(c.shm_dir().join("store-1.seg").exists());
 }
 
 #[test]
@@ -94,7 +94,7 @@ fn a_non_persistent_store_leaves_no_files_and_refuses_a_twin() {
         ..Default::default()
     });
     c.add_store_with(8 << 20, |s| s.persistent = false);
-    let dir = c.shm_dir.path().to_path_buf();
+    let dir = c.shm_dir().to_path_buf();
     assert!(dir.join("store-0.seg").exists() && dir.join("store-0.lock").exists());
     // The same name in the same directory: refused at once, files untouched.
     let (exited_ok, stderr) = c.run_store_expecting_exit(0, |s| (s.port, s.metrics_port) = (0, 0));

@@ -2,28 +2,14 @@
 //! loopback (started by `crate::launch`), which a benchmark can kill (SIGKILL) and start again
 //! on the same ports and directory. Everything is stopped and the directory removed on drop.
 
-use crate::launch::{self, Child, Launcher, Logs};
+use crate::launch::{Dir, Launcher, Logs, Pool, PoolSpec};
 use crate::master::config::MasterConfig;
-use crate::store::config::StoreConfig;
-use crate::transfer::message::ListSegmentsResp;
-use crate::transfer::{ConnOptions, Connection, Opcode};
 use std::time::{Duration, Instant};
 
 pub struct OwnCluster {
     pub master: String,
     pub master_metrics_port: u16,
-    master_proc: Child<launch::Master>,
-    stores: Vec<Child<launch::Store>>,
-    /// The stores' segments, in memory (`/dev/shm`) as in production; removed on drop.
-    shm_dir: std::path::PathBuf,
-    /// The disk tier's files, in a new directory inside the one asked for; removed on drop.
-    disk_dir: Option<std::path::PathBuf>,
-    /// The cluster secret, when its roles require one.
-    auth: Option<std::sync::Arc<crate::auth::Secret>>,
-    /// The first store's settings, which [`OwnCluster::add_fresh_store`] starts from.
-    store_base: StoreConfig,
-    // Last: the run directory goes after the children.
-    launcher: Launcher,
+    pool: Pool,
 }
 
 /// The master a pool benchmark runs against: `existing`, or a master and one store started here
@@ -82,78 +68,28 @@ impl OwnCluster {
             segment_size >= 4096,
             "--segment-size: the store it starts needs at least 4 KiB, got {segment_size} bytes"
         );
-        let launcher = Launcher::new(Logs::Null)?;
-        let host = "127.0.0.1".to_string();
-        // The store holds the master's cluster secret, if it has one.
-        let auth_token_file = master.auth_token_file.clone();
-        let auth = crate::auth::load(auth_token_file.as_deref())?;
-        let master_proc = launcher.spawn::<launch::Master>(
-            "master",
-            MasterConfig {
-                rpc_address: host.clone(),
-                rpc_port: 0,
-                metrics_host: host.clone(),
-                metrics_port: 0,
-                ..master
-            },
-        )?;
-        let master = master_proc.addrs.rpc.to_string();
-        let run = format!(
-            "rbgctl-bench-{}-{:08x}",
-            std::process::id(),
-            fastrand::u32(..)
-        );
-        let shm_dir = std::path::PathBuf::from(format!("/dev/shm/{run}"));
-        let disk_tier = match disk_tier {
-            Some((dir, size)) => {
-                let mine = dir.join(&run);
-                std::fs::create_dir(&mine)
-                    .map_err(|e| anyhow::anyhow!("disk tier directory {}: {e}", mine.display()))?;
-                Some((mine, size))
-            }
-            None => None,
-        };
-        let store_base = StoreConfig {
-            master: master.clone(),
-            bind_address: host.clone(),
-            local_hostname: host.clone(),
-            // A stable name: a restarted persistent store finds its segment again.
-            name: Some("bench-store-0".into()),
-            segment_size: crate::config::ByteSize(segment_size),
-            persistent,
-            metrics_host: host,
+        let mut spec = PoolSpec::loopback(1, segment_size);
+        spec.name = "rbgctl-bench".into();
+        spec.master = MasterConfig {
+            rpc_port: 0,
             metrics_port: 0,
-            shm_dir: shm_dir.clone(),
-            auth_token_file,
-            protocol: if rdma_device.is_some() {
-                crate::transfer::Transport::Rdma
-            } else {
-                crate::transfer::Transport::Tcp
-            },
-            device: rdma_device.unwrap_or_default(),
-            ..StoreConfig::default()
+            ..master
         };
-        let store = launcher.spawn::<launch::Store>(
-            "store-0",
-            StoreConfig {
-                disk_tier: disk_tier.as_ref().map(|(dir, _)| dir.clone()),
-                disk_tier_size: crate::config::ByteSize(disk_tier.as_ref().map_or(0, |(_, n)| *n)),
-                ..store_base.clone()
-            },
-        )?;
-        let segments = if disk_tier.is_some() { 2 } else { 1 };
+        // A stable name: a restarted persistent store finds its segment again.
+        spec.store_prefix = "bench-store-".into();
+        spec.store.persistent = persistent;
+        if let Some(device) = rdma_device {
+            spec.store.protocol = crate::transfer::Transport::Rdma;
+            spec.store.device = device;
+        }
+        spec.disk_tier =
+            disk_tier.map(|(dir, size)| (Dir::Inside(dir), crate::config::ByteSize(size)));
+        let pool = Pool::start(&Launcher::new(Logs::Null)?, spec)?;
         let c = OwnCluster {
-            master,
-            master_metrics_port: master_proc.addrs.metrics.port(),
-            master_proc,
-            stores: vec![store],
-            shm_dir,
-            disk_dir: disk_tier.map(|(dir, _)| dir),
-            auth,
-            store_base,
-            launcher,
+            master: pool.rpc.clone(),
+            master_metrics_port: pool.master.addrs.metrics.port(),
+            pool,
         };
-        c.wait_live_segments(segments, Duration::from_secs(30))?;
         // The store serves at once and faults its pages in behind; measuring starts once that
         // work is done, so it neither competes for the cores nor leaves faults to the writes.
         let port = c.store_metrics_port(0);
@@ -172,19 +108,17 @@ impl OwnCluster {
     /// their first write (`prefault = false`): memory as fresh as a store's just after its
     /// start. Answers its index and segment name once its segment is live.
     pub fn add_fresh_store(&mut self, segment_size: u64) -> anyhow::Result<(usize, String)> {
-        let i = self.stores.len();
-        let name = format!("bench-store-fresh-{i}");
         let live = self.live_segments().unwrap_or(0);
-        let store = self.launcher.spawn::<launch::Store>(
-            &format!("store-{i}"),
-            StoreConfig {
-                name: Some(name.clone()),
-                segment_size: crate::config::ByteSize(segment_size),
-                prefault: false,
-                ..self.store_base.clone()
-            },
-        )?;
-        self.stores.push(store);
+        let i = self.pool.stores.len();
+        let name = format!("bench-store-fresh-{i}");
+        self.pool.add_store_with(|c| {
+            c.name = Some(name.clone());
+            c.segment_size = crate::config::ByteSize(segment_size);
+            c.prefault = false;
+            // Memory only: the fresh store measures a segment, not a disk tier.
+            c.disk_tier = None;
+            c.disk_tier_size = crate::config::ByteSize(0);
+        })?;
         self.wait_live_segments(live + 1, Duration::from_secs(30))?;
         Ok((i, name))
     }
@@ -193,91 +127,62 @@ impl OwnCluster {
     /// its segment live.
     pub fn stop_store(&mut self, i: usize) -> anyhow::Result<()> {
         let live = self.live_segments().unwrap_or(0);
-        self.stores[i].stop();
+        self.pool.stores[i].stop();
         self.wait_live_segments(live.saturating_sub(1), Duration::from_secs(30))?;
         Ok(())
     }
 
     /// Starts the master again (after `kill_master`) on the same ports.
     pub fn start_master(&mut self) -> anyhow::Result<()> {
-        Ok(self.master_proc.start()?)
+        Ok(self.pool.master.start()?)
     }
 
     /// Starts store `i` again (after `kill_store`) with the same name, ports and directory.
     pub fn start_store(&mut self, i: usize) -> anyhow::Result<()> {
-        Ok(self.stores[i].start()?)
+        Ok(self.pool.stores[i].start()?)
     }
 
     pub fn kill_store(&mut self, i: usize) {
-        self.stores[i].kill();
+        self.pool.stores[i].kill();
     }
 
     pub fn kill_master(&mut self) {
-        self.master_proc.kill();
+        self.pool.master.kill();
     }
 
     pub fn store_metrics_port(&self, i: usize) -> u16 {
-        self.stores[i].addrs.metrics.port()
+        self.pool.stores[i].addrs.metrics.port()
     }
 
     /// Store `i`'s data port.
     pub fn store_data_addr(&self, i: usize) -> std::net::SocketAddr {
-        self.stores[i].addrs.data
+        self.pool.stores[i].addrs.data
     }
 
     /// The master's metrics/admin port and, when it serves one, its metadata server.
     pub fn master_http_addrs(&self) -> (std::net::SocketAddr, Option<std::net::SocketAddr>) {
         (
-            self.master_proc.addrs.metrics,
-            self.master_proc.addrs.metadata,
+            self.pool.master.addrs.metrics,
+            self.pool.master.addrs.metadata,
         )
     }
 
     /// Process ids of the master and store `i` (while they run).
     pub fn pids(&self, i: usize) -> (Option<u32>, Option<u32>) {
-        (self.master_proc.process.pid(), self.stores[i].process.pid())
+        (
+            self.pool.master.process.pid(),
+            self.pool.stores[i].process.pid(),
+        )
     }
 
     /// Live segments the master lists, or `None` while it cannot be reached.
     pub fn live_segments(&self) -> Option<usize> {
-        let opts = ConnOptions {
-            connect_timeout: Duration::from_millis(200),
-            io_timeout: Duration::from_secs(2),
-            spin: Duration::ZERO,
-            auth: self.auth.clone(),
-        };
-        Connection::connect(&self.master, &opts)
-            .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()))
-            .ok()
-            .map(|r| r.segments.len())
+        self.pool.live_segments()
     }
 
     /// Polls (every 2 ms) until `n` segments are live; returns how long it took.
     pub fn wait_live_segments(&self, n: usize, timeout: Duration) -> anyhow::Result<Duration> {
-        let t0 = Instant::now();
-        loop {
-            if self.live_segments() == Some(n) {
-                return Ok(t0.elapsed());
-            }
-            if t0.elapsed() > timeout {
-                anyhow::bail!("{n} live segment(s) not reached within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        // Stores first, so that they unmount from a master that is still there.
-        for s in self.stores.iter_mut() {
-            s.stop();
-        }
-        self.master_proc.stop();
-        let _ = std::fs::remove_dir_all(&self.shm_dir);
-        if let Some(dir) = &self.disk_dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        Ok(self.pool.wait_live_segments(n, timeout)?)
     }
 }
 

@@ -716,7 +716,8 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         .map(|c| Case::parse(c))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let launcher = Launcher::new(Logs::Null)?;
-    let scratch = std::env::temp_dir().join(format!("rbgctl-bench-router-{}", std::process::id()));
+    // Inside the run directory: it goes with the launcher, peer logs and all.
+    let scratch = launcher.dir().join("scratch");
     std::fs::create_dir_all(&scratch)?;
     let mut deployments = BTreeMap::new();
     for case in &cases {

@@ -8,7 +8,7 @@
 pub mod pictures;
 
 use rbgctl::config::{ByteSize, Millis};
-use rbgctl::launch::{self, Child, Launcher, Logs};
+use rbgctl::launch::{Dir, Launcher, Logs, Pool, PoolSpec};
 use rbgctl::master::config::MasterConfig;
 use rbgctl::store::config::StoreConfig;
 use std::io::{Read, Write};
@@ -190,16 +190,28 @@ pub fn loopback_master(base: MasterConfig) -> MasterConfig {
     }
 }
 
+/// A pool (`rbgctl::launch::Pool`) with the tests' helpers; derefs to the pool (`master`,
+/// `stores`, `rpc`).
 pub struct Cluster {
+    pub pool: Pool,
     pub launcher: Launcher,
-    pub master: Child<launch::Master>,
-    pub stores: Vec<Child<launch::Store>>,
     /// Metrics port of each store, by index.
     pub store_metrics: Vec<u16>,
-    pub rpc: String,
     pub metrics_port: u16,
     pub metadata_port: u16,
-    pub shm_dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut Pool {
+        &mut self.pool
+    }
 }
 
 pub struct Opts {
@@ -222,50 +234,36 @@ impl Default for Opts {
 impl Cluster {
     /// Kills the master (SIGKILL) and starts a new one on the same ports.
     pub fn restart_master(&mut self) {
-        self.master.start().expect("the master starts again");
+        self.pool.master.start().expect("the master starts again");
     }
 
+    /// A master on loopback (`loopback_master`) and `opts.stores` stores of its
+    /// `opts.segment` bytes, their segments in a temporary directory, heartbeating every
+    /// 200 ms; the stores hold the master's cluster secret, if it has one.
     pub fn start(opts: Opts) -> Cluster {
         let launcher = launcher();
-        let master = launcher
-            .spawn::<launch::Master>("master", loopback_master(opts.master))
-            .expect("the master starts");
-        let a = master.addrs.clone();
-        let mut c = Cluster {
+        let mut spec = PoolSpec::loopback(opts.stores, opts.segment);
+        spec.name = "rbgctl-test".into();
+        spec.master = loopback_master(opts.master);
+        spec.store.heartbeat_interval_ms = Millis(Duration::from_millis(200));
+        spec.shm_dir = Dir::Inside(std::env::temp_dir());
+        let pool = Pool::start(&launcher, spec).expect("the pool starts");
+        let a = pool.master.addrs.clone();
+        Cluster {
+            store_metrics: pool.stores.iter().map(|s| s.addrs.metrics.port()).collect(),
+            pool,
             launcher,
-            master,
-            stores: vec![],
-            store_metrics: vec![],
-            rpc: a.rpc.to_string(),
             metrics_port: a.metrics.port(),
             metadata_port: a.metadata.map_or(0, |m| m.port()),
-            shm_dir: tempfile::tempdir().unwrap(),
-        };
-        for _ in 0..opts.stores {
-            c.add_store(opts.segment);
         }
-        let n = opts.stores;
-        assert!(
-            wait_until(Duration::from_secs(10), || c.segment_count() == n),
-            "stores did not register"
-        );
-        c
     }
 
-    /// The config store `i` of this cluster gets: a stable name (`store-<i>`), so that a
-    /// restart finds its segment again.
+    /// The config store `i` of this cluster gets with a segment of `segment` bytes: a stable
+    /// name (`store-<i>`), so that a restart finds its segment again.
     pub fn store_config(&self, i: usize, segment: u64) -> StoreConfig {
         StoreConfig {
-            master: self.rpc.clone(),
-            bind_address: "127.0.0.1".into(),
-            local_hostname: "127.0.0.1".into(),
-            name: Some(format!("store-{i}")),
             segment_size: ByteSize(segment),
-            metrics_host: "127.0.0.1".into(),
-            metrics_port: 0,
-            heartbeat_interval_ms: Millis(Duration::from_millis(200)),
-            shm_dir: self.shm_dir.path().to_path_buf(),
-            ..StoreConfig::default()
+            ..self.pool.store_config(i)
         }
     }
 
@@ -275,21 +273,21 @@ impl Cluster {
 
     /// Adds a store configured as `store_config` says, then changed by `change`.
     pub fn add_store_with(&mut self, segment: u64, change: impl FnOnce(&mut StoreConfig)) -> usize {
-        let i = self.stores.len();
-        let mut cfg = self.store_config(i, segment);
-        change(&mut cfg);
-        let store = self
-            .launcher
-            .spawn::<launch::Store>(&format!("store-{i}"), cfg)
+        let i = self
+            .pool
+            .add_store_with(|cfg| {
+                cfg.segment_size = ByteSize(segment);
+                change(cfg)
+            })
             .expect("the store starts");
-        self.store_metrics.push(store.addrs.metrics.port());
-        self.stores.push(store);
+        self.store_metrics
+            .push(self.pool.stores[i].addrs.metrics.port());
         i
     }
 
     /// Starts store `i` again (after a kill or stop) with the same name, ports and directory.
     pub fn restart_store(&mut self, i: usize) {
-        self.stores[i].start().expect("the store starts again");
+        self.pool.stores[i].start().expect("the store starts again");
     }
 
     /// The file stem of store `i`'s segment and index files.
