@@ -371,7 +371,7 @@ impl Stack {
             }
             st.master = Some(pool.rpc.clone());
             st.metadata = pool.metadata_url();
-            st.master_metrics = Some(format!("http://{}", pool.master.addrs.metrics));
+            st.master_metrics = Some(format!("http://{}", pool.master().addrs.metrics));
             st.pool = Some(pool);
         }
         let e = &cfg.engines;
@@ -472,7 +472,9 @@ impl Stack {
             for s in &mut pool.stores {
                 supervise_one(s, restarts, now)?;
             }
-            supervise_one(&mut pool.master, restarts, now)?;
+            for m in &mut pool.masters {
+                supervise_one(m, restarts, now)?;
+            }
         }
         Ok(())
     }

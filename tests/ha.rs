@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
 use rbgctl::config::{ByteSize, Millis};
 use rbgctl::ha::etcd_server::{etcd_program, EtcdCluster};
-use rbgctl::launch::{self, Child, Launcher};
+use rbgctl::launch::{self, Child, Dir, Pool, PoolSpec};
 use rbgctl::master::config::MasterConfig;
 use rbgctl::store::config::StoreConfig;
 use rbgctl::transfer::message::{KeyReq, PutStartReq, PutStartResp};
@@ -27,13 +27,26 @@ fn etcd_or_skip(members: usize, dir: &std::path::Path) -> Option<EtcdCluster> {
     Some(EtcdCluster::start(members, dir).expect("etcd starts"))
 }
 
-struct Pool {
-    launcher: Launcher,
+/// A pool whose masters elect a leader through etcd; derefs to the `launch::Pool`
+/// (`masters`, `stores`). Dropped in field order: the pool, then etcd, then the directory.
+struct HaPool {
+    pool: Pool,
     etcd: EtcdCluster,
-    masters: Vec<Child<launch::Master>>,
-    stores: Vec<Child<launch::Store>>,
     cluster_id: String,
     _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for HaPool {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl std::ops::DerefMut for HaPool {
+    fn deref_mut(&mut self) -> &mut Pool {
+        &mut self.pool
+    }
 }
 
 fn ha_master(endpoints: &str, cluster_id: &str) -> MasterConfig {
@@ -47,9 +60,9 @@ fn ha_master(endpoints: &str, cluster_id: &str) -> MasterConfig {
     })
 }
 
-impl Pool {
-    fn start(etcd_members: usize, masters: usize, stores: usize) -> Option<Pool> {
-        Pool::start_with(etcd_members, masters, stores, true)
+impl HaPool {
+    fn start(etcd_members: usize, masters: usize, stores: usize) -> Option<HaPool> {
+        HaPool::start_with(etcd_members, masters, stores, true)
     }
 
     /// `persistent`: whether the stores keep their objects across their own restarts.
@@ -58,57 +71,25 @@ impl Pool {
         masters: usize,
         stores: usize,
         persistent: bool,
-    ) -> Option<Pool> {
+    ) -> Option<HaPool> {
         let dir = tempfile::tempdir().unwrap();
         let etcd = etcd_or_skip(etcd_members, &dir.path().join("etcd"))?;
-        let launcher = launcher();
         let cluster_id = format!("test-{}", std::process::id());
-        let mut pool = Pool {
-            launcher,
+        let mut spec = PoolSpec::loopback(stores, 32 << 20);
+        spec.name = "rbgctl-test-ha".into();
+        spec.masters = masters;
+        spec.master = ha_master(&etcd.endpoints(), &cluster_id);
+        spec.store.heartbeat_interval_ms = Millis(Duration::from_millis(200));
+        spec.store.persistent = persistent;
+        spec.shm_dir = Dir::At(dir.path().join("shm"));
+        let pool = Pool::start(&launcher(), spec)
+            .expect("the masters elect a leader and the stores mount");
+        Some(HaPool {
+            pool,
             etcd,
-            masters: vec![],
-            stores: vec![],
             cluster_id,
             _dir: dir,
-        };
-        for i in 0..masters {
-            let cfg = ha_master(&pool.etcd.endpoints(), &pool.cluster_id);
-            let m = pool
-                .launcher
-                .spawn::<launch::Master>(&format!("master-{i}"), cfg)
-                .expect("a master starts");
-            pool.masters.push(m);
-        }
-        assert!(
-            wait_until(Duration::from_secs(15), || pool.leader().is_some()),
-            "no master was elected"
-        );
-        for i in 0..stores {
-            let cfg = StoreConfig {
-                master: pool.spec(),
-                bind_address: "127.0.0.1".into(),
-                local_hostname: "127.0.0.1".into(),
-                name: Some(format!("store-{i}")),
-                segment_size: ByteSize(32 << 20),
-                metrics_host: "127.0.0.1".into(),
-                metrics_port: 0,
-                heartbeat_interval_ms: Millis(Duration::from_millis(200)),
-                shm_dir: pool._dir.path().join("shm"),
-                persistent,
-                ..StoreConfig::default()
-            };
-            let s = pool
-                .launcher
-                .spawn::<launch::Store>(&format!("store-{i}"), cfg)
-                .expect("a store starts");
-            pool.stores.push(s);
-        }
-        assert!(
-            wait_until(Duration::from_secs(15), || pool.segments_at_leader()
-                == stores),
-            "the stores did not mount at the leader"
-        );
-        Some(pool)
+        })
     }
 
     /// The master address clients and stores are given.
@@ -117,14 +98,15 @@ impl Pool {
     }
 
     fn health(&self, i: usize) -> Option<serde_json::Value> {
-        let m = &self.masters[i];
+        let m = &self.pool.masters[i];
         m.pid()?;
         health(m.addrs.metrics.port())
     }
 
     /// The index of the master whose `/health` says it leads.
     fn leader(&self) -> Option<usize> {
-        (0..self.masters.len()).find(|&i| self.health(i).is_some_and(|h| h["role"] == "leader"))
+        (0..self.pool.masters.len())
+            .find(|&i| self.health(i).is_some_and(|h| h["role"] == "leader"))
     }
 
     fn epoch(&self, i: usize) -> u64 {
@@ -138,7 +120,7 @@ impl Pool {
             return (0, String::new());
         };
         common::http(
-            self.masters[l].addrs.metrics.port(),
+            self.pool.masters[l].addrs.metrics.port(),
             "GET",
             "/api/v1/segments",
             b"",
@@ -187,7 +169,7 @@ fn signal(child: &Child<launch::Master>, sig: Signal) {
 
 #[test]
 fn kill_9_of_the_leader_under_a_put_get_loop_loses_no_committed_object() {
-    let Some(mut pool) = Pool::start(1, 2, 2) else {
+    let Some(mut pool) = HaPool::start(1, 2, 2) else {
         return;
     };
     let client = pool.client();
@@ -260,7 +242,7 @@ fn kill_9_of_the_leader_under_a_put_get_loop_loses_no_committed_object() {
 /// half are same-host copies into the store's memory (sealed, so that the store records them).
 #[test]
 fn kill_9_of_the_leader_keeps_every_object_of_a_running_non_persistent_store() {
-    let Some(mut pool) = Pool::start_with(1, 2, 1, false) else {
+    let Some(mut pool) = HaPool::start_with(1, 2, 1, false) else {
         return;
     };
     let shm = pool.client();
@@ -305,7 +287,7 @@ fn kill_9_of_the_leader_keeps_every_object_of_a_running_non_persistent_store() {
 
 #[test]
 fn a_paused_leader_is_fenced_and_a_request_it_held_is_refused() {
-    let Some(pool) = Pool::start(1, 2, 1) else {
+    let Some(pool) = HaPool::start(1, 2, 1) else {
         return;
     };
     let old = pool.leader().expect("a leader");
@@ -364,7 +346,7 @@ fn a_paused_leader_is_fenced_and_a_request_it_held_is_refused() {
 
 #[test]
 fn losing_one_etcd_member_of_three_does_not_fail_over() {
-    let Some(mut pool) = Pool::start(3, 2, 1) else {
+    let Some(mut pool) = HaPool::start(3, 2, 1) else {
         return;
     };
     let leader = pool.leader().expect("a leader");
@@ -388,7 +370,7 @@ fn losing_one_etcd_member_of_three_does_not_fail_over() {
 
 #[test]
 fn with_etcd_gone_the_masters_stop_answering_and_come_back_with_it() {
-    let Some(mut pool) = Pool::start(1, 2, 1) else {
+    let Some(mut pool) = HaPool::start(1, 2, 1) else {
         return;
     };
     let client = pool.client();
@@ -699,7 +681,7 @@ fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() 
 
 #[test]
 fn a_standby_sends_admin_and_metadata_requests_to_the_leader() {
-    let Some(pool) = Pool::start(1, 2, 0) else {
+    let Some(pool) = HaPool::start(1, 2, 0) else {
         return;
     };
     let leader = pool.leader().expect("a leader");
@@ -817,24 +799,18 @@ fn a_bad_etcd_endpoint_list_is_a_start_up_error_naming_the_setting() {
 /// were elected under says which id it looks under and which ids have a leader.
 #[test]
 fn a_store_under_the_wrong_cluster_id_names_the_id_it_looks_under_and_those_it_sees() {
-    let Some(pool) = Pool::start(1, 1, 0) else {
+    let Some(mut pool) = HaPool::start(1, 1, 0) else {
         return;
     };
-    let cfg = StoreConfig {
-        master: format!("etcd://{}/not-{}", pool.etcd.endpoints(), pool.cluster_id),
-        bind_address: "127.0.0.1".into(),
-        local_hostname: "127.0.0.1".into(),
-        segment_size: ByteSize(4 << 20),
-        metrics_host: "127.0.0.1".into(),
-        metrics_port: 0,
-        persistent: false,
-        shm_dir: pool._dir.path().join("shm-lost"),
-        ..StoreConfig::default()
-    };
-    let store = pool
-        .launcher
-        .spawn::<launch::Store>("lost-store", cfg)
+    let wrong = format!("etcd://{}/not-{}", pool.etcd.endpoints(), pool.cluster_id);
+    let i = pool
+        .add_store_with(|s| {
+            s.master = wrong;
+            s.segment_size = ByteSize(4 << 20);
+            s.persistent = false;
+        })
         .expect("the store starts and keeps looking");
+    let store = &pool.stores[i];
     let want_own = format!("\"not-{}\"", pool.cluster_id);
     let want_seen = format!("\"{}\"", pool.cluster_id);
     assert!(

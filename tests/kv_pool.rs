@@ -458,7 +458,7 @@ fn a_batch_against_a_dead_master_names_the_master_for_every_item() {
     // read from its store, master or not, while the store's read lease runs).
     c.client().put("k/0", b"v", &one()).unwrap();
     let client = c.client();
-    c.master.kill();
+    c.master_mut().kill();
     let keys = ["k/0", "k/1", "k/2"];
     let is_master_failure =
         |e: &ClientError| matches!(e, ClientError::Master { addr, .. } if *addr == c.rpc);
@@ -498,9 +498,9 @@ fn a_client_that_leaves_is_forgotten_at_once_without_a_warning() {
         "the master still counts the client that left"
     );
     assert!(
-        !c.master.log().contains("client expired"),
+        !c.master().log().contains("client expired"),
         "{}",
-        c.master.log()
+        c.master().log()
     );
 }
 
@@ -776,7 +776,7 @@ fn a_store_serves_remembered_locations_only_while_the_master_renews_its_lease() 
     let client = c.client();
     let v = value(4096, 6);
     client.put("lease/k", &v, &one()).unwrap();
-    c.master.kill();
+    c.master_mut().kill();
     // Without the master, the lease runs out (2 s) and the store refuses cached locations.
     assert!(
         wait_until(Duration::from_secs(10), || c

@@ -331,7 +331,7 @@ fn an_idle_master_logs_its_storage_line_only_when_it_changes() {
         },
         ..Default::default()
     });
-    let lines = || c.master.log().matches("Storage:").count();
+    let lines = || c.master().log().matches("Storage:").count();
     assert!(wait_until(Duration::from_secs(5), || lines() >= 1));
     let first = lines();
     // Ten intervals with nothing happening.
@@ -348,6 +348,6 @@ fn an_idle_master_logs_its_storage_line_only_when_it_changes() {
         idle,
         first,
         "idle intervals said nothing:\n{}",
-        c.master.log()
+        c.master().log()
     );
 }

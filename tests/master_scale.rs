@@ -41,7 +41,7 @@ fn a_master_holding_200000_objects_is_idle_at_rest() {
     // At rest: housekeeping runs every 50 ms and a scrape asks for the summary, but neither
     // walks the objects (before, one walk per tick cost about 6 % of a core at this count in a
     // release build, several times that in this debug build).
-    let pid = c.master.pid().expect("the master runs");
+    let pid = c.master().pid().expect("the master runs");
     let window = Duration::from_secs(3);
     let (cpu0, t0) = (cpu_time(pid).expect("the master runs"), Instant::now());
     std::thread::sleep(window / 2);

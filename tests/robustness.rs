@@ -489,7 +489,7 @@ fn idle_floods_and_half_sent_frames_do_not_lock_a_client_out() {
     );
     assert!(metric("rbgctl_master_bad_frames_total ") >= 1.0, "{m}");
     // The refusals were logged once, not once each.
-    let log = c.master.log();
+    let log = c.master().log();
     let lines = log.matches("per-peer connection limit reached").count();
     assert!((1..=3).contains(&lines), "{lines} refusal lines:\n{log}");
 }

@@ -87,7 +87,7 @@ impl OwnCluster {
         let pool = Pool::start(&Launcher::new(Logs::Null)?, spec)?;
         let c = OwnCluster {
             master: pool.rpc.clone(),
-            master_metrics_port: pool.master.addrs.metrics.port(),
+            master_metrics_port: pool.master().addrs.metrics.port(),
             pool,
         };
         // The store serves at once and faults its pages in behind; measuring starts once that
@@ -134,7 +134,7 @@ impl OwnCluster {
 
     /// Starts the master again (after `kill_master`) on the same ports.
     pub fn start_master(&mut self) -> anyhow::Result<()> {
-        Ok(self.pool.master.start()?)
+        Ok(self.pool.master_mut().start()?)
     }
 
     /// Starts store `i` again (after `kill_store`) with the same name, ports and directory.
@@ -147,7 +147,7 @@ impl OwnCluster {
     }
 
     pub fn kill_master(&mut self) {
-        self.pool.master.kill();
+        self.pool.master_mut().kill();
     }
 
     pub fn store_metrics_port(&self, i: usize) -> u16 {
@@ -162,15 +162,15 @@ impl OwnCluster {
     /// The master's metrics/admin port and, when it serves one, its metadata server.
     pub fn master_http_addrs(&self) -> (std::net::SocketAddr, Option<std::net::SocketAddr>) {
         (
-            self.pool.master.addrs.metrics,
-            self.pool.master.addrs.metadata,
+            self.pool.master().addrs.metrics,
+            self.pool.master().addrs.metadata,
         )
     }
 
     /// Process ids of the master and store `i` (while they run).
     pub fn pids(&self, i: usize) -> (Option<u32>, Option<u32>) {
         (
-            self.pool.master.process.pid(),
+            self.pool.master().process.pid(),
             self.pool.stores[i].process.pid(),
         )
     }

@@ -15,9 +15,8 @@ use super::recovery::fill_value;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{ByteSize, Millis};
 use crate::ha::etcd_server::EtcdCluster;
-use crate::launch::{self, Child, Launcher, Logs};
+use crate::launch::{Launcher, Logs, Pool, PoolSpec};
 use crate::master::config::MasterConfig;
-use crate::store::config::StoreConfig;
 use crate::transfer::message::{PutStartReq, Wire};
 use crate::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
 use parking_lot::Mutex;
@@ -174,19 +173,19 @@ fn reason(e: &crate::client::ClientError) -> String {
     format!("other ({short})")
 }
 
-/// Dropped in field order: masters and stores, then etcd, then the run directory.
+/// Dropped in field order: the pool (stores, then masters), then etcd, then the run
+/// directory.
 struct Bench {
-    masters: Vec<Child<launch::Master>>,
-    _stores: Vec<Child<launch::Store>>,
+    pool: Pool,
     spec: String,
     http: reqwest::blocking::Client,
     _etcd: EtcdCluster,
-    launcher: Launcher,
+    _launcher: Launcher,
 }
 
 impl Bench {
     fn health(&self, i: usize) -> Option<serde_json::Value> {
-        let m = &self.masters[i];
+        let m = &self.pool.masters[i];
         m.pid()?;
         self.http
             .get(format!("http://{}/health", m.addrs.metrics))
@@ -197,7 +196,7 @@ impl Bench {
     }
 
     fn leader(&self) -> Option<(usize, u64)> {
-        (0..self.masters.len()).find_map(|i| {
+        (0..self.pool.masters.len()).find_map(|i| {
             let h = self.health(i)?;
             (h["role"] == "leader").then(|| (i, h["epoch"].as_u64().unwrap_or(0)))
         })
@@ -277,59 +276,30 @@ pub fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
         "starting {} masters electing through etcd (lease TTL {ttl:?}) and {} stores",
         args.masters, args.stores
     ));
-    let mut masters = Vec::new();
-    for i in 0..args.masters {
-        masters.push(launcher.spawn::<launch::Master>(
-            &format!("master-{i}"),
-            MasterConfig {
-                rpc_address: "127.0.0.1".into(),
-                rpc_port: 0,
-                metrics_host: "127.0.0.1".into(),
-                metrics_port: 0,
-                enable_ha: true,
-                ha_backend_connstring: etcd.endpoints(),
-                cluster_id: cluster_id.clone(),
-                ha_lease_ttl_ms: args.lease_ttl,
-                client_ttl_ms: Millis(Duration::from_secs(3)),
-                ..MasterConfig::default()
-            },
-        )?);
-    }
-    let spec = format!("etcd://{}/{cluster_id}", etcd.endpoints());
+    let mut pool = PoolSpec::loopback(args.stores, args.segment_size.0);
+    pool.name = "rbgctl-bench-failover".into();
+    pool.masters = args.masters;
+    pool.master = MasterConfig {
+        enable_http_metadata_server: false,
+        enable_ha: true,
+        ha_backend_connstring: etcd.endpoints(),
+        cluster_id: cluster_id.clone(),
+        ha_lease_ttl_ms: args.lease_ttl,
+        client_ttl_ms: Millis(Duration::from_secs(3)),
+        ..pool.master
+    };
+    pool.store.heartbeat_interval_ms = Millis(Duration::from_millis(200));
+    let pool = Pool::start(&launcher, pool)?;
     let mut bench = Bench {
-        masters,
-        _stores: Vec::new(),
-        spec: spec.clone(),
+        spec: pool.rpc.clone(),
+        pool,
         http: reqwest::blocking::Client::builder()
             .timeout(Duration::from_millis(300))
             .build()?,
         _etcd: etcd,
-        launcher,
+        _launcher: launcher,
     };
-    bench.wait_leader(None, Duration::from_secs(30))?;
-    let shm = std::path::PathBuf::from("/dev/shm")
-        .join(format!("rbgctl-bench-failover-{}", std::process::id()));
-    for i in 0..args.stores {
-        let s = bench.launcher.spawn::<launch::Store>(
-            &format!("store-{i}"),
-            StoreConfig {
-                master: spec.clone(),
-                bind_address: "127.0.0.1".into(),
-                local_hostname: "127.0.0.1".into(),
-                name: Some(format!("store-{i}")),
-                segment_size: args.segment_size,
-                metrics_host: "127.0.0.1".into(),
-                metrics_port: 0,
-                heartbeat_interval_ms: Millis(Duration::from_millis(200)),
-                shm_dir: shm.clone(),
-                ..StoreConfig::default()
-            },
-        )?;
-        bench._stores.push(s);
-    }
-    let result = measure(&mut bench, &args, size, ttl, progress);
-    let _ = std::fs::remove_dir_all(&shm);
-    let report = result?;
+    let report = measure(&mut bench, &args, size, ttl, progress)?;
     if let Some(path) = &args.report {
         write_report(&report, path)?;
     }
@@ -457,7 +427,7 @@ fn measure(
     ));
     let before = committed_keys(&record.lock());
     let killed = Instant::now();
-    bench.masters[old].kill();
+    bench.pool.masters[old].kill();
     events.push((at(killed), format!("kill -9 of master-{old}")));
     let kill = fault_outcome(
         bench,
@@ -470,13 +440,13 @@ fn measure(
         ttl,
     )?;
     progress(&format!("master-{old} started again: it stands by"));
-    bench.masters[old].start()?;
+    bench.pool.masters[old].start()?;
     events.push((at(Instant::now()), format!("master-{old} restarted")));
 
     // 2. SIGSTOP of the new leader for --pause, writes sent to it meanwhile.
     std::thread::sleep(Duration::from_secs(1));
     let (paused, paused_epoch) = bench.wait_leader(None, Duration::from_secs(5))?;
-    let rpc = bench.masters[paused].addrs.rpc.to_string();
+    let rpc = bench.pool.masters[paused].addrs.rpc.to_string();
     let mut stale: Vec<Connection> = (0..16)
         .map(|_| Connection::connect(&rpc, &ConnOptions::default()))
         .collect::<Result<_, _>>()?;
@@ -485,7 +455,7 @@ fn measure(
         args.pause.0
     ));
     let before = committed_keys(&record.lock());
-    let pid = bench.masters[paused].pid().unwrap_or(0) as i32;
+    let pid = bench.pool.masters[paused].pid().unwrap_or(0) as i32;
     let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
     signal(nix::sys::signal::Signal::SIGSTOP)?;
     let stopped = Instant::now();

@@ -22,6 +22,8 @@ pub enum PoolError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("no master led within {timeout:?}")]
+    NoLeader { timeout: Duration },
     #[error("the pool's cluster secret: {0}")]
     Auth(String),
     #[error(
@@ -55,6 +57,9 @@ pub struct PoolSpec {
     /// The master's settings. Its RPC, metrics and metadata addresses are set to `host` (the
     /// ports are kept: 0 lets the kernel choose).
     pub master: MasterConfig,
+    /// How many masters run: with `master.enable_ha` they elect a leader through
+    /// `master.ha_backend_connstring`, and stores are given `etcd://<endpoints>/<cluster_id>`.
+    pub masters: usize,
     pub stores: usize,
     /// What every store starts from. The pool sets its name (`<store_prefix><i>`), master,
     /// addresses, segment directory, disk tier and cluster secret.
@@ -85,6 +90,7 @@ impl PoolSpec {
                 http_metadata_server_port: 0,
                 ..MasterConfig::default()
             },
+            masters: 1,
             stores,
             store: StoreConfig {
                 segment_size: ByteSize(segment_size),
@@ -107,10 +113,14 @@ impl PoolSpec {
 
 /// A running pool.
 pub struct Pool {
-    pub master: Child<Master>,
+    /// The masters: one, or several electing a leader.
+    pub masters: Vec<Child<Master>>,
     pub stores: Vec<Child<Store>>,
-    /// The master's RPC address.
+    /// The master clients and stores are given: its RPC address, or
+    /// `etcd://<endpoints>/<cluster_id>` where masters elect a leader.
     pub rpc: String,
+    /// Whether the masters elect a leader.
+    ha: bool,
     /// The store settings with the pool's parts filled in; store `i` adds its name.
     store_base: StoreConfig,
     store_prefix: String,
@@ -144,16 +154,33 @@ impl Pool {
         let auth = crate::auth::load(spec.master.auth_token_file.as_deref())
             .map_err(|e| PoolError::Auth(e.to_string()))?;
         let host = spec.host.clone();
-        let master = launcher.spawn::<Master>(
-            "master",
-            MasterConfig {
-                rpc_address: host.clone(),
-                metrics_host: host.clone(),
-                http_metadata_server_host: host.clone(),
-                ..spec.master.clone()
-            },
-        )?;
-        let rpc = master.addrs.rpc.to_string();
+        let ha = spec.master.enable_ha;
+        let mut masters = Vec::with_capacity(spec.masters);
+        for i in 0..spec.masters.max(1) {
+            let name = if ha {
+                format!("master-{i}")
+            } else {
+                "master".into()
+            };
+            masters.push(launcher.spawn::<Master>(
+                &name,
+                MasterConfig {
+                    rpc_address: host.clone(),
+                    metrics_host: host.clone(),
+                    http_metadata_server_host: host.clone(),
+                    ..spec.master.clone()
+                },
+            )?);
+        }
+        let master = &masters[0];
+        let rpc = if ha {
+            format!(
+                "etcd://{}/{}",
+                spec.master.ha_backend_connstring, spec.master.cluster_id
+            )
+        } else {
+            master.addrs.rpc.to_string()
+        };
         let run = format!(
             "{}-{}-{:08x}",
             spec.name,
@@ -192,9 +219,10 @@ impl Pool {
             ..spec.store.clone()
         };
         let mut pool = Pool {
-            master,
+            masters,
             stores: Vec::new(),
             rpc,
+            ha,
             store_base,
             store_prefix: spec.store_prefix.clone(),
             shm_dir,
@@ -205,6 +233,9 @@ impl Pool {
             auth,
             launcher: launcher.clone(),
         };
+        if ha {
+            pool.wait_leader(spec.ready_timeout)?;
+        }
         for _ in 0..spec.stores {
             pool.add_store_with(|_| {})?;
         }
@@ -237,6 +268,49 @@ impl Pool {
         Ok(i)
     }
 
+    /// The first master (the only one unless masters elect a leader).
+    pub fn master(&self) -> &Child<Master> {
+        &self.masters[0]
+    }
+
+    pub fn master_mut(&mut self) -> &mut Child<Master> {
+        &mut self.masters[0]
+    }
+
+    /// The master that leads: the only one, or the one whose `/health` says it leads.
+    pub fn leader(&self) -> Option<usize> {
+        if !self.ha {
+            return Some(0);
+        }
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()
+            .ok()?;
+        self.masters.iter().position(|m| {
+            m.pid().is_some()
+                && http
+                    .get(format!("http://{}/health", m.addrs.metrics))
+                    .send()
+                    .ok()
+                    .and_then(|r| r.json::<serde_json::Value>().ok())
+                    .is_some_and(|h| h["role"] == "leader")
+        })
+    }
+
+    /// Polls (every 20 ms) until a master leads; answers which.
+    pub fn wait_leader(&self, timeout: Duration) -> Result<usize, PoolError> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(i) = self.leader() {
+                return Ok(i);
+            }
+            if t0.elapsed() > timeout {
+                return Err(PoolError::NoLeader { timeout });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn shm_dir(&self) -> &Path {
         &self.shm_dir
     }
@@ -247,7 +321,7 @@ impl Pool {
 
     /// The master's metadata server, `http://host:port/metadata`, if it serves one.
     pub fn metadata_url(&self) -> Option<String> {
-        self.master
+        self.master()
             .addrs
             .metadata
             .map(|m| format!("http://{m}/metadata"))
@@ -258,15 +332,16 @@ impl Pool {
         self.per_store
     }
 
-    /// Live segments the master lists, or `None` while it cannot be reached.
+    /// Live segments the (leading) master lists, or `None` while none can be reached.
     pub fn live_segments(&self) -> Option<usize> {
+        let leader = &self.masters[self.leader()?];
         let opts = ConnOptions {
             connect_timeout: Duration::from_millis(200),
             io_timeout: Duration::from_secs(2),
             spin: Duration::ZERO,
             auth: self.auth.clone(),
         };
-        Connection::connect(&self.rpc, &opts)
+        Connection::connect(&leader.addrs.rpc.to_string(), &opts)
             .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()))
             .ok()
             .map(|r| r.segments.len())
@@ -302,7 +377,9 @@ impl Pool {
         for mut s in self.stores.drain(..).rev() {
             clean &= s.stop().is_some_and(|status| status.success());
         }
-        self.master.stop();
+        for m in self.masters.iter_mut() {
+            m.stop();
+        }
         for dir in std::mem::take(&mut self.own_dirs) {
             if clean || !self.keep_dirs_after_unclean_stop {
                 let _ = std::fs::remove_dir_all(&dir);

@@ -234,7 +234,10 @@ impl Default for Opts {
 impl Cluster {
     /// Kills the master (SIGKILL) and starts a new one on the same ports.
     pub fn restart_master(&mut self) {
-        self.pool.master.start().expect("the master starts again");
+        self.pool
+            .master_mut()
+            .start()
+            .expect("the master starts again");
     }
 
     /// A master on loopback (`loopback_master`) and `opts.stores` stores of its
@@ -248,7 +251,7 @@ impl Cluster {
         spec.store.heartbeat_interval_ms = Millis(Duration::from_millis(200));
         spec.shm_dir = Dir::Inside(std::env::temp_dir());
         let pool = Pool::start(&launcher, spec).expect("the pool starts");
-        let a = pool.master.addrs.clone();
+        let a = pool.master().addrs.clone();
         Cluster {
             store_metrics: pool.stores.iter().map(|s| s.addrs.metrics.port()).collect(),
             pool,
