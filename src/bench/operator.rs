@@ -8,7 +8,7 @@
 //!    the operator sustains while every group is touched as fast as the API takes it (each
 //!    touch is a metadata change that queues a reconcile and needs no write).
 
-use crate::operator::controller::Kind;
+use crate::operator::context::Kind;
 use crate::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use clap::Args;
 use serde_json::{json, Value};

@@ -11,12 +11,12 @@
 //! (RBG's admission webhook refuses that edit instead; rbgctl ships no webhook, and an
 //! override keeps `helm upgrade` of a chart that still names replicas working.)
 //!
-//! Deciding is pure (`decide`); `Controller::reconcile_adapter` reads the caches and writes.
+//! Deciding is pure (`decide`); `Context::reconcile_adapter` reads the caches and writes.
 
-use super::controller::{ns_of, Controller, ReconcileError};
+use super::action::{Requeue, CACHE_SYNC_WAIT};
+use super::context::{ns_of, Context, ReconcileError};
 use super::desired::{self, COMPONENT_INDEX, GROUP, ROLE};
 use super::model::{self, Group, Pattern, Role};
-use super::reconcile::Next;
 use crate::kube::object::ObjectMeta;
 use crate::kube::{KubeError, Patch};
 use serde::Deserialize;
@@ -224,205 +224,200 @@ pub fn overrides(g: &Group, adapters: &[Value]) -> BTreeMap<String, u32> {
     out
 }
 
-impl Controller {
-    /// Adapters of a namespace that target the group `name`.
-    pub(super) fn adapters_of(&self, ns: &str, group: &str) -> Vec<Value> {
-        self.caches.adapters.select(|o| {
-            ObjectMeta::of(o).namespace == ns
-                && Adapter::of(o).is_some_and(|a| a.spec.scale_target_ref.name == group)
+/// Adapters of a namespace that target the group `name`.
+pub(super) fn adapters_of(ctx: &Context, ns: &str, group: &str) -> Vec<Value> {
+    ctx.caches.adapters.select(|o| {
+        ObjectMeta::of(o).namespace == ns
+            && Adapter::of(o).is_some_and(|a| a.spec.scale_target_ref.name == group)
+    })
+}
+
+/// The group's side: each role with `scalingAdapter.enable` has its adapter; adapters the
+/// group owns for roles that no longer ask for one are deleted.
+pub(super) async fn ensure(ctx: &Context, g: &Group) -> Result<(), ReconcileError> {
+    let owned = |o: &Value| {
+        let m = ObjectMeta::of(o);
+        m.namespace == g.namespace && m.owned_by(&g.uid)
+    };
+    let mine = ctx.caches.adapters.select(owned);
+    for r in &g.roles {
+        let Some(labels) = &r.scaling_adapter else {
+            continue;
+        };
+        let want = desired(g, r, labels);
+        let n = name(&g.name, &r.name);
+        match ctx.caches.adapters.get(&format!("{}/{n}", g.namespace)) {
+            None => {
+                ctx.throttle.wait().await;
+                let mark = ctx.caches.adapters.mark();
+                match ctx.kube.create(&collection(&g.namespace), &want).await {
+                    Ok(v) => ctx.caches.adapters.put_written(v, mark),
+                    Err(KubeError::Status { code: 409, .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                tracing::info!(group = %g.name, role = %r.name, adapter = %n, "scaling adapter created");
+            }
+            Some(have) => {
+                let m = ObjectMeta::of(&have);
+                let missing: Map<String, Value> = want["metadata"]["labels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, v)| v.as_str() != Some(m.label(k)))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                if m.owned_by(&g.uid) && !missing.is_empty() && !m.is_terminating() {
+                    ctx.throttle.wait().await;
+                    let mark = ctx.caches.adapters.mark();
+                    let v = ctx
+                        .kube
+                        .patch(
+                            &path(&g.namespace, &n),
+                            &Patch::Merge(json!({"metadata": {"labels": missing}})),
+                        )
+                        .await?;
+                    ctx.caches.adapters.put_written(v, mark);
+                }
+            }
+        }
+    }
+    for o in mine {
+        let m = ObjectMeta::of(&o);
+        let wanted = g
+            .roles
+            .iter()
+            .any(|r| r.scaling_adapter.is_some() && name(&g.name, &r.name) == m.name);
+        if wanted || m.is_terminating() {
+            continue;
+        }
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.adapters.mark();
+        ctx.kube
+            .delete(&path(m.namespace, m.name), Some(m.uid))
+            .await?;
+        ctx.caches.adapters.remove_written(&m.key(), mark);
+        tracing::info!(group = %g.name, adapter = %m.name, "scaling adapter deleted (role no longer asks for one)");
+    }
+    Ok(())
+}
+
+/// One reconcile of the adapter `namespace/name`.
+#[tracing::instrument(skip(ctx), fields(adapter = %key))]
+pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileError> {
+    ctx.metrics
+        .adapter_reconciles
+        .fetch_add(1, Ordering::Relaxed);
+    if !(ctx.caches.adapters.synced() && ctx.caches.groups.synced()) {
+        return Ok(Requeue::After(CACHE_SYNC_WAIT));
+    }
+    let Some(obj) = ctx.caches.adapters.get(key) else {
+        return Ok(Requeue::AwaitChange);
+    };
+    let Some(a) = Adapter::of(&obj) else {
+        return Ok(Requeue::AwaitChange);
+    };
+    if a.metadata.is_terminating() {
+        return Ok(Requeue::AwaitChange);
+    }
+    let (ns, _) = ns_of(key);
+    let group_key = format!("{ns}/{}", a.spec.scale_target_ref.name);
+    let group_obj = ctx
+        .caches
+        .groups
+        .get(&group_key)
+        .filter(|g| !ObjectMeta::of(g).is_terminating());
+    let parsed = group_obj.as_ref().and_then(|o| {
+        let mut g = model::parse_group(o).ok()?;
+        g.namespace = ns.to_string();
+        Some(g)
+    });
+    let target = parsed.as_ref().and_then(|g| {
+        let index = g
+            .roles
+            .iter()
+            .position(|r| r.name == a.spec.scale_target_ref.role)?;
+        let role = &g.roles[index];
+        let ready = group_obj.as_ref().and_then(|o| {
+            o.pointer("/status/roleStatuses")?
+                .as_array()?
+                .iter()
+                .find(|s| s["name"] == role.name.as_str())?
+                .get("readyReplicas")?
+                .as_u64()
+        });
+        Some(TargetRole {
+            index,
+            replicas: role.replicas,
+            ready: ready.unwrap_or(0) as u32,
+            selector: selector(g, role),
         })
+    });
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let d = decide(&a, target.as_ref(), &now);
+    let (name, meta_rv) = (a.metadata.name, a.metadata.resource_version);
+    // The status is written over the adapter as it stands after the spec write (a
+    // custom resource takes no update without the resourceVersion it replaces).
+    let mut current = obj.clone();
+    if let Some(n) = d.spec_replicas {
+        let ops = json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta_rv},
+            {"op": "add", "path": "/spec/replicas", "value": n}]);
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.adapters.mark();
+        let v = ctx.kube.patch(&path(ns, name), &Patch::Json(ops)).await?;
+        ctx.caches.adapters.put_written(v.clone(), mark);
+        current = v;
     }
-
-    /// The group's side: each role with `scalingAdapter.enable` has its adapter; adapters the
-    /// group owns for roles that no longer ask for one are deleted.
-    pub(super) async fn ensure_adapters(&self, g: &Group) -> Result<(), ReconcileError> {
-        let owned = |o: &Value| {
-            let m = ObjectMeta::of(o);
-            m.namespace == g.namespace && m.owned_by(&g.uid)
-        };
-        let mine = self.caches.adapters.select(owned);
-        for r in &g.roles {
-            let Some(labels) = &r.scaling_adapter else {
-                continue;
-            };
-            let want = desired(g, r, labels);
-            let n = name(&g.name, &r.name);
-            match self.caches.adapters.get(&format!("{}/{n}", g.namespace)) {
-                None => {
-                    self.throttle.wait().await;
-                    let mark = self.caches.adapters.mark();
-                    match self.kube.create(&collection(&g.namespace), &want).await {
-                        Ok(v) => self.caches.adapters.put_written(v, mark),
-                        Err(KubeError::Status { code: 409, .. }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                    tracing::info!(group = %g.name, role = %r.name, adapter = %n, "scaling adapter created");
-                }
-                Some(have) => {
-                    let m = ObjectMeta::of(&have);
-                    let missing: Map<String, Value> = want["metadata"]["labels"]
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .filter(|(k, v)| v.as_str() != Some(m.label(k)))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
-                    if m.owned_by(&g.uid) && !missing.is_empty() && !m.is_terminating() {
-                        self.throttle.wait().await;
-                        let mark = self.caches.adapters.mark();
-                        let v = self
-                            .kube
-                            .patch(
-                                &path(&g.namespace, &n),
-                                &Patch::Merge(json!({"metadata": {"labels": missing}})),
-                            )
-                            .await?;
-                        self.caches.adapters.put_written(v, mark);
-                    }
-                }
+    if let (Some(s), Some(t), Some(gobj)) = (&d.scale_role, &target, &group_obj) {
+        let gm = ObjectMeta::of(gobj);
+        let ops = json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": gm.resource_version},
+            {"op": "test", "path": format!("/spec/roles/{}/name", t.index),
+             "value": a.spec.scale_target_ref.role},
+            {"op": "add", "path": format!("/spec/roles/{}/replicas", t.index), "value": s.to},
+        ]);
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.groups.mark();
+        let v = ctx
+            .kube
+            .patch(&super::context::group_path(ns, gm.name), &Patch::Json(ops))
+            .await?;
+        ctx.caches.groups.put_written(v, mark);
+        let role = a.spec.scale_target_ref.role;
+        match s.cause {
+            Cause::Scaled => {
+                tracing::info!(adapter = %name, role, from = s.from, to = s.to, "role scaled");
+                let msg = format!("role {role} scaled from {} to {} replicas", s.from, s.to);
+                ctx.events
+                    .post_on(&obj, KIND, "Normal", "Scaled", &msg)
+                    .await;
+            }
+            Cause::Overridden => {
+                let msg = format!(
+                    "role {role}: replicas {} in the group disagree with the bound scaling \
+                     adapter {name} ({}); set back to {}. Scale the role with `kubectl \
+                     scale rbgsa/{name} --replicas N`, or set scalingAdapter.enable: false",
+                    s.from, s.to, s.to
+                );
+                tracing::warn!(adapter = %name, role, from = s.from, to = s.to, "group replicas overridden by the adapter");
+                ctx.events
+                    .post(gobj, "Warning", "ReplicasOverriddenByAdapter", &msg)
+                    .await;
             }
         }
-        for o in mine {
-            let m = ObjectMeta::of(&o);
-            let wanted = g
-                .roles
-                .iter()
-                .any(|r| r.scaling_adapter.is_some() && name(&g.name, &r.name) == m.name);
-            if wanted || m.is_terminating() {
-                continue;
-            }
-            self.throttle.wait().await;
-            let mark = self.caches.adapters.mark();
-            self.kube
-                .delete(&path(m.namespace, m.name), Some(m.uid))
-                .await?;
-            self.caches.adapters.remove_written(&m.key(), mark);
-            tracing::info!(group = %g.name, adapter = %m.name, "scaling adapter deleted (role no longer asks for one)");
-        }
-        Ok(())
     }
-
-    /// One reconcile of the adapter `namespace/name`.
-    #[tracing::instrument(skip(self), fields(adapter = %key))]
-    pub async fn reconcile_adapter(&self, key: &str) -> Result<Next, ReconcileError> {
-        self.metrics
-            .adapter_reconciles
-            .fetch_add(1, Ordering::Relaxed);
-        if !(self.caches.adapters.synced() && self.caches.groups.synced()) {
-            return Ok(Next::RequeueAfter(super::reconcile::CACHE_SYNC_WAIT));
-        }
-        let Some(obj) = self.caches.adapters.get(key) else {
-            return Ok(Next::AwaitChange);
-        };
-        let Some(a) = Adapter::of(&obj) else {
-            return Ok(Next::AwaitChange);
-        };
-        if a.metadata.is_terminating() {
-            return Ok(Next::AwaitChange);
-        }
-        let (ns, _) = ns_of(key);
-        let group_key = format!("{ns}/{}", a.spec.scale_target_ref.name);
-        let group_obj = self
-            .caches
-            .groups
-            .get(&group_key)
-            .filter(|g| !ObjectMeta::of(g).is_terminating());
-        let parsed = group_obj.as_ref().and_then(|o| {
-            let mut g = model::parse_group(o).ok()?;
-            g.namespace = ns.to_string();
-            Some(g)
-        });
-        let target = parsed.as_ref().and_then(|g| {
-            let index = g
-                .roles
-                .iter()
-                .position(|r| r.name == a.spec.scale_target_ref.role)?;
-            let role = &g.roles[index];
-            let ready = group_obj.as_ref().and_then(|o| {
-                o.pointer("/status/roleStatuses")?
-                    .as_array()?
-                    .iter()
-                    .find(|s| s["name"] == role.name.as_str())?
-                    .get("readyReplicas")?
-                    .as_u64()
-            });
-            Some(TargetRole {
-                index,
-                replicas: role.replicas,
-                ready: ready.unwrap_or(0) as u32,
-                selector: selector(g, role),
-            })
-        });
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        let d = decide(&a, target.as_ref(), &now);
-        let (name, meta_rv) = (a.metadata.name, a.metadata.resource_version);
-        // The status is written over the adapter as it stands after the spec write (a
-        // custom resource takes no update without the resourceVersion it replaces).
-        let mut current = obj.clone();
-        if let Some(n) = d.spec_replicas {
-            let ops = json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": meta_rv},
-                {"op": "add", "path": "/spec/replicas", "value": n}]);
-            self.throttle.wait().await;
-            let mark = self.caches.adapters.mark();
-            let v = self.kube.patch(&path(ns, name), &Patch::Json(ops)).await?;
-            self.caches.adapters.put_written(v.clone(), mark);
-            current = v;
-        }
-        if let (Some(s), Some(t), Some(gobj)) = (&d.scale_role, &target, &group_obj) {
-            let gm = ObjectMeta::of(gobj);
-            let ops = json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": gm.resource_version},
-                {"op": "test", "path": format!("/spec/roles/{}/name", t.index),
-                 "value": a.spec.scale_target_ref.role},
-                {"op": "add", "path": format!("/spec/roles/{}/replicas", t.index), "value": s.to},
-            ]);
-            self.throttle.wait().await;
-            let mark = self.caches.groups.mark();
-            let v = self
-                .kube
-                .patch(
-                    &super::controller::group_path(ns, gm.name),
-                    &Patch::Json(ops),
-                )
-                .await?;
-            self.caches.groups.put_written(v, mark);
-            let role = a.spec.scale_target_ref.role;
-            match s.cause {
-                Cause::Scaled => {
-                    tracing::info!(adapter = %name, role, from = s.from, to = s.to, "role scaled");
-                    let msg = format!("role {role} scaled from {} to {} replicas", s.from, s.to);
-                    self.events
-                        .post_on(&obj, KIND, "Normal", "Scaled", &msg)
-                        .await;
-                }
-                Cause::Overridden => {
-                    let msg = format!(
-                        "role {role}: replicas {} in the group disagree with the bound scaling \
-                         adapter {name} ({}); set back to {}. Scale the role with `kubectl \
-                         scale rbgsa/{name} --replicas N`, or set scalingAdapter.enable: false",
-                        s.from, s.to, s.to
-                    );
-                    tracing::warn!(adapter = %name, role, from = s.from, to = s.to, "group replicas overridden by the adapter");
-                    self.events
-                        .post(gobj, "Warning", "ReplicasOverriddenByAdapter", &msg)
-                        .await;
-                }
-            }
-        }
-        if current.get("status") != Some(&d.status) {
-            let mut next = current;
-            next["status"] = d.status;
-            self.throttle.wait().await;
-            let mark = self.caches.adapters.mark();
-            let v = self
-                .kube
-                .replace(&format!("{}/status", path(ns, name)), &next)
-                .await?;
-            self.caches.adapters.put_written(v, mark);
-        }
-        Ok(Next::AwaitChange)
+    if current.get("status") != Some(&d.status) {
+        let mut next = current;
+        next["status"] = d.status;
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.adapters.mark();
+        let v = ctx
+            .kube
+            .replace(&format!("{}/status", path(ns, name)), &next)
+            .await?;
+        ctx.caches.adapters.put_written(v, mark);
     }
+    Ok(Requeue::AwaitChange)
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! Writing the difference: what each child should look like against what the cache holds
 //! is a pure diff ([`config_change`], [`service_change`], [`slice_change`], [`inplace_ops`]);
-//! [`Controller::apply`] writes a [`Change`] and records the answer in the cache. Pod
+//! [`Context::apply`] writes a [`Change`] and records the answer in the cache. Pod
 //! creations, deletions and in-place updates follow the rollout plan (`plan.rs`).
 
-use super::controller::{core, slices_path, Controller, ReconcileError};
+use super::context::{core, slices_path, Context, ReconcileError};
 use crate::kube::object::{ObjectMeta, Pod};
 use crate::kube::patch::escape;
 use crate::kube::Patch;
@@ -89,7 +89,7 @@ fn ports_equal(a: &Value, b: &Value) -> bool {
     strip(a) == strip(b)
 }
 
-impl Controller {
+impl Context {
     /// Writes `change` for the object `name` in the collection at `collection` and records the
     /// answer in `cache`. A create that finds the object already there (409: our cache is
     /// behind) is left to the watch, which brings the object soon.

@@ -1,179 +1,51 @@
-//! The operator's controller: what a reconcile works with (API client, caches, queue,
-//! metrics, the write throttle and the event recorder). A reconcile (`reconcile.rs`) reads
-//! everything from the caches, computes the desired children and the next rollout step with
-//! the pure modules, and writes only the difference (`apply.rs`). Level-triggered: any
-//! reconcile may be the first.
+//! The controller: workers that take keys from the queues and reconcile them. A key's
+//! reconcile is a free function of its kind (`group`, `adapter`, `groupset`) over the shared
+//! [`Context`]; what it answers (`Requeue`) and how it failed decide when the key comes back.
 
-use super::events::Recorder;
-use super::throttle::Throttle;
-use crate::kube::object::ObjectMeta;
-use crate::kube::{Kube, KubeError};
-use crate::operator::desired::GROUP;
-use crate::operator::informer::Store;
-use crate::operator::queue::Queue;
-use serde_json::Value;
-use std::sync::atomic::AtomicU64;
+use super::action::Requeue;
+use super::context::{Context, Kind, ReconcileError};
+use super::{adapter, group, groupset};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error(transparent)]
-    Api(#[from] KubeError),
-}
+/// Workers for adapters and for sets each (their reconciles are small).
+pub const SMALL_KIND_WORKERS: usize = 2;
 
-impl ReconcileError {
-    /// A write lost a race with another writer: reconciling again from the latest version is
-    /// the normal course, not a failure.
-    pub fn is_conflict(&self) -> bool {
-        match self {
-            ReconcileError::Api(e) => e.is_conflict(),
-        }
+/// One reconcile of `key` of `kind`.
+pub async fn reconcile(ctx: &Context, kind: Kind, key: &str) -> Result<Requeue, ReconcileError> {
+    match kind {
+        Kind::Group => group::reconcile(ctx, key).await,
+        Kind::Adapter => adapter::reconcile(ctx, key).await,
+        Kind::Set => groupset::reconcile(ctx, key).await,
     }
 }
 
-/// Caches of what the operator reads.
-#[derive(Clone, Default)]
-pub struct Caches {
-    pub groups: Store,
-    pub pods: Store,
-    pub services: Store,
-    pub configmaps: Store,
-    pub slices: Store,
-    pub policies: Store,
-    /// RoleBasedGroupScalingAdapters (all of them: adapters can be made by hand).
-    pub adapters: Store,
-    /// RoleBasedGroupSets.
-    pub sets: Store,
-}
-
-/// What is queued for a reconcile, by kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Group,
-    Adapter,
-    Set,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Group, Kind::Adapter, Kind::Set];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::Group => "group",
-            Kind::Adapter => "adapter",
-            Kind::Set => "set",
+/// One worker: takes keys of `kind` from its queue and reconciles them, forever.
+pub async fn work(ctx: Arc<Context>, kind: Kind) {
+    let queue = ctx.queues.of(kind).clone();
+    loop {
+        let key = queue.get().await;
+        let t0 = std::time::Instant::now();
+        let r = reconcile(&ctx, kind, &key).await;
+        tracing::debug!(kind = kind.label(), key = %key, took = ?t0.elapsed(), ok = r.is_ok(), "reconciled");
+        match r {
+            Ok(next) => {
+                queue.forget(&key);
+                if let Requeue::After(d) = next {
+                    queue.add_after(&key, d);
+                }
+            }
+            Err(e) if e.is_conflict() => {
+                let d = queue.retry(&key);
+                tracing::info!(kind = kind.label(), key = %key, error = %e, retry_in = ?d,
+                    "an object changed under this reconcile (resourceVersion conflict); reconciling again from the latest");
+            }
+            Err(e) => {
+                ctx.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                let d = queue.retry(&key);
+                tracing::warn!(kind = kind.label(), key = %key, error = %e, retry_in = ?d, "reconcile failed");
+            }
         }
-    }
-}
-
-/// One work queue per kind.
-#[derive(Clone)]
-pub struct Queues {
-    pub groups: Arc<Queue>,
-    pub adapters: Arc<Queue>,
-    pub sets: Arc<Queue>,
-}
-
-impl Default for Queues {
-    fn default() -> Self {
-        Queues {
-            groups: Queue::new(),
-            adapters: Queue::new(),
-            sets: Queue::new(),
-        }
-    }
-}
-
-impl Queues {
-    pub fn of(&self, kind: Kind) -> &Arc<Queue> {
-        match kind {
-            Kind::Group => &self.groups,
-            Kind::Adapter => &self.adapters,
-            Kind::Set => &self.sets,
-        }
-    }
-}
-
-#[derive(Default)]
-pub struct Metrics {
-    /// Group reconciles.
-    pub reconciles: AtomicU64,
-    pub adapter_reconciles: AtomicU64,
-    pub set_reconciles: AtomicU64,
-    pub errors: AtomicU64,
-    pub pods_created: AtomicU64,
-    pub pods_deleted: AtomicU64,
-    pub pods_inplace: AtomicU64,
-    pub status_writes: AtomicU64,
-}
-
-pub struct Controller {
-    pub kube: Kube,
-    pub caches: Caches,
-    pub queues: Queues,
-    pub metrics: Metrics,
-    /// In front of every write (`--kube-api-qps`, `--kube-api-burst`).
-    pub(super) throttle: Arc<Throttle>,
-    pub(super) events: Recorder,
-    /// In-place updates unconfirmed for longer than this are reported.
-    pub(super) inplace_timeout: std::time::Duration,
-}
-
-pub(super) fn ns_of(key: &str) -> (&str, &str) {
-    key.split_once('/').unwrap_or(("", key))
-}
-
-pub fn group_path(ns: &str, name: &str) -> String {
-    format!("/apis/workloads.x-k8s.io/v1alpha2/namespaces/{ns}/rolebasedgroups/{name}")
-}
-
-pub(super) fn core(ns: &str, plural: &str) -> String {
-    format!("/api/v1/namespaces/{ns}/{plural}")
-}
-
-pub(super) fn slices_path(ns: &str) -> String {
-    format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices")
-}
-
-impl Controller {
-    pub fn new(
-        kube: Kube,
-        caches: Caches,
-        queues: Queues,
-        qps: f64,
-        burst: f64,
-        inplace_timeout: std::time::Duration,
-    ) -> Controller {
-        let throttle = Arc::new(Throttle::new(qps, burst));
-        Controller {
-            inplace_timeout,
-            events: Recorder::new(kube.clone(), throttle.clone()),
-            throttle,
-            kube,
-            caches,
-            queues,
-            metrics: Metrics::default(),
-        }
-    }
-
-    /// One reconcile of `key` of `kind`.
-    pub async fn reconcile_kind(
-        &self,
-        kind: Kind,
-        key: &str,
-    ) -> Result<super::reconcile::Next, ReconcileError> {
-        match kind {
-            Kind::Group => self.reconcile(key).await,
-            Kind::Adapter => self.reconcile_adapter(key).await,
-            Kind::Set => self.reconcile_set(key).await,
-        }
-    }
-
-    /// The pods of a group, from the cache.
-    pub(super) fn pods_of(&self, ns: &str, group: &str) -> Vec<Value> {
-        self.caches.pods.select(|p| {
-            let m = ObjectMeta::of(p);
-            m.namespace == ns && m.label(GROUP) == group
-        })
+        queue.done(&key);
     }
 }

@@ -8,11 +8,12 @@
 //! A child's role with `scalingAdapter.enable` keeps the replicas its adapter gave it: the
 //! template's count is where it starts, not where it is held.
 //!
-//! Planning is pure (`plan`); `Controller::reconcile_set` reads the caches and writes.
+//! Planning is pure (`plan`); `Context::reconcile_set` reads the caches and writes.
 
-use super::controller::{group_path, ns_of, Controller, ReconcileError};
+use super::action::{Requeue, CACHE_SYNC_WAIT};
+use super::context::{group_path, ns_of, Context, ReconcileError};
 use super::finalizer;
-use super::reconcile::{set_condition, Next, CACHE_SYNC_WAIT};
+use super::group::set_condition;
 use crate::kube::object::ObjectMeta;
 use crate::kube::{KubeError, Patch};
 use serde_json::{json, Map, Value};
@@ -254,120 +255,122 @@ pub fn status(set: &SetSpec, old: &Value, p: &Plan) -> Value {
     st
 }
 
-impl Controller {
-    fn children_of(&self, ns: &str, set: &str, uid: &str) -> Vec<Value> {
-        self.caches.groups.select(|g| {
-            let m = ObjectMeta::of(g);
-            m.namespace == ns && m.label(SET_NAME) == set && m.owned_by(uid)
-        })
-    }
+fn children_of(ctx: &Context, ns: &str, set: &str, uid: &str) -> Vec<Value> {
+    ctx.caches.groups.select(|g| {
+        let m = ObjectMeta::of(g);
+        m.namespace == ns && m.label(SET_NAME) == set && m.owned_by(uid)
+    })
+}
 
-    /// One reconcile of the set `namespace/name`.
-    #[tracing::instrument(skip(self), fields(set = %key))]
-    pub async fn reconcile_set(&self, key: &str) -> Result<Next, ReconcileError> {
-        self.metrics.set_reconciles.fetch_add(1, Ordering::Relaxed);
-        if !(self.caches.sets.synced() && self.caches.groups.synced()) {
-            return Ok(Next::RequeueAfter(CACHE_SYNC_WAIT));
-        }
-        let Some(obj) = self.caches.sets.get(key) else {
-            return Ok(Next::AwaitChange);
-        };
-        let (ns, name) = ns_of(key);
-        let meta = ObjectMeta::of(&obj);
-        let children = self.children_of(ns, name, meta.uid);
-        if meta.is_terminating() {
-            return self.finalize_set(&obj, &children).await;
-        }
-        if !meta.has_finalizer(FINALIZER) {
-            let ops = finalizer::add(&meta, FINALIZER);
-            self.throttle.wait().await;
-            let mark = self.caches.sets.mark();
-            let v = self.kube.patch(&path(ns, name), &Patch::Json(ops)).await?;
-            self.caches.sets.put_written(v, mark);
-            // The next reconcile goes on from the object with the finalizer.
-            return Ok(Next::AwaitChange);
-        }
-        let set = match SetSpec::of(&obj) {
-            Ok(s) => s,
-            Err(e) => {
-                self.events
-                    .post_on(&obj, KIND, "Warning", "InvalidSpec", &e.to_string())
-                    .await;
-                return Ok(Next::AwaitChange);
-            }
-        };
-        let p = plan(&set, &children);
-        for g in &p.create {
-            self.throttle.wait().await;
-            let mark = self.caches.groups.mark();
-            match self.kube.create(&groups_collection(ns), g).await {
-                Ok(v) => self.caches.groups.put_written(v, mark),
-                Err(KubeError::Status { code: 409, .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            tracing::info!(set = %key, group = %ObjectMeta::of(g).name, "group created");
-        }
-        for g in &p.update {
-            let m = ObjectMeta::of(g);
-            self.throttle.wait().await;
-            let mark = self.caches.groups.mark();
-            let v = self.kube.replace(&group_path(ns, m.name), g).await?;
-            self.caches.groups.put_written(v, mark);
-            tracing::info!(set = %key, group = %m.name, "group updated from the template");
-        }
-        if let Some((child, uid)) = &p.delete {
-            self.throttle.wait().await;
-            self.kube.delete(&group_path(ns, child), Some(uid)).await?;
-            tracing::info!(set = %key, group = %child, "group deleted (scaled down, highest index first)");
-        }
-        let st = status(&set, &obj["status"], &p);
-        if obj.get("status") != Some(&st) {
-            let mut next = obj.clone();
-            next["status"] = st;
-            self.throttle.wait().await;
-            let mark = self.caches.sets.mark();
-            let v = self
-                .kube
-                .replace(&format!("{}/status", path(ns, name)), &next)
-                .await?;
-            self.caches.sets.put_written(v, mark);
-        }
-        Ok(Next::AwaitChange)
+/// One reconcile of the set `namespace/name`.
+#[tracing::instrument(skip(ctx), fields(set = %key))]
+pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileError> {
+    ctx.metrics.set_reconciles.fetch_add(1, Ordering::Relaxed);
+    if !(ctx.caches.sets.synced() && ctx.caches.groups.synced()) {
+        return Ok(Requeue::After(CACHE_SYNC_WAIT));
     }
-
-    /// Deleting: every child group is deleted, then the finalizer released once they are gone.
-    async fn finalize_set(&self, obj: &Value, children: &[Value]) -> Result<Next, ReconcileError> {
-        let meta = ObjectMeta::of(obj);
-        if !meta.has_finalizer(FINALIZER) {
-            return Ok(Next::AwaitChange);
+    let Some(obj) = ctx.caches.sets.get(key) else {
+        return Ok(Requeue::AwaitChange);
+    };
+    let (ns, name) = ns_of(key);
+    let meta = ObjectMeta::of(&obj);
+    let children = children_of(ctx, ns, name, meta.uid);
+    if meta.is_terminating() {
+        return finalize(ctx, &obj, &children).await;
+    }
+    if !meta.has_finalizer(FINALIZER) {
+        let ops = finalizer::add(&meta, FINALIZER);
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.sets.mark();
+        let v = ctx.kube.patch(&path(ns, name), &Patch::Json(ops)).await?;
+        ctx.caches.sets.put_written(v, mark);
+        // The next reconcile goes on from the object with the finalizer.
+        return Ok(Requeue::AwaitChange);
+    }
+    let set = match SetSpec::of(&obj) {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.events
+                .post_on(&obj, KIND, "Warning", "InvalidSpec", &e.to_string())
+                .await;
+            return Ok(Requeue::AwaitChange);
         }
-        for c in children {
-            let m = ObjectMeta::of(c);
-            if m.is_terminating() {
-                continue;
-            }
-            self.throttle.wait().await;
-            self.kube
-                .delete(&group_path(m.namespace, m.name), Some(m.uid))
-                .await?;
-        }
-        if !children.is_empty() {
-            // Their deletion events bring the set back.
-            return Ok(Next::AwaitChange);
-        }
-        let ops = finalizer::release(&meta, FINALIZER);
-        self.throttle.wait().await;
-        match self
-            .kube
-            .patch(&path(meta.namespace, meta.name), &Patch::Json(ops))
-            .await
-        {
-            Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
+    };
+    let p = plan(&set, &children);
+    for g in &p.create {
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.groups.mark();
+        match ctx.kube.create(&groups_collection(ns), g).await {
+            Ok(v) => ctx.caches.groups.put_written(v, mark),
+            Err(KubeError::Status { code: 409, .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        tracing::info!(set = %meta.key(), "groups removed; finalizer released");
-        Ok(Next::AwaitChange)
+        tracing::info!(set = %key, group = %ObjectMeta::of(g).name, "group created");
     }
+    for g in &p.update {
+        let m = ObjectMeta::of(g);
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.groups.mark();
+        let v = ctx.kube.replace(&group_path(ns, m.name), g).await?;
+        ctx.caches.groups.put_written(v, mark);
+        tracing::info!(set = %key, group = %m.name, "group updated from the template");
+    }
+    if let Some((child, uid)) = &p.delete {
+        ctx.throttle.wait().await;
+        ctx.kube.delete(&group_path(ns, child), Some(uid)).await?;
+        tracing::info!(set = %key, group = %child, "group deleted (scaled down, highest index first)");
+    }
+    let st = status(&set, &obj["status"], &p);
+    if obj.get("status") != Some(&st) {
+        let mut next = obj.clone();
+        next["status"] = st;
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.sets.mark();
+        let v = ctx
+            .kube
+            .replace(&format!("{}/status", path(ns, name)), &next)
+            .await?;
+        ctx.caches.sets.put_written(v, mark);
+    }
+    Ok(Requeue::AwaitChange)
+}
+
+/// Deleting: every child group is deleted, then the finalizer released once they are gone.
+async fn finalize(
+    ctx: &Context,
+    obj: &Value,
+    children: &[Value],
+) -> Result<Requeue, ReconcileError> {
+    let meta = ObjectMeta::of(obj);
+    if !meta.has_finalizer(FINALIZER) {
+        return Ok(Requeue::AwaitChange);
+    }
+    for c in children {
+        let m = ObjectMeta::of(c);
+        if m.is_terminating() {
+            continue;
+        }
+        ctx.throttle.wait().await;
+        ctx.kube
+            .delete(&group_path(m.namespace, m.name), Some(m.uid))
+            .await?;
+    }
+    if !children.is_empty() {
+        // Their deletion events bring the set back.
+        return Ok(Requeue::AwaitChange);
+    }
+    let ops = finalizer::release(&meta, FINALIZER);
+    ctx.throttle.wait().await;
+    match ctx
+        .kube
+        .patch(&path(meta.namespace, meta.name), &Patch::Json(ops))
+        .await
+    {
+        Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(set = %meta.key(), "groups removed; finalizer released");
+    Ok(Requeue::AwaitChange)
 }
 
 #[cfg(test)]

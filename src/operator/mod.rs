@@ -14,20 +14,22 @@
 //!
 //! Objects are read through typed views (`kube::object`), never by JSON pointer.
 
+pub mod action;
 pub mod adapter;
 pub mod apply;
+pub mod context;
 pub mod controller;
 pub mod coordination;
 pub mod desired;
 pub mod events;
 pub mod finalizer;
+pub mod group;
 pub mod groupset;
 pub mod informer;
 pub mod leader;
 pub mod model;
 pub mod plan;
 pub mod queue;
-pub mod reconcile;
 pub mod throttle;
 
 use crate::kube::{Kube, KubeConfig, KubeError};
@@ -35,7 +37,7 @@ use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::PromText;
 use clap::Args;
-use controller::{Caches, Controller, Kind, Queues};
+use context::{Caches, Context, Kind, Queues};
 use informer::Source;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -198,7 +200,7 @@ async fn serve(
     let leader = Arc::new(AtomicBool::new(!args.leader_elect));
     let caches = Caches::default();
     let queues = Queues::default();
-    let ctl = Arc::new(Controller::new(
+    let ctl = Arc::new(Context::new(
         kube.clone(),
         caches.clone(),
         queues.clone(),
@@ -247,10 +249,10 @@ async fn serve(
     for kind in Kind::ALL {
         let n = match kind {
             Kind::Group => args.workers.max(1),
-            Kind::Adapter | Kind::Set => SMALL_KIND_WORKERS,
+            Kind::Adapter | Kind::Set => controller::SMALL_KIND_WORKERS,
         };
         for _ in 0..n {
-            tokio::spawn(work(ctl.clone(), kind));
+            tokio::spawn(controller::work(ctl.clone(), kind));
         }
     }
     if args.resync_secs > 0 {
@@ -300,39 +302,6 @@ async fn serve(
                 }
             }
         }
-    }
-}
-
-/// Workers for adapters and for sets each (their reconciles are small).
-const SMALL_KIND_WORKERS: usize = 2;
-
-/// One worker: takes keys of `kind` from its queue and reconciles them, forever.
-async fn work(ctl: Arc<Controller>, kind: Kind) {
-    let queue = ctl.queues.of(kind).clone();
-    loop {
-        let key = queue.get().await;
-        let t0 = std::time::Instant::now();
-        let r = ctl.reconcile_kind(kind, &key).await;
-        tracing::debug!(kind = kind.label(), key = %key, took = ?t0.elapsed(), ok = r.is_ok(), "reconciled");
-        match r {
-            Ok(next) => {
-                queue.forget(&key);
-                if let reconcile::Next::RequeueAfter(d) = next {
-                    queue.add_after(&key, d);
-                }
-            }
-            Err(e) if e.is_conflict() => {
-                let d = queue.retry(&key);
-                tracing::info!(kind = kind.label(), key = %key, error = %e, retry_in = ?d,
-                    "an object changed under this reconcile (resourceVersion conflict); reconciling again from the latest");
-            }
-            Err(e) => {
-                ctl.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                let d = queue.retry(&key);
-                tracing::warn!(kind = kind.label(), key = %key, error = %e, retry_in = ?d, "reconcile failed");
-            }
-        }
-        queue.done(&key);
     }
 }
 
@@ -467,7 +436,7 @@ fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queues: &Q
 
 fn start_metrics(
     listener: tokio::net::TcpListener,
-    ctl: Arc<Controller>,
+    ctl: Arc<Context>,
     leader: Arc<AtomicBool>,
     shutdown: Shutdown,
 ) {

@@ -1,0 +1,167 @@
+//! What a reconcile works with (kube-rs's and controller-runtime's context): the API client,
+//! caches, queues, metrics, the write throttle and the event recorder. A reconcile (`group.rs`,
+//! `adapter.rs`, `groupset.rs`) reads
+//! everything from the caches, computes the desired children and the next rollout step with
+//! the pure modules, and writes only the difference (`apply.rs`). Level-triggered: any
+//! reconcile may be the first.
+
+use super::events::Recorder;
+use super::throttle::Throttle;
+use crate::kube::object::ObjectMeta;
+use crate::kube::{Kube, KubeError};
+use crate::operator::desired::GROUP;
+use crate::operator::informer::Store;
+use crate::operator::queue::Queue;
+use serde_json::Value;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Api(#[from] KubeError),
+}
+
+impl ReconcileError {
+    /// A write lost a race with another writer: reconciling again from the latest version is
+    /// the normal course, not a failure.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            ReconcileError::Api(e) => e.is_conflict(),
+        }
+    }
+}
+
+/// Caches of what the operator reads.
+#[derive(Clone, Default)]
+pub struct Caches {
+    pub groups: Store,
+    pub pods: Store,
+    pub services: Store,
+    pub configmaps: Store,
+    pub slices: Store,
+    pub policies: Store,
+    /// RoleBasedGroupScalingAdapters (all of them: adapters can be made by hand).
+    pub adapters: Store,
+    /// RoleBasedGroupSets.
+    pub sets: Store,
+}
+
+/// What is queued for a reconcile, by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Group,
+    Adapter,
+    Set,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Group, Kind::Adapter, Kind::Set];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Group => "group",
+            Kind::Adapter => "adapter",
+            Kind::Set => "set",
+        }
+    }
+}
+
+/// One work queue per kind.
+#[derive(Clone)]
+pub struct Queues {
+    pub groups: Arc<Queue>,
+    pub adapters: Arc<Queue>,
+    pub sets: Arc<Queue>,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Queues {
+            groups: Queue::new(),
+            adapters: Queue::new(),
+            sets: Queue::new(),
+        }
+    }
+}
+
+impl Queues {
+    pub fn of(&self, kind: Kind) -> &Arc<Queue> {
+        match kind {
+            Kind::Group => &self.groups,
+            Kind::Adapter => &self.adapters,
+            Kind::Set => &self.sets,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    /// Group reconciles.
+    pub reconciles: AtomicU64,
+    pub adapter_reconciles: AtomicU64,
+    pub set_reconciles: AtomicU64,
+    pub errors: AtomicU64,
+    pub pods_created: AtomicU64,
+    pub pods_deleted: AtomicU64,
+    pub pods_inplace: AtomicU64,
+    pub status_writes: AtomicU64,
+}
+
+pub struct Context {
+    pub kube: Kube,
+    pub caches: Caches,
+    pub queues: Queues,
+    pub metrics: Metrics,
+    /// In front of every write (`--kube-api-qps`, `--kube-api-burst`).
+    pub(super) throttle: Arc<Throttle>,
+    pub(super) events: Recorder,
+    /// In-place updates unconfirmed for longer than this are reported.
+    pub(super) inplace_timeout: std::time::Duration,
+}
+
+pub(super) fn ns_of(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+pub fn group_path(ns: &str, name: &str) -> String {
+    format!("/apis/workloads.x-k8s.io/v1alpha2/namespaces/{ns}/rolebasedgroups/{name}")
+}
+
+pub(super) fn core(ns: &str, plural: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/{plural}")
+}
+
+pub(super) fn slices_path(ns: &str) -> String {
+    format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices")
+}
+
+impl Context {
+    pub fn new(
+        kube: Kube,
+        caches: Caches,
+        queues: Queues,
+        qps: f64,
+        burst: f64,
+        inplace_timeout: std::time::Duration,
+    ) -> Context {
+        let throttle = Arc::new(Throttle::new(qps, burst));
+        Context {
+            inplace_timeout,
+            events: Recorder::new(kube.clone(), throttle.clone()),
+            throttle,
+            kube,
+            caches,
+            queues,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// The pods of a group, from the cache.
+    pub(super) fn pods_of(&self, ns: &str, group: &str) -> Vec<Value> {
+        self.caches.pods.select(|p| {
+            let m = ObjectMeta::of(p);
+            m.namespace == ns && m.label(GROUP) == group
+        })
+    }
+}

@@ -1,0 +1,501 @@
+//! One reconcile of a group: finalizer, spec, status, the discovery ConfigMap and Services,
+//! then each role's next rollout step in dependency order, orphans last; or, for a group being
+//! deleted, its children then its finalizer. It returns what the queue should do next.
+
+use super::action::{Requeue, CACHE_SYNC_WAIT};
+use super::context::{core, group_path, ns_of, slices_path, Context, ReconcileError};
+use crate::kube::object::ObjectMeta;
+use crate::kube::{KubeError, Patch};
+use crate::operator::coordination::{self, RoleState};
+use crate::operator::desired::{self, Revision, FINALIZER, GROUP, ROLE};
+use crate::operator::informer::key_of;
+use crate::operator::model::{self, Group};
+use crate::operator::plan::{self, Limits};
+use crate::operator::{adapter, finalizer};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How soon to look again after a step the API server refused for now.
+const STEP_RETRY: Duration = Duration::from_secs(1);
+
+/// One reconcile of the group `namespace/name`.
+#[tracing::instrument(skip(ctx), fields(group = %key))]
+pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileError> {
+    ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
+    if !(ctx.caches.groups.synced() && ctx.caches.pods.synced() && ctx.caches.adapters.synced()) {
+        return Ok(Requeue::After(CACHE_SYNC_WAIT));
+    }
+    let Some(mut obj) = ctx.caches.groups.get(key) else {
+        return Ok(Requeue::AwaitChange);
+    };
+    let (ns, name) = ns_of(key);
+    if ObjectMeta::of(&obj).is_terminating() {
+        return finalize(ctx, &obj).await;
+    }
+    let meta = ObjectMeta::of(&obj);
+    if !meta.has_finalizer(FINALIZER) {
+        let ops = finalizer::add(&meta, FINALIZER);
+        ctx.throttle.wait().await;
+        let mark = ctx.caches.groups.mark();
+        obj = ctx
+            .kube
+            .patch(&group_path(ns, name), &Patch::Json(ops))
+            .await?;
+        ctx.caches.groups.put_written(obj.clone(), mark);
+    }
+    let mut g = match model::parse_group(&obj) {
+        Ok(g) => g,
+        Err(e) => return invalid(ctx, &obj, "InvalidSpec", &e.to_string()).await,
+    };
+    g.namespace = ns.to_string();
+    // A bound scaling adapter sizes its role, even before it has written that into the
+    // group (and against an edit of the group that disagrees, which it sets back).
+    let held = adapter::overrides(&g, &adapter::adapters_of(ctx, ns, name));
+    for r in &mut g.roles {
+        if let Some(n) = held.get(&r.name) {
+            r.replicas = *n;
+        }
+    }
+    let tiers = match model::dependency_tiers(&g.roles) {
+        Ok(t) => t,
+        Err(e) => return invalid(ctx, &obj, "InvalidRoleDependency", &e.to_string()).await,
+    };
+    let mut rules = g.coordination.clone();
+    if let Some(p) = ctx.caches.policies.get(key) {
+        match model::parse_policy(&p) {
+            Ok(r) => rules.extend(r),
+            Err(e) => {
+                ctx.events
+                    .post(&obj, "Warning", "InvalidCoordinatedPolicy", &e.to_string())
+                    .await
+            }
+        }
+    }
+    let pods = ctx.pods_of(ns, name);
+    let revs: BTreeMap<String, Revision> = g
+        .roles
+        .iter()
+        .map(|r| (r.name.clone(), desired::revision(r)))
+        .collect();
+    let views: BTreeMap<String, Vec<plan::PodView>> = g
+        .roles
+        .iter()
+        .map(|r| {
+            let v = pods
+                .iter()
+                .filter(|p| ObjectMeta::of(p).label(ROLE) == r.name)
+                .map(plan::view)
+                .collect();
+            (r.name.clone(), v)
+        })
+        .collect();
+    let instance_name = |role: &str| {
+        let (gname, role) = (g.name.clone(), role.to_string());
+        move |o: u32| desired::stateful_instance(&gname, &role, o)
+    };
+    // First pass: counts as things are.
+    let mut states: BTreeMap<String, RoleState> = BTreeMap::new();
+    let mut counts: BTreeMap<String, plan::Counts> = BTreeMap::new();
+    for r in &g.roles {
+        let lim = Limits::of(r, r.replicas, None, None);
+        let p = plan::plan(
+            r,
+            &revs[&r.name],
+            &lim,
+            &views[&r.name],
+            &instance_name(&r.name),
+        );
+        let c = p.counts.clone();
+        states.insert(
+            r.name.clone(),
+            RoleState {
+                desired: r.replicas,
+                current: c.replicas,
+                ready: c.ready,
+                updated: c.updated,
+                scheduled: c.scheduled,
+            },
+        );
+        counts.insert(r.name.clone(), c);
+    }
+    // A v1alpha1 group's EndpointSlices, computed up front: endpoints the API server would
+    // refuse are left out and reported in the status.
+    let slices: Vec<(Value, Vec<String>)> = if g.legacy {
+        g.roles
+            .iter()
+            .map(|r| {
+                let mine: Vec<&Value> = pods
+                    .iter()
+                    .filter(|p| {
+                        let m = ObjectMeta::of(p);
+                        m.label(ROLE) == r.name && !m.is_terminating()
+                    })
+                    .collect();
+                desired::legacy_endpoints(&g, r, &mine)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let refused: Vec<&str> = slices
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(String::as_str))
+        .collect();
+    let refused = refused.join("; ");
+    if !refused.is_empty() {
+        let msg =
+            format!("endpoints left out of the Service (the API server refuses them): {refused}");
+        ctx.events
+            .post(&obj, "Warning", "EndpointAddressRefused", &msg)
+            .await;
+    }
+    // Written before the status says anything about them: the condition reports what the
+    // API server took. One slice that cannot be written does not hold the others back;
+    // the first failure is returned at the end (and retried).
+    let mut slice_failed = None;
+    let mut not_written = Vec::new();
+    for (slice, _) in slices {
+        let name = ObjectMeta::of(&slice).name.to_string();
+        if let Err(e) = ctx.ensure_slice(slice).await {
+            tracing::warn!(group = %key, slice = %name, error = %e, "EndpointSlice not written");
+            not_written.push(format!("{name}: {e}"));
+            slice_failed.get_or_insert(e);
+        }
+    }
+    let mut conditions = Vec::new();
+    if g.legacy {
+        conditions.push(if !not_written.is_empty() {
+            json!({"type": "EndpointsPublished", "status": "False",
+                   "reason": "EndpointSliceNotWritten",
+                   "message": format!("the API server did not take: {}", not_written.join("; "))})
+        } else if refused.is_empty() {
+            json!({"type": "EndpointsPublished", "status": "True", "reason": "AllEndpoints",
+                   "message": "every pod with an IP is in its Service's endpoints"})
+        } else {
+            json!({"type": "EndpointsPublished", "status": "False",
+                   "reason": "EndpointAddressRefused",
+                   "message": refused})
+        });
+    }
+    // In-place updates the kubelet has not confirmed in time: said, not waited on silently.
+    let now = chrono::Utc::now();
+    let timeout = chrono::Duration::from_std(ctx.inplace_timeout).unwrap_or_default();
+    let mut unconfirmed: Vec<&str> = views
+        .values()
+        .flatten()
+        .filter(|p| {
+            p.inplace_unconfirmed_since
+                .is_some_and(|t| now - t > timeout)
+        })
+        .map(|p| p.name.as_str())
+        .collect();
+    unconfirmed.sort_unstable();
+    let pending_soon = views
+        .values()
+        .flatten()
+        .filter_map(|p| p.inplace_unconfirmed_since)
+        .map(|t| (t + timeout - now).to_std().unwrap_or_default())
+        .filter(|d| !d.is_zero())
+        .min();
+    if unconfirmed.is_empty() {
+        conditions.push(json!({"type": "InPlaceUpdatesConfirmed", "status": "True",
+            "reason": "Confirmed", "message": "no in-place update is overdue"}));
+    } else {
+        let msg = format!(
+            "in-place updates not confirmed by the kubelet within {} s (new image running and \
+             Ready): {}",
+            ctx.inplace_timeout.as_secs(),
+            unconfirmed.join(", ")
+        );
+        ctx.events
+            .post(&obj, "Warning", "InPlaceUpdateUnconfirmed", &msg)
+            .await;
+        conditions.push(json!({"type": "InPlaceUpdatesConfirmed", "status": "False",
+            "reason": "InPlaceUpdateUnconfirmed", "message": msg}));
+    }
+    write_status(ctx, &obj, &g, &counts, &conditions).await?;
+    let user_partition: BTreeMap<String, u32> = g
+        .roles
+        .iter()
+        .map(|r| {
+            (
+                r.name.clone(),
+                r.rollout.partition.resolve(r.replicas, false),
+            )
+        })
+        .collect();
+    let overrides = coordination::overrides(&rules, &states, &user_partition);
+    ctx.ensure_config(&g, &views).await?;
+    for r in &g.roles {
+        for svc in desired::services(&g, r) {
+            ctx.ensure_service(svc).await?;
+        }
+    }
+    adapter::ensure(ctx, &g).await?;
+    // Roles in dependency order; a role moves only when its dependencies are ready.
+    let ready = |role: &str| {
+        let st = &states[role];
+        st.ready >= st.desired && st.current >= st.desired
+    };
+    // Whether a step could not be taken and needs another look soon.
+    let mut again = false;
+    for tier in &tiers {
+        for role_name in tier {
+            let Some(r) = g.roles.iter().find(|r| &r.name == role_name) else {
+                continue;
+            };
+            let waiting: Vec<&String> = r.dependencies.iter().filter(|d| !ready(d)).collect();
+            if !waiting.is_empty() {
+                let msg = format!(
+                    "role {} waits for {} to be ready",
+                    r.name,
+                    waiting
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                ctx.events
+                    .post_about(&obj, &r.name, "Normal", "DependencyNotMet", &msg)
+                    .await;
+                continue;
+            }
+            let o = overrides.get(&r.name).cloned().unwrap_or_default();
+            let replicas = o.replicas.unwrap_or(r.replicas);
+            let lim = Limits::of(r, replicas, None, o.max_unavailable);
+            let lim = Limits {
+                partition: o.partition.map_or(lim.partition, |p| p.min(replicas)),
+                ..lim
+            };
+            let p = plan::plan(
+                r,
+                &revs[&r.name],
+                &lim,
+                &views[&r.name],
+                &instance_name(&r.name),
+            );
+            let stepped = ctx.execute(&obj, &g, r, &revs[&r.name], &p.actions).await?;
+            again |= !stepped;
+        }
+    }
+    // The orphans of removed roles go even when a slice could not be written.
+    ctx.remove_orphans(&g, &pods).await?;
+    if let Some(e) = slice_failed {
+        return Err(e);
+    }
+    // Look again soon after a refused step, and when an in-place update falls due.
+    Ok(Requeue::soonest([
+        again.then_some(STEP_RETRY),
+        pending_soon,
+    ]))
+}
+
+/// A spec that cannot be reconciled: told once as an event and in the Ready condition;
+/// nothing more happens until the spec changes.
+async fn invalid(
+    ctx: &Context,
+    obj: &Value,
+    reason: &str,
+    message: &str,
+) -> Result<Requeue, ReconcileError> {
+    tracing::warn!(group = %key_of(obj), reason, message, "group not reconciled");
+    ctx.events.post(obj, "Warning", reason, message).await;
+    let cond = json!({"type": "Ready", "status": "False", "reason": reason, "message": message});
+    let mut status = obj.get("status").cloned().unwrap_or(json!({}));
+    status["observedGeneration"] = json!(ObjectMeta::of(obj).generation);
+    set_condition(&mut status, cond);
+    put_status(ctx, obj, status).await?;
+    Ok(Requeue::AwaitChange)
+}
+
+async fn put_status(ctx: &Context, obj: &Value, status: Value) -> Result<(), ReconcileError> {
+    if obj.get("status") == Some(&status) {
+        return Ok(());
+    }
+    let mut next = obj.clone();
+    next["status"] = status;
+    let key = key_of(obj);
+    let (ns, name) = ns_of(&key);
+    ctx.throttle.wait().await;
+    let mark = ctx.caches.groups.mark();
+    let v = ctx
+        .kube
+        .replace(&format!("{}/status", group_path(ns, name)), &next)
+        .await?;
+    ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+    ctx.caches.groups.put_written(v, mark);
+    Ok(())
+}
+
+/// `conditions`: further conditions to set beside `Ready`.
+async fn write_status(
+    ctx: &Context,
+    obj: &Value,
+    g: &Group,
+    counts: &BTreeMap<String, plan::Counts>,
+    conditions: &[Value],
+) -> Result<(), ReconcileError> {
+    let role_statuses: Vec<Value> = g
+        .roles
+        .iter()
+        .map(|r| {
+            let c = &counts[&r.name];
+            json!({"name": r.name, "replicas": c.replicas, "readyReplicas": c.ready,
+                   "updatedReplicas": c.updated})
+        })
+        .collect();
+    let all = g.roles.iter().all(|r| {
+        let c = &counts[&r.name];
+        c.replicas == r.replicas && c.ready == r.replicas
+    });
+    let cond = if all {
+        json!({"type": "Ready", "status": "True", "reason": "AllRolesReady", "message": "All roles are ready"})
+    } else {
+        let waiting: Vec<&str> = g
+            .roles
+            .iter()
+            .filter(|r| counts[&r.name].ready < r.replicas)
+            .map(|r| r.name.as_str())
+            .collect();
+        json!({"type": "Ready", "status": "False", "reason": "RoleNotReady",
+               "message": format!("not ready: {}", waiting.join(", "))})
+    };
+    let mut status = obj.get("status").cloned().unwrap_or(json!({}));
+    if !status.is_object() {
+        status = json!({});
+    }
+    status["observedGeneration"] = json!(g.generation);
+    status["roleStatuses"] = Value::Array(role_statuses);
+    set_condition(&mut status, cond);
+    for c in conditions {
+        set_condition(&mut status, c.clone());
+    }
+    put_status(ctx, obj, status).await
+}
+
+/// Deleting: remove every child, then the finalizer.
+async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError> {
+    let key = key_of(obj);
+    let (ns, name) = ns_of(&key);
+    let meta = ObjectMeta::of(obj);
+    if !meta.has_finalizer(FINALIZER) {
+        return Ok(Requeue::AwaitChange);
+    }
+    let mine = |v: &Value| {
+        let m = ObjectMeta::of(v);
+        m.namespace == ns && m.label(GROUP) == name
+    };
+    let pods = ctx.caches.pods.select(mine);
+    let services = ctx.caches.services.select(mine);
+    let maps = ctx.caches.configmaps.select(mine);
+    let slices = ctx.caches.slices.select(mine);
+    let adapters = ctx.caches.adapters.select(|a| {
+        let m = ObjectMeta::of(a);
+        m.namespace == ns && m.owned_by(meta.uid)
+    });
+    let marks = [
+        ctx.caches.services.mark(),
+        ctx.caches.configmaps.mark(),
+        ctx.caches.slices.mark(),
+        ctx.caches.adapters.mark(),
+    ];
+    for (list, base) in [
+        (&pods, core(ns, "pods")),
+        (&services, core(ns, "services")),
+        (&maps, core(ns, "configmaps")),
+        (&slices, slices_path(ns)),
+        (&adapters, adapter::collection(ns)),
+    ] {
+        for o in list.iter() {
+            let m = ObjectMeta::of(o);
+            if m.is_terminating() {
+                continue;
+            }
+            ctx.throttle.wait().await;
+            ctx.kube.delete(&format!("{base}/{}", m.name), None).await?;
+        }
+    }
+    for ((store, list), mark) in [
+        (&ctx.caches.services, &services),
+        (&ctx.caches.configmaps, &maps),
+        (&ctx.caches.slices, &slices),
+        (&ctx.caches.adapters, &adapters),
+    ]
+    .into_iter()
+    .zip(marks)
+    {
+        for o in list.iter() {
+            store.remove_written(&key_of(o), mark);
+        }
+    }
+    if !ctx.caches.pods.select(mine).is_empty() {
+        // Pods go when their kubelet has stopped them; their watch events bring us back.
+        return Ok(Requeue::AwaitChange);
+    }
+    let ops = finalizer::release(&meta, FINALIZER);
+    ctx.throttle.wait().await;
+    match ctx
+        .kube
+        .patch(&group_path(ns, name), &Patch::Json(ops))
+        .await
+    {
+        Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(group = %key, "children removed; finalizer released");
+    ctx.events.forget_group(&key);
+    Ok(Requeue::AwaitChange)
+}
+
+/// Sets a condition, keeping its lastTransitionTime when its status does not change.
+pub(super) fn set_condition(status: &mut Value, mut cond: Value) {
+    let mut list: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
+    let t = cond["type"].clone();
+    let old = list.iter().find(|c| c["type"] == t).cloned();
+    cond["lastTransitionTime"] = match &old {
+        Some(o) if o["status"] == cond["status"] => o["lastTransitionTime"].clone(),
+        _ => json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+    };
+    if let Some(o) = &old {
+        if o["status"] == cond["status"]
+            && o["reason"] == cond["reason"]
+            && o["message"] == cond["message"]
+        {
+            return;
+        }
+    }
+    list.retain(|c| c["type"] != t);
+    list.push(cond);
+    status["conditions"] = Value::Array(list);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_keep_their_transition_time_and_do_not_churn() {
+        let mut st = json!({});
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
+        );
+        let first = st.clone();
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
+        );
+        assert_eq!(st, first, "same condition: nothing changes");
+        set_condition(
+            &mut st,
+            json!({"type": "Ready", "status": "False", "reason": "B", "message": "n"}),
+        );
+        assert_eq!(
+            st["conditions"][0]["lastTransitionTime"],
+            first["conditions"][0]["lastTransitionTime"]
+        );
+        assert_eq!(st["conditions"][0]["reason"], "B");
+    }
+}
