@@ -77,7 +77,10 @@ pub static ROLES: &[Role] = &[
         about: "Kubernetes controller for RoleBasedGroup objects (ordered startup, in-place \
                 upgrade, coordination, discovery), talking plain REST to the API server",
         args: crate::operator::OperatorArgs::augment_args,
-        run: |m| Ok(crate::operator::run(parsed(m)?)?),
+        run: |m| {
+            let args: crate::operator::OperatorArgs = parsed(m)?;
+            Ok(crate::operator::run(args.resolve()?)?)
+        },
     },
     Role {
         name: "up",

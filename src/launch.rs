@@ -110,6 +110,19 @@ impl Launchable for Router {
     }
 }
 
+/// `rbgctl operator`.
+pub struct Operator;
+impl Launchable for Operator {
+    const ROLE: &'static str = "operator";
+    type Config = crate::operator::OperatorConfig;
+    type Addrs = crate::operator::Addrs;
+    fn pin(cfg: &mut Self::Config, addrs: &Self::Addrs) {
+        if let Some(m) = addrs.metrics {
+            cfg.metrics_port = m.port();
+        }
+    }
+}
+
 /// `rbgctl sim-engine`.
 pub struct Engine;
 impl Launchable for Engine {

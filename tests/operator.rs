@@ -5,7 +5,8 @@
 mod common;
 
 use common::wait_until;
-use rbgctl::launch::{Launcher, Process};
+use rbgctl::launch::{self, Launcher, Process};
+use rbgctl::operator::OperatorConfig;
 use rbgctl::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -92,39 +93,31 @@ impl Env {
     }
 
     fn operator(&self, identity: &str) -> Operator {
-        self.operator_with(identity, &[])
+        self.operator_with(identity, |_| {})
     }
 
-    /// An operator with extra flags.
-    fn operator_with(&self, identity: &str, extra: &[&str]) -> Operator {
-        let argv: Vec<String> = [
-            "operator",
-            "--metrics-port",
-            "0",
-            "--resync-secs",
-            "1",
-            "--lease-duration-secs",
-            "2",
-            "--watch-timeout-secs",
-            "30",
-            "--kube-api-qps",
-            "0",
-            "--identity",
-            identity,
-            "--kubeconfig",
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain([self.kubeconfig.display().to_string()])
-        .chain(extra.iter().map(|a| a.to_string()))
-        .collect();
-        let spawned = self
+    /// An operator on this API server (metrics on a kernel-chosen port, a resync every second,
+    /// no write throttle, short lease and watches), then changed by `change`.
+    fn operator_with(&self, identity: &str, change: impl FnOnce(&mut OperatorConfig)) -> Operator {
+        let mut cfg = OperatorConfig {
+            metrics_port: 0,
+            metrics_host: "127.0.0.1".into(),
+            resync_secs: 1,
+            lease_duration_secs: 2,
+            watch_timeout_secs: 30,
+            kube_api_qps: 0.0,
+            identity: Some(identity.into()),
+            kubeconfig: Some(self.kubeconfig.clone()),
+            ..OperatorConfig::default()
+        };
+        change(&mut cfg);
+        let child = self
             .launcher
-            .spawn_argv::<rbgctl::operator::Addrs>(&format!("operator-{identity}"), &argv)
+            .spawn::<launch::Operator>(&format!("operator-{identity}"), cfg)
             .expect("the operator starts");
         Operator {
-            process: spawned.process,
-            metrics_port: spawned.addrs.metrics.map_or(0, |a| a.port()),
+            metrics_port: child.addrs.metrics.map_or(0, |a| a.port()),
+            process: child.process,
         }
     }
 
@@ -1088,7 +1081,7 @@ fn endpoints_published_is_false_while_the_api_server_refuses_the_slices() {
 #[test]
 fn an_inplace_update_the_kubelet_does_not_confirm_in_time_is_reported() {
     let e = env();
-    let _op = e.operator_with("a", &["--inplace-timeout-secs", "1"]);
+    let _op = e.operator_with("a", |c| c.inplace_timeout_secs = 1);
     let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
         "metadata": {"name": "slow"},
         "spec": {"roles": [{"name": "w", "replicas": 1,

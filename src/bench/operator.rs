@@ -133,22 +133,16 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = dir.join("config");
     std::fs::write(&kubeconfig, ApiServer::kubeconfig(port, NS))?;
-    let op = crate::operator::OperatorArgs {
-        namespace: None,
+    let op = crate::operator::OperatorConfig {
         kubeconfig: Some(kubeconfig),
-        workers: 4,
         resync_secs: 1,
         kube_api_qps: args.kube_api_qps,
         kube_api_burst: args.kube_api_qps.max(1.0) * 2.0,
-        inplace_timeout_secs: 300,
         leader_elect: false,
-        lease_name: "rbgctl-operator".into(),
-        lease_namespace: None,
-        lease_duration_secs: 15,
         identity: Some("bench".into()),
         metrics_port: 0,
         metrics_host: "127.0.0.1".into(),
-        watch_timeout_secs: 290,
+        ..crate::operator::OperatorConfig::default()
     };
     let listeners = crate::operator::Listeners::bind(&op)?;
     let operator = crate::operator::start(op, listeners, crate::shutdown::Shutdown::new())?;

@@ -27,6 +27,53 @@ impl ConfigError {
     }
 }
 
+/// The one layering rule every role resolves its settings with: what was given on the command
+/// line or in the environment (clap reads both into the role's `Args`, the flag winning) over
+/// the config file over the defaults. `given` serializes only what was given, under the
+/// config's own key names (its fields are `Option`s skipped when `None`); the merged table is
+/// read as the config, so a flag that names no setting is an error, never a silent no-op.
+pub fn layered<C>(file: Option<&Path>, given: &impl serde::Serialize) -> Result<C, ConfigError>
+where
+    C: serde::Serialize + DeserializeOwned + Default,
+{
+    let table = |v: Result<toml::Value, toml::ser::Error>, what: &str| match v {
+        Ok(toml::Value::Table(t)) => Ok(t),
+        Ok(_) => Err(ConfigError::invalid(what, "is not a table")),
+        Err(e) => Err(ConfigError::invalid(what, e.to_string())),
+    };
+    let mut merged = table(toml::Value::try_from(C::default()), "defaults")?;
+    if let Some(path) = file {
+        // Read as the config first: unknown keys and wrong types are named with their line.
+        load_toml::<C>(path)?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let from_file: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        merge(&mut merged, from_file);
+    }
+    merge(&mut merged, table(toml::Value::try_from(given), "flags")?);
+    serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
+        let field = e.path().to_string();
+        ConfigError::invalid(field, e.into_inner().to_string())
+    })
+}
+
+/// `over`'s keys replace `base`'s; tables merge key by key.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 /// Layers an optional setting given on the command line over the config's.
 pub fn overlay<T: Clone>(target: &mut Option<T>, given: &Option<T>) {
     if given.is_some() {

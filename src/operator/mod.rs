@@ -17,6 +17,7 @@
 pub mod action;
 pub mod adapter;
 pub mod apply;
+pub mod config;
 pub mod context;
 pub mod controller;
 pub mod coordination;
@@ -36,7 +37,8 @@ use crate::kube::{Kube, KubeConfig, KubeError};
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::PromText;
-use clap::Args;
+
+pub use config::{OperatorArgs, OperatorConfig};
 use context::{Caches, Context, Kind, Queues};
 use informer::Source;
 use serde::{Deserialize, Serialize};
@@ -46,60 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Args)]
-pub struct OperatorArgs {
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "RBGCTL_OPERATOR_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
-    #[arg(long)]
-    pub kubeconfig: Option<std::path::PathBuf>,
-    /// Group reconciles running at once (different groups only); scaling adapters and group
-    /// sets have two workers each.
-    #[arg(long, default_value_t = 4)]
-    pub workers: usize,
-    /// Reconcile every group this often even without changes (0: never).
-    #[arg(long, default_value_t = 300)]
-    pub resync_secs: u64,
-    /// Writes per second to the API server (token bucket; 0: unlimited).
-    #[arg(long, default_value_t = 50.0)]
-    pub kube_api_qps: f64,
-    /// Writes allowed at once before `--kube-api-qps` applies (client-go's burst).
-    #[arg(long, default_value_t = 100.0)]
-    pub kube_api_burst: f64,
-    /// Seconds after which an in-place update the kubelet has not confirmed (new image
-    /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
-    /// condition. Default 300.
-    #[arg(long, default_value_t = 300)]
-    pub inplace_timeout_secs: u64,
-    /// Take part in leader election (only the Lease holder acts).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub leader_elect: bool,
-    /// Name of the Lease the replicas elect a leader with.
-    #[arg(long, default_value = "rbgctl-operator")]
-    pub lease_name: String,
-    /// Namespace of the Lease (default: the operator's own namespace).
-    #[arg(long)]
-    pub lease_namespace: Option<String>,
-    /// How long a Lease holds without renewal; a standby takes over after it.
-    #[arg(long, default_value_t = 15)]
-    pub lease_duration_secs: u64,
-    /// This replica's name in the Lease (default: hostname and pid).
-    #[arg(long)]
-    pub identity: Option<String>,
-    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
-    /// every role (announced through `RBGCTL_READY_FILE`).
-    #[arg(long, default_value_t = 8081)]
-    pub metrics_port: u16,
-    /// Address of the metrics server.
-    #[arg(long, default_value = "0.0.0.0")]
-    pub metrics_host: String,
-    /// Server-side timeout asked of each watch, in seconds.
-    #[arg(long, default_value_t = 290)]
-    pub watch_timeout_secs: u64,
-}
-
-fn identity(args: &OperatorArgs) -> String {
+fn identity(args: &OperatorConfig) -> String {
     args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
@@ -135,7 +84,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    pub fn bind(args: &OperatorArgs) -> Result<Listeners, OperatorError> {
+    pub fn bind(args: &OperatorConfig) -> Result<Listeners, OperatorError> {
         Ok(Listeners {
             metrics: Some(role::bind(
                 "operator metrics",
@@ -158,7 +107,7 @@ pub type Handle = role::Handle<Addrs, OperatorError>;
 /// until `shutdown` fires (or it loses its lease, which is an error: the pod restarts and
 /// stands by).
 pub fn start(
-    args: OperatorArgs,
+    args: OperatorConfig,
     listeners: Listeners,
     shutdown: Shutdown,
 ) -> Result<Handle, OperatorError> {
@@ -184,13 +133,13 @@ pub fn start(
 }
 
 /// Runs the operator until SIGINT or SIGTERM.
-pub fn run(args: OperatorArgs) -> Result<(), OperatorError> {
+pub fn run(args: OperatorConfig) -> Result<(), OperatorError> {
     let listeners = Listeners::bind(&args)?;
     start(args, listeners, Shutdown::on_signals()?)?.wait()
 }
 
 async fn serve(
-    args: OperatorArgs,
+    args: OperatorConfig,
     cfg: KubeConfig,
     metrics: Option<tokio::net::TcpListener>,
     shutdown: Shutdown,
@@ -319,7 +268,7 @@ enum Route {
     Set,
 }
 
-fn start_informers(args: &OperatorArgs, kube: &Kube, caches: &Caches, queues: &Queues) {
+fn start_informers(args: &OperatorConfig, kube: &Kube, caches: &Caches, queues: &Queues) {
     let scoped = |api: &str, plural: &str| match &args.namespace {
         Some(ns) => format!("{api}/namespaces/{ns}/{plural}"),
         None => format!("{api}/{plural}"),

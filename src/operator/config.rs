@@ -1,0 +1,249 @@
+//! The operator's settings: one struct, read from `--config FILE` (TOML), with the flags (and
+//! `RBGCTL_OPERATOR_NAMESPACE`) over it, by the rule every role follows (`config::layered`).
+
+use crate::config::{layered, ConfigError};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Watch only this namespace (none: all namespaces).
+    pub namespace: Option<String>,
+    /// Kubeconfig file (none: the in-cluster service account, else $KUBECONFIG or
+    /// ~/.kube/config).
+    pub kubeconfig: Option<PathBuf>,
+    /// Group reconciles running at once (different groups only); scaling adapters and group
+    /// sets have two workers each.
+    pub workers: usize,
+    /// Reconcile every group this often even without changes (0: never).
+    pub resync_secs: u64,
+    /// Writes per second to the API server (token bucket; 0: unlimited).
+    pub kube_api_qps: f64,
+    /// Writes allowed at once before `kube_api_qps` applies (client-go's burst).
+    pub kube_api_burst: f64,
+    /// Seconds after which an in-place update the kubelet has not confirmed (new image
+    /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
+    /// condition.
+    pub inplace_timeout_secs: u64,
+    /// Take part in leader election (only the Lease holder acts).
+    pub leader_elect: bool,
+    /// Name of the Lease the replicas elect a leader with.
+    pub lease_name: String,
+    /// Namespace of the Lease (none: the operator's own namespace).
+    pub lease_namespace: Option<String>,
+    /// How long a Lease holds without renewal; a standby takes over after it.
+    pub lease_duration_secs: u64,
+    /// This replica's name in the Lease (none: hostname and pid).
+    pub identity: Option<String>,
+    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
+    /// every role (announced through `RBGCTL_READY_FILE`).
+    pub metrics_port: u16,
+    /// Address of the metrics server.
+    pub metrics_host: String,
+    /// Server-side timeout asked of each watch, in seconds.
+    pub watch_timeout_secs: u64,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            namespace: None,
+            kubeconfig: None,
+            workers: 4,
+            resync_secs: 300,
+            kube_api_qps: 50.0,
+            kube_api_burst: 100.0,
+            inplace_timeout_secs: 300,
+            leader_elect: true,
+            lease_name: "rbgctl-operator".into(),
+            lease_namespace: None,
+            lease_duration_secs: 15,
+            identity: None,
+            metrics_port: 8081,
+            metrics_host: "0.0.0.0".into(),
+            watch_timeout_secs: 290,
+        }
+    }
+}
+
+impl OperatorConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.kube_api_qps.is_finite() && self.kube_api_qps >= 0.0) {
+            return Err(ConfigError::invalid(
+                "operator.kube_api_qps",
+                format!("must be 0 (unlimited) or more, got {}", self.kube_api_qps),
+            ));
+        }
+        if self.kube_api_qps > 0.0
+            && !(self.kube_api_burst.is_finite() && self.kube_api_burst >= 1.0)
+        {
+            return Err(ConfigError::invalid(
+                "operator.kube_api_burst",
+                format!(
+                    "must be at least 1 while kube_api_qps limits writes, got {}",
+                    self.kube_api_burst
+                ),
+            ));
+        }
+        if self.lease_name.is_empty() {
+            return Err(ConfigError::invalid(
+                "operator.lease_name",
+                "must not be empty",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The operator's flags: each setting of [`OperatorConfig`] under the same name, given or not.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, Default, Args, Serialize)]
+pub struct OperatorArgs {
+    /// TOML file with the operator's settings (the flags below win over it).
+    #[arg(long, env = "RBGCTL_OPERATOR_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Watch only this namespace. Default: all namespaces.
+    #[arg(long, env = "RBGCTL_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Kubeconfig file. Default: the in-cluster service account, else $KUBECONFIG or
+    /// ~/.kube/config.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Group reconciles running at once (different groups only); scaling adapters and group
+    /// sets have two workers each. Default 4.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Reconcile every group this often even without changes (0: never). Default 300.
+    #[arg(long)]
+    pub resync_secs: Option<u64>,
+    /// Writes per second to the API server (token bucket; 0: unlimited). Default 50.
+    #[arg(long)]
+    pub kube_api_qps: Option<f64>,
+    /// Writes allowed at once before `--kube-api-qps` applies (client-go's burst). Default 100.
+    #[arg(long)]
+    pub kube_api_burst: Option<f64>,
+    /// Seconds after which an in-place update the kubelet has not confirmed (new image
+    /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
+    /// condition. Default 300.
+    #[arg(long)]
+    pub inplace_timeout_secs: Option<u64>,
+    /// Take part in leader election (only the Lease holder acts). Default true.
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub leader_elect: Option<bool>,
+    /// Name of the Lease the replicas elect a leader with. Default `rbgctl-operator`.
+    #[arg(long)]
+    pub lease_name: Option<String>,
+    /// Namespace of the Lease. Default: the operator's own namespace.
+    #[arg(long)]
+    pub lease_namespace: Option<String>,
+    /// How long a Lease holds without renewal; a standby takes over after it. Default 15.
+    #[arg(long)]
+    pub lease_duration_secs: Option<u64>,
+    /// This replica's name in the Lease. Default: hostname and pid.
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
+    /// every role (announced through `RBGCTL_READY_FILE`). Default 8081.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// Address of the metrics server. Default 0.0.0.0.
+    #[arg(long)]
+    pub metrics_host: Option<String>,
+    /// Server-side timeout asked of each watch, in seconds. Default 290.
+    #[arg(long)]
+    pub watch_timeout_secs: Option<u64>,
+}
+
+impl OperatorArgs {
+    /// The flags over the config file over the defaults, validated.
+    pub fn resolve(&self) -> Result<OperatorConfig, ConfigError> {
+        let cfg: OperatorConfig = layered(self.config.as_deref(), self)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    fn parse(argv: &[&str]) -> OperatorArgs {
+        Cli::try_parse_from(std::iter::once("operator").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn a_flag_wins_over_the_file_which_wins_over_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("operator.toml");
+        std::fs::write(
+            &file,
+            "workers = 9\nlease_name = \"from-file\"\nresync_secs = 0\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let cfg = parse(&["--config", f, "--workers", "2", "--leader-elect", "false"])
+            .resolve()
+            .unwrap();
+        assert_eq!(cfg.workers, 2, "the flag");
+        assert_eq!(cfg.lease_name, "from-file", "the file");
+        assert_eq!(cfg.resync_secs, 0, "the file, even where it says 0");
+        assert!(!cfg.leader_elect, "the flag");
+        assert_eq!(cfg.metrics_port, 8081, "the default");
+        assert_eq!(parse(&[]).resolve().unwrap(), OperatorConfig::default());
+    }
+
+    #[test]
+    fn every_flag_names_a_setting() {
+        let all = OperatorArgs {
+            config: None,
+            namespace: Some("ns".into()),
+            kubeconfig: Some("/k".into()),
+            workers: Some(1),
+            resync_secs: Some(1),
+            kube_api_qps: Some(1.0),
+            kube_api_burst: Some(1.0),
+            inplace_timeout_secs: Some(1),
+            leader_elect: Some(false),
+            lease_name: Some("l".into()),
+            lease_namespace: Some("ln".into()),
+            lease_duration_secs: Some(1),
+            identity: Some("me".into()),
+            metrics_port: Some(1),
+            metrics_host: Some("h".into()),
+            watch_timeout_secs: Some(1),
+        };
+        let cfg = all.resolve().unwrap();
+        assert_eq!(cfg.identity.as_deref(), Some("me"));
+        assert_eq!(cfg.watch_timeout_secs, 1);
+        assert_eq!(cfg.kubeconfig, Some(PathBuf::from("/k")));
+    }
+
+    #[test]
+    fn bad_files_and_values_name_what_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("operator.toml");
+        std::fs::write(&file, "workerz = 9\n").unwrap();
+        let e = parse(&["--config", file.to_str().unwrap()])
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workerz") && e.contains("line 1"), "{e}");
+        let e = parse(&["--kube-api-burst", "0"])
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("operator.kube_api_burst"), "{e}");
+    }
+}
