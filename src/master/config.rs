@@ -2,7 +2,7 @@
 //! (`--config`) > the defaults documented on each field (Mooncake's defaults where it has one).
 //! Example: `config/master.toml`.
 
-use crate::config::{check_pair, check_ratio, load_toml, overlay, ByteSize, ConfigError, Millis};
+use crate::config::{check_pair, check_ratio, layered, ByteSize, ConfigError, Millis};
 use crate::master::placement::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -197,10 +197,12 @@ impl Default for MasterConfig {
 }
 
 /// Flags of `rbgctl master`; each one also reads an environment variable.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct MasterArgs {
     /// TOML config file (see config/master.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_MASTER_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Address the RPC server binds to. Default `0.0.0.0`.
     #[arg(long, env = "RBGCTL_MASTER_RPC_ADDRESS")]
@@ -225,6 +227,7 @@ pub struct MasterArgs {
     pub metrics_port: Option<u16>,
     /// Client TTL (`10s`, or milliseconds). Default 10 s.
     #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_CLIENT_TTL")]
+    #[serde(rename = "client_ttl_ms")]
     pub client_ttl: Option<Millis>,
     /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds). Default 300 s.
     #[arg(
@@ -232,6 +235,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_STORE_GRACE_PERIOD"
     )]
+    #[serde(rename = "store_grace_period_ms")]
     pub store_grace_period: Option<Millis>,
     /// How long a store may serve clients' cached locations after the master last reached it
     /// (`2s`, or milliseconds; 0 = off). Default 2 s.
@@ -240,6 +244,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_STORE_READ_LEASE"
     )]
+    #[serde(rename = "store_read_lease_ms")]
     pub store_read_lease: Option<Millis>,
     /// Read lease of a get (`10s`, or milliseconds). Default 10 s.
     #[arg(
@@ -247,6 +252,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL"
     )]
+    #[serde(rename = "default_kv_lease_ttl_ms")]
     pub default_kv_lease_ttl: Option<Millis>,
     /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
     #[arg(
@@ -254,6 +260,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL"
     )]
+    #[serde(rename = "default_kv_soft_pin_ttl_ms")]
     pub default_kv_soft_pin_ttl: Option<Millis>,
     /// Longest soft pin a put may ask for. Default 24 h.
     #[arg(
@@ -261,6 +268,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL"
     )]
+    #[serde(rename = "max_kv_soft_pin_ttl_ms")]
     pub max_kv_soft_pin_ttl: Option<Millis>,
     /// Eviction starts when used/capacity passes this. Default 0.9.
     #[arg(long, env = "RBGCTL_MASTER_EVICTION_HIGH_WATERMARK_RATIO")]
@@ -293,6 +301,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT"
     )]
+    #[serde(rename = "put_start_discard_timeout_ms")]
     pub put_start_discard_timeout: Option<Millis>,
     /// An unfinished put older than this is reclaimed. Default 600 s.
     #[arg(
@@ -300,6 +309,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT"
     )]
+    #[serde(rename = "put_start_release_timeout_ms")]
     pub put_start_release_timeout: Option<Millis>,
     /// How long a client may write into a put reservation (`500ms`, or milliseconds; 0 =
     /// no reservations, every put takes two master round trips). Default 500 ms.
@@ -308,6 +318,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_PUT_RESERVATION_TTL"
     )]
+    #[serde(rename = "put_reservation_ttl_ms")]
     pub put_reservation_ttl: Option<Millis>,
     /// Most bytes of put reservations one client may hold (`64MiB`). Default 64 MiB.
     #[arg(
@@ -318,6 +329,7 @@ pub struct MasterArgs {
     pub put_reservation_max_bytes: Option<ByteSize>,
     /// `random` (default) or `free_ratio_first`.
     #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
+    #[serde(skip)]
     pub allocation_strategy: Option<String>,
     /// Most simultaneous RPC connections. Default 4096.
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
@@ -327,6 +339,7 @@ pub struct MasterArgs {
     pub max_connections_per_peer: Option<usize>,
     /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
     #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
+    #[serde(rename = "idle_timeout_ms")]
     pub idle_timeout: Option<Millis>,
     /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
     #[arg(
@@ -334,6 +347,7 @@ pub struct MasterArgs {
         long,
         env = "RBGCTL_MASTER_REQUEST_TIMEOUT"
     )]
+    #[serde(rename = "request_timeout_ms")]
     pub request_timeout: Option<Millis>,
     /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
@@ -343,10 +357,12 @@ pub struct MasterArgs {
     pub enable_ha: Option<bool>,
     /// Election backend: `etcd` (default) or `k8s` (a coordination.k8s.io/v1 Lease).
     #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND")]
+    #[serde(skip)]
     pub ha_backend: Option<String>,
     /// etcd endpoints, `h1:2379;h2:2379` (same as --ha-backend-connstring with etcd).
     /// Default: none (required with --enable-ha on etcd).
     #[arg(long, env = "RBGCTL_MASTER_ETCD_ENDPOINTS")]
+    #[serde(skip)]
     pub etcd_endpoints: Option<String>,
     /// etcd endpoints (`h1:2379;h2:2379`) or, for k8s, `namespace/lease-name`. Default: none.
     #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND_CONNSTRING")]
@@ -356,6 +372,7 @@ pub struct MasterArgs {
     pub cluster_id: Option<String>,
     /// Leader lease TTL (`5s`; whole seconds, at least 1). Default 5 s.
     #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_HA_LEASE_TTL")]
+    #[serde(rename = "ha_lease_ttl_ms")]
     pub ha_lease_ttl: Option<Millis>,
     /// Host published for others to reach this master. Default: the RPC address, POD_IP or
     /// the host name's address.
@@ -377,55 +394,11 @@ pub struct MasterArgs {
 impl MasterArgs {
     /// Layers file, then these values, over the defaults, and validates the result.
     pub fn resolve(&self) -> Result<MasterConfig, ConfigError> {
-        let mut c: MasterConfig = match &self.config {
-            Some(path) => load_toml(path)?,
-            None => MasterConfig::default(),
-        };
-        macro_rules! set {
-            ($($field:ident => $target:ident),* $(,)?) => {
-                $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
-            };
+        let mut c: MasterConfig = layered(self.config.as_deref(), self)?;
+        // Mooncake's spelling of the connection string, which wins as it always did.
+        if let Some(e) = &self.etcd_endpoints {
+            c.ha_backend_connstring = e.clone();
         }
-        overlay(&mut c.auth_token_file, &self.auth_token_file);
-        overlay(&mut c.tls_cert_path, &self.tls_cert_path);
-        overlay(&mut c.tls_key_path, &self.tls_key_path);
-        set!(
-            rpc_address => rpc_address,
-            rpc_port => rpc_port,
-            enable_http_metadata_server => enable_http_metadata_server,
-            http_metadata_server_host => http_metadata_server_host,
-            http_metadata_server_port => http_metadata_server_port,
-            metrics_host => metrics_host,
-            metrics_port => metrics_port,
-            client_ttl => client_ttl_ms,
-            store_grace_period => store_grace_period_ms,
-            store_read_lease => store_read_lease_ms,
-            default_kv_lease_ttl => default_kv_lease_ttl_ms,
-            default_kv_soft_pin_ttl => default_kv_soft_pin_ttl_ms,
-            max_kv_soft_pin_ttl => max_kv_soft_pin_ttl_ms,
-            eviction_high_watermark_ratio => eviction_high_watermark_ratio,
-            eviction_ratio => eviction_ratio,
-            disk_eviction_high_watermark_ratio => disk_eviction_high_watermark_ratio,
-            disk_eviction_ratio => disk_eviction_ratio,
-            disk_tier_queue_bytes => disk_tier_queue_bytes,
-            promotion_on_hit => promotion_on_hit,
-            promotion_admission_threshold => promotion_admission_threshold,
-            put_start_discard_timeout => put_start_discard_timeout_ms,
-            put_start_release_timeout => put_start_release_timeout_ms,
-            put_reservation_ttl => put_reservation_ttl_ms,
-            put_reservation_max_bytes => put_reservation_max_bytes,
-            max_connections => max_connections,
-            max_connections_per_peer => max_connections_per_peer,
-            idle_timeout => idle_timeout_ms,
-            request_timeout => request_timeout_ms,
-            poll_spin_us => poll_spin_us,
-            enable_ha => enable_ha,
-            ha_backend_connstring => ha_backend_connstring,
-            etcd_endpoints => ha_backend_connstring,
-            cluster_id => cluster_id,
-            ha_lease_ttl => ha_lease_ttl_ms,
-            advertise_host => advertise_host,
-        );
         if let Some(s) = &self.ha_backend {
             c.ha_backend = s
                 .parse()
@@ -597,6 +570,7 @@ impl MasterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::load_toml;
 
     #[test]
     fn ha_settings_are_checked_and_name_what_to_fix() {
@@ -749,5 +723,67 @@ mod tests {
                 d.request_timeout_ms.0
             )
         );
+    }
+
+    /// Every flag lands in the setting of its name (a renamed one under the config's name):
+    /// the shared layering rule refuses a flag that names none.
+    #[test]
+    fn every_flag_names_a_setting() {
+        let ms = |n| Some(Millis(Duration::from_millis(n)));
+        let args = MasterArgs {
+            config: None,
+            rpc_address: Some("127.0.0.2".into()),
+            rpc_port: Some(1),
+            enable_http_metadata_server: Some(true),
+            http_metadata_server_host: Some("127.0.0.3".into()),
+            http_metadata_server_port: Some(2),
+            metrics_host: Some("127.0.0.4".into()),
+            metrics_port: Some(3),
+            client_ttl: ms(20_000),
+            store_grace_period: ms(4),
+            store_read_lease: ms(5),
+            default_kv_lease_ttl: ms(6),
+            default_kv_soft_pin_ttl: ms(7),
+            max_kv_soft_pin_ttl: ms(8),
+            eviction_high_watermark_ratio: Some(0.9),
+            eviction_ratio: Some(0.1),
+            disk_eviction_high_watermark_ratio: Some(0.8),
+            disk_eviction_ratio: Some(0.2),
+            disk_tier_queue_bytes: Some(ByteSize(9 << 20)),
+            promotion_on_hit: Some(false),
+            promotion_admission_threshold: Some(10),
+            put_start_discard_timeout: ms(11),
+            put_start_release_timeout: ms(12),
+            put_reservation_ttl: ms(13),
+            put_reservation_max_bytes: Some(ByteSize(14 << 20)),
+            allocation_strategy: Some("random".into()),
+            max_connections: Some(15),
+            max_connections_per_peer: Some(16),
+            idle_timeout: ms(1700),
+            request_timeout: ms(1800),
+            poll_spin_us: Some(19),
+            enable_ha: Some(false),
+            ha_backend: Some("etcd".into()),
+            etcd_endpoints: Some("127.0.0.1:2379".into()),
+            ha_backend_connstring: Some("ignored:1".into()),
+            cluster_id: Some("c".into()),
+            ha_lease_ttl: ms(2100),
+            advertise_host: Some("h".into()),
+            auth_token_file: Some("/a".into()),
+            tls_cert_path: Some("/c".into()),
+            tls_key_path: Some("/k".into()),
+        };
+        let c = args.resolve().unwrap();
+        assert_eq!(c.client_ttl_ms, Millis(Duration::from_secs(20)));
+        assert_eq!(c.ha_lease_ttl_ms, Millis(Duration::from_millis(2100)));
+        assert_eq!(c.put_reservation_max_bytes, ByteSize(14 << 20));
+        assert_eq!(
+            c.ha_backend_connstring, "127.0.0.1:2379",
+            "etcd_endpoints wins"
+        );
+        assert_eq!(c.poll_spin_us, 19);
+        assert_eq!(c.advertise_host, "h");
+        assert_eq!(c.tls_key_path.as_deref(), Some(std::path::Path::new("/k")));
+        assert!(!c.promotion_on_hit);
     }
 }
