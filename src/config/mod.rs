@@ -36,12 +36,19 @@ pub fn layered<C>(file: Option<&Path>, given: &impl serde::Serialize) -> Result<
 where
     C: serde::Serialize + DeserializeOwned + Default,
 {
-    let table = |v: Result<toml::Value, toml::ser::Error>, what: &str| match v {
-        Ok(toml::Value::Table(t)) => Ok(t),
-        Ok(_) => Err(ConfigError::invalid(what, "is not a table")),
-        Err(e) => Err(ConfigError::invalid(what, e.to_string())),
-    };
-    let mut merged = table(toml::Value::try_from(C::default()), "defaults")?;
+    layered_over(file, [table_of(given, "flags")?])
+}
+
+/// [`layered`] with layers between the file and the flags (the store's Mooncake environment),
+/// each over the one before.
+pub fn layered_over<C>(
+    file: Option<&Path>,
+    layers: impl IntoIterator<Item = toml::Table>,
+) -> Result<C, ConfigError>
+where
+    C: serde::Serialize + DeserializeOwned + Default,
+{
+    let mut merged = table_of(&C::default(), "defaults")?;
     if let Some(path) = file {
         // Read as the config first: unknown keys and wrong types are named with their line.
         load_toml::<C>(path)?;
@@ -55,11 +62,22 @@ where
         })?;
         merge(&mut merged, from_file);
     }
-    merge(&mut merged, table(toml::Value::try_from(given), "flags")?);
+    for layer in layers {
+        merge(&mut merged, layer);
+    }
     serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
         let field = e.path().to_string();
         ConfigError::invalid(field, e.into_inner().to_string())
     })
+}
+
+/// `value` as a TOML table (`what` names it in an error).
+pub fn table_of(value: &impl serde::Serialize, what: &str) -> Result<toml::Table, ConfigError> {
+    match toml::Value::try_from(value) {
+        Ok(toml::Value::Table(t)) => Ok(t),
+        Ok(_) => Err(ConfigError::invalid(what, "is not a table")),
+        Err(e) => Err(ConfigError::invalid(what, e.to_string())),
+    }
 }
 
 /// `over`'s keys replace `base`'s; tables merge key by key.
@@ -71,13 +89,6 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
                 base.insert(k, v);
             }
         }
-    }
-}
-
-/// Layers an optional setting given on the command line over the config's.
-pub fn overlay<T: Clone>(target: &mut Option<T>, given: &Option<T>) {
-    if given.is_some() {
-        target.clone_from(given);
     }
 }
 

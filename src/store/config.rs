@@ -3,7 +3,7 @@
 //! each field. Example: `config/store.toml`.
 
 use crate::config::mooncake::MooncakeEnv;
-use crate::config::{check_pair, load_toml, overlay, ByteSize, ConfigError, Millis};
+use crate::config::{check_pair, layered_over, table_of, ByteSize, ConfigError, Millis};
 use crate::transfer::Transport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -140,10 +140,12 @@ impl Default for StoreConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, clap::Args)]
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
 pub struct StoreArgs {
     /// TOML config file (see config/store.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_STORE_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Master RPC address (host:port), or `etcd://h1:2379;h2:2379/ID` or `k8s://ns/lease` for
     /// elected masters. Default `127.0.0.1:50051`.
@@ -213,6 +215,7 @@ pub struct StoreArgs {
         long,
         env = "RBGCTL_STORE_HEARTBEAT_INTERVAL"
     )]
+    #[serde(rename = "heartbeat_interval_ms")]
     pub heartbeat_interval: Option<Millis>,
     /// How long to wait for another running store holding this name to go (e.g. 30s). Default 30 s.
     #[arg(
@@ -220,6 +223,7 @@ pub struct StoreArgs {
         long,
         env = "RBGCTL_STORE_NAME_CONFLICT_WAIT"
     )]
+    #[serde(rename = "name_conflict_wait_ms")]
     pub name_conflict_wait: Option<Millis>,
     /// Most simultaneous data connections. Default 4096.
     #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
@@ -229,9 +233,11 @@ pub struct StoreArgs {
     pub max_connections_per_peer: Option<usize>,
     /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
     #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_IDLE_TIMEOUT")]
+    #[serde(rename = "idle_timeout_ms")]
     pub idle_timeout: Option<Millis>,
     /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
     #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
+    #[serde(rename = "request_timeout_ms")]
     pub request_timeout: Option<Millis>,
     /// Spin-poll window in microseconds (0 = block at once). Default 50.
     #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
@@ -260,84 +266,53 @@ pub struct StoreArgs {
     pub tls_key_path: Option<PathBuf>,
     /// PEM CA certificates trusted for an https:// metadata server. Default: none.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ca_cert_paths: Vec<PathBuf>,
+}
+
+/// What Mooncake's environment (or its JSON config file) sets, under the store's key names:
+/// over the store's file, under its flags.
+fn mooncake_layer(m: &MooncakeEnv) -> Result<toml::Table, ConfigError> {
+    #[serde_with::skip_serializing_none]
+    #[derive(serde::Serialize)]
+    struct Layer<'a> {
+        master: Option<&'a str>,
+        local_hostname: Option<&'a str>,
+        metadata_server: Option<&'a str>,
+        segment_size: Option<ByteSize>,
+        local_buffer_size: Option<ByteSize>,
+        protocol: Option<Transport>,
+        device: Option<&'a str>,
+        disk_tier: Option<&'a str>,
+    }
+    let protocol = match &m.protocol {
+        Some(p) => Some(
+            p.parse()
+                .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?,
+        ),
+        None => None,
+    };
+    table_of(
+        &Layer {
+            master: m.master.as_deref(),
+            local_hostname: m.local_hostname.as_deref(),
+            metadata_server: m.metadata_server.as_deref(),
+            segment_size: m.global_segment_size.map(ByteSize),
+            local_buffer_size: m.local_buffer_size.map(ByteSize),
+            protocol,
+            device: m.device.as_deref(),
+            disk_tier: m.offload_path.as_deref(),
+        },
+        "the Mooncake environment",
+    )
 }
 
 impl StoreArgs {
     pub fn resolve(&self, mooncake: &MooncakeEnv) -> Result<StoreConfig, ConfigError> {
-        let mut c: StoreConfig = match &self.config {
-            Some(p) => load_toml(p)?,
-            None => StoreConfig::default(),
-        };
-        if let Some(v) = &mooncake.master {
-            c.master = v.clone();
-        }
-        if let Some(v) = &mooncake.local_hostname {
-            c.local_hostname = v.clone();
-        }
-        if let Some(v) = &mooncake.metadata_server {
-            c.metadata_server = v.clone();
-        }
-        if let Some(v) = mooncake.global_segment_size {
-            c.segment_size = ByteSize(v);
-        }
-        if let Some(v) = mooncake.local_buffer_size {
-            c.local_buffer_size = ByteSize(v);
-        }
-        if let Some(v) = &mooncake.protocol {
-            c.protocol = v
-                .parse()
-                .map_err(|e| ConfigError::invalid("MOONCAKE_PROTOCOL", e))?;
-        }
-        if let Some(v) = &mooncake.device {
-            c.device = v.clone();
-        }
-        if let Some(v) = &mooncake.offload_path {
-            c.disk_tier = Some(v.into());
-        }
-        macro_rules! set {
-            ($($field:ident => $target:ident),* $(,)?) => {
-                $( if let Some(v) = &self.$field { c.$target = v.clone(); } )*
-            };
-        }
-        set!(
-            master => master,
-            bind_address => bind_address,
-            local_hostname => local_hostname,
-            port => port,
-            segment_size => segment_size,
-            local_buffer_size => local_buffer_size,
-            protocol => protocol,
-            device => device,
-            metadata_server => metadata_server,
-            shm_dir => shm_dir,
-            persistent => persistent,
-            prefault => prefault,
-            metrics_host => metrics_host,
-            metrics_port => metrics_port,
-            heartbeat_interval => heartbeat_interval_ms,
-            name_conflict_wait => name_conflict_wait_ms,
-            max_connections => max_connections,
-            max_connections_per_peer => max_connections_per_peer,
-            idle_timeout => idle_timeout_ms,
-            request_timeout => request_timeout_ms,
-            poll_spin_us => poll_spin_us,
-            disk_tier_size => disk_tier_size,
-            disk_tier_port => disk_tier_port,
-        );
-        overlay(&mut c.shm_group, &self.shm_group);
-        overlay(&mut c.auth_token_file, &self.auth_token_file);
-        overlay(&mut c.tls_cert_path, &self.tls_cert_path);
-        overlay(&mut c.tls_key_path, &self.tls_key_path);
-        if !self.ca_cert_paths.is_empty() {
-            c.ca_cert_paths = self.ca_cert_paths.clone();
-        }
-        if self.disk_tier.is_some() {
-            c.disk_tier = self.disk_tier.clone();
-        }
-        if self.name.is_some() {
-            c.name = self.name.clone();
-        }
+        let c: StoreConfig = layered_over(
+            self.config.as_deref(),
+            [mooncake_layer(mooncake)?, table_of(self, "flags")?],
+        )?;
         c.validate()?;
         Ok(c)
     }
@@ -485,6 +460,55 @@ impl StoreConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::load_toml;
+
+    /// Every flag lands in the setting of its name (a renamed one under the config's name):
+    /// the shared layering rule refuses a flag that names none.
+    #[test]
+    fn every_flag_names_a_setting() {
+        let ms = |n| Some(Millis(Duration::from_millis(n)));
+        let args = StoreArgs {
+            config: None,
+            master: Some("m:1".into()),
+            bind_address: Some("127.0.0.2".into()),
+            local_hostname: Some("127.0.0.3".into()),
+            port: Some(2),
+            name: Some("n".into()),
+            segment_size: Some(ByteSize(8 << 20)),
+            local_buffer_size: Some(ByteSize(4 << 20)),
+            protocol: Some(Transport::Tcp),
+            device: Some("d".into()),
+            metadata_server: Some("P2PHANDSHAKE".into()),
+            shm_dir: Some("/s".into()),
+            shm_group: Some("g".into()),
+            persistent: Some(true),
+            prefault: Some(false),
+            metrics_host: Some("127.0.0.4".into()),
+            metrics_port: Some(3),
+            heartbeat_interval: ms(1500),
+            name_conflict_wait: ms(2500),
+            max_connections: Some(5),
+            max_connections_per_peer: Some(6),
+            idle_timeout: ms(7000),
+            request_timeout: ms(8000),
+            poll_spin_us: Some(9),
+            disk_tier: Some("/d".into()),
+            disk_tier_size: Some(ByteSize(64 << 20)),
+            disk_tier_port: Some(10),
+            auth_token_file: Some("/a".into()),
+            tls_cert_path: Some("/c".into()),
+            tls_key_path: Some("/k".into()),
+            ca_cert_paths: vec!["/ca".into()],
+        };
+        let c = args.resolve(&MooncakeEnv::default()).unwrap();
+        assert_eq!(c.heartbeat_interval_ms, Millis(Duration::from_millis(1500)));
+        assert_eq!(c.request_timeout_ms, Millis(Duration::from_secs(8)));
+        assert_eq!(c.name.as_deref(), Some("n"));
+        assert_eq!(c.shm_group.as_deref(), Some("g"));
+        assert_eq!(c.ca_cert_paths, vec![PathBuf::from("/ca")]);
+        assert_eq!(c.disk_tier_port, 10);
+        assert!(!c.prefault);
+    }
 
     #[test]
     fn mooncake_env_sits_between_file_and_flags() {
