@@ -5,7 +5,7 @@
 
 use super::policy::AssignmentMode;
 use super::vllm::{self, Connector, Legs};
-use crate::config::{check_pair, load_toml, ConfigError};
+use crate::config::{check_pair, layered, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -390,10 +390,12 @@ pub fn normalize_url(field: &str, url: &str) -> Result<String, ConfigError> {
 }
 
 /// Flags of `rbgctl router`, spelled as sglang-router's.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
 pub struct RouterArgs {
     /// TOML config file (see config/router.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_ROUTER_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
     #[arg(long)]
@@ -403,6 +405,7 @@ pub struct RouterArgs {
     pub port: Option<u16>,
     /// Regular workers (`http://host:port`). Default: none.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub worker_urls: Vec<String>,
     /// How a worker is chosen. Default `cache_aware`.
     #[arg(long, value_enum)]
@@ -439,12 +442,15 @@ pub struct RouterArgs {
     pub max_inflight_body_bytes: Option<usize>,
     /// Prefill/decode disaggregation. Default false.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub pd_disaggregation: bool,
     /// A prefill worker and, optionally, its bootstrap port (or `none`). Repeatable. Default: none.
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
+    #[serde(skip)]
     pub prefill: Vec<String>,
     /// A decode worker. Repeatable. Default: none.
     #[arg(long, action = clap::ArgAction::Append)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decode: Vec<String>,
     /// The engines' API: `sglang` or `vllm` (OpenAI routes; vLLM's `kv_transfer_params` in
     /// PD). Default `sglang`; `vllm` with the `--prefiller-host` family.
@@ -464,27 +470,35 @@ pub struct RouterArgs {
     /// order with `--prefiller-ports`. They imply `--pd-disaggregation --backend vllm` and port
     /// 8000 unless `--port` is given. Default: none.
     #[arg(long, visible_alias = "prefiller-hosts", num_args = 1..)]
+    #[serde(skip)]
     pub prefiller_host: Vec<String>,
     /// Ports of `--prefiller-host` (one for all, or one each). Default 8000.
     #[arg(long, visible_alias = "prefiller-ports", num_args = 1..)]
+    #[serde(skip)]
     pub prefiller_port: Vec<u16>,
     /// Decode hosts, as `--prefiller-host`. Default: none.
     #[arg(long, visible_alias = "decoder-hosts", num_args = 1..)]
+    #[serde(skip)]
     pub decoder_host: Vec<String>,
     /// Ports of `--decoder-host` (one for all, or one each). Default 8000.
     #[arg(long, visible_alias = "decoder-ports", num_args = 1..)]
+    #[serde(skip)]
     pub decoder_port: Vec<u16>,
     /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub service_discovery: bool,
     /// `key=value` labels a regular worker pod must carry. Default: none.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub selector: Vec<String>,
     /// `key=value` labels a prefill worker pod must carry (PD). Default: none.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prefill_selector: Vec<String>,
     /// `key=value` labels a decode worker pod must carry (PD). Default: none.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decode_selector: Vec<String>,
     /// Port of discovered pods' HTTP server. Default 80.
     #[arg(long)]
@@ -523,6 +537,7 @@ pub struct RouterArgs {
     /// Headers a request id is taken from, first match wins. Default `x-request-id`,
     /// `x-correlation-id`, `x-trace-id`, `request-id`.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub request_id_headers: Vec<String>,
     /// Longest wait for a worker's response headers. Default 1800 s.
     #[arg(long)]
@@ -554,6 +569,7 @@ pub struct RouterArgs {
     pub retry_jitter_factor: Option<f64>,
     /// No retries at all. Default false.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub disable_retries: bool,
     /// Consecutive failures that open a worker's circuit. Default 10.
     #[arg(long)]
@@ -569,6 +585,7 @@ pub struct RouterArgs {
     pub cb_window_duration_secs: Option<f64>,
     /// No circuit breakers. Default false.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub disable_circuit_breaker: bool,
     /// Failed health checks in a row that take a worker out. Default 3.
     #[arg(long)]
@@ -587,14 +604,17 @@ pub struct RouterArgs {
     pub health_check_endpoint: Option<String>,
     /// No health checks (every worker counts as healthy). Default false.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub disable_health_check: bool,
     /// Route to each data-parallel rank of a worker (its `/get_server_info` `dp_size`) as a
     /// worker of its own, `URL@rank`, with `data_parallel_rank` in the body. Default false.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub dp_aware: bool,
     /// Inference gateway mode: workers of several models; a request goes to the workers
     /// serving its `model`, each model with policies of its own. Default false.
     #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
     pub enable_igw: bool,
     /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
     #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
@@ -612,6 +632,7 @@ pub struct RouterArgs {
     /// Upper bounds, in seconds and increasing, of the request duration histograms.
     /// Default: 0.0005 .. 60 (14 buckets).
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prometheus_duration_buckets: Vec<f64>,
     /// Requests per second admitted (token bucket; burst: --max-concurrent-requests); others
     /// wait in the queue. Default: none (no rate limit).
@@ -625,6 +646,7 @@ pub struct RouterArgs {
     /// `user`: may read them); worker management then takes these instead of --api-key.
     /// Default: none.
     #[arg(long, num_args = 0..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub control_plane_api_keys: Vec<String>,
     /// `manual` policy: how a new routing key gets its worker (`random`, `min_load`,
     /// `min_group`). Default `random`.
@@ -640,6 +662,7 @@ pub struct RouterArgs {
     /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
     /// Default: none listed, which allows any origin (as sglang-router).
     #[arg(long, num_args = 0..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cors_allowed_origins: Vec<String>,
     /// Serve HTTPS with this PEM certificate chain (needs --tls-key-path). Default: none
     /// (plain HTTP).
@@ -651,6 +674,7 @@ pub struct RouterArgs {
     /// PEM CA certificates trusted for https:// workers, beside the public web's roots.
     /// Default: none.
     #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ca_cert_paths: Vec<PathBuf>,
     /// PEM certificate presented to https:// workers (mutual TLS; needs --client-key-path).
     /// Default: none.
@@ -711,130 +735,13 @@ fn prefill_spec(values: &[String]) -> Result<PrefillSpec, ConfigError> {
 impl RouterArgs {
     /// Layers the file, then these flags, over the defaults, and validates the result.
     pub fn resolve(&self) -> Result<RouterConfig, ConfigError> {
-        let mut c: RouterConfig = match &self.config {
-            Some(path) => load_toml(path)?,
-            None => RouterConfig::default(),
-        };
-        macro_rules! set {
-            ($($field:ident),* $(,)?) => {
-                $( if let Some(v) = &self.$field { c.$field = v.clone(); } )*
-            };
-        }
-        macro_rules! set_list {
-            ($($field:ident),* $(,)?) => {
-                $( if !self.$field.is_empty() { c.$field = self.$field.clone(); } )*
-            };
-        }
-        macro_rules! set_flag {
-            ($($field:ident),* $(,)?) => {
-                $( if self.$field { c.$field = true; } )*
-            };
-        }
-        set!(
-            host,
-            port,
-            cache_threshold,
-            balance_abs_threshold,
-            balance_rel_threshold,
-            eviction_interval_secs,
-            max_tree_size,
-            max_payload_size,
-            max_inflight_body_bytes,
-            service_discovery_port,
-            rbg_poll_secs,
-            prometheus_host,
-            prometheus_port,
-            request_timeout_secs,
-            max_concurrent_requests,
-            queue_size,
-            queue_timeout_secs,
-            retry_max_retries,
-            retry_initial_backoff_ms,
-            retry_max_backoff_ms,
-            retry_backoff_multiplier,
-            retry_jitter_factor,
-            cb_failure_threshold,
-            cb_success_threshold,
-            cb_timeout_duration_secs,
-            cb_window_duration_secs,
-            health_failure_threshold,
-            health_success_threshold,
-            health_check_timeout_secs,
-            health_check_interval_secs,
-            health_check_endpoint,
-            shutdown_grace_period_secs,
-            worker_startup_timeout_secs,
-            worker_startup_check_interval,
-            assignment_mode,
-            max_idle_secs,
-            bucket_adjust_interval_secs,
-        );
-        if let Some(p) = self.policy {
-            c.policy = p;
-        }
-        if self.prefill_policy.is_some() {
-            c.prefill_policy = self.prefill_policy;
-        }
-        if self.decode_policy.is_some() {
-            c.decode_policy = self.decode_policy;
-        }
-        macro_rules! set_opt {
-            ($($field:ident),* $(,)?) => {
-                $( if self.$field.is_some() { c.$field = self.$field.clone(); } )*
-            };
-        }
-        set_opt!(
-            service_discovery_namespace,
-            rbg_config,
-            rbg_role,
-            rbg_prefill_role,
-            rbg_decode_role,
-            rbg_port_name,
-            rbg_bootstrap_port_name,
-            api_key,
-            rate_limit_tokens_per_second,
-            log_dir,
-            tls_cert_path,
-            tls_key_path,
-            client_cert_path,
-            client_key_path,
-            tokenizer_path,
-            model_path,
-            runtime_threads,
-        );
-        set_list!(
-            worker_urls,
-            decode,
-            selector,
-            prefill_selector,
-            decode_selector,
-            request_id_headers,
-            cors_allowed_origins,
-            prometheus_duration_buckets,
-            control_plane_api_keys,
-            ca_cert_paths
-        );
-        set_flag!(
-            pd_disaggregation,
-            service_discovery,
-            disable_retries,
-            disable_circuit_breaker,
-            disable_health_check,
-            dp_aware,
-            enable_igw
-        );
+        let mut c: RouterConfig = layered(self.config.as_deref(), self)?;
         if !self.prefill.is_empty() {
             c.prefill = group_prefill(&self.prefill)
                 .iter()
                 .map(|v| prefill_spec(v))
                 .collect::<Result<_, _>>()?;
         }
-        set!(
-            backend,
-            vllm_kv_connector,
-            vllm_pd_legs,
-            vllm_bootstrap_port
-        );
         if !self.prefiller_host.is_empty() || !self.decoder_host.is_empty() {
             // vLLM's proxy flags: its mode, and its port unless one is given.
             let urls = |hosts: &[String], ports: &[u16], field: &'static str| {
@@ -1209,6 +1116,40 @@ mod tests {
     struct Cmd {
         #[command(flatten)]
         args: RouterArgs,
+    }
+
+    /// Every flag but those resolved by hand names a setting of the config: the shared
+    /// layering rule would refuse it the moment it is given.
+    #[test]
+    fn every_flag_names_a_setting() {
+        let by_hand = [
+            "config",
+            "prefill",
+            "prefiller_host",
+            "prefiller_port",
+            "decoder_host",
+            "decoder_port",
+        ];
+        let cmd = <RouterArgs as clap::Args>::augment_args(clap::Command::new("router"));
+        let mut checked = 0;
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if by_hand.contains(&id) || id == "help" {
+                continue;
+            }
+            let mut t = toml::Table::new();
+            t.insert(id.to_string(), toml::Value::String("\u{1F642}".into()));
+            let r: Result<RouterConfig, _> =
+                serde_path_to_error::deserialize(toml::Value::Table(t));
+            if let Err(e) = r {
+                assert!(
+                    !e.to_string().contains("unknown field"),
+                    "--{id} names no setting: {e}"
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked > 70, "{checked}");
     }
 
     fn resolve(line: &str) -> Result<RouterConfig, ConfigError> {
