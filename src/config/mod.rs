@@ -186,3 +186,37 @@ where
             .map_err(|e: T::Err| ConfigError::invalid(name, format!("{v:?}: {e}"))),
     }
 }
+
+/// Checks that every flag of `A` (a role's `Args`) names a setting of `C` (its config): the
+/// flags in `by_hand` are resolved by hand, and `renamed` maps a flag to the setting it sets
+/// where the names differ. The shared layering rule would refuse a flag naming none the moment
+/// it is given; this finds it without giving it. Answers how many flags were checked.
+#[cfg(test)]
+pub fn check_flags_name_settings<A: clap::Args, C: DeserializeOwned>(
+    by_hand: &[&str],
+    renamed: &[(&str, &str)],
+) -> usize {
+    let cmd = A::augment_args(clap::Command::new("role"));
+    let mut checked = 0;
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        if by_hand.contains(&id) || id == "help" {
+            continue;
+        }
+        let key = renamed
+            .iter()
+            .find(|(flag, _)| *flag == id)
+            .map_or(id, |(_, key)| *key);
+        let mut t = toml::Table::new();
+        t.insert(key.to_string(), toml::Value::String("\u{1F642}".into()));
+        let r: Result<C, _> = serde_path_to_error::deserialize(toml::Value::Table(t));
+        if let Err(e) = r {
+            assert!(
+                !e.to_string().contains("unknown field"),
+                "--{id} names no setting: {e}"
+            );
+        }
+        checked += 1;
+    }
+    checked
+}

@@ -3,7 +3,7 @@
 
 use super::cost::CostModel;
 use super::Mode;
-use crate::config::{load_toml, ConfigError};
+use crate::config::{layered, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -109,10 +109,12 @@ impl EngineConfig {
 }
 
 /// Flags of `rbgctl sim-engine` (SGLang's spellings where it has the setting).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
 pub struct SimEngineArgs {
     /// TOML config file (see config/sim-engine.toml).
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// [default: 127.0.0.1]
     #[arg(long)]
@@ -164,36 +166,7 @@ pub struct SimEngineArgs {
 impl SimEngineArgs {
     /// Layers file, then these values, over the defaults, and validates the result.
     pub fn resolve(&self) -> Result<EngineConfig, ConfigError> {
-        let mut c: EngineConfig = match &self.config {
-            Some(path) => load_toml(path)?,
-            None => EngineConfig::default(),
-        };
-        macro_rules! set {
-            ($($field:ident),* $(,)?) => {
-                $( if let Some(v) = &self.$field { c.$field = v.clone(); } )*
-            };
-        }
-        set!(
-            host,
-            port,
-            mode,
-            model,
-            page_size,
-            device_cache_tokens,
-            host_cache_tokens,
-            bytes_per_token,
-            prefill_us_per_token,
-            load_us_per_token,
-            decode_ms_per_token,
-            kv_transfer_gbps,
-            default_max_tokens,
-        );
-        if self.disaggregation_bootstrap_port.is_some() {
-            c.disaggregation_bootstrap_port = self.disaggregation_bootstrap_port;
-        }
-        if self.l3_master.is_some() {
-            c.l3_master.clone_from(&self.l3_master);
-        }
+        let c: EngineConfig = layered(self.config.as_deref(), self)?;
         c.validate()?;
         Ok(c)
     }
@@ -202,6 +175,15 @@ impl SimEngineArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_names_a_setting() {
+        let n = crate::config::check_flags_name_settings::<SimEngineArgs, EngineConfig>(
+            &["config"],
+            &[],
+        );
+        assert!(n >= 15, "{n}");
+    }
 
     #[test]
     fn the_example_file_is_the_defaults_and_flags_override_it() {

@@ -199,6 +199,26 @@ mod tests {
     }
 
     #[test]
+    fn every_flag_is_checked_to_name_a_setting() {
+        let n = crate::config::check_flags_name_settings::<OperatorArgs, OperatorConfig>(
+            &["config"],
+            &[],
+        );
+        assert_eq!(n, 15);
+    }
+
+    /// The check finds a flag that names no setting (here: the operator's flags against the
+    /// SIMULATED engine's settings).
+    #[test]
+    #[should_panic(expected = "names no setting")]
+    fn a_flag_naming_no_setting_is_found() {
+        crate::config::check_flags_name_settings::<OperatorArgs, crate::engine::EngineConfig>(
+            &["config"],
+            &[],
+        );
+    }
+
+    #[test]
     fn every_flag_names_a_setting() {
         let all = OperatorArgs {
             config: None,

@@ -1130,25 +1130,8 @@ mod tests {
             "decoder_host",
             "decoder_port",
         ];
-        let cmd = <RouterArgs as clap::Args>::augment_args(clap::Command::new("router"));
-        let mut checked = 0;
-        for arg in cmd.get_arguments() {
-            let id = arg.get_id().as_str();
-            if by_hand.contains(&id) || id == "help" {
-                continue;
-            }
-            let mut t = toml::Table::new();
-            t.insert(id.to_string(), toml::Value::String("\u{1F642}".into()));
-            let r: Result<RouterConfig, _> =
-                serde_path_to_error::deserialize(toml::Value::Table(t));
-            if let Err(e) = r {
-                assert!(
-                    !e.to_string().contains("unknown field"),
-                    "--{id} names no setting: {e}"
-                );
-            }
-            checked += 1;
-        }
+        let checked =
+            crate::config::check_flags_name_settings::<RouterArgs, RouterConfig>(&by_hand, &[]);
         assert!(checked > 70, "{checked}");
     }
 
