@@ -95,9 +95,11 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         let (gname, role) = (g.name.clone(), role.to_string());
         move |o: u32| desired::stateful_instance(&gname, &role, o)
     };
-    // First pass: counts as things are.
+    // First pass: counts as things are, and each role's plan without coordination (the plan
+    // a role takes when no rule holds it back).
     let mut states: BTreeMap<String, RoleState> = BTreeMap::new();
     let mut counts: BTreeMap<String, plan::Counts> = BTreeMap::new();
+    let mut plans: BTreeMap<String, plan::Plan> = BTreeMap::new();
     for r in &g.roles {
         let lim = Limits::of(r, r.replicas, None, None);
         let p = plan::plan(
@@ -119,6 +121,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             },
         );
         counts.insert(r.name.clone(), c);
+        plans.insert(r.name.clone(), p);
     }
     // A v1alpha1 group's EndpointSlices, computed up front: endpoints the API server would
     // refuse are left out and reported in the status.
@@ -263,19 +266,25 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
                 continue;
             }
             let o = overrides.get(&r.name).cloned().unwrap_or_default();
-            let replicas = o.replicas.unwrap_or(r.replicas);
-            let lim = Limits::of(r, replicas, None, o.max_unavailable);
-            let lim = Limits {
-                partition: o.partition.map_or(lim.partition, |p| p.min(replicas)),
-                ..lim
+            // Planned again only when coordination changes the role's limits.
+            let p = match plans.remove(&r.name) {
+                Some(p) if o == coordination::Override::default() => p,
+                _ => {
+                    let replicas = o.replicas.unwrap_or(r.replicas);
+                    let lim = Limits::of(r, replicas, None, o.max_unavailable);
+                    let lim = Limits {
+                        partition: o.partition.map_or(lim.partition, |p| p.min(replicas)),
+                        ..lim
+                    };
+                    plan::plan(
+                        r,
+                        &revs[&r.name],
+                        &lim,
+                        &views[&r.name],
+                        &instance_name(&r.name),
+                    )
+                }
             };
-            let p = plan::plan(
-                r,
-                &revs[&r.name],
-                &lim,
-                &views[&r.name],
-                &instance_name(&r.name),
-            );
             let stepped = ctx.execute(&obj, &g, r, &revs[&r.name], &p.actions).await?;
             again |= !stepped;
         }
