@@ -24,6 +24,8 @@ pub enum PoolError {
     },
     #[error("no master led within {timeout:?}")]
     NoLeader { timeout: Duration },
+    #[error("a client to ask the masters which leads: {0}")]
+    Health(String),
     #[error("the pool's cluster secret: {0}")]
     Auth(String),
     #[error(
@@ -119,8 +121,8 @@ pub struct Pool {
     /// The master clients and stores are given: its RPC address, or
     /// `etcd://<endpoints>/<cluster_id>` where masters elect a leader.
     pub rpc: String,
-    /// Whether the masters elect a leader.
-    ha: bool,
+    /// Where masters elect a leader: the client that asks each one's `/health` which leads.
+    health: Option<reqwest::blocking::Client>,
     /// The store settings with the pool's parts filled in; store `i` adds its name.
     store_base: StoreConfig,
     store_prefix: String,
@@ -218,11 +220,20 @@ impl Pool {
             auth_token_file: spec.master.auth_token_file.clone(),
             ..spec.store.clone()
         };
+        let health = if ha {
+            let client = reqwest::blocking::Client::builder()
+                .timeout(Duration::from_millis(300))
+                .build()
+                .map_err(|e| PoolError::Health(e.to_string()))?;
+            Some(client)
+        } else {
+            None
+        };
         let mut pool = Pool {
             masters,
             stores: Vec::new(),
             rpc,
-            ha,
+            health,
             store_base,
             store_prefix: spec.store_prefix.clone(),
             shm_dir,
@@ -279,13 +290,9 @@ impl Pool {
 
     /// The master that leads: the only one, or the one whose `/health` says it leads.
     pub fn leader(&self) -> Option<usize> {
-        if !self.ha {
+        let Some(http) = &self.health else {
             return Some(0);
-        }
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_millis(300))
-            .build()
-            .ok()?;
+        };
         self.masters.iter().position(|m| {
             m.pid().is_some()
                 && http
