@@ -334,7 +334,8 @@ fn rdma_without_its_device_is_refused_by_name_never_served_over_tcp() {
     );
     assert!(e.contains("store.device"), "{e}");
     // A device this host does not have: named in the error (or, without rdma-core's library,
-    // what to install).
+    // what to install). Its segment directory is the test's own (the default one is shared).
+    let shm = tempfile::tempdir().unwrap();
     let e = run_fail(
         &[
             "store",
@@ -346,6 +347,8 @@ fn rdma_without_its_device_is_refused_by_name_never_served_over_tcp() {
             "nosuch9",
             "--segment-size",
             "1MiB",
+            "--shm-dir",
+            shm.path().to_str().unwrap(),
         ],
         &[],
     );
