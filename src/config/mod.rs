@@ -50,12 +50,9 @@ where
 {
     let mut merged = table_of(&C::default(), "defaults")?;
     if let Some(path) = file {
+        let text = read_file(path)?;
         // Read as the config first: unknown keys and wrong types are named with their line.
-        load_toml::<C>(path)?;
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        parse_toml::<C>(path, &text)?;
         let from_file: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -112,16 +109,24 @@ pub fn check_pair(first: (&str, bool), second: (&str, bool)) -> Result<(), Confi
 /// Reads a TOML file into a role's config; unknown keys and wrong types are errors that name the
 /// key (the structs use `deny_unknown_fields`).
 pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+    parse_toml(path, &read_file(path)?)
+}
+
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError::File {
         path: path.display().to_string(),
         reason: e.to_string(),
-    })?;
-    serde_path_to_error::deserialize(toml::Deserializer::new(&text)).map_err(|e| {
+    })
+}
+
+/// `text`, the contents of `path`, read as a config; errors name the key and its line.
+fn parse_toml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
         let at = inner
             .span()
-            .map(|s| format!(" (at line {})", line_of(&text, s.start)))
+            .map(|s| format!(" (at line {})", line_of(text, s.start)))
             .unwrap_or_default();
         let reason = match field.as_str() {
             "" | "." => format!("{}{at}", inner.message()),
