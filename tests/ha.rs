@@ -103,12 +103,6 @@ impl HaPool {
         health(m.addrs.metrics.port())
     }
 
-    /// The index of the master whose `/health` says it leads.
-    fn leader(&self) -> Option<usize> {
-        (0..self.pool.masters.len())
-            .find(|&i| self.health(i).is_some_and(|h| h["role"] == "leader"))
-    }
-
     fn epoch(&self, i: usize) -> u64 {
         self.health(i)
             .map_or(0, |h| h["epoch"].as_u64().unwrap_or(0))
