@@ -331,17 +331,17 @@ mod tests {
             "--port 8000",
         ];
         let c = router_config(&parse(argv).unwrap());
-        assert!(c.pd_disaggregation);
-        assert_eq!(c.prefill[0].url, "http://s-g-prefill-worker:8000");
-        assert_eq!(c.decode, ["http://s-g-decode-worker:8000"]);
-        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
+        assert!(c.pd.enabled);
+        assert_eq!(c.pd.prefill[0].url, "http://s-g-prefill-worker:8000");
+        assert_eq!(c.pd.decode, ["http://s-g-decode-worker:8000"]);
+        assert_eq!((c.server.host.as_str(), c.server.port), ("0.0.0.0", 8000));
         // `smg launch`, `sglang-router` and `rbgctl router` read the same line.
         let c = router_config(&parse(["smg", "launch", "--port 9000"]).unwrap());
-        assert_eq!(c.port, 9000);
+        assert_eq!(c.server.port, 9000);
         let c = router_config(&parse(["/usr/bin/sglang-router", "--port", "9001"]).unwrap());
-        assert_eq!(c.port, 9001);
+        assert_eq!(c.server.port, 9001);
         let c = router_config(&parse(["rbgctl", "router", "--port 9002"]).unwrap());
-        assert_eq!(c.port, 9002);
+        assert_eq!(c.server.port, 9002);
         // Not a flag before the space: left whole, and refused by name.
         let e = parse(["smg", "--frobnicate 3"]).err().unwrap();
         assert!(e.to_string().contains("--frobnicate 3"), "{e}");

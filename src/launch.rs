@@ -103,9 +103,9 @@ impl Launchable for Router {
     type Config = crate::router::config::RouterConfig;
     type Addrs = crate::router::Addrs;
     fn pin(cfg: &mut Self::Config, addrs: &Self::Addrs) {
-        cfg.port = addrs.http.port();
+        cfg.server.port = addrs.http.port();
         if let Some(m) = addrs.metrics {
-            cfg.prometheus_port = m.port();
+            cfg.metrics.prometheus_port = m.port();
         }
     }
 }

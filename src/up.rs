@@ -11,7 +11,9 @@
 use crate::config::{ByteSize, ConfigError};
 use crate::engine::{EngineConfig, Mode};
 use crate::launch::{self, wait_http_ok, Child, Dir, Launcher, Logs, Pool, PoolSpec};
-use crate::router::config::{PolicyKind, PrefillSpec, RouterConfig};
+use crate::router::config::{
+    MetricsConfig, PdConfig, PolicyConfig, PolicyKind, PrefillSpec, RouterConfig, ServerConfig,
+};
 use crate::shutdown::Shutdown;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -383,11 +385,23 @@ impl Stack {
             vec![Mode::Regular; e.count]
         };
         let mut router_cfg = RouterConfig {
-            host: host.into(),
-            port: cfg.router.port,
-            policy: cfg.router.policy,
-            prometheus_port: 0,
-            pd_disaggregation: e.pd(),
+            server: ServerConfig {
+                host: host.into(),
+                port: cfg.router.port,
+                ..Default::default()
+            },
+            policy: PolicyConfig {
+                policy: cfg.router.policy,
+                ..Default::default()
+            },
+            metrics: MetricsConfig {
+                prometheus_port: 0,
+                ..Default::default()
+            },
+            pd: PdConfig {
+                enabled: e.pd(),
+                ..Default::default()
+            },
             ..RouterConfig::default()
         };
         for (i, mode) in roles.iter().enumerate() {
@@ -418,12 +432,12 @@ impl Stack {
             )?;
             let url = format!("http://{}", engine.addrs.http);
             match mode {
-                Mode::Prefill => router_cfg.prefill.push(PrefillSpec {
+                Mode::Prefill => router_cfg.pd.prefill.push(PrefillSpec {
                     url: url.clone(),
                     bootstrap_port: engine.addrs.bootstrap.map(|b| b.port()),
                 }),
-                Mode::Decode => router_cfg.decode.push(url.clone()),
-                Mode::Regular => router_cfg.worker_urls.push(url.clone()),
+                Mode::Decode => router_cfg.pd.decode.push(url.clone()),
+                Mode::Regular => router_cfg.server.worker_urls.push(url.clone()),
             }
             st.engines.push((url, mode.name()));
             st.engine_procs.push(engine);

@@ -15,7 +15,9 @@
 
 use crate::bench::stats::percentile;
 use crate::launch::{self, wait_http_ok, Launcher, Logs, Spawned};
-use crate::router::config::{Backend, PolicyKind, PrefillSpec, RouterConfig};
+use crate::router::config::{
+    Backend, MetricsConfig, PolicyConfig, PolicyKind, PrefillSpec, RouterConfig, ServerConfig,
+};
 use crate::router::request::{self, Endpoint};
 use crate::router::vllm;
 use crate::testkit::fake_worker;
@@ -306,11 +308,20 @@ impl Deployment {
         let bootstrap = free_port()?;
         let mut workers = Vec::new();
         let mut config = RouterConfig {
-            host: "127.0.0.1".into(),
-            port: 0,
-            prometheus_port: 0,
-            policy: args.policy,
-            runtime_threads: args.router_threads,
+            server: ServerConfig {
+                host: "127.0.0.1".into(),
+                port: 0,
+                runtime_threads: args.router_threads,
+                ..Default::default()
+            },
+            metrics: MetricsConfig {
+                prometheus_port: 0,
+                ..Default::default()
+            },
+            policy: PolicyConfig {
+                policy: args.policy,
+                ..Default::default()
+            },
             ..RouterConfig::default()
         };
         let (direct, peer_vars) = match mode {
@@ -325,8 +336,8 @@ impl Deployment {
                         &common,
                     )?);
                 }
-                config.worker_urls = workers.iter().map(url).collect();
-                let vars = vec![("{workers}", config.worker_urls.join(" "))];
+                config.server.worker_urls = workers.iter().map(url).collect();
+                let vars = vec![("{workers}", config.server.worker_urls.join(" "))];
                 (Direct::One(workers[0].addrs.http.port()), vars)
             }
             Mode::SglangPd | Mode::VllmPd => {
@@ -338,7 +349,7 @@ impl Deployment {
                 if mode == Mode::VllmPd {
                     prefill_args.extend(["--engine", "vllm", "--kv-bootstrap-port", &b]);
                     decode_args.extend(["--engine", "vllm"]);
-                    config.backend = Backend::Vllm;
+                    config.server.backend = Backend::Vllm;
                 }
                 workers.push(fake_worker::spawn(
                     launcher,
@@ -354,12 +365,12 @@ impl Deployment {
                     "decode",
                     &decode_args,
                 )?);
-                config.pd_disaggregation = true;
-                config.prefill = vec![PrefillSpec {
+                config.pd.enabled = true;
+                config.pd.prefill = vec![PrefillSpec {
                     url: url(&workers[0]),
                     bootstrap_port: Some(bootstrap),
                 }];
-                config.decode = vec![url(&workers[1])];
+                config.pd.decode = vec![url(&workers[1])];
                 let vars = vec![
                     ("{prefill}", format!("{} {bootstrap}", url(&workers[0]))),
                     ("{decode}", url(&workers[1])),

@@ -1,10 +1,11 @@
 //! Configuration shared by every role: how values are layered (flag > environment > file >
 //! default), how files are read, and how a bad value is reported (always naming the field).
 
+pub mod flat;
 pub mod mooncake;
 mod size;
 
-pub use size::{human_bytes, parse_duration, ByteSize, Millis};
+pub use size::{human_bytes, parse_duration, ByteSize, Millis, Secs};
 
 use serde::de::DeserializeOwned;
 use std::path::Path;
@@ -64,7 +65,14 @@ where
     }
     serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
         let field = e.path().to_string();
-        ConfigError::invalid(field, e.into_inner().to_string())
+        let message = e.into_inner().to_string();
+        match flat::keyed(&message) {
+            // A config read in sections (config::flat) names the key itself.
+            Some((key, reason)) if matches!(field.as_str(), "" | ".") => {
+                ConfigError::invalid(key, reason)
+            }
+            _ => ConfigError::invalid(field, message),
+        }
     })
 }
 
@@ -124,13 +132,20 @@ fn parse_toml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigE
     serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
-        let at = inner
+        let at = |line: usize| format!(" (at line {line})");
+        let spanned = inner
             .span()
-            .map(|s| format!(" (at line {})", line_of(text, s.start)))
+            .map(|s| at(line_of(text, s.start)))
             .unwrap_or_default();
-        let reason = match field.as_str() {
-            "" | "." => format!("{}{at}", inner.message()),
-            _ => format!("{field}: {}{at}", inner.message()),
+        let reason = match (field.as_str(), flat::keyed(inner.message())) {
+            // A config read in sections (config::flat) names the key: its line is where the
+            // key is written, not the table's start.
+            ("" | ".", Some((key, reason))) => {
+                let line = line_of_key(text, key).map(at).unwrap_or_default();
+                format!("{key}: {reason}{line}")
+            }
+            ("" | ".", None) => format!("{}{spanned}", inner.message()),
+            _ => format!("{field}: {}{spanned}", inner.message()),
         };
         ConfigError::File {
             path: path.display().to_string(),
@@ -141,6 +156,17 @@ fn parse_toml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigE
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The line where `key = ...` is written at the top of a TOML text.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
 }
 
 /// Checks `0 < value <= 1` for ratios such as the eviction watermark.

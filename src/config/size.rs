@@ -172,9 +172,78 @@ impl serde::Serialize for Millis {
     }
 }
 
+/// A duration in seconds, as sglang-router's `*_secs` settings: a number (`1.5`, `60`) or a
+/// string with a unit (`"90s"`, `"500ms"`). Never negative, never infinite.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Secs(pub Duration);
+
+impl Secs {
+    pub const fn from_secs(secs: u64) -> Secs {
+        Secs(Duration::from_secs(secs))
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0.is_zero()
+    }
+}
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct SecsVisitor;
+        impl serde::de::Visitor<'_> for SecsVisitor {
+            type Value = Secs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("seconds (a number, or a string such as \"90s\")")
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Secs, E> {
+                Duration::try_from_secs_f64(v)
+                    .map(Secs)
+                    .map_err(|_| E::custom(format!("not a duration in seconds: {v}")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Secs, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Secs, E> {
+                Ok(Secs(Duration::from_secs(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Secs, E> {
+                // A bare number is seconds here (parse_duration's is milliseconds).
+                match v.trim().parse::<f64>() {
+                    Ok(n) => self.visit_f64(n),
+                    Err(_) => parse_duration(v).map(Secs).map_err(E::custom),
+                }
+            }
+        }
+        de.deserialize_any(SecsVisitor)
+    }
+}
+
+impl serde::Serialize for Secs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.0.as_secs_f64())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_read_numbers_and_units_and_refuse_negative_ones() {
+        let secs = |t: &str| {
+            toml::from_str::<toml::Table>(&format!("v = {t}")).unwrap()["v"]
+                .clone()
+                .try_into::<Secs>()
+        };
+        assert_eq!(secs("60").unwrap().0, Duration::from_secs(60));
+        assert_eq!(secs("0.25").unwrap().0, Duration::from_millis(250));
+        assert_eq!(secs("\"90s\"").unwrap().0, Duration::from_secs(90));
+        assert!(secs("-1")
+            .unwrap_err()
+            .to_string()
+            .contains("not a duration"));
+        assert!(secs("true").is_err());
+    }
 
     #[test]
     fn sizes_accept_binary_and_mooncake_spellings() {

@@ -2,7 +2,7 @@
 //! cache-aware tree, and reading each new worker's served model name (for `/v1/models`).
 
 use crate::backoff::Backoff;
-use crate::router::config::{secs, Backend};
+use crate::router::config::Backend;
 use crate::router::worker::Worker;
 use crate::router::Shared;
 use http::Method;
@@ -12,14 +12,13 @@ use std::time::Duration;
 
 /// Starts the health checker and the tree eviction timer.
 pub fn start(shared: &Arc<Shared>) {
-    if !shared.cfg.disable_health_check {
+    if !shared.cfg.health.disabled {
         let s = shared.clone();
         tokio::spawn(async move { health_loop(s).await });
     }
     let s = shared.clone();
     tokio::spawn(async move {
-        let every = secs("eviction_interval_secs", s.cfg.eviction_interval_secs)
-            .unwrap_or(Duration::from_secs(60));
+        let every = s.cfg.cache.eviction_interval.0;
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {
@@ -36,13 +35,7 @@ pub fn start(shared: &Arc<Shared>) {
 }
 
 async fn health_loop(s: Arc<Shared>) {
-    let every = secs(
-        "health_check_interval_secs",
-        s.cfg.health_check_interval_secs,
-    )
-    .unwrap_or(Duration::from_secs(60));
-    let timeout = secs("health_check_timeout_secs", s.cfg.health_check_timeout_secs)
-        .unwrap_or(Duration::from_secs(5));
+    let (every, timeout) = (s.cfg.health.interval.0, s.cfg.health.timeout.0);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -52,10 +45,10 @@ async fn health_loop(s: Arc<Shared>) {
             let (s, w) = (s.clone(), w.clone());
             set.spawn(async move {
                 let ok = matches!(
-                    s.call(&w, Method::GET, &s.cfg.health_check_endpoint, timeout).await,
+                    s.call(&w, Method::GET, &s.cfg.health.endpoint, timeout).await,
                     Ok((st, _)) if st.is_success()
                 );
-                w.record_health(&s.health, ok);
+                w.record_health(&s.cfg.health, ok);
             });
         }
         while set.join_next().await.is_some() {}
@@ -88,7 +81,7 @@ pub fn model_ids(v: &Value) -> Vec<String> {
 /// Reads a new worker's model name in the background (three tries over about 7 s). Nothing is
 /// downloaded: the router never resolves tokenizers or model paths.
 pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
-    if w.model_id.read().is_some() && s.cfg.backend != Backend::Openai {
+    if w.model_id.read().is_some() && s.cfg.server.backend != Backend::Openai {
         return;
     }
     tokio::spawn(async move {
@@ -109,7 +102,7 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
                             tracing::debug!(worker = %w.url, models = ?ids, "worker models");
                             *w.served_models.write() = ids;
                         }
-                        if s.cfg.backend == Backend::Openai {
+                        if s.cfg.server.backend == Backend::Openai {
                             return;
                         }
                         if v.pointer("/data/0/owned_by").and_then(Value::as_str) == Some("vllm") {
@@ -123,7 +116,7 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
                     }
                 }
             }
-            if s.cfg.backend == Backend::Openai {
+            if s.cfg.server.backend == Backend::Openai {
                 continue;
             }
             for path in ["/server_info", "/get_server_info"] {

@@ -3,9 +3,9 @@
 //! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
 //! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
 
-use super::policy::AssignmentMode;
 use super::vllm::{self, Connector, Legs};
-use crate::config::{check_pair, layered, ConfigError};
+use crate::config::flat::FlatTable;
+use crate::config::{check_pair, layered, ConfigError, Millis, Secs};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -48,6 +48,21 @@ impl PolicyKind {
     }
 }
 
+/// How the `manual` policy gives a new routing key its worker (sglang-router's
+/// `--assignment-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum AssignmentMode {
+    /// Any candidate.
+    #[default]
+    Random,
+    /// The one with the fewest requests in flight.
+    MinLoad,
+    /// The one holding the fewest routing keys.
+    MinGroup,
+}
+
 /// A prefill worker of a disaggregated deployment.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -59,47 +74,430 @@ pub struct PrefillSpec {
     pub bootstrap_port: Option<u16>,
 }
 
+/// Everything `rbgctl router` is set up with, grouped by what it concerns. The file and the
+/// flags keep sglang-router's flat names (`retry_max_retries`, `--retry-max-retries`); each
+/// section says which it reads (`config::flat`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RouterConfig {
+    #[serde(flatten)]
+    pub server: ServerConfig,
+    #[serde(flatten)]
+    pub limits: LimitsConfig,
+    #[serde(flatten)]
+    pub metrics: MetricsConfig,
+    #[serde(flatten)]
+    pub policy: PolicyConfig,
+    #[serde(flatten)]
+    pub cache: CacheAwareConfig,
+    #[serde(flatten)]
+    pub manual: ManualConfig,
+    #[serde(flatten)]
+    pub retry: RetryConfig,
+    #[serde(flatten)]
+    pub breaker: BreakerConfig,
+    #[serde(flatten)]
+    pub health: HealthConfig,
+    #[serde(flatten)]
+    pub pd: PdConfig,
+    #[serde(flatten)]
+    pub discovery: DiscoveryConfig,
+    #[serde(flatten)]
+    pub tls: TlsConfig,
+}
+
+impl<'de> Deserialize<'de> for RouterConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut t = FlatTable::new(toml::Table::deserialize(d)?);
+        let mut read = || -> Result<RouterConfig, String> {
+            Ok(RouterConfig {
+                server: t.section()?,
+                limits: t.section()?,
+                metrics: t.section()?,
+                policy: t.section()?,
+                cache: t.section()?,
+                manual: t.section()?,
+                retry: t.section()?,
+                breaker: t.section()?,
+                health: t.section()?,
+                pd: t.section()?,
+                discovery: t.section()?,
+                tls: t.section()?,
+            })
+        };
+        let c = read().map_err(serde::de::Error::custom)?;
+        t.finish().map_err(serde::de::Error::custom)?;
+        Ok(c)
+    }
+}
+
+/// Where the router listens, what it serves, and who may call it.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct RouterConfig {
+pub struct ServerConfig {
     /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
     pub host: String,
     /// The service port. Default 30000.
     pub port: u16,
     /// Workers of a regular (not disaggregated) deployment.
     pub worker_urls: Vec<String>,
+    /// The engines' API: `sglang` (bootstrap fields in the request) or `vllm` (OpenAI routes;
+    /// in PD, vLLM's `kv_transfer_params` contract). Default `sglang`.
+    pub backend: Backend,
+    /// Each worker's data-parallel ranks (its `/get_server_info` `dp_size`) become workers
+    /// of their own, `URL@rank`; requests carry `data_parallel_rank`. Default false.
+    pub dp_aware: bool,
+    /// Several models behind one router: a request goes to the workers serving its `model`,
+    /// each model with policies of its own. Default false.
+    pub enable_igw: bool,
+    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
+    pub api_key: Option<String>,
+    /// Keys for the control plane (worker management, cache flush, loads), as sglang-router
+    /// writes them: `id:name:role:key`, role `admin` (may change workers) or `user` (may read).
+    /// When set, those routes take these keys instead of `api_key`. Default: none.
+    pub control_plane_api_keys: Vec<String>,
+    /// Browser origins allowed to call the router (CORS); empty allows any origin, as
+    /// sglang-router does. Default: empty.
+    pub cors_allowed_origins: Vec<String>,
+    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
+    /// `x-correlation-id`, `x-trace-id`, `request-id`.
+    pub request_id_headers: Vec<String>,
+    /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
+    /// sglang-router).
+    #[serde(rename = "shutdown_grace_period_secs")]
+    pub shutdown_grace_period: Secs,
+    /// Threads of the router's async runtime. Default: one per core. Fewer leave cores to
+    /// what shares the host (1 is fastest on a small host shared with engines: no hand-off
+    /// between threads).
+    pub runtime_threads: Option<usize>,
+    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
+    /// none (standard error only).
+    pub log_dir: Option<PathBuf>,
+    /// A local `tokenizer.json` (or a directory holding one): `/v1/tokenize`,
+    /// `/v1/detokenize`, and cache-aware matching by token. Never downloaded. Default: none
+    /// (routing on text).
+    pub tokenizer_path: Option<PathBuf>,
+    /// sglang-router's model path: used as `tokenizer_path` when that is not given, and must
+    /// then be a local directory holding `tokenizer.json`. Default: none.
+    pub model_path: Option<PathBuf>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "0.0.0.0".into(),
+            port: 30000,
+            worker_urls: Vec::new(),
+            backend: Backend::Sglang,
+            dp_aware: false,
+            enable_igw: false,
+            api_key: None,
+            control_plane_api_keys: Vec::new(),
+            cors_allowed_origins: Vec::new(),
+            request_id_headers: [
+                "x-request-id",
+                "x-correlation-id",
+                "x-trace-id",
+                "request-id",
+            ]
+            .map(String::from)
+            .to_vec(),
+            shutdown_grace_period: Secs::from_secs(180),
+            runtime_threads: None,
+            log_dir: None,
+            tokenizer_path: None,
+            model_path: None,
+        }
+    }
+}
+
+/// What one client may hold: bodies, time, a place in the queue.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request body accepted. Default 512 MiB.
+    pub max_payload_size: usize,
+    /// Bytes of request bodies received at once, all requests together; beyond it a request
+    /// is answered 503. Default 0: a quarter of this machine's memory.
+    pub max_inflight_body_bytes: usize,
+    /// Longest wait for a worker's response headers. Default 1800 s.
+    #[serde(rename = "request_timeout_secs")]
+    pub request_timeout: Secs,
+    /// Requests proxied at once; −1 is unlimited. Default −1.
+    pub max_concurrent_requests: i64,
+    /// Requests waiting for a slot; beyond it 429. Default 100.
+    pub queue_size: usize,
+    /// Longest wait in the queue; then 408. Default 60 s.
+    #[serde(rename = "queue_timeout_secs")]
+    pub queue_timeout: Secs,
+    /// Requests per second admitted (a token bucket, burst `max_concurrent_requests`);
+    /// requests beyond it wait in the queue. Default: none (no rate limit).
+    pub rate_limit_tokens_per_second: Option<f64>,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_payload_size: 512 << 20,
+            max_inflight_body_bytes: 0,
+            request_timeout: Secs::from_secs(1800),
+            max_concurrent_requests: -1,
+            queue_size: 100,
+            queue_timeout: Secs::from_secs(60),
+            rate_limit_tokens_per_second: None,
+        }
+    }
+}
+
+/// The separate `/metrics` listener and the duration histograms.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
+    pub prometheus_host: String,
+    /// Port of that listener (0: none, `/metrics` stays on the main port). Default 29000.
+    pub prometheus_port: u16,
+    /// Upper bounds (seconds, increasing) of the duration histograms. Default: empty, the
+    /// built-in 0.5 ms .. 60 s.
+    pub prometheus_duration_buckets: Vec<f64>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            prometheus_host: "0.0.0.0".into(),
+            prometheus_port: 29000,
+            prometheus_duration_buckets: Vec::new(),
+        }
+    }
+}
+
+/// Which policy chooses a worker, per worker type.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
     /// How a worker is chosen. Default `cache_aware`.
     pub policy: PolicyKind,
     /// PD only; falls back to `policy`.
     pub prefill_policy: Option<PolicyKind>,
     /// PD only; falls back to `policy`.
     pub decode_policy: Option<PolicyKind>,
-    /// cache_aware: a match of more than this fraction of the request text goes to the worker
-    /// that has it. Default 0.3.
+    /// `bucket` policy: time between boundary adjustments (also the window of requests they
+    /// follow). Default 5 s.
+    #[serde(rename = "bucket_adjust_interval_secs")]
+    pub bucket_adjust_interval: Secs,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            policy: PolicyKind::CacheAware,
+            prefill_policy: None,
+            decode_policy: None,
+            bucket_adjust_interval: Secs::from_secs(5),
+        }
+    }
+}
+
+/// The cache-aware policy (sglang-router's names and defaults).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheAwareConfig {
+    /// A match of more than this fraction of the request text goes to the worker that has
+    /// it. Default 0.3.
     pub cache_threshold: f64,
-    /// cache_aware: load is imbalanced when max − min requests in flight exceed this (and the
-    /// relative threshold holds); then the least loaded worker is chosen. Default 64.
+    /// Load is imbalanced when max − min requests in flight exceed this (and the relative
+    /// threshold holds); then the least loaded worker is chosen. Default 64.
     pub balance_abs_threshold: usize,
-    /// cache_aware: ... and max in flight exceeds min × this. Default 1.5.
+    /// ... and max in flight exceeds min × this. Default 1.5.
     pub balance_rel_threshold: f64,
-    /// cache_aware: how often the tree is trimmed to `max_tree_size`. Default 60 s.
-    pub eviction_interval_secs: f64,
-    /// cache_aware: characters of request text kept per worker. Default 2^26.
+    /// How often the tree is trimmed to `max_tree_size`. Default 60 s.
+    #[serde(rename = "eviction_interval_secs")]
+    pub eviction_interval: Secs,
+    /// Characters of request text kept per worker. Default 2^26.
     pub max_tree_size: usize,
-    /// Largest request body accepted. Default 512 MiB.
-    pub max_payload_size: usize,
-    /// Bytes of request bodies received at once, all requests together; beyond it a request
-    /// is answered 503. Default 0: a quarter of this machine's memory.
-    pub max_inflight_body_bytes: usize,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        CacheAwareConfig {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            eviction_interval: Secs::from_secs(60),
+            max_tree_size: 1 << 26,
+        }
+    }
+}
+
+/// The `manual` policy (sglang-router's names and defaults).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManualConfig {
+    /// How a new routing key gets its worker. Default `random`.
+    pub assignment_mode: AssignmentMode,
+    /// A routing key idle this long is forgotten (its next request is assigned anew).
+    /// Default 14400 s.
+    #[serde(rename = "max_idle_secs")]
+    pub max_idle: Secs,
+}
+
+impl Default for ManualConfig {
+    fn default() -> Self {
+        ManualConfig {
+            assignment_mode: AssignmentMode::Random,
+            max_idle: Secs::from_secs(14_400),
+        }
+    }
+}
+
+/// Retries on another worker (sglang-router's names and defaults).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
+    /// connection). Default 5.
+    #[serde(rename = "retry_max_retries")]
+    pub max_retries: u32,
+    /// Wait before the first retry. Default 50 ms.
+    #[serde(rename = "retry_initial_backoff_ms")]
+    pub initial_backoff: Millis,
+    /// Longest wait between retries. Default 30 s.
+    #[serde(rename = "retry_max_backoff_ms")]
+    pub max_backoff: Millis,
+    /// Each retry waits this many times longer than the one before. Default 1.5.
+    #[serde(rename = "retry_backoff_multiplier")]
+    pub multiplier: f64,
+    /// Waits move by up to ± this fraction at random. Default 0.2.
+    #[serde(rename = "retry_jitter_factor")]
+    pub jitter: f64,
+    /// No retries at all. Default false.
+    #[serde(rename = "disable_retries")]
+    pub disabled: bool,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_retries: 5,
+            initial_backoff: Millis(Duration::from_millis(50)),
+            max_backoff: Millis(Duration::from_secs(30)),
+            multiplier: 1.5,
+            jitter: 0.2,
+            disabled: false,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// Tries after the first: none when retries are off.
+    pub fn retries(&self) -> u32 {
+        if self.disabled {
+            0
+        } else {
+            self.max_retries
+        }
+    }
+
+    /// The waits between tries: `min(initial × multiplier^(n-1), max)` before retry `n`, moved
+    /// by up to ± `jitter` of itself.
+    pub fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff::new(self.initial_backoff.0, self.max_backoff.0)
+            .growing_by(self.multiplier)
+            .jittered_by(self.jitter)
+    }
+}
+
+/// Each worker's circuit breaker (sglang-router's names and defaults).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open a worker's circuit. Default 10.
+    #[serde(rename = "cb_failure_threshold")]
+    pub failure_threshold: u32,
+    /// Consecutive successes in half-open that close it. Default 3.
+    #[serde(rename = "cb_success_threshold")]
+    pub success_threshold: u32,
+    /// Open → half-open after this. Default 60 s.
+    #[serde(rename = "cb_timeout_duration_secs")]
+    pub timeout: Secs,
+    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120 s.
+    #[serde(rename = "cb_window_duration_secs")]
+    pub window: Secs,
+    /// No circuit breakers. Default false.
+    #[serde(rename = "disable_circuit_breaker")]
+    pub disabled: bool,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failure_threshold: 10,
+            success_threshold: 3,
+            timeout: Secs::from_secs(60),
+            window: Secs::from_secs(120),
+            disabled: false,
+        }
+    }
+}
+
+/// Health checks of workers, and the wait for those given at start.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Failed health checks in a row that take a worker out. Default 3.
+    #[serde(rename = "health_failure_threshold")]
+    pub failure_threshold: u32,
+    /// Passed health checks in a row that bring it back. Default 2.
+    #[serde(rename = "health_success_threshold")]
+    pub success_threshold: u32,
+    /// Longest wait for one health check. Default 5 s.
+    #[serde(rename = "health_check_timeout_secs")]
+    pub timeout: Secs,
+    /// Time between health checks of a worker. Default 60 s.
+    #[serde(rename = "health_check_interval_secs")]
+    pub interval: Secs,
+    /// The path health checks ask. Default `/health`.
+    #[serde(rename = "health_check_endpoint")]
+    pub endpoint: String,
+    /// No health checks (every worker counts as healthy). Default false.
+    #[serde(rename = "disable_health_check")]
+    pub disabled: bool,
+    /// Workers given at start (flags or config) must answer their health check within this
+    /// long, else the router exits with an error naming them. Default 1800 s (as
+    /// sglang-router).
+    #[serde(rename = "worker_startup_timeout_secs")]
+    pub startup_timeout: Secs,
+    /// How often those workers are checked until they answer. Default 30 s.
+    #[serde(rename = "worker_startup_check_interval")]
+    pub startup_check_interval: Secs,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            failure_threshold: 3,
+            success_threshold: 2,
+            timeout: Secs::from_secs(5),
+            interval: Secs::from_secs(60),
+            endpoint: "/health".into(),
+            disabled: false,
+            startup_timeout: Secs::from_secs(1800),
+            startup_check_interval: Secs::from_secs(30),
+        }
+    }
+}
+
+/// Prefill/decode disaggregation.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PdConfig {
     /// Prefill/decode disaggregation. Default false.
-    pub pd_disaggregation: bool,
-    /// Prefill workers (PD), each with its bootstrap port.
+    #[serde(rename = "pd_disaggregation")]
+    pub enabled: bool,
+    /// Prefill workers, each with its bootstrap port.
     pub prefill: Vec<PrefillSpec>,
-    /// Decode workers (PD).
+    /// Decode workers.
     pub decode: Vec<String>,
-    /// The engines' API: `sglang` (bootstrap fields in the request) or `vllm` (OpenAI routes;
-    /// in PD, vLLM's `kv_transfer_params` contract). Default `sglang`.
-    pub backend: Backend,
     /// vLLM PD: the engines' KV connector. Default `mooncake`.
     pub vllm_kv_connector: Connector,
     /// vLLM PD with Mooncake: run the prefill and decode legs at once, or decode after
@@ -108,8 +506,28 @@ pub struct RouterConfig {
     /// vLLM PD with Mooncake: the prefill engines' bootstrap port (`GET /query`), unless a
     /// prefill worker names its own. Default 8998 (`VLLM_MOONCAKE_BOOTSTRAP_PORT`'s default).
     pub vllm_bootstrap_port: u16,
+}
+
+impl Default for PdConfig {
+    fn default() -> Self {
+        PdConfig {
+            enabled: false,
+            prefill: Vec::new(),
+            decode: Vec::new(),
+            vllm_kv_connector: Connector::Mooncake,
+            vllm_pd_legs: Legs::Concurrent,
+            vllm_bootstrap_port: 8998,
+        }
+    }
+}
+
+/// Workers found rather than given: Kubernetes pods, or an RBG discovery file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
     /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
-    pub service_discovery: bool,
+    #[serde(rename = "service_discovery")]
+    pub kubernetes: bool,
     /// `key=value` labels a regular worker pod must carry.
     pub selector: Vec<String>,
     /// `key=value` labels a prefill worker pod must carry (PD).
@@ -117,14 +535,16 @@ pub struct RouterConfig {
     /// `key=value` labels a decode worker pod must carry (PD).
     pub decode_selector: Vec<String>,
     /// Port of discovered pods' HTTP server. Default 80.
-    pub service_discovery_port: u16,
+    #[serde(rename = "service_discovery_port")]
+    pub port: u16,
     /// Namespace to watch; all namespaces when unset.
-    pub service_discovery_namespace: Option<String>,
+    #[serde(rename = "service_discovery_namespace")]
+    pub namespace: Option<String>,
     /// RBG discovery file (`/etc/rbg/config.yaml` in a RoleBasedGroup pod). Unset: not used.
     pub rbg_config: Option<PathBuf>,
     /// Role of the regular workers in the RBG discovery file.
     pub rbg_role: Option<String>,
-    /// Roles of prefill and decode workers in the RBG discovery file (PD).
+    /// Role of the prefill workers in the RBG discovery file (PD).
     pub rbg_prefill_role: Option<String>,
     /// Role of the decode workers in the RBG discovery file (PD).
     pub rbg_decode_role: Option<String>,
@@ -134,102 +554,41 @@ pub struct RouterConfig {
     /// Port name of the prefill workers' bootstrap server (PD). Unset: `bootstrap_port` null.
     pub rbg_bootstrap_port_name: Option<String>,
     /// How often the RBG discovery file is re-read. Default 2 s.
-    pub rbg_poll_secs: f64,
-    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
-    pub prometheus_host: String,
-    /// Port of that listener (0: a free port). Default 29000.
-    pub prometheus_port: u16,
-    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
-    /// `x-correlation-id`, `x-trace-id`, `request-id`.
-    pub request_id_headers: Vec<String>,
-    /// Longest wait for a worker's response headers. Default 1800 s.
-    pub request_timeout_secs: f64,
-    /// Requests proxied at once; −1 is unlimited. Default −1.
-    pub max_concurrent_requests: i64,
-    /// Requests waiting for a slot; beyond it 429. Default 100.
-    pub queue_size: usize,
-    /// Longest wait in the queue; then 408. Default 60 s.
-    pub queue_timeout_secs: f64,
-    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
-    /// connection). Default 5.
-    pub retry_max_retries: u32,
-    /// Wait before the first retry, in ms. Default 50.
-    pub retry_initial_backoff_ms: u64,
-    /// Longest wait between retries, in ms. Default 30000.
-    pub retry_max_backoff_ms: u64,
-    /// Each retry waits this many times longer than the one before. Default 1.5.
-    pub retry_backoff_multiplier: f64,
-    /// Waits move by up to ± this fraction at random. Default 0.2.
-    pub retry_jitter_factor: f64,
-    /// No retries at all. Default false.
-    pub disable_retries: bool,
-    /// Consecutive failures that open a worker's circuit. Default 10.
-    pub cb_failure_threshold: u32,
-    /// Consecutive successes in half-open that close it. Default 3.
-    pub cb_success_threshold: u32,
-    /// Open → half-open after this. Default 60 s.
-    pub cb_timeout_duration_secs: f64,
-    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
-    pub cb_window_duration_secs: f64,
-    /// No circuit breakers. Default false.
-    pub disable_circuit_breaker: bool,
-    /// Failed health checks in a row that take a worker out. Default 3.
-    pub health_failure_threshold: u32,
-    /// Passed health checks in a row that bring it back. Default 2.
-    pub health_success_threshold: u32,
-    /// Longest wait for one health check, in seconds. Default 5.
-    pub health_check_timeout_secs: f64,
-    /// Seconds between health checks of a worker. Default 60.
-    pub health_check_interval_secs: f64,
-    /// The path health checks ask. Default `/health`.
-    pub health_check_endpoint: String,
-    /// No health checks (every worker counts as healthy). Default false.
-    pub disable_health_check: bool,
-    /// Each worker's data-parallel ranks (its `/get_server_info` `dp_size`) become workers
-    /// of their own, `URL@rank`; requests carry `data_parallel_rank`. Default false.
-    pub dp_aware: bool,
-    /// Several models behind one router: a request goes to the workers serving its `model`,
-    /// each model with policies of its own. Default false.
-    pub enable_igw: bool,
-    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
-    pub api_key: Option<String>,
-    /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
-    /// sglang-router).
-    pub shutdown_grace_period_secs: f64,
-    /// Workers given at start (flags or config) must answer their health check within this
-    /// long, else the router exits with an error naming them. Default 1800 s (as
-    /// sglang-router).
-    pub worker_startup_timeout_secs: f64,
-    /// How often those workers are checked until they answer. Default 30 s.
-    pub worker_startup_check_interval: f64,
-    /// Upper bounds (seconds, increasing) of the duration histograms. Default: empty, the
-    /// built-in 0.5 ms .. 60 s.
-    pub prometheus_duration_buckets: Vec<f64>,
-    /// Requests per second admitted (a token bucket, burst `max_concurrent_requests`);
-    /// requests beyond it wait in the queue. Default: none (no rate limit).
-    pub rate_limit_tokens_per_second: Option<f64>,
-    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
-    /// none (standard error only).
-    pub log_dir: Option<PathBuf>,
-    /// Keys for the control plane (worker management, cache flush, loads), as sglang-router
-    /// writes them: `id:name:role:key`, role `admin` (may change workers) or `user` (may read).
-    /// When set, those routes take these keys instead of `api_key`. Default: none.
-    pub control_plane_api_keys: Vec<String>,
-    /// `manual` policy: how a new routing key gets its worker. Default `random`.
-    pub assignment_mode: AssignmentMode,
-    /// `manual` policy: a routing key idle this long is forgotten. Default 14400 s.
-    pub max_idle_secs: f64,
-    /// `bucket` policy: seconds between boundary adjustments (also the window of requests
-    /// they follow). Default 5.
-    pub bucket_adjust_interval_secs: f64,
-    /// Browser origins allowed to call the router (CORS); empty allows any origin, as
-    /// sglang-router does. Default: empty.
-    pub cors_allowed_origins: Vec<String>,
+    #[serde(rename = "rbg_poll_secs")]
+    pub rbg_poll: Secs,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            kubernetes: false,
+            selector: Vec::new(),
+            prefill_selector: Vec::new(),
+            decode_selector: Vec::new(),
+            port: 80,
+            namespace: None,
+            rbg_config: None,
+            rbg_role: None,
+            rbg_prefill_role: None,
+            rbg_decode_role: None,
+            rbg_port_name: None,
+            rbg_bootstrap_port_name: None,
+            rbg_poll: Secs::from_secs(2),
+        }
+    }
+}
+
+/// HTTPS to clients, and to `https://` workers.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
     /// Serve HTTPS with this PEM certificate chain (with `tls_key_path`). Default: none
     /// (plain HTTP).
-    pub tls_cert_path: Option<PathBuf>,
+    #[serde(rename = "tls_cert_path")]
+    pub cert_path: Option<PathBuf>,
     /// The PEM private key of `tls_cert_path`. Default: none.
-    pub tls_key_path: Option<PathBuf>,
+    #[serde(rename = "tls_key_path")]
+    pub key_path: Option<PathBuf>,
     /// PEM CA certificates trusted for `https://` workers, beside the public web's roots.
     /// Default: none.
     pub ca_cert_paths: Vec<PathBuf>,
@@ -238,116 +597,6 @@ pub struct RouterConfig {
     pub client_cert_path: Option<PathBuf>,
     /// The PEM private key of `client_cert_path`. Default: none.
     pub client_key_path: Option<PathBuf>,
-    /// A local `tokenizer.json` (or a directory holding one): `/v1/tokenize`,
-    /// `/v1/detokenize`, and cache-aware matching by token. Never downloaded. Default: none
-    /// (routing on text).
-    pub tokenizer_path: Option<PathBuf>,
-    /// sglang-router's model path: used as `tokenizer_path` when that is not given, and must
-    /// then be a local directory holding `tokenizer.json`. Default: none.
-    pub model_path: Option<PathBuf>,
-    /// Threads of the router's async runtime. Default: one per core. Fewer leave cores to
-    /// what shares the host (1 is fastest on a small host shared with engines: no hand-off
-    /// between threads).
-    pub runtime_threads: Option<usize>,
-}
-
-impl Default for RouterConfig {
-    fn default() -> Self {
-        RouterConfig {
-            host: "0.0.0.0".into(),
-            port: 30000,
-            worker_urls: Vec::new(),
-            policy: PolicyKind::CacheAware,
-            prefill_policy: None,
-            decode_policy: None,
-            cache_threshold: 0.3,
-            balance_abs_threshold: 64,
-            balance_rel_threshold: 1.5,
-            eviction_interval_secs: 60.0,
-            max_tree_size: 1 << 26,
-            max_payload_size: 512 << 20,
-            max_inflight_body_bytes: 0,
-            pd_disaggregation: false,
-            backend: Backend::Sglang,
-            vllm_kv_connector: Connector::Mooncake,
-            vllm_pd_legs: Legs::Concurrent,
-            vllm_bootstrap_port: 8998,
-            prefill: Vec::new(),
-            decode: Vec::new(),
-            service_discovery: false,
-            selector: Vec::new(),
-            prefill_selector: Vec::new(),
-            decode_selector: Vec::new(),
-            service_discovery_port: 80,
-            service_discovery_namespace: None,
-            rbg_config: None,
-            rbg_role: None,
-            rbg_prefill_role: None,
-            rbg_decode_role: None,
-            rbg_port_name: None,
-            rbg_bootstrap_port_name: None,
-            rbg_poll_secs: 2.0,
-            prometheus_host: "0.0.0.0".into(),
-            prometheus_port: 29000,
-            request_id_headers: [
-                "x-request-id",
-                "x-correlation-id",
-                "x-trace-id",
-                "request-id",
-            ]
-            .map(String::from)
-            .to_vec(),
-            request_timeout_secs: 1800.0,
-            max_concurrent_requests: -1,
-            queue_size: 100,
-            queue_timeout_secs: 60.0,
-            retry_max_retries: 5,
-            retry_initial_backoff_ms: 50,
-            retry_max_backoff_ms: 30_000,
-            retry_backoff_multiplier: 1.5,
-            retry_jitter_factor: 0.2,
-            disable_retries: false,
-            cb_failure_threshold: 10,
-            cb_success_threshold: 3,
-            cb_timeout_duration_secs: 60.0,
-            cb_window_duration_secs: 120.0,
-            disable_circuit_breaker: false,
-            health_failure_threshold: 3,
-            health_success_threshold: 2,
-            health_check_timeout_secs: 5.0,
-            health_check_interval_secs: 60.0,
-            health_check_endpoint: "/health".into(),
-            disable_health_check: false,
-            dp_aware: false,
-            enable_igw: false,
-            api_key: None,
-            shutdown_grace_period_secs: 180.0,
-            worker_startup_timeout_secs: 1800.0,
-            worker_startup_check_interval: 30.0,
-            prometheus_duration_buckets: Vec::new(),
-            rate_limit_tokens_per_second: None,
-            log_dir: None,
-            control_plane_api_keys: Vec::new(),
-            assignment_mode: AssignmentMode::Random,
-            max_idle_secs: 14_400.0,
-            bucket_adjust_interval_secs: 5.0,
-            cors_allowed_origins: Vec::new(),
-            tls_cert_path: None,
-            tls_key_path: None,
-            ca_cert_paths: Vec::new(),
-            client_cert_path: None,
-            client_key_path: None,
-            tokenizer_path: None,
-            model_path: None,
-            runtime_threads: None,
-        }
-    }
-}
-
-/// Seconds as given on the command line, checked to be finite and not negative.
-pub fn secs(field: &str, value: f64) -> Result<Duration, ConfigError> {
-    Duration::try_from_secs_f64(value)
-        .map_err(|_| ConfigError::invalid(field, format!("not a duration in seconds: {value}")))
 }
 
 /// A `key=value` label selector term.
@@ -389,14 +638,49 @@ pub fn normalize_url(field: &str, url: &str) -> Result<String, ConfigError> {
     }
 }
 
-/// Flags of `rbgctl router`, spelled as sglang-router's.
-#[serde_with::skip_serializing_none]
+/// Flags of `rbgctl router`, spelled as sglang-router's, grouped as the config's sections.
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 pub struct RouterArgs {
     /// TOML config file (see config/router.toml). Default: none (built-in defaults).
     #[arg(long, env = "RBGCTL_ROUTER_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub limits: LimitsArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub metrics: MetricsArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub policy: PolicyArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retry: RetryArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub breaker: BreakerArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub health: HealthArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub pd: PdArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub discovery: DiscoveryArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsArgs,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Server")]
+pub struct ServerArgs {
     /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
     #[arg(long)]
     pub host: Option<String>,
@@ -407,6 +691,109 @@ pub struct RouterArgs {
     #[arg(long, num_args = 1..)]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub worker_urls: Vec<String>,
+    /// The engines' API: `sglang` or `vllm` (OpenAI routes; vLLM's `kv_transfer_params` in
+    /// PD). Default `sglang`; `vllm` with the `--prefiller-host` family.
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// Route to each data-parallel rank of a worker (its `/get_server_info` `dp_size`) as a
+    /// worker of its own, `URL@rank`, with `data_parallel_rank` in the body. Default false.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub dp_aware: bool,
+    /// Inference gateway mode: workers of several models; a request goes to the workers
+    /// serving its `model`, each model with policies of its own. Default false.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub enable_igw: bool,
+    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
+    #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
+    pub api_key: Option<String>,
+    /// Control-plane keys `id:name:role:key` (role `admin`: may add and remove workers;
+    /// `user`: may read them); worker management then takes these instead of --api-key.
+    /// Default: none.
+    #[arg(long, num_args = 0..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub control_plane_api_keys: Vec<String>,
+    /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
+    /// Default: none listed, which allows any origin (as sglang-router).
+    #[arg(long, num_args = 0..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cors_allowed_origins: Vec<String>,
+    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
+    /// `x-correlation-id`, `x-trace-id`, `request-id`.
+    #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub request_id_headers: Vec<String>,
+    /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
+    #[arg(long)]
+    pub shutdown_grace_period_secs: Option<f64>,
+    /// Threads of the router's async runtime. Default: one per core.
+    #[arg(long)]
+    pub runtime_threads: Option<usize>,
+    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
+    /// none (standard error only).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+    /// A local tokenizer.json (or a directory holding one) for /v1/tokenize, /v1/detokenize
+    /// and cache-aware matching by token; never downloaded. Default: none (routing on text).
+    #[arg(long)]
+    pub tokenizer_path: Option<PathBuf>,
+    /// A local model directory holding tokenizer.json, used when --tokenizer-path is not
+    /// given (a hub id is refused: nothing is downloaded). Default: none.
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitsArgs {
+    /// Largest request body accepted. Default 512 MiB.
+    #[arg(long)]
+    pub max_payload_size: Option<usize>,
+    /// Bytes of request bodies received at once, all requests together (503 beyond).
+    /// Default 0: a quarter of this machine's memory.
+    #[arg(long)]
+    pub max_inflight_body_bytes: Option<usize>,
+    /// Longest wait for a worker's response headers. Default 1800 s.
+    #[arg(long)]
+    pub request_timeout_secs: Option<f64>,
+    /// Requests proxied at once; −1 is unlimited. Default −1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub max_concurrent_requests: Option<i64>,
+    /// Requests waiting for a slot; beyond it 429. Default 100.
+    #[arg(long)]
+    pub queue_size: Option<usize>,
+    /// Longest wait in the queue; then 408. Default 60 s.
+    #[arg(long)]
+    pub queue_timeout_secs: Option<f64>,
+    /// Requests per second admitted (token bucket; burst: --max-concurrent-requests); others
+    /// wait in the queue. Default: none (no rate limit).
+    #[arg(long)]
+    pub rate_limit_tokens_per_second: Option<f64>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Metrics")]
+pub struct MetricsArgs {
+    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
+    #[arg(long)]
+    pub prometheus_host: Option<String>,
+    /// 0 turns the separate metrics listener off (`/metrics` stays on the main port). Default 29000.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
+    /// Upper bounds, in seconds and increasing, of the request duration histograms.
+    /// Default: 0.0005 .. 60 (14 buckets).
+    #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prometheus_duration_buckets: Vec<f64>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Policies")]
+pub struct PolicyArgs {
     /// How a worker is chosen. Default `cache_aware`.
     #[arg(long, value_enum)]
     pub policy: Option<PolicyKind>,
@@ -433,13 +820,103 @@ pub struct RouterArgs {
     /// cache_aware: characters of request text kept per worker. Default 2^26.
     #[arg(long)]
     pub max_tree_size: Option<usize>,
-    /// Largest request body accepted. Default 512 MiB.
+    /// `manual` policy: how a new routing key gets its worker (`random`, `min_load`,
+    /// `min_group`). Default `random`.
+    #[arg(long, value_enum)]
+    pub assignment_mode: Option<AssignmentMode>,
+    /// `manual` policy: seconds after which an idle routing key is forgotten. Default 14400.
     #[arg(long)]
-    pub max_payload_size: Option<usize>,
-    /// Bytes of request bodies received at once, all requests together (503 beyond).
-    /// Default 0: a quarter of this machine's memory.
+    pub max_idle_secs: Option<f64>,
+    /// `bucket` policy: seconds between adjustments of the length buckets to the requests of
+    /// the last interval. Default 5.
     #[arg(long)]
-    pub max_inflight_body_bytes: Option<usize>,
+    pub bucket_adjust_interval_secs: Option<f64>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Retries")]
+pub struct RetryArgs {
+    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
+    /// connection). Default 5.
+    #[arg(long)]
+    pub retry_max_retries: Option<u32>,
+    /// Wait before the first retry, in ms. Default 50.
+    #[arg(long)]
+    pub retry_initial_backoff_ms: Option<u64>,
+    /// Longest wait between retries, in ms. Default 30000.
+    #[arg(long)]
+    pub retry_max_backoff_ms: Option<u64>,
+    /// Each retry waits this many times longer than the one before. Default 1.5.
+    #[arg(long)]
+    pub retry_backoff_multiplier: Option<f64>,
+    /// Waits move by up to ± this fraction at random. Default 0.2.
+    #[arg(long)]
+    pub retry_jitter_factor: Option<f64>,
+    /// No retries at all. Default false.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub disable_retries: bool,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Circuit breakers")]
+pub struct BreakerArgs {
+    /// Consecutive failures that open a worker's circuit. Default 10.
+    #[arg(long)]
+    pub cb_failure_threshold: Option<u32>,
+    /// Consecutive successes in half-open that close it. Default 3.
+    #[arg(long)]
+    pub cb_success_threshold: Option<u32>,
+    /// Open → half-open after this. Default 60 s.
+    #[arg(long)]
+    pub cb_timeout_duration_secs: Option<f64>,
+    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
+    #[arg(long)]
+    pub cb_window_duration_secs: Option<f64>,
+    /// No circuit breakers. Default false.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub disable_circuit_breaker: bool,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Health checks")]
+pub struct HealthArgs {
+    /// Failed health checks in a row that take a worker out. Default 3.
+    #[arg(long)]
+    pub health_failure_threshold: Option<u32>,
+    /// Passed health checks in a row that bring it back. Default 2.
+    #[arg(long)]
+    pub health_success_threshold: Option<u32>,
+    /// Longest wait for one health check, in seconds. Default 5.
+    #[arg(long)]
+    pub health_check_timeout_secs: Option<f64>,
+    /// Seconds between health checks of a worker. Default 60.
+    #[arg(long)]
+    pub health_check_interval_secs: Option<f64>,
+    /// The path health checks ask. Default `/health`.
+    #[arg(long)]
+    pub health_check_endpoint: Option<String>,
+    /// No health checks (every worker counts as healthy). Default false.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub disable_health_check: bool,
+    /// Workers given at start must answer their health check within this many seconds, else
+    /// the router exits naming them. Default 1800.
+    #[arg(long)]
+    pub worker_startup_timeout_secs: Option<f64>,
+    /// Seconds between checks of those workers until they answer. Default 30.
+    #[arg(long)]
+    pub worker_startup_check_interval: Option<f64>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Prefill/decode disaggregation")]
+pub struct PdArgs {
     /// Prefill/decode disaggregation. Default false.
     #[arg(long)]
     #[serde(skip_serializing_if = "crate::config::is_false")]
@@ -452,10 +929,6 @@ pub struct RouterArgs {
     #[arg(long, action = clap::ArgAction::Append)]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decode: Vec<String>,
-    /// The engines' API: `sglang` or `vllm` (OpenAI routes; vLLM's `kv_transfer_params` in
-    /// PD). Default `sglang`; `vllm` with the `--prefiller-host` family.
-    #[arg(long, value_enum)]
-    pub backend: Option<Backend>,
     /// vLLM PD: the engines' KV connector (`mooncake` or `nixl`). Default `mooncake`.
     #[arg(long, value_enum)]
     pub vllm_kv_connector: Option<Connector>,
@@ -484,6 +957,12 @@ pub struct RouterArgs {
     #[arg(long, visible_alias = "decoder-ports", num_args = 1..)]
     #[serde(skip)]
     pub decoder_port: Vec<u16>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Discovery")]
+pub struct DiscoveryArgs {
     /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
     #[arg(long)]
     #[serde(skip_serializing_if = "crate::config::is_false")]
@@ -528,142 +1007,12 @@ pub struct RouterArgs {
     /// How often the RBG discovery file is re-read. Default 2 s.
     #[arg(long)]
     pub rbg_poll_secs: Option<f64>,
-    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
-    #[arg(long)]
-    pub prometheus_host: Option<String>,
-    /// 0 turns the separate metrics listener off (`/metrics` stays on the main port). Default 29000.
-    #[arg(long)]
-    pub prometheus_port: Option<u16>,
-    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
-    /// `x-correlation-id`, `x-trace-id`, `request-id`.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub request_id_headers: Vec<String>,
-    /// Longest wait for a worker's response headers. Default 1800 s.
-    #[arg(long)]
-    pub request_timeout_secs: Option<f64>,
-    /// Requests proxied at once; −1 is unlimited. Default −1.
-    #[arg(long, allow_negative_numbers = true)]
-    pub max_concurrent_requests: Option<i64>,
-    /// Requests waiting for a slot; beyond it 429. Default 100.
-    #[arg(long)]
-    pub queue_size: Option<usize>,
-    /// Longest wait in the queue; then 408. Default 60 s.
-    #[arg(long)]
-    pub queue_timeout_secs: Option<f64>,
-    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
-    /// connection). Default 5.
-    #[arg(long)]
-    pub retry_max_retries: Option<u32>,
-    /// Wait before the first retry, in ms. Default 50.
-    #[arg(long)]
-    pub retry_initial_backoff_ms: Option<u64>,
-    /// Longest wait between retries, in ms. Default 30000.
-    #[arg(long)]
-    pub retry_max_backoff_ms: Option<u64>,
-    /// Each retry waits this many times longer than the one before. Default 1.5.
-    #[arg(long)]
-    pub retry_backoff_multiplier: Option<f64>,
-    /// Waits move by up to ± this fraction at random. Default 0.2.
-    #[arg(long)]
-    pub retry_jitter_factor: Option<f64>,
-    /// No retries at all. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub disable_retries: bool,
-    /// Consecutive failures that open a worker's circuit. Default 10.
-    #[arg(long)]
-    pub cb_failure_threshold: Option<u32>,
-    /// Consecutive successes in half-open that close it. Default 3.
-    #[arg(long)]
-    pub cb_success_threshold: Option<u32>,
-    /// Open → half-open after this. Default 60 s.
-    #[arg(long)]
-    pub cb_timeout_duration_secs: Option<f64>,
-    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
-    #[arg(long)]
-    pub cb_window_duration_secs: Option<f64>,
-    /// No circuit breakers. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub disable_circuit_breaker: bool,
-    /// Failed health checks in a row that take a worker out. Default 3.
-    #[arg(long)]
-    pub health_failure_threshold: Option<u32>,
-    /// Passed health checks in a row that bring it back. Default 2.
-    #[arg(long)]
-    pub health_success_threshold: Option<u32>,
-    /// Longest wait for one health check, in seconds. Default 5.
-    #[arg(long)]
-    pub health_check_timeout_secs: Option<f64>,
-    /// Seconds between health checks of a worker. Default 60.
-    #[arg(long)]
-    pub health_check_interval_secs: Option<f64>,
-    /// The path health checks ask. Default `/health`.
-    #[arg(long)]
-    pub health_check_endpoint: Option<String>,
-    /// No health checks (every worker counts as healthy). Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub disable_health_check: bool,
-    /// Route to each data-parallel rank of a worker (its `/get_server_info` `dp_size`) as a
-    /// worker of its own, `URL@rank`, with `data_parallel_rank` in the body. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub dp_aware: bool,
-    /// Inference gateway mode: workers of several models; a request goes to the workers
-    /// serving its `model`, each model with policies of its own. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub enable_igw: bool,
-    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
-    #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
-    pub api_key: Option<String>,
-    /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
-    #[arg(long)]
-    pub shutdown_grace_period_secs: Option<f64>,
-    /// Workers given at start must answer their health check within this many seconds, else
-    /// the router exits naming them. Default 1800.
-    #[arg(long)]
-    pub worker_startup_timeout_secs: Option<f64>,
-    /// Seconds between checks of those workers until they answer. Default 30.
-    #[arg(long)]
-    pub worker_startup_check_interval: Option<f64>,
-    /// Upper bounds, in seconds and increasing, of the request duration histograms.
-    /// Default: 0.0005 .. 60 (14 buckets).
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub prometheus_duration_buckets: Vec<f64>,
-    /// Requests per second admitted (token bucket; burst: --max-concurrent-requests); others
-    /// wait in the queue. Default: none (no rate limit).
-    #[arg(long)]
-    pub rate_limit_tokens_per_second: Option<f64>,
-    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
-    /// none (standard error only).
-    #[arg(long)]
-    pub log_dir: Option<PathBuf>,
-    /// Control-plane keys `id:name:role:key` (role `admin`: may add and remove workers;
-    /// `user`: may read them); worker management then takes these instead of --api-key.
-    /// Default: none.
-    #[arg(long, num_args = 0..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub control_plane_api_keys: Vec<String>,
-    /// `manual` policy: how a new routing key gets its worker (`random`, `min_load`,
-    /// `min_group`). Default `random`.
-    #[arg(long, value_enum)]
-    pub assignment_mode: Option<AssignmentMode>,
-    /// `manual` policy: seconds after which an idle routing key is forgotten. Default 14400.
-    #[arg(long)]
-    pub max_idle_secs: Option<f64>,
-    /// `bucket` policy: seconds between adjustments of the length buckets to the requests of
-    /// the last interval. Default 5.
-    #[arg(long)]
-    pub bucket_adjust_interval_secs: Option<f64>,
-    /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
-    /// Default: none listed, which allows any origin (as sglang-router).
-    #[arg(long, num_args = 0..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub cors_allowed_origins: Vec<String>,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "TLS")]
+pub struct TlsArgs {
     /// Serve HTTPS with this PEM certificate chain (needs --tls-key-path). Default: none
     /// (plain HTTP).
     #[arg(long)]
@@ -683,17 +1032,6 @@ pub struct RouterArgs {
     /// PEM private key of --client-cert-path. Default: none.
     #[arg(long)]
     pub client_key_path: Option<PathBuf>,
-    /// A local tokenizer.json (or a directory holding one) for /v1/tokenize, /v1/detokenize
-    /// and cache-aware matching by token; never downloaded. Default: none (routing on text).
-    #[arg(long)]
-    pub tokenizer_path: Option<PathBuf>,
-    /// A local model directory holding tokenizer.json, used when --tokenizer-path is not
-    /// given (a hub id is refused: nothing is downloaded). Default: none.
-    #[arg(long)]
-    pub model_path: Option<PathBuf>,
-    /// Threads of the router's async runtime. Default: one per core.
-    #[arg(long)]
-    pub runtime_threads: Option<usize>,
 }
 
 /// Splits the values of every `--prefill URL [PORT|none]` into one group per URL: a value
@@ -736,40 +1074,34 @@ impl RouterArgs {
     /// Layers the file, then these flags, over the defaults, and validates the result.
     pub fn resolve(&self) -> Result<RouterConfig, ConfigError> {
         let mut c: RouterConfig = layered(self.config.as_deref(), self)?;
-        if !self.prefill.is_empty() {
-            c.prefill = group_prefill(&self.prefill)
+        let pd = &self.pd;
+        if !pd.prefill.is_empty() {
+            c.pd.prefill = group_prefill(&pd.prefill)
                 .iter()
                 .map(|v| prefill_spec(v))
                 .collect::<Result<_, _>>()?;
         }
-        if !self.prefiller_host.is_empty() || !self.decoder_host.is_empty() {
+        if !pd.prefiller_host.is_empty() || !pd.decoder_host.is_empty() {
             // vLLM's proxy flags: its mode, and its port unless one is given.
             let urls = |hosts: &[String], ports: &[u16], field: &'static str| {
                 paired_urls(hosts, ports, field)
             };
-            c.prefill.extend(
-                urls(
-                    &self.prefiller_host,
-                    &self.prefiller_port,
-                    "--prefiller-port",
-                )?
-                .into_iter()
-                .map(|url| PrefillSpec {
-                    url,
-                    bootstrap_port: None,
-                }),
+            c.pd.prefill.extend(
+                urls(&pd.prefiller_host, &pd.prefiller_port, "--prefiller-port")?
+                    .into_iter()
+                    .map(|url| PrefillSpec {
+                        url,
+                        bootstrap_port: None,
+                    }),
             );
-            c.decode.extend(urls(
-                &self.decoder_host,
-                &self.decoder_port,
-                "--decoder-port",
-            )?);
-            c.pd_disaggregation = true;
-            if self.backend.is_none() {
-                c.backend = Backend::Vllm;
+            c.pd.decode
+                .extend(urls(&pd.decoder_host, &pd.decoder_port, "--decoder-port")?);
+            c.pd.enabled = true;
+            if self.server.backend.is_none() {
+                c.server.backend = Backend::Vllm;
             }
-            if self.port.is_none() && self.config.is_none() {
-                c.port = 8000;
+            if self.server.port.is_none() && self.config.is_none() {
+                c.server.port = 8000;
             }
         }
         c.validate()?;
@@ -879,8 +1211,9 @@ impl Backend {
 impl RouterConfig {
     /// Checks ranges and combinations; every error names the field.
     pub fn validate(&mut self) -> Result<(), ConfigError> {
-        if self.backend == Backend::Openai {
-            if self.pd_disaggregation {
+        let (server, pd, discovery) = (&mut self.server, &mut self.pd, &self.discovery);
+        if server.backend == Backend::Openai {
+            if pd.enabled {
                 return Err(ConfigError::invalid(
                     "router.backend",
                     "openai: an OpenAI-compatible upstream has no prefill/decode split; \
@@ -888,41 +1221,51 @@ impl RouterConfig {
                 ));
             }
             // OpenAI-compatible servers have no /health; their model list answers instead.
-            if self.health_check_endpoint == "/health" {
-                self.health_check_endpoint = "/v1/models".into();
+            if self.health.endpoint == "/health" {
+                self.health.endpoint = "/v1/models".into();
             }
         }
+        let tls = &self.tls;
         check_pair(
-            ("router.tls_cert_path", self.tls_cert_path.is_some()),
-            ("router.tls_key_path", self.tls_key_path.is_some()),
+            ("router.tls_cert_path", tls.cert_path.is_some()),
+            ("router.tls_key_path", tls.key_path.is_some()),
         )?;
         check_pair(
-            ("router.client_cert_path", self.client_cert_path.is_some()),
-            ("router.client_key_path", self.client_key_path.is_some()),
+            ("router.client_cert_path", tls.client_cert_path.is_some()),
+            ("router.client_key_path", tls.client_key_path.is_some()),
         )?;
-        if !(0.0..=1.0).contains(&self.cache_threshold) {
+        let cache = &self.cache;
+        if !(0.0..=1.0).contains(&cache.cache_threshold) {
             return Err(ConfigError::invalid(
                 "router.cache_threshold",
-                format!("must be in [0, 1], got {}", self.cache_threshold),
+                format!("must be in [0, 1], got {}", cache.cache_threshold),
             ));
         }
-        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
+        if !(cache.balance_rel_threshold.is_finite() && cache.balance_rel_threshold >= 1.0) {
             return Err(ConfigError::invalid(
                 "router.balance_rel_threshold",
-                format!("must be at least 1, got {}", self.balance_rel_threshold),
+                format!("must be at least 1, got {}", cache.balance_rel_threshold),
             ));
         }
-        if !(self.retry_backoff_multiplier.is_finite() && self.retry_backoff_multiplier >= 1.0) {
+        let retry = &self.retry;
+        if !(retry.multiplier.is_finite() && retry.multiplier >= 1.0) {
             return Err(ConfigError::invalid(
                 "router.retry_backoff_multiplier",
-                format!("must be at least 1, got {}", self.retry_backoff_multiplier),
+                format!("must be at least 1, got {}", retry.multiplier),
             ));
         }
-        for k in &self.control_plane_api_keys {
+        if !(0.0..=1.0).contains(&retry.jitter) {
+            return Err(ConfigError::invalid(
+                "router.retry_jitter_factor",
+                format!("must be in [0, 1], got {}", retry.jitter),
+            ));
+        }
+        for k in &server.control_plane_api_keys {
             ControlKey::parse(k)
                 .map_err(|e| ConfigError::invalid("router.control_plane_api_keys", e))?;
         }
-        if let Some(r) = self.rate_limit_tokens_per_second {
+        let limits = &self.limits;
+        if let Some(r) = limits.rate_limit_tokens_per_second {
             if !(r.is_finite() && r > 0.0) {
                 return Err(ConfigError::invalid(
                     "router.rate_limit_tokens_per_second",
@@ -930,136 +1273,92 @@ impl RouterConfig {
                 ));
             }
         }
-        if self.runtime_threads == Some(0) {
+        if limits.max_concurrent_requests < -1 || limits.max_concurrent_requests == 0 {
+            return Err(ConfigError::invalid(
+                "router.max_concurrent_requests",
+                format!(
+                    "must be positive, or -1 for no limit; got {}",
+                    limits.max_concurrent_requests
+                ),
+            ));
+        }
+        if server.runtime_threads == Some(0) {
             return Err(ConfigError::invalid(
                 "router.runtime_threads",
                 "must be at least 1 (leave it out for one per core)",
             ));
         }
-        let b = &self.prometheus_duration_buckets;
+        let b = &self.metrics.prometheus_duration_buckets;
         if b.iter().any(|x| !(x.is_finite() && *x > 0.0)) || b.windows(2).any(|w| w[0] >= w[1]) {
             return Err(ConfigError::invalid(
                 "router.prometheus_duration_buckets",
                 format!("must be positive seconds in increasing order, got {b:?}"),
             ));
         }
-        for (field, v) in [
-            ("router.max_idle_secs", self.max_idle_secs),
+        // Every duration is finite and not negative once read (config::Secs); these must
+        // also be more than 0.
+        let (health, breaker) = (&self.health, &self.breaker);
+        for (field, d) in [
+            ("router.max_idle_secs", self.manual.max_idle),
             (
                 "router.bucket_adjust_interval_secs",
-                self.bucket_adjust_interval_secs,
+                self.policy.bucket_adjust_interval,
             ),
-            (
-                "router.worker_startup_timeout_secs",
-                self.worker_startup_timeout_secs,
-            ),
+            ("router.eviction_interval_secs", cache.eviction_interval),
+            ("router.rbg_poll_secs", discovery.rbg_poll),
+            ("router.request_timeout_secs", limits.request_timeout),
+            ("router.queue_timeout_secs", limits.queue_timeout),
+            ("router.cb_timeout_duration_secs", breaker.timeout),
+            ("router.cb_window_duration_secs", breaker.window),
+            ("router.health_check_timeout_secs", health.timeout),
+            ("router.health_check_interval_secs", health.interval),
+            ("router.worker_startup_timeout_secs", health.startup_timeout),
             (
                 "router.worker_startup_check_interval",
-                self.worker_startup_check_interval,
+                health.startup_check_interval,
             ),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(ConfigError::invalid(
-                    field,
-                    format!("must be a positive number of seconds, got {v}"),
-                ));
-            }
-        }
-        if !(self.shutdown_grace_period_secs.is_finite() && self.shutdown_grace_period_secs >= 0.0)
-        {
-            return Err(ConfigError::invalid(
-                "router.shutdown_grace_period_secs",
-                format!(
-                    "must be a number of seconds, got {}",
-                    self.shutdown_grace_period_secs
-                ),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.retry_jitter_factor) {
-            return Err(ConfigError::invalid(
-                "router.retry_jitter_factor",
-                format!("must be in [0, 1], got {}", self.retry_jitter_factor),
-            ));
-        }
-        if self.max_concurrent_requests < -1 || self.max_concurrent_requests == 0 {
-            return Err(ConfigError::invalid(
-                "router.max_concurrent_requests",
-                format!(
-                    "must be positive, or -1 for no limit; got {}",
-                    self.max_concurrent_requests
-                ),
-            ));
-        }
-        for (field, v) in [
-            ("router.eviction_interval_secs", self.eviction_interval_secs),
-            ("router.rbg_poll_secs", self.rbg_poll_secs),
-            ("router.request_timeout_secs", self.request_timeout_secs),
-            ("router.queue_timeout_secs", self.queue_timeout_secs),
-            (
-                "router.cb_timeout_duration_secs",
-                self.cb_timeout_duration_secs,
-            ),
-            (
-                "router.cb_window_duration_secs",
-                self.cb_window_duration_secs,
-            ),
-            (
-                "router.health_check_timeout_secs",
-                self.health_check_timeout_secs,
-            ),
-            (
-                "router.health_check_interval_secs",
-                self.health_check_interval_secs,
-            ),
-        ] {
-            let d = secs(field, v)?;
             if d.is_zero() {
                 return Err(ConfigError::invalid(field, "must be more than 0"));
             }
         }
         for (field, v) in [
-            ("router.cb_failure_threshold", self.cb_failure_threshold),
-            ("router.cb_success_threshold", self.cb_success_threshold),
-            (
-                "router.health_failure_threshold",
-                self.health_failure_threshold,
-            ),
-            (
-                "router.health_success_threshold",
-                self.health_success_threshold,
-            ),
+            ("router.cb_failure_threshold", breaker.failure_threshold),
+            ("router.cb_success_threshold", breaker.success_threshold),
+            ("router.health_failure_threshold", health.failure_threshold),
+            ("router.health_success_threshold", health.success_threshold),
         ] {
             if v == 0 {
                 return Err(ConfigError::invalid(field, "must be at least 1"));
             }
         }
-        if !self.health_check_endpoint.starts_with('/') {
+        if !health.endpoint.starts_with('/') {
             return Err(ConfigError::invalid(
                 "router.health_check_endpoint",
-                format!("must start with '/', got {:?}", self.health_check_endpoint),
+                format!("must start with '/', got {:?}", health.endpoint),
             ));
         }
-        for u in &mut self.worker_urls {
+        for u in &mut server.worker_urls {
             *u = normalize_url("router.worker_urls", u)?;
         }
-        for p in &mut self.prefill {
+        for p in &mut pd.prefill {
             p.url = normalize_url("router.prefill", &p.url)?;
         }
-        for u in &mut self.decode {
+        for u in &mut pd.decode {
             *u = normalize_url("router.decode", u)?;
         }
-        parse_selector("router.selector", &self.selector)?;
-        parse_selector("router.prefill_selector", &self.prefill_selector)?;
-        parse_selector("router.decode_selector", &self.decode_selector)?;
-        if self.pd_disaggregation {
-            if !self.worker_urls.is_empty() {
+        parse_selector("router.selector", &discovery.selector)?;
+        parse_selector("router.prefill_selector", &discovery.prefill_selector)?;
+        parse_selector("router.decode_selector", &discovery.decode_selector)?;
+        if pd.enabled {
+            if !server.worker_urls.is_empty() {
                 return Err(ConfigError::invalid(
                     "router.worker_urls",
                     "with --pd-disaggregation, give workers as --prefill and --decode",
                 ));
             }
-            if self.rbg_config.is_some()
-                && (self.rbg_prefill_role.is_none() || self.rbg_decode_role.is_none())
+            if discovery.rbg_config.is_some()
+                && (discovery.rbg_prefill_role.is_none() || discovery.rbg_decode_role.is_none())
             {
                 return Err(ConfigError::invalid(
                     "router.rbg_prefill_role",
@@ -1067,30 +1366,30 @@ impl RouterConfig {
                 ));
             }
         } else {
-            if !self.prefill.is_empty() || !self.decode.is_empty() {
+            if !pd.prefill.is_empty() || !pd.decode.is_empty() {
                 return Err(ConfigError::invalid(
                     "router.prefill",
                     "--prefill/--decode need --pd-disaggregation",
                 ));
             }
-            if self.rbg_config.is_some() && self.rbg_role.is_none() {
+            if discovery.rbg_config.is_some() && discovery.rbg_role.is_none() {
                 return Err(ConfigError::invalid(
                     "router.rbg_role",
                     "--rbg-config needs --rbg-role (the role whose instances are workers)",
                 ));
             }
         }
-        if self.service_discovery
-            && self.selector.is_empty()
-            && self.prefill_selector.is_empty()
-            && self.decode_selector.is_empty()
+        if discovery.kubernetes
+            && discovery.selector.is_empty()
+            && discovery.prefill_selector.is_empty()
+            && discovery.decode_selector.is_empty()
         {
             return Err(ConfigError::invalid(
                 "router.selector",
                 "--service-discovery needs --selector (or --prefill-selector/--decode-selector)",
             ));
         }
-        if let Some(k) = &self.api_key {
+        if let Some(k) = &server.api_key {
             if k.is_empty() {
                 return Err(ConfigError::invalid("router.api_key", "must not be empty"));
             }
@@ -1099,11 +1398,11 @@ impl RouterConfig {
     }
 
     pub fn prefill_policy(&self) -> PolicyKind {
-        self.prefill_policy.unwrap_or(self.policy)
+        self.policy.prefill_policy.unwrap_or(self.policy.policy)
     }
 
     pub fn decode_policy(&self) -> PolicyKind {
-        self.decode_policy.unwrap_or(self.policy)
+        self.policy.decode_policy.unwrap_or(self.policy.policy)
     }
 }
 
@@ -1168,9 +1467,9 @@ mod tests {
              --prefill-policy cache_aware --decode-policy round_robin --host 127.0.0.1 --port 8000",
         )
         .unwrap();
-        assert!(c.pd_disaggregation);
+        assert!(c.pd.enabled);
         assert_eq!(
-            c.prefill,
+            c.pd.prefill,
             vec![
                 PrefillSpec {
                     url: "http://10.0.0.1:30000".into(),
@@ -1186,17 +1485,69 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(c.decode, ["http://10.0.0.4:30000", "http://10.0.0.5:30000"]);
+        assert_eq!(
+            c.pd.decode,
+            ["http://10.0.0.4:30000", "http://10.0.0.5:30000"]
+        );
         assert_eq!(c.prefill_policy(), PolicyKind::CacheAware);
         assert_eq!(c.decode_policy(), PolicyKind::RoundRobin);
 
         let c = resolve("--worker-urls http://a:1 http://b:2 --policy power_of_two").unwrap();
-        assert_eq!(c.worker_urls.len(), 2);
-        assert_eq!(c.policy, PolicyKind::PowerOfTwo);
-        assert_eq!(c.cache_threshold, 0.3);
-        assert_eq!(c.balance_abs_threshold, 64);
-        assert_eq!(c.max_tree_size, 1 << 26);
-        assert_eq!(c.port, 30000);
+        assert_eq!(c.server.worker_urls.len(), 2);
+        assert_eq!(c.policy.policy, PolicyKind::PowerOfTwo);
+        assert_eq!(c.cache.cache_threshold, 0.3);
+        assert_eq!(c.cache.balance_abs_threshold, 64);
+        assert_eq!(c.cache.max_tree_size, 1 << 26);
+        assert_eq!(c.server.port, 30000);
+    }
+
+    /// The file keeps sglang-router's flat names while the settings are read in sections: a
+    /// misspelt key and a mistyped value are refused, naming the key and its line; a flag
+    /// wins over the file.
+    #[test]
+    fn a_flat_file_fills_the_sections_and_its_mistakes_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |text: &str| {
+            let path = dir.path().join("router.toml");
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let path = file(
+            "port = 8001\nretry_max_retries = 2\ncb_timeout_duration_secs = \"90s\"\n\
+             health_check_interval_secs = 0.5\ndisable_circuit_breaker = true\n",
+        );
+        let c = resolve(&format!("--config {path} --retry-max-retries 7")).unwrap();
+        assert_eq!(c.server.port, 8001);
+        assert_eq!(c.retry.max_retries, 7, "the flag wins over the file");
+        assert_eq!(c.breaker.timeout.0, Duration::from_secs(90));
+        assert!(c.breaker.disabled);
+        assert_eq!(c.health.interval.0, Duration::from_millis(500));
+
+        let path = file("port = 8001\n\nretry_max_retrys = 2\n");
+        let e = resolve(&format!("--config {path}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("retry_max_retrys: unknown field") && e.contains("line 3"),
+            "{e}"
+        );
+        let path = file("port = 8001\ncache_threshold = \"high\"\n");
+        let e = resolve(&format!("--config {path}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cache_threshold: invalid type") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = resolve("--cb-timeout-duration-secs=-1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cb_timeout_duration_secs") && e.contains("not a duration"),
+            "{e}"
+        );
+        let e = resolve("--queue-timeout-secs 0").unwrap_err().to_string();
+        assert!(e.contains("router.queue_timeout_secs"), "{e}");
     }
 
     #[test]
@@ -1232,6 +1583,6 @@ mod example_file {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/router.toml");
         let mut c: super::RouterConfig = crate::config::load_toml(&path).unwrap();
         c.validate().unwrap();
-        assert_eq!(c.worker_urls.len(), 2);
+        assert_eq!(c.server.worker_urls.len(), 2);
     }
 }

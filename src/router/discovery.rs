@@ -18,7 +18,6 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Debug, Deserialize, PartialEq)]
 pub struct DiscoveryFile {
@@ -128,17 +127,17 @@ pub fn workers(file: &DiscoveryFile, sel: &RbgSelection) -> Result<Vec<WorkerSpe
 
 /// Polls the file and keeps the registry in step.
 pub fn start(shared: Arc<Shared>) {
-    let Some(path) = shared.cfg.rbg_config.clone() else {
+    let Some(path) = shared.cfg.discovery.rbg_config.clone() else {
         return;
     };
     let sel = RbgSelection {
-        role: shared.cfg.rbg_role.clone(),
-        prefill_role: shared.cfg.rbg_prefill_role.clone(),
-        decode_role: shared.cfg.rbg_decode_role.clone(),
-        port_name: shared.cfg.rbg_port_name.clone(),
-        bootstrap_port_name: shared.cfg.rbg_bootstrap_port_name.clone(),
+        role: shared.cfg.discovery.rbg_role.clone(),
+        prefill_role: shared.cfg.discovery.rbg_prefill_role.clone(),
+        decode_role: shared.cfg.discovery.rbg_decode_role.clone(),
+        port_name: shared.cfg.discovery.rbg_port_name.clone(),
+        bootstrap_port_name: shared.cfg.discovery.rbg_bootstrap_port_name.clone(),
     };
-    let every = Duration::from_secs_f64(shared.cfg.rbg_poll_secs);
+    let every = shared.cfg.discovery.rbg_poll.0;
     tokio::spawn(async move {
         let mut last: Option<String> = None;
         let mut last_error: Option<String> = None;

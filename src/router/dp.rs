@@ -43,7 +43,7 @@ impl Shared {
     /// The rank specs of `spec` (it unchanged without `--dp-aware`), asking the server its
     /// `dp_size` unless it was learnt before.
     pub async fn dp_specs(&self, spec: &WorkerSpec) -> Result<Vec<WorkerSpec>, String> {
-        if !self.cfg.dp_aware || spec.dp_rank.is_some() {
+        if !self.cfg.server.dp_aware || spec.dp_rank.is_some() {
             return Ok(vec![spec.clone()]);
         }
         if let Some(&n) = self.dp_sizes.lock().get(&spec.url) {
@@ -71,7 +71,7 @@ impl Shared {
     /// [`Shared::dp_specs`] of every spec; those whose ranks cannot be learnt now are left out
     /// (and logged), to be tried again at the next sync.
     pub async fn dp_specs_all(&self, specs: Vec<WorkerSpec>) -> Vec<WorkerSpec> {
-        if !self.cfg.dp_aware {
+        if !self.cfg.server.dp_aware {
             return specs;
         }
         let mut out = Vec::with_capacity(specs.len());

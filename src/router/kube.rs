@@ -107,7 +107,7 @@ impl PodSet {
 /// Starts one watcher per selector given.
 pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
     let kube = Kube::new(KubeConfig::infer()?)?;
-    let c = &shared.cfg;
+    let c = &shared.cfg.discovery;
     let mut watches = Vec::new();
     if shared.pd {
         watches.push((
@@ -131,7 +131,7 @@ pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(",");
-        let base = match &c.service_discovery_namespace {
+        let base = match &c.namespace {
             Some(ns) => format!("/api/v1/namespaces/{ns}/pods"),
             None => "/api/v1/pods".to_string(),
         };
@@ -164,7 +164,7 @@ async fn watch_loop(
     base: String,
     selector: String,
 ) {
-    let port = shared.cfg.service_discovery_port;
+    let port = shared.cfg.discovery.port;
     let sel = encode(&selector);
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {

@@ -1,8 +1,9 @@
 //! The router's Prometheus metrics. Names follow sglang-router 0.3.2 (`smg_*`) where the
 //! meaning is the same, so existing dashboards keep working.
 
+use crate::router::config::BreakerConfig;
 use crate::router::request::Endpoint;
-use crate::router::worker::{BreakerConfig, Worker, WorkerType};
+use crate::router::worker::{Worker, WorkerType};
 use crate::telemetry::{Histogram, PromText};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;

@@ -33,15 +33,12 @@ pub mod worker;
 use crate::config::ConfigError;
 use crate::kube::KubeError;
 use crate::role::{self, BindError};
-use crate::router::config::{secs, RouterConfig};
+use crate::router::config::{CacheAwareConfig, ManualConfig, RouterConfig, TlsConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
-use crate::router::policy::{CacheAwareConfig, ManualConfig, Policy};
-use crate::router::request::RetryConfig;
+use crate::router::policy::Policy;
 use crate::router::worker::RegistryError;
-use crate::router::worker::{
-    BreakerConfig, HealthConfig, Registry, Source, WorkerSpec, WorkerType,
-};
+use crate::router::worker::{Registry, Source, WorkerSpec, WorkerType};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -86,12 +83,8 @@ pub struct Shared {
     pub prefill_policy: Policy,
     pub decode_policy: Policy,
     pub client: HttpClient,
-    pub cb: BreakerConfig,
-    pub health: HealthConfig,
-    pub retry: RetryConfig,
     pub limiter: Limiter,
     pub metrics: Metrics,
-    pub request_timeout: Duration,
     /// `--control-plane-api-keys`, parsed.
     pub control_keys: Vec<config::ControlKey>,
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
@@ -146,7 +139,7 @@ impl PolicySettings {
 }
 
 /// The client TLS of `cfg`: the public roots and `ca_cert_paths`, with the client identity.
-pub fn client_tls(cfg: &RouterConfig) -> Result<rustls::ClientConfig, crate::tls::TlsError> {
+pub fn client_tls(cfg: &TlsConfig) -> Result<rustls::ClientConfig, crate::tls::TlsError> {
     let identity = cfg
         .client_cert_path
         .as_deref()
@@ -156,37 +149,30 @@ pub fn client_tls(cfg: &RouterConfig) -> Result<rustls::ClientConfig, crate::tls
 
 impl Shared {
     pub fn new(cfg: RouterConfig) -> Result<Shared, RouterError> {
-        let cache = CacheAwareConfig {
-            cache_threshold: cfg.cache_threshold,
-            balance_abs_threshold: cfg.balance_abs_threshold,
-            balance_rel_threshold: cfg.balance_rel_threshold,
-            max_tree_size: cfg.max_tree_size,
-        };
-        let manual = ManualConfig {
-            assignment_mode: cfg.assignment_mode,
-            max_idle: secs("router.max_idle_secs", cfg.max_idle_secs)?,
-        };
-        let bucket = secs(
-            "router.bucket_adjust_interval_secs",
-            cfg.bucket_adjust_interval_secs,
-        )?;
         let settings = PolicySettings {
-            cache,
-            manual,
-            bucket,
+            cache: cfg.cache,
+            manual: cfg.manual,
+            bucket: cfg.policy.bucket_adjust_interval.0,
         };
         let policy = |kind| settings.build(kind);
-        let max = (cfg.max_concurrent_requests > 0).then_some(cfg.max_concurrent_requests as usize);
+        let limits = &cfg.limits;
+        let max =
+            (limits.max_concurrent_requests > 0).then_some(limits.max_concurrent_requests as usize);
         let shared = Shared {
-            pd: cfg.pd_disaggregation,
+            pd: cfg.pd.enabled,
             registry: Registry::default(),
-            policy: policy(cfg.policy),
+            policy: policy(cfg.policy.policy),
             prefill_policy: policy(cfg.prefill_policy()),
             decode_policy: policy(cfg.decode_policy()),
             policy_settings: settings,
             model_policies: Default::default(),
-            client: http_client(client_tls(&cfg)?),
-            tokenizer: match cfg.tokenizer_path.as_ref().or(cfg.model_path.as_ref()) {
+            client: http_client(client_tls(&cfg.tls)?),
+            tokenizer: match cfg
+                .server
+                .tokenizer_path
+                .as_ref()
+                .or(cfg.server.model_path.as_ref())
+            {
                 Some(path) => {
                     let t = tokenize::Tokenizer::load(path)?;
                     tracing::info!(tokenizer = %t.path.display(), "local tokenizer read");
@@ -194,46 +180,22 @@ impl Shared {
                 }
                 None => None,
             },
-            server_tls: match (&cfg.tls_cert_path, &cfg.tls_key_path) {
+            server_tls: match (&cfg.tls.cert_path, &cfg.tls.key_path) {
                 (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, None)?),
                 _ => None,
             },
-            cb: BreakerConfig {
-                enabled: !cfg.disable_circuit_breaker,
-                failure_threshold: cfg.cb_failure_threshold,
-                success_threshold: cfg.cb_success_threshold,
-                timeout: secs(
-                    "router.cb_timeout_duration_secs",
-                    cfg.cb_timeout_duration_secs,
-                )?,
-            },
-            health: HealthConfig {
-                failure_threshold: cfg.health_failure_threshold,
-                success_threshold: cfg.health_success_threshold,
-            },
-            retry: RetryConfig {
-                max_retries: cfg.retry_max_retries,
-                initial_backoff: Duration::from_millis(cfg.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(cfg.retry_max_backoff_ms),
-                multiplier: cfg.retry_backoff_multiplier,
-                jitter: cfg.retry_jitter_factor,
-            },
             limiter: {
-                let l = Limiter::new(
-                    max,
-                    cfg.queue_size,
-                    secs("router.queue_timeout_secs", cfg.queue_timeout_secs)?,
-                );
-                match cfg.rate_limit_tokens_per_second {
+                let l = Limiter::new(max, limits.queue_size, limits.queue_timeout.0);
+                match limits.rate_limit_tokens_per_second {
                     Some(r) => l.with_rate(r),
                     None => l,
                 }
             },
-            metrics: Metrics::with_buckets(&cfg.prometheus_duration_buckets),
-            request_timeout: secs("router.request_timeout_secs", cfg.request_timeout_secs)?,
+            metrics: Metrics::with_buckets(&cfg.metrics.prometheus_duration_buckets),
             mooncake_engines: Default::default(),
             dp_sizes: Default::default(),
             control_keys: cfg
+                .server
                 .control_plane_api_keys
                 .iter()
                 .map(|k| config::ControlKey::parse(k))
@@ -243,7 +205,7 @@ impl Shared {
         };
         // With --dp-aware the workers given at start join once they tell their ranks
         // (server::await_startup).
-        if !shared.cfg.dp_aware {
+        if !shared.cfg.server.dp_aware {
             for spec in shared.flag_specs() {
                 shared.registry.add(spec, Source::Flags)?;
             }
@@ -254,13 +216,13 @@ impl Shared {
     /// The workers given on the command line (or in the config file).
     pub fn flag_specs(&self) -> Vec<WorkerSpec> {
         let c = &self.cfg;
-        let regular = c.worker_urls.iter().map(WorkerSpec::regular);
-        let prefill = c.prefill.iter().map(|p| WorkerSpec {
+        let regular = c.server.worker_urls.iter().map(WorkerSpec::regular);
+        let prefill = c.pd.prefill.iter().map(|p| WorkerSpec {
             worker_type: WorkerType::Prefill,
             bootstrap_port: p.bootstrap_port,
             ..WorkerSpec::regular(&p.url)
         });
-        let decode = c.decode.iter().map(|url| WorkerSpec {
+        let decode = c.pd.decode.iter().map(|url| WorkerSpec {
             worker_type: WorkerType::Decode,
             ..WorkerSpec::regular(url)
         });
@@ -288,14 +250,15 @@ pub struct Listeners {
 
 impl Listeners {
     pub fn bind(cfg: &RouterConfig) -> Result<Listeners, RouterError> {
-        let separate = cfg.prometheus_port != 0 && cfg.prometheus_port != cfg.port;
+        let (server, m) = (&cfg.server, &cfg.metrics);
+        let separate = m.prometheus_port != 0 && m.prometheus_port != server.port;
         Ok(Listeners {
-            http: role::bind("router", &cfg.host, cfg.port)?,
+            http: role::bind("router", &server.host, server.port)?,
             metrics: match separate {
                 true => Some(role::bind(
                     "router metrics",
-                    &cfg.prometheus_host,
-                    cfg.prometheus_port,
+                    &m.prometheus_host,
+                    m.prometheus_port,
                 )?),
                 false => None,
             },
@@ -323,7 +286,7 @@ pub fn start(
         http: listeners.http.local_addr()?,
         metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
-    let runtime = role::runtime("router", cfg.runtime_threads)?;
+    let runtime = role::runtime("router", cfg.server.runtime_threads)?;
     let (shared, http, metrics) = {
         let _guard = runtime.enter();
         (
@@ -357,7 +320,7 @@ pub fn start(
 
 /// Runs the router on the addresses of its config until SIGINT or SIGTERM.
 pub fn run(cfg: RouterConfig) -> Result<(), RouterError> {
-    if let Some(dir) = &cfg.log_dir {
+    if let Some(dir) = &cfg.server.log_dir {
         crate::telemetry::log_to_dir(dir, "rbgctl-router")?;
     }
     let listeners = Listeners::bind(&cfg)?;

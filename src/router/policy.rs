@@ -3,7 +3,7 @@
 //! key); none of them touches a socket, so each is tested on constructed states.
 
 use crate::router::bucket::{Balance, Buckets};
-use crate::router::config::PolicyKind;
+use crate::router::config::{AssignmentMode, CacheAwareConfig, ManualConfig, PolicyKind};
 use crate::router::tree::{Tenant, Tree};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,68 +31,6 @@ pub struct RouteInput<'a> {
     /// The request's `model` (with `--enable-igw` or `--backend openai`, only workers
     /// serving it are candidates).
     pub model: Option<&'a str>,
-}
-
-/// Settings of the cache-aware policy (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug)]
-pub struct CacheAwareConfig {
-    pub cache_threshold: f64,
-    pub balance_abs_threshold: usize,
-    pub balance_rel_threshold: f64,
-    pub max_tree_size: usize,
-}
-
-impl Default for CacheAwareConfig {
-    fn default() -> Self {
-        CacheAwareConfig {
-            cache_threshold: 0.3,
-            balance_abs_threshold: 64,
-            balance_rel_threshold: 1.5,
-            max_tree_size: 1 << 26,
-        }
-    }
-}
-
-/// How the `manual` policy gives a new routing key its worker (sglang-router's
-/// `--assignment-mode`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Deserialize,
-    serde::Serialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum AssignmentMode {
-    /// Any candidate.
-    #[default]
-    Random,
-    /// The one with the fewest requests in flight.
-    MinLoad,
-    /// The one holding the fewest routing keys.
-    MinGroup,
-}
-
-/// The `manual` policy's settings.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ManualConfig {
-    pub assignment_mode: AssignmentMode,
-    /// A routing key unused this long is forgotten (its next request is assigned anew).
-    pub max_idle: std::time::Duration,
-}
-
-impl Default for ManualConfig {
-    fn default() -> Self {
-        ManualConfig {
-            assignment_mode: AssignmentMode::Random,
-            max_idle: std::time::Duration::from_secs(14_400),
-        }
-    }
 }
 
 /// A routing key's worker, and when the key was last used.
@@ -287,7 +225,7 @@ impl Policy {
     }
 
     fn forget_idle(&self, now: std::time::Instant) {
-        let idle = self.manual.max_idle;
+        let idle = self.manual.max_idle.0;
         self.keys
             .lock()
             .retain(|_, a| now.saturating_duration_since(a.used) < idle);
@@ -329,7 +267,7 @@ mod tests {
         let p = Policy::new(PolicyKind::Manual, CacheAwareConfig::default()).with_manual(
             ManualConfig {
                 assignment_mode: AssignmentMode::MinGroup,
-                max_idle: std::time::Duration::from_secs(60),
+                max_idle: crate::config::Secs::from_secs(60),
             },
         );
         let c = cands(&[0, 0, 0]);

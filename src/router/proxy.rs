@@ -216,7 +216,7 @@ impl http_body::Body for Relay {
                     .metrics
                     .stream_errors
                     .fetch_add(1, Ordering::Relaxed);
-                this.worker.record_outcome(&this.shared.cb, false);
+                this.worker.record_outcome(&this.shared.cfg.breaker, false);
                 tracing::warn!(worker = %this.worker.url, error = %e, "worker cut the response");
                 if this.sse {
                     let msg = format!(
@@ -298,7 +298,7 @@ impl Shared {
     /// are vLLM engines (their `/v1/models` says so, or they were registered with a KV
     /// connector).
     fn vllm_engines(&self) -> bool {
-        self.cfg.backend == Backend::Vllm
+        self.cfg.server.backend == Backend::Vllm
             || self.registry.snapshot().iter().any(|w| {
                 w.worker_type == WorkerType::Prefill
                     && (w.kv_connector.is_some() || *w.engine.read() == Some(Backend::Vllm))
@@ -312,7 +312,7 @@ impl Shared {
             .registry
             .snapshot()
             .iter()
-            .filter(|w| w.worker_type == t && w.available(&self.cb, now))
+            .filter(|w| w.worker_type == t && w.available(&self.cfg.breaker, now))
             .cloned()
             .collect();
         if tried.is_empty() {
@@ -332,7 +332,7 @@ impl Shared {
 
     /// Whether requests go only to the workers serving their `model`.
     fn routes_by_model(&self) -> bool {
-        self.cfg.enable_igw || self.cfg.backend == Backend::Openai
+        self.cfg.server.enable_igw || self.cfg.server.backend == Backend::Openai
     }
 
     /// `--enable-igw`: the policy of `model` for workers of type `t` (of the kind `like` is).
@@ -355,7 +355,7 @@ impl Shared {
         let mut per_model = None;
         if let Some(model) = input.model.filter(|_| self.routes_by_model()) {
             workers = serving(workers, model);
-            if self.cfg.enable_igw {
+            if self.cfg.server.enable_igw {
                 per_model = Some(self.model_policy(model, t, policy));
             }
         }
@@ -431,7 +431,9 @@ impl Shared {
 
     /// Sends and waits for the response headers, within the request timeout.
     async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, String> {
-        match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.cfg.limits.request_timeout.0, self.client.request(req))
+            .await
+        {
             Ok(Ok(r)) => {
                 self.metrics.upstream(r.status().as_u16());
                 Ok(r)
@@ -439,7 +441,7 @@ impl Shared {
             Ok(Err(e)) => Err(describe(&e)),
             Err(_) => Err(format!(
                 "no response headers within {:?}",
-                self.request_timeout
+                self.cfg.limits.request_timeout.0
             )),
         }
     }
@@ -464,17 +466,13 @@ impl Shared {
             target_worker: header_str("x-smg-target-worker"),
             model: info.model.as_deref(),
         };
-        let retries = if self.cfg.disable_retries {
-            0
-        } else {
-            self.cfg.retry_max_retries
-        };
+        let retries = self.cfg.retry.retries();
         let refused = if self.pd && !endpoint.generates() {
             Some(format!(
                 "{} is not served by a prefill/decode router: send it to a regular router",
                 endpoint.path()
             ))
-        } else if self.cfg.backend == Backend::Openai && endpoint == Endpoint::Generate {
+        } else if self.cfg.server.backend == Backend::Openai && endpoint == Endpoint::Generate {
             Some(
                 "/generate is SGLang's: an OpenAI-compatible upstream (--backend openai) serves \
                  /v1/chat/completions and /v1/completions"
@@ -498,7 +496,11 @@ impl Shared {
         for attempt in 0..=retries {
             if attempt > 0 {
                 self.metrics.retries.fetch_add(1, Ordering::Relaxed);
-                let wait = self.retry.backoff().nth_jittered(attempt, fastrand::f64());
+                let wait = self
+                    .cfg
+                    .retry
+                    .backoff()
+                    .nth_jittered(attempt, fastrand::f64());
                 tokio::time::sleep(wait).await;
             }
             let call = Call {
@@ -584,7 +586,7 @@ impl Shared {
         };
         match self.send(req).await {
             Err(e) => {
-                worker.record_outcome(&self.cb, false);
+                worker.record_outcome(&self.cfg.breaker, false);
                 tracing::warn!(worker = %worker.url, error = %e, request_id = rid, "worker request failed");
                 Attempt::Retry {
                     tried: vec![worker.url.clone()],
@@ -599,7 +601,7 @@ impl Shared {
             Ok(resp) => {
                 let status = resp.status();
                 let ok = !retryable(status.as_u16()) && !status.is_server_error();
-                worker.record_outcome(&self.cb, ok);
+                worker.record_outcome(&self.cfg.breaker, ok);
                 if retryable(status.as_u16()) {
                     tracing::warn!(worker = %worker.url, %status, request_id = rid, "worker answered with a retryable status");
                     return Attempt::Retry {
@@ -675,7 +677,7 @@ impl Shared {
         self.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
         let (p_res, d_res) = tokio::join!(self.send(p_req), self.send(d_req));
         let fail = |w: &Arc<Worker>, role: &str, e: &str| {
-            w.record_outcome(&self.cb, false);
+            w.record_outcome(&self.cfg.breaker, false);
             tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "PD request failed");
         };
         // Decode first: its answer is what the client gets.
@@ -712,8 +714,8 @@ impl Shared {
         let (p_status, d_status) = (p_resp.status(), d_resp.status());
         // 4xx is the client's fault, not the worker's (as sglang-router's PD router counts).
         let outcome = |s: StatusCode| !s.is_server_error() && !retryable(s.as_u16());
-        prefill.record_outcome(&self.cb, outcome(p_status));
-        decode.record_outcome(&self.cb, outcome(d_status));
+        prefill.record_outcome(&self.cfg.breaker, outcome(p_status));
+        decode.record_outcome(&self.cfg.breaker, outcome(d_status));
         if retryable(d_status.as_u16()) {
             return Attempt::Retry {
                 tried: vec![decode.url.clone()],
@@ -799,7 +801,9 @@ impl Shared {
             Ok(pair) => pair,
             Err(a) => return a,
         };
-        let connector = prefill.kv_connector.unwrap_or(self.cfg.vllm_kv_connector);
+        let connector = prefill
+            .kv_connector
+            .unwrap_or(self.cfg.pd.vllm_kv_connector);
         let transfer_failed = |msg: String| {
             self.metrics
                 .vllm_kv_transfer_failures
@@ -860,7 +864,7 @@ impl Shared {
         }
         self.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
         let fail = |w: &Arc<Worker>, role: &str, e: &str| {
-            w.record_outcome(&self.cb, false);
+            w.record_outcome(&self.cfg.breaker, false);
             tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "vLLM PD leg failed");
         };
         // The prefill leg to its end: its answer's body (NIXL needs it), or what went wrong.
@@ -901,7 +905,7 @@ impl Shared {
                 Ok(resp) => {
                     let status = resp.status();
                     decode.record_outcome(
-                        &self.cb,
+                        &self.cfg.breaker,
                         !status.is_server_error() && !retryable(status.as_u16()),
                     );
                     if retryable(status.as_u16()) {
@@ -917,7 +921,7 @@ impl Shared {
                 }
             }
         };
-        let concurrent = engine.is_some() && self.cfg.vllm_pd_legs == Legs::Concurrent;
+        let concurrent = engine.is_some() && self.cfg.pd.vllm_pd_legs == Legs::Concurrent;
         let (d_resp, companion) = if let (true, Some(engine)) = (concurrent, &engine) {
             let d_req = match decode_request(&vllm::mooncake_decode_params(&transfer, engine)) {
                 Ok(r) => r,
@@ -1014,7 +1018,7 @@ impl Shared {
             let resp = match this.send(req).await {
                 Ok(r) => r,
                 Err(e) => {
-                    prefill.record_outcome(&this.cb, false);
+                    prefill.record_outcome(&this.cfg.breaker, false);
                     tracing::warn!(worker = %prefill.url, role = "prefill", error = %e, request_id = %rid, "vLLM PD leg failed");
                     let reason = format!("prefill worker {}: {e}", prefill.url);
                     let fallback = error_response(
@@ -1032,7 +1036,7 @@ impl Shared {
             };
             let status = resp.status();
             prefill.record_outcome(
-                &this.cb,
+                &this.cfg.breaker,
                 !status.is_server_error() && !retryable(status.as_u16()),
             );
             if !status.is_success() {
@@ -1048,7 +1052,12 @@ impl Shared {
                 };
                 return Err(LegFailure { answer, reason });
             }
-            match tokio::time::timeout(this.request_timeout, resp.into_body().collect()).await {
+            match tokio::time::timeout(
+                this.cfg.limits.request_timeout.0,
+                resp.into_body().collect(),
+            )
+            .await
+            {
                 Ok(Ok(b)) => Ok(b.to_bytes()),
                 Ok(Err(e)) => Err(failed(
                     StatusCode::BAD_GATEWAY,
@@ -1058,7 +1067,7 @@ impl Shared {
                     StatusCode::GATEWAY_TIMEOUT,
                     format!(
                         "prefill worker {}: no whole answer within {:?}",
-                        prefill.url, this.request_timeout
+                        prefill.url, this.cfg.limits.request_timeout.0
                     ),
                 )),
             }
@@ -1073,7 +1082,7 @@ impl Shared {
         }
         let port = prefill
             .bootstrap_port
-            .unwrap_or(self.cfg.vllm_bootstrap_port);
+            .unwrap_or(self.cfg.pd.vllm_bootstrap_port);
         let addr = vllm::worker_url(&prefill.host, port);
         if let Some(id) = &prefill.kv_engine_id {
             // Registered with its engine id (SMG's `kv_engine_id`): nothing to ask.

@@ -6,7 +6,6 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use std::time::Duration;
 
 /// The inference endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -362,26 +361,6 @@ pub fn retryable(status: u16) -> bool {
     matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
 }
 
-/// Retry settings (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug)]
-pub struct RetryConfig {
-    pub max_retries: u32,
-    pub initial_backoff: Duration,
-    pub max_backoff: Duration,
-    pub multiplier: f64,
-    pub jitter: f64,
-}
-
-impl RetryConfig {
-    /// The waits between tries: `min(initial × multiplier^(n-1), max)` before retry `n`, moved
-    /// by up to ± `jitter` of itself.
-    pub fn backoff(&self) -> crate::backoff::Backoff {
-        crate::backoff::Backoff::new(self.initial_backoff, self.max_backoff)
-            .growing_by(self.multiplier)
-            .jittered_by(self.jitter)
-    }
-}
-
 /// A JSON error body in OpenAI's shape: `{"error": {"message", "type", "code"}}`.
 pub fn error_body(status: u16, kind: &str, message: &str) -> String {
     serde_json::json!({"error": {"message": message, "type": kind, "code": status}}).to_string()
@@ -390,6 +369,7 @@ pub fn error_body(status: u16, kind: &str, message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn set_fields_appends_or_replaces_in_place_keeping_the_rest_byte_for_byte() {
@@ -514,12 +494,9 @@ mod tests {
 
     #[test]
     fn backoff_grows_caps_and_jitters() {
-        let cfg = RetryConfig {
-            max_retries: 5,
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(100),
-            multiplier: 1.5,
-            jitter: 0.2,
+        let cfg = crate::router::config::RetryConfig {
+            max_backoff: crate::config::Millis(Duration::from_millis(100)),
+            ..Default::default()
         };
         let b = cfg.backoff();
         assert_eq!(b.nth_jittered(1, 0.5), Duration::from_millis(50));

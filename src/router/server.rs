@@ -27,7 +27,7 @@ type S = State<Arc<Shared>>;
 
 fn rid_for(shared: &Shared, headers: &HeaderMap, endpoint: Option<Endpoint>) -> String {
     request_id(
-        &shared.cfg.request_id_headers,
+        &shared.cfg.server.request_id_headers,
         |h| headers.get(h).and_then(|v| v.to_str().ok()),
         endpoint,
     )
@@ -47,7 +47,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
-    if let Some(key) = &shared.cfg.api_key {
+    if let Some(key) = &shared.cfg.server.api_key {
         let given = bearer(req.headers());
         if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
             shared
@@ -131,7 +131,7 @@ async fn inference(
             return error_response(status, "rate_limit_error", &e.to_string(), &rid);
         }
     };
-    let limit = shared.cfg.max_payload_size;
+    let limit = shared.cfg.limits.max_payload_size;
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
@@ -202,10 +202,13 @@ async fn readiness(State(s): S) -> Response {
     let ready_of = |t: WorkerType| {
         workers
             .iter()
-            .filter(|w| w.worker_type == t && w.available(&s.cb, now))
+            .filter(|w| w.worker_type == t && w.available(&s.cfg.breaker, now))
             .count()
     };
-    let healthy = workers.iter().filter(|w| w.available(&s.cb, now)).count();
+    let healthy = workers
+        .iter()
+        .filter(|w| w.available(&s.cfg.breaker, now))
+        .count();
     let ready = if s.pd {
         ready_of(WorkerType::Prefill) > 0 && ready_of(WorkerType::Decode) > 0
     } else {
@@ -331,7 +334,7 @@ async fn health_generate(State(s): S, headers: HeaderMap) -> Response {
 async fn metrics(State(s): S) -> Response {
     let text = s.metrics.render(
         &s.registry.snapshot(),
-        &s.cb,
+        &s.cfg.breaker,
         s.limiter.running(),
         s.limiter.queued(),
         |t| match t {
@@ -353,7 +356,7 @@ fn worker_json(s: &Shared, w: &Worker) -> Value {
         "worker_type": w.worker_type,
         "bootstrap_port": w.bootstrap_port,
         "is_healthy": w.healthy(),
-        "circuit_state": w.circuit(&s.cb, std::time::Instant::now()),
+        "circuit_state": w.circuit(&s.cfg.breaker, std::time::Instant::now()),
         "load": w.load(),
         "processed": w.processed(),
         "source": w.source,
@@ -641,7 +644,7 @@ async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
             url: w.url.to_string(),
             worker_type: w.worker_type.name(),
             healthy: w.healthy(),
-            circuit: w.circuit(&s.cb, now).name(),
+            circuit: w.circuit(&s.cfg.breaker, now).name(),
             load: w.load(),
             processed: w.processed(),
             model: w.model_id.read().clone(),
@@ -934,7 +937,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .merge(control)
         .route_layer(middleware::from_fn_with_state(shared.clone(), http_metrics))
         .fallback(not_found)
-        .layer(cors(&shared.cfg.cors_allowed_origins))
+        .layer(cors(&shared.cfg.server.cors_allowed_origins))
         .with_state(shared)
 }
 
@@ -959,15 +962,11 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
 /// `worker_startup_timeout_secs` (as sglang-router's startup check, except that the router
 /// serves meanwhile, its readiness saying whether any worker is there).
 pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
-    let health = !s.cfg.disable_health_check;
-    let timeout = config::secs(
-        "router.worker_startup_timeout_secs",
-        s.cfg.worker_startup_timeout_secs,
-    )?;
-    let every = config::secs(
-        "router.worker_startup_check_interval",
-        s.cfg.worker_startup_check_interval,
-    )?;
+    let health = !s.cfg.health.disabled;
+    let (timeout, every) = (
+        s.cfg.health.startup_timeout.0,
+        s.cfg.health.startup_check_interval.0,
+    );
     let started = std::time::Instant::now();
     let mut waiting: Vec<Arc<Worker>> = s
         .registry
@@ -977,7 +976,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
         .cloned()
         .collect();
     // --dp-aware: workers given at start are added once they tell their ranks.
-    let mut unranked = if s.cfg.dp_aware {
+    let mut unranked = if s.cfg.server.dp_aware {
         s.flag_specs()
     } else {
         Vec::new()
@@ -1009,10 +1008,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
         let mut still = Vec::new();
         for w in waiting {
             let check = every.min(Duration::from_secs(5));
-            match s
-                .call(&w, Method::GET, &s.cfg.health_check_endpoint, check)
-                .await
-            {
+            match s.call(&w, Method::GET, &s.cfg.health.endpoint, check).await {
                 Ok((st, _)) if st.is_success() => {}
                 _ => still.push(w),
             }
@@ -1031,7 +1027,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
                 .collect();
             return Err(RouterError::Startup(format!(
                 "workers did not answer {} within {timeout:?} (--worker-startup-timeout-secs): {}",
-                s.cfg.health_check_endpoint,
+                s.cfg.health.endpoint,
                 urls.join(", ")
             )));
         }
@@ -1046,10 +1042,10 @@ pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
     for w in shared.registry.snapshot().iter() {
         added(shared, w);
     }
-    if shared.cfg.rbg_config.is_some() {
+    if shared.cfg.discovery.rbg_config.is_some() {
         discovery::start(shared.clone());
     }
-    if shared.cfg.service_discovery {
+    if shared.cfg.discovery.kubernetes {
         kube::start(shared.clone())?;
     }
     Ok(())
@@ -1077,13 +1073,18 @@ pub async fn serve(
         workers = shared.registry.snapshot().len(),
         "router listening"
     );
-    let grace = Duration::from_secs_f64(shared.cfg.shutdown_grace_period_secs.clamp(0.0, 86_400.0));
-    let budget = match shared.cfg.max_inflight_body_bytes {
+    let grace = shared
+        .cfg
+        .server
+        .shutdown_grace_period
+        .0
+        .min(Duration::from_secs(86_400));
+    let budget = match shared.cfg.limits.max_inflight_body_bytes {
         0 => crate::http_server::BodyBudget::quarter_of_memory(),
         n => n,
     };
     let limits = crate::http_server::HttpLimits {
-        max_body_bytes: shared.cfg.max_payload_size,
+        max_body_bytes: shared.cfg.limits.max_payload_size,
         max_connections: 16_384,
         body_budget: Some(crate::http_server::BodyBudget::new(budget)),
         grace,

@@ -3,13 +3,13 @@
 //! The health and breaker state machines are pure (time is passed in) and tested without
 //! sockets; the registry is a copy-on-write list so that routing reads it without locking.
 
-use super::config::Backend;
+use super::config::{Backend, BreakerConfig, HealthConfig};
 use super::vllm::Connector;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -82,14 +82,6 @@ impl WorkerSpec {
 // ---------------------------------------------------------------------------------------------
 // Circuit breaker
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BreakerConfig {
-    pub enabled: bool,
-    pub failure_threshold: u32,
-    pub success_threshold: u32,
-    pub timeout: Duration,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CircuitState {
@@ -144,7 +136,7 @@ impl CircuitBreaker {
         if self.state == CircuitState::Open
             && self
                 .opened_at
-                .is_some_and(|t| now.duration_since(t) >= cfg.timeout)
+                .is_some_and(|t| now.duration_since(t) >= cfg.timeout.0)
         {
             self.state = CircuitState::HalfOpen;
             self.successes = 0;
@@ -153,7 +145,7 @@ impl CircuitBreaker {
     }
 
     pub fn can_execute(&mut self, cfg: &BreakerConfig, now: Instant) -> bool {
-        !cfg.enabled || self.state(cfg, now) != CircuitState::Open
+        cfg.disabled || self.state(cfg, now) != CircuitState::Open
     }
 
     /// Records an outcome; returns the transition it caused, if any.
@@ -163,7 +155,7 @@ impl CircuitBreaker {
         ok: bool,
         now: Instant,
     ) -> Option<(CircuitState, CircuitState)> {
-        if !cfg.enabled {
+        if cfg.disabled {
             return None;
         }
         let before = self.state(cfg, now);
@@ -196,12 +188,6 @@ impl CircuitBreaker {
 
 // ---------------------------------------------------------------------------------------------
 // Health
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HealthConfig {
-    pub failure_threshold: u32,
-    pub success_threshold: u32,
-}
 
 /// Healthy → unhealthy after `failure_threshold` consecutive failed checks, and back after
 /// `success_threshold` consecutive good ones. Workers start healthy.
@@ -560,12 +546,15 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Secs;
+    use std::time::Duration;
 
     const CB: BreakerConfig = BreakerConfig {
-        enabled: true,
         failure_threshold: 3,
         success_threshold: 2,
-        timeout: Duration::from_secs(10),
+        timeout: Secs::from_secs(10),
+        window: Secs::from_secs(120),
+        disabled: false,
     };
 
     #[test]
@@ -599,7 +588,7 @@ mod tests {
             Some((CircuitState::HalfOpen, CircuitState::Closed))
         );
         let off = BreakerConfig {
-            enabled: false,
+            disabled: true,
             ..CB
         };
         let mut b = CircuitBreaker::default();
@@ -614,6 +603,7 @@ mod tests {
         let cfg = HealthConfig {
             failure_threshold: 2,
             success_threshold: 2,
+            ..HealthConfig::default()
         };
         let mut h = HealthTracker::default();
         assert_eq!(h.record(&cfg, false), None);
