@@ -4,9 +4,10 @@
 //! empty, and a misspelt field name does not compile, where a JSON pointer silently read "".
 //!
 //! Writes still build JSON: the operator writes whole objects it computes (`desired`), and the
-//! API server's schema, not this file, is the contract for those.
+//! API server's schema, not this file, is the contract for those; conditions are written
+//! typed ([`set_condition`]).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -123,6 +124,15 @@ pub struct PodSpec<'a> {
 pub struct Container<'a> {
     pub name: &'a str,
     pub image: &'a str,
+    #[serde(borrow)]
+    pub ports: Vec<ContainerPort<'a>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ContainerPort<'a> {
+    pub name: &'a str,
+    pub container_port: u16,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -137,12 +147,91 @@ pub struct PodStatus<'a> {
     pub container_statuses: Vec<ContainerStatus<'a>>,
 }
 
+/// A condition as read (`metav1.Condition`, or a Pod's).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Condition<'a> {
     #[serde(rename = "type")]
     pub kind: &'a str,
     pub status: &'a str,
+}
+
+/// What the status of rbgctl's own kinds shares: the generation it was written for and its
+/// conditions.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Status<'a> {
+    pub observed_generation: Option<i64>,
+    #[serde(borrow)]
+    pub conditions: Vec<Condition<'a>>,
+}
+
+impl<'a> Status<'a> {
+    /// The status of `obj`; empty when it has none.
+    pub fn of(obj: &'a Value) -> Status<'a> {
+        obj.get("status")
+            .and_then(|s| Status::deserialize(s).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether condition `kind` is `True`.
+    pub fn is_true(&self, kind: &str) -> bool {
+        self.conditions
+            .iter()
+            .any(|c| c.kind == kind && c.status == "True")
+    }
+}
+
+/// A condition to write (`metav1.Condition`): [`set_condition`] keeps its
+/// `lastTransitionTime` while its status holds.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NewCondition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub last_transition_time: String,
+}
+
+impl NewCondition {
+    pub fn new(kind: &str, ok: bool, reason: &str, message: impl Into<String>) -> NewCondition {
+        NewCondition {
+            kind: kind.into(),
+            status: if ok { "True" } else { "False" }.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: String::new(),
+        }
+    }
+}
+
+/// Now, as Kubernetes writes a time (`2026-11-26T19:00:00Z`).
+pub fn timestamp_now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Sets `cond` among `status.conditions` (replacing the one of its type), stamped `now` when
+/// its status changed and with the old time when not; the list is left as it is when nothing
+/// but the time would change, so a steady object is not written again.
+pub fn set_condition(status: &mut Value, mut cond: NewCondition, now: &str) {
+    let mut list: Vec<NewCondition> = status
+        .get("conditions")
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
+    let old = list.iter().find(|c| c.kind == cond.kind);
+    cond.last_transition_time = match old {
+        Some(o) if o.status == cond.status => o.last_transition_time.clone(),
+        _ => now.to_string(),
+    };
+    if old == Some(&cond) {
+        return;
+    }
+    list.retain(|c| c.kind != cond.kind);
+    list.push(cond);
+    status["conditions"] = serde_json::to_value(list).unwrap_or_default();
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -223,6 +312,29 @@ pub fn same_image(spec: &str, reported: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditions_keep_their_transition_time_and_do_not_churn() {
+        let mut st = serde_json::json!({"replicas": 2});
+        let ready = |reason: &str| NewCondition::new("Ready", false, reason, "m");
+        set_condition(&mut st, ready("A"), "t1");
+        let first = st.clone();
+        set_condition(&mut st, ready("A"), "t2");
+        assert_eq!(
+            st, first,
+            "the same condition: nothing changes, not even the time"
+        );
+        set_condition(&mut st, ready("B"), "t3");
+        assert_eq!(st["conditions"][0]["lastTransitionTime"], "t1");
+        assert_eq!(st["conditions"][0]["reason"], "B");
+        set_condition(&mut st, NewCondition::new("Ready", true, "C", "ok"), "t4");
+        set_condition(&mut st, NewCondition::new("Other", true, "D", ""), "t5");
+        let obj = serde_json::json!({"status": st.clone()});
+        let s = Status::of(&obj);
+        assert!(s.is_true("Ready") && s.is_true("Other") && !s.is_true("Absent"));
+        assert_eq!(st["conditions"][0]["lastTransitionTime"], "t4");
+        assert_eq!(st["replicas"], 2, "the rest of the status is kept");
+    }
     use serde_json::json;
 
     #[test]

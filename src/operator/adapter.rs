@@ -338,21 +338,19 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             .position(|r| r.name == a.spec.scale_target_ref.role)?;
         let role = &g.roles[index];
         let ready = group_obj.as_ref().and_then(|o| {
-            o.pointer("/status/roleStatuses")?
-                .as_array()?
-                .iter()
-                .find(|s| s["name"] == role.name.as_str())?
-                .get("readyReplicas")?
-                .as_u64()
+            model::RoleStatus::all_of(o)
+                .into_iter()
+                .find(|s| s.name == role.name)
+                .map(|s| s.ready_replicas)
         });
         Some(TargetRole {
             index,
             replicas: role.replicas,
-            ready: ready.unwrap_or(0) as u32,
+            ready: ready.unwrap_or(0),
             selector: selector(g, role),
         })
     });
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = crate::kube::object::timestamp_now();
     let d = decide(&a, target.as_ref(), &now);
     let (name, meta_rv) = (a.metadata.name, a.metadata.resource_version);
     // The status is written over the adapter as it stands after the spec write (a

@@ -371,7 +371,7 @@ pub fn inplace_ops(cur: &Value, want: &Value, uid: &str, rev: &Revision) -> Valu
     ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", escape(REVISION)), "value": rev.hash}));
     ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(SHAPE)), "value": rev.shape}));
     let state = json!({"revision": rev.hash, "imageIDs": ids, "restartCounts": restarts,
-        "updateTimestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)});
+        "updateTimestamp": crate::kube::object::timestamp_now()});
     ops.push(
         json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(INPLACE_STATE)),
                     "value": state.to_string()}),

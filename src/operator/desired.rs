@@ -3,9 +3,10 @@
 //! ConfigMap, the EndpointSlice behind a v1alpha1 group's `<group>-<role>` Service, and the
 //! revision hashes that decide between in-place update and recreation.
 
-use crate::kube::object::Pod;
+use crate::kube::object::{Pod, PodSpec};
 use crate::kube::patch;
 use crate::operator::model::{Group, Pattern, Role};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -343,15 +344,17 @@ fn role_ports(role: &Role) -> Map<String, Value> {
         }
         return m;
     }
-    for c in role.template["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        for p in c["ports"].as_array().into_iter().flatten() {
-            if let (Some(n), Some(port)) = (p["name"].as_str(), p["containerPort"].as_u64()) {
-                m.insert(n.to_lowercase().replace('-', "_"), json!(port));
-            }
+    let spec = role
+        .template
+        .get("spec")
+        .and_then(|s| PodSpec::deserialize(s).ok())
+        .unwrap_or_default();
+    for p in spec.containers.iter().flat_map(|c| &c.ports) {
+        if !p.name.is_empty() && p.container_port != 0 {
+            m.insert(
+                p.name.to_lowercase().replace('-', "_"),
+                json!(p.container_port),
+            );
         }
     }
     m

@@ -104,7 +104,7 @@ impl Recorder {
         if !self.told.lock().tell_about(&who, reason, subject, message) {
             return;
         }
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let now = crate::kube::object::timestamp_now();
         let name = format!("{}.{:x}", meta.name, fastrand::u64(..));
         let ev = json!({"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": name, "namespace": meta.namespace},

@@ -4,7 +4,7 @@
 
 use super::action::{Requeue, CACHE_SYNC_WAIT};
 use super::context::{core, group_path, ns_of, slices_path, Context, ReconcileError};
-use crate::kube::object::ObjectMeta;
+use crate::kube::object::{set_condition, timestamp_now, NewCondition, ObjectMeta};
 use crate::kube::{KubeError, Patch};
 use crate::operator::coordination::{self, RoleState};
 use crate::operator::desired::{self, Revision, FINALIZER, GROUP, ROLE};
@@ -170,16 +170,26 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
     let mut conditions = Vec::new();
     if g.legacy {
         conditions.push(if !not_written.is_empty() {
-            json!({"type": "EndpointsPublished", "status": "False",
-                   "reason": "EndpointSliceNotWritten",
-                   "message": format!("the API server did not take: {}", not_written.join("; "))})
+            NewCondition::new(
+                "EndpointsPublished",
+                false,
+                "EndpointSliceNotWritten",
+                format!("the API server did not take: {}", not_written.join("; ")),
+            )
         } else if refused.is_empty() {
-            json!({"type": "EndpointsPublished", "status": "True", "reason": "AllEndpoints",
-                   "message": "every pod with an IP is in its Service's endpoints"})
+            NewCondition::new(
+                "EndpointsPublished",
+                true,
+                "AllEndpoints",
+                "every pod with an IP is in its Service's endpoints",
+            )
         } else {
-            json!({"type": "EndpointsPublished", "status": "False",
-                   "reason": "EndpointAddressRefused",
-                   "message": refused})
+            NewCondition::new(
+                "EndpointsPublished",
+                false,
+                "EndpointAddressRefused",
+                refused,
+            )
         });
     }
     // In-place updates the kubelet has not confirmed in time: said, not waited on silently.
@@ -203,8 +213,12 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         .filter(|d| !d.is_zero())
         .min();
     if unconfirmed.is_empty() {
-        conditions.push(json!({"type": "InPlaceUpdatesConfirmed", "status": "True",
-            "reason": "Confirmed", "message": "no in-place update is overdue"}));
+        conditions.push(NewCondition::new(
+            "InPlaceUpdatesConfirmed",
+            true,
+            "Confirmed",
+            "no in-place update is overdue",
+        ));
     } else {
         let msg = format!(
             "in-place updates not confirmed by the kubelet within {} s (new image running and \
@@ -215,8 +229,12 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         ctx.events
             .post(&obj, "Warning", "InPlaceUpdateUnconfirmed", &msg)
             .await;
-        conditions.push(json!({"type": "InPlaceUpdatesConfirmed", "status": "False",
-            "reason": "InPlaceUpdateUnconfirmed", "message": msg}));
+        conditions.push(NewCondition::new(
+            "InPlaceUpdatesConfirmed",
+            false,
+            "InPlaceUpdateUnconfirmed",
+            msg,
+        ));
     }
     write_status(ctx, &obj, &g, &counts, &conditions).await?;
     let user_partition: BTreeMap<String, u32> = g
@@ -311,10 +329,10 @@ async fn invalid(
 ) -> Result<Requeue, ReconcileError> {
     tracing::warn!(group = %key_of(obj), reason, message, "group not reconciled");
     ctx.events.post(obj, "Warning", reason, message).await;
-    let cond = json!({"type": "Ready", "status": "False", "reason": reason, "message": message});
+    let cond = NewCondition::new("Ready", false, reason, message);
     let mut status = obj.get("status").cloned().unwrap_or(json!({}));
     status["observedGeneration"] = json!(ObjectMeta::of(obj).generation);
-    set_condition(&mut status, cond);
+    set_condition(&mut status, cond, &timestamp_now());
     put_status(ctx, obj, status).await?;
     Ok(Requeue::AwaitChange)
 }
@@ -344,15 +362,19 @@ async fn write_status(
     obj: &Value,
     g: &Group,
     counts: &BTreeMap<String, plan::Counts>,
-    conditions: &[Value],
+    conditions: &[NewCondition],
 ) -> Result<(), ReconcileError> {
-    let role_statuses: Vec<Value> = g
+    let role_statuses: Vec<model::RoleStatus> = g
         .roles
         .iter()
         .map(|r| {
             let c = &counts[&r.name];
-            json!({"name": r.name, "replicas": c.replicas, "readyReplicas": c.ready,
-                   "updatedReplicas": c.updated})
+            model::RoleStatus {
+                name: r.name.clone(),
+                replicas: c.replicas,
+                ready_replicas: c.ready,
+                updated_replicas: c.updated,
+            }
         })
         .collect();
     let all = g.roles.iter().all(|r| {
@@ -360,7 +382,7 @@ async fn write_status(
         c.replicas == r.replicas && c.ready == r.replicas
     });
     let cond = if all {
-        json!({"type": "Ready", "status": "True", "reason": "AllRolesReady", "message": "All roles are ready"})
+        NewCondition::new("Ready", true, "AllRolesReady", "All roles are ready")
     } else {
         let waiting: Vec<&str> = g
             .roles
@@ -368,18 +390,23 @@ async fn write_status(
             .filter(|r| counts[&r.name].ready < r.replicas)
             .map(|r| r.name.as_str())
             .collect();
-        json!({"type": "Ready", "status": "False", "reason": "RoleNotReady",
-               "message": format!("not ready: {}", waiting.join(", "))})
+        NewCondition::new(
+            "Ready",
+            false,
+            "RoleNotReady",
+            format!("not ready: {}", waiting.join(", ")),
+        )
     };
     let mut status = obj.get("status").cloned().unwrap_or(json!({}));
     if !status.is_object() {
         status = json!({});
     }
     status["observedGeneration"] = json!(g.generation);
-    status["roleStatuses"] = Value::Array(role_statuses);
-    set_condition(&mut status, cond);
+    status["roleStatuses"] = json!(role_statuses);
+    let now = timestamp_now();
+    set_condition(&mut status, cond, &now);
     for c in conditions {
-        set_condition(&mut status, c.clone());
+        set_condition(&mut status, c.clone(), &now);
     }
     put_status(ctx, obj, status).await
 }
@@ -456,55 +483,4 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
     tracing::info!(group = %key, "children removed; finalizer released");
     ctx.events.forget_group(&key);
     Ok(Requeue::AwaitChange)
-}
-
-/// Sets a condition, keeping its lastTransitionTime when its status does not change.
-pub(super) fn set_condition(status: &mut Value, mut cond: Value) {
-    let mut list: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
-    let t = cond["type"].clone();
-    let old = list.iter().find(|c| c["type"] == t).cloned();
-    cond["lastTransitionTime"] = match &old {
-        Some(o) if o["status"] == cond["status"] => o["lastTransitionTime"].clone(),
-        _ => json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-    };
-    if let Some(o) = &old {
-        if o["status"] == cond["status"]
-            && o["reason"] == cond["reason"]
-            && o["message"] == cond["message"]
-        {
-            return;
-        }
-    }
-    list.retain(|c| c["type"] != t);
-    list.push(cond);
-    status["conditions"] = Value::Array(list);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn conditions_keep_their_transition_time_and_do_not_churn() {
-        let mut st = json!({});
-        set_condition(
-            &mut st,
-            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
-        );
-        let first = st.clone();
-        set_condition(
-            &mut st,
-            json!({"type": "Ready", "status": "False", "reason": "A", "message": "m"}),
-        );
-        assert_eq!(st, first, "same condition: nothing changes");
-        set_condition(
-            &mut st,
-            json!({"type": "Ready", "status": "False", "reason": "B", "message": "n"}),
-        );
-        assert_eq!(
-            st["conditions"][0]["lastTransitionTime"],
-            first["conditions"][0]["lastTransitionTime"]
-        );
-        assert_eq!(st["conditions"][0]["reason"], "B");
-    }
 }

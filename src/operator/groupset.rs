@@ -13,8 +13,7 @@
 use super::action::{Requeue, CACHE_SYNC_WAIT};
 use super::context::{group_path, ns_of, Context, ReconcileError};
 use super::finalizer;
-use super::group::set_condition;
-use crate::kube::object::ObjectMeta;
+use crate::kube::object::{set_condition, timestamp_now, NewCondition, ObjectMeta, Status};
 use crate::kube::{KubeError, Patch};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
@@ -158,12 +157,8 @@ pub fn updated(existing: &Value, want: &Value) -> Option<Value> {
 
 /// Whether a group is Ready at its current spec.
 pub fn group_ready(g: &Value) -> bool {
-    let st = &g["status"];
-    st["observedGeneration"] == g["metadata"]["generation"]
-        && st["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
+    let st = Status::of(g);
+    st.observed_generation == Some(ObjectMeta::of(g).generation) && st.is_true("Ready")
 }
 
 /// A set's next writes.
@@ -244,14 +239,24 @@ pub fn status(set: &SetSpec, old: &Value, p: &Plan) -> Value {
     st["replicas"] = json!(p.replicas);
     st["readyReplicas"] = json!(p.ready);
     let cond = if p.ready == set.replicas && p.replicas == set.replicas {
-        json!({"type": "Ready", "status": "True", "reason": "AllReplicasReady",
-               "message": format!("{} of {} groups ready", p.ready, set.replicas)})
+        NewCondition::new(
+            "Ready",
+            true,
+            "AllReplicasReady",
+            format!("{} of {} groups ready", p.ready, set.replicas),
+        )
     } else {
-        json!({"type": "Ready", "status": "False", "reason": "ReplicasNotReady",
-               "message": format!("{} of {} groups ready ({} exist)", p.ready, set.replicas,
-                                  p.replicas)})
+        NewCondition::new(
+            "Ready",
+            false,
+            "ReplicasNotReady",
+            format!(
+                "{} of {} groups ready ({} exist)",
+                p.ready, set.replicas, p.replicas
+            ),
+        )
     };
-    set_condition(&mut st, cond);
+    set_condition(&mut st, cond, &timestamp_now());
     st
 }
 

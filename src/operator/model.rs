@@ -4,6 +4,7 @@
 
 use crate::kube::object::ObjectMeta;
 use crate::kube::patch;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -171,6 +172,26 @@ pub struct Group {
 /// A string field of a spec object, when present and a string.
 fn text<'a>(v: &'a Value, name: &str) -> Option<&'a str> {
     v.get(name).and_then(Value::as_str)
+}
+
+/// One of a group's `status.roleStatuses`, as the operator writes and the adapter reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RoleStatus {
+    pub name: String,
+    pub replicas: u32,
+    pub ready_replicas: u32,
+    pub updated_replicas: u32,
+}
+
+impl RoleStatus {
+    /// `status.roleStatuses` of a group object; empty when it has none yet.
+    pub fn all_of(group: &Value) -> Vec<RoleStatus> {
+        group
+            .pointer("/status/roleStatuses")
+            .and_then(|r| Vec::<RoleStatus>::deserialize(r).ok())
+            .unwrap_or_default()
+    }
 }
 
 /// Whether a group is written in the v1alpha1 form.
