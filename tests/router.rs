@@ -3,8 +3,10 @@
 
 mod common;
 
+use clap::Parser;
 use common::wait_until;
-use rbgctl::launch::{Launcher, Process, Spawned};
+use rbgctl::launch::{self, Launcher, Process, Spawned};
+use rbgctl::router::config::{RouterArgs, RouterConfig};
 use rbgctl::testkit::fake_worker;
 use serde_json::{json, Value};
 use std::io::Read;
@@ -58,13 +60,41 @@ struct Router {
     port: u16,
 }
 
-/// A router with `args` on a kernel-chosen port, once `/readiness` answers as `ready` says.
-fn router(args: &[String], ready: bool) -> Router {
-    router_with_env(args, Some(ready), &[])
+/// The router's settings from `args`, sglang-router's flags as a user writes them, on
+/// kernel-chosen ports.
+fn router_config(args: &[String]) -> RouterConfig {
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: RouterArgs,
+    }
+    let argv = common::router_argv(&[])
+        .into_iter()
+        .chain(args.iter().cloned());
+    Cmd::try_parse_from(argv)
+        .expect("the router's flags parse")
+        .args
+        .resolve()
+        .expect("the router's settings resolve")
 }
 
-/// A router as [`router`] does, with environment variables; `ready: None` does not wait for
-/// `/readiness`.
+/// A router with `args`, once `/readiness` answers as `ready` says. The flags are resolved
+/// here and the router started from the settings (the launcher writes them to its config
+/// file), so every test also carries the settings through the file and back.
+fn router(args: &[String], ready: bool) -> Router {
+    let child = launcher()
+        .spawn::<launch::Router>("router", router_config(args))
+        .expect("the router starts");
+    let r = Router {
+        port: child.addrs.http.port(),
+        _proc: child.process,
+    };
+    await_readiness(&r, ready);
+    r
+}
+
+/// A router started from `args` on its command line, with environment variables (what the
+/// environment says is the router's to read); `ready: None` does not wait for `/readiness`.
 fn router_with_env(
     args: &[String],
     ready: Option<bool>,
@@ -80,14 +110,18 @@ fn router_with_env(
         _proc: r.process,
     };
     if let Some(ready) = ready {
-        let want = if ready { 200 } else { 503 };
-        assert!(
-            wait_until(Duration::from_secs(20), || get(r.port, "/readiness").0
-                == want),
-            "router did not come up"
-        );
+        await_readiness(&r, ready);
     }
     r
+}
+
+fn await_readiness(r: &Router, ready: bool) {
+    let want = if ready { 200 } else { 503 };
+    assert!(
+        wait_until(Duration::from_secs(20), || get(r.port, "/readiness").0
+            == want),
+        "router did not come up"
+    );
 }
 
 fn s(v: &[&str]) -> Vec<String> {
