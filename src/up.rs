@@ -12,8 +12,9 @@ use crate::config::{ByteSize, ConfigError};
 use crate::engine::{EngineConfig, Mode};
 use crate::launch::{self, wait_http_ok, Child, Dir, Launcher, Logs, Pool, PoolSpec};
 use crate::router::config::{
-    MetricsConfig, PdConfig, PolicyConfig, PolicyKind, PrefillSpec, RouterConfig, ServerConfig,
+    MetricsConfig, PdConfig, PolicyConfig, PrefillSpec, RouterConfig, ServerConfig,
 };
+use crate::router::policy::PolicyKind;
 use crate::shutdown::Shutdown;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -559,8 +559,29 @@ fn a_refused_client_is_told_why_and_an_unproven_one_is_closed_in_time() {
         master,
         ..Default::default()
     });
-    let held: Vec<TcpStream> = (0..2)
-        .map(|_| TcpStream::connect(&c.rpc).unwrap())
+    // Two connections the master has admitted and answers on. A connection of the start-up
+    // (a readiness probe) may still hold a slot until its thread sees it close: wait for the
+    // slot rather than hold a connection that was itself refused.
+    let ping = |conn: &mut Connection| {
+        conn.call::<_, rbgctl::transfer::message::PingResp>(
+            Opcode::Ping,
+            &rbgctl::transfer::message::PingReq { client_id: 1 },
+        )
+    };
+    let held: Vec<Connection> = (0..2)
+        .map(|_| {
+            let mut admitted = None;
+            assert!(
+                wait_until(Duration::from_secs(10), || {
+                    admitted = Connection::connect(&c.rpc, &ConnOptions::default())
+                        .and_then(|mut conn| ping(&mut conn).map(|_| conn))
+                        .ok();
+                    admitted.is_some()
+                }),
+                "the master admits two connections from one peer"
+            );
+            admitted.unwrap()
+        })
         .collect();
     let refused = Connection::connect(&c.rpc, &ConnOptions::default()).and_then(|mut conn| {
         conn.call::<_, ()>(

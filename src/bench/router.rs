@@ -16,8 +16,9 @@
 use crate::bench::stats::percentile;
 use crate::launch::{self, wait_http_ok, Launcher, Logs, Spawned};
 use crate::router::config::{
-    Backend, MetricsConfig, PolicyConfig, PolicyKind, PrefillSpec, RouterConfig, ServerConfig,
+    Backend, MetricsConfig, PolicyConfig, PrefillSpec, RouterConfig, ServerConfig,
 };
+use crate::router::policy::PolicyKind;
 use crate::router::request::{self, Endpoint};
 use crate::router::vllm;
 use crate::testkit::fake_worker;

@@ -23,12 +23,13 @@ pub fn start(shared: &Arc<Shared>) {
         tick.tick().await;
         loop {
             tick.tick().await;
-            s.policy.evict();
-            s.prefill_policy.evict();
-            s.decode_policy.evict();
+            let now = std::time::Instant::now();
+            s.policy.evict(now);
+            s.prefill_policy.evict(now);
+            s.decode_policy.evict(now);
             let per_model: Vec<_> = s.model_policies.lock().values().cloned().collect();
             for p in per_model {
-                p.evict();
+                p.evict(now);
             }
         }
     });

@@ -3,6 +3,7 @@
 //! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
 //! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
 
+use super::policy::{AssignmentMode, CacheAwareConfig, ManualConfig, PolicyKind};
 use super::vllm::{self, Connector, Legs};
 use crate::config::flat::FlatTable;
 use crate::config::{check_pair, layered, ConfigError, Millis, Secs};
@@ -10,58 +11,6 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
-
-/// How a worker is chosen for a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum PolicyKind {
-    Random,
-    RoundRobin,
-    /// Two random workers; the one with fewer requests in flight wins.
-    PowerOfTwo,
-    /// Longest cached prefix (approximate radix tree per worker), unless load is imbalanced.
-    CacheAware,
-    /// Rendezvous hashing of the `X-SMG-Routing-Key` (or `X-Session-Id`) header, so a
-    /// conversation sticks to one worker; `X-SMG-Target-Worker` names a worker directly.
-    ConsistentHashing,
-    /// sglang-router's `manual`: a routing key (`X-SMG-Routing-Key`) sticks to the worker it
-    /// was first given (`--assignment-mode`), until idle for `--max-idle-secs`.
-    Manual,
-    /// sglang-router's `bucket` (for prefill): requests sorted by length into one bucket per
-    /// worker, boundaries following the recent lengths (`--bucket-adjust-interval-secs`),
-    /// unless the characters sent are imbalanced.
-    Bucket,
-}
-
-impl PolicyKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::Random => "random",
-            PolicyKind::RoundRobin => "round_robin",
-            PolicyKind::PowerOfTwo => "power_of_two",
-            PolicyKind::CacheAware => "cache_aware",
-            PolicyKind::ConsistentHashing => "consistent_hashing",
-            PolicyKind::Manual => "manual",
-            PolicyKind::Bucket => "bucket",
-        }
-    }
-}
-
-/// How the `manual` policy gives a new routing key its worker (sglang-router's
-/// `--assignment-mode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum AssignmentMode {
-    /// Any candidate.
-    #[default]
-    Random,
-    /// The one with the fewest requests in flight.
-    MinLoad,
-    /// The one holding the fewest routing keys.
-    MinGroup,
-}
 
 /// A prefill worker of a disaggregated deployment.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -294,58 +243,6 @@ impl Default for PolicyConfig {
             prefill_policy: None,
             decode_policy: None,
             bucket_adjust_interval: Secs::from_secs(5),
-        }
-    }
-}
-
-/// The cache-aware policy (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CacheAwareConfig {
-    /// A match of more than this fraction of the request text goes to the worker that has
-    /// it. Default 0.3.
-    pub cache_threshold: f64,
-    /// Load is imbalanced when max − min requests in flight exceed this (and the relative
-    /// threshold holds); then the least loaded worker is chosen. Default 64.
-    pub balance_abs_threshold: usize,
-    /// ... and max in flight exceeds min × this. Default 1.5.
-    pub balance_rel_threshold: f64,
-    /// How often the tree is trimmed to `max_tree_size`. Default 60 s.
-    #[serde(rename = "eviction_interval_secs")]
-    pub eviction_interval: Secs,
-    /// Characters of request text kept per worker. Default 2^26.
-    pub max_tree_size: usize,
-}
-
-impl Default for CacheAwareConfig {
-    fn default() -> Self {
-        CacheAwareConfig {
-            cache_threshold: 0.3,
-            balance_abs_threshold: 64,
-            balance_rel_threshold: 1.5,
-            eviction_interval: Secs::from_secs(60),
-            max_tree_size: 1 << 26,
-        }
-    }
-}
-
-/// The `manual` policy (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ManualConfig {
-    /// How a new routing key gets its worker. Default `random`.
-    pub assignment_mode: AssignmentMode,
-    /// A routing key idle this long is forgotten (its next request is assigned anew).
-    /// Default 14400 s.
-    #[serde(rename = "max_idle_secs")]
-    pub max_idle: Secs,
-}
-
-impl Default for ManualConfig {
-    fn default() -> Self {
-        ManualConfig {
-            assignment_mode: AssignmentMode::Random,
-            max_idle: Secs::from_secs(14_400),
         }
     }
 }

@@ -12,7 +12,6 @@
 //! - `metrics`: Prometheus.
 
 pub mod background;
-pub mod bucket;
 pub mod compat;
 pub mod config;
 pub mod discovery;
@@ -25,7 +24,6 @@ pub mod proxy;
 pub mod request;
 pub mod server;
 pub mod tokenize;
-pub mod tree;
 pub mod ui;
 pub mod vllm;
 pub mod worker;
@@ -33,10 +31,10 @@ pub mod worker;
 use crate::config::ConfigError;
 use crate::kube::KubeError;
 use crate::role::{self, BindError};
-use crate::router::config::{CacheAwareConfig, ManualConfig, RouterConfig, TlsConfig};
+use crate::router::config::{RouterConfig, TlsConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
-use crate::router::policy::Policy;
+use crate::router::policy::{LoadBalancingPolicy, PolicySettings};
 use crate::router::worker::RegistryError;
 use crate::router::worker::{Registry, Source, WorkerSpec, WorkerType};
 use crate::shutdown::Shutdown;
@@ -79,9 +77,9 @@ pub struct Shared {
     pub cfg: RouterConfig,
     pub pd: bool,
     pub registry: Registry,
-    pub policy: Policy,
-    pub prefill_policy: Policy,
-    pub decode_policy: Policy,
+    pub policy: Arc<dyn LoadBalancingPolicy>,
+    pub prefill_policy: Arc<dyn LoadBalancingPolicy>,
+    pub decode_policy: Arc<dyn LoadBalancingPolicy>,
     pub client: HttpClient,
     pub limiter: Limiter,
     pub metrics: Metrics,
@@ -93,8 +91,9 @@ pub struct Shared {
     /// How policies are made (for those made later: one per model with `--enable-igw`).
     pub policy_settings: PolicySettings,
     /// `--enable-igw`: each model's policies (per worker type), made when first needed.
-    pub model_policies:
-        parking_lot::Mutex<std::collections::HashMap<(String, WorkerType), Arc<Policy>>>,
+    pub model_policies: parking_lot::Mutex<
+        std::collections::HashMap<(String, WorkerType), Arc<dyn LoadBalancingPolicy>>,
+    >,
     /// `--tokenizer-path` (or a local `--model-path`).
     pub tokenizer: Option<Arc<tokenize::Tokenizer>>,
     /// `--tls-cert-path`: the listener's TLS.
@@ -122,22 +121,6 @@ pub fn http_client(tls: rustls::ClientConfig) -> HttpClient {
         .build(conn)
 }
 
-/// Everything a policy is made from besides its kind.
-#[derive(Clone, Copy, Debug)]
-pub struct PolicySettings {
-    pub cache: CacheAwareConfig,
-    pub manual: ManualConfig,
-    pub bucket: Duration,
-}
-
-impl PolicySettings {
-    pub fn build(&self, kind: config::PolicyKind) -> Policy {
-        Policy::new(kind, self.cache)
-            .with_manual(self.manual)
-            .with_bucket_interval(self.bucket)
-    }
-}
-
 /// The client TLS of `cfg`: the public roots and `ca_cert_paths`, with the client identity.
 pub fn client_tls(cfg: &TlsConfig) -> Result<rustls::ClientConfig, crate::tls::TlsError> {
     let identity = cfg
@@ -152,7 +135,7 @@ impl Shared {
         let settings = PolicySettings {
             cache: cfg.cache,
             manual: cfg.manual,
-            bucket: cfg.policy.bucket_adjust_interval.0,
+            bucket_interval: cfg.policy.bucket_adjust_interval.0,
         };
         let policy = |kind| settings.build(kind);
         let limits = &cfg.limits;
@@ -231,11 +214,11 @@ impl Shared {
 
     /// Forgets a removed worker in every policy.
     pub fn forget(&self, url: &str) {
-        self.policy.remove_worker(url);
-        self.prefill_policy.remove_worker(url);
-        self.decode_policy.remove_worker(url);
+        self.policy.on_worker_removed(url);
+        self.prefill_policy.on_worker_removed(url);
+        self.decode_policy.on_worker_removed(url);
         for p in self.model_policies.lock().values() {
-            p.remove_worker(url);
+            p.on_worker_removed(url);
         }
     }
 }

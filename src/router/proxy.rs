@@ -5,7 +5,7 @@
 
 use crate::router::config::Backend;
 use crate::router::dp;
-use crate::router::policy::{Candidate, Policy, RouteInput};
+use crate::router::policy::{self, Candidate, LoadBalancingPolicy, RouteInput};
 use crate::router::request;
 use crate::router::request::{
     error_body, inject_bootstrap, random_room, retryable, BadRequest, Endpoint, RouteInfo,
@@ -336,17 +336,22 @@ impl Shared {
     }
 
     /// `--enable-igw`: the policy of `model` for workers of type `t` (of the kind `like` is).
-    fn model_policy(&self, model: &str, t: WorkerType, like: &Policy) -> Arc<Policy> {
+    fn model_policy(
+        &self,
+        model: &str,
+        t: WorkerType,
+        like: &dyn LoadBalancingPolicy,
+    ) -> Arc<dyn LoadBalancingPolicy> {
         self.model_policies
             .lock()
             .entry((model.to_string(), t))
-            .or_insert_with(|| Arc::new(self.policy_settings.build(like.kind())))
+            .or_insert_with(|| self.policy_settings.build(like.kind()))
             .clone()
     }
 
     fn choose(
         &self,
-        policy: &Policy,
+        policy: &dyn LoadBalancingPolicy,
         t: WorkerType,
         input: &RouteInput,
         tried: &[Arc<str>],
@@ -368,7 +373,8 @@ impl Shared {
                 processed: w.processed(),
             })
             .collect();
-        let chosen = policy.select(&cands, input).map(|i| workers[i].clone());
+        let chosen =
+            policy::choose(policy, &cands, input, Instant::now()).map(|i| workers[i].clone());
         if let Some(w) = &chosen {
             w.counters.selected.fetch_add(1, Ordering::Relaxed);
         }
@@ -384,10 +390,10 @@ impl Shared {
         rid: &str,
     ) -> Result<(Arc<Worker>, Arc<Worker>), Attempt> {
         let prefill = self
-            .choose(&self.prefill_policy, WorkerType::Prefill, input, tried)
+            .choose(&*self.prefill_policy, WorkerType::Prefill, input, tried)
             .ok_or_else(|| Attempt::Done(no_workers("prefill ", rid)))?;
         let decode = self
-            .choose(&self.decode_policy, WorkerType::Decode, input, tried)
+            .choose(&*self.decode_policy, WorkerType::Decode, input, tried)
             .ok_or_else(|| Attempt::Done(no_workers("decode ", rid)))?;
         Ok((prefill, decode))
     }
@@ -562,7 +568,7 @@ impl Shared {
             ref input,
             rid,
         } = *call;
-        let Some(worker) = self.choose(&self.policy, WorkerType::Regular, input, tried) else {
+        let Some(worker) = self.choose(&*self.policy, WorkerType::Regular, input, tried) else {
             return Attempt::Done(no_workers("", rid));
         };
         let guard = worker.begin();

@@ -3,7 +3,7 @@
 //! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
 
 use crate::router::config::Backend;
-use crate::router::config::PolicyKind;
+use crate::router::policy::PolicyKind;
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect, request_id, Endpoint, RouteInfo};
 use crate::router::tokenize::{parse_ids, token_text, TokenizeError, Tokenizer, INLINE_BYTES};

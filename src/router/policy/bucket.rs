@@ -7,10 +7,42 @@
 //!
 //! Pure state: the caller passes the time, so every rule is tested without a clock.
 
-use crate::router::policy::Candidate;
+use super::{Candidate, LoadBalancingPolicy, PolicyKind, RouteInput};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The `bucket` policy: [`Buckets`] behind a lock, balanced by the cache-aware thresholds.
+pub struct Bucket {
+    buckets: Mutex<Buckets>,
+    balance: Balance,
+}
+
+impl Bucket {
+    /// Boundaries adjusted every `interval` (also the window they follow).
+    pub fn new(interval: Duration, balance: Balance) -> Bucket {
+        Bucket {
+            buckets: Mutex::new(Buckets::new(interval)),
+            balance,
+        }
+    }
+}
+
+impl LoadBalancingPolicy for Bucket {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Bucket
+    }
+
+    fn select(&self, workers: &[Candidate], request: &RouteInput, now: Instant) -> Option<usize> {
+        let chars = request.text.chars().count();
+        Some(
+            self.buckets
+                .lock()
+                .select(workers, chars, self.balance, now),
+        )
+    }
+}
 
 /// Before any request was seen, `n` workers split this many characters evenly (as
 /// sglang-router starts).

@@ -1,0 +1,250 @@
+//! Worker selection: one policy per file behind [`LoadBalancingPolicy`], made from the config
+//! by [`PolicySettings::build`]. Every policy is a pure function of the candidates (the
+//! available workers, with their in-flight load), what the request offers for routing (its
+//! text, its routing key) and the time it is given; none touches a socket or reads a clock,
+//! so each is tested on constructed states.
+
+mod bucket;
+mod cache_aware;
+mod consistent_hash;
+mod manual;
+mod power_of_two;
+mod random;
+mod round_robin;
+pub mod tree;
+
+pub use bucket::{Balance, Bucket, Buckets};
+pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
+pub use manual::{AssignmentMode, Manual, ManualConfig};
+pub use power_of_two::PowerOfTwo;
+pub use random::Random;
+pub use round_robin::RoundRobin;
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tree::Tenant;
+
+/// How a worker is chosen for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PolicyKind {
+    Random,
+    RoundRobin,
+    /// Two random workers; the one with fewer requests in flight wins.
+    PowerOfTwo,
+    /// Longest cached prefix (approximate radix tree per worker), unless load is imbalanced.
+    CacheAware,
+    /// Rendezvous hashing of the `X-SMG-Routing-Key` (or `X-Session-Id`) header, so a
+    /// conversation sticks to one worker; `X-SMG-Target-Worker` names a worker directly.
+    ConsistentHashing,
+    /// sglang-router's `manual`: a routing key (`X-SMG-Routing-Key`) sticks to the worker it
+    /// was first given (`--assignment-mode`), until idle for `--max-idle-secs`.
+    Manual,
+    /// sglang-router's `bucket` (for prefill): requests sorted by length into one bucket per
+    /// worker, boundaries following the recent lengths (`--bucket-adjust-interval-secs`),
+    /// unless the characters sent are imbalanced.
+    Bucket,
+}
+
+impl PolicyKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Random => "random",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::Manual => "manual",
+            PolicyKind::Bucket => "bucket",
+        }
+    }
+}
+
+/// A worker that may be chosen.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub url: Tenant,
+    /// Requests in flight.
+    pub load: usize,
+    /// Requests sent so far (tie-break, so that equal loads spread).
+    pub processed: u64,
+}
+
+/// What a request offers for routing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouteInput<'a> {
+    /// The text the cache-aware policy matches (prompt, messages, or input ids as text).
+    pub text: &'a str,
+    /// `X-SMG-Routing-Key` or `X-Session-Id`.
+    pub routing_key: Option<&'a str>,
+    /// `X-SMG-Target-Worker`: a worker URL, or an index into the candidates.
+    pub target_worker: Option<&'a str>,
+    /// The request's `model` (with `--enable-igw` or `--backend openai`, only workers
+    /// serving it are candidates).
+    pub model: Option<&'a str>,
+}
+
+/// A way of choosing a worker, as SGLang's gateway shapes them.
+pub trait LoadBalancingPolicy: Send + Sync {
+    fn kind(&self) -> PolicyKind;
+
+    fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// Chooses among `workers` (never empty: [`choose`] sees to that) for `request` at `now`.
+    fn select(&self, workers: &[Candidate], request: &RouteInput, now: Instant) -> Option<usize>;
+
+    /// Forgets what it holds about a removed worker.
+    fn on_worker_removed(&self, _url: &str) {}
+
+    /// Trims what it holds (the cache-aware tree, idle routing keys); run periodically.
+    fn evict(&self, _now: Instant) {}
+}
+
+/// Chooses among `workers` for `request` with `policy`: none when there is no worker, and the
+/// worker `X-SMG-Target-Worker` names wins over any policy.
+pub fn choose(
+    policy: &dyn LoadBalancingPolicy,
+    workers: &[Candidate],
+    request: &RouteInput,
+    now: Instant,
+) -> Option<usize> {
+    if workers.is_empty() {
+        return None;
+    }
+    if let Some(i) = request.target_worker.and_then(|t| target(workers, t)) {
+        return Some(i);
+    }
+    policy.select(workers, request, now)
+}
+
+/// Everything a policy is made from besides its kind.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicySettings {
+    pub cache: CacheAwareConfig,
+    pub manual: ManualConfig,
+    /// `bucket`: the interval between boundary adjustments.
+    pub bucket_interval: Duration,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        PolicySettings {
+            cache: CacheAwareConfig::default(),
+            manual: ManualConfig::default(),
+            bucket_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl PolicySettings {
+    /// A fresh policy of `kind`, holding nothing yet.
+    pub fn build(&self, kind: PolicyKind) -> Arc<dyn LoadBalancingPolicy> {
+        match kind {
+            PolicyKind::Random => Arc::new(Random),
+            PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
+            PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
+            PolicyKind::CacheAware => Arc::new(CacheAware::new(self.cache)),
+            PolicyKind::ConsistentHashing => Arc::new(ConsistentHashing),
+            PolicyKind::Manual => Arc::new(Manual::new(self.manual)),
+            PolicyKind::Bucket => Arc::new(Bucket::new(
+                self.bucket_interval,
+                Balance {
+                    abs: self.cache.balance_abs_threshold,
+                    rel: self.cache.balance_rel_threshold,
+                },
+            )),
+        }
+    }
+}
+
+/// The candidate with the least load; ties go to the one that has served fewer requests, then
+/// to the first. (sglang-router 0.3.2 breaks ties by position only, which sends every request
+/// of a quiet period to the first worker; its later releases use the same tie-break as here.)
+fn least_loaded(c: &[Candidate]) -> Option<usize> {
+    (0..c.len()).min_by_key(|&i| (c[i].load, c[i].processed, i))
+}
+
+/// `X-SMG-Target-Worker`: a URL among the candidates, or an index into them.
+fn target(c: &[Candidate], t: &str) -> Option<usize> {
+    let t = t.trim();
+    c.iter()
+        .position(|x| *x.url == *t.trim_end_matches('/'))
+        .or_else(|| t.parse::<usize>().ok().filter(|&i| i < c.len()))
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Candidates `http://w{i}:1` with these loads.
+    pub fn cands(loads: &[usize]) -> Vec<Candidate> {
+        loads
+            .iter()
+            .enumerate()
+            .map(|(i, &load)| Candidate {
+                url: format!("http://w{i}:1").into(),
+                load,
+                processed: 0,
+            })
+            .collect()
+    }
+
+    pub fn text(t: &str) -> RouteInput<'_> {
+        RouteInput {
+            text: t,
+            ..RouteInput::default()
+        }
+    }
+
+    pub fn key(k: &str) -> RouteInput<'_> {
+        RouteInput {
+            routing_key: Some(k),
+            ..RouteInput::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn a_target_worker_wins_over_every_policy_and_no_worker_chooses_none() {
+        let now = Instant::now();
+        let c = cands(&[0, 0, 0, 0]);
+        let kinds = [
+            PolicyKind::Random,
+            PolicyKind::RoundRobin,
+            PolicyKind::PowerOfTwo,
+            PolicyKind::CacheAware,
+            PolicyKind::ConsistentHashing,
+            PolicyKind::Manual,
+            PolicyKind::Bucket,
+        ];
+        for kind in kinds {
+            let p = PolicySettings::default().build(kind);
+            assert_eq!(p.kind(), kind);
+            assert_eq!(p.name(), kind.name());
+            let by_url = RouteInput {
+                target_worker: Some("http://w2:1/"),
+                routing_key: Some("x"),
+                ..text("some text")
+            };
+            assert_eq!(choose(&*p, &c, &by_url, now), Some(2), "{kind:?}");
+            let by_index = RouteInput {
+                target_worker: Some("3"),
+                ..RouteInput::default()
+            };
+            assert_eq!(choose(&*p, &c, &by_index, now), Some(3), "{kind:?}");
+            assert_eq!(choose(&*p, &[], &text("t"), now), None, "{kind:?}");
+            let picked = choose(&*p, &c, &text("t"), now).unwrap();
+            assert!(picked < c.len(), "{kind:?}");
+        }
+    }
+}
