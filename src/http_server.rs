@@ -38,6 +38,9 @@ pub struct HttpLimits {
     pub body_budget: Option<Arc<BodyBudget>>,
     /// On shutdown, how long requests in flight may take to finish. Default 1 s.
     pub grace: Duration,
+    /// The connection slots, when several listeners of one port share `max_connections`
+    /// (a thread-per-core server); `None`: this listener's own.
+    pub connection_slots: Option<Arc<Semaphore>>,
 }
 
 impl Default for HttpLimits {
@@ -49,6 +52,7 @@ impl Default for HttpLimits {
             body_read_timeout: Duration::from_secs(10),
             body_budget: None,
             grace: Duration::from_secs(1),
+            connection_slots: None,
         }
     }
 }
@@ -318,7 +322,10 @@ pub async fn serve_tls(
         .layer(axum::middleware::from_fn(
             move |req: Request, next: Next| guard_body(req, next, guard.clone()),
         ));
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = limits
+        .connection_slots
+        .clone()
+        .unwrap_or_else(|| Arc::new(Semaphore::new(limits.max_connections)));
     let refusals = LogBudget::new(Duration::from_secs(10));
     let local = listener.local_addr().ok();
     loop {

@@ -32,12 +32,66 @@ pub struct BindError {
 
 /// Binds `host:port` (port 0: the kernel chooses) for the named purpose.
 pub fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, BindError> {
-    let addr = if host.contains(':') && !host.starts_with('[') {
+    let addr = join_host_port(host, port);
+    TcpListener::bind(&addr).map_err(|source| BindError { what, addr, source })
+}
+
+/// `n` listeners on one address, each with `SO_REUSEPORT`, so that `n` threads each accept
+/// on one of them and the kernel spreads the connections (by their addresses' hash); the
+/// first chooses the port when `port` is 0. Only processes of the same user can join such a
+/// port (Linux's rule for `SO_REUSEPORT`).
+pub fn bind_shared(
+    what: &'static str,
+    host: &str,
+    port: u16,
+    n: usize,
+) -> Result<Vec<TcpListener>, BindError> {
+    let one = |port: u16| -> Result<TcpListener, BindError> {
+        let addr = join_host_port(host, port);
+        let err = |source| BindError {
+            what,
+            addr: addr.clone(),
+            source,
+        };
+        let sa = std::net::ToSocketAddrs::to_socket_addrs(&addr)
+            .map_err(err)?
+            .next()
+            .ok_or_else(|| err(std::io::ErrorKind::AddrNotAvailable.into()))?;
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(sa),
+            socket2::Type::STREAM,
+            None,
+        )
+        .map_err(err)?;
+        s.set_reuse_address(true).map_err(err)?;
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReusePort, &true)
+            .map_err(|e| err(e.into()))?;
+        s.bind(&sa.into()).map_err(err)?;
+        s.listen(1024).map_err(err)?;
+        Ok(s.into())
+    };
+    let first = one(port)?;
+    let port = first
+        .local_addr()
+        .map_err(|source| BindError {
+            what,
+            addr: join_host_port(host, port),
+            source,
+        })?
+        .port();
+    let mut all = vec![first];
+    for _ in 1..n.max(1) {
+        all.push(one(port)?);
+    }
+    Ok(all)
+}
+
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
-    };
-    TcpListener::bind(&addr).map_err(|source| BindError { what, addr, source })
+    }
 }
 
 /// The address of an optional listener.
@@ -155,9 +209,38 @@ pub fn async_listener(l: TcpListener) -> std::io::Result<tokio::net::TcpListener
     tokio::net::TcpListener::from_std(l)
 }
 
+/// A runtime for one thread of a thread-per-core role: everything spawned on it stays on the
+/// thread that runs it.
+pub fn thread_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_listeners_take_one_port_and_each_accepts() {
+        let ls = bind_shared("test", "127.0.0.1", 0, 3).unwrap();
+        let port = ls[0].local_addr().unwrap().port();
+        assert!(ls.iter().all(|l| l.local_addr().unwrap().port() == port));
+        // Connections land on the listeners (each accepts what the kernel gives it).
+        for l in &ls {
+            l.set_nonblocking(true).unwrap();
+        }
+        let clients: Vec<_> = (0..24)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        let mut accepted = 0;
+        for l in &ls {
+            while l.accept().is_ok() {
+                accepted += 1;
+            }
+        }
+        assert_eq!(accepted, clients.len());
+    }
 
     #[test]
     fn a_dropped_handle_stops_its_role() {

@@ -2604,3 +2604,46 @@ fn runtime_threads_sets_the_routers_thread_count() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("runtime_threads"), "{err}");
 }
+
+/// `--thread-per-core`: each thread accepts on its own `SO_REUSEPORT` listener and answers
+/// with its own connections to the workers. Requests over many connections (spread by the
+/// kernel) are all answered, each counted once, and the threads are the ones asked for.
+#[test]
+fn thread_per_core_answers_on_every_thread_and_counts_each_request_once() {
+    let w = fake_worker("tpc-w", &[]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--thread-per-core",
+            "--runtime-threads",
+            "3",
+        ]),
+        true,
+    );
+    // 12 threads × 5 requests, each on a connection of its own.
+    std::thread::scope(|scope| {
+        for _ in 0..12 {
+            scope.spawn(|| {
+                for _ in 0..5 {
+                    let (status, _, body) = post(r.port, "/v1/completions", r#"{"prompt":"x"}"#);
+                    assert_eq!(status, 200, "{body}");
+                }
+            });
+        }
+    });
+    let metrics = get(r.port, "/metrics").1;
+    assert!(
+        metrics.contains(
+            r#"smg_router_requests_total{router_type="http",backend_type="http",connection_mode="http",model="unknown",endpoint="completions",streaming="false"} 60"#
+        ),
+        "{metrics}"
+    );
+    let pid = r._proc.pid().unwrap();
+    let named_router = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "router")
+        .count();
+    assert!(named_router >= 3, "{named_router} threads named router");
+}

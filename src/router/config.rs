@@ -118,6 +118,11 @@ pub struct ServerConfig {
     /// what shares the host (1 is fastest on a small host shared with engines: no hand-off
     /// between threads).
     pub runtime_threads: Option<usize>,
+    /// One single-threaded runtime per thread (`runtime_threads` of them), each accepting on
+    /// its own `SO_REUSEPORT` listener with its own connections to the workers, so that a
+    /// request never crosses a thread; the kernel spreads client connections over the
+    /// threads by their addresses' hash. Default false: one work-stealing runtime.
+    pub thread_per_core: bool,
     /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
     /// none (standard error only).
     pub log_dir: Option<PathBuf>,
@@ -152,6 +157,7 @@ impl Default for ServerConfig {
             .to_vec(),
             shutdown_grace_period: Secs::from_secs(180),
             runtime_threads: None,
+            thread_per_core: false,
             log_dir: None,
             tokenizer_path: None,
             model_path: None,
@@ -627,6 +633,12 @@ pub struct ServerArgs {
     /// Threads of the router's async runtime. Default: one per core.
     #[arg(long)]
     pub runtime_threads: Option<usize>,
+    /// One single-threaded runtime per thread, each with its own SO_REUSEPORT listener and
+    /// worker connections: a request never crosses a thread. Default: off (one work-stealing
+    /// runtime).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub thread_per_core: bool,
     /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
     /// none (standard error only).
     #[arg(long)]

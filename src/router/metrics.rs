@@ -5,7 +5,7 @@ use crate::router::config::BreakerConfig;
 use crate::router::request::Endpoint;
 use crate::router::worker::{Worker, WorkerType};
 use crate::telemetry::{Histogram, PromText};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,13 +41,42 @@ impl Default for RouterLabels {
     }
 }
 
+/// Counts by HTTP status code, without a lock (one counter per code from 100 to 999).
+struct StatusCounts(Box<[AtomicU64]>);
+
+impl Default for StatusCounts {
+    fn default() -> Self {
+        StatusCounts((100..1000).map(|_| AtomicU64::new(0)).collect())
+    }
+}
+
+impl StatusCounts {
+    fn add(&self, status: u16) {
+        let i = usize::from(status.clamp(100, 999) - 100);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The codes seen, in order, with their counts.
+    fn seen(&self) -> impl Iterator<Item = (u16, u64)> + '_ {
+        self.0.iter().enumerate().filter_map(|(i, n)| {
+            let n = n.load(Ordering::Relaxed);
+            (n > 0).then_some((i as u16 + 100, n))
+        })
+    }
+}
+
+/// A model's requests, by endpoint × streaming.
+type ModelCounts = [[AtomicU64; 2]; Endpoint::ALL.len()];
+
+/// The request path counts without taking a lock for writing once its labels were seen: a
+/// read lock finds the counters, which are atomics.
 #[derive(Default)]
 pub struct Metrics {
     pub labels: RouterLabels,
-    /// (endpoint, streaming, model) → requests, at most `MAX_MODELS` models.
-    by_model: Mutex<BTreeMap<(usize, bool, String), u64>>,
+    /// model → requests, at most `MAX_MODELS` models (then `other`).
+    by_model: RwLock<BTreeMap<String, ModelCounts>>,
     /// Worker answers by status code.
-    upstream: Mutex<BTreeMap<u16, u64>>,
+    upstream: StatusCounts,
     /// By endpoint × streaming.
     requests: [[AtomicU64; 2]; Endpoint::ALL.len()],
     /// Time to the worker's response headers, by endpoint.
@@ -102,10 +131,13 @@ struct RouteStats {
 #[derive(Default)]
 pub struct HttpMetrics {
     bounds: Option<Arc<[f64]>>,
-    /// route → method → stats (looked up by `&str`: no allocation once a route was seen).
-    routes: Mutex<BTreeMap<String, BTreeMap<&'static str, Arc<RouteStats>>>>,
-    /// status → error code → responses.
-    responses: Mutex<BTreeMap<u16, BTreeMap<String, u64>>>,
+    /// route → method → stats (looked up by `&str` under a read lock: no allocation and no
+    /// write to a lock once a route was seen).
+    routes: RwLock<BTreeMap<String, BTreeMap<&'static str, RouteStats>>>,
+    /// Responses without an error code, by status.
+    ok_responses: StatusCounts,
+    /// status → error code → responses (errors only).
+    error_responses: Mutex<BTreeMap<u16, BTreeMap<String, u64>>>,
     /// Open connections, kept by the HTTP server.
     pub connections: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -159,32 +191,48 @@ impl HttpMetrics {
         took: Duration,
     ) {
         let method = method_label(method);
-        let stats = entry(&mut self.routes.lock(), route)
-            .entry(method)
-            .or_insert_with(|| self.route_stats())
-            .clone();
-        stats.requests.fetch_add(1, Ordering::Relaxed);
-        stats.duration.observe(took);
-        *entry(self.responses.lock().entry(status).or_default(), error_code) += 1;
+        let count = |stats: &RouteStats| {
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            stats.duration.observe(took);
+        };
+        let seen = self
+            .routes
+            .read()
+            .get(route)
+            .and_then(|m| m.get(method))
+            .map(count);
+        if seen.is_none() {
+            let mut routes = self.routes.write();
+            count(
+                entry(&mut routes, route)
+                    .entry(method)
+                    .or_insert_with(|| self.route_stats()),
+            );
+        }
+        if error_code.is_empty() {
+            self.ok_responses.add(status);
+        } else {
+            *entry(
+                self.error_responses.lock().entry(status).or_default(),
+                error_code,
+            ) += 1;
+        }
     }
 
-    fn route_stats(&self) -> Arc<RouteStats> {
+    fn route_stats(&self) -> RouteStats {
         let bounds = self.bounds.as_deref().unwrap_or(&BUCKETS_S);
-        Arc::new(RouteStats {
+        RouteStats {
             requests: AtomicU64::new(0),
             duration: Histogram::with_buckets(bounds),
-        })
+        }
     }
 
     fn render(&self, p: &mut PromText) {
-        let routes: Vec<(String, &'static str, Arc<RouteStats>)> = self
-            .routes
-            .lock()
+        let held = self.routes.read();
+        let routes: Vec<(&str, &'static str, &RouteStats)> = held
             .iter()
             .flat_map(|(path, by_method)| {
-                by_method
-                    .iter()
-                    .map(move |(m, s)| (path.clone(), *m, s.clone()))
+                by_method.iter().map(move |(m, s)| (path.as_str(), *m, s))
             })
             .collect();
         p.family(
@@ -212,7 +260,14 @@ impl HttpMetrics {
             "counter",
             "HTTP responses, by status and error code (empty for successes).",
         );
-        for (status, by_code) in self.responses.lock().iter() {
+        let mut responses = self.error_responses.lock().clone();
+        for (status, n) in self.ok_responses.seen() {
+            responses
+                .entry(status)
+                .or_default()
+                .insert(String::new(), n);
+        }
+        for (status, by_code) in &responses {
             for (code, n) in by_code {
                 p.sample(
                     "smg_http_responses_total",
@@ -252,29 +307,22 @@ impl Metrics {
     pub fn request(&self, e: Endpoint, stream: bool, model: Option<&str>) {
         self.requests[e.index()][stream as usize].fetch_add(1, Ordering::Relaxed);
         let model = model.unwrap_or("unknown");
-        let mut m = self.by_model.lock();
-        let key = (e.index(), stream, model.to_string());
-        if let Some(n) = m.get_mut(&key) {
-            *n += 1;
+        let count = |c: &ModelCounts| c[e.index()][stream as usize].fetch_add(1, Ordering::Relaxed);
+        if self.by_model.read().get(model).map(count).is_some() {
             return;
         }
-        let known = m.keys().any(|(_, _, x)| x == model);
-        let models = m
-            .keys()
-            .map(|(_, _, x)| x.as_str())
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
-        let key = if known || models < MAX_MODELS {
-            key
+        let mut m = self.by_model.write();
+        let model = if m.contains_key(model) || m.len() < MAX_MODELS {
+            model
         } else {
-            (e.index(), stream, "other".to_string())
+            "other"
         };
-        *m.entry(key).or_insert(0) += 1;
+        count(entry(&mut m, model));
     }
 
     /// A worker answered with `status`.
     pub fn upstream(&self, status: u16) {
-        *self.upstream.lock().entry(status).or_insert(0) += 1;
+        self.upstream.add(status);
     }
 
     pub fn duration(&self, e: Endpoint, d: Duration) {
@@ -310,30 +358,38 @@ impl Metrics {
             "counter",
             "Inference requests received, by model, endpoint and streaming.",
         );
-        for ((e, stream, model), n) in self.by_model.lock().iter() {
-            p.sample(
-                "smg_router_requests_total",
-                &[
-                    ("router_type", l.router_type),
-                    ("backend_type", l.backend_type),
-                    ("connection_mode", l.connection_mode),
-                    ("model", model),
-                    ("endpoint", ENDPOINTS[*e].name()),
-                    ("streaming", if *stream { "true" } else { "false" }),
-                ],
-                *n as f64,
-            );
+        for (model, counts) in self.by_model.read().iter() {
+            for (e, by_stream) in ENDPOINTS.iter().zip(counts) {
+                for (stream, n) in [false, true].into_iter().zip(by_stream) {
+                    let n = n.load(Ordering::Relaxed);
+                    if n == 0 {
+                        continue;
+                    }
+                    p.sample(
+                        "smg_router_requests_total",
+                        &[
+                            ("router_type", l.router_type),
+                            ("backend_type", l.backend_type),
+                            ("connection_mode", l.connection_mode),
+                            ("model", model),
+                            ("endpoint", e.name()),
+                            ("streaming", if stream { "true" } else { "false" }),
+                        ],
+                        n as f64,
+                    );
+                }
+            }
         }
         p.family(
             "smg_router_upstream_responses_total",
             "counter",
             "Worker answers, by status code.",
         );
-        for (code, n) in self.upstream.lock().iter() {
+        for (code, n) in self.upstream.seen() {
             p.sample(
                 "smg_router_upstream_responses_total",
                 &[("status_code", &code.to_string())],
-                *n as f64,
+                n as f64,
             );
         }
         for e in ENDPOINTS {
@@ -592,17 +648,10 @@ mod tests {
             m.request(Endpoint::Chat, false, Some(&format!("model-{i}")));
         }
         m.request(Endpoint::Chat, false, Some("model-0"));
-        let by = m.by_model.lock();
-        let models: std::collections::BTreeSet<&str> =
-            by.keys().map(|(_, _, x)| x.as_str()).collect();
-        assert_eq!(models.len(), MAX_MODELS + 1, "64 named, then other");
-        assert_eq!(
-            by[&(Endpoint::Chat.index(), false, "model-0".to_string())],
-            2
-        );
-        assert_eq!(
-            by[&(Endpoint::Chat.index(), false, "other".to_string())],
-            36
-        );
+        let by = m.by_model.read();
+        assert_eq!(by.len(), MAX_MODELS + 1, "64 named, then other");
+        let chat = |model: &str| by[model][Endpoint::Chat.index()][0].load(Ordering::Relaxed);
+        assert_eq!(chat("model-0"), 2);
+        assert_eq!(chat("other"), 36);
     }
 }

@@ -80,7 +80,13 @@ pub struct Shared {
     pub policy: Arc<dyn LoadBalancingPolicy>,
     pub prefill_policy: Arc<dyn LoadBalancingPolicy>,
     pub decode_policy: Arc<dyn LoadBalancingPolicy>,
-    pub client: HttpClient,
+    /// One pooled client to the workers per runtime (one in all unless thread-per-core):
+    /// [`Shared::client`] answers the one of the thread asking.
+    clients: Vec<HttpClient>,
+    /// The API's connection slots, shared by every thread's listener.
+    pub connection_slots: Arc<tokio::sync::Semaphore>,
+    /// Bytes of request bodies received at once, all threads together.
+    pub body_budget: Arc<crate::http_server::BodyBudget>,
     pub limiter: Limiter,
     pub metrics: Metrics,
     /// `--control-plane-api-keys`, parsed.
@@ -100,6 +106,38 @@ pub struct Shared {
     pub server_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--dp-aware`: each worker address's rank count, once learnt.
     pub dp_sizes: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// Open connections to the API, all threads together.
+pub(crate) const MAX_CONNECTIONS: usize = 16_384;
+
+thread_local! {
+    /// Which of the router's runtimes this thread runs (thread-per-core), for its client.
+    static RUNTIME_INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runtimes the router runs: one per thread when thread-per-core, else one.
+fn runtimes(cfg: &RouterConfig) -> usize {
+    match cfg.server.thread_per_core {
+        true => cfg
+            .server
+            .runtime_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        false => 1,
+    }
+}
+
+impl Shared {
+    /// The client to workers of the runtime this task runs on: thread-per-core, a request
+    /// and its connection to the worker stay on one thread.
+    pub fn client(&self) -> &HttpClient {
+        &self.clients[RUNTIME_INDEX.with(|i| i.get()) % self.clients.len()]
+    }
+
+    /// Threads serving the API (each with its client).
+    pub fn threads(&self) -> usize {
+        self.clients.len()
+    }
 }
 
 /// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once);
@@ -149,7 +187,19 @@ impl Shared {
             decode_policy: policy(cfg.decode_policy()),
             policy_settings: settings,
             model_policies: Default::default(),
-            client: http_client(client_tls(&cfg.tls)?),
+            clients: {
+                let tls = client_tls(&cfg.tls)?;
+                (0..runtimes(&cfg))
+                    .map(|_| http_client(tls.clone()))
+                    .collect()
+            },
+            connection_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            body_budget: crate::http_server::BodyBudget::new(
+                match limits.max_inflight_body_bytes {
+                    0 => crate::http_server::BodyBudget::quarter_of_memory(),
+                    n => n,
+                },
+            ),
             tokenizer: match cfg
                 .server
                 .tokenizer_path
@@ -225,8 +275,8 @@ impl Shared {
 
 /// The router's sockets, bound before it starts (port 0 lets the kernel choose).
 pub struct Listeners {
-    /// The API.
-    pub http: TcpListener,
+    /// The API: one listener, or one per thread (thread-per-core, `SO_REUSEPORT`).
+    pub http: Vec<TcpListener>,
     /// A separate `/metrics` listener (`--prometheus-port`, when not 0 and not the API's port).
     pub metrics: Option<TcpListener>,
 }
@@ -236,7 +286,10 @@ impl Listeners {
         let (server, m) = (&cfg.server, &cfg.metrics);
         let separate = m.prometheus_port != 0 && m.prometheus_port != server.port;
         Ok(Listeners {
-            http: role::bind("router", &server.host, server.port)?,
+            http: match server.thread_per_core {
+                true => role::bind_shared("router", &server.host, server.port, runtimes(cfg))?,
+                false => vec![role::bind("router", &server.host, server.port)?],
+            },
             metrics: match separate {
                 true => Some(role::bind(
                     "router metrics",
@@ -259,31 +312,53 @@ pub struct Addrs {
 pub type Handle = role::Handle<Addrs, RouterError>;
 
 /// Starts the router on bound listeners; when `shutdown` fires it stops accepting and gives
-/// requests in flight up to 30 s.
+/// requests in flight their grace period.
 pub fn start(
     cfg: RouterConfig,
     listeners: Listeners,
     shutdown: Shutdown,
 ) -> Result<Handle, RouterError> {
+    let mut http = listeners.http.into_iter();
+    let first = http
+        .next()
+        .ok_or_else(|| std::io::Error::other("the router has no listener"))?;
     let addrs = Addrs {
-        http: listeners.http.local_addr()?,
+        http: first.local_addr()?,
         metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
-    let runtime = role::runtime("router", cfg.server.runtime_threads)?;
-    let (shared, http, metrics) = {
+    // The first runtime serves the first listener, the metrics and every background task;
+    // thread-per-core, each further thread runs a runtime of its own over its own listener.
+    let runtime = match cfg.server.thread_per_core {
+        true => role::thread_runtime()?,
+        false => role::runtime("router", cfg.server.runtime_threads)?,
+    };
+    let (shared, first, metrics) = {
         let _guard = runtime.enter();
         (
             Arc::new(Shared::new(cfg)?),
-            role::async_listener(listeners.http)?,
+            role::async_listener(first)?,
             listeners.metrics.map(role::async_listener).transpose()?,
         )
     };
     runtime.block_on(server::start_background(&shared))?;
+    let others: Vec<(tokio::runtime::Runtime, TcpListener)> = http
+        .map(|l| Ok((role::thread_runtime()?, l)))
+        .collect::<std::io::Result<_>>()?;
     role::announce("router", &addrs);
     let stop = shutdown.clone();
     Ok(Handle::spawn("router", addrs, shutdown, move || {
+        let threads: Vec<_> = others
+            .into_iter()
+            .enumerate()
+            .map(|(i, (rt, listener))| {
+                let (shared, stop) = (shared.clone(), stop.clone());
+                std::thread::Builder::new()
+                    .name("router".into())
+                    .spawn(move || serve_thread(i + 1, rt, listener, shared, stop))
+            })
+            .collect::<std::io::Result<_>>()?;
         let r = runtime.block_on(async {
-            let serving = server::serve(shared.clone(), http, metrics, stop.clone());
+            let serving = server::serve(shared.clone(), first, metrics, stop.clone());
             tokio::pin!(serving);
             tokio::select! {
                 _ = &mut serving => Ok(()),
@@ -296,9 +371,37 @@ pub fn start(
                 }
             }
         });
+        stop.trigger();
+        for t in threads {
+            let _ = t.join();
+        }
         runtime.shutdown_timeout(Duration::from_secs(1));
         r
     })?)
+}
+
+/// One further thread of a thread-per-core router: its runtime serves its listener until
+/// `stop` fires.
+fn serve_thread(
+    index: usize,
+    runtime: tokio::runtime::Runtime,
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: Shutdown,
+) {
+    RUNTIME_INDEX.with(|i| i.set(index));
+    let listener = {
+        let _guard = runtime.enter();
+        role::async_listener(listener)
+    };
+    match listener {
+        Ok(l) => runtime.block_on(server::serve_more(shared, l, stop)),
+        Err(e) => {
+            tracing::error!(error = %e, "a router thread could not listen");
+            stop.trigger();
+        }
+    }
+    runtime.shutdown_timeout(Duration::from_secs(1));
 }
 
 /// Runs the router on the addresses of its config until SIGINT or SIGTERM.

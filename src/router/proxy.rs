@@ -437,8 +437,11 @@ impl Shared {
 
     /// Sends and waits for the response headers, within the request timeout.
     async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, String> {
-        match tokio::time::timeout(self.cfg.limits.request_timeout.0, self.client.request(req))
-            .await
+        match tokio::time::timeout(
+            self.cfg.limits.request_timeout.0,
+            self.client().request(req),
+        )
+        .await
         {
             Ok(Ok(r)) => {
                 self.metrics.upstream(r.status().as_u16());
@@ -1106,7 +1109,7 @@ impl Shared {
             .body(Full::new(Bytes::new()))
             .map_err(|e| unready(e.to_string()))?;
         let resp =
-            match tokio::time::timeout(BOOTSTRAP_QUERY_TIMEOUT, self.client.request(req)).await {
+            match tokio::time::timeout(BOOTSTRAP_QUERY_TIMEOUT, self.client().request(req)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => return Err(unready(describe(&e))),
                 Err(_) => {
@@ -1230,7 +1233,7 @@ impl Shared {
             )
             .map_err(|e| e.to_string())?;
         let fut = async {
-            let resp = self.client.request(req).await.map_err(|e| describe(&e))?;
+            let resp = self.client().request(req).await.map_err(|e| describe(&e))?;
             let status = resp.status();
             let body = resp
                 .into_body()

@@ -1051,6 +1051,24 @@ pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
     Ok(())
 }
 
+/// The API's limits: bodies, connections (shared by every thread's listener), grace.
+fn http_limits(shared: &Shared) -> crate::http_server::HttpLimits {
+    let grace = shared
+        .cfg
+        .server
+        .shutdown_grace_period
+        .0
+        .min(Duration::from_secs(86_400));
+    crate::http_server::HttpLimits {
+        max_body_bytes: shared.cfg.limits.max_payload_size,
+        max_connections: crate::router::MAX_CONNECTIONS,
+        connection_slots: Some(shared.connection_slots.clone()),
+        body_budget: Some(shared.body_budget.clone()),
+        grace,
+        ..Default::default()
+    }
+}
+
 /// Serves the API (and the separate metrics listener) until `shutdown` fires; requests in
 /// flight then get up to `shutdown_grace_period_secs` to finish.
 pub async fn serve(
@@ -1071,30 +1089,26 @@ pub async fn serve(
         policy = shared.policy.name(),
         pd = shared.pd,
         workers = shared.registry.snapshot().len(),
+        threads = shared.cfg.server.thread_per_core.then_some(shared.threads()),
         "router listening"
     );
-    let grace = shared
-        .cfg
-        .server
-        .shutdown_grace_period
-        .0
-        .min(Duration::from_secs(86_400));
-    let budget = match shared.cfg.limits.max_inflight_body_bytes {
-        0 => crate::http_server::BodyBudget::quarter_of_memory(),
-        n => n,
-    };
-    let limits = crate::http_server::HttpLimits {
-        max_body_bytes: shared.cfg.limits.max_payload_size,
-        max_connections: 16_384,
-        body_budget: Some(crate::http_server::BodyBudget::new(budget)),
-        grace,
-        ..Default::default()
-    };
     let announce = shutdown.clone();
+    let grace = http_limits(&shared).grace;
     tokio::spawn(async move {
         announce.wait().await;
         tracing::info!(?grace, "shutting down: finishing requests in flight");
     });
+    serve_more(shared, listener, shutdown).await
+}
+
+/// Serves the API on one more listener of a thread-per-core router (or the only one), its
+/// connections counted against the router's one limit.
+pub async fn serve_more(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    shutdown: Shutdown,
+) {
+    let limits = http_limits(&shared);
     let tls = shared.server_tls.clone();
     let open = shared.metrics.http.connections.clone();
     let app = app(shared.clone());
