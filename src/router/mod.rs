@@ -34,7 +34,7 @@ use crate::role::{self, BindError};
 use crate::router::config::{RouterConfig, TlsConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
-use crate::router::policy::{LoadBalancingPolicy, PolicySettings};
+use crate::router::policy::{LoadBalancingPolicy, PolicyKind, PolicySettings};
 use crate::router::worker::RegistryError;
 use crate::router::worker::{Registry, Source, WorkerSpec, WorkerType};
 use crate::shutdown::Shutdown;
@@ -89,6 +89,9 @@ pub struct Shared {
     pub body_budget: Arc<crate::http_server::BodyBudget>,
     pub limiter: Limiter,
     pub metrics: Metrics,
+    /// What routing reads of a request body (the text only for policies that match it, and
+    /// for prefill/decode batches).
+    pub reads: request::Reads,
     /// `--control-plane-api-keys`, parsed.
     pub control_keys: Vec<config::ControlKey>,
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
@@ -179,7 +182,14 @@ impl Shared {
         let limits = &cfg.limits;
         let max =
             (limits.max_concurrent_requests > 0).then_some(limits.max_concurrent_requests as usize);
+        let text_policy = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()]
+            .iter()
+            .any(|k| matches!(k, PolicyKind::CacheAware | PolicyKind::Bucket));
         let shared = Shared {
+            reads: match text_policy || cfg.pd.enabled {
+                true => request::Reads::Text,
+                false => request::Reads::Flags,
+            },
             pd: cfg.pd.enabled,
             registry: Registry::default(),
             policy: policy(cfg.policy.policy),

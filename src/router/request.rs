@@ -161,9 +161,34 @@ fn message_text(out: &mut String, m: &Value) {
     }
 }
 
+/// What routing reads of a request body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// `stream` and `model` only, the rest skipped unbuilt: enough for every policy but
+    /// those that look at the text.
+    Flags,
+    /// Also the text (cache-aware and bucket policies) and a batch's size (prefill/decode
+    /// disaggregation gives each item a bootstrap room).
+    Text,
+}
+
+/// `stream` and `model` of a body, nothing else built.
+#[derive(serde::Deserialize)]
+struct PeekFlags {
+    #[serde(default)]
+    stream: Option<Value>,
+    #[serde(default)]
+    model: Option<Value>,
+}
+
 /// Reads a request body. Invalid JSON, a non-object body or a wrongly typed `stream` is a
 /// `BadRequest` with a message a person can act on.
 pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest> {
+    inspect_for(endpoint, body, Reads::Text)
+}
+
+/// [`inspect`], reading what `reads` says: the body is checked the same either way.
+pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<RouteInfo, BadRequest> {
     let trimmed = body.trim_ascii_start();
     if trimmed.first() != Some(&b'{') {
         if trimmed.is_empty() {
@@ -174,25 +199,13 @@ pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest>
             Ok(_) => Err(BadRequest::NotObject),
         };
     }
-    let peek: Peek = serde_json::from_slice(body).map_err(|e| BadRequest::Json(e.to_string()))?;
-    let stream = match peek.stream {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => b,
-        Some(other) => {
-            return Err(BadRequest::Field {
-                field: "stream",
-                reason: format!("must be true or false, got {other}"),
-            })
-        }
-    };
-    let mut info = RouteInfo {
-        stream,
-        model: match &peek.model {
-            Some(Value::String(m)) if !m.is_empty() => Some(m.clone()),
-            _ => None,
-        },
-        ..RouteInfo::default()
-    };
+    let json = |e: serde_json::Error| BadRequest::Json(e.to_string());
+    if reads == Reads::Flags {
+        let peek: PeekFlags = serde_json::from_slice(body).map_err(json)?;
+        return flags(peek.stream, peek.model);
+    }
+    let peek: Peek = serde_json::from_slice(body).map_err(json)?;
+    let mut info = flags(peek.stream, peek.model)?;
     match endpoint {
         Endpoint::Generate => match (peek.text, peek.input_ids) {
             (Some(Value::String(s)), _) => info.text = s,
@@ -250,6 +263,28 @@ pub fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<RouteInfo, BadRequest>
         },
     }
     Ok(info)
+}
+
+/// `stream` (true, false or absent) and `model` (a non-empty string) of a body.
+fn flags(stream: Option<Value>, model: Option<Value>) -> Result<RouteInfo, BadRequest> {
+    let stream = match stream {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(other) => {
+            return Err(BadRequest::Field {
+                field: "stream",
+                reason: format!("must be true or false, got {other}"),
+            })
+        }
+    };
+    Ok(RouteInfo {
+        stream,
+        model: match model {
+            Some(Value::String(m)) if !m.is_empty() => Some(m),
+            _ => None,
+        },
+        ..RouteInfo::default()
+    })
 }
 
 /// A random `bootstrap_room` in [0, 2^63 − 1].
@@ -388,6 +423,27 @@ mod tests {
             set_fields(b"[1]", &rank),
             Err(BadRequest::NotObject)
         ));
+    }
+
+    #[test]
+    fn reading_only_the_flags_checks_the_body_the_same_and_builds_no_text() {
+        let body = br#"{"text":"hello","stream":true,"model":"m","sampling_params":{"n":1}}"#;
+        let i = inspect_for(Endpoint::Generate, body, Reads::Flags).unwrap();
+        assert!(i.stream && i.text.is_empty() && i.batch.is_none());
+        assert_eq!(i.model.as_deref(), Some("m"));
+        for bad in [
+            &br#"{"stream":"yes"}"#[..],
+            b"[1]",
+            b"",
+            br#"{"text": "x",}"#,
+        ] {
+            assert_eq!(
+                inspect_for(Endpoint::Chat, bad, Reads::Flags)
+                    .unwrap_err()
+                    .to_string(),
+                inspect(Endpoint::Chat, bad).unwrap_err().to_string()
+            );
+        }
     }
 
     #[test]

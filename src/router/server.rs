@@ -5,7 +5,7 @@
 use crate::router::config::Backend;
 use crate::router::policy::PolicyKind;
 use crate::router::proxy::error_response;
-use crate::router::request::{inspect, request_id, Endpoint, RouteInfo};
+use crate::router::request::{inspect_for, request_id, Endpoint, RouteInfo};
 use crate::router::tokenize::{parse_ids, token_text, TokenizeError, Tokenizer, INLINE_BYTES};
 use crate::router::vllm::Connector;
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
@@ -146,7 +146,7 @@ async fn inference(
             return error_response(status, "invalid_request_error", &msg, &rid);
         }
     };
-    let info = match inspect(endpoint, &bytes) {
+    let info = match inspect_for(endpoint, &bytes, shared.reads) {
         Ok(mut info) => by_token(&shared, &mut info)
             .await
             .map(|()| info)
