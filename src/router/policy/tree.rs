@@ -8,8 +8,13 @@
 //! Nodes live in an arena (`Vec<Node>`) with a free list, so splits and prunes never move other
 //! nodes and no reference counting is needed.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
+
+/// The tree's maps, hashed with foldhash: a request walks several of them, and the keys (a
+/// character, a worker's URL) come from the router's own state, not from a client directly
+/// (a client's text picks which child, not how the map is hashed).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub type Tenant = Arc<str>;
 
@@ -59,7 +64,7 @@ impl Default for Tree {
         Tree {
             nodes: vec![Node::default()],
             free: Vec::new(),
-            tenant_chars: HashMap::new(),
+            tenant_chars: HashMap::default(),
             clock: 0,
         }
     }
@@ -67,16 +72,21 @@ impl Default for Tree {
 
 /// Characters shared at the start of `a` and `b`, and the byte length of that prefix in each.
 fn common_prefix(a: &str, b: &str) -> (usize, usize) {
-    let mut chars = 0;
+    // Bytes first (compared in 16-byte blocks), then back to the last whole character both
+    // share: UTF-8 is prefix-free, so equal bytes up to a boundary are equal characters.
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    let n = x.len().min(y.len());
     let mut bytes = 0;
-    for (x, y) in a.chars().zip(b.chars()) {
-        if x != y {
-            break;
-        }
-        chars += 1;
-        bytes += x.len_utf8();
+    while bytes + 16 <= n && x[bytes..bytes + 16] == y[bytes..bytes + 16] {
+        bytes += 16;
     }
-    (chars, bytes)
+    while bytes < n && x[bytes] == y[bytes] {
+        bytes += 1;
+    }
+    while !a.is_char_boundary(bytes) {
+        bytes -= 1;
+    }
+    (a[..bytes].chars().count(), bytes)
 }
 
 impl Tree {
@@ -166,7 +176,7 @@ impl Tree {
         let upper = self.new_node(Node {
             text: upper_text,
             chars,
-            children: HashMap::from([(first_lower, child)]),
+            children: HashMap::from_iter([(first_lower, child)]),
             parent,
             tenants: self.nodes[child].tenants.clone(),
         });
@@ -310,6 +320,17 @@ impl Tree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_prefixes_count_whole_characters_only() {
+        assert_eq!(common_prefix("héllo wörld", "héllo wxrld"), (7, 8));
+        // é and è share their first byte: no character in common.
+        assert_eq!(common_prefix("é", "è"), (0, 0));
+        let long = "x".repeat(40) + "ü";
+        assert_eq!(common_prefix(&long, &(long.clone() + "z")), (41, 42));
+        assert_eq!(common_prefix("", "abc"), (0, 0));
+        assert_eq!(common_prefix("abc", "abd"), (2, 2));
+    }
 
     fn t(s: &str) -> Tenant {
         Arc::from(s)
