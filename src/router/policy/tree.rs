@@ -71,7 +71,25 @@ impl Default for Tree {
 }
 
 /// Characters shared at the start of `a` and `b`, and the byte length of that prefix in each.
+/// Characters and bytes `node`'s text shares with the start of `rest`: the node's own count
+/// when all of it matches (the common case on a warm tree), else counted.
+fn shared_with(node: &Node, rest: &str) -> (usize, usize) {
+    let bytes = common_prefix_bytes(&node.text, rest);
+    if bytes == node.text.len() {
+        (node.chars, bytes)
+    } else {
+        (node.text[..bytes].chars().count(), bytes)
+    }
+}
+
+#[cfg(test)]
 fn common_prefix(a: &str, b: &str) -> (usize, usize) {
+    let bytes = common_prefix_bytes(a, b);
+    (a[..bytes].chars().count(), bytes)
+}
+
+/// The bytes `a` and `b` share at their start, ending on a character boundary.
+fn common_prefix_bytes(a: &str, b: &str) -> usize {
     // Bytes first (compared in 16-byte blocks), then back to the last whole character both
     // share: UTF-8 is prefix-free, so equal bytes up to a boundary are equal characters.
     let (x, y) = (a.as_bytes(), b.as_bytes());
@@ -86,7 +104,7 @@ fn common_prefix(a: &str, b: &str) -> (usize, usize) {
     while !a.is_char_boundary(bytes) {
         bytes -= 1;
     }
-    (a[..bytes].chars().count(), bytes)
+    bytes
 }
 
 impl Tree {
@@ -150,7 +168,7 @@ impl Tree {
                 self.add_tenant(leaf, tenant, now);
                 return;
             };
-            let (chars, bytes) = common_prefix(&self.nodes[child].text, rest);
+            let (chars, bytes) = shared_with(&self.nodes[child], rest);
             let node = if chars < self.nodes[child].chars {
                 self.split(child, chars, bytes)
             } else {
@@ -198,7 +216,7 @@ impl Tree {
             let Some(&child) = self.nodes[cur].children.get(&first) else {
                 break;
             };
-            let (chars, bytes) = common_prefix(&self.nodes[child].text, rest);
+            let (chars, bytes) = shared_with(&self.nodes[child], rest);
             matched += chars;
             deepest = Some(child);
             if chars < self.nodes[child].chars {
@@ -320,6 +338,37 @@ impl Tree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Against a list of every text inserted: the match is the longest prefix any of them
+    /// shares with the query, in characters, whatever the splits (multibyte text included).
+    #[test]
+    fn matches_agree_with_a_plain_list_of_what_was_inserted() {
+        let mut rng = fastrand::Rng::with_seed(44);
+        let alphabet = ['a', 'b', 'é', 'è', '中', ' '];
+        let mut text = |rng: &mut fastrand::Rng| -> String {
+            (0..rng.usize(0..24))
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect()
+        };
+        let mut tree = Tree::new();
+        let mut sent: Vec<String> = Vec::new();
+        let workers = [t("w0"), t("w1"), t("w2")];
+        for _ in 0..400 {
+            let q = text(&mut rng);
+            let want = sent
+                .iter()
+                .map(|s| s.chars().zip(q.chars()).take_while(|(a, b)| a == b).count())
+                .max()
+                .unwrap_or(0);
+            let m = tree.prefix_match(&q);
+            assert_eq!(m.matched_chars, want, "{q:?} against {} texts", sent.len());
+            assert_eq!(m.input_chars, q.chars().count());
+            if !q.is_empty() {
+                tree.insert(&q, &workers[rng.usize(..workers.len())]);
+                sent.push(q);
+            }
+        }
+    }
 
     #[test]
     fn common_prefixes_count_whole_characters_only() {
