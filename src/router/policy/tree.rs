@@ -345,7 +345,7 @@ mod tests {
     fn matches_agree_with_a_plain_list_of_what_was_inserted() {
         let mut rng = fastrand::Rng::with_seed(44);
         let alphabet = ['a', 'b', 'é', 'è', '中', ' '];
-        let mut text = |rng: &mut fastrand::Rng| -> String {
+        let text = |rng: &mut fastrand::Rng| -> String {
             (0..rng.usize(0..24))
                 .map(|_| alphabet[rng.usize(..alphabet.len())])
                 .collect()
