@@ -2577,6 +2577,15 @@ fn bench_router_measures_a_peer_router_side_by_side() {
     assert!(err.contains("exited") && err.contains("false"), "{err}");
 }
 
+/// Threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim() == name)
+        .count()
+}
+
 #[test]
 fn runtime_threads_sets_the_routers_thread_count() {
     let w = fake_worker("threads-w", &[]);
@@ -2587,12 +2596,7 @@ fn runtime_threads_sets_the_routers_thread_count() {
             true,
         );
         assert_eq!(post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
-        let pid = r._proc.pid().unwrap();
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .filter(|name| name.trim() == "router")
-            .count()
+        threads_named(r._proc.pid().unwrap(), "router")
     };
     let (one, four) = (count("1"), count("4"));
     // (Beside the runtime's workers, a thread of its blocking pool may run.)
@@ -2639,11 +2643,6 @@ fn thread_per_core_answers_on_every_thread_and_counts_each_request_once() {
         ),
         "{metrics}"
     );
-    let pid = r._proc.pid().unwrap();
-    let named_router = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.trim() == "router")
-        .count();
+    let named_router = threads_named(r._proc.pid().unwrap(), "router");
     assert!(named_router >= 3, "{named_router} threads named router");
 }
