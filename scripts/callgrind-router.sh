@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Instructions per request of the router, counted by callgrind (repeatable on a noisy or small
+# machine, where timings are not): a FAKE worker, the router under valgrind with one runtime
+# thread, and keep-alive requests one at a time. The router runs twice (N1 and N2 requests);
+# the difference over N2 − N1 leaves start-up out.
+#
+#   scripts/callgrind-router.sh [CASE] [POLICY]      CASE: gen | gen-stream | chat | chat-stream
+#   BIN=path/to/rbgctl N1=200 N2=1200 PROMPT_CHARS=512 scripts/callgrind-router.sh gen cache_aware
+#
+# BIN must be a testkit build (`cargo build --release --features testkit`) for the FAKE worker.
+set -euo pipefail
+BIN=${BIN:-target/release/rbgctl}
+CASE=${1:-gen}
+POLICY=${2:-round_robin}
+N1=${N1:-200}
+N2=${N2:-1200}
+export PROMPT_CHARS=${PROMPT_CHARS:-512}
+dir=$(mktemp -d)
+worker=
+trap '[ -n "$worker" ] && kill "$worker" 2>/dev/null; rm -rf "$dir"' EXIT
+
+port_of() { # the HTTP port a role wrote to its ready file
+    for _ in $(seq 600); do [ -s "$1" ] && break; sleep 0.1; done
+    python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['addrs']['http'].rsplit(':',1)[1])" "$1"
+}
+
+drive() { # N keep-alive requests of CASE at PORT
+    python3 - "$1" "$2" "$CASE" <<'PY'
+import http.client, json, os, sys
+port, n, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+chars = int(os.environ["PROMPT_CHARS"])
+prompt = ("The quick brown fox jumps over the lazy dog. " * (chars // 40 + 1))[:chars]
+stream = case.endswith("-stream")
+if case.startswith("gen"):
+    path = "/generate"
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+            "stream": stream}
+else:
+    path = "/v1/chat/completions"
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8, "temperature": 0, "stream": stream}
+data = json.dumps(body).encode()
+c = http.client.HTTPConnection("127.0.0.1", port)
+for _ in range(n):
+    c.request("POST", path, body=data, headers={"content-type": "application/json"})
+    r = c.getresponse()
+    b = r.read()
+    assert r.status == 200, (r.status, b[:200])
+PY
+}
+
+RBGCTL_READY_FILE=$dir/worker.json "$BIN" bench fake-worker --port 0 >/dev/null 2>&1 &
+worker=$!
+worker_port=$(port_of "$dir/worker.json")
+
+count() { # instructions of a router that served N requests, into $total
+    local n=$1
+    RBGCTL_READY_FILE=$dir/router-$n.json valgrind --tool=callgrind \
+        --callgrind-out-file="$dir/callgrind.$n" "$BIN" router --host 127.0.0.1 --port 0 \
+        --prometheus-port 0 --worker-urls "http://127.0.0.1:$worker_port" --policy "$POLICY" \
+        --runtime-threads 1 --disable-health-check >/dev/null 2>&1 &
+    local router=$!
+    drive "$(port_of "$dir/router-$n.json")" "$n"
+    kill -INT "$router"
+    wait "$router" || true
+    total=$(callgrind_annotate "$dir/callgrind.$n" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+}
+
+count "$N1"
+a=$total
+count "$N2"
+b=$total
+echo "$CASE $POLICY ${PROMPT_CHARS} chars: $(((b - a) / (N2 - N1))) instructions per request ($a at $N1, $b at $N2)"
