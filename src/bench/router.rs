@@ -72,6 +72,9 @@ pub struct RouterBenchArgs {
     /// Runtime threads of rbgctl's router. Default: the router's (one per core).
     #[arg(long)]
     pub router_threads: Option<usize>,
+    /// Run rbgctl's router thread-per-core (`router --thread-per-core`).
+    #[arg(long)]
+    pub router_thread_per_core: bool,
     /// Prefill/decode cases: milliseconds the FAKE prefill worker holds each answer (the
     /// prefill leg's answer time).
     #[arg(long, default_value_t = 20)]
@@ -313,6 +316,7 @@ impl Deployment {
                 host: "127.0.0.1".into(),
                 port: 0,
                 runtime_threads: args.router_threads,
+                thread_per_core: args.router_thread_per_core,
                 ..Default::default()
             },
             metrics: MetricsConfig {
@@ -919,10 +923,15 @@ fn write_report(
 
 fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     println!(
-        "rbgctl router ({}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} s x {} reps, medians",
+        "rbgctl router ({}{}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} s x {} reps, medians",
         match args.router_threads {
             Some(n) => format!("{n} runtime thread(s)"),
             None => "a runtime thread per core".to_string(),
+        },
+        if args.router_thread_per_core {
+            ", thread-per-core"
+        } else {
+            ""
         },
         args.workers,
         args.worker_threads,
