@@ -234,7 +234,7 @@ fn refusal(status: StatusCode, kind: &str, message: String) -> Response {
 /// `max_body_bytes` is answered 413 and one the port's budget has no room for 503, both from the
 /// headers; a body still to come gets the body deadline (and, of undeclared length, is charged
 /// to the budget as its chunks arrive). A request without a body is passed on untouched.
-async fn guard_body(req: Request, next: Next, limits: HttpLimits) -> Response {
+async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Response {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -316,7 +316,8 @@ pub async fn serve_tls(
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let max_body = limits.max_body_bytes;
-    let guard = limits.clone();
+    // Shared by every request (one reference count, not a copy of the limits' own).
+    let guard = Arc::new(limits.clone());
     let app = app
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn(

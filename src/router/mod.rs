@@ -34,7 +34,7 @@ use crate::role::{self, BindError};
 use crate::router::config::{RouterConfig, TlsConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
-use crate::router::policy::{LoadBalancingPolicy, PolicyKind, PolicySettings};
+use crate::router::policy::{LoadBalancingPolicy, PolicySettings};
 use crate::router::worker::RegistryError;
 use crate::router::worker::{Registry, Source, WorkerSpec, WorkerType};
 use crate::shutdown::Shutdown;
@@ -184,7 +184,7 @@ impl Shared {
             (limits.max_concurrent_requests > 0).then_some(limits.max_concurrent_requests as usize);
         let text_policy = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()]
             .iter()
-            .any(|k| matches!(k, PolicyKind::CacheAware | PolicyKind::Bucket));
+            .any(|k| k.matches_text());
         let shared = Shared {
             reads: match text_policy || cfg.pd.enabled {
                 true => request::Reads::Text,

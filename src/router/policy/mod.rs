@@ -50,6 +50,11 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// Whether it routes on the request's text (so the body's text must be read).
+    pub fn matches_text(self) -> bool {
+        matches!(self, PolicyKind::CacheAware | PolicyKind::Bucket)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Random => "random",
