@@ -491,9 +491,11 @@ impl Pool {
     }
 }
 
-/// Copies the run directory (every process's log) where it outlives the test.
+/// Copies the run directory (every process's log) where it outlives the test: under the
+/// build's own scratch directory (`target/tmp`), never the system's temporary one.
 fn keep_logs(dir: &Path, schedule: &str) {
-    let to = std::env::temp_dir().join(format!("rbgctl-faults-{schedule}-{}", std::process::id()));
+    let to = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rbgctl-faults-{schedule}-{}", std::process::id()));
     let copied = std::process::Command::new("cp")
         .arg("-r")
         .arg(dir)

@@ -600,3 +600,103 @@ fn a_write_of_a_put_an_earlier_master_started_is_refused_by_the_store() {
         .unwrap();
     assert_eq!(client.get("fresh").unwrap(), value);
 }
+
+/// A put given up while its bytes were still on the way (its store stopped answering: SIGSTOP,
+/// a pause, a partition) has its space given to the next put at once. When the store answers
+/// again, the late bytes must not land over the newer put, which was acknowledged meanwhile.
+#[test]
+fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space() {
+    use rbgctl::transfer::message::*;
+    use rbgctl::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Opts::default()
+    });
+    let opts = ConnOptions::default();
+    let mut master = Connection::connect(&c.rpc, &opts).unwrap();
+    let client_id = 78;
+    let _: PingResp = master.call(Opcode::Ping, &PingReq { client_id }).unwrap();
+    let start = |master: &mut Connection, key: &str| -> PutStartResp {
+        master
+            .call(
+                Opcode::PutStart,
+                &PutStartReq {
+                    client_id,
+                    key: key.into(),
+                    size: 4096,
+                    config: ReplicateConfig::default(),
+                },
+            )
+            .unwrap()
+    };
+    let segments: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+    let endpoint = segments.segments[0].info.endpoint.clone();
+    let write = |key: &str, version: u64, offset: u64, value: &[u8]| {
+        let mut store = Connection::connect(&endpoint, &opts).unwrap();
+        let req = WriteReq {
+            offset,
+            key: key.into(),
+            version,
+            checksum: crc32c::crc32c(value),
+        };
+        let id = store.send(Opcode::Write, &req.to_meta(), &[value]).unwrap();
+        store.recv(id).map(|_| ())
+    };
+
+    // The first put is given up before its bytes arrive; the master gives its space to the next.
+    let given_up = start(&mut master, "given-up");
+    let _: () = master
+        .call(
+            Opcode::PutRevoke,
+            &PutRevokeReq {
+                client_id,
+                key: "given-up".into(),
+                object_id: given_up.object_id,
+            },
+        )
+        .unwrap();
+    let newer = start(&mut master, "newer");
+    let offset = given_up.replicas[0].offset;
+    assert_eq!(
+        newer.replicas[0].offset, offset,
+        "the master gave the freed space to the next put (the premise of this test)"
+    );
+    assert!(newer.object_id > given_up.object_id);
+    let value = vec![0x5au8; 4096];
+    write("newer", newer.object_id, offset, &value).unwrap();
+    let _: () = master
+        .call(
+            Opcode::PutEnd,
+            &PutEndReq {
+                client_id,
+                key: "newer".into(),
+                object_id: newer.object_id,
+                checksum: crc32c::crc32c(&value),
+            },
+        )
+        .unwrap();
+
+    // The given-up put's bytes come in late: refused, the newer put's bytes stay.
+    match write("given-up", given_up.object_id, offset, &[0xa5u8; 4096]) {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::WriteSuperseded, "{message}");
+            assert!(message.contains("given up"), "{message}");
+        }
+        other => panic!("the late write was taken: {other:?}"),
+    }
+    // So is a late write overlapping only the newer put's last bytes.
+    match write(
+        "given-up",
+        given_up.object_id,
+        offset + 4032,
+        &[0xa5u8; 128],
+    ) {
+        Err(TransferError::Remote { status, .. }) => assert_eq!(status, Status::WriteSuperseded),
+        other => panic!("the late write was taken: {other:?}"),
+    }
+    assert_eq!(
+        c.store_metric(0, "rbgctl_store_superseded_writes_total"),
+        Some(2.0)
+    );
+    assert_eq!(c.client().get("newer").unwrap(), value);
+}

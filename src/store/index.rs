@@ -135,6 +135,21 @@ impl IndexMap {
         out
     }
 
+    /// The newest version recorded over any byte of `[offset, offset + size)`.
+    pub fn newest_overlapping(&self, offset: u64, size: u64) -> Option<u64> {
+        let end = offset.saturating_add(size.max(1));
+        let before = self
+            .by_offset
+            .range(..offset)
+            .next_back()
+            .filter(|(o, r)| o.saturating_add(r.size) > offset);
+        before
+            .into_iter()
+            .chain(self.by_offset.range(offset..end))
+            .map(|(_, r)| r.version)
+            .max()
+    }
+
     /// Keeps `table`'s stamps in step with the records from now on, starting with those
     /// already here.
     pub fn attach_stamps(&mut self, table: std::sync::Arc<StampTable>) {
@@ -497,6 +512,11 @@ impl DurableIndex {
         self.inner.lock().0.holds(offset, version, size)
     }
 
+    /// See [`IndexMap::newest_overlapping`].
+    pub fn newest_overlapping(&self, offset: u64, size: u64) -> Option<u64> {
+        self.inner.lock().0.newest_overlapping(offset, size)
+    }
+
     /// Every record, for the master.
     pub fn snapshot(&self) -> Vec<StoredObject> {
         let g = self.inner.lock();
@@ -850,6 +870,14 @@ impl Records {
         match self {
             Records::Durable(index) => index.holds(offset, version, size),
             Records::Memory(map) => map.lock().holds(offset, version, size),
+        }
+    }
+
+    /// See [`IndexMap::newest_overlapping`].
+    pub fn newest_overlapping(&self, offset: u64, size: u64) -> Option<u64> {
+        match self {
+            Records::Durable(index) => index.newest_overlapping(offset, size),
+            Records::Memory(map) => map.lock().newest_overlapping(offset, size),
         }
     }
 

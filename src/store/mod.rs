@@ -3,6 +3,7 @@
 //! assigned to clients. The same machinery runs embedded in a client that contributes memory.
 
 pub mod access;
+pub mod claims;
 pub mod config;
 pub mod disk;
 pub mod index;
@@ -471,6 +472,8 @@ impl Store {
             lease: lease.clone(),
             write_floor: write_floor.clone(),
             stale_writes: AtomicU64::new(0),
+            claims: Default::default(),
+            superseded_writes: AtomicU64::new(0),
             stale_reads: AtomicU64::new(0),
             recovery: recovery.unwrap_or_default(),
             index_errors: AtomicU64::new(0),
@@ -705,6 +708,14 @@ impl StoreStatus {
             "Writes refused because an earlier master (restarted or deposed) started their put; \
              the client starts it again.",
             s.stale_writes.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_superseded_writes_total",
+            "counter",
+            "Writes refused because a newer put holds or is writing their range (their put was \
+             given up: late bytes from a writer that stopped waiting), or an older put was still \
+             writing it.",
+            s.superseded_writes.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_recovered_objects",

@@ -4,6 +4,7 @@
 //! answered), so that a client holding an object's location can read it with one round trip
 //! (`READ_VERSION`) while the master's read lease runs.
 
+use super::claims::{ClaimError, ClaimGuard, WriteClaims};
 use super::index::Records;
 use super::segment::SegmentMemory;
 use super::Recovery;
@@ -17,6 +18,10 @@ use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Longest a write waits for an older put still writing its range: such bytes come from a
+/// socket buffer at once, or the older write's connection times out first.
+pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
 
 /// How long this store may answer version-checked reads. The master extends it with each
 /// `FORGET_LEASE`, after the store has applied the forgets it carries; it is revoked when the
@@ -123,6 +128,11 @@ pub struct StoreService {
     pub write_floor: Arc<AtomicU64>,
     /// Writes refused for it (puts an earlier master started).
     pub stale_writes: AtomicU64,
+    /// The ranges being written now: an older put's late bytes never land over a newer put's.
+    pub claims: WriteClaims,
+    /// Writes refused because a newer put holds or is writing their range (their put was
+    /// given up), or because an older put was still writing it past [`CLAIM_WAIT`].
+    pub superseded_writes: AtomicU64,
     /// Version-checked reads refused: stale location, or no lease.
     pub stale_reads: AtomicU64,
     pub recovery: Recovery,
@@ -160,6 +170,38 @@ impl StoreService {
         ))
     }
 
+    /// Claims a write's range (`claims`), or says why it may not land.
+    fn claim(
+        &self,
+        offset: u64,
+        len: u64,
+        version: u64,
+    ) -> Result<ClaimGuard<'_>, (Status, String)> {
+        let recorded = |o, l| self.records.newest_overlapping(o, l);
+        self.claims
+            .claim(offset, len, version, recorded, CLAIM_WAIT)
+            .map_err(|e| {
+                self.superseded_writes.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(offset, len, version, error = %e, "write refused");
+                let status = match e {
+                    ClaimError::Superseded { .. } => Status::WriteSuperseded,
+                    ClaimError::Busy { .. } => Status::ObjectUnavailable,
+                };
+                (status, e.to_string())
+            })
+    }
+
+    /// Whether bytes that came in without the store (`SEAL`) were overtaken by a newer put.
+    fn superseded(&self, o: &StoredObject) -> Option<ClaimError> {
+        let recorded = |off, l| self.records.newest_overlapping(off, l);
+        let e = self
+            .claims
+            .superseded(o.offset, o.size, o.version, recorded)?;
+        self.superseded_writes.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(offset = o.offset, version = o.version, error = %e, "seal refused");
+        Some(e)
+    }
+
     /// WRITE and WRITE_CHECKED: the bytes straight into the segment, checksummed as they come;
     /// with `checked`, the CRC-32C the writer sent after them must match.
     fn write(
@@ -189,7 +231,21 @@ impl StoreService {
             io.error(Status::WriteSuperseded, &msg)?;
             return Ok(false);
         }
-        // SAFETY: the master allocated this range to exactly one writer.
+        // The master allocated this range to exactly one live put; an older, given-up put's
+        // late bytes are refused here, and one still coming in is waited for.
+        let claim = if r.key.is_empty() {
+            None
+        } else {
+            match self.claim(r.offset, len, r.version) {
+                Ok(claim) => Some(claim),
+                Err((status, msg)) => {
+                    io.discard_data()?;
+                    io.error(status, &msg)?;
+                    return Ok(false);
+                }
+            }
+        };
+        // SAFETY: the range is claimed by this put alone (or, keyless, by no put at all).
         let dst = unsafe { mem.slice_mut(r.offset, len) };
         let checksum = if checked {
             let crc = io.read_data_streamed_crc(dst)?;
@@ -232,6 +288,7 @@ impl StoreService {
             io.error(Status::Internal, &format!("index write failed: {e}"))?;
             return Ok(false);
         }
+        drop(claim);
         tracing::trace!(offset = r.offset, version = r.version, "recorded");
         io.reply(Status::Ok, &[], &[])?;
         Ok(true)
@@ -329,7 +386,7 @@ impl StoreService {
         for o in objects {
             let status = if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
                 Status::OutOfBounds
-            } else if self.stale(&o.key, o.version).is_some() {
+            } else if self.stale(&o.key, o.version).is_some() || self.superseded(&o).is_some() {
                 Status::WriteSuperseded
             } else if checked && !self.holds_bytes_of(mem, &o) {
                 Status::ChecksumMismatch
