@@ -230,11 +230,18 @@ fn refusal(status: StatusCode, kind: &str, message: String) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// A request's hold on its port's body budget, from its headers until its answer is made.
+#[must_use = "the body's bytes stay charged while this lives"]
+pub struct BodyTicket(#[allow(dead_code)] Option<Arc<Charge>>);
+
 /// What every request goes through before its handler: a declared `Content-Length` above
 /// `max_body_bytes` is answered 413 and one the port's budget has no room for 503, both from the
 /// headers; a body still to come gets the body deadline (and, of undeclared length, is charged
-/// to the budget as its chunks arrive). A request without a body is passed on untouched.
-async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Response {
+/// to the budget as its chunks arrive). A request without a body is passed on untouched. The
+/// request comes back ready for its handler, with the ticket to hold until its answer is made.
+// The refusal is the answer itself: boxing it would cost every admitted request an allocation.
+#[allow(clippy::result_large_err)]
+pub fn admit_body(req: Request, limits: &HttpLimits) -> Result<(Request, BodyTicket), Response> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -242,14 +249,14 @@ async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Respon
         .and_then(|v| v.trim().parse::<u64>().ok());
     let limit = limits.max_body_bytes;
     if let Some(n) = declared.filter(|n| *n > limit as u64) {
-        return refusal(
+        return Err(refusal(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             format!("request body of {n} bytes is larger than this port's limit of {limit} bytes"),
-        );
+        ));
     }
     if declared == Some(0) || http_body::Body::is_end_stream(req.body()) {
-        return next.run(req).await;
+        return Ok((req, BodyTicket(None)));
     }
     let declared = declared.map(|n| n as usize);
     let mut charge = None;
@@ -259,7 +266,7 @@ async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Respon
             bytes: AtomicUsize::new(0),
         });
         if !c.add(declared.unwrap_or(0)) {
-            return refusal(
+            return Err(refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service_unavailable",
                 format!(
@@ -268,7 +275,7 @@ async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Respon
                     budget.used(),
                     budget.limit()
                 ),
-            );
+            ));
         }
         charge = Some(c);
     }
@@ -283,9 +290,29 @@ async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Respon
             charge: per_chunk,
         })
     });
-    let response = next.run(req).await;
-    drop(charge);
-    response
+    Ok((req, BodyTicket(charge)))
+}
+
+/// [`admit_body`] as a middleware.
+async fn guard_body(req: Request, next: Next, limits: Arc<HttpLimits>) -> Response {
+    match admit_body(req, &limits) {
+        Ok((req, ticket)) => {
+            let response = next.run(req).await;
+            drop(ticket);
+            response
+        }
+        Err(refusal) => refusal,
+    }
+}
+
+/// `app` with the guards every request goes through ([`admit_body`]), for [`serve_service`].
+pub fn guarded(app: axum::Router, limits: &HttpLimits) -> axum::Router {
+    // Shared by every request (one reference count, not a copy of the limits' own).
+    let guard = Arc::new(limits.clone());
+    app.layer(axum::extract::DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| guard_body(req, next, guard.clone()),
+        ))
 }
 
 /// Serves `app` with the default limits until `shutdown` fires.
@@ -314,15 +341,30 @@ pub async fn serve_tls(
     tls: Option<Arc<rustls::ServerConfig>>,
     open: Option<Arc<AtomicUsize>>,
 ) {
+    let app = guarded(app, &limits);
+    serve_service(listener, app, shutdown, limits, tls, open).await
+}
+
+/// [`serve_tls`] of any service that answers every request itself: one that does the
+/// [`admit_body`] guard itself, or is [`guarded`].
+pub async fn serve_service<S>(
+    listener: tokio::net::TcpListener,
+    app: S,
+    shutdown: Shutdown,
+    limits: HttpLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    open: Option<Arc<AtomicUsize>>,
+) where
+    S: tower_service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let max_body = limits.max_body_bytes;
-    // Shared by every request (one reference count, not a copy of the limits' own).
-    let guard = Arc::new(limits.clone());
-    let app = app
-        .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .layer(axum::middleware::from_fn(
-            move |req: Request, next: Next| guard_body(req, next, guard.clone()),
-        ));
     let slots = limits
         .connection_slots
         .clone()
@@ -399,14 +441,22 @@ impl Drop for OpenConnection {
 }
 
 /// One connection, until it ends or `stop` fires (then gracefully).
-async fn serve_connection<I>(
+async fn serve_connection<I, S>(
     io: I,
-    service: TowerToHyperService<axum::Router>,
+    service: TowerToHyperService<S>,
     stop: Shutdown,
     header_timeout: Duration,
     peer: std::net::SocketAddr,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: tower_service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
 {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder

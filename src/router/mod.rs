@@ -8,6 +8,8 @@
 //! - `limiter`: concurrency limit with a bounded queue.
 //! - `proxy`: retries, PD dual dispatch, frame-by-frame relay.
 //! - `server`: the HTTP API; `background`: health checks, tree eviction, worker metadata.
+//! - `front`: the front door hyper serves: inference straight to its handler, the rest to
+//!   `server`'s axum app.
 //! - `discovery`: workers from the RBG discovery file; `kube`: from Kubernetes pods.
 //! - `metrics`: Prometheus.
 
@@ -16,6 +18,7 @@ pub mod compat;
 pub mod config;
 pub mod discovery;
 pub mod dp;
+pub mod front;
 pub mod kube;
 pub mod limiter;
 pub mod metrics;

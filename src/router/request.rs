@@ -31,6 +31,11 @@ impl Endpoint {
         Endpoint::Responses,
     ];
 
+    /// The endpoint served at `path`, if any.
+    pub fn of_path(path: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|e| e.path() == path)
+    }
+
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Generate => "/generate",

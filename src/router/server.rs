@@ -46,24 +46,31 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .and_then(crate::auth::bearer_token)
 }
 
-async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
-    if let Some(key) = &shared.cfg.server.api_key {
-        let given = bearer(req.headers());
-        if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
-            shared
-                .metrics
-                .auth_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let rid = rid_for(&shared, req.headers(), None);
-            return error_response(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "missing or wrong API key (send Authorization: Bearer <key>)",
-                &rid,
-            );
-        }
+/// With `--api-key`, the answer to a request that does not carry it.
+pub(super) fn key_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    let key = shared.cfg.server.api_key.as_ref()?;
+    let given = bearer(headers);
+    if given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+        return None;
     }
-    next.run(req).await
+    shared
+        .metrics
+        .auth_failures
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let rid = rid_for(shared, headers, None);
+    Some(error_response(
+        StatusCode::UNAUTHORIZED,
+        "authentication_error",
+        "missing or wrong API key (send Authorization: Bearer <key>)",
+        &rid,
+    ))
+}
+
+async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
+    match key_refusal(&shared, req.headers()) {
+        Some(refusal) => refusal,
+        None => next.run(req).await,
+    }
 }
 
 /// The control plane's guard: with `--control-plane-api-keys`, a key of role `admin` for
@@ -106,7 +113,7 @@ async fn require_control_key(State(shared): S, req: Request, next: Next) -> Resp
     error_response(status, "authentication_error", message, &rid)
 }
 
-async fn inference(
+pub(super) async fn inference(
     shared: Arc<Shared>,
     endpoint: Endpoint,
     headers: HeaderMap,
@@ -942,7 +949,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
 }
 
 /// CORS as sglang-router answers it: the listed origins, or any origin when none is listed.
-fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+pub(super) fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
     use tower_http::cors::{AllowOrigin, Any, CorsLayer};
     let listed: Vec<http::HeaderValue> = origins.iter().filter_map(|o| o.parse().ok()).collect();
     let allow = if listed.is_empty() {
@@ -1111,6 +1118,7 @@ pub async fn serve_more(
     let limits = http_limits(&shared);
     let tls = shared.server_tls.clone();
     let open = shared.metrics.http.connections.clone();
-    let app = app(shared.clone());
-    crate::http_server::serve_tls(listener, app, shutdown, limits, tls, Some(open)).await;
+    let rest = crate::http_server::guarded(app(shared.clone()), &limits);
+    let front = crate::router::front::Front::new(shared, rest, &limits);
+    crate::http_server::serve_service(listener, front, shutdown, limits, tls, Some(open)).await;
 }
