@@ -7,6 +7,9 @@
 #   scripts/callgrind-router.sh [CASE] [POLICY]      CASE: gen | gen-stream | chat | chat-stream
 #   BIN=path/to/rbgctl N1=200 N2=1200 PROMPT_CHARS=512 scripts/callgrind-router.sh gen cache_aware
 #
+# With KEEP=DIR, the profile of the longer run is kept as DIR/callgrind.out (read it with
+# callgrind_annotate --inclusive=yes).
+#
 # BIN must be a testkit build (`cargo build --release --features testkit`) for the FAKE worker.
 set -euo pipefail
 BIN=${BIN:-target/release/rbgctl}
@@ -70,4 +73,7 @@ count "$N1"
 a=$total
 count "$N2"
 b=$total
+if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP" && cp "$dir/callgrind.$N2" "$KEEP/callgrind.out"
+fi
 echo "$CASE $POLICY ${PROMPT_CHARS} chars: $(((b - a) / (N2 - N1))) instructions per request ($a at $N1, $b at $N2)"

@@ -6,7 +6,8 @@
 //! - `policy` + `tree` (pure): random, round_robin, power_of_two, cache_aware, consistent_hashing.
 //! - `worker`: workers, their health and circuit-breaker state machines, the registry.
 //! - `limiter`: concurrency limit with a bounded queue.
-//! - `proxy`: retries, PD dual dispatch, frame-by-frame relay.
+//! - `proxy`: retries and the answer relayed frame by frame (`proxy/relay.rs`);
+//!   `route`: how a request reaches workers (regular, SGLang PD, vLLM PD), chosen at start.
 //! - `server`: the HTTP API; `background`: health checks, tree eviction, worker metadata.
 //! - `front`: the front door hyper serves: inference straight to its handler, the rest to
 //!   `server`'s axum app.
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod request;
+pub mod route;
 pub mod server;
 pub mod tokenize;
 pub mod ui;
@@ -79,6 +81,8 @@ pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<B
 pub struct Shared {
     pub cfg: RouterConfig,
     pub pd: bool,
+    /// How inference requests reach workers, chosen once at start.
+    pub route: route::Route,
     pub registry: Registry,
     pub policy: Arc<dyn LoadBalancingPolicy>,
     pub prefill_policy: Arc<dyn LoadBalancingPolicy>,
@@ -194,6 +198,7 @@ impl Shared {
                 false => request::Reads::Flags,
             },
             pd: cfg.pd.enabled,
+            route: route::Route::for_config(cfg.pd.enabled, cfg.server.backend),
             registry: Registry::default(),
             policy: policy(cfg.policy.policy),
             prefill_policy: policy(cfg.prefill_policy()),

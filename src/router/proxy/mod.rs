@@ -1,0 +1,529 @@
+//! Sending a request to workers and relaying the answer: worker choice, retries with backoff on
+//! a worker chosen anew, the circuit breaker's outcomes, prefill/decode dual dispatch, and the
+//! response body relayed frame by frame as the worker sends it (a stream cut by its worker ends
+//! with an SSE error event, never a hang).
+
+use crate::router::config::Backend;
+use crate::router::dp;
+use crate::router::policy::{self, Candidate, LoadBalancingPolicy, RouteInput};
+use crate::router::request;
+use crate::router::request::{error_body, Endpoint, RouteInfo};
+use crate::router::worker::{Worker, WorkerType};
+use crate::router::Shared;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// At most this many of a worker's data frames already received are merged into one.
+const MERGE_FRAMES: usize = 64;
+/// ... and up to this many bytes.
+const MERGE_BYTES: usize = 256 * 1024;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+mod relay;
+pub(crate) use relay::{Companion, Held};
+
+/// Request headers passed on to workers (sglang-router's list, plus `accept`).
+fn forwarded(name: &str) -> bool {
+    matches!(
+        name,
+        "authorization"
+            | "x-correlation-id"
+            | "traceparent"
+            | "tracestate"
+            | "x-smg-routing-key"
+            | "accept"
+    ) || name.starts_with("x-request-id-")
+}
+
+/// Response headers that belong to one connection and are not relayed.
+pub(crate) fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+    )
+}
+
+/// A JSON error response.
+pub fn error_response(status: StatusCode, kind: &str, message: &str, rid: &str) -> Response<Body> {
+    let mut r = Response::new(Body::from(error_body(status.as_u16(), kind, message)));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        h.insert("x-request-id", v);
+    }
+    r.extensions_mut()
+        .insert(crate::router::metrics::ErrorCode(kind.to_string()));
+    r
+}
+
+/// One request, as each attempt needs it.
+pub(crate) struct Call<'a> {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) body: &'a Bytes,
+    pub(crate) info: &'a RouteInfo,
+    pub(crate) input: RouteInput<'a>,
+    pub(crate) rid: &'a str,
+}
+
+/// A leg that failed: what the client gets, and why in one line.
+pub(crate) struct LegFailure {
+    pub(crate) answer: Attempt,
+    pub(crate) reason: String,
+}
+
+/// What one attempt came to.
+pub(crate) enum Attempt {
+    /// The answer for the client (success, or an error not worth retrying).
+    Done(Response<Body>),
+    /// Worth another try on another worker; the response to give if none is left.
+    Retry {
+        tried: Vec<Arc<str>>,
+        fallback: Response<Body>,
+    },
+}
+
+/// The workers serving `model`; if none says it does, those that have not said what they
+/// serve (an upstream whose model list could not be read yet).
+fn serving(workers: Vec<Arc<Worker>>, model: &str) -> Vec<Arc<Worker>> {
+    let (mut serving, mut unknown) = (Vec::new(), Vec::new());
+    for w in workers {
+        match w.serves(model) {
+            Some(true) => serving.push(w),
+            Some(false) => {}
+            None => unknown.push(w),
+        }
+    }
+    if serving.is_empty() {
+        unknown
+    } else {
+        serving
+    }
+}
+
+impl Shared {
+    /// The available workers of one type, leaving out those already tried when others remain.
+    fn candidates(&self, t: WorkerType, tried: &[Arc<str>]) -> Vec<Arc<Worker>> {
+        let now = Instant::now();
+        let all: Vec<Arc<Worker>> = self
+            .registry
+            .snapshot()
+            .iter()
+            .filter(|w| w.worker_type == t && w.available(&self.cfg.breaker, now))
+            .cloned()
+            .collect();
+        if tried.is_empty() {
+            return all;
+        }
+        let fresh: Vec<Arc<Worker>> = all
+            .iter()
+            .filter(|w| !tried.iter().any(|t| **t == *w.url))
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
+            all
+        } else {
+            fresh
+        }
+    }
+
+    /// Whether requests go only to the workers serving their `model`.
+    fn routes_by_model(&self) -> bool {
+        self.cfg.server.enable_igw || self.cfg.server.backend == Backend::Openai
+    }
+
+    /// `--enable-igw`: the policy of `model` for workers of type `t` (of the kind `like` is).
+    fn model_policy(
+        &self,
+        model: &str,
+        t: WorkerType,
+        like: &dyn LoadBalancingPolicy,
+    ) -> Arc<dyn LoadBalancingPolicy> {
+        self.model_policies
+            .lock()
+            .entry((model.to_string(), t))
+            .or_insert_with(|| self.policy_settings.build(like.kind()))
+            .clone()
+    }
+
+    pub(crate) fn choose(
+        &self,
+        policy: &dyn LoadBalancingPolicy,
+        t: WorkerType,
+        input: &RouteInput,
+        tried: &[Arc<str>],
+    ) -> Option<Arc<Worker>> {
+        let mut workers = self.candidates(t, tried);
+        let mut per_model = None;
+        if let Some(model) = input.model.filter(|_| self.routes_by_model()) {
+            workers = serving(workers, model);
+            if self.cfg.server.enable_igw {
+                per_model = Some(self.model_policy(model, t, policy));
+            }
+        }
+        let policy = per_model.as_deref().unwrap_or(policy);
+        let cands: Vec<Candidate> = workers
+            .iter()
+            .map(|w| Candidate {
+                url: w.url.clone(),
+                load: w.load(),
+                processed: w.processed(),
+            })
+            .collect();
+        let chosen =
+            policy::choose(policy, &cands, input, Instant::now()).map(|i| workers[i].clone());
+        if let Some(w) = &chosen {
+            w.counters.selected.fetch_add(1, Ordering::Relaxed);
+        }
+        chosen
+    }
+
+    /// A prefill and a decode worker for a PD request, or the answer that there is none.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn choose_pair(
+        &self,
+        input: &RouteInput,
+        tried: &[Arc<str>],
+        rid: &str,
+    ) -> Result<(Arc<Worker>, Arc<Worker>), Attempt> {
+        let prefill = self
+            .choose(&*self.prefill_policy, WorkerType::Prefill, input, tried)
+            .ok_or_else(|| Attempt::Done(no_workers("prefill ", rid)))?;
+        let decode = self
+            .choose(&*self.decode_policy, WorkerType::Decode, input, tried)
+            .ok_or_else(|| Attempt::Done(no_workers("decode ", rid)))?;
+        Ok((prefill, decode))
+    }
+
+    pub(crate) fn upstream_request(
+        &self,
+        worker: &Worker,
+        method: Method,
+        path: &str,
+        client_headers: &HeaderMap,
+        rid: &str,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, http::Error> {
+        // --dp-aware: the rank the worker stands for rides in the body.
+        let body = match worker.dp_rank {
+            Some(r) if !body.is_empty() => {
+                match request::set_fields(&body, &[(dp::RANK_FIELD, r.into())]) {
+                    Ok(b) => Bytes::from(b),
+                    Err(_) => body,
+                }
+            }
+            _ => body,
+        };
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("{}{}", worker.base_url, path))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", rid);
+        for (name, value) in client_headers {
+            if forwarded(name.as_str()) {
+                b = b.header(name, value);
+            }
+        }
+        if !client_headers.contains_key(header::AUTHORIZATION) {
+            if let Some(key) = &worker.api_key {
+                b = b.header(header::AUTHORIZATION, format!("Bearer {key}"));
+            }
+        }
+        b.body(Full::new(body))
+    }
+
+    /// Sends and waits for the response headers, within the request timeout.
+    pub(crate) async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, String> {
+        match tokio::time::timeout(
+            self.cfg.limits.request_timeout.0,
+            self.client().request(req),
+        )
+        .await
+        {
+            Ok(Ok(r)) => {
+                self.metrics.upstream(r.status().as_u16());
+                Ok(r)
+            }
+            Ok(Err(e)) => Err(describe(&e)),
+            Err(_) => Err(format!(
+                "no response headers within {:?}",
+                self.cfg.limits.request_timeout.0
+            )),
+        }
+    }
+
+    /// Proxies an inference request, retrying as configured.
+    pub async fn dispatch(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        body: Bytes,
+        info: &RouteInfo,
+        rid: &str,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        self.metrics
+            .request(endpoint, info.stream, info.model.as_deref());
+        let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let input = RouteInput {
+            text: &info.text,
+            routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
+            target_worker: header_str("x-smg-target-worker"),
+            model: info.model.as_deref(),
+        };
+        let retries = self.cfg.retry.retries();
+        let refused = if let Some(why) = self.route.refuses(endpoint) {
+            Some(why)
+        } else if self.cfg.server.backend == Backend::Openai && endpoint == Endpoint::Generate {
+            Some(
+                "/generate is SGLang's: an OpenAI-compatible upstream (--backend openai) serves \
+                 /v1/chat/completions and /v1/completions"
+                    .to_string(),
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            self.metrics.error(endpoint.name(), "not_implemented");
+            return error_response(
+                StatusCode::NOT_IMPLEMENTED,
+                "invalid_request_error",
+                &why,
+                rid,
+            );
+        }
+        let mut permit = permit;
+        let mut tried: Vec<Arc<str>> = Vec::new();
+        let mut last = None;
+        for attempt in 0..=retries {
+            if attempt > 0 {
+                self.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                let wait = self
+                    .cfg
+                    .retry
+                    .backoff()
+                    .nth_jittered(attempt, fastrand::f64());
+                tokio::time::sleep(wait).await;
+            }
+            let call = Call {
+                endpoint,
+                headers,
+                body: &body,
+                info,
+                input,
+                rid,
+            };
+            let outcome = self.route.attempt(self, &call, &tried, &mut permit).await;
+            match outcome {
+                Attempt::Done(r) => {
+                    self.metrics.duration(endpoint, started.elapsed());
+                    if !r.status().is_success() {
+                        self.metrics.error(endpoint.name(), error_kind(r.status()));
+                    }
+                    return r;
+                }
+                Attempt::Retry { tried: t, fallback } => {
+                    tried.extend(t);
+                    last = Some(fallback);
+                }
+            }
+        }
+        self.metrics
+            .retries_exhausted
+            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.duration(endpoint, started.elapsed());
+        let r = last.unwrap_or_else(|| {
+            error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "no attempt was made",
+                rid,
+            )
+        });
+        self.metrics.error(endpoint.name(), error_kind(r.status()));
+        r
+    }
+
+    // The legs end in `Result<_, Attempt>`: the error is what the client gets, already a
+    // response, so its size is that of a response.
+
+    /// GET `path` on one available worker (regular, else decode, else prefill) and relays the
+    /// answer; used for `/get_server_info`, `/get_model_info`, `/health_generate`.
+    pub async fn proxy_get(self: &Arc<Self>, path: &str, rid: &str) -> Response<Body> {
+        let worker = [WorkerType::Regular, WorkerType::Decode, WorkerType::Prefill]
+            .into_iter()
+            .find_map(|t| self.candidates(t, &[]).into_iter().next());
+        let Some(worker) = worker else {
+            return no_workers("", rid);
+        };
+        let req = match self.upstream_request(
+            &worker,
+            Method::GET,
+            path,
+            &HeaderMap::new(),
+            rid,
+            Bytes::new(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                return error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    &e.to_string(),
+                    rid,
+                )
+            }
+        };
+        match self.send(req).await {
+            Ok(resp) => buffered(resp, rid).await,
+            Err(e) => error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                &format!("worker {}: {e}", worker.url),
+                rid,
+            ),
+        }
+    }
+
+    /// A simple request to one worker with a deadline: status and body.
+    pub async fn call(
+        &self,
+        worker: &Worker,
+        method: Method,
+        path: &str,
+        timeout: std::time::Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let req = self
+            .upstream_request(
+                worker,
+                method,
+                path,
+                &HeaderMap::new(),
+                "health",
+                Bytes::new(),
+            )
+            .map_err(|e| e.to_string())?;
+        let fut = async {
+            let resp = self.client().request(req).await.map_err(|e| describe(&e))?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| format!("no answer within {timeout:?}"))?
+    }
+}
+
+pub(crate) fn no_workers(kind: &str, rid: &str) -> Response<Body> {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_available_workers",
+        &format!("no available {kind}workers (all unhealthy, circuit open, or none registered)"),
+        rid,
+    )
+}
+
+pub(crate) fn error_kind(s: StatusCode) -> &'static str {
+    match s.as_u16() {
+        400 => "bad_request",
+        401 => "unauthorized",
+        404 => "not_found",
+        408 => "timeout",
+        413 => "payload_too_large",
+        429 => "rate_limited",
+        502 => "upstream_error",
+        503 => "no_available_workers",
+        504 => "gateway_timeout",
+        s if s >= 500 => "server_error",
+        _ => "client_error",
+    }
+}
+
+/// The chain of causes of a client error, which hyper hides behind "client error (Connect)".
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A worker's (error) response read fully, so that it can be kept across retries.
+pub(crate) async fn buffered(resp: Response<Incoming>, rid: &str) -> Response<Body> {
+    let (parts, body) = resp.into_parts();
+    let bytes = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                &format!(
+                    "worker answered {} and then cut the body: {e}",
+                    parts.status
+                ),
+                rid,
+            )
+        }
+    };
+    let mut out = Response::new(Body::from(bytes));
+    *out.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if !hop_by_hop(name.as_str()) && name != header::CONTENT_LENGTH {
+            out.headers_mut().append(name, value.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        out.headers_mut().insert("x-request-id", v);
+    }
+    out
+}
+
+/// A prefill worker's error, with its body, named as the prefill side's.
+pub(crate) async fn prefixed(resp: Response<Incoming>, role: &str, rid: &str) -> Response<Body> {
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body);
+    error_response(
+        status,
+        &format!("{role}_server_error"),
+        &format!("{role} worker answered {status}: {}", text.trim()),
+        rid,
+    )
+}

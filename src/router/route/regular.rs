@@ -1,0 +1,90 @@
+//! A request to one regular worker, chosen by the policy.
+
+use crate::router::proxy::{buffered, error_response, no_workers, Attempt, Call, Held};
+use crate::router::request::retryable;
+use crate::router::route::RouteMode;
+use crate::router::worker::WorkerType;
+use crate::router::Shared;
+use http::{Method, StatusCode};
+use std::sync::Arc;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// To one regular worker.
+pub struct Regular;
+
+impl RouteMode for Regular {
+    fn name(&self) -> &'static str {
+        "regular"
+    }
+
+    async fn attempt(
+        &self,
+        shared: &Arc<Shared>,
+        call: &Call<'_>,
+        tried: &[Arc<str>],
+        permit: &mut Option<OwnedSemaphorePermit>,
+    ) -> Attempt {
+        let Call {
+            endpoint,
+            headers,
+            body,
+            info: _,
+            ref input,
+            rid,
+        } = *call;
+        let Some(worker) = shared.choose(&*shared.policy, WorkerType::Regular, input, tried) else {
+            return Attempt::Done(no_workers("", rid));
+        };
+        let guard = worker.begin();
+        let req = match shared.upstream_request(
+            &worker,
+            Method::POST,
+            endpoint.path(),
+            headers,
+            rid,
+            body.clone(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                return Attempt::Done(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("cannot forward this request: {e}"),
+                    rid,
+                ))
+            }
+        };
+        match shared.send(req).await {
+            Err(e) => {
+                worker.record_outcome(&shared.cfg.breaker, false);
+                tracing::warn!(worker = %worker.url, error = %e, request_id = rid, "worker request failed");
+                Attempt::Retry {
+                    tried: vec![worker.url.clone()],
+                    fallback: error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        &format!("worker {}: {e}", worker.url),
+                        rid,
+                    ),
+                }
+            }
+            Ok(resp) => {
+                let status = resp.status();
+                let ok = !retryable(status.as_u16()) && !status.is_server_error();
+                worker.record_outcome(&shared.cfg.breaker, ok);
+                if retryable(status.as_u16()) {
+                    tracing::warn!(worker = %worker.url, %status, request_id = rid, "worker answered with a retryable status");
+                    return Attempt::Retry {
+                        tried: vec![worker.url.clone()],
+                        fallback: buffered(resp, rid).await,
+                    };
+                }
+                let held = Held {
+                    _load: vec![guard],
+                    _permit: permit.take(),
+                };
+                Attempt::Done(shared.relay(resp, worker, held, None, rid))
+            }
+        }
+    }
+}
