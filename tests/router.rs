@@ -735,7 +735,7 @@ fn discovery_file_changes_are_picked_up() {
 }
 
 #[test]
-fn cache_aware_keeps_a_conversation_on_one_worker() {
+fn cache_aware_consistent_and_prefix_hashing_keep_requests_together() {
     let w1 = fake_worker("w1", &[]);
     let w2 = fake_worker("w2", &[]);
     let r = router(&s(&["--worker-urls", &w1.url(), &w2.url()]), true);
@@ -781,6 +781,34 @@ fn cache_aware_keeps_a_conversation_on_one_worker() {
         seen.insert(a);
     }
     assert_eq!(seen.len(), 2, "20 sessions should use both workers");
+    // Prefix hash: the prompt's head decides (4 tokens here: 16 bytes of text, or 4 ids).
+    let r3 = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "prefix_hash",
+            "--prefix-token-count",
+            "4",
+        ]),
+        true,
+    );
+    let send = |body: Value| {
+        let (st, h, _) = post(r3.port, "/generate", &body.to_string());
+        assert_eq!(st, 200);
+        h["x-fake-worker"].to_str().unwrap().to_string()
+    };
+    let mut seen = std::collections::HashSet::new();
+    for k in 0..20 {
+        let head = format!("document {k:04}...");
+        let a = send(json!({"text": format!("{head} first question")}));
+        assert_eq!(send(json!({"text": format!("{head} another one")})), a);
+        seen.insert(a);
+    }
+    assert_eq!(seen.len(), 2, "20 heads should use both workers");
+    let a = send(json!({"input_ids": [7, 8, 9, 10, 11]}));
+    assert_eq!(send(json!({"input_ids": [7, 8, 9, 10, 99, 98]})), a);
 }
 
 /// A minimal stand-in for the Kubernetes API server's pod list and watch (the part the router

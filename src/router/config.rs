@@ -3,7 +3,7 @@
 //! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
 //! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
 
-use super::policy::{AssignmentMode, CacheAwareConfig, ManualConfig, PolicyKind};
+use super::policy::{AssignmentMode, CacheAwareConfig, ManualConfig, PolicyKind, PrefixHashConfig};
 use super::vllm::{self, Connector, Legs};
 use crate::config::flat::FlatTable;
 use crate::config::{check_pair, layered, ConfigError, Millis, Secs};
@@ -41,6 +41,8 @@ pub struct RouterConfig {
     #[serde(flatten)]
     pub manual: ManualConfig,
     #[serde(flatten)]
+    pub prefix_hash: PrefixHashConfig,
+    #[serde(flatten)]
     pub retry: RetryConfig,
     #[serde(flatten)]
     pub breaker: BreakerConfig,
@@ -65,6 +67,7 @@ impl<'de> Deserialize<'de> for RouterConfig {
                 policy: t.section()?,
                 cache: t.section()?,
                 manual: t.section()?,
+                prefix_hash: t.section()?,
                 retry: t.section()?,
                 breaker: t.section()?,
                 health: t.section()?,
@@ -740,6 +743,14 @@ pub struct PolicyArgs {
     /// the last interval. Default 5.
     #[arg(long)]
     pub bucket_adjust_interval_secs: Option<f64>,
+    /// `prefix_hash` policy: tokens of the prompt's head that are hashed (without token ids,
+    /// four bytes of text a token). Default 256.
+    #[arg(long)]
+    pub prefix_token_count: Option<usize>,
+    /// `prefix_hash` policy: a worker with more than this times the average load gives way
+    /// to the least loaded. Default 1.25.
+    #[arg(long)]
+    pub prefix_hash_load_factor: Option<f64>,
 }
 
 #[serde_with::skip_serializing_none]
@@ -1156,6 +1167,9 @@ impl RouterConfig {
                 format!("must be at least 1, got {}", cache.balance_rel_threshold),
             ));
         }
+        self.prefix_hash
+            .check()
+            .map_err(|(field, why)| ConfigError::invalid(field, why))?;
         let retry = &self.retry;
         if !(retry.multiplier.is_finite() && retry.multiplier >= 1.0) {
             return Err(ConfigError::invalid(

@@ -183,6 +183,7 @@ impl Shared {
         let settings = PolicySettings {
             cache: cfg.cache,
             manual: cfg.manual,
+            prefix_hash: cfg.prefix_hash,
             bucket_interval: cfg.policy.bucket_adjust_interval.0,
         };
         let policy = |kind| settings.build(kind);

@@ -3,6 +3,7 @@
 //! added to the body. The body is forwarded byte for byte; the only edit ever made is appending
 //! the bootstrap fields before the final `}`. Pure functions, tested without sockets.
 
+use crate::router::policy::TextForm;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -125,8 +126,8 @@ pub struct RouteInfo {
     pub batch: Option<usize>,
     /// The request's `model`, when it names one.
     pub model: Option<String>,
-    /// `text` holds token ids (`input_ids`), not text to tokenize.
-    pub ids: bool,
+    /// What `text` holds: the prompt, or token ids (`input_ids`, not to be tokenized).
+    pub form: TextForm,
 }
 
 fn push_ids(out: &mut String, ids: &[Value]) {
@@ -221,7 +222,7 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
                 }
             }
             (_, Some(Value::Array(ids))) => {
-                info.ids = true;
+                info.form = TextForm::SpacedIds;
                 if ids.first().is_some_and(Value::is_array) {
                     info.batch = Some(ids.len());
                     if let Some(Value::Array(first)) = ids.first() {

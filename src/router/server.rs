@@ -3,7 +3,7 @@
 //! leaves at once instead of waiting for the client's delayed ACK (the peer's 43 ms stall).
 
 use crate::router::config::Backend;
-use crate::router::policy::PolicyKind;
+use crate::router::policy::{PolicyKind, TextForm};
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect_for, request_id, Endpoint, RouteInfo};
 use crate::router::tokenize::{parse_ids, token_text, TokenizeError, Tokenizer, INLINE_BYTES};
@@ -402,13 +402,14 @@ async fn by_token(s: &Arc<Shared>, info: &mut RouteInfo) -> Result<(), TokenizeE
     let Some(t) = &s.tokenizer else {
         return Ok(());
     };
-    let cache_aware = [&s.policy, &s.prefill_policy, &s.decode_policy]
+    // The policies that match a prompt's tokens (bucket counts its characters).
+    let by_tokens = [&s.policy, &s.prefill_policy, &s.decode_policy]
         .iter()
-        .any(|p| p.kind() == PolicyKind::CacheAware);
-    if !cache_aware || info.text.is_empty() {
+        .any(|p| matches!(p.kind(), PolicyKind::CacheAware | PolicyKind::PrefixHash));
+    if !by_tokens || info.text.is_empty() {
         return Ok(());
     }
-    info.text = if info.ids {
+    info.text = if info.form == TextForm::SpacedIds {
         token_text(&parse_ids(&info.text))
     } else if info.text.len() <= INLINE_BYTES {
         t.routing_text(&info.text)?
@@ -418,6 +419,7 @@ async fn by_token(s: &Arc<Shared>, info: &mut RouteInfo) -> Result<(), TokenizeE
             .await
             .map_err(|e| TokenizeError::Encode(e.to_string()))??
     };
+    info.form = TextForm::TokenChars;
     Ok(())
 }
 

@@ -9,6 +9,7 @@ mod cache_aware;
 mod consistent_hash;
 mod manual;
 mod power_of_two;
+mod prefix_hash;
 mod random;
 mod round_robin;
 pub mod tree;
@@ -18,6 +19,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
+pub use prefix_hash::{PrefixHash, PrefixHashConfig};
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
@@ -37,6 +39,9 @@ pub enum PolicyKind {
     PowerOfTwo,
     /// Longest cached prefix (approximate radix tree per worker), unless load is imbalanced.
     CacheAware,
+    /// SMG's `prefix_hash`: the prompt's first `--prefix-token-count` tokens hashed onto the
+    /// workers, a loaded one giving way (`--prefix-hash-load-factor`).
+    PrefixHash,
     /// Rendezvous hashing of the `X-SMG-Routing-Key` (or `X-Session-Id`) header, so a
     /// conversation sticks to one worker; `X-SMG-Target-Worker` names a worker directly.
     ConsistentHashing,
@@ -52,7 +57,10 @@ pub enum PolicyKind {
 impl PolicyKind {
     /// Whether it routes on the request's text (so the body's text must be read).
     pub fn matches_text(self) -> bool {
-        matches!(self, PolicyKind::CacheAware | PolicyKind::Bucket)
+        matches!(
+            self,
+            PolicyKind::CacheAware | PolicyKind::PrefixHash | PolicyKind::Bucket
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -61,6 +69,7 @@ impl PolicyKind {
             PolicyKind::RoundRobin => "round_robin",
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::PrefixHash => "prefix_hash",
             PolicyKind::ConsistentHashing => "consistent_hashing",
             PolicyKind::Manual => "manual",
             PolicyKind::Bucket => "bucket",
@@ -83,6 +92,8 @@ pub struct Candidate {
 pub struct RouteInput<'a> {
     /// The text the cache-aware policy matches (prompt, messages, or input ids as text).
     pub text: &'a str,
+    /// What `text` holds: the prompt's text or its tokens.
+    pub form: TextForm,
     /// `X-SMG-Routing-Key` or `X-Session-Id`.
     pub routing_key: Option<&'a str>,
     /// `X-SMG-Target-Worker`: a worker URL, or an index into the candidates.
@@ -90,6 +101,19 @@ pub struct RouteInput<'a> {
     /// The request's `model` (with `--enable-igw` or `--backend openai`, only workers
     /// serving it are candidates).
     pub model: Option<&'a str>,
+}
+
+/// What a request's routing text holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TextForm {
+    /// The prompt's text.
+    #[default]
+    Text,
+    /// The request's `input_ids`, in decimal, separated by single spaces.
+    SpacedIds,
+    /// The router's tokenizer's ids for the text, two characters a token
+    /// (`tokenize::token_text`).
+    TokenChars,
 }
 
 /// A way of choosing a worker, as SGLang's gateway shapes them.
@@ -132,6 +156,7 @@ pub fn choose(
 pub struct PolicySettings {
     pub cache: CacheAwareConfig,
     pub manual: ManualConfig,
+    pub prefix_hash: PrefixHashConfig,
     /// `bucket`: the interval between boundary adjustments.
     pub bucket_interval: Duration,
 }
@@ -141,6 +166,7 @@ impl Default for PolicySettings {
         PolicySettings {
             cache: CacheAwareConfig::default(),
             manual: ManualConfig::default(),
+            prefix_hash: PrefixHashConfig::default(),
             bucket_interval: Duration::from_secs(5),
         }
     }
@@ -154,6 +180,7 @@ impl PolicySettings {
             PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
             PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
             PolicyKind::CacheAware => Arc::new(CacheAware::new(self.cache)),
+            PolicyKind::PrefixHash => Arc::new(PrefixHash::new(self.prefix_hash)),
             PolicyKind::ConsistentHashing => Arc::new(ConsistentHashing),
             PolicyKind::Manual => Arc::new(Manual::new(self.manual)),
             PolicyKind::Bucket => Arc::new(Bucket::new(

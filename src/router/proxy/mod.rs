@@ -290,6 +290,7 @@ impl Shared {
         let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
         let input = RouteInput {
             text: &info.text,
+            form: info.form,
             routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
             target_worker: header_str("x-smg-target-worker"),
             model: info.model.as_deref(),
