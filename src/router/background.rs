@@ -24,10 +24,10 @@ pub fn start(shared: &Arc<Shared>) {
         loop {
             tick.tick().await;
             let now = std::time::Instant::now();
-            s.policy.evict(now);
-            s.prefill_policy.evict(now);
-            s.decode_policy.evict(now);
-            let per_model: Vec<_> = s.model_policies.lock().values().cloned().collect();
+            s.routing.policy.evict(now);
+            s.routing.prefill_policy.evict(now);
+            s.routing.decode_policy.evict(now);
+            let per_model: Vec<_> = s.routing.model_policies.lock().values().cloned().collect();
             for p in per_model {
                 p.evict(now);
             }
@@ -42,7 +42,7 @@ async fn health_loop(s: Arc<Shared>) {
     loop {
         tick.tick().await;
         let mut set = tokio::task::JoinSet::new();
-        for w in s.registry.snapshot().iter() {
+        for w in s.workers.registry.snapshot().iter() {
             let (s, w) = (s.clone(), w.clone());
             set.spawn(async move {
                 let ok = matches!(

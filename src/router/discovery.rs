@@ -169,7 +169,7 @@ pub fn start(shared: Arc<Shared>) {
                     // A worker whose ranks are not known yet: the file is read again.
                     let complete =
                         specs.iter().filter(|s| s.dp_rank.unwrap_or(0) == 0).count() == listed;
-                    let (added, removed) = shared.registry.sync(Source::RbgFile, &specs);
+                    let (added, removed) = shared.workers.registry.sync(Source::RbgFile, &specs);
                     for w in &removed {
                         shared.forget(&w.url);
                     }

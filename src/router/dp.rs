@@ -46,7 +46,7 @@ impl Shared {
         if !self.cfg.server.dp_aware || spec.dp_rank.is_some() {
             return Ok(vec![spec.clone()]);
         }
-        if let Some(&n) = self.dp_sizes.lock().get(&spec.url) {
+        if let Some(&n) = self.workers.dp_sizes.lock().get(&spec.url) {
             return Ok(expand(spec, n));
         }
         let probe = Worker::new(spec.clone(), Source::Api);
@@ -58,7 +58,7 @@ impl Shared {
                         .map_err(|e| format!("{}{path}: not JSON: {e}", spec.url))?;
                     let n = dp_size(&info).map_err(|e| format!("{}: {e}", spec.url))?;
                     tracing::info!(worker = %spec.url, dp_size = n, "data-parallel ranks learnt");
-                    self.dp_sizes.lock().insert(spec.url.clone(), n);
+                    self.workers.dp_sizes.lock().insert(spec.url.clone(), n);
                     return Ok(expand(spec, n));
                 }
                 Ok((st, _)) => why = format!("{}{path} answered {st}", spec.url),

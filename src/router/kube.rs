@@ -109,7 +109,7 @@ pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
     let kube = Kube::new(KubeConfig::infer()?)?;
     let c = &shared.cfg.discovery;
     let mut watches = Vec::new();
-    if shared.pd {
+    if shared.pd() {
         watches.push((
             WorkerType::Prefill,
             parse_selector("router.prefill_selector", &c.prefill_selector)?,
@@ -150,7 +150,7 @@ async fn publish(shared: &Shared, sets: &Mutex<HashMap<WorkerType, PodSet>>) {
         .flat_map(|s| s.workers.values().cloned())
         .collect();
     let wanted = shared.dp_specs_all(wanted).await;
-    let (_, removed) = shared.registry.sync(Source::Kubernetes, &wanted);
+    let (_, removed) = shared.workers.registry.sync(Source::Kubernetes, &wanted);
     for w in removed {
         shared.forget(&w.url);
     }

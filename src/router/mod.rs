@@ -77,33 +77,41 @@ pub enum RouterError {
 /// The client to workers: plain HTTP, or HTTPS for `https://` workers.
 pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// State shared by every request and background task.
+/// State shared by every request and background task, by concern: the settings as given, the
+/// workers, how requests are routed to them, what bounds the intake, who may call, and the
+/// metrics. Nothing here copies a setting.
 pub struct Shared {
     pub cfg: RouterConfig,
-    pub pd: bool,
-    /// How inference requests reach workers, chosen once at start.
-    pub route: route::Route,
+    pub workers: Workers,
+    pub routing: Routing,
+    pub limits: Limits,
+    pub access: Access,
+    pub metrics: Metrics,
+}
+
+/// The workers and what is learnt about them.
+pub struct Workers {
     pub registry: Registry,
-    pub policy: Arc<dyn LoadBalancingPolicy>,
-    pub prefill_policy: Arc<dyn LoadBalancingPolicy>,
-    pub decode_policy: Arc<dyn LoadBalancingPolicy>,
     /// One pooled client to the workers per runtime (one in all unless thread-per-core):
     /// [`Shared::client`] answers the one of the thread asking.
     clients: Vec<HttpClient>,
-    /// The API's connection slots, shared by every thread's listener.
-    pub connection_slots: Arc<tokio::sync::Semaphore>,
-    /// Bytes of request bodies received at once, all threads together.
-    pub body_budget: Arc<crate::http_server::BodyBudget>,
-    pub limiter: Limiter,
-    pub metrics: Metrics,
-    /// What routing reads of a request body (the text only for policies that match it, and
-    /// for prefill/decode batches).
-    pub reads: request::Reads,
-    /// `--control-plane-api-keys`, parsed.
-    pub control_keys: Vec<config::ControlKey>,
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
     pub mooncake_engines:
         parking_lot::Mutex<std::collections::HashMap<Arc<str>, vllm::MooncakeEngine>>,
+    /// `--dp-aware`: each worker address's rank count, once learnt.
+    pub dp_sizes: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// How a request is routed: the mode, what is read of its body, the policies.
+pub struct Routing {
+    /// How inference requests reach workers, chosen once at start.
+    pub route: route::Route,
+    /// What routing reads of a request body (the text only for policies that match it, and
+    /// for prefill/decode batches).
+    pub reads: request::Reads,
+    pub policy: Arc<dyn LoadBalancingPolicy>,
+    pub prefill_policy: Arc<dyn LoadBalancingPolicy>,
+    pub decode_policy: Arc<dyn LoadBalancingPolicy>,
     /// How policies are made (for those made later: one per model with `--enable-igw`).
     pub policy_settings: PolicySettings,
     /// `--enable-igw`: each model's policies (per worker type), made when first needed.
@@ -112,10 +120,24 @@ pub struct Shared {
     >,
     /// `--tokenizer-path` (or a local `--model-path`).
     pub tokenizer: Option<Arc<tokenize::Tokenizer>>,
+}
+
+/// What bounds the router's intake.
+pub struct Limits {
+    /// Requests in flight and queued (`--max-concurrent-requests`, `--queue-size`, rate).
+    pub limiter: Limiter,
+    /// The API's connection slots, shared by every thread's listener.
+    pub connection_slots: Arc<tokio::sync::Semaphore>,
+    /// Bytes of request bodies received at once, all threads together.
+    pub body_budget: Arc<crate::http_server::BodyBudget>,
+}
+
+/// Who may call the router, and over what.
+pub struct Access {
+    /// `--control-plane-api-keys`, parsed.
+    pub control_keys: Vec<config::ControlKey>,
     /// `--tls-cert-path`: the listener's TLS.
     pub server_tls: Option<Arc<rustls::ServerConfig>>,
-    /// `--dp-aware`: each worker address's rank count, once learnt.
-    pub dp_sizes: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// Open connections to the API, all threads together.
@@ -141,12 +163,18 @@ impl Shared {
     /// The client to workers of the runtime this task runs on: thread-per-core, a request
     /// and its connection to the worker stay on one thread.
     pub fn client(&self) -> &HttpClient {
-        &self.clients[RUNTIME_INDEX.with(|i| i.get()) % self.clients.len()]
+        let clients = &self.workers.clients;
+        &clients[RUNTIME_INDEX.with(|i| i.get()) % clients.len()]
     }
 
     /// Threads serving the API (each with its client).
     pub fn threads(&self) -> usize {
-        self.clients.len()
+        self.workers.clients.len()
+    }
+
+    /// Whether requests are split over prefill and decode workers.
+    pub fn pd(&self) -> bool {
+        self.cfg.pd.enabled
     }
 }
 
@@ -194,72 +222,79 @@ impl Shared {
             .iter()
             .any(|k| k.matches_text());
         let shared = Shared {
-            reads: match text_policy || cfg.pd.enabled {
-                true => request::Reads::Text,
-                false => request::Reads::Flags,
-            },
-            pd: cfg.pd.enabled,
-            route: route::Route::for_config(cfg.pd.enabled, cfg.server.backend),
-            registry: Registry::default(),
-            policy: policy(cfg.policy.policy),
-            prefill_policy: policy(cfg.prefill_policy()),
-            decode_policy: policy(cfg.decode_policy()),
-            policy_settings: settings,
-            model_policies: Default::default(),
-            clients: {
-                let tls = client_tls(&cfg.tls)?;
-                (0..runtimes(&cfg))
-                    .map(|_| http_client(tls.clone()))
-                    .collect()
-            },
-            connection_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
-            body_budget: crate::http_server::BodyBudget::new(
-                match limits.max_inflight_body_bytes {
-                    0 => crate::http_server::BodyBudget::quarter_of_memory(),
-                    n => n,
+            workers: Workers {
+                registry: Registry::default(),
+                clients: {
+                    let tls = client_tls(&cfg.tls)?;
+                    (0..runtimes(&cfg))
+                        .map(|_| http_client(tls.clone()))
+                        .collect()
                 },
-            ),
-            tokenizer: match cfg
-                .server
-                .tokenizer_path
-                .as_ref()
-                .or(cfg.server.model_path.as_ref())
-            {
-                Some(path) => {
-                    let t = tokenize::Tokenizer::load(path)?;
-                    tracing::info!(tokenizer = %t.path.display(), "local tokenizer read");
-                    Some(Arc::new(t))
-                }
-                None => None,
+                mooncake_engines: Default::default(),
+                dp_sizes: Default::default(),
             },
-            server_tls: match (&cfg.tls.cert_path, &cfg.tls.key_path) {
-                (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, None)?),
-                _ => None,
+            routing: Routing {
+                route: route::Route::for_config(cfg.pd.enabled, cfg.server.backend),
+                reads: match text_policy || cfg.pd.enabled {
+                    true => request::Reads::Text,
+                    false => request::Reads::Flags,
+                },
+                policy: policy(cfg.policy.policy),
+                prefill_policy: policy(cfg.prefill_policy()),
+                decode_policy: policy(cfg.decode_policy()),
+                policy_settings: settings,
+                model_policies: Default::default(),
+                tokenizer: match cfg
+                    .server
+                    .tokenizer_path
+                    .as_ref()
+                    .or(cfg.server.model_path.as_ref())
+                {
+                    Some(path) => {
+                        let t = tokenize::Tokenizer::load(path)?;
+                        tracing::info!(tokenizer = %t.path.display(), "local tokenizer read");
+                        Some(Arc::new(t))
+                    }
+                    None => None,
+                },
             },
-            limiter: {
-                let l = Limiter::new(max, limits.queue_size, limits.queue_timeout.0);
-                match limits.rate_limit_tokens_per_second {
-                    Some(r) => l.with_rate(r),
-                    None => l,
-                }
+            limits: Limits {
+                limiter: {
+                    let l = Limiter::new(max, limits.queue_size, limits.queue_timeout.0);
+                    match limits.rate_limit_tokens_per_second {
+                        Some(r) => l.with_rate(r),
+                        None => l,
+                    }
+                },
+                connection_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+                body_budget: crate::http_server::BodyBudget::new(
+                    match limits.max_inflight_body_bytes {
+                        0 => crate::http_server::BodyBudget::quarter_of_memory(),
+                        n => n,
+                    },
+                ),
+            },
+            access: Access {
+                control_keys: cfg
+                    .server
+                    .control_plane_api_keys
+                    .iter()
+                    .map(|k| config::ControlKey::parse(k))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| ConfigError::invalid("router.control_plane_api_keys", e))?,
+                server_tls: match (&cfg.tls.cert_path, &cfg.tls.key_path) {
+                    (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key, None)?),
+                    _ => None,
+                },
             },
             metrics: Metrics::with_buckets(&cfg.metrics.prometheus_duration_buckets),
-            mooncake_engines: Default::default(),
-            dp_sizes: Default::default(),
-            control_keys: cfg
-                .server
-                .control_plane_api_keys
-                .iter()
-                .map(|k| config::ControlKey::parse(k))
-                .collect::<Result<_, _>>()
-                .map_err(|e| ConfigError::invalid("router.control_plane_api_keys", e))?,
             cfg,
         };
         // With --dp-aware the workers given at start join once they tell their ranks
         // (server::await_startup).
         if !shared.cfg.server.dp_aware {
             for spec in shared.flag_specs() {
-                shared.registry.add(spec, Source::Flags)?;
+                shared.workers.registry.add(spec, Source::Flags)?;
             }
         }
         Ok(shared)
@@ -283,10 +318,10 @@ impl Shared {
 
     /// Forgets a removed worker in every policy.
     pub fn forget(&self, url: &str) {
-        self.policy.on_worker_removed(url);
-        self.prefill_policy.on_worker_removed(url);
-        self.decode_policy.on_worker_removed(url);
-        for p in self.model_policies.lock().values() {
+        self.routing.policy.on_worker_removed(url);
+        self.routing.prefill_policy.on_worker_removed(url);
+        self.routing.decode_policy.on_worker_removed(url);
+        for p in self.routing.model_policies.lock().values() {
             p.on_worker_removed(url);
         }
     }

@@ -76,13 +76,14 @@ async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
 /// The control plane's guard: with `--control-plane-api-keys`, a key of role `admin` for
 /// changes and `admin` or `user` for reads; without them, `--api-key` as for inference.
 async fn require_control_key(State(shared): S, req: Request, next: Next) -> Response {
-    if shared.control_keys.is_empty() {
+    if shared.access.control_keys.is_empty() {
         return require_key(State(shared), req, next).await;
     }
     let read = req.method() == Method::GET;
     let given = bearer(req.headers());
     let holder = given.and_then(|g| {
         shared
+            .access
             .control_keys
             .iter()
             .find(|k| same(g.as_bytes(), k.key.as_bytes()))
@@ -120,7 +121,7 @@ pub(super) async fn inference(
     body: Body,
 ) -> Response {
     let rid = rid_for(&shared, &headers, Some(endpoint));
-    let permit = match shared.limiter.admit().await {
+    let permit = match shared.limits.limiter.admit().await {
         Ok(p) => p,
         Err(e) => {
             let (status, counter) = match e {
@@ -153,7 +154,7 @@ pub(super) async fn inference(
             return error_response(status, "invalid_request_error", &msg, &rid);
         }
     };
-    let info = match inspect_for(endpoint, &bytes, shared.reads) {
+    let info = match inspect_for(endpoint, &bytes, shared.routing.reads) {
         Ok(mut info) => by_token(&shared, &mut info)
             .await
             .map(|()| info)
@@ -205,7 +206,7 @@ async fn health() -> &'static str {
 
 async fn readiness(State(s): S) -> Response {
     let now = std::time::Instant::now();
-    let workers = s.registry.snapshot();
+    let workers = s.workers.registry.snapshot();
     let ready_of = |t: WorkerType| {
         workers
             .iter()
@@ -216,7 +217,7 @@ async fn readiness(State(s): S) -> Response {
         .iter()
         .filter(|w| w.available(&s.cfg.breaker, now))
         .count();
-    let ready = if s.pd {
+    let ready = if s.pd() {
         ready_of(WorkerType::Prefill) > 0 && ready_of(WorkerType::Decode) > 0
     } else {
         ready_of(WorkerType::Regular) > 0
@@ -253,7 +254,7 @@ async fn model(State(s): S, Path(id): Path<String>) -> Response {
 
 /// `/engine_metrics`: every worker's `/metrics`, each sample labelled with its worker.
 async fn engine_metrics(State(s): S) -> Response {
-    let workers = s.registry.snapshot();
+    let workers = s.workers.registry.snapshot();
     let mut seen = std::collections::HashSet::new();
     let mut out = String::new();
     for w in workers.iter() {
@@ -309,6 +310,7 @@ pub fn label_samples(
 
 async fn models(State(s): S) -> Json<Value> {
     let mut ids: Vec<String> = s
+        .workers
         .registry
         .snapshot()
         .iter()
@@ -340,14 +342,14 @@ async fn health_generate(State(s): S, headers: HeaderMap) -> Response {
 
 async fn metrics(State(s): S) -> Response {
     let text = s.metrics.render(
-        &s.registry.snapshot(),
+        &s.workers.registry.snapshot(),
         &s.cfg.breaker,
-        s.limiter.running(),
-        s.limiter.queued(),
+        s.limits.limiter.running(),
+        s.limits.limiter.queued(),
         |t| match t {
-            WorkerType::Regular => s.policy.name(),
-            WorkerType::Prefill => s.prefill_policy.name(),
-            WorkerType::Decode => s.decode_policy.name(),
+            WorkerType::Regular => s.routing.policy.name(),
+            WorkerType::Prefill => s.routing.prefill_policy.name(),
+            WorkerType::Decode => s.routing.decode_policy.name(),
         },
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
@@ -399,13 +401,17 @@ struct AddWorker {
 /// and `input_ids` requests then share prefixes). Long texts are tokenized off the async
 /// threads.
 async fn by_token(s: &Arc<Shared>, info: &mut RouteInfo) -> Result<(), TokenizeError> {
-    let Some(t) = &s.tokenizer else {
+    let Some(t) = &s.routing.tokenizer else {
         return Ok(());
     };
     // The policies that match a prompt's tokens (bucket counts its characters).
-    let by_tokens = [&s.policy, &s.prefill_policy, &s.decode_policy]
-        .iter()
-        .any(|p| matches!(p.kind(), PolicyKind::CacheAware | PolicyKind::PrefixHash));
+    let by_tokens = [
+        &s.routing.policy,
+        &s.routing.prefill_policy,
+        &s.routing.decode_policy,
+    ]
+    .iter()
+    .any(|p| matches!(p.kind(), PolicyKind::CacheAware | PolicyKind::PrefixHash));
     if !by_tokens || info.text.is_empty() {
         return Ok(());
     }
@@ -459,7 +465,7 @@ fn tokenizer_and<T: serde::de::DeserializeOwned>(
     s: &Shared,
     body: &[u8],
 ) -> Result<(Arc<Tokenizer>, T), Response> {
-    let t = s.tokenizer.clone().ok_or_else(no_tokenizer)?;
+    let t = s.routing.tokenizer.clone().ok_or_else(no_tokenizer)?;
     let req = serde_json::from_slice(body).map_err(|e| bad(&format!("request body: {e}")))?;
     Ok((t, req))
 }
@@ -530,7 +536,7 @@ fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
     let worker_type = match a
         .worker_type
         .as_deref()
-        .unwrap_or(if s.pd { "" } else { "regular" })
+        .unwrap_or(if s.pd() { "" } else { "regular" })
     {
         "regular" => WorkerType::Regular,
         "prefill" => WorkerType::Prefill,
@@ -542,10 +548,10 @@ fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
             ))
         }
     };
-    if s.pd == (worker_type == WorkerType::Regular) {
+    if s.pd() == (worker_type == WorkerType::Regular) {
         return Err(format!(
             "worker_type: a {} router does not take {} workers",
-            if s.pd { "PD" } else { "regular" },
+            if s.pd() { "PD" } else { "regular" },
             worker_type.name()
         ));
     }
@@ -590,7 +596,11 @@ async fn register(s: &Arc<Shared>, spec: WorkerSpec) -> Result<Arc<Worker>, Resp
     })?;
     let mut first = None;
     for rank in ranks {
-        let w = s.registry.add(rank, Source::Api).map_err(conflict)?;
+        let w = s
+            .workers
+            .registry
+            .add(rank, Source::Api)
+            .map_err(conflict)?;
         added(s, &w);
         first.get_or_insert(w);
     }
@@ -629,6 +639,7 @@ async fn add_worker(State(s): S, body: axum::body::Bytes) -> Response {
 
 async fn list_workers(State(s): S) -> Json<Value> {
     let workers: Vec<Value> = s
+        .workers
         .registry
         .snapshot()
         .iter()
@@ -646,6 +657,7 @@ struct PageQuery {
 async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
     let now = std::time::Instant::now();
     let workers = s
+        .workers
         .registry
         .snapshot()
         .iter()
@@ -660,16 +672,16 @@ async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
         })
         .collect();
     let view = super::ui::View {
-        policy: if s.pd {
+        policy: if s.pd() {
             format!(
                 "prefill: {}, decode: {}",
-                s.prefill_policy.name(),
-                s.decode_policy.name()
+                s.routing.prefill_policy.name(),
+                s.routing.decode_policy.name()
             )
         } else {
-            s.policy.name().to_string()
+            s.routing.policy.name().to_string()
         },
-        pd: s.pd,
+        pd: s.pd(),
         workers,
     };
     let part = crate::report::live::Part::from_query(q.part.as_deref());
@@ -684,7 +696,7 @@ async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
 }
 
 async fn get_worker(State(s): S, Path(id): Path<String>) -> Response {
-    match s.registry.get(&id) {
+    match s.workers.registry.get(&id) {
         Some(w) => Json(worker_json(&s, &w)).into_response(),
         None => unknown_worker(&id),
     }
@@ -700,7 +712,7 @@ fn unknown_worker(id: &str) -> Response {
 }
 
 async fn delete_worker(State(s): S, Path(id): Path<String>) -> Response {
-    match s.registry.remove(&id) {
+    match s.workers.registry.remove(&id) {
         Ok(gone) => {
             for w in &gone {
                 s.forget(&w.url);
@@ -757,7 +769,7 @@ async fn remove_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Respons
         return bad("missing ?url=");
     };
     let url = config::normalize_url("url", &url).unwrap_or(url);
-    match s.registry.remove(&url) {
+    match s.workers.registry.remove(&url) {
         Ok(gone) => {
             for w in &gone {
                 s.forget(&w.url);
@@ -774,6 +786,7 @@ async fn remove_worker_legacy(State(s): S, Query(q): Query<UrlQuery>) -> Respons
 
 async fn list_worker_urls(State(s): S) -> Json<Value> {
     let urls: Vec<String> = s
+        .workers
         .registry
         .snapshot()
         .iter()
@@ -786,7 +799,7 @@ async fn list_worker_urls(State(s): S) -> Json<Value> {
 // Fan-out admin calls
 
 async fn flush_cache(State(s): S) -> Response {
-    let workers = s.registry.snapshot();
+    let workers = s.workers.registry.snapshot();
     let mut set = tokio::task::JoinSet::new();
     for w in workers.iter().cloned() {
         let s = s.clone();
@@ -835,7 +848,7 @@ fn tokens_of(v: &Value) -> Option<i64> {
 }
 
 async fn get_loads(State(s): S) -> Json<Value> {
-    let workers = s.registry.snapshot();
+    let workers = s.workers.registry.snapshot();
     let mut set = tokio::task::JoinSet::new();
     for (i, w) in workers.iter().cloned().enumerate() {
         let s = s.clone();
@@ -978,6 +991,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
     );
     let started = std::time::Instant::now();
     let mut waiting: Vec<Arc<Worker>> = s
+        .workers
         .registry
         .snapshot()
         .iter()
@@ -996,7 +1010,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
             match s.dp_specs(&spec).await {
                 Ok(ranks) => {
                     for rank in ranks {
-                        match s.registry.add(rank, Source::Flags) {
+                        match s.workers.registry.add(rank, Source::Flags) {
                             Ok(w) => {
                                 added(&s, &w);
                                 if health {
@@ -1048,7 +1062,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
 /// Starts what runs beside the API: health checks, tree eviction, and worker discovery.
 pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
     background::start(shared);
-    for w in shared.registry.snapshot().iter() {
+    for w in shared.workers.registry.snapshot().iter() {
         added(shared, w);
     }
     if shared.cfg.discovery.rbg_config.is_some() {
@@ -1071,8 +1085,8 @@ fn http_limits(shared: &Shared) -> crate::http_server::HttpLimits {
     crate::http_server::HttpLimits {
         max_body_bytes: shared.cfg.limits.max_payload_size,
         max_connections: crate::router::MAX_CONNECTIONS,
-        connection_slots: Some(shared.connection_slots.clone()),
-        body_budget: Some(shared.body_budget.clone()),
+        connection_slots: Some(shared.limits.connection_slots.clone()),
+        body_budget: Some(shared.limits.body_budget.clone()),
         grace,
         ..Default::default()
     }
@@ -1095,9 +1109,9 @@ pub async fn serve(
     }
     tracing::info!(
         local = ?listener.local_addr().ok(),
-        policy = shared.policy.name(),
-        pd = shared.pd,
-        workers = shared.registry.snapshot().len(),
+        policy = shared.routing.policy.name(),
+        pd = shared.pd(),
+        workers = shared.workers.registry.snapshot().len(),
         threads = shared.cfg.server.thread_per_core.then_some(shared.threads()),
         "router listening"
     );
@@ -1118,7 +1132,7 @@ pub async fn serve_more(
     shutdown: Shutdown,
 ) {
     let limits = http_limits(&shared);
-    let tls = shared.server_tls.clone();
+    let tls = shared.access.server_tls.clone();
     let open = shared.metrics.http.connections.clone();
     let rest = crate::http_server::guarded(app(shared.clone()), &limits);
     let front = crate::router::front::Front::new(shared, rest, &limits);

@@ -125,6 +125,7 @@ impl Shared {
     fn candidates(&self, t: WorkerType, tried: &[Arc<str>]) -> Vec<Arc<Worker>> {
         let now = Instant::now();
         let all: Vec<Arc<Worker>> = self
+            .workers
             .registry
             .snapshot()
             .iter()
@@ -158,10 +159,11 @@ impl Shared {
         t: WorkerType,
         like: &dyn LoadBalancingPolicy,
     ) -> Arc<dyn LoadBalancingPolicy> {
-        self.model_policies
+        self.routing
+            .model_policies
             .lock()
             .entry((model.to_string(), t))
-            .or_insert_with(|| self.policy_settings.build(like.kind()))
+            .or_insert_with(|| self.routing.policy_settings.build(like.kind()))
             .clone()
     }
 
@@ -206,10 +208,20 @@ impl Shared {
         rid: &str,
     ) -> Result<(Arc<Worker>, Arc<Worker>), Attempt> {
         let prefill = self
-            .choose(&*self.prefill_policy, WorkerType::Prefill, input, tried)
+            .choose(
+                &*self.routing.prefill_policy,
+                WorkerType::Prefill,
+                input,
+                tried,
+            )
             .ok_or_else(|| Attempt::Done(no_workers("prefill ", rid)))?;
         let decode = self
-            .choose(&*self.decode_policy, WorkerType::Decode, input, tried)
+            .choose(
+                &*self.routing.decode_policy,
+                WorkerType::Decode,
+                input,
+                tried,
+            )
             .ok_or_else(|| Attempt::Done(no_workers("decode ", rid)))?;
         Ok((prefill, decode))
     }
@@ -296,7 +308,7 @@ impl Shared {
             model: info.model.as_deref(),
         };
         let retries = self.cfg.retry.retries();
-        let refused = if let Some(why) = self.route.refuses(endpoint) {
+        let refused = if let Some(why) = self.routing.route.refuses(endpoint) {
             Some(why)
         } else if self.cfg.server.backend == Backend::Openai && endpoint == Endpoint::Generate {
             Some(
@@ -337,7 +349,11 @@ impl Shared {
                 input,
                 rid,
             };
-            let outcome = self.route.attempt(self, &call, &tried, &mut permit).await;
+            let outcome = self
+                .routing
+                .route
+                .attempt(self, &call, &tried, &mut permit)
+                .await;
             match outcome {
                 Attempt::Done(r) => {
                     self.metrics.duration(endpoint, started.elapsed());

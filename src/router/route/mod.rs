@@ -112,7 +112,7 @@ impl Route {
 
 /// Whether a prefill worker is a vLLM engine.
 fn prefill_is_vllm(shared: &Shared) -> bool {
-    shared.registry.snapshot().iter().any(|w| {
+    shared.workers.registry.snapshot().iter().any(|w| {
         w.worker_type == WorkerType::Prefill
             && (w.kv_connector.is_some() || *w.engine.read() == Some(Backend::Vllm))
     })

@@ -32,7 +32,9 @@ impl RouteMode for Regular {
             ref input,
             rid,
         } = *call;
-        let Some(worker) = shared.choose(&*shared.policy, WorkerType::Regular, input, tried) else {
+        let Some(worker) =
+            shared.choose(&*shared.routing.policy, WorkerType::Regular, input, tried)
+        else {
             return Attempt::Done(no_workers("", rid));
         };
         let guard = worker.begin();

@@ -371,7 +371,7 @@ async fn mooncake_engine(
     shared: &Shared,
     prefill: &Worker,
 ) -> Result<vllm::MooncakeEngine, String> {
-    if let Some(e) = shared.mooncake_engines.lock().get(&prefill.url) {
+    if let Some(e) = shared.workers.mooncake_engines.lock().get(&prefill.url) {
         return Ok(e.clone());
     }
     let port = prefill
@@ -417,6 +417,7 @@ async fn mooncake_engine(
         .ok_or_else(|| unready("no engine_id in its answer".into()))?;
     tracing::info!(prefill = %prefill.url, engine_id = %engine.engine_id, bootstrap = %addr, "Mooncake prefill engine learnt");
     shared
+        .workers
         .mooncake_engines
         .lock()
         .insert(prefill.url.clone(), engine.clone());
