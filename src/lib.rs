@@ -25,6 +25,7 @@ pub mod hash;
 pub mod http_server;
 pub mod kube;
 pub mod kv;
+pub mod kv_events;
 pub mod launch;
 pub mod master;
 pub mod operator;
