@@ -1,0 +1,299 @@
+//! The ZMQ publisher, as SGLang's `ZmqEventPublisher`: a thread owns a PUB socket (and, with a
+//! replay endpoint, a ROUTER socket); batches are queued to it (bounded: past
+//! `max_queue_size` a batch is dropped and counted, never blocking the engine), numbered from
+//! 0, sent as `[topic, sequence, payload]`, and the last `buffer_steps` of them kept to answer
+//! replay requests. libzmq (through the `zmq` crate) is the same library SGLang's pyzmq and
+//! vLLM use, so the wire is theirs.
+
+use super::config::KvEventsConfig;
+use super::event::KvEventBatch;
+use super::wire::{replay_start, seq_bytes, END_SEQ};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the publisher has done, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct PublisherStats {
+    pub batches: AtomicU64,
+    pub events: AtomicU64,
+    /// Batches dropped because the queue was full.
+    pub dropped: AtomicU64,
+    pub replay_requests: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("KV events: cannot {what} {endpoint}: {source}")]
+    Socket {
+        what: &'static str,
+        endpoint: String,
+        source: zmq::Error,
+    },
+}
+
+/// A running publisher; dropping it sends what is queued and stops the thread.
+pub struct Publisher {
+    queue: Option<std::sync::mpsc::SyncSender<KvEventBatch>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats: Arc<PublisherStats>,
+    /// The PUB endpoint as bound (its port resolved) or connected.
+    pub endpoint: String,
+    /// The replay endpoint as bound.
+    pub replay_endpoint: Option<String>,
+}
+
+/// libzmq takes `*` for "any free port"; port 0 is read the same way here.
+fn ephemeral(endpoint: &str) -> String {
+    match endpoint.strip_suffix(":0") {
+        Some(head) if endpoint.starts_with("tcp://") => format!("{head}:*"),
+        _ => endpoint.to_string(),
+    }
+}
+
+fn socket_error(what: &'static str, endpoint: &str) -> impl FnOnce(zmq::Error) -> PublishError {
+    let endpoint = endpoint.to_string();
+    move |source| PublishError::Socket {
+        what,
+        endpoint,
+        source,
+    }
+}
+
+impl Publisher {
+    /// Opens the sockets and starts the thread.
+    pub fn start(cfg: &KvEventsConfig) -> Result<Publisher, PublishError> {
+        let ctx = zmq::Context::new();
+        let pub_socket = ctx
+            .socket(zmq::PUB)
+            .map_err(socket_error("open a PUB socket for", &cfg.endpoint))?;
+        pub_socket
+            .set_sndhwm(cfg.hwm)
+            .map_err(socket_error("set the high-water mark of", &cfg.endpoint))?;
+        let _ = pub_socket.set_linger(0);
+        let endpoint = ephemeral(&cfg.endpoint);
+        let endpoint = if cfg.binds() {
+            pub_socket
+                .bind(&endpoint)
+                .map_err(socket_error("bind", &cfg.endpoint))?;
+            last_endpoint(&pub_socket).unwrap_or(endpoint)
+        } else {
+            pub_socket
+                .connect(&endpoint)
+                .map_err(socket_error("connect to", &cfg.endpoint))?;
+            endpoint
+        };
+        let (replay, replay_endpoint) = match &cfg.replay_endpoint {
+            None => (None, None),
+            Some(r) => {
+                let s = ctx
+                    .socket(zmq::ROUTER)
+                    .map_err(socket_error("open a ROUTER socket for", r))?;
+                let _ = s.set_linger(0);
+                let e = ephemeral(r);
+                s.bind(&e).map_err(socket_error("bind", r))?;
+                let bound = last_endpoint(&s).unwrap_or(e);
+                (Some(s), Some(bound))
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(cfg.max_queue_size);
+        let stats = Arc::new(PublisherStats::default());
+        let mut run = Run {
+            pub_socket,
+            replay,
+            topic: cfg.topic.as_bytes().to_vec(),
+            buffer: VecDeque::with_capacity(cfg.buffer_steps.min(1024)),
+            buffer_steps: cfg.buffer_steps,
+            next_seq: 0,
+            stats: stats.clone(),
+            _ctx: ctx,
+        };
+        let thread = std::thread::Builder::new()
+            .name("kv-events".into())
+            .spawn(move || run.serve(rx))
+            .expect("a thread for the KV event publisher");
+        tracing::info!(%endpoint, replay = ?replay_endpoint, topic = %cfg.topic, "publishing KV events");
+        Ok(Publisher {
+            queue: Some(tx),
+            thread: Some(thread),
+            stats,
+            endpoint,
+            replay_endpoint,
+        })
+    }
+
+    /// Queues a batch; a full queue drops it (counted), as a slow subscriber would miss it.
+    pub fn publish(&self, batch: KvEventBatch) {
+        let Some(q) = &self.queue else { return };
+        if q.try_send(batch).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn last_endpoint(s: &zmq::Socket) -> Option<String> {
+    s.get_last_endpoint().ok()?.ok()
+}
+
+/// The publisher thread's state.
+struct Run {
+    pub_socket: zmq::Socket,
+    replay: Option<zmq::Socket>,
+    topic: Vec<u8>,
+    buffer: VecDeque<(u64, Vec<u8>)>,
+    buffer_steps: usize,
+    next_seq: u64,
+    stats: Arc<PublisherStats>,
+    // Dropped last: the sockets first.
+    _ctx: zmq::Context,
+}
+
+/// How long the thread waits for a batch before it looks at the replay socket again.
+const REPLAY_POLL: Duration = Duration::from_millis(20);
+
+impl Run {
+    fn serve(&mut self, rx: std::sync::mpsc::Receiver<KvEventBatch>) {
+        loop {
+            self.serve_replays();
+            match rx.recv_timeout(REPLAY_POLL) {
+                Ok(batch) => self.send(&batch),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+
+    fn send(&mut self, batch: &KvEventBatch) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let payload = batch.encode();
+        let frames: [&[u8]; 3] = [&self.topic, &seq_bytes(seq), &payload];
+        if let Err(e) = self.pub_socket.send_multipart(frames, 0) {
+            tracing::warn!(error = %e, seq, "cannot publish a KV event batch");
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .events
+            .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+        if self.buffer.len() == self.buffer_steps {
+            self.buffer.pop_front();
+        }
+        self.buffer.push_back((seq, payload));
+    }
+
+    /// Answers every waiting replay request: `[identity, "", start]` gets each buffered batch
+    /// from `start` on, then the end marker.
+    fn serve_replays(&mut self) {
+        let Some(replay) = &self.replay else { return };
+        while replay.poll(zmq::POLLIN, 0).is_ok_and(|n| n > 0) {
+            let Ok(frames) = replay.recv_multipart(zmq::DONTWAIT) else {
+                return;
+            };
+            let (Some(identity), Some(Ok(start))) =
+                (frames.first(), frames.last().map(|f| replay_start(f)))
+            else {
+                tracing::debug!(frames = frames.len(), "a malformed KV event replay request");
+                continue;
+            };
+            self.stats.replay_requests.fetch_add(1, Ordering::Relaxed);
+            for (seq, payload) in self.buffer.iter().filter(|(s, _)| *s >= start) {
+                let frames: [&[u8]; 5] = [identity, b"", &self.topic, &seq_bytes(*seq), payload];
+                if replay.send_multipart(frames, 0).is_err() {
+                    break;
+                }
+            }
+            let end: [&[u8]; 5] = [identity, b"", b"", &END_SEQ, b""];
+            let _ = replay.send_multipart(end, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_events::{KvEvent, Message};
+
+    fn batch(n: usize) -> KvEventBatch {
+        KvEventBatch {
+            ts: n as f64,
+            events: vec![KvEvent::AllBlocksCleared; n],
+            attn_dp_rank: Some(0),
+        }
+    }
+
+    /// A subscriber gets the batches in order; a replay from a sequence gets the rest and the
+    /// end marker.
+    #[test]
+    fn batches_are_published_and_replayed() {
+        let cfg = KvEventsConfig::parse(
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                "replay_endpoint":"tcp://127.0.0.1:0","topic":"kv","buffer_steps":3}"#,
+        )
+        .unwrap();
+        let p = Publisher::start(&cfg).unwrap();
+        assert!(p.endpoint.starts_with("tcp://127.0.0.1:"), "{}", p.endpoint);
+        let ctx = zmq::Context::new();
+        let sub = ctx.socket(zmq::SUB).unwrap();
+        sub.set_subscribe(b"kv").unwrap();
+        sub.set_rcvtimeo(10_000).unwrap();
+        sub.connect(&p.endpoint).unwrap();
+        // A PUB drops what it sends before a subscription arrives: publish until one lands.
+        let mut first = None;
+        for _ in 0..500 {
+            p.publish(batch(1));
+            if sub.poll(zmq::POLLIN, 20).unwrap() > 0 {
+                first = Some(sub.recv_multipart(0).unwrap());
+                break;
+            }
+        }
+        let first = Message::from_frames(&first.expect("a subscriber hears the publisher"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.topic, b"kv");
+        for n in 2..=4 {
+            p.publish(batch(n));
+        }
+        // More of the probing batches may still come; then 2, 3 and 4, numbered on.
+        let (mut seqs, mut sizes) = (vec![first.seq], vec![1]);
+        while sizes.last() != Some(&4) && seqs.len() < 600 {
+            let m = Message::from_frames(&sub.recv_multipart(0).unwrap())
+                .unwrap()
+                .unwrap();
+            seqs.push(m.seq);
+            sizes.push(KvEventBatch::decode(&m.payload).unwrap().events.len());
+        }
+        assert_eq!(sizes[sizes.len() - 3..], [2, 3, 4]);
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+        let last = *seqs.last().unwrap();
+        // Replay from the last two: the buffer (3 deep) still has them.
+        let dealer = ctx.socket(zmq::DEALER).unwrap();
+        dealer.set_rcvtimeo(10_000).unwrap();
+        dealer
+            .connect(p.replay_endpoint.as_deref().unwrap())
+            .unwrap();
+        dealer
+            .send_multipart([&b""[..], &seq_bytes(last - 1)], 0)
+            .unwrap();
+        let mut got = Vec::new();
+        loop {
+            let frames = dealer.recv_multipart(0).unwrap();
+            assert_eq!(frames[0], b"", "the delimiter");
+            match Message::from_frames(&frames[1..]).unwrap() {
+                Some(m) => got.push(m.seq),
+                None => break,
+            }
+        }
+        assert_eq!(got, vec![last - 1, last]);
+        assert_eq!(p.stats.replay_requests.load(Ordering::Relaxed), 1);
+    }
+}
