@@ -162,3 +162,197 @@ fn events_are_byte_compatible_with_sglangs_own_classes() {
         assert_eq!(lines[ours.len() + i], "same", "batch {i}: SGLang's decoder");
     }
 }
+
+/// What a SUB or DEALER socket receives next, within 10 s.
+fn recv(s: &zmq::Socket) -> Vec<Vec<u8>> {
+    assert!(
+        s.poll(zmq::POLLIN, 10_000).unwrap() > 0,
+        "nothing came within 10 s"
+    );
+    s.recv_multipart(0).unwrap()
+}
+
+/// The SIMULATED engine publishes its device and host caches as SGLang does: a prompt's pages
+/// stored on the device with SGLang's hashes of their keys, what the device drops stored on
+/// the host, a flush cleared; the replay socket gives every batch back by sequence; SGLang's
+/// decoder takes every payload.
+#[test]
+fn the_simulated_engine_publishes_its_caches_and_replays_them() {
+    use rbgctl::engine::cache::block_hash;
+    use rbgctl::kv_events::wire::seq_bytes;
+    use rbgctl::kv_events::Message;
+    let launcher = common::launcher();
+    let engine = launcher
+        .spawn::<rbgctl::launch::Engine>(
+            "engine",
+            rbgctl::engine::EngineConfig {
+                port: 0,
+                page_size: 4,
+                device_cache_tokens: 8,
+                host_cache_tokens: 4,
+                prefill_us_per_token: 1.0,
+                decode_ms_per_token: 0.1,
+                kv_events_config: Some(
+                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                        "replay_endpoint":"tcp://127.0.0.1:0","topic":"sim"}"#
+                        .into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .expect("the SIMULATED engine starts");
+    let http = engine.addrs.http;
+    let endpoint = engine.addrs.kv_events.clone().expect("a PUB endpoint");
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"sim").unwrap();
+    sub.connect(&endpoint).unwrap();
+    let post = |path: &str, body: &str| {
+        common::http_at(
+            &http.ip().to_string(),
+            http.port(),
+            "POST",
+            path,
+            body.as_bytes(),
+        )
+    };
+    // A PUB drops what it sends before the subscription arrives: flush until one is heard.
+    let mut heard = None;
+    for _ in 0..200 {
+        assert_eq!(post("/flush_cache", "").0, 200);
+        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
+            heard = Some(sub.recv_multipart(0).unwrap());
+            break;
+        }
+    }
+    let first = Message::from_frames(&heard.expect("the engine's events are heard"))
+        .unwrap()
+        .unwrap();
+    // Three pages of 4 tokens; the device holds 2, the host 1.
+    let tokens: Vec<u32> = (100..113).collect();
+    let (code, body) = post(
+        "/generate",
+        &serde_json::json!({"input_ids": tokens, "sampling_params": {"max_new_tokens": 1}})
+            .to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let keys = rbgctl::engine::tokens::page_keys(&tokens, 4);
+    let h: Vec<i64> = keys.iter().map(|k| block_hash(k)).collect();
+    // Live: every batch after the flushes, until the prompt's pages are all on the device.
+    let mut live = Vec::new();
+    let mut last = first.seq;
+    let mut stored_on_gpu = Vec::new();
+    while stored_on_gpu.len() < 3 && live.len() < 1000 {
+        let m = Message::from_frames(&recv(&sub)).unwrap().unwrap();
+        assert_eq!(m.seq, last + 1, "no gap");
+        last = m.seq;
+        let batch = KvEventBatch::decode(&m.payload).unwrap();
+        for e in &batch.events {
+            if let KvEvent::BlockStored(s) = e {
+                if s.medium == Some(Medium::Gpu) {
+                    stored_on_gpu.extend(s.block_hashes.iter().copied());
+                    if s.block_hashes[0] == h[0] {
+                        assert_eq!(s.parent_block_hash, None);
+                        assert_eq!(s.token_ids[..4], tokens[..4]);
+                        assert_eq!(s.block_size, 4);
+                    }
+                }
+            }
+        }
+        live.push(m);
+    }
+    assert_eq!(stored_on_gpu[..3], h[..], "the prompt's pages, chained");
+    let demoted = live.iter().any(|m| {
+        KvEventBatch::decode(&m.payload)
+            .unwrap()
+            .events
+            .iter()
+            .any(|e| matches!(e, KvEvent::BlockStored(s) if s.medium == Some(Medium::CpuPinned) && s.block_hashes == [h[0]]))
+    });
+    assert!(demoted, "the first page went down to the host");
+    // Replay from the first live batch: the same messages, then the end marker.
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer
+        .connect(engine.addrs.kv_events_replay.as_deref().unwrap())
+        .unwrap();
+    dealer
+        .send_multipart([&b""[..], &seq_bytes(live[0].seq)], 0)
+        .unwrap();
+    let mut replayed = Vec::new();
+    loop {
+        let frames = recv(&dealer);
+        match Message::from_frames(&frames[1..]).unwrap() {
+            Some(m) => replayed.push(m),
+            None => break,
+        }
+    }
+    assert!(replayed.len() >= live.len());
+    assert_eq!(
+        replayed[..live.len()],
+        live[..],
+        "the replay is the live stream"
+    );
+    // /server_info tells a router where to subscribe.
+    let (_, info) = common::http_at(
+        &http.ip().to_string(),
+        http.port(),
+        "GET",
+        "/server_info",
+        b"",
+    );
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["kv_events"]["block_size"], 4);
+    assert_eq!(
+        format!(
+            "tcp://{}:{}",
+            info["kv_events"]["endpoint_host"].as_str().unwrap(),
+            info["kv_events"]["endpoint_port_base"]
+        ),
+        endpoint
+    );
+    // SGLang's own decoder takes every payload the engine sent.
+    let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
+        common::skip("RBGCTL_SGLANG_PYTHON is not set: SGLang's decoder was not tried");
+        return;
+    };
+    let hexes: String = replayed.iter().map(|m| hex(&m.payload) + "\n").collect();
+    let script = r#"
+import sys, msgspec
+from sglang.srt.disaggregation import kv_events as k
+dec = msgspec.msgpack.Decoder(k.KVEventBatch)
+n = 0
+for line in sys.stdin.read().split():
+    b = dec.decode(bytes.fromhex(line))
+    n += len(b.events)
+print(n)
+"#;
+    let mut child = Command::new("timeout")
+        .arg("300")
+        .arg(&python)
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(hexes.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "SGLang's decoder refused the engine's events: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: usize = replayed
+        .iter()
+        .map(|m| KvEventBatch::decode(&m.payload).unwrap().events.len())
+        .sum();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        events.to_string()
+    );
+}

@@ -41,6 +41,10 @@ pub struct EngineConfig {
     pub kv_transfer_gbps: f64,
     /// Tokens generated when a request does not say. Default 128.
     pub default_max_tokens: usize,
+    /// Publish the device (L1) and host (L2) caches' blocks as KV events: SGLang's
+    /// `--kv-events-config` JSON (`{"publisher":"zmq","endpoint":"tcp://*:5557",
+    /// "replay_endpoint":"tcp://*:5558"}`). Default: none.
+    pub kv_events_config: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +65,7 @@ impl Default for EngineConfig {
             decode_ms_per_token: 5.0,
             kv_transfer_gbps: 10.0,
             default_max_tokens: 128,
+            kv_events_config: None,
         }
     }
 }
@@ -75,6 +80,10 @@ impl EngineConfig {
                 "engine.device_cache_tokens",
                 format!("must hold at least one page ({} tokens)", self.page_size),
             ));
+        }
+        if let Some(json) = &self.kv_events_config {
+            crate::kv_events::KvEventsConfig::parse(json)
+                .map_err(|e| ConfigError::invalid("engine.kv_events_config", e))?;
         }
         if self.bytes_per_token == 0 {
             return Err(ConfigError::invalid(
@@ -161,6 +170,10 @@ pub struct SimEngineArgs {
     /// Tokens generated when a request does not say. [default: 128]
     #[arg(long)]
     pub default_max_tokens: Option<usize>,
+    /// Publish the L1 and L2 caches' blocks as KV events (SGLang's JSON, e.g.
+    /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}').
+    #[arg(long)]
+    pub kv_events_config: Option<String>,
 }
 
 impl SimEngineArgs {

@@ -55,6 +55,8 @@ pub enum EngineError {
     L3(#[from] l3::L3Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    KvEvents(#[from] crate::kv_events::publish::PublishError),
 }
 
 /// The engine's sockets, bound before it starts (port 0 lets the kernel choose).
@@ -82,6 +84,11 @@ impl Listeners {
 pub struct Addrs {
     pub http: SocketAddr,
     pub bootstrap: Option<SocketAddr>,
+    /// With `kv_events_config`: the KV events' PUB endpoint as bound, and the replay's.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    #[serde(default)]
+    pub kv_events_replay: Option<String>,
 }
 
 pub type Handle = role::Handle<Addrs, EngineError>;
@@ -94,9 +101,22 @@ pub fn start(
     shutdown: Shutdown,
 ) -> Result<Handle, EngineError> {
     cfg.validate()?;
+    let events = match &cfg.kv_events_config {
+        Some(json) => {
+            let c = crate::kv_events::KvEventsConfig::parse(json)
+                .map_err(|e| ConfigError::invalid("engine.kv_events_config", e))?;
+            match c.enabled() {
+                true => Some((crate::kv_events::Publisher::start(&c)?, c)),
+                false => None,
+            }
+        }
+        None => None,
+    };
     let addrs = Addrs {
         http: listeners.http.local_addr()?,
         bootstrap: role::local_addr(listeners.bootstrap.as_ref())?,
+        kv_events: events.as_ref().map(|(p, _)| p.endpoint.clone()),
+        kv_events_replay: events.as_ref().and_then(|(p, _)| p.replay_endpoint.clone()),
     };
     let l3 = match &cfg.l3_master {
         Some(master) => Some(l3::L3::connect(
@@ -114,7 +134,7 @@ pub fn start(
             listeners.bootstrap.map(role::async_listener).transpose()?,
         )
     };
-    let app = server::app(cfg, l3, &addrs);
+    let app = server::app(cfg, l3, events, &addrs);
     if let Some(b) = bootstrap {
         runtime.spawn(crate::http_server::serve(b, app.clone(), shutdown.clone()));
     }

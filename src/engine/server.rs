@@ -71,6 +71,11 @@ pub struct Engine {
     http: reqwest::Client,
     m: Counters,
     next_id: AtomicU64,
+    /// With `kv_events_config`: the publisher of the caches' events, and its settings.
+    events: Option<(
+        crate::kv_events::Publisher,
+        crate::kv_events::KvEventsConfig,
+    )>,
 }
 
 type S = State<Arc<Engine>>;
@@ -247,6 +252,25 @@ impl Drop for Gauge<'_> {
 }
 
 impl Engine {
+    /// `keys` (the pages of `tokens`) are on the device now; their events are published at
+    /// once, under the lock, so batches leave in the order the caches changed.
+    fn cache_insert(&self, keys: &[String], tokens: &[u32]) {
+        let mut tiers = self.tiers.lock();
+        tiers.insert(keys, tokens, self.cfg.page_size);
+        self.publish(&mut tiers);
+    }
+
+    fn publish(&self, tiers: &mut Tiers) {
+        if let Some((p, _)) = &self.events {
+            let ts = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            if let Some(batch) = tiers.take_events(ts) {
+                p.publish(batch);
+            }
+        }
+    }
+
     fn page_bytes(&self) -> usize {
         self.cfg.page_size * self.cfg.bytes_per_token
     }
@@ -274,7 +298,7 @@ impl Engine {
             let _permit = self.device.acquire().await;
             drop(_waiting);
             tokio::time::sleep(self.cost.prefill(prompt.len() - cached, loaded)).await;
-            self.tiers.lock().insert(&keys);
+            self.cache_insert(&keys, prompt);
         }
         let dev = (m.device * page).min(cached);
         let host = (m.host * page).min(cached - dev);
@@ -327,7 +351,7 @@ impl Engine {
         let mut seq = prompt.to_vec();
         seq.extend_from_slice(out);
         let keys = tokens::page_keys(&seq, self.cfg.page_size);
-        self.tiers.lock().insert(&keys);
+        self.cache_insert(&keys, &seq);
         if let Some(l3) = &self.l3 {
             match self.backups.clone().try_acquire_owned() {
                 Ok(permit) => {
@@ -585,6 +609,8 @@ async fn server_info(State(e): S) -> Json<Value> {
         "hicache_storage_backend": a.l3_master.as_ref().map(|_| "rbgctl"),
         "host_cache_tokens": a.host_cache_tokens,
         "bytes_per_token": a.bytes_per_token,
+        "kv_events": e.events.as_ref().and_then(|(p, c)| crate::kv_events::config::descriptor(
+            c, &p.endpoint, p.replay_endpoint.as_deref(), a.page_size)),
     }))
 }
 
@@ -603,7 +629,11 @@ async fn models(State(e): S) -> Json<Value> {
 }
 
 async fn flush(State(e): S) -> Json<Value> {
-    e.tiers.lock().clear();
+    {
+        let mut tiers = e.tiers.lock();
+        tiers.clear();
+        e.publish(&mut tiers);
+    }
     Json(json!({"message": "simulated engine: device and host caches flushed"}))
 }
 
@@ -710,6 +740,33 @@ async fn metrics(State(e): S) -> Response {
     ] {
         p.sample("rbgctl_sim_cached_tokens_total", &[("tier", tier)], c(a));
     }
+    if let Some((publisher, _)) = &e.events {
+        let s = &publisher.stats;
+        for (name, help, a) in [
+            (
+                "rbgctl_sim_kv_event_batches_total",
+                "KV event batches published.",
+                &s.batches,
+            ),
+            (
+                "rbgctl_sim_kv_events_total",
+                "KV events published.",
+                &s.events,
+            ),
+            (
+                "rbgctl_sim_kv_event_batches_dropped_total",
+                "KV event batches dropped: the publisher's queue was full.",
+                &s.dropped,
+            ),
+            (
+                "rbgctl_sim_kv_event_replay_requests_total",
+                "Replay requests answered.",
+                &s.replay_requests,
+            ),
+        ] {
+            p.family(name, "counter", help).sample(name, &[], c(a));
+        }
+    }
     if let Some(l3) = &e.l3 {
         let s = &l3.stats;
         p.family(
@@ -804,14 +861,24 @@ pub fn router(e: Arc<Engine>) -> Router {
 }
 
 /// The engine's HTTP app: every endpoint over one engine state.
-pub fn app(cfg: EngineConfig, l3: Option<L3>, addrs: &super::Addrs) -> Router {
+pub fn app(
+    cfg: EngineConfig,
+    l3: Option<L3>,
+    events: Option<(
+        crate::kv_events::Publisher,
+        crate::kv_events::KvEventsConfig,
+    )>,
+    addrs: &super::Addrs,
+) -> Router {
     let page = cfg.page_size.max(1);
+    let tiers = Tiers::new(cfg.device_cache_tokens / page, cfg.host_cache_tokens / page);
     let e = Arc::new(Engine {
         cost: cfg.cost(),
-        tiers: Mutex::new(Tiers::new(
-            cfg.device_cache_tokens / page,
-            cfg.host_cache_tokens / page,
-        )),
+        tiers: Mutex::new(match events {
+            Some(_) => tiers.record(),
+            None => tiers,
+        }),
+        events,
         device: Semaphore::new(1),
         l3: l3.map(Arc::new),
         backups: Arc::new(Semaphore::new(BACKUPS)),
