@@ -9,11 +9,13 @@
 pub mod batch;
 pub mod config;
 pub mod event;
+pub mod index;
 pub mod publish;
 pub mod wire;
 
 pub use batch::Batcher;
 pub use config::KvEventsConfig;
 pub use event::{BlockRemoved, BlockStored, DecodeError, KvEvent, KvEventBatch, Medium};
+pub use index::{Index, Prefix, SourceId, Tiers};
 pub use publish::{Publisher, PublisherStats};
 pub use wire::{Message, WireError};

@@ -1,0 +1,380 @@
+//! The global KV index: which source (an engine, or the pool) holds each block, on which
+//! tiers, built from the sources' events. Pure: events in, answers out.
+//!
+//! Memory is bounded by a byte budget fixed at creation: the block table and the order in
+//! which blocks were stored are allocated once, for as many blocks as the budget holds
+//! ([`Index::capacity_for`]); when full, the block stored longest ago is dropped (its holders
+//! will announce it again if they still have it). A block costs [`bytes_per_block`] bytes of
+//! budget (125 on x86-64): 16/7 buckets of the table (a slot holds the hash, the holders
+//! inline for up to two sources, and the store's generation; the table, a power of two of
+//! buckets, holds at most half its capacity, so that removals' tombstones are cleared by
+//! rehashing in place, never by doubling it) and two places in the store order (a block
+//! stored again leaves a stale place behind, dropped on compaction). Measured by
+//! `tests/kv_index_memory.rs`: 10 million blocks into 64 MiB peak at 55 MiB.
+
+use super::event::{KvEvent, Medium};
+use smallvec::SmallVec;
+use std::collections::{HashMap, VecDeque};
+
+/// A source of events: an engine (by the router's worker index) or the pool.
+pub type SourceId = u16;
+
+/// The tiers a source holds a block on, as bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tiers(u8);
+
+impl Tiers {
+    pub const GPU: Tiers = Tiers(1);
+    pub const HOST: Tiers = Tiers(2);
+    pub const DISK: Tiers = Tiers(4);
+    pub const EXTERNAL: Tiers = Tiers(8);
+
+    /// The tier an event's medium names (no medium: the device, as SGLang defaults it).
+    pub fn of(medium: Option<&Medium>) -> Tiers {
+        match medium {
+            None | Some(Medium::Gpu) => Tiers::GPU,
+            Some(Medium::CpuPinned) => Tiers::HOST,
+            Some(Medium::Disk) => Tiers::DISK,
+            Some(Medium::External) => Tiers::EXTERNAL,
+            // An unknown medium is a lower tier than any known one.
+            Some(Medium::Other(_)) => Tiers::EXTERNAL,
+        }
+    }
+
+    pub fn contains(self, t: Tiers) -> bool {
+        self.0 & t.0 != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The fastest tier held.
+    pub fn best(self) -> Option<Tiers> {
+        [Tiers::GPU, Tiers::HOST, Tiers::DISK, Tiers::EXTERNAL]
+            .into_iter()
+            .find(|t| self.contains(*t))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Holder {
+    source: SourceId,
+    tiers: Tiers,
+}
+
+#[derive(Debug)]
+struct Slot {
+    holders: SmallVec<[Holder; 2]>,
+    /// The generation of the block's latest store: its place in `order`.
+    generation: u32,
+}
+
+/// One block's place in the store order.
+type OrderRecord = (i64, u32);
+
+/// Bytes one table bucket costs: its entry and its control byte.
+fn bucket_bytes() -> usize {
+    std::mem::size_of::<(i64, Slot)>() + 1
+}
+
+/// Bytes of budget a block costs at full load: 16/7 table buckets (the table holds at most
+/// half of what it could, 7/16 of its buckets, so that the tombstones of removed blocks are
+/// cleared by rehashing it in place, never by doubling it) and two places in the store order.
+pub fn bytes_per_block() -> usize {
+    bucket_bytes() * 16 / 7 + 2 * std::mem::size_of::<OrderRecord>()
+}
+
+/// How much of a prompt a source holds: leading blocks, by the fastest tier each is on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prefix {
+    pub gpu: usize,
+    pub host: usize,
+    pub disk: usize,
+    pub external: usize,
+}
+
+impl Prefix {
+    pub fn blocks(&self) -> usize {
+        self.gpu + self.host + self.disk + self.external
+    }
+
+    fn add(&mut self, t: Tiers) {
+        match t.best() {
+            Some(Tiers::GPU) => self.gpu += 1,
+            Some(Tiers::HOST) => self.host += 1,
+            Some(Tiers::DISK) => self.disk += 1,
+            _ => self.external += 1,
+        }
+    }
+}
+
+/// What the index did, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    pub stored: u64,
+    pub removed: u64,
+    pub cleared: u64,
+    /// Blocks dropped because the index was full.
+    pub evicted: u64,
+}
+
+pub struct Index {
+    blocks: HashMap<i64, Slot>,
+    /// Blocks in the order they were (last) stored, with the generation of that store.
+    order: VecDeque<OrderRecord>,
+    capacity: usize,
+    generation: u32,
+    pub stats: IndexStats,
+}
+
+impl Index {
+    /// Blocks a budget of `bytes` holds: 7/16 of the buckets of the largest power-of-two table
+    /// that fits with its store order (past half of the table's capacity, hashbrown grows it
+    /// instead of rehashing in place).
+    pub fn capacity_for(bytes: usize) -> usize {
+        let order = 2 * std::mem::size_of::<OrderRecord>();
+        let fits = |buckets: usize| {
+            buckets
+                .checked_mul(bucket_bytes())
+                .and_then(|t| t.checked_add((buckets * 7 / 16) * order))
+                .is_some_and(|b| b <= bytes)
+        };
+        let mut buckets = 16usize;
+        while fits(buckets * 2) {
+            buckets *= 2;
+        }
+        buckets * 7 / 16 - 1
+    }
+
+    /// An index within `budget_bytes`; its memory is taken now, never grown.
+    pub fn with_budget(budget_bytes: usize) -> Index {
+        let capacity = Index::capacity_for(budget_bytes);
+        Index {
+            // The table's full capacity is twice the blocks it holds: it never fills past half,
+            // so it rehashes in place (clearing tombstones) rather than growing.
+            blocks: HashMap::with_capacity((capacity + 1) * 2),
+            order: VecDeque::with_capacity(capacity * 2),
+            capacity,
+            generation: 0,
+            stats: IndexStats::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Applies one event from `source`.
+    pub fn apply(&mut self, source: SourceId, event: &KvEvent) {
+        match event {
+            KvEvent::BlockStored(s) => {
+                let tiers = Tiers::of(s.medium.as_ref());
+                for &h in &s.block_hashes {
+                    self.store(source, h, tiers);
+                }
+            }
+            KvEvent::BlockRemoved(r) => {
+                let tiers = Tiers::of(r.medium.as_ref());
+                for &h in &r.block_hashes {
+                    self.remove(source, h, tiers);
+                }
+            }
+            KvEvent::AllBlocksCleared => self.clear_source(source),
+        }
+    }
+
+    fn store(&mut self, source: SourceId, hash: i64, tiers: Tiers) {
+        self.stats.stored += 1;
+        if !self.blocks.contains_key(&hash) && self.blocks.len() >= self.capacity {
+            self.evict_oldest();
+        }
+        self.generation = self.generation.wrapping_add(1);
+        let generation = self.generation;
+        let slot = self.blocks.entry(hash).or_insert_with(|| Slot {
+            holders: SmallVec::new(),
+            generation,
+        });
+        slot.generation = generation;
+        match slot.holders.iter_mut().find(|h| h.source == source) {
+            Some(h) => h.tiers.0 |= tiers.0,
+            None => slot.holders.push(Holder { source, tiers }),
+        }
+        if self.order.len() >= self.capacity * 2 {
+            self.compact_order();
+        }
+        self.order.push_back((hash, generation));
+    }
+
+    fn remove(&mut self, source: SourceId, hash: i64, tiers: Tiers) {
+        self.stats.removed += 1;
+        let Some(slot) = self.blocks.get_mut(&hash) else {
+            return;
+        };
+        if let Some(i) = slot.holders.iter().position(|h| h.source == source) {
+            slot.holders[i].tiers.0 &= !tiers.0;
+            if slot.holders[i].tiers.is_empty() {
+                slot.holders.swap_remove(i);
+            }
+        }
+        if slot.holders.is_empty() {
+            self.blocks.remove(&hash);
+        }
+    }
+
+    /// Everything `source` held is gone (its `AllBlocksCleared`, or it left).
+    pub fn clear_source(&mut self, source: SourceId) {
+        self.stats.cleared += 1;
+        self.blocks.retain(|_, slot| {
+            slot.holders.retain(|h| h.source != source);
+            !slot.holders.is_empty()
+        });
+    }
+
+    /// Drops the block stored longest ago.
+    fn evict_oldest(&mut self) {
+        while let Some((hash, generation)) = self.order.pop_front() {
+            if self
+                .blocks
+                .get(&hash)
+                .is_some_and(|s| s.generation == generation)
+            {
+                self.blocks.remove(&hash);
+                self.stats.evicted += 1;
+                return;
+            }
+        }
+    }
+
+    /// Drops the places of blocks stored again since, or gone.
+    fn compact_order(&mut self) {
+        let blocks = &self.blocks;
+        self.order
+            .retain(|(h, g)| blocks.get(h).is_some_and(|s| s.generation == *g));
+    }
+
+    /// The tiers `source` holds `hash` on.
+    pub fn tiers_of(&self, source: SourceId, hash: i64) -> Tiers {
+        self.blocks
+            .get(&hash)
+            .and_then(|s| s.holders.iter().find(|h| h.source == source))
+            .map_or(Tiers::default(), |h| h.tiers)
+    }
+
+    /// How many leading blocks of `hashes` each of `sources` holds, by tier.
+    pub fn prefixes(&self, hashes: &[i64], sources: &[SourceId]) -> Vec<Prefix> {
+        let mut out = vec![Prefix::default(); sources.len()];
+        let mut open: Vec<bool> = vec![true; sources.len()];
+        for h in hashes {
+            let Some(slot) = self.blocks.get(h) else {
+                break;
+            };
+            let mut any = false;
+            for (i, s) in sources.iter().enumerate() {
+                if !open[i] {
+                    continue;
+                }
+                match slot.holders.iter().find(|x| x.source == *s) {
+                    Some(x) => {
+                        out[i].add(x.tiers);
+                        any = true;
+                    }
+                    None => open[i] = false,
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_events::{BlockRemoved, BlockStored};
+
+    fn stored(hashes: &[i64], medium: Medium) -> KvEvent {
+        KvEvent::BlockStored(BlockStored {
+            block_hashes: hashes.to_vec(),
+            parent_block_hash: None,
+            token_ids: vec![],
+            block_size: 16,
+            lora_id: None,
+            medium: Some(medium),
+            cache_salt: None,
+            session_id: None,
+            lora_name: None,
+        })
+    }
+
+    fn removed(hashes: &[i64], medium: Medium) -> KvEvent {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes.to_vec(),
+            medium: Some(medium),
+        })
+    }
+
+    #[test]
+    fn sources_hold_blocks_on_tiers_and_prefixes_count_them() {
+        let mut ix = Index::with_budget(1 << 20);
+        ix.apply(0, &stored(&[1, 2, 3, 4], Medium::Gpu));
+        ix.apply(0, &removed(&[3, 4], Medium::Gpu));
+        ix.apply(0, &stored(&[3], Medium::CpuPinned));
+        ix.apply(1, &stored(&[1, 2], Medium::Gpu));
+        ix.apply(9, &stored(&[1, 2, 3, 4, 5], Medium::External));
+        assert_eq!(ix.tiers_of(0, 3), Tiers::HOST);
+        assert!(ix.tiers_of(0, 4).is_empty());
+        let p = ix.prefixes(&[1, 2, 3, 4, 5, 6], &[0, 1, 9, 7]);
+        assert_eq!(
+            p[0],
+            Prefix {
+                gpu: 2,
+                host: 1,
+                ..Prefix::default()
+            }
+        );
+        assert_eq!(p[1].gpu, 2);
+        assert_eq!(p[2].external, 5);
+        assert_eq!(p[3].blocks(), 0);
+        // A prefix stops at the first block a source lacks, whatever follows.
+        assert_eq!(ix.prefixes(&[2, 1], &[1])[0].gpu, 2);
+        assert_eq!(ix.prefixes(&[7, 1], &[1])[0].gpu, 0);
+        // A source clears: its blocks go, others' stay.
+        ix.apply(0, &KvEvent::AllBlocksCleared);
+        assert_eq!(ix.prefixes(&[1, 2, 3], &[0, 1])[0].blocks(), 0);
+        assert_eq!(ix.prefixes(&[1, 2, 3], &[0, 1])[1].gpu, 2);
+        // Removing the last holder drops the block.
+        ix.apply(9, &removed(&[5], Medium::External));
+        assert!(ix.tiers_of(9, 5).is_empty());
+        assert_eq!(ix.len(), 4);
+    }
+
+    #[test]
+    fn a_full_index_drops_the_block_stored_longest_ago() {
+        let mut ix = Index::with_budget(0);
+        assert_eq!(ix.capacity(), 6, "the smallest table");
+        ix.capacity = 4;
+        ix.apply(0, &stored(&[1, 2, 3, 4], Medium::Gpu));
+        ix.apply(0, &stored(&[1], Medium::Gpu)); // stored again: now the newest
+        ix.apply(0, &stored(&[5], Medium::Gpu));
+        assert_eq!(ix.len(), 4);
+        assert!(ix.tiers_of(0, 2).is_empty(), "2 was the oldest store");
+        assert_eq!(ix.tiers_of(0, 1), Tiers::GPU);
+        for h in 6..1000 {
+            ix.apply(0, &stored(&[h], Medium::Gpu));
+            assert!(ix.len() <= 4 && ix.order.len() <= 8);
+        }
+        assert_eq!(ix.stats.evicted, 995, "one for 5, one for each of 6..1000");
+        assert_eq!(ix.prefixes(&[996, 997, 998, 999], &[0])[0].gpu, 4);
+    }
+}
