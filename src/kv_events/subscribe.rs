@@ -1,0 +1,415 @@
+//! A subscription to one source's events (an engine's, or the pool's), kept in step: a thread
+//! reads its PUB socket, checks every message's sequence number, and hands the events on in
+//! order. What it missed it asks the source's replay socket for:
+//!
+//! - the first message it hears (the source ran before it came, or the PUB dropped what was
+//!   sent before the subscription took): replay from 0, so a router that starts late (or
+//!   restarts) starts from what the source holds, not from nothing;
+//! - a gap (the PUB dropped messages for a slow subscriber): replay from the first missed;
+//! - a sequence that goes back, or any message after the connection dropped (the source may
+//!   have restarted, its new run already past the old sequence): its blocks are forgotten,
+//!   then replay from 0 of the run it is in.
+//!
+//! When a replay cannot fill a gap (no replay socket, no answer within [`REPLAY_WAIT`], or the
+//! buffer no longer reaches back), the source's blocks are forgotten and it is marked out of
+//! step: it will be right again as it stores new blocks, and a policy can fall back for it.
+
+use super::event::{KvEvent, KvEventBatch};
+use super::index::SourceId;
+use super::wire::{seq_bytes, Message};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest wait for a replay's answer.
+pub const REPLAY_WAIT: Duration = Duration::from_secs(2);
+/// How often the thread looks at its stop flag while nothing comes.
+const POLL: Duration = Duration::from_millis(50);
+
+/// What a subscription hands on: a source's event, or that everything it held is gone.
+pub type Sink = Arc<dyn Fn(SourceId, &KvEvent) + Send + Sync>;
+
+/// Where a source publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub id: SourceId,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub topic: String,
+}
+
+/// A subscription's account, for metrics and for policies deciding whether to trust it.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    pub batches: AtomicU64,
+    pub events: AtomicU64,
+    /// Gaps seen (messages missed, a source's restart, a late start).
+    pub gaps: AtomicU64,
+    /// Gaps a replay filled.
+    pub replayed: AtomicU64,
+    /// Gaps no replay could fill: the source's blocks were forgotten.
+    pub lost: AtomicU64,
+    /// The last sequence applied, plus one (0: none yet).
+    pub next_seq: AtomicU64,
+    /// Whether every message since the last loss was applied.
+    pub in_step: AtomicBool,
+    /// Milliseconds since the subscription started when the last message came (0: none).
+    pub last_heard_ms: AtomicU64,
+}
+
+/// A running subscription; dropping it stops the thread (within [`POLL`] or a replay's wait).
+pub struct Subscription {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats: Arc<SourceStats>,
+    pub source: Source,
+}
+
+impl Subscription {
+    pub fn start(source: Source, sink: Sink) -> Result<Subscription, zmq::Error> {
+        let ctx = zmq::Context::new();
+        let sub = ctx.socket(zmq::SUB)?;
+        sub.set_subscribe(source.topic.as_bytes())?;
+        let _ = sub.set_linger(0);
+        // Told when the connection drops: the source may come back as a new run.
+        static MONITORS: AtomicU64 = AtomicU64::new(0);
+        let monitor = format!(
+            "inproc://kv-sub-monitor-{}",
+            MONITORS.fetch_add(1, Ordering::Relaxed)
+        );
+        sub.monitor(&monitor, zmq::SocketEvent::DISCONNECTED.to_raw() as i32)?;
+        let mon = ctx.socket(zmq::PAIR)?;
+        mon.connect(&monitor)?;
+        sub.connect(&source.endpoint)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(SourceStats::default());
+        let mut run = Follower {
+            ctx,
+            sub,
+            mon,
+            dropped: false,
+            source: source.clone(),
+            sink,
+            stats: stats.clone(),
+            next: None,
+            started: Instant::now(),
+        };
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("kv-sub-{}", source.id))
+            .spawn(move || run.follow(&flag))
+            .expect("a thread for a KV event subscription");
+        Ok(Subscription {
+            stop,
+            thread: Some(thread),
+            stats,
+            source,
+        })
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Follower {
+    ctx: zmq::Context,
+    sub: zmq::Socket,
+    /// The SUB socket's monitor: says when its connection dropped.
+    mon: zmq::Socket,
+    /// The connection dropped since the last message.
+    dropped: bool,
+    source: Source,
+    sink: Sink,
+    stats: Arc<SourceStats>,
+    /// The sequence expected next; `None` before the first message.
+    next: Option<u64>,
+    started: Instant,
+}
+
+impl Follower {
+    fn follow(&mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            let mut items = [
+                self.sub.as_poll_item(zmq::POLLIN),
+                self.mon.as_poll_item(zmq::POLLIN),
+            ];
+            if !zmq::poll(&mut items, POLL.as_millis() as i64).is_ok_and(|n| n > 0) {
+                continue;
+            }
+            let (message, monitor) = (items[0].is_readable(), items[1].is_readable());
+            // Only disconnections are monitored: the next message may be a new run's.
+            if monitor && self.mon.recv_multipart(zmq::DONTWAIT).is_ok() {
+                self.dropped = true;
+            }
+            if !message {
+                continue;
+            }
+            let Ok(frames) = self.sub.recv_multipart(zmq::DONTWAIT) else {
+                continue;
+            };
+            let Ok(Some(m)) = Message::from_frames(&frames) else {
+                tracing::debug!(
+                    source = self.source.id,
+                    frames = frames.len(),
+                    "not a KV event message"
+                );
+                continue;
+            };
+            self.stats
+                .last_heard_ms
+                .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            self.take(m);
+        }
+    }
+
+    /// One live message, with whatever must be replayed before it.
+    fn take(&mut self, m: Message) {
+        let from = match self.next {
+            // After a dropped connection the source may be a new run whose sequence passed
+            // the old one: start over from its beginning.
+            Some(_) if std::mem::take(&mut self.dropped) => {
+                self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                self.forget();
+                0
+            }
+            Some(next) if m.seq == next => return self.apply(&m),
+            // A gap: messages were dropped on the way.
+            Some(next) if m.seq > next => next,
+            // The sequence went back: the source restarted, and what it held is gone.
+            Some(_) => {
+                self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                self.forget();
+                0
+            }
+            // The first message: what the source published before it is replayed too.
+            None => 0,
+        };
+        let whole = m.seq == from || {
+            self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+            let filled = self.replay(from, m.seq);
+            if filled {
+                self.stats.replayed.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.stats.lost.fetch_add(1, Ordering::Relaxed);
+                self.forget();
+            }
+            filled
+        };
+        // Followed from the source's first message: in step (until a gap is lost).
+        if from == 0 && whole {
+            self.stats.in_step.store(true, Ordering::Relaxed);
+        }
+        self.apply(&m);
+    }
+
+    fn apply(&mut self, m: &Message) {
+        match KvEventBatch::decode(&m.payload) {
+            Ok(batch) => {
+                for e in &batch.events {
+                    (self.sink)(self.source.id, e);
+                }
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .events
+                    .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(source = self.source.id, seq = m.seq, error = %e, "a KV event batch that does not decode");
+            }
+        }
+        self.next = Some(m.seq + 1);
+        self.stats.next_seq.store(m.seq + 1, Ordering::Relaxed);
+    }
+
+    /// Forgets everything the source held; it is out of step until it has been heard whole.
+    fn forget(&mut self) {
+        (self.sink)(self.source.id, &KvEvent::AllBlocksCleared);
+        self.stats.in_step.store(false, Ordering::Relaxed);
+        self.next = None;
+    }
+
+    /// Asks the replay socket for `from..until` and applies it; false when it could not.
+    fn replay(&mut self, from: u64, until: u64) -> bool {
+        let Some(endpoint) = self.source.replay_endpoint.clone() else {
+            return false;
+        };
+        let got = (|| -> Result<Vec<Message>, String> {
+            let dealer = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
+            let _ = dealer.set_linger(0);
+            dealer.connect(&endpoint).map_err(|e| e.to_string())?;
+            dealer
+                .send_multipart([&b""[..], &seq_bytes(from)], 0)
+                .map_err(|e| e.to_string())?;
+            let deadline = Instant::now() + REPLAY_WAIT;
+            let mut got = Vec::new();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero()
+                    || !dealer
+                        .poll(zmq::POLLIN, left.as_millis() as i64)
+                        .is_ok_and(|n| n > 0)
+                {
+                    return Err(format!("no end of replay within {REPLAY_WAIT:?}"));
+                }
+                let frames = dealer.recv_multipart(0).map_err(|e| e.to_string())?;
+                match Message::from_frames(frames.get(1..).unwrap_or(&[])) {
+                    Ok(Some(m)) => got.push(m),
+                    Ok(None) => return Ok(got),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        })();
+        let got = match got {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(source = self.source.id, %endpoint, error = %e, "KV event replay failed");
+                return false;
+            }
+        };
+        // The buffer must reach back to `from`, and the replay must be whole up to `until`.
+        let wanted: Vec<&Message> = got
+            .iter()
+            .filter(|m| m.seq >= from && m.seq < until)
+            .collect();
+        let whole = wanted.len() as u64 == until - from
+            && wanted.iter().zip(from..).all(|(m, s)| m.seq == s);
+        if !whole {
+            tracing::warn!(
+                source = self.source.id,
+                from,
+                until,
+                got = wanted.len(),
+                "the replay buffer does not reach back over the gap"
+            );
+            return false;
+        }
+        for m in wanted {
+            self.apply(m);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_events::index::Index;
+    use crate::kv_events::{BlockStored, KvEventsConfig, Medium, Publisher};
+    use parking_lot::Mutex;
+
+    fn stored(hash: i64) -> KvEventBatch {
+        KvEventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::BlockStored(BlockStored {
+                block_hashes: vec![hash],
+                parent_block_hash: None,
+                token_ids: vec![],
+                block_size: 4,
+                lora_id: None,
+                medium: Some(Medium::Gpu),
+                cache_salt: None,
+                session_id: None,
+                lora_name: None,
+            })],
+            attn_dp_rank: Some(0),
+        }
+    }
+
+    fn publisher(port: u16, replay: u16) -> Publisher {
+        let cfg = KvEventsConfig::parse(&format!(
+            r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{port}","bind":true,
+                 "replay_endpoint":"tcp://127.0.0.1:{replay}"}}"#
+        ))
+        .unwrap();
+        Publisher::start(&cfg).unwrap()
+    }
+
+    fn port_of(endpoint: &str) -> u16 {
+        endpoint.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// Waits (bounded) until `f` holds, publishing `probe` meanwhile so that a subscription
+    /// that has not taken yet hears something.
+    fn until(p: &Publisher, mut probe: impl FnMut() -> KvEventBatch, f: impl Fn() -> bool) -> bool {
+        for _ in 0..400 {
+            if f() {
+                return true;
+            }
+            p.publish(probe());
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        f()
+    }
+
+    /// A subscriber that comes late replays what it missed; a source that restarts is
+    /// forgotten and followed anew; the index ends as the source is.
+    #[test]
+    fn a_late_subscriber_and_a_restarted_source_are_caught_up_by_replay() {
+        let index = Arc::new(Mutex::new(Index::with_budget(1 << 20)));
+        let p = publisher(0, 0);
+        for h in 1..=5 {
+            p.publish(stored(h));
+        }
+        let sink_index = index.clone();
+        let sink: Sink = Arc::new(move |s, e| sink_index.lock().apply(s, e));
+        let source = Source {
+            id: 3,
+            endpoint: p.endpoint.clone(),
+            replay_endpoint: p.replay_endpoint.clone(),
+            topic: String::new(),
+        };
+        let sub = Subscription::start(source, sink).unwrap();
+        let mut probe = 100;
+        let caught_up = until(
+            &p,
+            || {
+                probe += 1;
+                stored(probe)
+            },
+            || sub.stats.batches.load(Ordering::Relaxed) >= 6,
+        );
+        assert!(caught_up, "the subscriber never heard the source");
+        for h in 1..=5 {
+            assert!(
+                !index.lock().tiers_of(3, h).is_empty(),
+                "block {h} replayed"
+            );
+        }
+        assert!(sub.stats.replayed.load(Ordering::Relaxed) >= 1);
+        assert!(sub.stats.in_step.load(Ordering::Relaxed));
+        // The source restarts on the same ports, holding other blocks now.
+        let (port, replay) = (
+            port_of(&p.endpoint),
+            port_of(p.replay_endpoint.as_deref().unwrap()),
+        );
+        drop(p);
+        let p = publisher(port, replay);
+        p.publish(KvEventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::AllBlocksCleared],
+            attn_dp_rank: Some(0),
+        });
+        p.publish(stored(42));
+        let mut probe = 1000;
+        let resynced = until(
+            &p,
+            || {
+                probe += 1;
+                stored(probe)
+            },
+            || !index.lock().tiers_of(3, 42).is_empty(),
+        );
+        assert!(resynced, "the restarted source was not followed");
+        assert!(
+            index.lock().tiers_of(3, 1).is_empty(),
+            "the old run's blocks are gone"
+        );
+        assert!(sub.stats.gaps.load(Ordering::Relaxed) >= 2);
+    }
+}
