@@ -9,8 +9,6 @@
 //! hex SHA-256 of the previous page's digest followed by the page's token ids as 4-byte
 //! little-endian integers. Only full pages have keys.
 
-use sha2::{Digest, Sha256};
-
 /// Size of the simulated vocabulary.
 pub const VOCAB: u32 = 32_000;
 
@@ -38,23 +36,12 @@ pub fn decode(ids: &[u32]) -> String {
     ids.iter().map(|&t| decode_one(t)).collect()
 }
 
-/// Chained page keys of the full pages of `tokens`.
+/// Chained page keys of the full pages of `tokens` (hex of `kv_events::hash::page_digests`).
 pub fn page_keys(tokens: &[u32], page_size: usize) -> Vec<String> {
-    let mut keys = Vec::with_capacity(tokens.len() / page_size.max(1));
-    let mut prior: Option<[u8; 32]> = None;
-    for page in tokens.chunks_exact(page_size.max(1)) {
-        let mut h = Sha256::new();
-        if let Some(p) = &prior {
-            h.update(p);
-        }
-        for t in page {
-            h.update(t.to_le_bytes());
-        }
-        let d: [u8; 32] = h.finalize().into();
-        keys.push(hex(&d));
-        prior = Some(d);
-    }
-    keys
+    crate::kv_events::hash::page_digests(tokens, page_size)
+        .iter()
+        .map(|d| hex(d))
+        .collect()
 }
 
 fn hex(b: &[u8]) -> String {
@@ -103,6 +90,7 @@ mod tests {
 
     #[test]
     fn page_keys_chain_like_sglang() {
+        use sha2::{Digest, Sha256};
         // SGLang: sha256(bytes.fromhex(prior) + b''.join(t.to_bytes(4, "little"))).hexdigest()
         let k = page_keys(&[1, 2, 3, 4], 2);
         assert_eq!(k.len(), 2);

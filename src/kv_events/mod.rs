@@ -11,6 +11,7 @@
 pub mod batch;
 pub mod config;
 pub mod event;
+pub mod hash;
 pub mod index;
 pub mod publish;
 pub mod subscribe;
