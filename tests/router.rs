@@ -2674,3 +2674,80 @@ fn thread_per_core_answers_on_every_thread_and_counts_each_request_once() {
     let named_router = threads_named(r._proc.pid().unwrap(), "router");
     assert!(named_router >= 3, "{named_router} threads named router");
 }
+
+/// A SIMULATED engine publishing its caches' KV events (page size 4) on free ports.
+fn engine_with_events(launcher: &Launcher, name: &str) -> launch::Child<launch::Engine> {
+    launcher
+        .spawn::<launch::Engine>(
+            name,
+            rbgctl::engine::EngineConfig {
+                port: 0,
+                page_size: 4,
+                prefill_us_per_token: 1.0,
+                decode_ms_per_token: 0.1,
+                kv_events_config: Some(
+                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                        "replay_endpoint":"tcp://127.0.0.1:0"}"#
+                        .into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .expect("the SIMULATED engine starts")
+}
+
+/// `precise_prefix` routes on what the engines say they hold: a prompt one engine was given
+/// directly (the router never saw it) goes to that engine, which the text-guessing tree could
+/// not know; once that engine flushes its cache, the router knows that too.
+#[test]
+fn precise_prefix_routes_on_the_engines_own_kv_events() {
+    let launcher = launcher();
+    let e1 = engine_with_events(launcher, "e1");
+    let e2 = engine_with_events(launcher, "e2");
+    let url = |e: &launch::Child<launch::Engine>| format!("http://{}", e.addrs.http);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &url(&e1),
+            &url(&e2),
+            "--policy",
+            "precise_prefix",
+        ]),
+        true,
+    );
+    let followed = || metric(r.port, "rbgctl_router_kv_index_workers_followed ").unwrap_or(0.0);
+    assert!(
+        wait_until(Duration::from_secs(20), || followed() == 2.0),
+        "the router did not follow both engines' events"
+    );
+    let blocks = || metric(r.port, "rbgctl_router_kv_index_blocks ").unwrap_or(-1.0);
+    // A prompt of 8 pages (the SIMULATED tokenizer: one token a word), given to e2 directly.
+    let prompt: String = (0..32).map(|i| format!("t{} ", 1000 + i)).collect();
+    let body = json!({"text": prompt, "sampling_params": {"max_new_tokens": 1}}).to_string();
+    assert_eq!(post(e2.addrs.http.port(), "/generate", &body).0, 200);
+    assert!(
+        wait_until(Duration::from_secs(20), || blocks() >= 8.0),
+        "the index did not learn e2's blocks: {}",
+        blocks()
+    );
+    let prompts = |e: &launch::Child<launch::Engine>| {
+        metric(e.addrs.http.port(), "sglang:prompt_tokens_total").unwrap_or(0.0)
+    };
+    let (before1, before2) = (prompts(&e1), prompts(&e2));
+    // Through the router: to e2, which holds it (least-loaded would say e1, the first).
+    let (code, _, text) = post(r.port, "/generate", &body);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(prompts(&e1), before1, "e1 got the prompt e2 holds");
+    assert!(prompts(&e2) > before2);
+    // e2 flushes: AllBlocksCleared reaches the index, which then holds nothing of it.
+    assert_eq!(post(e2.addrs.http.port(), "/flush_cache", "").0, 200);
+    assert!(
+        wait_until(Duration::from_secs(20), || blocks() == 0.0),
+        "the flush did not reach the index: {}",
+        blocks()
+    );
+    assert_eq!(
+        metric(r.port, "rbgctl_router_kv_event_losses_total{").unwrap_or(0.0),
+        0.0
+    );
+}

@@ -79,6 +79,45 @@ pub fn model_ids(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// With `precise_prefix`: reads a new worker's `/server_info` (three tries over about 7 s) and,
+/// when it publishes KV events, follows them into the global index.
+pub fn follow_kv_events(s: Arc<Shared>, w: Arc<Worker>) {
+    let Some(index) = s.routing.kv_index.clone() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(8));
+        for attempt in 0..3u32 {
+            if attempt > 0 {
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            for path in ["/server_info", "/get_server_info"] {
+                let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await
+                else {
+                    continue;
+                };
+                let Some(info) = st
+                    .is_success()
+                    .then(|| serde_json::from_slice::<Value>(&body).ok())
+                    .flatten()
+                else {
+                    continue;
+                };
+                match index.follow(&w.url, &w.host, &info) {
+                    Ok(true) => return,
+                    Ok(false) => {
+                        tracing::info!(worker = %w.url, "the worker publishes no KV events: precise_prefix falls back for it");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(worker = %w.url, error = %e, "cannot follow the worker's KV events");
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Reads a new worker's model name in the background (three tries over about 7 s). Nothing is
 /// downloaded: the router never resolves tokenizers or model paths.
 pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {

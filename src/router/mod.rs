@@ -21,6 +21,7 @@ pub mod discovery;
 pub mod dp;
 pub mod front;
 pub mod kube;
+pub mod kv_index;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;
@@ -120,6 +121,8 @@ pub struct Routing {
     >,
     /// `--tokenizer-path` (or a local `--model-path`).
     pub tokenizer: Option<Arc<tokenize::Tokenizer>>,
+    /// With `precise_prefix`: the global KV index, fed by the workers' KV events.
+    pub kv_index: Option<Arc<kv_index::KvIndex>>,
 }
 
 /// What bounds the router's intake.
@@ -208,19 +211,22 @@ pub fn client_tls(cfg: &TlsConfig) -> Result<rustls::ClientConfig, crate::tls::T
 
 impl Shared {
     pub fn new(cfg: RouterConfig) -> Result<Shared, RouterError> {
+        let kinds = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()];
+        let kv_index = kinds
+            .contains(&policy::PolicyKind::PrecisePrefix)
+            .then(|| Arc::new(kv_index::KvIndex::new(kv_index::DEFAULT_BUDGET)));
         let settings = PolicySettings {
             cache: cfg.cache,
             manual: cfg.manual,
             prefix_hash: cfg.prefix_hash,
             bucket_interval: cfg.policy.bucket_adjust_interval.0,
+            prefixes: kv_index.clone().map(|k| k as Arc<dyn policy::PrefixView>),
         };
         let policy = |kind| settings.build(kind);
         let limits = &cfg.limits;
         let max =
             (limits.max_concurrent_requests > 0).then_some(limits.max_concurrent_requests as usize);
-        let text_policy = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()]
-            .iter()
-            .any(|k| k.matches_text());
+        let text_policy = kinds.iter().any(|k| k.matches_text());
         let shared = Shared {
             workers: Workers {
                 registry: Registry::default(),
@@ -242,7 +248,7 @@ impl Shared {
                 policy: policy(cfg.policy.policy),
                 prefill_policy: policy(cfg.prefill_policy()),
                 decode_policy: policy(cfg.decode_policy()),
-                policy_settings: settings,
+                policy_settings: settings.clone(),
                 model_policies: Default::default(),
                 tokenizer: match cfg
                     .server
@@ -257,6 +263,7 @@ impl Shared {
                     }
                     None => None,
                 },
+                kv_index,
             },
             limits: Limits {
                 limiter: {
@@ -316,8 +323,11 @@ impl Shared {
         regular.chain(prefill).chain(decode).collect()
     }
 
-    /// Forgets a removed worker in every policy.
+    /// Forgets a removed worker in every policy (and its events in the KV index).
     pub fn forget(&self, url: &str) {
+        if let Some(k) = &self.routing.kv_index {
+            k.forget(url);
+        }
         self.routing.policy.on_worker_removed(url);
         self.routing.prefill_policy.on_worker_removed(url);
         self.routing.decode_policy.on_worker_removed(url);

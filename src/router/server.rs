@@ -352,6 +352,10 @@ async fn metrics(State(s): S) -> Response {
             WorkerType::Decode => s.routing.decode_policy.name(),
         },
     );
+    let text = match &s.routing.kv_index {
+        Some(k) => text + &k.render_metrics(),
+        None => text,
+    };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -582,6 +586,7 @@ fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
 
 fn added(s: &Arc<Shared>, w: &Arc<Worker>) {
     background::discover_metadata(s.clone(), w.clone());
+    background::follow_kv_events(s.clone(), w.clone());
 }
 
 /// Adds a worker through the API (with `--dp-aware`, one per rank: the first is returned).

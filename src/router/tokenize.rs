@@ -91,6 +91,19 @@ pub fn token_text(ids: &[u32]) -> String {
     out
 }
 
+/// The ids [`token_text`] wrote.
+pub fn ids_of_token_text(text: &str) -> Vec<u32> {
+    const BASE: u32 = 0xF0000;
+    let halves: Vec<u32> = text
+        .chars()
+        .map(|c| (c as u32).wrapping_sub(BASE))
+        .collect();
+    halves
+        .chunks_exact(2)
+        .map(|h| (h[0] << 16) | (h[1] & 0xFFFF))
+        .collect()
+}
+
 /// Space-separated ids (how `input_ids` requests are matched) as ids.
 pub fn parse_ids(text: &str) -> Vec<u32> {
     text.split_ascii_whitespace()
@@ -102,6 +115,12 @@ pub fn parse_ids(text: &str) -> Vec<u32> {
 mod tests {
     use super::*;
     use crate::testkit::tokenizer::word_level_json;
+
+    #[test]
+    fn token_text_reads_back() {
+        let ids = [0, 1, 65_535, 65_536, 151_643, u32::MAX >> 12];
+        assert_eq!(ids_of_token_text(&token_text(&ids)), ids);
+    }
 
     #[test]
     fn a_local_tokenizer_json_encodes_decodes_and_routes_by_token() {

@@ -54,6 +54,22 @@ impl CacheAware {
         }
     }
 
+    /// Remembers that `text` went to `url` (a choice another policy made, with this one as
+    /// its fallback).
+    pub fn record(&self, text: &str, url: &crate::router::policy::tree::Tenant) {
+        if !text.is_empty() {
+            self.tree.lock().insert(text, url);
+        }
+    }
+
+    /// Whether load is imbalanced among `c` (sglang-router's rule).
+    pub fn imbalanced(&self, c: &[Candidate]) -> bool {
+        let min = c.iter().map(|x| x.load).min().unwrap_or(0);
+        let max = c.iter().map(|x| x.load).max().unwrap_or(0);
+        max - min > self.cfg.balance_abs_threshold
+            && (max as f64) > (min as f64) * self.cfg.balance_rel_threshold
+    }
+
     /// Characters the tree holds for `url`.
     pub fn tree_chars(&self, url: &str) -> usize {
         self.tree.lock().tenant_chars(url)
@@ -67,10 +83,7 @@ impl LoadBalancingPolicy for CacheAware {
 
     fn select(&self, c: &[Candidate], request: &RouteInput, _: Instant) -> Option<usize> {
         let (cfg, text) = (&self.cfg, request.text);
-        let min = c.iter().map(|x| x.load).min().unwrap_or(0);
-        let max = c.iter().map(|x| x.load).max().unwrap_or(0);
-        let imbalanced = max - min > cfg.balance_abs_threshold
-            && (max as f64) > (min as f64) * cfg.balance_rel_threshold;
+        let imbalanced = self.imbalanced(c);
         let mut tree = self.tree.lock();
         let chosen = if imbalanced {
             least_loaded(c)

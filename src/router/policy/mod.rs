@@ -9,6 +9,7 @@ mod cache_aware;
 mod consistent_hash;
 mod manual;
 mod power_of_two;
+mod precise_prefix;
 mod prefix_hash;
 mod random;
 mod round_robin;
@@ -19,6 +20,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
+pub use precise_prefix::{PrecisePrefix, PrefixView};
 pub use prefix_hash::{PrefixHash, PrefixHashConfig};
 pub use random::Random;
 pub use round_robin::RoundRobin;
@@ -42,6 +44,9 @@ pub enum PolicyKind {
     /// SMG's `prefix_hash`: the prompt's first `--prefix-token-count` tokens hashed onto the
     /// workers, a loaded one giving way (`--prefix-hash-load-factor`).
     PrefixHash,
+    /// The worker holding the longest prefix of the request by the engines' own KV events
+    /// (the global index), priced by tier and load; `cache_aware` where events are missing.
+    PrecisePrefix,
     /// Rendezvous hashing of the `X-SMG-Routing-Key` (or `X-Session-Id`) header, so a
     /// conversation sticks to one worker; `X-SMG-Target-Worker` names a worker directly.
     ConsistentHashing,
@@ -59,7 +64,10 @@ impl PolicyKind {
     pub fn matches_text(self) -> bool {
         matches!(
             self,
-            PolicyKind::CacheAware | PolicyKind::PrefixHash | PolicyKind::Bucket
+            PolicyKind::CacheAware
+                | PolicyKind::PrefixHash
+                | PolicyKind::PrecisePrefix
+                | PolicyKind::Bucket
         )
     }
 
@@ -70,6 +78,7 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::CacheAware => "cache_aware",
             PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::PrecisePrefix => "precise_prefix",
             PolicyKind::ConsistentHashing => "consistent_hashing",
             PolicyKind::Manual => "manual",
             PolicyKind::Bucket => "bucket",
@@ -94,6 +103,9 @@ pub struct RouteInput<'a> {
     pub text: &'a str,
     /// What `text` holds: the prompt's text or its tokens.
     pub form: TextForm,
+    /// The prompt's token ids, when the router knows them (`precise_prefix` hashes them as
+    /// the engines do).
+    pub tokens: Option<&'a [u32]>,
     /// `X-SMG-Routing-Key` or `X-Session-Id`.
     pub routing_key: Option<&'a str>,
     /// `X-SMG-Target-Worker`: a worker URL, or an index into the candidates.
@@ -152,13 +164,15 @@ pub fn choose(
 }
 
 /// Everything a policy is made from besides its kind.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct PolicySettings {
     pub cache: CacheAwareConfig,
     pub manual: ManualConfig,
     pub prefix_hash: PrefixHashConfig,
     /// `bucket`: the interval between boundary adjustments.
     pub bucket_interval: Duration,
+    /// `precise_prefix`: what the global KV index knows (none: `cache_aware` decides).
+    pub prefixes: Option<Arc<dyn PrefixView>>,
 }
 
 impl Default for PolicySettings {
@@ -168,6 +182,7 @@ impl Default for PolicySettings {
             manual: ManualConfig::default(),
             prefix_hash: PrefixHashConfig::default(),
             bucket_interval: Duration::from_secs(5),
+            prefixes: None,
         }
     }
 }
@@ -181,6 +196,12 @@ impl PolicySettings {
             PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
             PolicyKind::CacheAware => Arc::new(CacheAware::new(self.cache)),
             PolicyKind::PrefixHash => Arc::new(PrefixHash::new(self.prefix_hash)),
+            PolicyKind::PrecisePrefix => Arc::new(PrecisePrefix::new(
+                self.prefixes
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(precise_prefix::Unknown)),
+                self.cache,
+            )),
             PolicyKind::ConsistentHashing => Arc::new(ConsistentHashing),
             PolicyKind::Manual => Arc::new(Manual::new(self.manual)),
             PolicyKind::Bucket => Arc::new(Bucket::new(

@@ -300,9 +300,14 @@ impl Shared {
         self.metrics
             .request(endpoint, info.stream, info.model.as_deref());
         let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let tokens =
+            self.routing.kv_index.as_ref().and_then(|k| {
+                crate::router::kv_index::tokens_of(&info.text, info.form, k.simulated())
+            });
         let input = RouteInput {
             text: &info.text,
             form: info.form,
+            tokens: tokens.as_deref(),
             routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
             target_worker: header_str("x-smg-target-worker"),
             model: info.model.as_deref(),

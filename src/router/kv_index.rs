@@ -1,0 +1,279 @@
+//! The router's global KV index: every worker that publishes KV events (its `/server_info`
+//! says where, under `kv_events`) is followed by a subscription that keeps the index in step
+//! (`kv_events::subscribe`), and `precise_prefix` asks it which worker holds how much of a
+//! request (`PrefixView`). A worker whose events are not followed, or are out of step, is
+//! unknown to the policy, which then falls back for it.
+
+use crate::kv_events::hash::block_hashes;
+use crate::kv_events::{Index, Prefix, Sink, Source, SourceId, SourceStats, Subscription};
+use crate::router::policy::tree::Tenant;
+use crate::router::policy::{PrefixView, TextForm};
+use crate::router::tokenize::{ids_of_token_text, parse_ids};
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A per-worker metric family: name, help, and its value from a subscription's account.
+type Family = (&'static str, &'static str, fn(&SourceStats) -> f64);
+
+/// Default byte budget of the index.
+pub const DEFAULT_BUDGET: usize = 256 << 20;
+
+struct Followed {
+    id: SourceId,
+    block_size: usize,
+    subscription: Subscription,
+}
+
+pub struct KvIndex {
+    index: Arc<Mutex<Index>>,
+    followed: Mutex<HashMap<Tenant, Followed>>,
+    next_id: Mutex<SourceId>,
+    /// A followed worker is the SIMULATED engine: prompts are tokenized as it tokenizes them.
+    simulated: AtomicBool,
+}
+
+/// Where a worker's descriptor (`/server_info`'s `kv_events`) says to subscribe: the host is
+/// the worker's own when the descriptor names a wildcard.
+pub fn source_of(
+    descriptor: &Value,
+    worker_host: &str,
+) -> Option<(String, Option<String>, String, usize)> {
+    if descriptor.get("publisher").and_then(Value::as_str) != Some("zmq") {
+        return None;
+    }
+    let host = match descriptor.get("endpoint_host").and_then(Value::as_str)? {
+        "*" | "0.0.0.0" | "::" | "[::]" => worker_host,
+        h => h,
+    };
+    let port = descriptor
+        .get("endpoint_port_base")
+        .and_then(Value::as_u64)?;
+    let replay = descriptor
+        .get("replay_endpoint_port_base")
+        .and_then(Value::as_u64)
+        .map(|p| format!("tcp://{host}:{p}"));
+    let topic = descriptor
+        .get("topic")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let block_size = descriptor.get("block_size").and_then(Value::as_u64)? as usize;
+    (block_size > 0).then(|| (format!("tcp://{host}:{port}"), replay, topic, block_size))
+}
+
+impl KvIndex {
+    pub fn new(budget_bytes: usize) -> KvIndex {
+        KvIndex {
+            index: Arc::new(Mutex::new(Index::with_budget(budget_bytes))),
+            followed: Mutex::new(HashMap::new()),
+            next_id: Mutex::new(0),
+            simulated: AtomicBool::new(false),
+        }
+    }
+
+    /// Follows `worker`'s events as its `/server_info` (`info`) describes them; false when it
+    /// publishes none.
+    pub fn follow(&self, worker: &Tenant, worker_host: &str, info: &Value) -> Result<bool, String> {
+        let Some((endpoint, replay_endpoint, topic, block_size)) = info
+            .get("kv_events")
+            .and_then(|d| source_of(d, worker_host))
+        else {
+            return Ok(false);
+        };
+        if self.followed.lock().contains_key(worker) {
+            return Ok(true);
+        }
+        let id = {
+            let mut next = self.next_id.lock();
+            let id = *next;
+            *next = next.wrapping_add(1);
+            id
+        };
+        let index = self.index.clone();
+        let sink: Sink = Arc::new(move |source, event| index.lock().apply(source, event));
+        let source = Source {
+            id,
+            endpoint: endpoint.clone(),
+            replay_endpoint,
+            topic,
+        };
+        let subscription =
+            Subscription::start(source, sink).map_err(|e| format!("{endpoint}: {e}"))?;
+        if info.get("simulated").and_then(Value::as_bool) == Some(true) {
+            self.simulated.store(true, Ordering::Relaxed);
+        }
+        tracing::info!(worker = %worker, %endpoint, block_size, source = id, "following KV events");
+        self.followed.lock().insert(
+            worker.clone(),
+            Followed {
+                id,
+                block_size,
+                subscription,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Stops following `worker`; what it held is forgotten.
+    pub fn forget(&self, worker: &str) {
+        let gone = self.followed.lock().remove(worker);
+        if let Some(f) = gone {
+            drop(f.subscription);
+            self.index.lock().clear_source(f.id);
+        }
+    }
+
+    /// Whether prompts are tokenized as the SIMULATED engine does (a followed worker is one).
+    pub fn simulated(&self) -> bool {
+        self.simulated.load(Ordering::Relaxed)
+    }
+
+    /// The index's Prometheus families: its size, and per followed worker what came in.
+    pub fn render_metrics(&self) -> String {
+        let mut p = crate::telemetry::PromText::new();
+        let (blocks, capacity, stats) = {
+            let ix = self.index.lock();
+            (ix.len(), ix.capacity(), ix.stats)
+        };
+        p.family(
+            "rbgctl_router_kv_index_blocks",
+            "gauge",
+            "Blocks the global KV index holds (any worker, any tier).",
+        )
+        .sample("rbgctl_router_kv_index_blocks", &[], blocks as f64);
+        p.family(
+            "rbgctl_router_kv_index_capacity_blocks",
+            "gauge",
+            "Blocks the index's byte budget holds.",
+        )
+        .sample(
+            "rbgctl_router_kv_index_capacity_blocks",
+            &[],
+            capacity as f64,
+        );
+        p.family(
+            "rbgctl_router_kv_index_evicted_total",
+            "counter",
+            "Blocks dropped because the index was full (the one stored longest ago).",
+        )
+        .sample(
+            "rbgctl_router_kv_index_evicted_total",
+            &[],
+            stats.evicted as f64,
+        );
+        let followed = self.followed.lock();
+        p.family(
+            "rbgctl_router_kv_index_workers_followed",
+            "gauge",
+            "Workers whose KV events are followed.",
+        )
+        .sample(
+            "rbgctl_router_kv_index_workers_followed",
+            &[],
+            followed.len() as f64,
+        );
+        let families: [Family; 5] = [
+            ("rbgctl_router_kv_events_total", "KV events applied, by worker.", |s| {
+                s.events.load(Ordering::Relaxed) as f64
+            }),
+            ("rbgctl_router_kv_event_gaps_total", "Gaps in a worker's event sequence (missed messages, a restart, a late start).", |s| {
+                s.gaps.load(Ordering::Relaxed) as f64
+            }),
+            ("rbgctl_router_kv_event_replays_total", "Gaps a replay filled.", |s| {
+                s.replayed.load(Ordering::Relaxed) as f64
+            }),
+            ("rbgctl_router_kv_event_losses_total", "Gaps no replay could fill (the worker's blocks were forgotten).", |s| {
+                s.lost.load(Ordering::Relaxed) as f64
+            }),
+            ("rbgctl_router_kv_events_in_step", "1 while a worker's events are followed whole, else 0 (precise_prefix falls back for it).", |s| {
+                u8::from(s.in_step.load(Ordering::Relaxed)) as f64
+            }),
+        ];
+        for (name, help, value) in families {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            p.family(name, kind, help);
+            for (url, f) in followed.iter() {
+                p.sample(name, &[("worker", url)], value(&f.subscription.stats));
+            }
+        }
+        p.finish()
+    }
+}
+
+/// A request's token ids for the index, from its routing text: its `input_ids`, the router's
+/// tokenizer's ids, or with SIMULATED engines their stand-in tokenizer's (one token a word).
+pub fn tokens_of(text: &str, form: TextForm, simulated: bool) -> Option<Vec<u32>> {
+    match form {
+        TextForm::SpacedIds => Some(parse_ids(text)),
+        TextForm::TokenChars => Some(ids_of_token_text(text)),
+        TextForm::Text => simulated.then(|| crate::engine::tokens::encode(text)),
+    }
+}
+
+impl PrefixView for KvIndex {
+    fn prefixes(&self, tokens: &[u32], workers: &[Tenant]) -> Vec<Option<Prefix>> {
+        let followed = self.followed.lock();
+        let mut hashes_by_size: HashMap<usize, Vec<i64>> = HashMap::new();
+        let known: Vec<Option<(SourceId, usize)>> = workers
+            .iter()
+            .map(|w| {
+                followed
+                    .get(w)
+                    .filter(|f| f.subscription.stats.in_step.load(Ordering::Relaxed))
+                    .map(|f| (f.id, f.block_size))
+            })
+            .collect();
+        drop(followed);
+        for (_, size) in known.iter().flatten() {
+            hashes_by_size
+                .entry(*size)
+                .or_insert_with(|| block_hashes(tokens, *size));
+        }
+        let index = self.index.lock();
+        known
+            .iter()
+            .map(|k| k.map(|(id, size)| index.prefixes(&hashes_by_size[&size], &[id])[0]))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_wildcard_host_is_the_workers_own() {
+        let d = json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557,
+                       "replay_endpoint_port_base": 5558, "topic": "kv", "block_size": 16,
+                       "dp_size": 1});
+        assert_eq!(
+            source_of(&d, "10.0.0.7"),
+            Some((
+                "tcp://10.0.0.7:5557".into(),
+                Some("tcp://10.0.0.7:5558".into()),
+                "kv".into(),
+                16
+            ))
+        );
+        let d = json!({"publisher": "zmq", "endpoint_host": "127.0.0.2", "endpoint_port_base": 1,
+                       "block_size": 4});
+        assert_eq!(source_of(&d, "x").unwrap().0, "tcp://127.0.0.2:1");
+        assert_eq!(source_of(&json!({"publisher": "null"}), "x"), None);
+        assert_eq!(
+            source_of(
+                &json!({"publisher": "zmq", "endpoint_host": "h", "endpoint_port_base": 1,
+                              "block_size": 0}),
+                "x"
+            ),
+            None
+        );
+    }
+}
