@@ -356,6 +356,12 @@ mod tests {
         for h in 1..=5 {
             p.publish(stored(h));
         }
+        // Sent, to nobody (a PUB drops what no subscriber is there for): only replay has them.
+        let sent = (0..400).any(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            p.stats.batches.load(Ordering::Relaxed) == 5
+        });
+        assert!(sent, "the publisher did not send");
         let sink_index = index.clone();
         let sink: Sink = Arc::new(move |s, e| sink_index.lock().apply(s, e));
         let source = Source {
