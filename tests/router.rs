@@ -2739,6 +2739,29 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
     assert_eq!(code, 200, "{text}");
     assert_eq!(prompts(&e1), before1, "e1 got the prompt e2 holds");
     assert!(prompts(&e2) > before2);
+    // The index as Mooncake Conductor's API: e2 holds the 32 tokens on its device, e1 none.
+    let ids: Vec<u32> = (1000..1032).collect();
+    let (code, _, text) = post(
+        r.port,
+        "/query",
+        &json!({"model": "simulated-model", "token_ids": ids, "block_size": 4}).to_string(),
+    );
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["default"][url(&e2)]["longest_matched"], 32, "{v}");
+    assert_eq!(v["default"][url(&e2)]["GPU"], 32, "{v}");
+    assert_eq!(v["default"][url(&e1)]["longest_matched"], 0, "{v}");
+    let hashes = rbgctl::kv_events::hash::block_hashes(&ids[..8], 4);
+    let (_, _, text) = post(
+        r.port,
+        "/query_by_hash",
+        &json!({"model": "simulated-model", "seq_hashes": hashes, "block_size": 4,
+                "instance_id": url(&e2)})
+        .to_string(),
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["default"][url(&e2)]["longest_matched"], 8, "{v}");
+    assert!(v["default"].get(url(&e1)).is_none(), "one instance asked: {v}");
     // e2 flushes: AllBlocksCleared reaches the index, which then holds nothing of it.
     assert_eq!(post(e2.addrs.http.port(), "/flush_cache", "").0, 200);
     assert!(

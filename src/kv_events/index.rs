@@ -269,6 +269,27 @@ impl Index {
             .map_or(Tiers::default(), |h| h.tiers)
     }
 
+    /// For `source`: the leading blocks of `hashes` it holds on any tier, and on each tier
+    /// alone (GPU, host, disk, external): how much of the prompt each medium could serve.
+    pub fn runs(&self, hashes: &[i64], source: SourceId) -> (usize, [usize; 4]) {
+        let tiers = [Tiers::GPU, Tiers::HOST, Tiers::DISK, Tiers::EXTERNAL];
+        let (mut any, mut each, mut open) = (0, [0usize; 4], [true; 4]);
+        for h in hashes {
+            let held = self.tiers_of(source, *h);
+            if held.is_empty() {
+                break;
+            }
+            any += 1;
+            for (i, t) in tiers.iter().enumerate() {
+                open[i] &= held.contains(*t);
+                if open[i] {
+                    each[i] += 1;
+                }
+            }
+        }
+        (any, each)
+    }
+
     /// How many leading blocks of `hashes` each of `sources` holds, by tier.
     pub fn prefixes(&self, hashes: &[i64], sources: &[SourceId]) -> Vec<Prefix> {
         let mut out = vec![Prefix::default(); sources.len()];
@@ -357,6 +378,12 @@ mod tests {
         ix.apply(9, &removed(&[5], Medium::External));
         assert!(ix.tiers_of(9, 5).is_empty());
         assert_eq!(ix.len(), 4);
+        // Per tier: 1 and 2 on the device, 3 on the host: 2 blocks on GPU, 0 on host alone.
+        let mut ix = Index::with_budget(1 << 20);
+        ix.apply(0, &stored(&[1, 2], Medium::Gpu));
+        ix.apply(0, &stored(&[1, 2, 3], Medium::CpuPinned));
+        assert_eq!(ix.runs(&[1, 2, 3, 4], 0), (3, [2, 3, 0, 0]));
+        assert_eq!(ix.runs(&[9, 1], 0), (0, [0; 4]));
     }
 
     #[test]

@@ -207,6 +207,90 @@ impl KvIndex {
     }
 }
 
+/// A Mooncake Conductor query (`POST /query` with `token_ids`, `POST /query_by_hash` with
+/// `seq_hashes` or `block_hash`), as its indexer API takes it.
+#[derive(Debug, serde::Deserialize)]
+pub struct ConductorQuery {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub token_ids: Option<Vec<u32>>,
+    #[serde(default, alias = "block_hash")]
+    pub seq_hashes: Option<Vec<serde_json::Number>>,
+    pub block_size: usize,
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    #[serde(default)]
+    pub lora_name: Option<String>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+}
+
+impl KvIndex {
+    /// Answers a Conductor query in its tiered shape: per tenant (`default`), per instance (a
+    /// worker URL) of that block size, the prefix tokens held (`longest_matched`), on each
+    /// medium alone (`GPU`, `CPU`, `DISK`, `EXTERNAL`), and by data-parallel rank (`DP`).
+    pub fn conductor(&self, q: &ConductorQuery) -> Result<Value, String> {
+        if q.block_size == 0 {
+            return Err("block_size must be at least 1".into());
+        }
+        if q.lora_name.as_deref().is_some_and(|l| !l.is_empty()) || q.cache_salt.is_some() {
+            return Err(
+                "LoRA and salted hash namespaces are not indexed: leave lora_name and \
+                 cache_salt out"
+                    .into(),
+            );
+        }
+        let hashes: Vec<i64> = match (&q.token_ids, &q.seq_hashes) {
+            (Some(t), None) => block_hashes(t, q.block_size),
+            (None, Some(h)) => h
+                .iter()
+                .map(|n| {
+                    n.as_i64()
+                        .or_else(|| n.as_u64().map(|u| u as i64))
+                        .ok_or_else(|| format!("{n} is not a 64-bit block hash"))
+                })
+                .collect::<Result<_, _>>()?,
+            _ => {
+                return Err(
+                    "give token_ids (POST /query) or seq_hashes (POST /query_by_hash)".into(),
+                )
+            }
+        };
+        let tenant = q.tenant_id.clone().unwrap_or_else(|| "default".into());
+        let followed: Vec<(Tenant, SourceId)> = self
+            .followed
+            .lock()
+            .iter()
+            .filter(|(url, f)| {
+                f.block_size == q.block_size
+                    && q.instance_id.as_deref().is_none_or(|i| i == &***url)
+            })
+            .map(|(url, f)| (url.clone(), f.id))
+            .collect();
+        let index = self.index.lock();
+        let mut instances = serde_json::Map::new();
+        for (url, id) in followed {
+            let (any, [gpu, cpu, disk, external]) = index.runs(&hashes, id);
+            let tokens = |blocks: usize| blocks * q.block_size;
+            instances.insert(
+                url.to_string(),
+                serde_json::json!({
+                    "longest_matched": tokens(any),
+                    "GPU": tokens(gpu),
+                    "CPU": tokens(cpu),
+                    "DISK": tokens(disk),
+                    "EXTERNAL": tokens(external),
+                    "DP": {"0": tokens(any)},
+                }),
+            );
+        }
+        Ok(serde_json::json!({ tenant: instances }))
+    }
+}
+
 /// A request's token ids for the index, from its routing text: its `input_ids`, the router's
 /// tokenizer's ids, or with SIMULATED engines their stand-in tokenizer's (one token a word).
 pub fn tokens_of(text: &str, form: TextForm, simulated: bool) -> Option<Vec<u32>> {

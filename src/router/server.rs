@@ -474,6 +474,22 @@ fn tokenizer_and<T: serde::de::DeserializeOwned>(
     Ok((t, req))
 }
 
+/// Mooncake Conductor's indexer API over the router's global KV index (`precise_prefix`):
+/// `POST /query` (token ids) and `POST /query_by_hash` (SGLang's block hashes).
+async fn conductor_query(State(s): S, body: axum::body::Bytes) -> Response {
+    let Some(index) = &s.routing.kv_index else {
+        return bad("no KV index: it is kept with --policy precise_prefix");
+    };
+    let q: crate::router::kv_index::ConductorQuery = match serde_json::from_slice(&body) {
+        Ok(q) => q,
+        Err(e) => return bad(&format!("not a Conductor query: {e}")),
+    };
+    match index.conductor(&q) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => bad(&e),
+    }
+}
+
 async fn tokenize(State(s): S, body: axum::body::Bytes) -> Response {
     let (t, req): (_, TokenizeBody) = match tokenizer_and(&s, &body) {
         Ok(x) => x,
@@ -934,6 +950,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/v1/detokenize", post(detokenize))
         .route("/detokenize", post(detokenize))
+        .route("/query", post(conductor_query))
+        .route("/query_by_hash", post(conductor_query))
         // Runs a generation on a worker, or tells what the workers are and how loaded.
         .route("/health_generate", get(health_generate))
         .route("/engine_metrics", get(engine_metrics))
