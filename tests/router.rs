@@ -2761,7 +2761,33 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
     );
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["default"][url(&e2)]["longest_matched"], 8, "{v}");
-    assert!(v["default"].get(url(&e1)).is_none(), "one instance asked: {v}");
+    assert!(
+        v["default"].get(url(&e1)).is_none(),
+        "one instance asked: {v}"
+    );
+    // A router started now, next to idle engines, is not cold: it catches up from their
+    // replay buffers at once.
+    let r2 = router(
+        &s(&[
+            "--worker-urls",
+            &url(&e1),
+            &url(&e2),
+            "--policy",
+            "precise_prefix",
+        ]),
+        true,
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(
+            r2.port,
+            "rbgctl_router_kv_index_blocks "
+        )
+        .unwrap_or(0.0)
+            >= 8.0),
+        "the second router started cold"
+    );
+    assert!(metric(r2.port, "rbgctl_router_kv_event_catch_up_seconds{").is_some());
+    drop(r2);
     // e2 flushes: AllBlocksCleared reaches the index, which then holds nothing of it.
     assert_eq!(post(e2.addrs.http.port(), "/flush_cache", "").0, 200);
     assert!(

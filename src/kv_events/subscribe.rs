@@ -6,9 +6,13 @@
 //!   sent before the subscription took): replay from 0, so a router that starts late (or
 //!   restarts) starts from what the source holds, not from nothing;
 //! - a gap (the PUB dropped messages for a slow subscriber): replay from the first missed;
-//! - a sequence that goes back, or any message after the connection dropped (the source may
-//!   have restarted, its new run already past the old sequence): its blocks are forgotten,
-//!   then replay from 0 of the run it is in.
+//! - any message after the connection dropped (the source may have restarted, its new run
+//!   already past the old sequence): its blocks are forgotten, then replay from 0 of the run
+//!   it is in.
+//!
+//! At the start it does not wait for a message: it asks the replay socket for everything at
+//! once, so a router that starts (or restarts) next to idle engines knows what they hold, and
+//! says how long that took (`SourceStats::sync_ms`).
 //!
 //! When a replay cannot fill a gap (no replay socket, no answer within [`REPLAY_WAIT`], or the
 //! buffer no longer reaches back), the source's blocks are forgotten and it is marked out of
@@ -55,6 +59,8 @@ pub struct SourceStats {
     pub in_step: AtomicBool,
     /// Milliseconds since the subscription started when the last message came (0: none).
     pub last_heard_ms: AtomicU64,
+    /// How long the catch-up from the replay buffer at the start took, in milliseconds.
+    pub sync_ms: AtomicU64,
 }
 
 /// A running subscription; dropping it stops the thread (within [`POLL`] or a replay's wait).
@@ -133,7 +139,36 @@ struct Follower {
 }
 
 impl Follower {
+    /// Catches up from the replay buffer at once, without waiting for a live message.
+    fn initial_sync(&mut self) {
+        let started = Instant::now();
+        let got = match self.fetch_replay(0) {
+            None => return,
+            Some(Ok(g)) => g,
+            Some(Err(e)) => {
+                tracing::warn!(source = self.source.id, error = %e, "no KV event replay at the start: following live only");
+                return;
+            }
+        };
+        // Whole when the buffer reaches back to the source's first batch.
+        let whole = got.first().is_none_or(|m| m.seq == 0)
+            && got.windows(2).all(|w| w[1].seq == w[0].seq + 1);
+        for m in &got {
+            if self.next.is_none_or(|n| m.seq >= n) {
+                self.apply(m);
+            }
+        }
+        self.stats.in_step.store(whole, Ordering::Relaxed);
+        let took = started.elapsed();
+        self.stats
+            .sync_ms
+            .store(took.as_millis() as u64, Ordering::Relaxed);
+        tracing::info!(source = self.source.id, endpoint = %self.source.endpoint, batches = got.len(),
+            whole, took_ms = took.as_millis() as u64, "KV events caught up from the replay buffer");
+    }
+
     fn follow(&mut self, stop: &AtomicBool) {
+        self.initial_sync();
         while !stop.load(Ordering::Relaxed) {
             let mut items = [
                 self.sub.as_poll_item(zmq::POLLIN),
@@ -181,12 +216,9 @@ impl Follower {
             Some(next) if m.seq == next => return self.apply(&m),
             // A gap: messages were dropped on the way.
             Some(next) if m.seq > next => next,
-            // The sequence went back: the source restarted, and what it held is gone.
-            Some(_) => {
-                self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-                self.forget();
-                0
-            }
+            // Already applied (from the replay at the start): a source that restarts drops
+            // the connection first, which is seen above.
+            Some(_) => return,
             // The first message: what the source published before it is replayed too.
             None => 0,
         };
@@ -235,11 +267,10 @@ impl Follower {
     }
 
     /// Asks the replay socket for `from..until` and applies it; false when it could not.
-    fn replay(&mut self, from: u64, until: u64) -> bool {
-        let Some(endpoint) = self.source.replay_endpoint.clone() else {
-            return false;
-        };
-        let got = (|| -> Result<Vec<Message>, String> {
+    /// Every buffered message from `from` on, as the replay socket answers.
+    fn fetch_replay(&self, from: u64) -> Option<Result<Vec<Message>, String>> {
+        let endpoint = self.source.replay_endpoint.clone()?;
+        Some((|| -> Result<Vec<Message>, String> {
             let dealer = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
             let _ = dealer.set_linger(0);
             dealer.connect(&endpoint).map_err(|e| e.to_string())?;
@@ -264,11 +295,16 @@ impl Follower {
                     Err(e) => return Err(e.to_string()),
                 }
             }
-        })();
-        let got = match got {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::warn!(source = self.source.id, %endpoint, error = %e, "KV event replay failed");
+        })())
+    }
+
+    /// Replays `from..until` and applies it; false when it could not.
+    fn replay(&mut self, from: u64, until: u64) -> bool {
+        let got = match self.fetch_replay(from) {
+            None => return false,
+            Some(Ok(g)) => g,
+            Some(Err(e)) => {
+                tracing::warn!(source = self.source.id, error = %e, "KV event replay failed");
                 return false;
             }
         };
@@ -347,8 +383,9 @@ mod tests {
         f()
     }
 
-    /// A subscriber that comes late replays what it missed; a source that restarts is
-    /// forgotten and followed anew; the index ends as the source is.
+    /// A subscriber that comes late catches up from the replay buffer at once, then follows
+    /// live; a source that restarts is forgotten and followed anew; the index ends as the
+    /// source is.
     #[test]
     fn a_late_subscriber_and_a_restarted_source_are_caught_up_by_replay() {
         let index = Arc::new(Mutex::new(Index::with_budget(1 << 20)));
@@ -371,6 +408,22 @@ mod tests {
             topic: String::new(),
         };
         let sub = Subscription::start(source, sink).unwrap();
+        // Caught up from the replay buffer at once: nothing new needs to be published.
+        let synced = (0..400).any(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            sub.stats.batches.load(Ordering::Relaxed) == 5
+        });
+        assert!(
+            synced,
+            "the subscription did not catch up from the replay buffer"
+        );
+        for h in 1..=5 {
+            assert!(
+                !index.lock().tiers_of(3, h).is_empty(),
+                "block {h} replayed"
+            );
+        }
+        assert!(sub.stats.in_step.load(Ordering::Relaxed));
         let mut probe = 100;
         let caught_up = until(
             &p,
@@ -380,15 +433,8 @@ mod tests {
             },
             || sub.stats.batches.load(Ordering::Relaxed) >= 6,
         );
-        assert!(caught_up, "the subscriber never heard the source");
-        for h in 1..=5 {
-            assert!(
-                !index.lock().tiers_of(3, h).is_empty(),
-                "block {h} replayed"
-            );
-        }
-        assert!(sub.stats.replayed.load(Ordering::Relaxed) >= 1);
-        assert!(sub.stats.in_step.load(Ordering::Relaxed));
+        assert!(caught_up, "the subscriber never heard the source live");
+        assert_eq!(sub.stats.lost.load(Ordering::Relaxed), 0);
         // The source restarts on the same ports, holding other blocks now.
         let (port, replay) = (
             port_of(&p.endpoint),

@@ -175,7 +175,10 @@ impl KvIndex {
             &[],
             followed.len() as f64,
         );
-        let families: [Family; 5] = [
+        let families: [Family; 6] = [
+            ("rbgctl_router_kv_event_catch_up_seconds", "How long catching up a worker's events from its replay buffer took when it was first followed.", |s| {
+                s.sync_ms.load(Ordering::Relaxed) as f64 / 1000.0
+            }),
             ("rbgctl_router_kv_events_total", "KV events applied, by worker.", |s| {
                 s.events.load(Ordering::Relaxed) as f64
             }),
