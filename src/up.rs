@@ -88,6 +88,9 @@ pub struct EnginesConfig {
     pub load_us_per_token: f64,
     /// Default 5.
     pub decode_ms_per_token: f64,
+    /// Publish each engine's caches as KV events (on free ports, described in its
+    /// `/server_info`). Default: on when the router's policy is `precise_prefix`.
+    pub kv_events: Option<bool>,
 }
 
 impl Default for EnginesConfig {
@@ -106,6 +109,7 @@ impl Default for EnginesConfig {
             prefill_us_per_token: 100.0,
             load_us_per_token: 5.0,
             decode_ms_per_token: 5.0,
+            kv_events: None,
         }
     }
 }
@@ -428,6 +432,14 @@ impl Stack {
                     load_us_per_token: e.load_us_per_token,
                     decode_ms_per_token: e.decode_ms_per_token,
                     l3_master: st.master.clone().filter(|_| e.l3),
+                    kv_events_config: e
+                        .kv_events
+                        .unwrap_or(cfg.router.policy == PolicyKind::PrecisePrefix)
+                        .then(|| {
+                            format!(
+                                r#"{{"publisher":"zmq","endpoint":"tcp://{host}:0","bind":true,"replay_endpoint":"tcp://{host}:0"}}"#
+                            )
+                        }),
                     ..EngineConfig::default()
                 },
             )?;
