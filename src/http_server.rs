@@ -345,6 +345,29 @@ pub async fn serve_tls(
     serve_service(listener, app, shutdown, limits, tls, open).await
 }
 
+/// A service hyper can serve on a port: it answers every request itself (never fails).
+pub trait HttpService:
+    tower_service::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = Response,
+        Error = std::convert::Infallible,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: tower_service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// [`serve_tls`] of any service that answers every request itself: one that does the
 /// [`admit_body`] guard itself, or is [`guarded`].
 pub async fn serve_service<S>(
@@ -355,13 +378,7 @@ pub async fn serve_service<S>(
     tls: Option<Arc<rustls::ServerConfig>>,
     open: Option<Arc<AtomicUsize>>,
 ) where
-    S: tower_service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
+    S: HttpService,
     S::Future: Send + 'static,
 {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -449,13 +466,7 @@ async fn serve_connection<I, S>(
     peer: std::net::SocketAddr,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: tower_service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
+    S: HttpService,
     S::Future: Send + 'static,
 {
     let mut builder = hyper::server::conn::http1::Builder::new();

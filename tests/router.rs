@@ -2705,16 +2705,19 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
     let e1 = engine_with_events(launcher, "e1");
     let e2 = engine_with_events(launcher, "e2");
     let url = |e: &launch::Child<launch::Engine>| format!("http://{}", e.addrs.http);
-    let r = router(
-        &s(&[
-            "--worker-urls",
-            &url(&e1),
-            &url(&e2),
-            "--policy",
-            "precise_prefix",
-        ]),
-        true,
-    );
+    let precise = || {
+        router(
+            &s(&[
+                "--worker-urls",
+                &url(&e1),
+                &url(&e2),
+                "--policy",
+                "precise_prefix",
+            ]),
+            true,
+        )
+    };
+    let r = precise();
     let followed = || metric(r.port, "rbgctl_router_kv_index_workers_followed ").unwrap_or(0.0);
     assert!(
         wait_until(Duration::from_secs(20), || followed() == 2.0),
@@ -2767,16 +2770,7 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
     );
     // A router started now, next to idle engines, is not cold: it catches up from their
     // replay buffers at once.
-    let r2 = router(
-        &s(&[
-            "--worker-urls",
-            &url(&e1),
-            &url(&e2),
-            "--policy",
-            "precise_prefix",
-        ]),
-        true,
-    );
+    let r2 = precise();
     assert!(
         wait_until(Duration::from_secs(20), || metric(
             r2.port,
