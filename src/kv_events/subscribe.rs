@@ -72,8 +72,14 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    pub fn start(source: Source, sink: Sink) -> Result<Subscription, zmq::Error> {
-        let ctx = zmq::Context::new();
+    /// Starts following `source` into `sink`, its sockets in `ctx` (one context, with its one
+    /// I/O thread, serves every subscription of a process).
+    pub fn start(
+        ctx: &zmq::Context,
+        source: Source,
+        sink: Sink,
+    ) -> Result<Subscription, zmq::Error> {
+        let ctx = ctx.clone();
         let sub = ctx.socket(zmq::SUB)?;
         sub.set_subscribe(source.topic.as_bytes())?;
         let _ = sub.set_linger(0);
@@ -407,7 +413,7 @@ mod tests {
             replay_endpoint: p.replay_endpoint.clone(),
             topic: String::new(),
         };
-        let sub = Subscription::start(source, sink).unwrap();
+        let sub = Subscription::start(&zmq::Context::new(), source, sink).unwrap();
         // Caught up from the replay buffer at once: nothing new needs to be published.
         let synced = (0..400).any(|_| {
             std::thread::sleep(Duration::from_millis(5));

@@ -33,6 +33,8 @@ pub struct KvIndex {
     next_id: Mutex<SourceId>,
     /// A followed worker is the SIMULATED engine: prompts are tokenized as it tokenizes them.
     simulated: AtomicBool,
+    /// The ZMQ context of every subscription (one I/O thread for them all).
+    zmq: zmq::Context,
 }
 
 /// Where a worker's descriptor (`/server_info`'s `kv_events`) says to subscribe: the host is
@@ -71,6 +73,7 @@ impl KvIndex {
             followed: Mutex::new(HashMap::new()),
             next_id: Mutex::new(0),
             simulated: AtomicBool::new(false),
+            zmq: zmq::Context::new(),
         }
     }
 
@@ -101,7 +104,7 @@ impl KvIndex {
             topic,
         };
         let subscription =
-            Subscription::start(source, sink).map_err(|e| format!("{endpoint}: {e}"))?;
+            Subscription::start(&self.zmq, source, sink).map_err(|e| format!("{endpoint}: {e}"))?;
         if info.get("simulated").and_then(Value::as_bool) == Some(true) {
             self.simulated.store(true, Ordering::Relaxed);
         }
@@ -117,12 +120,23 @@ impl KvIndex {
         Ok(true)
     }
 
-    /// Stops following `worker`; what it held is forgotten.
+    /// Stops following `worker`; what it held is forgotten. The subscription's thread may be
+    /// in a replay's wait (up to 2 s): it is stopped, and the blocks cleared after it, on a
+    /// thread of their own, so that the caller (an API request) never waits.
     pub fn forget(&self, worker: &str) {
-        let gone = self.followed.lock().remove(worker);
-        if let Some(f) = gone {
+        let Some(f) = self.followed.lock().remove(worker) else {
+            return;
+        };
+        let index = self.index.clone();
+        let stop = move || {
             drop(f.subscription);
-            self.index.lock().clear_source(f.id);
+            index.lock().clear_source(f.id);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("kv-sub-stop".into())
+            .spawn(stop)
+        {
+            tracing::warn!(error = %e, "cannot stop a KV event subscription on a thread of its own");
         }
     }
 
