@@ -351,6 +351,47 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn tokens_come_from_ids_the_tokenizer_or_the_simulated_stand_in() {
+        assert_eq!(
+            tokens_of("5 6 7", TextForm::SpacedIds, false),
+            Some(vec![5, 6, 7])
+        );
+        let chars = crate::router::tokenize::token_text(&[70_000, 3]);
+        assert_eq!(
+            tokens_of(&chars, TextForm::TokenChars, false),
+            Some(vec![70_000, 3])
+        );
+        assert_eq!(
+            tokens_of("t12 t13", TextForm::Text, true),
+            Some(vec![12, 13])
+        );
+        assert_eq!(tokens_of("plain text", TextForm::Text, false), None);
+    }
+
+    #[test]
+    fn conductor_queries_say_what_is_wrong() {
+        let k = KvIndex::new(1 << 20);
+        let q = |v: serde_json::Value| -> ConductorQuery { serde_json::from_value(v).unwrap() };
+        let e = k.conductor(&q(json!({"block_size": 4}))).unwrap_err();
+        assert!(e.contains("token_ids"), "{e}");
+        let e = k
+            .conductor(&q(json!({"block_size": 0, "token_ids": [1]})))
+            .unwrap_err();
+        assert!(e.contains("block_size"), "{e}");
+        let e = k
+            .conductor(&q(
+                json!({"block_size": 4, "token_ids": [1], "lora_name": "a"}),
+            ))
+            .unwrap_err();
+        assert!(e.contains("lora_name"), "{e}");
+        // Nobody followed: an empty tenant, not an error.
+        let v = k
+            .conductor(&q(json!({"block_size": 4, "block_hash": [1, -2]})))
+            .unwrap();
+        assert_eq!(v, json!({"default": {}}));
+    }
+
+    #[test]
     fn a_wildcard_host_is_the_workers_own() {
         let d = json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557,
                        "replay_endpoint_port_base": 5558, "topic": "kv", "block_size": 16,
