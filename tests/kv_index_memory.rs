@@ -35,17 +35,13 @@ fn ten_million_blocks_announced_stay_within_the_budget() {
     const BLOCKS: i64 = 10_000_000;
     const PER_EVENT: i64 = 64;
     // One event, built outside the measured span and reused for every announcement.
-    let mut event = KvEvent::BlockStored(BlockStored {
-        block_hashes: vec![0; PER_EVENT as usize],
-        parent_block_hash: None,
-        token_ids: Vec::new(),
-        block_size: 16,
-        lora_id: None,
-        medium: Some(Medium::Gpu),
-        cache_salt: None,
-        session_id: None,
-        lora_name: None,
-    });
+    let mut event = KvEvent::BlockStored(BlockStored::new(
+        vec![0; PER_EVENT as usize],
+        None,
+        Vec::new(),
+        16,
+        Medium::Gpu,
+    ));
     let before = NOW.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
     let mut index = Index::with_budget(BUDGET);

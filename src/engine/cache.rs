@@ -126,17 +126,13 @@ impl Recorder {
         let Some(meta) = self.pages.get(key) else {
             return;
         };
-        self.batch.push(KvEvent::BlockStored(BlockStored {
-            block_hashes: vec![block_hash(key)],
-            parent_block_hash: meta.parent,
-            token_ids: meta.tokens.clone(),
-            block_size: meta.tokens.len() as u32,
-            lora_id: None,
-            medium: Some(medium),
-            cache_salt: None,
-            session_id: None,
-            lora_name: None,
-        }));
+        self.batch.push(KvEvent::BlockStored(BlockStored::new(
+            vec![block_hash(key)],
+            meta.parent,
+            meta.tokens.clone(),
+            meta.tokens.len() as u32,
+            medium,
+        )));
     }
 
     fn removed(&mut self, key: &str, medium: Medium) {
@@ -296,17 +292,8 @@ mod tests {
         t.insert(&keys, &tokens, 2);
         let b = t.take_events(1.0).unwrap();
         let stored = |hashes: Vec<i64>, parent: Option<i64>, tokens: Vec<u32>, m: Medium| {
-            KvEvent::BlockStored(BlockStored {
-                block_size: (tokens.len() / hashes.len()) as u32,
-                block_hashes: hashes,
-                parent_block_hash: parent,
-                token_ids: tokens,
-                lora_id: None,
-                medium: Some(m),
-                cache_salt: None,
-                session_id: None,
-                lora_name: None,
-            })
+            let size = (tokens.len() / hashes.len()) as u32;
+            KvEvent::BlockStored(BlockStored::new(hashes, parent, tokens, size, m))
         };
         let removed = |hashes: Vec<i64>, m: Medium| {
             KvEvent::BlockRemoved(BlockRemoved {

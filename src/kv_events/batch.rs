@@ -55,17 +55,13 @@ mod tests {
     use crate::kv_events::{BlockRemoved, BlockStored, Medium};
 
     fn stored(hash: i64, parent: Option<i64>, medium: Medium) -> KvEvent {
-        KvEvent::BlockStored(BlockStored {
-            block_hashes: vec![hash],
-            parent_block_hash: parent,
-            token_ids: vec![hash as u32; 2],
-            block_size: 2,
-            lora_id: None,
-            medium: Some(medium),
-            cache_salt: None,
-            session_id: None,
-            lora_name: None,
-        })
+        KvEvent::BlockStored(BlockStored::new(
+            vec![hash],
+            parent,
+            vec![hash as u32; 2],
+            2,
+            medium,
+        ))
     }
 
     fn removed(hash: i64, medium: Medium) -> KvEvent {

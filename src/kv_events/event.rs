@@ -77,6 +77,30 @@ pub struct BlockStored {
     pub lora_name: Option<String>,
 }
 
+impl BlockStored {
+    /// Blocks of one chain now on `medium`, with none of the optional attributions (adapter,
+    /// salt, session).
+    pub fn new(
+        block_hashes: Vec<i64>,
+        parent_block_hash: Option<i64>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+        medium: Medium,
+    ) -> BlockStored {
+        BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: Some(medium),
+            cache_salt: None,
+            session_id: None,
+            lora_name: None,
+        }
+    }
+}
+
 /// Blocks no longer held on `medium`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BlockRemoved {
@@ -355,17 +379,13 @@ mod tests {
         KvEventBatch {
             ts: 1.5,
             events: vec![
-                KvEvent::BlockStored(BlockStored {
-                    block_hashes: vec![1, -2, 1 << 40],
-                    parent_block_hash: None,
-                    token_ids: vec![1, 2, 3, 300],
-                    block_size: 4,
-                    lora_id: None,
-                    medium: Some(Medium::Gpu),
-                    cache_salt: None,
-                    session_id: None,
-                    lora_name: None,
-                }),
+                KvEvent::BlockStored(BlockStored::new(
+                    vec![1, -2, 1 << 40],
+                    None,
+                    vec![1, 2, 3, 300],
+                    4,
+                    Medium::Gpu,
+                )),
                 KvEvent::BlockRemoved(BlockRemoved {
                     block_hashes: vec![7],
                     medium: Some(Medium::CpuPinned),

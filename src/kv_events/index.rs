@@ -325,17 +325,7 @@ mod tests {
     use crate::kv_events::{BlockRemoved, BlockStored};
 
     fn stored(hashes: &[i64], medium: Medium) -> KvEvent {
-        KvEvent::BlockStored(BlockStored {
-            block_hashes: hashes.to_vec(),
-            parent_block_hash: None,
-            token_ids: vec![],
-            block_size: 16,
-            lora_id: None,
-            medium: Some(medium),
-            cache_salt: None,
-            session_id: None,
-            lora_name: None,
-        })
+        KvEvent::BlockStored(BlockStored::new(hashes.to_vec(), None, vec![], 16, medium))
     }
 
     fn removed(hashes: &[i64], medium: Medium) -> KvEvent {

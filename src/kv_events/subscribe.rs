@@ -160,9 +160,7 @@ impl Follower {
         let whole = got.first().is_none_or(|m| m.seq == 0)
             && got.windows(2).all(|w| w[1].seq == w[0].seq + 1);
         for m in &got {
-            if self.next.is_none_or(|n| m.seq >= n) {
-                self.apply(m);
-            }
+            self.apply(m);
         }
         self.stats.in_step.store(whole, Ordering::Relaxed);
         let took = started.elapsed();
@@ -348,17 +346,13 @@ mod tests {
     fn stored(hash: i64) -> KvEventBatch {
         KvEventBatch {
             ts: 0.0,
-            events: vec![KvEvent::BlockStored(BlockStored {
-                block_hashes: vec![hash],
-                parent_block_hash: None,
-                token_ids: vec![],
-                block_size: 4,
-                lora_id: None,
-                medium: Some(Medium::Gpu),
-                cache_salt: None,
-                session_id: None,
-                lora_name: None,
-            })],
+            events: vec![KvEvent::BlockStored(BlockStored::new(
+                vec![hash],
+                None,
+                vec![],
+                4,
+                Medium::Gpu,
+            ))],
             attn_dp_rank: Some(0),
         }
     }

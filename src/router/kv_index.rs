@@ -12,7 +12,7 @@ use crate::router::tokenize::{ids_of_token_text, parse_ids};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 
 /// A per-worker metric family: name, help, and its value from a subscription's account.
@@ -30,7 +30,7 @@ struct Followed {
 pub struct KvIndex {
     index: Arc<Mutex<Index>>,
     followed: Mutex<HashMap<Tenant, Followed>>,
-    next_id: Mutex<SourceId>,
+    next_id: AtomicU16,
     /// A followed worker is the SIMULATED engine: prompts are tokenized as it tokenizes them.
     simulated: AtomicBool,
     /// The ZMQ context of every subscription (one I/O thread for them all).
@@ -71,7 +71,7 @@ impl KvIndex {
         KvIndex {
             index: Arc::new(Mutex::new(Index::with_budget(budget_bytes))),
             followed: Mutex::new(HashMap::new()),
-            next_id: Mutex::new(0),
+            next_id: AtomicU16::new(0),
             simulated: AtomicBool::new(false),
             zmq: zmq::Context::new(),
         }
@@ -89,12 +89,7 @@ impl KvIndex {
         if self.followed.lock().contains_key(worker) {
             return Ok(true);
         }
-        let id = {
-            let mut next = self.next_id.lock();
-            let id = *next;
-            *next = next.wrapping_add(1);
-            id
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let index = self.index.clone();
         let sink: Sink = Arc::new(move |source, event| index.lock().apply(source, event));
         let source = Source {
