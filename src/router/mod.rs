@@ -6,6 +6,8 @@
 //! - `policy` + `tree` (pure): random, round_robin, power_of_two, cache_aware, consistent_hashing.
 //! - `worker`: workers, their health and circuit-breaker state machines, the registry.
 //! - `limiter`: concurrency limit with a bounded queue.
+//! - `upstream`: the client to workers (keep-alive HTTP/1.1 connections per runtime, read by
+//!   the relaying task; hyper's client for `https://` workers).
 //! - `proxy`: retries and the answer relayed frame by frame (`proxy/relay.rs`);
 //!   `route`: how a request reaches workers (regular, SGLang PD, vLLM PD), chosen at start.
 //! - `server`: the HTTP API; `background`: health checks, tree eviction, worker metadata.
@@ -31,6 +33,7 @@ pub mod route;
 pub mod server;
 pub mod tokenize;
 pub mod ui;
+pub mod upstream;
 pub mod vllm;
 pub mod worker;
 
@@ -44,10 +47,6 @@ use crate::router::policy::{LoadBalancingPolicy, PolicySettings};
 use crate::router::worker::RegistryError;
 use crate::router::worker::{Registry, Source, WorkerSpec, WorkerType};
 use crate::shutdown::Shutdown;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -75,9 +74,6 @@ pub enum RouterError {
     Tokenizer(#[from] tokenize::TokenizeError),
 }
 
-/// The client to workers: plain HTTP, or HTTPS for `https://` workers.
-pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-
 /// State shared by every request and background task, by concern: the settings as given, the
 /// workers, how requests are routed to them, what bounds the intake, who may call, and the
 /// metrics. Nothing here copies a setting.
@@ -93,9 +89,8 @@ pub struct Shared {
 /// The workers and what is learnt about them.
 pub struct Workers {
     pub registry: Registry,
-    /// One pooled client to the workers per runtime (one in all unless thread-per-core):
-    /// [`Shared::client`] answers the one of the thread asking.
-    clients: Vec<HttpClient>,
+    /// The client to the workers, with a lane (its pooled connections) per runtime.
+    pub upstream: upstream::Upstream,
     /// vLLM PD with Mooncake: each prefill worker's engine, learnt from its bootstrap server.
     pub mooncake_engines:
         parking_lot::Mutex<std::collections::HashMap<Arc<str>, vllm::MooncakeEngine>>,
@@ -146,11 +141,6 @@ pub struct Access {
 /// Open connections to the API, all threads together.
 pub(crate) const MAX_CONNECTIONS: usize = 16_384;
 
-thread_local! {
-    /// Which of the router's runtimes this thread runs (thread-per-core), for its client.
-    static RUNTIME_INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 /// Runtimes the router runs: one per thread when thread-per-core, else one.
 fn runtimes(cfg: &RouterConfig) -> usize {
     match cfg.server.thread_per_core {
@@ -163,41 +153,15 @@ fn runtimes(cfg: &RouterConfig) -> usize {
 }
 
 impl Shared {
-    /// The client to workers of the runtime this task runs on: thread-per-core, a request
-    /// and its connection to the worker stay on one thread.
-    pub fn client(&self) -> &HttpClient {
-        let clients = &self.workers.clients;
-        &clients[RUNTIME_INDEX.with(|i| i.get()) % clients.len()]
-    }
-
-    /// Threads serving the API (each with its client).
+    /// Threads serving the API (each with its lane of connections to workers).
     pub fn threads(&self) -> usize {
-        self.workers.clients.len()
+        self.workers.upstream.lanes()
     }
 
     /// Whether requests are split over prefill and decode workers.
     pub fn pd(&self) -> bool {
         self.cfg.pd.enabled
     }
-}
-
-/// The pooled keep-alive client to workers, with Nagle off (small SSE chunks go out at once);
-/// `https://` workers are reached with `tls`.
-pub fn http_client(tls: rustls::ClientConfig) -> HttpClient {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_keepalive(Some(Duration::from_secs(60)));
-    conn.set_connect_timeout(Some(Duration::from_secs(5)));
-    conn.enforce_http(false);
-    let conn = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(conn);
-    Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(conn)
 }
 
 /// The client TLS of `cfg`: the public roots and `ca_cert_paths`, with the client identity.
@@ -230,12 +194,7 @@ impl Shared {
         let shared = Shared {
             workers: Workers {
                 registry: Registry::default(),
-                clients: {
-                    let tls = client_tls(&cfg.tls)?;
-                    (0..runtimes(&cfg))
-                        .map(|_| http_client(tls.clone()))
-                        .collect()
-                },
+                upstream: upstream::Upstream::new(runtimes(&cfg), client_tls(&cfg.tls)?),
                 mooncake_engines: Default::default(),
                 dp_sizes: Default::default(),
             },
@@ -453,7 +412,7 @@ fn serve_thread(
     shared: Arc<Shared>,
     stop: Shutdown,
 ) {
-    RUNTIME_INDEX.with(|i| i.set(index));
+    upstream::enter_runtime(index);
     let listener = {
         let _guard = runtime.enter();
         role::async_listener(listener)

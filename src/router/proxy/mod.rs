@@ -8,13 +8,13 @@ use crate::router::dp;
 use crate::router::policy::{self, Candidate, LoadBalancingPolicy, RouteInput};
 use crate::router::request;
 use crate::router::request::{error_body, Endpoint, RouteInfo};
+use crate::router::upstream::UpstreamBody;
 use crate::router::worker::{Worker, WorkerType};
 use crate::router::Shared;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -234,7 +234,7 @@ impl Shared {
         client_headers: &HeaderMap,
         rid: &str,
         body: Bytes,
-    ) -> Result<Request<Full<Bytes>>, http::Error> {
+    ) -> Result<Request<Bytes>, http::Error> {
         // --dp-aware: the rank the worker stands for rides in the body.
         let body = match worker.dp_rank {
             Some(r) if !body.is_empty() => {
@@ -260,17 +260,14 @@ impl Shared {
                 b = b.header(header::AUTHORIZATION, format!("Bearer {key}"));
             }
         }
-        b.body(Full::new(body))
+        b.body(body)
     }
 
     /// Sends and waits for the response headers, within the request timeout.
-    pub(crate) async fn send(
-        &self,
-        req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, String> {
+    pub(crate) async fn send(&self, req: Request<Bytes>) -> Result<Response<UpstreamBody>, String> {
         match tokio::time::timeout(
             self.cfg.limits.request_timeout.0,
-            self.client().request(req),
+            self.workers.upstream.send(req),
         )
         .await
         {
@@ -278,7 +275,7 @@ impl Shared {
                 self.metrics.upstream(r.status().as_u16());
                 Ok(r)
             }
-            Ok(Err(e)) => Err(describe(&e)),
+            Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
                 "no response headers within {:?}",
                 self.cfg.limits.request_timeout.0
@@ -449,7 +446,12 @@ impl Shared {
             )
             .map_err(|e| e.to_string())?;
         let fut = async {
-            let resp = self.client().request(req).await.map_err(|e| describe(&e))?;
+            let resp = self
+                .workers
+                .upstream
+                .send(req)
+                .await
+                .map_err(|e| e.to_string())?;
             let status = resp.status();
             let body = resp
                 .into_body()
@@ -503,7 +505,7 @@ pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A worker's (error) response read fully, so that it can be kept across retries.
-pub(crate) async fn buffered(resp: Response<Incoming>, rid: &str) -> Response<Body> {
+pub(crate) async fn buffered(resp: Response<UpstreamBody>, rid: &str) -> Response<Body> {
     let (parts, body) = resp.into_parts();
     let bytes = match body.collect().await {
         Ok(b) => b.to_bytes(),
@@ -533,7 +535,11 @@ pub(crate) async fn buffered(resp: Response<Incoming>, rid: &str) -> Response<Bo
 }
 
 /// A prefill worker's error, with its body, named as the prefill side's.
-pub(crate) async fn prefixed(resp: Response<Incoming>, role: &str, rid: &str) -> Response<Body> {
+pub(crate) async fn prefixed(
+    resp: Response<UpstreamBody>,
+    role: &str,
+    rid: &str,
+) -> Response<Body> {
     let status = resp.status();
     let body = resp
         .into_body()

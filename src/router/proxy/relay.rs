@@ -6,13 +6,13 @@
 use super::{hop_by_hop, MERGE_BYTES, MERGE_FRAMES};
 use crate::router::proxy::BoxError;
 use crate::router::request::error_body;
+use crate::router::upstream::{UpstreamBody, UpstreamError};
 use crate::router::worker::{LoadGuard, Worker};
 use crate::router::Shared;
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, Response};
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -34,11 +34,11 @@ pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Se
 struct Relay {
     /// `None` once whole, or cut (dropping it unfinished closes the worker's connection: the
     /// request is cancelled).
-    inner: Option<Incoming>,
+    inner: Option<UpstreamBody>,
     /// Watched while the body is relayed: its failure cuts the answer at once.
     companion: Option<Companion>,
     /// What the worker's body gave after the data merged into the last frame: handed out next.
-    stash: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    stash: Option<Option<Result<Frame<Bytes>, UpstreamError>>>,
     sse: bool,
     done: bool,
     worker: Arc<Worker>,
@@ -190,7 +190,7 @@ impl Shared {
     /// request id, and the body relayed as it arrives (cut if `companion` fails meanwhile).
     pub(in crate::router) fn relay(
         self: &Arc<Self>,
-        resp: Response<Incoming>,
+        resp: Response<UpstreamBody>,
         worker: Arc<Worker>,
         held: Held,
         companion: Option<Companion>,

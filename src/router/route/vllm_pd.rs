@@ -4,7 +4,7 @@
 //! once, the decode told the prefill engine's id from its bootstrap server.
 
 use crate::router::proxy::{
-    buffered, describe, error_response, prefixed, Attempt, Call, Companion, Held, LegFailure,
+    buffered, error_response, prefixed, Attempt, Call, Companion, Held, LegFailure,
 };
 use crate::router::request::{retryable, BadRequest, Endpoint};
 use crate::router::route::RouteMode;
@@ -15,7 +15,6 @@ use crate::router::Shared;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use http_body_util::Full;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -178,7 +177,7 @@ impl RouteMode for VllmPd {
                     })
             })
         };
-        let decode_leg = |req: Request<Full<Bytes>>| async {
+        let decode_leg = |req: Request<Bytes>| async {
             match shared.send(req).await {
                 Err(e) => {
                     fail(&decode, "decode", &e);
@@ -291,7 +290,7 @@ impl RouteMode for VllmPd {
 fn prefill_leg(
     shared: &Arc<Shared>,
     prefill: Arc<Worker>,
-    req: Request<Full<Bytes>>,
+    req: Request<Bytes>,
     load: LoadGuard,
     rid: &str,
 ) -> impl Future<Output = Result<Bytes, LegFailure>> + Send + 'static {
@@ -391,18 +390,22 @@ async fn mooncake_engine(
         format!("prefill worker {}: its Mooncake bootstrap {url} has not answered yet ({why}); retry shortly", prefill.url)
     };
     let req = Request::get(&url)
-        .body(Full::new(Bytes::new()))
+        .body(Bytes::new())
         .map_err(|e| unready(e.to_string()))?;
-    let resp =
-        match tokio::time::timeout(BOOTSTRAP_QUERY_TIMEOUT, shared.client().request(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(unready(describe(&e))),
-            Err(_) => {
-                return Err(unready(format!(
-                    "no answer within {BOOTSTRAP_QUERY_TIMEOUT:?}"
-                )))
-            }
-        };
+    let resp = match tokio::time::timeout(
+        BOOTSTRAP_QUERY_TIMEOUT,
+        shared.workers.upstream.send(req),
+    )
+    .await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(unready(e.to_string())),
+        Err(_) => {
+            return Err(unready(format!(
+                "no answer within {BOOTSTRAP_QUERY_TIMEOUT:?}"
+            )))
+        }
+    };
     if !resp.status().is_success() {
         return Err(unready(format!("status {}", resp.status())));
     }
