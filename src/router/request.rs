@@ -390,10 +390,19 @@ pub fn request_id<'a>(
             return v.to_string();
         }
     }
+    const ALPHANUMERIC: &[u8; 62] =
+        b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let prefix = endpoint.map(Endpoint::id_prefix).unwrap_or("req-");
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);
-    id.extend((0..24).map(|_| fastrand::alphanumeric()));
+    // 24 characters, 8 from each random word (62^8 < 2^48: the digits are as good as uniform).
+    for _ in 0..3 {
+        let mut word = fastrand::u64(..);
+        for _ in 0..8 {
+            id.push(ALPHANUMERIC[(word % 62) as usize] as char);
+            word /= 62;
+        }
+    }
     id
 }
 

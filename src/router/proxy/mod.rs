@@ -8,17 +8,20 @@ use crate::router::dp;
 use crate::router::policy::{self, Candidate, LoadBalancingPolicy, RouteInput};
 use crate::router::request;
 use crate::router::request::{error_body, Endpoint, RouteInfo};
-use crate::router::upstream::UpstreamBody;
+use crate::router::upstream::{Outgoing, UpstreamBody};
 use crate::router::worker::{Worker, WorkerType};
 use crate::router::Shared;
 use axum::body::Body;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::OwnedSemaphorePermit;
+
+/// The request id's header, as workers get it.
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 /// At most this many of a worker's data frames already received are merged into one.
 const MERGE_FRAMES: usize = 64;
@@ -226,15 +229,17 @@ impl Shared {
         Ok((prefill, decode))
     }
 
+    /// The request for `worker`: the client's forwarded headers, the request id, the
+    /// worker's key unless the client sent one, and the rank with `--dp-aware`.
     pub(crate) fn upstream_request(
         &self,
         worker: &Worker,
         method: Method,
-        path: &str,
+        path: impl Into<std::borrow::Cow<'static, str>>,
         client_headers: &HeaderMap,
         rid: &str,
         body: Bytes,
-    ) -> Result<Request<Bytes>, http::Error> {
+    ) -> Outgoing {
         // --dp-aware: the rank the worker stands for rides in the body.
         let body = match worker.dp_rank {
             Some(r) if !body.is_empty() => {
@@ -245,26 +250,39 @@ impl Shared {
             }
             _ => body,
         };
-        let mut b = Request::builder()
-            .method(method)
-            .uri(format!("{}{}", worker.base_url, path))
-            .header(header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", rid);
+        let mut headers = HeaderMap::with_capacity(4);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Ok(v) = HeaderValue::from_str(rid) {
+            headers.insert(X_REQUEST_ID, v);
+        }
         for (name, value) in client_headers {
             if forwarded(name.as_str()) {
-                b = b.header(name, value);
+                headers.append(name.clone(), value.clone());
             }
         }
         if !client_headers.contains_key(header::AUTHORIZATION) {
-            if let Some(key) = &worker.api_key {
-                b = b.header(header::AUTHORIZATION, format!("Bearer {key}"));
+            if let Some(v) = worker
+                .api_key
+                .as_ref()
+                .and_then(|key| HeaderValue::from_str(&format!("Bearer {key}")).ok())
+            {
+                headers.insert(header::AUTHORIZATION, v);
             }
         }
-        b.body(body)
+        Outgoing {
+            method,
+            base: worker.base_url.clone(),
+            path: path.into(),
+            headers,
+            body,
+        }
     }
 
     /// Sends and waits for the response headers, within the request timeout.
-    pub(crate) async fn send(&self, req: Request<Bytes>) -> Result<Response<UpstreamBody>, String> {
+    pub(crate) async fn send(&self, req: Outgoing) -> Result<Response<UpstreamBody>, String> {
         match tokio::time::timeout(
             self.cfg.limits.request_timeout.0,
             self.workers.upstream.send(req),
@@ -391,31 +409,21 @@ impl Shared {
 
     /// GET `path` on one available worker (regular, else decode, else prefill) and relays the
     /// answer; used for `/get_server_info`, `/get_model_info`, `/health_generate`.
-    pub async fn proxy_get(self: &Arc<Self>, path: &str, rid: &str) -> Response<Body> {
+    pub async fn proxy_get(self: &Arc<Self>, path: &'static str, rid: &str) -> Response<Body> {
         let worker = [WorkerType::Regular, WorkerType::Decode, WorkerType::Prefill]
             .into_iter()
             .find_map(|t| self.candidates(t, &[]).into_iter().next());
         let Some(worker) = worker else {
             return no_workers("", rid);
         };
-        let req = match self.upstream_request(
+        let req = self.upstream_request(
             &worker,
             Method::GET,
             path,
             &HeaderMap::new(),
             rid,
             Bytes::new(),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                return error_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal_error",
-                    &e.to_string(),
-                    rid,
-                )
-            }
-        };
+        );
         match self.send(req).await {
             Ok(resp) => buffered(resp, rid).await,
             Err(e) => error_response(
@@ -435,16 +443,14 @@ impl Shared {
         path: &str,
         timeout: std::time::Duration,
     ) -> Result<(StatusCode, Bytes), String> {
-        let req = self
-            .upstream_request(
-                worker,
-                method,
-                path,
-                &HeaderMap::new(),
-                "health",
-                Bytes::new(),
-            )
-            .map_err(|e| e.to_string())?;
+        let req = self.upstream_request(
+            worker,
+            method,
+            path.to_string(),
+            &HeaderMap::new(),
+            "health",
+            Bytes::new(),
+        );
         let fut = async {
             let resp = self
                 .workers

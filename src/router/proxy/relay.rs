@@ -196,7 +196,7 @@ impl Shared {
         companion: Option<Companion>,
         rid: &str,
     ) -> Response<Body> {
-        let (parts, inner) = resp.into_parts();
+        let (mut parts, inner) = resp.into_parts();
         let sse = parts
             .headers
             .get(header::CONTENT_TYPE)
@@ -213,12 +213,18 @@ impl Shared {
             _held: held,
         }));
         *out.status_mut() = parts.status;
-        let h = out.headers_mut();
-        for (name, value) in &parts.headers {
-            if !hop_by_hop(name.as_str()) {
-                h.append(name, value.clone());
-            }
+        // The worker's headers as they are, less those of its connection (rarely any).
+        let hops: Vec<http::HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|n| hop_by_hop(n.as_str()))
+            .cloned()
+            .collect();
+        for name in hops {
+            parts.headers.remove(name);
         }
+        let h = out.headers_mut();
+        *h = parts.headers;
         if let Ok(v) = HeaderValue::from_str(rid) {
             h.insert("x-request-id", v);
         }

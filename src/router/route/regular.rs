@@ -38,24 +38,14 @@ impl RouteMode for Regular {
             return Attempt::Done(no_workers("", rid));
         };
         let guard = worker.begin();
-        let req = match shared.upstream_request(
+        let req = shared.upstream_request(
             &worker,
             Method::POST,
             endpoint.path(),
             headers,
             rid,
             body.clone(),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                return Attempt::Done(error_response(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    &format!("cannot forward this request: {e}"),
-                    rid,
-                ))
-            }
-        };
+        );
         match shared.send(req).await {
             Err(e) => {
                 worker.record_outcome(&shared.cfg.breaker, false);

@@ -71,17 +71,7 @@ impl RouteMode for SglangPd {
                 pd_body.clone(),
             )
         };
-        let (p_req, d_req) = match (build(&prefill), build(&decode)) {
-            (Ok(p), Ok(d)) => (p, d),
-            (Err(e), _) | (_, Err(e)) => {
-                return Attempt::Done(error_response(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    &format!("cannot forward this request: {e}"),
-                    rid,
-                ))
-            }
-        };
+        let (p_req, d_req) = (build(&prefill), build(&decode));
         shared.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
         let (p_res, d_res) = tokio::join!(shared.send(p_req), shared.send(d_req));
         let fail = |w: &Arc<Worker>, role: &str, e: &str| {

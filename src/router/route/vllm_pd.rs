@@ -8,12 +8,13 @@ use crate::router::proxy::{
 };
 use crate::router::request::{retryable, BadRequest, Endpoint};
 use crate::router::route::RouteMode;
+use crate::router::upstream::Outgoing;
 use crate::router::vllm;
 use crate::router::vllm::{Connector, Legs};
 use crate::router::worker::{LoadGuard, Worker};
 use crate::router::Shared;
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
+use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use std::future::Future;
@@ -128,26 +129,17 @@ impl RouteMode for VllmPd {
         };
         let p_guard = prefill.begin();
         let d_guard = decode.begin();
-        let mut p_req = match shared.upstream_request(
+        let mut p_req = shared.upstream_request(
             &prefill,
             Method::POST,
             endpoint.path(),
             headers,
             rid,
             p_body,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                return refuse(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    &format!("cannot forward this request: {e}"),
-                )
-            }
-        };
+        );
         if let Some(rank) = engine.as_ref().and_then(|e| e.dp_rank) {
             if let Ok(v) = http::HeaderValue::from_str(&rank.to_string()) {
-                p_req.headers_mut().insert("x-data-parallel-rank", v);
+                p_req.headers.insert("x-data-parallel-rank", v);
             }
         }
         shared.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
@@ -158,26 +150,18 @@ impl RouteMode for VllmPd {
         // The prefill leg to its end: its answer's body (NIXL needs it), or what went wrong.
         let mut prefill_leg = Box::pin(prefill_leg(shared, prefill.clone(), p_req, p_guard, rid));
         let decode_request = |kv: &Value| {
-            vllm::decode_body(body, kv).map_err(bad).and_then(|b| {
-                shared
-                    .upstream_request(
-                        &decode,
-                        Method::POST,
-                        endpoint.path(),
-                        headers,
-                        rid,
-                        Bytes::from(b),
-                    )
-                    .map_err(|e| {
-                        refuse(
-                            StatusCode::BAD_REQUEST,
-                            "invalid_request_error",
-                            &format!("cannot forward this request: {e}"),
-                        )
-                    })
+            vllm::decode_body(body, kv).map_err(bad).map(|b| {
+                shared.upstream_request(
+                    &decode,
+                    Method::POST,
+                    endpoint.path(),
+                    headers,
+                    rid,
+                    Bytes::from(b),
+                )
             })
         };
-        let decode_leg = |req: Request<Bytes>| async {
+        let decode_leg = |req: Outgoing| async {
             match shared.send(req).await {
                 Err(e) => {
                     fail(&decode, "decode", &e);
@@ -290,7 +274,7 @@ impl RouteMode for VllmPd {
 fn prefill_leg(
     shared: &Arc<Shared>,
     prefill: Arc<Worker>,
-    req: Request<Bytes>,
+    req: Outgoing,
     load: LoadGuard,
     rid: &str,
 ) -> impl Future<Output = Result<Bytes, LegFailure>> + Send + 'static {
@@ -389,9 +373,13 @@ async fn mooncake_engine(
     let unready = |why: String| {
         format!("prefill worker {}: its Mooncake bootstrap {url} has not answered yet ({why}); retry shortly", prefill.url)
     };
-    let req = Request::get(&url)
-        .body(Bytes::new())
-        .map_err(|e| unready(e.to_string()))?;
+    let req = Outgoing {
+        method: Method::GET,
+        base: addr.as_str().into(),
+        path: "/query".into(),
+        headers: http::HeaderMap::new(),
+        body: Bytes::new(),
+    };
     let resp = match tokio::time::timeout(
         BOOTSTRAP_QUERY_TIMEOUT,
         shared.workers.upstream.send(req),

@@ -85,9 +85,14 @@ pub struct Head {
 /// responses; `None` while the head is not whole yet.
 pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, CodecError> {
     loop {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut slots);
-        let len = match resp.parse(buf) {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut slots);
+        let len = match parsed {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
                 return Err(CodecError::HeadTooLarge)

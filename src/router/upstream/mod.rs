@@ -15,7 +15,7 @@ pub use codec::CodecError;
 use conn::{Conn, Pool, RawBody};
 
 use bytes::{Bytes, BytesMut};
-use http::{Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body::{Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -152,41 +152,32 @@ impl Upstream {
         &self.lanes[RUNTIME_INDEX.with(|i| i.get()) % self.lanes.len()]
     }
 
-    /// Sends `req` (its URI absolute) and waits for the head of the answer.
-    pub async fn send(&self, req: Request<Bytes>) -> Result<Response<UpstreamBody>, UpstreamError> {
+    /// Sends `req` and waits for the head of the answer.
+    pub async fn send(&self, req: Outgoing) -> Result<Response<UpstreamBody>, UpstreamError> {
         let lane = self.lane();
-        if req.uri().scheme_str() != Some("http") {
-            return lane
-                .tls
-                .request(req.map(Full::new))
-                .await
-                .map(|r| r.map(UpstreamBody::Tls))
-                .map_err(UpstreamError::Tls);
-        }
-        let (parts, body) = req.into_parts();
-        let authority = parts
-            .uri
-            .authority()
-            .ok_or_else(|| UpstreamError::Address(parts.uri.to_string()))?;
-        let addr: Arc<str> = authority.as_str().into();
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let port = authority.port_u16().unwrap_or(80);
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let Some(rest) = req.base.strip_prefix("http://") else {
+            return self.send_tls(lane, req).await;
+        };
+        let (authority, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (host, port) =
+            host_port(authority).ok_or_else(|| UpstreamError::Address(req.base.to_string()))?;
+        let prefix = prefix.trim_end_matches('/');
+        let target = match prefix.is_empty() {
+            true => std::borrow::Cow::Borrowed(&*req.path),
+            false => std::borrow::Cow::Owned(format!("{prefix}{}", req.path)),
+        };
         let mut head = BytesMut::new();
         codec::encode_request(
-            &parts.method,
-            target,
-            &addr,
-            &parts.headers,
-            body.len(),
+            &req.method,
+            &target,
+            authority,
+            &req.headers,
+            req.body.len(),
             &mut head,
         );
         // A pooled connection its worker closed meanwhile fails at once: the request goes
         // again on a new one.
-        let mut pooled = lane.pool.take(&addr);
+        let mut pooled = lane.pool.take(&req.base);
         loop {
             let reused = pooled.is_some();
             let mut conn = match pooled.take() {
@@ -194,31 +185,78 @@ impl Upstream {
                 None => Conn::open(host, port, CONNECT_TIMEOUT)
                     .await
                     .map_err(|source| UpstreamError::Connect {
-                        addr: addr.to_string(),
+                        addr: authority.to_string(),
                         source,
                     })?,
             };
-            match conn.exchange(&head, &body, &parts.method).await {
+            match conn.exchange(&head, &req.body, &req.method).await {
                 Ok(h) => {
-                    let mut resp = Response::new(UpstreamBody::Raw(RawBody::new(
-                        conn,
-                        h.framing,
-                        h.keep_alive,
-                        lane.pool.clone(),
-                        addr,
-                    )));
+                    let body =
+                        RawBody::new(conn, h.framing, h.keep_alive, lane.pool.clone(), req.base);
+                    let mut resp = Response::new(UpstreamBody::Raw(body));
                     *resp.status_mut() = h.status;
                     *resp.version_mut() = h.version;
                     *resp.headers_mut() = h.headers;
                     return Ok(resp);
                 }
                 Err(e) if reused && e.stale() => {
-                    tracing::debug!(worker = %addr, error = %e, "a pooled connection was closed by its worker: sending on a new one");
+                    tracing::debug!(worker = %req.base, error = %e, "a pooled connection was closed by its worker: sending on a new one");
                 }
                 Err(e) => return Err(e),
             }
         }
     }
+
+    /// Through hyper's client: an `https://` worker (or an address of another form, which
+    /// its URI parser judges).
+    async fn send_tls(
+        &self,
+        lane: &Lane,
+        req: Outgoing,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let url = format!("{}{}", req.base, req.path);
+        let mut r = Request::builder()
+            .method(req.method)
+            .uri(&url)
+            .body(Full::new(req.body))
+            .map_err(|_| UpstreamError::Address(url.clone()))?;
+        *r.headers_mut() = req.headers;
+        lane.tls
+            .request(r)
+            .await
+            .map(|r| r.map(UpstreamBody::Tls))
+            .map_err(UpstreamError::Tls)
+    }
+}
+
+/// A request for a worker, as the router builds it.
+pub struct Outgoing {
+    pub method: Method,
+    /// Where the worker is: `http://host:port` (or `https://`), perhaps with a path prefix.
+    pub base: Arc<str>,
+    pub path: std::borrow::Cow<'static, str>,
+    /// Its headers, less those that frame the message (the client's).
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// Host and port of `host[:port]` or `[v6]:port` (port 80 when none is given).
+fn host_port(authority: &str) -> Option<(&str, u16)> {
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (host, rest) = v6.split_once(']')?;
+            (host, rest.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => 80,
+    };
+    (!host.is_empty()).then_some((host, port))
 }
 
 /// hyper's pooled keep-alive client with rustls, Nagle off (small SSE chunks go out at once).
@@ -245,6 +283,26 @@ mod tests {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    fn outgoing(method: Method, port: u16, path: &'static str, body: &'static [u8]) -> Outgoing {
+        Outgoing {
+            method,
+            base: format!("http://127.0.0.1:{port}").into(),
+            path: path.into(),
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(body),
+        }
+    }
+
+    #[test]
+    fn worker_addresses_split_into_host_and_port() {
+        assert_eq!(host_port("10.0.0.1:30000"), Some(("10.0.0.1", 30000)));
+        assert_eq!(host_port("[::1]:8000"), Some(("::1", 8000)));
+        assert_eq!(host_port("[::1]"), Some(("::1", 80)));
+        assert_eq!(host_port("engine-0.svc"), Some(("engine-0.svc", 80)));
+        assert_eq!(host_port("engine-0.svc:http"), None);
+        assert_eq!(host_port(":80"), None);
+    }
 
     /// A worker that answers one request per connection, then closes it without saying so
     /// (no `connection: close`): the answer to how many connections it took.
@@ -274,9 +332,7 @@ mod tests {
         let upstream = Upstream::new(1, tls);
         for i in 0..3 {
             // Sent at once after the last answer: the worker's close has not been seen yet.
-            let req = Request::post(format!("http://127.0.0.1:{port}/generate"))
-                .body(Bytes::from_static(b"{}"))
-                .unwrap();
+            let req = outgoing(Method::POST, port, "/generate", b"{}");
             let resp = upstream
                 .send(req)
                 .await
@@ -294,9 +350,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         drop(l);
         let upstream = Upstream::new(1, crate::tls::client_config(&[], None).unwrap());
-        let req = Request::get(format!("http://127.0.0.1:{port}/health"))
-            .body(Bytes::new())
-            .unwrap();
+        let req = outgoing(Method::GET, port, "/health", b"");
         let Err(err) = upstream.send(req).await else {
             panic!("a closed port answered");
         };
