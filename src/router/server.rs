@@ -26,11 +26,14 @@ use std::time::Duration;
 type S = State<Arc<Shared>>;
 
 fn rid_for(shared: &Shared, headers: &HeaderMap, endpoint: Option<Endpoint>) -> String {
-    request_id(
-        &shared.cfg.server.request_id_headers,
-        |h| headers.get(h).and_then(|v| v.to_str().ok()),
-        endpoint,
-    )
+    // A scan of the few headers a request has, cheaper than a lookup per configured name.
+    let lookup = |wanted: &str| {
+        headers
+            .iter()
+            .find(|(name, _)| name.as_str().eq_ignore_ascii_case(wanted))
+            .and_then(|(_, v)| v.to_str().ok())
+    };
+    request_id(&shared.cfg.server.request_id_headers, lookup, endpoint)
 }
 
 /// Constant-time comparison, so the key cannot be guessed byte by byte from timings.

@@ -110,17 +110,21 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head
             Some(0) => Version::HTTP_10,
             _ => Version::HTTP_11,
         };
-        // The names and values as they came; the values then become slices of the head.
-        let fields: Vec<(HeaderName, std::ops::Range<usize>)> = resp
-            .headers
-            .iter()
-            .map(|h| {
-                let name = HeaderName::from_bytes(h.name.as_bytes())
-                    .map_err(|_| CodecError::Header(h.name.to_string()))?;
-                let start = h.value.as_ptr() as usize - buf.as_ptr() as usize;
-                Ok((name, start..start + h.value.len()))
-            })
-            .collect::<Result<_, CodecError>>()?;
+        // Names parsed and the framing read as the lines come; values then become slices
+        // of the head.
+        let mut names = Vec::with_capacity(resp.headers.len());
+        let mut spans = [(0usize, 0usize); MAX_HEADERS];
+        let mut delimiters = Delimiters::default();
+        for (h, span) in resp.headers.iter().zip(spans.iter_mut()) {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| CodecError::Header(h.name.to_string()))?;
+            delimiters.see(&name, h.value)?;
+            *span = (
+                h.value.as_ptr() as usize - buf.as_ptr() as usize,
+                h.value.len(),
+            );
+            names.push(name);
+        }
         let head = buf.split_to(len).freeze();
         if status == StatusCode::SWITCHING_PROTOCOLS {
             return Err(CodecError::Switch(status));
@@ -128,14 +132,13 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head
         if status.is_informational() {
             continue;
         }
-        let mut headers = HeaderMap::with_capacity(fields.len());
-        for (name, range) in fields {
-            let value = HeaderValue::from_maybe_shared(head.slice(range))
+        let mut headers = HeaderMap::with_capacity(names.len());
+        for (name, &(start, n)) in names.into_iter().zip(&spans) {
+            let value = HeaderValue::from_maybe_shared(head.slice(start..start + n))
                 .map_err(|_| CodecError::Header(name.to_string()))?;
             headers.append(name, value);
         }
-        let (framing, delimited) = framing(method, status, &headers)?;
-        let keep_alive = delimited && persistent(version, &headers);
+        let (framing, keep_alive) = delimiters.framing(method, status, version);
         return Ok(Some(Head {
             status,
             version,
@@ -146,70 +149,79 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head
     }
 }
 
-/// Whether `headers`' `connection` lists `token`.
-fn connection_has(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+/// What a response head says of where its body ends and of its connection, gathered line by
+/// line (RFC 9112 §6.3, §9.3).
+#[derive(Debug, Default)]
+struct Delimiters {
+    /// Whether the last transfer coding named is `chunked`, once one is named.
+    chunked: Option<bool>,
+    length: Option<u64>,
+    /// `connection: close` / `keep-alive`.
+    close: bool,
+    keep_alive: bool,
 }
 
-/// Whether the connection stays open after this response (HTTP/1.1 unless `close`; 1.0 only
-/// with `keep-alive`).
-fn persistent(version: Version, headers: &HeaderMap) -> bool {
-    match version {
-        Version::HTTP_10 => connection_has(headers, "keep-alive"),
-        _ => !connection_has(headers, "close"),
-    }
-}
-
-/// How the body of a response is delimited (RFC 9112 §6.3), and whether its end is known
-/// without the connection closing.
-fn framing(
-    method: &Method,
-    status: StatusCode,
-    headers: &HeaderMap,
-) -> Result<(Framing, bool), CodecError> {
-    if *method == Method::HEAD
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok((Framing::Length(0), true));
-    }
-    let codings = headers.get_all(http::header::TRANSFER_ENCODING);
-    if codings.iter().next().is_some() {
-        let last = codings
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => (Framing::chunked(), true),
-            // Another coding last: the body runs to the close.
-            _ => (Framing::UntilClose, false),
-        });
-    }
-    let mut length: Option<u64> = None;
-    for v in headers.get_all(http::header::CONTENT_LENGTH) {
-        let text = v.to_str().unwrap_or("");
-        for part in text.split(',') {
-            let n: u64 = part
-                .trim()
-                .parse()
-                .map_err(|_| CodecError::Length(text.to_string()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(CodecError::Length(text.to_string()));
+impl Delimiters {
+    fn see(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), CodecError> {
+        let tokens = || {
+            value
+                .split(|&b| b == b',')
+                .map(<[u8]>::trim_ascii)
+                .filter(|t| !t.is_empty())
+        };
+        if name == http::header::TRANSFER_ENCODING {
+            let last = tokens().next_back();
+            self.chunked = match last {
+                Some(t) => Some(t.eq_ignore_ascii_case(b"chunked")),
+                None => self.chunked.or(Some(false)),
+            };
+        } else if name == http::header::CONTENT_LENGTH {
+            let text = || String::from_utf8_lossy(value).into_owned();
+            let mut parts = value.split(|&b| b == b',').map(<[u8]>::trim_ascii);
+            parts.try_for_each(|part| {
+                let n = std::str::from_utf8(part)
+                    .ok()
+                    .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|p| p.parse::<u64>().ok())
+                    .ok_or_else(|| CodecError::Length(text()))?;
+                match self.length.replace(n) {
+                    Some(l) if l != n => Err(CodecError::Length(text())),
+                    _ => Ok(()),
+                }
+            })?;
+        } else if name == http::header::CONNECTION {
+            for t in tokens() {
+                self.close |= t.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
             }
-            length = Some(n);
         }
+        Ok(())
     }
-    Ok(match length {
-        Some(n) => (Framing::Length(n), true),
-        None => (Framing::UntilClose, false),
-    })
+
+    /// How the body is delimited, and whether the connection may carry another exchange
+    /// after it (only if the body's end is known without the close: HTTP/1.1 unless `close`,
+    /// 1.0 only with `keep-alive`).
+    fn framing(self, method: &Method, status: StatusCode, version: Version) -> (Framing, bool) {
+        let (framing, delimited) = if *method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            (Framing::Length(0), true)
+        } else {
+            match (self.chunked, self.length) {
+                (Some(true), _) => (Framing::chunked(), true),
+                // Another coding last: the body runs to the close.
+                (Some(false), _) => (Framing::UntilClose, false),
+                (None, Some(n)) => (Framing::Length(n), true),
+                (None, None) => (Framing::UntilClose, false),
+            }
+        };
+        let persistent = match version {
+            Version::HTTP_10 => self.keep_alive,
+            _ => !self.close,
+        };
+        (framing, delimited && persistent)
+    }
 }
 
 /// How a response body is delimited, and how far it has been read.

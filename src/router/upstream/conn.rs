@@ -120,7 +120,7 @@ impl Conn {
 /// Idle connections of one runtime, by worker address (`host:port`): the newest is reused
 /// first, those idle too long or closed by their worker are dropped.
 pub(super) struct Pool {
-    idle: Mutex<HashMap<Box<str>, VecDeque<Idle>>>,
+    idle: Mutex<HashMap<Box<str>, VecDeque<Idle>, foldhash::fast::RandomState>>,
     max_per_host: usize,
     idle_timeout: Duration,
 }
