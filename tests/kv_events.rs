@@ -315,7 +315,19 @@ fn the_simulated_engine_publishes_its_caches_and_replays_them() {
         common::skip("RBGCTL_SGLANG_PYTHON is not set: SGLang's decoder was not tried");
         return;
     };
-    let hexes: String = replayed.iter().map(|m| hex(&m.payload) + "\n").collect();
+    let payloads: Vec<&[u8]> = replayed.iter().map(|m| &m.payload[..]).collect();
+    let decoded = sglang_event_count(&python, &payloads);
+    let events: usize = replayed
+        .iter()
+        .map(|m| KvEventBatch::decode(&m.payload).unwrap().events.len())
+        .sum();
+    assert_eq!(decoded, events, "SGLang's decoder read every event");
+}
+
+/// How many events SGLang's typed decoder (`$RBGCTL_SGLANG_PYTHON`) reads in `payloads`; it
+/// fails the test if it refuses one.
+fn sglang_event_count(python: &std::ffi::OsStr, payloads: &[&[u8]]) -> usize {
+    let hexes: String = payloads.iter().map(|p| hex(p) + "\n").collect();
     let script = r#"
 import sys, msgspec
 from sglang.srt.disaggregation import kv_events as k
@@ -328,7 +340,7 @@ print(n)
 "#;
     let mut child = Command::new("timeout")
         .arg("300")
-        .arg(&python)
+        .arg(python)
         .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -344,15 +356,109 @@ print(n)
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "SGLang's decoder refused the engine's events: {}",
+        "SGLang's decoder refused the events: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let events: usize = replayed
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// The pool's master publishes its pages (HiCache page keys) as KV events with the block
+/// hashes the engines give the same pages: a put stored in `EXTERNAL` once per page (K and V
+/// are one page), nothing for other keys, a removal of a page's last object removed; SGLang's
+/// decoder takes every payload.
+#[test]
+fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
+    use rbgctl::kv_events::Message;
+    let c = common::Cluster::start(common::Opts {
+        stores: 1,
+        master: rbgctl::master::config::MasterConfig {
+            kv_events_config: Some(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                    "replay_endpoint":"tcp://127.0.0.1:0","topic":"pool"}"#
+                    .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let addrs = c.pool.master().addrs.clone();
+    let endpoint = addrs.kv_events.clone().expect("a PUB endpoint");
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"pool").unwrap();
+    sub.connect(&endpoint).unwrap();
+    let client = c.client();
+    let one = rbgctl::client::ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    // A PUB drops what it sends before the subscription arrives: put pages until one is heard.
+    let tokens: Vec<u32> = (0..64).collect();
+    let keys = rbgctl::engine::tokens::page_keys(&tokens, 16);
+    let hashes = rbgctl::kv_events::hash::block_hashes(&tokens, 16);
+    let (mut heard, mut warm) = (None, 0);
+    for i in 0..200 {
+        client
+            .put(&format!("{:064x}", i + 1000), b"warm", &one)
+            .unwrap();
+        warm += 1;
+        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
+            heard = Some(sub.recv_multipart(0).unwrap());
+            break;
+        }
+    }
+    let first = Message::from_frames(&heard.expect("the pool's events are heard"))
+        .unwrap()
+        .unwrap();
+    for k in &keys {
+        client.put(&format!("{k}_0_k"), b"K half", &one).unwrap();
+        client.put(&format!("{k}_0_v"), b"V half", &one).unwrap();
+    }
+    client.put("not-a-page", b"x", &one).unwrap();
+    client.remove(&format!("{}_0_k", keys[3]), true).unwrap();
+    client.remove(&format!("{}_0_v", keys[3]), true).unwrap();
+    // Live: until the last page's removal is heard.
+    let mut live = vec![first];
+    let (mut stored, mut removed) = (Vec::new(), Vec::new());
+    while !removed.contains(&hashes[3]) && live.len() < 1000 {
+        let m = Message::from_frames(&recv(&sub)).unwrap().unwrap();
+        assert_eq!(m.seq, live.last().unwrap().seq + 1, "no gap");
+        for e in KvEventBatch::decode(&m.payload).unwrap().events {
+            match e {
+                KvEvent::BlockStored(s) => {
+                    assert_eq!(s.medium, Some(Medium::External));
+                    stored.extend(s.block_hashes);
+                }
+                KvEvent::BlockRemoved(r) => {
+                    assert_eq!(r.medium, Some(Medium::External));
+                    removed.extend(r.block_hashes);
+                }
+                KvEvent::AllBlocksCleared => panic!("nothing was cleared"),
+            }
+        }
+        live.push(m);
+    }
+    let pages: Vec<i64> = stored
+        .iter()
+        .copied()
+        .filter(|h| hashes.contains(h))
+        .collect();
+    assert_eq!(
+        pages, hashes,
+        "each page stored once, with the engines' hash"
+    );
+    assert_eq!(removed, [hashes[3]], "the page went with its last object");
+    let (_, metrics) = c.http_get("/metrics");
+    let pages = format!("rbgctl_master_kv_event_pages {}", warm + 3);
+    assert!(metrics.contains(&pages), "{pages} in {metrics}");
+    let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
+        common::skip("RBGCTL_SGLANG_PYTHON is not set: SGLang's decoder was not tried");
+        return;
+    };
+    let payloads: Vec<&[u8]> = live.iter().map(|m| &m.payload[..]).collect();
+    let events: usize = live
         .iter()
         .map(|m| KvEventBatch::decode(&m.payload).unwrap().events.len())
         .sum();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        events.to_string()
-    );
+    assert_eq!(sglang_event_count(&python, &payloads), events);
 }

@@ -741,31 +741,7 @@ async fn metrics(State(e): S) -> Response {
         p.sample("rbgctl_sim_cached_tokens_total", &[("tier", tier)], c(a));
     }
     if let Some((publisher, _)) = &e.events {
-        let s = &publisher.stats;
-        for (name, help, a) in [
-            (
-                "rbgctl_sim_kv_event_batches_total",
-                "KV event batches published.",
-                &s.batches,
-            ),
-            (
-                "rbgctl_sim_kv_events_total",
-                "KV events published.",
-                &s.events,
-            ),
-            (
-                "rbgctl_sim_kv_event_batches_dropped_total",
-                "KV event batches dropped: the publisher's queue was full.",
-                &s.dropped,
-            ),
-            (
-                "rbgctl_sim_kv_event_replay_requests_total",
-                "Replay requests answered.",
-                &s.replay_requests,
-            ),
-        ] {
-            p.family(name, "counter", help).sample(name, &[], c(a));
-        }
+        publisher.stats.render("rbgctl_sim", &mut p);
     }
     if let Some(l3) = &e.l3 {
         let s = &l3.stats;

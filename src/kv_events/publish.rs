@@ -23,6 +23,34 @@ pub struct PublisherStats {
     pub replay_requests: AtomicU64,
 }
 
+impl PublisherStats {
+    /// The counters as `<prefix>_kv_event_batches_total` and the like.
+    pub fn render(&self, prefix: &str, p: &mut crate::telemetry::PromText) {
+        for (name, help, a) in [
+            (
+                "kv_event_batches_total",
+                "KV event batches published.",
+                &self.batches,
+            ),
+            ("kv_events_total", "KV events published.", &self.events),
+            (
+                "kv_event_batches_dropped_total",
+                "KV event batches dropped: the publisher's queue was full.",
+                &self.dropped,
+            ),
+            (
+                "kv_event_replay_requests_total",
+                "Replay requests answered.",
+                &self.replay_requests,
+            ),
+        ] {
+            let name = format!("{prefix}_{name}");
+            p.family(&name, "counter", help)
+                .sample(&name, &[], a.load(Ordering::Relaxed) as f64);
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("KV events: cannot {what} {endpoint}: {source}")]

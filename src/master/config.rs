@@ -120,6 +120,11 @@ pub struct MasterConfig {
     pub tls_cert_path: Option<std::path::PathBuf>,
     /// The PEM private key of `tls_cert_path`. Default: none.
     pub tls_key_path: Option<std::path::PathBuf>,
+    /// Publish the pool's pages as KV events (medium `EXTERNAL` in memory, `DISK` on the disk
+    /// tier), in SGLang's `--kv-events-config` JSON
+    /// (`{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}`).
+    /// Default: none.
+    pub kv_events_config: Option<String>,
     /// The host other processes reach this master at, published to the election backend.
     /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the address
     /// this host's name resolves to.
@@ -191,6 +196,7 @@ impl Default for MasterConfig {
             auth_token_file: None,
             tls_cert_path: None,
             tls_key_path: None,
+            kv_events_config: None,
             advertise_host: String::new(),
         }
     }
@@ -389,6 +395,10 @@ pub struct MasterArgs {
     /// PEM private key of --tls-cert-path. Default: none.
     #[arg(long, env = "RBGCTL_MASTER_TLS_KEY_PATH")]
     pub tls_key_path: Option<std::path::PathBuf>,
+    /// Publish the pool's pages as KV events, for routers (SGLang's JSON, e.g.
+    /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}').
+    #[arg(long, env = "RBGCTL_MASTER_KV_EVENTS_CONFIG")]
+    pub kv_events_config: Option<String>,
 }
 
 impl MasterArgs {
@@ -460,6 +470,10 @@ impl MasterConfig {
             ));
         }
         self.server_options().validate()?;
+        if let Some(json) = &self.kv_events_config {
+            crate::kv_events::KvEventsConfig::parse(json)
+                .map_err(|e| ConfigError::invalid("master.kv_events_config", e))?;
+        }
         check_pair(
             ("master.tls_cert_path", self.tls_cert_path.is_some()),
             ("master.tls_key_path", self.tls_key_path.is_some()),
@@ -772,6 +786,7 @@ mod tests {
             auth_token_file: Some("/a".into()),
             tls_cert_path: Some("/c".into()),
             tls_key_path: Some("/k".into()),
+            kv_events_config: Some(r#"{"endpoint":"tcp://*:0"}"#.into()),
         };
         let c = args.resolve().unwrap();
         assert_eq!(c.client_ttl_ms, Millis(Duration::from_secs(20)));
@@ -784,6 +799,7 @@ mod tests {
         assert_eq!(c.poll_spin_us, 19);
         assert_eq!(c.advertise_host, "h");
         assert_eq!(c.tls_key_path.as_deref(), Some(std::path::Path::new("/k")));
+        assert!(c.kv_events_config.is_some());
         assert!(!c.promotion_on_hit);
     }
 }

@@ -589,12 +589,28 @@ fn render_tiers(
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let now = Instant::now();
-    let (summary, counters) = {
+    let (summary, counters, pool) = {
         let st = shared.state.lock();
-        (st.summary(now), st.counters.clone())
+        let pool = (st.pool_events.pages(), st.pool_events.dropped);
+        (st.summary(now), st.counters.clone(), pool)
     };
     let mut p = PromText::new();
     render_ha(&shared, now, &mut p);
+    if let Some(stats) = &shared.kv_events {
+        stats.render("rbgctl_master", &mut p);
+        p.single(
+            "rbgctl_master_kv_event_pages",
+            "gauge",
+            "Pages (HiCache page keys) with an object in the pool, as its KV events say.",
+            pool.0 as f64,
+        )
+        .single(
+            "rbgctl_master_kv_events_dropped_total",
+            "counter",
+            "Pool KV events dropped before the publisher took them.",
+            pool.1 as f64,
+        );
+    }
     render_tiers(&shared, &summary, &counters, &mut p);
     p.single(
         "rbgctl_master_used_bytes",

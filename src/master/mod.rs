@@ -19,6 +19,7 @@ pub mod mover;
 pub mod notifier;
 pub mod objects;
 pub mod placement;
+pub mod pool_events;
 pub mod reservations;
 pub mod rpc;
 pub mod state;
@@ -57,6 +58,8 @@ pub enum MasterError {
     Auth(#[from] crate::auth::AuthError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    KvEvents(#[from] crate::kv_events::publish::PublishError),
 }
 
 /// State shared by the RPC threads, the housekeeper and the HTTP handlers.
@@ -72,6 +75,8 @@ pub struct Shared {
     pub history: Arc<parking_lot::Mutex<ui::History>>,
     /// The cluster secret: with one, the admin routes that name keys or clients need it.
     pub secret: Option<Arc<crate::auth::Secret>>,
+    /// With `kv_events_config`: what the pool's event publisher has done.
+    pub kv_events: Option<Arc<crate::kv_events::PublisherStats>>,
 }
 
 /// What an election does to the master: a master elected or deposed forgets everything, as a
@@ -214,6 +219,8 @@ impl Listeners {
             rpc: self.rpc.local_addr()?,
             metrics: self.metrics.local_addr()?,
             metadata: role::local_addr(self.metadata.as_ref())?,
+            kv_events: None,
+            kv_events_replay: None,
         })
     }
 }
@@ -224,9 +231,50 @@ pub struct Addrs {
     pub rpc: SocketAddr,
     pub metrics: SocketAddr,
     pub metadata: Option<SocketAddr>,
+    /// With `kv_events_config`: the pool's KV events' PUB endpoint as bound, and the replay's.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    #[serde(default)]
+    pub kv_events_replay: Option<String>,
 }
 
 pub type Handle = role::Handle<Addrs, MasterError>;
+
+/// The pool's KV events' settings, when they are on.
+fn pool_events_config(
+    cfg: &MasterConfig,
+) -> Result<Option<crate::kv_events::KvEventsConfig>, MasterError> {
+    let Some(json) = &cfg.kv_events_config else {
+        return Ok(None);
+    };
+    let c = crate::kv_events::KvEventsConfig::parse(json)
+        .map_err(|e| crate::config::ConfigError::invalid("master.kv_events_config", e))?;
+    Ok(c.enabled().then_some(c))
+}
+
+/// Events per published batch, at most (a batch is one ZMQ message).
+const POOL_EVENTS_PER_BATCH: usize = 4096;
+
+/// Hands the pool's events recorded since the last tick to the publisher, in batches.
+fn publish_pool_events(
+    publisher: &crate::kv_events::Publisher,
+    events: Vec<crate::kv_events::KvEvent>,
+) {
+    if events.is_empty() {
+        return;
+    }
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let mut events = events.into_iter().peekable();
+    while events.peek().is_some() {
+        publisher.publish(crate::kv_events::KvEventBatch {
+            ts,
+            events: events.by_ref().take(POOL_EVENTS_PER_BATCH).collect(),
+            attn_dp_rank: None,
+        });
+    }
+}
 
 /// Starts the master on bound listeners; it runs until `shutdown` fires.
 pub fn start(
@@ -234,7 +282,15 @@ pub fn start(
     listeners: Listeners,
     shutdown: Shutdown,
 ) -> Result<Handle, MasterError> {
-    let addrs = listeners.addrs()?;
+    let mut addrs = listeners.addrs()?;
+    let events = match pool_events_config(&cfg)? {
+        Some(c) => Some(crate::kv_events::Publisher::start(&c)?),
+        None => None,
+    };
+    if let Some(p) = &events {
+        addrs.kv_events = Some(p.endpoint.clone());
+        addrs.kv_events_replay = p.replay_endpoint.clone();
+    }
     let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
     crate::auth::warn_if_open("master", &cfg.rpc_address, secret.as_deref());
     let tls =
@@ -272,6 +328,7 @@ pub fn start(
         mover,
         history: Default::default(),
         secret: secret.clone(),
+        kv_events: events.as_ref().map(|p| p.stats.clone()),
     });
     let election = match cfg.enable_ha {
         true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),
@@ -291,6 +348,7 @@ pub fn start(
         std::thread::Builder::new()
             .name("master-housekeeper".into())
             .spawn(move || {
+                let events = events;
                 let mut last_summary = Instant::now();
                 // Said when it changed: an idle master stays quiet.
                 let mut last_said = String::new();
@@ -298,6 +356,9 @@ pub fn start(
                     let now = Instant::now();
                     let mut st = state.lock();
                     st.housekeeping(now);
+                    if let Some(publisher) = &events {
+                        publish_pool_events(publisher, st.pool_events.take());
+                    }
                     if st.has_queued_moves() {
                         mover.wake();
                     }

@@ -269,21 +269,27 @@ impl ObjectTable {
         Some((&mut self.slots[i as usize].entry, on_disk))
     }
 
-    /// `key` now lives only in the disk tier: it joins the back of the disk order.
-    pub fn to_disk(&mut self, key: &str) {
-        self.move_to(key, List::Disk);
+    /// `key` now lives only in the disk tier: it joins the back of the disk order. Whether it
+    /// was in memory before.
+    pub fn to_disk(&mut self, key: &str) -> bool {
+        self.move_to(key, List::Disk)
     }
 
-    /// `key` is in memory again: it joins the back of the memory order.
-    pub fn to_memory(&mut self, key: &str) {
-        self.move_to(key, List::Recent);
+    /// `key` is in memory again: it joins the back of the memory order. Whether it was on
+    /// the disk tier's list before.
+    pub fn to_memory(&mut self, key: &str) -> bool {
+        self.move_to(key, List::Recent)
     }
 
-    fn move_to(&mut self, key: &str, list: List) {
-        if let Some(i) = self.find(key) {
-            self.unlink(i);
-            self.link_tail(list, i);
-        }
+    /// Moves `key` to the back of `list`: whether it changed tier.
+    fn move_to(&mut self, key: &str, list: List) -> bool {
+        let Some(i) = self.find(key) else {
+            return false;
+        };
+        let was_disk = self.slots[i as usize].list == List::Disk;
+        self.unlink(i);
+        self.link_tail(list, i);
+        was_disk != (list == List::Disk)
     }
 
     /// Objects that live only in the disk tier.
@@ -401,12 +407,13 @@ impl ObjectTable {
         &mut self,
         from: u32,
         budget: usize,
-        mut keep: impl FnMut(&str, &mut Entry) -> bool,
+        mut keep: impl FnMut(&str, &mut Entry, bool) -> bool,
     ) -> Option<u32> {
         let end = (from as usize).saturating_add(budget).min(self.slots.len());
         for i in from as usize..end {
             let slot = &mut self.slots[i];
-            if slot.list != List::Free && !keep(&slot.key, &mut slot.entry) {
+            let on_disk = slot.list == List::Disk;
+            if slot.list != List::Free && !keep(&slot.key, &mut slot.entry, on_disk) {
                 self.remove_slot(i as u32);
             }
         }
@@ -634,9 +641,9 @@ mod tests {
         assert_eq!(t.order(), ["a", "e", "b"]);
         assert_eq!((t.len(), t.iter().count()), (3, 3));
         // In steps: slot 0 is "a", 1 "b", 2 free ("c"), 3 "e" (where "d" was).
-        assert_eq!(t.retain_some(0, 2, |k, _| k != "b"), Some(2));
+        assert_eq!(t.retain_some(0, 2, |k, _, _| k != "b"), Some(2));
         assert_eq!(t.order(), ["a", "e"]);
-        assert_eq!(t.retain_some(2, 5, |k, _| k != "e"), None);
+        assert_eq!(t.retain_some(2, 5, |k, _, _| k != "e"), None);
         assert_eq!(t.order(), ["a"]);
     }
 

@@ -5,6 +5,7 @@
 use super::MasterState;
 use crate::master::eviction;
 use crate::master::objects::Verdict;
+use crate::master::pool_events::PoolMedium;
 use crate::master::tiering::Move;
 use crate::transfer::message::{MoveItem, MoveKind, ReplicaLoc, Tier, MAX_MOVE_BYTES};
 use std::collections::HashMap;
@@ -157,6 +158,11 @@ impl MasterState {
         let v = entry.current.take()?;
         self.evictions.push(k, self.clock.unix_micros(), tier);
         self.indexes.version_ended(v.object_id, v.soft_pin_until);
+        let medium = match tier {
+            Tier::Memory => PoolMedium::Memory,
+            Tier::Disk => PoolMedium::Disk,
+        };
+        self.pool_events.ended(k, medium);
         if entry.pending.is_none() {
             self.objects.remove(k);
         }
@@ -306,7 +312,10 @@ impl MasterState {
         v.replicas.retain(|r| !memory.contains(r));
         v.disk_hits = 0;
         let (size, version, until) = (v.size, v.object_id, v.lease_until);
-        self.objects.to_disk(key);
+        if self.objects.to_disk(key) {
+            self.pool_events
+                .moved(key, PoolMedium::Memory, PoolMedium::Disk);
+        }
         self.release(memory, size, version, until, now);
     }
 
@@ -445,7 +454,10 @@ impl MasterState {
                 v.replicas.push(m.to.clone());
                 v.disk_hits = 0;
                 let (size, version, until) = (v.size, v.object_id, v.lease_until);
-                self.objects.to_memory(&m.key);
+                if self.objects.to_memory(&m.key) {
+                    self.pool_events
+                        .moved(&m.key, PoolMedium::Disk, PoolMedium::Memory);
+                }
                 self.release(&disk, size, version, until, now);
                 self.counters.promoted_objects += 1;
                 self.counters.promoted_bytes += m.size;

@@ -43,6 +43,7 @@ use super::config::MasterConfig;
 use super::eviction::EvictionLog;
 use super::indexes::Indexes;
 use super::objects::{ObjectTable, TableFull};
+use super::pool_events::{PoolEvents, PoolMedium};
 use super::reservations::Reservations;
 use super::tiering::Moves;
 use crate::transfer::message::{ReplicaLoc, Tier};
@@ -197,12 +198,20 @@ pub struct MasterState {
     walks: VecDeque<Walk>,
     /// Copies between memory and disk tiers under way.
     moves: Moves,
+    /// The pool's pages as KV events, for the publisher (`--kv-events-config`).
+    pub pool_events: PoolEvents,
 }
 
 impl MasterState {
     /// A master that knows nothing yet, reading `clock` for versions and drawing from `rng`.
     pub fn new(cfg: MasterConfig, clock: Arc<dyn WallClock>, rng: fastrand::Rng) -> MasterState {
         let write_floor = clock.unix_micros();
+        let events_on = cfg
+            .kv_events_config
+            .as_deref()
+            .and_then(|json| crate::kv_events::KvEventsConfig::parse(json).ok())
+            .is_some_and(|c| c.enabled());
+        let pool_events = PoolEvents::new(events_on);
         MasterState {
             forgets: ForgetLog::new(cfg.store_read_lease()),
             cfg,
@@ -222,6 +231,7 @@ impl MasterState {
             evictions: EvictionLog::default(),
             walks: VecDeque::new(),
             moves: Moves::default(),
+            pool_events,
         }
     }
 
@@ -255,6 +265,16 @@ impl MasterState {
         let old = std::mem::replace(self, fresh);
         self.counters = old.counters;
         self.evictions = old.evictions;
+        self.pool_events = old.pool_events;
+        self.pool_events.clear();
+    }
+
+    /// Where `key`'s object lives, as its KV events say (only looked up when they are on).
+    fn medium_of(&self, key: &str) -> PoolMedium {
+        match self.pool_events.enabled() && self.objects.on_disk(key) {
+            true => PoolMedium::Disk,
+            false => PoolMedium::Memory,
+        }
     }
 
     /// The lowest version this state machine issues: the wall clock when it started. Stores

@@ -318,9 +318,13 @@ impl MasterState {
         self.indexes
             .version_began(key, new.object_id, new.soft_pin_until);
         let entry = self.objects.touch_or_insert(key).map_err(table_full)?;
-        if let Some(old) = entry.current.replace(new) {
+        let replaced = entry.current.replace(new);
+        let medium = self.medium_of(key);
+        self.pool_events.began(key, medium);
+        if let Some(old) = replaced {
             self.indexes
                 .version_ended(old.object_id, old.soft_pin_until);
+            self.pool_events.ended(key, medium);
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
         }

@@ -115,6 +115,7 @@ impl MasterState {
     /// A reader found the replica of `key` (version `version`) on `segment_id` corrupt: the
     /// replica is dropped (the object too when it was the last one).
     pub fn report_corrupt(&mut self, key: &str, version: u64, segment_id: u64, now: Instant) {
+        let medium = self.medium_of(key);
         let Some(entry) = self.objects.get_mut(key) else {
             return;
         };
@@ -131,6 +132,7 @@ impl MasterState {
         let size = v.size;
         if v.replicas.is_empty() {
             self.indexes.version_ended(v.object_id, v.soft_pin_until);
+            self.pool_events.ended(key, medium);
             entry.current = None;
             if entry.pending.is_none() {
                 self.objects.remove(key);
@@ -150,6 +152,7 @@ impl MasterState {
     /// once. A key with only an unfinished put is refused unless
     /// `force`, which revokes the put.
     pub fn remove(&mut self, key: &str, force: bool, now: Instant) -> OpResult<()> {
+        let medium = self.medium_of(key);
         let Some(entry) = self.objects.get_mut(key) else {
             return fail(Status::ObjectNotFound, format!("{key:?} not found"));
         };
@@ -164,6 +167,7 @@ impl MasterState {
             Some(_) => {
                 let v = entry.current.take().expect("matched");
                 self.indexes.version_ended(v.object_id, v.soft_pin_until);
+                self.pool_events.ended(key, medium);
                 if entry.pending.is_none() {
                     self.objects.remove(key);
                 }

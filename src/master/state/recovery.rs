@@ -6,6 +6,7 @@
 use super::{fail, MasterState, OpResult, SegState, Segment};
 use crate::master::allocator;
 use crate::master::objects::Version;
+use crate::master::pool_events::PoolMedium;
 use crate::transfer::message::{ForgetItem, ReplicaLoc, SegmentEntry, SegmentInfo, StoredObject};
 use crate::transfer::Status;
 use std::time::Instant;
@@ -302,6 +303,11 @@ impl MasterState {
                     .version_ended(old.object_id, old.soft_pin_until);
             }
             self.indexes.version_began(&o.key, o.version, None);
+            let medium = self.medium_of(&o.key);
+            self.pool_events.began(&o.key, medium);
+            if old.is_some() {
+                self.pool_events.ended(&o.key, medium);
+            }
             if let Some(old) = old {
                 self.release(&old.replicas, old.size, old.object_id, now, now);
             }
@@ -313,9 +319,13 @@ impl MasterState {
             .and_then(|e| e.current.as_ref())
             .is_some_and(|v| v.replicas.iter().all(|r| self.segments.is_disk(r)));
         if only_disk {
-            self.objects.to_disk(&o.key);
-        } else if self.objects.on_disk(&o.key) {
-            self.objects.to_memory(&o.key);
+            if self.objects.to_disk(&o.key) {
+                self.pool_events
+                    .moved(&o.key, PoolMedium::Memory, PoolMedium::Disk);
+            }
+        } else if self.objects.to_memory(&o.key) {
+            self.pool_events
+                .moved(&o.key, PoolMedium::Disk, PoolMedium::Memory);
         }
         self.counters.recovered_objects += 1;
         true
@@ -452,6 +462,7 @@ impl MasterState {
         };
         let segment_id = walk.segment_id;
         let (segments, indexes) = (&self.segments, &mut self.indexes);
+        let pool_events = &mut self.pool_events;
         let confirmed = match (walk.kind, segments.get(segment_id).map(|s| &s.state)) {
             (WalkKind::Drop, _) => None,
             (WalkKind::Confirm, Some(SegState::Recovering { confirmed, .. })) => Some(confirmed),
@@ -462,32 +473,39 @@ impl MasterState {
             }
         };
         let (mut lost, mut freed) = (0u64, Vec::new());
-        let next = self.objects.retain_some(walk.from, budget, |_, e| {
-            let goes = |r: &ReplicaLoc| {
-                r.segment_id == segment_id && confirmed.is_none_or(|c| !c.contains(&r.offset))
-            };
-            if let Some(v) = &mut e.current {
-                let before = v.replicas.len();
-                let size = v.size;
-                v.replicas.retain(|r| {
-                    let gone = goes(r);
-                    if gone {
-                        freed.push((r.offset, size));
+        let next = self
+            .objects
+            .retain_some(walk.from, budget, |key, e, on_disk| {
+                let goes = |r: &ReplicaLoc| {
+                    r.segment_id == segment_id && confirmed.is_none_or(|c| !c.contains(&r.offset))
+                };
+                if let Some(v) = &mut e.current {
+                    let before = v.replicas.len();
+                    let size = v.size;
+                    v.replicas.retain(|r| {
+                        let gone = goes(r);
+                        if gone {
+                            freed.push((r.offset, size));
+                        }
+                        !gone
+                    });
+                    if v.replicas.len() < before && v.replicas.is_empty() {
+                        indexes.version_ended(v.object_id, v.soft_pin_until);
+                        let medium = match on_disk {
+                            true => PoolMedium::Disk,
+                            false => PoolMedium::Memory,
+                        };
+                        pool_events.ended(key, medium);
+                        e.current = None;
+                        lost += 1;
                     }
-                    !gone
-                });
-                if v.replicas.len() < before && v.replicas.is_empty() {
-                    indexes.version_ended(v.object_id, v.soft_pin_until);
-                    e.current = None;
-                    lost += 1;
                 }
-            }
-            // An unfinished put keeps its replicas on a rebound segment (its put end decides).
-            if let (Some(p), None) = (&mut e.pending, confirmed) {
-                p.replicas.retain(|r| r.segment_id != segment_id);
-            }
-            e.current.is_some() || e.pending.is_some()
-        });
+                // An unfinished put keeps its replicas on a rebound segment (its put end decides).
+                if let (Some(p), None) = (&mut e.pending, confirmed) {
+                    p.replicas.retain(|r| r.segment_id != segment_id);
+                }
+                e.current.is_some() || e.pending.is_some()
+            });
         if let Some(seg) = self.segments.get_mut(segment_id) {
             for (offset, size) in freed {
                 seg.alloc.release(offset, size);

@@ -1220,3 +1220,89 @@ fn versions_follow_the_wall_clock_forward_never_back_and_evictions_are_logged_wi
         "{logged:?}"
     );
 }
+
+/// What a subscriber to the pool's events holds: each page's block hash and media.
+fn follow(
+    held: &mut std::collections::BTreeMap<i64, std::collections::BTreeSet<String>>,
+    events: Vec<crate::kv_events::KvEvent>,
+) {
+    use crate::kv_events::KvEvent;
+    for e in events {
+        match e {
+            KvEvent::BlockStored(s) => {
+                let medium = s.medium.expect("a medium").as_str().to_string();
+                held.entry(s.block_hashes[0]).or_default().insert(medium);
+            }
+            KvEvent::BlockRemoved(r) => {
+                let medium = r.medium.expect("a medium").as_str().to_string();
+                let h = r.block_hashes[0];
+                let media = held.get_mut(&h).expect("removed after stored");
+                assert!(media.remove(&medium), "{h} was not in {medium}");
+                if media.is_empty() {
+                    held.remove(&h);
+                }
+            }
+            KvEvent::AllBlocksCleared => held.clear(),
+        }
+    }
+}
+
+#[test]
+fn the_pools_kv_events_follow_every_page_through_puts_moves_evictions_and_removals() {
+    let cfg = MasterConfig {
+        kv_events_config: Some(r#"{"publisher":"zmq","endpoint":"tcp://*:0"}"#.into()),
+        ..MasterConfig::default()
+    };
+    // Memory for 16 objects and disk for 30 under 60 puts: demotions, promotions and disk
+    // evictions.
+    let (mut st, t0, _, _) = tiered(cfg, 30 * KB64);
+    let page = |i: u64| format!("{i:016x}{}", "ab".repeat(24));
+    let mut held = std::collections::BTreeMap::new();
+    for i in 0..60u64 {
+        let key = match i % 3 {
+            0 => page(i),
+            1 => format!("{}_0_k", page(i)),
+            _ => format!("user-object-{i}"),
+        };
+        let (id, _) = st.put_start(7, &key, KB64, &ONE, t0).unwrap();
+        st.put_end(7, &key, id, i as u32, t0).unwrap();
+        if i % 7 == 6 {
+            // An old page, on disk by now: read, it is promoted.
+            st.get_replicas(&page((i / 7) * 3), t0).ok();
+        }
+        answer_moves(&mut st, Status::Ok, t0);
+        st.housekeeping(t0);
+        if i % 10 == 9 {
+            st.remove(&page(i - 9), true, t0).ok();
+        }
+        follow(&mut held, st.pool_events.take());
+    }
+    let c = &st.counters;
+    let moved = (
+        c.demoted_objects,
+        c.promoted_objects,
+        c.disk_evicted_objects,
+    );
+    assert!(
+        moved.0 > 0 && moved.1 > 0 && moved.2 > 0,
+        "demoted, promoted, evicted: {moved:?}"
+    );
+    // The truth: every readable page, in the medium its tier list says.
+    let mut truth = std::collections::BTreeMap::<i64, std::collections::BTreeSet<String>>::new();
+    for (key, entry) in st.objects.iter() {
+        if let (Some(h), Some(_)) = (crate::master::pool_events::page_hash(key), &entry.current) {
+            let medium = match st.objects.on_disk(key) {
+                true => "DISK",
+                false => "EXTERNAL",
+            };
+            truth.entry(h).or_default().insert(medium.to_string());
+        }
+    }
+    assert!(!truth.is_empty());
+    assert_eq!(held, truth);
+    assert_eq!(st.pool_events.pages(), truth.len());
+    // A master that forgets everything says so.
+    st.reset();
+    follow(&mut held, st.pool_events.take());
+    assert!(held.is_empty());
+}
