@@ -397,6 +397,7 @@ pub struct MasterArgs {
     pub tls_key_path: Option<std::path::PathBuf>,
     /// Publish the pool's pages as KV events, for routers (SGLang's JSON, e.g.
     /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}').
+    /// Default: none.
     #[arg(long, env = "RBGCTL_MASTER_KV_EVENTS_CONFIG")]
     pub kv_events_config: Option<String>,
 }

@@ -1,12 +1,14 @@
 //! What the pool holds, as KV events (pure: the housekeeper hands them to the publisher).
 //!
 //! Engines name what they put in the pool after the token chain: SGLang's HiCache keys a page
-//! by the hex SHA-256 digest of its chained token ids (`get_hash_str`), with a suffix per rank
-//! and K/V half (`<digest>_<rank>_k`, `<digest>__k` for MLA, none for rbgctl's SIMULATED
+//! by the hex SHA-256 digest of its chained token ids (`get_hash_str`: the previous page's
+//! digest, then the page's token ids as 4-byte little-endian integers), with a suffix per
+//! rank and K/V half (Mooncake's backend: `<digest>_<rank>_k`, `<digest>__k` for MLA;
+//! rbgctl's: `[<tag>_]<digest>_<model>[_<tp rank>_<tp size>]…`; none for rbgctl's SIMULATED
 //! engine), and its KV events give the same page the digest's first 8 bytes as a big-endian
-//! signed integer (`hash_str_to_int64`). So a key that starts with 64 hex digits is a page, and
-//! its block hash is the one the engines announce: the router joins the two. Other keys are not
-//! pages and make no events.
+//! signed integer (`hash_str_to_int64`). So a key holding a 64-digit hex digest (at its start
+//! or after an `_`) is a page, and its block hash is the one the engines announce: the router
+//! joins the two. Other keys are not pages and make no events.
 //!
 //! A page is several objects (each rank's K and V); it is announced `BlockStored` when the
 //! first of them becomes readable in a medium and `BlockRemoved` when the last there goes, with
@@ -52,17 +54,26 @@ pub struct PoolEvents {
     pub dropped: u64,
 }
 
-/// The block hash of a page key: its first 16 hex digits, if it starts with a 64-digit
-/// SHA-256 hex digest followed by nothing or `_`.
+/// The block hash of a page key: the first 16 hex digits of the 64-digit SHA-256 hex digest
+/// that starts it or follows an `_` (rbgctl's HiCache backend puts `extra_backend_tag_`
+/// first), itself followed by nothing or `_`.
 pub fn page_hash(key: &str) -> Option<i64> {
     let b = key.as_bytes();
-    let digest_ok = b.len() >= 64
-        && b[..64].iter().all(u8::is_ascii_hexdigit)
-        && matches!(b.get(64), None | Some(b'_'));
-    if !digest_ok {
-        return None;
-    }
-    u64::from_str_radix(&key[..16], 16).ok().map(|u| u as i64)
+    let mut starts = std::iter::once(0).chain(
+        b.iter()
+            .enumerate()
+            .filter(|(_, &c)| c == b'_')
+            .map(|(i, _)| i + 1),
+    );
+    let digest_at = |at: usize| {
+        b.len() >= at + 64
+            && b[at..at + 64].iter().all(u8::is_ascii_hexdigit)
+            && matches!(b.get(at + 64), None | Some(b'_'))
+    };
+    let at = starts.find(|&at| digest_at(at))?;
+    u64::from_str_radix(&key[at..at + 16], 16)
+        .ok()
+        .map(|u| u as i64)
 }
 
 impl PoolEvents {
@@ -187,6 +198,13 @@ mod tests {
         assert_eq!(page_hash(DIGEST), Some(255));
         assert_eq!(page_hash(&format!("{DIGEST}_0_k")), Some(255));
         assert_eq!(page_hash(&format!("{DIGEST}__v")), Some(255));
+        assert_eq!(page_hash(&format!("{DIGEST}_Qwen3-8B_0_2")), Some(255));
+        assert_eq!(
+            page_hash(&format!("tag_{DIGEST}_Qwen3-8B")),
+            Some(255),
+            "after a tag"
+        );
+        assert_eq!(page_hash(&format!("tag{DIGEST}_m")), None);
         let negative = format!("f{}", &DIGEST[1..]);
         assert!(page_hash(&negative).unwrap() < 0, "read as signed");
         assert_eq!(page_hash("user-object"), None);
