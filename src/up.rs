@@ -345,12 +345,19 @@ impl Stack {
             router: None,
         };
         let p = &cfg.pool;
+        // precise_prefix over engines backed by the pool: the pool's pages are followed too.
+        let pool_events = cfg.router.policy == PolicyKind::PrecisePrefix && cfg.engines.l3;
         if p.stores > 0 {
             let mut spec = PoolSpec::loopback(p.stores, p.segment_size.0);
             spec.name = "rbgctl-up".into();
             spec.master.rpc_port = p.master_port;
             spec.master.http_metadata_server_port = p.metadata_port;
             spec.master.metrics_port = p.metrics_port;
+            if pool_events {
+                spec.master.kv_events_config = Some(format!(
+                    r#"{{"publisher":"zmq","endpoint":"tcp://{host}:0","bind":true,"replay_endpoint":"tcp://{host}:0"}}"#
+                ));
+            }
             // A store that dies is started again on its files and keeps its objects.
             spec.store.persistent = true;
             spec.shm_dir = match &p.shm_dir {
@@ -381,6 +388,10 @@ impl Stack {
             st.master_metrics = Some(format!("http://{}", pool.master().addrs.metrics));
             st.pool = Some(pool);
         }
+        let master_events = st.pool.as_ref().filter(|_| pool_events).and_then(|pool| {
+            let a = &pool.master().addrs;
+            Some((a.kv_events.clone()?, a.kv_events_replay.clone()))
+        });
         let e = &cfg.engines;
         let roles: Vec<Mode> = if e.pd() {
             std::iter::repeat_n(Mode::Prefill, e.prefill)
@@ -397,6 +408,8 @@ impl Stack {
             },
             policy: PolicyConfig {
                 policy: cfg.router.policy,
+                kv_events_pool_endpoint: master_events.as_ref().map(|(e, _)| e.clone()),
+                kv_events_pool_replay_endpoint: master_events.and_then(|(_, r)| r),
                 ..Default::default()
             },
             metrics: MetricsConfig {

@@ -451,6 +451,50 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     let (_, metrics) = c.http_get("/metrics");
     let pages = format!("rbgctl_master_kv_event_pages {}", warm + 3);
     assert!(metrics.contains(&pages), "{pages} in {metrics}");
+    // The router's index, following an engine and the pool: the pages the engine lacks and
+    // the pool holds count for it as pool blocks, up to the page the pool lost.
+    let engine = c
+        .launcher
+        .spawn::<rbgctl::launch::Engine>(
+            "engine",
+            rbgctl::engine::EngineConfig {
+                port: 0,
+                page_size: 16,
+                kv_events_config: Some(
+                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                        "replay_endpoint":"tcp://127.0.0.1:0"}"#
+                        .into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .expect("the SIMULATED engine starts");
+    let http = engine.addrs.http;
+    let (_, info) = common::http_at(
+        &http.ip().to_string(),
+        http.port(),
+        "GET",
+        "/server_info",
+        b"",
+    );
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let index = rbgctl::router::kv_index::KvIndex::new(1 << 20);
+    let worker: std::sync::Arc<str> = format!("http://{http}").into();
+    assert!(index.follow(&worker, "127.0.0.1", &info).unwrap());
+    index
+        .follow_pool(&endpoint, addrs.kv_events_replay.clone())
+        .unwrap();
+    use rbgctl::router::policy::PrefixView;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let held = loop {
+        let held = index.prefixes(&tokens, std::slice::from_ref(&worker))[0];
+        if held.is_some_and(|p| p.external == 3) || std::time::Instant::now() > deadline {
+            break held;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let held = held.expect("the engine's events are followed");
+    assert_eq!((held.gpu, held.host, held.external), (0, 0, 3), "{held:?}");
     let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
         common::skip("RBGCTL_SGLANG_PYTHON is not set: SGLang's decoder was not tried");
         return;

@@ -291,13 +291,19 @@ impl Index {
     }
 
     /// How many leading blocks of `hashes` each of `sources` holds, by tier.
-    pub fn prefixes(&self, hashes: &[i64], sources: &[SourceId]) -> Vec<Prefix> {
+    pub fn prefixes(
+        &self,
+        hashes: &[i64],
+        sources: &[SourceId],
+        pool: Option<SourceId>,
+    ) -> Vec<Prefix> {
         let mut out = vec![Prefix::default(); sources.len()];
         let mut open: Vec<bool> = vec![true; sources.len()];
         for h in hashes {
             let Some(slot) = self.blocks.get(h) else {
                 break;
             };
+            let pooled = pool.is_some_and(|p| slot.holders.iter().any(|x| x.source == p));
             let mut any = false;
             for (i, s) in sources.iter().enumerate() {
                 if !open[i] {
@@ -306,6 +312,11 @@ impl Index {
                 match slot.holders.iter().find(|x| x.source == *s) {
                     Some(x) => {
                         out[i].add(x.tiers);
+                        any = true;
+                    }
+                    // What the pool holds any engine can load.
+                    None if pooled => {
+                        out[i].external += 1;
                         any = true;
                     }
                     None => open[i] = false,
@@ -345,7 +356,7 @@ mod tests {
         ix.apply(9, &stored(&[1, 2, 3, 4, 5], Medium::External));
         assert_eq!(ix.tiers_of(0, 3), Tiers::HOST);
         assert!(ix.tiers_of(0, 4).is_empty());
-        let p = ix.prefixes(&[1, 2, 3, 4, 5, 6], &[0, 1, 9, 7]);
+        let p = ix.prefixes(&[1, 2, 3, 4, 5, 6], &[0, 1, 9, 7], None);
         assert_eq!(
             p[0],
             Prefix {
@@ -358,12 +369,17 @@ mod tests {
         assert_eq!(p[2].external, 5);
         assert_eq!(p[3].blocks(), 0);
         // A prefix stops at the first block a source lacks, whatever follows.
-        assert_eq!(ix.prefixes(&[2, 1], &[1])[0].gpu, 2);
-        assert_eq!(ix.prefixes(&[7, 1], &[1])[0].gpu, 0);
+        assert_eq!(ix.prefixes(&[2, 1], &[1], None)[0].gpu, 2);
+        // With source 9 the pool: what an engine lacks the pool supplies, up to where neither
+        // holds a block.
+        let p = ix.prefixes(&[1, 2, 3, 4, 5, 6], &[0, 1], Some(9));
+        assert_eq!((p[0].gpu, p[0].host, p[0].external), (2, 1, 2));
+        assert_eq!((p[1].gpu, p[1].external), (2, 3));
+        assert_eq!(ix.prefixes(&[7, 1], &[1], None)[0].gpu, 0);
         // A source clears: its blocks go, others' stay.
         ix.apply(0, &KvEvent::AllBlocksCleared);
-        assert_eq!(ix.prefixes(&[1, 2, 3], &[0, 1])[0].blocks(), 0);
-        assert_eq!(ix.prefixes(&[1, 2, 3], &[0, 1])[1].gpu, 2);
+        assert_eq!(ix.prefixes(&[1, 2, 3], &[0, 1], None)[0].blocks(), 0);
+        assert_eq!(ix.prefixes(&[1, 2, 3], &[0, 1], None)[1].gpu, 2);
         // Removing the last holder drops the block.
         ix.apply(9, &removed(&[5], Medium::External));
         assert!(ix.tiers_of(9, 5).is_empty());
@@ -392,6 +408,6 @@ mod tests {
             assert!(ix.len() <= 4 && ix.order.len() <= 8);
         }
         assert_eq!(ix.stats.evicted, 995, "one for 5, one for each of 6..1000");
-        assert_eq!(ix.prefixes(&[996, 997, 998, 999], &[0])[0].gpu, 4);
+        assert_eq!(ix.prefixes(&[996, 997, 998, 999], &[0], None)[0].gpu, 4);
     }
 }

@@ -243,6 +243,11 @@ pub struct PolicyConfig {
     /// follow). Default 5 s.
     #[serde(rename = "bucket_adjust_interval_secs")]
     pub bucket_adjust_interval: Secs,
+    /// `precise_prefix`: the PUB endpoint of the pool master's KV events (`rbgctl master
+    /// --kv-events-config`); what the pool holds counts for every engine. Default: none.
+    pub kv_events_pool_endpoint: Option<String>,
+    /// ... and its replay endpoint. Default: none.
+    pub kv_events_pool_replay_endpoint: Option<String>,
 }
 
 impl Default for PolicyConfig {
@@ -252,6 +257,8 @@ impl Default for PolicyConfig {
             prefill_policy: None,
             decode_policy: None,
             bucket_adjust_interval: Secs::from_secs(5),
+            kv_events_pool_endpoint: None,
+            kv_events_pool_replay_endpoint: None,
         }
     }
 }
@@ -751,6 +758,14 @@ pub struct PolicyArgs {
     /// to the least loaded. Default 1.25.
     #[arg(long)]
     pub prefix_hash_load_factor: Option<f64>,
+    /// `precise_prefix`: follow the pool master's KV events at this PUB endpoint
+    /// (`tcp://host:port`); what the pool holds counts for every engine. Default: none.
+    #[arg(long)]
+    pub kv_events_pool_endpoint: Option<String>,
+    /// `precise_prefix`: the pool master's KV event replay endpoint, to fill gaps. Default:
+    /// none.
+    #[arg(long)]
+    pub kv_events_pool_replay_endpoint: Option<String>,
 }
 
 #[serde_with::skip_serializing_none]
@@ -1154,6 +1169,21 @@ impl RouterConfig {
             ("router.client_cert_path", tls.client_cert_path.is_some()),
             ("router.client_key_path", tls.client_key_path.is_some()),
         )?;
+        let pol = &self.policy;
+        if pol.kv_events_pool_replay_endpoint.is_some() && pol.kv_events_pool_endpoint.is_none() {
+            return Err(ConfigError::invalid(
+                "router.kv_events_pool_replay_endpoint",
+                "needs kv_events_pool_endpoint (the pool master's PUB endpoint)",
+            ));
+        }
+        let precise = [Some(pol.policy), pol.prefill_policy, pol.decode_policy]
+            .contains(&Some(PolicyKind::PrecisePrefix));
+        if pol.kv_events_pool_endpoint.is_some() && !precise {
+            return Err(ConfigError::invalid(
+                "router.kv_events_pool_endpoint",
+                "only precise_prefix routes on KV events: set --policy precise_prefix, or drop it",
+            ));
+        }
         let cache = &self.cache;
         if !(0.0..=1.0).contains(&cache.cache_threshold) {
             return Err(ConfigError::invalid(

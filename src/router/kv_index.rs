@@ -2,7 +2,9 @@
 //! says where, under `kv_events`) is followed by a subscription that keeps the index in step
 //! (`kv_events::subscribe`), and `precise_prefix` asks it which worker holds how much of a
 //! request (`PrefixView`). A worker whose events are not followed, or are out of step, is
-//! unknown to the policy, which then falls back for it.
+//! unknown to the policy, which then falls back for it. The pool's master may be followed too
+//! (`--kv-events-pool-endpoint`): what it holds any engine can load, so a request's blocks an
+//! engine lacks and the pool has count for every engine, as pool blocks.
 
 use crate::kv_events::hash::block_hashes;
 use crate::kv_events::{Index, Prefix, Sink, Source, SourceId, SourceStats, Subscription};
@@ -30,6 +32,8 @@ struct Followed {
 pub struct KvIndex {
     index: Arc<Mutex<Index>>,
     followed: Mutex<HashMap<Tenant, Followed>>,
+    /// The pool's master, when followed (its blocks are any engine's).
+    pool: Mutex<Option<(SourceId, String, Subscription)>>,
     next_id: AtomicU16,
     /// A followed worker is the SIMULATED engine: prompts are tokenized as it tokenizes them.
     simulated: AtomicBool,
@@ -71,10 +75,40 @@ impl KvIndex {
         KvIndex {
             index: Arc::new(Mutex::new(Index::with_budget(budget_bytes))),
             followed: Mutex::new(HashMap::new()),
+            pool: Mutex::new(None),
             next_id: AtomicU16::new(0),
             simulated: AtomicBool::new(false),
             zmq: zmq::Context::new(),
         }
+    }
+
+    /// Starts a subscription of `source`'s events into the index.
+    fn subscribe(
+        &self,
+        endpoint: &str,
+        replay: Option<String>,
+        topic: String,
+    ) -> Result<(SourceId, Subscription), String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let index = self.index.clone();
+        let sink: Sink = Arc::new(move |source, event| index.lock().apply(source, event));
+        let source = Source {
+            id,
+            endpoint: endpoint.to_string(),
+            replay_endpoint: replay,
+            topic,
+        };
+        let subscription =
+            Subscription::start(&self.zmq, source, sink).map_err(|e| format!("{endpoint}: {e}"))?;
+        Ok((id, subscription))
+    }
+
+    /// Follows the pool master's events (`rbgctl master --kv-events-config`), every topic.
+    pub fn follow_pool(&self, endpoint: &str, replay: Option<String>) -> Result<(), String> {
+        let (id, subscription) = self.subscribe(endpoint, replay, String::new())?;
+        tracing::info!(%endpoint, source = id, "following the pool's KV events");
+        *self.pool.lock() = Some((id, endpoint.to_string(), subscription));
+        Ok(())
     }
 
     /// Follows `worker`'s events as its `/server_info` (`info`) describes them; false when it
@@ -89,17 +123,7 @@ impl KvIndex {
         if self.followed.lock().contains_key(worker) {
             return Ok(true);
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let index = self.index.clone();
-        let sink: Sink = Arc::new(move |source, event| index.lock().apply(source, event));
-        let source = Source {
-            id,
-            endpoint: endpoint.clone(),
-            replay_endpoint,
-            topic,
-        };
-        let subscription =
-            Subscription::start(&self.zmq, source, sink).map_err(|e| format!("{endpoint}: {e}"))?;
+        let (id, subscription) = self.subscribe(&endpoint, replay_endpoint, topic)?;
         if info.get("simulated").and_then(Value::as_bool) == Some(true) {
             self.simulated.store(true, Ordering::Relaxed);
         }
@@ -214,6 +238,10 @@ impl KvIndex {
             for (url, f) in followed.iter() {
                 p.sample(name, &[("worker", url)], value(&f.subscription.stats));
             }
+            if let Some((_, endpoint, s)) = &*self.pool.lock() {
+                let source = format!("pool {endpoint}");
+                p.sample(name, &[("worker", &source)], value(&s.stats));
+            }
         }
         p.finish()
     }
@@ -327,6 +355,12 @@ impl PrefixView for KvIndex {
             })
             .collect();
         drop(followed);
+        let pool = self
+            .pool
+            .lock()
+            .as_ref()
+            .filter(|(_, _, s)| s.stats.in_step.load(Ordering::Relaxed))
+            .map(|(id, _, _)| *id);
         for (_, size) in known.iter().flatten() {
             hashes_by_size
                 .entry(*size)
@@ -335,7 +369,7 @@ impl PrefixView for KvIndex {
         let index = self.index.lock();
         known
             .iter()
-            .map(|k| k.map(|(id, size)| index.prefixes(&hashes_by_size[&size], &[id])[0]))
+            .map(|k| k.map(|(id, size)| index.prefixes(&hashes_by_size[&size], &[id], pool)[0]))
             .collect()
     }
 }

@@ -179,6 +179,10 @@ impl Shared {
         let kv_index = kinds
             .contains(&policy::PolicyKind::PrecisePrefix)
             .then(|| Arc::new(kv_index::KvIndex::new(kv_index::DEFAULT_BUDGET)));
+        if let (Some(k), Some(endpoint)) = (&kv_index, &cfg.policy.kv_events_pool_endpoint) {
+            k.follow_pool(endpoint, cfg.policy.kv_events_pool_replay_endpoint.clone())
+                .map_err(|e| ConfigError::invalid("router.kv_events_pool_endpoint", e))?;
+        }
         let settings = PolicySettings {
             cache: cfg.cache,
             manual: cfg.manual,
