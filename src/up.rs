@@ -409,7 +409,8 @@ impl Stack {
             policy: PolicyConfig {
                 policy: cfg.router.policy,
                 kv_events_pool_endpoint: master_events.as_ref().map(|(e, _)| e.clone()),
-                kv_events_pool_replay_endpoint: master_events.and_then(|(_, r)| r),
+                kv_events_pool_replay_endpoint: master_events.as_ref().and_then(|(_, r)| r.clone()),
+                kv_events_pool_snapshot_url: master_events.as_ref().and(st.master_metrics.clone()),
                 ..Default::default()
             },
             metrics: MetricsConfig {

@@ -495,6 +495,40 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     };
     let held = held.expect("the engine's events are followed");
     assert_eq!((held.gpu, held.host, held.external), (0, 0, 3), "{held:?}");
+    // A router that starts now, without the replay buffer, learns the pool from a snapshot.
+    let late = rbgctl::router::kv_index::KvIndex::new(1 << 20);
+    assert!(late.follow(&worker, "127.0.0.1", &info).unwrap());
+    late.follow_pool(&endpoint, None).unwrap();
+    let snapshot = || {
+        common::http_at(
+            "127.0.0.1",
+            c.metrics_port,
+            "POST",
+            "/api/v1/kv_events/snapshot",
+            b"",
+        )
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let held = loop {
+        // The SUB's subscription reaches the master a moment after it connects: ask again
+        // (once a second, the master's limit) until the snapshot is heard.
+        let (code, body) = snapshot();
+        assert!(code == 200 || code == 429, "{code} {body}");
+        if code == 200 {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["pages"], warm + 3);
+        }
+        let held = late.prefixes(&tokens, std::slice::from_ref(&worker))[0];
+        if held.is_some_and(|p| p.external == 3) || std::time::Instant::now() > deadline {
+            break held;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        held.map(|p| p.external),
+        Some(3),
+        "the snapshot brought the pool's pages"
+    );
     let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
         common::skip("RBGCTL_SGLANG_PYTHON is not set: SGLang's decoder was not tried");
         return;

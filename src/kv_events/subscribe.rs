@@ -18,7 +18,7 @@
 //! buffer no longer reaches back), the source's blocks are forgotten and it is marked out of
 //! step: it will be right again as it stores new blocks, and a policy can fall back for it.
 
-use super::event::{KvEvent, KvEventBatch};
+use super::event::{DecodeError, KvEvent, KvEventBatch};
 use super::index::SourceId;
 use super::wire::{seq_bytes, Message};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -207,8 +207,14 @@ impl Follower {
         }
     }
 
-    /// One live message, with whatever must be replayed before it.
+    /// One live message, with whatever must be replayed before it. A batch that starts by
+    /// clearing every block (a source's flush, the pool master's snapshot) carries the whole
+    /// state from there on: what was missed before it does not matter, and the source is in
+    /// step once it is applied.
     fn take(&mut self, m: Message) {
+        let batch = KvEventBatch::decode(&m.payload);
+        let resets =
+            matches!(&batch, Ok(b) if matches!(b.events.first(), Some(KvEvent::AllBlocksCleared)));
         let from = match self.next {
             // After a dropped connection the source may be a new run whose sequence passed
             // the old one: start over from its beginning.
@@ -217,7 +223,12 @@ impl Follower {
                 self.forget();
                 0
             }
-            Some(next) if m.seq == next => return self.apply(&m),
+            Some(next) if m.seq == next => {
+                if resets {
+                    self.stats.in_step.store(true, Ordering::Relaxed);
+                }
+                return self.apply_decoded(m.seq, batch);
+            }
             // A gap: messages were dropped on the way.
             Some(next) if m.seq > next => next,
             // Already applied (from the replay at the start): a source that restarts drops
@@ -226,7 +237,7 @@ impl Follower {
             // The first message: what the source published before it is replayed too.
             None => 0,
         };
-        let whole = m.seq == from || {
+        let whole = m.seq == from || resets || {
             self.stats.gaps.fetch_add(1, Ordering::Relaxed);
             let filled = self.replay(from, m.seq);
             if filled {
@@ -237,15 +248,20 @@ impl Follower {
             }
             filled
         };
-        // Followed from the source's first message: in step (until a gap is lost).
-        if from == 0 && whole {
+        // Followed from the source's first message, or from a reset: in step (until a gap is
+        // lost).
+        if (from == 0 || resets) && whole {
             self.stats.in_step.store(true, Ordering::Relaxed);
         }
-        self.apply(&m);
+        self.apply_decoded(m.seq, batch);
     }
 
     fn apply(&mut self, m: &Message) {
-        match KvEventBatch::decode(&m.payload) {
+        self.apply_decoded(m.seq, KvEventBatch::decode(&m.payload));
+    }
+
+    fn apply_decoded(&mut self, seq: u64, batch: Result<KvEventBatch, DecodeError>) {
+        match batch {
             Ok(batch) => {
                 for e in &batch.events {
                     (self.sink)(self.source.id, e);
@@ -256,11 +272,11 @@ impl Follower {
                     .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::warn!(source = self.source.id, seq = m.seq, error = %e, "a KV event batch that does not decode");
+                tracing::warn!(source = self.source.id, seq, error = %e, "a KV event batch that does not decode");
             }
         }
-        self.next = Some(m.seq + 1);
-        self.stats.next_seq.store(m.seq + 1, Ordering::Relaxed);
+        self.next = Some(seq + 1);
+        self.stats.next_seq.store(seq + 1, Ordering::Relaxed);
     }
 
     /// Forgets everything the source held; it is out of step until it has been heard whole.
@@ -463,5 +479,60 @@ mod tests {
             "the old run's blocks are gone"
         );
         assert!(sub.stats.gaps.load(Ordering::Relaxed) >= 2);
+    }
+
+    /// Without a replay buffer a late subscriber has lost what came before and is out of
+    /// step; a batch that starts by clearing every block (a snapshot) brings it in step.
+    #[test]
+    fn a_batch_that_clears_everything_brings_a_late_subscriber_in_step() {
+        let index = Arc::new(Mutex::new(Index::with_budget(1 << 20)));
+        let cfg = KvEventsConfig::parse(
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true}"#,
+        )
+        .unwrap();
+        let p = Publisher::start(&cfg).unwrap();
+        p.publish(stored(1));
+        let sent = (0..400).any(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            p.stats.batches.load(Ordering::Relaxed) == 1
+        });
+        assert!(sent, "the publisher did not send");
+        let sink_index = index.clone();
+        let sink: Sink = Arc::new(move |s, e| sink_index.lock().apply(s, e));
+        let source = Source {
+            id: 4,
+            endpoint: p.endpoint.clone(),
+            replay_endpoint: None,
+            topic: String::new(),
+        };
+        let sub = Subscription::start(&zmq::Context::new(), source, sink).unwrap();
+        let mut probe = 100;
+        let heard = until(
+            &p,
+            || {
+                probe += 1;
+                stored(probe)
+            },
+            || sub.stats.lost.load(Ordering::Relaxed) >= 1,
+        );
+        assert!(heard, "the late subscriber never heard the source");
+        assert!(
+            !sub.stats.in_step.load(Ordering::Relaxed),
+            "batch 0 was missed"
+        );
+        let snapshot = || KvEventBatch {
+            ts: 0.0,
+            events: vec![
+                KvEvent::AllBlocksCleared,
+                KvEvent::BlockStored(BlockStored::new(vec![1], None, vec![], 4, Medium::Gpu)),
+            ],
+            attn_dp_rank: Some(0),
+        };
+        let in_step = until(&p, snapshot, || sub.stats.in_step.load(Ordering::Relaxed));
+        assert!(in_step, "the snapshot did not bring the subscriber in step");
+        assert!(
+            !index.lock().tiers_of(4, 1).is_empty(),
+            "the snapshot's block"
+        );
     }
 }

@@ -162,6 +162,10 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/segments", get(segments))
         .route("/get_all_segments", get(all_segments))
+        .route(
+            "/api/v1/kv_events/snapshot",
+            axum::routing::post(kv_events_snapshot),
+        )
         .merge(objects)
         .fallback(|| async {
             (
@@ -174,6 +178,39 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
             leader_only,
         ))
         .with_state(shared)
+}
+
+/// A snapshot at most this often: each is a batch of every page to every subscriber.
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
+
+/// `POST /api/v1/kv_events/snapshot`: the pool's whole state goes out on its KV event stream
+/// (`PoolEvents::snapshot`), for a router that follows it and has just started. Block hashes
+/// only, as the stream itself carries them.
+async fn kv_events_snapshot(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.kv_events.is_none() {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error":
+                "this master publishes no KV events: start it with --kv-events-config"})),
+        )
+            .into_response();
+    }
+    let now = Instant::now();
+    {
+        let mut last = shared.last_snapshot.lock();
+        if last.is_some_and(|t| now.duration_since(t) < SNAPSHOT_EVERY) {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, "1")],
+                Json(serde_json::json!({"error": "a snapshot went out less than 1 s ago"})),
+            )
+                .into_response();
+        }
+        *last = Some(now);
+    }
+    let pages = shared.state.lock().pool_events.snapshot();
+    tracing::info!(pages, "KV event snapshot of the pool queued");
+    Json(serde_json::json!({"pages": pages})).into_response()
 }
 
 /// With the cluster secret set, a request must carry it as `Authorization: Bearer`.

@@ -77,6 +77,8 @@ pub struct Shared {
     pub secret: Option<Arc<crate::auth::Secret>>,
     /// With `kv_events_config`: what the pool's event publisher has done.
     pub kv_events: Option<Arc<crate::kv_events::PublisherStats>>,
+    /// When the last KV event snapshot was queued (they are rate-limited).
+    pub last_snapshot: parking_lot::Mutex<Option<Instant>>,
 }
 
 /// What an election does to the master: a master elected or deposed forgets everything, as a
@@ -329,6 +331,7 @@ pub fn start(
         history: Default::default(),
         secret: secret.clone(),
         kv_events: events.as_ref().map(|p| p.stats.clone()),
+        last_snapshot: Default::default(),
     });
     let election = match cfg.enable_ha {
         true => Some(spawn_election(&cfg, &addrs, &shared, shutdown.clone())?),

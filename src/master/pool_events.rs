@@ -126,6 +126,26 @@ impl PoolEvents {
         }
     }
 
+    /// Queues the whole state after what is queued: the blocks cleared, then every page
+    /// stored in each medium it is in. A subscriber that asked for it (a router that started
+    /// late, or lost its place) has the pool's state once it has applied the batch, whatever
+    /// the replay buffer still holds; for the others it changes nothing. The pages it returns.
+    pub fn snapshot(&mut self) -> usize {
+        if !self.enabled {
+            return 0;
+        }
+        self.events.push_back(KvEvent::AllBlocksCleared);
+        for (&hash, counts) in &self.objects {
+            for medium in [PoolMedium::Memory, PoolMedium::Disk] {
+                if counts[medium.index()] > 0 {
+                    let stored = BlockStored::new(vec![hash], None, Vec::new(), 0, medium.medium());
+                    self.events.push_back(KvEvent::BlockStored(stored));
+                }
+            }
+        }
+        self.objects.len()
+    }
+
     /// The events recorded since the last call, oldest first.
     pub fn take(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events).into()
@@ -246,6 +266,31 @@ mod tests {
         let events = p.take();
         assert_eq!(stored(&events[0]), Some((255, &Medium::External)));
         assert_eq!(removed(&events[1]), Some((255, &Medium::Disk)));
+    }
+
+    #[test]
+    fn a_snapshot_is_the_whole_state_after_what_was_queued() {
+        let mut p = PoolEvents::new(true);
+        let other = format!("7{}", &DIGEST[1..]);
+        p.began(DIGEST, PoolMedium::Memory);
+        p.began(&other, PoolMedium::Memory);
+        p.moved(&other, PoolMedium::Memory, PoolMedium::Disk);
+        let queued = p.events.len();
+        assert_eq!(p.snapshot(), 2);
+        let events = p.take();
+        assert_eq!(events[queued], KvEvent::AllBlocksCleared);
+        let mut after: Vec<(i64, Medium)> = events[queued + 1..]
+            .iter()
+            .map(|e| stored(e).map(|(h, m)| (h, m.clone())).unwrap())
+            .collect();
+        after.sort_by_key(|(h, _)| *h);
+        assert_eq!(
+            after,
+            [
+                (255, Medium::External),
+                (page_hash(&other).unwrap(), Medium::Disk)
+            ]
+        );
     }
 
     #[test]

@@ -12,6 +12,10 @@ use std::time::Duration;
 
 /// Starts the health checker and the tree eviction timer.
 pub fn start(shared: &Arc<Shared>) {
+    if let Some(url) = shared.cfg.policy.kv_events_pool_snapshot_url.clone() {
+        let s = shared.clone();
+        tokio::spawn(async move { pool_snapshot(s, url).await });
+    }
     if !shared.cfg.health.disabled {
         let s = shared.clone();
         tokio::spawn(async move { health_loop(s).await });
@@ -33,6 +37,48 @@ pub fn start(shared: &Arc<Shared>) {
             }
         }
     });
+}
+
+/// A router that follows the pool's events asks its master for a snapshot of them at start
+/// (its stream then carries every page, whatever the replay buffer still holds): a few tries
+/// over about 15 s while the master is not up yet.
+async fn pool_snapshot(s: Arc<Shared>, url: String) {
+    let started = std::time::Instant::now();
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(4));
+    for attempt in 0..6u32 {
+        if attempt > 0 {
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+        let req = crate::router::upstream::Outgoing {
+            method: Method::POST,
+            base: url.as_str().into(),
+            path: "/api/v1/kv_events/snapshot".into(),
+            headers: Default::default(),
+            body: Default::default(),
+        };
+        let sent = tokio::time::timeout(Duration::from_secs(5), s.workers.upstream.send(req));
+        match sent.await.map_err(|_| "no answer within 5 s".to_string()) {
+            Ok(Ok(resp)) if resp.status().is_success() => {
+                let body = http_body_util::BodyExt::collect(resp.into_body())
+                    .await
+                    .map(|b| b.to_bytes());
+                let pages = body
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|v| v["pages"].as_u64());
+                tracing::info!(?pages, took = ?started.elapsed(), "the pool's KV event snapshot is on its way");
+                return;
+            }
+            Ok(Ok(resp)) => {
+                tracing::debug!(status = %resp.status(), %url, "pool snapshot refused; trying again")
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, %url, "pool snapshot not reached; trying again")
+            }
+            Err(e) => tracing::debug!(error = %e, %url, "pool snapshot not reached; trying again"),
+        }
+    }
+    tracing::warn!(%url, "the pool's master gave no KV event snapshot: its blocks come in as they change");
 }
 
 async fn health_loop(s: Arc<Shared>) {

@@ -248,6 +248,9 @@ pub struct PolicyConfig {
     pub kv_events_pool_endpoint: Option<String>,
     /// ... and its replay endpoint. Default: none.
     pub kv_events_pool_replay_endpoint: Option<String>,
+    /// ... and the master's admin URL (`http://host:port`), asked for a snapshot of every
+    /// page at start. Default: none (the pool's blocks come in as they change).
+    pub kv_events_pool_snapshot_url: Option<String>,
 }
 
 impl Default for PolicyConfig {
@@ -259,6 +262,7 @@ impl Default for PolicyConfig {
             bucket_adjust_interval: Secs::from_secs(5),
             kv_events_pool_endpoint: None,
             kv_events_pool_replay_endpoint: None,
+            kv_events_pool_snapshot_url: None,
         }
     }
 }
@@ -766,6 +770,10 @@ pub struct PolicyArgs {
     /// none.
     #[arg(long)]
     pub kv_events_pool_replay_endpoint: Option<String>,
+    /// `precise_prefix`: the pool master's admin URL (`http://host:port`), asked at start for
+    /// a snapshot of every page on its event stream. Default: none.
+    #[arg(long)]
+    pub kv_events_pool_snapshot_url: Option<String>,
 }
 
 #[serde_with::skip_serializing_none]
@@ -1170,11 +1178,22 @@ impl RouterConfig {
             ("router.client_key_path", tls.client_key_path.is_some()),
         )?;
         let pol = &self.policy;
-        if pol.kv_events_pool_replay_endpoint.is_some() && pol.kv_events_pool_endpoint.is_none() {
-            return Err(ConfigError::invalid(
+        for (field, set) in [
+            (
                 "router.kv_events_pool_replay_endpoint",
-                "needs kv_events_pool_endpoint (the pool master's PUB endpoint)",
-            ));
+                pol.kv_events_pool_replay_endpoint.is_some(),
+            ),
+            (
+                "router.kv_events_pool_snapshot_url",
+                pol.kv_events_pool_snapshot_url.is_some(),
+            ),
+        ] {
+            if set && pol.kv_events_pool_endpoint.is_none() {
+                return Err(ConfigError::invalid(
+                    field,
+                    "needs kv_events_pool_endpoint (the pool master's PUB endpoint)",
+                ));
+            }
         }
         let precise = [Some(pol.policy), pol.prefill_policy, pol.decode_policy]
             .contains(&Some(PolicyKind::PrecisePrefix));
