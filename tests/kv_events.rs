@@ -163,6 +163,34 @@ fn events_are_byte_compatible_with_sglangs_own_classes() {
     }
 }
 
+/// An engine's `/server_info`.
+fn server_info(http: std::net::SocketAddr) -> serde_json::Value {
+    let (code, body) = common::http_at(
+        &http.ip().to_string(),
+        http.port(),
+        "GET",
+        "/server_info",
+        b"",
+    );
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The first message `sub` hears, `poke` making the source publish until one is heard (a PUB
+/// drops what it sends before the subscription arrives): at most 200 pokes, 50 ms apart.
+fn first_heard(sub: &zmq::Socket, mut poke: impl FnMut()) -> rbgctl::kv_events::Message {
+    for _ in 0..200 {
+        poke();
+        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
+            let frames = sub.recv_multipart(0).unwrap();
+            return rbgctl::kv_events::Message::from_frames(&frames)
+                .unwrap()
+                .expect("a KV event message");
+        }
+    }
+    panic!("the source's events were never heard");
+}
+
 /// What a SUB or DEALER socket receives next, within 10 s.
 fn recv(s: &zmq::Socket) -> Vec<Vec<u8>> {
     assert!(
@@ -217,17 +245,7 @@ fn the_simulated_engine_publishes_its_caches_and_replays_them() {
         )
     };
     // A PUB drops what it sends before the subscription arrives: flush until one is heard.
-    let mut heard = None;
-    for _ in 0..200 {
-        assert_eq!(post("/flush_cache", "").0, 200);
-        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
-            heard = Some(sub.recv_multipart(0).unwrap());
-            break;
-        }
-    }
-    let first = Message::from_frames(&heard.expect("the engine's events are heard"))
-        .unwrap()
-        .unwrap();
+    let first = first_heard(&sub, || assert_eq!(post("/flush_cache", "").0, 200));
     // Three pages of 4 tokens; the device holds 2, the host 1.
     let tokens: Vec<u32> = (100..113).collect();
     let (code, body) = post(
@@ -293,14 +311,7 @@ fn the_simulated_engine_publishes_its_caches_and_replays_them() {
         "the replay is the live stream"
     );
     // /server_info tells a router where to subscribe.
-    let (_, info) = common::http_at(
-        &http.ip().to_string(),
-        http.port(),
-        "GET",
-        "/server_info",
-        b"",
-    );
-    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let info = server_info(http);
     assert_eq!(info["kv_events"]["block_size"], 4);
     assert_eq!(
         format!(
@@ -396,20 +407,13 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     let tokens: Vec<u32> = (0..64).collect();
     let keys = rbgctl::engine::tokens::page_keys(&tokens, 16);
     let hashes = rbgctl::kv_events::hash::block_hashes(&tokens, 16);
-    let (mut heard, mut warm) = (None, 0);
-    for i in 0..200 {
+    let mut warm = 0;
+    let first = first_heard(&sub, || {
         client
-            .put(&format!("{:064x}", i + 1000), b"warm", &one)
+            .put(&format!("{:064x}", warm + 1000), b"warm", &one)
             .unwrap();
         warm += 1;
-        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
-            heard = Some(sub.recv_multipart(0).unwrap());
-            break;
-        }
-    }
-    let first = Message::from_frames(&heard.expect("the pool's events are heard"))
-        .unwrap()
-        .unwrap();
+    });
     for k in &keys {
         client.put(&format!("{k}_0_k"), b"K half", &one).unwrap();
         client.put(&format!("{k}_0_v"), b"V half", &one).unwrap();
@@ -470,14 +474,7 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
         )
         .expect("the SIMULATED engine starts");
     let http = engine.addrs.http;
-    let (_, info) = common::http_at(
-        &http.ip().to_string(),
-        http.port(),
-        "GET",
-        "/server_info",
-        b"",
-    );
-    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let info = server_info(http);
     let index = rbgctl::router::kv_index::KvIndex::new(1 << 20);
     let worker: std::sync::Arc<str> = format!("http://{http}").into();
     assert!(index.follow(&worker, "127.0.0.1", &info).unwrap());

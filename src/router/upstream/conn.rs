@@ -314,6 +314,24 @@ mod tests {
         (port, task)
     }
 
+    /// A GET on a new connection to the worker at `port`: its pool, address and body.
+    async fn answered(port: u16) -> (Arc<Pool>, Arc<str>, RawBody) {
+        let pool = Arc::new(Pool::new(8, Duration::from_secs(60)));
+        let mut conn = Conn::open("127.0.0.1", port, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let head = get(&mut conn).await;
+        let addr: Arc<str> = format!("127.0.0.1:{port}").into();
+        let body = RawBody::new(
+            conn,
+            head.framing,
+            head.keep_alive,
+            pool.clone(),
+            addr.clone(),
+        );
+        (pool, addr, body)
+    }
+
     async fn get(conn: &mut Conn) -> Head {
         conn.exchange(
             b"GET / HTTP/1.1\r\nhost: w\r\n\r\n",
@@ -331,19 +349,7 @@ mod tests {
             2,
         )
         .await;
-        let pool = Arc::new(Pool::new(8, Duration::from_secs(60)));
-        let mut conn = Conn::open("127.0.0.1", port, Duration::from_secs(5))
-            .await
-            .unwrap();
-        let head = get(&mut conn).await;
-        let addr: Arc<str> = format!("127.0.0.1:{port}").into();
-        let body = RawBody::new(
-            conn,
-            head.framing,
-            head.keep_alive,
-            pool.clone(),
-            addr.clone(),
-        );
+        let (pool, addr, body) = answered(port).await;
         assert_eq!(pool.idle(), 0, "not before the body is read");
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"hi");
         assert_eq!(pool.idle(), 1);
@@ -354,19 +360,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_its_worker_closed_is_not_reused() {
         let (port, w) = worker(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1).await;
-        let pool = Arc::new(Pool::new(8, Duration::from_secs(60)));
-        let mut conn = Conn::open("127.0.0.1", port, Duration::from_secs(5))
-            .await
-            .unwrap();
-        let head = get(&mut conn).await;
-        let addr: Arc<str> = format!("127.0.0.1:{port}").into();
-        let body = RawBody::new(
-            conn,
-            head.framing,
-            head.keep_alive,
-            pool.clone(),
-            addr.clone(),
-        );
+        let (pool, addr, body) = answered(port).await;
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
         assert_eq!(w.await.unwrap(), 1, "the worker closed its end");
         // The close reaches the reactor: wait for the idle connection to read as closed.
