@@ -543,6 +543,28 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
     }
 }
 
+/// `--phases` and `--ops-per-phase` make a count that does not drift (callgrind's figure,
+/// `scripts/callgrind-master.sh`): only the phases named, each of exactly that many calls.
+#[test]
+fn bench_master_runs_only_the_phases_named_for_a_fixed_count() {
+    let o = Command::new(BIN)
+        .args(["bench", "master", "--objects", "1000", "--clients", "2"])
+        .args(["--phases", "exists,describe", "--ops-per-phase", "400"])
+        .args(["--phase-time", "30s", "--rest", "0s", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("rbgctl runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["errors"], 0, "{r}");
+    let results = r["results"].as_array().unwrap();
+    let ops: Vec<(&str, u64)> = results
+        .iter()
+        .map(|x| (x["op"].as_str().unwrap(), x["ops"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ops, [("exists", 400), ("describe", 400)], "{r}");
+}
+
 #[test]
 fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
     let dir = tempfile::tempdir().unwrap();

@@ -45,10 +45,42 @@ pub struct MasterBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only these measured phases (comma-separated; `remove` removes what `put` made).
+    /// Default: all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub phases: Vec<MasterPhase>,
+    /// At most this many calls in each measured phase, all clients together (a count that
+    /// does not drift, for instruction counts under callgrind). Default: as many as
+    /// `--phase-time` allows.
+    #[arg(long, value_parser = parse_count)]
+    pub ops_per_phase: Option<u64>,
     /// Also write an HTML report with charts (operations per second per phase beside the
     /// machine's round-trip ceiling; p50 and p99 latency per phase) to this file.
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
+}
+
+/// A measured phase of `bench master` (`--phases`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MasterPhase {
+    Exists,
+    BatchExists,
+    Describe,
+    DescribeAlone,
+    DescribeUnderPuts,
+    Put,
+    Remove,
+}
+
+impl MasterBenchArgs {
+    fn wants(&self, p: MasterPhase) -> bool {
+        self.phases.is_empty() || self.phases.contains(&p)
+    }
+
+    /// The most calls a phase makes.
+    fn budget(&self) -> u64 {
+        self.ops_per_phase.unwrap_or(u64::MAX / 2)
+    }
 }
 
 /// A count such as `1000000`, `500k` or `10M` (a command-line value).
@@ -292,7 +324,9 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         "the machine's limit: loopback round trips with {} clients",
         args.clients
     ));
-    let ceiling = super::limits::loopback_round_trips(args.clients, args.phase_time.0)?;
+    // At most 3 s: a long --phase-time is for slow masters (one under callgrind).
+    let ceiling_time = args.phase_time.0.min(Duration::from_secs(3));
+    let ceiling = super::limits::loopback_round_trips(args.clients, ceiling_time)?;
     let mut report = Report {
         loopback_round_trips_per_s: ceiling,
         objects: args.objects,
@@ -371,89 +405,101 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         };
         Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
     };
-    progress("exists, single and batched");
-    measured(
-        "exists",
-        1,
-        clients,
-        lock_now(),
-        phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
-            let k = KeyReq {
-                key: key(args.key_bytes, fastrand::u64(..n)),
-            };
-            Some(matches!(c.call::<_, bool>(Opcode::Exists, &k), Ok(true)))
-        }),
-    );
-    measured(
-        "batch_exists 128x",
-        BATCH as u64,
-        clients,
-        lock_now(),
-        phase(&master, clients, u64::MAX / 2, time, |c, _, _| {
-            let from = fastrand::u64(..n.saturating_sub(BATCH as u64).max(1));
-            let req = BatchKeysReq {
-                keys: (from..(from + BATCH as u64).min(n))
-                    .map(|i| key(args.key_bytes, i))
-                    .collect(),
-            };
-            Some(
-                c.call::<_, BatchExistsResp>(Opcode::BatchExists, &req)
-                    .is_ok_and(|r| r.items.iter().all(|e| *e)),
-            )
-        }),
-    );
-    progress("describe");
-    measured(
-        "describe",
-        1,
-        clients,
-        lock_now(),
-        phase(&master, clients, u64::MAX / 2, time, describe_one),
-    );
+    let budget = args.budget();
+    if args.wants(MasterPhase::Exists) {
+        progress("exists");
+        measured(
+            "exists",
+            1,
+            clients,
+            lock_now(),
+            phase(&master, clients, budget, time, |c, _, _| {
+                let k = KeyReq {
+                    key: key(args.key_bytes, fastrand::u64(..n)),
+                };
+                Some(matches!(c.call::<_, bool>(Opcode::Exists, &k), Ok(true)))
+            }),
+        );
+    }
+    if args.wants(MasterPhase::BatchExists) {
+        progress("batched exists");
+        measured(
+            "batch_exists 128x",
+            BATCH as u64,
+            clients,
+            lock_now(),
+            phase(&master, clients, budget, time, |c, _, _| {
+                let from = fastrand::u64(..n.saturating_sub(BATCH as u64).max(1));
+                let req = BatchKeysReq {
+                    keys: (from..(from + BATCH as u64).min(n))
+                        .map(|i| key(args.key_bytes, i))
+                        .collect(),
+                };
+                Some(
+                    c.call::<_, BatchExistsResp>(Opcode::BatchExists, &req)
+                        .is_ok_and(|r| r.items.iter().all(|e| *e)),
+                )
+            }),
+        );
+    }
+    if args.wants(MasterPhase::Describe) {
+        progress("describe");
+        measured(
+            "describe",
+            1,
+            clients,
+            lock_now(),
+            phase(&master, clients, budget, time, describe_one),
+        );
+    }
     // The latency of one client's metadata operations, alone and while another client streams
     // puts: on two cores, sixteen clients' p99 is the scheduler's time slice, not the master.
-    progress("describe by one client, alone");
-    measured(
-        "describe, 1 client",
-        1,
-        1,
-        lock_now(),
-        phase(&master, 1, u64::MAX / 2, time, describe_one),
-    );
-    progress("describe by one client while another streams puts");
-    let streaming = std::sync::atomic::AtomicBool::new(true);
-    let streamed = AtomicU64::new(0);
-    let lock_before = lock_now();
-    let under_puts = std::thread::scope(|s| {
-        s.spawn(|| {
-            let Ok(mut c) = Connection::connect(&master, &rpc_opts()) else {
-                return;
-            };
-            let mut b = 0u64;
-            while streaming.load(Ordering::Relaxed) {
-                let keys: Vec<String> = (0..BATCH as u64)
-                    .map(|j| format!("master-stream/{b}/{j}"))
-                    .collect();
-                if put_batch(&mut c, client_id, &keys, args.value_bytes).is_some() {
-                    streamed.fetch_add(BATCH as u64, Ordering::Relaxed);
+    if args.wants(MasterPhase::DescribeAlone) {
+        progress("describe by one client, alone");
+        measured(
+            "describe, 1 client",
+            1,
+            1,
+            lock_now(),
+            phase(&master, 1, budget, time, describe_one),
+        );
+    }
+    if args.wants(MasterPhase::DescribeUnderPuts) {
+        progress("describe by one client while another streams puts");
+        let streaming = std::sync::atomic::AtomicBool::new(true);
+        let streamed = AtomicU64::new(0);
+        let lock_before = lock_now();
+        let under_puts = std::thread::scope(|s| {
+            s.spawn(|| {
+                let Ok(mut c) = Connection::connect(&master, &rpc_opts()) else {
+                    return;
+                };
+                let mut b = 0u64;
+                while streaming.load(Ordering::Relaxed) {
+                    let keys: Vec<String> = (0..BATCH as u64)
+                        .map(|j| format!("master-stream/{b}/{j}"))
+                        .collect();
+                    if put_batch(&mut c, client_id, &keys, args.value_bytes).is_some() {
+                        streamed.fetch_add(BATCH as u64, Ordering::Relaxed);
+                    }
+                    let req = BatchRemoveReq { force: true, keys };
+                    let _ = c.call::<_, BatchStatusResp>(Opcode::BatchRemove, &req);
+                    b += 1;
                 }
-                let req = BatchRemoveReq { force: true, keys };
-                let _ = c.call::<_, BatchStatusResp>(Opcode::BatchRemove, &req);
-                b += 1;
-            }
+            });
+            let r = phase(&master, 1, budget, time, describe_one);
+            streaming.store(false, Ordering::Relaxed);
+            r
         });
-        let r = phase(&master, 1, u64::MAX / 2, time, describe_one);
-        streaming.store(false, Ordering::Relaxed);
-        r
-    });
-    measured(
-        "describe, 1 client, puts streaming",
-        1,
-        1,
-        lock_before,
-        under_puts,
-    );
-    report.streamed_puts = streamed.into_inner();
+        measured(
+            "describe, 1 client, puts streaming",
+            1,
+            1,
+            lock_before,
+            under_puts,
+        );
+        report.streamed_puts = streamed.into_inner();
+    }
     progress("put start + end, then remove");
     let fresh = |t: usize, i: u64| {
         format!(
@@ -462,45 +508,49 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         )
     };
     let put_count: Vec<AtomicU64> = (0..clients).map(|_| AtomicU64::new(0)).collect();
-    measured(
-        "put start+end",
-        1,
-        clients,
-        lock_now(),
-        phase(&master, clients, u64::MAX / 2, time, |c, t, i| {
-            let ok = put_batch(c, client_id, &[fresh(t, i)], args.value_bytes).is_some();
-            if ok {
-                put_count[t].store(i + 1, Ordering::Relaxed);
-            }
-            Some(ok)
-        }),
-    );
+    if args.wants(MasterPhase::Put) {
+        measured(
+            "put start+end",
+            1,
+            clients,
+            lock_now(),
+            phase(&master, clients, budget, time, |c, t, i| {
+                let ok = put_batch(c, client_id, &[fresh(t, i)], args.value_bytes).is_some();
+                if ok {
+                    put_count[t].store(i + 1, Ordering::Relaxed);
+                }
+                Some(ok)
+            }),
+        );
+    }
     let put_count: Vec<u64> = put_count
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
         .collect();
-    measured(
-        "remove",
-        1,
-        clients,
-        lock_now(),
-        phase(
-            &master,
+    if args.wants(MasterPhase::Remove) {
+        measured(
+            "remove",
+            1,
             clients,
-            put_count.iter().max().copied().unwrap_or(0) * clients as u64,
-            time,
-            |c, t, i| {
-                if i >= put_count[t] {
-                    return None;
-                }
-                let req = RemoveReq {
-                    key: fresh(t, i),
-                    force: true,
-                };
-                Some(c.call::<_, ()>(Opcode::Remove, &req).is_ok())
-            },
-        ),
-    );
+            lock_now(),
+            phase(
+                &master,
+                clients,
+                (put_count.iter().max().copied().unwrap_or(0) * clients as u64).min(budget),
+                time,
+                |c, t, i| {
+                    if i >= put_count[t] {
+                        return None;
+                    }
+                    let req = RemoveReq {
+                        key: fresh(t, i),
+                        force: true,
+                    };
+                    Some(c.call::<_, ()>(Opcode::Remove, &req).is_ok())
+                },
+            ),
+        );
+    }
 
     report.lock_longest_hold_ms = lock_counters(metrics_port).map(|c| c[4] * 1e3);
     if let (Some(pid), Some(m)) = (pid, own.as_mut()) {
