@@ -125,49 +125,15 @@ pub fn model_ids(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// With `precise_prefix`: reads a new worker's `/server_info` (three tries over about 7 s) and,
-/// when it publishes KV events, follows them into the global index.
-pub fn follow_kv_events(s: Arc<Shared>, w: Arc<Worker>) {
-    let Some(index) = s.routing.kv_index.clone() else {
-        return;
-    };
-    tokio::spawn(async move {
-        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(8));
-        for attempt in 0..3u32 {
-            if attempt > 0 {
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-            for path in ["/server_info", "/get_server_info"] {
-                let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await
-                else {
-                    continue;
-                };
-                let Some(info) = st
-                    .is_success()
-                    .then(|| serde_json::from_slice::<Value>(&body).ok())
-                    .flatten()
-                else {
-                    continue;
-                };
-                match index.follow(&w.url, &w.host, &info) {
-                    Ok(true) => return,
-                    Ok(false) => {
-                        tracing::info!(worker = %w.url, "the worker publishes no KV events: precise_prefix falls back for it");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(worker = %w.url, error = %e, "cannot follow the worker's KV events");
-                    }
-                }
-            }
-        }
-    });
-}
-
-/// Reads a new worker's model name in the background (three tries over about 7 s). Nothing is
-/// downloaded: the router never resolves tokenizers or model paths.
-pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
-    if w.model_id.read().is_some() && s.cfg.server.backend != Backend::Openai {
+/// What the router learns of a new worker in the background (three tries over about 7 s):
+/// the models it serves and its engine (`/v1/models`, else `/server_info`), and with
+/// `precise_prefix` where its KV events are published (the same `/server_info`, read once for
+/// both). Nothing is downloaded: the router never resolves tokenizers or model paths.
+pub fn learn_about(s: Arc<Shared>, w: Arc<Worker>) {
+    let openai = s.cfg.server.backend == Backend::Openai;
+    let mut want_model = w.model_id.read().is_none() || openai;
+    let mut want_events = s.routing.kv_index.is_some();
+    if !want_model && !want_events {
         return;
     }
     tokio::spawn(async move {
@@ -176,51 +142,104 @@ pub fn discover_metadata(s: Arc<Shared>, w: Arc<Worker>) {
             if attempt > 0 {
                 tokio::time::sleep(backoff.next_delay()).await;
             }
-            // vLLM serves no server info; its /v1/models names the model and the engine.
-            if let Ok((st, body)) = s
-                .call(&w, Method::GET, "/v1/models", Duration::from_secs(5))
-                .await
-            {
-                if st.is_success() {
-                    if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                        let ids = model_ids(&v);
-                        if !ids.is_empty() {
-                            tracing::debug!(worker = %w.url, models = ?ids, "worker models");
-                            *w.served_models.write() = ids;
-                        }
-                        if s.cfg.server.backend == Backend::Openai {
-                            return;
-                        }
-                        if v.pointer("/data/0/owned_by").and_then(Value::as_str) == Some("vllm") {
-                            tracing::info!(worker = %w.url, "a vLLM engine");
-                            *w.engine.write() = Some(Backend::Vllm);
-                            if let Some(m) = v.pointer("/data/0/id").and_then(Value::as_str) {
-                                *w.model_id.write() = Some(m.to_string());
-                                return;
-                            }
-                        }
-                    }
-                }
+            if want_model {
+                want_model = !read_models(&s, &w).await;
             }
-            if s.cfg.server.backend == Backend::Openai {
+            if openai {
+                // An OpenAI-compatible upstream serves no server info.
+                if !want_model {
+                    return;
+                }
                 continue;
             }
-            for path in ["/server_info", "/get_server_info"] {
-                if let Ok((st, body)) = s.call(&w, Method::GET, path, Duration::from_secs(5)).await
-                {
-                    if st.is_success() {
-                        let model = serde_json::from_slice::<Value>(&body)
-                            .ok()
-                            .as_ref()
-                            .and_then(model_from_server_info);
-                        if let Some(m) = model {
+            if want_model || want_events {
+                if let Some(info) = server_info(&s, &w).await {
+                    if want_model {
+                        if let Some(m) = model_from_server_info(&info) {
                             tracing::debug!(worker = %w.url, model = %m, "worker model");
                             *w.model_id.write() = Some(m);
-                            return;
+                            want_model = false;
                         }
                     }
+                    if want_events {
+                        want_events = !follow_kv_events(&s, &w, &info);
+                    }
                 }
+            }
+            if !want_model && !want_events {
+                return;
             }
         }
     });
+}
+
+/// Reads the worker's `/v1/models`: the models it serves, and with vLLM (which serves no
+/// server info) its engine and model. Whether the model is known now.
+async fn read_models(s: &Shared, w: &Worker) -> bool {
+    let Ok((st, body)) = s
+        .call(w, Method::GET, "/v1/models", Duration::from_secs(5))
+        .await
+    else {
+        return false;
+    };
+    let Some(v) = st
+        .is_success()
+        .then(|| serde_json::from_slice::<Value>(&body).ok())
+        .flatten()
+    else {
+        return false;
+    };
+    let ids = model_ids(&v);
+    if !ids.is_empty() {
+        tracing::debug!(worker = %w.url, models = ?ids, "worker models");
+        *w.served_models.write() = ids;
+    }
+    if s.cfg.server.backend == Backend::Openai {
+        return true;
+    }
+    if v.pointer("/data/0/owned_by").and_then(Value::as_str) == Some("vllm") {
+        tracing::info!(worker = %w.url, "a vLLM engine");
+        *w.engine.write() = Some(Backend::Vllm);
+        if let Some(m) = v.pointer("/data/0/id").and_then(Value::as_str) {
+            *w.model_id.write() = Some(m.to_string());
+            return true;
+        }
+    }
+    false
+}
+
+/// The worker's `/server_info` (or SGLang's older `/get_server_info`), when it answers one.
+async fn server_info(s: &Shared, w: &Worker) -> Option<Value> {
+    for path in ["/server_info", "/get_server_info"] {
+        let Ok((st, body)) = s.call(w, Method::GET, path, Duration::from_secs(5)).await else {
+            continue;
+        };
+        if let Some(info) = st
+            .is_success()
+            .then(|| serde_json::from_slice::<Value>(&body).ok())
+            .flatten()
+        {
+            return Some(info);
+        }
+    }
+    None
+}
+
+/// With `precise_prefix`: follows the worker's KV events as its server info describes them.
+/// Whether that is settled (followed, or none published).
+fn follow_kv_events(s: &Shared, w: &Worker, info: &Value) -> bool {
+    let Some(index) = &s.routing.kv_index else {
+        return true;
+    };
+    match index.follow(&w.url, &w.host, info) {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(worker = %w.url, "the worker publishes no KV events: precise_prefix falls back for it");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(worker = %w.url, error = %e, "cannot follow the worker's KV events");
+            false
+        }
+    }
 }

@@ -174,7 +174,7 @@ pub fn start(shared: Arc<Shared>) {
                         shared.forget(&w.url);
                     }
                     for w in &added {
-                        crate::router::background::discover_metadata(shared.clone(), w.clone());
+                        crate::router::background::learn_about(shared.clone(), w.clone());
                     }
                     tracing::info!(
                         file = %path.display(),

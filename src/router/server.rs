@@ -604,8 +604,7 @@ fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
 }
 
 fn added(s: &Arc<Shared>, w: &Arc<Worker>) {
-    background::discover_metadata(s.clone(), w.clone());
-    background::follow_kv_events(s.clone(), w.clone());
+    background::learn_about(s.clone(), w.clone());
 }
 
 /// Adds a worker through the API (with `--dp-aware`, one per rank: the first is returned).
