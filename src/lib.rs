@@ -22,6 +22,7 @@ pub mod config;
 pub mod engine;
 pub mod ha;
 pub mod hash;
+pub mod http1;
 pub mod http_server;
 pub mod kube;
 pub mod kv;

@@ -410,7 +410,8 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     let mut warm = 0;
     let first = first_heard(&sub, || {
         client
-            .put(&format!("{:064x}", warm + 1000), b"warm", &one)
+            // A page key of its own each time: the page hash is the digest's first 16 digits.
+            .put(&format!("{:016x}{:048x}", warm + 1000, 0), b"warm", &one)
             .unwrap();
         warm += 1;
     });

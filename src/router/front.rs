@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-/// What hyper serves: the fast path for inference, the axum app (already guarded) for the rest.
+/// What the router's port serves: the fast path for inference, the axum app (already guarded) for the rest.
 #[derive(Clone)]
 pub struct Front {
     shared: Arc<Shared>,
@@ -116,7 +116,7 @@ async fn serve_inference(
     resp
 }
 
-impl tower_service::Service<Request<hyper::body::Incoming>> for Front {
+impl tower_service::Service<Request<Body>> for Front {
     type Response = Response;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -125,8 +125,7 @@ impl tower_service::Service<Request<hyper::body::Incoming>> for Front {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<hyper::body::Incoming>) -> Self::Future {
-        let req = req.map(Body::new);
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
         match Front::fast_endpoint(&req) {
             Some(endpoint) => {
                 let (shared, limits) = (self.shared.clone(), self.limits.clone());

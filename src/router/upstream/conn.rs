@@ -2,7 +2,7 @@
 //! by the task that relays it (no connection task, no channel between them), and the
 //! connection back in its runtime's pool once the body has ended.
 
-use super::codec::{self, Decoded, Framing, Head};
+use super::codec::{self, CodecError, Decoded, Framing, Head};
 use super::UpstreamError;
 use bytes::{Bytes, BytesMut};
 use http::Method;
@@ -250,7 +250,7 @@ impl http_body::Body for RawBody {
                 Ok(Decoded::NeedMore) => {}
                 Err(e) => {
                     this.conn = None;
-                    return Poll::Ready(Some(Err(e.into())));
+                    return Poll::Ready(Some(Err(CodecError::from(e).into())));
                 }
             }
             match ready!(conn.poll_fill(cx)) {
@@ -258,7 +258,7 @@ impl http_body::Body for RawBody {
                     this.conn = None;
                     return match this.framing.at_eof() {
                         Ok(()) => Poll::Ready(None),
-                        Err(e) => Poll::Ready(Some(Err(e.into()))),
+                        Err(e) => Poll::Ready(Some(Err(CodecError::from(e).into()))),
                     };
                 }
                 Ok(_) => {}

@@ -1,5 +1,6 @@
 //! The HTTP server every role's HTTP ports use (metrics, health, admin, the metadata server,
-//! the engine, the router): axum's router on hyper, with what a port facing strangers needs.
+//! the engine, the router): axum's router (or a service of the role's own) on the servers' own
+//! HTTP/1.1 connection driver (`h1`), with what a port facing strangers needs.
 //! A client gets `header_read_timeout` to send its request headers (slowloris connections are
 //! closed), at most `max_connections` connections are open at once (more are refused, logged
 //! at most once per 10 s), and a request whose declared `Content-Length` is above
@@ -9,14 +10,14 @@
 //! being received on the port together stay under a total: beyond it a request is answered 503
 //! from its headers.
 
+mod h1;
+
 use crate::shutdown::Shutdown;
 use crate::transfer::server::LogBudget;
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -345,10 +346,10 @@ pub async fn serve_tls(
     serve_service(listener, app, shutdown, limits, tls, open).await
 }
 
-/// A service hyper can serve on a port: it answers every request itself (never fails).
+/// A service a port serves: it answers every request itself (never fails).
 pub trait HttpService:
     tower_service::Service<
-        http::Request<hyper::body::Incoming>,
+        http::Request<axum::body::Body>,
         Response = Response,
         Error = std::convert::Infallible,
     > + Clone
@@ -359,7 +360,7 @@ pub trait HttpService:
 
 impl<S> HttpService for S where
     S: tower_service::Service<
-            http::Request<hyper::body::Incoming>,
+            http::Request<axum::body::Body>,
             Response = Response,
             Error = std::convert::Infallible,
         > + Clone
@@ -408,7 +409,7 @@ pub async fn serve_service<S>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let service = app.clone();
         let stop = shutdown.clone();
         let acceptor = acceptor.clone();
         let open = open.clone().map(OpenConnection::new);
@@ -417,13 +418,11 @@ pub async fn serve_service<S>(
             let _slot = slot;
             let _open = open;
             match acceptor {
-                None => serve_connection(stream, service, stop, header_timeout, peer).await,
+                None => h1::serve(stream, service, stop, header_timeout, peer).await,
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(header_timeout, acceptor.accept(stream));
                     match handshake.await {
-                        Ok(Ok(tls)) => {
-                            serve_connection(tls, service, stop, header_timeout, peer).await
-                        }
+                        Ok(Ok(tls)) => h1::serve(tls, service, stop, header_timeout, peer).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -454,39 +453,5 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// One connection, until it ends or `stop` fires (then gracefully).
-async fn serve_connection<I, S>(
-    io: I,
-    service: TowerToHyperService<S>,
-    stop: Shutdown,
-    header_timeout: Duration,
-    peer: std::net::SocketAddr,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: HttpService,
-    S::Future: Send + 'static,
-{
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    let conn = builder.serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let done = tokio::select! {
-        r = conn.as_mut() => Some(r),
-        _ = stop.wait() => None,
-    };
-    let result = match done {
-        Some(r) => r,
-        None => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "HTTP connection ended");
     }
 }
