@@ -130,19 +130,18 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut names = Vec::with_capacity(req.headers.len());
-    let mut spans = [(0usize, 0usize); MAX_HEADERS];
+    let mut fields = Vec::with_capacity(req.headers.len());
     let mut delimiters = Delimiters::default();
     let mut expect_continue = false;
-    for (h, at) in req.headers.iter().zip(spans.iter_mut()) {
+    for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| HeadError::Header(h.name.to_string()))?;
         delimiters.see(&name, h.value)?;
         if name == header::EXPECT {
             expect_continue |= h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
-        *at = span(h.value);
-        names.push(name);
+        let (start, n) = span(h.value);
+        fields.push((name, start, n));
     }
     let framing = delimiters.request_framing(version)?;
     let keep_alive = delimiters.persistent(version);
@@ -150,8 +149,8 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let (start, n) = target_span;
     let uri = Uri::from_maybe_shared(head.slice(start..start + n))
         .map_err(|_| HeadError::Target(String::from_utf8_lossy(&head[start..start + n]).into()))?;
-    let mut headers = HeaderMap::with_capacity(names.len());
-    for (name, &(start, n)) in names.into_iter().zip(&spans) {
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for (name, start, n) in fields {
         headers.append(name, field_value(&head, start, n));
     }
     let mut parts = Request::new(()).into_parts().0;

@@ -120,18 +120,14 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head
         };
         // Names parsed and the framing read as the lines come; values then become slices
         // of the head.
-        let mut names = Vec::with_capacity(resp.headers.len());
-        let mut spans = [(0usize, 0usize); MAX_HEADERS];
+        let mut fields = Vec::with_capacity(resp.headers.len());
         let mut delimiters = Delimiters::default();
-        for (h, span) in resp.headers.iter().zip(spans.iter_mut()) {
+        for h in resp.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| CodecError::Header(h.name.to_string()))?;
             delimiters.see(&name, h.value)?;
-            *span = (
-                h.value.as_ptr() as usize - buf.as_ptr() as usize,
-                h.value.len(),
-            );
-            names.push(name);
+            let start = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+            fields.push((name, start, h.value.len()));
         }
         let head = buf.split_to(len).freeze();
         if status == StatusCode::SWITCHING_PROTOCOLS {
@@ -140,8 +136,8 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head
         if status.is_informational() {
             continue;
         }
-        let mut headers = HeaderMap::with_capacity(names.len());
-        for (name, &(start, n)) in names.into_iter().zip(&spans) {
+        let mut headers = HeaderMap::with_capacity(fields.len());
+        for (name, start, n) in fields {
             headers.append(name, field_value(&head, start, n));
         }
         let (framing, keep_alive) = delimiters.response_framing(method, status, version);
