@@ -345,7 +345,7 @@ pub fn start(
     tracing::info!(addr = %rpc.addr, "master RPC listening");
     let housekeeper = {
         let (state, shutdown) = (state.clone(), shutdown.clone());
-        let mover = shared.mover.clone();
+        let (mover, notifier) = (shared.mover.clone(), service.notifier.clone());
         let (history, stats) = (shared.history.clone(), service.stats.clone());
         let interval = cfg.summary_interval_ms.0;
         std::thread::Builder::new()
@@ -364,6 +364,9 @@ pub fn start(
                     }
                     if st.has_queued_moves() {
                         mover.wake();
+                    }
+                    if st.forgets_pending() {
+                        notifier.wake();
                     }
                     if now.duration_since(last_summary) >= interval {
                         last_summary = now;
@@ -437,6 +440,7 @@ pub fn start(
     }
     role::announce("master", &addrs);
     let stop = shutdown.clone();
+    let threads_to_wake = (service.notifier.clone(), shared.mover.clone());
     Ok(Handle::spawn("master", addrs, shutdown, move || {
         runtime.block_on(stop.wait());
         tracing::info!("master stopping");
@@ -446,6 +450,9 @@ pub fn start(
         }
         rpc.stop();
         let _ = housekeeper.join();
+        // Both sleep until woken when idle: woken, they see the stop.
+        threads_to_wake.0.wake();
+        threads_to_wake.1.wake();
         let _ = notifier_thread.join();
         let _ = mover_thread.join();
         runtime.shutdown_timeout(Duration::from_secs(5));

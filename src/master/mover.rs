@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How often queued moves are looked for when nobody said so (operations that queue moves
-/// wake the mover): rarely, so that an idle master stays idle.
-const TICK: Duration = Duration::from_millis(100);
+/// How often queued moves are looked for when nobody said so: a safety net, since operations
+/// that queue moves wake the mover, and so does the housekeeper's tick while any are queued;
+/// rarely, so that an idle master stays idle.
+const TICK: Duration = Duration::from_secs(1);
 /// Most bytes copied per `MOVE` request: small enough that memory is freed as a long queue
 /// drains, large enough that a request's round trip is small beside its copying.
 const REQUEST_BYTES: u64 = 8 << 20;

@@ -10,8 +10,11 @@
 //! one only to a live segment whose store has taken every forget queued for it (`grant`), so a
 //! store the master cannot reach keeps stale records only until its last lease runs out.
 //!
-//! One thread drains the outbox whenever it is woken (after a remove) or every 20 ms. Forgets a
-//! live store did not take are kept and sent again. A remove or replace waits (`settle`) until
+//! One thread drains the outbox whenever it is woken: by a remove or replace, and by the
+//! housekeeper when its tick finds forgets queued (an eviction's). Forgets a live store did not
+//! take are kept and sent again every 20 ms (a store that failed, every quarter lease); with
+//! nothing owed to anyone the thread sleeps until woken (at most a second), so an idle master
+//! does not wake it 50 times a second. A remove or replace waits (`settle`) until
 //! its forgets are delivered, or, when a store could not be reached, until that store's last
 //! lease has run out.
 
@@ -28,7 +31,10 @@ use std::time::{Duration, Instant};
 
 /// Forgets per request.
 const CHUNK: usize = 16_384;
-const TICK: Duration = Duration::from_millis(20);
+/// How soon the thread goes again while a store still has forgets to take.
+const RETRY: Duration = Duration::from_millis(20);
+/// Longest sleep with nothing owed: a safety net, since whatever queues forgets wakes it.
+const IDLE: Duration = Duration::from_secs(1);
 /// Most forgets kept for one store that does not take them; past it the store is granted no
 /// lease (until it mounts again), since what it was owed is lost.
 const BACKLOG_LIMIT: usize = 1 << 20;
@@ -124,17 +130,16 @@ impl Notifier {
         std::thread::Builder::new()
             .name("master-notifier".into())
             .spawn(move || {
+                let mut owed = false;
                 while !shutdown.is_triggered() {
                     {
                         let mut w = me.wake.lock();
                         if !*w {
-                            me.wake_cv.wait_for(&mut w, TICK);
+                            me.wake_cv.wait_for(&mut w, if owed { RETRY } else { IDLE });
                         }
                         *w = false;
                     }
-                    if me.leadership.check(Instant::now()).is_ok() {
-                        me.flush();
-                    }
+                    owed = me.leadership.check(Instant::now()).is_ok() && me.flush();
                 }
             })
     }
@@ -227,8 +232,9 @@ impl Notifier {
         }
     }
 
-    /// Drains the outbox once and sends every store its forgets.
-    pub fn flush(&self) {
+    /// Drains the outbox once and sends every store its forgets; returns whether a store still
+    /// has some to take (so the thread goes again soon).
+    pub fn flush(&self) -> bool {
         let outbox = self.state.lock().take_outbox();
         let mut stale_until: Option<Instant> = None;
         let mut later = |t: Option<Instant>| {
@@ -237,6 +243,7 @@ impl Notifier {
             }
         };
         let mut taken = Vec::new();
+        let owed;
         {
             let mut endpoints = self.endpoints.lock();
             // Stores no longer live (gone, away, recovering) are forgotten here once their
@@ -296,6 +303,7 @@ impl Notifier {
                     }
                 }
             }
+            owed = endpoints.values().any(|e| !e.backlog.is_empty());
         }
         {
             // Every store with nothing left in its backlog took all it was owed up to here.
@@ -315,6 +323,7 @@ impl Notifier {
             (a, b) => a.or(b),
         };
         self.delivered_cv.notify_all();
+        owed
     }
 
     /// Sends `e` its whole backlog; it is emptied only once the store took all of it.

@@ -90,6 +90,11 @@ impl ForgetLog {
         self.seq
     }
 
+    /// Whether forgets wait for delivery.
+    pub fn pending(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
     /// Takes the forgets waiting for delivery, grouped by store endpoint. Forgets for segments
     /// that are away or gone are dropped: a returning store reports its records and the master
     /// rejects those it no longer has (a gone segment's store has stopped or lost its read

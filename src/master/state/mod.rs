@@ -325,6 +325,12 @@ impl MasterState {
         }
     }
 
+    /// Whether forgets wait for the notifier (queued by an operation that did not wake it,
+    /// such as an eviction).
+    pub fn forgets_pending(&self) -> bool {
+        self.forgets.pending()
+    }
+
     /// Takes the forgets waiting for delivery, grouped by store endpoint (`ForgetLog::take`).
     pub fn take_outbox(&mut self) -> Outbox {
         self.forgets.take(&self.segments)
