@@ -78,6 +78,11 @@ impl Launchable for Master {
         if let Some(m) = addrs.metadata {
             cfg.http_metadata_server_port = m.port();
         }
+        pin_kv_events(
+            &mut cfg.kv_events_config,
+            addrs.kv_events.as_deref(),
+            addrs.kv_events_replay.as_deref(),
+        );
     }
 }
 
@@ -134,6 +139,19 @@ impl Launchable for Engine {
         if let Some(b) = addrs.bootstrap {
             cfg.disaggregation_bootstrap_port = Some(b.port());
         }
+        pin_kv_events(
+            &mut cfg.kv_events_config,
+            addrs.kv_events.as_deref(),
+            addrs.kv_events_replay.as_deref(),
+        );
+    }
+}
+
+/// A child's KV events endpoints as its first start bound them, so that a restart publishes
+/// where its subscribers (the router) already follow it.
+fn pin_kv_events(config: &mut Option<String>, bound: Option<&str>, replay: Option<&str>) {
+    if let (Some(json), Some(endpoint)) = (config.as_deref(), bound) {
+        *config = Some(crate::kv_events::config::pinned(json, endpoint, replay));
     }
 }
 

@@ -373,6 +373,52 @@ print(n)
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
+/// A master started again (here after a kill -9) publishes its KV events on the endpoints it
+/// bound the first time, so a router following it hears it again without being told anything.
+#[test]
+fn a_master_started_again_publishes_where_it_was_followed() {
+    let mut c = common::Cluster::start(common::Opts {
+        stores: 1,
+        master: rbgctl::master::config::MasterConfig {
+            kv_events_config: Some(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                    "replay_endpoint":"tcp://127.0.0.1:0","topic":"pool"}"#
+                    .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let first = c.pool.master().addrs.clone();
+    let endpoint = first.kv_events.clone().expect("a PUB endpoint");
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"pool").unwrap();
+    sub.connect(&endpoint).unwrap();
+    c.pool.masters[0].kill();
+    c.pool.masters[0].start().expect("the master starts again");
+    let again = c.pool.master().addrs.clone();
+    assert_eq!(again.kv_events, first.kv_events, "the same PUB endpoint");
+    assert_eq!(
+        again.kv_events_replay, first.kv_events_replay,
+        "the same replay endpoint"
+    );
+    // Heard on the subscription made before the restart, once the store is back and a put
+    // of a page lands.
+    let client = c.client();
+    let one = rbgctl::client::ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    let mut n = 0u64;
+    let heard = (0..400).any(|_| {
+        let _ = client.put(&format!("{:016x}{:048x}", n + 7000, 0), b"again", &one);
+        n += 1;
+        sub.poll(zmq::POLLIN, 50).unwrap() > 0
+    });
+    assert!(heard, "the restarted master's events were never heard");
+}
+
 /// The pool's master publishes its pages (HiCache page keys) as KV events with the block
 /// hashes the engines give the same pages: a put stored in `EXTERNAL` once per page (K and V
 /// are one page), nothing for other keys, a removal of a page's last object removed; SGLang's

@@ -93,6 +93,21 @@ impl KvEventsConfig {
     }
 }
 
+/// `json` (a `--kv-events-config`) with its endpoints set to those a first start bound (port 0
+/// became a port), so that the same process started again publishes where its subscribers
+/// follow it. Other keys stay as given; JSON that is not an object is returned unchanged.
+pub fn pinned(json: &str, endpoint: &str, replay: Option<&str>) -> String {
+    let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(json) else {
+        return json.to_string();
+    };
+    map.insert("endpoint".into(), json!(endpoint));
+    map.insert("bind".into(), json!(true));
+    if let Some(r) = replay {
+        map.insert("replay_endpoint".into(), json!(r));
+    }
+    Value::Object(map).to_string()
+}
+
 /// Host and port of a `tcp://host:port` endpoint (IPv6 in brackets).
 pub fn tcp_host_port(endpoint: &str) -> Option<(String, u16)> {
     let rest = endpoint.strip_prefix("tcp://")?;
@@ -130,6 +145,31 @@ pub fn descriptor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pinned_config_binds_the_endpoints_a_first_start_bound() {
+        let first = r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,"replay_endpoint":"tcp://127.0.0.1:0","topic":"kv"}"#;
+        let again = pinned(
+            first,
+            "tcp://127.0.0.1:40001",
+            Some("tcp://127.0.0.1:40002"),
+        );
+        let c = KvEventsConfig::parse(&again).unwrap();
+        assert_eq!(c.endpoint, "tcp://127.0.0.1:40001");
+        assert_eq!(c.replay_endpoint.as_deref(), Some("tcp://127.0.0.1:40002"));
+        assert!(c.binds() && c.topic == "kv");
+        let none = pinned(
+            r#"{"publisher":"zmq","endpoint":"tcp://*:0"}"#,
+            "tcp://0.0.0.0:40003",
+            None,
+        );
+        let c = KvEventsConfig::parse(&none).unwrap();
+        assert_eq!(
+            (c.endpoint.as_str(), c.replay_endpoint),
+            ("tcp://0.0.0.0:40003", None)
+        );
+        assert_eq!(pinned("not json", "tcp://x:1", None), "not json");
+    }
 
     #[test]
     fn sglangs_json_is_read_with_its_defaults() {

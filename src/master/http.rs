@@ -209,6 +209,7 @@ async fn kv_events_snapshot(State(shared): State<Arc<Shared>>) -> Response {
         *last = Some(now);
     }
     let pages = shared.state.lock().pool_events.snapshot();
+    shared.service.housekeeper.poke();
     tracing::info!(pages, "KV event snapshot of the pool queued");
     Json(serde_json::json!({"pages": pages})).into_response()
 }

@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod compat;
 pub mod config;
 pub mod eviction;
+pub mod housekeeper;
 pub mod http;
 pub mod indexes;
 pub mod key_index;
@@ -312,6 +313,7 @@ pub fn start(
     let mover = mover::Mover::new(state.clone(), leadership.clone(), secret.clone());
     let metadata_auth = secret.clone();
     let mover_thread = mover.spawn(shutdown.clone())?;
+    let housekeeper = housekeeper::Housekeeper::new();
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
         notifier,
@@ -320,6 +322,7 @@ pub fn start(
         allocations_from: parking_lot::Mutex::new(Instant::now() + cfg.put_reservation_ttl_ms.0),
         leadership: leadership.clone(),
         mover: mover.clone(),
+        housekeeper: housekeeper.clone(),
     });
     let shared = Arc::new(Shared {
         state: state.clone(),
@@ -343,54 +346,18 @@ pub fn start(
     };
     let mut rpc = server::spawn(listeners.rpc, service.clone(), rpc_opts)?;
     tracing::info!(addr = %rpc.addr, "master RPC listening");
-    let housekeeper = {
-        let (state, shutdown) = (state.clone(), shutdown.clone());
-        let (mover, notifier) = (shared.mover.clone(), service.notifier.clone());
-        let (history, stats) = (shared.history.clone(), service.stats.clone());
-        let interval = cfg.summary_interval_ms.0;
-        std::thread::Builder::new()
-            .name("master-housekeeper".into())
-            .spawn(move || {
-                let events = events;
-                let mut last_summary = Instant::now();
-                // Said when it changed: an idle master stays quiet.
-                let mut last_said = String::new();
-                while !shutdown.sleep(Duration::from_millis(50)) {
-                    let now = Instant::now();
-                    let mut st = state.lock();
-                    st.housekeeping(now);
-                    if let Some(publisher) = &events {
-                        publish_pool_events(publisher, st.pool_events.take());
-                    }
-                    if st.has_queued_moves() {
-                        mover.wake();
-                    }
-                    if st.forgets_pending() {
-                        notifier.wake();
-                    }
-                    if now.duration_since(last_summary) >= interval {
-                        last_summary = now;
-                        let line = summary_line(&st, now);
-                        if line != last_said {
-                            tracing::info!("{line}");
-                            last_said = line;
-                        }
-                    }
-                    let mut history = history.lock();
-                    if history.due(now) {
-                        history.record(ui::sample(&stats, &st.counters, now));
-                    }
-                    drop(history);
-                    // A store that left or came back: its replicas are dropped or confirmed a
-                    // step at a time, the lock let go between steps.
-                    while st.walking() {
-                        drop(st);
-                        st = state.lock();
-                        st.walk_step(state::WALK_STEP);
-                    }
-                }
-            })?
-    };
+    let housekeeper_thread = housekeeper.spawn(
+        housekeeper::Parts {
+            state: state.clone(),
+            mover: shared.mover.clone(),
+            notifier: service.notifier.clone(),
+            history: shared.history.clone(),
+            stats: service.stats.clone(),
+            events,
+            summary_interval: cfg.summary_interval_ms.0,
+        },
+        shutdown.clone(),
+    )?;
     let runtime = role::runtime("master-http", Some(2))?;
     let (metrics, metadata) = {
         let _guard = runtime.enter();
@@ -440,7 +407,7 @@ pub fn start(
     }
     role::announce("master", &addrs);
     let stop = shutdown.clone();
-    let threads_to_wake = (service.notifier.clone(), shared.mover.clone());
+    let threads_to_wake = (service.notifier.clone(), shared.mover.clone(), housekeeper);
     Ok(Handle::spawn("master", addrs, shutdown, move || {
         runtime.block_on(stop.wait());
         tracing::info!("master stopping");
@@ -449,8 +416,9 @@ pub fn start(
             let _ = e.join();
         }
         rpc.stop();
-        let _ = housekeeper.join();
-        // Both sleep until woken when idle: woken, they see the stop.
+        // The three sleep until woken when idle: woken, they see the stop.
+        threads_to_wake.2.wake();
+        let _ = housekeeper_thread.join();
         threads_to_wake.0.wake();
         threads_to_wake.1.wake();
         let _ = notifier_thread.join();

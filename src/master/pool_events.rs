@@ -147,6 +147,11 @@ impl PoolEvents {
     }
 
     /// The events recorded since the last call, oldest first.
+    /// Whether events wait to be published.
+    pub fn queued(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     pub fn take(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events).into()
     }

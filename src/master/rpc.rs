@@ -27,6 +27,25 @@ pub struct MasterService {
     pub leadership: Arc<crate::ha::lease::Leadership>,
     /// Carries out moves between tiers; puts wait for it when memory is short.
     pub mover: Arc<super::mover::Mover>,
+    /// Poked after every operation that may change the state.
+    pub housekeeper: Arc<super::housekeeper::Housekeeper>,
+}
+
+/// Whether an operation may leave the housekeeper work to do (anything but a read, a ping, a
+/// lease or the handshake).
+fn changes_state(op: Opcode) -> bool {
+    !matches!(
+        op,
+        Opcode::Ping
+            | Opcode::ListSegments
+            | Opcode::Lease
+            | Opcode::AuthHello
+            | Opcode::AuthProof
+            | Opcode::GetReplicas
+            | Opcode::Exists
+            | Opcode::BatchGetReplicas
+            | Opcode::BatchExists
+    )
 }
 
 /// Longest a put waits for demotions under way to free the memory it needs, before eviction
@@ -449,6 +468,9 @@ impl Service for MasterService {
         let result = self.dispatch(op, meta, io);
         let ok = matches!(result, Ok(true));
         self.stats.record(req.opcode, ok, t0.elapsed());
+        if changes_state(op) {
+            self.housekeeper.poke();
+        }
         result.map(|_| ())
     }
 

@@ -3,6 +3,7 @@
 //! eviction watermark.
 
 use super::{MasterState, SegState};
+use crate::master::eviction;
 use std::time::Instant;
 
 impl MasterState {
@@ -67,6 +68,31 @@ impl MasterState {
     }
 
     /// Periodic work: expire clients, release deferred space, reclaim abandoned puts, evict.
+    /// Whether nothing here waits on the clock more finely than a second: no unfinished put,
+    /// reservation, extent waiting for its release, queued move, walk, forget or KV event, no
+    /// store away, and memory under the eviction watermark. What is left to time (clients,
+    /// soft pins) may run out a second late. The housekeeper then ticks once a second; an
+    /// operation that changes anything wakes it.
+    pub fn quiet(&self) -> bool {
+        let (used, capacity) = self.segments.used_and_capacity();
+        let evicting = eviction::bytes_to_free(
+            used.saturating_sub(self.moves.demoting_total()),
+            capacity,
+            self.cfg.eviction_high_watermark_ratio,
+            self.cfg.eviction_ratio,
+            self.force_eviction,
+        ) > 0;
+        self.indexes.pending() == 0
+            && self.reservations.is_empty()
+            && self.deferred.is_empty()
+            && !self.has_queued_moves()
+            && !self.walking()
+            && !self.forgets_pending()
+            && !self.pool_events.queued()
+            && !self.segments.iter().any(|s| s.state.is_away())
+            && !evicting
+    }
+
     pub fn housekeeping(&mut self, now: Instant) {
         self.expire_clients(now);
         let given_up: Vec<u64> = self

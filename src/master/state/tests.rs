@@ -1306,3 +1306,28 @@ fn the_pools_kv_events_follow_every_page_through_puts_moves_evictions_and_remova
     follow(&mut held, st.pool_events.take());
     assert!(held.is_empty());
 }
+
+/// The housekeeper ticks slowly only while nothing waits on the clock: an unfinished put, a
+/// removal's forgets, or a store away make the state busy; a finished put and delivered forgets
+/// leave it quiet.
+#[test]
+fn the_state_is_quiet_only_while_nothing_waits_on_the_clock() {
+    let (mut st, t0) = state();
+    assert!(st.quiet(), "a mounted, empty pool");
+    let (id, _) = st.put_start(7, "k", 100, &ONE, t0).unwrap();
+    assert!(!st.quiet(), "an unfinished put");
+    st.put_end(7, "k", id, 0, t0).unwrap();
+    assert!(st.quiet(), "a finished put");
+    st.remove("k", true, t0).unwrap();
+    assert!(!st.quiet(), "forgets to deliver");
+    let _ = st.take_outbox();
+    st.forgets_delivered(t0);
+    // Past the stores' read lease (2 s), within the client's TTL (10 s).
+    let later = t0 + Duration::from_secs(3);
+    st.housekeeping(later);
+    assert!(st.quiet(), "forgets delivered, extents released");
+    let (persistent, _) = st.mount(2, pseg("b", 9), false, later).unwrap();
+    assert!(st.quiet(), "a second store mounted");
+    st.unmount(2, persistent, true, later).unwrap();
+    assert!(!st.quiet(), "a store away");
+}
