@@ -373,11 +373,9 @@ print(n)
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
-/// A master started again (here after a kill -9) publishes its KV events on the endpoints it
-/// bound the first time, so a router following it hears it again without being told anything.
-#[test]
-fn a_master_started_again_publishes_where_it_was_followed() {
-    let mut c = common::Cluster::start(common::Opts {
+/// A pool of one store whose master publishes its KV events (topic `pool`) on free ports.
+fn pool_publishing_events() -> common::Cluster {
+    common::Cluster::start(common::Opts {
         stores: 1,
         master: rbgctl::master::config::MasterConfig {
             kv_events_config: Some(
@@ -388,13 +386,26 @@ fn a_master_started_again_publishes_where_it_was_followed() {
             ..Default::default()
         },
         ..Default::default()
-    });
+    })
+}
+
+/// A subscriber to the pool's topic at `endpoint`.
+fn pool_subscriber(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"pool").unwrap();
+    sub.connect(endpoint).unwrap();
+    sub
+}
+
+/// A master started again (here after a kill -9) publishes its KV events on the endpoints it
+/// bound the first time, so a router following it hears it again without being told anything.
+#[test]
+fn a_master_started_again_publishes_where_it_was_followed() {
+    let mut c = pool_publishing_events();
     let first = c.pool.master().addrs.clone();
     let endpoint = first.kv_events.clone().expect("a PUB endpoint");
     let ctx = zmq::Context::new();
-    let sub = ctx.socket(zmq::SUB).unwrap();
-    sub.set_subscribe(b"pool").unwrap();
-    sub.connect(&endpoint).unwrap();
+    let sub = pool_subscriber(&ctx, &endpoint);
     c.pool.masters[0].kill();
     c.pool.masters[0].start().expect("the master starts again");
     let again = c.pool.master().addrs.clone();
@@ -426,24 +437,11 @@ fn a_master_started_again_publishes_where_it_was_followed() {
 #[test]
 fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     use rbgctl::kv_events::Message;
-    let c = common::Cluster::start(common::Opts {
-        stores: 1,
-        master: rbgctl::master::config::MasterConfig {
-            kv_events_config: Some(
-                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
-                    "replay_endpoint":"tcp://127.0.0.1:0","topic":"pool"}"#
-                    .into(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    });
+    let c = pool_publishing_events();
     let addrs = c.pool.master().addrs.clone();
     let endpoint = addrs.kv_events.clone().expect("a PUB endpoint");
     let ctx = zmq::Context::new();
-    let sub = ctx.socket(zmq::SUB).unwrap();
-    sub.set_subscribe(b"pool").unwrap();
-    sub.connect(&endpoint).unwrap();
+    let sub = pool_subscriber(&ctx, &endpoint);
     let client = c.client();
     let one = rbgctl::client::ReplicateConfig {
         replica_num: 1,
