@@ -5,7 +5,7 @@
 # one client. The master runs twice (N1 and N2 calls); the difference over N2 − N1 leaves
 # the start-up and the load out.
 #
-#   scripts/callgrind-master.sh [PHASE]      PHASE: exists | describe | batch-exists | put
+#   scripts/callgrind-master.sh [PHASE]      PHASE: exists | ping | describe | batch-exists | put
 #   BIN=path/to/rbgctl N1=1000 N2=6000 OBJECTS=10000 scripts/callgrind-master.sh exists
 #
 # With KEEP=DIR, the profile of the longer run is kept as DIR/callgrind.out (read it with

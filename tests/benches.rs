@@ -597,6 +597,7 @@ fn bench_master_loads_measures_and_times_a_rebuild_after_sigkill() {
         ops,
         [
             "exists",
+            "ping",
             "batch_exists 128x",
             "describe",
             "describe, 1 client",

@@ -60,10 +60,16 @@ pub struct MasterBenchArgs {
     pub report: Option<std::path::PathBuf>,
 }
 
+/// The client ids the `ping` phase's connections heartbeat as (one per connection).
+const PING_CLIENT_IDS: u64 = 1 << 40;
+
 /// A measured phase of `bench master` (`--phases`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum MasterPhase {
     Exists,
+    /// A client's heartbeat (`PING`): what each connected client costs the master every
+    /// heartbeat interval, at rest.
+    Ping,
     BatchExists,
     Describe,
     DescribeAlone,
@@ -418,6 +424,21 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                     key: key(args.key_bytes, fastrand::u64(..n)),
                 };
                 Some(matches!(c.call::<_, bool>(Opcode::Exists, &k), Ok(true)))
+            }),
+        );
+    }
+    if args.wants(MasterPhase::Ping) {
+        progress("ping");
+        measured(
+            "ping",
+            1,
+            clients,
+            lock_now(),
+            phase(&master, clients, budget, time, |c, t, _| {
+                let ping = PingReq {
+                    client_id: PING_CLIENT_IDS + t as u64,
+                };
+                Some(c.call::<_, PingResp>(Opcode::Ping, &ping).is_ok())
             }),
         );
     }
