@@ -11,6 +11,8 @@
 # With KEEP=DIR, the profile of the longer run is kept as DIR/callgrind.out (read it with
 # callgrind_annotate --inclusive=yes).
 set -euo pipefail
+# shellcheck source=scripts/callgrind-lib.sh
+source "$(dirname "$0")/callgrind-lib.sh"
 BIN=${BIN:-target/release/rbgctl}
 PHASE=${1:-exists}
 N1=${N1:-1000}
@@ -38,14 +40,8 @@ count() { # instructions of a master that served the load and N calls of PHASE, 
     kill -INT "$master"
     wait "$master" || true
     master=
-    total=$(callgrind_annotate "$dir/callgrind.$n" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    total=$(callgrind_total "$dir/callgrind.$n")
 }
 
-count "$N1"
-a=$total
-count "$N2"
-b=$total
-if [ -n "${KEEP:-}" ]; then
-    mkdir -p "$KEEP" && cp "$dir/callgrind.$N2" "$KEEP/callgrind.out"
-fi
-echo "$PHASE, $OBJECTS objects: $(((b - a) / (N2 - N1))) master instructions per call ($a at $N1, $b at $N2)"
+callgrind_difference
+echo "$PHASE, $OBJECTS objects: $per_call master instructions per call ($a at $N1, $b at $N2)"

@@ -12,6 +12,8 @@
 #
 # BIN must be a testkit build (`cargo build --release --features testkit`) for the FAKE worker.
 set -euo pipefail
+# shellcheck source=scripts/callgrind-lib.sh
+source "$(dirname "$0")/callgrind-lib.sh"
 BIN=${BIN:-target/release/rbgctl}
 CASE=${1:-gen}
 POLICY=${2:-round_robin}
@@ -66,14 +68,8 @@ count() { # instructions of a router that served N requests, into $total
     drive "$(port_of "$dir/router-$n.json")" "$n"
     kill -INT "$router"
     wait "$router" || true
-    total=$(callgrind_annotate "$dir/callgrind.$n" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    total=$(callgrind_total "$dir/callgrind.$n")
 }
 
-count "$N1"
-a=$total
-count "$N2"
-b=$total
-if [ -n "${KEEP:-}" ]; then
-    mkdir -p "$KEEP" && cp "$dir/callgrind.$N2" "$KEEP/callgrind.out"
-fi
-echo "$CASE $POLICY ${PROMPT_CHARS} chars: $(((b - a) / (N2 - N1))) instructions per request ($a at $N1, $b at $N2)"
+callgrind_difference
+echo "$CASE $POLICY ${PROMPT_CHARS} chars: $per_call instructions per request ($a at $N1, $b at $N2)"
