@@ -393,17 +393,13 @@ async fn unless_gone<F: Future, R: AsyncRead + Unpin>(
     rd: &mut Reader<R>,
 ) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
-    let mut open = true;
     std::future::poll_fn(|cx| {
         if let Poll::Ready(v) = fut.as_mut().poll(cx) {
             return Poll::Ready(Some(v));
         }
-        while open && rd.buf.len() < MAX_HEAD {
+        while rd.buf.len() < MAX_HEAD {
             match poll_fill(&mut rd.io, cx, &mut rd.buf, READ_CHUNK) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                    open = false;
-                    return Poll::Ready(None);
-                }
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(None),
                 Poll::Ready(Ok(_)) => {}
                 Poll::Pending => break,
             }
@@ -500,14 +496,11 @@ async fn write_response<W: AsyncWrite + Unpin, R: AsyncRead + Unpin>(
         if data.is_empty() {
             continue;
         }
-        let mut data = &data[..];
         match &mut sending {
             Sending::Length(left) => {
                 if data.len() as u64 > *left {
                     tracing::debug!("answer body longer than its content-length; cut");
-                    data = &data[..*left as usize];
-                    *left = 0;
-                    write_out(w, out, Some(data)).await?;
+                    write_out(w, out, Some(&data[..*left as usize])).await?;
                     return Ok(Written::Cut);
                 }
                 *left -= data.len() as u64;
@@ -521,13 +514,11 @@ async fn write_response<W: AsyncWrite + Unpin, R: AsyncRead + Unpin>(
             Sending::ToClose | Sending::None => {}
         }
         if data.len() < COPY_BELOW {
-            out.put_slice(data);
+            out.put_slice(&data);
         } else {
-            write_out(w, out, Some(data)).await?;
-            data = &[];
+            write_out(w, out, Some(&data)).await?;
         }
         if sending == Sending::Chunked {
-            let _ = data;
             out.put_slice(b"\r\n");
         }
     }
