@@ -30,10 +30,53 @@ pub struct BindError {
     pub source: std::io::Error,
 }
 
+/// Connections the kernel queues for a listener until they are accepted (at most
+/// `net.core.somaxconn`): thousands of clients reconnecting at once after a failover must not
+/// overflow it (an overflowed queue drops their SYNs, and each waits a second to try again).
+const BACKLOG: i32 = 4096;
+
 /// Binds `host:port` (port 0: the kernel chooses) for the named purpose.
 pub fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, BindError> {
+    listen_on(what, host, port, false)
+}
+
+/// A listener on `host:port`, with `SO_REUSEADDR` (as std's) and, with `reuse_port`,
+/// `SO_REUSEPORT`; its queue is [`BACKLOG`] long.
+fn listen_on(
+    what: &'static str,
+    host: &str,
+    port: u16,
+    reuse_port: bool,
+) -> Result<TcpListener, BindError> {
     let addr = join_host_port(host, port);
-    TcpListener::bind(&addr).map_err(|source| BindError { what, addr, source })
+    let err = |source| BindError {
+        what,
+        addr: addr.clone(),
+        source,
+    };
+    let one = |sa: std::net::SocketAddr| -> std::io::Result<TcpListener> {
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(sa),
+            socket2::Type::STREAM,
+            None,
+        )?;
+        s.set_reuse_address(true)?;
+        if reuse_port {
+            nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReusePort, &true)?;
+        }
+        s.bind(&sa.into())?;
+        s.listen(BACKLOG)?;
+        Ok(s.into())
+    };
+    // As std's bind: the first of the name's addresses that binds.
+    let mut last = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+    for sa in std::net::ToSocketAddrs::to_socket_addrs(&addr).map_err(err)? {
+        match one(sa) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = e,
+        }
+    }
+    Err(err(last))
 }
 
 /// `n` listeners on one address, each with `SO_REUSEPORT`, so that `n` threads each accept
@@ -46,30 +89,7 @@ pub fn bind_shared(
     port: u16,
     n: usize,
 ) -> Result<Vec<TcpListener>, BindError> {
-    let one = |port: u16| -> Result<TcpListener, BindError> {
-        let addr = join_host_port(host, port);
-        let err = |source| BindError {
-            what,
-            addr: addr.clone(),
-            source,
-        };
-        let sa = std::net::ToSocketAddrs::to_socket_addrs(&addr)
-            .map_err(err)?
-            .next()
-            .ok_or_else(|| err(std::io::ErrorKind::AddrNotAvailable.into()))?;
-        let s = socket2::Socket::new(
-            socket2::Domain::for_address(sa),
-            socket2::Type::STREAM,
-            None,
-        )
-        .map_err(err)?;
-        s.set_reuse_address(true).map_err(err)?;
-        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReusePort, &true)
-            .map_err(|e| err(e.into()))?;
-        s.bind(&sa.into()).map_err(err)?;
-        s.listen(1024).map_err(err)?;
-        Ok(s.into())
-    };
+    let one = |port: u16| listen_on(what, host, port, true);
     let first = one(port)?;
     let port = first
         .local_addr()
@@ -215,6 +235,20 @@ pub fn thread_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
+}
+
+/// Lifts this process's soft limit on open files toward `want` (up to the hard limit), for a
+/// server that may hold thousands of connections or a bench that opens them.
+pub fn raise_open_files_limit(want: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let target = want.min(hard);
+        if target > soft {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+                tracing::warn!(want = target, soft, error = %e, "cannot raise the open files limit");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -118,7 +118,9 @@ pub fn run(args: AbuseBenchArgs) -> anyhow::Result<()> {
             eprintln!("… {msg}");
         }
     };
-    raise_open_files_limit((args.connections * 2 + args.slow * 2 + args.huge * 2 + 256) as u64);
+    crate::role::raise_open_files_limit(
+        (args.connections * 2 + args.slow * 2 + args.huge * 2 + 256) as u64,
+    );
     progress("starting a master (with its metadata server) and a store on loopback");
     let cluster = OwnCluster::start_with(OwnOpts {
         segment_size: 64 << 20,
@@ -497,18 +499,6 @@ fn sample(pid: u32) -> (u64, usize) {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
-}
-
-/// Lifts this process's soft limit on open files toward `want` (up to the hard limit): an
-/// attack holds thousands.
-fn raise_open_files_limit(want: u64) {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let target = want.min(hard);
-        if target > soft {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, target, hard);
-        }
-    }
 }
 
 fn print_report(r: &Report) {

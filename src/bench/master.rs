@@ -54,6 +54,11 @@ pub struct MasterBenchArgs {
     /// `--phase-time` allows.
     #[arg(long, value_parser = parse_count)]
     pub ops_per_phase: Option<u64>,
+    /// Connections that only heartbeat, as idle clients do (a `PING` each heartbeat interval),
+    /// held from after the load to the end of the rest: the phases run beside them and the
+    /// report says what they cost the master. Default: 0.
+    #[arg(long, default_value_t = 0)]
+    pub idle_clients: usize,
     /// Also write an HTML report with charts (operations per second per phase beside the
     /// machine's round-trip ceiling; p50 and p99 latency per phase) to this file.
     #[arg(long)]
@@ -121,8 +126,15 @@ struct Report {
     /// Puts (batches of 128, then removed) another client streamed during the
     /// "describe, 1 client, puts streaming" phase.
     streamed_puts: u64,
-    /// With its own master: share of one core used over `rest` with every object loaded.
+    /// With its own master: share of one core used over `rest` with every object loaded
+    /// (and the idle clients heartbeating).
     master_cpu_at_rest: Option<f64>,
+    /// `--idle-clients`: how they fared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idle: Option<super::idle_clients::IdleFigures>,
+    /// With its own master: its resident memory per idle client's connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    master_rss_per_idle_client_bytes: Option<f64>,
     /// With its own master: from the start of a master killed with SIGKILL until it holds
     /// every object again (rebuilt from the store's report).
     rebuild_seconds: Option<f64>,
@@ -307,16 +319,20 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         Some(_) => None,
         None => {
             progress("starting a master (its own process, loopback)");
-            Some(launcher.spawn::<launch::Master>(
-                "master",
+            Some(launcher.spawn::<launch::Master>("master", {
+                // Every connection comes from one address: room for all of them.
+                let d = MasterConfig::default();
+                let connections = args.clients + args.idle_clients + 1024;
                 MasterConfig {
                     rpc_address: "127.0.0.1".into(),
                     rpc_port: 0,
                     metrics_host: "127.0.0.1".into(),
                     metrics_port: 0,
-                    ..MasterConfig::default()
-                },
-            )?)
+                    max_connections: d.max_connections.max(connections),
+                    max_connections_per_peer: d.max_connections_per_peer.max(connections),
+                    ..d
+                }
+            })?)
         }
     };
     let master = match (&args.master, &own) {
@@ -377,6 +393,24 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         .master_rss_empty_bytes
         .zip(report.master_rss_loaded_bytes)
         .map(|(e, l)| l.saturating_sub(e) as f64 / args.objects as f64);
+
+    let idle = match args.idle_clients {
+        0 => None,
+        k => {
+            progress(&format!(
+                "opening {k} idle clients (a ping each per heartbeat)"
+            ));
+            let before = pid.and_then(rss);
+            let every = crate::client::ClientConfig::new(&master).heartbeat_interval;
+            let idle = super::idle_clients::IdleClients::open(&master, k, every)?;
+            // A round of pings, so that each connection was served once.
+            std::thread::sleep(every + Duration::from_millis(500));
+            report.master_rss_per_idle_client_bytes = before
+                .zip(pid.and_then(settled_rss))
+                .map(|(b, a)| a.saturating_sub(b) as f64 / k as f64);
+            Some(idle)
+        }
+    };
 
     let n = args.objects;
     let time = args.phase_time.0;
@@ -584,6 +618,8 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         report.master_cpu_at_rest = cpu_time(pid)
             .zip(c0)
             .map(|(c1, c0)| (c1 - c0).as_secs_f64() / t0.elapsed().as_secs_f64());
+        report.idle = idle.as_ref().map(|i| i.figures());
+        drop(idle);
 
         progress("killing the master (SIGKILL) and timing its rebuild from the store's report");
         let metrics = m.addrs.metrics.port();
@@ -808,6 +844,19 @@ fn table(r: &Report) -> String {
         let _ = writeln!(
             out,
             "master lock: longest hold {load:.2} ms during the load, {all:.2} ms over the phases"
+        );
+    }
+    if let Some(idle) = &r.idle {
+        let _ = writeln!(
+            out,
+            "idle clients: {} connections opened in {:.1} s, {} pings, {} not answered OK{}",
+            idle.connections,
+            idle.open_seconds,
+            idle.pings,
+            idle.ping_errors,
+            r.master_rss_per_idle_client_bytes
+                .map(|b| format!("; master memory {b:.0} bytes per connection"))
+                .unwrap_or_default(),
         );
     }
     if let Some(cpu) = r.master_cpu_at_rest {

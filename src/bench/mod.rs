@@ -6,6 +6,7 @@ pub mod disk_tier;
 pub mod failover;
 pub mod flood;
 pub mod hicache;
+pub mod idle_clients;
 pub mod limits;
 pub mod llm;
 pub mod load;

@@ -29,6 +29,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Args)]
@@ -57,7 +58,8 @@ pub struct RouterBenchArgs {
     /// Tokens per reply.
     #[arg(long, default_value_t = 8)]
     pub tokens: usize,
-    /// Fake workers behind the router in regular cases (the direct case uses the first).
+    /// Fake workers behind the router in regular cases (the direct case spreads its clients
+    /// over them as the router's round robin would).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// Router policy.
@@ -75,6 +77,11 @@ pub struct RouterBenchArgs {
     /// Run rbgctl's router thread-per-core (`router --thread-per-core`).
     #[arg(long)]
     pub router_thread_per_core: bool,
+    /// Threads of the bench's own load generator (the clients). One thread drives about
+    /// 100,000 requests a second; give it more where the router and workers have cores to
+    /// spare, so that the generator is not the limit of the direct figure. Default: 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub load_threads: u16,
     /// Prefill/decode cases: milliseconds the FAKE prefill worker holds each answer (the
     /// prefill leg's answer time).
     #[arg(long, default_value_t = 20)]
@@ -249,8 +256,8 @@ fn start_peer(
 /// Where one measurement's requests go.
 #[derive(Clone)]
 enum Target {
-    /// A router, or one worker.
-    One { port: u16, body: Bytes },
+    /// A router, or the regular workers: client `i` keeps to `ports[i % ports.len()]`.
+    One { ports: Arc<[u16]>, body: Bytes },
     /// Both legs of a prefill/decode request, sent at once by the client itself; the answer
     /// is decode's.
     Legs {
@@ -261,7 +268,7 @@ enum Target {
 
 /// The workers of one mode, rbgctl's router in front of them, and the peer's.
 struct Deployment {
-    /// The regular worker the direct case uses, or (prefill, decode).
+    /// The regular workers the direct case spreads its clients over, or (prefill, decode).
     direct: Direct,
     /// Prefill's bootstrap port (PD).
     bootstrap: u16,
@@ -273,9 +280,9 @@ struct Deployment {
     _router: launch::Child<launch::Router>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Direct {
-    One(u16),
+    Spread(Arc<[u16]>),
     Legs { prefill: u16, decode: u16 },
 }
 
@@ -343,7 +350,8 @@ impl Deployment {
                 }
                 config.server.worker_urls = workers.iter().map(url).collect();
                 let vars = vec![("{workers}", config.server.worker_urls.join(" "))];
-                (Direct::One(workers[0].addrs.http.port()), vars)
+                let ports = workers.iter().map(|w| w.addrs.http.port()).collect();
+                (Direct::Spread(ports), vars)
             }
             Mode::SglangPd | Mode::VllmPd => {
                 let held = args.prefill_ms.to_string();
@@ -435,23 +443,23 @@ impl Deployment {
         case: &Case,
         body: &Bytes,
     ) -> anyhow::Result<(Target, Option<u32>)> {
-        let one = |port: u16, pid: Option<u32>| {
+        let spread = |ports: Arc<[u16]>, pid: Option<u32>| {
             (
                 Target::One {
-                    port,
+                    ports,
                     body: body.clone(),
                 },
                 pid,
             )
         };
-        Ok(match (path, self.direct) {
-            (Path::Router, _) => one(self.router.0, self.router.1),
+        Ok(match (path, &self.direct) {
+            (Path::Router, _) => spread(Arc::new([self.router.0]), self.router.1),
             (Path::Peer, _) => {
                 let p = self.peer.as_ref().context("no peer")?;
-                one(p.port, Some(p.child.id()))
+                spread(Arc::new([p.port]), Some(p.child.id()))
             }
-            (Path::Direct, Direct::One(port)) => one(port, None),
-            (Path::Direct, Direct::Legs { prefill, decode }) => {
+            (Path::Direct, Direct::Spread(ports)) => spread(ports.clone(), None),
+            (Path::Direct, &Direct::Legs { prefill, decode }) => {
                 let (p_body, d_body) = self.leg_bodies(case, body)?;
                 (
                     Target::Legs {
@@ -574,10 +582,11 @@ async fn exchange(
     Ok((ok, first))
 }
 
-/// One client on its own keep-alive connection(s) until `deadline`: (latency, time to first
-/// byte) per successful request, and the failures.
+/// Client `index` on its own keep-alive connection(s) until `deadline`: (latency, time to
+/// first byte) per successful request, and the failures.
 async fn client_loop(
     target: Target,
+    index: usize,
     path: &'static str,
     deadline: Instant,
 ) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, u64)> {
@@ -593,8 +602,8 @@ async fn client_loop(
         }
     };
     match target {
-        Target::One { port, body } => {
-            let mut send = connect(port).await?;
+        Target::One { ports, body } => {
+            let mut send = connect(ports[index % ports.len()]).await?;
             while Instant::now() < deadline {
                 let t0 = Instant::now();
                 let (ok, first) = exchange(&mut send, path, body.clone(), t0).await?;
@@ -633,8 +642,8 @@ fn measure(
     let deadline = started + Duration::from_secs_f64(seconds);
     let results = rt.block_on(async {
         let mut set = tokio::task::JoinSet::new();
-        for _ in 0..clients {
-            set.spawn(client_loop(target.clone(), path, deadline));
+        for i in 0..clients {
+            set.spawn(client_loop(target.clone(), i, path, deadline));
         }
         let mut out = Vec::new();
         while let Some(r) = set.join_next().await {
@@ -743,9 +752,16 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
             e.insert(d);
         }
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = match args.load_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n));
+            b
+        }
+    }
+    .enable_all()
+    .build()?;
     let prompt: String = "The quick brown fox jumps over the lazy dog. "
         .chars()
         .cycle()
@@ -831,8 +847,8 @@ fn write_report(
     page.fact(
         "workers",
         format!(
-            "{} FAKE worker(s), {} thread(s), {} µs CPU per request; {} s × {} reps, medians",
-            args.workers, args.worker_threads, args.worker_cpu_us, args.seconds, args.reps
+            "{} FAKE worker(s), {} thread(s), {} µs CPU per request; {} load thread(s); {} s × {} reps, medians",
+            args.workers, args.worker_threads, args.worker_cpu_us, args.load_threads, args.seconds, args.reps
         ),
     );
     let cases: Vec<String> = rows
@@ -923,7 +939,7 @@ fn write_report(
 
 fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     println!(
-        "rbgctl router ({}{}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} s x {} reps, medians",
+        "rbgctl router ({}{}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",
         match args.router_threads {
             Some(n) => format!("{n} runtime thread(s)"),
             None => "a runtime thread per core".to_string(),
@@ -936,6 +952,7 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         args.workers,
         args.worker_threads,
         args.worker_cpu_us,
+        args.load_threads,
         args.seconds,
         args.reps
     );

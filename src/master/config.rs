@@ -85,17 +85,21 @@ pub struct MasterConfig {
     pub put_reservation_max_bytes: ByteSize,
     /// `random` (default) or `free_ratio_first`.
     pub allocation_strategy: Strategy,
-    /// Most simultaneous RPC connections. Default 4096.
+    /// Most simultaneous RPC connections. Default 16384.
     pub max_connections: usize,
-    /// Most simultaneous connections from one IP address. Default 1024.
+    /// Most simultaneous connections from one IP address. Default 4096.
     pub max_connections_per_peer: usize,
     /// A connection with no request for this long is closed (clients reconnect). Default 120 s.
     pub idle_timeout_ms: Millis,
     /// A new connection's first request must begin within this, and a request whose bytes stop
     /// coming for this long ends its connection. Default 10 s.
     pub request_timeout_ms: Millis,
-    /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
+    /// Spin-poll window of the RPC server in microseconds: how long an event loop that just
+    /// served something polls before it sleeps (0 = sleep at once). Default 0.
     pub poll_spin_us: u64,
+    /// Event-loop threads of the RPC server (0: half the cores, at least 1, at most 16).
+    /// Default 0.
+    pub rpc_threads: usize,
     /// Interval of the summary log line. Default 10 s.
     pub summary_interval_ms: Millis,
     /// Run as one of several masters that elect a leader (`docs/ha.md`); the others stand by.
@@ -182,11 +186,12 @@ impl Default for MasterConfig {
             put_reservation_ttl_ms: Millis(Duration::from_millis(500)),
             put_reservation_max_bytes: ByteSize(64 << 20),
             allocation_strategy: Strategy::Random,
-            max_connections: 4096,
-            max_connections_per_peer: 1024,
+            max_connections: 16384,
+            max_connections_per_peer: 4096,
             idle_timeout_ms: Millis(Duration::from_secs(120)),
             request_timeout_ms: Millis(Duration::from_secs(10)),
-            poll_spin_us: 50,
+            poll_spin_us: 0,
+            rpc_threads: 0,
             summary_interval_ms: Millis(Duration::from_secs(10)),
             enable_ha: false,
             ha_backend: HaBackend::Etcd,
@@ -337,10 +342,10 @@ pub struct MasterArgs {
     #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
     #[serde(skip)]
     pub allocation_strategy: Option<String>,
-    /// Most simultaneous RPC connections. Default 4096.
+    /// Most simultaneous RPC connections. Default 16384.
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Most simultaneous connections from one IP address. Default 1024.
+    /// Most simultaneous connections from one IP address. Default 4096.
     #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS_PER_PEER")]
     pub max_connections_per_peer: Option<usize>,
     /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
@@ -355,9 +360,14 @@ pub struct MasterArgs {
     )]
     #[serde(rename = "request_timeout_ms")]
     pub request_timeout: Option<Millis>,
-    /// Spin-poll window of the RPC server in microseconds (0 = block at once). Default 50.
+    /// Spin-poll window of the RPC server in microseconds: how long an event loop that just
+    /// served something polls before it sleeps (0 = sleep at once). Default 0.
     #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
     pub poll_spin_us: Option<u64>,
+    /// Event-loop threads of the RPC server (0: half the cores, at least 1, at most 16).
+    /// Default 0.
+    #[arg(long, env = "RBGCTL_MASTER_RPC_THREADS")]
+    pub rpc_threads: Option<usize>,
     /// Take part in leader election with other masters (see docs/ha.md). Default false.
     #[arg(long, env = "RBGCTL_MASTER_ENABLE_HA", num_args = 0..=1, default_missing_value = "true")]
     pub enable_ha: Option<bool>,
@@ -429,6 +439,17 @@ impl MasterConfig {
     /// The store read lease in force: as configured, at most half of `client_ttl`.
     pub fn store_read_lease(&self) -> Duration {
         self.store_read_lease_ms.0.min(self.client_ttl_ms.0 / 2)
+    }
+
+    /// The RPC server's event-loop threads: `rpc_threads`, or half the cores (1 to 16).
+    pub fn rpc_threads(&self) -> usize {
+        match self.rpc_threads {
+            0 => {
+                let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+                (cores / 2).clamp(1, 16)
+            }
+            n => n,
+        }
     }
 
     /// The RPC server's connection limits and waits.
@@ -777,6 +798,7 @@ mod tests {
             idle_timeout: ms(1700),
             request_timeout: ms(1800),
             poll_spin_us: Some(19),
+            rpc_threads: Some(3),
             enable_ha: Some(false),
             ha_backend: Some("etcd".into()),
             etcd_endpoints: Some("127.0.0.1:2379".into()),
@@ -798,6 +820,7 @@ mod tests {
             "etcd_endpoints wins"
         );
         assert_eq!(c.poll_spin_us, 19);
+        assert_eq!((c.rpc_threads, c.rpc_threads()), (3, 3));
         assert_eq!(c.advertise_host, "h");
         assert_eq!(c.tls_key_path.as_deref(), Some(std::path::Path::new("/k")));
         assert!(c.kv_events_config.is_some());

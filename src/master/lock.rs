@@ -7,19 +7,20 @@ use super::state::MasterState;
 use crate::telemetry::PromText;
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// A hold longer than this is counted as long.
 pub const LONG_HOLD: Duration = Duration::from_millis(1);
 
+/// The lock's figures, kept under the lock itself by whoever holds it: no atomic shared by
+/// every taker (whose cache line would bounce between their cores).
 #[derive(Debug, Default)]
 struct LockStats {
-    acquisitions: AtomicU64,
-    wait_ns: AtomicU64,
-    held_ns: AtomicU64,
-    long_holds: AtomicU64,
-    longest_ns: AtomicU64,
+    acquisitions: u64,
+    wait_ns: u64,
+    held_ns: u64,
+    long_holds: u64,
+    longest_ns: u64,
 }
 
 /// What the lock's statistics say at one moment.
@@ -32,47 +33,50 @@ pub struct LockFigures {
     pub longest: Duration,
 }
 
-pub struct StateLock {
-    state: Mutex<MasterState>,
+struct Held {
+    state: MasterState,
     stats: LockStats,
 }
 
+pub struct StateLock {
+    held: Mutex<Held>,
+}
+
 pub struct StateGuard<'a> {
-    guard: MutexGuard<'a, MasterState>,
-    stats: &'a LockStats,
+    guard: MutexGuard<'a, Held>,
     since: Instant,
 }
 
 impl StateLock {
     pub fn new(state: MasterState) -> StateLock {
         StateLock {
-            state: Mutex::new(state),
-            stats: LockStats::default(),
+            held: Mutex::new(Held {
+                state,
+                stats: LockStats::default(),
+            }),
         }
     }
 
     pub fn lock(&self) -> StateGuard<'_> {
         let asked = Instant::now();
-        let guard = self.state.lock();
+        let mut guard = self.held.lock();
         let since = Instant::now();
-        let s = &self.stats;
-        s.acquisitions.fetch_add(1, Relaxed);
-        s.wait_ns.fetch_add(nanos(since - asked), Relaxed);
-        StateGuard {
-            guard,
-            stats: s,
-            since,
-        }
+        let s = &mut guard.stats;
+        s.acquisitions += 1;
+        s.wait_ns += nanos(since - asked);
+        StateGuard { guard, since }
     }
 
+    /// The figures so far (taking the lock a moment, not counted).
     pub fn figures(&self) -> LockFigures {
-        let s = &self.stats;
+        let held = self.held.lock();
+        let s = &held.stats;
         LockFigures {
-            acquisitions: s.acquisitions.load(Relaxed),
-            wait: Duration::from_nanos(s.wait_ns.load(Relaxed)),
-            held: Duration::from_nanos(s.held_ns.load(Relaxed)),
-            long_holds: s.long_holds.load(Relaxed),
-            longest: Duration::from_nanos(s.longest_ns.load(Relaxed)),
+            acquisitions: s.acquisitions,
+            wait: Duration::from_nanos(s.wait_ns),
+            held: Duration::from_nanos(s.held_ns),
+            long_holds: s.long_holds,
+            longest: Duration::from_nanos(s.longest_ns),
         }
     }
 
@@ -117,26 +121,24 @@ fn nanos(d: Duration) -> u64 {
 
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
-        let held = self.since.elapsed();
-        let ns = nanos(held);
-        self.stats.held_ns.fetch_add(ns, Relaxed);
-        if held > LONG_HOLD {
-            self.stats.long_holds.fetch_add(1, Relaxed);
-        }
-        self.stats.longest_ns.fetch_max(ns, Relaxed);
+        let ns = nanos(self.since.elapsed());
+        let s = &mut self.guard.stats;
+        s.held_ns += ns;
+        s.long_holds += u64::from(ns > nanos(LONG_HOLD));
+        s.longest_ns = s.longest_ns.max(ns);
     }
 }
 
 impl Deref for StateGuard<'_> {
     type Target = MasterState;
     fn deref(&self) -> &MasterState {
-        &self.guard
+        &self.guard.state
     }
 }
 
 impl DerefMut for StateGuard<'_> {
     fn deref_mut(&mut self) -> &mut MasterState {
-        &mut self.guard
+        &mut self.guard.state
     }
 }
 

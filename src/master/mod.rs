@@ -344,8 +344,11 @@ pub fn start(
         auth: secret,
         ..cfg.server_options()
     };
-    let mut rpc = server::spawn(listeners.rpc, service.clone(), rpc_opts)?;
-    tracing::info!(addr = %rpc.addr, "master RPC listening");
+    // Every connection is a file: room for all the connections the master admits.
+    role::raise_open_files_limit(cfg.max_connections as u64 + 1024);
+    let threads = cfg.rpc_threads();
+    let mut rpc = server::spawn_evented(listeners.rpc, service.clone(), rpc_opts, threads)?;
+    tracing::info!(addr = %rpc.addr, threads, "master RPC listening");
     let housekeeper_thread = housekeeper.spawn(
         housekeeper::Parts {
             state: state.clone(),

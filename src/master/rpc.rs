@@ -144,9 +144,13 @@ impl MasterService {
             }
             Opcode::PutStart => {
                 let r = PutStartReq::from_meta(meta)?;
-                let now = self.wait_for_allocations(now);
+                let Some(now) = self.wait_for_allocations(now, io)? else {
+                    return Ok(true);
+                };
                 let bytes = r.size * u64::from(r.config.replica_num.max(1));
-                let (mut st, now) = self.lock_with_room((bytes, r.size), now);
+                let Some((mut st, now)) = self.lock_with_room((bytes, r.size), now, io)? else {
+                    return Ok(true);
+                };
                 let res = st.put_start(r.client_id, &r.key, r.size, &r.config, now);
                 self.send_moves(st);
                 answer(
@@ -159,9 +163,12 @@ impl MasterService {
             }
             Opcode::PutEnd => {
                 let r = PutEndReq::from_meta(meta)?;
-                let (res, durable) = self
-                    .durably(|st| st.put_end(r.client_id, &r.key, r.object_id, r.checksum, now));
-                answer(io, not_durable(res, durable))
+                self.durably(
+                    io,
+                    (op, now),
+                    |st| st.put_end(r.client_id, &r.key, r.object_id, r.checksum, now),
+                    not_durable,
+                )
             }
             Opcode::PutRevoke => {
                 let r = PutRevokeReq::from_meta(meta)?;
@@ -185,22 +192,34 @@ impl MasterService {
             }
             Opcode::Remove => {
                 let r = RemoveReq::from_meta(meta)?;
-                let (res, durable) = self.durably(|st| st.remove(&r.key, r.force, now));
-                answer(io, not_durable(res, durable))
+                self.durably(
+                    io,
+                    (op, now),
+                    |st| st.remove(&r.key, r.force, now),
+                    not_durable,
+                )
             }
             Opcode::RemoveAll => {
                 let r = RemoveAllReq::from_meta(meta)?;
-                let (removed, durable) = self.durably(|st| st.remove_all(r.force, now));
-                answer(io, not_durable(Ok(RemoveAllResp { removed }), durable))
+                self.durably(
+                    io,
+                    (op, now),
+                    |st| st.remove_all(r.force, now),
+                    |removed, durable| not_durable(Ok(RemoveAllResp { removed }), durable),
+                )
             }
             Opcode::BatchPutStart => {
                 let r = BatchPutStartReq::from_meta(meta)?;
-                let now = self.wait_for_allocations(now);
+                let Some(now) = self.wait_for_allocations(now, io)? else {
+                    return Ok(true);
+                };
                 let copies = u64::from(r.config.replica_num.max(1));
                 let bytes = r.items.iter().map(|it| it.size * copies).sum();
                 let largest = r.items.iter().map(|it| it.size).max().unwrap_or(0);
                 let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
-                let (mut st, now) = self.lock_with_room((bytes, largest), now);
+                let Some((mut st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
+                    return Ok(true);
+                };
                 st.prefetch(&keys);
                 let items = r
                     .items
@@ -219,24 +238,34 @@ impl MasterService {
             }
             Opcode::BatchPutEnd => {
                 let r = BatchPutEndReq::from_meta(meta)?;
-                let (items, durable) = self.durably(|st| end_puts(st, r.client_id, &r.items, now));
-                let items = mark_not_durable(items, durable);
-                answer(io, Ok(BatchStatusResp { items }))
+                self.durably(
+                    io,
+                    (op, now),
+                    |st| end_puts(st, r.client_id, &r.items, now),
+                    |items, durable| {
+                        let items = mark_not_durable(items, durable);
+                        Ok(BatchStatusResp { items })
+                    },
+                )
             }
             Opcode::BatchPutCommit => {
                 let r = BatchPutCommitReq::from_meta(meta)?;
                 let now = if r.reserve.is_empty() {
                     now
                 } else {
-                    let now = self.wait_for_allocations(now);
+                    let Some(now) = self.wait_for_allocations(now, io)? else {
+                        return Ok(true);
+                    };
                     let copies = u64::from(r.config.replica_num.max(1));
                     let bytes = r.reserve.iter().sum::<u64>() * copies;
                     let largest = r.reserve.iter().copied().max().unwrap_or(0);
-                    let (st, now) = self.lock_with_room((bytes, largest), now);
+                    let Some((st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
+                        return Ok(true);
+                    };
                     drop(st);
                     now
                 };
-                let ((items, reserved, ttl), durable) = self.durably(|st| {
+                let commit = |st: &mut MasterState| {
                     let items = end_puts(st, r.client_id, &r.items, now);
                     let reserved = st
                         .reserve(r.client_id, &r.reserve, &r.config, now)
@@ -249,15 +278,14 @@ impl MasterService {
                         })
                         .collect();
                     (items, reserved, st.config().put_reservation_ttl_ms.0)
-                });
-                answer(
-                    io,
+                };
+                self.durably(io, (op, now), commit, |(items, reserved, ttl), durable| {
                     Ok(BatchPutCommitResp {
                         items: mark_not_durable(items, durable),
                         reserved,
                         ttl_ms: ttl.as_millis() as u64,
-                    }),
-                )
+                    })
+                })
             }
             Opcode::BatchPutRevoke => {
                 let r = BatchPutEndReq::from_meta(meta)?;
@@ -292,15 +320,17 @@ impl MasterService {
             }
             Opcode::BatchRemove => {
                 let r = BatchRemoveReq::from_meta(meta)?;
-                let (items, durable) = self.durably(|st| {
+                let remove = |st: &mut MasterState| {
                     st.prefetch(&r.keys);
                     r.keys
                         .iter()
                         .map(|k| status_of(st.remove(k, r.force, now)))
-                        .collect()
-                });
-                let items = mark_not_durable(items, durable);
-                answer(io, Ok(BatchStatusResp { items }))
+                        .collect::<Vec<_>>()
+                };
+                self.durably(io, (op, now), remove, |items, durable| {
+                    let items = mark_not_durable(items, durable);
+                    Ok(BatchStatusResp { items })
+                })
             }
             Opcode::AuthHello
             | Opcode::AuthProof
@@ -333,14 +363,23 @@ impl MasterService {
     /// backpressure): while it has less free, objects are demoted and the put waits for them
     /// (at most `ROOM_WAIT`), so that a put stream runs at the speed memory is copied to disk
     /// instead of having eviction drop objects. Without a disk tier, one lock and no wait.
+    /// `None` where `io` may not block and the put would wait: it is then served again where
+    /// it may (nothing was done but queueing demotions, which the second try queues again).
     fn lock_with_room(
         &self,
         (bytes, largest): (u64, u64),
         now: Instant,
-    ) -> (StateGuard<'_>, Instant) {
+        io: &mut ServerIo<'_>,
+    ) -> Result<Option<(StateGuard<'_>, Instant)>, TransferError> {
         let mut st = self.state.lock();
         if !st.make_room(bytes, largest, now) {
-            return (st, now);
+            return Ok(Some((st, now)));
+        }
+        if !io.may_block() {
+            drop(st);
+            self.mover.wake();
+            io.rerun_where_it_may_block()?;
+            return Ok(None);
         }
         let deadline = Instant::now() + ROOM_WAIT;
         loop {
@@ -349,7 +388,7 @@ impl MasterService {
             let reported = self.mover.wait_reported(deadline);
             st = self.state.lock();
             if !reported || !st.make_room(bytes, largest, Instant::now()) {
-                return (st, Instant::now());
+                return Ok(Some((st, Instant::now())));
             }
         }
     }
@@ -363,23 +402,44 @@ impl MasterService {
         }
     }
 
-    fn wait_for_allocations(&self, now: Instant) -> Instant {
+    /// `None` where `io` may not block: the request is then served again where it may.
+    fn wait_for_allocations(
+        &self,
+        now: Instant,
+        io: &mut ServerIo<'_>,
+    ) -> Result<Option<Instant>, TransferError> {
         let from = *self.allocations_from.lock();
         let left = from.saturating_duration_since(now);
         if left.is_zero() {
-            return now;
+            return Ok(Some(now));
+        }
+        if !io.may_block() {
+            io.rerun_where_it_may_block()?;
+            return Ok(None);
         }
         std::thread::sleep(left);
-        Instant::now()
+        Ok(Some(Instant::now()))
     }
 
     /// Runs an operation that may drop object versions (a remove, or a put that replaces a
     /// value), then waits (bounded) until the stores dropped the records of those versions, so
     /// that a master restarted right after it brings back neither a removed object nor an old
     /// value, and no client reading a cached location gets the old value once this is answered.
-    /// Returns whether the stores took them: when one could not be told in time, the operation
-    /// is done here but not durable, and is answered `NOT_DURABLE`.
-    fn durably<T>(&self, f: impl FnOnce(&mut MasterState) -> T) -> (T, bool) {
+    /// `answer_with` makes the answer from what `f` did and whether the stores took the forgets:
+    /// when one could not be told in time, the operation is done here but not durable, and is
+    /// answered `NOT_DURABLE`. Where `io` may not block and there is something to wait for,
+    /// the wait and the answer (and the operation's figures) go on to a thread that may.
+    fn durably<T, R>(
+        &self,
+        io: &mut ServerIo<'_>,
+        (op, started): (Opcode, Instant),
+        f: impl FnOnce(&mut MasterState) -> T,
+        answer_with: impl FnOnce(T, bool) -> OpResult<R> + Send + 'static,
+    ) -> Result<bool, TransferError>
+    where
+        T: Send + 'static,
+        R: Wire,
+    {
         let (out, wait) = {
             let mut st = self.state.lock();
             st.take_forget_wait();
@@ -387,15 +447,28 @@ impl MasterService {
             (out, st.take_forget_wait())
         };
         let Some(wait) = wait else {
-            return (out, true);
+            return answer(io, answer_with(out, true));
         };
         self.notifier.wake();
-        self.notifier.settle(wait.seq, REMOVE_DURABILITY_WAIT);
-        let durable = self.notifier.taken_by_all(&wait.endpoints, wait.seq);
-        if !durable {
-            tracing::debug!(stores = ?wait.endpoints, "a store holding a replaced or removed version could not be told in time");
+        let notifier = self.notifier.clone();
+        let finish = move |io: &mut ServerIo<'_>| {
+            notifier.settle(wait.seq, REMOVE_DURABILITY_WAIT);
+            let durable = notifier.taken_by_all(&wait.endpoints, wait.seq);
+            if !durable {
+                tracing::debug!(stores = ?wait.endpoints, "a store holding a replaced or removed version could not be told in time");
+            }
+            answer(io, answer_with(out, durable))
+        };
+        if io.may_block() {
+            return finish(io);
         }
-        (out, durable)
+        let stats = self.stats.clone();
+        io.finish_where_it_may_block(Box::new(move |io| {
+            let ok = finish(io)?;
+            stats.record(op as u8, ok, started.elapsed());
+            Ok(())
+        }))?;
+        Ok(true)
     }
 }
 
@@ -466,8 +539,11 @@ impl Service for MasterService {
             }
         }
         let result = self.dispatch(op, meta, io);
-        let ok = matches!(result, Ok(true));
-        self.stats.record(req.opcode, ok, t0.elapsed());
+        // A request handed on has its figures recorded where it is answered.
+        if !io.handed_on() {
+            let ok = matches!(result, Ok(true));
+            self.stats.record(req.opcode, ok, t0.elapsed());
+        }
         if changes_state(op) {
             self.housekeeper.poke();
         }

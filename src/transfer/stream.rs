@@ -191,15 +191,7 @@ impl FramedStream {
         let header = Header::decode(&raw).inspect_err(|_| self.bad_header = Some(raw))?;
         if header.meta_len > max_meta {
             self.bad_header = Some(raw);
-            return Err(TransferError::Protocol(format!(
-                "meta length {} exceeds this connection's limit of {max_meta}{}",
-                header.meta_len,
-                if max_meta < MAX_META_LEN {
-                    " before it proves the cluster secret"
-                } else {
-                    ""
-                }
-            )));
+            return Err(meta_too_long(header.meta_len, max_meta));
         }
         self.rstart += HEADER_LEN;
         let meta_len = header.meta_len as usize;
@@ -406,6 +398,18 @@ impl FramedStream {
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<(), TransferError> {
         self.stream.write_all(bytes).map_err(io_err)
     }
+}
+
+/// The error for a frame that declares more message fields than its connection may send.
+pub(crate) fn meta_too_long(meta_len: u32, max_meta: u32) -> TransferError {
+    TransferError::Protocol(format!(
+        "meta length {meta_len} exceeds this connection's limit of {max_meta}{}",
+        if max_meta < MAX_META_LEN {
+            " before it proves the cluster secret"
+        } else {
+            ""
+        }
+    ))
 }
 
 fn write_all_vectored(

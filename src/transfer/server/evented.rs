@@ -1,0 +1,1007 @@
+//! The evented server: a few loop threads, each waiting on its connections at once (epoll
+//! through `mio`), serving every whole request frame a read brings and answering them with one
+//! write. A connection costs its socket and a small record, not a thread, so tens of thousands
+//! of mostly idle clients cost little; a busy loop serves several connections per wake-up.
+//!
+//! Nothing on a loop thread may block. A handler that must wait asks, through its `ServerIo`,
+//! to be served again on a thread that may (before it did anything) or to finish there (after):
+//! the request then goes to a small pool of such threads, and its connection reads nothing more
+//! until the answer is back, so that answers keep their order. The pool grows with the waits
+//! (to `BLOCKING_THREADS`) and its threads end after `BLOCKING_IDLE` without work.
+//!
+//! A loop that just served something may poll for `ServerOptions::spin` before it sleeps
+//! (the master's `poll_spin_us`, 0 by default: with many clients a loop is woken often
+//! enough, and a spin would keep it busy between the pings of idle ones).
+//!
+//! Timeouts are checked by a sweep of each loop's connections a few times per
+//! `request_timeout` (at most once a second): an idle loop wakes for nothing else.
+
+use super::admission::Slot;
+use super::handshake::{bad_header_answer, check_request, unknown_opcode, Handshake, Step};
+use super::{ConnCounters, ConnLogs, Fence, Handoff, ServerIo, ServerOptions, Service, Sink};
+use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
+use crate::transfer::stream::meta_too_long;
+use crate::transfer::TransferError;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The token of a loop's waker (connections are numbered from 0).
+const WAKE: Token = Token(usize::MAX);
+/// Bytes read from a socket at once, into the loop's own buffer.
+const READ_LEN: usize = 64 * 1024;
+/// A buffer kept between uses above this size is given back.
+const KEEP_BUFFER: usize = 256 * 1024;
+/// Most threads the requests that wait run on at once; past it they queue.
+const BLOCKING_THREADS: usize = 64;
+/// A waiting-request thread with nothing to do for this long ends.
+const BLOCKING_IDLE: Duration = Duration::from_secs(30);
+
+/// What reaches a loop from other threads.
+enum Inbox {
+    /// A connection the accept loop admitted.
+    Admitted(std::net::TcpStream, SocketAddr, Slot),
+    /// A request that went on to a thread that may block, answered: the answer's bytes, and
+    /// whether the connection closes after them.
+    Answered {
+        token: usize,
+        generation: u64,
+        out: Vec<u8>,
+        close: bool,
+    },
+}
+
+/// The way into one loop.
+#[derive(Clone)]
+struct Door {
+    inbox: mpsc::Sender<Inbox>,
+    waker: Arc<Waker>,
+}
+
+impl Door {
+    fn send(&self, msg: Inbox) {
+        if self.inbox.send(msg).is_ok() {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// What a server's loops and its waiting-request threads share.
+struct Shared {
+    service: Arc<dyn Service>,
+    opts: ServerOptions,
+    logs: ConnLogs,
+    blocking: Arc<Blocking>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Shared {
+    fn counters(&self) -> &ConnCounters {
+        self.service.connections()
+    }
+
+    /// Counts and (within the log budget) logs a connection closed for a bad frame.
+    fn bad_frame(&self, peer: SocketAddr, reason: &dyn std::fmt::Display) {
+        ConnCounters::count(&self.counters().bad_frames);
+        if let Some(n) = self.logs.bad_frames.spend(Instant::now()) {
+            let role = self.opts.role;
+            tracing::warn!(role, %peer, %reason, bad_frames = n, "closing connection: bad frame");
+        }
+    }
+}
+
+/// The accept loop's side of a server's loops: where each admitted connection goes.
+pub(super) struct Loops {
+    doors: Vec<Door>,
+}
+
+impl Loops {
+    /// Starts `threads` loops; answers the way into them and, for the server's handle, each
+    /// one's waker and thread.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn start(
+        service: Arc<dyn Service>,
+        opts: &ServerOptions,
+        threads: usize,
+        shutdown: &Arc<AtomicBool>,
+    ) -> std::io::Result<(Loops, Vec<(Arc<Waker>, JoinHandle<()>)>)> {
+        let shared = Arc::new(Shared {
+            service,
+            opts: opts.clone(),
+            logs: ConnLogs::new(),
+            blocking: Arc::new(Blocking::new(opts.role)),
+            shutdown: shutdown.clone(),
+        });
+        let mut doors = Vec::with_capacity(threads);
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let poll = Poll::new()?;
+            let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+            let (tx, rx) = mpsc::channel();
+            let door = Door {
+                inbox: tx,
+                waker: waker.clone(),
+            };
+            let event_loop = EventLoop::new(poll, rx, door.clone(), shared.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-loop-{i}", opts.role))
+                .spawn(move || event_loop.run())?;
+            doors.push(door);
+            handles.push((waker, thread));
+        }
+        Ok((Loops { doors }, handles))
+    }
+
+    /// Hands an admitted connection to loop `n` (modulo their number).
+    pub(super) fn admit(
+        &self,
+        n: usize,
+        stream: std::net::TcpStream,
+        peer: SocketAddr,
+        slot: Slot,
+    ) {
+        self.doors[n % self.doors.len()].send(Inbox::Admitted(stream, peer, slot));
+    }
+}
+
+/// One connection, as its loop keeps it.
+struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    _slot: Slot,
+    /// Tells this connection's answers from a closed one's that had the same token.
+    generation: u64,
+    handshake: Handshake,
+    attached: Option<Box<dyn std::any::Any + Send>>,
+    /// Bytes read and not served yet: part of a frame, or the frames behind a request that is
+    /// on a waiting-request thread.
+    unread: Vec<u8>,
+    /// Answer bytes the socket has not taken yet.
+    unsent: Vec<u8>,
+    /// A request of this connection is on a waiting-request thread.
+    busy: bool,
+    /// Close once what is unsent is sent.
+    closing: bool,
+    /// Registered for writability too (while `unsent` waits).
+    writable: bool,
+    opened: Instant,
+    /// When bytes last came in or went out.
+    active: Instant,
+    /// At least one request began.
+    served: bool,
+    /// `unread` holds frames not tried since a request waited.
+    backlog: bool,
+}
+
+/// What serving one frame leaves the connection to do.
+enum Next {
+    Serve,
+    Close,
+    HandOn(Handoff, Option<Fence>),
+}
+
+struct EventLoop {
+    poll: Poll,
+    inbox: mpsc::Receiver<Inbox>,
+    door: Door,
+    shared: Arc<Shared>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    generations: u64,
+    /// Where reads land.
+    scratch: Box<[u8]>,
+    /// Where one connection's answers are built before they are written.
+    out: Vec<u8>,
+    now: Instant,
+    sweep_every: Duration,
+    next_sweep: Instant,
+}
+
+impl EventLoop {
+    fn new(poll: Poll, inbox: mpsc::Receiver<Inbox>, door: Door, shared: Arc<Shared>) -> EventLoop {
+        let shortest = shared.opts.request_timeout.min(shared.opts.idle_timeout);
+        let sweep_every = (shortest / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let now = Instant::now();
+        EventLoop {
+            poll,
+            inbox,
+            door,
+            shared,
+            conns: Vec::new(),
+            free: Vec::new(),
+            generations: 0,
+            scratch: vec![0u8; READ_LEN].into_boxed_slice(),
+            out: Vec::with_capacity(4096),
+            now,
+            sweep_every,
+            next_sweep: now + sweep_every,
+        }
+    }
+
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let spin = self.shared.opts.spin;
+        let mut spin_until = self.now;
+        loop {
+            let now = Instant::now();
+            let wait = match now < spin_until {
+                true => Duration::ZERO,
+                false => self.next_sweep.saturating_duration_since(now),
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    tracing::error!(role = self.shared.opts.role, error = %e, "event loop cannot wait");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                continue;
+            }
+            self.now = Instant::now();
+            if !spin.is_zero() && !events.is_empty() {
+                spin_until = self.now + spin;
+            }
+            for event in events.iter() {
+                match event.token() {
+                    WAKE => self.take_inbox(),
+                    Token(t) => self.drive(t),
+                }
+            }
+            if self.shared.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            if self.now >= self.next_sweep {
+                self.sweep();
+                self.next_sweep = self.now + self.sweep_every;
+            }
+        }
+        // Stopping: what was answered goes out if the socket takes it now; then all close.
+        for t in 0..self.conns.len() {
+            if let Some(conn) = self.conns[t].as_mut() {
+                let _ = write_some(&mut conn.stream, &conn.unsent);
+            }
+            self.close(t);
+        }
+    }
+
+    fn take_inbox(&mut self) {
+        while let Ok(msg) = self.inbox.try_recv() {
+            match msg {
+                Inbox::Admitted(stream, peer, slot) => self.admit(stream, peer, slot),
+                Inbox::Answered {
+                    token,
+                    generation,
+                    out,
+                    close,
+                } => {
+                    let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
+                        continue;
+                    };
+                    if conn.generation != generation {
+                        continue;
+                    }
+                    conn.busy = false;
+                    conn.closing |= close;
+                    conn.active = self.now;
+                    self.out = out;
+                    if self.send_out(token) {
+                        self.drive(token);
+                    }
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, stream: std::net::TcpStream, peer: SocketAddr, slot: Slot) {
+        let role = self.shared.opts.role;
+        let set_up = stream
+            .set_nonblocking(true)
+            .and_then(|()| stream.set_nodelay(true));
+        if let Err(e) = set_up {
+            tracing::warn!(role, %peer, error = %e, "cannot set up connection");
+            return;
+        }
+        let mut stream = TcpStream::from_std(stream);
+        let token = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, Token(token), Interest::READABLE)
+        {
+            tracing::warn!(role, %peer, error = %e, "cannot watch connection");
+            self.free.push(token);
+            return;
+        }
+        self.generations += 1;
+        self.conns[token] = Some(Conn {
+            stream,
+            peer,
+            _slot: slot,
+            generation: self.generations,
+            handshake: Handshake::new(self.shared.opts.auth.clone()),
+            attached: None,
+            unread: Vec::new(),
+            unsent: Vec::new(),
+            busy: false,
+            closing: false,
+            writable: false,
+            opened: self.now,
+            active: self.now,
+            served: false,
+            backlog: false,
+        });
+        tracing::debug!(role, %peer, "connection opened");
+        // Bytes that came before the registration are reported by it (epoll looks once).
+    }
+
+    fn close(&mut self, token: usize) {
+        if let Some(mut conn) = self.conns[token].take() {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            tracing::debug!(role = self.shared.opts.role, peer = %conn.peer, "connection closed");
+            self.free.push(token);
+        }
+    }
+
+    /// Does all a connection can do now: sends what waits, serves the frames it has, reads
+    /// and serves until the socket has nothing more, or closes it.
+    fn drive(&mut self, token: usize) {
+        if !self.flush(token) {
+            return;
+        }
+        loop {
+            let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
+                return;
+            };
+            if conn.busy || conn.closing || !conn.unsent.is_empty() {
+                return;
+            }
+            // A short read took all the socket had: epoll reports the next bytes that come
+            // (each arrival is an edge), so no read is spent learning that it has no more.
+            let mut drained = false;
+            if conn.backlog {
+                // Frames that came behind a request that waited.
+                conn.backlog = false;
+                let mut unread = std::mem::take(&mut conn.unread);
+                let used = serve_frames(
+                    &self.shared,
+                    &self.door,
+                    token,
+                    conn,
+                    &unread,
+                    &mut self.out,
+                );
+                unread.drain(..used);
+                conn.unread = unread;
+            } else {
+                let n = match conn.stream.read(&mut self.scratch) {
+                    Ok(0) => {
+                        self.close(token);
+                        return;
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        let role = self.shared.opts.role;
+                        tracing::debug!(role, peer = %conn.peer, error = %e, "connection ended");
+                        self.close(token);
+                        return;
+                    }
+                };
+                conn.active = self.now;
+                drained = n < self.scratch.len();
+                if conn.unread.is_empty() {
+                    let data = &self.scratch[..n];
+                    let used =
+                        serve_frames(&self.shared, &self.door, token, conn, data, &mut self.out);
+                    conn.unread.extend_from_slice(&data[used..]);
+                } else {
+                    let mut unread = std::mem::take(&mut conn.unread);
+                    unread.extend_from_slice(&self.scratch[..n]);
+                    let used = serve_frames(
+                        &self.shared,
+                        &self.door,
+                        token,
+                        conn,
+                        &unread,
+                        &mut self.out,
+                    );
+                    unread.drain(..used);
+                    conn.unread = unread;
+                }
+                if conn.unread.is_empty() && conn.unread.capacity() > KEEP_BUFFER {
+                    conn.unread = Vec::new();
+                }
+            }
+            if !self.send_out(token) || drained {
+                return;
+            }
+        }
+    }
+
+    /// Sends the answers built in `out`: what the socket does not take waits in the
+    /// connection's `unsent`. False when the connection can do nothing more now (it closed,
+    /// or waits for the socket to take its answers).
+    fn send_out(&mut self, token: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
+            self.out.clear();
+            return false;
+        };
+        if !self.out.is_empty() {
+            if conn.unsent.is_empty() {
+                match write_some(&mut conn.stream, &self.out) {
+                    Ok(n) => conn.unsent.extend_from_slice(&self.out[n..]),
+                    Err(_) => {
+                        self.out.clear();
+                        self.close(token);
+                        return false;
+                    }
+                }
+            } else {
+                conn.unsent.extend_from_slice(&self.out);
+            }
+            conn.active = self.now;
+            self.out.clear();
+            if self.out.capacity() > KEEP_BUFFER {
+                self.out = Vec::with_capacity(4096);
+            }
+        }
+        self.settle_writes(token)
+    }
+
+    /// Sends what a connection's socket did not take before.
+    fn flush(&mut self, token: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
+            return false;
+        };
+        if !conn.unsent.is_empty() {
+            match write_some(&mut conn.stream, &conn.unsent) {
+                Ok(0) => {}
+                Ok(n) => {
+                    conn.unsent.drain(..n);
+                    conn.active = self.now;
+                }
+                Err(_) => {
+                    self.close(token);
+                    return false;
+                }
+            }
+        }
+        self.settle_writes(token)
+    }
+
+    /// After a write: closes a closing connection whose answers are all out, watches for
+    /// room while answers wait, and answers whether the connection may go on.
+    fn settle_writes(&mut self, token: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
+            return false;
+        };
+        let waiting = !conn.unsent.is_empty();
+        if !waiting && conn.closing {
+            self.close(token);
+            return false;
+        }
+        if waiting != conn.writable {
+            let interest = match waiting {
+                true => Interest::READABLE | Interest::WRITABLE,
+                false => Interest::READABLE,
+            };
+            let registry = self.poll.registry();
+            if registry
+                .reregister(&mut conn.stream, Token(token), interest)
+                .is_err()
+            {
+                self.close(token);
+                return false;
+            }
+            conn.writable = waiting;
+            if !waiting && conn.unsent.capacity() > KEEP_BUFFER {
+                conn.unsent = Vec::new();
+            }
+        }
+        !waiting
+    }
+
+    /// Closes the connections whose time is up: one that has not proven the secret within
+    /// `request_timeout` of its connect, a request (or an answer) that stopped moving for
+    /// `request_timeout`, a first request that did not begin within it, and an idle one after
+    /// `idle_timeout`.
+    fn sweep(&mut self) {
+        let opts = &self.shared.opts;
+        let (within, idle) = (opts.request_timeout, opts.idle_timeout);
+        let mut ended = Vec::new();
+        for (token, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            if conn.busy {
+                continue;
+            }
+            let quiet = self.now.saturating_duration_since(conn.active);
+            let why = if !conn.handshake.proven
+                && self.now.saturating_duration_since(conn.opened) >= within
+            {
+                Some(Ended::Unproven)
+            } else if (!conn.unread.is_empty() || !conn.unsent.is_empty()) && quiet >= within {
+                Some(Ended::Stalled)
+            } else if quiet >= if conn.served { idle } else { within } {
+                // A first request has `request_timeout` to begin, later ones `idle_timeout`.
+                Some(Ended::Idle)
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                ended.push((token, why));
+            }
+        }
+        let shared = self.shared.clone();
+        let counters = shared.counters();
+        for (token, why) in ended {
+            let Some(conn) = self.conns[token].as_ref() else {
+                continue;
+            };
+            let (role, peer) = (self.shared.opts.role, conn.peer);
+            match why {
+                Ended::Unproven => {
+                    ConnCounters::count(&counters.unauthenticated);
+                    tracing::debug!(role, %peer, "closing a connection that did not prove the secret in time");
+                }
+                Ended::Stalled => {
+                    ConnCounters::count(&counters.bad_frames);
+                    if let Some(n) = self.shared.logs.stalls.spend(self.now) {
+                        tracing::warn!(role, %peer, timeout = ?within, stalled = n,
+                            "closing connection: a request stopped arriving");
+                    }
+                }
+                Ended::Idle => {
+                    tracing::debug!(role, %peer, first = !conn.served, "closing idle connection");
+                    ConnCounters::count(&counters.idle_closed);
+                }
+            }
+            self.close(token);
+        }
+    }
+}
+
+/// Why the sweep closes a connection.
+enum Ended {
+    Unproven,
+    Stalled,
+    Idle,
+}
+
+/// Writes what the socket takes now; answers how much.
+fn write_some(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    let mut at = 0;
+    while at < bytes.len() {
+        match stream.write(&bytes[at..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(at)
+}
+
+/// Serves the whole frames at the start of `data`, their answers going to `out`, until one
+/// closes the connection or goes on to a waiting-request thread; answers the bytes they took.
+fn serve_frames(
+    shared: &Arc<Shared>,
+    door: &Door,
+    token: usize,
+    conn: &mut Conn,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> usize {
+    let mut at = 0;
+    while !conn.busy && !conn.closing {
+        let rest = &data[at..];
+        let Some(raw) = rest.first_chunk::<HEADER_LEN>() else {
+            break;
+        };
+        let limit = conn.handshake.meta_limit();
+        let req = match Header::decode(raw) {
+            Ok(h) if h.meta_len > limit => Err(meta_too_long(h.meta_len, limit)),
+            other => other,
+        };
+        let req = match req {
+            Ok(req) => req,
+            Err(e) => {
+                // Answered as far as its bytes go, then closed.
+                shared.bad_frame(conn.peer, &e);
+                let reason = e.to_string();
+                push_frame(out, &bad_header_answer(raw, &reason), reason.as_bytes());
+                conn.closing = true;
+                break;
+            }
+        };
+        let end = HEADER_LEN + req.meta_len as usize;
+        if rest.len() < end {
+            break;
+        }
+        at += end;
+        conn.served = true;
+        let meta = &rest[HEADER_LEN..end];
+        match serve_frame(shared, conn, req, meta, out) {
+            Next::Serve => {}
+            Next::Close => conn.closing = true,
+            Next::HandOn(handoff, fence) => {
+                conn.busy = true;
+                conn.backlog = true;
+                hand_on(shared, door, token, conn, req, meta, handoff, fence);
+            }
+        }
+    }
+    at
+}
+
+/// Appends one answer frame.
+fn push_frame(out: &mut Vec<u8>, header: &Header, meta: &[u8]) {
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(meta);
+}
+
+/// Serves one request frame on the loop's thread, as the threaded server would.
+fn serve_frame(
+    shared: &Shared,
+    conn: &mut Conn,
+    req: Header,
+    meta: &[u8],
+    out: &mut Vec<u8>,
+) -> Next {
+    let role = shared.opts.role;
+    if let Err(reason) = check_request(&req, 0) {
+        shared.bad_frame(conn.peer, &reason);
+        push_frame(
+            out,
+            &Header::response(&req, Status::MalformedFrame, reason.len(), 0),
+            reason.as_bytes(),
+        );
+        return Next::Close;
+    }
+    let Some(op) = Opcode::from_u8(req.opcode) else {
+        let (status, msg) = unknown_opcode(conn.handshake.proven, req.opcode, role);
+        push_frame(
+            out,
+            &Header::response(&req, status, msg.len(), 0),
+            msg.as_bytes(),
+        );
+        if conn.handshake.proven {
+            return Next::Serve;
+        }
+        ConnCounters::count(&shared.counters().unauthenticated);
+        return Next::Close;
+    };
+    let mut io = ServerIo::new(Sink::Buffer(out), req, &mut conn.attached, false);
+    match conn.handshake.step(op, meta, &mut io) {
+        Ok(Step::Answered) => return Next::Serve,
+        Ok(Step::Refused(why)) => {
+            ConnCounters::count(&shared.counters().unauthenticated);
+            if let Some(n) = shared.logs.bad_frames.spend(Instant::now()) {
+                tracing::warn!(role, peer = %conn.peer, op = op.name(), refused = n, "closing connection: {why}");
+            }
+            return Next::Close;
+        }
+        Ok(Step::Pass) => {}
+        Err(e) => {
+            tracing::debug!(role, peer = %conn.peer, error = %e, "connection ended in its handshake");
+            return Next::Close;
+        }
+    }
+    let result = shared.service.handle(&req, op, meta, &mut io);
+    settle(shared, conn.peer, op, result, &mut io)
+}
+
+/// What a handler's result leaves the connection to do.
+fn settle(
+    shared: &Shared,
+    peer: SocketAddr,
+    op: Opcode,
+    result: Result<(), TransferError>,
+    io: &mut ServerIo<'_>,
+) -> Next {
+    let role = shared.opts.role;
+    match result {
+        Ok(()) if io.replied => Next::Serve,
+        Ok(()) => match io.take_handoff() {
+            Some((handoff, fence)) => Next::HandOn(handoff, fence),
+            None => {
+                tracing::error!(role, %peer, op = op.name(), "handler left the request unanswered");
+                Next::Close
+            }
+        },
+        Err(TransferError::Protocol(reason)) => {
+            shared.bad_frame(peer, &format!("{}: {reason}", op.name()));
+            io.handoff = None;
+            if !io.replied {
+                let _ = io.error(Status::MalformedFrame, &reason);
+            }
+            Next::Close
+        }
+        Err(e) => {
+            tracing::debug!(role, %peer, op = op.name(), error = %e, "connection ended");
+            Next::Close
+        }
+    }
+}
+
+/// Sends a request on to a waiting-request thread; its answer comes back through `door`.
+#[allow(clippy::too_many_arguments)]
+fn hand_on(
+    shared: &Arc<Shared>,
+    door: &Door,
+    token: usize,
+    conn: &Conn,
+    req: Header,
+    meta: &[u8],
+    handoff: Handoff,
+    fence: Option<Fence>,
+) {
+    let (shared2, door, peer, generation) =
+        (shared.clone(), door.clone(), conn.peer, conn.generation);
+    let meta = meta.to_vec();
+    shared.blocking.submit(Box::new(move || {
+        let shared = shared2;
+        let op = Opcode::from_u8(req.opcode).expect("handed on after its opcode was known");
+        let mut out = Vec::new();
+        let mut attached = None;
+        let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, true);
+        let result = match handoff {
+            Handoff::Rerun => shared.service.handle(&req, op, &meta, &mut io),
+            Handoff::Finish(rest) => {
+                if let Some(fence) = fence {
+                    io.fence(fence);
+                }
+                rest(&mut io)
+            }
+        };
+        let close = !matches!(settle(&shared, peer, op, result, &mut io), Next::Serve);
+        door.send(Inbox::Answered {
+            token,
+            generation,
+            out,
+            close,
+        });
+    }));
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The threads requests that wait run on: started as waits need them, ended when idle.
+struct Blocking {
+    role: &'static str,
+    state: Mutex<BlockingState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct BlockingState {
+    jobs: VecDeque<Job>,
+    threads: usize,
+    idle: usize,
+}
+
+impl Blocking {
+    fn new(role: &'static str) -> Blocking {
+        Blocking {
+            role,
+            state: Mutex::new(BlockingState::default()),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn submit(self: &Arc<Self>, job: Job) {
+        let mut s = self.state.lock();
+        s.jobs.push_back(job);
+        if s.jobs.len() <= s.idle || s.threads >= BLOCKING_THREADS {
+            self.ready.notify_one();
+            return;
+        }
+        s.threads += 1;
+        drop(s);
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-wait", self.role))
+            .stack_size(512 * 1024)
+            .spawn(move || me.work());
+        if let Err(e) = spawned {
+            tracing::error!(role = self.role, error = %e, "cannot start a thread for requests that wait");
+            let mut s = self.state.lock();
+            s.threads -= 1;
+            if s.threads == 0 {
+                // No thread will take them: run them here rather than never.
+                let jobs: Vec<Job> = s.jobs.drain(..).collect();
+                drop(s);
+                jobs.into_iter().for_each(|job| job());
+            }
+        }
+    }
+
+    fn work(self: Arc<Self>) {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(job) = s.jobs.pop_front() {
+                drop(s);
+                job();
+                s = self.state.lock();
+                continue;
+            }
+            s.idle += 1;
+            let timed_out = self.ready.wait_for(&mut s, BLOCKING_IDLE).timed_out();
+            s.idle -= 1;
+            if timed_out && s.jobs.is_empty() {
+                break;
+            }
+        }
+        s.threads -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{spawn_evented, Fence, ServerOptions};
+    use super::*;
+    use crate::transfer::frame::FLAG_EPOCH;
+    use crate::transfer::stream::FramedStream;
+
+    /// A service whose `EXISTS` waits before doing anything and whose `REMOVE` waits after
+    /// it, both until the test lets them go; `PING` answers at once.
+    struct Waits {
+        go: Arc<Mutex<mpsc::Receiver<()>>>,
+        connections: ConnCounters,
+    }
+
+    /// Longer than a client waits for an answer: a wait on the loop's thread fails the test.
+    fn wait(go: &Mutex<mpsc::Receiver<()>>) -> bool {
+        go.lock().recv_timeout(Duration::from_secs(10)).is_ok()
+    }
+
+    impl Service for Waits {
+        fn handle(
+            &self,
+            _req: &Header,
+            op: Opcode,
+            _meta: &[u8],
+            io: &mut ServerIo<'_>,
+        ) -> Result<(), TransferError> {
+            match op {
+                Opcode::Ping => io.reply(Status::Ok, b"pong", &[]),
+                Opcode::Exists if !io.may_block() => io.rerun_where_it_may_block(),
+                Opcode::Exists => match wait(&self.go) {
+                    true => io.reply(Status::Ok, b"waited first", &[]),
+                    false => io.error(Status::Internal, "never let go"),
+                },
+                Opcode::Remove => {
+                    io.fence(Fence {
+                        epoch: 7,
+                        until: Instant::now() + Duration::from_secs(60),
+                    });
+                    let go = self.go.clone();
+                    io.finish_where_it_may_block(Box::new(move |io| match wait(&go) {
+                        true => io.reply(Status::Ok, b"done, then waited", &[]),
+                        false => io.error(Status::Internal, "never let go"),
+                    }))
+                }
+                _ => io.error(Status::UnknownOpcode, "not in this test"),
+            }
+        }
+
+        fn max_data_len(&self) -> u64 {
+            0
+        }
+
+        fn connections(&self) -> &ConnCounters {
+            &self.connections
+        }
+    }
+
+    fn options() -> ServerOptions {
+        ServerOptions {
+            max_connections: 16,
+            max_connections_per_peer: 16,
+            idle_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+            spin: Duration::ZERO,
+            role: "test",
+            auth: None,
+        }
+    }
+
+    fn connect(addr: SocketAddr) -> FramedStream {
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        let io = FramedStream::new(s, Duration::ZERO).unwrap();
+        io.set_timeout(Some(Duration::from_secs(5))).unwrap();
+        io
+    }
+
+    fn ask(io: &mut FramedStream, op: Opcode, id: u64) {
+        io.write_frame(&Header::request(op, id, 0, 0), &[], &[])
+            .unwrap();
+    }
+
+    fn answer(io: &mut FramedStream) -> (u64, Vec<u8>) {
+        let (h, meta) = io.read_frame(false).unwrap();
+        assert_eq!(
+            Status::from_u16(h.status),
+            Status::Ok,
+            "{}",
+            String::from_utf8_lossy(&meta)
+        );
+        (h.request_id, meta)
+    }
+
+    #[test]
+    fn a_request_that_waits_holds_up_no_other_connection_and_keeps_its_answers_in_order() {
+        let (go, gate) = mpsc::channel();
+        let service = Arc::new(Waits {
+            go: Arc::new(Mutex::new(gate)),
+            connections: ConnCounters::default(),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // One loop: a wait on it would hold up every connection.
+        let mut server = spawn_evented(listener, service, options(), 1).unwrap();
+        let mut a = connect(server.addr);
+        let mut b = connect(server.addr);
+        // A waits before doing anything; its next request is already on the wire behind it.
+        ask(&mut a, Opcode::Exists, 1);
+        ask(&mut a, Opcode::Ping, 2);
+        // B is served meanwhile.
+        ask(&mut b, Opcode::Ping, 3);
+        assert_eq!(answer(&mut b), (3, b"pong".to_vec()));
+        go.send(()).unwrap();
+        assert_eq!(answer(&mut a), (1, b"waited first".to_vec()));
+        assert_eq!(answer(&mut a), (2, b"pong".to_vec()));
+
+        // A request that did its work, then waits for what makes it durable: its answer comes
+        // from the waiting thread, with the fence its handler set.
+        ask(&mut a, Opcode::Remove, 4);
+        ask(&mut b, Opcode::Ping, 5);
+        assert_eq!(answer(&mut b), (5, b"pong".to_vec()));
+        go.send(()).unwrap();
+        let (h, meta) = a.read_frame(false).unwrap();
+        assert_eq!((h.request_id, Status::from_u16(h.status)), (4, Status::Ok));
+        assert_ne!(
+            h.flags & FLAG_EPOCH,
+            0,
+            "the fence's epoch is on the answer"
+        );
+        assert_eq!(meta[..8], 7u64.to_le_bytes());
+        assert_eq!(&meta[8..], b"done, then waited");
+
+        // Stopping closes the loop's connections.
+        server.stop();
+        assert!(matches!(b.read_frame(false), Err(TransferError::Closed)));
+    }
+
+    #[test]
+    fn many_frames_in_one_read_are_all_answered_in_one_go() {
+        let (_go, gate) = mpsc::channel();
+        let service = Arc::new(Waits {
+            go: Arc::new(Mutex::new(gate)),
+            connections: ConnCounters::default(),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut server = spawn_evented(listener, service, options(), 2).unwrap();
+        let mut a = connect(server.addr);
+        // 500 pings in one write, the last one split across two writes.
+        let mut bytes = Vec::new();
+        for id in 0..500u64 {
+            bytes.extend_from_slice(&Header::request(Opcode::Ping, id, 0, 0).encode());
+        }
+        let (most, last) = bytes.split_at(bytes.len() - 7);
+        a.write_raw(most).unwrap();
+        a.write_raw(last).unwrap();
+        for id in 0..500u64 {
+            assert_eq!(answer(&mut a), (id, b"pong".to_vec()));
+        }
+        server.stop();
+    }
+}

@@ -1,0 +1,523 @@
+//! The serving side of the transfer protocol: an accept loop that admits connections within
+//! their limits, and one of two ways to serve them, both running request frames through a
+//! `Service`:
+//! - `threaded`: a thread per connection with blocking reads that spin first (`stream`), for
+//!   the store's data port, where a connection carries one large transfer at a time;
+//! - `evented`: a few event-loop threads over every connection (epoll through `mio`), for the
+//!   master, whose requests are small and whose clients are many and mostly idle. A request
+//!   that must wait (for room, or for the stores to take a forget) goes on to a small pool of
+//!   threads that may block, so that no wait holds up another connection.
+//!
+//! What a peer can hold is bounded either way: `max_connections` in all and
+//! `max_connections_per_peer` per IP address; a new connection must begin its first request
+//! within `request_timeout`, an idle one ends after `idle_timeout`, and a request whose bytes
+//! stop coming (a half-sent frame) ends its connection after `request_timeout`. Refusals and
+//! bad frames are logged at most once per 10 s, with counts.
+
+mod admission;
+mod evented;
+mod handshake;
+mod threaded;
+
+use super::frame::{Header, Opcode, Status};
+use super::message::Wire;
+use super::stream::FramedStream;
+use super::TransferError;
+use parking_lot::Mutex;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A log line at most once per period, saying how many events it stands for.
+pub struct LogBudget {
+    period: Duration,
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl LogBudget {
+    pub fn new(period: Duration) -> LogBudget {
+        LogBudget {
+            period,
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Counts one event; returns how many events (this one included) the caller's log line
+    /// should report, or `None` when this event stays silent.
+    pub fn spend(&self, now: Instant) -> Option<u64> {
+        let mut s = self.state.lock();
+        s.1 += 1;
+        match s.0 {
+            Some(last) if now.saturating_duration_since(last) < self.period => None,
+            _ => {
+                s.0 = Some(now);
+                Some(std::mem::take(&mut s.1))
+            }
+        }
+    }
+}
+
+/// What happened to a server's connections.
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    /// Admitted.
+    pub accepted: AtomicU64,
+    /// Closed because of malformed input or a request that stopped arriving.
+    pub bad_frames: AtomicU64,
+    /// Refused at a connection limit.
+    pub refused: AtomicU64,
+    /// Closed after idling.
+    pub idle_closed: AtomicU64,
+    /// Closed because the peer did not prove it holds the cluster secret.
+    pub unauthenticated: AtomicU64,
+}
+
+impl ConnCounters {
+    /// As `<prefix>_accepted_connections_total`, `<prefix>_bad_frames_total`,
+    /// `<prefix>_refused_connections_total`, `<prefix>_idle_closed_connections_total`,
+    /// `<prefix>_unauthenticated_connections_total`.
+    pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        p.single(
+            &format!("{prefix}_accepted_connections_total"),
+            "counter",
+            "Connections admitted.",
+            n(&self.accepted),
+        )
+        .single(
+            &format!("{prefix}_bad_frames_total"),
+            "counter",
+            "Connections closed because of malformed input or a request that stopped arriving.",
+            n(&self.bad_frames),
+        )
+        .single(
+            &format!("{prefix}_refused_connections_total"),
+            "counter",
+            "Connections refused at a connection limit (in all or per peer).",
+            n(&self.refused),
+        )
+        .single(
+            &format!("{prefix}_idle_closed_connections_total"),
+            "counter",
+            "Connections closed after idling (clients reconnect).",
+            n(&self.idle_closed),
+        )
+        .single(
+            &format!("{prefix}_unauthenticated_connections_total"),
+            "counter",
+            "Connections closed because the peer did not prove it holds the cluster secret.",
+            n(&self.unauthenticated),
+        );
+    }
+
+    fn count(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a server does with each request.
+pub trait Service: Send + Sync + 'static {
+    /// Handles one request: consumes its payload and writes exactly one reply through `io`.
+    /// A `Protocol` error replies `MALFORMED_FRAME` and closes the connection.
+    fn handle(
+        &self,
+        req: &Header,
+        op: Opcode,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+    ) -> Result<(), TransferError>;
+    /// Largest payload a request may carry.
+    fn max_data_len(&self) -> u64;
+    /// Where the server counts what happens to connections (for metrics).
+    fn connections(&self) -> &ConnCounters;
+}
+
+/// What an elected master puts on its answers: its epoch (clients drop answers from an older
+/// one), and the instant its leadership lease may run out, after which no answer may go out as
+/// a success (`ha::lease::Leadership::check` makes one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub epoch: u64,
+    pub until: std::time::Instant,
+}
+
+/// Where a request's answer goes.
+pub(crate) enum Sink<'a> {
+    /// Straight to the connection's socket (the threaded server).
+    Stream(&'a mut FramedStream),
+    /// Into a buffer the event loop sends (the evented server): requests carry no payload there.
+    Buffer(&'a mut Vec<u8>),
+}
+
+/// Work a request hands on to a thread that may block: the rest of its answer, given the
+/// request's view of its connection.
+pub type Deferred = Box<dyn FnOnce(&mut ServerIo<'_>) -> Result<(), TransferError> + Send>;
+
+/// What a handler running where it must not block asked for instead of answering.
+pub(crate) enum Handoff {
+    /// Serve the whole request again on a thread that may block (nothing was done yet).
+    Rerun,
+    /// Finish the answer on such a thread (the request's work is done).
+    Finish(Deferred),
+}
+
+/// A request's view of its connection.
+pub struct ServerIo<'a> {
+    sink: Sink<'a>,
+    req: Header,
+    replied: bool,
+    /// An elected master's fence: its epoch goes on the reply, and a success past the fence's
+    /// instant goes out as `NOT_LEADER` instead.
+    fence: Option<Fence>,
+    /// What the service keeps for this connection (a store's RDMA queue pair): dropped when
+    /// the connection ends.
+    attached: &'a mut Option<Box<dyn std::any::Any + Send>>,
+    /// Whether the handler may block this thread (wait for room, for the stores).
+    may_block: bool,
+    handoff: Option<Handoff>,
+}
+
+impl<'a> ServerIo<'a> {
+    pub(crate) fn new(
+        sink: Sink<'a>,
+        req: Header,
+        attached: &'a mut Option<Box<dyn std::any::Any + Send>>,
+        may_block: bool,
+    ) -> ServerIo<'a> {
+        ServerIo {
+            sink,
+            req,
+            replied: false,
+            fence: None,
+            attached,
+            may_block,
+            handoff: None,
+        }
+    }
+}
+
+impl ServerIo<'_> {
+    pub fn data_len(&self) -> u64 {
+        self.req.data_len
+    }
+
+    /// Payload bytes of this request not read yet.
+    fn pending_data(&self) -> u64 {
+        match &self.sink {
+            Sink::Stream(s) => s.pending_data(),
+            Sink::Buffer(_) => 0,
+        }
+    }
+
+    fn no_payload(what: &str) -> TransferError {
+        TransferError::Protocol(format!("{what}: this server's requests carry no payload"))
+    }
+
+    pub fn read_data_into(&mut self, dst: &mut [u8]) -> Result<(), TransferError> {
+        match &mut self.sink {
+            Sink::Stream(s) => s.read_data_into(dst),
+            Sink::Buffer(_) if dst.is_empty() => Ok(()),
+            Sink::Buffer(_) => Err(Self::no_payload("a payload read")),
+        }
+    }
+
+    /// Reads into memory this thread does not read next (a segment) and answers the CRC-32C of
+    /// what came, computed in the same pass (`FramedStream::read_data_streamed_crc`).
+    pub fn read_data_streamed_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
+        match &mut self.sink {
+            Sink::Stream(s) => s.read_data_streamed_crc(dst),
+            Sink::Buffer(_) if dst.is_empty() => Ok(0),
+            Sink::Buffer(_) => Err(Self::no_payload("a payload read")),
+        }
+    }
+
+    pub fn discard_data(&mut self) -> Result<(), TransferError> {
+        match &mut self.sink {
+            Sink::Stream(s) => s.discard_data(),
+            Sink::Buffer(_) => Ok(()),
+        }
+    }
+
+    /// Keeps `thing` until the connection ends; false (and `thing` dropped) if something is
+    /// kept already.
+    pub fn attach(&mut self, thing: Box<dyn std::any::Any + Send>) -> bool {
+        if self.attached.is_some() {
+            return false;
+        }
+        *self.attached = Some(thing);
+        true
+    }
+
+    /// Whether something is kept for this connection.
+    pub fn has_attached(&self) -> bool {
+        self.attached.is_some()
+    }
+
+    /// Answers as the leader of `fence.epoch`, as long as its lease lasts.
+    pub fn fence(&mut self, fence: Fence) {
+        self.fence = Some(fence);
+    }
+
+    /// Whether the handler may block this thread: false on an event loop's thread, where a
+    /// wait would hold up every connection the loop serves. There, a request that must wait
+    /// asks for [`ServerIo::rerun_where_it_may_block`] or [`ServerIo::finish_where_it_may_block`].
+    pub fn may_block(&self) -> bool {
+        self.may_block
+    }
+
+    /// Before the request has done anything: have it served again, whole, on a thread that may
+    /// block. Where this one may block already, a handler has no need to ask.
+    pub fn rerun_where_it_may_block(&mut self) -> Result<(), TransferError> {
+        if self.may_block || self.replied || self.handoff.is_some() {
+            return Err(TransferError::Protocol(
+                "a request asked to be served again where it was already served or answered".into(),
+            ));
+        }
+        self.handoff = Some(Handoff::Rerun);
+        Ok(())
+    }
+
+    /// Runs `rest` (which answers) where it may block: here when this thread may, else on a
+    /// thread of the server's that may, once the handler returns.
+    pub fn finish_where_it_may_block(&mut self, rest: Deferred) -> Result<(), TransferError> {
+        if self.may_block {
+            return rest(self);
+        }
+        if self.replied || self.handoff.is_some() {
+            return Err(TransferError::Protocol(
+                "a request handed on after it was answered".into(),
+            ));
+        }
+        self.handoff = Some(Handoff::Finish(rest));
+        Ok(())
+    }
+
+    /// Whether the handler handed the request on rather than answering here.
+    pub fn handed_on(&self) -> bool {
+        self.handoff.is_some()
+    }
+
+    /// The hand-off asked for, and the fence the answer must carry.
+    fn take_handoff(&mut self) -> Option<(Handoff, Option<Fence>)> {
+        self.handoff.take().map(|h| (h, self.fence))
+    }
+
+    /// Sends the reply: status, meta, and a payload written straight from `data`.
+    pub fn reply(
+        &mut self,
+        status: Status,
+        meta: &[u8],
+        data: &[&[u8]],
+    ) -> Result<(), TransferError> {
+        if self.replied || self.handoff.is_some() {
+            return Err(TransferError::Protocol(
+                "second reply to one request".into(),
+            ));
+        }
+        self.replied = true;
+        let Some(fence) = self.fence else {
+            let data_len = data.iter().map(|d| d.len() as u64).sum();
+            let header = Header::response(&self.req, status, meta.len(), data_len);
+            return self.send(&header, &[meta], data);
+        };
+        // The last moment before the answer leaves: a leader whose lease may have run out
+        // meanwhile (it was paused, or the request took long) acknowledges nothing.
+        let late = "this master's leadership lease ran out before it could answer; \
+                    what the request did may or may not stand: ask the leader";
+        let (status, meta, data) = if std::time::Instant::now() >= fence.until {
+            (Status::NotLeader, late.as_bytes(), &[][..])
+        } else {
+            (status, meta, data)
+        };
+        let epoch = fence.epoch.to_le_bytes();
+        let data_len = data.iter().map(|d| d.len() as u64).sum();
+        let mut header = Header::response(&self.req, status, epoch.len() + meta.len(), data_len);
+        header.flags |= super::frame::FLAG_EPOCH;
+        self.send(&header, &[&epoch, meta], data)
+    }
+
+    /// One frame: its header, its meta in pieces, its payload.
+    fn send(
+        &mut self,
+        header: &Header,
+        meta: &[&[u8]],
+        data: &[&[u8]],
+    ) -> Result<(), TransferError> {
+        match &mut self.sink {
+            Sink::Stream(s) if meta.len() == 1 => s.write_frame(header, meta[0], data),
+            Sink::Stream(s) => s.write_frame(header, &meta.concat(), data),
+            Sink::Buffer(b) => {
+                b.extend_from_slice(&header.encode());
+                meta.iter()
+                    .chain(data)
+                    .for_each(|piece| b.extend_from_slice(piece));
+                Ok(())
+            }
+        }
+    }
+
+    pub fn ok<T: Wire>(&mut self, msg: &T) -> Result<(), TransferError> {
+        self.reply(Status::Ok, &msg.to_meta(), &[])
+    }
+
+    /// An error reply; the message travels as the meta (UTF-8 text).
+    pub fn error(&mut self, status: Status, message: &str) -> Result<(), TransferError> {
+        self.reply(status, message.as_bytes(), &[])
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    /// An idle connection (between requests) ends after this.
+    pub idle_timeout: Duration,
+    /// A new connection's first request must begin within this, and every read or write
+    /// inside a request must make progress within it.
+    pub request_timeout: Duration,
+    pub spin: Duration,
+    /// Used in thread names and logs.
+    pub role: &'static str,
+    /// The cluster secret: every connection must prove it holds it before anything else
+    /// (`crate::auth`). `None`: connections need not.
+    pub auth: Option<Arc<crate::auth::Secret>>,
+}
+
+impl ServerOptions {
+    /// Checks the limits, naming the `role.field` that is wrong.
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        let field = |f: &str| format!("{}.{f}", self.role);
+        let bad = |f: &str, why: &str| Err(crate::config::ConfigError::invalid(field(f), why));
+        if self.max_connections == 0 {
+            return bad("max_connections", "must be at least 1");
+        }
+        if self.max_connections_per_peer == 0 {
+            return bad("max_connections_per_peer", "must be at least 1");
+        }
+        if self.idle_timeout < Duration::from_millis(100) {
+            return bad("idle_timeout_ms", "must be at least 100 ms");
+        }
+        if self.request_timeout < Duration::from_millis(100) {
+            return bad("request_timeout_ms", "must be at least 100 ms");
+        }
+        Ok(())
+    }
+}
+
+/// Log budgets shared by a server's connections.
+struct ConnLogs {
+    bad_frames: LogBudget,
+    stalls: LogBudget,
+}
+
+impl ConnLogs {
+    fn new() -> ConnLogs {
+        ConnLogs {
+            bad_frames: LogBudget::new(Duration::from_secs(10)),
+            stalls: LogBudget::new(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// A running server; dropping the handle does not stop it, `stop` does.
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    shutdown: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    /// The evented server's loops: woken to see the stop, then joined.
+    loops: Vec<(Arc<mio::Waker>, JoinHandle<()>)>,
+}
+
+impl ServerHandle {
+    /// Stops accepting. The threaded server's open connections finish when their peers close
+    /// them; the evented server's loops answer what they have read and close theirs.
+    pub fn stop(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        for (waker, thread) in self.loops.drain(..) {
+            let _ = waker.wake();
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Serves `listener` with a thread per connection.
+pub fn spawn(
+    listener: TcpListener,
+    service: Arc<dyn Service>,
+    opts: ServerOptions,
+) -> std::io::Result<ServerHandle> {
+    let addr = listener.local_addr()?;
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let stop = shutdown.clone();
+    let accept = std::thread::Builder::new()
+        .name(format!("{}-accept", opts.role))
+        .spawn(move || {
+            let logs = Arc::new(ConnLogs::new());
+            let role = opts.role;
+            let serve = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
+                let (service, opts, logs) = (service.clone(), opts.clone(), logs.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("{role}-conn"))
+                    .stack_size(512 * 1024)
+                    .spawn(move || {
+                        let _slot = slot;
+                        threaded::serve_connection(stream, peer, service.as_ref(), &opts, &logs);
+                    });
+                // A failed spawn dropped the closure, and with it the slot.
+                if let Err(e) = spawned {
+                    tracing::error!(role, error = %e, "cannot start a connection thread");
+                }
+            };
+            admission::accept_loop(listener, service.connections(), &opts, &stop, serve);
+        })?;
+    Ok(ServerHandle {
+        addr,
+        shutdown,
+        accept: Some(accept),
+        loops: Vec::new(),
+    })
+}
+
+/// Serves `listener` with `threads` event loops (at least one) for a service whose requests
+/// carry no payload (`Service::max_data_len` 0).
+pub fn spawn_evented(
+    listener: TcpListener,
+    service: Arc<dyn Service>,
+    opts: ServerOptions,
+    threads: usize,
+) -> std::io::Result<ServerHandle> {
+    if service.max_data_len() != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the evented server serves requests without payload only",
+        ));
+    }
+    let addr = listener.local_addr()?;
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (loops, handles) =
+        evented::Loops::start(service.clone(), &opts, threads.max(1), &shutdown)?;
+    let stop = shutdown.clone();
+    let accept = std::thread::Builder::new()
+        .name(format!("{}-accept", opts.role))
+        .spawn(move || {
+            let mut next = 0usize;
+            let serve = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
+                loops.admit(next, stream, peer, slot);
+                next = next.wrapping_add(1);
+            };
+            admission::accept_loop(listener, service.connections(), &opts, &stop, serve);
+        })?;
+    Ok(ServerHandle {
+        addr,
+        shutdown,
+        accept: Some(accept),
+        loops: handles,
+    })
+}
