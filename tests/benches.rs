@@ -546,17 +546,28 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
 /// `--phases` and `--ops-per-phase` make a count that does not drift (callgrind's figure,
 /// `scripts/callgrind-master.sh`): only the phases named, each of exactly that many calls.
 #[test]
-fn bench_master_runs_only_the_phases_named_for_a_fixed_count() {
+fn bench_master_runs_only_the_phases_named_for_a_fixed_count_beside_idle_clients() {
     let o = Command::new(BIN)
         .args(["bench", "master", "--objects", "1000", "--clients", "2"])
         .args(["--phases", "exists,describe", "--ops-per-phase", "400"])
         .args(["--phase-time", "30s", "--rest", "0s", "--json"])
+        .args(["--idle-clients", "300"])
         .stdin(Stdio::null())
         .output()
         .expect("rbgctl runs");
     assert!(o.status.success(), "{}", text(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["errors"], 0, "{r}");
+    // The idle clients stayed connected and were answered each heartbeat (one round at least,
+    // waited for before the phases); their connections cost the master memory, not threads.
+    let idle = &r["idle"];
+    assert_eq!(idle["connections"], 300, "{r}");
+    assert!(idle["pings"].as_u64().unwrap() >= 300, "{r}");
+    assert_eq!(idle["ping_errors"], 0, "{r}");
+    assert!(
+        r["master_rss_per_idle_client_bytes"].as_f64().is_some(),
+        "{r}"
+    );
     let results = r["results"].as_array().unwrap();
     let ops: Vec<(&str, u64)> = results
         .iter()
