@@ -745,6 +745,7 @@ fn hand_on(
     handoff: Handoff,
     fence: Option<Fence>,
 ) {
+    ConnCounters::count(&shared.counters().handed_on);
     let (shared2, door, peer, generation) =
         (shared.clone(), door.clone(), conn.peer, conn.generation);
     let meta = meta.to_vec();
@@ -947,7 +948,7 @@ mod tests {
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         // One loop: a wait on it would hold up every connection.
-        let mut server = spawn_evented(listener, service, options(), 1).unwrap();
+        let mut server = spawn_evented(listener, service.clone(), options(), 1).unwrap();
         let mut a = connect(server.addr);
         let mut b = connect(server.addr);
         // A waits before doing anything; its next request is already on the wire behind it.
@@ -975,6 +976,9 @@ mod tests {
         );
         assert_eq!(meta[..8], 7u64.to_le_bytes());
         assert_eq!(&meta[8..], b"done, then waited");
+
+        // Both were counted as handed on.
+        assert_eq!(service.connections.handed_on.load(Ordering::Relaxed), 2);
 
         // Stopping closes the loop's connections.
         server.stop();

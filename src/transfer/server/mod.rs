@@ -72,12 +72,14 @@ pub struct ConnCounters {
     pub idle_closed: AtomicU64,
     /// Closed because the peer did not prove it holds the cluster secret.
     pub unauthenticated: AtomicU64,
+    /// Requests the evented server handed on to a thread that may block (they had to wait).
+    pub handed_on: AtomicU64,
 }
 
 impl ConnCounters {
     /// As `<prefix>_accepted_connections_total`, `<prefix>_bad_frames_total`,
     /// `<prefix>_refused_connections_total`, `<prefix>_idle_closed_connections_total`,
-    /// `<prefix>_unauthenticated_connections_total`.
+    /// `<prefix>_unauthenticated_connections_total`, `<prefix>_handed_on_requests_total`.
     pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
         p.single(
@@ -109,6 +111,13 @@ impl ConnCounters {
             "counter",
             "Connections closed because the peer did not prove it holds the cluster secret.",
             n(&self.unauthenticated),
+        )
+        .single(
+            &format!("{prefix}_handed_on_requests_total"),
+            "counter",
+            "Requests that had to wait (for room, for the stores) and were answered from a \
+             thread that may block rather than an event loop.",
+            n(&self.handed_on),
         );
     }
 
