@@ -369,17 +369,7 @@ impl EventLoop {
             if conn.backlog {
                 // Frames that came behind a request that waited.
                 conn.backlog = false;
-                let mut unread = std::mem::take(&mut conn.unread);
-                let used = serve_frames(
-                    &self.shared,
-                    &self.door,
-                    token,
-                    conn,
-                    &unread,
-                    &mut self.out,
-                );
-                unread.drain(..used);
-                conn.unread = unread;
+                serve_buffered(&self.shared, &self.door, token, conn, &[], &mut self.out);
             } else {
                 let n = match conn.stream.read(&mut self.scratch) {
                     Ok(0) => {
@@ -398,25 +388,8 @@ impl EventLoop {
                 };
                 conn.active = self.now;
                 drained = n < self.scratch.len();
-                if conn.unread.is_empty() {
-                    let data = &self.scratch[..n];
-                    let used =
-                        serve_frames(&self.shared, &self.door, token, conn, data, &mut self.out);
-                    conn.unread.extend_from_slice(&data[used..]);
-                } else {
-                    let mut unread = std::mem::take(&mut conn.unread);
-                    unread.extend_from_slice(&self.scratch[..n]);
-                    let used = serve_frames(
-                        &self.shared,
-                        &self.door,
-                        token,
-                        conn,
-                        &unread,
-                        &mut self.out,
-                    );
-                    unread.drain(..used);
-                    conn.unread = unread;
-                }
+                let read = &self.scratch[..n];
+                serve_buffered(&self.shared, &self.door, token, conn, read, &mut self.out);
                 if conn.unread.is_empty() && conn.unread.capacity() > KEEP_BUFFER {
                     conn.unread = Vec::new();
                 }
@@ -589,6 +562,28 @@ fn write_some(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
         }
     }
     Ok(at)
+}
+
+/// Serves the whole frames of what the connection had unread followed by `more` (served
+/// straight from `more` when nothing was), keeping the rest unread.
+fn serve_buffered(
+    shared: &Arc<Shared>,
+    door: &Door,
+    token: usize,
+    conn: &mut Conn,
+    more: &[u8],
+    out: &mut Vec<u8>,
+) {
+    if conn.unread.is_empty() {
+        let used = serve_frames(shared, door, token, conn, more, out);
+        conn.unread.extend_from_slice(&more[used..]);
+        return;
+    }
+    let mut unread = std::mem::take(&mut conn.unread);
+    unread.extend_from_slice(more);
+    let used = serve_frames(shared, door, token, conn, &unread, out);
+    unread.drain(..used);
+    conn.unread = unread;
 }
 
 /// Serves the whole frames at the start of `data`, their answers going to `out`, until one
