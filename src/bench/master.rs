@@ -8,7 +8,7 @@
 
 use super::cluster::scrape;
 use super::paper_store::PaperStore;
-use super::procfs::{cpu_time, rss_bytes as rss};
+use super::procfs::{cpu_time, host_busy, rss_bytes as rss};
 use super::stats::PhaseResult;
 use crate::config::Millis;
 use crate::launch::{self, Launcher, Logs};
@@ -151,12 +151,37 @@ struct Report {
     /// whole run (ms).
     lock_longest_hold_load_ms: Option<f64>,
     lock_longest_hold_ms: Option<f64>,
+    /// Where each phase's CPU went (same order as `results`).
+    cpu: Vec<PhaseCpu>,
+    /// The host's cores (`host_busy_cores` is out of these).
+    host_cores: usize,
     /// With its own master: its state lock during each phase (same order as `results`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     lock: Vec<LockUse>,
     /// The machine's ceiling for these clients, measured in the same run: round trips per
     /// second from a 64-byte echo server with a thread per connection, `clients` connections.
     loopback_round_trips_per_s: f64,
+}
+
+/// What the master's metrics and the host's CPU counters said before a phase.
+#[derive(Clone, Copy)]
+struct Before {
+    lock: Option<LockCounters>,
+    master: Option<Duration>,
+    bench: Option<Duration>,
+    host: Option<Duration>,
+}
+
+/// Where a phase's CPU went, in cores (CPU seconds per second of the phase).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+struct PhaseCpu {
+    op: String,
+    /// The master (its own only).
+    master_cores: Option<f64>,
+    /// This process: the phase's clients.
+    bench_cores: Option<f64>,
+    /// The whole host, its kernel included (of `host_cores`).
+    host_busy_cores: Option<f64>,
 }
 
 /// How the master's state lock was used during one phase (from its metrics).
@@ -350,6 +375,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     let ceiling_time = args.phase_time.0.min(Duration::from_secs(3));
     let ceiling = super::limits::loopback_round_trips(args.clients, ceiling_time)?;
     let mut report = Report {
+        host_cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         loopback_round_trips_per_s: ceiling,
         objects: args.objects,
         clients: args.clients,
@@ -415,16 +441,33 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     let n = args.objects;
     let time = args.phase_time.0;
     let clients = args.clients;
-    // A phase's figures: `items` per call, `threads` clients; `lock_before`: the master's lock
-    // counters taken before the phase.
-    let lock_now = || lock_counters(metrics_port);
+    // A phase's figures: `items` per call, `threads` clients; `before`: the master's lock
+    // counters and the CPU counters taken before the phase.
+    let bench_pid = std::process::id();
+    let before_now = || Before {
+        lock: lock_counters(metrics_port),
+        master: pid.and_then(cpu_time),
+        bench: cpu_time(bench_pid),
+        host: host_busy(),
+    };
     let mut measured =
         |op: &str,
          items: u64,
          threads: usize,
-         lock_before: Option<LockCounters>,
+         before: Before,
          (lat, errors, elapsed): (Vec<Duration>, u64, Duration)| {
-            if let (Some(b), Some(a)) = (lock_before, lock_now()) {
+            let secs = elapsed.as_secs_f64().max(1e-9);
+            let cores = |b: Option<Duration>, a: Option<Duration>| {
+                b.zip(a)
+                    .map(|(b, a)| a.saturating_sub(b).as_secs_f64() / secs)
+            };
+            report.cpu.push(PhaseCpu {
+                op: op.to_owned(),
+                master_cores: cores(before.master, pid.and_then(cpu_time)),
+                bench_cores: cores(before.bench, cpu_time(bench_pid)),
+                host_busy_cores: cores(before.host, host_busy()),
+            });
+            if let (Some(b), Some(a)) = (before.lock, lock_counters(metrics_port)) {
                 let acquired = (a[0] - b[0]).max(1.0);
                 report.lock.push(LockUse {
                     op: op.to_owned(),
@@ -452,7 +495,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "exists",
             1,
             clients,
-            lock_now(),
+            before_now(),
             phase(&master, clients, budget, time, |c, _, _| {
                 let k = KeyReq {
                     key: key(args.key_bytes, fastrand::u64(..n)),
@@ -467,7 +510,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "ping",
             1,
             clients,
-            lock_now(),
+            before_now(),
             phase(&master, clients, budget, time, |c, t, _| {
                 let ping = PingReq {
                     client_id: PING_CLIENT_IDS + t as u64,
@@ -482,7 +525,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "batch_exists 128x",
             BATCH as u64,
             clients,
-            lock_now(),
+            before_now(),
             phase(&master, clients, budget, time, |c, _, _| {
                 let from = fastrand::u64(..n.saturating_sub(BATCH as u64).max(1));
                 let req = BatchKeysReq {
@@ -503,7 +546,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "describe",
             1,
             clients,
-            lock_now(),
+            before_now(),
             phase(&master, clients, budget, time, describe_one),
         );
     }
@@ -515,7 +558,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "describe, 1 client",
             1,
             1,
-            lock_now(),
+            before_now(),
             phase(&master, 1, budget, time, describe_one),
         );
     }
@@ -523,7 +566,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         progress("describe by one client while another streams puts");
         let streaming = std::sync::atomic::AtomicBool::new(true);
         let streamed = AtomicU64::new(0);
-        let lock_before = lock_now();
+        let before = before_now();
         let under_puts = std::thread::scope(|s| {
             s.spawn(|| {
                 let Ok(mut c) = Connection::connect(&master, &rpc_opts()) else {
@@ -550,7 +593,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "describe, 1 client, puts streaming",
             1,
             1,
-            lock_before,
+            before,
             under_puts,
         );
         report.streamed_puts = streamed.into_inner();
@@ -568,7 +611,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "put start+end",
             1,
             clients,
-            lock_now(),
+            before_now(),
             phase(&master, clients, budget, time, |c, t, i| {
                 let ok = put_batch(c, client_id, &[fresh(t, i)], args.value_bytes).is_some();
                 if ok {
@@ -587,7 +630,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "remove",
             1,
             clients,
-            lock_now(),
+            before_now(),
             phase(
                 &master,
                 clients,
@@ -824,6 +867,22 @@ fn table(r: &Report) -> String {
         "machine limit: {:.0} loopback round trips/s with {} clients (64-byte echo, same run)",
         r.loopback_round_trips_per_s, r.clients
     );
+    let c = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2}"));
+    let _ = writeln!(
+        out,
+        "{:<34} {:>12} {:>12} {:>16}",
+        "CPU, cores", "master", "clients", "host busy"
+    );
+    for p in &r.cpu {
+        let _ = writeln!(
+            out,
+            "{:<34} {:>12} {:>12} {:>16}",
+            p.op,
+            c(p.master_cores),
+            c(p.bench_cores),
+            format!("{} of {}", c(p.host_busy_cores), r.host_cores)
+        );
+    }
     let mb = |b: u64| b as f64 / (1 << 20) as f64;
     if let (Some(e), Some(l), Some(per)) = (
         r.master_rss_empty_bytes,

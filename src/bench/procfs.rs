@@ -37,6 +37,13 @@ pub fn own_syscalls() -> Option<u64> {
     syscalls_of_io(&std::fs::read_to_string("/proc/self/io").ok()?)
 }
 
+/// The whole host's CPU time spent busy (all but idle and I/O wait), summed over its cores,
+/// from the first line of `/proc/stat`.
+pub fn host_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    busy_of_proc_stat(&stat, clock_ticks_per_second())
+}
+
 fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a constant.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
@@ -58,6 +65,25 @@ fn cpu_of_stat(stat: &str, hz: f64) -> Option<Duration> {
     let ticks = |field: usize| f.get(field - 3)?.parse::<u64>().ok();
     let total = ticks(14)? + ticks(15)?;
     Some(Duration::from_secs_f64(total as f64 / hz))
+}
+
+/// `cpu user nice system idle iowait irq softirq steal ...`: all but idle (4th) and iowait
+/// (5th), in clock ticks of `hz` per second.
+fn busy_of_proc_stat(stat: &str, hz: f64) -> Option<Duration> {
+    let mut f = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace();
+    let ticks: Vec<u64> = f.by_ref().map(|t| t.parse().ok()).collect::<Option<_>>()?;
+    // guest and guest_nice (9th, 10th) are counted in user and nice already.
+    let busy: u64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !matches!(i, 3 | 4 | 8 | 9))
+        .map(|(_, t)| t)
+        .sum();
+    (ticks.len() >= 5).then(|| Duration::from_secs_f64(busy as f64 / hz))
 }
 
 fn rss_of_status(status: &str) -> Option<u64> {
@@ -89,6 +115,18 @@ mod tests {
     // A command name with spaces and a closing parenthesis, as `comm` may hold.
     const STAT: &str = "4242 (rbg (ctl) x) S 1 4242 4242 0 -1 4194560 1513 0 0 0 250 75 0 0 \
                         20 0 9 0 12345 1000000 500 18446744073709551615";
+
+    #[test]
+    fn the_host_is_busy_for_all_but_its_idle_and_io_wait_time() {
+        let stat = "cpu  100 20 30 1000 50 5 6 7 8 9\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        // user + nice + system + irq + softirq + steal = 168 ticks
+        assert_eq!(
+            busy_of_proc_stat(stat, 100.0),
+            Some(Duration::from_millis(1680))
+        );
+        assert_eq!(busy_of_proc_stat("cpu0 1 2 3 4 5\n", 100.0), None);
+        assert_eq!(busy_of_proc_stat("cpu 1 2 x 4 5\n", 100.0), None);
+    }
 
     #[test]
     fn stat_lines_are_read_past_a_tricky_command_name() {
