@@ -981,6 +981,46 @@ mod tests {
     }
 
     #[test]
+    fn the_sweep_closes_a_silent_a_half_sent_and_an_idle_connection_and_counts_them() {
+        let (_go, gate) = mpsc::channel();
+        let service = Arc::new(Waits {
+            go: Arc::new(Mutex::new(gate)),
+            connections: ConnCounters::default(),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let opts = ServerOptions {
+            request_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(600),
+            ..options()
+        };
+        let mut server = spawn_evented(listener, service.clone(), opts, 1).unwrap();
+        // Never sends a byte; sends half a header; is served once, then stays quiet.
+        let mut silent = connect(server.addr);
+        let mut half = connect(server.addr);
+        half.write_raw(&Header::request(Opcode::Ping, 1, 0, 0).encode()[..10])
+            .unwrap();
+        let mut idle = connect(server.addr);
+        ask(&mut idle, Opcode::Ping, 2);
+        assert_eq!(answer(&mut idle), (2, b"pong".to_vec()));
+        // Each read ends with the close (bounded by the client's 5 s timeout).
+        for (name, conn) in [
+            ("silent", &mut silent),
+            ("half", &mut half),
+            ("idle", &mut idle),
+        ] {
+            assert!(
+                matches!(conn.read_frame(false), Err(TransferError::Closed)),
+                "the {name} connection was closed"
+            );
+        }
+        let c = &service.connections;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        // The silent one and the idle one ended idle, the half-sent frame as a stall.
+        assert_eq!((n(&c.idle_closed), n(&c.bad_frames)), (2, 1));
+        server.stop();
+    }
+
+    #[test]
     fn many_frames_in_one_read_are_all_answered_in_one_go() {
         let (_go, gate) = mpsc::channel();
         let service = Arc::new(Waits {
