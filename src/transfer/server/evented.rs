@@ -843,7 +843,7 @@ impl Blocking {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{spawn_evented, Fence, ServerOptions};
+    use super::super::{spawn_evented, Fence, ServerHandle, ServerOptions};
     use super::*;
     use crate::transfer::frame::FLAG_EPOCH;
     use crate::transfer::stream::FramedStream;
@@ -911,6 +911,18 @@ mod tests {
         }
     }
 
+    /// A `Waits` service served by `loops` loops with `opts`; the sender lets its waits go.
+    fn serve(opts: ServerOptions, loops: usize) -> (Arc<Waits>, mpsc::Sender<()>, ServerHandle) {
+        let (go, gate) = mpsc::channel();
+        let service = Arc::new(Waits {
+            go: Arc::new(Mutex::new(gate)),
+            connections: ConnCounters::default(),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = spawn_evented(listener, service.clone(), opts, loops).unwrap();
+        (service, go, server)
+    }
+
     fn connect(addr: SocketAddr) -> FramedStream {
         let s = std::net::TcpStream::connect(addr).unwrap();
         let io = FramedStream::new(s, Duration::ZERO).unwrap();
@@ -936,14 +948,8 @@ mod tests {
 
     #[test]
     fn a_request_that_waits_holds_up_no_other_connection_and_keeps_its_answers_in_order() {
-        let (go, gate) = mpsc::channel();
-        let service = Arc::new(Waits {
-            go: Arc::new(Mutex::new(gate)),
-            connections: ConnCounters::default(),
-        });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         // One loop: a wait on it would hold up every connection.
-        let mut server = spawn_evented(listener, service.clone(), options(), 1).unwrap();
+        let (service, go, mut server) = serve(options(), 1);
         let mut a = connect(server.addr);
         let mut b = connect(server.addr);
         // A waits before doing anything; its next request is already on the wire behind it.
@@ -982,18 +988,12 @@ mod tests {
 
     #[test]
     fn the_sweep_closes_a_silent_a_half_sent_and_an_idle_connection_and_counts_them() {
-        let (_go, gate) = mpsc::channel();
-        let service = Arc::new(Waits {
-            go: Arc::new(Mutex::new(gate)),
-            connections: ConnCounters::default(),
-        });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let opts = ServerOptions {
             request_timeout: Duration::from_millis(300),
             idle_timeout: Duration::from_millis(600),
             ..options()
         };
-        let mut server = spawn_evented(listener, service.clone(), opts, 1).unwrap();
+        let (service, _go, mut server) = serve(opts, 1);
         // Never sends a byte; sends half a header; is served once, then stays quiet.
         let mut silent = connect(server.addr);
         let mut half = connect(server.addr);
@@ -1022,13 +1022,7 @@ mod tests {
 
     #[test]
     fn many_frames_in_one_read_are_all_answered_in_one_go() {
-        let (_go, gate) = mpsc::channel();
-        let service = Arc::new(Waits {
-            go: Arc::new(Mutex::new(gate)),
-            connections: ConnCounters::default(),
-        });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut server = spawn_evented(listener, service, options(), 2).unwrap();
+        let (_service, _go, mut server) = serve(options(), 2);
         let mut a = connect(server.addr);
         // 500 pings in one write, the last one split across two writes.
         let mut bytes = Vec::new();
