@@ -6,6 +6,8 @@
 #
 #   scripts/callgrind-router.sh [CASE] [POLICY]      CASE: gen | gen-stream | chat | chat-stream
 #   BIN=path/to/rbgctl N1=200 N2=1200 PROMPT_CHARS=512 scripts/callgrind-router.sh gen cache_aware
+#   WORKER=sim scripts/callgrind-router.sh gen precise_prefix   (a SIMULATED engine publishing
+#   its KV events, which precise_prefix follows, in place of the FAKE worker)
 #
 # With KEEP=DIR, the profile of the longer run is kept as DIR/callgrind.out (read it with
 # callgrind_annotate --inclusive=yes).
@@ -54,7 +56,15 @@ for _ in range(n):
 PY
 }
 
-RBGCTL_READY_FILE=$dir/worker.json "$BIN" bench fake-worker --port 0 >/dev/null 2>&1 &
+case ${WORKER:-fake} in
+fake) RBGCTL_READY_FILE=$dir/worker.json "$BIN" bench fake-worker --port 0 >/dev/null 2>&1 & ;;
+# A SIMULATED engine that publishes its caches' KV events (for precise_prefix), answering at once.
+sim) RBGCTL_READY_FILE=$dir/worker.json "$BIN" sim-engine --port 0 --prefill-us-per-token 0 \
+        --decode-ms-per-token 0 --kv-events-config \
+        '{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,"replay_endpoint":"tcp://127.0.0.1:0","topic":"kv"}' \
+        >/dev/null 2>&1 & ;;
+*) echo "WORKER: fake or sim" >&2; exit 2 ;;
+esac
 worker=$!
 worker_port=$(port_of "$dir/worker.json")
 
