@@ -1,6 +1,7 @@
 //! Tokens and page keys of the SIMULATED engine.
 //!
-//! The tokenizer is a stand-in: one token per whitespace-separated word. A word `t<id>` is the
+//! The tokenizer is a stand-in: one token per word, words separated by ASCII whitespace (a
+//! byte scan: the router runs it on every request it routes by KV events). A word `t<id>` is the
 //! token `<id>` (so the engine's own output text, and the synthetic prompts of
 //! `rbgctl bench multiturn --api-format openai`, tokenize back to the same ids); any other word
 //! hashes into the vocabulary.
@@ -14,7 +15,7 @@ pub const VOCAB: u32 = 32_000;
 
 /// Token ids of a text.
 pub fn encode(text: &str) -> Vec<u32> {
-    text.split_whitespace().map(word_id).collect()
+    text.split_ascii_whitespace().map(word_id).collect()
 }
 
 fn word_id(w: &str) -> u32 {
