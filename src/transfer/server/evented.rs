@@ -184,7 +184,9 @@ struct Conn {
 enum Next {
     Serve,
     Close,
-    HandOn(Handoff, Option<Fence>),
+    /// The request goes on to a waiting-request thread, with what it asked for there, the
+    /// fence its answer carries, and its operation.
+    HandOn(Handoff, Option<Fence>, Opcode),
 }
 
 struct EventLoop {
@@ -628,10 +630,17 @@ fn serve_frames(
         match serve_frame(shared, conn, req, meta, out) {
             Next::Serve => {}
             Next::Close => conn.closing = true,
-            Next::HandOn(handoff, fence) => {
+            Next::HandOn(handoff, fence, op) => {
                 conn.busy = true;
                 conn.backlog = true;
-                hand_on(shared, door, token, conn, req, meta, handoff, fence);
+                let waiting = Waiting {
+                    req,
+                    op,
+                    meta: meta.to_vec(),
+                    handoff,
+                    fence,
+                };
+                hand_on(shared, door, token, conn, waiting);
             }
         }
     }
@@ -707,7 +716,7 @@ fn settle(
     match result {
         Ok(()) if io.replied => Next::Serve,
         Ok(()) => match io.take_handoff() {
-            Some((handoff, fence)) => Next::HandOn(handoff, fence),
+            Some((handoff, fence)) => Next::HandOn(handoff, fence, op),
             None => {
                 tracing::error!(role, %peer, op = op.name(), "handler left the request unanswered");
                 Next::Close
@@ -729,24 +738,19 @@ fn settle(
 }
 
 /// Sends a request on to a waiting-request thread; its answer comes back through `door`.
-#[allow(clippy::too_many_arguments)]
-fn hand_on(
-    shared: &Arc<Shared>,
-    door: &Door,
-    token: usize,
-    conn: &Conn,
-    req: Header,
-    meta: &[u8],
-    handoff: Handoff,
-    fence: Option<Fence>,
-) {
+fn hand_on(shared: &Arc<Shared>, door: &Door, token: usize, conn: &Conn, waiting: Waiting) {
     ConnCounters::count(&shared.counters().handed_on);
     let (shared2, door, peer, generation) =
         (shared.clone(), door.clone(), conn.peer, conn.generation);
-    let meta = meta.to_vec();
     shared.blocking.submit(Box::new(move || {
         let shared = shared2;
-        let op = Opcode::from_u8(req.opcode).expect("handed on after its opcode was known");
+        let Waiting {
+            req,
+            op,
+            meta,
+            handoff,
+            fence,
+        } = waiting;
         let mut out = Vec::new();
         let mut attached = None;
         let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, true);
@@ -767,6 +771,15 @@ fn hand_on(
             close,
         });
     }));
+}
+
+/// A request handed on, as its waiting-request thread needs it.
+struct Waiting {
+    req: Header,
+    op: Opcode,
+    meta: Vec<u8>,
+    handoff: Handoff,
+    fence: Option<Fence>,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
