@@ -36,18 +36,8 @@ pub struct BindError {
 const BACKLOG: i32 = 4096;
 
 /// Binds `host:port` (port 0: the kernel chooses) for the named purpose.
+/// The listener has `SO_REUSEADDR` (as std's) and a queue [`BACKLOG`] long.
 pub fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, BindError> {
-    listen_on(what, host, port, false)
-}
-
-/// A listener on `host:port`, with `SO_REUSEADDR` (as std's) and, with `reuse_port`,
-/// `SO_REUSEPORT`; its queue is [`BACKLOG`] long.
-fn listen_on(
-    what: &'static str,
-    host: &str,
-    port: u16,
-    reuse_port: bool,
-) -> Result<TcpListener, BindError> {
     let addr = join_host_port(host, port);
     let err = |source| BindError {
         what,
@@ -61,9 +51,6 @@ fn listen_on(
             None,
         )?;
         s.set_reuse_address(true)?;
-        if reuse_port {
-            nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReusePort, &true)?;
-        }
         s.bind(&sa.into())?;
         s.listen(BACKLOG)?;
         Ok(s.into())
@@ -77,33 +64,6 @@ fn listen_on(
         }
     }
     Err(err(last))
-}
-
-/// `n` listeners on one address, each with `SO_REUSEPORT`, so that `n` threads each accept
-/// on one of them and the kernel spreads the connections (by their addresses' hash); the
-/// first chooses the port when `port` is 0. Only processes of the same user can join such a
-/// port (Linux's rule for `SO_REUSEPORT`).
-pub fn bind_shared(
-    what: &'static str,
-    host: &str,
-    port: u16,
-    n: usize,
-) -> Result<Vec<TcpListener>, BindError> {
-    let one = |port: u16| listen_on(what, host, port, true);
-    let first = one(port)?;
-    let port = first
-        .local_addr()
-        .map_err(|source| BindError {
-            what,
-            addr: join_host_port(host, port),
-            source,
-        })?
-        .port();
-    let mut all = vec![first];
-    for _ in 1..n.max(1) {
-        all.push(one(port)?);
-    }
-    Ok(all)
 }
 
 fn join_host_port(host: &str, port: u16) -> String {
@@ -254,27 +214,6 @@ pub fn raise_open_files_limit(want: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shared_listeners_take_one_port_and_each_accepts() {
-        let ls = bind_shared("test", "127.0.0.1", 0, 3).unwrap();
-        let port = ls[0].local_addr().unwrap().port();
-        assert!(ls.iter().all(|l| l.local_addr().unwrap().port() == port));
-        // Connections land on the listeners (each accepts what the kernel gives it).
-        for l in &ls {
-            l.set_nonblocking(true).unwrap();
-        }
-        let clients: Vec<_> = (0..24)
-            .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
-            .collect();
-        let mut accepted = 0;
-        for l in &ls {
-            while l.accept().is_ok() {
-                accepted += 1;
-            }
-        }
-        assert_eq!(accepted, clients.len());
-    }
 
     #[test]
     fn a_dropped_handle_stops_its_role() {

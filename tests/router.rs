@@ -2637,22 +2637,29 @@ fn runtime_threads_sets_the_routers_thread_count() {
     assert!(err.contains("runtime_threads"), "{err}");
 }
 
-/// `--thread-per-core`: each thread accepts on its own `SO_REUSEPORT` listener and answers
-/// with its own connections to the workers. Requests over many connections (spread by the
-/// kernel) are all answered, each counted once, and the threads are the ones asked for.
+/// Thread-per-core (the default runtime): one listener, whose connections are handed to the
+/// threads, each answering with its own connections to the workers. Requests over many
+/// connections are all answered, each counted once, and the threads are the ones asked for.
+/// The port is the router's alone: a second router asked for it fails naming it (with one
+/// `SO_REUSEPORT` listener per thread it would have joined the port and taken a share of the
+/// traffic). The work-stealing runtime answers too.
 #[test]
-fn thread_per_core_answers_on_every_thread_and_counts_each_request_once() {
+fn thread_per_core_answers_on_every_thread_and_keeps_its_port_to_itself() {
     let w = fake_worker("tpc-w", &[]);
-    let r = router(
-        &s(&[
-            "--worker-urls",
-            &w.url(),
-            "--thread-per-core",
-            "--runtime-threads",
-            "3",
-        ]),
-        true,
-    );
+    let start = |runtime: &str| {
+        router(
+            &s(&[
+                "--worker-urls",
+                &w.url(),
+                "--runtime",
+                runtime,
+                "--runtime-threads",
+                "3",
+            ]),
+            true,
+        )
+    };
+    let r = start("thread_per_core");
     // 12 threads × 5 requests, each on a connection of its own.
     std::thread::scope(|scope| {
         for _ in 0..12 {
@@ -2673,6 +2680,31 @@ fn thread_per_core_answers_on_every_thread_and_counts_each_request_once() {
     );
     let named_router = threads_named(r._proc.pid().unwrap(), "router");
     assert!(named_router >= 3, "{named_router} threads named router");
+
+    let port = r.port.to_string();
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--worker-urls",
+            &w.url(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a second router started on port {port}: {err}"
+    );
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(err.contains("Address already in use"), "{err}");
+    assert_eq!(post(r.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
+
+    let ws = start("work_stealing");
+    assert_eq!(post(ws.port, "/v1/completions", r#"{"prompt":"x"}"#).0, 200);
 }
 
 /// A SIMULATED engine publishing its caches' KV events (page size 4) on free ports.

@@ -74,9 +74,10 @@ pub struct RouterBenchArgs {
     /// Runtime threads of rbgctl's router. Default: the router's (one per core).
     #[arg(long)]
     pub router_threads: Option<usize>,
-    /// Run rbgctl's router thread-per-core (`router --thread-per-core`).
-    #[arg(long)]
-    pub router_thread_per_core: bool,
+    /// How rbgctl's router threads share the work (`router --runtime`). Default: the
+    /// router's (`thread_per_core`).
+    #[arg(long, value_enum)]
+    pub router_runtime: Option<crate::router::config::RuntimeKind>,
     /// Threads of the bench's own load generator (the clients). One thread drives about
     /// 100,000 requests a second; give it more where the router and workers have cores to
     /// spare, so that the generator is not the limit of the direct figure. Default: 1.
@@ -323,7 +324,7 @@ impl Deployment {
                 host: "127.0.0.1".into(),
                 port: 0,
                 runtime_threads: args.router_threads,
-                thread_per_core: args.router_thread_per_core,
+                runtime: args.router_runtime.unwrap_or_default(),
                 ..Default::default()
             },
             metrics: MetricsConfig {
@@ -941,13 +942,12 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     println!(
         "rbgctl router ({}{}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",
         match args.router_threads {
-            Some(n) => format!("{n} runtime thread(s)"),
-            None => "a runtime thread per core".to_string(),
+            Some(n) => format!("{n} thread(s)"),
+            None => "a thread per core".to_string(),
         },
-        if args.router_thread_per_core {
-            ", thread-per-core"
-        } else {
-            ""
+        match args.router_runtime.unwrap_or_default() {
+            crate::router::config::RuntimeKind::ThreadPerCore => ", thread-per-core",
+            crate::router::config::RuntimeKind::WorkStealing => ", work-stealing",
         },
         args.workers,
         args.worker_threads,

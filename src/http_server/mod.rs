@@ -11,6 +11,7 @@
 //! from its headers.
 
 mod h1;
+pub mod lanes;
 
 use crate::shutdown::Shutdown;
 use crate::transfer::server::LogBudget;
@@ -39,9 +40,6 @@ pub struct HttpLimits {
     pub body_budget: Option<Arc<BodyBudget>>,
     /// On shutdown, how long requests in flight may take to finish. Default 1 s.
     pub grace: Duration,
-    /// The connection slots, when several listeners of one port share `max_connections`
-    /// (a thread-per-core server); `None`: this listener's own.
-    pub connection_slots: Option<Arc<Semaphore>>,
 }
 
 impl Default for HttpLimits {
@@ -53,7 +51,6 @@ impl Default for HttpLimits {
             body_read_timeout: Duration::from_secs(10),
             body_budget: None,
             grace: Duration::from_secs(1),
-            connection_slots: None,
         }
     }
 }
@@ -343,7 +340,7 @@ pub async fn serve_tls(
     open: Option<Arc<AtomicUsize>>,
 ) {
     let app = guarded(app, &limits);
-    serve_service(listener, app, shutdown, limits, tls, open).await
+    serve_service(listener, app, shutdown, limits, tls, open, None).await
 }
 
 /// A service a port serves: it answers every request itself (never fails).
@@ -370,7 +367,8 @@ impl<S> HttpService for S where
 }
 
 /// [`serve_tls`] of any service that answers every request itself: one that does the
-/// [`admit_body`] guard itself, or is [`guarded`].
+/// [`admit_body`] guard itself, or is [`guarded`]. With `lanes`, the connections this loop
+/// accepts are spread over them (thread-per-core, [`lanes`]); their threads run [`serve_lane`].
 pub async fn serve_service<S>(
     listener: tokio::net::TcpListener,
     app: S,
@@ -378,15 +376,16 @@ pub async fn serve_service<S>(
     limits: HttpLimits,
     tls: Option<Arc<rustls::ServerConfig>>,
     open: Option<Arc<AtomicUsize>>,
+    mut lanes: Option<lanes::Handoff>,
 ) where
     S: HttpService,
     S::Future: Send + 'static,
 {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let slots = limits
-        .connection_slots
-        .clone()
-        .unwrap_or_else(|| Arc::new(Semaphore::new(limits.max_connections)));
+    let server = ConnServer::new(app, &shutdown, &limits, tls, open);
+    let slots = match &lanes {
+        Some(l) => l.slots.clone(),
+        None => Arc::new(Semaphore::new(limits.max_connections)),
+    };
     let refusals = LogBudget::new(Duration::from_secs(10));
     let local = listener.local_addr().ok();
     loop {
@@ -409,14 +408,111 @@ pub async fn serve_service<S>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = app.clone();
-        let stop = shutdown.clone();
-        let acceptor = acceptor.clone();
-        let open = open.clone().map(OpenConnection::new);
-        let header_timeout = limits.header_read_timeout;
+        match lanes.as_mut() {
+            None => server.spawn(stream, peer, (slot, None)),
+            Some(l) => {
+                if let Some(kept) = l.place(stream, peer, slot) {
+                    server.spawn(kept.stream, peer, (kept.slot, Some(kept.counted)));
+                }
+            }
+        }
+    }
+    drop(lanes);
+    finish(&slots, &limits, local).await;
+}
+
+/// Serves the connections handed to `lane` by a thread-per-core port's accepting loop
+/// ([`serve_service`] with lanes) until `shutdown` fires, then waits as it does for the
+/// requests in flight.
+pub async fn serve_lane<S>(
+    mut lane: lanes::Lane,
+    app: S,
+    shutdown: Shutdown,
+    limits: HttpLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    open: Option<Arc<AtomicUsize>>,
+) where
+    S: HttpService,
+    S::Future: Send + 'static,
+{
+    let server = ConnServer::new(app, &shutdown, &limits, tls, open);
+    loop {
+        let handed = tokio::select! {
+            handed = lane.handed.recv() => match handed {
+                Some(h) => h,
+                None => break,
+            },
+            _ = shutdown.wait() => break,
+        };
+        match tokio::net::TcpStream::from_std(handed.stream) {
+            Ok(stream) => server.spawn(stream, handed.peer, (handed.slot, Some(handed.counted))),
+            Err(e) => {
+                tracing::debug!(peer = %handed.peer, error = %e, "cannot serve a handed connection")
+            }
+        }
+    }
+    // Connections handed but not yet served are closed (their slots given back).
+    drop(lane.handed);
+    finish(&lane.slots, &limits, None).await;
+}
+
+/// At shutdown: requests in flight finish (their connections were told to close) within the
+/// grace, every connection of the port counted by its slots.
+async fn finish(slots: &Semaphore, limits: &HttpLimits, local: Option<std::net::SocketAddr>) {
+    let all = limits.max_connections as u32;
+    if tokio::time::timeout(limits.grace, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(?local, grace = ?limits.grace, "HTTP requests still in flight at shutdown; stopping anyway");
+    }
+}
+
+/// What serving one accepted connection takes, on the thread that serves it.
+struct ConnServer<S> {
+    service: S,
+    stop: Shutdown,
+    header_timeout: Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    open: Option<Arc<AtomicUsize>>,
+}
+
+impl<S> ConnServer<S>
+where
+    S: HttpService,
+    S::Future: Send + 'static,
+{
+    fn new(
+        service: S,
+        stop: &Shutdown,
+        limits: &HttpLimits,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        open: Option<Arc<AtomicUsize>>,
+    ) -> ConnServer<S> {
+        ConnServer {
+            service,
+            stop: stop.clone(),
+            header_timeout: limits.header_read_timeout,
+            tls: tls.map(tokio_rustls::TlsAcceptor::from),
+            open,
+        }
+    }
+
+    /// Serves `stream` on a task of this thread's runtime, holding what it was counted in
+    /// (its connection slot and, thread-per-core, its lane's count) until it closes.
+    fn spawn(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        held: (tokio::sync::OwnedSemaphorePermit, Option<OpenConnection>),
+    ) {
+        let service = self.service.clone();
+        let stop = self.stop.clone();
+        let acceptor = self.tls.clone();
+        let open = self.open.clone().map(OpenConnection::new);
+        let header_timeout = self.header_timeout;
         tokio::spawn(async move {
-            let _slot = slot;
-            let _open = open;
+            let _held = (held, open);
             match acceptor {
                 None => h1::serve(stream, service, stop, header_timeout, peer).await,
                 Some(acceptor) => {
@@ -429,14 +525,6 @@ pub async fn serve_service<S>(
                 }
             }
         });
-    }
-    // Requests in flight finish (their connections were told to close) within the grace.
-    let all = limits.max_connections as u32;
-    if tokio::time::timeout(limits.grace, slots.acquire_many(all))
-        .await
-        .is_err()
-    {
-        tracing::warn!(?local, grace = ?limits.grace, "HTTP requests still in flight at shutdown; stopping anyway");
     }
 }
 

@@ -117,15 +117,11 @@ pub struct ServerConfig {
     /// sglang-router).
     #[serde(rename = "shutdown_grace_period_secs")]
     pub shutdown_grace_period: Secs,
-    /// Threads of the router's async runtime. Default: one per core. Fewer leave cores to
-    /// what shares the host (1 is fastest on a small host shared with engines: no hand-off
-    /// between threads).
+    /// Threads serving the API. Default: one per core. Fewer leave cores to what shares the
+    /// host.
     pub runtime_threads: Option<usize>,
-    /// One single-threaded runtime per thread (`runtime_threads` of them), each accepting on
-    /// its own `SO_REUSEPORT` listener with its own connections to the workers, so that a
-    /// request never crosses a thread; the kernel spreads client connections over the
-    /// threads by their addresses' hash. Default false: one work-stealing runtime.
-    pub thread_per_core: bool,
+    /// How those threads share the work. Default `thread_per_core`.
+    pub runtime: RuntimeKind,
     /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
     /// none (standard error only).
     pub log_dir: Option<PathBuf>,
@@ -160,7 +156,7 @@ impl Default for ServerConfig {
             .to_vec(),
             shutdown_grace_period: Secs::from_secs(180),
             runtime_threads: None,
-            thread_per_core: false,
+            runtime: RuntimeKind::default(),
             log_dir: None,
             tokenizer_path: None,
             model_path: None,
@@ -644,15 +640,15 @@ pub struct ServerArgs {
     /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
     #[arg(long)]
     pub shutdown_grace_period_secs: Option<f64>,
-    /// Threads of the router's async runtime. Default: one per core.
+    /// Threads serving the API. Default: one per core.
     #[arg(long)]
     pub runtime_threads: Option<usize>,
-    /// One single-threaded runtime per thread, each with its own SO_REUSEPORT listener and
-    /// worker connections: a request never crosses a thread. Default: off (one work-stealing
-    /// runtime).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub thread_per_core: bool,
+    /// How the threads share the work: `thread_per_core` (each thread serves the connections
+    /// it is handed, with its own connections to the workers: a request never crosses a
+    /// thread) or `work_stealing` (one runtime whose threads take each other's tasks).
+    /// Default `thread_per_core`.
+    #[arg(long, value_enum)]
+    pub runtime: Option<RuntimeKind>,
     /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
     /// none (standard error only).
     #[arg(long)]
@@ -1127,6 +1123,21 @@ impl ControlKey {
 }
 
 /// The engines' API.
+/// How the router's threads share the work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    /// A single-threaded runtime per thread. One listener: the thread that accepts hands each
+    /// connection to the thread with the fewest, which serves it from then on with its own
+    /// keep-alive connections to the workers, so that a request never crosses a thread.
+    #[default]
+    ThreadPerCore,
+    /// One runtime whose threads take each other's tasks: a request may move between threads
+    /// (a wake-up and a hand-off each time), but a thread that falls behind is helped.
+    WorkStealing,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {

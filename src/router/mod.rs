@@ -38,9 +38,10 @@ pub mod vllm;
 pub mod worker;
 
 use crate::config::ConfigError;
+use crate::http_server::lanes::Lane;
 use crate::kube::KubeError;
 use crate::role::{self, BindError};
-use crate::router::config::{RouterConfig, TlsConfig};
+use crate::router::config::{RouterConfig, RuntimeKind, TlsConfig};
 use crate::router::limiter::Limiter;
 use crate::router::metrics::Metrics;
 use crate::router::policy::{LoadBalancingPolicy, PolicySettings};
@@ -124,8 +125,6 @@ pub struct Routing {
 pub struct Limits {
     /// Requests in flight and queued (`--max-concurrent-requests`, `--queue-size`, rate).
     pub limiter: Limiter,
-    /// The API's connection slots, shared by every thread's listener.
-    pub connection_slots: Arc<tokio::sync::Semaphore>,
     /// Bytes of request bodies received at once, all threads together.
     pub body_budget: Arc<crate::http_server::BodyBudget>,
 }
@@ -143,12 +142,12 @@ pub(crate) const MAX_CONNECTIONS: usize = 16_384;
 
 /// Runtimes the router runs: one per thread when thread-per-core, else one.
 fn runtimes(cfg: &RouterConfig) -> usize {
-    match cfg.server.thread_per_core {
-        true => cfg
+    match cfg.server.runtime {
+        RuntimeKind::ThreadPerCore => cfg
             .server
             .runtime_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        false => 1,
+        RuntimeKind::WorkStealing => 1,
     }
 }
 
@@ -236,7 +235,6 @@ impl Shared {
                         None => l,
                     }
                 },
-                connection_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
                 body_budget: crate::http_server::BodyBudget::new(
                     match limits.max_inflight_body_bytes {
                         0 => crate::http_server::BodyBudget::quarter_of_memory(),
@@ -302,8 +300,8 @@ impl Shared {
 
 /// The router's sockets, bound before it starts (port 0 lets the kernel choose).
 pub struct Listeners {
-    /// The API: one listener, or one per thread (thread-per-core, `SO_REUSEPORT`).
-    pub http: Vec<TcpListener>,
+    /// The API.
+    pub http: TcpListener,
     /// A separate `/metrics` listener (`--prometheus-port`, when not 0 and not the API's port).
     pub metrics: Option<TcpListener>,
 }
@@ -313,10 +311,7 @@ impl Listeners {
         let (server, m) = (&cfg.server, &cfg.metrics);
         let separate = m.prometheus_port != 0 && m.prometheus_port != server.port;
         Ok(Listeners {
-            http: match server.thread_per_core {
-                true => role::bind_shared("router", &server.host, server.port, runtimes(cfg))?,
-                false => vec![role::bind("router", &server.host, server.port)?],
-            },
+            http: role::bind("router", &server.host, server.port)?,
             metrics: match separate {
                 true => Some(role::bind(
                     "router metrics",
@@ -345,30 +340,29 @@ pub fn start(
     listeners: Listeners,
     shutdown: Shutdown,
 ) -> Result<Handle, RouterError> {
-    let mut http = listeners.http.into_iter();
-    let first = http
-        .next()
-        .ok_or_else(|| std::io::Error::other("the router has no listener"))?;
     let addrs = Addrs {
-        http: first.local_addr()?,
+        http: listeners.http.local_addr()?,
         metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
-    // The first runtime serves the first listener, the metrics and every background task;
-    // thread-per-core, each further thread runs a runtime of its own over its own listener.
-    let runtime = match cfg.server.thread_per_core {
-        true => role::thread_runtime()?,
-        false => role::runtime("router", cfg.server.runtime_threads)?,
+    // The first runtime accepts the API's connections and serves the metrics and every
+    // background task; thread-per-core, it hands connections to the threads of the other
+    // lanes, each running a runtime of its own.
+    let runtime = match cfg.server.runtime {
+        RuntimeKind::ThreadPerCore => role::thread_runtime()?,
+        RuntimeKind::WorkStealing => role::runtime("router", cfg.server.runtime_threads)?,
     };
-    let (shared, first, metrics) = {
+    let (handoff, lanes) = crate::http_server::lanes::lanes(runtimes(&cfg), MAX_CONNECTIONS);
+    let (shared, http, metrics) = {
         let _guard = runtime.enter();
         (
             Arc::new(Shared::new(cfg)?),
-            role::async_listener(first)?,
+            role::async_listener(listeners.http)?,
             listeners.metrics.map(role::async_listener).transpose()?,
         )
     };
     runtime.block_on(server::start_background(&shared))?;
-    let others: Vec<(tokio::runtime::Runtime, TcpListener)> = http
+    let others: Vec<(tokio::runtime::Runtime, Lane)> = lanes
+        .into_iter()
         .map(|l| Ok((role::thread_runtime()?, l)))
         .collect::<std::io::Result<_>>()?;
     role::announce("router", &addrs);
@@ -377,15 +371,15 @@ pub fn start(
         let threads: Vec<_> = others
             .into_iter()
             .enumerate()
-            .map(|(i, (rt, listener))| {
+            .map(|(i, (rt, lane))| {
                 let (shared, stop) = (shared.clone(), stop.clone());
                 std::thread::Builder::new()
                     .name("router".into())
-                    .spawn(move || serve_thread(i + 1, rt, listener, shared, stop))
+                    .spawn(move || serve_lane(i + 1, rt, lane, shared, stop))
             })
             .collect::<std::io::Result<_>>()?;
         let r = runtime.block_on(async {
-            let serving = server::serve(shared.clone(), first, metrics, stop.clone());
+            let serving = server::serve(shared.clone(), http, metrics, handoff, stop.clone());
             tokio::pin!(serving);
             tokio::select! {
                 _ = &mut serving => Ok(()),
@@ -407,27 +401,17 @@ pub fn start(
     })?)
 }
 
-/// One further thread of a thread-per-core router: its runtime serves its listener until
-/// `stop` fires.
-fn serve_thread(
+/// One further thread of a thread-per-core router: its runtime serves the connections handed
+/// to its lane until `stop` fires.
+fn serve_lane(
     index: usize,
     runtime: tokio::runtime::Runtime,
-    listener: TcpListener,
+    lane: Lane,
     shared: Arc<Shared>,
     stop: Shutdown,
 ) {
     upstream::enter_runtime(index);
-    let listener = {
-        let _guard = runtime.enter();
-        role::async_listener(listener)
-    };
-    match listener {
-        Ok(l) => runtime.block_on(server::serve_more(shared, l, stop)),
-        Err(e) => {
-            tracing::error!(error = %e, "a router thread could not listen");
-            stop.trigger();
-        }
-    }
+    runtime.block_on(server::serve_lane(shared, lane, stop));
     runtime.shutdown_timeout(Duration::from_secs(1));
 }
 

@@ -1110,7 +1110,6 @@ fn http_limits(shared: &Shared) -> crate::http_server::HttpLimits {
     crate::http_server::HttpLimits {
         max_body_bytes: shared.cfg.limits.max_payload_size,
         max_connections: crate::router::MAX_CONNECTIONS,
-        connection_slots: Some(shared.limits.connection_slots.clone()),
         body_budget: Some(shared.limits.body_budget.clone()),
         grace,
         ..Default::default()
@@ -1123,6 +1122,7 @@ pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     metrics_listener: Option<tokio::net::TcpListener>,
+    lanes: crate::http_server::lanes::Handoff,
     shutdown: Shutdown,
 ) {
     if let Some(ml) = metrics_listener {
@@ -1137,7 +1137,8 @@ pub async fn serve(
         policy = shared.routing.policy.name(),
         pd = shared.pd(),
         workers = shared.workers.registry.snapshot().len(),
-        threads = shared.cfg.server.thread_per_core.then_some(shared.threads()),
+        runtime = ?shared.cfg.server.runtime,
+        threads = lanes.len(),
         "router listening"
     );
     let announce = shutdown.clone();
@@ -1146,20 +1147,32 @@ pub async fn serve(
         announce.wait().await;
         tracing::info!(?grace, "shutting down: finishing requests in flight");
     });
-    serve_more(shared, listener, shutdown).await
+    let (front, limits) = front(&shared);
+    let tls = shared.access.server_tls.clone();
+    let open = Some(shared.metrics.http.connections.clone());
+    let lanes = Some(lanes);
+    crate::http_server::serve_service(listener, front, shutdown, limits, tls, open, lanes).await
 }
 
-/// Serves the API on one more listener of a thread-per-core router (or the only one), its
-/// connections counted against the router's one limit.
-pub async fn serve_more(
+/// Serves the connections handed to one more lane of a thread-per-core router, counted against
+/// the router's one limit.
+pub async fn serve_lane(
     shared: Arc<Shared>,
-    listener: tokio::net::TcpListener,
+    lane: crate::http_server::lanes::Lane,
     shutdown: Shutdown,
 ) {
-    let limits = http_limits(&shared);
+    let (front, limits) = front(&shared);
     let tls = shared.access.server_tls.clone();
-    let open = shared.metrics.http.connections.clone();
+    let open = Some(shared.metrics.http.connections.clone());
+    crate::http_server::serve_lane(lane, front, shutdown, limits, tls, open).await
+}
+
+/// The API's service on one thread: the inference routes' fast path in front of the rest.
+fn front(shared: &Arc<Shared>) -> (crate::router::front::Front, crate::http_server::HttpLimits) {
+    let limits = http_limits(shared);
     let rest = crate::http_server::guarded(app(shared.clone()), &limits);
-    let front = crate::router::front::Front::new(shared, rest, &limits);
-    crate::http_server::serve_service(listener, front, shutdown, limits, tls, Some(open)).await;
+    (
+        crate::router::front::Front::new(shared.clone(), rest, &limits),
+        limits,
+    )
 }

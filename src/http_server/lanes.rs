@@ -1,0 +1,216 @@
+//! Thread-per-core serving over one listener: the thread that accepts hands each connection to
+//! a lane (a thread with a single-threaded runtime of its own, which serves the connection from
+//! then on, so its requests never cross a thread).
+//!
+//! One listener, not one `SO_REUSEPORT` listener per thread: a port shared that way would let
+//! a second server started by the same user join it silently and take part of the traffic,
+//! where it must fail with "address in use". Handing a connection over costs its accepting
+//! thread a channel send and the lane a wake-up, once per connection, not per request.
+
+use super::OpenConnection;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+/// An accepted connection on its way to a lane, with the connection slot it holds and its
+/// place in the lane's count of open connections.
+pub(super) struct Handed {
+    pub stream: std::net::TcpStream,
+    pub peer: SocketAddr,
+    pub slot: OwnedSemaphorePermit,
+    pub counted: OpenConnection,
+}
+
+/// A connection to serve on the accepting thread.
+pub(super) struct Kept {
+    pub stream: tokio::net::TcpStream,
+    pub slot: OwnedSemaphorePermit,
+    pub counted: OpenConnection,
+}
+
+/// The accepting side: where each lane's connections go and how many each has open.
+pub struct Handoff {
+    /// Lane 0 is the accepting thread's own (it serves what it keeps); the others are senders.
+    senders: Vec<mpsc::UnboundedSender<Handed>>,
+    open: Vec<Arc<AtomicUsize>>,
+    /// Where the next search for the least loaded lane starts (spreads ties).
+    next: usize,
+    /// The connection slots every lane's connections hold (one limit for the port).
+    pub(super) slots: Arc<Semaphore>,
+}
+
+/// The receiving side of one lane (not the accepting thread's).
+pub struct Lane {
+    pub(super) handed: mpsc::UnboundedReceiver<Handed>,
+    pub(super) slots: Arc<Semaphore>,
+}
+
+/// `n` lanes (at least one) sharing `max_connections` slots: the accepting side, and the
+/// receiving side of lanes 1.. (lane 0 is the accepting thread).
+pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let open: Vec<_> = (0..n.max(1)).map(|_| Arc::default()).collect();
+    let mut senders = Vec::with_capacity(open.len());
+    let mut receivers = Vec::with_capacity(open.len() - 1);
+    for _ in 1..open.len() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        receivers.push(Lane {
+            handed: rx,
+            slots: slots.clone(),
+        });
+    }
+    let handoff = Handoff {
+        senders,
+        open,
+        next: 0,
+        slots,
+    };
+    (handoff, receivers)
+}
+
+/// Where a connection goes: the lane with the fewest open connections, the search starting
+/// one past the last choice so that equal lanes take turns.
+fn least_loaded(open: &[usize], start: usize) -> usize {
+    let n = open.len();
+    (0..n)
+        .map(|i| (start + i) % n)
+        .min_by_key(|&i| open[i])
+        .unwrap_or(0)
+}
+
+impl Handoff {
+    /// Chooses the lane for a connection and sends it there, or gives it back to be served on
+    /// the accepting thread: when that thread's lane is chosen, or the chosen lane's thread has
+    /// ended.
+    pub(super) fn place(
+        &mut self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        slot: OwnedSemaphorePermit,
+    ) -> Option<Kept> {
+        let counts: Vec<usize> = self
+            .open
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let lane = least_loaded(&counts, self.next);
+        self.next = (lane + 1) % self.open.len();
+        // Counted from now, so that the next choice already sees it.
+        let counted = OpenConnection::new(self.open[lane].clone());
+        if lane == 0 {
+            return Some(Kept {
+                stream,
+                slot,
+                counted,
+            });
+        }
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "cannot hand a connection to a lane");
+                return None;
+            }
+        };
+        let handed = Handed {
+            stream,
+            peer,
+            slot,
+            counted,
+        };
+        match self.senders[lane - 1].send(handed) {
+            Ok(()) => None,
+            Err(mpsc::error::SendError(h)) => Some(Kept {
+                stream: tokio::net::TcpStream::from_std(h.stream).ok()?,
+                slot: h.slot,
+                counted: OpenConnection::new(self.open[0].clone()),
+            }),
+        }
+    }
+
+    /// Lanes, the accepting thread's included.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Never: the accepting thread's lane is always there.
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_loaded_lane_takes_a_connection_and_equal_ones_take_turns() {
+        assert_eq!(least_loaded(&[3, 1, 2], 0), 1);
+        assert_eq!(least_loaded(&[3, 1, 1], 0), 1);
+        assert_eq!(least_loaded(&[3, 1, 1], 2), 2);
+        // Four equal lanes, each choice starting one past the last: every lane in turn.
+        let mut start = 0;
+        let picks: Vec<usize> = (0..8)
+            .map(|_| {
+                let lane = least_loaded(&[0, 0, 0, 0], start);
+                start = (lane + 1) % 4;
+                lane
+            })
+            .collect();
+        assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(least_loaded(&[7], 0), 0);
+    }
+
+    #[tokio::test]
+    async fn connections_spread_over_lanes_and_a_lane_that_ended_is_served_here() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (mut handoff, mut receivers) = lanes(3, 16);
+        assert_eq!(handoff.len(), 3);
+        let mut clients = Vec::new();
+        let mut accept = async || {
+            clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+            let (stream, peer) = listener.accept().await.unwrap();
+            (stream, peer)
+        };
+        let mut kept = Vec::new();
+        for _ in 0..6 {
+            let (stream, peer) = accept().await;
+            let slot = handoff.slots.clone().try_acquire_owned().unwrap();
+            kept.extend(handoff.place(stream, peer, slot));
+        }
+        // Equal lanes take turns: two connections each, two kept here.
+        let mut handed: Vec<Vec<Handed>> = receivers
+            .iter_mut()
+            .map(|l| std::iter::from_fn(|| l.handed.try_recv().ok()).collect())
+            .collect();
+        assert_eq!(kept.len(), 2);
+        assert!(handed.iter().all(|h| h.len() == 2));
+        assert_eq!(handoff.slots.available_permits(), 16 - 6);
+        // Lane 1's connections close: it is the least loaded, and takes the next one.
+        handed[0].clear();
+        assert_eq!(handoff.open[1].load(Ordering::Relaxed), 0);
+        let (stream, peer) = accept().await;
+        let slot = handoff.slots.clone().try_acquire_owned().unwrap();
+        assert!(handoff.place(stream, peer, slot).is_none());
+        assert_eq!(
+            receivers[0]
+                .handed
+                .try_recv()
+                .unwrap()
+                .counted
+                .0
+                .load(Ordering::Relaxed),
+            1
+        );
+        // A lane whose thread has gone: its connection comes back to be served here.
+        drop(receivers);
+        let (stream, peer) = accept().await;
+        let slot = handoff.slots.clone().try_acquire_owned().unwrap();
+        let back = handoff.place(stream, peer, slot).expect("served here");
+        assert_eq!(handoff.open[0].load(Ordering::Relaxed), 3);
+        drop((back, kept));
+        assert_eq!(handoff.open[0].load(Ordering::Relaxed), 0);
+    }
+}
