@@ -553,9 +553,15 @@ fn hex_len(mut n: usize, out: &mut [u8; 16]) -> &[u8] {
 
 /// Reads until the next request head is whole. `None`: the connection ended, stayed silent
 /// past the header timeout, or the server is stopping while it was idle.
+///
+/// `timer` is the connection's one timer, set at or before this head's deadline: it is moved
+/// on only when it fires early, so a request on a busy keep-alive connection touches no timer
+/// (registering a new one each time costs the runtime's lock and, when it becomes the
+/// earliest, a wake-up of the runtime's own thread through its eventfd).
 async fn read_head<R: AsyncRead + Unpin>(
     rd: &mut Reader<R>,
     stopped: &mut Pin<&mut impl Future<Output = ()>>,
+    timer: &mut Pin<&mut tokio::time::Sleep>,
     header_timeout: Duration,
 ) -> io::Result<Option<Result<Head, HeadError>>> {
     let mut deadline = None;
@@ -572,10 +578,14 @@ async fn read_head<R: AsyncRead + Unpin>(
         let read = std::future::poll_fn(|cx| poll_fill(&mut rd.io, cx, &mut rd.buf, READ_CHUNK));
         let n = tokio::select! {
             biased;
-            r = tokio::time::timeout_at(until, read) => match r {
-                Ok(r) => r?,
-                Err(_) => return Ok(None),
-            },
+            r = read => r?,
+            () = timer.as_mut() => {
+                if tokio::time::Instant::now() >= until {
+                    return Ok(None);
+                }
+                timer.as_mut().reset(until);
+                continue;
+            }
             _ = stopped.as_mut(), if idle => return Ok(None),
         };
         if n == 0 {
@@ -620,9 +630,10 @@ pub async fn serve<T: Transport, S: HttpService>(
     });
     let stop_wait = stop.wait();
     let mut stopped = std::pin::pin!(stop_wait);
+    let mut timer = std::pin::pin!(tokio::time::sleep(header_timeout));
     let mut out = BytesMut::with_capacity(4096);
     while let Some(rd) = reader.as_mut() {
-        let head = match read_head(rd, &mut stopped, header_timeout).await {
+        let head = match read_head(rd, &mut stopped, &mut timer, header_timeout).await {
             Ok(Some(Ok(head))) => head,
             Ok(Some(Err(e))) => {
                 tracing::debug!(%peer, error = %e, "bad request head");
@@ -986,6 +997,44 @@ mod tests {
             answers[2]
         );
         assert!(answers[3].starts_with("404") && answers[3].contains("connection: close"));
+    }
+
+    /// The header timeout counts from the end of the last answer, not from the connection's
+    /// start, though the connection's one timer was set at its start: a keep-alive connection
+    /// that asked at 8 s stays open past 10 s and is closed 10 s after its answer.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_keep_alive_connection_closes_a_header_timeout_after_its_last_answer() {
+        use tokio::io::AsyncReadExt;
+        use tokio::time::{sleep, Instant};
+        let timeout = Duration::from_secs(10);
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn(serve(
+            Duplex(server),
+            echo_app(),
+            Shutdown::new(),
+            timeout,
+            "127.0.0.1:1".parse().unwrap(),
+        ));
+        let (mut r, mut w) = tokio::io::split(client);
+        let start = Instant::now();
+        sleep(Duration::from_secs(8)).await;
+        w.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi")
+            .await
+            .unwrap();
+        let mut answer = vec![0; 512];
+        let n = r.read(&mut answer).await.unwrap();
+        assert!(answer[..n].ends_with(b"\r\n\r\nhi"));
+        let answered = Instant::now();
+        // Silent from here: the connection ends (EOF) 10 s after the answer.
+        let n = r.read(&mut answer).await.unwrap();
+        assert_eq!(n, 0);
+        let closed = answered.elapsed();
+        assert!(
+            closed >= timeout && closed < timeout + Duration::from_secs(1),
+            "{closed:?}"
+        );
+        assert!(start.elapsed() >= Duration::from_secs(18));
+        served.await.unwrap();
     }
 
     #[tokio::test]
