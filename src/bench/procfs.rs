@@ -7,6 +7,18 @@ use std::time::Duration;
 
 /// User + system CPU time of process `pid`.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
+    cpu_split(pid).map(|c| c.user + c.system)
+}
+
+/// CPU time of a process, in its own code and in the kernel on its behalf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuSplit {
+    pub user: Duration,
+    pub system: Duration,
+}
+
+/// [`CpuSplit`] of process `pid`.
+pub fn cpu_split(pid: u32) -> Option<CpuSplit> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     cpu_of_stat(&stat, clock_ticks_per_second())
 }
@@ -60,11 +72,16 @@ fn state_of_stat(stat: &str) -> Option<char> {
 }
 
 /// utime + stime (fields 14 and 15), in clock ticks of `hz` per second.
-fn cpu_of_stat(stat: &str, hz: f64) -> Option<Duration> {
+fn cpu_of_stat(stat: &str, hz: f64) -> Option<CpuSplit> {
     let f = stat_fields(stat)?;
-    let ticks = |field: usize| f.get(field - 3)?.parse::<u64>().ok();
-    let total = ticks(14)? + ticks(15)?;
-    Some(Duration::from_secs_f64(total as f64 / hz))
+    let time = |field: usize| {
+        let ticks = f.get(field - 3)?.parse::<u64>().ok()?;
+        Some(Duration::from_secs_f64(ticks as f64 / hz))
+    };
+    Some(CpuSplit {
+        user: time(14)?,
+        system: time(15)?,
+    })
 }
 
 /// `cpu user nice system idle iowait irq softirq steal ...`: all but idle (4th) and iowait
@@ -131,7 +148,9 @@ mod tests {
     #[test]
     fn stat_lines_are_read_past_a_tricky_command_name() {
         assert_eq!(state_of_stat(STAT), Some('S'));
-        assert_eq!(cpu_of_stat(STAT, 100.0), Some(Duration::from_millis(3250)));
+        let cpu = cpu_of_stat(STAT, 100.0).unwrap();
+        assert_eq!(cpu.user, Duration::from_millis(2500));
+        assert_eq!(cpu.system, Duration::from_millis(750));
         assert_eq!(cpu_of_stat("4242 (x) S 1", 100.0), None);
         assert_eq!(state_of_stat("no parenthesis"), None);
     }

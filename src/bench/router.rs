@@ -71,7 +71,7 @@ pub struct RouterBenchArgs {
     /// Runtime threads of each fake worker.
     #[arg(long, default_value_t = 1)]
     pub worker_threads: usize,
-    /// Runtime threads of rbgctl's router. Default: the router's (one per core).
+    /// Runtime threads of rbgctl's router. Default: the router's (one per core, at most 4).
     #[arg(long)]
     pub router_threads: Option<usize>,
     /// How rbgctl's router threads share the work (`router --runtime`). Default: the
@@ -520,6 +520,9 @@ pub struct Measure {
     pub ttfb_p99_ms: f64,
     /// Router CPU per request, microseconds (router runs only).
     pub cpu_us_per_req: Option<f64>,
+    /// Of that CPU, the share the kernel spent on the router's behalf (system calls, the
+    /// network stack, waking the peers it writes to), 0 to 1.
+    pub kernel_share: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -543,9 +546,9 @@ pub struct Row {
     pub added_ttfb_p50_ms: f64,
 }
 
-/// User + system CPU seconds of a process.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    super::procfs::cpu_time(pid).map(|t| t.as_secs_f64())
+/// User and system CPU seconds of a process.
+fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
+    super::procfs::cpu_split(pid).map(|c| (c.user.as_secs_f64(), c.system.as_secs_f64()))
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
@@ -676,7 +679,13 @@ fn measure(
         ttfb_p50_ms: ms(percentile(&ttfb, 0.5)),
         ttfb_p99_ms: ms(percentile(&ttfb, 0.99)),
         cpu_us_per_req: match (cpu0, cpu1) {
-            (Some(a), Some(b)) if n > 0 => Some((b - a) * 1e6 / n as f64),
+            (Some(a), Some(b)) if n > 0 => Some((b.0 + b.1 - a.0 - a.1) * 1e6 / n as f64),
+            _ => None,
+        },
+        kernel_share: match (cpu0, cpu1) {
+            (Some(a), Some(b)) if b.0 + b.1 > a.0 + a.1 => {
+                Some((b.1 - a.1) / (b.0 + b.1 - a.0 - a.1))
+            }
             _ => None,
         },
     })
@@ -705,6 +714,10 @@ fn median_measure(ms: &[Measure]) -> Measure {
             .iter()
             .all(|m| m.cpu_us_per_req.is_some())
             .then(|| pick(|m| m.cpu_us_per_req.unwrap_or(0.0))),
+        kernel_share: ms
+            .iter()
+            .all(|m| m.kernel_share.is_some())
+            .then(|| pick(|m| m.kernel_share.unwrap_or(0.0))),
     }
 }
 
@@ -943,7 +956,7 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         "rbgctl router ({}{}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",
         match args.router_threads {
             Some(n) => format!("{n} thread(s)"),
-            None => "a thread per core".to_string(),
+            None => "default threads".to_string(),
         },
         match args.router_runtime.unwrap_or_default() {
             crate::router::config::RuntimeKind::ThreadPerCore => ", thread-per-core",
@@ -964,7 +977,7 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         );
     }
     println!(
-        "{:<20} {:>4} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
+        "{:<20} {:>4} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>7}",
         "case",
         "cli",
         "direct/s",
@@ -976,11 +989,12 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         "r p99ms",
         "d ttfb50",
         "r ttfb50",
-        "cpu µs"
+        "cpu µs",
+        "kernel"
     );
     for r in rows {
         println!(
-            "{:<20} {:>4} {:>10.0} {:>10.0} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>8.1}",
+            "{:<20} {:>4} {:>10.0} {:>10.0} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>8.1} {:>6.0}%",
             r.case,
             r.clients,
             r.direct.req_per_s,
@@ -993,6 +1007,7 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
             r.direct.ttfb_p50_ms,
             r.router.ttfb_p50_ms,
             r.router.cpu_us_per_req.unwrap_or(f64::NAN),
+            r.router.kernel_share.unwrap_or(f64::NAN) * 100.0,
         );
     }
     if rows.iter().all(|r| r.peer.is_none()) {

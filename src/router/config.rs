@@ -117,8 +117,7 @@ pub struct ServerConfig {
     /// sglang-router).
     #[serde(rename = "shutdown_grace_period_secs")]
     pub shutdown_grace_period: Secs,
-    /// Threads serving the API. Default: one per core. Fewer leave cores to what shares the
-    /// host.
+    /// Threads serving the API. Default: one per core, at most [`DEFAULT_MAX_THREADS`].
     pub runtime_threads: Option<usize>,
     /// How those threads share the work. Default `thread_per_core`.
     pub runtime: RuntimeKind,
@@ -132,6 +131,22 @@ pub struct ServerConfig {
     /// sglang-router's model path: used as `tokenizer_path` when that is not given, and must
     /// then be a local directory holding `tokenizer.json`. Default: none.
     pub model_path: Option<PathBuf>,
+}
+
+/// Threads the router serves with unless told: one thread serves tens of thousands of requests
+/// a second, and each further thread wakes up for fewer of them, which costs CPU per request
+/// (on 16 cores, thread-per-core: 26 µs at 2 threads, 28.5 at 4, 32 at 6, 47 at 8).
+pub const DEFAULT_MAX_THREADS: usize = 4;
+
+impl ServerConfig {
+    /// Threads serving the API: `runtime_threads`, or one per core up to
+    /// [`DEFAULT_MAX_THREADS`].
+    pub fn threads(&self) -> usize {
+        self.runtime_threads.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            cores.min(DEFAULT_MAX_THREADS)
+        })
+    }
 }
 
 impl Default for ServerConfig {
@@ -640,7 +655,9 @@ pub struct ServerArgs {
     /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
     #[arg(long)]
     pub shutdown_grace_period_secs: Option<f64>,
-    /// Threads serving the API. Default: one per core.
+    /// Threads serving the API. Default: one per core, at most 4 (one thread serves tens of
+    /// thousands of requests a second; more threads each wake up for fewer requests, and
+    /// spend more CPU per request).
     #[arg(long)]
     pub runtime_threads: Option<usize>,
     /// How the threads share the work: `thread_per_core` (each thread serves the connections
@@ -1268,7 +1285,7 @@ impl RouterConfig {
         if server.runtime_threads == Some(0) {
             return Err(ConfigError::invalid(
                 "router.runtime_threads",
-                "must be at least 1 (leave it out for one per core)",
+                "must be at least 1 (leave it out for one per core, at most 4)",
             ));
         }
         let b = &self.metrics.prometheus_duration_buckets;

@@ -143,10 +143,7 @@ pub(crate) const MAX_CONNECTIONS: usize = 16_384;
 /// Runtimes the router runs: one per thread when thread-per-core, else one.
 fn runtimes(cfg: &RouterConfig) -> usize {
     match cfg.server.runtime {
-        RuntimeKind::ThreadPerCore => cfg
-            .server
-            .runtime_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        RuntimeKind::ThreadPerCore => cfg.server.threads(),
         RuntimeKind::WorkStealing => 1,
     }
 }
@@ -349,7 +346,7 @@ pub fn start(
     // lanes, each running a runtime of its own.
     let runtime = match cfg.server.runtime {
         RuntimeKind::ThreadPerCore => role::thread_runtime()?,
-        RuntimeKind::WorkStealing => role::runtime("router", cfg.server.runtime_threads)?,
+        RuntimeKind::WorkStealing => role::runtime("router", Some(cfg.server.threads()))?,
     };
     let (handoff, lanes) = crate::http_server::lanes::lanes(runtimes(&cfg), MAX_CONNECTIONS);
     let (shared, http, metrics) = {
