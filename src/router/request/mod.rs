@@ -3,7 +3,10 @@
 //! added to the body. The body is forwarded byte for byte; the only edit ever made is appending
 //! the bootstrap fields before the final `}`. Pure functions, tested without sockets.
 
+mod messages;
+
 use crate::router::policy::TextForm;
+use messages::Messages;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -95,15 +98,16 @@ pub enum BadRequest {
 
 /// The fields the router reads; every other field is left alone.
 #[derive(Deserialize)]
-struct Peek {
+struct Peek<'a> {
     #[serde(default)]
     stream: Option<Value>,
     #[serde(default)]
     text: Option<Value>,
     #[serde(default)]
     input_ids: Option<Value>,
-    #[serde(default)]
-    messages: Option<Value>,
+    /// Chat: the messages' text, read without building them.
+    #[serde(borrow, default)]
+    messages: Messages<'a>,
     #[serde(default)]
     prompt: Option<Value>,
     #[serde(default)]
@@ -235,10 +239,8 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
             _ => {}
         },
         Endpoint::Chat => {
-            if let Some(Value::Array(messages)) = peek.messages {
-                for m in &messages {
-                    message_text(&mut info.text, m);
-                }
+            for piece in &peek.messages.0 {
+                push_text(&mut info.text, piece);
             }
         }
         Endpoint::Embeddings | Endpoint::Responses => match peek.input {
