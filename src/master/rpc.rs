@@ -64,13 +64,14 @@ fn item<T>(r: OpResult<T>) -> Result<T, Status> {
 }
 
 impl MasterService {
+    /// Serves one request that arrived at `now`.
     fn dispatch(
         &self,
         op: Opcode,
         meta: &[u8],
         io: &mut ServerIo<'_>,
+        now: Instant,
     ) -> Result<bool, TransferError> {
-        let now = Instant::now();
         match op {
             Opcode::Ping => {
                 let r = PingReq::from_meta(meta)?;
@@ -538,7 +539,7 @@ impl Service for MasterService {
                 return io.error(Status::NotLeader, &not_leader.to_string());
             }
         }
-        let result = self.dispatch(op, meta, io);
+        let result = self.dispatch(op, meta, io, t0);
         // A request handed on has its figures recorded where it is answered.
         if !io.handed_on() {
             let ok = matches!(result, Ok(true));

@@ -368,7 +368,17 @@ impl ServerIo<'_> {
     }
 
     pub fn ok<T: Wire>(&mut self, msg: &T) -> Result<(), TransferError> {
-        self.reply(Status::Ok, &msg.to_meta(), &[])
+        // Encoded into this thread's scratch buffer, not a new one per answer.
+        let mut e = crate::transfer::codec::Encoder {
+            buf: ANSWER_SCRATCH.take(),
+        };
+        e.buf.clear();
+        msg.encode(&mut e);
+        let sent = self.reply(Status::Ok, &e.buf, &[]);
+        if e.buf.capacity() <= MAX_KEPT_SCRATCH {
+            ANSWER_SCRATCH.set(e.buf);
+        }
+        sent
     }
 
     /// An error reply; the message travels as the meta (UTF-8 text).
@@ -376,6 +386,15 @@ impl ServerIo<'_> {
         self.reply(status, message.as_bytes(), &[])
     }
 }
+
+thread_local! {
+    /// Where [`ServerIo::ok`] encodes an answer's meta before it is sent.
+    static ANSWER_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The largest scratch buffer a thread keeps between answers (a larger one, for a rare big
+/// answer, is freed).
+const MAX_KEPT_SCRATCH: usize = 64 << 10;
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
