@@ -2552,6 +2552,36 @@ fn bench_router_measures_prefill_decode_cases_beside_a_sequential_peer() {
     assert!(vllm["ttfb_saved_vs_peer_ms"].as_f64().unwrap() > 0.0);
 }
 
+/// `--worker-kind sim`: SIMULATED engines publishing KV events behind the router, which
+/// `precise_prefix` follows; the router's CPU per request and the kernel's share of it are
+/// reported.
+#[test]
+fn bench_router_runs_simulated_engines_for_precise_prefix() {
+    let rows = bench_router_json(&[
+        "--seconds",
+        "0.5",
+        "--cases",
+        "gen",
+        "--clients",
+        "2",
+        "--workers",
+        "2",
+        "--worker-kind",
+        "sim",
+        "--policy",
+        "precise_prefix",
+    ]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    for side in ["direct", "router"] {
+        assert!(r[side]["requests"].as_u64().unwrap() > 0, "{side}: {r}");
+        assert_eq!(r[side]["errors"], 0, "{side}: {r}");
+    }
+    assert!(r["router"]["cpu_us_per_req"].as_f64().unwrap() > 0.0, "{r}");
+    let kernel = r["router"]["kernel_share"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&kernel), "{r}");
+}
+
 #[test]
 fn bench_router_measures_a_peer_router_side_by_side() {
     // rbgctl's own router plays the peer here (SMG is measured the same way outside CI).

@@ -1,5 +1,5 @@
 //! `rbgctl bench router`: the router's overhead. Starts FAKE workers (`bench fake-worker`, no
-//! model) and a router in front of them as separate processes on loopback, then drives the
+//! model; or with `--worker-kind sim` SIMULATED engines publishing KV events) and a router in front of them as separate processes on loopback, then drives the
 //! same load at the workers directly and through the router (and through a peer router, given
 //! as a command line), interleaved, on keep-alive connections: requests per second, latency
 //! p50/p99, time to first byte for streams, and each router's CPU time per request (from
@@ -14,7 +14,7 @@
 //! prefill answer time, where real engines save its return trip and decode's admission.
 
 use crate::bench::stats::percentile;
-use crate::launch::{self, wait_http_ok, Launcher, Logs, Spawned};
+use crate::launch::{self, wait_http_ok, Launcher, Logs};
 use crate::router::config::{
     Backend, MetricsConfig, PolicyConfig, PrefillSpec, RouterConfig, ServerConfig,
 };
@@ -62,6 +62,11 @@ pub struct RouterBenchArgs {
     /// over them as the router's round robin would).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// What the regular cases' workers are: `fake` (FAKE workers: canned tokens, nothing
+    /// cached) or `sim` (SIMULATED engines answering at once, whose caches publish KV events:
+    /// what `--policy precise_prefix` routes on).
+    #[arg(long, value_enum, default_value_t = WorkerKind::Fake)]
+    pub worker_kind: WorkerKind,
     /// Router policy.
     #[arg(long, value_enum, default_value_t = PolicyKind::RoundRobin)]
     pub policy: PolicyKind,
@@ -111,6 +116,38 @@ pub struct RouterBenchArgs {
     /// The peer's name in the report. Default: peer.
     #[arg(long, default_value = "peer")]
     pub peer_name: String,
+}
+
+/// What serves behind the router in regular cases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkerKind {
+    /// `rbgctl bench fake-worker`: canned tokens, no cache.
+    Fake,
+    /// `rbgctl sim-engine`, answering at once, publishing its caches' KV events.
+    Sim,
+}
+
+impl WorkerKind {
+    fn label(self) -> &'static str {
+        match self {
+            WorkerKind::Fake => "FAKE workers",
+            WorkerKind::Sim => "SIMULATED engines answering at once",
+        }
+    }
+}
+
+/// A SIMULATED engine that answers at once and publishes its KV events on free ports.
+fn sim_engine_config() -> crate::engine::EngineConfig {
+    crate::engine::EngineConfig {
+        port: 0,
+        prefill_us_per_token: 0.0,
+        decode_ms_per_token: 0.0,
+        kv_events_config: Some(
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,"replay_endpoint":"tcp://127.0.0.1:0"}"#
+                .into(),
+        ),
+        ..Default::default()
+    }
 }
 
 /// How a case's workers are deployed, and so which contract the routers run.
@@ -277,7 +314,7 @@ struct Deployment {
     engine: Option<vllm::MooncakeEngine>,
     router: (u16, Option<u32>),
     peer: Option<Peer>,
-    _workers: Vec<Spawned<fake_worker::Addrs>>,
+    _workers: Vec<launch::Process>,
     _router: launch::Child<launch::Router>,
 }
 
@@ -315,8 +352,11 @@ impl Deployment {
             "--threads",
             &threads,
         ];
-        let url =
-            |w: &Spawned<fake_worker::Addrs>| format!("http://127.0.0.1:{}", w.addrs.http.port());
+        let url = |port: u16| format!("http://127.0.0.1:{port}");
+        let fake = |name: &str, extra: &[&str]| {
+            fake_worker::spawn(launcher, "127.0.0.1", 0, name, extra)
+                .map(|w| (w.process, w.addrs.http.port()))
+        };
         let bootstrap = free_port()?;
         let mut workers = Vec::new();
         let mut config = RouterConfig {
@@ -339,20 +379,22 @@ impl Deployment {
         };
         let (direct, peer_vars) = match mode {
             Mode::Regular => {
+                let mut ports = Vec::new();
                 for i in 0..args.workers.max(1) {
                     let name = format!("w{i}");
-                    workers.push(fake_worker::spawn(
-                        launcher,
-                        "127.0.0.1",
-                        0,
-                        &name,
-                        &common,
-                    )?);
+                    let (process, port) = match args.worker_kind {
+                        WorkerKind::Fake => fake(&name, &common)?,
+                        WorkerKind::Sim => {
+                            let e = launcher.spawn::<launch::Engine>(&name, sim_engine_config())?;
+                            (e.process, e.addrs.http.port())
+                        }
+                    };
+                    workers.push(process);
+                    ports.push(port);
                 }
-                config.server.worker_urls = workers.iter().map(url).collect();
+                config.server.worker_urls = ports.iter().map(|&p| url(p)).collect();
                 let vars = vec![("{workers}", config.server.worker_urls.join(" "))];
-                let ports = workers.iter().map(|w| w.addrs.http.port()).collect();
-                (Direct::Spread(ports), vars)
+                (Direct::Spread(ports.into()), vars)
             }
             Mode::SglangPd | Mode::VllmPd => {
                 let held = args.prefill_ms.to_string();
@@ -365,33 +407,22 @@ impl Deployment {
                     decode_args.extend(["--engine", "vllm"]);
                     config.server.backend = Backend::Vllm;
                 }
-                workers.push(fake_worker::spawn(
-                    launcher,
-                    "127.0.0.1",
-                    0,
-                    "prefill",
-                    &prefill_args,
-                )?);
-                workers.push(fake_worker::spawn(
-                    launcher,
-                    "127.0.0.1",
-                    0,
-                    "decode",
-                    &decode_args,
-                )?);
+                let (prefill, prefill_port) = fake("prefill", &prefill_args)?;
+                let (decode, decode_port) = fake("decode", &decode_args)?;
+                workers.extend([prefill, decode]);
                 config.pd.enabled = true;
                 config.pd.prefill = vec![PrefillSpec {
-                    url: url(&workers[0]),
+                    url: url(prefill_port),
                     bootstrap_port: Some(bootstrap),
                 }];
-                config.pd.decode = vec![url(&workers[1])];
+                config.pd.decode = vec![url(decode_port)];
                 let vars = vec![
-                    ("{prefill}", format!("{} {bootstrap}", url(&workers[0]))),
-                    ("{decode}", url(&workers[1])),
+                    ("{prefill}", format!("{} {bootstrap}", url(prefill_port))),
+                    ("{decode}", url(decode_port)),
                 ];
                 let direct = Direct::Legs {
-                    prefill: workers[0].addrs.http.port(),
-                    decode: workers[1].addrs.http.port(),
+                    prefill: prefill_port,
+                    decode: decode_port,
                 };
                 (direct, vars)
             }
@@ -857,12 +888,15 @@ fn write_report(
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
     use crate::report::{BarChart, Format, Group, Page, Panel};
-    let mut page = Page::new("Router against direct-to-worker (FAKE workers)");
+    let mut page = Page::new(&format!(
+        "Router against direct-to-worker ({})",
+        args.worker_kind.label()
+    ));
     page.fact(
         "workers",
         format!(
-            "{} FAKE worker(s), {} thread(s), {} µs CPU per request; {} load thread(s); {} s × {} reps, medians",
-            args.workers, args.worker_threads, args.worker_cpu_us, args.load_threads, args.seconds, args.reps
+            "{} {}, {} thread(s), {} µs CPU per request; {} load thread(s); {} s × {} reps, medians",
+            args.workers, args.worker_kind.label(), args.worker_threads, args.worker_cpu_us, args.load_threads, args.seconds, args.reps
         ),
     );
     let cases: Vec<String> = rows
@@ -953,7 +987,7 @@ fn write_report(
 
 fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     println!(
-        "rbgctl router ({}{}) vs direct, FAKE workers ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",
+        "rbgctl router ({}{}, {}) vs direct, {} ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",
         match args.router_threads {
             Some(n) => format!("{n} thread(s)"),
             None => "default threads".to_string(),
@@ -962,6 +996,8 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
             crate::router::config::RuntimeKind::ThreadPerCore => ", thread-per-core",
             crate::router::config::RuntimeKind::WorkStealing => ", work-stealing",
         },
+        args.policy.name(),
+        args.worker_kind.label(),
         args.workers,
         args.worker_threads,
         args.worker_cpu_us,
