@@ -36,14 +36,17 @@ pub struct Handoff {
     open: Vec<Arc<AtomicUsize>>,
     /// Where the next search for the least loaded lane starts (spreads ties).
     next: usize,
-    /// The connection slots every lane's connections hold (one limit for the port).
+    /// The connection slots every lane's connections hold (one limit for the port), and
+    /// how many there are.
     pub(super) slots: Arc<Semaphore>,
+    pub(super) max_connections: usize,
 }
 
 /// The receiving side of one lane (not the accepting thread's).
 pub struct Lane {
     pub(super) handed: mpsc::UnboundedReceiver<Handed>,
     pub(super) slots: Arc<Semaphore>,
+    pub(super) max_connections: usize,
 }
 
 /// `n` lanes (at least one) sharing `max_connections` slots: the accepting side, and the
@@ -59,6 +62,7 @@ pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
         receivers.push(Lane {
             handed: rx,
             slots: slots.clone(),
+            max_connections,
         });
     }
     let handoff = Handoff {
@@ -66,6 +70,7 @@ pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
         open,
         next: 0,
         slots,
+        max_connections,
     };
     (handoff, receivers)
 }

@@ -382,9 +382,13 @@ pub async fn serve_service<S>(
     S::Future: Send + 'static,
 {
     let server = ConnServer::new(app, &shutdown, &limits, tls, open);
-    let slots = match &lanes {
-        Some(l) => l.slots.clone(),
-        None => Arc::new(Semaphore::new(limits.max_connections)),
+    // Thread-per-core, the lanes hold the port's one set of slots.
+    let (slots, max) = match &lanes {
+        Some(l) => (l.slots.clone(), l.max_connections),
+        None => (
+            Arc::new(Semaphore::new(limits.max_connections)),
+            limits.max_connections,
+        ),
     };
     let refusals = LogBudget::new(Duration::from_secs(10));
     let local = listener.local_addr().ok();
@@ -402,7 +406,7 @@ pub async fn serve_service<S>(
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             if let Some(n) = refusals.spend(Instant::now()) {
-                tracing::warn!(?local, %peer, limit = limits.max_connections, refused = n,
+                tracing::warn!(?local, %peer, limit = max, refused = n,
                     "HTTP connection limit reached; refusing connections");
             }
             continue;
@@ -418,7 +422,7 @@ pub async fn serve_service<S>(
         }
     }
     drop(lanes);
-    finish(&slots, &limits, local).await;
+    finish(&slots, max, limits.grace, local).await;
 }
 
 /// Serves the connections handed to `lane` by a thread-per-core port's accepting loop
@@ -453,18 +457,26 @@ pub async fn serve_lane<S>(
     }
     // Connections handed but not yet served are closed (their slots given back).
     drop(lane.handed);
-    finish(&lane.slots, &limits, None).await;
+    finish(&lane.slots, lane.max_connections, limits.grace, None).await;
 }
 
 /// At shutdown: requests in flight finish (their connections were told to close) within the
 /// grace, every connection of the port counted by its slots.
-async fn finish(slots: &Semaphore, limits: &HttpLimits, local: Option<std::net::SocketAddr>) {
-    let all = limits.max_connections as u32;
-    if tokio::time::timeout(limits.grace, slots.acquire_many(all))
+async fn finish(
+    slots: &Semaphore,
+    all: usize,
+    grace: Duration,
+    local: Option<std::net::SocketAddr>,
+) {
+    if tokio::time::timeout(grace, slots.acquire_many(all as u32))
         .await
         .is_err()
     {
-        tracing::warn!(?local, grace = ?limits.grace, "HTTP requests still in flight at shutdown; stopping anyway");
+        tracing::warn!(
+            ?local,
+            ?grace,
+            "HTTP requests still in flight at shutdown; stopping anyway"
+        );
     }
 }
 
