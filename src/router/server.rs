@@ -22,6 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 type S = State<Arc<Shared>>;
 
@@ -171,10 +172,12 @@ pub(super) async fn inference(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e, &rid);
         }
     };
+    // The span follows the request's future (not the thread, which serves other requests
+    // while this one waits).
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);
-    let _e = span.enter();
     shared
         .dispatch(endpoint, &headers, bytes, &info, &rid, permit)
+        .instrument(span)
         .await
 }
 

@@ -96,14 +96,16 @@ impl Route {
         tried: &[Arc<str>],
         permit: &mut Option<OwnedSemaphorePermit>,
     ) -> Attempt {
+        // The prefill/decode modes' futures (two legs each) are boxed: inline, their size
+        // would be every request's future's, copied and allocated with it in every mode.
         match self {
             Route::Regular(m) => m.attempt(shared, call, tried, permit).await,
-            Route::VllmPd(m) => m.attempt(shared, call, tried, permit).await,
+            Route::VllmPd(m) => Box::pin(m.attempt(shared, call, tried, permit)).await,
             Route::PdByEngine(sglang, vllm) => {
                 if prefill_is_vllm(shared) {
-                    vllm.attempt(shared, call, tried, permit).await
+                    Box::pin(vllm.attempt(shared, call, tried, permit)).await
                 } else {
-                    sglang.attempt(shared, call, tried, permit).await
+                    Box::pin(sglang.attempt(shared, call, tried, permit)).await
                 }
             }
         }

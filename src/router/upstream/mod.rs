@@ -156,7 +156,8 @@ impl Upstream {
     pub async fn send(&self, req: Outgoing) -> Result<Response<UpstreamBody>, UpstreamError> {
         let lane = self.lane();
         let Some(rest) = req.base.strip_prefix("http://") else {
-            return self.send_tls(lane, req).await;
+            // Boxed: hyper's client future would make every request's future its size.
+            return Box::pin(self.send_tls(lane, req)).await;
         };
         let (authority, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let (host, port) =
