@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
+use tracing::Instrument as _;
 
 /// Upper bound on generated tokens per request.
 const MAX_NEW_TOKENS: usize = 16_384;
@@ -529,20 +530,21 @@ async fn infer(State(e): S, uri: Uri, body: Bytes) -> Response {
             return bad(format!("simulated engine: {msg}"));
         }
     };
+    // The span follows the request's futures, not the thread (which serves others meanwhile).
     let span =
         tracing::debug_span!("request", rid = %r.rid, prompt = r.tokens.len(), max_new = r.max_new);
-    let _g = span.enter();
     if r.stream {
         let (tx, rx) = mpsc::channel(64);
         let e2 = e.clone();
-        tokio::spawn(async move {
+        let streaming = async move {
             if let Err(msg) = run(e2.clone(), r, Some(tx.clone())).await {
                 e2.m.errors.fetch_add(1, Ordering::Relaxed);
                 let err = json!({"error": {"message": format!("simulated engine: {msg}")}});
                 let _ = tx.send(sse(&err)).await;
                 let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
             }
-        });
+        };
+        tokio::spawn(streaming.instrument(span));
         return (
             [
                 (header::CONTENT_TYPE, "text/event-stream"),
@@ -555,7 +557,7 @@ async fn infer(State(e): S, uri: Uri, body: Bytes) -> Response {
         )
             .into_response();
     }
-    match run(e.clone(), r, None).await {
+    match run(e.clone(), r, None).instrument(span).await {
         Ok(v) => (
             [(
                 header::HeaderName::from_static("x-simulated-engine"),
