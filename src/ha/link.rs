@@ -25,6 +25,23 @@ const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// How long one look-up may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The longest wait between a call's tries while the master is failing over.
+const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(200);
+
+/// The waits between a call's tries while the master is failing over: from 10 ms up to
+/// [`FAILOVER_MAX_WAIT`], each moved by up to half of itself at random. A failover interrupts
+/// every client of the cluster at the same moment; waits in step would bring them all back at
+/// the same instants, thousands of connections at once on the new leader.
+fn failover_backoff() -> crate::backoff::Backoff {
+    crate::backoff::Backoff::new(Duration::from_millis(10), FAILOVER_MAX_WAIT).jittered_by(0.5)
+}
+
+/// The wait before a call's first try on a leader it has just learnt of (every client learns
+/// of it at about the same moment): `unit` (in [0, 1), at random) of [`FAILOVER_MAX_WAIT`].
+fn first_try_on_new_leader(unit: f64) -> Duration {
+    FAILOVER_MAX_WAIT.mul_f64(unit.clamp(0.0, 1.0))
+}
+
 /// Where the leader is looked up.
 enum Lookup {
     Etcd { etcd: Etcd, key: String },
@@ -266,8 +283,8 @@ impl MasterLink {
         mut f: impl FnMut(&mut Connection) -> Result<T, TransferError>,
     ) -> Result<T, TransferError> {
         let deadline = Instant::now() + self.failover_wait;
-        let mut backoff =
-            crate::backoff::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+        let backoff = failover_backoff();
+        let mut retries = 0;
         loop {
             let r = self.once(&mut f);
             let Err(e) = &r else { return r };
@@ -278,14 +295,14 @@ impl MasterLink {
             if !e.not_done_by_a_leader() {
                 return r;
             }
-            if moved {
-                // Straight to the new leader, while the wait lasts.
-                if Instant::now() > deadline {
-                    return r;
+            let pause = match moved {
+                // To the new leader, after a moment of its own, while the wait lasts.
+                true => first_try_on_new_leader(fastrand::f64()),
+                false => {
+                    retries += 1;
+                    backoff.nth_jittered(retries, fastrand::f64())
                 }
-                continue;
-            }
-            let pause = backoff.next_delay();
+            };
             if Instant::now() + pause > deadline {
                 return r;
             }
@@ -347,5 +364,47 @@ fn watch(shared: &Shared, stop: &Shutdown) {
             }
         };
         lookup.wait(after, stop);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clients interrupted by one failover come back spread out: a thousand of them, each
+    /// with its own random numbers, retry and try the new leader over the whole window rather
+    /// than at the same instants, and no wait is longer than the bound.
+    #[test]
+    fn clients_a_failover_interrupts_together_come_back_spread_out() {
+        let mut rng = fastrand::Rng::with_seed(46);
+        let ms = Duration::from_millis;
+        let backoff = failover_backoff();
+        for n in 1..=8 {
+            let waits: Vec<Duration> = (0..1000)
+                .map(|_| backoff.nth_jittered(n, rng.f64()))
+                .collect();
+            let (lo, hi) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+            let base = backoff.nth(n);
+            assert!(
+                *lo >= base / 2 && *hi <= base * 3 / 2,
+                "try {n}: {lo:?}..{hi:?}"
+            );
+            assert!(
+                *hi - *lo >= base * 9 / 10,
+                "try {n}: in step ({lo:?}..{hi:?})"
+            );
+        }
+        assert_eq!(backoff.nth(8), FAILOVER_MAX_WAIT);
+        let first: Vec<Duration> = (0..1000)
+            .map(|_| first_try_on_new_leader(rng.f64()))
+            .collect();
+        assert!(first.iter().all(|d| *d < FAILOVER_MAX_WAIT));
+        // Spread over the window: each tenth of it holds some of them.
+        for tenth in 0..10 {
+            let (from, to) = (ms(20 * tenth), ms(20 * (tenth + 1)));
+            let n = first.iter().filter(|d| **d >= from && **d < to).count();
+            assert!((50..=150).contains(&n), "{n} in {from:?}..{to:?}");
+        }
+        assert_eq!(first_try_on_new_leader(1.5), FAILOVER_MAX_WAIT);
     }
 }
