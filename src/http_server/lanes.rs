@@ -75,13 +75,13 @@ pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
     (handoff, receivers)
 }
 
-/// Where a connection goes: the lane with the fewest open connections, the search starting
-/// one past the last choice so that equal lanes take turns.
-fn least_loaded(open: &[usize], start: usize) -> usize {
-    let n = open.len();
+/// Where a connection goes: of `n` lanes with `open(i)` connections each, the one with the
+/// fewest, the search starting at `start` (one past the last choice) so that equal lanes take
+/// turns.
+fn least_loaded(n: usize, start: usize, open: impl Fn(usize) -> usize) -> usize {
     (0..n)
         .map(|i| (start + i) % n)
-        .min_by_key(|&i| open[i])
+        .min_by_key(|&i| open(i))
         .unwrap_or(0)
 }
 
@@ -95,12 +95,9 @@ impl Handoff {
         peer: SocketAddr,
         slot: OwnedSemaphorePermit,
     ) -> Option<Kept> {
-        let counts: Vec<usize> = self
-            .open
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
-        let lane = least_loaded(&counts, self.next);
+        let lane = least_loaded(self.open.len(), self.next, |i| {
+            self.open[i].load(Ordering::Relaxed)
+        });
         self.next = (lane + 1) % self.open.len();
         // Counted from now, so that the next choice already sees it.
         let counted = OpenConnection::new(self.open[lane].clone());
@@ -151,20 +148,21 @@ mod tests {
 
     #[test]
     fn the_least_loaded_lane_takes_a_connection_and_equal_ones_take_turns() {
-        assert_eq!(least_loaded(&[3, 1, 2], 0), 1);
-        assert_eq!(least_loaded(&[3, 1, 1], 0), 1);
-        assert_eq!(least_loaded(&[3, 1, 1], 2), 2);
+        let of = |counts: &'static [usize]| move |i: usize| counts[i];
+        assert_eq!(least_loaded(3, 0, of(&[3, 1, 2])), 1);
+        assert_eq!(least_loaded(3, 0, of(&[3, 1, 1])), 1);
+        assert_eq!(least_loaded(3, 2, of(&[3, 1, 1])), 2);
         // Four equal lanes, each choice starting one past the last: every lane in turn.
         let mut start = 0;
         let picks: Vec<usize> = (0..8)
             .map(|_| {
-                let lane = least_loaded(&[0, 0, 0, 0], start);
+                let lane = least_loaded(4, start, |_| 0);
                 start = (lane + 1) % 4;
                 lane
             })
             .collect();
         assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3]);
-        assert_eq!(least_loaded(&[7], 0), 0);
+        assert_eq!(least_loaded(1, 0, |_| 7), 0);
     }
 
     #[tokio::test]
