@@ -13,18 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-/// An accepted connection on its way to a lane, with the connection slot it holds and its
-/// place in the lane's count of open connections.
-pub(super) struct Handed {
-    pub stream: std::net::TcpStream,
+/// An accepted connection with what it holds while open: its connection slot and its place in
+/// its lane's count. On its way to a lane it is a std stream; served, a tokio one.
+pub(super) struct Accepted<S> {
+    pub stream: S,
     pub peer: SocketAddr,
-    pub slot: OwnedSemaphorePermit,
-    pub counted: OpenConnection,
-}
-
-/// A connection to serve on the accepting thread.
-pub(super) struct Kept {
-    pub stream: tokio::net::TcpStream,
     pub slot: OwnedSemaphorePermit,
     pub counted: OpenConnection,
 }
@@ -32,7 +25,7 @@ pub(super) struct Kept {
 /// The accepting side: where each lane's connections go and how many each has open.
 pub struct Handoff {
     /// Lane 0 is the accepting thread's own (it serves what it keeps); the others are senders.
-    senders: Vec<mpsc::UnboundedSender<Handed>>,
+    senders: Vec<mpsc::UnboundedSender<Accepted<std::net::TcpStream>>>,
     open: Vec<Arc<AtomicUsize>>,
     /// Where the next search for the least loaded lane starts (spreads ties).
     next: usize,
@@ -44,13 +37,14 @@ pub struct Handoff {
 
 /// The receiving side of one lane (not the accepting thread's).
 pub struct Lane {
-    pub(super) handed: mpsc::UnboundedReceiver<Handed>,
+    pub(super) handed: mpsc::UnboundedReceiver<Accepted<std::net::TcpStream>>,
     pub(super) slots: Arc<Semaphore>,
     pub(super) max_connections: usize,
 }
 
 /// `n` lanes (at least one) sharing `max_connections` slots: the accepting side, and the
-/// receiving side of lanes 1.. (lane 0 is the accepting thread).
+/// receiving side of lanes 1.. (lane 0 is the accepting thread; with `n` = 1 it serves every
+/// connection, as a port without thread-per-core does).
 pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
     let slots = Arc::new(Semaphore::new(max_connections));
     let open: Vec<_> = (0..n.max(1)).map(|_| Arc::default()).collect();
@@ -94,7 +88,7 @@ impl Handoff {
         stream: tokio::net::TcpStream,
         peer: SocketAddr,
         slot: OwnedSemaphorePermit,
-    ) -> Option<Kept> {
+    ) -> Option<Accepted<tokio::net::TcpStream>> {
         let lane = least_loaded(self.open.len(), self.next, |i| {
             self.open[i].load(Ordering::Relaxed)
         });
@@ -102,8 +96,9 @@ impl Handoff {
         // Counted from now, so that the next choice already sees it.
         let counted = OpenConnection::new(self.open[lane].clone());
         if lane == 0 {
-            return Some(Kept {
+            return Some(Accepted {
                 stream,
+                peer,
                 slot,
                 counted,
             });
@@ -115,7 +110,7 @@ impl Handoff {
                 return None;
             }
         };
-        let handed = Handed {
+        let handed = Accepted {
             stream,
             peer,
             slot,
@@ -123,22 +118,41 @@ impl Handoff {
         };
         match self.senders[lane - 1].send(handed) {
             Ok(()) => None,
-            Err(mpsc::error::SendError(h)) => Some(Kept {
-                stream: tokio::net::TcpStream::from_std(h.stream).ok()?,
-                slot: h.slot,
+            Err(mpsc::error::SendError(back)) => Some(Accepted {
                 counted: OpenConnection::new(self.open[0].clone()),
+                ..back.served()?
             }),
         }
     }
 
     /// Lanes, the accepting thread's included.
-    pub fn len(&self) -> usize {
+    pub fn lanes(&self) -> usize {
         self.open.len()
     }
+}
 
-    /// Never: the accepting thread's lane is always there.
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
+impl Accepted<std::net::TcpStream> {
+    /// The connection on this thread's runtime, to be served here (`None`: it cannot be, and
+    /// is closed).
+    pub(super) fn served(self) -> Option<Accepted<tokio::net::TcpStream>> {
+        let Accepted {
+            stream,
+            peer,
+            slot,
+            counted,
+        } = self;
+        match tokio::net::TcpStream::from_std(stream) {
+            Ok(stream) => Some(Accepted {
+                stream,
+                peer,
+                slot,
+                counted,
+            }),
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "cannot serve a handed connection");
+                None
+            }
+        }
     }
 }
 
@@ -170,7 +184,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (mut handoff, mut receivers) = lanes(3, 16);
-        assert_eq!(handoff.len(), 3);
+        assert_eq!(handoff.lanes(), 3);
         let mut clients = Vec::new();
         let mut accept = async || {
             clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
@@ -184,7 +198,7 @@ mod tests {
             kept.extend(handoff.place(stream, peer, slot));
         }
         // Equal lanes take turns: two connections each, two kept here.
-        let mut handed: Vec<Vec<Handed>> = receivers
+        let mut handed: Vec<Vec<Accepted<_>>> = receivers
             .iter_mut()
             .map(|l| std::iter::from_fn(|| l.handed.try_recv().ok()).collect())
             .collect();

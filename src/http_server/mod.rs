@@ -369,6 +369,7 @@ impl<S> HttpService for S where
 /// [`serve_tls`] of any service that answers every request itself: one that does the
 /// [`admit_body`] guard itself, or is [`guarded`]. With `lanes`, the connections this loop
 /// accepts are spread over them (thread-per-core, [`lanes`]); their threads run [`serve_lane`].
+/// Without, it serves them all itself within `limits.max_connections`.
 pub async fn serve_service<S>(
     listener: tokio::net::TcpListener,
     app: S,
@@ -376,20 +377,15 @@ pub async fn serve_service<S>(
     limits: HttpLimits,
     tls: Option<Arc<rustls::ServerConfig>>,
     open: Option<Arc<AtomicUsize>>,
-    mut lanes: Option<lanes::Handoff>,
+    lanes: Option<lanes::Handoff>,
 ) where
     S: HttpService,
     S::Future: Send + 'static,
 {
     let server = ConnServer::new(app, &shutdown, &limits, tls, open);
-    // Thread-per-core, the lanes hold the port's one set of slots.
-    let (slots, max) = match &lanes {
-        Some(l) => (l.slots.clone(), l.max_connections),
-        None => (
-            Arc::new(Semaphore::new(limits.max_connections)),
-            limits.max_connections,
-        ),
-    };
+    // The lanes hold the port's one set of slots; alone, this loop is the one lane.
+    let mut lanes = lanes.unwrap_or_else(|| lanes::lanes(1, limits.max_connections).0);
+    let (slots, max) = (lanes.slots.clone(), lanes.max_connections);
     let refusals = LogBudget::new(Duration::from_secs(10));
     let local = listener.local_addr().ok();
     loop {
@@ -412,13 +408,8 @@ pub async fn serve_service<S>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        match lanes.as_mut() {
-            None => server.spawn(stream, peer, (slot, None)),
-            Some(l) => {
-                if let Some(kept) = l.place(stream, peer, slot) {
-                    server.spawn(kept.stream, peer, (kept.slot, Some(kept.counted)));
-                }
-            }
+        if let Some(here) = lanes.place(stream, peer, slot) {
+            server.spawn(here);
         }
     }
     drop(lanes);
@@ -448,11 +439,8 @@ pub async fn serve_lane<S>(
             },
             _ = shutdown.wait() => break,
         };
-        match tokio::net::TcpStream::from_std(handed.stream) {
-            Ok(stream) => server.spawn(stream, handed.peer, (handed.slot, Some(handed.counted))),
-            Err(e) => {
-                tracing::debug!(peer = %handed.peer, error = %e, "cannot serve a handed connection")
-            }
+        if let Some(here) = handed.served() {
+            server.spawn(here);
         }
     }
     // Connections handed but not yet served are closed (their slots given back).
@@ -510,21 +498,22 @@ where
         }
     }
 
-    /// Serves `stream` on a task of this thread's runtime, holding what it was counted in
-    /// (its connection slot and, thread-per-core, its lane's count) until it closes.
-    fn spawn(
-        &self,
-        stream: tokio::net::TcpStream,
-        peer: std::net::SocketAddr,
-        held: (tokio::sync::OwnedSemaphorePermit, Option<OpenConnection>),
-    ) {
+    /// Serves `conn` on a task of this thread's runtime, holding what it was counted in (its
+    /// connection slot, its lane's count) until it closes.
+    fn spawn(&self, conn: lanes::Accepted<tokio::net::TcpStream>) {
+        let lanes::Accepted {
+            stream,
+            peer,
+            slot,
+            counted,
+        } = conn;
         let service = self.service.clone();
         let stop = self.stop.clone();
         let acceptor = self.tls.clone();
         let open = self.open.clone().map(OpenConnection::new);
         let header_timeout = self.header_timeout;
         tokio::spawn(async move {
-            let _held = (held, open);
+            let _held = (slot, counted, open);
             match acceptor {
                 None => h1::serve(stream, service, stop, header_timeout, peer).await,
                 Some(acceptor) => {

@@ -1141,7 +1141,7 @@ pub async fn serve(
         pd = shared.pd(),
         workers = shared.workers.registry.snapshot().len(),
         runtime = ?shared.cfg.server.runtime,
-        threads = lanes.len(),
+        threads = lanes.lanes(),
         "router listening"
     );
     let announce = shutdown.clone();
