@@ -22,12 +22,15 @@ struct Message<'a> {
 }
 
 /// A string, or nothing for any other value (skipped unbuilt).
+#[derive(Default)]
 struct Text<'a>(Option<Cow<'a, str>>);
 
 /// A message's `content`: a string, or the texts of a list of parts.
+#[derive(Default)]
 struct Content<'a>(Vec<Cow<'a, str>>);
 
 /// A content part's `text`.
+#[derive(Default)]
 struct Part<'a>(Option<Cow<'a, str>>);
 
 /// The keys the router reads; any other is skipped.
@@ -38,189 +41,136 @@ enum Key {
     Other,
 }
 
-/// Implements the visits of anything that is not what `$ty` looks for: the value is skipped
-/// and `$ty` is its empty form.
-macro_rules! skip_others {
-    ($empty:expr) => {
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($empty)
-        }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($empty)
-        }
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($empty)
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($empty)
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok($empty)
-        }
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok($empty)
-        }
-    };
-}
+/// What a type reads of a JSON value: a string, a list or an object. Any other value, and
+/// any kind a type does not read, is skipped unbuilt and gives the type's empty form.
+trait Reads<'de>: Default {
+    const EXPECTING: &'static str;
 
-/// Skips a list unbuilt.
-fn skip_seq<'de, A: SeqAccess<'de>>(seq: A) -> Result<(), A::Error> {
-    IgnoredAny.visit_seq(seq).map(drop)
-}
+    fn string(_: Cow<'de, str>) -> Self {
+        Self::default()
+    }
 
-/// Skips an object unbuilt.
-fn skip_map<'de, A: MapAccess<'de>>(map: A) -> Result<(), A::Error> {
-    IgnoredAny.visit_map(map).map(drop)
-}
+    fn list<A: SeqAccess<'de>>(seq: A) -> Result<Self, A::Error> {
+        IgnoredAny.visit_seq(seq).map(|_| Self::default())
+    }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Messages<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Messages<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a list of chat messages")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(m) = seq.next_element::<Message<'a>>()? {
-                    out.extend(m.content);
-                    out.extend(m.reasoning);
-                }
-                Ok(Messages(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                skip_map(map).map(|()| Messages::default())
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Messages::default())
-            }
-            skip_others!(Messages::default());
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
+    fn object<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        IgnoredAny.visit_map(map).map(|_| Self::default())
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Message<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Message<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a chat message")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut m = Message::default();
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Content => m.content = map.next_value::<Content<'a>>()?.0,
-                        Key::ReasoningContent => m.reasoning = map.next_value::<Text<'a>>()?.0,
-                        Key::Text | Key::Other => drop(map.next_value::<IgnoredAny>()?),
-                    }
-                }
-                Ok(m)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                skip_seq(seq).map(|()| Message::default())
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Message::default())
-            }
-            skip_others!(Message::default());
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
+/// The one visitor of every [`Reads`] type.
+struct ReadVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Reads<'de>> Visitor<'de> for ReadVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(T::EXPECTING)
+    }
+    fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<T, E> {
+        Ok(T::string(Cow::Borrowed(s)))
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<T, E> {
+        Ok(T::string(Cow::Owned(s.to_owned())))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
+        T::list(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::object(map)
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<T, E> {
+        Ok(T::default())
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Content<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a message's content")
+/// `Deserialize` through [`ReadVisitor`] for types that borrow from the body.
+macro_rules! deserialize_by_reads {
+    ($($ty:ident),*) => {$(
+        impl<'de: 'a, 'a> Deserialize<'de> for $ty<'a> {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_any(ReadVisitor(std::marker::PhantomData))
             }
-            fn visit_borrowed_str<E: serde::de::Error>(
-                self,
-                s: &'de str,
-            ) -> Result<Self::Value, E> {
-                Ok(Content(vec![Cow::Borrowed(s)]))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Content(vec![Cow::Owned(s.to_owned())]))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(part) = seq.next_element::<Part<'a>>()? {
-                    out.extend(part.0);
-                }
-                Ok(Content(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                skip_map(map).map(|()| Content(Vec::new()))
-            }
-            skip_others!(Content(Vec::new()));
         }
-        d.deserialize_any(V(std::marker::PhantomData))
+    )*};
+}
+
+deserialize_by_reads!(Messages, Message, Content, Part, Text);
+
+impl<'de: 'a, 'a> Reads<'de> for Messages<'a> {
+    const EXPECTING: &'static str = "a list of chat messages";
+    fn list<A: SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some(m) = seq.next_element::<Message<'a>>()? {
+            out.extend(m.content);
+            out.extend(m.reasoning);
+        }
+        Ok(Messages(out))
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Part<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a content part")
+impl<'de: 'a, 'a> Reads<'de> for Message<'a> {
+    const EXPECTING: &'static str = "a chat message";
+    fn object<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut m = Message::default();
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Content => m.content = map.next_value::<Content<'a>>()?.0,
+                Key::ReasoningContent => m.reasoning = map.next_value::<Text<'a>>()?.0,
+                Key::Text | Key::Other => drop(map.next_value::<IgnoredAny>()?),
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut text = None;
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Text => text = map.next_value::<Text<'a>>()?.0,
-                        _ => drop(map.next_value::<IgnoredAny>()?),
-                    }
-                }
-                Ok(Part(text))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                skip_seq(seq).map(|()| Part(None))
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Part(None))
-            }
-            skip_others!(Part(None));
         }
-        d.deserialize_any(V(std::marker::PhantomData))
+        Ok(m)
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Text<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(
-                self,
-                s: &'de str,
-            ) -> Result<Self::Value, E> {
-                Ok(Text(Some(Cow::Borrowed(s))))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Text(Some(Cow::Owned(s.to_owned()))))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                skip_seq(seq).map(|()| Text(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                skip_map(map).map(|()| Text(None))
-            }
-            skip_others!(Text(None));
+impl<'de: 'a, 'a> Reads<'de> for Content<'a> {
+    const EXPECTING: &'static str = "a message's content";
+    fn string(s: Cow<'de, str>) -> Self {
+        Content(vec![s])
+    }
+    fn list<A: SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some(part) = seq.next_element::<Part<'a>>()? {
+            out.extend(part.0);
         }
-        d.deserialize_any(V(std::marker::PhantomData))
+        Ok(Content(out))
+    }
+}
+
+impl<'de: 'a, 'a> Reads<'de> for Part<'a> {
+    const EXPECTING: &'static str = "a content part";
+    fn object<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut text = None;
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Text => text = map.next_value::<Text<'a>>()?.0,
+                _ => drop(map.next_value::<IgnoredAny>()?),
+            }
+        }
+        Ok(Part(text))
+    }
+}
+
+impl<'de: 'a, 'a> Reads<'de> for Text<'a> {
+    const EXPECTING: &'static str = "a string";
+    fn string(s: Cow<'de, str>) -> Self {
+        Text(Some(s))
     }
 }
 
