@@ -688,6 +688,8 @@ fn measure(
     })?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu1 = cpu_pid.and_then(cpu_seconds);
+    // The router's CPU seconds in the run: in its own code, in the kernel.
+    let used = cpu0.zip(cpu1).map(|(a, b)| (b.0 - a.0, b.1 - a.1));
     let mut lat = Vec::new();
     let mut ttfb = Vec::new();
     let mut errors = 0;
@@ -709,16 +711,12 @@ fn measure(
         p99_ms: ms(percentile(&lat, 0.99)),
         ttfb_p50_ms: ms(percentile(&ttfb, 0.5)),
         ttfb_p99_ms: ms(percentile(&ttfb, 0.99)),
-        cpu_us_per_req: match (cpu0, cpu1) {
-            (Some(a), Some(b)) if n > 0 => Some((b.0 + b.1 - a.0 - a.1) * 1e6 / n as f64),
-            _ => None,
-        },
-        kernel_share: match (cpu0, cpu1) {
-            (Some(a), Some(b)) if b.0 + b.1 > a.0 + a.1 => {
-                Some((b.1 - a.1) / (b.0 + b.1 - a.0 - a.1))
-            }
-            _ => None,
-        },
+        cpu_us_per_req: used
+            .filter(|_| n > 0)
+            .map(|(user, system)| (user + system) * 1e6 / n as f64),
+        kernel_share: used
+            .filter(|(user, system)| user + system > 0.0)
+            .map(|(user, system)| system / (user + system)),
     })
 }
 

@@ -1139,7 +1139,6 @@ impl ControlKey {
     }
 }
 
-/// The engines' API.
 /// How the router's threads share the work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -1155,6 +1154,7 @@ pub enum RuntimeKind {
     WorkStealing,
 }
 
+/// The engines' API.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
@@ -1285,7 +1285,10 @@ impl RouterConfig {
         if server.runtime_threads == Some(0) {
             return Err(ConfigError::invalid(
                 "router.runtime_threads",
-                "must be at least 1 (leave it out for one per core, at most 4)",
+                format!(
+                    "must be at least 1 (leave it out for one per core, at most \
+                     {DEFAULT_MAX_THREADS})"
+                ),
             ));
         }
         let b = &self.metrics.prometheus_duration_buckets;
