@@ -1,5 +1,6 @@
 //! `rbgctl bench router`: the router's overhead. Starts FAKE workers (`bench fake-worker`, no
-//! model; or with `--worker-kind sim` SIMULATED engines publishing KV events) and a router in front of them as separate processes on loopback, then drives the
+//! model; or with `--worker-kind sim` SIMULATED engines publishing KV events) and a router in
+//! front of them as separate processes on loopback, then drives the
 //! same load at the workers directly and through the router (and through a peer router, given
 //! as a command line), interleaved, on keep-alive connections: requests per second, latency
 //! p50/p99, time to first byte for streams, and each router's CPU time per request (from
