@@ -800,3 +800,61 @@ fn a_store_serves_remembered_locations_only_while_the_master_renews_its_lease() 
     c.restart_master();
     assert!(leased(&c), "renewed by the new master");
 }
+
+/// One ping binds a connection to a client: the client stays known without another word for
+/// as long as that connection is open, and expires a TTL after it closes.
+#[test]
+fn a_client_bound_by_a_ping_needs_no_heartbeat_until_its_connection_closes() {
+    use rbgctl::transfer::message::{PingReq, PingResp};
+    use rbgctl::transfer::{ConnOptions, Connection, Opcode};
+    let c = Cluster::start(Opts {
+        stores: 0,
+        master: MasterConfig {
+            client_ttl_ms: Millis(Duration::from_millis(300)),
+            ..MasterConfig::default()
+        },
+        ..Default::default()
+    });
+    let connect = || Connection::connect(&c.rpc, &ConnOptions::default()).unwrap();
+    let ping = |conn: &mut Connection, client_id| {
+        conn.call::<_, PingResp>(Opcode::Ping, &PingReq { client_id })
+            .unwrap()
+            .need_remount
+    };
+    let expired = || c.master_metric("rbgctl_master_expired_clients_total");
+    let mut bound = connect();
+    assert!(ping(&mut bound, 7), "a new client is news");
+    assert_eq!(c.master_metric("rbgctl_master_bound_clients"), Some(1.0));
+    // Another client pings once on a connection it then closes: it expires a TTL later, and
+    // by then client 7 has said nothing for longer than that.
+    let mut other = connect();
+    assert!(ping(&mut other, 8));
+    drop(other);
+    assert!(wait_until(Duration::from_secs(5), || expired() == Some(1.0)));
+    assert!(!ping(&mut connect(), 7), "client 7 is still known");
+    // Its bound connection closes: it goes too.
+    drop(bound);
+    assert!(wait_until(Duration::from_secs(5), || expired() == Some(2.0)));
+    assert_eq!(c.master_metric("rbgctl_master_bound_clients"), Some(0.0));
+    assert!(ping(&mut connect(), 7), "client 7 expired");
+}
+
+/// A client whose master restarts hears of it from its heartbeat (the connection the master
+/// closed) and binds a connection to the new master without being asked anything.
+#[test]
+fn an_idle_client_binds_itself_to_a_restarted_master() {
+    let mut c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    let client = c.client();
+    let bound = |c: &Cluster| c.master_metric("rbgctl_master_bound_clients");
+    assert_eq!(bound(&c), Some(1.0), "connecting binds");
+    c.restart_master();
+    assert!(
+        wait_until(Duration::from_secs(10), || bound(&c) == Some(1.0)),
+        "the client never came back to the new master: {:?}",
+        bound(&c)
+    );
+    assert!(!client.exists("k").unwrap());
+}

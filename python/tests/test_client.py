@@ -8,7 +8,7 @@ import threading
 import time
 import unittest
 
-from harness import LivePool, binary
+from harness import LivePool, binary, wait_until
 
 from rbgctl import (
     BufferTooSmall,
@@ -247,3 +247,33 @@ class Failures(unittest.TestCase):
 if __name__ == "__main__":
     os.environ.setdefault("RBGCTL_LOG", "warn")
     unittest.main()
+
+
+class Liveness(unittest.TestCase):
+    """One ping binds the client's connection to it at the master: an idle client says nothing
+    more while that connection stays open, and pings again once it changed."""
+
+    PINGS = 'rbgctl_master_requests_total{op="ping"}'
+
+    def test_an_idle_client_is_kept_by_its_bound_connection_without_heartbeats(self):
+        with LivePool(stores=0, master_args=["--client-ttl", "300ms"]) as pool:
+            with Client(ClientConfig(master=pool.master, heartbeat_interval_s=0.02)) as c:
+                # Count the heartbeat's ticks: each looks at the connections first.
+                ticks = []
+                prune = c._master.pool.prune_closed
+                c._master.pool.prune_closed = lambda: (ticks.append(1), prune())[1]
+                self.assertEqual(pool.master_metric("rbgctl_master_bound_clients"), 1.0)
+                pings = pool.master_metric(self.PINGS)
+                # Far more than the TTL's worth of ticks (each 10 to 30 ms): not one ping, and
+                # the client is still known.
+                start = time.monotonic()
+                wait_until("60 ticks over 0.9 s", lambda: len(ticks) >= 60 and time.monotonic() - start > 0.9)
+                self.assertEqual(pool.master_metric(self.PINGS), pings)
+                self.assertEqual(pool.master_metric("rbgctl_master_expired_clients_total"), 0.0)
+                self.assertEqual(pool.master_metric("rbgctl_master_clients"), 1.0)
+                # Its connection goes: the next tick pings, on a new one.
+                c._master.pool.clear()
+                wait_until("a ping", lambda: pool.master_metric(self.PINGS) > pings, timeout=10)
+                wait_until("bound again", lambda: pool.master_metric("rbgctl_master_bound_clients") == 1.0, timeout=10)
+                self.assertFalse(c.exists("k"))
+

@@ -1,12 +1,16 @@
-//! Idle clients for `bench master --idle-clients N`: N connections to the master that do
-//! nothing but what every connected client does between requests, a heartbeat (`PING`) each
-//! `client::heartbeat_interval`. One thread keeps them all: each round writes every
-//! connection's ping, then reads every answer, so they cost the bench little. The figures say
-//! how many answered and what their connections cost the master in memory.
+//! Idle clients for `bench master --idle-clients N`: N connections to the master that do what
+//! a connected client's heartbeat does while it has nothing to ask (`client`'s heartbeat loop):
+//! one `PING` when the connection is new, which binds it to the client, then each heartbeat
+//! interval a look that the connection is still open (a `recv` peek, on the client's side
+//! only), and no word to the master. One thread keeps them all, so they cost the bench little.
+//! [`IdleClients::check`] pings each once more at the end: every one must still be served.
+//! The figures say how many answered and what their connections cost the master in memory.
 
 use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
 use crate::transfer::message::{PingReq, Wire};
+use crate::transfer::stream::idle_socket_open;
 use anyhow::Context as _;
+use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,13 +30,16 @@ pub struct IdleFigures {
     /// Seconds to open them all.
     pub open_seconds: f64,
     pub pings: u64,
-    /// Pings not answered `OK` (a connection refused, closed or slow).
+    /// Pings not answered `OK` (a connection refused, closed or slow), and connections the
+    /// master closed between them.
     pub ping_errors: u64,
 }
 
-/// The idle clients, pinging until dropped.
+/// The idle clients, open until dropped.
 pub struct IdleClients {
     stop: Arc<AtomicBool>,
+    /// The connections; `None` once one failed.
+    conns: Arc<Mutex<Vec<Option<TcpStream>>>>,
     pings: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
@@ -41,7 +48,8 @@ pub struct IdleClients {
 }
 
 impl IdleClients {
-    /// Opens `n` connections to `master` (host:port) and pings on each every `every`.
+    /// Opens `n` connections to `master` (host:port), pings on each once, and looks every
+    /// `every` that each is still open.
     pub fn open(master: &str, n: usize, every: Duration) -> anyhow::Result<IdleClients> {
         crate::role::raise_open_files_limit(n as u64 + 4096);
         let addr: SocketAddr = master
@@ -60,22 +68,32 @@ impl IdleClients {
             s.set_write_timeout(Some(WAIT))?;
             conns.push(s);
         }
-        let open_seconds = t0.elapsed().as_secs_f64();
-        let stop = Arc::new(AtomicBool::new(false));
+        let mut conns: Vec<Option<TcpStream>> = conns.into_iter().map(Some).collect();
         let pings = Arc::new(AtomicU64::new(0));
         let errors = Arc::new(AtomicU64::new(0));
-        let (s, p, e) = (stop.clone(), pings.clone(), errors.clone());
+        ping_round(&mut conns, &pings, &errors);
+        let open_seconds = t0.elapsed().as_secs_f64();
+        let conns = Arc::new(Mutex::new(conns));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, c, e) = (stop.clone(), conns.clone(), errors.clone());
         let thread = std::thread::Builder::new()
             .name("idle-clients".into())
-            .spawn(move || heartbeat(conns, every, &s, &p, &e))?;
+            .spawn(move || watch(&c, every, &s, &e))?;
         Ok(IdleClients {
             stop,
+            conns,
             pings,
             errors,
             thread: Some(thread),
             connections: n,
             open_seconds,
         })
+    }
+
+    /// Pings every connection still open once more (an idle client's next request): each must
+    /// be answered.
+    pub fn check(&self) {
+        ping_round(&mut self.conns.lock(), &self.pings, &self.errors);
     }
 
     /// The figures so far.
@@ -98,41 +116,50 @@ impl Drop for IdleClients {
     }
 }
 
-/// Rounds of one ping per connection until `stop`; a connection that fails is dropped.
-fn heartbeat(
-    conns: Vec<TcpStream>,
-    every: Duration,
-    stop: &AtomicBool,
-    pings: &AtomicU64,
-    errors: &AtomicU64,
-) {
-    let frames: Vec<Vec<u8>> = (0..conns.len() as u64)
-        .map(|i| {
+/// One ping on every open connection, all written before any answer is read; a connection
+/// that fails is counted and dropped.
+fn ping_round(conns: &mut [Option<TcpStream>], pings: &AtomicU64, errors: &AtomicU64) {
+    let mut frame = Vec::new();
+    let sent: Vec<bool> = conns
+        .iter_mut()
+        .enumerate()
+        .map(|(i, c)| {
             let meta = PingReq {
-                client_id: IDLE_CLIENT_IDS + i,
+                client_id: IDLE_CLIENT_IDS + i as u64,
             }
             .to_meta();
-            let mut f = Header::request(Opcode::Ping, i, meta.len(), 0)
-                .encode()
-                .to_vec();
-            f.extend_from_slice(&meta);
-            f
+            frame.clear();
+            frame.extend_from_slice(
+                &Header::request(Opcode::Ping, i as u64, meta.len(), 0).encode(),
+            );
+            frame.extend_from_slice(&meta);
+            c.as_mut().is_some_and(|c| c.write_all(&frame).is_ok())
         })
         .collect();
-    let mut conns: Vec<Option<TcpStream>> = conns.into_iter().map(Some).collect();
     let mut answer = Vec::new();
+    for (slot, sent) in conns.iter_mut().zip(sent) {
+        let Some(c) = slot else { continue };
+        pings.fetch_add(1, Ordering::Relaxed);
+        if !(sent && read_answer(c, &mut answer)) {
+            // Refused, closed or too slow: counted once, then left closed.
+            errors.fetch_add(1, Ordering::Relaxed);
+            *slot = None;
+        }
+    }
+}
+
+/// Each `every` until `stop`, looks that every connection is still open, as a client's
+/// heartbeat does; one the master closed is counted and dropped.
+fn watch(
+    conns: &Mutex<Vec<Option<TcpStream>>>,
+    every: Duration,
+    stop: &AtomicBool,
+    errors: &AtomicU64,
+) {
     while !stop.load(Ordering::Relaxed) {
         let round = Instant::now();
-        let sent: Vec<bool> = conns
-            .iter_mut()
-            .zip(&frames)
-            .map(|(c, f)| c.as_mut().is_some_and(|c| c.write_all(f).is_ok()))
-            .collect();
-        for (slot, sent) in conns.iter_mut().zip(sent) {
-            let Some(c) = slot else { continue };
-            pings.fetch_add(1, Ordering::Relaxed);
-            if !(sent && read_answer(c, &mut answer)) {
-                // Refused, closed or too slow: counted once, then left closed.
+        for slot in conns.lock().iter_mut() {
+            if slot.as_ref().is_some_and(|c| !idle_socket_open(c)) {
                 errors.fetch_add(1, Ordering::Relaxed);
                 *slot = None;
             }

@@ -85,6 +85,7 @@ impl PaperStore {
                 spin: Duration::ZERO,
                 role: "paper-store",
                 auth: None,
+                keepalive: None,
             },
         )?;
         let store = Arc::new(PaperStore {

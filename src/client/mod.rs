@@ -59,7 +59,10 @@ pub struct ClientConfig {
     /// The RDMA devices this client uses (`rxe0`, `mlx5_0,mlx5_1`; Mooncake's
     /// `MOONCAKE_DEVICE`), with `transport` RDMA.
     pub rdma_devices: String,
-    /// Heartbeat period, which keeps this client's unfinished puts alive at the master.
+    /// How often the heartbeat looks at the connections to the master (each tick moved by up
+    /// to half of itself at random): it pings when they changed since its last ping, which
+    /// binds a connection to this client and keeps the client, with its unfinished puts,
+    /// alive at the master while that connection stays open. Default 1 s.
     pub heartbeat_interval: Duration,
     /// Contribute memory from this process (an embedded store); `None` = pure client.
     pub embedded_store: Option<StoreConfig>,
@@ -160,7 +163,8 @@ impl ClientConfig {
 
 struct Inner {
     cfg: ClientConfig,
-    /// This client's id at the master, which ties its unfinished puts to its heartbeats.
+    /// This client's id at the master, which ties its unfinished puts to its heartbeats and
+    /// its bound connection.
     id: u64,
     master: MasterLink,
     routes: Routes,
@@ -223,10 +227,12 @@ impl Client {
                 client_id: inner.id,
             },
         )?;
+        // Nothing else runs yet: the connection that ping went on is the one it bound.
+        let bound = inner.master.connection_changes();
         let hb = inner.clone();
         std::thread::Builder::new()
             .name("client-heartbeat".into())
-            .spawn(move || hb.heartbeat_loop())
+            .spawn(move || hb.heartbeat_loop(bound))
             .map_err(|e| ClientError::Invalid(format!("cannot start the heartbeat thread: {e}")))?;
         Ok(Client { inner, embedded })
     }
@@ -580,15 +586,33 @@ impl Inner {
             .time(breakdown::Work::Checksum, || crc32c::crc32c(data))
     }
 
-    fn heartbeat_loop(&self) {
-        while !self.stop.sleep(self.cfg.heartbeat_interval) {
-            // Not metered: heartbeats are not part of any operation.
-            let ping = PingReq { client_id: self.id };
-            if let Err(e) = self
-                .master
-                .with(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
-            {
-                tracing::debug!(error = %e, "client heartbeat failed");
+    /// Keeps this client known to the master. A ping binds the connection it goes on to this
+    /// client, and the master counts a client without segments live while such a connection is
+    /// open (`master::state::clients`): so a tick pings only when the connections to the
+    /// master changed since the last ping answered (`bound`: their count of changes then),
+    /// after it dropped the idle ones the master closed. An idle client's heartbeat costs the
+    /// master nothing; a restarted master or a new leader hears from it within a tick. Ticks
+    /// are `heartbeat_interval` moved by up to half of itself at random, so that clients a
+    /// failover cut off together come back spread out. Each also hands back the reservations
+    /// that ran out.
+    fn heartbeat_loop(&self, mut bound: u64) {
+        loop {
+            let tick = self.cfg.heartbeat_interval.mul_f64(0.5 + fastrand::f64());
+            if self.stop.sleep(tick) {
+                return;
+            }
+            self.master.prune_closed();
+            let changes = self.master.connection_changes();
+            if changes != bound {
+                // Not metered: heartbeats are not part of any operation.
+                let ping = PingReq { client_id: self.id };
+                match self
+                    .master
+                    .with(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
+                {
+                    Ok(_) => bound = changes,
+                    Err(e) => tracing::debug!(error = %e, "client heartbeat failed"),
+                }
             }
             self.hand_back_expired_reservations();
         }

@@ -25,6 +25,10 @@ const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// How long one look-up may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// TCP keepalive on the connections to the master: a master host that vanished ends them
+/// after about twice this without traffic, and the heartbeat then connects anew.
+const MASTER_KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// The longest wait between a call's tries while the master is failing over.
 const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(200);
 
@@ -213,7 +217,9 @@ impl MasterLink {
         };
         let shared = Arc::new(Shared {
             spec: spec.to_string(),
-            pool: Pool::new(first, opts).with_fence(fence.clone()),
+            pool: Pool::new(first, opts)
+                .with_fence(fence.clone())
+                .with_keepalive(MASTER_KEEPALIVE),
             fence,
             lookup: Lookup::new(&addr)?,
             last_refresh: Mutex::new(None),
@@ -333,6 +339,18 @@ impl MasterLink {
     /// Drops idle connections (after the master is known to have gone).
     pub fn clear(&self) {
         self.shared.pool.clear();
+    }
+
+    /// How many connections to the master were opened and closed (the leader moving closes
+    /// them all): unchanged while the same ones stay open.
+    pub fn connection_changes(&self) -> u64 {
+        self.shared.pool.changes()
+    }
+
+    /// Drops idle connections the master closed (it restarted, or its host vanished and the
+    /// keepalive gave up), without waiting for a call to find out.
+    pub fn prune_closed(&self) {
+        self.shared.pool.prune_closed();
     }
 }
 

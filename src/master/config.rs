@@ -462,6 +462,8 @@ impl MasterConfig {
             spin: Duration::from_micros(self.poll_spin_us),
             role: "master",
             auth: None,
+            // Bound clients need not heartbeat: a vanished one's connection ends by keepalive.
+            keepalive: Some(self.client_ttl_ms.0),
         }
     }
 

@@ -689,8 +689,15 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     .single(
         "rbgctl_master_clients",
         "gauge",
-        "Clients with a live heartbeat.",
+        "Clients known: heard from within the client TTL, or holding a bound connection.",
         summary.clients as f64,
+    )
+    .single(
+        "rbgctl_master_bound_clients",
+        "gauge",
+        "Clients with a connection bound to them (by a ping on it) open: live without \
+         heartbeats while they hold no segment.",
+        summary.bound_clients as f64,
     )
     .single(
         "rbgctl_master_segments",

@@ -3,7 +3,7 @@
 
 use super::lock::{StateGuard, StateLock};
 use super::notifier::Notifier;
-use super::state::{MasterState, OpResult};
+use super::state::{Binding, MasterState, OpResult};
 use crate::telemetry::OpStats;
 use crate::transfer::message::*;
 use crate::transfer::server::{ServerIo, Service};
@@ -52,6 +52,19 @@ fn changes_state(op: Opcode) -> bool {
 /// drops objects instead.
 const ROOM_WAIT: Duration = Duration::from_secs(2);
 
+/// A client bound to a connection by a ping on it, for as long as the connection is open: the
+/// server drops what a connection keeps when it ends, which starts the client's TTL.
+struct BoundClient {
+    state: Arc<StateLock>,
+    binding: Binding,
+}
+
+impl Drop for BoundClient {
+    fn drop(&mut self) {
+        self.state.lock().unbind(self.binding, Instant::now());
+    }
+}
+
 fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
     match r {
         Ok(v) => io.ok(&v).map(|_| true),
@@ -75,7 +88,17 @@ impl MasterService {
         match op {
             Opcode::Ping => {
                 let r = PingReq::from_meta(meta)?;
-                let need_remount = self.state.lock().ping(r.client_id, now);
+                let held = io.attached::<BoundClient>().map(|b| b.binding);
+                let (need_remount, bind) = self.state.lock().ping_on(r.client_id, held, now);
+                if let Some(binding) = bind {
+                    let bound = BoundClient {
+                        state: self.state.clone(),
+                        binding,
+                    };
+                    // What the connection held before releases its binding once the state
+                    // lock is free again.
+                    drop(io.replace_attached(Box::new(bound)));
+                }
                 answer(io, Ok(PingResp { need_remount }))
             }
             Opcode::Lease => {

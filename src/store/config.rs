@@ -356,6 +356,7 @@ impl StoreConfig {
             spin: Duration::from_micros(self.poll_spin_us),
             role: "store",
             auth: None,
+            keepalive: None,
         }
     }
 

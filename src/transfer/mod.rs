@@ -186,3 +186,16 @@ pub fn local_host_id() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
+
+/// TCP keepalive on `stream`: the kernel probes it after `idle` without traffic, then every
+/// fifth of that (at least a second), and ends it after five probes go unanswered, so a peer
+/// that vanished (its host down, a partition) ends the connection within about twice `idle`
+/// without either side sending anything.
+pub fn keep_alive(stream: &std::net::TcpStream, idle: std::time::Duration) -> std::io::Result<()> {
+    let every = (idle / 5).max(std::time::Duration::from_secs(1));
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(every)
+        .with_retries(5);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&probes)
+}

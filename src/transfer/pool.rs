@@ -46,6 +46,8 @@ pub struct Connection {
     /// Where the pool that made it can cut it off (an elected master's pool, when the leader
     /// moves); removed from there when the connection goes.
     live: Option<(Arc<LiveSet>, u64)>,
+    /// The count of its pool's connections opened and closed, counted up when it goes.
+    changes: Option<Arc<AtomicU64>>,
 }
 
 /// The open connections of a pool that follows a leader, by a handle on each socket: when the
@@ -81,6 +83,9 @@ impl Drop for Connection {
         if let Some((set, id)) = self.live.take() {
             set.sockets.lock().remove(&id);
         }
+        if let Some(changes) = &self.changes {
+            changes.fetch_add(1, Ordering::Release);
+        }
     }
 }
 
@@ -110,6 +115,7 @@ impl Connection {
             peer: addr.to_string(),
             fence: None,
             live: None,
+            changes: None,
         };
         if let Some(secret) = &opts.auth {
             conn.authenticate(secret)?;
@@ -254,6 +260,11 @@ pub struct Pool {
     idle: Mutex<Vec<Connection>>,
     fence: Option<Arc<AtomicU64>>,
     live: Option<Arc<LiveSet>>,
+    /// Connections opened and closed so far: a client tells from it whether the connection
+    /// that bound it to the master may have gone.
+    changes: Arc<AtomicU64>,
+    /// TCP keepalive on its connections (`crate::transfer::keep_alive`).
+    keepalive: Option<Duration>,
 }
 
 /// Most idle connections kept per peer.
@@ -267,6 +278,35 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             fence: None,
             live: None,
+            changes: Arc::default(),
+            keepalive: None,
+        }
+    }
+
+    /// Keeps its connections alive with TCP keepalive probes after `idle` (an idle connection
+    /// whose peer vanished then ends, and [`Pool::prune_closed`] drops it).
+    pub fn with_keepalive(mut self, idle: Duration) -> Pool {
+        self.keepalive = Some(idle);
+        self
+    }
+
+    /// How many connections this pool has opened and closed: unchanged while the same ones
+    /// stay open.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Drops the idle connections whose peer has closed them (or whose keepalive gave up),
+    /// found without blocking: one `recv` peek each.
+    pub fn prune_closed(&self) {
+        // Taken out to look at, so that no call waits on the idle list meanwhile.
+        let idle = std::mem::take(&mut *self.idle.lock());
+        let open: Vec<Connection> = idle.into_iter().filter(|c| c.io.peer_open()).collect();
+        let mut list = self.idle.lock();
+        for c in open {
+            if list.len() < MAX_IDLE {
+                list.push(c);
+            }
         }
     }
 
@@ -299,7 +339,12 @@ impl Pool {
     fn connect(&self) -> Result<Connection, TransferError> {
         let addr = self.addr();
         let mut conn = Connection::connect(&addr, &self.opts)?;
+        if let Some(idle) = self.keepalive {
+            super::keep_alive(conn.io.stream(), idle).map_err(TransferError::Io)?;
+        }
         conn.fence = self.fence.clone();
+        conn.changes = Some(self.changes.clone());
+        self.changes.fetch_add(1, Ordering::Release);
         if let Some(live) = &self.live {
             live.add(&mut conn);
         }
@@ -408,5 +453,47 @@ impl std::ops::Deref for PooledConnection<'_> {
 impl std::ops::DerefMut for PooledConnection<'_> {
     fn deref_mut(&mut self) -> &mut Connection {
         self.conn.as_mut().expect("connection present until drop")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection opened and closed moves the count; an idle connection its peer closed
+    /// is found and dropped without a call, one still open is kept.
+    #[test]
+    fn idle_connections_the_peer_closed_are_pruned_and_counted() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let pool = Pool::new(
+            listener.local_addr().unwrap().to_string(),
+            ConnOptions::default(),
+        )
+        .with_keepalive(Duration::from_secs(10));
+        let (a, b) = (pool.get_fresh().unwrap(), pool.get_fresh().unwrap());
+        let (held_a, _) = listener.accept().unwrap();
+        let (_held_b, _) = listener.accept().unwrap();
+        a.release();
+        b.release();
+        assert_eq!(pool.changes(), 2, "two opened");
+        pool.prune_closed();
+        assert_eq!(
+            (pool.changes(), pool.idle.lock().len()),
+            (2, 2),
+            "both open"
+        );
+        // The peer closes one: the next prune drops it (its end of stream may take a moment
+        // to arrive, hence the bounded wait).
+        drop(held_a);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while pool.idle.lock().len() == 2 && std::time::Instant::now() < deadline {
+            pool.prune_closed();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            (pool.changes(), pool.idle.lock().len()),
+            (3, 1),
+            "one closed"
+        );
     }
 }

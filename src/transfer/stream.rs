@@ -95,6 +95,13 @@ impl FramedStream {
         &self.stream
     }
 
+    /// Whether an idle connection is still open, asked without blocking: nothing buffered and
+    /// nothing to read (an end of stream, an error such as a keepalive that gave up, or bytes
+    /// no request asked for all mean it is not usable).
+    pub fn peer_open(&self) -> bool {
+        self.buffered() == 0 && idle_socket_open(&self.stream)
+    }
+
     pub fn set_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
         self.stream.set_read_timeout(timeout)?;
         self.stream.set_write_timeout(timeout)
@@ -433,6 +440,20 @@ fn io_err(e: std::io::Error) -> TransferError {
         std::io::ErrorKind::UnexpectedEof => TransferError::Closed,
         _ => TransferError::Io(e),
     }
+}
+
+/// Whether a socket no request is waiting on is still open, asked without blocking (one
+/// `recv` peek): an end of stream, an error (a keepalive that gave up) or bytes nobody asked
+/// for all say no.
+pub fn idle_socket_open(stream: &TcpStream) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    matches!(
+        recv(stream.as_raw_fd(), &mut byte, flags),
+        Err(nix::errno::Errno::EAGAIN)
+    )
 }
 
 #[cfg(test)]

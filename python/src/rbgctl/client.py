@@ -141,7 +141,11 @@ class Client:
         except BaseException:
             self._master.clear()
             raise
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="rbgctl-heartbeat", daemon=True)
+        # Nothing else runs yet: the connection that ping went on is the one it bound.
+        bound = self._master.pool.changes
+        self._heartbeat = threading.Thread(
+            target=self._heartbeat_loop, args=(bound,), name="rbgctl-heartbeat", daemon=True
+        )
         self._heartbeat.start()
         log.debug("connected to master %s as client %x", config.master, self.id)
 
@@ -172,10 +176,22 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.config.heartbeat_interval_s):
+    def _heartbeat_loop(self, bound: int) -> None:
+        """Keeps this client known to the master. A ping binds the connection it goes on to
+        this client, and the master counts a client without segments live while that
+        connection is open: so a tick pings only when the connections to the master changed
+        since the last ping answered (``bound``: their count of changes then), after it closed
+        the idle ones the master closed. Ticks are ``heartbeat_interval_s`` moved by up to half
+        of itself at random, so that clients cut off together come back spread out."""
+        pool = self._master.pool
+        while not self._stop.wait(self.config.heartbeat_interval_s * (0.5 + random.random())):
+            pool.prune_closed()
+            changes = pool.changes
+            if changes == bound:
+                continue
             try:
                 self._master_call(Opcode.PING, p.ping(self.id), p.parse_bool)
+                bound = changes
             except RbgctlError as e:
                 log.debug("heartbeat failed: %s", e)
 

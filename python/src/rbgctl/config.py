@@ -103,8 +103,10 @@ class ClientConfig:
             segment file instead of TCP. Default true.
         connect_timeout_s: seconds to open a connection. Default 5.
         io_timeout_s: seconds any one socket read or write may block. Default 30.
-        heartbeat_interval_s: seconds between heartbeats to the master, which keep this client's
-            unfinished puts alive. Default 1.
+        heartbeat_interval_s: how often the heartbeat looks at the connections to the master
+            (each tick moved by up to half of itself at random): it pings when they changed,
+            which binds a connection to this client and keeps it, with its unfinished puts,
+            alive at the master while that connection stays open. Default 1.
         replicate: the default :class:`ReplicateConfig` of puts. Default one replica.
         auth_token_file: a file holding the cluster secret, when the pool requires one
             (``rbgctl master --auth-token-file``); ``RBGCTL_AUTH_TOKEN_FILE`` sets it too.

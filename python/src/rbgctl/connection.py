@@ -78,11 +78,13 @@ class Connection:
         io_timeout: float,
         fence: Optional[Fence] = None,
         secret: Optional[bytes] = None,
+        on_close: Optional[Callable[[], None]] = None,
     ):
         host, _, port = addr.rpartition(":")
         self.addr = addr
         self.fence = fence
         self.broken = False
+        self._on_close = on_close
         self._next_id = 1
         self._header = bytearray(HEADER_LEN)
         try:
@@ -97,11 +99,32 @@ class Connection:
             handshake(self, secret)
 
     def close(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
         self.broken = True
         try:
             self.sock.close()
         except OSError:
             pass
+
+    def peer_open(self) -> bool:
+        """Whether this idle connection is still open, asked without blocking (a peek): an end
+        of stream, an error (a keepalive that gave up) or bytes nobody asked for all say no."""
+        timeout = self.sock.gettimeout()
+        try:
+            self.sock.setblocking(False)
+            self.sock.recv(1, socket.MSG_PEEK)
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            try:
+                self.sock.settimeout(timeout)
+            except OSError:
+                pass
 
     def _fail(self, e: BaseException, what: str) -> TransportError:
         self.close()
@@ -256,9 +279,42 @@ class Pool:
         self._lock = threading.Lock()
         self.fence = fence
         self._secret = secret
+        self._keepalive_s: Optional[float] = None
+        # Connections opened and closed so far: a client tells from it whether the connection
+        # that bound it to the master may have gone.
+        self.changes = 0
+
+    def keep_alive(self, idle_s: float) -> None:
+        """TCP keepalive on the connections made from now on: probes after ``idle_s`` without
+        traffic, then every fifth of that (at least a second); five unanswered end one."""
+        self._keepalive_s = idle_s
+
+    def _changed(self) -> None:
+        with self._lock:
+            self.changes += 1
 
     def _connect(self) -> Connection:
-        return Connection(self.addr, *self._timeouts, fence=self.fence, secret=self._secret)
+        conn = Connection(self.addr, *self._timeouts, fence=self.fence, secret=self._secret, on_close=self._changed)
+        self._changed()
+        if self._keepalive_s is not None:
+            idle = max(1, int(self._keepalive_s))
+            sock = conn.sock
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // 5))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
+        return conn
+
+    def prune_closed(self) -> None:
+        """Closes the idle connections whose peer closed them, found without blocking."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        open_ = [c for c in idle if c.peer_open()]
+        for c in idle:
+            if c not in open_:
+                c.close()
+        with self._lock:
+            self._idle.extend(open_)
 
     def set_addr(self, addr: str) -> None:
         """Points the pool at another peer (the new leader); idle connections go."""
@@ -315,6 +371,11 @@ class Pool:
         return out
 
 
+# TCP keepalive on the connections to the master: a master host that vanished ends them after
+# about twice this without traffic, and the heartbeat then connects anew.
+MASTER_KEEPALIVE_S = 10.0
+
+
 class MasterPool:
     """The master's connections, following the leader of elected masters (``etcd://``,
     ``k8s://``): a call that fails because the master may have moved looks the leader up (at most
@@ -332,6 +393,7 @@ class MasterPool:
         self._last_refresh = 0.0
         self._leader = None
         self.pool = Pool("" if self.lookup else spec, connect_timeout, io_timeout, self.fence, secret)
+        self.pool.keep_alive(MASTER_KEEPALIVE_S)
         if self.lookup is not None:
             try:
                 self.refresh(force=True)

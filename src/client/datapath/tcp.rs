@@ -393,6 +393,7 @@ mod tests {
             spin: Duration::ZERO,
             role: "old-store",
             auth: None,
+            keepalive: None,
         };
         let server = server::spawn(listener, old.clone(), opts).unwrap();
         let pool = Arc::new(Pool::new(server.addr.to_string(), ConnOptions::default()));

@@ -2,7 +2,7 @@
 //! whose leases ended, abandoned puts and reservations, soft pins that ran out, and the
 //! eviction watermark.
 
-use super::{MasterState, SegState};
+use super::{Binding, MasterState, SegState};
 use crate::master::eviction;
 use std::time::Instant;
 
@@ -11,6 +11,23 @@ impl MasterState {
     /// restarted) and must mount its segments again.
     pub fn ping(&mut self, client_id: u64, now: Instant) -> bool {
         self.clients.ping(client_id, now)
+    }
+
+    /// A heartbeat on a connection that holds `held`: whether the client was unknown, and the
+    /// binding the connection is to hold from now on, if it needs a new one
+    /// (`clients::ClientTable::ping_on`).
+    pub fn ping_on(
+        &mut self,
+        client_id: u64,
+        held: Option<Binding>,
+        now: Instant,
+    ) -> (bool, Option<Binding>) {
+        self.clients.ping_on(client_id, held, now)
+    }
+
+    /// A connection bound to a client closed.
+    pub fn unbind(&mut self, binding: Binding, now: Instant) {
+        self.clients.unbind(binding, now);
     }
 
     /// Drops clients whose heartbeats stopped more than `client_ttl` ago, with their segments

@@ -48,6 +48,7 @@ use super::reservations::Reservations;
 use super::tiering::Moves;
 use crate::transfer::message::{ReplicaLoc, Tier};
 use crate::transfer::Status;
+pub use clients::Binding;
 use clients::ClientTable;
 use forget::ForgetLog;
 use recovery::Walk;
@@ -162,6 +163,9 @@ pub struct Summary {
     pub moves_in_flight: u64,
     pub demoting_bytes: u64,
     pub clients: u64,
+    /// Clients with a bound connection open (live without heartbeats, unless they hold
+    /// segments).
+    pub bound_clients: u64,
     pub segments: u64,
     pub away_segments: u64,
     pub recovering_segments: u64,
@@ -350,6 +354,7 @@ impl MasterState {
     pub fn summary(&self, now: Instant) -> Summary {
         let mut s = Summary {
             clients: self.clients.len() as u64,
+            bound_clients: self.clients.bound() as u64,
             segments: self.segments.len() as u64,
             deferred_bytes: self
                 .deferred

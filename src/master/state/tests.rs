@@ -270,6 +270,88 @@ fn abandoned_puts_are_preempted_then_reclaimed() {
 }
 
 #[test]
+fn a_client_holding_a_bound_connection_needs_no_heartbeat_until_it_closes() {
+    let (mut st, t0) = state();
+    let ttl = MasterConfig::default().client_ttl_ms.0;
+    // A writer's first ping binds its connection, once; it starts a put and goes quiet.
+    let (unknown, bound) = st.ping_on(9, None, t0);
+    assert!(unknown, "a new client is news");
+    let bound = bound.expect("a first ping binds its connection");
+    assert_eq!(st.ping_on(9, Some(bound), t0), (false, None));
+    st.put_start(9, "z", 10, &ONE, t0).unwrap();
+    // A minute without a word from it (the store heartbeats): it stays, with its put.
+    let minute = t0 + Duration::from_secs(60);
+    st.ping(1, minute);
+    assert_eq!(st.expire_clients(minute), 0);
+    assert!(st.lookup("z").is_some());
+    assert_eq!(st.summary(minute).bound_clients, 1);
+    // Its connection closes: its TTL runs from then.
+    st.unbind(bound, minute);
+    assert_eq!(st.summary(minute).bound_clients, 0);
+    st.ping(1, minute + ttl);
+    assert_eq!(
+        st.expire_clients(minute + ttl),
+        0,
+        "live for a TTL after it closed"
+    );
+    let after = minute + ttl + Duration::from_millis(1);
+    st.ping(1, after);
+    assert_eq!(st.expire_clients(after), 1);
+    assert!(st.lookup("z").is_none(), "its unfinished put went with it");
+}
+
+#[test]
+fn a_store_on_a_bound_connection_still_expires_when_its_heartbeats_stop() {
+    // A paused store keeps its connection open: its segment must go away all the same.
+    let (mut st, t0) = state();
+    let (_, bound) = st.ping_on(1, None, t0);
+    let bound = bound.expect("bound");
+    let ttl = MasterConfig::default().client_ttl_ms.0;
+    assert_eq!(st.expire_clients(t0 + ttl), 0);
+    let after = t0 + ttl + Duration::from_millis(1);
+    assert_eq!(st.expire_clients(after), 1);
+    let s = st.summary(after);
+    assert_eq!(
+        (s.segments, s.capacity_bytes),
+        (0, 0),
+        "its segment is gone"
+    );
+    // Its connection closing later releases nothing and revives nothing.
+    st.unbind(bound, after);
+    assert_eq!(st.summary(after).clients, 0);
+}
+
+#[test]
+fn a_binding_made_for_an_earlier_entry_of_a_client_binds_nothing() {
+    let (mut st, t0) = state();
+    let ttl = MasterConfig::default().client_ttl_ms.0;
+    let (_, first) = st.ping_on(9, None, t0);
+    let first = first.expect("bound");
+    // It leaves, and comes back on another connection.
+    st.leave(9, t0);
+    let (unknown, second) = st.ping_on(9, None, t0);
+    assert!(unknown, "after leaving it is new again");
+    let second = second.expect("bound");
+    assert_ne!(first, second);
+    // The first connection closing does not unbind the second.
+    st.unbind(first, t0);
+    let later = t0 + ttl * 3;
+    st.ping(1, later);
+    assert_eq!(st.expire_clients(later), 0);
+    // A ping on the first connection binds it anew.
+    let (_, again) = st.ping_on(9, Some(first), later);
+    assert_eq!(again, Some(second), "the current entry's binding");
+    st.unbind(second, later);
+    st.unbind(second, later);
+    st.ping(1, later + ttl * 2);
+    assert_eq!(
+        st.expire_clients(later + ttl * 2),
+        1,
+        "both closed: it expires"
+    );
+}
+
+#[test]
 fn leases_and_removal() {
     let (mut st, t0) = state();
     let (id, _) = st.put_start(7, "k", 10, &ONE, t0).unwrap();

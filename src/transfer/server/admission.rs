@@ -97,6 +97,11 @@ pub(super) fn accept_loop(
             continue;
         }
         ConnCounters::count(&counters.accepted);
+        if let Some(idle) = opts.keepalive {
+            if let Err(e) = crate::transfer::keep_alive(&stream, idle) {
+                tracing::debug!(role = opts.role, %peer, error = %e, "cannot set TCP keepalive");
+            }
+        }
         let slot = Slot {
             occupancy: occupancy.clone(),
             peer: peer.ip(),

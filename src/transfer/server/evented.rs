@@ -488,7 +488,7 @@ impl EventLoop {
     /// Closes the connections whose time is up: one that has not proven the secret within
     /// `request_timeout` of its connect, a request (or an answer) that stopped moving for
     /// `request_timeout`, a first request that did not begin within it, and an idle one after
-    /// `idle_timeout`.
+    /// `idle_timeout` unless the service keeps something for it.
     fn sweep(&mut self) {
         let opts = &self.shared.opts;
         let (within, idle) = (opts.request_timeout, opts.idle_timeout);
@@ -505,6 +505,10 @@ impl EventLoop {
                 Some(Ended::Unproven)
             } else if (!conn.unread.is_empty() || !conn.unsent.is_empty()) && quiet >= within {
                 Some(Ended::Stalled)
+            } else if conn.attached.is_some() {
+                // Kept for by the service (a bound client): TCP keepalive ends it once its
+                // peer is gone.
+                None
             } else if quiet >= if conn.served { idle } else { within } {
                 // A first request has `request_timeout` to begin, later ones `idle_timeout`.
                 Some(Ended::Idle)
@@ -862,7 +866,8 @@ mod tests {
     use crate::transfer::stream::FramedStream;
 
     /// A service whose `EXISTS` waits before doing anything and whose `REMOVE` waits after
-    /// it, both until the test lets them go; `PING` answers at once.
+    /// it, both until the test lets them go; `PING` answers at once, `LEAVE` keeps something
+    /// for its connection.
     struct Waits {
         go: Arc<Mutex<mpsc::Receiver<()>>>,
         connections: ConnCounters,
@@ -883,6 +888,10 @@ mod tests {
         ) -> Result<(), TransferError> {
             match op {
                 Opcode::Ping => io.reply(Status::Ok, b"pong", &[]),
+                Opcode::Leave => {
+                    io.attach(Box::new(()));
+                    io.reply(Status::Ok, b"kept", &[])
+                }
                 Opcode::Exists if !io.may_block() => io.rerun_where_it_may_block(),
                 Opcode::Exists => match wait(&self.go) {
                     true => io.reply(Status::Ok, b"waited first", &[]),
@@ -921,6 +930,7 @@ mod tests {
             spin: Duration::ZERO,
             role: "test",
             auth: None,
+            keepalive: None,
         }
     }
 
@@ -1000,7 +1010,8 @@ mod tests {
     }
 
     #[test]
-    fn the_sweep_closes_a_silent_a_half_sent_and_an_idle_connection_and_counts_them() {
+    fn the_sweep_closes_a_silent_a_half_sent_and_an_idle_connection_and_counts_them_but_not_a_kept_one(
+    ) {
         let opts = ServerOptions {
             request_timeout: Duration::from_millis(300),
             idle_timeout: Duration::from_millis(600),
@@ -1015,6 +1026,10 @@ mod tests {
         let mut idle = connect(server.addr);
         ask(&mut idle, Opcode::Ping, 2);
         assert_eq!(answer(&mut idle), (2, b"pong".to_vec()));
+        // One the service keeps something for is not closed for idling.
+        let mut kept = connect(server.addr);
+        ask(&mut kept, Opcode::Leave, 3);
+        assert_eq!(answer(&mut kept), (3, b"kept".to_vec()));
         // Each read ends with the close (bounded by the client's 5 s timeout).
         for (name, conn) in [
             ("silent", &mut silent),
@@ -1030,6 +1045,9 @@ mod tests {
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         // The silent one and the idle one ended idle, the half-sent frame as a stall.
         assert_eq!((n(&c.idle_closed), n(&c.bad_frames)), (2, 1));
+        // Quiet as long as the idle one, and more: still served.
+        ask(&mut kept, Opcode::Ping, 4);
+        assert_eq!(answer(&mut kept), (4, b"pong".to_vec()));
         server.stop();
     }
 

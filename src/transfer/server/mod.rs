@@ -249,6 +249,20 @@ impl ServerIo<'_> {
         }
     }
 
+    /// What the service keeps for this connection, if it is a `T`.
+    pub fn attached<T: 'static>(&self) -> Option<&T> {
+        self.attached.as_ref()?.downcast_ref()
+    }
+
+    /// Keeps `thing` until the connection ends instead of what was kept; answers that (for the
+    /// caller to drop where it may).
+    pub fn replace_attached(
+        &mut self,
+        thing: Box<dyn std::any::Any + Send>,
+    ) -> Option<Box<dyn std::any::Any + Send>> {
+        self.attached.replace(thing)
+    }
+
     /// Keeps `thing` until the connection ends; false (and `thing` dropped) if something is
     /// kept already.
     pub fn attach(&mut self, thing: Box<dyn std::any::Any + Send>) -> bool {
@@ -411,6 +425,11 @@ pub struct ServerOptions {
     /// The cluster secret: every connection must prove it holds it before anything else
     /// (`crate::auth`). `None`: connections need not.
     pub auth: Option<Arc<crate::auth::Secret>>,
+    /// TCP keepalive on admitted connections: the kernel probes one idle this long, and ends
+    /// it when its peer vanished (`crate::transfer::keep_alive`). The evented server keeps a
+    /// connection the service keeps something for (a bound client) past `idle_timeout`: this
+    /// is what ends it once its peer is gone.
+    pub keepalive: Option<Duration>,
 }
 
 impl ServerOptions {
