@@ -670,6 +670,8 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
             "64MiB",
             "--pause",
             "3s",
+            "--idle-clients",
+            "200",
             "--json",
             "--report",
         ])
@@ -689,6 +691,13 @@ fn bench_failover_kills_and_pauses_the_leader_and_loses_nothing() {
             "{r}"
         );
     }
+    // The idle clients, bound to the killed leader, all came back to the new one on their own
+    // (their heartbeat saw the connection closed and the leader moved).
+    let idle = &r["idle_return"];
+    assert_eq!(idle["clients"], 200, "{r}");
+    assert_eq!(idle["back"], 200, "{r}");
+    assert_eq!(idle["back_within_5s_of_leader"], 200, "{r}");
+    assert!(idle["reconnects"].as_u64().unwrap() >= 200, "{r}");
     assert_eq!(r["pause"]["stale_writes_accepted"], 0, "{r}");
     assert_eq!(r["pause"]["stale_writes_refused"], 16, "{r}");
     assert!(

@@ -8,6 +8,10 @@
 //!    connections that know nothing of the failover), continues it, and counts the writes it
 //!    accepted after its lease ran out (must be 0) and how long it took to step down.
 //!
+//! With `--idle-clients N`, N more clients sit connected and idle through it all, following
+//! the leader as a client's heartbeat does (`idle_clients`); the kill times each one's return
+//! to the new leader and counts the connections full accept queues dropped meanwhile.
+//!
 //! At the end every object any put acknowledged is read back and compared byte for byte:
 //! objects lost must be 0.
 
@@ -51,6 +55,12 @@ pub struct FailoverBenchArgs {
     /// How long the second leader is paused (SIGSTOP) before it is continued.
     #[arg(long, default_value = "10s")]
     pub pause: Millis,
+    /// Clients that are connected and idle, as most of a cluster's are (`bench master
+    /// --idle-clients`): each bound to the leader by one ping, following it as a client's
+    /// heartbeat does. The kill times each one's return to the new leader, and counts the
+    /// connections the host's accept queues dropped meanwhile. Default: 0.
+    #[arg(long, default_value_t = 0)]
+    pub idle_clients: usize,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -64,6 +74,8 @@ pub struct FailoverBenchArgs {
 /// What one fault did, as the client saw it.
 #[derive(Debug, Default, serde::Serialize)]
 struct Fault {
+    /// From the fault to the bench seeing a new leader in its `/health` (polled every 20 ms).
+    leader_seen_s: Option<f64>,
     /// From the fault to the first put acknowledged after it.
     first_put_s: Option<f64>,
     /// From the fault to every object committed before it being listed by the new leader.
@@ -93,6 +105,54 @@ struct Pause {
     stepped_down_after_continue_s: Option<f64>,
 }
 
+/// How the idle clients came back to the new leader after the kill.
+#[derive(Debug, Default, serde::Serialize)]
+struct IdleReturn {
+    clients: usize,
+    /// Answered by the new leader within the wait (a minute).
+    back: usize,
+    /// Of those, within 5 s of the bench seeing the new leader.
+    back_within_5s_of_leader: usize,
+    /// Seconds from the bench seeing the new leader to each client's first answer from it:
+    /// 50th and 99th percentile, last.
+    p50_s: Option<f64>,
+    p99_s: Option<f64>,
+    max_s: Option<f64>,
+    /// Connections the host's accept queues dropped from the kill until all were back (or
+    /// the wait ran out): `TcpExt: ListenOverflows`.
+    listen_overflows: Option<u64>,
+    /// Their whole run: pings, failed tries, connections made again.
+    #[serde(flatten)]
+    figures: super::idle_clients::IdleFigures,
+}
+
+impl IdleReturn {
+    /// From the seconds since the kill at which each client was back (in order), and the
+    /// moment the new leader was seen.
+    fn new(
+        back: &[f64],
+        leader_seen_s: f64,
+        listen_overflows: Option<u64>,
+        figures: super::idle_clients::IdleFigures,
+    ) -> IdleReturn {
+        let after: Vec<f64> = back.iter().map(|b| (b - leader_seen_s).max(0.0)).collect();
+        let at = |q: f64| {
+            let i = ((after.len() as f64 * q).ceil() as usize).saturating_sub(1);
+            after.get(i).copied()
+        };
+        IdleReturn {
+            clients: figures.connections,
+            back: back.len(),
+            back_within_5s_of_leader: after.iter().filter(|a| **a <= 5.0).count(),
+            p50_s: at(0.5),
+            p99_s: at(0.99),
+            max_s: after.last().copied(),
+            listen_overflows,
+            figures,
+        }
+    }
+}
+
 #[derive(Debug, Default, serde::Serialize)]
 struct Report {
     masters: usize,
@@ -101,6 +161,8 @@ struct Report {
     stores: usize,
     value_bytes: u64,
     kill: Fault,
+    /// With `--idle-clients`: how they came back to the new leader after the kill.
+    idle_return: Option<IdleReturn>,
     pause: Pause,
     /// Distinct objects a put acknowledged over the whole run (prefill included).
     objects_committed: usize,
@@ -357,6 +419,21 @@ fn measure(
         }
     }
 
+    let idle = match args.idle_clients {
+        0 => None,
+        n => {
+            progress(&format!(
+                "opening {n} idle clients following the leader (bound by a ping each, then quiet)"
+            ));
+            let every = ClientConfig::new(bench.spec.clone()).heartbeat_interval;
+            Some(super::idle_clients::IdleClients::open(
+                &bench.spec,
+                n,
+                every,
+            )?)
+        }
+    };
+
     // The loop: one put and one get of a committed object, without pause. The puts cycle
     // through keys that fit under the eviction watermark with the prefill (a put of a key
     // again writes the same bytes), so that nothing is evicted and every loss is a loss.
@@ -426,7 +503,11 @@ fn measure(
         "kill -9 of the leader (master-{old}, epoch {old_epoch})"
     ));
     let before = committed_keys(&record.lock());
+    let overflows_before = super::procfs::listen_overflows();
     let killed = Instant::now();
+    if let Some(idle) = &idle {
+        idle.fault(killed);
+    }
     bench.pool.masters[old].kill();
     events.push((at(killed), format!("kill -9 of master-{old}")));
     let kill = fault_outcome(
@@ -439,6 +520,19 @@ fn measure(
         old_epoch,
         ttl,
     )?;
+    let idle_return = idle.as_ref().map(|idle| {
+        progress("waiting for the idle clients to be back on the new leader");
+        let back = idle.wait_return(Duration::from_secs(60));
+        let overflows = super::procfs::listen_overflows()
+            .zip(overflows_before)
+            .map(|(after, before)| after.saturating_sub(before));
+        IdleReturn::new(
+            &back,
+            kill.leader_seen_s.unwrap_or(0.0),
+            overflows,
+            idle.figures(),
+        )
+    });
     progress(&format!("master-{old} started again: it stands by"));
     bench.pool.masters[old].start()?;
     events.push((at(Instant::now()), format!("master-{old} restarted")));
@@ -549,6 +643,7 @@ fn measure(
         stores: args.stores,
         value_bytes: size as u64,
         kill,
+        idle_return,
         pause,
         objects_committed: objects.len(),
         objects_lost: objects.len() - good,
@@ -711,6 +806,7 @@ fn fault_outcome(
 ) -> anyhow::Result<Fault> {
     let within = ttl * 5 + Duration::from_secs(20);
     let (_, epoch_after) = bench.wait_leader(old, within)?;
+    let leader_seen_s = Some(at.elapsed().as_secs_f64());
     let all_readable_s = wait_all_listed(main, before, at, within);
     let deadline = Instant::now() + within;
     let first_put_s = loop {
@@ -743,6 +839,7 @@ fn fault_outcome(
         }
     }
     Ok(Fault {
+        leader_seen_s,
         first_put_s,
         all_readable_s,
         objects_before: before.len(),
@@ -783,6 +880,24 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
                     .collect::<Vec<_>>()
                     .join(", ")
             }
+        );
+    }
+    if let Some(i) = &r.idle_return {
+        println!(
+            "idle clients: {} of {} back on the new leader ({} within 5 s of it being seen): \
+             after it was seen p50 {}, p99 {}, last {}; {} connections dropped by full accept \
+             queues; {} pings, {} failed tries, {} connections made again",
+            i.back,
+            i.clients,
+            i.back_within_5s_of_leader,
+            s(i.p50_s),
+            s(i.p99_s),
+            s(i.max_s),
+            i.listen_overflows
+                .map_or("unknown".to_string(), |n| n.to_string()),
+            i.figures.pings,
+            i.figures.ping_errors,
+            i.figures.reconnects,
         );
     }
     println!(

@@ -56,6 +56,23 @@ pub fn host_busy() -> Option<Duration> {
     busy_of_proc_stat(&stat, clock_ticks_per_second())
 }
 
+/// Connections this network namespace's listeners dropped because their accept queue was
+/// full (`TcpExt: ListenOverflows` of `/proc/net/netstat`).
+pub fn listen_overflows() -> Option<u64> {
+    tcp_ext(
+        &std::fs::read_to_string("/proc/net/netstat").ok()?,
+        "ListenOverflows",
+    )
+}
+
+/// A `TcpExt` counter of a `/proc/net/netstat` text: a line of names, then a line of values.
+fn tcp_ext(netstat: &str, name: &str) -> Option<u64> {
+    let mut lines = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    let at = names.split_whitespace().position(|n| n == name)?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
 fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a constant.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
@@ -128,6 +145,21 @@ fn syscalls_of_io(io: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tcp_ext_counter_is_read_by_its_name() {
+        let netstat = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\n\
+                       TcpExt: 0 17 19\n\
+                       IpExt: InNoRoutes\n\
+                       IpExt: 3\n";
+        assert_eq!(tcp_ext(netstat, "ListenOverflows"), Some(17));
+        assert_eq!(tcp_ext(netstat, "ListenDrops"), Some(19));
+        assert_eq!(tcp_ext(netstat, "InNoRoutes"), None);
+        assert!(
+            listen_overflows().is_some(),
+            "this kernel has /proc/net/netstat"
+        );
+    }
 
     // A command name with spaces and a closing parenthesis, as `comm` may hold.
     const STAT: &str = "4242 (rbg (ctl) x) S 1 4242 4242 0 -1 4194560 1513 0 0 0 250 75 0 0 \

@@ -36,7 +36,7 @@ const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(200);
 /// [`FAILOVER_MAX_WAIT`], each moved by up to half of itself at random. A failover interrupts
 /// every client of the cluster at the same moment; waits in step would bring them all back at
 /// the same instants, thousands of connections at once on the new leader.
-fn failover_backoff() -> crate::backoff::Backoff {
+pub(crate) fn failover_backoff() -> crate::backoff::Backoff {
     crate::backoff::Backoff::new(Duration::from_millis(10), FAILOVER_MAX_WAIT).jittered_by(0.5)
 }
 
@@ -263,6 +263,11 @@ impl MasterLink {
         } else {
             a
         }
+    }
+
+    /// The current master's address, if one is known (the leader, as last looked up).
+    pub fn leader_addr(&self) -> Option<Arc<str>> {
+        Some(self.shared.pool.addr()).filter(|a| !a.is_empty())
     }
 
     /// The address as given (`etcd://…` for an elected master).
