@@ -348,6 +348,12 @@ pub fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
         cluster_id: cluster_id.clone(),
         ha_lease_ttl_ms: args.lease_ttl,
         client_ttl_ms: Millis(Duration::from_secs(3)),
+        // Every connection comes from one address: room for all the idle clients.
+        max_connections: pool.master.max_connections.max(args.idle_clients + 1024),
+        max_connections_per_peer: pool
+            .master
+            .max_connections_per_peer
+            .max(args.idle_clients + 1024),
         ..pool.master
     };
     pool.store.heartbeat_interval_ms = Millis(Duration::from_millis(200));

@@ -6,8 +6,7 @@
 //! - then, at each tick (the heartbeat interval moved by up to half of itself at random), a
 //!   look without a word to the master: is the connection still open (a `recv` peek), and is
 //!   it still to the master the client follows? If not, a new connection and a ping;
-//! - a connect or ping that fails is tried again after the waits a client's master link takes
-//!   while the master fails over (`ha::link::failover_backoff`).
+//! - a connect or ping that fails is tried again at the next tick (`MasterLink::try_once`).
 //!
 //! Where the master is comes from one [`MasterLink`] for all of them (an elected master's
 //! leader, watched in etcd), standing in for each client's own. A few threads keep them all,
@@ -15,14 +14,14 @@
 //! still be served. [`IdleClients::fault`] marks a failover: each client's first answer from
 //! another master after it is timed.
 
-use crate::ha::link::{failover_backoff, MasterLink};
+use crate::ha::link::MasterLink;
 use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
 use crate::transfer::message::{PingReq, Wire};
-use crate::transfer::stream::idle_socket_open;
+use crate::transfer::stream::{idle_socket_state, IdleSocket};
 use crate::transfer::ConnOptions;
 use parking_lot::Mutex;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,6 +51,8 @@ pub struct IdleFigures {
     pub ping_errors: u64,
     /// Connections found closed at a tick, or to a master no longer followed, and made again.
     pub reconnects: u64,
+    /// Why, with how many each.
+    pub reconnected: BTreeMap<String, u64>,
 }
 
 /// The idle clients, open until dropped.
@@ -69,6 +70,8 @@ struct Shared {
     pings: AtomicU64,
     errors: AtomicU64,
     reconnects: AtomicU64,
+    /// Why connections were made again, with how many each.
+    reconnected: Mutex<BTreeMap<String, u64>>,
     /// Clients bound once (their first ping answered).
     bound: AtomicU64,
     /// Asks every thread to ping each of its clients once more; each counts its round done.
@@ -85,8 +88,6 @@ struct Idle {
     id: u64,
     /// Its connection, and the master it goes to.
     conn: Option<(TcpStream, Arc<str>)>,
-    /// Failed tries in a row.
-    retries: u32,
     /// Its first ping was answered.
     bound: bool,
     /// The fault its return was timed for.
@@ -107,6 +108,7 @@ impl IdleClients {
             pings: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            reconnected: Mutex::default(),
             bound: AtomicU64::new(0),
             check: AtomicU64::new(0),
             checked: AtomicU64::new(0),
@@ -122,7 +124,6 @@ impl IdleClients {
                 .map(|i| Idle {
                     id: IDLE_CLIENT_IDS + i as u64,
                     conn: None,
-                    retries: 0,
                     bound: false,
                     timed: None,
                 })
@@ -146,7 +147,8 @@ impl IdleClients {
         }
         anyhow::ensure!(
             s.bound.load(Ordering::Relaxed) == n as u64,
-            "{} of {n} idle clients could not connect to the master {spec} (open-files limit?)",
+            "{} of {n} idle clients could not connect to the master {spec} within a minute \
+             (its connection limits, or this host's open-files limit?)",
             n as u64 - s.bound.load(Ordering::Relaxed)
         );
         idle.open_seconds = t0.elapsed().as_secs_f64();
@@ -192,6 +194,7 @@ impl IdleClients {
             pings: s.pings.load(Ordering::Relaxed),
             ping_errors: s.errors.load(Ordering::Relaxed),
             reconnects: s.reconnects.load(Ordering::Relaxed),
+            reconnected: s.reconnected.lock().clone(),
         }
     }
 }
@@ -247,26 +250,27 @@ fn keep(shared: &Shared, mut clients: Vec<Idle>) {
 fn tick(shared: &Shared, c: &mut Idle) -> Duration {
     let Some(master) = shared.link.leader_addr() else {
         shared.errors.fetch_add(1, Ordering::Relaxed);
-        return failed(c);
+        return jittered(shared.every);
     };
-    match &c.conn {
-        Some((stream, to)) if *to == master && idle_socket_open(stream) => {
-            return jittered(shared.every)
-        }
-        Some(_) => {
-            shared.reconnects.fetch_add(1, Ordering::Relaxed);
-            c.conn = None;
-        }
-        None => {}
+    if let Some((stream, to)) = &c.conn {
+        let why = match idle_socket_state(stream) {
+            IdleSocket::Open if *to == master => return jittered(shared.every),
+            IdleSocket::Open => "the master moved".to_string(),
+            IdleSocket::Closed => "closed by the master".to_string(),
+            IdleSocket::Unasked => "bytes nobody asked for".to_string(),
+            IdleSocket::Failed(e) => format!("failed: {e}"),
+        };
+        shared.reconnects.fetch_add(1, Ordering::Relaxed);
+        *shared.reconnected.lock().entry(why).or_default() += 1;
+        c.conn = None;
     }
     let Some(mut stream) = connect(&master) else {
         shared.errors.fetch_add(1, Ordering::Relaxed);
-        return failed(c);
+        return jittered(shared.every);
     };
     if !ping(shared, &mut stream, c.id) {
-        return failed(c);
+        return jittered(shared.every);
     }
-    c.retries = 0;
     c.conn = Some((stream, master.clone()));
     if !c.bound {
         c.bound = true;
@@ -281,13 +285,6 @@ fn tick(shared: &Shared, c: &mut Idle) -> Duration {
         }
     }
     jittered(shared.every)
-}
-
-/// A failed try (counted where it failed): tried again after a failing-over link's wait.
-fn failed(c: &mut Idle) -> Duration {
-    c.conn = None;
-    c.retries += 1;
-    failover_backoff().nth_jittered(c.retries, fastrand::f64())
 }
 
 /// The heartbeat interval moved by up to half of itself at random.

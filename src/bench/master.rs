@@ -910,11 +910,17 @@ fn table(r: &Report) -> String {
     if let Some(idle) = &r.idle {
         let _ = writeln!(
             out,
-            "idle clients: {} connections opened in {:.1} s, {} pings, {} not answered OK{}",
+            "idle clients: {} connections opened in {:.1} s, {} pings, {} not answered OK, {} \
+             connections made again{}{}",
             idle.connections,
             idle.open_seconds,
             idle.pings,
             idle.ping_errors,
+            idle.reconnects,
+            idle.reconnected
+                .iter()
+                .map(|(why, n)| format!(" ({n} {why})"))
+                .collect::<String>(),
             r.master_rss_per_idle_client_bytes
                 .map(|b| format!("; master memory {b:.0} bytes per connection"))
                 .unwrap_or_default(),

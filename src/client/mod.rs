@@ -606,9 +606,10 @@ impl Inner {
             if changes != bound {
                 // Not metered: heartbeats are not part of any operation.
                 let ping = PingReq { client_id: self.id };
+                // One try: a failed one is tried at the next tick (`MasterLink::try_once`).
                 match self
                     .master
-                    .with(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
+                    .try_once(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
                 {
                     Ok(_) => bound = changes,
                     Err(e) => tracing::debug!(error = %e, "client heartbeat failed"),

@@ -36,7 +36,7 @@ const FAILOVER_MAX_WAIT: Duration = Duration::from_millis(200);
 /// [`FAILOVER_MAX_WAIT`], each moved by up to half of itself at random. A failover interrupts
 /// every client of the cluster at the same moment; waits in step would bring them all back at
 /// the same instants, thousands of connections at once on the new leader.
-pub(crate) fn failover_backoff() -> crate::backoff::Backoff {
+fn failover_backoff() -> crate::backoff::Backoff {
     crate::backoff::Backoff::new(Duration::from_millis(10), FAILOVER_MAX_WAIT).jittered_by(0.5)
 }
 
@@ -319,6 +319,18 @@ impl MasterLink {
             }
             std::thread::sleep(pause);
         }
+    }
+
+    /// Runs `f` once on a connection to the master as last looked up: no look-up, no second
+    /// try. For the heartbeat, which has its own ticks: a failover reaches every client at the
+    /// same moment, and each idle one looking the leader up again and again until the new one
+    /// is elected would make a stampede of etcd reads, while the leader watch moves the
+    /// connections anyway.
+    pub fn try_once<T>(
+        &self,
+        mut f: impl FnMut(&mut Connection) -> Result<T, TransferError>,
+    ) -> Result<T, TransferError> {
+        self.once(&mut f)
     }
 
     fn once<T>(

@@ -446,14 +446,32 @@ fn io_err(e: std::io::Error) -> TransferError {
 /// `recv` peek): an end of stream, an error (a keepalive that gave up) or bytes nobody asked
 /// for all say no.
 pub fn idle_socket_open(stream: &TcpStream) -> bool {
+    idle_socket_state(stream) == IdleSocket::Open
+}
+
+/// What a peek finds on a socket no request is waiting on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleSocket {
+    Open,
+    /// The peer closed it.
+    Closed,
+    /// Bytes came that nobody asked for.
+    Unasked,
+    Failed(nix::errno::Errno),
+}
+
+/// Looks at a socket no request is waiting on, without blocking (one `recv` peek).
+pub fn idle_socket_state(stream: &TcpStream) -> IdleSocket {
     use nix::sys::socket::{recv, MsgFlags};
     use std::os::fd::AsRawFd;
     let mut byte = [0u8; 1];
     let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-    matches!(
-        recv(stream.as_raw_fd(), &mut byte, flags),
-        Err(nix::errno::Errno::EAGAIN)
-    )
+    match recv(stream.as_raw_fd(), &mut byte, flags) {
+        Err(nix::errno::Errno::EAGAIN) => IdleSocket::Open,
+        Err(e) => IdleSocket::Failed(e),
+        Ok(0) => IdleSocket::Closed,
+        Ok(_) => IdleSocket::Unasked,
+    }
 }
 
 #[cfg(test)]
