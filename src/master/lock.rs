@@ -58,12 +58,20 @@ impl StateLock {
     }
 
     pub fn lock(&self) -> StateGuard<'_> {
-        let asked = Instant::now();
-        let mut guard = self.held.lock();
+        // Free (the common case): no wait to time, one clock read.
+        let (mut guard, waited) = match self.held.try_lock() {
+            Some(guard) => (guard, None),
+            None => {
+                let asked = Instant::now();
+                (self.held.lock(), Some(asked))
+            }
+        };
         let since = Instant::now();
         let s = &mut guard.stats;
         s.acquisitions += 1;
-        s.wait_ns += nanos(since - asked);
+        if let Some(asked) = waited {
+            s.wait_ns += nanos(since - asked);
+        }
         StateGuard { guard, since }
     }
 

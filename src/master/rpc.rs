@@ -203,15 +203,15 @@ impl MasterService {
                 answer(io, res)
             }
             Opcode::GetReplicas => {
-                let r = KeyReq::from_meta(meta)?;
+                let key = KeyReq::key_of(meta)?;
                 let mut st = self.state.lock();
-                let res = st.get_replicas(&r.key, now);
+                let res = st.get_replicas(key, now);
                 self.send_moves(st);
                 answer(io, res)
             }
             Opcode::Exists => {
-                let r = KeyReq::from_meta(meta)?;
-                let exists = self.state.lock().exists(&r.key, now);
+                let key = KeyReq::key_of(meta)?;
+                let exists = self.state.lock().exists(key, now);
                 answer(io, Ok(exists))
             }
             Opcode::Remove => {

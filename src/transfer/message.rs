@@ -327,6 +327,17 @@ message!(PutStartResp { object_id: u64, replicas: Vec<ReplicaLoc> } min_len = 12
 message!(PutEndReq { client_id: u64, key: String, object_id: u64, checksum: u32 } min_len = 8 + 2 + 8 + 4);
 message!(PutRevokeReq { client_id: u64, key: String, object_id: u64 } min_len = 8 + 2 + 8);
 message!(KeyReq { key: String } min_len = 2);
+
+impl KeyReq {
+    /// The key of a `KeyReq` meta, borrowed from it rather than copied: for a lookup, which
+    /// keeps nothing.
+    pub fn key_of(meta: &[u8]) -> Result<&str, TransferError> {
+        let mut d = Decoder::new(meta);
+        let key = d.str()?;
+        d.finish()?;
+        Ok(key)
+    }
+}
 message!(
     /// Where a readable object is and how to check it.
     ObjectDesc {
@@ -540,9 +551,12 @@ mod tests {
     #[test]
     fn truncated_or_padded_messages_fail() {
         let meta = KeyReq { key: "abc".into() }.to_meta();
+        assert_eq!(KeyReq::key_of(&meta).unwrap(), "abc");
+        assert!(KeyReq::key_of(&meta[..meta.len() - 1]).is_err());
         assert!(KeyReq::from_meta(&meta[..meta.len() - 1]).is_err());
         let mut padded = meta.clone();
         padded.push(0);
         assert!(KeyReq::from_meta(&padded).is_err());
+        assert!(KeyReq::key_of(&padded).is_err());
     }
 }

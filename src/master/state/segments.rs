@@ -90,7 +90,8 @@ impl Segment {
 /// Every mounted segment (live, recovering or away).
 #[derive(Debug, Default)]
 pub struct SegmentTable {
-    by_id: HashMap<u64, Segment>,
+    /// Hashed with foldhash: a read asks it for every replica (the ids are the master's own).
+    by_id: HashMap<u64, Segment, foldhash::fast::RandomState>,
     by_name: HashMap<String, u64>,
     /// Incarnations (`segment_uuid`) of segments unmounted or given up, oldest first.
     lost: VecDeque<u64>,
