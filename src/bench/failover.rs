@@ -870,10 +870,11 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
         ("SIGSTOP of the leader", &r.pause.fault),
     ] {
         println!(
-            "{name} (epoch {} → {}): first put after {}, all {} earlier objects listed after {}; \
-             client errors meanwhile: {}",
+            "{name} (epoch {} → {}): new leader seen after {}, first put after {}, all {} \
+             earlier objects listed after {}; client errors meanwhile: {}",
             f.epoch_before,
             f.epoch_after,
+            s(f.leader_seen_s),
             s(f.first_put_s),
             f.objects_before,
             s(f.all_readable_s),
