@@ -136,10 +136,7 @@ impl IdleReturn {
         figures: super::idle_clients::IdleFigures,
     ) -> IdleReturn {
         let after: Vec<f64> = back.iter().map(|b| (b - leader_seen_s).max(0.0)).collect();
-        let at = |q: f64| {
-            let i = ((after.len() as f64 * q).ceil() as usize).saturating_sub(1);
-            after.get(i).copied()
-        };
+        let at = |q: f64| (!after.is_empty()).then(|| super::stats::percentile(&after, q));
         IdleReturn {
             clients: figures.connections,
             back: back.len(),

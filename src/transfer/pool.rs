@@ -301,12 +301,8 @@ impl Pool {
     pub fn prune_closed(&self) {
         // Taken out to look at, so that no call waits on the idle list meanwhile.
         let idle = std::mem::take(&mut *self.idle.lock());
-        let open: Vec<Connection> = idle.into_iter().filter(|c| c.io.peer_open()).collect();
-        let mut list = self.idle.lock();
-        for c in open {
-            if list.len() < MAX_IDLE {
-                list.push(c);
-            }
+        for c in idle.into_iter().filter(|c| c.io.peer_open()) {
+            self.put_back(c);
         }
     }
 

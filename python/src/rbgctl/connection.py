@@ -309,12 +309,14 @@ class Pool:
         """Closes the idle connections whose peer closed them, found without blocking."""
         with self._lock:
             idle, self._idle = self._idle, []
-        open_ = [c for c in idle if c.peer_open()]
+        still_open = []
         for c in idle:
-            if c not in open_:
+            if c.peer_open():
+                still_open.append(c)
+            else:
                 c.close()
         with self._lock:
-            self._idle.extend(open_)
+            self._idle.extend(still_open)
 
     def set_addr(self, addr: str) -> None:
         """Points the pool at another peer (the new leader); idle connections go."""
