@@ -11,14 +11,16 @@ callgrind_total() {
 }
 
 # Runs `count N1` and `count N2`; sets a and b (their totals) and per_call. With KEEP=DIR, the
-# longer run's profile is kept as DIR/callgrind.out.
+# longer run's profile is kept as DIR/callgrind.out and the shorter one's as DIR/callgrind.short
+# (scripts/callgrind-diff.py tells what the calls between them cost, function by function).
 callgrind_difference() {
     count "$N1"
     a=$total
     count "$N2"
     b=$total
     if [ -n "${KEEP:-}" ]; then
-        mkdir -p "$KEEP" && cp "$dir/callgrind.$N2" "$KEEP/callgrind.out"
+        mkdir -p "$KEEP" && cp "$dir/callgrind.$N2" "$KEEP/callgrind.out" &&
+            cp "$dir/callgrind.$N1" "$KEEP/callgrind.short"
     fi
     per_call=$(((b - a) / (N2 - N1)))
 }

@@ -19,7 +19,7 @@ mod evented;
 mod handshake;
 mod threaded;
 
-use super::frame::{Header, Opcode, Status};
+use super::frame::{Header, Opcode, Status, HEADER_LEN};
 use super::message::Wire;
 use super::stream::FramedStream;
 use super::TransferError;
@@ -334,34 +334,41 @@ impl ServerIo<'_> {
         meta: &[u8],
         data: &[&[u8]],
     ) -> Result<(), TransferError> {
+        let epoch = match self.begin_reply()? {
+            Ok(epoch) => epoch,
+            Err(late) => return late.send(self),
+        };
+        let data_len = data.iter().map(|d| d.len() as u64).sum();
+        let Some(epoch) = epoch else {
+            let header = Header::response(&self.req, status, meta.len(), data_len);
+            return self.send(&header, &[meta], data);
+        };
+        let mut header = Header::response(&self.req, status, epoch.len() + meta.len(), data_len);
+        header.flags |= super::frame::FLAG_EPOCH;
+        self.send(&header, &[&epoch, meta], data)
+    }
+
+    /// Marks the request answered. Answers the epoch its answer carries (an elected
+    /// master's), or, where the fence's lease ran out (the last moment before the answer
+    /// leaves: a leader whose lease may have run out meanwhile acknowledges nothing), the
+    /// answer that goes out instead.
+    #[allow(clippy::type_complexity)]
+    fn begin_reply(&mut self) -> Result<Result<Option<[u8; 8]>, LateAnswer>, TransferError> {
         if self.replied || self.handoff.is_some() {
             return Err(TransferError::Protocol(
                 "second reply to one request".into(),
             ));
         }
         self.replied = true;
-        let Some(fence) = self.fence else {
-            let data_len = data.iter().map(|d| d.len() as u64).sum();
-            let header = Header::response(&self.req, status, meta.len(), data_len);
-            return self.send(&header, &[meta], data);
-        };
-        // The last moment before the answer leaves: a leader whose lease may have run out
-        // meanwhile (it was paused, or the request took long) acknowledges nothing.
-        let late = "this master's leadership lease ran out before it could answer; \
-                    what the request did may or may not stand: ask the leader";
-        let (status, meta, data) = if std::time::Instant::now() >= fence.until {
-            (Status::NotLeader, late.as_bytes(), &[][..])
-        } else {
-            (status, meta, data)
-        };
-        let epoch = fence.epoch.to_le_bytes();
-        let data_len = data.iter().map(|d| d.len() as u64).sum();
-        let mut header = Header::response(&self.req, status, epoch.len() + meta.len(), data_len);
-        header.flags |= super::frame::FLAG_EPOCH;
-        self.send(&header, &[&epoch, meta], data)
+        Ok(match self.fence {
+            None => Ok(None),
+            Some(fence) if Instant::now() >= fence.until => {
+                Err(LateAnswer(fence.epoch.to_le_bytes()))
+            }
+            Some(fence) => Ok(Some(fence.epoch.to_le_bytes())),
+        })
     }
 
-    /// One frame: its header, its meta in pieces, its payload.
     fn send(
         &mut self,
         header: &Header,
@@ -382,6 +389,9 @@ impl ServerIo<'_> {
     }
 
     pub fn ok<T: Wire>(&mut self, msg: &T) -> Result<(), TransferError> {
+        if let Sink::Buffer(_) = self.sink {
+            return self.ok_in_place(msg);
+        }
         // Encoded into this thread's scratch buffer, not a new one per answer.
         let mut e = crate::transfer::codec::Encoder {
             buf: ANSWER_SCRATCH.take(),
@@ -395,9 +405,50 @@ impl ServerIo<'_> {
         sent
     }
 
+    /// `ok` into the event loop's buffer: the meta is encoded where it goes, after room for
+    /// its header, which is written once the meta's length is known.
+    fn ok_in_place<T: Wire>(&mut self, msg: &T) -> Result<(), TransferError> {
+        let epoch = match self.begin_reply()? {
+            Ok(epoch) => epoch,
+            Err(late) => return late.send(self),
+        };
+        let Sink::Buffer(out) = &mut self.sink else {
+            unreachable!("ok_in_place is for the evented server's buffer");
+        };
+        let start = out.len();
+        let epoch_len = epoch.map_or(0, |e| e.len());
+        out.resize(start + HEADER_LEN + epoch_len, 0);
+        let mut e = crate::transfer::codec::Encoder {
+            buf: std::mem::take(*out),
+        };
+        msg.encode(&mut e);
+        **out = e.buf;
+        let meta_len = out.len() - start - HEADER_LEN;
+        let mut header = Header::response(&self.req, Status::Ok, meta_len, 0);
+        if let Some(epoch) = epoch {
+            header.flags |= super::frame::FLAG_EPOCH;
+            out[start + HEADER_LEN..][..epoch_len].copy_from_slice(&epoch);
+        }
+        out[start..start + HEADER_LEN].copy_from_slice(&header.encode());
+        Ok(())
+    }
+
     /// An error reply; the message travels as the meta (UTF-8 text).
     pub fn error(&mut self, status: Status, message: &str) -> Result<(), TransferError> {
         self.reply(status, message.as_bytes(), &[])
+    }
+}
+
+/// The answer of a leader (of this epoch) whose lease ran out before it could answer.
+struct LateAnswer([u8; 8]);
+
+impl LateAnswer {
+    fn send(self, io: &mut ServerIo<'_>) -> Result<(), TransferError> {
+        let msg = "this master's leadership lease ran out before it could answer; what the \
+                   request did may or may not stand: ask the leader";
+        let mut header = Header::response(&io.req, Status::NotLeader, 8 + msg.len(), 0);
+        header.flags |= super::frame::FLAG_EPOCH;
+        io.send(&header, &[&self.0, msg.as_bytes()], &[])
     }
 }
 
@@ -567,4 +618,72 @@ pub fn spawn_evented(
         accept: Some(accept),
         loops: handles,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::frame::FLAG_EPOCH;
+    use crate::transfer::message::PingResp;
+
+    /// The frame `answer` writes into an event loop's buffer, for request 9.
+    fn buffered(fence: Option<Fence>, answer: impl FnOnce(&mut ServerIo<'_>)) -> (Header, Vec<u8>) {
+        let req = Header::request(Opcode::Ping, 9, 0, 0);
+        let (mut out, mut attached) = (b"earlier answer".to_vec(), None);
+        let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, false);
+        if let Some(fence) = fence {
+            io.fence(fence);
+        }
+        answer(&mut io);
+        assert!(
+            io.reply(Status::Ok, b"", &[]).is_err(),
+            "a second reply is refused"
+        );
+        let frame = out.split_off(b"earlier answer".len());
+        assert_eq!(out, b"earlier answer", "what was in the buffer stays");
+        let header = Header::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(header.meta_len as usize, frame.len() - HEADER_LEN);
+        (header, frame[HEADER_LEN..].to_vec())
+    }
+
+    #[test]
+    fn an_answer_encoded_in_place_is_the_frame_a_reply_sends() {
+        let msg = PingResp { need_remount: true };
+        let meta = msg.to_meta();
+        let until = Instant::now() + Duration::from_secs(60);
+        for fence in [None, Some(Fence { epoch: 7, until })] {
+            let in_place = buffered(fence, |io| io.ok(&msg).unwrap());
+            let replied = buffered(fence, |io| io.reply(Status::Ok, &meta, &[]).unwrap());
+            assert_eq!(in_place, replied);
+            let (header, got) = in_place;
+            assert_eq!((header.request_id, header.status), (9, Status::Ok as u16));
+            match fence {
+                None => assert_eq!((header.flags & FLAG_EPOCH, got), (0, meta.clone())),
+                Some(_) => {
+                    assert_ne!(header.flags & FLAG_EPOCH, 0);
+                    assert_eq!(got, [&7u64.to_le_bytes()[..], &meta].concat());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_leader_whose_lease_ran_out_answers_not_leader_with_its_epoch() {
+        let fence = Fence {
+            epoch: 3,
+            until: Instant::now(),
+        };
+        let msg = PingResp {
+            need_remount: false,
+        };
+        for (header, meta) in [
+            buffered(Some(fence), |io| io.ok(&msg).unwrap()),
+            buffered(Some(fence), |io| io.reply(Status::Ok, b"x", &[]).unwrap()),
+        ] {
+            assert_eq!(header.status, Status::NotLeader as u16);
+            assert_ne!(header.flags & FLAG_EPOCH, 0);
+            assert_eq!(meta[..8], 3u64.to_le_bytes());
+            assert!(String::from_utf8_lossy(&meta[8..]).contains("lease ran out"));
+        }
+    }
 }
