@@ -3,16 +3,28 @@
 
     scripts/callgrind-diff.py SHORT LONG CALLS [--inclusive] [--top N]
 
-SHORT and LONG are profiles of the same work with fewer and more calls (callgrind-master.sh
-and callgrind-router.sh keep them with KEEP=DIR); CALLS is how many more LONG made. Prints
-each function's instructions per extra call, largest first: self cost by default, inclusive
-cost with --inclusive.
+SHORT and LONG are profiles of the same work with fewer and more calls, each a file or a
+directory of files (one per thread, summed; callgrind-master.sh and callgrind-router.sh keep
+them with KEEP=DIR as DIR/short and DIR/long); CALLS is how many more LONG made. Prints each
+function's instructions per extra call, largest first: self cost by default, inclusive cost
+with --inclusive.
 """
 import argparse
+import os
 import subprocess
 
 
 def costs(path, inclusive):
+    if os.path.isdir(path):
+        table = {}
+        for name in sorted(os.listdir(path)):
+            for f, n in file_costs(os.path.join(path, name), inclusive).items():
+                table[f] = table.get(f, 0) + n
+        return table
+    return file_costs(path, inclusive)
+
+
+def file_costs(path, inclusive):
     out = subprocess.run(
         ["callgrind_annotate", f"--inclusive={'yes' if inclusive else 'no'}",
          "--threshold=100", "--auto=no", path],

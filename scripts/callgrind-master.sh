@@ -8,8 +8,8 @@
 #   scripts/callgrind-master.sh [PHASE]      PHASE: exists | ping | describe | batch-exists | put
 #   BIN=path/to/rbgctl N1=1000 N2=6000 OBJECTS=10000 scripts/callgrind-master.sh exists
 #
-# With KEEP=DIR, the profile of the longer run is kept as DIR/callgrind.out (read it with
-# callgrind_annotate --inclusive=yes).
+# With KEEP=DIR, the thread profiles are kept in DIR/long and DIR/short (see callgrind-lib.sh;
+# scripts/callgrind-diff.py DIR/short DIR/long $((N2 - N1)) says where the calls went).
 set -euo pipefail
 # shellcheck source=scripts/callgrind-lib.sh
 source "$(dirname "$0")/callgrind-lib.sh"
@@ -18,6 +18,9 @@ PHASE=${1:-exists}
 N1=${N1:-1000}
 N2=${N2:-6000}
 OBJECTS=${OBJECTS:-10000}
+# The master's main thread starts it (a cycle-counter calibration that runs for a time) and
+# waits: every call is served on other threads.
+SKIP_MAIN_THREAD=1
 dir=$(mktemp -d)
 master=
 trap '[ -n "$master" ] && kill "$master" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
@@ -29,8 +32,8 @@ rpc_of() { # the RPC address a master wrote to its ready file
 
 count() { # instructions of a master that served the load and N calls of PHASE, into $total
     local n=$1
-    RBGCTL_READY_FILE=$dir/master-$n.json valgrind --tool=callgrind \
-        --callgrind-out-file="$dir/callgrind.$n" "$BIN" master --rpc-address 127.0.0.1 \
+    RBGCTL_READY_FILE=$dir/master-$n.json valgrind $(callgrind_opts "$dir/callgrind.$n") \
+        "$BIN" master --rpc-address 127.0.0.1 \
         --rpc-port 0 --metrics-host 127.0.0.1 --metrics-port 0 >/dev/null 2>&1 &
     master=$!
     "$BIN" bench master --master "$(rpc_of "$dir/master-$n.json")" --objects "$OBJECTS" \

@@ -9,8 +9,8 @@
 #   WORKER=sim scripts/callgrind-router.sh gen precise_prefix   (a SIMULATED engine publishing
 #   its KV events, which precise_prefix follows, in place of the FAKE worker)
 #
-# With KEEP=DIR, the profile of the longer run is kept as DIR/callgrind.out (read it with
-# callgrind_annotate --inclusive=yes).
+# With KEEP=DIR, the thread profiles are kept in DIR/long and DIR/short (see callgrind-lib.sh;
+# scripts/callgrind-diff.py DIR/short DIR/long $((N2 - N1)) says where the calls went).
 #
 # BIN must be a testkit build (`cargo build --release --features testkit`) for the FAKE worker.
 set -euo pipefail
@@ -70,8 +70,8 @@ worker_port=$(port_of "$dir/worker.json")
 
 count() { # instructions of a router that served N requests, into $total
     local n=$1
-    RBGCTL_READY_FILE=$dir/router-$n.json valgrind --tool=callgrind \
-        --callgrind-out-file="$dir/callgrind.$n" "$BIN" router --host 127.0.0.1 --port 0 \
+    RBGCTL_READY_FILE=$dir/router-$n.json valgrind $(callgrind_opts "$dir/callgrind.$n") \
+        "$BIN" router --host 127.0.0.1 --port 0 \
         --prometheus-port 0 --worker-urls "http://127.0.0.1:$worker_port" --policy "$POLICY" \
         --runtime-threads 1 --disable-health-check >/dev/null 2>&1 &
     local router=$!

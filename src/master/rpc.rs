@@ -553,7 +553,7 @@ impl Service for MasterService {
         meta: &[u8],
         io: &mut ServerIo<'_>,
     ) -> Result<(), TransferError> {
-        let t0 = Instant::now();
+        let t0 = io.arrived();
         match self.leadership.check(t0) {
             Ok(Some(fence)) => io.fence(fence),
             Ok(None) => {}

@@ -232,7 +232,9 @@ impl EventLoop {
         let spin = self.shared.opts.spin;
         let mut spin_until = self.now;
         loop {
-            let now = Instant::now();
+            // The clock as this wake-up read it: the next sweep comes at most the time this
+            // turn took late, and one clock read per turn is enough.
+            let now = self.now;
             let wait = match now < spin_until {
                 true => Duration::ZERO,
                 false => self.next_sweep.saturating_duration_since(now),
@@ -371,6 +373,7 @@ impl EventLoop {
             if conn.backlog {
                 // Frames that came behind a request that waited.
                 conn.backlog = false;
+                conn.active = self.now;
                 serve_buffered(&self.shared, &self.door, token, conn, &[], &mut self.out);
             } else {
                 let n = match conn.stream.read(&mut self.scratch) {
@@ -688,7 +691,9 @@ fn serve_frame(
         ConnCounters::count(&shared.counters().unauthenticated);
         return Next::Close;
     };
-    let mut io = ServerIo::new(Sink::Buffer(out), req, &mut conn.attached, false);
+    // The loop's clock read at this wake-up (the connection was active then): the arrival.
+    let arrived = conn.active;
+    let mut io = ServerIo::new(Sink::Buffer(out), req, &mut conn.attached, false, arrived);
     match conn.handshake.step(op, meta, &mut io) {
         Ok(Step::Answered) => return Next::Serve,
         Ok(Step::Refused(why)) => {
@@ -757,7 +762,9 @@ fn hand_on(shared: &Arc<Shared>, door: &Door, token: usize, conn: &Conn, waiting
         } = waiting;
         let mut out = Vec::new();
         let mut attached = None;
-        let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, true);
+        // Served again whole: it arrives again now.
+        let arrived = Instant::now();
+        let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, true, arrived);
         let result = match handoff {
             Handoff::Rerun => shared.service.handle(&req, op, &meta, &mut io),
             Handoff::Finish(rest) => {

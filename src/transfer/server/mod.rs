@@ -176,6 +176,8 @@ pub(crate) enum Handoff {
 pub struct ServerIo<'a> {
     sink: Sink<'a>,
     req: Header,
+    /// When the request was read (an event loop's wake-up: one clock read for all it serves).
+    arrived: Instant,
     replied: bool,
     /// An elected master's fence: its epoch goes on the reply, and a success past the fence's
     /// instant goes out as `NOT_LEADER` instead.
@@ -194,10 +196,12 @@ impl<'a> ServerIo<'a> {
         req: Header,
         attached: &'a mut Option<Box<dyn std::any::Any + Send>>,
         may_block: bool,
+        arrived: Instant,
     ) -> ServerIo<'a> {
         ServerIo {
             sink,
             req,
+            arrived,
             replied: false,
             fence: None,
             attached,
@@ -208,6 +212,12 @@ impl<'a> ServerIo<'a> {
 }
 
 impl ServerIo<'_> {
+    /// When the request arrived: read once per wake-up of an event loop, however many
+    /// requests it serves, so a handler need not read the clock to start.
+    pub fn arrived(&self) -> Instant {
+        self.arrived
+    }
+
     pub fn data_len(&self) -> u64 {
         self.req.data_len
     }
@@ -630,7 +640,13 @@ mod tests {
     fn buffered(fence: Option<Fence>, answer: impl FnOnce(&mut ServerIo<'_>)) -> (Header, Vec<u8>) {
         let req = Header::request(Opcode::Ping, 9, 0, 0);
         let (mut out, mut attached) = (b"earlier answer".to_vec(), None);
-        let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, false);
+        let mut io = ServerIo::new(
+            Sink::Buffer(&mut out),
+            req,
+            &mut attached,
+            false,
+            Instant::now(),
+        );
         if let Some(fence) = fence {
             io.fence(fence);
         }

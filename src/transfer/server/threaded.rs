@@ -110,7 +110,8 @@ pub(super) fn serve_connection(
             }
             continue;
         };
-        let mut sio = ServerIo::new(Sink::Stream(&mut io), req, &mut attached, true);
+        let arrived = Instant::now();
+        let mut sio = ServerIo::new(Sink::Stream(&mut io), req, &mut attached, true, arrived);
         match handshake.step(op, &meta, &mut sio) {
             Ok(Step::Answered) if sio.pending_data() == 0 => continue,
             Ok(Step::Answered) => break,
