@@ -170,8 +170,10 @@ pub fn log_to_dir(dir: &std::path::Path, prefix: &str) -> std::io::Result<()> {
 }
 
 mod metrics;
+mod op_stats;
 
-pub use metrics::{sample, Histogram, Kind, OpStats, PromText, LATENCY_BUCKETS_S};
+pub use metrics::{sample, Histogram, Kind, PromText, LATENCY_BUCKETS_S};
+pub use op_stats::OpStats;
 
 #[cfg(test)]
 mod tests {

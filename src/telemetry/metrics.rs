@@ -1,14 +1,13 @@
 //! Prometheus metrics on one library, TiKV's `prometheus` crate: its histograms count with
 //! atomics (no lock on the request path; measured with callgrind: 75 instructions an
-//! observation, where `prometheus-client` takes a write lock each time), and its text encoder
-//! writes every role's exposition. Counters and gauges that change under a role's own lock or
+//! observation, where `prometheus-client` takes a write lock each time; the binary ports'
+//! per-operation figures are sharded per thread instead, `super::op_stats`), and its text
+//! encoder writes every role's exposition. Counters and gauges that change under a role's own lock or
 //! are read from its state at scrape time are handed to [`PromText`] as values.
 
 use prometheus::core::Collector;
 use prometheus::proto::{self, MetricFamily, MetricType};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The value of the first sample of metric `name` in Prometheus text, if any.
@@ -125,9 +124,20 @@ impl PromText {
         labels_: &[(&str, &str)],
         h: &Histogram,
     ) -> &mut Self {
+        self.histogram_counts(name, help, labels_, h.snapshot())
+    }
+
+    /// A histogram from its counts (`Histogram`s, and figures kept elsewhere).
+    pub(super) fn histogram_counts(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels_: &[(&str, &str)],
+        counts: proto::Histogram,
+    ) -> &mut Self {
         let i = self.family_index(name, Kind::Histogram, help);
         let mut m = proto::Metric::from_label(labels(labels_));
-        m.set_histogram(h.snapshot());
+        m.set_histogram(counts);
         self.families[i].mut_metric().push(m);
         self
     }
@@ -203,113 +213,10 @@ impl Histogram {
     }
 }
 
-/// Upper bounds of the operation latency buckets, in seconds (10 µs to 1 s).
-const OP_BUCKETS_S: [f64; 12] = [
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0,
-];
-
-/// One operation's requests, failures and durations.
-struct OpSeries {
-    requests: AtomicU64,
-    failures: AtomicU64,
-    duration: Histogram,
-}
-
-/// Request counters and latency histograms per operation code (indexed by the opcode byte),
-/// made the first time an operation is seen.
-pub struct OpStats {
-    ops: Box<[OnceLock<OpSeries>]>,
-}
-
-impl Default for OpStats {
-    fn default() -> Self {
-        OpStats {
-            ops: (0..256).map(|_| OnceLock::new()).collect(),
-        }
-    }
-}
-
-impl OpStats {
-    fn series(&self, opcode: u8) -> &OpSeries {
-        self.ops[opcode as usize].get_or_init(|| OpSeries {
-            requests: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            duration: Histogram::with_buckets(&OP_BUCKETS_S),
-        })
-    }
-
-    pub fn record(&self, opcode: u8, ok: bool, elapsed: Duration) {
-        let s = self.series(opcode);
-        s.requests.fetch_add(1, Ordering::Relaxed);
-        if !ok {
-            s.failures.fetch_add(1, Ordering::Relaxed);
-        }
-        s.duration.observe(elapsed);
-    }
-
-    /// Runs one request's handler (`Ok(true)`: it succeeded) and records it under `opcode`.
-    pub fn timed<E>(&self, opcode: u8, handle: impl FnOnce() -> Result<bool, E>) -> Result<(), E> {
-        let t0 = std::time::Instant::now();
-        let result = handle();
-        self.record(opcode, matches!(result, Ok(true)), t0.elapsed());
-        result.map(|_| ())
-    }
-
-    pub fn requests(&self, opcode: u8) -> u64 {
-        self.ops[opcode as usize]
-            .get()
-            .map_or(0, |s| s.requests.load(Ordering::Relaxed))
-    }
-
-    /// Writes `<prefix>_requests_total`, `<prefix>_failures_total` and
-    /// `<prefix>_request_duration_seconds` for every operation seen.
-    pub fn render(
-        &self,
-        prom: &mut PromText,
-        prefix: &str,
-        name_of: impl Fn(u8) -> Option<&'static str>,
-    ) {
-        let seen: Vec<(&'static str, &OpSeries)> = (0..=255u8)
-            .filter_map(|op| Some((name_of(op)?, self.ops[op as usize].get()?)))
-            .filter(|(_, s)| s.requests.load(Ordering::Relaxed) > 0)
-            .collect();
-        let req = format!("{prefix}_requests_total");
-        prom.family(&req, "counter", "Requests handled, by operation.");
-        for (name, s) in &seen {
-            prom.sample(
-                &req,
-                &[("op", name)],
-                s.requests.load(Ordering::Relaxed) as f64,
-            );
-        }
-        let fail = format!("{prefix}_failures_total");
-        prom.family(
-            &fail,
-            "counter",
-            "Requests answered with an error, by operation.",
-        );
-        for (name, s) in &seen {
-            prom.sample(
-                &fail,
-                &[("op", name)],
-                s.failures.load(Ordering::Relaxed) as f64,
-            );
-        }
-        let hist = format!("{prefix}_request_duration_seconds");
-        for (name, s) in &seen {
-            prom.histogram(
-                &hist,
-                "Time to handle a request, by operation.",
-                &[("op", name)],
-                &s.duration,
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::OpStats;
 
     #[test]
     fn a_histogram_counts_cumulatively_with_its_labels() {

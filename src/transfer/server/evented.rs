@@ -1,5 +1,5 @@
-//! The evented server: a few loop threads, each waiting on its connections at once (epoll
-//! through `mio`), serving every whole request frame a read brings and answering them with one
+//! The evented server: a few loop threads, each waiting on its connections at once (epoll,
+//! `super::epoll`), serving every whole request frame a read brings and answering them with one
 //! write. A connection costs its socket and a small record, not a thread, so tens of thousands
 //! of mostly idle clients cost little; a busy loop serves several connections per wake-up.
 //!
@@ -17,24 +17,23 @@
 //! `request_timeout` (at most once a second): an idle loop wakes for nothing else.
 
 use super::admission::Slot;
+use super::epoll::{Epoll, Events, Waker, EVENTS};
 use super::handshake::{bad_header_answer, check_request, unknown_opcode, Handshake, Step};
 use super::{ConnCounters, ConnLogs, Fence, Handoff, ServerIo, ServerOptions, Service, Sink};
 use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
 use crate::transfer::stream::meta_too_long;
 use crate::transfer::TransferError;
-use mio::net::TcpStream;
-use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The token of a loop's waker (connections are numbered from 0).
-const WAKE: Token = Token(usize::MAX);
+const WAKE: u64 = u64::MAX;
 /// Bytes read from a socket at once, into the loop's own buffer.
 const READ_LEN: usize = 64 * 1024;
 /// A buffer kept between uses above this size is given back.
@@ -47,7 +46,7 @@ const BLOCKING_IDLE: Duration = Duration::from_secs(30);
 /// What reaches a loop from other threads.
 enum Inbox {
     /// A connection the accept loop admitted.
-    Admitted(std::net::TcpStream, SocketAddr, Slot),
+    Admitted(TcpStream, SocketAddr, Slot),
     /// A request that went on to a thread that may block, answered: the answer's bytes, and
     /// whether the connection closes after them.
     Answered {
@@ -122,14 +121,14 @@ impl Loops {
         let mut doors = Vec::with_capacity(threads);
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
-            let poll = Poll::new()?;
-            let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+            let poll = Epoll::new()?;
+            let waker = Arc::new(Waker::new(&poll, WAKE)?);
             let (tx, rx) = mpsc::channel();
             let door = Door {
                 inbox: tx,
                 waker: waker.clone(),
             };
-            let event_loop = EventLoop::new(poll, rx, door.clone(), shared.clone());
+            let event_loop = EventLoop::new(poll, waker.clone(), rx, door.clone(), shared.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("{}-loop-{i}", opts.role))
                 .spawn(move || event_loop.run())?;
@@ -140,13 +139,7 @@ impl Loops {
     }
 
     /// Hands an admitted connection to loop `n` (modulo their number).
-    pub(super) fn admit(
-        &self,
-        n: usize,
-        stream: std::net::TcpStream,
-        peer: SocketAddr,
-        slot: Slot,
-    ) {
+    pub(super) fn admit(&self, n: usize, stream: TcpStream, peer: SocketAddr, slot: Slot) {
         self.doors[n % self.doors.len()].send(Inbox::Admitted(stream, peer, slot));
     }
 }
@@ -190,7 +183,8 @@ enum Next {
 }
 
 struct EventLoop {
-    poll: Poll,
+    poll: Epoll,
+    waker: Arc<Waker>,
     inbox: mpsc::Receiver<Inbox>,
     door: Door,
     shared: Arc<Shared>,
@@ -207,12 +201,19 @@ struct EventLoop {
 }
 
 impl EventLoop {
-    fn new(poll: Poll, inbox: mpsc::Receiver<Inbox>, door: Door, shared: Arc<Shared>) -> EventLoop {
+    fn new(
+        poll: Epoll,
+        waker: Arc<Waker>,
+        inbox: mpsc::Receiver<Inbox>,
+        door: Door,
+        shared: Arc<Shared>,
+    ) -> EventLoop {
         let shortest = shared.opts.request_timeout.min(shared.opts.idle_timeout);
         let sweep_every = (shortest / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let now = Instant::now();
         EventLoop {
             poll,
+            waker,
             inbox,
             door,
             shared,
@@ -228,7 +229,7 @@ impl EventLoop {
     }
 
     fn run(mut self) {
-        let mut events = Events::with_capacity(1024);
+        let mut events = Events::with_capacity(EVENTS);
         let spin = self.shared.opts.spin;
         let mut spin_until = self.now;
         loop {
@@ -239,7 +240,7 @@ impl EventLoop {
                 true => Duration::ZERO,
                 false => self.next_sweep.saturating_duration_since(now),
             };
-            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
+            if let Err(e) = self.poll.wait(&mut events, wait) {
                 if e.kind() != ErrorKind::Interrupted {
                     tracing::error!(role = self.shared.opts.role, error = %e, "event loop cannot wait");
                     std::thread::sleep(Duration::from_millis(50));
@@ -250,10 +251,10 @@ impl EventLoop {
             if !spin.is_zero() && !events.is_empty() {
                 spin_until = self.now + spin;
             }
-            for event in events.iter() {
-                match event.token() {
+            for event in &events {
+                match event.data.u64() {
                     WAKE => self.take_inbox(),
-                    Token(t) => self.drive(t),
+                    t => self.drive(t as usize),
                 }
             }
             if self.shared.shutdown.load(Ordering::SeqCst) {
@@ -267,13 +268,14 @@ impl EventLoop {
         // Stopping: what was answered goes out if the socket takes it now; then all close.
         for t in 0..self.conns.len() {
             if let Some(conn) = self.conns[t].as_mut() {
-                let _ = write_some(&mut conn.stream, &conn.unsent);
+                let _ = write_some(&conn.stream, &conn.unsent);
             }
             self.close(t);
         }
     }
 
     fn take_inbox(&mut self) {
+        self.waker.reset();
         while let Ok(msg) = self.inbox.try_recv() {
             match msg {
                 Inbox::Admitted(stream, peer, slot) => self.admit(stream, peer, slot),
@@ -301,7 +303,7 @@ impl EventLoop {
         }
     }
 
-    fn admit(&mut self, stream: std::net::TcpStream, peer: SocketAddr, slot: Slot) {
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr, slot: Slot) {
         let role = self.shared.opts.role;
         let set_up = stream
             .set_nonblocking(true)
@@ -310,16 +312,11 @@ impl EventLoop {
             tracing::warn!(role, %peer, error = %e, "cannot set up connection");
             return;
         }
-        let mut stream = TcpStream::from_std(stream);
         let token = self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut stream, Token(token), Interest::READABLE)
-        {
+        if let Err(e) = self.poll.watch(&stream, token as u64, false) {
             tracing::warn!(role, %peer, error = %e, "cannot watch connection");
             self.free.push(token);
             return;
@@ -347,8 +344,8 @@ impl EventLoop {
     }
 
     fn close(&mut self, token: usize) {
-        if let Some(mut conn) = self.conns[token].take() {
-            let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Some(conn) = self.conns[token].take() {
+            let _ = self.poll.unwatch(&conn.stream);
             tracing::debug!(role = self.shared.opts.role, peer = %conn.peer, "connection closed");
             self.free.push(token);
         }
@@ -376,7 +373,7 @@ impl EventLoop {
                 conn.active = self.now;
                 serve_buffered(&self.shared, &self.door, token, conn, &[], &mut self.out);
             } else {
-                let n = match conn.stream.read(&mut self.scratch) {
+                let n = match recv_some(&conn.stream, &mut self.scratch) {
                     Ok(0) => {
                         self.close(token);
                         return;
@@ -415,7 +412,7 @@ impl EventLoop {
         };
         if !self.out.is_empty() {
             if conn.unsent.is_empty() {
-                match write_some(&mut conn.stream, &self.out) {
+                match write_some(&conn.stream, &self.out) {
                     Ok(n) => conn.unsent.extend_from_slice(&self.out[n..]),
                     Err(_) => {
                         self.out.clear();
@@ -441,7 +438,7 @@ impl EventLoop {
             return false;
         };
         if !conn.unsent.is_empty() {
-            match write_some(&mut conn.stream, &conn.unsent) {
+            match write_some(&conn.stream, &conn.unsent) {
                 Ok(0) => {}
                 Ok(n) => {
                     conn.unsent.drain(..n);
@@ -468,13 +465,9 @@ impl EventLoop {
             return false;
         }
         if waiting != conn.writable {
-            let interest = match waiting {
-                true => Interest::READABLE | Interest::WRITABLE,
-                false => Interest::READABLE,
-            };
-            let registry = self.poll.registry();
-            if registry
-                .reregister(&mut conn.stream, Token(token), interest)
+            if self
+                .poll
+                .rewatch(&conn.stream, token as u64, waiting)
                 .is_err()
             {
                 self.close(token);
@@ -558,11 +551,26 @@ enum Ended {
     Idle,
 }
 
+/// One `recv` system call (std's and mio's reads go through libc's wrapper, which marks a
+/// cancellation point around each call: twice the instructions of the call itself).
+fn recv_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    Ok(rustix::net::recv(stream, buf, rustix::net::RecvFlags::empty())?.0)
+}
+
+/// One `send` system call (as `recv_some`); a peer that closed is an error, not a signal.
+fn send_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    Ok(rustix::net::send(
+        stream,
+        bytes,
+        rustix::net::SendFlags::NOSIGNAL,
+    )?)
+}
+
 /// Writes what the socket takes now; answers how much.
-fn write_some(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+fn write_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
     let mut at = 0;
     while at < bytes.len() {
-        match stream.write(&bytes[at..]) {
+        match send_some(stream, &bytes[at..]) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => at += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,

@@ -15,6 +15,7 @@
 //! bad frames are logged at most once per 10 s, with counts.
 
 mod admission;
+mod epoll;
 mod evented;
 mod handshake;
 mod threaded;
@@ -535,7 +536,7 @@ pub struct ServerHandle {
     shutdown: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
     /// The evented server's loops: woken to see the stop, then joined.
-    loops: Vec<(Arc<mio::Waker>, JoinHandle<()>)>,
+    loops: Vec<(Arc<epoll::Waker>, JoinHandle<()>)>,
 }
 
 impl ServerHandle {
