@@ -173,7 +173,7 @@ mod metrics;
 mod op_stats;
 
 pub use metrics::{sample, Histogram, Kind, PromText, LATENCY_BUCKETS_S};
-pub use op_stats::OpStats;
+pub use op_stats::{OpStats, Started};
 
 #[cfg(test)]
 mod tests {

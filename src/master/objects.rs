@@ -201,8 +201,17 @@ impl ObjectTable {
         self.len == 0
     }
 
+    /// The hash of `key`'s bytes, alone: `str`'s own `Hash` adds a terminator byte, which
+    /// costs this hasher one more round.
+    fn hash(&self, key: &str) -> u64 {
+        use std::hash::Hasher;
+        let mut h = self.hasher.build_hasher();
+        h.write(key.as_bytes());
+        h.finish()
+    }
+
     fn find(&self, key: &str) -> Option<u32> {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let slots = &self.slots;
         self.index.find(hash, |i| &*slots[i as usize].key == key)
     }
@@ -213,7 +222,7 @@ impl ObjectTable {
     pub fn prefetch<K: AsRef<str>>(&self, keys: &[K]) {
         let hashes: Vec<u64> = keys
             .iter()
-            .map(|k| self.hasher.hash_one(k.as_ref()))
+            .map(|k| self.hash(k.as_ref()))
             .collect();
         for &h in &hashes {
             self.index.prefetch(h);
@@ -352,7 +361,7 @@ impl ObjectTable {
             free => free,
         };
         self.index
-            .insert(self.hasher.hash_one(key), i)
+            .insert(self.hash(key), i)
             .map_err(TableFull::Index)?;
         let slot = Slot {
             key: key.into(),
@@ -378,7 +387,7 @@ impl ObjectTable {
     }
 
     fn remove_slot(&mut self, i: u32) -> Entry {
-        let hash = self.hasher.hash_one(&*self.slots[i as usize].key);
+        let hash = self.hash(&self.slots[i as usize].key);
         self.index.remove(hash, i);
         self.unlink(i);
         let slot = &mut self.slots[i as usize];

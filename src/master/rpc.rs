@@ -553,12 +553,13 @@ impl Service for MasterService {
         meta: &[u8],
         io: &mut ServerIo<'_>,
     ) -> Result<(), TransferError> {
+        let started = self.stats.start();
         let t0 = io.arrived();
         match self.leadership.check(t0) {
             Ok(Some(fence)) => io.fence(fence),
             Ok(None) => {}
             Err(not_leader) => {
-                self.stats.record(req.opcode, false, t0.elapsed());
+                self.stats.record_since(req.opcode, false, started);
                 return io.error(Status::NotLeader, &not_leader.to_string());
             }
         }
@@ -566,7 +567,7 @@ impl Service for MasterService {
         // A request handed on has its figures recorded where it is answered.
         if !io.handed_on() {
             let ok = matches!(result, Ok(true));
-            self.stats.record(req.opcode, ok, t0.elapsed());
+            self.stats.record_since(req.opcode, ok, started);
         }
         if changes_state(op) {
             self.housekeeper.poke();

@@ -104,12 +104,20 @@ fn my_shard() -> usize {
 /// made the first time an operation is seen.
 pub struct OpStats {
     ops: Box<[OnceLock<Box<OpSeries>>]>,
+    /// Times requests from `start` to `record_since`: the CPU's cycle counter where it is
+    /// steady (a few instructions a read), the system clock elsewhere.
+    clock: quanta::Clock,
 }
+
+/// When a request began, as `OpStats::start` read it.
+#[derive(Clone, Copy, Debug)]
+pub struct Started(u64);
 
 impl Default for OpStats {
     fn default() -> Self {
         OpStats {
             ops: (0..256).map(|_| OnceLock::new()).collect(),
+            clock: quanta::Clock::new(),
         }
     }
 }
@@ -119,8 +127,23 @@ impl OpStats {
         self.ops[opcode as usize].get_or_init(Box::default)
     }
 
+    /// A request begins (to be recorded with `record_since`).
+    pub fn start(&self) -> Started {
+        Started(self.clock.raw())
+    }
+
+    /// Records a request that began at `started` and ends now.
+    pub fn record_since(&self, opcode: u8, ok: bool, started: Started) {
+        let ns = self.clock.delta_as_nanos(started.0, self.clock.raw());
+        self.record_ns(opcode, ok, ns);
+    }
+
     pub fn record(&self, opcode: u8, ok: bool, elapsed: Duration) {
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.record_ns(opcode, ok, ns);
+    }
+
+    fn record_ns(&self, opcode: u8, ok: bool, ns: u64) {
         let shard = &self.series(opcode).shards[my_shard()];
         let bucket = BUCKETS_NS.partition_point(|&bound| bound < ns);
         shard.buckets[bucket].fetch_add(1, Ordering::Relaxed);
@@ -132,9 +155,9 @@ impl OpStats {
 
     /// Runs one request's handler (`Ok(true)`: it succeeded) and records it under `opcode`.
     pub fn timed<E>(&self, opcode: u8, handle: impl FnOnce() -> Result<bool, E>) -> Result<(), E> {
-        let t0 = std::time::Instant::now();
+        let started = self.start();
         let result = handle();
-        self.record(opcode, matches!(result, Ok(true)), t0.elapsed());
+        self.record_since(opcode, matches!(result, Ok(true)), started);
         result.map(|_| ())
     }
 
@@ -214,6 +237,18 @@ mod tests {
             .filter(|s| s.sum_ns.load(Ordering::Relaxed) > 0)
             .count();
         assert!(used > 1, "the threads counted in {used} shard(s)");
+    }
+
+    #[test]
+    fn a_request_is_timed_from_start_to_record() {
+        let stats = OpStats::default();
+        let started = stats.start();
+        std::thread::sleep(Duration::from_millis(3));
+        stats.record_since(4, true, started);
+        let t = stats.series(4).totals();
+        // 3 ms or more: in (2.5 ms, 10 ms] unless the machine stalled for longer.
+        assert!(t.sum_ns >= 3_000_000, "{t:?}");
+        assert_eq!(t.requests(), 1);
     }
 
     #[test]

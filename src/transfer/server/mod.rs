@@ -3,7 +3,7 @@
 //! `Service`:
 //! - `threaded`: a thread per connection with blocking reads that spin first (`stream`), for
 //!   the store's data port, where a connection carries one large transfer at a time;
-//! - `evented`: a few event-loop threads over every connection (epoll through `mio`), for the
+//! - `evented`: a few event-loop threads over every connection (epoll, `epoll`), for the
 //!   master, whose requests are small and whose clients are many and mostly idle. A request
 //!   that must wait (for room, or for the stores to take a forget) goes on to a small pool of
 //!   threads that may block, so that no wait holds up another connection.
