@@ -220,10 +220,7 @@ impl ObjectTable {
     /// so that their cache misses overlap instead of coming one after another; a batch
     /// operation calls it first. Changes nothing.
     pub fn prefetch<K: AsRef<str>>(&self, keys: &[K]) {
-        let hashes: Vec<u64> = keys
-            .iter()
-            .map(|k| self.hash(k.as_ref()))
-            .collect();
+        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k.as_ref())).collect();
         for &h in &hashes {
             self.index.prefetch(h);
         }

@@ -233,12 +233,17 @@ impl EventLoop {
         let spin = self.shared.opts.spin;
         let mut spin_until = self.now;
         loop {
-            // The clock as this wake-up read it: the next sweep comes at most the time this
-            // turn took late, and one clock read per turn is enough.
+            // The clock as this wake-up read it: one clock read per turn. A loop that was just
+            // woken by events waits at most a sweep period without working out how long until
+            // the next sweep (a sweep due runs after any wake-up; so the first wait after a
+            // busy spell may end up to a period past it); an idle one waits just until then.
             let now = self.now;
-            let wait = match now < spin_until {
-                true => Duration::ZERO,
-                false => self.next_sweep.saturating_duration_since(now),
+            let wait = if now < spin_until {
+                Duration::ZERO
+            } else if !events.is_empty() {
+                self.sweep_every
+            } else {
+                self.next_sweep.saturating_duration_since(now)
             };
             if let Err(e) = self.poll.wait(&mut events, wait) {
                 if e.kind() != ErrorKind::Interrupted {
