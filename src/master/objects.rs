@@ -268,11 +268,37 @@ impl ObjectTable {
     /// As `touch`, and whether the object lives only in the disk tier.
     pub fn touch_tiered(&mut self, key: &str) -> Option<(&mut Entry, bool)> {
         let i = self.find(key)?;
-        let on_disk = self.slots[i as usize].list == List::Disk;
+        let slot = &self.slots[i as usize];
+        let on_disk = slot.list == List::Disk;
         let list = if on_disk { List::Disk } else { List::Recent };
-        self.unlink(i);
-        self.link_tail(list, i);
+        if slot.list == list {
+            self.move_back(list, i);
+        } else {
+            self.unlink(i);
+            self.link_tail(list, i);
+        }
         Some((&mut self.slots[i as usize].entry, on_disk))
+    }
+
+    /// Moves slot `i`, on `list`, to the back of it: the list's length stays, and a slot at
+    /// the back already stays where it is.
+    fn move_back(&mut self, list: List, i: u32) {
+        let Slot { prev, next, .. } = self.slots[i as usize];
+        if next == NIL {
+            return;
+        }
+        let ends = &mut self.lists[list as usize];
+        if prev == NIL {
+            ends.head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        let tail = std::mem::replace(&mut ends.tail, i);
+        self.slots[next as usize].prev = prev;
+        self.slots[tail as usize].next = i;
+        let slot = &mut self.slots[i as usize];
+        slot.prev = tail;
+        slot.next = NIL;
     }
 
     /// `key` now lives only in the disk tier: it joins the back of the disk order. Whether it
@@ -651,6 +677,26 @@ mod tests {
         assert_eq!(t.order(), ["a", "e"]);
         assert_eq!(t.retain_some(2, 5, |k, _, _| k != "e"), None);
         assert_eq!(t.order(), ["a"]);
+    }
+
+    #[test]
+    fn a_touch_of_the_back_the_front_or_the_only_one_keeps_every_link() {
+        let mut t = table(&["only"]);
+        t.touch("only");
+        assert_eq!(t.order(), ["only"]);
+        let mut t = table(&["a", "b", "c"]);
+        t.touch("c");
+        assert_eq!(t.order(), ["a", "b", "c"]);
+        t.touch("a");
+        assert_eq!(t.order(), ["b", "c", "a"]);
+        t.touch("c");
+        assert_eq!(t.order(), ["b", "a", "c"]);
+        // An object only on disk moves to the back of the disk order, not to memory's.
+        assert!(t.to_disk("b"));
+        t.touch("a");
+        assert_eq!(t.order(), ["c", "a", "b"]);
+        assert_eq!(t.touch_tiered("b").map(|(_, on_disk)| on_disk), Some(true));
+        assert_eq!(t.order(), ["c", "a", "b"]);
     }
 
     #[test]
