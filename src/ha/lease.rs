@@ -123,10 +123,15 @@ impl Leadership {
     }
 
     /// Whether this master may answer now, and with what stamp (`None` without HA).
+    #[inline]
     pub fn check(&self, now: Instant) -> Result<Option<Fence>, NotLeader> {
         if !self.ha {
             return Ok(None);
         }
+        self.check_elected(now)
+    }
+
+    fn check_elected(&self, now: Instant) -> Result<Option<Fence>, NotLeader> {
         let until = self.until_ns.load(Ordering::Acquire);
         if until != 0 && self.ns(now) < until {
             return Ok(Some(Fence {

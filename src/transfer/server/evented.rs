@@ -300,8 +300,10 @@ impl EventLoop {
                     conn.closing |= close;
                     conn.active = self.now;
                     self.out = out;
-                    if self.send_out(token) {
-                        self.drive(token);
+                    match send_out(&self.poll, token, conn, &mut self.out, self.now) {
+                        Flow::Go => self.drive(token),
+                        Flow::Wait => {}
+                        Flow::Close => self.close(token),
                     }
                 }
             }
@@ -359,13 +361,15 @@ impl EventLoop {
     /// Does all a connection can do now: sends what waits, serves the frames it has, reads
     /// and serves until the socket has nothing more, or closes it.
     fn drive(&mut self, token: usize) {
-        if !self.flush(token) {
+        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
             return;
+        };
+        // With nothing unsent there is nothing to settle: every write settled its connection
+        // (a closing one closed, the watch for room follows what waits).
+        if !conn.unsent.is_empty() && flush(&self.poll, token, conn, self.now) == Flow::Close {
+            return self.close(token);
         }
         loop {
-            let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
-                return;
-            };
             if conn.busy || conn.closing || !conn.unsent.is_empty() {
                 return;
             }
@@ -379,18 +383,14 @@ impl EventLoop {
                 serve_buffered(&self.shared, &self.door, token, conn, &[], &mut self.out);
             } else {
                 let n = match recv_some(&conn.stream, &mut self.scratch) {
-                    Ok(0) => {
-                        self.close(token);
-                        return;
-                    }
+                    Ok(0) => return self.close(token),
                     Ok(n) => n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                     Err(e) => {
                         let role = self.shared.opts.role;
                         tracing::debug!(role, peer = %conn.peer, error = %e, "connection ended");
-                        self.close(token);
-                        return;
+                        return self.close(token);
                     }
                 };
                 conn.active = self.now;
@@ -401,89 +401,13 @@ impl EventLoop {
                     conn.unread = Vec::new();
                 }
             }
-            if !self.send_out(token) || drained {
-                return;
+            match send_out(&self.poll, token, conn, &mut self.out, self.now) {
+                Flow::Close => return self.close(token),
+                Flow::Wait => return,
+                Flow::Go if drained => return,
+                Flow::Go => {}
             }
         }
-    }
-
-    /// Sends the answers built in `out`: what the socket does not take waits in the
-    /// connection's `unsent`. False when the connection can do nothing more now (it closed,
-    /// or waits for the socket to take its answers).
-    fn send_out(&mut self, token: usize) -> bool {
-        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
-            self.out.clear();
-            return false;
-        };
-        if !self.out.is_empty() {
-            if conn.unsent.is_empty() {
-                match write_some(&conn.stream, &self.out) {
-                    Ok(n) => conn.unsent.extend_from_slice(&self.out[n..]),
-                    Err(_) => {
-                        self.out.clear();
-                        self.close(token);
-                        return false;
-                    }
-                }
-            } else {
-                conn.unsent.extend_from_slice(&self.out);
-            }
-            conn.active = self.now;
-            self.out.clear();
-            if self.out.capacity() > KEEP_BUFFER {
-                self.out = Vec::with_capacity(4096);
-            }
-        }
-        self.settle_writes(token)
-    }
-
-    /// Sends what a connection's socket did not take before.
-    fn flush(&mut self, token: usize) -> bool {
-        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
-            return false;
-        };
-        if !conn.unsent.is_empty() {
-            match write_some(&conn.stream, &conn.unsent) {
-                Ok(0) => {}
-                Ok(n) => {
-                    conn.unsent.drain(..n);
-                    conn.active = self.now;
-                }
-                Err(_) => {
-                    self.close(token);
-                    return false;
-                }
-            }
-        }
-        self.settle_writes(token)
-    }
-
-    /// After a write: closes a closing connection whose answers are all out, watches for
-    /// room while answers wait, and answers whether the connection may go on.
-    fn settle_writes(&mut self, token: usize) -> bool {
-        let Some(conn) = self.conns.get_mut(token).and_then(Option::as_mut) else {
-            return false;
-        };
-        let waiting = !conn.unsent.is_empty();
-        if !waiting && conn.closing {
-            self.close(token);
-            return false;
-        }
-        if waiting != conn.writable {
-            if self
-                .poll
-                .rewatch(&conn.stream, token as u64, waiting)
-                .is_err()
-            {
-                self.close(token);
-                return false;
-            }
-            conn.writable = waiting;
-            if !waiting && conn.unsent.capacity() > KEEP_BUFFER {
-                conn.unsent = Vec::new();
-            }
-        }
-        !waiting
     }
 
     /// Closes the connections whose time is up: one that has not proven the secret within
@@ -584,6 +508,81 @@ fn write_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
         }
     }
     Ok(at)
+}
+
+/// What a connection can do after its answers were written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flow {
+    /// Go on: nothing waits to be sent.
+    Go,
+    /// Nothing more now: answers wait for the socket to take them.
+    Wait,
+    /// Close it: it ended, or it was closing and all its answers are out.
+    Close,
+}
+
+/// Sends the answers built in `out` (leaving it empty): what the socket does not take waits
+/// in the connection's `unsent`.
+fn send_out(poll: &Epoll, token: usize, conn: &mut Conn, out: &mut Vec<u8>, now: Instant) -> Flow {
+    if !out.is_empty() {
+        if conn.unsent.is_empty() {
+            match write_some(&conn.stream, out) {
+                Ok(n) if n == out.len() => {}
+                Ok(n) => conn.unsent.extend_from_slice(&out[n..]),
+                Err(_) => {
+                    out.clear();
+                    return Flow::Close;
+                }
+            }
+        } else {
+            conn.unsent.extend_from_slice(out);
+        }
+        conn.active = now;
+        out.clear();
+        if out.capacity() > KEEP_BUFFER {
+            *out = Vec::with_capacity(4096);
+        }
+    }
+    settle_writes(poll, token, conn)
+}
+
+/// Sends what a connection's socket did not take before.
+fn flush(poll: &Epoll, token: usize, conn: &mut Conn, now: Instant) -> Flow {
+    if !conn.unsent.is_empty() {
+        match write_some(&conn.stream, &conn.unsent) {
+            Ok(0) => {}
+            Ok(n) => {
+                conn.unsent.drain(..n);
+                conn.active = now;
+            }
+            Err(_) => return Flow::Close,
+        }
+    }
+    settle_writes(poll, token, conn)
+}
+
+/// After a write: a closing connection whose answers are all out closes; one whose answers
+/// wait is watched for room, and one whose answers are out no longer.
+#[inline]
+fn settle_writes(poll: &Epoll, token: usize, conn: &mut Conn) -> Flow {
+    let waiting = !conn.unsent.is_empty();
+    if !waiting && conn.closing {
+        return Flow::Close;
+    }
+    if waiting != conn.writable {
+        if poll.rewatch(&conn.stream, token as u64, waiting).is_err() {
+            return Flow::Close;
+        }
+        conn.writable = waiting;
+        if !waiting && conn.unsent.capacity() > KEEP_BUFFER {
+            conn.unsent = Vec::new();
+        }
+    }
+    if waiting {
+        Flow::Wait
+    } else {
+        Flow::Go
+    }
 }
 
 /// Serves the whole frames of what the connection had unread followed by `more` (served
@@ -722,8 +721,11 @@ fn serve_frame(
             return Next::Close;
         }
     }
-    let result = shared.service.handle(&req, op, meta, &mut io);
-    settle(shared, conn.peer, op, result, &mut io)
+    match shared.service.handle(&req, op, meta, &mut io) {
+        // Answered here: the common case, decided without a call.
+        Ok(()) if io.replied => Next::Serve,
+        result => settle(shared, conn.peer, op, result, &mut io),
+    }
 }
 
 /// What a handler's result leaves the connection to do.
