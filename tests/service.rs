@@ -181,6 +181,61 @@ fn the_cache_tiers_on_the_same_workload_rank_as_in_seed_000_and_a_disk_tier_keep
 }
 
 #[test]
+fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("policies.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 2\n\
+         device_cache_tokens = 2048\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+         prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "policies", "--config"])
+        .arg(&cfg)
+        .args(["--policies", "round_robin,cache_aware,precise_prefix"])
+        .args(["--num-clients", "8", "--num-rounds", "3"])
+        .args(["--request-length", "256", "--output-length", "8"])
+        .args(["--request-rate", "40", "--json", "--report"])
+        .arg(dir.path().join("policies.html"))
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["policies"].as_array().unwrap();
+    let names: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["round_robin", "cache_aware", "precise_prefix"]);
+    for r in runs {
+        assert_eq!(r["requests"], 24, "{r}");
+        assert_eq!(r["failed"], 0, "{r}");
+        let (hit, best) = (
+            r["hit_rate"].as_f64().unwrap(),
+            r["oracle_hit_rate"].as_f64().unwrap(),
+        );
+        // Rounds 1 and 2 resend their history: the oracle serves most of it, and no policy
+        // serves more than the oracle could.
+        assert!(best > 0.4, "{r}");
+        assert!(hit <= best + 1e-9, "{r}");
+        let tiers = &r["hits_by_tier"];
+        let shares: f64 = ["device", "host", "pool"]
+            .iter()
+            .map(|t| tiers[t].as_f64().unwrap())
+            .sum();
+        assert!(hit == 0.0 || (shares - 1.0).abs() < 1e-6, "{r}");
+        assert!(r["mean_ttft_vs_cache_aware"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Conversations that stay where their history is find it on the device.
+    assert!(
+        runs[1]["hits_by_tier"]["device"].as_f64().unwrap() > 0.5,
+        "{v}"
+    );
+    let html = std::fs::read_to_string(dir.path().join("policies.html")).unwrap();
+    assert!(html.contains("policies-hit-ttft") && html.contains("precise_prefix"));
+}
+
+#[test]
 fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
     let launcher = common::launcher();
     let engine = |mode: &str, extra: &[&str]| -> Spawned<EngineAddrs> {

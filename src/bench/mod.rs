@@ -16,6 +16,7 @@ pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;
 pub mod paper_store;
+pub mod policies;
 pub mod procfs;
 pub mod progress;
 #[cfg(feature = "rdma")]
@@ -68,6 +69,10 @@ pub enum BenchKind {
     /// Seed 000's comparison: the same multi-turn workload with L1 only, L1+L2 and L1+L2+L3
     /// (SIMULATED engines on loopback): hit rate, TTFT and throughput side by side.
     Tiers(tiers::TiersArgs),
+    /// The router's policies side by side: the same multi-turn workload against a fresh
+    /// service per policy (SIMULATED engines with small device caches, the pool as L3): mean
+    /// and p90 TTFT, hit rate against an oracle's, and where the hits came from.
+    Policies(policies::PoliciesArgs),
     /// The router's overhead against direct-to-worker, with FAKE workers (no model). Test kit
     /// builds only (`--features testkit`).
     #[cfg(feature = "testkit")]
@@ -100,6 +105,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Router(a) => router::run(a),
         BenchKind::Multiturn(a) => multiturn::run(a),
         BenchKind::Tiers(a) => tiers::run(a),
+        BenchKind::Policies(a) => policies::run(a),
         BenchKind::Serving(a) => serving::run(a),
         #[cfg(feature = "testkit")]
         BenchKind::FakeWorker(a) => Ok(crate::testkit::fake_worker::run(a)?),

@@ -141,6 +141,36 @@ impl PhaseResult {
     }
 }
 
+/// A plain-text table: the first column left-aligned, the others right-aligned, each as wide
+/// as its widest cell (counted in characters), two spaces between.
+pub fn text_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let width = |c: usize| {
+        rows.iter()
+            .filter_map(|r| r.get(c))
+            .map(|s| s.chars().count())
+            .chain(std::iter::once(headers[c].chars().count()))
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..headers.len()).map(width).collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::new();
+        for (c, cell) in cells.enumerate().take(widths.len()) {
+            let pad = " ".repeat(widths[c].saturating_sub(cell.chars().count()));
+            match c {
+                0 => out.push_str(&format!("{cell}{pad}")),
+                _ => out.push_str(&format!("  {pad}{cell}")),
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(&mut headers.iter().copied());
+    for r in rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +206,20 @@ mod tests {
         );
         assert_eq!(r.ops, 320);
         assert!((r.ops_per_s - 160.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_text_table_lines_its_columns_up() {
+        let t = text_table(
+            &["policy", "ms"],
+            &[
+                vec!["round_robin".into(), "1.5".into()],
+                vec!["x".into(), "120.0".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "policy          ms\nround_robin    1.5\nx            120.0\n"
+        );
     }
 }

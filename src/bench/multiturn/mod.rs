@@ -5,6 +5,7 @@
 //! hit rate (cached over prompt tokens), overall and per round, and appends one JSON line per
 //! request rate to a log file in the original's shape.
 
+pub mod oracle;
 pub mod report;
 pub mod summary;
 pub mod workload;
@@ -122,6 +123,10 @@ pub struct MultiturnArgs {
     /// (the same prompts every run, for a warm-cache measurement), or a number.
     #[arg(long, default_value = "auto")]
     pub salt: Salt,
+    /// Pages of this many tokens: the run also works out what an oracle router could have
+    /// served from cache (`oracle`). Set by the benchmarks that start their own engines.
+    #[arg(skip)]
+    pub oracle_page_size: Option<usize>,
 }
 
 /// `--salt`: what makes a run's prompts differ from another run's with the same seed.
@@ -233,6 +238,13 @@ pub struct RateResult {
     pub records: Vec<Record>,
 }
 
+/// A request sent: its prompt's length, and what the oracle could have served of it.
+#[derive(Clone, Copy)]
+struct Sent {
+    len: usize,
+    oracle_cached: usize,
+}
+
 /// A client's state between rounds.
 struct Chat {
     round: usize,
@@ -283,8 +295,9 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
     (0..chats.len()).for_each(|i| ready.push(i));
     let mut held: Vec<usize> = Vec::new();
     let mut arrivals = Arrivals::new(rate, a.distribution, a.seed);
+    let mut oracle = a.oracle_page_size.map(oracle::Oracle::new);
     let (tx, mut rx) =
-        tokio::sync::mpsc::unbounded_channel::<(usize, usize, usize, Outcome, Instant)>();
+        tokio::sync::mpsc::unbounded_channel::<(usize, usize, Sent, Outcome, Instant)>();
     let bar = crate::bench::progress::Progress::new("multiturn requests", total as u64, a.json);
     let start = Instant::now();
     let (mut inflight, mut done, mut failed) = (0usize, 0usize, 0usize);
@@ -340,32 +353,40 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
                 let c = &chats[i];
                 let max_new = convs[i].output_lengths[c.round];
                 let body = llm::payload(a.api_format, &a.model_path, &c.ids, &c.messages, max_new, &a.lora_path, true);
-                let sent_len = c.ids.len();
+                let sent = Sent {
+                    len: c.ids.len(),
+                    oracle_cached: oracle.as_ref().map_or(0, |o| o.best_hit(&c.ids)),
+                };
                 let (http, url, tx, round) = (http.clone(), url.clone(), tx.clone(), c.round);
                 let api = a.api_format;
                 tokio::spawn(async move {
                     let o = llm::send(&http, &url, api, &body, timeout).await;
-                    let _ = tx.send((i, round, sent_len, o, Instant::now()));
+                    let _ = tx.send((i, round, sent, o, Instant::now()));
                 });
                 inflight += 1;
                 next_send = tokio::time::Instant::now() + arrivals.next_gap();
             }
             got = rx.recv() => {
-                let Some((i, round, sent_len, o, at)) = got else { break };
+                let Some((i, round, sent, o, at)) = got else { break };
                 inflight -= 1;
                 done += 1;
                 bar.inc(1);
                 if o.ok {
                     records.push(Record {
                         round,
-                        prompt_len: if o.prompt_tokens > 0 { o.prompt_tokens } else { sent_len },
+                        prompt_len: if o.prompt_tokens > 0 { o.prompt_tokens } else { sent.len },
                         cached_tokens: o.cached_tokens,
                         output_len: o.generated_len,
                         ttft: o.ttft,
                         itl: o.itl.clone(),
                         latency: o.latency,
                         done_at: (at - start).as_secs_f64(),
+                        oracle_cached: sent.oracle_cached,
                     });
+                    if let Some(oracle) = &mut oracle {
+                        // The engine keeps the whole sequence, its answer too.
+                        oracle.prefilled(&[chats[i].ids.as_slice(), &o.output_ids].concat());
+                    }
                 } else {
                     failed += 1;
                     if errors.len() < 5 {

@@ -18,6 +18,8 @@ pub struct Record {
     pub latency: f64,
     /// Seconds from the run's start to this request's completion.
     pub done_at: f64,
+    /// What an oracle router could have served from cache (`oracle`); 0 where none ran.
+    pub oracle_cached: usize,
 }
 
 /// Percentiles as SGLang's `bench_multiturn` takes them, so that the figures compare.
@@ -277,6 +279,7 @@ mod tests {
             itl: vec![0.01, 0.03],
             latency: ttft + 0.04,
             done_at: done,
+            oracle_cached: 0,
         }
     }
 

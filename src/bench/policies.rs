@@ -1,0 +1,412 @@
+//! `rbgctl bench policies`: the router's policies side by side on one multi-turn workload. The
+//! same conversations run against a fresh service on loopback per policy (`up`'s machinery:
+//! SIMULATED engines with small device caches, the pool as their L3), so that no policy inherits
+//! another's caches. For each it prints mean and p90 TTFT, the hit rate, the hit rate of an
+//! oracle that knew every cache (`multiturn::oracle`), and where the hits were served from
+//! (device, host, pool): the device's share is what a policy's choices win, the pool's what
+//! they leave to a copy.
+
+use super::multiturn::{self, oracle, MultiturnArgs, RateResult};
+use crate::launch::{Launcher, Logs};
+use crate::router::policy::PolicyKind;
+use crate::up::{Stack, UpConfig};
+use clap::Args;
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct PoliciesArgs {
+    /// Service layout (config/up.toml's format). Default: 4 SIMULATED engines with 8,192-token
+    /// device caches, no host tier, 2 stores as their L3. Ports are chosen free; the runs
+    /// differ only in the router's policy.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The policies, run in this order (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,cache_aware,precise_prefix"
+    )]
+    pub policies: Vec<PolicyKind>,
+    #[command(flatten)]
+    pub workload: MultiturnArgs,
+}
+
+/// The layout without `--config`: small device caches, so that where a conversation goes
+/// decides whether its prefix is on the device or must be copied from the pool.
+pub fn default_layout() -> UpConfig {
+    let mut c = UpConfig::default();
+    c.engines.count = 4;
+    c.engines.device_cache_tokens = 8192;
+    c.engines.host_cache_tokens = 0;
+    c
+}
+
+/// `base` for one policy: every port chosen by the kernel, the engines' KV events on where the
+/// policy follows them.
+pub fn layout(base: &UpConfig, policy: PolicyKind) -> UpConfig {
+    let mut c = base.clone();
+    c.router.policy = policy;
+    c.engines.kv_events = Some(policy == PolicyKind::PrecisePrefix);
+    c.pool.shm_dir = None;
+    c.pool.master_port = 0;
+    c.pool.metadata_port = 0;
+    c.pool.metrics_port = 0;
+    c.router.port = 0;
+    c.engines.base_port = 0;
+    c.engines.bootstrap_base_port = 0;
+    c
+}
+
+/// Cached prompt tokens by the tier that served them, summed over the engines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ByTier {
+    pub device: u64,
+    pub host: u64,
+    pub pool: u64,
+}
+
+impl ByTier {
+    /// The shares of each tier in the cached tokens (0 where nothing was cached).
+    pub fn shares(&self) -> (f64, f64, f64) {
+        let total = (self.device + self.host + self.pool) as f64;
+        if total == 0.0 {
+            return (0.0, 0.0, 0.0);
+        }
+        let s = |n: u64| n as f64 / total;
+        (s(self.device), s(self.host), s(self.pool))
+    }
+
+    /// Adds one engine's `rbgctl_sim_cached_tokens_total{tier=...}` samples.
+    pub fn add_metrics(&mut self, text: &str) {
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("rbgctl_sim_cached_tokens_total{tier=\"") else {
+                continue;
+            };
+            let Some((tier, value)) = rest.split_once("\"}") else {
+                continue;
+            };
+            let Ok(n) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let n = n as u64;
+            match tier {
+                "device" => self.device += n,
+                "host" => self.host += n,
+                "storage" => self.pool += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// One policy's run.
+pub struct PolicyRun {
+    pub policy: PolicyKind,
+    pub result: RateResult,
+    pub oracle_hit_rate: f64,
+    pub by_tier: ByTier,
+}
+
+impl PolicyRun {
+    fn json(&self, baseline: Option<&PolicyRun>) -> serde_json::Value {
+        let s = &self.result.summary;
+        let (device, host, pool) = self.by_tier.shares();
+        serde_json::json!({
+            "policy": self.policy.name(),
+            "mean_ttft_s": s.average_ttft,
+            "p90_ttft_s": s.p90_ttft,
+            "hit_rate": s.cache_hit_rate,
+            "oracle_hit_rate": self.oracle_hit_rate,
+            "hits_by_tier": {"device": device, "host": host, "pool": pool},
+            "cached_tokens_by_tier": self.by_tier,
+            "mean_ttft_vs_cache_aware": baseline.map(|b| ratio(b.result.summary.average_ttft, s.average_ttft)),
+            "input_token_throughput": s.input_token_throughput,
+            "requests": s.total_requests,
+            "failed": self.result.failed,
+            "summary": s,
+        })
+    }
+}
+
+/// How many times lower `ours` is than `theirs` (`theirs / ours`).
+fn ratio(theirs: f64, ours: f64) -> Option<f64> {
+    (ours > 0.0).then(|| theirs / ours)
+}
+
+fn engine_tiers(stack: &Stack) -> ByTier {
+    let mut t = ByTier::default();
+    for (url, _) in &stack.engines {
+        if let Ok(text) = reqwest::blocking::get(format!("{url}/metrics"))
+            .and_then(|r| r.error_for_status()?.text())
+        {
+            t.add_metrics(&text);
+        }
+    }
+    t
+}
+
+pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !a.policies.is_empty(),
+        "--policies: name at least one policy"
+    );
+    let base = match &a.config {
+        Some(p) => UpConfig::from_file(p)?,
+        None => default_layout(),
+    };
+    anyhow::ensure!(
+        base.engines.count >= 2 && !base.engines.pd(),
+        "--config: the policies choose between regular engines: set engines.count to 2 or more \
+         (and no prefill/decode split)"
+    );
+    let launcher = Launcher::new(Logs::Null)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let stop = crate::shutdown::Shutdown::on_signals()?;
+    let mut runs: Vec<PolicyRun> = Vec::new();
+    for &policy in &a.policies {
+        let cfg = layout(&base, policy);
+        eprintln!(
+            "policies: {}: starting the service ({} SIMULATED engines, {}-token device caches)...",
+            policy.name(),
+            cfg.engines.count,
+            cfg.engines.device_cache_tokens
+        );
+        let mut stack = Stack::start(&cfg, &launcher)?;
+        let router = stack
+            .router
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("the layout has no router (router.enabled = false?)"))?;
+        let mut w = a.workload.clone();
+        w.host = "127.0.0.1".into();
+        w.port = router
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("the router's address {router} has no port"))?;
+        w.disable_auto_run = true;
+        w.oracle_page_size = Some(cfg.engines.page_size);
+        w.tag = if w.tag.is_empty() {
+            policy.name().to_string()
+        } else {
+            format!("{}:{}", w.tag, policy.name())
+        };
+        let result = rt.block_on(multiturn::run_rate(&w, w.request_rate, &stop));
+        let by_tier = engine_tiers(&stack);
+        stack.stop();
+        let result = result?;
+        if !w.log_file.is_empty() {
+            multiturn::append_log(
+                &w.log_file,
+                &multiturn::summary::log_line(
+                    &w.tag,
+                    &result.summary,
+                    &result.rounds,
+                    result.interrupted,
+                ),
+            )?;
+        }
+        for e in &result.errors {
+            eprintln!("  {}: error: {e}", policy.name());
+        }
+        let (_, oracle_hit_rate) = oracle::hit_rates(&result.records);
+        let interrupted = result.interrupted;
+        runs.push(PolicyRun {
+            policy,
+            result,
+            oracle_hit_rate,
+            by_tier,
+        });
+        if interrupted {
+            eprintln!("interrupted: the runs so far follow");
+            break;
+        }
+    }
+    let baseline = runs.iter().find(|r| r.policy == PolicyKind::CacheAware);
+    if a.workload.json {
+        let out: Vec<_> = runs.iter().map(|r| r.json(baseline)).collect();
+        println!("{}", serde_json::json!({ "policies": out }));
+    } else {
+        print!("{}", render(&a.workload, &runs));
+    }
+    if let Some(path) = &a.workload.report {
+        write_report(&a, &runs, path)?;
+    }
+    let failed: usize = runs.iter().map(|r| r.result.failed).sum();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} request(s) failed; the figures above cover the rest only"
+    );
+    Ok(())
+}
+
+/// The table's rows: policy, mean and p90 TTFT (ms), × cache_aware's mean, hit rate, oracle's,
+/// device/host/pool shares of the hits, input tokens/s.
+fn rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
+    let baseline = runs.iter().find(|r| r.policy == PolicyKind::CacheAware);
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    runs.iter()
+        .map(|r| {
+            let s = &r.result.summary;
+            let (device, host, pool) = r.by_tier.shares();
+            vec![
+                r.policy.name().to_string(),
+                format!("{:.1}", s.average_ttft * 1e3),
+                format!("{:.1}", s.p90_ttft * 1e3),
+                baseline
+                    .and_then(|b| ratio(b.result.summary.average_ttft, s.average_ttft))
+                    .map_or("-".into(), |x| format!("{x:.2}×")),
+                pct(s.cache_hit_rate),
+                pct(r.oracle_hit_rate),
+                format!("{} / {} / {}", pct(device), pct(host), pct(pool)),
+                format!("{:.0}", s.input_token_throughput),
+            ]
+        })
+        .collect()
+}
+
+const HEADERS: [&str; 8] = [
+    "policy",
+    "mean TTFT ms",
+    "p90 TTFT ms",
+    "cache_aware's mean ÷ this",
+    "hit rate",
+    "oracle hit rate",
+    "hits device / host / pool",
+    "input tok/s",
+];
+
+fn render(w: &MultiturnArgs, runs: &[PolicyRun]) -> String {
+    let mut out = format!(
+        "Router policies on one multi-turn workload ({} clients × {} rounds, rate {} req/s; \
+         SIMULATED engines, a fresh service per policy)\n",
+        w.num_clients, w.num_rounds, w.request_rate
+    );
+    out.push_str(&crate::bench::stats::text_table(&HEADERS, &rows(runs)));
+    out
+}
+
+fn write_report(
+    a: &PoliciesArgs,
+    runs: &[PolicyRun],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    use crate::report::{BarChart, Format, Group, Panel};
+    let w = &a.workload;
+    let mut page = crate::report::Page::new("Router policies on one multi-turn workload");
+    page.fact(
+        "workload",
+        format!(
+            "{} clients × {} rounds, {} prompt tokens, {} output tokens, rate {} req/s, at most {} in flight",
+            w.num_clients, w.num_rounds, w.request_length, w.output_length, w.request_rate, w.max_parallel
+        ),
+    )
+    .fact(
+        "service",
+        "a fresh `rbgctl up` per policy: SIMULATED engines (no model, no GPU), the pool as their L3",
+    );
+    page.heading("Figures");
+    page.table(&HEADERS, rows(runs));
+    let names: Vec<String> = runs.iter().map(|r| r.policy.name().to_string()).collect();
+    let of = |f: &dyn Fn(&PolicyRun) -> f64| -> Vec<Option<f64>> {
+        runs.iter().map(|r| Some(f(r))).collect()
+    };
+    let chart = BarChart::new(
+        "policies-hit-ttft",
+        "Hit rate and TTFT per policy",
+        names.clone(),
+    )
+    .panel(
+        Panel::bars(
+            "hit rate, and the oracle's",
+            "cache hit rate",
+            Format::Percent,
+            vec![
+                Group::new("hit rate", of(&|r| r.result.summary.cache_hit_rate)),
+                Group::new("oracle hit rate", of(&|r| r.oracle_hit_rate)),
+            ],
+        )
+        .with_lines(
+            "TTFT (s)",
+            Format::Number,
+            vec![
+                Group::new("mean TTFT", of(&|r| r.result.summary.average_ttft)),
+                Group::new("p90 TTFT", of(&|r| r.result.summary.p90_ttft)),
+            ],
+        ),
+    );
+    page.bar_chart(
+        &chart,
+        "Bars: the hit rate each policy reached and the oracle's for the same requests (left \
+         axis); lines: mean and p90 TTFT (right axis).",
+    )?;
+    let tiers = BarChart::new("policies-tiers", "Where the hits were served from", names).panel(
+        Panel::bars(
+            "share of cached tokens",
+            "share",
+            Format::Percent,
+            vec![
+                Group::new("device", of(&|r| r.by_tier.shares().0)),
+                Group::new("host", of(&|r| r.by_tier.shares().1)),
+                Group::new("pool", of(&|r| r.by_tier.shares().2)),
+            ],
+        ),
+    );
+    page.bar_chart(
+        &tiers,
+        "A hit on the device costs nothing; one from the host or the pool costs its copy.",
+    )?;
+    page.heading("Each policy's run");
+    let named: Vec<multiturn::report::Run<'_>> = runs
+        .iter()
+        .map(|r| multiturn::report::Run {
+            name: r.policy.name().to_string(),
+            result: &r.result,
+        })
+        .collect();
+    multiturn::report::charts(&mut page, &named)?;
+    page.save(path)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_tokens_are_summed_by_tier_from_the_engines_metrics() {
+        let mut t = ByTier::default();
+        let text = "# TYPE rbgctl_sim_cached_tokens_total counter\n\
+                    rbgctl_sim_cached_tokens_total{tier=\"device\"} 300\n\
+                    rbgctl_sim_cached_tokens_total{tier=\"host\"} 0\n\
+                    rbgctl_sim_cached_tokens_total{tier=\"storage\"} 100\n\
+                    rbgctl_sim_requests_total 5\n";
+        t.add_metrics(text);
+        t.add_metrics(text);
+        assert_eq!(
+            t,
+            ByTier {
+                device: 600,
+                host: 0,
+                pool: 200
+            }
+        );
+        assert_eq!(t.shares(), (0.75, 0.0, 0.25));
+        assert_eq!(ByTier::default().shares(), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn each_policy_gets_its_own_ports_and_events_only_where_followed() {
+        let base = default_layout();
+        let precise = layout(&base, PolicyKind::PrecisePrefix);
+        assert_eq!(precise.engines.kv_events, Some(true));
+        assert_eq!((precise.router.port, precise.pool.master_port), (0, 0));
+        let aware = layout(&base, PolicyKind::CacheAware);
+        assert_eq!(aware.engines.kv_events, Some(false));
+        assert_eq!(aware.router.policy, PolicyKind::CacheAware);
+        assert_eq!(aware.engines.device_cache_tokens, 8192);
+        aware.validate().unwrap();
+    }
+}
