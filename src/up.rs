@@ -536,6 +536,24 @@ impl Stack {
         }
     }
 
+    /// Kills the router (SIGKILL) and starts it again on the same address; answers how long
+    /// until it was ready again.
+    pub fn restart_router(&mut self) -> Result<Duration, UpError> {
+        let Some(r) = &mut self.router_proc else {
+            return Err(UpError::Config(ConfigError::invalid(
+                "router.enabled",
+                "there is no router to restart",
+            )));
+        };
+        let began = Instant::now();
+        r.start()?;
+        wait_http_ok(
+            &format!("http://{}/readiness", r.addrs.http),
+            Duration::from_secs(30),
+        )?;
+        Ok(began.elapsed())
+    }
+
     /// The stores' `/metrics` URLs.
     pub fn store_metrics_urls(&self) -> Vec<String> {
         self.pool

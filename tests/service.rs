@@ -199,6 +199,12 @@ fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
         .args(["--request-length", "256", "--output-length", "8"])
         .args(["--request-rate", "40", "--json", "--report"])
         .arg(dir.path().join("policies.html"))
+        .args([
+            "--restart-router-before-round",
+            "2",
+            "--round-barrier-pause",
+            "0",
+        ])
         .stderr(Stdio::null())
         .output()
         .unwrap();
@@ -225,12 +231,20 @@ fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
             .sum();
         assert!(hit == 0.0 || (shares - 1.0).abs() < 1e-6, "{r}");
         assert!(r["mean_ttft_vs_cache_aware"].as_f64().unwrap() > 0.0, "{r}");
+        // Killed and started again before round 2: it came back, and the pool kept the hits.
+        let restart = &r["router_restart"];
+        assert_eq!(restart["round"], 2, "{r}");
+        assert!(restart["ready_after_s"].as_f64().unwrap() > 0.0, "{r}");
+        let (before, after) = (
+            restart["hit_rate_before"].as_f64().unwrap(),
+            restart["hit_rate_after"].as_f64().unwrap(),
+        );
+        assert!(before > 0.2 && after >= 0.9 * before, "{r}");
     }
-    // Conversations that stay where their history is find it on the device.
-    assert!(
-        runs[1]["hits_by_tier"]["device"].as_f64().unwrap() > 0.5,
-        "{v}"
-    );
+    // Conversations that stay where their history is find it on the device (until the
+    // restart empties cache_aware's tree).
+    let aware = &runs[1]["router_restart"];
+    assert!(aware["device_share_before"].as_f64().unwrap() > 0.5, "{v}");
     let html = std::fs::read_to_string(dir.path().join("policies.html")).unwrap();
     assert!(html.contains("policies-hit-ttft") && html.contains("precise_prefix"));
 }

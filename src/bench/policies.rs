@@ -28,6 +28,11 @@ pub struct PoliciesArgs {
         default_value = "round_robin,cache_aware,precise_prefix"
     )]
     pub policies: Vec<PolicyKind>,
+    /// Kill the router (SIGKILL) at the barrier before this round and start it again (0:
+    /// never): the figures then say how each policy's hits held across the restart. Turns
+    /// `--enable-round-barrier` on.
+    #[arg(long, default_value_t = 0)]
+    pub restart_router_before_round: usize,
     #[command(flatten)]
     pub workload: MultiturnArgs,
 }
@@ -67,6 +72,16 @@ pub struct ByTier {
 }
 
 impl ByTier {
+    /// What was counted since `earlier` (counters only grow; a restarted engine's restart
+    /// from zero counts as nothing).
+    pub fn since(&self, earlier: &ByTier) -> ByTier {
+        ByTier {
+            device: self.device.saturating_sub(earlier.device),
+            host: self.host.saturating_sub(earlier.host),
+            pool: self.pool.saturating_sub(earlier.pool),
+        }
+    }
+
     /// The shares of each tier in the cached tokens (0 where nothing was cached).
     pub fn shares(&self) -> (f64, f64, f64) {
         let total = (self.device + self.host + self.pool) as f64;
@@ -100,12 +115,52 @@ impl ByTier {
     }
 }
 
+/// How a policy's hits held across a router restart: the round before it against the round
+/// after.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RestartFigures {
+    /// The round sent first after the restart.
+    pub round: usize,
+    /// From the kill until the new router answered ready.
+    pub ready_after_s: f64,
+    pub hit_rate_before: f64,
+    pub hit_rate_after: f64,
+    /// The device's share of the cached tokens, each round.
+    pub device_share_before: f64,
+    pub device_share_after: f64,
+}
+
+impl RestartFigures {
+    /// From the engines' counters as they stood before each round was sent (`at[r]`, `at[0]`
+    /// zero) and at the end, and the run's per-round hit rates.
+    pub fn of(
+        round: usize,
+        ready_after_s: f64,
+        at: &std::collections::BTreeMap<usize, ByTier>,
+        end: &ByTier,
+        rounds: &std::collections::BTreeMap<usize, multiturn::summary::RoundSummary>,
+    ) -> RestartFigures {
+        let before_round = |r: usize| at.get(&r).copied().unwrap_or(*end);
+        let in_round = |r: usize| before_round(r + 1).since(&before_round(r));
+        let hit = |r: usize| rounds.get(&r).map_or(0.0, |x| x.cache_hit_rate);
+        RestartFigures {
+            round,
+            ready_after_s,
+            hit_rate_before: hit(round - 1),
+            hit_rate_after: hit(round),
+            device_share_before: in_round(round - 1).shares().0,
+            device_share_after: in_round(round).shares().0,
+        }
+    }
+}
+
 /// One policy's run.
 pub struct PolicyRun {
     pub policy: PolicyKind,
     pub result: RateResult,
     pub oracle_hit_rate: f64,
     pub by_tier: ByTier,
+    pub restart: Option<RestartFigures>,
 }
 
 impl PolicyRun {
@@ -124,6 +179,7 @@ impl PolicyRun {
             "input_token_throughput": s.input_token_throughput,
             "requests": s.total_requests,
             "failed": self.result.failed,
+            "router_restart": self.restart,
             "summary": s,
         })
     }
@@ -150,6 +206,13 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         !a.policies.is_empty(),
         "--policies: name at least one policy"
+    );
+    let restart = a.restart_router_before_round;
+    anyhow::ensure!(
+        restart == 0 || (1..a.workload.num_rounds).contains(&restart),
+        "--restart-router-before-round {restart}: name a round after the first and within \
+         --num-rounds ({}), or 0 for no restart",
+        a.workload.num_rounds
     );
     let base = match &a.config {
         Some(p) => UpConfig::from_file(p)?,
@@ -193,10 +256,46 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
         } else {
             format!("{}:{}", w.tag, policy.name())
         };
-        let result = rt.block_on(multiturn::run_rate(&w, w.request_rate, &stop));
+        if restart > 0 {
+            w.enable_round_barrier = true;
+        }
+        // The engines' counters before each round, and the restart's time to ready.
+        let mut at = std::collections::BTreeMap::from([(0, ByTier::default())]);
+        let mut ready_after: Option<anyhow::Result<f64>> = None;
+        let mut at_barrier = |round: usize| {
+            at.insert(round, engine_tiers(&stack));
+            if round == restart {
+                eprintln!(
+                    "policies: {}: restarting the router (SIGKILL)",
+                    policy.name()
+                );
+                ready_after = Some(
+                    stack
+                        .restart_router()
+                        .map(|d| d.as_secs_f64())
+                        .map_err(anyhow::Error::from),
+                );
+            }
+        };
+        let result = rt.block_on(multiturn::run_rate_with(
+            &w,
+            w.request_rate,
+            &stop,
+            &mut at_barrier,
+        ));
         let by_tier = engine_tiers(&stack);
         stack.stop();
         let result = result?;
+        let restart = match ready_after {
+            Some(ready) => Some(RestartFigures::of(
+                restart,
+                ready?,
+                &at,
+                &by_tier,
+                &result.rounds,
+            )),
+            None => None,
+        };
         if !w.log_file.is_empty() {
             multiturn::append_log(
                 &w.log_file,
@@ -218,6 +317,7 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
             result,
             oracle_hit_rate,
             by_tier,
+            restart,
         });
         if interrupted {
             eprintln!("interrupted: the runs so far follow");
@@ -285,7 +385,46 @@ fn render(w: &MultiturnArgs, runs: &[PolicyRun]) -> String {
         w.num_clients, w.num_rounds, w.request_rate
     );
     out.push_str(&crate::bench::stats::text_table(&HEADERS, &rows(runs)));
+    if runs.iter().any(|r| r.restart.is_some()) {
+        out.push_str("\nThe router killed (SIGKILL) and started again before a round:\n");
+        out.push_str(&crate::bench::stats::text_table(
+            &RESTART_HEADERS,
+            &restart_rows(runs),
+        ));
+    }
     out
+}
+
+const RESTART_HEADERS: [&str; 5] = [
+    "policy",
+    "ready after s",
+    "hit rate round before → after",
+    "after ÷ before",
+    "device share before → after",
+];
+
+fn restart_rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    runs.iter()
+        .filter_map(|r| Some((r.policy, r.restart?)))
+        .map(|(policy, x)| {
+            vec![
+                format!("{} (round {})", policy.name(), x.round),
+                format!("{:.2}", x.ready_after_s),
+                format!("{} → {}", pct(x.hit_rate_before), pct(x.hit_rate_after)),
+                if x.hit_rate_before > 0.0 {
+                    pct(x.hit_rate_after / x.hit_rate_before)
+                } else {
+                    "-".into()
+                },
+                format!(
+                    "{} → {}",
+                    pct(x.device_share_before),
+                    pct(x.device_share_after)
+                ),
+            ]
+        })
+        .collect()
 }
 
 fn write_report(
@@ -309,6 +448,10 @@ fn write_report(
     );
     page.heading("Figures");
     page.table(&HEADERS, rows(runs));
+    if runs.iter().any(|r| r.restart.is_some()) {
+        page.heading("Across a router restart");
+        page.table(&RESTART_HEADERS, restart_rows(runs));
+    }
     let names: Vec<String> = runs.iter().map(|r| r.policy.name().to_string()).collect();
     let of = |f: &dyn Fn(&PolicyRun) -> f64| -> Vec<Option<f64>> {
         runs.iter().map(|r| Some(f(r))).collect()
@@ -408,5 +551,33 @@ mod tests {
         assert_eq!(aware.router.policy, PolicyKind::CacheAware);
         assert_eq!(aware.engines.device_cache_tokens, 8192);
         aware.validate().unwrap();
+    }
+
+    #[test]
+    fn a_restart_compares_the_round_before_it_with_the_round_after() {
+        use multiturn::summary::RoundSummary;
+        let t = |device, pool| ByTier {
+            device,
+            host: 0,
+            pool,
+        };
+        // Counters before rounds 1 and 2 (0 is zero), and at the end.
+        let at = std::collections::BTreeMap::from([
+            (0, ByTier::default()),
+            (1, t(0, 0)),
+            (2, t(300, 100)),
+        ]);
+        let end = t(400, 400);
+        let round = |cache_hit_rate| RoundSummary {
+            cache_hit_rate,
+            ..RoundSummary::default()
+        };
+        let rounds =
+            std::collections::BTreeMap::from([(0, round(0.0)), (1, round(0.5)), (2, round(0.6))]);
+        let r = RestartFigures::of(2, 0.25, &at, &end, &rounds);
+        assert_eq!((r.hit_rate_before, r.hit_rate_after), (0.5, 0.6));
+        // Round 1: 300 device of 400; round 2: 100 device of 400.
+        assert_eq!((r.device_share_before, r.device_share_after), (0.75, 0.25));
+        assert_eq!((r.round, r.ready_after_s), (2, 0.25));
     }
 }

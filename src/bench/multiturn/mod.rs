@@ -254,6 +254,19 @@ struct Chat {
 
 /// Runs the workload once at `rate`. Stops early (with what it has) when `stop` fires.
 pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::Result<RateResult> {
+    run_rate_with(a, rate, stop, &mut |_| {}).await
+}
+
+/// `run_rate`, calling `at_barrier(round)` at each round barrier (with
+/// `--enable-round-barrier`), after the pause and before `round` is sent: what a benchmark
+/// does between rounds (restart a part of the service, read its counters). It may block: it
+/// runs where the runtime lets a task block (a multi-threaded runtime).
+pub async fn run_rate_with(
+    a: &MultiturnArgs,
+    rate: f64,
+    stop: &Shutdown,
+    at_barrier: &mut (dyn FnMut(usize) + Send),
+) -> anyhow::Result<RateResult> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(a.max_parallel)
         .build()?;
@@ -337,6 +350,8 @@ pub async fn run_rate(a: &MultiturnArgs, rate: f64, stop: &Shutdown) -> anyhow::
                 _ = tokio::time::sleep(Duration::from_secs_f64(a.round_barrier_pause)) => {}
                 _ = stop.wait() => { interrupted = true; break; }
             }
+            let round = chats[held[0]].round;
+            tokio::task::block_in_place(|| at_barrier(round));
             held.drain(..).for_each(|i| ready.push(i));
             bar.set_message("");
             next_send = tokio::time::Instant::now();
