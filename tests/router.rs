@@ -2831,16 +2831,16 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
         "one instance asked: {v}"
     );
     // A router started now, next to idle engines, is not cold: it catches up from their
-    // replay buffers at once.
+    // replay buffers at once, and says it is ready only once it has.
     let r2 = precise();
     assert!(
-        wait_until(Duration::from_secs(20), || metric(
-            r2.port,
-            "rbgctl_router_kv_index_blocks "
-        )
-        .unwrap_or(0.0)
-            >= 8.0),
-        "the second router started cold"
+        metric(r2.port, "rbgctl_router_kv_index_blocks ").unwrap_or(0.0) >= 8.0,
+        "the second router said it was ready before it caught up"
+    );
+    let (_, ready) = get(r2.port, "/readiness");
+    assert!(
+        ready.contains(r#""kv_events_catching_up":false"#),
+        "{ready}"
     );
     assert!(metric(r2.port, "rbgctl_router_kv_event_catch_up_seconds{").is_some());
     drop(r2);

@@ -61,6 +61,8 @@ pub struct SourceStats {
     pub last_heard_ms: AtomicU64,
     /// How long the catch-up from the replay buffer at the start took, in milliseconds.
     pub sync_ms: AtomicU64,
+    /// The catch-up at the start is over (caught up, or there was nothing to catch up from).
+    pub synced: AtomicBool,
 }
 
 /// A running subscription; dropping it stops the thread (within [`POLL`] or a replay's wait).
@@ -173,6 +175,7 @@ impl Follower {
 
     fn follow(&mut self, stop: &AtomicBool) {
         self.initial_sync();
+        self.stats.synced.store(true, Ordering::Release);
         while !stop.load(Ordering::Relaxed) {
             let mut items = [
                 self.sub.as_poll_item(zmq::POLLIN),

@@ -136,7 +136,13 @@ pub fn learn_about(s: Arc<Shared>, w: Arc<Worker>) {
     if !want_model && !want_events {
         return;
     }
+    // Until this task ends, the router's readiness may wait to know the worker's events.
+    let settle = s.routing.kv_index.clone().map(|index| {
+        index.expect(&w.url);
+        Settle(index, w.url.clone())
+    });
     tokio::spawn(async move {
+        let _settle = settle;
         let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(8));
         for attempt in 0..3u32 {
             if attempt > 0 {
@@ -171,6 +177,18 @@ pub fn learn_about(s: Arc<Shared>, w: Arc<Worker>) {
             }
         }
     });
+}
+
+/// Marks a worker's events settled in the index when dropped (however `learn_about` ends).
+struct Settle(
+    Arc<crate::router::kv_index::KvIndex>,
+    crate::router::policy::tree::Tenant,
+);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.0.settled(&self.1);
+    }
 }
 
 /// Reads the worker's `/v1/models`: the models it serves, and with vLLM (which serves no

@@ -39,7 +39,15 @@ pub struct KvIndex {
     simulated: AtomicBool,
     /// The ZMQ context of every subscription (one I/O thread for them all).
     zmq: zmq::Context,
+    /// Workers whose events the router is still finding out about (`expect`).
+    pending: Mutex<std::collections::HashSet<Tenant>>,
+    /// When the router started, and whether its start-up catch-up is over (`warming`).
+    started: std::time::Instant,
+    warm: AtomicBool,
 }
+
+/// Longest a starting router stays not ready while it catches up the workers' events.
+pub const WARM_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where a worker's descriptor (`/server_info`'s `kv_events`) says to subscribe: the host is
 /// the worker's own when the descriptor names a wildcard.
@@ -79,7 +87,49 @@ impl KvIndex {
             next_id: AtomicU16::new(0),
             simulated: AtomicBool::new(false),
             zmq: zmq::Context::new(),
+            pending: Mutex::new(Default::default()),
+            started: std::time::Instant::now(),
+            warm: AtomicBool::new(false),
         }
+    }
+
+    /// The router is finding out whether and where `worker` publishes events.
+    pub fn expect(&self, worker: &Tenant) {
+        self.pending.lock().insert(worker.clone());
+    }
+
+    /// What `worker` publishes is settled: followed, none, or given up on.
+    pub fn settled(&self, worker: &str) {
+        self.pending.lock().remove(worker);
+    }
+
+    /// Whether a router that just started is still catching up what the workers (and the
+    /// pool) hold: a worker's events not yet found out about, or a subscription's catch-up from
+    /// its replay buffer not over. Its readiness waits for this, so that a restarted router
+    /// takes traffic knowing the caches rather than cold. Once over, or past [`WARM_LIMIT`]
+    /// from the start, never again: a worker that joins later is caught up while the router
+    /// serves.
+    pub fn warming(&self) -> bool {
+        if self.warm.load(Ordering::Relaxed) {
+            return false;
+        }
+        let synced = |s: &Subscription| s.stats.synced.load(Ordering::Acquire);
+        let busy = !self.pending.lock().is_empty()
+            || self
+                .followed
+                .lock()
+                .values()
+                .any(|f| !synced(&f.subscription))
+            || self
+                .pool
+                .lock()
+                .as_ref()
+                .is_some_and(|(_, _, s)| !synced(s));
+        if busy && self.started.elapsed() < WARM_LIMIT {
+            return true;
+        }
+        self.warm.store(true, Ordering::Relaxed);
+        false
     }
 
     /// Starts a subscription of `source`'s events into the index.
@@ -378,6 +428,21 @@ impl PrefixView for KvIndex {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_starting_router_warms_until_every_workers_events_are_settled_and_only_once() {
+        let ix = KvIndex::new(1 << 20);
+        ix.expect(&Tenant::from("http://w1"));
+        ix.expect(&Tenant::from("http://w2"));
+        assert!(ix.warming());
+        ix.settled("http://w1");
+        assert!(ix.warming(), "w2 is not settled yet");
+        ix.settled("http://w2");
+        assert!(!ix.warming());
+        // A worker that joins later is caught up while the router serves.
+        ix.expect(&Tenant::from("http://w3"));
+        assert!(!ix.warming());
+    }
 
     #[test]
     fn tokens_come_from_ids_the_tokenizer_or_the_simulated_stand_in() {

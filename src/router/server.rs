@@ -228,6 +228,9 @@ async fn readiness(State(s): S) -> Response {
     } else {
         ready_of(WorkerType::Regular) > 0
     };
+    // A router that just started takes traffic once it knows what the caches hold.
+    let warming = s.routing.kv_index.as_ref().is_some_and(|i| i.warming());
+    let ready = ready && !warming;
     let status = if ready {
         StatusCode::OK
     } else {
@@ -235,6 +238,7 @@ async fn readiness(State(s): S) -> Response {
     };
     let body = json!({
         "status": if ready { "ready" } else { "not ready" },
+        "kv_events_catching_up": warming,
         "healthy_workers": healthy,
         "total_workers": workers.len(),
     });
