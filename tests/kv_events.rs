@@ -522,7 +522,7 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     let info = server_info(http);
     let index = rbgctl::router::kv_index::KvIndex::new(1 << 20);
     let worker: std::sync::Arc<str> = format!("http://{http}").into();
-    assert!(index.follow(&worker, "127.0.0.1", &info).unwrap());
+    assert!(index.follow(&worker, "127.0.0.1", &info, None).unwrap());
     index
         .follow_pool(&endpoint, addrs.kv_events_replay.clone())
         .unwrap();
@@ -539,7 +539,7 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     assert_eq!((held.gpu, held.host, held.external), (0, 0, 3), "{held:?}");
     // A router that starts now, without the replay buffer, learns the pool from a snapshot.
     let late = rbgctl::router::kv_index::KvIndex::new(1 << 20);
-    assert!(late.follow(&worker, "127.0.0.1", &info).unwrap());
+    assert!(late.follow(&worker, "127.0.0.1", &info, None).unwrap());
     late.follow_pool(&endpoint, None).unwrap();
     let snapshot = || {
         common::http_at(

@@ -2856,3 +2856,123 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
         0.0
     );
 }
+
+/// Publishers for the data-parallel ranks of one FAKE worker, on consecutive ports as SGLang's
+/// ranks publish (PUB on `base + rank`, replay on `base + ranks + rank`).
+fn rank_publishers(ranks: usize) -> (u16, Vec<rbgctl::kv_events::Publisher>) {
+    for _ in 0..50 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = first.local_addr().unwrap().port();
+        drop(first);
+        let start = |port: u16, replay: u16| {
+            rbgctl::kv_events::Publisher::start(&rbgctl::kv_events::config::KvEventsConfig {
+                publisher: "zmq".into(),
+                endpoint: format!("tcp://127.0.0.1:{port}"),
+                bind: Some(true),
+                replay_endpoint: Some(format!("tcp://127.0.0.1:{replay}")),
+                ..Default::default()
+            })
+        };
+        let Some(last) = base.checked_add(2 * ranks as u16) else {
+            continue;
+        };
+        let publishers: Result<Vec<_>, _> = (0..ranks as u16)
+            .map(|r| start(base + r, last - ranks as u16 + r))
+            .collect();
+        if let Ok(p) = publishers {
+            return (base, p);
+        }
+    }
+    panic!("no free run of ports for the ranks' publishers");
+}
+
+/// A server running two data-parallel ranks publishes each rank's cache on its own ports:
+/// the router follows both, a worker holds what its best rank holds, and the index's
+/// Conductor answer says each rank's share (`DP`); with `--dp-aware` each rank is a worker of
+/// its own, following its rank's events alone.
+#[test]
+fn precise_prefix_follows_every_data_parallel_rank() {
+    use rbgctl::kv_events::{BlockStored, KvEvent, KvEventBatch, Medium};
+    let (base, publishers) = rank_publishers(2);
+    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+        "endpoint_port_base": base, "replay_endpoint_port_base": base + 2,
+        "topic": "", "block_size": 4, "dp_size": 2})
+    .to_string();
+    let w = fake_worker(
+        "dp",
+        &["--dp-size", "2", "--kv-events-descriptor", &descriptor],
+    );
+    let url = w.url();
+    let tokens: Vec<u32> = (1..=8).collect();
+    let hashes = rbgctl::kv_events::hash::block_hashes(&tokens, 4);
+    let store = |rank: usize, blocks: usize| {
+        publishers[rank].publish(KvEventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::BlockStored(BlockStored::new(
+                hashes[..blocks].to_vec(),
+                None,
+                tokens[..blocks * 4].to_vec(),
+                4,
+                Medium::Gpu,
+            ))],
+            attn_dp_rank: Some(rank as i64),
+        })
+    };
+    // Rank 1 holds both blocks, rank 0 the first: stored before any router follows them
+    // (a router catches up from each rank's replay buffer).
+    store(1, 2);
+    store(0, 1);
+    let query = |r: &Router| {
+        let body = json!({"token_ids": tokens, "block_size": 4}).to_string();
+        let (code, _, text) = post(r.port, "/query", &body);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let r = router(
+        &s(&["--worker-urls", &url, "--policy", "precise_prefix"]),
+        true,
+    );
+    let v = query(&r);
+    let instance = &v["default"][&url];
+    assert_eq!(instance["longest_matched"], 8, "{v}");
+    assert_eq!(instance["GPU"], 8, "{v}");
+    assert_eq!(instance["DP"], json!({"0": 4, "1": 8}), "{v}");
+    for rank in ["0", "1"] {
+        let line =
+            format!("rbgctl_router_kv_events_in_step{{worker=\"{url}\",dp_rank=\"{rank}\"}}");
+        assert_eq!(metric(r.port, &line), Some(1.0), "rank {rank}");
+    }
+    drop(r);
+    // `--dp-aware`: URL@0 and URL@1, each knowing its own rank's blocks.
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &url,
+            "--policy",
+            "precise_prefix",
+            "--dp-aware",
+        ]),
+        true,
+    );
+    let v = query(&r);
+    assert_eq!(
+        v["default"][format!("{url}@0")]["longest_matched"],
+        4,
+        "{v}"
+    );
+    assert_eq!(
+        v["default"][format!("{url}@0")]["DP"],
+        json!({"0": 4}),
+        "{v}"
+    );
+    assert_eq!(
+        v["default"][format!("{url}@1")]["longest_matched"],
+        8,
+        "{v}"
+    );
+    assert_eq!(
+        v["default"][format!("{url}@1")]["DP"],
+        json!({"1": 8}),
+        "{v}"
+    );
+}

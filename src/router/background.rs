@@ -249,7 +249,7 @@ fn follow_kv_events(s: &Shared, w: &Worker, info: &Value) -> bool {
     let Some(index) = &s.routing.kv_index else {
         return true;
     };
-    match index.follow(&w.url, &w.host, info) {
+    match index.follow(&w.url, &w.host, info, w.dp_rank) {
         Ok(true) => true,
         Ok(false) => {
             tracing::info!(worker = %w.url, "the worker publishes no KV events: precise_prefix falls back for it");

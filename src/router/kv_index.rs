@@ -23,10 +23,26 @@ type Family = (&'static str, &'static str, fn(&SourceStats) -> f64);
 /// Default byte budget of the index.
 pub const DEFAULT_BUDGET: usize = 256 << 20;
 
+/// A followed worker: one subscription per data-parallel rank it runs (each rank has a cache,
+/// and publishes, of its own).
 struct Followed {
-    id: SourceId,
     block_size: usize,
+    ranks: Vec<FollowedRank>,
+}
+
+struct FollowedRank {
+    rank: usize,
+    id: SourceId,
     subscription: Subscription,
+}
+
+impl Followed {
+    /// The ranks whose events are followed whole, with their sources.
+    fn in_step(&self) -> impl Iterator<Item = &FollowedRank> {
+        self.ranks
+            .iter()
+            .filter(|r| r.subscription.stats.in_step.load(Ordering::Relaxed))
+    }
 }
 
 pub struct KvIndex {
@@ -49,12 +65,32 @@ pub struct KvIndex {
 /// Longest a starting router stays not ready while it catches up the workers' events.
 pub const WARM_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Where a worker publishes, as its descriptor (`/server_info`'s `kv_events`) says: each
+/// data-parallel rank on the base ports plus its rank (as SGLang's publisher offsets them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub host: String,
+    pub port_base: u64,
+    pub replay_port_base: Option<u64>,
+    pub topic: String,
+    pub block_size: usize,
+    pub dp_size: usize,
+}
+
+impl Published {
+    pub fn endpoint(&self, rank: usize) -> String {
+        format!("tcp://{}:{}", self.host, self.port_base + rank as u64)
+    }
+
+    pub fn replay_endpoint(&self, rank: usize) -> Option<String> {
+        self.replay_port_base
+            .map(|p| format!("tcp://{}:{}", self.host, p + rank as u64))
+    }
+}
+
 /// Where a worker's descriptor (`/server_info`'s `kv_events`) says to subscribe: the host is
 /// the worker's own when the descriptor names a wildcard.
-pub fn source_of(
-    descriptor: &Value,
-    worker_host: &str,
-) -> Option<(String, Option<String>, String, usize)> {
+pub fn source_of(descriptor: &Value, worker_host: &str) -> Option<Published> {
     if descriptor.get("publisher").and_then(Value::as_str) != Some("zmq") {
         return None;
     }
@@ -62,20 +98,31 @@ pub fn source_of(
         "*" | "0.0.0.0" | "::" | "[::]" => worker_host,
         h => h,
     };
-    let port = descriptor
+    let port_base = descriptor
         .get("endpoint_port_base")
         .and_then(Value::as_u64)?;
-    let replay = descriptor
+    let replay_port_base = descriptor
         .get("replay_endpoint_port_base")
-        .and_then(Value::as_u64)
-        .map(|p| format!("tcp://{host}:{p}"));
+        .and_then(Value::as_u64);
     let topic = descriptor
         .get("topic")
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
     let block_size = descriptor.get("block_size").and_then(Value::as_u64)? as usize;
-    (block_size > 0).then(|| (format!("tcp://{host}:{port}"), replay, topic, block_size))
+    let dp_size = match descriptor.get("dp_size") {
+        None => 1,
+        Some(n) => n.as_u64().filter(|n| (1..=4096).contains(n))? as usize,
+    };
+    let fits = |base: u64| base + dp_size as u64 - 1 <= u64::from(u16::MAX);
+    (block_size > 0 && fits(port_base) && replay_port_base.is_none_or(fits)).then(|| Published {
+        host: host.to_string(),
+        port_base,
+        replay_port_base,
+        topic,
+        block_size,
+        dp_size,
+    })
 }
 
 impl KvIndex {
@@ -119,7 +166,8 @@ impl KvIndex {
                 .followed
                 .lock()
                 .values()
-                .any(|f| !synced(&f.subscription))
+                .flat_map(|f| &f.ranks)
+                .any(|r| !synced(&r.subscription))
             || self
                 .pool
                 .lock()
@@ -161,10 +209,17 @@ impl KvIndex {
         Ok(())
     }
 
-    /// Follows `worker`'s events as its `/server_info` (`info`) describes them; false when it
-    /// publishes none.
-    pub fn follow(&self, worker: &Tenant, worker_host: &str, info: &Value) -> Result<bool, String> {
-        let Some((endpoint, replay_endpoint, topic, block_size)) = info
+    /// Follows `worker`'s events as its `/server_info` (`info`) describes them: every
+    /// data-parallel rank's, or with `dp_rank` (a `--dp-aware` worker, one rank of a server)
+    /// that rank's alone. False when it publishes none.
+    pub fn follow(
+        &self,
+        worker: &Tenant,
+        worker_host: &str,
+        info: &Value,
+        dp_rank: Option<usize>,
+    ) -> Result<bool, String> {
+        let Some(published) = info
             .get("kv_events")
             .and_then(|d| source_of(d, worker_host))
         else {
@@ -173,17 +228,40 @@ impl KvIndex {
         if self.followed.lock().contains_key(worker) {
             return Ok(true);
         }
-        let (id, subscription) = self.subscribe(&endpoint, replay_endpoint, topic)?;
+        let ranks: Vec<usize> = match dp_rank {
+            None => (0..published.dp_size).collect(),
+            Some(r) if r < published.dp_size => vec![r],
+            Some(r) => {
+                return Err(format!(
+                    "rank {r} of a server whose KV events descriptor says dp_size {}",
+                    published.dp_size
+                ))
+            }
+        };
+        let mut followed = Vec::with_capacity(ranks.len());
+        for rank in ranks {
+            let endpoint = published.endpoint(rank);
+            let (id, subscription) = self.subscribe(
+                &endpoint,
+                published.replay_endpoint(rank),
+                published.topic.clone(),
+            )?;
+            tracing::info!(worker = %worker, %endpoint, dp_rank = rank, block_size = published.block_size,
+                source = id, "following KV events");
+            followed.push(FollowedRank {
+                rank,
+                id,
+                subscription,
+            });
+        }
         if info.get("simulated").and_then(Value::as_bool) == Some(true) {
             self.simulated.store(true, Ordering::Relaxed);
         }
-        tracing::info!(worker = %worker, %endpoint, block_size, source = id, "following KV events");
         self.followed.lock().insert(
             worker.clone(),
             Followed {
-                id,
-                block_size,
-                subscription,
+                block_size: published.block_size,
+                ranks: followed,
             },
         );
         Ok(true)
@@ -198,8 +276,10 @@ impl KvIndex {
         };
         let index = self.index.clone();
         let stop = move || {
-            drop(f.subscription);
-            index.lock().clear_source(f.id);
+            for r in f.ranks {
+                drop(r.subscription);
+                index.lock().clear_source(r.id);
+            }
         };
         if let Err(e) = std::thread::Builder::new()
             .name("kv-sub-stop".into())
@@ -286,11 +366,19 @@ impl KvIndex {
             };
             p.family(name, kind, help);
             for (url, f) in followed.iter() {
-                p.sample(name, &[("worker", url)], value(&f.subscription.stats));
+                for r in &f.ranks {
+                    let rank = r.rank.to_string();
+                    let labels = [("worker", &**url), ("dp_rank", &rank)];
+                    p.sample(name, &labels, value(&r.subscription.stats));
+                }
             }
             if let Some((_, endpoint, s)) = &*self.pool.lock() {
                 let source = format!("pool {endpoint}");
-                p.sample(name, &[("worker", &source)], value(&s.stats));
+                p.sample(
+                    name,
+                    &[("worker", &source), ("dp_rank", "0")],
+                    value(&s.stats),
+                );
             }
         }
         p.finish()
@@ -350,7 +438,7 @@ impl KvIndex {
             }
         };
         let tenant = q.tenant_id.clone().unwrap_or_else(|| "default".into());
-        let followed: Vec<(Tenant, SourceId)> = self
+        let followed: Vec<(Tenant, Vec<(usize, SourceId)>)> = self
             .followed
             .lock()
             .iter()
@@ -358,13 +446,32 @@ impl KvIndex {
                 f.block_size == q.block_size
                     && q.instance_id.as_deref().is_none_or(|i| i == &***url)
             })
-            .map(|(url, f)| (url.clone(), f.id))
+            .map(|(url, f)| {
+                (
+                    url.clone(),
+                    f.ranks.iter().map(|r| (r.rank, r.id)).collect(),
+                )
+            })
             .collect();
         let index = self.index.lock();
         let mut instances = serde_json::Map::new();
-        for (url, id) in followed {
-            let (any, [gpu, cpu, disk, external]) = index.runs(&hashes, id);
-            let tokens = |blocks: usize| blocks * q.block_size;
+        let tokens = |blocks: usize| blocks * q.block_size;
+        for (url, ranks) in followed {
+            // The instance's figures are its best rank's; `DP` says each rank's.
+            let runs: Vec<(usize, (usize, [usize; 4]))> = ranks
+                .iter()
+                .map(|&(rank, id)| (rank, index.runs(&hashes, id)))
+                .collect();
+            let Some(&(_, (any, [gpu, cpu, disk, external]))) = runs
+                .iter()
+                .max_by_key(|(rank, (any, _))| (*any, std::cmp::Reverse(*rank)))
+            else {
+                continue;
+            };
+            let dp: serde_json::Map<String, Value> = runs
+                .iter()
+                .map(|(rank, (any, _))| (rank.to_string(), Value::from(tokens(*any))))
+                .collect();
             instances.insert(
                 url.to_string(),
                 serde_json::json!({
@@ -373,7 +480,7 @@ impl KvIndex {
                     "CPU": tokens(cpu),
                     "DISK": tokens(disk),
                     "EXTERNAL": tokens(external),
-                    "DP": {"0": tokens(any)},
+                    "DP": dp,
                 }),
             );
         }
@@ -395,13 +502,13 @@ impl PrefixView for KvIndex {
     fn prefixes(&self, tokens: &[u32], workers: &[Tenant]) -> Vec<Option<Prefix>> {
         let followed = self.followed.lock();
         let mut hashes_by_size: HashMap<usize, Vec<i64>> = HashMap::new();
-        let known: Vec<Option<(SourceId, usize)>> = workers
+        // A worker's ranks followed whole (none: unknown to the policy).
+        let known: Vec<Option<(Vec<SourceId>, usize)>> = workers
             .iter()
             .map(|w| {
-                followed
-                    .get(w)
-                    .filter(|f| f.subscription.stats.in_step.load(Ordering::Relaxed))
-                    .map(|f| (f.id, f.block_size))
+                let f = followed.get(w)?;
+                let ids: Vec<SourceId> = f.in_step().map(|r| r.id).collect();
+                (!ids.is_empty()).then_some((ids, f.block_size))
             })
             .collect();
         drop(followed);
@@ -417,9 +524,19 @@ impl PrefixView for KvIndex {
                 .or_insert_with(|| block_hashes(tokens, *size));
         }
         let index = self.index.lock();
+        // A worker holds what its best rank holds (the server, or a `--dp-aware` router,
+        // picks the rank).
         known
             .iter()
-            .map(|k| k.map(|(id, size)| index.prefixes(&hashes_by_size[&size], &[id], pool)[0]))
+            .map(|k| {
+                let (ids, size) = k.as_ref()?;
+                index
+                    .prefixes(&hashes_by_size[size], ids, pool)
+                    .into_iter()
+                    .max_by(|a, b| {
+                        crate::router::policy::worth(a).total_cmp(&crate::router::policy::worth(b))
+                    })
+            })
             .collect()
     }
 }
@@ -490,18 +607,32 @@ mod tests {
         let d = json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557,
                        "replay_endpoint_port_base": 5558, "topic": "kv", "block_size": 16,
                        "dp_size": 1});
-        assert_eq!(
-            source_of(&d, "10.0.0.7"),
-            Some((
-                "tcp://10.0.0.7:5557".into(),
-                Some("tcp://10.0.0.7:5558".into()),
-                "kv".into(),
-                16
-            ))
-        );
+        let p = source_of(&d, "10.0.0.7").unwrap();
+        assert_eq!(p.endpoint(0), "tcp://10.0.0.7:5557");
+        assert_eq!(p.replay_endpoint(0).as_deref(), Some("tcp://10.0.0.7:5558"));
+        assert_eq!((p.topic.as_str(), p.block_size, p.dp_size), ("kv", 16, 1));
         let d = json!({"publisher": "zmq", "endpoint_host": "127.0.0.2", "endpoint_port_base": 1,
                        "block_size": 4});
-        assert_eq!(source_of(&d, "x").unwrap().0, "tcp://127.0.0.2:1");
+        let p = source_of(&d, "x").unwrap();
+        assert_eq!(
+            (p.endpoint(0), p.replay_endpoint(0)),
+            ("tcp://127.0.0.2:1".into(), None)
+        );
+        // Data-parallel ranks publish on the base ports plus their rank, as SGLang offsets them.
+        let d = json!({"publisher": "zmq", "endpoint_host": "h", "endpoint_port_base": 6000,
+                       "replay_endpoint_port_base": 7000, "block_size": 4, "dp_size": 4});
+        let p = source_of(&d, "x").unwrap();
+        assert_eq!(p.dp_size, 4);
+        assert_eq!(p.endpoint(3), "tcp://h:6003");
+        assert_eq!(p.replay_endpoint(2).as_deref(), Some("tcp://h:7002"));
+        for bad in [json!(0), json!("2"), json!(5000)] {
+            let d = json!({"publisher": "zmq", "endpoint_host": "h", "endpoint_port_base": 6000,
+                           "block_size": 4, "dp_size": bad});
+            assert_eq!(source_of(&d, "x"), None, "dp_size {bad}");
+        }
+        let d = json!({"publisher": "zmq", "endpoint_host": "h", "endpoint_port_base": 65535,
+                       "block_size": 4, "dp_size": 2});
+        assert_eq!(source_of(&d, "x"), None, "rank 1 would be past port 65535");
         assert_eq!(source_of(&json!({"publisher": "null"}), "x"), None);
         assert_eq!(
             source_of(

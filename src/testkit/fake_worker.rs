@@ -70,6 +70,10 @@ pub struct FakeWorkerArgs {
     /// Data-parallel ranks reported as `dp_size` by `/get_server_info`.
     #[arg(long, default_value_t = 1)]
     pub dp_size: usize,
+    /// What `/server_info` says under `kv_events` (a JSON object: where a test publishes KV
+    /// events for this worker, SGLang's descriptor shape). Default: nothing.
+    #[arg(long)]
+    pub kv_events_descriptor: Option<String>,
     /// Serve HTTPS with this PEM certificate (with --tls-key).
     #[arg(long)]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -424,10 +428,12 @@ async fn stats(State(f): State<Arc<Fake>>) -> Json<Value> {
 }
 
 async fn server_info(State(f): State<Arc<Fake>>) -> Json<Value> {
-    Json(
-        json!({"model_path": f.args.model, "served_model_name": f.args.model,
-        "tp_size": 1, "dp_size": f.args.dp_size, "fake_worker": true, "version": "fake"}),
-    )
+    let mut info = json!({"model_path": f.args.model, "served_model_name": f.args.model,
+        "tp_size": 1, "dp_size": f.args.dp_size, "fake_worker": true, "version": "fake"});
+    if let Some(d) = &f.args.kv_events_descriptor {
+        info["kv_events"] = serde_json::from_str(d).unwrap_or(Value::Null);
+    }
+    Json(info)
 }
 
 async fn model_info(State(f): State<Arc<Fake>>) -> Json<Value> {

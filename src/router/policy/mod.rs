@@ -20,7 +20,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
-pub use precise_prefix::{PrecisePrefix, PrefixView};
+pub use precise_prefix::{worth, PrecisePrefix, PrefixView};
 pub use prefix_hash::{PrefixHash, PrefixHashConfig};
 pub use random::Random;
 pub use round_robin::RoundRobin;
