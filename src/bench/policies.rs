@@ -33,6 +33,10 @@ pub struct PoliciesArgs {
     /// `--enable-round-barrier` on.
     #[arg(long, default_value_t = 0)]
     pub restart_router_before_round: usize,
+    /// Runs per policy, each on a fresh service: the figures are those of the run with the
+    /// median mean TTFT, and the table gives every run's range.
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
     #[command(flatten)]
     pub workload: MultiturnArgs,
 }
@@ -161,6 +165,8 @@ pub struct PolicyRun {
     pub oracle_hit_rate: f64,
     pub by_tier: ByTier,
     pub restart: Option<RestartFigures>,
+    /// Every run's mean TTFT, lowest first (this one is their median).
+    pub mean_ttfts: Vec<f64>,
 }
 
 impl PolicyRun {
@@ -180,6 +186,7 @@ impl PolicyRun {
             "requests": s.total_requests,
             "failed": self.result.failed,
             "router_restart": self.restart,
+            "runs_mean_ttft_s": self.mean_ttfts,
             "summary": s,
         })
     }
@@ -202,42 +209,28 @@ fn engine_tiers(stack: &Stack) -> ByTier {
     t
 }
 
-pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !a.policies.is_empty(),
-        "--policies: name at least one policy"
-    );
-    let restart = a.restart_router_before_round;
-    anyhow::ensure!(
-        restart == 0 || (1..a.workload.num_rounds).contains(&restart),
-        "--restart-router-before-round {restart}: name a round after the first and within \
-         --num-rounds ({}), or 0 for no restart",
-        a.workload.num_rounds
-    );
-    let base = match &a.config {
-        Some(p) => UpConfig::from_file(p)?,
-        None => default_layout(),
-    };
-    anyhow::ensure!(
-        base.engines.count >= 2 && !base.engines.pd(),
-        "--config: the policies choose between regular engines: set engines.count to 2 or more \
-         (and no prefill/decode split)"
-    );
-    let launcher = Launcher::new(Logs::Null)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let stop = crate::shutdown::Shutdown::on_signals()?;
-    let mut runs: Vec<PolicyRun> = Vec::new();
-    for &policy in &a.policies {
-        let cfg = layout(&base, policy);
+/// What one run of one policy needs.
+struct Once<'a> {
+    a: &'a PoliciesArgs,
+    base: &'a UpConfig,
+    launcher: &'a Launcher,
+    rt: &'a tokio::runtime::Runtime,
+    stop: &'a crate::shutdown::Shutdown,
+}
+
+impl Once<'_> {
+    /// Runs the workload once against a fresh service routing by `policy`.
+    fn run(&self, policy: PolicyKind, rep: usize) -> anyhow::Result<PolicyRun> {
+        let (a, restart) = (self.a, self.a.restart_router_before_round);
+        let cfg = layout(self.base, policy);
         eprintln!(
-            "policies: {}: starting the service ({} SIMULATED engines, {}-token device caches)...",
+            "policies: {}{}: starting the service ({} SIMULATED engines, {}-token device caches)...",
             policy.name(),
+            if a.reps > 1 { format!(" (run {} of {})", rep + 1, a.reps) } else { String::new() },
             cfg.engines.count,
             cfg.engines.device_cache_tokens
         );
-        let mut stack = Stack::start(&cfg, &launcher)?;
+        let mut stack = Stack::start(&cfg, self.launcher)?;
         let router = stack
             .router
             .clone()
@@ -277,10 +270,10 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
                 );
             }
         };
-        let result = rt.block_on(multiturn::run_rate_with(
+        let result = self.rt.block_on(multiturn::run_rate_with(
             &w,
             w.request_rate,
-            &stop,
+            self.stop,
             &mut at_barrier,
         ));
         let by_tier = engine_tiers(&stack);
@@ -311,18 +304,82 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
             eprintln!("  {}: error: {e}", policy.name());
         }
         let (_, oracle_hit_rate) = oracle::hit_rates(&result.records);
-        let interrupted = result.interrupted;
-        runs.push(PolicyRun {
+        let mean_ttfts = vec![result.summary.average_ttft];
+        Ok(PolicyRun {
             policy,
             result,
             oracle_hit_rate,
             by_tier,
             restart,
-        });
-        if interrupted {
-            eprintln!("interrupted: the runs so far follow");
-            break;
+            mean_ttfts,
+        })
+    }
+}
+
+/// The run of median mean TTFT among `reps` (one policy's), knowing every run's mean TTFT.
+fn median_of(mut reps: Vec<PolicyRun>) -> PolicyRun {
+    reps.sort_by(|x, y| {
+        x.result
+            .summary
+            .average_ttft
+            .total_cmp(&y.result.summary.average_ttft)
+    });
+    let means: Vec<f64> = reps.iter().map(|r| r.result.summary.average_ttft).collect();
+    let mut median = reps.swap_remove(reps.len() / 2);
+    median.mean_ttfts = means;
+    median
+}
+
+pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !a.policies.is_empty(),
+        "--policies: name at least one policy"
+    );
+    anyhow::ensure!(a.reps >= 1, "--reps must be at least 1");
+    let restart = a.restart_router_before_round;
+    anyhow::ensure!(
+        restart == 0 || (1..a.workload.num_rounds).contains(&restart),
+        "--restart-router-before-round {restart}: name a round after the first and within \
+         --num-rounds ({}), or 0 for no restart",
+        a.workload.num_rounds
+    );
+    let base = match &a.config {
+        Some(p) => UpConfig::from_file(p)?,
+        None => default_layout(),
+    };
+    anyhow::ensure!(
+        base.engines.count >= 2 && !base.engines.pd(),
+        "--config: the policies choose between regular engines: set engines.count to 2 or more \
+         (and no prefill/decode split)"
+    );
+    let launcher = Launcher::new(Logs::Null)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let stop = crate::shutdown::Shutdown::on_signals()?;
+    let mut runs: Vec<PolicyRun> = Vec::new();
+    let mut failed = 0;
+    'policies: for &policy in &a.policies {
+        let mut reps: Vec<PolicyRun> = Vec::with_capacity(a.reps);
+        for rep in 0..a.reps {
+            let ctx = Once {
+                a: &a,
+                base: &base,
+                launcher: &launcher,
+                rt: &rt,
+                stop: &stop,
+            };
+            let r = ctx.run(policy, rep)?;
+            failed += r.result.failed;
+            let interrupted = r.result.interrupted;
+            reps.push(r);
+            if interrupted {
+                eprintln!("interrupted: the runs so far follow");
+                runs.push(median_of(reps));
+                break 'policies;
+            }
         }
+        runs.push(median_of(reps));
     }
     let baseline = runs.iter().find(|r| r.policy == PolicyKind::CacheAware);
     if a.workload.json {
@@ -334,7 +391,6 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
     if let Some(path) = &a.workload.report {
         write_report(&a, &runs, path)?;
     }
-    let failed: usize = runs.iter().map(|r| r.result.failed).sum();
     anyhow::ensure!(
         failed == 0,
         "{failed} request(s) failed; the figures above cover the rest only"
@@ -355,6 +411,12 @@ fn rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
                 r.policy.name().to_string(),
                 format!("{:.1}", s.average_ttft * 1e3),
                 format!("{:.1}", s.p90_ttft * 1e3),
+                match r.mean_ttfts.as_slice() {
+                    [lo, .., hi] => {
+                        format!("{:.1}–{:.1} ({})", lo * 1e3, hi * 1e3, r.mean_ttfts.len())
+                    }
+                    _ => "-".into(),
+                },
                 baseline
                     .and_then(|b| ratio(b.result.summary.average_ttft, s.average_ttft))
                     .map_or("-".into(), |x| format!("{x:.2}×")),
@@ -367,10 +429,11 @@ fn rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
         .collect()
 }
 
-const HEADERS: [&str; 8] = [
+const HEADERS: [&str; 9] = [
     "policy",
     "mean TTFT ms",
     "p90 TTFT ms",
+    "runs' mean TTFT ms",
     "cache_aware's mean ÷ this",
     "hit rate",
     "oracle hit rate",
