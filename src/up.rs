@@ -159,6 +159,20 @@ pub struct UpConfig {
 }
 
 impl UpConfig {
+    /// This layout with every port chosen by the kernel and a fresh segment directory: one
+    /// of several services a benchmark starts in turn.
+    pub fn on_free_ports(&self) -> UpConfig {
+        let mut c = self.clone();
+        c.pool.shm_dir = None;
+        c.pool.master_port = 0;
+        c.pool.metadata_port = 0;
+        c.pool.metrics_port = 0;
+        c.router.port = 0;
+        c.engines.base_port = 0;
+        c.engines.bootstrap_base_port = 0;
+        c
+    }
+
     /// Reads a layout file (unknown keys are errors naming the key and line).
     pub fn from_file(path: &Path) -> Result<UpConfig, ConfigError> {
         crate::config::load_toml(path)

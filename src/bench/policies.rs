@@ -54,16 +54,9 @@ pub fn default_layout() -> UpConfig {
 /// `base` for one policy: every port chosen by the kernel, the engines' KV events on where the
 /// policy follows them.
 pub fn layout(base: &UpConfig, policy: PolicyKind) -> UpConfig {
-    let mut c = base.clone();
+    let mut c = base.on_free_ports();
     c.router.policy = policy;
     c.engines.kv_events = Some(policy == PolicyKind::PrecisePrefix);
-    c.pool.shm_dir = None;
-    c.pool.master_port = 0;
-    c.pool.metadata_port = 0;
-    c.pool.metrics_port = 0;
-    c.router.port = 0;
-    c.engines.base_port = 0;
-    c.engines.bootstrap_base_port = 0;
     c
 }
 
@@ -235,20 +228,8 @@ impl Once<'_> {
             .router
             .clone()
             .ok_or_else(|| anyhow::anyhow!("the layout has no router (router.enabled = false?)"))?;
-        let mut w = a.workload.clone();
-        w.host = "127.0.0.1".into();
-        w.port = router
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("the router's address {router} has no port"))?;
-        w.disable_auto_run = true;
+        let mut w = a.workload.against(&router, policy.name())?;
         w.oracle_page_size = Some(cfg.engines.page_size);
-        w.tag = if w.tag.is_empty() {
-            policy.name().to_string()
-        } else {
-            format!("{}:{}", w.tag, policy.name())
-        };
         if restart > 0 {
             w.enable_round_barrier = true;
         }

@@ -36,17 +36,10 @@ pub fn layouts(base: &UpConfig) -> Vec<(&'static str, UpConfig)> {
         ("L1+L2", true, false),
         ("L1+L2+L3", true, true),
     ] {
-        let mut c = base.clone();
+        let mut c = base.on_free_ports();
         c.engines.host_cache_tokens = if l2 { host } else { 0 };
         c.engines.l3 = l3;
         c.pool.stores = if l3 { base.pool.stores.max(1) } else { 0 };
-        c.pool.shm_dir = None;
-        c.pool.master_port = 0;
-        c.pool.metadata_port = 0;
-        c.pool.metrics_port = 0;
-        c.router.port = 0;
-        c.engines.base_port = 0;
-        c.engines.bootstrap_base_port = 0;
         out.push((name, c));
     }
     out
@@ -347,19 +340,7 @@ pub fn run(a: TiersArgs) -> anyhow::Result<()> {
             .router
             .clone()
             .ok_or_else(|| anyhow::anyhow!("the layout has no router (engines.count = 0?)"))?;
-        let mut w = a.workload.clone();
-        w.host = "127.0.0.1".into();
-        w.port = router
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(cfg.router.port);
-        w.disable_auto_run = true;
-        w.tag = if w.tag.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}:{name}", w.tag)
-        };
+        let w = a.workload.against(&router, name)?;
         let r = rt.block_on(multiturn::run_rate(&w, w.request_rate, &stop))?;
         let from_disk = (cfg.pool.disk_tier_size.0 > 0).then(|| pool_reads_from_disk(&stack));
         if name == "L1+L2+L3" {

@@ -219,6 +219,26 @@ impl MultiturnArgs {
         }
     }
 
+    /// This workload at its one `--request-rate` against a service's router
+    /// (`http://host:port`), its log lines tagged `name` (after `--tag`, if any).
+    pub fn against(&self, router: &str, name: &str) -> anyhow::Result<MultiturnArgs> {
+        let (host, port) = router
+            .strip_prefix("http://")
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(h, p)| Some((h, p.parse().ok()?)))
+            .ok_or_else(|| anyhow::anyhow!("the router's address {router} has no host and port"))?;
+        let mut w = self.clone();
+        w.host = host.to_string();
+        w.port = port;
+        w.disable_auto_run = true;
+        w.tag = if w.tag.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}:{name}", w.tag)
+        };
+        Ok(w)
+    }
+
     fn base(&self) -> String {
         format!("http://{}:{}", self.host, self.port)
     }
