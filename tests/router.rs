@@ -2570,6 +2570,8 @@ fn bench_router_runs_simulated_engines_for_precise_prefix() {
         "sim",
         "--policy",
         "precise_prefix",
+        "--prompts",
+        "2",
     ]);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];

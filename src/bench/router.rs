@@ -56,6 +56,11 @@ pub struct RouterBenchArgs {
     /// Characters of the (fixed) prompt.
     #[arg(long, default_value_t = 512)]
     pub prompt_chars: usize,
+    /// Distinct prompts (each the prompt behind a prefix of its own): client `i` sends prompt
+    /// `i mod N`, so that a cache-aware policy has something to spread. Regular cases only
+    /// (prefill/decode cases send the first).
+    #[arg(long, default_value_t = 1)]
+    pub prompts: usize,
     /// Tokens per reply.
     #[arg(long, default_value_t = 8)]
     pub tokens: usize,
@@ -295,8 +300,12 @@ fn start_peer(
 /// Where one measurement's requests go.
 #[derive(Clone)]
 enum Target {
-    /// A router, or the regular workers: client `i` keeps to `ports[i % ports.len()]`.
-    One { ports: Arc<[u16]>, body: Bytes },
+    /// A router, or the regular workers: client `i` keeps to `ports[i % ports.len()]` and
+    /// sends `bodies[i % bodies.len()]`.
+    One {
+        ports: Arc<[u16]>,
+        bodies: Arc<[Bytes]>,
+    },
     /// Both legs of a prefill/decode request, sent at once by the client itself; the answer
     /// is decode's.
     Legs {
@@ -474,17 +483,18 @@ impl Deployment {
         &self,
         path: Path,
         case: &Case,
-        body: &Bytes,
+        bodies: &Arc<[Bytes]>,
     ) -> anyhow::Result<(Target, Option<u32>)> {
         let spread = |ports: Arc<[u16]>, pid: Option<u32>| {
             (
                 Target::One {
                     ports,
-                    body: body.clone(),
+                    bodies: bodies.clone(),
                 },
                 pid,
             )
         };
+        let body = &bodies[0];
         Ok(match (path, &self.direct) {
             (Path::Router, _) => spread(Arc::new([self.router.0]), self.router.1),
             (Path::Peer, _) => {
@@ -638,8 +648,9 @@ async fn client_loop(
         }
     };
     match target {
-        Target::One { ports, body } => {
+        Target::One { ports, bodies } => {
             let mut send = connect(ports[index % ports.len()]).await?;
+            let body = &bodies[index % bodies.len()];
             while Instant::now() < deadline {
                 let t0 = Instant::now();
                 let (ok, first) = exchange(&mut send, path, body.clone(), t0).await?;
@@ -779,6 +790,7 @@ fn row(case: &Case, clients: usize, measured: &[Vec<Measure>]) -> Row {
 }
 
 pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.prompts >= 1, "--prompts must be at least 1");
     let cases = args
         .cases
         .iter()
@@ -811,14 +823,23 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         .cycle()
         .take(args.prompt_chars)
         .collect();
+    // Prompt k: its own first words, then the common text.
+    let bodies = |case: &Case| -> Arc<[Bytes]> {
+        (0..args.prompts)
+            .map(|k| match k {
+                0 => case.body(&prompt, args.tokens),
+                k => case.body(&format!("conversation {k}: {prompt}"), args.tokens),
+            })
+            .collect()
+    };
     // Warm every path (connections, allocator, caches) with its deployment's first case.
     for (mode, d) in &deployments {
         let Some(case) = cases.iter().find(|c| c.mode == *mode) else {
             continue;
         };
-        let body = case.body(&prompt, args.tokens);
+        let bodies = bodies(case);
         for path in d.paths() {
-            let (target, _) = d.target(path, case, &body)?;
+            let (target, _) = d.target(path, case, &bodies)?;
             measure(&rt, &target, case.endpoint.path(), 4, 0.3, None)?;
         }
     }
@@ -842,7 +863,7 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         let d = deployments
             .get(&case.mode)
             .context("every case's deployment was started")?;
-        let body = case.body(&prompt, args.tokens);
+        let bodies = bodies(case);
         let paths = d.paths();
         for &clients in &args.clients {
             let mut measured: Vec<Vec<Measure>> = vec![Vec::new(); paths.len()];
@@ -850,7 +871,7 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
                 // Rotate the order so that drift does not favour one path.
                 for k in 0..paths.len() {
                     let i = (rep + k) % paths.len();
-                    let (target, pid) = d.target(paths[i], case, &body)?;
+                    let (target, pid) = d.target(paths[i], case, &bodies)?;
                     let m = measure(
                         &rt,
                         &target,
