@@ -182,6 +182,14 @@ fn the_cache_tiers_on_the_same_workload_rank_as_in_seed_000_and_a_disk_tier_keep
 
 #[test]
 fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
+    // The oracle follows the answers' token ids: an API that returns none is refused at once.
+    let refused = Command::new(BIN)
+        .args(["bench", "policies", "--api-format", "openai"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("--api-format"), "{why}");
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("policies.toml");
     std::fs::write(

@@ -317,6 +317,11 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
         "--policies: name at least one policy"
     );
     anyhow::ensure!(a.reps >= 1, "--reps must be at least 1");
+    anyhow::ensure!(
+        a.workload.api_format == super::llm::ApiFormat::Sglang,
+        "--api-format: the oracle follows the answers' token ids, which only SGLang's /generate \
+         returns; leave --api-format at sglang"
+    );
     let restart = a.restart_router_before_round;
     anyhow::ensure!(
         restart == 0 || (1..a.workload.num_rounds).contains(&restart),
