@@ -91,24 +91,13 @@ impl ByTier {
 
     /// Adds one engine's `rbgctl_sim_cached_tokens_total{tier=...}` samples.
     pub fn add_metrics(&mut self, text: &str) {
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("rbgctl_sim_cached_tokens_total{tier=\"") else {
-                continue;
-            };
-            let Some((tier, value)) = rest.split_once("\"}") else {
-                continue;
-            };
-            let Ok(n) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let n = n as u64;
-            match tier {
-                "device" => self.device += n,
-                "host" => self.host += n,
-                "storage" => self.pool += n,
-                _ => {}
-            }
-        }
+        let tier = |t: &str| {
+            let name = format!("rbgctl_sim_cached_tokens_total{{tier=\"{t}\"}}");
+            crate::telemetry::sample(text, &name).unwrap_or(0.0) as u64
+        };
+        self.device += tier("device");
+        self.host += tier("host");
+        self.pool += tier("storage");
     }
 }
 
