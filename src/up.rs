@@ -138,6 +138,11 @@ pub struct RouterUpConfig {
     pub port: u16,
     /// Routing policy. Default cache_aware.
     pub policy: PolicyKind,
+    /// Routers started side by side in front of the same engines, as replicas behind a load
+    /// balancer: replica `i` listens on `port + i` (each on a free port when `port` is 0).
+    /// Each keeps its own view: `cache_aware`'s tree of the requests it sent itself,
+    /// `precise_prefix`'s index of every engine's KV events. Default 1.
+    pub replicas: usize,
 }
 
 impl Default for RouterUpConfig {
@@ -146,6 +151,7 @@ impl Default for RouterUpConfig {
             enabled: true,
             port: 30000,
             policy: PolicyKind::CacheAware,
+            replicas: 1,
         }
     }
 }
@@ -195,6 +201,21 @@ impl UpConfig {
                     "each store needs at least 4 KiB of memory to contribute, got {} bytes \
                      (--segment-size)",
                     self.pool.segment_size.0
+                ),
+            ));
+        }
+        if self.router.enabled && self.router.replicas == 0 {
+            return Err(ConfigError::invalid(
+                "router.replicas",
+                "must be at least 1 (or set router.enabled = false for no router)",
+            ));
+        }
+        if self.router.port != 0 && self.router.port as usize + self.router.replicas > 65536 {
+            return Err(ConfigError::invalid(
+                "router.replicas",
+                format!(
+                    "{} replicas from port {} run past port 65535",
+                    self.router.replicas, self.router.port
                 ),
             ));
         }
@@ -256,6 +277,9 @@ pub struct UpArgs {
     /// The router's port.
     #[arg(long)]
     pub router_port: Option<u16>,
+    /// Routers side by side in front of the engines, on the ports from --router-port up.
+    #[arg(long)]
+    pub router_replicas: Option<usize>,
 }
 
 impl UpArgs {
@@ -296,6 +320,9 @@ impl UpArgs {
         if let Some(v) = self.router_port {
             c.router.port = v;
         }
+        if let Some(v) = self.router_replicas {
+            c.router.replicas = v;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -305,6 +332,9 @@ impl UpArgs {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct UpAddrs {
     pub router: Option<String>,
+    /// Every router replica's base URL, the first being `router`.
+    #[serde(default)]
+    pub routers: Vec<String>,
     pub master: Option<String>,
     pub metadata: Option<String>,
     pub master_metrics: Option<String>,
@@ -316,8 +346,8 @@ pub struct UpAddrs {
 
 /// A started service.
 pub struct Stack {
-    // Declared in stop order: router, engines, stores, master (children stop when dropped).
-    router_proc: Option<Child<launch::Router>>,
+    // Declared in stop order: routers, engines, stores, master (children stop when dropped).
+    router_procs: Vec<Child<launch::Router>>,
     engine_procs: Vec<Child<launch::Engine>>,
     pool: Option<Pool>,
     /// Restarts of the children that died, by child name.
@@ -328,7 +358,10 @@ pub struct Stack {
     pub stores: Vec<String>,
     /// Engine base URLs, with their role.
     pub engines: Vec<(String, &'static str)>,
+    /// The first router's base URL: the service's address.
     pub router: Option<String>,
+    /// Every router replica's base URL (`router.replicas`), the first being `router`.
+    pub routers: Vec<String>,
 }
 
 /// The `i`-th port from `base` (0: each one chosen by the kernel).
@@ -347,7 +380,7 @@ impl Stack {
         cfg.validate()?;
         let host = "127.0.0.1";
         let mut st = Stack {
-            router_proc: None,
+            router_procs: Vec::new(),
             engine_procs: Vec::new(),
             pool: None,
             restarts: Default::default(),
@@ -357,6 +390,7 @@ impl Stack {
             stores: Vec::new(),
             engines: Vec::new(),
             router: None,
+            routers: Vec::new(),
         };
         let p = &cfg.pool;
         // precise_prefix over engines backed by the pool: the pool's pages are followed too.
@@ -487,11 +521,20 @@ impl Stack {
             wait_http_ok(&format!("{url}/health"), Duration::from_secs(40))?;
         }
         if cfg.router.enabled && !st.engines.is_empty() {
-            let router = launcher.spawn::<launch::Router>("router", router_cfg)?;
-            let url = format!("http://{}", router.addrs.http);
-            wait_http_ok(&format!("{url}/readiness"), Duration::from_secs(30))?;
-            st.router = Some(url);
-            st.router_proc = Some(router);
+            for i in 0..cfg.router.replicas {
+                let name = match i {
+                    0 => "router".to_string(),
+                    i => format!("router-{i}"),
+                };
+                let mut replica = router_cfg.clone();
+                replica.server.port = nth_port(cfg.router.port, i, "router.port")?;
+                let router = launcher.spawn::<launch::Router>(&name, replica)?;
+                let url = format!("http://{}", router.addrs.http);
+                wait_http_ok(&format!("{url}/readiness"), Duration::from_secs(30))?;
+                st.routers.push(url);
+                st.router_procs.push(router);
+            }
+            st.router = st.routers.first().cloned();
         }
         Ok(st)
     }
@@ -500,6 +543,7 @@ impl Stack {
     pub fn addrs(&self) -> UpAddrs {
         UpAddrs {
             router: self.router.clone(),
+            routers: self.routers.clone(),
             master: self.master.clone(),
             metadata: self.metadata.clone(),
             master_metrics: self.master_metrics.clone(),
@@ -517,7 +561,7 @@ impl Stack {
     /// serving. Fails when one has failed to start `MAX_FAILED_STARTS` times in a row.
     pub fn supervise(&mut self, now: Instant) -> Result<(), UpError> {
         let restarts = &mut self.restarts;
-        if let Some(r) = &mut self.router_proc {
+        for r in &mut self.router_procs {
             supervise_one(r, restarts, now)?;
         }
         for e in &mut self.engine_procs {
@@ -539,7 +583,7 @@ impl Stack {
     /// go only when every store stopped cleanly: a store's files are never removed after it
     /// exited abnormally.
     pub fn stop(&mut self) {
-        if let Some(mut r) = self.router_proc.take() {
+        for mut r in self.router_procs.drain(..).rev() {
             r.stop();
         }
         for mut e in self.engine_procs.drain(..).rev() {
@@ -550,21 +594,28 @@ impl Stack {
         }
     }
 
-    /// Kills the router (SIGKILL) and starts it again on the same address; answers how long
-    /// until it was ready again.
+    /// Kills every router replica (SIGKILL) and starts each again on its address; answers
+    /// how long until all were ready again.
     pub fn restart_router(&mut self) -> Result<Duration, UpError> {
-        let Some(r) = &mut self.router_proc else {
+        if self.router_procs.is_empty() {
             return Err(UpError::Config(ConfigError::invalid(
                 "router.enabled",
                 "there is no router to restart",
             )));
-        };
+        }
         let began = Instant::now();
-        r.start()?;
-        wait_http_ok(
-            &format!("http://{}/readiness", r.addrs.http),
-            Duration::from_secs(30),
-        )?;
+        for r in &mut self.router_procs {
+            r.kill();
+        }
+        for r in &mut self.router_procs {
+            r.start()?;
+        }
+        for r in &self.router_procs {
+            wait_http_ok(
+                &format!("http://{}/readiness", r.addrs.http),
+                Duration::from_secs(30),
+            )?;
+        }
         Ok(began.elapsed())
     }
 
@@ -579,8 +630,11 @@ impl Stack {
 
     fn print(&self) {
         println!("rbgctl is up on loopback:");
-        if let Some(r) = &self.router {
-            println!("  service (router)    {r}   (OpenAI and SGLang APIs)");
+        for (i, r) in self.routers.iter().enumerate() {
+            match i {
+                0 => println!("  service (router)    {r}   (OpenAI and SGLang APIs)"),
+                i => println!("  router replica {i:<4} {r}"),
+            }
         }
         for (url, role) in &self.engines {
             println!("  SIMULATED engine    {url}   ({role})");
@@ -858,5 +912,16 @@ mod tests {
         c.engines.decode = 2;
         c.validate().unwrap();
         assert_eq!(c.engines.total(), 3);
+        c.router.replicas = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("router.replicas"), "{e}");
+        c.router.enabled = false;
+        c.validate().unwrap();
+        c.router.enabled = true;
+        (c.router.port, c.router.replicas) = (65535, 2);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("past port 65535"), "{e}");
+        c.router.replicas = 1;
+        c.validate().unwrap();
     }
 }

@@ -269,6 +269,45 @@ fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
 }
 
 #[test]
+fn router_replicas_share_the_load_and_precise_prefix_keeps_one_view_across_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("replicas.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 2\n\
+         device_cache_tokens = 2048\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+         prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "policies", "--config"])
+        .arg(&cfg)
+        .args(["--routers", "2", "--policies", "cache_aware,precise_prefix"])
+        .args(["--num-clients", "8", "--num-rounds", "3"])
+        .args(["--request-length", "256", "--output-length", "8"])
+        .args(["--request-rate", "40", "--json"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["routers"], 2, "{v}");
+    for r in v["policies"].as_array().unwrap() {
+        assert_eq!(r["failed"], 0, "{r}");
+        // The requests went to the replicas in turn.
+        assert_eq!(r["requests_by_router"], serde_json::json!([12, 12]), "{r}");
+    }
+    // Both replicas follow the same KV events: the conversations find what the oracle would,
+    // though each replica sent only half of their turns.
+    let precise = &v["policies"][1];
+    let (hit, best) = (
+        precise["hit_rate"].as_f64().unwrap(),
+        precise["oracle_hit_rate"].as_f64().unwrap(),
+    );
+    assert!(best > 0.4 && hit >= best - 0.1, "{precise}");
+}
+
+#[test]
 fn a_prefill_decode_pair_behind_the_router_streams_and_reports_cached_tokens() {
     let launcher = common::launcher();
     let engine = |mode: &str, extra: &[&str]| -> Spawned<EngineAddrs> {

@@ -33,6 +33,12 @@ pub struct PoliciesArgs {
     /// `--enable-round-barrier` on.
     #[arg(long, default_value_t = 0)]
     pub restart_router_before_round: usize,
+    /// Router replicas side by side, the requests spread over them in turn (a load balancer
+    /// without session affinity): each `cache_aware` replica sees only the turns sent through
+    /// it, while every `precise_prefix` replica follows the same KV events. Overrides the
+    /// layout's `router.replicas`.
+    #[arg(long)]
+    pub routers: Option<usize>,
     /// Runs per policy, each on a fresh service: the figures are those of the run with the
     /// median mean TTFT, and the table gives every run's range.
     #[arg(long, default_value_t = 1)]
@@ -149,6 +155,8 @@ pub struct PolicyRun {
     pub restart: Option<RestartFigures>,
     /// Every run's mean TTFT, lowest first (this one is their median).
     pub mean_ttfts: Vec<f64>,
+    /// The inference requests each router replica received (since its last start).
+    pub by_router: Vec<u64>,
 }
 
 impl PolicyRun {
@@ -169,6 +177,7 @@ impl PolicyRun {
             "failed": self.result.failed,
             "router_restart": self.restart,
             "runs_mean_ttft_s": self.mean_ttfts,
+            "requests_by_router": self.by_router,
             "summary": s,
         })
     }
@@ -177,6 +186,21 @@ impl PolicyRun {
 /// How many times lower `ours` is than `theirs` (`theirs / ours`).
 fn ratio(theirs: f64, ours: f64) -> Option<f64> {
     (ours > 0.0).then(|| theirs / ours)
+}
+
+/// The inference requests each router replica received, from its `/metrics`.
+fn router_requests(stack: &Stack) -> Vec<u64> {
+    stack
+        .routers
+        .iter()
+        .map(|url| {
+            reqwest::blocking::get(format!("{url}/metrics"))
+                .and_then(|r| r.error_for_status()?.text())
+                .map_or(0, |text| {
+                    crate::telemetry::sum(&text, "smg_router_requests_total") as u64
+                })
+        })
+        .collect()
 }
 
 fn engine_tiers(stack: &Stack) -> ByTier {
@@ -206,11 +230,13 @@ impl Once<'_> {
         let (a, restart) = (self.a, self.a.restart_router_before_round);
         let cfg = layout(self.base, policy);
         eprintln!(
-            "policies: {}{}: starting the service ({} SIMULATED engines, {}-token device caches)...",
+            "policies: {}{}: starting the service ({} SIMULATED engines, {}-token device caches, {} router{})...",
             policy.name(),
             if a.reps > 1 { format!(" (run {} of {})", rep + 1, a.reps) } else { String::new() },
             cfg.engines.count,
-            cfg.engines.device_cache_tokens
+            cfg.engines.device_cache_tokens,
+            cfg.router.replicas,
+            if cfg.router.replicas == 1 { "" } else { "s" },
         );
         let mut stack = Stack::start(&cfg, self.launcher)?;
         let router = stack
@@ -219,6 +245,9 @@ impl Once<'_> {
             .ok_or_else(|| anyhow::anyhow!("the layout has no router (router.enabled = false?)"))?;
         let mut w = a.workload.against(&router, policy.name())?;
         w.oracle_page_size = Some(cfg.engines.page_size);
+        if stack.routers.len() > 1 {
+            w.spread_over = stack.routers.clone();
+        }
         if restart > 0 {
             w.enable_round_barrier = true;
         }
@@ -247,6 +276,7 @@ impl Once<'_> {
             &mut at_barrier,
         ));
         let by_tier = engine_tiers(&stack);
+        let by_router = router_requests(&stack);
         stack.stop();
         let result = result?;
         let restart = match ready_after {
@@ -282,6 +312,7 @@ impl Once<'_> {
             by_tier,
             restart,
             mean_ttfts,
+            by_router,
         })
     }
 }
@@ -318,10 +349,14 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
          --num-rounds ({}), or 0 for no restart",
         a.workload.num_rounds
     );
-    let base = match &a.config {
+    let mut base = match &a.config {
         Some(p) => UpConfig::from_file(p)?,
         None => default_layout(),
     };
+    if let Some(n) = a.routers {
+        anyhow::ensure!(n >= 1, "--routers must be at least 1");
+        base.router.replicas = n;
+    }
     anyhow::ensure!(
         base.engines.count >= 2 && !base.engines.pd(),
         "--config: the policies choose between regular engines: set engines.count to 2 or more \
@@ -359,12 +394,15 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
     let baseline = runs.iter().find(|r| r.policy == PolicyKind::CacheAware);
     if a.workload.json {
         let out: Vec<_> = runs.iter().map(|r| r.json(baseline)).collect();
-        println!("{}", serde_json::json!({ "policies": out }));
+        println!(
+            "{}",
+            serde_json::json!({ "routers": base.router.replicas, "policies": out })
+        );
     } else {
-        print!("{}", render(&a.workload, &runs));
+        print!("{}", render(&a.workload, base.router.replicas, &runs));
     }
     if let Some(path) = &a.workload.report {
-        write_report(&a, &runs, path)?;
+        write_report(&a, base.router.replicas, &runs, path)?;
     }
     anyhow::ensure!(
         failed == 0,
@@ -416,11 +454,22 @@ const HEADERS: [&str; 9] = [
     "input tok/s",
 ];
 
-fn render(w: &MultiturnArgs, runs: &[PolicyRun]) -> String {
+/// How many routers served, in words (the replicas the requests were spread over).
+fn routers_phrase(routers: usize) -> String {
+    match routers {
+        1 => "one router".into(),
+        n => format!("{n} router replicas, the requests spread over them in turn"),
+    }
+}
+
+fn render(w: &MultiturnArgs, routers: usize, runs: &[PolicyRun]) -> String {
     let mut out = format!(
         "Router policies on one multi-turn workload ({} clients × {} rounds, rate {} req/s; \
-         SIMULATED engines, a fresh service per policy)\n",
-        w.num_clients, w.num_rounds, w.request_rate
+         SIMULATED engines, {}, a fresh service per policy)\n",
+        w.num_clients,
+        w.num_rounds,
+        w.request_rate,
+        routers_phrase(routers)
     );
     out.push_str(&crate::bench::stats::text_table(&HEADERS, &rows(runs)));
     if runs.iter().any(|r| r.restart.is_some()) {
@@ -467,6 +516,7 @@ fn restart_rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
 
 fn write_report(
     a: &PoliciesArgs,
+    routers: usize,
     runs: &[PolicyRun],
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
@@ -482,7 +532,11 @@ fn write_report(
     )
     .fact(
         "service",
-        "a fresh `rbgctl up` per policy: SIMULATED engines (no model, no GPU), the pool as their L3",
+        format!(
+            "a fresh `rbgctl up` per policy: SIMULATED engines (no model, no GPU), the pool as \
+             their L3, {}",
+            routers_phrase(routers)
+        ),
     );
     page.heading("Figures");
     page.table(&HEADERS, rows(runs));

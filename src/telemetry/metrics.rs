@@ -18,6 +18,18 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The sum of every sample of metric `name` in Prometheus text, whatever their labels (0 when
+/// there is none).
+pub fn sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// What a family's samples are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -217,6 +229,18 @@ impl Histogram {
 mod tests {
     use super::*;
     use crate::telemetry::OpStats;
+
+    #[test]
+    fn a_family_sums_over_its_labels_and_nothing_else() {
+        let text = "# TYPE r_total counter\n\
+                    r_total{model=\"a\",streaming=\"true\"} 3\n\
+                    r_total{model=\"b\"} 4.5\n\
+                    r_total_other 100\n\
+                    r_totally{x=\"y\"} 100\n";
+        assert_eq!(sum(text, "r_total"), 7.5);
+        assert_eq!(sum("r_total 2\n", "r_total"), 2.0);
+        assert_eq!(sum(text, "absent"), 0.0);
+    }
 
     #[test]
     fn a_histogram_counts_cumulatively_with_its_labels() {

@@ -104,6 +104,12 @@ pub struct MultiturnArgs {
     /// Port of the server under test.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
+    /// Send the requests to these servers in turn (base URLs, `http://host:port`,
+    /// comma-separated), as a load balancer without session affinity spreads them over router
+    /// replicas: a conversation's turns land on different replicas. Flushes still go to
+    /// --host/--port. Default: every request to --host/--port.
+    #[arg(long, value_delimiter = ',')]
+    pub spread_over: Vec<String>,
     /// JSONL log to append one summary line to (SGLang's `performance_metrics.jsonl`).
     /// Default: none.
     #[arg(long, default_value = "")]
@@ -220,7 +226,7 @@ impl MultiturnArgs {
     }
 
     /// This workload at its one `--request-rate` against a service's router
-    /// (`http://host:port`), its log lines tagged `name` (after `--tag`, if any).
+    /// (`http://host:port`) alone, its log lines tagged `name` (after `--tag`, if any).
     pub fn against(&self, router: &str, name: &str) -> anyhow::Result<MultiturnArgs> {
         let (host, port) = router
             .strip_prefix("http://")
@@ -230,6 +236,7 @@ impl MultiturnArgs {
         let mut w = self.clone();
         w.host = host.to_string();
         w.port = port;
+        w.spread_over.clear();
         w.disable_auto_run = true;
         w.tag = if w.tag.is_empty() {
             name.to_string()
@@ -312,7 +319,21 @@ pub async fn run_rate_with(
     let convs = Arc::new(convs);
     let mut total: usize = convs.iter().map(|c| c.rounds()).sum();
     let mut abandoned = 0usize;
-    let url = format!("{base}{}", a.api_format.path());
+    if let Some(bad) = a
+        .spread_over
+        .iter()
+        .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+    {
+        anyhow::bail!("--spread-over {bad}: give each server as a base URL, http://host:port");
+    }
+    let urls: Vec<String> = match a.spread_over.as_slice() {
+        [] => vec![format!("{base}{}", a.api_format.path())],
+        many => many
+            .iter()
+            .map(|u| format!("{}{}", u.trim_end_matches('/'), a.api_format.path()))
+            .collect(),
+    };
+    let mut sent_count = 0usize;
     let timeout = Duration::from_secs_f64(a.request_timeout.max(1.0));
     let mut chats: Vec<Chat> = convs
         .iter()
@@ -392,7 +413,9 @@ pub async fn run_rate_with(
                     len: c.ids.len(),
                     oracle_cached: oracle.as_ref().map_or(0, |o| o.best_hit(&c.ids)),
                 };
-                let (http, url, tx, round) = (http.clone(), url.clone(), tx.clone(), c.round);
+                let url = urls[sent_count % urls.len()].clone();
+                sent_count += 1;
+                let (http, tx, round) = (http.clone(), tx.clone(), c.round);
                 let api = a.api_format;
                 tokio::spawn(async move {
                     let o = llm::send(&http, &url, api, &body, timeout).await;
