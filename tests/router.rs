@@ -2846,7 +2846,34 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
     );
     assert!(metric(r2.port, "rbgctl_router_kv_event_catch_up_seconds{").is_some());
     drop(r2);
-    // e2 flushes: AllBlocksCleared reaches the index, which then holds nothing of it.
+    // A request in a cache namespace of its own (a LoRA adapter) is not matched against the
+    // index's blocks, which SGLang keeps apart from the adapter's: e2 holds this prompt for
+    // the base model, yet `cache_aware`'s tree, which has never seen it, decides (e1, whose
+    // tree is the smaller).
+    let other: String = (0..32).map(|i| format!("t{} ", 2000 + i)).collect();
+    let plain = json!({"text": other, "sampling_params": {"max_new_tokens": 1}});
+    assert_eq!(
+        post(e2.addrs.http.port(), "/generate", &plain.to_string()).0,
+        200
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || blocks() >= 16.0),
+        "the index did not learn e2's second prompt: {}",
+        blocks()
+    );
+    let (before1, before2) = (prompts(&e1), prompts(&e2));
+    let mut adapted = plain.clone();
+    adapted["lora_path"] = json!("sql-adapter");
+    let (code, _, text) = post(r.port, "/generate", &adapted.to_string());
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        prompts(&e2),
+        before2,
+        "the adapter's request followed the base model's blocks"
+    );
+    assert!(prompts(&e1) > before1);
+    // The engines flush: AllBlocksCleared reaches the index, which then holds nothing.
+    assert_eq!(post(e1.addrs.http.port(), "/flush_cache", "").0, 200);
     assert_eq!(post(e2.addrs.http.port(), "/flush_cache", "").0, 200);
     assert!(
         wait_until(Duration::from_secs(20), || blocks() == 0.0),

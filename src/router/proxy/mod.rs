@@ -315,10 +315,14 @@ impl Shared {
         self.metrics
             .request(endpoint, info.stream, info.model.as_deref());
         let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-        let tokens =
-            self.routing.kv_index.as_ref().and_then(|k| {
+        // A namespaced request's blocks are published under hashes only its engine knows:
+        // the index cannot tell who holds them, and `cache_aware`'s tree decides.
+        let tokens = match &self.routing.kv_index {
+            Some(k) if !info.namespaced => {
                 crate::router::kv_index::tokens_of(&info.text, info.form, k.simulated())
-            });
+            }
+            _ => None,
+        };
         let input = RouteInput {
             text: &info.text,
             form: info.form,

@@ -118,6 +118,13 @@ struct Peek<'a> {
     /// Rerank and Score.
     #[serde(default)]
     query: Option<Value>,
+    /// SGLang's cache namespaces: a LoRA adapter, an extra key, a cache salt.
+    #[serde(default)]
+    lora_path: Option<Value>,
+    #[serde(default)]
+    extra_key: Option<Value>,
+    #[serde(default)]
+    cache_salt: Option<Value>,
 }
 
 /// What routing needs to know about a request.
@@ -132,6 +139,11 @@ pub struct RouteInfo {
     pub model: Option<String>,
     /// What `text` holds: the prompt, or token ids (`input_ids`, not to be tokenized).
     pub form: TextForm,
+    /// The request names a cache namespace of its own (`lora_path`, `extra_key` or
+    /// `cache_salt`): SGLang keeps its pages apart from the base model's and publishes their
+    /// KV events under hashes seeded by the engine's own adapter ids, which the router cannot
+    /// compute from the request.
+    pub namespaced: bool,
 }
 
 fn push_ids(out: &mut String, ids: &[Value]) {
@@ -216,6 +228,8 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
     }
     let peek: Peek = serde_json::from_slice(body).map_err(json)?;
     let mut info = flags(peek.stream, peek.model)?;
+    let named = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    info.namespaced = named(&peek.lora_path) || named(&peek.extra_key) || named(&peek.cache_salt);
     match endpoint {
         Endpoint::Generate => match (peek.text, peek.input_ids) {
             (Some(Value::String(s)), _) => info.text = s,
@@ -459,6 +473,39 @@ mod tests {
                     .unwrap_err()
                     .to_string(),
                 inspect(Endpoint::Chat, bad).unwrap_err().to_string()
+            );
+        }
+    }
+
+    #[test]
+    fn a_lora_adapter_an_extra_key_or_a_cache_salt_makes_a_request_namespaced() {
+        for (endpoint, body) in [
+            (
+                Endpoint::Generate,
+                &br#"{"text":"a","lora_path":"sql-adapter"}"#[..],
+            ),
+            (
+                Endpoint::Generate,
+                br#"{"input_ids":[1],"extra_key":"tenant-7"}"#,
+            ),
+            (
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"user","content":"a"}],"cache_salt":"s"}"#,
+            ),
+            (
+                Endpoint::Generate,
+                br#"{"text":["a","b"],"lora_path":["x",null]}"#,
+            ),
+        ] {
+            assert!(inspect(endpoint, body).unwrap().namespaced, "{body:?}");
+        }
+        for body in [
+            &br#"{"text":"a"}"#[..],
+            br#"{"text":"a","lora_path":null,"cache_salt":null}"#,
+        ] {
+            assert!(
+                !inspect(Endpoint::Generate, body).unwrap().namespaced,
+                "{body:?}"
             );
         }
     }
