@@ -2846,10 +2846,10 @@ fn precise_prefix_routes_on_the_engines_own_kv_events() {
     );
     assert!(metric(r2.port, "rbgctl_router_kv_event_catch_up_seconds{").is_some());
     drop(r2);
-    // A request in a cache namespace of its own (a LoRA adapter) is not matched against the
-    // index's blocks, which SGLang keeps apart from the adapter's: e2 holds this prompt for
-    // the base model, yet `cache_aware`'s tree, which has never seen it, decides (e1, whose
-    // tree is the smaller).
+    // A request in a LoRA adapter's namespace is not matched against the base model's
+    // blocks, which SGLang keeps apart from the adapter's: e2 holds this prompt for the base
+    // model only, the adapter's blocks are held nowhere, and the request goes by load (e1,
+    // which has served fewer).
     let other: String = (0..32).map(|i| format!("t{} ", 2000 + i)).collect();
     let plain = json!({"text": other, "sampling_params": {"max_new_tokens": 1}});
     assert_eq!(
@@ -3003,5 +3003,90 @@ fn precise_prefix_follows_every_data_parallel_rank() {
         v["default"][format!("{url}@1")]["DP"],
         json!({"1": 8}),
         "{v}"
+    );
+}
+
+/// A LoRA adapter's blocks, which SGLang publishes under hashes seeded by its own id for the
+/// adapter's load (with `lora_name` and the token ids), are found by a request naming the
+/// adapter (`lora_path`), and never taken for the base model's blocks of the same tokens.
+#[test]
+fn precise_prefix_finds_an_adapters_blocks_by_its_name() {
+    use rbgctl::kv_events::{BlockStored, KvEvent, KvEventBatch, Medium};
+    let worker = |name: &str| {
+        let (base, mut publishers) = rank_publishers(1);
+        let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+            "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
+            "topic": "", "block_size": 4, "dp_size": 1})
+        .to_string();
+        let w = fake_worker(name, &["--kv-events-descriptor", &descriptor]);
+        (w, publishers.remove(0))
+    };
+    let (w1, base_model) = worker("w1");
+    let (w2, adapters) = worker("w2");
+    let tokens: Vec<u32> = (1..=8).collect();
+    // w1 holds the base model's two blocks of the prompt.
+    base_model.publish(KvEventBatch {
+        ts: 0.0,
+        events: vec![KvEvent::BlockStored(BlockStored::new(
+            rbgctl::kv_events::hash::block_hashes(&tokens, 4),
+            None,
+            tokens.clone(),
+            4,
+            Medium::Gpu,
+        ))],
+        attn_dp_rank: Some(0),
+    });
+    // w2 holds adapter "sql"'s, as SGLang publishes them: one event a page, under opaque
+    // hashes chained by parent.
+    let page = |hash: i64, parent: Option<i64>, from: usize| {
+        let mut s = BlockStored::new(
+            vec![hash],
+            parent,
+            tokens[from..from + 4].to_vec(),
+            4,
+            Medium::Gpu,
+        );
+        s.lora_name = Some("sql".into());
+        KvEvent::BlockStored(s)
+    };
+    adapters.publish(KvEventBatch {
+        ts: 0.0,
+        events: vec![page(-7001, None, 0), page(7002, Some(-7001), 4)],
+        attn_dp_rank: Some(0),
+    });
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w1.url(),
+            &w2.url(),
+            "--policy",
+            "precise_prefix",
+        ]),
+        true,
+    );
+    let to = |body: Value| {
+        let (st, h, text) = post(r.port, "/generate", &body.to_string());
+        assert_eq!(st, 200, "{text}");
+        h["x-fake-worker"].to_str().unwrap().to_string()
+    };
+    let adapted = json!({"input_ids": tokens, "lora_path": "sql"});
+    let base = json!({"input_ids": tokens});
+    assert_eq!(to(adapted.clone()), "w2", "the adapter's blocks are on w2");
+    assert_eq!(to(base.clone()), "w1", "the base model's blocks are on w1");
+    // Another adapter of the same tokens is held nowhere: least loaded (w1, the first).
+    assert_eq!(to(json!({"input_ids": tokens, "lora_path": "chat"})), "w1");
+    // w2 evicts the adapter's first block: it no longer holds the prefix, and the request
+    // goes by load again.
+    adapters.publish(KvEventBatch {
+        ts: 0.0,
+        events: vec![KvEvent::BlockRemoved(rbgctl::kv_events::BlockRemoved {
+            block_hashes: vec![-7001],
+            medium: Some(Medium::Gpu),
+        })],
+        attn_dp_rank: Some(0),
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || to(adapted.clone()) == "w1"),
+        "the adapter's removal never reached the index"
     );
 }

@@ -2,8 +2,14 @@
 //! digest is the SHA-256 of the digest before it followed by the page's token ids as 4-byte
 //! little-endian integers: HiCache's `get_hash_str`), and a page's event hash is its digest's
 //! first 8 bytes read as a big-endian signed integer (`hash_str_to_int64` of the hex key).
-//! Only full pages have hashes. No namespace (cache salt, LoRA extra key): those chains are
-//! seeded differently and are not routed on here.
+//! Only full pages have hashes.
+//!
+//! A LoRA adapter's pages SGLang publishes under hashes seeded by its own id for the adapter's
+//! load (`kv_event_namespace_seed`), which no router can compute from a request; its events
+//! carry the adapter's public name (`lora_name`) and each block's token ids instead. The index
+//! keys those blocks by [`adapter_block_keys`]: a chain from the adapter's name through the
+//! pages' tokens, the same whether computed from the events or from a request naming the
+//! adapter.
 
 use sha2::{Digest, Sha256};
 
@@ -43,6 +49,42 @@ pub fn block_hashes(tokens: &[u32], page_size: usize) -> Vec<i64> {
         .collect()
 }
 
+/// The first 8 bytes of a SHA-256 digest as a big-endian signed integer.
+fn head(digest: &[u8]) -> i64 {
+    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// The chain's start for adapter `name`: what its first page's key follows.
+pub fn adapter_seed(name: &str) -> i64 {
+    let mut h = Sha256::new();
+    h.update(b"rbgctl-adapter-block-v1");
+    h.update((name.len() as u64).to_le_bytes());
+    h.update(name.as_bytes());
+    head(&h.finalize())
+}
+
+/// The key of an adapter's page of `tokens` following the page keyed `parent`.
+pub fn adapter_key(parent: i64, tokens: &[u32]) -> i64 {
+    let mut h = Sha256::new();
+    h.update(parent.to_be_bytes());
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    head(&h.finalize())
+}
+
+/// The keys of the full pages of `tokens` in adapter `name`'s namespace.
+pub fn adapter_block_keys(name: &str, tokens: &[u32], page_size: usize) -> Vec<i64> {
+    let mut parent = adapter_seed(name);
+    tokens
+        .chunks_exact(page_size.max(1))
+        .map(|page| {
+            parent = adapter_key(parent, page);
+            parent
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +110,19 @@ mod tests {
             hashes[..2],
             "a prefix's hashes"
         );
+    }
+
+    #[test]
+    fn an_adapters_keys_chain_from_its_name_and_differ_from_the_base_models() {
+        let tokens: Vec<u32> = (0..24).collect();
+        let keys = adapter_block_keys("sql", &tokens, 8);
+        assert_eq!(keys.len(), 3);
+        assert_eq!(keys[0], adapter_key(adapter_seed("sql"), &tokens[..8]));
+        assert_eq!(keys[2], adapter_key(keys[1], &tokens[16..]));
+        assert_eq!(adapter_block_keys("sql", &tokens[..20], 8), keys[..2]);
+        assert_ne!(adapter_block_keys("chat", &tokens, 8)[0], keys[0]);
+        assert!(block_hashes(&tokens, 8).iter().all(|h| !keys.contains(h)));
+        // The name is length-prefixed: no two names run into the same seed.
+        assert_ne!(adapter_seed("ab"), adapter_seed("a"));
     }
 }

@@ -119,8 +119,62 @@ pub struct IndexStats {
     pub evicted: u64,
 }
 
+/// The keys of the adapter blocks sources published (`hash::adapter_block_keys`), by their
+/// published hash: to chain a later block to its parent, and to apply a removal. At most
+/// `cap`, the oldest dropped first (a removal that finds no key then applies to nothing, and
+/// the block stays until evicted or cleared).
+#[derive(Debug, Default)]
+struct Adapters {
+    keys: HashMap<(SourceId, i64), (i64, u32)>,
+    /// Aliases in the order they were made, with their generation (a stale place is skipped).
+    order: VecDeque<((SourceId, i64), u32)>,
+    cap: usize,
+    generation: u32,
+}
+
+impl Adapters {
+    fn key(&self, source: SourceId, published: i64) -> Option<i64> {
+        self.keys.get(&(source, published)).map(|(k, _)| *k)
+    }
+
+    fn insert(&mut self, source: SourceId, published: i64, key: i64) {
+        if self.cap == 0 {
+            return;
+        }
+        while self.keys.len() >= self.cap {
+            let Some((old, generation)) = self.order.pop_front() else {
+                break;
+            };
+            if self.keys.get(&old).is_some_and(|(_, g)| *g == generation) {
+                self.keys.remove(&old);
+            }
+        }
+        self.generation = self.generation.wrapping_add(1);
+        self.keys
+            .insert((source, published), (key, self.generation));
+        self.order.push_back(((source, published), self.generation));
+        if self.order.len() >= self.cap * 2 {
+            let keys = &self.keys;
+            self.order
+                .retain(|(a, g)| keys.get(a).is_some_and(|(_, x)| x == g));
+        }
+    }
+
+    fn forget(&mut self, source: SourceId, published: i64) {
+        self.keys.remove(&(source, published));
+    }
+
+    fn clear_source(&mut self, source: SourceId) {
+        self.keys.retain(|(s, _), _| *s != source);
+        let keys = &self.keys;
+        self.order
+            .retain(|(a, g)| keys.get(a).is_some_and(|(_, x)| x == g));
+    }
+}
+
 pub struct Index {
     blocks: HashMap<i64, Slot>,
+    adapters: Adapters,
     /// Blocks in the order they were (last) stored, with the generation of that store.
     order: VecDeque<OrderRecord>,
     capacity: usize,
@@ -155,6 +209,11 @@ impl Index {
             // so it rehashes in place (clearing tombstones) rather than growing.
             blocks: HashMap::with_capacity((capacity + 1) * 2),
             order: VecDeque::with_capacity(capacity * 2),
+            // An adapter block's alias for one in eight blocks, allocated as they come.
+            adapters: Adapters {
+                cap: capacity / 8,
+                ..Adapters::default()
+            },
             capacity,
             generation: 0,
             stats: IndexStats::default(),
@@ -178,18 +237,57 @@ impl Index {
         match event {
             KvEvent::BlockStored(s) => {
                 let tiers = Tiers::of(s.medium.as_ref());
-                for &h in &s.block_hashes {
-                    self.store(source, h, tiers);
+                let keys = match &s.lora_name {
+                    Some(name) => self.adapter_keys(source, name, s),
+                    None => Vec::new(),
+                };
+                for (i, &h) in s.block_hashes.iter().enumerate() {
+                    match keys.get(i) {
+                        Some(&key) => {
+                            self.adapters.insert(source, h, key);
+                            self.store(source, key, tiers);
+                        }
+                        // Not an adapter's, or a chain whose start the index no longer knows.
+                        None => self.store(source, h, tiers),
+                    }
                 }
             }
             KvEvent::BlockRemoved(r) => {
                 let tiers = Tiers::of(r.medium.as_ref());
                 for &h in &r.block_hashes {
-                    self.remove(source, h, tiers);
+                    match self.adapters.key(source, h) {
+                        Some(key) => {
+                            self.remove(source, key, tiers);
+                            if self.tiers_of(source, key).is_empty() {
+                                self.adapters.forget(source, h);
+                            }
+                        }
+                        None => self.remove(source, h, tiers),
+                    }
                 }
             }
             KvEvent::AllBlocksCleared => self.clear_source(source),
         }
+    }
+
+    /// The keys of adapter `name`'s blocks `s` stores, chained from its parent's (as far as
+    /// its token ids go; none when the parent's key is not known).
+    fn adapter_keys(&self, source: SourceId, name: &str, s: &super::BlockStored) -> Vec<i64> {
+        let mut parent = match s.parent_block_hash {
+            None => super::hash::adapter_seed(name),
+            Some(p) => match self.adapters.key(source, p) {
+                Some(k) => k,
+                None => return Vec::new(),
+            },
+        };
+        s.token_ids
+            .chunks_exact(s.block_size.max(1) as usize)
+            .take(s.block_hashes.len())
+            .map(|page| {
+                parent = super::hash::adapter_key(parent, page);
+                parent
+            })
+            .collect()
     }
 
     fn store(&mut self, source: SourceId, hash: i64, tiers: Tiers) {
@@ -233,6 +331,7 @@ impl Index {
     /// Everything `source` held is gone (its `AllBlocksCleared`, or it left).
     pub fn clear_source(&mut self, source: SourceId) {
         self.stats.cleared += 1;
+        self.adapters.clear_source(source);
         self.blocks.retain(|_, slot| {
             slot.holders.retain(|h| h.source != source);
             !slot.holders.is_empty()
@@ -344,6 +443,57 @@ mod tests {
             block_hashes: hashes.to_vec(),
             medium: Some(medium),
         })
+    }
+
+    /// An adapter's blocks, published under hashes the router cannot compute, are found by
+    /// the keys a request naming the adapter gives; removals and clears reach them.
+    #[test]
+    fn an_adapters_blocks_are_found_by_its_name_and_tokens() {
+        use crate::kv_events::hash::{adapter_block_keys, block_hashes};
+        let adapter = |hashes: &[i64], parent: Option<i64>, tokens: std::ops::Range<u32>| {
+            let mut s = BlockStored::new(hashes.to_vec(), parent, tokens.collect(), 4, Medium::Gpu);
+            s.lora_name = Some("sql".into());
+            KvEvent::BlockStored(s)
+        };
+        let mut ix = Index::with_budget(1 << 20);
+        ix.apply(0, &adapter(&[101, 102], None, 0..8));
+        ix.apply(0, &adapter(&[103], Some(102), 8..12));
+        let tokens: Vec<u32> = (0..12).collect();
+        let keys = adapter_block_keys("sql", &tokens, 4);
+        let held = |ix: &Index, keys: &[i64]| ix.prefixes(keys, &[0], None)[0].gpu;
+        assert_eq!(held(&ix, &keys), 3);
+        assert_eq!(
+            held(&ix, &block_hashes(&tokens, 4)),
+            0,
+            "not the base model's"
+        );
+        assert_eq!(held(&ix, &adapter_block_keys("chat", &tokens, 4)), 0);
+        // A removal names the published hash.
+        ix.apply(0, &removed(&[102], Medium::Gpu));
+        assert_eq!(held(&ix, &keys), 1);
+        // A block whose parent the index never saw is kept under its published hash.
+        ix.apply(0, &adapter(&[201], Some(999), 0..4));
+        assert_eq!(ix.tiers_of(0, 201), Tiers::GPU);
+        ix.apply(0, &KvEvent::AllBlocksCleared);
+        assert_eq!(held(&ix, &keys), 0);
+        assert!(ix.adapters.keys.is_empty());
+    }
+
+    #[test]
+    fn adapter_aliases_are_bounded_oldest_first() {
+        let mut a = Adapters {
+            cap: 2,
+            ..Adapters::default()
+        };
+        a.insert(0, 1, 10);
+        a.insert(0, 2, 20);
+        a.insert(0, 1, 11);
+        a.insert(0, 3, 30);
+        assert_eq!(
+            (a.key(0, 1), a.key(0, 2), a.key(0, 3)),
+            (Some(11), None, Some(30))
+        );
+        assert!(a.keys.len() <= 2 && a.order.len() <= 4);
     }
 
     #[test]

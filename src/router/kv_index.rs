@@ -499,7 +499,12 @@ pub fn tokens_of(text: &str, form: TextForm, simulated: bool) -> Option<Vec<u32>
 }
 
 impl PrefixView for KvIndex {
-    fn prefixes(&self, tokens: &[u32], workers: &[Tenant]) -> Vec<Option<Prefix>> {
+    fn prefixes(
+        &self,
+        tokens: &[u32],
+        adapter: Option<&str>,
+        workers: &[Tenant],
+    ) -> Vec<Option<Prefix>> {
         let followed = self.followed.lock();
         let mut hashes_by_size: HashMap<usize, Vec<i64>> = HashMap::new();
         // A worker's ranks followed whole (none: unknown to the policy).
@@ -521,7 +526,10 @@ impl PrefixView for KvIndex {
         for (_, size) in known.iter().flatten() {
             hashes_by_size
                 .entry(*size)
-                .or_insert_with(|| block_hashes(tokens, *size));
+                .or_insert_with(|| match adapter {
+                    Some(name) => crate::kv_events::hash::adapter_block_keys(name, tokens, *size),
+                    None => block_hashes(tokens, *size),
+                });
         }
         let index = self.index.lock();
         // A worker holds what its best rank holds (the server, or a `--dp-aware` router,

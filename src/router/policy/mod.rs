@@ -106,6 +106,8 @@ pub struct RouteInput<'a> {
     /// The prompt's token ids, when the router knows them (`precise_prefix` hashes them as
     /// the engines do).
     pub tokens: Option<&'a [u32]>,
+    /// The LoRA adapter the request names (`lora_path`): its blocks are the adapter's.
+    pub adapter: Option<&'a str>,
     /// `X-SMG-Routing-Key` or `X-Session-Id`.
     pub routing_key: Option<&'a str>,
     /// `X-SMG-Target-Worker`: a worker URL, or an index into the candidates.

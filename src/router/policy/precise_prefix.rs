@@ -18,16 +18,22 @@ use std::time::Instant;
 
 /// What the index knows of each worker's cache.
 pub trait PrefixView: Send + Sync {
-    /// For each of `workers`, its leading blocks of `tokens` by tier; `None` for a worker whose
-    /// events are not followed, or not in step.
-    fn prefixes(&self, tokens: &[u32], workers: &[Tenant]) -> Vec<Option<Prefix>>;
+    /// For each of `workers`, its leading blocks of `tokens` by tier (in LoRA adapter
+    /// `adapter`'s namespace, when named); `None` for a worker whose events are not followed,
+    /// or not in step.
+    fn prefixes(
+        &self,
+        tokens: &[u32],
+        adapter: Option<&str>,
+        workers: &[Tenant],
+    ) -> Vec<Option<Prefix>>;
 }
 
 /// A view that knows nothing (no index): `cache_aware` decides every request.
 pub struct Unknown;
 
 impl PrefixView for Unknown {
-    fn prefixes(&self, _: &[u32], workers: &[Tenant]) -> Vec<Option<Prefix>> {
+    fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Prefix>> {
         vec![None; workers.len()]
     }
 }
@@ -72,7 +78,7 @@ impl LoadBalancingPolicy for PrecisePrefix {
             return self.fallback.select(c, request, now);
         };
         let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
-        let held = self.view.prefixes(tokens, &urls);
+        let held = self.view.prefixes(tokens, request.adapter, &urls);
         if held.iter().all(Option::is_none) {
             return self.fallback.select(c, request, now);
         }
@@ -125,7 +131,7 @@ mod tests {
     struct Fixed(HashMap<String, Prefix>);
 
     impl PrefixView for Fixed {
-        fn prefixes(&self, _: &[u32], workers: &[Tenant]) -> Vec<Option<Prefix>> {
+        fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Prefix>> {
             workers.iter().map(|w| self.0.get(&**w).copied()).collect()
         }
     }

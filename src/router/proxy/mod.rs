@@ -315,10 +315,10 @@ impl Shared {
         self.metrics
             .request(endpoint, info.stream, info.model.as_deref());
         let header_str = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-        // A namespaced request's blocks are published under hashes only its engine knows:
-        // the index cannot tell who holds them, and `cache_aware`'s tree decides.
+        // A namespaced request's blocks are published under hashes only its engine knows: the
+        // index finds an adapter's by its name, and for the rest `cache_aware`'s tree decides.
         let tokens = match &self.routing.kv_index {
-            Some(k) if !info.namespaced => {
+            Some(k) if !info.namespaced || info.adapter.is_some() => {
                 crate::router::kv_index::tokens_of(&info.text, info.form, k.simulated())
             }
             _ => None,
@@ -327,6 +327,7 @@ impl Shared {
             text: &info.text,
             form: info.form,
             tokens: tokens.as_deref(),
+            adapter: info.adapter.as_deref(),
             routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
             target_worker: header_str("x-smg-target-worker"),
             model: info.model.as_deref(),

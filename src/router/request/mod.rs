@@ -144,6 +144,9 @@ pub struct RouteInfo {
     /// KV events under hashes seeded by the engine's own adapter ids, which the router cannot
     /// compute from the request.
     pub namespaced: bool,
+    /// The LoRA adapter named (`lora_path`, one string), when it is the only namespace: its
+    /// blocks are found by the adapter's name (SGLang's events carry it as `lora_name`).
+    pub adapter: Option<String>,
 }
 
 fn push_ids(out: &mut String, ids: &[Value]) {
@@ -230,6 +233,11 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
     let mut info = flags(peek.stream, peek.model)?;
     let named = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
     info.namespaced = named(&peek.lora_path) || named(&peek.extra_key) || named(&peek.cache_salt);
+    if !named(&peek.extra_key) && !named(&peek.cache_salt) {
+        if let Some(Value::String(name)) = peek.lora_path {
+            info.adapter = Some(name);
+        }
+    }
     match endpoint {
         Endpoint::Generate => match (peek.text, peek.input_ids) {
             (Some(Value::String(s)), _) => info.text = s,
@@ -499,6 +507,15 @@ mod tests {
         ] {
             assert!(inspect(endpoint, body).unwrap().namespaced, "{body:?}");
         }
+        // An adapter alone is found by its name; with another namespace, not at all.
+        let i = inspect(Endpoint::Generate, br#"{"text":"a","lora_path":"sql"}"#).unwrap();
+        assert_eq!(i.adapter.as_deref(), Some("sql"));
+        let i = inspect(
+            Endpoint::Generate,
+            br#"{"text":"a","lora_path":"sql","cache_salt":"s"}"#,
+        )
+        .unwrap();
+        assert_eq!((i.namespaced, i.adapter), (true, None));
         for body in [
             &br#"{"text":"a"}"#[..],
             br#"{"text":"a","lora_path":null,"cache_salt":null}"#,
