@@ -180,6 +180,20 @@ fn the_cache_tiers_on_the_same_workload_rank_as_in_seed_000_and_a_disk_tier_keep
     );
 }
 
+/// A layout for `bench policies` small enough for a test: 2 SIMULATED engines with
+/// 2,048-token device caches, one store as their L3.
+fn small_policies_layout(dir: &std::path::Path) -> std::path::PathBuf {
+    let cfg = dir.join("policies.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 2\n\
+         device_cache_tokens = 2048\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+         prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
+    )
+    .unwrap();
+    cfg
+}
+
 #[test]
 fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
     // The oracle follows the answers' token ids: an API that returns none is refused at once.
@@ -191,14 +205,7 @@ fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(why.contains("--api-format"), "{why}");
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("policies.toml");
-    std::fs::write(
-        &cfg,
-        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 2\n\
-         device_cache_tokens = 2048\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
-         prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
-    )
-    .unwrap();
+    let cfg = small_policies_layout(dir.path());
     let out = Command::new(BIN)
         .args(["bench", "policies", "--config"])
         .arg(&cfg)
@@ -271,14 +278,7 @@ fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
 #[test]
 fn router_replicas_share_the_load_and_precise_prefix_keeps_one_view_across_them() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("replicas.toml");
-    std::fs::write(
-        &cfg,
-        "[pool]\nstores = 1\nsegment_size = \"64MiB\"\n[engines]\ncount = 2\n\
-         device_cache_tokens = 2048\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
-         prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n",
-    )
-    .unwrap();
+    let cfg = small_policies_layout(dir.path());
     let out = Command::new(BIN)
         .args(["bench", "policies", "--config"])
         .arg(&cfg)
