@@ -139,9 +139,10 @@ pub struct RouterUpConfig {
     /// Routing policy. Default cache_aware.
     pub policy: PolicyKind,
     /// Routers started side by side in front of the same engines, as replicas behind a load
-    /// balancer: replica `i` listens on `port + i` (each on a free port when `port` is 0).
-    /// Each keeps its own view: `cache_aware`'s tree of the requests it sent itself,
-    /// `precise_prefix`'s index of every engine's KV events. Default 1.
+    /// balancer: the first on `port`, the others on ports the kernel chooses (printed, and in
+    /// the ready file's `routers`). Each keeps its own view: `cache_aware`'s tree of the
+    /// requests it sent itself, `precise_prefix`'s index of every engine's KV events.
+    /// Default 1.
     pub replicas: usize,
 }
 
@@ -210,15 +211,6 @@ impl UpConfig {
                 "must be at least 1 (or set router.enabled = false for no router)",
             ));
         }
-        if self.router.port != 0 && self.router.port as usize + self.router.replicas > 65536 {
-            return Err(ConfigError::invalid(
-                "router.replicas",
-                format!(
-                    "{} replicas from port {} run past port 65535",
-                    self.router.replicas, self.router.port
-                ),
-            ));
-        }
         let e = &self.engines;
         if e.l3 && e.total() > 0 && self.pool.stores == 0 {
             return Err(ConfigError::invalid(
@@ -277,7 +269,8 @@ pub struct UpArgs {
     /// The router's port.
     #[arg(long)]
     pub router_port: Option<u16>,
-    /// Routers side by side in front of the engines, on the ports from --router-port up.
+    /// Routers side by side in front of the engines: the first on --router-port, the others
+    /// on ports the kernel chooses (printed).
     #[arg(long)]
     pub router_replicas: Option<usize>,
 }
@@ -527,7 +520,9 @@ impl Stack {
                     i => format!("router-{i}"),
                 };
                 let mut replica = router_cfg.clone();
-                replica.server.port = nth_port(cfg.router.port, i, "router.port")?;
+                if i > 0 {
+                    replica.server.port = 0;
+                }
                 let router = launcher.spawn::<launch::Router>(&name, replica)?;
                 let url = format!("http://{}", router.addrs.http);
                 wait_http_ok(&format!("{url}/readiness"), Duration::from_secs(30))?;
@@ -918,10 +913,7 @@ mod tests {
         c.router.enabled = false;
         c.validate().unwrap();
         c.router.enabled = true;
-        (c.router.port, c.router.replicas) = (65535, 2);
-        let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("past port 65535"), "{e}");
-        c.router.replicas = 1;
+        c.router.replicas = 2;
         c.validate().unwrap();
     }
 }
