@@ -188,29 +188,30 @@ fn ratio(theirs: f64, ours: f64) -> Option<f64> {
     (ours > 0.0).then(|| theirs / ours)
 }
 
+/// A service part's `/metrics` text (`None` when it did not answer).
+fn metrics_of(base: &str) -> Option<String> {
+    reqwest::blocking::get(format!("{base}/metrics"))
+        .and_then(|r| r.error_for_status()?.text())
+        .ok()
+}
+
 /// The inference requests each router replica received, from its `/metrics`.
 fn router_requests(stack: &Stack) -> Vec<u64> {
     stack
         .routers
         .iter()
         .map(|url| {
-            reqwest::blocking::get(format!("{url}/metrics"))
-                .and_then(|r| r.error_for_status()?.text())
-                .map_or(0, |text| {
-                    crate::telemetry::sum(&text, "smg_router_requests_total") as u64
-                })
+            metrics_of(url).map_or(0, |text| {
+                crate::telemetry::sum(&text, "smg_router_requests_total") as u64
+            })
         })
         .collect()
 }
 
 fn engine_tiers(stack: &Stack) -> ByTier {
     let mut t = ByTier::default();
-    for (url, _) in &stack.engines {
-        if let Ok(text) = reqwest::blocking::get(format!("{url}/metrics"))
-            .and_then(|r| r.error_for_status()?.text())
-        {
-            t.add_metrics(&text);
-        }
+    for text in stack.engines.iter().filter_map(|(url, _)| metrics_of(url)) {
+        t.add_metrics(&text);
     }
     t
 }

@@ -49,18 +49,13 @@ pub fn block_hashes(tokens: &[u32], page_size: usize) -> Vec<i64> {
         .collect()
 }
 
-/// The first 8 bytes of a SHA-256 digest as a big-endian signed integer.
-fn head(digest: &[u8]) -> i64 {
-    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
-}
-
 /// The chain's start for adapter `name`: what its first page's key follows.
 pub fn adapter_seed(name: &str) -> i64 {
     let mut h = Sha256::new();
     h.update(b"rbgctl-adapter-block-v1");
     h.update((name.len() as u64).to_le_bytes());
     h.update(name.as_bytes());
-    head(&h.finalize())
+    event_hash(&h.finalize().into())
 }
 
 /// The key of an adapter's page of `tokens` following the page keyed `parent`.
@@ -70,12 +65,12 @@ pub fn adapter_key(parent: i64, tokens: &[u32]) -> i64 {
     for t in tokens {
         h.update(t.to_le_bytes());
     }
-    head(&h.finalize())
+    event_hash(&h.finalize().into())
 }
 
-/// The keys of the full pages of `tokens` in adapter `name`'s namespace.
-pub fn adapter_block_keys(name: &str, tokens: &[u32], page_size: usize) -> Vec<i64> {
-    let mut parent = adapter_seed(name);
+/// The keys of the full pages of `tokens` chained from the page keyed `parent`.
+pub fn adapter_keys_after(parent: i64, tokens: &[u32], page_size: usize) -> Vec<i64> {
+    let mut parent = parent;
     tokens
         .chunks_exact(page_size.max(1))
         .map(|page| {
@@ -83,6 +78,11 @@ pub fn adapter_block_keys(name: &str, tokens: &[u32], page_size: usize) -> Vec<i
             parent
         })
         .collect()
+}
+
+/// The keys of the full pages of `tokens` in adapter `name`'s namespace.
+pub fn adapter_block_keys(name: &str, tokens: &[u32], page_size: usize) -> Vec<i64> {
+    adapter_keys_after(adapter_seed(name), tokens, page_size)
 }
 
 #[cfg(test)]

@@ -141,7 +141,8 @@ impl Adapters {
         if self.cap == 0 {
             return;
         }
-        while self.keys.len() >= self.cap {
+        // Only a new alias makes room; one made again takes its own place.
+        while self.keys.len() >= self.cap && !self.keys.contains_key(&(source, published)) {
             let Some((old, generation)) = self.order.pop_front() else {
                 break;
             };
@@ -154,10 +155,15 @@ impl Adapters {
             .insert((source, published), (key, self.generation));
         self.order.push_back(((source, published), self.generation));
         if self.order.len() >= self.cap * 2 {
-            let keys = &self.keys;
-            self.order
-                .retain(|(a, g)| keys.get(a).is_some_and(|(_, x)| x == g));
+            self.compact();
         }
+    }
+
+    /// Drops the places of aliases made again since, or gone.
+    fn compact(&mut self) {
+        let keys = &self.keys;
+        self.order
+            .retain(|(a, g)| keys.get(a).is_some_and(|(_, x)| x == g));
     }
 
     fn forget(&mut self, source: SourceId, published: i64) {
@@ -166,9 +172,7 @@ impl Adapters {
 
     fn clear_source(&mut self, source: SourceId) {
         self.keys.retain(|(s, _), _| *s != source);
-        let keys = &self.keys;
-        self.order
-            .retain(|(a, g)| keys.get(a).is_some_and(|(_, x)| x == g));
+        self.compact();
     }
 }
 
@@ -273,21 +277,16 @@ impl Index {
     /// The keys of adapter `name`'s blocks `s` stores, chained from its parent's (as far as
     /// its token ids go; none when the parent's key is not known).
     fn adapter_keys(&self, source: SourceId, name: &str, s: &super::BlockStored) -> Vec<i64> {
-        let mut parent = match s.parent_block_hash {
+        let parent = match s.parent_block_hash {
             None => super::hash::adapter_seed(name),
             Some(p) => match self.adapters.key(source, p) {
                 Some(k) => k,
                 None => return Vec::new(),
             },
         };
-        s.token_ids
-            .chunks_exact(s.block_size.max(1) as usize)
-            .take(s.block_hashes.len())
-            .map(|page| {
-                parent = super::hash::adapter_key(parent, page);
-                parent
-            })
-            .collect()
+        let pages = s.block_hashes.len() * s.block_size as usize;
+        let tokens = &s.token_ids[..pages.min(s.token_ids.len())];
+        super::hash::adapter_keys_after(parent, tokens, s.block_size as usize)
     }
 
     fn store(&mut self, source: SourceId, hash: i64, tiers: Tiers) {
