@@ -64,6 +64,11 @@ pub trait Launchable {
     type Addrs: DeserializeOwned + Clone + std::fmt::Debug;
     /// Binds `cfg` to the addresses a previous run got, so that a restart keeps them.
     fn pin(cfg: &mut Self::Config, addrs: &Self::Addrs);
+    /// Gives back to `cfg` the addresses that `first` (the config as first given) left to the
+    /// kernel and that a restart may take anew when another process holds them now (ports
+    /// its clients find it again by, as an engine's KV events through its `/server_info`).
+    /// What clients reach it by (its HTTP port) stays pinned. Nothing by default.
+    fn loosen(_cfg: &mut Self::Config, _first: &Self::Config) {}
 }
 
 /// `rbgctl master`.
@@ -144,6 +149,11 @@ impl Launchable for Engine {
             addrs.kv_events.as_deref(),
             addrs.kv_events_replay.as_deref(),
         );
+    }
+    fn loosen(cfg: &mut Self::Config, first: &Self::Config) {
+        // The router reads where an engine publishes from its /server_info, each time the
+        // engine comes back: the ports need not be the same.
+        cfg.kv_events_config = first.kv_events_config.clone();
     }
 }
 
@@ -256,10 +266,12 @@ impl Launcher {
     ) -> Result<Child<R>, LaunchError> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let stem = self.stem(name);
+        let first = config.clone();
         let Spawned { process, addrs } = self.run::<R>(name, &stem, &config, &extra)?;
         R::pin(&mut config, &addrs);
         Ok(Child {
             config,
+            first,
             addrs,
             process,
             launcher: self.clone(),
@@ -666,6 +678,8 @@ impl Drop for Process {
 pub struct Child<R: Launchable> {
     /// The config it runs with, pinned to the addresses it got.
     pub config: R::Config,
+    /// The config as first given (ports the kernel was to choose still 0).
+    first: R::Config,
     /// Where it listens (as of its last start).
     pub addrs: R::Addrs,
     pub process: Process,
@@ -675,13 +689,30 @@ pub struct Child<R: Launchable> {
 
 impl<R: Launchable> Child<R> {
     /// Starts it again (after a kill or stop; a running one is killed first) with its config,
-    /// on the same addresses.
+    /// on the same addresses; when that fails and some of them need not be the same
+    /// ([`Launchable::loosen`]: another process may hold them now), on new ones for those.
     pub fn start(&mut self) -> Result<(), LaunchError> {
         self.process.kill();
         let (name, stem) = (self.process.name.clone(), self.process.stem.clone());
-        let Spawned { process, addrs } =
-            self.launcher
-                .run::<R>(&name, &stem, &self.config, &self.extra)?;
+        let started = self
+            .launcher
+            .run::<R>(&name, &stem, &self.config, &self.extra);
+        let Spawned { process, addrs } = match started {
+            Ok(s) => s,
+            Err(e) => {
+                let mut loose = self.config.clone();
+                R::loosen(&mut loose, &self.first);
+                let same = serde_json::to_value(&loose).ok() == serde_json::to_value(&self.config).ok();
+                if same {
+                    return Err(e);
+                }
+                tracing::warn!(child = %name, error = %e,
+                    "could not start again on the same addresses; trying with new ports for those its clients find again");
+                let s = self.launcher.run::<R>(&name, &stem, &loose, &self.extra)?;
+                self.config = loose;
+                s
+            }
+        };
         R::pin(&mut self.config, &addrs);
         self.process = process;
         self.addrs = addrs;

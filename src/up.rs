@@ -553,7 +553,7 @@ impl Stack {
     }
 
     /// Starts again every child that died, each once its backoff has passed; the others go on
-    /// serving. Fails when one has failed to start `MAX_FAILED_STARTS` times in a row.
+    /// serving. A child that cannot start again is tried again for as long as `up` runs.
     pub fn supervise(&mut self, now: Instant) -> Result<(), UpError> {
         let restarts = &mut self.restarts;
         for r in &mut self.router_procs {
@@ -663,8 +663,8 @@ impl Stack {
     }
 }
 
-/// How many starts in a row may fail before `up` gives up.
-const MAX_FAILED_STARTS: u32 = 10;
+/// After this many failed starts in a row, each further failure is logged as an error.
+const FAILED_STARTS_ERROR: u32 = 10;
 
 /// A child's restarts: when the next is due, and a backoff that grows while it keeps dying
 /// soon after its start and starts over once it has served for `STABLE`.
@@ -726,16 +726,14 @@ impl Restarts {
         self.count += 1;
     }
 
-    /// Its start failed at `now`: returns the wait before the next try, or `None` after
-    /// `MAX_FAILED_STARTS` failures in a row.
-    pub fn start_failed(&mut self, now: Instant) -> Option<Duration> {
+    /// Its start failed at `now`: returns the wait before the next try (the backoff's, at
+    /// most 10 s) and how many starts have failed in a row. `up` never gives up on a child:
+    /// one role that cannot start again must not take the rest (the pool's objects) down.
+    pub fn start_failed(&mut self, now: Instant) -> (Duration, u32) {
         self.failed_starts += 1;
-        if self.failed_starts >= MAX_FAILED_STARTS {
-            return None;
-        }
         let wait = self.backoff.next_delay();
         self.due = Some(now + wait);
-        Some(wait)
+        (wait, self.failed_starts)
     }
 }
 
@@ -767,16 +765,18 @@ fn supervise_one<R: launch::Launchable>(
             tracing::info!(child = %name, restarts = r.count, "started again");
             Ok(())
         }
-        Err(e) => match r.start_failed(Instant::now()) {
-            Some(wait) => {
-                tracing::warn!(child = %name, error = %e, retry_in_ms = wait.as_millis() as u64,
+        Err(e) => {
+            let (wait, failed) = r.start_failed(Instant::now());
+            let retry_in_ms = wait.as_millis() as u64;
+            if failed >= FAILED_STARTS_ERROR {
+                tracing::error!(child = %name, error = %e, failed, retry_in_ms,
+                    "still cannot start it again; the other roles go on (Ctrl-C stops everything)");
+            } else {
+                tracing::warn!(child = %name, error = %e, failed, retry_in_ms,
                     "could not start it again; retrying");
-                Ok(())
             }
-            None => Err(UpError::Exited(format!(
-                "{name} could not be started again ({MAX_FAILED_STARTS} tries): {e}"
-            ))),
-        },
+            Ok(())
+        }
     }
 }
 
@@ -873,11 +873,12 @@ mod tests {
         r.started(t0 + ms(1700));
         assert_eq!(r.died(t0 + ms(1700) + STABLE), ms(200));
         assert_eq!(r.count, 3);
-        // Failed starts are bounded.
+        // Failed starts are tried again for ever, each wait at most 10 s.
         let mut r = Restarts::new(t0);
         r.died(t0);
-        let tries = (0..20).take_while(|_| r.start_failed(t0).is_some()).count();
-        assert_eq!(tries as u32, MAX_FAILED_STARTS - 1);
+        let tries: Vec<(Duration, u32)> = (0..20).map(|_| r.start_failed(t0)).collect();
+        assert_eq!(tries.last().unwrap().1, 20);
+        assert!(tries.iter().all(|(w, _)| *w <= Duration::from_secs(10)));
         let waits: Vec<Duration> = (0..8).map(|_| Restarts::new(t0).backoff.nth(8)).collect();
         assert!(
             waits.iter().all(|w| *w <= Duration::from_secs(10)),

@@ -21,6 +21,10 @@ pub struct PublisherStats {
     /// Batches dropped because the queue was full.
     pub dropped: AtomicU64,
     pub replay_requests: AtomicU64,
+    /// Replay requests turned away: as many replays as allowed were under way.
+    pub replays_refused: AtomicU64,
+    /// Replays given up: their requester stopped reading (or went away) before the end.
+    pub replays_abandoned: AtomicU64,
 }
 
 impl PublisherStats {
@@ -42,6 +46,16 @@ impl PublisherStats {
                 "kv_event_replay_requests_total",
                 "Replay requests answered.",
                 &self.replay_requests,
+            ),
+            (
+                "kv_event_replays_refused_total",
+                "Replay requests turned away: the most replays at once were under way.",
+                &self.replays_refused,
+            ),
+            (
+                "kv_event_replays_abandoned_total",
+                "Replays given up: the requester stopped reading or went away.",
+                &self.replays_abandoned,
             ),
         ] {
             let name = format!("{prefix}_{name}");
@@ -118,7 +132,7 @@ impl Publisher {
                 let s = ctx
                     .socket(zmq::ROUTER)
                     .map_err(socket_error("open a ROUTER socket for", r))?;
-                let _ = s.set_linger(0);
+                bound_replay_socket(&s).map_err(socket_error("bound the ROUTER socket of", r))?;
                 let e = ephemeral(r);
                 s.bind(&e).map_err(socket_error("bind", r))?;
                 let bound = last_endpoint(&s).unwrap_or(e);
@@ -133,6 +147,7 @@ impl Publisher {
             topic: cfg.topic.as_bytes().to_vec(),
             buffer: VecDeque::with_capacity(cfg.buffer_steps.min(1024)),
             buffer_steps: cfg.buffer_steps,
+            replays: Vec::new(),
             next_seq: 0,
             stats: stats.clone(),
             _ctx: ctx,
@@ -169,6 +184,42 @@ impl Drop for Publisher {
     }
 }
 
+/// Messages queued to one requester of a replay at most: a requester that does not read holds
+/// no more than this of the publisher's memory (the rest of its replay waits in its cursor).
+pub const REPLAY_HWM: i32 = 64;
+/// Replays under way at once; a request beyond is turned away (counted), and its requester
+/// times out and finds the gap lost, as when the batches have left the buffer.
+pub const MAX_REPLAYS: usize = 16;
+/// A replay that makes no progress for this long is given up.
+pub const REPLAY_STALL: Duration = Duration::from_secs(5);
+/// Largest replay request taken: a start sequence, 8 bytes, and its frames.
+const REPLAY_REQUEST_BYTES: i64 = 256;
+
+/// What a replay socket facing anyone may cost: a few messages queued per requester, sends
+/// that say when a requester's queue is full (instead of queueing past it or dropping
+/// silently), requests no larger than a request, and requesters that stop answering
+/// heartbeats (a full TCP window does that) disconnected, their queues freed.
+fn bound_replay_socket(s: &zmq::Socket) -> Result<(), zmq::Error> {
+    let _ = s.set_linger(0);
+    s.set_sndhwm(REPLAY_HWM)?;
+    s.set_rcvhwm(REPLAY_HWM)?;
+    s.set_router_mandatory(true)?;
+    s.set_maxmsgsize(REPLAY_REQUEST_BYTES)?;
+    s.set_heartbeat_ivl(1_000)?;
+    s.set_heartbeat_timeout(5_000)?;
+    s.set_heartbeat_ttl(10_000)?;
+    Ok(())
+}
+
+/// A replay under way: who asked, the next sequence to send, and when it last moved.
+struct Replay {
+    identity: Vec<u8>,
+    next: u64,
+    /// The end marker is all that is left.
+    ended: bool,
+    moved: std::time::Instant,
+}
+
 fn last_endpoint(s: &zmq::Socket) -> Option<String> {
     s.get_last_endpoint().ok()?.ok()
 }
@@ -180,6 +231,8 @@ struct Run {
     topic: Vec<u8>,
     buffer: VecDeque<(u64, Vec<u8>)>,
     buffer_steps: usize,
+    /// Replays under way (at most [`MAX_REPLAYS`]).
+    replays: Vec<Replay>,
     next_seq: u64,
     stats: Arc<PublisherStats>,
     // Dropped last: the sockets first.
@@ -189,11 +242,20 @@ struct Run {
 /// How long the thread waits for a batch before it looks at the replay socket again.
 const REPLAY_POLL: Duration = Duration::from_millis(20);
 
+/// While replays are under way, how often their requesters' queues are looked at again.
+const REPLAY_STEP: Duration = Duration::from_millis(1);
+
 impl Run {
     fn serve(&mut self, rx: std::sync::mpsc::Receiver<KvEventBatch>) {
         loop {
-            self.serve_replays();
-            match rx.recv_timeout(REPLAY_POLL) {
+            self.take_replay_requests();
+            self.advance_replays();
+            let wait = if self.replays.is_empty() {
+                REPLAY_POLL
+            } else {
+                REPLAY_STEP
+            };
+            match rx.recv_timeout(wait) {
                 Ok(batch) => self.send(&batch),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
@@ -219,9 +281,10 @@ impl Run {
         self.buffer.push_back((seq, payload));
     }
 
-    /// Answers every waiting replay request: `[identity, "", start]` gets each buffered batch
-    /// from `start` on, then the end marker.
-    fn serve_replays(&mut self) {
+    /// Takes every waiting replay request, `[identity, "", start]`: each becomes a replay of
+    /// the buffered batches from `start` on, then the end marker; a requester asking again
+    /// starts over; beyond [`MAX_REPLAYS`] under way, a request is turned away.
+    fn take_replay_requests(&mut self) {
         let Some(replay) = &self.replay else { return };
         while replay.poll(zmq::POLLIN, 0).is_ok_and(|n| n > 0) {
             let Ok(frames) = replay.recv_multipart(zmq::DONTWAIT) else {
@@ -233,17 +296,71 @@ impl Run {
                 tracing::debug!(frames = frames.len(), "a malformed KV event replay request");
                 continue;
             };
-            self.stats.replay_requests.fetch_add(1, Ordering::Relaxed);
-            for (seq, payload) in self.buffer.iter().filter(|(s, _)| *s >= start) {
-                let frames: [&[u8]; 5] = [identity, b"", &self.topic, &seq_bytes(*seq), payload];
-                if replay.send_multipart(frames, 0).is_err() {
-                    break;
-                }
+            self.replays.retain(|r| r.identity != *identity);
+            if self.replays.len() >= MAX_REPLAYS {
+                self.stats.replays_refused.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
-            let end: [&[u8]; 5] = [identity, b"", b"", &END_SEQ, b""];
-            let _ = replay.send_multipart(end, 0);
+            self.stats.replay_requests.fetch_add(1, Ordering::Relaxed);
+            self.replays.push(Replay {
+                identity: identity.clone(),
+                next: start,
+                ended: false,
+                moved: std::time::Instant::now(),
+            });
         }
     }
+
+    /// Sends each replay on until its requester's queue is full; a replay that has sent its
+    /// end marker is done, one whose requester is gone or has not read for [`REPLAY_STALL`]
+    /// is given up. Only what the buffer still holds is sent.
+    fn advance_replays(&mut self) {
+        let Some(socket) = &self.replay else { return };
+        let (buffer, topic, stats) = (&self.buffer, &self.topic, &self.stats);
+        let now = std::time::Instant::now();
+        self.replays.retain_mut(|r| {
+            let outcome = send_replay(socket, buffer, topic, r);
+            match outcome {
+                Ok(true) => false,
+                Ok(false) if now.duration_since(r.moved) < REPLAY_STALL => true,
+                Ok(false) | Err(_) => {
+                    stats.replays_abandoned.fetch_add(1, Ordering::Relaxed);
+                    false
+                }
+            }
+        });
+    }
+}
+
+/// Sends what `r` has left until the requester's queue is full: `Ok(true)` once the end marker
+/// is sent, `Ok(false)` while its queue is full, an error when the requester is gone.
+fn send_replay(
+    socket: &zmq::Socket,
+    buffer: &VecDeque<(u64, Vec<u8>)>,
+    topic: &[u8],
+    r: &mut Replay,
+) -> Result<bool, zmq::Error> {
+    let sent = |res: Result<(), zmq::Error>| match res {
+        Ok(()) => Ok(true),
+        Err(zmq::Error::EAGAIN) => Ok(false),
+        Err(e) => Err(e),
+    };
+    if !r.ended {
+        // The buffer's sequences are consecutive: the first to send is found by arithmetic.
+        let first = buffer.front().map_or(0, |(s, _)| *s);
+        let skip = r.next.saturating_sub(first) as usize;
+        for (seq, payload) in buffer.iter().skip(skip) {
+            let frames: [&[u8]; 5] = [&r.identity, b"", topic, &seq_bytes(*seq), payload];
+            if !sent(socket.send_multipart(frames, zmq::DONTWAIT))? {
+                return Ok(false);
+            }
+            r.next = seq + 1;
+            r.moved = std::time::Instant::now();
+        }
+        r.ended = true;
+    }
+    let end: [&[u8]; 5] = [&r.identity, b"", b"", &END_SEQ, b""];
+    sent(socket.send_multipart(end, zmq::DONTWAIT))
 }
 
 #[cfg(test)]

@@ -29,6 +29,14 @@ use std::time::{Duration, Instant};
 pub const REPLAY_WAIT: Duration = Duration::from_secs(2);
 /// How often the thread looks at its stop flag while nothing comes.
 const POLL: Duration = Duration::from_millis(50);
+/// Largest message taken from a source: a larger one closes the connection (libzmq's
+/// `ZMQ_MAXMSGSIZE`) before it is read whole. An engine's step publishes far less (a block's
+/// event is tens of bytes and its tokens); a source that sends more is broken or hostile.
+pub const MAX_MESSAGE_BYTES: i64 = 8 << 20;
+/// Most bytes one replay may bring in all: past it the replay fails (the gap is lost).
+pub const MAX_REPLAY_BYTES: usize = 256 << 20;
+/// A source's undecodable batches are logged once per this, with how many there were.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// What a subscription hands on: a source's event, or that everything it held is gone.
 pub type Sink = Arc<dyn Fn(SourceId, &KvEvent) + Send + Sync>;
@@ -63,6 +71,8 @@ pub struct SourceStats {
     pub sync_ms: AtomicU64,
     /// The catch-up at the start is over (caught up, or there was nothing to catch up from).
     pub synced: AtomicBool,
+    /// The connection dropped and no message came since.
+    pub disconnected: AtomicBool,
 }
 
 /// A running subscription; dropping it stops the thread (within [`POLL`] or a replay's wait).
@@ -83,6 +93,7 @@ impl Subscription {
     ) -> Result<Subscription, zmq::Error> {
         let ctx = ctx.clone();
         let sub = ctx.socket(zmq::SUB)?;
+        sub.set_maxmsgsize(MAX_MESSAGE_BYTES)?;
         sub.set_subscribe(source.topic.as_bytes())?;
         let _ = sub.set_linger(0);
         // Told when the connection drops: the source may come back as a new run.
@@ -107,6 +118,7 @@ impl Subscription {
             stats: stats.clone(),
             next: None,
             started: Instant::now(),
+            undecodable: crate::transfer::server::LogBudget::new(WARN_EVERY),
         };
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -144,6 +156,8 @@ struct Follower {
     /// The sequence expected next; `None` before the first message.
     next: Option<u64>,
     started: Instant,
+    /// Batches that did not decode, logged at most once per [`WARN_EVERY`].
+    undecodable: crate::transfer::server::LogBudget,
 }
 
 impl Follower {
@@ -188,6 +202,7 @@ impl Follower {
             // Only disconnections are monitored: the next message may be a new run's.
             if monitor && self.mon.recv_multipart(zmq::DONTWAIT).is_ok() {
                 self.dropped = true;
+                self.stats.disconnected.store(true, Ordering::Relaxed);
             }
             if !message {
                 continue;
@@ -206,6 +221,7 @@ impl Follower {
             self.stats
                 .last_heard_ms
                 .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            self.stats.disconnected.store(false, Ordering::Relaxed);
             self.take(m);
         }
     }
@@ -275,7 +291,10 @@ impl Follower {
                     .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::warn!(source = self.source.id, seq, error = %e, "a KV event batch that does not decode");
+                if let Some(count) = self.undecodable.spend(Instant::now()) {
+                    tracing::warn!(source = self.source.id, endpoint = %self.source.endpoint, seq,
+                        error = %e, count, "KV event batches that do not decode (count: since the last such line)");
+                }
             }
         }
         self.next = Some(seq + 1);
@@ -296,12 +315,15 @@ impl Follower {
         Some((|| -> Result<Vec<Message>, String> {
             let dealer = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
             let _ = dealer.set_linger(0);
+            dealer
+                .set_maxmsgsize(MAX_MESSAGE_BYTES)
+                .map_err(|e| e.to_string())?;
             dealer.connect(&endpoint).map_err(|e| e.to_string())?;
             dealer
                 .send_multipart([&b""[..], &seq_bytes(from)], 0)
                 .map_err(|e| e.to_string())?;
             let deadline = Instant::now() + REPLAY_WAIT;
-            let mut got = Vec::new();
+            let (mut got, mut bytes) = (Vec::new(), 0usize);
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero()
@@ -312,6 +334,10 @@ impl Follower {
                     return Err(format!("no end of replay within {REPLAY_WAIT:?}"));
                 }
                 let frames = dealer.recv_multipart(0).map_err(|e| e.to_string())?;
+                bytes += frames.iter().map(Vec::len).sum::<usize>();
+                if bytes > MAX_REPLAY_BYTES {
+                    return Err(format!("a replay of more than {MAX_REPLAY_BYTES} bytes"));
+                }
                 match Message::from_frames(frames.get(1..).unwrap_or(&[])) {
                     Ok(Some(m)) => got.push(m),
                     Ok(None) => return Ok(got),

@@ -3,6 +3,7 @@
 
 use crate::backoff::Backoff;
 use crate::router::config::Backend;
+use crate::router::kv_index::EventsOf;
 use crate::router::worker::Worker;
 use crate::router::Shared;
 use http::Method;
@@ -125,24 +126,25 @@ pub fn model_ids(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What the router learns of a new worker in the background (three tries over about 7 s):
-/// the models it serves and its engine (`/v1/models`, else `/server_info`), and with
+/// What the router learns of a new worker in the background: the models it serves and its
+/// engine (`/v1/models`, else `/server_info`; three tries over about 7 s), and with
 /// `precise_prefix` where its KV events are published (the same `/server_info`, read once for
-/// both). Nothing is downloaded: the router never resolves tokenizers or model paths.
+/// both), for as long as the worker is registered (`follow_events_of`). Nothing is
+/// downloaded: the router never resolves tokenizers or model paths.
 pub fn learn_about(s: Arc<Shared>, w: Arc<Worker>) {
     let openai = s.cfg.server.backend == Backend::Openai;
     let mut want_model = w.model_id.read().is_none() || openai;
-    let mut want_events = s.routing.kv_index.is_some();
+    let want_events = s.routing.kv_index.is_some() && !openai;
     if !want_model && !want_events {
         return;
     }
-    // Until this task ends, the router's readiness may wait to know the worker's events.
+    // Until the first look at its events ends, the router's readiness may wait for them.
     let settle = s.routing.kv_index.clone().map(|index| {
         index.expect(&w.url);
         Settle(index, w.url.clone())
     });
     tokio::spawn(async move {
-        let _settle = settle;
+        let mut settle = settle;
         let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(8));
         for attempt in 0..3u32 {
             if attempt > 0 {
@@ -151,32 +153,86 @@ pub fn learn_about(s: Arc<Shared>, w: Arc<Worker>) {
             if want_model {
                 want_model = !read_models(&s, &w).await;
             }
-            if openai {
-                // An OpenAI-compatible upstream serves no server info.
-                if !want_model {
-                    return;
-                }
-                continue;
+            if openai || !want_model {
+                break;
             }
-            if want_model || want_events {
-                if let Some(info) = server_info(&s, &w).await {
-                    if want_model {
-                        if let Some(m) = model_from_server_info(&info) {
-                            tracing::debug!(worker = %w.url, model = %m, "worker model");
-                            *w.model_id.write() = Some(m);
-                            want_model = false;
-                        }
-                    }
-                    if want_events {
-                        want_events = !follow_kv_events(&s, &w, &info);
-                    }
+            if let Some(info) = server_info(&s, &w).await {
+                if let Some(m) = model_from_server_info(&info) {
+                    tracing::debug!(worker = %w.url, model = %m, "worker model");
+                    *w.model_id.write() = Some(m);
+                    want_model = false;
+                }
+                if want_events {
+                    // Read once for both: the events are followed at once.
+                    follow_kv_events(&s, &w, &info).await;
+                    settle = None;
                 }
             }
-            if !want_model && !want_events {
-                return;
+            if !want_model {
+                break;
             }
         }
+        if want_events {
+            follow_events_of(s, w, settle).await;
+        }
     });
+}
+
+/// Longest wait between two looks at a worker whose KV events are not followed.
+const EVENTS_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How often a followed worker's subscriptions are checked for a source gone quiet after a
+/// disconnection (an engine started again on other ports).
+const EVENTS_CHECK: Duration = Duration::from_secs(5);
+
+/// With `precise_prefix`, for as long as `w` is registered: follows its KV events as its
+/// `/server_info` describes them, trying again with a growing wait (to
+/// [`EVENTS_RETRY_MAX`]) while it does not answer (an engine loading its model for minutes);
+/// and when a followed worker's connection dropped and nothing came since, reads its
+/// descriptor again and follows where it now publishes (an engine started again elsewhere:
+/// the router follows the engine, not its old ports).
+async fn follow_events_of(s: Arc<Shared>, w: Arc<Worker>, mut settle: Option<Settle>) {
+    let Some(index) = s.routing.kv_index.clone() else {
+        return;
+    };
+    let mut backoff = Backoff::new(Duration::from_secs(1), EVENTS_RETRY_MAX);
+    loop {
+        let registered = s
+            .workers
+            .registry
+            .snapshot()
+            .iter()
+            .any(|x| Arc::ptr_eq(x, &w));
+        if !registered {
+            return;
+        }
+        let wait = match index.state_of(&w.url) {
+            EventsOf::Followed => EVENTS_CHECK,
+            EventsOf::NonePublished => return,
+            EventsOf::Quiet => {
+                tracing::info!(worker = %w.url, "the worker's KV events went quiet after a disconnection: reading where it publishes now");
+                if let Some(info) = server_info(&s, &w).await {
+                    follow_kv_events(&s, &w, &info).await;
+                }
+                EVENTS_CHECK
+            }
+            EventsOf::NotFollowed => {
+                let settled = match server_info(&s, &w).await {
+                    Some(info) => follow_kv_events(&s, &w, &info).await,
+                    None => false,
+                };
+                if settled {
+                    backoff.reset();
+                    EVENTS_CHECK
+                } else {
+                    index.not_followed(&w.url);
+                    backoff.next_delay()
+                }
+            }
+        };
+        // The first look is over: readiness no longer waits for this worker.
+        drop(settle.take());
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Marks a worker's events settled in the index when dropped (however `learn_about` ends).
@@ -243,20 +299,29 @@ async fn server_info(s: &Shared, w: &Worker) -> Option<Value> {
     None
 }
 
-/// With `precise_prefix`: follows the worker's KV events as its server info describes them.
-/// Whether that is settled (followed, or none published).
-fn follow_kv_events(s: &Shared, w: &Worker, info: &Value) -> bool {
-    let Some(index) = &s.routing.kv_index else {
+/// With `precise_prefix`: follows the worker's KV events as its server info describes them
+/// (or, when it publishes elsewhere than it did, where it publishes now), on a blocking thread
+/// (opening a subscription's sockets waits on libzmq). Whether that is settled (followed, or
+/// none published).
+async fn follow_kv_events(s: &Shared, w: &Worker, info: &Value) -> bool {
+    let Some(index) = s.routing.kv_index.clone() else {
         return true;
     };
-    match index.follow(&w.url, &w.host, info, w.dp_rank) {
-        Ok(true) => true,
-        Ok(false) => {
+    let (url, host, info, rank) = (w.url.clone(), w.host.clone(), info.clone(), w.dp_rank);
+    let followed =
+        tokio::task::spawn_blocking(move || index.follow(&url, &host, &info, rank)).await;
+    match followed {
+        Ok(Ok(true)) => true,
+        Ok(Ok(false)) => {
             tracing::info!(worker = %w.url, "the worker publishes no KV events: precise_prefix falls back for it");
             true
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::warn!(worker = %w.url, error = %e, "cannot follow the worker's KV events");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(worker = %w.url, error = %e, "following the worker's KV events failed");
             false
         }
     }

@@ -185,6 +185,9 @@ impl Default for ServerConfig {
 pub struct LimitsConfig {
     /// Largest request body accepted. Default 512 MiB.
     pub max_payload_size: usize,
+    /// Largest body of the routes that answer from the router itself (`/query`,
+    /// `/query_by_hash`, `/v1/tokenize`, `/v1/detokenize`). Default 16 MiB.
+    pub max_query_payload_size: usize,
     /// Bytes of request bodies received at once, all requests together; beyond it a request
     /// is answered 503. Default 0: a quarter of this machine's memory.
     pub max_inflight_body_bytes: usize,
@@ -207,6 +210,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             max_payload_size: 512 << 20,
+            max_query_payload_size: 16 << 20,
             max_inflight_body_bytes: 0,
             request_timeout: Secs::from_secs(1800),
             max_concurrent_requests: -1,
@@ -687,6 +691,10 @@ pub struct LimitsArgs {
     /// Largest request body accepted. Default 512 MiB.
     #[arg(long)]
     pub max_payload_size: Option<usize>,
+    /// Largest body of the routes the router answers itself (/query, /query_by_hash,
+    /// /v1/tokenize, /v1/detokenize). Default 16 MiB.
+    #[arg(long)]
+    pub max_query_payload_size: Option<usize>,
     /// Bytes of request bodies received at once, all requests together (503 beyond).
     /// Default 0: a quarter of this machine's memory.
     #[arg(long)]

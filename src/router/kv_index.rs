@@ -23,11 +23,33 @@ type Family = (&'static str, &'static str, fn(&SourceStats) -> f64);
 /// Default byte budget of the index.
 pub const DEFAULT_BUDGET: usize = 256 << 20;
 
+/// Most data-parallel ranks one worker's descriptor may declare: each rank costs a thread and
+/// three sockets.
+pub const MAX_DP_RANKS: usize = 128;
+/// Most ranks followed, all workers together: three sockets a rank (SUB, its monitor, a
+/// replay's DEALER) stay within libzmq's 1,023 sockets a context.
+pub const MAX_FOLLOWED_RANKS: usize = 256;
+
 /// A followed worker: one subscription per data-parallel rank it runs (each rank has a cache,
-/// and publishes, of its own).
+/// and publishes, of its own), as its descriptor said.
 struct Followed {
     block_size: usize,
+    published: Published,
     ranks: Vec<FollowedRank>,
+}
+
+/// Where the router stands with a worker's KV events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventsOf {
+    /// Followed, and heard since any disconnection.
+    Followed,
+    /// Followed, but a connection dropped and nothing came since: the engine may have started
+    /// again on other ports.
+    Quiet,
+    /// It publishes none.
+    NonePublished,
+    /// Not followed (yet): its descriptor could not be read, or its publisher reached.
+    NotFollowed,
 }
 
 struct FollowedRank {
@@ -57,6 +79,9 @@ pub struct KvIndex {
     zmq: zmq::Context,
     /// Workers whose events the router is still finding out about (`expect`).
     pending: Mutex<std::collections::HashSet<Tenant>>,
+    /// Workers that publish none, and those whose events could not be followed (yet).
+    silent: Mutex<std::collections::HashSet<Tenant>>,
+    unfollowed: Mutex<std::collections::HashSet<Tenant>>,
     /// When the router started, and whether its start-up catch-up is over (`warming`).
     started: std::time::Instant,
     warm: AtomicBool,
@@ -112,7 +137,9 @@ pub fn source_of(descriptor: &Value, worker_host: &str) -> Option<Published> {
     let block_size = descriptor.get("block_size").and_then(Value::as_u64)? as usize;
     let dp_size = match descriptor.get("dp_size") {
         None => 1,
-        Some(n) => n.as_u64().filter(|n| (1..=4096).contains(n))? as usize,
+        Some(n) => n
+            .as_u64()
+            .filter(|n| (1..=MAX_DP_RANKS as u64).contains(n))? as usize,
     };
     let fits = |base: u64| base + dp_size as u64 - 1 <= u64::from(u16::MAX);
     (block_size > 0 && fits(port_base) && replay_port_base.is_none_or(fits)).then(|| Published {
@@ -135,6 +162,8 @@ impl KvIndex {
             simulated: AtomicBool::new(false),
             zmq: zmq::Context::new(),
             pending: Mutex::new(Default::default()),
+            silent: Mutex::new(Default::default()),
+            unfollowed: Mutex::new(Default::default()),
             started: std::time::Instant::now(),
             warm: AtomicBool::new(false),
         }
@@ -145,9 +174,42 @@ impl KvIndex {
         self.pending.lock().insert(worker.clone());
     }
 
-    /// What `worker` publishes is settled: followed, none, or given up on.
+    /// What `worker` publishes is settled: followed, none, or given up on for now.
     pub fn settled(&self, worker: &str) {
         self.pending.lock().remove(worker);
+    }
+
+    /// `worker`'s events could not be followed this time (it is tried again).
+    pub fn not_followed(&self, worker: &Tenant) {
+        self.unfollowed.lock().insert(worker.clone());
+    }
+
+    /// Workers whose events are not followed (yet), for readiness and metrics.
+    pub fn unfollowed(&self) -> usize {
+        self.unfollowed.lock().len()
+    }
+
+    /// Where the router stands with `worker`'s events.
+    pub fn state_of(&self, worker: &str) -> EventsOf {
+        if self.silent.lock().contains(worker) {
+            return EventsOf::NonePublished;
+        }
+        match self.followed.lock().get(worker) {
+            None => EventsOf::NotFollowed,
+            Some(f) => {
+                let quiet = f.ranks.iter().any(|r| {
+                    r.subscription
+                        .stats
+                        .disconnected
+                        .load(Ordering::Relaxed)
+                });
+                if quiet {
+                    EventsOf::Quiet
+                } else {
+                    EventsOf::Followed
+                }
+            }
+        }
     }
 
     /// Whether a router that just started is still catching up what the workers (and the
@@ -211,7 +273,9 @@ impl KvIndex {
 
     /// Follows `worker`'s events as its `/server_info` (`info`) describes them: every
     /// data-parallel rank's, or with `dp_rank` (a `--dp-aware` worker, one rank of a server)
-    /// that rank's alone. False when it publishes none.
+    /// that rank's alone. A worker followed already is left as it is while its descriptor says
+    /// the same, and followed anew where it now publishes when it says otherwise. False when
+    /// it publishes none. Opens sockets and starts threads: call it off the async runtime.
     pub fn follow(
         &self,
         worker: &Tenant,
@@ -223,10 +287,23 @@ impl KvIndex {
             .get("kv_events")
             .and_then(|d| source_of(d, worker_host))
         else {
+            if info.get("kv_events").is_some_and(|d| !d.is_null())
+                && info["kv_events"].get("publisher").and_then(Value::as_str) == Some("zmq")
+            {
+                return Err(format!(
+                    "its KV events descriptor is not one the router follows (a block size, \
+                     ports within 1..=65535, dp_size within 1..={MAX_DP_RANKS}): {}",
+                    info["kv_events"]
+                ));
+            }
+            self.silent.lock().insert(worker.clone());
+            self.unfollowed.lock().remove(worker);
             return Ok(false);
         };
-        if self.followed.lock().contains_key(worker) {
-            return Ok(true);
+        if let Some(f) = self.followed.lock().get(worker) {
+            if f.published == published {
+                return Ok(true);
+            }
         }
         let ranks: Vec<usize> = match dp_rank {
             None => (0..published.dp_size).collect(),
@@ -238,6 +315,22 @@ impl KvIndex {
                 ))
             }
         };
+        let others: usize = self
+            .followed
+            .lock()
+            .iter()
+            .filter(|(w, _)| *w != worker)
+            .map(|(_, f)| f.ranks.len())
+            .sum();
+        if others + ranks.len() > MAX_FOLLOWED_RANKS {
+            return Err(format!(
+                "following its {} ranks would pass the router's {MAX_FOLLOWED_RANKS} followed \
+                 ranks (now {others})",
+                ranks.len()
+            ));
+        }
+        // A worker that publishes elsewhere now: its old subscriptions go first.
+        self.forget(worker);
         let mut followed = Vec::with_capacity(ranks.len());
         for rank in ranks {
             let endpoint = published.endpoint(rank);
@@ -261,9 +354,11 @@ impl KvIndex {
             worker.clone(),
             Followed {
                 block_size: published.block_size,
+                published,
                 ranks: followed,
             },
         );
+        self.unfollowed.lock().remove(worker);
         Ok(true)
     }
 
@@ -271,6 +366,8 @@ impl KvIndex {
     /// in a replay's wait (up to 2 s): it is stopped, and the blocks cleared after it, on a
     /// thread of their own, so that the caller (an API request) never waits.
     pub fn forget(&self, worker: &str) {
+        self.unfollowed.lock().remove(worker);
+        self.silent.lock().remove(worker);
         let Some(f) = self.followed.lock().remove(worker) else {
             return;
         };
@@ -326,6 +423,16 @@ impl KvIndex {
             "rbgctl_router_kv_index_evicted_total",
             &[],
             stats.evicted as f64,
+        );
+        p.family(
+            "rbgctl_router_kv_index_workers_unfollowed",
+            "gauge",
+            "Workers whose KV events could not be followed yet (tried again, at most every 30 s).",
+        )
+        .sample(
+            "rbgctl_router_kv_index_workers_unfollowed",
+            &[],
+            self.unfollowed() as f64,
         );
         let followed = self.followed.lock();
         p.family(
@@ -394,7 +501,7 @@ pub struct ConductorQuery {
     #[serde(default)]
     pub token_ids: Option<Vec<u32>>,
     #[serde(default, alias = "block_hash")]
-    pub seq_hashes: Option<Vec<serde_json::Number>>,
+    pub seq_hashes: Option<BlockHashes>,
     pub block_size: usize,
     #[serde(default)]
     pub tenant_id: Option<String>,
@@ -404,6 +511,50 @@ pub struct ConductorQuery {
     pub lora_name: Option<String>,
     #[serde(default)]
     pub cache_salt: Option<String>,
+}
+
+/// SGLang's block hashes as a Conductor query gives them: 64-bit integers, signed or not
+/// (an unsigned one is its signed twin's bits), read straight into a list of them.
+#[derive(Debug, Default)]
+pub struct BlockHashes(pub Vec<i64>);
+
+impl<'de> serde::Deserialize<'de> for BlockHashes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Hash(i64);
+        impl<'de> serde::Deserialize<'de> for Hash {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl serde::de::Visitor<'_> for V {
+                    type Value = Hash;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a 64-bit block hash")
+                    }
+                    fn visit_i64<E>(self, n: i64) -> Result<Hash, E> {
+                        Ok(Hash(n))
+                    }
+                    fn visit_u64<E>(self, n: u64) -> Result<Hash, E> {
+                        Ok(Hash(n as i64))
+                    }
+                }
+                d.deserialize_i64(V)
+            }
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = BlockHashes;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of 64-bit block hashes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<BlockHashes, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(Hash(h)) = seq.next_element()? {
+                    out.push(h);
+                }
+                Ok(BlockHashes(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 impl KvIndex {
@@ -423,14 +574,7 @@ impl KvIndex {
         }
         let hashes: Vec<i64> = match (&q.token_ids, &q.seq_hashes) {
             (Some(t), None) => block_hashes(t, q.block_size),
-            (None, Some(h)) => h
-                .iter()
-                .map(|n| {
-                    n.as_i64()
-                        .or_else(|| n.as_u64().map(|u| u as i64))
-                        .ok_or_else(|| format!("{n} is not a 64-bit block hash"))
-                })
-                .collect::<Result<_, _>>()?,
+            (None, Some(h)) => h.0.clone(),
             _ => {
                 return Err(
                     "give token_ids (POST /query) or seq_hashes (POST /query_by_hash)".into(),
@@ -608,6 +752,15 @@ mod tests {
             .conductor(&q(json!({"block_size": 4, "block_hash": [1, -2]})))
             .unwrap();
         assert_eq!(v, json!({"default": {}}));
+        // Hashes are 64-bit integers, signed or not (the unsigned one's bits).
+        let h = q(json!({"block_size": 4, "seq_hashes": [u64::MAX, -5, 7]}));
+        assert_eq!(h.seq_hashes.unwrap().0, vec![-1, -5, 7]);
+        for bad in [json!([1.5]), json!(["1"]), json!(3)] {
+            let r = serde_json::from_value::<ConductorQuery>(
+                json!({"block_size": 4, "seq_hashes": bad}),
+            );
+            assert!(r.is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -633,7 +786,7 @@ mod tests {
         assert_eq!(p.dp_size, 4);
         assert_eq!(p.endpoint(3), "tcp://h:6003");
         assert_eq!(p.replay_endpoint(2).as_deref(), Some("tcp://h:7002"));
-        for bad in [json!(0), json!("2"), json!(5000)] {
+        for bad in [json!(0), json!("2"), json!(5000), json!(MAX_DP_RANKS + 1)] {
             let d = json!({"publisher": "zmq", "endpoint_host": "h", "endpoint_port_base": 6000,
                            "block_size": 4, "dp_size": bad});
             assert_eq!(source_of(&d, "x"), None, "dp_size {bad}");

@@ -127,6 +127,9 @@ pub struct Limits {
     pub limiter: Limiter,
     /// Bytes of request bodies received at once, all threads together.
     pub body_budget: Arc<crate::http_server::BodyBudget>,
+    /// Turns at CPU work the router does for a request itself (a Conductor query's hashes),
+    /// on blocking threads: half the cores, so that routing always has the rest.
+    pub cpu_work: tokio::sync::Semaphore,
 }
 
 /// Who may call the router, and over what.
@@ -237,6 +240,9 @@ impl Shared {
                         0 => crate::http_server::BodyBudget::quarter_of_memory(),
                         n => n,
                     },
+                ),
+                cpu_work: tokio::sync::Semaphore::new(
+                    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
                 ),
             },
             access: Access {

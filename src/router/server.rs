@@ -77,10 +77,39 @@ async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
     }
 }
 
-/// The control plane's guard: with `--control-plane-api-keys`, a key of role `admin` for
+/// Whether `req` came from this host (loopback); unknown (no peer recorded) counts as not.
+fn from_this_host(req: &Request) -> bool {
+    req.extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .is_some_and(|c| match c.0.ip() {
+            std::net::IpAddr::V4(ip) => ip.is_loopback(),
+            std::net::IpAddr::V6(ip) => {
+                ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        })
+}
+
+/// The control plane's guard: without any key, this host's clients only; with `--control-plane-api-keys`, a key of role `admin` for
 /// changes and `admin` or `user` for reads; without them, `--api-key` as for inference.
 async fn require_control_key(State(shared): S, req: Request, next: Next) -> Response {
     if shared.access.control_keys.is_empty() {
+        if shared.cfg.server.api_key.is_none() && !from_this_host(&req) {
+            // No credential at all: a worker added from anywhere could draw other users'
+            // prompts, and its URL makes the router fetch what it names.
+            shared
+                .metrics
+                .auth_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let rid = rid_for(&shared, req.headers(), None);
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "authentication_error",
+                "the control plane (workers, cache flushes, loads, the status page) answers only \
+                 this host's clients while the router has no key: start it with \
+                 --control-plane-api-keys (or --api-key) to manage it from elsewhere",
+                &rid,
+            );
+        }
         return require_key(State(shared), req, next).await;
     }
     let read = req.method() == Method::GET;
@@ -230,6 +259,8 @@ async fn readiness(State(s): S) -> Response {
     };
     // A router that just started takes traffic once it knows what the caches hold.
     let warming = s.routing.kv_index.as_ref().is_some_and(|i| i.warming());
+    // Workers whose events are not followed yet are routed by cache_aware's guess meanwhile.
+    let unfollowed = s.routing.kv_index.as_ref().map(|i| i.unfollowed());
     let ready = ready && !warming;
     let status = if ready {
         StatusCode::OK
@@ -239,6 +270,7 @@ async fn readiness(State(s): S) -> Response {
     let body = json!({
         "status": if ready { "ready" } else { "not ready" },
         "kv_events_catching_up": warming,
+        "kv_events_unfollowed_workers": unfollowed,
         "healthy_workers": healthy,
         "total_workers": workers.len(),
     });
@@ -494,9 +526,17 @@ async fn conductor_query(State(s): S, body: axum::body::Bytes) -> Response {
         Ok(q) => q,
         Err(e) => return bad(&format!("not a Conductor query: {e}")),
     };
-    match index.conductor(&q) {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => bad(&e),
+    drop(body);
+    // Hashing a long query's blocks is CPU work: off the runtime threads, one query at a time
+    // per core at most, so that queries cannot stall the requests being routed.
+    let Ok(_turn) = s.limits.cpu_work.acquire().await else {
+        return bad("the router is stopping");
+    };
+    let index = index.clone();
+    match tokio::task::spawn_blocking(move || index.conductor(&q)).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => bad(&e),
+        Err(e) => bad(&format!("the query failed: {e}")),
     }
 }
 
@@ -955,15 +995,9 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/v1/rerank", post(rerank))
         .route("/v1/score", post(score))
         .route("/v1/responses", post(responses))
-        .route("/v1/tokenize", post(tokenize))
-        .route("/tokenize", post(tokenize))
-        .route("/v1/detokenize", post(detokenize))
-        .route("/detokenize", post(detokenize))
-        .route("/query", post(conductor_query))
-        .route("/query_by_hash", post(conductor_query))
+        .merge(answered_here(&shared))
         // Runs a generation on a worker, or tells what the workers are and how loaded.
         .route("/health_generate", get(health_generate))
-        .route("/engine_metrics", get(engine_metrics))
         .route("/get_server_info", get(server_info))
         .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
     let control = Router::new()
@@ -974,6 +1008,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/list_workers", get(list_worker_urls))
         .route("/flush_cache", post(flush_cache))
         .route("/get_loads", get(get_loads))
+        // Fetches every worker's /metrics: as much the control plane's as the workers are.
+        .route("/engine_metrics", get(engine_metrics))
         .route("/ui", get(status_page))
         .route_layer(middleware::from_fn_with_state(
             shared.clone(),
@@ -993,6 +1029,21 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .fallback(not_found)
         .layer(cors(&shared.cfg.server.cors_allowed_origins))
         .with_state(shared)
+}
+
+/// The routes the router answers itself from a body (tokenizing, Conductor's queries), with a
+/// body limit of their own: far below the inference routes', whose bodies are forwarded.
+fn answered_here(shared: &Shared) -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/tokenize", post(tokenize))
+        .route("/tokenize", post(tokenize))
+        .route("/v1/detokenize", post(detokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/query", post(conductor_query))
+        .route("/query_by_hash", post(conductor_query))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            shared.cfg.limits.max_query_payload_size,
+        ))
 }
 
 /// CORS as sglang-router answers it: the listed origins, or any origin when none is listed.

@@ -45,6 +45,11 @@ const SAVED_DISK: f64 = 0.5;
 const SAVED_EXTERNAL: f64 = 0.5;
 /// Blocks of prefill one request in flight is worth (its queueing ahead of this one).
 const LOAD_BLOCKS: f64 = 4.0;
+/// Requests a worker must have served through this router before what its KV events claim
+/// outranks workers that have: anyone who could register a worker could otherwise announce
+/// the blocks another engine holds and draw its prompts. While every candidate is new (a
+/// router that just started) all claims count alike.
+pub const TRUSTED_AFTER: u64 = 8;
 
 /// What a candidate's held prefix is worth, in blocks of prefill saved.
 pub fn worth(p: &Prefix) -> f64 {
@@ -78,7 +83,14 @@ impl LoadBalancingPolicy for PrecisePrefix {
             return self.fallback.select(c, request, now);
         };
         let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
-        let held = self.view.prefixes(tokens, request.adapter, &urls);
+        let mut held = self.view.prefixes(tokens, request.adapter, &urls);
+        if c.iter().any(|x| x.processed >= TRUSTED_AFTER) {
+            for (h, x) in held.iter_mut().zip(c) {
+                if x.processed < TRUSTED_AFTER {
+                    *h = None;
+                }
+            }
+        }
         if held.iter().all(Option::is_none) {
             return self.fallback.select(c, request, now);
         }
@@ -182,6 +194,32 @@ mod tests {
         assert_eq!(
             p.select(&cands(&[0, 100, 200, 100]), &tokens(&t), now),
             Some(0)
+        );
+    }
+
+    #[test]
+    fn a_new_worker_does_not_outrank_established_ones_on_its_claims_alone() {
+        let gpu = |n| Prefix {
+            gpu: n,
+            ..Prefix::default()
+        };
+        // w2 claims the most, w1 holds less; w0 and w1 have served, w2 is new.
+        let p = PrecisePrefix::new(
+            view(&[(1, gpu(3)), (2, gpu(50))]),
+            CacheAwareConfig::default(),
+        );
+        let now = Instant::now();
+        let mut c = cands(&[0, 0, 0]);
+        c[0].processed = TRUSTED_AFTER;
+        c[1].processed = TRUSTED_AFTER;
+        assert_eq!(p.select(&c, &tokens(&[1, 2]), now), Some(1));
+        // Once it has served its share, its claims count.
+        c[2].processed = TRUSTED_AFTER;
+        assert_eq!(p.select(&c, &tokens(&[1, 2]), now), Some(2));
+        // All new (a router that just started): every claim counts alike.
+        assert_eq!(
+            p.select(&cands(&[0, 0, 0]), &tokens(&[1, 2]), now),
+            Some(2)
         );
     }
 

@@ -3,10 +3,11 @@
 //! added to the body. The body is forwarded byte for byte; the only edit ever made is appending
 //! the bootstrap fields before the final `}`. Pure functions, tested without sockets.
 
-mod messages;
+mod fields;
 
 use crate::router::policy::TextForm;
-use messages::Messages;
+use fields::{Ids, Input, Messages, Named, Stream, Text, Texts};
+use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -96,35 +97,36 @@ pub enum BadRequest {
     Field { field: &'static str, reason: String },
 }
 
-/// The fields the router reads; every other field is left alone.
+/// The fields the router reads, in the shapes it reads them (`fields`); every other field is
+/// skipped unbuilt.
 #[derive(Deserialize)]
 struct Peek<'a> {
     #[serde(default)]
-    stream: Option<Value>,
+    stream: Stream,
+    #[serde(borrow, default)]
+    text: Texts<'a>,
     #[serde(default)]
-    text: Option<Value>,
-    #[serde(default)]
-    input_ids: Option<Value>,
+    input_ids: Ids,
     /// Chat: the messages' text, read without building them.
     #[serde(borrow, default)]
     messages: Messages<'a>,
-    #[serde(default)]
-    prompt: Option<Value>,
-    #[serde(default)]
-    model: Option<Value>,
+    #[serde(borrow, default)]
+    prompt: Texts<'a>,
+    #[serde(borrow, default)]
+    model: Text<'a>,
     /// Embeddings and Responses: a string or a list (of strings, or of messages).
-    #[serde(default)]
-    input: Option<Value>,
+    #[serde(borrow, default)]
+    input: Input<'a>,
     /// Rerank and Score.
-    #[serde(default)]
-    query: Option<Value>,
+    #[serde(borrow, default)]
+    query: Text<'a>,
     /// SGLang's cache namespaces: a LoRA adapter, an extra key, a cache salt.
-    #[serde(default)]
-    lora_path: Option<Value>,
-    #[serde(default)]
-    extra_key: Option<Value>,
-    #[serde(default)]
-    cache_salt: Option<Value>,
+    #[serde(borrow, default)]
+    lora_path: Named<'a>,
+    #[serde(borrow, default)]
+    extra_key: Named<'a>,
+    #[serde(borrow, default)]
+    cache_salt: Named<'a>,
 }
 
 /// What routing needs to know about a request.
@@ -149,41 +151,11 @@ pub struct RouteInfo {
     pub adapter: Option<String>,
 }
 
-fn push_ids(out: &mut String, ids: &[Value]) {
-    for (i, v) in ids.iter().enumerate() {
-        if i > 0 {
-            out.push(' ');
-        }
-        match v {
-            Value::Number(n) => out.push_str(&n.to_string()),
-            other => out.push_str(&other.to_string()),
-        }
-    }
-}
-
 fn push_text(out: &mut String, s: &str) {
     if !out.is_empty() {
         out.push(' ');
     }
     out.push_str(s);
-}
-
-/// Text of a chat message's `content` (a string or a list of parts) and `reasoning_content`.
-fn message_text(out: &mut String, m: &Value) {
-    match m.get("content") {
-        Some(Value::String(s)) => push_text(out, s),
-        Some(Value::Array(parts)) => {
-            for p in parts {
-                if let Some(Value::String(s)) = p.get("text") {
-                    push_text(out, s);
-                }
-            }
-        }
-        _ => {}
-    }
-    if let Some(Value::String(s)) = m.get("reasoning_content") {
-        push_text(out, s);
-    }
 }
 
 /// What routing reads of a request body.
@@ -199,11 +171,11 @@ pub enum Reads {
 
 /// `stream` and `model` of a body, nothing else built.
 #[derive(serde::Deserialize)]
-struct PeekFlags {
+struct PeekFlags<'a> {
     #[serde(default)]
-    stream: Option<Value>,
-    #[serde(default)]
-    model: Option<Value>,
+    stream: Stream,
+    #[serde(borrow, default)]
+    model: Text<'a>,
 }
 
 /// Reads a request body. Invalid JSON, a non-object body or a wrongly typed `stream` is a
@@ -231,32 +203,24 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
     }
     let peek: Peek = serde_json::from_slice(body).map_err(json)?;
     let mut info = flags(peek.stream, peek.model)?;
-    let named = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
-    info.namespaced = named(&peek.lora_path) || named(&peek.extra_key) || named(&peek.cache_salt);
-    if !named(&peek.extra_key) && !named(&peek.cache_salt) {
-        if let Some(Value::String(name)) = peek.lora_path {
-            info.adapter = Some(name);
+    info.namespaced =
+        peek.lora_path.named() || peek.extra_key.named() || peek.cache_salt.named();
+    if !peek.extra_key.named() && !peek.cache_salt.named() {
+        if let Named::Str(name) = peek.lora_path {
+            info.adapter = Some(name.into_owned());
         }
     }
     match endpoint {
         Endpoint::Generate => match (peek.text, peek.input_ids) {
-            (Some(Value::String(s)), _) => info.text = s,
-            (Some(Value::Array(items)), _) => {
-                info.batch = Some(items.len());
-                for s in items.iter().filter_map(Value::as_str) {
-                    push_text(&mut info.text, s);
-                }
+            (Texts::One(s), _) => info.text = s.into_owned(),
+            (Texts::Many { items, text }, _) => {
+                info.batch = Some(items);
+                info.text = text;
             }
-            (_, Some(Value::Array(ids))) => {
+            (Texts::None, ids) if ids.present => {
                 info.form = TextForm::SpacedIds;
-                if ids.first().is_some_and(Value::is_array) {
-                    info.batch = Some(ids.len());
-                    if let Some(Value::Array(first)) = ids.first() {
-                        push_ids(&mut info.text, first);
-                    }
-                } else {
-                    push_ids(&mut info.text, &ids);
-                }
+                info.batch = ids.batch;
+                info.text = ids.text;
             }
             _ => {}
         },
@@ -265,42 +229,31 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
                 push_text(&mut info.text, piece);
             }
         }
-        Endpoint::Embeddings | Endpoint::Responses => match peek.input {
-            Some(Value::String(s)) => info.text = s,
-            Some(Value::Array(items)) => {
-                for it in &items {
-                    match it {
-                        Value::String(s) => push_text(&mut info.text, s),
-                        m => message_text(&mut info.text, m),
-                    }
-                }
+        Endpoint::Embeddings | Endpoint::Responses => {
+            for piece in &peek.input.0 {
+                push_text(&mut info.text, piece);
             }
-            _ => {}
-        },
+        }
         Endpoint::Rerank | Endpoint::Score => {
-            if let Some(Value::String(q)) = peek.query {
-                info.text = q;
+            if let Some(q) = peek.query.0 {
+                info.text = q.into_owned();
             }
         }
         Endpoint::Completions => match peek.prompt {
-            Some(Value::String(s)) => info.text = s,
-            Some(Value::Array(items)) => {
-                for s in items.iter().filter_map(Value::as_str) {
-                    push_text(&mut info.text, s);
-                }
-            }
-            _ => {}
+            Texts::One(s) => info.text = s.into_owned(),
+            Texts::Many { text, .. } => info.text = text,
+            Texts::None => {}
         },
     }
     Ok(info)
 }
 
 /// `stream` (true, false or absent) and `model` (a non-empty string) of a body.
-fn flags(stream: Option<Value>, model: Option<Value>) -> Result<RouteInfo, BadRequest> {
+fn flags(stream: Stream, model: Text) -> Result<RouteInfo, BadRequest> {
     let stream = match stream {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => b,
-        Some(other) => {
+        Stream::Unset => false,
+        Stream::Is(b) => b,
+        Stream::Wrong(other) => {
             return Err(BadRequest::Field {
                 field: "stream",
                 reason: format!("must be true or false, got {other}"),
@@ -309,10 +262,7 @@ fn flags(stream: Option<Value>, model: Option<Value>) -> Result<RouteInfo, BadRe
     };
     Ok(RouteInfo {
         stream,
-        model: match model {
-            Some(Value::String(m)) if !m.is_empty() => Some(m),
-            _ => None,
-        },
+        model: model.0.filter(|m| !m.is_empty()).map(Cow::into_owned),
         ..RouteInfo::default()
     })
 }
