@@ -702,7 +702,8 @@ impl<R: Launchable> Child<R> {
             Err(e) => {
                 let mut loose = self.config.clone();
                 R::loosen(&mut loose, &self.first);
-                let same = serde_json::to_value(&loose).ok() == serde_json::to_value(&self.config).ok();
+                let same =
+                    serde_json::to_value(&loose).ok() == serde_json::to_value(&self.config).ok();
                 if same {
                     return Err(e);
                 }

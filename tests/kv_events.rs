@@ -582,3 +582,136 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
         .sum();
     assert_eq!(sglang_event_count(&python, &payloads), events);
 }
+
+/// A process's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Issue 62, item A2: requesters that ask for a replay from 0 and never read cost the
+/// publisher a few messages each, not its whole buffer each (before: 200 of them took an
+/// engine from 322 MB to 2.0 GB); a requester that reads still gets the whole replay.
+#[test]
+fn replay_requesters_that_never_read_cost_the_publisher_little() {
+    use rbgctl::kv_events::wire::seq_bytes;
+    use rbgctl::kv_events::Message;
+    let launcher = common::launcher();
+    let engine = launcher
+        .spawn::<rbgctl::launch::Engine>(
+            "replayed",
+            rbgctl::engine::EngineConfig {
+                port: 0,
+                page_size: 4,
+                device_cache_tokens: 1024,
+                host_cache_tokens: 0,
+                prefill_us_per_token: 0.1,
+                decode_ms_per_token: 0.01,
+                kv_events_config: Some(
+                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+                        "replay_endpoint":"tcp://127.0.0.1:0"}"#
+                        .into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .expect("the SIMULATED engine starts");
+    let http = engine.addrs.http;
+    let metric = |name: &str| -> f64 {
+        let (_, text) =
+            common::http_at(&http.ip().to_string(), http.port(), "GET", "/metrics", b"");
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    // 1,000 prompts of 256 tokens: as many batches in the replay buffer, each storing 64
+    // pages and dropping as many.
+    for i in 0..1000u32 {
+        let prompt: String = (0..256).map(|t| format!("t{} ", i * 1000 + t)).collect();
+        let body = serde_json::json!({"text": prompt, "sampling_params": {"max_new_tokens": 1}});
+        let (code, text) = common::http_at(
+            &http.ip().to_string(),
+            http.port(),
+            "POST",
+            "/generate",
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(code, 200, "{text}");
+    }
+    let batches = metric("rbgctl_sim_kv_event_batches_total");
+    assert!(batches >= 1000.0, "{batches} batches");
+    let pid = engine.process.pid().unwrap();
+    let before = rss(pid);
+    let replay = engine
+        .addrs
+        .kv_events_replay
+        .clone()
+        .expect("a replay endpoint");
+    let ctx = zmq::Context::new();
+    // 200 requesters that take one message and then nothing.
+    let idle: Vec<zmq::Socket> = (0..200)
+        .map(|_| {
+            let d = ctx.socket(zmq::DEALER).unwrap();
+            d.set_rcvhwm(1).unwrap();
+            d.set_rcvbuf(4096).unwrap();
+            d.set_linger(0).unwrap();
+            d.connect(&replay).unwrap();
+            d.send_multipart([&b""[..], &seq_bytes(0)], 0).unwrap();
+            d
+        })
+        .collect();
+    let asked = || {
+        metric("rbgctl_sim_kv_event_replay_requests_total")
+            + metric("rbgctl_sim_kv_event_replays_refused_total")
+    };
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(30), || asked() >= 200.0),
+        "the publisher took {} of the 200 requests",
+        asked()
+    );
+    // Replays whose requesters do not read are given up, or give their places.
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(30), || {
+            metric("rbgctl_sim_kv_event_replays_abandoned_total") >= 16.0
+        }),
+        "no stalled replay was given up"
+    );
+    let grew = rss(pid).saturating_sub(before);
+    assert!(
+        grew < 48 << 20,
+        "200 idle requesters took the engine from {} MB to {} MB",
+        before >> 20,
+        (before + grew) >> 20
+    );
+    // A requester that reads gets every batch, then the end marker.
+    let reader = ctx.socket(zmq::DEALER).unwrap();
+    reader.set_linger(0).unwrap();
+    reader.connect(&replay).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        reader.send_multipart([&b""[..], &seq_bytes(0)], 0).unwrap();
+        got.clear();
+        let complete = loop {
+            if reader.poll(zmq::POLLIN, 3_000).unwrap() == 0 {
+                break false;
+            }
+            let frames = reader.recv_multipart(0).unwrap();
+            match Message::from_frames(&frames[1..]).unwrap() {
+                Some(m) => got.push(m.seq),
+                None => break true,
+            }
+        };
+        if complete && !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got.len() as f64, batches, "a whole replay");
+    assert!(got.windows(2).all(|w| w[1] == w[0] + 1));
+    drop(idle);
+}

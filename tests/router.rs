@@ -3090,3 +3090,394 @@ fn precise_prefix_finds_an_adapters_blocks_by_its_name() {
         "the adapter's removal never reached the index"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 62: what a hostile client hits
+
+/// A process's memory line from `/proc/PID/status` (`VmRSS`, `VmHWM`), in bytes.
+fn vm_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("a memory line")
+        * 1024
+}
+
+/// Item A1: the fields routing reads are read without building a JSON tree, so a request of
+/// a long `input_ids` list costs the router about its body, not 17 times it (the peak before:
+/// 1.15 GB for 67 MB); the routes the router answers itself from a body take 16 MiB at most.
+#[test]
+fn a_request_costs_the_router_about_its_body_and_queries_have_a_limit_of_their_own() {
+    let w = fake_worker("w", &[]);
+    let r = router(&s(&["--worker-urls", &w.url()]), true);
+    let pid = r._proc.pid().unwrap();
+    // 20 million ids of one digit: 40 MB of JSON.
+    let ids = 20_000_000;
+    let mut body = String::with_capacity(2 * ids + 32);
+    body.push_str(r#"{"input_ids":["#);
+    for i in 0..ids {
+        body.push_str(if i == 0 { "7" } else { ",7" });
+    }
+    body.push_str(r#"],"sampling_params":{"max_new_tokens":1}}"#);
+    let before = vm_bytes(pid, "VmRSS");
+    let (code, _, text) = post(r.port, "/generate", &body);
+    // Read and routed: the FAKE worker itself takes bodies of 2 MB at most (413, or the
+    // connection closed on the router: 502).
+    assert!(
+        [200, 413, 502].contains(&code) && !text.contains("invalid_request_error"),
+        "{code} {}",
+        &text[..text.len().min(300)]
+    );
+    let peak = vm_bytes(pid, "VmHWM");
+    let grew = peak.saturating_sub(before);
+    assert!(
+        grew < 4 * body.len() as u64,
+        "a {} MB body took the router from {} MB to a peak of {} MB",
+        body.len() >> 20,
+        before >> 20,
+        peak >> 20
+    );
+    drop(body);
+    // /query_by_hash: within its limit a long list is answered, past it 413.
+    let hashes: Vec<i64> = (0..500_000).collect();
+    let q = |hashes: &[i64]| json!({"seq_hashes": hashes, "block_size": 16}).to_string();
+    let small = q(&hashes);
+    assert!(small.len() < 16 << 20);
+    let (code, _, text) = post(r.port, "/query_by_hash", &small);
+    assert_eq!(code, 400, "no KV index without precise_prefix: {text}");
+    let pp = router(
+        &s(&["--worker-urls", &w.url(), "--policy", "precise_prefix"]),
+        true,
+    );
+    let (code, _, text) = post(pp.port, "/query_by_hash", &small);
+    assert_eq!(code, 200, "{text}");
+    let big: Vec<i64> = (0..2_500_000).collect();
+    let big = q(&big);
+    assert!(big.len() > 16 << 20);
+    let (code, _, text) = post(pp.port, "/query_by_hash", &big);
+    assert_eq!(code, 413, "{text}");
+    let (code, _, text) = post(
+        pp.port,
+        "/query_by_hash",
+        r#"{"seq_hashes": [1.5], "block_size": 16}"#,
+    );
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("64-bit block hash"), "{text}");
+    // The inference routes keep --max-payload-size.
+    assert_eq!(post(pp.port, "/generate", r#"{"text":"hi"}"#).0, 200);
+}
+
+/// This machine's first address that is not loopback (where a client from elsewhere comes
+/// from), from iproute2.
+fn an_address_not_loopback() -> Option<std::net::IpAddr> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// An HTTP request from `from` to the router's port on that address.
+fn request_from(
+    from: std::net::IpAddr,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect((from, port)).unwrap();
+    assert_eq!(conn.local_addr().unwrap().ip(), from);
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    let code = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, answer)
+}
+
+/// Item A4 and A16: without any key, the control plane (adding and removing workers, cache
+/// flushes, loads, every worker's metrics) answers only this host's clients: a client from
+/// elsewhere can neither register a worker (to draw other users' prompts) nor make the router
+/// fetch what a worker URL names. Inference stays open; with a key, the key decides.
+#[test]
+fn without_a_key_the_control_plane_answers_only_this_hosts_clients() {
+    let Some(elsewhere) = an_address_not_loopback() else {
+        common::skip("this machine has no address but loopback");
+        return;
+    };
+    let w = fake_worker("w", &[]);
+    let on_every_address = |args: &[&str]| {
+        let mut cfg = router_config(&s(args));
+        cfg.server.host = "0.0.0.0".into();
+        let child = launcher()
+            .spawn::<launch::Router>("router", cfg)
+            .expect("the router starts");
+        let r = Router {
+            port: child.addrs.http.port(),
+            _proc: child.process,
+        };
+        await_readiness(&r, true);
+        r
+    };
+    let open = on_every_address(&["--worker-urls", &w.url()]);
+    let add = json!({"url": "http://127.0.0.1:9"}).to_string();
+    let (code, text) = request_from(elsewhere, open.port, "POST", "/workers", &add);
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("--control-plane-api-keys"), "{text}");
+    for path in ["/engine_metrics", "/workers", "/get_loads"] {
+        let (code, text) = request_from(elsewhere, open.port, "GET", path, "");
+        assert_eq!(code, 403, "{path}: {text}");
+    }
+    assert_eq!(workers(open.port).len(), 1, "nothing was added");
+    // Inference and health answer anyone.
+    let (code, text) = request_from(elsewhere, open.port, "POST", "/generate", r#"{"text":"a"}"#);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        request_from(elsewhere, open.port, "GET", "/health", "").0,
+        200
+    );
+    // From this host it is managed as before.
+    let (code, _, text) = post(open.port, "/workers", &add);
+    assert_eq!(code, 202, "{text}");
+    // With a key, a client from elsewhere holding it may manage the router.
+    let keyed = on_every_address(&["--worker-urls", &w.url(), "--api-key", "k"]);
+    let with_key = |path: &str| {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect((elsewhere, keyed.port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n"
+        );
+        conn.write_all(req.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = conn.read_to_string(&mut answer);
+        answer
+    };
+    assert!(with_key("/workers").starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        request_from(elsewhere, keyed.port, "GET", "/workers", "").0,
+        401
+    );
+}
+
+/// A FAKE worker whose descriptor points at a publisher of this test's, with that publisher.
+fn worker_publishing(name: &str) -> (Worker, rbgctl::kv_events::Publisher) {
+    let (base, mut publishers) = rank_publishers(1);
+    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
+        "topic": "", "block_size": 4, "dp_size": 1})
+    .to_string();
+    let w = fake_worker(name, &["--kv-events-descriptor", &descriptor]);
+    (w, publishers.remove(0))
+}
+
+/// One batch storing `tokens`' blocks (of 4) on the device.
+fn stored(tokens: &[u32]) -> rbgctl::kv_events::KvEventBatch {
+    use rbgctl::kv_events::{BlockStored, KvEvent, KvEventBatch, Medium};
+    KvEventBatch {
+        ts: 0.0,
+        events: vec![KvEvent::BlockStored(BlockStored::new(
+            rbgctl::kv_events::hash::block_hashes(tokens, 4),
+            None,
+            tokens.to_vec(),
+            4,
+            Medium::Gpu,
+        ))],
+        attn_dp_rank: Some(0),
+    }
+}
+
+/// Item A4: a worker added through the API that announces the blocks another engine holds
+/// (and more) does not draw that engine's prompts on its claims alone; once it has been sent
+/// its share, its claims count as any worker's.
+#[test]
+fn a_worker_added_through_the_api_does_not_draw_prompts_on_its_claims_alone() {
+    let (honest, honest_events) = worker_publishing("honest");
+    let (intruder, intruder_events) = worker_publishing("intruder");
+    let tokens: Vec<u32> = (1..=32).collect();
+    honest_events.publish(stored(&tokens[..16]));
+    intruder_events.publish(stored(&tokens));
+    let r = router(
+        &s(&["--worker-urls", &honest.url(), "--policy", "precise_prefix"]),
+        true,
+    );
+    let (code, _, text) = post(
+        r.port,
+        "/workers",
+        &json!({"url": intruder.url()}).to_string(),
+    );
+    assert_eq!(code, 202, "{text}");
+    let followed = || metric(r.port, "rbgctl_router_kv_index_workers_followed ").unwrap_or(0.0);
+    assert!(
+        wait_until(Duration::from_secs(20), || followed() == 2.0),
+        "the router did not follow both workers' events"
+    );
+    let to = || {
+        let (st, h, text) = post(
+            r.port,
+            "/generate",
+            &json!({"input_ids": tokens}).to_string(),
+        );
+        assert_eq!(st, 200, "{text}");
+        h["x-fake-worker"].to_str().unwrap().to_string()
+    };
+    let sent: Vec<String> = (0..10).map(|_| to()).collect();
+    assert!(
+        sent.iter().all(|w| w == "honest"),
+        "the intruder drew prompts on its claims: {sent:?}"
+    );
+    assert!(
+        recorded(&intruder).is_empty(),
+        "the intruder saw a prompt it claimed"
+    );
+}
+
+/// Item A9: a worker whose descriptor declares more data-parallel ranks than the router
+/// follows for one worker is refused by name (no socket is opened for it), and the router
+/// keeps answering meanwhile; item A12: a worker that does not answer at the router's start
+/// is followed once it does, however long that takes, and readiness and metrics say how many
+/// workers' events are not followed yet.
+#[test]
+fn a_worker_costs_the_router_a_bounded_share_and_late_engines_are_followed() {
+    let greedy = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+        "endpoint_port_base": 20000, "replay_endpoint_port_base": 30000,
+        "topic": "", "block_size": 4, "dp_size": 4096})
+    .to_string();
+    let g = fake_worker("greedy", &["--kv-events-descriptor", &greedy]);
+    // A port nothing listens on yet: the engine that will answer there later.
+    let late_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let late_url = format!("http://127.0.0.1:{late_port}");
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &g.url(),
+            &late_url,
+            "--policy",
+            "precise_prefix",
+            "--worker-startup-timeout-secs",
+            "600",
+        ]),
+        true,
+    );
+    let unfollowed =
+        || metric(r.port, "rbgctl_router_kv_index_workers_unfollowed ").unwrap_or(-1.0);
+    assert!(
+        wait_until(Duration::from_secs(30), || unfollowed() == 2.0),
+        "neither the greedy nor the late worker is followed: {}",
+        unfollowed()
+    );
+    let (_, ready) = get(r.port, "/readiness");
+    assert!(
+        ready.contains(r#""kv_events_unfollowed_workers":2"#),
+        "{ready}"
+    );
+    // The router answers while it keeps trying.
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        assert_eq!(get(r.port, "/health").0, 200);
+        assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+    let subscriptions = std::fs::read_dir(format!("/proc/{}/task", r._proc.pid().unwrap()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("kv-sub-"))
+        .count();
+    assert_eq!(
+        subscriptions, 0,
+        "no subscription was started for the greedy worker"
+    );
+    // The late engine comes up, after the router's first tries are long over.
+    let (base, publishers) = rank_publishers(1);
+    publishers[0].publish(stored(&[1, 2, 3, 4]));
+    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
+        "topic": "", "block_size": 4, "dp_size": 1})
+    .to_string();
+    let _late = fake_worker_on(
+        "127.0.0.1",
+        late_port,
+        "late",
+        &["--kv-events-descriptor", &descriptor],
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || unfollowed() == 1.0),
+        "the late worker's events were never followed"
+    );
+    assert_eq!(
+        metric(r.port, "rbgctl_router_kv_index_workers_followed "),
+        Some(1.0)
+    );
+}
+
+/// Item A10 and A17: a KV event message past the size the router takes is dropped before it
+/// is read whole (the router's memory stays), and batches that do not decode are logged once
+/// per period with a count, not once each.
+#[test]
+fn oversized_and_malformed_kv_event_messages_cost_the_router_little() {
+    let (base, publishers) = rank_publishers(1);
+    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
+        "topic": "", "block_size": 4, "dp_size": 1})
+    .to_string();
+    let w = fake_worker("w", &["--kv-events-descriptor", &descriptor]);
+    publishers[0].publish(stored(&[1, 2, 3, 4]));
+    let r = router(
+        &s(&["--worker-urls", &w.url(), "--policy", "precise_prefix"]),
+        true,
+    );
+    let pid = r._proc.pid().unwrap();
+    let blocks = || metric(r.port, "rbgctl_router_kv_index_blocks ").unwrap_or(-1.0);
+    assert!(wait_until(Duration::from_secs(20), || blocks() == 1.0));
+    drop(publishers);
+    // Our own PUB socket on the worker's port now: what a hostile publisher sends.
+    let ctx = zmq::Context::new();
+    let pub_socket = ctx.socket(zmq::PUB).unwrap();
+    pub_socket.bind(&format!("tcp://127.0.0.1:{base}")).unwrap();
+    let before = vm_bytes(pid, "VmRSS");
+    let huge = vec![0x90u8; 100 << 20];
+    let bad = [0xc1u8; 16];
+    // Send until the router's subscription is back (a PUB drops what it sends before).
+    for seq in 0..2_000u64 {
+        let payload: &[u8] = if seq % 100 == 0 { &huge } else { &bad };
+        pub_socket
+            .send_multipart([&b""[..], &seq.to_be_bytes(), payload], 0)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let peak = vm_bytes(pid, "VmHWM");
+    assert!(
+        peak.saturating_sub(before) < 40 << 20,
+        "the router grew from {} MB to {} MB",
+        before >> 20,
+        peak >> 20
+    );
+    let log = r._proc.log();
+    let lines = log.matches("KV event batches that do not decode").count();
+    assert!(lines <= 3, "{lines} warnings for malformed batches");
+    assert_eq!(get(r.port, "/health").0, 200);
+}

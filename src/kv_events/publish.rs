@@ -186,10 +186,13 @@ impl Drop for Publisher {
 
 /// Messages queued to one requester of a replay at most: a requester that does not read holds
 /// no more than this of the publisher's memory (the rest of its replay waits in its cursor).
-pub const REPLAY_HWM: i32 = 64;
-/// Replays under way at once; a request beyond is turned away (counted), and its requester
-/// times out and finds the gap lost, as when the batches have left the buffer.
+pub const REPLAY_HWM: i32 = 16;
+/// Replays under way at once. A request beyond takes the place of one whose requester has
+/// not read for [`REPLAY_YIELD`], else it is turned away (counted), and its requester times
+/// out and finds the gap lost, as when the batches have left the buffer.
 pub const MAX_REPLAYS: usize = 16;
+/// A replay blocked this long (its requester not reading) gives its place to a new request.
+pub const REPLAY_YIELD: Duration = Duration::from_secs(1);
 /// A replay that makes no progress for this long is given up.
 pub const REPLAY_STALL: Duration = Duration::from_secs(5);
 /// Largest replay request taken: a start sequence, 8 bytes, and its frames.
@@ -217,7 +220,10 @@ struct Replay {
     next: u64,
     /// The end marker is all that is left.
     ended: bool,
+    /// When it last sent something (or began).
     moved: std::time::Instant,
+    /// Its requester's queue was full at the last try.
+    blocked: bool,
 }
 
 fn last_endpoint(s: &zmq::Socket) -> Option<String> {
@@ -298,8 +304,23 @@ impl Run {
             };
             self.replays.retain(|r| r.identity != *identity);
             if self.replays.len() >= MAX_REPLAYS {
-                self.stats.replays_refused.fetch_add(1, Ordering::Relaxed);
-                continue;
+                // The place of the replay whose requester has read least lately, if it is
+                // blocked long enough; else none.
+                let now = std::time::Instant::now();
+                let yielding = (self.replays.iter().enumerate())
+                    .filter(|(_, r)| r.blocked && now.duration_since(r.moved) >= REPLAY_YIELD)
+                    .min_by_key(|(_, r)| r.moved)
+                    .map(|(i, _)| i);
+                match yielding {
+                    Some(i) => {
+                        self.replays.swap_remove(i);
+                        self.stats.replays_abandoned.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => {
+                        self.stats.replays_refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                }
             }
             self.stats.replay_requests.fetch_add(1, Ordering::Relaxed);
             self.replays.push(Replay {
@@ -307,6 +328,7 @@ impl Run {
                 next: start,
                 ended: false,
                 moved: std::time::Instant::now(),
+                blocked: false,
             });
         }
     }
@@ -340,18 +362,25 @@ fn send_replay(
     topic: &[u8],
     r: &mut Replay,
 ) -> Result<bool, zmq::Error> {
-    let sent = |res: Result<(), zmq::Error>| match res {
-        Ok(()) => Ok(true),
-        Err(zmq::Error::EAGAIN) => Ok(false),
-        Err(e) => Err(e),
-    };
+    // Sent, or not for a full queue (the requester not reading), or the requester is gone.
+    fn sent(res: Result<(), zmq::Error>, blocked: &mut bool) -> Result<bool, zmq::Error> {
+        match res {
+            Ok(()) => Ok(true),
+            Err(zmq::Error::EAGAIN) => {
+                *blocked = true;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+    r.blocked = false;
     if !r.ended {
         // The buffer's sequences are consecutive: the first to send is found by arithmetic.
         let first = buffer.front().map_or(0, |(s, _)| *s);
         let skip = r.next.saturating_sub(first) as usize;
         for (seq, payload) in buffer.iter().skip(skip) {
             let frames: [&[u8]; 5] = [&r.identity, b"", topic, &seq_bytes(*seq), payload];
-            if !sent(socket.send_multipart(frames, zmq::DONTWAIT))? {
+            if !sent(socket.send_multipart(frames, zmq::DONTWAIT), &mut r.blocked)? {
                 return Ok(false);
             }
             r.next = seq + 1;
@@ -360,7 +389,7 @@ fn send_replay(
         r.ended = true;
     }
     let end: [&[u8]; 5] = [&r.identity, b"", b"", &END_SEQ, b""];
-    sent(socket.send_multipart(end, zmq::DONTWAIT))
+    sent(socket.send_multipart(end, zmq::DONTWAIT), &mut r.blocked)
 }
 
 #[cfg(test)]

@@ -197,12 +197,10 @@ impl KvIndex {
         match self.followed.lock().get(worker) {
             None => EventsOf::NotFollowed,
             Some(f) => {
-                let quiet = f.ranks.iter().any(|r| {
-                    r.subscription
-                        .stats
-                        .disconnected
-                        .load(Ordering::Relaxed)
-                });
+                let quiet = f
+                    .ranks
+                    .iter()
+                    .any(|r| r.subscription.stats.disconnected.load(Ordering::Relaxed));
                 if quiet {
                     EventsOf::Quiet
                 } else {
@@ -545,7 +543,10 @@ impl<'de> serde::Deserialize<'de> for BlockHashes {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a list of 64-bit block hashes")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<BlockHashes, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<BlockHashes, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
                 while let Some(Hash(h)) = seq.next_element()? {
                     out.push(h);

@@ -353,6 +353,13 @@ impl Worker {
         self.processed.load(Ordering::Relaxed)
     }
 
+    /// Whether what its KV events claim may outrank other workers: given by the operator
+    /// (flags, the discovery file, Kubernetes), or added through the API and since sent
+    /// [`TRUSTED_AFTER`](crate::router::policy::TRUSTED_AFTER) requests.
+    pub fn vouched(&self) -> bool {
+        self.source != Source::Api || self.processed() >= crate::router::policy::TRUSTED_AFTER
+    }
+
     /// Counts a request in flight until the guard drops (when its response body ends).
     pub fn begin(self: &Arc<Self>) -> LoadGuard {
         self.inflight.fetch_add(1, Ordering::Relaxed);

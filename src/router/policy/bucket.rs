@@ -191,6 +191,7 @@ mod tests {
                 url: format!("http://p{i}:1").into(),
                 load: 0,
                 processed: 0,
+                vouched: true,
             })
             .collect()
     }

@@ -20,7 +20,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
-pub use precise_prefix::{worth, PrecisePrefix, PrefixView};
+pub use precise_prefix::{worth, PrecisePrefix, PrefixView, TRUSTED_AFTER};
 pub use prefix_hash::{PrefixHash, PrefixHashConfig};
 pub use random::Random;
 pub use round_robin::RoundRobin;
@@ -94,6 +94,10 @@ pub struct Candidate {
     pub load: usize,
     /// Requests sent so far (tie-break, so that equal loads spread).
     pub processed: u64,
+    /// What its KV events claim may outrank other workers (`precise_prefix`): it was given
+    /// by the operator (flags, discovery), or has served its share since it was added through
+    /// the API.
+    pub vouched: bool,
 }
 
 /// What a request offers for routing.
@@ -245,6 +249,7 @@ pub(crate) mod testing {
                 url: format!("http://w{i}:1").into(),
                 load,
                 processed: 0,
+                vouched: true,
             })
             .collect()
     }

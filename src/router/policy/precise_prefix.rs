@@ -45,10 +45,10 @@ const SAVED_DISK: f64 = 0.5;
 const SAVED_EXTERNAL: f64 = 0.5;
 /// Blocks of prefill one request in flight is worth (its queueing ahead of this one).
 const LOAD_BLOCKS: f64 = 4.0;
-/// Requests a worker must have served through this router before what its KV events claim
-/// outranks workers that have: anyone who could register a worker could otherwise announce
-/// the blocks another engine holds and draw its prompts. While every candidate is new (a
-/// router that just started) all claims count alike.
+/// Requests a worker added through the API must have been sent before what its KV events
+/// claim outranks vouched workers' (`Candidate::vouched`): whoever could register a worker
+/// could otherwise announce the blocks another engine holds and draw its prompts. While no
+/// candidate is vouched, all claims count alike.
 pub const TRUSTED_AFTER: u64 = 8;
 
 /// What a candidate's held prefix is worth, in blocks of prefill saved.
@@ -84,9 +84,9 @@ impl LoadBalancingPolicy for PrecisePrefix {
         };
         let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
         let mut held = self.view.prefixes(tokens, request.adapter, &urls);
-        if c.iter().any(|x| x.processed >= TRUSTED_AFTER) {
+        if c.iter().any(|x| x.vouched) {
             for (h, x) in held.iter_mut().zip(c) {
-                if x.processed < TRUSTED_AFTER {
+                if !x.vouched {
                     *h = None;
                 }
             }
@@ -203,24 +203,23 @@ mod tests {
             gpu: n,
             ..Prefix::default()
         };
-        // w2 claims the most, w1 holds less; w0 and w1 have served, w2 is new.
+        // w2 claims the most, w1 holds less; w0 and w1 are vouched for, w2 is not.
         let p = PrecisePrefix::new(
             view(&[(1, gpu(3)), (2, gpu(50))]),
             CacheAwareConfig::default(),
         );
         let now = Instant::now();
         let mut c = cands(&[0, 0, 0]);
-        c[0].processed = TRUSTED_AFTER;
-        c[1].processed = TRUSTED_AFTER;
+        c[2].vouched = false;
         assert_eq!(p.select(&c, &tokens(&[1, 2]), now), Some(1));
-        // Once it has served its share, its claims count.
-        c[2].processed = TRUSTED_AFTER;
+        // Once vouched for (it has served its share), its claims count.
+        c[2].vouched = true;
         assert_eq!(p.select(&c, &tokens(&[1, 2]), now), Some(2));
-        // All new (a router that just started): every claim counts alike.
-        assert_eq!(
-            p.select(&cands(&[0, 0, 0]), &tokens(&[1, 2]), now),
-            Some(2)
-        );
+        // None vouched for: every claim counts alike.
+        for x in &mut c {
+            x.vouched = false;
+        }
+        assert_eq!(p.select(&c, &tokens(&[1, 2]), now), Some(2));
     }
 
     #[test]

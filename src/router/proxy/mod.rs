@@ -192,6 +192,7 @@ impl Shared {
                 url: w.url.clone(),
                 load: w.load(),
                 processed: w.processed(),
+                vouched: w.vouched(),
             })
             .collect();
         let chosen =

@@ -35,7 +35,10 @@ pub enum Texts<'a> {
     #[default]
     None,
     One(Cow<'a, str>),
-    Many { items: usize, text: String },
+    Many {
+        items: usize,
+        text: String,
+    },
 }
 
 /// `input_ids`: a list of ids, as text with a space between ids, or a batch of such lists
@@ -219,7 +222,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a string or a list")
             }
-            fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                s: &'de str,
+            ) -> Result<Self::Value, E> {
                 Ok(Input(vec![Cow::Borrowed(s)]))
             }
             fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
@@ -310,7 +316,9 @@ impl<'de> Reads<'de> for Ids {
                 }
                 ids.batch = Some(items);
             }
-            Some(IdOrList::Other) => while seq.next_element_seed(IdsText(&mut ids.text))?.is_some() {},
+            Some(IdOrList::Other) => {
+                while seq.next_element_seed(IdsText(&mut ids.text))?.is_some() {}
+            }
         }
         Ok(ids)
     }
@@ -353,7 +361,10 @@ impl<'de> Reads<'de> for IdOrList {
 impl<'de> serde::de::DeserializeSeed<'de> for IdsText<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        if let Some(n) = d.deserialize_any(ReadVisitor::<Id>(std::marker::PhantomData))?.0 {
+        if let Some(n) = d
+            .deserialize_any(ReadVisitor::<Id>(std::marker::PhantomData))?
+            .0
+        {
             push_id(self.0, n);
         }
         Ok(())
@@ -400,10 +411,14 @@ impl<'de> Reads<'de> for Stream {
         }
     }
     fn list<A: SeqAccess<'de>>(seq: A) -> Result<Self, A::Error> {
-        IgnoredAny.visit_seq(seq).map(|_| Stream::Wrong("a list".into()))
+        IgnoredAny
+            .visit_seq(seq)
+            .map(|_| Stream::Wrong("a list".into()))
     }
     fn object<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
-        IgnoredAny.visit_map(map).map(|_| Stream::Wrong("an object".into()))
+        IgnoredAny
+            .visit_map(map)
+            .map(|_| Stream::Wrong("an object".into()))
     }
 }
 

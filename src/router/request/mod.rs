@@ -7,10 +7,10 @@ mod fields;
 
 use crate::router::policy::TextForm;
 use fields::{Ids, Input, Messages, Named, Stream, Text, Texts};
-use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// The inference endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,8 +203,7 @@ pub fn inspect_for(endpoint: Endpoint, body: &[u8], reads: Reads) -> Result<Rout
     }
     let peek: Peek = serde_json::from_slice(body).map_err(json)?;
     let mut info = flags(peek.stream, peek.model)?;
-    info.namespaced =
-        peek.lora_path.named() || peek.extra_key.named() || peek.cache_salt.named();
+    info.namespaced = peek.lora_path.named() || peek.extra_key.named() || peek.cache_salt.named();
     if !peek.extra_key.named() && !peek.cache_salt.named() {
         if let Named::Str(name) = peek.lora_path {
             info.adapter = Some(name.into_owned());
