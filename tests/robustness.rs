@@ -642,3 +642,136 @@ fn a_refused_client_is_told_why_and_an_unproven_one_is_closed_in_time() {
         "an unproven connection stayed {took:?}"
     );
 }
+
+/// A connection from loopback address `127.0.0.<from>` to `port`.
+fn connect_from(from: u8, port: u16) -> Option<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    let local: std::net::SocketAddr = ([127, 0, 0, from], 0).into();
+    socket.bind(&local.into()).ok()?;
+    let remote: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    socket
+        .connect_timeout(&remote.into(), Duration::from_secs(2))
+        .ok()?;
+    Some(socket.into())
+}
+
+/// `GET /health` from 127.0.0.1 answered 200 within `within`.
+fn health_within(port: u16, within: Duration) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(within));
+    if s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = [0u8; 256];
+    let t0 = std::time::Instant::now();
+    let read = s.read(&mut answer);
+    let n = *read.as_ref().unwrap_or(&0);
+    let ok = answer[..n].starts_with(b"HTTP/1.1 200");
+    if !ok {
+        eprintln!(
+            "health on {port}: {read:?} after {:?}: {:?}",
+            t0.elapsed(),
+            String::from_utf8_lossy(&answer[..n])
+        );
+    }
+    ok
+}
+
+/// Issue 62, item A6: slow clients cannot hold an HTTP port. 1,100 connections from five
+/// addresses, more than the port's 1,024 places, each sending headers and then one byte of a
+/// 1,000-byte body (the metadata port) or headers that never end (the admin port), and
+/// reconnecting when cut: a client sending whole requests is answered at once all along,
+/// because the connection that has waited longest for its client makes way for it; one
+/// address past its share is told why (503) rather than closed unanswered.
+#[test]
+fn slow_clients_cannot_hold_an_http_port_from_whole_requests() {
+    let c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    for (port, start) in [
+        (
+            c.metadata_port,
+            &b"PUT /metadata?key=slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"[..],
+        ),
+        (
+            c.metrics_port,
+            b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+        ),
+    ] {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let held = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for from in 2..=6u8 {
+                let (stop, held) = (&stop, &held);
+                scope.spawn(move || {
+                    let mut open: Vec<TcpStream> = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        // Hold 220 from this address; replace those the port cut.
+                        open.retain(|s| {
+                            let mut b = [0u8; 1];
+                            s.set_nonblocking(true).unwrap();
+                            let gone = (&*s).read(&mut b).is_ok();
+                            !gone
+                        });
+                        while open.len() < 220 {
+                            let Some(mut s) = connect_from(from, port) else {
+                                break;
+                            };
+                            if s.write_all(start).is_ok() {
+                                held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                open.push(s);
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                });
+            }
+            assert!(
+                common::wait_until(Duration::from_secs(30), || held
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    >= 1_100),
+                "the slow clients did not get their connections"
+            );
+            // Every health check over ten seconds is answered within 3 s.
+            let mut answered = 0;
+            for _ in 0..10 {
+                if health_within(port, Duration::from_secs(3)) {
+                    answered += 1;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(
+                answered, 10,
+                "port {port}: {answered} of 10 health checks answered"
+            );
+        });
+    }
+    // One address past its share (256) at once is told why.
+    let mine: Vec<TcpStream> = (0..300)
+        .filter_map(|_| {
+            let mut s = connect_from(9, c.metrics_port)?;
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .ok()?;
+            Some(s)
+        })
+        .collect();
+    let mut refused = None;
+    for mut s in &mine {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut answer = [0u8; 512];
+        if let Ok(n @ 1..) = s.read(&mut answer) {
+            refused = Some(String::from_utf8_lossy(&answer[..n]).to_string());
+            break;
+        }
+    }
+    let refused = refused.expect("an address past its share is answered");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("127.0.0.9"), "{refused}");
+    assert_eq!(c.http_get("/health").0, 200);
+}

@@ -3481,3 +3481,67 @@ fn oversized_and_malformed_kv_event_messages_cost_the_router_little() {
     assert!(lines <= 3, "{lines} warnings for malformed batches");
     assert_eq!(get(r.port, "/health").0, 200);
 }
+
+/// Item A7: the router's 16,384 connections cannot be held by slow bodies: 16,800 connections
+/// from four addresses, each sending a `/generate`'s headers and one byte of its body, leave
+/// `/health` answered within 3 s every time, the slow connections making way.
+#[test]
+fn slow_bodies_cannot_hold_the_routers_connections() {
+    let w = fake_worker("w", &[]);
+    let r = router(&s(&["--worker-urls", &w.url()]), true);
+    let head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{";
+    let held = std::sync::atomic::AtomicUsize::new(0);
+    let conns: Vec<std::net::TcpStream> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (2..=5u8)
+            .map(|from| {
+                let held = &held;
+                scope.spawn(move || {
+                    let mut open = Vec::new();
+                    for _ in 0..4_200 {
+                        let socket = socket2::Socket::new(
+                            socket2::Domain::IPV4,
+                            socket2::Type::STREAM,
+                            None,
+                        )
+                        .unwrap();
+                        let local: std::net::SocketAddr = ([127, 0, 0, from], 0).into();
+                        socket.bind(&local.into()).unwrap();
+                        let remote: std::net::SocketAddr = ([127, 0, 0, 1], r.port).into();
+                        if socket.connect(&remote.into()).is_err() {
+                            continue;
+                        }
+                        let mut s: std::net::TcpStream = socket.into();
+                        use std::io::Write;
+                        if s.write_all(head).is_ok() {
+                            held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            open.push(s);
+                        }
+                    }
+                    open
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    });
+    assert!(conns.len() > 16_384, "{} slow connections", conns.len());
+    let mut answered = 0;
+    for _ in 0..10 {
+        let started = Instant::now();
+        let ok = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap()
+            .get(format!("http://127.0.0.1:{}/health", r.port))
+            .send()
+            .is_ok_and(|resp| resp.status() == 200);
+        if ok && started.elapsed() < Duration::from_secs(3) {
+            answered += 1;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(answered, 10, "{answered} of 10 health checks answered");
+    drop(conns);
+}

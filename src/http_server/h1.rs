@@ -319,7 +319,17 @@ struct Incoming<R: AsyncRead + Unpin> {
     reader: Option<Reader<R>>,
     framing: Framing,
     back: Back<R>,
+    /// The connection as its port's gate sees it: waiting while the body comes (for as long
+    /// as its bytes at the gate's rate would take), busy once it is whole; cut to make way.
+    watch: Arc<super::gate::Watch>,
+    body_start_ms: u64,
+    received: u64,
 }
+
+/// Why a body's connection was cut.
+#[derive(Debug, thiserror::Error)]
+#[error("the connection was closed to make way for another: its body came too slowly while the port was full")]
+struct CutToMakeWay;
 
 #[derive(Debug, thiserror::Error)]
 #[error("could not read the request body: {0}")]
@@ -339,10 +349,20 @@ impl<R: AsyncRead + Unpin> http_body::Body for Incoming<R> {
         };
         loop {
             match this.framing.decode(&mut rd.buf) {
-                Ok(Decoded::Data(d)) => return Poll::Ready(Some(Ok(http_body::Frame::data(d)))),
-                Ok(Decoded::End) => return Poll::Ready(None),
+                Ok(Decoded::Data(d)) => {
+                    this.received += d.len() as u64;
+                    this.watch.body_progress(this.body_start_ms, this.received);
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(d))));
+                }
+                Ok(Decoded::End) => {
+                    this.watch.busy();
+                    return Poll::Ready(None);
+                }
                 Err(e) => return Poll::Ready(Some(Err(BodyError(e.into())))),
                 Ok(Decoded::NeedMore) => {}
+            }
+            if this.watch.poll_cut(cx).is_ready() {
+                return Poll::Ready(Some(Err(BodyError(CutToMakeWay.into()))));
             }
             let want = this.framing.remaining().map_or(READ_CHUNK, |n| {
                 (n as usize).clamp(READ_CHUNK, 16 * READ_CHUNK)
@@ -563,6 +583,7 @@ async fn read_head<R: AsyncRead + Unpin>(
     stopped: &mut Pin<&mut impl Future<Output = ()>>,
     timer: &mut Pin<&mut tokio::time::Sleep>,
     header_timeout: Duration,
+    watch: &super::gate::Watch,
 ) -> io::Result<Option<Result<Head, HeadError>>> {
     let mut deadline = None;
     loop {
@@ -587,6 +608,7 @@ async fn read_head<R: AsyncRead + Unpin>(
                 continue;
             }
             _ = stopped.as_mut(), if idle => return Ok(None),
+            () = watch.cut() => return Ok(None),
         };
         if n == 0 {
             return Ok(None);
@@ -620,6 +642,7 @@ pub async fn serve<T: Transport, S: HttpService>(
     stop: Shutdown,
     header_timeout: Duration,
     peer: std::net::SocketAddr,
+    watch: Arc<super::gate::Watch>,
 ) where
     S::Future: Send + 'static,
 {
@@ -633,7 +656,9 @@ pub async fn serve<T: Transport, S: HttpService>(
     let mut timer = std::pin::pin!(tokio::time::sleep(header_timeout));
     let mut out = BytesMut::with_capacity(4096);
     while let Some(rd) = reader.as_mut() {
-        let head = match read_head(rd, &mut stopped, &mut timer, header_timeout).await {
+        // Waiting for the client: the port may cut this connection to make way when full.
+        watch.waiting();
+        let head = match read_head(rd, &mut stopped, &mut timer, header_timeout, &watch).await {
             Ok(Some(Ok(head))) => head,
             Ok(Some(Err(e))) => {
                 tracing::debug!(%peer, error = %e, "bad request head");
@@ -667,11 +692,18 @@ pub async fn serve<T: Transport, S: HttpService>(
         let mut keep_alive = keep_alive && !stop.is_triggered();
         let mut back = None;
         let body = match framing {
-            Framing::Length(0) => Body::empty(),
+            Framing::Length(0) => {
+                watch.busy();
+                Body::empty()
+            }
             Framing::Length(n) if rd.buf.len() as u64 >= n => {
+                watch.busy();
                 Body::from(rd.buf.split_to(n as usize).freeze())
             }
             framing => {
+                // The body's wait starts now, credited as its bytes come (`Incoming`).
+                watch.busy();
+                watch.waiting();
                 if expect_continue && w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
                     break;
                 }
@@ -681,6 +713,9 @@ pub async fn serve<T: Transport, S: HttpService>(
                     reader: reader.take(),
                     framing,
                     back: slot,
+                    body_start_ms: watch.now_ms(),
+                    received: 0,
+                    watch: watch.clone(),
                 })
             }
         };
@@ -699,6 +734,10 @@ pub async fn serve<T: Transport, S: HttpService>(
             None => call.await,
         };
         let Ok(resp) = resp;
+        if watch.is_cut() {
+            // It made way for another connection: closed at once, its place taken already.
+            break;
+        }
         let mut unread = false;
         if let Some(slot) = back {
             match slot.lock().ok().and_then(|mut s| s.take()) {
@@ -917,6 +956,7 @@ mod tests {
             stop.clone(),
             Duration::from_secs(5),
             "127.0.0.1:1".parse().unwrap(),
+            super::super::gate::Watch::unwatched(),
         ));
         let (mut r, mut w) = tokio::io::split(client);
         w.write_all(wire).await.unwrap();
@@ -1017,6 +1057,7 @@ mod tests {
             Shutdown::new(),
             timeout,
             "127.0.0.1:1".parse().unwrap(),
+            super::super::gate::Watch::unwatched(),
         ));
         let (mut r, mut w) = tokio::io::split(client);
         let start = Instant::now();
@@ -1063,6 +1104,7 @@ mod tests {
             stop.clone(),
             Duration::from_secs(5),
             "127.0.0.1:1".parse().unwrap(),
+            super::super::gate::Watch::unwatched(),
         ));
         let (mut r, mut w) = tokio::io::split(client);
         w.write_all(b"POST /echo HTTP/1.1\r\nContent-Length: 6\r\nExpect: 100-continue\r\n\r\n")

@@ -7,19 +7,21 @@
 //! where it must fail with "address in use". Handing a connection over costs its accepting
 //! thread a channel send and the lane a wake-up, once per connection, not per request.
 
+use super::gate::{Gate, Pass};
 use super::OpenConnection;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
-/// An accepted connection with what it holds while open: its connection slot and its place in
-/// its lane's count. On its way to a lane it is a std stream; served, a tokio one.
+/// An accepted connection with what it holds while open: its place at the port (with its
+/// slot) and its place in its lane's count. On its way to a lane it is a std stream; served, a
+/// tokio one.
 pub(super) struct Accepted<S> {
     pub stream: S,
     pub peer: SocketAddr,
-    pub slot: OwnedSemaphorePermit,
     pub counted: OpenConnection,
+    pub pass: Pass,
 }
 
 /// The accepting side: where each lane's connections go and how many each has open.
@@ -29,10 +31,12 @@ pub struct Handoff {
     open: Vec<Arc<AtomicUsize>>,
     /// Where the next search for the least loaded lane starts (spreads ties).
     next: usize,
-    /// The connection slots every lane's connections hold (one limit for the port), and
-    /// how many there are.
+    /// The connection slots every lane's connections hold (one limit for the port), and how
+    /// many there are.
     pub(super) slots: Arc<Semaphore>,
     pub(super) max_connections: usize,
+    /// Who gets the port's places, and who gives way when it is full.
+    pub(super) gate: Arc<Gate>,
 }
 
 /// The receiving side of one lane (not the accepting thread's).
@@ -42,11 +46,13 @@ pub struct Lane {
     pub(super) max_connections: usize,
 }
 
-/// `n` lanes (at least one) sharing `max_connections` slots: the accepting side, and the
-/// receiving side of lanes 1.. (lane 0 is the accepting thread; with `n` = 1 it serves every
-/// connection, as a port without thread-per-core does).
-pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
-    let slots = Arc::new(Semaphore::new(max_connections));
+/// `n` lanes (at least one) sharing `max_connections` places, `per_peer` of them for one
+/// address at most: the accepting side, and the receiving side of lanes 1.. (lane 0 is the
+/// accepting thread; with `n` = 1 it serves every connection, as a port without
+/// thread-per-core does).
+pub fn lanes(n: usize, max_connections: usize, per_peer: usize) -> (Handoff, Vec<Lane>) {
+    let gate = Gate::new(max_connections, per_peer);
+    let slots = gate.slots.clone();
     let open: Vec<_> = (0..n.max(1)).map(|_| Arc::default()).collect();
     let mut senders = Vec::with_capacity(open.len());
     let mut receivers = Vec::with_capacity(open.len() - 1);
@@ -65,6 +71,7 @@ pub fn lanes(n: usize, max_connections: usize) -> (Handoff, Vec<Lane>) {
         next: 0,
         slots,
         max_connections,
+        gate,
     };
     (handoff, receivers)
 }
@@ -87,7 +94,7 @@ impl Handoff {
         &mut self,
         stream: tokio::net::TcpStream,
         peer: SocketAddr,
-        slot: OwnedSemaphorePermit,
+        pass: Pass,
     ) -> Option<Accepted<tokio::net::TcpStream>> {
         let lane = least_loaded(self.open.len(), self.next, |i| {
             self.open[i].load(Ordering::Relaxed)
@@ -99,8 +106,8 @@ impl Handoff {
             return Some(Accepted {
                 stream,
                 peer,
-                slot,
                 counted,
+                pass,
             });
         }
         let stream = match stream.into_std() {
@@ -113,8 +120,8 @@ impl Handoff {
         let handed = Accepted {
             stream,
             peer,
-            slot,
             counted,
+            pass,
         };
         match self.senders[lane - 1].send(handed) {
             Ok(()) => None,
@@ -138,15 +145,15 @@ impl Accepted<std::net::TcpStream> {
         let Accepted {
             stream,
             peer,
-            slot,
             counted,
+            pass,
         } = self;
         match tokio::net::TcpStream::from_std(stream) {
             Ok(stream) => Some(Accepted {
                 stream,
                 peer,
-                slot,
                 counted,
+                pass,
             }),
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "cannot serve a handed connection");
@@ -183,7 +190,8 @@ mod tests {
     async fn connections_spread_over_lanes_and_a_lane_that_ended_is_served_here() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (mut handoff, mut receivers) = lanes(3, 16);
+        let (mut handoff, mut receivers) = lanes(3, 16, 16);
+        let pass = |peer: SocketAddr, gate: &Arc<Gate>| gate.admit(peer.ip()).unwrap();
         assert_eq!(handoff.lanes(), 3);
         let mut clients = Vec::new();
         let mut accept = async || {
@@ -194,8 +202,8 @@ mod tests {
         let mut kept = Vec::new();
         for _ in 0..6 {
             let (stream, peer) = accept().await;
-            let slot = handoff.slots.clone().try_acquire_owned().unwrap();
-            kept.extend(handoff.place(stream, peer, slot));
+            let p = pass(peer, &handoff.gate);
+            kept.extend(handoff.place(stream, peer, p));
         }
         // Equal lanes take turns: two connections each, two kept here.
         let mut handed: Vec<Vec<Accepted<_>>> = receivers
@@ -204,13 +212,16 @@ mod tests {
             .collect();
         assert_eq!(kept.len(), 2);
         assert!(handed.iter().all(|h| h.len() == 2));
-        assert_eq!(handoff.slots.available_permits(), 16 - 6);
+        assert_eq!(
+            handoff.slots.available_permits(),
+            handoff.max_connections - 6
+        );
         // Lane 1's connections close: it is the least loaded, and takes the next one.
         handed[0].clear();
         assert_eq!(handoff.open[1].load(Ordering::Relaxed), 0);
         let (stream, peer) = accept().await;
-        let slot = handoff.slots.clone().try_acquire_owned().unwrap();
-        assert!(handoff.place(stream, peer, slot).is_none());
+        let p = pass(peer, &handoff.gate);
+        assert!(handoff.place(stream, peer, p).is_none());
         assert_eq!(
             receivers[0]
                 .handed
@@ -224,8 +235,8 @@ mod tests {
         // A lane whose thread has gone: its connection comes back to be served here.
         drop(receivers);
         let (stream, peer) = accept().await;
-        let slot = handoff.slots.clone().try_acquire_owned().unwrap();
-        let back = handoff.place(stream, peer, slot).expect("served here");
+        let p = pass(peer, &handoff.gate);
+        let back = handoff.place(stream, peer, p).expect("served here");
         assert_eq!(handoff.open[0].load(Ordering::Relaxed), 3);
         drop((back, kept));
         assert_eq!(handoff.open[0].load(Ordering::Relaxed), 0);

@@ -10,6 +10,7 @@
 //! being received on the port together stay under a total: beyond it a request is answered 503
 //! from its headers.
 
+pub mod gate;
 mod h1;
 pub mod lanes;
 
@@ -31,6 +32,8 @@ pub struct HttpLimits {
     pub header_read_timeout: Duration,
     /// Most open connections. Default 1024.
     pub max_connections: usize,
+    /// Most open connections from one address. Default 256.
+    pub max_connections_per_peer: usize,
     /// Largest request body. Default 16 MiB.
     pub max_body_bytes: usize,
     /// Longest wait for a whole request body, from its headers. Default 10 s.
@@ -47,6 +50,7 @@ impl Default for HttpLimits {
         HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            max_connections_per_peer: 256,
             max_body_bytes: 16 << 20,
             body_read_timeout: Duration::from_secs(10),
             body_budget: None,
@@ -384,8 +388,15 @@ pub async fn serve_service<S>(
 {
     let server = ConnServer::new(app, &shutdown, &limits, tls, open);
     // The lanes hold the port's one set of slots; alone, this loop is the one lane.
-    let mut lanes = lanes.unwrap_or_else(|| lanes::lanes(1, limits.max_connections).0);
-    let (slots, max) = (lanes.slots.clone(), lanes.max_connections);
+    let mut lanes = lanes.unwrap_or_else(|| {
+        lanes::lanes(1, limits.max_connections, limits.max_connections_per_peer).0
+    });
+    let (slots, max, gate) = (
+        lanes.slots.clone(),
+        lanes.max_connections,
+        lanes.gate.clone(),
+    );
+    let refuser = Arc::new(Semaphore::new(REFUSALS_ANSWERED));
     let refusals = LogBudget::new(Duration::from_secs(10));
     let local = listener.local_addr().ok();
     loop {
@@ -400,15 +411,23 @@ pub async fn serve_service<S>(
             },
             _ = shutdown.wait() => break,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            if let Some(n) = refusals.spend(Instant::now()) {
-                tracing::warn!(?local, %peer, limit = max, refused = n,
-                    "HTTP connection limit reached; refusing connections");
+        let pass = match gate.admit(peer.ip()) {
+            Ok(x) => x,
+            Err(why) => {
+                if let Some(n) = refusals.spend(Instant::now()) {
+                    match why {
+                        gate::Refused::Full { limit } => tracing::warn!(?local, limit, refused = n,
+                            "HTTP connection limit reached, no connection waiting to give way; refusing connections"),
+                        gate::Refused::PeerFull { limit } => tracing::warn!(?local, %peer, limit, refused = n,
+                            "HTTP per-address connection limit reached; refusing this address's connections"),
+                    }
+                }
+                refuse(stream, why.message(peer.ip()), &refuser);
+                continue;
             }
-            continue;
         };
         let _ = stream.set_nodelay(true);
-        if let Some(here) = lanes.place(stream, peer, slot) {
+        if let Some(here) = lanes.place(stream, peer, pass) {
             server.spawn(here);
         }
     }
@@ -446,6 +465,37 @@ pub async fn serve_lane<S>(
     // Connections handed but not yet served are closed (their slots given back).
     drop(lane.handed);
     finish(&lane.slots, lane.max_connections, limits.grace, None).await;
+}
+
+/// Refused connections answered at once, at most (beyond, a refused one is closed unanswered).
+const REFUSALS_ANSWERED: usize = 256;
+
+/// Answers a refused connection 503 with `why` and closes it, after reading what it sent for a
+/// moment (a close with unread bytes would be a reset that may discard the answer).
+fn refuse(stream: tokio::net::TcpStream, why: String, answering: &Arc<Semaphore>) {
+    let Ok(turn) = answering.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _turn = turn;
+        let body = serde_json::json!({"error": {"message": why, "type": "service_unavailable",
+            "code": 503}})
+        .to_string();
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        let _ = stream.try_write(answer.as_bytes());
+        let _ = stream.shutdown().await;
+        let drain = async {
+            let mut scratch = [0u8; 4096];
+            while matches!(stream.read(&mut scratch).await, Ok(n) if n > 0) {}
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(100), drain).await;
+    });
 }
 
 /// At shutdown: requests in flight finish (their connections were told to close) within the
@@ -504,22 +554,25 @@ where
         let lanes::Accepted {
             stream,
             peer,
-            slot,
             counted,
+            pass,
         } = conn;
+        let watch = pass.watch();
         let service = self.service.clone();
         let stop = self.stop.clone();
         let acceptor = self.tls.clone();
         let open = self.open.clone().map(OpenConnection::new);
         let header_timeout = self.header_timeout;
         tokio::spawn(async move {
-            let _held = (slot, counted, open);
+            let _held = (counted, open, pass);
             match acceptor {
-                None => h1::serve(stream, service, stop, header_timeout, peer).await,
+                None => h1::serve(stream, service, stop, header_timeout, peer, watch).await,
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(header_timeout, acceptor.accept(stream));
                     match handshake.await {
-                        Ok(Ok(tls)) => h1::serve(tls, service, stop, header_timeout, peer).await,
+                        Ok(Ok(tls)) => {
+                            h1::serve(tls, service, stop, header_timeout, peer, watch).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }

@@ -142,6 +142,9 @@ pub struct Access {
 
 /// Open connections to the API, all threads together.
 pub(crate) const MAX_CONNECTIONS: usize = 16_384;
+/// Of them, from one address (a load balancer's may carry every client's): past it, that
+/// address's connection waiting longest for its client makes way.
+pub(crate) const MAX_CONNECTIONS_PER_PEER: usize = 8_192;
 
 /// Runtimes the router runs: one per thread when thread-per-core, else one.
 fn runtimes(cfg: &RouterConfig) -> usize {
@@ -354,7 +357,8 @@ pub fn start(
         RuntimeKind::ThreadPerCore => role::thread_runtime()?,
         RuntimeKind::WorkStealing => role::runtime("router", Some(cfg.server.threads()))?,
     };
-    let (handoff, lanes) = crate::http_server::lanes::lanes(runtimes(&cfg), MAX_CONNECTIONS);
+    let (handoff, lanes) =
+        crate::http_server::lanes::lanes(runtimes(&cfg), MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
     let (shared, http, metrics) = {
         let _guard = runtime.enter();
         (

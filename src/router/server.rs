@@ -1168,6 +1168,7 @@ fn http_limits(shared: &Shared) -> crate::http_server::HttpLimits {
     crate::http_server::HttpLimits {
         max_body_bytes: shared.cfg.limits.max_payload_size,
         max_connections: crate::router::MAX_CONNECTIONS,
+        max_connections_per_peer: crate::router::MAX_CONNECTIONS_PER_PEER,
         body_budget: Some(shared.limits.body_budget.clone()),
         grace,
         ..Default::default()

@@ -596,6 +596,7 @@ pub fn run(args: FakeWorkerArgs) -> std::io::Result<()> {
                 .map_err(std::io::Error::other)?;
             let limits = crate::http_server::HttpLimits {
                 max_connections: 16_384,
+                max_connections_per_peer: 16_384,
                 ..Default::default()
             };
             crate::http_server::serve_tls(listener, app, shutdown, limits, Some(tls), None).await;
