@@ -345,7 +345,8 @@ pub fn start(
         ..cfg.server_options()
     };
     // Every connection is a file: room for all the connections the master admits.
-    role::raise_open_files_limit(cfg.max_connections as u64 + 1024);
+    // Each connection's socket, and the accept loop's duplicate of it (to end it at a limit).
+    role::raise_open_files_limit(2 * cfg.max_connections as u64 + 1024);
     let threads = cfg.rpc_threads();
     let mut rpc = server::spawn_evented(listeners.rpc, service.clone(), rpc_opts, threads)?;
     tracing::info!(addr = %rpc.addr, threads, "master RPC listening");

@@ -148,7 +148,8 @@ impl Loops {
 struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
-    _slot: Slot,
+    /// Its place at the port, where the accept loop reads how active it is.
+    slot: Slot,
     /// Tells this connection's answers from a closed one's that had the same token.
     generation: u64,
     handshake: Handshake,
@@ -332,7 +333,7 @@ impl EventLoop {
         self.conns[token] = Some(Conn {
             stream,
             peer,
-            _slot: slot,
+            slot,
             generation: self.generations,
             handshake: Handshake::new(self.shared.opts.auth.clone()),
             attached: None,
@@ -420,6 +421,8 @@ impl EventLoop {
         let mut ended = Vec::new();
         for (token, conn) in self.conns.iter().enumerate() {
             let Some(conn) = conn else { continue };
+            // What the accept loop reads to choose who makes way at a limit.
+            conn.slot.active(conn.active, conn.busy);
             if conn.busy {
                 continue;
             }
@@ -707,7 +710,12 @@ fn serve_frame(
     let arrived = conn.active;
     let mut io = ServerIo::new(Sink::Buffer(out), req, &mut conn.attached, false, arrived);
     match conn.handshake.step(op, meta, &mut io) {
-        Ok(Step::Answered) => return Next::Serve,
+        Ok(Step::Answered) => {
+            if conn.handshake.proven {
+                conn.slot.proven();
+            }
+            return Next::Serve;
+        }
         Ok(Step::Refused(why)) => {
             ConnCounters::count(&shared.counters().unauthenticated);
             if let Some(n) = shared.logs.bad_frames.spend(Instant::now()) {

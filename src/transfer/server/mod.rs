@@ -15,6 +15,7 @@
 //! bad frames are logged at most once per 10 s, with counts.
 
 mod admission;
+pub use admission::{IDLE_YIELD, UNPROVEN_SHARE};
 mod epoll;
 mod evented;
 mod handshake;
@@ -75,6 +76,8 @@ pub struct ConnCounters {
     pub unauthenticated: AtomicU64,
     /// Requests the evented server handed on to a thread that may block (they had to wait).
     pub handed_on: AtomicU64,
+    /// Connections closed to make way for a new one at a limit (unproven, or idle longest).
+    pub made_way: AtomicU64,
 }
 
 impl ConnCounters {
@@ -112,6 +115,13 @@ impl ConnCounters {
             "counter",
             "Connections closed because the peer did not prove it holds the cluster secret.",
             n(&self.unauthenticated),
+        )
+        .single(
+            &format!("{prefix}_made_way_connections_total"),
+            "counter",
+            "Connections closed to make way for a new one at a limit: one yet to prove the \
+             cluster secret, or the one idle longest.",
+            n(&self.made_way),
         )
         .single(
             &format!("{prefix}_handed_on_requests_total"),
@@ -576,8 +586,14 @@ pub fn spawn(
                     .name(format!("{role}-conn"))
                     .stack_size(512 * 1024)
                     .spawn(move || {
-                        let _slot = slot;
-                        threaded::serve_connection(stream, peer, service.as_ref(), &opts, &logs);
+                        threaded::serve_connection(
+                            stream,
+                            peer,
+                            service.as_ref(),
+                            &opts,
+                            &logs,
+                            &slot,
+                        );
                     });
                 // A failed spawn dropped the closure, and with it the slot.
                 if let Err(e) = spawned {

@@ -16,6 +16,7 @@ pub(super) fn serve_connection(
     service: &dyn Service,
     opts: &ServerOptions,
     logs: &ConnLogs,
+    slot: &super::admission::Slot,
 ) {
     let role = opts.role;
     let mut io = match FramedStream::new(stream, opts.spin) {
@@ -111,9 +112,18 @@ pub(super) fn serve_connection(
             continue;
         };
         let arrived = Instant::now();
+        // A request in hand: this connection does not give way until it is answered.
+        slot.active(arrived, true);
         let mut sio = ServerIo::new(Sink::Stream(&mut io), req, &mut attached, true, arrived);
-        match handshake.step(op, &meta, &mut sio) {
-            Ok(Step::Answered) if sio.pending_data() == 0 => continue,
+        let step = handshake.step(op, &meta, &mut sio);
+        if handshake.proven {
+            slot.proven();
+        }
+        match step {
+            Ok(Step::Answered) if sio.pending_data() == 0 => {
+                slot.active(Instant::now(), false);
+                continue;
+            }
             Ok(Step::Answered) => break,
             Ok(Step::Refused(why)) => {
                 ConnCounters::count(&service.connections().unauthenticated);
@@ -129,7 +139,9 @@ pub(super) fn serve_connection(
             }
         }
         match service.handle(&req, op, &meta, &mut sio) {
-            Ok(()) if sio.replied && sio.pending_data() == 0 => {}
+            Ok(()) if sio.replied && sio.pending_data() == 0 => {
+                slot.active(Instant::now(), false);
+            }
             Ok(()) => {
                 tracing::error!(role, %peer, op = op.name(), "handler left the request unanswered");
                 break;
