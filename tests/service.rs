@@ -397,3 +397,130 @@ fn bench_serving_measures_a_simulated_engine() {
     assert!(v["concurrency"].as_f64().unwrap() <= 4.05, "{v}");
     assert!(v["mean_ttft_ms"].as_f64().unwrap() > 0.0);
 }
+
+/// The `kv_events` descriptor of the engine at `port` (its `/server_info`).
+fn kv_ports(port: u16) -> Option<(u16, u16)> {
+    let (code, body) = http(port, "GET", "/server_info", b"");
+    if code != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_str(&body).ok()?;
+    let d = &v["kv_events"];
+    Some((
+        d["endpoint_port_base"].as_u64()? as u16,
+        d["replay_endpoint_port_base"].as_u64()? as u16,
+    ))
+}
+
+/// Issue 62, item A5: an engine whose KV event ports another process took while it was down
+/// starts again on new ones, and the router follows it there; the pool (and every object in
+/// it) stays up throughout (before: ten failed starts stopped everything and the clean store
+/// stop deleted the segment directory).
+#[test]
+fn an_engine_whose_ports_were_taken_starts_elsewhere_and_the_pool_stays_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[pool]\nstores = 1\nsegment_size = \"32MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
+             [engines]\ncount = 1\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\n\
+             [router]\nport = 0\npolicy = \"precise_prefix\"\n",
+            dir.path().join("shm"),
+        ),
+    )
+    .unwrap();
+    let launcher = common::launcher();
+    let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
+    let mut up = launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap();
+    let router = port_of(up.addrs.router.as_deref().expect("a router"));
+    let engine = port_of(&up.addrs.engines[0]);
+    let master = up.addrs.master.clone().expect("a master");
+    let kv = |args: &[&str]| {
+        Command::new(BIN)
+            .args(["kv", "--master", &master])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(kv(&["put", "kept", "across the engine's trouble"])
+        .status
+        .success());
+    let followed = || {
+        let (_, body) = http(router, "GET", "/metrics", b"");
+        body.lines()
+            .find(|l| l.starts_with("rbgctl_router_kv_events_in_step{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            == Some(1.0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), followed),
+        "the router never followed the engine"
+    );
+    let (pub_port, replay_port) = kv_ports(engine).expect("the engine publishes");
+    // The engine dies; another process takes both its KV event ports meanwhile.
+    let engine_pid = common::children_of(up.process.pid().unwrap())
+        .into_iter()
+        .find(|(_, cmd)| cmd.contains("sim-engine"))
+        .map(|(pid, _)| pid)
+        .expect("the engine's process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(engine_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let taken: Vec<std::net::TcpListener> = [pub_port, replay_port]
+        .iter()
+        .filter_map(|p| {
+            (0..500).find_map(|_| {
+                std::net::TcpListener::bind(("127.0.0.1", *p))
+                    .ok()
+                    .or_else(|| {
+                        std::thread::sleep(Duration::from_millis(10));
+                        None
+                    })
+            })
+        })
+        .collect();
+    assert_eq!(taken.len(), 2, "both ports taken by another process");
+    // Back on its HTTP port, publishing elsewhere.
+    assert!(
+        wait_until(Duration::from_secs(60), || kv_ports(engine)
+            .is_some_and(|(p, r)| p != pub_port && r != replay_port)),
+        "the engine did not start again on new KV event ports"
+    );
+    // What the engine stores now, on its new ports, reaches the router's index.
+    let (_, info) = http(engine, "GET", "/server_info", b"");
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let block = info["kv_events"]["block_size"].as_u64().unwrap() as usize;
+    let ids: Vec<u32> = (7000..7000 + 4 * block as u32).collect();
+    let prompt: String = ids.iter().map(|i| format!("t{i} ")).collect();
+    let body = serde_json::json!({"text": prompt, "sampling_params": {"max_new_tokens": 1}});
+    assert_eq!(
+        http(engine, "POST", "/generate", body.to_string().as_bytes()).0,
+        200
+    );
+    let query = serde_json::json!({"token_ids": ids, "block_size": block}).to_string();
+    let held = || {
+        let (_, v) = http(router, "POST", "/query", query.as_bytes());
+        let v: Value = serde_json::from_str(&v).unwrap_or_default();
+        v["default"][&up.addrs.engines[0]]["longest_matched"].as_u64() == Some(ids.len() as u64)
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), held),
+        "the router did not follow the engine to its new ports"
+    );
+    let got = kv(&["get", "kept"]);
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "across the engine's trouble",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert!(up.process.exited().is_none(), "up is still running");
+    drop(taken);
+    let stopped = up
+        .process
+        .signal_exits_within(nix::sys::signal::Signal::SIGINT, Duration::from_secs(30));
+    assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}");
+}
