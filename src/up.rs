@@ -41,6 +41,10 @@ pub struct PoolConfig {
     /// Directory of the stores' disk tiers (a local filesystem). Default: a fresh one under
     /// the system's temporary directory, removed on exit.
     pub disk_tier_dir: Option<PathBuf>,
+    /// The cluster secret's file: the master, the stores, the engines' L3 clients and `up`'s
+    /// own checks all hold it (`docs/security.md`). Default: `RBGCTL_AUTH_TOKEN_FILE`, else
+    /// none.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl Default for PoolConfig {
@@ -54,6 +58,7 @@ impl Default for PoolConfig {
             shm_dir: None,
             disk_tier_size: ByteSize(0),
             disk_tier_dir: None,
+            auth_token_file: None,
         }
     }
 }
@@ -263,9 +268,15 @@ pub struct UpArgs {
     /// Directory for the stores' disk tiers (default: a fresh one in the temporary directory).
     #[arg(long)]
     pub disk_tier_dir: Option<PathBuf>,
+    /// The cluster secret's file, held by every role `up` starts.
+    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Number of regular SIMULATED engines (0 = the pool only, no router).
     #[arg(long)]
     pub engines: Option<usize>,
+    /// The first engine's port; the others follow (0: ports the kernel chooses).
+    #[arg(long)]
+    pub engine_base_port: Option<u16>,
     /// The router's port.
     #[arg(long)]
     pub router_port: Option<u16>,
@@ -304,6 +315,12 @@ impl UpArgs {
         }
         if let Some(v) = &self.disk_tier_dir {
             c.pool.disk_tier_dir = Some(v.clone());
+        }
+        if let Some(v) = &self.auth_token_file {
+            c.pool.auth_token_file = Some(v.clone());
+        }
+        if let Some(v) = self.engine_base_port {
+            c.engines.base_port = v;
         }
         if let Some(v) = self.engines {
             c.engines.count = v;
@@ -394,6 +411,8 @@ impl Stack {
             spec.master.rpc_port = p.master_port;
             spec.master.http_metadata_server_port = p.metadata_port;
             spec.master.metrics_port = p.metrics_port;
+            // The stores get it from the master's spec; the pool's own checks hold it too.
+            spec.master.auth_token_file = p.auth_token_file.clone();
             if pool_events {
                 spec.master.kv_events_config = Some(format!(
                     r#"{{"publisher":"zmq","endpoint":"tcp://{host}:0","bind":true,"replay_endpoint":"tcp://{host}:0"}}"#
@@ -487,6 +506,7 @@ impl Stack {
                     load_us_per_token: e.load_us_per_token,
                     decode_ms_per_token: e.decode_ms_per_token,
                     l3_master: st.master.clone().filter(|_| e.l3),
+                    auth_token_file: cfg.pool.auth_token_file.clone(),
                     kv_events_config: e
                         .kv_events
                         .unwrap_or(cfg.router.policy == PolicyKind::PrecisePrefix)

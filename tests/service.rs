@@ -524,3 +524,60 @@ fn an_engine_whose_ports_were_taken_starts_elsewhere_and_the_pool_stays_up() {
         .signal_exits_within(nix::sys::signal::Signal::SIGINT, Duration::from_secs(30));
     assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}");
 }
+
+/// Issue 62, item A11: `up` runs with the cluster secret (`RBGCTL_AUTH_TOKEN_FILE`): the
+/// master and stores require it, `up`'s own checks and the engines' L3 clients hold it, and
+/// the pool serves the engines as L3; a client without it is refused.
+#[test]
+fn up_runs_with_the_cluster_secret_and_its_engines_use_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("token");
+    std::fs::write(&secret, "the-secret-of-this-up-0123456789\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let cfg = dir.path().join("up.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[pool]\nstores = 1\nsegment_size = \"64MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
+             [engines]\ncount = 2\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = 0\npolicy = \"round_robin\"\n",
+            dir.path().join("shm"),
+        ),
+    )
+    .unwrap();
+    let launcher = common::launcher();
+    let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
+    let up = launcher
+        .spawn_argv_with_env::<UpAddrs>("up", &argv, &[("RBGCTL_AUTH_TOKEN_FILE", &secret)])
+        .expect("up starts with the secret");
+    let router = port_of(up.addrs.router.as_deref().expect("a router"));
+    let engines: Vec<u16> = up.addrs.engines.iter().map(|e| port_of(e)).collect();
+    let v = multiturn(router, 8);
+    assert_eq!(v["summary"]["failed_requests"], 0);
+    let read: f64 = engines
+        .iter()
+        .map(|p| metric_sum(*p, "rbgctl_sim_l3_bytes_total", "read"))
+        .sum();
+    assert!(
+        read > 0.0,
+        "the engines read their pages back from the pool"
+    );
+    let master = up.addrs.master.clone().expect("a master");
+    let kv = |with: bool| {
+        let mut c = Command::new(BIN);
+        c.args(["kv", "--master", &master, "segments"])
+            .env_remove("RBGCTL_AUTH_TOKEN_FILE");
+        if with {
+            c.env("RBGCTL_AUTH_TOKEN_FILE", &secret);
+        }
+        c.output().unwrap()
+    };
+    assert!(kv(true).status.success());
+    let without = kv(false);
+    assert!(!without.status.success());
+    assert!(
+        String::from_utf8_lossy(&without.stderr).contains("UNAUTHENTICATED"),
+        "{}",
+        String::from_utf8_lossy(&without.stderr)
+    );
+}

@@ -29,6 +29,8 @@ pub struct EngineConfig {
     pub host_cache_tokens: usize,
     /// Use the rbgctl KV pool at this master address as the L3 tier. Default: none.
     pub l3_master: Option<String>,
+    /// The pool's cluster secret, for the L3 client (as `rbgctl kv`). Default: none.
+    pub auth_token_file: Option<PathBuf>,
     /// KV bytes per token (page objects are `page_size` x this). Default 4096.
     pub bytes_per_token: usize,
     /// Prefill compute per uncached token, microseconds. Default 100.
@@ -59,6 +61,7 @@ impl Default for EngineConfig {
             device_cache_tokens: 65_536,
             host_cache_tokens: 0,
             l3_master: None,
+            auth_token_file: None,
             bytes_per_token: 4096,
             prefill_us_per_token: 100.0,
             load_us_per_token: 5.0,
@@ -152,6 +155,9 @@ pub struct SimEngineArgs {
     /// Use the rbgctl KV pool at this master address as the L3 tier.
     #[arg(long)]
     pub l3_master: Option<String>,
+    /// The pool's cluster secret, for the L3 client.
+    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// KV bytes per token (page objects are `page-size` x this). [default: 4096]
     #[arg(long)]
     pub bytes_per_token: Option<usize>,

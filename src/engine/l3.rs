@@ -34,12 +34,19 @@ pub struct L3 {
 }
 
 impl L3 {
-    /// Connects to the master, retrying for up to `wait` (the pool may still be starting).
-    pub fn connect(master: &str, page_bytes: usize, wait: Duration) -> Result<L3, L3Error> {
+    /// Connects to the master (holding the cluster secret in `auth_token_file`, if given),
+    /// retrying for up to `wait` (the pool may still be starting).
+    pub fn connect(
+        master: &str,
+        auth_token_file: Option<&std::path::Path>,
+        page_bytes: usize,
+        wait: Duration,
+    ) -> Result<L3, L3Error> {
         let deadline = Instant::now() + wait;
         // MOONCAKE_PROTOCOL=rdma and MOONCAKE_DEVICE, as for an engine linking Mooncake.
         let cfg = ClientConfig::new(master)
             .with_transport_from_env()
+            .and_then(|c| c.with_auth_file(auth_token_file))
             .map_err(|e| L3Error {
                 master: master.to_string(),
                 source: ClientError::Config(Arc::new(e)),

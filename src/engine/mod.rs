@@ -121,6 +121,7 @@ pub fn start(
     let l3 = match &cfg.l3_master {
         Some(master) => Some(l3::L3::connect(
             master,
+            cfg.auth_token_file.as_deref(),
             cfg.page_size * cfg.bytes_per_token,
             std::time::Duration::from_secs(30),
         )?),
