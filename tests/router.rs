@@ -3545,3 +3545,59 @@ fn slow_bodies_cannot_hold_the_routers_connections() {
     assert_eq!(answered, 10, "{answered} of 10 health checks answered");
     drop(conns);
 }
+
+/// Item A14: the router's KV index shares its capacity by source: a worker announcing more
+/// blocks than the index holds (2.5 million) evicts its own oldest, and another worker's
+/// blocks stay known.
+#[test]
+fn one_worker_flooding_the_kv_index_does_not_evict_anothers_blocks() {
+    use rbgctl::kv_events::{BlockStored, KvEvent, KvEventBatch, Medium};
+    let (honest, honest_events) = worker_publishing("honest");
+    let (flooder, flood) = worker_publishing("flooder");
+    let tokens: Vec<u32> = (1..=32).collect();
+    honest_events.publish(stored(&tokens));
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &honest.url(),
+            &flooder.url(),
+            "--policy",
+            "precise_prefix",
+        ]),
+        true,
+    );
+    let blocks = || metric(r.port, "rbgctl_router_kv_index_blocks ").unwrap_or(0.0);
+    assert!(wait_until(Duration::from_secs(20), || blocks() >= 8.0));
+    let capacity = metric(r.port, "rbgctl_router_kv_index_capacity_blocks ").unwrap();
+    let total = (capacity as i64) + 500_000;
+    for start in (0..total).step_by(10_000) {
+        let hashes: Vec<i64> = (start..(start + 10_000).min(total))
+            .map(|h| h + (1 << 40))
+            .collect();
+        flood.publish(KvEventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::BlockStored(BlockStored::new(
+                hashes,
+                None,
+                vec![],
+                4,
+                Medium::Gpu,
+            ))],
+            attn_dp_rank: Some(0),
+        });
+        // The publisher's queue is bounded: keep pace with it.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let evicted = || metric(r.port, "rbgctl_router_kv_index_evicted_total ").unwrap_or(0.0);
+    assert!(
+        wait_until(Duration::from_secs(60), || evicted() >= 400_000.0),
+        "the flood did not fill the index: {} evicted",
+        evicted()
+    );
+    let body = json!({"token_ids": tokens, "block_size": 4}).to_string();
+    let (code, _, text) = post(r.port, "/query", &body);
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["default"][honest.url()]["longest_matched"], 32, "{v}");
+    drop(flooder);
+}

@@ -1,15 +1,17 @@
 //! The global KV index: which source (an engine, or the pool) holds each block, on which
 //! tiers, built from the sources' events. Pure: events in, answers out.
 //!
-//! Memory is bounded by a byte budget fixed at creation: the block table and the order in
-//! which blocks were stored are allocated once, for as many blocks as the budget holds
-//! ([`Index::capacity_for`]); when full, the block stored longest ago is dropped (its holders
-//! will announce it again if they still have it). A block costs [`bytes_per_block`] bytes of
-//! budget (125 on x86-64): 16/7 buckets of the table (a slot holds the hash, the holders
-//! inline for up to two sources, and the store's generation; the table, a power of two of
-//! buckets, holds at most half its capacity, so that removals' tombstones are cleared by
-//! rehashing in place, never by doubling it) and two places in the store order (a block
-//! stored again leaves a stale place behind, dropped on compaction). Measured by
+//! Memory is bounded by a byte budget fixed at creation: the block table is allocated once, for
+//! as many blocks as the budget holds ([`Index::capacity_for`]). The capacity is shared by
+//! source: when full, the source holding the most blocks gives up the one it stored longest
+//! ago (its holders will announce it again if they still have it), so that one source
+//! flooding the index evicts its own blocks, never every other source's. A block costs
+//! [`bytes_per_block`] bytes of budget (125 on x86-64): 16/7 buckets of the table (a slot
+//! holds the hash and, inline for up to two sources, each holder's tiers and the generation of
+//! its latest store; the table, a power of two of buckets, holds at most half its capacity, so
+//! that removals' tombstones are cleared by rehashing in place, never by doubling it) and two
+//! places in its holder's store order (a block stored again leaves a stale place behind,
+//! dropped on compaction, before the order would grow). Measured by
 //! `tests/kv_index_memory.rs`: 10 million blocks into 64 MiB peak at 55 MiB.
 
 use super::event::{KvEvent, Medium};
@@ -61,17 +63,25 @@ impl Tiers {
 struct Holder {
     source: SourceId,
     tiers: Tiers,
+    /// The generation of this source's latest store of the block: its place in the source's
+    /// store order.
+    generation: u32,
 }
 
 #[derive(Debug)]
 struct Slot {
     holders: SmallVec<[Holder; 2]>,
-    /// The generation of the block's latest store: its place in `order`.
-    generation: u32,
 }
 
-/// One block's place in the store order.
+/// One block's place in a source's store order.
 type OrderRecord = (i64, u32);
+
+/// A source's blocks in the order it (last) stored them, with how many it holds.
+#[derive(Debug, Default)]
+struct SourceOrder {
+    queue: VecDeque<OrderRecord>,
+    held: usize,
+}
 
 /// Bytes one table bucket costs: its entry and its control byte.
 fn bucket_bytes() -> usize {
@@ -83,6 +93,17 @@ fn bucket_bytes() -> usize {
 /// cleared by rehashing it in place, never by doubling it) and two places in the store order.
 pub fn bytes_per_block() -> usize {
     bucket_bytes() * 16 / 7 + 2 * std::mem::size_of::<OrderRecord>()
+}
+
+/// Drops the places in `source`'s `queue` of blocks it stored again since, or no longer holds.
+fn compact(blocks: &HashMap<i64, Slot>, source: SourceId, queue: &mut VecDeque<OrderRecord>) {
+    queue.retain(|(h, g)| {
+        blocks.get(h).is_some_and(|s| {
+            s.holders
+                .iter()
+                .any(|x| x.source == source && x.generation == *g)
+        })
+    });
 }
 
 /// How much of a prompt a source holds: leading blocks, by the fastest tier each is on.
@@ -179,8 +200,8 @@ impl Adapters {
 pub struct Index {
     blocks: HashMap<i64, Slot>,
     adapters: Adapters,
-    /// Blocks in the order they were (last) stored, with the generation of that store.
-    order: VecDeque<OrderRecord>,
+    /// Each source's blocks in the order it (last) stored them, with that store's generation.
+    orders: HashMap<SourceId, SourceOrder>,
     capacity: usize,
     generation: u32,
     pub stats: IndexStats,
@@ -212,7 +233,7 @@ impl Index {
             // The table's full capacity is twice the blocks it holds: it never fills past half,
             // so it rehashes in place (clearing tombstones) rather than growing.
             blocks: HashMap::with_capacity((capacity + 1) * 2),
-            order: VecDeque::with_capacity(capacity * 2),
+            orders: HashMap::new(),
             // An adapter block's alias for one in eight blocks, allocated as they come.
             adapters: Adapters {
                 cap: capacity / 8,
@@ -291,24 +312,41 @@ impl Index {
 
     fn store(&mut self, source: SourceId, hash: i64, tiers: Tiers) {
         self.stats.stored += 1;
-        if !self.blocks.contains_key(&hash) && self.blocks.len() >= self.capacity {
-            self.evict_oldest();
+        if !self.blocks.contains_key(&hash) {
+            while self.blocks.len() >= self.capacity {
+                if !self.evict_one(source) {
+                    break;
+                }
+            }
         }
         self.generation = self.generation.wrapping_add(1);
         let generation = self.generation;
         let slot = self.blocks.entry(hash).or_insert_with(|| Slot {
             holders: SmallVec::new(),
-            generation,
         });
-        slot.generation = generation;
+        let order = self.orders.entry(source).or_default();
         match slot.holders.iter_mut().find(|h| h.source == source) {
-            Some(h) => h.tiers.0 |= tiers.0,
-            None => slot.holders.push(Holder { source, tiers }),
+            Some(h) => {
+                h.tiers.0 |= tiers.0;
+                h.generation = generation;
+            }
+            None => {
+                slot.holders.push(Holder {
+                    source,
+                    tiers,
+                    generation,
+                });
+                order.held += 1;
+            }
         }
-        if self.order.len() >= self.capacity * 2 {
-            self.compact_order();
+        // Stale places are dropped before the order would grow (when a quarter are stale), and
+        // once they outnumber the live ones.
+        let q = &order.queue;
+        let stale = q.len().saturating_sub(order.held);
+        if (q.len() == q.capacity() && stale >= q.len() / 4) || q.len() >= 2 * order.held + 16 {
+            compact(&self.blocks, source, &mut order.queue);
         }
-        self.order.push_back((hash, generation));
+        order.queue.push_back((hash, generation));
     }
 
     fn remove(&mut self, source: SourceId, hash: i64, tiers: Tiers) {
@@ -320,6 +358,9 @@ impl Index {
             slot.holders[i].tiers.0 &= !tiers.0;
             if slot.holders[i].tiers.is_empty() {
                 slot.holders.swap_remove(i);
+                if let Some(o) = self.orders.get_mut(&source) {
+                    o.held = o.held.saturating_sub(1);
+                }
             }
         }
         if slot.holders.is_empty() {
@@ -331,32 +372,49 @@ impl Index {
     pub fn clear_source(&mut self, source: SourceId) {
         self.stats.cleared += 1;
         self.adapters.clear_source(source);
+        self.orders.remove(&source);
         self.blocks.retain(|_, slot| {
             slot.holders.retain(|h| h.source != source);
             !slot.holders.is_empty()
         });
     }
 
-    /// Drops the block stored longest ago.
-    fn evict_oldest(&mut self) {
-        while let Some((hash, generation)) = self.order.pop_front() {
-            if self
-                .blocks
-                .get(&hash)
-                .is_some_and(|s| s.generation == generation)
-            {
+    /// The source holding the most blocks (of equals, `storing`, the one that needs the room)
+    /// gives up the one it stored longest ago (a block others hold too stays theirs). False
+    /// when no source holds anything.
+    fn evict_one(&mut self, storing: SourceId) -> bool {
+        let Some((&source, _)) = self
+            .orders
+            .iter()
+            .filter(|(_, o)| o.held > 0)
+            .max_by_key(|(s, o)| (o.held, **s == storing, std::cmp::Reverse(**s)))
+        else {
+            return false;
+        };
+        let order = self
+            .orders
+            .get_mut(&source)
+            .expect("chosen from the orders");
+        while let Some((hash, generation)) = order.queue.pop_front() {
+            let Some(slot) = self.blocks.get_mut(&hash) else {
+                continue;
+            };
+            let Some(i) = (slot.holders.iter())
+                .position(|h| h.source == source && h.generation == generation)
+            else {
+                continue;
+            };
+            slot.holders.swap_remove(i);
+            order.held -= 1;
+            if slot.holders.is_empty() {
                 self.blocks.remove(&hash);
                 self.stats.evicted += 1;
-                return;
             }
+            return true;
         }
-    }
-
-    /// Drops the places of blocks stored again since, or gone.
-    fn compact_order(&mut self) {
-        let blocks = &self.blocks;
-        self.order
-            .retain(|(h, g)| blocks.get(h).is_some_and(|s| s.generation == *g));
+        // Its count and its order disagree: nothing of it is left to give up.
+        order.held = 0;
+        true
     }
 
     /// The tiers `source` holds `hash` on.
@@ -554,9 +612,48 @@ mod tests {
         assert_eq!(ix.tiers_of(0, 1), Tiers::GPU);
         for h in 6..1000 {
             ix.apply(0, &stored(&[h], Medium::Gpu));
-            assert!(ix.len() <= 4 && ix.order.len() <= 8);
+            assert!(ix.len() <= 4 && ix.orders[&0].queue.len() <= 2 * 4 + 16);
         }
         assert_eq!(ix.stats.evicted, 995, "one for 5, one for each of 6..1000");
         assert_eq!(ix.prefixes(&[996, 997, 998, 999], &[0], None)[0].gpu, 4);
+    }
+
+    /// Issue 62, item A14: the capacity is shared by source: one source flooding the index
+    /// gives up its own oldest blocks, not the blocks of sources holding less.
+    #[test]
+    fn a_flooding_source_evicts_its_own_blocks_not_the_others() {
+        let mut ix = Index::with_budget(0);
+        ix.capacity = 100;
+        // Three sources hold 20 blocks each; source 9 then floods 100,000.
+        for s in 0..3u16 {
+            let base = i64::from(s) * 1_000;
+            let hashes: Vec<i64> = (base..base + 20).collect();
+            ix.apply(s, &stored(&hashes, Medium::Gpu));
+        }
+        for chunk in (1_000_000..1_100_000i64).collect::<Vec<_>>().chunks(1_000) {
+            ix.apply(9, &stored(chunk, Medium::Gpu));
+        }
+        assert_eq!(ix.len(), 100);
+        for s in 0..3u16 {
+            let base = i64::from(s) * 1_000;
+            let hashes: Vec<i64> = (base..base + 20).collect();
+            assert_eq!(
+                ix.prefixes(&hashes, &[s], None)[0].gpu,
+                20,
+                "source {s} kept"
+            );
+        }
+        // The flooder keeps its newest 40.
+        let newest: Vec<i64> = (1_099_960..1_100_000).collect();
+        assert_eq!(ix.prefixes(&newest, &[9], None)[0].gpu, 40);
+        // A block two sources hold leaves the index only when both gave it up.
+        let mut ix = Index::with_budget(0);
+        ix.capacity = 2;
+        ix.apply(0, &stored(&[1], Medium::Gpu));
+        ix.apply(1, &stored(&[1, 2], Medium::Gpu));
+        ix.apply(1, &stored(&[3], Medium::Gpu));
+        assert_eq!(ix.tiers_of(0, 1), Tiers::GPU, "source 0 still holds 1");
+        assert!(ix.tiers_of(1, 1).is_empty(), "source 1 gave its oldest up");
+        assert!(ix.len() <= 3 && ix.tiers_of(1, 3) == Tiers::GPU);
     }
 }
