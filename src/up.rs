@@ -471,6 +471,7 @@ impl Stack {
                 kv_events_pool_endpoint: master_events.as_ref().map(|(e, _)| e.clone()),
                 kv_events_pool_replay_endpoint: master_events.as_ref().and_then(|(_, r)| r.clone()),
                 kv_events_pool_snapshot_url: master_events.as_ref().and(st.master_metrics.clone()),
+                kv_events_pool_auth_token_file: cfg.pool.auth_token_file.clone(),
                 ..Default::default()
             },
             metrics: MetricsConfig {

@@ -469,3 +469,36 @@ fn connections_that_never_prove_the_secret_do_not_lock_clients_out() {
     );
     drop(strangers);
 }
+
+/// Issue 62, item A18: with the cluster secret, asking the master to send every page to
+/// every subscriber (`POST /api/v1/kv_events/snapshot`) needs it, as the keys' routes do.
+#[test]
+fn the_kv_event_snapshot_needs_the_secret_when_the_pool_has_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let master = MasterConfig {
+        auth_token_file: Some(file.clone()),
+        kv_events_config: Some(
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true}"#.into(),
+        ),
+        ..loopback_master(MasterConfig::default())
+    };
+    let c = Cluster::start(Opts {
+        stores: 0,
+        master,
+        ..Opts::default()
+    });
+    let url = format!(
+        "http://127.0.0.1:{}/api/v1/kv_events/snapshot",
+        c.metrics_port
+    );
+    let http = reqwest::blocking::Client::new();
+    let without = http.post(&url).send().unwrap();
+    assert_eq!(without.status().as_u16(), 401);
+    let with = http
+        .post(&url)
+        .header("Authorization", format!("Bearer {SECRET}"))
+        .send()
+        .unwrap();
+    assert!(with.status().is_success(), "{}", with.status());
+}

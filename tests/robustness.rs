@@ -843,3 +843,74 @@ fn pinged_or_unproven_connections_do_not_lock_clients_out_of_the_master() {
     assert!(made_way >= 1.0, "{made_way}");
     drop(held);
 }
+
+/// Issue 62, item A18: without a secret anyone may write Mooncake's metadata store, but one
+/// address holds at most a sixteenth of it, so a new engine's descriptor always finds room.
+#[test]
+fn one_address_cannot_fill_the_metadata_store() {
+    let c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    let put_from = |from: u8, key: &str| -> (u16, String) {
+        let mut s = connect_from(from, c.metadata_port).expect("a connection");
+        let body = b"{\"a\":1}";
+        let req = format!(
+            "PUT /metadata?key={key} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        let code = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, answer)
+    };
+    let share = 65_536 / rbgctl::master::metadata::WRITER_SHARE;
+    // Keep-alive would be faster; one connection a key stays well within the port's limits.
+    let mut refused = None;
+    for i in 0..=share {
+        let (code, text) = put_from(2, &format!("filler-{i}"));
+        if code != 200 {
+            refused = Some((i, code, text));
+            break;
+        }
+    }
+    let (at, code, text) = refused.expect("one address was stopped at its share");
+    assert_eq!((at, code), (share, 507), "{text}");
+    assert!(text.contains("127.0.0.2 holds its share"), "{text}");
+    let (code, text) = put_from(1, "mooncake/ram/a-new-engine");
+    assert_eq!(code, 200, "{text}");
+}
+
+/// Issue 62, item A18: a request refused for its headers says which limit it hit.
+#[test]
+fn a_431_says_which_limit_the_headers_hit() {
+    let c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    let ask = |head: String| {
+        let mut s = TcpStream::connect(("127.0.0.1", c.metrics_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut answer = vec![0u8; 4096];
+        let n = s.read(&mut answer).unwrap_or(0);
+        String::from_utf8_lossy(&answer[..n]).to_string()
+    };
+    let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
+    let answer = ask(format!("GET /health HTTP/1.1\r\nHost: x\r\n{many}\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(answer.contains("more than 100 header lines"), "{answer}");
+    let long = format!(
+        "GET /health HTTP/1.1\r\nX-Long: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    let answer = ask(long);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(answer.contains("longer than 65536 bytes"), "{answer}");
+}

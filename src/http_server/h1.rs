@@ -77,6 +77,8 @@ pub enum HeadError {
     Syntax(httparse::Error),
     #[error("the request head is longer than {MAX_HEAD} bytes")]
     TooLarge,
+    #[error("the request head has more than {MAX_HEADERS} header lines")]
+    TooManyHeaders,
     #[error("the request header {0:?} is not valid")]
     Header(String),
     #[error("the request target {0:?} is not valid")]
@@ -88,7 +90,9 @@ pub enum HeadError {
 impl HeadError {
     fn status(&self) -> StatusCode {
         match self {
-            HeadError::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            HeadError::TooLarge | HeadError::TooManyHeaders => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -117,7 +121,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(HeadError::TooLarge),
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyHeaders),
         Err(e) => return Err(HeadError::Syntax(e)),
     };
     let base = buf.as_ptr() as usize;
@@ -861,7 +865,10 @@ mod tests {
             .map(|i| format!("X-{i}: v\r\n"))
             .collect();
         let (e, _) = parse(&format!("GET / HTTP/1.1\r\n{many}\r\n"));
-        assert_eq!(e.unwrap_err(), HeadError::TooLarge);
+        let e = e.unwrap_err();
+        assert_eq!(e, HeadError::TooManyHeaders);
+        assert_eq!(e.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert!(e.to_string().contains("100 header lines"), "{e}");
     }
 
     fn answer(

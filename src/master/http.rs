@@ -79,6 +79,10 @@ pub fn metadata_router(
         let auth = auth.clone();
         async move {
             let (method, uri) = (req.method().clone(), req.uri().clone());
+            let writer = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
             if uri.path() == "/metadata" {
                 if let Some(r) = to_leader(&leadership, |h| h.metadata.as_deref(), &uri) {
                     return r;
@@ -110,7 +114,7 @@ pub fn metadata_router(
                             return plain(status.as_u16(), why.into_bytes(), false);
                         }
                     };
-                    let r = store.lock().handle(m, uri.query(), &body);
+                    let r = store.lock().handle_from(m, uri.query(), &body, writer);
                     plain(r.status, r.body, r.json)
                 }
                 ("/health", "GET") => plain(200, b"OK".to_vec(), false),
@@ -149,6 +153,11 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/keys", get(keys))
         .route("/api/v1/evictions", get(evictions))
         .route("/query_key", get(query_key))
+        // Sends every page to every subscriber: as much the secret holders' as the keys.
+        .route(
+            "/api/v1/kv_events/snapshot",
+            axum::routing::post(kv_events_snapshot),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             require_secret,
@@ -162,10 +171,6 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/segments", get(segments))
         .route("/get_all_segments", get(all_segments))
-        .route(
-            "/api/v1/kv_events/snapshot",
-            axum::routing::post(kv_events_snapshot),
-        )
         .merge(objects)
         .fallback(|| async {
             (

@@ -3,6 +3,12 @@
 //! query value (not URL-decoded), and an `rpc_meta` key may be re-published only unchanged.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// One writer's (one address's) share of the keys and bytes, at most: without the cluster
+/// secret anyone may write, and one address must not fill the store that every engine's
+/// transfer descriptors go to.
+pub const WRITER_SHARE: usize = 16;
 
 /// A reply: status code, body, and whether the body is the stored JSON.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,6 +50,9 @@ pub struct MetadataStore {
     limits: Limits,
     /// Bytes of keys and values held.
     bytes: u64,
+    /// Who wrote each key first (when known), and what each writer holds: keys and bytes.
+    owners: HashMap<String, IpAddr>,
+    by_writer: HashMap<IpAddr, (usize, u64)>,
 }
 
 impl MetadataStore {
@@ -69,6 +78,18 @@ impl MetadataStore {
 
     /// Handles one request. `query` is the raw query string of the URL.
     pub fn handle(&mut self, method: &str, query: Option<&str>, body: &[u8]) -> Reply {
+        self.handle_from(method, query, body, None)
+    }
+
+    /// Handles one request from `writer` (its address, when known): a writer holds at most
+    /// a [`WRITER_SHARE`]th of the keys and bytes.
+    pub fn handle_from(
+        &mut self,
+        method: &str,
+        query: Option<&str>,
+        body: &[u8],
+        writer: Option<IpAddr>,
+    ) -> Reply {
         let Some(key) = query
             .and_then(|q| raw_query_param(q, "key"))
             .filter(|k| !k.is_empty())
@@ -113,13 +134,47 @@ impl MetadataStore {
                 if self.bytes - old.unwrap_or(0) + new > l.max_bytes {
                     return text(507, &format!("metadata store full: {} bytes", l.max_bytes));
                 }
+                // A key is charged to whoever wrote it first.
+                let owner = self.owners.get(key).copied().or(writer);
+                if let Some(w) = owner {
+                    let (keys, bytes) = self.by_writer.get(&w).copied().unwrap_or_default();
+                    let (keys_after, bytes_after) = (
+                        keys + usize::from(old.is_none()),
+                        bytes - old.unwrap_or(0) + new,
+                    );
+                    let (max_keys, max_bytes) = (
+                        (l.max_keys / WRITER_SHARE).max(1),
+                        (l.max_bytes / WRITER_SHARE as u64).max(l.max_value_bytes),
+                    );
+                    if keys_after > max_keys || bytes_after > max_bytes {
+                        return text(
+                            507,
+                            &format!(
+                                "{w} holds its share of the metadata store ({max_keys} keys, \
+                                 {max_bytes} bytes): delete keys it no longer needs"
+                            ),
+                        );
+                    }
+                    self.by_writer.insert(w, (keys_after, bytes_after));
+                    self.owners.insert(key.to_string(), w);
+                }
                 self.bytes = self.bytes - old.unwrap_or(0) + new;
                 self.map.insert(key.to_string(), body.to_vec());
                 text(200, "metadata updated")
             }
             "DELETE" => match self.map.remove(key) {
                 Some(v) => {
-                    self.bytes -= (key.len() + v.len()) as u64;
+                    let freed = (key.len() + v.len()) as u64;
+                    self.bytes -= freed;
+                    if let Some(w) = self.owners.remove(key) {
+                        if let Some((keys, bytes)) = self.by_writer.get_mut(&w) {
+                            *keys -= 1;
+                            *bytes -= freed;
+                            if *keys == 0 {
+                                self.by_writer.remove(&w);
+                            }
+                        }
+                    }
                     text(200, "metadata deleted")
                 }
                 None => text(404, "metadata not found"),
@@ -175,6 +230,33 @@ mod tests {
             200,
             "same size again"
         );
+    }
+
+    /// Issue 62, item A18: one address holds at most its share, so that it cannot fill the
+    /// store a new engine's descriptor goes to; what it deletes comes back to it.
+    #[test]
+    fn one_writer_holds_at_most_its_share() {
+        let mut s = MetadataStore::new(Limits {
+            max_bytes: 1 << 20,
+            max_keys: 64,
+            max_value_bytes: 1024,
+        });
+        let (a, b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        let put = |s: &mut MetadataStore, k: usize, w| {
+            s.handle_from("PUT", Some(&format!("key=k{k}")), b"{}", Some(w))
+                .status
+        };
+        for k in 0..64 / WRITER_SHARE {
+            assert_eq!(put(&mut s, k, a), 200);
+        }
+        let r = s.handle_from("PUT", Some("key=more"), b"{}", Some(a));
+        assert_eq!(r.status, 507);
+        assert!(String::from_utf8_lossy(&r.body).contains("10.0.0.1 holds its share"));
+        // Another writer is not held back; a's own key may still be replaced.
+        assert_eq!(put(&mut s, 100, b), 200);
+        assert_eq!(put(&mut s, 0, a), 200);
+        assert_eq!(s.handle("DELETE", Some("key=k0"), b"").status, 200);
+        assert_eq!(put(&mut s, 200, a), 200);
     }
 
     #[test]

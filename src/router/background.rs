@@ -50,11 +50,23 @@ async fn pool_snapshot(s: Arc<Shared>, url: String) {
         if attempt > 0 {
             tokio::time::sleep(backoff.next_delay()).await;
         }
+        let mut headers = http::HeaderMap::new();
+        if let Some(file) = &s.cfg.policy.kv_events_pool_auth_token_file {
+            match crate::auth::Secret::from_file(file)
+                .map(|secret| http::HeaderValue::from_str(&secret.bearer()))
+            {
+                Ok(Ok(v)) => {
+                    headers.insert(http::header::AUTHORIZATION, v);
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "the pool's secret is not a header value"),
+                Err(e) => tracing::warn!(error = %e, "cannot read the pool's secret"),
+            }
+        }
         let req = crate::router::upstream::Outgoing {
             method: Method::POST,
             base: url.as_str().into(),
             path: "/api/v1/kv_events/snapshot".into(),
-            headers: Default::default(),
+            headers,
             body: Default::default(),
         };
         let sent = tokio::time::timeout(Duration::from_secs(5), s.workers.upstream.send(req));

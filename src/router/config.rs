@@ -266,6 +266,9 @@ pub struct PolicyConfig {
     /// ... and the master's admin URL (`http://host:port`), asked for a snapshot of every
     /// page at start. Default: none (the pool's blocks come in as they change).
     pub kv_events_pool_snapshot_url: Option<String>,
+    /// The pool's cluster secret, sent to its master with the snapshot request (which needs
+    /// it when the pool has one). Default: none.
+    pub kv_events_pool_auth_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for PolicyConfig {
@@ -278,6 +281,7 @@ impl Default for PolicyConfig {
             kv_events_pool_endpoint: None,
             kv_events_pool_replay_endpoint: None,
             kv_events_pool_snapshot_url: None,
+            kv_events_pool_auth_token_file: None,
         }
     }
 }
@@ -795,6 +799,10 @@ pub struct PolicyArgs {
     /// a snapshot of every page on its event stream. Default: none.
     #[arg(long)]
     pub kv_events_pool_snapshot_url: Option<String>,
+    /// `precise_prefix`: the pool's cluster secret, sent with the snapshot request. Default:
+    /// none.
+    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+    pub kv_events_pool_auth_token_file: Option<std::path::PathBuf>,
 }
 
 #[serde_with::skip_serializing_none]
