@@ -914,3 +914,47 @@ fn a_431_says_which_limit_the_headers_hit() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     assert!(answer.contains("longer than 65536 bytes"), "{answer}");
 }
+
+/// Issue 62, item B10: a client of another protocol on the master's RPC port (Mooncake's
+/// coro_rpc, whose header begins with 21; HTTP; TLS) is told at once, from its first bytes:
+/// HTTP gets a 400 saying where the HTTP API is, the others are closed, and the master's log
+/// names what it looked like (before, a Mooncake client waited out the request timeout and
+/// retried for minutes while the log said only that a request stopped arriving).
+#[test]
+fn another_protocols_client_on_the_rpc_port_is_told_at_once() {
+    let c = Cluster::start(Opts {
+        stores: 0,
+        ..Default::default()
+    });
+    let rpc: std::net::SocketAddr = c.rpc.parse().unwrap();
+    let send = |bytes: &[u8]| {
+        let mut s = TcpStream::connect(rpc).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(bytes).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        (t0.elapsed(), String::from_utf8_lossy(&answer).to_string())
+    };
+    // coro_rpc's request header as Mooncake's client sends it: magic 21, then 19 more bytes.
+    let (took, _) = send(&[
+        21, 0, 0, 0, 0x2a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0,
+    ]);
+    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    let (took, answer) = send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(took < Duration::from_secs(2));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("HTTP ports"), "{answer}");
+    let (took, _) = send(&[0x16, 0x03, 0x01, 0x00, 0x10]);
+    assert!(took < Duration::from_secs(2));
+    assert!(
+        wait_until(Duration::from_secs(5), || c
+            .master()
+            .log()
+            .contains("Mooncake's RPC")),
+        "the master's log does not say what the client looked like"
+    );
+    // A client of its own is served as before.
+    let client = c.client();
+    assert!(!client.exists("nothing").unwrap());
+}

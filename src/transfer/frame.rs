@@ -410,9 +410,82 @@ impl Header {
     }
 }
 
+/// Another protocol's first bytes on rbgctl's RPC port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Foreign {
+    /// Mooncake's RPC (yalantinglibs' coro_rpc: its request header begins with magic 21).
+    MooncakeRpc,
+    Http,
+    Tls,
+    Unknown,
+}
+
+impl Foreign {
+    /// What it looks like and what to do, for the log line and (HTTP) the answer.
+    pub fn advice(self) -> &'static str {
+        match self {
+            Foreign::MooncakeRpc => {
+                "this looks like Mooncake's RPC (coro_rpc), which this port does not speak: \
+                 rbgctl's master and stores talk rbgctl's own protocol (the rbgctl client, \
+                 its Python package, SGLang's `rbgctl` HiCache backend)"
+            }
+            Foreign::Http => {
+                "this looks like HTTP: this port speaks rbgctl's RPC; the HTTP API (metrics, \
+                 admin, Mooncake's metadata server) is on the role's HTTP ports"
+            }
+            Foreign::Tls => {
+                "this looks like a TLS handshake: this port is rbgctl's RPC in the clear \
+                 (HTTPS is on the HTTP ports with --tls-cert-path); protect it with a private \
+                 network and the cluster secret"
+            }
+            Foreign::Unknown => "these are not rbgctl RPC frames (they begin with \"RBGT\")",
+        }
+    }
+}
+
+/// Whether the first bytes a connection sent (`first`, however few) are another protocol's:
+/// `None` while they could still begin an rbgctl frame.
+pub fn foreign_protocol(first: &[u8]) -> Option<Foreign> {
+    let n = first.len().min(MAGIC.len());
+    if first[..n] == MAGIC[..n] {
+        return None;
+    }
+    const HTTP: [&[u8]; 9] = [
+        b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"PRI ", b"CONN",
+    ];
+    Some(match first {
+        [21, ..] => Foreign::MooncakeRpc,
+        [0x16, 0x03, ..] | [0x16] => Foreign::Tls,
+        _ if HTTP
+            .iter()
+            .any(|m| m.starts_with(&first[..first.len().min(4)])) =>
+        {
+            Foreign::Http
+        }
+        _ => Foreign::Unknown,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_protocols_first_bytes_are_told_apart_from_a_frames() {
+        assert_eq!(foreign_protocol(b""), None);
+        assert_eq!(foreign_protocol(b"RB"), None);
+        assert_eq!(
+            foreign_protocol(&Header::request(Opcode::Ping, 1, 0, 0).encode()),
+            None
+        );
+        // coro_rpc's request header: magic 21, then version, serialize type, msg type...
+        assert_eq!(foreign_protocol(&[21, 0, 0, 0]), Some(Foreign::MooncakeRpc));
+        assert_eq!(foreign_protocol(b"GET / HTTP/1.1\r\n"), Some(Foreign::Http));
+        assert_eq!(foreign_protocol(b"PO"), Some(Foreign::Http));
+        assert_eq!(foreign_protocol(&[0x16, 0x03, 0x01]), Some(Foreign::Tls));
+        assert_eq!(foreign_protocol(b"RBGX"), Some(Foreign::Unknown));
+        assert_eq!(foreign_protocol(&[0]), Some(Foreign::Unknown));
+    }
 
     #[test]
     fn header_round_trips() {

@@ -87,6 +87,17 @@ impl Shared {
     }
 
     /// Counts and (within the log budget) logs a connection closed for a bad frame.
+    /// A connection that speaks another protocol: closed, with a line saying what it looks
+    /// like and what to do.
+    fn foreign(&self, peer: SocketAddr, foreign: crate::transfer::frame::Foreign) {
+        ConnCounters::count(&self.counters().bad_frames);
+        if let Some(n) = self.logs.bad_frames.spend(Instant::now()) {
+            let role = self.opts.role;
+            tracing::warn!(role, %peer, protocol = ?foreign, bad_frames = n,
+                "closing a connection that speaks another protocol: {}", foreign.advice());
+        }
+    }
+
     fn bad_frame(&self, peer: SocketAddr, reason: &dyn std::fmt::Display) {
         ConnCounters::count(&self.counters().bad_frames);
         if let Some(n) = self.logs.bad_frames.spend(Instant::now()) {
@@ -621,6 +632,26 @@ fn serve_frames(
     out: &mut Vec<u8>,
 ) -> usize {
     let mut at = 0;
+    // Another protocol's client (Mooncake's, a browser, TLS) is told at once, from its first
+    // bytes, rather than left waiting for the rest of a header that never comes.
+    if !conn.served {
+        if let Some(foreign) = crate::transfer::frame::foreign_protocol(data) {
+            shared.foreign(conn.peer, foreign);
+            if foreign == crate::transfer::frame::Foreign::Http {
+                let body = foreign.advice();
+                out.extend_from_slice(
+                    format!(
+                        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\
+                         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+            conn.closing = true;
+            return data.len();
+        }
+    }
     while !conn.busy && !conn.closing {
         let rest = &data[at..];
         let Some(raw) = rest.first_chunk::<HEADER_LEN>() else {
