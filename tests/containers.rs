@@ -315,6 +315,23 @@ fn check_image_basics(image: &str) {
         refused.contains("store.device") && !refused.contains("cannot load libibverbs"),
         "{refused}"
     );
+    // Issue 62, item B1: a segment larger than a container's default /dev/shm (64 MiB) is
+    // refused with the fixes named.
+    let refused = docker(&[
+        "run",
+        "--rm",
+        image,
+        "store",
+        "--master",
+        "127.0.0.1:1",
+        "--segment-size",
+        "128MiB",
+    ])
+    .expect_err("no room in the container's /dev/shm");
+    assert!(
+        refused.contains("--shm-size") && refused.contains("emptyDir: {medium: Memory"),
+        "{refused}"
+    );
 }
 
 #[test]

@@ -867,6 +867,48 @@ fn manifests_parse_and_the_examples_reconcile() {
         && e.adapter("rbgctl-scaled-decode")
             .is_some_and(|a| a["status"]["phase"] == "Bound")
         && set_ready(&e, "rbgctl-fleet", 2)));
+    // Issue 62, item B1: every store pod the examples make has a memory emptyDir at /dev/shm
+    // (a container's own is 64 MiB) as large as its segment at least.
+    let mut stores = 0;
+    for (name, pod) in e.pods("") {
+        let volumes = pod["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+        for c in pod["spec"]["containers"].as_array().unwrap() {
+            let argv: Vec<&str> = c["command"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if argv.get(1) != Some(&"store") {
+                continue;
+            }
+            stores += 1;
+            let segment = argv
+                .windows(2)
+                .find(|w| w[0] == "--segment-size")
+                .map(|w| w[1].to_string())
+                .or_else(|| env_of(&pod, "MOONCAKE_GLOBAL_SEGMENT_SIZE"))
+                .expect("a segment size");
+            let segment: rbgctl::config::ByteSize = segment.parse().unwrap();
+            let mount = c["volumeMounts"]
+                .as_array()
+                .and_then(|m| m.iter().find(|m| m["mountPath"] == "/dev/shm"))
+                .unwrap_or_else(|| panic!("{name}: no volume at /dev/shm"));
+            let volume = volumes
+                .iter()
+                .find(|v| v["name"] == mount["name"])
+                .unwrap_or_else(|| panic!("{name}: no volume {}", mount["name"]));
+            assert_eq!(volume["emptyDir"]["medium"], "Memory", "{name}");
+            // A Kubernetes quantity (9Gi): the binary unit, spelled as rbgctl reads it.
+            let quantity = volume["emptyDir"]["sizeLimit"].as_str().unwrap();
+            let limit: rbgctl::config::ByteSize = quantity
+                .strip_suffix('i')
+                .map(|q| format!("{q}iB"))
+                .unwrap_or(quantity.to_string())
+                .parse()
+                .unwrap();
+            assert!(limit.0 >= segment.0, "{name}: {limit:?} for a {segment:?} segment");
+        }
+    }
+    assert!(stores >= 3, "{stores} store containers");
     // Leader-worker decode: 2 instances x 2 pods, only leaders behind the Service.
     let decode = e.pods(
         "rbg.workloads.x-k8s.io/group-name=rbgctl-kv,rbg.workloads.x-k8s.io/role-name=decode",

@@ -122,6 +122,15 @@ fn the_install_script_lays_out_what_the_units_need() {
             }
         }
     }
+    // Issue 62, item B3: --secret means authenticated: the roles holding the secret name it.
+    for role in ["master", "store", "router"] {
+        let env = std::fs::read_to_string(root.join(format!("etc/rbgctl/{role}.env"))).unwrap();
+        assert!(
+            env.lines()
+                .any(|l| l == "RBGCTL_AUTH_TOKEN_FILE=/etc/rbgctl/token"),
+            "{role}.env does not name the secret"
+        );
+    }
     // Run again: the environment files and the secret an operator edited are kept.
     std::fs::write(root.join("etc/rbgctl/store.env"), "RBGCTL_LOG=debug\n").unwrap();
     let out = Command::new(Path::new(ROOT).join("scripts/install-systemd.sh"))
@@ -135,6 +144,28 @@ fn the_install_script_lays_out_what_the_units_need() {
         std::fs::read_to_string(root.join("etc/rbgctl/store.env")).unwrap(),
         "RBGCTL_LOG=debug\n"
     );
+    // ... and said not to name the secret.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("store.env was kept and does not name the secret"),
+        "{out:?}"
+    );
+    // A disk tier outside the state directory: the store's unit may write it.
+    let fresh = dir.path().join("fresh");
+    let out = Command::new(Path::new(ROOT).join("scripts/install-systemd.sh"))
+        .arg("--destdir")
+        .arg(&fresh)
+        .args(["--bin", BIN, "--disk-tier", "/data/rbgctl-tier"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let dropin = std::fs::read_to_string(
+        fresh.join("etc/systemd/system/rbgctl-store.service.d/disk-tier.conf"),
+    )
+    .unwrap();
+    assert!(dropin.contains("ReadWritePaths=/data/rbgctl-tier"), "{dropin}");
+    let env = std::fs::read_to_string(fresh.join("etc/rbgctl/store.env")).unwrap();
+    assert!(env.contains("\nRBGCTL_STORE_DISK_TIER=/data/rbgctl-tier\n"), "{env}");
+    assert!(fresh.join("data/rbgctl-tier").is_dir());
     // The documented token setup gives the unit's user the file.
     let security = std::fs::read_to_string(Path::new(ROOT).join("docs/security.md")).unwrap();
     assert!(security.contains("chown rbgctl"), "docs/security.md: chown");

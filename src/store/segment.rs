@@ -30,7 +30,10 @@ pub enum SegmentError {
     Map { size: u64, source: std::io::Error },
     #[error(
         "segment directory {dir} has no room for a {size}-byte segment ({free} bytes free); \
-         free space, shrink segment_size or choose another shm_dir"
+         free space, shrink segment_size or choose another shm_dir. In a container /dev/shm is \
+         64 MiB unless given more: `docker run --shm-size`, or in Kubernetes a volume \
+         `emptyDir: {{medium: Memory, sizeLimit: ...}}` mounted at /dev/shm, as large as the \
+         segment (it counts against the pod's memory)"
     )]
     NoRoom { dir: PathBuf, size: u64, free: u64 },
     #[error(
