@@ -8,7 +8,7 @@
 # The image takes the binary built on the host: no stage compiles, so it builds offline with
 # the legacy builder (Docker without BuildKit builds every stage before the target). The base
 # image is a build argument; where nothing can be pulled, scripts/build-base-images.sh builds
-# debian:bookworm-slim from Debian's packages.
+# rbgctl-base:bookworm from Debian's packages (scripts/build-image.sh passes it as RUNTIME).
 ARG RUNTIME=debian:bookworm-slim
 
 # --- what every final image has: tini, a non-root user, the Python client, the layout ------

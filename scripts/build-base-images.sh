@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the base image rbgctl's Dockerfile runs on, from Debian's packages, for machines that
 # cannot pull from a registry: `debootstrap --variant=minbase` into a folder, trimmed, then
-# `docker import`ed under the name the Dockerfile expects (debian:bookworm-slim by default).
+# `docker import`ed under a name of the project's own (never over an image of Debian's that
+# may be there).
 #
-#   scripts/build-base-images.sh [TAG]        # TAG defaults to debian:bookworm-slim
+#   sudo scripts/build-base-images.sh [TAG]   # TAG defaults to rbgctl-base:bookworm
 #
 # The image carries what the runtime stage would otherwise apt-get: tini (PID 1),
 # ca-certificates, and rdma-core's user libraries (ibverbs-providers: libibverbs1 and the
@@ -12,7 +13,7 @@
 # Needs root (debootstrap) and a Docker engine.
 set -euo pipefail
 
-TAG=${1:-debian:bookworm-slim}
+TAG=${1:-rbgctl-base:bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${DEBIAN_SUITE:-bookworm}
 
@@ -22,6 +23,13 @@ have=$(docker image inspect -f '{{index .Config.Labels "rbgctl.base-recipe"}}' "
 if [ "$have" = "$RECIPE" ] && [ -z "${FORCE:-}" ]; then
     echo "base image $TAG exists (FORCE=1 rebuilds it)"
     exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+    echo "the base image $TAG is missing, and building it needs root (debootstrap): run" >&2
+    echo "  sudo $0${1:+ $1}" >&2
+    echo "once (about a minute), or have Docker's debian:bookworm-slim present, which" >&2
+    echo "scripts/build-image.sh uses instead" >&2
+    exit 1
 fi
 if ! command -v debootstrap >/dev/null; then
     apt-get update -qq && apt-get install -y -qq debootstrap

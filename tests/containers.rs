@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BASE: &str = "debian:bookworm-slim";
+const BASE: &str = "rbgctl-base:bookworm";
 /// Every object this test makes carries this label, and `RUN_LABEL=<run>`.
 const LABEL: &str = "rbgctl.test=containers";
 const RUN_LABEL: &str = "rbgctl.test.run";

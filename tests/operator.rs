@@ -871,7 +871,10 @@ fn manifests_parse_and_the_examples_reconcile() {
     // (a container's own is 64 MiB) as large as its segment at least.
     let mut stores = 0;
     for (name, pod) in e.pods("") {
-        let volumes = pod["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+        let volumes = pod["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         for c in pod["spec"]["containers"].as_array().unwrap() {
             let argv: Vec<&str> = c["command"]
                 .as_array()
@@ -905,7 +908,10 @@ fn manifests_parse_and_the_examples_reconcile() {
                 .unwrap_or(quantity.to_string())
                 .parse()
                 .unwrap();
-            assert!(limit.0 >= segment.0, "{name}: {limit:?} for a {segment:?} segment");
+            assert!(
+                limit.0 >= segment.0,
+                "{name}: {limit:?} for a {segment:?} segment"
+            );
         }
     }
     assert!(stores >= 3, "{stores} store containers");

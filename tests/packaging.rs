@@ -146,7 +146,8 @@ fn the_install_script_lays_out_what_the_units_need() {
     );
     // ... and said not to name the secret.
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("store.env was kept and does not name the secret"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("store.env was kept and does not name the secret"),
         "{out:?}"
     );
     // A disk tier outside the state directory: the store's unit may write it.
@@ -162,9 +163,15 @@ fn the_install_script_lays_out_what_the_units_need() {
         fresh.join("etc/systemd/system/rbgctl-store.service.d/disk-tier.conf"),
     )
     .unwrap();
-    assert!(dropin.contains("ReadWritePaths=/data/rbgctl-tier"), "{dropin}");
+    assert!(
+        dropin.contains("ReadWritePaths=/data/rbgctl-tier"),
+        "{dropin}"
+    );
     let env = std::fs::read_to_string(fresh.join("etc/rbgctl/store.env")).unwrap();
-    assert!(env.contains("\nRBGCTL_STORE_DISK_TIER=/data/rbgctl-tier\n"), "{env}");
+    assert!(
+        env.contains("\nRBGCTL_STORE_DISK_TIER=/data/rbgctl-tier\n"),
+        "{env}"
+    );
     assert!(fresh.join("data/rbgctl-tier").is_dir());
     // The documented token setup gives the unit's user the file.
     let security = std::fs::read_to_string(Path::new(ROOT).join("docs/security.md")).unwrap();
