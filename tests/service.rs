@@ -580,4 +580,17 @@ fn up_runs_with_the_cluster_secret_and_its_engines_use_the_pool() {
         "{}",
         String::from_utf8_lossy(&without.stderr)
     );
+    // Item B9: a clean Ctrl-C logs no warning.
+    let mut up = up;
+    let stopped = up
+        .process
+        .signal_exits_within(nix::sys::signal::Signal::SIGINT, Duration::from_secs(30));
+    assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}");
+    let log = up.process.log();
+    let after = &log[log.find("stopping...").expect("up says it stops")..];
+    let warned: Vec<&str> = after
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(warned.is_empty(), "a clean stop warned: {warned:#?}");
 }

@@ -417,7 +417,9 @@ impl MasterState {
         }
         let client = seg.client_id;
         seg.state = SegState::Away { until: now + grace };
-        tracing::warn!(segment = %seg.info.name, grace_ms = grace.as_millis() as u64,
+        // A store that said it is restarting is routine; one that vanished was warned about
+        // where its client was dropped.
+        tracing::info!(segment = %seg.info.name, grace_ms = grace.as_millis() as u64,
             "store away; keeping its objects (unreadable) for the grace period");
         self.clients.detach(client, segment_id);
     }
