@@ -99,6 +99,10 @@ fn every_benchmark_report_renders_its_charts_in_a_browser() {
         ],
     );
     assert!(page.text.contains("Multi-turn benchmark"), "{}", page.text);
+    // Issue 62, item B6: it says the engine was SIMULATED, in the table's units.
+    assert!(page.text.contains("SIMULATED engine"), "{}", page.text);
+    let html = std::fs::read_to_string(&multiturn).unwrap();
+    assert!(html.contains("TTFT (ms)") && !html.contains("TTFT (s)"));
     let serving = dir.path().join("serving.html");
     run_ok(
         Command::new(BIN)

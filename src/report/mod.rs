@@ -229,12 +229,12 @@ x='11' y='3' width='2' height='10' fill='white'/%3E%3C/svg%3E\">";
 
 /// The pages' one style sheet (also the status pages'): system fonts, readable widths.
 pub const STYLE: &str = "\
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1140px;\
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1400px;\
 padding:0 16px;color:#222;background:#fff}\
 h1{font-size:1.5em;margin:0 0 8px}h2{font-size:1.2em;margin:28px 0 8px;border-bottom:1px solid #ddd}\
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;font-size:.85em;color:#555}\
 dl.facts dt{font-weight:600}dl.facts dd{margin:0;word-break:break-all}\
-figure.chart{margin:12px 0}figure.chart svg{max-width:100%;height:auto}\
+figure.chart{margin:12px 0}figure.chart svg{width:100%;height:auto}\
 figcaption{font-size:.85em;color:#555}\
 table{border-collapse:collapse;font-size:.9em;margin:8px 0}\
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:left}td.n{text-align:right;\

@@ -522,7 +522,8 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(path) = &a.report {
-            write_report(&a, &runs, path)?;
+            let engine = engine_kind(&a).await;
+            write_report(&a, &runs, path, engine)?;
         }
         if let Some(r) = runs.iter().find(|r| r.failed > 0) {
             anyhow::bail!(
@@ -542,9 +543,20 @@ fn write_report(
     a: &MultiturnArgs,
     runs: &[RateResult],
     path: &std::path::Path,
+    engine: Option<String>,
 ) -> anyhow::Result<()> {
-    let mut page = crate::report::Page::new("Multi-turn benchmark");
+    let simulated = engine.as_deref() == Some(SIMULATED);
+    let title = if simulated {
+        "Multi-turn benchmark (SIMULATED engine)"
+    } else {
+        "Multi-turn benchmark"
+    };
+    let mut page = crate::report::Page::new(title);
     page.fact("server", format!("{} ({})", a.base(), a.api_format.path()))
+        .fact(
+            "engine",
+            engine.unwrap_or_else(|| "not told (the server gives no server info)".into()),
+        )
         .fact(
             "workload",
             format!(
@@ -570,6 +582,35 @@ fn write_report(
     report::charts(&mut page, &named)?;
     page.save(path)?;
     Ok(())
+}
+
+/// How the report names a SIMULATED engine.
+const SIMULATED: &str = "SIMULATED (rbgctl sim-engine: no model, timings from a cost model)";
+
+/// What engine answers behind `a`'s server, as its server info says (through a router, one
+/// worker's): SIMULATED, or its model; `None` when it does not say.
+async fn engine_kind(a: &MultiturnArgs) -> Option<String> {
+    let http = reqwest::Client::new();
+    for path in ["/server_info", "/get_server_info"] {
+        let Ok(resp) = http
+            .get(format!("{}{path}", a.base()))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let Ok(v) = resp.json::<serde_json::Value>().await else {
+            continue;
+        };
+        if v.get("simulated").and_then(serde_json::Value::as_bool) == Some(true) {
+            return Some(SIMULATED.into());
+        }
+        if let Some(m) = crate::router::background::model_from_server_info(&v) {
+            return Some(m);
+        }
+    }
+    None
 }
 
 /// Fails fast, naming the address, when nothing answers there (any HTTP answer will do).

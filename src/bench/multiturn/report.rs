@@ -13,11 +13,14 @@ pub struct Run<'a> {
 
 /// Adds the charts of `runs` (each a curve) to `page`.
 pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
-    let records = |r: &Run<'_>| -> Vec<f64> { r.result.records.iter().map(|x| x.ttft).collect() };
+    // Milliseconds, as the table gives them.
+    let records = |r: &Run<'_>| -> Vec<f64> {
+        r.result.records.iter().map(|x| x.ttft * 1e3).collect()
+    };
     let mut cdf = LineChart::new(
         "ttft-cdf",
         "Time to first token: CDF",
-        "TTFT (s)",
+        "TTFT (ms)",
         "share of requests",
     )
     .formats(Format::Number, Format::Percent);
@@ -25,7 +28,7 @@ pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
         "ttft-per-round",
         "Mean TTFT per round",
         "round",
-        "mean TTFT (s)",
+        "mean TTFT (ms)",
     )
     .formats(Format::Integer, Format::Number);
     let mut hits = LineChart::new(
@@ -54,7 +57,7 @@ pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
             &r.name,
             rounds
                 .iter()
-                .map(|(k, v)| (*k as f64, v.average_ttft))
+                .map(|(k, v)| (*k as f64, v.average_ttft * 1e3))
                 .collect(),
         ));
         hits = hits.series(Series::new(
