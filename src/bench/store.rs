@@ -1149,14 +1149,20 @@ fn table(r: &Report) -> String {
             .of_limit
             .map(|l| format!("{:.0} %", l * 100.0))
             .unwrap_or_default();
+        // No bytes move in an exists: no bandwidth to give.
+        let gb = if x.value_bytes == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", x.gb_per_s)
+        };
         let _ = writeln!(
             out,
-            "{:<9} {:<17} {:>11} {:>3} {:>8.2} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
+            "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
             x.case,
             x.op,
             value,
             x.threads,
-            x.gb_per_s,
+            gb,
             x.ops_per_s,
             x.p50_us,
             x.p99_us,
@@ -1166,7 +1172,15 @@ fn table(r: &Report) -> String {
         );
     }
     let _ = writeln!(
-        out,"(of limit: large tcp values against as many loopback streams as threads, shm against memcpy; evicted: reads of objects the pool had evicted, not errors)");
+        out,
+        "legend: ops/s counts objects (a batch row, `batch_... Nx`, counts each of its N), p50 \
+         and p99 are per call (a batch row's: the whole batch); GB/s is value bytes moved (- for \
+         exists, which moves none); of limit: large tcp values against as many loopback \
+         streams as threads, shm against memcpy, blank where no limit applies (small values, \
+         batches, exists); evicted: reads of objects the pool had evicted, not errors. The \
+         client, the stores and the master share this machine's cores: every figure is of \
+         the three at once."
+    );
     let _ = writeln!(out, "(segment memory: {})", r.segments);
     if r.results.iter().any(|x| x.breakdown.is_some()) {
         out.push_str(&breakdown_table(r));
@@ -1331,6 +1345,10 @@ mod tests {
         for l in &lines {
             assert_eq!(l.chars().count(), width, "{l:?} in\n{text}");
         }
+        // Issue 62, item B7: an exists row moves no bytes; the legend says what rows mean.
+        let exists = lines.iter().find(|l| l.contains("batch_exists")).unwrap();
+        assert!(!exists.contains("0.00") && exists.contains(" - "), "{exists}");
+        assert!(text.contains("ops/s counts objects") && text.contains("share this machine's cores"));
     }
 }
 
