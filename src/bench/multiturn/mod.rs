@@ -640,7 +640,7 @@ fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
         println!("{line}");
     } else {
         println!(
-            "Multi-turn benchmark (rate {} req/s{})",
+            "Multi-turn benchmark (request rate asked: {} req/s{})",
             r.summary.request_rate,
             if r.interrupted { ", INTERRUPTED" } else { "" }
         );

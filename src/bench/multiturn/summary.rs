@@ -187,8 +187,8 @@ pub fn render(s: &Summary, r: &BTreeMap<usize, RoundSummary>) -> String {
         format!("{} ({} failed)", s.total_requests, s.failed_requests),
     );
     row(
-        "request rate (sent)",
-        format!("{:.2} req/s", s.request_rate),
+        "request rate asked",
+        format!("{:.2} req/s (--request-rate; measured: request throughput)", s.request_rate),
     );
     row("duration", format!("{:.2} s", s.duration));
     row(
@@ -246,7 +246,10 @@ pub fn render(s: &Summary, r: &BTreeMap<usize, RoundSummary>) -> String {
         "output token throughput",
         format!("{:.1} tok/s", s.output_token_throughput),
     );
-    row("request throughput", format!("{:.2} req/s", s.throughput));
+    row(
+        "request throughput (measured)",
+        format!("{:.2} req/s", s.throughput),
+    );
     row(
         "cache hit rate",
         format!("{:.2} %", s.cache_hit_rate * 100.0),
