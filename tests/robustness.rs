@@ -740,10 +740,11 @@ fn slow_clients_cannot_hold_an_http_port_from_whole_requests() {
                     >= 1_100),
                 "the slow clients did not get their connections"
             );
-            // Every health check over ten seconds is answered within 3 s.
+            // Every health check over ten seconds is answered within 5 s (without the gate:
+            // not before the slow clients' 10 s are up).
             let mut answered = 0;
             for _ in 0..10 {
-                if health_within(port, Duration::from_secs(3)) {
+                if health_within(port, Duration::from_secs(5)) {
                     answered += 1;
                 }
                 std::thread::sleep(Duration::from_millis(500));
@@ -940,13 +941,15 @@ fn another_protocols_client_on_the_rpc_port_is_told_at_once() {
     let (took, _) = send(&[
         21, 0, 0, 0, 0x2a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0,
     ]);
-    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    // At once: the other outcome is the request timeout (10 s). Bounds hold on a loaded
+    // machine.
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
     let (took, answer) = send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-    assert!(took < Duration::from_secs(2));
+    assert!(took < Duration::from_secs(5));
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("HTTP ports"), "{answer}");
     let (took, _) = send(&[0x16, 0x03, 0x01, 0x00, 0x10]);
-    assert!(took < Duration::from_secs(2));
+    assert!(took < Duration::from_secs(5));
     assert!(
         wait_until(Duration::from_secs(5), || c
             .master()

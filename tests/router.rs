@@ -3484,7 +3484,8 @@ fn oversized_and_malformed_kv_event_messages_cost_the_router_little() {
 
 /// Item A7: the router's 16,384 connections cannot be held by slow bodies: 16,800 connections
 /// from four addresses, each sending a `/generate`'s headers and one byte of its body, leave
-/// `/health` answered within 3 s every time, the slow connections making way.
+/// `/health` answered within 5 s every time (without the gate: not at all while they hold), the
+/// slow connections making way.
 #[test]
 fn slow_bodies_cannot_hold_the_routers_connections() {
     let w = fake_worker("w", &[]);
@@ -3531,13 +3532,13 @@ fn slow_bodies_cannot_hold_the_routers_connections() {
     for _ in 0..10 {
         let started = Instant::now();
         let ok = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(3))
+            .timeout(Duration::from_secs(5))
             .build()
             .unwrap()
             .get(format!("http://127.0.0.1:{}/health", r.port))
             .send()
             .is_ok_and(|resp| resp.status() == 200);
-        if ok && started.elapsed() < Duration::from_secs(3) {
+        if ok && started.elapsed() < Duration::from_secs(5) {
             answered += 1;
         }
         std::thread::sleep(Duration::from_millis(300));
