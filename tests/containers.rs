@@ -324,6 +324,9 @@ fn check_image_basics(image: &str) {
         "store",
         "--master",
         "127.0.0.1:1",
+        // A stable name: the segment is a file in /dev/shm, kept across restarts.
+        "--name",
+        "store-x",
         "--segment-size",
         "128MiB",
     ])

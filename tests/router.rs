@@ -3602,3 +3602,48 @@ fn one_worker_flooding_the_kv_index_does_not_evict_anothers_blocks() {
     assert_eq!(v["default"][honest.url()]["longest_matched"], 32, "{v}");
     drop(flooder);
 }
+
+/// Item A13: Conductor queries are read and hashed off the runtime threads, half the cores at
+/// most: clients repeating 12 MB `/query`s with `block_size: 1` (every token a block) leave a
+/// normal `/generate` answered promptly (before: p50 from 2.5 ms to 643 ms).
+#[test]
+fn long_conductor_queries_do_not_starve_the_requests_routed() {
+    let w = fake_worker("w", &[]);
+    let r = router(
+        &s(&["--worker-urls", &w.url(), "--policy", "precise_prefix"]),
+        true,
+    );
+    let ids: Vec<u32> = (0..1_500_000).map(|i| 1_000_000 + i).collect();
+    let query = json!({"token_ids": ids, "block_size": 1}).to_string();
+    assert!(query.len() > 12 << 20 && query.len() < 16 << 20);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let queries = std::sync::atomic::AtomicUsize::new(0);
+    let mut latencies = Vec::new();
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (code, _, text) = post(r.port, "/query", &query);
+                    assert_eq!(code, 200, "{}", &text[..text.len().min(200)]);
+                    queries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        assert!(wait_until(Duration::from_secs(60), || queries
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2));
+        for _ in 0..40 {
+            let t0 = Instant::now();
+            assert_eq!(post(r.port, "/generate", r#"{"text":"hi"}"#).0, 200);
+            latencies.push(t0.elapsed());
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    latencies.sort();
+    let p50 = latencies[latencies.len() / 2];
+    eprintln!("generate p50 {p50:?} beside long queries");
+    assert!(
+        p50 < Duration::from_millis(150),
+        "/generate p50 {p50:?} while long queries ran"
+    );
+}

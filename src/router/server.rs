@@ -519,21 +519,21 @@ fn tokenizer_and<T: serde::de::DeserializeOwned>(
 /// Mooncake Conductor's indexer API over the router's global KV index (`precise_prefix`):
 /// `POST /query` (token ids) and `POST /query_by_hash` (SGLang's block hashes).
 async fn conductor_query(State(s): S, body: axum::body::Bytes) -> Response {
-    let Some(index) = &s.routing.kv_index else {
+    let Some(index) = s.routing.kv_index.clone() else {
         return bad("no KV index: it is kept with --policy precise_prefix");
     };
-    let q: crate::router::kv_index::ConductorQuery = match serde_json::from_slice(&body) {
-        Ok(q) => q,
-        Err(e) => return bad(&format!("not a Conductor query: {e}")),
-    };
-    drop(body);
-    // Hashing a long query's blocks is CPU work: off the runtime threads, one query at a time
-    // per core at most, so that queries cannot stall the requests being routed.
+    // Reading a long query and hashing its blocks is CPU work: off the runtime threads, one
+    // query at a time per core at most, so that queries cannot stall the requests routed.
     let Ok(_turn) = s.limits.cpu_work.acquire().await else {
         return bad("the router is stopping");
     };
-    let index = index.clone();
-    match tokio::task::spawn_blocking(move || index.conductor(&q)).await {
+    let answered = tokio::task::spawn_blocking(move || {
+        let q: crate::router::kv_index::ConductorQuery = serde_json::from_slice(&body)
+            .map_err(|e| format!("not a Conductor query: {e}"))?;
+        drop(body);
+        index.conductor(&q)
+    });
+    match answered.await {
         Ok(Ok(v)) => Json(v).into_response(),
         Ok(Err(e)) => bad(&e),
         Err(e) => bad(&format!("the query failed: {e}")),
