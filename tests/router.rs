@@ -3613,7 +3613,7 @@ fn long_conductor_queries_do_not_starve_the_requests_routed() {
         &s(&["--worker-urls", &w.url(), "--policy", "precise_prefix"]),
         true,
     );
-    let ids: Vec<u32> = (0..1_500_000).map(|i| 1_000_000 + i).collect();
+    let ids: Vec<u32> = (0..1_700_000).map(|i| 1_000_000 + i).collect();
     let query = json!({"token_ids": ids, "block_size": 1}).to_string();
     assert!(query.len() > 12 << 20 && query.len() < 16 << 20);
     let stop = std::sync::atomic::AtomicBool::new(false);

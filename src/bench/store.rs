@@ -1347,8 +1347,13 @@ mod tests {
         }
         // Issue 62, item B7: an exists row moves no bytes; the legend says what rows mean.
         let exists = lines.iter().find(|l| l.contains("batch_exists")).unwrap();
-        assert!(!exists.contains("0.00") && exists.contains(" - "), "{exists}");
-        assert!(text.contains("ops/s counts objects") && text.contains("share this machine's cores"));
+        assert!(
+            !exists.contains("0.00") && exists.contains(" - "),
+            "{exists}"
+        );
+        assert!(
+            text.contains("ops/s counts objects") && text.contains("share this machine's cores")
+        );
     }
 }
 

@@ -528,8 +528,8 @@ async fn conductor_query(State(s): S, body: axum::body::Bytes) -> Response {
         return bad("the router is stopping");
     };
     let answered = tokio::task::spawn_blocking(move || {
-        let q: crate::router::kv_index::ConductorQuery = serde_json::from_slice(&body)
-            .map_err(|e| format!("not a Conductor query: {e}"))?;
+        let q: crate::router::kv_index::ConductorQuery =
+            serde_json::from_slice(&body).map_err(|e| format!("not a Conductor query: {e}"))?;
         drop(body);
         index.conductor(&q)
     });

@@ -14,9 +14,8 @@ pub struct Run<'a> {
 /// Adds the charts of `runs` (each a curve) to `page`.
 pub fn charts(page: &mut Page, runs: &[Run<'_>]) -> Result<(), ReportError> {
     // Milliseconds, as the table gives them.
-    let records = |r: &Run<'_>| -> Vec<f64> {
-        r.result.records.iter().map(|x| x.ttft * 1e3).collect()
-    };
+    let records =
+        |r: &Run<'_>| -> Vec<f64> { r.result.records.iter().map(|x| x.ttft * 1e3).collect() };
     let mut cdf = LineChart::new(
         "ttft-cdf",
         "Time to first token: CDF",

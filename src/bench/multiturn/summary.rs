@@ -188,7 +188,10 @@ pub fn render(s: &Summary, r: &BTreeMap<usize, RoundSummary>) -> String {
     );
     row(
         "request rate asked",
-        format!("{:.2} req/s (--request-rate; measured: request throughput)", s.request_rate),
+        format!(
+            "{:.2} req/s (--request-rate; measured: request throughput)",
+            s.request_rate
+        ),
     );
     row("duration", format!("{:.2} s", s.duration));
     row(
