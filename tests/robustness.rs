@@ -42,7 +42,8 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
         (store.clone(), Opcode::Read),
     ] {
         // Plain garbage: bad magic. Answered MALFORMED_FRAME, naming the magic, then closed.
-        let out = send_and_drain(&addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdef");
+        // (Another protocol's bytes, HTTP's say, are told apart on the master: below.)
+        let out = send_and_drain(&addr, b"Xgarbage garbage garbage 0123456789abcdef");
         assert!(
             out.len() > HEADER_LEN,
             "a reply to a frame without our magic"

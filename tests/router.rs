@@ -2915,6 +2915,22 @@ fn rank_publishers(ranks: usize) -> (u16, Vec<rbgctl::kv_events::Publisher>) {
     panic!("no free run of ports for the ranks' publishers");
 }
 
+/// The KV events descriptor of one rank publishing on `base` (PUB) and `base + 1` (replay).
+fn one_rank_descriptor(base: u16) -> String {
+    json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
+        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
+        "topic": "", "block_size": 4, "dp_size": 1})
+    .to_string()
+}
+
+/// A FAKE worker whose descriptor points at a publisher of this test's, with that publisher.
+fn worker_publishing(name: &str) -> (Worker, rbgctl::kv_events::Publisher) {
+    let (base, mut publishers) = rank_publishers(1);
+    let descriptor = one_rank_descriptor(base);
+    let w = fake_worker(name, &["--kv-events-descriptor", &descriptor]);
+    (w, publishers.remove(0))
+}
+
 /// A server running two data-parallel ranks publishes each rank's cache on its own ports:
 /// the router follows both, a worker holds what its best rank holds, and the index's
 /// Conductor answer says each rank's share (`DP`); with `--dp-aware` each rank is a worker of
@@ -3012,17 +3028,8 @@ fn precise_prefix_follows_every_data_parallel_rank() {
 #[test]
 fn precise_prefix_finds_an_adapters_blocks_by_its_name() {
     use rbgctl::kv_events::{BlockStored, KvEvent, KvEventBatch, Medium};
-    let worker = |name: &str| {
-        let (base, mut publishers) = rank_publishers(1);
-        let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
-            "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
-            "topic": "", "block_size": 4, "dp_size": 1})
-        .to_string();
-        let w = fake_worker(name, &["--kv-events-descriptor", &descriptor]);
-        (w, publishers.remove(0))
-    };
-    let (w1, base_model) = worker("w1");
-    let (w2, adapters) = worker("w2");
+    let (w1, base_model) = worker_publishing("w1");
+    let (w2, adapters) = worker_publishing("w2");
     let tokens: Vec<u32> = (1..=8).collect();
     // w1 holds the base model's two blocks of the prompt.
     base_model.publish(KvEventBatch {
@@ -3186,13 +3193,15 @@ fn an_address_not_loopback() -> Option<std::net::IpAddr> {
         .ok()
 }
 
-/// An HTTP request from `from` to the router's port on that address.
+/// An HTTP request from `from` to the router's port on that address, with `headers` (lines
+/// ending in CRLF) after the usual ones.
 fn request_from(
     from: std::net::IpAddr,
     port: u16,
     method: &str,
     path: &str,
     body: &str,
+    headers: &str,
 ) -> (u16, String) {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect((from, port)).unwrap();
@@ -3201,7 +3210,7 @@ fn request_from(
         .unwrap();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         Content-Length: {}\r\nConnection: close\r\n{headers}\r\n{body}",
         body.len()
     );
     conn.write_all(req.as_bytes()).unwrap();
@@ -3241,19 +3250,26 @@ fn without_a_key_the_control_plane_answers_only_this_hosts_clients() {
     };
     let open = on_every_address(&["--worker-urls", &w.url()]);
     let add = json!({"url": "http://127.0.0.1:9"}).to_string();
-    let (code, text) = request_from(elsewhere, open.port, "POST", "/workers", &add);
+    let (code, text) = request_from(elsewhere, open.port, "POST", "/workers", &add, "");
     assert_eq!(code, 403, "{text}");
     assert!(text.contains("--control-plane-api-keys"), "{text}");
     for path in ["/engine_metrics", "/workers", "/get_loads"] {
-        let (code, text) = request_from(elsewhere, open.port, "GET", path, "");
+        let (code, text) = request_from(elsewhere, open.port, "GET", path, "", "");
         assert_eq!(code, 403, "{path}: {text}");
     }
     assert_eq!(workers(open.port).len(), 1, "nothing was added");
     // Inference and health answer anyone.
-    let (code, text) = request_from(elsewhere, open.port, "POST", "/generate", r#"{"text":"a"}"#);
+    let (code, text) = request_from(
+        elsewhere,
+        open.port,
+        "POST",
+        "/generate",
+        r#"{"text":"a"}"#,
+        "",
+    );
     assert_eq!(code, 200, "{text}");
     assert_eq!(
-        request_from(elsewhere, open.port, "GET", "/health", "").0,
+        request_from(elsewhere, open.port, "GET", "/health", "", "").0,
         200
     );
     // From this host it is managed as before.
@@ -3261,35 +3277,13 @@ fn without_a_key_the_control_plane_answers_only_this_hosts_clients() {
     assert_eq!(code, 202, "{text}");
     // With a key, a client from elsewhere holding it may manage the router.
     let keyed = on_every_address(&["--worker-urls", &w.url(), "--api-key", "k"]);
-    let with_key = |path: &str| {
-        use std::io::{Read, Write};
-        let mut conn = std::net::TcpStream::connect((elsewhere, keyed.port)).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n"
-        );
-        conn.write_all(req.as_bytes()).unwrap();
-        let mut answer = String::new();
-        let _ = conn.read_to_string(&mut answer);
-        answer
-    };
-    assert!(with_key("/workers").starts_with("HTTP/1.1 200"));
+    let bearer = "Authorization: Bearer k\r\n";
+    let (code, text) = request_from(elsewhere, keyed.port, "GET", "/workers", "", bearer);
+    assert_eq!(code, 200, "{text}");
     assert_eq!(
-        request_from(elsewhere, keyed.port, "GET", "/workers", "").0,
+        request_from(elsewhere, keyed.port, "GET", "/workers", "", "").0,
         401
     );
-}
-
-/// A FAKE worker whose descriptor points at a publisher of this test's, with that publisher.
-fn worker_publishing(name: &str) -> (Worker, rbgctl::kv_events::Publisher) {
-    let (base, mut publishers) = rank_publishers(1);
-    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
-        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
-        "topic": "", "block_size": 4, "dp_size": 1})
-    .to_string();
-    let w = fake_worker(name, &["--kv-events-descriptor", &descriptor]);
-    (w, publishers.remove(0))
 }
 
 /// One batch storing `tokens`' blocks (of 4) on the device.
@@ -3414,10 +3408,7 @@ fn a_worker_costs_the_router_a_bounded_share_and_late_engines_are_followed() {
     // The late engine comes up, after the router's first tries are long over.
     let (base, publishers) = rank_publishers(1);
     publishers[0].publish(stored(&[1, 2, 3, 4]));
-    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
-        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
-        "topic": "", "block_size": 4, "dp_size": 1})
-    .to_string();
+    let descriptor = one_rank_descriptor(base);
     let _late = fake_worker_on(
         "127.0.0.1",
         late_port,
@@ -3440,10 +3431,7 @@ fn a_worker_costs_the_router_a_bounded_share_and_late_engines_are_followed() {
 #[test]
 fn oversized_and_malformed_kv_event_messages_cost_the_router_little() {
     let (base, publishers) = rank_publishers(1);
-    let descriptor = json!({"publisher": "zmq", "endpoint_host": "127.0.0.1",
-        "endpoint_port_base": base, "replay_endpoint_port_base": base + 1,
-        "topic": "", "block_size": 4, "dp_size": 1})
-    .to_string();
+    let descriptor = one_rank_descriptor(base);
     let w = fake_worker("w", &["--kv-events-descriptor", &descriptor]);
     publishers[0].publish(stored(&[1, 2, 3, 4]));
     let r = router(

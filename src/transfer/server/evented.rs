@@ -635,7 +635,10 @@ fn serve_frames(
     // Another protocol's client (Mooncake's, a browser, TLS) is told at once, from its first
     // bytes, rather than left waiting for the rest of a header that never comes.
     if !conn.served {
-        if let Some(foreign) = crate::transfer::frame::foreign_protocol(data) {
+        // Bytes of no protocol known are answered below as a bad frame, as ever.
+        let known = crate::transfer::frame::foreign_protocol(data)
+            .filter(|f| *f != crate::transfer::frame::Foreign::Unknown);
+        if let Some(foreign) = known {
             shared.foreign(conn.peer, foreign);
             if foreign == crate::transfer::frame::Foreign::Http {
                 let body = foreign.advice();
