@@ -319,7 +319,8 @@ fn slow_bodies_hold_nothing_and_the_secret_is_checked_before_the_body() {
     let mut stranger = slow(None);
     let text = answer(&mut stranger);
     assert!(text.starts_with("HTTP/1.1 401"), "{text}");
-    assert!(t0.elapsed() < Duration::from_secs(2));
+    // At once: the alternative is the body deadline (10 s). Bounds that hold on a loaded host.
+    assert!(t0.elapsed() < Duration::from_secs(5));
     // With it: held until the body deadline, while /health answers.
     let t0 = std::time::Instant::now();
     let mut holders: Vec<_> = (0..4)
@@ -332,7 +333,7 @@ fn slow_bodies_hold_nothing_and_the_secret_is_checked_before_the_body() {
             "GET",
             "/health",
             b"",
-            Duration::from_secs(1),
+            Duration::from_secs(5),
         );
         assert_eq!(code, 200, "/health while bodies are withheld");
     }

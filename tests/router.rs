@@ -947,7 +947,8 @@ fn a_body_declared_above_max_payload_size_is_refused_from_its_headers() {
         text.contains("larger than this port's limit of 1024 bytes"),
         "{text}"
     );
-    assert!(t0.elapsed() < Duration::from_secs(2));
+    // From the headers: the alternative is the body deadline (10 s).
+    assert!(t0.elapsed() < Duration::from_secs(5));
     assert!(recorded(&w).is_empty(), "nothing reached the worker");
 }
 
@@ -3394,7 +3395,7 @@ fn a_worker_costs_the_router_a_bounded_share_and_late_engines_are_followed() {
     for _ in 0..5 {
         let t0 = Instant::now();
         assert_eq!(get(r.port, "/health").0, 200);
-        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert!(t0.elapsed() < Duration::from_secs(5));
     }
     let subscriptions = std::fs::read_dir(format!("/proc/{}/task", r._proc.pid().unwrap()))
         .unwrap()
