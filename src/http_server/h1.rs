@@ -723,10 +723,7 @@ pub async fn serve<T: Transport, S: HttpService>(
                 })
             }
         };
-        let mut req = Request::from_parts(parts, body);
-        // Who sent it, for routes that answer by where a request comes from.
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(peer));
+        let req = Request::from_parts(parts, body);
         let ready = std::future::poll_fn(|cx| service.poll_ready(cx)).await;
         let Ok(()) = ready;
         let call = service.call(req);

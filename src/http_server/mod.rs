@@ -25,6 +25,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
+tokio::task_local! {
+    /// The client of the connection a request came on: every connection is served in a task
+    /// of its own, within this scope (no allocation per request).
+    static PEER: std::net::SocketAddr;
+}
+
+/// The address of the client whose request is being answered, for routes that answer by where
+/// a request comes from; `None` outside a connection's task.
+pub fn peer() -> Option<std::net::SocketAddr> {
+    PEER.try_with(|p| *p).ok()
+}
+
 /// Limits of one HTTP port.
 #[derive(Clone, Debug)]
 pub struct HttpLimits {
@@ -566,12 +578,16 @@ where
         tokio::spawn(async move {
             let _held = (counted, open, pass);
             match acceptor {
-                None => h1::serve(stream, service, stop, header_timeout, peer, watch).await,
+                None => {
+                    let served = h1::serve(stream, service, stop, header_timeout, peer, watch);
+                    PEER.scope(peer, served).await
+                }
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(header_timeout, acceptor.accept(stream));
                     match handshake.await {
                         Ok(Ok(tls)) => {
-                            h1::serve(tls, service, stop, header_timeout, peer, watch).await
+                            let served = h1::serve(tls, service, stop, header_timeout, peer, watch);
+                            PEER.scope(peer, served).await
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

@@ -79,10 +79,7 @@ pub fn metadata_router(
         let auth = auth.clone();
         async move {
             let (method, uri) = (req.method().clone(), req.uri().clone());
-            let writer = req
-                .extensions()
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| c.0.ip());
+            let writer = crate::http_server::peer().map(|p| p.ip());
             if uri.path() == "/metadata" {
                 if let Some(r) = to_leader(&leadership, |h| h.metadata.as_deref(), &uri) {
                     return r;

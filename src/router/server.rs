@@ -77,23 +77,22 @@ async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
     }
 }
 
-/// Whether `req` came from this host (loopback); unknown (no peer recorded) counts as not.
-fn from_this_host(req: &Request) -> bool {
-    req.extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .is_some_and(|c| match c.0.ip() {
-            std::net::IpAddr::V4(ip) => ip.is_loopback(),
-            std::net::IpAddr::V6(ip) => {
-                ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-            }
-        })
+/// Whether the request being answered came from this host (loopback); unknown (no peer
+/// known) counts as not.
+fn from_this_host() -> bool {
+    crate::http_server::peer().is_some_and(|c| match c.ip() {
+        std::net::IpAddr::V4(ip) => ip.is_loopback(),
+        std::net::IpAddr::V6(ip) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    })
 }
 
 /// The control plane's guard: without any key, this host's clients only; with `--control-plane-api-keys`, a key of role `admin` for
 /// changes and `admin` or `user` for reads; without them, `--api-key` as for inference.
 async fn require_control_key(State(shared): S, req: Request, next: Next) -> Response {
     if shared.access.control_keys.is_empty() {
-        if shared.cfg.server.api_key.is_none() && !from_this_host(&req) {
+        if shared.cfg.server.api_key.is_none() && !from_this_host() {
             // No credential at all: a worker added from anywhere could draw other users'
             // prompts, and its URL makes the router fetch what it names.
             shared
