@@ -12,7 +12,7 @@
 //! that removals' tombstones are cleared by rehashing in place, never by doubling it) and two
 //! places in its holder's store order (a block stored again leaves a stale place behind,
 //! dropped on compaction, before the order would grow). Measured by
-//! `tests/kv_index_memory.rs`: 10 million blocks into 64 MiB peak at 55 MiB.
+//! `tests/kv_index_memory.rs`: 10 million blocks into 64 MiB peak at 45 MiB.
 
 use super::event::{KvEvent, Medium};
 use smallvec::SmallVec;
