@@ -694,6 +694,7 @@ fn health_within(port: u16, within: Duration) -> bool {
 /// address past its share is told why (503) rather than closed unanswered.
 #[test]
 fn slow_clients_cannot_hold_an_http_port_from_whole_requests() {
+    rbgctl::role::raise_open_files_limit(20_000);
     let c = Cluster::start(Opts {
         stores: 0,
         ..Default::default()

@@ -3477,6 +3477,8 @@ fn oversized_and_malformed_kv_event_messages_cost_the_router_little() {
 /// slow connections making way.
 #[test]
 fn slow_bodies_cannot_hold_the_routers_connections() {
+    // This test's 16,800 sockets, beside the other tests'.
+    rbgctl::role::raise_open_files_limit(40_000);
     let w = fake_worker("w", &[]);
     let r = router(&s(&["--worker-urls", &w.url()]), true);
     let head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{";

@@ -350,6 +350,8 @@ pub fn start(
         http: listeners.http.local_addr()?,
         metrics: role::local_addr(listeners.metrics.as_ref())?,
     };
+    // Its clients' connections, one to a worker for each, and the rest.
+    role::raise_open_files_limit(2 * MAX_CONNECTIONS as u64 + 1024);
     // The first runtime accepts the API's connections and serves the metrics and every
     // background task; thread-per-core, it hands connections to the threads of the other
     // lanes, each running a runtime of its own.
