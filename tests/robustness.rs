@@ -648,10 +648,11 @@ fn a_refused_client_is_told_why_and_an_unproven_one_is_closed_in_time() {
     );
 }
 
-/// A connection from loopback address `127.0.0.<from>` to `port`.
+/// A connection from loopback address `127.0.62.<from>` to `port` (an address no test's server
+/// listens on: the many ports these take would collide with theirs).
 fn connect_from(from: u8, port: u16) -> Option<TcpStream> {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
-    let local: std::net::SocketAddr = ([127, 0, 0, from], 0).into();
+    let local: std::net::SocketAddr = ([127, 0, 62, from], 0).into();
     socket.bind(&local.into()).ok()?;
     let remote: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     socket
@@ -779,15 +780,15 @@ fn slow_clients_cannot_hold_an_http_port_from_whole_requests() {
     }
     let refused = refused.expect("an address past its share is answered");
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
-    assert!(refused.contains("127.0.0.9"), "{refused}");
+    assert!(refused.contains("127.0.62.9"), "{refused}");
     assert_eq!(c.http_get("/health").0, 200);
 }
 
-/// `n` connections from `127.0.0.<from>` to `rpc`, each having sent one PING with a client id
+/// `n` connections from `127.0.62.<from>` to `rpc`, each having sent one PING with a client id
 /// of its own and read its answer (bound, as a client's connection is), then left idle.
 fn pinged_once(from: u8, rpc: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
     use rbgctl::transfer::message::{PingReq, Wire};
-    let source: std::net::IpAddr = [127, 0, 0, from].into();
+    let source: std::net::IpAddr = [127, 0, 62, from].into();
     (0..n)
         .filter_map(|i| {
             let mut s =
@@ -886,7 +887,7 @@ fn one_address_cannot_fill_the_metadata_store() {
     }
     let (at, code, text) = refused.expect("one address was stopped at its share");
     assert_eq!((at, code), (share, 507), "{text}");
-    assert!(text.contains("127.0.0.2 holds its share"), "{text}");
+    assert!(text.contains("127.0.62.2 holds its share"), "{text}");
     let (code, text) = put_from(1, "mooncake/ram/a-new-engine");
     assert_eq!(code, 200, "{text}");
 }

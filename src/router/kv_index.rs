@@ -328,7 +328,7 @@ impl KvIndex {
             ));
         }
         // A worker that publishes elsewhere now: its old subscriptions go first.
-        self.forget(worker);
+        self.stop_following(worker);
         let mut followed = Vec::with_capacity(ranks.len());
         for rank in ranks {
             let endpoint = published.endpoint(rank);
@@ -366,6 +366,12 @@ impl KvIndex {
     pub fn forget(&self, worker: &str) {
         self.unfollowed.lock().remove(worker);
         self.silent.lock().remove(worker);
+        self.stop_following(worker);
+    }
+
+    /// Stops `worker`'s subscriptions, if any, and forgets the blocks they brought (see
+    /// [`KvIndex::forget`]).
+    fn stop_following(&self, worker: &str) {
         let Some(f) = self.followed.lock().remove(worker) else {
             return;
         };
