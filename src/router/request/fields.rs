@@ -191,7 +191,7 @@ macro_rules! deserialize_by_reads {
     )*};
 }
 
-deserialize_by_reads!(Messages, Message, Content, Part, Text, Texts, Named, InputItem);
+deserialize_by_reads!(Messages, Message, Content, Part, Text, Texts, Named, Input, InputItem);
 
 /// `Deserialize` through [`ReadVisitor`] for types that own what they read.
 macro_rules! deserialize_owned_by_reads {
@@ -214,50 +214,17 @@ struct InputItem<'a>(Vec<Cow<'a, str>>);
 #[derive(Default)]
 pub struct Input<'a>(pub Vec<Cow<'a, str>>);
 
-impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Input<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or a list")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(
-                self,
-                s: &'de str,
-            ) -> Result<Self::Value, E> {
-                Ok(Input(vec![Cow::Borrowed(s)]))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Input(vec![Cow::Owned(s.to_owned())]))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(item) = seq.next_element::<InputItem<'a>>()? {
-                    out.extend(item.0);
-                }
-                Ok(Input(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                IgnoredAny.visit_map(map).map(|_| Input::default())
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Input::default())
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Input::default())
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Input::default())
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Input::default())
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Input::default())
-            }
+impl<'de: 'a, 'a> Reads<'de> for Input<'a> {
+    const EXPECTING: &'static str = "a string or a list";
+    fn string(s: Cow<'de, str>) -> Self {
+        Input(vec![s])
+    }
+    fn list<A: SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = seq.next_element::<InputItem<'a>>()? {
+            out.extend(item.0);
         }
-        d.deserialize_any(V(std::marker::PhantomData))
+        Ok(Input(out))
     }
 }
 
