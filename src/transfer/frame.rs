@@ -417,7 +417,6 @@ pub enum Foreign {
     MooncakeRpc,
     Http,
     Tls,
-    Unknown,
 }
 
 impl Foreign {
@@ -438,13 +437,13 @@ impl Foreign {
                  (HTTPS is on the HTTP ports with --tls-cert-path); protect it with a private \
                  network and the cluster secret"
             }
-            Foreign::Unknown => "these are not rbgctl RPC frames (they begin with \"RBGT\")",
         }
     }
 }
 
-/// Whether the first bytes a connection sent (`first`, however few) are another protocol's:
-/// `None` while they could still begin an rbgctl frame.
+/// Which known protocol the first bytes a connection sent (`first`, however few) are; `None`
+/// while they could still begin an rbgctl frame, or are no protocol known (then they are a
+/// bad frame like any other).
 pub fn foreign_protocol(first: &[u8]) -> Option<Foreign> {
     let n = first.len().min(MAGIC.len());
     if first[..n] == MAGIC[..n] {
@@ -453,17 +452,15 @@ pub fn foreign_protocol(first: &[u8]) -> Option<Foreign> {
     const HTTP: [&[u8]; 9] = [
         b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"PRI ", b"CONN",
     ];
-    Some(match first {
-        [21, ..] => Foreign::MooncakeRpc,
-        [0x16, 0x03, ..] | [0x16] => Foreign::Tls,
-        _ if HTTP
-            .iter()
-            .any(|m| m.starts_with(&first[..first.len().min(4)])) =>
-        {
-            Foreign::Http
-        }
-        _ => Foreign::Unknown,
-    })
+    let http = HTTP
+        .iter()
+        .any(|m| m.starts_with(&first[..first.len().min(4)]));
+    match first {
+        [21, ..] => Some(Foreign::MooncakeRpc),
+        [0x16, 0x03, ..] | [0x16] => Some(Foreign::Tls),
+        _ if http => Some(Foreign::Http),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -483,8 +480,12 @@ mod tests {
         assert_eq!(foreign_protocol(b"GET / HTTP/1.1\r\n"), Some(Foreign::Http));
         assert_eq!(foreign_protocol(b"PO"), Some(Foreign::Http));
         assert_eq!(foreign_protocol(&[0x16, 0x03, 0x01]), Some(Foreign::Tls));
-        assert_eq!(foreign_protocol(b"RBGX"), Some(Foreign::Unknown));
-        assert_eq!(foreign_protocol(&[0]), Some(Foreign::Unknown));
+        assert_eq!(
+            foreign_protocol(b"RBGX"),
+            None,
+            "a bad frame, answered as one"
+        );
+        assert_eq!(foreign_protocol(&[0]), None);
     }
 
     #[test]

@@ -636,9 +636,7 @@ fn serve_frames(
     // bytes, rather than left waiting for the rest of a header that never comes.
     if !conn.served {
         // Bytes of no protocol known are answered below as a bad frame, as ever.
-        let known = crate::transfer::frame::foreign_protocol(data)
-            .filter(|f| *f != crate::transfer::frame::Foreign::Unknown);
-        if let Some(foreign) = known {
+        if let Some(foreign) = crate::transfer::frame::foreign_protocol(data) {
             shared.foreign(conn.peer, foreign);
             if foreign == crate::transfer::frame::Foreign::Http {
                 let body = foreign.advice();
