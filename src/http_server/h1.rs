@@ -706,8 +706,8 @@ pub async fn serve<T: Transport, S: HttpService>(
             }
             framing => {
                 // The body's wait starts now, credited as its bytes come (`Incoming`).
-                watch.busy();
-                watch.waiting();
+                let body_start_ms = watch.now_ms();
+                watch.body_progress(body_start_ms, 0);
                 if expect_continue && w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
                     break;
                 }
@@ -717,7 +717,7 @@ pub async fn serve<T: Transport, S: HttpService>(
                     reader: reader.take(),
                     framing,
                     back: slot,
-                    body_start_ms: watch.now_ms(),
+                    body_start_ms,
                     received: 0,
                     watch: watch.clone(),
                 })
