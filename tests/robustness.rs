@@ -858,22 +858,13 @@ fn one_address_cannot_fill_the_metadata_store() {
         ..Default::default()
     });
     let put_from = |from: u8, key: &str| -> (u16, String) {
-        let mut s = connect_from(from, c.metadata_port).expect("a connection");
+        let s = connect_from(from, c.metadata_port).expect("a connection");
         let body = b"{\"a\":1}";
-        let req = format!(
+        let head = format!(
             "PUT /metadata?key={key} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
-        s.write_all(req.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
-        let mut answer = String::new();
-        let _ = s.read_to_string(&mut answer);
-        let code = answer
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        (code, answer)
+        exchange(s, head.as_bytes(), body)
     };
     let share = 65_536 / rbgctl::master::metadata::WRITER_SHARE;
     // Keep-alive would be faster; one connection a key stays well within the port's limits.

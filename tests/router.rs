@@ -969,12 +969,7 @@ fn status_of(conn: &mut std::net::TcpStream) -> (u16, String) {
     let mut answer = vec![0u8; 4096];
     let n = conn.read(&mut answer).unwrap_or(0);
     let text = String::from_utf8_lossy(&answer[..n]).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
+    (common::status_code(&text), text)
 }
 
 /// Issue 40, item 6: the bodies the router receives at once are bounded all together: a body
@@ -3214,25 +3209,16 @@ fn request_from(
     body: &str,
     headers: &str,
 ) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect((from, port)).unwrap();
+    let conn = std::net::TcpStream::connect((from, port)).unwrap();
     assert_eq!(conn.local_addr().unwrap().ip(), from);
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let req = format!(
+    let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n{headers}\r\n{body}",
+         Content-Length: {}\r\nConnection: close\r\n{headers}\r\n",
         body.len()
     );
-    conn.write_all(req.as_bytes()).unwrap();
-    let mut answer = String::new();
-    let _ = conn.read_to_string(&mut answer);
-    let code = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, answer)
+    common::exchange(conn, head.as_bytes(), body.as_bytes())
 }
 
 /// Item A4 and A16: without any key, the control plane (adding and removing workers, cache

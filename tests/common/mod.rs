@@ -430,33 +430,40 @@ pub fn http_within(
     else {
         return (0, String::new());
     };
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+    let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return (0, String::new());
     };
     s.set_read_timeout(Some(wait)).unwrap();
-    let req = format!(
+    let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    if s.write_all(req.as_bytes())
-        .and_then(|_| s.write_all(body))
-        .is_err()
-    {
+    exchange(s, head.as_bytes(), body)
+}
+
+/// Writes `head` and `body` on `s` (a request with `Connection: close`) and reads the answer to
+/// its end: the status code (0 when none came) and the body.
+pub fn exchange(mut s: TcpStream, head: &[u8], body: &[u8]) -> (u16, String) {
+    if s.write_all(head).and_then(|_| s.write_all(body)).is_err() {
         return (0, String::new());
     }
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (code, body)
+    (status_code(&text), body)
+}
+
+/// The status code of an HTTP answer's text (0 when it has none).
+pub fn status_code(answer: &str) -> u16 {
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 pub fn tmp_path(name: &str) -> PathBuf {
