@@ -163,6 +163,30 @@ fn events_are_byte_compatible_with_sglangs_own_classes() {
     }
 }
 
+/// A SIMULATED engine of `cfg` on free ports, publishing its caches' KV events under `topic`
+/// (PUB and replay on free ports too).
+fn engine_publishing(
+    launcher: &rbgctl::launch::Launcher,
+    name: &str,
+    topic: &str,
+    cfg: rbgctl::engine::EngineConfig,
+) -> rbgctl::launch::Child<rbgctl::launch::Engine> {
+    let events = format!(
+        r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
+            "replay_endpoint":"tcp://127.0.0.1:0","topic":"{topic}"}}"#
+    );
+    launcher
+        .spawn::<rbgctl::launch::Engine>(
+            name,
+            rbgctl::engine::EngineConfig {
+                port: 0,
+                kv_events_config: Some(events),
+                ..cfg
+            },
+        )
+        .expect("the SIMULATED engine starts")
+}
+
 /// An engine's `/server_info`.
 fn server_info(http: std::net::SocketAddr) -> serde_json::Value {
     let (code, body) = common::http_at(
@@ -210,25 +234,19 @@ fn the_simulated_engine_publishes_its_caches_and_replays_them() {
     use rbgctl::kv_events::wire::seq_bytes;
     use rbgctl::kv_events::Message;
     let launcher = common::launcher();
-    let engine = launcher
-        .spawn::<rbgctl::launch::Engine>(
-            "engine",
-            rbgctl::engine::EngineConfig {
-                port: 0,
-                page_size: 4,
-                device_cache_tokens: 8,
-                host_cache_tokens: 4,
-                prefill_us_per_token: 1.0,
-                decode_ms_per_token: 0.1,
-                kv_events_config: Some(
-                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
-                        "replay_endpoint":"tcp://127.0.0.1:0","topic":"sim"}"#
-                        .into(),
-                ),
-                ..Default::default()
-            },
-        )
-        .expect("the SIMULATED engine starts");
+    let engine = engine_publishing(
+        &launcher,
+        "engine",
+        "sim",
+        rbgctl::engine::EngineConfig {
+            page_size: 4,
+            device_cache_tokens: 8,
+            host_cache_tokens: 4,
+            prefill_us_per_token: 1.0,
+            decode_ms_per_token: 0.1,
+            ..Default::default()
+        },
+    );
     let http = engine.addrs.http;
     let endpoint = engine.addrs.kv_events.clone().expect("a PUB endpoint");
     let ctx = zmq::Context::new();
@@ -502,22 +520,15 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     assert!(metrics.contains(&pages), "{pages} in {metrics}");
     // The router's index, following an engine and the pool: the pages the engine lacks and
     // the pool holds count for it as pool blocks, up to the page the pool lost.
-    let engine = c
-        .launcher
-        .spawn::<rbgctl::launch::Engine>(
-            "engine",
-            rbgctl::engine::EngineConfig {
-                port: 0,
-                page_size: 16,
-                kv_events_config: Some(
-                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
-                        "replay_endpoint":"tcp://127.0.0.1:0"}"#
-                        .into(),
-                ),
-                ..Default::default()
-            },
-        )
-        .expect("the SIMULATED engine starts");
+    let engine = engine_publishing(
+        &c.launcher,
+        "engine",
+        "",
+        rbgctl::engine::EngineConfig {
+            page_size: 16,
+            ..Default::default()
+        },
+    );
     let http = engine.addrs.http;
     let info = server_info(http);
     let index = rbgctl::router::kv_index::KvIndex::new(1 << 20);
@@ -602,25 +613,19 @@ fn replay_requesters_that_never_read_cost_the_publisher_little() {
     use rbgctl::kv_events::wire::seq_bytes;
     use rbgctl::kv_events::Message;
     let launcher = common::launcher();
-    let engine = launcher
-        .spawn::<rbgctl::launch::Engine>(
-            "replayed",
-            rbgctl::engine::EngineConfig {
-                port: 0,
-                page_size: 4,
-                device_cache_tokens: 1024,
-                host_cache_tokens: 0,
-                prefill_us_per_token: 0.1,
-                decode_ms_per_token: 0.01,
-                kv_events_config: Some(
-                    r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","bind":true,
-                        "replay_endpoint":"tcp://127.0.0.1:0"}"#
-                        .into(),
-                ),
-                ..Default::default()
-            },
-        )
-        .expect("the SIMULATED engine starts");
+    let engine = engine_publishing(
+        &launcher,
+        "replayed",
+        "",
+        rbgctl::engine::EngineConfig {
+            page_size: 4,
+            device_cache_tokens: 1024,
+            host_cache_tokens: 0,
+            prefill_us_per_token: 0.1,
+            decode_ms_per_token: 0.01,
+            ..Default::default()
+        },
+    );
     let http = engine.addrs.http;
     let metric = |name: &str| -> f64 {
         let (_, text) =
