@@ -56,25 +56,40 @@ fn multiturn(port: u16, clients: u32) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-#[test]
-fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("up.toml");
-    // A device cache far smaller than the conversations, no host tier: hits beyond the
-    // device must come from the pool. Every port is chosen by the kernel.
+/// `rbgctl up` on ports the kernel chooses, its segment files under `dir`: `stores` stores of
+/// `segment`, `engines` SIMULATED engines whose device caches are far smaller than a
+/// conversation (no host tier), and a router with `policy`; `env` added to its environment.
+fn up_on_free_ports(
+    dir: &std::path::Path,
+    (stores, segment): (usize, &str),
+    engines: usize,
+    policy: &str,
+    env: &[(&str, &std::path::Path)],
+) -> rbgctl::launch::Spawned<UpAddrs> {
+    let cfg = dir.join("up.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[pool]\nstores = 2\nsegment_size = \"64MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
-             [engines]\ncount = 2\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
-             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = 0\npolicy = \"round_robin\"\n",
-            dir.path().join("shm"),
+            "[pool]\nstores = {stores}\nsegment_size = \"{segment}\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
+             [engines]\ncount = {engines}\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
+             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = 0\npolicy = \"{policy}\"\n",
+            dir.join("shm"),
         ),
     )
     .unwrap();
-    let launcher = common::launcher();
     let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
-    let mut up = launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap();
+    // The test binary's launcher: `up`'s log outlives this call.
+    common::shared_launcher()
+        .spawn_argv_with_env::<UpAddrs>("up", &argv, env)
+        .expect("up starts")
+}
+
+#[test]
+fn up_serves_multiturn_with_the_pool_as_l3_and_stops_on_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    // A device cache far smaller than the conversations, no host tier: hits beyond the
+    // device must come from the pool. Every port is chosen by the kernel.
+    let mut up = up_on_free_ports(dir.path(), (2, "64MiB"), 2, "round_robin", &[]);
     let router = port_of(up.addrs.router.as_deref().expect("a router"));
     let engines: Vec<u16> = up.addrs.engines.iter().map(|e| port_of(e)).collect();
     assert_eq!(engines.len(), 2);
@@ -419,20 +434,7 @@ fn kv_ports(port: u16) -> Option<(u16, u16)> {
 #[test]
 fn an_engine_whose_ports_were_taken_starts_elsewhere_and_the_pool_stays_up() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("up.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[pool]\nstores = 1\nsegment_size = \"32MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
-             [engines]\ncount = 1\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\n\
-             [router]\nport = 0\npolicy = \"precise_prefix\"\n",
-            dir.path().join("shm"),
-        ),
-    )
-    .unwrap();
-    let launcher = common::launcher();
-    let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
-    let mut up = launcher.spawn_argv::<UpAddrs>("up", &argv).unwrap();
+    let mut up = up_on_free_ports(dir.path(), (1, "32MiB"), 1, "precise_prefix", &[]);
     let router = port_of(up.addrs.router.as_deref().expect("a router"));
     let engine = port_of(&up.addrs.engines[0]);
     let master = up.addrs.master.clone().expect("a master");
@@ -534,22 +536,13 @@ fn up_runs_with_the_cluster_secret_and_its_engines_use_the_pool() {
     let secret = dir.path().join("token");
     std::fs::write(&secret, "the-secret-of-this-up-0123456789\n").unwrap();
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let cfg = dir.path().join("up.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[pool]\nstores = 1\nsegment_size = \"64MiB\"\nmaster_port = 0\nmetadata_port = 0\nmetrics_port = 0\nshm_dir = {:?}\n\
-             [engines]\ncount = 2\nbase_port = 0\ndevice_cache_tokens = 1024\nhost_cache_tokens = 0\nbytes_per_token = 512\n\
-             prefill_us_per_token = 20.0\ndecode_ms_per_token = 1.0\n[router]\nport = 0\npolicy = \"round_robin\"\n",
-            dir.path().join("shm"),
-        ),
-    )
-    .unwrap();
-    let launcher = common::launcher();
-    let argv = vec!["up".into(), "--config".into(), cfg.display().to_string()];
-    let up = launcher
-        .spawn_argv_with_env::<UpAddrs>("up", &argv, &[("RBGCTL_AUTH_TOKEN_FILE", &secret)])
-        .expect("up starts with the secret");
+    let up = up_on_free_ports(
+        dir.path(),
+        (1, "64MiB"),
+        2,
+        "round_robin",
+        &[("RBGCTL_AUTH_TOKEN_FILE", &secret)],
+    );
     let router = port_of(up.addrs.router.as_deref().expect("a router"));
     let engines: Vec<u16> = up.addrs.engines.iter().map(|e| port_of(e)).collect();
     let v = multiturn(router, 8);
