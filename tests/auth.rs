@@ -503,3 +503,238 @@ fn the_kv_event_snapshot_needs_the_secret_when_the_pool_has_one() {
         .unwrap();
     assert!(with.status().is_success(), "{}", with.status());
 }
+
+/// `prefix` followed by the four bytes that make its CRC-32C `target`. CRC-32C is linear over
+/// GF(2), so the last four bytes' effect on it is a 32×32 bit matrix: solved here, it lets any
+/// text pass a reader's check for any value (issue 62, item A3: how a forger did).
+fn with_crc(prefix: &[u8], target: u32) -> Vec<u8> {
+    let crc_of = |lead: &[u8], tail: u32| {
+        let mut m = lead.to_vec();
+        m.extend_from_slice(&tail.to_le_bytes());
+        crc32c::crc32c(&m)
+    };
+    let zeros = vec![0u8; prefix.len()];
+    let zero = crc_of(&zeros, 0);
+    // An XOR basis of the tail bits' effects, each with the tail bits that make it, by
+    // distinct leading bit (descending).
+    let mut basis: Vec<(u32, u32)> = Vec::new();
+    let reduce = |basis: &[(u32, u32)], mut v: u32, mut made: u32| {
+        for &(b, m) in basis {
+            if v ^ b < v {
+                v ^= b;
+                made ^= m;
+            }
+        }
+        (v, made)
+    };
+    for bit in 0..32 {
+        let (v, made) = reduce(&basis, crc_of(&zeros, 1 << bit) ^ zero, 1 << bit);
+        if v != 0 {
+            basis.push((v, made));
+            basis.sort_by_key(|b| std::cmp::Reverse(b.0));
+        }
+    }
+    let (left, tail) = reduce(&basis, crc_of(prefix, 0) ^ target, 0);
+    assert_eq!(left, 0, "the last four bytes reach every CRC");
+    let mut out = prefix.to_vec();
+    out.extend_from_slice(&tail.to_le_bytes());
+    assert_eq!(crc32c::crc32c(&out), target);
+    out
+}
+
+/// Issue 62, item A3: a process holding the cluster secret once wrote another client's value
+/// with bytes made to match its CRC-32C, and the owner read them back as a hit. Now a store
+/// takes a write only with the master's grant for exactly that range, size and version, and
+/// forgets only when the master tagged them: every way of writing over the value is refused,
+/// and the owner reads what it put.
+#[test]
+fn a_secret_holder_writes_only_where_the_master_granted_its_own_puts() {
+    use rbgctl::transfer::grant::{Grant, GrantKey};
+    use rbgctl::transfer::message::*;
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), "token", SECRET);
+    let c = cluster(&file);
+    let mut cfg = ClientConfig::new(c.rpc.clone())
+        .with_auth_file(Some(&file))
+        .unwrap();
+    cfg.same_host_shm = false;
+    let owner = Client::connect(cfg.clone()).unwrap();
+    let value: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
+    owner
+        .put("victim", &value, &ReplicateConfig::default())
+        .unwrap();
+
+    // The attacker holds the secret: it learns where the value is and what its checksum is,
+    // and makes forged bytes that pass the reader's check.
+    let opts = options(Some(&file));
+    let mut master = Connection::connect(&c.rpc, &opts).unwrap();
+    let attacker = 0xbad;
+    let _: PingResp = master
+        .call(
+            Opcode::Ping,
+            &PingReq {
+                client_id: attacker,
+            },
+        )
+        .unwrap();
+    let desc: ObjectDesc = master
+        .call(
+            Opcode::GetReplicas,
+            &KeyReq {
+                key: "victim".into(),
+            },
+        )
+        .unwrap();
+    let at = desc.replicas[0].clone();
+    let listed: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+    let seg = listed
+        .segments
+        .iter()
+        .find(|s| s.id == at.segment_id)
+        .unwrap()
+        .info
+        .clone();
+    let mut prefix = b"FORGED: the attacker's text in place of the owner's ".repeat(1300);
+    prefix.truncate(value.len() - 4);
+    let forged = with_crc(&prefix, desc.checksum);
+    assert_eq!(crc32c::crc32c(&forged), desc.checksum);
+    assert_ne!(forged, value);
+
+    // Its own put, on the same store, gives it a real grant for its own range.
+    let mine: PutStartResp = master
+        .call(
+            Opcode::PutStart,
+            &PutStartReq {
+                client_id: attacker,
+                key: "mine".into(),
+                size: value.len() as u64,
+                config: ReplicateConfig {
+                    preferred_segment: seg.name.clone(),
+                    ..ReplicateConfig::default()
+                },
+            },
+        )
+        .unwrap();
+    assert_eq!(mine.replicas[0].segment_id, at.segment_id, "the same store");
+    let own = mine.grants[0];
+
+    let mut store = Connection::connect(&seg.endpoint, &opts).unwrap();
+    let mut write = |op: Opcode, key: &str, version: u64, offset: u64, grant: Grant| {
+        let req = WriteReq {
+            offset,
+            key: key.into(),
+            version,
+            checksum: desc.checksum,
+            grant,
+        };
+        let crc = desc.checksum.to_le_bytes();
+        let data: Vec<&[u8]> = match op {
+            Opcode::WriteChecked => vec![&forged, &crc],
+            _ => vec![&forged],
+        };
+        let id = store.send(op, &req.to_meta(), &data).unwrap();
+        match store.recv(id) {
+            Err(TransferError::Remote { status, message }) => (status, message),
+            other => panic!("a forged write was taken: {other:?}"),
+        }
+    };
+    let refused = |(status, message): (Status, String)| {
+        assert_eq!(status, Status::NotGranted, "{message}");
+        assert!(message.contains("granted no write"), "{message}");
+    };
+    let (v, off) = (desc.version, at.offset);
+    // Keyless, as the forger did: refused, and it names what is missing.
+    let (status, message) = write(Opcode::Write, "", v, off, Grant::default());
+    assert_eq!(status, Status::InvalidParams, "{message}");
+    assert!(message.contains("names the key"), "{message}");
+    // The owner's key and version without a grant; with the attacker's own grant; with its
+    // own version; a checked write; a version out of thin air over its own range.
+    refused(write(Opcode::Write, "victim", v, off, Grant::default()));
+    refused(write(Opcode::Write, "victim", v, off, own));
+    refused(write(
+        Opcode::WriteChecked,
+        "victim",
+        mine.object_id,
+        off,
+        own,
+    ));
+    refused(write(
+        Opcode::Write,
+        "mine",
+        u64::MAX / 2,
+        mine.replicas[0].offset,
+        own,
+    ));
+
+    // A seal records a version over the value's range (which would shadow it, and refuse
+    // every later put there): refused per object without its grant.
+    let seal = SealReq {
+        objects: vec![StoredObject {
+            key: "victim".into(),
+            version: u64::MAX / 2,
+            offset: off,
+            size: value.len() as u64,
+            checksum: desc.checksum,
+        }],
+        grants: vec![own],
+    };
+    let sealed: BatchStatusResp = store.call(Opcode::Seal, &seal).unwrap();
+    assert_eq!(sealed.items, [Status::NotGranted]);
+    let unpaired = SealReq {
+        grants: Vec::new(),
+        ..seal.clone()
+    };
+    match store.call::<_, BatchStatusResp>(Opcode::Seal, &unpaired) {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::InvalidParams, "{message}");
+            assert!(message.contains("one grant per object"), "{message}");
+        }
+        other => panic!("a seal without grants was answered {other:?}"),
+    }
+
+    // Forgetting the value's record is the master's order alone: untagged, or tagged with a
+    // key that is not the store's, it is refused.
+    let forget = ForgetReq {
+        items: vec![ForgetItem {
+            offset: off,
+            version: v,
+        }],
+    };
+    match store.call::<_, ()>(Opcode::Forget, &forget) {
+        Err(TransferError::Remote { status, .. }) => assert_eq!(status, Status::NotGranted),
+        other => panic!("an untagged forget was answered {other:?}"),
+    }
+    let guessed = GrantKey::generate().unwrap();
+    match store.order::<_, ()>(Opcode::Forget, &guessed, &forget) {
+        Err(TransferError::Remote { status, message }) => {
+            assert_eq!(status, Status::NotGranted, "{message}");
+            assert!(message.contains("only the master"), "{message}");
+        }
+        other => panic!("a forget under a guessed key was answered {other:?}"),
+    }
+
+    // The grant it was given still works, for what it was given for.
+    let id = store
+        .send(
+            Opcode::Write,
+            &WriteReq {
+                offset: mine.replicas[0].offset,
+                key: "mine".into(),
+                version: mine.object_id,
+                checksum: desc.checksum,
+                grant: own,
+            }
+            .to_meta(),
+            &[&forged],
+        )
+        .unwrap();
+    store.recv(id).expect("a granted write lands");
+
+    // The owner, and a client that never cached the location, read the owner's value.
+    assert_eq!(owner.get("victim").unwrap(), value);
+    assert_eq!(Client::connect(cfg).unwrap().get("victim").unwrap(), value);
+    let ungranted: f64 = (0..c.stores.len())
+        .filter_map(|i| c.store_metric(i, "rbgctl_store_ungranted_total"))
+        .sum();
+    assert_eq!(ungranted, 7.0, "4 writes, 1 seal, 2 forgets");
+}

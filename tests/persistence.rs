@@ -578,6 +578,8 @@ fn a_write_of_a_put_an_earlier_master_started_is_refused_by_the_store() {
         key: "stale".into(),
         version: started.object_id,
         checksum: crc32c::crc32c(&value),
+        // The store is the same process: the grant its old master made still holds.
+        grant: started.grants[0],
     };
     let id = store
         .send(Opcode::Write, &req.to_meta(), &[&value])
@@ -631,13 +633,14 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
     };
     let segments: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
     let endpoint = segments.segments[0].info.endpoint.clone();
-    let write = |key: &str, version: u64, offset: u64, value: &[u8]| {
+    let write = |key: &str, started: &PutStartResp, offset: u64, value: &[u8]| {
         let mut store = Connection::connect(&endpoint, &opts).unwrap();
         let req = WriteReq {
             offset,
             key: key.into(),
-            version,
+            version: started.object_id,
             checksum: crc32c::crc32c(value),
+            grant: started.grants[0],
         };
         let id = store.send(Opcode::Write, &req.to_meta(), &[value]).unwrap();
         store.recv(id).map(|_| ())
@@ -663,7 +666,7 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
     );
     assert!(newer.object_id > given_up.object_id);
     let value = vec![0x5au8; 4096];
-    write("newer", newer.object_id, offset, &value).unwrap();
+    write("newer", &newer, offset, &value).unwrap();
     let _: () = master
         .call(
             Opcode::PutEnd,
@@ -677,26 +680,23 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
         .unwrap();
 
     // The given-up put's bytes come in late: refused, the newer put's bytes stay.
-    match write("given-up", given_up.object_id, offset, &[0xa5u8; 4096]) {
+    match write("given-up", &given_up, offset, &[0xa5u8; 4096]) {
         Err(TransferError::Remote { status, message }) => {
             assert_eq!(status, Status::WriteSuperseded, "{message}");
             assert!(message.contains("given up"), "{message}");
         }
         other => panic!("the late write was taken: {other:?}"),
     }
-    // So is a late write overlapping only the newer put's last bytes.
-    match write(
-        "given-up",
-        given_up.object_id,
-        offset + 4032,
-        &[0xa5u8; 128],
-    ) {
-        Err(TransferError::Remote { status, .. }) => assert_eq!(status, Status::WriteSuperseded),
+    // A write of another range than the master granted (here: only the newer put's last
+    // bytes) is refused before its range is even looked at.
+    match write("given-up", &given_up, offset + 4032, &[0xa5u8; 128]) {
+        Err(TransferError::Remote { status, .. }) => assert_eq!(status, Status::NotGranted),
         other => panic!("the late write was taken: {other:?}"),
     }
     assert_eq!(
         c.store_metric(0, "rbgctl_store_superseded_writes_total"),
-        Some(2.0)
+        Some(1.0)
     );
+    assert_eq!(c.store_metric(0, "rbgctl_store_ungranted_total"), Some(1.0));
     assert_eq!(c.client().get("newer").unwrap(), value);
 }

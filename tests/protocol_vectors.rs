@@ -8,6 +8,7 @@
 //! rewrites the file; commit it with the change (and the Python side's follow-up).
 
 use rbgctl::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
+use rbgctl::transfer::grant::{GrantKey, GRANT_LEN};
 use rbgctl::transfer::message::*;
 use rbgctl::transfer::{TransferError, Wire};
 use serde::Serialize;
@@ -92,6 +93,23 @@ impl Cases {
         self.push(name, message_name::<M>(), header, fields, meta);
     }
 
+    /// A master's order to a store: `m`'s meta followed by its tag under [`key`]. The message
+    /// is named `<M>+tag`, its fields `{"order": m, "tag": hex}`.
+    fn order<M: Wire + Serialize>(&mut self, name: &str, op: Opcode, m: &M) {
+        self.next_id += 1;
+        let meta = key().order(op, m.to_meta());
+        let tag = &meta[meta.len() - GRANT_LEN..];
+        let header = Header::request(op, self.next_id, meta.len(), 0);
+        let fields = json!({"order": serde_json::to_value(m).expect("fields"), "tag": hex(tag)});
+        let message = match message_name::<M>() {
+            "ForgetReq" => "ForgetReq+tag",
+            "ForgetLeaseReq" => "ForgetLeaseReq+tag",
+            "MoveReq" => "MoveReq+tag",
+            other => panic!("{other} is not an order"),
+        };
+        self.push(name, message, header, fields, meta);
+    }
+
     /// The reply to the request just added.
     fn reply<M: Wire + Serialize>(&mut self, name: &str, op: Opcode, m: &M, data_len: u64) {
         let meta = m.to_meta();
@@ -115,6 +133,12 @@ fn message_name<M>() -> &'static str {
         "()" => "Empty",
         n => n,
     }
+}
+
+/// The grant key of the vectors: their grants and orders' tags are made with it, so that
+/// another implementation can check its HMAC against them.
+fn key() -> GrantKey {
+    GrantKey::from_bytes(&[7u8; rbgctl::transfer::grant::KEY_LEN]).expect("32 bytes")
 }
 
 fn segment(name: &str, size: u64) -> SegmentInfo {
@@ -208,6 +232,7 @@ fn cases() -> Vec<Case> {
         client_id: u64::MAX,
         segment: segment("store-0", 64 << 30),
         recovering: true,
+        grant_key: key().bytes().to_vec(),
     };
     c.request("mount", Opcode::MountSegment, &mount, 0);
     let mounted = MountResp {
@@ -293,6 +318,10 @@ fn cases() -> Vec<Case> {
     let started = PutStartResp {
         object_id: 77,
         replicas: replicas.clone(),
+        grants: replicas
+            .iter()
+            .map(|r| key().grant(77, r.offset, 1 << 20))
+            .collect(),
     };
     c.reply("put start reply", Opcode::PutStart, &started, 0);
     let end = PutEndReq {
@@ -401,6 +430,7 @@ fn cases() -> Vec<Case> {
                     segment_id: 1,
                     offset: 4096,
                 }],
+                grants: vec![key().grant(78, 4096, 4096)],
             }),
             Err(Status::NoSpace),
         ],
@@ -450,6 +480,7 @@ fn cases() -> Vec<Case> {
         key: utf8_key.into(),
         version: 9,
         checksum: 0x1234_5678,
+        grant: key().grant(9, 8192, 4096),
     };
     c.request("write, 4 KiB payload", Opcode::Write, &write, 4096);
     c.reply("write reply", Opcode::Write, &(), 0);
@@ -478,6 +509,7 @@ fn cases() -> Vec<Case> {
     c.reply("store info reply", Opcode::StoreInfo, &info, 0);
     let seal = SealReq {
         objects: vec![stored.clone(), StoredObject::default()],
+        grants: vec![key().grant(9, 8192, 4096), Default::default()],
     };
     c.request("seal", Opcode::Seal, &seal, 0);
     c.reply("seal reply", Opcode::Seal, &statuses, 0);
@@ -487,12 +519,12 @@ fn cases() -> Vec<Case> {
             version: u64::MAX,
         }],
     };
-    c.request("forget", Opcode::Forget, &forget_req, 0);
+    c.order("forget", Opcode::Forget, &forget_req);
     let forget_lease = ForgetLeaseReq {
         items: forget_req.items.clone(),
         lease_ms: 2000,
     };
-    c.request("forget lease", Opcode::ForgetLease, &forget_lease, 0);
+    c.order("forget lease", Opcode::ForgetLease, &forget_lease);
     c.reply("forget lease reply", Opcode::ForgetLease, &(), 0);
     let read_version = ReadVersionReq {
         offset: 8192,
@@ -528,7 +560,7 @@ fn cases() -> Vec<Case> {
             },
         ],
     };
-    c.request("move between tiers", Opcode::Move, &moves, 0);
+    c.order("move between tiers", Opcode::Move, &moves);
     let moved = BatchStatusResp {
         items: vec![Status::Ok, Status::ChecksumMismatch],
     };
@@ -568,6 +600,7 @@ fn cases() -> Vec<Case> {
             size: 1 << 20,
             checksum: 0xdead_beef,
         }],
+        grants: vec![key().grant(9, 8192, 1 << 20)],
     };
     c.request("seal checked", Opcode::SealChecked, &sealed, 0);
     c.reply(
@@ -623,6 +656,15 @@ fn cases() -> Vec<Case> {
 
 /// Decodes `meta` as the named message and encodes it again.
 fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
+    // An order: its body re-encoded, then its tag as it was.
+    if let Some(body_message) = message.strip_suffix("+tag") {
+        let split = meta.len().checked_sub(GRANT_LEN).ok_or_else(|| {
+            TransferError::Protocol(format!("an order of {} bytes has no tag", meta.len()))
+        })?;
+        let mut again = reencode(body_message, &meta[..split])?;
+        again.extend_from_slice(&meta[split..]);
+        return Ok(again);
+    }
     macro_rules! by_name {
         ($($t:ty),* $(,)?) => {
             match message {

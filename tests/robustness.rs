@@ -510,15 +510,16 @@ fn a_checked_write_whose_bytes_do_not_match_their_crc_is_refused_and_not_recorde
         stores: 1,
         ..Default::default()
     });
-    let pool = Pool::new(store_endpoint(&c), ConnOptions::default());
     let value = vec![7u8; 10_000];
+    let (started, endpoint) = c.start_put(7, "probe", value.len() as u64);
+    let pool = Pool::new(endpoint, ConnOptions::default());
     let write = |crc: u32| {
         let meta = WriteReq {
-            offset: 0,
+            offset: started.replicas[0].offset,
             key: "probe".into(),
-            // Above the master's write floor (its clock at start), as a version it issued is.
-            version: u64::MAX / 2,
+            version: started.object_id,
             checksum: 0,
+            grant: started.grants[0],
         }
         .to_meta();
         pool.with(|conn| {

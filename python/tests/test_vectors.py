@@ -23,6 +23,8 @@ def as_json(v):
         return {f.name: as_json(getattr(v, f.name)) for f in dataclasses.fields(v)}
     if isinstance(v, (list, tuple)):
         return [as_json(x) for x in v]
+    if isinstance(v, bytes):
+        return v.hex()
     return v
 
 
@@ -60,9 +62,13 @@ REQUESTS = {
     "BatchPutEndReq": lambda f: p.batch_put_end_req(
         f["client_id"], [(i["key"], i["object_id"], i["checksum"]) for i in f["items"]]
     ),
-    "WriteReq": lambda f: p.write_req(f["offset"], f["key"], f["version"], f["checksum"]),
+    "WriteReq": lambda f: p.write_req(
+        f["offset"], f["key"], f["version"], f["checksum"], bytes.fromhex(f["grant"])
+    ),
     "ReadReq": lambda f: p.read_req(f["offset"], f["length"]),
-    "SealReq": lambda f: p.seal_req([stored(o) for o in f["objects"]]),
+    "SealReq": lambda f: p.seal_req(
+        [stored(o) for o in f["objects"]], [bytes.fromhex(g) for g in f["grants"]]
+    ),
 }
 
 # What the client receives: (parser, the decoded value as the vector's fields, encoder).
@@ -114,6 +120,9 @@ NOT_USED_HERE = {
     "StoreInfoResp",
     "ForgetReq",
     "ForgetLeaseReq",
+    "ForgetReq+tag",
+    "ForgetLeaseReq+tag",
+    "MoveReq+tag",
     "LeaseReq",
     "LeaseResp",
     "AuthHelloReq",

@@ -8,15 +8,18 @@
 //! only by the master's per-item answer to it.
 
 use super::error::ClientError;
+use crate::transfer::grant::Grant;
 use crate::transfer::message::{EndItem, ObjectDesc, PutStartResp};
 use crate::transfer::Status;
 use std::collections::BTreeMap;
 
-/// One replica to write: item `item`'s value at `offset` of the group's segment.
+/// One replica to write: item `item`'s value at `offset` of the group's segment, with the
+/// master's grant to write it there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplicaWrite {
     pub item: usize,
     pub offset: u64,
+    pub grant: Grant,
 }
 
 #[derive(Debug)]
@@ -61,14 +64,21 @@ impl WritePlan {
                     status: Status::Internal,
                     message: format!("{key:?}: the master placed no replica"),
                 })
+            } else if s.grants.len() != s.replicas.len() {
+                Some(ClientError::Invalid(format!(
+                    "{key:?}: the master sent {} grants for {} replicas",
+                    s.grants.len(),
+                    s.replicas.len()
+                )))
             } else {
                 s.replicas.iter().find_map(|r| routable(r.segment_id).err())
             };
             if failure.is_none() {
-                for r in &s.replicas {
+                for (r, &grant) in s.replicas.iter().zip(&s.grants) {
                     groups.entry(r.segment_id).or_default().push(ReplicaWrite {
                         item: i,
                         offset: r.offset,
+                        grant,
                     });
                 }
             }
@@ -235,6 +245,7 @@ mod tests {
                 .iter()
                 .map(|&(segment_id, offset)| ReplicaLoc { segment_id, offset })
                 .collect(),
+            grants: vec![Grant::default(); replicas.len()],
         })
     }
 

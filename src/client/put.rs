@@ -162,6 +162,7 @@ impl Inner {
                     value: values[w.item],
                     key: keys[w.item],
                     version: plan.object_id(w.item),
+                    grant: w.grant,
                 })
                 .collect();
             let bytes = ops.iter().map(|op| op.value.len() as u64).sum();

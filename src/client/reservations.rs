@@ -142,6 +142,7 @@ mod tests {
                     offset: id * 4096,
                 })
                 .collect(),
+            grants: vec![Default::default(); replicas],
         }
     }
 

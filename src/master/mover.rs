@@ -5,7 +5,9 @@
 //! stay where they were.
 
 use super::lock::StateLock;
+use super::state::MoveJob;
 use crate::shutdown::Shutdown;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{BatchStatusResp, MoveItem, MoveReq};
 use crate::transfer::{ConnOptions, Opcode, Pool, Status};
 use parking_lot::{Condvar, Mutex};
@@ -145,13 +147,13 @@ impl Mover {
     /// Sends every queued move and reports the outcomes; returns how many were sent.
     pub fn run_once(&self) -> usize {
         let jobs = self.state.lock().take_moves(Instant::now());
-        let total = jobs.iter().map(|(_, items)| items.len()).sum();
+        let total = jobs.iter().map(|j| j.items.len()).sum();
         if total == 0 {
             return 0;
         }
         std::thread::scope(|scope| {
-            for (endpoint, items) in jobs {
-                scope.spawn(move || self.send(&endpoint, items));
+            for job in jobs {
+                scope.spawn(move || self.send(job));
             }
         });
         total
@@ -159,24 +161,34 @@ impl Mover {
 
     /// Sends a store its moves over `STREAMS` connections at once, so that one request's
     /// disk I/O overlaps another's copying.
-    fn send(&self, endpoint: &str, items: Vec<MoveItem>) {
-        let pool = self.pool(endpoint);
+    fn send(&self, job: MoveJob) {
+        let pool = self.pool(&job.endpoint);
         let mut streams: Vec<Vec<Vec<MoveItem>>> = (0..STREAMS).map(|_| Vec::new()).collect();
-        for (i, r) in requests(items).into_iter().enumerate() {
+        for (i, r) in requests(job.items).into_iter().enumerate() {
             streams[i % STREAMS].push(r);
         }
+        let (endpoint, key) = (job.endpoint.as_str(), &job.key);
         std::thread::scope(|scope| {
             for requests in streams.into_iter().filter(|s| !s.is_empty()) {
                 let pool = &pool;
-                scope.spawn(move || self.send_stream(endpoint, pool, requests));
+                scope.spawn(move || self.send_stream(endpoint, key, pool, requests));
             }
         });
     }
 
-    fn send_stream(&self, endpoint: &str, pool: &Pool, requests: Vec<Vec<MoveItem>>) {
+    fn send_stream(
+        &self,
+        endpoint: &str,
+        key: &GrantKey,
+        pool: &Pool,
+        requests: Vec<Vec<MoveItem>>,
+    ) {
         for items in requests {
             let req = MoveReq { items };
-            let statuses = match pool.with(|c| c.call::<_, BatchStatusResp>(Opcode::Move, &req)) {
+            let order = |c: &mut crate::transfer::Connection| {
+                c.order::<_, BatchStatusResp>(Opcode::Move, key, &req)
+            };
+            let statuses = match pool.with(order) {
                 Ok(r) if r.items.len() == req.items.len() => r.items,
                 Ok(r) => {
                     tracing::warn!(

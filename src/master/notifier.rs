@@ -20,6 +20,7 @@
 
 use super::lock::StateLock;
 use crate::shutdown::Shutdown;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ForgetReq};
 use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
 use parking_lot::{Condvar, Mutex};
@@ -42,6 +43,8 @@ const BACKLOG_LIMIT: usize = 1 << 20;
 /// One store endpoint as the notifier sees it.
 struct Endpoint {
     pool: Arc<Pool>,
+    /// The store's grant key, as its last mount gave it: forgets are orders tagged with it.
+    key: Option<GrantKey>,
     /// Forgets not yet taken, in order.
     backlog: Vec<ForgetItem>,
     last_sent: Option<Instant>,
@@ -278,6 +281,11 @@ impl Notifier {
                     .entry(ep.clone())
                     .or_insert_with(|| Endpoint::new(ep, &self.auth));
             }
+            for (ep, e) in endpoints.iter_mut() {
+                if let Some(key) = outbox.keys.get(ep) {
+                    e.key = Some(key.clone());
+                }
+            }
             let retry_every = self.lease / 4;
             for (ep, e) in endpoints.iter_mut() {
                 let waited = e.last_sent.is_none_or(|t| t.elapsed() >= retry_every);
@@ -329,11 +337,17 @@ impl Notifier {
     /// Sends `e` its whole backlog; it is emptied only once the store took all of it.
     fn deliver(&self, e: &mut Endpoint) -> Result<(), TransferError> {
         e.last_sent = Some(Instant::now());
+        let Some(key) = &e.key else {
+            return Err(TransferError::Protocol(
+                "no grant key for this store: it has not mounted with this master".into(),
+            ));
+        };
         for chunk in e.backlog.chunks(CHUNK) {
             let req = ForgetReq {
                 items: chunk.to_vec(),
             };
-            e.pool.with(|c| c.call::<_, ()>(Opcode::Forget, &req))?;
+            e.pool
+                .with(|c| c.order::<_, ()>(Opcode::Forget, key, &req))?;
         }
         self.sent
             .fetch_add(e.backlog.len() as u64, Ordering::Relaxed);
@@ -354,6 +368,7 @@ impl Endpoint {
                     auth: auth.clone(),
                 },
             )),
+            key: None,
             backlog: Vec::new(),
             last_sent: None,
             failing: false,

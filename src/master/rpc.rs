@@ -5,6 +5,7 @@ use super::lock::{StateGuard, StateLock};
 use super::notifier::Notifier;
 use super::state::{Binding, MasterState, OpResult};
 use crate::telemetry::OpStats;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
@@ -123,9 +124,16 @@ impl MasterService {
             }
             Opcode::MountSegment => {
                 let r = MountReq::from_meta(meta)?;
+                let grant_key = match GrantKey::from_bytes(&r.grant_key) {
+                    Ok(key) => key,
+                    Err(e) => {
+                        io.error(Status::InvalidParams, &e.to_string())?;
+                        return Ok(false);
+                    }
+                };
                 let (res, write_floor) = {
                     let mut st = self.state.lock();
-                    let res = st.mount(r.client_id, r.segment, r.recovering, now);
+                    let res = st.mount(r.client_id, r.segment, grant_key, r.recovering, now);
                     (res, st.write_floor())
                 };
                 answer(
@@ -175,15 +183,11 @@ impl MasterService {
                 let Some((mut st, now)) = self.lock_with_room((bytes, r.size), now, io)? else {
                     return Ok(true);
                 };
-                let res = st.put_start(r.client_id, &r.key, r.size, &r.config, now);
+                let res = st
+                    .put_start(r.client_id, &r.key, r.size, &r.config, now)
+                    .map(|started| st.granted(r.size, started));
                 self.send_moves(st);
-                answer(
-                    io,
-                    res.map(|(object_id, replicas)| PutStartResp {
-                        object_id,
-                        replicas,
-                    }),
-                )
+                answer(io, res)
             }
             Opcode::PutEnd => {
                 let r = PutEndReq::from_meta(meta)?;
@@ -249,12 +253,8 @@ impl MasterService {
                     .items
                     .iter()
                     .map(|it| {
-                        item(st.put_start(r.client_id, &it.key, it.size, &r.config, now)).map(
-                            |(object_id, replicas)| PutStartResp {
-                                object_id,
-                                replicas,
-                            },
-                        )
+                        item(st.put_start(r.client_id, &it.key, it.size, &r.config, now))
+                            .map(|started| st.granted(it.size, started))
                     })
                     .collect();
                 self.send_moves(st);
@@ -294,12 +294,8 @@ impl MasterService {
                     let reserved = st
                         .reserve(r.client_id, &r.reserve, &r.config, now)
                         .into_iter()
-                        .map(|res| {
-                            item(res).map(|(object_id, replicas)| PutStartResp {
-                                object_id,
-                                replicas,
-                            })
-                        })
+                        .zip(&r.reserve)
+                        .map(|(res, &size)| item(res).map(|started| st.granted(size, started)))
                         .collect();
                     (items, reserved, st.config().put_reservation_ttl_ms.0)
                 };

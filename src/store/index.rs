@@ -569,27 +569,6 @@ impl DurableIndex {
         Ok(n)
     }
 
-    /// Drops every record overlapping `[offset, offset + size)`: bytes written there without a
-    /// record of their own.
-    pub fn purge(&self, offset: u64, size: u64) -> Result<(), IndexError> {
-        let items: Vec<ForgetItem> = {
-            let g = self.inner.lock();
-            g.0.overlapping(offset, size)
-                .into_iter()
-                .filter_map(|o| {
-                    g.0.get(o).map(|r| ForgetItem {
-                        offset: o,
-                        version: r.version,
-                    })
-                })
-                .collect()
-        };
-        if !items.is_empty() {
-            self.forget(&items)?;
-        }
-        Ok(())
-    }
-
     /// Forgets every record (the master gave this segment's objects up).
     pub fn clear(&self) -> Result<(), IndexError> {
         let mut g = self.inner.lock();
@@ -832,20 +811,6 @@ impl Records {
         }
     }
 
-    /// Drops every record overlapping `[offset, offset + size)`.
-    pub fn purge(&self, offset: u64, size: u64) -> Result<(), IndexError> {
-        match self {
-            Records::Durable(index) => index.purge(offset, size),
-            Records::Memory(map) => {
-                let mut map = map.lock();
-                for o in map.overlapping(offset, size) {
-                    map.remove(o);
-                }
-                Ok(())
-            }
-        }
-    }
-
     /// Forgets every record (the master no longer knows this segment's objects).
     pub fn clear(&self) -> Result<(), IndexError> {
         match self {
@@ -957,7 +922,12 @@ mod tests {
             }])
             .unwrap();
         assert_eq!(at(4096 - 64), 0);
-        records.purge(0, 8).unwrap();
+        records
+            .forget(&[ForgetItem {
+                offset: 0,
+                version: 1,
+            }])
+            .unwrap();
         assert_eq!(at(0), 0);
         records.seal(&[obj("c", 4, 8192, 64)]).unwrap();
         records.clear().unwrap();
@@ -969,7 +939,12 @@ mod tests {
         durable.attach_stamps(table.clone());
         durable.seal(&[obj("d", 5, 12288, 64)]).unwrap();
         assert_eq!(at(12288), 5);
-        durable.purge(12288, 1).unwrap();
+        durable
+            .forget(&[ForgetItem {
+                offset: 12288,
+                version: 5,
+            }])
+            .unwrap();
         assert_eq!(at(12288), 0);
     }
 

@@ -15,6 +15,7 @@ pub mod tier;
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{OpStats, PromText};
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{SegmentInfo, Tier};
 use crate::transfer::server::{self as tserver, ServerHandle};
 use crate::transfer::Opcode;
@@ -51,6 +52,8 @@ pub enum StoreError {
     Auth(#[from] crate::auth::AuthError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Grant(#[from] crate::transfer::grant::GrantError),
 }
 
 /// What a persistent store found at start-up.
@@ -115,7 +118,7 @@ impl DiskTier {
         host: &str,
         listener: TcpListener,
         memory: (&Arc<SegmentMemory>, &Arc<index::Records>),
-        client_id: u64,
+        (client_id, grant_key): (u64, &GrantKey),
     ) -> Result<DiskTier, StoreError> {
         let Some(dir) = &cfg.disk_tier else {
             return Err(crate::config::ConfigError::invalid("store.disk_tier", "not set").into());
@@ -161,6 +164,7 @@ impl DiskTier {
             records.clone(),
             memory.0.clone(),
             memory.1.clone(),
+            grant_key.clone(),
         ));
         let secret = crate::auth::load(cfg.auth_token_file.as_deref())?;
         let opts = tserver::ServerOptions {
@@ -175,7 +179,7 @@ impl DiskTier {
             service.lease.clone(),
             None,
             cfg.heartbeat_interval_ms.0,
-            secret,
+            (secret, grant_key.clone()),
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.client_id = client_id;
@@ -266,6 +270,12 @@ impl DiskTier {
             "counter",
             "Moves refused because the source bytes failed their checksum.",
             n(&c.checksum_failures),
+        )
+        .single(
+            "rbgctl_store_disk_ungranted_total",
+            "counter",
+            "Moves and forgets to the disk tier refused: not tagged by the master.",
+            n(&c.orders_refused),
         )
         .single(
             "rbgctl_store_disk_errors_total",
@@ -465,9 +475,14 @@ impl Store {
         };
         let lease = Arc::new(server::ReadLease::default());
         let write_floor = Arc::new(AtomicU64::new(0));
+        // This process's key for the master's grants: made afresh with each start, so a put
+        // granted before a restart cannot write after it.
+        let grant_key = GrantKey::generate()?;
         let service = Arc::new(StoreService {
             name: name.clone(),
             memory,
+            grant_key: grant_key.clone(),
+            ungranted: AtomicU64::new(0),
             records: records.clone(),
             lease: lease.clone(),
             write_floor: write_floor.clone(),
@@ -507,7 +522,7 @@ impl Store {
             lease,
             metadata_server,
             cfg.heartbeat_interval_ms.0,
-            secret,
+            (secret, grant_key.clone()),
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
@@ -526,7 +541,7 @@ impl Store {
                     &host,
                     l,
                     tier,
-                    registration.client_id,
+                    (registration.client_id, &grant_key),
                 )?)
             }
             _ => None,
@@ -716,6 +731,13 @@ impl StoreStatus {
              given up: late bytes from a writer that stopped waiting), or an older put was still \
              writing it.",
             s.superseded_writes.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_ungranted_total",
+            "counter",
+            "Writes and seals refused because the master granted no such write (range, size, \
+             version), and forgets refused because the master did not tag them.",
+            s.ungranted.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_recovered_objects",

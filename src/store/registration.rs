@@ -8,6 +8,7 @@ use super::index::Records;
 use super::server::ReadLease;
 use crate::ha::link::MasterLink;
 use crate::shutdown::Shutdown;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
     LeaseReq, LeaseResp, ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq,
     ReportResp, SegmentInfo, UnmountReq,
@@ -46,6 +47,8 @@ pub struct Registration {
     auth: Option<Arc<crate::auth::Secret>>,
     pub master: MasterLink,
     pub segment: Option<SegmentInfo>,
+    /// The key this store checks the master's grants and orders with, sent with each mount.
+    grant_key: GrantKey,
     /// What the segment holds (the durable index of a persistent store).
     pub records: Arc<Records>,
     /// Revoked whenever the segment is mounted (again): the master renews it once it knows
@@ -117,7 +120,7 @@ impl Registration {
         lease: Arc<ReadLease>,
         metadata_server: Option<MetadataServer>,
         interval: Duration,
-        auth: Option<Arc<crate::auth::Secret>>,
+        (auth, grant_key): (Option<Arc<crate::auth::Secret>>, GrantKey),
     ) -> Result<Registration, crate::ha::HaError> {
         let opts = ConnOptions {
             io_timeout: Duration::from_secs(3),
@@ -130,6 +133,7 @@ impl Registration {
             auth,
             master: MasterLink::new(master, opts)?,
             segment,
+            grant_key,
             records,
             lease,
             write_floor: Arc::default(),
@@ -164,6 +168,7 @@ impl Registration {
             client_id: self.client_id,
             segment: seg.clone(),
             recovering: seg.segment_uuid != 0,
+            grant_key: self.grant_key.bytes().to_vec(),
         };
         let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
         // Authoritative, not a maximum: the master answering is the current one (an older

@@ -9,6 +9,7 @@ use super::index::Records;
 use super::segment::SegmentMemory;
 use super::Recovery;
 use crate::telemetry::OpStats;
+use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{
     BatchStatusResp, CheckVersionResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq,
     ReadVersionReq, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
@@ -95,6 +96,26 @@ pub fn versioned_refusal(
     }
 }
 
+/// The body of a master's order to a store if it carries the master's tag under `key`; else
+/// the request is answered `NOT_GRANTED` (counted in `refused`) and `None` returned.
+pub fn open_order<'m>(
+    key: &GrantKey,
+    refused: &AtomicU64,
+    io: &mut ServerIo<'_>,
+    op: Opcode,
+    meta: &'m [u8],
+) -> Result<Option<&'m [u8]>, TransferError> {
+    match key.open_order(op, meta) {
+        Ok(body) => Ok(Some(body)),
+        Err(e) => {
+            refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(op = op.name(), error = %e, "order refused");
+            io.error(Status::NotGranted, &e.to_string())?;
+            Ok(None)
+        }
+    }
+}
+
 /// FORGET and FORGET_LEASE on `records`: drops them and answers the request. A lease that
 /// comes with a FORGET_LEASE is not taken: counted from its arrival, it could outlast what
 /// the master thinks (the store asks for its lease with `LEASE` instead).
@@ -121,6 +142,10 @@ pub fn answer_forget(
 pub struct StoreService {
     pub name: String,
     pub memory: Option<Arc<SegmentMemory>>,
+    /// Checks the master's grants (writes, seals) and orders (forgets).
+    pub grant_key: GrantKey,
+    /// Writes, seals and orders refused for want of the master's grant.
+    pub ungranted: AtomicU64,
     /// What the segment holds: the durable index of a persistent store, else in memory.
     pub records: Arc<Records>,
     pub lease: Arc<ReadLease>,
@@ -168,6 +193,53 @@ impl StoreService {
             "version {version} of {key:?} was started at an earlier master (this one issues \
              versions from {floor}); start the put again"
         ))
+    }
+
+    /// Whether the master granted this write or seal: `size` bytes of `key` at `version`,
+    /// `offset`. Refusals are counted and logged (a client that is not the put's: a bug, or
+    /// someone writing over another client's value).
+    fn granted(
+        &self,
+        key: &str,
+        grant: &Grant,
+        version: u64,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), (Status, String)> {
+        if key.is_empty() {
+            return Err((
+                Status::InvalidParams,
+                "a write names the key of its put (the master granted it for that put)".into(),
+            ));
+        }
+        if self.grant_key.allows(grant, version, offset, size) {
+            return Ok(());
+        }
+        self.ungranted.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            key,
+            version,
+            offset,
+            size,
+            "write refused: not granted by the master"
+        );
+        Err((
+            Status::NotGranted,
+            format!(
+                "the master granted no write of {size} bytes of version {version} at offset                  {offset} of this store: write only where a put of yours was started, with                  its grant (is the client older than this store?)"
+            ),
+        ))
+    }
+
+    /// The body of a master's order (`FORGET`, `FORGET_LEASE`) if its tag is the master's;
+    /// else the request is answered `NOT_GRANTED` and `None` returned.
+    fn order<'m>(
+        &self,
+        io: &mut ServerIo<'_>,
+        op: Opcode,
+        meta: &'m [u8],
+    ) -> Result<Option<&'m [u8]>, TransferError> {
+        open_order(&self.grant_key, &self.ungranted, io, op, meta)
     }
 
     /// Claims a write's range (`claims`), or says why it may not land.
@@ -226,6 +298,11 @@ impl StoreService {
             io.error(Status::OutOfBounds, &msg)?;
             return Ok(false);
         }
+        if let Err((status, msg)) = self.granted(&r.key, &r.grant, r.version, r.offset, len) {
+            io.discard_data()?;
+            io.error(status, &msg)?;
+            return Ok(false);
+        }
         if let Some(msg) = self.stale(&r.key, r.version) {
             io.discard_data()?;
             io.error(Status::WriteSuperseded, &msg)?;
@@ -233,19 +310,15 @@ impl StoreService {
         }
         // The master allocated this range to exactly one live put; an older, given-up put's
         // late bytes are refused here, and one still coming in is waited for.
-        let claim = if r.key.is_empty() {
-            None
-        } else {
-            match self.claim(r.offset, len, r.version) {
-                Ok(claim) => Some(claim),
-                Err((status, msg)) => {
-                    io.discard_data()?;
-                    io.error(status, &msg)?;
-                    return Ok(false);
-                }
+        let claim = match self.claim(r.offset, len, r.version) {
+            Ok(claim) => claim,
+            Err((status, msg)) => {
+                io.discard_data()?;
+                io.error(status, &msg)?;
+                return Ok(false);
             }
         };
-        // SAFETY: the range is claimed by this put alone (or, keyless, by no put at all).
+        // SAFETY: the range is claimed by this put alone.
         let dst = unsafe { mem.slice_mut(r.offset, len) };
         let checksum = if checked {
             let crc = io.read_data_streamed_crc(dst)?;
@@ -271,17 +344,13 @@ impl StoreService {
         self.bytes_written.fetch_add(len, Ordering::Relaxed);
         // Every byte is in place: now the object may be recorded (never before, so a crash
         // mid-write leaves no record of a torn object).
-        let result = if r.key.is_empty() {
-            self.records.purge(r.offset, len)
-        } else {
-            self.records.seal(&[StoredObject {
-                key: r.key,
-                version: r.version,
-                offset: r.offset,
-                size: len,
-                checksum,
-            }])
-        };
+        let result = self.records.seal(&[StoredObject {
+            key: r.key,
+            version: r.version,
+            offset: r.offset,
+            size: len,
+            checksum,
+        }]);
         if let Err(e) = result {
             self.index_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, "cannot record the object in the index");
@@ -378,14 +447,29 @@ impl StoreService {
         &self,
         io: &mut ServerIo<'_>,
         mem: &SegmentMemory,
-        objects: Vec<StoredObject>,
+        SealReq { objects, grants }: SealReq,
         checked: bool,
     ) -> Result<bool, TransferError> {
+        if grants.len() != objects.len() {
+            io.error(
+                Status::InvalidParams,
+                &format!(
+                    "a seal carries one grant per object: {} grants for {} objects",
+                    grants.len(),
+                    objects.len()
+                ),
+            )?;
+            return Ok(false);
+        }
         let mut items = Vec::with_capacity(objects.len());
         let mut good = Vec::with_capacity(objects.len());
-        for o in objects {
-            let status = if mem.check(o.offset, o.size).is_err() || o.key.is_empty() {
+        for (o, grant) in objects.into_iter().zip(&grants) {
+            let status = if mem.check(o.offset, o.size).is_err() {
                 Status::OutOfBounds
+            } else if let Err((status, _)) =
+                self.granted(&o.key, grant, o.version, o.offset, o.size)
+            {
+                status
             } else if self.stale(&o.key, o.version).is_some() || self.superseded(&o).is_some() {
                 Status::WriteSuperseded
             } else if checked && !self.holds_bytes_of(mem, &o) {
@@ -456,7 +540,7 @@ impl StoreService {
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
-                self.seal(io, mem, r.objects, op == Opcode::SealChecked)
+                self.seal(io, mem, r, op == Opcode::SealChecked)
             }
             Opcode::RdmaConnect => self.rdma_connect(io, meta),
             Opcode::CheckVersion => {
@@ -479,11 +563,17 @@ impl StoreService {
                 Ok(true)
             }
             Opcode::Forget => {
-                let r = ForgetReq::from_meta(meta)?;
+                let Some(body) = self.order(io, op, meta)? else {
+                    return Ok(false);
+                };
+                let r = ForgetReq::from_meta(body)?;
                 self.forget(io, &r.items)
             }
             Opcode::ForgetLease => {
-                let r = ForgetLeaseReq::from_meta(meta)?;
+                let Some(body) = self.order(io, op, meta)? else {
+                    return Ok(false);
+                };
+                let r = ForgetLeaseReq::from_meta(body)?;
                 self.forget(io, &r.items)
             }
             Opcode::ReadVersion => {

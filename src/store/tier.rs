@@ -14,8 +14,9 @@
 use super::disk::{blocks, AlignedBuf, DiskArea, DiskError, BLOCK};
 use super::index::Records;
 use super::segment::SegmentMemory;
-use super::server::{answer_forget, versioned_refusal, ReadLease};
+use super::server::{answer_forget, open_order, versioned_refusal, ReadLease};
 use crate::telemetry::OpStats;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
     BatchStatusResp, ForgetLeaseReq, ForgetReq, MoveItem, MoveKind, MoveReq, ReadReq,
     ReadVersionReq, StoreInfoResp, StoredObject, Wire,
@@ -117,6 +118,8 @@ impl Drop for Held<'_> {
 /// What the disk tier counts, for `/metrics`.
 #[derive(Default)]
 pub struct TierCounters {
+    /// Moves and forgets refused: not tagged by the master.
+    pub orders_refused: AtomicU64,
     pub reads: AtomicU64,
     pub bytes_read: AtomicU64,
     pub demoted: AtomicU64,
@@ -141,6 +144,8 @@ pub struct DiskService {
     /// The store's memory segment and its records: the other end of every move.
     pub memory: Arc<SegmentMemory>,
     pub memory_records: Arc<Records>,
+    /// Checks that moves and forgets are the master's orders.
+    grant_key: GrantKey,
     pub counters: TierCounters,
     pub stats: OpStats,
     pub connections: ConnCounters,
@@ -154,6 +159,7 @@ impl DiskService {
         records: Arc<Records>,
         memory: Arc<SegmentMemory>,
         memory_records: Arc<Records>,
+        grant_key: GrantKey,
     ) -> DiskService {
         DiskService {
             name,
@@ -162,6 +168,7 @@ impl DiskService {
             lease: Arc::default(),
             memory,
             memory_records,
+            grant_key,
             counters: TierCounters::default(),
             stats: OpStats::default(),
             connections: ConnCounters::default(),
@@ -393,6 +400,16 @@ impl DiskService {
         Ok(())
     }
 
+    /// The body of a master's order if its tag is the master's (else answered `NOT_GRANTED`).
+    fn order<'m>(
+        &self,
+        io: &mut ServerIo<'_>,
+        op: Opcode,
+        meta: &'m [u8],
+    ) -> Result<Option<&'m [u8]>, TransferError> {
+        open_order(&self.grant_key, &self.counters.orders_refused, io, op, meta)
+    }
+
     fn dispatch(
         &self,
         op: Opcode,
@@ -409,17 +426,26 @@ impl DiskService {
                 self.read(io, r.offset, r.length, Some(r.version))
             }
             Opcode::Move => {
-                let r = MoveReq::from_meta(meta)?;
+                let Some(body) = self.order(io, op, meta)? else {
+                    return Ok(false);
+                };
+                let r = MoveReq::from_meta(body)?;
                 let items = r.items.iter().map(|m| self.move_one(m)).collect();
                 io.ok(&BatchStatusResp { items })?;
                 Ok(true)
             }
             Opcode::Forget => {
-                let r = ForgetReq::from_meta(meta)?;
+                let Some(body) = self.order(io, op, meta)? else {
+                    return Ok(false);
+                };
+                let r = ForgetReq::from_meta(body)?;
                 answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::ForgetLease => {
-                let r = ForgetLeaseReq::from_meta(meta)?;
+                let Some(body) = self.order(io, op, meta)? else {
+                    return Ok(false);
+                };
+                let r = ForgetLeaseReq::from_meta(body)?;
                 answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::StoreInfo => {

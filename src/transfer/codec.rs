@@ -48,6 +48,11 @@ impl Encoder {
     pub fn count(&mut self, n: usize) -> &mut Self {
         self.u32(n as u32)
     }
+    /// Bytes of a fixed-size field, as they are (no length: the reader knows it).
+    pub fn raw(&mut self, v: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(v);
+        self
+    }
 }
 
 pub struct Decoder<'a> {
@@ -108,6 +113,10 @@ impl<'a> Decoder<'a> {
         }
         std::str::from_utf8(bytes)
             .map_err(|_| TransferError::Protocol("string is not UTF-8".into()))
+    }
+    /// A fixed-size field of `N` bytes.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], TransferError> {
+        Ok(self.take(N)?.try_into().expect("took N bytes"))
     }
     pub fn string(&mut self) -> Result<String, TransferError> {
         self.str().map(str::to_owned)

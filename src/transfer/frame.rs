@@ -207,6 +207,9 @@ pub enum Status {
     /// The server refused the connection at a connection limit; sent once, unasked, with
     /// request id [`REFUSAL_ID`], before it closes.
     ConnectionRefused = 26,
+    /// A write or seal without the master's grant for exactly its range and version, or an
+    /// order to a store that is not its master's (`transfer::grant`).
+    NotGranted = 27,
 }
 
 /// The request id of a server's answer to no request: its refusal of the connection.
@@ -236,6 +239,7 @@ impl Status {
             24 => Status::NotDurable,
             25 => Status::Unauthenticated,
             26 => Status::ConnectionRefused,
+            27 => Status::NotGranted,
             _ => Status::Internal,
         }
     }
@@ -264,6 +268,7 @@ impl Status {
             Status::NotDurable => "NOT_DURABLE",
             Status::Unauthenticated => "UNAUTHENTICATED",
             Status::ConnectionRefused => "CONNECTION_REFUSED",
+            Status::NotGranted => "NOT_GRANTED",
         }
     }
 }
@@ -296,6 +301,7 @@ impl Status {
             Status::NotDurable => "done, but a store holding the old value could not be told yet",
             Status::Unauthenticated => "this connection has not proven it holds the cluster secret",
             Status::ConnectionRefused => "the server refused the connection at a connection limit",
+            Status::NotGranted => "the master granted no such write (range, size and version)",
         }
     }
 }

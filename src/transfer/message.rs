@@ -3,6 +3,7 @@
 
 use super::codec::{Decoder, Encoder};
 use super::frame::Status;
+use super::grant::Grant;
 use super::TransferError;
 
 /// Encoding of a message body.
@@ -284,8 +285,9 @@ message!(
 );
 message!(
     /// `recovering`: the segment holds objects from before a restart, which the store reports
-    /// with `ReportObjects` before the segment takes new allocations.
-    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool } min_len = 8 + 34 + 1
+    /// with `ReportObjects` before the segment takes new allocations. `grant_key`: the key the
+    /// store checks grants and orders with (`transfer::grant`), never shown to anyone else.
+    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool, grant_key: Vec<u8> } min_len = 8 + 34 + 1 + 4
 );
 message!(
     /// `discard`: the master gave this segment's objects up (the store was away longer than the
@@ -323,7 +325,10 @@ message!(
 message!(ListSegmentsResp { segments: Vec<SegmentEntry> } min_len = 4);
 
 message!(PutStartReq { client_id: u64, key: String, size: u64, config: ReplicateConfig } min_len = 8 + 2 + 8 + 12);
-message!(PutStartResp { object_id: u64, replicas: Vec<ReplicaLoc> } min_len = 12);
+message!(
+    /// Where a put goes, and for each replica the master's grant to write it there.
+    PutStartResp { object_id: u64, replicas: Vec<ReplicaLoc>, grants: Vec<Grant> } min_len = 16
+);
 message!(PutEndReq { client_id: u64, key: String, object_id: u64, checksum: u32 } min_len = 8 + 2 + 8 + 4);
 message!(PutRevokeReq { client_id: u64, key: String, object_id: u64 } min_len = 8 + 2 + 8);
 message!(KeyReq { key: String } min_len = 2);
@@ -390,12 +395,13 @@ message!(BatchRemoveReq { force: bool, keys: Vec<String> } min_len = 5);
 message!(
     /// Store: write the payload at `offset` of the segment. With a non-empty `key`, a
     /// persistent store records the object (key, version, checksum) in its durable index once
-    /// every byte is in place.
-    WriteReq { offset: u64, key: String, version: u64, checksum: u32 } min_len = 8 + 2 + 8 + 4
+    /// every byte is in place. `grant`: the master's for this replica of the put.
+    WriteReq { offset: u64, key: String, version: u64, checksum: u32, grant: Grant } min_len = 8 + 2 + 8 + 4 + 16
 );
 message!(
-    /// Store: record objects written into the segment by memory copy (same-host clients).
-    SealReq { objects: Vec<StoredObject> } min_len = 4
+    /// Store: record objects written into the segment by memory copy (same-host clients) or
+    /// RDMA, each with the master's grant for its range (`grants[i]` for `objects[i]`).
+    SealReq { objects: Vec<StoredObject>, grants: Vec<Grant> } min_len = 8
 );
 message!(
     /// Store (from the master): drop these records from the durable index.

@@ -5,6 +5,7 @@
 pub mod checked_copy;
 pub mod codec;
 pub mod frame;
+pub mod grant;
 pub mod message;
 pub mod pool;
 #[cfg(feature = "rdma")]

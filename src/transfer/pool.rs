@@ -238,7 +238,23 @@ impl Connection {
         op: Opcode,
         req: &Req,
     ) -> Result<Resp, TransferError> {
-        let id = self.send(op, &req.to_meta(), &[])?;
+        self.call_meta(op, &req.to_meta())
+    }
+
+    /// A master's order to a store (`FORGET`, `MOVE`): `req` tagged with the store's grant
+    /// key, so that the store knows it from its master.
+    pub fn order<Req: Wire, Resp: Wire>(
+        &mut self,
+        op: Opcode,
+        key: &super::grant::GrantKey,
+        req: &Req,
+    ) -> Result<Resp, TransferError> {
+        self.call_meta(op, &key.order(op, req.to_meta()))
+    }
+
+    /// One request of an encoded meta without payload, one decoded reply without payload.
+    fn call_meta<Resp: Wire>(&mut self, op: Opcode, meta: &[u8]) -> Result<Resp, TransferError> {
+        let id = self.send(op, meta, &[])?;
         let (header, meta) = self.recv(id)?;
         if header.data_len != 0 {
             return Err(TransferError::Protocol(format!(

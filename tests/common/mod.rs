@@ -403,6 +403,36 @@ impl Cluster {
         cfg.conn.io_timeout = Duration::from_secs(3);
         rbgctl::client::Client::connect(cfg).unwrap()
     }
+
+    /// A put of `size` bytes of `key` started at the master over its RPC, as a client of
+    /// `client_id` starts one: the master's answer (with its grants) and the endpoint of the
+    /// store its first replica goes to.
+    pub fn start_put(
+        &self,
+        client_id: u64,
+        key: &str,
+        size: u64,
+    ) -> (rbgctl::transfer::message::PutStartResp, String) {
+        use rbgctl::transfer::message::*;
+        use rbgctl::transfer::{ConnOptions, Connection, Opcode};
+        let mut master = Connection::connect(&self.rpc, &ConnOptions::default()).unwrap();
+        let _: PingResp = master.call(Opcode::Ping, &PingReq { client_id }).unwrap();
+        let req = PutStartReq {
+            client_id,
+            key: key.into(),
+            size,
+            config: ReplicateConfig::default(),
+        };
+        let started: PutStartResp = master.call(Opcode::PutStart, &req).unwrap();
+        let listed: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+        let endpoint = listed
+            .segments
+            .iter()
+            .find(|s| s.id == started.replicas[0].segment_id)
+            .map(|s| s.info.endpoint.clone())
+            .expect("the replica's segment is listed");
+        (started, endpoint)
+    }
 }
 
 /// A minimal HTTP/1.1 exchange (Connection: close), returning status and body.

@@ -336,8 +336,9 @@ class Client:
 
         object_ids: Dict[int, int] = {}
         checksums: Dict[int, int] = {}
-        remote: Dict[str, Tuple[Pool, List[Tuple[int, int]]]] = {}
-        seals: Dict[str, Tuple[Pool, List[Tuple[int, StoredObject]]]] = {}
+        # Each replica write with the master's grant for it: (item, offset, grant).
+        remote: Dict[str, Tuple[Pool, List[Tuple[int, int, bytes]]]] = {}
+        seals: Dict[str, Tuple[Pool, List[Tuple[int, StoredObject, bytes]]]] = {}
         shm_bytes = tcp_bytes = 0
         for i, s in zip(todo, started):
             if isinstance(s, Failed):
@@ -346,7 +347,10 @@ class Client:
             object_ids[i] = s.object_id
             checksums[i] = crc32c_of(views[i])
             size = sizes[i]
-            for r in s.replicas:
+            if len(s.grants) != len(s.replicas):
+                results[i] = ProtocolError(f"the master sent {len(s.grants)} grants for {len(s.replicas)} replicas")
+                continue
+            for r, grant in zip(s.replicas, s.grants):
                 try:
                     route = self._route(r.segment_id)
                 except RbgctlError as e:
@@ -356,15 +360,15 @@ class Client:
                     shm_bytes += size
                     if route.info.segment_uuid != 0:
                         obj = StoredObject(keys[i], s.object_id, r.offset, size, checksums[i])
-                        seals.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, obj))
+                        seals.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, obj, grant))
                 else:
-                    remote.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, r.offset))
+                    remote.setdefault(route.info.endpoint, (route.pool, []))[1].append((i, r.offset, grant))
 
         for endpoint, (pool, items) in seals.items():
             self._seal(endpoint, pool, items, keys, results)
         for pool, items in remote.values():
             outcome = self._pipelined_writes(pool, items, keys, views, object_ids, checksums)
-            for (i, _), err in zip(items, outcome):
+            for (i, _, _), err in zip(items, outcome):
                 if err is None:
                     tcp_bytes += sizes[i]
                 elif results[i] is None:
@@ -618,7 +622,7 @@ class Client:
     def _pipelined_writes(
         self,
         pool: Pool,
-        items: List[Tuple[int, int]],
+        items: List[Tuple[int, int, bytes]],
         keys: Sequence[str],
         views: List[Views],
         object_ids: Dict[int, int],
@@ -635,8 +639,8 @@ class Client:
                 window = range(start, min(start + PIPELINE_WINDOW, len(items)))
                 ids = []
                 for j in window:
-                    i, offset = items[j]
-                    meta = p.write_req(offset, keys[i], object_ids[i], checksums[i])
+                    i, offset, grant = items[j]
+                    meta = p.write_req(offset, keys[i], object_ids[i], checksums[i], grant)
                     ids.append(conn.send(Opcode.WRITE, meta, views[i]))
                 for request_id in ids:
                     try:
@@ -655,21 +659,22 @@ class Client:
         self,
         endpoint: str,
         pool: Pool,
-        items: List[Tuple[int, StoredObject]],
+        items: List[Tuple[int, StoredObject, bytes]],
         keys: Sequence[str],
         results: List[Optional[RbgctlError]],
     ) -> None:
         """Has a persistent store record objects copied into its segment through shared memory."""
         try:
-            statuses = pool.call(Opcode.SEAL, p.seal_req([o for _, o in items]), p.parse_statuses)
+            meta = p.seal_req([o for _, o, _ in items], [g for _, _, g in items])
+            statuses = pool.call(Opcode.SEAL, meta, p.parse_statuses)
             if len(statuses) != len(items):
                 raise ProtocolError(
                     f"{endpoint}: store answered {len(statuses)} items for {len(items)} seals"
                 )
         except RbgctlError as e:
-            for i, _ in items:
+            for i, _, _ in items:
                 results[i] = e
             return
-        for (i, _), st in zip(items, statuses):
+        for (i, _, _), st in zip(items, statuses):
             if st != Status.OK:
                 results[i] = _status_error(st, keys[i])

@@ -24,6 +24,8 @@ FLAG_EPOCH = 2
 MAX_META = 16 << 20
 MAX_STR = 4096
 MAX_LIST = 1 << 20
+# Bytes of a grant: the master's permission for one replica write, opaque to the client.
+GRANT_LEN = 16
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -153,6 +155,11 @@ class Encoder:
         self.buf += raw
         return self
 
+    def raw(self, v: bytes) -> "Encoder":
+        """A fixed-size field's bytes as they are (the reader knows its size)."""
+        self.buf += v
+        return self
+
     def count(self, n: int) -> "Encoder":
         if n > MAX_LIST:
             raise ProtocolError(f"list of {n} items is over the {MAX_LIST}-item limit")
@@ -224,6 +231,13 @@ class Decoder:
             return str(self._take(n), "utf-8")
         except UnicodeDecodeError as e:
             raise ProtocolError(f"string is not UTF-8: {e}") from None
+
+    def raw(self, n: int) -> bytes:
+        """A fixed-size field of ``n`` bytes."""
+        return bytes(self._take(n))
+
+    def grant(self) -> bytes:
+        return self.raw(GRANT_LEN)
 
     def list(self, item: Callable[["Decoder"], T]) -> List[T]:
         n = self.u32()
@@ -363,15 +377,20 @@ class StoredObject:
 
 @dataclass(frozen=True)
 class PutStart:
+    """A started put: its version, where its replicas go, and for each the master's grant,
+    which the store checks before it takes the bytes."""
+
     object_id: int
     replicas: Tuple[ReplicaLoc, ...]
+    grants: Tuple[bytes, ...]
 
     @staticmethod
     def decode(d: Decoder) -> "PutStart":
-        return PutStart(d.u64(), tuple(d.list(ReplicaLoc.decode)))
+        return PutStart(d.u64(), tuple(d.list(ReplicaLoc.decode)), tuple(d.list(Decoder.grant)))
 
     def encode(self, e: Encoder) -> None:
         e.u64(self.object_id).list(self.replicas, lambda e, r: r.encode(e))
+        e.list(self.grants, Encoder.raw)
 
 
 # ---- requests (meta bytes) and replies (parsers) ------------------------------------------
@@ -445,18 +464,30 @@ def batch_put_end_req(client_id: int, items: Sequence[Tuple[str, int, int]]) -> 
     return e.bytes()
 
 
-def write_req(offset: int, key: str, version: int, checksum: int) -> bytes:
-    return Encoder().u64(offset).str(key).u64(version).u32(checksum).bytes()
+def write_req(offset: int, key: str, version: int, checksum: int, grant: bytes) -> bytes:
+    return Encoder().u64(offset).str(key).u64(version).u32(checksum).raw(_grant(grant)).bytes()
+
+
+def _grant(grant: bytes) -> bytes:
+    if len(grant) != GRANT_LEN:
+        raise ProtocolError(f"a grant is {GRANT_LEN} bytes, not {len(grant)}")
+    return grant
 
 
 def read_req(offset: int, length: int) -> bytes:
     return Encoder().u64(offset).u64(length).bytes()
 
 
-def seal_req(objects: Sequence[StoredObject]) -> bytes:
+def seal_req(objects: Sequence[StoredObject], grants: Sequence[bytes]) -> bytes:
+    """SEAL: the objects, then the master's grant for each (in the same order)."""
+    if len(grants) != len(objects):
+        raise ProtocolError(f"{len(grants)} grants for {len(objects)} objects")
     e = Encoder().count(len(objects))
     for o in objects:
         o.encode(e)
+    e.count(len(grants))
+    for g in grants:
+        e.raw(_grant(g))
     return e.bytes()
 
 

@@ -29,6 +29,7 @@ class Status(enum.IntEnum):
     NOT_DURABLE = 24
     UNAUTHENTICATED = 25
     CONNECTION_REFUSED = 26  # unasked, with request id REFUSAL_ID, before the server closes
+    NOT_GRANTED = 27  # a write or seal the master granted no put (range, size, version)
 
 
 def status_name(code: int) -> str:

@@ -23,6 +23,7 @@ pub use rdma::{Rdma, VersionChecks};
 pub use shm::{LocalSegment, Shm};
 pub use tcp::Tcp;
 
+use crate::transfer::grant::Grant;
 use crate::transfer::message::SegmentInfo;
 use crate::transfer::{Pool, TransferError};
 use std::sync::Arc;
@@ -40,13 +41,15 @@ pub enum PathKind {
 }
 
 /// One replica write: the value goes to `offset`, and a persistent store records `key` at
-/// `version` with the value's checksum once every byte is in place.
+/// `version` with the value's checksum once every byte is in place. `grant`: the master's, for
+/// this replica of the put (the store refuses the write without it).
 #[derive(Clone, Copy, Debug)]
 pub struct WriteOp<'a> {
     pub offset: u64,
     pub value: &'a [u8],
     pub key: &'a str,
     pub version: u64,
+    pub grant: Grant,
 }
 
 /// One replica read: `dst.len()` bytes from `offset` into `dst`.

@@ -687,6 +687,7 @@ impl Lane {
                     checksum: crcs[j],
                 })
                 .collect(),
+            grants: sealed.iter().map(|&j| ops[j].grant).collect(),
         };
         let resp: BatchStatusResp = self.conn.call(Opcode::SealChecked, &req)?;
         if resp.items.len() != sealed.len() {

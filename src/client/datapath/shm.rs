@@ -288,7 +288,8 @@ impl DataPath for Shm {
         if objects.is_empty() {
             return out;
         }
-        let req = SealReq { objects };
+        let grants = copied.iter().map(|&j| ops[j].grant).collect();
+        let req = SealReq { objects, grants };
         let sealed: Result<Vec<Status>, TransferError> = pool
             .with(|c| c.call::<_, BatchStatusResp>(Opcode::Seal, &req))
             .and_then(|r| {

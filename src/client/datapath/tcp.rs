@@ -177,6 +177,7 @@ impl Tcp {
             key: op.key.to_string(),
             version: op.version,
             checksum,
+            grant: op.grant,
         };
         if !self.plain_writes.load(Ordering::Relaxed) {
             let mut crcs = vec![0u32; ops.len()];
@@ -404,6 +405,7 @@ mod tests {
             value: &value,
             key: "k",
             version: 1,
+            grant: Default::default(),
         };
         for offset in [0, 4096] {
             let crc = tcp.write(&[op(offset)]).pop().unwrap().unwrap();

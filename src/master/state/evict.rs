@@ -7,6 +7,7 @@ use crate::master::eviction;
 use crate::master::objects::Verdict;
 use crate::master::pool_events::PoolMedium;
 use crate::master::tiering::Move;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{MoveItem, MoveKind, ReplicaLoc, Tier, MAX_MOVE_BYTES};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -32,6 +33,14 @@ enum Demotion {
     Wait,
     /// No disk tier (or no room there, or too large): drop it.
     Drop,
+}
+
+/// The moves one store is to carry out, and its grant key to tag the orders with.
+#[derive(Debug)]
+pub struct MoveJob {
+    pub endpoint: String,
+    pub key: GrantKey,
+    pub items: Vec<MoveItem>,
 }
 
 impl MasterState {
@@ -354,21 +363,27 @@ impl MasterState {
     }
 
     /// The queued moves, grouped by the endpoint of the store that does them.
-    pub fn take_moves(&mut self, now: Instant) -> Vec<(String, Vec<MoveItem>)> {
-        let mut by_endpoint: HashMap<&str, Vec<MoveItem>> = HashMap::new();
+    /// Takes the queued moves, grouped by the store that carries them out.
+    pub fn take_moves(&mut self, now: Instant) -> Vec<MoveJob> {
+        let mut by_endpoint: HashMap<&str, (&GrantKey, Vec<MoveItem>)> = HashMap::new();
         let mut orphans = Vec::new();
         for m in self.moves.take_queued() {
             match self.segments.get(m.via).filter(|s| s.is_live()) {
                 Some(seg) => by_endpoint
                     .entry(seg.info.endpoint.as_str())
-                    .or_default()
+                    .or_insert_with(|| (&seg.grant_key, Vec::new()))
+                    .1
                     .push(m.item()),
                 None => orphans.push(m.version),
             }
         }
         let jobs = by_endpoint
             .into_iter()
-            .map(|(e, items)| (e.to_owned(), items))
+            .map(|(endpoint, (key, items))| MoveJob {
+                endpoint: endpoint.to_owned(),
+                key: key.clone(),
+                items,
+            })
             .collect();
         // Their store went away before the move was sent: the moves fail.
         let failed: Vec<(u64, crate::transfer::Status)> = orphans

@@ -9,6 +9,7 @@
 //! forgets too.
 
 use super::segments::SegmentTable;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ReplicaLoc};
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -35,6 +36,8 @@ pub struct Outbox {
     /// Endpoints of away segments, whose forgets could not be sent: their stores keep stale
     /// records until their read lease runs out.
     pub unreachable: Vec<String>,
+    /// The grant key of each mounted store, by endpoint: forgets are orders tagged with it.
+    pub keys: HashMap<String, GrantKey>,
 }
 
 #[derive(Debug, Default)]
@@ -123,6 +126,10 @@ impl ForgetLog {
             .iter()
             .filter(|s| s.is_live())
             .map(|s| s.info.endpoint.clone())
+            .collect();
+        out.keys = segments
+            .iter()
+            .map(|s| (s.info.endpoint.clone(), s.grant_key.clone()))
             .collect();
         out
     }

@@ -34,6 +34,7 @@ mod segments;
 mod tests;
 
 pub use super::objects::{Entry, Pending, Version};
+pub use evict::MoveJob;
 pub use forget::{ForgetWait, Outbox};
 pub use recovery::WALK_STEP;
 pub use segments::{SegState, Segment};

@@ -5,7 +5,7 @@
 use super::{fail, table_full, MasterState, OpResult};
 use crate::master::objects::{Pending, Version};
 use crate::master::placement::{self, Candidate};
-use crate::transfer::message::{ReplicaLoc, ReplicateConfig};
+use crate::transfer::message::{PutStartResp, ReplicaLoc, ReplicateConfig};
 use crate::transfer::Status;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,21 @@ impl MasterState {
 
     /// Starts a put: allocates `replica_num` replicas on distinct segments (fewer when fewer
     /// segments have room, at least one) and records a pending version.
+    /// A started put as its client gets it: with the master's grant for each replica, which
+    /// its store checks before it takes the bytes (`transfer::grant`).
+    pub fn granted(
+        &self,
+        size: u64,
+        (object_id, replicas): (u64, Vec<ReplicaLoc>),
+    ) -> PutStartResp {
+        let grants = self.segments.grants(object_id, &replicas, size);
+        PutStartResp {
+            object_id,
+            replicas,
+            grants,
+        }
+    }
+
     pub fn put_start(
         &mut self,
         client_id: u64,

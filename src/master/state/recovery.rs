@@ -7,6 +7,7 @@ use super::{fail, MasterState, OpResult, SegState, Segment};
 use crate::master::allocator;
 use crate::master::objects::Version;
 use crate::master::pool_events::PoolMedium;
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ReplicaLoc, SegmentEntry, SegmentInfo, StoredObject};
 use crate::transfer::Status;
 use std::time::Instant;
@@ -45,6 +46,7 @@ impl MasterState {
         &mut self,
         client_id: u64,
         info: SegmentInfo,
+        grant_key: GrantKey,
         recovering: bool,
         now: Instant,
     ) -> OpResult<(u64, bool)> {
@@ -69,6 +71,10 @@ impl MasterState {
                 && !matches!(seg.state, SegState::Away { .. })
             {
                 self.clients.touch(client_id, now);
+                self.segments
+                    .get_mut(id)
+                    .expect("looked up above")
+                    .grant_key = grant_key;
                 return Ok((id, false));
             }
             if recovering
@@ -84,6 +90,7 @@ impl MasterState {
                     "store is back with its segment; waiting for its report");
                 seg.client_id = client_id;
                 seg.info = info;
+                seg.grant_key = grant_key;
                 // Its store dropped its lease to mount; its report settles which records stay,
                 // so forgets owed to it before are moot.
                 seg.owed_seq = 0;
@@ -133,7 +140,7 @@ impl MasterState {
             SegState::Live
         };
         self.segments
-            .insert(Segment::new(id, info, client_id, state));
+            .insert(Segment::new(id, info, grant_key, client_id, state));
         self.clients.touch(client_id, now).segments.push(id);
         Ok((id, discard))
     }

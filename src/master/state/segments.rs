@@ -3,6 +3,7 @@
 //! period is told to start empty).
 
 use crate::master::allocator::{self, Allocator};
+use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{ReplicaLoc, SegmentEntry, SegmentInfo, Tier};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
@@ -51,6 +52,8 @@ impl SegState {
 pub struct Segment {
     pub id: u64,
     pub info: SegmentInfo,
+    /// The key its store checks grants and orders with (sent with each mount; never listed).
+    pub grant_key: GrantKey,
     pub client_id: u64,
     pub alloc: Allocator,
     pub state: SegState,
@@ -62,7 +65,13 @@ pub struct Segment {
 impl Segment {
     /// A new segment of `info` mounted by `client_id`. Disk segments hand out whole blocks:
     /// the store reads and writes them with direct I/O.
-    pub fn new(id: u64, info: SegmentInfo, client_id: u64, state: SegState) -> Segment {
+    pub fn new(
+        id: u64,
+        info: SegmentInfo,
+        grant_key: GrantKey,
+        client_id: u64,
+        state: SegState,
+    ) -> Segment {
         let alloc = match info.tier {
             Tier::Memory => Allocator::new(info.size),
             Tier::Disk => Allocator::with_align(info.size, allocator::DISK_ALIGN),
@@ -70,6 +79,7 @@ impl Segment {
         Segment {
             id,
             info,
+            grant_key,
             client_id,
             alloc,
             state,
@@ -109,6 +119,18 @@ impl SegmentTable {
 
     pub fn get_mut(&mut self, id: u64) -> Option<&mut Segment> {
         self.by_id.get_mut(&id)
+    }
+
+    /// The grant for each of a put's replicas: `size` bytes of `version` at its offset.
+    pub fn grants(&self, version: u64, replicas: &[ReplicaLoc], size: u64) -> Vec<Grant> {
+        replicas
+            .iter()
+            .map(|r| {
+                self.get(r.segment_id)
+                    .map(|seg| seg.grant_key.grant(version, r.offset, size))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     pub fn contains(&self, id: u64) -> bool {

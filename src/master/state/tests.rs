@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::{ByteSize, Millis};
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
     MoveItem, MoveKind, ObjectDesc, ReplicateConfig, SegmentInfo, StoredObject, Tier,
 };
@@ -19,10 +20,15 @@ fn seg(name: &str, size: u64) -> SegmentInfo {
     }
 }
 
+fn grant_key() -> GrantKey {
+    GrantKey::generate().unwrap()
+}
+
 fn state() -> (MasterState, Instant) {
     let mut st = master(MasterConfig::default());
     let t0 = Instant::now();
-    st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     (st, t0)
 }
 
@@ -45,7 +51,7 @@ fn a_new_leader_does_not_deny_keys_its_stores_have_not_reported_yet() {
     let later = t0 + Duration::from_secs(11);
     let mut kept = seg("a", 1 << 20);
     kept.segment_uuid = 42;
-    st.mount(1, kept, true, later).unwrap();
+    st.mount(1, kept, grant_key(), true, later).unwrap();
     let e = st.get_replicas("k", later).unwrap_err();
     assert_eq!(e.0, Status::ObjectUnavailable, "{}", e.1);
     assert!(e.1.contains("still reporting"), "{}", e.1);
@@ -67,7 +73,9 @@ fn a_name_held_by_a_live_store_is_refused_and_its_objects_kept() {
         shm_path: "/dev/shm/elsewhere/a.seg".into(),
         ..seg("a", 1 << 20)
     };
-    let e = st.mount(2, other.clone(), false, t0).unwrap_err();
+    let e = st
+        .mount(2, other.clone(), grant_key(), false, t0)
+        .unwrap_err();
     assert_eq!(e.0, Status::SegmentExists);
     assert!(e.1.contains("held by a running store at a:1"), "{}", e.1);
     assert_eq!(
@@ -79,7 +87,7 @@ fn a_name_held_by_a_live_store_is_refused_and_its_objects_kept() {
     // Once the holder has stopped heartbeating for longer than the client TTL, the name
     // goes to the newcomer, and the old holder, if it still ran, is told to mount again.
     let later = t0 + Duration::from_secs(11);
-    st.mount(2, other, false, later).unwrap();
+    st.mount(2, other, grant_key(), false, later).unwrap();
     assert!(
         st.get_replicas("k", later).is_err(),
         "its objects went with its memory"
@@ -96,9 +104,9 @@ fn the_same_store_restarting_on_its_own_files_takes_its_name_back_at_once() {
         host_id: "boot-1".into(),
         ..seg("a", 1 << 20)
     };
-    st.mount(1, files.clone(), false, t0).unwrap();
+    st.mount(1, files.clone(), grant_key(), false, t0).unwrap();
     // kill -9 and restart: a new client id, the same files (the lock proved the old one gone).
-    st.mount(2, files, false, t0).unwrap();
+    st.mount(2, files, grant_key(), false, t0).unwrap();
     assert!(st.ping(1, t0), "the dead holder is forgotten");
 }
 
@@ -159,7 +167,8 @@ fn a_full_pool_evicts_for_a_put_but_not_for_a_reservation() {
         ..MasterConfig::default()
     });
     let t0 = Instant::now();
-    st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     for i in 0..16 {
         put(&mut st, &format!("k{i}"), 64 << 10, 1, t0);
     }
@@ -206,7 +215,8 @@ fn reservations_are_bounded_expire_and_go_with_their_client_or_segment() {
     };
     let mut st = master(cfg);
     let t0 = Instant::now();
-    st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     let r = st.reserve(7, &[128, 128, 128], &ONE, t0);
     assert!(r[0].is_ok() && r[1].is_ok());
     assert_eq!(
@@ -383,7 +393,8 @@ fn full_pool_evicts_for_a_new_put_but_never_leased_objects() {
     };
     let mut st = master(cfg);
     let t0 = Instant::now();
-    st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     for i in 0..16 {
         let key = format!("k{i}");
         let (id, _) = st.put_start(7, &key, 64 << 10, &ONE, t0).unwrap();
@@ -412,7 +423,8 @@ fn eviction_takes_the_least_recently_used_as_kept_through_touches_and_removals()
     let mut st = master(cfg);
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
-    st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     // Sixteen objects of 64 KiB fill the segment.
     for i in 0..16 {
         put(&mut st, &format!("k{i}"), 64 << 10, 0, at(i));
@@ -450,8 +462,11 @@ fn eviction_takes_the_least_recently_used_as_kept_through_touches_and_removals()
 fn a_large_segment_unmounted_is_dropped_in_steps_and_its_objects_are_gone_at_once() {
     let mut st = master(MasterConfig::default());
     let t0 = Instant::now();
-    let (a, _) = st.mount(1, seg("a", 4 << 20), false, t0).unwrap();
-    st.mount(2, seg("b", 4 << 20), false, t0).unwrap();
+    let (a, _) = st
+        .mount(1, seg("a", 4 << 20), grant_key(), false, t0)
+        .unwrap();
+    st.mount(2, seg("b", 4 << 20), grant_key(), false, t0)
+        .unwrap();
     let n = WALK_STEP + WALK_STEP / 2;
     let on_a = ReplicateConfig {
         preferred_segment: "a".into(),
@@ -518,8 +533,10 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
         let mut st = master(cfg);
         let mut now = Instant::now();
         // Small segments: puts evict.
-        st.mount(1, seg("a", 64 << 10), false, now).unwrap();
-        st.mount(2, seg("b", 64 << 10), false, now).unwrap();
+        st.mount(1, seg("a", 64 << 10), grant_key(), false, now)
+            .unwrap();
+        st.mount(2, seg("b", 64 << 10), grant_key(), false, now)
+            .unwrap();
         let mut started: Vec<(String, u64)> = Vec::new();
         for _ in 0..400 {
             now += Duration::from_millis(rng.u64(0..4));
@@ -596,12 +613,13 @@ fn tiers_stay_consistent_through_a_random_workload_with_moves_failing_and_hangin
         let mut st = master(cfg);
         let mut now = Instant::now();
         for (client, name) in [(1, "a"), (2, "b")] {
-            st.mount(client, seg(name, 64 << 10), false, now).unwrap();
+            st.mount(client, seg(name, 64 << 10), grant_key(), false, now)
+                .unwrap();
             let disk = SegmentInfo {
                 tier: Tier::Disk,
                 ..seg(&format!("{name}/disk"), 128 << 10)
             };
-            st.mount(client, disk, false, now).unwrap();
+            st.mount(client, disk, grant_key(), false, now).unwrap();
         }
         let mut sent: Vec<u64> = Vec::new();
         for _ in 0..600 {
@@ -626,7 +644,7 @@ fn tiers_stay_consistent_through_a_random_workload_with_moves_failing_and_hangin
                     sent.extend(
                         st.take_moves(now)
                             .into_iter()
-                            .flat_map(|(_, i)| i)
+                            .flat_map(|j| j.items)
                             .map(|m| m.version),
                     );
                 }
@@ -736,7 +754,7 @@ fn a_put_after_a_removal_waits_for_the_removals_forgets() {
 fn a_segment_owes_the_forgets_of_what_left_it_until_it_mounts_again() {
     let mut st = master(MasterConfig::default());
     let t0 = Instant::now();
-    let (id, _) = st.mount(1, pseg("a", 42), true, t0).unwrap();
+    let (id, _) = st.mount(1, pseg("a", 42), grant_key(), true, t0).unwrap();
     assert_eq!(
         st.lease_terms(1, id).unwrap_err().0,
         Status::ObjectUnavailable,
@@ -757,7 +775,7 @@ fn a_segment_owes_the_forgets_of_what_left_it_until_it_mounts_again() {
         Status::SegmentNotFound,
         "away: its store must mount again"
     );
-    st.mount(2, pseg("a", 42), true, t0).unwrap();
+    st.mount(2, pseg("a", 42), grant_key(), true, t0).unwrap();
     st.report(2, id, vec![], true, t0).unwrap();
     assert_eq!(st.lease_terms(2, id).unwrap().1, 0);
 }
@@ -766,7 +784,7 @@ fn a_segment_owes_the_forgets_of_what_left_it_until_it_mounts_again() {
 fn an_away_store_keeps_its_objects_and_gets_back_only_what_it_confirms() {
     let mut st = master(MasterConfig::default());
     let t0 = Instant::now();
-    let (id, discard) = st.mount(1, pseg("a", 42), true, t0).unwrap();
+    let (id, discard) = st.mount(1, pseg("a", 42), grant_key(), true, t0).unwrap();
     assert!(!discard);
     assert!(st.report(1, id, vec![], true, t0).unwrap().is_empty());
     let a = put(&mut st, "a", 100, 1, t0);
@@ -785,7 +803,7 @@ fn an_away_store_keeps_its_objects_and_gets_back_only_what_it_confirms() {
     );
     // Back with the same incarnation: it reports a (intact), not b (lost), and a record
     // the master never had.
-    let (id2, discard) = st.mount(2, pseg("a", 42), true, t0).unwrap();
+    let (id2, discard) = st.mount(2, pseg("a", 42), grant_key(), true, t0).unwrap();
     assert_eq!((id2, discard), (id, false));
     let stray = StoredObject {
         key: "stray".into(),
@@ -811,12 +829,14 @@ fn an_away_store_keeps_its_objects_and_gets_back_only_what_it_confirms() {
 fn tiered(cfg: MasterConfig, disk: u64) -> (MasterState, Instant, u64, u64) {
     let mut st = master(cfg);
     let t0 = Instant::now();
-    let (mem, _) = st.mount(1, seg("mem", 1 << 20), false, t0).unwrap();
+    let (mem, _) = st
+        .mount(1, seg("mem", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     let info = SegmentInfo {
         tier: Tier::Disk,
         ..seg("mem/disk", disk)
     };
-    let (disk_id, _) = st.mount(1, info, false, t0).unwrap();
+    let (disk_id, _) = st.mount(1, info, grant_key(), false, t0).unwrap();
     st.ping(7, t0);
     (st, t0, mem, disk_id)
 }
@@ -835,7 +855,7 @@ fn put_quiet(st: &mut MasterState, i: u64, now: Instant) -> u64 {
 /// The queued moves, answered with `status` each; returns the items.
 fn answer_moves(st: &mut MasterState, status: Status, now: Instant) -> Vec<MoveItem> {
     let jobs = st.take_moves(now);
-    let items: Vec<MoveItem> = jobs.into_iter().flat_map(|(_, items)| items).collect();
+    let items: Vec<MoveItem> = jobs.into_iter().flat_map(|j| j.items).collect();
     let results: Vec<(u64, Status)> = items.iter().map(|m| (m.version, status)).collect();
     st.moved(&results, now);
     items
@@ -866,8 +886,11 @@ fn puts_land_in_memory_and_eviction_demotes_to_the_stores_disk_tier() {
     );
     let jobs = st.take_moves(t0);
     assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].0, "mem/disk:1", "sent to the disk tier's endpoint");
-    let items = jobs.into_iter().next().unwrap().1;
+    assert_eq!(
+        jobs[0].endpoint, "mem/disk:1",
+        "sent to the disk tier's endpoint"
+    );
+    let items = jobs.into_iter().next().unwrap().items;
     assert!(items.iter().all(|m| m.kind == MoveKind::Demote));
     assert_eq!(items[0].key, "k0", "least recently used first");
     assert_eq!(items[0].checksum, 0);
@@ -926,7 +949,7 @@ fn a_hit_promotes_after_the_admission_count_and_a_failed_move_leaves_the_object(
     }
     assert!(st.take_moves(t0).is_empty(), "not admitted yet");
     assert_eq!(replica_segment(&mut st, "k0", t0), disk, "second hit");
-    let items = st.take_moves(t0).into_iter().next().unwrap().1;
+    let items = st.take_moves(t0).into_iter().next().unwrap().items;
     assert_eq!(items.len(), 1);
     assert_eq!(
         (items[0].kind, items[0].key.as_str()),
@@ -1112,7 +1135,7 @@ fn a_large_rebound_segment_is_confirmed_in_steps_and_readable_only_once_done() {
         segment_uuid: 42,
         ..seg("a", 4 << 20)
     };
-    let (id, _) = st.mount(1, big.clone(), true, t0).unwrap();
+    let (id, _) = st.mount(1, big.clone(), grant_key(), true, t0).unwrap();
     st.report(1, id, vec![], true, t0).unwrap();
     let n = WALK_STEP + WALK_STEP / 2;
     let records: Vec<StoredObject> = (0..n)
@@ -1128,7 +1151,8 @@ fn a_large_rebound_segment_is_confirmed_in_steps_and_readable_only_once_done() {
     let kept = &records[1..n - 1];
     for client in [2, 3] {
         assert_eq!(
-            st.mount(client, big.clone(), true, t0).unwrap(),
+            st.mount(client, big.clone(), grant_key(), true, t0)
+                .unwrap(),
             (id, false)
         );
         for chunk in kept.chunks(4096) {
@@ -1162,7 +1186,7 @@ fn a_store_away_past_the_grace_period_is_given_up_and_told_to_discard() {
     };
     let mut st = master(cfg);
     let t0 = Instant::now();
-    let (id, _) = st.mount(1, pseg("a", 42), true, t0).unwrap();
+    let (id, _) = st.mount(1, pseg("a", 42), grant_key(), true, t0).unwrap();
     st.report(1, id, vec![], true, t0).unwrap();
     put(&mut st, "a", 100, 1, t0);
     // Heartbeats stop: after the TTL the segment is away, after the grace it is gone.
@@ -1171,7 +1195,13 @@ fn a_store_away_past_the_grace_period_is_given_up_and_told_to_discard() {
     st.housekeeping(t0 + Duration::from_secs(17));
     assert!(st.lookup("a").is_none());
     let (_, discard) = st
-        .mount(2, pseg("a", 42), true, t0 + Duration::from_secs(18))
+        .mount(
+            2,
+            pseg("a", 42),
+            grant_key(),
+            true,
+            t0 + Duration::from_secs(18),
+        )
         .unwrap();
     assert!(
         discard,
@@ -1183,9 +1213,9 @@ fn a_store_away_past_the_grace_period_is_given_up_and_told_to_discard() {
 fn a_restarted_master_adopts_reports_and_the_newest_version_wins() {
     let mut old = master(MasterConfig::default());
     let t0 = Instant::now();
-    let (ia, _) = old.mount(1, pseg("a", 1), true, t0).unwrap();
+    let (ia, _) = old.mount(1, pseg("a", 1), grant_key(), true, t0).unwrap();
     old.report(1, ia, vec![], true, t0).unwrap();
-    let (ib, _) = old.mount(2, pseg("b", 2), true, t0).unwrap();
+    let (ib, _) = old.mount(2, pseg("b", 2), grant_key(), true, t0).unwrap();
     old.report(2, ib, vec![], true, t0).unwrap();
     let pref = |s: &str| ReplicateConfig {
         preferred_segment: s.into(),
@@ -1206,12 +1236,12 @@ fn a_restarted_master_adopts_reports_and_the_newest_version_wins() {
     // A new master; store b reports first, then a with the older version (its forget was
     // lost in the crash).
     let mut st = master(MasterConfig::default());
-    let (nb, _) = st.mount(3, pseg("b", 2), true, t0).unwrap();
+    let (nb, _) = st.mount(3, pseg("b", 2), grant_key(), true, t0).unwrap();
     assert!(st
         .report(3, nb, vec![rec(v2, r2[0].offset, 200, 2)], true, t0)
         .unwrap()
         .is_empty());
-    let (na, _) = st.mount(4, pseg("a", 1), true, t0).unwrap();
+    let (na, _) = st.mount(4, pseg("a", 1), grant_key(), true, t0).unwrap();
     let rejected = st
         .report(4, na, vec![rec(v1, r1[0].offset, 100, 1)], true, t0)
         .unwrap();
@@ -1223,10 +1253,10 @@ fn a_restarted_master_adopts_reports_and_the_newest_version_wins() {
     assert!(v3 > v2);
     // The other order: the newer report replaces the adopted older one and queues its forget.
     let mut st = master(MasterConfig::default());
-    let (na, _) = st.mount(4, pseg("a", 1), true, t0).unwrap();
+    let (na, _) = st.mount(4, pseg("a", 1), grant_key(), true, t0).unwrap();
     st.report(4, na, vec![rec(v1, r1[0].offset, 100, 1)], true, t0)
         .unwrap();
-    let (nb, _) = st.mount(3, pseg("b", 2), true, t0).unwrap();
+    let (nb, _) = st.mount(3, pseg("b", 2), grant_key(), true, t0).unwrap();
     st.report(3, nb, vec![rec(v2, r2[0].offset, 200, 2)], true, t0)
         .unwrap();
     assert_eq!(st.get_replicas("k", t0).unwrap().version, v2);
@@ -1239,7 +1269,7 @@ fn a_restarted_master_adopts_reports_and_the_newest_version_wins() {
 fn removals_and_replacements_queue_forgets_and_corrupt_replicas_are_dropped() {
     let mut st = master(MasterConfig::default());
     let t0 = Instant::now();
-    let (id, _) = st.mount(1, pseg("a", 9), true, t0).unwrap();
+    let (id, _) = st.mount(1, pseg("a", 9), grant_key(), true, t0).unwrap();
     st.report(1, id, vec![], true, t0).unwrap();
     let a = put(&mut st, "a", 100, 1, t0);
     let later = t0 + Duration::from_secs(11);
@@ -1273,7 +1303,8 @@ fn versions_follow_the_wall_clock_forward_never_back_and_evictions_are_logged_wi
     );
     assert_eq!(st.write_floor(), 1_000_000, "the clock when it started");
     let t0 = Instant::now();
-    st.mount(1, seg("a", 1 << 20), false, t0).unwrap();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
     assert_eq!(put(&mut st, "k1", 64, 1, t0).version, 1_000_000);
     assert_eq!(
         put(&mut st, "k2", 64, 2, t0).version,
@@ -1408,7 +1439,9 @@ fn the_state_is_quiet_only_while_nothing_waits_on_the_clock() {
     let later = t0 + Duration::from_secs(3);
     st.housekeeping(later);
     assert!(st.quiet(), "forgets delivered, extents released");
-    let (persistent, _) = st.mount(2, pseg("b", 9), false, later).unwrap();
+    let (persistent, _) = st
+        .mount(2, pseg("b", 9), grant_key(), false, later)
+        .unwrap();
     assert!(st.quiet(), "a second store mounted");
     st.unmount(2, persistent, true, later).unwrap();
     assert!(!st.quiet(), "a store away");
