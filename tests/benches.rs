@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use rbgctl::client::ReplicateConfig;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 fn bench_store(master: &str, extra: &[&str]) -> Output {
     Command::new(BIN)
@@ -239,6 +240,17 @@ fn bench_store_breakdown_shows_where_each_operation_went() {
         );
         assert!(f(b, "syscalls") > 0.0, "{b}");
     }
+    // The first run removed its objects and left; the master frees their space once their
+    // store has taken the forgets (and the client's reservations once it has left): the
+    // second run starts on an empty pool, as it checks.
+    let client = c.client();
+    assert!(
+        wait_until(Duration::from_secs(30), || client
+            .segments()
+            .is_ok_and(|s| s.iter().all(|s| s.used == 0))),
+        "the first run's objects were not all freed"
+    );
+    drop(client);
     let o = bench_store(&c.rpc, &["--breakdown"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(

@@ -2,8 +2,10 @@
 //! behind it), heartbeats, takes the master's forgets and lease renewals, and after a master
 //! restart reports the objects the benchmark put into it, as a persistent store reports its
 //! index. It serves no bytes: every read or write is refused with a message saying so. It lets
-//! the master be driven with millions of objects by metadata operations alone.
+//! the master be driven with millions of objects by metadata operations alone. It checks the
+//! master's tag on each forget as a store does, so the master does that work as it would.
 
+use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
 use crate::transfer::server::{self, ConnCounters, ServerHandle, ServerIo, Service};
 use crate::transfer::{ConnOptions, Header, Opcode, Pool, Status, TransferError};
@@ -16,6 +18,16 @@ use std::time::Duration;
 /// The store side: what the master sends a store.
 struct PaperService {
     connections: ConnCounters,
+    grant_key: GrantKey,
+}
+
+impl PaperService {
+    /// The body of the master's order, or a protocol error (the master is the only sender).
+    fn order<'m>(&self, op: Opcode, meta: &'m [u8]) -> Result<&'m [u8], TransferError> {
+        self.grant_key
+            .open_order(op, meta)
+            .map_err(|e| TransferError::Protocol(e.to_string()))
+    }
 }
 
 impl Service for PaperService {
@@ -28,11 +40,11 @@ impl Service for PaperService {
     ) -> Result<(), TransferError> {
         match op {
             Opcode::Forget => {
-                ForgetReq::from_meta(meta)?;
+                ForgetReq::from_meta(self.order(op, meta)?)?;
                 io.ok(&())
             }
             Opcode::ForgetLease => {
-                ForgetLeaseReq::from_meta(meta)?;
+                ForgetLeaseReq::from_meta(self.order(op, meta)?)?;
                 io.ok(&())
             }
             _ => {
@@ -58,6 +70,7 @@ pub struct PaperStore {
     client_id: u64,
     master: Pool,
     segment: SegmentInfo,
+    grant_key: GrantKey,
     segment_id: AtomicU64,
     /// The objects put into the segment (reported after a master restart).
     objects: Mutex<Vec<StoredObject>>,
@@ -72,10 +85,12 @@ impl PaperStore {
     pub fn start(master: &str, size: u64) -> anyhow::Result<Arc<PaperStore>> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let endpoint = listener.local_addr()?.to_string();
+        let grant_key = GrantKey::generate()?;
         let server = server::spawn(
             listener,
             Arc::new(PaperService {
                 connections: ConnCounters::default(),
+                grant_key: grant_key.clone(),
             }),
             server::ServerOptions {
                 max_connections: 64,
@@ -98,6 +113,7 @@ impl PaperStore {
                 segment_uuid: fastrand::u64(1..),
                 ..SegmentInfo::default()
             },
+            grant_key,
             segment_id: AtomicU64::new(0),
             objects: Mutex::new(Vec::new()),
             reported: AtomicBool::new(false),
@@ -148,8 +164,7 @@ impl PaperStore {
             client_id: self.client_id,
             segment: self.segment.clone(),
             recovering,
-            // It serves no writes, so checks no grants: any key of the right size will do.
-            grant_key: vec![0; crate::transfer::grant::KEY_LEN],
+            grant_key: self.grant_key.bytes().to_vec(),
         };
         let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
         self.segment_id.store(resp.segment_id, Ordering::Relaxed);
