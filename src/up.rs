@@ -907,6 +907,35 @@ mod tests {
         );
     }
 
+    /// Issue 62, item B9: `--engine-base-port` overrides the layout, and the engines take
+    /// consecutive ports from it (a base too high for them is refused by name).
+    #[test]
+    fn the_engine_base_port_flag_places_the_engines() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            up: UpArgs,
+        }
+        let cli =
+            Cli::try_parse_from(["up", "--engines", "3", "--engine-base-port", "31000"]).unwrap();
+        let c = cli.up.resolve().unwrap();
+        assert_eq!(c.engines.base_port, 31000);
+        let ports: Vec<u16> = (0..c.engines.total())
+            .map(|i| nth_port(c.engines.base_port, i, "engines.base_port").unwrap())
+            .collect();
+        assert_eq!(ports, [31000, 31001, 31002]);
+        assert_eq!(
+            nth_port(0, 2, "engines.base_port").unwrap(),
+            0,
+            "kernel's choice"
+        );
+        let e = nth_port(65535, 1, "engines.base_port")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("engines.base_port"), "{e}");
+    }
+
     #[test]
     fn the_example_config_parses_and_bad_layouts_are_refused() {
         let c: UpConfig = toml::from_str(

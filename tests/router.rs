@@ -2983,6 +2983,13 @@ fn precise_prefix_follows_every_data_parallel_rank() {
         &s(&["--worker-urls", &url, "--policy", "precise_prefix"]),
         true,
     );
+    // Ready is not caught up: each rank's replay arrives on its own; wait for both.
+    assert!(
+        wait_until(Duration::from_secs(20), || query(&r)["default"][&url]["DP"]
+            == json!({"0": 4, "1": 8})),
+        "both ranks' replays reached the router: {}",
+        query(&r)
+    );
     let v = query(&r);
     let instance = &v["default"][&url];
     assert_eq!(instance["longest_matched"], 8, "{v}");
@@ -3004,6 +3011,16 @@ fn precise_prefix_follows_every_data_parallel_rank() {
             "--dp-aware",
         ]),
         true,
+    );
+    // Ready is not caught up: each rank's replay arrives on its own; wait for both.
+    let caught_up = |v: &Value| {
+        v["default"][format!("{url}@0")]["longest_matched"] == 4
+            && v["default"][format!("{url}@1")]["longest_matched"] == 8
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || caught_up(&query(&r))),
+        "both ranks' replays reached the --dp-aware router: {}",
+        query(&r)
     );
     let v = query(&r);
     assert_eq!(

@@ -243,13 +243,50 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// Tries to start a peer this many times when another process took a port chosen for it
+/// between the choice and the peer's bind.
+const PORT_TRIES: usize = 3;
+
 /// Starts a peer command (`{port}`, `{prometheus_port}` and the placeholders in `vars`
-/// replaced) and waits (up to 120 s) for its `/readiness` (or `/health`).
+/// replaced) and waits (up to 120 s) for its `/readiness` (or `/health`). A peer that exits
+/// because a port it was given is in use (taken since it was chosen) is started again on
+/// other ports.
 fn start_peer(
     template: &str,
     vars: &[(&str, String)],
     log: std::path::PathBuf,
 ) -> anyhow::Result<Peer> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match start_peer_once(template, vars, &log) {
+            Err(PeerStart::PortTaken(e)) if tries < PORT_TRIES => {
+                tracing::info!(error = %e, "a port chosen for the peer was taken; other ports");
+            }
+            Err(PeerStart::PortTaken(e) | PeerStart::Failed(e)) => return Err(e),
+            Ok(peer) => return Ok(peer),
+        }
+    }
+}
+
+enum PeerStart {
+    /// It exited saying an address was in use.
+    PortTaken(anyhow::Error),
+    Failed(anyhow::Error),
+}
+
+impl<E: Into<anyhow::Error>> From<E> for PeerStart {
+    fn from(e: E) -> PeerStart {
+        PeerStart::Failed(e.into())
+    }
+}
+
+fn start_peer_once(
+    template: &str,
+    vars: &[(&str, String)],
+    log: &std::path::Path,
+) -> Result<Peer, PeerStart> {
+    let log = log.to_path_buf();
     let port = free_port()?;
     let mut line = template
         .replace("{port}", &port.to_string())
@@ -273,10 +310,16 @@ fn start_peer(
         .build()?;
     loop {
         if let Some(status) = peer.child.try_wait()? {
-            bail!(
+            let e = anyhow::anyhow!(
                 "the peer exited ({status}) before it was ready: {line}\n(log: {})",
                 peer.log.display()
             );
+            let said = std::fs::read_to_string(&peer.log).unwrap_or_default();
+            return Err(if said.to_ascii_lowercase().contains("in use") {
+                PeerStart::PortTaken(e)
+            } else {
+                PeerStart::Failed(e)
+            });
         }
         let ready = ["/readiness", "/health"].iter().any(|p| {
             client
@@ -288,10 +331,10 @@ fn start_peer(
             return Ok(peer);
         }
         if Instant::now() > deadline {
-            bail!(
+            return Err(PeerStart::Failed(anyhow::anyhow!(
                 "the peer never answered /readiness on port {port}: {line}\n(log: {})",
                 peer.log.display()
-            );
+            )));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
