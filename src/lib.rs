@@ -29,6 +29,7 @@ pub mod kv;
 pub mod kv_events;
 pub mod launch;
 pub mod master;
+pub mod mooncake;
 pub mod operator;
 pub mod report;
 pub mod role;
