@@ -323,6 +323,12 @@ pub fn start(
         leadership: leadership.clone(),
         mover: mover.clone(),
         housekeeper: housekeeper.clone(),
+        // Mooncake's RPC carries no authentication: served beside rbgctl's only where the
+        // pool has no secret (as the seeds' deployments run).
+        mooncake: match secret {
+            None => Some(Arc::new(crate::mooncake::master::MooncakeMaster)),
+            Some(_) => None,
+        },
     });
     let shared = Arc::new(Shared {
         state: state.clone(),

@@ -30,6 +30,8 @@ pub struct MasterService {
     pub mover: Arc<super::mover::Mover>,
     /// Poked after every operation that may change the state.
     pub housekeeper: Arc<super::housekeeper::Housekeeper>,
+    /// Mooncake's master RPC on this port, told apart by its first byte (`None`: refused).
+    pub mooncake: Option<Arc<crate::mooncake::master::MooncakeMaster>>,
 }
 
 /// Whether an operation may leave the housekeeper work to do (anything but a read, a ping, a
@@ -577,5 +579,11 @@ impl Service for MasterService {
 
     fn connections(&self) -> &crate::transfer::server::ConnCounters {
         &self.connections
+    }
+
+    fn guest(&self) -> Option<Arc<dyn crate::transfer::server::Guest>> {
+        self.mooncake
+            .clone()
+            .map(|m| m as Arc<dyn crate::transfer::server::Guest>)
     }
 }

@@ -5,6 +5,7 @@
 //! (`tests/vectors/mooncake/`).
 
 pub mod coro_rpc;
+pub mod master;
 pub mod rpcs;
 pub mod struct_pack;
 pub mod types;

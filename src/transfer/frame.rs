@@ -430,9 +430,10 @@ impl Foreign {
     pub fn advice(self) -> &'static str {
         match self {
             Foreign::MooncakeRpc => {
-                "this looks like Mooncake's RPC (coro_rpc), which this port does not speak: \
-                 rbgctl's master and stores talk rbgctl's own protocol (the rbgctl client, \
-                 its Python package, SGLang's `rbgctl` HiCache backend)"
+                "this looks like Mooncake's RPC (coro_rpc), which this port does not serve: \
+                 rbgctl's master serves it only when the pool has no cluster secret (it \
+                 carries no authentication), and stores speak rbgctl's own protocol (the \
+                 rbgctl client, its Python package, SGLang's `rbgctl` HiCache backend)"
             }
             Foreign::Http => {
                 "this looks like HTTP: this port speaks rbgctl's RPC; the HTTP API (metrics, \

@@ -19,7 +19,10 @@
 use super::admission::Slot;
 use super::epoll::{Epoll, Events, Waker, EVENTS};
 use super::handshake::{bad_header_answer, check_request, unknown_opcode, Handshake, Step};
-use super::{ConnCounters, ConnLogs, Fence, Handoff, ServerIo, ServerOptions, Service, Sink};
+use super::{
+    ConnCounters, ConnLogs, Fence, Guest, GuestConn, Handoff, ServerIo, ServerOptions, Service,
+    Sink, MAX_GUEST_CONNECTIONS,
+};
 use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
 use crate::transfer::stream::meta_too_long;
 use crate::transfer::TransferError;
@@ -75,6 +78,10 @@ impl Door {
 /// What a server's loops and its waiting-request threads share.
 struct Shared {
     service: Arc<dyn Service>,
+    /// The other protocol the port serves, if any (`Service::guest`).
+    guest: Option<Arc<dyn Guest>>,
+    /// Connections a guest protocol's threads serve now.
+    guests: std::sync::atomic::AtomicUsize,
     opts: ServerOptions,
     logs: ConnLogs,
     blocking: Arc<Blocking>,
@@ -107,6 +114,28 @@ impl Shared {
     }
 }
 
+/// One connection's count among those the guest protocol serves; given back when dropped.
+struct GuestPlace {
+    shared: Arc<Shared>,
+    /// How many there are with this one.
+    held: usize,
+}
+
+impl GuestPlace {
+    fn take(shared: &Arc<Shared>) -> GuestPlace {
+        GuestPlace {
+            held: shared.guests.fetch_add(1, Ordering::SeqCst) + 1,
+            shared: shared.clone(),
+        }
+    }
+}
+
+impl Drop for GuestPlace {
+    fn drop(&mut self) {
+        self.shared.guests.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The accept loop's side of a server's loops: where each admitted connection goes.
 pub(super) struct Loops {
     doors: Vec<Door>,
@@ -123,6 +152,8 @@ impl Loops {
         shutdown: &Arc<AtomicBool>,
     ) -> std::io::Result<(Loops, Vec<(Arc<Waker>, JoinHandle<()>)>)> {
         let shared = Arc::new(Shared {
+            guest: service.guest(),
+            guests: Default::default(),
             service,
             opts: opts.clone(),
             logs: ConnLogs::new(),
@@ -183,6 +214,8 @@ struct Conn {
     served: bool,
     /// `unread` holds frames not tried since a request waited.
     backlog: bool,
+    /// Its first bytes are the guest protocol's: it goes to a thread of the guest's.
+    guest: bool,
 }
 
 /// What serving one frame leaves the connection to do.
@@ -357,9 +390,67 @@ impl EventLoop {
             active: self.now,
             served: false,
             backlog: false,
+            guest: false,
         });
         tracing::debug!(role, %peer, "connection opened");
         // Bytes that came before the registration are reported by it (epoll looks once).
+    }
+
+    /// Gives a connection of the guest protocol to a thread of its own, with the bytes it
+    /// sent so far; its place at the port is held until that thread ends.
+    fn hand_to_guest(&mut self, token: usize) {
+        let Some(conn) = self.conns[token].take() else {
+            return;
+        };
+        self.free.push(token);
+        let _ = self.poll.unwatch(&conn.stream);
+        let role = self.shared.opts.role;
+        let Some(guest) = self.shared.guest.clone() else {
+            return;
+        };
+        let place = GuestPlace::take(&self.shared);
+        if place.held > MAX_GUEST_CONNECTIONS {
+            tracing::warn!(role, peer = %conn.peer, limit = MAX_GUEST_CONNECTIONS,
+                "closing a connection of the guest protocol: too many at once");
+            return;
+        }
+        let idle = self.shared.opts.idle_timeout;
+        let set_up = conn
+            .stream
+            .set_nonblocking(false)
+            .and_then(|()| conn.stream.set_read_timeout(Some(idle)))
+            .and_then(|()| {
+                conn.stream
+                    .set_write_timeout(Some(self.shared.opts.request_timeout))
+            });
+        if let Err(e) = set_up {
+            tracing::warn!(role, peer = %conn.peer, error = %e, "cannot set up a guest connection");
+            return;
+        }
+        let Conn {
+            stream,
+            peer,
+            slot,
+            unread,
+            ..
+        } = conn;
+        let service = self.shared.service.clone();
+        let handed = GuestConn {
+            stream,
+            peer,
+            read: unread,
+            idle_timeout: idle,
+            request_timeout: self.shared.opts.request_timeout,
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("{role}-guest"))
+            .spawn(move || {
+                let _held = (slot, place);
+                guest.serve(service.as_ref(), handed);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(role, %peer, error = %e, "cannot start a thread for a guest connection");
+        }
     }
 
     fn close(&mut self, token: usize) {
@@ -409,6 +500,9 @@ impl EventLoop {
                 drained = n < self.scratch.len();
                 let read = &self.scratch[..n];
                 serve_buffered(&self.shared, &self.door, token, conn, read, &mut self.out);
+                if conn.guest {
+                    return self.hand_to_guest(token);
+                }
                 if conn.unread.is_empty() && conn.unread.capacity() > KEEP_BUFFER {
                     conn.unread = Vec::new();
                 }
@@ -635,6 +729,11 @@ fn serve_frames(
     // Another protocol's client (Mooncake's, a browser, TLS) is told at once, from its first
     // bytes, rather than left waiting for the rest of a header that never comes.
     if !conn.served {
+        // The port's guest protocol (the master's: Mooncake's RPC) goes to a thread of its own.
+        if shared.guest.as_ref().is_some_and(|g| g.speaks(data)) {
+            conn.guest = true;
+            return 0;
+        }
         // Bytes of no protocol known are answered below as a bad frame, as ever.
         if let Some(foreign) = crate::transfer::frame::foreign_protocol(data) {
             shared.foreign(conn.peer, foreign);

@@ -152,7 +152,38 @@ pub trait Service: Send + Sync + 'static {
     fn max_data_len(&self) -> u64;
     /// Where the server counts what happens to connections (for metrics).
     fn connections(&self) -> &ConnCounters;
+    /// Another protocol this port serves beside rbgctl's, told apart by a connection's first
+    /// bytes (the master: Mooncake's RPC). `None`: other protocols are refused.
+    fn guest(&self) -> Option<Arc<dyn Guest>> {
+        None
+    }
 }
+
+/// Another protocol on a port of rbgctl's: a connection whose first bytes are its frames is
+/// served by it on a thread of its own (blocking reads, writes and waits), with the port's
+/// service at hand to carry out what the requests ask.
+pub trait Guest: Send + Sync + 'static {
+    /// Whether a connection whose first bytes are `first` speaks this protocol.
+    fn speaks(&self, first: &[u8]) -> bool;
+    /// Serves the connection until it ends.
+    fn serve(&self, service: &dyn Service, conn: GuestConn);
+}
+
+/// A connection handed to a guest protocol.
+pub struct GuestConn {
+    /// Blocking, with the port's idle timeout on reads and request timeout on writes.
+    pub stream: TcpStream,
+    pub peer: SocketAddr,
+    /// Its bytes read so far.
+    pub read: Vec<u8>,
+    /// How long it may stay quiet between requests.
+    pub idle_timeout: Duration,
+    /// How long each read or write inside a request may wait for progress.
+    pub request_timeout: Duration,
+}
+
+/// Most connections of guest protocols one server serves at once (a thread each).
+pub const MAX_GUEST_CONNECTIONS: usize = 512;
 
 /// What an elected master puts on its answers: its epoch (clients drop answers from an older
 /// one), and the instant its leadership lease may run out, after which no answer may go out as

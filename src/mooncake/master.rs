@@ -1,0 +1,410 @@
+//! Mooncake's master RPC on the master's port: each coro_rpc request is decoded, carried out
+//! as the rbgctl operation it is (through the master's own service, so leases, durability and
+//! leadership hold the same) and answered in Mooncake's types and error codes.
+//!
+//! Served so far: the calls a client makes before and around its first operations
+//! (ServiceReady, GetStorageConfig, GetFsdir, Ping, FetchTasks) and the key operations that
+//! move no bytes (ExistKey, BatchExistKey, Remove, BatchRemove, RemoveAll). The other RPCs a
+//! client calls answer Mooncake's `NOT_SUPPORTED` in their own result type; handlers Mooncake
+//! registers for features rbgctl has not (NoF, SSD offload, copy and move tasks) answer
+//! coro_rpc's "not registered" with their name. Tenants other than `default` are refused with
+//! `TENANT_NOT_REGISTERED`.
+
+use super::coro_rpc::{self, error_response, Errc, RequestHeader, MAGIC, REQUEST_HEADER_LEN};
+use super::rpcs::{handler, Handler, Rpc, SERVICE_VERSION};
+use super::struct_pack::{Pack, SpError, TypeSig};
+use super::types::{
+    client_status, error_code, GetStorageConfigResponse, PingResponse, TaskAssignment, Uuid,
+};
+use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
+use crate::transfer::message::{
+    BatchExistsResp, BatchKeysReq, BatchRemoveReq, BatchStatusResp, KeyReq, PingReq, PingResp,
+    RemoveAllReq, RemoveAllResp, RemoveReq, Wire,
+};
+use crate::transfer::server::{Guest, GuestConn, ServerIo, Service, Sink};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Largest request body (and attachment) taken: Mooncake's largest requests are batches of a
+/// few hundred keys.
+pub const MAX_REQUEST: u64 = 16 << 20;
+
+/// The only tenant served (Mooncake's default).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Mooncake's master RPC, as a guest of the master's port.
+#[derive(Debug, Default)]
+pub struct MooncakeMaster;
+
+impl Guest for MooncakeMaster {
+    fn speaks(&self, first: &[u8]) -> bool {
+        first.first() == Some(&MAGIC)
+    }
+
+    fn serve(&self, service: &dyn Service, handed: GuestConn) {
+        let GuestConn {
+            mut stream,
+            peer,
+            read,
+            idle_timeout,
+            request_timeout,
+        } = handed;
+        tracing::debug!(%peer, "a Mooncake client connected to the master");
+        let mut conn = Conn {
+            read,
+            at: 0,
+            idle_timeout,
+            request_timeout,
+        };
+        loop {
+            let frame = match conn.next(&mut stream) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "Mooncake connection ended");
+                    break;
+                }
+            };
+            let answer = match frame {
+                Frame::Request(head, body) => answer(service, &head, &body),
+                Frame::Refused(head, errc, why) => {
+                    tracing::warn!(%peer, reason = %why, "Mooncake request refused");
+                    let out = error_response(head.seq_num, errc, &why);
+                    let _ = stream.write_all(&out);
+                    break;
+                }
+            };
+            if stream.write_all(&answer).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// A connection's bytes: what was read and not yet served; how long reads may wait.
+struct Conn {
+    read: Vec<u8>,
+    at: usize,
+    idle_timeout: Duration,
+    request_timeout: Duration,
+}
+
+enum Frame {
+    Request(RequestHeader, Vec<u8>),
+    /// A request that is answered with a coro_rpc error, after which the connection closes.
+    Refused(RequestHeader, Errc, String),
+}
+
+impl Conn {
+    /// Reads until `n` unserved bytes are at hand; `false` at a clean end between requests.
+    /// `inside`: a request has begun (its header was read).
+    fn fill(&mut self, stream: &mut TcpStream, n: usize, inside: bool) -> std::io::Result<bool> {
+        if self.at > 0 && self.at == self.read.len() {
+            self.read.clear();
+            self.at = 0;
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        while self.read.len() - self.at < n {
+            // Quiet between requests for up to the idle timeout; inside one, each read must
+            // bring bytes within the request timeout (a half frame holds nothing for long).
+            let wait = match inside || self.read.len() > self.at {
+                true => self.request_timeout,
+                false => self.idle_timeout,
+            };
+            stream.set_read_timeout(Some(wait))?;
+            let got = stream.read(&mut chunk)?;
+            if got == 0 {
+                if self.read.len() == self.at {
+                    return Ok(false);
+                }
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.read.extend_from_slice(&chunk[..got]);
+        }
+        Ok(true)
+    }
+
+    fn take(&mut self, n: usize) -> &[u8] {
+        let s = &self.read[self.at..self.at + n];
+        self.at += n;
+        s
+    }
+
+    /// The next request, `None` when the client closed between requests.
+    fn next(&mut self, stream: &mut TcpStream) -> std::io::Result<Option<Frame>> {
+        if !self.fill(stream, REQUEST_HEADER_LEN, false)? {
+            return Ok(None);
+        }
+        let raw: [u8; REQUEST_HEADER_LEN] = self.take(REQUEST_HEADER_LEN).try_into().expect("20");
+        let head = match RequestHeader::decode(&raw) {
+            Ok(h) => h,
+            Err(e) => {
+                let head = RequestHeader {
+                    seq_num: u32::from_le_bytes(raw[4..8].try_into().expect("4")),
+                    ..RequestHeader::default()
+                };
+                let errc = match e {
+                    coro_rpc::FrameError::Version(_) => Errc::UnknownProtocolVersion,
+                    _ => Errc::ProtocolError,
+                };
+                return Ok(Some(Frame::Refused(head, errc, e.to_string())));
+            }
+        };
+        if head.payload_len() > MAX_REQUEST {
+            let why = coro_rpc::FrameError::TooLarge {
+                len: head.payload_len(),
+                limit: MAX_REQUEST,
+            };
+            return Ok(Some(Frame::Refused(
+                head,
+                Errc::MessageTooLarge,
+                why.to_string(),
+            )));
+        }
+        let n = head.payload_len() as usize;
+        if !self.fill(stream, n, true)? {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let body = self.take(n)[..head.length as usize].to_vec();
+        Ok(Some(Frame::Request(head, body)))
+    }
+}
+
+/// Why a request could not be carried out, as Mooncake's client is told.
+enum Fail {
+    /// coro_rpc's own error: its arguments did not decode.
+    Args(SpError),
+    /// Mooncake's `ErrorCode`, inside the RPC's result.
+    Code(i32),
+}
+
+impl From<SpError> for Fail {
+    fn from(e: SpError) -> Fail {
+        Fail::Args(e)
+    }
+}
+
+/// The answer frame to one request.
+fn answer(service: &dyn Service, head: &RequestHeader, body: &[u8]) -> Vec<u8> {
+    let seq = head.seq_num;
+    let rpc = match handler(head.function_id) {
+        Some(Handler::Served(rpc)) => rpc,
+        Some(Handler::Unserved(name)) => {
+            return error_response(
+                seq,
+                Errc::FunctionNotRegistered,
+                &format!("rbgctl's master has no {name} (a Mooncake feature it does not have)"),
+            )
+        }
+        None => {
+            return error_response(
+                seq,
+                Errc::FunctionNotRegistered,
+                "the rpc function not registered",
+            )
+        }
+    };
+    match carry_out(service, rpc, body) {
+        Ok(out) => coro_rpc::response(seq, Errc::Ok, &out),
+        Err(Fail::Args(e)) => {
+            tracing::debug!(rpc = rpc.name(), error = %e, "Mooncake request did not decode");
+            error_response(seq, Errc::InvalidRpcArguments, "invalid rpc arg")
+        }
+        Err(Fail::Code(code)) => coro_rpc::response(seq, Errc::Ok, &error_body(rpc, code)),
+    }
+}
+
+/// `v` as the body of an answer of result type `R`.
+fn body<R: Pack>(v: &R) -> Vec<u8> {
+    TypeSig::of::<R>().write(v)
+}
+
+/// Arguments of type `A` from a request body.
+fn args<A: Pack>(body: &[u8]) -> Result<A, SpError> {
+    TypeSig::of::<A>().read(body)
+}
+
+type Expected<T> = Result<T, i32>;
+
+/// Carries out one RPC; answers its result's body.
+fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail> {
+    Ok(match rpc {
+        Rpc::ServiceReady => body::<Expected<String>>(&Ok(SERVICE_VERSION.into())),
+        Rpc::GetStorageConfig => {
+            // No files: the answer of a Mooncake master without persistence.
+            body::<Expected<GetStorageConfigResponse>>(&Ok(GetStorageConfigResponse {
+                fsdir: String::new(),
+                enable_disk_eviction: true,
+                quota_bytes: 0,
+            }))
+        }
+        Rpc::GetFsdir => body::<Expected<String>>(&Ok(String::new())),
+        Rpc::Ping => {
+            let client: Uuid = args(b)?;
+            let r: PingResp = call(
+                service,
+                Opcode::Ping,
+                &PingReq {
+                    client_id: client_id(client),
+                },
+            )?;
+            let client_status = if r.need_remount {
+                client_status::NEED_REMOUNT
+            } else {
+                client_status::OK
+            };
+            body::<Expected<PingResponse>>(&Ok(PingResponse {
+                view_version_id: 0,
+                client_status,
+            }))
+        }
+        Rpc::FetchTasks => {
+            let _: (Uuid, u64) = args(b)?;
+            body::<Expected<Vec<TaskAssignment>>>(&Ok(Vec::new()))
+        }
+        Rpc::ExistKey => {
+            let (key, tenant): (String, String) = args(b)?;
+            tenant_served(&tenant)?;
+            let exists: bool = call(service, Opcode::Exists, &KeyReq { key })?;
+            body::<Expected<bool>>(&Ok(exists))
+        }
+        Rpc::BatchExistKey => {
+            let (keys, tenant): (Vec<String>, String) = args(b)?;
+            tenant_served(&tenant)?;
+            let r: BatchExistsResp = call(service, Opcode::BatchExists, &BatchKeysReq { keys })?;
+            body::<Vec<Expected<bool>>>(&r.items.into_iter().map(Ok).collect())
+        }
+        Rpc::Remove => {
+            let (key, force, tenant): (String, bool, String) = args(b)?;
+            tenant_served(&tenant)?;
+            let () = call(service, Opcode::Remove, &RemoveReq { key, force })?;
+            body::<Expected<()>>(&Ok(()))
+        }
+        Rpc::BatchRemove => {
+            let (keys, force, tenant): (Vec<String>, bool, String) = args(b)?;
+            tenant_served(&tenant)?;
+            let r: BatchStatusResp = call(
+                service,
+                Opcode::BatchRemove,
+                &BatchRemoveReq { force, keys },
+            )?;
+            let items: Vec<Expected<()>> = r
+                .items
+                .into_iter()
+                .map(|s| match s {
+                    Status::Ok => Ok(()),
+                    s => Err(mooncake_code(s)),
+                })
+                .collect();
+            body(&items)
+        }
+        Rpc::RemoveAll => {
+            let (force, tenant): (bool, String) = args(b)?;
+            tenant_served(&tenant)?;
+            // A plain `long`, not an expected: Mooncake answers a failure as -1.
+            let removed =
+                call::<_, RemoveAllResp>(service, Opcode::RemoveAll, &RemoveAllReq { force })
+                    .map_or(-1, |r| r.removed as i64);
+            body::<i64>(&removed)
+        }
+        _ => return Err(Fail::Code(error_code::NOT_SUPPORTED)),
+    })
+}
+
+/// The body of a failed RPC: `code` in its own result type.
+fn error_body(rpc: Rpc, code: i32) -> Vec<u8> {
+    use super::types::{GetReplicaListResponse, ReplicaDescriptor};
+    match rpc {
+        Rpc::ServiceReady | Rpc::GetFsdir => body::<Expected<String>>(&Err(code)),
+        Rpc::GetStorageConfig => body::<Expected<GetStorageConfigResponse>>(&Err(code)),
+        Rpc::Ping => body::<Expected<PingResponse>>(&Err(code)),
+        Rpc::FetchTasks => body::<Expected<Vec<TaskAssignment>>>(&Err(code)),
+        Rpc::ExistKey => body::<Expected<bool>>(&Err(code)),
+        Rpc::GetReplicaList => body::<Expected<GetReplicaListResponse>>(&Err(code)),
+        Rpc::PutStart | Rpc::UpsertStart => body::<Expected<Vec<ReplicaDescriptor>>>(&Err(code)),
+        Rpc::RemoveAll => body::<i64>(&-1),
+        Rpc::RemoveByRegex => body::<Expected<i64>>(&Err(code)),
+        // Batch answers and the rest: one error for the whole call, in the result type the
+        // client expects, is not possible without the item count; those RPCs decode their
+        // arguments first and answer per item. What reaches here is `expected<void>`.
+        _ => body::<Expected<()>>(&Err(code)),
+    }
+}
+
+/// The rbgctl client id of a Mooncake client's UUID.
+pub fn client_id(u: Uuid) -> u64 {
+    (u.0 ^ u.1.rotate_left(32)).max(1)
+}
+
+/// Only Mooncake's default tenant is served.
+fn tenant_served(tenant: &str) -> Result<(), Fail> {
+    if tenant == DEFAULT_TENANT {
+        return Ok(());
+    }
+    tracing::warn!(
+        tenant,
+        "a Mooncake client asked for a tenant other than \"default\"; rbgctl's \
+        master serves the default tenant only (TENANT_NOT_REGISTERED)"
+    );
+    Err(Fail::Code(error_code::TENANT_NOT_REGISTERED))
+}
+
+/// Mooncake's error code for an rbgctl status.
+pub fn mooncake_code(s: Status) -> i32 {
+    match s {
+        Status::Ok => 0,
+        Status::ObjectNotFound => error_code::OBJECT_NOT_FOUND,
+        Status::ObjectHasLease => error_code::OBJECT_HAS_LEASE,
+        Status::ReplicaNotReady | Status::PutInProgress => error_code::REPLICA_IS_NOT_READY,
+        Status::NoSpace => error_code::NO_AVAILABLE_HANDLE,
+        Status::InvalidParams | Status::ValueTooLarge => error_code::INVALID_PARAMS,
+        Status::SegmentNotFound => error_code::SEGMENT_NOT_FOUND,
+        Status::SegmentExists => error_code::SEGMENT_ALREADY_EXISTS,
+        Status::IllegalClient => error_code::ILLEGAL_CLIENT,
+        Status::WriteSuperseded | Status::NotGranted => error_code::INVALID_WRITE,
+        Status::ChecksumMismatch => error_code::CHECKSUM_MISMATCH,
+        Status::NotLeader | Status::ObjectUnavailable | Status::NotDurable => {
+            error_code::UNAVAILABLE_IN_CURRENT_STATUS
+        }
+        _ => error_code::INTERNAL_ERROR,
+    }
+}
+
+/// Carries out rbgctl operation `op` through the master's service, as a request of its own
+/// would be (on this thread, which may block); answers its reply or Mooncake's code for its
+/// refusal.
+fn call<Req: Wire, Resp: Wire>(service: &dyn Service, op: Opcode, req: &Req) -> Result<Resp, Fail> {
+    let meta = req.to_meta();
+    let header = Header::request(op, 1, meta.len(), 0);
+    let mut out = Vec::new();
+    let mut attached = None;
+    let mut io = ServerIo::new(
+        Sink::Buffer(&mut out),
+        header,
+        &mut attached,
+        true,
+        Instant::now(),
+    );
+    if let Err(e) = service.handle(&header, op, &meta, &mut io) {
+        tracing::warn!(op = op.name(), error = %e, "a Mooncake request failed in the master");
+        return Err(Fail::Code(error_code::INTERNAL_ERROR));
+    }
+    let reply = out
+        .first_chunk::<HEADER_LEN>()
+        .and_then(|h| Header::decode(h).ok())
+        .ok_or(Fail::Code(error_code::INTERNAL_ERROR))?;
+    let mut meta = out
+        .get(HEADER_LEN..HEADER_LEN + reply.meta_len as usize)
+        .ok_or(Fail::Code(error_code::INTERNAL_ERROR))?;
+    if reply.flags & FLAG_EPOCH != 0 {
+        meta = meta
+            .get(8..)
+            .ok_or(Fail::Code(error_code::INTERNAL_ERROR))?;
+    }
+    let status = Status::from_u16(reply.status);
+    if status != Status::Ok {
+        return Err(Fail::Code(mooncake_code(status)));
+    }
+    Resp::from_meta(meta).map_err(|_| Fail::Code(error_code::INTERNAL_ERROR))
+}
