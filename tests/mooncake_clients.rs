@@ -82,6 +82,21 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
         !c.master().log().contains("another protocol"),
         "the master took the wheel for a stranger"
     );
+    // The master counts what the wheel asked, by RPC and result.
+    let count = |rpc: &str, result: &str| {
+        c.master_metric(&format!(
+            "rbgctl_master_mooncake_requests_total{{rpc=\"{rpc}\",result=\"{result}\"}}"
+        ))
+        .unwrap_or(0.0)
+    };
+    assert_eq!(count("ServiceReady", "ok"), 1.0);
+    assert_eq!(count("ExistKey", "ok"), 3.0);
+    assert_eq!(count("Remove", "error"), 1.0, "the missing key");
+    assert!(
+        c.master_metric("rbgctl_master_mooncake_connections_total")
+            .unwrap()
+            >= 1.0
+    );
 }
 
 /// With the cluster secret, Mooncake's unauthenticated RPC is not served: the wheel's `setup`
@@ -252,5 +267,14 @@ fn bad_mooncake_frames_are_refused_at_once_and_others_served() {
     assert!(
         held < Duration::from_secs(10),
         "a half frame held the connection {held:?}"
+    );
+    assert_eq!(
+        c.master_metric("rbgctl_master_mooncake_unserved_requests_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        c.master_metric("rbgctl_master_mooncake_bad_requests_total"),
+        Some(2.0),
+        "the lying body and the 4 GiB one"
     );
 }

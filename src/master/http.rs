@@ -818,6 +818,9 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     );
     shared.state.render(&mut p);
     shared.service.connections.render(&mut p, "rbgctl_master");
+    if let Some(mooncake) = &shared.service.mooncake {
+        mooncake.render(&mut p);
+    }
     shared.service.stats.render(&mut p, "rbgctl_master", |op| {
         Opcode::from_u8(op).map(|o| o.name())
     });

@@ -326,7 +326,7 @@ pub fn start(
         // Mooncake's RPC carries no authentication: served beside rbgctl's only where the
         // pool has no secret (as the seeds' deployments run).
         mooncake: match secret {
-            None => Some(Arc::new(crate::mooncake::master::MooncakeMaster)),
+            None => Some(Arc::new(crate::mooncake::master::MooncakeMaster::default())),
             Some(_) => None,
         },
     });

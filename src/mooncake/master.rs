@@ -16,6 +16,7 @@ use super::struct_pack::{Pack, SpError, TypeSig};
 use super::types::{
     client_status, error_code, GetStorageConfigResponse, PingResponse, TaskAssignment, Uuid,
 };
+use crate::telemetry::PromText;
 use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
 use crate::transfer::message::{
     BatchExistsResp, BatchKeysReq, BatchRemoveReq, BatchStatusResp, KeyReq, PingReq, PingResp,
@@ -24,6 +25,7 @@ use crate::transfer::message::{
 use crate::transfer::server::{Guest, GuestConn, ServerIo, Service, Sink};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Largest request body (and attachment) taken: Mooncake's largest requests are batches of a
@@ -33,9 +35,70 @@ pub const MAX_REQUEST: u64 = 16 << 20;
 /// The only tenant served (Mooncake's default).
 pub const DEFAULT_TENANT: &str = "default";
 
-/// Mooncake's master RPC, as a guest of the master's port.
+/// Mooncake's master RPC, as a guest of the master's port, and what it has served.
 #[derive(Debug, Default)]
-pub struct MooncakeMaster;
+pub struct MooncakeMaster {
+    stats: Stats,
+}
+
+/// Requests served, by RPC and outcome; connections and refused frames.
+#[derive(Debug, Default)]
+struct Stats {
+    /// Per RPC (in `Rpc::ALL` order): answered with its value, with a Mooncake error code.
+    ok: [AtomicU64; RPC_COUNT],
+    failed: [AtomicU64; RPC_COUNT],
+    /// Requests for handlers rbgctl does not serve, or no one registers.
+    unserved: AtomicU64,
+    /// Requests whose arguments did not decode, or frames refused (size, version).
+    bad: AtomicU64,
+    connections: AtomicU64,
+}
+
+const RPC_COUNT: usize = Rpc::ALL.len();
+
+impl MooncakeMaster {
+    /// Its figures, for the master's `/metrics`.
+    pub fn render(&self, p: &mut PromText) {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        p.family(
+            "rbgctl_master_mooncake_requests_total",
+            "counter",
+            "Requests of Mooncake's master RPC, by RPC and result (ok, or error: a Mooncake \
+             error code in the answer).",
+        );
+        for (i, rpc) in Rpc::ALL.iter().enumerate() {
+            for (result, c) in [("ok", &self.stats.ok[i]), ("error", &self.stats.failed[i])] {
+                if c.load(Ordering::Relaxed) > 0 {
+                    p.sample(
+                        "rbgctl_master_mooncake_requests_total",
+                        &[("rpc", rpc.name()), ("result", result)],
+                        n(c),
+                    );
+                }
+            }
+        }
+        p.single(
+            "rbgctl_master_mooncake_unserved_requests_total",
+            "counter",
+            "Mooncake requests for handlers rbgctl's master does not serve (answered coro_rpc's \
+             \"not registered\").",
+            n(&self.stats.unserved),
+        )
+        .single(
+            "rbgctl_master_mooncake_bad_requests_total",
+            "counter",
+            "Mooncake requests refused: arguments that did not decode, an unknown version, a \
+             body over the limit.",
+            n(&self.stats.bad),
+        )
+        .single(
+            "rbgctl_master_mooncake_connections_total",
+            "counter",
+            "Connections that spoke Mooncake's master RPC.",
+            n(&self.stats.connections),
+        );
+    }
+}
 
 impl Guest for MooncakeMaster {
     fn speaks(&self, first: &[u8]) -> bool {
@@ -51,6 +114,7 @@ impl Guest for MooncakeMaster {
             request_timeout,
         } = handed;
         tracing::debug!(%peer, "a Mooncake client connected to the master");
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
         let mut conn = Conn {
             read,
             at: 0,
@@ -67,8 +131,9 @@ impl Guest for MooncakeMaster {
                 }
             };
             let answer = match frame {
-                Frame::Request(head, body) => answer(service, &head, &body),
+                Frame::Request(head, body) => self.answer(service, &head, &body),
                 Frame::Refused(head, errc, why) => {
+                    self.stats.bad.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%peer, reason = %why, "Mooncake request refused");
                     let out = error_response(head.seq_num, errc, &why);
                     let _ = stream.write_all(&out);
@@ -185,33 +250,41 @@ impl From<SpError> for Fail {
     }
 }
 
-/// The answer frame to one request.
-fn answer(service: &dyn Service, head: &RequestHeader, body: &[u8]) -> Vec<u8> {
-    let seq = head.seq_num;
-    let rpc = match handler(head.function_id) {
-        Some(Handler::Served(rpc)) => rpc,
-        Some(Handler::Unserved(name)) => {
-            return error_response(
-                seq,
-                Errc::FunctionNotRegistered,
-                &format!("rbgctl's master has no {name} (a Mooncake feature it does not have)"),
-            )
+impl MooncakeMaster {
+    /// The answer frame to one request.
+    fn answer(&self, service: &dyn Service, head: &RequestHeader, body: &[u8]) -> Vec<u8> {
+        let seq = head.seq_num;
+        let rpc = match handler(head.function_id) {
+            Some(Handler::Served(rpc)) => rpc,
+            other => {
+                self.stats.unserved.fetch_add(1, Ordering::Relaxed);
+                let why = match other {
+                    Some(Handler::Unserved(name)) => format!(
+                        "rbgctl's master has no {name} (a Mooncake feature it does not have)"
+                    ),
+                    _ => "the rpc function not registered".to_string(),
+                };
+                return error_response(seq, Errc::FunctionNotRegistered, &why);
+            }
+        };
+        let i = Rpc::ALL.iter().position(|&r| r == rpc).unwrap_or(0);
+        let _span = tracing::debug_span!("mooncake_rpc", rpc = rpc.name(), seq).entered();
+        match carry_out(service, rpc, body) {
+            Ok(out) => {
+                self.stats.ok[i].fetch_add(1, Ordering::Relaxed);
+                coro_rpc::response(seq, Errc::Ok, &out)
+            }
+            Err(Fail::Args(e)) => {
+                self.stats.bad.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(rpc = rpc.name(), error = %e, "Mooncake request did not decode");
+                error_response(seq, Errc::InvalidRpcArguments, "invalid rpc arg")
+            }
+            Err(Fail::Code(code)) => {
+                self.stats.failed[i].fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(rpc = rpc.name(), code, "Mooncake request answered an error");
+                coro_rpc::response(seq, Errc::Ok, &error_body(rpc, code))
+            }
         }
-        None => {
-            return error_response(
-                seq,
-                Errc::FunctionNotRegistered,
-                "the rpc function not registered",
-            )
-        }
-    };
-    match carry_out(service, rpc, body) {
-        Ok(out) => coro_rpc::response(seq, Errc::Ok, &out),
-        Err(Fail::Args(e)) => {
-            tracing::debug!(rpc = rpc.name(), error = %e, "Mooncake request did not decode");
-            error_response(seq, Errc::InvalidRpcArguments, "invalid rpc arg")
-        }
-        Err(Fail::Code(code)) => coro_rpc::response(seq, Errc::Ok, &error_body(rpc, code)),
     }
 }
 
