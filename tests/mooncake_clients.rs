@@ -57,6 +57,9 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
          print('remove_missing', s.remove('missing'))\n\
          print('remove', s.remove('rb/gone'))\n\
          print('after', s.is_exist('rb/gone'))\n\
+         print('put', s.put('mc/k', b'not yet'))\n\
+         print('put_batch', s.put_batch(['mc/a', 'mc/b'], [b'1', b'2']))\n\
+         print('get', len(s.get('rb/kept')))\n\
          s.close()\n",
         meta = c.metadata_port,
         rpc = c.rpc
@@ -75,6 +78,10 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     assert_eq!(line("remove_missing"), "remove_missing -704", "{said}");
     assert_eq!(line("remove"), "remove 0", "{said}");
     assert_eq!(line("after"), "after 0", "{said}");
+    // Puts and gets are not served yet: refused at once with an error, never a hang.
+    assert_ne!(line("put"), "put 0", "{said}");
+    assert_ne!(line("put_batch"), "put_batch 0", "{said}");
+    assert_eq!(line("get"), "get 0", "{said}");
     // rbgctl's client sees the wheel's remove, and what it left.
     assert!(!client.exists("rb/gone").unwrap());
     assert_eq!(client.get("rb/kept").unwrap(), b"from rbgctl");
@@ -233,6 +240,32 @@ fn bad_mooncake_frames_are_refused_at_once_and_others_served() {
     assert_eq!(err, 0);
     let result: Result<bool, i32> = TypeSig::of::<Result<bool, i32>>().read(&answer).unwrap();
     assert_eq!(result, Err(-1701));
+    // A batch RPC not served yet answers each item NOT_SUPPORTED, in the batch's own type.
+    use rbgctl::mooncake::types::{ReplicaDescriptor, ReplicateConfig, Uuid};
+    type Started = Vec<Result<Vec<ReplicaDescriptor>, i32>>;
+    let keys: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    let puts = (
+        Uuid(1, 2),
+        keys,
+        vec![1u64, 2, 3],
+        ReplicateConfig::default(),
+        "default".to_string(),
+    );
+    let body = TypeSig::of::<(Uuid, Vec<String>, Vec<u64>, ReplicateConfig, String)>().write(&puts);
+    let (err, answer, _) = ask(
+        RequestHeader {
+            seq_num: 14,
+            function_id: Rpc::BatchPutStart.id(),
+            length: body.len() as u32,
+            ..Default::default()
+        },
+        &body,
+    );
+    assert_eq!(err, 0);
+    assert_eq!(
+        TypeSig::of::<Started>().read::<Started>(&answer).unwrap(),
+        vec![Err(-1012); 3]
+    );
     // Half a frame, then nothing: closed within the request timeout (1 s here), not held.
     let mut half = std::net::TcpStream::connect(&c.rpc).unwrap();
     half.set_read_timeout(Some(Duration::from_secs(20)))

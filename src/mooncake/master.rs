@@ -12,9 +12,11 @@
 
 use super::coro_rpc::{self, error_response, Errc, RequestHeader, MAGIC, REQUEST_HEADER_LEN};
 use super::rpcs::{handler, Handler, Rpc, SERVICE_VERSION};
+use super::struct_pack::Map;
 use super::struct_pack::{Pack, SpError, TypeSig};
 use super::types::{
-    client_status, error_code, GetStorageConfigResponse, PingResponse, TaskAssignment, Uuid,
+    client_status, error_code, GetReplicaListResponse, GetStorageConfigResponse, ObjectMeta,
+    PingResponse, ReplicaDescriptor, ReplicateConfig, TaskAssignment, Uuid,
 };
 use crate::telemetry::PromText;
 use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
@@ -344,9 +346,15 @@ fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail>
         }
         Rpc::BatchExistKey => {
             let (keys, tenant): (Vec<String>, String) = args(b)?;
-            tenant_served(&tenant)?;
-            let r: BatchExistsResp = call(service, Opcode::BatchExists, &BatchKeysReq { keys })?;
-            body::<Vec<Expected<bool>>>(&r.items.into_iter().map(Ok).collect())
+            let n = keys.len();
+            let exists = tenant_served(&tenant).and_then(|()| {
+                call::<_, BatchExistsResp>(service, Opcode::BatchExists, &BatchKeysReq { keys })
+            });
+            let items: Vec<Expected<bool>> = match exists {
+                Ok(r) => r.items.into_iter().map(Ok).collect(),
+                Err(f) => each_failed(n, f)?,
+            };
+            body(&items)
         }
         Rpc::Remove => {
             let (key, force, tenant): (String, bool, String) = args(b)?;
@@ -356,21 +364,50 @@ fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail>
         }
         Rpc::BatchRemove => {
             let (keys, force, tenant): (Vec<String>, bool, String) = args(b)?;
-            tenant_served(&tenant)?;
-            let r: BatchStatusResp = call(
-                service,
-                Opcode::BatchRemove,
-                &BatchRemoveReq { force, keys },
-            )?;
-            let items: Vec<Expected<()>> = r
-                .items
-                .into_iter()
-                .map(|s| match s {
-                    Status::Ok => Ok(()),
-                    s => Err(mooncake_code(s)),
-                })
-                .collect();
+            let n = keys.len();
+            let removed = tenant_served(&tenant).and_then(|()| {
+                let req = BatchRemoveReq { force, keys };
+                call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)
+            });
+            let items: Vec<Expected<()>> = match removed {
+                Ok(r) => r
+                    .items
+                    .into_iter()
+                    .map(|s| match s {
+                        Status::Ok => Ok(()),
+                        s => Err(mooncake_code(s)),
+                    })
+                    .collect(),
+                Err(f) => each_failed(n, f)?,
+            };
             body(&items)
+        }
+        // Not served yet (the data paths): each item of a batch answers NOT_SUPPORTED, in the
+        // batch's own result type.
+        Rpc::BatchGetReplicaList => {
+            let (keys, _): (Vec<String>, String) = args(b)?;
+            body::<Vec<Expected<GetReplicaListResponse>>>(&not_supported(keys.len()))
+        }
+        Rpc::BatchPutStart | Rpc::BatchUpsertStart => {
+            let (_, keys, _, _, _): (Uuid, Vec<String>, Vec<u64>, ReplicateConfig, String) =
+                args(b)?;
+            body::<Vec<Expected<Vec<ReplicaDescriptor>>>>(&not_supported(keys.len()))
+        }
+        Rpc::BatchPutEnd => {
+            let (_, metas, _, _): (Uuid, Vec<ObjectMeta>, i32, String) = args(b)?;
+            body::<Vec<Expected<()>>>(&not_supported(metas.len()))
+        }
+        Rpc::BatchPutRevoke => {
+            let (_, keys, _, _): (Uuid, Vec<String>, i32, String) = args(b)?;
+            body::<Vec<Expected<()>>>(&not_supported(keys.len()))
+        }
+        Rpc::BatchUpsertEnd => {
+            let (_, metas, _): (Uuid, Vec<ObjectMeta>, String) = args(b)?;
+            body::<Vec<Expected<()>>>(&not_supported(metas.len()))
+        }
+        Rpc::BatchUpsertRevoke => {
+            let (_, keys, _): (Uuid, Vec<String>, String) = args(b)?;
+            body::<Vec<Expected<()>>>(&not_supported(keys.len()))
         }
         Rpc::RemoveAll => {
             let (force, tenant): (bool, String) = args(b)?;
@@ -385,9 +422,23 @@ fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail>
     })
 }
 
-/// The body of a failed RPC: `code` in its own result type.
+/// `n` items, each Mooncake's `NOT_SUPPORTED`.
+fn not_supported<T>(n: usize) -> Vec<Expected<T>> {
+    (0..n).map(|_| Err(error_code::NOT_SUPPORTED)).collect()
+}
+
+/// A batch that failed as a whole, answered item by item with its code (arguments that did
+/// not decode stay coro_rpc's error).
+fn each_failed<T>(n: usize, f: Fail) -> Result<Vec<Expected<T>>, Fail> {
+    match f {
+        Fail::Code(code) => Ok((0..n).map(|_| Err(code)).collect()),
+        args => Err(args),
+    }
+}
+
+/// The body of a failed RPC that answers one result (batches answer per item in
+/// `carry_out`): `code` in the RPC's own result type.
 fn error_body(rpc: Rpc, code: i32) -> Vec<u8> {
-    use super::types::{GetReplicaListResponse, ReplicaDescriptor};
     match rpc {
         Rpc::ServiceReady | Rpc::GetFsdir => body::<Expected<String>>(&Err(code)),
         Rpc::GetStorageConfig => body::<Expected<GetStorageConfigResponse>>(&Err(code)),
@@ -398,9 +449,10 @@ fn error_body(rpc: Rpc, code: i32) -> Vec<u8> {
         Rpc::PutStart | Rpc::UpsertStart => body::<Expected<Vec<ReplicaDescriptor>>>(&Err(code)),
         Rpc::RemoveAll => body::<i64>(&-1),
         Rpc::RemoveByRegex => body::<Expected<i64>>(&Err(code)),
-        // Batch answers and the rest: one error for the whole call, in the result type the
-        // client expects, is not possible without the item count; those RPCs decode their
-        // arguments first and answer per item. What reaches here is `expected<void>`.
+        Rpc::GetReplicaListByRegex => {
+            body::<Expected<Map<String, Vec<ReplicaDescriptor>>>>(&Err(code))
+        }
+        // The rest answer `expected<void>` (mounts, ends, revokes, removes, task completion).
         _ => body::<Expected<()>>(&Err(code)),
     }
 }

@@ -360,6 +360,38 @@ impl<T: Pack> Pack for Result<T, i32> {
     }
 }
 
+/// A map (`std::unordered_map`): its pairs in the order held, as a count and keys and values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Map<K, V>(pub Vec<(K, V)>);
+
+impl<K: Pack, V: Pack> Pack for Map<K, V> {
+    fn literal(out: &mut Vec<u8>) {
+        out.push(lit::MAP);
+        K::literal(out);
+        V::literal(out);
+    }
+    fn max_len(&self) -> usize {
+        self.0
+            .iter()
+            .map(|(k, v)| k.max_len().max(v.max_len()))
+            .fold(self.0.len(), usize::max)
+    }
+    fn pack(&self, w: &mut Writer) {
+        w.len(self.0.len());
+        for (k, v) in &self.0 {
+            k.pack(w);
+            v.pack(w);
+        }
+    }
+    fn unpack(r: &mut Reader<'_>) -> Result<Self, SpError> {
+        let n = r.len(2)?;
+        (0..n)
+            .map(|_| Ok((K::unpack(r)?, V::unpack(r)?)))
+            .collect::<Result<_, _>>()
+            .map(Map)
+    }
+}
+
 /// A struct (or a request's argument list): `fd`, its fields' literals, `ff`; the fields'
 /// values one after another.
 macro_rules! pack_tuple {

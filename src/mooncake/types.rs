@@ -335,6 +335,22 @@ mod tests {
             "fd fd 04 04 89 89 ff fd 80 0c 85 04 ff 01 80 0c ff"
         );
         assert_eq!(literal::<Vec<Result<bool, i32>>>(), "84 87 0b 01");
+        use crate::mooncake::struct_pack::Map;
+        assert_eq!(
+            literal::<Result<Map<String, Vec<ReplicaDescriptor>>, i32>>(),
+            "87 82 80 0c 84 fd 04 86 fd fd 04 04 80 0c 80 0c ff ff fd fd 04 04 80 0c 80 0c ff ff \
+             fd 80 0c 04 ff fd fd 04 04 89 89 ff 04 80 0c ff fd 80 0c 04 04 04 01 ff ff 01 ff 01"
+        );
+        assert_eq!(
+            literal::<(Uuid, Vec<String>, Vec<u64>, ReplicateConfig, String)>(),
+            "fd fd 04 04 89 89 ff 84 80 0c 84 04 fd 04 04 04 06 85 04 0b 84 80 0c 80 0c 84 80 0c \
+             0b 06 80 0c 85 84 80 0c ff 80 0c ff"
+        );
+        assert_eq!(
+            literal::<Vec<Result<Vec<ReplicaDescriptor>, i32>>>(),
+            "84 87 84 fd 04 86 fd fd 04 04 80 0c 80 0c ff ff fd fd 04 04 80 0c 80 0c ff ff fd 80 \
+             0c 04 ff fd fd 04 04 89 89 ff 04 80 0c ff fd 80 0c 04 04 04 01 ff ff 01 ff 01"
+        );
         assert_eq!(literal::<Result<(), i32>>(), "87 fa 01");
     }
 }
