@@ -44,7 +44,7 @@ const BACKLOG_LIMIT: usize = 1 << 20;
 struct Endpoint {
     pool: Arc<Pool>,
     /// The store's grant key, as its last mount gave it: forgets are orders tagged with it.
-    key: Option<GrantKey>,
+    key: Option<Arc<GrantKey>>,
     /// Forgets not yet taken, in order.
     backlog: Vec<ForgetItem>,
     last_sent: Option<Instant>,

@@ -128,7 +128,7 @@ pub fn response(seq_num: u32, err_code: Errc, body: &[u8]) -> Vec<u8> {
 
 /// A coro_rpc error answer: the code in the header, the message as a struct_pack string.
 pub fn error_response(seq_num: u32, err_code: Errc, message: &str) -> Vec<u8> {
-    let body = TypeSig::of::<String>().write(&message.to_string());
+    let body = TypeSig::cached::<String>().write(&message.to_string());
     response(seq_num, err_code, &body)
 }
 

@@ -291,13 +291,13 @@ impl MooncakeMaster {
 }
 
 /// `v` as the body of an answer of result type `R`.
-fn body<R: Pack>(v: &R) -> Vec<u8> {
-    TypeSig::of::<R>().write(v)
+fn body<R: Pack + 'static>(v: &R) -> Vec<u8> {
+    TypeSig::cached::<R>().write(v)
 }
 
 /// Arguments of type `A` from a request body.
-fn args<A: Pack>(body: &[u8]) -> Result<A, SpError> {
-    TypeSig::of::<A>().read(body)
+fn args<A: Pack + 'static>(body: &[u8]) -> Result<A, SpError> {
+    TypeSig::cached::<A>().read(body)
 }
 
 type Expected<T> = Result<T, i32>;

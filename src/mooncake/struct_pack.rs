@@ -158,6 +158,25 @@ impl TypeSig {
         TypeSig::from_literal(literal)
     }
 
+    /// `of::<T>()`, worked out once per type for the life of the process: what a server needs
+    /// for every request, without a literal built and hashed each time.
+    pub fn cached<T: Pack + 'static>() -> &'static TypeSig {
+        use std::any::TypeId;
+        use std::collections::HashMap;
+        static SIGS: std::sync::OnceLock<parking_lot::RwLock<HashMap<TypeId, &'static TypeSig>>> =
+            std::sync::OnceLock::new();
+        let sigs = SIGS.get_or_init(Default::default);
+        if let Some(sig) = sigs.read().get(&TypeId::of::<T>()) {
+            return sig;
+        }
+        // A few dozen types at most: each is leaked once.
+        let mut sigs = sigs.write();
+        let sig: &'static TypeSig = sigs
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::leak(Box::new(TypeSig::of::<T>())));
+        sig
+    }
+
     pub fn from_literal(literal: Vec<u8>) -> TypeSig {
         let digest = Md5::digest(&literal);
         let code = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & !1;
@@ -469,6 +488,14 @@ mod tests {
             sig.read::<Result<String, i32>>(&msg),
             Ok(Ok("2.0.0".into()))
         );
+    }
+
+    #[test]
+    fn a_types_signature_is_worked_out_once() {
+        let first = TypeSig::cached::<Vec<String>>();
+        assert!(std::ptr::eq(first, TypeSig::cached::<Vec<String>>()));
+        assert_eq!(*first, TypeSig::of::<Vec<String>>());
+        assert_ne!(*first, *TypeSig::cached::<Vec<u64>>());
     }
 
     #[test]

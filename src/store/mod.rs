@@ -275,7 +275,7 @@ impl DiskTier {
             "rbgctl_store_disk_ungranted_total",
             "counter",
             "Moves and forgets to the disk tier refused: not tagged by the master.",
-            n(&c.orders_refused),
+            n(&s.grants.refused),
         )
         .single(
             "rbgctl_store_disk_errors_total",
@@ -481,8 +481,7 @@ impl Store {
         let service = Arc::new(StoreService {
             name: name.clone(),
             memory,
-            grant_key: grant_key.clone(),
-            ungranted: AtomicU64::new(0),
+            grants: server::GrantCheck::new(grant_key.clone()),
             records: records.clone(),
             lease: lease.clone(),
             write_floor: write_floor.clone(),
@@ -737,7 +736,7 @@ impl StoreStatus {
             "counter",
             "Writes and seals refused because the master granted no such write (range, size, \
              version), and forgets refused because the master did not tag them.",
-            s.ungranted.load(Ordering::Relaxed) as f64,
+            s.grants.refused.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_recovered_objects",

@@ -96,22 +96,38 @@ pub fn versioned_refusal(
     }
 }
 
-/// The body of a master's order to a store if it carries the master's tag under `key`; else
-/// the request is answered `NOT_GRANTED` (counted in `refused`) and `None` returned.
-pub fn open_order<'m>(
-    key: &GrantKey,
-    refused: &AtomicU64,
-    io: &mut ServerIo<'_>,
-    op: Opcode,
-    meta: &'m [u8],
-) -> Result<Option<&'m [u8]>, TransferError> {
-    match key.open_order(op, meta) {
-        Ok(body) => Ok(Some(body)),
-        Err(e) => {
-            refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(op = op.name(), error = %e, "order refused");
-            io.error(Status::NotGranted, &e.to_string())?;
-            Ok(None)
+/// A store's side of the master's grants (`transfer::grant`): the key it checks them with, and
+/// how many writes, seals and orders it refused for want of one.
+#[derive(Debug)]
+pub struct GrantCheck {
+    pub key: GrantKey,
+    pub refused: AtomicU64,
+}
+
+impl GrantCheck {
+    pub fn new(key: GrantKey) -> GrantCheck {
+        GrantCheck {
+            key,
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The body of a master's order (`FORGET`, `FORGET_LEASE`, `MOVE`) if it carries the
+    /// master's tag; else the request is answered `NOT_GRANTED` (counted) and `None` returned.
+    pub fn open_order<'m>(
+        &self,
+        io: &mut ServerIo<'_>,
+        op: Opcode,
+        meta: &'m [u8],
+    ) -> Result<Option<&'m [u8]>, TransferError> {
+        match self.key.open_order(op, meta) {
+            Ok(body) => Ok(Some(body)),
+            Err(e) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(op = op.name(), error = %e, "order refused");
+                io.error(Status::NotGranted, &e.to_string())?;
+                Ok(None)
+            }
         }
     }
 }
@@ -143,9 +159,7 @@ pub struct StoreService {
     pub name: String,
     pub memory: Option<Arc<SegmentMemory>>,
     /// Checks the master's grants (writes, seals) and orders (forgets).
-    pub grant_key: GrantKey,
-    /// Writes, seals and orders refused for want of the master's grant.
-    pub ungranted: AtomicU64,
+    pub grants: GrantCheck,
     /// What the segment holds: the durable index of a persistent store, else in memory.
     pub records: Arc<Records>,
     pub lease: Arc<ReadLease>,
@@ -212,10 +226,10 @@ impl StoreService {
                 "a write names the key of its put (the master granted it for that put)".into(),
             ));
         }
-        if self.grant_key.allows(grant, version, offset, size) {
+        if self.grants.key.allows(grant, version, offset, size) {
             return Ok(());
         }
-        self.ungranted.fetch_add(1, Ordering::Relaxed);
+        self.grants.refused.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             key,
             version,
@@ -229,17 +243,6 @@ impl StoreService {
                 "the master granted no write of {size} bytes of version {version} at offset                  {offset} of this store: write only where a put of yours was started, with                  its grant (is the client older than this store?)"
             ),
         ))
-    }
-
-    /// The body of a master's order (`FORGET`, `FORGET_LEASE`) if its tag is the master's;
-    /// else the request is answered `NOT_GRANTED` and `None` returned.
-    fn order<'m>(
-        &self,
-        io: &mut ServerIo<'_>,
-        op: Opcode,
-        meta: &'m [u8],
-    ) -> Result<Option<&'m [u8]>, TransferError> {
-        open_order(&self.grant_key, &self.ungranted, io, op, meta)
     }
 
     /// Claims a write's range (`claims`), or says why it may not land.
@@ -563,14 +566,14 @@ impl StoreService {
                 Ok(true)
             }
             Opcode::Forget => {
-                let Some(body) = self.order(io, op, meta)? else {
+                let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
                 let r = ForgetReq::from_meta(body)?;
                 self.forget(io, &r.items)
             }
             Opcode::ForgetLease => {
-                let Some(body) = self.order(io, op, meta)? else {
+                let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
                 let r = ForgetLeaseReq::from_meta(body)?;

@@ -14,7 +14,7 @@
 use super::disk::{blocks, AlignedBuf, DiskArea, DiskError, BLOCK};
 use super::index::Records;
 use super::segment::SegmentMemory;
-use super::server::{answer_forget, open_order, versioned_refusal, ReadLease};
+use super::server::{answer_forget, versioned_refusal, GrantCheck, ReadLease};
 use crate::telemetry::OpStats;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
@@ -118,8 +118,6 @@ impl Drop for Held<'_> {
 /// What the disk tier counts, for `/metrics`.
 #[derive(Default)]
 pub struct TierCounters {
-    /// Moves and forgets refused: not tagged by the master.
-    pub orders_refused: AtomicU64,
     pub reads: AtomicU64,
     pub bytes_read: AtomicU64,
     pub demoted: AtomicU64,
@@ -145,7 +143,7 @@ pub struct DiskService {
     pub memory: Arc<SegmentMemory>,
     pub memory_records: Arc<Records>,
     /// Checks that moves and forgets are the master's orders.
-    grant_key: GrantKey,
+    pub grants: GrantCheck,
     pub counters: TierCounters,
     pub stats: OpStats,
     pub connections: ConnCounters,
@@ -168,7 +166,7 @@ impl DiskService {
             lease: Arc::default(),
             memory,
             memory_records,
-            grant_key,
+            grants: GrantCheck::new(grant_key),
             counters: TierCounters::default(),
             stats: OpStats::default(),
             connections: ConnCounters::default(),
@@ -400,16 +398,6 @@ impl DiskService {
         Ok(())
     }
 
-    /// The body of a master's order if its tag is the master's (else answered `NOT_GRANTED`).
-    fn order<'m>(
-        &self,
-        io: &mut ServerIo<'_>,
-        op: Opcode,
-        meta: &'m [u8],
-    ) -> Result<Option<&'m [u8]>, TransferError> {
-        open_order(&self.grant_key, &self.counters.orders_refused, io, op, meta)
-    }
-
     fn dispatch(
         &self,
         op: Opcode,
@@ -426,7 +414,7 @@ impl DiskService {
                 self.read(io, r.offset, r.length, Some(r.version))
             }
             Opcode::Move => {
-                let Some(body) = self.order(io, op, meta)? else {
+                let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
                 let r = MoveReq::from_meta(body)?;
@@ -435,14 +423,14 @@ impl DiskService {
                 Ok(true)
             }
             Opcode::Forget => {
-                let Some(body) = self.order(io, op, meta)? else {
+                let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
                 let r = ForgetReq::from_meta(body)?;
                 answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::ForgetLease => {
-                let Some(body) = self.order(io, op, meta)? else {
+                let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
                 let r = ForgetLeaseReq::from_meta(body)?;

@@ -10,6 +10,7 @@ use crate::master::tiering::Move;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{MoveItem, MoveKind, ReplicaLoc, Tier, MAX_MOVE_BYTES};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What an eviction walk may do with the objects it takes.
@@ -39,7 +40,7 @@ enum Demotion {
 #[derive(Debug)]
 pub struct MoveJob {
     pub endpoint: String,
-    pub key: GrantKey,
+    pub key: Arc<GrantKey>,
     pub items: Vec<MoveItem>,
 }
 
@@ -365,7 +366,7 @@ impl MasterState {
     /// The queued moves, grouped by the endpoint of the store that does them.
     /// Takes the queued moves, grouped by the store that carries them out.
     pub fn take_moves(&mut self, now: Instant) -> Vec<MoveJob> {
-        let mut by_endpoint: HashMap<&str, (&GrantKey, Vec<MoveItem>)> = HashMap::new();
+        let mut by_endpoint: HashMap<&str, (&Arc<GrantKey>, Vec<MoveItem>)> = HashMap::new();
         let mut orphans = Vec::new();
         for m in self.moves.take_queued() {
             match self.segments.get(m.via).filter(|s| s.is_live()) {

@@ -12,6 +12,7 @@ use super::segments::SegmentTable;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ReplicaLoc};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What an operation that replaced or removed values waits for before it is acknowledged.
@@ -37,7 +38,7 @@ pub struct Outbox {
     /// records until their read lease runs out.
     pub unreachable: Vec<String>,
     /// The grant key of each mounted store, by endpoint: forgets are orders tagged with it.
-    pub keys: HashMap<String, GrantKey>,
+    pub keys: HashMap<String, Arc<GrantKey>>,
 }
 
 #[derive(Debug, Default)]

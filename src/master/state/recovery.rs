@@ -10,6 +10,7 @@ use crate::master::pool_events::PoolMedium;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ReplicaLoc, SegmentEntry, SegmentInfo, StoredObject};
 use crate::transfer::Status;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Object slots looked at per step of a walk over every object (a few ms under the lock).
@@ -74,7 +75,7 @@ impl MasterState {
                 self.segments
                     .get_mut(id)
                     .expect("looked up above")
-                    .grant_key = grant_key;
+                    .grant_key = Arc::new(grant_key);
                 return Ok((id, false));
             }
             if recovering
@@ -90,7 +91,7 @@ impl MasterState {
                     "store is back with its segment; waiting for its report");
                 seg.client_id = client_id;
                 seg.info = info;
-                seg.grant_key = grant_key;
+                seg.grant_key = Arc::new(grant_key);
                 // Its store dropped its lease to mount; its report settles which records stay,
                 // so forgets owed to it before are moot.
                 seg.owed_seq = 0;

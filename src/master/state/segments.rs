@@ -6,6 +6,7 @@ use crate::master::allocator::{self, Allocator};
 use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{ReplicaLoc, SegmentEntry, SegmentInfo, Tier};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Incarnations of given-up segments remembered.
@@ -53,7 +54,8 @@ pub struct Segment {
     pub id: u64,
     pub info: SegmentInfo,
     /// The key its store checks grants and orders with (sent with each mount; never listed).
-    pub grant_key: GrantKey,
+    /// Shared with the notifier and the mover, which tag orders with it.
+    pub grant_key: Arc<GrantKey>,
     pub client_id: u64,
     pub alloc: Allocator,
     pub state: SegState,
@@ -79,7 +81,7 @@ impl Segment {
         Segment {
             id,
             info,
-            grant_key,
+            grant_key: Arc::new(grant_key),
             client_id,
             alloc,
             state,
