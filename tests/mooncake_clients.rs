@@ -32,8 +32,8 @@ fn wheel(script: &str) -> Option<String> {
 }
 
 /// The wheel connects (ServiceReady, GetStorageConfig), sees and removes what rbgctl's client
-/// put, and is told Mooncake's own codes for what is missing or not served yet; rbgctl's
-/// client sees what the wheel did.
+/// put, and is told Mooncake's own codes for what is missing; rbgctl's client sees what the
+/// wheel did.
 #[test]
 fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     let c = Cluster::start(Opts {
@@ -57,20 +57,12 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
          print('remove_missing', s.remove('missing'))\n\
          print('remove', s.remove('rb/gone'))\n\
          print('after', s.is_exist('rb/gone'))\n\
-         print('put', s.put('mc/k', b'not yet'))\n\
-         print('put_batch', s.put_batch(['mc/a', 'mc/b'], [b'1', b'2']))\n\
-         print('get', len(s.get('rb/kept')))\n\
          s.close()\n",
         meta = c.metadata_port,
         rpc = c.rpc
     );
     let Some(said) = wheel(&script) else { return };
-    let line = |name: &str| -> String {
-        said.lines()
-            .find(|l| l.starts_with(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("no {name} line in:\n{said}"))
-            .to_string()
-    };
+    let line = |name: &str| line_of(&said, name);
     assert_eq!(line("setup"), "setup 0", "{said}");
     assert_eq!(line("exists"), "exists 1 0", "{said}");
     assert_eq!(line("batch"), "batch [1, 0, 1]", "{said}");
@@ -78,10 +70,6 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     assert_eq!(line("remove_missing"), "remove_missing -704", "{said}");
     assert_eq!(line("remove"), "remove 0", "{said}");
     assert_eq!(line("after"), "after 0", "{said}");
-    // Puts and gets are not served yet: refused at once with an error, never a hang.
-    assert_ne!(line("put"), "put 0", "{said}");
-    assert_ne!(line("put_batch"), "put_batch 0", "{said}");
-    assert_eq!(line("get"), "get 0", "{said}");
     // rbgctl's client sees the wheel's remove, and what it left.
     assert!(!client.exists("rb/gone").unwrap());
     assert_eq!(client.get("rb/kept").unwrap(), b"from rbgctl");
@@ -101,6 +89,178 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     assert_eq!(count("Remove", "error"), 1.0, "the missing key");
     assert!(
         c.master_metric("rbgctl_master_mooncake_connections_total")
+            .unwrap()
+            >= 1.0
+    );
+}
+
+/// The line of `said` that starts with `name`.
+fn line_of(said: &str, name: &str) -> String {
+    said.lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} line in:\n{said}"))
+        .to_string()
+}
+
+/// The wheel puts and gets through rbgctl's master and stores, its bytes moved by its own
+/// Transfer Engine into the store's segment: with the HTTP metadata server and with the P2P
+/// handshake against the same store, 1 B to 16 MiB byte-exact, zero-copy buffers, batches of
+/// 128 and of 300 keys, a 300-byte key, the read lease, `upsert`, `remove_all`. What the wheel
+/// put, rbgctl's client reads; what rbgctl's client put, the wheel reads.
+#[test]
+fn mooncakes_client_puts_and_gets_on_rbgctls_stores_in_both_discovery_modes() {
+    let c = Cluster::start(Opts {
+        stores: 1,
+        segment: 256 << 20,
+        ..Default::default()
+    });
+    let client = c.client();
+    client
+        .put(
+            "rb/for-the-wheel",
+            b"put by rbgctl",
+            &ReplicateConfig::default(),
+        )
+        .unwrap();
+    for (mode, metadata) in [
+        (
+            "http",
+            format!("http://127.0.0.1:{}/metadata", c.metadata_port),
+        ),
+        ("p2p", "P2PHANDSHAKE".to_string()),
+    ] {
+        let script = format!(
+            r#"
+import ctypes, hashlib, os
+from mooncake.store import MooncakeDistributedStore as S
+s = S()
+print('setup', s.setup('127.0.0.1', '{metadata}', 0, 64 << 20, 'tcp', '', '{rpc}'))
+ok = True
+for n in [1, 4096, 1 << 20, 16 << 20]:
+    v = os.urandom(n)
+    k = '{mode}/size/%d' % n
+    r = s.put(k, v)
+    got = s.get(k)
+    if r != 0 or got != v or s.get_size(k) != n:
+        ok = False
+        print('mismatch', n, r, len(got))
+print('sizes', ok)
+print('rbgctl', s.get('rb/for-the-wheel'))
+s.put('{mode}/for-rbgctl', b'put by the wheel')
+# Zero-copy: registered buffers, put_from / get_into.
+n = 1 << 20
+src = (ctypes.c_ubyte * n)(*os.urandom(n)[:16])
+dst = (ctypes.c_ubyte * n)()
+print('register', s.register_buffer(ctypes.addressof(src), n), s.register_buffer(ctypes.addressof(dst), n))
+print('put_from', s.put_from('{mode}/zc', ctypes.addressof(src), n))
+print('get_into', s.get_into('{mode}/zc', ctypes.addressof(dst), n), bytes(dst) == bytes(src))
+# Batches of 128 keys, 4 KiB each, through registered buffers.
+m, each = 128, 4096
+bsrc = (ctypes.c_ubyte * (m * each))()
+ctypes.memmove(bsrc, os.urandom(m * each), m * each)
+bdst = (ctypes.c_ubyte * (m * each))()
+s.register_buffer(ctypes.addressof(bsrc), m * each)
+s.register_buffer(ctypes.addressof(bdst), m * each)
+keys = ['{mode}/batch/%d' % i for i in range(m)]
+ptrs = [ctypes.addressof(bsrc) + i * each for i in range(m)]
+print('batch_put_from', set(s.batch_put_from(keys, ptrs, [each] * m)))
+print('batch_is_exist', set(s.batch_is_exist(keys)))
+outs = [ctypes.addressof(bdst) + i * each for i in range(m)]
+print('batch_get_into', set(s.batch_get_into(keys, outs, [each] * m)), bytes(bdst) == bytes(bsrc))
+# 300 keys in one batch, one of them 300 bytes long.
+many = ['{mode}/many/%03d' % i for i in range(299)] + ['{mode}/' + 'k' * 295]
+print('put_batch', s.put_batch(many, [k.encode() for k in many]))
+print('get_batch', [bytes(v) for v in s.get_batch(many)] == [k.encode() for k in many])
+print('long_key', s.get('{mode}/' + 'k' * 295) == ('{mode}/' + 'k' * 295).encode())
+# Mooncake's semantics: a put of an existing key leaves it; upsert replaces.
+print('put_again', s.put('{mode}/size/1', b'x'), len(s.get('{mode}/size/1')))
+print('upsert', s.upsert('{mode}/size/1', b'replaced'), s.get('{mode}/size/1'))
+# A get holds a read lease: the remove is refused until it runs out.
+import time
+s.get('{mode}/size/4096')
+print('remove_leased', s.remove('{mode}/size/4096'))
+deadline = time.time() + 30
+while (r := s.remove('{mode}/size/4096')) != 0 and time.time() < deadline:
+    time.sleep(0.05)
+print('remove_after', r, s.is_exist('{mode}/size/4096'))
+s.close()
+"#,
+            metadata = metadata,
+            rpc = c.rpc,
+            mode = mode,
+        );
+        let Some(said) = wheel(&script) else { return };
+        let line = |name: &str| line_of(&said, name);
+        assert_eq!(line("setup"), "setup 0", "{mode}: {said}");
+        assert_eq!(line("sizes"), "sizes True", "{mode}: {said}");
+        assert_eq!(line("rbgctl"), "rbgctl b'put by rbgctl'", "{mode}: {said}");
+        assert_eq!(line("register"), "register 0 0", "{mode}: {said}");
+        assert_eq!(line("put_from"), "put_from 0", "{mode}: {said}");
+        assert_eq!(
+            line("get_into"),
+            format!("get_into {} True", 1 << 20),
+            "{mode}: {said}"
+        );
+        assert_eq!(
+            line("batch_put_from"),
+            "batch_put_from {0}",
+            "{mode}: {said}"
+        );
+        assert_eq!(
+            line("batch_is_exist"),
+            "batch_is_exist {1}",
+            "{mode}: {said}"
+        );
+        assert_eq!(
+            line("batch_get_into"),
+            "batch_get_into {4096} True",
+            "{mode}: {said}"
+        );
+        assert_eq!(line("put_batch"), "put_batch 0", "{mode}: {said}");
+        assert_eq!(line("get_batch"), "get_batch True", "{mode}: {said}");
+        assert_eq!(line("long_key"), "long_key True", "{mode}: {said}");
+        assert_eq!(line("put_again"), "put_again 0 1", "{mode}: {said}");
+        assert_eq!(line("upsert"), "upsert 0 b'replaced'", "{mode}: {said}");
+        // Mooncake's OBJECT_HAS_LEASE, then the remove once the lease ran out.
+        assert_eq!(
+            line("remove_leased"),
+            "remove_leased -706",
+            "{mode}: {said}"
+        );
+        assert_eq!(line("remove_after"), "remove_after 0 0", "{mode}: {said}");
+        // What the wheel put, rbgctl's client reads.
+        assert_eq!(
+            client.get(&format!("{mode}/for-rbgctl")).unwrap(),
+            b"put by the wheel"
+        );
+    }
+    // remove_all answers how many objects went (a plain count, as Mooncake's does).
+    let script = format!(
+        "from mooncake.store import MooncakeDistributedStore as S\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 0, 16 << 20, 'tcp', '', '{rpc}'))\n\
+         print('remove_all', s.remove_all())\n\
+         print('left', s.is_exist('http/zc'))\n\
+         s.close()\n",
+        rpc = c.rpc
+    );
+    let said = wheel(&script).expect("the wheel ran above");
+    let removed: u64 = line_of(&said, "remove_all")["remove_all ".len()..]
+        .parse()
+        .unwrap();
+    assert!(removed > 2 * 300, "{said}");
+    assert_eq!(line_of(&said, "left"), "left 0", "{said}");
+    assert!(!client.exists("rb/for-the-wheel").unwrap());
+    // The bytes went through the store's Transfer Engine port, not rbgctl's.
+    let moved = c
+        .store_metric(
+            0,
+            "rbgctl_store_mooncake_transfer_bytes_total{op=\"write\"}",
+        )
+        .unwrap();
+    assert!(moved >= f64::from(2 * (17 << 20)), "{moved}");
+    assert!(
+        c.store_metric(0, "rbgctl_store_mooncake_handshakes_total")
             .unwrap()
             >= 1.0
     );
@@ -240,32 +400,36 @@ fn bad_mooncake_frames_are_refused_at_once_and_others_served() {
     assert_eq!(err, 0);
     let result: Result<bool, i32> = TypeSig::of::<Result<bool, i32>>().read(&answer).unwrap();
     assert_eq!(result, Err(-1701));
-    // A batch RPC not served yet answers each item NOT_SUPPORTED, in the batch's own type.
+    // A batch answers item by item, in its own type: lists of unequal length are each
+    // item's INVALID_PARAMS; a pool without room is each item's NO_AVAILABLE_HANDLE.
     use rbgctl::mooncake::types::{ReplicaDescriptor, ReplicateConfig, Uuid};
     type Started = Vec<Result<Vec<ReplicaDescriptor>, i32>>;
     let keys: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-    let puts = (
-        Uuid(1, 2),
-        keys,
-        vec![1u64, 2, 3],
-        ReplicateConfig::default(),
-        "default".to_string(),
-    );
-    let body = TypeSig::of::<(Uuid, Vec<String>, Vec<u64>, ReplicateConfig, String)>().write(&puts);
-    let (err, answer, _) = ask(
-        RequestHeader {
-            seq_num: 14,
-            function_id: Rpc::BatchPutStart.id(),
-            length: body.len() as u32,
-            ..Default::default()
-        },
-        &body,
-    );
-    assert_eq!(err, 0);
-    assert_eq!(
-        TypeSig::of::<Started>().read::<Started>(&answer).unwrap(),
-        vec![Err(-1012); 3]
-    );
+    for (seq, lens, code) in [(14, vec![1u64, 2], -600), (15, vec![1u64, 2, 3], -200)] {
+        let puts = (
+            Uuid(1, 2),
+            keys.clone(),
+            lens,
+            ReplicateConfig::default(),
+            "default".to_string(),
+        );
+        let body =
+            TypeSig::of::<(Uuid, Vec<String>, Vec<u64>, ReplicateConfig, String)>().write(&puts);
+        let (err, answer, _) = ask(
+            RequestHeader {
+                seq_num: seq,
+                function_id: Rpc::BatchPutStart.id(),
+                length: body.len() as u32,
+                ..Default::default()
+            },
+            &body,
+        );
+        assert_eq!(err, 0);
+        assert_eq!(
+            TypeSig::of::<Started>().read::<Started>(&answer).unwrap(),
+            vec![Err(code); 3]
+        );
+    }
     // Half a frame, then nothing: closed within the request timeout (1 s here), not held.
     let mut half = std::net::TcpStream::connect(&c.rpc).unwrap();
     half.set_read_timeout(Some(Duration::from_secs(20)))
@@ -309,5 +473,123 @@ fn bad_mooncake_frames_are_refused_at_once_and_others_served() {
         c.master_metric("rbgctl_master_mooncake_bad_requests_total"),
         Some(2.0),
         "the lying body and the 4 GiB one"
+    );
+}
+
+/// Hostile input on a store's Mooncake ports: Transfer Engine requests outside the segment, of
+/// 0 bytes, with an unknown opcode, or writing over an object the store records, are refused
+/// (v2: the refusal frame, then a close; v1: a close) before a byte moves; a 1 GiB handshake
+/// and garbage are refused; the store goes on serving, and nothing it holds changed.
+#[test]
+fn a_stores_mooncake_ports_refuse_hostile_input() {
+    use rbgctl::mooncake::handshake;
+    use rbgctl::mooncake::te_tcp::{Op, SessionHeader, SEGMENT_BASE, STATUS_OK, STATUS_REFUSED};
+    use std::io::{Read, Write};
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let client = c.client();
+    client
+        .put("kept", &[7u8; 8192], &ReplicateConfig::default())
+        .unwrap();
+    let (desc, segments) = client.describe("kept").unwrap();
+    let seg = &segments
+        .iter()
+        .find(|s| s.id == desc.replicas[0].segment_id)
+        .unwrap()
+        .info;
+    assert!(
+        !seg.te_endpoint.is_empty(),
+        "the store serves no Transfer Engine"
+    );
+    let host = seg.te_endpoint.rsplit_once(':').unwrap().0.to_string();
+    let data = format!("{host}:{}", seg.te_data_port);
+    let kept_at = SEGMENT_BASE + desc.replicas[0].offset;
+    let request = |h: SessionHeader, payload: &[u8]| -> (Vec<u8>, bool) {
+        let mut s = std::net::TcpStream::connect(&data).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&h.encode()).unwrap();
+        let _ = s.write_all(payload);
+        let mut answer = Vec::new();
+        let closed = s.read_to_end(&mut answer).is_ok();
+        (answer, closed)
+    };
+    let v2 = |op, addr, size| SessionHeader {
+        size,
+        addr,
+        op,
+        v2: true,
+    };
+    let refused = STATUS_REFUSED.to_le_bytes().to_vec();
+    for (why, h) in [
+        (
+            "past the end",
+            v2(Op::Read, SEGMENT_BASE + seg.size - 8, 16),
+        ),
+        ("below the base", v2(Op::Write, SEGMENT_BASE - 4096, 8)),
+        ("wrapping around", v2(Op::Read, u64::MAX - 4, 64)),
+        ("empty", v2(Op::Read, SEGMENT_BASE, 0)),
+        ("over a recorded object", v2(Op::Write, kept_at + 4096, 8)),
+    ] {
+        let (answer, closed) = request(h, &[1u8; 8]);
+        assert_eq!(answer, refused, "{why}");
+        assert!(closed, "{why}: not closed");
+    }
+    // v1 has no status frames: a refused request is a close.
+    let (answer, closed) = request(
+        SessionHeader {
+            v2: false,
+            ..v2(Op::Write, kept_at, 8)
+        },
+        &[1u8; 8],
+    );
+    assert!(answer.is_empty() && closed);
+    // An unknown opcode, and garbage.
+    let mut bad = v2(Op::Read, SEGMENT_BASE, 8).encode();
+    bad[16] = 0x85;
+    let mut s = std::net::TcpStream::connect(&data).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&bad).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, refused);
+    // A handshake announcing 1 GiB is refused without reading it.
+    let mut s = std::net::TcpStream::connect(&seg.te_endpoint).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&(1u64 << 30).to_le_bytes()).unwrap();
+    s.write_all(&[1u8; 4096]).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert!(answer.is_empty());
+    // Other clients are served: a good handshake, and a read of the kept object's bytes.
+    let mut s = std::net::TcpStream::connect(&seg.te_endpoint).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&handshake::frame(
+        handshake::METADATA,
+        &serde_json::json!({"name": "probe"}),
+    ))
+    .unwrap();
+    let (kind, descriptor) = handshake::read_frame(&mut s).unwrap();
+    assert_eq!(kind, handshake::METADATA);
+    assert_eq!(descriptor["name"], seg.te_endpoint.as_str());
+    assert_eq!(descriptor["tcp_data_port"], seg.te_data_port);
+    let mut s = std::net::TcpStream::connect(&data).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&v2(Op::Read, kept_at, 8192).encode()).unwrap();
+    let mut answer = vec![0u8; 8 + 8192];
+    s.read_exact(&mut answer).unwrap();
+    assert_eq!(answer[..8], STATUS_OK.to_le_bytes());
+    assert!(answer[8..].iter().all(|&b| b == 7));
+    assert_eq!(client.get("kept").unwrap(), vec![7u8; 8192]);
+    assert!(
+        c.store_metric(0, "rbgctl_store_mooncake_transfers_refused_total")
+            .unwrap()
+            >= 7.0
+    );
+    assert!(
+        c.store_metric(0, "rbgctl_store_mooncake_handshakes_refused_total")
+            .unwrap()
+            >= 1.0
     );
 }

@@ -152,6 +152,8 @@ fn segment(name: &str, size: u64) -> SegmentInfo {
         segment_uuid: 42,
         tier: Tier::Memory,
         persistent: true,
+        te_endpoint: "10.0.0.7:15001".into(),
+        te_data_port: 15002,
     }
 }
 
@@ -611,6 +613,16 @@ fn cases() -> Vec<Case> {
         },
         0,
     );
+    c.request("seal hashed", Opcode::SealHashed, &sealed, 0);
+    c.reply(
+        "seal hashed reply",
+        Opcode::SealHashed,
+        &SealHashedResp {
+            items: vec![Status::Ok, Status::NotGranted],
+            checksums: vec![0x1234_5678, 0],
+        },
+        0,
+    );
     c.request("check version", Opcode::CheckVersion, &read_version, 0);
     c.reply(
         "check version reply",
@@ -714,6 +726,7 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         ReadReq,
         StoreInfoResp,
         SealReq,
+        SealHashedResp,
         ForgetReq,
         ReadVersionReq,
         ForgetLeaseReq,

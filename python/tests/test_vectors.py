@@ -133,6 +133,7 @@ NOT_USED_HERE = {
     "BatchPutCommitReq",
     "BatchPutCommitResp",
     "RdmaConnectReq",
+    "SealHashedResp",
     "RdmaConnectResp",
     "CheckVersionResp",
 }

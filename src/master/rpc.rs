@@ -363,6 +363,7 @@ impl MasterService {
             | Opcode::Move
             | Opcode::RdmaConnect
             | Opcode::SealChecked
+            | Opcode::SealHashed
             | Opcode::CheckVersion
             | Opcode::Read
             | Opcode::StoreInfo

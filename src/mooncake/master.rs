@@ -11,6 +11,7 @@
 //! `TENANT_NOT_REGISTERED`.
 
 use super::coro_rpc::{self, error_response, Errc, RequestHeader, MAGIC, REQUEST_HEADER_LEN};
+use super::objects::Objects;
 use super::rpcs::{handler, Handler, Rpc, SERVICE_VERSION};
 use super::struct_pack::Map;
 use super::struct_pack::{Pack, SpError, TypeSig};
@@ -41,6 +42,7 @@ pub const DEFAULT_TENANT: &str = "default";
 #[derive(Debug, Default)]
 pub struct MooncakeMaster {
     stats: Stats,
+    objects: Objects,
 }
 
 /// Requests served, by RPC and outcome; connections and refused frames.
@@ -239,7 +241,7 @@ impl Conn {
 }
 
 /// Why a request could not be carried out, as Mooncake's client is told.
-enum Fail {
+pub(super) enum Fail {
     /// coro_rpc's own error: its arguments did not decode.
     Args(SpError),
     /// Mooncake's `ErrorCode`, inside the RPC's result.
@@ -271,7 +273,7 @@ impl MooncakeMaster {
         };
         let i = Rpc::ALL.iter().position(|&r| r == rpc).unwrap_or(0);
         let _span = tracing::debug_span!("mooncake_rpc", rpc = rpc.name(), seq).entered();
-        match carry_out(service, rpc, body) {
+        match carry_out(service, &self.objects, rpc, body) {
             Ok(out) => {
                 self.stats.ok[i].fetch_add(1, Ordering::Relaxed);
                 coro_rpc::response(seq, Errc::Ok, &out)
@@ -303,7 +305,12 @@ fn args<A: Pack + 'static>(body: &[u8]) -> Result<A, SpError> {
 type Expected<T> = Result<T, i32>;
 
 /// Carries out one RPC; answers its result's body.
-fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail> {
+fn carry_out(
+    service: &dyn Service,
+    objects: &Objects,
+    rpc: Rpc,
+    b: &[u8],
+) -> Result<Vec<u8>, Fail> {
     Ok(match rpc {
         Rpc::ServiceReady => body::<Expected<String>>(&Ok(SERVICE_VERSION.into())),
         Rpc::GetStorageConfig => {
@@ -382,32 +389,97 @@ fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail>
             };
             body(&items)
         }
-        // Not served yet (the data paths): each item of a batch answers NOT_SUPPORTED, in the
-        // batch's own result type.
-        Rpc::BatchGetReplicaList => {
-            let (keys, _): (Vec<String>, String) = args(b)?;
-            body::<Vec<Expected<GetReplicaListResponse>>>(&not_supported(keys.len()))
+        Rpc::PutStart | Rpc::UpsertStart => {
+            let (client, key, len, config, tenant): (Uuid, String, u64, ReplicateConfig, String) =
+                args(b)?;
+            tenant_served(&tenant)?;
+            let upsert = rpc == Rpc::UpsertStart;
+            let started =
+                objects.put_start(service, client_id(client), key, len, &config, upsert)?;
+            body::<Expected<Vec<ReplicaDescriptor>>>(&started)
         }
         Rpc::BatchPutStart | Rpc::BatchUpsertStart => {
-            let (_, keys, _, _, _): (Uuid, Vec<String>, Vec<u64>, ReplicateConfig, String) =
-                args(b)?;
-            body::<Vec<Expected<Vec<ReplicaDescriptor>>>>(&not_supported(keys.len()))
+            let (client, keys, lens, config, tenant): (
+                Uuid,
+                Vec<String>,
+                Vec<u64>,
+                ReplicateConfig,
+                String,
+            ) = args(b)?;
+            let n = keys.len();
+            let items: Vec<Expected<Vec<ReplicaDescriptor>>> =
+                if let Err(f) = tenant_served(&tenant) {
+                    each_failed(n, f)?
+                } else if lens.len() != n {
+                    not_even(n)
+                } else {
+                    let upsert = rpc == Rpc::BatchUpsertStart;
+                    let mut items = Vec::with_capacity(n);
+                    for (key, len) in keys.into_iter().zip(lens) {
+                        items.push(objects.put_start(
+                            service,
+                            client_id(client),
+                            key,
+                            len,
+                            &config,
+                            upsert,
+                        )?);
+                    }
+                    items
+                };
+            body(&items)
         }
-        Rpc::BatchPutEnd => {
-            let (_, metas, _, _): (Uuid, Vec<ObjectMeta>, i32, String) = args(b)?;
-            body::<Vec<Expected<()>>>(&not_supported(metas.len()))
+        Rpc::PutEnd | Rpc::UpsertEnd => {
+            let (client, meta, _, tenant): (Uuid, ObjectMeta, i32, String) = args(b)?;
+            tenant_served(&tenant)?;
+            let ended = objects.put_end(service, client_id(client), &[meta.key]);
+            body::<Expected<()>>(&ended.into_iter().next().unwrap_or(Ok(())))
         }
-        Rpc::BatchPutRevoke => {
-            let (_, keys, _, _): (Uuid, Vec<String>, i32, String) = args(b)?;
-            body::<Vec<Expected<()>>>(&not_supported(keys.len()))
+        Rpc::BatchPutEnd | Rpc::BatchUpsertEnd => {
+            let (client, metas, tenant) = if rpc == Rpc::BatchPutEnd {
+                let (client, metas, _, tenant): (Uuid, Vec<ObjectMeta>, i32, String) = args(b)?;
+                (client, metas, tenant)
+            } else {
+                args::<(Uuid, Vec<ObjectMeta>, String)>(b)?
+            };
+            let keys: Vec<String> = metas.into_iter().map(|m| m.key).collect();
+            let items = match tenant_served(&tenant) {
+                Ok(()) => objects.put_end(service, client_id(client), &keys),
+                Err(f) => each_failed(keys.len(), f)?,
+            };
+            body(&items)
         }
-        Rpc::BatchUpsertEnd => {
-            let (_, metas, _): (Uuid, Vec<ObjectMeta>, String) = args(b)?;
-            body::<Vec<Expected<()>>>(&not_supported(metas.len()))
+        Rpc::PutRevoke | Rpc::UpsertRevoke => {
+            let (client, key, _, tenant): (Uuid, String, i32, String) = args(b)?;
+            tenant_served(&tenant)?;
+            let revoked = objects.put_revoke(service, client_id(client), &[key]);
+            body::<Expected<()>>(&revoked.into_iter().next().unwrap_or(Ok(())))
         }
-        Rpc::BatchUpsertRevoke => {
-            let (_, keys, _): (Uuid, Vec<String>, String) = args(b)?;
-            body::<Vec<Expected<()>>>(&not_supported(keys.len()))
+        Rpc::BatchPutRevoke | Rpc::BatchUpsertRevoke => {
+            let (client, keys, tenant) = if rpc == Rpc::BatchPutRevoke {
+                let (client, keys, _, tenant): (Uuid, Vec<String>, i32, String) = args(b)?;
+                (client, keys, tenant)
+            } else {
+                args::<(Uuid, Vec<String>, String)>(b)?
+            };
+            let items = match tenant_served(&tenant) {
+                Ok(()) => objects.put_revoke(service, client_id(client), &keys),
+                Err(f) => each_failed(keys.len(), f)?,
+            };
+            body(&items)
+        }
+        Rpc::GetReplicaList => {
+            let (key, tenant): (String, String) = args(b)?;
+            tenant_served(&tenant)?;
+            body::<Expected<GetReplicaListResponse>>(&objects.replica_list(service, key)?)
+        }
+        Rpc::BatchGetReplicaList => {
+            let (keys, tenant): (Vec<String>, String) = args(b)?;
+            let items = match tenant_served(&tenant) {
+                Ok(()) => objects.replica_lists(service, keys)?,
+                Err(f) => each_failed(keys.len(), f)?,
+            };
+            body::<Vec<Expected<GetReplicaListResponse>>>(&items)
         }
         Rpc::RemoveAll => {
             let (force, tenant): (bool, String) = args(b)?;
@@ -422,9 +494,9 @@ fn carry_out(service: &dyn Service, rpc: Rpc, b: &[u8]) -> Result<Vec<u8>, Fail>
     })
 }
 
-/// `n` items, each Mooncake's `NOT_SUPPORTED`.
-fn not_supported<T>(n: usize) -> Vec<Expected<T>> {
-    (0..n).map(|_| Err(error_code::NOT_SUPPORTED)).collect()
+/// `n` items of a batch whose lists differ in length, each Mooncake's `INVALID_PARAMS`.
+fn not_even<T>(n: usize) -> Vec<Expected<T>> {
+    (0..n).map(|_| Err(error_code::INVALID_PARAMS)).collect()
 }
 
 /// A batch that failed as a whole, answered item by item with its code (arguments that did
@@ -476,7 +548,7 @@ fn tenant_served(tenant: &str) -> Result<(), Fail> {
 }
 
 /// Mooncake's error code for an rbgctl status.
-pub fn mooncake_code(s: Status) -> i32 {
+pub(super) fn mooncake_code(s: Status) -> i32 {
     match s {
         Status::Ok => 0,
         Status::ObjectNotFound => error_code::OBJECT_NOT_FOUND,
@@ -499,7 +571,11 @@ pub fn mooncake_code(s: Status) -> i32 {
 /// Carries out rbgctl operation `op` through the master's service, as a request of its own
 /// would be (on this thread, which may block); answers its reply or Mooncake's code for its
 /// refusal.
-fn call<Req: Wire, Resp: Wire>(service: &dyn Service, op: Opcode, req: &Req) -> Result<Resp, Fail> {
+pub(super) fn call<Req: Wire, Resp: Wire>(
+    service: &dyn Service,
+    op: Opcode,
+    req: &Req,
+) -> Result<Resp, Fail> {
     let meta = req.to_meta();
     let header = Header::request(op, 1, meta.len(), 0);
     let mut out = Vec::new();

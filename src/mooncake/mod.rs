@@ -5,7 +5,10 @@
 //! (`tests/vectors/mooncake/`).
 
 pub mod coro_rpc;
+pub mod handshake;
 pub mod master;
+pub mod objects;
 pub mod rpcs;
 pub mod struct_pack;
+pub mod te_tcp;
 pub mod types;

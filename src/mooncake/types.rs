@@ -282,6 +282,7 @@ pub mod error_code {
     pub const INVALID_PARAMS: i32 = -600;
     pub const ILLEGAL_CLIENT: i32 = -601;
     pub const INVALID_WRITE: i32 = -700;
+    pub const TRANSFER_FAIL: i32 = -800;
     pub const REPLICA_IS_NOT_READY: i32 = -703;
     pub const OBJECT_NOT_FOUND: i32 = -704;
     pub const OBJECT_ALREADY_EXISTS: i32 = -705;

@@ -41,6 +41,17 @@ pub struct StoreConfig {
     /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
     /// `P2PHANDSHAKE` (default) for none.
     pub metadata_server: String,
+    /// Serve Mooncake's Transfer Engine (its TCP transport) and P2P handshake into the memory
+    /// segment, so that Mooncake's own clients (its wheel, SGLang's `mooncake` backend) put
+    /// and get here. Default: on without `auth_token_file`, off with it (Mooncake's transport
+    /// has no authentication; docs/security.md).
+    pub mooncake_transfer: Option<bool>,
+    /// Port of Mooncake's Transfer Engine transport; 0 picks a free one in Mooncake's range
+    /// 15000-16999. Default 0.
+    pub te_port: u16,
+    /// Port of Mooncake's P2P handshake, which also names the segment for Mooncake's clients
+    /// (`<local_hostname>:<port>`); 0 picks a free one in 15000-16999. Default 0.
+    pub te_handshake_port: u16,
     /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
     /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
     /// reboots too. Default `/dev/shm/rbgctl`.
@@ -116,6 +127,9 @@ impl Default for StoreConfig {
             protocol: Transport::Tcp,
             device: String::new(),
             metadata_server: "P2PHANDSHAKE".into(),
+            mooncake_transfer: None,
+            te_port: 0,
+            te_handshake_port: 0,
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
             shm_group: None,
             persistent: true,
@@ -187,6 +201,17 @@ pub struct StoreArgs {
     /// `P2PHANDSHAKE` (default) for none.
     #[arg(long, env = "RBGCTL_STORE_METADATA_SERVER")]
     pub metadata_server: Option<String>,
+    /// Serve Mooncake's Transfer Engine (TCP) and P2P handshake (true/false). Default: on
+    /// without --auth-token-file, off with it (both are unauthenticated).
+    #[arg(long, env = "RBGCTL_STORE_MOONCAKE_TRANSFER")]
+    pub mooncake_transfer: Option<bool>,
+    /// Mooncake Transfer Engine port; 0 picks a free one in 15000-16999. Default 0.
+    #[arg(long, env = "RBGCTL_STORE_TE_PORT")]
+    pub te_port: Option<u16>,
+    /// Mooncake P2P handshake port (the segment's Mooncake name is <host>:<port>); 0 picks a
+    /// free one in 15000-16999. Default 0.
+    #[arg(long, env = "RBGCTL_STORE_TE_HANDSHAKE_PORT")]
+    pub te_handshake_port: Option<u16>,
     /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
     /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
     /// reboots too. Default `/dev/shm/rbgctl`.
@@ -347,6 +372,13 @@ impl StoreConfig {
     }
 
     /// The data server's connection limits and waits.
+    /// Whether Mooncake's Transfer Engine is served: as set, else unless a secret is.
+    pub fn serves_mooncake_transfer(&self) -> bool {
+        self.mooncake_transfer
+            .unwrap_or(self.auth_token_file.is_none())
+            && self.segment_size.0 > 0
+    }
+
     pub fn server_options(&self) -> crate::transfer::server::ServerOptions {
         crate::transfer::server::ServerOptions {
             max_connections: self.max_connections,
@@ -463,6 +495,25 @@ mod tests {
     use super::*;
     use crate::config::load_toml;
 
+    /// Mooncake's unauthenticated transport is served by default only without a secret, and
+    /// never without a segment.
+    #[test]
+    fn mooncakes_transport_is_on_by_default_only_without_a_secret() {
+        let open = StoreConfig::default();
+        assert!(open.serves_mooncake_transfer());
+        let secret = StoreConfig {
+            auth_token_file: Some("/a".into()),
+            ..StoreConfig::default()
+        };
+        assert!(!secret.serves_mooncake_transfer());
+        let no_segment = StoreConfig {
+            segment_size: ByteSize(0),
+            mooncake_transfer: Some(true),
+            ..StoreConfig::default()
+        };
+        assert!(!no_segment.serves_mooncake_transfer());
+    }
+
     /// Every flag lands in the setting of its name (a renamed one under the config's name):
     /// the shared layering rule refuses a flag that names none.
     #[test]
@@ -480,6 +531,9 @@ mod tests {
             protocol: Some(Transport::Tcp),
             device: Some("d".into()),
             metadata_server: Some("P2PHANDSHAKE".into()),
+            mooncake_transfer: Some(true),
+            te_port: Some(15100),
+            te_handshake_port: Some(15101),
             shm_dir: Some("/s".into()),
             shm_group: Some("g".into()),
             persistent: Some(true),
@@ -506,6 +560,9 @@ mod tests {
         assert_eq!(c.request_timeout_ms, Millis(Duration::from_secs(8)));
         assert_eq!(c.name.as_deref(), Some("n"));
         assert_eq!(c.shm_group.as_deref(), Some("g"));
+        assert_eq!((c.te_port, c.te_handshake_port), (15100, 15101));
+        // Named on, Mooncake's transport is served even with a secret.
+        assert!(c.serves_mooncake_transfer());
         assert_eq!(c.ca_cert_paths, vec![PathBuf::from("/ca")]);
         assert_eq!(c.disk_tier_port, 10);
         assert!(!c.prefault);

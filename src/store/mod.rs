@@ -7,6 +7,7 @@ pub mod claims;
 pub mod config;
 pub mod disk;
 pub mod index;
+pub mod mooncake;
 pub mod registration;
 pub mod segment;
 pub mod server;
@@ -86,6 +87,8 @@ pub struct StoreStatus {
     pub name: String,
     pub endpoint: String,
     pub disk: Option<DiskTier>,
+    /// Mooncake's Transfer Engine and handshake into the memory segment, when served.
+    pub mooncake: Option<mooncake::MooncakeDoor>,
 }
 
 /// A running disk tier: its segment's data service and registration.
@@ -157,6 +160,7 @@ impl DiskTier {
             segment_uuid: records.durable().map_or_else(incarnation, |i| i.uuid()),
             tier: Tier::Disk,
             persistent: records.durable().is_some(),
+            ..SegmentInfo::default()
         };
         let service = Arc::new(tier::DiskService::new(
             name.clone(),
@@ -442,7 +446,7 @@ impl Store {
             tracing::warn!("segment_size is 0: this store contributes no memory (pure client)");
             (None, None, None, None)
         };
-        let segment = memory.as_ref().map(|m| {
+        let mut segment = memory.as_ref().map(|m| {
             let (shm_path, shm_token) = m
                 .shared_file()
                 .map(|(p, t)| (p.display().to_string(), t))
@@ -457,6 +461,7 @@ impl Store {
                 segment_uuid: index.as_ref().map_or_else(incarnation, |i| i.uuid()),
                 tier: Tier::Memory,
                 persistent: index.is_some(),
+                ..SegmentInfo::default()
             }
         });
         let records: Arc<index::Records> = Arc::new(match index {
@@ -470,6 +475,34 @@ impl Store {
                 let stamps = Arc::new(crate::transfer::stamps::StampTable::new(mem.size())?);
                 records.attach_stamps(stamps.clone());
                 Some(Arc::new(register_rdma(cfg, mem, stamps)?))
+            }
+            _ => None,
+        };
+        let door = match (&memory, &mut segment) {
+            (Some(memory), Some(info)) if cfg.serves_mooncake_transfer() => {
+                let listeners = (
+                    mooncake::bind("store Mooncake transfer", &cfg.bind_address, cfg.te_port)?,
+                    mooncake::bind(
+                        "store Mooncake handshake",
+                        &cfg.bind_address,
+                        cfg.te_handshake_port,
+                    )?,
+                );
+                let limits = crate::mooncake::te_tcp::TeLimits {
+                    max_connections: cfg.max_connections,
+                    idle_timeout: cfg.idle_timeout_ms.0,
+                    request_timeout: cfg.request_timeout_ms.0,
+                };
+                let door = mooncake::MooncakeDoor::start(
+                    &host,
+                    listeners,
+                    memory.clone(),
+                    records.clone(),
+                    limits,
+                )?;
+                info.te_endpoint = door.endpoint.name.clone();
+                info.te_data_port = u32::from(door.endpoint.data_port);
+                Some(door)
             }
             _ => None,
         };
@@ -582,6 +615,7 @@ impl Store {
                 name,
                 endpoint,
                 disk,
+                mooncake: door,
             }),
             server,
             heartbeat: Some(heartbeat),
@@ -615,6 +649,9 @@ impl Store {
             disk.stop_serving();
         }
         registration.unmount();
+        if let Some(door) = &self.status.mooncake {
+            door.stop();
+        }
         self.server.stop();
         // Connections still open (the master's among them) hold the service, and with it the
         // segment, until they close: its files go now.
@@ -770,6 +807,9 @@ impl StoreStatus {
         );
         if let Some(d) = &self.disk {
             d.render(&mut p);
+        }
+        if let Some(door) = &self.mooncake {
+            door.render(&mut p);
         }
         #[cfg(feature = "rdma")]
         if let Some(rdma) = &s.rdma {

@@ -425,26 +425,32 @@ fn publish_descriptor(
     seg: &SegmentInfo,
     auth: Option<&crate::auth::Secret>,
 ) {
-    let (host, port) = seg
-        .endpoint
-        .rsplit_once(':')
-        .unwrap_or((&seg.endpoint, "0"));
-    let port: u16 = port.parse().unwrap_or(0);
-    let ram = serde_json::json!({
-        "buffers": [{"addr": 0, "length": seg.size, "name": seg.name}],
-        "name": seg.name,
-        "protocol": "tcp",
-        "rdma_server_name": "",
-        "tcp_data_host": host,
-        "tcp_data_port": port,
-        "tcp_proto_version": 0,
-        "rbgctl": true,
-    });
-    let rpc_meta = serde_json::json!({"ip_or_host_name": host, "rpc_port": port});
-    for (key, value) in [
-        (format!("mooncake/ram/{}", seg.name), ram),
-        (format!("mooncake/rpc_meta/{}", seg.name), rpc_meta),
-    ] {
+    let entries = match crate::mooncake::handshake::TeEndpoint::of(seg) {
+        // Mooncake's clients find the segment by its Transfer Engine name; the same
+        // descriptor stands under the store's own name too.
+        Some(te) => {
+            let mut entries = te.metadata_entries().to_vec();
+            entries.push((format!("mooncake/ram/{}", seg.name), te.descriptor()));
+            entries
+        }
+        // No Transfer Engine: the store's rbgctl endpoint, for tools that list segments.
+        None => {
+            let (host, port) = seg
+                .endpoint
+                .rsplit_once(':')
+                .unwrap_or((&seg.endpoint, "0"));
+            let port: u16 = port.parse().unwrap_or(0);
+            let ram = serde_json::json!({
+                "buffers": [{"addr": 0, "length": seg.size, "name": seg.name}],
+                "name": seg.name,
+                "protocol": "rbgctl",
+                "tcp_data_host": host,
+                "tcp_data_port": port,
+            });
+            vec![(format!("mooncake/ram/{}", seg.name), ram)]
+        }
+    };
+    for (key, value) in entries {
         let url = format!("{base_url}?key={}", crate::url::encode(&key));
         let mut request = client.put(&url);
         if let Some(secret) = auth {

@@ -12,7 +12,7 @@ use crate::telemetry::OpStats;
 use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{
     BatchStatusResp, CheckVersionResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq,
-    ReadVersionReq, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
+    ReadVersionReq, SealHashedResp, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
 };
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
@@ -442,17 +442,19 @@ impl StoreService {
         Ok(false)
     }
 
-    /// SEAL and SEAL_CHECKED: records objects whose bytes came into the segment without this
-    /// store moving them (a same-host client's copies; a client's RDMA WRITEs), each if it is
-    /// in bounds and not superseded, and with `checked`, only if its bytes in the segment hash
-    /// to the CRC-32C its writer computed as it sent them.
+    /// SEAL, SEAL_CHECKED and SEAL_HASHED: records objects whose bytes came into the segment
+    /// without this store moving them (a same-host client's copies; a client's RDMA WRITEs;
+    /// Mooncake's Transfer Engine), each if it is in bounds, granted and not superseded; with
+    /// `Checked`, only if its bytes in the segment hash to the CRC-32C its writer computed as
+    /// it sent them; with `Hashed`, with the CRC-32C of its bytes (answered).
     fn seal(
         &self,
         io: &mut ServerIo<'_>,
         mem: &SegmentMemory,
         SealReq { objects, grants }: SealReq,
-        checked: bool,
+        mode: SealMode,
     ) -> Result<bool, TransferError> {
+        let checked = mode == SealMode::Checked;
         if grants.len() != objects.len() {
             io.error(
                 Status::InvalidParams,
@@ -466,7 +468,8 @@ impl StoreService {
         }
         let mut items = Vec::with_capacity(objects.len());
         let mut good = Vec::with_capacity(objects.len());
-        for (o, grant) in objects.into_iter().zip(&grants) {
+        let mut checksums = Vec::with_capacity(objects.len());
+        for (mut o, grant) in objects.into_iter().zip(&grants) {
             let status = if mem.check(o.offset, o.size).is_err() {
                 Status::OutOfBounds
             } else if let Err((status, _)) =
@@ -481,6 +484,11 @@ impl StoreService {
                 Status::Ok
             };
             items.push(status);
+            if status == Status::Ok && mode == SealMode::Hashed {
+                // SAFETY: bounds checked above; the range is this put's alone, its writer done.
+                o.checksum = crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) });
+            }
+            checksums.push(if status == Status::Ok { o.checksum } else { 0 });
             if status == Status::Ok {
                 good.push(o);
             }
@@ -498,7 +506,10 @@ impl StoreService {
             &self.bytes_sealed
         };
         counter.fetch_add(bytes, Ordering::Relaxed);
-        io.ok(&BatchStatusResp { items })?;
+        match mode {
+            SealMode::Hashed => io.ok(&SealHashedResp { items, checksums })?,
+            SealMode::Trusted | SealMode::Checked => io.ok(&BatchStatusResp { items })?,
+        }
         Ok(true)
     }
 
@@ -538,12 +549,17 @@ impl StoreService {
                 };
                 self.write(io, mem, r, op == Opcode::WriteChecked)
             }
-            Opcode::Seal | Opcode::SealChecked => {
+            Opcode::Seal | Opcode::SealChecked | Opcode::SealHashed => {
                 let r = SealReq::from_meta(meta)?;
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
-                self.seal(io, mem, r, op == Opcode::SealChecked)
+                let mode = match op {
+                    Opcode::SealChecked => SealMode::Checked,
+                    Opcode::SealHashed => SealMode::Hashed,
+                    _ => SealMode::Trusted,
+                };
+                self.seal(io, mem, r, mode)
             }
             Opcode::RdmaConnect => self.rdma_connect(io, meta),
             Opcode::CheckVersion => {
@@ -631,4 +647,15 @@ impl Service for StoreService {
     fn connections(&self) -> &crate::transfer::server::ConnCounters {
         &self.connections
     }
+}
+
+/// How a seal takes the checksums of the objects it records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SealMode {
+    /// As its writer sent them (a same-host client's copies).
+    Trusted,
+    /// Only if the bytes hash to them (RDMA WRITEs).
+    Checked,
+    /// Worked out from the bytes (Mooncake's Transfer Engine, whose writers send none).
+    Hashed,
 }

@@ -86,10 +86,15 @@ pub enum Opcode {
     /// Whether the store would answer `READ_VERSION` for this range now (meta:
     /// `ReadVersionReq`; empty reply, or the same refusal): the check beside a one-sided read.
     CheckVersion = 0x4b,
+    /// As `SEAL`, for bytes a Mooncake client wrote through the Transfer Engine (sent by the
+    /// master at Mooncake's `PutEnd`, with the put's grants): the store hashes each object's
+    /// bytes in its segment (CRC-32C) and records it with that checksum (answer
+    /// `SealHashedResp`).
+    SealHashed = 0x4c,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 36] = [
+    pub const ALL: [Opcode; 37] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -126,6 +131,7 @@ impl Opcode {
         Opcode::RdmaConnect,
         Opcode::SealChecked,
         Opcode::CheckVersion,
+        Opcode::SealHashed,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -171,6 +177,7 @@ impl Opcode {
             Opcode::RdmaConnect => "rdma_connect",
             Opcode::SealChecked => "seal_checked",
             Opcode::CheckVersion => "check_version",
+            Opcode::SealHashed => "seal_hashed",
         }
     }
 }

@@ -85,6 +85,9 @@ impl MinLen for Status {
 impl MinLen for u64 {
     const MIN_LEN: usize = 8;
 }
+impl MinLen for u32 {
+    const MIN_LEN: usize = 4;
+}
 impl MinLen for u8 {
     const MIN_LEN: usize = 1;
 }
@@ -229,12 +232,18 @@ message!(
         tier: Tier,
         /// Whether the store keeps its objects across its own restarts (a durable index).
         persistent: bool,
-    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1 + 1
+        /// Mooncake's name for the segment, `host:handshake_port`, when its store serves
+        /// Mooncake's Transfer Engine into it (empty otherwise): the transport endpoint of its
+        /// replicas in the answers to Mooncake's clients.
+        te_endpoint: String,
+        /// The Transfer Engine's data port, on `te_endpoint`'s host.
+        te_data_port: u32,
+    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1 + 1 + 2 + 4
 );
 
 message!(
     /// A mounted segment as the master lists it.
-    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 34 + 8
+    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 40 + 8
 );
 message!(
     /// One replica: a byte range in a segment.
@@ -287,7 +296,7 @@ message!(
     /// `recovering`: the segment holds objects from before a restart, which the store reports
     /// with `ReportObjects` before the segment takes new allocations. `grant_key`: the key the
     /// store checks grants and orders with (`transfer::grant`), never shown to anyone else.
-    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool, grant_key: Vec<u8> } min_len = 8 + 34 + 1 + 4
+    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool, grant_key: Vec<u8> } min_len = 8 + 40 + 1 + 4
 );
 message!(
     /// `discard`: the master gave this segment's objects up (the store was away longer than the
@@ -402,6 +411,11 @@ message!(
     /// Store: record objects written into the segment by memory copy (same-host clients) or
     /// RDMA, each with the master's grant for its range (`grants[i]` for `objects[i]`).
     SealReq { objects: Vec<StoredObject>, grants: Vec<Grant> } min_len = 8
+);
+message!(
+    /// The answer to `SEAL_HASHED`: per object its status and, when recorded, the CRC-32C of
+    /// its bytes.
+    SealHashedResp { items: Vec<Status>, checksums: Vec<u32> } min_len = 8
 );
 message!(
     /// Store (from the master): drop these records from the durable index.

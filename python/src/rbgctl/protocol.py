@@ -71,6 +71,7 @@ class Opcode(enum.IntEnum):
     RDMA_CONNECT = 0x49  # the Rust client's RDMA queue pair set-up; this client uses TCP
     SEAL_CHECKED = 0x4A  # the Rust client's seal after RDMA WRITE
     CHECK_VERSION = 0x4B  # the Rust client's version check beside an RDMA READ
+    SEAL_HASHED = 0x4C  # master to store: record what Mooncake's Transfer Engine wrote
 
 
 REFUSAL_ID = (1 << 64) - 1
@@ -285,16 +286,20 @@ class SegmentInfo:
     segment_uuid: int
     tier: int = 0  # 0 memory, 1 disk (the disk tier); reads go to the endpoint either way
     persistent: bool = False  # the store keeps its objects across its own restarts
+    te_endpoint: str = ""  # Mooncake's name for it (host:handshake_port) when served over TE
+    te_data_port: int = 0  # the Transfer Engine's data port on te_endpoint's host
 
     @staticmethod
     def decode(d: Decoder) -> "SegmentInfo":
         return SegmentInfo(
-            d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64(), d.u8(), d.bool()
+            d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64(), d.u8(), d.bool(),
+            d.str(), d.u32(),
         )
 
     def encode(self, e: Encoder) -> None:
         e.str(self.name).str(self.endpoint).u64(self.size).str(self.shm_path).u64(self.shm_token)
         e.str(self.host_id).u64(self.segment_uuid).u8(self.tier).bool(self.persistent)
+        e.str(self.te_endpoint).u32(self.te_data_port)
 
 
 @dataclass(frozen=True)

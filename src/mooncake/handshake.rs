@@ -1,0 +1,232 @@
+//! How Mooncake's clients find a store's Transfer Engine endpoint: the segment descriptor (the
+//! JSON a client reads from the HTTP metadata server under `mooncake/ram/<name>`, with
+//! `mooncake/rpc_meta/<name>` for clients older than `tcp_data_host`) and the P2P handshake,
+//! in which a client connects to the port in the segment's name, sends its own descriptor and
+//! reads the store's.
+//!
+//! A handshake frame is a u64 LE length (the type byte and the JSON), a type byte (Metadata is
+//! 1) and the JSON. The store answers a Metadata frame with its own descriptor and closes.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest handshake frame taken (Mooncake's own default limit, `MC_HANDSHAKE_MAX_LENGTH`).
+pub const MAX_FRAME: u64 = 1 << 20;
+/// The Metadata exchange's type byte.
+pub const METADATA: u8 = 1;
+/// Handshakes served at once.
+const MAX_AT_ONCE: usize = 64;
+/// A handshake's bytes must all come within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A store's Transfer Engine endpoint, as Mooncake's clients see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TeEndpoint {
+    /// The segment's name for Mooncake: `host:handshake_port`, which resolves both through a
+    /// handshake and through the metadata server.
+    pub name: String,
+    /// The address of the transfer (data) port.
+    pub data_host: String,
+    pub data_port: u16,
+    /// The segment's first address and its length.
+    pub base: u64,
+    pub len: u64,
+}
+
+impl TeEndpoint {
+    /// The endpoint of a segment whose store serves the Transfer Engine, as it mounted it.
+    pub fn of(seg: &crate::transfer::message::SegmentInfo) -> Option<TeEndpoint> {
+        if seg.te_endpoint.is_empty() {
+            return None;
+        }
+        let (host, _) = seg.te_endpoint.rsplit_once(':')?;
+        Some(TeEndpoint {
+            name: seg.te_endpoint.clone(),
+            data_host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            data_port: u16::try_from(seg.te_data_port).ok()?,
+            base: super::te_tcp::SEGMENT_BASE,
+            len: seg.size,
+        })
+    }
+
+    /// The segment descriptor, as Mooncake's `TransferMetadata` encodes one for `tcp`.
+    pub fn descriptor(&self) -> serde_json::Value {
+        serde_json::json!({
+            "buffers": [{"addr": self.base, "length": self.len, "name": self.name}],
+            "name": self.name,
+            "protocol": "tcp",
+            "rdma_server_name": "",
+            "tcp_data_host": self.data_host,
+            "tcp_data_port": self.data_port,
+            "tcp_proto_version": 2,
+            "timestamp": chrono::Utc::now().format("%Y-%m-%d %H:%M:%S%.6f").to_string(),
+        })
+    }
+
+    /// `mooncake/rpc_meta/<name>`: where older clients look for the data host.
+    pub fn rpc_meta(&self) -> serde_json::Value {
+        let port = self
+            .name
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .unwrap_or(0);
+        serde_json::json!({"ip_or_host_name": self.data_host, "rpc_port": port})
+    }
+
+    /// The metadata server's keys and values for this endpoint.
+    pub fn metadata_entries(&self) -> [(String, serde_json::Value); 2] {
+        [
+            (format!("mooncake/ram/{}", self.name), self.descriptor()),
+            (format!("mooncake/rpc_meta/{}", self.name), self.rpc_meta()),
+        ]
+    }
+}
+
+/// A handshake frame of `kind` carrying `json`.
+pub fn frame(kind: u8, json: &serde_json::Value) -> Vec<u8> {
+    let mut text = json.to_string();
+    // jsoncpp's FastWriter ends its output with a newline; Mooncake's peers send one.
+    text.push('\n');
+    let mut out = Vec::with_capacity(9 + text.len());
+    out.extend_from_slice(&(1 + text.len() as u64).to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("handshake frame of {0} bytes (at most {MAX_FRAME}; 0 is not a frame)")]
+    Length(u64),
+    #[error("handshake type {0} not served (only Metadata, 1)")]
+    Kind(u8),
+    #[error("handshake body is not JSON: {0}")]
+    Json(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads one frame: its type and JSON.
+pub fn read_frame(r: &mut impl Read) -> Result<(u8, serde_json::Value), HandshakeError> {
+    let mut len = [0u8; 8];
+    r.read_exact(&mut len)?;
+    let len = u64::from_le_bytes(len);
+    if len == 0 || len > MAX_FRAME {
+        return Err(HandshakeError::Length(len));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body)?;
+    let json =
+        serde_json::from_slice(&body[1..]).map_err(|e| HandshakeError::Json(e.to_string()))?;
+    Ok((body[0], json))
+}
+
+/// Handshakes served and refused, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct HandshakeStats {
+    pub served: AtomicU64,
+    pub refused: AtomicU64,
+    open: AtomicUsize,
+}
+
+/// Answers handshakes on `listener` with `endpoint`'s descriptor until `stop`.
+pub fn serve(
+    listener: TcpListener,
+    endpoint: TeEndpoint,
+    stats: Arc<HandshakeStats>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    let endpoint = Arc::new(endpoint);
+    std::thread::Builder::new()
+        .name("mooncake-handshake".into())
+        .spawn(move || {
+            super::te_tcp::accept_loop(&listener, &stop, |mut stream, peer| {
+                if stats.open.load(Ordering::Relaxed) >= MAX_AT_ONCE {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                stats.open.fetch_add(1, Ordering::Relaxed);
+                let (endpoint, stats) = (endpoint.clone(), stats.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("mooncake-handshake-conn".into())
+                    .spawn({
+                        let stats = stats.clone();
+                        move || {
+                            match answer(&mut stream, &endpoint) {
+                                Ok(()) => stats.served.fetch_add(1, Ordering::Relaxed),
+                                Err(e) => {
+                                    tracing::warn!(%peer, error = %e, "Mooncake handshake refused");
+                                    stats.refused.fetch_add(1, Ordering::Relaxed)
+                                }
+                            };
+                            stats.open.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    });
+                if spawned.is_err() {
+                    stats.open.fetch_sub(1, Ordering::Relaxed);
+                }
+            })
+        })
+}
+
+fn answer(stream: &mut std::net::TcpStream, endpoint: &TeEndpoint) -> Result<(), HandshakeError> {
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let (kind, _peer_descriptor) = read_frame(stream)?;
+    if kind != METADATA {
+        return Err(HandshakeError::Kind(kind));
+    }
+    stream.write_all(&frame(METADATA, &endpoint.descriptor()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint() -> TeEndpoint {
+        TeEndpoint {
+            name: "127.0.0.1:15001".into(),
+            data_host: "127.0.0.1".into(),
+            data_port: 15002,
+            base: super::super::te_tcp::SEGMENT_BASE,
+            len: 64 << 20,
+        }
+    }
+
+    #[test]
+    fn frames_read_back_and_bound_their_length() {
+        let d = endpoint().descriptor();
+        let f = frame(METADATA, &d);
+        assert_eq!(
+            u64::from_le_bytes(f[..8].try_into().unwrap()),
+            f.len() as u64 - 8
+        );
+        assert_eq!(*f.last().unwrap(), b'\n');
+        let (kind, back) = read_frame(&mut &f[..]).unwrap();
+        assert_eq!((kind, back), (METADATA, d));
+        let huge = (1u64 << 30).to_le_bytes();
+        assert!(matches!(
+            read_frame(&mut &huge[..]),
+            Err(HandshakeError::Length(_))
+        ));
+    }
+
+    #[test]
+    fn the_descriptor_has_what_mooncakes_decoder_needs() {
+        let d = endpoint().descriptor();
+        assert_eq!(d["protocol"], "tcp");
+        assert_eq!(d["tcp_proto_version"], 2);
+        assert_eq!(d["tcp_data_port"], 15002);
+        assert_eq!(d["buffers"][0]["name"], "127.0.0.1:15001");
+        assert!(d["buffers"][0]["addr"].as_u64().unwrap() > 0);
+        assert_eq!(endpoint().rpc_meta()["rpc_port"], 15001);
+    }
+}

@@ -1,0 +1,543 @@
+//! Mooncake's puts and replica lists, carried out as rbgctl's: a put is placed by the master's
+//! own `PUT_START` on the stores that serve Mooncake's Transfer Engine, its replicas answered
+//! as Mooncake buffer descriptors (the segment's Mooncake name, its address there); the client
+//! writes them through the Transfer Engine; at its `PutEnd` the master has each store record
+//! what was written (`SEAL_HASHED`, with the put's grants: the store hashes the bytes) before
+//! it commits the put. So an object a Mooncake client put is an rbgctl object like any other:
+//! recorded by its stores, reported after a master restart or failover, evicted, read by
+//! rbgctl's clients.
+//!
+//! Mooncake's `PutEnd` names the key, not the put: the puts a client has started are kept by
+//! (client, key) until they end, are revoked, or are older than [`PENDING_TTL`].
+
+use super::master::{call, mooncake_code, Fail};
+use super::te_tcp::SEGMENT_BASE;
+use super::types::{
+    error_code, replica_status, soft_pin, BufferDescriptor, GetReplicaListResponse, Placement,
+    ReplicaDescriptor, ReplicateConfig,
+};
+use crate::transfer::grant::Grant;
+use crate::transfer::message::{
+    self as msg, BatchGetReplicasResp, BatchKeysReq, BatchPutEndReq, BatchStatusResp, EndItem,
+    KeyReq, ListSegmentsResp, ObjectDesc, PutEndReq, PutRevokeReq, PutStartReq, PutStartResp,
+    ReplicaLoc, SealHashedResp, SealReq, StoredObject, Tier,
+};
+use crate::transfer::server::Service;
+use crate::transfer::{ConnOptions, Opcode, Pool, Status};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A put not ended within this is forgotten here (the master reclaims its space too).
+pub const PENDING_TTL: Duration = Duration::from_secs(600);
+/// Puts in progress kept at once, for all Mooncake clients.
+pub const MAX_PENDING: usize = 1 << 20;
+/// How old the segments' Mooncake names may be before they are asked for again.
+const SEGMENTS_FRESH: Duration = Duration::from_secs(1);
+
+type Expected<T> = Result<T, i32>;
+
+/// A segment as Mooncake's answers need it.
+#[derive(Clone, Debug)]
+struct SegmentRef {
+    /// Mooncake's name for it (`host:handshake_port`); `None` when its store does not serve
+    /// the Transfer Engine (Mooncake's clients cannot reach it).
+    te: Option<Arc<str>>,
+    /// Its store's rbgctl endpoint, where its puts are sealed.
+    endpoint: Arc<str>,
+    name: String,
+}
+
+#[derive(Default)]
+struct SegmentBook {
+    by_id: HashMap<u64, SegmentRef>,
+    asked: Option<Instant>,
+}
+
+/// A Mooncake put started and not yet ended.
+struct Pending {
+    object_id: u64,
+    size: u64,
+    replicas: Vec<ReplicaLoc>,
+    grants: Vec<Grant>,
+    started: Instant,
+}
+
+/// The state of Mooncake's object RPCs: segments' Mooncake names, puts in progress,
+/// connections to the stores.
+#[derive(Default)]
+pub(super) struct Objects {
+    segments: RwLock<SegmentBook>,
+    pending: Mutex<HashMap<(u64, String), Pending>>,
+    stores: Mutex<HashMap<Arc<str>, Arc<Pool>>>,
+}
+
+impl std::fmt::Debug for Objects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Objects")
+            .field("pending", &self.pending.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// rbgctl's placement of a Mooncake `ReplicateConfig`: replica count, soft pin and its TTL,
+/// the preferred segment (by its Mooncake or rbgctl name).
+fn placement_of(
+    c: &ReplicateConfig,
+    names: impl Fn(&str) -> Option<String>,
+) -> msg::ReplicateConfig {
+    let preferred = std::iter::once(&c.preferred_segment)
+        .chain(&c.preferred_segments)
+        .find(|s| !s.is_empty())
+        .map(|s| names(s).unwrap_or_else(|| s.clone()))
+        .unwrap_or_default();
+    msg::ReplicateConfig {
+        replica_num: c.replica_num.clamp(1, u64::from(u8::MAX)) as u8,
+        soft_pin: c.soft_pin_action == soft_pin::ENABLE || c.with_hard_pin,
+        soft_pin_ttl_ms: c.soft_pin_ttl_ms.unwrap_or(0),
+        preferred_segment: preferred,
+    }
+}
+
+impl Objects {
+    /// The segment `id` as Mooncake's answers need it, asking the master's segment list again
+    /// when `id` is new or the list is old.
+    fn segment(&self, service: &dyn Service, id: u64) -> Option<SegmentRef> {
+        {
+            let book = self.segments.read();
+            let fresh = book.asked.is_some_and(|t| t.elapsed() < SEGMENTS_FRESH);
+            if let Some(s) = book.by_id.get(&id).filter(|_| fresh) {
+                return Some(s.clone());
+            }
+        }
+        self.refresh(service);
+        self.segments.read().by_id.get(&id).cloned()
+    }
+
+    fn refresh(&self, service: &dyn Service) {
+        let Ok(list) = call::<_, ListSegmentsResp>(service, Opcode::ListSegments, &()) else {
+            return;
+        };
+        let by_id = list
+            .segments
+            .into_iter()
+            .map(|e| {
+                let te = (e.info.tier == Tier::Memory && !e.info.te_endpoint.is_empty())
+                    .then(|| Arc::from(e.info.te_endpoint.as_str()));
+                let r = SegmentRef {
+                    te,
+                    endpoint: Arc::from(e.info.endpoint.as_str()),
+                    name: e.info.name,
+                };
+                (e.id, r)
+            })
+            .collect();
+        *self.segments.write() = SegmentBook {
+            by_id,
+            asked: Some(Instant::now()),
+        };
+    }
+
+    /// The rbgctl name of the segment Mooncake calls `name`.
+    fn rbgctl_name(&self, service: &dyn Service, name: &str) -> Option<String> {
+        let find = |book: &SegmentBook| {
+            book.by_id
+                .values()
+                .find(|s| s.te.as_deref() == Some(name) || s.name == name)
+                .map(|s| s.name.clone())
+        };
+        if let Some(n) = find(&self.segments.read()) {
+            return Some(n);
+        }
+        self.refresh(service);
+        find(&self.segments.read())
+    }
+
+    /// Mooncake's descriptor of each replica, `None` when one lies where Mooncake's clients
+    /// cannot reach it.
+    fn descriptors(
+        &self,
+        service: &dyn Service,
+        replicas: &[ReplicaLoc],
+        size: u64,
+        status: i32,
+    ) -> Vec<Option<ReplicaDescriptor>> {
+        replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let te = self.segment(service, r.segment_id)?.te?;
+                Some(ReplicaDescriptor {
+                    id: i as u64,
+                    placement: Placement::Memory(BufferDescriptor {
+                        size,
+                        buffer_address: SEGMENT_BASE + r.offset,
+                        protocol: "tcp".into(),
+                        transport_endpoint: te.to_string(),
+                    }),
+                    status,
+                })
+            })
+            .collect()
+    }
+
+    /// `PutStart` (or `UpsertStart`, which may replace a value): places a put of `size`
+    /// bytes and answers where to write it.
+    pub(super) fn put_start(
+        &self,
+        service: &dyn Service,
+        client_id: u64,
+        key: String,
+        size: u64,
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<Expected<Vec<ReplicaDescriptor>>, Fail> {
+        if size == 0 {
+            return Ok(Err(error_code::INVALID_PARAMS));
+        }
+        if !upsert && call::<_, bool>(service, Opcode::Exists, &KeyReq { key: key.clone() })? {
+            return Ok(Err(error_code::OBJECT_ALREADY_EXISTS));
+        }
+        let config = placement_of(config, |n| self.rbgctl_name(service, n));
+        let req = PutStartReq {
+            client_id,
+            key: key.clone(),
+            size,
+            config,
+        };
+        let started: PutStartResp = match call(service, Opcode::PutStart, &req) {
+            Ok(r) => r,
+            Err(Fail::Code(code)) => return Ok(Err(code)),
+            Err(f) => return Err(f),
+        };
+        let descriptors =
+            self.descriptors(service, &started.replicas, size, replica_status::PROCESSING);
+        let Some(descriptors) = descriptors.into_iter().collect::<Option<Vec<_>>>() else {
+            tracing::warn!(%key, "a Mooncake put was placed on a store that does not serve \
+                Mooncake's Transfer Engine (mooncake_transfer = false); refused");
+            revoke(service, client_id, &key, started.object_id);
+            return Ok(Err(error_code::NO_AVAILABLE_HANDLE));
+        };
+        let mut pending = self.pending.lock();
+        if pending.len() >= MAX_PENDING {
+            pending.retain(|_, p| p.started.elapsed() < PENDING_TTL);
+        }
+        if pending.len() >= MAX_PENDING {
+            drop(pending);
+            tracing::warn!(
+                limit = MAX_PENDING,
+                "Mooncake puts in progress at their limit"
+            );
+            revoke(service, client_id, &key, started.object_id);
+            return Ok(Err(error_code::NO_AVAILABLE_HANDLE));
+        }
+        let earlier = pending.insert(
+            (client_id, key.clone()),
+            Pending {
+                object_id: started.object_id,
+                size,
+                replicas: started.replicas,
+                grants: started.grants,
+                started: Instant::now(),
+            },
+        );
+        drop(pending);
+        // The same client starting the same key again gave its earlier put up.
+        if let Some(p) = earlier {
+            revoke(service, client_id, &key, p.object_id);
+        }
+        Ok(Ok(descriptors))
+    }
+
+    /// `PutEnd` of each of `keys`: has the stores record what was written, then commits.
+    pub(super) fn put_end(
+        &self,
+        service: &dyn Service,
+        client_id: u64,
+        keys: &[String],
+    ) -> Vec<Expected<()>> {
+        let mut taken: Vec<Option<Pending>> = {
+            let mut pending = self.pending.lock();
+            keys.iter()
+                .map(|k| pending.remove(&(client_id, k.clone())))
+                .collect()
+        };
+        let mut out: Vec<Expected<()>> = taken
+            .iter()
+            .map(|p| match p {
+                Some(_) => Ok(()),
+                None => Err(error_code::OBJECT_NOT_FOUND),
+            })
+            .collect();
+        // One SEAL_HASHED per store for the whole batch.
+        let mut by_store: HashMap<Arc<str>, (SealReq, Vec<usize>)> = HashMap::new();
+        for (i, p) in taken.iter().enumerate() {
+            let Some(p) = p else { continue };
+            for (r, grant) in p.replicas.iter().zip(&p.grants) {
+                let Some(seg) = self.segment(service, r.segment_id) else {
+                    out[i] = Err(error_code::SEGMENT_NOT_FOUND);
+                    continue;
+                };
+                let (req, items) = by_store.entry(seg.endpoint).or_insert_with(|| {
+                    (
+                        SealReq {
+                            objects: Vec::new(),
+                            grants: Vec::new(),
+                        },
+                        Vec::new(),
+                    )
+                });
+                req.objects.push(StoredObject {
+                    key: keys[i].clone(),
+                    version: p.object_id,
+                    offset: r.offset,
+                    size: p.size,
+                    checksum: 0,
+                });
+                req.grants.push(*grant);
+                items.push(i);
+            }
+        }
+        let mut checksums: Vec<Option<u32>> = vec![None; keys.len()];
+        for (endpoint, (req, items)) in by_store {
+            let sealed = self
+                .store(&endpoint)
+                .with(|c| c.call::<_, SealHashedResp>(Opcode::SealHashed, &req));
+            match sealed {
+                Ok(r) if r.items.len() == items.len() && r.checksums.len() == items.len() => {
+                    for ((&i, status), crc) in items.iter().zip(r.items).zip(r.checksums) {
+                        if status != Status::Ok {
+                            tracing::warn!(key = %keys[i], %endpoint, ?status,
+                                "a store did not record a Mooncake put's replica");
+                            out[i] = Err(error_code::INVALID_WRITE);
+                        } else if checksums[i].is_some_and(|c| c != crc) {
+                            tracing::warn!(key = %keys[i], "a Mooncake put's replicas differ");
+                            out[i] = Err(error_code::INVALID_WRITE);
+                        } else {
+                            checksums[i] = Some(crc);
+                        }
+                    }
+                }
+                other => {
+                    tracing::warn!(%endpoint, error = ?other.err(),
+                        "cannot have a store record Mooncake puts");
+                    for &i in &items {
+                        out[i] = Err(error_code::TRANSFER_FAIL);
+                    }
+                }
+            }
+        }
+        // Commit those every replica of which is recorded; give the others up.
+        let mut items = Vec::new();
+        let mut committed = Vec::new();
+        for (i, p) in taken.iter_mut().enumerate() {
+            let Some(p) = p.take() else { continue };
+            match (&out[i], checksums[i]) {
+                (Ok(()), Some(checksum)) => {
+                    items.push(EndItem {
+                        key: keys[i].clone(),
+                        object_id: p.object_id,
+                        checksum,
+                    });
+                    committed.push(i);
+                }
+                _ => revoke(service, client_id, &keys[i], p.object_id),
+            }
+        }
+        match items.len() {
+            0 => {}
+            1 => {
+                let EndItem {
+                    key,
+                    object_id,
+                    checksum,
+                } = items.pop().expect("one");
+                let req = PutEndReq {
+                    client_id,
+                    key,
+                    object_id,
+                    checksum,
+                };
+                if let Err(f) = call::<_, ()>(service, Opcode::PutEnd, &req) {
+                    out[committed[0]] = Err(code_of(f));
+                }
+            }
+            _ => {
+                let req = BatchPutEndReq { client_id, items };
+                match call::<_, BatchStatusResp>(service, Opcode::BatchPutEnd, &req) {
+                    Ok(r) => {
+                        for (&i, s) in committed.iter().zip(r.items) {
+                            if s != Status::Ok {
+                                out[i] = Err(mooncake_code(s));
+                            }
+                        }
+                    }
+                    Err(f) => {
+                        let code = code_of(f);
+                        for &i in &committed {
+                            out[i] = Err(code);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// `PutRevoke` of each of `keys`.
+    pub(super) fn put_revoke(
+        &self,
+        service: &dyn Service,
+        client_id: u64,
+        keys: &[String],
+    ) -> Vec<Expected<()>> {
+        keys.iter()
+            .map(|key| {
+                let p = self.pending.lock().remove(&(client_id, key.clone()));
+                match p {
+                    Some(p) => {
+                        revoke(service, client_id, key, p.object_id);
+                        Ok(())
+                    }
+                    None => Err(error_code::OBJECT_NOT_FOUND),
+                }
+            })
+            .collect()
+    }
+
+    /// `GetReplicaList`: the object's replicas Mooncake's clients can read, with a read lease.
+    pub(super) fn replica_list(
+        &self,
+        service: &dyn Service,
+        key: String,
+    ) -> Result<Expected<GetReplicaListResponse>, Fail> {
+        match call::<_, ObjectDesc>(service, Opcode::GetReplicas, &KeyReq { key: key.clone() }) {
+            Ok(d) => Ok(self.listed(service, &key, d)),
+            Err(Fail::Code(code)) => Ok(Err(code)),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// `BatchGetReplicaList`.
+    pub(super) fn replica_lists(
+        &self,
+        service: &dyn Service,
+        keys: Vec<String>,
+    ) -> Result<Vec<Expected<GetReplicaListResponse>>, Fail> {
+        let n = keys.len();
+        let resp = match call::<_, BatchGetReplicasResp>(
+            service,
+            Opcode::BatchGetReplicas,
+            &BatchKeysReq { keys: keys.clone() },
+        ) {
+            Ok(r) => r,
+            Err(Fail::Code(code)) => return Ok((0..n).map(|_| Err(code)).collect()),
+            Err(f) => return Err(f),
+        };
+        Ok(keys
+            .iter()
+            .zip(resp.items)
+            .map(|(key, item)| match item {
+                Ok(d) => self.listed(service, key, d),
+                Err(s) => Err(mooncake_code(s)),
+            })
+            .collect())
+    }
+
+    fn listed(
+        &self,
+        service: &dyn Service,
+        key: &str,
+        d: ObjectDesc,
+    ) -> Expected<GetReplicaListResponse> {
+        let replicas: Vec<ReplicaDescriptor> = self
+            .descriptors(service, &d.replicas, d.size, replica_status::COMPLETE)
+            .into_iter()
+            .flatten()
+            .collect();
+        if replicas.is_empty() {
+            tracing::debug!(
+                key,
+                "no replica of the object is where Mooncake's clients read \
+                (a store without Mooncake's Transfer Engine, or the disk tier)"
+            );
+            return Err(error_code::REPLICA_IS_NOT_READY);
+        }
+        Ok(GetReplicaListResponse {
+            replicas,
+            lease_ttl_ms: d.lease_ttl_ms,
+            object_checksum: None,
+        })
+    }
+
+    /// The connection pool to the store at `endpoint`.
+    fn store(&self, endpoint: &Arc<str>) -> Arc<Pool> {
+        self.stores
+            .lock()
+            .entry(endpoint.clone())
+            .or_insert_with(|| {
+                Arc::new(Pool::new(
+                    endpoint.to_string(),
+                    ConnOptions {
+                        connect_timeout: Duration::from_secs(1),
+                        io_timeout: Duration::from_secs(5),
+                        spin: Duration::ZERO,
+                        auth: None,
+                    },
+                ))
+            })
+            .clone()
+    }
+}
+
+fn code_of(f: Fail) -> i32 {
+    match f {
+        Fail::Code(code) => code,
+        Fail::Args(_) => error_code::INVALID_PARAMS,
+    }
+}
+
+/// Gives a put up (its space freed); a failure leaves it to the master's own reclaiming.
+fn revoke(service: &dyn Service, client_id: u64, key: &str, object_id: u64) {
+    let req = PutRevokeReq {
+        client_id,
+        key: key.to_string(),
+        object_id,
+    };
+    if let Err(Fail::Code(code)) = call::<_, ()>(service, Opcode::PutRevoke, &req) {
+        tracing::debug!(
+            key,
+            code,
+            "revoking a Mooncake put failed; the master reclaims it"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicate_config_maps_what_rbgctl_has() {
+        let c = ReplicateConfig {
+            replica_num: 3,
+            soft_pin_action: soft_pin::ENABLE,
+            soft_pin_ttl_ms: Some(5_000),
+            preferred_segments: vec!["127.0.0.1:15001".into()],
+            ..Default::default()
+        };
+        let m = placement_of(&c, |n| (n == "127.0.0.1:15001").then(|| "store-0".into()));
+        assert_eq!(m.replica_num, 3);
+        assert!(m.soft_pin);
+        assert_eq!(m.soft_pin_ttl_ms, 5_000);
+        assert_eq!(m.preferred_segment, "store-0");
+        let none = placement_of(&ReplicateConfig::default(), |_| None);
+        assert_eq!((none.replica_num, none.soft_pin), (1, false));
+        let huge = ReplicateConfig {
+            replica_num: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(placement_of(&huge, |_| None).replica_num, u8::MAX);
+    }
+}

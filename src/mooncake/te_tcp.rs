@@ -1,0 +1,370 @@
+//! Mooncake Transfer Engine's TCP transport, served by a store into its memory segment, so
+//! that Mooncake's clients write and read the replicas the master hands them on rbgctl stores.
+//!
+//! A connection carries requests one after another, each a 24-byte session header (bytes to
+//! move, the absolute address in the target, an opcode: READ 0, WRITE 1, `| 0x80` for protocol
+//! v2) followed, for a WRITE, by its bytes. With v2 the server answers an 8-byte status frame:
+//! after the bytes of a WRITE are in place, before the bytes of a READ. v1 has no status frames.
+//!
+//! Addresses are the segment's offsets plus [`SEGMENT_BASE`], the same for every store and
+//! across restarts, so an address handed out stays valid for as long as its object does. Every
+//! range is checked to lie inside the segment before a byte moves (v2 answers the refusal
+//! frame, v1 a close), and a WRITE may not touch an object the store records: Mooncake's
+//! transport carries no grant, so it writes only space the master has not given to a
+//! committed object (its own puts' ranges, until their `PutEnd` has them recorded).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Length of a request's session header.
+pub const HEADER_LEN: usize = 24;
+/// Where every rbgctl store's segment starts in Mooncake's addresses (never 0: a descriptor
+/// with a buffer at 0 is refused by Mooncake's decoder).
+pub const SEGMENT_BASE: u64 = 0x1000_0000_0000;
+/// The v2 status frame of a request carried out.
+pub const STATUS_OK: u64 = 0x4D43_5456_0000_0000;
+/// The v2 status frame of a request whose range was refused.
+pub const STATUS_REFUSED: u64 = 0x4D43_5456_0000_0001;
+const OPCODE_V2: u8 = 0x80;
+
+/// Bytes moved per read or write call on the socket.
+const CHUNK: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// One request's session header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionHeader {
+    pub size: u64,
+    pub addr: u64,
+    pub op: Op,
+    /// Protocol v2: status frames.
+    pub v2: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TeError {
+    #[error("unknown Transfer Engine opcode {0:#04x} (READ is 0, WRITE 1, | 0x80 for v2)")]
+    Opcode(u8),
+    #[error("a Transfer Engine request of 0 bytes")]
+    Empty,
+    #[error(
+        "range [{addr:#x}, +{size}) is outside this store's segment [{base:#x}, +{len}); \
+         Mooncake addresses here are the segment's offsets plus {base:#x}"
+    )]
+    OutOfSegment {
+        addr: u64,
+        size: u64,
+        base: u64,
+        len: u64,
+    },
+    #[error(
+        "range [{addr:#x}, +{size}) holds an object this store records (offset {offset}); \
+         a Transfer Engine WRITE may only fill space the master gave a put still in progress"
+    )]
+    Recorded { addr: u64, size: u64, offset: u64 },
+}
+
+impl SessionHeader {
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<SessionHeader, TeError> {
+        let size = u64::from_le_bytes(b[0..8].try_into().expect("8"));
+        let addr = u64::from_le_bytes(b[8..16].try_into().expect("8"));
+        let v2 = b[16] & OPCODE_V2 != 0;
+        let op = match b[16] & !OPCODE_V2 {
+            0 => Op::Read,
+            1 => Op::Write,
+            _ => return Err(TeError::Opcode(b[16])),
+        };
+        Ok(SessionHeader { size, addr, op, v2 })
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&self.size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.addr.to_le_bytes());
+        b[16] = match self.op {
+            Op::Read => 0,
+            Op::Write => 1,
+        } | if self.v2 { OPCODE_V2 } else { 0 };
+        b
+    }
+
+    /// The segment offset the request's range starts at, if all of it lies in a segment of
+    /// `len` bytes.
+    pub fn offset_in(&self, len: u64) -> Result<u64, TeError> {
+        if self.size == 0 {
+            return Err(TeError::Empty);
+        }
+        let out = || TeError::OutOfSegment {
+            addr: self.addr,
+            size: self.size,
+            base: SEGMENT_BASE,
+            len,
+        };
+        let offset = self.addr.checked_sub(SEGMENT_BASE).ok_or_else(out)?;
+        match offset.checked_add(self.size) {
+            Some(end) if end <= len => Ok(offset),
+            _ => Err(out()),
+        }
+    }
+}
+
+/// The segment as the transport reaches it.
+pub trait TeSegment: Send + Sync + 'static {
+    fn size(&self) -> u64;
+    /// The offset of an object recorded over `[offset, offset + len)`, if any.
+    fn recorded_over(&self, offset: u64, len: u64) -> Option<u64>;
+    /// # Safety
+    /// The range was checked against `len`.
+    unsafe fn bytes(&self, offset: u64, len: u64) -> &[u8];
+    /// # Safety
+    /// The range was checked against `len`, and no committed object lies in it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, offset: u64, len: u64) -> &mut [u8];
+}
+
+/// Limits of a transport listener.
+#[derive(Clone, Copy, Debug)]
+pub struct TeLimits {
+    pub max_connections: usize,
+    /// A connection quiet this long between requests is closed.
+    pub idle_timeout: Duration,
+    /// Inside a request, each read must bring bytes within this.
+    pub request_timeout: Duration,
+}
+
+/// What the transport served, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct TeStats {
+    pub connections: AtomicU64,
+    pub open: AtomicUsize,
+    pub refused_connections: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub writes: AtomicU64,
+    pub reads: AtomicU64,
+    /// Requests refused (out of the segment, over a recorded object, bad opcode).
+    pub refused: AtomicU64,
+}
+
+/// Serves the transport on `listener` until `stop` is set (checked at least every
+/// `poll` interval), a thread per connection, at most `limits.max_connections` at once.
+pub fn serve<S: TeSegment>(
+    listener: TcpListener,
+    segment: Arc<S>,
+    limits: TeLimits,
+    stats: Arc<TeStats>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new()
+        .name("mooncake-te".into())
+        .spawn(move || {
+            accept_loop(&listener, &stop, |stream, peer| {
+                if stats.open.load(Ordering::Relaxed) >= limits.max_connections {
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, limit = limits.max_connections,
+                        "Mooncake transfer connections at their limit; closing a new one");
+                    return;
+                }
+                stats.open.fetch_add(1, Ordering::Relaxed);
+                stats.connections.fetch_add(1, Ordering::Relaxed);
+                let (segment, stats, stop) = (segment.clone(), stats.clone(), stop.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("mooncake-te-conn".into())
+                    .spawn({
+                        let stats = stats.clone();
+                        move || {
+                            if let Err(e) = serve_conn(stream, &*segment, &limits, &stats, &stop) {
+                                tracing::debug!(%peer, error = %e, "Mooncake transfer connection ended");
+                            }
+                            stats.open.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    });
+                if spawned.is_err() {
+                    stats.open.fetch_sub(1, Ordering::Relaxed);
+                }
+            })
+        })
+}
+
+/// Accepts on a non-blocking `listener` until `stop`, handing each connection (blocking) on.
+pub(crate) fn accept_loop(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    mut on: impl FnMut(TcpStream, SocketAddr),
+) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                if stream.set_nonblocking(false).is_ok() {
+                    let _ = stream.set_nodelay(true);
+                    on(stream, peer);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let fd = std::os::fd::AsFd::as_fd(listener);
+                let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+                let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn serve_conn<S: TeSegment>(
+    mut stream: TcpStream,
+    segment: &S,
+    limits: &TeLimits,
+    stats: &TeStats,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut head = [0u8; HEADER_LEN];
+    while !stop.load(Ordering::Relaxed) {
+        stream.set_read_timeout(Some(limits.idle_timeout))?;
+        match stream.read(&mut head[..1])? {
+            0 => return Ok(()),
+            _ => {
+                stream.set_read_timeout(Some(limits.request_timeout))?;
+                stream.read_exact(&mut head[1..])?;
+            }
+        }
+        let located = SessionHeader::decode(&head).and_then(|h| {
+            let offset = h.offset_in(segment.size())?;
+            if h.op == Op::Write {
+                if let Some(at) = segment.recorded_over(offset, h.size) {
+                    return Err(TeError::Recorded {
+                        addr: h.addr,
+                        size: h.size,
+                        offset: at,
+                    });
+                }
+            }
+            Ok((h, offset))
+        });
+        let (h, offset) = match located {
+            Ok(x) => x,
+            Err(e) => {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "Mooncake transfer request refused");
+                if head[16] & OPCODE_V2 != 0 {
+                    let _ = stream.write_all(&STATUS_REFUSED.to_le_bytes());
+                }
+                close_gently(stream);
+                return Ok(());
+            }
+        };
+        match h.op {
+            Op::Write => {
+                // SAFETY: the range lies in the segment and holds no recorded object.
+                let dst = unsafe { segment.bytes_mut(offset, h.size) };
+                for chunk in dst.chunks_mut(CHUNK) {
+                    stream.read_exact(chunk)?;
+                }
+                stats.writes.fetch_add(1, Ordering::Relaxed);
+                stats.bytes_written.fetch_add(h.size, Ordering::Relaxed);
+                if h.v2 {
+                    stream.write_all(&STATUS_OK.to_le_bytes())?;
+                }
+            }
+            Op::Read => {
+                if h.v2 {
+                    stream.write_all(&STATUS_OK.to_le_bytes())?;
+                }
+                // SAFETY: the range lies in the segment; the bytes are only read.
+                let src = unsafe { segment.bytes(offset, h.size) };
+                stream.set_write_timeout(Some(limits.request_timeout))?;
+                stream.write_all(src)?;
+                stats.reads.fetch_add(1, Ordering::Relaxed);
+                stats.bytes_read.fetch_add(h.size, Ordering::Relaxed);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Closes after reading what the peer sent on for a moment (up to 64 KiB), so that the close
+/// is not a reset that could discard the refusal frame before the peer read it.
+fn close_gently(mut stream: TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut scratch = [0u8; 4096];
+    for _ in 0..16 {
+        if !matches!(stream.read(&mut scratch), Ok(n) if n > 0) {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_decode_as_captured_from_the_wheel() {
+        // captures/http/te_decoded.txt: a 1039-byte v2 WRITE.
+        let b: [u8; 24] = [
+            0x0f, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xf4, 0x0d, 0x7f, 0, 0, 0x81, 0, 0, 0, 0, 0, 0,
+            0,
+        ];
+        let h = SessionHeader::decode(&b).unwrap();
+        assert_eq!(
+            h,
+            SessionHeader {
+                size: 1039,
+                addr: 0x7f0d_f400_0000,
+                op: Op::Write,
+                v2: true
+            }
+        );
+        assert_eq!(h.encode(), b);
+        let mut read_v1 = b;
+        read_v1[16] = 0;
+        assert_eq!(SessionHeader::decode(&read_v1).unwrap().op, Op::Read);
+        read_v1[16] = 0x82;
+        assert_eq!(SessionHeader::decode(&read_v1), Err(TeError::Opcode(0x82)));
+        assert_eq!(
+            STATUS_OK.to_le_bytes(),
+            [0, 0, 0, 0, 0x56, 0x54, 0x43, 0x4d]
+        );
+    }
+
+    #[test]
+    fn every_range_is_checked_against_the_segment() {
+        let at = |addr: u64, size: u64| SessionHeader {
+            size,
+            addr,
+            op: Op::Read,
+            v2: true,
+        };
+        let len = 4096;
+        assert_eq!(at(SEGMENT_BASE, 4096).offset_in(len), Ok(0));
+        assert_eq!(at(SEGMENT_BASE + 4000, 96).offset_in(len), Ok(4000));
+        assert_eq!(at(SEGMENT_BASE, 0).offset_in(len), Err(TeError::Empty));
+        for (addr, size) in [
+            (SEGMENT_BASE + 4000, 97),
+            (SEGMENT_BASE - 1, 1),
+            (0, 1),
+            (SEGMENT_BASE + 1, u64::MAX),
+            (u64::MAX, 1),
+        ] {
+            assert!(
+                matches!(
+                    at(addr, size).offset_in(len),
+                    Err(TeError::OutOfSegment { .. })
+                ),
+                "{addr:#x} +{size}"
+            );
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The store's door for Mooncake's own clients: its memory segment served over the Transfer
+//! Engine's TCP transport, and a P2P handshake listener answering its descriptor, so that the
+//! replicas the master hands a Mooncake client on this store are written and read in place.
+//! The same descriptor goes to the HTTP metadata server (`registration.rs`), so one store
+//! serves clients of both discovery modes.
+
+use super::index::Records;
+use super::segment::SegmentMemory;
+use crate::mooncake::handshake::{self, HandshakeStats, TeEndpoint};
+use crate::mooncake::te_tcp::{self, TeLimits, TeSegment, TeStats, SEGMENT_BASE};
+use crate::telemetry::PromText;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Ports Mooncake picks its own from (`MC_MIN_RPC_PORT`..`MC_MAX_RPC_PORT`); a store asked for
+/// port 0 takes a free one here too.
+pub const PORT_RANGE: std::ops::Range<u16> = 15000..17000;
+
+/// The segment and its records, as the transport reaches them.
+struct Segment {
+    memory: Arc<SegmentMemory>,
+    records: Arc<Records>,
+}
+
+impl TeSegment for Segment {
+    fn size(&self) -> u64 {
+        self.memory.size()
+    }
+
+    fn recorded_over(&self, offset: u64, len: u64) -> Option<u64> {
+        self.records.newest_overlapping(offset, len)
+    }
+
+    unsafe fn bytes(&self, offset: u64, len: u64) -> &[u8] {
+        // SAFETY: the caller checked the range.
+        unsafe { self.memory.slice(offset, len) }
+    }
+
+    unsafe fn bytes_mut(&self, offset: u64, len: u64) -> &mut [u8] {
+        // SAFETY: the caller checked the range, and that no committed object lies in it.
+        unsafe { self.memory.slice_mut(offset, len) }
+    }
+}
+
+/// The transport and handshake listeners of a running store.
+pub struct MooncakeDoor {
+    pub endpoint: TeEndpoint,
+    te: Arc<TeStats>,
+    handshakes: Arc<HandshakeStats>,
+    stop: Arc<AtomicBool>,
+    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A listener on `port` of `bind`, or with port 0 the first free one in [`PORT_RANGE`].
+pub fn bind(
+    what: &'static str,
+    bind: &str,
+    port: u16,
+) -> Result<TcpListener, crate::role::BindError> {
+    if port != 0 {
+        return crate::role::bind(what, bind, port);
+    }
+    // Start at a different place in the range each time, so that stores starting together
+    // do not race for the same ports.
+    let span = PORT_RANGE.end - PORT_RANGE.start;
+    let first = (std::process::id() as u16).wrapping_mul(7919) % span;
+    let mut last = None;
+    for i in 0..span {
+        let port = PORT_RANGE.start + (first + i) % span;
+        match crate::role::bind(what, bind, port) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("the range is not empty"))
+}
+
+impl MooncakeDoor {
+    /// Serves `memory` on `data` (the transport) and `handshake`, as `host`.
+    pub fn start(
+        host: &str,
+        (data, handshake): (TcpListener, TcpListener),
+        memory: Arc<SegmentMemory>,
+        records: Arc<Records>,
+        limits: TeLimits,
+    ) -> std::io::Result<MooncakeDoor> {
+        let endpoint = TeEndpoint {
+            name: format!("{host}:{}", handshake.local_addr()?.port()),
+            data_host: host.to_string(),
+            data_port: data.local_addr()?.port(),
+            base: SEGMENT_BASE,
+            len: memory.size(),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let te = Arc::new(TeStats::default());
+        let handshakes = Arc::new(HandshakeStats::default());
+        let segment = Arc::new(Segment { memory, records });
+        let threads = vec![
+            te_tcp::serve(data, segment, limits, te.clone(), stop.clone())?,
+            handshake::serve(
+                handshake,
+                endpoint.clone(),
+                handshakes.clone(),
+                stop.clone(),
+            )?,
+        ];
+        tracing::warn!(
+            name = %endpoint.name,
+            data_port = endpoint.data_port,
+            "serving Mooncake's Transfer Engine (TCP) and P2P handshake: both unauthenticated; \
+             whoever reaches these ports reads the segment and writes its free space \
+             (docs/security.md)"
+        );
+        Ok(MooncakeDoor {
+            endpoint,
+            te,
+            handshakes,
+            stop,
+            threads: parking_lot::Mutex::new(threads),
+        })
+    }
+
+    /// Stops accepting; joins the listeners (connections end at their next request).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    pub fn render(&self, p: &mut PromText) {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let t = &self.te;
+        p.family(
+            "rbgctl_store_mooncake_transfers_total",
+            "counter",
+            "Requests of Mooncake's Transfer Engine (TCP) served into the segment, by op.",
+        )
+        .sample(
+            "rbgctl_store_mooncake_transfers_total",
+            &[("op", "write")],
+            n(&t.writes),
+        )
+        .sample(
+            "rbgctl_store_mooncake_transfers_total",
+            &[("op", "read")],
+            n(&t.reads),
+        )
+        .family(
+            "rbgctl_store_mooncake_transfer_bytes_total",
+            "counter",
+            "Bytes moved by Mooncake's Transfer Engine (TCP), by op.",
+        )
+        .sample(
+            "rbgctl_store_mooncake_transfer_bytes_total",
+            &[("op", "write")],
+            n(&t.bytes_written),
+        )
+        .sample(
+            "rbgctl_store_mooncake_transfer_bytes_total",
+            &[("op", "read")],
+            n(&t.bytes_read),
+        )
+        .single(
+            "rbgctl_store_mooncake_transfers_refused_total",
+            "counter",
+            "Transfer Engine requests refused: a range outside the segment or over a recorded \
+             object, an unknown opcode.",
+            n(&t.refused),
+        )
+        .single(
+            "rbgctl_store_mooncake_connections_total",
+            "counter",
+            "Transfer Engine connections accepted.",
+            n(&t.connections),
+        )
+        .single(
+            "rbgctl_store_mooncake_connections_refused_total",
+            "counter",
+            "Transfer Engine connections closed at once: the store had its limit open.",
+            n(&t.refused_connections),
+        )
+        .single(
+            "rbgctl_store_mooncake_handshakes_total",
+            "counter",
+            "P2P handshakes answered with this store's descriptor.",
+            n(&self.handshakes.served),
+        )
+        .single(
+            "rbgctl_store_mooncake_handshakes_refused_total",
+            "counter",
+            "P2P handshakes refused (a frame too long, not JSON, another type).",
+            n(&self.handshakes.refused),
+        );
+    }
+}
+
+impl Drop for MooncakeDoor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
