@@ -6,10 +6,15 @@ Run with a Python that has the `mooncake-transfer-engine-non-cuda` wheel install
 `mooncake_master` sits next to that Python). Same topology as rbgctl's rows: a master, one
 storage process (a 4 GiB segment, no local buffer) and this process as a pure client, all on
 loopback over TCP. The client uses the zero-copy calls (`put_from` / `get_into` and their batch
-forms, on a registered buffer), Mooncake's fastest. Prints one JSON document: the rows.
+forms, on a registered buffer), Mooncake's fastest, and `batch_is_exist` of 128 keys. Prints
+one JSON document: the rows, the master RPCs the client's calls make, and the CPU time
+Mooncake's master spent meanwhile (from /proc).
+
+With `--on-master ADDR` the same client runs against the master at ADDR (rbgctl's, with its
+stores) instead of starting Mooncake's: the wheel, unchanged, on both.
 
     python mooncake_peer.py run --sizes 4096,65536 --phase-time 2 --phase-ops 20000 \
-        --phase-bytes 1073741824 --batch 32 --batch-value 262144
+        --phase-bytes 1073741824 --batch 32 --batch-value 262144 [--on-master 127.0.0.1:50051]
 """
 
 import argparse
@@ -58,17 +63,37 @@ def node(args):
     s.close()
 
 
+# Master RPCs each client call makes (Mooncake's MasterClient): a put starts and ends, a get
+# asks for the replica list, a batch does so once for all its keys.
+RPCS = {"put": 2, "get": 1, "batch_put": 2, "batch_get": 1, "batch_exists": 1}
+
+
+def cpu_seconds(pid):
+    """utime + stime of process `pid`, from /proc (None when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def percentile(sorted_us, q):
     if not sorted_us:
         return 0.0
     return sorted_us[min(len(sorted_us) - 1, int(q * len(sorted_us)))]
 
 
+CASE = "mooncake tcp"
+
+
 def row(op, value, items, latencies, elapsed, errors):
     lat = sorted(l * 1e6 for l in latencies)
     ops = len(latencies) * items
+    kind = op.split(" ")[0]
+    row.rpcs += (len(latencies) + errors) * RPCS[kind]
     return {
-        "case": "mooncake tcp",
+        "case": CASE,
         "op": op,
         "value_bytes": value,
         "threads": 1,
@@ -143,6 +168,13 @@ def client(args):
     got = lambda rcs: all(rc == v for rc in rcs)
     lat, el, err = phase(written, args.phase_time, lambda i: got(s.batch_get_into(keys(i), ptrs, sizes)))
     rows.append(row(f"batch_get {b}x", v, b, lat, el, err))
+    # Which of 128 keys exist (half of them do), asked at once: one master round trip.
+    present = [k for i in range(written) for k in keys(i)][:64]
+    asked = present + [f"{run}/absent/{j}" for j in range(128 - len(present))]
+    want = [1] * len(present) + [0] * (128 - len(present))
+    lat, el, err = phase(args.phase_ops, args.phase_time,
+                         lambda i: list(s.batch_is_exist(asked)) == want)
+    rows.append(row("batch_exists 128x", 0, 128, lat, el, err))
     for i in range(written):
         s.batch_remove(keys(i), True)
     s.unregister_buffer(base)
@@ -150,7 +182,20 @@ def client(args):
     return rows
 
 
+def report(rows, master_cpu):
+    json.dump({"rows": rows, "client_rpcs": row.rpcs, "master_cpu_seconds": master_cpu},
+              sys.stdout)
+    print()
+
+
 def run(args):
+    global CASE
+    row.rpcs = 0
+    if args.on_master:
+        CASE = "mooncake client on rbgctl tcp"
+        args.master = args.on_master
+        report(client(args), None)
+        return
     here = os.path.dirname(os.path.abspath(sys.executable))
     master_bin = os.path.join(here, "mooncake_master")
     if not os.path.exists(master_bin):
@@ -176,9 +221,10 @@ def run(args):
         if READY not in line:
             raise SystemExit("the Mooncake storage node did not start")
         args.master = addr
+        before = cpu_seconds(master.pid)
         rows = client(args)
-        json.dump(rows, sys.stdout)
-        print()
+        after = cpu_seconds(master.pid)
+        report(rows, after - before if before is not None and after is not None else None)
     finally:
         for p in (storage, master):
             if p is not None and p.poll() is None:
@@ -198,6 +244,8 @@ def main():
     r.add_argument("--batch-value", type=int, default=256 << 10)
     r.add_argument("--segment", type=int, default=4 << 30)
     r.add_argument("--buffer", type=int, default=512 << 20)
+    r.add_argument("--on-master", default=None,
+                   help="run the client against this master (rbgctl's) instead of Mooncake's")
     n = sub.add_parser("node")
     n.add_argument("--master", required=True)
     n.add_argument("--segment", type=int, required=True)

@@ -839,9 +839,18 @@ fn manifests_parse_and_the_examples_reconcile() {
         "kvcache-v1alpha2.yaml",
         "autoscaling.yaml",
         "kvcache-ha.yaml",
+        "mooncake-ports-networkpolicy.yaml",
     ] {
         for d in docs(&format!("manifests/examples/{file}")) {
             match d["kind"].as_str() {
+                // It selects the pods of a group the examples make, by the labels they get.
+                Some("NetworkPolicy") => {
+                    let selector = &d["spec"]["podSelector"]["matchLabels"];
+                    assert_eq!(
+                        selector["rolebasedgroup.workloads.x-k8s.io/name"],
+                        "rbgctl-kv"
+                    );
+                }
                 Some("RoleBasedGroup") => {
                     rbgctl::operator::model::parse_group(&d).unwrap();
                     e.api.create("rolebasedgroups", NS, d).unwrap();
@@ -867,6 +876,23 @@ fn manifests_parse_and_the_examples_reconcile() {
         && e.adapter("rbgctl-scaled-decode")
             .is_some_and(|a| a["status"]["phase"] == "Bound")
         && set_ready(&e, "rbgctl-fleet", 2)));
+    // The NetworkPolicy example selects the pool's pods by the labels they carry.
+    let pool_pods = e
+        .pods("")
+        .into_iter()
+        .filter(|(_, p)| {
+            let l = &p["metadata"]["labels"];
+            l["rolebasedgroup.workloads.x-k8s.io/name"] == "rbgctl-kv"
+                && matches!(
+                    l["rolebasedgroup.workloads.x-k8s.io/role"].as_str(),
+                    Some("kv-master" | "kv-store")
+                )
+        })
+        .count();
+    assert!(
+        pool_pods >= 2,
+        "{pool_pods} pool pods carry the policy's labels"
+    );
     // Issue 62, item B1: every store pod the examples make has a memory emptyDir at /dev/shm
     // (a container's own is 64 MiB) as large as its segment at least.
     let mut stores = 0;

@@ -1,7 +1,9 @@
 //! The Mooncake store measured beside rbgctl in the same run (`bench store --mooncake-python`):
 //! runs `scripts/mooncake_peer.py` (embedded in the binary) with a Python that has the
 //! `mooncake-transfer-engine-non-cuda` wheel, which starts Mooncake's master, one storage process
-//! and a client in the topology rbgctl's rows use, and reads back its rows.
+//! and a client in the topology rbgctl's rows use, and reads back its rows. The same script runs
+//! the same wheel client against rbgctl's master and store (`PeerPlan::on_master`), so that
+//! Mooncake's own client is measured on both pools in one run.
 
 use super::stats::PhaseResult;
 use std::io::Read;
@@ -23,6 +25,27 @@ pub struct PeerPlan {
     pub batch: usize,
     pub batch_value: u64,
     pub segment: u64,
+    /// Run the wheel's client against this master (rbgctl's) instead of starting Mooncake's.
+    pub on_master: Option<String>,
+}
+
+/// What one run of the peer script measured.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+pub struct PeerRun {
+    pub rows: Vec<PhaseResult>,
+    /// Master RPCs the client's calls made (by the calls' count: Mooncake's client makes two
+    /// per put, one per get, batch or exists).
+    pub client_rpcs: u64,
+    /// CPU time Mooncake's master spent while the client ran (when the script started it).
+    pub master_cpu_seconds: Option<f64>,
+}
+
+impl PeerRun {
+    /// Master CPU per RPC, in microseconds.
+    pub fn master_cpu_us_per_rpc(&self) -> Option<f64> {
+        let cpu = self.master_cpu_seconds?;
+        (self.client_rpcs > 0).then(|| cpu * 1e6 / self.client_rpcs as f64)
+    }
 }
 
 /// One row of rbgctl beside the same row of the peer.
@@ -36,8 +59,8 @@ pub struct Versus {
     pub ratio: f64,
 }
 
-/// Runs the peer; answers its rows (case `mooncake tcp`).
-pub fn run(python: &Path, plan: &PeerPlan) -> anyhow::Result<Vec<PhaseResult>> {
+/// Runs the peer; answers its rows (case `mooncake tcp`, or `mooncake client on rbgctl tcp`).
+pub fn run(python: &Path, plan: &PeerPlan) -> anyhow::Result<PeerRun> {
     let script =
         std::env::temp_dir().join(format!("rbgctl-mooncake-peer-{}.py", std::process::id()));
     std::fs::write(&script, SCRIPT)?;
@@ -46,11 +69,20 @@ pub fn run(python: &Path, plan: &PeerPlan) -> anyhow::Result<Vec<PhaseResult>> {
     rows
 }
 
-fn run_script(python: &Path, script: &Path, plan: &PeerPlan) -> anyhow::Result<Vec<PhaseResult>> {
+fn run_script(python: &Path, script: &Path, plan: &PeerPlan) -> anyhow::Result<PeerRun> {
     let sizes: Vec<String> = plan.sizes.iter().map(u64::to_string).collect();
-    let mut child = Command::new(python)
-        .arg(script)
-        .arg("run")
+    let mut command = Command::new(python);
+    if let Some(master) = &plan.on_master {
+        command.args([
+            script.as_os_str(),
+            "run".as_ref(),
+            "--on-master".as_ref(),
+            master.as_ref(),
+        ]);
+    } else {
+        command.arg(script).arg("run");
+    }
+    let mut child = command
         .args(["--sizes", &sizes.join(",")])
         .args(["--phase-time", &plan.phase_time.as_secs_f64().to_string()])
         .args(["--phase-ops", &plan.phase_ops.to_string()])
@@ -104,17 +136,22 @@ fn run_script(python: &Path, script: &Path, plan: &PeerPlan) -> anyhow::Result<V
     let json = out
         .lines()
         .rev()
-        .find(|l| l.starts_with('['))
+        .find(|l| l.starts_with('{'))
         .ok_or_else(|| anyhow::anyhow!("the Mooncake peer printed no rows"))?;
     Ok(serde_json::from_str(json)?)
 }
 
 /// Pairs rbgctl's single-thread TCP rows with the peer's rows of the same operation and size.
 pub fn versus(ours: &[PhaseResult], peer: &[PhaseResult]) -> Vec<Versus> {
+    versus_case(ours, "tcp", peer)
+}
+
+/// Pairs `ours` rows of `case` on one thread with the peer's of the same operation and size.
+pub fn versus_case(ours: &[PhaseResult], case: &str, peer: &[PhaseResult]) -> Vec<Versus> {
     peer.iter()
         .filter_map(|p| {
             let o = ours.iter().find(|o| {
-                o.case == "tcp" && o.threads == 1 && o.op == p.op && o.value_bytes == p.value_bytes
+                o.case == case && o.threads == 1 && o.op == p.op && o.value_bytes == p.value_bytes
             })?;
             Some(Versus {
                 op: p.op.clone(),

@@ -123,6 +123,13 @@ const SEGMENTS: &str = "rows without -fresh: the store faulted its segment's pag
     wrote; -fresh rows: a store just started with prefault = false, each write faulting its \
     pages in (a store's first minutes with a large segment)";
 
+/// Master CPU per RPC of Mooncake's client, on each pool.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+struct MasterCpu {
+    rbgctl: Option<f64>,
+    mooncake: Option<f64>,
+}
+
 #[derive(Debug, Default, serde::Serialize)]
 struct Report {
     persistent: bool,
@@ -148,6 +155,16 @@ struct Report {
     /// rbgctl's rows beside Mooncake's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake: Vec<mooncake_peer::Versus>,
+    /// Mooncake's own client (the wheel, unchanged) on rbgctl's master and store, with
+    /// `--mooncake-python` and the benchmark's own cluster.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mooncake_client_on_rbgctl: Vec<PhaseResult>,
+    /// The wheel's rows on rbgctl beside its rows on Mooncake's own master and store.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    versus_mooncake_client: Vec<mooncake_peer::Versus>,
+    /// Each master's CPU time per RPC of the wheel's client, in microseconds (from /proc).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    master_cpu_us_per_rpc: Option<MasterCpu>,
     /// redis-server's rows, with `--redis-server`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     redis: Vec<PhaseResult>,
@@ -662,10 +679,11 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         }
     }
     let mut failures = ctx.failures.take();
-    let mut mooncake = Vec::new();
+    let mut mooncake = mooncake_peer::PeerRun::default();
+    let mut on_rbgctl = mooncake_peer::PeerRun::default();
     if let Some(python) = &args.mooncake_python {
         progress("the Mooncake store, same phases, same topology");
-        let plan = mooncake_peer::PeerPlan {
+        let mut plan = mooncake_peer::PeerPlan {
             sizes: args.sizes.iter().map(|s| s.0).collect(),
             phase_time: args.phase_time.0,
             phase_ops: args.phase_ops,
@@ -673,13 +691,41 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
             batch: args.batch,
             batch_value: args.batch_value.0,
             segment: args.segment_size.0,
+            on_master: None,
         };
         match mooncake_peer::run(python, &plan) {
-            Ok(rows) => mooncake = rows,
+            Ok(run) => mooncake = run,
             Err(e) => failures.push(format!("mooncake: {e}")),
         }
+        // The same wheel client on rbgctl's master and store (which serve Mooncake's
+        // protocols without a cluster secret).
+        let master_pid = cluster.as_ref().and_then(|c| c.pids(0).0);
+        if let (Some(pid), None) = (master_pid, &args.auth_token_file) {
+            progress("Mooncake's client (the wheel, unchanged) on rbgctl's master and store");
+            plan.on_master = Some(master.clone());
+            let before = super::procfs::cpu_time(pid);
+            match mooncake_peer::run(python, &plan) {
+                Ok(mut run) => {
+                    let after = super::procfs::cpu_time(pid);
+                    if let (Some(b), Some(a)) = (before, after) {
+                        run.master_cpu_seconds = Some(a.saturating_sub(b).as_secs_f64());
+                    }
+                    on_rbgctl = run;
+                }
+                Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
+            }
+        }
     }
-    let versus_mooncake = mooncake_peer::versus(&results, &mooncake);
+    let versus_mooncake = mooncake_peer::versus(&results, &mooncake.rows);
+    let versus_mooncake_client = mooncake_peer::versus_case(
+        &on_rbgctl.rows,
+        "mooncake client on rbgctl tcp",
+        &mooncake.rows,
+    );
+    let master_cpu_us_per_rpc = (!on_rbgctl.rows.is_empty()).then(|| MasterCpu {
+        rbgctl: on_rbgctl.master_cpu_us_per_rpc(),
+        mooncake: mooncake.master_cpu_us_per_rpc(),
+    });
     let mut redis = Vec::new();
     if let Some(server) = &args.redis_server {
         progress("redis-server, small values, one connection");
@@ -706,8 +752,11 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         flood: outcome.as_ref().ok().cloned().flatten(),
         partial: outcome.is_err() || !failures.is_empty(),
         failures: failures.clone(),
-        mooncake,
+        mooncake: mooncake.rows,
         versus_mooncake,
+        mooncake_client_on_rbgctl: on_rbgctl.rows,
+        versus_mooncake_client,
+        master_cpu_us_per_rpc,
         redis,
         versus_redis,
         held_p99,
@@ -994,6 +1043,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         .results
         .iter()
         .chain(&r.mooncake)
+        .chain(&r.mooncake_client_on_rbgctl)
         .chain(&r.redis)
         .filter(|x| x.value_bytes > 0)
     {
@@ -1069,6 +1119,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         .results
         .iter()
         .chain(&r.mooncake)
+        .chain(&r.mooncake_client_on_rbgctl)
         .chain(&r.redis)
         .map(|x| {
             vec![
@@ -1192,6 +1243,24 @@ fn table(r: &Report) -> String {
             "mooncake",
             &r.versus_mooncake,
         ));
+    }
+    if !r.versus_mooncake_client.is_empty() {
+        out.push_str(&versus_table(
+            "Mooncake's own client (the wheel, unchanged, its zero-copy calls) on rbgctl's \
+             master and store, beside the same client on Mooncake's master and storage \
+             process (same run)",
+            "mooncake",
+            &r.versus_mooncake_client,
+        ));
+        if let Some(cpu) = r.master_cpu_us_per_rpc {
+            let us = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
+            let _ = writeln!(
+                out,
+                "master CPU per RPC of that client (µs, /proc): rbgctl {}, mooncake {}",
+                us(cpu.rbgctl),
+                us(cpu.mooncake)
+            );
+        }
     }
     if !r.versus_redis.is_empty() {
         out.push_str(&versus_table(
