@@ -517,15 +517,29 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
         .expect("rbgctl runs");
     assert!(o.status.success(), "{}", text(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let peer = report["mooncake"].as_array().expect("Mooncake's rows");
-    assert_eq!(
-        peer.len(),
-        6,
-        "put and get of each size, and both batches: {report}"
-    );
-    for row in peer {
-        assert_eq!(row["errors"], 0, "{row}");
-        assert!(row["ops"].as_u64().unwrap() > 0, "{row}");
+    // The wheel's client on Mooncake's own master and store, and on rbgctl's.
+    for side in ["mooncake", "mooncake_client_on_rbgctl"] {
+        let rows = report[side].as_array().expect("the wheel's rows");
+        assert_eq!(
+            rows.len(),
+            7,
+            "{side}: put and get of each size, both batches, batch exists: {report}"
+        );
+        for row in rows {
+            assert_eq!(row["errors"], 0, "{side}: {row}");
+            assert!(row["ops"].as_u64().unwrap() > 0, "{side}: {row}");
+        }
+    }
+    let client = report["versus_mooncake_client"]
+        .as_array()
+        .expect("the wheel on both pools");
+    assert_eq!(client.len(), 7, "{report}");
+    assert!(client
+        .iter()
+        .any(|v| v["op"] == "batch_exists 128x" && v["ratio"].as_f64().unwrap() > 0.0));
+    for side in ["rbgctl", "mooncake"] {
+        let us = report["master_cpu_us_per_rpc"][side].as_f64();
+        assert!(us.is_some_and(|us| us > 0.0), "{side}: {report}");
     }
     let versus = report["versus_mooncake"]
         .as_array()
