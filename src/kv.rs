@@ -212,6 +212,7 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
                 soft_pin,
                 soft_pin_ttl_ms: 0,
                 preferred_segment,
+                ..ReplicateConfig::default()
             };
             client.put(&key, &bytes, &cfg)?;
             eprintln!("stored {key:?} ({} bytes)", bytes.len());

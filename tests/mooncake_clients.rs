@@ -593,3 +593,141 @@ fn a_stores_mooncake_ports_refuse_hostile_input() {
             >= 1.0
     );
 }
+
+/// A wheel process with a global segment (as `mooncake_store_service` and SGLang ranks run)
+/// contributes memory to rbgctl's master beside an rbgctl store: another wheel client's puts
+/// placed there are written and read through the holder's own Transfer Engine. The holder is
+/// killed: within the client TTL no replica on it is handed out (the objects are gone, as with
+/// Mooncake), and what rbgctl's client put on its store is untouched.
+#[test]
+fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
+    use std::io::{BufRead, BufReader};
+    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
+        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+        return;
+    };
+    let c = Cluster::start(Opts {
+        stores: 1,
+        master: rbgctl::master::config::MasterConfig {
+            client_ttl_ms: rbgctl::config::Millis(Duration::from_secs(2)),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let client = c.client();
+    client
+        .put("rb/kept", b"on rbgctl's store", &ReplicateConfig::default())
+        .unwrap();
+    // The holder: a wheel process with a 64 MiB global segment, up until killed.
+    let holder_script = format!(
+        "import sys\n\
+         from mooncake.store import MooncakeDistributedStore as S\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 64 << 20, 16 << 20, 'tcp', '', \
+         '{rpc}'), flush=True)\n\
+         sys.stdin.read()\n",
+        rpc = c.rpc
+    );
+    let mut holder = Killed(
+        Command::new(&python)
+            .args(["-c", &holder_script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut said = String::new();
+    BufReader::new(holder.0.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said.trim(), "setup 0");
+    let mooncake_segment = || {
+        client
+            .segments()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.info.endpoint.is_empty())
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || mooncake_segment().is_some()),
+        "the holder's segment was not mounted: {:?}",
+        client.segments()
+    );
+    let seg = mooncake_segment().unwrap();
+    assert_eq!(seg.info.size, 64 << 20);
+    assert!(!seg.info.te_endpoint.is_empty());
+    // Another wheel client puts there (preferring the holder's segment) and reads back.
+    let script = format!(
+        "import os\n\
+         from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 0, 16 << 20, 'tcp', '', '{rpc}'))\n\
+         c = ReplicateConfig()\n\
+         c.preferred_segment = '{name}'\n\
+         vals = {{'held/%d' % i: os.urandom(65536) for i in range(20)}}\n\
+         print('put', set(s.put(k, v, c) for k, v in vals.items()))\n\
+         print('get', all(s.get(k) == v for k, v in vals.items()))\n\
+         s.close()\n",
+        rpc = c.rpc,
+        name = seg.info.name
+    );
+    let said = wheel(&script).expect("the wheel runs");
+    assert_eq!(line_of(&said, "setup"), "setup 0", "{said}");
+    assert_eq!(line_of(&said, "put"), "put {0}", "{said}");
+    assert_eq!(line_of(&said, "get"), "get True", "{said}");
+    let used = client
+        .segments()
+        .unwrap()
+        .into_iter()
+        .find(|s| s.id == seg.id)
+        .unwrap()
+        .used;
+    assert!(
+        used >= 20 * 65536,
+        "the puts did not land on the holder: {used}"
+    );
+    // rbgctl's own puts never go there (its clients do not reach it).
+    for i in 0..20 {
+        client
+            .put(&format!("rb/{i}"), b"rbgctl", &ReplicateConfig::default())
+            .unwrap();
+        let (desc, _) = client.describe(&format!("rb/{i}")).unwrap();
+        assert!(desc.replicas.iter().all(|r| r.segment_id != seg.id));
+    }
+    // The holder dies: its segment and objects go within the client TTL.
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || mooncake_segment().is_none()),
+        "the dead holder's segment is still mounted"
+    );
+    let script = format!(
+        "from mooncake.store import MooncakeDistributedStore as S\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 0, 16 << 20, 'tcp', '', '{rpc}'))\n\
+         print('held', s.is_exist('held/0'), len(s.get('held/0')))\n\
+         print('kept', s.get('rb/kept'))\n\
+         s.close()\n",
+        rpc = c.rpc
+    );
+    let said = wheel(&script).expect("the wheel runs");
+    assert_eq!(line_of(&said, "held"), "held 0 0", "{said}");
+    assert_eq!(
+        line_of(&said, "kept"),
+        "kept b\"on rbgctl's store\"",
+        "{said}"
+    );
+    assert_eq!(client.get("rb/kept").unwrap(), b"on rbgctl's store");
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped, so that a failing test leaves
+/// none behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -154,6 +154,7 @@ fn segment(name: &str, size: u64) -> SegmentInfo {
         persistent: true,
         te_endpoint: "10.0.0.7:15001".into(),
         te_data_port: 15002,
+        te_base: 0x1000_0000_0000,
     }
 }
 
@@ -180,6 +181,7 @@ fn cases() -> Vec<Case> {
         soft_pin: true,
         soft_pin_ttl_ms: 60_000,
         preferred_segment: "10.0.0.7:12830".into(),
+        reach: Reach::MooncakeTe,
     };
     let desc = ObjectDesc {
         size: 1 << 20,

@@ -99,6 +99,7 @@ class Fields(unittest.TestCase):
             + b"\x02\x01"
             + (9).to_bytes(8, "little")
             + b"\x01\x00s"
+            + b"\x00"  # reach: rbgctl's data paths
             + (1).to_bytes(4, "little")
             + b"\x01\x00k"
             + (3).to_bytes(8, "little")

@@ -33,7 +33,9 @@ def result_json(v):
 
 
 def replicate(f):
-    return p.ReplicateConfig(f["replica_num"], f["soft_pin"], f["soft_pin_ttl_ms"], f["preferred_segment"])
+    return p.ReplicateConfig(
+        f["replica_num"], f["soft_pin"], f["soft_pin_ttl_ms"], f["preferred_segment"], f["reach"]
+    )
 
 
 def stored(f):

@@ -50,7 +50,7 @@ impl TeEndpoint {
                 .trim_end_matches(']')
                 .to_string(),
             data_port: u16::try_from(seg.te_data_port).ok()?,
-            base: super::te_tcp::SEGMENT_BASE,
+            base: seg.te_base,
             len: seg.size,
         })
     }

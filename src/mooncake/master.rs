@@ -13,11 +13,12 @@
 use super::coro_rpc::{self, error_response, Errc, RequestHeader, MAGIC, REQUEST_HEADER_LEN};
 use super::objects::Objects;
 use super::rpcs::{handler, Handler, Rpc, SERVICE_VERSION};
+use super::segments::Mounts;
 use super::struct_pack::Map;
 use super::struct_pack::{Pack, SpError, TypeSig};
 use super::types::{
     client_status, error_code, GetReplicaListResponse, GetStorageConfigResponse, ObjectMeta,
-    PingResponse, ReplicaDescriptor, ReplicateConfig, TaskAssignment, Uuid,
+    PingResponse, ReplicaDescriptor, ReplicateConfig, Segment, TaskAssignment, Uuid,
 };
 use crate::telemetry::PromText;
 use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
@@ -43,6 +44,7 @@ pub const DEFAULT_TENANT: &str = "default";
 pub struct MooncakeMaster {
     stats: Stats,
     objects: Objects,
+    mounts: Mounts,
 }
 
 /// Requests served, by RPC and outcome; connections and refused frames.
@@ -273,7 +275,7 @@ impl MooncakeMaster {
         };
         let i = Rpc::ALL.iter().position(|&r| r == rpc).unwrap_or(0);
         let _span = tracing::debug_span!("mooncake_rpc", rpc = rpc.name(), seq).entered();
-        match carry_out(service, &self.objects, rpc, body) {
+        match carry_out(service, (&self.objects, &self.mounts), rpc, body) {
             Ok(out) => {
                 self.stats.ok[i].fetch_add(1, Ordering::Relaxed);
                 coro_rpc::response(seq, Errc::Ok, &out)
@@ -307,11 +309,33 @@ type Expected<T> = Result<T, i32>;
 /// Carries out one RPC; answers its result's body.
 fn carry_out(
     service: &dyn Service,
-    objects: &Objects,
+    (objects, mounts): (&Objects, &Mounts),
     rpc: Rpc,
     b: &[u8],
 ) -> Result<Vec<u8>, Fail> {
     Ok(match rpc {
+        Rpc::MountSegment => {
+            let (seg, client): (Segment, Uuid) = args(b)?;
+            body::<Expected<()>>(&mounts.mount(service, client_id(client), &seg)?)
+        }
+        Rpc::ReMountSegment => {
+            let (segs, client): (Vec<Segment>, Uuid) = args(b)?;
+            let mut result = Ok(());
+            for seg in &segs {
+                if let Err(code) = mounts.mount(service, client_id(client), seg)? {
+                    result = Err(code);
+                }
+            }
+            body::<Expected<()>>(&result)
+        }
+        Rpc::UnmountSegment => {
+            let (segment, client): (Uuid, Uuid) = args(b)?;
+            body::<Expected<()>>(&mounts.unmount(service, client_id(client), segment)?)
+        }
+        Rpc::GracefulUnmountSegment => {
+            let (segment, client, _grace_ms): (Uuid, Uuid, u64) = args(b)?;
+            body::<Expected<()>>(&mounts.unmount(service, client_id(client), segment)?)
+        }
         Rpc::ServiceReady => body::<Expected<String>>(&Ok(SERVICE_VERSION.into())),
         Rpc::GetStorageConfig => {
             // No files: the answer of a Mooncake master without persistence.

@@ -9,6 +9,7 @@ pub mod handshake;
 pub mod master;
 pub mod objects;
 pub mod rpcs;
+mod segments;
 pub mod struct_pack;
 pub mod te_tcp;
 pub mod types;

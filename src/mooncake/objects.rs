@@ -11,7 +11,6 @@
 //! (client, key) until they end, are revoked, or are older than [`PENDING_TTL`].
 
 use super::master::{call, mooncake_code, Fail};
-use super::te_tcp::SEGMENT_BASE;
 use super::types::{
     error_code, replica_status, soft_pin, BufferDescriptor, GetReplicaListResponse, Placement,
     ReplicaDescriptor, ReplicateConfig,
@@ -44,7 +43,10 @@ struct SegmentRef {
     /// Mooncake's name for it (`host:handshake_port`); `None` when its store does not serve
     /// the Transfer Engine (Mooncake's clients cannot reach it).
     te: Option<Arc<str>>,
-    /// Its store's rbgctl endpoint, where its puts are sealed.
+    /// Its first address in the Transfer Engine's addresses.
+    base: u64,
+    /// Its store's rbgctl endpoint, where its puts are sealed; empty for a segment a Mooncake
+    /// process mounted (which keeps no records).
     endpoint: Arc<str>,
     name: String,
 }
@@ -97,6 +99,7 @@ fn placement_of(
         soft_pin: c.soft_pin_action == soft_pin::ENABLE || c.with_hard_pin,
         soft_pin_ttl_ms: c.soft_pin_ttl_ms.unwrap_or(0),
         preferred_segment: preferred,
+        reach: msg::Reach::MooncakeTe,
     }
 }
 
@@ -127,6 +130,7 @@ impl Objects {
                     .then(|| Arc::from(e.info.te_endpoint.as_str()));
                 let r = SegmentRef {
                     te,
+                    base: e.info.te_base,
                     endpoint: Arc::from(e.info.endpoint.as_str()),
                     name: e.info.name,
                 };
@@ -167,12 +171,13 @@ impl Objects {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let te = self.segment(service, r.segment_id)?.te?;
+                let seg = self.segment(service, r.segment_id)?;
+                let te = seg.te?;
                 Some(ReplicaDescriptor {
                     id: i as u64,
                     placement: Placement::Memory(BufferDescriptor {
                         size,
-                        buffer_address: SEGMENT_BASE + r.offset,
+                        buffer_address: seg.base.checked_add(r.offset)?,
                         protocol: "tcp".into(),
                         transport_endpoint: te.to_string(),
                     }),
@@ -279,6 +284,11 @@ impl Objects {
                     out[i] = Err(error_code::SEGMENT_NOT_FOUND);
                     continue;
                 };
+                // A Mooncake process's own segment: the client wrote it in place; nothing
+                // there keeps a record.
+                if seg.endpoint.is_empty() {
+                    continue;
+                }
                 let (req, items) = by_store.entry(seg.endpoint).or_insert_with(|| {
                     (
                         SealReq {
@@ -328,13 +338,15 @@ impl Objects {
                 }
             }
         }
-        // Commit those every replica of which is recorded; give the others up.
+        // Commit those every replica of which is recorded; give the others up. A put with
+        // no replica on an rbgctl store has no checksum (its segments hash nothing): 0.
         let mut items = Vec::new();
         let mut committed = Vec::new();
         for (i, p) in taken.iter_mut().enumerate() {
             let Some(p) = p.take() else { continue };
             match (&out[i], checksums[i]) {
-                (Ok(()), Some(checksum)) => {
+                (Ok(()), checksum) => {
+                    let checksum = checksum.unwrap_or(0);
                     items.push(EndItem {
                         key: keys[i].clone(),
                         object_id: p.object_id,

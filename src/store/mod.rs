@@ -502,6 +502,7 @@ impl Store {
                 )?;
                 info.te_endpoint = door.endpoint.name.clone();
                 info.te_data_port = u32::from(door.endpoint.data_port);
+                info.te_base = door.endpoint.base;
                 Some(door)
             }
             _ => None,

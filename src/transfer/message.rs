@@ -168,6 +168,32 @@ impl Wire for u32 {
     }
 }
 
+/// The data paths a putter writes by, and so the segments its replicas may be placed on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reach {
+    /// rbgctl's own (TCP, shared memory, RDMA): segments of rbgctl stores.
+    #[default]
+    Rbgctl,
+    /// Mooncake's Transfer Engine: rbgctl stores that serve it, and segments Mooncake's own
+    /// processes mounted.
+    MooncakeTe,
+}
+
+impl Wire for Reach {
+    fn encode(&self, e: &mut Encoder) {
+        e.u8(*self as u8);
+    }
+    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+        match d.u8()? {
+            0 => Ok(Reach::Rbgctl),
+            1 => Ok(Reach::MooncakeTe),
+            r => Err(TransferError::Protocol(format!(
+                "unknown reach {r} (0 rbgctl, 1 Mooncake's Transfer Engine)"
+            ))),
+        }
+    }
+}
+
 /// Where a segment keeps its bytes. New puts go to memory segments only; a disk segment holds
 /// what memory gave up (the disk tier).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -198,6 +224,13 @@ impl Wire for Tier {
                 "unknown segment tier {t} (0 memory, 1 disk)"
             ))),
         }
+    }
+}
+
+/// A reach is its number on the wire and in test vectors.
+impl serde::Serialize for Reach {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(*self as u8)
     }
 }
 
@@ -238,12 +271,15 @@ message!(
         te_endpoint: String,
         /// The Transfer Engine's data port, on `te_endpoint`'s host.
         te_data_port: u32,
-    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1 + 1 + 2 + 4
+        /// The segment's first address in the Transfer Engine's addresses (a replica at
+        /// `offset` is at `te_base + offset`).
+        te_base: u64,
+    } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1 + 1 + 2 + 4 + 8
 );
 
 message!(
     /// A mounted segment as the master lists it.
-    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 40 + 8
+    SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 48 + 8
 );
 message!(
     /// One replica: a byte range in a segment.
@@ -261,7 +297,9 @@ message!(
         soft_pin_ttl_ms: u64,
         /// Segment name to try first; empty = placement strategy only.
         preferred_segment: String,
-    } min_len = 1 + 1 + 8 + 2
+        /// Which data paths the putter writes by: the segments its replicas may go to.
+        reach: Reach,
+    } min_len = 1 + 1 + 8 + 2 + 1
 );
 
 message!(PingReq { client_id: u64 } min_len = 8);
@@ -296,7 +334,7 @@ message!(
     /// `recovering`: the segment holds objects from before a restart, which the store reports
     /// with `ReportObjects` before the segment takes new allocations. `grant_key`: the key the
     /// store checks grants and orders with (`transfer::grant`), never shown to anyone else.
-    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool, grant_key: Vec<u8> } min_len = 8 + 40 + 1 + 4
+    MountReq { client_id: u64, segment: SegmentInfo, recovering: bool, grant_key: Vec<u8> } min_len = 8 + 48 + 1 + 4
 );
 message!(
     /// `discard`: the master gave this segment's objects up (the store was away longer than the
@@ -563,6 +601,7 @@ mod tests {
                 soft_pin: true,
                 soft_pin_ttl_ms: 5,
                 preferred_segment: "127.0.0.1:1".into(),
+                reach: Reach::MooncakeTe,
             },
         };
         assert_eq!(PutStartReq::from_meta(&req.to_meta()).unwrap(), req);

@@ -288,18 +288,19 @@ class SegmentInfo:
     persistent: bool = False  # the store keeps its objects across its own restarts
     te_endpoint: str = ""  # Mooncake's name for it (host:handshake_port) when served over TE
     te_data_port: int = 0  # the Transfer Engine's data port on te_endpoint's host
+    te_base: int = 0  # the segment's first address in the Transfer Engine's addresses
 
     @staticmethod
     def decode(d: Decoder) -> "SegmentInfo":
         return SegmentInfo(
             d.str(), d.str(), d.u64(), d.str(), d.u64(), d.str(), d.u64(), d.u8(), d.bool(),
-            d.str(), d.u32(),
+            d.str(), d.u32(), d.u64(),
         )
 
     def encode(self, e: Encoder) -> None:
         e.str(self.name).str(self.endpoint).u64(self.size).str(self.shm_path).u64(self.shm_token)
         e.str(self.host_id).u64(self.segment_uuid).u8(self.tier).bool(self.persistent)
-        e.str(self.te_endpoint).u32(self.te_data_port)
+        e.str(self.te_endpoint).u32(self.te_data_port).u64(self.te_base)
 
 
 @dataclass(frozen=True)
@@ -337,18 +338,22 @@ class ReplicateConfig:
 
     ``replica_num``: copies on distinct segments (0 means 1). ``soft_pin``: keep the object out of
     eviction for ``soft_pin_ttl_ms`` (0 = the master's default). ``preferred_segment``: a segment
-    name to place the first replica on when it has room (e.g. the local store).
+    name to place the first replica on when it has room (e.g. the local store). ``reach``: the
+    data paths the putter writes by (0 rbgctl's, which this client uses; 1 Mooncake's Transfer
+    Engine).
     """
 
     replica_num: int = 1
     soft_pin: bool = False
     soft_pin_ttl_ms: int = 0
     preferred_segment: str = ""
+    reach: int = 0
 
     def encode(self, e: Encoder) -> None:
         if not 0 <= self.replica_num <= 255:
             raise ProtocolError(f"replica_num {self.replica_num} is not in 0..255")
         e.u8(self.replica_num).bool(self.soft_pin).u64(self.soft_pin_ttl_ms).str(self.preferred_segment)
+        e.u8(self.reach)
 
 
 @dataclass(frozen=True)

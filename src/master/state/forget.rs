@@ -109,7 +109,8 @@ impl ForgetLog {
             ..Outbox::default()
         };
         for (seg_id, item) in self.outbox.drain(..) {
-            let Some(seg) = segments.get(seg_id) else {
+            // A segment no store serves (a Mooncake process mounted it) keeps no records.
+            let Some(seg) = segments.get(seg_id).filter(|s| s.has_store()) else {
                 continue;
             };
             if seg.state.is_away() {
@@ -125,11 +126,12 @@ impl ForgetLog {
         out.unreachable.dedup();
         out.live = segments
             .iter()
-            .filter(|s| s.is_live())
+            .filter(|s| s.is_live() && s.has_store())
             .map(|s| s.info.endpoint.clone())
             .collect();
         out.keys = segments
             .iter()
+            .filter(|s| s.has_store())
             .map(|s| (s.info.endpoint.clone(), s.grant_key.clone()))
             .collect();
         out
@@ -161,6 +163,7 @@ impl ForgetLog {
         let endpoints = targets
             .iter()
             .filter_map(|id| segments.get(*id))
+            .filter(|s| s.has_store())
             .map(|s| s.info.endpoint.clone())
             .collect();
         (seq > 0).then_some(ForgetWait { seq, endpoints })

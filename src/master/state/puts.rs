@@ -94,6 +94,7 @@ impl MasterState {
         let largest = self
             .segments
             .live_memory()
+            .filter(|s| s.reachable_by(config.reach))
             .map(|s| s.alloc.capacity())
             .max()
             .unwrap_or(0);
@@ -193,7 +194,7 @@ impl MasterState {
         let candidates: Vec<Candidate<'_>> = self
             .segments
             .live_memory()
-            .filter(|s| s.alloc.largest_free() >= size)
+            .filter(|s| s.reachable_by(config.reach) && s.alloc.largest_free() >= size)
             .map(|s| Candidate {
                 id: s.id,
                 name: &s.info.name,

@@ -4,7 +4,7 @@
 
 use crate::master::allocator::{self, Allocator};
 use crate::transfer::grant::{Grant, GrantKey};
-use crate::transfer::message::{ReplicaLoc, SegmentEntry, SegmentInfo, Tier};
+use crate::transfer::message::{Reach, ReplicaLoc, SegmentEntry, SegmentInfo, Tier};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
@@ -96,6 +96,20 @@ impl Segment {
     /// A live memory segment: where new puts go and what the memory watermark counts.
     pub fn is_live_memory(&self) -> bool {
         self.is_live() && self.info.tier == Tier::Memory
+    }
+
+    /// Whether an rbgctl store serves the segment (and takes the master's orders); a segment a
+    /// Mooncake process mounted has none.
+    pub fn has_store(&self) -> bool {
+        !self.info.endpoint.is_empty()
+    }
+
+    /// Whether a putter writing by `reach` can write this segment.
+    pub fn reachable_by(&self, reach: Reach) -> bool {
+        match reach {
+            Reach::Rbgctl => self.has_store(),
+            Reach::MooncakeTe => !self.info.te_endpoint.is_empty(),
+        }
     }
 }
 

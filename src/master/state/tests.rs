@@ -2,7 +2,7 @@ use super::*;
 use crate::config::{ByteSize, Millis};
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
-    MoveItem, MoveKind, ObjectDesc, ReplicateConfig, SegmentInfo, StoredObject, Tier,
+    MoveItem, MoveKind, ObjectDesc, Reach, ReplicateConfig, SegmentInfo, StoredObject, Tier,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,6 +37,7 @@ const ONE: ReplicateConfig = ReplicateConfig {
     soft_pin: false,
     soft_pin_ttl_ms: 0,
     preferred_segment: String::new(),
+    reach: Reach::Rbgctl,
 };
 
 #[test]
@@ -548,6 +549,7 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
                         soft_pin: rng.bool(),
                         soft_pin_ttl_ms: rng.u64(1..40),
                         preferred_segment: String::new(),
+                        reach: Reach::Rbgctl,
                     };
                     if let Ok((id, _)) = st.put_start(7, &key, rng.u64(1..9000), &pin, now) {
                         started.push((key, id));
@@ -1445,4 +1447,40 @@ fn the_state_is_quiet_only_while_nothing_waits_on_the_clock() {
     assert!(st.quiet(), "a second store mounted");
     st.unmount(2, persistent, true, later).unwrap();
     assert!(!st.quiet(), "a store away");
+}
+
+/// Issue 63: a segment a Mooncake process mounted (no rbgctl store, a Transfer Engine
+/// endpoint) takes Mooncake's puts only, and no forget is ever queued for a store it lacks.
+#[test]
+fn a_mooncake_processs_segment_takes_mooncakes_puts_only_and_no_orders() {
+    let mut st = master(MasterConfig::default());
+    let t0 = Instant::now();
+    let wheel = SegmentInfo {
+        endpoint: String::new(),
+        te_endpoint: "127.0.0.1:13081".into(),
+        te_base: 0x7f00_0000_0000,
+        ..seg("wheel", 1 << 20)
+    };
+    st.mount(1, wheel, grant_key(), false, t0).unwrap();
+    // No rbgctl store: rbgctl's puts have nowhere to go.
+    let (status, _) = st.put_start(7, "rb", 100, &ONE, t0).unwrap_err();
+    assert_eq!(status, Status::NoSpace);
+    let te = ReplicateConfig {
+        reach: Reach::MooncakeTe,
+        ..ONE.clone()
+    };
+    let (id, _) = st.put_start(8, "mc", 100, &te, t0).unwrap();
+    st.put_end(8, "mc", id, 0, t0).unwrap();
+    st.remove("mc", true, t0).unwrap();
+    let outbox = st.take_outbox();
+    assert!(outbox.forgets.is_empty(), "{:?}", outbox.forgets);
+    assert!(outbox.live.is_empty() && outbox.keys.is_empty());
+    // Beside an rbgctl store, each kind of put goes where its putter reaches.
+    st.mount(2, seg("store", 1 << 20), grant_key(), false, t0)
+        .unwrap();
+    let store_id = st.segments.by_name("store").unwrap();
+    for i in 0..20 {
+        let (_, r) = st.put_start(7, &format!("rb/{i}"), 100, &ONE, t0).unwrap();
+        assert_eq!(r[0].segment_id, store_id);
+    }
 }
