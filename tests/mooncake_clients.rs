@@ -228,11 +228,34 @@ s.close()
             "{mode}: {said}"
         );
         assert_eq!(line("remove_after"), "remove_after 0 0", "{mode}: {said}");
-        // What the wheel put, rbgctl's client reads.
+        // What the wheel put, rbgctl's client reads, and so does its Python client.
         assert_eq!(
             client.get(&format!("{mode}/for-rbgctl")).unwrap(),
             b"put by the wheel"
         );
+        if let Some(python) = std::env::var_os("RBGCTL_PYTHON") {
+            let out = Command::new(python)
+                .args([
+                    "-c",
+                    &format!(
+                        "import rbgctl\n\
+                         c = rbgctl.Client('{rpc}')\n\
+                         print(bytes(c.get('{mode}/for-rbgctl')))\n\
+                         c.close()\n",
+                        rpc = c.rpc
+                    ),
+                ])
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "b'put by the wheel'",
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            common::skip("RBGCTL_PYTHON (rbgctl's Python client) is not set");
+        }
     }
     // remove_all answers how many objects went (a plain count, as Mooncake's does).
     let script = format!(
@@ -730,4 +753,100 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The master is killed (SIGKILL) and started again on its ports under a connected wheel
+/// process with a global segment and a connected wheel client: the holder's Pings are answered
+/// NEED_REMOUNT by the new master, it remounts its segment, the client's puts resume, and
+/// what the wheel put on rbgctl's persistent store before the kill is still there (the store
+/// reported it to the new master).
+#[test]
+fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_stays() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
+        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+        return;
+    };
+    let mut c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let client = c.client();
+    // One wheel process holds a segment and, told a line at a time, puts a key (on rbgctl's
+    // store, by preference) and reads it back.
+    let script = format!(
+        "import sys\n\
+         from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 32 << 20, 16 << 20, 'tcp', '', \
+         '{rpc}'), flush=True)\n\
+         c = ReplicateConfig()\n\
+         for line in sys.stdin:\n\
+         \x20   key, where = line.split()\n\
+         \x20   c.preferred_segment = where\n\
+         \x20   r = s.put(key, key.encode() * 100, c)\n\
+         \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n",
+        rpc = c.rpc
+    );
+    let mut wheel = Killed(
+        Command::new(&python)
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut input = wheel.0.stdin.take().unwrap();
+    let mut output = BufReader::new(wheel.0.stdout.take().unwrap());
+    let mut next_line = || {
+        let mut l = String::new();
+        output.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    };
+    assert_eq!(next_line(), "setup 0");
+    let store_name = || {
+        client
+            .segments()
+            .ok()?
+            .into_iter()
+            .find(|s| !s.info.endpoint.is_empty())
+            .map(|s| s.info.name)
+    };
+    let wheel_mounted = |client: &rbgctl::client::Client| {
+        client
+            .segments()
+            .is_ok_and(|v| v.iter().any(|s| s.info.endpoint.is_empty()))
+    };
+    assert!(wait_until(Duration::from_secs(10), || wheel_mounted(
+        &client
+    )));
+    let store = store_name().unwrap();
+    writeln!(input, "before {store}").unwrap();
+    assert_eq!(next_line(), "put before 0 True");
+    c.restart_master();
+    let client = c.client();
+    // The holder remounts (its Ping answered NEED_REMOUNT), the store reports its objects.
+    assert!(
+        wait_until(Duration::from_secs(20), || wheel_mounted(&client)),
+        "the wheel did not mount its segment again: {:?}",
+        client.segments()
+    );
+    assert!(wait_until(Duration::from_secs(20), || client
+        .exists("before")
+        .unwrap_or(false)));
+    assert_eq!(client.get("before").unwrap(), b"before".repeat(100));
+    // Puts resume, on the store and on the wheel's own segment.
+    writeln!(input, "after {store}").unwrap();
+    assert_eq!(next_line(), "put after 0 True");
+    let on_wheel = client
+        .segments()
+        .unwrap()
+        .into_iter()
+        .find(|s| s.info.endpoint.is_empty())
+        .unwrap()
+        .info
+        .name;
+    writeln!(input, "on-wheel {on_wheel}").unwrap();
+    assert_eq!(next_line(), "put on-wheel 0 True");
 }

@@ -418,9 +418,18 @@ fn carry_out(
                 args(b)?;
             tenant_served(&tenant)?;
             let upsert = rpc == Rpc::UpsertStart;
-            let started =
-                objects.put_start(service, client_id(client), key, len, &config, upsert)?;
-            body::<Expected<Vec<ReplicaDescriptor>>>(&started)
+            let started = objects.put_start(
+                service,
+                client_id(client),
+                vec![(key, len)],
+                &config,
+                upsert,
+            )?;
+            let one = started
+                .into_iter()
+                .next()
+                .unwrap_or(Err(error_code::INTERNAL_ERROR));
+            body::<Expected<Vec<ReplicaDescriptor>>>(&one)
         }
         Rpc::BatchPutStart | Rpc::BatchUpsertStart => {
             let (client, keys, lens, config, tenant): (
@@ -438,18 +447,8 @@ fn carry_out(
                     not_even(n)
                 } else {
                     let upsert = rpc == Rpc::BatchUpsertStart;
-                    let mut items = Vec::with_capacity(n);
-                    for (key, len) in keys.into_iter().zip(lens) {
-                        items.push(objects.put_start(
-                            service,
-                            client_id(client),
-                            key,
-                            len,
-                            &config,
-                            upsert,
-                        )?);
-                    }
-                    items
+                    let items = keys.into_iter().zip(lens).collect();
+                    objects.put_start(service, client_id(client), items, &config, upsert)?
                 };
             body(&items)
         }

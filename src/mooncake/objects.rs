@@ -17,9 +17,10 @@ use super::types::{
 };
 use crate::transfer::grant::Grant;
 use crate::transfer::message::{
-    self as msg, BatchGetReplicasResp, BatchKeysReq, BatchPutEndReq, BatchStatusResp, EndItem,
-    KeyReq, ListSegmentsResp, ObjectDesc, PutEndReq, PutRevokeReq, PutStartReq, PutStartResp,
-    ReplicaLoc, SealHashedResp, SealReq, StoredObject, Tier,
+    self as msg, BatchExistsResp, BatchGetReplicasResp, BatchKeysReq, BatchPutEndReq,
+    BatchPutStartReq, BatchPutStartResp, BatchStatusResp, EndItem, KeyReq, ListSegmentsResp,
+    ObjectDesc, PutEndReq, PutItem, PutRevokeReq, ReplicaLoc, SealHashedResp, SealReq,
+    StoredObject, Tier,
 };
 use crate::transfer::server::Service;
 use crate::transfer::{ConnOptions, Opcode, Pool, Status};
@@ -187,72 +188,116 @@ impl Objects {
             .collect()
     }
 
-    /// `PutStart` (or `UpsertStart`, which may replace a value): places a put of `size`
-    /// bytes and answers where to write it.
+    /// `PutStart` of each `(key, size)` (or `UpsertStart`, which may replace a value): places
+    /// the puts (one master operation for them all) and answers where to write each.
     pub(super) fn put_start(
         &self,
         service: &dyn Service,
         client_id: u64,
-        key: String,
-        size: u64,
+        items: Vec<(String, u64)>,
         config: &ReplicateConfig,
         upsert: bool,
-    ) -> Result<Expected<Vec<ReplicaDescriptor>>, Fail> {
-        if size == 0 {
-            return Ok(Err(error_code::INVALID_PARAMS));
+    ) -> Result<Vec<Expected<Vec<ReplicaDescriptor>>>, Fail> {
+        let mut out: Vec<Expected<Vec<ReplicaDescriptor>>> = items
+            .iter()
+            .map(|(_, size)| match size {
+                0 => Err(error_code::INVALID_PARAMS),
+                _ => Ok(Vec::new()),
+            })
+            .collect();
+        // Mooncake's put leaves a key that exists as it is (its upsert replaces it).
+        if !upsert {
+            let keys = items.iter().map(|(k, _)| k.clone()).collect();
+            let exists: BatchExistsResp =
+                call(service, Opcode::BatchExists, &BatchKeysReq { keys })?;
+            for (o, exists) in out.iter_mut().zip(exists.items) {
+                if exists && o.is_ok() {
+                    *o = Err(error_code::OBJECT_ALREADY_EXISTS);
+                }
+            }
         }
-        if !upsert && call::<_, bool>(service, Opcode::Exists, &KeyReq { key: key.clone() })? {
-            return Ok(Err(error_code::OBJECT_ALREADY_EXISTS));
+        let starting: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_ok()).collect();
+        if starting.is_empty() {
+            return Ok(out);
         }
-        let config = placement_of(config, |n| self.rbgctl_name(service, n));
-        let req = PutStartReq {
+        let req = BatchPutStartReq {
             client_id,
-            key: key.clone(),
-            size,
-            config,
+            config: placement_of(config, |n| self.rbgctl_name(service, n)),
+            items: starting
+                .iter()
+                .map(|&i| PutItem {
+                    key: items[i].0.clone(),
+                    size: items[i].1,
+                })
+                .collect(),
         };
-        let started: PutStartResp = match call(service, Opcode::PutStart, &req) {
+        let started: BatchPutStartResp = match call(service, Opcode::BatchPutStart, &req) {
             Ok(r) => r,
-            Err(Fail::Code(code)) => return Ok(Err(code)),
+            Err(Fail::Code(code)) => {
+                for &i in &starting {
+                    out[i] = Err(code);
+                }
+                return Ok(out);
+            }
             Err(f) => return Err(f),
         };
-        let descriptors =
-            self.descriptors(service, &started.replicas, size, replica_status::PROCESSING);
-        let Some(descriptors) = descriptors.into_iter().collect::<Option<Vec<_>>>() else {
-            tracing::warn!(%key, "a Mooncake put was placed on a store that does not serve \
-                Mooncake's Transfer Engine (mooncake_transfer = false); refused");
-            revoke(service, client_id, &key, started.object_id);
-            return Ok(Err(error_code::NO_AVAILABLE_HANDLE));
-        };
+        let mut given_up = Vec::new();
         let mut pending = self.pending.lock();
-        if pending.len() >= MAX_PENDING {
+        if pending.len() + starting.len() > MAX_PENDING {
             pending.retain(|_, p| p.started.elapsed() < PENDING_TTL);
         }
-        if pending.len() >= MAX_PENDING {
-            drop(pending);
-            tracing::warn!(
-                limit = MAX_PENDING,
-                "Mooncake puts in progress at their limit"
+        for (&i, result) in starting.iter().zip(started.items) {
+            let (key, size) = &items[i];
+            let started = match result {
+                Ok(r) => r,
+                Err(status) => {
+                    out[i] = Err(mooncake_code(status));
+                    continue;
+                }
+            };
+            let descriptors = self.descriptors(
+                service,
+                &started.replicas,
+                *size,
+                replica_status::PROCESSING,
             );
-            revoke(service, client_id, &key, started.object_id);
-            return Ok(Err(error_code::NO_AVAILABLE_HANDLE));
+            let Some(descriptors) = descriptors.into_iter().collect::<Option<Vec<_>>>() else {
+                tracing::warn!(%key, "a Mooncake put was placed on a store that does not serve \
+                    Mooncake's Transfer Engine (mooncake_transfer = false); refused");
+                given_up.push((key.clone(), started.object_id));
+                out[i] = Err(error_code::NO_AVAILABLE_HANDLE);
+                continue;
+            };
+            if pending.len() >= MAX_PENDING {
+                tracing::warn!(
+                    limit = MAX_PENDING,
+                    "Mooncake puts in progress at their limit"
+                );
+                given_up.push((key.clone(), started.object_id));
+                out[i] = Err(error_code::NO_AVAILABLE_HANDLE);
+                continue;
+            }
+            let earlier = pending.insert(
+                (client_id, key.clone()),
+                Pending {
+                    object_id: started.object_id,
+                    size: *size,
+                    replicas: started.replicas,
+                    grants: started.grants,
+                    started: Instant::now(),
+                },
+            );
+            // The same client starting the same key again gave its earlier put up.
+            if let Some(p) = earlier {
+                given_up.push((key.clone(), p.object_id));
+            }
+            out[i] = Ok(descriptors);
         }
-        let earlier = pending.insert(
-            (client_id, key.clone()),
-            Pending {
-                object_id: started.object_id,
-                size,
-                replicas: started.replicas,
-                grants: started.grants,
-                started: Instant::now(),
-            },
-        );
         drop(pending);
-        // The same client starting the same key again gave its earlier put up.
-        if let Some(p) = earlier {
-            revoke(service, client_id, &key, p.object_id);
+        for (key, object_id) in given_up {
+            revoke(service, client_id, &key, object_id);
         }
-        Ok(Ok(descriptors))
+        Ok(out)
     }
 
     /// `PutEnd` of each of `keys`: has the stores record what was written, then commits.

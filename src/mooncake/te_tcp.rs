@@ -128,6 +128,60 @@ pub trait TeSegment: Send + Sync + 'static {
     /// The range was checked against `len`, and no committed object lies in it.
     #[allow(clippy::mut_from_ref)]
     unsafe fn bytes_mut(&self, offset: u64, len: u64) -> &mut [u8];
+    /// A WRITE of `[offset, offset + len)` begins: what was known of the range is not.
+    fn writing(&self, offset: u64, len: u64);
+    /// A WRITE of `[offset, offset + len)` is in place; its bytes hash to `crc` (CRC-32C,
+    /// worked out as they arrived), so that recording it need not read them again.
+    fn wrote(&self, offset: u64, len: u64, crc: u32);
+}
+
+/// CRC-32C of ranges the transport wrote whole, by offset, until a seal takes them: a seal
+/// of a Mooncake put then reads no byte again. Ranges written over are forgotten.
+#[derive(Debug, Default)]
+pub struct WrittenHashes {
+    by_offset: parking_lot::Mutex<std::collections::BTreeMap<u64, (u64, u32)>>,
+}
+
+/// Ranges whose hashes are kept at most (beyond, all are forgotten: a seal then reads).
+const HASHES_KEPT: usize = 1 << 16;
+
+impl WrittenHashes {
+    /// Forgets every range that overlaps `[offset, offset + len)`.
+    pub fn forget(&self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len);
+        let mut m = self.by_offset.lock();
+        let overlapping: Vec<u64> = m
+            .range(..end)
+            .rev()
+            .take_while(|(&o, &(l, _))| o.saturating_add(l) > offset || o >= offset)
+            .filter(|(&o, &(l, _))| o.saturating_add(l) > offset)
+            .map(|(&o, _)| o)
+            .collect();
+        for o in overlapping {
+            m.remove(&o);
+        }
+    }
+
+    pub fn put(&self, offset: u64, len: u64, crc: u32) {
+        self.forget(offset, len);
+        let mut m = self.by_offset.lock();
+        if m.len() >= HASHES_KEPT {
+            m.clear();
+        }
+        m.insert(offset, (len, crc));
+    }
+
+    /// The hash of exactly `[offset, offset + len)`, if it was written whole (taken).
+    pub fn take(&self, offset: u64, len: u64) -> Option<u32> {
+        let mut m = self.by_offset.lock();
+        match m.get(&offset) {
+            Some(&(l, crc)) if l == len => {
+                m.remove(&offset);
+                Some(crc)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Limits of a transport listener.
@@ -266,11 +320,15 @@ fn serve_conn<S: TeSegment>(
         };
         match h.op {
             Op::Write => {
+                segment.writing(offset, h.size);
                 // SAFETY: the range lies in the segment and holds no recorded object.
                 let dst = unsafe { segment.bytes_mut(offset, h.size) };
+                let mut crc = 0;
                 for chunk in dst.chunks_mut(CHUNK) {
                     stream.read_exact(chunk)?;
+                    crc = crc32c::crc32c_append(crc, chunk);
                 }
+                segment.wrote(offset, h.size, crc);
                 stats.writes.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_written.fetch_add(h.size, Ordering::Relaxed);
                 if h.v2 {
@@ -337,6 +395,27 @@ mod tests {
             STATUS_OK.to_le_bytes(),
             [0, 0, 0, 0, 0x56, 0x54, 0x43, 0x4d]
         );
+    }
+
+    #[test]
+    fn written_hashes_are_taken_once_and_forgotten_when_written_over() {
+        let h = WrittenHashes::default();
+        h.put(0, 4096, 1);
+        h.put(4096, 4096, 2);
+        h.put(8192, 4096, 3);
+        assert_eq!(h.take(0, 4096), Some(1));
+        assert_eq!(h.take(0, 4096), None, "taken once");
+        assert_eq!(h.take(4096, 100), None, "another length");
+        // A write over the end of one range and the start of the next forgets both.
+        h.forget(8000, 400);
+        assert_eq!(h.take(4096, 4096), None);
+        assert_eq!(h.take(8192, 4096), None);
+        h.put(100, 10, 4);
+        h.forget(0, 101);
+        assert_eq!(h.take(100, 10), None);
+        h.put(100, 10, 5);
+        h.forget(110, 5);
+        assert_eq!(h.take(100, 10), Some(5), "a write just after it leaves it");
     }
 
     #[test]

@@ -478,6 +478,7 @@ impl Store {
             }
             _ => None,
         };
+        let te_hashes = Arc::new(crate::mooncake::te_tcp::WrittenHashes::default());
         let door = match (&memory, &mut segment) {
             (Some(memory), Some(info)) if cfg.serves_mooncake_transfer() => {
                 let listeners = (
@@ -496,8 +497,7 @@ impl Store {
                 let door = mooncake::MooncakeDoor::start(
                     &host,
                     listeners,
-                    memory.clone(),
-                    records.clone(),
+                    (memory.clone(), records.clone(), te_hashes.clone()),
                     limits,
                 )?;
                 info.te_endpoint = door.endpoint.name.clone();
@@ -517,6 +517,7 @@ impl Store {
             memory,
             grants: server::GrantCheck::new(grant_key.clone()),
             records: records.clone(),
+            te_hashes,
             lease: lease.clone(),
             write_floor: write_floor.clone(),
             stale_writes: AtomicU64::new(0),

@@ -7,7 +7,7 @@
 use super::index::Records;
 use super::segment::SegmentMemory;
 use crate::mooncake::handshake::{self, HandshakeStats, TeEndpoint};
-use crate::mooncake::te_tcp::{self, TeLimits, TeSegment, TeStats, SEGMENT_BASE};
+use crate::mooncake::te_tcp::{self, TeLimits, TeSegment, TeStats, WrittenHashes, SEGMENT_BASE};
 use crate::telemetry::PromText;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +22,7 @@ pub const PORT_RANGE: std::ops::Range<u16> = 15000..17000;
 struct Segment {
     memory: Arc<SegmentMemory>,
     records: Arc<Records>,
+    hashes: Arc<WrittenHashes>,
 }
 
 impl TeSegment for Segment {
@@ -41,6 +42,14 @@ impl TeSegment for Segment {
     unsafe fn bytes_mut(&self, offset: u64, len: u64) -> &mut [u8] {
         // SAFETY: the caller checked the range, and that no committed object lies in it.
         unsafe { self.memory.slice_mut(offset, len) }
+    }
+
+    fn writing(&self, offset: u64, len: u64) {
+        self.hashes.forget(offset, len);
+    }
+
+    fn wrote(&self, offset: u64, len: u64, crc: u32) {
+        self.hashes.put(offset, len, crc);
     }
 }
 
@@ -82,8 +91,7 @@ impl MooncakeDoor {
     pub fn start(
         host: &str,
         (data, handshake): (TcpListener, TcpListener),
-        memory: Arc<SegmentMemory>,
-        records: Arc<Records>,
+        (memory, records, hashes): (Arc<SegmentMemory>, Arc<Records>, Arc<WrittenHashes>),
         limits: TeLimits,
     ) -> std::io::Result<MooncakeDoor> {
         let endpoint = TeEndpoint {
@@ -96,7 +104,11 @@ impl MooncakeDoor {
         let stop = Arc::new(AtomicBool::new(false));
         let te = Arc::new(TeStats::default());
         let handshakes = Arc::new(HandshakeStats::default());
-        let segment = Arc::new(Segment { memory, records });
+        let segment = Arc::new(Segment {
+            memory,
+            records,
+            hashes,
+        });
         let threads = vec![
             te_tcp::serve(data, segment, limits, te.clone(), stop.clone())?,
             handshake::serve(

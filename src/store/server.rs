@@ -162,6 +162,8 @@ pub struct StoreService {
     pub grants: GrantCheck,
     /// What the segment holds: the durable index of a persistent store, else in memory.
     pub records: Arc<Records>,
+    /// CRC-32C of ranges Mooncake's Transfer Engine wrote whole, for `SEAL_HASHED`.
+    pub te_hashes: Arc<crate::mooncake::te_tcp::WrittenHashes>,
     pub lease: Arc<ReadLease>,
     /// Writes of a lower version are refused: the master's `write_floor` at the last mount.
     pub write_floor: Arc<AtomicU64>,
@@ -485,8 +487,13 @@ impl StoreService {
             };
             items.push(status);
             if status == Status::Ok && mode == SealMode::Hashed {
-                // SAFETY: bounds checked above; the range is this put's alone, its writer done.
-                o.checksum = crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) });
+                // Hashed as the Transfer Engine wrote it, or else read again.
+                o.checksum = match self.te_hashes.take(o.offset, o.size) {
+                    Some(crc) => crc,
+                    // SAFETY: bounds checked above; the range is this put's alone, its writer
+                    // done.
+                    None => crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) }),
+                };
             }
             checksums.push(if status == Status::Ok { o.checksum } else { 0 });
             if status == Status::Ok {
