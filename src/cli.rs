@@ -115,6 +115,14 @@ pub static ROLES: &[Role] = &[
         run: |m| Ok(crate::bench::run(parsed(m)?)?),
     },
     Role {
+        name: "mooncake-wire",
+        links: &[],
+        about: "Checks a Mooncake client version against this master: the function ids and \
+                request type hashes it expects beside those the wheel in --python sends",
+        args: crate::bench::mooncake_wire::WireArgs::augment_args,
+        run: |m| Ok(crate::bench::mooncake_wire::run(parsed(m)?)?),
+    },
+    Role {
         name: "mooncake_master",
         links: &["mooncake_master"],
         about: "The master with mooncake_master's flag spellings (--rpc_port=50051, ...)",

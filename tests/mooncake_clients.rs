@@ -850,3 +850,70 @@ fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_st
     writeln!(input, "on-wheel {on_wheel}").unwrap();
     assert_eq!(next_line(), "put on-wheel 0 True");
 }
+
+/// `rbgctl mooncake-wire` checks a wheel against the master: every RPC the wheel called in
+/// its script carried the request type hash the master decodes (the pinned wheel speaks what
+/// the master serves), and the report says which RPCs it did not call.
+#[test]
+fn mooncake_wire_finds_the_pinned_wheel_in_agreement_with_the_master() {
+    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
+        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+        return;
+    };
+    let out = Command::new("timeout")
+        .arg("300")
+        .arg(common::BIN)
+        .arg("mooncake-wire")
+        .arg("--python")
+        .arg(&python)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<rbgctl::mooncake::master::WireRow> = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |name: &str| rows.iter().find(|r| r.rpc == name).unwrap().clone();
+    for called in [
+        "MountSegment",
+        "Ping",
+        "FetchTasks",
+        "ExistKey",
+        "BatchExistKey",
+        "GetReplicaList",
+        "BatchGetReplicaList",
+        "PutStart",
+        "PutEnd",
+        "BatchPutStart",
+        "BatchPutEnd",
+        "UpsertStart",
+        "UpsertEnd",
+        "Remove",
+        "BatchRemove",
+        "RemoveAll",
+        "UnmountSegment",
+    ] {
+        let r = row(called);
+        assert!(
+            r.seen_type_hash.is_some() && r.seen_type_hash == r.request_type_hash,
+            "{called}: {r:?}"
+        );
+        assert_eq!(
+            r.function_id,
+            rbgctl::mooncake::coro_rpc::function_id(&format!(
+                "mooncake::WrappedMasterService::{called}"
+            ))
+        );
+    }
+    // Not served: answered NOT_SUPPORTED, and listed as such.
+    assert!(!row("GetReplicaListByRegex").served);
+    // The table says the same in words.
+    let text = rbgctl::bench::mooncake_wire::table(&rows);
+    assert!(
+        text.contains("PutStart") && !text.contains("DIFFERS"),
+        "{text}"
+    );
+}

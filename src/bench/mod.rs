@@ -12,6 +12,7 @@ pub mod llm;
 pub mod load;
 pub mod master;
 pub mod mooncake_peer;
+pub mod mooncake_wire;
 pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;

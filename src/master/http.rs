@@ -167,6 +167,7 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/metrics/summary", get(summary_text))
         .route("/api/v1/status", get(status))
         .route("/api/v1/segments", get(segments))
+        .route("/api/v1/mooncake/wire", get(mooncake_wire))
         .route("/get_all_segments", get(all_segments))
         .merge(objects)
         .fallback(|| async {
@@ -347,6 +348,22 @@ async fn status(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "promotion_on_hit": st.config().promotion_on_hit,
         "promotion_admission_threshold": st.config().promotion_admission_threshold,
     }))
+}
+
+/// Mooncake's RPCs as this master expects them (function ids, request type hashes) beside
+/// what Mooncake's clients sent: `rbgctl mooncake wire` reads it. 404 when the master does not
+/// serve Mooncake's RPC (it has a cluster secret).
+async fn mooncake_wire(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    match &shared.service.mooncake {
+        Some(m) => (StatusCode::OK, Json(serde_json::json!(m.wire_report()))),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(
+                serde_json::json!({"error": "this master does not serve Mooncake's RPC (it has \
+                a cluster secret)"}),
+            ),
+        ),
+    }
 }
 
 async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

@@ -29,7 +29,7 @@ use crate::transfer::message::{
 use crate::transfer::server::{Guest, GuestConn, ServerIo, Service, Sink};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Largest request body (and attachment) taken: Mooncake's largest requests are batches of a
@@ -58,6 +58,28 @@ struct Stats {
     /// Requests whose arguments did not decode, or frames refused (size, version).
     bad: AtomicU64,
     connections: AtomicU64,
+    /// Per RPC: the request type hash its last request carried (0: none came), for the wire
+    /// report that checks a client version against this master.
+    seen_hash: [AtomicU32; RPC_COUNT],
+    /// Function ids of requests for handlers not served, with the type hash each carried.
+    unknown: parking_lot::Mutex<std::collections::BTreeMap<u32, u32>>,
+}
+
+/// Function ids not served that the wire report remembers.
+const UNKNOWN_REMEMBERED: usize = 64;
+
+/// One RPC of the wire report: what this master expects beside what clients sent.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct WireRow {
+    pub rpc: String,
+    /// Whether this master serves it (else it answers Mooncake's "not registered").
+    pub served: bool,
+    pub function_id: u32,
+    /// The request type hash this master decodes (`None`: the RPC takes no arguments, or is
+    /// not served).
+    pub request_type_hash: Option<u32>,
+    /// The hash the last request for it carried (`None`: no client called it yet).
+    pub seen_type_hash: Option<u32>,
 }
 
 const RPC_COUNT: usize = Rpc::ALL.len();
@@ -103,6 +125,80 @@ impl MooncakeMaster {
             "Connections that spoke Mooncake's master RPC.",
             n(&self.stats.connections),
         );
+    }
+}
+
+impl MooncakeMaster {
+    /// Every RPC's function id and request type hash as this master expects them, beside the
+    /// hashes clients sent; then the function ids of requests it does not serve.
+    pub fn wire_report(&self) -> Vec<WireRow> {
+        let seen = |h: u32| (h != 0).then_some(h);
+        let mut rows: Vec<WireRow> = Rpc::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &rpc)| {
+                let (served, request_type_hash) = expected_request_hash(rpc);
+                WireRow {
+                    rpc: rpc.name().to_string(),
+                    served,
+                    function_id: rpc.id(),
+                    request_type_hash,
+                    seen_type_hash: seen(self.stats.seen_hash[i].load(Ordering::Relaxed)),
+                }
+            })
+            .collect();
+        for (&id, &hash) in self.stats.unknown.lock().iter() {
+            rows.push(WireRow {
+                rpc: match handler(id) {
+                    Some(Handler::Unserved(name)) => name.to_string(),
+                    _ => format!("unknown function {id:#010x}"),
+                },
+                served: false,
+                function_id: id,
+                request_type_hash: None,
+                seen_type_hash: seen(hash),
+            });
+        }
+        rows
+    }
+}
+
+/// Whether `rpc` is served, and the request type hash its handler decodes: asked of the
+/// handler itself, with a body whose hash no type has (its refusal names the one it wanted),
+/// so that each type is written once.
+fn expected_request_hash(rpc: Rpc) -> (bool, Option<u32>) {
+    /// A service that serves nothing: the probe never gets past the arguments.
+    struct Nothing(crate::transfer::server::ConnCounters);
+    impl Service for Nothing {
+        fn handle(
+            &self,
+            _: &Header,
+            _: Opcode,
+            _: &[u8],
+            _: &mut ServerIo<'_>,
+        ) -> Result<(), crate::transfer::TransferError> {
+            Err(crate::transfer::TransferError::Protocol(
+                "a probe serves nothing".into(),
+            ))
+        }
+        fn max_data_len(&self) -> u64 {
+            0
+        }
+        fn connections(&self) -> &crate::transfer::server::ConnCounters {
+            &self.0
+        }
+    }
+    let nothing = Nothing(Default::default());
+    let probe = [0u8; 4];
+    match carry_out(
+        &nothing,
+        (&Objects::default(), &Mounts::default()),
+        rpc,
+        &probe,
+    ) {
+        Err(Fail::Args(SpError::TypeHash { want, .. })) => (true, Some(want & !1)),
+        Err(Fail::Code(error_code::NOT_SUPPORTED)) => (false, None),
+        _ => (true, None),
     }
 }
 
@@ -260,10 +356,18 @@ impl MooncakeMaster {
     /// The answer frame to one request.
     fn answer(&self, service: &dyn Service, head: &RequestHeader, body: &[u8]) -> Vec<u8> {
         let seq = head.seq_num;
+        let hash = body
+            .first_chunk::<4>()
+            .map_or(0, |h| u32::from_le_bytes(*h) & !1);
         let rpc = match handler(head.function_id) {
             Some(Handler::Served(rpc)) => rpc,
             other => {
                 self.stats.unserved.fetch_add(1, Ordering::Relaxed);
+                let mut unknown = self.stats.unknown.lock();
+                if unknown.len() < UNKNOWN_REMEMBERED || unknown.contains_key(&head.function_id) {
+                    unknown.insert(head.function_id, hash);
+                }
+                drop(unknown);
                 let why = match other {
                     Some(Handler::Unserved(name)) => format!(
                         "rbgctl's master has no {name} (a Mooncake feature it does not have)"
@@ -274,6 +378,9 @@ impl MooncakeMaster {
             }
         };
         let i = Rpc::ALL.iter().position(|&r| r == rpc).unwrap_or(0);
+        if !body.is_empty() {
+            self.stats.seen_hash[i].store(hash, Ordering::Relaxed);
+        }
         let _span = tracing::debug_span!("mooncake_rpc", rpc = rpc.name(), seq).entered();
         match carry_out(service, (&self.objects, &self.mounts), rpc, body) {
             Ok(out) => {
