@@ -97,3 +97,45 @@ fn sglangs_own_code_drives_the_pool() {
     );
     assert!(log.contains("Ran 2 tests") && log.contains("OK"), "{log}");
 }
+
+/// SGLang's own `mooncake` HiCache backend (`python/tests/sglang_mooncake_e2e.py`): its
+/// `MooncakeStore`, made by its factory from `--hicache-storage-backend mooncake` settings,
+/// sets Mooncake's own client (the pinned wheel) up against rbgctl's master, and SGLang's
+/// controller backs pages up and prefetches them through Mooncake's Transfer Engine into
+/// rbgctl's stores: MHA and MLA, both discovery modes, byte for byte (issue 63). Needs the
+/// SGLang interpreter with the wheel and `ninja` (`.ci/run` puts both in its venv).
+#[test]
+fn sglangs_mooncake_backend_runs_on_the_pool() {
+    let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
+        common::skip(
+            "RBGCTL_SGLANG_PYTHON is not set (an interpreter with sglang 0.5.23, torch and \
+             Mooncake's wheel; .ci/run makes one in target/ci-sglang)",
+        );
+        return;
+    };
+    let py = format!("{REPO}/python");
+    // SGLang's page keys come from a C++ extension torch builds with the venv's ninja.
+    let bin = std::path::Path::new(&python)
+        .parent()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("timeout")
+        .arg("900")
+        .arg(&python)
+        .arg("tests/sglang_mooncake_e2e.py")
+        .current_dir(&py)
+        .env("PYTHONPATH", format!("{py}/src:{py}/tests"))
+        .env("PATH", path)
+        .env("RBGCTL_BIN", BIN)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the SGLang interpreter runs");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "SGLang's mooncake backend test failed:\n{log}"
+    );
+    assert!(log.contains("Ran 2 tests") && log.contains("OK"), "{log}");
+}

@@ -98,6 +98,7 @@ class Store:
                 self.shm_dir,
                 *self.disk_args(),
                 *self.pool.auth_args(),
+                *(["--metadata-server", self.pool.metadata_url] if self.pool.metadata_url else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=self.pool.log,
@@ -126,9 +127,20 @@ class LivePool:
         master_args=(),
         disk_tier: Optional[str] = None,
         auth_token_file: Optional[str] = None,
+        metadata_port: Optional[int] = None,
     ):
         # Every role holds this cluster secret, and so do the harness's own clients.
         self.auth_token_file = auth_token_file
+        # With a port: the master serves Mooncake's HTTP metadata server there, and the stores
+        # publish their Transfer Engine descriptors to it.
+        self.metadata_url = f"http://127.0.0.1:{metadata_port}/metadata" if metadata_port else None
+        if metadata_port:
+            master_args = (
+                "--enable-http-metadata-server", "true",
+                "--http-metadata-server-host", "127.0.0.1",
+                "--http-metadata-server-port", str(metadata_port),
+                *master_args,
+            )
         self.rpc_port = free_port()
         self.master = f"127.0.0.1:{self.rpc_port}"
         self.metrics_port = free_port()
