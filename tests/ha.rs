@@ -816,3 +816,201 @@ fn a_store_under_the_wrong_cluster_id_names_the_id_it_looks_under_and_those_it_s
         store.log()
     );
 }
+
+/// Issue 63: a connected Mooncake wheel (a process with a global segment, putting and getting)
+/// across a failover of rbgctl's masters. The wheel reads no etcd: it is given one address in
+/// front of the masters that goes to whichever leads, as a Kubernetes Service over the ready
+/// master does (here a forwarder that asks each master's `/health`). The leader is killed: the
+/// wheel's calls fail while no one leads, its Pings are answered NEED_REMOUNT by the new leader
+/// and it mounts its segment again, its puts resume, and what it put on rbgctl's persistent
+/// store before the kill is still there (the store recorded each at its `PutEnd`, and reports
+/// them to the new leader).
+#[test]
+fn a_wheel_behind_one_address_rides_a_master_failover() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
+        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+        return;
+    };
+    let Some(mut pool) = HaPool::start(1, 2, 1) else {
+        return;
+    };
+    let masters: Vec<(std::net::SocketAddr, u16)> = pool
+        .masters
+        .iter()
+        .map(|m| (m.addrs.rpc, m.addrs.metrics.port()))
+        .collect();
+    let front = LeaderFront::start(masters);
+    let script = format!(
+        "import sys\n\
+         from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 32 << 20, 16 << 20, 'tcp', '', \
+         '{front}'), flush=True)\n\
+         c = ReplicateConfig()\n\
+         for line in sys.stdin:\n\
+         \x20   key, where = line.split()\n\
+         \x20   c.preferred_segment = where\n\
+         \x20   r = s.put(key, key.encode() * 100, c)\n\
+         \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n",
+        front = front.addr
+    );
+    let mut wheel = Killed(
+        std::process::Command::new(&python)
+            .args(["-c", &script])
+            .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut input = wheel.0.stdin.take().unwrap();
+    let mut output = BufReader::new(wheel.0.stdout.take().unwrap());
+    let mut next_line = || {
+        let mut l = String::new();
+        output.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    };
+    assert_eq!(next_line(), "setup 0");
+    let client = pool.client();
+    let wheel_mounted = |c: &Client| {
+        c.segments()
+            .is_ok_and(|v| v.iter().any(|s| s.info.endpoint.is_empty()))
+    };
+    assert!(wait_until(Duration::from_secs(10), || wheel_mounted(
+        &client
+    )));
+    // The wheel puts on rbgctl's store (by preference: its own segment could take them too,
+    // and what a process's own segment holds is not kept across a failover, as with Mooncake).
+    let store = client
+        .segments()
+        .unwrap()
+        .into_iter()
+        .find(|s| !s.info.endpoint.is_empty())
+        .unwrap()
+        .info
+        .name;
+    for i in 0..20 {
+        writeln!(input, "before-{i} {store}").unwrap();
+        assert_eq!(next_line(), format!("put before-{i} 0 True"));
+    }
+    let old = pool.leader().expect("a leader");
+    // `/ready`: 200 on the leader alone, 503 on the standby (what the front goes by).
+    let ready: Vec<u16> = pool
+        .masters
+        .iter()
+        .map(|m| common::http(m.addrs.metrics.port(), "GET", "/ready", b"").0)
+        .collect();
+    let mut expected = vec![503; ready.len()];
+    expected[old] = 200;
+    assert_eq!(ready, expected);
+    pool.masters[old].kill();
+    // A new leader; the wheel's segment mounted there again (its Pings told it to remount).
+    assert!(wait_until(Duration::from_secs(30), || pool
+        .leader()
+        .is_some_and(|l| l != old)));
+    assert!(
+        wait_until(Duration::from_secs(30), || wheel_mounted(&client)),
+        "the wheel did not mount its segment on the new leader"
+    );
+    // Puts resume (the first ones may meet the failover: retried until one succeeds).
+    let resumed = wait_until(Duration::from_secs(30), || {
+        writeln!(input, "after {store}").unwrap();
+        next_line() == "put after 0 True"
+    });
+    assert!(resumed, "the wheel's puts did not resume");
+    // What it put before the kill on rbgctl's persistent store is all there.
+    for i in 0..20 {
+        let key = format!("before-{i}");
+        let on_store = wait_until(Duration::from_secs(15), || {
+            client
+                .get(&key)
+                .is_ok_and(|v| v == key.repeat(100).into_bytes())
+        });
+        assert!(on_store, "{key} was lost in the failover");
+    }
+    drop(input);
+    drop(wheel);
+    drop(front);
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One address in front of the masters: each connection goes to the master whose `/ready`
+/// answers 200 when the connection opens (a Kubernetes Service over the ready master).
+struct LeaderFront {
+    addr: std::net::SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LeaderFront {
+    fn start(masters: Vec<(std::net::SocketAddr, u16)>) -> LeaderFront {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let accept = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((inbound, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    let leader = masters.iter().find(|(_, http)| {
+                        common::http_within(
+                            "127.0.0.1",
+                            *http,
+                            "GET",
+                            "/ready",
+                            b"",
+                            Duration::from_millis(300),
+                        )
+                        .0 == 200
+                    });
+                    let Some(Ok(outbound)) = leader.map(|(rpc, _)| {
+                        std::net::TcpStream::connect_timeout(rpc, Duration::from_secs(1))
+                    }) else {
+                        continue; // no leader now: the connection is closed
+                    };
+                    inbound.set_nonblocking(false).unwrap();
+                    for (mut from, mut to) in [
+                        (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                        (outbound, inbound),
+                    ] {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                            let _ = from.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            })
+        };
+        LeaderFront {
+            addr,
+            stop,
+            accept: Some(accept),
+        }
+    }
+}
+
+impl Drop for LeaderFront {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}

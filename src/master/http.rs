@@ -164,6 +164,7 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/ui", get(status_page))
         .route("/metrics", get(metrics))
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics/summary", get(summary_text))
         .route("/api/v1/status", get(status))
         .route("/api/v1/segments", get(segments))
@@ -255,6 +256,18 @@ async fn health(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         "ha_error": shared.election.last_error.lock().clone(),
         "uptime_seconds": shared.started.elapsed().as_secs(),
     }))
+}
+
+/// 200 while this master serves (it leads, or is the only one), 503 on a standby: a
+/// readiness probe, so that a Kubernetes Service in front of the masters goes to the leader
+/// (what Mooncake's clients, which read no etcd, are given).
+async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let role = shared.leadership.role(Instant::now());
+    let code = match role {
+        Role::Standby => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    };
+    (code, Json(serde_json::json!({"role": role.name()})))
 }
 
 #[derive(Deserialize)]
