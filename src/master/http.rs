@@ -126,14 +126,17 @@ struct KeyQuery {
     key: Option<String>,
 }
 
-/// `/metrics` and `/health` are every master's own; the rest of the admin API is the leader's,
-/// and a standby sends it there.
+/// `/metrics`, `/health` and `/ready` are every master's own; the rest of the admin API is the
+/// leader's, and a standby sends it there.
 async fn leader_only(
     State(shared): State<Arc<Shared>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let own = matches!(req.uri().path(), "/metrics" | "/health" | "/" | "/ui");
+    let own = matches!(
+        req.uri().path(),
+        "/metrics" | "/health" | "/ready" | "/" | "/ui"
+    );
     if !own {
         if let Some(r) = to_leader(&shared.leadership, |h| Some(h.admin.as_str()), req.uri()) {
             return r;
