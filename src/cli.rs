@@ -378,6 +378,7 @@ mod tests {
             let sub = match r.name {
                 "kv" => &["segments"][..],
                 "bench" => &["store"][..],
+                "mooncake-wire" => &["--python", "python3"][..],
                 _ => &[],
             };
             let mut argv = vec!["rbgctl", r.name];

@@ -827,9 +827,7 @@ fn a_store_under_the_wrong_cluster_id_names_the_id_it_looks_under_and_those_it_s
 /// them to the new leader).
 #[test]
 fn a_wheel_behind_one_address_rides_a_master_failover() {
-    use std::io::{BufRead, BufReader, Write};
-    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
-        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+    let Some(python) = common::wheel::python() else {
         return;
     };
     let Some(mut pool) = HaPool::start(1, 2, 1) else {
@@ -855,24 +853,8 @@ fn a_wheel_behind_one_address_rides_a_master_failover() {
          \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n",
         front = front.addr
     );
-    let mut wheel = Killed(
-        std::process::Command::new(&python)
-            .args(["-c", &script])
-            .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut input = wheel.0.stdin.take().unwrap();
-    let mut output = BufReader::new(wheel.0.stdout.take().unwrap());
-    let mut next_line = || {
-        let mut l = String::new();
-        output.read_line(&mut l).unwrap();
-        l.trim().to_string()
-    };
-    assert_eq!(next_line(), "setup 0");
+    let mut wheel = common::wheel::Wheel::start(&python, &script);
+    assert_eq!(wheel.line(), "setup 0");
     let client = pool.client();
     let wheel_mounted = |c: &Client| {
         c.segments()
@@ -892,8 +874,8 @@ fn a_wheel_behind_one_address_rides_a_master_failover() {
         .info
         .name;
     for i in 0..20 {
-        writeln!(input, "before-{i} {store}").unwrap();
-        assert_eq!(next_line(), format!("put before-{i} 0 True"));
+        wheel.send(&format!("before-{i} {store}"));
+        assert_eq!(wheel.line(), format!("put before-{i} 0 True"));
     }
     let old = pool.leader().expect("a leader");
     // `/ready`: 200 on the leader alone, 503 on the standby (what the front goes by).
@@ -916,8 +898,8 @@ fn a_wheel_behind_one_address_rides_a_master_failover() {
     );
     // Puts resume (the first ones may meet the failover: retried until one succeeds).
     let resumed = wait_until(Duration::from_secs(30), || {
-        writeln!(input, "after {store}").unwrap();
-        next_line() == "put after 0 True"
+        wheel.send(&format!("after {store}"));
+        wheel.line() == "put after 0 True"
     });
     assert!(resumed, "the wheel's puts did not resume");
     // What it put before the kill on rbgctl's persistent store is all there.
@@ -930,19 +912,8 @@ fn a_wheel_behind_one_address_rides_a_master_failover() {
         });
         assert!(on_store, "{key} was lost in the failover");
     }
-    drop(input);
     drop(wheel);
     drop(front);
-}
-
-/// A child process killed (SIGKILL) and reaped when dropped.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// One address in front of the masters: each connection goes to the master whose `/ready`

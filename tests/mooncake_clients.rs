@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::wheel::Wheel;
 use common::{wait_until, Cluster, Opts};
 use rbgctl::client::ReplicateConfig;
 use std::process::Command;
@@ -624,9 +625,7 @@ fn a_stores_mooncake_ports_refuse_hostile_input() {
 /// Mooncake), and what rbgctl's client put on its store is untouched.
 #[test]
 fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
-    use std::io::{BufRead, BufReader};
-    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
-        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+    let Some(python) = common::wheel::python() else {
         return;
     };
     let c = Cluster::start(Opts {
@@ -651,20 +650,8 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
          sys.stdin.read()\n",
         rpc = c.rpc
     );
-    let mut holder = Killed(
-        Command::new(&python)
-            .args(["-c", &holder_script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut said = String::new();
-    BufReader::new(holder.0.stdout.take().unwrap())
-        .read_line(&mut said)
-        .unwrap();
-    assert_eq!(said.trim(), "setup 0");
+    let mut holder = Wheel::start(&python, &holder_script);
+    assert_eq!(holder.line(), "setup 0");
     let mooncake_segment = || {
         client
             .segments()
@@ -719,8 +706,7 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
         assert!(desc.replicas.iter().all(|r| r.segment_id != seg.id));
     }
     // The holder dies: its segment and objects go within the client TTL.
-    holder.0.kill().unwrap();
-    holder.0.wait().unwrap();
+    holder.kill();
     assert!(
         wait_until(Duration::from_secs(15), || mooncake_segment().is_none()),
         "the dead holder's segment is still mounted"
@@ -744,17 +730,6 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
     assert_eq!(client.get("rb/kept").unwrap(), b"on rbgctl's store");
 }
 
-/// A child process killed (SIGKILL) and reaped when dropped, so that a failing test leaves
-/// none behind.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The master is killed (SIGKILL) and started again on its ports under a connected wheel
 /// process with a global segment and a connected wheel client: the holder's Pings are answered
 /// NEED_REMOUNT by the new master, it remounts its segment, the client's puts resume, and
@@ -762,9 +737,7 @@ impl Drop for Killed {
 /// reported it to the new master).
 #[test]
 fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_stays() {
-    use std::io::{BufRead, BufReader, Write};
-    let Some(python) = std::env::var_os("RBGCTL_MOONCAKE_PYTHON") else {
-        common::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+    let Some(python) = common::wheel::python() else {
         return;
     };
     let mut c = Cluster::start(Opts {
@@ -788,23 +761,8 @@ fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_st
          \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n",
         rpc = c.rpc
     );
-    let mut wheel = Killed(
-        Command::new(&python)
-            .args(["-c", &script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut input = wheel.0.stdin.take().unwrap();
-    let mut output = BufReader::new(wheel.0.stdout.take().unwrap());
-    let mut next_line = || {
-        let mut l = String::new();
-        output.read_line(&mut l).unwrap();
-        l.trim().to_string()
-    };
-    assert_eq!(next_line(), "setup 0");
+    let mut wheel = Wheel::start(&python, &script);
+    assert_eq!(wheel.line(), "setup 0");
     let store_name = || {
         client
             .segments()
@@ -822,8 +780,8 @@ fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_st
         &client
     )));
     let store = store_name().unwrap();
-    writeln!(input, "before {store}").unwrap();
-    assert_eq!(next_line(), "put before 0 True");
+    wheel.send(&format!("before {store}"));
+    assert_eq!(wheel.line(), "put before 0 True");
     c.restart_master();
     let client = c.client();
     // The holder remounts (its Ping answered NEED_REMOUNT), the store reports its objects.
@@ -837,8 +795,8 @@ fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_st
         .unwrap_or(false)));
     assert_eq!(client.get("before").unwrap(), b"before".repeat(100));
     // Puts resume, on the store and on the wheel's own segment.
-    writeln!(input, "after {store}").unwrap();
-    assert_eq!(next_line(), "put after 0 True");
+    wheel.send(&format!("after {store}"));
+    assert_eq!(wheel.line(), "put after 0 True");
     let on_wheel = client
         .segments()
         .unwrap()
@@ -847,8 +805,8 @@ fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_st
         .unwrap()
         .info
         .name;
-    writeln!(input, "on-wheel {on_wheel}").unwrap();
-    assert_eq!(next_line(), "put on-wheel 0 True");
+    wheel.send(&format!("on-wheel {on_wheel}"));
+    assert_eq!(wheel.line(), "put on-wheel 0 True");
 }
 
 /// `rbgctl mooncake-wire` checks a wheel against the master: every RPC the wheel called in

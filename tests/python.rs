@@ -70,32 +70,7 @@ fn python_client_and_hicache_backend() {
 /// `$RBGCTL_SGLANG_PYTHON`; `.ci/run` makes one (sglang 0.5.23 and its torch, on the CPU).
 #[test]
 fn sglangs_own_code_drives_the_pool() {
-    let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
-        common::skip(
-            "RBGCTL_SGLANG_PYTHON is not set (an interpreter with sglang 0.5.23 and torch; \
-             .ci/run makes one in target/ci-sglang)",
-        );
-        return;
-    };
-    let py = format!("{REPO}/python");
-    let out = Command::new("timeout")
-        .arg("900")
-        .arg(&python)
-        .arg("tests/sglang_e2e.py")
-        .current_dir(&py)
-        .env("PYTHONPATH", format!("{py}/src:{py}/tests"))
-        .env("RBGCTL_BIN", BIN)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .output()
-        .expect("the SGLang interpreter runs");
-    let log = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{log}");
-    assert!(
-        out.status.success(),
-        "SGLang's e2e test failed; output above"
-    );
-    assert!(log.contains("Ran 2 tests") && log.contains("OK"), "{log}");
+    run_sglang_file("tests/sglang_e2e.py", 2);
 }
 
 /// SGLang's own `mooncake` HiCache backend (`python/tests/sglang_mooncake_e2e.py`): its
@@ -106,6 +81,13 @@ fn sglangs_own_code_drives_the_pool() {
 /// SGLang interpreter with the wheel and `ninja` (`.ci/run` puts both in its venv).
 #[test]
 fn sglangs_mooncake_backend_runs_on_the_pool() {
+    run_sglang_file("tests/sglang_mooncake_e2e.py", 2);
+}
+
+/// Runs one of `python/`'s SGLang files with `$RBGCTL_SGLANG_PYTHON` (its venv's `bin` first
+/// on `PATH`: SGLang's page keys come from a C++ extension torch builds with the venv's
+/// ninja), expecting `tests` tests to pass; says SKIPPED without the interpreter.
+fn run_sglang_file(file: &str, tests: usize) {
     let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
         common::skip(
             "RBGCTL_SGLANG_PYTHON is not set (an interpreter with sglang 0.5.23, torch and \
@@ -114,7 +96,6 @@ fn sglangs_mooncake_backend_runs_on_the_pool() {
         return;
     };
     let py = format!("{REPO}/python");
-    // SGLang's page keys come from a C++ extension torch builds with the venv's ninja.
     let bin = std::path::Path::new(&python)
         .parent()
         .map(|d| d.display().to_string())
@@ -123,7 +104,7 @@ fn sglangs_mooncake_backend_runs_on_the_pool() {
     let out = Command::new("timeout")
         .arg("900")
         .arg(&python)
-        .arg("tests/sglang_mooncake_e2e.py")
+        .arg(file)
         .current_dir(&py)
         .env("PYTHONPATH", format!("{py}/src:{py}/tests"))
         .env("PATH", path)
@@ -133,9 +114,10 @@ fn sglangs_mooncake_backend_runs_on_the_pool() {
         .output()
         .expect("the SGLang interpreter runs");
     let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    assert!(out.status.success(), "{file} failed; output above");
     assert!(
-        out.status.success(),
-        "SGLang's mooncake backend test failed:\n{log}"
+        log.contains(&format!("Ran {tests} tests")) && log.contains("OK"),
+        "{log}"
     );
-    assert!(log.contains("Ran 2 tests") && log.contains("OK"), "{log}");
 }

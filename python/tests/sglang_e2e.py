@@ -80,6 +80,16 @@ def host_pool(mla: bool, layout: str):
     return host
 
 
+def storage_config(host, mla: bool, extra_config: dict) -> HiCacheStorageConfig:
+    """SGLang's storage config for one rank of a TP-1 model over `host`."""
+    return HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=True,
+        is_page_first_layout=host.layout.startswith("page_first"), model_name="Qwen/Qwen3-0.6B",
+        extra_config=extra_config,
+    )
+
+
 def backend_for(master: str, host, mla: bool, zero_copy: bool, **extra):
     """SGLang's factory, from SGLang's storage config, as its controller attaches one."""
     ec = {
@@ -92,13 +102,7 @@ def backend_for(master: str, host, mla: bool, zero_copy: bool, **extra):
         "file_storage_path": "/tmp/hicache-unused",
     }
     ec.update(extra)
-    cfg = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=True,
-        is_page_first_layout=host.layout.startswith("page_first"), model_name="Qwen/Qwen3-0.6B",
-        extra_config=ec,
-    )
-    backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config(host, mla, ec), host)
     backend.register_mem_pool_host(host)
     return backend
 

@@ -23,11 +23,10 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
 from harness import LivePool, free_port  # noqa: E402
-from sglang_e2e import PAGE, PAGES, controller, host_pool, page_bytes  # noqa: E402
+from sglang_e2e import PAGE, PAGES, controller, host_pool, page_bytes, storage_config  # noqa: E402
 
 # Mooncake's client advertises the first non-loopback address unless told.
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
@@ -46,13 +45,7 @@ def mooncake_backend(pool: LivePool, host, mla: bool, metadata: str):
         "master_metrics_port": pool.metrics_port,
         "check_server": True,
     }
-    cfg = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=True,
-        is_page_first_layout=host.layout.startswith("page_first"), model_name="Qwen/Qwen3-0.6B",
-        extra_config=ec,
-    )
-    backend = StorageBackendFactory.create_backend("mooncake", cfg, host)
+    backend = StorageBackendFactory.create_backend("mooncake", storage_config(host, mla, ec), host)
     backend.register_mem_pool_host(host)
     return backend
 

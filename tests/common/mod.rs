@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod pictures;
+pub mod wheel;
 
 use rbgctl::config::{ByteSize, Millis};
 use rbgctl::launch::{Dir, Launcher, Logs, Pool, PoolSpec};

@@ -1,0 +1,69 @@
+//! Mooncake's wheel (its PyPI package, unchanged) as a test's process: a script run by the
+//! interpreter `RBGCTL_MOONCAKE_PYTHON` names, driven a line at a time, killed (SIGKILL) and
+//! reaped when dropped so that a failing test leaves none behind.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// The wheel's interpreter, or `None` after the skip line when none is given.
+pub fn python() -> Option<OsString> {
+    let python = std::env::var_os("RBGCTL_MOONCAKE_PYTHON");
+    if python.is_none() {
+        super::skip("RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set");
+    }
+    python
+}
+
+pub struct Wheel {
+    child: Child,
+    input: Option<ChildStdin>,
+    output: BufReader<ChildStdout>,
+}
+
+impl Wheel {
+    /// Runs `script` (Python source) with `python`, its Transfer Engine on loopback.
+    pub fn start(python: &OsString, script: &str) -> Wheel {
+        let mut child = Command::new(python)
+            .args(["-c", script])
+            .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the wheel's interpreter runs");
+        let input = child.stdin.take();
+        let output = BufReader::new(child.stdout.take().expect("piped"));
+        Wheel {
+            child,
+            input,
+            output,
+        }
+    }
+
+    /// The next line the script printed, trimmed (empty once it ended).
+    pub fn line(&mut self) -> String {
+        let mut l = String::new();
+        let _ = self.output.read_line(&mut l);
+        l.trim().to_string()
+    }
+
+    /// Sends the script one line.
+    pub fn send(&mut self, line: &str) {
+        let input = self.input.as_mut().expect("the script's input is open");
+        writeln!(input, "{line}").expect("the script reads its input");
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Wheel {
+    fn drop(&mut self) {
+        drop(self.input.take());
+        self.kill();
+    }
+}
