@@ -839,21 +839,7 @@ fn a_wheel_behind_one_address_rides_a_master_failover() {
         .map(|m| (m.addrs.rpc, m.addrs.metrics.port()))
         .collect();
     let front = LeaderFront::start(masters);
-    let script = format!(
-        "import sys\n\
-         from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
-         s = S()\n\
-         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 32 << 20, 16 << 20, 'tcp', '', \
-         '{front}'), flush=True)\n\
-         c = ReplicateConfig()\n\
-         for line in sys.stdin:\n\
-         \x20   key, where = line.split()\n\
-         \x20   c.preferred_segment = where\n\
-         \x20   r = s.put(key, key.encode() * 100, c)\n\
-         \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n",
-        front = front.addr
-    );
-    let mut wheel = common::wheel::Wheel::start(&python, &script);
+    let mut wheel = common::wheel::putter(&python, &front.addr.to_string());
     assert_eq!(wheel.line(), "setup 0");
     let client = pool.client();
     let wheel_mounted = |c: &Client| {

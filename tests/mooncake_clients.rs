@@ -747,21 +747,7 @@ fn after_a_master_restart_the_wheel_remounts_and_what_it_put_on_rbgctls_store_st
     let client = c.client();
     // One wheel process holds a segment and, told a line at a time, puts a key (on rbgctl's
     // store, by preference) and reads it back.
-    let script = format!(
-        "import sys\n\
-         from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
-         s = S()\n\
-         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 32 << 20, 16 << 20, 'tcp', '', \
-         '{rpc}'), flush=True)\n\
-         c = ReplicateConfig()\n\
-         for line in sys.stdin:\n\
-         \x20   key, where = line.split()\n\
-         \x20   c.preferred_segment = where\n\
-         \x20   r = s.put(key, key.encode() * 100, c)\n\
-         \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n",
-        rpc = c.rpc
-    );
-    let mut wheel = Wheel::start(&python, &script);
+    let mut wheel = common::wheel::putter(&python, &c.rpc.to_string());
     assert_eq!(wheel.line(), "setup 0");
     let store_name = || {
         client

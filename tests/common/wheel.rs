@@ -15,6 +15,26 @@ pub fn python() -> Option<OsString> {
     python
 }
 
+/// A wheel process with a 32 MiB global segment, set up against `master` (it prints
+/// `setup 0`), that for each line `KEY SEGMENT` it is sent puts `KEY` repeated 100 times,
+/// preferring that segment, reads it back and prints `put KEY <code> <read back whole>`.
+pub fn putter(python: &OsString, master: &str) -> Wheel {
+    let script = format!(
+        "import sys\n\
+         from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
+         s = S()\n\
+         print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 32 << 20, 16 << 20, 'tcp', '', \
+         '{master}'), flush=True)\n\
+         c = ReplicateConfig()\n\
+         for line in sys.stdin:\n\
+         \x20   key, where = line.split()\n\
+         \x20   c.preferred_segment = where\n\
+         \x20   r = s.put(key, key.encode() * 100, c)\n\
+         \x20   print('put', key, r, s.get(key) == key.encode() * 100, flush=True)\n"
+    );
+    Wheel::start(python, &script)
+}
+
 pub struct Wheel {
     child: Child,
     input: Option<ChildStdin>,
