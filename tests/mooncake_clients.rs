@@ -697,6 +697,9 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
         used >= 20 * 65536,
         "the puts did not land on the holder: {used}"
     );
+    // rbgctl's client cannot read it yet, and says why.
+    let e = client.get("held/0").unwrap_err().to_string();
+    assert!(e.contains("a Mooncake process mounted"), "{e}");
     // rbgctl's own puts never go there (its clients do not reach it).
     for i in 0..20 {
         client

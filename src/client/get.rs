@@ -24,6 +24,18 @@ impl Inner {
         let mut last_err = None;
         for r in replicas {
             match self.route(r.segment_id) {
+                // A segment a Mooncake process mounted: no rbgctl store serves it.
+                Ok(route) if route.info.endpoint.is_empty() => {
+                    last_err = Some(ClientError::Rejected {
+                        status: Status::ObjectUnavailable,
+                        message: format!(
+                            "the object is on segment {} that a Mooncake process mounted, \
+                             which rbgctl's clients do not read yet; read it with Mooncake's \
+                             client",
+                            route.info.name
+                        ),
+                    });
+                }
                 Ok(route) => out.push((route, r.offset)),
                 Err(e) => last_err = Some(e),
             }
