@@ -697,9 +697,29 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
         used >= 20 * 65536,
         "the puts did not land on the holder: {used}"
     );
-    // rbgctl's client cannot read it yet, and says why.
+    // rbgctl's clients cannot read it yet, and say why.
     let e = client.get("held/0").unwrap_err().to_string();
     assert!(e.contains("a Mooncake process mounted"), "{e}");
+    if let Some(python) = std::env::var_os("RBGCTL_PYTHON") {
+        let script = format!(
+            "import rbgctl\n\
+             with rbgctl.Client('{rpc}') as c:\n\
+             \x20   try:\n\
+             \x20       c.get('held/0')\n\
+             \x20   except rbgctl.RbgctlError as e:\n\
+             \x20       print(e)\n",
+            rpc = c.rpc
+        );
+        let out = Command::new(python).args(["-c", &script]).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains("a Mooncake process mounted"),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        common::skip("RBGCTL_PYTHON (rbgctl's Python client) is not set");
+    }
     // rbgctl's own puts never go there (its clients do not reach it).
     for i in 0..20 {
         client

@@ -488,9 +488,19 @@ class Client:
         last: Optional[RbgctlError] = None
         for r in desc.replicas:
             try:
-                out.append(Target(r.segment_id, self._route(r.segment_id), r.offset))
+                route = self._route(r.segment_id)
             except RbgctlError as e:
                 last = e
+                continue
+            if not route.info.endpoint:
+                # A segment a Mooncake process mounted: no rbgctl store serves it.
+                last = RemoteError(
+                    Status.OBJECT_UNAVAILABLE,
+                    f"the object is on segment {route.info.name} that a Mooncake process "
+                    "mounted, which rbgctl's clients do not read yet; read it with Mooncake's client",
+                )
+                continue
+            out.append(Target(r.segment_id, route, r.offset))
         if not out:
             raise last or Unreadable("object has no replicas")
         out.sort(key=lambda t: t.route.local is None)
