@@ -13,7 +13,7 @@
 //! transport carries no grant, so it writes only space the master has not given to a
 //! committed object (its own puts' ranges, until their `PutEnd` has them recorded).
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -283,16 +283,22 @@ fn serve_conn<S: TeSegment>(
     stats: &TeStats,
     stop: &AtomicBool,
 ) -> std::io::Result<()> {
+    // The socket's timeouts are set once: reads wake every tick to count a stall against
+    // its limit (idle between requests, the request timeout inside one) and to see `stop`.
+    let tick = limits.request_timeout.min(TICK);
+    stream.set_read_timeout(Some(tick))?;
+    stream.set_write_timeout(Some(limits.request_timeout))?;
+    let mut patient = Patient {
+        stream: &mut stream,
+        tick,
+        stop,
+    };
     let mut head = [0u8; HEADER_LEN];
-    while !stop.load(Ordering::Relaxed) {
-        stream.set_read_timeout(Some(limits.idle_timeout))?;
-        match stream.read(&mut head[..1])? {
-            0 => return Ok(()),
-            _ => {
-                stream.set_read_timeout(Some(limits.request_timeout))?;
-                stream.read_exact(&mut head[1..])?;
-            }
+    loop {
+        if patient.read(&mut head[..1], limits.idle_timeout)? == 0 {
+            return Ok(());
         }
+        patient.read_exact(&mut head[1..], limits.request_timeout)?;
         let located = SessionHeader::decode(&head).and_then(|h| {
             let offset = h.offset_in(segment.size())?;
             if h.op == Op::Write {
@@ -312,7 +318,7 @@ fn serve_conn<S: TeSegment>(
                 stats.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "Mooncake transfer request refused");
                 if head[16] & OPCODE_V2 != 0 {
-                    let _ = stream.write_all(&STATUS_REFUSED.to_le_bytes());
+                    let _ = patient.stream.write_all(&STATUS_REFUSED.to_le_bytes());
                 }
                 close_gently(stream);
                 return Ok(());
@@ -325,30 +331,72 @@ fn serve_conn<S: TeSegment>(
                 let dst = unsafe { segment.bytes_mut(offset, h.size) };
                 let mut crc = 0;
                 for chunk in dst.chunks_mut(CHUNK) {
-                    stream.read_exact(chunk)?;
+                    patient.read_exact(chunk, limits.request_timeout)?;
                     crc = crc32c::crc32c_append(crc, chunk);
                 }
                 segment.wrote(offset, h.size, crc);
                 stats.writes.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_written.fetch_add(h.size, Ordering::Relaxed);
                 if h.v2 {
-                    stream.write_all(&STATUS_OK.to_le_bytes())?;
+                    patient.stream.write_all(&STATUS_OK.to_le_bytes())?;
                 }
             }
             Op::Read => {
                 if h.v2 {
-                    stream.write_all(&STATUS_OK.to_le_bytes())?;
+                    patient.stream.write_all(&STATUS_OK.to_le_bytes())?;
                 }
                 // SAFETY: the range lies in the segment; the bytes are only read.
                 let src = unsafe { segment.bytes(offset, h.size) };
-                stream.set_write_timeout(Some(limits.request_timeout))?;
-                stream.write_all(src)?;
+                patient.stream.write_all(src)?;
                 stats.reads.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_read.fetch_add(h.size, Ordering::Relaxed);
             }
         }
     }
-    Ok(())
+}
+
+/// How often a connection's reads wake to count a stall and see whether the store stops.
+const TICK: Duration = Duration::from_millis(250);
+
+/// A connection's reads, each stall allowed up to a limit, all ended when the store stops.
+struct Patient<'a> {
+    stream: &'a mut TcpStream,
+    /// The socket's read timeout.
+    tick: Duration,
+    stop: &'a AtomicBool,
+}
+
+impl Patient<'_> {
+    /// Reads some bytes into `buf` (0 at the end of the stream), waiting at most `limit` for
+    /// the first.
+    fn read(&mut self, buf: &mut [u8], limit: Duration) -> std::io::Result<usize> {
+        let mut stalled = Duration::ZERO;
+        loop {
+            match self.stream.read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    stalled += self.tick;
+                    if stalled >= limit || self.stop.load(Ordering::Relaxed) {
+                        return Err(ErrorKind::TimedOut.into());
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fills `buf`, each stall allowed up to `limit`.
+    fn read_exact(&mut self, buf: &mut [u8], limit: Duration) -> std::io::Result<()> {
+        let mut at = 0;
+        while at < buf.len() {
+            match self.read(&mut buf[at..], limit)? {
+                0 => return Err(ErrorKind::UnexpectedEof.into()),
+                n => at += n,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Closes after reading what the peer sent on for a moment (up to 64 KiB), so that the close
@@ -416,6 +464,44 @@ mod tests {
         h.put(100, 10, 5);
         h.forget(110, 5);
         assert_eq!(h.take(100, 10), Some(5), "a write just after it leaves it");
+    }
+
+    #[test]
+    fn a_stalled_read_ends_at_its_limit_and_at_once_when_the_store_stops() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut stream, _) = listener.accept().unwrap();
+        let tick = Duration::from_millis(20);
+        stream.set_read_timeout(Some(tick)).unwrap();
+        let stop = AtomicBool::new(false);
+        let mut patient = Patient {
+            stream: &mut stream,
+            tick,
+            stop: &stop,
+        };
+        // Bytes that come within the limit are read, however they are split.
+        peer.write_all(&[1, 2]).unwrap();
+        let mut buf = [0u8; 2];
+        patient
+            .read_exact(&mut buf, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(buf, [1, 2]);
+        // Nothing more: a stall of 100 ms, then the read gives up.
+        let t0 = std::time::Instant::now();
+        let e = patient
+            .read(&mut buf, Duration::from_millis(100))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut);
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        // A store that stops ends a read that could wait an hour, within a tick.
+        stop.store(true, Ordering::Relaxed);
+        let t0 = std::time::Instant::now();
+        let e = patient
+            .read(&mut buf, Duration::from_secs(3600))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        drop(peer);
     }
 
     #[test]
