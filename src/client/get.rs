@@ -25,7 +25,7 @@ impl Inner {
         for r in replicas {
             match self.route(r.segment_id) {
                 // A segment a Mooncake process mounted: no rbgctl store serves it.
-                Ok(route) if route.info.endpoint.is_empty() => {
+                Ok(route) if !route.info.has_store() => {
                     last_err = Some(ClientError::Rejected {
                         status: Status::ObjectUnavailable,
                         message: format!(

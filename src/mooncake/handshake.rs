@@ -7,9 +7,10 @@
 //! A handshake frame is a u64 LE length (the type byte and the JSON), a type byte (Metadata is
 //! 1) and the JSON. The store answers a Metadata frame with its own descriptor and closes.
 
+use crate::transfer::server::{self, ConnCounters, ServerHandle, ServerOptions};
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use std::time::Duration;
 pub const MAX_FRAME: u64 = 1 << 20;
 /// The Metadata exchange's type byte.
 pub const METADATA: u8 = 1;
-/// Handshakes served at once.
+/// Handshakes served at once (per address: a quarter).
 const MAX_AT_ONCE: usize = 64;
 /// A handshake's bytes must all come within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -127,53 +128,43 @@ pub fn read_frame(r: &mut impl Read) -> Result<(u8, serde_json::Value), Handshak
     Ok((body[0], json))
 }
 
-/// Handshakes served and refused, for `/metrics`.
+/// Handshakes served and refused, for `/metrics` (their connections are counted by the
+/// port's admission, `ConnCounters`).
 #[derive(Debug, Default)]
 pub struct HandshakeStats {
     pub served: AtomicU64,
     pub refused: AtomicU64,
-    open: AtomicUsize,
 }
 
-/// Answers handshakes on `listener` with `endpoint`'s descriptor until `stop`.
+/// The admission of a handshake port, over a store's `opts`: few at once (one exchange each,
+/// then closed), each done within [`HANDSHAKE_TIMEOUT`].
+pub fn port_options(opts: ServerOptions) -> ServerOptions {
+    ServerOptions {
+        max_connections: MAX_AT_ONCE,
+        max_connections_per_peer: MAX_AT_ONCE / 4,
+        idle_timeout: HANDSHAKE_TIMEOUT,
+        request_timeout: HANDSHAKE_TIMEOUT,
+        ..opts
+    }
+}
+
+/// Answers handshakes on `listener` with `endpoint`'s descriptor, under rbgctl's admission.
 pub fn serve(
     listener: TcpListener,
     endpoint: TeEndpoint,
+    (opts, counters): (ServerOptions, Arc<ConnCounters>),
     stats: Arc<HandshakeStats>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    listener.set_nonblocking(true)?;
+) -> std::io::Result<ServerHandle> {
     let endpoint = Arc::new(endpoint);
-    std::thread::Builder::new()
-        .name("mooncake-handshake".into())
-        .spawn(move || {
-            super::te_tcp::accept_loop(&listener, &stop, |mut stream, peer| {
-                if stats.open.load(Ordering::Relaxed) >= MAX_AT_ONCE {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                stats.open.fetch_add(1, Ordering::Relaxed);
-                let (endpoint, stats) = (endpoint.clone(), stats.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("mooncake-handshake-conn".into())
-                    .spawn({
-                        let stats = stats.clone();
-                        move || {
-                            match answer(&mut stream, &endpoint) {
-                                Ok(()) => stats.served.fetch_add(1, Ordering::Relaxed),
-                                Err(e) => {
-                                    tracing::warn!(%peer, error = %e, "Mooncake handshake refused");
-                                    stats.refused.fetch_add(1, Ordering::Relaxed)
-                                }
-                            };
-                            stats.open.fetch_sub(1, Ordering::Relaxed);
-                        }
-                    });
-                if spawned.is_err() {
-                    stats.open.fetch_sub(1, Ordering::Relaxed);
-                }
-            })
-        })
+    server::spawn_foreign(listener, opts, counters, move |mut stream, peer, _place| {
+        match answer(&mut stream, &endpoint) {
+            Ok(()) => stats.served.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "Mooncake handshake refused");
+                stats.refused.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    })
 }
 
 fn answer(stream: &mut std::net::TcpStream, endpoint: &TeEndpoint) -> Result<(), HandshakeError> {

@@ -49,7 +49,7 @@ struct SegmentRef {
     /// Its store's rbgctl endpoint, where its puts are sealed; empty for a segment a Mooncake
     /// process mounted (which keeps no records).
     endpoint: Arc<str>,
-    name: String,
+    name: Arc<str>,
 }
 
 #[derive(Default)]
@@ -105,18 +105,33 @@ fn placement_of(
 }
 
 impl Objects {
-    /// The segment `id` as Mooncake's answers need it, asking the master's segment list again
-    /// when `id` is new or the list is old.
-    fn segment(&self, service: &dyn Service, id: u64) -> Option<SegmentRef> {
+    /// What `find` finds in the segments' book, asking the master's list again when the book
+    /// is old, or when `find` finds nothing and what it looks for may be new (a segment
+    /// mounted since the book was made). A name nothing has (a client preferring its own host,
+    /// which contributes no segment) does not cost a list per put.
+    fn look<T>(
+        &self,
+        service: &dyn Service,
+        may_be_new: bool,
+        find: impl Fn(&SegmentBook) -> Option<T>,
+    ) -> Option<T> {
         {
             let book = self.segments.read();
-            let fresh = book.asked.is_some_and(|t| t.elapsed() < SEGMENTS_FRESH);
-            if let Some(s) = book.by_id.get(&id).filter(|_| fresh) {
-                return Some(s.clone());
+            if book.asked.is_some_and(|t| t.elapsed() < SEGMENTS_FRESH) {
+                let found = find(&book);
+                if found.is_some() || !may_be_new {
+                    return found;
+                }
             }
         }
         self.refresh(service);
-        self.segments.read().by_id.get(&id).cloned()
+        find(&self.segments.read())
+    }
+
+    /// The segment `id` as Mooncake's answers need it (the master hands out replicas on
+    /// mounted segments only: one it does not know is new).
+    fn segment(&self, service: &dyn Service, id: u64) -> Option<SegmentRef> {
+        self.look(service, true, |book| book.by_id.get(&id).cloned())
     }
 
     fn refresh(&self, service: &dyn Service) {
@@ -133,7 +148,7 @@ impl Objects {
                     te,
                     base: e.info.te_base,
                     endpoint: Arc::from(e.info.endpoint.as_str()),
-                    name: e.info.name,
+                    name: Arc::from(e.info.name.as_str()),
                 };
                 (e.id, r)
             })
@@ -146,17 +161,12 @@ impl Objects {
 
     /// The rbgctl name of the segment Mooncake calls `name`.
     fn rbgctl_name(&self, service: &dyn Service, name: &str) -> Option<String> {
-        let find = |book: &SegmentBook| {
+        self.look(service, false, |book| {
             book.by_id
                 .values()
-                .find(|s| s.te.as_deref() == Some(name) || s.name == name)
-                .map(|s| s.name.clone())
-        };
-        if let Some(n) = find(&self.segments.read()) {
-            return Some(n);
-        }
-        self.refresh(service);
-        find(&self.segments.read())
+                .find(|s| s.te.as_deref() == Some(name) || &*s.name == name)
+                .map(|s| s.name.to_string())
+        })
     }
 
     /// Mooncake's descriptor of each replica, `None` when one lies where Mooncake's clients

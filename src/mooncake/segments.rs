@@ -68,7 +68,11 @@ impl Mounts {
         if seg.base.checked_add(seg.size).is_none() {
             return Ok(Err(error_code::INVALID_PARAMS));
         }
-        if !self.by_uuid.lock().contains_key(&seg.id) && self.by_uuid.lock().len() >= MAX_MOUNTS {
+        let full = {
+            let mounted = self.by_uuid.lock();
+            !mounted.contains_key(&seg.id) && mounted.len() >= MAX_MOUNTS
+        };
+        if full {
             tracing::warn!(
                 limit = MAX_MOUNTS,
                 "Mooncake segments at their limit; refused"

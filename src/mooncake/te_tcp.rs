@@ -13,9 +13,10 @@
 //! transport carries no grant, so it writes only space the master has not given to a
 //! committed object (its own puts' ranges, until their `PutEnd` has them recorded).
 
+use crate::transfer::server::{self, ConnCounters, Place, ServerHandle, ServerOptions};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,29 +143,33 @@ pub struct WrittenHashes {
     by_offset: parking_lot::Mutex<std::collections::BTreeMap<u64, (u64, u32)>>,
 }
 
+/// Removes from `m` every range that overlaps `[offset, offset + len)` (the kept ranges never
+/// overlap each other, so the walk back from the end stops at the first that ends before).
+fn forget_in(m: &mut std::collections::BTreeMap<u64, (u64, u32)>, offset: u64, len: u64) {
+    let end = offset.saturating_add(len);
+    let overlapping: Vec<u64> = m
+        .range(..end)
+        .rev()
+        .take_while(|(&o, &(l, _))| o.saturating_add(l) > offset)
+        .map(|(&o, _)| o)
+        .collect();
+    for o in overlapping {
+        m.remove(&o);
+    }
+}
+
 /// Ranges whose hashes are kept at most (beyond, all are forgotten: a seal then reads).
 const HASHES_KEPT: usize = 1 << 16;
 
 impl WrittenHashes {
     /// Forgets every range that overlaps `[offset, offset + len)`.
     pub fn forget(&self, offset: u64, len: u64) {
-        let end = offset.saturating_add(len);
-        let mut m = self.by_offset.lock();
-        let overlapping: Vec<u64> = m
-            .range(..end)
-            .rev()
-            .take_while(|(&o, &(l, _))| o.saturating_add(l) > offset || o >= offset)
-            .filter(|(&o, &(l, _))| o.saturating_add(l) > offset)
-            .map(|(&o, _)| o)
-            .collect();
-        for o in overlapping {
-            m.remove(&o);
-        }
+        forget_in(&mut self.by_offset.lock(), offset, len);
     }
 
     pub fn put(&self, offset: u64, len: u64, crc: u32) {
-        self.forget(offset, len);
         let mut m = self.by_offset.lock();
+        forget_in(&mut m, offset, len);
         if m.len() >= HASHES_KEPT {
             m.clear();
         }
@@ -184,22 +189,10 @@ impl WrittenHashes {
     }
 }
 
-/// Limits of a transport listener.
-#[derive(Clone, Copy, Debug)]
-pub struct TeLimits {
-    pub max_connections: usize,
-    /// A connection quiet this long between requests is closed.
-    pub idle_timeout: Duration,
-    /// Inside a request, each read must bring bytes within this.
-    pub request_timeout: Duration,
-}
-
-/// What the transport served, for `/metrics`.
+/// What the transport served, for `/metrics` (its connections are counted by the port's
+/// admission, `ConnCounters`).
 #[derive(Debug, Default)]
 pub struct TeStats {
-    pub connections: AtomicU64,
-    pub open: AtomicUsize,
-    pub refused_connections: AtomicU64,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
     pub writes: AtomicU64,
@@ -208,86 +201,37 @@ pub struct TeStats {
     pub refused: AtomicU64,
 }
 
-/// Serves the transport on `listener` until `stop` is set (checked at least every
-/// `poll` interval), a thread per connection, at most `limits.max_connections` at once.
+/// Serves the transport on `listener` under rbgctl's admission (`opts`: connections in all and
+/// per address, the idle one making way, the idle and request timeouts), a thread per
+/// connection, each ended within a tick once `stop` is set.
 pub fn serve<S: TeSegment>(
     listener: TcpListener,
     segment: Arc<S>,
-    limits: TeLimits,
+    (opts, counters): (ServerOptions, Arc<ConnCounters>),
     stats: Arc<TeStats>,
     stop: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    listener.set_nonblocking(true)?;
-    std::thread::Builder::new()
-        .name("mooncake-te".into())
-        .spawn(move || {
-            accept_loop(&listener, &stop, |stream, peer| {
-                if stats.open.load(Ordering::Relaxed) >= limits.max_connections {
-                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, limit = limits.max_connections,
-                        "Mooncake transfer connections at their limit; closing a new one");
-                    return;
-                }
-                stats.open.fetch_add(1, Ordering::Relaxed);
-                stats.connections.fetch_add(1, Ordering::Relaxed);
-                let (segment, stats, stop) = (segment.clone(), stats.clone(), stop.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("mooncake-te-conn".into())
-                    .spawn({
-                        let stats = stats.clone();
-                        move || {
-                            if let Err(e) = serve_conn(stream, &*segment, &limits, &stats, &stop) {
-                                tracing::debug!(%peer, error = %e, "Mooncake transfer connection ended");
-                            }
-                            stats.open.fetch_sub(1, Ordering::Relaxed);
-                        }
-                    });
-                if spawned.is_err() {
-                    stats.open.fetch_sub(1, Ordering::Relaxed);
-                }
-            })
-        })
-}
-
-/// Accepts on a non-blocking `listener` until `stop`, handing each connection (blocking) on.
-pub(crate) fn accept_loop(
-    listener: &TcpListener,
-    stop: &AtomicBool,
-    mut on: impl FnMut(TcpStream, SocketAddr),
-) {
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                if stream.set_nonblocking(false).is_ok() {
-                    let _ = stream.set_nodelay(true);
-                    on(stream, peer);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let fd = std::os::fd::AsFd::as_fd(listener);
-                let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
-                let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+) -> std::io::Result<ServerHandle> {
+    let timeouts = (opts.idle_timeout, opts.request_timeout);
+    server::spawn_foreign(listener, opts, counters, move |stream, peer, place| {
+        if let Err(e) = serve_conn(stream, &*segment, timeouts, &stats, (&stop, &place)) {
+            tracing::debug!(%peer, error = %e, "Mooncake transfer connection ended");
         }
-    }
+    })
 }
 
 fn serve_conn<S: TeSegment>(
     mut stream: TcpStream,
     segment: &S,
-    limits: &TeLimits,
+    (idle_timeout, request_timeout): (Duration, Duration),
     stats: &TeStats,
-    stop: &AtomicBool,
+    (stop, place): (&AtomicBool, &Place),
 ) -> std::io::Result<()> {
     // The socket's timeouts are set once: reads wake every tick to count a stall against
     // its limit (idle between requests, the request timeout inside one) and to see `stop`.
-    let tick = limits.request_timeout.min(TICK);
+    let tick = request_timeout.min(TICK);
+    stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(tick))?;
-    stream.set_write_timeout(Some(limits.request_timeout))?;
+    stream.set_write_timeout(Some(request_timeout))?;
     let mut patient = Patient {
         stream: &mut stream,
         tick,
@@ -295,10 +239,12 @@ fn serve_conn<S: TeSegment>(
     };
     let mut head = [0u8; HEADER_LEN];
     loop {
-        if patient.read(&mut head[..1], limits.idle_timeout)? == 0 {
+        place.active(false);
+        if patient.read(&mut head[..1], idle_timeout)? == 0 {
             return Ok(());
         }
-        patient.read_exact(&mut head[1..], limits.request_timeout)?;
+        place.active(true);
+        patient.read_exact(&mut head[1..], request_timeout)?;
         let located = SessionHeader::decode(&head).and_then(|h| {
             let offset = h.offset_in(segment.size())?;
             if h.op == Op::Write {
@@ -331,7 +277,7 @@ fn serve_conn<S: TeSegment>(
                 let dst = unsafe { segment.bytes_mut(offset, h.size) };
                 let mut crc = 0;
                 for chunk in dst.chunks_mut(CHUNK) {
-                    patient.read_exact(chunk, limits.request_timeout)?;
+                    patient.read_exact(chunk, request_timeout)?;
                     crc = crc32c::crc32c_append(crc, chunk);
                 }
                 segment.wrote(offset, h.size, crc);

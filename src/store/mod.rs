@@ -489,16 +489,11 @@ impl Store {
                         cfg.te_handshake_port,
                     )?,
                 );
-                let limits = crate::mooncake::te_tcp::TeLimits {
-                    max_connections: cfg.max_connections,
-                    idle_timeout: cfg.idle_timeout_ms.0,
-                    request_timeout: cfg.request_timeout_ms.0,
-                };
                 let door = mooncake::MooncakeDoor::start(
                     &host,
                     listeners,
                     (memory.clone(), records.clone(), te_hashes.clone()),
-                    limits,
+                    cfg.server_options(),
                 )?;
                 info.te_endpoint = door.endpoint.name.clone();
                 info.te_data_port = u32::from(door.endpoint.data_port);

@@ -7,12 +7,12 @@
 use super::index::Records;
 use super::segment::SegmentMemory;
 use crate::mooncake::handshake::{self, HandshakeStats, TeEndpoint};
-use crate::mooncake::te_tcp::{self, TeLimits, TeSegment, TeStats, WrittenHashes, SEGMENT_BASE};
+use crate::mooncake::te_tcp::{self, TeSegment, TeStats, WrittenHashes, SEGMENT_BASE};
 use crate::telemetry::PromText;
+use crate::transfer::server::{ConnCounters, ServerHandle, ServerOptions};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 /// Ports Mooncake picks its own from (`MC_MIN_RPC_PORT`..`MC_MAX_RPC_PORT`); a store asked for
 /// port 0 takes a free one here too.
@@ -58,8 +58,12 @@ pub struct MooncakeDoor {
     pub endpoint: TeEndpoint,
     te: Arc<TeStats>,
     handshakes: Arc<HandshakeStats>,
+    /// The two ports' connections, as their admission counts them.
+    te_conns: Arc<ConnCounters>,
+    handshake_conns: Arc<ConnCounters>,
+    /// Ends the transport's connections (each within a tick).
     stop: Arc<AtomicBool>,
-    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    servers: parking_lot::Mutex<Vec<ServerHandle>>,
 }
 
 /// A listener on `port` of `bind`, or with port 0 the first free one in [`PORT_RANGE`].
@@ -92,7 +96,7 @@ impl MooncakeDoor {
         host: &str,
         (data, handshake): (TcpListener, TcpListener),
         (memory, records, hashes): (Arc<SegmentMemory>, Arc<Records>, Arc<WrittenHashes>),
-        limits: TeLimits,
+        opts: ServerOptions,
     ) -> std::io::Result<MooncakeDoor> {
         let endpoint = TeEndpoint {
             name: format!("{host}:{}", handshake.local_addr()?.port()),
@@ -109,13 +113,32 @@ impl MooncakeDoor {
             records,
             hashes,
         });
-        let threads = vec![
-            te_tcp::serve(data, segment, limits, te.clone(), stop.clone())?,
+        let (te_conns, handshake_conns) = (Arc::default(), Arc::default());
+        let servers = vec![
+            te_tcp::serve(
+                data,
+                segment,
+                (
+                    ServerOptions {
+                        role: "store-mooncake-transfer",
+                        ..opts.clone()
+                    },
+                    Arc::clone(&te_conns),
+                ),
+                te.clone(),
+                stop.clone(),
+            )?,
             handshake::serve(
                 handshake,
                 endpoint.clone(),
+                (
+                    handshake::port_options(ServerOptions {
+                        role: "store-mooncake-handshake",
+                        ..opts
+                    }),
+                    Arc::clone(&handshake_conns),
+                ),
                 handshakes.clone(),
-                stop.clone(),
             )?,
         ];
         tracing::warn!(
@@ -129,16 +152,18 @@ impl MooncakeDoor {
             endpoint,
             te,
             handshakes,
+            te_conns,
+            handshake_conns,
             stop,
-            threads: parking_lot::Mutex::new(threads),
+            servers: parking_lot::Mutex::new(servers),
         })
     }
 
-    /// Stops accepting; joins the listeners (connections end at their next request).
+    /// Stops accepting and ends the transport's connections (each within a tick).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.lock().drain(..) {
-            let _ = t.join();
+        for mut server in self.servers.lock().drain(..) {
+            server.stop();
         }
     }
 
@@ -183,18 +208,6 @@ impl MooncakeDoor {
             n(&t.refused),
         )
         .single(
-            "rbgctl_store_mooncake_connections_total",
-            "counter",
-            "Transfer Engine connections accepted.",
-            n(&t.connections),
-        )
-        .single(
-            "rbgctl_store_mooncake_connections_refused_total",
-            "counter",
-            "Transfer Engine connections closed at once: the store had its limit open.",
-            n(&t.refused_connections),
-        )
-        .single(
             "rbgctl_store_mooncake_handshakes_total",
             "counter",
             "P2P handshakes answered with this store's descriptor.",
@@ -206,6 +219,9 @@ impl MooncakeDoor {
             "P2P handshakes refused (a frame too long, not JSON, another type).",
             n(&self.handshakes.refused),
         );
+        self.te_conns.render(p, "rbgctl_store_mooncake_transfer");
+        self.handshake_conns
+            .render(p, "rbgctl_store_mooncake_handshake");
     }
 }
 

@@ -277,6 +277,14 @@ message!(
     } min_len = 2 + 2 + 8 + 2 + 8 + 2 + 8 + 1 + 1 + 2 + 4 + 8
 );
 
+impl SegmentInfo {
+    /// Whether an rbgctl store serves the segment (and takes the master's orders); a segment
+    /// a Mooncake process mounted has none, only its Transfer Engine endpoint.
+    pub fn has_store(&self) -> bool {
+        !self.endpoint.is_empty()
+    }
+}
+
 message!(
     /// A mounted segment as the master lists it.
     SegmentEntry { id: u64, info: SegmentInfo, used: u64 } min_len = 8 + 48 + 8

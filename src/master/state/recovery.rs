@@ -51,7 +51,7 @@ impl MasterState {
         recovering: bool,
         now: Instant,
     ) -> OpResult<(u64, bool)> {
-        if info.name.is_empty() || (info.endpoint.is_empty() && info.te_endpoint.is_empty()) {
+        if info.name.is_empty() || (!info.has_store() && info.te_endpoint.is_empty()) {
             return fail(
                 Status::InvalidParams,
                 "segment name and endpoint (rbgctl's, or Mooncake's Transfer Engine's) are \

@@ -98,10 +98,9 @@ impl Segment {
         self.is_live() && self.info.tier == Tier::Memory
     }
 
-    /// Whether an rbgctl store serves the segment (and takes the master's orders); a segment a
-    /// Mooncake process mounted has none.
+    /// Whether an rbgctl store serves the segment (`SegmentInfo::has_store`).
     pub fn has_store(&self) -> bool {
-        !self.info.endpoint.is_empty()
+        self.info.has_store()
     }
 
     /// Whether a putter writing by `reach` can write this segment.

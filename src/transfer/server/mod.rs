@@ -641,6 +641,59 @@ pub fn spawn(
     })
 }
 
+/// A connection of another protocol admitted on a port with rbgctl's limits
+/// (`spawn_foreign`): its place is held while this lives.
+pub struct Place(admission::Slot);
+
+impl Place {
+    /// The connection is in use (`busy`: a request is in hand) as of now: the one idle longest
+    /// is the one that makes way at a limit.
+    pub fn active(&self, busy: bool) {
+        self.0.active(Instant::now(), busy);
+    }
+}
+
+/// Serves `listener` for a protocol that is not rbgctl's (Mooncake's Transfer Engine and its
+/// handshake on a store) under the same admission as rbgctl's ports: the limits in all and per
+/// address of `opts`, the connection idle longest making way at a limit, each admitted one
+/// counted in `counters` and handed to `serve` on a thread of its own. A refused connection is
+/// closed (its peer reads rbgctl's refusal, or nothing). The protocol carries no secret:
+/// `opts.auth` is ignored.
+pub fn spawn_foreign(
+    listener: TcpListener,
+    opts: ServerOptions,
+    counters: Arc<ConnCounters>,
+    serve: impl Fn(TcpStream, SocketAddr, Place) + Clone + Send + 'static,
+) -> std::io::Result<ServerHandle> {
+    let addr = listener.local_addr()?;
+    let opts = ServerOptions { auth: None, ..opts };
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let stop = shutdown.clone();
+    let accept = std::thread::Builder::new()
+        .name(format!("{}-accept", opts.role))
+        .spawn(move || {
+            let role = opts.role;
+            let admit = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
+                let serve = serve.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("{role}-conn"))
+                    .stack_size(512 * 1024)
+                    .spawn(move || serve(stream, peer, Place(slot)));
+                // A failed spawn dropped the closure, and with it the place.
+                if let Err(e) = spawned {
+                    tracing::error!(role, error = %e, "cannot start a connection thread");
+                }
+            };
+            admission::accept_loop(listener, &counters, &opts, &stop, admit);
+        })?;
+    Ok(ServerHandle {
+        addr,
+        shutdown,
+        accept: Some(accept),
+        loops: Vec::new(),
+    })
+}
+
 /// Serves `listener` with `threads` event loops (at least one) for a service whose requests
 /// carry no payload (`Service::max_data_len` 0).
 pub fn spawn_evented(
