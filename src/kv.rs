@@ -27,6 +27,15 @@ pub struct KvArgs {
     /// Reach stores on this host over the network too, instead of their shared memory.
     #[arg(long, global = true)]
     pub no_shm: bool,
+    /// How segments that Mooncake's processes mounted are found: P2PHANDSHAKE, or the HTTP
+    /// metadata server they publish to (http://host:port/metadata).
+    #[arg(
+        long,
+        global = true,
+        env = "MOONCAKE_TE_META_DATA_SERVER",
+        default_value = "P2PHANDSHAKE"
+    )]
+    pub mooncake_metadata_server: crate::client::Discovery,
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -170,6 +179,7 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
         transport: args.protocol,
         rdma_devices: args.rdma_device,
         same_host_shm: !args.no_shm,
+        mooncake_discovery: args.mooncake_metadata_server,
         ..ClientConfig::new(args.master)
     }
     .with_auth_file(args.auth_token_file.as_deref())?;

@@ -620,7 +620,8 @@ fn a_stores_mooncake_ports_refuse_hostile_input() {
 
 /// A wheel process with a global segment (as `mooncake_store_service` and SGLang ranks run)
 /// contributes memory to rbgctl's master beside an rbgctl store: another wheel client's puts
-/// placed there are written and read through the holder's own Transfer Engine. The holder is
+/// placed there are written and read through the holder's own Transfer Engine, and rbgctl's
+/// client reads them the same way. The holder is
 /// killed: within the client TTL no replica on it is handed out (the objects are gone, as with
 /// Mooncake), and what rbgctl's client put on its store is untouched.
 #[test]
@@ -697,36 +698,14 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
         used >= 20 * 65536,
         "the puts did not land on the holder: {used}"
     );
-    // rbgctl's clients cannot read it yet, and say why.
-    let e = client.get("held/0").unwrap_err().to_string();
-    assert!(e.contains("a Mooncake process mounted"), "{e}");
-    if let Some(python) = std::env::var_os("RBGCTL_PYTHON") {
-        let script = format!(
-            "import rbgctl\n\
-             with rbgctl.Client('{rpc}') as c:\n\
-             \x20   try:\n\
-             \x20       c.get('held/0')\n\
-             \x20   except rbgctl.RbgctlError as e:\n\
-             \x20       print(e)\n",
-            rpc = c.rpc
-        );
-        let out = Command::new(python).args(["-c", &script]).output().unwrap();
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            said.contains("a Mooncake process mounted"),
-            "{said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    } else {
-        common::skip("RBGCTL_PYTHON (rbgctl's Python client) is not set");
-    }
-    // rbgctl's own puts never go there (its clients do not reach it).
+    // rbgctl's clients read it too, through the holder's Transfer Engine (the objects are
+    // unhashed: nothing took a CRC of them), and their own puts work beside it.
+    assert_eq!(client.get("held/0").unwrap().len(), 65536);
     for i in 0..20 {
         client
             .put(&format!("rb/{i}"), b"rbgctl", &ReplicateConfig::default())
             .unwrap();
-        let (desc, _) = client.describe(&format!("rb/{i}")).unwrap();
-        assert!(desc.replicas.iter().all(|r| r.segment_id != seg.id));
+        assert_eq!(client.get(&format!("rb/{i}")).unwrap(), b"rbgctl");
     }
     // The holder dies: its segment and objects go within the client TTL.
     holder.kill();
@@ -751,6 +730,159 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
         "{said}"
     );
     assert_eq!(client.get("rb/kept").unwrap(), b"on rbgctl's store");
+}
+
+/// A mixed pool both ways (issue 63, item 4): a wheel process with a global segment, set up
+/// in each discovery mode in turn, puts onto its own segment and rbgctl's Rust client, its
+/// Python client and `rbgctl kv get` read it (through the process's Transfer Engine, the
+/// object unhashed); `rbgctl kv put`, the Rust client and the Python client put onto that
+/// segment and the wheel reads what they wrote.
+#[test]
+fn rbgctls_clients_read_and_write_a_wheel_processs_segment_in_both_discovery_modes() {
+    let Some(python) = common::wheel::python() else {
+        return;
+    };
+    let c = Cluster::start(Opts {
+        stores: 1,
+        ..Default::default()
+    });
+    let http = format!("http://127.0.0.1:{}/metadata", c.metadata_port);
+    for (mode, metadata) in [("p2p", "P2PHANDSHAKE"), ("http", http.as_str())] {
+        // The holder: puts `KEY` as `N` bytes of `B` onto its own segment, reads keys back.
+        let holder_script = format!(
+            "import sys\n\
+             from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig\n\
+             s = S()\n\
+             print('setup', s.setup('127.0.0.1', '{metadata}', 64 << 20, 16 << 20, 'tcp', '', \
+             '{rpc}'), flush=True)\n\
+             for line in sys.stdin:\n\
+             \x20   w = line.split()\n\
+             \x20   if w[0] == 'put':\n\
+             \x20       c = ReplicateConfig()\n\
+             \x20       c.preferred_segment = w[4]\n\
+             \x20       print('put', w[1], s.put(w[1], bytes([int(w[3])]) * int(w[2]), c), flush=True)\n\
+             \x20   else:\n\
+             \x20       v = s.get(w[1])\n\
+             \x20       print('got', w[1], len(v), v.hex() if len(v) <= 64 else sorted(set(v)), \
+             flush=True)\n\
+             s.close()\n",
+            rpc = c.rpc
+        );
+        let mut holder = Wheel::start(&python, &holder_script);
+        assert_eq!(holder.line(), "setup 0", "{mode}");
+        let client = {
+            let mut cfg = rbgctl::client::ClientConfig::new(c.rpc.clone());
+            cfg.same_host_shm = false;
+            cfg.mooncake_discovery = rbgctl::client::Discovery::parse(metadata);
+            rbgctl::client::Client::connect(cfg).unwrap()
+        };
+        let mooncake_segment = || {
+            client
+                .segments()
+                .unwrap()
+                .into_iter()
+                .find(|s| s.info.endpoint.is_empty())
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || mooncake_segment().is_some()),
+            "{mode}: the holder's segment was not mounted"
+        );
+        let seg = mooncake_segment().unwrap();
+        let on_holder = |key: &str| {
+            let (desc, _) = client.describe(key).unwrap();
+            desc.replicas.iter().all(|r| r.segment_id == seg.id)
+        };
+
+        // The wheel's put on its own segment, read by rbgctl's clients.
+        let key = format!("{mode}/by-wheel");
+        holder.send(&format!("put {key} 65536 7 {}", seg.info.name));
+        assert_eq!(holder.line(), format!("put {key} 0"));
+        let (desc, _) = client.describe(&key).unwrap();
+        assert!(on_holder(&key) && desc.unhashed, "{desc:?}");
+        assert_eq!(client.get(&key).unwrap(), vec![7u8; 65536], "{mode}");
+        let kv = |args: &[&str]| {
+            let out = Command::new(common::BIN)
+                .arg("kv")
+                .args(["--master", &c.rpc, "--mooncake-metadata-server", metadata])
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "rbgctl kv {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        assert_eq!(kv(&["get", &key]), vec![7u8; 65536], "{mode}");
+
+        // rbgctl's puts onto the holder's segment, read back by rbgctl and by the wheel.
+        let by_cli = format!("{mode}/by-kv");
+        kv(&[
+            "put",
+            "--preferred-segment",
+            &seg.info.name,
+            &by_cli,
+            "put by rbgctl kv",
+        ]);
+        assert!(
+            on_holder(&by_cli),
+            "{mode}: rbgctl kv put did not land on the holder"
+        );
+        let by_rust = format!("{mode}/by-rust");
+        let big = vec![0x5au8; 1 << 20];
+        let prefer = ReplicateConfig {
+            preferred_segment: seg.info.name.clone(),
+            ..Default::default()
+        };
+        client.put(&by_rust, &big, &prefer).unwrap();
+        assert!(on_holder(&by_rust), "{mode}");
+        assert!(!client.describe(&by_rust).unwrap().0.unhashed);
+        assert_eq!(client.get(&by_rust).unwrap(), big);
+        holder.send(&format!("get {by_cli}"));
+        let text = "put by rbgctl kv";
+        let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(holder.line(), format!("got {by_cli} {} {hex}", text.len()));
+        holder.send(&format!("get {by_rust}"));
+        assert_eq!(holder.line(), format!("got {by_rust} {} [90]", 1 << 20));
+
+        // The Python client: reads the wheel's put, puts onto the holder, the wheel reads it.
+        if let Some(py) = std::env::var_os("RBGCTL_PYTHON") {
+            let script = format!(
+                "import rbgctl\n\
+                 from rbgctl.protocol import ReplicateConfig\n\
+                 cfg = rbgctl.ClientConfig(master='{rpc}', same_host_shm=False, \
+                 metadata_server='{metadata}')\n\
+                 with rbgctl.Client(cfg) as c:\n\
+                 \x20   print('read', bytes(c.get('{key}')) == bytes([7]) * 65536)\n\
+                 \x20   c.put('{mode}/by-python', bytes([3]) * 262144, \
+                 ReplicateConfig(preferred_segment='{seg}'))\n\
+                 \x20   print('reread', bytes(c.get('{mode}/by-python')) == bytes([3]) * 262144)\n",
+                rpc = c.rpc,
+                seg = seg.info.name
+            );
+            let out = Command::new(py).args(["-c", &script]).output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                said.contains("read True") && said.contains("reread True"),
+                "{said}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(on_holder(&format!("{mode}/by-python")), "{mode}");
+            holder.send(&format!("get {mode}/by-python"));
+            assert_eq!(holder.line(), format!("got {mode}/by-python 262144 [3]"));
+        } else {
+            common::skip("RBGCTL_PYTHON (rbgctl's Python client) is not set");
+        }
+
+        // The holder leaves (UnmountSegment): its segment and objects go with it.
+        holder.finish();
+        assert!(
+            wait_until(Duration::from_secs(15), || mooncake_segment().is_none()),
+            "{mode}: the holder's segment is still mounted"
+        );
+        assert!(client.get(&by_rust).is_err());
+    }
 }
 
 /// The master is killed (SIGKILL) and started again on its ports under a connected wheel

@@ -675,6 +675,7 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
                 key: "newer".into(),
                 object_id: newer.object_id,
                 checksum: crc32c::crc32c(&value),
+                unhashed: false,
             },
         )
         .unwrap();

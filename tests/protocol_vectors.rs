@@ -189,6 +189,7 @@ fn cases() -> Vec<Case> {
         lease_ttl_ms: 5000,
         version: 77,
         replicas: replicas.clone(),
+        unhashed: false,
     };
     let stored = StoredObject {
         key: utf8_key.into(),
@@ -333,6 +334,7 @@ fn cases() -> Vec<Case> {
         key: "page/0".into(),
         object_id: 77,
         checksum: 0xdead_beef,
+        unhashed: false,
     };
     c.request("put end", Opcode::PutEnd, &end, 0);
     let revoke = PutRevokeReq {
@@ -407,6 +409,7 @@ fn cases() -> Vec<Case> {
             key: "a".into(),
             object_id: 77,
             checksum: 0,
+            unhashed: true,
         }],
     };
     c.request("batch put end", Opcode::BatchPutEnd, &ends, 0);

@@ -82,6 +82,7 @@ class Fields(unittest.TestCase):
             + (0).to_bytes(8, "little")
             + (2).to_bytes(8, "little")
             + (8192).to_bytes(8, "little")
+            + b"\x00"  # hashed
         )
         d = p.decode(desc, p.parse_object_desc)
         self.assertEqual((d.size, d.checksum, d.lease_ttl_ms, d.version), (4096, 0xDEADBEEF, 5000, 42))
@@ -99,7 +100,7 @@ class Fields(unittest.TestCase):
             + b"\x02\x01"
             + (9).to_bytes(8, "little")
             + b"\x01\x00s"
-            + b"\x00"  # reach: rbgctl's data paths
+            + b"\x02"  # reach: rbgctl's data paths and Mooncake's Transfer Engine
             + (1).to_bytes(4, "little")
             + b"\x01\x00k"
             + (3).to_bytes(8, "little")

@@ -62,7 +62,7 @@ REQUESTS = {
         f["client_id"], replicate(f["config"]), [(i["key"], i["size"]) for i in f["items"]]
     ),
     "BatchPutEndReq": lambda f: p.batch_put_end_req(
-        f["client_id"], [(i["key"], i["object_id"], i["checksum"]) for i in f["items"]]
+        f["client_id"], [(i["key"], i["object_id"], i["checksum"], i["unhashed"]) for i in f["items"]]
     ),
     "WriteReq": lambda f: p.write_req(
         f["offset"], f["key"], f["version"], f["checksum"], bytes.fromhex(f["grant"])

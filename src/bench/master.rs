@@ -318,6 +318,7 @@ fn put_batch(
             key: k.clone(),
             object_id: s.object_id,
             checksum: 0,
+            unhashed: false,
         });
     }
     let end = BatchPutEndReq {

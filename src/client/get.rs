@@ -24,18 +24,6 @@ impl Inner {
         let mut last_err = None;
         for r in replicas {
             match self.route(r.segment_id) {
-                // A segment a Mooncake process mounted: no rbgctl store serves it.
-                Ok(route) if !route.info.has_store() => {
-                    last_err = Some(ClientError::Rejected {
-                        status: Status::ObjectUnavailable,
-                        message: format!(
-                            "the object is on segment {} that a Mooncake process mounted, \
-                             which rbgctl's clients do not read yet; read it with Mooncake's \
-                             client",
-                            route.info.name
-                        ),
-                    });
-                }
                 Ok(route) => out.push((route, r.offset)),
                 Err(e) => last_err = Some(e),
             }
@@ -157,9 +145,7 @@ impl Inner {
                 Err(_) => route.failed(),
             }
             match read {
-                Ok(()) if crc.unwrap_or_else(|| self.checksum(dst)) == desc.checksum => {
-                    return Ok(())
-                }
+                Ok(()) if desc.holds(|| crc.unwrap_or_else(|| self.checksum(dst))) => return Ok(()),
                 Ok(()) => {
                     bad_checksum = true;
                     tracing::warn!(key, segment = %route.info.name, "checksum mismatch; trying another replica");
@@ -364,8 +350,7 @@ impl Inner {
                 let d = d?;
                 let n = d.size as usize;
                 let dst = &mut bufs[i][..n];
-                let good =
-                    read_ok[i] && crcs[i].unwrap_or_else(|| self.checksum(dst)) == d.checksum;
+                let good = read_ok[i] && d.holds(|| crcs[i].unwrap_or_else(|| self.checksum(dst)));
                 if !good {
                     self.read_object(keys[i], &d, dst)?;
                 }

@@ -88,6 +88,7 @@ mod tests {
             size: 4096,
             checksum: 7,
             lease_ttl_ms: 0,
+            unhashed: false,
             version,
             replicas: vec![ReplicaLoc {
                 segment_id: 1,

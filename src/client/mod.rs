@@ -27,6 +27,7 @@ mod reservations;
 mod routes;
 
 pub use breakdown::{Breakdown, Part};
+pub use datapath::Discovery;
 #[cfg(feature = "rdma")]
 pub use datapath::VersionChecks;
 pub use error::ClientError;
@@ -78,6 +79,10 @@ pub struct ClientConfig {
     pub put_reservation_bytes: u64,
     /// Only values up to this size are put into reservations. Default 1 MiB.
     pub put_reservation_max_value: u64,
+    /// How segments that Mooncake's processes mounted are found (Mooncake's
+    /// `MOONCAKE_TE_META_DATA_SERVER`): by a P2P handshake with the segment's name (default,
+    /// `P2PHANDSHAKE`), or from an HTTP metadata server (`http://host:port/metadata`).
+    pub mooncake_discovery: datapath::Discovery,
 }
 
 impl ClientConfig {
@@ -94,6 +99,7 @@ impl ClientConfig {
             location_ttl: Duration::from_secs(10),
             put_reservation_bytes: 4 << 20,
             put_reservation_max_value: 1 << 20,
+            mooncake_discovery: datapath::Discovery::Handshake,
         }
     }
 
@@ -150,6 +156,9 @@ impl ClientConfig {
         let mut cfg = ClientConfig::new(master)
             .with_auth_file(token_file.as_deref().map(std::path::Path::new))?;
         cfg.take_transport(env.protocol.as_deref(), env.device.as_deref())?;
+        if let Some(server) = &env.metadata_server {
+            cfg.mooncake_discovery = datapath::Discovery::parse(server);
+        }
         if env.global_segment_size.unwrap_or(0) > 0 {
             let store = crate::store::config::StoreArgs::default().resolve(&env)?;
             cfg.embedded_store = Some(StoreConfig {
@@ -210,7 +219,8 @@ impl Client {
                 cfg.same_host_shm,
                 cfg.conn.clone(),
             )
-            .with_rdma(datapath::open_nics(&cfg)?),
+            .with_rdma(datapath::open_nics(&cfg)?)
+            .with_discovery(cfg.mooncake_discovery.clone()),
             stop: Shutdown::new(),
             meter: breakdown::Meter::default(),
             locations: locations::Locations::new(cfg.location_cache_entries, cfg.location_ttl),

@@ -124,6 +124,7 @@ impl WritePlan {
                 key: keys[i].to_string(),
                 object_id: item.object_id.unwrap_or(0),
                 checksum,
+                unhashed: false,
             };
             match (item.object_id, item.failure) {
                 (Some(_), None) => {

@@ -213,6 +213,7 @@ impl Inner {
                     lease_ttl_ms: 0,
                     version: versions[i],
                     replicas: std::mem::take(&mut placed[i]),
+                    unhashed: false,
                 };
                 self.locations.insert(keys[i], desc, asked);
             } else {
@@ -329,6 +330,7 @@ impl Inner {
                     key: String::new(),
                     object_id: r.start.object_id,
                     checksum: 0,
+                    unhashed: false,
                 })
                 .collect(),
         };

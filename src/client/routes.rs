@@ -54,6 +54,8 @@ pub struct Routes {
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// The RDMA NICs to reach stores with (transport RDMA); `None`: TCP.
     rdma: datapath::Nics,
+    /// How segments Mooncake's processes mounted are found.
+    discovery: datapath::Discovery,
 }
 
 impl Routes {
@@ -65,7 +67,14 @@ impl Routes {
             by_segment: RwLock::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
             rdma: None,
+            discovery: datapath::Discovery::Handshake,
         }
+    }
+
+    /// Finds segments Mooncake's processes mounted this way.
+    pub fn with_discovery(mut self, discovery: datapath::Discovery) -> Routes {
+        self.discovery = discovery;
+        self
     }
 
     /// This client's RDMA side, when its transport is RDMA.
@@ -101,6 +110,7 @@ impl Routes {
                 self.same_host_shm,
                 pool,
                 self.rdma.as_ref(),
+                &self.discovery,
             );
             let route = Route {
                 segment_id: s.id,

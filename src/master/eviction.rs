@@ -143,6 +143,7 @@ mod tests {
             object_id: 1,
             size: 100,
             checksum: 0,
+            unhashed: false,
             replicas: smallvec::smallvec![loc(1), loc(2)],
             last_access: t0,
             lease_until: at(5),

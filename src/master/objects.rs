@@ -29,6 +29,8 @@ pub struct Version {
     pub object_id: u64,
     pub size: u64,
     pub checksum: u32,
+    /// No CRC-32C was taken of the value: `checksum` means nothing (`ObjectDesc::unhashed`).
+    pub unhashed: bool,
     pub replicas: Replicas,
     pub last_access: Instant,
     pub lease_until: Instant,

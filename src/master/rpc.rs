@@ -196,7 +196,15 @@ impl MasterService {
                 self.durably(
                     io,
                     (op, now),
-                    |st| st.put_end(r.client_id, &r.key, r.object_id, r.checksum, now),
+                    |st| {
+                        st.put_end(
+                            r.client_id,
+                            &r.key,
+                            r.object_id,
+                            (!r.unhashed).then_some(r.checksum),
+                            now,
+                        )
+                    },
                     not_durable,
                 )
             }
@@ -533,7 +541,15 @@ fn end_puts(st: &mut MasterState, client_id: u64, items: &[EndItem], now: Instan
     st.prefetch(&keys);
     items
         .iter()
-        .map(|it| status_of(st.put_end(client_id, &it.key, it.object_id, it.checksum, now)))
+        .map(|it| {
+            status_of(st.put_end(
+                client_id,
+                &it.key,
+                it.object_id,
+                (!it.unhashed).then_some(it.checksum),
+                now,
+            ))
+        })
         .collect()
 }
 

@@ -109,6 +109,8 @@ pub enum HandshakeError {
     Kind(u8),
     #[error("handshake body is not JSON: {0}")]
     Json(String),
+    #[error("the peer's segment descriptor will not do: {0}")]
+    Descriptor(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -126,6 +128,100 @@ pub fn read_frame(r: &mut impl Read) -> Result<(u8, serde_json::Value), Handshak
     let json =
         serde_json::from_slice(&body[1..]).map_err(|e| HandshakeError::Json(e.to_string()))?;
     Ok((body[0], json))
+}
+
+/// What a peer's descriptor says of its Transfer Engine, as a client needs it: where its TCP
+/// data port is, whether it answers status frames (protocol v2), and which address ranges it
+/// serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerDescriptor {
+    pub data_host: String,
+    pub data_port: u16,
+    pub v2: bool,
+    /// Each buffer's first address and length.
+    pub buffers: Vec<(u64, u64)>,
+}
+
+impl PeerDescriptor {
+    /// Reads a `tcp` segment descriptor; `name` is the segment's name, whose host stands in
+    /// for a missing `tcp_data_host` (in P2P mode the two are the same address).
+    pub fn parse(name: &str, d: &serde_json::Value) -> Result<PeerDescriptor, HandshakeError> {
+        let bad = |what: &str| HandshakeError::Descriptor(format!("{what} (from {name})"));
+        if d["protocol"] != "tcp" {
+            return Err(bad(&format!(
+                "its protocol is {}, not tcp, the one rbgctl's clients speak",
+                d["protocol"]
+            )));
+        }
+        let data_port = d["tcp_data_port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p != 0)
+            .ok_or_else(|| bad("no tcp_data_port"))?;
+        let data_host = match d["tcp_data_host"].as_str() {
+            Some(h) if !h.is_empty() => h.to_string(),
+            _ => name
+                .rsplit_once(':')
+                .map_or(name, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        };
+        let buffers = d["buffers"]
+            .as_array()
+            .ok_or_else(|| bad("no buffers"))?
+            .iter()
+            .filter_map(|b| Some((b["addr"].as_u64()?, b["length"].as_u64()?)))
+            .collect();
+        Ok(PeerDescriptor {
+            data_host,
+            data_port,
+            v2: d["tcp_proto_version"].as_u64().unwrap_or(1) >= 2,
+            buffers,
+        })
+    }
+
+    /// Whether one of its buffers holds all of `[addr, addr + len)`.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        self.buffers
+            .iter()
+            .any(|&(a, l)| a <= addr && a.checked_add(l).is_some_and(|e| end <= e))
+    }
+
+    /// `host:port` of the data port.
+    pub fn data_addr(&self) -> String {
+        if self.data_host.contains(':') {
+            format!("[{}]:{}", self.data_host, self.data_port)
+        } else {
+            format!("{}:{}", self.data_host, self.data_port)
+        }
+    }
+}
+
+/// A P2P handshake as a client: connects to the handshake port in `name` (`host:port`),
+/// sends `own` (this side's descriptor) and reads the peer's, all within `timeout`.
+pub fn exchange(
+    name: &str,
+    own: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value, HandshakeError> {
+    use std::net::ToSocketAddrs;
+    let addr = name
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| HandshakeError::Descriptor(format!("{name} resolves to no address")))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(&frame(METADATA, own))?;
+    let (kind, json) = read_frame(&mut stream)?;
+    if kind != METADATA {
+        return Err(HandshakeError::Kind(kind));
+    }
+    Ok(json)
 }
 
 /// Handshakes served and refused, for `/metrics` (their connections are counted by the
@@ -208,6 +304,34 @@ mod tests {
             read_frame(&mut &huge[..]),
             Err(HandshakeError::Length(_))
         ));
+    }
+
+    #[test]
+    fn a_peers_descriptor_gives_its_data_port_and_what_it_covers() {
+        let e = endpoint();
+        let p = PeerDescriptor::parse(&e.name, &e.descriptor()).unwrap();
+        assert_eq!(p.data_addr(), "127.0.0.1:15002");
+        assert!(p.v2);
+        assert!(p.covers(e.base, e.len));
+        assert!(p.covers(e.base + 4096, 4096));
+        assert!(!p.covers(e.base + e.len - 1, 2));
+        assert!(!p.covers(e.base - 1, 1));
+        assert!(!p.covers(u64::MAX, 2));
+        // An older peer: no data host (the name's stands in), protocol v1.
+        let old = serde_json::json!({"protocol": "tcp", "tcp_data_port": 16001,
+            "buffers": [{"addr": 4096, "length": 8192, "name": "h"}]});
+        let p = PeerDescriptor::parse("[::1]:15001", &old).unwrap();
+        assert_eq!(p.data_addr(), "[::1]:16001");
+        assert!(!p.v2);
+        for bad in [
+            serde_json::json!({"protocol": "rdma", "tcp_data_port": 1, "buffers": []}),
+            serde_json::json!({"protocol": "tcp", "buffers": []}),
+            serde_json::json!({"protocol": "tcp", "tcp_data_port": 70000, "buffers": []}),
+            serde_json::json!({"protocol": "tcp", "tcp_data_port": 1}),
+        ] {
+            let e = PeerDescriptor::parse("h:1", &bad).unwrap_err().to_string();
+            assert!(e.contains("h:1"), "{e}");
+        }
     }
 
     #[test]

@@ -394,18 +394,19 @@ impl Objects {
             }
         }
         // Commit those every replica of which is recorded; give the others up. A put with
-        // no replica on an rbgctl store has no checksum (its segments hash nothing): 0.
+        // no replica on an rbgctl store has no checksum (a Mooncake process's segment hashes
+        // nothing): it is committed unhashed.
         let mut items = Vec::new();
         let mut committed = Vec::new();
         for (i, p) in taken.iter_mut().enumerate() {
             let Some(p) = p.take() else { continue };
             match (&out[i], checksums[i]) {
                 (Ok(()), checksum) => {
-                    let checksum = checksum.unwrap_or(0);
                     items.push(EndItem {
                         key: keys[i].clone(),
                         object_id: p.object_id,
-                        checksum,
+                        checksum: checksum.unwrap_or(0),
+                        unhashed: checksum.is_none(),
                     });
                     committed.push(i);
                 }
@@ -419,12 +420,14 @@ impl Objects {
                     key,
                     object_id,
                     checksum,
+                    unhashed,
                 } = items.pop().expect("one");
                 let req = PutEndReq {
                     client_id,
                     key,
                     object_id,
                     checksum,
+                    unhashed,
                 };
                 if let Err(f) = call::<_, ()>(service, Opcode::PutEnd, &req) {
                     out[committed[0]] = Err(code_of(f));

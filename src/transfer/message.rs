@@ -172,11 +172,14 @@ impl Wire for u32 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Reach {
     /// rbgctl's own (TCP, shared memory, RDMA): segments of rbgctl stores.
-    #[default]
     Rbgctl,
     /// Mooncake's Transfer Engine: rbgctl stores that serve it, and segments Mooncake's own
     /// processes mounted.
     MooncakeTe,
+    /// Both: rbgctl's clients, whose Transfer Engine path reaches the segments Mooncake's
+    /// processes mounted.
+    #[default]
+    Any,
 }
 
 impl Wire for Reach {
@@ -187,8 +190,9 @@ impl Wire for Reach {
         match d.u8()? {
             0 => Ok(Reach::Rbgctl),
             1 => Ok(Reach::MooncakeTe),
+            2 => Ok(Reach::Any),
             r => Err(TransferError::Protocol(format!(
-                "unknown reach {r} (0 rbgctl, 1 Mooncake's Transfer Engine)"
+                "unknown reach {r} (0 rbgctl, 1 Mooncake's Transfer Engine, 2 both)"
             ))),
         }
     }
@@ -384,7 +388,11 @@ message!(
     /// Where a put goes, and for each replica the master's grant to write it there.
     PutStartResp { object_id: u64, replicas: Vec<ReplicaLoc>, grants: Vec<Grant> } min_len = 16
 );
-message!(PutEndReq { client_id: u64, key: String, object_id: u64, checksum: u32 } min_len = 8 + 2 + 8 + 4);
+message!(
+    /// Ends a put: its value's CRC-32C, or `unhashed` when nothing took one (Mooncake's client
+    /// wrote the value onto a segment a Mooncake process mounted, which no store hashes).
+    PutEndReq { client_id: u64, key: String, object_id: u64, checksum: u32, unhashed: bool } min_len = 8 + 2 + 8 + 4 + 1
+);
 message!(PutRevokeReq { client_id: u64, key: String, object_id: u64 } min_len = 8 + 2 + 8);
 message!(KeyReq { key: String } min_len = 2);
 
@@ -409,8 +417,20 @@ message!(
         /// The object's version (its put's object id).
         version: u64,
         replicas: Vec<ReplicaLoc>,
-    } min_len = 8 + 4 + 8 + 8 + 4
+        /// No CRC-32C was taken of the value (`PutEndReq::unhashed`): `checksum` means nothing
+        /// and a reader has nothing to check the bytes against.
+        unhashed: bool,
+    } min_len = 8 + 4 + 8 + 8 + 4 + 1
 );
+
+impl ObjectDesc {
+    /// Whether bytes read for this object are its value: their CRC-32C (`crc`, asked only when
+    /// there is one to check against) is the putter's.
+    pub fn holds(&self, crc: impl FnOnce() -> u32) -> bool {
+        self.unhashed || crc() == self.checksum
+    }
+}
+
 message!(RemoveReq { key: String, force: bool } min_len = 3);
 message!(RemoveAllReq { force: bool } min_len = 1);
 message!(RemoveAllResp { removed: u64 } min_len = 8);
@@ -418,7 +438,7 @@ message!(RemoveAllResp { removed: u64 } min_len = 8);
 message!(PutItem { key: String, size: u64 } min_len = 10);
 message!(BatchPutStartReq { client_id: u64, config: ReplicateConfig, items: Vec<PutItem> } min_len = 8 + 12 + 4);
 message!(BatchPutStartResp { items: Vec<Result<PutStartResp, Status>> } min_len = 4);
-message!(EndItem { key: String, object_id: u64, checksum: u32 } min_len = 14);
+message!(EndItem { key: String, object_id: u64, checksum: u32, unhashed: bool } min_len = 15);
 message!(BatchPutEndReq { client_id: u64, items: Vec<EndItem> } min_len = 12);
 message!(BatchStatusResp { items: Vec<Status> } min_len = 4);
 message!(
@@ -593,6 +613,7 @@ mod tests {
                         segment_id: 7,
                         offset: 128,
                     }],
+                    unhashed: true,
                 }),
                 Err(Status::ObjectNotFound),
             ],

@@ -74,6 +74,18 @@ impl Wheel {
         writeln!(input, "{line}").expect("the script reads its input");
     }
 
+    /// Closes the script's input, so that it ends as it does (the scripts here close their
+    /// store), and reaps it; killed if it has not ended within 30 s.
+    pub fn finish(&mut self) {
+        drop(self.input.take());
+        let ended = super::wait_until(std::time::Duration::from_secs(30), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        });
+        if !ended {
+            self.kill();
+        }
+    }
+
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -43,6 +43,7 @@ from .protocol import (
     Status,
     StoredObject,
 )
+from .mooncake_te import TeSegment, discovery_of
 from .shm import LocalSegment, local_host_id
 
 log = logging.getLogger("rbgctl.client")
@@ -58,6 +59,14 @@ class Route:
     info: SegmentInfo
     pool: Pool
     local: Optional[LocalSegment]
+    # A segment a Mooncake process mounted: its Transfer Engine.
+    te: Optional[TeSegment] = None
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+        if self.te is not None:
+            self.te.close()
 
 
 @dataclass
@@ -167,8 +176,7 @@ class Client:
         for pool in pools:
             pool.clear()
         for r in routes:
-            if r.local is not None:
-                r.local.close()
+            r.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -356,7 +364,13 @@ class Client:
                 except RbgctlError as e:
                     results[i] = e
                     continue
-                if route.local is not None and route.local.write(r.offset, views[i]):
+                if route.te is not None:
+                    try:
+                        route.te.write(r.offset, views[i])
+                        tcp_bytes += size
+                    except RbgctlError as e:
+                        results[i] = e
+                elif route.local is not None and route.local.write(r.offset, views[i]):
                     shm_bytes += size
                     if route.info.segment_uuid != 0:
                         obj = StoredObject(keys[i], s.object_id, r.offset, size, checksums[i])
@@ -378,13 +392,13 @@ class Client:
         revoke = [i for i in object_ids if results[i] is not None]
         if revoke:
             try:
-                meta = p.batch_put_end_req(self.id, [(keys[i], object_ids[i], 0) for i in revoke])
+                meta = p.batch_put_end_req(self.id, [(keys[i], object_ids[i], 0, False) for i in revoke])
                 self._master_call(Opcode.BATCH_PUT_REVOKE, meta, p.parse_statuses)
             except RbgctlError as e:
                 log.warning("revoking failed puts: %s; the master reclaims them later", e)
         if commit:
             try:
-                meta = p.batch_put_end_req(self.id, [(keys[i], object_ids[i], checksums[i]) for i in commit])
+                meta = p.batch_put_end_req(self.id, [(keys[i], object_ids[i], checksums[i], False) for i in commit])
                 statuses = self._master_call(Opcode.BATCH_PUT_END, meta, p.parse_statuses)
                 if len(statuses) != len(commit):
                     raise ProtocolError(f"master answered {len(statuses)} items for {len(commit)} commits")
@@ -453,9 +467,21 @@ class Client:
             if e.id in known:
                 continue
             # A disk tier segment (tier 1) is read over TCP: its file is meant for O_DIRECT reads.
-            shareable = self.config.same_host_shm and e.info.tier == 0
-            local = LocalSegment.open(e.info, self._host_id) if shareable else None
-            route = Route(e.info, self._pool_for(e.info.endpoint), local)
+            if not e.info.endpoint:
+                # A segment a Mooncake process mounted: no rbgctl store serves it.
+                te = TeSegment(
+                    e.info.te_endpoint,
+                    e.info.te_base,
+                    e.info.size,
+                    discovery_of(self.config.metadata_server),
+                    self.config.connect_timeout_s,
+                    self.config.io_timeout_s,
+                )
+                route = Route(e.info, self._pool_for(e.info.endpoint), None, te)
+            else:
+                shareable = self.config.same_host_shm and e.info.tier == 0
+                local = LocalSegment.open(e.info, self._host_id) if shareable else None
+                route = Route(e.info, self._pool_for(e.info.endpoint), local)
             with self._lock:
                 if e.id in self._routes:
                     closed.append(route)
@@ -467,8 +493,7 @@ class Client:
                 if r is not None:
                     closed.append(r)
         for r in closed:
-            if r.local is not None:
-                r.local.close()
+            r.close()
 
     def _route(self, segment_id: int) -> Route:
         with self._lock:
@@ -491,14 +516,6 @@ class Client:
                 route = self._route(r.segment_id)
             except RbgctlError as e:
                 last = e
-                continue
-            if not route.info.endpoint:
-                # A segment a Mooncake process mounted: no rbgctl store serves it.
-                last = RemoteError(
-                    Status.OBJECT_UNAVAILABLE,
-                    f"the object is on segment {route.info.name} that a Mooncake process "
-                    "mounted, which rbgctl's clients do not read yet; read it with Mooncake's client",
-                )
                 continue
             out.append(Target(r.segment_id, route, r.offset))
         if not out:
@@ -524,7 +541,10 @@ class Client:
         bad_checksum = False
         for t in self._targets(desc):
             try:
-                if t.route.local is not None and t.route.local.read(t.offset, views):
+                if t.route.te is not None:
+                    t.route.te.read(t.offset, views)
+                    self.stats.add(bytes_read_tcp=desc.size)
+                elif t.route.local is not None and t.route.local.read(t.offset, views):
                     self.stats.add(bytes_read_shm=desc.size)
                 else:
                     self._read_remote(t.route.pool, t.offset, views)
@@ -535,7 +555,7 @@ class Client:
                 if isinstance(e, TransportError):
                     t.route.pool.clear()
                 continue
-            if crc32c_of(views) == desc.checksum:
+            if desc.holds(lambda: crc32c_of(views)):
                 self.stats.add(gets=1)
                 return
             bad_checksum = True
@@ -568,6 +588,8 @@ class Client:
             except RbgctlError as e:
                 results[i] = e
                 continue
+            if first.route.te is not None:
+                continue  # read one by one below, through the Mooncake process's Transfer Engine
             if first.route.local is not None and first.route.local.read(first.offset, views[i]):
                 shm_bytes += d.size
                 results[i] = True
@@ -585,7 +607,7 @@ class Client:
             r = results[i]
             if not isinstance(d, ObjectDesc):
                 out.append(r)  # type: ignore[arg-type]
-            elif r is True and crc32c_of(views[i]) == d.checksum:
+            elif r is True and d.holds(lambda: crc32c_of(views[i])):
                 gets += 1
                 out.append(d.size)
             elif isinstance(r, RbgctlError):

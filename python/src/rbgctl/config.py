@@ -26,7 +26,6 @@ log = logging.getLogger("rbgctl.config")
 MOONCAKE_KEYS_IGNORED = frozenset(
     {
         "local_hostname",
-        "metadata_server",
         "global_segment_size",
         "local_buffer_size",
         "protocol",
@@ -111,6 +110,10 @@ class ClientConfig:
         auth_token_file: a file holding the cluster secret, when the pool requires one
             (``rbgctl master --auth-token-file``); ``RBGCTL_AUTH_TOKEN_FILE`` sets it too.
             Default none.
+        metadata_server: how segments that Mooncake's processes mounted are found, as Mooncake
+            names it (``metadata_server``, ``MOONCAKE_TE_META_DATA_SERVER``): ``P2PHANDSHAKE``
+            (the default), or the HTTP metadata server they publish to
+            (``http://host:port/metadata``).
     """
 
     master: str
@@ -120,6 +123,7 @@ class ClientConfig:
     heartbeat_interval_s: float = 1.0
     replicate: ReplicateConfig = field(default_factory=ReplicateConfig)
     auth_token_file: Optional[str] = None
+    metadata_server: str = "P2PHANDSHAKE"
 
     def __post_init__(self) -> None:
         check_master("master", self.master)
@@ -142,6 +146,7 @@ class ClientConfig:
         "soft_pin_ttl_ms",
         "preferred_segment",
         "auth_token_file",
+        "metadata_server",
     )
 
     def auth_secret(self) -> Optional[bytes]:
@@ -178,6 +183,9 @@ class ClientConfig:
         token_file = values.get("auth_token_file", _env(env).get("RBGCTL_AUTH_TOKEN_FILE"))
         if token_file:
             kwargs["auth_token_file"] = str(token_file)
+        metadata_server = values.get("metadata_server", _env(env).get("MOONCAKE_TE_META_DATA_SERVER"))
+        if metadata_server:
+            kwargs["metadata_server"] = str(metadata_server)
         if "same_host_shm" in values:
             kwargs["same_host_shm"] = _bool(f"{source}: same_host_shm", values["same_host_shm"])
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
@@ -242,6 +250,7 @@ class ClientConfig:
         return cls(
             master=check_master("RBGCTL_MASTER/MOONCAKE_MASTER", master),
             auth_token_file=env.get("RBGCTL_AUTH_TOKEN_FILE") or None,
+            metadata_server=env.get("MOONCAKE_TE_META_DATA_SERVER") or "P2PHANDSHAKE",
         )
 
 

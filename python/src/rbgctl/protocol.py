@@ -339,15 +339,16 @@ class ReplicateConfig:
     ``replica_num``: copies on distinct segments (0 means 1). ``soft_pin``: keep the object out of
     eviction for ``soft_pin_ttl_ms`` (0 = the master's default). ``preferred_segment``: a segment
     name to place the first replica on when it has room (e.g. the local store). ``reach``: the
-    data paths the putter writes by (0 rbgctl's, which this client uses; 1 Mooncake's Transfer
-    Engine).
+    data paths the putter writes by, and so the segments its replicas may go to (0 rbgctl's
+    stores only; 1 Mooncake's Transfer Engine; 2 both, this client's default: it reaches
+    segments Mooncake's processes mounted through their Transfer Engine).
     """
 
     replica_num: int = 1
     soft_pin: bool = False
     soft_pin_ttl_ms: int = 0
     preferred_segment: str = ""
-    reach: int = 0
+    reach: int = 2
 
     def encode(self, e: Encoder) -> None:
         if not 0 <= self.replica_num <= 255:
@@ -358,19 +359,29 @@ class ReplicateConfig:
 
 @dataclass(frozen=True)
 class ObjectDesc:
+    """Where a readable object is. ``unhashed``: no CRC-32C was taken of it (Mooncake's client
+    wrote it onto a Mooncake process's segment), so ``checksum`` means nothing."""
+
     size: int
     checksum: int
     lease_ttl_ms: int
     version: int
     replicas: Tuple[ReplicaLoc, ...] = field(default_factory=tuple)
+    unhashed: bool = False
 
     @staticmethod
     def decode(d: Decoder) -> "ObjectDesc":
-        return ObjectDesc(d.u64(), d.u32(), d.u64(), d.u64(), tuple(d.list(ReplicaLoc.decode)))
+        return ObjectDesc(d.u64(), d.u32(), d.u64(), d.u64(), tuple(d.list(ReplicaLoc.decode)), d.bool())
 
     def encode(self, e: Encoder) -> None:
         e.u64(self.size).u32(self.checksum).u64(self.lease_ttl_ms).u64(self.version)
         e.list(self.replicas, lambda e, r: r.encode(e))
+        e.bool(self.unhashed)
+
+    def holds(self, crc: Callable[[], int]) -> bool:
+        """Whether bytes read for this object are its value: their CRC-32C (``crc()``, asked
+        only when there is one to check against) is the putter's."""
+        return self.unhashed or crc() == self.checksum
 
 
 @dataclass(frozen=True)
@@ -466,11 +477,11 @@ def batch_put_start_req(client_id: int, config: ReplicateConfig, items: Sequence
     return e.bytes()
 
 
-def batch_put_end_req(client_id: int, items: Sequence[Tuple[str, int, int]]) -> bytes:
-    """BATCH_PUT_END and BATCH_PUT_REVOKE: (key, object_id, checksum) items."""
+def batch_put_end_req(client_id: int, items: Sequence[Tuple[str, int, int, bool]]) -> bytes:
+    """BATCH_PUT_END and BATCH_PUT_REVOKE: (key, object_id, checksum, unhashed) items."""
     e = Encoder().u64(client_id).count(len(items))
-    for key, object_id, checksum in items:
-        e.str(key).u64(object_id).u32(checksum)
+    for key, object_id, checksum, unhashed in items:
+        e.str(key).u64(object_id).u32(checksum).bool(unhashed)
     return e.bytes()
 
 

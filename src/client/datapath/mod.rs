@@ -10,14 +10,18 @@
 //!   the caller's buffers and received straight into them.
 //! - `Rdma` (cargo feature `rdma`): one-sided READ and WRITE of the store's registered segment
 //!   through queue pairs set up on the store's TCP port, TCP when the store does not serve it.
+//! - [`MooncakeTe`]: a segment a Mooncake process mounted (no rbgctl store serves it), through
+//!   that process's Transfer Engine TCP transport.
 
 mod disk;
+mod mooncake_te;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod shm;
 mod tcp;
 
 pub use disk::LocalDisk;
+pub use mooncake_te::{Discovery, MooncakeTe};
 #[cfg(feature = "rdma")]
 pub use rdma::{Rdma, VersionChecks};
 pub use shm::{LocalSegment, Shm};
@@ -129,17 +133,26 @@ pub fn open_nics(cfg: &crate::client::ClientConfig) -> Result<Nics, crate::confi
     cfg.transport.check_built("client transport").map(|()| None)
 }
 
-/// The path for a segment: shared memory when it is on this host and `same_host_shm` allows,
-/// else RDMA when the client has NICs for it (TCP if the store turns out not to serve it), else
-/// TCP to the store through `pool` (the store's connection pool, shared by every segment at
-/// that endpoint).
+/// The path for a segment: a Mooncake process's Transfer Engine when no rbgctl store serves
+/// it; else shared memory when it is on this host and `same_host_shm` allows, else RDMA when
+/// the client has NICs for it (TCP if the store turns out not to serve it), else TCP to the
+/// store through `pool` (the store's connection pool, shared by every segment at that
+/// endpoint).
 pub fn open(
     info: &SegmentInfo,
     host_id: &str,
     same_host_shm: bool,
     pool: Arc<Pool>,
     nics: Option<&NicsInner>,
+    discovery: &Discovery,
 ) -> Arc<dyn DataPath> {
+    if !info.has_store() {
+        return Arc::new(MooncakeTe::new(
+            info,
+            discovery.clone(),
+            pool.options().clone(),
+        ));
+    }
     if same_host_shm && info.tier == crate::transfer::message::Tier::Disk {
         if let Some(disk) = LocalDisk::open(info, host_id) {
             return Arc::new(disk);

@@ -246,12 +246,13 @@ impl MasterState {
     }
 
     /// Finishes a put: the pending version becomes current. Idempotent for the same object id.
+    /// `checksum`: the value's CRC-32C, `None` when nothing took one (`PutEndReq::unhashed`).
     pub fn put_end(
         &mut self,
         client_id: u64,
         key: &str,
         object_id: u64,
-        checksum: u32,
+        checksum: Option<u32>,
         now: Instant,
     ) -> OpResult<()> {
         let pending_here = self
@@ -312,7 +313,13 @@ impl MasterState {
 
     /// A written put becomes the key's current version; the one it replaces is released when
     /// its read leases end.
-    fn install(&mut self, key: &str, p: Pending, checksum: u32, now: Instant) -> OpResult<()> {
+    fn install(
+        &mut self,
+        key: &str,
+        p: Pending,
+        checksum: Option<u32>,
+        now: Instant,
+    ) -> OpResult<()> {
         // A new key needs room in the object table, found before anything changes: a put
         // refused here frees its space at once.
         if self.objects.get(key).is_none() {
@@ -324,7 +331,8 @@ impl MasterState {
         let new = Version {
             object_id: p.object_id,
             size: p.size,
-            checksum,
+            checksum: checksum.unwrap_or(0),
+            unhashed: checksum.is_none(),
             replicas: p.replicas.into_iter().collect(),
             last_access: now,
             lease_until: now,
@@ -357,7 +365,7 @@ impl MasterState {
         client_id: u64,
         key: &str,
         object_id: u64,
-        checksum: u32,
+        checksum: Option<u32>,
         now: Instant,
     ) -> OpResult<()> {
         match self.reservations.get(object_id) {

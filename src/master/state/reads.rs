@@ -49,6 +49,7 @@ impl MasterState {
                     lease_ttl_ms: lease.as_millis() as u64,
                     version: v.object_id,
                     replicas,
+                    unhashed: v.unhashed,
                 };
                 (desc, on_disk)
             }

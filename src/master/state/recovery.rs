@@ -301,6 +301,7 @@ impl MasterState {
                 object_id: o.version,
                 size: o.size,
                 checksum: o.checksum,
+                unhashed: false,
                 replicas: smallvec::smallvec![loc],
                 last_access: now,
                 lease_until: now,

@@ -108,6 +108,7 @@ impl Segment {
         match reach {
             Reach::Rbgctl => self.has_store(),
             Reach::MooncakeTe => !self.info.te_endpoint.is_empty(),
+            Reach::Any => self.has_store() || !self.info.te_endpoint.is_empty(),
         }
     }
 }

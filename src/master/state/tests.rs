@@ -68,7 +68,7 @@ fn a_new_leader_does_not_deny_keys_its_stores_have_not_reported_yet() {
 fn a_name_held_by_a_live_store_is_refused_and_its_objects_kept() {
     let (mut st, t0) = state();
     let (id, _) = st.put_start(7, "k", 100, &ONE, t0).unwrap();
-    st.put_end(7, "k", id, 11, t0).unwrap();
+    st.put_end(7, "k", id, Some(11), t0).unwrap();
     // Another store (other files) under the same name while store 1 heartbeats: refused.
     let other = SegmentInfo {
         shm_path: "/dev/shm/elsewhere/a.seg".into(),
@@ -120,19 +120,19 @@ fn a_put_is_invisible_until_it_ends_and_replaces_atomically() {
         Status::ReplicaNotReady
     );
     assert!(!st.exists("k", t0));
-    st.put_end(7, "k", id1, 11, t0).unwrap();
+    st.put_end(7, "k", id1, Some(11), t0).unwrap();
     assert_eq!(st.get_replicas("k", t0).unwrap().checksum, 11);
     // A second put: readers keep seeing the first value until it ends.
     let (id2, _) = st.put_start(7, "k", 200, &ONE, t0).unwrap();
     assert_eq!(st.get_replicas("k", t0).unwrap().size, 100);
     assert_eq!(
-        st.put_end(8, "k", id2, 22, t0).unwrap_err().0,
+        st.put_end(8, "k", id2, Some(22), t0).unwrap_err().0,
         Status::IllegalClient
     );
-    st.put_end(7, "k", id2, 22, t0).unwrap();
+    st.put_end(7, "k", id2, Some(22), t0).unwrap();
     let d = st.get_replicas("k", t0).unwrap();
     assert_eq!((d.size, d.checksum), (200, 22));
-    st.put_end(7, "k", id2, 22, t0).unwrap(); // idempotent
+    st.put_end(7, "k", id2, Some(22), t0).unwrap(); // idempotent
 }
 
 #[test]
@@ -145,14 +145,14 @@ fn a_reservation_becomes_the_value_of_the_key_its_commit_names() {
     assert_eq!(st.summary(t0).reservations, 2);
     assert!(!st.exists("k", t0), "a reservation is no key's");
     assert_eq!(
-        st.put_end(8, "k", id, 5, t0).unwrap_err().0,
+        st.put_end(8, "k", id, Some(5), t0).unwrap_err().0,
         Status::IllegalClient,
         "only its holder commits it"
     );
-    st.put_end(7, "k", id, 5, t0).unwrap();
+    st.put_end(7, "k", id, Some(5), t0).unwrap();
     let d = st.get_replicas("k", t0).unwrap();
     assert_eq!((d.version, d.checksum, d.replicas), (id, 5, replicas));
-    st.put_end(7, "k", id, 5, t0).unwrap(); // a retried commit is idempotent
+    st.put_end(7, "k", id, Some(5), t0).unwrap(); // a retried commit is idempotent
     assert_eq!(st.counters.reserved_puts, 1);
     // The other one is handed back: its space is free at once.
     let (other, _) = r[1].clone().unwrap();
@@ -192,7 +192,7 @@ fn a_reservation_older_than_the_keys_newest_value_cannot_replace_it() {
     let newer = put(&mut st, "k", 100, 1, t0);
     assert!(newer.version > old);
     assert_eq!(
-        st.put_end(7, "k", old, 2, t0).unwrap_err().0,
+        st.put_end(7, "k", old, Some(2), t0).unwrap_err().0,
         Status::WriteSuperseded
     );
     assert_eq!(
@@ -202,7 +202,7 @@ fn a_reservation_older_than_the_keys_newest_value_cannot_replace_it() {
     );
     assert_eq!(st.summary(t0).reservations, 0, "the reservation is used up");
     assert_eq!(
-        st.put_end(7, "other", old, 2, t0).unwrap_err().0,
+        st.put_end(7, "other", old, Some(2), t0).unwrap_err().0,
         Status::ObjectNotFound,
         "and cannot be committed again"
     );
@@ -240,7 +240,7 @@ fn reservations_are_bounded_expire_and_go_with_their_client_or_segment() {
     let seg_id = st.segments().next().unwrap().id;
     st.unmount(1, seg_id, false, t0).unwrap();
     assert_eq!(
-        st.put_end(7, "k", id, 1, t0).unwrap_err().0,
+        st.put_end(7, "k", id, Some(1), t0).unwrap_err().0,
         Status::ReplicaNotReady
     );
     let off = master(MasterConfig {
@@ -262,10 +262,10 @@ fn abandoned_puts_are_preempted_then_reclaimed() {
     let later = t0 + Duration::from_secs(31);
     let (id2, _) = st.put_start(8, "k", 1000, &ONE, later).unwrap();
     assert_eq!(
-        st.put_end(7, "k", id, 1, later).unwrap_err().0,
+        st.put_end(7, "k", id, Some(1), later).unwrap_err().0,
         Status::WriteSuperseded
     );
-    st.put_end(8, "k", id2, 1, later).unwrap();
+    st.put_end(8, "k", id2, Some(1), later).unwrap();
     // The zombie's space is held until the release timeout, then freed.
     assert_eq!(st.summary(later).deferred_bytes, 1024);
     let t = t0 + Duration::from_secs(601);
@@ -366,7 +366,7 @@ fn a_binding_made_for_an_earlier_entry_of_a_client_binds_nothing() {
 fn leases_and_removal() {
     let (mut st, t0) = state();
     let (id, _) = st.put_start(7, "k", 10, &ONE, t0).unwrap();
-    st.put_end(7, "k", id, 0, t0).unwrap();
+    st.put_end(7, "k", id, Some(0), t0).unwrap();
     st.get_replicas("k", t0).unwrap();
     assert_eq!(
         st.remove("k", false, t0).unwrap_err().0,
@@ -399,7 +399,7 @@ fn full_pool_evicts_for_a_new_put_but_never_leased_objects() {
     for i in 0..16 {
         let key = format!("k{i}");
         let (id, _) = st.put_start(7, &key, 64 << 10, &ONE, t0).unwrap();
-        st.put_end(7, &key, id, 0, t0).unwrap();
+        st.put_end(7, &key, id, Some(0), t0).unwrap();
     }
     // Everything is leased: no room, no eviction.
     for i in 0..16 {
@@ -477,14 +477,14 @@ fn a_large_segment_unmounted_is_dropped_in_steps_and_its_objects_are_gone_at_onc
         let key = format!("k{i}");
         let (id, replicas) = st.put_start(7, &key, 64, &on_a, t0).unwrap();
         assert_eq!(replicas[0].segment_id, a);
-        st.put_end(7, &key, id, 0, t0).unwrap();
+        st.put_end(7, &key, id, Some(0), t0).unwrap();
     }
     let on_b = ReplicateConfig {
         preferred_segment: "b".into(),
         ..ONE
     };
     let (id, _) = st.put_start(7, "elsewhere", 64, &on_b, t0).unwrap();
-    st.put_end(7, "elsewhere", id, 0, t0).unwrap();
+    st.put_end(7, "elsewhere", id, Some(0), t0).unwrap();
     st.unmount(1, a, false, t0).unwrap();
     // One step done; the rest waits, but nothing of the store is readable meanwhile.
     assert!(st.walking());
@@ -557,7 +557,7 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
                 }
                 3..=4 if !started.is_empty() => {
                     let (k, id) = started.swap_remove(rng.usize(..started.len()));
-                    let _ = st.put_end(7, &k, id, 1, now);
+                    let _ = st.put_end(7, &k, id, Some(1), now);
                 }
                 5 => {
                     let _ = st.remove(&key, rng.bool(), now);
@@ -572,7 +572,7 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
                 7 => {
                     let sizes = [rng.u64(1..4000)];
                     if let Ok((id, _)) = st.reserve(7, &sizes, &ONE, now)[0].clone() {
-                        let _ = st.put_end(7, &key, id, 1, now);
+                        let _ = st.put_end(7, &key, id, Some(1), now);
                     }
                 }
                 8 => st.housekeeping(now),
@@ -632,7 +632,7 @@ fn tiers_stay_consistent_through_a_random_workload_with_moves_failing_and_hangin
                     let size = rng.u64(1..9000);
                     if !st.make_room(size, size, now) {
                         if let Ok((id, _)) = st.put_start(7, &key, size, &ONE, now) {
-                            let _ = st.put_end(7, &key, id, 1, now);
+                            let _ = st.put_end(7, &key, id, Some(1), now);
                         }
                     }
                 }
@@ -710,7 +710,7 @@ fn tiers_stay_consistent_through_a_random_workload_with_moves_failing_and_hangin
 
 fn put(st: &mut MasterState, key: &str, size: u64, crc: u32, now: Instant) -> ObjectDesc {
     let (id, _) = st.put_start(7, key, size, &ONE, now).unwrap();
-    st.put_end(7, key, id, crc, now).unwrap();
+    st.put_end(7, key, id, Some(crc), now).unwrap();
     st.get_replicas(key, now).unwrap()
 }
 
@@ -734,7 +734,7 @@ fn a_put_after_a_removal_waits_for_the_removals_forgets() {
     // The next value ends while the removal's forgets may still be on their way: a reader
     // of a cached location could see the removed value after it, so it waits for them.
     let (id, _) = st.put_start(7, "k", 10, &ONE, t0).unwrap();
-    st.put_end(7, "k", id, 0, t0).unwrap();
+    st.put_end(7, "k", id, Some(0), t0).unwrap();
     let wait = st.take_forget_wait().expect("the put waits");
     assert!(wait.seq >= removal, "{wait:?} before {removal}");
     assert!(
@@ -748,7 +748,7 @@ fn a_put_after_a_removal_waits_for_the_removals_forgets() {
     st.take_forget_wait();
     st.forgets_delivered(later + Duration::from_secs(30));
     let (id, _) = st.put_start(7, "k", 10, &ONE, later).unwrap();
-    st.put_end(7, "k", id, 0, later).unwrap();
+    st.put_end(7, "k", id, Some(0), later).unwrap();
     assert_eq!(st.take_forget_wait(), None);
 }
 
@@ -850,7 +850,7 @@ fn put_quiet(st: &mut MasterState, i: u64, now: Instant) -> u64 {
     let key = format!("k{i}");
     let (id, replicas) = st.put_start(7, &key, KB64, &ONE, now).unwrap();
     assert_eq!(replicas.len(), 1);
-    st.put_end(7, &key, id, i as u32, now).unwrap();
+    st.put_end(7, &key, id, Some(i as u32), now).unwrap();
     id
 }
 
@@ -1058,7 +1058,7 @@ fn disk_segments_are_allocated_in_whole_blocks_whatever_the_value_size() {
     for i in 0..400u64 {
         let key = format!("odd{i}");
         let (id, _) = st.put_start(7, &key, 5000 + i, &cfg, t0).unwrap();
-        st.put_end(7, &key, id, 0, t0).unwrap();
+        st.put_end(7, &key, id, Some(0), t0).unwrap();
         for m in answer_moves(&mut st, Status::Ok, t0) {
             assert_eq!(m.to % 4096, 0, "{m:?}");
         }
@@ -1224,9 +1224,9 @@ fn a_restarted_master_adopts_reports_and_the_newest_version_wins() {
         ..ONE
     };
     let (v1, r1) = old.put_start(7, "k", 100, &pref("a"), t0).unwrap();
-    old.put_end(7, "k", v1, 1, t0).unwrap();
+    old.put_end(7, "k", v1, Some(1), t0).unwrap();
     let (v2, r2) = old.put_start(7, "k", 200, &pref("b"), t0).unwrap();
-    old.put_end(7, "k", v2, 2, t0).unwrap();
+    old.put_end(7, "k", v2, Some(2), t0).unwrap();
     assert!(v2 > v1);
     let rec = |v, off, size, crc| StoredObject {
         key: "k".into(),
@@ -1380,7 +1380,7 @@ fn the_pools_kv_events_follow_every_page_through_puts_moves_evictions_and_remova
             _ => format!("user-object-{i}"),
         };
         let (id, _) = st.put_start(7, &key, KB64, &ONE, t0).unwrap();
-        st.put_end(7, &key, id, i as u32, t0).unwrap();
+        st.put_end(7, &key, id, Some(i as u32), t0).unwrap();
         if i % 7 == 6 {
             // An old page, on disk by now: read, it is promoted.
             st.get_replicas(&page((i / 7) * 3), t0).ok();
@@ -1431,7 +1431,7 @@ fn the_state_is_quiet_only_while_nothing_waits_on_the_clock() {
     assert!(st.quiet(), "a mounted, empty pool");
     let (id, _) = st.put_start(7, "k", 100, &ONE, t0).unwrap();
     assert!(!st.quiet(), "an unfinished put");
-    st.put_end(7, "k", id, 0, t0).unwrap();
+    st.put_end(7, "k", id, Some(0), t0).unwrap();
     assert!(st.quiet(), "a finished put");
     st.remove("k", true, t0).unwrap();
     assert!(!st.quiet(), "forgets to deliver");
@@ -1450,9 +1450,10 @@ fn the_state_is_quiet_only_while_nothing_waits_on_the_clock() {
 }
 
 /// Issue 63: a segment a Mooncake process mounted (no rbgctl store, a Transfer Engine
-/// endpoint) takes Mooncake's puts only, and no forget is ever queued for a store it lacks.
+/// endpoint) takes the puts of those who reach it, and no forget is ever queued for a store
+/// it lacks.
 #[test]
-fn a_mooncake_processs_segment_takes_mooncakes_puts_only_and_no_orders() {
+fn a_mooncake_processs_segment_takes_the_puts_that_reach_it_and_no_orders() {
     let mut st = master(MasterConfig::default());
     let t0 = Instant::now();
     let wheel = SegmentInfo {
@@ -1470,7 +1471,7 @@ fn a_mooncake_processs_segment_takes_mooncakes_puts_only_and_no_orders() {
         ..ONE.clone()
     };
     let (id, _) = st.put_start(8, "mc", 100, &te, t0).unwrap();
-    st.put_end(8, "mc", id, 0, t0).unwrap();
+    st.put_end(8, "mc", id, Some(0), t0).unwrap();
     st.remove("mc", true, t0).unwrap();
     let outbox = st.take_outbox();
     assert!(outbox.forgets.is_empty(), "{:?}", outbox.forgets);
@@ -1483,4 +1484,20 @@ fn a_mooncake_processs_segment_takes_mooncakes_puts_only_and_no_orders() {
         let (_, r) = st.put_start(7, &format!("rb/{i}"), 100, &ONE, t0).unwrap();
         assert_eq!(r[0].segment_id, store_id);
     }
+    // A putter that reaches both (rbgctl's clients, `Reach::Any`) may go to either; a put
+    // nothing hashed (Mooncake's, onto the wheel's segment) reads back as unhashed.
+    let wheel_id = st.segments.by_name("wheel").unwrap();
+    let both = ReplicateConfig {
+        reach: Reach::Any,
+        preferred_segment: "wheel".into(),
+        ..ONE.clone()
+    };
+    let (id, r) = st.put_start(7, "both", 100, &both, t0).unwrap();
+    assert_eq!(r[0].segment_id, wheel_id);
+    st.put_end(7, "both", id, Some(0xabc), t0).unwrap();
+    let d = st.get_replicas("both", t0).unwrap();
+    assert!(!d.unhashed && d.checksum == 0xabc);
+    let (id, _) = st.put_start(8, "mc2", 100, &te, t0).unwrap();
+    st.put_end(8, "mc2", id, None, t0).unwrap();
+    assert!(st.get_replicas("mc2", t0).unwrap().unhashed);
 }
