@@ -90,6 +90,16 @@ pub enum KvOp {
         #[arg(long)]
         force: bool,
     },
+    /// List the readable keys a regular expression matches anywhere in them (every key
+    /// without one), sorted, one a line; says on standard error when more match than --limit.
+    Keys {
+        /// The regular expression (`^page/`, `_Qwen-.*_0_`); Rust's `regex` syntax.
+        #[arg(default_value = "", allow_hyphen_values = true)]
+        pattern: String,
+        /// Most keys listed.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
     /// List the mounted segments: name, tier, endpoint, used and total bytes.
     Segments,
     /// Wait until the master answers and lists at least `--segments` memory segments (a pool
@@ -235,6 +245,16 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
                 out.write_all(b"\n")?;
             }
         }
+        KvOp::Keys { pattern, limit } => {
+            let (keys, truncated) = client.keys(&pattern, limit)?;
+            let mut out = std::io::stdout().lock();
+            for k in &keys {
+                writeln!(out, "{k}")?;
+            }
+            if truncated {
+                eprintln!("more keys match than the {limit} listed (--limit)");
+            }
+        }
         KvOp::Exists { key } => {
             let e = client.exists(&key)?;
             println!("{e}");
@@ -244,9 +264,14 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
         }
         KvOp::Describe { key } => {
             let (desc, segments) = client.describe(&key)?;
+            let crc = if desc.unhashed {
+                "none (put unhashed by Mooncake's client)".to_string()
+            } else {
+                format!("{:08x}", desc.checksum)
+            };
             println!(
-                "key {key:?}: {} bytes, crc32c {:08x}, version {}",
-                desc.size, desc.checksum, desc.version
+                "key {key:?}: {} bytes, crc32c {crc}, version {}",
+                desc.size, desc.version
             );
             for r in &desc.replicas {
                 let s = segments.iter().find(|s| s.id == r.segment_id);

@@ -48,6 +48,11 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     client
         .put("rb/gone", b"to be removed", &ReplicateConfig::default())
         .unwrap();
+    for i in 0..5 {
+        client
+            .put(&format!("rx/{i}"), b"regex", &ReplicateConfig::default())
+            .unwrap();
+    }
     let script = format!(
         "from mooncake.store import MooncakeDistributedStore as S\n\
          s = S()\n\
@@ -58,6 +63,9 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
          print('remove_missing', s.remove('missing'))\n\
          print('remove', s.remove('rb/gone'))\n\
          print('after', s.is_exist('rb/gone'))\n\
+         print('bad_regex', s.remove_by_regex('(unclosed'))\n\
+         print('by_regex', s.remove_by_regex('^rx/[0-2]$'))\n\
+         print('regex_left', [s.is_exist('rx/%d' % i) for i in range(5)])\n\
          s.close()\n",
         meta = c.metadata_port,
         rpc = c.rpc
@@ -71,6 +79,53 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     assert_eq!(line("remove_missing"), "remove_missing -704", "{said}");
     assert_eq!(line("remove"), "remove 0", "{said}");
     assert_eq!(line("after"), "after 0", "{said}");
+    // RemoveByRegex: Mooncake's INVALID_PARAMS for a pattern that is none, then the matches
+    // (searched anywhere in the key, anchored here) go and the rest stay.
+    assert_eq!(line("bad_regex"), "bad_regex -600", "{said}");
+    assert_eq!(line("by_regex"), "by_regex 3", "{said}");
+    assert_eq!(line("regex_left"), "regex_left [0, 0, 0, 1, 1]", "{said}");
+    let (left, more) = client.keys("^rx/", 10).unwrap();
+    assert_eq!(
+        (left, more),
+        (vec!["rx/3".to_string(), "rx/4".to_string()], false)
+    );
+    // GetReplicaListByRegex (the wheel's Python has no call for it): the matching keys with
+    // their replicas, in Mooncake's types; INVALID_PARAMS for a pattern that is none.
+    {
+        use rbgctl::mooncake::coro_rpc::{RequestHeader, ResponseHeader, RESPONSE_HEADER_LEN};
+        use rbgctl::mooncake::rpcs::Rpc;
+        use rbgctl::mooncake::struct_pack::{Map, TypeSig};
+        use rbgctl::mooncake::types::ReplicaDescriptor;
+        use std::io::{Read, Write};
+        type Answer = Result<Map<String, Vec<ReplicaDescriptor>>, i32>;
+        let ask = |pattern: &str| -> Answer {
+            let body = TypeSig::of::<(String, String)>()
+                .write(&(pattern.to_string(), "default".to_string()));
+            let head = RequestHeader {
+                seq_num: 1,
+                function_id: Rpc::GetReplicaListByRegex.id(),
+                length: body.len() as u32,
+                ..Default::default()
+            };
+            let mut s = std::net::TcpStream::connect(&c.rpc).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(&head.encode()).unwrap();
+            s.write_all(&body).unwrap();
+            let mut raw = [0u8; RESPONSE_HEADER_LEN];
+            s.read_exact(&mut raw).unwrap();
+            let h = ResponseHeader::decode(&raw).unwrap();
+            let mut answer = vec![0u8; h.length as usize];
+            s.read_exact(&mut answer).unwrap();
+            assert_eq!(h.err_code, 0, "{}", String::from_utf8_lossy(&answer));
+            TypeSig::of::<Answer>().read(&answer).unwrap()
+        };
+        let Map(mut found) = ask("^rx/").unwrap();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["rx/3", "rx/4"]);
+        assert!(found.iter().all(|(_, replicas)| replicas.len() == 1));
+        assert_eq!(ask("(unclosed").unwrap_err(), -600);
+    }
     // rbgctl's client sees the wheel's remove, and what it left.
     assert!(!client.exists("rb/gone").unwrap());
     assert_eq!(client.get("rb/kept").unwrap(), b"from rbgctl");
@@ -86,7 +141,8 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
         .unwrap_or(0.0)
     };
     assert_eq!(count("ServiceReady", "ok"), 1.0);
-    assert_eq!(count("ExistKey", "ok"), 3.0);
+    assert_eq!(count("ExistKey", "ok"), 3.0 + 5.0);
+    assert_eq!(count("RemoveByRegex", "ok"), 1.0);
     assert_eq!(count("Remove", "error"), 1.0, "the missing key");
     assert!(
         c.master_metric("rbgctl_master_mooncake_connections_total")
@@ -1007,8 +1063,8 @@ fn mooncake_wire_finds_the_pinned_wheel_in_agreement_with_the_master() {
             ))
         );
     }
-    // Not served: answered NOT_SUPPORTED, and listed as such.
-    assert!(!row("GetReplicaListByRegex").served);
+    // Every RPC of the table is served now, the regex ones too.
+    assert!(row("GetReplicaListByRegex").served && row("RemoveByRegex").served);
     // The table says the same in words.
     let text = rbgctl::bench::mooncake_wire::table(&rows);
     assert!(

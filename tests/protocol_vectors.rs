@@ -312,6 +312,16 @@ fn cases() -> Vec<Case> {
         segment_id: 3,
     };
     c.request("report corrupt", Opcode::ReportCorrupt, &corrupt, 0);
+    let list = ListKeysReq {
+        pattern: "^page/[0-9]+$".into(),
+        limit: 1000,
+    };
+    c.request("list keys", Opcode::ListKeys, &list, 0);
+    let listed_keys = ListKeysResp {
+        keys: vec!["page/0".into(), "page/1".into()],
+        truncated: true,
+    };
+    c.reply("list keys reply", Opcode::ListKeys, &listed_keys, 0);
 
     let put = PutStartReq {
         client_id: 5,
@@ -708,6 +718,8 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         ReportReq,
         ReportResp,
         ReportCorruptReq,
+        ListKeysReq,
+        ListKeysResp,
         PutStartReq,
         PutStartResp,
         PutEndReq,

@@ -53,6 +53,7 @@ REQUESTS = {
     "Empty": lambda f: b"",
     "PingReq": lambda f: p.ping(f["client_id"]),
     "KeyReq": lambda f: p.key_req(f["key"]),
+    "ListKeysReq": lambda f: p.list_keys_req(f["pattern"], f["limit"]),
     "BatchKeysReq": lambda f: p.keys_req(f["keys"]),
     "RemoveReq": lambda f: p.remove_req(f["key"], f["force"]),
     "RemoveAllReq": lambda f: p.remove_all_req(f["force"]),
@@ -85,6 +86,11 @@ REPLIES = {
         lambda v: encoded(lambda e: e.list(v, lambda e, s: s.encode(e))),
     ),
     "ObjectDesc": (p.parse_object_desc, as_json, lambda v: encoded(v.encode)),
+    "ListKeysResp": (
+        p.parse_list_keys,
+        lambda v: {"keys": v[0], "truncated": v[1]},
+        lambda v: encoded(lambda e: e.list(v[0], lambda e, k: e.str(k)).bool(v[1])),
+    ),
     "BatchGetReplicasResp": (
         p.parse_batch_descs,
         lambda v: {"items": [result_json(x) for x in v]},

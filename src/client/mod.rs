@@ -310,6 +310,17 @@ impl Client {
 
     /// Where the value is: its size, checksum, version and replicas (each with its segment,
     /// whose `tier` says memory or disk), without reading it. Counts as an access.
+    /// Up to `limit` readable keys that `pattern` (a regular expression, Rust's `regex`
+    /// syntax) matches anywhere in them, sorted, and whether more match.
+    pub fn keys(&self, pattern: &str, limit: u32) -> Result<(Vec<String>, bool), ClientError> {
+        let req = ListKeysReq {
+            pattern: pattern.to_string(),
+            limit,
+        };
+        let r: ListKeysResp = self.inner.master_call(Opcode::ListKeys, &req)?;
+        Ok((r.keys, r.truncated))
+    }
+
     pub fn describe(&self, key: &str) -> Result<(ObjectDesc, Vec<SegmentEntry>), ClientError> {
         check_key(key)?;
         let desc = self.inner.describe(key)?;

@@ -48,6 +48,7 @@ fn changes_state(op: Opcode) -> bool {
             | Opcode::Exists
             | Opcode::BatchGetReplicas
             | Opcode::BatchExists
+            | Opcode::ListKeys
     )
 }
 
@@ -73,6 +74,21 @@ fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, Transf
         Ok(v) => io.ok(&v).map(|_| true),
         Err((status, msg)) => io.error(status, &msg).map(|_| false),
     }
+}
+
+/// A `LIST_KEYS` pattern, compiled with bounds on what it may cost (linear-time matching, a
+/// capped program), or `INVALID_PARAMS` saying what is wrong with it.
+fn key_pattern(pattern: &str) -> OpResult<regex::Regex> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .dfa_size_limit(1 << 20)
+        .build()
+        .map_err(|e| {
+            (
+                Status::InvalidParams,
+                format!("key pattern {pattern:?} is not a regular expression rbgctl takes: {e}"),
+            )
+        })
 }
 
 fn item<T>(r: OpResult<T>) -> Result<T, Status> {
@@ -170,6 +186,16 @@ impl MasterService {
                     .report_corrupt(&r.key, r.version, r.segment_id, now);
                 self.notifier.wake();
                 answer(io, Ok(()))
+            }
+            Opcode::ListKeys => {
+                let r = ListKeysReq::from_meta(meta)?;
+                let re = match key_pattern(&r.pattern) {
+                    Ok(re) => re,
+                    Err(e) => return answer::<()>(io, Err(e)),
+                };
+                let limit = (r.limit as usize).min(crate::transfer::codec::MAX_LIST_LEN);
+                let (keys, truncated) = self.state.lock().keys_matching(&re, limit);
+                answer(io, Ok(ListKeysResp { keys, truncated }))
             }
             Opcode::ListSegments => {
                 <()>::from_meta(meta)?;

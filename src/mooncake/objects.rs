@@ -11,6 +11,7 @@
 //! (client, key) until they end, are revoked, or are older than [`PENDING_TTL`].
 
 use super::master::{call, mooncake_code, Fail};
+use super::struct_pack::Map;
 use super::types::{
     error_code, replica_status, soft_pin, BufferDescriptor, GetReplicaListResponse, Placement,
     ReplicaDescriptor, ReplicateConfig,
@@ -18,9 +19,9 @@ use super::types::{
 use crate::transfer::grant::Grant;
 use crate::transfer::message::{
     self as msg, BatchExistsResp, BatchGetReplicasResp, BatchKeysReq, BatchPutEndReq,
-    BatchPutStartReq, BatchPutStartResp, BatchStatusResp, EndItem, KeyReq, ListSegmentsResp,
-    ObjectDesc, PutEndReq, PutItem, PutRevokeReq, ReplicaLoc, SealHashedResp, SealReq,
-    StoredObject, Tier,
+    BatchPutStartReq, BatchPutStartResp, BatchRemoveReq, BatchStatusResp, EndItem, KeyReq,
+    ListKeysReq, ListKeysResp, ListSegmentsResp, ObjectDesc, PutEndReq, PutItem, PutRevokeReq,
+    ReplicaLoc, SealHashedResp, SealReq, StoredObject, Tier,
 };
 use crate::transfer::server::Service;
 use crate::transfer::{ConnOptions, Opcode, Pool, Status};
@@ -515,6 +516,58 @@ impl Objects {
             .collect())
     }
 
+    /// `GetReplicaListByRegex`: every readable key the pattern matches (searched anywhere in
+    /// the key, as Mooncake does) with its replicas, each under a read lease; keys none of
+    /// whose replicas Mooncake's clients reach are left out, as Mooncake leaves out keys
+    /// without a complete replica.
+    pub(super) fn replica_lists_matching(
+        &self,
+        service: &dyn Service,
+        pattern: String,
+    ) -> Result<Expected<Map<String, Vec<ReplicaDescriptor>>>, Fail> {
+        let keys = match matching_keys(service, pattern)? {
+            Ok(keys) => keys,
+            Err(code) => return Ok(Err(code)),
+        };
+        let mut found = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(REGEX_BATCH) {
+            let lists = self.replica_lists(service, chunk.to_vec())?;
+            for (key, list) in chunk.iter().zip(lists) {
+                if let Ok(list) = list {
+                    found.push((key.clone(), list.replicas));
+                }
+            }
+        }
+        Ok(Ok(Map(found)))
+    }
+
+    /// `RemoveByRegex`: removes every readable key the pattern matches (those under a read
+    /// lease too when `force`); answers how many went.
+    pub(super) fn remove_matching(
+        &self,
+        service: &dyn Service,
+        pattern: String,
+        force: bool,
+    ) -> Result<Expected<i64>, Fail> {
+        let keys = match matching_keys(service, pattern)? {
+            Ok(keys) => keys,
+            Err(code) => return Ok(Err(code)),
+        };
+        let mut removed = 0i64;
+        for chunk in keys.chunks(REGEX_BATCH) {
+            let req = BatchRemoveReq {
+                force,
+                keys: chunk.to_vec(),
+            };
+            match call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req) {
+                Ok(r) => removed += r.items.iter().filter(|s| **s == Status::Ok).count() as i64,
+                Err(Fail::Code(code)) => return Ok(Err(code)),
+                Err(f) => return Err(f),
+            }
+        }
+        Ok(Ok(removed))
+    }
+
     fn listed(
         &self,
         service: &dyn Service,
@@ -581,6 +634,29 @@ fn revoke(service: &dyn Service, client_id: u64, key: &str, object_id: u64) {
             code,
             "revoking a Mooncake put failed; the master reclaims it"
         );
+    }
+}
+
+/// Keys asked of the master per batch in the regex RPCs.
+const REGEX_BATCH: usize = 4096;
+
+/// The readable keys `pattern` matches (at most `LIST_KEYS`'s limit, with a log line when
+/// more do); a pattern the master does not take is Mooncake's `INVALID_PARAMS`.
+fn matching_keys(service: &dyn Service, pattern: String) -> Result<Expected<Vec<String>>, Fail> {
+    let limit = crate::transfer::codec::MAX_LIST_LEN as u32;
+    match call::<_, ListKeysResp>(service, Opcode::ListKeys, &ListKeysReq { pattern, limit }) {
+        Ok(r) => {
+            if r.truncated {
+                tracing::warn!(
+                    limit,
+                    "a Mooncake regex RPC matched more keys than one answer holds; \
+                     only the first are taken"
+                );
+            }
+            Ok(Ok(r.keys))
+        }
+        Err(Fail::Code(code)) => Ok(Err(code)),
+        Err(f) => Err(f),
     }
 }
 

@@ -275,10 +275,17 @@ fn serve_conn<S: TeSegment>(
                 segment.writing(offset, h.size);
                 // SAFETY: the range lies in the segment and holds no recorded object.
                 let dst = unsafe { segment.bytes_mut(offset, h.size) };
-                let mut crc = 0;
-                for chunk in dst.chunks_mut(CHUNK) {
-                    patient.read_exact(chunk, request_timeout)?;
-                    crc = crc32c::crc32c_append(crc, chunk);
+                // Each piece the socket gives is hashed at once, while it is still in cache.
+                let (mut crc, mut at) = (0, 0);
+                while at < dst.len() {
+                    let end = dst.len().min(at + CHUNK);
+                    match patient.read(&mut dst[at..end], request_timeout)? {
+                        0 => return Err(ErrorKind::UnexpectedEof.into()),
+                        n => {
+                            crc = crc32c::crc32c_append(crc, &dst[at..at + n]);
+                            at += n;
+                        }
+                    }
                 }
                 segment.wrote(offset, h.size, crc);
                 stats.writes.fetch_add(1, Ordering::Relaxed);

@@ -45,6 +45,9 @@ pub enum Opcode {
     Remove = 0x15,
     RemoveAll = 0x16,
     ReportCorrupt = 0x17,
+    /// Readable keys that a regular expression matches anywhere in them (meta: `ListKeysReq`;
+    /// answer `ListKeysResp`, at most `limit` keys, sorted, and whether more match).
+    ListKeys = 0x18,
     BatchPutStart = 0x20,
     BatchPutEnd = 0x21,
     BatchPutRevoke = 0x22,
@@ -94,7 +97,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 37] = [
+    pub const ALL: [Opcode; 38] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -112,6 +115,7 @@ impl Opcode {
         Opcode::Remove,
         Opcode::RemoveAll,
         Opcode::ReportCorrupt,
+        Opcode::ListKeys,
         Opcode::BatchPutStart,
         Opcode::BatchPutEnd,
         Opcode::BatchPutRevoke,
@@ -158,6 +162,7 @@ impl Opcode {
             Opcode::Remove => "remove",
             Opcode::RemoveAll => "remove_all",
             Opcode::ReportCorrupt => "report_corrupt",
+            Opcode::ListKeys => "list_keys",
             Opcode::BatchPutStart => "batch_put_start",
             Opcode::BatchPutEnd => "batch_put_end",
             Opcode::BatchPutRevoke => "batch_put_revoke",

@@ -382,6 +382,15 @@ message!(
     ReportCorruptReq { key: String, version: u64, segment_id: u64 } min_len = 2 + 8 + 8
 );
 message!(ListSegmentsResp { segments: Vec<SegmentEntry> } min_len = 4);
+message!(
+    /// `LIST_KEYS`: readable keys that `pattern` (a regular expression, Rust's `regex` syntax)
+    /// matches anywhere in them, at most `limit` of them.
+    ListKeysReq { pattern: String, limit: u32 } min_len = 2 + 4
+);
+message!(
+    /// The keys `LIST_KEYS` found, sorted; `truncated` when more matched than `limit`.
+    ListKeysResp { keys: Vec<String>, truncated: bool } min_len = 4 + 1
+);
 
 message!(PutStartReq { client_id: u64, key: String, size: u64, config: ReplicateConfig } min_len = 8 + 2 + 8 + 12);
 message!(

@@ -249,6 +249,11 @@ class Client:
         """Removes every object (leased ones only with ``force``); returns how many."""
         return self._master_call(Opcode.REMOVE_ALL, p.remove_all_req(force), p.parse_u64)
 
+    def keys(self, pattern: str = "", limit: int = 1000) -> Tuple[List[str], bool]:
+        """Up to ``limit`` readable keys that ``pattern`` (a regular expression, Rust's ``regex``
+        syntax) matches anywhere in them, sorted, and whether more match."""
+        return self._master_call(Opcode.LIST_KEYS, p.list_keys_req(pattern, limit), p.parse_list_keys)
+
     def segments(self) -> List[SegmentEntry]:
         """The live segments, as the master lists them."""
         return self._master_call(Opcode.LIST_SEGMENTS, b"", p.parse_segments)

@@ -52,6 +52,7 @@ class Opcode(enum.IntEnum):
     REMOVE = 0x15
     REMOVE_ALL = 0x16
     REPORT_CORRUPT = 0x17
+    LIST_KEYS = 0x18
     BATCH_PUT_START = 0x20
     BATCH_PUT_END = 0x21
     BATCH_PUT_REVOKE = 0x22
@@ -522,6 +523,18 @@ def parse_u64(d: Decoder) -> int:
 
 def parse_empty(d: Decoder) -> None:
     return None
+
+
+def list_keys_req(pattern: str, limit: int) -> bytes:
+    """LIST_KEYS: readable keys a regular expression (Rust's ``regex`` syntax) matches
+    anywhere in them, at most ``limit``."""
+    return Encoder().str(pattern).u32(limit).bytes()
+
+
+def parse_list_keys(d: Decoder) -> Tuple[List[str], bool]:
+    """The keys LIST_KEYS found (sorted) and whether more matched."""
+    keys = d.list(Decoder.str)
+    return keys, d.bool()
 
 
 def parse_bools(d: Decoder) -> List[bool]:

@@ -215,10 +215,20 @@ impl MasterState {
     /// Up to `limit` readable keys starting with `prefix`, sorted, and whether more match.
     /// Stops as soon as it has `limit + 1`, so a small limit is cheap on a large pool.
     pub fn keys_with_prefix(&self, prefix: &str, limit: usize) -> (Vec<String>, bool) {
+        self.keys_where(|k| k.starts_with(prefix), limit)
+    }
+
+    /// Up to `limit` readable keys that `re` matches anywhere in them (as Mooncake's regex
+    /// RPCs search), sorted, and whether more match.
+    pub fn keys_matching(&self, re: &regex::Regex, limit: usize) -> (Vec<String>, bool) {
+        self.keys_where(|k| re.is_match(k), limit)
+    }
+
+    fn keys_where(&self, wanted: impl Fn(&str) -> bool, limit: usize) -> (Vec<String>, bool) {
         let mut keys: Vec<String> = self
             .objects
             .iter()
-            .filter(|(k, e)| e.current.is_some() && k.starts_with(prefix))
+            .filter(|(k, e)| e.current.is_some() && wanted(k))
             .map(|(k, _)| k.to_owned())
             .take(limit.saturating_add(1))
             .collect();

@@ -1501,3 +1501,28 @@ fn a_mooncake_processs_segment_takes_the_puts_that_reach_it_and_no_orders() {
     st.put_end(8, "mc2", id, None, t0).unwrap();
     assert!(st.get_replicas("mc2", t0).unwrap().unhashed);
 }
+
+/// `LIST_KEYS` (and Mooncake's regex RPCs over it): readable keys the pattern matches anywhere,
+/// sorted, at most the limit, and whether more match; a put in progress is not listed.
+#[test]
+fn keys_are_listed_by_a_pattern_found_anywhere_in_them() {
+    let (mut st, t0) = state();
+    for key in ["page/1", "page/2", "page/10", "other/page", "x"] {
+        put(&mut st, key, 10, 0, t0);
+    }
+    st.put_start(7, "page/3", 10, &ONE, t0).unwrap();
+    let re = |p: &str| regex::Regex::new(p).unwrap();
+    let (keys, more) = st.keys_matching(&re("^page/"), 10);
+    assert_eq!(
+        (keys, more),
+        (
+            vec!["page/1".into(), "page/10".into(), "page/2".into()],
+            false
+        )
+    );
+    let (keys, _) = st.keys_matching(&re("page"), 10);
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    let (keys, more) = st.keys_matching(&re("^page/"), 2);
+    assert_eq!((keys.len(), more), (2, true));
+    assert_eq!(st.keys_matching(&re(""), 100).0.len(), 5);
+}
