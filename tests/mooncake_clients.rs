@@ -151,6 +151,17 @@ fn mooncakes_client_sets_up_and_works_on_keys_through_rbgctls_master() {
     );
 }
 
+/// The segment a Mooncake process mounted (no rbgctl store serves it), if one is.
+fn mooncake_segment(
+    client: &rbgctl::client::Client,
+) -> Option<rbgctl::transfer::message::SegmentEntry> {
+    client
+        .segments()
+        .unwrap()
+        .into_iter()
+        .find(|s| s.info.endpoint.is_empty())
+}
+
 /// The line of `said` that starts with `name`.
 fn line_of(said: &str, name: &str) -> String {
     said.lines()
@@ -709,19 +720,13 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
     );
     let mut holder = Wheel::start(&python, &holder_script);
     assert_eq!(holder.line(), "setup 0");
-    let mooncake_segment = || {
-        client
-            .segments()
-            .unwrap()
-            .into_iter()
-            .find(|s| s.info.endpoint.is_empty())
-    };
+    let mounted = || mooncake_segment(&client);
     assert!(
-        wait_until(Duration::from_secs(10), || mooncake_segment().is_some()),
+        wait_until(Duration::from_secs(10), || mounted().is_some()),
         "the holder's segment was not mounted: {:?}",
         client.segments()
     );
-    let seg = mooncake_segment().unwrap();
+    let seg = mounted().unwrap();
     assert_eq!(seg.info.size, 64 << 20);
     assert!(!seg.info.te_endpoint.is_empty());
     // Another wheel client puts there (preferring the holder's segment) and reads back.
@@ -766,7 +771,7 @@ fn a_wheel_processs_segment_is_a_placement_target_until_its_process_goes() {
     // The holder dies: its segment and objects go within the client TTL.
     holder.kill();
     assert!(
-        wait_until(Duration::from_secs(15), || mooncake_segment().is_none()),
+        wait_until(Duration::from_secs(15), || mounted().is_none()),
         "the dead holder's segment is still mounted"
     );
     let script = format!(
@@ -832,18 +837,12 @@ fn rbgctls_clients_read_and_write_a_wheel_processs_segment_in_both_discovery_mod
             cfg.mooncake_discovery = rbgctl::client::Discovery::parse(metadata);
             rbgctl::client::Client::connect(cfg).unwrap()
         };
-        let mooncake_segment = || {
-            client
-                .segments()
-                .unwrap()
-                .into_iter()
-                .find(|s| s.info.endpoint.is_empty())
-        };
+        let mounted = || mooncake_segment(&client);
         assert!(
-            wait_until(Duration::from_secs(10), || mooncake_segment().is_some()),
+            wait_until(Duration::from_secs(10), || mounted().is_some()),
             "{mode}: the holder's segment was not mounted"
         );
-        let seg = mooncake_segment().unwrap();
+        let seg = mounted().unwrap();
         let on_holder = |key: &str| {
             let (desc, _) = client.describe(key).unwrap();
             desc.replicas.iter().all(|r| r.segment_id == seg.id)
@@ -934,7 +933,7 @@ fn rbgctls_clients_read_and_write_a_wheel_processs_segment_in_both_discovery_mod
         // The holder leaves (UnmountSegment): its segment and objects go with it.
         holder.finish();
         assert!(
-            wait_until(Duration::from_secs(15), || mooncake_segment().is_none()),
+            wait_until(Duration::from_secs(15), || mounted().is_none()),
             "{mode}: the holder's segment is still mounted"
         );
         assert!(client.get(&by_rust).is_err());

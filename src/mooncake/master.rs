@@ -614,14 +614,14 @@ fn carry_out(
         Rpc::GetReplicaListByRegex => {
             let (pattern, tenant): (String, String) = args(b)?;
             tenant_served(&tenant)?;
-            body::<Expected<Map<String, Vec<ReplicaDescriptor>>>>(
-                &objects.replica_lists_matching(service, pattern)?,
-            )
+            body::<Expected<Map<String, Vec<ReplicaDescriptor>>>>(&Ok(
+                objects.replica_lists_matching(service, pattern)?
+            ))
         }
         Rpc::RemoveByRegex => {
             let (pattern, force, tenant): (String, bool, String) = args(b)?;
             tenant_served(&tenant)?;
-            body::<Expected<i64>>(&objects.remove_matching(service, pattern, force)?)
+            body::<Expected<i64>>(&Ok(objects.remove_matching(service, pattern, force)?))
         }
         Rpc::RemoveAll => {
             let (force, tenant): (bool, String) = args(b)?;

@@ -524,11 +524,8 @@ impl Objects {
         &self,
         service: &dyn Service,
         pattern: String,
-    ) -> Result<Expected<Map<String, Vec<ReplicaDescriptor>>>, Fail> {
-        let keys = match matching_keys(service, pattern)? {
-            Ok(keys) => keys,
-            Err(code) => return Ok(Err(code)),
-        };
+    ) -> Result<Map<String, Vec<ReplicaDescriptor>>, Fail> {
+        let keys = matching_keys(service, pattern)?;
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(REGEX_BATCH) {
             let lists = self.replica_lists(service, chunk.to_vec())?;
@@ -538,7 +535,7 @@ impl Objects {
                 }
             }
         }
-        Ok(Ok(Map(found)))
+        Ok(Map(found))
     }
 
     /// `RemoveByRegex`: removes every readable key the pattern matches (those under a read
@@ -548,24 +545,18 @@ impl Objects {
         service: &dyn Service,
         pattern: String,
         force: bool,
-    ) -> Result<Expected<i64>, Fail> {
-        let keys = match matching_keys(service, pattern)? {
-            Ok(keys) => keys,
-            Err(code) => return Ok(Err(code)),
-        };
+    ) -> Result<i64, Fail> {
+        let keys = matching_keys(service, pattern)?;
         let mut removed = 0i64;
         for chunk in keys.chunks(REGEX_BATCH) {
             let req = BatchRemoveReq {
                 force,
                 keys: chunk.to_vec(),
             };
-            match call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req) {
-                Ok(r) => removed += r.items.iter().filter(|s| **s == Status::Ok).count() as i64,
-                Err(Fail::Code(code)) => return Ok(Err(code)),
-                Err(f) => return Err(f),
-            }
+            let r = call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)?;
+            removed += r.items.iter().filter(|s| **s == Status::Ok).count() as i64;
         }
-        Ok(Ok(removed))
+        Ok(removed)
     }
 
     fn listed(
@@ -642,22 +633,17 @@ const REGEX_BATCH: usize = 4096;
 
 /// The readable keys `pattern` matches (at most `LIST_KEYS`'s limit, with a log line when
 /// more do); a pattern the master does not take is Mooncake's `INVALID_PARAMS`.
-fn matching_keys(service: &dyn Service, pattern: String) -> Result<Expected<Vec<String>>, Fail> {
+fn matching_keys(service: &dyn Service, pattern: String) -> Result<Vec<String>, Fail> {
     let limit = crate::transfer::codec::MAX_LIST_LEN as u32;
-    match call::<_, ListKeysResp>(service, Opcode::ListKeys, &ListKeysReq { pattern, limit }) {
-        Ok(r) => {
-            if r.truncated {
-                tracing::warn!(
-                    limit,
-                    "a Mooncake regex RPC matched more keys than one answer holds; \
-                     only the first are taken"
-                );
-            }
-            Ok(Ok(r.keys))
-        }
-        Err(Fail::Code(code)) => Ok(Err(code)),
-        Err(f) => Err(f),
+    let r = call::<_, ListKeysResp>(service, Opcode::ListKeys, &ListKeysReq { pattern, limit })?;
+    if r.truncated {
+        tracing::warn!(
+            limit,
+            "a Mooncake regex RPC matched more keys than one answer holds; only the first \
+             are taken"
+        );
     }
+    Ok(r.keys)
 }
 
 #[cfg(test)]
