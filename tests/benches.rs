@@ -510,6 +510,8 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
             "256MiB",
             "--mooncake-python",
             &python,
+            "--mooncake-rounds",
+            "2",
             "--json",
         ])
         .stdin(Stdio::null())
@@ -517,6 +519,9 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
         .expect("rbgctl runs");
     assert!(o.status.success(), "{}", text(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // The wheel's client on Mooncake's own master and store, and on rbgctl's, in two rounds
+    // each (every row the median round's).
+    assert_eq!(report["mooncake_rounds"], 2, "{report}");
     // The wheel's client on Mooncake's own master and store, and on rbgctl's.
     for side in ["mooncake", "mooncake_client_on_rbgctl"] {
         let rows = report[side].as_array().expect("the wheel's rows");

@@ -48,6 +48,39 @@ impl PeerRun {
     }
 }
 
+impl PeerRun {
+    /// Several runs of the same plan as one: each row the run whose ops/s is the median of
+    /// that row's (so one noisy moment of a shared machine moves no row), the master's CPU
+    /// and the client's RPCs summed over the runs.
+    pub fn median_of(runs: Vec<PeerRun>) -> PeerRun {
+        let Some(first) = runs.first() else {
+            return PeerRun::default();
+        };
+        let rows = first
+            .rows
+            .iter()
+            .map(|row| {
+                let mut same: Vec<&PhaseResult> = runs
+                    .iter()
+                    .filter_map(|r| {
+                        r.rows
+                            .iter()
+                            .find(|o| o.op == row.op && o.value_bytes == row.value_bytes)
+                    })
+                    .collect();
+                same.sort_by(|a, b| a.ops_per_s.total_cmp(&b.ops_per_s));
+                same[same.len() / 2].clone()
+            })
+            .collect();
+        let cpu: Option<f64> = runs.iter().map(|r| r.master_cpu_seconds).sum();
+        PeerRun {
+            rows,
+            client_rpcs: runs.iter().map(|r| r.client_rpcs).sum(),
+            master_cpu_seconds: cpu,
+        }
+    }
+}
+
 /// One row of rbgctl beside the same row of the peer.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Versus {
@@ -171,6 +204,33 @@ pub fn versus_case(ours: &[PhaseResult], case: &str, peer: &[PhaseResult]) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_combine_by_each_rows_median() {
+        let row = |op: &str, ops_per_s: f64| PhaseResult {
+            op: op.into(),
+            value_bytes: 4096,
+            ops_per_s,
+            ..Default::default()
+        };
+        let run = |put, get, cpu| PeerRun {
+            rows: vec![row("put", put), row("get", get)],
+            client_rpcs: 10,
+            master_cpu_seconds: cpu,
+        };
+        let m = PeerRun::median_of(vec![
+            run(1.0, 30.0, Some(1.0)),
+            run(3.0, 10.0, Some(2.0)),
+            run(2.0, 20.0, Some(3.0)),
+        ]);
+        let got: Vec<f64> = m.rows.iter().map(|r| r.ops_per_s).collect();
+        assert_eq!(got, [2.0, 20.0]);
+        assert_eq!((m.client_rpcs, m.master_cpu_seconds), (30, Some(6.0)));
+        // A run without the master's CPU leaves the sum unknown.
+        let m = PeerRun::median_of(vec![run(1.0, 1.0, None), run(1.0, 1.0, Some(1.0))]);
+        assert_eq!(m.master_cpu_seconds, None);
+        assert!(PeerRun::median_of(Vec::new()).rows.is_empty());
+    }
 
     fn row(case: &str, op: &str, value: u64, threads: usize, ops_per_s: f64) -> PhaseResult {
         PhaseResult {

@@ -76,6 +76,11 @@ pub struct StoreBenchArgs {
     /// next to it). Runs the single-thread TCP rows and the batch rows.
     #[arg(long)]
     pub mooncake_python: Option<std::path::PathBuf>,
+    /// Rounds of the side-by-side runs with --mooncake-python: Mooncake's pool and the wheel
+    /// on rbgctl's take turns, and each row is the round with its median ops/s, so that a
+    /// noisy moment of a shared machine moves no ratio.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub mooncake_rounds: u32,
     /// Also measure this `redis-server` (Redis 7) in the same run: started on loopback with
     /// nothing saved, one connection with one request in flight (as `redis-benchmark -c 1`),
     /// `SET` then `GET` of each value size up to 64 KiB, beside the pool's one-thread TCP rows.
@@ -159,6 +164,9 @@ struct Report {
     /// `--mooncake-python` and the benchmark's own cluster.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     mooncake_client_on_rbgctl: Vec<PhaseResult>,
+    /// Rounds the side-by-side rows are the medians of (`--mooncake-rounds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mooncake_rounds: Option<u32>,
     /// The wheel's rows on rbgctl beside its rows on Mooncake's own master and store.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake_client: Vec<mooncake_peer::Versus>,
@@ -682,7 +690,6 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     let mut mooncake = mooncake_peer::PeerRun::default();
     let mut on_rbgctl = mooncake_peer::PeerRun::default();
     if let Some(python) = &args.mooncake_python {
-        progress("the Mooncake store, same phases, same topology");
         let mut plan = mooncake_peer::PeerPlan {
             sizes: args.sizes.iter().map(|s| s.0).collect(),
             phase_time: args.phase_time.0,
@@ -693,15 +700,30 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
             segment: args.segment_size.0,
             on_master: None,
         };
-        match mooncake_peer::run(python, &plan) {
-            Ok(run) => mooncake = run,
-            Err(e) => failures.push(format!("mooncake: {e}")),
-        }
         // The same wheel client on rbgctl's master and store (which serve Mooncake's
-        // protocols without a cluster secret).
+        // protocols without a cluster secret), in turns with Mooncake's own.
         let master_pid = cluster.as_ref().and_then(|c| c.pids(0).0);
-        if let (Some(pid), None) = (master_pid, &args.auth_token_file) {
-            progress("Mooncake's client (the wheel, unchanged) on rbgctl's master and store");
+        let on_ours = match (master_pid, &args.auth_token_file) {
+            (Some(pid), None) => Some(pid),
+            _ => None,
+        };
+        let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+        for round in 1..=args.mooncake_rounds {
+            progress(&format!(
+                "round {round} of {}: the Mooncake store, same phases, same topology",
+                args.mooncake_rounds
+            ));
+            plan.on_master = None;
+            match mooncake_peer::run(python, &plan) {
+                Ok(run) => theirs.push(run),
+                Err(e) => failures.push(format!("mooncake: {e}")),
+            }
+            let Some(pid) = on_ours else { continue };
+            progress(&format!(
+                "round {round} of {}: Mooncake's client (the wheel, unchanged) on rbgctl's \
+                 master and store",
+                args.mooncake_rounds
+            ));
             plan.on_master = Some(master.clone());
             let before = super::procfs::cpu_time(pid);
             match mooncake_peer::run(python, &plan) {
@@ -710,11 +732,13 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
                     if let (Some(b), Some(a)) = (before, after) {
                         run.master_cpu_seconds = Some(a.saturating_sub(b).as_secs_f64());
                     }
-                    on_rbgctl = run;
+                    ours.push(run);
                 }
                 Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
             }
         }
+        mooncake = mooncake_peer::PeerRun::median_of(theirs);
+        on_rbgctl = mooncake_peer::PeerRun::median_of(ours);
     }
     let versus_mooncake = mooncake_peer::versus(&results, &mooncake.rows);
     let versus_mooncake_client = mooncake_peer::versus_case(
@@ -755,6 +779,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         mooncake: mooncake.rows,
         versus_mooncake,
         mooncake_client_on_rbgctl: on_rbgctl.rows,
+        mooncake_rounds: args.mooncake_python.as_ref().map(|_| args.mooncake_rounds),
         versus_mooncake_client,
         master_cpu_us_per_rpc,
         redis,
