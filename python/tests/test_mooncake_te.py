@@ -47,34 +47,41 @@ class Descriptors(unittest.TestCase):
 
 
 class OnePeer:
-    """A Transfer Engine data port on loopback, for one connection: answers each request from a
-    bytearray standing for the segment (v2), refusing a range outside it."""
+    """A Transfer Engine data port on loopback: answers each request from a bytearray standing
+    for the segment (v2), refusing a range outside it; serves ``connections`` connections in
+    turn, each for at most ``per_connection`` requests (then closes it, as a restarted peer
+    would have)."""
 
-    def __init__(self, memory: bytearray):
+    def __init__(self, memory: bytearray, connections: int = 1, per_connection: int = 1 << 30):
         self.memory = memory
+        self.connections, self.per_connection = connections, per_connection
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
     def serve(self):
-        conn, _ = self.listener.accept()
-        with conn:
-            f = conn.makefile("rb")
-            while True:
-                head = f.read(HEADER.size)
-                if len(head) < HEADER.size:
-                    return
-                size, addr, op = HEADER.unpack(head)
-                off = addr - BASE
-                if off < 0 or off + size > len(self.memory):
-                    conn.sendall(struct.pack("<Q", STATUS_REFUSED))
-                    return
-                if op & 0x7F == 1:
-                    self.memory[off:off + size] = f.read(size)
-                    conn.sendall(struct.pack("<Q", STATUS_OK))
-                else:
-                    conn.sendall(struct.pack("<Q", STATUS_OK) + bytes(self.memory[off:off + size]))
+        for _ in range(self.connections):
+            conn, _ = self.listener.accept()
+            with conn:
+                self.serve_one(conn)
+
+    def serve_one(self, conn):
+        f = conn.makefile("rb")
+        for _ in range(self.per_connection):
+            head = f.read(HEADER.size)
+            if len(head) < HEADER.size:
+                return
+            size, addr, op = HEADER.unpack(head)
+            off = addr - BASE
+            if off < 0 or off + size > len(self.memory):
+                conn.sendall(struct.pack("<Q", STATUS_REFUSED))
+                return
+            if op & 0x7F == 1:
+                self.memory[off:off + size] = f.read(size)
+                conn.sendall(struct.pack("<Q", STATUS_OK))
+            else:
+                conn.sendall(struct.pack("<Q", STATUS_OK) + bytes(self.memory[off:off + size]))
 
     def close(self):
         self.listener.close()
@@ -101,6 +108,21 @@ class Requests(unittest.TestCase):
             seg.length = 1 << 17
             with self.assertRaisesRegex(RemoteError, "refused"):
                 seg.read(1 << 16, [memoryview(bytearray(8))])
+        finally:
+            seg.close()
+            peer.close()
+
+    def test_a_kept_connection_the_peer_closed_is_replaced_once(self):
+        memory = bytearray(1 << 16)
+        peer = OnePeer(memory, connections=2, per_connection=1)
+        seg = TeSegment("127.0.0.1:1", BASE, 1 << 16, None, 2.0, 2.0)
+        seg._peer = Peer("127.0.0.1:1", {"protocol": "tcp", "tcp_data_port": peer.port, "tcp_proto_version": 2,
+                                         "buffers": [{"addr": BASE, "length": 1 << 16}]})
+        try:
+            seg.write(0, [memoryview(b"kept")])
+            out = bytearray(4)
+            seg.read(0, [memoryview(out)])  # the kept connection is closed: a new one serves it
+            self.assertEqual(bytes(out), b"kept")
         finally:
             seg.close()
             peer.close()

@@ -168,10 +168,11 @@ class TeSegment:
             self._peer = peer
         return peer
 
-    def _connection(self, peer: Peer) -> socket.socket:
+    def _connection(self, peer: Peer) -> Tuple[socket.socket, bool]:
+        """A kept connection (and ``True``), or a new one."""
         with self._lock:
             if self._idle:
-                return self._idle.pop()
+                return self._idle.pop(), True
         try:
             s = socket.create_connection(peer.addr, timeout=self.connect_timeout_s)
         except OSError as e:
@@ -180,7 +181,7 @@ class TeSegment:
             raise TransportError(f"{peer.addr[0]}:{peer.addr[1]}", e) from None
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.settimeout(self.io_timeout_s)
-        return s
+        return s, False
 
     def _keep(self, s: socket.socket) -> None:
         with self._lock:
@@ -206,35 +207,46 @@ class TeSegment:
                 Status.INVALID_PARAMS,
                 f"range [{offset}, +{size}) is outside segment {self.name} ({self.length} bytes)",
             )
-        s = self._connection(peer)
-        ok = False
-        try:
-            s.sendall(HEADER.pack(size, addr, op | (V2 if peer.v2 else 0)))
-            if op == WRITE:
-                for v in views:
-                    s.sendall(v)
-            if peer.v2:
-                frame = bytearray(8)
-                _recv_exact(s, memoryview(frame), "status")
-                (status,) = STATUS.unpack(frame)
-                if status == STATUS_REFUSED:
-                    raise RemoteError(Status.INVALID_PARAMS, f"{self.name}: the Transfer Engine refused [{addr:#x}, +{size})")
-                if status != STATUS_OK:
-                    raise ProtocolError(f"{self.name}: status frame {status:#018x} is neither OK nor a refusal")
-            if op == READ:
-                for v in views:
-                    if v.nbytes:
-                        _recv_exact(s, v, "read")
-            ok = True
-        except OSError as e:
-            with self._lock:
-                self._peer = None
-            raise TransportError(self.name, e) from None
-        finally:
-            if ok:
-                self._keep(s)
-            else:
+        head = HEADER.pack(size, addr, op | (V2 if peer.v2 else 0))
+        for attempt in (1, 2):
+            s, kept = self._connection(peer)
+            try:
+                self._exchange(s, head, op, views, peer.v2)
+            except OSError as e:
                 s.close()
+                if kept and attempt == 1:
+                    # A kept connection the peer closed meanwhile (it restarted?): once more
+                    # on a new one.
+                    self.close()
+                    continue
+                with self._lock:
+                    self._peer = None
+                raise TransportError(self.name, e) from None
+            except BaseException:
+                s.close()
+                raise
+            self._keep(s)
+            return
+
+    def _exchange(self, s: socket.socket, head: bytes, op: int, views: Sequence[memoryview], v2: bool) -> None:
+        """One request on ``s``: the header, a WRITE's bytes, v2's status, a READ's bytes."""
+        s.sendall(head)
+        if op == WRITE:
+            for v in views:
+                s.sendall(v)
+        if v2:
+            frame = bytearray(8)
+            _recv_exact(s, memoryview(frame), "status")
+            (status,) = STATUS.unpack(frame)
+            if status == STATUS_REFUSED:
+                size, addr, _ = HEADER.unpack(head)
+                raise RemoteError(Status.INVALID_PARAMS, f"{self.name}: the Transfer Engine refused [{addr:#x}, +{size})")
+            if status != STATUS_OK:
+                raise ProtocolError(f"{self.name}: status frame {status:#018x} is neither OK nor a refusal")
+        if op == READ:
+            for v in views:
+                if v.nbytes:
+                    _recv_exact(s, v, "read")
 
     def write(self, offset: int, views: Sequence[memoryview]) -> None:
         self._request(WRITE, offset, views)

@@ -442,8 +442,9 @@ mod tests {
     }
 
     /// A data port on loopback standing for a Mooncake process: a segment of `len` bytes at
-    /// `SEGMENT_BASE`, v2, refusing (then closing) a range outside it, as the wheel does.
-    fn one_peer(len: usize) -> (u16, std::thread::JoinHandle<Vec<u8>>) {
+    /// `SEGMENT_BASE`, v2, refusing (then closing) a range outside it, as the wheel does; two
+    /// connections in turn, each closed after `per_connection` requests.
+    fn one_peer(len: usize, per_connection: usize) -> (u16, std::thread::JoinHandle<Vec<u8>>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let served = std::thread::spawn(move || {
@@ -452,7 +453,10 @@ mod tests {
             for _ in 0..2 {
                 let (mut s, _) = listener.accept().unwrap();
                 let mut head = [0u8; 24];
-                while s.read_exact(&mut head).is_ok() {
+                for _ in 0..per_connection {
+                    if s.read_exact(&mut head).is_err() {
+                        break;
+                    }
                     let h = SessionHeader::decode(&head).unwrap();
                     let off = (h.addr - SEGMENT_BASE) as usize;
                     if off + h.size as usize > len {
@@ -476,7 +480,7 @@ mod tests {
 
     #[test]
     fn a_batch_goes_on_after_the_peer_refuses_one_range() {
-        let (port, served) = one_peer(1 << 16);
+        let (port, served) = one_peer(1 << 16, usize::MAX);
         // The master says the segment is larger than the peer serves (its process changed).
         let (te, _) = path(1 << 17);
         *te.peer.lock() = Some(Arc::new(PeerDescriptor {
@@ -512,6 +516,68 @@ mod tests {
         assert_eq!(&back, b"first");
         drop(te);
         assert_eq!(&served.join().unwrap()[..5], b"first");
+    }
+
+    #[test]
+    fn a_kept_connection_the_peer_closed_is_replaced_once_by_handshake() {
+        use crate::mooncake::handshake::{serve, HandshakeStats, TeEndpoint};
+        use crate::transfer::server::ServerOptions;
+        let (port, served) = one_peer(1 << 16, 1);
+        // The peer's handshake port, answering its descriptor as a wheel process does.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let name = listener.local_addr().unwrap().to_string();
+        let endpoint = TeEndpoint {
+            name: name.clone(),
+            data_host: "127.0.0.1".into(),
+            data_port: port,
+            base: SEGMENT_BASE,
+            len: 1 << 16,
+        };
+        let opts = ServerOptions {
+            max_connections: 8,
+            max_connections_per_peer: 8,
+            idle_timeout: std::time::Duration::from_secs(5),
+            request_timeout: std::time::Duration::from_secs(5),
+            spin: std::time::Duration::ZERO,
+            role: "test",
+            auth: None,
+            keepalive: None,
+        };
+        let stats = Arc::new(HandshakeStats::default());
+        let mut handshakes = serve(
+            listener,
+            endpoint,
+            (opts, Default::default()),
+            stats.clone(),
+        )
+        .unwrap();
+        let info = SegmentInfo {
+            te_endpoint: name,
+            te_base: SEGMENT_BASE,
+            size: 1 << 16,
+            ..Default::default()
+        };
+        let te = MooncakeTe::new(&info, Discovery::Handshake, ConnOptions::default());
+        let op = WriteOp {
+            offset: 0,
+            value: b"kept",
+            key: "k",
+            version: 1,
+            grant: crate::transfer::grant::Grant::default(),
+        };
+        assert!(te.write(&[op])[0].is_ok());
+        assert_eq!(te.idle.lock().len(), 1, "the connection is kept");
+        // The peer closed it after that request: the read goes on a new connection, the
+        // descriptor asked for again.
+        let mut back = [0u8; 4];
+        let mut ops = [ReadOp::new(0, &mut back)];
+        let read = te.read(&mut ops);
+        assert!(read[0].is_ok(), "{:?}", read[0]);
+        assert_eq!(&back, b"kept");
+        assert_eq!(stats.served.load(std::sync::atomic::Ordering::Relaxed), 2);
+        drop(te);
+        served.join().unwrap();
+        handshakes.stop();
     }
 
     #[test]
