@@ -240,11 +240,14 @@ fn serve_conn<S: TeSegment>(
     let mut head = [0u8; HEADER_LEN];
     loop {
         place.active(false);
-        if patient.read(&mut head[..1], idle_timeout)? == 0 {
+        // The first bytes of a request end the idle wait (usually the whole header at once);
+        // the rest of it must come within the request timeout.
+        let first = patient.read(&mut head, idle_timeout)?;
+        if first == 0 {
             return Ok(());
         }
         place.active(true);
-        patient.read_exact(&mut head[1..], request_timeout)?;
+        patient.read_exact(&mut head[first..], request_timeout)?;
         let located = SessionHeader::decode(&head).and_then(|h| {
             let offset = h.offset_in(segment.size())?;
             if h.op == Op::Write {
@@ -295,12 +298,12 @@ fn serve_conn<S: TeSegment>(
                 }
             }
             Op::Read => {
-                if h.v2 {
-                    patient.stream.write_all(&STATUS_OK.to_le_bytes())?;
-                }
                 // SAFETY: the range lies in the segment; the bytes are only read.
                 let src = unsafe { segment.bytes(offset, h.size) };
-                patient.stream.write_all(src)?;
+                // v2's status frame and the bytes in one send.
+                let status = STATUS_OK.to_le_bytes();
+                let status: &[u8] = if h.v2 { &status } else { &[] };
+                write_both(patient.stream, status, src)?;
                 stats.reads.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_read.fetch_add(h.size, Ordering::Relaxed);
             }
@@ -352,6 +355,23 @@ impl Patient<'_> {
     }
 }
 
+/// Writes `a` then `b`, vectored: usually one send for both.
+fn write_both(stream: &mut TcpStream, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+    while !a.is_empty() {
+        let n = match stream.write_vectored(&[std::io::IoSlice::new(a), std::io::IoSlice::new(b)]) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            r => r?,
+        };
+        if n == 0 {
+            return Err(ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    stream.write_all(b)
+}
+
 /// Closes after reading what the peer sent on for a moment (up to 64 KiB), so that the close
 /// is not a reset that could discard the refusal frame before the peer read it.
 fn close_gently(mut stream: TcpStream) {
@@ -368,6 +388,27 @@ fn close_gently(mut stream: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_and_its_bytes_go_out_whole_and_in_order() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = listener.accept().unwrap();
+        // More than a socket's buffers hold: the sends come back short and go on.
+        let data: Vec<u8> = (0..(8usize << 20)).map(|i| (i % 251) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            rx.read_to_end(&mut got).unwrap();
+            got
+        });
+        write_both(&mut tx, &STATUS_OK.to_le_bytes(), &data).unwrap();
+        write_both(&mut tx, &[], b"v1: no status").unwrap();
+        drop(tx);
+        let got = reader.join().unwrap();
+        assert_eq!(got[..8], STATUS_OK.to_le_bytes());
+        assert_eq!(got[8..8 + data.len()], data[..]);
+        assert_eq!(&got[8 + data.len()..], b"v1: no status");
+    }
 
     #[test]
     fn headers_decode_as_captured_from_the_wheel() {
