@@ -7,6 +7,7 @@
 pub mod coro_rpc;
 pub mod handshake;
 pub mod master;
+pub mod metadata;
 pub mod objects;
 pub mod rpcs;
 mod segments;

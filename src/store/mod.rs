@@ -542,7 +542,13 @@ impl Store {
         let metadata_server = cfg
             .metadata_server
             .starts_with("http")
-            .then(|| registration::MetadataServer::new(&cfg.metadata_server, &cfg.ca_cert_paths))
+            .then(|| {
+                crate::mooncake::metadata::MetadataServer::new(
+                    &cfg.metadata_server,
+                    &cfg.ca_cert_paths,
+                    std::time::Duration::from_secs(3),
+                )
+            })
             .transpose()?;
         let mut registration = Registration::new(
             &cfg.master,

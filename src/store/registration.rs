@@ -7,6 +7,7 @@
 use super::index::Records;
 use super::server::ReadLease;
 use crate::ha::link::MasterLink;
+use crate::mooncake::metadata::MetadataServer;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
@@ -76,31 +77,6 @@ pub struct Registration {
     pub used_bytes: AtomicU64,
     /// When the use was last asked for.
     usage_asked: parking_lot::Mutex<Option<std::time::Instant>>,
-}
-
-/// An HTTP metadata server (Mooncake's `http://host:port/metadata`) and the one client that
-/// publishes to it, trusting `ca_cert_paths` beside the public web's roots for `https://`.
-pub struct MetadataServer {
-    pub url: String,
-    http: reqwest::blocking::Client,
-}
-
-impl MetadataServer {
-    pub fn new(
-        url: &str,
-        ca_cert_paths: &[std::path::PathBuf],
-    ) -> Result<MetadataServer, crate::tls::TlsError> {
-        let tls = crate::tls::client_config(ca_cert_paths, None)?;
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(3))
-            .use_preconfigured_tls(tls)
-            .build()
-            .map_err(|e| crate::tls::TlsError::Client(e.to_string()))?;
-        Ok(MetadataServer {
-            url: url.to_string(),
-            http,
-        })
-    }
 }
 
 /// How often the store asks the master how much of its segment is in use.
@@ -184,7 +160,7 @@ impl Registration {
         // On every mount: a master that restarted or took over has an empty metadata server
         // (a standby's redirects the PUT to the leader's).
         if let Some(server) = &self.metadata_server {
-            publish_descriptor(&server.http, &server.url, seg, self.auth.as_deref());
+            publish_descriptor(server, seg, self.auth.as_deref());
         }
         Ok(())
     }
@@ -420,8 +396,7 @@ impl Registration {
 /// Publishes `mooncake/ram/<name>` and `mooncake/rpc_meta/<name>` the way Mooncake's transfer
 /// engine does, so that tools reading the metadata server see this segment.
 fn publish_descriptor(
-    client: &reqwest::blocking::Client,
-    base_url: &str,
+    server: &MetadataServer,
     seg: &SegmentInfo,
     auth: Option<&crate::auth::Secret>,
 ) {
@@ -451,23 +426,11 @@ fn publish_descriptor(
         }
     };
     for (key, value) in entries {
-        let url = format!("{base_url}?key={}", crate::url::encode(&key));
-        let mut request = client.put(&url);
-        if let Some(secret) = auth {
-            request = request.header("Authorization", secret.bearer());
-        }
-        let result = request
-            .header("Content-Type", "application/json")
-            .body(value.to_string())
-            .send();
-        match result {
-            Ok(r) if r.status().is_success() => {
-                tracing::debug!(%key, "published to the metadata server")
+        match server.put(&key, &value, auth) {
+            Ok(()) => tracing::debug!(%key, "published to the metadata server"),
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "metadata server did not take the descriptor")
             }
-            Ok(r) => {
-                tracing::warn!(%key, status = %r.status(), "metadata server refused the descriptor")
-            }
-            Err(e) => tracing::warn!(%key, error = %e, "cannot reach the metadata server"),
         }
     }
 }

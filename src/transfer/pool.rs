@@ -89,24 +89,29 @@ impl Drop for Connection {
     }
 }
 
+/// A TCP connection to `addr` (`host:port`, its first address), made within `timeout`; a
+/// failure names the address.
+pub fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream, TransferError> {
+    let connect_err = |source| TransferError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
+    let sockaddr = addr
+        .to_socket_addrs()
+        .map_err(connect_err)?
+        .next()
+        .ok_or_else(|| {
+            connect_err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "address resolved to nothing",
+            ))
+        })?;
+    TcpStream::connect_timeout(&sockaddr, timeout).map_err(connect_err)
+}
+
 impl Connection {
     pub fn connect(addr: &str, opts: &ConnOptions) -> Result<Connection, TransferError> {
-        let connect_err = |source| TransferError::Connect {
-            addr: addr.to_string(),
-            source,
-        };
-        let sockaddr = addr
-            .to_socket_addrs()
-            .map_err(connect_err)?
-            .next()
-            .ok_or_else(|| {
-                connect_err(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "address resolved to nothing",
-                ))
-            })?;
-        let stream =
-            TcpStream::connect_timeout(&sockaddr, opts.connect_timeout).map_err(connect_err)?;
+        let stream = connect_tcp(addr, opts.connect_timeout)?;
         let io = FramedStream::new(stream, opts.spin)?;
         io.set_timeout(Some(opts.io_timeout))?;
         let mut conn = Connection {

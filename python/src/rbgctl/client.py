@@ -138,6 +138,8 @@ class Client:
         self.id = random.SystemRandom().randrange(1, 1 << 63)
         self.stats = Stats()
         self._host_id = local_host_id()
+        # How segments Mooncake's processes mounted are found (their metadata server, or None).
+        self._te_metadata = discovery_of(self.config.metadata_server)
         self._secret = config.auth_secret()
         self._master = MasterPool(config.master, config.connect_timeout_s, config.io_timeout_s, self._secret)
         self._routes: Dict[int, Route] = {}
@@ -478,7 +480,7 @@ class Client:
                     e.info.te_endpoint,
                     e.info.te_base,
                     e.info.size,
-                    discovery_of(self.config.metadata_server),
+                    self._te_metadata,
                     self.config.connect_timeout_s,
                     self.config.io_timeout_s,
                 )

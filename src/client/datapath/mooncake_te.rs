@@ -17,17 +17,16 @@
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
 use crate::mooncake::handshake::{self, PeerDescriptor};
+use crate::mooncake::metadata::MetadataServer;
 use crate::mooncake::te_tcp::{Op, SessionHeader, STATUS_OK, STATUS_REFUSED};
 use crate::transfer::{ConnOptions, Status, TransferError};
 use parking_lot::Mutex;
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Arc;
 
 /// Connections kept idle per segment for the next batch.
 const KEEP_IDLE: usize = 4;
-/// Largest metadata server answer read.
-const MAX_DESCRIPTOR: u64 = 1 << 20;
 
 /// How a segment's Transfer Engine is found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,6 +76,8 @@ pub struct MooncakeTe {
     conn: ConnOptions,
     peer: Mutex<Option<Arc<PeerDescriptor>>>,
     idle: Mutex<Vec<TcpStream>>,
+    /// The metadata server's client, made at the first lookup there.
+    metadata: std::sync::OnceLock<MetadataServer>,
 }
 
 fn remote(message: String) -> TransferError {
@@ -100,6 +101,7 @@ impl MooncakeTe {
             conn,
             peer: Mutex::new(None),
             idle: Mutex::new(Vec::new()),
+            metadata: std::sync::OnceLock::new(),
         }
     }
 
@@ -137,25 +139,27 @@ impl MooncakeTe {
         };
         match &self.discovery {
             Discovery::Handshake => by_handshake(),
-            Discovery::Http(url) => match http_descriptor(url, &self.name, &self.conn)? {
-                Some(d) => Ok(d),
-                None => by_handshake(),
-            },
+            Discovery::Http(url) => {
+                let server = match self.metadata.get() {
+                    Some(server) => server,
+                    None => {
+                        let server = MetadataServer::new(url, &[], self.conn.io_timeout)
+                            .map_err(|e| TransferError::Protocol(e.to_string()))?;
+                        self.metadata.get_or_init(|| server)
+                    }
+                };
+                let key = format!("mooncake/ram/{}", self.name);
+                match server.get(&key) {
+                    Ok(Some(d)) => Ok(d),
+                    Ok(None) => by_handshake(),
+                    Err(e) => Err(TransferError::Protocol(e.to_string())),
+                }
+            }
         }
     }
 
     fn connect(&self, peer: &PeerDescriptor) -> Result<TcpStream, TransferError> {
-        let addr = peer.data_addr();
-        let connect_err = |source| TransferError::Connect {
-            addr: addr.clone(),
-            source,
-        };
-        let sa = addr
-            .to_socket_addrs()
-            .map_err(connect_err)?
-            .next()
-            .ok_or_else(|| connect_err(std::io::ErrorKind::NotFound.into()))?;
-        let s = TcpStream::connect_timeout(&sa, self.conn.connect_timeout).map_err(connect_err)?;
+        let s = crate::transfer::pool::connect_tcp(&peer.data_addr(), self.conn.connect_timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.conn.io_timeout))?;
         s.set_write_timeout(Some(self.conn.io_timeout))?;
@@ -360,58 +364,6 @@ impl DataPath for MooncakeTe {
                 Ok(())
             },
         )
-    }
-}
-
-/// `mooncake/ram/<name>` from an HTTP metadata server (`http://host:port/path`), `None` when it
-/// has no such key. A plain HTTP/1.0 GET: one small answer, read to the close.
-fn http_descriptor(
-    url: &str,
-    name: &str,
-    conn: &ConnOptions,
-) -> Result<Option<serde_json::Value>, TransferError> {
-    let bad = |why: String| TransferError::Protocol(format!("metadata server {url}: {why}"));
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| bad("only http:// metadata servers are read".into()))?;
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let sa = authority
-        .to_socket_addrs()
-        .map_err(|e| bad(e.to_string()))?
-        .next()
-        .ok_or_else(|| bad("resolves to no address".into()))?;
-    let mut s = TcpStream::connect_timeout(&sa, conn.connect_timeout).map_err(|source| {
-        TransferError::Connect {
-            addr: authority.to_string(),
-            source,
-        }
-    })?;
-    s.set_read_timeout(Some(conn.io_timeout))?;
-    s.set_write_timeout(Some(conn.io_timeout))?;
-    let key = crate::url::encode(&format!("mooncake/ram/{name}"));
-    write!(
-        s,
-        "GET /{path}?key={key} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\r\n"
-    )?;
-    let mut answer = Vec::new();
-    s.take(MAX_DESCRIPTOR)
-        .read_to_end(&mut answer)
-        .map_err(io_error)?;
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| bad("the answer has no end of its head".into()))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| bad("the answer has no status".into()))?;
-    match code {
-        200 => serde_json::from_str(body)
-            .map(Some)
-            .map_err(|e| bad(format!("the descriptor is not JSON: {e}"))),
-        404 => Ok(None),
-        code => Err(bad(format!("answered {code} for {name}'s descriptor"))),
     }
 }
 

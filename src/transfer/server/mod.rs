@@ -603,35 +603,51 @@ pub fn spawn(
     service: Arc<dyn Service>,
     opts: ServerOptions,
 ) -> std::io::Result<ServerHandle> {
+    let logs = Arc::new(ConnLogs::new());
+    let conn_opts = opts.clone();
+    let counters = ServiceCounters(service.clone());
+    spawn_threaded(listener, opts, counters, move |stream, peer, slot| {
+        threaded::serve_connection(stream, peer, service.as_ref(), &conn_opts, &logs, &slot);
+    })
+}
+
+/// A service's connection counters, owned (for the accept thread).
+struct ServiceCounters(Arc<dyn Service>);
+
+impl std::ops::Deref for ServiceCounters {
+    type Target = ConnCounters;
+    fn deref(&self) -> &ConnCounters {
+        self.0.connections()
+    }
+}
+
+/// The accept thread of a thread-per-connection port: admits connections under `opts`
+/// (counted in `counters`) and hands each to `serve` on a thread of its own.
+fn spawn_threaded(
+    listener: TcpListener,
+    opts: ServerOptions,
+    counters: impl std::ops::Deref<Target = ConnCounters> + Send + 'static,
+    serve: impl Fn(TcpStream, SocketAddr, admission::Slot) + Clone + Send + 'static,
+) -> std::io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
     let shutdown = Arc::new(AtomicBool::new(false));
     let stop = shutdown.clone();
     let accept = std::thread::Builder::new()
         .name(format!("{}-accept", opts.role))
         .spawn(move || {
-            let logs = Arc::new(ConnLogs::new());
             let role = opts.role;
-            let serve = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
-                let (service, opts, logs) = (service.clone(), opts.clone(), logs.clone());
+            let admit = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
+                let serve = serve.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("{role}-conn"))
                     .stack_size(512 * 1024)
-                    .spawn(move || {
-                        threaded::serve_connection(
-                            stream,
-                            peer,
-                            service.as_ref(),
-                            &opts,
-                            &logs,
-                            &slot,
-                        );
-                    });
+                    .spawn(move || serve(stream, peer, slot));
                 // A failed spawn dropped the closure, and with it the slot.
                 if let Err(e) = spawned {
                     tracing::error!(role, error = %e, "cannot start a connection thread");
                 }
             };
-            admission::accept_loop(listener, service.connections(), &opts, &stop, serve);
+            admission::accept_loop(listener, &counters, &opts, &stop, admit);
         })?;
     Ok(ServerHandle {
         addr,
@@ -665,32 +681,9 @@ pub fn spawn_foreign(
     counters: Arc<ConnCounters>,
     serve: impl Fn(TcpStream, SocketAddr, Place) + Clone + Send + 'static,
 ) -> std::io::Result<ServerHandle> {
-    let addr = listener.local_addr()?;
     let opts = ServerOptions { auth: None, ..opts };
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let stop = shutdown.clone();
-    let accept = std::thread::Builder::new()
-        .name(format!("{}-accept", opts.role))
-        .spawn(move || {
-            let role = opts.role;
-            let admit = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
-                let serve = serve.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("{role}-conn"))
-                    .stack_size(512 * 1024)
-                    .spawn(move || serve(stream, peer, Place(slot)));
-                // A failed spawn dropped the closure, and with it the place.
-                if let Err(e) = spawned {
-                    tracing::error!(role, error = %e, "cannot start a connection thread");
-                }
-            };
-            admission::accept_loop(listener, &counters, &opts, &stop, admit);
-        })?;
-    Ok(ServerHandle {
-        addr,
-        shutdown,
-        accept: Some(accept),
-        loops: Vec::new(),
+    spawn_threaded(listener, opts, counters, move |stream, peer, slot| {
+        serve(stream, peer, Place(slot))
     })
 }
 
