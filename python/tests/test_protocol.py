@@ -13,7 +13,8 @@ from rbgctl import protocol as p
 from rbgctl.buffers import regions, total
 from rbgctl.config import ClientConfig
 from rbgctl.errors import ConfigError, ProtocolError, RbgctlError
-from rbgctl.hicache import key_suffix, leading_true
+from rbgctl.engine import leading_true
+from rbgctl.hicache import key_suffix
 
 
 class Frames(unittest.TestCase):

@@ -32,8 +32,11 @@ const MAX_NEW_TOKENS: usize = 16_384;
 const MAX_PROMPT_TOKENS: usize = 1 << 20;
 /// How long a decode engine waits for its prefill, and a finished prefill is remembered.
 const ROOM_WAIT: Duration = Duration::from_secs(60);
-/// L3 backups running at once; more are skipped (counted), as a full write queue drops them.
-const BACKUPS: usize = 4;
+/// L3 backups written at once, as HiCache's storage writers.
+const BACKUP_WRITERS: usize = 4;
+/// L3 backups waiting or being written; past it more are skipped (counted), as a full write
+/// queue drops them.
+const BACKUP_QUEUE: usize = 256;
 
 #[derive(Default)]
 struct Counters {
@@ -66,7 +69,10 @@ pub struct Engine {
     /// One device: prefills run one at a time.
     device: Semaphore,
     l3: Option<Arc<L3>>,
-    backups: Arc<Semaphore>,
+    /// A place in the write queue for each backup waiting or being written.
+    backup_queue: Arc<Semaphore>,
+    /// A writer for each backup being written.
+    backup_writers: Arc<Semaphore>,
     rooms: Mutex<HashMap<u64, Room>>,
     room_ready: Notify,
     http: reqwest::Client,
@@ -354,12 +360,16 @@ impl Engine {
         let keys = tokens::page_keys(&seq, self.cfg.page_size);
         self.cache_insert(&keys, &seq);
         if let Some(l3) = &self.l3 {
-            match self.backups.clone().try_acquire_owned() {
-                Ok(permit) => {
+            match self.backup_queue.clone().try_acquire_owned() {
+                Ok(place) => {
                     let l3 = l3.clone();
-                    tokio::task::spawn_blocking(move || {
-                        l3.backup(&keys);
-                        drop(permit);
+                    let writers = self.backup_writers.clone();
+                    tokio::spawn(async move {
+                        let Ok(writer) = writers.acquire_owned().await else {
+                            return;
+                        };
+                        let _ = tokio::task::spawn_blocking(move || l3.backup(&keys)).await;
+                        drop((writer, place));
                     });
                 }
                 Err(_) => {
@@ -805,8 +815,8 @@ async fn metrics(State(e): S) -> Response {
         p.single(
             "rbgctl_sim_l3_backups_in_flight",
             "gauge",
-            "L3 backups still being written.",
-            BACKUPS.saturating_sub(e.backups.available_permits()) as f64,
+            "L3 backups queued or being written.",
+            BACKUP_QUEUE.saturating_sub(e.backup_queue.available_permits()) as f64,
         );
     }
     (
@@ -859,7 +869,8 @@ pub fn app(
         events,
         device: Semaphore::new(1),
         l3: l3.map(Arc::new),
-        backups: Arc::new(Semaphore::new(BACKUPS)),
+        backup_queue: Arc::new(Semaphore::new(BACKUP_QUEUE)),
+        backup_writers: Arc::new(Semaphore::new(BACKUP_WRITERS)),
         rooms: Mutex::new(HashMap::new()),
         room_ready: Notify::new(),
         http: reqwest::Client::new(),

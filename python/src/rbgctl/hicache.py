@@ -49,10 +49,9 @@ import types
 from typing import Any, List, Optional, Sequence
 
 from .buffers import regions, total
-from .client import Client
 from .config import ClientConfig
-from .errors import ConfigError, ObjectNotFound, RbgctlError, RemoteError
-from .protocol import Status
+from .engine import attach, leading_true, put_missing
+from .errors import ObjectNotFound, RbgctlError
 
 log = logging.getLogger("rbgctl.hicache")
 
@@ -130,16 +129,6 @@ def key_suffix(storage_config: Any, tp_sharded: bool = False) -> str:
     return suffix
 
 
-def leading_true(flags: Sequence[bool]) -> int:
-    """How many flags from the start are true."""
-    n = 0
-    for f in flags:
-        if not f:
-            break
-        n += 1
-    return n
-
-
 class RbgctlHiCacheStorage(HiCacheStorage):
     """HiCache storage over the rbgctl pool; constructed by SGLang as ``cls(storage_config,
     kwargs)``. Every method reports failures as misses (``False``/``None``/``0``) and logs them:
@@ -160,7 +149,11 @@ class RbgctlHiCacheStorage(HiCacheStorage):
         if getattr(storage_config, "should_split_heads", False):
             log.info("tp_lcm_size is set: pages are shared only between servers of the same TP size")
         self.mem_pool_host = None
-        self.client = self._attach(float(extra.get("connect_timeout", 30)))
+        self.client = attach(
+            self.client_config,
+            float(extra.get("connect_timeout", 30)),
+            "raise connect_timeout in --hicache-storage-backend-extra-config",
+        )
         self.prefetch_pgs: List[int] = []
         self.backup_pgs: List[int] = []
         self.prefetch_bandwidth: List[float] = []
@@ -171,27 +164,6 @@ class RbgctlHiCacheStorage(HiCacheStorage):
             self.suffix,
             self.client_config.replicate.replica_num,
         )
-
-    def _attach(self, timeout: float) -> Client:
-        """The client, once the master answers; waits up to ``timeout`` seconds for it."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        pause = 0.1
-        while True:
-            try:
-                return Client(self.client_config)
-            except ConfigError:
-                raise
-            except RbgctlError as e:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RbgctlError(
-                        f"rbgctl HiCache backend: the pool's master {self.client_config.master} "
-                        f"did not answer within {timeout:g} s ({e}); start it, or raise "
-                        "connect_timeout in --hicache-storage-backend-extra-config"
-                    ) from e
-                log.warning("waiting for the pool's master %s: %s", self.client_config.master, e)
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 2.0)
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
         self.mem_pool_host = mem_pool_host
@@ -486,30 +458,7 @@ class RbgctlHiCacheStorage(HiCacheStorage):
     # ---- shared ----
 
     def _put_missing(self, skeys: List[str], sources: list) -> List[bool]:
-        """Puts the keys the pool does not hold yet (a page's key names its content, so a stored
-        key is already the right bytes)."""
-        try:
-            present = self.client.batch_exists(skeys)
-        except RbgctlError as e:
-            log.warning("existence check before a backup: %s", e)
-            present = [False] * len(skeys)
-        todo = [i for i, p in enumerate(present) if not p]
-        ok = [True] * len(skeys)
-        if not todo:
-            return ok
-        errors = self.client.batch_put([skeys[i] for i in todo], [sources[i] for i in todo])
-        for i, err in zip(todo, errors):
-            # Another server putting the same page at the same moment writes the same bytes.
-            if err is not None and not (
-                isinstance(err, RemoteError) and err.status == Status.PUT_IN_PROGRESS
-            ):
-                ok[i] = False
-        failed = [(skeys[i], e) for i, e in zip(todo, errors) if not ok[i]]
-        if failed:
-            log.warning(
-                "backup: %d of %d pages not stored (first: %s: %s)", len(failed), len(skeys), *failed[0]
-            )
-        return ok
+        return put_missing(self.client, skeys, sources)
 
     @staticmethod
     def _log_failures(op: str, keys, results, ok) -> None:
