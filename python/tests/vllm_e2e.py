@@ -21,6 +21,7 @@ import os
 import struct
 import sys
 import tempfile
+import time
 import unittest
 import warnings
 
@@ -98,7 +99,7 @@ def token_kv(prefix: list) -> torch.Tensor:
 class Instance:
     """One vLLM engine's scheduler and worker, in this process, on the pool at ``master``."""
 
-    def __init__(self, model: str, master: str, extra: dict | None = None):
+    def __init__(self, model: str, master: str, extra: dict | None = None, hash_algo: str = "sha256"):
         transfer = KVTransferConfig(
             kv_connector="RbgctlConnector",
             kv_connector_module_path="rbgctl.vllm",
@@ -107,7 +108,7 @@ class Instance:
         )
         self.config = VllmConfig(
             model_config=ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=512),
-            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True, prefix_caching_hash_algo=hash_algo),
             scheduler_config=SchedulerConfig(
                 max_num_batched_tokens=512, max_num_seqs=8, max_model_len=512, is_encoder_decoder=False,
                 async_scheduling=False,
@@ -321,6 +322,22 @@ class VllmOnThePool(unittest.TestCase):
                 self.assertTrue(c.exists(victim), "the recomputed block is saved again")
                 self.assertEqual(bytes(c.get(victim)), expected_block(longer, 1))
             b.close()
+
+
+    def test_a_master_that_never_answers_a_typo_and_per_process_hashes_are_refused_at_start(self):
+        from harness import free_port
+        from rbgctl.errors import ConfigError, RbgctlError
+
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(RbgctlError, "did not answer within 1 s.*connect_timeout in kv_connector_extra_config"):
+            Instance(self.model, f"127.0.0.1:{free_port()}", extra={"connect_timeout": 1})
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9, "the master was waited for")
+        with LivePool(stores=1) as pool:
+            with self.assertRaisesRegex(ConfigError, "unknown key.*namspace"):
+                Instance(self.model, pool.master, extra={"namspace": "a"})
+            os.environ.pop("PYTHONHASHSEED", None)
+            with self.assertRaisesRegex(ConfigError, "PYTHONHASHSEED"):
+                Instance(self.model, pool.master, hash_algo="xxhash")
 
 
 class Staging(unittest.TestCase):

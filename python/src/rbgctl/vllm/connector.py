@@ -151,6 +151,9 @@ class RbgctlConnector(KVConnectorBase_V1):
             self.settings.connect_timeout,
             "raise connect_timeout in kv_connector_extra_config",
         )
+        # kv_producer engines only save, kv_consumer engines only load, kv_both do both.
+        self.loads = bool(getattr(transfer, "is_kv_consumer", True))
+        self.saves = bool(getattr(transfer, "is_kv_producer", True))
         if role == KVConnectorRole.SCHEDULER:
             self.planner = Planner(self.block_size, self.block_size // hash_block_size)
             self.rank_prefixes = self.space.rank_prefixes()
@@ -167,7 +170,7 @@ class RbgctlConnector(KVConnectorBase_V1):
     # ---- scheduler side ----
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
-        hashes = self.planner.candidates(request, num_computed_tokens)
+        hashes = self.planner.candidates(request, num_computed_tokens) if self.loads else []
         hits = self._held(hashes) if hashes else 0
         return self.planner.matched(request.request_id, num_computed_tokens, hits), False
 
@@ -187,7 +190,7 @@ class RbgctlConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         loads, saves = self.planner.step(scheduler_output.num_scheduled_tokens, self._block_ids)
-        return RbgctlMetadata(loads, saves)
+        return RbgctlMetadata(loads, saves if self.saves else [])
 
     def _block_ids(self, req_id: str) -> List[int]:
         return self._kv_cache_manager.get_block_ids(req_id)[0]
