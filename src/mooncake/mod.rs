@@ -9,6 +9,7 @@ pub mod handshake;
 pub mod master;
 pub mod metadata;
 pub mod objects;
+pub mod rdma;
 pub mod rpcs;
 mod segments;
 pub mod struct_pack;

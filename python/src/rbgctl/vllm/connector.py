@@ -103,14 +103,14 @@ def block_sizes(vllm_config: Any, kv_cache_config: Any) -> Tuple[int, int]:
 
 
 def model_order(names: Sequence[str]) -> List[str]:
-    """Layer names in the model's order (vLLM's layer index, then the name)."""
+    """Layer names in the model's order (vLLM's layer index, then the name; the first number in
+    the name where vLLM cannot tell)."""
+    from vllm.model_executor.models.utils import extract_layer_index
 
     def index(name: str) -> Tuple[int, str]:
         try:
-            from vllm.model_executor.models.utils import extract_layer_index
-
             return extract_layer_index(name), name
-        except Exception:
+        except (AssertionError, ValueError):
             digits = re.findall(r"\d+", name)
             return (int(digits[0]) if digits else -1), name
 
