@@ -26,8 +26,8 @@ set -euo pipefail
 
 # The recipe: changing any of these rebuilds the image.
 SUITE=bookworm
-# python3: the Python client's test against a store serving RDMA.
-PACKAGES=rdma-core,ibverbs-utils,ibverbs-providers,perftest,iproute2,kmod,rdmacm-utils,procps,curl,python3
+# python3: the Python client's test against a store serving RDMA; libnuma1: Mooncake's wheel.
+PACKAGES=rdma-core,ibverbs-utils,ibverbs-providers,perftest,iproute2,kmod,rdmacm-utils,procps,curl,python3,libnuma1
 # crc32_generic: rxe asks the crypto API for "crc32" by name, which no module dependency names.
 MODULES="virtio_pci virtio_net 9p 9pnet_virtio crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad"
 RECIPE="v5 $SUITE $PACKAGES $MODULES"

@@ -531,6 +531,88 @@ mod tests {
         assert!(refused(&req).starts_with("Invalid local_nic_path"));
     }
 
+    /// Mooncake's wheel against itself over soft-RoCE (`scripts/mooncake-rdma-capture.py` in the
+    /// RDMA VM): its descriptor and its Connection exchange, ready-ACK included.
+    fn wheel_capture() -> Value {
+        serde_json::from_str(include_str!(
+            "../../tests/vectors/mooncake/rdma/wheel-to-wheel.json"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_wheels_own_descriptor_and_handshake_read_as_mooncake_meant_them() {
+        let cap = wheel_capture();
+        assert!(
+            cap["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["equal"] == true),
+            "the capture moved bytes right"
+        );
+        let d = Descriptor::parse("wheel", &cap["descriptor"]).unwrap();
+        assert_eq!(d.nic_server(), "10.0.2.15:17001");
+        assert_eq!(d.devices[0].name, "rxe0");
+        assert_eq!(d.devices[0].gid, GID);
+        assert_eq!(d.buffers[0].location, "cpu:0");
+        assert_eq!(d.buffers[0].rkeys.len(), 1);
+        // Ours has the same keys, and the matrix shape the wheel's has.
+        let ours = descriptor().to_json();
+        let keys = |v: &Value| {
+            v.as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let mut wheel_keys = keys(&cap["descriptor"]);
+        wheel_keys.insert("rdma_server_name".into()); // the wheel writes it empty for tcp only
+        assert_eq!(keys(&ours), wheel_keys);
+        assert_eq!(
+            keys(&ours["buffers"][0]),
+            keys(&cap["descriptor"]["buffers"][0])
+        );
+
+        let frames = cap["frames"].as_array().unwrap();
+        assert!(frames.iter().all(|f| f["type"] == CONNECTION));
+        let req = Connection::parse(&frames[0]["json"]).unwrap();
+        assert_eq!(req.qp_num.len(), DEFAULT_QPS_PER_ENDPOINT);
+        assert_eq!(req.ready_ack, Some(false), "the wheel offers ready-ACK");
+        let (dev, sender) =
+            check_request(&req, d.nic_server(), &["rxe0"], MAX_QPS_PER_ENDPOINT).unwrap();
+        assert_eq!((dev, sender.to_string()), (0, req.local_nic_path.clone()));
+        let reply = Connection::parse(&frames[1]["json"]).unwrap();
+        assert_eq!(
+            reply.ready_ack,
+            Some(false),
+            "a passive wheel offers ready-ACK back"
+        );
+        assert_eq!(
+            (reply.local_nic_path.as_str(), reply.peer_nic_path.as_str()),
+            (req.peer_nic_path.as_str(), req.local_nic_path.as_str())
+        );
+        // Our reply has the wheel's fields but ready_ack, whose absence keeps the wheel from
+        // sending the ready-ACK (its legacy mode); one that comes anyway (same QPs, ready_ack
+        // true) is answered with an empty message, as the wheel answers it.
+        let ours = Connection {
+            ready_ack: None,
+            ..reply.clone()
+        }
+        .to_json();
+        let mut wheel_reply = keys(&frames[1]["json"]);
+        wheel_reply.remove("ready_ack");
+        assert_eq!(keys(&ours), wheel_reply);
+        let ack = Connection::parse(&frames[2]["json"]).unwrap();
+        assert_eq!((ack.ready_ack, &ack.qp_num), (Some(true), &req.qp_num));
+        let empty = Connection::parse(&frames[3]["json"]).unwrap();
+        assert!(
+            empty.reply_msg.is_empty()
+                && empty.qp_num.is_empty()
+                && empty.local_nic_path.is_empty()
+        );
+    }
+
     #[test]
     fn nic_paths_split_at_the_last_at() {
         assert_eq!(
