@@ -208,22 +208,19 @@ impl Descriptor {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let usable = v
+        // Each location maps to [preferred devices, available devices]; some must be listed.
+        let entries: Vec<&Vec<Value>> = v
             .get("priority_matrix")
             .and_then(Value::as_object)
-            .is_some_and(|m| {
-                m.values()
-                    .all(|e| e.as_array().is_some_and(|a| a.len() == 2))
-                    && m.values()
-                        .flat_map(|e| e.as_array().into_iter().flatten())
-                        .any(|list| {
-                            list.as_array().is_some_and(|l| {
-                                l.iter().any(|n| {
-                                    devices.iter().any(|d| Some(d.name.as_str()) == n.as_str())
-                                })
-                            })
-                        })
-            });
+            .and_then(|m| m.values().map(Value::as_array).collect::<Option<Vec<_>>>())
+            .unwrap_or_default();
+        let well_formed = !entries.is_empty() && entries.iter().all(|e| e.len() == 2);
+        let listed = entries
+            .iter()
+            .flat_map(|e| e.iter().filter_map(Value::as_array).flatten())
+            .filter_map(Value::as_str)
+            .any(|n| devices.iter().any(|d| d.name == n));
+        let usable = well_formed && listed;
         if !usable {
             return Err(bad("its priority_matrix names none of its devices"));
         }

@@ -52,15 +52,20 @@ def leading_true(flags: Sequence[bool]) -> int:
     return n
 
 
-def put_missing(client: Client, keys: List[str], sources: list) -> List[bool]:
-    """Puts the content-addressed pages the pool does not hold yet; per page, whether it is
-    stored now. Failures are logged, never raised."""
+def missing(client: Client, keys: List[str]) -> List[int]:
+    """The indices of the keys the pool does not hold; all of them when it cannot say (logged)."""
     try:
         present = client.batch_exists(keys)
     except RbgctlError as e:
         log.warning("existence check before a backup: %s", e)
         present = [False] * len(keys)
-    todo = [i for i, p in enumerate(present) if not p]
+    return [i for i, p in enumerate(present) if not p]
+
+
+def put_missing(client: Client, keys: List[str], sources: list) -> List[bool]:
+    """Puts the content-addressed pages the pool does not hold yet; per page, whether it is
+    stored now. Failures are logged, never raised."""
+    todo = missing(client, keys)
     ok = [True] * len(keys)
     if todo:
         for i, good in zip(todo, put_pages(client, [keys[i] for i in todo], [sources[i] for i in todo])):

@@ -261,7 +261,7 @@ class RbgctlHiCacheStorage(HiCacheStorage):
             log.error("batch_set_v1: %s", e)
             return [False] * len(keys)
         start = time.perf_counter()
-        ok = self._put_missing([self.storage_key(k) for k in keys], sources)
+        ok = put_missing(self.client, [self.storage_key(k) for k in keys], sources)
         if self.enable_storage_metrics:
             self._record(self.backup_pgs, self.backup_bandwidth, sources, ok, time.perf_counter() - start)
         return ok
@@ -349,7 +349,7 @@ class RbgctlHiCacheStorage(HiCacheStorage):
             log.error("batch_set: %d keys but %d values", len(keys), len(sources))
             return False
         start = time.perf_counter()
-        ok = self._put_missing([self.storage_key(k) for k in keys], sources)
+        ok = put_missing(self.client, [self.storage_key(k) for k in keys], sources)
         if self.enable_storage_metrics:
             layout = [[(0, _source_nbytes(src))] for src in sources]
             self._record(self.backup_pgs, self.backup_bandwidth, layout, ok, time.perf_counter() - start)
@@ -451,14 +451,11 @@ class RbgctlHiCacheStorage(HiCacheStorage):
 
         def write(pool, keys, firsts, name) -> List[bool]:
             pages = [pool.get_data_page(first, flat=True) for first in firsts]
-            return self._put_missing([self.component_key(k, name) for k in keys], pages)
+            return put_missing(self.client, [self.component_key(k, name) for k in keys], pages)
 
         return self._each_transfer(transfers, write)
 
     # ---- shared ----
-
-    def _put_missing(self, skeys: List[str], sources: list) -> List[bool]:
-        return put_missing(self.client, skeys, sources)
 
     @staticmethod
     def _log_failures(op: str, keys, results, ok) -> None:

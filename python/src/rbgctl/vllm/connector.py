@@ -22,7 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ..config import ClientConfig, _number
-from ..engine import attach, leading_true, put_missing, put_pages
+from ..engine import attach, leading_true, missing, put_missing, put_pages
 from ..errors import ConfigError, RbgctlError
 from .keys import KeySpace, check_hash_algorithm
 from .layout import LayerBlocks, block_regions
@@ -70,7 +70,7 @@ class RbgctlMetadata(KVConnectorMetadata):
     saves: List[Transfer] = field(default_factory=list)
 
 
-def key_space(vllm_config: Any, kv_cache_config: Any, settings: Settings) -> KeySpace:
+def key_space(vllm_config: Any, kv_cache_config: Any, settings: Settings, block_size: int) -> KeySpace:
     """The keys' parts that every process of one deployment works out alike from its config."""
     model_config = vllm_config.model_config
     cache_config = vllm_config.cache_config
@@ -82,7 +82,6 @@ def key_space(vllm_config: Any, kv_cache_config: Any, settings: Settings) -> Key
     if dtype in (None, "auto"):
         dtype = str(model_config.dtype).replace("torch.", "")
     layout = getattr(kv_cache_config, "kv_cache_layout", None) or getattr(cache_config, "kv_cache_layout", None)
-    block_size, _ = block_sizes(vllm_config, kv_cache_config)
     return KeySpace(
         model=settings.model_tag or str(model_config.model),
         kv_dtype=str(dtype),
@@ -144,8 +143,8 @@ class RbgctlConnector(KVConnectorBase_V1):
                 self.settings.load_failure_policy,
             )
             transfer.kv_load_failure_policy = self.settings.load_failure_policy
-        self.space = key_space(vllm_config, kv_cache_config, self.settings)
         self.block_size, hash_block_size = block_sizes(vllm_config, kv_cache_config)
+        self.space = key_space(vllm_config, kv_cache_config, self.settings, self.block_size)
         self.client = attach(
             self.client_config,
             self.settings.connect_timeout,
@@ -161,7 +160,7 @@ class RbgctlConnector(KVConnectorBase_V1):
         else:
             self.tp_rank, self.pp_rank = _ranks(self.space)
             self.prefix = self.space.prefix(self.tp_rank, self.pp_rank)
-            self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
+            self.num_blocks = kv_cache_config.num_blocks
             self.layers: List[LayerBlocks] = []
             self.staging: Optional[Staging] = None
             self.load_errors: set = set()
@@ -217,7 +216,7 @@ class RbgctlConnector(KVConnectorBase_V1):
             tensors.append((name, t))
         if not tensors:
             return
-        num_blocks = self.num_blocks or _guess_num_blocks([t for _, t in tensors])
+        num_blocks = self.num_blocks
         if tensors[0][1].device.type == "cpu":
             self.layers = [
                 LayerBlocks.of(n, t.data_ptr(), list(t.shape), list(t.stride()), t.element_size(), num_blocks)
@@ -273,12 +272,7 @@ class RbgctlConnector(KVConnectorBase_V1):
         if self.staging is None:
             put_missing(self.client, keys, [block_regions(self.layers, b) for b in ids])
             return
-        try:
-            present = self.client.batch_exists(keys)
-        except RbgctlError as e:
-            log.warning("existence check before a save: %s", e)
-            present = [False] * len(keys)
-        todo = [i for i, p in enumerate(present) if not p]
+        todo = missing(self.client, keys)
         self.staging.save(
             [ids[i] for i in todo],
             lambda batch, regions: put_pages(self.client, [keys[todo[i]] for i in batch], [[r] for r in regions]),
@@ -309,8 +303,3 @@ def _ranks(space: KeySpace) -> Tuple[int, int]:
         if space.tp_size == 1 and space.pp_size == 1:
             return 0, 0  # a single worker without vLLM's distributed state (tests, tools)
         raise
-
-
-def _guess_num_blocks(tensors: Sequence[torch.Tensor]) -> int:
-    shape = list(tensors[0].shape)
-    return shape[1] if len(shape) > 1 and shape[0] == 2 else shape[0]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, List, Sequence, Tuple
 
+import torch
+
 from ..errors import ConfigError
 from .layout import block_dim, memory_order
 
@@ -24,9 +26,6 @@ class Staging:
     layers' order) and the pool."""
 
     def __init__(self, layers: Sequence, num_blocks: int, capacity: int, pin: bool):
-        import torch
-
-        self.torch = torch
         self.blocks = []  # per layer: the tensor, its block dimension, a block's memory order
         self.block_bytes = 0
         for t in layers:
@@ -90,5 +89,5 @@ class Staging:
         return ok
 
     def _sync(self) -> None:
-        if self.torch.cuda.is_available():
-            self.torch.cuda.current_stream().synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
