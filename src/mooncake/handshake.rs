@@ -4,8 +4,10 @@
 //! in which a client connects to the port in the segment's name, sends its own descriptor and
 //! reads the store's.
 //!
-//! A handshake frame is a u64 LE length (the type byte and the JSON), a type byte (Metadata is
-//! 1) and the JSON. The store answers a Metadata frame with its own descriptor and closes.
+//! A handshake frame is a u64 LE length (the type byte and the JSON), a type byte and the
+//! JSON. The store answers a Metadata frame (1) with its own descriptor, a Connection (0) of
+//! Mooncake's RDMA transport with the QPs it made for the peer (when it serves RDMA), a Probe
+//! (3) or Notify (2) as Mooncake does, and closes.
 
 use crate::transfer::server::{self, ConnCounters, ServerHandle, ServerOptions};
 use std::io::{Read, Write};
@@ -18,6 +20,10 @@ use std::time::Duration;
 pub const MAX_FRAME: u64 = 1 << 20;
 /// The Metadata exchange's type byte.
 pub const METADATA: u8 = 1;
+/// Notify: a message for the engine's user (answered, not kept: nothing in rbgctl reads them).
+pub const NOTIFY: u8 = 2;
+/// Probe: whether the engine is there.
+pub const PROBE: u8 = 3;
 /// Handshakes served at once (per address: a quarter).
 const MAX_AT_ONCE: usize = 64;
 /// A handshake's bytes must all come within this.
@@ -35,6 +41,8 @@ pub struct TeEndpoint {
     /// The segment's first address and its length.
     pub base: u64,
     pub len: u64,
+    /// Served by Mooncake's RDMA transport (not TCP): its `rdma` descriptor.
+    pub rdma: Option<super::rdma::Descriptor>,
 }
 
 impl TeEndpoint {
@@ -53,11 +61,16 @@ impl TeEndpoint {
             data_port: u16::try_from(seg.te_data_port).ok()?,
             base: seg.te_base,
             len: seg.size,
+            rdma: None,
         })
     }
 
-    /// The segment descriptor, as Mooncake's `TransferMetadata` encodes one for `tcp`.
+    /// The segment descriptor, as Mooncake's `TransferMetadata` encodes one for `tcp` (or
+    /// `rdma`).
     pub fn descriptor(&self) -> serde_json::Value {
+        if let Some(rdma) = &self.rdma {
+            return rdma.to_json();
+        }
         serde_json::json!({
             "buffers": [{"addr": self.base, "length": self.len, "name": self.name}],
             "name": self.name,
@@ -105,7 +118,7 @@ pub fn frame(kind: u8, json: &serde_json::Value) -> Vec<u8> {
 pub enum HandshakeError {
     #[error("handshake frame of {0} bytes (at most {MAX_FRAME}; 0 is not a frame)")]
     Length(u64),
-    #[error("handshake type {0} not served (only Metadata, 1)")]
+    #[error("handshake type {0} not served (Metadata 1, Probe 3, Notify 2, and Connection 0 where RDMA is served)")]
     Kind(u8),
     #[error("handshake body is not JSON: {0}")]
     Json(String),
@@ -149,7 +162,8 @@ impl PeerDescriptor {
         let bad = |what: &str| HandshakeError::Descriptor(format!("{what} (from {name})"));
         if d["protocol"] != "tcp" {
             return Err(bad(&format!(
-                "its protocol is {}, not tcp, the one rbgctl's clients speak",
+                "its protocol is {}, not tcp (a Mooncake segment served by RDMA is reached \
+                 with the client's transport rdma: MOONCAKE_PROTOCOL=rdma and MOONCAKE_DEVICE)",
                 d["protocol"]
             )));
         }
@@ -244,16 +258,28 @@ pub fn port_options(opts: ServerOptions) -> ServerOptions {
     }
 }
 
-/// Answers handshakes on `listener` with `endpoint`'s descriptor, under rbgctl's admission.
+/// What answers Connection handshakes of Mooncake's RDMA transport.
+pub trait Connections: Send + Sync {
+    /// The reply to `req`, sent from `from`: the QPs made for it, or a `reply_msg` refusing it.
+    fn connect(
+        &self,
+        req: &super::rdma::Connection,
+        from: std::net::IpAddr,
+    ) -> super::rdma::Connection;
+}
+
+/// Answers handshakes on `listener` with `endpoint`'s descriptor (and Connections with
+/// `rdma`), under rbgctl's admission.
 pub fn serve(
     listener: TcpListener,
     endpoint: TeEndpoint,
     (opts, counters): (ServerOptions, Arc<ConnCounters>),
     stats: Arc<HandshakeStats>,
+    rdma: Option<Arc<dyn Connections>>,
 ) -> std::io::Result<ServerHandle> {
     let endpoint = Arc::new(endpoint);
     server::spawn_foreign(listener, opts, counters, move |mut stream, peer, _place| {
-        match answer(&mut stream, &endpoint) {
+        match answer(&mut stream, &endpoint, rdma.as_deref(), peer.ip()) {
             Ok(()) => stats.served.fetch_add(1, Ordering::Relaxed),
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "Mooncake handshake refused");
@@ -263,14 +289,38 @@ pub fn serve(
     })
 }
 
-fn answer(stream: &mut std::net::TcpStream, endpoint: &TeEndpoint) -> Result<(), HandshakeError> {
+fn answer(
+    stream: &mut std::net::TcpStream,
+    endpoint: &TeEndpoint,
+    rdma: Option<&dyn Connections>,
+    from: std::net::IpAddr,
+) -> Result<(), HandshakeError> {
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let (kind, _peer_descriptor) = read_frame(stream)?;
-    if kind != METADATA {
-        return Err(HandshakeError::Kind(kind));
-    }
-    stream.write_all(&frame(METADATA, &endpoint.descriptor()))?;
+    let (kind, json) = read_frame(stream)?;
+    let reply = match (kind, rdma) {
+        // The peer's own descriptor is not needed: Mooncake ignores it too.
+        (METADATA, _) => endpoint.descriptor(),
+        (super::rdma::CONNECTION, Some(rdma)) => match super::rdma::Connection::parse(&json) {
+            Ok(req) => rdma.connect(&req, from).to_json(),
+            Err(e) => {
+                // Told why, as Mooncake tells its peers, before the refusal is counted.
+                let refusal = serde_json::json!({"reply_msg": e.to_string(), "qp_num": []});
+                stream.write_all(&frame(kind, &refusal))?;
+                return Err(HandshakeError::Json(e.to_string()));
+            }
+        },
+        (super::rdma::CONNECTION, None) => {
+            let refusal = serde_json::json!({"qp_num": [], "reply_msg":
+                "this store serves Mooncake's TCP transport, not RDMA (start it with protocol rdma)"});
+            stream.write_all(&frame(kind, &refusal))?;
+            return Err(HandshakeError::Kind(kind));
+        }
+        (PROBE, _) => serde_json::json!({"status": "success"}),
+        (NOTIFY, _) => serde_json::json!({"name": "", "notify_msg": "success"}),
+        _ => return Err(HandshakeError::Kind(kind)),
+    };
+    stream.write_all(&frame(kind, &reply))?;
     Ok(())
 }
 
@@ -285,6 +335,7 @@ mod tests {
             data_port: 15002,
             base: super::super::te_tcp::SEGMENT_BASE,
             len: 64 << 20,
+            rdma: None,
         }
     }
 

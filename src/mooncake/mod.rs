@@ -5,11 +5,14 @@
 //! (`tests/vectors/mooncake/`).
 
 pub mod coro_rpc;
+pub mod endpoints;
 pub mod handshake;
 pub mod master;
 pub mod metadata;
 pub mod objects;
 pub mod rdma;
+#[cfg(feature = "rdma")]
+pub mod rdma_target;
 pub mod rpcs;
 mod segments;
 pub mod struct_pack;

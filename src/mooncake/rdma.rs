@@ -196,7 +196,10 @@ impl Descriptor {
                 {
                     return Err(bad("a buffer has no name, address or length"));
                 }
-                if rkeys.len() != devices.len() || lkeys.len() != devices.len() {
+                // No keys: registered for local use only (a client's staging buffer), which
+                // no peer reaches; otherwise one key per device.
+                if !rkeys.is_empty() && (rkeys.len() != devices.len() || lkeys.len() != rkeys.len())
+                {
                     return Err(bad("a buffer's keys do not match its devices one to one"));
                 }
                 Ok(Buffer {
@@ -245,12 +248,12 @@ impl Descriptor {
         }
     }
 
-    /// The buffer holding `[addr, addr + len)`, if one does.
+    /// The buffer peers may reach (it has keys) holding `[addr, addr + len)`, if one does.
     pub fn buffer_for(&self, addr: u64, len: u64) -> Option<&Buffer> {
         let end = addr.checked_add(len)?;
         self.buffers
             .iter()
-            .find(|b| addr >= b.addr && end <= b.addr + b.length)
+            .find(|b| !b.rkeys.is_empty() && addr >= b.addr && end <= b.addr + b.length)
     }
 }
 
@@ -429,6 +432,16 @@ mod tests {
         assert!(d.buffer_for(0x7f00_0000_0000 + 4096, 4096).is_some());
         assert!(d.buffer_for(0x7f00_0000_0000 + (64 << 20) - 1, 2).is_none());
         assert!(d.buffer_for(u64::MAX, 2).is_none());
+        // A buffer registered for local use only (no keys, as a wheel client's staging buffer
+        // is published) is legal and reached by no one.
+        let mut v = d.to_json();
+        v["buffers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "cpu:0", "addr": 4096, "length": 4096, "rkey": [], "lkey": []}));
+        let with_local = Descriptor::parse("s", &v).unwrap();
+        assert_eq!(with_local.buffers.len(), 2);
+        assert!(with_local.buffer_for(4096, 16).is_none());
     }
 
     #[test]

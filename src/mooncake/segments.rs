@@ -56,10 +56,11 @@ impl Mounts {
         client_id: u64,
         seg: &Segment,
     ) -> Result<Expected<()>, Fail> {
-        if seg.protocol != "tcp" {
+        // The transports whose descriptors rbgctl's clients read (Mooncake's own find theirs).
+        if seg.protocol != "tcp" && seg.protocol != "rdma" {
             tracing::warn!(segment = %seg.name, protocol = %seg.protocol,
                 "a Mooncake process mounted a segment for a transport rbgctl does not serve \
-                 to Mooncake's clients yet (tcp only); refused");
+                 (tcp and rdma only); refused");
             return Ok(Err(error_code::INVALID_PARAMS));
         }
         if seg.name.is_empty() || seg.te_endpoint.is_empty() || seg.base == 0 || seg.size == 0 {

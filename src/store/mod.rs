@@ -481,8 +481,21 @@ impl Store {
         let te_hashes = Arc::new(crate::mooncake::te_tcp::WrittenHashes::default());
         let door = match (&memory, &mut segment) {
             (Some(memory), Some(info)) if cfg.serves_mooncake_transfer() => {
+                // An RDMA store serves Mooncake's RDMA transport; a descriptor names one.
+                #[cfg(feature = "rdma")]
+                let rdma_transport = rdma.clone().map(mooncake::TeTransport::Rdma);
+                #[cfg(not(feature = "rdma"))]
+                let rdma_transport = None;
+                let transport = match rdma_transport {
+                    Some(t) => t,
+                    None => mooncake::TeTransport::Tcp(mooncake::bind(
+                        "store Mooncake transfer",
+                        &cfg.bind_address,
+                        cfg.te_port,
+                    )?),
+                };
                 let listeners = (
-                    mooncake::bind("store Mooncake transfer", &cfg.bind_address, cfg.te_port)?,
+                    transport,
                     mooncake::bind(
                         "store Mooncake handshake",
                         &cfg.bind_address,
@@ -560,6 +573,7 @@ impl Store {
             (secret, grant_key.clone()),
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
+        registration.te_endpoint = door.as_ref().map(|d| d.endpoint.clone());
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
         registration.write_floor = write_floor;
         let registration = Arc::new(registration);

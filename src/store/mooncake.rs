@@ -64,6 +64,14 @@ pub struct MooncakeDoor {
     /// Ends the transport's connections (each within a tick).
     stop: Arc<AtomicBool>,
     servers: parking_lot::Mutex<Vec<ServerHandle>>,
+    /// The RDMA target and the thread checking its peers.
+    #[cfg(feature = "rdma")]
+    rdma: parking_lot::Mutex<
+        Option<(
+            Arc<crate::mooncake::rdma_target::RdmaTarget>,
+            std::thread::JoinHandle<()>,
+        )>,
+    >,
 }
 
 /// A listener on `port` of `bind`, or with port 0 the first free one in [`PORT_RANGE`].
@@ -90,62 +98,96 @@ pub fn bind(
     Err(last.expect("the range is not empty"))
 }
 
+/// How a store's segment reaches Mooncake's clients: one transport, as its descriptor names
+/// one (Mooncake's clients take the transport the descriptor says, and have only one).
+pub enum TeTransport {
+    /// Mooncake's Transfer Engine TCP transport, on this listener.
+    Tcp(TcpListener),
+    /// Mooncake's RDMA transport, on the segment as the store registered it.
+    #[cfg(feature = "rdma")]
+    Rdma(Arc<crate::transfer::rdma::serve::RdmaSegment>),
+}
+
 impl MooncakeDoor {
-    /// Serves `memory` on `data` (the transport) and `handshake`, as `host`.
+    /// Serves `memory` over `transport` and answers handshakes on `handshake`, as `host`.
     pub fn start(
         host: &str,
-        (data, handshake): (TcpListener, TcpListener),
+        (transport, handshake): (TeTransport, TcpListener),
         (memory, records, hashes): (Arc<SegmentMemory>, Arc<Records>, Arc<WrittenHashes>),
         opts: ServerOptions,
     ) -> std::io::Result<MooncakeDoor> {
-        let endpoint = TeEndpoint {
-            name: format!("{host}:{}", handshake.local_addr()?.port()),
+        let name = format!("{host}:{}", handshake.local_addr()?.port());
+        let mut endpoint = TeEndpoint {
+            name: name.clone(),
             data_host: host.to_string(),
-            data_port: data.local_addr()?.port(),
+            data_port: 0,
             base: SEGMENT_BASE,
             len: memory.size(),
+            rdma: None,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let te = Arc::new(TeStats::default());
         let handshakes = Arc::new(HandshakeStats::default());
-        let segment = Arc::new(Segment {
-            memory,
-            records,
-            hashes,
-        });
         let (te_conns, handshake_conns) = (Arc::default(), Arc::default());
-        let servers = vec![
-            te_tcp::serve(
-                data,
-                segment,
-                (
-                    ServerOptions {
-                        role: "store-mooncake-transfer",
-                        ..opts.clone()
-                    },
-                    Arc::clone(&te_conns),
-                ),
-                te.clone(),
-                stop.clone(),
-            )?,
-            handshake::serve(
-                handshake,
-                endpoint.clone(),
-                (
-                    handshake::port_options(ServerOptions {
-                        role: "store-mooncake-handshake",
-                        ..opts
-                    }),
-                    Arc::clone(&handshake_conns),
-                ),
-                handshakes.clone(),
-            )?,
-        ];
+        let mut servers = Vec::new();
+        let mut connections: Option<Arc<dyn handshake::Connections>> = None;
+        #[cfg(feature = "rdma")]
+        let mut rdma = None;
+        match transport {
+            TeTransport::Tcp(data) => {
+                endpoint.data_port = data.local_addr()?.port();
+                let segment = Arc::new(Segment {
+                    memory,
+                    records,
+                    hashes,
+                });
+                servers.push(te_tcp::serve(
+                    data,
+                    segment,
+                    (
+                        ServerOptions {
+                            role: "store-mooncake-transfer",
+                            ..opts.clone()
+                        },
+                        Arc::clone(&te_conns),
+                    ),
+                    te.clone(),
+                    stop.clone(),
+                )?);
+            }
+            #[cfg(feature = "rdma")]
+            TeTransport::Rdma(segment) => {
+                let target = crate::mooncake::rdma_target::RdmaTarget::new(
+                    segment,
+                    name.clone(),
+                    opts.idle_timeout,
+                );
+                endpoint.base = target.base();
+                endpoint.rdma = Some(target.descriptor());
+                let checks = target.start_checks()?;
+                connections = Some(target.clone());
+                rdma = Some((target, checks));
+            }
+        }
+        servers.push(handshake::serve(
+            handshake,
+            endpoint.clone(),
+            (
+                handshake::port_options(ServerOptions {
+                    role: "store-mooncake-handshake",
+                    ..opts
+                }),
+                Arc::clone(&handshake_conns),
+            ),
+            handshakes.clone(),
+            connections,
+        )?);
         tracing::warn!(
             name = %endpoint.name,
+            transport = if endpoint.rdma.is_some() { "rdma" } else { "tcp" },
             data_port = endpoint.data_port,
-            "serving Mooncake's Transfer Engine (TCP) and P2P handshake: both unauthenticated; \
-             whoever reaches these ports reads the segment and writes its free space \
+            "serving Mooncake's Transfer Engine and P2P handshake: both unauthenticated; \
+             whoever reaches them reads the segment and writes its free space \
              (docs/security.md)"
         );
         Ok(MooncakeDoor {
@@ -156,6 +198,8 @@ impl MooncakeDoor {
             handshake_conns,
             stop,
             servers: parking_lot::Mutex::new(servers),
+            #[cfg(feature = "rdma")]
+            rdma: parking_lot::Mutex::new(rdma),
         })
     }
 
@@ -164,6 +208,11 @@ impl MooncakeDoor {
         self.stop.store(true, Ordering::Relaxed);
         for mut server in self.servers.lock().drain(..) {
             server.stop();
+        }
+        #[cfg(feature = "rdma")]
+        if let Some((target, checks)) = self.rdma.lock().take() {
+            target.stop();
+            let _ = checks.join();
         }
     }
 
@@ -219,6 +268,10 @@ impl MooncakeDoor {
             "P2P handshakes refused (a frame too long, not JSON, another type).",
             n(&self.handshakes.refused),
         );
+        #[cfg(feature = "rdma")]
+        if let Some((target, _)) = &*self.rdma.lock() {
+            target.render(p);
+        }
         self.te_conns.render(p, "rbgctl_store_mooncake_transfer");
         self.handshake_conns
             .render(p, "rbgctl_store_mooncake_handshake");

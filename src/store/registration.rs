@@ -61,6 +61,9 @@ pub struct Registration {
     pub segment_id: AtomicU64,
     /// Where the segment's descriptor is published on each mount, if anywhere.
     pub metadata_server: Option<MetadataServer>,
+    /// The segment's Transfer Engine endpoint, as the store's Mooncake door serves it (the
+    /// descriptor published is the one its handshake answers).
+    pub te_endpoint: Option<crate::mooncake::handshake::TeEndpoint>,
     /// Fired on a clean stop: the heartbeat loop returns.
     pub stop: Shutdown,
     pub interval: Duration,
@@ -115,6 +118,7 @@ impl Registration {
             write_floor: Arc::default(),
             segment_id: AtomicU64::new(0),
             metadata_server,
+            te_endpoint: None,
             stop: Shutdown::new(),
             interval,
             conflict_wait: Duration::from_secs(30),
@@ -160,7 +164,7 @@ impl Registration {
         // On every mount: a master that restarted or took over has an empty metadata server
         // (a standby's redirects the PUT to the leader's).
         if let Some(server) = &self.metadata_server {
-            publish_descriptor(server, seg, self.auth.as_deref());
+            publish_descriptor(server, seg, self.te_endpoint.as_ref(), self.auth.as_deref());
         }
         Ok(())
     }
@@ -398,9 +402,10 @@ impl Registration {
 fn publish_descriptor(
     server: &MetadataServer,
     seg: &SegmentInfo,
+    te: Option<&crate::mooncake::handshake::TeEndpoint>,
     auth: Option<&crate::auth::Secret>,
 ) {
-    let entries = match crate::mooncake::handshake::TeEndpoint::of(seg) {
+    let entries = match te {
         // Mooncake's clients find the segment by its Transfer Engine name; the same
         // descriptor stands under the store's own name too.
         Some(te) => {

@@ -44,12 +44,24 @@ pub struct Wheel {
 impl Wheel {
     /// Runs `script` (Python source) with `python`, its Transfer Engine on loopback.
     pub fn start(python: &OsString, script: &str) -> Wheel {
+        Wheel::start_with(python, script, &[], Stdio::null())
+    }
+
+    /// As `start`, with more of the environment (`PYTHONPATH`, Mooncake's `MC_*`) and where
+    /// its standard error goes.
+    pub fn start_with(
+        python: &OsString,
+        script: &str,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Wheel {
         let mut child = Command::new(python)
             .args(["-c", script])
             .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("the wheel's interpreter runs");
         let input = child.stdin.take();

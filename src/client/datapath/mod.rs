@@ -11,9 +11,12 @@
 //! - `Rdma` (cargo feature `rdma`): one-sided READ and WRITE of the store's registered segment
 //!   through queue pairs set up on the store's TCP port, TCP when the store does not serve it.
 //! - [`MooncakeTe`]: a segment a Mooncake process mounted (no rbgctl store serves it), through
-//!   that process's Transfer Engine TCP transport.
+//!   that process's Transfer Engine: its TCP transport, or its RDMA transport (Mooncake's
+//!   handshake and QP conventions) when its descriptor says `rdma` and the client has NICs.
 
 mod disk;
+#[cfg(feature = "rdma")]
+mod mooncake_rdma;
 mod mooncake_te;
 #[cfg(feature = "rdma")]
 mod rdma;
@@ -151,6 +154,7 @@ pub fn open(
             info,
             discovery.clone(),
             pool.options().clone(),
+            nics.cloned(),
         ));
     }
     if same_host_shm && info.tier == crate::transfer::message::Tier::Disk {

@@ -67,6 +67,11 @@ impl std::str::FromStr for Discovery {
 }
 
 pub struct MooncakeTe {
+    /// The client's RDMA side, for a segment whose descriptor says `rdma`.
+    nics: Option<super::NicsInner>,
+    /// The RDMA path, once the descriptor said `rdma`.
+    #[cfg(feature = "rdma")]
+    rdma: std::sync::OnceLock<Arc<super::mooncake_rdma::MooncakeRdma>>,
     /// The segment's name for Mooncake (`te_endpoint`): what the descriptor is found by.
     name: String,
     /// The segment's first address in its process and its length.
@@ -92,8 +97,12 @@ impl MooncakeTe {
         info: &crate::transfer::message::SegmentInfo,
         discovery: Discovery,
         conn: ConnOptions,
+        nics: Option<super::NicsInner>,
     ) -> MooncakeTe {
         MooncakeTe {
+            nics,
+            #[cfg(feature = "rdma")]
+            rdma: std::sync::OnceLock::new(),
             name: info.te_endpoint.clone(),
             base: info.te_base,
             len: info.size,
@@ -111,7 +120,12 @@ impl MooncakeTe {
             return Ok(p);
         }
         let json = self.descriptor()?;
-        let peer = PeerDescriptor::parse(&self.name, &json)
+        self.adopt(&json)
+    }
+
+    /// Takes `json` as the peer's (TCP) descriptor.
+    fn adopt(&self, json: &serde_json::Value) -> Result<Arc<PeerDescriptor>, TransferError> {
+        let peer = PeerDescriptor::parse(&self.name, json)
             .map_err(|e| TransferError::Protocol(e.to_string()))?;
         if !peer.covers(self.base, self.len) {
             return Err(TransferError::Protocol(format!(
@@ -140,14 +154,7 @@ impl MooncakeTe {
         match &self.discovery {
             Discovery::Handshake => by_handshake(),
             Discovery::Http(url) => {
-                let server = match self.metadata.get() {
-                    Some(server) => server,
-                    None => {
-                        let server = MetadataServer::new(url, &[], self.conn.io_timeout)
-                            .map_err(|e| TransferError::Protocol(e.to_string()))?;
-                        self.metadata.get_or_init(|| server)
-                    }
-                };
+                let server = self.metadata_server(url)?;
                 let key = format!("mooncake/ram/{}", self.name);
                 match server.get(&key) {
                     Ok(Some(d)) => Ok(d),
@@ -156,6 +163,48 @@ impl MooncakeTe {
                 }
             }
         }
+    }
+
+    /// The metadata server's client, made at the first lookup there.
+    fn metadata_server(&self, url: &str) -> Result<&MetadataServer, TransferError> {
+        if let Some(server) = self.metadata.get() {
+            return Ok(server);
+        }
+        let server = MetadataServer::new(url, &[], self.conn.io_timeout)
+            .map_err(|e| TransferError::Protocol(e.to_string()))?;
+        Ok(self.metadata.get_or_init(|| server))
+    }
+
+    /// The RDMA path when the segment's descriptor says `rdma` and this client has NICs; `None`:
+    /// TCP (the descriptor, when looked up here, is taken as the TCP peer's).
+    #[cfg(feature = "rdma")]
+    fn rdma_path(&self) -> Result<Option<&super::mooncake_rdma::MooncakeRdma>, TransferError> {
+        if let Some(path) = self.rdma.get() {
+            return Ok(Some(path));
+        }
+        let Some(nics) = &self.nics else {
+            return Ok(None);
+        };
+        if self.peer.lock().is_some() {
+            return Ok(None);
+        }
+        let json = self.descriptor()?;
+        if json["protocol"] != "rdma" {
+            self.adopt(&json)?;
+            return Ok(None);
+        }
+        let info = crate::transfer::message::SegmentInfo {
+            te_endpoint: self.name.clone(),
+            te_base: self.base,
+            size: self.len,
+            ..Default::default()
+        };
+        let path = super::mooncake_rdma::MooncakeRdma::new(
+            &info,
+            nics.clone(),
+            (self.conn.connect_timeout, self.conn.io_timeout),
+        )?;
+        Ok(Some(self.rdma.get_or_init(|| Arc::new(path))))
     }
 
     fn connect(&self, peer: &PeerDescriptor) -> Result<TcpStream, TransferError> {
@@ -304,12 +353,50 @@ fn io_error(e: std::io::Error) -> TransferError {
     }
 }
 
+#[cfg(feature = "rdma")]
+impl super::mooncake_rdma::Finder for MooncakeTe {
+    fn descriptor(&self) -> Result<serde_json::Value, TransferError> {
+        MooncakeTe::descriptor(self)
+    }
+
+    /// In P2P mode a server name is its listener's `host:port`; a metadata server says where
+    /// (`mooncake/rpc_meta/<name>`), or the name does.
+    fn handshake_addr(&self, server: &str) -> Result<String, TransferError> {
+        if let Discovery::Http(url) = &self.discovery {
+            let key = format!("mooncake/rpc_meta/{server}");
+            if let Ok(Some(meta)) = self.metadata_server(url)?.get(&key) {
+                if let (Some(host), Some(port)) =
+                    (meta["ip_or_host_name"].as_str(), meta["rpc_port"].as_u64())
+                {
+                    return Ok(if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    });
+                }
+            }
+        }
+        Ok(server.to_string())
+    }
+}
+
+/// Every operation failed with `e`.
+fn all_failed<T>(n: usize, e: &TransferError) -> Vec<Result<T, TransferError>> {
+    (0..n).map(|_| Err(e.clone())).collect()
+}
+
 impl DataPath for MooncakeTe {
     fn kind(&self) -> PathKind {
         PathKind::Tcp
     }
 
     fn write(&self, ops: &[WriteOp<'_>]) -> Vec<Result<u32, TransferError>> {
+        #[cfg(feature = "rdma")]
+        match self.rdma_path() {
+            Ok(Some(rdma)) => return rdma.write(ops, self),
+            Ok(None) => {}
+            Err(e) => return all_failed(ops.len(), &e),
+        }
         // An empty value moves nothing: done here (Mooncake's transport refuses size 0).
         let (empty, sent): (Vec<usize>, Vec<usize>) =
             (0..ops.len()).partition(|&j| ops[j].value.is_empty());
@@ -344,6 +431,12 @@ impl DataPath for MooncakeTe {
     }
 
     fn read(&self, ops: &mut [ReadOp<'_>]) -> Vec<Result<(), TransferError>> {
+        #[cfg(feature = "rdma")]
+        match self.rdma_path() {
+            Ok(Some(rdma)) => return rdma.read(ops, self),
+            Ok(None) => {}
+            Err(e) => return all_failed(ops.len(), &e),
+        }
         let sizes: Vec<(u64, u64)> = ops
             .iter()
             .map(|op| (op.offset, op.dst.len() as u64))
@@ -388,7 +481,7 @@ mod tests {
             buffers: vec![(SEGMENT_BASE, len)],
         });
         (
-            MooncakeTe::new(&info, Discovery::Handshake, ConnOptions::default()),
+            MooncakeTe::new(&info, Discovery::Handshake, ConnOptions::default(), None),
             peer,
         )
     }
@@ -484,6 +577,7 @@ mod tests {
             data_port: port,
             base: SEGMENT_BASE,
             len: 1 << 16,
+            rdma: None,
         };
         let opts = ServerOptions {
             max_connections: 8,
@@ -501,6 +595,7 @@ mod tests {
             endpoint,
             (opts, Default::default()),
             stats.clone(),
+            None,
         )
         .unwrap();
         let info = SegmentInfo {
@@ -509,7 +604,7 @@ mod tests {
             size: 1 << 16,
             ..Default::default()
         };
-        let te = MooncakeTe::new(&info, Discovery::Handshake, ConnOptions::default());
+        let te = MooncakeTe::new(&info, Discovery::Handshake, ConnOptions::default(), None);
         let op = WriteOp {
             offset: 0,
             value: b"kept",

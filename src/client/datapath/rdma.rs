@@ -159,7 +159,7 @@ impl Local {
 }
 
 /// A lane broke: why, to log and to answer the operations it left unanswered.
-struct Broken(TransferError);
+pub(super) struct Broken(pub(super) TransferError);
 
 impl From<VerbsError> for Broken {
     fn from(e: VerbsError) -> Broken {
@@ -174,14 +174,14 @@ impl From<TransferError> for Broken {
 }
 
 /// Registered, page-aligned memory the NIC reads from and writes into.
-struct Staging {
+pub(super) struct Staging {
     /// Dropped (deregistered) before the mapping it covers.
     mr: Mr,
     map: memmap2::MmapMut,
 }
 
 impl Staging {
-    fn new(nic: &Nic) -> Result<Staging, VerbsError> {
+    pub(super) fn new(nic: &Nic) -> Result<Staging, VerbsError> {
         let mut map = memmap2::MmapMut::map_anon(SLOT * SLOTS).map_err(|e| VerbsError::Call {
             call: "mmap (RDMA staging)",
             source: e,
@@ -203,10 +203,10 @@ impl Staging {
 
 /// The store's segment as its NIC sees it.
 #[derive(Clone, Copy, Debug)]
-struct Remote {
-    addr: u64,
-    len: u64,
-    rkey: u32,
+pub(super) struct Remote {
+    pub(super) addr: u64,
+    pub(super) len: u64,
+    pub(super) rkey: u32,
 }
 
 /// The store's table of version stamps as its NIC sees it.
@@ -233,14 +233,16 @@ impl RemoteStamps {
 
 /// One queue pair to the store and what it needs. Fields drop in order: the pair first, then
 /// its staging memory, then the connection (whose closing makes the store drop its pair).
-struct Lane {
-    qp: Qp,
+pub(super) struct Lane {
+    pub(super) qp: Qp,
     staging: Staging,
     /// Which of the client's NICs it uses (the index of its regions in a registration).
     nic: usize,
     /// The client's NICs and registered memory.
     local: Arc<Local>,
-    conn: Connection,
+    /// The rbgctl connection the pair was set up on, which seals writes and checks versions;
+    /// `None` for a pair to a Mooncake Transfer Engine (which does neither).
+    conn: Option<Connection>,
     remote: Remote,
     stamps: Option<RemoteStamps>,
     /// Until when the store's read lease surely runs, as the last `CHECK_VERSION` answer told
@@ -358,7 +360,7 @@ impl Lane {
             staging,
             nic: nic_index % local.nics.len(),
             local: local.clone(),
-            conn,
+            conn: Some(conn),
             remote: Remote {
                 addr: resp.addr,
                 len: resp.length,
@@ -369,6 +371,29 @@ impl Lane {
             max_idle: Duration::from_millis(resp.idle_ms / 2),
             last_used: Instant::now(),
         })
+    }
+
+    /// A lane on a pair set up some other way (Mooncake's handshake), to `remote`: no version
+    /// stamps, no seal, kept while idle.
+    pub(super) fn on_pair(
+        qp: Qp,
+        staging: Staging,
+        local: &Arc<Local>,
+        nic: usize,
+        remote: Remote,
+    ) -> Lane {
+        Lane {
+            qp,
+            staging,
+            nic,
+            local: local.clone(),
+            conn: None,
+            remote,
+            stamps: None,
+            lease_until: None,
+            max_idle: Duration::MAX,
+            last_used: Instant::now(),
+        }
     }
 
     fn remote_at(&self, offset: u64, len: usize) -> Result<u64, TransferError> {
@@ -492,7 +517,7 @@ impl Lane {
         p
     }
 
-    fn read(
+    pub(super) fn read(
         &mut self,
         ops: &mut [ReadOp<'_>],
         deadline: Instant,
@@ -593,7 +618,10 @@ impl Lane {
             }
         }
         for (j, id, asked) in checks {
-            match self.conn.recv(id) {
+            let Some(conn) = self.conn.as_mut() else {
+                break;
+            };
+            match conn.recv(id) {
                 Ok((_, meta)) => {
                     if let Ok(r) = <CheckVersionResp as crate::transfer::Wire>::from_meta(&meta) {
                         let until = asked + Duration::from_millis(r.lease_ms_left);
@@ -625,7 +653,12 @@ impl Lane {
             version,
         };
         let sent = Instant::now();
-        let id = self.conn.send(
+        let conn = self.conn.as_mut().ok_or_else(|| {
+            Broken(TransferError::Protocol(
+                "a version check needs an rbgctl store; this pair has none".into(),
+            ))
+        })?;
+        let id = conn.send(
             Opcode::CheckVersion,
             &crate::transfer::Wire::to_meta(&req),
             &[],
@@ -634,7 +667,7 @@ impl Lane {
         Ok((j, id, sent))
     }
 
-    fn write(
+    pub(super) fn write(
         &mut self,
         ops: &[WriteOp<'_>],
         deadline: Instant,
@@ -671,7 +704,16 @@ impl Lane {
             .iter()
             .map(|r| r.as_ref().map(|_| 0).map_err(Clone::clone))
             .collect();
-        // Every byte is in the store's memory: it checks and records them.
+        // Every byte is in the store's memory: it checks and records them (a Mooncake
+        // Transfer Engine records nothing: the master has the checksums).
+        let Some(conn) = self.conn.as_mut() else {
+            for (j, r) in out.iter_mut().enumerate() {
+                if r.is_ok() {
+                    *r = Ok(crcs[j]);
+                }
+            }
+            return Ok(out);
+        };
         let sealed: Vec<usize> = (0..ops.len()).filter(|&j| out[j].is_ok()).collect();
         if sealed.is_empty() {
             return Ok(out);
@@ -689,7 +731,7 @@ impl Lane {
                 .collect(),
             grants: sealed.iter().map(|&j| ops[j].grant).collect(),
         };
-        let resp: BatchStatusResp = self.conn.call(Opcode::SealChecked, &req)?;
+        let resp: BatchStatusResp = conn.call(Opcode::SealChecked, &req)?;
         if resp.items.len() != sealed.len() {
             return Err(Broken(TransferError::Protocol(format!(
                 "store sealed {} objects of {}",

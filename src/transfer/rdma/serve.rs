@@ -32,6 +32,16 @@ struct Served {
     connects: std::sync::atomic::AtomicU64,
 }
 
+/// A device serving the segment, with the segment's keys on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceKeys {
+    pub name: String,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    pub rkey: u32,
+    pub lkey: u32,
+}
+
 pub struct RdmaSegment {
     nics: Vec<Served>,
     /// How long the store keeps an idle connection: clients retire their pairs before it.
@@ -129,6 +139,53 @@ impl RdmaSegment {
             stamp_slots: self.stamps.slots(),
         };
         Ok((qp, resp))
+    }
+
+    /// The segment's registered region: its address (the iova peers name) and length.
+    pub fn region(&self) -> (u64, u64) {
+        self.nics
+            .first()
+            .map_or((0, 0), |s| (s.mr.addr(), s.mr.len()))
+    }
+
+    /// Each device serving the segment, in order, with the segment's keys on it.
+    pub fn device_keys(&self) -> Vec<DeviceKeys> {
+        self.nics
+            .iter()
+            .map(|s| DeviceKeys {
+                name: s.nic.name().to_string(),
+                lid: s.nic.path.lid,
+                gid: s.nic.path.gid,
+                rkey: s.mr.rkey(),
+                lkey: s.mr.lkey(),
+            })
+            .collect()
+    }
+
+    /// Queue pairs on device `device`, each joined to the peer's of the same index, for peers
+    /// that exchange no sequence numbers: this side starts at `psn` (Mooncake's convention is
+    /// 0 both ways; `peers` carry theirs). The peers may READ and WRITE the segment through
+    /// them until they are dropped.
+    pub fn peer_qps(
+        &self,
+        device: usize,
+        peers: &[QpEndpoint],
+        psn: u32,
+    ) -> Result<Vec<Qp>, VerbsError> {
+        let served = self
+            .nics
+            .get(device)
+            .ok_or_else(|| VerbsError::Device(format!("no device {device} serves the segment")))?;
+        let mut qps = Vec::with_capacity(peers.len());
+        for peer in peers {
+            let qp = Qp::new(&served.nic.pd, &served.cq, served.nic.path, 1)?.with_psn(psn);
+            qp.connect(peer, ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE)?;
+            qps.push(qp);
+        }
+        served
+            .connects
+            .fetch_add(peers.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(qps)
     }
 
     /// Each device serving the segment, by name, with the queue pairs made on it.

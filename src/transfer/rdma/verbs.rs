@@ -872,6 +872,12 @@ impl Qp {
         })
     }
 
+    /// The pair with `psn` as its send sequence number, for peers that do not exchange one.
+    pub fn with_psn(mut self, psn: u32) -> Qp {
+        self.psn = psn & 0xff_ffff;
+        self
+    }
+
     pub fn endpoint(&self) -> QpEndpoint {
         QpEndpoint {
             // SAFETY: the pair is live.
