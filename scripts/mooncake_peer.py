@@ -5,7 +5,7 @@ run (`rbgctl bench store --mooncake-python PYTHON`).
 Run with a Python that has the `mooncake-transfer-engine-non-cuda` wheel installed (its
 `mooncake_master` sits next to that Python). Same topology as rbgctl's rows: a master, one
 storage process (a 4 GiB segment, no local buffer) and this process as a pure client, all on
-loopback over TCP. The client uses the zero-copy calls (`put_from` / `get_into` and their batch
+loopback over TCP (or Mooncake's RDMA transport: `--protocol rdma --device rxe0`). The client uses the zero-copy calls (`put_from` / `get_into` and their batch
 forms, on a registered buffer), Mooncake's fastest, and `batch_is_exist` of 128 keys. Prints
 one JSON document: the rows, the master RPCs the client's calls make, and the CPU time
 Mooncake's master spent meanwhile (from /proc).
@@ -45,11 +45,11 @@ def wait_port(port, deadline):
     return False
 
 
-def store(master, segment, buffer):
+def store(master, segment, buffer, protocol="tcp", device=""):
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
-    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, "tcp", "", master)
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, protocol, device, master)
     if rc != 0:
         raise SystemExit(f"mooncake setup failed: {rc}")
     return s
@@ -57,7 +57,7 @@ def store(master, segment, buffer):
 
 def node(args):
     """A pure storage node: contributes its segment until its stdin closes."""
-    s = store(args.master, args.segment, 0)
+    s = store(args.master, args.segment, 0, args.protocol, args.device)
     print(READY, flush=True)
     sys.stdin.read()
     s.close()
@@ -131,7 +131,7 @@ def fill(buf, size, seed):
 
 
 def client(args):
-    s = store(args.master, 0, args.buffer)
+    s = store(args.master, 0, args.buffer, args.protocol, args.device)
     rows = []
     run = f"peer{os.getpid()}"
     for size in args.sizes:
@@ -191,8 +191,9 @@ def report(rows, master_cpu):
 def run(args):
     global CASE
     row.rpcs = 0
+    CASE = f"mooncake {args.protocol}"
     if args.on_master:
-        CASE = "mooncake client on rbgctl tcp"
+        CASE = f"mooncake client on rbgctl {args.protocol}"
         args.master = args.on_master
         report(client(args), None)
         return
@@ -214,7 +215,8 @@ def run(args):
         addr = f"127.0.0.1:{rpc}"
         storage = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "node", "--master", addr,
-             "--segment", str(args.segment)],
+             "--segment", str(args.segment), "--protocol", args.protocol,
+             "--device", args.device],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, text=True)
         line = storage.stdout.readline()
@@ -249,6 +251,10 @@ def main():
     n = sub.add_parser("node")
     n.add_argument("--master", required=True)
     n.add_argument("--segment", type=int, required=True)
+    for q in (r, n):
+        q.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"],
+                       help="Mooncake's transport for the node and the client")
+        q.add_argument("--device", default="", help="RDMA devices (rdma), e.g. rxe0")
     args = p.parse_args()
     if args.mode == "node":
         node(args)

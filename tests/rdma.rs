@@ -120,9 +120,10 @@ fn start_vm(image: &Path, filter: &str, net: &[&str]) -> Vm {
         .unwrap();
     let job = job_dir.path().join("job.sh");
     // The Mooncake wheel's package, for the VM's python3 (over the shared folder).
-    let site = mooncake_site()
-        .map(|s| format!("export {MOONCAKE_SITE}={s}\n"))
-        .unwrap_or_default();
+    let site = match (mooncake_site(), std::env::var("RBGCTL_MOONCAKE_PYTHON")) {
+        (Some(s), Ok(py)) => format!("export {MOONCAKE_SITE}={s} RBGCTL_MOONCAKE_PYTHON={py}\n"),
+        _ => String::new(),
+    };
     std::fs::write(
         &job,
         format!(
@@ -530,6 +531,8 @@ fn inside_one_vm_a_restarted_store_is_read_by_rdma_again_after_its_old_pair_fail
 /// two virtual wires (QEMU sockets, one subnet each): the master and a store in one, a client and
 /// a second store in the other. Values placed on the far store are written and read across the
 /// wires by RDMA, the client's queue pairs striped over both NICs; replicas span both hosts.
+/// Mooncake's wheel in the second host puts and gets on the first host's store by Mooncake's
+/// RDMA transport over both wires.
 #[test]
 fn the_pool_over_soft_roce_across_two_vms() {
     if in_vm() {
@@ -577,7 +580,19 @@ fn the_pool_over_soft_roce_across_two_vms() {
         "a test inside a VM failed (consoles above)"
     );
     assert!(a_console.contains("inside_two_vms_host_a_serves_the_master_and_a_store ... ok"));
-    assert!(b_console.contains("inside_two_vms_host_b_writes_and_reads_across_the_wire ... ok"));
+    // The wheel's log lines may follow the name; the run passed.
+    assert!(b_console.contains("test inside_two_vms_host_b_writes_and_reads_across_the_wire ... "));
+    if mooncake_site().is_some() {
+        assert!(
+            !b_console.contains("SKIPPED inside the VM"),
+            "the wheel's part skipped in the second VM"
+        );
+    } else {
+        common::skip(
+            "RBGCTL_MOONCAKE_PYTHON (the Mooncake wheel's interpreter) is not set: the wheel's \
+             part in the second VM says SKIPPED",
+        );
+    }
 }
 
 /// Whether a socket listens on 127.0.0.1:`port` (from /proc/net/tcp).
@@ -760,6 +775,54 @@ fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
     assert!(
         far_metric("rbgctl_store_rdma_sealed_bytes_total") >= (2 << 20) as f64 + (4 << 20) as f64
     );
+    // Mooncake's wheel on this host, with both NICs, puts and gets on the far store by
+    // Mooncake's RDMA transport: both of the far store's NICs carry its QPs (each of the
+    // wheel's NICs paired with the far one of its name: the wires are separate subnets).
+    if std::env::var_os(MOONCAKE_SITE).is_some() {
+        let script = format!(
+            r#"
+import os
+from mooncake.store import MooncakeDistributedStore as S, ReplicateConfig
+s = S()
+print('setup', s.setup('{HOST_B}', 'P2PHANDSHAKE', 0, 64 << 20, 'rdma', '{DEVICES}', '{master}'), flush=True)
+c = ReplicateConfig()
+c.preferred_segment = 'store-a'
+ok = True
+for i in range(24):
+    v = os.urandom(1 << 20)
+    k = 'wheel/%d' % i
+    if s.put(k, v, c) != 0 or s.get(k) != v:
+        ok = False
+print('values', ok, flush=True)
+s.close()
+"#
+        );
+        let mut wheel = rdma_wheel_with(&script, &[("MC_ENABLE_DEST_DEVICE_AFFINITY", "1")]);
+        assert_eq!(wheel.line(), "setup 0");
+        assert_eq!(wheel.line(), "values True");
+        wheel.finish();
+        assert_eq!(segment_of("wheel/0"), ["store-a"]);
+        assert_eq!(client.get("wheel/23").unwrap().len(), 1 << 20);
+        let (_, body) = common::http_at(HOST_A, STORE_METRICS_PORT, "GET", "/metrics", b"");
+        for device in ["rxe0", "rxe1"] {
+            let line = format!("rbgctl_store_mooncake_rdma_qps{{device=\"{device}\"}}");
+            let n: f64 = body
+                .lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0);
+            assert!(
+                n >= 2.0,
+                "no wheel QPs on the far store's {device}:\n{body}"
+            );
+        }
+        assert_eq!(
+            rbgctl::telemetry::sum(&body, "rbgctl_store_mooncake_transfer_bytes_total"),
+            0.0
+        );
+    } else {
+        println!("SKIPPED inside the VM: no Mooncake wheel handed in");
+    }
     client.put(DONE, b"1", &ReplicateConfig::default()).unwrap();
 }
 
@@ -788,6 +851,17 @@ fn inside_one_vm_bench_store_rdma_reports_against_perftest() {
             "--phase-time",
             "2s",
         ])
+        // Mooncake's wheel by RDMA on its own store and on rbgctl's, when it is handed in.
+        .args(match std::env::var("RBGCTL_MOONCAKE_PYTHON") {
+            Ok(py) => vec![
+                "--mooncake-python".to_string(),
+                py,
+                "--mooncake-rounds".into(),
+                "1".into(),
+            ],
+            Err(_) => vec![],
+        })
+        .env("MC_GID_INDEX", "1")
         .output()
         .unwrap();
     assert!(
@@ -817,7 +891,27 @@ fn inside_one_vm_bench_store_rdma_reports_against_perftest() {
     assert_eq!(cpu.len(), 3);
     let ratio = r["store_cpu_ratio"].as_f64().unwrap();
     assert!(ratio < 0.5, "the store worked for one-sided reads: {ratio}");
-    assert_eq!(r["failures"].as_array().unwrap().len(), 0);
+    assert_eq!(r["failures"], serde_json::json!([]));
+    if std::env::var_os("RBGCTL_MOONCAKE_PYTHON").is_some() {
+        let versus = r["versus_mooncake_store"].as_array().unwrap();
+        for op in ["put", "get", "batch_put 32x", "batch_get 32x"] {
+            let row = versus
+                .iter()
+                .find(|v| v["op"] == op)
+                .unwrap_or_else(|| panic!("no {op} row beside Mooncake's: {versus:?}"));
+            assert!(row["rbgctl_ops_per_s"].as_f64().unwrap() > 0.0, "{row}");
+            assert!(row["peer_ops_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        }
+        for side in ["mooncake", "mooncake_client_on_rbgctl"] {
+            for row in r[side].as_array().unwrap() {
+                assert_eq!(row["errors"], 0, "{side}: {row}");
+            }
+        }
+        println!(
+            "Mooncake's wheel by RDMA, on rbgctl's store / on Mooncake's: {}",
+            serde_json::to_string(versus).unwrap()
+        );
+    }
 }
 
 /// The Python client (SGLang's HiCache path) against a store serving RDMA: it takes
@@ -899,13 +993,15 @@ const MOONCAKE_SITE: &str = "RBGCTL_MOONCAKE_SITE";
 /// The wheel, run by the VM's python3 with Mooncake's settings for rxe0 (the IPv4 GID, as
 /// rbgctl's stores pick it).
 fn rdma_wheel(script: &str) -> common::wheel::Wheel {
+    rdma_wheel_with(script, &[])
+}
+
+/// As `rdma_wheel`, with more of Mooncake's settings.
+fn rdma_wheel_with(script: &str, env: &[(&str, &str)]) -> common::wheel::Wheel {
     let site = std::env::var(MOONCAKE_SITE).expect("the host hands in the wheel's site-packages");
-    common::wheel::Wheel::start_with(
-        &"python3".into(),
-        script,
-        &[("PYTHONPATH", &site), ("MC_GID_INDEX", "1")],
-        Stdio::inherit(),
-    )
+    let mut all = vec![("PYTHONPATH", site.as_str()), ("MC_GID_INDEX", "1")];
+    all.extend_from_slice(env);
+    common::wheel::Wheel::start_with(&"python3".into(), script, &all, Stdio::inherit())
 }
 
 /// A cluster with one store serving Mooncake's RDMA transport on rxe0 (and rbgctl's own).

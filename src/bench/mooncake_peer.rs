@@ -27,6 +27,25 @@ pub struct PeerPlan {
     pub segment: u64,
     /// Run the wheel's client against this master (rbgctl's) instead of starting Mooncake's.
     pub on_master: Option<String>,
+    /// Mooncake's RDMA transport on these devices (`None`: its TCP transport).
+    pub rdma_device: Option<String>,
+    /// The client's local buffer (Mooncake's staging for calls without registered memory).
+    pub buffer: u64,
+}
+
+impl PeerPlan {
+    /// The peer's case names: its own store's, and its client's on rbgctl.
+    pub fn cases(&self) -> (String, String) {
+        let protocol = if self.rdma_device.is_some() {
+            "rdma"
+        } else {
+            "tcp"
+        };
+        (
+            format!("mooncake {protocol}"),
+            format!("mooncake client on rbgctl {protocol}"),
+        )
+    }
 }
 
 /// What one run of the peer script measured.
@@ -123,6 +142,11 @@ fn run_script(python: &Path, script: &Path, plan: &PeerPlan) -> anyhow::Result<P
         .args(["--batch", &plan.batch.to_string()])
         .args(["--batch-value", &plan.batch_value.to_string()])
         .args(["--segment", &plan.segment.to_string()])
+        .args(["--buffer", &plan.buffer.to_string()])
+        .args(match &plan.rdma_device {
+            Some(device) => vec!["--protocol", "rdma", "--device", device.as_str()],
+            None => vec![],
+        })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

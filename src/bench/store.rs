@@ -73,7 +73,9 @@ pub struct StoreBenchArgs {
     pub breakdown: bool,
     /// Also measure the Mooncake store side by side, in the same run and topology: a Python
     /// with the `mooncake-transfer-engine-non-cuda` wheel installed (its `mooncake_master`
-    /// next to it). Runs the single-thread TCP rows and the batch rows.
+    /// next to it). Runs the single-thread TCP rows and the batch rows (with --rdma, by
+    /// Mooncake's RDMA transport on that device, its client on Mooncake's store and on
+    /// rbgctl's).
     #[arg(long)]
     pub mooncake_python: Option<std::path::PathBuf>,
     /// Rounds of the side-by-side runs with --mooncake-python: Mooncake's pool and the wheel
@@ -699,46 +701,24 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
             batch_value: args.batch_value.0,
             segment: args.segment_size.0,
             on_master: None,
+            rdma_device: None,
+            buffer: 512 << 20,
         };
         // The same wheel client on rbgctl's master and store (which serve Mooncake's
         // protocols without a cluster secret), in turns with Mooncake's own.
         let master_pid = cluster.as_ref().and_then(|c| c.pids(0).0);
         let on_ours = match (master_pid, &args.auth_token_file) {
-            (Some(pid), None) => Some(pid),
+            (Some(pid), None) => Some((master.as_str(), pid)),
             _ => None,
         };
-        let (mut theirs, mut ours) = (Vec::new(), Vec::new());
-        for round in 1..=args.mooncake_rounds {
-            progress(&format!(
-                "round {round} of {}: the Mooncake store, same phases, same topology",
-                args.mooncake_rounds
-            ));
-            plan.on_master = None;
-            match mooncake_peer::run(python, &plan) {
-                Ok(run) => theirs.push(run),
-                Err(e) => failures.push(format!("mooncake: {e}")),
-            }
-            let Some(pid) = on_ours else { continue };
-            progress(&format!(
-                "round {round} of {}: Mooncake's client (the wheel, unchanged) on rbgctl's \
-                 master and store",
-                args.mooncake_rounds
-            ));
-            plan.on_master = Some(master.clone());
-            let before = super::procfs::cpu_time(pid);
-            match mooncake_peer::run(python, &plan) {
-                Ok(mut run) => {
-                    let after = super::procfs::cpu_time(pid);
-                    if let (Some(b), Some(a)) = (before, after) {
-                        run.master_cpu_seconds = Some(a.saturating_sub(b).as_secs_f64());
-                    }
-                    ours.push(run);
-                }
-                Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
-            }
-        }
-        mooncake = mooncake_peer::PeerRun::median_of(theirs);
-        on_rbgctl = mooncake_peer::PeerRun::median_of(ours);
+        (mooncake, on_rbgctl) = mooncake_rounds(
+            python,
+            &mut plan,
+            on_ours,
+            args.mooncake_rounds,
+            &progress,
+            &mut failures,
+        );
     }
     let versus_mooncake = mooncake_peer::versus(&results, &mooncake.rows);
     let versus_mooncake_client = mooncake_peer::versus_case(
@@ -1451,6 +1431,51 @@ mod tests {
     }
 }
 
+/// `rounds` runs of the Mooncake peer by `plan`, each followed by the same wheel client on
+/// rbgctl's master (`ours`: its address and process, whose CPU is counted) when given;
+/// answers each side's rows, the round with the median ops/s row by row.
+fn mooncake_rounds(
+    python: &std::path::Path,
+    plan: &mut mooncake_peer::PeerPlan,
+    ours: Option<(&str, u32)>,
+    rounds: u32,
+    progress: &dyn Fn(&str),
+    failures: &mut Vec<String>,
+) -> (mooncake_peer::PeerRun, mooncake_peer::PeerRun) {
+    let (mut theirs, mut on_ours) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        progress(&format!(
+            "round {round} of {rounds}: the Mooncake store, same phases, same topology"
+        ));
+        plan.on_master = None;
+        match mooncake_peer::run(python, plan) {
+            Ok(run) => theirs.push(run),
+            Err(e) => failures.push(format!("mooncake: {e}")),
+        }
+        let Some((master, pid)) = ours else { continue };
+        progress(&format!(
+            "round {round} of {rounds}: Mooncake's client (the wheel, unchanged) on rbgctl's \
+             master and store"
+        ));
+        plan.on_master = Some(master.to_string());
+        let before = super::procfs::cpu_time(pid);
+        match mooncake_peer::run(python, plan) {
+            Ok(mut run) => {
+                let after = super::procfs::cpu_time(pid);
+                if let (Some(b), Some(a)) = (before, after) {
+                    run.master_cpu_seconds = Some(a.saturating_sub(b).as_secs_f64());
+                }
+                on_ours.push(run);
+            }
+            Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
+        }
+    }
+    (
+        mooncake_peer::PeerRun::median_of(theirs),
+        mooncake_peer::PeerRun::median_of(on_ours),
+    )
+}
+
 /// `--rdma`: what one store serving RDMA gives one client thread, against perftest on the same
 /// device in the same run.
 #[cfg(feature = "rdma")]
@@ -1471,6 +1496,16 @@ struct RdmaReport {
     store_cpu: Vec<StoreCpu>,
     /// RDMA's store CPU over TCP's, both through the master.
     store_cpu_ratio: Option<f64>,
+    /// With `--mooncake-python`: Mooncake's wheel by its RDMA transport on the same device,
+    /// on Mooncake's own master and storage process (`mooncake rdma`) and on rbgctl's master
+    /// and store (`mooncake client on rbgctl rdma`), in turns; each row the median round.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mooncake: Vec<PhaseResult>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mooncake_client_on_rbgctl: Vec<PhaseResult>,
+    /// The wheel's client on rbgctl's store over the same client on Mooncake's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    versus_mooncake_store: Vec<mooncake_peer::Versus>,
     failures: Vec<String>,
 }
 
@@ -1654,6 +1689,40 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         [r, t, ..] if t.store_cpu_seconds > 0.0 => Some(r.store_cpu_seconds / t.store_cpu_seconds),
         _ => None,
     };
+    let mut failures = ctx.failures.take();
+    let (mut mooncake, mut on_rbgctl) = Default::default();
+    if let Some(python) = &args.mooncake_python {
+        let mut plan = mooncake_peer::PeerPlan {
+            sizes: args.sizes.iter().map(|s| s.0).collect(),
+            phase_time: args.phase_time.0,
+            phase_ops: args.phase_ops,
+            phase_bytes: args.phase_bytes.0,
+            batch: args.batch,
+            batch_value: args.batch_value.0,
+            segment: args.segment_size.0,
+            on_master: None,
+            rdma_device: Some(device.to_string()),
+            // Registered memory carries the bytes; the staging buffer only has to exist.
+            buffer: 16 << 20,
+        };
+        let master_pid = cluster
+            .pids(0)
+            .0
+            .ok_or_else(|| anyhow::anyhow!("the master's process id is unknown"))?;
+        (mooncake, on_rbgctl) = mooncake_rounds(
+            python,
+            &mut plan,
+            Some((&master, master_pid)),
+            args.mooncake_rounds,
+            &progress,
+            &mut failures,
+        );
+    }
+    let versus_mooncake_store = mooncake_peer::versus_case(
+        &on_rbgctl.rows,
+        "mooncake client on rbgctl rdma",
+        &mooncake.rows,
+    );
     let report = RdmaReport {
         device: device.to_string(),
         perftest: limits,
@@ -1661,7 +1730,10 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         get_4k_latency_ratio: get_4k.zip(read_lat).map(|(ours, theirs)| ours / theirs),
         store_cpu,
         store_cpu_ratio: ratio,
-        failures: ctx.failures.take(),
+        mooncake: mooncake.rows,
+        mooncake_client_on_rbgctl: on_rbgctl.rows,
+        versus_mooncake_store,
+        failures,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1778,6 +1850,16 @@ fn print_rdma_table(r: &RdmaReport) {
     }
     if let Some(l) = r.get_4k_latency_ratio {
         println!("4 KiB get p50 / ib_read_lat typical: {l:.2}×");
+    }
+    if !r.versus_mooncake_store.is_empty() {
+        print!(
+            "{}",
+            versus_table(
+                "Mooncake's wheel by RDMA: on rbgctl's store / on Mooncake's",
+                "mooncake",
+                &r.versus_mooncake_store
+            )
+        );
     }
     for c in &r.store_cpu {
         let checks = c.version_checks.map_or(String::new(), |v| {
