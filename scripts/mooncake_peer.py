@@ -2,8 +2,8 @@
 """The Mooncake store, measured the way `rbgctl bench store` measures rbgctl, for a side-by-side
 run (`rbgctl bench store --mooncake-python PYTHON`).
 
-Run with a Python that has the `mooncake-transfer-engine-non-cuda` wheel installed (its
-`mooncake_master` sits next to that Python). Same topology as rbgctl's rows: a master, one
+Run with a Python that imports the `mooncake-transfer-engine-non-cuda` wheel (its
+`mooncake_master` binary is in the package). Same topology as rbgctl's rows: a master, one
 storage process (a 4 GiB segment, no local buffer) and this process as a pure client, all on
 loopback over TCP (or Mooncake's RDMA transport: `--protocol rdma --device rxe0`). The client uses the zero-copy calls (`put_from` / `get_into` and their batch
 forms, on a registered buffer), Mooncake's fastest, and `batch_is_exist` of 128 keys. Prints
@@ -197,11 +197,17 @@ def run(args):
         args.master = args.on_master
         report(client(args), None)
         return
-    here = os.path.dirname(os.path.abspath(sys.executable))
-    master_bin = os.path.join(here, "mooncake_master")
-    if not os.path.exists(master_bin):
-        raise SystemExit(f"no mooncake_master next to {sys.executable}: install "
-                         "mooncake-transfer-engine-non-cuda into that Python's environment")
+    # The binary the wheel's `mooncake_master` command runs, in its package (also found when
+    # the package is on PYTHONPATH rather than installed in this Python's environment).
+    try:
+        import mooncake
+    except ImportError:
+        raise SystemExit(f"{sys.executable} cannot import mooncake: install "
+                         "mooncake-transfer-engine-non-cuda into its environment")
+    master_bin = os.path.join(os.path.dirname(os.path.abspath(mooncake.__file__)),
+                              "mooncake_master")
+    if not os.access(master_bin, os.X_OK):
+        raise SystemExit(f"no executable mooncake_master in {os.path.dirname(master_bin)}")
     env = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1")
     rpc, metrics = free_port(), free_port()
     master = subprocess.Popen(

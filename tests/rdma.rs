@@ -120,10 +120,9 @@ fn start_vm(image: &Path, filter: &str, net: &[&str]) -> Vm {
         .unwrap();
     let job = job_dir.path().join("job.sh");
     // The Mooncake wheel's package, for the VM's python3 (over the shared folder).
-    let site = match (mooncake_site(), std::env::var("RBGCTL_MOONCAKE_PYTHON")) {
-        (Some(s), Ok(py)) => format!("export {MOONCAKE_SITE}={s} RBGCTL_MOONCAKE_PYTHON={py}\n"),
-        _ => String::new(),
-    };
+    let site = mooncake_site()
+        .map(|s| format!("export {MOONCAKE_SITE}={s}\n"))
+        .unwrap_or_default();
     std::fs::write(
         &job,
         format!(
@@ -852,15 +851,14 @@ fn inside_one_vm_bench_store_rdma_reports_against_perftest() {
             "2s",
         ])
         // Mooncake's wheel by RDMA on its own store and on rbgctl's, when it is handed in.
-        .args(match std::env::var("RBGCTL_MOONCAKE_PYTHON") {
-            Ok(py) => vec![
-                "--mooncake-python".to_string(),
-                py,
-                "--mooncake-rounds".into(),
-                "1".into(),
-            ],
-            Err(_) => vec![],
+        .args(match std::env::var(MOONCAKE_SITE) {
+            Ok(_) => ["--mooncake-python", "python3", "--mooncake-rounds", "1"].as_slice(),
+            Err(_) => &[],
         })
+        .env(
+            "PYTHONPATH",
+            std::env::var(MOONCAKE_SITE).unwrap_or_default(),
+        )
         .env("MC_GID_INDEX", "1")
         .output()
         .unwrap();
@@ -892,7 +890,7 @@ fn inside_one_vm_bench_store_rdma_reports_against_perftest() {
     let ratio = r["store_cpu_ratio"].as_f64().unwrap();
     assert!(ratio < 0.5, "the store worked for one-sided reads: {ratio}");
     assert_eq!(r["failures"], serde_json::json!([]));
-    if std::env::var_os("RBGCTL_MOONCAKE_PYTHON").is_some() {
+    if std::env::var_os(MOONCAKE_SITE).is_some() {
         let versus = r["versus_mooncake_store"].as_array().unwrap();
         for op in ["put", "get", "batch_put 32x", "batch_get 32x"] {
             let row = versus

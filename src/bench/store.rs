@@ -72,8 +72,8 @@ pub struct StoreBenchArgs {
     #[arg(long)]
     pub breakdown: bool,
     /// Also measure the Mooncake store side by side, in the same run and topology: a Python
-    /// with the `mooncake-transfer-engine-non-cuda` wheel installed (its `mooncake_master`
-    /// next to it). Runs the single-thread TCP rows and the batch rows (with --rdma, by
+    /// that imports the `mooncake-transfer-engine-non-cuda` wheel (installed, or on
+    /// PYTHONPATH). Runs the single-thread TCP rows and the batch rows (with --rdma, by
     /// Mooncake's RDMA transport on that device, its client on Mooncake's store and on
     /// rbgctl's).
     #[arg(long)]
