@@ -594,6 +594,15 @@ fn the_pool_over_soft_roce_across_two_vms() {
     }
 }
 
+/// The sample of metric `name` for `device` in Prometheus text (0 when there is none).
+fn per_device(body: &str, name: &str, device: &str) -> f64 {
+    let line = format!("{name}{{device=\"{device}\"}}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Whether a socket listens on 127.0.0.1:`port` (from /proc/net/tcp).
 fn listening(port: u16) -> bool {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
@@ -758,12 +767,7 @@ fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
     assert!(far_metric("rbgctl_store_rdma_queue_pairs_total") >= 2.0);
     let (_, body) = common::http_at(HOST_A, STORE_METRICS_PORT, "GET", "/metrics", b"");
     for device in ["rxe0", "rxe1"] {
-        let line = format!("rbgctl_store_rdma_device_queue_pairs_total{{device=\"{device}\"}}");
-        let n: f64 = body
-            .lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0);
+        let n = per_device(&body, "rbgctl_store_rdma_device_queue_pairs_total", device);
         assert!(
             n >= 1.0,
             "no queue pair on the far store's {device}:\n{body}"
@@ -804,12 +808,7 @@ s.close()
         assert_eq!(client.get("wheel/23").unwrap().len(), 1 << 20);
         let (_, body) = common::http_at(HOST_A, STORE_METRICS_PORT, "GET", "/metrics", b"");
         for device in ["rxe0", "rxe1"] {
-            let line = format!("rbgctl_store_mooncake_rdma_qps{{device=\"{device}\"}}");
-            let n: f64 = body
-                .lines()
-                .find_map(|l| l.strip_prefix(&line))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0.0);
+            let n = per_device(&body, "rbgctl_store_mooncake_rdma_qps", device);
             assert!(
                 n >= 2.0,
                 "no wheel QPs on the far store's {device}:\n{body}"

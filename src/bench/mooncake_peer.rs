@@ -33,21 +33,6 @@ pub struct PeerPlan {
     pub buffer: u64,
 }
 
-impl PeerPlan {
-    /// The peer's case names: its own store's, and its client's on rbgctl.
-    pub fn cases(&self) -> (String, String) {
-        let protocol = if self.rdma_device.is_some() {
-            "rdma"
-        } else {
-            "tcp"
-        };
-        (
-            format!("mooncake {protocol}"),
-            format!("mooncake client on rbgctl {protocol}"),
-        )
-    }
-}
-
 /// What one run of the peer script measured.
 #[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
 pub struct PeerRun {

@@ -692,18 +692,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     let mut mooncake = mooncake_peer::PeerRun::default();
     let mut on_rbgctl = mooncake_peer::PeerRun::default();
     if let Some(python) = &args.mooncake_python {
-        let mut plan = mooncake_peer::PeerPlan {
-            sizes: args.sizes.iter().map(|s| s.0).collect(),
-            phase_time: args.phase_time.0,
-            phase_ops: args.phase_ops,
-            phase_bytes: args.phase_bytes.0,
-            batch: args.batch,
-            batch_value: args.batch_value.0,
-            segment: args.segment_size.0,
-            on_master: None,
-            rdma_device: None,
-            buffer: 512 << 20,
-        };
+        let mut plan = peer_plan(&args, None);
         // The same wheel client on rbgctl's master and store (which serve Mooncake's
         // protocols without a cluster secret), in turns with Mooncake's own.
         let master_pid = cluster.as_ref().and_then(|c| c.pids(0).0);
@@ -1431,6 +1420,28 @@ mod tests {
     }
 }
 
+/// The Mooncake peer's phases, the same as rbgctl's rows; over RDMA on `rdma_device`.
+fn peer_plan(args: &StoreBenchArgs, rdma_device: Option<&str>) -> mooncake_peer::PeerPlan {
+    mooncake_peer::PeerPlan {
+        sizes: args.sizes.iter().map(|s| s.0).collect(),
+        phase_time: args.phase_time.0,
+        phase_ops: args.phase_ops,
+        phase_bytes: args.phase_bytes.0,
+        batch: args.batch,
+        batch_value: args.batch_value.0,
+        segment: args.segment_size.0,
+        on_master: None,
+        rdma_device: rdma_device.map(str::to_string),
+        // Over RDMA registered memory carries the bytes, and the wheel pins its staging
+        // buffer: it only has to exist.
+        buffer: if rdma_device.is_some() {
+            16 << 20
+        } else {
+            512 << 20
+        },
+    }
+}
+
 /// `rounds` runs of the Mooncake peer by `plan`, each followed by the same wheel client on
 /// rbgctl's master (`ours`: its address and process, whose CPU is counted) when given;
 /// answers each side's rows, the round with the median ops/s row by row.
@@ -1692,19 +1703,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
     let mut failures = ctx.failures.take();
     let (mut mooncake, mut on_rbgctl) = Default::default();
     if let Some(python) = &args.mooncake_python {
-        let mut plan = mooncake_peer::PeerPlan {
-            sizes: args.sizes.iter().map(|s| s.0).collect(),
-            phase_time: args.phase_time.0,
-            phase_ops: args.phase_ops,
-            phase_bytes: args.phase_bytes.0,
-            batch: args.batch,
-            batch_value: args.batch_value.0,
-            segment: args.segment_size.0,
-            on_master: None,
-            rdma_device: Some(device.to_string()),
-            // Registered memory carries the bytes; the staging buffer only has to exist.
-            buffer: 16 << 20,
-        };
+        let mut plan = peer_plan(args, Some(device));
         let master_pid = cluster
             .pids(0)
             .0
