@@ -781,7 +781,7 @@ fn inside_two_vms_host_b_writes_and_reads_across_the_wire() {
     // Mooncake's wheel on this host, with both NICs, puts and gets on the far store by
     // Mooncake's RDMA transport: both of the far store's NICs carry its QPs (each of the
     // wheel's NICs paired with the far one of its name: the wires are separate subnets).
-    if std::env::var_os(MOONCAKE_SITE).is_some() {
+    if wheel_handed_in() {
         let script = format!(
             r#"
 import os
@@ -818,8 +818,6 @@ s.close()
             rbgctl::telemetry::sum(&body, "rbgctl_store_mooncake_transfer_bytes_total"),
             0.0
         );
-    } else {
-        println!("SKIPPED inside the VM: no Mooncake wheel handed in");
     }
     client.put(DONE, b"1", &ReplicateConfig::default()).unwrap();
 }
@@ -987,6 +985,16 @@ fn mooncake_site() -> Option<String> {
 /// Inside the VM: the wheel's site-packages, handed in by the host.
 const MOONCAKE_SITE: &str = "RBGCTL_MOONCAKE_SITE";
 
+/// Inside the VM: whether the host handed in the wheel; if not, says so in the line the host's
+/// test looks for.
+fn wheel_handed_in() -> bool {
+    let handed = std::env::var_os(MOONCAKE_SITE).is_some();
+    if !handed {
+        println!("SKIPPED inside the VM: no Mooncake wheel handed in");
+    }
+    handed
+}
+
 /// The wheel, run by the VM's python3 with Mooncake's settings for rxe0 (the IPv4 GID, as
 /// rbgctl's stores pick it).
 fn rdma_wheel(script: &str) -> common::wheel::Wheel {
@@ -1033,8 +1041,7 @@ fn store_metrics(c: &Cluster, i: usize) -> String {
 #[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
 fn inside_one_vm_mooncakes_wheel_puts_and_gets_by_rdma_on_an_rbgctl_store() {
     assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
-    if std::env::var_os(MOONCAKE_SITE).is_none() {
-        println!("SKIPPED inside the VM: no Mooncake wheel handed in");
+    if !wheel_handed_in() {
         return;
     }
     let c = mooncake_rdma_cluster(128 << 20, |_| {});
@@ -1127,8 +1134,7 @@ s.close()
 #[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
 fn inside_one_vm_a_store_killed_under_mooncakes_rdma_client_gives_no_wrong_bytes() {
     assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
-    if std::env::var_os(MOONCAKE_SITE).is_none() {
-        println!("SKIPPED inside the VM: no Mooncake wheel handed in");
+    if !wheel_handed_in() {
         return;
     }
     let mut c = mooncake_rdma_cluster(96 << 20, |cfg| {
@@ -1389,8 +1395,7 @@ impl Drop for ProbeAnswerer {
 #[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
 fn inside_one_vm_rbgctls_client_reads_and_writes_a_wheels_rdma_segment() {
     assert!(in_vm(), "run by the_pool_over_soft_roce_in_one_vm");
-    if std::env::var_os(MOONCAKE_SITE).is_none() {
-        println!("SKIPPED inside the VM: no Mooncake wheel handed in");
+    if !wheel_handed_in() {
         return;
     }
     let c = Cluster::start(Opts {

@@ -44,9 +44,7 @@ struct Entry<S> {
     /// with the same set.
     peer_qps: Vec<u32>,
     from: IpAddr,
-    /// Whether the peer has sent its ready-ACK (or never will: it asked without one).
-    ready: bool,
-    /// When the peer last handshook or answered a check.
+    /// When the peer last handshook, sent its ready-ACK or answered a check.
     confirmed: Instant,
     /// A check is under way (its answer is [`EndpointTable::checked`]).
     checking: bool,
@@ -157,17 +155,8 @@ impl<S> EndpointTable<S> {
         Ok(Admission::Make(n))
     }
 
-    /// Holds `set`, made for an admitted request; `ready` unless the peer will send its
-    /// ready-ACK.
-    pub fn insert(
-        &mut self,
-        key: Key,
-        set: S,
-        peer_qps: Vec<u32>,
-        from: IpAddr,
-        ready: bool,
-        now: Instant,
-    ) {
+    /// Holds `set`, made for an admitted request.
+    pub fn insert(&mut self, key: Key, set: S, peer_qps: Vec<u32>, from: IpAddr, now: Instant) {
         self.qps += peer_qps.len();
         let old = self.sets.insert(
             key,
@@ -175,7 +164,6 @@ impl<S> EndpointTable<S> {
                 set,
                 peer_qps,
                 from,
-                ready,
                 confirmed: now,
                 checking: false,
             },
@@ -185,8 +173,9 @@ impl<S> EndpointTable<S> {
         }
     }
 
-    /// A ready-ACK for `key`: accepted when it names the QPs the set was made for (Mooncake's
-    /// own refusals otherwise).
+    /// A ready-ACK for `key` (sent only by a peer told to: this side's replies do not ask for
+    /// one): accepted when it names the QPs the set was made for, with Mooncake's own refusals
+    /// otherwise.
     pub fn ready_ack(&mut self, key: &Key, peer_qps: &[u32], now: Instant) -> Result<(), String> {
         match self.sets.get_mut(key) {
             None => Err("Received RDMA ready ACK for unconnected endpoint".into()),
@@ -194,7 +183,6 @@ impl<S> EndpointTable<S> {
                 Err("Received stale RDMA ready ACK, peer QP list mismatch".into())
             }
             Some(e) => {
-                e.ready = true;
                 e.confirmed = now;
                 Ok(())
             }
@@ -292,7 +280,7 @@ mod tests {
         let mut dropped = Vec::new();
         let a = t.admit(k, qps, from, now, &mut dropped)?;
         if a != Admission::Same {
-            t.insert(k.clone(), set, qps.to_vec(), from, true, now);
+            t.insert(k.clone(), set, qps.to_vec(), from, now);
         }
         Ok((a, dropped))
     }
@@ -348,7 +336,7 @@ mod tests {
         let k = key("a:1");
         let mut dropped = Vec::new();
         t.admit(&k, &[1, 2], A, now, &mut dropped).unwrap();
-        t.insert(k.clone(), "s", vec![1, 2], A, false, now);
+        t.insert(k.clone(), "s", vec![1, 2], A, now);
         assert!(t
             .ready_ack(&key("a:2"), &[1, 2], now)
             .unwrap_err()

@@ -122,6 +122,8 @@ pub enum HandshakeError {
     Kind(u8),
     #[error("handshake body is not JSON: {0}")]
     Json(String),
+    #[error("Connection refused: {0}")]
+    Refused(String),
     #[error("the peer's segment descriptor will not do: {0}")]
     Descriptor(String),
     #[error(transparent)]
@@ -301,20 +303,23 @@ fn answer(
     let reply = match (kind, rdma) {
         // The peer's own descriptor is not needed: Mooncake ignores it too.
         (METADATA, _) => endpoint.descriptor(),
-        (super::rdma::CONNECTION, Some(rdma)) => match super::rdma::Connection::parse(&json) {
-            Ok(req) => rdma.connect(&req, from).to_json(),
-            Err(e) => {
+        (super::rdma::CONNECTION, rdma) => {
+            let req = super::rdma::Connection::parse(&json);
+            match (req, rdma) {
+                (Ok(req), Some(rdma)) => rdma.connect(&req, from).to_json(),
                 // Told why, as Mooncake tells its peers, before the refusal is counted.
-                let refusal = serde_json::json!({"reply_msg": e.to_string(), "qp_num": []});
-                stream.write_all(&frame(kind, &refusal))?;
-                return Err(HandshakeError::Json(e.to_string()));
+                (req, _) => {
+                    let why = match req {
+                        Err(e) => e.to_string(),
+                        Ok(_) => "this store serves Mooncake's TCP transport, not RDMA (start \
+                                  it with protocol rdma)"
+                            .into(),
+                    };
+                    let refusal = serde_json::json!({"qp_num": [], "reply_msg": why});
+                    stream.write_all(&frame(kind, &refusal))?;
+                    return Err(HandshakeError::Refused(why));
+                }
             }
-        },
-        (super::rdma::CONNECTION, None) => {
-            let refusal = serde_json::json!({"qp_num": [], "reply_msg":
-                "this store serves Mooncake's TCP transport, not RDMA (start it with protocol rdma)"});
-            stream.write_all(&frame(kind, &refusal))?;
-            return Err(HandshakeError::Kind(kind));
         }
         (PROBE, _) => serde_json::json!({"status": "success"}),
         (NOTIFY, _) => serde_json::json!({"name": "", "notify_msg": "success"}),

@@ -20,6 +20,11 @@ pub const DEFAULT_QPS_PER_ENDPOINT: usize = 2;
 pub const MAX_QPS_PER_ENDPOINT: usize = 255;
 /// The Connection exchange's type byte.
 pub const CONNECTION: u8 = 0;
+/// The PSN both sides start at: Mooncake never exchanges one.
+pub const PSN: u32 = 0;
+/// Mooncake's path MTU ceiling (`MC_MTU`, 4096 bytes: the verbs enum's 5), never exchanged:
+/// with it a QP takes its own port's active MTU, as Mooncake's do.
+pub const MTU_CEILING: u8 = 5;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RdmaWireError {

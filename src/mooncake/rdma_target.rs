@@ -11,27 +11,22 @@
 
 use super::endpoints::{Admission, EndpointLimits, EndpointTable, Key};
 use super::handshake::{self, Connections};
-use super::rdma::{self, Connection, Descriptor};
+use super::rdma::{self, Connection, Descriptor, MTU_CEILING, PSN};
 use crate::telemetry::PromText;
 use crate::transfer::rdma::serve::{DeviceKeys, RdmaSegment};
 use crate::transfer::rdma::verbs::{Qp, QpEndpoint};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Mooncake's PSN, both ways (never exchanged).
-const PSN: u32 = 0;
-/// Mooncake's path MTU ceiling (`MC_MTU`, 4096 bytes: the verbs enum's 5): with it, a QP takes
-/// its own port's active MTU, as Mooncake's do.
-const MTU_CEILING: u8 = 5;
 /// The memory location the descriptor names the segment's buffer by (Mooncake's topology key;
 /// every device serves it).
 const LOCATION: &str = "cpu:0";
 /// How long a peer's listener has to answer a check.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// QP sets dropped, by why.
+/// Handshakes answered and refused, QPs made, sets dropped (replaced or gone).
 #[derive(Debug, Default)]
 pub struct TargetStats {
     pub handshakes: AtomicU64,
@@ -48,9 +43,8 @@ pub struct RdmaTarget {
     devices: Vec<DeviceKeys>,
     table: parking_lot::Mutex<EndpointTable<Vec<Qp>>>,
     stats: TargetStats,
-    stop: AtomicBool,
-    wake: parking_lot::Condvar,
-    wake_lock: parking_lot::Mutex<()>,
+    /// Ends the checks.
+    stop: crate::shutdown::Shutdown,
 }
 
 impl RdmaTarget {
@@ -67,9 +61,7 @@ impl RdmaTarget {
                 ..EndpointLimits::default()
             })),
             stats: TargetStats::default(),
-            stop: AtomicBool::new(false),
-            wake: parking_lot::Condvar::new(),
-            wake_lock: parking_lot::Mutex::new(()),
+            stop: crate::shutdown::Shutdown::new(),
         })
     }
 
@@ -112,28 +104,16 @@ impl RdmaTarget {
             .spawn(move || me.check_loop())
     }
 
+    /// Ends the checks and destroys every QP set.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _g = self.wake_lock.lock();
-        self.wake.notify_all();
-        drop(_g);
+        self.stop.trigger();
         let sets = self.table.lock().drain();
         drop(sets);
     }
 
     fn check_loop(&self) {
-        let period = (self.idle() / 4).max(Duration::from_millis(250));
-        loop {
-            {
-                let mut g = self.wake_lock.lock();
-                if self.stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                self.wake.wait_for(&mut g, period);
-            }
-            if self.stop.load(Ordering::Relaxed) {
-                return;
-            }
+        let period = (self.table.lock().idle() / 4).max(Duration::from_millis(250));
+        while !self.stop.sleep(period) {
             let due = self.table.lock().due(Instant::now());
             for (key, server) in due {
                 let alive = answers(&server);
@@ -145,10 +125,6 @@ impl RdmaTarget {
                 }
             }
         }
-    }
-
-    fn idle(&self) -> Duration {
-        self.table.lock().idle()
     }
 
     /// Answers a Connection request from `from` (the handshake's TCP peer).
@@ -207,14 +183,7 @@ impl RdmaTarget {
             Ok(Admission::Make(_)) => match self.segment.peer_qps(device, &peers, PSN) {
                 Ok(set) => {
                     let qps = numbers(&set);
-                    table.insert(
-                        key.clone(),
-                        set,
-                        req.qp_num.clone(),
-                        from,
-                        req.ready_ack.is_none(),
-                        now,
-                    );
+                    table.insert(key.clone(), set, req.qp_num.clone(), from, now);
                     self.stats
                         .made
                         .fetch_add(qps.len() as u64, Ordering::Relaxed);

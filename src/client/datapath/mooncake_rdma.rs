@@ -21,6 +21,7 @@ use super::{ReadOp, WriteOp};
 use crate::mooncake::handshake::{frame, read_frame};
 use crate::mooncake::rdma::{
     Connection, Descriptor, NicPath, CONNECTION, DEFAULT_QPS_PER_ENDPOINT, MAX_QPS_PER_ENDPOINT,
+    MTU_CEILING, PSN,
 };
 use crate::transfer::rdma::verbs::{Cq, Qp, QpEndpoint};
 use crate::transfer::{Status, TransferError};
@@ -33,10 +34,6 @@ use std::time::{Duration, Instant};
 
 /// Mooncake's variable for the QPs of one endpoint.
 pub const QPS_ENV: &str = "MC_NUM_QP_PER_EP";
-/// Mooncake's PSN, both ways.
-const PSN: u32 = 0;
-/// Mooncake's path MTU ceiling (4096 bytes, the verbs enum's 5): a QP takes its port's MTU.
-const MTU_CEILING: u8 = 5;
 
 /// How the path finds its peer: the segment's descriptor, and where the handshake listener of
 /// a Mooncake server name is (the owner's discovery: handshake or metadata server).
@@ -92,16 +89,17 @@ fn refused(message: String) -> TransferError {
 }
 
 impl MooncakeRdma {
+    /// The path to segment `name`, `len` bytes at `base` in its process.
     pub fn new(
-        info: &crate::transfer::message::SegmentInfo,
+        (name, base, len): (String, u64, u64),
         local: Arc<Local>,
         (connect_timeout, io_timeout): (Duration, Duration),
     ) -> Result<MooncakeRdma, TransferError> {
         let qps = qps_per_endpoint().map_err(TransferError::Protocol)?;
         Ok(MooncakeRdma {
-            name: info.te_endpoint.clone(),
-            base: info.te_base,
-            len: info.size,
+            name,
+            base,
+            len,
             local,
             qps,
             me: TcpListener::bind(("0.0.0.0", 0))?,

@@ -193,14 +193,8 @@ impl MooncakeTe {
             self.adopt(&json)?;
             return Ok(None);
         }
-        let info = crate::transfer::message::SegmentInfo {
-            te_endpoint: self.name.clone(),
-            te_base: self.base,
-            size: self.len,
-            ..Default::default()
-        };
         let path = super::mooncake_rdma::MooncakeRdma::new(
-            &info,
+            (self.name.clone(), self.base, self.len),
             nics.clone(),
             (self.conn.connect_timeout, self.conn.io_timeout),
         )?;
