@@ -471,6 +471,8 @@ impl StoreService {
         let mut items = Vec::with_capacity(objects.len());
         let mut good = Vec::with_capacity(objects.len());
         let mut checksums = Vec::with_capacity(objects.len());
+        // Objects to hash from the segment: (index in `good`, index in `checksums`).
+        let mut unhashed = Vec::new();
         for (mut o, grant) in objects.into_iter().zip(&grants) {
             let status = if mem.check(o.offset, o.size).is_err() {
                 Status::OutOfBounds
@@ -487,17 +489,29 @@ impl StoreService {
             };
             items.push(status);
             if status == Status::Ok && mode == SealMode::Hashed {
-                // Hashed as the Transfer Engine wrote it, or else read again.
-                o.checksum = match self.te_hashes.take(o.offset, o.size) {
-                    Some(crc) => crc,
-                    // SAFETY: bounds checked above; the range is this put's alone, its writer
-                    // done.
-                    None => crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) }),
-                };
+                // Hashed as the Transfer Engine wrote it, or else read again (below, all at
+                // once: one-sided writes pass no CPU on the way in).
+                match self.te_hashes.take(o.offset, o.size) {
+                    Some(crc) => o.checksum = crc,
+                    None => unhashed.push((good.len(), checksums.len())),
+                }
             }
             checksums.push(if status == Status::Ok { o.checksum } else { 0 });
             if status == Status::Ok {
                 good.push(o);
+            }
+        }
+        if !unhashed.is_empty() {
+            // SAFETY: bounds checked above; each range is its put's alone, its writer done.
+            let bytes: Vec<&[u8]> = unhashed
+                .iter()
+                .map(|&(g, _)| unsafe { mem.slice(good[g].offset, good[g].size) })
+                .collect();
+            let crcs =
+                crate::transfer::hashing::crc32c_many(&bytes, crate::transfer::hashing::threads());
+            for (&(g, c), crc) in unhashed.iter().zip(crcs) {
+                good[g].checksum = crc;
+                checksums[c] = crc;
             }
         }
         if let Err(e) = self.records.seal(&good) {

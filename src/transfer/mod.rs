@@ -6,6 +6,7 @@ pub mod checked_copy;
 pub mod codec;
 pub mod frame;
 pub mod grant;
+pub mod hashing;
 pub mod message;
 pub mod pool;
 #[cfg(feature = "rdma")]
