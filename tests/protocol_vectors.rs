@@ -306,6 +306,13 @@ fn cases() -> Vec<Case> {
         }],
     };
     c.reply("report objects reply", Opcode::ReportObjects, &forget, 0);
+    let hashed = HashedReq {
+        client_id: 5,
+        segment_id: 3,
+        objects: vec![stored.clone()],
+    };
+    c.request("objects hashed", Opcode::ObjectsHashed, &hashed, 0);
+    c.reply("objects hashed reply", Opcode::ObjectsHashed, &(), 0);
     let corrupt = ReportCorruptReq {
         key: utf8_key.into(),
         version: 77,
@@ -628,13 +635,14 @@ fn cases() -> Vec<Case> {
         },
         0,
     );
-    c.request("seal hashed", Opcode::SealHashed, &sealed, 0);
+    c.request("seal deferred", Opcode::SealDeferred, &sealed, 0);
     c.reply(
-        "seal hashed reply",
-        Opcode::SealHashed,
-        &SealHashedResp {
-            items: vec![Status::Ok, Status::NotGranted],
-            checksums: vec![0x1234_5678, 0],
+        "seal deferred reply",
+        Opcode::SealDeferred,
+        &SealDeferredResp {
+            items: vec![Status::Ok, Status::Ok, Status::NotGranted],
+            checksums: vec![0x1234_5678, 0, 0],
+            hashed: vec![true, false, false],
         },
         0,
     );
@@ -717,6 +725,7 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         ListSegmentsResp,
         ReportReq,
         ReportResp,
+        HashedReq,
         ReportCorruptReq,
         ListKeysReq,
         ListKeysResp,
@@ -743,7 +752,7 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         ReadReq,
         StoreInfoResp,
         SealReq,
-        SealHashedResp,
+        SealDeferredResp,
         ForgetReq,
         ReadVersionReq,
         ForgetLeaseReq,

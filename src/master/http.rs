@@ -777,6 +777,18 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         counters.corrupt_replicas as f64,
     )
     .single(
+        "rbgctl_master_hashed_later_total",
+        "counter",
+        "Checksums stores sent after the put for objects committed unhashed (Mooncake's one-sided writes).",
+        counters.hashed_later as f64,
+    )
+    .single(
+        "rbgctl_master_hash_mismatches_total",
+        "counter",
+        "Replicas of one object that hashed differently after the put (the object stays unhashed).",
+        counters.hash_mismatches as f64,
+    )
+    .single(
         "rbgctl_master_segments_given_up_total",
         "counter",
         "Away segments dropped after the grace period.",

@@ -179,6 +179,14 @@ impl MasterService {
                         .report(r.client_id, r.segment_id, r.objects, r.done, now);
                 answer(io, res.map(|forget| ReportResp { forget }))
             }
+            Opcode::ObjectsHashed => {
+                let r = HashedReq::from_meta(meta)?;
+                let res = self
+                    .state
+                    .lock()
+                    .objects_hashed(r.client_id, r.segment_id, r.objects);
+                answer(io, res)
+            }
             Opcode::ReportCorrupt => {
                 let r = ReportCorruptReq::from_meta(meta)?;
                 self.state
@@ -397,7 +405,7 @@ impl MasterService {
             | Opcode::Move
             | Opcode::RdmaConnect
             | Opcode::SealChecked
-            | Opcode::SealHashed
+            | Opcode::SealDeferred
             | Opcode::CheckVersion
             | Opcode::Read
             | Opcode::StoreInfo

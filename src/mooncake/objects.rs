@@ -2,7 +2,7 @@
 //! own `PUT_START` on the stores that serve Mooncake's Transfer Engine, its replicas answered
 //! as Mooncake buffer descriptors (the segment's Mooncake name, its address there); the client
 //! writes them through the Transfer Engine; at its `PutEnd` the master has each store record
-//! what was written (`SEAL_HASHED`, with the put's grants: the store hashes the bytes) before
+//! what was written (`SEAL_DEFERRED`, with the put's grants: the store hashes the bytes) before
 //! it commits the put. So an object a Mooncake client put is an rbgctl object like any other:
 //! recorded by its stores, reported after a master restart or failover, evicted, read by
 //! rbgctl's clients.
@@ -21,7 +21,7 @@ use crate::transfer::message::{
     self as msg, BatchExistsResp, BatchGetReplicasResp, BatchKeysReq, BatchPutEndReq,
     BatchPutStartReq, BatchPutStartResp, BatchRemoveReq, BatchStatusResp, EndItem, KeyReq,
     ListKeysReq, ListKeysResp, ListSegmentsResp, ObjectDesc, PutEndReq, PutItem, PutRevokeReq,
-    ReplicaLoc, SealHashedResp, SealReq, StoredObject, Tier,
+    ReplicaLoc, SealDeferredResp, SealReq, StoredObject, Tier,
 };
 use crate::transfer::server::Service;
 use crate::transfer::{ConnOptions, Opcode, Pool, Status};
@@ -331,7 +331,8 @@ impl Objects {
                 None => Err(error_code::OBJECT_NOT_FOUND),
             })
             .collect();
-        // One SEAL_HASHED per store for the whole batch.
+        // One SEAL_DEFERRED per store for the whole batch: recorded at once, hashed by the
+        // store after it answered when the bytes came one-sided.
         let mut by_store: HashMap<Arc<str>, (SealReq, Vec<usize>)> = HashMap::new();
         for (i, p) in taken.iter().enumerate() {
             let Some(p) = p else { continue };
@@ -366,17 +367,26 @@ impl Objects {
             }
         }
         let mut checksums: Vec<Option<u32>> = vec![None; keys.len()];
+        // A replica recorded unhashed makes the put unhashed until its store sends the hash.
+        let mut unhashed = vec![false; keys.len()];
         for (endpoint, (req, items)) in by_store {
             let sealed = self
                 .store(&endpoint)
-                .with(|c| c.call::<_, SealHashedResp>(Opcode::SealHashed, &req));
+                .with(|c| c.call::<_, SealDeferredResp>(Opcode::SealDeferred, &req));
             match sealed {
-                Ok(r) if r.items.len() == items.len() && r.checksums.len() == items.len() => {
-                    for ((&i, status), crc) in items.iter().zip(r.items).zip(r.checksums) {
+                Ok(r)
+                    if r.items.len() == items.len()
+                        && r.checksums.len() == items.len()
+                        && r.hashed.len() == items.len() =>
+                {
+                    let answers = r.items.into_iter().zip(r.checksums).zip(r.hashed);
+                    for (&i, ((status, crc), hashed)) in items.iter().zip(answers) {
                         if status != Status::Ok {
                             tracing::warn!(key = %keys[i], %endpoint, ?status,
                                 "a store did not record a Mooncake put's replica");
                             out[i] = Err(error_code::INVALID_WRITE);
+                        } else if !hashed {
+                            unhashed[i] = true;
                         } else if checksums[i].is_some_and(|c| c != crc) {
                             tracing::warn!(key = %keys[i], "a Mooncake put's replicas differ");
                             out[i] = Err(error_code::INVALID_WRITE);
@@ -396,12 +406,13 @@ impl Objects {
         }
         // Commit those every replica of which is recorded; give the others up. A put with
         // no replica on an rbgctl store has no checksum (a Mooncake process's segment hashes
-        // nothing): it is committed unhashed.
+        // nothing), nor one with a replica its store hashes later: it is committed unhashed.
         let mut items = Vec::new();
         let mut committed = Vec::new();
         for (i, p) in taken.iter_mut().enumerate() {
             let Some(p) = p.take() else { continue };
-            match (&out[i], checksums[i]) {
+            let checksum = checksums[i].filter(|_| !unhashed[i]);
+            match (&out[i], checksum) {
                 (Ok(()), checksum) => {
                     items.push(EndItem {
                         key: keys[i].clone(),

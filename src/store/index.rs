@@ -4,7 +4,9 @@
 //!
 //! Log file `<stem>.idx`: a header naming the segment (size, incarnation id, name), then entries,
 //! each `[u32 body_len][u32 crc32c(body)][body]`. A body is a *put* (`1`, offset, version, size,
-//! checksum, key) or a *forget* (`2`, offset, version). Every entry goes to the kernel with one
+//! checksum, key), a *put* not hashed yet (`3`, the same fields, the checksum 0: bytes that came
+//! in one-sided, recorded before the store read them; a later put of the same version gives its
+//! checksum) or a *forget* (`2`, offset, version). Every entry goes to the kernel with one
 //! `write(2)` before the request that caused it is answered, so a killed process loses nothing
 //! it acknowledged; a torn last entry (the process died inside the write) fails its CRC and is cut
 //! off at replay. The log is rewritten as a snapshot of the live records when it grows to several
@@ -23,6 +25,7 @@ use std::path::{Path, PathBuf};
 const MAGIC: &[u8; 8] = b"RBGIDX01";
 const KIND_PUT: u8 = 1;
 const KIND_FORGET: u8 = 2;
+const KIND_PUT_UNHASHED: u8 = 3;
 /// No entry is larger than this (a key is at most 4096 bytes).
 const MAX_ENTRY: usize = 8192;
 /// Compact when the log holds this many more entries than there are live records.
@@ -63,6 +66,9 @@ pub struct Record {
     pub version: u64,
     pub size: u64,
     pub checksum: u32,
+    /// Whether `checksum` is the bytes' CRC-32C; `false` for bytes that came in one-sided and
+    /// were recorded before the store read them (`checksum` is then 0 until they are hashed).
+    pub hashed: bool,
 }
 
 impl Record {
@@ -72,6 +78,16 @@ impl Record {
             version: o.version,
             size: o.size,
             checksum: o.checksum,
+            hashed: true,
+        }
+    }
+
+    /// The record of `o`, whose bytes nobody has hashed yet.
+    pub fn unhashed(o: &StoredObject) -> Record {
+        Record {
+            checksum: 0,
+            hashed: false,
+            ..Record::of(o)
         }
     }
 
@@ -94,6 +110,8 @@ pub struct IndexMap {
     /// The version stamps that one-sided readers check, kept in step with the records (set
     /// once a record exists, cleared before it is dropped).
     stamps: Option<Stamps>,
+    /// Offsets of the records not hashed yet.
+    unhashed: std::collections::BTreeSet<u64>,
 }
 
 impl std::fmt::Debug for IndexMap {
@@ -101,6 +119,7 @@ impl std::fmt::Debug for IndexMap {
         f.debug_struct("IndexMap")
             .field("by_offset", &self.by_offset)
             .field("stamps", &self.stamps.is_some())
+            .field("unhashed", &self.unhashed)
             .finish()
     }
 }
@@ -170,6 +189,9 @@ impl IndexMap {
         if let Some(stamps) = &mut self.stamps {
             stamps.recorded(offset, rec.version);
         }
+        if !rec.hashed {
+            self.unhashed.insert(offset);
+        }
         self.by_offset.insert(offset, rec);
         displaced
     }
@@ -179,7 +201,29 @@ impl IndexMap {
         if let Some(stamps) = &mut self.stamps {
             stamps.dropping(offset);
         }
+        self.unhashed.remove(&offset);
         self.by_offset.remove(&offset)
+    }
+
+    /// The records not hashed yet, as objects (checksum 0).
+    pub fn unhashed(&self) -> Vec<StoredObject> {
+        self.unhashed
+            .iter()
+            .filter_map(|&o| Some(self.by_offset.get(&o)?.to_stored(o)))
+            .collect()
+    }
+
+    /// Gives the unhashed record of `version` at `offset` its CRC-32C, in place (its stamp
+    /// stays); returns the record as an object when it changed.
+    pub fn set_hashed(&mut self, offset: u64, version: u64, crc: u32) -> Option<StoredObject> {
+        let rec = self
+            .by_offset
+            .get_mut(&offset)
+            .filter(|r| r.version == version && !r.hashed)?;
+        rec.checksum = crc;
+        rec.hashed = true;
+        self.unhashed.remove(&offset);
+        Some(rec.to_stored(offset))
     }
 
     /// Whether the record at `offset` is `version`, `size` bytes long; its checksum if so.
@@ -205,6 +249,7 @@ impl IndexMap {
         if let Some(stamps) = &mut self.stamps {
             stamps.clear();
         }
+        self.unhashed.clear();
         self.by_offset.clear();
     }
 }
@@ -222,7 +267,11 @@ impl Entry {
         out.extend_from_slice(&[0u8; 8]);
         match self {
             Entry::Put { offset, rec } => {
-                out.push(KIND_PUT);
+                out.push(if rec.hashed {
+                    KIND_PUT
+                } else {
+                    KIND_PUT_UNHASHED
+                });
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&rec.version.to_le_bytes());
                 out.extend_from_slice(&rec.size.to_le_bytes());
@@ -247,7 +296,7 @@ impl Entry {
             Some(u64::from_le_bytes(body.get(i..i + 8)?.try_into().ok()?))
         };
         match *body.first()? {
-            KIND_PUT => {
+            kind @ (KIND_PUT | KIND_PUT_UNHASHED) => {
                 let checksum = u32::from_le_bytes(body.get(25..29)?.try_into().ok()?);
                 let key_len = u16::from_le_bytes(body.get(29..31)?.try_into().ok()?) as usize;
                 let key = body.get(31..31 + key_len)?;
@@ -261,6 +310,7 @@ impl Entry {
                         version: u64_at(9)?,
                         size: u64_at(17)?,
                         checksum,
+                        hashed: kind == KIND_PUT,
                     },
                 })
             }
@@ -526,11 +576,25 @@ impl DurableIndex {
     /// Records objects whose bytes are complete in the segment; returns once the entries are
     /// in the kernel (they survive the process).
     pub fn seal(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
+        self.record(objects, Record::of)
+    }
+
+    /// As `seal`, for objects whose bytes nobody has hashed yet (`set_hashed` gives them
+    /// their checksums).
+    pub fn seal_unhashed(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
+        self.record(objects, Record::unhashed)
+    }
+
+    fn record(
+        &self,
+        objects: &[StoredObject],
+        rec_of: fn(&StoredObject) -> Record,
+    ) -> Result<(), IndexError> {
         let mut buf = Vec::with_capacity(objects.len() * 64);
         let mut g = self.inner.lock();
         let (map, log) = &mut *g;
         for o in objects {
-            let rec = Record::of(o);
+            let rec = rec_of(o);
             Entry::Put {
                 offset: o.offset,
                 rec: rec.clone(),
@@ -545,6 +609,34 @@ impl DurableIndex {
             Some(job) => self.compact_outside_lock(job),
             None => Ok(()),
         }
+    }
+
+    /// See [`IndexMap::unhashed`].
+    pub fn unhashed(&self) -> Vec<StoredObject> {
+        self.inner.lock().0.unhashed()
+    }
+
+    /// Gives unhashed records (`(offset, version, crc)`) their checksums, logged as puts of
+    /// the same version; returns the records that changed.
+    pub fn set_hashed(&self, items: &[(u64, u64, u32)]) -> Result<Vec<StoredObject>, IndexError> {
+        let mut buf = Vec::new();
+        let mut g = self.inner.lock();
+        let (map, log) = &mut *g;
+        let changed: Vec<StoredObject> = items
+            .iter()
+            .filter_map(|&(offset, version, crc)| map.set_hashed(offset, version, crc))
+            .collect();
+        for o in &changed {
+            Entry::Put {
+                offset: o.offset,
+                rec: Record::of(o),
+            }
+            .encode_into(&mut buf);
+        }
+        if !changed.is_empty() {
+            self.append(log, &buf, changed.len() as u64)?;
+        }
+        Ok(changed)
     }
 
     /// Drops records (matched by offset and version); returns how many were present.
@@ -666,14 +758,22 @@ impl DurableIndex {
         Ok(())
     }
 
-    /// Checks every record's bytes against its checksum with `threads` threads; drops (and
-    /// logs a forget for) each record that fails. Returns the failed records.
+    /// Checks every hashed record's bytes against its checksum with `threads` threads; drops
+    /// (and logs a forget for) each record that fails; hashes the records not hashed yet (their
+    /// bytes were whole when they were recorded, and nothing has written them since). Returns
+    /// the failed records.
     pub fn verify(
         &self,
         memory: &super::segment::SegmentMemory,
         threads: usize,
     ) -> Result<Vec<StoredObject>, IndexError> {
-        let records = self.snapshot();
+        let records: Vec<StoredObject> = {
+            let g = self.inner.lock();
+            g.0.iter()
+                .filter(|(_, r)| r.hashed)
+                .map(|(o, r)| r.to_stored(o))
+                .collect()
+        };
         let threads = threads.clamp(1, 16);
         let chunk = records.len().div_ceil(threads).max(1);
         let bad: Vec<StoredObject> = std::thread::scope(|s| {
@@ -706,8 +806,34 @@ impl DurableIndex {
             })
             .collect();
         self.forget(&items)?;
+        let unhashed = self.unhashed();
+        self.set_hashed(&hash_in(memory, &unhashed, threads))?;
         Ok(bad)
     }
+}
+
+/// `(offset, version, crc)` of each of `objects` inside `memory`, hashed on `threads` threads.
+fn hash_in(
+    memory: &super::segment::SegmentMemory,
+    objects: &[StoredObject],
+    threads: usize,
+) -> Vec<(u64, u64, u32)> {
+    let inside: Vec<&StoredObject> = objects
+        .iter()
+        .filter(|o| memory.check(o.offset, o.size).is_ok())
+        .collect();
+    // SAFETY: bounds checked above; a recorded object's range is written again only after the
+    // master gave it up (a hash taken then is of a version nobody reads, and its record goes).
+    let bytes: Vec<&[u8]> = inside
+        .iter()
+        .map(|o| unsafe { memory.slice(o.offset, o.size) })
+        .collect();
+    let crcs = crate::transfer::hashing::crc32c_many(&bytes, threads);
+    inside
+        .iter()
+        .zip(crcs)
+        .map(|(o, crc)| (o.offset, o.version, crc))
+        .collect()
 }
 
 /// Writes header + live records to a temporary file and renames it over `path`; returns the new
@@ -797,6 +923,55 @@ impl Records {
         }
     }
 
+    /// As `seal`, for objects whose bytes nobody has hashed yet.
+    pub fn seal_unhashed(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
+        match self {
+            Records::Durable(index) => index.seal_unhashed(objects),
+            Records::Memory(map) => {
+                let mut map = map.lock();
+                for o in objects {
+                    map.insert(o.offset, Record::unhashed(o));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Hashes the records not hashed yet (on `threads` threads, outside the lock) and records
+    /// their checksums; returns the records that took one.
+    pub fn hash_unhashed(
+        &self,
+        memory: &super::segment::SegmentMemory,
+        threads: usize,
+    ) -> Result<Vec<StoredObject>, IndexError> {
+        let unhashed = match self {
+            Records::Durable(index) => index.unhashed(),
+            Records::Memory(map) => map.lock().unhashed(),
+        };
+        if unhashed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let crcs = hash_in(memory, &unhashed, threads);
+        match self {
+            Records::Durable(index) => index.set_hashed(&crcs),
+            Records::Memory(map) => {
+                let mut map = map.lock();
+                Ok(crcs
+                    .iter()
+                    .filter_map(|&(offset, version, crc)| map.set_hashed(offset, version, crc))
+                    .collect())
+            }
+        }
+    }
+
+    /// How many records are not hashed yet.
+    pub fn unhashed_count(&self) -> usize {
+        match self {
+            Records::Durable(index) => index.inner.lock().0.unhashed.len(),
+            Records::Memory(map) => map.lock().unhashed.len(),
+        }
+    }
+
     /// Drops records (matched by offset and version); returns how many were present.
     pub fn forget(&self, items: &[ForgetItem]) -> Result<usize, IndexError> {
         match self {
@@ -865,6 +1040,7 @@ mod tests {
             version,
             size,
             checksum: version as u32,
+            hashed: true,
         }
     }
 
@@ -990,6 +1166,70 @@ mod tests {
         drop(idx);
         let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
         assert_eq!(idx.len(), 3);
+    }
+
+    /// One-sided bytes recorded before they are hashed: the record survives a restart as
+    /// unhashed, takes its checksum in place, and a store that died before hashing it hashes
+    /// it at start-up instead of dropping it as corrupt.
+    #[test]
+    fn unhashed_records_survive_a_restart_and_are_hashed_not_dropped() {
+        use super::super::segment::SegmentMemory;
+        let dir = tempfile::tempdir().unwrap();
+        let (seg, _) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, false).unwrap();
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        unsafe { seg.slice_mut(0, 5) }.copy_from_slice(b"first");
+        unsafe { seg.slice_mut(64, 6) }.copy_from_slice(b"second");
+        unsafe { seg.slice_mut(128, 5) }.copy_from_slice(b"third");
+        let [a, b, c] =
+            [("a", 0, 5), ("b", 64, 6), ("c", 128, 5)].map(|(k, off, n)| StoredObject {
+                checksum: 0,
+                ..obj(k, off + 1, off, n)
+            });
+        idx.seal_unhashed(&[a.clone(), b.clone()]).unwrap();
+        idx.seal(&[StoredObject {
+            checksum: crc32c::crc32c(b"third"),
+            ..c.clone()
+        }])
+        .unwrap();
+        assert_eq!(idx.unhashed(), [a.clone(), b.clone()]);
+        // One is hashed before the store dies; a stale version changes nothing.
+        let changed = idx
+            .set_hashed(&[(0, 1, crc32c::crc32c(b"first")), (64, 99, 7)])
+            .unwrap();
+        assert_eq!(changed.len(), 1);
+        assert_eq!(idx.holds(0, 1, 5), Some(crc32c::crc32c(b"first")));
+        drop(idx);
+
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        assert_eq!(idx.unhashed(), std::slice::from_ref(&b), "replayed as unhashed");
+        assert!(idx.verify(&seg, 2).unwrap().is_empty(), "nothing dropped");
+        assert!(idx.unhashed().is_empty());
+        assert_eq!(idx.holds(64, 65, 6), Some(crc32c::crc32c(b"second")));
+        drop(idx);
+        let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        assert!(idx.unhashed().is_empty(), "the hash was logged");
+        assert_eq!(idx.len(), 3);
+        // A hashed record whose bytes changed is still dropped.
+        unsafe { seg.slice_mut(128, 1) }.copy_from_slice(b"T");
+        let bad = idx.verify(&seg, 2).unwrap();
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].key, "c");
+
+        // The in-memory records hash theirs too, and a record replaced meanwhile is left be.
+        let records = Records::in_memory();
+        records.seal_unhashed(&[a.clone(), b.clone()]).unwrap();
+        records
+            .seal(&[StoredObject {
+                version: 70,
+                ..b.clone()
+            }])
+            .unwrap();
+        assert_eq!(records.unhashed_count(), 1);
+        let hashed = records.hash_unhashed(&seg, 2).unwrap();
+        assert_eq!(hashed.len(), 1);
+        assert_eq!(hashed[0].checksum, crc32c::crc32c(b"first"));
+        assert_eq!(records.unhashed_count(), 0);
+        assert!(records.hash_unhashed(&seg, 2).unwrap().is_empty());
     }
 
     #[test]

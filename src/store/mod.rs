@@ -6,6 +6,7 @@ pub mod access;
 pub mod claims;
 pub mod config;
 pub mod disk;
+pub mod hasher;
 pub mod index;
 pub mod mooncake;
 pub mod registration;
@@ -77,6 +78,8 @@ pub struct Store {
     heartbeat: Option<JoinHandle<()>>,
     /// Faults the segment's pages in while the store already serves.
     prefault: Option<JoinHandle<()>>,
+    /// Hashes what came in one-sided after its put was answered.
+    hasher: Option<JoinHandle<()>>,
     _lock: Option<DirLock>,
 }
 
@@ -520,12 +523,14 @@ impl Store {
         // This process's key for the master's grants: made afresh with each start, so a put
         // granted before a restart cannot write after it.
         let grant_key = GrantKey::generate()?;
+        let (hasher, hasher_woken) = hasher::Hasher::new();
         let service = Arc::new(StoreService {
             name: name.clone(),
             memory,
             grants: server::GrantCheck::new(grant_key.clone()),
             records: records.clone(),
             te_hashes,
+            hasher: hasher.clone(),
             lease: lease.clone(),
             write_floor: write_floor.clone(),
             stale_writes: AtomicU64::new(0),
@@ -574,6 +579,7 @@ impl Store {
         )
         .map_err(|e| crate::config::ConfigError::invalid("store.master", e.to_string()))?;
         registration.te_endpoint = door.as_ref().map(|d| d.endpoint.clone());
+        registration.memory = service.memory.clone();
         registration.conflict_wait = cfg.name_conflict_wait_ms.0;
         registration.write_floor = write_floor;
         let registration = Arc::new(registration);
@@ -594,6 +600,15 @@ impl Store {
                 )?)
             }
             _ => None,
+        };
+        let hasher = match &service.memory {
+            Some(memory) => Some(hasher.spawn(
+                hasher_woken,
+                records.clone(),
+                memory.clone(),
+                registration.clone(),
+            )?),
+            None => None,
         };
         let reg = registration.clone();
         let heartbeat = std::thread::Builder::new()
@@ -637,6 +652,7 @@ impl Store {
             server,
             heartbeat: Some(heartbeat),
             prefault,
+            hasher,
             _lock: lock,
         })
     }
@@ -659,6 +675,10 @@ impl Store {
         }
         if let Some(h) = self.prefault.take() {
             let _ = h.join();
+        }
+        // What is left unhashed is hashed, and the master told, before the unmount.
+        if let Some(h) = self.hasher.take() {
+            self.status.service.hasher.stop(h);
         }
         // The disk segment first: the master's moves into memory stop before memory goes.
         if let Some(disk) = &self.status.disk {
@@ -711,6 +731,36 @@ impl StoreStatus {
             "counter",
             "Payload bytes written into the segment over TCP.",
             s.bytes_written.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_unhashed_objects",
+            "gauge",
+            "Objects recorded before their bytes were hashed (Mooncake's one-sided writes), waiting for the hasher.",
+            s.records.unhashed_count() as f64,
+        )
+        .single(
+            "rbgctl_store_hashed_later_objects_total",
+            "counter",
+            "Objects hashed after their put was answered.",
+            s.hasher.stats.objects.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_hashed_later_bytes_total",
+            "counter",
+            "Bytes hashed after their put was answered.",
+            s.hasher.stats.bytes.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_hashes_reported_total",
+            "counter",
+            "Checksums of objects hashed after their put sent to the master.",
+            s.hasher.stats.reported.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "rbgctl_store_hash_report_failures_total",
+            "counter",
+            "Requests carrying such checksums that the master did not answer (it keeps those objects unhashed).",
+            s.hasher.stats.report_failures.load(Ordering::Relaxed) as f64,
         )
         .single(
             "rbgctl_store_sealed_bytes_total",

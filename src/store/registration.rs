@@ -11,8 +11,8 @@ use crate::mooncake::metadata::MetadataServer;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
-    LeaseReq, LeaseResp, ListSegmentsResp, MountReq, MountResp, PingReq, PingResp, ReportReq,
-    ReportResp, SegmentInfo, UnmountReq,
+    HashedReq, LeaseReq, LeaseResp, ListSegmentsResp, MountReq, MountResp, PingReq, PingResp,
+    ReportReq, ReportResp, SegmentInfo, UnmountReq,
 };
 use crate::transfer::{ConnOptions, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +52,9 @@ pub struct Registration {
     grant_key: GrantKey,
     /// What the segment holds (the durable index of a persistent store).
     pub records: Arc<Records>,
+    /// The segment's bytes, where records may wait to be hashed (`hasher`): hashed before a
+    /// report, so that every record reported has its checksum.
+    pub memory: Option<Arc<super::segment::SegmentMemory>>,
     /// Revoked whenever the segment is mounted (again): the master renews it once it knows
     /// the segment's objects.
     pub lease: Arc<ReadLease>,
@@ -114,6 +117,7 @@ impl Registration {
             segment,
             grant_key,
             records,
+            memory: None,
             lease,
             write_floor: Arc::default(),
             segment_id: AtomicU64::new(0),
@@ -180,6 +184,12 @@ impl Registration {
                 tracing::error!(error = %e, "cannot clear the records");
             }
         }
+        if let Some(memory) = &self.memory {
+            let threads = crate::transfer::hashing::threads();
+            if let Err(e) = self.records.hash_unhashed(memory, threads) {
+                tracing::error!(error = %e, "cannot record the checksums of hashed objects");
+            }
+        }
         let objects = self.records.snapshot();
         let total = objects.len();
         let mut dropped = 0;
@@ -197,6 +207,29 @@ impl Registration {
             "objects reported to the master"
         );
         Ok(())
+    }
+
+    /// Gives the master the checksums of objects recorded unhashed (`OBJECTS_HASHED`), in
+    /// chunks; returns how many were sent. Nothing is sent while the segment is not mounted:
+    /// the next mount's report carries them.
+    pub fn report_hashed(
+        &self,
+        objects: &[crate::transfer::message::StoredObject],
+    ) -> Result<usize, TransferError> {
+        let segment_id = self.segment_id.load(Ordering::SeqCst);
+        if segment_id == 0 {
+            return Ok(0);
+        }
+        for chunk in objects.chunks(REPORT_CHUNK) {
+            let req = HashedReq {
+                client_id: self.client_id,
+                segment_id,
+                objects: chunk.to_vec(),
+            };
+            self.master
+                .with(|c| c.call::<_, ()>(Opcode::ObjectsHashed, &req))?;
+        }
+        Ok(objects.len())
     }
 
     /// One heartbeat; mounts first when not mounted or when the master does not know us.

@@ -12,7 +12,7 @@ use crate::telemetry::OpStats;
 use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{
     BatchStatusResp, CheckVersionResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq,
-    ReadVersionReq, SealHashedResp, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
+    ReadVersionReq, SealDeferredResp, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
 };
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
@@ -162,8 +162,10 @@ pub struct StoreService {
     pub grants: GrantCheck,
     /// What the segment holds: the durable index of a persistent store, else in memory.
     pub records: Arc<Records>,
-    /// CRC-32C of ranges Mooncake's Transfer Engine wrote whole, for `SEAL_HASHED`.
+    /// CRC-32C of ranges Mooncake's Transfer Engine wrote whole, for `SEAL_DEFERRED`.
     pub te_hashes: Arc<crate::mooncake::te_tcp::WrittenHashes>,
+    /// Hashes the objects `SEAL_DEFERRED` recorded unhashed.
+    pub hasher: Arc<super::hasher::Hasher>,
     pub lease: Arc<ReadLease>,
     /// Writes of a lower version are refused: the master's `write_floor` at the last mount.
     pub write_floor: Arc<AtomicU64>,
@@ -444,11 +446,12 @@ impl StoreService {
         Ok(false)
     }
 
-    /// SEAL, SEAL_CHECKED and SEAL_HASHED: records objects whose bytes came into the segment
+    /// SEAL, SEAL_CHECKED and SEAL_DEFERRED: records objects whose bytes came into the segment
     /// without this store moving them (a same-host client's copies; a client's RDMA WRITEs;
     /// Mooncake's Transfer Engine), each if it is in bounds, granted and not superseded; with
     /// `Checked`, only if its bytes in the segment hash to the CRC-32C its writer computed as
-    /// it sent them; with `Hashed`, with the CRC-32C of its bytes (answered).
+    /// it sent them; with `Deferred`, with the CRC-32C the transport took on the way in, or
+    /// else unhashed, for the hasher to hash after the answer.
     fn seal(
         &self,
         io: &mut ServerIo<'_>,
@@ -471,7 +474,8 @@ impl StoreService {
         let mut items = Vec::with_capacity(objects.len());
         let mut good = Vec::with_capacity(objects.len());
         let mut checksums = Vec::with_capacity(objects.len());
-        // Objects to hash from the segment: (index in `good`, index in `checksums`).
+        let mut hashed = Vec::with_capacity(objects.len());
+        // Recorded without a checksum, hashed after the answer.
         let mut unhashed = Vec::new();
         for (mut o, grant) in objects.into_iter().zip(&grants) {
             let status = if mem.check(o.offset, o.size).is_err() {
@@ -488,39 +492,41 @@ impl StoreService {
                 Status::Ok
             };
             items.push(status);
-            if status == Status::Ok && mode == SealMode::Hashed {
-                // Hashed as the Transfer Engine wrote it, or else read again (below, all at
-                // once: one-sided writes pass no CPU on the way in).
+            if status != Status::Ok {
+                checksums.push(0);
+                hashed.push(false);
+                continue;
+            }
+            if mode == SealMode::Deferred {
+                // Hashed as the Transfer Engine's TCP transport wrote it, or else (one-sided
+                // writes pass no CPU on the way in) by the hasher, after the answer.
                 match self.te_hashes.take(o.offset, o.size) {
                     Some(crc) => o.checksum = crc,
-                    None => unhashed.push((good.len(), checksums.len())),
+                    None => {
+                        checksums.push(0);
+                        hashed.push(false);
+                        unhashed.push(o);
+                        continue;
+                    }
                 }
             }
-            checksums.push(if status == Status::Ok { o.checksum } else { 0 });
-            if status == Status::Ok {
-                good.push(o);
-            }
+            checksums.push(o.checksum);
+            hashed.push(true);
+            good.push(o);
         }
-        if !unhashed.is_empty() {
-            // SAFETY: bounds checked above; each range is its put's alone, its writer done.
-            let bytes: Vec<&[u8]> = unhashed
-                .iter()
-                .map(|&(g, _)| unsafe { mem.slice(good[g].offset, good[g].size) })
-                .collect();
-            let crcs =
-                crate::transfer::hashing::crc32c_many(&bytes, crate::transfer::hashing::threads());
-            for (&(g, c), crc) in unhashed.iter().zip(crcs) {
-                good[g].checksum = crc;
-                checksums[c] = crc;
+        let recorded = self.records.seal(&good).and_then(|()| {
+            if unhashed.is_empty() {
+                return Ok(());
             }
-        }
-        if let Err(e) = self.records.seal(&good) {
+            self.records.seal_unhashed(&unhashed)
+        });
+        if let Err(e) = recorded {
             self.index_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, "cannot record objects in the index");
             io.error(Status::Internal, &format!("index write failed: {e}"))?;
             return Ok(false);
         }
-        let bytes: u64 = good.iter().map(|o| o.size).sum();
+        let bytes: u64 = good.iter().chain(&unhashed).map(|o| o.size).sum();
         let counter = if checked {
             &self.rdma_bytes_sealed
         } else {
@@ -528,8 +534,15 @@ impl StoreService {
         };
         counter.fetch_add(bytes, Ordering::Relaxed);
         match mode {
-            SealMode::Hashed => io.ok(&SealHashedResp { items, checksums })?,
+            SealMode::Deferred => io.ok(&SealDeferredResp {
+                items,
+                checksums,
+                hashed,
+            })?,
             SealMode::Trusted | SealMode::Checked => io.ok(&BatchStatusResp { items })?,
+        }
+        if !unhashed.is_empty() {
+            self.hasher.wake();
         }
         Ok(true)
     }
@@ -570,14 +583,14 @@ impl StoreService {
                 };
                 self.write(io, mem, r, op == Opcode::WriteChecked)
             }
-            Opcode::Seal | Opcode::SealChecked | Opcode::SealHashed => {
+            Opcode::Seal | Opcode::SealChecked | Opcode::SealDeferred => {
                 let r = SealReq::from_meta(meta)?;
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
                 let mode = match op {
                     Opcode::SealChecked => SealMode::Checked,
-                    Opcode::SealHashed => SealMode::Hashed,
+                    Opcode::SealDeferred => SealMode::Deferred,
                     _ => SealMode::Trusted,
                 };
                 self.seal(io, mem, r, mode)
@@ -677,6 +690,7 @@ enum SealMode {
     Trusted,
     /// Only if the bytes hash to them (RDMA WRITEs).
     Checked,
-    /// Worked out from the bytes (Mooncake's Transfer Engine, whose writers send none).
-    Hashed,
+    /// Taken by the transport on the way in, or else worked out from the bytes after the
+    /// answer (Mooncake's Transfer Engine, whose writers send none).
+    Deferred,
 }

@@ -444,7 +444,7 @@ impl DiskService {
                 })?;
                 Ok(true)
             }
-            Opcode::Write | Opcode::WriteChecked | Opcode::Seal | Opcode::SealHashed => {
+            Opcode::Write | Opcode::WriteChecked | Opcode::Seal | Opcode::SealDeferred => {
                 io.discard_data()?;
                 io.error(
                     Status::InvalidParams,

@@ -58,6 +58,10 @@ pub enum Opcode {
     /// `BatchPutCommitReq`; answer `BatchPutCommitResp`): a put into a reservation needs no
     /// `BatchPutStart`, so it costs one master round trip instead of two.
     BatchPutCommit = 0x26,
+    /// From a store: objects it recorded unhashed at a `SEAL_DEFERRED` now have their
+    /// CRC-32C (meta: `HashedReq`; empty reply). The master gives each to the version it
+    /// names if that is still current, unhashed and has a replica there.
+    ObjectsHashed = 0x27,
     Write = 0x40,
     Read = 0x41,
     StoreInfo = 0x42,
@@ -90,14 +94,15 @@ pub enum Opcode {
     /// `ReadVersionReq`; empty reply, or the same refusal): the check beside a one-sided read.
     CheckVersion = 0x4b,
     /// As `SEAL`, for bytes a Mooncake client wrote through the Transfer Engine (sent by the
-    /// master at Mooncake's `PutEnd`, with the put's grants): the store hashes each object's
-    /// bytes in its segment (CRC-32C) and records it with that checksum (answer
-    /// `SealHashedResp`).
-    SealHashed = 0x4c,
+    /// master at Mooncake's `PutEnd`, with the put's grants): the store records each object at
+    /// once, with its CRC-32C when the transport hashed it on the way in, else unhashed, and
+    /// hashes the rest after it answered (`SealDeferredResp`; their checksums reach the master
+    /// with `OBJECTS_HASHED`).
+    SealDeferred = 0x4c,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 38] = [
+    pub const ALL: [Opcode; 39] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -123,6 +128,7 @@ impl Opcode {
         Opcode::BatchExists,
         Opcode::BatchRemove,
         Opcode::BatchPutCommit,
+        Opcode::ObjectsHashed,
         Opcode::Write,
         Opcode::Read,
         Opcode::StoreInfo,
@@ -135,7 +141,7 @@ impl Opcode {
         Opcode::RdmaConnect,
         Opcode::SealChecked,
         Opcode::CheckVersion,
-        Opcode::SealHashed,
+        Opcode::SealDeferred,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
@@ -170,6 +176,7 @@ impl Opcode {
             Opcode::BatchExists => "batch_exists",
             Opcode::BatchRemove => "batch_remove",
             Opcode::BatchPutCommit => "batch_put_commit",
+            Opcode::ObjectsHashed => "objects_hashed",
             Opcode::Write => "write",
             Opcode::Read => "read",
             Opcode::StoreInfo => "store_info",
@@ -182,7 +189,7 @@ impl Opcode {
             Opcode::RdmaConnect => "rdma_connect",
             Opcode::SealChecked => "seal_checked",
             Opcode::CheckVersion => "check_version",
-            Opcode::SealHashed => "seal_hashed",
+            Opcode::SealDeferred => "seal_deferred",
         }
     }
 }

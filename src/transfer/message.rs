@@ -374,6 +374,10 @@ message!(
     ReportReq { client_id: u64, segment_id: u64, objects: Vec<StoredObject>, done: bool } min_len = 8 + 8 + 4 + 1
 );
 message!(
+    /// A store's objects that were recorded unhashed and now have their CRC-32C.
+    HashedReq { client_id: u64, segment_id: u64, objects: Vec<StoredObject> } min_len = 8 + 8 + 4
+);
+message!(
     /// The reported records the master did not take (stale, removed or invalid).
     ReportResp { forget: Vec<ForgetItem> } min_len = 4
 );
@@ -488,9 +492,9 @@ message!(
     SealReq { objects: Vec<StoredObject>, grants: Vec<Grant> } min_len = 8
 );
 message!(
-    /// The answer to `SEAL_HASHED`: per object its status and, when recorded, the CRC-32C of
-    /// its bytes.
-    SealHashedResp { items: Vec<Status>, checksums: Vec<u32> } min_len = 8
+    /// The answer to `SEAL_DEFERRED`: per object its status and whether it was recorded
+    /// `hashed`, with its bytes' CRC-32C in `checksums` (0 while unhashed).
+    SealDeferredResp { items: Vec<Status>, checksums: Vec<u32>, hashed: Vec<bool> } min_len = 12
 );
 message!(
     /// Store (from the master): drop these records from the durable index.

@@ -60,6 +60,7 @@ class Opcode(enum.IntEnum):
     BATCH_EXISTS = 0x24
     BATCH_REMOVE = 0x25
     BATCH_PUT_COMMIT = 0x26  # the Rust client's commit that also reserves space; this client sends BATCH_PUT_END
+    OBJECTS_HASHED = 0x27  # store to master: checksums of objects recorded before they were hashed
     WRITE = 0x40
     READ = 0x41
     STORE_INFO = 0x42
@@ -72,7 +73,7 @@ class Opcode(enum.IntEnum):
     RDMA_CONNECT = 0x49  # the Rust client's RDMA queue pair set-up; this client uses TCP
     SEAL_CHECKED = 0x4A  # the Rust client's seal after RDMA WRITE
     CHECK_VERSION = 0x4B  # the Rust client's version check beside an RDMA READ
-    SEAL_HASHED = 0x4C  # master to store: record what Mooncake's Transfer Engine wrote
+    SEAL_DEFERRED = 0x4C  # master to store: record what Mooncake's Transfer Engine wrote, hash later
 
 
 REFUSAL_ID = (1 << 64) - 1

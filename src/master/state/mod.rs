@@ -142,6 +142,10 @@ pub struct Counters {
     pub disk_full_drops: u64,
     /// Reads answered with a disk tier replica.
     pub disk_hits: u64,
+    /// Checksums stores sent after the put (`OBJECTS_HASHED`) for versions committed unhashed.
+    pub hashed_later: u64,
+    /// Replicas of one version that hashed differently (the version went back to unhashed).
+    pub hash_mismatches: u64,
 }
 
 /// A summary for logs, metrics and the admin API.

@@ -5,7 +5,7 @@
 use super::{fail, table_full, MasterState, OpResult};
 use crate::master::objects::{Pending, Version};
 use crate::master::placement::{self, Candidate};
-use crate::transfer::message::{PutStartResp, ReplicaLoc, ReplicateConfig};
+use crate::transfer::message::{PutStartResp, ReplicaLoc, ReplicateConfig, StoredObject};
 use crate::transfer::Status;
 use std::time::{Duration, Instant};
 
@@ -452,5 +452,60 @@ impl MasterState {
                 format!("no put {object_id} of {key:?} in progress"),
             ),
         }
+    }
+
+    /// A store's checksums for objects it recorded unhashed (`OBJECTS_HASHED`): each goes to
+    /// the version it names when that version is current, still unhashed, of that size and
+    /// has a replica at that offset of the store's segment; anything else is ignored (the
+    /// object was replaced or removed meanwhile). A second replica that hashes differently
+    /// leaves the version unhashed: which of them holds the value written cannot be told.
+    pub fn objects_hashed(
+        &mut self,
+        client_id: u64,
+        segment_id: u64,
+        objects: Vec<StoredObject>,
+    ) -> OpResult<()> {
+        match self.segments.get(segment_id) {
+            None => {
+                return fail(
+                    Status::SegmentNotFound,
+                    format!("segment {segment_id} is not mounted"),
+                )
+            }
+            Some(s) if s.client_id != client_id => {
+                return fail(
+                    Status::IllegalClient,
+                    format!("segment {segment_id} belongs to another client"),
+                )
+            }
+            Some(_) => {}
+        }
+        for o in objects {
+            let Some(v) = self
+                .objects
+                .get_mut(&o.key)
+                .and_then(|e| e.current.as_mut())
+            else {
+                continue;
+            };
+            let here = v
+                .replicas
+                .iter()
+                .any(|r| r.segment_id == segment_id && r.offset == o.offset);
+            if v.object_id != o.version || v.size != o.size || !here {
+                continue;
+            }
+            if v.unhashed {
+                v.checksum = o.checksum;
+                v.unhashed = false;
+                self.counters.hashed_later += 1;
+            } else if !v.unhashed && v.checksum != o.checksum {
+                tracing::warn!(key = %o.key, segment_id, "a replica hashes differently from \
+                    another; the object stays unhashed");
+                v.unhashed = true;
+                self.counters.hash_mismatches += 1;
+            }
+        }
+        Ok(())
     }
 }

@@ -205,7 +205,7 @@ impl MasterState {
 
     /// Rebind: a reported record is kept only when it is exactly a replica the master has.
     fn confirm(&mut self, segment_id: u64, o: &StoredObject) -> bool {
-        let Some(entry) = self.objects.get(&o.key) else {
+        let Some(entry) = self.objects.get_mut(&o.key) else {
             return false;
         };
         let here = |replicas: &[ReplicaLoc]| {
@@ -213,12 +213,23 @@ impl MasterState {
                 .iter()
                 .any(|r| r.segment_id == segment_id && r.offset == o.offset)
         };
-        let current = entry.current.as_ref().is_some_and(|v| {
-            v.object_id == o.version
-                && v.size == o.size
-                && v.checksum == o.checksum
-                && here(&v.replicas)
-        });
+        // A version committed unhashed takes the checksum the store worked out since.
+        let current = match entry.current.as_mut() {
+            Some(v)
+                if v.object_id == o.version
+                    && v.size == o.size
+                    && (v.unhashed || v.checksum == o.checksum)
+                    && here(&v.replicas) =>
+            {
+                if v.unhashed {
+                    v.checksum = o.checksum;
+                    v.unhashed = false;
+                    self.counters.hashed_later += 1;
+                }
+                true
+            }
+            _ => false,
+        };
         let pending = entry
             .pending
             .as_ref()
@@ -266,7 +277,7 @@ impl MasterState {
                     return true; // reported again (a retried report)
                 }
                 if v.size != o.size
-                    || v.checksum != o.checksum
+                    || (!v.unhashed && v.checksum != o.checksum)
                     || v.replicas.iter().any(|r| r.segment_id == segment_id)
                 {
                     return false;
@@ -295,6 +306,10 @@ impl MasterState {
         if same {
             if let Some(v) = entry.current.as_mut() {
                 v.replicas.push(loc);
+                if v.unhashed {
+                    v.checksum = o.checksum;
+                    v.unhashed = false;
+                }
             }
         } else {
             let old = entry.current.replace(Version {

@@ -1526,3 +1526,64 @@ fn keys_are_listed_by_a_pattern_found_anywhere_in_them() {
     assert_eq!((keys.len(), more), (2, true));
     assert_eq!(st.keys_matching(&re(""), 100).0.len(), 5);
 }
+
+/// A put whose store records it unhashed (Mooncake's one-sided writes) is committed unhashed;
+/// the store's checksum sent after it (`OBJECTS_HASHED`) goes to that version only, from the
+/// segment's own store; a second replica hashing differently puts it back to unhashed; a store
+/// that comes back after a restart brings the checksum with its report.
+#[test]
+fn checksums_that_stores_send_after_the_put_reach_the_version_they_name() {
+    let mut st = master(MasterConfig::default());
+    let t0 = Instant::now();
+    let (a, _) = st.mount(1, pseg("a", 42), grant_key(), true, t0).unwrap();
+    st.report(1, a, vec![], true, t0).unwrap();
+    let (id, r) = st.put_start(7, "k", 100, &ONE, t0).unwrap();
+    st.put_end(7, "k", id, None, t0).unwrap();
+    let d = st.get_replicas("k", t0).unwrap();
+    assert!(d.unhashed);
+    let hashed = |crc: u32, version: u64| StoredObject {
+        key: "k".into(),
+        version,
+        offset: r[0].offset,
+        size: 100,
+        checksum: crc,
+    };
+    assert_eq!(
+        st.objects_hashed(2, a, vec![hashed(0xabc, id)])
+            .unwrap_err()
+            .0,
+        Status::IllegalClient,
+        "only the segment's store"
+    );
+    st.objects_hashed(1, a, vec![hashed(0xabc, id + 1), hashed(0xabc, id - 1)])
+        .unwrap();
+    assert!(st.get_replicas("k", t0).unwrap().unhashed, "other versions");
+    st.objects_hashed(1, a, vec![hashed(0xabc, id)]).unwrap();
+    let d = st.get_replicas("k", t0).unwrap();
+    assert!(!d.unhashed && d.checksum == 0xabc);
+    assert_eq!(st.counters.hashed_later, 1);
+    st.objects_hashed(1, a, vec![hashed(0xabc, id)]).unwrap();
+    assert_eq!(st.counters.hash_mismatches, 0, "the same again");
+    st.objects_hashed(1, a, vec![hashed(0xdef, id)]).unwrap();
+    assert!(st.get_replicas("k", t0).unwrap().unhashed);
+    assert_eq!(st.counters.hash_mismatches, 1);
+
+    // Unhashed when its store went away; its report after the restart brings the checksum.
+    st.unmount(1, a, true, t0).unwrap();
+    st.mount(3, pseg("a", 42), grant_key(), true, t0).unwrap();
+    assert!(st
+        .report(3, a, vec![hashed(0x123, id)], true, t0)
+        .unwrap()
+        .is_empty());
+    let d = st.get_replicas("k", t0).unwrap();
+    assert!(!d.unhashed && d.checksum == 0x123);
+    // Hashed, a report of other bytes is refused as before.
+    st.unmount(3, a, true, t0).unwrap();
+    st.mount(4, pseg("a", 42), grant_key(), true, t0).unwrap();
+    assert_eq!(
+        st.report(4, a, vec![hashed(0x456, id)], true, t0)
+            .unwrap()
+            .len(),
+        1
+    );
+}
