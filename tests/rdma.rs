@@ -1044,7 +1044,8 @@ fn inside_one_vm_mooncakes_wheel_puts_and_gets_by_rdma_on_an_rbgctl_store() {
     if !wheel_handed_in() {
         return;
     }
-    let c = mooncake_rdma_cluster(128 << 20, |_| {});
+    // Hashed after each put, so that rbgctl's reader below checks the wheel's values.
+    let c = mooncake_rdma_cluster(128 << 20, |cfg| cfg.hash_mooncake_writes = true);
     let rust = rdma_client(&c);
     rust.put(
         "rb/for-the-wheel",
@@ -1151,7 +1152,9 @@ s.close()
 
 /// A store SIGKILLed while the wheel writes 16 MiB to it by RDMA: the wheel's put fails or
 /// succeeds, a get answers the value whole or nothing, never other bytes; the store restarted,
-/// the wheel's next put works; and once the wheel is gone, the store destroys its QPs.
+/// what was put before reads back (left unhashed at its put, hashed at the store's start, its
+/// checksum in the store's report), the wheel's next put works; and once the wheel is gone,
+/// the store destroys its QPs.
 #[test]
 #[ignore = "runs inside the soft-RoCE VM that the_pool_over_soft_roce_in_one_vm boots"]
 fn inside_one_vm_a_store_killed_under_mooncakes_rdma_client_gives_no_wrong_bytes() {
@@ -1188,6 +1191,11 @@ for line in sys.stdin:
     wheel.send("before");
     assert_eq!(wheel.line(), "begin before");
     assert_eq!(wheel.line(), "put before 0 same same");
+    // Recorded at its PutEnd, not hashed: by default the store spends no CPU on a transfer.
+    assert_eq!(
+        rbgctl::telemetry::sample(&store_metrics(&c, 0), "rbgctl_store_unhashed_objects"),
+        Some(1.0)
+    );
     wheel.send("during");
     assert_eq!(wheel.line(), "begin during");
     c.stores[0].kill();
@@ -1197,6 +1205,9 @@ for line in sys.stdin:
     assert!(!during.contains("WRONG"), "{during}");
     c.restart_store(0);
     assert!(c.wait_store_mounted(0), "the store came back");
+    // It hashed what it kept at its start, and its report gave the master the checksum.
+    let (_, m) = common::http(c.metrics_port, "GET", "/metrics", b"");
+    assert!(rbgctl::telemetry::sample(&m, "rbgctl_master_hashed_later_total") >= Some(1.0));
     wheel.send("after");
     assert_eq!(wheel.line(), "begin after");
     let after = wheel.line();

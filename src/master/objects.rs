@@ -48,6 +48,10 @@ pub struct Pending {
     pub replicas: Vec<ReplicaLoc>,
     pub started: Instant,
     pub soft_pin_ttl: Option<Duration>,
+    /// A checksum a store sent for this put before it ended (`OBJECTS_HASHED` overtaking the
+    /// end of a put the store recorded unhashed): the version gets it when it is committed
+    /// unhashed.
+    pub hashed_early: Option<u32>,
 }
 
 /// A key's current version and its put in progress; a key with neither is not kept.

@@ -111,6 +111,7 @@ mod tests {
                 .collect(),
             started,
             soft_pin_ttl: None,
+            hashed_early: None,
         }
     }
 

@@ -46,6 +46,13 @@ pub struct StoreConfig {
     /// and get here. Default: on without `auth_token_file`, off with it (Mooncake's transport
     /// has no authentication; docs/security.md).
     pub mooncake_transfer: Option<bool>,
+    /// Hash the values Mooncake's clients write one-sided (RDMA) after each put is answered, at
+    /// the lowest CPU priority, and give the master their CRC-32C, so that rbgctl's readers
+    /// check those values as they check their own. Off, such values stay unhashed, as in
+    /// Mooncake (readers check their version only), and the store spends no CPU on a transfer
+    /// (a restart, a report to a new master and a move to the disk tier hash what they keep).
+    /// Default false.
+    pub hash_mooncake_writes: bool,
     /// Port of Mooncake's Transfer Engine transport; 0 picks a free one in Mooncake's range
     /// 15000-16999. Default 0.
     pub te_port: u16,
@@ -128,6 +135,7 @@ impl Default for StoreConfig {
             device: String::new(),
             metadata_server: "P2PHANDSHAKE".into(),
             mooncake_transfer: None,
+            hash_mooncake_writes: false,
             te_port: 0,
             te_handshake_port: 0,
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
@@ -205,6 +213,10 @@ pub struct StoreArgs {
     /// without --auth-token-file, off with it (both are unauthenticated).
     #[arg(long, env = "RBGCTL_STORE_MOONCAKE_TRANSFER")]
     pub mooncake_transfer: Option<bool>,
+    /// Hash the values Mooncake's clients write by RDMA after each put, so rbgctl's readers
+    /// check them (true/false). Default false: unhashed, as in Mooncake.
+    #[arg(long, env = "RBGCTL_STORE_HASH_MOONCAKE_WRITES")]
+    pub hash_mooncake_writes: Option<bool>,
     /// Mooncake Transfer Engine port; 0 picks a free one in 15000-16999. Default 0.
     #[arg(long, env = "RBGCTL_STORE_TE_PORT")]
     pub te_port: Option<u16>,
@@ -532,6 +544,7 @@ mod tests {
             device: Some("d".into()),
             metadata_server: Some("P2PHANDSHAKE".into()),
             mooncake_transfer: Some(true),
+            hash_mooncake_writes: Some(true),
             te_port: Some(15100),
             te_handshake_port: Some(15101),
             shm_dir: Some("/s".into()),
@@ -566,6 +579,7 @@ mod tests {
         assert_eq!(c.ca_cert_paths, vec![PathBuf::from("/ca")]);
         assert_eq!(c.disk_tier_port, 10);
         assert!(!c.prefault);
+        assert!(c.hash_mooncake_writes);
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //!
 //! Mooncake's RDMA writer sends no checksum, and its bytes pass no CPU of the store on the way
 //! in. At the put's `PutEnd` the store records such an object at once, unhashed (`SEAL_DEFERRED`,
-//! so the put costs its writer one round trip and no read of the value), and wakes this thread:
-//! it reads each unhashed object's bytes once, at the lowest CPU priority, logs its CRC-32C in the
-//! records and sends the checksums to the master (`OBJECTS_HASHED`), which rbgctl's readers
-//! and the disk tier then check. A store that dies first hashes what is left when it starts
-//! again (`DurableIndex::verify`); a mount's report hashes what is left before it is sent.
+//! so the put costs its writer one round trip and no read of the value). By default it stays
+//! so, as in Mooncake, until its bytes are read anyway (a restart's `DurableIndex::verify`, a
+//! mount's report, a move to the disk tier). With `hash_mooncake_writes` the seal wakes this
+//! thread: it reads each unhashed object's bytes once, at the lowest CPU priority, logs its
+//! CRC-32C in the records and sends the checksums to the master (`OBJECTS_HASHED`), which
+//! rbgctl's readers then check.
 
 use super::index::Records;
 use super::registration::Registration;

@@ -228,10 +228,16 @@ impl IndexMap {
 
     /// Whether the record at `offset` is `version`, `size` bytes long; its checksum if so.
     pub fn holds(&self, offset: u64, version: u64, size: u64) -> Option<u32> {
+        self.hashed(offset, version, size)
+            .map(|crc| crc.unwrap_or(0))
+    }
+
+    /// As `holds`, with `None` for the checksum of a record not hashed yet.
+    pub fn hashed(&self, offset: u64, version: u64, size: u64) -> Option<Option<u32>> {
         self.by_offset
             .get(&offset)
             .filter(|r| r.version == version && r.size == size)
-            .map(|r| r.checksum)
+            .map(|r| r.hashed.then_some(r.checksum))
     }
 
     /// Removes the record at `offset` if it has `version`.
@@ -1013,6 +1019,14 @@ impl Records {
         }
     }
 
+    /// See [`IndexMap::hashed`].
+    pub fn hashed(&self, offset: u64, version: u64, size: u64) -> Option<Option<u32>> {
+        match self {
+            Records::Durable(index) => index.inner.lock().0.hashed(offset, version, size),
+            Records::Memory(map) => map.lock().hashed(offset, version, size),
+        }
+    }
+
     /// See [`IndexMap::newest_overlapping`].
     pub fn newest_overlapping(&self, offset: u64, size: u64) -> Option<u64> {
         match self {
@@ -1201,7 +1215,11 @@ mod tests {
         drop(idx);
 
         let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
-        assert_eq!(idx.unhashed(), std::slice::from_ref(&b), "replayed as unhashed");
+        assert_eq!(
+            idx.unhashed(),
+            std::slice::from_ref(&b),
+            "replayed as unhashed"
+        );
         assert!(idx.verify(&seg, 2).unwrap().is_empty(), "nothing dropped");
         assert!(idx.unhashed().is_empty());
         assert_eq!(idx.holds(64, 65, 6), Some(crc32c::crc32c(b"second")));

@@ -601,14 +601,15 @@ impl Store {
             }
             _ => None,
         };
+        // Without it, the wake-ups of seals go nowhere: unhashed objects stay so.
         let hasher = match &service.memory {
-            Some(memory) => Some(hasher.spawn(
+            Some(memory) if cfg.hash_mooncake_writes => Some(hasher.spawn(
                 hasher_woken,
                 records.clone(),
                 memory.clone(),
                 registration.clone(),
             )?),
-            None => None,
+            _ => None,
         };
         let reg = registration.clone();
         let heartbeat = std::thread::Builder::new()

@@ -294,31 +294,34 @@ impl DiskService {
         Ok(())
     }
 
-    fn checked(&self, bytes: &[u8], m: &MoveItem) -> Result<(), (Status, String)> {
+    /// Whether `bytes` hash to `checksum`; a mismatch is counted.
+    fn checked(&self, bytes: &[u8], checksum: u32) -> Result<(), (Status, String)> {
         let crc = crc32c::crc32c(bytes);
-        if crc != m.checksum {
+        if crc != checksum {
             self.counters
                 .checksum_failures
                 .fetch_add(1, Ordering::Relaxed);
             return Err((
                 Status::ChecksumMismatch,
-                format!(
-                    "the bytes hash to CRC-32C {crc:08x}, the object's is {:08x}",
-                    m.checksum
-                ),
+                format!("the bytes hash to CRC-32C {crc:08x}, the object's is {checksum:08x}"),
             ));
         }
         Ok(())
     }
 
-    fn record(&self, records: &Records, m: &MoveItem, offset: u64) -> Result<(), (Status, String)> {
+    fn record(
+        &self,
+        records: &Records,
+        m: &MoveItem,
+        (offset, checksum): (u64, u32),
+    ) -> Result<(), (Status, String)> {
         records
             .seal(&[StoredObject {
                 key: m.key.clone(),
                 version: m.version,
                 offset,
                 size: m.size,
-                checksum: m.checksum,
+                checksum,
             }])
             .map_err(|e| {
                 self.counters.index_errors.fetch_add(1, Ordering::Relaxed);
@@ -335,11 +338,16 @@ impl DiskService {
     /// until this copy is confirmed, and discards the copy when the object was replaced or
     /// removed meanwhile (the only way its memory could be reused under the copy); and every
     /// reader checks every value. A promotion does check (`promote`): the disk is where bytes
-    /// rot.
+    /// rot. A value recorded unhashed in memory (Mooncake's one-sided writes) is hashed here,
+    /// as it is copied, so that the disk's record has its checksum.
     fn demote(&self, m: &MoveItem) -> Result<(), (Status, String)> {
         self.check_move(m)?;
         // SAFETY: bounds checked; the master does not reuse the range while the move runs.
         let src = unsafe { self.memory.slice(m.from, m.size) };
+        let checksum = match self.memory_records.hashed(m.from, m.version, m.size) {
+            Some(None) => crc32c::crc32c(src),
+            _ => m.checksum,
+        };
         let direct_ok = !self.area.direct() || src.as_ptr() as u64 % BLOCK == 0;
         let whole = if direct_ok { m.size / BLOCK * BLOCK } else { 0 };
         if whole > 0 {
@@ -363,7 +371,7 @@ impl DiskService {
                 .write_at(m.to + whole, &buf[..span])
                 .map_err(|e| self.io_error(&e))?;
         }
-        self.record(&self.records, m, m.to)?;
+        self.record(&self.records, m, (m.to, checksum))?;
         self.counters.demoted.fetch_add(1, Ordering::Relaxed);
         self.counters
             .demoted_bytes
@@ -371,12 +379,12 @@ impl DiskService {
         Ok(())
     }
 
-    /// Disk → memory: read, checked, copied into the range the master allocated, then
-    /// recorded in the memory segment's records. The disk record stays until the master's
-    /// forget.
+    /// Disk → memory: read, checked against the disk record's checksum, copied into the
+    /// range the master allocated, then recorded in the memory segment's records. The disk
+    /// record stays until the master's forget.
     fn promote(&self, m: &MoveItem) -> Result<(), (Status, String)> {
         self.check_move(m)?;
-        if self.records.holds(m.from, m.version, m.size).is_none() {
+        let Some(on_disk) = self.records.hashed(m.from, m.version, m.size) else {
             return Err((
                 Status::ObjectNotFound,
                 format!(
@@ -384,13 +392,14 @@ impl DiskService {
                     m.version, m.from
                 ),
             ));
-        }
+        };
+        let checksum = on_disk.unwrap_or(m.checksum);
         let (mut held, at) = self.read_range(m.from, m.size)?;
         let bytes = &held.buf()[at..at + m.size as usize];
-        self.checked(bytes, m)?;
+        self.checked(bytes, checksum)?;
         // SAFETY: the master allocated this memory range to this promotion alone.
         unsafe { self.memory.slice_mut(m.to, m.size) }.copy_from_slice(bytes);
-        self.record(&self.memory_records, m, m.to)?;
+        self.record(&self.memory_records, m, (m.to, checksum))?;
         self.counters.promoted.fetch_add(1, Ordering::Relaxed);
         self.counters
             .promoted_bytes

@@ -199,7 +199,7 @@ impl MasterState {
         let Some(v) = self.objects.get(key).and_then(|e| e.current.as_ref()) else {
             return Demotion::Drop;
         };
-        let (version, size, checksum, unhashed) = (v.object_id, v.size, v.checksum, v.unhashed);
+        let (version, size, checksum) = (v.object_id, v.size, v.checksum);
         let memory: Vec<ReplicaLoc> = v
             .replicas
             .iter()
@@ -220,11 +220,6 @@ impl MasterState {
         };
         if size > MAX_MOVE_BYTES {
             self.counters.disk_full_drops += 1;
-            return Demotion::Drop;
-        }
-        // A move is checked against the checksum, which a version put one-sided has only
-        // once its store hashed it (moments after the put): evicted before that, it goes.
-        if unhashed {
             return Demotion::Drop;
         }
         if self.moves.demoting(via) + size > self.cfg.disk_tier_queue_bytes.0 {

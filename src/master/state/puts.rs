@@ -152,6 +152,7 @@ impl MasterState {
             replicas,
             started: now,
             soft_pin_ttl,
+            hashed_early: None,
         })
     }
 
@@ -328,6 +329,10 @@ impl MasterState {
                 return Err(table_full(e));
             }
         }
+        if checksum.is_none() && p.hashed_early.is_some() {
+            self.counters.hashed_later += 1;
+        }
+        let checksum = checksum.or(p.hashed_early);
         let new = Version {
             object_id: p.object_id,
             size: p.size,
@@ -456,7 +461,8 @@ impl MasterState {
 
     /// A store's checksums for objects it recorded unhashed (`OBJECTS_HASHED`): each goes to
     /// the version it names when that version is current, still unhashed, of that size and
-    /// has a replica at that offset of the store's segment; anything else is ignored (the
+    /// has a replica at that offset of the store's segment, or is kept for it when it is the
+    /// put still ending (the store's hash overtook the commit); anything else is ignored (the
     /// object was replaced or removed meanwhile). A second replica that hashes differently
     /// leaves the version unhashed: which of them holds the value written cannot be told.
     pub fn objects_hashed(
@@ -480,19 +486,28 @@ impl MasterState {
             }
             Some(_) => {}
         }
+        let here = |replicas: &[ReplicaLoc], o: &StoredObject| {
+            replicas
+                .iter()
+                .any(|r| r.segment_id == segment_id && r.offset == o.offset)
+        };
         for o in objects {
-            let Some(v) = self
-                .objects
-                .get_mut(&o.key)
-                .and_then(|e| e.current.as_mut())
-            else {
+            let Some(entry) = self.objects.get_mut(&o.key) else {
                 continue;
             };
-            let here = v
-                .replicas
-                .iter()
-                .any(|r| r.segment_id == segment_id && r.offset == o.offset);
-            if v.object_id != o.version || v.size != o.size || !here {
+            // The store may hash faster than the put's end reaches the commit.
+            if let Some(p) = entry
+                .pending
+                .as_mut()
+                .filter(|p| p.object_id == o.version && p.size == o.size && here(&p.replicas, &o))
+            {
+                p.hashed_early.get_or_insert(o.checksum);
+                continue;
+            }
+            let Some(v) = entry.current.as_mut() else {
+                continue;
+            };
+            if v.object_id != o.version || v.size != o.size || !here(&v.replicas, &o) {
                 continue;
             }
             if v.unhashed {

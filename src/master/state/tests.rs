@@ -1568,6 +1568,21 @@ fn checksums_that_stores_send_after_the_put_reach_the_version_they_name() {
     assert!(st.get_replicas("k", t0).unwrap().unhashed);
     assert_eq!(st.counters.hash_mismatches, 1);
 
+    // A store that hashes before the put's commit: the checksum waits for it.
+    let (early, r2) = st.put_start(7, "early", 100, &ONE, t0).unwrap();
+    let o = StoredObject {
+        key: "early".into(),
+        version: early,
+        offset: r2[0].offset,
+        size: 100,
+        checksum: 0x777,
+    };
+    st.objects_hashed(1, a, vec![o]).unwrap();
+    st.put_end(7, "early", early, None, t0).unwrap();
+    let d = st.get_replicas("early", t0).unwrap();
+    assert!(!d.unhashed && d.checksum == 0x777);
+    assert_eq!(st.counters.hashed_later, 2);
+
     // Unhashed when its store went away; its report after the restart brings the checksum.
     st.unmount(1, a, true, t0).unwrap();
     st.mount(3, pseg("a", 42), grant_key(), true, t0).unwrap();
