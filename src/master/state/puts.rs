@@ -471,21 +471,7 @@ impl MasterState {
         segment_id: u64,
         objects: Vec<StoredObject>,
     ) -> OpResult<()> {
-        match self.segments.get(segment_id) {
-            None => {
-                return fail(
-                    Status::SegmentNotFound,
-                    format!("segment {segment_id} is not mounted"),
-                )
-            }
-            Some(s) if s.client_id != client_id => {
-                return fail(
-                    Status::IllegalClient,
-                    format!("segment {segment_id} belongs to another client"),
-                )
-            }
-            Some(_) => {}
-        }
+        self.segment_of(client_id, segment_id)?;
         let here = |replicas: &[ReplicaLoc], o: &StoredObject| {
             replicas
                 .iter()

@@ -156,24 +156,9 @@ impl MasterState {
         done: bool,
         now: Instant,
     ) -> OpResult<Vec<ForgetItem>> {
-        let rebind = match self.segments.get(segment_id) {
-            None => {
-                return fail(
-                    Status::SegmentNotFound,
-                    format!("segment {segment_id} is not mounted"),
-                )
-            }
-            Some(s) if s.client_id != client_id => {
-                return fail(
-                    Status::IllegalClient,
-                    format!("segment {segment_id} belongs to another client"),
-                )
-            }
-            Some(Segment {
-                state: SegState::Recovering { rebind, .. },
-                ..
-            }) => *rebind,
-            Some(_) => {
+        let rebind = match self.segment_of(client_id, segment_id)?.state {
+            SegState::Recovering { rebind, .. } => rebind,
+            _ => {
                 return fail(
                     Status::InvalidParams,
                     format!("segment {segment_id} is not recovering"),
@@ -400,15 +385,8 @@ impl MasterState {
         }
     }
 
-    /// Unmounts a segment. With `keep` (a persistent store restarting), its objects are kept,
-    /// unreadable, for the grace period.
-    pub fn unmount(
-        &mut self,
-        client_id: u64,
-        segment_id: u64,
-        keep: bool,
-        now: Instant,
-    ) -> OpResult<()> {
+    /// Segment `segment_id`, refused unless it is mounted and store `client_id`'s.
+    pub(super) fn segment_of(&self, client_id: u64, segment_id: u64) -> OpResult<&Segment> {
         match self.segments.get(segment_id) {
             None => fail(
                 Status::SegmentNotFound,
@@ -418,15 +396,26 @@ impl MasterState {
                 Status::IllegalClient,
                 format!("segment {segment_id} belongs to another client"),
             ),
-            Some(_) => {
-                if keep {
-                    self.set_away(segment_id, now);
-                } else {
-                    self.unmount_segment(segment_id);
-                }
-                Ok(())
-            }
+            Some(s) => Ok(s),
         }
+    }
+
+    /// Unmounts a segment. With `keep` (a persistent store restarting), its objects are kept,
+    /// unreadable, for the grace period.
+    pub fn unmount(
+        &mut self,
+        client_id: u64,
+        segment_id: u64,
+        keep: bool,
+        now: Instant,
+    ) -> OpResult<()> {
+        self.segment_of(client_id, segment_id)?;
+        if keep {
+            self.set_away(segment_id, now);
+        } else {
+            self.unmount_segment(segment_id);
+        }
+        Ok(())
     }
 
     /// Marks a persistent segment away for the grace period (a non-persistent one, or with no
