@@ -773,37 +773,27 @@ impl DurableIndex {
         memory: &super::segment::SegmentMemory,
         threads: usize,
     ) -> Result<Vec<StoredObject>, IndexError> {
-        let records: Vec<StoredObject> = {
+        let records: Vec<(StoredObject, bool)> = {
             let g = self.inner.lock();
             g.0.iter()
-                .filter(|(_, r)| r.hashed)
-                .map(|(o, r)| r.to_stored(o))
+                .map(|(o, r)| (r.to_stored(o), r.hashed))
                 .collect()
         };
-        let threads = threads.clamp(1, 16);
-        let chunk = records.len().div_ceil(threads).max(1);
-        let bad: Vec<StoredObject> = std::thread::scope(|s| {
-            let handles: Vec<_> = records
-                .chunks(chunk)
-                .map(|part| {
-                    s.spawn(move || {
-                        part.iter()
-                            .filter(|o| {
-                                memory.check(o.offset, o.size).is_err()
-                                    // SAFETY: nothing writes the segment before recovery ends.
-                                    || crc32c::crc32c(unsafe { memory.slice(o.offset, o.size) })
-                                        != o.checksum
-                            })
-                            .cloned()
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_default())
-                .collect()
-        });
+        let objects: Vec<StoredObject> = records.iter().map(|(o, _)| o.clone()).collect();
+        // Nothing writes the segment before recovery ends: what is hashed is what was kept.
+        let crcs: std::collections::HashMap<u64, u32> = hash_in(memory, &objects, threads)
+            .into_iter()
+            .map(|(offset, _, crc)| (offset, crc))
+            .collect();
+        let mut bad = Vec::new();
+        let mut hashed_now = Vec::new();
+        for (o, hashed) in records {
+            match crcs.get(&o.offset) {
+                Some(&crc) if !hashed => hashed_now.push((o.offset, o.version, crc)),
+                Some(&crc) if crc == o.checksum => {}
+                _ => bad.push(o),
+            }
+        }
         let items: Vec<ForgetItem> = bad
             .iter()
             .map(|o| ForgetItem {
@@ -812,8 +802,7 @@ impl DurableIndex {
             })
             .collect();
         self.forget(&items)?;
-        let unhashed = self.unhashed();
-        self.set_hashed(&hash_in(memory, &unhashed, threads))?;
+        self.set_hashed(&hashed_now)?;
         Ok(bad)
     }
 }
