@@ -137,6 +137,26 @@ struct MasterCpu {
     mooncake: Option<f64>,
 }
 
+impl MasterCpu {
+    /// Of the wheel's runs on rbgctl and on Mooncake; `None` when there were none.
+    fn of(on_rbgctl: &mooncake_peer::PeerRun, mooncake: &mooncake_peer::PeerRun) -> Option<Self> {
+        (!on_rbgctl.rows.is_empty()).then(|| MasterCpu {
+            rbgctl: on_rbgctl.master_cpu_us_per_rpc(),
+            mooncake: mooncake.master_cpu_us_per_rpc(),
+        })
+    }
+
+    /// The line the tables print.
+    fn line(&self) -> String {
+        let us = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
+        format!(
+            "master CPU per RPC of that client (µs, /proc): rbgctl {}, mooncake {}",
+            us(self.rbgctl),
+            us(self.mooncake)
+        )
+    }
+}
+
 #[derive(Debug, Default, serde::Serialize)]
 struct Report {
     persistent: bool,
@@ -715,10 +735,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         "mooncake client on rbgctl tcp",
         &mooncake.rows,
     );
-    let master_cpu_us_per_rpc = (!on_rbgctl.rows.is_empty()).then(|| MasterCpu {
-        rbgctl: on_rbgctl.master_cpu_us_per_rpc(),
-        mooncake: mooncake.master_cpu_us_per_rpc(),
-    });
+    let master_cpu_us_per_rpc = MasterCpu::of(&on_rbgctl, &mooncake);
     let mut redis = Vec::new();
     if let Some(server) = &args.redis_server {
         progress("redis-server, small values, one connection");
@@ -1247,13 +1264,7 @@ fn table(r: &Report) -> String {
             &r.versus_mooncake_client,
         ));
         if let Some(cpu) = r.master_cpu_us_per_rpc {
-            let us = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
-            let _ = writeln!(
-                out,
-                "master CPU per RPC of that client (µs, /proc): rbgctl {}, mooncake {}",
-                us(cpu.rbgctl),
-                us(cpu.mooncake)
-            );
+            let _ = writeln!(out, "{}", cpu.line());
         }
     }
     if !r.versus_redis.is_empty() {
@@ -1517,6 +1528,9 @@ struct RdmaReport {
     /// The wheel's client on rbgctl's store over the same client on Mooncake's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake_store: Vec<mooncake_peer::Versus>,
+    /// Each master's CPU time per RPC of the wheel's client, in microseconds (from /proc).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    master_cpu_us_per_rpc: Option<MasterCpu>,
     failures: Vec<String>,
 }
 
@@ -1722,6 +1736,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         "mooncake client on rbgctl rdma",
         &mooncake.rows,
     );
+    let master_cpu_us_per_rpc = MasterCpu::of(&on_rbgctl, &mooncake);
     let report = RdmaReport {
         device: device.to_string(),
         perftest: limits,
@@ -1732,6 +1747,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         mooncake: mooncake.rows,
         mooncake_client_on_rbgctl: on_rbgctl.rows,
         versus_mooncake_store,
+        master_cpu_us_per_rpc,
         failures,
     };
     if args.json {
@@ -1859,6 +1875,9 @@ fn print_rdma_table(r: &RdmaReport) {
                 &r.versus_mooncake_store
             )
         );
+    }
+    if let Some(cpu) = r.master_cpu_us_per_rpc {
+        println!("{}", cpu.line());
     }
     for c in &r.store_cpu {
         let checks = c.version_checks.map_or(String::new(), |v| {
