@@ -141,7 +141,8 @@ NOT_USED_HERE = {
     "BatchPutCommitReq",
     "BatchPutCommitResp",
     "RdmaConnectReq",
-    "SealHashedResp",
+    "SealDeferredResp",
+    "HashedReq",
     "RdmaConnectResp",
     "CheckVersionResp",
 }
