@@ -492,3 +492,68 @@ impl Service for DiskService {
         &self.connections
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value recorded unhashed in memory (Mooncake's one-sided writes) is hashed as it is
+    /// copied to disk; on its way back it is checked against the disk record's checksum, and
+    /// recorded in memory with it.
+    #[test]
+    fn an_unhashed_value_is_hashed_on_its_way_to_disk_and_checked_on_its_way_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Arc::new(SegmentMemory::create(dir.path(), "m", 1 << 20).unwrap());
+        let area = Arc::new(DiskArea::open(dir.path(), "d", 1 << 20).unwrap());
+        let (records, memory_records) = (
+            Arc::new(Records::in_memory()),
+            Arc::new(Records::in_memory()),
+        );
+        let tier = DiskService::new(
+            "d".into(),
+            area,
+            records,
+            memory.clone(),
+            Arc::clone(&memory_records),
+            GrantKey::generate().unwrap(),
+        );
+        let value = b"written one-sided; ".repeat(300);
+        let size = value.len() as u64;
+        // SAFETY: the test's own segment, nothing else maps it.
+        unsafe { memory.slice_mut(0, size) }.copy_from_slice(&value);
+        let key = "k".to_string();
+        memory_records
+            .seal_unhashed(&[StoredObject {
+                key: key.clone(),
+                version: 7,
+                offset: 0,
+                size,
+                checksum: 0,
+            }])
+            .unwrap();
+        // The master's version is unhashed: its order carries no checksum.
+        let down = MoveItem {
+            kind: MoveKind::Demote,
+            key,
+            version: 7,
+            from: 0,
+            to: 0,
+            size,
+            checksum: 0,
+        };
+        tier.demote(&down).unwrap();
+        let crc = crc32c::crc32c(&value);
+        assert_eq!(tier.records.hashed(0, 7, size), Some(Some(crc)));
+        let up = MoveItem {
+            kind: MoveKind::Promote,
+            from: 0,
+            to: 1 << 16,
+            ..down
+        };
+        tier.promote(&up).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { memory.slice(1 << 16, size) }, &value[..]);
+        assert_eq!(memory_records.hashed(1 << 16, 7, size), Some(Some(crc)));
+        assert_eq!(tier.counters.checksum_failures.load(Ordering::Relaxed), 0);
+    }
+}
