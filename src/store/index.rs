@@ -585,12 +585,8 @@ impl DurableIndex {
         self.record(objects, Record::of)
     }
 
-    /// As `seal`, for objects whose bytes nobody has hashed yet (`set_hashed` gives them
-    /// their checksums).
-    pub fn seal_unhashed(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
-        self.record(objects, Record::unhashed)
-    }
-
+    /// Records objects, each as `rec_of` makes its record (`Record::unhashed` for objects
+    /// whose bytes nobody has hashed yet: `set_hashed` gives them their checksums).
     fn record(
         &self,
         objects: &[StoredObject],
@@ -906,26 +902,25 @@ impl Records {
 
     /// Records objects whose bytes are complete in the segment.
     pub fn seal(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
-        match self {
-            Records::Durable(index) => index.seal(objects),
-            Records::Memory(map) => {
-                let mut map = map.lock();
-                for o in objects {
-                    map.insert(o.offset, Record::of(o));
-                }
-                Ok(())
-            }
-        }
+        self.record(objects, Record::of)
     }
 
     /// As `seal`, for objects whose bytes nobody has hashed yet.
     pub fn seal_unhashed(&self, objects: &[StoredObject]) -> Result<(), IndexError> {
+        self.record(objects, Record::unhashed)
+    }
+
+    fn record(
+        &self,
+        objects: &[StoredObject],
+        rec_of: fn(&StoredObject) -> Record,
+    ) -> Result<(), IndexError> {
         match self {
-            Records::Durable(index) => index.seal_unhashed(objects),
+            Records::Durable(index) => index.record(objects, rec_of),
             Records::Memory(map) => {
                 let mut map = map.lock();
                 for o in objects {
-                    map.insert(o.offset, Record::unhashed(o));
+                    map.insert(o.offset, rec_of(o));
                 }
                 Ok(())
             }
@@ -1188,7 +1183,8 @@ mod tests {
                 checksum: 0,
                 ..obj(k, off + 1, off, n)
             });
-        idx.seal_unhashed(&[a.clone(), b.clone()]).unwrap();
+        idx.record(&[a.clone(), b.clone()], Record::unhashed)
+            .unwrap();
         idx.seal(&[StoredObject {
             checksum: crc32c::crc32c(b"third"),
             ..c.clone()
