@@ -8,7 +8,7 @@ storage process (a 4 GiB segment, no local buffer) and this process as a pure cl
 loopback over TCP (or Mooncake's RDMA transport: `--protocol rdma --device rxe0`). The client uses the zero-copy calls (`put_from` / `get_into` and their batch
 forms, on a registered buffer), Mooncake's fastest, and `batch_is_exist` of 128 keys. Prints
 one JSON document: the rows, the master RPCs the client's calls make, and the CPU time
-Mooncake's master spent meanwhile (from /proc).
+Mooncake's master and storage process spent meanwhile (from /proc).
 
 With `--on-master ADDR` the same client runs against the master at ADDR (rbgctl's, with its
 stores) instead of starting Mooncake's: the wheel, unchanged, on both.
@@ -92,6 +92,7 @@ def row(op, value, items, latencies, elapsed, errors):
     ops = len(latencies) * items
     kind = op.split(" ")[0]
     row.rpcs += (len(latencies) + errors) * RPCS[kind]
+    row.calls += len(latencies) + errors
     return {
         "case": CASE,
         "op": op,
@@ -182,20 +183,21 @@ def client(args):
     return rows
 
 
-def report(rows, master_cpu):
-    json.dump({"rows": rows, "client_rpcs": row.rpcs, "master_cpu_seconds": master_cpu},
+def report(rows, master_cpu, store_cpu):
+    json.dump({"rows": rows, "client_rpcs": row.rpcs, "client_calls": row.calls,
+               "master_cpu_seconds": master_cpu, "store_cpu_seconds": store_cpu},
               sys.stdout)
     print()
 
 
 def run(args):
     global CASE
-    row.rpcs = 0
+    row.rpcs = row.calls = 0
     CASE = f"mooncake {args.protocol}"
     if args.on_master:
         CASE = f"mooncake client on rbgctl {args.protocol}"
         args.master = args.on_master
-        report(client(args), None)
+        report(client(args), None, None)
         return
     # The binary the wheel's `mooncake_master` command runs, in its package (also found when
     # the package is on PYTHONPATH rather than installed in this Python's environment).
@@ -229,10 +231,12 @@ def run(args):
         if READY not in line:
             raise SystemExit("the Mooncake storage node did not start")
         args.master = addr
-        before = cpu_seconds(master.pid)
+        before = [cpu_seconds(p.pid) for p in (master, storage)]
         rows = client(args)
-        after = cpu_seconds(master.pid)
-        report(rows, after - before if before is not None and after is not None else None)
+        after = [cpu_seconds(p.pid) for p in (master, storage)]
+        spent = [a - b if a is not None and b is not None else None
+                 for a, b in zip(after, before)]
+        report(rows, *spent)
     finally:
         for p in (storage, master):
             if p is not None and p.poll() is None:

@@ -543,8 +543,13 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
         .iter()
         .any(|v| v["op"] == "batch_exists 128x" && v["ratio"].as_f64().unwrap() > 0.0));
     for side in ["rbgctl", "mooncake"] {
-        let us = report["master_cpu_us_per_rpc"][side].as_f64();
-        assert!(us.is_some_and(|us| us > 0.0), "{side}: {report}");
+        for (figure, of) in [
+            ("master_us_per_rpc", "master"),
+            ("store_us_per_call", "store"),
+        ] {
+            let us = report["server_cpu"][figure][side].as_f64();
+            assert!(us.is_some_and(|us| us > 0.0), "{side}'s {of}: {report}");
+        }
     }
     let versus = report["versus_mooncake"]
         .as_array()

@@ -40,8 +40,16 @@ pub struct PeerRun {
     /// Master RPCs the client's calls made (by the calls' count: Mooncake's client makes two
     /// per put, one per get, batch or exists).
     pub client_rpcs: u64,
-    /// CPU time Mooncake's master spent while the client ran (when the script started it).
+    /// The client's calls (a batch is one).
+    #[serde(default)]
+    pub client_calls: u64,
+    /// CPU time the master spent while the client ran: Mooncake's when the script started
+    /// it, rbgctl's as the benchmark measured it.
     pub master_cpu_seconds: Option<f64>,
+    /// The same for the process that holds the segment (Mooncake's storage process, or
+    /// rbgctl's store).
+    #[serde(default)]
+    pub store_cpu_seconds: Option<f64>,
 }
 
 impl PeerRun {
@@ -50,12 +58,18 @@ impl PeerRun {
         let cpu = self.master_cpu_seconds?;
         (self.client_rpcs > 0).then(|| cpu * 1e6 / self.client_rpcs as f64)
     }
+
+    /// CPU of the segment's process per client call, in microseconds.
+    pub fn store_cpu_us_per_call(&self) -> Option<f64> {
+        let cpu = self.store_cpu_seconds?;
+        (self.client_calls > 0).then(|| cpu * 1e6 / self.client_calls as f64)
+    }
 }
 
 impl PeerRun {
     /// Several runs of the same plan as one: each row the run whose ops/s is the median of
-    /// that row's (so one noisy moment of a shared machine moves no row), the master's CPU
-    /// and the client's RPCs summed over the runs.
+    /// that row's (so one noisy moment of a shared machine moves no row), the servers' CPU
+    /// and the client's RPCs and calls summed over the runs.
     pub fn median_of(runs: Vec<PeerRun>) -> PeerRun {
         let Some(first) = runs.first() else {
             return PeerRun::default();
@@ -76,11 +90,12 @@ impl PeerRun {
                 same[same.len() / 2].clone()
             })
             .collect();
-        let cpu: Option<f64> = runs.iter().map(|r| r.master_cpu_seconds).sum();
         PeerRun {
             rows,
             client_rpcs: runs.iter().map(|r| r.client_rpcs).sum(),
-            master_cpu_seconds: cpu,
+            client_calls: runs.iter().map(|r| r.client_calls).sum(),
+            master_cpu_seconds: runs.iter().map(|r| r.master_cpu_seconds).sum(),
+            store_cpu_seconds: runs.iter().map(|r| r.store_cpu_seconds).sum(),
         }
     }
 }
@@ -222,10 +237,12 @@ mod tests {
             ops_per_s,
             ..Default::default()
         };
-        let run = |put, get, cpu| PeerRun {
+        let run = |put, get, cpu: Option<f64>| PeerRun {
             rows: vec![row("put", put), row("get", get)],
             client_rpcs: 10,
+            client_calls: 5,
             master_cpu_seconds: cpu,
+            store_cpu_seconds: cpu.map(|c| c / 2.0),
         };
         let m = PeerRun::median_of(vec![
             run(1.0, 30.0, Some(1.0)),
@@ -235,6 +252,8 @@ mod tests {
         let got: Vec<f64> = m.rows.iter().map(|r| r.ops_per_s).collect();
         assert_eq!(got, [2.0, 20.0]);
         assert_eq!((m.client_rpcs, m.master_cpu_seconds), (30, Some(6.0)));
+        assert_eq!((m.client_calls, m.store_cpu_seconds), (15, Some(3.0)));
+        assert_eq!(m.store_cpu_us_per_call(), Some(200_000.0));
         // A run without the master's CPU leaves the sum unknown.
         let m = PeerRun::median_of(vec![run(1.0, 1.0, None), run(1.0, 1.0, Some(1.0))]);
         assert_eq!(m.master_cpu_seconds, None);

@@ -130,29 +130,48 @@ const SEGMENTS: &str = "rows without -fresh: the store faulted its segment's pag
     wrote; -fresh rows: a store just started with prefault = false, each write faulting its \
     pages in (a store's first minutes with a large segment)";
 
-/// Master CPU per RPC of Mooncake's client, on each pool.
+/// What the servers spent on Mooncake's client, on each pool (CPU time from /proc, in
+/// microseconds): each master per RPC, the process holding the segment (rbgctl's store,
+/// Mooncake's storage process) per client call.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-struct MasterCpu {
-    rbgctl: Option<f64>,
-    mooncake: Option<f64>,
+struct ServerCpu {
+    master_us_per_rpc: Versus<Option<f64>>,
+    store_us_per_call: Versus<Option<f64>>,
 }
 
-impl MasterCpu {
+/// A figure on rbgctl's pool and on Mooncake's.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+struct Versus<T> {
+    rbgctl: T,
+    mooncake: T,
+}
+
+impl ServerCpu {
     /// Of the wheel's runs on rbgctl and on Mooncake; `None` when there were none.
     fn of(on_rbgctl: &mooncake_peer::PeerRun, mooncake: &mooncake_peer::PeerRun) -> Option<Self> {
-        (!on_rbgctl.rows.is_empty()).then(|| MasterCpu {
-            rbgctl: on_rbgctl.master_cpu_us_per_rpc(),
-            mooncake: mooncake.master_cpu_us_per_rpc(),
+        (!on_rbgctl.rows.is_empty()).then(|| ServerCpu {
+            master_us_per_rpc: Versus {
+                rbgctl: on_rbgctl.master_cpu_us_per_rpc(),
+                mooncake: mooncake.master_cpu_us_per_rpc(),
+            },
+            store_us_per_call: Versus {
+                rbgctl: on_rbgctl.store_cpu_us_per_call(),
+                mooncake: mooncake.store_cpu_us_per_call(),
+            },
         })
     }
 
-    /// The line the tables print.
-    fn line(&self) -> String {
+    /// The lines the tables print.
+    fn lines(&self) -> String {
         let us = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
         format!(
-            "master CPU per RPC of that client (µs, /proc): rbgctl {}, mooncake {}",
-            us(self.rbgctl),
-            us(self.mooncake)
+            "master CPU per RPC of that client (µs, /proc): rbgctl {}, mooncake {}\n\
+             segment's process CPU per call of that client (µs, /proc): rbgctl's store {}, \
+             mooncake's storage process {}",
+            us(self.master_us_per_rpc.rbgctl),
+            us(self.master_us_per_rpc.mooncake),
+            us(self.store_us_per_call.rbgctl),
+            us(self.store_us_per_call.mooncake),
         )
     }
 }
@@ -192,9 +211,10 @@ struct Report {
     /// The wheel's rows on rbgctl beside its rows on Mooncake's own master and store.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake_client: Vec<mooncake_peer::Versus>,
-    /// Each master's CPU time per RPC of the wheel's client, in microseconds (from /proc).
+    /// What each master spent per RPC of the wheel's client, and the process holding the
+    /// segment per call (CPU time from /proc, in microseconds).
     #[serde(skip_serializing_if = "Option::is_none")]
-    master_cpu_us_per_rpc: Option<MasterCpu>,
+    server_cpu: Option<ServerCpu>,
     /// redis-server's rows, with `--redis-server`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     redis: Vec<PhaseResult>,
@@ -715,9 +735,13 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         let mut plan = peer_plan(&args, None);
         // The same wheel client on rbgctl's master and store (which serve Mooncake's
         // protocols without a cluster secret), in turns with Mooncake's own.
-        let master_pid = cluster.as_ref().and_then(|c| c.pids(0).0);
-        let on_ours = match (master_pid, &args.auth_token_file) {
-            (Some(pid), None) => Some((master.as_str(), pid)),
+        let pids = cluster.as_ref().map(|c| c.pids(0));
+        let on_ours = match (pids, &args.auth_token_file) {
+            (Some((Some(master_pid), store_pid)), None) => Some(OurPool {
+                master: &master,
+                master_pid,
+                store_pid,
+            }),
             _ => None,
         };
         (mooncake, on_rbgctl) = mooncake_rounds(
@@ -735,7 +759,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         "mooncake client on rbgctl tcp",
         &mooncake.rows,
     );
-    let master_cpu_us_per_rpc = MasterCpu::of(&on_rbgctl, &mooncake);
+    let server_cpu = ServerCpu::of(&on_rbgctl, &mooncake);
     let mut redis = Vec::new();
     if let Some(server) = &args.redis_server {
         progress("redis-server, small values, one connection");
@@ -767,7 +791,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         mooncake_client_on_rbgctl: on_rbgctl.rows,
         mooncake_rounds: args.mooncake_python.as_ref().map(|_| args.mooncake_rounds),
         versus_mooncake_client,
-        master_cpu_us_per_rpc,
+        server_cpu,
         redis,
         versus_redis,
         held_p99,
@@ -1263,8 +1287,8 @@ fn table(r: &Report) -> String {
             "mooncake",
             &r.versus_mooncake_client,
         ));
-        if let Some(cpu) = r.master_cpu_us_per_rpc {
-            let _ = writeln!(out, "{}", cpu.line());
+        if let Some(cpu) = r.server_cpu {
+            let _ = writeln!(out, "{}", cpu.lines());
         }
     }
     if !r.versus_redis.is_empty() {
@@ -1453,13 +1477,21 @@ fn peer_plan(args: &StoreBenchArgs, rdma_device: Option<&str>) -> mooncake_peer:
     }
 }
 
+/// rbgctl's pool for the wheel's client: the master's address, and the master's and the
+/// store's processes, whose CPU is counted.
+struct OurPool<'a> {
+    master: &'a str,
+    master_pid: u32,
+    store_pid: Option<u32>,
+}
+
 /// `rounds` runs of the Mooncake peer by `plan`, each followed by the same wheel client on
-/// rbgctl's master (`ours`: its address and process, whose CPU is counted) when given;
-/// answers each side's rows, the round with the median ops/s row by row.
+/// rbgctl's pool (`ours`) when given; answers each side's rows, the round with the median
+/// ops/s row by row.
 fn mooncake_rounds(
     python: &std::path::Path,
     plan: &mut mooncake_peer::PeerPlan,
-    ours: Option<(&str, u32)>,
+    ours: Option<OurPool<'_>>,
     rounds: u32,
     progress: &dyn Fn(&str),
     failures: &mut Vec<String>,
@@ -1474,19 +1506,25 @@ fn mooncake_rounds(
             Ok(run) => theirs.push(run),
             Err(e) => failures.push(format!("mooncake: {e}")),
         }
-        let Some((master, pid)) = ours else { continue };
+        let Some(pool) = &ours else { continue };
         progress(&format!(
             "round {round} of {rounds}: Mooncake's client (the wheel, unchanged) on rbgctl's \
              master and store"
         ));
-        plan.on_master = Some(master.to_string());
-        let before = super::procfs::cpu_time(pid);
+        plan.on_master = Some(pool.master.to_string());
+        let cpu = || {
+            let of = |pid: Option<u32>| pid.and_then(super::procfs::cpu_time);
+            (of(Some(pool.master_pid)), of(pool.store_pid))
+        };
+        let before = cpu();
         match mooncake_peer::run(python, plan) {
             Ok(mut run) => {
-                let after = super::procfs::cpu_time(pid);
-                if let (Some(b), Some(a)) = (before, after) {
-                    run.master_cpu_seconds = Some(a.saturating_sub(b).as_secs_f64());
-                }
+                let after = cpu();
+                let spent = |b: Option<Duration>, a: Option<Duration>| {
+                    Some(a?.saturating_sub(b?).as_secs_f64())
+                };
+                run.master_cpu_seconds = spent(before.0, after.0);
+                run.store_cpu_seconds = spent(before.1, after.1);
                 on_ours.push(run);
             }
             Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
@@ -1528,9 +1566,10 @@ struct RdmaReport {
     /// The wheel's client on rbgctl's store over the same client on Mooncake's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     versus_mooncake_store: Vec<mooncake_peer::Versus>,
-    /// Each master's CPU time per RPC of the wheel's client, in microseconds (from /proc).
+    /// What each master spent per RPC of the wheel's client, and the process holding the
+    /// segment per call (CPU time from /proc, in microseconds).
     #[serde(skip_serializing_if = "Option::is_none")]
-    master_cpu_us_per_rpc: Option<MasterCpu>,
+    server_cpu: Option<ServerCpu>,
     failures: Vec<String>,
 }
 
@@ -1718,14 +1757,17 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
     let (mut mooncake, mut on_rbgctl) = Default::default();
     if let Some(python) = &args.mooncake_python {
         let mut plan = peer_plan(args, Some(device));
-        let master_pid = cluster
-            .pids(0)
-            .0
-            .ok_or_else(|| anyhow::anyhow!("the master's process id is unknown"))?;
+        let (master_pid, store_pid) = cluster.pids(0);
+        let master_pid =
+            master_pid.ok_or_else(|| anyhow::anyhow!("the master's process id is unknown"))?;
         (mooncake, on_rbgctl) = mooncake_rounds(
             python,
             &mut plan,
-            Some((&master, master_pid)),
+            Some(OurPool {
+                master: &master,
+                master_pid,
+                store_pid,
+            }),
             args.mooncake_rounds,
             &progress,
             &mut failures,
@@ -1736,7 +1778,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         "mooncake client on rbgctl rdma",
         &mooncake.rows,
     );
-    let master_cpu_us_per_rpc = MasterCpu::of(&on_rbgctl, &mooncake);
+    let server_cpu = ServerCpu::of(&on_rbgctl, &mooncake);
     let report = RdmaReport {
         device: device.to_string(),
         perftest: limits,
@@ -1747,7 +1789,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         mooncake: mooncake.rows,
         mooncake_client_on_rbgctl: on_rbgctl.rows,
         versus_mooncake_store,
-        master_cpu_us_per_rpc,
+        server_cpu,
         failures,
     };
     if args.json {
@@ -1876,8 +1918,8 @@ fn print_rdma_table(r: &RdmaReport) {
             )
         );
     }
-    if let Some(cpu) = r.master_cpu_us_per_rpc {
-        println!("{}", cpu.line());
+    if let Some(cpu) = r.server_cpu {
+        println!("{}", cpu.lines());
     }
     for c in &r.store_cpu {
         let checks = c.version_checks.map_or(String::new(), |v| {
