@@ -79,8 +79,9 @@ pub struct StoreBenchArgs {
     #[arg(long)]
     pub mooncake_python: Option<std::path::PathBuf>,
     /// Rounds of the side-by-side runs with --mooncake-python: Mooncake's pool and the wheel
-    /// on rbgctl's take turns, and each row is the round with its median ops/s, so that a
-    /// noisy moment of a shared machine moves no ratio.
+    /// on rbgctl's take turns (Mooncake first in odd rounds, rbgctl first in even ones), and
+    /// each row is the round with its median ops/s, so that a noisy moment of a shared
+    /// machine moves no ratio.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub mooncake_rounds: u32,
     /// Also measure this `redis-server` (Redis 7) in the same run: started on loopback with
@@ -1485,9 +1486,11 @@ struct OurPool<'a> {
     store_pid: Option<u32>,
 }
 
-/// `rounds` runs of the Mooncake peer by `plan`, each followed by the same wheel client on
-/// rbgctl's pool (`ours`) when given; answers each side's rows, the round with the median
-/// ops/s row by row.
+/// `rounds` runs of the Mooncake peer by `plan` and, when `ours` is given, as many of the
+/// same wheel client on rbgctl's pool; answers each side's rows, the round with the median
+/// ops/s row by row. The sides take turns in A-B-B-A order (Mooncake first in odd rounds,
+/// rbgctl first in even ones), so that a machine that drifts faster or slower through the
+/// run favours neither.
 fn mooncake_rounds(
     python: &std::path::Path,
     plan: &mut mooncake_peer::PeerPlan,
@@ -1498,42 +1501,63 @@ fn mooncake_rounds(
 ) -> (mooncake_peer::PeerRun, mooncake_peer::PeerRun) {
     let (mut theirs, mut on_ours) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
-        progress(&format!(
-            "round {round} of {rounds}: the Mooncake store, same phases, same topology"
-        ));
-        plan.on_master = None;
-        match mooncake_peer::run(python, plan) {
-            Ok(run) => theirs.push(run),
-            Err(e) => failures.push(format!("mooncake: {e}")),
-        }
-        let Some(pool) = &ours else { continue };
-        progress(&format!(
-            "round {round} of {rounds}: Mooncake's client (the wheel, unchanged) on rbgctl's \
-             master and store"
-        ));
-        plan.on_master = Some(pool.master.to_string());
-        let cpu = || {
-            let of = |pid: Option<u32>| pid.and_then(super::procfs::cpu_time);
-            (of(Some(pool.master_pid)), of(pool.store_pid))
+        let sides: &[bool] = match (&ours, round % 2 == 1) {
+            (None, _) => &[false],
+            (Some(_), true) => &[false, true],
+            (Some(_), false) => &[true, false],
         };
-        let before = cpu();
-        match mooncake_peer::run(python, plan) {
-            Ok(mut run) => {
-                let after = cpu();
-                let spent = |b: Option<Duration>, a: Option<Duration>| {
-                    Some(a?.saturating_sub(b?).as_secs_f64())
-                };
-                run.master_cpu_seconds = spent(before.0, after.0);
-                run.store_cpu_seconds = spent(before.1, after.1);
-                on_ours.push(run);
+        for &on_rbgctl in sides {
+            match ours.as_ref().filter(|_| on_rbgctl) {
+                None => {
+                    progress(&format!(
+                        "round {round} of {rounds}: the Mooncake store, same phases, same \
+                         topology"
+                    ));
+                    plan.on_master = None;
+                    match mooncake_peer::run(python, plan) {
+                        Ok(run) => theirs.push(run),
+                        Err(e) => failures.push(format!("mooncake: {e}")),
+                    }
+                }
+                Some(pool) => {
+                    progress(&format!(
+                        "round {round} of {rounds}: Mooncake's client (the wheel, unchanged) \
+                         on rbgctl's master and store"
+                    ));
+                    plan.on_master = Some(pool.master.to_string());
+                    match run_on(python, plan, pool) {
+                        Ok(run) => on_ours.push(run),
+                        Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
+                    }
+                }
             }
-            Err(e) => failures.push(format!("mooncake client on rbgctl: {e}")),
         }
     }
     (
         mooncake_peer::PeerRun::median_of(theirs),
         mooncake_peer::PeerRun::median_of(on_ours),
     )
+}
+
+/// One run of the wheel's client by `plan` on rbgctl's `pool`, with what its master and store
+/// spent meanwhile.
+fn run_on(
+    python: &std::path::Path,
+    plan: &mooncake_peer::PeerPlan,
+    pool: &OurPool<'_>,
+) -> anyhow::Result<mooncake_peer::PeerRun> {
+    let cpu = || {
+        let of = |pid: Option<u32>| pid.and_then(super::procfs::cpu_time);
+        (of(Some(pool.master_pid)), of(pool.store_pid))
+    };
+    let before = cpu();
+    let mut run = mooncake_peer::run(python, plan)?;
+    let after = cpu();
+    let spent =
+        |b: Option<Duration>, a: Option<Duration>| Some(a?.saturating_sub(b?).as_secs_f64());
+    run.master_cpu_seconds = spent(before.0, after.0);
+    run.store_cpu_seconds = spent(before.1, after.1);
+    Ok(run)
 }
 
 /// `--rdma`: what one store serving RDMA gives one client thread, against perftest on the same
