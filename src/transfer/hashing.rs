@@ -1,9 +1,9 @@
 //! CRC-32C of many values at once, on several threads: the values are cut into pieces of at
 //! most [`PIECE`] bytes, the pieces shared out between threads, and each value's CRC joined from
-//! its pieces' (`crc32c_combine`). A store hashes so what a writer put into its segment without
-//! sending a checksum (Mooncake's Transfer Engine over RDMA: after the put, with
-//! `hash_mooncake_writes`, or at the next start) and every object it kept across a restart:
-//! one core hashing a 4 MiB value takes as long as a fast NIC moving it.
+//! its pieces' (`crc32c_combine`). A store hashes this way every object it kept across a
+//! restart, and what a writer put into its segment without sending a checksum (Mooncake's
+//! Transfer Engine over RDMA: just after the put with `hash_mooncake_writes`, or at the next
+//! start): one core hashing a 4 MiB value takes as long as a fast NIC moving it.
 
 /// The most bytes one thread hashes as one piece.
 pub const PIECE: usize = 1 << 20;
