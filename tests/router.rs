@@ -2578,10 +2578,14 @@ fn bench_router_runs_simulated_engines_for_precise_prefix() {
         "precise_prefix",
         "--prompts",
         "2",
+        "--tenants",
+        "3",
     ]);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
-    for side in ["direct", "router"] {
+    // Admission on (issue 66): every request through a tenant's limits, its CPU beside.
+    assert!(r["admission_cpu_ratio"].as_f64().unwrap() > 0.0, "{r}");
+    for side in ["direct", "router", "admission"] {
         assert!(r[side]["requests"].as_u64().unwrap() > 0, "{side}: {r}");
         assert_eq!(r[side]["errors"], 0, "{side}: {r}");
     }
@@ -3654,4 +3658,421 @@ fn long_conductor_queries_do_not_starve_the_requests_routed() {
         p50 < Duration::from_millis(150),
         "/generate p50 {p50:?} while long queries ran"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenants (issue 66): keys to tenants, limits, classes, a trusted front's header, reloads.
+
+/// The `sha256:<hex>` entry of `key`, as a tenants file holds it.
+fn key_entry(key: &str) -> String {
+    rbgctl::router::tenants::table::key_entry(key)
+}
+
+/// A POST with headers; its status, headers and body.
+fn post_as(
+    port: u16,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut req = client()
+        .post(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let r = req.send().unwrap();
+    let (status, headers) = (r.status().as_u16(), r.headers().clone());
+    (status, headers, r.text().unwrap())
+}
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+/// A tenants file of three tenants: `chat` (interactive, may ask for batch), `bulk` (batch
+/// only, 3 at once), `slow` (one request a second).
+fn tenants_file(dir: &std::path::Path, ttl_secs: f64) -> std::path::PathBuf {
+    let path = dir.join("tenants.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[class]]\nname = \"interactive\"\nqueue_size = 2\nqueue_ttl_secs = {ttl_secs}\n\
+             [[class]]\nname = \"batch\"\nqueue_size = 1\nqueue_ttl_secs = {ttl_secs}\n\
+             [[tenant]]\nname = \"chat\"\nkeys = [\"{}\"]\nclasses = [\"interactive\", \"batch\"]\n\
+             [[tenant]]\nname = \"bulk\"\nkeys = [\"{}\"]\nclasses = [\"batch\"]\nmax_concurrent = 3\n\
+             [[tenant]]\nname = \"slow\"\nkeys = [\"{}\"]\nrequests_per_second = 1\n",
+            key_entry("key-chat"),
+            key_entry("key-bulk"),
+            key_entry("key-slow"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Starts a stream of `key`'s that holds its slot while the worker answers (in a thread);
+/// returns its status once it ends.
+fn held_stream(port: u16, key: &'static str, text: &'static str) -> std::thread::JoinHandle<u16> {
+    std::thread::spawn(move || {
+        let resp = client()
+            .post(format!("http://127.0.0.1:{port}/generate"))
+            .header("authorization", bearer(key))
+            .body(format!(r#"{{"text":"{text}","stream":true}}"#))
+            .send()
+            .unwrap();
+        let status = resp.status().as_u16();
+        read_chunks(resp);
+        status
+    })
+}
+
+#[test]
+fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tenants_file(dir.path(), 20.0);
+    // Each answer streams 8 tokens 150 ms apart: a slot is held for about 1.2 s.
+    let w = fake_worker("tenant-w", &["--token-delay-ms", "150", "--tokens", "8"]);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--max-concurrent-requests",
+            "1",
+            "--tenants-file",
+            file.to_str().unwrap(),
+        ]),
+        true,
+    );
+    let port = r.port;
+    let gen = r#"{"text":"hello"}"#;
+    // Who: no key and unknown keys are 401; a class the tenant may not use is 403.
+    assert_eq!(post_as(port, "/generate", &[], gen).0, 401);
+    assert_eq!(
+        post_as(port, "/generate", &[("authorization", "Bearer nope")], gen).0,
+        401
+    );
+    let (st, _, body) = post_as(
+        port,
+        "/generate",
+        &[
+            ("authorization", &bearer("key-bulk")),
+            ("x-priority-class", "interactive"),
+        ],
+        gen,
+    );
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("its classes: batch"), "{body}");
+    // A bulk stream holds the only slot; a bulk request waits in batch, then a chat one in
+    // interactive: when the slot frees, chat goes first though it came last.
+    let a = held_stream(port, "key-bulk", "first");
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_tenant_running{tenant=\"bulk\"}"
+    ) == Some(1.0)));
+    let b = std::thread::spawn(move || {
+        post_as(
+            port,
+            "/generate",
+            &[("authorization", &bearer("key-bulk"))],
+            r#"{"text":"batch-waiter"}"#,
+        )
+        .0
+    });
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_class_queued{class=\"batch\"}"
+    ) == Some(1.0)));
+    // Batch's queue (1) is full: 503 with Retry-After.
+    let (st, headers, body) = post_as(
+        port,
+        "/generate",
+        &[("authorization", &bearer("key-bulk"))],
+        gen,
+    );
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("queue of 1 is full"), "{body}");
+    assert_eq!(headers["retry-after"], "1");
+    let c = std::thread::spawn(move || {
+        post_as(
+            port,
+            "/generate",
+            &[("authorization", &bearer("key-chat"))],
+            r#"{"text":"interactive-waiter"}"#,
+        )
+        .0
+    });
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_class_queued{class=\"interactive\"}"
+    ) == Some(1.0)));
+    assert_eq!(a.join().unwrap(), 200);
+    assert_eq!(c.join().unwrap(), 200);
+    assert_eq!(b.join().unwrap(), 200);
+    let order: Vec<String> = recorded(&w)
+        .iter()
+        .filter_map(|r| body_of(r)["text"].as_str().map(String::from))
+        .filter(|t| t != "hello")
+        .collect();
+    assert_eq!(order, ["first", "interactive-waiter", "batch-waiter"]);
+    // A tenant over its rate: 429 with Retry-After.
+    let slow = [("authorization", bearer("key-slow"))];
+    let slow: Vec<(&str, &str)> = slow.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    assert_eq!(post_as(port, "/generate", &slow, gen).0, 200);
+    let (st, headers, body) = post_as(port, "/generate", &slow, gen);
+    assert_eq!(st, 429, "{body}");
+    assert!(body.contains("over its request rate"), "{body}");
+    assert_eq!(headers["retry-after"], "1");
+    // The totals per tenant add up, output tokens settled from the answers' usage.
+    let m = |s: &str| metric(port, s).unwrap_or(-1.0);
+    assert_eq!(
+        m("rbgctl_router_tenant_requests_total{tenant=\"bulk\",outcome=\"admitted\"}"),
+        2.0
+    );
+    assert_eq!(
+        m("rbgctl_router_tenant_requests_total{tenant=\"bulk\",outcome=\"queue_full\"}"),
+        1.0
+    );
+    assert_eq!(
+        m("rbgctl_router_tenant_requests_total{tenant=\"chat\",outcome=\"admitted\"}"),
+        1.0
+    );
+    assert_eq!(
+        m("rbgctl_router_tenant_requests_total{tenant=\"slow\",outcome=\"rate\"}"),
+        1.0
+    );
+    assert_eq!(
+        m("rbgctl_router_class_granted_total{class=\"interactive\"}"),
+        1.0
+    );
+    assert!(m("rbgctl_router_tenant_tokens_total{tenant=\"chat\",kind=\"output\"}") >= 8.0);
+    assert!(m("rbgctl_router_tenant_tokens_total{tenant=\"bulk\",kind=\"prompt\"}") >= 2.0);
+    let (st, page) = get(port, "/ui");
+    assert_eq!(st, 200);
+    assert!(
+        page.contains("id=\"tenants\"") && page.contains(">bulk<"),
+        "{page}"
+    );
+}
+
+#[test]
+fn a_queued_request_past_its_class_ttl_is_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tenants_file(dir.path(), 0.5);
+    let w = fake_worker(
+        "tenant-ttl-w",
+        &["--token-delay-ms", "200", "--tokens", "10"],
+    );
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--max-concurrent-requests",
+            "1",
+            "--tenants-file",
+            file.to_str().unwrap(),
+        ]),
+        true,
+    );
+    let port = r.port;
+    let a = held_stream(port, "key-bulk", "holder");
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_tenant_running{tenant=\"bulk\"}"
+    ) == Some(1.0)));
+    // Waits 0.5 s in interactive, then 503.
+    let (st, headers, body) = post_as(
+        port,
+        "/generate",
+        &[("authorization", &bearer("key-chat"))],
+        r#"{"text":"x"}"#,
+    );
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("TTL"), "{body}");
+    assert!(headers.contains_key("retry-after"));
+    // So does a batch request.
+    let b = std::thread::spawn(move || {
+        post_as(
+            port,
+            "/generate",
+            &[("authorization", &bearer("key-bulk"))],
+            r#"{"text":"w"}"#,
+        )
+        .0
+    });
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        port,
+        "rbgctl_router_tenant_queued{tenant=\"bulk\"}"
+    ) == Some(1.0)));
+    assert_eq!(a.join().unwrap(), 200);
+    assert_eq!(
+        b.join().unwrap(),
+        503,
+        "it waited past batch's TTL while the stream held the slot"
+    );
+    assert_eq!(
+        metric(
+            port,
+            "rbgctl_router_tenant_requests_total{tenant=\"chat\",outcome=\"expired\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn a_trusted_fronts_tenant_header_counts_only_from_it_and_a_garbage_file_keeps_the_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tenants_file(dir.path(), 5.0);
+    let w = fake_worker("tenant-front-w", &[]);
+    let path = file.to_str().unwrap().to_string();
+    let args = |from: &str| {
+        s(&[
+            "--worker-urls",
+            &w.url(),
+            "--tenants-file",
+            &path,
+            "--tenant-header",
+            "x-tenant",
+            "--tenant-header-trusted-from",
+            from,
+        ])
+    };
+    let gen = r#"{"text":"hi"}"#;
+    // The front is elsewhere: a client naming a tenant is refused, even with a key.
+    let r = router(&args("10.0.0.0/8"), true);
+    let (st, _, body) = post_as(
+        r.port,
+        "/generate",
+        &[("x-tenant", "chat"), ("authorization", &bearer("key-bulk"))],
+        gen,
+    );
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("trusted front"), "{body}");
+    assert_eq!(
+        post_as(
+            r.port,
+            "/generate",
+            &[("authorization", &bearer("key-bulk"))],
+            gen
+        )
+        .0,
+        200
+    );
+    // This host is the front: its header names the tenant, no key needed.
+    let front = router(&args("127.0.0.1"), true);
+    assert_eq!(
+        post_as(front.port, "/generate", &[("x-tenant", "chat")], gen).0,
+        200
+    );
+    assert_eq!(
+        post_as(front.port, "/generate", &[("x-tenant", "nobody")], gen).0,
+        403
+    );
+    assert_eq!(
+        metric(
+            front.port,
+            "rbgctl_router_tenant_requests_total{tenant=\"chat\",outcome=\"admitted\"}"
+        ),
+        Some(1.0)
+    );
+    // The file replaced by garbage: the keys read before stay in force, the error is counted.
+    std::fs::write(&file, "[[tenant]]\nname = ").unwrap();
+    assert!(wait_until(Duration::from_secs(10), || metric(
+        r.port,
+        "rbgctl_router_tenants_reload_errors_total"
+    ) == Some(1.0)));
+    assert_eq!(
+        post_as(
+            r.port,
+            "/generate",
+            &[("authorization", &bearer("key-chat"))],
+            gen
+        )
+        .0,
+        200
+    );
+    // A good file with a new key: taken without a restart, the old keys gone.
+    std::fs::write(
+        &file,
+        format!(
+            "[[tenant]]\nname = \"chat\"\nkeys = [\"{}\"]\n",
+            key_entry("key-new")
+        ),
+    )
+    .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || post_as(
+        r.port,
+        "/generate",
+        &[("authorization", &bearer("key-new"))],
+        gen
+    )
+    .0 == 200));
+    assert_eq!(
+        post_as(
+            r.port,
+            "/generate",
+            &[("authorization", &bearer("key-chat"))],
+            gen
+        )
+        .0,
+        401
+    );
+}
+
+#[test]
+fn ten_thousand_tenants_cost_the_router_a_bounded_memory_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.toml");
+    let mut text = String::new();
+    for i in 0..10_000 {
+        text.push_str(&format!(
+            "[[tenant]]\nname = \"t{i}\"\nkeys = [\"{}\"]\nrequests_per_second = 100\nmax_concurrent = 8\n",
+            key_entry(&format!("key-{i}"))
+        ));
+    }
+    std::fs::write(&file, text).unwrap();
+    let w = fake_worker("tenant-many-w", &[]);
+    let plain = router(&s(&["--worker-urls", &w.url()]), true);
+    let r = router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--tenants-file",
+            file.to_str().unwrap(),
+        ]),
+        true,
+    );
+    // Requests from 2,000 tenants (every fifth), each then known to admission.
+    let c = client();
+    for i in (0..10_000).step_by(5) {
+        let st = c
+            .post(format!("http://127.0.0.1:{}/generate", r.port))
+            .header("authorization", bearer(&format!("key-{i}")))
+            .body(r#"{"text":"x"}"#)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16();
+        assert_eq!(st, 200);
+    }
+    let rss = |r: &Router| vm_bytes(r._proc.pid().expect("running"), "VmRSS");
+    let (with, without) = (rss(&r), rss(&plain));
+    // docs/router.md states the bound: under 64 MiB more than a router without tenants.
+    assert!(
+        with < without + (64 << 20),
+        "RSS {with} with 10,000 tenants, {without} without"
+    );
+    let (_, text) = get(r.port, "/metrics");
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("rbgctl_router_tenant_requests_total{"))
+        .count();
+    // The first 1,000 of the file by name (200 of them seen), the other 1,800 summed as
+    // `other`: five outcomes each.
+    assert_eq!(series, (200 + 1) * 5);
+    assert!(text.contains(
+        "rbgctl_router_tenant_requests_total{tenant=\"other\",outcome=\"admitted\"} 1800"
+    ));
+    assert_eq!(metric(r.port, "rbgctl_router_tenants"), Some(10_000.0));
 }

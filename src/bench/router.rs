@@ -122,6 +122,32 @@ pub struct RouterBenchArgs {
     /// The peer's name in the report. Default: peer.
     #[arg(long, default_value = "peer")]
     pub peer_name: String,
+    /// Regular cases: also measure rbgctl's router with admission on, in the same run,
+    /// interleaved: a tenants file of N tenants (each with request and token rates far above
+    /// the load and a concurrency cap), clients spread over their keys, and
+    /// --max-concurrent-requests at 4 × the clients, so that every request goes through the
+    /// tenant's limits and the class's capacity. Its CPU per request is set beside the router
+    /// without tenants. 0: not measured.
+    #[arg(long, default_value_t = 0)]
+    pub tenants: usize,
+}
+
+/// The API key of tenant `i` in `bench router --tenants`.
+fn tenant_key(i: usize) -> String {
+    format!("bench-tenant-key-{i:06}")
+}
+
+/// The tenants file of `bench router --tenants n`.
+fn tenants_file(n: usize) -> String {
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(&format!(
+            "[[tenant]]\nname = \"t{i}\"\nkeys = [\"{}\"]\nrequests_per_second = 1e9\n\
+             tokens_per_second = 1e12\nmax_concurrent = 100000\n",
+            crate::router::tenants::table::key_entry(&tenant_key(i))
+        ));
+    }
+    text
 }
 
 /// What serves behind the router in regular cases.
@@ -348,6 +374,8 @@ enum Target {
     One {
         ports: Arc<[u16]>,
         bodies: Arc<[Bytes]>,
+        /// `Authorization` values: client `i` sends `keys[i % keys.len()]` (none when empty).
+        keys: Arc<[http::HeaderValue]>,
     },
     /// Both legs of a prefill/decode request, sent at once by the client itself; the answer
     /// is decode's.
@@ -366,8 +394,18 @@ struct Deployment {
     /// vLLM/Mooncake: the prefill engine as its bootstrap server describes it.
     engine: Option<vllm::MooncakeEngine>,
     router: (u16, Option<u32>),
+    /// `--tenants`: rbgctl's router with admission on, and its clients' keys.
+    admission: Option<Admission>,
     peer: Option<Peer>,
     _workers: Vec<launch::Process>,
+    _router: launch::Child<launch::Router>,
+}
+
+/// rbgctl's router with a tenants file, beside the one without.
+struct Admission {
+    port: u16,
+    pid: Option<u32>,
+    keys: Arc<[http::HeaderValue]>,
     _router: launch::Child<launch::Router>,
 }
 
@@ -382,6 +420,8 @@ enum Direct {
 enum Path {
     Direct,
     Router,
+    /// rbgctl's router with admission on (`--tenants`).
+    Admission,
     Peer,
 }
 
@@ -484,6 +524,32 @@ impl Deployment {
             Mode::VllmPd => Some(query_engine(bootstrap)?),
             _ => None,
         };
+        let admission = match (mode, args.tenants) {
+            (Mode::Regular, n) if n > 0 => {
+                let file = scratch.join("tenants.toml");
+                std::fs::write(&file, tenants_file(n))?;
+                let mut c = config.clone();
+                c.tenants.tenants_file = Some(file);
+                let most = args.clients.iter().max().copied().unwrap_or(1);
+                c.limits.max_concurrent_requests = (4 * most) as i64;
+                let r = launcher.spawn::<launch::Router>("router-admission", c)?;
+                let port = r.addrs.http.port();
+                wait_http_ok(
+                    &format!("http://127.0.0.1:{port}/readiness"),
+                    Duration::from_secs(20),
+                )?;
+                let keys = (0..n)
+                    .map(|i| http::HeaderValue::from_str(&format!("Bearer {}", tenant_key(i))))
+                    .collect::<Result<_, _>>()?;
+                Some(Admission {
+                    port,
+                    pid: r.process.pid(),
+                    keys,
+                    _router: r,
+                })
+            }
+            _ => None,
+        };
         let router = launcher.spawn::<launch::Router>(&format!("router-{mode:?}"), config)?;
         let router_port = router.addrs.http.port();
         wait_http_ok(
@@ -507,6 +573,7 @@ impl Deployment {
             bootstrap,
             engine,
             router: (router_port, router.process.pid()),
+            admission,
             peer,
             _workers: workers,
             _router: router,
@@ -515,6 +582,9 @@ impl Deployment {
 
     fn paths(&self) -> Vec<Path> {
         let mut p = vec![Path::Direct, Path::Router];
+        if self.admission.is_some() {
+            p.push(Path::Admission);
+        }
         if self.peer.is_some() {
             p.push(Path::Peer);
         }
@@ -528,18 +598,24 @@ impl Deployment {
         case: &Case,
         bodies: &Arc<[Bytes]>,
     ) -> anyhow::Result<(Target, Option<u32>)> {
-        let spread = |ports: Arc<[u16]>, pid: Option<u32>| {
+        let keyed = |ports: Arc<[u16]>, pid: Option<u32>, keys: Arc<[http::HeaderValue]>| {
             (
                 Target::One {
                     ports,
                     bodies: bodies.clone(),
+                    keys,
                 },
                 pid,
             )
         };
+        let spread = |ports, pid| keyed(ports, pid, Arc::new([]));
         let body = &bodies[0];
         Ok(match (path, &self.direct) {
             (Path::Router, _) => spread(Arc::new([self.router.0]), self.router.1),
+            (Path::Admission, _) => {
+                let a = self.admission.as_ref().context("no admission router")?;
+                keyed(Arc::new([a.port]), a.pid, a.keys.clone())
+            }
             (Path::Peer, _) => {
                 let p = self.peer.as_ref().context("no peer")?;
                 spread(Arc::new([p.port]), Some(p.child.id()))
@@ -620,6 +696,10 @@ pub struct Row {
     pub router: Measure,
     /// Router req/s over direct req/s.
     pub throughput_ratio: f64,
+    /// rbgctl's router with admission on (`--tenants`), measured the same way.
+    pub admission: Option<Measure>,
+    /// Its CPU per request over the router's without tenants.
+    pub admission_cpu_ratio: Option<f64>,
     /// The peer router (`--peer-cmd`, `--peer-pd-cmd`), measured the same way.
     pub peer: Option<Measure>,
     /// rbgctl's router req/s over the peer's.
@@ -652,12 +732,16 @@ async fn exchange(
     send: &mut Sender,
     path: &str,
     body: Bytes,
+    key: Option<&http::HeaderValue>,
     t0: Instant,
 ) -> anyhow::Result<(bool, Option<Duration>)> {
-    let req = http::Request::post(path)
+    let mut req = http::Request::post(path)
         .header("host", "127.0.0.1")
-        .header("content-type", "application/json")
-        .body(Full::new(body))?;
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        req = req.header(http::header::AUTHORIZATION, k.clone());
+    }
+    let req = req.body(Full::new(body))?;
     send.ready().await?;
     let resp = send.send_request(req).await?;
     let ok = resp.status().is_success();
@@ -691,12 +775,17 @@ async fn client_loop(
         }
     };
     match target {
-        Target::One { ports, bodies } => {
+        Target::One {
+            ports,
+            bodies,
+            keys,
+        } => {
             let mut send = connect(ports[index % ports.len()]).await?;
             let body = &bodies[index % bodies.len()];
+            let key = (!keys.is_empty()).then(|| &keys[index % keys.len()]);
             while Instant::now() < deadline {
                 let t0 = Instant::now();
-                let (ok, first) = exchange(&mut send, path, body.clone(), t0).await?;
+                let (ok, first) = exchange(&mut send, path, body.clone(), key, t0).await?;
                 record(ok, first, t0.elapsed());
             }
         }
@@ -708,8 +797,8 @@ async fn client_loop(
             while Instant::now() < deadline {
                 let t0 = Instant::now();
                 let (p, d) = tokio::join!(
-                    exchange(&mut p_send, path, p_body.clone(), t0),
-                    exchange(&mut d_send, path, d_body.clone(), t0)
+                    exchange(&mut p_send, path, p_body.clone(), None, t0),
+                    exchange(&mut d_send, path, d_body.clone(), None, t0)
                 );
                 let ((p_ok, _), (d_ok, first)) = (p?, d?);
                 record(p_ok && d_ok, first, t0.elapsed());
@@ -805,11 +894,22 @@ fn median_measure(ms: &[Measure]) -> Measure {
     }
 }
 
-fn row(case: &Case, clients: usize, measured: &[Vec<Measure>]) -> Row {
-    let d = median_measure(&measured[0]);
-    let r = median_measure(&measured[1]);
-    let p = measured.get(2).map(|m| median_measure(m));
+fn row(case: &Case, clients: usize, paths: &[Path], measured: &[Vec<Measure>]) -> Row {
+    let of = |path| {
+        paths
+            .iter()
+            .position(|p| *p == path)
+            .map(|i| median_measure(&measured[i]))
+    };
+    let d = of(Path::Direct).unwrap_or_default();
+    let r = of(Path::Router).unwrap_or_default();
+    let p = of(Path::Peer);
+    let a = of(Path::Admission);
     Row {
+        admission_cpu_ratio: a
+            .as_ref()
+            .and_then(|a| Some(a.cpu_us_per_req? / r.cpu_us_per_req.filter(|c| *c > 0.0)?)),
+        admission: a,
         router_over_peer: p
             .as_ref()
             .filter(|p| p.req_per_s > 0.0)
@@ -928,7 +1028,7 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
                     measured[i].push(m);
                 }
             }
-            rows.push(row(case, clients, &measured));
+            rows.push(row(case, clients, &paths, &measured));
         }
     }
     progress.finish();
@@ -1108,6 +1208,28 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
             r.router.cpu_us_per_req.unwrap_or(f64::NAN),
             r.router.kernel_share.unwrap_or(f64::NAN) * 100.0,
         );
+    }
+    if rows.iter().any(|r| r.admission.is_some()) {
+        println!();
+        println!("rbgctl's router with admission on (--tenants), same run (interleaved)");
+        println!(
+            "{:<20} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+            "case", "cli", "router/s", "admit/s", "r cpu µs", "a cpu µs", "a/r cpu", "a p99ms"
+        );
+        for r in rows {
+            let Some(a) = &r.admission else { continue };
+            println!(
+                "{:<20} {:>4} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>8.2}x {:>9.3}",
+                r.case,
+                r.clients,
+                r.router.req_per_s,
+                a.req_per_s,
+                r.router.cpu_us_per_req.unwrap_or(f64::NAN),
+                a.cpu_us_per_req.unwrap_or(f64::NAN),
+                r.admission_cpu_ratio.unwrap_or(f64::NAN),
+                a.p99_ms,
+            );
+        }
     }
     if rows.iter().all(|r| r.peer.is_none()) {
         return;

@@ -54,6 +54,8 @@ pub struct RouterConfig {
     pub discovery: DiscoveryConfig,
     #[serde(flatten)]
     pub tls: TlsConfig,
+    #[serde(flatten)]
+    pub tenants: TenantsConfig,
 }
 
 impl<'de> Deserialize<'de> for RouterConfig {
@@ -74,6 +76,7 @@ impl<'de> Deserialize<'de> for RouterConfig {
                 pd: t.section()?,
                 discovery: t.section()?,
                 tls: t.section()?,
+                tenants: t.section()?,
             })
         };
         let c = read().map_err(serde::de::Error::custom)?;
@@ -217,6 +220,35 @@ impl Default for LimitsConfig {
             queue_size: 100,
             queue_timeout: Secs::from_secs(60),
             rate_limit_tokens_per_second: None,
+        }
+    }
+}
+
+/// Tenants: who calls, with what keys, limits and priority classes (docs/router.md, Tenants).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantsConfig {
+    /// The tenants file (keys stored as SHA-256, limits, classes), read again when it changes;
+    /// with it every inference request must name its tenant. Default: none (no tenants).
+    pub tenants_file: Option<PathBuf>,
+    /// A header a trusted front names the tenant in (e.g. `x-tenant`), taken only from the
+    /// addresses of `tenant_header_trusted_from`. Default: none.
+    pub tenant_header: Option<String>,
+    /// Addresses (`10.0.0.0/8`, `::1`) whose requests may name their tenant in
+    /// `tenant_header`; a request from elsewhere carrying it is refused (403). Default: none.
+    pub tenant_header_trusted_from: Vec<String>,
+    /// Routers sharing each tenant's traffic evenly behind one load balancer: each enforces
+    /// this share of every tenant's rates and concurrency cap. Default 1.
+    pub tenant_limits_replicas: usize,
+}
+
+impl Default for TenantsConfig {
+    fn default() -> Self {
+        TenantsConfig {
+            tenants_file: None,
+            tenant_header: None,
+            tenant_header_trusted_from: Vec::new(),
+            tenant_limits_replicas: 1,
         }
     }
 }
@@ -611,6 +643,33 @@ pub struct RouterArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tenants: TenantsArgs,
+}
+
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+#[command(next_help_heading = "Tenants")]
+pub struct TenantsArgs {
+    /// The tenants file: API keys (as SHA-256), per-tenant rates and concurrency, priority
+    /// classes; read again when it changes. Every inference request must then name its
+    /// tenant. Default: none (no tenants).
+    #[arg(long, env = "RBGCTL_ROUTER_TENANTS_FILE")]
+    pub tenants_file: Option<PathBuf>,
+    /// A header a trusted front names the tenant in (e.g. x-tenant), taken only from
+    /// --tenant-header-trusted-from. Default: none.
+    #[arg(long)]
+    pub tenant_header: Option<String>,
+    /// Addresses (10.0.0.0/8, ::1) allowed to name a tenant in --tenant-header; the header
+    /// from elsewhere is refused (403). Default: none.
+    #[arg(long, num_args = 1..)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenant_header_trusted_from: Vec<String>,
+    /// Routers sharing each tenant's traffic evenly behind one load balancer: each enforces
+    /// this share of every tenant's rates and concurrency cap. Default 1.
+    #[arg(long)]
+    pub tenant_limits_replicas: Option<usize>,
 }
 
 #[serde_with::skip_serializing_none]
@@ -1275,6 +1334,50 @@ impl RouterConfig {
                 "router.retry_jitter_factor",
                 format!("must be in [0, 1], got {}", retry.jitter),
             ));
+        }
+        let tenants = &self.tenants;
+        if tenants.tenant_limits_replicas == 0 {
+            return Err(ConfigError::invalid(
+                "router.tenant_limits_replicas",
+                "must be at least 1",
+            ));
+        }
+        match (
+            &tenants.tenant_header,
+            tenants.tenant_header_trusted_from.is_empty(),
+        ) {
+            (Some(h), false) => {
+                if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    return Err(ConfigError::invalid(
+                        "router.tenant_header",
+                        format!("{h:?} is not a header name"),
+                    ));
+                }
+            }
+            (Some(_), true) => {
+                return Err(ConfigError::invalid(
+                    "router.tenant_header",
+                    "needs tenant_header_trusted_from: the addresses of the front that sets \
+                     it (anyone else could name any tenant)",
+                ))
+            }
+            (None, false) => {
+                return Err(ConfigError::invalid(
+                    "router.tenant_header_trusted_from",
+                    "needs tenant_header",
+                ))
+            }
+            (None, true) => {}
+        }
+        if tenants.tenant_header.is_some() && tenants.tenants_file.is_none() {
+            return Err(ConfigError::invalid(
+                "router.tenant_header",
+                "needs tenants_file (the tenants it may name)",
+            ));
+        }
+        for c in &tenants.tenant_header_trusted_from {
+            c.parse::<super::tenants::Cidr>()
+                .map_err(|e| ConfigError::invalid("router.tenant_header_trusted_from", e))?;
         }
         for k in &server.control_plane_api_keys {
             ControlKey::parse(k)

@@ -89,7 +89,12 @@ async fn serve_inference(
     };
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    let mut resp = match key_refusal(&shared, &parts.headers) {
+    // With tenants, `inference` names the caller itself (one key lookup, not two).
+    let refused = match shared.access.tenants {
+        Some(_) => None,
+        None => key_refusal(&shared, &parts.headers),
+    };
+    let mut resp = match refused {
         Some(refusal) => refusal,
         None => inference(shared.clone(), endpoint, parts.headers, body).await,
     };

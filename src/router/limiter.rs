@@ -6,6 +6,7 @@
 //! bucket refilled at that rate (bursts up to `max`, or one second's worth): requests beyond
 //! it wait in the same queue, under the same 429 and 408.
 
+use crate::router::tenants::admission::Ticket;
 use crate::token_bucket::Bucket;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,25 @@ pub enum Rejected {
     QueueFull { running: usize, queue: usize },
     #[error("timed out after {0:?} waiting in the queue")]
     Timeout(Duration),
+}
+
+/// What an admitted request holds until its answer has been sent.
+pub enum Slot {
+    /// A slot of `--max-concurrent-requests` (no tenants).
+    Permit(OwnedSemaphorePermit),
+    /// A tenant's admission (`tenants::admission`), which also settles the answer's output
+    /// tokens.
+    Ticket(Ticket),
+}
+
+impl Slot {
+    /// The tenant's ticket, when the request has one.
+    pub fn ticket(&self) -> Option<&Ticket> {
+        match self {
+            Slot::Ticket(t) => Some(t),
+            Slot::Permit(_) => None,
+        }
+    }
 }
 
 pub struct Limiter {

@@ -6,6 +6,8 @@
 //! - `policy` + `tree` (pure): random, round_robin, power_of_two, cache_aware, consistent_hashing.
 //! - `worker`: workers, their health and circuit-breaker state machines, the registry.
 //! - `limiter`: concurrency limit with a bounded queue.
+//! - `tenants`: callers by API key or trusted header, their limits, priority classes and fair
+//!   sharing (instead of `limiter` when a tenants file is given).
 //! - `upstream`: the client to workers (keep-alive HTTP/1.1 connections per runtime, read by
 //!   the relaying task; hyper's client for `https://` workers).
 //! - `proxy`: retries and the answer relayed frame by frame (`proxy/relay.rs`);
@@ -31,6 +33,7 @@ pub mod proxy;
 pub mod request;
 pub mod route;
 pub mod server;
+pub mod tenants;
 pub mod tokenize;
 pub mod ui;
 pub mod upstream;
@@ -73,6 +76,8 @@ pub enum RouterError {
     Tls(#[from] crate::tls::TlsError),
     #[error("router.tokenizer_path: {0}")]
     Tokenizer(#[from] tokenize::TokenizeError),
+    #[error("router.tenants_file: {0}")]
+    Tenants(#[from] tenants::TenantsError),
 }
 
 /// State shared by every request and background task, by concern: the settings as given, the
@@ -134,6 +139,9 @@ pub struct Limits {
 
 /// Who may call the router, and over what.
 pub struct Access {
+    /// `--tenants-file`: the tenants, their limits and classes; with it, every inference
+    /// request names its tenant and is admitted by `tenants::admission`.
+    pub tenants: Option<Arc<tenants::Tenants>>,
     /// `--control-plane-api-keys`, parsed.
     pub control_keys: Vec<config::ControlKey>,
     /// `--tls-cert-path`: the listener's TLS.
@@ -206,7 +214,8 @@ impl Shared {
             },
             routing: Routing {
                 route: route::Route::for_config(cfg.pd.enabled, cfg.server.backend),
-                reads: match text_policy || cfg.pd.enabled {
+                // Tenants' token rates count the prompt.
+                reads: match text_policy || cfg.pd.enabled || cfg.tenants.tenants_file.is_some() {
                     true => request::Reads::Text,
                     false => request::Reads::Flags,
                 },
@@ -249,6 +258,32 @@ impl Shared {
                 ),
             },
             access: Access {
+                tenants: match &cfg.tenants.tenants_file {
+                    Some(path) => {
+                        let t = &cfg.tenants;
+                        let trusted = t.tenant_header.as_ref().map(|h| tenants::TrustedHeader {
+                            name: h.to_ascii_lowercase(),
+                            from: t
+                                .tenant_header_trusted_from
+                                .iter()
+                                .filter_map(|c| c.parse().ok())
+                                .collect(),
+                        });
+                        if max.is_none() {
+                            tracing::warn!(
+                                "tenants without --max-concurrent-requests: their limits apply, \
+                                 but priority classes order nothing (requests never wait)"
+                            );
+                        }
+                        Some(Arc::new(tenants::Tenants::load(
+                            path,
+                            trusted,
+                            max,
+                            t.tenant_limits_replicas,
+                        )?))
+                    }
+                    None => None,
+                },
                 control_keys: cfg
                     .server
                     .control_plane_api_keys

@@ -50,6 +50,50 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .and_then(crate::auth::bearer_token)
 }
 
+/// The answer to a request for the service's routes (inference, tokenizing, server info) that
+/// does not say who calls: with tenants, a tenant's key (or a trusted front's tenant header) or
+/// `--api-key`; without, `--api-key` when set. Inference then names the tenant itself
+/// (`tenants::identify`), and refuses `--api-key`, which is no tenant's.
+fn caller_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    use crate::router::tenants::{identify, IdentityError};
+    let Some(t) = &shared.access.tenants else {
+        return key_refusal(shared, headers);
+    };
+    let peer = crate::http_server::peer().map(|p| p.ip());
+    match identify(&t.table(), t.trusted.as_ref(), headers, peer) {
+        Ok(_) | Err(IdentityError::UnknownClass { .. } | IdentityError::ClassNotAllowed { .. }) => {
+            None
+        }
+        Err(e) => {
+            let key = shared.cfg.server.api_key.as_ref();
+            if key
+                .is_some_and(|k| bearer(headers).is_some_and(|g| same(g.as_bytes(), k.as_bytes())))
+            {
+                return None;
+            }
+            shared
+                .metrics
+                .auth_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let rid = rid_for(shared, headers, None);
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+            Some(error_response(
+                status,
+                "authentication_error",
+                &e.to_string(),
+                &rid,
+            ))
+        }
+    }
+}
+
+async fn require_caller(State(shared): S, req: Request, next: Next) -> Response {
+    match caller_refusal(&shared, req.headers()) {
+        Some(refusal) => refusal,
+        None => next.run(req).await,
+    }
+}
+
 /// With `--api-key`, the answer to a request that does not carry it.
 pub(super) fn key_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
     let key = shared.cfg.server.api_key.as_ref()?;
@@ -146,6 +190,32 @@ async fn require_control_key(State(shared): S, req: Request, next: Next) -> Resp
     error_response(status, "authentication_error", message, &rid)
 }
 
+/// A refusal of admission: its status, `Retry-After` when the caller may try again, counted by
+/// its code.
+fn refusal(
+    shared: &Shared,
+    endpoint: Endpoint,
+    status: u16,
+    code: &'static str,
+    msg: &str,
+    retry_after: Option<u64>,
+    rid: &str,
+) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let kind = match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "authentication_error",
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        _ => "rate_limit_error",
+    };
+    shared.metrics.error(endpoint.name(), code);
+    let mut resp = error_response(status, kind, msg, rid);
+    if let Some(secs) = retry_after {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from(secs));
+    }
+    resp
+}
+
 pub(super) async fn inference(
     shared: Arc<Shared>,
     endpoint: Endpoint,
@@ -153,22 +223,54 @@ pub(super) async fn inference(
     body: Body,
 ) -> Response {
     let rid = rid_for(&shared, &headers, Some(endpoint));
-    let permit = match shared.limits.limiter.admit().await {
-        Ok(p) => p,
-        Err(e) => {
-            let (status, counter) = match e {
-                crate::router::limiter::Rejected::QueueFull { .. } => (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    &shared.metrics.rate_limited_429,
-                ),
-                crate::router::limiter::Rejected::Timeout(_) => (
-                    StatusCode::REQUEST_TIMEOUT,
-                    &shared.metrics.queue_timeouts_408,
-                ),
-            };
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            shared.metrics.error(endpoint.name(), "rate_limited");
-            return error_response(status, "rate_limit_error", &e.to_string(), &rid);
+    // With tenants the caller is named before its body is read, and admitted once the body
+    // says how many tokens it asks for; without, the limiter admits it first.
+    let mut slot = None;
+    let caller = match &shared.access.tenants {
+        Some(t) => {
+            let table = t.table();
+            let peer = crate::http_server::peer().map(|p| p.ip());
+            match crate::router::tenants::identify(&table, t.trusted.as_ref(), &headers, peer) {
+                Ok(c) => Some((t, table, c)),
+                Err(e) => {
+                    if e.status() != 400 {
+                        shared
+                            .metrics
+                            .auth_failures
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    return refusal(
+                        &shared,
+                        endpoint,
+                        e.status(),
+                        "tenant_unknown",
+                        &e.to_string(),
+                        None,
+                        &rid,
+                    );
+                }
+            }
+        }
+        None => {
+            match shared.limits.limiter.admit().await {
+                Ok(p) => slot = p.map(crate::router::limiter::Slot::Permit),
+                Err(e) => {
+                    let (status, counter) = match e {
+                        crate::router::limiter::Rejected::QueueFull { .. } => (
+                            StatusCode::TOO_MANY_REQUESTS,
+                            &shared.metrics.rate_limited_429,
+                        ),
+                        crate::router::limiter::Rejected::Timeout(_) => (
+                            StatusCode::REQUEST_TIMEOUT,
+                            &shared.metrics.queue_timeouts_408,
+                        ),
+                    };
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    shared.metrics.error(endpoint.name(), "rate_limited");
+                    return error_response(status, "rate_limit_error", &e.to_string(), &rid);
+                }
+            }
+            None
         }
     };
     let limit = shared.cfg.limits.max_payload_size;
@@ -200,11 +302,33 @@ pub(super) async fn inference(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e, &rid);
         }
     };
+    if let Some((t, table, caller)) = caller {
+        let ask = crate::router::tenants::admission::Ask {
+            tenant: caller.tenant,
+            class: caller.class,
+            prompt_tokens: crate::router::tenants::prompt_tokens(&info, bytes.len()),
+        };
+        match t.admission.admit(&table, &ask).await {
+            Ok(ticket) => slot = Some(crate::router::limiter::Slot::Ticket(ticket)),
+            Err(e) => {
+                tracing::debug!(request_id = %rid, tenant = %table.tenants[caller.tenant].name, reason = %e, "not admitted");
+                return refusal(
+                    &shared,
+                    endpoint,
+                    e.status(),
+                    e.code(),
+                    &e.to_string(),
+                    Some(e.retry_after_secs()),
+                    &rid,
+                );
+            }
+        }
+    }
     // The span follows the request's future (not the thread, which serves other requests
     // while this one waits).
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);
     shared
-        .dispatch(endpoint, &headers, bytes, &info, &rid, permit)
+        .dispatch(endpoint, &headers, bytes, &info, &rid, slot)
         .instrument(span)
         .await
 }
@@ -382,21 +506,30 @@ async fn health_generate(State(s): S, headers: HeaderMap) -> Response {
 }
 
 async fn metrics(State(s): S) -> Response {
+    let (running, queued) = match &s.access.tenants {
+        Some(t) => t.admission.load(),
+        None => (s.limits.limiter.running(), s.limits.limiter.queued()),
+    };
     let text = s.metrics.render(
         &s.workers.registry.snapshot(),
         &s.cfg.breaker,
-        s.limits.limiter.running(),
-        s.limits.limiter.queued(),
+        running,
+        queued,
         |t| match t {
             WorkerType::Regular => s.routing.policy.name(),
             WorkerType::Prefill => s.routing.prefill_policy.name(),
             WorkerType::Decode => s.routing.decode_policy.name(),
         },
     );
-    let text = match &s.routing.kv_index {
+    let mut text = match &s.routing.kv_index {
         Some(k) => text + &k.render_metrics(),
         None => text,
     };
+    if let Some(t) = &s.access.tenants {
+        let mut p = crate::telemetry::PromText::new();
+        t.render(&mut p);
+        text.push_str(&p.finish());
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -752,6 +885,7 @@ async fn status_page(State(s): S, Query(q): Query<PageQuery>) -> Response {
         },
         pd: s.pd(),
         workers,
+        tenants: s.access.tenants.as_ref().map(|t| t.admission.rows()),
     };
     let part = crate::report::live::Part::from_query(q.part.as_deref());
     (
@@ -998,7 +1132,10 @@ pub fn app(shared: Arc<Shared>) -> Router {
         // Runs a generation on a worker, or tells what the workers are and how loaded.
         .route("/health_generate", get(health_generate))
         .route("/get_server_info", get(server_info))
-        .route_layer(middleware::from_fn_with_state(shared.clone(), require_key));
+        .route_layer(middleware::from_fn_with_state(
+            shared.clone(),
+            require_caller,
+        ));
     let control = Router::new()
         .route("/workers", post(add_worker).get(list_workers))
         .route("/workers/{id}", get(get_worker).delete(delete_worker))
@@ -1144,6 +1281,9 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
 /// Starts what runs beside the API: health checks, tree eviction, and worker discovery.
 pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
     background::start(shared);
+    if let Some(t) = &shared.access.tenants {
+        t.watch();
+    }
     for w in shared.workers.registry.snapshot().iter() {
         added(shared, w);
     }

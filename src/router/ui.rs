@@ -1,9 +1,11 @@
 //! The router's status page (`/ui`): its policy, and each worker's health, circuit state, load
-//! and requests served, as a table with load bars and a chart, in the frame of `report::live`
+//! and requests served, as a table with load bars and a chart; with tenants, each priority
+//! class's queue and each tenant's requests by outcome; in the frame of `report::live`
 //! (server-rendered, refreshed by an inline script when scripts are on).
 
 use crate::report::live::{self, Part};
 use crate::report::{escape, BarChart, Format, Group, Panel};
+use crate::router::tenants::admission::{ClassRow, TenantRow};
 use std::fmt::Write as _;
 
 /// One worker's row.
@@ -25,6 +27,75 @@ pub struct View {
     pub policy: String,
     pub pd: bool,
     pub workers: Vec<WorkerRow>,
+    /// With tenants: the classes in the order they are served, and the tenants seen.
+    pub tenants: Option<(Vec<ClassRow>, Vec<TenantRow>)>,
+}
+
+/// Tenants shown by name on the page (those with the most requests); the rest are counted.
+const PAGE_TENANTS: usize = 50;
+
+fn tenants(h: &mut String, classes: &[ClassRow], tenants: &[TenantRow]) {
+    let _ = write!(h, "<h2>Priority classes ({})</h2>", classes.len());
+    h.push_str(
+        "<table id=\"classes\"><thead><tr><th>class</th><th>waiting</th><th></th>\
+         <th>queue size</th><th>TTL</th><th>served after waiting</th><th>expired (503)</th>\
+         <th>queue full (503)</th></tr></thead><tbody>",
+    );
+    for c in classes {
+        let share = c.queued as f64 / c.queue_size.max(1) as f64 * 100.0;
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td class=\"n\">{}</td><td><span class=\"bar\"><span style=\"width:{share:.0}%\"></span></span></td>\
+             <td class=\"n\">{}</td><td class=\"n\">{:.1} s</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            escape(&c.name),
+            c.queued,
+            c.queue_size,
+            c.ttl.as_secs_f64(),
+            c.granted,
+            c.expired,
+            c.refused_full,
+        );
+    }
+    h.push_str("</tbody></table>");
+    let mut rows: Vec<&TenantRow> = tenants.iter().collect();
+    rows.sort_by_key(|t| {
+        std::cmp::Reverse(t.counts.admitted + t.counts.refused_rate + t.counts.refused_concurrency)
+    });
+    let _ = write!(h, "<h2>Tenants ({} seen)</h2>", tenants.len());
+    h.push_str(
+        "<table id=\"tenants\"><thead><tr><th>tenant</th><th>running</th><th>waiting</th>\
+         <th>admitted</th><th>over rate (429)</th><th>over concurrency (429)</th>\
+         <th>queue full (503)</th><th>expired (503)</th><th>prompt tokens</th><th>output tokens</th>\
+         </tr></thead><tbody>",
+    );
+    for t in rows.iter().take(PAGE_TENANTS) {
+        let c = &t.counts;
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            escape(&t.name),
+            t.running,
+            t.queued,
+            c.admitted,
+            c.refused_rate,
+            c.refused_concurrency,
+            c.refused_queue_full,
+            c.expired,
+            c.prompt_tokens,
+            c.output_tokens,
+        );
+    }
+    h.push_str("</tbody></table>");
+    if rows.len() > PAGE_TENANTS {
+        let _ = write!(
+            h,
+            "<p>{} more tenants: /metrics has the first {} of the tenants file by name.</p>",
+            rows.len() - PAGE_TENANTS,
+            crate::router::tenants::admission::MAX_TENANT_SERIES
+        );
+    }
 }
 
 pub fn render(v: &View, part: Part) -> String {
@@ -53,6 +124,9 @@ fn main(v: &View) -> String {
         healthy,
         v.workers.iter().map(|w| w.load).sum::<usize>()
     );
+    if let Some((c, t)) = &v.tenants {
+        tenants(&mut h, c, t);
+    }
     let _ = write!(h, "<h2>Workers ({})</h2>", v.workers.len());
     if v.workers.is_empty() {
         h.push_str(
@@ -139,12 +213,34 @@ mod tests {
                 w("http://a:1", true, "closed", 4),
                 w("http://b<2>", false, "open", 1),
             ],
+            tenants: Some((
+                vec![ClassRow {
+                    name: "interactive".into(),
+                    queued: 3,
+                    queue_size: 4,
+                    ttl: std::time::Duration::from_secs(10),
+                    granted: 9,
+                    expired: 2,
+                    refused_full: 1,
+                }],
+                vec![TenantRow {
+                    name: "team<a>".into(),
+                    running: 2,
+                    queued: 3,
+                    counts: Default::default(),
+                }],
+            )),
         };
         let html = render(&v, Part::Whole);
         assert!(html.contains("cache_aware"));
         assert!(html.contains("http://b&lt;2&gt;"), "escaped");
         assert!(html.contains("class=\"bad\">unhealthy") && html.contains("class=\"bad\">open"));
         assert!(html.contains("width:25%"), "load 1 of the most, 4");
+        assert!(
+            html.contains("id=\"classes\"") && html.contains("width:75%"),
+            "3 of 4 waiting"
+        );
+        assert!(html.contains("team&lt;a&gt;"), "tenant names escaped");
         assert!(html.contains("id=\"worker-load\""));
         // Issue 40, item 26: workers are categories: bars, and no line drawn from one to another.
         let load = html
@@ -164,6 +260,7 @@ mod tests {
             policy: "random".into(),
             pd: true,
             workers: vec![],
+            tenants: None,
         };
         assert!(render(&empty, Part::Main).contains("No workers"));
     }

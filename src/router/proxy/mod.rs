@@ -5,6 +5,7 @@
 
 use crate::router::config::Backend;
 use crate::router::dp;
+use crate::router::limiter::Slot;
 use crate::router::policy::{self, Candidate, LoadBalancingPolicy, RouteInput};
 use crate::router::request;
 use crate::router::request::{error_body, Endpoint, RouteInfo};
@@ -18,7 +19,6 @@ use http_body_util::BodyExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// The request id's header, as workers get it.
 const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
@@ -310,7 +310,7 @@ impl Shared {
         body: Bytes,
         info: &RouteInfo,
         rid: &str,
-        permit: Option<OwnedSemaphorePermit>,
+        slot: Option<Slot>,
     ) -> Response<Body> {
         let started = Instant::now();
         self.metrics
@@ -354,7 +354,7 @@ impl Shared {
                 rid,
             );
         }
-        let mut permit = permit;
+        let mut slot = slot;
         let mut tried: Vec<Arc<str>> = Vec::new();
         let mut last = None;
         for attempt in 0..=retries {
@@ -378,7 +378,7 @@ impl Shared {
             let outcome = self
                 .routing
                 .route
-                .attempt(self, &call, &tried, &mut permit)
+                .attempt(self, &call, &tried, &mut slot)
                 .await;
             match outcome {
                 Attempt::Done(r) => {

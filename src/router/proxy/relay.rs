@@ -4,8 +4,10 @@
 //! last frame is sent.
 
 use super::{hop_by_hop, MERGE_BYTES, MERGE_FRAMES};
+use crate::router::limiter::Slot;
 use crate::router::proxy::BoxError;
 use crate::router::request::error_body;
+use crate::router::tenants::usage::OutputCount;
 use crate::router::upstream::{UpstreamBody, UpstreamError};
 use crate::router::worker::{LoadGuard, Worker};
 use crate::router::Shared;
@@ -18,12 +20,11 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::sync::OwnedSemaphorePermit;
 
 /// Everything a request holds until its response body has been sent.
 pub(crate) struct Held {
     pub(crate) _load: Vec<LoadGuard>,
-    pub(crate) _permit: Option<OwnedSemaphorePermit>,
+    pub(crate) slot: Option<Slot>,
 }
 
 /// A leg the relayed answer depends on that is still running (vLLM Mooncake's prefill, sent
@@ -43,7 +44,18 @@ struct Relay {
     done: bool,
     worker: Arc<Worker>,
     shared: Arc<Shared>,
-    _held: Held,
+    /// The answer's output tokens, counted for a tenant's ticket.
+    output: Option<OutputCount>,
+    held: Held,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let ticket = self.held.slot.as_ref().and_then(Slot::ticket);
+        if let (Some(count), Some(ticket)) = (&self.output, ticket) {
+            ticket.output_tokens(count.tokens());
+        }
+    }
 }
 
 impl Relay {
@@ -137,6 +149,9 @@ impl http_body::Body for Relay {
                     }
                 }
                 let data = merged.map_or(first, BytesMut::freeze);
+                if let Some(count) = this.output.as_mut() {
+                    count.frame(&data);
+                }
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
             Poll::Ready(None) => {
@@ -210,7 +225,12 @@ impl Shared {
             done: false,
             worker,
             shared: self.clone(),
-            _held: held,
+            output: held
+                .slot
+                .as_ref()
+                .and_then(Slot::ticket)
+                .map(|_| OutputCount::default()),
+            held,
         }));
         *out.status_mut() = parts.status;
         // The worker's headers as they are, less those of its connection (rarely any).

@@ -12,12 +12,12 @@ mod sglang_pd;
 mod vllm_pd;
 
 use crate::router::config::Backend;
+use crate::router::limiter::Slot;
 use crate::router::proxy::{Attempt, Call};
 use crate::router::request::Endpoint;
 use crate::router::worker::WorkerType;
 use crate::router::Shared;
 use std::sync::Arc;
-use tokio::sync::OwnedSemaphorePermit;
 
 pub use regular::Regular;
 pub use sglang_pd::SglangPd;
@@ -40,7 +40,7 @@ pub(crate) trait RouteMode {
         shared: &Arc<Shared>,
         call: &Call<'_>,
         tried: &[Arc<str>],
-        permit: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Option<Slot>,
     ) -> impl std::future::Future<Output = Attempt> + Send;
 }
 
@@ -94,18 +94,18 @@ impl Route {
         shared: &Arc<Shared>,
         call: &Call<'_>,
         tried: &[Arc<str>],
-        permit: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Option<Slot>,
     ) -> Attempt {
         // The prefill/decode modes' futures (two legs each) are boxed: inline, their size
         // would be every request's future's, copied and allocated with it in every mode.
         match self {
-            Route::Regular(m) => m.attempt(shared, call, tried, permit).await,
-            Route::VllmPd(m) => Box::pin(m.attempt(shared, call, tried, permit)).await,
+            Route::Regular(m) => m.attempt(shared, call, tried, slot).await,
+            Route::VllmPd(m) => Box::pin(m.attempt(shared, call, tried, slot)).await,
             Route::PdByEngine(sglang, vllm) => {
                 if prefill_is_vllm(shared) {
-                    Box::pin(vllm.attempt(shared, call, tried, permit)).await
+                    Box::pin(vllm.attempt(shared, call, tried, slot)).await
                 } else {
-                    Box::pin(sglang.attempt(shared, call, tried, permit)).await
+                    Box::pin(sglang.attempt(shared, call, tried, slot)).await
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! A request to one regular worker, chosen by the policy.
 
+use crate::router::limiter::Slot;
 use crate::router::proxy::{buffered, error_response, no_workers, Attempt, Call, Held};
 use crate::router::request::retryable;
 use crate::router::route::RouteMode;
@@ -7,7 +8,6 @@ use crate::router::worker::WorkerType;
 use crate::router::Shared;
 use http::{Method, StatusCode};
 use std::sync::Arc;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// To one regular worker.
 pub struct Regular;
@@ -22,7 +22,7 @@ impl RouteMode for Regular {
         shared: &Arc<Shared>,
         call: &Call<'_>,
         tried: &[Arc<str>],
-        permit: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Option<Slot>,
     ) -> Attempt {
         let Call {
             endpoint,
@@ -73,7 +73,7 @@ impl RouteMode for Regular {
                 }
                 let held = Held {
                     _load: vec![guard],
-                    _permit: permit.take(),
+                    slot: slot.take(),
                 };
                 Attempt::Done(shared.relay(resp, worker, held, None, rid))
             }

@@ -1,6 +1,7 @@
 //! SGLang's prefill/decode contract: the same request, with the prefill's bootstrap host, port
 //! and room added, sent to a prefill and a decode worker at once; the decode's answer relayed.
 
+use crate::router::limiter::Slot;
 use crate::router::proxy::{buffered, error_response, prefixed, Attempt, Call, Held};
 use crate::router::request::{inject_bootstrap, random_room, retryable, Endpoint};
 use crate::router::route::RouteMode;
@@ -11,7 +12,6 @@ use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// SGLang's prefill/decode contract.
 pub struct SglangPd;
@@ -30,7 +30,7 @@ impl RouteMode for SglangPd {
         shared: &Arc<Shared>,
         call: &Call<'_>,
         tried: &[Arc<str>],
-        permit: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Option<Slot>,
     ) -> Attempt {
         let Call {
             endpoint,
@@ -143,7 +143,7 @@ impl RouteMode for SglangPd {
         });
         let held = Held {
             _load: vec![d_guard],
-            _permit: permit.take(),
+            slot: slot.take(),
         };
         Attempt::Done(shared.relay(d_resp, decode, held, None, rid))
     }

@@ -3,6 +3,7 @@
 //! `kv_transfer_params` handed to the decode leg; with Mooncake's connector both legs go at
 //! once, the decode told the prefill engine's id from its bootstrap server.
 
+use crate::router::limiter::Slot;
 use crate::router::proxy::{
     buffered, error_response, prefixed, Attempt, Call, Companion, Held, LegFailure,
 };
@@ -21,7 +22,6 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// Longest wait for a Mooncake prefill engine's bootstrap server to answer `GET /query`.
 const BOOTSTRAP_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -48,7 +48,7 @@ impl RouteMode for VllmPd {
         shared: &Arc<Shared>,
         call: &Call<'_>,
         tried: &[Arc<str>],
-        permit: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Option<Slot>,
     ) -> Attempt {
         let Call {
             endpoint,
@@ -262,7 +262,7 @@ impl RouteMode for VllmPd {
         };
         let held = Held {
             _load: vec![d_guard],
-            _permit: permit.take(),
+            slot: slot.take(),
         };
         Attempt::Done(shared.relay(d_resp, decode, held, companion, rid))
     }
