@@ -12,7 +12,8 @@ use crate::config::{ByteSize, ConfigError};
 use crate::engine::{EngineConfig, Mode};
 use crate::launch::{self, wait_http_ok, Child, Dir, Launcher, Logs, Pool, PoolSpec};
 use crate::router::config::{
-    MetricsConfig, PdConfig, PolicyConfig, PrefillSpec, RouterConfig, ServerConfig,
+    LimitsConfig, MetricsConfig, PdConfig, PolicyConfig, PrefillSpec, RouterConfig, ServerConfig,
+    TenantsConfig,
 };
 use crate::router::policy::PolicyKind;
 use crate::shutdown::Shutdown;
@@ -149,6 +150,13 @@ pub struct RouterUpConfig {
     /// requests it sent itself, `precise_prefix`'s index of every engine's KV events.
     /// Default 1.
     pub replicas: usize,
+    /// The routers' tenants file (keys, limits, priority classes; docs/router.md). With
+    /// replicas, each enforces its share of every tenant's limits. Default: none.
+    pub tenants_file: Option<PathBuf>,
+    /// Requests the engines are given at once, all routers together (each replica takes its
+    /// share); with tenants, requests beyond it wait in their class's queue. −1: no bound.
+    /// Default −1.
+    pub max_concurrent_requests: i64,
 }
 
 impl Default for RouterUpConfig {
@@ -158,6 +166,8 @@ impl Default for RouterUpConfig {
             port: 30000,
             policy: PolicyKind::CacheAware,
             replicas: 1,
+            tenants_file: None,
+            max_concurrent_requests: -1,
         }
     }
 }
@@ -208,6 +218,13 @@ impl UpConfig {
                      (--segment-size)",
                     self.pool.segment_size.0
                 ),
+            ));
+        }
+        let m = self.router.max_concurrent_requests;
+        if m == 0 || m < -1 {
+            return Err(ConfigError::invalid(
+                "router.max_concurrent_requests",
+                format!("must be positive, or -1 for no bound; got {m}"),
             ));
         }
         if self.router.enabled && self.router.replicas == 0 {
@@ -284,6 +301,14 @@ pub struct UpArgs {
     /// on ports the kernel chooses (printed).
     #[arg(long)]
     pub router_replicas: Option<usize>,
+    /// The routers' tenants file (API keys as SHA-256, limits, priority classes); each
+    /// replica enforces its share of every tenant's limits.
+    #[arg(long)]
+    pub router_tenants_file: Option<PathBuf>,
+    /// Requests the engines are given at once, all routers together; with tenants, requests
+    /// beyond it wait in their class's queue (-1: no bound).
+    #[arg(long, allow_negative_numbers = true)]
+    pub router_max_concurrent_requests: Option<i64>,
 }
 
 impl UpArgs {
@@ -332,6 +357,12 @@ impl UpArgs {
         }
         if let Some(v) = self.router_replicas {
             c.router.replicas = v;
+        }
+        if let Some(v) = &self.router_tenants_file {
+            c.router.tenants_file = Some(v.clone());
+        }
+        if let Some(v) = self.router_max_concurrent_requests {
+            c.router.max_concurrent_requests = v;
         }
         c.validate()?;
         Ok(c)
@@ -480,6 +511,18 @@ impl Stack {
             },
             pd: PdConfig {
                 enabled: e.pd(),
+                ..Default::default()
+            },
+            tenants: TenantsConfig {
+                tenants_file: cfg.router.tenants_file.clone(),
+                tenant_limits_replicas: cfg.router.replicas.max(1),
+                ..Default::default()
+            },
+            limits: LimitsConfig {
+                max_concurrent_requests: match cfg.router.max_concurrent_requests {
+                    n if n > 0 => (n as usize).div_ceil(cfg.router.replicas.max(1)) as i64,
+                    n => n,
+                },
                 ..Default::default()
             },
             ..RouterConfig::default()

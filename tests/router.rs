@@ -3699,7 +3699,7 @@ fn tenants_file(dir: &std::path::Path, ttl_secs: f64) -> std::path::PathBuf {
         &path,
         format!(
             "[[class]]\nname = \"interactive\"\nqueue_size = 2\nqueue_ttl_secs = {ttl_secs}\n\
-             [[class]]\nname = \"batch\"\nqueue_size = 1\nqueue_ttl_secs = {ttl_secs}\n\
+             engine_priority = 7\n[[class]]\nname = \"batch\"\nqueue_size = 1\nqueue_ttl_secs = {ttl_secs}\n\
              [[tenant]]\nname = \"chat\"\nkeys = [\"{}\"]\nclasses = [\"interactive\", \"batch\"]\n\
              [[tenant]]\nname = \"bulk\"\nkeys = [\"{}\"]\nclasses = [\"batch\"]\nmax_concurrent = 3\n\
              [[tenant]]\nname = \"slow\"\nkeys = [\"{}\"]\nrequests_per_second = 1\n",
@@ -3799,7 +3799,7 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
             port,
             "/generate",
             &[("authorization", &bearer("key-chat"))],
-            r#"{"text":"interactive-waiter"}"#,
+            r#"{"text":"interactive-waiter","priority":100}"#,
         )
         .0
     });
@@ -3816,6 +3816,12 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
         .filter(|t| t != "hello")
         .collect();
     assert_eq!(order, ["first", "interactive-waiter", "batch-waiter"]);
+    // The interactive class's engine priority replaced the client's; batch has none.
+    let priorities: Vec<Value> = recorded(&w)
+        .iter()
+        .map(|r| body_of(r)["priority"].clone())
+        .collect();
+    assert_eq!(priorities[..3], [Value::Null, json!(7), Value::Null]);
     // A tenant over its rate: 429 with Retry-After.
     let slow = [("authorization", bearer("key-slow"))];
     let slow: Vec<(&str, &str)> = slow.iter().map(|(n, v)| (*n, v.as_str())).collect();

@@ -43,6 +43,17 @@ pub struct EngineConfig {
     pub kv_transfer_gbps: f64,
     /// Tokens generated when a request does not say. Default 128.
     pub default_max_tokens: usize,
+    /// Prefill tokens the device computes in one go (SGLang's `--chunked-prefill-size`): a
+    /// longer prompt is computed in chunks, and between two the device may go to a request
+    /// that goes first; −1 computes every prompt whole. Default 8192.
+    pub chunked_prefill_size: i64,
+    /// Prefills wait for the device in the order of the requests' `priority` (higher first,
+    /// as SGLang's `--enable-priority-scheduling`), then of arrival. Default false (arrival
+    /// only).
+    pub enable_priority_scheduling: bool,
+    /// With priority scheduling, lower `priority` values go first (SGLang's
+    /// `--schedule-low-priority-values-first`; vLLM's convention). Default false.
+    pub schedule_low_priority_values_first: bool,
     /// Publish the device (L1) and host (L2) caches' blocks as KV events: SGLang's
     /// `--kv-events-config` JSON (`{"publisher":"zmq","endpoint":"tcp://*:5557",
     /// "replay_endpoint":"tcp://*:5558"}`). Default: none.
@@ -68,6 +79,9 @@ impl Default for EngineConfig {
             decode_ms_per_token: 5.0,
             kv_transfer_gbps: 10.0,
             default_max_tokens: 128,
+            chunked_prefill_size: 8192,
+            enable_priority_scheduling: false,
+            schedule_low_priority_values_first: false,
             kv_events_config: None,
         }
     }
@@ -87,6 +101,15 @@ impl EngineConfig {
         if let Some(json) = &self.kv_events_config {
             crate::kv_events::KvEventsConfig::parse(json)
                 .map_err(|e| ConfigError::invalid("engine.kv_events_config", e))?;
+        }
+        if self.chunked_prefill_size == 0 || self.chunked_prefill_size < -1 {
+            return Err(ConfigError::invalid(
+                "engine.chunked_prefill_size",
+                format!(
+                    "must be positive, or -1 to compute prompts whole; got {}",
+                    self.chunked_prefill_size
+                ),
+            ));
         }
         if self.bytes_per_token == 0 {
             return Err(ConfigError::invalid(
@@ -176,6 +199,19 @@ pub struct SimEngineArgs {
     /// Tokens generated when a request does not say. [default: 128]
     #[arg(long)]
     pub default_max_tokens: Option<usize>,
+    /// Prefill tokens computed in one go; longer prompts in chunks, between which the device
+    /// may go to a request that goes first (-1: prompts whole). [default: 8192]
+    #[arg(long, allow_negative_numbers = true)]
+    pub chunked_prefill_size: Option<i64>,
+    /// Prefills wait for the device by the requests' `priority` (higher first), then by
+    /// arrival. [default: false]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub enable_priority_scheduling: bool,
+    /// With priority scheduling, lower `priority` values go first. [default: false]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "crate::config::is_false")]
+    pub schedule_low_priority_values_first: bool,
     /// Publish the L1 and L2 caches' blocks as KV events (SGLang's JSON, e.g.
     /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}').
     #[arg(long)]

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod config;
 pub mod cost;
+pub mod device;
 pub mod l3;
 pub mod server;
 pub mod tokens;

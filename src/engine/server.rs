@@ -66,8 +66,8 @@ pub struct Engine {
     cfg: EngineConfig,
     cost: CostModel,
     tiers: Mutex<Tiers>,
-    /// One device: prefills run one at a time.
-    device: Semaphore,
+    /// One device: prefills run one chunk at a time.
+    device: super::device::Device,
     l3: Option<Arc<L3>>,
     /// A place in the write queue for each backup waiting or being written.
     backup_queue: Arc<Semaphore>,
@@ -99,6 +99,8 @@ enum Api {
 struct Req {
     api: Api,
     tokens: Vec<u32>,
+    /// SGLang's `priority` (with priority scheduling: higher first, unless configured lower).
+    priority: i64,
     max_new: usize,
     stream: bool,
     include_usage: bool,
@@ -185,6 +187,10 @@ fn parse(api: Api, v: &Value, default_max: usize, next_id: u64) -> Result<Req, S
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let priority = match obj.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(p) => p.as_i64().ok_or("`priority` must be an integer")?,
+    };
     let rid = obj
         .get("rid")
         .and_then(Value::as_str)
@@ -209,6 +215,7 @@ fn parse(api: Api, v: &Value, default_max: usize, next_id: u64) -> Result<Req, S
     Ok(Req {
         api,
         tokens,
+        priority,
         max_new,
         stream,
         include_usage,
@@ -283,7 +290,7 @@ impl Engine {
     }
 
     /// Cache lookup, L3 prefetch, then the prefill itself on the device.
-    async fn prefill(&self, prompt: &[u32]) -> Prefilled {
+    async fn prefill(&self, prompt: &[u32], priority: i64) -> Prefilled {
         let keys = tokens::page_keys(prompt, self.cfg.page_size);
         let m = self.tiers.lock().lookup(&keys);
         let mut from_storage = 0;
@@ -302,9 +309,25 @@ impl Engine {
         let loaded = ((m.host + from_storage) * page).min(cached);
         {
             let _waiting = Gauge::up(&self.m.waiting, 1);
-            let _permit = self.device.acquire().await;
+            let cfg = &self.cfg;
+            let priority = match (
+                cfg.enable_priority_scheduling,
+                cfg.schedule_low_priority_values_first,
+            ) {
+                (false, _) => 0,
+                (true, false) => priority,
+                (true, true) => priority.saturating_neg(),
+            };
+            let place = self.device.place(priority);
+            let total = self.cost.prefill(prompt.len() - cached, loaded);
+            let chunk = match cfg.chunked_prefill_size {
+                n if n > 0 => {
+                    total.mul_f64((n as f64 / (prompt.len() - cached).max(1) as f64).min(1.0))
+                }
+                _ => Duration::ZERO,
+            };
+            self.device.prefill(place, total, chunk).await;
             drop(_waiting);
-            tokio::time::sleep(self.cost.prefill(prompt.len() - cached, loaded)).await;
             self.cache_insert(&keys, prompt);
         }
         let dev = (m.device * page).min(cached);
@@ -471,13 +494,13 @@ async fn run(e: Arc<Engine>, r: Req, tx: Option<mpsc::Sender<Bytes>>) -> Result<
             return Err("this is a decode engine: the request needs bootstrap_host, bootstrap_port and bootstrap_room (send it through the router in PD mode)".into())
         }
         (Mode::Prefill, b) => {
-            let pre = e.prefill(&r.tokens).await;
+            let pre = e.prefill(&r.tokens, r.priority).await;
             if let Some((_, _, room)) = b {
                 e.remember_room(*room, prompt, pre.cached_tokens);
             }
             (pre, 1)
         }
-        (Mode::Regular, _) => (e.prefill(&r.tokens).await, r.max_new),
+        (Mode::Regular, _) => (e.prefill(&r.tokens, r.priority).await, r.max_new),
     };
     e.m.prompt_tokens
         .fetch_add(prompt as u64, Ordering::Relaxed);
@@ -709,7 +732,7 @@ async fn metrics(State(e): S) -> Response {
     p.family(
         "sglang:num_queue_reqs",
         "gauge",
-        "Requests waiting for the device (simulated engine).",
+        "Requests waiting for the device or computing their prefill (simulated engine).",
     )
     .sample(
         "sglang:num_queue_reqs",
@@ -867,7 +890,7 @@ pub fn app(
             None => tiers,
         }),
         events,
-        device: Semaphore::new(1),
+        device: Default::default(),
         l3: l3.map(Arc::new),
         backup_queue: Arc::new(Semaphore::new(BACKUP_QUEUE)),
         backup_writers: Arc::new(Semaphore::new(BACKUP_WRITERS)),

@@ -302,7 +302,9 @@ pub(super) async fn inference(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e, &rid);
         }
     };
+    let mut engine_priority = None;
     if let Some((t, table, caller)) = caller {
+        engine_priority = table.classes[caller.class].engine_priority;
         let ask = crate::router::tenants::admission::Ask {
             tenant: caller.tenant,
             class: caller.class,
@@ -324,6 +326,22 @@ pub(super) async fn inference(
             }
         }
     }
+    // The class's priority for the engine's scheduler replaces any the client wrote.
+    let bytes = match engine_priority {
+        Some(p) => match crate::router::request::set_fields(&bytes, &[("priority", p.into())]) {
+            Ok(b) => bytes::Bytes::from(b),
+            Err(e) => {
+                shared.metrics.error(endpoint.name(), "bad_request");
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &e.to_string(),
+                    &rid,
+                );
+            }
+        },
+        None => bytes,
+    };
     // The span follows the request's future (not the thread, which serves other requests
     // while this one waits).
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);

@@ -7,6 +7,7 @@
 //! name = "interactive"
 //! queue_size = 256               # requests waiting in this class, all tenants together
 //! queue_ttl_secs = 10            # longest wait; then 503
+//! engine_priority = 10           # written as the body's `priority` for the engine's scheduler
 //!
 //! [[class]]
 //! name = "batch"
@@ -76,6 +77,7 @@ struct ClassDoc {
     queue_size: usize,
     #[serde(default = "default_queue_ttl_secs")]
     queue_ttl_secs: f64,
+    engine_priority: Option<i64>,
 }
 
 fn default_queue_size() -> usize {
@@ -115,6 +117,10 @@ pub struct Class {
     pub queue_size: usize,
     /// Longest wait in it; then 503.
     pub ttl: Duration,
+    /// The `priority` the router writes into its requests' bodies (replacing any the client
+    /// sent), for engines that schedule by it (SGLang's and vLLM's priority scheduling).
+    /// `None`: the body is left as sent.
+    pub engine_priority: Option<i64>,
 }
 
 /// A rate with its burst (tokens a full bucket holds).
@@ -182,11 +188,13 @@ fn default_classes() -> Vec<Class> {
             name: "interactive".into(),
             queue_size: 256,
             ttl: Duration::from_secs(10),
+            engine_priority: None,
         },
         Class {
             name: "batch".into(),
             queue_size: 1024,
             ttl: Duration::from_secs(60),
+            engine_priority: None,
         },
     ]
 }
@@ -321,6 +329,7 @@ impl Table {
                 name: c.name.into(),
                 queue_size: c.queue_size,
                 ttl: Duration::from_secs_f64(c.queue_ttl_secs),
+                engine_priority: c.engine_priority,
             });
         }
         Ok(out)
@@ -442,7 +451,7 @@ mod tests {
     #[test]
     fn a_file_reads_into_classes_tenants_and_hashed_keys() {
         let text = file(&format!(
-            "[[tenant]]\nname = \"a\"\nkeys = [\"{}\"]\nclasses = [\"batch\", \"interactive\"]\n\
+            "engine_priority = -3\n[[tenant]]\nname = \"a\"\nkeys = [\"{}\"]\nclasses = [\"batch\", \"interactive\"]\n\
              weight = 2\nrequests_per_second = 5\ntokens_per_second = 1000\nmax_concurrent = 3\n\
              [[tenant]]\nname = \"b\"\nkeys = [\"{}\", \"{}\"]\n",
             key_entry("key-a"),
@@ -454,6 +463,8 @@ mod tests {
         assert_eq!(t.classes[0].queue_size, 4);
         assert_eq!(t.classes[0].ttl, Duration::from_secs(2));
         assert_eq!(t.classes[1].queue_size, 256, "the default");
+        assert_eq!(t.classes[1].engine_priority, Some(-3));
+        assert_eq!(t.classes[0].engine_priority, None);
         let a = t.by_key_hash(&hash_key("key-a")).unwrap();
         assert_eq!(&*t.tenants[a].name, "a");
         assert_eq!(t.tenants[a].classes, vec![1, 0], "batch first: its default");
