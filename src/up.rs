@@ -97,6 +97,13 @@ pub struct EnginesConfig {
     /// Publish each engine's caches as KV events (on free ports, described in its
     /// `/server_info`). Default: on when the router's policy is `precise_prefix`.
     pub kv_events: Option<bool>,
+    /// Prefill tokens computed in one go (SGLang's `--chunked-prefill-size`; −1: whole).
+    /// Default 8192.
+    pub chunked_prefill_size: i64,
+    /// Prefills by the requests' `priority`, higher first (SGLang's
+    /// `--enable-priority-scheduling`): what a router class's `engine_priority` sets.
+    /// Default false.
+    pub enable_priority_scheduling: bool,
 }
 
 impl Default for EnginesConfig {
@@ -116,6 +123,8 @@ impl Default for EnginesConfig {
             load_us_per_token: 5.0,
             decode_ms_per_token: 5.0,
             kv_events: None,
+            chunked_prefill_size: 8192,
+            enable_priority_scheduling: false,
         }
     }
 }
@@ -549,6 +558,8 @@ impl Stack {
                     prefill_us_per_token: e.prefill_us_per_token,
                     load_us_per_token: e.load_us_per_token,
                     decode_ms_per_token: e.decode_ms_per_token,
+                    chunked_prefill_size: e.chunked_prefill_size,
+                    enable_priority_scheduling: e.enable_priority_scheduling,
                     l3_master: st.master.clone().filter(|_| e.l3),
                     auth_token_file: cfg.pool.auth_token_file.clone(),
                     kv_events_config: e

@@ -37,7 +37,7 @@ const PAGE_TENANTS: usize = 50;
 fn tenants(h: &mut String, classes: &[ClassRow], tenants: &[TenantRow]) {
     let _ = write!(h, "<h2>Priority classes ({})</h2>", classes.len());
     h.push_str(
-        "<table id=\"classes\"><thead><tr><th>class</th><th>waiting</th><th></th>\
+        "<table id=\"classes\"><thead><tr><th>class</th><th>running</th><th>waiting</th><th></th>\
          <th>queue size</th><th>TTL</th><th>served after waiting</th><th>expired (503)</th>\
          <th>queue full (503)</th></tr></thead><tbody>",
     );
@@ -45,9 +45,13 @@ fn tenants(h: &mut String, classes: &[ClassRow], tenants: &[TenantRow]) {
         let share = c.queued as f64 / c.queue_size.max(1) as f64 * 100.0;
         let _ = write!(
             h,
-            "<tr><td>{}</td><td class=\"n\">{}</td><td><span class=\"bar\"><span style=\"width:{share:.0}%\"></span></span></td>\
+            "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td><span class=\"bar\"><span style=\"width:{share:.0}%\"></span></span></td>\
              <td class=\"n\">{}</td><td class=\"n\">{:.1} s</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
             escape(&c.name),
+            match c.max_running {
+                Some(m) => format!("{} of {m}", c.running),
+                None => c.running.to_string(),
+            },
             c.queued,
             c.queue_size,
             c.ttl.as_secs_f64(),
@@ -216,6 +220,8 @@ mod tests {
             tenants: Some((
                 vec![ClassRow {
                     name: "interactive".into(),
+                    running: 1,
+                    max_running: Some(4),
                     queued: 3,
                     queue_size: 4,
                     ttl: std::time::Duration::from_secs(10),

@@ -156,6 +156,9 @@ struct ClassQueue {
     name: Arc<str>,
     size: usize,
     ttl: Duration,
+    /// Its cap on running requests (its share for this replica).
+    max_running: Option<usize>,
+    running: usize,
     len: usize,
     /// Waiting requests by tenant, each in arrival order; a tenant leaves when it has none.
     by_tenant: Vec<(Arc<str>, VecDeque<Waiter>)>,
@@ -167,11 +170,13 @@ struct ClassQueue {
 }
 
 impl ClassQueue {
-    fn new(c: &super::table::Class) -> ClassQueue {
+    fn new(c: &super::table::Class, replicas: usize) -> ClassQueue {
         ClassQueue {
             name: c.name.clone(),
             size: c.queue_size,
             ttl: c.ttl,
+            max_running: c.max_running.map(|m| m.div_ceil(replicas).max(1)),
+            running: 0,
             len: 0,
             by_tenant: Vec::new(),
             waited: Histogram::with_buckets(&WAIT_BUCKETS_S),
@@ -179,6 +184,11 @@ impl ClassQueue {
             expired: 0,
             refused_full: 0,
         }
+    }
+
+    /// Whether it may start another request (below its own cap).
+    fn open(&self) -> bool {
+        self.max_running.is_none_or(|m| self.running < m)
     }
 
     /// Takes waiter `id` out, if it still waits.
@@ -258,9 +268,10 @@ impl Core {
                     let mut q = old.swap_remove(i);
                     q.size = c.queue_size;
                     q.ttl = c.ttl;
+                    q.max_running = c.max_running.map(|m| m.div_ceil(self.replicas).max(1));
                     q
                 }
-                None => ClassQueue::new(c),
+                None => ClassQueue::new(c, self.replicas),
             };
             self.queues.push(q);
         }
@@ -347,10 +358,13 @@ impl Core {
                 retry_after: wait,
             });
         }
-        let free = self.capacity.is_none_or(|c| self.running < c);
-        let ahead = self.queues[..=ask.class].iter().any(|q| q.len > 0);
+        let free = self.capacity.is_none_or(|c| self.running < c) && self.queues[ask.class].open();
+        let ahead = self.queues[..=ask.class]
+            .iter()
+            .any(|q| q.len > 0 && q.open());
         if free && !ahead {
             self.running += 1;
+            self.queues[ask.class].running += 1;
             let t = self.tenants.get_mut(&tenant).expect("made above");
             t.add_running(&class, 1);
             t.counts.admitted += 1;
@@ -428,6 +442,9 @@ impl Core {
         now: Instant,
     ) {
         self.running = self.running.saturating_sub(1);
+        if let Some(q) = self.queues.iter_mut().find(|q| q.name == *class) {
+            q.running = q.running.saturating_sub(1);
+        }
         if let Some(t) = self.tenants.get_mut(tenant) {
             t.add_running(class, -1);
             t.counts.output_tokens += output_tokens;
@@ -442,7 +459,7 @@ impl Core {
     /// furthest below its weighted share.
     fn grant(&mut self, now: Instant) {
         while self.capacity.is_none_or(|c| self.running < c) {
-            let Some(q) = self.queues.iter_mut().find(|q| q.len > 0) else {
+            let Some(q) = self.queues.iter_mut().find(|q| q.len > 0 && q.open()) else {
                 return;
             };
             let tenants = &mut self.tenants;
@@ -478,6 +495,7 @@ impl Core {
             t.counts.admitted += 1;
             t.counts.prompt_tokens += w.prompt_tokens;
             q.granted += 1;
+            q.running += 1;
             q.waited.observe(now.saturating_duration_since(w.since));
             self.running += 1;
         }
@@ -498,6 +516,8 @@ impl Core {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClassRow {
     pub name: Arc<str>,
+    pub running: usize,
+    pub max_running: Option<usize>,
     pub queued: usize,
     pub queue_size: usize,
     pub ttl: Duration,
@@ -652,6 +672,8 @@ impl Admission {
             .iter()
             .map(|q| ClassRow {
                 name: q.name.clone(),
+                running: q.running,
+                max_running: q.max_running,
                 queued: q.len,
                 queue_size: q.size,
                 ttl: q.ttl,
@@ -873,6 +895,35 @@ mod tests {
         assert_eq!(e.status(), 503);
         // Interactive has its own queue.
         let _i = wait(c.ask(&t, &ask(&t, "a", "interactive"), now));
+    }
+
+    #[test]
+    fn a_class_cap_keeps_the_rest_of_the_capacity_for_the_others() {
+        let text = format!(
+            "[[class]]\nname = \"interactive\"\n[[class]]\nname = \"batch\"\nmax_running = 2\n\
+             [[tenant]]\nname = \"a\"\nkeys = [\"{}\"]\nclasses = [\"interactive\", \"batch\"]\n",
+            key_entry("ka")
+        );
+        let t = Arc::new(Table::parse(&text).unwrap());
+        let now = Instant::now();
+        let mut c = Core::new(Some(3), 1);
+        let b1 = run(c.ask(&t, &ask(&t, "a", "batch"), now));
+        run(c.ask(&t, &ask(&t, "a", "batch"), now));
+        // Batch is at its cap of 2 though the capacity has room: the next batch one waits ...
+        let mut bq = wait(c.ask(&t, &ask(&t, "a", "batch"), now));
+        // ... while interactive takes the slot kept for it.
+        let i1 = run(c.ask(&t, &ask(&t, "a", "interactive"), now));
+        let mut iq = wait(c.ask(&t, &ask(&t, "a", "interactive"), now));
+        // A batch slot frees: interactive's waiter goes first, then batch's on the next.
+        c.release(&b1.0, &b1.1, 0, now);
+        assert!(iq.rx.try_recv().is_ok());
+        assert!(bq.rx.try_recv().is_err());
+        c.release(&i1.0, &i1.1, 0, now);
+        assert!(bq.rx.try_recv().is_ok());
+        // Two routers share the cap: one each.
+        let mut half = Core::new(Some(3), 2);
+        run(half.ask(&t, &ask(&t, "a", "batch"), now));
+        let _w = wait(half.ask(&t, &ask(&t, "a", "batch"), now));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! name = "batch"
 //! queue_size = 1024
 //! queue_ttl_secs = 60
+//! max_running = 56               # of the capacity: the rest stays free for interactive
 //!
 //! [[tenant]]
 //! name = "chat"
@@ -78,6 +79,7 @@ struct ClassDoc {
     #[serde(default = "default_queue_ttl_secs")]
     queue_ttl_secs: f64,
     engine_priority: Option<i64>,
+    max_running: Option<usize>,
 }
 
 fn default_queue_size() -> usize {
@@ -121,6 +123,9 @@ pub struct Class {
     /// sent), for engines that schedule by it (SGLang's and vLLM's priority scheduling).
     /// `None`: the body is left as sent.
     pub engine_priority: Option<i64>,
+    /// Requests of this class running at once, all tenants together: the rest of the
+    /// service's capacity stays free for the other classes. `None`: all of it.
+    pub max_running: Option<usize>,
 }
 
 /// A rate with its burst (tokens a full bucket holds).
@@ -189,12 +194,14 @@ fn default_classes() -> Vec<Class> {
             queue_size: 256,
             ttl: Duration::from_secs(10),
             engine_priority: None,
+            max_running: None,
         },
         Class {
             name: "batch".into(),
             queue_size: 1024,
             ttl: Duration::from_secs(60),
             engine_priority: None,
+            max_running: None,
         },
     ]
 }
@@ -315,6 +322,13 @@ impl Table {
             if out.iter().any(|o| *o.name == *c.name) {
                 return Err(entry("class", &c.name, "listed twice"));
             }
+            if c.max_running == Some(0) {
+                return Err(entry(
+                    "class",
+                    &c.name,
+                    "max_running 0 would run none of its requests: leave it out for no cap",
+                ));
+            }
             if !(c.queue_ttl_secs.is_finite() && c.queue_ttl_secs > 0.0) {
                 return Err(entry(
                     "class",
@@ -330,6 +344,7 @@ impl Table {
                 queue_size: c.queue_size,
                 ttl: Duration::from_secs_f64(c.queue_ttl_secs),
                 engine_priority: c.engine_priority,
+                max_running: c.max_running,
             });
         }
         Ok(out)
