@@ -587,3 +587,66 @@ fn up_runs_with_the_cluster_secret_and_its_engines_use_the_pool() {
         .collect();
     assert!(warned.is_empty(), "a clean stop warned: {warned:#?}");
 }
+
+/// Issue 66: a batch tenant flooding the service at 5× what its engines can prefill leaves an
+/// interactive tenant's time to first token where it was alone (within 1.3×), every request
+/// answered; without admission the interactive tenant waits behind the flood.
+#[test]
+fn an_interactive_tenant_keeps_its_ttft_under_a_batch_tenants_flood() {
+    let out = Command::new(BIN)
+        .args(["bench", "tenants", "--seconds", "10", "--json"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{v}");
+    for r in runs {
+        for side in ["a", "b"] {
+            let o = &r[side];
+            if o.is_null() {
+                continue;
+            }
+            // Every request answered, each counted once.
+            assert_eq!(o["unanswered"], 0, "{r}");
+            let by_status: u64 = o["status"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|n| n.as_u64().unwrap())
+                .sum();
+            assert_eq!(by_status, o["sent"].as_u64().unwrap(), "{r}");
+        }
+    }
+    // With admission tenant A is never refused (without, the flood fills the engines' own
+    // queues, and A's requests share their refusals).
+    for r in &runs[..2] {
+        assert_eq!(r["a"]["status"]["200"], r["a"]["sent"], "{r}");
+    }
+    // With admission B's excess is turned away (503 past its class's queue), not queued.
+    let flooded = &runs[1]["b"]["status"];
+    assert!(flooded["503"].as_u64().unwrap_or(0) > 0, "{v}");
+    // The figure itself (p99 within 1.3×) is the benchmark's, from a release build
+    // (docs/router.md); this debug build on a shared VM checks the median, and that the tail
+    // stays near it.
+    let p = |run: usize, q: &str| runs[run]["a"][q].as_f64().unwrap();
+    let with = p(1, "ttft_p50_ms") / p(0, "ttft_p50_ms");
+    assert!(
+        with <= 1.3,
+        "A's median TTFT {with:.2}× of alone with admission: {v}"
+    );
+    assert!(
+        p(1, "ttft_p99_ms") <= 2.0 * p(0, "ttft_p99_ms"),
+        "A's p99 TTFT more than 2× of alone with admission: {v}"
+    );
+    let without = v["a_p99_ttft_no_admission_over_alone"].as_f64().unwrap();
+    assert!(
+        without > 3.0,
+        "A's p99 TTFT only {without:.2}× without admission: {v}"
+    );
+}

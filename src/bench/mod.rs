@@ -29,6 +29,7 @@ pub mod router;
 pub mod serving;
 pub mod stats;
 pub mod store;
+pub mod tenants;
 pub mod tiers;
 
 use clap::{Args, Subcommand};
@@ -74,6 +75,10 @@ pub enum BenchKind {
     /// service per policy (SIMULATED engines with small device caches, the pool as L3): mean
     /// and p90 TTFT, hit rate against an oracle's, and where the hits came from.
     Policies(policies::PoliciesArgs),
+    /// Two tenants on one service (SIMULATED engines): A interactive at its usual rate, B a
+    /// batch flood at a multiple of the engines' capacity; A alone, with admission (tenants,
+    /// classes, the engines' priority) and without: A's TTFT, B's answers (200, 429, 503).
+    Tenants(tenants::TenantsBenchArgs),
     /// The router's overhead against direct-to-worker, with FAKE workers (no model). Test kit
     /// builds only (`--features testkit`).
     #[cfg(feature = "testkit")]
@@ -107,6 +112,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Multiturn(a) => multiturn::run(a),
         BenchKind::Tiers(a) => tiers::run(a),
         BenchKind::Policies(a) => policies::run(a),
+        BenchKind::Tenants(a) => tenants::run(a),
         BenchKind::Serving(a) => serving::run(a),
         #[cfg(feature = "testkit")]
         BenchKind::FakeWorker(a) => Ok(crate::testkit::fake_worker::run(a)?),
