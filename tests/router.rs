@@ -4064,6 +4064,7 @@ fn ten_thousand_tenants_cost_the_router_a_bounded_memory_and_metrics() {
     }
     let rss = |r: &Router| vm_bytes(r._proc.pid().expect("running"), "VmRSS");
     let (with, without) = (rss(&r), rss(&plain));
+    eprintln!("RSS: {with} bytes with 10,000 tenants (2,000 seen), {without} without");
     // docs/router.md states the bound: under 64 MiB more than a router without tenants.
     assert!(
         with < without + (64 << 20),

@@ -67,7 +67,9 @@ pub struct Outcomes {
     /// No answer at all (connection refused or cut, timeout): must be 0.
     pub unanswered: u64,
     pub ttft_p50_ms: f64,
+    pub ttft_p90_ms: f64,
     pub ttft_p99_ms: f64,
+    pub ttft_max_ms: f64,
 }
 
 impl Outcomes {
@@ -224,7 +226,9 @@ async fn tenant_load(http: reqwest::Client, load: Load) -> Outcomes {
     ttft.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     out.ttft_p50_ms = ms(percentile(&ttft, 0.5));
+    out.ttft_p90_ms = ms(percentile(&ttft, 0.9));
     out.ttft_p99_ms = ms(percentile(&ttft, 0.99));
+    out.ttft_max_ms = ttft.last().copied().map_or(0.0, ms);
     out
 }
 
@@ -337,18 +341,30 @@ pub fn run(a: TenantsBenchArgs) -> anyhow::Result<()> {
         a.b_factor
     );
     println!(
-        "{:<28} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>6}",
-        "run", "A sent", "A p50 ms", "A p99 ms", "B sent", "B 200", "B 429", "B 503", "lost"
+        "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>5}",
+        "run",
+        "A sent",
+        "A p50 ms",
+        "A p90 ms",
+        "A p99 ms",
+        "A max ms",
+        "B sent",
+        "B 200",
+        "B 429",
+        "B 503",
+        "lost"
     );
     for r in &report.runs {
         let b = r.b.clone().unwrap_or_default();
         let n = |s: u16| b.status.get(&s).copied().unwrap_or(0);
         println!(
-            "{:<28} {:>8} {:>10.1} {:>10.1} {:>8} {:>8} {:>8} {:>8} {:>6}",
+            "{:<28} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>7} {:>7} {:>5}",
             r.name,
             r.a.sent,
             r.a.ttft_p50_ms,
+            r.a.ttft_p90_ms,
             r.a.ttft_p99_ms,
+            r.a.ttft_max_ms,
             b.sent,
             n(200),
             n(429),

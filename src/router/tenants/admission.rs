@@ -219,7 +219,7 @@ pub struct Core {
     replicas: usize,
     running: usize,
     queues: Vec<ClassQueue>,
-    tenants: HashMap<Arc<str>, TenantState>,
+    tenants: HashMap<Arc<str>, TenantState, foldhash::fast::RandomState>,
     /// The table the queues and limits were last made from (its address).
     table: usize,
     next_id: u64,
@@ -246,7 +246,7 @@ impl Core {
             replicas: replicas.max(1),
             running: 0,
             queues: Vec::new(),
-            tenants: HashMap::new(),
+            tenants: HashMap::default(),
             table: 0,
             next_id: 0,
         }

@@ -182,8 +182,8 @@ pub struct Table {
     pub classes: Vec<Class>,
     pub tenants: Vec<Tenant>,
     /// SHA-256 of a key → its tenant.
-    by_key: HashMap<[u8; 32], usize>,
-    by_name: HashMap<Arc<str>, usize>,
+    by_key: HashMap<[u8; 32], usize, foldhash::fast::RandomState>,
+    by_name: HashMap<Arc<str>, usize, foldhash::fast::RandomState>,
 }
 
 /// The classes a file that lists none gets.

@@ -9,15 +9,28 @@ const FIELD: &[u8] = b"\"completion_tokens\"";
 const CARRY: usize = 40;
 
 /// What has been seen of one answer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OutputCount {
     /// The largest `completion_tokens` seen (a stream's counts are cumulative).
     reported: Option<u64>,
     /// `data:` events other than `[DONE]`.
     events: u64,
     bytes: u64,
-    /// The previous frame's last bytes.
-    carry: Vec<u8>,
+    /// The previous frame's last bytes (`carry_len` of them).
+    carry: [u8; CARRY],
+    carry_len: usize,
+}
+
+impl Default for OutputCount {
+    fn default() -> Self {
+        OutputCount {
+            reported: None,
+            events: 0,
+            bytes: 0,
+            carry: [0; CARRY],
+            carry_len: 0,
+        }
+    }
 }
 
 impl OutputCount {
@@ -25,10 +38,13 @@ impl OutputCount {
     pub fn frame(&mut self, data: &[u8]) {
         self.bytes += data.len() as u64;
         self.events += count_events(data);
-        if !self.carry.is_empty() {
+        if self.carry_len > 0 {
             // Only a field that starts in the carry: one wholly in `data` is read below.
-            let mut joined = std::mem::take(&mut self.carry);
-            joined.extend_from_slice(&data[..data.len().min(CARRY)]);
+            let mut joined = [0u8; 2 * CARRY];
+            let head = data.len().min(CARRY);
+            joined[..self.carry_len].copy_from_slice(&self.carry[..self.carry_len]);
+            joined[self.carry_len..self.carry_len + head].copy_from_slice(&data[..head]);
+            let joined = &joined[..self.carry_len + head];
             let tail_start = joined.len() - data.len().min(CARRY);
             let mut at = 0;
             while let Some(i) = memchr::memmem::find(&joined[at..], FIELD) {
@@ -51,7 +67,8 @@ impl OutputCount {
             at = start + 1;
         }
         let keep = data.len().min(CARRY);
-        self.carry = data[data.len() - keep..].to_vec();
+        self.carry[..keep].copy_from_slice(&data[data.len() - keep..]);
+        self.carry_len = keep;
     }
 
     fn note(&mut self, n: u64) {
