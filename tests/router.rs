@@ -3712,6 +3712,21 @@ fn tenants_file(dir: &std::path::Path, ttl_secs: f64) -> std::path::PathBuf {
     path
 }
 
+/// A router in front of `w` with `file`'s tenants and room for one request at a time.
+fn one_slot_router(w: &Worker, file: &std::path::Path) -> Router {
+    router(
+        &s(&[
+            "--worker-urls",
+            &w.url(),
+            "--max-concurrent-requests",
+            "1",
+            "--tenants-file",
+            file.to_str().unwrap(),
+        ]),
+        true,
+    )
+}
+
 /// Starts a stream of `key`'s that holds its slot while the worker answers (in a thread);
 /// returns its status once it ends.
 fn held_stream(port: u16, key: &'static str, text: &'static str) -> std::thread::JoinHandle<u16> {
@@ -3734,17 +3749,7 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
     let file = tenants_file(dir.path(), 20.0);
     // Each answer streams 8 tokens 150 ms apart: a slot is held for about 1.2 s.
     let w = fake_worker("tenant-w", &["--token-delay-ms", "150", "--tokens", "8"]);
-    let r = router(
-        &s(&[
-            "--worker-urls",
-            &w.url(),
-            "--max-concurrent-requests",
-            "1",
-            "--tenants-file",
-            file.to_str().unwrap(),
-        ]),
-        true,
-    );
+    let r = one_slot_router(&w, &file);
     let port = r.port;
     let gen = r#"{"text":"hello"}"#;
     // Who: no key and unknown keys are 401; a class the tenant may not use is 403.
@@ -3870,17 +3875,7 @@ fn a_queued_request_past_its_class_ttl_is_503() {
         "tenant-ttl-w",
         &["--token-delay-ms", "200", "--tokens", "10"],
     );
-    let r = router(
-        &s(&[
-            "--worker-urls",
-            &w.url(),
-            "--max-concurrent-requests",
-            "1",
-            "--tenants-file",
-            file.to_str().unwrap(),
-        ]),
-        true,
-    );
+    let r = one_slot_router(&w, &file);
     let port = r.port;
     let a = held_stream(port, "key-bulk", "holder");
     assert!(wait_until(Duration::from_secs(5), || metric(

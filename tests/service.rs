@@ -594,7 +594,15 @@ fn up_runs_with_the_cluster_secret_and_its_engines_use_the_pool() {
 #[test]
 fn an_interactive_tenant_keeps_its_ttft_under_a_batch_tenants_flood() {
     let out = Command::new(BIN)
-        .args(["bench", "tenants", "--seconds", "10", "--json"])
+        .args([
+            "bench",
+            "tenants",
+            "--seconds",
+            "6",
+            "--b-in-flight",
+            "200",
+            "--json",
+        ])
         .stderr(Stdio::null())
         .output()
         .unwrap();

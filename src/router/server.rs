@@ -71,18 +71,8 @@ fn caller_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
             {
                 return None;
             }
-            shared
-                .metrics
-                .auth_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let rid = rid_for(shared, headers, None);
             let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
-            Some(error_response(
-                status,
-                "authentication_error",
-                &e.to_string(),
-                &rid,
-            ))
+            Some(auth_refusal(shared, headers, status, &e.to_string()))
         }
     }
 }
@@ -94,6 +84,16 @@ async fn require_caller(State(shared): S, req: Request, next: Next) -> Response 
     }
 }
 
+/// An authentication refusal, counted.
+fn auth_refusal(shared: &Shared, headers: &HeaderMap, status: StatusCode, msg: &str) -> Response {
+    shared
+        .metrics
+        .auth_failures
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let rid = rid_for(shared, headers, None);
+    error_response(status, "authentication_error", msg, &rid)
+}
+
 /// With `--api-key`, the answer to a request that does not carry it.
 pub(super) fn key_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
     let key = shared.cfg.server.api_key.as_ref()?;
@@ -101,16 +101,11 @@ pub(super) fn key_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Respon
     if given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
         return None;
     }
-    shared
-        .metrics
-        .auth_failures
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let rid = rid_for(shared, headers, None);
-    Some(error_response(
+    Some(auth_refusal(
+        shared,
+        headers,
         StatusCode::UNAUTHORIZED,
-        "authentication_error",
         "missing or wrong API key (send Authorization: Bearer <key>)",
-        &rid,
     ))
 }
 
@@ -139,18 +134,13 @@ async fn require_control_key(State(shared): S, req: Request, next: Next) -> Resp
         if shared.cfg.server.api_key.is_none() && !from_this_host() {
             // No credential at all: a worker added from anywhere could draw other users'
             // prompts, and its URL makes the router fetch what it names.
-            shared
-                .metrics
-                .auth_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let rid = rid_for(&shared, req.headers(), None);
-            return error_response(
+            return auth_refusal(
+                &shared,
+                req.headers(),
                 StatusCode::FORBIDDEN,
-                "authentication_error",
                 "the control plane (workers, cache flushes, loads, the status page) answers only \
                  this host's clients while the router has no key: start it with \
                  --control-plane-api-keys (or --api-key) to manage it from elsewhere",
-                &rid,
             );
         }
         return require_key(State(shared), req, next).await;
@@ -182,12 +172,7 @@ async fn require_control_key(State(shared): S, req: Request, next: Next) -> Resp
             "missing or wrong control-plane key (send Authorization: Bearer <key>)",
         ),
     };
-    shared
-        .metrics
-        .auth_failures
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let rid = rid_for(&shared, req.headers(), None);
-    error_response(status, "authentication_error", message, &rid)
+    auth_refusal(&shared, req.headers(), status, message)
 }
 
 /// A refusal of admission: its status, `Retry-After` when the caller may try again, counted by
