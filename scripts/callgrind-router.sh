@@ -9,6 +9,10 @@
 #   WORKER=sim scripts/callgrind-router.sh gen precise_prefix   (a SIMULATED engine publishing
 #   its KV events, which precise_prefix follows, in place of the FAKE worker)
 #
+# With TENANTS=1, the router admits by tenant (issue 66): a tenants file of one tenant with
+# request and token rates far above the load, --max-concurrent-requests 64, and every request
+# carrying the tenant's key: the count beside one without TENANTS is admission's cost.
+#
 # With KEEP=DIR, the thread profiles are kept in DIR/long and DIR/short (see callgrind-lib.sh;
 # scripts/callgrind-diff.py DIR/short DIR/long $((N2 - N1)) says where the calls went).
 #
@@ -47,9 +51,12 @@ else:
     body = {"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
             "max_tokens": 8, "temperature": 0, "stream": stream}
 data = json.dumps(body).encode()
+headers = {"content-type": "application/json"}
+if os.environ.get("TENANTS") == "1":
+    headers["authorization"] = "Bearer callgrind-tenant-key"
 c = http.client.HTTPConnection("127.0.0.1", port)
 for _ in range(n):
-    c.request("POST", path, body=data, headers={"content-type": "application/json"})
+    c.request("POST", path, body=data, headers=headers)
     r = c.getresponse()
     b = r.read()
     assert r.status == 200, (r.status, b[:200])
@@ -67,13 +74,21 @@ sim) RBGCTL_READY_FILE=$dir/worker.json "$BIN" sim-engine --port 0 --prefill-us-
 esac
 worker=$!
 worker_port=$(port_of "$dir/worker.json")
+export TENANTS=${TENANTS:-0}
+tenant_args=()
+if [ "$TENANTS" = 1 ]; then
+    key=$(printf %s callgrind-tenant-key | sha256sum | cut -d' ' -f1)
+    printf '[[tenant]]\nname = "t"\nkeys = ["sha256:%s"]\nrequests_per_second = 1e9\ntokens_per_second = 1e12\nmax_concurrent = 100000\n' \
+        "$key" > "$dir/tenants.toml"
+    tenant_args=(--tenants-file "$dir/tenants.toml" --max-concurrent-requests 64)
+fi
 
 count() { # instructions of a router that served N requests, into $total
     local n=$1
     RBGCTL_READY_FILE=$dir/router-$n.json valgrind $(callgrind_opts "$dir/callgrind.$n") \
         "$BIN" router --host 127.0.0.1 --port 0 \
         --prometheus-port 0 --worker-urls "http://127.0.0.1:$worker_port" --policy "$POLICY" \
-        --runtime-threads 1 --disable-health-check >/dev/null 2>&1 &
+        --runtime-threads 1 --disable-health-check "${tenant_args[@]}" >/dev/null 2>&1 &
     local router=$!
     drive "$(port_of "$dir/router-$n.json")" "$n"
     kill -INT "$router"
@@ -82,4 +97,4 @@ count() { # instructions of a router that served N requests, into $total
 }
 
 callgrind_difference
-echo "$CASE $POLICY ${PROMPT_CHARS} chars: $per_call instructions per request ($a at $N1, $b at $N2)"
+echo "$CASE $POLICY ${PROMPT_CHARS} chars$([ "$TENANTS" = 1 ] && echo ', tenants'): $per_call instructions per request ($a at $N1, $b at $N2)"
