@@ -9,9 +9,10 @@
 #   WORKER=sim scripts/callgrind-router.sh gen precise_prefix   (a SIMULATED engine publishing
 #   its KV events, which precise_prefix follows, in place of the FAKE worker)
 #
-# With TENANTS=1, the router admits by tenant (issue 66): a tenants file of one tenant with
-# request and token rates far above the load, --max-concurrent-requests 64, and every request
-# carrying the tenant's key: the count beside one without TENANTS is admission's cost.
+# With TENANTS=1, the router admits by tenant (issue 66): a tenants file of one tenant with a
+# request rate far above the load and a concurrency cap, --max-concurrent-requests 64, and
+# every request carrying the tenant's key: the count beside one without TENANTS is admission's
+# cost. TENANTS=tokens also gives the tenant a token rate (the prompt's text is then read).
 #
 # With KEEP=DIR, the thread profiles are kept in DIR/long and DIR/short (see callgrind-lib.sh;
 # scripts/callgrind-diff.py DIR/short DIR/long $((N2 - N1)) says where the calls went).
@@ -52,7 +53,7 @@ else:
             "max_tokens": 8, "temperature": 0, "stream": stream}
 data = json.dumps(body).encode()
 headers = {"content-type": "application/json"}
-if os.environ.get("TENANTS") == "1":
+if os.environ.get("TENANTS", "0") != "0":
     headers["authorization"] = "Bearer callgrind-tenant-key"
 c = http.client.HTTPConnection("127.0.0.1", port)
 for _ in range(n):
@@ -76,10 +77,11 @@ worker=$!
 worker_port=$(port_of "$dir/worker.json")
 export TENANTS=${TENANTS:-0}
 tenant_args=()
-if [ "$TENANTS" = 1 ]; then
+if [ "$TENANTS" != 0 ]; then
     key=$(printf %s callgrind-tenant-key | sha256sum | cut -d' ' -f1)
-    printf '[[tenant]]\nname = "t"\nkeys = ["sha256:%s"]\nrequests_per_second = 1e9\ntokens_per_second = 1e12\nmax_concurrent = 100000\n' \
+    printf '[[tenant]]\nname = "t"\nkeys = ["sha256:%s"]\nrequests_per_second = 1e9\nmax_concurrent = 100000\n' \
         "$key" > "$dir/tenants.toml"
+    if [ "$TENANTS" = tokens ]; then echo 'tokens_per_second = 1e12' >> "$dir/tenants.toml"; fi
     tenant_args=(--tenants-file "$dir/tenants.toml" --max-concurrent-requests 64)
 fi
 
@@ -97,4 +99,4 @@ count() { # instructions of a router that served N requests, into $total
 }
 
 callgrind_difference
-echo "$CASE $POLICY ${PROMPT_CHARS} chars$([ "$TENANTS" = 1 ] && echo ', tenants'): $per_call instructions per request ($a at $N1, $b at $N2)"
+echo "$CASE $POLICY ${PROMPT_CHARS} chars$([ "$TENANTS" != 0 ] && echo ", tenants ($TENANTS)"): $per_call instructions per request ($a at $N1, $b at $N2)"

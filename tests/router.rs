@@ -3827,6 +3827,14 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
         .map(|r| body_of(r)["priority"].clone())
         .collect();
     assert_eq!(priorities[..3], [Value::Null, json!(7), Value::Null]);
+    // A tenant's key is the router's credential: never passed to the worker.
+    assert!(
+        recorded(&w)
+            .iter()
+            .all(|r| r["headers"].get("authorization").is_none()),
+        "{:?}",
+        recorded(&w)
+    );
     // A tenant over its rate: 429 with Retry-After.
     let slow = [("authorization", bearer("key-slow"))];
     let slow: Vec<(&str, &str)> = slow.iter().map(|(n, v)| (*n, v.as_str())).collect();

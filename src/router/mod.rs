@@ -214,8 +214,7 @@ impl Shared {
             },
             routing: Routing {
                 route: route::Route::for_config(cfg.pd.enabled, cfg.server.backend),
-                // Tenants' token rates count the prompt.
-                reads: match text_policy || cfg.pd.enabled || cfg.tenants.tenants_file.is_some() {
+                reads: match text_policy || cfg.pd.enabled {
                     true => request::Reads::Text,
                     false => request::Reads::Flags,
                 },

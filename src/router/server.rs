@@ -273,7 +273,12 @@ pub(super) async fn inference(
             return error_response(status, "invalid_request_error", &msg, &rid);
         }
     };
-    let info = match inspect_for(endpoint, &bytes, shared.routing.reads) {
+    // A tenant's token rate counts the prompt's tokens: its text is read then.
+    let reads = match &caller {
+        Some((_, table, _)) if table.counts_tokens() => crate::router::request::Reads::Text,
+        _ => shared.routing.reads,
+    };
+    let info = match inspect_for(endpoint, &bytes, reads) {
         Ok(mut info) => by_token(&shared, &mut info)
             .await
             .map(|()| info)

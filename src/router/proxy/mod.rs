@@ -230,8 +230,9 @@ impl Shared {
         Ok((prefill, decode))
     }
 
-    /// The request for `worker`: the client's forwarded headers, the request id, the
-    /// worker's key unless the client sent one, and the rank with `--dp-aware`.
+    /// The request for `worker`: the client's forwarded headers (its key only without
+    /// tenants), the request id, the worker's key unless the client's is passed, and the rank
+    /// with `--dp-aware`.
     pub(crate) fn upstream_request(
         &self,
         worker: &Worker,
@@ -259,12 +260,15 @@ impl Shared {
         if let Ok(v) = HeaderValue::from_str(rid) {
             headers.insert(X_REQUEST_ID, v);
         }
+        // With tenants, the client's key is its tenant's, the router's own credential: never
+        // passed on (the worker gets its own key, if it has one).
+        let client_key = self.access.tenants.is_none();
         for (name, value) in client_headers {
-            if forwarded(name.as_str()) {
+            if forwarded(name.as_str()) && (client_key || name != header::AUTHORIZATION) {
                 headers.append(name.clone(), value.clone());
             }
         }
-        if !client_headers.contains_key(header::AUTHORIZATION) {
+        if !(client_key && client_headers.contains_key(header::AUTHORIZATION)) {
             if let Some(v) = worker
                 .api_key
                 .as_ref()

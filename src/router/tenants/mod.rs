@@ -215,7 +215,8 @@ pub fn identify(
 }
 
 /// Prompt tokens as the router sees a request: its token ids when it has them, else about
-/// four characters a token of its text (or of its body, when the text was not read).
+/// four characters a token of its text, or of its body when the text was not read (no tenant
+/// has a token rate, and no policy reads it).
 pub fn prompt_tokens(info: &RouteInfo, body_len: usize) -> u64 {
     let n = match info.form {
         TextForm::SpacedIds => info.text.split(' ').filter(|s| !s.is_empty()).count(),

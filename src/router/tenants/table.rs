@@ -446,6 +446,12 @@ impl Table {
         self.classes.iter().position(|c| *c.name == *name)
     }
 
+    /// Whether any tenant has a token rate (its requests' prompts are then counted from
+    /// their text, which the router must read).
+    pub fn counts_tokens(&self) -> bool {
+        self.tenants.iter().any(|t| t.limits.tokens.is_some())
+    }
+
     /// Keys known, all tenants together.
     pub fn keys(&self) -> usize {
         self.by_key.len()
