@@ -3663,6 +3663,16 @@ fn long_conductor_queries_do_not_starve_the_requests_routed() {
 // ---------------------------------------------------------------------------------------------
 // Tenants (issue 66): keys to tenants, limits, classes, a trusted front's header, reloads.
 
+/// Waits up to `secs` for the sample `name` of the router on `port` to read `value`.
+fn await_metric(port: u16, name: &str, value: f64, secs: u64) {
+    assert!(
+        wait_until(Duration::from_secs(secs), || metric(port, name)
+            == Some(value)),
+        "{name} never read {value} (now {:?})",
+        metric(port, name)
+    );
+}
+
 /// The `sha256:<hex>` entry of `key`, as a tenants file holds it.
 fn key_entry(key: &str) -> String {
     rbgctl::router::tenants::table::key_entry(key)
@@ -3772,10 +3782,12 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
     // A bulk stream holds the only slot; a bulk request waits in batch, then a chat one in
     // interactive: when the slot frees, chat goes first though it came last.
     let a = held_stream(port, "key-bulk", "first");
-    assert!(wait_until(Duration::from_secs(5), || metric(
+    await_metric(
         port,
-        "rbgctl_router_tenant_running{tenant=\"bulk\"}"
-    ) == Some(1.0)));
+        "rbgctl_router_tenant_running{tenant=\"bulk\"}",
+        1.0,
+        5,
+    );
     let b = std::thread::spawn(move || {
         post_as(
             port,
@@ -3785,10 +3797,7 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
         )
         .0
     });
-    assert!(wait_until(Duration::from_secs(5), || metric(
-        port,
-        "rbgctl_router_class_queued{class=\"batch\"}"
-    ) == Some(1.0)));
+    await_metric(port, "rbgctl_router_class_queued{class=\"batch\"}", 1.0, 5);
     // Batch's queue (1) is full: 503 with Retry-After.
     let (st, headers, body) = post_as(
         port,
@@ -3808,10 +3817,12 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
         )
         .0
     });
-    assert!(wait_until(Duration::from_secs(5), || metric(
+    await_metric(
         port,
-        "rbgctl_router_class_queued{class=\"interactive\"}"
-    ) == Some(1.0)));
+        "rbgctl_router_class_queued{class=\"interactive\"}",
+        1.0,
+        5,
+    );
     assert_eq!(a.join().unwrap(), 200);
     assert_eq!(c.join().unwrap(), 200);
     assert_eq!(b.join().unwrap(), 200);
@@ -3886,10 +3897,12 @@ fn a_queued_request_past_its_class_ttl_is_503() {
     let r = one_slot_router(&w, &file);
     let port = r.port;
     let a = held_stream(port, "key-bulk", "holder");
-    assert!(wait_until(Duration::from_secs(5), || metric(
+    await_metric(
         port,
-        "rbgctl_router_tenant_running{tenant=\"bulk\"}"
-    ) == Some(1.0)));
+        "rbgctl_router_tenant_running{tenant=\"bulk\"}",
+        1.0,
+        5,
+    );
     // Waits 0.5 s in interactive, then 503.
     let (st, headers, body) = post_as(
         port,
@@ -3910,10 +3923,7 @@ fn a_queued_request_past_its_class_ttl_is_503() {
         )
         .0
     });
-    assert!(wait_until(Duration::from_secs(5), || metric(
-        port,
-        "rbgctl_router_tenant_queued{tenant=\"bulk\"}"
-    ) == Some(1.0)));
+    await_metric(port, "rbgctl_router_tenant_queued{tenant=\"bulk\"}", 1.0, 5);
     assert_eq!(a.join().unwrap(), 200);
     assert_eq!(
         b.join().unwrap(),
@@ -3987,10 +3997,7 @@ fn a_trusted_fronts_tenant_header_counts_only_from_it_and_a_garbage_file_keeps_t
     );
     // The file replaced by garbage: the keys read before stay in force, the error is counted.
     std::fs::write(&file, "[[tenant]]\nname = ").unwrap();
-    assert!(wait_until(Duration::from_secs(10), || metric(
-        r.port,
-        "rbgctl_router_tenants_reload_errors_total"
-    ) == Some(1.0)));
+    await_metric(r.port, "rbgctl_router_tenants_reload_errors_total", 1.0, 10);
     assert_eq!(
         post_as(
             r.port,
