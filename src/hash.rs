@@ -1,6 +1,7 @@
 //! FNV-1a, the one stable hash of the house: the same input hashes the same in every process,
 //! release and platform (std's `DefaultHasher` promises neither). Used where a hash is shared
 //! across processes: revision names (operator), rendezvous picks (router), token ids (engine).
+//! And [`hex`], how digests are written out.
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0100_0000_01b3;
@@ -45,9 +46,26 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     Fnv64::new().write(bytes).finish()
 }
 
+/// `bytes` in lower-case hexadecimal, two digits a byte.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &x in bytes {
+        s.push(DIGITS[(x >> 4) as usize] as char);
+        s.push(DIGITS[(x & 15) as usize] as char);
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_is_two_lower_case_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
+    }
 
     #[test]
     fn matches_the_published_fnv1a_vectors() {

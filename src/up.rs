@@ -16,6 +16,7 @@ use crate::router::config::{
     TenantsConfig,
 };
 use crate::router::policy::PolicyKind;
+use crate::router::tenants::table::share_of;
 use crate::shutdown::Shutdown;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -229,13 +230,10 @@ impl UpConfig {
                 ),
             ));
         }
-        let m = self.router.max_concurrent_requests;
-        if m == 0 || m < -1 {
-            return Err(ConfigError::invalid(
-                "router.max_concurrent_requests",
-                format!("must be positive, or -1 for no bound; got {m}"),
-            ));
-        }
+        crate::router::config::check_max_concurrent(
+            "router.max_concurrent_requests",
+            self.router.max_concurrent_requests,
+        )?;
         if self.router.enabled && self.router.replicas == 0 {
             return Err(ConfigError::invalid(
                 "router.replicas",
@@ -529,7 +527,7 @@ impl Stack {
             },
             limits: LimitsConfig {
                 max_concurrent_requests: match cfg.router.max_concurrent_requests {
-                    n if n > 0 => (n as usize).div_ceil(cfg.router.replicas.max(1)) as i64,
+                    n if n > 0 => share_of(n as usize, cfg.router.replicas) as i64,
                     n => n,
                 },
                 ..Default::default()

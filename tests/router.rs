@@ -3697,6 +3697,11 @@ fn post_as(
     (status, headers, r.text().unwrap())
 }
 
+/// A `/generate` of `body` with `key` as its bearer key.
+fn generate_as(port: u16, key: &str, body: &str) -> (u16, reqwest::header::HeaderMap, String) {
+    post_as(port, "/generate", &[("authorization", &bearer(key))], body)
+}
+
 fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
@@ -3788,31 +3793,18 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
         1.0,
         5,
     );
-    let b = std::thread::spawn(move || {
-        post_as(
-            port,
-            "/generate",
-            &[("authorization", &bearer("key-bulk"))],
-            r#"{"text":"batch-waiter"}"#,
-        )
-        .0
-    });
+    let b =
+        std::thread::spawn(move || generate_as(port, "key-bulk", r#"{"text":"batch-waiter"}"#).0);
     await_metric(port, "rbgctl_router_class_queued{class=\"batch\"}", 1.0, 5);
     // Batch's queue (1) is full: 503 with Retry-After.
-    let (st, headers, body) = post_as(
-        port,
-        "/generate",
-        &[("authorization", &bearer("key-bulk"))],
-        gen,
-    );
+    let (st, headers, body) = generate_as(port, "key-bulk", gen);
     assert_eq!(st, 503, "{body}");
     assert!(body.contains("queue of 1 is full"), "{body}");
     assert_eq!(headers["retry-after"], "1");
     let c = std::thread::spawn(move || {
-        post_as(
+        generate_as(
             port,
-            "/generate",
-            &[("authorization", &bearer("key-chat"))],
+            "key-chat",
             r#"{"text":"interactive-waiter","priority":100}"#,
         )
         .0
@@ -3847,10 +3839,8 @@ fn tenants_are_named_by_their_keys_and_classes_go_in_order_with_429_and_503() {
         recorded(&w)
     );
     // A tenant over its rate: 429 with Retry-After.
-    let slow = [("authorization", bearer("key-slow"))];
-    let slow: Vec<(&str, &str)> = slow.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    assert_eq!(post_as(port, "/generate", &slow, gen).0, 200);
-    let (st, headers, body) = post_as(port, "/generate", &slow, gen);
+    assert_eq!(generate_as(port, "key-slow", gen).0, 200);
+    let (st, headers, body) = generate_as(port, "key-slow", gen);
     assert_eq!(st, 429, "{body}");
     assert!(body.contains("over its request rate"), "{body}");
     assert_eq!(headers["retry-after"], "1");
@@ -3904,25 +3894,12 @@ fn a_queued_request_past_its_class_ttl_is_503() {
         5,
     );
     // Waits 0.5 s in interactive, then 503.
-    let (st, headers, body) = post_as(
-        port,
-        "/generate",
-        &[("authorization", &bearer("key-chat"))],
-        r#"{"text":"x"}"#,
-    );
+    let (st, headers, body) = generate_as(port, "key-chat", r#"{"text":"x"}"#);
     assert_eq!(st, 503, "{body}");
     assert!(body.contains("TTL"), "{body}");
     assert!(headers.contains_key("retry-after"));
     // So does a batch request.
-    let b = std::thread::spawn(move || {
-        post_as(
-            port,
-            "/generate",
-            &[("authorization", &bearer("key-bulk"))],
-            r#"{"text":"w"}"#,
-        )
-        .0
-    });
+    let b = std::thread::spawn(move || generate_as(port, "key-bulk", r#"{"text":"w"}"#).0);
     await_metric(port, "rbgctl_router_tenant_queued{tenant=\"bulk\"}", 1.0, 5);
     assert_eq!(a.join().unwrap(), 200);
     assert_eq!(
@@ -3968,16 +3945,7 @@ fn a_trusted_fronts_tenant_header_counts_only_from_it_and_a_garbage_file_keeps_t
     );
     assert_eq!(st, 403, "{body}");
     assert!(body.contains("trusted front"), "{body}");
-    assert_eq!(
-        post_as(
-            r.port,
-            "/generate",
-            &[("authorization", &bearer("key-bulk"))],
-            gen
-        )
-        .0,
-        200
-    );
+    assert_eq!(generate_as(r.port, "key-bulk", gen).0, 200);
     // This host is the front: its header names the tenant, no key needed.
     let front = router(&args("127.0.0.1"), true);
     assert_eq!(
@@ -3998,16 +3966,7 @@ fn a_trusted_fronts_tenant_header_counts_only_from_it_and_a_garbage_file_keeps_t
     // The file replaced by garbage: the keys read before stay in force, the error is counted.
     std::fs::write(&file, "[[tenant]]\nname = ").unwrap();
     await_metric(r.port, "rbgctl_router_tenants_reload_errors_total", 1.0, 10);
-    assert_eq!(
-        post_as(
-            r.port,
-            "/generate",
-            &[("authorization", &bearer("key-chat"))],
-            gen
-        )
-        .0,
-        200
-    );
+    assert_eq!(generate_as(r.port, "key-chat", gen).0, 200);
     // A good file with a new key: taken without a restart, the old keys gone.
     std::fs::write(
         &file,
@@ -4017,23 +3976,11 @@ fn a_trusted_fronts_tenant_header_counts_only_from_it_and_a_garbage_file_keeps_t
         ),
     )
     .unwrap();
-    assert!(wait_until(Duration::from_secs(10), || post_as(
-        r.port,
-        "/generate",
-        &[("authorization", &bearer("key-new"))],
-        gen
+    assert!(wait_until(Duration::from_secs(10), || generate_as(
+        r.port, "key-new", gen
     )
     .0 == 200));
-    assert_eq!(
-        post_as(
-            r.port,
-            "/generate",
-            &[("authorization", &bearer("key-chat"))],
-            gen
-        )
-        .0,
-        401
-    );
+    assert_eq!(generate_as(r.port, "key-chat", gen).0, 401);
 }
 
 #[test]

@@ -26,25 +26,10 @@ fn metric_sum(port: u16, name: &str, label: &str) -> f64 {
         .sum()
 }
 
-fn multiturn(port: u16, clients: u32) -> Value {
+/// `rbgctl ARGS` (a bench with `--json`), which must succeed: its JSON.
+fn rbgctl_json(args: &[&str]) -> Value {
     let out = Command::new(BIN)
-        .args(["bench", "multiturn", "--host", "127.0.0.1", "--port"])
-        .arg(port.to_string())
-        .args(["--num-clients", &clients.to_string(), "--num-rounds", "3"])
-        .args([
-            "--request-length",
-            "512",
-            "--sub-question-input-length",
-            "128",
-        ])
-        .args([
-            "--output-length",
-            "16",
-            "--disable-auto-run",
-            "--request-rate",
-            "40",
-        ])
-        .args(["--json", "--log-file", "", "--request-timeout", "60"])
+        .args(args)
         .stderr(Stdio::null())
         .output()
         .unwrap();
@@ -54,6 +39,36 @@ fn multiturn(port: u16, clients: u32) -> Value {
         String::from_utf8_lossy(&out.stdout)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn multiturn(port: u16, clients: u32) -> Value {
+    let (port, clients) = (port.to_string(), clients.to_string());
+    rbgctl_json(&[
+        "bench",
+        "multiturn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--num-clients",
+        &clients,
+        "--num-rounds",
+        "3",
+        "--request-length",
+        "512",
+        "--sub-question-input-length",
+        "128",
+        "--output-length",
+        "16",
+        "--disable-auto-run",
+        "--request-rate",
+        "40",
+        "--json",
+        "--log-file",
+        "",
+        "--request-timeout",
+        "60",
+    ])
 }
 
 /// `rbgctl up` on ports the kernel chooses, its segment files under `dir`: `stores` stores of
@@ -593,25 +608,15 @@ fn up_runs_with_the_cluster_secret_and_its_engines_use_the_pool() {
 /// answered; without admission the interactive tenant waits behind the flood.
 #[test]
 fn an_interactive_tenant_keeps_its_ttft_under_a_batch_tenants_flood() {
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "tenants",
-            "--seconds",
-            "6",
-            "--b-in-flight",
-            "200",
-            "--json",
-        ])
-        .stderr(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = rbgctl_json(&[
+        "bench",
+        "tenants",
+        "--seconds",
+        "6",
+        "--b-in-flight",
+        "200",
+        "--json",
+    ]);
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3, "{v}");
     for r in runs {

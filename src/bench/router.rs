@@ -415,6 +415,21 @@ enum Direct {
     Legs { prefill: u16, decode: u16 },
 }
 
+/// rbgctl's router started with `config`, once ready: the child and its port.
+fn start_router(
+    launcher: &Launcher,
+    name: &str,
+    config: RouterConfig,
+) -> anyhow::Result<(launch::Child<launch::Router>, u16)> {
+    let router = launcher.spawn::<launch::Router>(name, config)?;
+    let port = router.addrs.http.port();
+    wait_http_ok(
+        &format!("http://127.0.0.1:{port}/readiness"),
+        Duration::from_secs(20),
+    )?;
+    Ok((router, port))
+}
+
 /// Which of a deployment's paths a measurement takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Path {
@@ -532,12 +547,7 @@ impl Deployment {
                 c.tenants.tenants_file = Some(file);
                 let most = args.clients.iter().max().copied().unwrap_or(1);
                 c.limits.max_concurrent_requests = (4 * most) as i64;
-                let r = launcher.spawn::<launch::Router>("router-admission", c)?;
-                let port = r.addrs.http.port();
-                wait_http_ok(
-                    &format!("http://127.0.0.1:{port}/readiness"),
-                    Duration::from_secs(20),
-                )?;
+                let (r, port) = start_router(launcher, "router-admission", c)?;
                 let keys = (0..n)
                     .map(|i| http::HeaderValue::from_str(&format!("Bearer {}", tenant_key(i))))
                     .collect::<Result<_, _>>()?;
@@ -550,12 +560,7 @@ impl Deployment {
             }
             _ => None,
         };
-        let router = launcher.spawn::<launch::Router>(&format!("router-{mode:?}"), config)?;
-        let router_port = router.addrs.http.port();
-        wait_http_ok(
-            &format!("http://127.0.0.1:{router_port}/readiness"),
-            Duration::from_secs(20),
-        )?;
+        let (router, router_port) = start_router(launcher, &format!("router-{mode:?}"), config)?;
         let template = match mode {
             Mode::Regular => &args.peer_cmd,
             _ => &args.peer_pd_cmd,

@@ -133,6 +133,19 @@ impl EngineConfig {
         Ok(())
     }
 
+    /// Where a request asking for `priority` stands at the device, higher first: its own
+    /// priority with priority scheduling (negated when lower values go first), else all equal.
+    pub fn device_priority(&self, priority: i64) -> i64 {
+        match (
+            self.enable_priority_scheduling,
+            self.schedule_low_priority_values_first,
+        ) {
+            (false, _) => 0,
+            (true, false) => priority,
+            (true, true) => priority.saturating_neg(),
+        }
+    }
+
     pub fn cost(&self) -> CostModel {
         CostModel {
             prefill_us_per_token: self.prefill_us_per_token,
@@ -230,6 +243,16 @@ impl SimEngineArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn priorities_order_the_device_only_with_priority_scheduling() {
+        let mut c = EngineConfig::default();
+        assert_eq!(c.device_priority(7), 0);
+        c.enable_priority_scheduling = true;
+        assert_eq!(c.device_priority(7), 7);
+        c.schedule_low_priority_values_first = true;
+        assert_eq!(c.device_priority(7), -7);
+    }
 
     #[test]
     fn every_flag_names_a_setting() {

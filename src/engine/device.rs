@@ -100,6 +100,15 @@ impl Device {
         self.line.lock().waiting.len()
     }
 
+    /// The device time of one chunk of a prefill that computes `tokens` in `total`, chunks
+    /// being `chunk_tokens` long (not positive: the whole prefill is one chunk, `ZERO`).
+    pub fn chunk_time(total: Duration, tokens: usize, chunk_tokens: i64) -> Duration {
+        match chunk_tokens {
+            n if n > 0 => total.mul_f64((n as f64 / tokens.max(1) as f64).min(1.0)),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Whether a request waiting now goes before `place`.
     fn outranked(&self, place: Place) -> bool {
         self.line
@@ -184,5 +193,24 @@ mod tests {
             .await;
         assert_eq!(t2.elapsed(), Duration::from_millis(50));
         assert_eq!(d.waiting(), 0);
+    }
+
+    #[test]
+    fn a_chunk_is_its_share_of_the_prefill() {
+        let total = Duration::from_millis(100);
+        assert_eq!(
+            Device::chunk_time(total, 1000, 250),
+            Duration::from_millis(25)
+        );
+        assert_eq!(
+            Device::chunk_time(total, 100, 250),
+            total,
+            "one chunk at most the whole"
+        );
+        assert_eq!(
+            Device::chunk_time(total, 1000, -1),
+            Duration::ZERO,
+            "unchunked"
+        );
     }
 }

@@ -4,6 +4,7 @@
 
 use super::cache::Tiers;
 use super::cost::CostModel;
+use super::device::Device;
 use super::l3::L3;
 use super::tokens;
 use super::{EngineConfig, Mode};
@@ -67,7 +68,7 @@ pub struct Engine {
     cost: CostModel,
     tiers: Mutex<Tiers>,
     /// One device: prefills run one chunk at a time.
-    device: super::device::Device,
+    device: Device,
     l3: Option<Arc<L3>>,
     /// A place in the write queue for each backup waiting or being written.
     backup_queue: Arc<Semaphore>,
@@ -309,23 +310,10 @@ impl Engine {
         let loaded = ((m.host + from_storage) * page).min(cached);
         {
             let _waiting = Gauge::up(&self.m.waiting, 1);
-            let cfg = &self.cfg;
-            let priority = match (
-                cfg.enable_priority_scheduling,
-                cfg.schedule_low_priority_values_first,
-            ) {
-                (false, _) => 0,
-                (true, false) => priority,
-                (true, true) => priority.saturating_neg(),
-            };
-            let place = self.device.place(priority);
-            let total = self.cost.prefill(prompt.len() - cached, loaded);
-            let chunk = match cfg.chunked_prefill_size {
-                n if n > 0 => {
-                    total.mul_f64((n as f64 / (prompt.len() - cached).max(1) as f64).min(1.0))
-                }
-                _ => Duration::ZERO,
-            };
+            let place = self.device.place(self.cfg.device_priority(priority));
+            let computed = prompt.len() - cached;
+            let total = self.cost.prefill(computed, loaded);
+            let chunk = Device::chunk_time(total, computed, self.cfg.chunked_prefill_size);
             self.device.prefill(place, total, chunk).await;
             drop(_waiting);
             self.cache_insert(&keys, prompt);

@@ -89,18 +89,8 @@ pub fn decode(ids: &[u32]) -> String {
 pub fn page_keys(tokens: &[u32], page_size: usize) -> Vec<String> {
     crate::kv_events::hash::page_digests(tokens, page_size)
         .iter()
-        .map(|d| hex(d))
+        .map(|d| crate::hash::hex(d))
         .collect()
-}
-
-fn hex(b: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(b.len() * 2);
-    for &x in b {
-        s.push(DIGITS[(x >> 4) as usize] as char);
-        s.push(DIGITS[(x & 15) as usize] as char);
-    }
-    s
 }
 
 /// The bytes stored for a page: its key's bytes repeated, so that a read can be checked.
@@ -179,12 +169,12 @@ mod tests {
         h.update(1u32.to_le_bytes());
         h.update(2u32.to_le_bytes());
         let first: [u8; 32] = h.finalize().into();
-        assert_eq!(k[0], hex(&first));
+        assert_eq!(k[0], crate::hash::hex(&first));
         let mut h = Sha256::new();
         h.update(first);
         h.update(3u32.to_le_bytes());
         h.update(4u32.to_le_bytes());
-        assert_eq!(k[1], hex(&h.finalize()));
+        assert_eq!(k[1], crate::hash::hex(&h.finalize()));
         // A partial page has no key; the same prefix gives the same keys.
         assert_eq!(page_keys(&[1, 2, 3], 2), k[..1]);
         // A different first page changes every later key.

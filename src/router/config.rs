@@ -1254,6 +1254,17 @@ impl Backend {
     }
 }
 
+/// A concurrency bound as the router takes it: positive, or −1 for none.
+pub fn check_max_concurrent(field: &'static str, v: i64) -> Result<(), ConfigError> {
+    if v < -1 || v == 0 {
+        return Err(ConfigError::invalid(
+            field,
+            format!("must be positive, or -1 for no limit; got {v}"),
+        ));
+    }
+    Ok(())
+}
+
 impl RouterConfig {
     /// Checks ranges and combinations; every error names the field.
     pub fn validate(&mut self) -> Result<(), ConfigError> {
@@ -1392,15 +1403,10 @@ impl RouterConfig {
                 ));
             }
         }
-        if limits.max_concurrent_requests < -1 || limits.max_concurrent_requests == 0 {
-            return Err(ConfigError::invalid(
-                "router.max_concurrent_requests",
-                format!(
-                    "must be positive, or -1 for no limit; got {}",
-                    limits.max_concurrent_requests
-                ),
-            ));
-        }
+        check_max_concurrent(
+            "router.max_concurrent_requests",
+            limits.max_concurrent_requests,
+        )?;
         if server.runtime_threads == Some(0) {
             return Err(ConfigError::invalid(
                 "router.runtime_threads",

@@ -55,12 +55,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// `--api-key`; without, `--api-key` when set. Inference then names the tenant itself
 /// (`tenants::identify`), and refuses `--api-key`, which is no tenant's.
 fn caller_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
-    use crate::router::tenants::{identify, IdentityError};
+    use crate::router::tenants::IdentityError;
     let Some(t) = &shared.access.tenants else {
         return key_refusal(shared, headers);
     };
-    let peer = crate::http_server::peer().map(|p| p.ip());
-    match identify(&t.table(), t.trusted.as_ref(), headers, peer) {
+    match t.caller(headers) {
         Ok(_) | Err(IdentityError::UnknownClass { .. } | IdentityError::ClassNotAllowed { .. }) => {
             None
         }
@@ -176,7 +175,7 @@ async fn require_control_key(State(shared): S, req: Request, next: Next) -> Resp
 }
 
 /// A refusal of admission: its status, `Retry-After` when the caller may try again, counted by
-/// its code.
+/// its code (and as an authentication failure when it is one).
 fn refusal(
     shared: &Shared,
     endpoint: Endpoint,
@@ -188,7 +187,13 @@ fn refusal(
 ) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let kind = match status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "authentication_error",
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+            shared
+                .metrics
+                .auth_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            "authentication_error"
+        }
         StatusCode::BAD_REQUEST => "invalid_request_error",
         _ => "rate_limit_error",
     };
@@ -212,30 +217,21 @@ pub(super) async fn inference(
     // says how many tokens it asks for; without, the limiter admits it first.
     let mut slot = None;
     let caller = match &shared.access.tenants {
-        Some(t) => {
-            let table = t.table();
-            let peer = crate::http_server::peer().map(|p| p.ip());
-            match crate::router::tenants::identify(&table, t.trusted.as_ref(), &headers, peer) {
-                Ok(c) => Some((t, table, c)),
-                Err(e) => {
-                    if e.status() != 400 {
-                        shared
-                            .metrics
-                            .auth_failures
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    return refusal(
-                        &shared,
-                        endpoint,
-                        e.status(),
-                        "tenant_unknown",
-                        &e.to_string(),
-                        None,
-                        &rid,
-                    );
-                }
+        Some(t) => match t.caller(&headers) {
+            Ok((table, caller)) => Some((t, table, caller)),
+            Err(e) => {
+                let msg = e.to_string();
+                return refusal(
+                    &shared,
+                    endpoint,
+                    e.status(),
+                    "tenant_unknown",
+                    &msg,
+                    None,
+                    &rid,
+                );
             }
-        }
+        },
         None => {
             match shared.limits.limiter.admit().await {
                 Ok(p) => slot = p.map(crate::router::limiter::Slot::Permit),
@@ -259,7 +255,7 @@ pub(super) async fn inference(
         }
     };
     let limit = shared.cfg.limits.max_payload_size;
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let mut bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
             let (status, msg) = match crate::http_server::body_error(&e) {
@@ -292,13 +288,28 @@ pub(super) async fn inference(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e, &rid);
         }
     };
-    let mut engine_priority = None;
     if let Some((t, table, caller)) = caller {
-        engine_priority = table.classes[caller.class].engine_priority;
+        let prompt_tokens = crate::router::tenants::prompt_tokens(&info, bytes.len());
+        // The class's priority for the engine's scheduler replaces any the client wrote.
+        if let Some(p) = table.classes[caller.class].engine_priority {
+            match crate::router::request::set_fields(&bytes, &[("priority", p.into())]) {
+                Ok(b) => bytes = bytes::Bytes::from(b),
+                Err(e) => {
+                    shared.metrics.error(endpoint.name(), "bad_request");
+                    let msg = e.to_string();
+                    return error_response(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        &msg,
+                        &rid,
+                    );
+                }
+            }
+        }
         let ask = crate::router::tenants::admission::Ask {
             tenant: caller.tenant,
             class: caller.class,
-            prompt_tokens: crate::router::tenants::prompt_tokens(&info, bytes.len()),
+            prompt_tokens,
         };
         match t.admission.admit(&table, &ask).await {
             Ok(ticket) => slot = Some(crate::router::limiter::Slot::Ticket(ticket)),
@@ -316,22 +327,6 @@ pub(super) async fn inference(
             }
         }
     }
-    // The class's priority for the engine's scheduler replaces any the client wrote.
-    let bytes = match engine_priority {
-        Some(p) => match crate::router::request::set_fields(&bytes, &[("priority", p.into())]) {
-            Ok(b) => bytes::Bytes::from(b),
-            Err(e) => {
-                shared.metrics.error(endpoint.name(), "bad_request");
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    &e.to_string(),
-                    &rid,
-                );
-            }
-        },
-        None => bytes,
-    };
     // The span follows the request's future (not the thread, which serves other requests
     // while this one waits).
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);

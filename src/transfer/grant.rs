@@ -39,12 +39,8 @@ pub struct Grant(pub [u8; GRANT_LEN]);
 
 impl std::fmt::Debug for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Grant({})", hex(&self.0[..4]))
+        write!(f, "Grant({})", crate::hash::hex(&self.0[..4]))
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Wire for Grant {
@@ -63,7 +59,7 @@ impl MinLen for Grant {
 /// A grant is its hex in test vectors.
 impl serde::Serialize for Grant {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&hex(&self.0))
+        s.serialize_str(&crate::hash::hex(&self.0))
     }
 }
 

@@ -98,6 +98,18 @@ pub struct TenantCounts {
     pub output_tokens: u64,
 }
 
+impl TenantCounts {
+    fn add(&mut self, o: &TenantCounts) {
+        self.admitted += o.admitted;
+        self.refused_rate += o.refused_rate;
+        self.refused_concurrency += o.refused_concurrency;
+        self.refused_queue_full += o.refused_queue_full;
+        self.expired += o.expired;
+        self.prompt_tokens += o.prompt_tokens;
+        self.output_tokens += o.output_tokens;
+    }
+}
+
 struct TenantState {
     name: Arc<str>,
     weight: f64,
@@ -171,11 +183,11 @@ struct ClassQueue {
 
 impl ClassQueue {
     fn new(c: &super::table::Class, replicas: usize) -> ClassQueue {
-        ClassQueue {
+        let mut q = ClassQueue {
             name: c.name.clone(),
-            size: c.queue_size,
-            ttl: c.ttl,
-            max_running: c.max_running.map(|m| m.div_ceil(replicas).max(1)),
+            size: 0,
+            ttl: Duration::ZERO,
+            max_running: None,
             running: 0,
             len: 0,
             by_tenant: Vec::new(),
@@ -183,7 +195,16 @@ impl ClassQueue {
             granted: 0,
             expired: 0,
             refused_full: 0,
-        }
+        };
+        q.set(c, replicas);
+        q
+    }
+
+    /// Takes `c`'s settings (its cap as this replica's share).
+    fn set(&mut self, c: &super::table::Class, replicas: usize) {
+        self.size = c.queue_size;
+        self.ttl = c.ttl;
+        self.max_running = c.max_running.map(|m| super::table::share_of(m, replicas));
     }
 
     /// Whether it may start another request (below its own cap).
@@ -266,9 +287,7 @@ impl Core {
             let q = match old.iter().position(|q| q.name == c.name) {
                 Some(i) => {
                     let mut q = old.swap_remove(i);
-                    q.size = c.queue_size;
-                    q.ttl = c.ttl;
-                    q.max_running = c.max_running.map(|m| m.div_ceil(self.replicas).max(1));
+                    q.set(c, self.replicas);
                     q
                 }
                 None => ClassQueue::new(c, self.replicas),
@@ -348,9 +367,7 @@ impl Core {
             .and_then(|b| b.take_n(ask.prompt_tokens as f64, now))
         {
             // The request token taken above is given back: this request does not go.
-            if let Some(b) = t.requests.as_mut() {
-                b.settle(-1.0, now);
-            }
+            Self::give_back(t, 0, now);
             t.counts.refused_rate += 1;
             return Err(Refusal::OverRate {
                 tenant,
@@ -747,43 +764,37 @@ impl Admission {
         }
         // Tenants named in the file within the first MAX_TENANT_SERIES; the rest summed.
         let named = |n: &str| table.by_name(n).is_some_and(|i| i < MAX_TENANT_SERIES);
-        let mut rows: Vec<(&str, TenantCounts, usize, usize)> = Vec::new();
-        let mut other = (TenantCounts::default(), 0usize, 0usize);
-        for t in &tenants {
-            if named(&t.name) {
-                rows.push((&t.name, t.counts.clone(), t.running, t.queued));
-            } else {
-                let c = &mut other.0;
-                c.admitted += t.counts.admitted;
-                c.refused_rate += t.counts.refused_rate;
-                c.refused_concurrency += t.counts.refused_concurrency;
-                c.refused_queue_full += t.counts.refused_queue_full;
-                c.expired += t.counts.expired;
-                c.prompt_tokens += t.counts.prompt_tokens;
-                c.output_tokens += t.counts.output_tokens;
-                other.1 += t.running;
-                other.2 += t.queued;
+        let (mut rows, rest): (Vec<TenantRow>, Vec<TenantRow>) =
+            tenants.into_iter().partition(|t| named(&t.name));
+        if !rest.is_empty() {
+            let mut other = TenantRow {
+                name: "other".into(),
+                running: 0,
+                queued: 0,
+                counts: TenantCounts::default(),
+            };
+            for t in &rest {
+                other.running += t.running;
+                other.queued += t.queued;
+                other.counts.add(&t.counts);
             }
-        }
-        if tenants.iter().any(|t| !named(&t.name)) {
-            rows.push(("other", other.0, other.1, other.2));
+            rows.push(other);
         }
         for (name, help, f) in [
             (
                 "rbgctl_router_tenant_running",
                 "Each tenant's requests holding a slot.",
-                (|r: &(&str, TenantCounts, usize, usize)| r.2 as f64)
-                    as fn(&(&str, TenantCounts, usize, usize)) -> f64,
+                (|r: &TenantRow| r.running) as fn(&TenantRow) -> usize,
             ),
             (
                 "rbgctl_router_tenant_queued",
                 "Each tenant's requests waiting in a class's queue.",
-                |r| r.3 as f64,
+                |r| r.queued,
             ),
         ] {
             p.family(name, "gauge", help);
             for r in &rows {
-                p.sample(name, &[("tenant", r.0)], f(r));
+                p.sample(name, &[("tenant", &r.name)], f(r) as f64);
             }
         }
         p.family(
@@ -792,7 +803,8 @@ impl Admission {
             "Each tenant's requests by outcome: admitted, or refused (rate, concurrency: 429; \
              queue_full, expired: 503).",
         );
-        for (name, c, _, _) in &rows {
+        for r in &rows {
+            let c = &r.counts;
             for (outcome, n) in [
                 ("admitted", c.admitted),
                 ("rate", c.refused_rate),
@@ -802,7 +814,7 @@ impl Admission {
             ] {
                 p.sample(
                     "rbgctl_router_tenant_requests_total",
-                    &[("tenant", name), ("outcome", outcome)],
+                    &[("tenant", &r.name), ("outcome", outcome)],
                     n as f64,
                 );
             }
@@ -813,11 +825,12 @@ impl Admission {
             "Each tenant's tokens: prompt (counted on admission) and output (settled when the \
              answer ends).",
         );
-        for (name, c, _, _) in &rows {
+        for r in &rows {
+            let c = &r.counts;
             for (kind, n) in [("prompt", c.prompt_tokens), ("output", c.output_tokens)] {
                 p.sample(
                     "rbgctl_router_tenant_tokens_total",
-                    &[("tenant", name), ("kind", kind)],
+                    &[("tenant", &r.name), ("kind", kind)],
                     n as f64,
                 );
             }

@@ -297,6 +297,15 @@ impl Tenants {
         self.table.read().clone()
     }
 
+    /// Who calls with `headers`, under the table in force (the peer's address taken from the
+    /// connection being served).
+    pub fn caller(&self, headers: &HeaderMap) -> Result<(Arc<Table>, Caller), IdentityError> {
+        let table = self.table();
+        let peer = crate::http_server::peer().map(|p| p.ip());
+        let caller = identify(&table, self.trusted.as_ref(), headers, peer)?;
+        Ok((table, caller))
+    }
+
     /// Reads the file again if it changed since last read. A file that cannot be read or
     /// does not parse leaves the table in force (logged and counted once per change).
     pub fn reload_if_changed(&self) {

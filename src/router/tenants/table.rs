@@ -145,9 +145,15 @@ pub struct Limits {
     pub max_concurrent: Option<usize>,
 }
 
+/// One of `replicas` routers' share of a count (a cap, a capacity): divided rounding up, never
+/// below 1.
+pub fn share_of(n: usize, replicas: usize) -> usize {
+    n.div_ceil(replicas.max(1)).max(1)
+}
+
 impl Limits {
     /// These limits for one of `replicas` routers sharing a tenant's traffic evenly: rates and
-    /// bursts divided, the concurrency cap divided rounding up (never below 1).
+    /// bursts divided, the concurrency cap by [`share_of`].
     pub fn share(&self, replicas: usize) -> Limits {
         let n = replicas.max(1) as f64;
         let rate = |r: Rate| Rate {
@@ -157,9 +163,7 @@ impl Limits {
         Limits {
             requests: self.requests.map(rate),
             tokens: self.tokens.map(rate),
-            max_concurrent: self
-                .max_concurrent
-                .map(|m| m.div_ceil(replicas.max(1)).max(1)),
+            max_concurrent: self.max_concurrent.map(|m| share_of(m, replicas)),
         }
     }
 }
@@ -236,12 +240,7 @@ pub fn hash_key(key: &str) -> [u8; 32] {
 
 /// `key`'s line for a tenants file: `sha256:<hex>`.
 pub fn key_entry(key: &str) -> String {
-    let mut s = String::with_capacity(7 + 64);
-    s.push_str("sha256:");
-    for b in hash_key(key) {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    format!("sha256:{}", crate::hash::hex(&hash_key(key)))
 }
 
 fn rate(
