@@ -441,8 +441,9 @@ impl Stack {
             routers: Vec::new(),
         };
         let p = &cfg.pool;
-        // precise_prefix over engines backed by the pool: the pool's pages are followed too.
-        let pool_events = cfg.router.policy == PolicyKind::PrecisePrefix && cfg.engines.l3;
+        // A policy on KV events over engines backed by the pool: the pool's pages are
+        // followed too.
+        let pool_events = cfg.router.policy.follows_kv_events() && cfg.engines.l3;
         if p.stores > 0 {
             let mut spec = PoolSpec::loopback(p.stores, p.segment_size.0);
             spec.name = "rbgctl-up".into();
@@ -562,7 +563,7 @@ impl Stack {
                     auth_token_file: cfg.pool.auth_token_file.clone(),
                     kv_events_config: e
                         .kv_events
-                        .unwrap_or(cfg.router.policy == PolicyKind::PrecisePrefix)
+                        .unwrap_or(cfg.router.policy.follows_kv_events())
                         .then(|| {
                             format!(
                                 r#"{{"publisher":"zmq","endpoint":"tcp://{host}:0","bind":true,"replay_endpoint":"tcp://{host}:0"}}"#

@@ -540,7 +540,8 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     use rbgctl::router::policy::PrefixView;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let held = loop {
-        let held = index.prefixes(&tokens, None, std::slice::from_ref(&worker))[0];
+        let held =
+            index.prefixes(&tokens, None, std::slice::from_ref(&worker))[0].map(|h| h.prefix);
         if held.is_some_and(|p| p.external == 3) || std::time::Instant::now() > deadline {
             break held;
         }
@@ -571,7 +572,7 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert_eq!(v["pages"], warm + 3);
         }
-        let held = late.prefixes(&tokens, None, std::slice::from_ref(&worker))[0];
+        let held = late.prefixes(&tokens, None, std::slice::from_ref(&worker))[0].map(|h| h.prefix);
         if held.is_some_and(|p| p.external == 3) || std::time::Instant::now() > deadline {
             break held;
         }

@@ -305,6 +305,65 @@ fn the_policies_run_side_by_side_on_fresh_services_against_the_oracle() {
     assert!(html.contains("policies-hit-ttft") && html.contains("precise_prefix"));
 }
 
+/// A skewed workload (a few long prompts among many short ones): `predicted_ttft` sees the
+/// prefill queued on each worker in tokens, not in requests, so short prompts stay off the
+/// workers busy with long ones, and the hits stay where the others find them.
+#[test]
+fn predicted_ttft_keeps_short_prompts_off_workers_busy_with_long_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("skew.toml");
+    std::fs::write(
+        &cfg,
+        "[pool]\nstores = 1\nsegment_size = \"256MiB\"\n[engines]\ncount = 4\n\
+         device_cache_tokens = 65536\nhost_cache_tokens = 0\nbytes_per_token = 512\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "policies", "--config"])
+        .arg(&cfg)
+        .args(["--policies", "cache_aware,precise_prefix,predicted_ttft"])
+        .args(["--num-clients", "48", "--num-rounds", "3"])
+        .args(["--long-clients", "8", "--long-request-length", "16384"])
+        .args(["--long-shared-prefix", "4096"])
+        .args([
+            "--request-length",
+            "512",
+            "--sub-question-input-length",
+            "128",
+        ])
+        .args(["--output-length", "32", "--request-rate", "12"])
+        .args(["--disable-auto-run", "--json"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["policies"].as_array().unwrap();
+    let figure = |i: usize, name: &str| runs[i][name].as_f64().unwrap();
+    for (i, r) in runs.iter().enumerate() {
+        assert_eq!(
+            (r["requests"].as_u64(), r["failed"].as_u64()),
+            (Some(144), Some(0)),
+            "{r}"
+        );
+        assert!(figure(i, "hit_rate") > 0.5, "{r}");
+    }
+    let (aware, precise, predicted) = (0, 1, 2);
+    assert_eq!(runs[predicted]["policy"], "predicted_ttft");
+    for other in [aware, precise] {
+        assert!(
+            figure(other, "p90_ttft_s") >= 1.3 * figure(predicted, "p90_ttft_s"),
+            "p90 TTFT not 1.3x lower than {}: {v}",
+            runs[other]["policy"]
+        );
+        assert!(
+            figure(predicted, "hit_rate") >= figure(other, "hit_rate") - 0.05,
+            "hit rate more than 5 points below {}: {v}",
+            runs[other]["policy"]
+        );
+    }
+}
+
 #[test]
 fn router_replicas_share_the_load_and_precise_prefix_keeps_one_view_across_them() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,7 +62,7 @@ pub fn default_layout() -> UpConfig {
 pub fn layout(base: &UpConfig, policy: PolicyKind) -> UpConfig {
     let mut c = base.on_free_ports();
     c.router.policy = policy;
-    c.engines.kv_events = Some(policy == PolicyKind::PrecisePrefix);
+    c.engines.kv_events = Some(policy.follows_kv_events());
     c
 }
 
@@ -172,6 +172,7 @@ impl PolicyRun {
             "hits_by_tier": {"device": device, "host": host, "pool": pool},
             "cached_tokens_by_tier": self.by_tier,
             "mean_ttft_vs_cache_aware": baseline.map(|b| ratio(b.result.summary.average_ttft, s.average_ttft)),
+            "p90_ttft_vs_cache_aware": baseline.map(|b| ratio(b.result.summary.p90_ttft, s.p90_ttft)),
             "input_token_throughput": s.input_token_throughput,
             "requests": s.total_requests,
             "failed": self.result.failed,
@@ -434,6 +435,9 @@ fn rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
                 baseline
                     .and_then(|b| ratio(b.result.summary.average_ttft, s.average_ttft))
                     .map_or("-".into(), |x| format!("{x:.2}×")),
+                baseline
+                    .and_then(|b| ratio(b.result.summary.p90_ttft, s.p90_ttft))
+                    .map_or("-".into(), |x| format!("{x:.2}×")),
                 pct(s.cache_hit_rate),
                 pct(r.oracle_hit_rate),
                 format!("{} / {} / {}", pct(device), pct(host), pct(pool)),
@@ -443,12 +447,13 @@ fn rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
         .collect()
 }
 
-const HEADERS: [&str; 9] = [
+const HEADERS: [&str; 10] = [
     "policy",
     "mean TTFT ms",
     "p90 TTFT ms",
     "runs' mean TTFT ms",
     "cache_aware's mean ÷ this",
+    "cache_aware's p90 ÷ this",
     "hit rate",
     "oracle hit rate",
     "hits device / host / pool",
@@ -464,9 +469,16 @@ fn routers_phrase(routers: usize) -> String {
 }
 
 fn render(w: &MultiturnArgs, routers: usize, runs: &[PolicyRun]) -> String {
+    let skew = match w.long_clients {
+        0 => String::new(),
+        n => format!(
+            ", {n} of them opening with {}-token prompts that share their first {}",
+            w.long_request_length, w.long_shared_prefix
+        ),
+    };
     let mut out = format!(
-        "Router policies on one multi-turn workload ({} clients × {} rounds, rate {} req/s; \
-         SIMULATED engines, {}, a fresh service per policy)\n",
+        "Router policies on one multi-turn workload ({} clients × {} rounds{skew}, rate {} \
+         req/s; SIMULATED engines, {}, a fresh service per policy)\n",
         w.num_clients,
         w.num_rounds,
         w.request_rate,

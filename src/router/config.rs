@@ -290,6 +290,10 @@ pub struct PolicyConfig {
     /// follow). Default 5 s.
     #[serde(rename = "bucket_adjust_interval_secs")]
     pub bucket_adjust_interval: Secs,
+    /// `predicted_ttft`: a session (`X-Session-Id` or `X-SMG-Routing-Key`) idle this long no
+    /// longer counts its last turn as held on its worker. Default 600 s.
+    #[serde(rename = "session_idle_secs")]
+    pub session_idle: Secs,
     /// `precise_prefix`: the PUB endpoint of the pool master's KV events (`rbgctl master
     /// --kv-events-config`); what the pool holds counts for every engine. Default: none.
     pub kv_events_pool_endpoint: Option<String>,
@@ -310,6 +314,7 @@ impl Default for PolicyConfig {
             prefill_policy: None,
             decode_policy: None,
             bucket_adjust_interval: Secs::from_secs(5),
+            session_idle: Secs::from_secs(600),
             kv_events_pool_endpoint: None,
             kv_events_pool_replay_endpoint: None,
             kv_events_pool_snapshot_url: None,
@@ -838,6 +843,10 @@ pub struct PolicyArgs {
     /// the last interval. Default 5.
     #[arg(long)]
     pub bucket_adjust_interval_secs: Option<f64>,
+    /// `predicted_ttft` policy: seconds after which an idle session (`X-Session-Id` or
+    /// `X-SMG-Routing-Key`) no longer counts its last turn as held on its worker. Default 600.
+    #[arg(long)]
+    pub session_idle_secs: Option<f64>,
     /// `prefix_hash` policy: tokens of the prompt's head that are hashed (without token ids,
     /// four bytes of text a token). Default 256.
     #[arg(long)]
@@ -1309,12 +1318,15 @@ impl RouterConfig {
                 ));
             }
         }
-        let precise = [Some(pol.policy), pol.prefill_policy, pol.decode_policy]
-            .contains(&Some(PolicyKind::PrecisePrefix));
-        if pol.kv_events_pool_endpoint.is_some() && !precise {
+        let follows = [Some(pol.policy), pol.prefill_policy, pol.decode_policy]
+            .iter()
+            .flatten()
+            .any(|k| k.follows_kv_events());
+        if pol.kv_events_pool_endpoint.is_some() && !follows {
             return Err(ConfigError::invalid(
                 "router.kv_events_pool_endpoint",
-                "only precise_prefix routes on KV events: set --policy precise_prefix, or drop it",
+                "only precise_prefix and predicted_ttft route on KV events: set --policy to one \
+                 of them, or drop it",
             ));
         }
         let cache = &self.cache;
@@ -1432,6 +1444,7 @@ impl RouterConfig {
                 "router.bucket_adjust_interval_secs",
                 self.policy.bucket_adjust_interval,
             ),
+            ("router.session_idle_secs", self.policy.session_idle),
             ("router.eviction_interval_secs", cache.eviction_interval),
             ("router.rbg_poll_secs", discovery.rbg_poll),
             ("router.request_timeout_secs", limits.request_timeout),

@@ -7,9 +7,9 @@
 //! engine lacks and the pool has count for every engine, as pool blocks.
 
 use crate::kv_events::hash::block_hashes;
-use crate::kv_events::{Index, Prefix, Sink, Source, SourceId, SourceStats, Subscription};
+use crate::kv_events::{Index, Sink, Source, SourceId, SourceStats, Subscription};
 use crate::router::policy::tree::Tenant;
-use crate::router::policy::{PrefixView, TextForm};
+use crate::router::policy::{Held, PrefixView, TextForm};
 use crate::router::tokenize::{ids_of_token_text, parse_ids};
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -655,7 +655,7 @@ impl PrefixView for KvIndex {
         tokens: &[u32],
         adapter: Option<&str>,
         workers: &[Tenant],
-    ) -> Vec<Option<Prefix>> {
+    ) -> Vec<Option<Held>> {
         let followed = self.followed.lock();
         let mut hashes_by_size: HashMap<usize, Vec<i64>> = HashMap::new();
         // A worker's ranks followed whole (none: unknown to the policy).
@@ -689,12 +689,16 @@ impl PrefixView for KvIndex {
             .iter()
             .map(|k| {
                 let (ids, size) = k.as_ref()?;
-                index
+                let prefix = index
                     .prefixes(&hashes_by_size[size], ids, pool)
                     .into_iter()
                     .max_by(|a, b| {
                         crate::router::policy::worth(a).total_cmp(&crate::router::policy::worth(b))
-                    })
+                    })?;
+                Some(Held {
+                    prefix,
+                    block_size: *size,
+                })
             })
             .collect()
     }

@@ -509,7 +509,7 @@ impl Metrics {
             workers.len() as f64,
         );
         type Col = (&'static str, &'static str, &'static str);
-        let cols: [Col; 11] = [
+        let cols: [Col; 12] = [
             (
                 "smg_worker_health",
                 "gauge",
@@ -565,6 +565,11 @@ impl Metrics {
                 "counter",
                 "Outcomes the circuit breaker counted, by outcome.",
             ),
+            (
+                "rbgctl_router_worker_queued_prefill_tokens",
+                "gauge",
+                "Prompt tokens predicted_ttft sent the worker to compute whose first byte has not come back.",
+            ),
         ];
         let now = Instant::now();
         for (i, (name, kind, help)) in cols.iter().enumerate() {
@@ -600,6 +605,7 @@ impl Metrics {
                         &[base[0], base[1], ("policy", policy_of(w.worker_type))],
                         load(&c.selected),
                     ),
+                    11 => p.sample(name, &base, w.queued_prefill_total() as f64),
                     10 => {
                         p.sample(
                             name,

@@ -187,7 +187,8 @@ impl Shared {
     pub fn new(cfg: RouterConfig) -> Result<Shared, RouterError> {
         let kinds = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()];
         let kv_index = kinds
-            .contains(&policy::PolicyKind::PrecisePrefix)
+            .iter()
+            .any(|k| k.follows_kv_events())
             .then(|| Arc::new(kv_index::KvIndex::new(kv_index::DEFAULT_BUDGET)));
         if let (Some(k), Some(endpoint)) = (&kv_index, &cfg.policy.kv_events_pool_endpoint) {
             k.follow_pool(endpoint, cfg.policy.kv_events_pool_replay_endpoint.clone())
@@ -199,6 +200,7 @@ impl Shared {
             prefix_hash: cfg.prefix_hash,
             bucket_interval: cfg.policy.bucket_adjust_interval.0,
             prefixes: kv_index.clone().map(|k| k as Arc<dyn policy::PrefixView>),
+            session_idle: cfg.policy.session_idle.0,
         };
         let policy = |kind| settings.build(kind);
         let limits = &cfg.limits;

@@ -281,7 +281,7 @@ pub(super) async fn inference(
             .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
-    let info = match info {
+    let mut info = match info {
         Ok(i) => i,
         Err(e) => {
             shared.metrics.error(endpoint.name(), "bad_request");
@@ -290,8 +290,10 @@ pub(super) async fn inference(
     };
     if let Some((t, table, caller)) = caller {
         let prompt_tokens = crate::router::tenants::prompt_tokens(&info, bytes.len());
-        // The class's priority for the engine's scheduler replaces any the client wrote.
+        // The class's priority for the engine's scheduler replaces any the client wrote; the
+        // engines then prefill it before the classes after it (its band).
         if let Some(p) = table.classes[caller.class].engine_priority {
+            info.band = u8::try_from(caller.class).ok();
             match crate::router::request::set_fields(&bytes, &[("priority", p.into())]) {
                 Ok(b) => bytes = bytes::Bytes::from(b),
                 Err(e) => {
@@ -548,6 +550,7 @@ fn worker_json(s: &Shared, w: &Worker) -> Value {
         "is_healthy": w.healthy(),
         "circuit_state": w.circuit(&s.cfg.breaker, std::time::Instant::now()),
         "load": w.load(),
+        "queued_prefill_tokens": w.queued_prefill_total(),
         "processed": w.processed(),
         "source": w.source,
         "model_id": *w.model_id.read(),

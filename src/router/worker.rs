@@ -279,6 +279,9 @@ pub struct Worker {
     pub served_models: RwLock<Vec<String>>,
     inflight: AtomicUsize,
     processed: AtomicU64,
+    /// Prompt tokens it is predicted to prefill for requests sent and not yet answered, by
+    /// band (`predicted_ttft`).
+    queued_prefill: QueuedPrefill,
     health: Mutex<HealthTracker>,
     breaker: Mutex<CircuitBreaker>,
     pub counters: WorkerCounters,
@@ -328,6 +331,7 @@ impl Worker {
             served_models: RwLock::new(Vec::new()),
             inflight: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
+            queued_prefill: QueuedPrefill::default(),
             health: Mutex::new(HealthTracker::default()),
             breaker: Mutex::new(CircuitBreaker::default()),
             counters: WorkerCounters::default(),
@@ -360,12 +364,29 @@ impl Worker {
         self.source != Source::Api || self.processed() >= crate::router::policy::TRUSTED_AFTER
     }
 
-    /// Counts a request in flight until the guard drops (when its response body ends).
-    pub fn begin(self: &Arc<Self>) -> LoadGuard {
+    /// Counts a request in flight until the guard drops (when its response body ends), and
+    /// the prompt tokens it is predicted to prefill here until its first byte comes back.
+    pub fn begin(self: &Arc<Self>, prefill: Option<Prefill>) -> LoadGuard {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         self.processed.fetch_add(1, Ordering::Relaxed);
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        LoadGuard(self.clone())
+        if let Some(p) = prefill {
+            self.queued_prefill.add(p);
+        }
+        LoadGuard {
+            worker: self.clone(),
+            prefill,
+        }
+    }
+
+    /// Prompt tokens queued here that a request of `band` waits behind.
+    pub fn queued_prefill(&self, band: Option<u8>) -> u64 {
+        self.queued_prefill.ahead_of(band)
+    }
+
+    /// Prompt tokens queued here, in all.
+    pub fn queued_prefill_total(&self) -> u64 {
+        self.queued_prefill.ahead_of(None)
     }
 
     pub fn healthy(&self) -> bool {
@@ -427,18 +448,78 @@ impl Worker {
     }
 }
 
-/// Decrements a worker's in-flight count on drop.
-pub struct LoadGuard(Arc<Worker>);
+/// Decrements a worker's in-flight count on drop, and its queued prefill when the first byte
+/// comes back (or on drop).
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+    prefill: Option<Prefill>,
+}
 
 impl LoadGuard {
     pub fn worker(&self) -> &Arc<Worker> {
-        &self.0
+        &self.worker
+    }
+
+    /// The worker has answered the first byte: its prefill of this request is done.
+    pub fn prefilled(&mut self) {
+        if let Some(p) = self.prefill.take() {
+            self.worker.queued_prefill.sub(p);
+        }
     }
 }
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.prefilled();
+        self.worker.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queued prefill
+
+/// Priority bands a worker's queued prefill is kept by: one per tenant class (16 at most), and
+/// the last for requests sent without an engine priority.
+const BANDS: usize = crate::router::tenants::table::MAX_CLASSES + 1;
+
+/// A request's predicted prefill on the worker it was sent to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefill {
+    /// The rank of its class among the tenants' classes, when the class gives engines a
+    /// priority (they then prefill it before the classes after it); `None` otherwise.
+    pub band: Option<u8>,
+    /// Prompt tokens the worker is predicted to compute (those it does not hold).
+    pub tokens: u64,
+}
+
+impl Prefill {
+    fn slot(band: Option<u8>) -> usize {
+        band.map_or(BANDS - 1, |b| usize::from(b).min(BANDS - 2))
+    }
+}
+
+/// Tokens queued per band.
+#[derive(Default)]
+struct QueuedPrefill([AtomicU64; BANDS]);
+
+impl QueuedPrefill {
+    fn add(&self, p: Prefill) {
+        self.0[Prefill::slot(p.band)].fetch_add(p.tokens, Ordering::Relaxed);
+    }
+
+    fn sub(&self, p: Prefill) {
+        self.0[Prefill::slot(p.band)].fetch_sub(p.tokens, Ordering::Relaxed);
+    }
+
+    /// What a request of `band` waits behind: the bands up to its own and those sent without
+    /// a priority (whose place in the engine's line the router cannot know); a request
+    /// without a priority waits behind everything.
+    fn ahead_of(&self, band: Option<u8>) -> u64 {
+        let take = |i: usize| self.0[i].load(Ordering::Relaxed);
+        match band {
+            None => (0..BANDS).map(take).sum(),
+            Some(b) => (0..=Prefill::slot(Some(b))).map(take).sum::<u64>() + take(BANDS - 1),
+        }
     }
 }
 
@@ -620,6 +701,42 @@ mod tests {
         assert!(!h.healthy());
         assert_eq!(h.record(&cfg, true), None);
         assert_eq!(h.record(&cfg, true), Some(true));
+    }
+
+    #[test]
+    fn queued_prefill_counts_what_a_band_waits_behind_until_the_first_byte_or_the_end() {
+        let w = Arc::new(Worker::new(
+            WorkerSpec::regular("http://w:1"),
+            Source::Flags,
+        ));
+        let sent = |band, tokens| w.begin(Some(Prefill { band, tokens }));
+        let mut interactive = sent(Some(0), 100);
+        let batch = sent(Some(1), 1000);
+        let unbanded = sent(None, 10);
+        let plain = w.begin(None);
+        // The first class waits behind itself and the unbanded; the second behind both
+        // classes; an unbanded request behind everything.
+        assert_eq!(w.queued_prefill(Some(0)), 110);
+        assert_eq!(w.queued_prefill(Some(1)), 1110);
+        assert_eq!(w.queued_prefill(Some(9)), 1110);
+        assert_eq!(w.queued_prefill(None), 1110);
+        assert_eq!(w.load(), 4);
+        // The first byte ends a request's prefill; it stays in flight.
+        interactive.prefilled();
+        interactive.prefilled();
+        assert_eq!(w.queued_prefill_total(), 1010);
+        assert_eq!(w.load(), 4);
+        // The end of a request ends both.
+        drop((batch, unbanded, plain));
+        assert_eq!(w.queued_prefill_total(), 0);
+        assert_eq!(w.load(), 1);
+        drop(interactive);
+        assert_eq!((w.queued_prefill_total(), w.load()), (0, 0));
+        // A band past the last class counts as the last class.
+        let far = sent(Some(200), 5);
+        assert_eq!(w.queued_prefill(Some(15)), 5);
+        assert_eq!(w.queued_prefill(Some(0)), 0);
+        drop(far);
     }
 
     #[test]

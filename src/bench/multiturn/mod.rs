@@ -44,6 +44,17 @@ pub struct MultiturnArgs {
     /// Rounds per client.
     #[arg(long, default_value_t = 5)]
     pub num_rounds: usize,
+    /// A skewed workload: this many clients (the first ones) open with a prompt of
+    /// --long-request-length tokens instead, all starting with the same
+    /// --long-shared-prefix tokens (a shared document). Default 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub long_clients: usize,
+    /// Tokens of a long client's first prompt.
+    #[arg(long, default_value_t = 16384)]
+    pub long_request_length: usize,
+    /// Tokens at the head of every long client's first prompt that are the same for all.
+    #[arg(long, default_value_t = 12288)]
+    pub long_shared_prefix: usize,
     /// Per-client rounds drawn in [min, max] (0 = --num-rounds).
     #[arg(long, default_value_t = 0)]
     pub min_rounds: usize,
@@ -207,6 +218,18 @@ impl MultiturnArgs {
             self.round_barrier_pause >= 0.0 && self.round_barrier_pause.is_finite(),
             "--round-barrier-pause must be a non-negative number of seconds"
         );
+        anyhow::ensure!(
+            self.long_clients <= self.num_clients,
+            "--long-clients ({}) must be at most --num-clients ({})",
+            self.long_clients,
+            self.num_clients
+        );
+        anyhow::ensure!(
+            self.long_clients == 0 || self.long_shared_prefix <= self.long_request_length,
+            "--long-shared-prefix ({}) must be at most --long-request-length ({})",
+            self.long_shared_prefix,
+            self.long_request_length
+        );
         Ok(())
     }
 
@@ -222,6 +245,9 @@ impl MultiturnArgs {
             range_ratio: self.range_ratio,
             deterministic_ids: self.disable_random_sample,
             seed: self.seed,
+            long_clients: self.long_clients,
+            long_request_length: self.long_request_length,
+            long_shared_prefix: self.long_shared_prefix,
         }
     }
 

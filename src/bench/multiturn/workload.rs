@@ -36,6 +36,13 @@ pub struct Shape {
     /// Synthetic ids `(offset + i + j) % vocab` instead of random ones.
     pub deterministic_ids: bool,
     pub seed: u64,
+    /// A skewed workload: this many of the clients (the first ones) open with a long prompt
+    /// instead ...
+    pub long_clients: usize,
+    /// ... of this many tokens ...
+    pub long_request_length: usize,
+    /// ... whose first tokens, this many, are the same for all of them (a shared document).
+    pub long_shared_prefix: usize,
 }
 
 /// One client's conversation.
@@ -78,6 +85,12 @@ pub fn conversations(s: &Shape) -> Vec<Conversation> {
         s.sub_question_length
     };
     let mut offset = 0usize;
+    let shared_head = ids(
+        &mut fastrand::Rng::with_seed(s.seed ^ 0x5eed_5ba7_ed00),
+        s.long_shared_prefix.min(s.long_request_length),
+        s.deterministic_ids,
+        VOCAB as usize / 2,
+    );
     (0..s.num_clients)
         .map(|i| {
             let rounds = if s.min_rounds > 0 && s.max_rounds >= s.min_rounds {
@@ -88,6 +101,15 @@ pub fn conversations(s: &Shape) -> Vec<Conversation> {
             let mut questions = Vec::with_capacity(rounds);
             let mut output_lengths = Vec::with_capacity(rounds);
             for r in 0..rounds {
+                if r == 0 && i < s.long_clients {
+                    let own = s.long_request_length - shared_head.len();
+                    let mut q = shared_head.clone();
+                    q.extend(ids(&mut rng, own, s.deterministic_ids, offset + i));
+                    offset += own;
+                    questions.push(q);
+                    output_lengths.push(length(&mut rng, s.output_length, s.range_ratio));
+                    continue;
+                }
                 let base = if r == 0 { s.request_length } else { sub_len };
                 let n = length(&mut rng, base, s.range_ratio);
                 questions.push(ids(&mut rng, n, s.deterministic_ids, offset + i));
@@ -190,7 +212,35 @@ mod tests {
             range_ratio: 1.0,
             deterministic_ids: false,
             seed: 1,
+            long_clients: 0,
+            long_request_length: 0,
+            long_shared_prefix: 0,
         }
+    }
+
+    #[test]
+    fn a_skewed_workload_opens_a_few_conversations_with_long_prompts_sharing_a_head() {
+        let mut s = shape();
+        s.long_clients = 3;
+        s.long_request_length = 1000;
+        s.long_shared_prefix = 600;
+        let c = conversations(&s);
+        for (i, conv) in c.iter().enumerate() {
+            let first = &conv.questions[0];
+            if i < 3 {
+                assert_eq!(first.len(), 1000);
+                assert_eq!(first[..600], c[0].questions[0][..600], "client {i}");
+                assert_ne!(
+                    first[600..],
+                    c[(i + 1) % 3].questions[0][600..],
+                    "client {i}"
+                );
+            } else {
+                assert_eq!(first.len(), 100, "client {i}");
+            }
+            assert_eq!(conv.questions[1].len(), 10, "later rounds as usual");
+        }
+        assert_eq!(conversations(&s), c, "seeded");
     }
 
     #[test]

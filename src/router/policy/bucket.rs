@@ -192,6 +192,7 @@ mod tests {
                 load: 0,
                 processed: 0,
                 vouched: true,
+                queued_prefill: 0,
             })
             .collect()
     }

@@ -3,7 +3,7 @@
 //! request's text when it covers more than `cache_threshold` of it; else the least loaded. The
 //! text is then recorded for the chosen worker in an approximate radix tree per worker.
 
-use super::tree::Tree;
+use super::tree::{Tenant, Tree};
 use super::{least_loaded, Candidate, LoadBalancingPolicy, PolicyKind, RouteInput};
 use crate::config::Secs;
 use parking_lot::Mutex;
@@ -56,10 +56,20 @@ impl CacheAware {
 
     /// Remembers that `text` went to `url` (a choice another policy made, with this one as
     /// its fallback).
-    pub fn record(&self, text: &str, url: &crate::router::policy::tree::Tenant) {
+    pub fn record(&self, text: &str, url: &Tenant) {
         if !text.is_empty() {
             self.tree.lock().insert(text, url);
         }
+    }
+
+    /// For each of `c`, the characters of `text`'s longest prefix sent to it, and the
+    /// characters of `text`.
+    pub fn held(&self, text: &str, c: &[Candidate]) -> (Vec<usize>, usize) {
+        if text.is_empty() {
+            return (vec![0; c.len()], 0);
+        }
+        let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
+        self.tree.lock().held_by(text, &urls)
     }
 
     /// Whether load is imbalanced among `c` (sglang-router's rule).

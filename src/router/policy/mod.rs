@@ -10,6 +10,7 @@ mod consistent_hash;
 mod manual;
 mod power_of_two;
 mod precise_prefix;
+mod predicted_ttft;
 mod prefix_hash;
 mod random;
 mod round_robin;
@@ -20,7 +21,8 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
-pub use precise_prefix::{worth, PrecisePrefix, PrefixView, TRUSTED_AFTER};
+pub use precise_prefix::{vouched_prefixes, worth, Held, PrecisePrefix, PrefixView, TRUSTED_AFTER};
+pub use predicted_ttft::{PredictedTtft, MAX_SESSIONS};
 pub use prefix_hash::{PrefixHash, PrefixHashConfig};
 pub use random::Random;
 pub use round_robin::RoundRobin;
@@ -57,6 +59,11 @@ pub enum PolicyKind {
     /// worker, boundaries following the recent lengths (`--bucket-adjust-interval-secs`),
     /// unless the characters sent are imbalanced.
     Bucket,
+    /// The shortest predicted time to first token: the prefill queued ahead of the request on
+    /// each worker plus the prompt tokens it does not hold (by the engines' KV events where
+    /// followed, else by the texts sent to it); a session (`X-Session-Id`) holds its last turn
+    /// on its worker until idle for `--session-idle-secs`.
+    PredictedTtft,
 }
 
 impl PolicyKind {
@@ -68,7 +75,13 @@ impl PolicyKind {
                 | PolicyKind::PrefixHash
                 | PolicyKind::PrecisePrefix
                 | PolicyKind::Bucket
+                | PolicyKind::PredictedTtft
         )
+    }
+
+    /// Whether it reads what the engines' KV events say they hold (the global index).
+    pub fn follows_kv_events(self) -> bool {
+        matches!(self, PolicyKind::PrecisePrefix | PolicyKind::PredictedTtft)
     }
 
     pub fn name(self) -> &'static str {
@@ -82,6 +95,7 @@ impl PolicyKind {
             PolicyKind::ConsistentHashing => "consistent_hashing",
             PolicyKind::Manual => "manual",
             PolicyKind::Bucket => "bucket",
+            PolicyKind::PredictedTtft => "predicted_ttft",
         }
     }
 }
@@ -98,6 +112,28 @@ pub struct Candidate {
     /// by the operator (flags, discovery), or has served its share since it was added through
     /// the API.
     pub vouched: bool,
+    /// Prompt tokens the router has sent it to prefill that the request would wait behind
+    /// and whose first byte has not come back (counted for `predicted_ttft` only, else 0).
+    pub queued_prefill: u64,
+}
+
+/// A policy's choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Into the candidates.
+    pub index: usize,
+    /// The prompt tokens the chosen worker is predicted to prefill, when the policy predicts
+    /// them (`predicted_ttft`): the router counts them queued there until the first byte.
+    pub prefill_tokens: Option<u64>,
+}
+
+impl Placement {
+    fn of(index: usize) -> Placement {
+        Placement {
+            index,
+            prefill_tokens: None,
+        }
+    }
 }
 
 /// What a request offers for routing.
@@ -119,6 +155,8 @@ pub struct RouteInput<'a> {
     /// The request's `model` (with `--enable-igw` or `--backend openai`, only workers
     /// serving it are candidates).
     pub model: Option<&'a str>,
+    /// Its priority band (`RouteInfo::band`): what it waits behind on a worker.
+    pub band: Option<u8>,
 }
 
 /// What a request's routing text holds.
@@ -134,6 +172,15 @@ pub enum TextForm {
     TokenChars,
 }
 
+/// Tokens of a routing text: its ids, or about four characters a token of plain text.
+pub fn text_tokens(text: &str, form: TextForm) -> usize {
+    match form {
+        TextForm::SpacedIds => text.split(' ').filter(|s| !s.is_empty()).count(),
+        TextForm::TokenChars => text.chars().count() / 2,
+        TextForm::Text => text.len().div_ceil(4),
+    }
+}
+
 /// A way of choosing a worker, as SGLang's gateway shapes them.
 pub trait LoadBalancingPolicy: Send + Sync {
     fn kind(&self) -> PolicyKind;
@@ -144,6 +191,22 @@ pub trait LoadBalancingPolicy: Send + Sync {
 
     /// Chooses among `workers` (never empty: [`choose`] sees to that) for `request` at `now`.
     fn select(&self, workers: &[Candidate], request: &RouteInput, now: Instant) -> Option<usize>;
+
+    /// Chooses as `select` does, and says what the chosen worker is predicted to prefill
+    /// when the policy predicts it.
+    fn place(
+        &self,
+        workers: &[Candidate],
+        request: &RouteInput,
+        now: Instant,
+    ) -> Option<Placement> {
+        self.select(workers, request, now).map(Placement::of)
+    }
+
+    /// Whether it reads [`Candidate::queued_prefill`] (the router counts it only then).
+    fn reads_queued_prefill(&self) -> bool {
+        false
+    }
 
     /// Forgets what it holds about a removed worker.
     fn on_worker_removed(&self, _url: &str) {}
@@ -159,14 +222,14 @@ pub fn choose(
     workers: &[Candidate],
     request: &RouteInput,
     now: Instant,
-) -> Option<usize> {
+) -> Option<Placement> {
     if workers.is_empty() {
         return None;
     }
     if let Some(i) = request.target_worker.and_then(|t| target(workers, t)) {
-        return Some(i);
+        return Some(Placement::of(i));
     }
-    policy.select(workers, request, now)
+    policy.place(workers, request, now)
 }
 
 /// Everything a policy is made from besides its kind.
@@ -177,8 +240,11 @@ pub struct PolicySettings {
     pub prefix_hash: PrefixHashConfig,
     /// `bucket`: the interval between boundary adjustments.
     pub bucket_interval: Duration,
-    /// `precise_prefix`: what the global KV index knows (none: `cache_aware` decides).
+    /// `precise_prefix`, `predicted_ttft`: what the global KV index knows (none: the tree of
+    /// texts sent decides).
     pub prefixes: Option<Arc<dyn PrefixView>>,
+    /// `predicted_ttft`: a session idle this long no longer counts as held on its worker.
+    pub session_idle: Duration,
 }
 
 impl Default for PolicySettings {
@@ -189,11 +255,18 @@ impl Default for PolicySettings {
             prefix_hash: PrefixHashConfig::default(),
             bucket_interval: Duration::from_secs(5),
             prefixes: None,
+            session_idle: Duration::from_secs(600),
         }
     }
 }
 
 impl PolicySettings {
+    fn view(&self) -> Arc<dyn PrefixView> {
+        self.prefixes
+            .clone()
+            .unwrap_or_else(|| Arc::new(precise_prefix::Unknown))
+    }
+
     /// A fresh policy of `kind`, holding nothing yet.
     pub fn build(&self, kind: PolicyKind) -> Arc<dyn LoadBalancingPolicy> {
         match kind {
@@ -202,11 +275,11 @@ impl PolicySettings {
             PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
             PolicyKind::CacheAware => Arc::new(CacheAware::new(self.cache)),
             PolicyKind::PrefixHash => Arc::new(PrefixHash::new(self.prefix_hash)),
-            PolicyKind::PrecisePrefix => Arc::new(PrecisePrefix::new(
-                self.prefixes
-                    .clone()
-                    .unwrap_or_else(|| Arc::new(precise_prefix::Unknown)),
+            PolicyKind::PrecisePrefix => Arc::new(PrecisePrefix::new(self.view(), self.cache)),
+            PolicyKind::PredictedTtft => Arc::new(PredictedTtft::new(
+                self.view(),
                 self.cache,
+                self.session_idle,
             )),
             PolicyKind::ConsistentHashing => Arc::new(ConsistentHashing),
             PolicyKind::Manual => Arc::new(Manual::new(self.manual)),
@@ -250,6 +323,7 @@ pub(crate) mod testing {
                 load,
                 processed: 0,
                 vouched: true,
+                queued_prefill: 0,
             })
             .collect()
     }
@@ -286,6 +360,7 @@ mod tests {
             PolicyKind::ConsistentHashing,
             PolicyKind::Manual,
             PolicyKind::Bucket,
+            PolicyKind::PredictedTtft,
         ];
         for kind in kinds {
             let p = PolicySettings::default().build(kind);
@@ -296,15 +371,23 @@ mod tests {
                 routing_key: Some("x"),
                 ..text("some text")
             };
-            assert_eq!(choose(&*p, &c, &by_url, now), Some(2), "{kind:?}");
+            assert_eq!(
+                choose(&*p, &c, &by_url, now).map(|p| p.index),
+                Some(2),
+                "{kind:?}"
+            );
             let by_index = RouteInput {
                 target_worker: Some("3"),
                 ..RouteInput::default()
             };
-            assert_eq!(choose(&*p, &c, &by_index, now), Some(3), "{kind:?}");
+            assert_eq!(
+                choose(&*p, &c, &by_index, now).map(|p| p.index),
+                Some(3),
+                "{kind:?}"
+            );
             assert_eq!(choose(&*p, &[], &text("t"), now), None, "{kind:?}");
             let picked = choose(&*p, &c, &text("t"), now).unwrap();
-            assert!(picked < c.len(), "{kind:?}");
+            assert!(picked.index < c.len(), "{kind:?}");
         }
     }
 }

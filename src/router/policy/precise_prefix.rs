@@ -16,6 +16,20 @@ use crate::kv_events::Prefix;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A worker's leading blocks of a request, by tier, and the tokens in each of its blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub prefix: Prefix,
+    pub block_size: usize,
+}
+
+impl Held {
+    /// What it is worth in prompt tokens not computed again (see [`worth`]).
+    pub fn saved_tokens(&self) -> f64 {
+        worth(&self.prefix) * self.block_size as f64
+    }
+}
+
 /// What the index knows of each worker's cache.
 pub trait PrefixView: Send + Sync {
     /// For each of `workers`, its leading blocks of `tokens` by tier (in LoRA adapter
@@ -26,16 +40,37 @@ pub trait PrefixView: Send + Sync {
         tokens: &[u32],
         adapter: Option<&str>,
         workers: &[Tenant],
-    ) -> Vec<Option<Prefix>>;
+    ) -> Vec<Option<Held>>;
 }
 
-/// A view that knows nothing (no index): `cache_aware` decides every request.
+/// A view that knows nothing (no index): the request text's tree decides every request.
 pub struct Unknown;
 
 impl PrefixView for Unknown {
-    fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Prefix>> {
+    fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Held>> {
         vec![None; workers.len()]
     }
+}
+
+/// What the index says each candidate holds of the request, leaving out the claims of those
+/// not vouched for while some candidate is ([`TRUSTED_AFTER`]); `None` when its tokens are
+/// not known.
+pub fn vouched_prefixes(
+    view: &dyn PrefixView,
+    c: &[Candidate],
+    request: &RouteInput,
+) -> Option<Vec<Option<Held>>> {
+    let tokens = request.tokens?;
+    let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
+    let mut held = view.prefixes(tokens, request.adapter, &urls);
+    if c.iter().any(|x| x.vouched) {
+        for (h, x) in held.iter_mut().zip(c) {
+            if !x.vouched {
+                *h = None;
+            }
+        }
+    }
+    Some(held)
 }
 
 /// Share of a block's prefill a block on each tier saves (the rest is its copy to the device).
@@ -79,26 +114,16 @@ impl LoadBalancingPolicy for PrecisePrefix {
     }
 
     fn select(&self, c: &[Candidate], request: &RouteInput, now: Instant) -> Option<usize> {
-        let Some(tokens) = request.tokens else {
-            return self.fallback.select(c, request, now);
+        let held = match vouched_prefixes(&*self.view, c, request) {
+            Some(held) if held.iter().any(Option::is_some) => held,
+            _ => return self.fallback.select(c, request, now),
         };
-        let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
-        let mut held = self.view.prefixes(tokens, request.adapter, &urls);
-        if c.iter().any(|x| x.vouched) {
-            for (h, x) in held.iter_mut().zip(c) {
-                if !x.vouched {
-                    *h = None;
-                }
-            }
-        }
-        if held.iter().all(Option::is_none) {
-            return self.fallback.select(c, request, now);
-        }
         let chosen = if self.fallback.imbalanced(c) {
             least_loaded(c)?
         } else {
-            let score =
-                |i: usize| held[i].as_ref().map_or(0.0, worth) - c[i].load as f64 * LOAD_BLOCKS;
+            let score = |i: usize| {
+                held[i].as_ref().map_or(0.0, |h| worth(&h.prefix)) - c[i].load as f64 * LOAD_BLOCKS
+            };
             (0..c.len()).max_by(|&a, &b| {
                 score(a)
                     .total_cmp(&score(b))
@@ -110,7 +135,7 @@ impl LoadBalancingPolicy for PrecisePrefix {
             let why: Vec<String> = c
                 .iter()
                 .zip(&held)
-                .map(|(x, p)| match p {
+                .map(|(x, h)| match h.map(|h| h.prefix) {
                     Some(p) => format!(
                         "{} gpu={} host={} disk={} pool={} load={}",
                         x.url, p.gpu, p.host, p.disk, p.external, x.load
@@ -134,21 +159,29 @@ impl LoadBalancingPolicy for PrecisePrefix {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::testing::*;
     use super::*;
     use std::collections::HashMap;
 
-    /// A view that holds fixed prefixes by worker.
-    struct Fixed(HashMap<String, Prefix>);
+    /// A view that holds fixed prefixes by worker, in blocks of 16 tokens.
+    pub(crate) struct Fixed(HashMap<String, Prefix>);
 
     impl PrefixView for Fixed {
-        fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Prefix>> {
-            workers.iter().map(|w| self.0.get(&**w).copied()).collect()
+        fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Held>> {
+            workers
+                .iter()
+                .map(|w| {
+                    self.0.get(&**w).map(|&prefix| Held {
+                        prefix,
+                        block_size: 16,
+                    })
+                })
+                .collect()
         }
     }
 
-    fn view(entries: &[(usize, Prefix)]) -> Arc<dyn PrefixView> {
+    pub(crate) fn view(entries: &[(usize, Prefix)]) -> Arc<dyn PrefixView> {
         Arc::new(Fixed(
             entries
                 .iter()

@@ -254,6 +254,37 @@ impl Tree {
         }
     }
 
+    /// For each of `tenants`, the characters of the longest prefix of `text` it was sent, and
+    /// the characters of `text`: every node on a text's path carries the tenants sent through
+    /// it, so a tenant holds the path down to the deepest node that carries it.
+    pub fn held_by(&self, text: &str, tenants: &[Tenant]) -> (Vec<usize>, usize) {
+        let mut held = vec![0; tenants.len()];
+        let mut cur = ROOT;
+        let mut rest = text;
+        let mut matched = 0;
+        while let Some(first) = rest.chars().next() {
+            let Some(&child) = self.nodes[cur].children.get(&first) else {
+                break;
+            };
+            let node = &self.nodes[child];
+            let (chars, bytes) = shared_with(node, rest);
+            matched += chars;
+            rest = &rest[bytes..];
+            let mut any = false;
+            for (h, t) in held.iter_mut().zip(tenants) {
+                if node.tenants.contains_key(t) {
+                    *h = matched;
+                    any = true;
+                }
+            }
+            if !any || chars < node.chars {
+                break;
+            }
+            cur = child;
+        }
+        (held, matched + rest.chars().count())
+    }
+
     /// Removes `tenant` from `node`; prunes nodes left without tenants and children.
     fn drop_tenant_at(&mut self, node: usize, tenant: &str) {
         let n = &mut self.nodes[node];
@@ -355,7 +386,8 @@ mod tests {
     use super::*;
 
     /// Against a list of every text inserted: the match is the longest prefix any of them
-    /// shares with the query, in characters, whatever the splits (multibyte text included).
+    /// shares with the query, and each worker's the longest of those sent to it, in
+    /// characters, whatever the splits (multibyte text included).
     #[test]
     fn matches_agree_with_a_plain_list_of_what_was_inserted() {
         let mut rng = fastrand::Rng::with_seed(44);
@@ -366,21 +398,32 @@ mod tests {
                 .collect()
         };
         let mut tree = Tree::new();
-        let mut sent: Vec<String> = Vec::new();
+        let mut sent: Vec<(String, usize)> = Vec::new();
         let workers = [t("w0"), t("w1"), t("w2")];
+        let shared =
+            |s: &str, q: &str| s.chars().zip(q.chars()).take_while(|(a, b)| a == b).count();
         for _ in 0..400 {
             let q = text(&mut rng);
-            let want = sent
-                .iter()
-                .map(|s| s.chars().zip(q.chars()).take_while(|(a, b)| a == b).count())
-                .max()
-                .unwrap_or(0);
+            let want = sent.iter().map(|(s, _)| shared(s, &q)).max().unwrap_or(0);
             let m = tree.prefix_match(&q);
             assert_eq!(m.matched_chars, want, "{q:?} against {} texts", sent.len());
             assert_eq!(m.input_chars, q.chars().count());
+            // Each worker's own longest prefix, as the texts sent to it say.
+            let (held, chars) = tree.held_by(&q, &workers);
+            assert_eq!(chars, q.chars().count());
+            for (w, h) in held.iter().enumerate() {
+                let want = sent
+                    .iter()
+                    .filter(|(_, to)| *to == w)
+                    .map(|(s, _)| shared(s, &q))
+                    .max()
+                    .unwrap_or(0);
+                assert_eq!(*h, want, "{q:?}: worker {w}");
+            }
             if !q.is_empty() {
-                tree.insert(&q, &workers[rng.usize(..workers.len())]);
-                sent.push(q);
+                let w = rng.usize(..workers.len());
+                tree.insert(&q, &workers[w]);
+                sent.push((q, w));
             }
         }
     }

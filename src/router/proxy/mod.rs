@@ -10,7 +10,7 @@ use crate::router::policy::{self, Candidate, LoadBalancingPolicy, RouteInput};
 use crate::router::request;
 use crate::router::request::{error_body, Endpoint, RouteInfo};
 use crate::router::upstream::{Outgoing, UpstreamBody};
-use crate::router::worker::{Worker, WorkerType};
+use crate::router::worker::{LoadGuard, Prefill, Worker, WorkerType};
 use crate::router::Shared;
 use axum::body::Body;
 use bytes::Bytes;
@@ -170,13 +170,15 @@ impl Shared {
             .clone()
     }
 
+    /// A worker of type `t` for the request, counted in flight (and what it is predicted to
+    /// prefill counted queued there) until the guard says otherwise or drops.
     pub(crate) fn choose(
         &self,
         policy: &dyn LoadBalancingPolicy,
         t: WorkerType,
         input: &RouteInput,
         tried: &[Arc<str>],
-    ) -> Option<Arc<Worker>> {
+    ) -> Option<LoadGuard> {
         let mut workers = self.candidates(t, tried);
         let mut per_model = None;
         if let Some(model) = input.model.filter(|_| self.routes_by_model()) {
@@ -186,6 +188,7 @@ impl Shared {
             }
         }
         let policy = per_model.as_deref().unwrap_or(policy);
+        let queued = policy.reads_queued_prefill();
         let cands: Vec<Candidate> = workers
             .iter()
             .map(|w| Candidate {
@@ -193,14 +196,25 @@ impl Shared {
                 load: w.load(),
                 processed: w.processed(),
                 vouched: w.vouched(),
+                queued_prefill: if queued {
+                    w.queued_prefill(input.band)
+                } else {
+                    0
+                },
             })
             .collect();
-        let chosen =
-            policy::choose(policy, &cands, input, Instant::now()).map(|i| workers[i].clone());
-        if let Some(w) = &chosen {
-            w.counters.selected.fetch_add(1, Ordering::Relaxed);
-        }
-        chosen
+        let placed = policy::choose(policy, &cands, input, Instant::now())?;
+        let worker = &workers[placed.index];
+        worker.counters.selected.fetch_add(1, Ordering::Relaxed);
+        // A decode worker is sent its prompt's KV, not asked to compute it.
+        let prefill = placed
+            .prefill_tokens
+            .filter(|_| t != WorkerType::Decode)
+            .map(|tokens| Prefill {
+                band: input.band,
+                tokens,
+            });
+        Some(worker.begin(prefill))
     }
 
     /// A prefill and a decode worker for a PD request, or the answer that there is none.
@@ -210,7 +224,7 @@ impl Shared {
         input: &RouteInput,
         tried: &[Arc<str>],
         rid: &str,
-    ) -> Result<(Arc<Worker>, Arc<Worker>), Attempt> {
+    ) -> Result<(LoadGuard, LoadGuard), Attempt> {
         let prefill = self
             .choose(
                 &*self.routing.prefill_policy,
@@ -336,6 +350,7 @@ impl Shared {
             routing_key: header_str("x-smg-routing-key").or_else(|| header_str("x-session-id")),
             target_worker: header_str("x-smg-target-worker"),
             model: info.model.as_deref(),
+            band: info.band,
         };
         let retries = self.cfg.retry.retries();
         let refused = if let Some(why) = self.routing.route.refuses(endpoint) {

@@ -21,7 +21,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-/// Everything a request holds until its response body has been sent.
+/// Everything a request holds until its response body has been sent (its queued prefill only
+/// until the first byte).
 pub(crate) struct Held {
     pub(crate) _load: Vec<LoadGuard>,
     pub(crate) slot: Option<Slot>,
@@ -149,6 +150,10 @@ impl http_body::Body for Relay {
                     }
                 }
                 let data = merged.map_or(first, BytesMut::freeze);
+                // The first byte: the worker's prefill of this request is done.
+                for load in &mut this.held._load {
+                    load.prefilled();
+                }
                 if let Some(count) = this.output.as_mut() {
                     count.frame(&data);
                 }

@@ -149,6 +149,9 @@ pub struct RouteInfo {
     /// The LoRA adapter named (`lora_path`, one string), when it is the only namespace: its
     /// blocks are found by the adapter's name (SGLang's events carry it as `lora_name`).
     pub adapter: Option<String>,
+    /// Its priority band: the rank of its tenant's class when the class gives engines a
+    /// priority (set after admission; `None` without tenants).
+    pub band: Option<u8>,
 }
 
 fn push_text(out: &mut String, s: &str) {

@@ -32,12 +32,11 @@ impl RouteMode for Regular {
             ref input,
             rid,
         } = *call;
-        let Some(worker) =
-            shared.choose(&*shared.routing.policy, WorkerType::Regular, input, tried)
+        let Some(guard) = shared.choose(&*shared.routing.policy, WorkerType::Regular, input, tried)
         else {
             return Attempt::Done(no_workers("", rid));
         };
-        let guard = worker.begin();
+        let worker = guard.worker().clone();
         let req = shared.upstream_request(
             &worker,
             Method::POST,

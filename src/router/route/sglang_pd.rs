@@ -40,10 +40,11 @@ impl RouteMode for SglangPd {
             ref input,
             rid,
         } = *call;
-        let (prefill, decode) = match shared.choose_pair(input, tried, rid) {
+        let (p_guard, d_guard) = match shared.choose_pair(input, tried, rid) {
             Ok(pair) => pair,
             Err(a) => return a,
         };
+        let (prefill, decode) = (p_guard.worker().clone(), d_guard.worker().clone());
         let rooms: Vec<u64> = (0..info.batch.unwrap_or(1))
             .map(|_| random_room())
             .collect();
@@ -59,8 +60,6 @@ impl RouteMode for SglangPd {
                     ))
                 }
             };
-        let p_guard = prefill.begin();
-        let d_guard = decode.begin();
         let build = |w: &Worker| {
             shared.upstream_request(
                 w,

@@ -85,10 +85,11 @@ impl RouteMode for VllmPd {
                 ),
             );
         }
-        let (prefill, decode) = match shared.choose_pair(input, tried, rid) {
+        let (p_guard, d_guard) = match shared.choose_pair(input, tried, rid) {
             Ok(pair) => pair,
             Err(a) => return a,
         };
+        let (prefill, decode) = (p_guard.worker().clone(), d_guard.worker().clone());
         let connector = prefill
             .kv_connector
             .unwrap_or(shared.cfg.pd.vllm_kv_connector);
@@ -127,8 +128,6 @@ impl RouteMode for VllmPd {
             Ok(b) => Bytes::from(b),
             Err(e) => return bad(e),
         };
-        let p_guard = prefill.begin();
-        let d_guard = decode.begin();
         let mut p_req = shared.upstream_request(
             &prefill,
             Method::POST,

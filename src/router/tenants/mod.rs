@@ -218,13 +218,10 @@ pub fn identify(
 /// four characters a token of its text, or of its body when the text was not read (no tenant
 /// has a token rate, and no policy reads it).
 pub fn prompt_tokens(info: &RouteInfo, body_len: usize) -> u64 {
-    let n = match info.form {
-        TextForm::SpacedIds => info.text.split(' ').filter(|s| !s.is_empty()).count(),
-        TextForm::TokenChars => info.text.chars().count() / 2,
-        TextForm::Text if info.text.is_empty() => body_len / 4,
-        TextForm::Text => info.text.len().div_ceil(4),
-    };
-    n as u64
+    if info.form == TextForm::Text && info.text.is_empty() {
+        return (body_len / 4) as u64;
+    }
+    crate::router::policy::text_tokens(&info.text, info.form) as u64
 }
 
 /// The tenants of a router: the file's table as last read, admission, and how callers are
