@@ -703,14 +703,20 @@ fn an_interactive_tenant_keeps_its_ttft_under_a_batch_tenants_flood() {
     // With admission B's excess is turned away (503 past its class's queue), not queued.
     let flooded = &runs[1]["b"]["status"];
     assert!(flooded["503"].as_u64().unwrap_or(0) > 0, "{v}");
-    // A's median stays where it was alone. (Its tail is the benchmark's figure, docs/router.md:
-    // interactive requests that meet on one engine wait for each other, which routing on
-    // predicted time to first token is to avoid.)
+    // A's median stays where it was alone, and its tail near it: `predicted_ttft` (the
+    // benchmark's policy) puts an interactive request where no other interactive prefill is
+    // queued, and the engines prefill it before B's. (The tail's figure is the benchmark's in a
+    // release build, docs/router.md: 1.15-1.22×; this debug build's router adds its own.)
     let p = |run: usize, q: &str| runs[run]["a"][q].as_f64().unwrap();
     let with = p(1, "ttft_p50_ms") / p(0, "ttft_p50_ms");
     assert!(
         with <= 1.3,
         "A's median TTFT {with:.2}× of alone with admission: {v}"
+    );
+    let tail = v["a_p99_ttft_admission_over_alone"].as_f64().unwrap();
+    assert!(
+        tail <= 2.0,
+        "A's p99 TTFT {tail:.2}× of alone with admission: {v}"
     );
     assert!(
         p(1, "ttft_p99_ms") * 10.0 < p(2, "ttft_p99_ms"),

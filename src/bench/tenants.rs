@@ -8,6 +8,7 @@
 
 use crate::bench::stats::percentile;
 use crate::launch::{Launcher, Logs};
+use crate::router::policy::PolicyKind;
 use crate::up::{Stack, UpConfig};
 use anyhow::Context as _;
 use serde::Serialize;
@@ -50,6 +51,9 @@ pub struct TenantsBenchArgs {
     /// Prefill compute per token of the SIMULATED engines, microseconds.
     #[arg(long, default_value_t = 100.0)]
     pub prefill_us_per_token: f64,
+    /// The router's policy.
+    #[arg(long, value_enum, default_value = "predicted_ttft")]
+    pub policy: PolicyKind,
     /// Most of B's requests in flight from this client (a bound on the bench itself).
     #[arg(long, default_value_t = 1024)]
     pub b_in_flight: usize,
@@ -241,6 +245,7 @@ fn layout(a: &TenantsBenchArgs, admission: Option<&std::path::Path>) -> UpConfig
     c.engines.prefill_us_per_token = a.prefill_us_per_token;
     c.engines.chunked_prefill_size = a.chunk_tokens;
     c.engines.enable_priority_scheduling = true;
+    c.router.policy = a.policy;
     if let Some(file) = admission {
         c.router.tenants_file = Some(file.to_path_buf());
         c.router.max_concurrent_requests = a.capacity as i64;
