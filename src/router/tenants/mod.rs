@@ -182,7 +182,7 @@ pub fn identify(
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(crate::auth::bearer_token)
-            .and_then(|key| table.by_key_hash(&table::hash_key(key)))
+            .and_then(|key| table.by_key_hash(&table::key_digest(key)))
             .ok_or(IdentityError::UnknownKey)?,
     };
     let t = &table.tenants[tenant];

@@ -238,6 +238,40 @@ pub fn hash_key(key: &str) -> [u8; 32] {
     sha2::Sha256::digest(key.as_bytes()).into()
 }
 
+/// [`hash_key`], remembered for the keys this thread saw last: a client sends the same key
+/// on every request, and a digest costs a thousand times a lookup. A direct-mapped cache per
+/// thread (no lock; the router serves a connection on one thread) of [`DIGEST_SLOTS`] keys of at
+/// most [`DIGEST_KEY_MAX`] bytes; longer keys are hashed each time. It maps a key to its digest
+/// only, so a new tenants file needs nothing forgotten.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    use std::cell::RefCell;
+    use std::hash::BuildHasher as _;
+    thread_local! {
+        static SEEN: (foldhash::fast::RandomState, RefCell<Vec<Option<(Box<str>, [u8; 32])>>>) =
+            (foldhash::fast::RandomState::default(), RefCell::new(vec![None; DIGEST_SLOTS]));
+    }
+    if key.len() > DIGEST_KEY_MAX {
+        return hash_key(key);
+    }
+    SEEN.with(|(hasher, slots)| {
+        let slot = hasher.hash_one(key) as usize % DIGEST_SLOTS;
+        let mut slots = slots.borrow_mut();
+        match &slots[slot] {
+            Some((k, digest)) if **k == *key => *digest,
+            _ => {
+                let digest = hash_key(key);
+                slots[slot] = Some((key.into(), digest));
+                digest
+            }
+        }
+    })
+}
+
+/// Keys [`key_digest`] remembers per thread ...
+pub const DIGEST_SLOTS: usize = 256;
+/// ... each of at most this many bytes.
+pub const DIGEST_KEY_MAX: usize = 256;
+
 /// `key`'s line for a tenants file: `sha256:<hex>`.
 pub fn key_entry(key: &str) -> String {
     format!("sha256:{}", crate::hash::hex(&hash_key(key)))
@@ -502,6 +536,16 @@ mod tests {
         assert_eq!(t.tenants[b].classes, vec![0], "the first class by default");
         assert_eq!(t.tenants[b].limits, Limits::default());
         assert_eq!(t.by_key_hash(&hash_key("key-c")), None);
+        // Remembered digests are the digests, for keys that share a slot, keys seen again,
+        // and keys too long to remember.
+        let long = "k".repeat(DIGEST_KEY_MAX + 1);
+        for round in 0..2 {
+            for i in 0..DIGEST_SLOTS * 3 {
+                let key = format!("key-{i}");
+                assert_eq!(key_digest(&key), hash_key(&key), "{key}, round {round}");
+            }
+            assert_eq!(key_digest(&long), hash_key(&long));
+        }
         assert_eq!(t.keys(), 3);
     }
 

@@ -3,8 +3,15 @@
 //! `meta_info.completion_tokens` in SGLang's `/generate`), else one per streamed event, else
 //! one per four bytes of a body. Pure: it sees the frames, nothing else.
 
+use memchr::memmem::Finder;
+use std::sync::LazyLock;
+
 /// The field engines count output tokens in.
 const FIELD: &[u8] = b"\"completion_tokens\"";
+
+/// Searchers built once (building one costs more than a search of a small frame).
+static FIELD_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(FIELD));
+static EVENT_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"data:"));
 /// Bytes kept from a frame's end, so that a field split over two frames is still read.
 const CARRY: usize = 40;
 
@@ -47,7 +54,7 @@ impl OutputCount {
             let joined = &joined[..self.carry_len + head];
             let tail_start = joined.len() - data.len().min(CARRY);
             let mut at = 0;
-            while let Some(i) = memchr::memmem::find(&joined[at..], FIELD) {
+            while let Some(i) = FIELD_FINDER.find(&joined[at..]) {
                 let start = at + i;
                 if start >= tail_start {
                     break;
@@ -59,7 +66,7 @@ impl OutputCount {
             }
         }
         let mut at = 0;
-        while let Some(i) = memchr::memmem::find(&data[at..], FIELD) {
+        while let Some(i) = FIELD_FINDER.find(&data[at..]) {
             let start = at + i;
             if let Some(n) = number_after(&data[start + FIELD.len()..]) {
                 self.note(n);
@@ -89,7 +96,7 @@ impl OutputCount {
 fn count_events(data: &[u8]) -> u64 {
     let mut n = 0;
     let mut at = 0;
-    while let Some(i) = memchr::memmem::find(&data[at..], b"data:") {
+    while let Some(i) = EVENT_FINDER.find(&data[at..]) {
         let start = at + i;
         let line_start = start == 0 || data[start - 1] == b'\n';
         if line_start && !data[start + 5..].trim_ascii_start().starts_with(b"[DONE]") {
