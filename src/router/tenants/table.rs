@@ -246,8 +246,10 @@ pub fn hash_key(key: &str) -> [u8; 32] {
 pub fn key_digest(key: &str) -> [u8; 32] {
     use std::cell::RefCell;
     use std::hash::BuildHasher as _;
+    /// A slot: a key and its digest.
+    type Slot = Option<(Box<str>, [u8; 32])>;
     thread_local! {
-        static SEEN: (foldhash::fast::RandomState, RefCell<Vec<Option<(Box<str>, [u8; 32])>>>) =
+        static SEEN: (foldhash::fast::RandomState, RefCell<Vec<Slot>>) =
             (foldhash::fast::RandomState::default(), RefCell::new(vec![None; DIGEST_SLOTS]));
     }
     if key.len() > DIGEST_KEY_MAX {
