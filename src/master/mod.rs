@@ -24,6 +24,7 @@ pub mod pool_events;
 pub mod reservations;
 pub mod rpc;
 pub mod state;
+pub mod tenants;
 pub mod tiering;
 pub mod ui;
 
