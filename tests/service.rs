@@ -331,7 +331,7 @@ fn predicted_ttft_keeps_short_prompts_off_workers_busy_with_long_ones() {
             "--sub-question-input-length",
             "128",
         ])
-        .args(["--output-length", "32", "--request-rate", "12"])
+        .args(["--output-length", "32", "--request-rate", "8"])
         .args(["--disable-auto-run", "--json"])
         .stderr(Stdio::null())
         .output()

@@ -9,7 +9,7 @@
 use crate::kv_events::hash::block_hashes;
 use crate::kv_events::{Index, Sink, Source, SourceId, SourceStats, Subscription};
 use crate::router::policy::tree::Tenant;
-use crate::router::policy::{Held, PrefixView, TextForm};
+use crate::router::policy::{HeldPrefix, PrefixView, TextForm};
 use crate::router::tokenize::{ids_of_token_text, parse_ids};
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -655,7 +655,7 @@ impl PrefixView for KvIndex {
         tokens: &[u32],
         adapter: Option<&str>,
         workers: &[Tenant],
-    ) -> Vec<Option<Held>> {
+    ) -> Vec<Option<HeldPrefix>> {
         let followed = self.followed.lock();
         let mut hashes_by_size: HashMap<usize, Vec<i64>> = HashMap::new();
         // A worker's ranks followed whole (none: unknown to the policy).
@@ -695,7 +695,7 @@ impl PrefixView for KvIndex {
                     .max_by(|a, b| {
                         crate::router::policy::worth(a).total_cmp(&crate::router::policy::worth(b))
                     })?;
-                Some(Held {
+                Some(HeldPrefix {
                     prefix,
                     block_size: *size,
                 })

@@ -21,7 +21,9 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
-pub use precise_prefix::{vouched_prefixes, worth, Held, PrecisePrefix, PrefixView, TRUSTED_AFTER};
+pub use precise_prefix::{
+    vouched_prefixes, worth, HeldPrefix, PrecisePrefix, PrefixView, TRUSTED_AFTER,
+};
 pub use predicted_ttft::{PredictedTtft, MAX_SESSIONS};
 pub use prefix_hash::{PrefixHash, PrefixHashConfig};
 pub use random::Random;

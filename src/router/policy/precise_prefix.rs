@@ -18,12 +18,12 @@ use std::time::Instant;
 
 /// A worker's leading blocks of a request, by tier, and the tokens in each of its blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Held {
+pub struct HeldPrefix {
     pub prefix: Prefix,
     pub block_size: usize,
 }
 
-impl Held {
+impl HeldPrefix {
     /// What it is worth in prompt tokens not computed again (see [`worth`]).
     pub fn saved_tokens(&self) -> f64 {
         worth(&self.prefix) * self.block_size as f64
@@ -40,14 +40,14 @@ pub trait PrefixView: Send + Sync {
         tokens: &[u32],
         adapter: Option<&str>,
         workers: &[Tenant],
-    ) -> Vec<Option<Held>>;
+    ) -> Vec<Option<HeldPrefix>>;
 }
 
 /// A view that knows nothing (no index): the request text's tree decides every request.
 pub struct Unknown;
 
 impl PrefixView for Unknown {
-    fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Held>> {
+    fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<HeldPrefix>> {
         vec![None; workers.len()]
     }
 }
@@ -59,7 +59,7 @@ pub fn vouched_prefixes(
     view: &dyn PrefixView,
     c: &[Candidate],
     request: &RouteInput,
-) -> Option<Vec<Option<Held>>> {
+) -> Option<Vec<Option<HeldPrefix>>> {
     let tokens = request.tokens?;
     let urls: Vec<Tenant> = c.iter().map(|x| x.url.clone()).collect();
     let mut held = view.prefixes(tokens, request.adapter, &urls);
@@ -168,11 +168,16 @@ pub(crate) mod tests {
     pub(crate) struct Fixed(HashMap<String, Prefix>);
 
     impl PrefixView for Fixed {
-        fn prefixes(&self, _: &[u32], _: Option<&str>, workers: &[Tenant]) -> Vec<Option<Held>> {
+        fn prefixes(
+            &self,
+            _: &[u32],
+            _: Option<&str>,
+            workers: &[Tenant],
+        ) -> Vec<Option<HeldPrefix>> {
             workers
                 .iter()
                 .map(|w| {
-                    self.0.get(&**w).map(|&prefix| Held {
+                    self.0.get(&**w).map(|&prefix| HeldPrefix {
                         prefix,
                         block_size: 16,
                     })

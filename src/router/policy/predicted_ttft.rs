@@ -125,12 +125,15 @@ impl PredictedTtft {
         self.sessions.lock().map.len()
     }
 
-    /// Each candidate's prediction for `request`.
-    fn predict(&self, c: &[Candidate], request: &RouteInput, now: Instant) -> Vec<Predicted> {
-        let prompt = match request.tokens {
-            Some(t) => t.len(),
-            None => text_tokens(request.text, request.form),
-        } as f64;
+    /// Each candidate's prediction for `request` of `prompt` tokens.
+    fn predict(
+        &self,
+        c: &[Candidate],
+        request: &RouteInput,
+        prompt: u64,
+        now: Instant,
+    ) -> Vec<Predicted> {
+        let prompt = prompt as f64;
         let mut saved = vec![0.0f64; c.len()];
         let indexed = vouched_prefixes(&*self.view, c, request);
         let known = |i: usize| indexed.as_ref().and_then(|h| h[i]);
@@ -175,7 +178,11 @@ impl LoadBalancingPolicy for PredictedTtft {
     }
 
     fn place(&self, c: &[Candidate], request: &RouteInput, now: Instant) -> Option<Placement> {
-        let predicted = self.predict(c, request, now);
+        let prompt = match request.tokens {
+            Some(t) => t.len(),
+            None => text_tokens(request.text, request.form),
+        } as u64;
+        let predicted = self.predict(c, request, prompt, now);
         let chosen =
             (0..c.len()).min_by_key(|&i| (predicted[i].tokens(), c[i].load, c[i].processed, i))?;
         if tracing::enabled!(tracing::Level::DEBUG) {
@@ -193,15 +200,11 @@ impl LoadBalancingPolicy for PredictedTtft {
         }
         self.tree.record(request.text, &c[chosen].url);
         if let Some(key) = request.routing_key {
-            let tokens = match request.tokens {
-                Some(t) => t.len(),
-                None => text_tokens(request.text, request.form),
-            } as u64;
             self.sessions.lock().put(
                 key,
                 Session {
                     url: c[chosen].url.clone(),
-                    tokens,
+                    tokens: prompt,
                     used: now,
                 },
             );
