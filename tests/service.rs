@@ -318,26 +318,35 @@ fn predicted_ttft_keeps_short_prompts_off_workers_busy_with_long_ones() {
          device_cache_tokens = 65536\nhost_cache_tokens = 0\nbytes_per_token = 512\n",
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args(["bench", "policies", "--config"])
-        .arg(&cfg)
-        .args(["--policies", "cache_aware,precise_prefix,predicted_ttft"])
-        .args(["--num-clients", "48", "--num-rounds", "3"])
-        .args(["--long-clients", "8", "--long-request-length", "16384"])
-        .args(["--long-shared-prefix", "4096"])
-        .args([
-            "--request-length",
-            "512",
-            "--sub-question-input-length",
-            "128",
-        ])
-        .args(["--output-length", "32", "--request-rate", "8"])
-        .args(["--disable-auto-run", "--json"])
-        .stderr(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let v = rbgctl_json(&[
+        "bench",
+        "policies",
+        "--config",
+        cfg,
+        "--policies",
+        "cache_aware,precise_prefix,predicted_ttft",
+        "--num-clients",
+        "48",
+        "--num-rounds",
+        "3",
+        "--long-clients",
+        "8",
+        "--long-request-length",
+        "16384",
+        "--long-shared-prefix",
+        "4096",
+        "--request-length",
+        "512",
+        "--sub-question-input-length",
+        "128",
+        "--output-length",
+        "32",
+        "--request-rate",
+        "8",
+        "--disable-auto-run",
+        "--json",
+    ]);
     let runs = v["policies"].as_array().unwrap();
     let figure = |i: usize, name: &str| runs[i][name].as_f64().unwrap();
     for (i, r) in runs.iter().enumerate() {

@@ -202,16 +202,24 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn the_longest_held_prefix_wins_priced_by_tier_and_load() {
-        let gpu = |n| Prefix {
+    /// `n` blocks on the device.
+    pub(crate) fn gpu(n: usize) -> Prefix {
+        Prefix {
             gpu: n,
             ..Prefix::default()
-        };
-        let host = |n| Prefix {
+        }
+    }
+
+    /// `n` blocks on the host.
+    pub(crate) fn host(n: usize) -> Prefix {
+        Prefix {
             host: n,
             ..Prefix::default()
-        };
+        }
+    }
+
+    #[test]
+    fn the_longest_held_prefix_wins_priced_by_tier_and_load() {
         let p = PrecisePrefix::new(
             view(&[(0, gpu(2)), (1, gpu(6)), (2, host(7))]),
             CacheAwareConfig::default(),
@@ -237,10 +245,6 @@ pub(crate) mod tests {
 
     #[test]
     fn a_new_worker_does_not_outrank_established_ones_on_its_claims_alone() {
-        let gpu = |n| Prefix {
-            gpu: n,
-            ..Prefix::default()
-        };
         // w2 claims the most, w1 holds less; w0 and w1 are vouched for, w2 is not.
         let p = PrecisePrefix::new(
             view(&[(1, gpu(3)), (2, gpu(50))]),

@@ -233,11 +233,10 @@ impl LoadBalancingPolicy for PredictedTtft {
 
 #[cfg(test)]
 mod tests {
-    use super::super::precise_prefix::tests::view;
+    use super::super::precise_prefix::tests::{gpu, host, view};
     use super::super::precise_prefix::Unknown;
     use super::super::testing::*;
     use super::*;
-    use crate::kv_events::Prefix;
 
     fn policy(view: Arc<dyn PrefixView>) -> PredictedTtft {
         PredictedTtft::new(view, CacheAwareConfig::default(), Duration::from_secs(60))
@@ -287,14 +286,6 @@ mod tests {
 
     #[test]
     fn the_index_prices_what_each_worker_holds_by_tier_where_the_tree_does_not_know() {
-        let gpu = |n| Prefix {
-            gpu: n,
-            ..Prefix::default()
-        };
-        let host = |n| Prefix {
-            host: n,
-            ..Prefix::default()
-        };
         // Blocks of 16 tokens: w0 holds 4 on its device (64 tokens saved), w1 10 on its host
         // (10 × 16 × 0.8 = 128 saved); w2's events are not followed.
         let p = policy(view(&[(0, gpu(4)), (1, host(10))]));
