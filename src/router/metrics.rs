@@ -605,7 +605,6 @@ impl Metrics {
                         &[base[0], base[1], ("policy", policy_of(w.worker_type))],
                         load(&c.selected),
                     ),
-                    11 => p.sample(name, &base, w.queued_prefill_total() as f64),
                     10 => {
                         p.sample(
                             name,
@@ -618,6 +617,7 @@ impl Metrics {
                             load(&c.cb_failures),
                         )
                     }
+                    11 => p.sample(name, &base, w.queued_prefill_total() as f64),
                     _ => {
                         p.sample(
                             name,

@@ -220,25 +220,36 @@ impl Tree {
         upper
     }
 
-    /// The longest prefix of `text` in the tree and a worker that holds it.
-    pub fn prefix_match(&self, text: &str) -> Match {
+    /// Walks `text`'s path down the tree: `visit` sees each node reached and the characters
+    /// matched down to it (the last node may match in part), and stops the walk by answering
+    /// false. Returns the characters of `text`.
+    fn walk(&self, text: &str, mut visit: impl FnMut(usize, usize) -> bool) -> usize {
         let mut cur = ROOT;
         let mut rest = text;
         let mut matched = 0;
-        let mut deepest = None;
         while let Some(first) = rest.chars().next() {
             let Some(&child) = self.nodes[cur].children.get(&first) else {
                 break;
             };
             let (chars, bytes) = shared_with(&self.nodes[child], rest);
             matched += chars;
-            deepest = Some(child);
             rest = &rest[bytes..];
-            if chars < self.nodes[child].chars {
+            if !visit(child, matched) || chars < self.nodes[child].chars {
                 break;
             }
             cur = child;
         }
+        // What matched is counted already: only the rest of the text is.
+        matched + rest.chars().count()
+    }
+
+    /// The longest prefix of `text` in the tree and a worker that holds it.
+    pub fn prefix_match(&self, text: &str) -> Match {
+        let (mut deepest, mut matched) = (None, 0);
+        let input_chars = self.walk(text, |node, m| {
+            (deepest, matched) = (Some(node), m);
+            true
+        });
         let tenant = deepest.and_then(|n| {
             self.nodes[n]
                 .tenants
@@ -249,40 +260,27 @@ impl Tree {
         Match {
             tenant,
             matched_chars: matched,
-            // What matched is counted already: only the rest of the text is.
-            input_chars: matched + rest.chars().count(),
+            input_chars,
         }
     }
 
     /// For each of `tenants`, the characters of the longest prefix of `text` it was sent, and
     /// the characters of `text`: every node on a text's path carries the tenants sent through
-    /// it, so a tenant holds the path down to the deepest node that carries it.
+    /// it, so a tenant holds the path down to the deepest node that carries it (and the walk
+    /// ends where none of them is left).
     pub fn held_by(&self, text: &str, tenants: &[Tenant]) -> (Vec<usize>, usize) {
         let mut held = vec![0; tenants.len()];
-        let mut cur = ROOT;
-        let mut rest = text;
-        let mut matched = 0;
-        while let Some(first) = rest.chars().next() {
-            let Some(&child) = self.nodes[cur].children.get(&first) else {
-                break;
-            };
-            let node = &self.nodes[child];
-            let (chars, bytes) = shared_with(node, rest);
-            matched += chars;
-            rest = &rest[bytes..];
+        let chars = self.walk(text, |node, matched| {
             let mut any = false;
             for (h, t) in held.iter_mut().zip(tenants) {
-                if node.tenants.contains_key(t) {
+                if self.nodes[node].tenants.contains_key(t) {
                     *h = matched;
                     any = true;
                 }
             }
-            if !any || chars < node.chars {
-                break;
-            }
-            cur = child;
-        }
-        (held, matched + rest.chars().count())
+            any
+        });
+        (held, chars)
     }
 
     /// Removes `tenant` from `node`; prunes nodes left without tenants and children.
