@@ -36,6 +36,14 @@ pub struct KvArgs {
         default_value = "P2PHANDSHAKE"
     )]
     pub mooncake_metadata_server: crate::client::Discovery,
+    /// The tenant whose namespace the keys are in (the master's tenants file names it).
+    #[arg(
+        long,
+        global = true,
+        env = "MOONCAKE_TENANT_ID",
+        default_value = "default"
+    )]
+    pub tenant: String,
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -192,7 +200,8 @@ pub fn run(args: KvArgs) -> Result<(), KvError> {
         mooncake_discovery: args.mooncake_metadata_server,
         ..ClientConfig::new(args.master)
     }
-    .with_auth_file(args.auth_token_file.as_deref())?;
+    .with_auth_file(args.auth_token_file.as_deref())?
+    .with_tenant(&args.tenant)?;
     if let KvOp::Wait { segments, timeout } = args.op {
         return wait_ready(&cfg, segments, timeout.0);
     }

@@ -72,6 +72,18 @@ impl HaPool {
         stores: usize,
         persistent: bool,
     ) -> Option<HaPool> {
+        HaPool::start_configured(etcd_members, masters, stores, persistent, |_, _| {})
+    }
+
+    /// As `start_with`, the masters' settings changed by `configure` (given the pool's
+    /// temporary directory).
+    fn start_configured(
+        etcd_members: usize,
+        masters: usize,
+        stores: usize,
+        persistent: bool,
+        configure: impl FnOnce(&mut MasterConfig, &std::path::Path),
+    ) -> Option<HaPool> {
         let dir = tempfile::tempdir().unwrap();
         let etcd = etcd_or_skip(etcd_members, &dir.path().join("etcd"))?;
         let cluster_id = format!("test-{}", std::process::id());
@@ -79,6 +91,7 @@ impl HaPool {
         spec.name = "rbgctl-test-ha".into();
         spec.masters = masters;
         spec.master = ha_master(&etcd.endpoints(), &cluster_id);
+        configure(&mut spec.master, dir.path());
         spec.store.heartbeat_interval_ms = Millis(Duration::from_millis(200));
         spec.store.persistent = persistent;
         spec.shm_dir = Dir::At(dir.path().join("shm"));
@@ -134,6 +147,19 @@ impl HaPool {
 
     fn client(&self) -> Client {
         Client::connect(ClientConfig::new(self.spec())).expect("a client connects through etcd")
+    }
+
+    fn client_as(&self, tenant: &str) -> Client {
+        let cfg = ClientConfig::new(self.spec()).with_tenant(tenant).unwrap();
+        Client::connect(cfg).expect("a client connects through etcd")
+    }
+
+    /// A metric of the leader's, if there is a leader that has it.
+    fn leader_metric(&self, name: &str) -> Option<f64> {
+        let l = self.leader()?;
+        let port = self.pool.masters[l].addrs.metrics.port();
+        let (_, body) = common::http(port, "GET", "/metrics", b"");
+        rbgctl::telemetry::sample(&body, name)
     }
 }
 
@@ -277,6 +303,62 @@ fn kill_9_of_the_leader_keeps_every_object_of_a_running_non_persistent_store() {
     );
     // The same-host reader too, and the store was not mounted afresh: it kept its memory.
     assert!(keys.iter().all(|k| shm.get(k).is_ok_and(|v| v == value(k))));
+}
+
+/// Issue 66: a failover keeps every tenant's quota (every master reads the tenants file) and
+/// every tenant's objects, each in its own namespace; the new leader counts each tenant's
+/// bytes again from the stores' reports and refuses a put past a quota as the old one did.
+#[test]
+fn a_failover_keeps_every_tenants_quota_and_objects() {
+    let Some(mut pool) = HaPool::start_configured(1, 2, 1, true, |m, dir| {
+        let file = dir.join("tenants.toml");
+        std::fs::write(
+            &file,
+            "[[tenant]]\nname = \"a\"\nquota = \"1MiB\"\n[[tenant]]\nname = \"b\"\n",
+        )
+        .unwrap();
+        m.tenants_file = Some(file);
+    }) else {
+        return;
+    };
+    let cfg = ReplicateConfig::default();
+    let (default, a, b) = (pool.client(), pool.client_as("a"), pool.client_as("b"));
+    for (client, v) in [(&default, "default's"), (&a, "a's"), (&b, "b's")] {
+        client
+            .put("k", v.as_bytes(), &cfg)
+            .expect("put acknowledged");
+    }
+    let big = vec![7u8; 600 << 10];
+    a.put("big/0", &big, &cfg).expect("within a's quota");
+    let used_a = r#"rbgctl_master_tenant_used_bytes{tenant="a"}"#;
+    let a_bytes = (big.len() + 3) as f64;
+    assert_eq!(pool.leader_metric(used_a), Some(a_bytes));
+    let old = pool.leader().expect("a leader");
+    pool.masters[old].kill();
+    assert!(
+        wait_until(Duration::from_secs(20), || pool
+            .leader()
+            .is_some_and(|l| l != old)),
+        "a standby takes over"
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            [(&default, "default's"), (&a, "a's"), (&b, "b's")]
+                .iter()
+                .all(|(c, v)| c.get("k").is_ok_and(|got| got == v.as_bytes()))
+        }),
+        "every tenant reads its own object after the failover"
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || pool.leader_metric(used_a)
+            == Some(a_bytes)),
+        "the new leader counts a's bytes: {:?}",
+        pool.leader_metric(used_a)
+    );
+    let e = a.put("big/1", &big, &cfg).unwrap_err();
+    assert_eq!(e.status(), Some(Status::QuotaExceeded), "{e}");
+    b.put("big/1", &big, &cfg).expect("b is not held back");
+    assert_eq!(a.keys("", 10).unwrap().0, ["big/0", "k"]);
 }
 
 #[test]

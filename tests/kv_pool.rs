@@ -858,3 +858,111 @@ fn an_idle_client_binds_itself_to_a_restarted_master() {
     );
     assert!(!client.exists("k").unwrap());
 }
+
+/// Issue 66, item 3: tenants share one pool. The same key is an object of each tenant's own;
+/// nobody lists, reads or clears another's; a put past a tenant's quota is refused with an
+/// error naming it while another tenant goes on; a master killed and started again knows
+/// every tenant's objects and bytes again from its stores, and takes a new tenants file
+/// without a restart.
+#[test]
+fn tenants_keep_to_their_namespaces_and_quotas_across_a_master_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.toml");
+    let quotas = |a: &str| {
+        let text = format!("[[tenant]]\nname = \"a\"\nquota = \"{a}\"\n[[tenant]]\nname = \"b\"\n");
+        // Written whole, then moved over the old one: the master never reads half a file.
+        std::fs::write(dir.path().join("next.toml"), text).unwrap();
+        std::fs::rename(dir.path().join("next.toml"), &file).unwrap();
+    };
+    quotas("1MiB");
+    let mut c = Cluster::start(Opts {
+        stores: 1,
+        master: MasterConfig {
+            tenants_file: Some(file.clone()),
+            ..MasterConfig::default()
+        },
+        ..Default::default()
+    });
+    let (default, a, b) = (c.client(), c.client_as("a"), c.client_as("b"));
+    for (client, v) in [(&default, "default's"), (&a, "a's"), (&b, "b's")] {
+        client.put("k", v.as_bytes(), &one()).unwrap();
+    }
+    default.put("only-default", b"x", &one()).unwrap();
+    for (client, v) in [(&default, "default's"), (&a, "a's"), (&b, "b's")] {
+        assert_eq!(client.get("k").unwrap(), v.as_bytes());
+    }
+    assert!(!a.exists("only-default").unwrap());
+    assert_eq!(a.keys("", 10).unwrap().0, ["k"]);
+    assert_eq!(default.keys("", 10).unwrap().0, ["k", "only-default"]);
+    // A key that would reach into another namespace is refused before it leaves the client.
+    let e = a.get("\u{1}b\u{1}k").unwrap_err();
+    assert!(e.to_string().contains("0x01"), "{e}");
+
+    // a's quota: 600 KiB fit, 600 more do not; b is not held back meanwhile.
+    a.put("big/0", &value(600 << 10, 1), &one()).unwrap();
+    let e = a.put("big/1", &value(600 << 10, 2), &one()).unwrap_err();
+    assert_eq!(e.status(), Some(Status::QuotaExceeded), "{e}");
+    assert!(
+        e.to_string()
+            .contains("\"big/1\" (tenant a): the put would take its tenant past its quota"),
+        "{e}"
+    );
+    b.put("big/1", &value(2 << 20, 3), &one()).unwrap();
+    let z = c.client_as("z");
+    let e = z.put("k", b"v", &one()).unwrap_err();
+    assert_eq!(e.status(), Some(Status::TenantNotRegistered), "{e}");
+    assert_eq!(
+        z.keys("", 1).unwrap_err().status(),
+        Some(Status::TenantNotRegistered)
+    );
+
+    // The admin API and the metrics, by tenant.
+    let (code, body) = c.http_get("/api/v1/keys?tenant=a");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["keys"], serde_json::json!(["big/0", "k"]));
+    let (_, body) = c.http_get("/api/v1/keys");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["keys"], serde_json::json!(["k", "only-default"]));
+    let (code, _) = c.http_get("/api/v1/objects?key=big/0");
+    assert_eq!(code, 404, "a's object is not the default tenant's");
+    let (code, _) = c.http_get("/api/v1/objects?key=big/0&tenant=a");
+    assert_eq!(code, 200);
+    let a_bytes = ((600 << 10) + 3) as f64;
+    let used_a = r#"rbgctl_master_tenant_used_bytes{tenant="a"}"#;
+    assert_eq!(c.master_metric(used_a), Some(a_bytes));
+    assert_eq!(
+        c.master_metric(r#"rbgctl_master_tenant_quota_refusals_total{tenant="a"}"#),
+        Some(1.0)
+    );
+
+    // kill -9 and start again: the stores report every tenant's objects.
+    c.restart_master();
+    assert!(
+        wait_until(Duration::from_secs(20), || c.master_metric(used_a)
+            == Some(a_bytes)),
+        "the restarted master learns a's bytes again: {:?}",
+        c.master_metric(used_a)
+    );
+    let a = c.client_as("a");
+    assert_eq!(a.get("k").unwrap(), b"a's");
+    assert_eq!(c.client().get("k").unwrap(), b"default's");
+    let e = a.put("big/1", &value(600 << 10, 2), &one()).unwrap_err();
+    assert_eq!(e.status(), Some(Status::QuotaExceeded), "{e}");
+
+    // A new tenants file is taken without a restart.
+    quotas("2MiB");
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .master_metric(r#"rbgctl_master_tenant_quota_bytes{tenant="a"}"#)
+            == Some((2 << 20) as f64)),
+        "the master reads the new quota"
+    );
+    a.put("big/1", &value(600 << 10, 2), &one()).unwrap();
+
+    // Clearing a namespace leaves the others.
+    assert_eq!(a.remove_all(true).unwrap(), 3);
+    assert!(!a.exists("k").unwrap());
+    assert_eq!(c.client_as("b").get("k").unwrap(), b"b's");
+    assert_eq!(c.client().get("k").unwrap(), b"default's");
+}

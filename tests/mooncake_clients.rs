@@ -1071,3 +1071,76 @@ fn mooncake_wire_finds_the_pinned_wheel_in_agreement_with_the_master() {
         "{text}"
     );
 }
+
+/// Issue 66, item 3: Mooncake's `tenant_id` is a namespace of rbgctl's pool. The wheel set up
+/// with `tenant_id='a'` reads and writes a's objects (what rbgctl's client of tenant a put,
+/// and the other way round), sees nobody else's, is refused at a's quota with Mooncake's
+/// `TENANT_QUOTA_EXCEEDED` and clears only a's objects; a tenant the master does not serve is
+/// `TENANT_NOT_REGISTERED`.
+#[test]
+fn mooncakes_tenant_id_is_a_namespace_with_its_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(
+        &file,
+        "[[tenant]]\nname = \"a\"\nquota = \"1MiB\"\n[[tenant]]\nname = \"b\"\n",
+    )
+    .unwrap();
+    let c = Cluster::start(Opts {
+        stores: 1,
+        master: rbgctl::master::config::MasterConfig {
+            tenants_file: Some(file),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let (default, a) = (c.client(), c.client_as("a"));
+    let one = ReplicateConfig::default();
+    default.put("shared", b"default's", &one).unwrap();
+    default.put("only-default", b"x", &one).unwrap();
+    a.put("shared", b"a's", &one).unwrap();
+    let script = format!(
+        r#"
+from mooncake.store import MooncakeDistributedStore as S
+s = S()
+print('setup', s.setup('127.0.0.1', 'P2PHANDSHAKE', 0, 16 << 20, 'tcp', '', '{rpc}', tenant_id='a'))
+print('shared', s.get('shared'))
+print('others', s.is_exist('only-default'), list(s.batch_is_exist(['shared', 'only-default'])))
+print('put', s.put('from-wheel', b'put by the wheel in a'))
+print('fits', s.put('big/0', b'x' * (600 << 10)))
+print('over', s.put('big/1', b'x' * (600 << 10)))
+print('remove_all', s.remove_all())
+print('after', s.is_exist('from-wheel'), s.is_exist('big/0'))
+s.close()
+z = S()
+print('z_setup', z.setup('127.0.0.1', 'P2PHANDSHAKE', 0, 16 << 20, 'tcp', '', '{rpc}', tenant_id='z'))
+print('z_put', z.put('k', b'v'))
+z.close()
+"#,
+        rpc = c.rpc
+    );
+    let Some(said) = wheel(&script) else { return };
+    let line = |name: &str| line_of(&said, name);
+    assert_eq!(line("setup"), "setup 0", "{said}");
+    assert_eq!(line("shared"), "shared b\"a's\"", "{said}");
+    assert_eq!(line("others"), "others 0 [1, 0]", "{said}");
+    assert_eq!(line("put"), "put 0", "{said}");
+    assert_eq!(line("fits"), "fits 0", "{said}");
+    // Mooncake's TENANT_QUOTA_EXCEEDED.
+    assert_eq!(line("over"), "over -1700", "{said}");
+    assert_eq!(line("z_setup"), "z_setup 0", "{said}");
+    // Mooncake's TENANT_NOT_REGISTERED.
+    assert_eq!(line("z_put"), "z_put -1701", "{said}");
+    // from-wheel and big/0 were a's (its shared is under the wheel's read lease, which a
+    // remove_all without force leaves, as Mooncake's does); the default tenant's stay.
+    assert_eq!(line("remove_all"), "remove_all 2", "{said}");
+    assert_eq!(line("after"), "after 0 0", "{said}");
+    assert_eq!(a.get("shared").unwrap(), b"a's");
+    assert_eq!(default.get("shared").unwrap(), b"default's");
+    assert!(default.exists("only-default").unwrap());
+    assert!(!default.exists("from-wheel").unwrap());
+    assert_eq!(
+        c.master_metric(r#"rbgctl_master_tenant_quota_refusals_total{tenant="a"}"#),
+        Some(1.0)
+    );
+}

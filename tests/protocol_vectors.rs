@@ -322,6 +322,7 @@ fn cases() -> Vec<Case> {
     let list = ListKeysReq {
         pattern: "^page/[0-9]+$".into(),
         limit: 1000,
+        tenant: "default".into(),
     };
     c.request("list keys", Opcode::ListKeys, &list, 0);
     let listed_keys = ListKeysResp {
@@ -390,7 +391,10 @@ fn cases() -> Vec<Case> {
     c.request(
         "remove all",
         Opcode::RemoveAll,
-        &RemoveAllReq { force: false },
+        &RemoveAllReq {
+            force: false,
+            tenant: "team-a".into(),
+        },
         0,
     );
     let removed = RemoveAllResp { removed: u64::MAX };

@@ -28,6 +28,54 @@ def value(n: int, seed: int) -> bytes:
     return bytes((i * 31 + seed) & 0xFF for i in range(n))
 
 
+class Tenants(unittest.TestCase):
+    """Issue 66: one pool, a namespace and a quota per tenant (the master's tenants file)."""
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+
+        cls.dir = tempfile.TemporaryDirectory(prefix="rbgctl-tenants-")
+        path = os.path.join(cls.dir.name, "tenants.toml")
+        with open(path, "w") as f:
+            f.write('[[tenant]]\nname = "a"\nquota = "1MiB"\n[[tenant]]\nname = "b"\n')
+        cls.pool = LivePool(stores=1, segment="64MiB", master_args=("--tenants-file", path))
+        cfg = lambda t: ClientConfig(master=cls.pool.master, same_host_shm=False, tenant=t)
+        cls.clients = {t: Client(cfg(t)) for t in ("default", "a", "b", "z")}
+
+    @classmethod
+    def tearDownClass(cls):
+        for c in cls.clients.values():
+            c.close()
+        cls.pool.close()
+        cls.dir.cleanup()
+
+    def test_namespaces_quotas_and_clearing(self):
+        d, a, b, z = (self.clients[t] for t in ("default", "a", "b", "z"))
+        for c, v in ((d, b"default's"), (a, b"a's"), (b, b"b's")):
+            c.put("k", v)
+        d.put("only-default", b"x")
+        for c, v in ((d, b"default's"), (a, b"a's"), (b, b"b's")):
+            self.assertEqual(c.get("k"), v)
+        self.assertEqual(a.batch_exists(["k", "only-default"]), [True, False])
+        self.assertEqual(a.keys(""), (["k"], False))
+        self.assertEqual(d.keys(""), (["k", "only-default"], False))
+        with self.assertRaisesRegex(RbgctlError, "0x01"):
+            a.get("\x01b\x01k")
+        a.put("big/0", value(600 << 10, 1))
+        with self.assertRaises(RemoteError) as refused:
+            a.put("big/1", value(600 << 10, 2))
+        self.assertEqual(refused.exception.status, Status.TENANT_QUOTA_EXCEEDED)
+        b.put("big/1", value(2 << 20, 3))
+        with self.assertRaises(RemoteError) as unknown:
+            z.put("k", b"v")
+        self.assertEqual(unknown.exception.status, Status.TENANT_NOT_REGISTERED)
+        self.assertEqual(a.remove_all(force=True), 2)
+        self.assertFalse(a.exists("k"))
+        self.assertEqual(b.get("k"), b"b's")
+        self.assertEqual(d.get("k"), b"default's")
+
+
 class RoundTrips(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -178,6 +178,17 @@ class Settings(unittest.TestCase):
         with self.assertRaisesRegex(ConfigError, "below 1"):
             ClientConfig.from_mapping({"master": "h:1", "replica_num": 0})
 
+    def test_tenant_from_mooncakes_tenant_id_ours_or_the_environment(self):
+        self.assertEqual(ClientConfig.from_mapping({"master": "h:1"}, env={}).tenant, "default")
+        self.assertEqual(ClientConfig.from_mapping({"master": "h:1", "tenant_id": "a"}).tenant, "a")
+        self.assertEqual(ClientConfig.from_mapping({"master": "h:1", "tenant": "b-2"}).tenant, "b-2")
+        env = {"MOONCAKE_TENANT_ID": "team.c"}
+        self.assertEqual(ClientConfig.from_mapping({"master": "h:1"}, env=env).tenant, "team.c")
+        with self.assertRaisesRegex(ConfigError, "not a tenant name"):
+            ClientConfig.from_mapping({"master": "h:1", "tenant_id": "a b"})
+        with self.assertRaisesRegex(ConfigError, "not a tenant name"):
+            ClientConfig(master="h:1", tenant="x" * 65)
+
     def test_environment_precedence(self):
         self.assertEqual(ClientConfig.from_env({"MOONCAKE_MASTER": "m:1"}).master, "m:1")
         self.assertEqual(

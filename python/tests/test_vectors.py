@@ -53,10 +53,10 @@ REQUESTS = {
     "Empty": lambda f: b"",
     "PingReq": lambda f: p.ping(f["client_id"]),
     "KeyReq": lambda f: p.key_req(f["key"]),
-    "ListKeysReq": lambda f: p.list_keys_req(f["pattern"], f["limit"]),
+    "ListKeysReq": lambda f: p.list_keys_req(f["pattern"], f["limit"], f["tenant"]),
     "BatchKeysReq": lambda f: p.keys_req(f["keys"]),
     "RemoveReq": lambda f: p.remove_req(f["key"], f["force"]),
-    "RemoveAllReq": lambda f: p.remove_all_req(f["force"]),
+    "RemoveAllReq": lambda f: p.remove_all_req(f["force"], f["tenant"]),
     "BatchRemoveReq": lambda f: p.batch_remove_req(f["keys"], f["force"]),
     "ReportCorruptReq": lambda f: p.report_corrupt_req(f["key"], f["version"], f["segment_id"]),
     "BatchPutStartReq": lambda f: p.batch_put_start_req(

@@ -2,12 +2,13 @@
 //! unreachable, say) for each of its items, and each copy keeps its kind and its cause.
 
 use crate::config::ConfigError;
+use crate::transfer::tenant::Shown;
 use crate::transfer::{Status, TransferError};
 use std::sync::Arc;
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("key {0:?} not found")]
+    #[error("key {} not found", Shown(.0))]
     NotFound(String),
     #[error("master {addr}: {source}")]
     Master {
@@ -21,15 +22,15 @@ pub enum ClientError {
     },
     #[error("{status}: {message}")]
     Rejected { status: Status, message: String },
-    #[error("{key:?}: checksum mismatch on every readable replica")]
+    #[error("{}: checksum mismatch on every readable replica", Shown(.key))]
     Checksum { key: String },
-    #[error("{key:?}: buffer of {got} bytes is smaller than the value ({needed} bytes)")]
+    #[error("{}: buffer of {got} bytes is smaller than the value ({needed} bytes)", Shown(.key))]
     BufferTooSmall {
         key: String,
         needed: u64,
         got: usize,
     },
-    #[error("{key:?}: no replica could be read ({last})")]
+    #[error("{}: no replica could be read ({last})", Shown(.key))]
     Unreadable { key: String, last: String },
     #[error("invalid argument: {0}")]
     Invalid(String),
@@ -90,7 +91,7 @@ impl ClientError {
             Status::ObjectNotFound => Err(ClientError::NotFound(key.into())),
             s => Err(ClientError::Rejected {
                 status: s,
-                message: format!("{key:?}: {}", s.describe()),
+                message: format!("{}: {}", Shown(key), s.describe()),
             }),
         }
     }

@@ -39,8 +39,10 @@ use crate::shutdown::Shutdown;
 use crate::store::config::StoreConfig;
 use crate::store::Store;
 use crate::transfer::message::*;
+use crate::transfer::tenant as tenants;
 use crate::transfer::{ConnOptions, Opcode, Transport};
 use routes::{Route, Routes};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,6 +85,9 @@ pub struct ClientConfig {
     /// `MOONCAKE_TE_META_DATA_SERVER`): by a P2P handshake with the segment's name (default,
     /// `P2PHANDSHAKE`), or from an HTTP metadata server (`http://host:port/metadata`).
     pub mooncake_discovery: datapath::Discovery,
+    /// The tenant whose namespace this client's keys live in (`master::tenants`; Mooncake's
+    /// `MOONCAKE_TENANT_ID`): the master's tenants file must name it. Default `default`.
+    pub tenant: String,
 }
 
 impl ClientConfig {
@@ -100,7 +105,15 @@ impl ClientConfig {
             put_reservation_bytes: 4 << 20,
             put_reservation_max_value: 1 << 20,
             mooncake_discovery: datapath::Discovery::Handshake,
+            tenant: tenants::DEFAULT_TENANT.to_string(),
         }
+    }
+
+    /// Keys live in `tenant`'s namespace (checked).
+    pub fn with_tenant(mut self, tenant: &str) -> Result<Self, ConfigError> {
+        tenants::check_name(tenant).map_err(|e| ConfigError::invalid("tenant", e.to_string()))?;
+        self.tenant = tenant.to_string();
+        Ok(self)
     }
 
     /// Proves the cluster secret in `file` on every connection (`crate::auth`); `None`
@@ -158,6 +171,14 @@ impl ClientConfig {
         cfg.take_transport(env.protocol.as_deref(), env.device.as_deref())?;
         if let Some(server) = &env.metadata_server {
             cfg.mooncake_discovery = datapath::Discovery::parse(server);
+        }
+        if let Some(t) = std::env::var("MOONCAKE_TENANT_ID")
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            tenants::check_name(&t)
+                .map_err(|e| ConfigError::invalid("MOONCAKE_TENANT_ID", e.to_string()))?;
+            cfg.tenant = t;
         }
         if env.global_segment_size.unwrap_or(0) > 0 {
             let store = crate::store::config::StoreArgs::default().resolve(&env)?;
@@ -259,7 +280,6 @@ impl Client {
         value: &[u8],
         config: &ReplicateConfig,
     ) -> Result<(), ClientError> {
-        check_key(key)?;
         self.batch_put(&[key], &[value], config)
             .pop()
             .unwrap_or_else(|| Err(ClientError::Invalid("no result for the put".into())))
@@ -267,7 +287,7 @@ impl Client {
 
     /// Reads `key` into a new buffer.
     pub fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
-        check_key(key)?;
+        let key = &*self.scoped(key)?;
         if let Some(desc) = self.inner.locations.get(key, Instant::now()) {
             let mut buf = vec![0u8; desc.size as usize];
             if self.inner.read_cached(key, &desc, &mut buf) {
@@ -282,7 +302,7 @@ impl Client {
 
     /// Reads `key` into `buf`; returns the value's length.
     pub fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize, ClientError> {
-        check_key(key)?;
+        let key = &*self.scoped(key)?;
         if let Some(desc) = self.inner.locations.get(key, Instant::now()) {
             let n = desc.size as usize;
             if buf.len() >= n && self.inner.read_cached(key, &desc, &mut buf[..n]) {
@@ -304,26 +324,26 @@ impl Client {
 
     /// The value's size, without reading it.
     pub fn get_size(&self, key: &str) -> Result<u64, ClientError> {
-        check_key(key)?;
-        Ok(self.inner.describe(key)?.size)
+        Ok(self.inner.describe(&self.scoped(key)?)?.size)
     }
 
     /// Where the value is: its size, checksum, version and replicas (each with its segment,
     /// whose `tier` says memory or disk), without reading it. Counts as an access.
-    /// Up to `limit` readable keys that `pattern` (a regular expression, Rust's `regex`
-    /// syntax) matches anywhere in them, sorted, and whether more match.
+    /// Up to `limit` of this client's tenant's readable keys that `pattern` (a regular
+    /// expression, Rust's `regex` syntax) matches anywhere in them, sorted, and whether more
+    /// match.
     pub fn keys(&self, pattern: &str, limit: u32) -> Result<(Vec<String>, bool), ClientError> {
         let req = ListKeysReq {
             pattern: pattern.to_string(),
             limit,
+            tenant: self.inner.cfg.tenant.clone(),
         };
         let r: ListKeysResp = self.inner.master_call(Opcode::ListKeys, &req)?;
         Ok((r.keys, r.truncated))
     }
 
     pub fn describe(&self, key: &str) -> Result<(ObjectDesc, Vec<SegmentEntry>), ClientError> {
-        check_key(key)?;
-        let desc = self.inner.describe(key)?;
+        let desc = self.inner.describe(&self.scoped(key)?)?;
         let segments = self.segments()?;
         let used = desc
             .replicas
@@ -334,14 +354,13 @@ impl Client {
     }
 
     pub fn exists(&self, key: &str) -> Result<bool, ClientError> {
-        check_key(key)?;
-        self.inner
-            .master_call(Opcode::Exists, &KeyReq { key: key.into() })
+        let key = self.scoped(key)?.into_owned();
+        self.inner.master_call(Opcode::Exists, &KeyReq { key })
     }
 
     /// Removes `key`; refused while a read lease is held unless `force`.
     pub fn remove(&self, key: &str, force: bool) -> Result<(), ClientError> {
-        check_key(key)?;
+        let key = &*self.scoped(key)?;
         self.inner.locations.remove(key);
         let req = RemoveReq {
             key: key.into(),
@@ -352,19 +371,22 @@ impl Client {
             .map_err(|e| e.for_key(key))
     }
 
-    /// Removes every object (leased ones only with `force`); returns how many.
+    /// Removes every object of this client's tenant (leased ones only with `force`); returns
+    /// how many.
     pub fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
         self.inner.locations.clear();
-        let r: RemoveAllResp = self
-            .inner
-            .master_call(Opcode::RemoveAll, &RemoveAllReq { force })?;
+        let req = RemoveAllReq {
+            force,
+            tenant: self.inner.cfg.tenant.clone(),
+        };
+        let r: RemoveAllResp = self.inner.master_call(Opcode::RemoveAll, &req)?;
         Ok(r.removed)
     }
 
     pub fn batch_exists(&self, keys: &[&str]) -> Result<Vec<bool>, ClientError> {
-        check_keys(keys)?;
+        let keys = self.scoped_all(keys)?;
         let req = BatchKeysReq {
-            keys: keys.iter().map(|k| k.to_string()).collect(),
+            keys: keys.into_iter().map(Cow::into_owned).collect(),
         };
         let r: BatchExistsResp = self.inner.master_call(Opcode::BatchExists, &req)?;
         Ok(r.items)
@@ -375,13 +397,13 @@ impl Client {
         keys: &[&str],
         force: bool,
     ) -> Result<Vec<Result<(), ClientError>>, ClientError> {
-        check_keys(keys)?;
-        for k in keys {
+        let scoped = self.scoped_all(keys)?;
+        for k in &scoped {
             self.inner.locations.remove(k);
         }
         let req = BatchRemoveReq {
             force,
-            keys: keys.iter().map(|k| k.to_string()).collect(),
+            keys: scoped.into_iter().map(Cow::into_owned).collect(),
         };
         let r: BatchStatusResp = self.inner.master_call(Opcode::BatchRemove, &req)?;
         Ok(r.items
@@ -399,10 +421,11 @@ impl Client {
         values: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Vec<Result<(), ClientError>> {
-        if let Err(e) = check_keys(keys) {
-            return vec![Err(e); keys.len()];
-        }
-        self.inner.batch_put(keys, values, config)
+        let scoped = match self.scoped_all(keys) {
+            Ok(s) => s,
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        self.inner.batch_put(&as_strs(&scoped), values, config)
     }
 
     /// Reads several keys into the caller's buffers; returns each value's length.
@@ -411,17 +434,20 @@ impl Client {
         keys: &[&str],
         bufs: &mut [&mut [u8]],
     ) -> Vec<Result<usize, ClientError>> {
-        if let Err(e) = check_keys(keys) {
-            return vec![Err(e); keys.len()];
-        }
-        self.inner.batch_get_into(keys, bufs)
+        let scoped = match self.scoped_all(keys) {
+            Ok(s) => s,
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        self.inner.batch_get_into(&as_strs(&scoped), bufs)
     }
 
     /// Reads several keys into new buffers.
     pub fn batch_get(&self, keys: &[&str]) -> Vec<Result<Vec<u8>, ClientError>> {
-        if let Err(e) = check_keys(keys) {
-            return vec![Err(e); keys.len()];
-        }
+        let scoped = match self.scoped_all(keys) {
+            Ok(s) => s,
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        let keys = &as_strs(&scoped)[..];
         let now = Instant::now();
         let remembered: Vec<Option<Arc<ObjectDesc>>> = keys
             .iter()
@@ -549,13 +575,33 @@ fn check_key(key: &str) -> Result<(), ClientError> {
 }
 
 /// Every key of a batch, naming the first bad one by its place.
-fn check_keys(keys: &[&str]) -> Result<(), ClientError> {
-    for (i, k) in keys.iter().enumerate() {
-        if let Err(ClientError::Invalid(why)) = check_key(k) {
-            return Err(ClientError::Invalid(format!("batch item {i}: {why}")));
-        }
+fn as_strs<'a>(keys: &'a [Cow<'_, str>]) -> Vec<&'a str> {
+    keys.iter().map(|k| &**k).collect()
+}
+
+impl Client {
+    /// `key` as the master holds it: in this client's tenant's namespace, checked.
+    fn scoped<'a>(&self, key: &'a str) -> Result<Cow<'a, str>, ClientError> {
+        tenants::check_key(key).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let held = tenants::scoped(&self.inner.cfg.tenant, key);
+        check_key(&held)?;
+        Ok(held)
     }
-    Ok(())
+
+    /// Every key of a batch as the master holds it; a bad one fails the batch, naming it.
+    fn scoped_all<'a>(&self, keys: &[&'a str]) -> Result<Vec<Cow<'a, str>>, ClientError> {
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| {
+                self.scoped(k).map_err(|e| match e {
+                    ClientError::Invalid(why) => {
+                        ClientError::Invalid(format!("batch item {i}: {why}"))
+                    }
+                    e => e,
+                })
+            })
+            .collect()
+    }
 }
 
 impl Drop for Client {

@@ -7,6 +7,17 @@ mod size;
 
 pub use size::{human_bytes, parse_duration, ByteSize, Millis, Secs};
 
+/// A file's device, inode, length and modification time: a change of any is a new file (a
+/// Kubernetes Secret's or ConfigMap's update swaps a symbolic link to a new file). Files
+/// reloaded without a restart are read again when theirs changes.
+pub type FileStamp = (u64, u64, u64, i64, i64);
+
+pub fn file_stamp(path: &Path) -> std::io::Result<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+}
+
 use serde::de::DeserializeOwned;
 use std::path::Path;
 

@@ -129,6 +129,10 @@ pub struct MasterConfig {
     /// (`{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}`).
     /// Default: none.
     pub kv_events_config: Option<String>,
+    /// The pool's tenants and their quotas in bytes (`[[tenant]] name = "team-a", quota =
+    /// "64GiB"`), read again when the file changes (`docs/kv-pool.md`, Tenants). Default: none
+    /// (the default tenant alone, without a quota).
+    pub tenants_file: Option<std::path::PathBuf>,
     /// The host other processes reach this master at, published to the election backend.
     /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the address
     /// this host's name resolves to.
@@ -202,6 +206,7 @@ impl Default for MasterConfig {
             tls_cert_path: None,
             tls_key_path: None,
             kv_events_config: None,
+            tenants_file: None,
             advertise_host: String::new(),
         }
     }
@@ -410,6 +415,11 @@ pub struct MasterArgs {
     /// Default: none.
     #[arg(long, env = "RBGCTL_MASTER_KV_EVENTS_CONFIG")]
     pub kv_events_config: Option<String>,
+    /// The pool's tenants and their quotas, a TOML file of `[[tenant]] name = "team-a",
+    /// quota = "64GiB"`, read again when it changes. Default: none (the default tenant alone,
+    /// without a quota).
+    #[arg(long, env = "RBGCTL_MASTER_TENANTS_FILE")]
+    pub tenants_file: Option<std::path::PathBuf>,
 }
 
 impl MasterArgs {
@@ -812,6 +822,7 @@ mod tests {
             tls_cert_path: Some("/c".into()),
             tls_key_path: Some("/k".into()),
             kv_events_config: Some(r#"{"endpoint":"tcp://*:0"}"#.into()),
+            tenants_file: Some("/etc/rbgctl/tenants.toml".into()),
         };
         let c = args.resolve().unwrap();
         assert_eq!(c.client_ttl_ms, Millis(Duration::from_secs(20)));
@@ -826,6 +837,7 @@ mod tests {
         assert_eq!(c.advertise_host, "h");
         assert_eq!(c.tls_key_path.as_deref(), Some(std::path::Path::new("/k")));
         assert!(c.kv_events_config.is_some());
+        assert!(c.tenants_file.is_some());
         assert!(!c.promotion_on_hit);
     }
 }

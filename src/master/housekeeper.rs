@@ -36,6 +36,8 @@ pub struct Parts {
     pub events: Option<crate::kv_events::Publisher>,
     /// How often the summary line may be logged.
     pub summary_interval: Duration,
+    /// The tenants file, read again when it changes.
+    pub tenants_file: Option<super::tenants_file::TenantsFile>,
 }
 
 #[derive(Default)]
@@ -95,6 +97,7 @@ impl Housekeeper {
             stats,
             events,
             summary_interval,
+            mut tenants_file,
         } = parts;
         let mut last_summary = Instant::now();
         // Said when it changed: an idle master stays quiet.
@@ -106,7 +109,11 @@ impl Housekeeper {
                 return;
             }
             let now = Instant::now();
+            let quotas = tenants_file.as_mut().and_then(|f| f.changed(now));
             let mut st = state.lock();
+            if let Some(q) = quotas {
+                st.set_tenants(q);
+            }
             st.housekeeping(now);
             if let Some(publisher) = &events {
                 publish_pool_events(publisher, st.pool_events.take());

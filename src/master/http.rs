@@ -3,6 +3,7 @@
 
 use super::metadata::MetadataStore;
 use super::state::MasterState;
+use super::tenants;
 use super::Shared;
 use crate::ha::lease::{LeaderHint, Leadership, Role};
 use crate::telemetry::PromText;
@@ -124,6 +125,30 @@ pub fn metadata_router(
 #[derive(Deserialize)]
 struct KeyQuery {
     key: Option<String>,
+    /// The tenant whose namespace the key is in (`master::tenants`). Default `default`.
+    tenant: Option<String>,
+}
+
+/// The tenant an admin request names (default `default`), checked.
+fn tenant_param(tenant: Option<&str>) -> Result<&str, String> {
+    let tenant = tenant.unwrap_or(tenants::DEFAULT_TENANT);
+    tenants::check_name(tenant).map_err(|e| e.to_string())?;
+    Ok(tenant)
+}
+
+/// The key the master holds for `tenant`'s `key` (both from an admin request).
+fn held_key<'a>(tenant: Option<&str>, key: &'a str) -> Result<std::borrow::Cow<'a, str>, String> {
+    let tenant = tenant_param(tenant)?;
+    tenants::check_key(key).map_err(|e| e.to_string())?;
+    Ok(tenants::scoped(tenant, key))
+}
+
+fn bad_request(why: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({ "error": why })),
+    )
+        .into_response()
 }
 
 /// `/metrics`, `/health` and `/ready` are every master's own; the rest of the admin API is the
@@ -152,6 +177,7 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/objects", get(object))
         .route("/api/v1/keys", get(keys))
         .route("/api/v1/evictions", get(evictions))
+        .route("/api/v1/tenants", get(tenants_usage))
         .route("/query_key", get(query_key))
         // Sends every page to every subscriber: as much the secret holders' as the keys.
         .route(
@@ -453,8 +479,12 @@ async fn object(State(shared): State<Arc<Shared>>, Query(q): Query<KeyQuery>) ->
         )
             .into_response();
     };
+    let held = match held_key(q.tenant.as_deref(), &key) {
+        Ok(k) => k,
+        Err(why) => return bad_request(why),
+    };
     let st = shared.state.lock();
-    match object_json(&st, &key, Instant::now()) {
+    match object_json(&st, &held, Instant::now()) {
         Some(v) => Json(v).into_response(),
         None => (
             StatusCode::NOT_FOUND,
@@ -469,13 +499,15 @@ struct KeysQuery {
     #[serde(default)]
     prefix: String,
     limit: Option<usize>,
+    tenant: Option<String>,
 }
 
 /// Most keys one `/api/v1/keys` answer lists.
 const MAX_KEYS_LISTED: usize = 10_000;
 
-/// `/api/v1/keys?prefix=P&limit=N`: readable keys starting with P (default all), at most N
-/// (default 100, at most 10,000), sorted; `truncated` says whether more match.
+/// `/api/v1/keys?prefix=P&limit=N&tenant=T`: tenant T's (default `default`) readable keys
+/// starting with P (default all), at most N (default 100, at most 10,000), sorted;
+/// `truncated` says whether more match.
 async fn keys(State(shared): State<Arc<Shared>>, Query(q): Query<KeysQuery>) -> Response {
     let limit = q.limit.unwrap_or(100);
     if limit > MAX_KEYS_LISTED {
@@ -485,9 +517,18 @@ async fn keys(State(shared): State<Arc<Shared>>, Query(q): Query<KeysQuery>) -> 
         )
             .into_response();
     }
-    let (keys, truncated) = shared.state.lock().keys_with_prefix(&q.prefix, limit);
-    Json(serde_json::json!({"prefix": q.prefix, "keys": keys, "truncated": truncated}))
-        .into_response()
+    let tenant = match tenant_param(q.tenant.as_deref()) {
+        Ok(t) => t,
+        Err(why) => return bad_request(why),
+    };
+    let (keys, truncated) = shared
+        .state
+        .lock()
+        .keys_with_prefix(tenant, &q.prefix, limit);
+    Json(serde_json::json!({
+        "tenant": tenant, "prefix": q.prefix, "keys": keys, "truncated": truncated,
+    }))
+    .into_response()
 }
 
 #[derive(Deserialize)]
@@ -495,10 +536,12 @@ struct EvictionsQuery {
     #[serde(default)]
     after: u64,
     limit: Option<usize>,
+    tenant: Option<String>,
 }
 
-/// `/api/v1/evictions?after=SEQ&limit=N`: the evictions numbered above SEQ (default 0), at
-/// most N (default and at most 10,000), oldest first, each with its key, wall-clock time
+/// `/api/v1/evictions?after=SEQ&limit=N&tenant=T`: the evictions numbered above SEQ (default
+/// 0), at most N (default and at most 10,000) looked at, oldest first, those of tenant T's
+/// objects (default `default`) each with its key, wall-clock time
 /// (`at_us`) and tier; `next` is the `after` to ask with next, `missed` how many entries
 /// above SEQ the bounded log no longer holds, `started_us` when this master process began the
 /// log (numbering starts again at 1 in a new process).
@@ -511,6 +554,10 @@ async fn evictions(State(shared): State<Arc<Shared>>, Query(q): Query<EvictionsQ
         )
             .into_response();
     }
+    let tenant = match tenant_param(q.tenant.as_deref()) {
+        Ok(t) => t,
+        Err(why) => return bad_request(why),
+    };
     let (entries, missed, next, started_us) = {
         let st = shared.state.lock();
         let log = &st.evictions;
@@ -522,7 +569,10 @@ async fn evictions(State(shared): State<Arc<Shared>>, Query(q): Query<EvictionsQ
     };
     let entries: Vec<_> = entries
         .iter()
-        .map(|e| serde_json::json!({"seq": e.seq, "key": e.key, "at_us": e.at_us, "tier": e.tier.name()}))
+        .filter_map(|e| {
+            let key = tenants::owned_by(&e.key, tenant)?;
+            Some(serde_json::json!({"seq": e.seq, "key": key, "at_us": e.at_us, "tier": e.tier.name()}))
+        })
         .collect();
     Json(serde_json::json!({
         "entries": entries, "next": next, "missed": missed, "started_us": started_us,
@@ -530,11 +580,22 @@ async fn evictions(State(shared): State<Arc<Shared>>, Query(q): Query<EvictionsQ
     .into_response()
 }
 
+/// `/api/v1/tenants`: every tenant served or holding bytes, with its bytes held, its quota
+/// as asked and in force, and the puts its quota refused.
+async fn tenants_usage(State(shared): State<Arc<Shared>>) -> Response {
+    let tenants = shared.state.lock().tenant_usage();
+    Json(serde_json::json!({ "tenants": tenants })).into_response()
+}
+
 /// Mooncake's `/query_key?key=`: the same 404 body as its admin server.
 async fn query_key(State(shared): State<Arc<Shared>>, Query(q): Query<KeyQuery>) -> Response {
     let key = q.key.unwrap_or_default();
+    let held = match held_key(q.tenant.as_deref(), &key) {
+        Ok(k) => k,
+        Err(why) => return bad_request(why),
+    };
     let st = shared.state.lock();
-    match object_json(&st, &key, Instant::now()) {
+    match object_json(&st, &held, Instant::now()) {
         Some(v) if !v["current"].is_null() => Json(serde_json::json!({"success": true, "object": v})).into_response(),
         _ => (
             StatusCode::NOT_FOUND,
@@ -549,6 +610,36 @@ async fn all_segments(State(shared): State<Arc<Shared>>) -> String {
     let mut names: Vec<String> = st.segments().map(|s| s.info.name.clone()).collect();
     names.sort();
     names.join("\n")
+}
+
+/// Each tenant's bytes, quota and refused puts (at most `tenants::MAX_TENANTS` registered,
+/// and those no longer registered that still hold objects).
+fn render_tenants(tenants: &[super::state::TenantUsage], p: &mut PromText) {
+    const USED: &str = "rbgctl_master_tenant_used_bytes";
+    const QUOTA: &str = "rbgctl_master_tenant_quota_bytes";
+    const REFUSED: &str = "rbgctl_master_tenant_quota_refusals_total";
+    p.family(
+        USED,
+        "gauge",
+        "Bytes of values a tenant holds, puts in progress included.",
+    );
+    for t in tenants {
+        p.sample(USED, &[("tenant", &t.name)], t.used_bytes as f64);
+    }
+    p.family(
+        QUOTA,
+        "gauge",
+        "A tenant's quota in force: as its tenants file asks, scaled down in proportion when          the quotas add up to more than the pool holds.",
+    );
+    for t in tenants {
+        if let Some(q) = t.quota_in_force_bytes {
+            p.sample(QUOTA, &[("tenant", &t.name)], q as f64);
+        }
+    }
+    p.family(REFUSED, "counter", "Puts refused at their tenant's quota.");
+    for t in tenants {
+        p.sample(REFUSED, &[("tenant", &t.name)], t.refused_puts as f64);
+    }
 }
 
 /// Memory vs disk: objects, bytes, and the copies between the tiers.
@@ -662,13 +753,19 @@ fn render_tiers(
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let now = Instant::now();
-    let (summary, counters, pool) = {
+    let (summary, counters, pool, tenants) = {
         let st = shared.state.lock();
         let pool = (st.pool_events.pages(), st.pool_events.dropped);
-        (st.summary(now), st.counters.clone(), pool)
+        (
+            st.summary(now),
+            st.counters.clone(),
+            pool,
+            st.tenant_usage(),
+        )
     };
     let mut p = PromText::new();
     render_ha(&shared, now, &mut p);
+    render_tenants(&tenants, &mut p);
     if let Some(stats) = &shared.kv_events {
         stats.render("rbgctl_master", &mut p);
         p.single(

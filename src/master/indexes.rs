@@ -1,14 +1,17 @@
 //! What the master keeps beside its object map so that nothing periodic walks every object:
 //! counts of readable keys and soft-pinned keys, soft pins by expiry, and unfinished puts by
-//! age. The state machine tells it each time a current version or a pending put begins or
-//! ends; housekeeping then touches only what is due.
+//! age, and the bytes each tenant holds. The state machine tells it each time a current
+//! version or a pending put begins or ends; housekeeping then touches only what is due.
 
+use super::tenants::Usage;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 #[derive(Debug, Default)]
 pub struct Indexes {
     keys: u64,
+    /// Bytes of values by tenant, current versions and pending puts alike.
+    usage: Usage,
     soft_pinned: u64,
     /// Soft pins by (expiry, version): the key, to clear the pin when it runs out.
     pin_expiry: BTreeMap<(Instant, u64), String>,
@@ -31,18 +34,38 @@ impl Indexes {
         self.pending_by_age.len() as u64
     }
 
-    /// `key` got a current version (it had none, or the old one was ended first).
-    pub fn version_began(&mut self, key: &str, version: u64, soft_pin_until: Option<Instant>) {
+    /// Bytes of values by tenant.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
+    /// `key` got a current version of `size` bytes (it had none, or the old one was ended
+    /// first).
+    pub fn version_began(
+        &mut self,
+        key: &str,
+        version: u64,
+        size: u64,
+        soft_pin_until: Option<Instant>,
+    ) {
         self.keys += 1;
+        self.usage.add(key, size);
         if let Some(until) = soft_pin_until {
             self.soft_pinned += 1;
             self.pin_expiry.insert((until, version), key.to_owned());
         }
     }
 
-    /// A current version went (replaced, removed, evicted, lost).
-    pub fn version_ended(&mut self, version: u64, soft_pin_until: Option<Instant>) {
+    /// `key`'s current version of `size` bytes went (replaced, removed, evicted, lost).
+    pub fn version_ended(
+        &mut self,
+        key: &str,
+        version: u64,
+        size: u64,
+        soft_pin_until: Option<Instant>,
+    ) {
         self.keys = self.keys.saturating_sub(1);
+        self.usage.sub(key, size);
         if let Some(until) = soft_pin_until {
             self.soft_pinned = self.soft_pinned.saturating_sub(1);
             self.pin_expiry.remove(&(until, version));
@@ -64,13 +87,18 @@ impl Indexes {
         out
     }
 
-    pub fn pending_began(&mut self, key: &str, started: Instant, version: u64) {
+    /// A put of `size` bytes of `key` started.
+    pub fn pending_began(&mut self, key: &str, started: Instant, version: u64, size: u64) {
+        self.usage.add(key, size);
         self.pending_by_age
             .insert((started, version), key.to_owned());
     }
 
-    pub fn pending_ended(&mut self, started: Instant, version: u64) {
-        self.pending_by_age.remove(&(started, version));
+    /// A put of `size` bytes of `key` ended (committed, revoked, dropped).
+    pub fn pending_ended(&mut self, key: &str, started: Instant, version: u64, size: u64) {
+        if self.pending_by_age.remove(&(started, version)).is_some() {
+            self.usage.sub(key, size);
+        }
     }
 
     /// Keys of the unfinished puts started before `before`, oldest first.
@@ -98,12 +126,12 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut ix = Indexes::default();
-        ix.version_began("a", 1, Some(at(30)));
-        ix.version_began("b", 2, Some(at(10)));
-        ix.version_began("c", 3, None);
-        ix.version_began("d", 4, Some(at(20)));
+        ix.version_began("a", 1, 10, Some(at(30)));
+        ix.version_began("b", 2, 10, Some(at(10)));
+        ix.version_began("c", 3, 10, None);
+        ix.version_began("d", 4, 10, Some(at(20)));
         assert_eq!((ix.keys(), ix.soft_pinned()), (4, 3));
-        ix.version_ended(4, Some(at(20)));
+        ix.version_ended("d", 4, 10, Some(at(20)));
         assert_eq!((ix.keys(), ix.soft_pinned()), (3, 2));
         assert!(ix.pins_expired(at(9)).is_empty());
         assert_eq!(
@@ -112,8 +140,9 @@ mod tests {
         );
         assert_eq!((ix.keys(), ix.soft_pinned()), (3, 0));
         // Their pins cleared by the caller, the versions end without one.
-        ix.version_ended(1, None);
+        ix.version_ended("a", 1, 10, None);
         assert_eq!((ix.keys(), ix.soft_pinned()), (2, 0));
+        assert_eq!(ix.usage().of(super::super::tenants::DEFAULT_TENANT), 20);
     }
 
     #[test]
@@ -121,11 +150,13 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut ix = Indexes::default();
-        ix.pending_began("late", at(20), 9);
-        ix.pending_began("early", at(5), 7);
-        ix.pending_began("mid", at(10), 8);
+        ix.pending_began("late", at(20), 9, 1);
+        ix.pending_began("early", at(5), 7, 1);
+        ix.pending_began("mid", at(10), 8, 1);
         assert_eq!(ix.pending_started_before(at(11)), vec!["early", "mid"]);
-        ix.pending_ended(at(5), 7);
+        ix.pending_ended("early", at(5), 7, 1);
+        ix.pending_ended("early", at(5), 7, 1);
+        assert_eq!(ix.usage().of("default"), 2, "an end told twice counts once");
         assert_eq!(ix.pending_started_before(at(100)), vec!["mid", "late"]);
         assert_eq!(ix.pending(), 2);
         assert_eq!(ix.pending_keys().count(), 2);

@@ -25,6 +25,7 @@ pub mod reservations;
 pub mod rpc;
 pub mod state;
 pub mod tenants;
+pub mod tenants_file;
 pub mod tiering;
 pub mod ui;
 
@@ -62,6 +63,8 @@ pub enum MasterError {
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     KvEvents(#[from] crate::kv_events::publish::PublishError),
+    #[error(transparent)]
+    Tenants(#[from] tenants_file::TenantsFileError),
 }
 
 /// State shared by the RPC threads, the housekeeper and the HTTP handlers.
@@ -299,7 +302,16 @@ pub fn start(
     crate::auth::warn_if_open("master", &cfg.rpc_address, secret.as_deref());
     let tls =
         crate::tls::optional_server(cfg.tls_cert_path.as_deref(), cfg.tls_key_path.as_deref())?;
-    let state = Arc::new(StateLock::new(MasterState::with_system_clock(cfg.clone())));
+    let mut master_state = MasterState::with_system_clock(cfg.clone());
+    let tenants_file = match &cfg.tenants_file {
+        Some(path) => {
+            let (file, quotas) = tenants_file::TenantsFile::load(path)?;
+            master_state.set_tenants(quotas);
+            Some(file)
+        }
+        None => None,
+    };
+    let state = Arc::new(StateLock::new(master_state));
     let leadership = Arc::new(match cfg.enable_ha {
         true => Leadership::elected(),
         false => Leadership::single(),
@@ -366,6 +378,7 @@ pub fn start(
             stats: service.stats.clone(),
             events,
             summary_interval: cfg.summary_interval_ms.0,
+            tenants_file,
         },
         shutdown.clone(),
     )?;

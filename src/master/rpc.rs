@@ -201,8 +201,11 @@ impl MasterService {
                     Ok(re) => re,
                     Err(e) => return answer::<()>(io, Err(e)),
                 };
+                if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
+                    return answer::<()>(io, Err(e));
+                }
                 let limit = (r.limit as usize).min(crate::transfer::codec::MAX_LIST_LEN);
-                let (keys, truncated) = self.state.lock().keys_matching(&re, limit);
+                let (keys, truncated) = self.state.lock().keys_matching(&r.tenant, &re, limit);
                 answer(io, Ok(ListKeysResp { keys, truncated }))
             }
             Opcode::ListSegments => {
@@ -259,7 +262,12 @@ impl MasterService {
             }
             Opcode::Exists => {
                 let key = KeyReq::key_of(meta)?;
-                let exists = self.state.lock().exists(key, now);
+                let mut st = self.state.lock();
+                if let Some(e) = st.unserved(key) {
+                    return answer::<()>(io, Err(e));
+                }
+                let exists = st.exists(key, now);
+                drop(st);
                 answer(io, Ok(exists))
             }
             Opcode::Remove => {
@@ -273,10 +281,13 @@ impl MasterService {
             }
             Opcode::RemoveAll => {
                 let r = RemoveAllReq::from_meta(meta)?;
+                if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
+                    return answer::<()>(io, Err(e));
+                }
                 self.durably(
                     io,
                     (op, now),
-                    |st| st.remove_all(r.force, now),
+                    |st| st.remove_all(&r.tenant, r.force, now),
                     |removed, durable| not_durable(Ok(RemoveAllResp { removed }), durable),
                 )
             }
@@ -377,6 +388,9 @@ impl MasterService {
             Opcode::BatchExists => {
                 let r = BatchKeysReq::from_meta(meta)?;
                 let mut st = self.state.lock();
+                if let Some(e) = r.keys.iter().find_map(|k| st.unserved(k)) {
+                    return answer::<()>(io, Err(e));
+                }
                 st.prefetch(&r.keys);
                 let items = r.keys.iter().map(|k| st.exists(k, now)).collect();
                 drop(st);

@@ -1,13 +1,8 @@
-//! Tenants of the pool (issue 66, in progress: the rules, not yet wired to the master's
-//! requests): each tenant's objects live in a namespace of their own, and a tenant may have a
-//! quota of bytes.
+//! Tenants of the pool: each tenant's objects live in a namespace of their own
+//! (`transfer::tenant`), and a tenant may have a quota of bytes.
 //!
-//! A namespace is a prefix of the key the master and the stores hold: `\u{1}<tenant>\u{1}<key>`
-//! for a named tenant, the key itself for the `default` tenant (so a pool from before tenants
-//! reads as the default tenant's). A client's key may not begin with that mark, so no key of
-//! one tenant can name another's object. Because the scoped key is what the stores record and
-//! report, a tenant's objects keep their tenant across store and master restarts and
-//! failover, as every object's key does.
+//! Because the scoped key is what the stores record and report, a tenant's objects keep their
+//! tenant across store and master restarts and failover, as every object's key does.
 //!
 //! Quotas are bytes of values held. They can never add up to more than the pool holds: when
 //! they do (a store left, or the file asks for more than there is), each is scaled down in
@@ -16,27 +11,20 @@
 //! ([`eviction_order`]). Pure: no I/O, no clock.
 
 use crate::config::ByteSize;
+pub use crate::transfer::tenant::{
+    check_key, check_name, owned_by, scoped, split, tenant_of, NamespaceError, DEFAULT_TENANT,
+    MAX_NAME_LEN,
+};
 use serde::Deserialize;
-use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// The tenant of a client that names none (Mooncake's default `tenant_id`).
-pub const DEFAULT_TENANT: &str = "default";
-
-/// Opens and closes a tenant's name at the head of a scoped key.
-const MARK: char = '\u{1}';
-
-/// Longest tenant name.
-pub const MAX_NAME_LEN: usize = 64;
 /// Most tenants one master serves.
 pub const MAX_TENANTS: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TenantError {
-    #[error("tenant name {0:?}: use 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'")]
-    BadName(String),
-    #[error("a key may not begin with the byte 0x01 (it marks a tenant's namespace)")]
-    ReservedKey,
+    #[error(transparent)]
+    Namespace(#[from] NamespaceError),
     #[error("tenant {0:?} is not registered with this master (its tenants file names it)")]
     NotRegistered(String),
     #[error("tenant {0:?} is named twice in the tenants file")]
@@ -45,47 +33,6 @@ pub enum TenantError {
     TooMany(usize),
     #[error("tenants file: {0}")]
     Parse(String),
-}
-
-/// Checks a tenant's name.
-pub fn check_name(name: &str) -> Result<(), TenantError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(TenantError::BadName(
-            name.chars().take(MAX_NAME_LEN).collect(),
-        ))
-    }
-}
-
-/// Checks a client's key: it may not begin with the namespace mark.
-pub fn check_key(key: &str) -> Result<(), TenantError> {
-    if key.starts_with(MARK) {
-        Err(TenantError::ReservedKey)
-    } else {
-        Ok(())
-    }
-}
-
-/// The key the master holds for `tenant`'s `key` (both checked already).
-pub fn scoped<'a>(tenant: &str, key: &'a str) -> Cow<'a, str> {
-    if tenant == DEFAULT_TENANT {
-        Cow::Borrowed(key)
-    } else {
-        Cow::Owned(format!("{MARK}{tenant}{MARK}{key}"))
-    }
-}
-
-/// The tenant and the client's key of a key the master holds.
-pub fn split(held: &str) -> (&str, &str) {
-    held.strip_prefix(MARK)
-        .and_then(|rest| rest.split_once(MARK))
-        .unwrap_or((DEFAULT_TENANT, held))
 }
 
 /// One `[[tenant]]` of a master's tenants file.
@@ -105,10 +52,22 @@ struct TenantsFile {
 }
 
 /// The tenants a master serves, with their quotas as asked.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quotas {
     /// Tenant → quota in bytes (`None`: no quota of its own).
     asked: HashMap<Box<str>, Option<u64>>,
+    /// The quotas asked, added up.
+    sum: u128,
+}
+
+impl Default for Quotas {
+    /// The default tenant alone, without a quota (a master without a tenants file).
+    fn default() -> Quotas {
+        Quotas {
+            asked: HashMap::from([(DEFAULT_TENANT.into(), None)]),
+            sum: 0,
+        }
+    }
 }
 
 impl Quotas {
@@ -131,7 +90,32 @@ impl Quotas {
             }
         }
         asked.entry(DEFAULT_TENANT.into()).or_insert(None);
-        Ok(Quotas { asked })
+        let sum = asked.values().flatten().map(|&q| u128::from(q)).sum();
+        Ok(Quotas { asked, sum })
+    }
+
+    /// Whether any tenant has a quota.
+    pub fn any_quota(&self) -> bool {
+        self.sum > 0 || self.asked.values().any(Option::is_some)
+    }
+
+    /// Tenants served.
+    pub fn len(&self) -> usize {
+        self.asked.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.asked.is_empty()
+    }
+
+    /// The quota asked for `tenant` (`None`: none of its own, or not served).
+    pub fn asked(&self, tenant: &str) -> Option<u64> {
+        self.asked.get(tenant).copied().flatten()
+    }
+
+    /// `tenant`'s quota in force with `capacity` bytes in the pool (see [`Quotas::effective`]).
+    pub fn in_force(&self, tenant: &str, capacity: u64) -> Option<u64> {
+        self.asked(tenant).map(|q| scale(q, self.sum, capacity))
     }
 
     /// Whether `tenant` is served, or why not.
@@ -156,20 +140,20 @@ impl Quotas {
     /// more than it, else each scaled down in proportion so that they add up to it (rounded
     /// down). A tenant without a quota of its own has `None`.
     pub fn effective(&self, capacity: u64) -> HashMap<&str, Option<u64>> {
-        let sum: u128 = self.asked.values().flatten().map(|&q| u128::from(q)).sum();
         self.asked
             .iter()
-            .map(|(name, q)| {
-                let q = q.map(|q| {
-                    if sum <= u128::from(capacity) {
-                        q
-                    } else {
-                        (u128::from(q) * u128::from(capacity) / sum) as u64
-                    }
-                });
-                (&**name, q)
-            })
+            .map(|(name, q)| (&**name, q.map(|q| scale(q, self.sum, capacity))))
             .collect()
+    }
+}
+
+/// Quota `q` of quotas adding up to `sum`, scaled down in proportion when they add up to more
+/// than `capacity` (rounded down).
+fn scale(q: u64, sum: u128, capacity: u64) -> u64 {
+    if sum <= u128::from(capacity) {
+        q
+    } else {
+        (u128::from(q) * u128::from(capacity) / sum) as u64
     }
 }
 
@@ -201,41 +185,59 @@ pub fn admit(tenant: &str, quota: Option<u64>, used: u64, asked: u64) -> Result<
 }
 
 /// Bytes of values each tenant holds (pending puts included), kept as objects come and go.
+/// The default tenant's count is a field of its own: a pool without tenants pays no lookup.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Usage {
-    bytes: HashMap<Box<str>, u64>,
+    default: u64,
+    named: HashMap<Box<str>, u64>,
 }
 
 impl Usage {
     /// Counts `bytes` more for the tenant of the held key `key`.
     pub fn add(&mut self, key: &str, bytes: u64) {
-        let (tenant, _) = split(key);
-        match self.bytes.get_mut(tenant) {
-            Some(b) => *b = b.saturating_add(bytes),
-            None => {
-                self.bytes.insert(tenant.into(), bytes);
-            }
+        match split(key).0 {
+            DEFAULT_TENANT => self.default = self.default.saturating_add(bytes),
+            tenant => match self.named.get_mut(tenant) {
+                Some(b) => *b = b.saturating_add(bytes),
+                None => {
+                    self.named.insert(tenant.into(), bytes);
+                }
+            },
         }
     }
 
     /// Counts `bytes` fewer for the tenant of the held key `key`.
     pub fn sub(&mut self, key: &str, bytes: u64) {
-        let (tenant, _) = split(key);
-        if let Some(b) = self.bytes.get_mut(tenant) {
-            *b = b.saturating_sub(bytes);
-            if *b == 0 {
-                self.bytes.remove(tenant);
+        match split(key).0 {
+            DEFAULT_TENANT => self.default = self.default.saturating_sub(bytes),
+            tenant => {
+                if let Some(b) = self.named.get_mut(tenant) {
+                    *b = b.saturating_sub(bytes);
+                    if *b == 0 {
+                        self.named.remove(tenant);
+                    }
+                }
             }
         }
     }
 
     pub fn of(&self, tenant: &str) -> u64 {
-        self.bytes.get(tenant).copied().unwrap_or(0)
+        match tenant {
+            DEFAULT_TENANT => self.default,
+            t => self.named.get(t).copied().unwrap_or(0),
+        }
     }
 
-    /// Every tenant holding bytes, by name.
+    /// Whether only the default tenant holds bytes (or nobody does).
+    pub fn only_default(&self) -> bool {
+        self.named.is_empty()
+    }
+
+    /// Every tenant holding bytes, unordered.
     pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.bytes.iter().map(|(t, b)| (&**t, *b))
+        std::iter::once((DEFAULT_TENANT, self.default))
+            .filter(|(_, b)| *b > 0)
+            .chain(self.named.iter().map(|(t, b)| (&**t, *b)))
     }
 }
 
@@ -280,8 +282,8 @@ mod tests {
         // The same key of two tenants is two objects.
         assert_ne!(scoped("team-a", "k"), scoped("team-b", "k"));
         // A key that looks like another tenant's is refused, whoever sends it.
-        assert_eq!(check_key(&held), Err(TenantError::ReservedKey));
-        assert_eq!(check_key("\u{1}"), Err(TenantError::ReservedKey));
+        assert_eq!(check_key(&held), Err(NamespaceError::ReservedKey));
+        assert_eq!(check_key("\u{1}"), Err(NamespaceError::ReservedKey));
         assert_eq!(check_key("a\u{1}b"), Ok(()));
         assert_eq!(split(&scoped("team-a", "a\u{1}b")), ("team-a", "a\u{1}b"));
         // Names are checked.
@@ -321,7 +323,7 @@ mod tests {
         assert_eq!(dup, Err(TenantError::Duplicate("a".into())));
         assert!(matches!(
             Quotas::parse("[[tenant]]\nname = \"a b\"\n"),
-            Err(TenantError::BadName(_))
+            Err(TenantError::Namespace(NamespaceError::BadName(_)))
         ));
         assert!(matches!(
             Quotas::parse("[[tenant]]\nname = \"a\"\nquota = \"lots\"\n"),

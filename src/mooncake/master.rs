@@ -27,6 +27,7 @@ use crate::transfer::message::{
     RemoveAllReq, RemoveAllResp, RemoveReq, Wire,
 };
 use crate::transfer::server::{Guest, GuestConn, ServerIo, Service, Sink};
+use crate::transfer::tenant as tenants;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -35,9 +36,6 @@ use std::time::{Duration, Instant};
 /// Largest request body (and attachment) taken: Mooncake's largest requests are batches of a
 /// few hundred keys.
 pub const MAX_REQUEST: u64 = 16 << 20;
-
-/// The only tenant served (Mooncake's default).
-pub const DEFAULT_TENANT: &str = "default";
 
 /// Mooncake's master RPC, as a guest of the master's port, and what it has served.
 #[derive(Debug, Default)]
@@ -515,16 +513,18 @@ fn carry_out(
         }
         Rpc::ExistKey => {
             let (key, tenant): (String, String) = args(b)?;
-            tenant_served(&tenant)?;
+            let key = Scope::of(&tenant)?.key(key)?;
             let exists: bool = call(service, Opcode::Exists, &KeyReq { key })?;
             body::<Expected<bool>>(&Ok(exists))
         }
         Rpc::BatchExistKey => {
             let (keys, tenant): (Vec<String>, String) = args(b)?;
             let n = keys.len();
-            let exists = tenant_served(&tenant).and_then(|()| {
-                call::<_, BatchExistsResp>(service, Opcode::BatchExists, &BatchKeysReq { keys })
-            });
+            let exists = Scope::of(&tenant)
+                .and_then(|s| s.keys(keys))
+                .and_then(|keys| {
+                    call::<_, BatchExistsResp>(service, Opcode::BatchExists, &BatchKeysReq { keys })
+                });
             let items: Vec<Expected<bool>> = match exists {
                 Ok(r) => r.items.into_iter().map(Ok).collect(),
                 Err(f) => each_failed(n, f)?,
@@ -533,17 +533,19 @@ fn carry_out(
         }
         Rpc::Remove => {
             let (key, force, tenant): (String, bool, String) = args(b)?;
-            tenant_served(&tenant)?;
+            let key = Scope::of(&tenant)?.key(key)?;
             let () = call(service, Opcode::Remove, &RemoveReq { key, force })?;
             body::<Expected<()>>(&Ok(()))
         }
         Rpc::BatchRemove => {
             let (keys, force, tenant): (Vec<String>, bool, String) = args(b)?;
             let n = keys.len();
-            let removed = tenant_served(&tenant).and_then(|()| {
-                let req = BatchRemoveReq { force, keys };
-                call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)
-            });
+            let removed = Scope::of(&tenant)
+                .and_then(|s| s.keys(keys))
+                .and_then(|keys| {
+                    let req = BatchRemoveReq { force, keys };
+                    call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)
+                });
             let items: Vec<Expected<()>> = match removed {
                 Ok(r) => r
                     .items
@@ -560,7 +562,7 @@ fn carry_out(
         Rpc::PutStart | Rpc::UpsertStart => {
             let (client, key, len, config, tenant): (Uuid, String, u64, ReplicateConfig, String) =
                 args(b)?;
-            tenant_served(&tenant)?;
+            let key = Scope::of(&tenant)?.key(key)?;
             let upsert = rpc == Rpc::UpsertStart;
             let started = objects.put_start(
                 service,
@@ -585,21 +587,21 @@ fn carry_out(
             ) = args(b)?;
             let n = keys.len();
             let items: Vec<Expected<Vec<ReplicaDescriptor>>> =
-                if let Err(f) = tenant_served(&tenant) {
-                    each_failed(n, f)?
-                } else if lens.len() != n {
-                    not_even(n)
-                } else {
-                    let upsert = rpc == Rpc::BatchUpsertStart;
-                    let items = keys.into_iter().zip(lens).collect();
-                    objects.put_start(service, client_id(client), items, &config, upsert)?
+                match Scope::of(&tenant).and_then(|s| s.keys(keys)) {
+                    Err(f) => each_failed(n, f)?,
+                    Ok(_) if lens.len() != n => not_even(n),
+                    Ok(keys) => {
+                        let upsert = rpc == Rpc::BatchUpsertStart;
+                        let items = keys.into_iter().zip(lens).collect();
+                        objects.put_start(service, client_id(client), items, &config, upsert)?
+                    }
                 };
             body(&items)
         }
         Rpc::PutEnd | Rpc::UpsertEnd => {
             let (client, meta, _, tenant): (Uuid, ObjectMeta, i32, String) = args(b)?;
-            tenant_served(&tenant)?;
-            let ended = objects.put_end(service, client_id(client), &[meta.key]);
+            let key = Scope::of(&tenant)?.key(meta.key)?;
+            let ended = objects.put_end(service, client_id(client), &[key]);
             body::<Expected<()>>(&ended.into_iter().next().unwrap_or(Ok(())))
         }
         Rpc::BatchPutEnd | Rpc::BatchUpsertEnd => {
@@ -610,15 +612,16 @@ fn carry_out(
                 args::<(Uuid, Vec<ObjectMeta>, String)>(b)?
             };
             let keys: Vec<String> = metas.into_iter().map(|m| m.key).collect();
-            let items = match tenant_served(&tenant) {
-                Ok(()) => objects.put_end(service, client_id(client), &keys),
-                Err(f) => each_failed(keys.len(), f)?,
+            let n = keys.len();
+            let items = match Scope::of(&tenant).and_then(|s| s.keys(keys)) {
+                Ok(keys) => objects.put_end(service, client_id(client), &keys),
+                Err(f) => each_failed(n, f)?,
             };
             body(&items)
         }
         Rpc::PutRevoke | Rpc::UpsertRevoke => {
             let (client, key, _, tenant): (Uuid, String, i32, String) = args(b)?;
-            tenant_served(&tenant)?;
+            let key = Scope::of(&tenant)?.key(key)?;
             let revoked = objects.put_revoke(service, client_id(client), &[key]);
             body::<Expected<()>>(&revoked.into_iter().next().unwrap_or(Ok(())))
         }
@@ -629,44 +632,51 @@ fn carry_out(
             } else {
                 args::<(Uuid, Vec<String>, String)>(b)?
             };
-            let items = match tenant_served(&tenant) {
-                Ok(()) => objects.put_revoke(service, client_id(client), &keys),
-                Err(f) => each_failed(keys.len(), f)?,
+            let n = keys.len();
+            let items = match Scope::of(&tenant).and_then(|s| s.keys(keys)) {
+                Ok(keys) => objects.put_revoke(service, client_id(client), &keys),
+                Err(f) => each_failed(n, f)?,
             };
             body(&items)
         }
         Rpc::GetReplicaList => {
             let (key, tenant): (String, String) = args(b)?;
-            tenant_served(&tenant)?;
+            let key = Scope::of(&tenant)?.key(key)?;
             body::<Expected<GetReplicaListResponse>>(&objects.replica_list(service, key)?)
         }
         Rpc::BatchGetReplicaList => {
             let (keys, tenant): (Vec<String>, String) = args(b)?;
-            let items = match tenant_served(&tenant) {
-                Ok(()) => objects.replica_lists(service, keys)?,
-                Err(f) => each_failed(keys.len(), f)?,
+            let n = keys.len();
+            let items = match Scope::of(&tenant).and_then(|s| s.keys(keys)) {
+                Ok(keys) => objects.replica_lists(service, keys)?,
+                Err(f) => each_failed(n, f)?,
             };
             body::<Vec<Expected<GetReplicaListResponse>>>(&items)
         }
         Rpc::GetReplicaListByRegex => {
             let (pattern, tenant): (String, String) = args(b)?;
-            tenant_served(&tenant)?;
+            let scope = Scope::of(&tenant)?;
             body::<Expected<Map<String, Vec<ReplicaDescriptor>>>>(&Ok(
-                objects.replica_lists_matching(service, pattern)?
+                objects.replica_lists_matching(service, pattern, scope.0)?
             ))
         }
         Rpc::RemoveByRegex => {
             let (pattern, force, tenant): (String, bool, String) = args(b)?;
-            tenant_served(&tenant)?;
-            body::<Expected<i64>>(&Ok(objects.remove_matching(service, pattern, force)?))
+            let scope = Scope::of(&tenant)?;
+            body::<Expected<i64>>(&Ok(
+                objects.remove_matching(service, pattern, force, scope.0)?
+            ))
         }
         Rpc::RemoveAll => {
             let (force, tenant): (bool, String) = args(b)?;
-            tenant_served(&tenant)?;
+            let tenant = Scope::of(&tenant)?.0.to_string();
             // A plain `long`, not an expected: Mooncake answers a failure as -1.
-            let removed =
-                call::<_, RemoveAllResp>(service, Opcode::RemoveAll, &RemoveAllReq { force })
-                    .map_or(-1, |r| r.removed as i64);
+            let removed = call::<_, RemoveAllResp>(
+                service,
+                Opcode::RemoveAll,
+                &RemoveAllReq { force, tenant },
+            )
+            .map_or(-1, |r| r.removed as i64);
             body::<i64>(&removed)
         }
         _ => return Err(Fail::Code(error_code::NOT_SUPPORTED)),
@@ -713,17 +723,37 @@ pub fn client_id(u: Uuid) -> u64 {
     (u.0 ^ u.1.rotate_left(32)).max(1)
 }
 
-/// Only Mooncake's default tenant is served.
-fn tenant_served(tenant: &str) -> Result<(), Fail> {
-    if tenant == DEFAULT_TENANT {
-        return Ok(());
+/// A Mooncake request's `tenant_id`: the namespace its keys are in (`master::tenants`).
+/// Whether the tenant is served is the master's to say when a put starts or a namespace is
+/// listed or cleared (`TENANT_NOT_REGISTERED`); a key of a tenant it does not serve is found
+/// nowhere.
+struct Scope<'a>(&'a str);
+
+impl<'a> Scope<'a> {
+    fn of(tenant: &'a str) -> Result<Scope<'a>, Fail> {
+        match tenants::check_name(tenant) {
+            Ok(()) => Ok(Scope(tenant)),
+            Err(e) => {
+                tracing::debug!(error = %e, "a Mooncake request named a malformed tenant");
+                Err(Fail::Code(error_code::TENANT_NOT_REGISTERED))
+            }
+        }
     }
-    tracing::warn!(
-        tenant,
-        "a Mooncake client asked for a tenant other than \"default\"; rbgctl's \
-        master serves the default tenant only (TENANT_NOT_REGISTERED)"
-    );
-    Err(Fail::Code(error_code::TENANT_NOT_REGISTERED))
+
+    /// `key` as the master holds it; a key no client may name is `INVALID_PARAMS`.
+    fn key(&self, key: String) -> Result<String, Fail> {
+        if tenants::check_key(&key).is_err() {
+            return Err(Fail::Code(error_code::INVALID_PARAMS));
+        }
+        Ok(match self.0 {
+            tenants::DEFAULT_TENANT => key,
+            tenant => tenants::scoped(tenant, &key).into_owned(),
+        })
+    }
+
+    fn keys(&self, keys: Vec<String>) -> Result<Vec<String>, Fail> {
+        keys.into_iter().map(|k| self.key(k)).collect()
+    }
 }
 
 /// Mooncake's error code for an rbgctl status.
@@ -739,6 +769,8 @@ pub(super) fn mooncake_code(s: Status) -> i32 {
         Status::SegmentExists => error_code::SEGMENT_ALREADY_EXISTS,
         Status::IllegalClient => error_code::ILLEGAL_CLIENT,
         Status::WriteSuperseded | Status::NotGranted => error_code::INVALID_WRITE,
+        Status::QuotaExceeded => error_code::TENANT_QUOTA_EXCEEDED,
+        Status::TenantNotRegistered => error_code::TENANT_NOT_REGISTERED,
         Status::ChecksumMismatch => error_code::CHECKSUM_MISMATCH,
         Status::NotLeader | Status::ObjectUnavailable | Status::NotDurable => {
             error_code::UNAVAILABLE_IN_CURRENT_STATUS

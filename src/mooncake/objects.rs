@@ -24,6 +24,7 @@ use crate::transfer::message::{
     ReplicaLoc, SealDeferredResp, SealReq, StoredObject, Tier,
 };
 use crate::transfer::server::Service;
+use crate::transfer::tenant as tenants;
 use crate::transfer::{ConnOptions, Opcode, Pool, Status};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -535,11 +536,15 @@ impl Objects {
         &self,
         service: &dyn Service,
         pattern: String,
+        tenant: &str,
     ) -> Result<Map<String, Vec<ReplicaDescriptor>>, Fail> {
-        let keys = matching_keys(service, pattern)?;
+        let keys = matching_keys(service, pattern, tenant)?;
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(REGEX_BATCH) {
-            let lists = self.replica_lists(service, chunk.to_vec())?;
+            let held = chunk
+                .iter()
+                .map(|k| tenants::scoped(tenant, k).into_owned());
+            let lists = self.replica_lists(service, held.collect())?;
             for (key, list) in chunk.iter().zip(lists) {
                 if let Ok(list) = list {
                     found.push((key.clone(), list.replicas));
@@ -556,13 +561,17 @@ impl Objects {
         service: &dyn Service,
         pattern: String,
         force: bool,
+        tenant: &str,
     ) -> Result<i64, Fail> {
-        let keys = matching_keys(service, pattern)?;
+        let keys = matching_keys(service, pattern, tenant)?;
         let mut removed = 0i64;
         for chunk in keys.chunks(REGEX_BATCH) {
             let req = BatchRemoveReq {
                 force,
-                keys: chunk.to_vec(),
+                keys: chunk
+                    .iter()
+                    .map(|k| tenants::scoped(tenant, k).into_owned())
+                    .collect(),
             };
             let r = call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)?;
             removed += r.items.iter().filter(|s| **s == Status::Ok).count() as i64;
@@ -642,11 +651,21 @@ fn revoke(service: &dyn Service, client_id: u64, key: &str, object_id: u64) {
 /// Keys asked of the master per batch in the regex RPCs.
 const REGEX_BATCH: usize = 4096;
 
-/// The readable keys `pattern` matches (at most `LIST_KEYS`'s limit, with a log line when
-/// more do); a pattern the master does not take is Mooncake's `INVALID_PARAMS`.
-fn matching_keys(service: &dyn Service, pattern: String) -> Result<Vec<String>, Fail> {
+/// `tenant`'s readable keys `pattern` matches, as the tenant names them (at most
+/// `LIST_KEYS`'s limit, with a log line when more do); a pattern the master does not take is
+/// Mooncake's `INVALID_PARAMS`.
+fn matching_keys(
+    service: &dyn Service,
+    pattern: String,
+    tenant: &str,
+) -> Result<Vec<String>, Fail> {
     let limit = crate::transfer::codec::MAX_LIST_LEN as u32;
-    let r = call::<_, ListKeysResp>(service, Opcode::ListKeys, &ListKeysReq { pattern, limit })?;
+    let req = ListKeysReq {
+        pattern,
+        limit,
+        tenant: tenant.to_string(),
+    };
+    let r = call::<_, ListKeysResp>(service, Opcode::ListKeys, &req)?;
     if r.truncated {
         tracing::warn!(
             limit,

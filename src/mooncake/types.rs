@@ -290,6 +290,7 @@ pub mod error_code {
     pub const CHECKSUM_MISMATCH: i32 = -801;
     pub const UNAVAILABLE_IN_CURRENT_STATUS: i32 = -1010;
     pub const NOT_SUPPORTED: i32 = -1012;
+    pub const TENANT_QUOTA_EXCEEDED: i32 = -1700;
     pub const TENANT_NOT_REGISTERED: i32 = -1701;
 }
 

@@ -229,6 +229,10 @@ pub enum Status {
     /// A write or seal without the master's grant for exactly its range and version, or an
     /// order to a store that is not its master's (`transfer::grant`).
     NotGranted = 27,
+    /// A put would take its tenant past its quota in bytes (`master::tenants`).
+    QuotaExceeded = 28,
+    /// A key names a tenant the master's tenants file does not name.
+    TenantNotRegistered = 29,
 }
 
 /// The request id of a server's answer to no request: its refusal of the connection.
@@ -259,6 +263,8 @@ impl Status {
             25 => Status::Unauthenticated,
             26 => Status::ConnectionRefused,
             27 => Status::NotGranted,
+            28 => Status::QuotaExceeded,
+            29 => Status::TenantNotRegistered,
             _ => Status::Internal,
         }
     }
@@ -288,6 +294,8 @@ impl Status {
             Status::Unauthenticated => "UNAUTHENTICATED",
             Status::ConnectionRefused => "CONNECTION_REFUSED",
             Status::NotGranted => "NOT_GRANTED",
+            Status::QuotaExceeded => "TENANT_QUOTA_EXCEEDED",
+            Status::TenantNotRegistered => "TENANT_NOT_REGISTERED",
         }
     }
 }
@@ -321,6 +329,8 @@ impl Status {
             Status::Unauthenticated => "this connection has not proven it holds the cluster secret",
             Status::ConnectionRefused => "the server refused the connection at a connection limit",
             Status::NotGranted => "the master granted no such write (range, size and version)",
+            Status::QuotaExceeded => "the put would take its tenant past its quota",
+            Status::TenantNotRegistered => "the master's tenants file does not name this tenant",
         }
     }
 }

@@ -387,9 +387,10 @@ message!(
 );
 message!(ListSegmentsResp { segments: Vec<SegmentEntry> } min_len = 4);
 message!(
-    /// `LIST_KEYS`: readable keys that `pattern` (a regular expression, Rust's `regex` syntax)
-    /// matches anywhere in them, at most `limit` of them.
-    ListKeysReq { pattern: String, limit: u32 } min_len = 2 + 4
+    /// `LIST_KEYS`: `tenant`'s readable keys that `pattern` (a regular expression, Rust's
+    /// `regex` syntax) matches anywhere in them, at most `limit` of them, as the tenant names
+    /// them (`master::tenants`; `default` for a client that names none).
+    ListKeysReq { pattern: String, limit: u32, tenant: String } min_len = 2 + 4 + 2
 );
 message!(
     /// The keys `LIST_KEYS` found, sorted; `truncated` when more matched than `limit`.
@@ -445,7 +446,10 @@ impl ObjectDesc {
 }
 
 message!(RemoveReq { key: String, force: bool } min_len = 3);
-message!(RemoveAllReq { force: bool } min_len = 1);
+message!(
+    /// `REMOVE_ALL`: every readable object of `tenant` (`master::tenants`).
+    RemoveAllReq { force: bool, tenant: String } min_len = 1 + 2
+);
 message!(RemoveAllResp { removed: u64 } min_len = 8);
 
 message!(PutItem { key: String, size: u64 } min_len = 10);

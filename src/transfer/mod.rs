@@ -14,6 +14,7 @@ pub mod rdma;
 pub mod server;
 pub mod stamps;
 pub mod stream;
+pub mod tenant;
 
 pub use frame::{Header, Opcode, Status};
 pub use message::Wire;

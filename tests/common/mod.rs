@@ -399,7 +399,14 @@ impl Cluster {
     }
 
     pub fn client(&self) -> rbgctl::client::Client {
-        let mut cfg = rbgctl::client::ClientConfig::new(self.rpc.clone());
+        self.client_as(rbgctl::transfer::tenant::DEFAULT_TENANT)
+    }
+
+    /// A client whose keys live in `tenant`'s namespace.
+    pub fn client_as(&self, tenant: &str) -> rbgctl::client::Client {
+        let mut cfg = rbgctl::client::ClientConfig::new(self.rpc.clone())
+            .with_tenant(tenant)
+            .unwrap();
         cfg.same_host_shm = false;
         cfg.conn.io_timeout = Duration::from_secs(3);
         rbgctl::client::Client::connect(cfg).unwrap()

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from . import protocol as p
 from .buffers import regions, total
 from .checksum import crc32c_of
-from .config import ClientConfig
+from .config import ClientConfig, held_key
 from .connection import MasterPool, Pool
 from .errors import (
     BufferTooSmall,
@@ -207,6 +207,13 @@ class Client:
 
     # ---- single objects ----
 
+    def _held(self, key: str) -> str:
+        """``key`` as the master holds it: in this client's tenant's namespace."""
+        return held_key(self.config.tenant, key)
+
+    def _held_all(self, keys: Sequence[str]) -> List[str]:
+        return [held_key(self.config.tenant, k) for k in keys]
+
     def put(self, key: str, value, config: Optional[ReplicateConfig] = None) -> None:
         """Stores ``value`` (a buffer, ``(ptr, size)``, tensor, or a list of them) under ``key``,
         replacing any previous value."""
@@ -216,6 +223,7 @@ class Client:
 
     def get(self, key: str) -> bytearray:
         """The value of ``key`` in a new buffer. Raises :class:`ObjectNotFound` when absent."""
+        key = self._held(key)
         desc = self._describe(key)
         buf = bytearray(desc.size)
         self._read_object(key, desc, [memoryview(buf)])
@@ -225,6 +233,7 @@ class Client:
         """Reads ``key`` into the caller's memory (a writable buffer, ``(ptr, size)``, a tensor or
         a list of them, filled in order); returns the value's length."""
         views = regions(target, writable=True)
+        key = self._held(key)
         desc = self._describe(key)
         have = total(views)
         if have < desc.size:
@@ -233,28 +242,33 @@ class Client:
         return desc.size
 
     def get_size(self, key: str) -> int:
-        return self._describe(key).size
+        return self._describe(self._held(key)).size
 
     def describe(self, key: str) -> ObjectDesc:
         """Size, checksum, version and replica locations of ``key`` (takes a read lease)."""
-        return self._describe(key)
+        return self._describe(self._held(key))
 
     def exists(self, key: str) -> bool:
-        return self._master_call(Opcode.EXISTS, p.key_req(key), p.parse_bool)
+        return self._master_call(Opcode.EXISTS, p.key_req(self._held(key)), p.parse_bool)
 
     def remove(self, key: str, force: bool = False) -> None:
         """Removes ``key``; refused (``OBJECT_HAS_LEASE``) while a reader holds a lease, unless
         ``force``."""
+        key = self._held(key)
         self._master_call(Opcode.REMOVE, p.remove_req(key, force), p.parse_empty, key)
 
     def remove_all(self, force: bool = False) -> int:
-        """Removes every object (leased ones only with ``force``); returns how many."""
-        return self._master_call(Opcode.REMOVE_ALL, p.remove_all_req(force), p.parse_u64)
+        """Removes every object of this client's tenant (leased ones only with ``force``);
+        returns how many."""
+        req = p.remove_all_req(force, self.config.tenant)
+        return self._master_call(Opcode.REMOVE_ALL, req, p.parse_u64)
 
     def keys(self, pattern: str = "", limit: int = 1000) -> Tuple[List[str], bool]:
-        """Up to ``limit`` readable keys that ``pattern`` (a regular expression, Rust's ``regex``
-        syntax) matches anywhere in them, sorted, and whether more match."""
-        return self._master_call(Opcode.LIST_KEYS, p.list_keys_req(pattern, limit), p.parse_list_keys)
+        """Up to ``limit`` of this client's tenant's readable keys that ``pattern`` (a regular
+        expression, Rust's ``regex`` syntax) matches anywhere in them, sorted, and whether more
+        match."""
+        req = p.list_keys_req(pattern, limit, self.config.tenant)
+        return self._master_call(Opcode.LIST_KEYS, req, p.parse_list_keys)
 
     def segments(self) -> List[SegmentEntry]:
         """The live segments, as the master lists them."""
@@ -265,6 +279,7 @@ class Client:
     def batch_exists(self, keys: Sequence[str]) -> List[bool]:
         if not keys:
             return []
+        keys = self._held_all(keys)
         out = self._master_call(Opcode.BATCH_EXISTS, p.keys_req(keys), p.parse_bools)
         if len(out) != len(keys):
             raise ProtocolError(f"master answered {len(out)} items for {len(keys)} keys")
@@ -273,6 +288,7 @@ class Client:
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> List[Optional[RbgctlError]]:
         if not keys:
             return []
+        keys = self._held_all(keys)
         statuses = self._master_call(Opcode.BATCH_REMOVE, p.batch_remove_req(keys, force), p.parse_statuses)
         if len(statuses) != len(keys):
             raise ProtocolError(f"master answered {len(statuses)} items for {len(keys)} keys")
@@ -280,6 +296,7 @@ class Client:
 
     def batch_get(self, keys: Sequence[str]) -> List[Union[bytearray, RbgctlError]]:
         """Each value in a new buffer, or the error that kept it from being read."""
+        keys = self._held_all(keys)
         descs = self._batch_describe(keys)
         bufs = [bytearray(d.size) if isinstance(d, ObjectDesc) else bytearray() for d in descs]
         results = self._batch_read(keys, descs, [[memoryview(b)] for b in bufs])
@@ -298,6 +315,7 @@ class Client:
             except RbgctlError as e:
                 views.append(None)
                 bad[i] = e
+        keys = self._held_all(keys)
         descs = self._batch_describe(keys)
         fitted: List[Views] = []
         for i, d in enumerate(descs):
@@ -323,6 +341,7 @@ class Client:
         and one round trip to commit. Per key: ``None`` when stored, else the error."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        keys = self._held_all(keys)
         config = config or self.config.replicate
         results: List[Optional[RbgctlError]] = [None] * len(keys)
         views: List[Views] = [[] for _ in keys]

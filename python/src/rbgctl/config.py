@@ -36,7 +36,6 @@ MOONCAKE_KEYS_IGNORED = frozenset(
         "client_server_address",
         "enable_ssd_offload",
         "ssd_offload_path",
-        "tenant_id",
     }
 )
 
@@ -50,6 +49,25 @@ def check_master(what: str, value: Any) -> str:
         parse_master(value)
         return value
     return check_endpoint(what, value)
+
+
+DEFAULT_TENANT = "default"
+_TENANT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def check_tenant(what: str, value: Any) -> str:
+    """A tenant's name: 1 to 64 letters, digits, ``.``, ``_`` or ``-`` (as the master checks)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 64 or not set(value) <= _TENANT_CHARS:
+        raise ConfigError(f"{what}: {value!r} is not a tenant name: use 1 to 64 letters, digits, '.', '_' or '-'")
+    return value
+
+
+def held_key(tenant: str, key: str) -> str:
+    """The key the master holds for ``tenant``'s ``key``: the default tenant's keys as they
+    are, any other's behind the namespace mark (``\\x01<tenant>\\x01<key>``)."""
+    if key.startswith("\x01"):
+        raise ConfigError("a key may not begin with the byte 0x01 (it marks a tenant's namespace)")
+    return key if tenant == DEFAULT_TENANT else f"\x01{tenant}\x01{key}"
 
 
 def check_endpoint(what: str, value: Any) -> str:
@@ -114,6 +132,9 @@ class ClientConfig:
             names it (``metadata_server``, ``MOONCAKE_TE_META_DATA_SERVER``): ``P2PHANDSHAKE``
             (the default), or the HTTP metadata server they publish to
             (``http://host:port/metadata``).
+        tenant: the tenant whose namespace this client's keys live in (Mooncake's
+            ``tenant_id``, ``MOONCAKE_TENANT_ID``); the master's tenants file must name it.
+            Default ``default``.
     """
 
     master: str
@@ -124,9 +145,11 @@ class ClientConfig:
     replicate: ReplicateConfig = field(default_factory=ReplicateConfig)
     auth_token_file: Optional[str] = None
     metadata_server: str = "P2PHANDSHAKE"
+    tenant: str = DEFAULT_TENANT
 
     def __post_init__(self) -> None:
         check_master("master", self.master)
+        check_tenant("tenant", self.tenant)
         if self.auth_token_file is not None and not isinstance(self.auth_token_file, str):
             raise ConfigError(f"auth_token_file: expected a path, got {self.auth_token_file!r}")
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):
@@ -147,6 +170,8 @@ class ClientConfig:
         "preferred_segment",
         "auth_token_file",
         "metadata_server",
+        "tenant",
+        "tenant_id",
     )
 
     def auth_secret(self) -> Optional[bytes]:
@@ -186,6 +211,9 @@ class ClientConfig:
         metadata_server = values.get("metadata_server", _env(env).get("MOONCAKE_TE_META_DATA_SERVER"))
         if metadata_server:
             kwargs["metadata_server"] = str(metadata_server)
+        tenant = values.get("tenant", values.get("tenant_id", _env(env).get("MOONCAKE_TENANT_ID")))
+        if tenant:
+            kwargs["tenant"] = check_tenant(f"{source}: tenant", tenant)
         if "same_host_shm" in values:
             kwargs["same_host_shm"] = _bool(f"{source}: same_host_shm", values["same_host_shm"])
         for name in ("connect_timeout_s", "io_timeout_s", "heartbeat_interval_s"):

@@ -455,8 +455,9 @@ def remove_req(key: str, force: bool) -> bytes:
     return Encoder().str(key).bool(force).bytes()
 
 
-def remove_all_req(force: bool) -> bytes:
-    return Encoder().bool(force).bytes()
+def remove_all_req(force: bool, tenant: str) -> bytes:
+    """REMOVE_ALL: every readable object of ``tenant``."""
+    return Encoder().bool(force).str(tenant).bytes()
 
 
 def batch_remove_req(keys: Sequence[str], force: bool) -> bytes:
@@ -526,10 +527,10 @@ def parse_empty(d: Decoder) -> None:
     return None
 
 
-def list_keys_req(pattern: str, limit: int) -> bytes:
-    """LIST_KEYS: readable keys a regular expression (Rust's ``regex`` syntax) matches
-    anywhere in them, at most ``limit``."""
-    return Encoder().str(pattern).u32(limit).bytes()
+def list_keys_req(pattern: str, limit: int, tenant: str) -> bytes:
+    """LIST_KEYS: ``tenant``'s readable keys a regular expression (Rust's ``regex`` syntax)
+    matches anywhere in them, at most ``limit``, as the tenant names them."""
+    return Encoder().str(pattern).u32(limit).str(tenant).bytes()
 
 
 def parse_list_keys(d: Decoder) -> Tuple[List[str], bool]:

@@ -30,6 +30,8 @@ class Status(enum.IntEnum):
     UNAUTHENTICATED = 25
     CONNECTION_REFUSED = 26  # unasked, with request id REFUSAL_ID, before the server closes
     NOT_GRANTED = 27  # a write or seal the master granted no put (range, size, version)
+    TENANT_QUOTA_EXCEEDED = 28  # the put would take its tenant past its quota
+    TENANT_NOT_REGISTERED = 29  # the master's tenants file does not name the tenant
 
 
 def status_name(code: int) -> str:

@@ -6,6 +6,7 @@ use super::MasterState;
 use crate::master::eviction;
 use crate::master::objects::Verdict;
 use crate::master::pool_events::PoolMedium;
+use crate::master::tenants;
 use crate::master::tiering::Move;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{MoveItem, MoveKind, ReplicaLoc, Tier, MAX_MOVE_BYTES};
@@ -106,12 +107,50 @@ impl MasterState {
         self.moves.demoting_total() > 0
     }
 
-    /// One eviction walk over memory's least recently used objects, for `need` bytes.
+    /// Eviction of memory's least recently used objects for `need` bytes: first those of the
+    /// tenants over their share (`tenants::eviction_order`), up to what each is over by, then
+    /// anyone's.
     fn evict_walk(&mut self, now: Instant, need: u64, mode: Eviction) -> u64 {
+        let mut freed = 0;
+        let usage = self.indexes.usage();
+        let over = if usage.only_default() && !self.tenants.any_quota() {
+            Vec::new() // one tenant: nobody to take from first
+        } else {
+            let capacity = self.pool_capacity();
+            tenants::eviction_order(usage, &self.tenants.effective(capacity), capacity)
+        };
+        if !over.is_empty() {
+            let mut left: HashMap<String, u64> = over.into_iter().collect();
+            let victims = self.choose_victims(now, need, |key, size| {
+                match left.get_mut(tenants::split(key).0) {
+                    Some(l) if *l > 0 => {
+                        *l = l.saturating_sub(size);
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            freed += self.take_victims(&victims, mode, now);
+        }
+        if freed < need {
+            let victims = self.choose_victims(now, need - freed, |_, _| true);
+            freed += self.take_victims(&victims, mode, now);
+        }
+        self.counters.eviction_runs += 1;
+        freed
+    }
+
+    /// Walks memory's least recently used objects for `need` bytes; `take(key, size)` is told
+    /// of each object the walk would evict and says whether it goes.
+    fn choose_victims(
+        &mut self,
+        now: Instant,
+        need: u64,
+        mut take: impl FnMut(&str, u64) -> bool,
+    ) -> Vec<Box<str>> {
         let (segments, moves) = (&self.segments, &self.moves);
-        let victims = self
-            .objects
-            .eviction_walk(need, |_, entry, set_aside_pass| {
+        self.objects
+            .eviction_walk(need, |key, entry, set_aside_pass| {
                 let Some(v) = &entry.current else {
                     return Verdict::PassOver; // only a put in progress
                 };
@@ -124,10 +163,19 @@ impl MasterState {
                         .get(r.segment_id)
                         .is_some_and(|s| s.is_live_memory())
                 });
-                eviction::verdict(v, on_live_segment, set_aside_pass, now)
-            });
+                match eviction::verdict(v, on_live_segment, set_aside_pass, now) {
+                    Verdict::Evict(bytes) if take(key, v.size) => Verdict::Evict(bytes),
+                    Verdict::Evict(_) => Verdict::Skip,
+                    other => other,
+                }
+            })
+    }
+
+    /// Demotes or drops the objects an eviction walk chose; returns the bytes freed or being
+    /// freed.
+    fn take_victims(&mut self, victims: &[Box<str>], mode: Eviction, now: Instant) -> u64 {
         let (mut freed, mut dropped, mut demoting) = (0, 0u64, 0u64);
-        for k in &victims {
+        for k in victims {
             if mode != Eviction::Drop {
                 match self.demote(k, now) {
                     Demotion::Started(bytes) | Demotion::Done(bytes) => {
@@ -148,7 +196,6 @@ impl MasterState {
                 self.counters.evicted_bytes += bytes;
             }
         }
-        self.counters.eviction_runs += 1;
         self.counters.evicted_objects += dropped;
         if dropped > 0 || demoting > 0 {
             tracing::info!(
@@ -167,7 +214,8 @@ impl MasterState {
         let entry = self.objects.get_mut(k)?;
         let v = entry.current.take()?;
         self.evictions.push(k, self.clock.unix_micros(), tier);
-        self.indexes.version_ended(v.object_id, v.soft_pin_until);
+        self.indexes
+            .version_ended(k, v.object_id, v.size, v.soft_pin_until);
         let medium = match tier {
             Tier::Memory => PoolMedium::Memory,
             Tier::Disk => PoolMedium::Disk,

@@ -46,6 +46,7 @@ use super::indexes::Indexes;
 use super::objects::{ObjectTable, TableFull};
 use super::pool_events::{PoolEvents, PoolMedium};
 use super::reservations::Reservations;
+use super::tenants::{self, Quotas, DEFAULT_TENANT};
 use super::tiering::Moves;
 use crate::transfer::message::{ReplicaLoc, Tier};
 use crate::transfer::Status;
@@ -54,7 +55,7 @@ use clients::ClientTable;
 use forget::ForgetLog;
 use recovery::Walk;
 use segments::SegmentTable;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -209,6 +210,25 @@ pub struct MasterState {
     moves: Moves,
     /// The pool's pages as KV events, for the publisher (`--kv-events-config`).
     pub pool_events: PoolEvents,
+    /// The tenants served and their quotas (`--tenants-file`; the default tenant alone
+    /// without one).
+    tenants: Quotas,
+    /// Puts refused at their tenant's quota, by tenant.
+    quota_refusals: HashMap<Box<str>, u64>,
+}
+
+/// A tenant of the pool as the admin API and the metrics show it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TenantUsage {
+    pub name: String,
+    /// Whether the tenants file names it (a tenant it no longer names keeps its objects).
+    pub registered: bool,
+    /// Bytes of values held, puts in progress included.
+    pub used_bytes: u64,
+    pub quota_bytes: Option<u64>,
+    /// The quota scaled to the pool's capacity now (`Quotas::effective`).
+    pub quota_in_force_bytes: Option<u64>,
+    pub refused_puts: u64,
 }
 
 impl MasterState {
@@ -241,6 +261,8 @@ impl MasterState {
             walks: VecDeque::new(),
             moves: Moves::default(),
             pool_events,
+            tenants: Quotas::default(),
+            quota_refusals: HashMap::new(),
         }
     }
 
@@ -276,6 +298,87 @@ impl MasterState {
         self.evictions = old.evictions;
         self.pool_events = old.pool_events;
         self.pool_events.clear();
+        self.tenants = old.tenants;
+        self.quota_refusals = old.quota_refusals;
+    }
+
+    /// Serves the tenants of a tenants file, with their quotas.
+    pub fn set_tenants(&mut self, tenants: Quotas) {
+        self.tenants = tenants;
+        self.quota_refusals
+            .retain(|t, _| self.tenants.serves(t).is_ok());
+    }
+
+    /// Bytes the pool's live segments hold, memory and disk tiers: what the quotas together
+    /// may never exceed.
+    pub(super) fn pool_capacity(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| matches!(s.state, SegState::Live))
+            .map(|s| s.alloc.capacity())
+            .sum()
+    }
+
+    /// Whether a put of `size` bytes of the held key `key` may start: its tenant must be
+    /// served and stay within its quota in force.
+    fn admit_put(&mut self, key: &str, size: u64) -> OpResult<()> {
+        if let Some(e) = self.unserved(key) {
+            return Err(e);
+        }
+        let tenant = tenants::split(key).0;
+        if tenant == DEFAULT_TENANT && self.tenants.asked(DEFAULT_TENANT).is_none() {
+            return Ok(()); // the common case, at no cost
+        }
+        let quota = self.tenants.in_force(tenant, self.pool_capacity());
+        let used = self.indexes.usage().of(tenant);
+        tenants::admit(tenant, quota, used, size).map_err(|e| {
+            *self.quota_refusals.entry(tenant.into()).or_insert(0) += 1;
+            (Status::QuotaExceeded, e.to_string())
+        })
+    }
+
+    /// Why a request for the held key `key` is refused for its tenant, if it is: a key of a
+    /// tenant the tenants file does not name (as Mooncake answers, rather than a miss), or one
+    /// that names no well-formed tenant. The default tenant's keys cost one byte's look.
+    pub fn unserved(&self, key: &str) -> Option<(Status, String)> {
+        match tenants::tenant_of(key) {
+            Ok(DEFAULT_TENANT) => None,
+            Ok(t) => self
+                .tenants
+                .serves(t)
+                .err()
+                .map(|e| (Status::TenantNotRegistered, e.to_string())),
+            Err(e) => Some((Status::InvalidParams, e.to_string())),
+        }
+    }
+
+    /// Whether `tenant` is served (a name that a request gives for a whole namespace).
+    pub fn check_tenant(&self, tenant: &str) -> OpResult<()> {
+        tenants::check_name(tenant).map_err(|e| (Status::InvalidParams, e.to_string()))?;
+        self.tenants
+            .serves(tenant)
+            .map_err(|e| (Status::TenantNotRegistered, e.to_string()))
+    }
+
+    /// Every tenant served or holding bytes, by name.
+    pub fn tenant_usage(&self) -> Vec<TenantUsage> {
+        let capacity = self.pool_capacity();
+        let usage = self.indexes.usage();
+        let mut names: Vec<&str> = self.tenants.names();
+        names.extend(usage.iter().map(|(t, _)| t));
+        names.sort_unstable();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|t| TenantUsage {
+                name: t.to_owned(),
+                registered: self.tenants.serves(t).is_ok(),
+                used_bytes: usage.of(t),
+                quota_bytes: self.tenants.asked(t),
+                quota_in_force_bytes: self.tenants.in_force(t, capacity),
+                refused_puts: self.quota_refusals.get(t).copied().unwrap_or(0),
+            })
+            .collect()
     }
 
     /// Where `key`'s object lives, as its KV events say (only looked up when they are on).
@@ -393,6 +496,25 @@ impl MasterState {
         s.demoting_bytes = self.moves.demoting_total();
         let _ = now;
         s
+    }
+
+    /// The bytes each tenant holds, recounted by walking every object (tests check the kept
+    /// usage against it).
+    #[cfg(test)]
+    fn recount_usage(&self) -> tenants::Usage {
+        let mut u = tenants::Usage::default();
+        for (k, e) in self.objects.iter() {
+            for size in [
+                e.current.as_ref().map(|v| v.size),
+                e.pending.as_ref().map(|p| p.size),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                u.add(k, size);
+            }
+        }
+        u
     }
 
     /// The summary's object counts, recounted by walking every object (tests check the kept

@@ -43,11 +43,13 @@ impl MasterState {
         now: Instant,
     ) -> OpResult<(u64, Vec<ReplicaLoc>)> {
         Self::check_key(key)?;
+        self.admit_put(key, size)?;
         self.preempt_pending(key, now)?;
         self.objects.make_room().map_err(table_full)?;
         let p = self.start_version(client_id, size, config, true, now)?;
         let answer = (p.object_id, p.replicas.clone());
-        self.indexes.pending_began(key, p.started, p.object_id);
+        self.indexes
+            .pending_began(key, p.started, p.object_id, p.size);
         self.objects.get_or_insert(key).map_err(table_full)?.pending = Some(Box::new(p));
         Ok(answer)
     }
@@ -234,7 +236,8 @@ impl MasterState {
         let Some(p) = entry.pending.take() else {
             return;
         };
-        self.indexes.pending_ended(p.started, p.object_id);
+        self.indexes
+            .pending_ended(key, p.started, p.object_id, p.size);
         if entry.current.is_none() {
             self.objects.remove(key);
         }
@@ -282,7 +285,8 @@ impl MasterState {
                     );
                 }
                 if p.replicas.is_empty() {
-                    self.indexes.pending_ended(p.started, p.object_id);
+                    self.indexes
+                        .pending_ended(key, p.started, p.object_id, p.size);
                     entry.pending = None;
                     if entry.current.is_none() {
                         self.objects.remove(key);
@@ -308,7 +312,8 @@ impl MasterState {
             }
         }
         let p = entry.pending.take().expect("matched above");
-        self.indexes.pending_ended(p.started, p.object_id);
+        self.indexes
+            .pending_ended(key, p.started, p.object_id, p.size);
         self.install(key, *p, checksum, now)
     }
 
@@ -345,14 +350,14 @@ impl MasterState {
             disk_hits: 0,
         };
         self.indexes
-            .version_began(key, new.object_id, new.soft_pin_until);
+            .version_began(key, new.object_id, new.size, new.soft_pin_until);
         let entry = self.objects.touch_or_insert(key).map_err(table_full)?;
         let replaced = entry.current.replace(new);
         let medium = self.medium_of(key);
         self.pool_events.began(key, medium);
         if let Some(old) = replaced {
             self.indexes
-                .version_ended(old.object_id, old.soft_pin_until);
+                .version_ended(key, old.object_id, old.size, old.soft_pin_until);
             self.pool_events.ended(key, medium);
             let until = old.lease_until;
             self.release(&old.replicas, old.size, old.object_id, until, now);
@@ -402,6 +407,8 @@ impl MasterState {
                 Status::ReplicaNotReady,
                 "every replica's segment went away during the put".to_owned(),
             ))
+        } else if let Err(e) = self.admit_put(key, r.size) {
+            Some(e)
         } else if let Err(e) = self.preempt_pending(key, now) {
             Some(e)
         } else if newer > object_id {

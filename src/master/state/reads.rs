@@ -3,6 +3,7 @@
 
 use super::{fail, MasterState, OpResult, Segment};
 use crate::master::objects::Entry;
+use crate::master::tenants;
 use crate::transfer::message::{ObjectDesc, ReplicaLoc};
 use crate::transfer::Status;
 use std::time::Instant;
@@ -11,6 +12,9 @@ impl MasterState {
     /// Where to read `key`; grants a read lease of `default_kv_lease_ttl` and counts as an access.
     /// A read of an object that lives only on disk may promote it (`promotion_on_hit`).
     pub fn get_replicas(&mut self, key: &str, now: Instant) -> OpResult<ObjectDesc> {
+        if let Some(e) = self.unserved(key) {
+            return Err(e);
+        }
         let lease = self.cfg.default_kv_lease_ttl_ms.0;
         let unsure = self.unsure_of_misses(now);
         let segments = &self.segments;
@@ -132,7 +136,8 @@ impl MasterState {
         let r = v.replicas.remove(pos);
         let size = v.size;
         if v.replicas.is_empty() {
-            self.indexes.version_ended(v.object_id, v.soft_pin_until);
+            self.indexes
+                .version_ended(key, v.object_id, v.size, v.soft_pin_until);
             self.pool_events.ended(key, medium);
             entry.current = None;
             if entry.pending.is_none() {
@@ -153,6 +158,9 @@ impl MasterState {
     /// once. A key with only an unfinished put is refused unless
     /// `force`, which revokes the put.
     pub fn remove(&mut self, key: &str, force: bool, now: Instant) -> OpResult<()> {
+        if let Some(e) = self.unserved(key) {
+            return Err(e);
+        }
         let medium = self.medium_of(key);
         let Some(entry) = self.objects.get_mut(key) else {
             return fail(Status::ObjectNotFound, format!("{key:?} not found"));
@@ -167,7 +175,8 @@ impl MasterState {
             }
             Some(_) => {
                 let v = entry.current.take().expect("matched");
-                self.indexes.version_ended(v.object_id, v.soft_pin_until);
+                self.indexes
+                    .version_ended(key, v.object_id, v.size, v.soft_pin_until);
                 self.pool_events.ended(key, medium);
                 if entry.pending.is_none() {
                     self.objects.remove(key);
@@ -191,15 +200,17 @@ impl MasterState {
         }
     }
 
-    /// Removes every readable object (leased ones only with `force`); returns how many.
-    pub fn remove_all(&mut self, force: bool, now: Instant) -> u64 {
+    /// Removes every readable object of `tenant` (leased ones only with `force`); returns how
+    /// many.
+    pub fn remove_all(&mut self, tenant: &str, force: bool, now: Instant) -> u64 {
         let keys: Vec<String> = self
             .objects
             .iter()
-            .filter(|(_, e)| {
-                e.current
-                    .as_ref()
-                    .is_some_and(|v| force || v.lease_until <= now)
+            .filter(|(k, e)| {
+                tenants::owned_by(k, tenant).is_some()
+                    && e.current
+                        .as_ref()
+                        .is_some_and(|v| force || v.lease_until <= now)
             })
             .map(|(k, _)| k.to_owned())
             .collect();
@@ -212,24 +223,42 @@ impl MasterState {
         n
     }
 
-    /// Up to `limit` readable keys starting with `prefix`, sorted, and whether more match.
-    /// Stops as soon as it has `limit + 1`, so a small limit is cheap on a large pool.
-    pub fn keys_with_prefix(&self, prefix: &str, limit: usize) -> (Vec<String>, bool) {
-        self.keys_where(|k| k.starts_with(prefix), limit)
+    /// Up to `limit` of `tenant`'s readable keys starting with `prefix`, as the tenant names
+    /// them, sorted, and whether more match. Stops as soon as it has `limit + 1`, so a small
+    /// limit is cheap on a large pool.
+    pub fn keys_with_prefix(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> (Vec<String>, bool) {
+        self.keys_where(tenant, |k| k.starts_with(prefix), limit)
     }
 
-    /// Up to `limit` readable keys that `re` matches anywhere in them (as Mooncake's regex
-    /// RPCs search), sorted, and whether more match.
-    pub fn keys_matching(&self, re: &regex::Regex, limit: usize) -> (Vec<String>, bool) {
-        self.keys_where(|k| re.is_match(k), limit)
+    /// Up to `limit` of `tenant`'s readable keys that `re` matches anywhere in them (as
+    /// Mooncake's regex RPCs search), as the tenant names them, sorted, and whether more
+    /// match.
+    pub fn keys_matching(
+        &self,
+        tenant: &str,
+        re: &regex::Regex,
+        limit: usize,
+    ) -> (Vec<String>, bool) {
+        self.keys_where(tenant, |k| re.is_match(k), limit)
     }
 
-    fn keys_where(&self, wanted: impl Fn(&str) -> bool, limit: usize) -> (Vec<String>, bool) {
+    fn keys_where(
+        &self,
+        tenant: &str,
+        wanted: impl Fn(&str) -> bool,
+        limit: usize,
+    ) -> (Vec<String>, bool) {
         let mut keys: Vec<String> = self
             .objects
             .iter()
-            .filter(|(k, e)| e.current.is_some() && wanted(k))
-            .map(|(k, _)| k.to_owned())
+            .filter(|(_, e)| e.current.is_some())
+            .filter_map(|(k, _)| tenants::owned_by(k, tenant).filter(|k| wanted(k)))
+            .map(str::to_owned)
             .take(limit.saturating_add(1))
             .collect();
         let truncated = keys.len() > limit;

@@ -310,9 +310,9 @@ impl MasterState {
             });
             if let Some(old) = &old {
                 self.indexes
-                    .version_ended(old.object_id, old.soft_pin_until);
+                    .version_ended(&o.key, old.object_id, old.size, old.soft_pin_until);
             }
-            self.indexes.version_began(&o.key, o.version, None);
+            self.indexes.version_began(&o.key, o.version, o.size, None);
             let medium = self.medium_of(&o.key);
             self.pool_events.began(&o.key, medium);
             if old.is_some() {
@@ -506,7 +506,7 @@ impl MasterState {
                         !gone
                     });
                     if v.replicas.len() < before && v.replicas.is_empty() {
-                        indexes.version_ended(v.object_id, v.soft_pin_until);
+                        indexes.version_ended(key, v.object_id, v.size, v.soft_pin_until);
                         let medium = match on_disk {
                             true => PoolMedium::Disk,
                             false => PoolMedium::Memory,

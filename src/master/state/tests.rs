@@ -372,9 +372,9 @@ fn leases_and_removal() {
         st.remove("k", false, t0).unwrap_err().0,
         Status::ObjectHasLease
     );
-    assert_eq!(st.remove_all(false, t0), 0);
+    assert_eq!(st.remove_all(DEFAULT_TENANT, false, t0), 0);
     assert_eq!(
-        st.remove_all(false, t0 + Duration::from_secs(11)),
+        st.remove_all(DEFAULT_TENANT, false, t0 + Duration::from_secs(11)),
         1,
         "lease over"
     );
@@ -538,10 +538,17 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
             .unwrap();
         st.mount(2, seg("b", 64 << 10), grant_key(), false, now)
             .unwrap();
+        st.set_tenants(
+            tenants::Quotas::parse(
+                "[[tenant]]\nname = \"a\"\nquota = \"40KiB\"\n[[tenant]]\nname = \"b\"\n",
+            )
+            .unwrap(),
+        );
         let mut started: Vec<(String, u64)> = Vec::new();
         for _ in 0..400 {
             now += Duration::from_millis(rng.u64(0..4));
-            let key = format!("k{}", rng.u8(0..30));
+            let tenant = ["default", "a", "b"][rng.usize(0..3)];
+            let key = tenants::scoped(tenant, &format!("k{}", rng.u8(0..30))).into_owned();
             match rng.u8(0..10) {
                 0..=2 => {
                     let pin = ReplicateConfig {
@@ -582,6 +589,7 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
             }
             st.housekeeping(now);
             st.objects.order(); // every object on a list, links intact
+            assert_eq!(st.indexes.usage(), &st.recount_usage(), "seed {seed}");
             let s = st.summary(now);
             pinned += s.soft_pinned_keys;
             assert_eq!(
@@ -592,11 +600,13 @@ fn kept_counts_equal_a_recount_after_a_random_workload() {
         }
         let (client, id) = st.segments().map(|s| (s.client_id, s.id)).next().unwrap();
         st.unmount(client, id, false, now).unwrap();
+        while st.walk_step(WALK_STEP) {}
         let s = st.summary(now);
         assert_eq!(
             (s.keys, s.soft_pinned_keys, s.pending_puts),
             st.recount(now)
         );
+        assert_eq!(st.indexes.usage(), &st.recount_usage(), "seed {seed}");
         evicted += st.counters.evicted_objects;
     }
     assert!(evicted > 0 && pinned > 0, "the workload evicts and pins");
@@ -663,6 +673,7 @@ fn tiers_stay_consistent_through_a_random_workload_with_moves_failing_and_hangin
                 _ => st.housekeeping(now),
             }
             st.objects.order(); // every object on a list, links and lengths intact
+            assert_eq!(st.indexes.usage(), &st.recount_usage(), "seed {seed}");
             let s = st.summary(now);
             assert_eq!(
                 (s.keys, s.soft_pinned_keys, s.pending_puts),
@@ -1512,7 +1523,7 @@ fn keys_are_listed_by_a_pattern_found_anywhere_in_them() {
     }
     st.put_start(7, "page/3", 10, &ONE, t0).unwrap();
     let re = |p: &str| regex::Regex::new(p).unwrap();
-    let (keys, more) = st.keys_matching(&re("^page/"), 10);
+    let (keys, more) = st.keys_matching(DEFAULT_TENANT, &re("^page/"), 10);
     assert_eq!(
         (keys, more),
         (
@@ -1520,11 +1531,11 @@ fn keys_are_listed_by_a_pattern_found_anywhere_in_them() {
             false
         )
     );
-    let (keys, _) = st.keys_matching(&re("page"), 10);
+    let (keys, _) = st.keys_matching(DEFAULT_TENANT, &re("page"), 10);
     assert_eq!(keys.len(), 4, "{keys:?}");
-    let (keys, more) = st.keys_matching(&re("^page/"), 2);
+    let (keys, more) = st.keys_matching(DEFAULT_TENANT, &re("^page/"), 2);
     assert_eq!((keys.len(), more), (2, true));
-    assert_eq!(st.keys_matching(&re(""), 100).0.len(), 5);
+    assert_eq!(st.keys_matching(DEFAULT_TENANT, &re(""), 100).0.len(), 5);
 }
 
 /// A put whose store records it unhashed (Mooncake's one-sided writes) is committed unhashed;
@@ -1601,4 +1612,185 @@ fn checksums_that_stores_send_after_the_put_reach_the_version_they_name() {
             .len(),
         1
     );
+}
+
+fn tenants_file(text: &str) -> tenants::Quotas {
+    tenants::Quotas::parse(text).unwrap()
+}
+
+#[test]
+fn two_tenants_put_the_same_key_and_neither_sees_the_others_object() {
+    let (mut st, t0) = state();
+    st.set_tenants(tenants_file(
+        "[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"b\"\n",
+    ));
+    let (ka, kb) = (tenants::scoped("a", "k"), tenants::scoped("b", "k"));
+    let da = put(&mut st, &ka, 100, 1, t0);
+    let db = put(&mut st, &kb, 200, 2, t0);
+    put(&mut st, "k", 300, 3, t0);
+    assert_ne!(da.version, db.version);
+    assert_eq!(st.get_replicas(&ka, t0).unwrap().size, 100);
+    assert_eq!(st.get_replicas(&kb, t0).unwrap().size, 200);
+    assert_eq!(st.get_replicas("k", t0).unwrap().size, 300);
+    // Each tenant lists its own keys, as it names them.
+    let all = regex::Regex::new("").unwrap();
+    for t in ["a", "b", DEFAULT_TENANT] {
+        assert_eq!(
+            st.keys_matching(t, &all, 10),
+            (vec!["k".to_string()], false),
+            "{t}"
+        );
+        assert_eq!(st.keys_with_prefix(t, "k", 10).0, ["k"], "{t}");
+    }
+    // Clearing one namespace leaves the others.
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(st.remove_all("a", false, later), 1);
+    assert!(!st.exists(&ka, later));
+    assert!(st.exists(&kb, later) && st.exists("k", later));
+    let usage = st.tenant_usage();
+    let used = |t: &str| usage.iter().find(|u| u.name == t).map(|u| u.used_bytes);
+    assert_eq!(
+        (used("a"), used("b"), used(DEFAULT_TENANT)),
+        (Some(0), Some(200), Some(300))
+    );
+    // A key that names no well-formed tenant, or one not served, is refused at its put.
+    let e = st.put_start(7, "\u{1}a", 10, &ONE, t0).unwrap_err();
+    assert_eq!(e.0, Status::InvalidParams, "{}", e.1);
+    let e = st
+        .put_start(7, &tenants::scoped("z", "k"), 10, &ONE, t0)
+        .unwrap_err();
+    assert_eq!(e.0, Status::TenantNotRegistered, "{}", e.1);
+    assert!(e.1.contains("\"z\""), "{}", e.1);
+    assert_eq!(
+        st.check_tenant("z").unwrap_err().0,
+        Status::TenantNotRegistered
+    );
+    // Reads of a tenant not served say so, as Mooncake's master does, rather than miss.
+    let z = tenants::scoped("z", "k");
+    assert_eq!(
+        st.get_replicas(&z, t0).unwrap_err().0,
+        Status::TenantNotRegistered
+    );
+    assert_eq!(
+        st.remove(&z, true, t0).unwrap_err().0,
+        Status::TenantNotRegistered
+    );
+    assert_eq!(st.unserved(&z).unwrap().0, Status::TenantNotRegistered);
+    assert!(st.unserved(&kb).is_none() && st.unserved("k").is_none());
+    assert_eq!(st.check_tenant("a b").unwrap_err().0, Status::InvalidParams);
+}
+
+#[test]
+fn a_put_past_its_tenants_quota_is_refused_while_another_tenant_puts() {
+    let (mut st, t0) = state(); // a 1 MiB pool
+    st.set_tenants(tenants_file(
+        "[[tenant]]\nname = \"a\"\nquota = \"1KiB\"\n[[tenant]]\nname = \"b\"\n",
+    ));
+    let a = |k: &str| tenants::scoped("a", k).into_owned();
+    put(&mut st, &a("1"), 600, 1, t0);
+    // A put in progress counts: a second one that would pass the quota is refused.
+    let (id, _) = st.put_start(7, &a("2"), 400, &ONE, t0).unwrap();
+    let e = st.put_start(7, &a("3"), 100, &ONE, t0).unwrap_err();
+    assert_eq!(e.0, Status::QuotaExceeded, "{}", e.1);
+    assert!(e.1.contains("holds 1000 bytes of 1024"), "{}", e.1);
+    // The other tenant, and the default one, are not held back.
+    put(&mut st, &tenants::scoped("b", "1"), 4096, 2, t0);
+    put(&mut st, "1", 4096, 3, t0);
+    // A put into a reservation is admitted when it is committed.
+    let (rid, _) = st.reserve(7, &[200], &ONE, t0)[0].clone().unwrap();
+    let e = st.put_end(7, &a("4"), rid, Some(1), t0).unwrap_err();
+    assert_eq!(e.0, Status::QuotaExceeded, "{}", e.1);
+    // The revoked put and a removed object make room again.
+    st.put_revoke(7, &a("2"), id, t0).unwrap();
+    put(&mut st, &a("3"), 400, 4, t0);
+    st.remove(&a("1"), true, t0).unwrap();
+    put(&mut st, &a("5"), 600, 5, t0);
+    let usage = st.tenant_usage();
+    let ua = usage.iter().find(|u| u.name == "a").unwrap();
+    assert_eq!(
+        (
+            ua.used_bytes,
+            ua.quota_bytes,
+            ua.quota_in_force_bytes,
+            ua.refused_puts
+        ),
+        (1000, Some(1024), Some(1024), 2)
+    );
+    assert_eq!(st.indexes.usage(), &st.recount_usage());
+}
+
+#[test]
+fn quotas_that_add_up_past_the_pool_are_scaled_to_it() {
+    let (mut st, t0) = state(); // a 1 MiB pool
+    st.set_tenants(tenants_file(
+        "[[tenant]]\nname = \"a\"\nquota = \"1536KiB\"\n[[tenant]]\nname = \"b\"\nquota = \"512KiB\"\n",
+    ));
+    let usage = st.tenant_usage();
+    let in_force: Vec<_> = usage
+        .iter()
+        .map(|u| (u.name.as_str(), u.quota_in_force_bytes))
+        .collect();
+    assert_eq!(
+        in_force,
+        [
+            ("a", Some(768 << 10)),
+            ("b", Some(256 << 10)),
+            (DEFAULT_TENANT, None)
+        ]
+    );
+    let e = st
+        .put_start(7, &tenants::scoped("b", "k"), (256 << 10) + 1, &ONE, t0)
+        .unwrap_err();
+    assert_eq!(e.0, Status::QuotaExceeded, "{}", e.1);
+}
+
+#[test]
+fn eviction_takes_first_from_the_tenant_over_its_share() {
+    let cfg = MasterConfig {
+        default_kv_lease_ttl_ms: Millis(Duration::from_millis(1)),
+        ..MasterConfig::default()
+    };
+    let mut st = master(cfg);
+    let t0 = Instant::now();
+    st.mount(1, seg("s", 64 << 10), grant_key(), false, t0)
+        .unwrap();
+    // Two tenants without quotas share the pool: 32 KiB each.
+    st.set_tenants(tenants_file(
+        "[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"b\"\n",
+    ));
+    let mut now = t0;
+    // b's objects are the oldest, but a holds more than its half.
+    for i in 0..8 {
+        now += Duration::from_millis(2);
+        put(
+            &mut st,
+            &tenants::scoped("b", &format!("{i}")),
+            2 << 10,
+            1,
+            now,
+        );
+    }
+    for i in 0..24 {
+        now += Duration::from_millis(2);
+        put(
+            &mut st,
+            &tenants::scoped("a", &format!("{i}")),
+            2 << 10,
+            1,
+            now,
+        );
+    }
+    now += Duration::from_millis(2);
+    // The pool is full (64 KiB, a holding 48): another put of b's must evict.
+    put(&mut st, &tenants::scoped("b", "more"), 4 << 10, 1, now);
+    let kept_b = (0..8)
+        .filter(|i| st.exists(&tenants::scoped("b", &format!("{i}")), now))
+        .count();
+    let kept_a = (0..24)
+        .filter(|i| st.exists(&tenants::scoped("a", &format!("{i}")), now))
+        .count();
+    assert_eq!(kept_b, 8, "b, under its share, kept every object");
+    assert!(kept_a < 24, "a gave up objects: {kept_a} left");
+    assert!(st.counters.evicted_objects > 0);
+    assert_eq!(st.indexes.usage(), &st.recount_usage());
 }

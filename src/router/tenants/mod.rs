@@ -237,15 +237,7 @@ pub struct Tenants {
     pub reload_errors: AtomicU64,
 }
 
-/// A file's device, inode, length and modification time: a change of any is a new file (a
-/// Kubernetes Secret's update swaps a symbolic link to a new file).
-type Stamp = (u64, u64, u64, i64, i64);
-
-fn stamp(path: &Path) -> std::io::Result<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
-}
+use crate::config::{file_stamp as stamp, FileStamp as Stamp};
 
 fn read_table(path: &Path) -> Result<Table, TenantsError> {
     let read = |source| TenantsError::Read {
