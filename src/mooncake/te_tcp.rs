@@ -13,12 +13,13 @@
 //! transport carries no grant, so it writes only space the master has not given to a
 //! committed object (its own puts' ranges, until their `PutEnd` has them recorded).
 
-use crate::transfer::server::{self, ConnCounters, Place, ServerHandle, ServerOptions};
-use std::io::{ErrorKind, Read, Write};
+use crate::transfer::server::{
+    self, ConnCounters, ForeignConn, Next, ServerHandle, ServerOptions, Step,
+};
+use std::io::ErrorKind;
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Length of a request's session header.
 pub const HEADER_LEN: usize = 24;
@@ -202,213 +203,270 @@ pub struct TeStats {
 }
 
 /// Serves the transport on `listener` under rbgctl's admission (`opts`: connections in all and
-/// per address, the idle one making way, the idle and request timeouts), a thread per
-/// connection, each ended within a tick once `stop` is set.
-pub fn serve<S: TeSegment>(
+/// per address, the idle one making way, the idle and request timeouts), every connection
+/// driven by `loops` event loops (`transfer::server::foreign`): the lanes of Mooncake's
+/// clients take turns of at most `server::BUDGET` bytes, as Mooncake's own event loop serves
+/// them, rather than each a thread.
+pub fn serve<S: TeSegment + 'static>(
     listener: TcpListener,
     segment: Arc<S>,
-    (opts, counters): (ServerOptions, Arc<ConnCounters>),
+    (opts, counters, loops): (ServerOptions, Arc<ConnCounters>, usize),
     stats: Arc<TeStats>,
-    stop: Arc<AtomicBool>,
 ) -> std::io::Result<ServerHandle> {
-    let timeouts = (opts.idle_timeout, opts.request_timeout);
-    server::spawn_foreign(listener, opts, counters, move |stream, peer, place| {
-        if let Err(e) = serve_conn(stream, &*segment, timeouts, &stats, (&stop, &place)) {
-            tracing::debug!(%peer, error = %e, "Mooncake transfer connection ended");
-        }
-    })
+    let new_conn: server::NewConn = Arc::new(move |_peer| {
+        Box::new(TeConn {
+            segment: segment.clone(),
+            stats: stats.clone(),
+            head: [0; HEADER_LEN],
+            stage: Stage::Header { got: 0 },
+        })
+    });
+    server::spawn_foreign_evented(listener, opts, counters, loops, new_conn)
 }
 
-fn serve_conn<S: TeSegment>(
-    mut stream: TcpStream,
-    segment: &S,
-    (idle_timeout, request_timeout): (Duration, Duration),
-    stats: &TeStats,
-    (stop, place): (&AtomicBool, &Place),
-) -> std::io::Result<()> {
-    // The socket's timeouts are set once: reads wake every tick to count a stall against
-    // its limit (idle between requests, the request timeout inside one) and to see `stop`.
-    let tick = request_timeout.min(TICK);
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(tick))?;
-    stream.set_write_timeout(Some(request_timeout))?;
-    let mut patient = Patient {
-        stream: &mut stream,
-        tick,
-        stop,
-    };
-    let mut head = [0u8; HEADER_LEN];
-    loop {
-        place.active(false);
-        // The first bytes of a request end the idle wait (usually the whole header at once);
-        // the rest of it must come within the request timeout.
-        let first = patient.read(&mut head, idle_timeout)?;
-        if first == 0 {
-            return Ok(());
+/// Where a connection is in its request.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// Reading a session header: `got` of its bytes so far.
+    Header { got: usize },
+    /// Taking a WRITE's bytes into the segment, hashing each piece as it comes.
+    Receiving {
+        offset: u64,
+        size: u64,
+        at: u64,
+        crc: u32,
+        v2: bool,
+    },
+    /// Sending a status frame (`status_left` of its bytes, v2) and a READ's bytes (`size`, 0
+    /// after a WRITE), `at` of them sent.
+    Sending {
+        status_left: usize,
+        offset: u64,
+        size: u64,
+        at: u64,
+    },
+}
+
+/// One connection of the transport: its request, as far as it got.
+struct TeConn<S> {
+    segment: Arc<S>,
+    stats: Arc<TeStats>,
+    head: [u8; HEADER_LEN],
+    stage: Stage,
+}
+
+impl<S: TeSegment> TeConn<S> {
+    /// The request its header asks for, checked against the segment.
+    fn located(&self) -> Result<(SessionHeader, u64), TeError> {
+        let h = SessionHeader::decode(&self.head)?;
+        let offset = h.offset_in(self.segment.size())?;
+        if h.op == Op::Write {
+            if let Some(at) = self.segment.recorded_over(offset, h.size) {
+                return Err(TeError::Recorded {
+                    addr: h.addr,
+                    size: h.size,
+                    offset: at,
+                });
+            }
         }
-        place.active(true);
-        patient.read_exact(&mut head[first..], request_timeout)?;
-        let located = SessionHeader::decode(&head).and_then(|h| {
-            let offset = h.offset_in(segment.size())?;
-            if h.op == Op::Write {
-                if let Some(at) = segment.recorded_over(offset, h.size) {
-                    return Err(TeError::Recorded {
-                        addr: h.addr,
-                        size: h.size,
-                        offset: at,
-                    });
-                }
-            }
-            Ok((h, offset))
-        });
-        let (h, offset) = match located {
-            Ok(x) => x,
-            Err(e) => {
-                stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "Mooncake transfer request refused");
-                if head[16] & OPCODE_V2 != 0 {
-                    let _ = patient.stream.write_all(&STATUS_REFUSED.to_le_bytes());
-                }
-                close_gently(stream);
-                return Ok(());
-            }
-        };
-        match h.op {
-            Op::Write => {
-                segment.writing(offset, h.size);
-                // SAFETY: the range lies in the segment and holds no recorded object.
-                let dst = unsafe { segment.bytes_mut(offset, h.size) };
-                // Each piece the socket gives is hashed at once, while it is still in cache.
-                let (mut crc, mut at) = (0, 0);
-                while at < dst.len() {
-                    let end = dst.len().min(at + CHUNK);
-                    match patient.read(&mut dst[at..end], request_timeout)? {
-                        0 => return Err(ErrorKind::UnexpectedEof.into()),
-                        n => {
-                            crc = crc32c::crc32c_append(crc, &dst[at..at + n]);
-                            at += n;
+        Ok((h, offset))
+    }
+
+    /// The header is whole: the request starts, or is refused (v2 is told; the connection
+    /// then ends).
+    fn start(&mut self, stream: &TcpStream) -> Option<Next> {
+        match self.located() {
+            Ok((h, offset)) => {
+                self.stage = match h.op {
+                    Op::Write => {
+                        self.segment.writing(offset, h.size);
+                        Stage::Receiving {
+                            offset,
+                            size: h.size,
+                            at: 0,
+                            crc: 0,
+                            v2: h.v2,
                         }
                     }
-                }
-                segment.wrote(offset, h.size, crc);
-                stats.writes.fetch_add(1, Ordering::Relaxed);
-                stats.bytes_written.fetch_add(h.size, Ordering::Relaxed);
-                if h.v2 {
-                    patient.stream.write_all(&STATUS_OK.to_le_bytes())?;
-                }
+                    Op::Read => Stage::Sending {
+                        status_left: if h.v2 { STATUS_LEN } else { 0 },
+                        offset,
+                        size: h.size,
+                        at: 0,
+                    },
+                };
+                None
             }
-            Op::Read => {
-                // SAFETY: the range lies in the segment; the bytes are only read.
-                let src = unsafe { segment.bytes(offset, h.size) };
-                // v2's status frame and the bytes in one send.
-                let status = STATUS_OK.to_le_bytes();
-                let status: &[u8] = if h.v2 { &status } else { &[] };
-                write_both(patient.stream, status, src)?;
-                stats.reads.fetch_add(1, Ordering::Relaxed);
-                stats.bytes_read.fetch_add(h.size, Ordering::Relaxed);
+            Err(e) => {
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "Mooncake transfer request refused");
+                if self.head[16] & OPCODE_V2 != 0 {
+                    // Eight bytes into an idle socket's buffer: taken whole, or the peer is gone.
+                    let _ = send_some(stream, &STATUS_REFUSED.to_le_bytes());
+                }
+                Some(Next::Linger)
             }
         }
     }
 }
 
-/// How often a connection's reads wake to count a stall and see whether the store stops.
-const TICK: Duration = Duration::from_millis(250);
+/// Bytes of a v2 status frame.
+const STATUS_LEN: usize = 8;
 
-/// A connection's reads, each stall allowed up to a limit, all ended when the store stops.
-struct Patient<'a> {
-    stream: &'a mut TcpStream,
-    /// The socket's read timeout.
-    tick: Duration,
-    stop: &'a AtomicBool,
-}
-
-impl Patient<'_> {
-    /// Reads some bytes into `buf` (0 at the end of the stream), waiting at most `limit` for
-    /// the first.
-    fn read(&mut self, buf: &mut [u8], limit: Duration) -> std::io::Result<usize> {
-        let mut stalled = Duration::ZERO;
+impl<S: TeSegment> ForeignConn for TeConn<S> {
+    fn turn(&mut self, stream: &TcpStream, budget: usize) -> std::io::Result<Step> {
+        let mut moved = 0usize;
+        let step = |moved, next| Ok(Step { moved, next });
         loop {
-            match self.stream.read(buf) {
-                Ok(n) => return Ok(n),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    stalled += self.tick;
-                    if stalled >= limit || self.stop.load(Ordering::Relaxed) {
-                        return Err(ErrorKind::TimedOut.into());
+            match self.stage {
+                Stage::Header { got } => match recv_some(stream, &mut self.head[got..]) {
+                    Ok(0) if got == 0 => return step(moved, Next::Close),
+                    Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => {
+                        moved += n;
+                        if got + n < HEADER_LEN {
+                            self.stage = Stage::Header { got: got + n };
+                        } else if let Some(next) = self.start(stream) {
+                            return step(moved, next);
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        let next = if got == 0 { Next::Idle } else { Next::Busy };
+                        return step(moved, next);
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                },
+                Stage::Receiving {
+                    offset,
+                    size,
+                    at,
+                    crc,
+                    v2,
+                } => {
+                    if moved >= budget {
+                        return step(moved, Next::More);
+                    }
+                    let want = (size - at).min(CHUNK as u64) as usize;
+                    // SAFETY: the range lies in the segment and holds no recorded object.
+                    let dst = unsafe { self.segment.bytes_mut(offset + at, want as u64) };
+                    match recv_some(stream, dst) {
+                        Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                        Ok(n) => {
+                            moved += n;
+                            // Hashed at once, while the piece is still in cache.
+                            let crc = crc32c::crc32c_append(crc, &dst[..n]);
+                            let at = at + n as u64;
+                            self.stage = if at < size {
+                                Stage::Receiving {
+                                    offset,
+                                    size,
+                                    at,
+                                    crc,
+                                    v2,
+                                }
+                            } else {
+                                self.segment.wrote(offset, size, crc);
+                                self.stats.writes.fetch_add(1, Ordering::Relaxed);
+                                self.stats.bytes_written.fetch_add(size, Ordering::Relaxed);
+                                match v2 {
+                                    true => Stage::Sending {
+                                        status_left: STATUS_LEN,
+                                        offset,
+                                        size: 0,
+                                        at: 0,
+                                    },
+                                    false => Stage::Header { got: 0 },
+                                }
+                            };
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            return step(moved, Next::Busy)
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                Stage::Sending {
+                    status_left,
+                    offset,
+                    size,
+                    at,
+                } => {
+                    if moved >= budget {
+                        return step(moved, Next::More);
+                    }
+                    let status = STATUS_OK.to_le_bytes();
+                    let status = &status[STATUS_LEN - status_left..];
+                    let want = (size - at).min(CHUNK as u64);
+                    // SAFETY: the range lies in the segment; the bytes are only read.
+                    let src = unsafe { self.segment.bytes(offset + at, want) };
+                    // The status frame and the bytes in one send.
+                    match send_both(stream, status, src) {
+                        Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                        Ok(n) => {
+                            moved += n;
+                            let from_status = n.min(status_left);
+                            let at = at + (n - from_status) as u64;
+                            let status_left = status_left - from_status;
+                            self.stage = if status_left > 0 || at < size {
+                                Stage::Sending {
+                                    status_left,
+                                    offset,
+                                    size,
+                                    at,
+                                }
+                            } else {
+                                if size > 0 {
+                                    self.stats.reads.fetch_add(1, Ordering::Relaxed);
+                                    self.stats.bytes_read.fetch_add(size, Ordering::Relaxed);
+                                }
+                                Stage::Header { got: 0 }
+                            };
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            return step(moved, Next::Busy)
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
             }
         }
     }
-
-    /// Fills `buf`, each stall allowed up to `limit`.
-    fn read_exact(&mut self, buf: &mut [u8], limit: Duration) -> std::io::Result<()> {
-        let mut at = 0;
-        while at < buf.len() {
-            match self.read(&mut buf[at..], limit)? {
-                0 => return Err(ErrorKind::UnexpectedEof.into()),
-                n => at += n,
-            }
-        }
-        Ok(())
-    }
 }
 
-/// Writes `a` then `b`, vectored: usually one send for both.
-fn write_both(stream: &mut TcpStream, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
-    while !a.is_empty() {
-        let n = match stream.write_vectored(&[std::io::IoSlice::new(a), std::io::IoSlice::new(b)]) {
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            r => r?,
-        };
-        if n == 0 {
-            return Err(ErrorKind::WriteZero.into());
-        }
-        let from_a = n.min(a.len());
-        a = &a[from_a..];
-        b = &b[n - from_a..];
-    }
-    stream.write_all(b)
+/// One `recv` system call.
+fn recv_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    Ok(rustix::net::recv(stream, buf, rustix::net::RecvFlags::empty())?.0)
 }
 
-/// Closes after reading what the peer sent on for a moment (up to 64 KiB), so that the close
-/// is not a reset that could discard the refusal frame before the peer read it.
-fn close_gently(mut stream: TcpStream) {
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let mut scratch = [0u8; 4096];
-    for _ in 0..16 {
-        if !matches!(stream.read(&mut scratch), Ok(n) if n > 0) {
-            break;
-        }
+/// One `send` system call; a peer that closed is an error, not a signal.
+fn send_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    Ok(rustix::net::send(
+        stream,
+        bytes,
+        rustix::net::SendFlags::NOSIGNAL,
+    )?)
+}
+
+/// `a` then `b` in one `sendmsg`; answers the bytes the socket took.
+fn send_both(stream: &TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<usize> {
+    if a.is_empty() {
+        return send_some(stream, b);
     }
+    let iov = [std::io::IoSlice::new(a), std::io::IoSlice::new(b)];
+    Ok(rustix::net::sendmsg(
+        stream,
+        &iov,
+        &mut rustix::net::SendAncillaryBuffer::default(),
+        rustix::net::SendFlags::NOSIGNAL,
+    )?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_status_and_its_bytes_go_out_whole_and_in_order() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut rx, _) = listener.accept().unwrap();
-        // More than a socket's buffers hold: the sends come back short and go on.
-        let data: Vec<u8> = (0..(8usize << 20)).map(|i| (i % 251) as u8).collect();
-        let reader = std::thread::spawn(move || {
-            let mut got = Vec::new();
-            rx.read_to_end(&mut got).unwrap();
-            got
-        });
-        write_both(&mut tx, &STATUS_OK.to_le_bytes(), &data).unwrap();
-        write_both(&mut tx, &[], b"v1: no status").unwrap();
-        drop(tx);
-        let got = reader.join().unwrap();
-        assert_eq!(got[..8], STATUS_OK.to_le_bytes());
-        assert_eq!(got[8..8 + data.len()], data[..]);
-        assert_eq!(&got[8 + data.len()..], b"v1: no status");
-    }
 
     #[test]
     fn headers_decode_as_captured_from_the_wheel() {
@@ -460,42 +518,184 @@ mod tests {
         assert_eq!(h.take(100, 10), Some(5), "a write just after it leaves it");
     }
 
-    #[test]
-    fn a_stalled_read_ends_at_its_limit_and_at_once_when_the_store_stops() {
+    /// A segment of plain memory, recording one object at [4096, 8192).
+    struct Memory {
+        bytes: Vec<std::cell::UnsafeCell<u8>>,
+        hashes: WrittenHashes,
+    }
+
+    // SAFETY: the tests' connections touch disjoint ranges, one turn at a time.
+    unsafe impl Sync for Memory {}
+
+    impl TeSegment for Memory {
+        fn size(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+        fn recorded_over(&self, offset: u64, len: u64) -> Option<u64> {
+            (offset < 8192 && offset + len > 4096).then_some(4096)
+        }
+        unsafe fn bytes(&self, offset: u64, len: u64) -> &[u8] {
+            let p = self.bytes[offset as usize].get();
+            // SAFETY: the caller checked the range.
+            unsafe { std::slice::from_raw_parts(p, len as usize) }
+        }
+        unsafe fn bytes_mut(&self, offset: u64, len: u64) -> &mut [u8] {
+            let p = self.bytes[offset as usize].get();
+            // SAFETY: the caller checked the range.
+            unsafe { std::slice::from_raw_parts_mut(p, len as usize) }
+        }
+        fn writing(&self, offset: u64, len: u64) {
+            self.hashes.forget(offset, len);
+        }
+        fn wrote(&self, offset: u64, len: u64, crc: u32) {
+            self.hashes.put(offset, len, crc);
+        }
+    }
+
+    fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut stream, _) = listener.accept().unwrap();
-        let tick = Duration::from_millis(20);
-        stream.set_read_timeout(Some(tick)).unwrap();
-        let stop = AtomicBool::new(false);
-        let mut patient = Patient {
-            stream: &mut stream,
-            tick,
-            stop: &stop,
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        (peer, server)
+    }
+
+    fn conn(size: usize) -> TeConn<Memory> {
+        TeConn {
+            segment: Arc::new(Memory {
+                bytes: (0..size).map(|_| std::cell::UnsafeCell::new(0)).collect(),
+                hashes: WrittenHashes::default(),
+            }),
+            stats: Arc::default(),
+            head: [0; HEADER_LEN],
+            stage: Stage::Header { got: 0 },
+        }
+    }
+
+    fn header(op: Op, offset: u64, size: u64) -> [u8; HEADER_LEN] {
+        SessionHeader {
+            size,
+            addr: SEGMENT_BASE + offset,
+            op,
+            v2: true,
+        }
+        .encode()
+    }
+
+    /// Turns `c` until it waits with nothing more to do now.
+    fn settle(c: &mut TeConn<Memory>, s: &TcpStream) -> (usize, Next) {
+        let mut moved = 0;
+        loop {
+            let step = c.turn(s, BUDGET).unwrap();
+            moved += step.moved;
+            if step.next != Next::More {
+                return (moved, step.next);
+            }
+        }
+    }
+
+    const BUDGET: usize = server::BUDGET;
+
+    #[test]
+    fn a_request_split_anywhere_is_served_whole_and_each_turn_keeps_to_its_budget() {
+        use std::io::{Read, Write};
+        let (mut peer, server) = pair();
+        let mut c = conn(8 << 20);
+        assert_eq!(settle(&mut c, &server), (0, Next::Idle), "nothing came yet");
+        // A header in two pieces: busy after the first.
+        let value: Vec<u8> = (0..(3usize << 20)).map(|i| (i % 251) as u8).collect();
+        let h = header(Op::Write, 1 << 20, value.len() as u64);
+        peer.write_all(&h[..5]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(settle(&mut c, &server).1, Next::Busy);
+        // The rest and the bytes, from another thread (more than the socket holds).
+        let sender = {
+            let mut peer = peer.try_clone().unwrap();
+            let (h, value) = (h, value.clone());
+            std::thread::spawn(move || {
+                peer.write_all(&h[5..]).unwrap();
+                peer.write_all(&value).unwrap();
+            })
         };
-        // Bytes that come within the limit are read, however they are split.
-        peer.write_all(&[1, 2]).unwrap();
-        let mut buf = [0u8; 2];
-        patient
-            .read_exact(&mut buf, Duration::from_secs(5))
+        let mut status = [0u8; 8];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while c.stats.writes.load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the write never ended"
+            );
+            let step = c.turn(&server, BUDGET).unwrap();
+            assert!(step.moved <= BUDGET + CHUNK, "a turn moved {}", step.moved);
+            if step.next != Next::More {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        sender.join().unwrap();
+        settle(&mut c, &server);
+        peer.read_exact(&mut status).unwrap();
+        assert_eq!(status, STATUS_OK.to_le_bytes());
+        let crc = c.segment.hashes.take(1 << 20, value.len() as u64);
+        assert_eq!(crc, Some(crc32c::crc32c(&value)), "hashed as it came");
+        // A READ of it: status and bytes, more than the socket's buffers hold.
+        peer.write_all(&header(Op::Read, 1 << 20, value.len() as u64))
             .unwrap();
-        assert_eq!(buf, [1, 2]);
-        // Nothing more: a stall of 100 ms, then the read gives up.
-        let t0 = std::time::Instant::now();
-        let e = patient
-            .read(&mut buf, Duration::from_millis(100))
-            .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::TimedOut);
-        assert!(t0.elapsed() >= Duration::from_millis(100));
-        // A store that stops ends a read that could wait an hour, within a tick.
-        stop.store(true, Ordering::Relaxed);
-        let t0 = std::time::Instant::now();
-        let e = patient
-            .read(&mut buf, Duration::from_secs(3600))
-            .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::TimedOut);
-        assert!(t0.elapsed() < Duration::from_secs(5));
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 8 + value.len()];
+            peer.read_exact(&mut got).unwrap();
+            (got, value, peer)
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while c.stats.reads.load(Ordering::Relaxed) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the read never ended");
+            if c.turn(&server, BUDGET).unwrap().next != Next::More {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let (got, value, peer) = reader.join().unwrap();
+        assert_eq!(got[..8], STATUS_OK.to_le_bytes());
+        assert!(got[8..] == value[..], "the bytes came back as written");
+        assert_eq!(settle(&mut c, &server).1, Next::Idle);
         drop(peer);
+        assert_eq!(settle(&mut c, &server).1, Next::Close, "the peer closed");
+    }
+
+    #[test]
+    fn a_write_over_a_recorded_object_or_outside_the_segment_is_refused_and_the_connection_lingers()
+    {
+        use std::io::{Read, Write};
+        for (offset, size) in [(4000, 200), (8 << 20, 1)] {
+            let (mut peer, server) = pair();
+            let mut c = conn(8 << 20);
+            peer.write_all(&header(Op::Write, offset, size)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(settle(&mut c, &server).1, Next::Linger);
+            let mut status = [0u8; 8];
+            peer.read_exact(&mut status).unwrap();
+            assert_eq!(status, STATUS_REFUSED.to_le_bytes());
+            assert_eq!(c.stats.refused.load(Ordering::Relaxed), 1);
+            assert_eq!(c.stats.writes.load(Ordering::Relaxed), 0);
+        }
+        // A connection cut inside a header is an error, not an idle close.
+        let (mut peer, server) = pair();
+        let mut c = conn(1 << 20);
+        peer.write_all(&[1, 2, 3]).unwrap();
+        drop(peer);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut last = c.turn(&server, BUDGET);
+        while matches!(
+            last,
+            Ok(Step {
+                next: Next::Busy,
+                ..
+            })
+        ) {
+            last = c.turn(&server, BUDGET);
+        }
+        assert_eq!(
+            last.unwrap_err().kind(),
+            ErrorKind::UnexpectedEof,
+            "cut mid-header"
+        );
     }
 
     #[test]

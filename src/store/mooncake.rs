@@ -11,12 +11,19 @@ use crate::mooncake::te_tcp::{self, TeSegment, TeStats, WrittenHashes, SEGMENT_B
 use crate::telemetry::PromText;
 use crate::transfer::server::{ConnCounters, ServerHandle, ServerOptions};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Ports Mooncake picks its own from (`MC_MIN_RPC_PORT`..`MC_MAX_RPC_PORT`); a store asked for
 /// port 0 takes a free one here too.
 pub const PORT_RANGE: std::ops::Range<u16> = 15000..17000;
+
+/// Event loops serving the Transfer Engine's connections: one on a small machine (as
+/// Mooncake's own store serves its lanes), one per four cores on larger ones, at most four.
+fn te_loops() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 4).clamp(1, 4)
+}
 
 /// The segment and its records, as the transport reaches them.
 struct Segment {
@@ -61,8 +68,6 @@ pub struct MooncakeDoor {
     /// The two ports' connections, as their admission counts them.
     te_conns: Arc<ConnCounters>,
     handshake_conns: Arc<ConnCounters>,
-    /// Ends the transport's connections (each within a tick).
-    stop: Arc<AtomicBool>,
     servers: parking_lot::Mutex<Vec<ServerHandle>>,
     /// The RDMA target and the thread checking its peers.
     #[cfg(feature = "rdma")]
@@ -125,7 +130,6 @@ impl MooncakeDoor {
             len: memory.size(),
             rdma: None,
         };
-        let stop = Arc::new(AtomicBool::new(false));
         let te = Arc::new(TeStats::default());
         let handshakes = Arc::new(HandshakeStats::default());
         let (te_conns, handshake_conns) = (Arc::default(), Arc::default());
@@ -150,9 +154,9 @@ impl MooncakeDoor {
                             ..opts.clone()
                         },
                         Arc::clone(&te_conns),
+                        te_loops(),
                     ),
                     te.clone(),
-                    stop.clone(),
                 )?);
             }
             #[cfg(feature = "rdma")]
@@ -196,16 +200,14 @@ impl MooncakeDoor {
             handshakes,
             te_conns,
             handshake_conns,
-            stop,
             servers: parking_lot::Mutex::new(servers),
             #[cfg(feature = "rdma")]
             rdma: parking_lot::Mutex::new(rdma),
         })
     }
 
-    /// Stops accepting and ends the transport's connections (each within a tick).
+    /// Stops accepting and ends the transport's connections.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
         for mut server in self.servers.lock().drain(..) {
             server.stop();
         }

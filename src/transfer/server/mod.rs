@@ -18,6 +18,8 @@ mod admission;
 pub use admission::{IDLE_YIELD, UNPROVEN_SHARE};
 mod epoll;
 mod evented;
+mod foreign;
+pub use foreign::{ForeignConn, NewConn, Next, Step, BUDGET};
 mod handshake;
 mod threaded;
 
@@ -685,6 +687,20 @@ pub fn spawn_foreign(
     spawn_threaded(listener, opts, counters, move |stream, peer, slot| {
         serve(stream, peer, Place(slot))
     })
+}
+
+/// Serves `listener` for a protocol that is not rbgctl's under the same admission as
+/// `spawn_foreign`, its connections driven by `loops` event loops (at least one) rather than a
+/// thread each (`foreign`). `opts.auth` is ignored.
+pub fn spawn_foreign_evented(
+    listener: TcpListener,
+    opts: ServerOptions,
+    counters: Arc<ConnCounters>,
+    loops: usize,
+    new_conn: NewConn,
+) -> std::io::Result<ServerHandle> {
+    let opts = ServerOptions { auth: None, ..opts };
+    foreign::spawn(listener, opts, counters, loops, new_conn)
 }
 
 /// Serves `listener` with `threads` event loops (at least one) for a service whose requests
