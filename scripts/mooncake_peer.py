@@ -87,7 +87,8 @@ def percentile(sorted_us, q):
 CASE = "mooncake tcp"
 
 
-def row(op, value, items, latencies, elapsed, errors):
+def row(op, value, items, measured):
+    latencies, elapsed, errors, cpu = measured
     lat = sorted(l * 1e6 for l in latencies)
     ops = len(latencies) * items
     kind = op.split(" ")[0]
@@ -106,12 +107,17 @@ def row(op, value, items, latencies, elapsed, errors):
         "ops_per_s": ops / elapsed if elapsed > 0 else 0.0,
         "p50_us": percentile(lat, 0.50),
         "p99_us": percentile(lat, 0.99),
+        # The client process's own CPU time (all its threads) per call: what no server can
+        # take off a call's latency.
+        "client_cpu_us": cpu * 1e6 / max(1, len(latencies) + errors),
     }
 
 
 def phase(n, time_cap, op):
-    """Runs op(i) for i in 0..n until the time cap; answers latencies, elapsed, errors."""
+    """Runs op(i) for i in 0..n until the time cap; answers latencies, elapsed, errors and the
+    process's CPU seconds."""
     latencies, errors = [], 0
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     for i in range(n):
         if time.perf_counter() - t0 > time_cap:
@@ -121,7 +127,7 @@ def phase(n, time_cap, op):
             latencies.append(time.perf_counter() - start)
         else:
             errors += 1
-    return latencies, time.perf_counter() - t0, errors
+    return latencies, time.perf_counter() - t0, errors, time.process_time() - cpu0
 
 
 def fill(buf, size, seed):
@@ -142,14 +148,14 @@ def client(args):
         data = fill(buf, size, size)
         n = max(1, min(args.phase_ops, args.phase_bytes // size))
         key = lambda i: f"{run}/{size}/{i}"
-        lat, el, err = phase(n, args.phase_time, lambda i: s.put_from(key(i), ptr, size) == 0)
-        rows.append(row("put", size, 1, lat, el, err))
-        written = len(lat)
+        put = phase(n, args.phase_time, lambda i: s.put_from(key(i), ptr, size) == 0)
+        rows.append(row("put", size, 1, put))
+        written = len(put[0])
         ctypes.memset(buf, 0, size)
-        lat, el, err = phase(written, args.phase_time, lambda i: s.get_into(key(i), ptr, size) == size)
+        lat, el, err, cpu = phase(written, args.phase_time, lambda i: s.get_into(key(i), ptr, size) == size)
         if lat and ctypes.string_at(ptr, size) != data:
             err += 1
-        rows.append(row("get", size, 1, lat, el, err))
+        rows.append(row("get", size, 1, (lat, el, err, cpu)))
         s.batch_remove([key(i) for i in range(written)], True)
         s.unregister_buffer(ptr)
 
@@ -163,19 +169,18 @@ def client(args):
     calls = max(1, min(args.phase_ops, args.phase_bytes // v) // b)
     keys = lambda i: [f"{run}/batch/{i}/{j}" for j in range(b)]
     ok = lambda rcs: all(rc == 0 for rc in rcs)
-    lat, el, err = phase(calls, args.phase_time, lambda i: ok(s.batch_put_from(keys(i), ptrs, sizes)))
-    rows.append(row(f"batch_put {b}x", v, b, lat, el, err))
-    written = len(lat)
+    put = phase(calls, args.phase_time, lambda i: ok(s.batch_put_from(keys(i), ptrs, sizes)))
+    rows.append(row(f"batch_put {b}x", v, b, put))
+    written = len(put[0])
     got = lambda rcs: all(rc == v for rc in rcs)
-    lat, el, err = phase(written, args.phase_time, lambda i: got(s.batch_get_into(keys(i), ptrs, sizes)))
-    rows.append(row(f"batch_get {b}x", v, b, lat, el, err))
+    rows.append(row(f"batch_get {b}x", v, b,
+                    phase(written, args.phase_time, lambda i: got(s.batch_get_into(keys(i), ptrs, sizes)))))
     # Which of 128 keys exist (half of them do), asked at once: one master round trip.
     present = [k for i in range(written) for k in keys(i)][:64]
     asked = present + [f"{run}/absent/{j}" for j in range(128 - len(present))]
     want = [1] * len(present) + [0] * (128 - len(present))
-    lat, el, err = phase(args.phase_ops, args.phase_time,
-                         lambda i: list(s.batch_is_exist(asked)) == want)
-    rows.append(row("batch_exists 128x", 0, 128, lat, el, err))
+    rows.append(row("batch_exists 128x", 0, 128,
+                    phase(args.phase_ops, args.phase_time, lambda i: list(s.batch_is_exist(asked)) == want)))
     for i in range(written):
         s.batch_remove(keys(i), True)
     s.unregister_buffer(base)

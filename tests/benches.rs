@@ -533,12 +533,26 @@ fn bench_store_measures_the_mooncake_store_side_by_side() {
         for row in rows {
             assert_eq!(row["errors"], 0, "{side}: {row}");
             assert!(row["ops"].as_u64().unwrap() > 0, "{side}: {row}");
+            // The client's own CPU per call: a wheel call costs its process something.
+            assert!(
+                row["client_cpu_us"].as_f64().is_some_and(|us| us > 0.0),
+                "{side}: {row}"
+            );
         }
     }
     let client = report["versus_mooncake_client"]
         .as_array()
         .expect("the wheel on both pools");
     assert_eq!(client.len(), 7, "{report}");
+    for v in client {
+        for figure in [
+            "rbgctl_client_cpu_us",
+            "peer_client_cpu_us",
+            "rbgctl_p50_us",
+        ] {
+            assert!(v[figure].as_f64().is_some_and(|f| f > 0.0), "{figure}: {v}");
+        }
+    }
     assert!(client
         .iter()
         .any(|v| v["op"] == "batch_exists 128x" && v["ratio"].as_f64().unwrap() > 0.0));

@@ -109,6 +109,16 @@ pub struct Versus {
     pub peer_ops_per_s: f64,
     /// rbgctl's throughput over the peer's (objects or bytes per second: the same ratio).
     pub ratio: f64,
+    /// Median latency of a call, on rbgctl and on the peer.
+    pub rbgctl_p50_us: f64,
+    pub peer_p50_us: f64,
+    /// The client process's own CPU time per call (all its threads), on rbgctl and on the
+    /// peer, when the client reports it (the wheel's rows): a row whose calls cost the client
+    /// about their whole latency is bound by the client, whatever the servers do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rbgctl_client_cpu_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_client_cpu_us: Option<f64>,
 }
 
 /// Runs the peer; answers its rows (case `mooncake tcp`, or `mooncake client on rbgctl tcp`).
@@ -220,6 +230,10 @@ pub fn versus_case(ours: &[PhaseResult], case: &str, peer: &[PhaseResult]) -> Ve
                 } else {
                     f64::INFINITY
                 },
+                rbgctl_p50_us: o.p50_us,
+                peer_p50_us: p.p50_us,
+                rbgctl_client_cpu_us: o.client_cpu_us,
+                peer_client_cpu_us: p.client_cpu_us,
             })
         })
         .collect()

@@ -44,6 +44,10 @@ pub struct PhaseResult {
     /// Where an operation's time went (`bench store --breakdown`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<OpBreakdown>,
+    /// The client process's own CPU time per call, all its threads (the Mooncake wheel's
+    /// rows): what no server can take off a call's latency.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cpu_us: Option<f64>,
 }
 
 /// Where one item's time went, as the client measured it: means per item (a batch call's
@@ -137,6 +141,7 @@ impl PhaseResult {
             p99_us: percentile(&latencies, 0.99).as_secs_f64() * 1e6,
             of_limit: None,
             breakdown: None,
+            client_cpu_us: None,
         }
     }
 }

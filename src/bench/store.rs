@@ -1335,16 +1335,37 @@ fn table(r: &Report) -> String {
 fn versus_table(title: &str, peer: &str, rows: &[mooncake_peer::Versus]) -> String {
     use std::fmt::Write as _;
     let mut out = format!("{title}, one thread:\n");
+    let cpu = rows
+        .iter()
+        .any(|v| v.rbgctl_client_cpu_us.is_some() && v.peer_client_cpu_us.is_some());
     let _ = writeln!(
         out,
-        "{:<17} {:>11} {:>12} {:>9} {:>12} {:>9} {:>7}",
-        "op", "value", "rbgctl ops/s", "GB/s", peer, "GB/s", "×"
+        "{:<17} {:>11} {:>12} {:>9} {:>12} {:>9} {:>7}{}",
+        "op",
+        "value",
+        "rbgctl ops/s",
+        "GB/s",
+        peer,
+        "GB/s",
+        "×",
+        if cpu {
+            "   p50 µs rbgctl/peer   client CPU µs/call rbgctl/peer"
+        } else {
+            ""
+        }
     );
     for v in rows {
         let gb = |ops: f64| ops * v.value_bytes as f64 / 1e9;
+        let ceiling = match (cpu, v.rbgctl_client_cpu_us, v.peer_client_cpu_us) {
+            (true, Some(ours), Some(theirs)) => format!(
+                "   {:>8.0} {:>8.0}   {:>8.0} {:>8.0}",
+                v.rbgctl_p50_us, v.peer_p50_us, ours, theirs
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "{:<17} {:>11} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>7.2}",
+            "{:<17} {:>11} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>7.2}{ceiling}",
             v.op,
             human_bytes(v.value_bytes),
             v.rbgctl_ops_per_s,
@@ -1352,6 +1373,12 @@ fn versus_table(title: &str, peer: &str, rows: &[mooncake_peer::Versus]) -> Stri
             v.peer_ops_per_s,
             gb(v.peer_ops_per_s),
             v.ratio
+        );
+    }
+    if cpu {
+        out.push_str(
+            "(client CPU: the wheel's process, all its threads, per call; a call that costs \
+             the client about its whole latency is bound by the client)\n",
         );
     }
     out
