@@ -10,7 +10,7 @@ use rbgctl::operator::OperatorConfig;
 use rbgctl::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const NS: &str = "default";
 const T: Duration = Duration::from_secs(20);
@@ -1465,4 +1465,91 @@ fn a_group_set_makes_groups_scales_with_kubectl_and_removes_the_highest_index_fi
 
 fn sel_v2(group: &str, role: &str) -> String {
     format!("rbg.workloads.x-k8s.io/group-name={group},rbg.workloads.x-k8s.io/role-name={role}")
+}
+
+/// Issue 67, item 1: a container restart in a leader-worker instance recreates the whole
+/// instance (RBG's `RecreateRoleInstanceOnPodRestart`, the default for the pattern); repeated
+/// restarts back off exponentially from `baseDelaySeconds` up to `maxDelaySeconds`, told in
+/// events and kept in the group's status. A standalone role's pod restarts alone, as a
+/// kubelet restarts it.
+#[test]
+fn a_leader_worker_instance_whose_leader_crashes_is_recreated_with_growing_delays() {
+    let e = env();
+    let _op = e.operator("a");
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "crashy"},
+        "spec": {"roles": [
+            {"name": "lw", "replicas": 1,
+             "leaderWorkerPattern": {"size": 2,
+                "restartPolicyConfig": {"baseDelaySeconds": 1, "maxDelaySeconds": 4},
+                "template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}},
+            {"name": "solo", "replicas": 1,
+             "standalonePattern": {"template": {"spec": {"containers": [
+                {"name": "c", "image": "rbgctl:1"}]}}}}]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("crashy")));
+    let lw = "rbg.workloads.x-k8s.io/group-name=crashy,rbg.workloads.x-k8s.io/role-name=lw";
+    assert!(e.group("crashy")["status"]
+        .get("instanceRestarts")
+        .is_none());
+    // A standalone pod's crash is the kubelet's to restart: the pod stays (checked after the
+    // reconciles below, every one of which saw it).
+    let solo = "rbg.workloads.x-k8s.io/group-name=crashy,rbg.workloads.x-k8s.io/role-name=solo";
+    let solo_before = e.uids(solo);
+    e.kubelet.crash(solo_before.keys().next().unwrap());
+    assert!(wait_until(T, || e.pods(solo).values().all(|p| {
+        p["status"]["containerStatuses"][0]["restartCount"] == 1
+    })));
+    // Five crashes of the leader, each right after the instance came back.
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        let before = e.uids(lw);
+        assert_eq!(before.len(), 2, "{before:?}");
+        let leader = before.keys().min().unwrap().clone();
+        let t0 = Instant::now();
+        e.kubelet.crash(&leader);
+        assert!(
+            wait_until(T, || {
+                let now = e.uids(lw);
+                now.len() == 2
+                    && now.values().all(|u| !before.values().any(|b| b == u))
+                    && e.ready("crashy")
+            }),
+            "the instance is recreated whole: {:?}",
+            e.uids(lw)
+        );
+        took.push(t0.elapsed());
+    }
+    // At once, then after 1, 2, 4 and 4 s (the cap).
+    for (k, want) in [0u64, 1, 2, 4, 4].into_iter().enumerate() {
+        let want = Duration::from_secs(want);
+        assert!(
+            took[k] + Duration::from_millis(50) >= want,
+            "recreation {} came after {:?}, before its {want:?}: {took:?}",
+            k + 1,
+            took[k]
+        );
+    }
+    assert!(took[0] < Duration::from_secs(1), "{took:?}");
+    let said = e.events("InstanceRecreated");
+    let msgs: Vec<&str> = said
+        .iter()
+        .filter_map(|ev| ev["message"].as_str())
+        .collect();
+    for (n, next) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 4)] {
+        assert!(
+            msgs.iter().any(|m| m.contains(&format!(
+                "(recreation {n}; the next no sooner than {next} s after)"
+            ))),
+            "{msgs:?}"
+        );
+    }
+    let kept = &e.group("crashy")["status"]["instanceRestarts"];
+    assert_eq!(kept[0]["instance"], "crashy-lw-0", "{kept}");
+    assert_eq!(kept[0]["count"], 5, "{kept}");
+    assert_eq!(
+        e.uids(solo),
+        solo_before,
+        "the standalone pod was not recreated"
+    );
 }

@@ -11,6 +11,7 @@ use crate::operator::desired::{self, Revision, FINALIZER, GROUP, ROLE};
 use crate::operator::informer::key_of;
 use crate::operator::model::{self, Group};
 use crate::operator::plan::{self, Limits};
+use crate::operator::restarts::{self, History, Verdict};
 use crate::operator::{adapter, finalizer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -95,6 +96,11 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         let (gname, role) = (g.name.clone(), role.to_string());
         move |o: u32| desired::stateful_instance(&gname, &role, o)
     };
+    // Restart policy first: an instance a container restart broke is recreated whole (the
+    // pods it deletes still look alive in this pass; their deletion brings the next one).
+    let mut history = History::of(&obj);
+    let (recreated, restart_due) =
+        recreate_restarted(ctx, &obj, &g, &revs, &views, &mut history).await?;
     // First pass: counts as things are, and each role's plan without coordination (the plan
     // a role takes when no rule holds it back).
     let mut states: BTreeMap<String, RoleState> = BTreeMap::new();
@@ -236,7 +242,10 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             msg,
         ));
     }
-    write_status(ctx, &obj, &g, &counts, &conditions).await?;
+    write_status(ctx, &obj, &g, &counts, &conditions, &history).await?;
+    if recreated {
+        return Ok(Requeue::soonest([Some(STEP_RETRY), restart_due]));
+    }
     let user_partition: BTreeMap<String, u32> = g
         .roles
         .iter()
@@ -316,7 +325,89 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
     Ok(Requeue::soonest([
         again.then_some(STEP_RETRY),
         pending_soon,
+        restart_due,
     ]))
+}
+
+/// Recreates the instances whose containers restarted, as their roles' restart policies and
+/// their backoff allow (each told in an event), and keeps `history` (pruned of roles gone and
+/// of instances without pods whose backoff ran out). Answers whether it recreated any, and how
+/// soon the backoff lets the next one go.
+async fn recreate_restarted(
+    ctx: &Context,
+    obj: &Value,
+    g: &Group,
+    revs: &BTreeMap<String, Revision>,
+    views: &BTreeMap<String, Vec<plan::PodView>>,
+    history: &mut History,
+) -> Result<(bool, Option<Duration>), ReconcileError> {
+    let now = chrono::Utc::now();
+    let (mut recreated, mut due) = (false, None::<Duration>);
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &g.roles {
+        let mut instances: BTreeMap<&str, Vec<&plan::PodView>> = BTreeMap::new();
+        for p in &views[&r.name] {
+            instances.entry(&p.instance).or_default().push(p);
+        }
+        for (instance, pods) in instances {
+            let key = (r.name.clone(), instance.to_string());
+            seen.insert(key.clone());
+            let live: Vec<&plan::PodView> = pods.into_iter().filter(|p| !p.terminating).collect();
+            if live.is_empty() {
+                continue;
+            }
+            let restarted = live.iter().any(|p| p.restarted);
+            let ready = live.len() == r.size() as usize && live.iter().all(|p| p.ready);
+            let past = history.0.get(&key);
+            match restarts::verdict(&r.restart, (&r.name, instance), restarted, ready, past, now) {
+                Verdict::Leave => {}
+                Verdict::Forget => {
+                    history.0.remove(&key);
+                }
+                Verdict::Wait(d) => {
+                    due = Some(due.map_or(d, |s| s.min(d)));
+                }
+                Verdict::Recreate(rec) => {
+                    let broke: Vec<&str> = live
+                        .iter()
+                        .filter(|p| p.restarted)
+                        .map(|p| p.name.as_str())
+                        .collect();
+                    let next = r.restart.delay(rec.count).as_secs();
+                    let msg = format!(
+                        "role {} instance {instance}: a container restarted in {}; the instance \
+                         is recreated (recreation {}; the next no sooner than {next} s after)",
+                        r.name,
+                        broke.join(", "),
+                        rec.count
+                    );
+                    tracing::warn!(group = %g.name, role = %r.name, instance, count = rec.count,
+                        next_after_s = next, "instance recreated after a container restart");
+                    ctx.events
+                        .post(obj, "Warning", "InstanceRecreated", &msg)
+                        .await;
+                    let deletes: Vec<plan::Action> = live
+                        .iter()
+                        .map(|p| plan::Action::Delete {
+                            name: p.name.clone(),
+                            uid: p.uid.clone(),
+                        })
+                        .collect();
+                    ctx.execute(obj, g, r, &revs[&r.name], &deletes).await?;
+                    history.0.insert(key, rec);
+                    recreated = true;
+                }
+            }
+        }
+    }
+    // Records of roles gone, and of instances with no pod left once their backoff ran out.
+    history.0.retain(|key, rec| {
+        let Some(r) = g.roles.iter().find(|r| r.name == key.0) else {
+            return false;
+        };
+        seen.contains(key) || r.restart.recreate && rec.since(now) < r.restart.max
+    });
+    Ok((recreated, due))
 }
 
 /// A spec that cannot be reconciled: told once as an event and in the Ready condition;
@@ -363,6 +454,7 @@ async fn write_status(
     g: &Group,
     counts: &BTreeMap<String, plan::Counts>,
     conditions: &[NewCondition],
+    restarts: &History,
 ) -> Result<(), ReconcileError> {
     let role_statuses: Vec<model::RoleStatus> = g
         .roles
@@ -403,6 +495,16 @@ async fn write_status(
     }
     status["observedGeneration"] = json!(g.generation);
     status["roleStatuses"] = json!(role_statuses);
+    // Only while an instance has been recreated: a group without restarts writes what it did.
+    match status.as_object_mut() {
+        Some(s) if restarts.0.is_empty() => {
+            s.remove("instanceRestarts");
+        }
+        Some(s) => {
+            s.insert("instanceRestarts".into(), json!(restarts.to_status()));
+        }
+        None => {}
+    }
     let now = timestamp_now();
     set_condition(&mut status, cond, &now);
     for c in conditions {

@@ -31,6 +31,7 @@ pub mod leader;
 pub mod model;
 pub mod plan;
 pub mod queue;
+pub mod restarts;
 pub mod throttle;
 
 use crate::kube::{Kube, KubeConfig, KubeError};

@@ -4,6 +4,7 @@
 
 use crate::kube::object::ObjectMeta;
 use crate::kube::patch;
+use crate::operator::restarts::{self, RestartPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -117,6 +118,8 @@ pub struct Role {
     /// `scalingAdapter.enable: true`: the role is scaled through a RoleBasedGroupScalingAdapter
     /// `<group>-<role>`, which carries these extra labels (`scalingAdapter.labels`).
     pub scaling_adapter: Option<BTreeMap<String, String>>,
+    /// What a container restart in one of an instance's pods does (`restarts`).
+    pub restart: RestartPolicy,
 }
 
 impl Role {
@@ -402,7 +405,10 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
             .to_string()
     };
     let stateless = pattern_annotation == Some("Stateless") || workload_kind == "Deployment";
+    // RBG: a leader-worker instance is recreated by default, a standalone pod never.
+    let mut restart = RestartPolicy::NONE;
     let (template, pattern) = if legacy {
+        restart = parse_restart(&name, r, false)?;
         let patch = r.get("templatePatch");
         let template = template_of(spec, &name, r, patch)?;
         match r.get("leaderWorkerSet").filter(|v| !v.is_null()) {
@@ -432,6 +438,7 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         }
         (template_of(spec, &name, p, None)?, Pattern::Standalone)
     } else if let Some(p) = r.get("leaderWorkerPattern").filter(|v| !v.is_null()) {
+        restart = parse_restart(&name, p, true)?;
         let leader_only = match text(p, "sharedServiceSelection") {
             Some("All") => false,
             Some("LeaderOnly") | None => true,
@@ -503,6 +510,7 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
     Ok(Role {
         rollout: parse_rollout(&name, r)?,
         scaling_adapter,
+        restart,
         name,
         replicas,
         dependencies,
@@ -510,6 +518,61 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         pattern,
         stateless,
         service_ports,
+    })
+}
+
+/// A role's restart policy from `at` (a v1alpha2 `leaderWorkerPattern`, or a v1alpha1 role):
+/// `restartPolicyConfig.type`, else the older `restartPolicy`, else recreate when
+/// `recreate_by_default`; delays in whole seconds, the cap no less than the base (RBG's rule).
+fn parse_restart(
+    name: &str,
+    at: &Value,
+    recreate_by_default: bool,
+) -> Result<RestartPolicy, SpecError> {
+    let cfg = &at["restartPolicyConfig"];
+    let kind = text(cfg, "type").or_else(|| text(at, "restartPolicy"));
+    let recreate = match kind {
+        None => recreate_by_default,
+        Some(restarts::RECREATE) => true,
+        Some("None") => false,
+        Some(other) => {
+            return Err(role_err(
+                name,
+                format!(
+                    "restartPolicy {other:?}: use None or {} (RecreateRBGOnPodRestart was \
+                     removed from RBG)",
+                    restarts::RECREATE
+                ),
+            ))
+        }
+    };
+    let seconds = |field: &str, default: std::time::Duration| match cfg.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .filter(|s| *s <= 86_400)
+            .map(std::time::Duration::from_secs)
+            .ok_or_else(|| {
+                role_err(
+                    name,
+                    format!(
+                        "restartPolicyConfig.{field} {v} is not a number of seconds (0 to 86400)"
+                    ),
+                )
+            }),
+    };
+    let base = seconds("baseDelaySeconds", restarts::BASE_DELAY)?;
+    let max = seconds("maxDelaySeconds", restarts::MAX_DELAY)?;
+    if max < base {
+        return Err(role_err(
+            name,
+            "restartPolicyConfig.maxDelaySeconds must be at least baseDelaySeconds",
+        ));
+    }
+    Ok(RestartPolicy {
+        recreate,
+        base,
+        max,
     })
 }
 
@@ -670,5 +733,60 @@ mod tests {
             "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}]}}))
         .unwrap_err();
         assert!(e.to_string().contains("replicas"), "{e}");
+    }
+
+    #[test]
+    fn restart_policies_follow_rbgs_resolution_and_their_delays_are_checked() {
+        let group = |lwp: Value, solo: Value| {
+            json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+                "metadata": {"name": "g"},
+                "spec": {"roles": [
+                    {"name": "lw", "leaderWorkerPattern": lwp},
+                    {"name": "solo", "standalonePattern": solo}]}})
+        };
+        let tpl = json!({"spec": {"containers": [{"name": "c", "image": "i"}]}});
+        let with = |extra: Value| {
+            let mut p = json!({"size": 2, "template": tpl});
+            for (k, v) in extra.as_object().unwrap() {
+                p[k] = v.clone();
+            }
+            p
+        };
+        let policy = |lwp: Value| {
+            parse_group(&group(lwp, json!({"template": tpl})))
+                .map(|g| (g.roles[0].restart, g.roles[1].restart))
+        };
+        // Defaults: a leader-worker instance is recreated, a standalone pod never.
+        let (lw, solo) = policy(with(json!({}))).unwrap();
+        assert!(lw.recreate && !solo.recreate);
+        assert_eq!((lw.base.as_secs(), lw.max.as_secs()), (30, 600));
+        // The config's type wins over the older string; delays as given.
+        let (lw, _) = policy(with(
+            json!({"restartPolicy": "RecreateRoleInstanceOnPodRestart",
+            "restartPolicyConfig": {"type": "None", "baseDelaySeconds": 5, "maxDelaySeconds": 5}}),
+        ))
+        .unwrap();
+        assert!(!lw.recreate);
+        assert_eq!(lw.base.as_secs(), 5);
+        let (lw, _) = policy(with(json!({"restartPolicy": "None"}))).unwrap();
+        assert!(!lw.recreate);
+        // Refused with the field named.
+        for (bad, says) in [
+            (
+                json!({"restartPolicy": "RecreateRBGOnPodRestart"}),
+                "RecreateRBGOnPodRestart",
+            ),
+            (
+                json!({"restartPolicyConfig": {"baseDelaySeconds": 60, "maxDelaySeconds": 10}}),
+                "maxDelaySeconds must be at least baseDelaySeconds",
+            ),
+            (
+                json!({"restartPolicyConfig": {"baseDelaySeconds": -1}}),
+                "baseDelaySeconds",
+            ),
+        ] {
+            let e = policy(with(bad)).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("lw"), "{e}");
+        }
     }
 }

@@ -32,6 +32,8 @@ pub struct PodView {
     pub scheduled: bool,
     /// When an in-place update that the kubelet has not yet confirmed was started.
     pub inplace_unconfirmed_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// A container restarted other than by an in-place update (`restarted`).
+    pub restarted: bool,
 }
 
 /// Phase Running and condition Ready=True.
@@ -39,25 +41,53 @@ pub fn pod_ready(p: &Value) -> bool {
     Pod::of(p).is_ready()
 }
 
+/// What `apply::inplace_ops` records before an in-place update.
+#[derive(serde::Deserialize)]
+struct InPlaceState {
+    #[serde(default, rename = "imageIDs")]
+    image_ids: BTreeMap<String, String>,
+    /// Absent in records written before restart counts were kept.
+    #[serde(default, rename = "restartCounts")]
+    restart_counts: Option<BTreeMap<String, u64>>,
+}
+
+impl InPlaceState {
+    fn of(pod: &Pod<'_>) -> Option<InPlaceState> {
+        let recorded = pod.metadata.annotation(INPLACE_STATE);
+        (!recorded.is_empty())
+            .then(|| serde_json::from_str(recorded).ok())
+            .flatten()
+    }
+}
+
+/// Whether a container of the pod restarted other than by an in-place update: its restart
+/// count is past what it was when the last in-place update started (plus the one restart
+/// that update makes of a container it changed), or past 0 without one. A record from before
+/// restart counts were kept says nothing of the containers it changed.
+pub fn restarted(pod: &Pod<'_>) -> bool {
+    let state = InPlaceState::of(pod);
+    pod.status.container_statuses.iter().any(|c| {
+        let baseline = match &state {
+            None => Some(0),
+            Some(s) => {
+                let before = s.restart_counts.as_ref().and_then(|r| r.get(c.name));
+                match (s.image_ids.contains_key(c.name), before) {
+                    (true, Some(b)) => Some(b + 1),
+                    (true, None) => None,
+                    (false, b) => Some(b.copied().unwrap_or(0)),
+                }
+            }
+        };
+        baseline.is_some_and(|b| c.restart_count > b)
+    })
+}
+
 /// An in-place update is finished when the kubelet runs, Ready, every container it changed as
 /// the new spec says: the status reports the spec's image, and the container was restarted
 /// (restart count up) or runs other content (image ID changed). A retag to the same content
 /// keeps its image ID; the restart and the reported image still show the update took.
 pub fn inplace_done(pod: &Pod<'_>) -> bool {
-    /// What `apply::inplace_ops` records before an in-place update.
-    #[derive(serde::Deserialize)]
-    struct InPlaceState {
-        #[serde(default, rename = "imageIDs")]
-        image_ids: BTreeMap<String, String>,
-        /// Absent in records written before restart counts were kept.
-        #[serde(default, rename = "restartCounts")]
-        restart_counts: Option<BTreeMap<String, u64>>,
-    }
-    let recorded = pod.metadata.annotation(INPLACE_STATE);
-    if recorded.is_empty() {
-        return true;
-    }
-    let Ok(state) = serde_json::from_str::<InPlaceState>(recorded) else {
+    let Some(state) = InPlaceState::of(pod) else {
         return true;
     };
     state.image_ids.iter().all(|(container, id_before)| {
@@ -110,6 +140,7 @@ pub fn view(p: &Value) -> PodView {
             .then(|| inplace_started(&pod))
             .flatten(),
         terminating: meta.is_terminating(),
+        restarted: restarted(&pod),
         failed: pod.status.phase == "Failed",
         scheduled: pod.is_scheduled(),
         uid: meta.uid.to_string(),
@@ -432,6 +463,7 @@ mod tests {
             rollout: Rollout::default(),
             service_ports: vec![],
             scaling_adapter: None,
+            restart: crate::operator::restarts::RestartPolicy::NONE,
         }
     }
 
@@ -456,6 +488,7 @@ mod tests {
             failed: false,
             scheduled: true,
             inplace_unconfirmed_since: None,
+            restarted: false,
         }
     }
 
@@ -721,5 +754,30 @@ mod tests {
         // The other tag and no restart: not yet.
         assert!(!done(pod_after_patch("x:1b", "x:1", "sha256:one", 0, true)));
         assert!(done(json!({"metadata": {}})));
+    }
+
+    #[test]
+    fn a_restart_counts_unless_an_inplace_update_made_it() {
+        let pod = |restarts: u64, state: Option<&str>| {
+            let mut p = json!({"metadata": {"name": "p", "annotations": {}},
+                "status": {"containerStatuses": [
+                    {"name": "c", "restartCount": restarts}, {"name": "side", "restartCount": 0}]}});
+            if let Some(s) = state {
+                p["metadata"]["annotations"][INPLACE_STATE] = json!(s);
+            }
+            p
+        };
+        let restarted = |p: &Value| restarted(&Pod::of(p));
+        assert!(!restarted(&pod(0, None)));
+        assert!(
+            restarted(&pod(1, None)),
+            "a crash of a pod never updated in place"
+        );
+        // An in-place update of `c` from 2 restarts: its own restart is not a crash.
+        let state = r#"{"imageIDs": {"c": "sha"}, "restartCounts": {"c": 2, "side": 0}}"#;
+        assert!(!restarted(&pod(3, Some(state))));
+        assert!(restarted(&pod(4, Some(state))), "one more is a crash");
+        // A record from before restart counts were kept says nothing of what it changed.
+        assert!(!restarted(&pod(9, Some(r#"{"imageIDs": {"c": "sha"}}"#))));
     }
 }

@@ -1,5 +1,6 @@
 //! A SIMULATED kubelet: schedules pods, gives them loopback IPs, marks them Running and Ready
-//! (unless held), restarts containers whose image changed, removes terminating pods.
+//! (unless held), restarts containers whose image changed (or that a test crashes), removes
+//! terminating pods.
 
 use super::*;
 
@@ -31,6 +32,8 @@ pub struct Kubelet {
     cfg: KubeletConfig,
     held: Arc<Mutex<Vec<Selector>>>,
     failed: Arc<Mutex<HashSet<String>>>,
+    /// Crashes of a pod's first container not yet reported, by pod name.
+    crashes: Arc<Mutex<HashMap<String, i64>>>,
     seen: Arc<Mutex<HashMap<String, Instant>>>,
     /// Image references that name the same content (a retag): they share a digest.
     same_digest: Arc<Mutex<HashMap<String, String>>>,
@@ -43,6 +46,7 @@ impl Kubelet {
             cfg,
             held: Default::default(),
             failed: Default::default(),
+            crashes: Default::default(),
             same_digest: Default::default(),
             seen: Default::default(),
         }
@@ -79,6 +83,13 @@ impl Kubelet {
 
     pub fn release_all(&self) {
         self.held.lock().clear();
+    }
+
+    /// The first container of pod `name` crashes once and is restarted (its restart count
+    /// goes up by one, its last state a termination with exit code 1), as a kubelet reports
+    /// a container that exited under `restartPolicy: Always`.
+    pub fn crash(&self, name: &str) {
+        *self.crashes.lock().entry(name.to_string()).or_insert(0) += 1;
     }
 
     /// Marks a pod's containers as failed (phase Failed).
@@ -159,6 +170,7 @@ impl Kubelet {
         let old = pod.get("status").cloned().unwrap_or(json!({}));
         let failed = self.failed.lock().contains(name);
         let ready = !failed && !held.iter().any(|s| s.matches(pod));
+        let mut crashed = self.crashes.lock().remove(name).unwrap_or(0);
         let mut statuses = Vec::new();
         for c in pod
             .pointer("/spec/containers")
@@ -176,14 +188,25 @@ impl Kubelet {
             if prev.is_some_and(|p| p["image"].as_str() != Some(image)) {
                 restarts += 1;
             }
+            let last = prev.map_or(Value::Null, |p| p["lastState"].clone());
+            let last = if crashed > 0 {
+                restarts += std::mem::take(&mut crashed);
+                json!({"terminated": {"exitCode": 1, "reason": "Error"}})
+            } else {
+                last
+            };
             let state = if failed {
                 json!({"terminated": {"exitCode": 1, "reason": "Error"}})
             } else {
                 json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
             };
-            statuses.push(json!({"name": cname, "image": image,
+            let mut status = json!({"name": cname, "image": image,
                 "imageID": self.image_id(image), "ready": ready, "started": !failed,
-                "restartCount": restarts, "state": state}));
+                "restartCount": restarts, "state": state});
+            if !last.is_null() {
+                status["lastState"] = last;
+            }
+            statuses.push(status);
         }
         let ip = old
             .get("podIP")
