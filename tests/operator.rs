@@ -771,6 +771,16 @@ fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
     assert!(e.api.list("pods", NS, &s).is_empty());
     assert!(e.api.list("services", NS, &s).is_empty());
     assert!(e.api.get("configmaps", NS, name).is_none());
+    // The finalizer was released once: a reconcile that came before the watch said the group
+    // was gone found the finalizer gone from the cache (a real API server showed a second
+    // release, answered 404).
+    assert!(wait_until(T, || op.log().contains("finalizer released")));
+    assert_eq!(
+        op.log().matches("finalizer released").count(),
+        1,
+        "{}",
+        op.log()
+    );
 }
 
 fn docs(path: &str) -> Vec<Value> {
@@ -1114,6 +1124,30 @@ fn an_endpoint_the_api_server_refuses_is_left_out_reported_and_blocks_nothing() 
             .is_empty()),
         "role b's pods were not removed"
     );
+    // A second refused endpoint is told in an event of its own; the first is not told again,
+    // and no event's message grows with the pods.
+    e.api
+        .merge_patch(
+            "pods",
+            NS,
+            "lg-a-1",
+            true,
+            json!({"status": {"podIP": "127.0.0.2"}}),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.events("EndpointAddressRefused").len() == 2));
+    let said = e.events("EndpointAddressRefused");
+    let messages: Vec<&str> = said
+        .iter()
+        .filter_map(|ev| ev["message"].as_str())
+        .collect();
+    for pod in ["lg-a-0", "lg-a-1"] {
+        assert_eq!(
+            messages.iter().filter(|m| m.contains(pod)).count(),
+            1,
+            "{messages:?}"
+        );
+    }
     drop(op);
 }
 

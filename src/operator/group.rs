@@ -152,14 +152,15 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         .iter()
         .flat_map(|(_, s)| s.iter().map(String::as_str))
         .collect();
-    let refused = refused.join("; ");
-    if !refused.is_empty() {
+    // One event per endpoint, told once each: the message does not grow as pods come.
+    for endpoint in &refused {
         let msg =
-            format!("endpoints left out of the Service (the API server refuses them): {refused}");
+            format!("endpoint left out of the Service (the API server refuses it): {endpoint}");
         ctx.events
-            .post(&obj, "Warning", "EndpointAddressRefused", &msg)
+            .post_about(&obj, endpoint, "Warning", "EndpointAddressRefused", &msg)
             .await;
     }
+    let refused = refused.join("; ");
     // Written before the status says anything about them: the condition reports what the
     // API server took. One slice that cannot be written does not hold the others back;
     // the first failure is returned at the end (and retried).
@@ -574,15 +575,24 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
     }
     let ops = finalizer::release(&meta, FINALIZER);
     ctx.throttle.wait().await;
+    // What the API server answers goes into the cache at once: a reconcile that comes before
+    // the watch's deletion then finds the finalizer gone, not released a second time.
+    let mark = ctx.caches.groups.mark();
     match ctx
         .kube
         .patch(&group_path(ns, name), &Patch::Json(ops))
         .await
     {
-        Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
+        Ok(v) => {
+            ctx.caches.groups.put_written(v, mark);
+            tracing::info!(group = %key, "children removed; finalizer released");
+        }
+        Err(KubeError::Status { code: 404, .. }) => {
+            ctx.caches.groups.remove_written(&key, mark);
+            tracing::debug!(group = %key, "the group was gone before its finalizer was released");
+        }
         Err(e) => return Err(e.into()),
     }
-    tracing::info!(group = %key, "children removed; finalizer released");
     ctx.events.forget_group(&key);
     Ok(Requeue::AwaitChange)
 }

@@ -366,15 +366,23 @@ async fn finalize(
     }
     let ops = finalizer::release(&meta, FINALIZER);
     ctx.throttle.wait().await;
+    // Into the cache at once, as for a group: released once.
+    let mark = ctx.caches.sets.mark();
     match ctx
         .kube
         .patch(&path(meta.namespace, meta.name), &Patch::Json(ops))
         .await
     {
-        Ok(_) | Err(KubeError::Status { code: 404, .. }) => {}
+        Ok(v) => {
+            ctx.caches.sets.put_written(v, mark);
+            tracing::info!(set = %meta.key(), "groups removed; finalizer released");
+        }
+        Err(KubeError::Status { code: 404, .. }) => {
+            ctx.caches.sets.remove_written(&meta.key(), mark);
+            tracing::debug!(set = %meta.key(), "the set was gone before its finalizer was released");
+        }
         Err(e) => return Err(e.into()),
     }
-    tracing::info!(set = %meta.key(), "groups removed; finalizer released");
     Ok(Requeue::AwaitChange)
 }
 
