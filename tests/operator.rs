@@ -1161,7 +1161,25 @@ fn endpoints_published_is_false_while_the_api_server_refuses_the_slices() {
     let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha1", "kind": "RoleBasedGroup",
         "metadata": {"name": "nes"}, "spec": {"roles": [{"name": "a", "replicas": 1,
             "template": {"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}}}]}});
+    let t0 = Instant::now();
     e.api.create("rolebasedgroups", NS, g).unwrap();
+    // The refused slice is tried again as its backoff allows (100 ms, doubling), not at every
+    // event its group's starting pods bring: the fourth try no sooner than 700 ms after the
+    // first.
+    let tries = || {
+        e.api
+            .counts()
+            .write_faults
+            .get("endpointslices")
+            .copied()
+            .unwrap_or(0)
+    };
+    assert!(wait_until(T, || tries() >= 4), "{}", tries());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(700),
+        "four tries within {:?}",
+        t0.elapsed()
+    );
     let published = |status: &str| {
         e.group("nes")["status"]["conditions"]
             .as_array()

@@ -160,13 +160,28 @@ impl Context {
             .await
     }
 
+    /// Writes an EndpointSlice unless its last write was refused moments ago (`refusals`).
     pub(super) async fn ensure_slice(&self, want: Value) -> Result<(), ReconcileError> {
         let (key, meta) = (key_of(&want), ObjectMeta::of(&want));
         let (collection, name) = (slices_path(meta.namespace), meta.name.to_string());
+        let now = std::time::Instant::now();
+        if let Some(why) = self.refusals.lock().held(&key, now) {
+            return Err(ReconcileError::Held {
+                object: key.clone(),
+                why: why.to_string(),
+            });
+        }
         let cur = self.caches.slices.get(&key);
         let change = slice_change(cur.as_ref(), want);
-        self.apply(&self.caches.slices, &collection, &name, change)
-            .await
+        let written = self
+            .apply(&self.caches.slices, &collection, &name, change)
+            .await;
+        match &written {
+            Ok(()) => self.refusals.lock().written(&key),
+            Err(e) if !e.is_conflict() => self.refusals.lock().refused(&key, now, e.to_string()),
+            Err(_) => {}
+        }
+        written
     }
 
     /// Takes one rollout step of a role; false when a step could not be taken now (an

@@ -20,6 +20,10 @@ use std::sync::Arc;
 pub enum ReconcileError {
     #[error(transparent)]
     Api(#[from] KubeError),
+    /// An object whose last write the API server refused, not written again before its
+    /// backoff (`refusals`).
+    #[error("{object}: held back after the API server refused it ({why})")]
+    Held { object: String, why: String },
 }
 
 impl ReconcileError {
@@ -28,6 +32,7 @@ impl ReconcileError {
     pub fn is_conflict(&self) -> bool {
         match self {
             ReconcileError::Api(e) => e.is_conflict(),
+            ReconcileError::Held { .. } => false,
         }
     }
 }
@@ -118,6 +123,8 @@ pub struct Context {
     pub(super) events: Recorder,
     /// In-place updates unconfirmed for longer than this are reported.
     pub(super) inplace_timeout: std::time::Duration,
+    /// Objects whose writes the API server refused, held back for a while.
+    pub(super) refusals: parking_lot::Mutex<super::refusals::Refusals>,
 }
 
 pub(super) fn ns_of(key: &str) -> (&str, &str) {
@@ -148,6 +155,7 @@ impl Context {
         let throttle = Arc::new(Throttle::new(qps, burst));
         Context {
             inplace_timeout,
+            refusals: Default::default(),
             events: Recorder::new(kube.clone(), throttle.clone()),
             throttle,
             kube,

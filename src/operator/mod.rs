@@ -31,6 +31,7 @@ pub mod leader;
 pub mod model;
 pub mod plan;
 pub mod queue;
+pub mod refusals;
 pub mod restarts;
 pub mod throttle;
 

@@ -133,7 +133,15 @@ pub(super) async fn handle(
         .trim()
         .to_string();
     let mut inner = api.inner.lock();
-    if inner.fail_paths.iter().any(|p| path.contains(p.as_str())) {
+    if let Some(p) = inner
+        .fail_paths
+        .iter()
+        .find(|p| path.contains(p.as_str()))
+        .cloned()
+    {
+        if method != Method::GET {
+            *inner.counts.write_faults.entry(p).or_default() += 1;
+        }
         return reply(
             500,
             api_err(500, "InternalError", "injected fault").status(),

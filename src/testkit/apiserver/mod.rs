@@ -71,6 +71,8 @@ pub struct Counts {
     pub requests_by_agent: BTreeMap<String, u64>,
     pub writes_by_agent: BTreeMap<String, u64>,
     pub writes_by_resource: BTreeMap<String, u64>,
+    /// Writes answered with an injected fault (`fail`), by the path they matched.
+    pub write_faults: BTreeMap<String, u64>,
 }
 
 impl Counts {
