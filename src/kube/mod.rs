@@ -38,7 +38,32 @@ pub enum KubeError {
 
 #[cfg(test)]
 mod conflict_tests {
-    use super::KubeError;
+    use super::{status_message, KubeError};
+
+    #[test]
+    fn a_status_message_carries_its_causes() {
+        let body = r#"{"kind":"Status","status":"Failure","message":"the server rejected our request due to an error in our request","reason":"Invalid","details":{"causes":[{"message":"testing value /metadata/resourceVersion failed: test failed"}]},"code":422}"#;
+        let m = status_message(body);
+        assert_eq!(
+            m,
+            "the server rejected our request due to an error in our request: testing value \
+             /metadata/resourceVersion failed: test failed"
+        );
+        let e = KubeError::Status {
+            path: "/apis/x".into(),
+            code: 422,
+            message: m,
+        };
+        assert!(e.is_conflict(), "the precondition's 422 is a lost race");
+        assert_eq!(status_message(r#"{"message":"m"}"#), "m");
+        assert_eq!(status_message("plain text"), "plain text");
+        let same = r#"{"message":"x: y","details":{"causes":[{"message":"y"}]}}"#;
+        assert_eq!(
+            status_message(same),
+            "x: y",
+            "a cause already in the message"
+        );
+    }
 
     #[test]
     fn a_lost_race_is_a_conflict_and_other_refusals_are_not() {
@@ -55,6 +80,31 @@ mod conflict_tests {
         .is_conflict());
         assert!(!e(422, "spec.replicas: Invalid value").is_conflict());
         assert!(!e(500, "/metadata/resourceVersion").is_conflict());
+    }
+}
+
+/// The message of an API server's error answer: a Status's `message`, with the messages of
+/// its `details.causes` after it (where a 422 says what failed: the server's own message may
+/// be only "the server rejected our request due to an error in our request"); the body as it
+/// is when it is no Status.
+pub fn status_message(body: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return body.to_string();
+    };
+    let Some(message) = v.get("message").and_then(Value::as_str) else {
+        return body.to_string();
+    };
+    let causes: Vec<&str> = v
+        .pointer("/details/causes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("message").and_then(Value::as_str))
+        .filter(|c| !message.contains(c))
+        .collect();
+    match causes.is_empty() {
+        true => message.to_string(),
+        false => format!("{message}: {}", causes.join("; ")),
     }
 }
 
@@ -434,10 +484,7 @@ impl Kube {
         if !resp.status().is_success() {
             let code = resp.status().as_u16();
             let text = resp.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
-                .unwrap_or(text);
+            let message = status_message(&text);
             return Err(KubeError::Status {
                 path: path.to_string(),
                 code,

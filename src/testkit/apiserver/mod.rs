@@ -107,6 +107,9 @@ pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
+    /// What failed, in `details.causes` (the message then says only that the request was
+    /// rejected).
+    pub cause: Option<String>,
 }
 
 fn api_err(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
@@ -114,13 +117,32 @@ fn api_err(code: u16, reason: &'static str, message: impl Into<String>) -> ApiEr
         code,
         reason,
         message: message.into(),
+        cause: None,
+    }
+}
+
+/// A JSON patch that did not apply, as the real API server answers it: 422, a generic message,
+/// the patch library's words as the cause (`NewGenericServerResponse`).
+fn patch_failed(why: impl Into<String>) -> ApiError {
+    ApiError {
+        cause: Some(why.into()),
+        ..api_err(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+        )
     }
 }
 
 impl ApiError {
     fn status(&self) -> Value {
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": self.message, "reason": self.reason, "code": self.code})
+        let mut s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": self.message, "reason": self.reason, "code": self.code});
+        if let Some(cause) = &self.cause {
+            s["details"] =
+                json!({"causes": [{"type": "UnexpectedServerResponse", "message": cause}]});
+        }
+        s
     }
 }
 

@@ -357,7 +357,7 @@ impl Inner {
             "application/json-patch+json" => {
                 new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
                 patch::json_patch(&mut new, body)
-                    .map_err(|e| api_err(422, "Invalid", e.to_string()))?;
+                    .map_err(|e| patch_failed(e.to_string()))?;
                 if new["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"] {
                     new["metadata"]["resourceVersion"] = json!("");
                 }
@@ -497,28 +497,28 @@ impl Inner {
     ) -> Result<Value, ApiError> {
         let paths = Self::scale_paths(r, name)?;
         let (_, old) = self.existing(r, ns, name)?;
-        let scale = match ct {
-            None => body.clone(),
-            Some(ct) => {
-                let mut s = Self::scale_view(paths, &old);
-                s["metadata"]["resourceVersion"] = json!("");
-                match ct {
-                    "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-                        patch::merge(&mut s, body)
+        let scale =
+            match ct {
+                None => body.clone(),
+                Some(ct) => {
+                    let mut s = Self::scale_view(paths, &old);
+                    s["metadata"]["resourceVersion"] = json!("");
+                    match ct {
+                        "application/merge-patch+json"
+                        | "application/strategic-merge-patch+json" => patch::merge(&mut s, body),
+                        "application/json-patch+json" => patch::json_patch(&mut s, body)
+                            .map_err(|e| patch_failed(e.to_string()))?,
+                        other => {
+                            return Err(api_err(
+                                415,
+                                "UnsupportedMediaType",
+                                format!("{other:?} is not a patch type served here"),
+                            ))
+                        }
                     }
-                    "application/json-patch+json" => patch::json_patch(&mut s, body)
-                        .map_err(|e| api_err(422, "Invalid", e.to_string()))?,
-                    other => {
-                        return Err(api_err(
-                            415,
-                            "UnsupportedMediaType",
-                            format!("{other:?} is not a patch type served here"),
-                        ))
-                    }
+                    s
                 }
-                s
-            }
-        };
+            };
         let replicas = scale
             .pointer("/spec/replicas")
             .and_then(Value::as_i64)
