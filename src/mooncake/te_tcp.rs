@@ -14,7 +14,7 @@
 //! committed object (its own puts' ranges, until their `PutEnd` has them recorded).
 
 use crate::transfer::server::{
-    self, ConnCounters, ForeignConn, Next, ServerHandle, ServerOptions, Step,
+    self, recv_some, send_some, ConnCounters, ForeignConn, Next, ServerHandle, ServerOptions, Step,
 };
 use std::io::ErrorKind;
 use std::net::{TcpListener, TcpStream};
@@ -434,20 +434,6 @@ impl<S: TeSegment> ForeignConn for TeConn<S> {
             }
         }
     }
-}
-
-/// One `recv` system call.
-fn recv_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
-    Ok(rustix::net::recv(stream, buf, rustix::net::RecvFlags::empty())?.0)
-}
-
-/// One `send` system call; a peer that closed is an error, not a signal.
-fn send_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
-    Ok(rustix::net::send(
-        stream,
-        bytes,
-        rustix::net::SendFlags::NOSIGNAL,
-    )?)
 }
 
 /// `a` then `b` in one `sendmsg`; answers the bytes the socket took.

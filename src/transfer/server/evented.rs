@@ -20,8 +20,8 @@ use super::admission::Slot;
 use super::epoll::{Epoll, Events, Waker, EVENTS};
 use super::handshake::{bad_header_answer, check_request, unknown_opcode, Handshake, Step};
 use super::{
-    ConnCounters, ConnLogs, Fence, Guest, GuestConn, Handoff, ServerIo, ServerOptions, Service,
-    Sink, MAX_GUEST_CONNECTIONS,
+    recv_some, send_some, ConnCounters, ConnLogs, Fence, Guest, GuestConn, Handoff, ServerIo,
+    ServerOptions, Service, Sink, MAX_GUEST_CONNECTIONS,
 };
 use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
 use crate::transfer::stream::meta_too_long;
@@ -586,21 +586,6 @@ enum Ended {
     Unproven,
     Stalled,
     Idle,
-}
-
-/// One `recv` system call (std's and mio's reads go through libc's wrapper, which marks a
-/// cancellation point around each call: twice the instructions of the call itself).
-fn recv_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
-    Ok(rustix::net::recv(stream, buf, rustix::net::RecvFlags::empty())?.0)
-}
-
-/// One `send` system call (as `recv_some`); a peer that closed is an error, not a signal.
-fn send_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
-    Ok(rustix::net::send(
-        stream,
-        bytes,
-        rustix::net::SendFlags::NOSIGNAL,
-    )?)
 }
 
 /// Writes what the socket takes now; answers how much.

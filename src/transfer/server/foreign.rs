@@ -317,11 +317,11 @@ impl Loop {
 fn drained(stream: &TcpStream) -> bool {
     let mut scratch = [0u8; 4096];
     loop {
-        match rustix::net::recv(stream, &mut scratch, rustix::net::RecvFlags::empty()) {
-            Ok((0, _)) => return true,
+        match super::recv_some(stream, &mut scratch) {
+            Ok(0) => return true,
             Ok(_) => continue,
-            Err(rustix::io::Errno::AGAIN) => return false,
-            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => return true,
         }
     }

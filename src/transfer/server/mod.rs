@@ -689,6 +689,22 @@ pub fn spawn_foreign(
     })
 }
 
+/// One `recv` system call on a non-blocking socket (std's and mio's reads go through libc's
+/// wrapper, which marks a cancellation point around each call: twice the instructions of the
+/// call itself).
+pub fn recv_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    Ok(rustix::net::recv(stream, buf, rustix::net::RecvFlags::empty())?.0)
+}
+
+/// One `send` system call (as `recv_some`); a peer that closed is an error, not a signal.
+pub fn send_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    Ok(rustix::net::send(
+        stream,
+        bytes,
+        rustix::net::SendFlags::NOSIGNAL,
+    )?)
+}
+
 /// Serves `listener` for a protocol that is not rbgctl's under the same admission as
 /// `spawn_foreign`, its connections driven by `loops` event loops (at least one) rather than a
 /// thread each (`foreign`). `opts.auth` is ignored.
