@@ -1620,3 +1620,74 @@ fn a_leader_worker_instance_whose_leader_crashes_is_recreated_with_growing_delay
         "the standalone pod was not recreated"
     );
 }
+
+/// Issue 67, item 5: a set with `rolloutStrategy.rollingUpdate.maxUnavailable: 1` rolls a
+/// template change across its groups one at a time, each next group once the last is Ready
+/// again; status counts the groups that run the template.
+#[test]
+fn a_paced_group_set_rolls_a_template_change_one_group_at_a_time() {
+    let e = env();
+    let _op = e.operator("a");
+    let set = |image: &str| {
+        json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroupSet",
+            "metadata": {"name": "paced"},
+            "spec": {"replicas": 3, "rolloutStrategy": {"rollingUpdate": {"maxUnavailable": 1}},
+                "groupTemplate": {"spec": {"roles": [{"name": "engine", "replicas": 1,
+                    "standalonePattern": template(image)}]}}}})
+    };
+    e.api.create("rolebasedgroupsets", NS, set("e:1")).unwrap();
+    assert!(wait_until(T, || set_ready(&e, "paced", 3)));
+    let image = |g: &str| {
+        e.group(g)
+            .pointer("/spec/roles/0/standalonePattern/template/spec/containers/0/image")
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    // The first group's new pods are held not Ready: the rollout waits on it.
+    e.kubelet.hold("rbg.workloads.x-k8s.io/group-name=paced-0");
+    e.api
+        .json_patch(
+            "rolebasedgroupsets",
+            NS,
+            "paced",
+            json!([{"op": "replace",
+                "path": "/spec/groupTemplate/spec/roles/0/standalonePattern/template/spec/containers/0/image",
+                "value": "e:2"}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || set_status(&e, "paced")["updatedReplicas"] == 1));
+    assert!(wait_until(T, || image("paced-0") == "e:2" && !e.ready("paced-0")));
+    assert_eq!(
+        (image("paced-1"), image("paced-2")),
+        (json!("e:1"), json!("e:1"))
+    );
+    // Released: the others follow one at a time. Read from the highest index down, an updated
+    // group is seen before the ones below it, which were Ready by the time it was updated.
+    e.kubelet.release_all();
+    let mut seen_all = false;
+    let deadline = Instant::now() + T;
+    while Instant::now() < deadline {
+        let down: Vec<String> = ["paced-2", "paced-1", "paced-0"]
+            .into_iter()
+            .filter(|g| image(g) == "e:2" && !e.ready(g))
+            .map(str::to_string)
+            .collect();
+        assert!(down.len() <= 1, "two groups updating at once: {down:?}");
+        if ["paced-0", "paced-1", "paced-2"]
+            .iter()
+            .all(|g| image(g) == "e:2" && e.ready(g))
+        {
+            seen_all = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        seen_all,
+        "the rollout did not finish: {}",
+        set_status(&e, "paced")
+    );
+    assert!(wait_until(T, || set_status(&e, "paced")["updatedReplicas"]
+        == 3
+        && set_ready(&e, "paced", 3)));
+}

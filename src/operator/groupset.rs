@@ -8,6 +8,15 @@
 //! A child's role with `scalingAdapter.enable` keeps the replicas its adapter gave it: the
 //! template's count is where it starts, not where it is held.
 //!
+//! A template change reaches every child at once, as RBG does, unless the set paces it
+//! (`spec.rolloutStrategy.rollingUpdate.maxUnavailable`, a count or a percentage of
+//! `replicas`, rounded down and at least 1; RBG PR #474's shape): then a Ready child is
+//! updated only while fewer than that many children are unavailable (not Ready at their
+//! current spec with every pod at its current revision, the ones being updated among them), so the change rolls across the set that
+//! many groups at a time, each next one once the last is Ready. A child that is not Ready
+//! anyway is updated at once: it counts as unavailable already. Status says how many children
+//! run the template (`updatedReplicas`).
+//!
 //! Planning is pure (`plan`); `Context::reconcile_set` reads the caches and writes.
 
 use super::action::{Requeue, CACHE_SYNC_WAIT};
@@ -50,6 +59,9 @@ pub struct SetSpec {
     pub annotations: Map<String, Value>,
     /// `groupTemplate.spec`: a RoleBasedGroup spec.
     pub spec: Value,
+    /// Children that may be unavailable at once while a template change rolls out; `None`:
+    /// every child is updated at once.
+    pub max_unavailable: Option<u32>,
 }
 
 /// A spec the set cannot be reconciled with.
@@ -87,7 +99,20 @@ impl SetSpec {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         };
+        let max_unavailable =
+            match obj.pointer("/spec/rolloutStrategy/rollingUpdate/maxUnavailable") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    let n = crate::operator::model::IntOrPct::parse(v).map_err(|e| {
+                        SetSpecError(format!(
+                            "spec.rolloutStrategy.rollingUpdate.maxUnavailable: {e}"
+                        ))
+                    })?;
+                    Some(n.resolve(replicas, false).max(1))
+                }
+            };
         Ok(SetSpec {
+            max_unavailable,
             name: m.name.to_string(),
             namespace: m.namespace.to_string(),
             uid: m.uid.to_string(),
@@ -161,6 +186,16 @@ pub fn group_ready(g: &Value) -> bool {
     st.observed_generation == Some(ObjectMeta::of(g).generation) && st.is_true("Ready")
 }
 
+/// Whether a group is Ready at its current spec with its rollout done: every role's pods run
+/// its current revision and are Ready (a group reports Ready while an in-place update is still
+/// rolling through pods that are Ready at the old one).
+pub fn group_settled(g: &Value) -> bool {
+    group_ready(g)
+        && crate::operator::model::RoleStatus::all_of(g)
+            .iter()
+            .all(|r| r.updated_replicas == r.replicas && r.ready_replicas == r.replicas)
+}
+
 /// A set's next writes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
@@ -171,9 +206,11 @@ pub struct Plan {
     /// The one group to delete now: the highest index above `replicas`, once no other is
     /// still going.
     pub delete: Option<(String, String)>,
-    /// Children that exist and are not going, and those of them that are Ready.
+    /// Children that exist and are not going, those of them that are Ready, and those that
+    /// run the template as it is (after this plan's updates).
     pub replicas: u32,
     pub ready: u32,
+    pub updated: u32,
 }
 
 /// The index a child group says it has.
@@ -188,19 +225,35 @@ pub fn plan(set: &SetSpec, children: &[Value]) -> Plan {
         .iter()
         .filter(|c| !ObjectMeta::of(c).is_terminating())
         .collect();
+    // Paced: how many more Ready children may be taken down for an update now.
+    let unavailable = live.iter().filter(|c| !group_settled(c)).count() as u32;
+    let mut budget = set
+        .max_unavailable
+        .map_or(u32::MAX, |m| m.saturating_sub(unavailable));
+    let mut current = 0;
     for i in 0..set.replicas {
         let name = child_name(&set.name, i);
         match children.iter().find(|c| ObjectMeta::of(c).name == name) {
             None => p.create.push(child(set, i, None)),
             // The old one is still going; its successor comes when it is gone.
             Some(c) if ObjectMeta::of(c).is_terminating() => {}
-            Some(c) => {
-                if let Some(next) = updated(c, &child(set, i, Some(c))) {
+            Some(c) => match updated(c, &child(set, i, Some(c))) {
+                None => current += 1,
+                Some(next) if !group_settled(c) => {
+                    current += 1;
                     p.update.push(next);
                 }
-            }
+                Some(next) if budget > 0 => {
+                    budget -= 1;
+                    current += 1;
+                    p.update.push(next);
+                }
+                // Its turn comes when fewer children are unavailable.
+                Some(_) => {}
+            },
         }
     }
+    p.updated = current;
     let wanted = |c: &Value| {
         index_of(c)
             .is_some_and(|i| i < set.replicas && ObjectMeta::of(c).name == child_name(&set.name, i))
@@ -238,6 +291,9 @@ pub fn status(set: &SetSpec, old: &Value, p: &Plan) -> Value {
     st["observedGeneration"] = json!(set.generation);
     st["replicas"] = json!(p.replicas);
     st["readyReplicas"] = json!(p.ready);
+    if set.max_unavailable.is_some() || old.get("updatedReplicas").is_some() {
+        st["updatedReplicas"] = json!(p.updated);
+    }
     let cond = if p.ready == set.replicas && p.replicas == set.replicas {
         NewCondition::new(
             "Ready",
@@ -492,5 +548,52 @@ mod tests {
                                     "spec": {"groupTemplate": {"spec": {"roles": [{"name": "r"}]}}}}))
         .unwrap();
         assert_eq!(d.replicas, 1, "one replica by default");
+    }
+
+    #[test]
+    fn a_paced_template_change_rolls_across_the_set_max_unavailable_groups_at_a_time() {
+        let paced = |max: Value| {
+            let mut obj = json!({
+                "metadata": {"name": "s", "namespace": "ns", "uid": "u", "generation": 3},
+                "spec": {"replicas": 4,
+                    "rolloutStrategy": {"rollingUpdate": {"maxUnavailable": max}},
+                    "groupTemplate": {"spec": {"roles": [{"name": "r", "replicas": 2}]}}}});
+            SetSpec::of(&obj).map(|s| {
+                obj["spec"]["groupTemplate"]["spec"]["roles"][0]["replicas"] = json!(3);
+                (s, SetSpec::of(&obj).unwrap())
+            })
+        };
+        let (old, new) = paced(json!(1)).unwrap();
+        assert_eq!(new.max_unavailable, Some(1));
+        let mut kids: Vec<Value> = (0..4).map(|i| existing(&old, i, false, true)).collect();
+        // All Ready: one child is updated, the lowest index.
+        let p = plan(&new, &kids);
+        let names: Vec<&str> = p.update.iter().map(|g| ObjectMeta::of(g).name).collect();
+        assert_eq!(names, ["s-0"]);
+        assert_eq!(p.updated, 1);
+        // It is not Ready yet (its new spec not observed): nothing more.
+        kids[0] = p.update[0].clone();
+        kids[0]["metadata"]["generation"] = json!(2);
+        assert!(plan(&new, &kids).update.is_empty());
+        // Ready again: the next one.
+        kids[0]["status"] = json!({"observedGeneration": 2,
+                                   "conditions": [{"type": "Ready", "status": "True"}]});
+        let p = plan(&new, &kids);
+        let names: Vec<&str> = p.update.iter().map(|g| ObjectMeta::of(g).name).collect();
+        assert_eq!(names, ["s-1"]);
+        // A child that is not Ready anyway is updated at once, beside the paced one.
+        kids[3]["status"] = json!({});
+        let p = plan(&new, &kids);
+        let names: Vec<&str> = p.update.iter().map(|g| ObjectMeta::of(g).name).collect();
+        assert_eq!(names, ["s-3"], "s-3 down already uses the budget of one");
+        // 50 % of 4: two at a time.
+        let (_, half) = paced(json!("50%")).unwrap();
+        let kids: Vec<Value> = (0..4).map(|i| existing(&old, i, false, true)).collect();
+        assert_eq!(plan(&half, &kids).update.len(), 2);
+        // Unpaced (the default): all at once, as before.
+        let mut unpaced = new.clone();
+        unpaced.max_unavailable = None;
+        assert_eq!(plan(&unpaced, &kids).update.len(), 4);
+        assert!(paced(json!("lots")).is_err());
     }
 }
