@@ -1691,3 +1691,161 @@ fn a_paced_group_set_rolls_a_template_change_one_group_at_a_time() {
         == 3
         && set_ready(&e, "paced", 3)));
 }
+
+/// The CEL rules of a CRD version's schema (`x-kubernetes-validations`), evaluated as the API
+/// server does: each rule with `self` bound to the value at the schema node that carries it,
+/// down through `properties` and `items`. Answers the messages of the rules that fail (or do
+/// not evaluate). Kubernetes' `type()` and the type names `int` and `string` are provided.
+fn cel_refusals(schema: &Value, value: &Value, path: &str) -> Vec<String> {
+    use cel_interpreter::{Context, Program, Value as Cel};
+    let mut out = Vec::new();
+    for v in schema["x-kubernetes-validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let rule = v["rule"].as_str().unwrap();
+        let program = Program::compile(rule).unwrap_or_else(|e| panic!("{rule}: {e:?}"));
+        let mut ctx = Context::default();
+        ctx.add_variable("self", cel_interpreter::to_value(value).unwrap())
+            .unwrap();
+        ctx.add_variable("int", Cel::String(std::sync::Arc::new("int".into())))
+            .unwrap();
+        ctx.add_variable("string", Cel::String(std::sync::Arc::new("string".into())))
+            .unwrap();
+        ctx.add_function("type", |v: Cel| -> String {
+            match v {
+                Cel::Int(_) | Cel::UInt(_) => "int",
+                Cel::String(_) => "string",
+                Cel::Bool(_) => "bool",
+                Cel::Float(_) => "double",
+                Cel::List(_) => "list",
+                Cel::Map(_) => "map",
+                _ => "other",
+            }
+            .to_string()
+        });
+        if !matches!(program.execute(&ctx), Ok(Cel::Bool(true))) {
+            out.push(format!("{path}: {}", v["message"].as_str().unwrap_or(rule)));
+        }
+    }
+    if let (Some(props), Some(obj)) = (schema["properties"].as_object(), value.as_object()) {
+        for (k, s) in props {
+            if let Some(v) = obj.get(k) {
+                out.extend(cel_refusals(s, v, &format!("{path}.{k}")));
+            }
+        }
+    }
+    if let (Some(items), Some(list)) = (schema.get("items"), value.as_array()) {
+        for (i, v) in list.iter().enumerate() {
+            out.extend(cel_refusals(items, v, &format!("{path}[{i}]")));
+        }
+    }
+    out
+}
+
+/// Issue 67, item 7: the RoleBasedGroup CRD's CEL rules refuse what one object can be checked
+/// for (patterns and template sources mutually exclusive, dependencies among the roles,
+/// rollout counts and percentages, partition within replicas), and take the seeds' groups and
+/// the examples as they are.
+#[test]
+fn the_crds_cel_rules_take_good_groups_and_refuse_bad_ones_by_name() {
+    let crd = docs("manifests/crds/workloads.x-k8s.io_rolebasedgroups.yaml").remove(0);
+    let schema_of = |version: &str| -> Value {
+        crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == version)
+            .unwrap()["schema"]["openAPIV3Schema"]
+            .clone()
+    };
+    let refusals = |g: &Value| {
+        let version = g["apiVersion"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap();
+        cel_refusals(&schema_of(version), g, "")
+    };
+    // Good: every seed group and the examples.
+    let mut good = 0;
+    for file in [
+        "000-pd-disaggregated-with-mooncake.yaml",
+        "002-sglang-demo.yaml",
+        "003-sglang-mooncake-smg-v2.yaml",
+        "003-vllm-pd-with-mooncake-demo.yaml",
+    ] {
+        for v in seed(file) {
+            assert_eq!(refusals(&v), Vec::<String>::new(), "{file}");
+            good += 1;
+        }
+    }
+    for v in docs("manifests/examples/kvcache-v1alpha2.yaml") {
+        if v["kind"] == "RoleBasedGroup" {
+            assert_eq!(refusals(&v), Vec::<String>::new());
+            good += 1;
+        }
+    }
+    assert!(good >= 5, "groups checked: {good}");
+    // Bad: each rule refuses, naming what is wrong.
+    let tpl = json!({"spec": {"containers": [{"name": "c", "image": "i"}]}});
+    let group = |roles: Value| {
+        json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+               "metadata": {"name": "g"}, "spec": {"roles": roles}})
+    };
+    let rolling = |ru: Value| {
+        group(
+            json!([{"name": "a", "replicas": 2, "standalonePattern": {"template": tpl},
+                      "rolloutStrategy": {"rollingUpdate": ru}}]),
+        )
+    };
+    for (bad, says) in [
+        (
+            group(json!([{"name": "a", "standalonePattern": {"template": tpl},
+                       "leaderWorkerPattern": {"size": 2, "template": tpl}}])),
+            "standalonePattern and leaderWorkerPattern are mutually exclusive",
+        ),
+        (
+            group(json!([{"name": "a", "template": tpl, "templateRef": {"name": "t"}}])),
+            "template and templateRef are mutually exclusive",
+        ),
+        (
+            group(
+                json!([{"name": "a", "standalonePattern": {"template": tpl}, "dependencies": ["z"]}]),
+            ),
+            "dependencies must name roles of this group",
+        ),
+        (
+            rolling(json!({"partition": 3})),
+            "partition may not exceed replicas",
+        ),
+        (
+            rolling(json!({"maxSurge": "150%"})),
+            "maxSurge: a count of 0 or more",
+        ),
+        (
+            rolling(json!({"maxUnavailable": "a lot"})),
+            "maxUnavailable: a count of 0 or more",
+        ),
+        (
+            rolling(json!({"partition": -1})),
+            "partition: a count of 0 or more",
+        ),
+    ] {
+        let said = refusals(&bad);
+        assert!(said.iter().any(|m| m.contains(says)), "{says}: {said:?}");
+    }
+    // Good forms of the same fields.
+    for ok in [
+        rolling(json!({"partition": 2, "maxSurge": "25%", "maxUnavailable": 1})),
+        rolling(json!({"partition": "50%", "maxSurge": 0, "maxUnavailable": "100%"})),
+        group(
+            json!([{"name": "a", "standalonePattern": {"template": tpl}},
+                     {"name": "b", "dependencies": ["a"], "leaderWorkerPattern": {"size": 2, "template": tpl}}]),
+        ),
+    ] {
+        assert_eq!(refusals(&ok), Vec::<String>::new(), "{ok}");
+    }
+}
