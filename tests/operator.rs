@@ -1837,6 +1837,23 @@ fn the_crds_cel_rules_take_good_groups_and_refuse_bad_ones_by_name() {
         let said = refusals(&bad);
         assert!(said.iter().any(|m| m.contains(says)), "{says}: {said:?}");
     }
+    // A set's paced rollout takes 1 or more, or 1% to 100%.
+    let sets = docs("manifests/crds/workloads.x-k8s.io_rolebasedgroupsets.yaml").remove(0);
+    let set_schema = &sets["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    let set = |max: Value| {
+        json!({"spec": {"replicas": 3, "rolloutStrategy": {"rollingUpdate": {"maxUnavailable": max}},
+               "groupTemplate": {"spec": {"roles": [{"name": "a"}]}}}})
+    };
+    for (max, ok) in [
+        (json!(1), true),
+        (json!("50%"), true),
+        (json!(0), false),
+        (json!("0%"), false),
+        (json!("101%"), false),
+    ] {
+        let said = cel_refusals(set_schema, &set(max.clone()), "");
+        assert_eq!(said.is_empty(), ok, "{max}: {said:?}");
+    }
     // Good forms of the same fields.
     for ok in [
         rolling(json!({"partition": 2, "maxSurge": "25%", "maxUnavailable": 1})),
