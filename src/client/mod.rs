@@ -327,8 +327,6 @@ impl Client {
         Ok(self.inner.describe(&self.scoped(key)?)?.size)
     }
 
-    /// Where the value is: its size, checksum, version and replicas (each with its segment,
-    /// whose `tier` says memory or disk), without reading it. Counts as an access.
     /// Up to `limit` of this client's tenant's readable keys that `pattern` (a regular
     /// expression, Rust's `regex` syntax) matches anywhere in them, sorted, and whether more
     /// match.
@@ -342,6 +340,8 @@ impl Client {
         Ok((r.keys, r.truncated))
     }
 
+    /// Where the value is: its size, checksum, version and replicas (each with its segment,
+    /// whose `tier` says memory or disk), without reading it. Counts as an access.
     pub fn describe(&self, key: &str) -> Result<(ObjectDesc, Vec<SegmentEntry>), ClientError> {
         let desc = self.inner.describe(&self.scoped(key)?)?;
         let segments = self.segments()?;

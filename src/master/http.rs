@@ -629,7 +629,8 @@ fn render_tenants(tenants: &[super::state::TenantUsage], p: &mut PromText) {
     p.family(
         QUOTA,
         "gauge",
-        "A tenant's quota in force: as its tenants file asks, scaled down in proportion when          the quotas add up to more than the pool holds.",
+        "A tenant's quota in force: as its tenants file asks, scaled down in proportion when \
+         the quotas add up to more than the pool holds.",
     );
     for t in tenants {
         if let Some(q) = t.quota_in_force_bytes {

@@ -201,12 +201,16 @@ impl MasterService {
                     Ok(re) => re,
                     Err(e) => return answer::<()>(io, Err(e)),
                 };
-                if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
-                    return answer::<()>(io, Err(e));
-                }
                 let limit = (r.limit as usize).min(crate::transfer::codec::MAX_LIST_LEN);
-                let (keys, truncated) = self.state.lock().keys_matching(&r.tenant, &re, limit);
-                answer(io, Ok(ListKeysResp { keys, truncated }))
+                let listed = {
+                    let st = self.state.lock();
+                    st.check_tenant(&r.tenant)
+                        .map(|()| st.keys_matching(&r.tenant, &re, limit))
+                };
+                answer(
+                    io,
+                    listed.map(|(keys, truncated)| ListKeysResp { keys, truncated }),
+                )
             }
             Opcode::ListSegments => {
                 <()>::from_meta(meta)?;

@@ -316,123 +316,140 @@ const STATUS_LEN: usize = 8;
 impl<S: TeSegment> ForeignConn for TeConn<S> {
     fn turn(&mut self, stream: &TcpStream, budget: usize) -> std::io::Result<Step> {
         let mut moved = 0usize;
-        let step = |moved, next| Ok(Step { moved, next });
         loop {
-            match self.stage {
-                Stage::Header { got } => match recv_some(stream, &mut self.head[got..]) {
-                    Ok(0) if got == 0 => return step(moved, Next::Close),
-                    Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-                    Ok(n) => {
-                        moved += n;
-                        if got + n < HEADER_LEN {
-                            self.stage = Stage::Header { got: got + n };
-                        } else if let Some(next) = self.start(stream) {
-                            return step(moved, next);
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        let next = if got == 0 { Next::Idle } else { Next::Busy };
-                        return step(moved, next);
-                    }
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                },
-                Stage::Receiving {
-                    offset,
-                    size,
-                    at,
-                    crc,
-                    v2,
-                } => {
-                    if moved >= budget {
-                        return step(moved, Next::More);
-                    }
-                    let want = (size - at).min(CHUNK as u64) as usize;
-                    // SAFETY: the range lies in the segment and holds no recorded object.
-                    let dst = unsafe { self.segment.bytes_mut(offset + at, want as u64) };
-                    match recv_some(stream, dst) {
-                        Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-                        Ok(n) => {
-                            moved += n;
-                            // Hashed at once, while the piece is still in cache.
-                            let crc = crc32c::crc32c_append(crc, &dst[..n]);
-                            let at = at + n as u64;
-                            self.stage = if at < size {
-                                Stage::Receiving {
-                                    offset,
-                                    size,
-                                    at,
-                                    crc,
-                                    v2,
-                                }
-                            } else {
-                                self.segment.wrote(offset, size, crc);
-                                self.stats.writes.fetch_add(1, Ordering::Relaxed);
-                                self.stats.bytes_written.fetch_add(size, Ordering::Relaxed);
-                                match v2 {
-                                    true => Stage::Sending {
-                                        status_left: STATUS_LEN,
-                                        offset,
-                                        size: 0,
-                                        at: 0,
-                                    },
-                                    false => Stage::Header { got: 0 },
-                                }
-                            };
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                            return step(moved, Next::Busy)
-                        }
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
+            let busy = !matches!(self.stage, Stage::Header { got: 0 });
+            if busy && moved >= budget {
+                return Ok(Step {
+                    moved,
+                    next: Next::More,
+                });
+            }
+            let stepped = match self.stage {
+                Stage::Header { got } => self.read_header(stream, got),
+                Stage::Receiving { .. } => self.receive(stream),
+                Stage::Sending { .. } => self.send(stream),
+            };
+            match stepped {
+                Ok(Ok(n)) => moved += n,
+                Ok(Err(next)) => return Ok(Step { moved, next }),
+                // The socket has nothing more now: wait for it, idle between requests.
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let next = if busy { Next::Busy } else { Next::Idle };
+                    return Ok(Step { moved, next });
                 }
-                Stage::Sending {
-                    status_left,
-                    offset,
-                    size,
-                    at,
-                } => {
-                    if moved >= budget {
-                        return step(moved, Next::More);
-                    }
-                    let status = STATUS_OK.to_le_bytes();
-                    let status = &status[STATUS_LEN - status_left..];
-                    let want = (size - at).min(CHUNK as u64);
-                    // SAFETY: the range lies in the segment; the bytes are only read.
-                    let src = unsafe { self.segment.bytes(offset + at, want) };
-                    // The status frame and the bytes in one send.
-                    match send_both(stream, status, src) {
-                        Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                        Ok(n) => {
-                            moved += n;
-                            let from_status = n.min(status_left);
-                            let at = at + (n - from_status) as u64;
-                            let status_left = status_left - from_status;
-                            self.stage = if status_left > 0 || at < size {
-                                Stage::Sending {
-                                    status_left,
-                                    offset,
-                                    size,
-                                    at,
-                                }
-                            } else {
-                                if size > 0 {
-                                    self.stats.reads.fetch_add(1, Ordering::Relaxed);
-                                    self.stats.bytes_read.fetch_add(size, Ordering::Relaxed);
-                                }
-                                Stage::Header { got: 0 }
-                            };
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                            return step(moved, Next::Busy)
-                        }
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
-                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// One socket call of a stage: the bytes it moved, or how the connection goes on (it closed,
+/// or lingers after a refusal).
+type Moved = std::io::Result<Result<usize, Next>>;
+
+impl<S: TeSegment> TeConn<S> {
+    /// Reads more of a request's header (`got` bytes of it so far); a whole one starts the
+    /// request.
+    fn read_header(&mut self, stream: &TcpStream, got: usize) -> Moved {
+        let n = recv_some(stream, &mut self.head[got..])?;
+        if n == 0 {
+            return match got {
+                0 => Ok(Err(Next::Close)),
+                _ => Err(ErrorKind::UnexpectedEof.into()),
+            };
+        }
+        if got + n < HEADER_LEN {
+            self.stage = Stage::Header { got: got + n };
+        } else if let Some(next) = self.start(stream) {
+            return Ok(Err(next));
+        }
+        Ok(Ok(n))
+    }
+
+    /// Takes more of a WRITE's bytes into the segment, hashed as they come (while the piece
+    /// is still in cache); the last of them records the hash and answers v2's status.
+    fn receive(&mut self, stream: &TcpStream) -> Moved {
+        let Stage::Receiving {
+            offset,
+            size,
+            at,
+            crc,
+            v2,
+        } = self.stage
+        else {
+            unreachable!("receive is called in the Receiving stage")
+        };
+        let want = (size - at).min(CHUNK as u64);
+        // SAFETY: the range lies in the segment and holds no recorded object.
+        let dst = unsafe { self.segment.bytes_mut(offset + at, want) };
+        let n = recv_some(stream, dst)?;
+        if n == 0 {
+            return Err(ErrorKind::UnexpectedEof.into());
+        }
+        let crc = crc32c::crc32c_append(crc, &dst[..n]);
+        let at = at + n as u64;
+        self.stage = if at < size {
+            Stage::Receiving {
+                offset,
+                size,
+                at,
+                crc,
+                v2,
+            }
+        } else {
+            self.segment.wrote(offset, size, crc);
+            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+            self.stats.bytes_written.fetch_add(size, Ordering::Relaxed);
+            match v2 {
+                true => Stage::Sending {
+                    status_left: STATUS_LEN,
+                    offset,
+                    size: 0,
+                    at: 0,
+                },
+                false => Stage::Header { got: 0 },
+            }
+        };
+        Ok(Ok(n))
+    }
+
+    /// Sends more of the status frame and a READ's bytes, both in one send.
+    fn send(&mut self, stream: &TcpStream) -> Moved {
+        let Stage::Sending {
+            status_left,
+            offset,
+            size,
+            at,
+        } = self.stage
+        else {
+            unreachable!("send is called in the Sending stage")
+        };
+        let status = STATUS_OK.to_le_bytes();
+        let want = (size - at).min(CHUNK as u64);
+        // SAFETY: the range lies in the segment; the bytes are only read.
+        let src = unsafe { self.segment.bytes(offset + at, want) };
+        let n = send_both(stream, &status[STATUS_LEN - status_left..], src)?;
+        if n == 0 {
+            return Err(ErrorKind::WriteZero.into());
+        }
+        let from_status = n.min(status_left);
+        let (status_left, at) = (status_left - from_status, at + (n - from_status) as u64);
+        self.stage = if status_left > 0 || at < size {
+            Stage::Sending {
+                status_left,
+                offset,
+                size,
+                at,
+            }
+        } else {
+            if size > 0 {
+                self.stats.reads.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_read.fetch_add(size, Ordering::Relaxed);
+            }
+            Stage::Header { got: 0 }
+        };
+        Ok(Ok(n))
     }
 }
 

@@ -312,11 +312,7 @@ impl MasterState {
     /// Bytes the pool's live segments hold, memory and disk tiers: what the quotas together
     /// may never exceed.
     pub(super) fn pool_capacity(&self) -> u64 {
-        self.segments
-            .iter()
-            .filter(|s| matches!(s.state, SegState::Live))
-            .map(|s| s.alloc.capacity())
-            .sum()
+        self.segments.live_capacity()
     }
 
     /// Whether a put of `size` bytes of the held key `key` may start: its tenant must be

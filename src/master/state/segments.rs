@@ -230,6 +230,14 @@ impl SegmentTable {
     }
 
     /// Of the memory tier: eviction keeps it under the watermark.
+    /// Bytes the live segments hold, memory and disk tiers.
+    pub fn live_capacity(&self) -> u64 {
+        self.iter()
+            .filter(|s| s.is_live())
+            .map(|s| s.alloc.capacity())
+            .sum()
+    }
+
     pub fn used_and_capacity(&self) -> (u64, u64) {
         self.live_memory().fold((0, 0), |(u, c), s| {
             (u + s.alloc.used(), c + s.alloc.capacity())
