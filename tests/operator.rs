@@ -1866,3 +1866,228 @@ fn the_crds_cel_rules_take_good_groups_and_refuse_bad_ones_by_name() {
         assert_eq!(refusals(&ok), Vec::<String>::new(), "{ok}");
     }
 }
+
+fn bound(p: &Value) -> bool {
+    p.pointer("/spec/nodeName").is_some()
+}
+
+fn unschedulable(p: &Value) -> bool {
+    p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+}
+
+fn condition<'a>(g: &'a Value, kind: &str) -> Option<&'a Value> {
+    g["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+/// A prefill (two leader-worker instances of two pods) and decode (two pods) group.
+fn pd_group(name: &str, annotations: Value) -> Value {
+    let t = json!({"spec": {"containers": [{"name": "c", "image": "rbgctl:1"}]}});
+    json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"roles": [
+            {"name": "prefill", "replicas": 2,
+             "leaderWorkerPattern": {"size": 2, "template": t}},
+            {"name": "decode", "replicas": 2, "standalonePattern": {"template": t}}]}})
+}
+
+/// Issue 67, item 2: a gang-scheduled group gets a Volcano PodGroup and its pods the mark
+/// Volcano reads; on a cluster with room for four of its six pods nothing starts (all or
+/// nothing), until a coordination rule's per-role minimums (KEP-430: one prefill instance and
+/// one decode) let the scheduler start a whole prefill instance and a decode pod; without the
+/// annotation and the rule the PodGroup goes.
+#[test]
+fn a_gang_waits_for_room_for_all_and_role_minimums_let_it_start_smaller() {
+    use rbgctl::operator::config::Scheduler;
+    let e = env();
+    e.kubelet.set_capacity(Some(4));
+    let _op = e.operator_with("a", |c| c.scheduler_name = Scheduler::Volcano);
+    let g = pd_group(
+        "gang",
+        json!({"rbg.workloads.x-k8s.io/group-gang-scheduling": "true",
+               "rbg.workloads.x-k8s.io/group-gang-scheduling-volcano-queue": "inference"}),
+    );
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    let all = "rbg.workloads.x-k8s.io/group-name=gang";
+    assert!(
+        wait_until(T, || {
+            let pods = e.pods(all);
+            pods.len() == 6 && pods.values().all(unschedulable)
+        }),
+        "six pods, none placed: {:?}",
+        e.pods(all)
+            .values()
+            .map(|p| &p["status"])
+            .collect::<Vec<_>>()
+    );
+    let pg = e
+        .api
+        .get("podgroups.scheduling.volcano.sh", NS, "gang")
+        .expect("the Volcano PodGroup");
+    assert_eq!(pg["spec"]["minMember"], 6);
+    assert_eq!(pg["spec"]["queue"], "inference");
+    assert!(pg["spec"].get("subGroupPolicy").is_none());
+    assert_eq!(
+        pg["metadata"]["ownerReferences"][0]["kind"],
+        "RoleBasedGroup"
+    );
+    assert!(e
+        .api
+        .get("podgroups.scheduling.x-k8s.io", NS, "gang")
+        .is_none());
+    for p in e.pods(all).values() {
+        assert_eq!(
+            p["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
+            "gang"
+        );
+    }
+    let said = e.group("gang");
+    let c = condition(&said, "GangScheduling").expect("the condition");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("PodGroupWritten"))
+    );
+    // Per-role minimums: one whole prefill instance and one decode pod may start.
+    let policy = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "CoordinatedPolicy",
+        "metadata": {"name": "gang"},
+        "spec": {"policies": [{"name": "start-small", "roles": ["prefill", "decode"],
+            "strategy": {"scheduling": {"gang": {"minReplicas": {"prefill": 1, "decode": 1}}}}}]}});
+    e.api.create("coordinatedpolicies", NS, policy).unwrap();
+    assert!(
+        wait_until(T, || e.pods(all).values().filter(|p| bound(p)).count() == 4),
+        "four pods placed: {:?}",
+        e.pods(all)
+            .values()
+            .map(|p| &p["status"])
+            .collect::<Vec<_>>()
+    );
+    let pg = e
+        .api
+        .get("podgroups.scheduling.volcano.sh", NS, "gang")
+        .unwrap();
+    assert_eq!(pg["spec"]["minMember"], 3, "{pg}");
+    let policies = pg["spec"]["subGroupPolicy"].as_array().unwrap();
+    assert_eq!(policies.len(), 2, "{pg}");
+    let pods = e.pods(all);
+    let placed = |role: &str| {
+        pods.values()
+            .filter(|p| p["metadata"]["labels"]["rbg.workloads.x-k8s.io/role-name"] == role)
+            .filter(|p| bound(p))
+            .map(|p| {
+                p["metadata"]["labels"]["rbg.workloads.x-k8s.io/role-instance-name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    let prefill = placed("prefill");
+    assert!(
+        prefill
+            .iter()
+            .any(|i| prefill.iter().filter(|x| *x == i).count() == 2),
+        "a whole prefill instance: {prefill:?}"
+    );
+    assert!(!placed("decode").is_empty());
+    // No gang asked any more: the PodGroup and the condition go.
+    e.api.delete("coordinatedpolicies", NS, "gang").unwrap();
+    e.api
+        .merge_patch(
+            "rolebasedgroups",
+            NS,
+            "gang",
+            false,
+            json!({"metadata": {"annotations":
+                {"rbg.workloads.x-k8s.io/group-gang-scheduling": null}}}),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e
+        .api
+        .get("podgroups.scheduling.volcano.sh", NS, "gang")
+        .is_none()));
+    assert!(wait_until(T, || condition(
+        &e.group("gang"),
+        "GangScheduling"
+    )
+    .is_none()));
+}
+
+/// Issue 67, item 2: scheduler-plugins' PodGroup and label; and a gang asked for where the
+/// scheduler's CRD is not installed makes no pod and says why.
+#[test]
+fn scheduler_plugins_gangs_and_a_missing_podgroup_crd() {
+    let e = env();
+    let _op = e.operator("a");
+    let g = pd_group(
+        "sp",
+        json!({"rbg.workloads.x-k8s.io/group-gang-scheduling": "true",
+               "rbg.workloads.x-k8s.io/group-gang-scheduling-timeout": "120",
+               "scheduling.x-k8s.io/note": "passed on"}),
+    );
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("sp")));
+    let pg = e
+        .api
+        .get("podgroups.scheduling.x-k8s.io", NS, "sp")
+        .expect("the scheduler-plugins PodGroup");
+    assert_eq!(
+        pg["spec"],
+        json!({"minMember": 6, "scheduleTimeoutSeconds": 120})
+    );
+    assert_eq!(
+        pg["metadata"]["annotations"]["scheduling.x-k8s.io/note"],
+        "passed on"
+    );
+    for p in e.pods("rbg.workloads.x-k8s.io/group-name=sp").values() {
+        assert_eq!(
+            p["metadata"]["labels"]["pod-group.scheduling.sigs.k8s.io/name"],
+            "sp"
+        );
+    }
+    // The group's deletion takes its PodGroup.
+    e.api.delete("rolebasedgroups", NS, "sp").unwrap();
+    assert!(wait_until(T, || e
+        .api
+        .get("podgroups.scheduling.x-k8s.io", NS, "sp")
+        .is_none()));
+
+    e.api.uninstall("podgroups.scheduling.x-k8s.io");
+    let g = pd_group(
+        "nocrd",
+        json!({"rbg.workloads.x-k8s.io/group-gang-scheduling": "true"}),
+    );
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || {
+        condition(&e.group("nocrd"), "GangScheduling")
+            .is_some_and(|c| c["reason"] == "PodGroupCRDMissing")
+    }));
+    let told = e.events("PodGroupCRDMissing");
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(told[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("podgroups.scheduling.x-k8s.io"));
+    assert!(e.pods("rbg.workloads.x-k8s.io/group-name=nocrd").is_empty());
+    // A bad setting is refused by name.
+    let g = pd_group(
+        "badgang",
+        json!({"rbg.workloads.x-k8s.io/group-gang-scheduling": "true",
+               "rbg.workloads.x-k8s.io/group-gang-scheduling-timeout": "soon"}),
+    );
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || {
+        condition(&e.group("badgang"), "Ready").is_some_and(|c| {
+            c["reason"] == "InvalidGangScheduling"
+                && c["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("group-gang-scheduling-timeout")
+        })
+    }));
+}

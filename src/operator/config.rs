@@ -2,6 +2,7 @@
 //! `RBGCTL_OPERATOR_NAMESPACE`) over it, by the rule every role follows (`config::layered`).
 
 use crate::config::{layered, ConfigError};
+pub use crate::operator::gang::Scheduler;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -44,6 +45,9 @@ pub struct OperatorConfig {
     pub metrics_host: String,
     /// Server-side timeout asked of each watch, in seconds.
     pub watch_timeout_secs: u64,
+    /// The scheduler whose PodGroups gang-scheduled groups get: `scheduler-plugins`
+    /// (`scheduling.x-k8s.io`) or `volcano` (`scheduling.volcano.sh`).
+    pub scheduler_name: Scheduler,
 }
 
 impl Default for OperatorConfig {
@@ -64,6 +68,7 @@ impl Default for OperatorConfig {
             metrics_port: 8081,
             metrics_host: "0.0.0.0".into(),
             watch_timeout_secs: 290,
+            scheduler_name: Scheduler::default(),
         }
     }
 }
@@ -149,6 +154,11 @@ pub struct OperatorArgs {
     /// Server-side timeout asked of each watch, in seconds. Default 290.
     #[arg(long)]
     pub watch_timeout_secs: Option<u64>,
+    /// The scheduler whose PodGroups gang-scheduled groups get: `scheduler-plugins`
+    /// (`scheduling.x-k8s.io`) or `volcano` (`scheduling.volcano.sh`). Default
+    /// scheduler-plugins.
+    #[arg(long)]
+    pub scheduler_name: Option<Scheduler>,
 }
 
 impl OperatorArgs {
@@ -204,7 +214,7 @@ mod tests {
             &["config"],
             &[],
         );
-        assert_eq!(n, 15);
+        assert_eq!(n, 16);
     }
 
     /// The check finds a flag that names no setting (here: the operator's flags against the
@@ -237,10 +247,12 @@ mod tests {
             metrics_port: Some(1),
             metrics_host: Some("h".into()),
             watch_timeout_secs: Some(1),
+            scheduler_name: Some(Scheduler::Volcano),
         };
         let cfg = all.resolve().unwrap();
         assert_eq!(cfg.identity.as_deref(), Some("me"));
         assert_eq!(cfg.watch_timeout_secs, 1);
+        assert_eq!(cfg.scheduler_name, Scheduler::Volcano);
         assert_eq!(cfg.kubeconfig, Some(PathBuf::from("/k")));
     }
 

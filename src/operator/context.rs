@@ -6,6 +6,7 @@
 //! reconcile may be the first.
 
 use super::events::Recorder;
+use super::gang::Scheduler;
 use super::throttle::Throttle;
 use crate::kube::object::ObjectMeta;
 use crate::kube::{Kube, KubeError};
@@ -125,6 +126,12 @@ pub struct Context {
     pub(super) inplace_timeout: std::time::Duration,
     /// Objects whose writes the API server refused, held back for a while.
     pub(super) refusals: parking_lot::Mutex<super::refusals::Refusals>,
+    /// Whose PodGroups gang-scheduled groups get.
+    pub(super) scheduler: Scheduler,
+    /// Each group's PodGroup as last written (`None`: known to have none), by `ns/name`:
+    /// PodGroups are not watched (their CRD may not be installed), so this spares reading
+    /// one back on every reconcile.
+    pub(super) pod_groups: parking_lot::Mutex<std::collections::HashMap<String, Option<Value>>>,
 }
 
 pub(super) fn ns_of(key: &str) -> (&str, &str) {
@@ -151,10 +158,13 @@ impl Context {
         qps: f64,
         burst: f64,
         inplace_timeout: std::time::Duration,
+        scheduler: Scheduler,
     ) -> Context {
         let throttle = Arc::new(Throttle::new(qps, burst));
         Context {
             inplace_timeout,
+            scheduler,
+            pod_groups: Default::default(),
             refusals: Default::default(),
             events: Recorder::new(kube.clone(), throttle.clone()),
             throttle,

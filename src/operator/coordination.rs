@@ -240,6 +240,7 @@ mod tests {
                 max_unavailable: None,
             }),
             scaling: None,
+            gang: None,
         }];
         let states: BTreeMap<String, RoleState> =
             [("p".to_string(), st(10, 3)), ("d".to_string(), st(10, 1))].into();

@@ -112,7 +112,7 @@ pub fn revision(role: &Role) -> Revision {
     }
 }
 
-fn owner(g: &Group) -> Value {
+pub(super) fn owner(g: &Group) -> Value {
     json!([{"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
             "name": g.name, "uid": g.uid, "controller": true, "blockOwnerDeletion": true}])
 }
@@ -181,6 +181,11 @@ pub fn pod(g: &Group, role: &Role, rev: &Revision, slot: &Slot) -> Value {
         .cloned()
         .unwrap_or_default();
     annotations.insert(SHAPE.into(), json!(rev.shape));
+    if let Some(s) = g.gang {
+        let (l, a) = super::gang::pod_marks(&g.name, s);
+        labels.extend(l);
+        annotations.extend(a);
+    }
     let mut env = vec![
         env_var("RBG_GROUP_NAME", &g.name),
         env_var("RBG_ROLE_NAME", &role.name),

@@ -12,7 +12,7 @@ use crate::operator::informer::key_of;
 use crate::operator::model::{self, Group};
 use crate::operator::plan::{self, Limits};
 use crate::operator::restarts::{self, History, Verdict};
-use crate::operator::{adapter, finalizer};
+use crate::operator::{adapter, finalizer, gang};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -20,6 +20,10 @@ use std::time::Duration;
 
 /// How soon to look again after a step the API server refused for now.
 const STEP_RETRY: Duration = Duration::from_secs(1);
+/// How soon to look again for a scheduler's PodGroup CRD that is not installed.
+const GANG_RETRY: Duration = Duration::from_secs(10);
+/// Conditions said only while they apply: gone from the status when a reconcile has none.
+const WHILE_THEY_APPLY: [&str; 1] = ["GangScheduling"];
 
 /// One reconcile of the group `namespace/name`.
 #[tracing::instrument(skip(ctx), fields(group = %key))]
@@ -74,6 +78,11 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             }
         }
     }
+    let gang = match gang::wanted(&obj, &g, &rules) {
+        Ok(gang) => gang,
+        Err(e) => return invalid(ctx, &obj, "InvalidGangScheduling", &e).await,
+    };
+    g.gang = gang.as_ref().map(|_| ctx.scheduler);
     let pods = ctx.pods_of(ns, name);
     let revs: BTreeMap<String, Revision> = g
         .roles
@@ -243,7 +252,14 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             msg,
         ));
     }
+    // The PodGroup before any pod is made: the scheduler holds the gang's pods to it.
+    let gang_said = ctx.ensure_gang(&obj, &g, gang.as_ref(), &pods).await?;
+    let gang_missing = gang_said.as_ref().is_some_and(|c| c.status == "False");
+    conditions.extend(gang_said);
     write_status(ctx, &obj, &g, &counts, &conditions, &history).await?;
+    if gang_missing {
+        return Ok(Requeue::After(GANG_RETRY));
+    }
     if recreated {
         return Ok(Requeue::soonest([Some(STEP_RETRY), restart_due]));
     }
@@ -506,6 +522,12 @@ async fn write_status(
         }
         None => {}
     }
+    if let Some(list) = status.get_mut("conditions").and_then(Value::as_array_mut) {
+        list.retain(|c| {
+            let kind = c["type"].as_str().unwrap_or("");
+            !WHILE_THEY_APPLY.contains(&kind) || conditions.iter().any(|n| n.kind == kind)
+        });
+    }
     let now = timestamp_now();
     set_condition(&mut status, cond, &now);
     for c in conditions {
@@ -534,6 +556,8 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
         let m = ObjectMeta::of(a);
         m.namespace == ns && m.owned_by(meta.uid)
     });
+    ctx.remove_pod_group(ns, name, meta.uid, &pods).await?;
+    ctx.pod_groups.lock().remove(&key);
     let marks = [
         ctx.caches.services.mark(),
         ctx.caches.configmaps.mark(),

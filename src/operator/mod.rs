@@ -5,6 +5,8 @@
 //!   have, and the revision hashes (pure).
 //! - `plan`: the next rollout step of a role from its pods (pure).
 //! - `coordination`: maxSkew for rolling updates and scaling across roles (pure).
+//! - `gang`: the PodGroup a gang-scheduled group gets and the marks its pods carry (pure);
+//!   `restarts`: the restart policy's verdicts and backoff (pure).
 //! - `informer`: list + watch caches; `queue`: the work queue; `leader`: Lease election.
 //! - `adapter`: RoleBasedGroupScalingAdapters; `groupset`: RoleBasedGroupSets; `finalizer`: the
 //!   patches that hold and release a finalizer.
@@ -24,6 +26,7 @@ pub mod coordination;
 pub mod desired;
 pub mod events;
 pub mod finalizer;
+pub mod gang;
 pub mod group;
 pub mod groupset;
 pub mod informer;
@@ -158,6 +161,7 @@ async fn serve(
         args.kube_api_qps,
         args.kube_api_burst,
         Duration::from_secs(args.inplace_timeout_secs),
+        args.scheduler_name,
     ));
     if let Some(listener) = metrics {
         start_metrics(listener, ctl.clone(), leader.clone(), shutdown.clone());

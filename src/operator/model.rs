@@ -151,13 +151,21 @@ pub struct ScalingRule {
     pub progression: Progression,
 }
 
-/// One coordination rule: roles that roll out or scale together.
+/// `strategy.scheduling.gang` (RBG KEP-430): the roles' pods are placed as a gang, each
+/// named role with at least its `minReplicas` instances (a role not named: all of them).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GangRule {
+    pub min_replicas: BTreeMap<String, u32>,
+}
+
+/// One coordination rule: roles that roll out, scale or are scheduled together.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Coordination {
     pub name: String,
     pub roles: Vec<String>,
     pub rolling: Option<RollingRule>,
     pub scaling: Option<ScalingRule>,
+    pub gang: Option<GangRule>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -170,6 +178,9 @@ pub struct Group {
     pub legacy: bool,
     pub roles: Vec<Role>,
     pub coordination: Vec<Coordination>,
+    /// The scheduler whose gang the pods join, when the group asks for one (set by the
+    /// reconcile from `gang::wanted` and the operator's `--scheduler-name`).
+    pub gang: Option<super::gang::Scheduler>,
 }
 
 /// A string field of a spec object, when present and a string.
@@ -283,11 +294,36 @@ fn parse_coordination(list: &Value) -> Result<Vec<Coordination>, SpecError> {
                 },
             }),
         };
+        let gang = match st.pointer("/scheduling/gang") {
+            None | Some(Value::Null) => None,
+            Some(g) => {
+                let mut min_replicas = BTreeMap::new();
+                for (role, n) in g["minReplicas"].as_object().into_iter().flatten() {
+                    let n = n
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "scheduling.gang.minReplicas.{role}: {n} is not a count"
+                            ))
+                        })?;
+                    if !roles.contains(role) {
+                        return Err(bad(format!(
+                            "scheduling.gang.minReplicas names {role:?}, which is not among \
+                             the rule's roles {roles:?}"
+                        )));
+                    }
+                    min_replicas.insert(role.clone(), n);
+                }
+                Some(GangRule { min_replicas })
+            }
+        };
         out.push(Coordination {
             name,
             roles,
             rolling,
             scaling,
+            gang,
         });
     }
     Ok(out)
@@ -605,6 +641,7 @@ pub fn parse_group(obj: &Value) -> Result<Group, SpecError> {
         legacy,
         roles,
         coordination: parse_coordination(&spec["coordination"])?,
+        gang: None,
     })
 }
 

@@ -133,6 +133,17 @@ pub(super) async fn handle(
         .trim()
         .to_string();
     let mut inner = api.inner.lock();
+    if inner.uninstalled.contains(&t.r.name) {
+        return reply(
+            404,
+            api_err(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )
+            .status(),
+        );
+    }
     if let Some(p) = inner
         .fail_paths
         .iter()
@@ -211,7 +222,7 @@ pub(super) async fn handle(
             ("list", _) => inner.list(&t, &q),
             ("get", Some(name)) => inner
                 .objects
-                .get(&(t.r.plural, ns.clone(), name.clone()))
+                .get(&(t.r.name, ns.clone(), name.clone()))
                 .map(|o| inner.served(t.r, &t.version, o))
                 .ok_or_else(|| {
                     api_err(

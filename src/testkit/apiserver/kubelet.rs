@@ -1,6 +1,6 @@
-//! A SIMULATED kubelet: schedules pods, gives them loopback IPs, marks them Running and Ready
-//! (unless held), restarts containers whose image changed (or that a test crashes), removes
-//! terminating pods.
+//! A SIMULATED kubelet: binds the pods the SIMULATED scheduler admits (`scheduler.rs`: a
+//! capacity, gangs), gives them pod-network IPs, marks them Running and Ready (unless held),
+//! restarts containers whose image changed (or that a test crashes), removes terminating pods.
 
 use super::*;
 
@@ -37,6 +37,8 @@ pub struct Kubelet {
     seen: Arc<Mutex<HashMap<String, Instant>>>,
     /// Image references that name the same content (a retag): they share a digest.
     same_digest: Arc<Mutex<HashMap<String, String>>>,
+    /// Pods that may hold a node at once (none: no limit).
+    capacity: Arc<Mutex<Option<usize>>>,
 }
 
 impl Kubelet {
@@ -49,7 +51,14 @@ impl Kubelet {
             crashes: Default::default(),
             same_digest: Default::default(),
             seen: Default::default(),
+            capacity: Default::default(),
         }
+    }
+
+    /// At most `pods` pods hold a node at once (`None`: no limit); the others stay Pending,
+    /// unschedulable, as on a cluster that is full.
+    pub fn set_capacity(&self, pods: Option<usize>) {
+        *self.capacity.lock() = pods;
     }
 
     /// Pods matching `selector` run but are not Ready until released.
@@ -137,6 +146,18 @@ impl Kubelet {
             .map(str::to_string)
             .collect();
         seen.retain(|k, _| live.contains(k.split('/').next().unwrap_or(k)));
+        let all: Vec<Value> = pods.iter().map(|(_, p)| p.clone()).collect();
+        let capacity = *self.capacity.lock();
+        let unschedulable = scheduler::schedule(
+            &all,
+            |(resource, ns, name)| {
+                inner
+                    .objects
+                    .get(&(*resource, ns.clone(), name.clone()))
+                    .cloned()
+            },
+            capacity,
+        );
         for (idx, (key, pod)) in pods.into_iter().enumerate() {
             let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
             let first = *seen.entry(uid.clone()).or_insert(now);
@@ -150,11 +171,18 @@ impl Kubelet {
             if now.duration_since(first) < self.cfg.start_delay {
                 continue;
             }
-            let want = self.pod_status(&pod, idx, &held);
+            let unbound = pod.pointer("/spec/nodeName").is_none();
+            let want = match unschedulable.get(&idx) {
+                Some(why) if unbound => json!({"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": why, "lastTransitionTime": null}]}),
+                _ => self.pod_status(&pod, idx, &held),
+            };
+            let bind = unbound && !unschedulable.contains_key(&idx);
             if pod.get("status") != Some(&want) {
                 let mut new = pod.clone();
                 new["status"] = want;
-                if pod.pointer("/spec/nodeName").is_none() {
+                if bind {
                     new["spec"]["nodeName"] = json!(format!("standin-node-{}", idx % 3));
                 }
                 let rv = inner.next_rv();

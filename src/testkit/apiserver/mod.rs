@@ -52,6 +52,7 @@ use tokio::sync::mpsc;
 mod http;
 mod kubelet;
 mod resources;
+mod scheduler;
 mod storage;
 mod watch;
 
@@ -166,12 +167,18 @@ impl ApiServer {
                 counts: Counts::default(),
                 race_next_write: Vec::new(),
                 fail_paths: Vec::new(),
+                uninstalled: Vec::new(),
             })),
         }
     }
 
-    fn resource(plural: &str) -> Option<&'static Resource> {
-        RESOURCES.iter().find(|r| r.plural == plural)
+    /// A resource by its full name (`podgroups.scheduling.volcano.sh`), or by its plural
+    /// alone where that names one.
+    fn resource(id: &str) -> Option<&'static Resource> {
+        RESOURCES
+            .iter()
+            .find(|r| r.name == id)
+            .or_else(|| RESOURCES.iter().find(|r| r.plural == id))
     }
 
     pub fn counts(&self) -> Counts {
@@ -220,6 +227,14 @@ impl ApiServer {
         self.inner.lock().fail_paths.push(path.to_string());
     }
 
+    /// Serves the resource `name` (`podgroups.scheduling.x-k8s.io`) as if its CRD were not
+    /// installed: every request for it gets 404, as from a real server without the CRD.
+    pub fn uninstall(&self, name: &str) {
+        if let Some(r) = RESOURCES.iter().find(|r| r.name == name) {
+            self.inner.lock().uninstalled.push(r.name);
+        }
+    }
+
     pub fn heal(&self) {
         self.inner.lock().fail_paths.clear();
     }
@@ -229,7 +244,7 @@ impl ApiServer {
         self.inner
             .lock()
             .objects
-            .get(&(r.plural, ns.to_string(), name.to_string()))
+            .get(&(r.name, ns.to_string(), name.to_string()))
             .cloned()
     }
 
@@ -243,7 +258,7 @@ impl ApiServer {
             .lock()
             .objects
             .iter()
-            .filter(|((p, n, _), o)| *p == r.plural && n == ns && sel.matches(o))
+            .filter(|((p, n, _), o)| *p == r.name && n == ns && sel.matches(o))
             .map(|(_, o)| o.clone())
             .collect()
     }

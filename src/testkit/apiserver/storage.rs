@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) type Key = (&'static str, String, String); // plural, namespace, name
+pub(super) type Key = (&'static str, String, String); // resource name, namespace, name
 
 pub(super) struct Inner {
     pub(super) rv: u64,
@@ -20,6 +20,8 @@ pub(super) struct Inner {
     pub(super) race_next_write: Vec<String>,
     /// Requests whose path contains one of these fail with 500 (a fault hook).
     pub(super) fail_paths: Vec<String>,
+    /// Resources served as if their CRD were not installed (404 for every request).
+    pub(super) uninstalled: Vec<&'static str>,
 }
 
 pub(super) fn now_rfc3339() -> String {
@@ -34,7 +36,7 @@ impl Inner {
         ns: &str,
         name: &str,
     ) -> Result<((&'static str, String, String), Value), ApiError> {
-        let key = (r.plural, ns.to_string(), name.to_string());
+        let key = (r.name, ns.to_string(), name.to_string());
         match self.objects.get(&key) {
             Some(o) => Ok((key, o.clone())),
             None => Err(api_err(
@@ -69,7 +71,7 @@ impl Inner {
         let rv = self.rv;
         let ev = Event {
             rv,
-            plural: r.plural,
+            resource: r.name,
             ns: ns.to_string(),
             kind,
             old,
@@ -87,7 +89,7 @@ impl Inner {
 
 impl Inner {
     pub(super) fn touch(&mut self, r: &'static Resource, ns: &str, name: &str) {
-        let key = (r.plural, ns.to_string(), name.to_string());
+        let key = (r.name, ns.to_string(), name.to_string());
         if let Some(old) = self.objects.get(&key).cloned() {
             let rv = self.next_rv();
             let mut o = old.clone();
@@ -121,7 +123,7 @@ impl Inner {
             .objects
             .iter()
             .filter(|((p, n, nm), o)| {
-                *p == t.r.plural
+                *p == t.r.name
                     && t.ns.as_ref().is_none_or(|ns| ns == n)
                     && name.as_ref().is_none_or(|x| x == nm)
                     && sel.matches(o)
@@ -174,7 +176,7 @@ impl Inner {
         obj["metadata"]["namespace"] = json!(ns);
         default_fields(r, &mut obj);
         validate(r, &obj)?;
-        let key = (r.plural, ns.to_string(), name.clone());
+        let key = (r.name, ns.to_string(), name.clone());
         if self.objects.contains_key(&key) {
             return Err(api_err(
                 409,
@@ -431,7 +433,7 @@ impl Inner {
     pub(super) fn remove(&mut self, r: &'static Resource, ns: &str, name: &str) -> Option<Value> {
         let old = self
             .objects
-            .remove(&(r.plural, ns.to_string(), name.to_string()))?;
+            .remove(&(r.name, ns.to_string(), name.to_string()))?;
         let rv = self.next_rv();
         let mut gone = old.clone();
         gone["metadata"]["resourceVersion"] = json!(rv.to_string());

@@ -6,7 +6,7 @@ use super::*;
 #[derive(Clone)]
 pub(super) struct Event {
     pub(super) rv: u64,
-    pub(super) plural: &'static str,
+    pub(super) resource: &'static str,
     pub(super) ns: String,
     pub(super) kind: &'static str,
     pub(super) old: Option<Value>,
@@ -14,7 +14,7 @@ pub(super) struct Event {
 }
 
 pub(super) struct Watcher {
-    pub(super) plural: &'static str,
+    pub(super) resource: &'static str,
     pub(super) version: String,
     pub(super) ns: Option<String>,
     pub(super) selector: Selector,
@@ -64,7 +64,7 @@ impl Inner {
             if !w.bookmarks {
                 return !w.tx.is_closed();
             }
-            let r = RESOURCES.iter().find(|r| r.plural == w.plural);
+            let r = RESOURCES.iter().find(|r| r.name == w.resource);
             let (api, kind) = r
                 .map(|r| (api_version(r, &w.version), r.kind))
                 .unwrap_or_default();
@@ -91,7 +91,7 @@ impl Inner {
             .unwrap_or(Duration::from_secs(1800));
         let (tx, rx) = mpsc::unbounded_channel();
         let w = Watcher {
-            plural: t.r.plural,
+            resource: t.r.name,
             version: t.version.clone(),
             ns: t.ns.clone(),
             selector,
@@ -105,7 +105,7 @@ impl Inner {
             for ((p, n, _), o) in &self.objects {
                 let ev = Event {
                     rv: self.rv,
-                    plural: p,
+                    resource: p,
                     ns: n.clone(),
                     kind: "ADDED",
                     old: None,
@@ -142,7 +142,7 @@ impl Inner {
 
 /// The watch line an event makes for a watcher, if any.
 pub(super) fn filter_event(r: &Resource, w: &Watcher, ev: &Event) -> Option<Bytes> {
-    if ev.plural != w.plural || w.ns.as_ref().is_some_and(|n| *n != ev.ns) {
+    if ev.resource != w.resource || w.ns.as_ref().is_some_and(|n| *n != ev.ns) {
         return None;
     }
     let name_of = |o: &Value| {
