@@ -2091,3 +2091,139 @@ fn scheduler_plugins_gangs_and_a_missing_podgroup_crd() {
         })
     }));
 }
+
+/// Issue 67, item 3: each template a role has had is a numbered ControllerRevision; a pod
+/// deleted below the partition comes back at the revision its neighbours keep (not the
+/// role's new one); `rollback-to: previous` writes the old template back into the spec and
+/// the pods follow in place; a rollback to a revision by name goes forward again.
+#[test]
+fn revisions_are_kept_and_a_group_rolls_back_to_one_in_place() {
+    let e = env();
+    let op = e.operator("a");
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "hist"},
+        "spec": {"roles": [{"name": "web", "replicas": 3,
+            "rolloutStrategy": {"rollingUpdate": {"type": "InPlaceIfPossible", "partition": 2}},
+            "standalonePattern": {"template": {"spec": {"containers": [
+                {"name": "c", "image": "rbgctl:1"}]}}}}]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("hist")));
+    let image = |n: &str| {
+        e.api
+            .get("pods", NS, n)
+            .map(|p| p["spec"]["containers"][0]["image"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let revisions = || {
+        let mut crs = e.api.list(
+            "controllerrevisions",
+            NS,
+            "rbg.workloads.x-k8s.io/group-name=hist,rbg.workloads.x-k8s.io/role-name=web",
+        );
+        crs.sort_by_key(|c| c["revision"].as_i64());
+        crs
+    };
+    assert!(wait_until(T, || revisions().len() == 1));
+    let first = revisions()[0].clone();
+    let h1 = first["metadata"]["labels"]["controller-revision-hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(first["metadata"]["name"], format!("hist-web-{h1}"));
+    assert_eq!(first["revision"], 1);
+    assert_eq!(
+        first["metadata"]["ownerReferences"][0]["kind"],
+        "RoleBasedGroup"
+    );
+    let pod_rev = |n: &str| {
+        e.api.get("pods", NS, n).map_or(Value::Null, |p| {
+            p["metadata"]["labels"]["controller-revision-hash"].clone()
+        })
+    };
+    assert_eq!(pod_rev("hist-web-0"), h1.as_str());
+    // The new image reaches the ordinal at and above the partition only.
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "hist",
+            json!([{"op": "replace",
+            "path": "/spec/roles/0/standalonePattern/template/spec/containers/0/image",
+            "value": "rbgctl:2"}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || image("hist-web-2") == "rbgctl:2"));
+    e.settled(&op, "hist");
+    assert!(wait_until(T, || revisions().len() == 2));
+    let h2 = revisions()[1]["metadata"]["labels"]["controller-revision-hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(revisions()[1]["revision"], 2);
+    let st = &e.group("hist")["status"]["roleStatuses"][0];
+    assert_eq!(st["currentRevision"], h1.as_str(), "{st}");
+    assert_eq!(st["updateRevision"], h2.as_str(), "{st}");
+    // A pod deleted below the partition comes back at the revision it kept.
+    let old_uid = e.uids("rbg.workloads.x-k8s.io/group-name=hist")["hist-web-0"].clone();
+    e.api.delete("pods", NS, "hist-web-0").unwrap();
+    assert!(wait_until(T, || {
+        e.uids("rbg.workloads.x-k8s.io/group-name=hist")
+            .get("hist-web-0")
+            .is_some_and(|u| *u != old_uid)
+            && e.ready("hist")
+    }));
+    assert_eq!(image("hist-web-0"), "rbgctl:1");
+    assert_eq!(pod_rev("hist-web-0"), h1.as_str());
+    // Roll back: the spec names rbgctl:1 again, and the updated pod follows in place.
+    let uids = e.uids("rbg.workloads.x-k8s.io/group-name=hist");
+    e.api
+        .merge_patch("rolebasedgroups", NS, "hist", false,
+            json!({"metadata": {"annotations": {"rbg.workloads.x-k8s.io/rollback-to": "previous"}}}))
+        .unwrap();
+    let spec_image = |g: &Value| {
+        g["spec"]["roles"][0]["standalonePattern"]["template"]["spec"]["containers"][0]["image"]
+            .clone()
+    };
+    assert!(wait_until(T, || spec_image(&e.group("hist")) == "rbgctl:1"));
+    let g = e.group("hist");
+    assert!(g["metadata"]["annotations"]
+        .get("rbg.workloads.x-k8s.io/rollback-to")
+        .is_none());
+    assert_eq!(g["spec"]["roles"][0]["replicas"], 3, "replicas kept");
+    assert!(wait_until(T, || image("hist-web-2") == "rbgctl:1"));
+    assert_eq!(
+        e.uids("rbg.workloads.x-k8s.io/group-name=hist"),
+        uids,
+        "rolled back in place"
+    );
+    let told = e.events("RolledBack");
+    assert!(
+        told[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("hist-web-{h1} (revision 1)")),
+        "{told:?}"
+    );
+    assert_eq!(revisions().len(), 2, "going back makes no new revision");
+    // Forward again by name; a name that is no revision is refused and said.
+    e.api
+        .merge_patch(
+            "rolebasedgroups",
+            NS,
+            "hist",
+            false,
+            json!({"metadata": {"annotations":
+                {"rbg.workloads.x-k8s.io/rollback-to": format!("hist-web-{h2}")}}}),
+        )
+        .unwrap();
+    assert!(wait_until(T, || spec_image(&e.group("hist")) == "rbgctl:2"));
+    e.api
+        .merge_patch("rolebasedgroups", NS, "hist", false,
+            json!({"metadata": {"annotations": {"rbg.workloads.x-k8s.io/rollback-to": "hist-web-nope"}}}))
+        .unwrap();
+    assert!(wait_until(T, || !e.events("RollbackRefused").is_empty()));
+    assert!(wait_until(T, || e.group("hist")["metadata"]["annotations"]
+        .get("rbg.workloads.x-k8s.io/rollback-to")
+        .is_none()));
+    assert_eq!(spec_image(&e.group("hist")), "rbgctl:2");
+}

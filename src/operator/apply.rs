@@ -12,6 +12,7 @@ use crate::operator::gang::{self, Gang};
 use crate::operator::informer::{key_of, Store};
 use crate::operator::model::{Group, Role};
 use crate::operator::plan::{self, Action};
+use crate::operator::revisions;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -205,6 +206,7 @@ impl Context {
                     instance,
                     ordinal,
                     component,
+                    revision,
                 } => {
                     let instance = if instance.is_empty() {
                         if *component == 0 || fresh_instance.is_empty() {
@@ -224,7 +226,11 @@ impl Context {
                         ordinal: *ordinal,
                         component: *component,
                     };
-                    let pod = desired::pod(g, role, rev, &slot);
+                    let kept = revision.as_ref().and_then(|h| self.kept_role(g, role, h));
+                    let pod = match &kept {
+                        Some((old, old_rev)) => desired::pod(g, old, old_rev, &slot),
+                        None => desired::pod(g, role, rev, &slot),
+                    };
                     self.throttle.wait().await;
                     let mark = self.caches.pods.mark();
                     match self.kube.create(&core(ns, "pods"), &pod).await {
@@ -440,6 +446,71 @@ impl Context {
         }
         self.pod_groups.lock().insert(key, None);
         Ok(())
+    }
+
+    /// Each role's revision kept as a ControllerRevision (made when the spec names a new
+    /// one), and each role's history pruned past its limit, sparing what pods still run.
+    pub(super) async fn keep_revisions(
+        &self,
+        g: &Group,
+        revs: &BTreeMap<String, Revision>,
+        crs: &[Value],
+        views: &BTreeMap<String, Vec<plan::PodView>>,
+        current: &BTreeMap<String, String>,
+    ) -> Result<(), ReconcileError> {
+        let collection = revisions::path(&g.namespace, None);
+        for r in &g.roles {
+            let history = revisions::history_of(crs, &r.name);
+            let rev = &revs[&r.name];
+            if !history.iter().any(|k| k.hash == rev.hash) {
+                let cr = revisions::revision_object(g, r, rev, &history);
+                let name = revisions::name(&g.name, &r.name, &rev.hash);
+                self.apply(
+                    &self.caches.revisions,
+                    &collection,
+                    &name,
+                    Change::Create(cr),
+                )
+                .await?;
+            }
+            let in_use: std::collections::BTreeSet<String> = views[&r.name]
+                .iter()
+                .map(|p| p.revision.clone())
+                .chain([rev.hash.clone(), current[&r.name].clone()])
+                .collect();
+            for old in revisions::to_prune(&history, &in_use) {
+                self.throttle.wait().await;
+                let mark = self.caches.revisions.mark();
+                let path = revisions::path(&g.namespace, Some(&old));
+                match self.kube.delete(&path, None).await {
+                    Err(e) if e.code() != Some(404) => return Err(e.into()),
+                    _ => {
+                        let key = format!("{}/{old}", g.namespace);
+                        self.caches.revisions.remove_written(&key, mark)
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `role` at its kept revision `hash`, from its ControllerRevision; `None` (and said) when
+    /// the revision is not kept, so the pod is made at the role's own revision.
+    fn kept_role(&self, g: &Group, role: &Role, hash: &str) -> Option<(Role, Revision)> {
+        let name = revisions::name(&g.name, &role.name, hash);
+        let found = self
+            .caches
+            .revisions
+            .get(&format!("{}/{name}", g.namespace))
+            .and_then(|cr| revisions::Kept::of(&cr))
+            .and_then(|k| k.role(role.replicas));
+        let Some(old) = found else {
+            tracing::warn!(group = %g.name, role = %role.name, revision = hash,
+                "revision not kept; the pod is made at the role's own revision");
+            return None;
+        };
+        let old_rev = desired::revision(&old);
+        Some((old, old_rev))
     }
 
     /// Children of roles that are gone from the spec.

@@ -51,6 +51,8 @@ pub struct Caches {
     pub adapters: Store,
     /// RoleBasedGroupSets.
     pub sets: Store,
+    /// The roles' ControllerRevisions (those the operator made).
+    pub revisions: Store,
 }
 
 /// What is queued for a reconcile, by kind.

@@ -12,7 +12,7 @@ use crate::operator::informer::key_of;
 use crate::operator::model::{self, Group};
 use crate::operator::plan::{self, Limits};
 use crate::operator::restarts::{self, History, Verdict};
-use crate::operator::{adapter, finalizer, gang};
+use crate::operator::{adapter, finalizer, gang, revisions};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -29,7 +29,12 @@ const WHILE_THEY_APPLY: [&str; 1] = ["GangScheduling"];
 #[tracing::instrument(skip(ctx), fields(group = %key))]
 pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileError> {
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
-    if !(ctx.caches.groups.synced() && ctx.caches.pods.synced() && ctx.caches.adapters.synced()) {
+    let caches = &ctx.caches;
+    if !(caches.groups.synced()
+        && caches.pods.synced()
+        && caches.adapters.synced()
+        && caches.revisions.synced())
+    {
         return Ok(Requeue::After(CACHE_SYNC_WAIT));
     }
     let Some(mut obj) = ctx.caches.groups.get(key) else {
@@ -89,6 +94,17 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         .iter()
         .map(|r| (r.name.clone(), desired::revision(r)))
         .collect();
+    // A rollback asked for is written into the spec first; the rollout follows from it.
+    let crs = ctx.caches.revisions.select(|c| {
+        let m = ObjectMeta::of(c);
+        m.namespace == ns && m.label(GROUP) == name
+    });
+    let asked = ObjectMeta::of(&obj)
+        .annotation(revisions::ROLLBACK_TO)
+        .to_string();
+    if !asked.is_empty() {
+        return roll_back(ctx, &obj, &g, &revs, &crs, &asked).await;
+    }
     let views: BTreeMap<String, Vec<plan::PodView>> = g
         .roles
         .iter()
@@ -101,6 +117,23 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             (r.name.clone(), v)
         })
         .collect();
+    // StatefulSet's currentRevision per role: what instances below the partition keep.
+    let previous = model::RoleStatus::all_of(&obj);
+    let current: BTreeMap<String, String> = g
+        .roles
+        .iter()
+        .map(|r| {
+            let before = previous
+                .iter()
+                .find(|s| s.name == r.name)
+                .map_or("", |s| s.current_revision.as_str());
+            let hash = &revs[&r.name].hash;
+            let want = r.replicas * r.size();
+            let cur = revisions::current_revision(before, hash, &views[&r.name], want);
+            (r.name.clone(), cur)
+        })
+        .collect();
+    let held_back = |role: &str| Some(current[role].clone()).filter(|c| *c != revs[role].hash);
     let instance_name = |role: &str| {
         let (gname, role) = (g.name.clone(), role.to_string());
         move |o: u32| desired::stateful_instance(&gname, &role, o)
@@ -116,7 +149,10 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
     let mut counts: BTreeMap<String, plan::Counts> = BTreeMap::new();
     let mut plans: BTreeMap<String, plan::Plan> = BTreeMap::new();
     for r in &g.roles {
-        let lim = Limits::of(r, r.replicas, None, None);
+        let lim = Limits {
+            current_revision: held_back(&r.name),
+            ..Limits::of(r, r.replicas, None, None)
+        };
         let p = plan::plan(
             r,
             &revs[&r.name],
@@ -256,7 +292,15 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
     let gang_said = ctx.ensure_gang(&obj, &g, gang.as_ref(), &pods).await?;
     let gang_missing = gang_said.as_ref().is_some_and(|c| c.status == "False");
     conditions.extend(gang_said);
-    write_status(ctx, &obj, &g, &counts, &conditions, &history).await?;
+    let revision_of: BTreeMap<String, (String, String)> = g
+        .roles
+        .iter()
+        .map(|r| {
+            let (cur, upd) = (current[&r.name].clone(), revs[&r.name].hash.clone());
+            (r.name.clone(), (cur, upd))
+        })
+        .collect();
+    write_status(ctx, &obj, &g, &counts, &conditions, &history, &revision_of).await?;
     if gang_missing {
         return Ok(Requeue::After(GANG_RETRY));
     }
@@ -274,6 +318,8 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         })
         .collect();
     let overrides = coordination::overrides(&rules, &states, &user_partition);
+    ctx.keep_revisions(&g, &revs, &crs, &views, &current)
+        .await?;
     ctx.ensure_config(&g, &views).await?;
     for r in &g.roles {
         for svc in desired::services(&g, r) {
@@ -318,6 +364,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
                     let lim = Limits::of(r, replicas, None, o.max_unavailable);
                     let lim = Limits {
                         partition: o.partition.map_or(lim.partition, |p| p.min(replicas)),
+                        current_revision: held_back(&r.name),
                         ..lim
                     };
                     plan::plan(
@@ -427,6 +474,48 @@ async fn recreate_restarted(
     Ok((recreated, due))
 }
 
+/// Writes the rollback the group's annotation asks for into its spec (and removes the
+/// annotation) in one patch; a rollback that cannot be done is said and its annotation removed.
+async fn roll_back(
+    ctx: &Context,
+    obj: &Value,
+    g: &Group,
+    revs: &BTreeMap<String, Revision>,
+    crs: &[Value],
+    asked: &str,
+) -> Result<Requeue, ReconcileError> {
+    let (ns, name) = (&g.namespace, &g.name);
+    let (patch, said) = match revisions::rollback_targets(asked, g, revs, crs) {
+        Ok(targets) => {
+            let to: Vec<String> = targets
+                .iter()
+                .map(|(role, k)| format!("{role} to {} (revision {})", k.name, k.number))
+                .collect();
+            let msg = format!("rolled back: {}", to.join(", "));
+            (
+                revisions::rollback_patch(obj, &targets),
+                ("Normal", "RolledBack", msg),
+            )
+        }
+        Err(why) => {
+            let patch = revisions::rollback_patch(obj, &BTreeMap::new());
+            let msg = format!("{}: {asked:?} not done: {why}", revisions::ROLLBACK_TO);
+            (patch, ("Warning", "RollbackRefused", msg))
+        }
+    };
+    ctx.throttle.wait().await;
+    let mark = ctx.caches.groups.mark();
+    let written = ctx
+        .kube
+        .patch(&group_path(ns, name), &Patch::Json(patch))
+        .await?;
+    ctx.caches.groups.put_written(written, mark);
+    let (kind, reason, msg) = said;
+    tracing::info!(group = %name, reason, message = %msg, "rollback");
+    ctx.events.post(obj, kind, reason, &msg).await;
+    Ok(Requeue::After(Duration::ZERO))
+}
+
 /// A spec that cannot be reconciled: told once as an event and in the Ready condition;
 /// nothing more happens until the spec changes.
 async fn invalid(
@@ -472,17 +561,21 @@ async fn write_status(
     counts: &BTreeMap<String, plan::Counts>,
     conditions: &[NewCondition],
     restarts: &History,
+    revision_of: &BTreeMap<String, (String, String)>,
 ) -> Result<(), ReconcileError> {
     let role_statuses: Vec<model::RoleStatus> = g
         .roles
         .iter()
         .map(|r| {
             let c = &counts[&r.name];
+            let (current_revision, update_revision) = revision_of[&r.name].clone();
             model::RoleStatus {
                 name: r.name.clone(),
                 replicas: c.replicas,
                 ready_replicas: c.ready,
                 updated_replicas: c.updated,
+                current_revision,
+                update_revision,
             }
         })
         .collect();

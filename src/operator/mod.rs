@@ -36,6 +36,7 @@ pub mod plan;
 pub mod queue;
 pub mod refusals;
 pub mod restarts;
+pub mod revisions;
 pub mod throttle;
 
 use crate::kube::{Kube, KubeConfig, KubeError};
@@ -333,6 +334,13 @@ fn start_informers(args: &OperatorConfig, kube: &Kube, caches: &Caches, queues: 
             "/apis/discovery.k8s.io/v1",
             managed.as_str(),
             &caches.slices,
+            Route::Child,
+        ),
+        (
+            "controllerrevisions",
+            "/apis/apps/v1",
+            managed.as_str(),
+            &caches.revisions,
             Route::Child,
         ),
     ];

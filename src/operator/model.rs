@@ -120,6 +120,9 @@ pub struct Role {
     pub scaling_adapter: Option<BTreeMap<String, String>>,
     /// What a container restart in one of an instance's pods does (`restarts`).
     pub restart: RestartPolicy,
+    /// The role as written, its template inline (a templateRef and its patch resolved) and
+    /// without `replicas`: what its ControllerRevision keeps and a rollback writes back.
+    pub source: Value,
 }
 
 impl Role {
@@ -196,6 +199,13 @@ pub struct RoleStatus {
     pub replicas: u32,
     pub ready_replicas: u32,
     pub updated_replicas: u32,
+    /// The revision instances below `partition` keep while a rollout is under way
+    /// (StatefulSet's `currentRevision`; the ControllerRevision `<group>-<role>-<hash>`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub current_revision: String,
+    /// The revision the role's spec names.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub update_revision: String,
 }
 
 impl RoleStatus {
@@ -543,10 +553,12 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
             }
         },
     };
+    let source = inline_source(r, legacy, &template);
     Ok(Role {
         rollout: parse_rollout(&name, r)?,
         scaling_adapter,
         restart,
+        source,
         name,
         replicas,
         dependencies,
@@ -555,6 +567,38 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         stateless,
         service_ports,
     })
+}
+
+/// `r` without `replicas`, the template its pattern (or, v1alpha1, the role) names written
+/// inline as `template` instead of a `templateRef` (and its patch).
+fn inline_source(r: &Value, legacy: bool, template: &Value) -> Value {
+    let mut s = r.clone();
+    let Some(o) = s.as_object_mut() else {
+        return s;
+    };
+    o.remove("replicas");
+    let holder = if legacy {
+        Some(o)
+    } else {
+        ["standalonePattern", "leaderWorkerPattern"]
+            .into_iter()
+            .find(|k| o.get(*k).is_some_and(Value::is_object))
+            .and_then(|k| o.get_mut(k))
+            .and_then(Value::as_object_mut)
+    };
+    if let Some(h) = holder {
+        h.remove("templateRef");
+        h.remove("templatePatch");
+        h.insert("template".into(), template.clone());
+    }
+    s
+}
+
+/// The role a ControllerRevision keeps (`source`, from [`Role::source`]) with `replicas`.
+pub fn role_at(source: &Value, legacy: bool, replicas: u32) -> Result<Role, SpecError> {
+    let mut r = source.clone();
+    r["replicas"] = replicas.into();
+    parse_role(&Value::Null, &r, legacy)
 }
 
 /// A role's restart policy from `at` (a v1alpha2 `leaderWorkerPattern`, or a v1alpha1 role):

@@ -157,6 +157,9 @@ pub enum Action {
         instance: String,
         ordinal: Option<u32>,
         component: u32,
+        /// The revision to make it at, when not the role's (a pod of an instance that runs
+        /// an older one, or a whole instance below `partition`: `Limits::current_revision`).
+        revision: Option<String>,
     },
     Delete {
         name: String,
@@ -178,6 +181,9 @@ pub struct Limits {
     pub max_surge: u32,
     pub paused: bool,
     pub recreate: bool,
+    /// The revision instances below `partition` keep (StatefulSet's `currentRevision`), when
+    /// it is not the role's own.
+    pub current_revision: Option<String>,
 }
 
 impl Limits {
@@ -207,6 +213,7 @@ impl Limits {
             max_surge,
             paused: r.paused,
             recreate: r.recreate,
+            current_revision: None,
         }
     }
 }
@@ -348,6 +355,7 @@ pub fn plan(
                     instance: String::new(),
                     ordinal: None,
                     component: c,
+                    revision: None,
                 });
             }
             out.progressing = true;
@@ -361,10 +369,20 @@ pub fn plan(
             let pod = inst.and_then(|i| i.pods.iter().find(|p| p.component == c));
             match pod {
                 None => {
+                    // A pod joins its instance at the revision the instance runs; a whole
+                    // instance below the partition comes back at the current revision.
+                    let revision = inst
+                        .and_then(|i| i.live().next().map(|p| p.revision.clone()))
+                        .or_else(|| {
+                            let kept = !role.stateless && o < n && o < lim.partition;
+                            kept.then(|| lim.current_revision.clone()).flatten()
+                        })
+                        .filter(|h| *h != rev.hash);
                     out.actions.push(Action::Create {
                         instance: name.clone(),
                         ordinal: (!role.stateless).then_some(o),
                         component: c,
+                        revision,
                     });
                     out.progressing = true;
                 }
@@ -464,6 +482,7 @@ mod tests {
             service_ports: vec![],
             scaling_adapter: None,
             restart: crate::operator::restarts::RestartPolicy::NONE,
+            source: serde_json::Value::Null,
         }
     }
 
@@ -500,6 +519,45 @@ mod tests {
         Limits::of(&role(replicas, false), replicas, None, None)
     }
 
+    /// A pod recreated below the partition gets the revision its neighbours keep; above it,
+    /// the role's; a pod of an instance, the instance's.
+    #[test]
+    fn a_pod_recreated_below_the_partition_keeps_the_current_revision() {
+        let r = role(3, false);
+        let mut l = lim(3);
+        l.partition = 2;
+        l.current_revision = Some("a".into());
+        let pods = vec![pod(1, "a", "s", true)];
+        let p = plan(&r, &rev("b", "s"), &l, &pods, &name);
+        let made: Vec<(Option<u32>, Option<String>)> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create {
+                    ordinal, revision, ..
+                } => Some((*ordinal, revision.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(made, vec![(Some(0), Some("a".into())), (Some(2), None)]);
+        // A worker missing from an instance that runs "a" comes back at "a", partition or not.
+        let mut lw = role(1, false);
+        lw.pattern = Pattern::LeaderWorker {
+            size: 2,
+            leader_patch: json!(null),
+            worker_patch: json!(null),
+            leader_only_service: true,
+        };
+        let leader = pod(0, "a", "s", true);
+        let p = plan(&lw, &rev("b", "s"), &lim(1), &[leader], &name);
+        assert!(
+            p.actions.iter().any(|a| matches!(a,
+            Action::Create { component: 1, revision: Some(h), .. } if h == "a")),
+            "{:?}",
+            p.actions
+        );
+    }
+
     #[test]
     fn creates_missing_and_removes_extra_ordinals() {
         let r = role(3, false);
@@ -515,12 +573,14 @@ mod tests {
                 Action::Create {
                     instance: "g-r-1".into(),
                     ordinal: Some(1),
-                    component: 0
+                    component: 0,
+                    revision: None
                 },
                 Action::Create {
                     instance: "g-r-2".into(),
                     ordinal: Some(2),
-                    component: 0
+                    component: 0,
+                    revision: None
                 },
             ]
         );
@@ -644,7 +704,8 @@ mod tests {
             vec![Action::Create {
                 instance: "g-r-2".into(),
                 ordinal: Some(2),
-                component: 0
+                component: 0,
+                revision: None
             }]
         );
         let mut pods2 = pods.clone();
