@@ -2227,3 +2227,158 @@ fn revisions_are_kept_and_a_group_rolls_back_to_one_in_place() {
         .is_none()));
     assert_eq!(spec_image(&e.group("hist")), "rbgctl:2");
 }
+
+/// Issue 67, item 4: a CoordinatedPolicy orders a prefill/decode rollout (decode first,
+/// prefill never further along than decode's updated and Ready share) and gives it a
+/// progress deadline. A good image rolls decode first then prefill; a bad image stalls on
+/// decode's first pod, and past the deadline every role goes back to its revision from before,
+/// in reverse order; no role is ever left without a Ready pod, and prefill is never touched by
+/// the bad rollout.
+#[test]
+fn an_ordered_rollout_leads_with_decode_and_rolls_back_in_reverse_past_its_deadline() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let e = env();
+    e.kubelet.bad_image("rbgctl:bad");
+    let op = e.operator("a");
+    let t = |image: &str| json!({"spec": {"containers": [{"name": "c", "image": image}]}});
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "pdr"},
+        "spec": {"roles": [
+            {"name": "prefill", "replicas": 2, "standalonePattern": {"template": t("rbgctl:1")}},
+            {"name": "decode", "replicas": 2, "standalonePattern": {"template": t("rbgctl:1")}}]}});
+    let policy = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "CoordinatedPolicy",
+        "metadata": {"name": "pdr"},
+        "spec": {"policies": [{"name": "pd", "roles": ["prefill", "decode"],
+            "strategy": {"rollingUpdate": {"order": ["decode", "prefill"],
+                                           "progressDeadlineSeconds": 3}}}]}});
+    e.api.create("coordinatedpolicies", NS, policy).unwrap();
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("pdr")));
+    let phase = |e: &Env| e.group("pdr")["status"]["coordinatedRollouts"][0]["phase"].clone();
+    assert!(wait_until(T, || phase(&e) == "Complete"));
+    // Watch the pods throughout: the fewest Ready per role, and when each role first ran an
+    // image other than rbgctl:1.
+    let stop = Arc::new(AtomicBool::new(false));
+    /// The fewest Ready pods seen per role, and each (role, image) as first seen.
+    type Seen = (BTreeMap<String, usize>, Vec<(String, String)>);
+    let seen: Arc<Mutex<Seen>> = Default::default();
+    let watcher = {
+        let (api, stop, seen) = (e.api.clone(), stop.clone(), seen.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let pods = api.list("pods", NS, "rbg.workloads.x-k8s.io/group-name=pdr");
+                let mut s = seen.lock().unwrap();
+                for role in ["prefill", "decode"] {
+                    let mine: Vec<&Value> = pods
+                        .iter()
+                        .filter(|p| {
+                            p["metadata"]["labels"]["rbg.workloads.x-k8s.io/role-name"] == role
+                        })
+                        .collect();
+                    let ready = mine
+                        .iter()
+                        .filter(|p| {
+                            p["status"]["conditions"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                                && p.pointer("/metadata/deletionTimestamp").is_none()
+                        })
+                        .count();
+                    let low = s.0.entry(role.to_string()).or_insert(usize::MAX);
+                    *low = (*low).min(ready);
+                    for p in &mine {
+                        let image = p["spec"]["containers"][0]["image"].as_str().unwrap_or("");
+                        let change = (role.to_string(), image.to_string());
+                        if image != "rbgctl:1" && !s.1.contains(&change) {
+                            s.1.push(change);
+                        }
+                    }
+                }
+                drop(s);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let set_images = |image: &str| {
+        e.api
+            .json_patch("rolebasedgroups", NS, "pdr", json!([
+                {"op": "replace", "path": "/spec/roles/0/standalonePattern/template/spec/containers/0/image", "value": image},
+                {"op": "replace", "path": "/spec/roles/1/standalonePattern/template/spec/containers/0/image", "value": image}]))
+            .unwrap();
+    };
+    let images = |role: &str| -> Vec<String> {
+        e.pods(&sel_v2("pdr", role))
+            .values()
+            .map(|p| {
+                p["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    // A good release: decode leads, then prefill; the rollout completes.
+    set_images("rbgctl:2");
+    assert!(wait_until(T, || phase(&e) == "Complete"
+        && images("prefill") == ["rbgctl:2", "rbgctl:2"]
+        && images("decode") == ["rbgctl:2", "rbgctl:2"]
+        && e.ready("pdr")));
+    {
+        let s = seen.lock().unwrap();
+        assert_eq!(
+            s.1.first(),
+            Some(&("decode".to_string(), "rbgctl:2".to_string())),
+            "{:?}",
+            s.1
+        );
+    }
+    e.settled(&op, "pdr");
+    let prefill_uids = e.uids(&sel_v2("pdr", "prefill"));
+    // A bad release: decode's first pod never becomes Ready; prefill waits; past the deadline
+    // both go back to rbgctl:2.
+    set_images("rbgctl:bad");
+    assert!(wait_until(T, || images("decode").contains(&"rbgctl:bad".to_string())));
+    assert!(wait_until(T, || phase(&e) == "RollingBack"
+        || phase(&e) == "RolledBack"));
+    assert!(wait_until(T, || phase(&e) == "RolledBack" && e.ready("pdr")));
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    assert_eq!(images("decode"), ["rbgctl:2", "rbgctl:2"]);
+    assert_eq!(images("prefill"), ["rbgctl:2", "rbgctl:2"]);
+    assert_eq!(
+        e.uids(&sel_v2("pdr", "prefill")),
+        prefill_uids,
+        "prefill untouched"
+    );
+    let spec = e.group("pdr");
+    for r in 0..2 {
+        assert_eq!(
+            spec["spec"]["roles"][r]["standalonePattern"]["template"]["spec"]["containers"][0]
+                ["image"],
+            "rbgctl:2"
+        );
+    }
+    let s = seen.lock().unwrap();
+    assert!(
+        !s.1.contains(&("prefill".to_string(), "rbgctl:bad".to_string())),
+        "{:?}",
+        s.1
+    );
+    for role in ["prefill", "decode"] {
+        assert!(
+            s.0[role] >= 1,
+            "role {role} had no Ready pod at some moment: {:?}",
+            s.0
+        );
+    }
+    let told = e.events("RolloutRolledBack");
+    assert_eq!(told.len(), 1, "{told:?}");
+    let msg = told[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("progress deadline of 3 s") && msg.contains("prefill, decode"),
+        "{msg}"
+    );
+}

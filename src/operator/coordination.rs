@@ -22,6 +22,8 @@ pub struct RoleState {
     pub ready: u32,
     pub updated: u32,
     pub scheduled: u32,
+    /// Instances at the new revision and Ready.
+    pub updated_ready: u32,
 }
 
 /// Overrides for one role's rollout this round.
@@ -77,6 +79,24 @@ pub fn rolling_targets(states: &[(String, RoleState)], max_skew: u32) -> BTreeMa
     out
 }
 
+/// Updated-instance caps for roles rolled out in `order`: each role after the first at most
+/// the share of its predecessor's instances that are updated and Ready.
+pub fn ordered_targets(
+    order: &[&String],
+    states: &BTreeMap<String, RoleState>,
+) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for pair in order.windows(2) {
+        let (Some(lead), Some(follow)) = (states.get(pair[0]), states.get(pair[1])) else {
+            continue;
+        };
+        let share = frac(lead.updated_ready, lead.desired);
+        let cap = (share * follow.desired as f64 + 1e-9).floor() as u32;
+        out.insert(pair[1].clone(), cap.min(follow.desired));
+    }
+    out
+}
+
 /// Replica targets for the roles of one scaling rule.
 pub fn scaling_targets(
     states: &[(String, RoleState)],
@@ -126,6 +146,7 @@ pub fn overrides(
     rules: &[Coordination],
     states: &BTreeMap<String, RoleState>,
     user_partition: &BTreeMap<String, u32>,
+    reversed: &[String],
 ) -> BTreeMap<String, Override> {
     let mut out: BTreeMap<String, Override> = BTreeMap::new();
     for rule in rules {
@@ -157,6 +178,18 @@ pub fn overrides(
                     o.partition = Some(o.partition.unwrap_or(0).max(p));
                 }
             }
+            // An order: each role no further along than the one before it is updated and
+            // Ready (reversed while the rule's rollout is rolled back).
+            let mut order: Vec<&String> = rolling.order.iter().collect();
+            if reversed.contains(&rule.name) {
+                order.reverse();
+            }
+            for (name, target) in ordered_targets(&order, states) {
+                let st = states[&name];
+                let o = out.entry(name).or_default();
+                let p = st.desired.saturating_sub(target);
+                o.partition = Some(o.partition.unwrap_or(0).max(p));
+            }
         }
         if let Some(scaling) = &rule.scaling {
             for (name, t) in scaling_targets(&members, scaling.max_skew_pct, &scaling.progression) {
@@ -179,6 +212,7 @@ mod tests {
             ready: desired,
             updated,
             scheduled: desired,
+            updated_ready: updated,
         }
     }
 
@@ -238,19 +272,43 @@ mod tests {
                 max_skew_pct: Some(10),
                 partition: None,
                 max_unavailable: None,
+                order: vec![],
+                progress_deadline_secs: None,
             }),
             scaling: None,
             gang: None,
         }];
         let states: BTreeMap<String, RoleState> =
             [("p".to_string(), st(10, 3)), ("d".to_string(), st(10, 1))].into();
-        let o = overrides(&rules, &states, &BTreeMap::new());
+        let o = overrides(&rules, &states, &BTreeMap::new(), &[]);
         assert_eq!(o["p"].partition, Some(7), "p is held at 3 updated");
         assert_eq!(
             o["d"].partition,
             Some(8),
             "d may reach 2 (within 10% of p's 30%... from 10%)"
         );
+    }
+
+    /// An order holds each role to the updated, Ready share of the one before it; reversed,
+    /// the other way round.
+    #[test]
+    fn an_order_holds_followers_to_their_leaders_ready_share() {
+        let rules = crate::operator::model::parse_policy(&serde_json::json!({"spec": {"policies":
+            [{"name": "pd", "roles": ["p", "d"],
+              "strategy": {"rollingUpdate": {"order": ["d", "p"]}}}]}}))
+        .unwrap();
+        let mut d = st(4, 2);
+        d.updated_ready = 1;
+        let states: BTreeMap<String, RoleState> =
+            [("p".to_string(), st(2, 0)), ("d".to_string(), d)].into();
+        let o = overrides(&rules, &states, &BTreeMap::new(), &[]);
+        // d has 1 of 4 updated and Ready: p may have floor(2 × 1/4) = 0 updated.
+        assert_eq!(o["p"].partition, Some(2));
+        assert_eq!(o.get("d").and_then(|o| o.partition), Some(0));
+        let back = overrides(&rules, &states, &BTreeMap::new(), &["pd".to_string()]);
+        // Reversed: d follows p, which has none updated.
+        assert_eq!(back["d"].partition, Some(4));
+        assert_eq!(back["p"].partition, Some(0));
     }
 
     #[test]
@@ -261,6 +319,7 @@ mod tests {
             ready,
             updated: current,
             scheduled: current,
+            updated_ready: current,
         };
         let states = vec![
             ("p".to_string(), s(10, 2, 2)),

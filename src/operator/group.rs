@@ -12,7 +12,7 @@ use crate::operator::informer::key_of;
 use crate::operator::model::{self, Group};
 use crate::operator::plan::{self, Limits};
 use crate::operator::restarts::{self, History, Verdict};
-use crate::operator::{adapter, finalizer, gang, revisions};
+use crate::operator::{adapter, finalizer, gang, revisions, rollout};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -169,6 +169,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
                 ready: c.ready,
                 updated: c.updated,
                 scheduled: c.scheduled,
+                updated_ready: c.updated_ready,
             },
         );
         counts.insert(r.name.clone(), c);
@@ -292,6 +293,55 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
     let gang_said = ctx.ensure_gang(&obj, &g, gang.as_ref(), &pods).await?;
     let gang_missing = gang_said.as_ref().is_some_and(|c| c.status == "False");
     conditions.extend(gang_said);
+    // Coordinated rollouts: where each is, and whether one ran past its deadline.
+    let recorded = rollout::Tracked::all_of(&obj);
+    let roles_now: BTreeMap<String, rollout::RoleNow> = g
+        .roles
+        .iter()
+        .map(|r| {
+            let c = &counts[&r.name];
+            let now = rollout::RoleNow {
+                current: current[&r.name].clone(),
+                update: revs[&r.name].hash.clone(),
+                done: c.replicas >= r.replicas && c.updated_ready >= r.replicas,
+            };
+            (r.name.clone(), now)
+        })
+        .collect();
+    let mut rollouts = Vec::new();
+    let mut back = Vec::new();
+    let now = chrono::Utc::now();
+    for rule in &rules {
+        let before = recorded.iter().find(|t| t.name == rule.name);
+        match rollout::track(rule, before, &roles_now, now) {
+            Some(rollout::Verdict::Keep(t)) => rollouts.push(t),
+            Some(rollout::Verdict::RollBack(t)) => {
+                back.push(t.clone());
+                rollouts.push(t);
+            }
+            None => {}
+        }
+    }
+    let reversed: Vec<String> = rollouts
+        .iter()
+        .filter(|t| t.phase == rollout::Phase::RollingBack)
+        .map(|t| t.name.clone())
+        .collect();
+    let deadline_due = rules
+        .iter()
+        .filter_map(|rule| {
+            let d = rule.rolling.as_ref()?.progress_deadline_secs?;
+            let t = rollouts.iter().find(|t| t.name == rule.name)?;
+            (t.phase == rollout::Phase::Progressing).then_some(())?;
+            let started = chrono::DateTime::parse_from_rfc3339(&t.started_at).ok()?;
+            let due = started + chrono::Duration::seconds(d as i64);
+            Some(
+                (due.with_timezone(&chrono::Utc) - now)
+                    .to_std()
+                    .unwrap_or_default(),
+            )
+        })
+        .min();
     let revision_of: BTreeMap<String, (String, String)> = g
         .roles
         .iter()
@@ -300,7 +350,17 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             (r.name.clone(), (cur, upd))
         })
         .collect();
-    write_status(ctx, &obj, &g, &counts, &conditions, &history, &revision_of).await?;
+    let parts = StatusParts {
+        counts: &counts,
+        conditions: &conditions,
+        restarts: &history,
+        revisions: &revision_of,
+        rollouts: &rollouts,
+    };
+    write_status(ctx, &obj, &g, &parts).await?;
+    if !back.is_empty() {
+        return roll_back_rollouts(ctx, key, &g, &crs, &back).await;
+    }
     if gang_missing {
         return Ok(Requeue::After(GANG_RETRY));
     }
@@ -317,7 +377,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
             )
         })
         .collect();
-    let overrides = coordination::overrides(&rules, &states, &user_partition);
+    let overrides = coordination::overrides(&rules, &states, &user_partition, &reversed);
     ctx.keep_revisions(&g, &revs, &crs, &views, &current)
         .await?;
     ctx.ensure_config(&g, &views).await?;
@@ -390,6 +450,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         again.then_some(STEP_RETRY),
         pending_soon,
         restart_due,
+        deadline_due,
     ]))
 }
 
@@ -493,12 +554,12 @@ async fn roll_back(
                 .collect();
             let msg = format!("rolled back: {}", to.join(", "));
             (
-                revisions::rollback_patch(obj, &targets),
+                revisions::rollback_patch(obj, &targets, true),
                 ("Normal", "RolledBack", msg),
             )
         }
         Err(why) => {
-            let patch = revisions::rollback_patch(obj, &BTreeMap::new());
+            let patch = revisions::rollback_patch(obj, &BTreeMap::new(), true);
             let msg = format!("{}: {asked:?} not done: {why}", revisions::ROLLBACK_TO);
             (patch, ("Warning", "RollbackRefused", msg))
         }
@@ -513,6 +574,60 @@ async fn roll_back(
     let (kind, reason, msg) = said;
     tracing::info!(group = %name, reason, message = %msg, "rollback");
     ctx.events.post(obj, kind, reason, &msg).await;
+    Ok(Requeue::After(Duration::ZERO))
+}
+
+/// Writes back, for each rollout past its deadline, every role's revision from before it (the
+/// group as last written, so the status just recorded is not undone), and tells it.
+async fn roll_back_rollouts(
+    ctx: &Context,
+    key: &str,
+    g: &Group,
+    crs: &[Value],
+    back: &[rollout::Tracked],
+) -> Result<Requeue, ReconcileError> {
+    let Some(obj) = ctx.caches.groups.get(key) else {
+        return Ok(Requeue::AwaitChange);
+    };
+    let mut targets = BTreeMap::new();
+    let mut missing = Vec::new();
+    for t in back {
+        for (role, hash) in &t.from {
+            let name = revisions::name(&g.name, role, hash);
+            match crs.iter().find(|c| ObjectMeta::of(c).name == name) {
+                Some(cr) => {
+                    if let Some(k) = revisions::Kept::of(cr) {
+                        targets.insert(role.clone(), k);
+                    }
+                }
+                None => missing.push(name),
+            }
+        }
+    }
+    for t in back {
+        let mut msg = format!("coordinated rollout {}: {}", t.name, t.message);
+        if !missing.is_empty() {
+            msg.push_str(&format!(
+                " (not kept, left as they are: {})",
+                missing.join(", ")
+            ));
+        }
+        tracing::warn!(group = %key, rule = %t.name, "rollout past its deadline rolled back");
+        ctx.events
+            .post(&obj, "Warning", "RolloutRolledBack", &msg)
+            .await;
+    }
+    if targets.is_empty() {
+        return Ok(Requeue::AwaitChange);
+    }
+    let patch = revisions::rollback_patch(&obj, &targets, false);
+    ctx.throttle.wait().await;
+    let mark = ctx.caches.groups.mark();
+    let written = ctx
+        .kube
+        .patch(&group_path(&g.namespace, &g.name), &Patch::Json(patch))
+        .await?;
+    ctx.caches.groups.put_written(written, mark);
     Ok(Requeue::After(Duration::ZERO))
 }
 
@@ -553,16 +668,30 @@ async fn put_status(ctx: &Context, obj: &Value, status: Value) -> Result<(), Rec
     Ok(())
 }
 
-/// `conditions`: further conditions to set beside `Ready`.
+/// What a reconcile writes into the group's status.
+struct StatusParts<'a> {
+    counts: &'a BTreeMap<String, plan::Counts>,
+    /// Further conditions to set beside `Ready`.
+    conditions: &'a [NewCondition],
+    restarts: &'a History,
+    /// Each role's (current, update) revision.
+    revisions: &'a BTreeMap<String, (String, String)>,
+    rollouts: &'a [rollout::Tracked],
+}
+
 async fn write_status(
     ctx: &Context,
     obj: &Value,
     g: &Group,
-    counts: &BTreeMap<String, plan::Counts>,
-    conditions: &[NewCondition],
-    restarts: &History,
-    revision_of: &BTreeMap<String, (String, String)>,
+    parts: &StatusParts<'_>,
 ) -> Result<(), ReconcileError> {
+    let StatusParts {
+        counts,
+        conditions,
+        restarts,
+        revisions: revision_of,
+        rollouts,
+    } = parts;
     let role_statuses: Vec<model::RoleStatus> = g
         .roles
         .iter()
@@ -605,6 +734,14 @@ async fn write_status(
     }
     status["observedGeneration"] = json!(g.generation);
     status["roleStatuses"] = json!(role_statuses);
+    // Only for groups with tracked rollouts: others write what they did.
+    if let Some(s) = status.as_object_mut() {
+        if rollouts.is_empty() {
+            s.remove("coordinatedRollouts");
+        } else {
+            s.insert("coordinatedRollouts".into(), json!(rollouts));
+        }
+    }
     // Only while an instance has been recreated: a group without restarts writes what it did.
     match status.as_object_mut() {
         Some(s) if restarts.0.is_empty() => {
@@ -623,7 +760,7 @@ async fn write_status(
     }
     let now = timestamp_now();
     set_condition(&mut status, cond, &now);
-    for c in conditions {
+    for c in conditions.iter() {
         set_condition(&mut status, c.clone(), &now);
     }
     put_status(ctx, obj, status).await

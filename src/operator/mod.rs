@@ -37,6 +37,7 @@ pub mod queue;
 pub mod refusals;
 pub mod restarts;
 pub mod revisions;
+pub mod rollout;
 pub mod throttle;
 
 use crate::kube::{Kube, KubeConfig, KubeError};

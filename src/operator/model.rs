@@ -146,6 +146,12 @@ pub struct RollingRule {
     pub max_skew_pct: Option<u32>,
     pub partition: Option<IntOrPct>,
     pub max_unavailable: Option<IntOrPct>,
+    /// The roles whose rollouts lead, first to last: a later role is never further along
+    /// than an earlier one's updated, Ready share (`order`; empty: no order).
+    pub order: Vec<String>,
+    /// How long a rollout of the rule's roles may take; past it, unfinished, every role goes
+    /// back to the revision it had, in reverse order (`progressDeadlineSeconds`).
+    pub progress_deadline_secs: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -285,6 +291,30 @@ fn parse_coordination(list: &Value) -> Result<Vec<Coordination>, SpecError> {
                     .map(IntOrPct::parse)
                     .transpose()
                     .map_err(bad)?,
+                order: {
+                    let order: Vec<String> = r["order"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|v| v.as_str().map(str::to_string))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| bad("rollingUpdate.order: role names, please".into()))?;
+                    if let Some(o) = order.iter().find(|o| !roles.contains(o)) {
+                        return Err(bad(format!(
+                            "rollingUpdate.order names {o:?}, which is not among the rule's \
+                             roles {roles:?}"
+                        )));
+                    }
+                    order
+                },
+                progress_deadline_secs: match r.get("progressDeadlineSeconds") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(v.as_u64().filter(|s| *s > 0).ok_or_else(|| {
+                        bad(format!(
+                            "rollingUpdate.progressDeadlineSeconds: {v} is not a positive count"
+                        ))
+                    })?),
+                },
             }),
         };
         let scaling = match st.get("scaling") {

@@ -250,6 +250,8 @@ pub struct Counts {
     pub updated: u32,
     /// Instances whose pods all have a node.
     pub scheduled: u32,
+    /// Instances at the role's revision and Ready.
+    pub updated_ready: u32,
 }
 
 /// The plan for one role, and its counts as they are now.
@@ -409,6 +411,9 @@ pub fn plan(
         }
         if inst.updated(rev) {
             out.counts.updated += 1;
+            if inst.ready(size) {
+                out.counts.updated_ready += 1;
+            }
         }
         if inst.live().count() == size as usize && inst.live().all(|p| p.scheduled) {
             out.counts.scheduled += 1;
@@ -590,7 +595,8 @@ mod tests {
                 replicas: 1,
                 ready: 1,
                 updated: 1,
-                scheduled: 1
+                scheduled: 1,
+                updated_ready: 1,
             }
         );
     }

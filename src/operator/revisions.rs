@@ -187,14 +187,18 @@ pub fn rollback_targets(
 }
 
 /// The JSON patch that writes `targets` back into the group `obj` (each role's replicas kept)
-/// and removes the annotation, on the condition that the group is still the one read.
-pub fn rollback_patch(obj: &Value, targets: &BTreeMap<String, Kept>) -> Value {
+/// and (`asked`) removes the annotation that asked, on the condition that the group is still
+/// the one read.
+pub fn rollback_patch(obj: &Value, targets: &BTreeMap<String, Kept>, asked: bool) -> Value {
     let meta = ObjectMeta::of(obj);
-    let mut ops = vec![
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": meta.resource_version}),
-        json!({"op": "remove", "path": format!("/metadata/annotations/{}",
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
+                              "value": meta.resource_version})];
+    if asked {
+        ops.push(
+            json!({"op": "remove", "path": format!("/metadata/annotations/{}",
             crate::kube::patch::escape(ROLLBACK_TO))}),
-    ];
+        );
+    }
     for (i, r) in obj["spec"]["roles"]
         .as_array()
         .into_iter()
@@ -314,7 +318,7 @@ mod tests {
         let t = rollback_targets("previous", &g, &revs, &crs).unwrap();
         assert_eq!(t.len(), 2);
         assert_eq!(t["prefill"].number, 1);
-        let patch = rollback_patch(&obj, &t);
+        let patch = rollback_patch(&obj, &t, true);
         let ops = patch.as_array().unwrap();
         assert_eq!(ops[0]["op"], "test");
         assert_eq!(

@@ -39,6 +39,8 @@ pub struct Kubelet {
     same_digest: Arc<Mutex<HashMap<String, String>>>,
     /// Pods that may hold a node at once (none: no limit).
     capacity: Arc<Mutex<Option<usize>>>,
+    /// Images whose containers run but never become Ready (a bad release).
+    bad_images: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Kubelet {
@@ -52,7 +54,13 @@ impl Kubelet {
             same_digest: Default::default(),
             seen: Default::default(),
             capacity: Default::default(),
+            bad_images: Default::default(),
         }
+    }
+
+    /// Containers running `image` never become Ready, as a release that does not start.
+    pub fn bad_image(&self, image: &str) {
+        self.bad_images.lock().insert(image.to_string());
     }
 
     /// At most `pods` pods hold a node at once (`None`: no limit); the others stay Pending,
@@ -197,7 +205,17 @@ impl Kubelet {
         let name = pod["metadata"]["name"].as_str().unwrap_or("");
         let old = pod.get("status").cloned().unwrap_or(json!({}));
         let failed = self.failed.lock().contains(name);
-        let ready = !failed && !held.iter().any(|s| s.matches(pod));
+        let bad = pod
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["image"]
+                    .as_str()
+                    .is_some_and(|i| self.bad_images.lock().contains(i))
+            });
+        let ready = !failed && !bad && !held.iter().any(|s| s.matches(pod));
         let mut crashed = self.crashes.lock().remove(name).unwrap_or(0);
         let mut statuses = Vec::new();
         for c in pod
