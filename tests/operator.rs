@@ -776,16 +776,28 @@ fn steady_state_resync_writes_nothing_and_deletion_removes_children() {
         c.by_verb.get("update").is_some_and(|n| *n > 0),
         "the lease is renewed meanwhile"
     );
+    // A group with none of issue 67's fields: one ControllerRevision per role is all it adds
+    // (no PodGroup, no gang or rollout status).
+    let g = e.group(name);
+    let roles = g["spec"]["roles"].as_array().unwrap().len();
+    let s = format!("rbg.workloads.x-k8s.io/group-name={name}");
+    assert_eq!(e.api.list("controllerrevisions", NS, &s).len(), roles);
+    assert!(e
+        .api
+        .get("podgroups.scheduling.x-k8s.io", NS, name)
+        .is_none());
+    assert!(g["status"].get("coordinatedRollouts").is_none(), "{g}");
+    assert!(condition(&g, "GangScheduling").is_none(), "{g}");
     // Delete: the finalizer holds the group until every child is gone.
     e.api.delete("rolebasedgroups", NS, name).unwrap();
     assert!(wait_until(T, || e
         .api
         .get("rolebasedgroups", NS, name)
         .is_none()));
-    let s = format!("rbg.workloads.x-k8s.io/group-name={name}");
     assert!(e.api.list("pods", NS, &s).is_empty());
     assert!(e.api.list("services", NS, &s).is_empty());
     assert!(e.api.get("configmaps", NS, name).is_none());
+    assert!(e.api.list("controllerrevisions", NS, &s).is_empty());
     // The finalizer was released once: a reconcile that came before the watch said the group
     // was gone found the finalizer gone from the cache (a real API server showed a second
     // release, answered 404).

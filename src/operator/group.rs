@@ -786,6 +786,7 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
         let m = ObjectMeta::of(a);
         m.namespace == ns && m.owned_by(meta.uid)
     });
+    let kept = ctx.caches.revisions.select(mine);
     ctx.remove_pod_group(ns, name, meta.uid, &pods).await?;
     ctx.pod_groups.lock().remove(&key);
     let marks = [
@@ -793,6 +794,7 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
         ctx.caches.configmaps.mark(),
         ctx.caches.slices.mark(),
         ctx.caches.adapters.mark(),
+        ctx.caches.revisions.mark(),
     ];
     for (list, base) in [
         (&pods, core(ns, "pods")),
@@ -800,6 +802,7 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
         (&maps, core(ns, "configmaps")),
         (&slices, slices_path(ns)),
         (&adapters, adapter::collection(ns)),
+        (&kept, revisions::path(ns, None)),
     ] {
         for o in list.iter() {
             let m = ObjectMeta::of(o);
@@ -815,6 +818,7 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
         (&ctx.caches.configmaps, &maps),
         (&ctx.caches.slices, &slices),
         (&ctx.caches.adapters, &adapters),
+        (&ctx.caches.revisions, &kept),
     ]
     .into_iter()
     .zip(marks)
