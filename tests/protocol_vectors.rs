@@ -311,6 +311,21 @@ fn cases() -> Vec<Case> {
         segment_id: 3,
         objects: vec![stored.clone()],
     };
+    let hand_over = HandOverReq {
+        client_id: 5,
+        segment_id: 3,
+        deadline_ms: 60_000,
+    };
+    c.request("hand over", Opcode::HandOver, &hand_over, 0);
+    let handing = HandOverResp {
+        state: 0,
+        objects: 2000,
+        moved_objects: 700,
+        moved_bytes: 7 << 20,
+        failed: 1,
+        no_room: 0,
+    };
+    c.reply("hand over reply", Opcode::HandOver, &handing, 0);
     c.request("objects hashed", Opcode::ObjectsHashed, &hashed, 0);
     c.reply("objects hashed reply", Opcode::ObjectsHashed, &(), 0);
     let corrupt = ReportCorruptReq {
@@ -723,6 +738,8 @@ fn reencode(message: &str, meta: &[u8]) -> Result<Vec<u8>, TransferError> {
         AuthHelloReq,
         AuthChallengeResp,
         AuthProofReq,
+        HandOverReq,
+        HandOverResp,
         MountReq,
         MountResp,
         UnmountReq,

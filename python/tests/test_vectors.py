@@ -143,6 +143,8 @@ NOT_USED_HERE = {
     "RdmaConnectReq",
     "SealDeferredResp",
     "HashedReq",
+    "HandOverReq",
+    "HandOverResp",
     "RdmaConnectResp",
     "CheckVersionResp",
 }

@@ -66,6 +66,9 @@ pub struct MasterConfig {
     /// Most bytes of demotions (memory → disk copies) in flight per store; past it, eviction
     /// waits for them, and drops what memory must give up at once. Default 256 MiB.
     pub disk_tier_queue_bytes: ByteSize,
+    /// Pace of a store's hand-over to the others before it goes (bytes a second copied;
+    /// 0: as fast as the stores go). Default 256 MiB.
+    pub hand_over_bytes_per_sec: ByteSize,
     /// Copy an object that lives only on disk back to memory when it is read (Mooncake's
     /// `promotion_on_hit`). Default true.
     pub promotion_on_hit: bool,
@@ -183,6 +186,7 @@ impl Default for MasterConfig {
             disk_eviction_high_watermark_ratio: 0.95,
             disk_eviction_ratio: 0.05,
             disk_tier_queue_bytes: ByteSize(256 << 20),
+            hand_over_bytes_per_sec: ByteSize(256 << 20),
             promotion_on_hit: true,
             promotion_admission_threshold: 1,
             put_start_discard_timeout_ms: Millis(Duration::from_secs(30)),
@@ -305,6 +309,14 @@ pub struct MasterArgs {
         env = "RBGCTL_MASTER_DISK_TIER_QUEUE_BYTES"
     )]
     pub disk_tier_queue_bytes: Option<ByteSize>,
+    /// Pace of a store's hand-over to the others before it goes (bytes a second, 0: as fast
+    /// as the stores go). Default 256 MiB.
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        env = "RBGCTL_MASTER_HAND_OVER_BYTES_PER_SEC"
+    )]
+    pub hand_over_bytes_per_sec: Option<ByteSize>,
     /// Copy disk-only objects back to memory when read (true/false). Default true.
     #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ON_HIT")]
     pub promotion_on_hit: Option<bool>,
@@ -798,6 +810,7 @@ mod tests {
             disk_eviction_high_watermark_ratio: Some(0.8),
             disk_eviction_ratio: Some(0.2),
             disk_tier_queue_bytes: Some(ByteSize(9 << 20)),
+            hand_over_bytes_per_sec: Some(ByteSize(1 << 20)),
             promotion_on_hit: Some(false),
             promotion_admission_threshold: Some(10),
             put_start_discard_timeout: ms(11),

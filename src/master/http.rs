@@ -178,6 +178,12 @@ pub fn admin_router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/keys", get(keys))
         .route("/api/v1/evictions", get(evictions))
         .route("/api/v1/tenants", get(tenants_usage))
+        // Moves every object off a store: for those who hold the secret.
+        .route(
+            "/api/v1/segments/{name}/drain",
+            axum::routing::post(drain).get(drain_status),
+        )
+        .route("/api/v1/drains", get(drains))
         .route("/query_key", get(query_key))
         // Sends every page to every subscriber: as much the secret holders' as the keys.
         .route(
@@ -406,6 +412,60 @@ async fn mooncake_wire(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             ),
         ),
     }
+}
+
+#[derive(Deserialize)]
+struct DrainQuery {
+    /// Seconds the hand-over may take (default 600).
+    deadline_s: Option<u64>,
+}
+
+/// Starts handing segment `name` over to the others (`state/handover.rs`); answers where it
+/// stands (202 while it runs). Asked again, the same drain.
+async fn drain(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    Query(q): Query<DrainQuery>,
+) -> Response {
+    let deadline = Duration::from_secs(q.deadline_s.unwrap_or(600).max(1));
+    let res = shared
+        .state
+        .lock()
+        .start_drain(&name, deadline, Instant::now());
+    shared.service.copier.wake();
+    match res {
+        Ok(s) => (StatusCode::ACCEPTED, Json(s)).into_response(),
+        Err((_, msg)) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": msg})),
+        )
+            .into_response(),
+    }
+}
+
+async fn drain_status(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Response {
+    let now = Instant::now();
+    let found = shared
+        .state
+        .lock()
+        .drains(now)
+        .into_iter()
+        .find(|d| d.segment == name);
+    match found {
+        Some(s) => Json(s).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": format!("no hand-over of segment {name:?}")})),
+        )
+            .into_response(),
+    }
+}
+
+async fn drains(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    Json(shared.state.lock().drains(Instant::now()))
 }
 
 async fn segments(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
@@ -677,6 +737,7 @@ fn render_tiers(
         summary.disk_capacity_bytes,
     );
     let mover = &shared.mover;
+    let copier = &shared.service.copier;
     p.single(
         "rbgctl_master_demotions_total",
         "counter",
@@ -730,6 +791,24 @@ fn render_tiers(
         "counter",
         "Copies between tiers sent to stores.",
         mover.sent.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_hand_over_objects_total",
+        "counter",
+        "Objects copied to another store by a store's hand-over.",
+        copier.copied.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_hand_over_bytes_total",
+        "counter",
+        "Bytes copied to another store by a store's hand-over.",
+        copier.bytes.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    )
+    .single(
+        "rbgctl_master_hand_over_failures_total",
+        "counter",
+        "Hand-over copies that failed (the object stayed where it was, tried again).",
+        copier.failed.load(std::sync::atomic::Ordering::Relaxed) as f64,
     )
     .single(
         "rbgctl_master_disk_evicted_objects_total",

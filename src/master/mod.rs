@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod compat;
 pub mod config;
 pub mod eviction;
+pub mod handover;
 pub mod housekeeper;
 pub mod http;
 pub mod indexes;
@@ -326,6 +327,13 @@ pub fn start(
     let mover = mover::Mover::new(state.clone(), leadership.clone(), secret.clone());
     let metadata_auth = secret.clone();
     let mover_thread = mover.spawn(shutdown.clone())?;
+    let copier = handover::Copier::new(
+        state.clone(),
+        leadership.clone(),
+        secret.clone(),
+        cfg.hand_over_bytes_per_sec.0,
+    );
+    let copier_thread = copier.spawn(shutdown.clone())?;
     let housekeeper = housekeeper::Housekeeper::new();
     let service = Arc::new(rpc::MasterService {
         state: state.clone(),
@@ -335,6 +343,7 @@ pub fn start(
         allocations_from: parking_lot::Mutex::new(Instant::now() + cfg.put_reservation_ttl_ms.0),
         leadership: leadership.clone(),
         mover: mover.clone(),
+        copier,
         housekeeper: housekeeper.clone(),
         // Mooncake's RPC carries no authentication: served beside rbgctl's only where the
         // pool has no secret (as the seeds' deployments run).
@@ -447,6 +456,7 @@ pub fn start(
         threads_to_wake.1.wake();
         let _ = notifier_thread.join();
         let _ = mover_thread.join();
+        let _ = copier_thread.join();
         runtime.shutdown_timeout(Duration::from_secs(5));
         Ok(())
     })?)

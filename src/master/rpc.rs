@@ -28,6 +28,8 @@ pub struct MasterService {
     pub leadership: Arc<crate::ha::lease::Leadership>,
     /// Carries out moves between tiers; puts wait for it when memory is short.
     pub mover: Arc<super::mover::Mover>,
+    /// Carries out stores' hand-overs.
+    pub copier: Arc<super::handover::Copier>,
     /// Poked after every operation that may change the state.
     pub housekeeper: Arc<super::housekeeper::Housekeeper>,
     /// Mooncake's master RPC on this port, told apart by its first byte (`None`: refused).
@@ -178,6 +180,16 @@ impl MasterService {
                         .lock()
                         .report(r.client_id, r.segment_id, r.objects, r.done, now);
                 answer(io, res.map(|forget| ReportResp { forget }))
+            }
+            Opcode::HandOver => {
+                let r = HandOverReq::from_meta(meta)?;
+                let deadline = Duration::from_millis(r.deadline_ms);
+                let res = self
+                    .state
+                    .lock()
+                    .hand_over(r.client_id, r.segment_id, deadline, now);
+                self.copier.wake();
+                answer(io, res.map(|s| HandOverResp::from(&s)))
             }
             Opcode::ObjectsHashed => {
                 let r = HashedReq::from_meta(meta)?;

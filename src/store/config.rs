@@ -72,6 +72,11 @@ pub struct StoreConfig {
     /// Needs a stable name (`name` set, or a fixed `port`); with neither, the store runs
     /// non-persistent. Default true.
     pub persistent: bool,
+    /// Seconds a stop may spend handing the segment's objects over to the other stores
+    /// before it unmounts (the master copies each to another store, paced by its
+    /// `hand_over_bytes_per_sec`); for a store that will not come back with them (a pod
+    /// scaled away or recreated elsewhere). 0: no hand-over. Default 0.
+    pub hand_over_secs: u64,
     /// Fault the segment's pages in behind the start (`MADV_POPULATE_WRITE`, which changes no
     /// byte), so that writes do not pay the kernel's first-touch fault of each page. `false`
     /// leaves each page to fault in on its first write: a store whose segment stays mostly
@@ -141,6 +146,7 @@ impl Default for StoreConfig {
             shm_dir: PathBuf::from("/dev/shm/rbgctl"),
             shm_group: None,
             persistent: true,
+            hand_over_secs: 0,
             prefault: true,
             metrics_host: "0.0.0.0".into(),
             metrics_port: 9004,
@@ -236,6 +242,10 @@ pub struct StoreArgs {
     /// Keep objects across restarts (true/false). Default true.
     #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
     pub persistent: Option<bool>,
+    /// Seconds a stop may spend handing the segment's objects over to the other stores
+    /// before it unmounts (0: no hand-over). Default 0.
+    #[arg(long, env = "RBGCTL_STORE_HAND_OVER_SECS")]
+    pub hand_over_secs: Option<u64>,
     /// Fault the segment's pages in behind the start, so writes pay no first-touch faults
     /// (true/false). Default true.
     #[arg(long, env = "RBGCTL_STORE_PREFAULT")]
@@ -550,6 +560,7 @@ mod tests {
             shm_dir: Some("/s".into()),
             shm_group: Some("g".into()),
             persistent: Some(true),
+            hand_over_secs: Some(30),
             prefault: Some(false),
             metrics_host: Some("127.0.0.4".into()),
             metrics_port: Some(3),

@@ -80,8 +80,15 @@ pub struct Store {
     prefault: Option<JoinHandle<()>>,
     /// Hashes what came in one-sided after its put was answered.
     hasher: Option<JoinHandle<()>>,
+    /// How long a stop may spend handing the objects over first (`hand_over_secs`).
+    hand_over: Duration,
     _lock: Option<DirLock>,
 }
+
+/// How often a stopping store asks how its hand-over goes.
+const HAND_OVER_POLL: Duration = Duration::from_millis(100);
+/// Past its deadline, how long a stopping store waits for the master to say it ended.
+const HAND_OVER_SLACK: Duration = Duration::from_secs(5);
 
 /// What the store's HTTP endpoints read.
 pub struct StoreStatus {
@@ -654,6 +661,7 @@ impl Store {
             heartbeat: Some(heartbeat),
             prefault,
             hasher,
+            hand_over: Duration::from_secs(cfg.hand_over_secs),
             _lock: lock,
         })
     }
@@ -662,10 +670,60 @@ impl Store {
         &self.status.name
     }
 
+    /// Has the master copy the segment's objects to the other stores, serving reads and
+    /// heartbeats meanwhile, until it says the hand-over ended or `hand_over` (and a little
+    /// for the last copies' answers) has passed.
+    fn hand_over_objects(&self) {
+        let started = Instant::now();
+        let give_up = started + self.hand_over + HAND_OVER_SLACK;
+        let mut told = started;
+        loop {
+            match self.status.registration.hand_over(self.hand_over) {
+                Ok(None) => return,
+                Ok(Some(r)) if r.state != 0 => {
+                    let state = if r.state == 1 { "done" } else { "expired" };
+                    tracing::info!(
+                        state,
+                        objects = r.objects,
+                        moved = r.moved_objects,
+                        bytes = r.moved_bytes,
+                        failed = r.failed,
+                        no_room = r.no_room,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "hand-over to the other stores ended"
+                    );
+                    return;
+                }
+                Ok(Some(r)) => {
+                    if told.elapsed() >= Duration::from_secs(1) {
+                        told = Instant::now();
+                        tracing::info!(
+                            objects = r.objects,
+                            moved = r.moved_objects,
+                            "handing objects over to the other stores"
+                        );
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "hand-over not done: the master did not take it");
+                    return;
+                }
+            }
+            if Instant::now() >= give_up {
+                tracing::warn!("hand-over still running at its deadline; stopping anyway");
+                return;
+            }
+            std::thread::sleep(HAND_OVER_POLL);
+        }
+    }
+
     /// Unmounts from the master (a persistent store asks it to keep the objects for its return)
     /// and stops accepting connections. The heartbeat is stopped and joined first: a beat in
     /// flight could otherwise mount the segment again after the unmount.
     pub fn shutdown(&mut self) {
+        if !self.hand_over.is_zero() {
+            self.hand_over_objects();
+        }
         let registration = &self.status.registration;
         registration.stop.trigger();
         if let Some(h) = self.heartbeat.take() {

@@ -11,8 +11,8 @@ use crate::mooncake::metadata::MetadataServer;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
-    HashedReq, LeaseReq, LeaseResp, ListSegmentsResp, MountReq, MountResp, PingReq, PingResp,
-    ReportReq, ReportResp, SegmentInfo, UnmountReq,
+    HandOverReq, HandOverResp, HashedReq, LeaseReq, LeaseResp, ListSegmentsResp, MountReq,
+    MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo, UnmountReq,
 };
 use crate::transfer::{ConnOptions, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -402,6 +402,23 @@ impl Registration {
             }
             self.stop.sleep(self.interval);
         }
+    }
+
+    /// Asks the master to hand the segment's objects over to the other stores (within
+    /// `deadline`), or how the hand-over it started goes; `None` when nothing is mounted.
+    pub fn hand_over(&self, deadline: Duration) -> Result<Option<HandOverResp>, TransferError> {
+        let segment_id = self.segment_id.load(Ordering::SeqCst);
+        if segment_id == 0 {
+            return Ok(None);
+        }
+        let req = HandOverReq {
+            client_id: self.client_id,
+            segment_id,
+            deadline_ms: deadline.as_millis() as u64,
+        };
+        self.master
+            .with(|c| c.call(Opcode::HandOver, &req))
+            .map(Some)
     }
 
     /// Unmounts on a clean stop: a non-persistent store's objects are dropped at once, a

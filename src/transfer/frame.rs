@@ -37,6 +37,10 @@ pub enum Opcode {
     /// The client's proof over both nonces (meta: `AuthProofReq`; empty reply, or
     /// `UNAUTHENTICATED` and the connection closes).
     AuthProof = 0x09,
+    /// From a store about to go for good: hand its segment's objects over to the other stores
+    /// (meta: `HandOverReq`; answer `HandOverResp`, where the hand-over stands). Asked again
+    /// to follow it; the master starts it once.
+    HandOver = 0x0a,
     PutStart = 0x10,
     PutEnd = 0x11,
     PutRevoke = 0x12,
@@ -102,7 +106,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 39] = [
+    pub const ALL: [Opcode; 40] = [
         Opcode::Ping,
         Opcode::MountSegment,
         Opcode::UnmountSegment,
@@ -112,6 +116,7 @@ impl Opcode {
         Opcode::Lease,
         Opcode::AuthHello,
         Opcode::AuthProof,
+        Opcode::HandOver,
         Opcode::PutStart,
         Opcode::PutEnd,
         Opcode::PutRevoke,
@@ -160,6 +165,7 @@ impl Opcode {
             Opcode::Lease => "lease",
             Opcode::AuthHello => "auth_hello",
             Opcode::AuthProof => "auth_proof",
+            Opcode::HandOver => "hand_over",
             Opcode::PutStart => "put_start",
             Opcode::PutEnd => "put_end",
             Opcode::PutRevoke => "put_revoke",

@@ -374,6 +374,23 @@ message!(
     ReportReq { client_id: u64, segment_id: u64, objects: Vec<StoredObject>, done: bool } min_len = 8 + 8 + 4 + 1
 );
 message!(
+    /// A store hands its segment over, taking at most `deadline_ms` (asked again, the same).
+    HandOverReq { client_id: u64, segment_id: u64, deadline_ms: u64 } min_len = 24
+);
+message!(
+    /// Where a hand-over stands: `state` 0 draining, 1 done, 2 expired (what was not handed
+    /// over stays where it is); the objects listed on the segment when it started, those moved
+    /// and their bytes, the copies that failed and the objects no other segment had room for.
+    HandOverResp {
+        state: u8,
+        objects: u64,
+        moved_objects: u64,
+        moved_bytes: u64,
+        failed: u64,
+        no_room: u64,
+    } min_len = 1 + 8 * 5
+);
+message!(
     /// A store's objects that were recorded unhashed and now have their CRC-32C.
     HashedReq { client_id: u64, segment_id: u64, objects: Vec<StoredObject> } min_len = 8 + 8 + 4
 );

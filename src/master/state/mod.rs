@@ -25,6 +25,7 @@
 mod clients;
 mod evict;
 mod forget;
+mod handover;
 mod housekeeping;
 mod puts;
 mod reads;
@@ -36,6 +37,8 @@ mod tests;
 pub use super::objects::{Entry, Pending, Version};
 pub use evict::MoveJob;
 pub use forget::{ForgetWait, Outbox};
+use handover::HandOvers;
+pub use handover::{DrainState, DrainStatus, HandOverJob};
 pub use recovery::WALK_STEP;
 pub use segments::{SegState, Segment};
 
@@ -208,6 +211,8 @@ pub struct MasterState {
     walks: VecDeque<Walk>,
     /// Copies between memory and disk tiers under way.
     moves: Moves,
+    /// Segments being handed over to the others, and the copies under way.
+    hand_overs: HandOvers,
     /// The pool's pages as KV events, for the publisher (`--kv-events-config`).
     pub pool_events: PoolEvents,
     /// The tenants served and their quotas (`--tenants-file`; the default tenant alone
@@ -260,6 +265,7 @@ impl MasterState {
             evictions: EvictionLog::default(),
             walks: VecDeque::new(),
             moves: Moves::default(),
+            hand_overs: HandOvers::default(),
             pool_events,
             tenants: Quotas::default(),
             quota_refusals: HashMap::new(),

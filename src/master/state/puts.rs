@@ -96,7 +96,7 @@ impl MasterState {
         let largest = self
             .segments
             .live_memory()
-            .filter(|s| s.reachable_by(config.reach))
+            .filter(|s| s.reachable_by(config.reach) && !self.hand_overs.draining(s.id))
             .map(|s| s.alloc.capacity())
             .max()
             .unwrap_or(0);
@@ -197,7 +197,11 @@ impl MasterState {
         let candidates: Vec<Candidate<'_>> = self
             .segments
             .live_memory()
-            .filter(|s| s.reachable_by(config.reach) && s.alloc.largest_free() >= size)
+            .filter(|s| {
+                s.reachable_by(config.reach)
+                    && s.alloc.largest_free() >= size
+                    && !self.hand_overs.draining(s.id)
+            })
             .map(|s| Candidate {
                 id: s.id,
                 name: &s.info.name,

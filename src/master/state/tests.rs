@@ -1794,3 +1794,120 @@ fn eviction_takes_first_from_the_tenant_over_its_share() {
     assert!(st.counters.evicted_objects > 0);
     assert_eq!(st.indexes.usage(), &st.recount_usage());
 }
+
+/// A draining segment takes no new puts; its objects are copied to the others (the one with
+/// the most room), each replica swapped once its copy lands; a copy that fails goes back and
+/// is tried again; a key replaced meanwhile keeps its new value; the drain ends done.
+#[test]
+fn a_drained_segment_hands_every_object_over_and_takes_no_new_puts() {
+    let mut st = master(MasterConfig::default());
+    let t0 = Instant::now();
+    for (client, name) in [(1, "a"), (2, "b"), (3, "c")] {
+        st.mount(client, seg(name, 1 << 20), grant_key(), false, t0)
+            .unwrap();
+    }
+    let a = st.segments.by_name("a").unwrap();
+    let pinned = ReplicateConfig {
+        preferred_segment: "a".into(),
+        ..ONE
+    };
+    for i in 0..10 {
+        let key = format!("k{i}");
+        let (id, _) = st.put_start(7, &key, 1000, &pinned, t0).unwrap();
+        st.put_end(7, &key, id, Some(i), t0).unwrap();
+    }
+    let on_a = |st: &mut MasterState| {
+        (0..10)
+            .filter(|i| {
+                st.get_replicas(&format!("k{i}"), t0)
+                    .is_ok_and(|d| d.replicas.iter().any(|r| r.segment_id == a))
+            })
+            .count()
+    };
+    assert_eq!(on_a(&mut st), 10, "placed on a as preferred");
+    let status = st.start_drain("a", Duration::from_secs(60), t0).unwrap();
+    assert_eq!((status.state, status.objects), (DrainState::Draining, 10));
+    assert!(st.start_drain("nope", Duration::from_secs(1), t0).is_err());
+    // New puts go elsewhere, even asked for a.
+    for i in 0..5 {
+        let (_, replicas) = st
+            .put_start(7, &format!("new{i}"), 100, &pinned, t0)
+            .unwrap();
+        assert_ne!(replicas[0].segment_id, a);
+    }
+    // A key replaced while its copy is under way keeps the new value.
+    let jobs = st.take_hand_overs(4, u64::MAX, t0);
+    assert_eq!(jobs.len(), 4);
+    assert!(jobs
+        .iter()
+        .all(|j| j.from_endpoint == "a:1" && j.to_endpoint != "a:1"));
+    let replaced = jobs[0].key.clone();
+    let (id, _) = st.put_start(7, &replaced, 500, &ONE, t0).unwrap();
+    st.put_end(7, &replaced, id, Some(99), t0).unwrap();
+    // One copy fails: tried again later.
+    let failed = jobs[1].version;
+    let mut results: Vec<(u64, Status)> = jobs.iter().map(|j| (j.version, Status::Ok)).collect();
+    results[1].1 = Status::Internal;
+    st.handed_over(&results, t0);
+    let d = st.get_replicas(&replaced, t0).unwrap();
+    assert_eq!((d.size, d.checksum), (500, 99), "the new value stays");
+    loop {
+        let jobs = st.take_hand_overs(3, u64::MAX, t0);
+        if jobs.is_empty() {
+            break;
+        }
+        let results: Vec<(u64, Status)> = jobs.iter().map(|j| (j.version, Status::Ok)).collect();
+        st.handed_over(&results, t0);
+    }
+    assert_eq!(on_a(&mut st), 0);
+    let status = st.drain_status(a, t0).unwrap();
+    assert_eq!(status.state, DrainState::Done, "{status:?}");
+    assert_eq!(status.failed, 1);
+    assert_eq!(status.moved_objects, 9, "the replaced key needed no copy");
+    assert!(
+        !st.hand_overs.contains(failed),
+        "the failed copy was tried again and landed"
+    );
+    for i in 0..10 {
+        let d = st.get_replicas(&format!("k{i}"), t0).unwrap();
+        assert_eq!(d.replicas.len(), 1);
+    }
+    assert_eq!(st.drains(t0).len(), 1);
+}
+
+/// A drain whose objects find no room elsewhere, or that runs past its deadline, ends expired
+/// with what is left where it was.
+#[test]
+fn a_drain_without_room_or_past_its_deadline_expires_and_leaves_objects_in_place() {
+    let mut st = master(MasterConfig::default());
+    let t0 = Instant::now();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
+    st.mount(2, seg("b", 4096), grant_key(), false, t0).unwrap();
+    let pinned = ReplicateConfig {
+        preferred_segment: "a".into(),
+        ..ONE
+    };
+    let (id, _) = st.put_start(7, "big", 100_000, &pinned, t0).unwrap();
+    st.put_end(7, "big", id, Some(1), t0).unwrap();
+    st.start_drain("a", Duration::from_secs(5), t0).unwrap();
+    assert!(st.take_hand_overs(10, u64::MAX, t0).is_empty());
+    let a = st.segments.by_name("a").unwrap();
+    let s = st.drain_status(a, t0).unwrap();
+    assert_eq!((s.state, s.no_room), (DrainState::Expired, 1), "{s:?}");
+    assert!(st.get_replicas("big", t0).is_ok(), "left where it was");
+    // Past its deadline: expired, whatever is queued.
+    let mut st = master(MasterConfig::default());
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
+    st.mount(2, seg("b", 1 << 20), grant_key(), false, t0)
+        .unwrap();
+    let (id, _) = st.put_start(7, "k", 100, &pinned, t0).unwrap();
+    st.put_end(7, "k", id, Some(1), t0).unwrap();
+    st.start_drain("a", Duration::from_secs(5), t0).unwrap();
+    assert!(st
+        .take_hand_overs(10, u64::MAX, t0 + Duration::from_secs(6))
+        .is_empty());
+    let a = st.segments.by_name("a").unwrap();
+    assert_eq!(st.drain_status(a, t0).unwrap().state, DrainState::Expired);
+}
