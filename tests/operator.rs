@@ -2394,3 +2394,86 @@ fn an_ordered_rollout_leads_with_decode_and_rolls_back_in_reverse_past_its_deadl
         "{msg}"
     );
 }
+
+/// Issue 67, item 6 (the operator's part): a pool store role that hands its objects over
+/// (`rbg.workloads.x-k8s.io/store-hand-over-seconds`) gets a PodDisruptionBudget of one, its
+/// pods the store's hand-over setting and a grace period that covers it, and scales down one
+/// pod at a time, each once the last is gone; without the annotation the budget goes.
+#[test]
+fn a_store_role_that_hands_over_leaves_one_pod_at_a_time_under_a_budget() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let e = env();
+    let op = e.operator("a");
+    let g = json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+        "metadata": {"name": "pool"},
+        "spec": {"roles": [{"name": "store", "replicas": 4,
+            "annotations": {"rbg.workloads.x-k8s.io/store-hand-over-seconds": "120"},
+            "standalonePattern": {"template": {"spec": {"containers": [
+                {"name": "store", "image": "rbgctl:1", "args": ["store"]}]}}}}]}});
+    e.api.create("rolebasedgroups", NS, g).unwrap();
+    assert!(wait_until(T, || e.ready("pool")));
+    let pdb = e
+        .api
+        .get("poddisruptionbudgets.policy", NS, "pool-store")
+        .expect("the store role's budget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"]["rbg.workloads.x-k8s.io/role-name"],
+        "store"
+    );
+    let sel = sel_v2("pool", "store");
+    for p in e.pods(&sel).values() {
+        assert_eq!(
+            env_of(p, "RBGCTL_STORE_HAND_OVER_SECS").as_deref(),
+            Some("120")
+        );
+        assert_eq!(p["spec"]["terminationGracePeriodSeconds"], 150);
+    }
+    // Scale 4 -> 1 while watching how many of its pods are leaving at once.
+    let (stop, most) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let watcher = {
+        let (api, stop, most, sel) = (e.api.clone(), stop.clone(), most.clone(), sel.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let leaving = api
+                    .list("pods", NS, &sel)
+                    .iter()
+                    .filter(|p| p.pointer("/metadata/deletionTimestamp").is_some())
+                    .count();
+                most.fetch_max(leaving, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "pool",
+            json!([{"op": "replace", "path": "/spec/roles/0/replicas", "value": 1}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e.pods(&sel).len() == 1 && e.ready("pool")));
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    assert_eq!(most.load(Ordering::Relaxed), 1, "one store left at a time");
+    assert!(e.pods(&sel).contains_key("pool-store-0"));
+    // The annotation removed: the budget goes (the pods roll, their setting gone).
+    e.api
+        .json_patch(
+            "rolebasedgroups",
+            NS,
+            "pool",
+            json!([{"op": "remove", "path": "/spec/roles/0/annotations"}]),
+        )
+        .unwrap();
+    assert!(wait_until(T, || e
+        .api
+        .get("poddisruptionbudgets.policy", NS, "pool-store")
+        .is_none()));
+    e.settled(&op, "pool");
+}

@@ -4,11 +4,10 @@
 //! creations, deletions and in-place updates follow the rollout plan (`plan.rs`).
 
 use super::context::{core, slices_path, Context, ReconcileError};
-use crate::kube::object::{NewCondition, ObjectMeta, Pod};
+use crate::kube::object::{ObjectMeta, Pod};
 use crate::kube::patch::escape;
 use crate::kube::Patch;
 use crate::operator::desired::{self, Revision, Slot, GROUP, INPLACE_STATE, REVISION, ROLE, SHAPE};
-use crate::operator::gang::{self, Gang};
 use crate::operator::informer::{key_of, Store};
 use crate::operator::model::{Group, Role};
 use crate::operator::plan::{self, Action};
@@ -306,146 +305,6 @@ impl Context {
             self.events.post(obj, "Normal", "RoleStepped", &msg).await;
         }
         Ok(all_taken)
-    }
-
-    /// The group's PodGroup as `gang` asks (none: one it made goes), and its pods marked to
-    /// join it. Answers the `GangScheduling` condition while a gang is asked for, false when
-    /// the scheduler's PodGroup CRD is not installed: then no pod should be made yet.
-    pub(super) async fn ensure_gang(
-        &self,
-        obj: &Value,
-        g: &Group,
-        gang: Option<&Gang>,
-        pods: &[Value],
-    ) -> Result<Option<NewCondition>, ReconcileError> {
-        let key = format!("{}/{}", g.namespace, g.name);
-        let s = self.scheduler;
-        let path = s.path(&g.namespace, Some(&g.name));
-        let Some(gang) = gang else {
-            self.remove_pod_group(&g.namespace, &g.name, &g.uid, pods)
-                .await?;
-            return Ok(None);
-        };
-        let want = gang::pod_group(g, gang, s);
-        let said = format!(
-            "PodGroup {} ({}) has the scheduler place at least {} pods together",
-            g.name,
-            s.crd(),
-            want["spec"]["minMember"]
-        );
-        let written = self.pod_groups.lock().get(&key) == Some(&Some(want.clone()));
-        if !written {
-            let existing = match self.kube.get_json(&path).await {
-                Ok(pg) => Some(pg),
-                Err(e) if e.code() == Some(404) => None,
-                Err(e) => return Err(e.into()),
-            };
-            let result = match existing {
-                None => {
-                    self.throttle.wait().await;
-                    self.kube
-                        .create(&s.path(&g.namespace, None), &want)
-                        .await
-                        .map(drop)
-                }
-                Some(pg) => match gang::patch_for(&pg, &want) {
-                    None => Ok(()),
-                    Some(p) => {
-                        self.throttle.wait().await;
-                        self.kube.patch(&path, &Patch::Merge(p)).await.map(drop)
-                    }
-                },
-            };
-            match result {
-                Ok(()) => {
-                    self.pod_groups.lock().insert(key.clone(), Some(want));
-                }
-                // No such resource: the scheduler's CRD is not installed.
-                Err(e) if e.code() == Some(404) => {
-                    self.pod_groups.lock().remove(&key);
-                    let msg = format!(
-                        "gang scheduling is asked for, but the API server does not serve {} \
-                         (install the scheduler, or set the operator's --scheduler-name); no \
-                         pod is made until it does",
-                        s.crd()
-                    );
-                    self.events
-                        .post(obj, "Warning", "PodGroupCRDMissing", &msg)
-                        .await;
-                    return Ok(Some(NewCondition::new(
-                        "GangScheduling",
-                        false,
-                        "PodGroupCRDMissing",
-                        msg,
-                    )));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        // Pods made before the gang was asked for join it (labels and annotations change in
-        // place; the scheduler counts them toward minMember).
-        let (labels, annotations) = gang::pod_marks(&g.name, s);
-        for p in pods {
-            let m = ObjectMeta::of(p);
-            let lacks = labels
-                .iter()
-                .any(|(k, v)| p["metadata"]["labels"].get(k) != Some(v))
-                || annotations
-                    .iter()
-                    .any(|(k, v)| p["metadata"]["annotations"].get(k) != Some(v));
-            if m.is_terminating() || !lacks {
-                continue;
-            }
-            let patch = json!({"metadata": {"labels": labels, "annotations": annotations}});
-            self.throttle.wait().await;
-            let mark = self.caches.pods.mark();
-            let path = format!("{}/{}", core(&g.namespace, "pods"), m.name);
-            match self.kube.patch(&path, &Patch::Merge(patch)).await {
-                Ok(written) => self.caches.pods.put_written(written, mark),
-                Err(e) if e.code() == Some(404) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(Some(NewCondition::new(
-            "GangScheduling",
-            true,
-            "PodGroupWritten",
-            said,
-        )))
-    }
-
-    /// Deletes the PodGroup the group `ns/name` (`uid`) made, if it made one: looked for only
-    /// where one may be (written before, or its pods carry a gang's mark).
-    pub(super) async fn remove_pod_group(
-        &self,
-        ns: &str,
-        name: &str,
-        uid: &str,
-        pods: &[Value],
-    ) -> Result<(), ReconcileError> {
-        let key = format!("{ns}/{name}");
-        let path = self.scheduler.path(ns, Some(name));
-        let known = self.pod_groups.lock().get(&key).cloned();
-        let may_exist = match known {
-            Some(written) => written.is_some(),
-            None => pods.iter().any(gang::marked),
-        };
-        if may_exist {
-            match self.kube.get_json(&path).await {
-                Ok(pg) if gang::controlled_by(&pg, uid) => {
-                    self.throttle.wait().await;
-                    match self.kube.delete(&path, None).await {
-                        Err(e) if e.code() != Some(404) => return Err(e.into()),
-                        _ => tracing::info!(group = %key, "PodGroup deleted"),
-                    }
-                }
-                Ok(_) => {}
-                Err(e) if e.code() == Some(404) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        self.pod_groups.lock().insert(key, None);
-        Ok(())
     }
 
     /// Each role's revision kept as a ControllerRevision (made when the spec names a new

@@ -130,10 +130,10 @@ pub struct Context {
     pub(super) refusals: parking_lot::Mutex<super::refusals::Refusals>,
     /// Whose PodGroups gang-scheduled groups get.
     pub(super) scheduler: Scheduler,
-    /// Each group's PodGroup as last written (`None`: known to have none), by `ns/name`:
-    /// PodGroups are not watched (their CRD may not be installed), so this spares reading
-    /// one back on every reconcile.
-    pub(super) pod_groups: parking_lot::Mutex<std::collections::HashMap<String, Option<Value>>>,
+    /// Each group's PodGroup and each store role's PodDisruptionBudget as last written
+    /// (`unwatched`): not watched, so this spares reading one back on every reconcile.
+    pub(super) pod_groups: super::unwatched::Memo,
+    pub(super) budgets: super::unwatched::Memo,
 }
 
 pub(super) fn ns_of(key: &str) -> (&str, &str) {
@@ -167,6 +167,7 @@ impl Context {
             inplace_timeout,
             scheduler,
             pod_groups: Default::default(),
+            budgets: Default::default(),
             refusals: Default::default(),
             events: Recorder::new(kube.clone(), throttle.clone()),
             throttle,

@@ -106,11 +106,21 @@ pub fn revision(role: &Role) -> Revision {
         } => json!({"t": role.template, "size": size, "lp": leader_patch, "wp": worker_patch,
                     "lo": leader_only_service, "stateless": role.stateless}),
     };
+    // Only where set: the hash of every other role stays what it was.
+    let mut basis = basis;
+    if let Some(n) = role.hand_over_secs {
+        basis["ho"] = json!(n);
+    }
     Revision {
         hash: hash_of(&basis),
         shape: hash_of(&without_images(&basis)),
     }
 }
+
+/// The store setting a hand-over role's containers get (`rbgctl store --hand-over-secs`).
+pub const HAND_OVER_ENV: &str = "RBGCTL_STORE_HAND_OVER_SECS";
+/// Seconds past a hand-over's deadline a stopping store's pod is given before SIGKILL.
+pub const HAND_OVER_GRACE_SLACK: u32 = 30;
 
 pub(super) fn owner(g: &Group) -> Value {
     json!([{"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
@@ -194,6 +204,9 @@ pub fn pod(g: &Group, role: &Role, rev: &Revision, slot: &Slot) -> Value {
     if let Some(o) = slot.ordinal {
         env.push(env_var("RBG_ROLE_INDEX", o.to_string()));
     }
+    if let Some(n) = role.hand_over_secs {
+        env.push(env_var(HAND_OVER_ENV, n.to_string()));
+    }
     let mut subdomain = true;
     if let Some((size, leader_only)) = lwp {
         let component = if slot.component == 0 {
@@ -234,6 +247,12 @@ pub fn pod(g: &Group, role: &Role, rev: &Revision, slot: &Slot) -> Value {
                 c["volumeMounts"] = Value::Array(m);
             }
         }
+    }
+    // A stopping store hands its objects over before it exits: the kubelet waits for it.
+    if let Some(n) = role.hand_over_secs {
+        let asked = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+        spec["terminationGracePeriodSeconds"] =
+            json!(asked.max((n + HAND_OVER_GRACE_SLACK) as u64));
     }
     let mut volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
     if !volumes.iter().any(|v| v["name"] == CONFIG_VOLUME) {

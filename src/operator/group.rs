@@ -387,6 +387,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
         }
     }
     adapter::ensure(ctx, &g).await?;
+    ctx.ensure_budgets(&g, &pods).await?;
     // Roles in dependency order; a role moves only when its dependencies are ready.
     let ready = |role: &str| {
         let st = &states[role];
@@ -788,6 +789,7 @@ async fn finalize(ctx: &Context, obj: &Value) -> Result<Requeue, ReconcileError>
     });
     let kept = ctx.caches.revisions.select(mine);
     ctx.remove_pod_group(ns, name, meta.uid, &pods).await?;
+    ctx.remove_budgets(ns, name, meta.uid, &pods).await?;
     ctx.pod_groups.lock().remove(&key);
     let marks = [
         ctx.caches.services.mark(),

@@ -39,6 +39,7 @@ pub mod restarts;
 pub mod revisions;
 pub mod rollout;
 pub mod throttle;
+pub mod unwatched;
 
 use crate::kube::{Kube, KubeConfig, KubeError};
 use crate::role::{self, BindError};

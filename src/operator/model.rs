@@ -123,7 +123,14 @@ pub struct Role {
     /// The role as written, its template inline (a templateRef and its patch resolved) and
     /// without `replicas`: what its ControllerRevision keeps and a rollback writes back.
     pub source: Value,
+    /// A pool store role whose pods hand their objects over to the other stores before they
+    /// go, within this many seconds (the role annotation [`HAND_OVER`]).
+    pub hand_over_secs: Option<u32>,
 }
+
+/// The role annotation that makes a role's pods pool stores that hand their objects over
+/// before they go: the seconds a hand-over may take.
+pub const HAND_OVER: &str = "rbg.workloads.x-k8s.io/store-hand-over-seconds";
 
 impl Role {
     pub fn size(&self) -> u32 {
@@ -584,11 +591,26 @@ fn parse_role(spec: &Value, r: &Value, legacy: bool) -> Result<Role, SpecError> 
         },
     };
     let source = inline_source(r, legacy, &template);
+    let hand_over_secs = match text(annotations, HAND_OVER) {
+        None => None,
+        Some(v) => Some(
+            v.parse::<u32>()
+                .ok()
+                .filter(|n| (1..=86_400).contains(n))
+                .ok_or_else(|| {
+                    role_err(
+                        &name,
+                        format!("annotation {HAND_OVER}: {v:?} is not a number of seconds from 1 to 86400"),
+                    )
+                })?,
+        ),
+    };
     Ok(Role {
         rollout: parse_rollout(&name, r)?,
         scaling_adapter,
         restart,
         source,
+        hand_over_secs,
         name,
         replicas,
         dependencies,

@@ -333,8 +333,23 @@ pub fn plan(
     };
     let mut out = Plan::default();
     let mut present: BTreeMap<u32, &Instance> = BTreeMap::new();
+    // Pool stores that hand their objects over go one at a time, each once the last is gone,
+    // so that each hand-over finds the others up and with room.
+    let one_by_one = role.hand_over_secs.is_some();
+    let leaving = slots
+        .iter()
+        .any(|(o, i)| *o >= n + surge && i.terminating());
+    let next_to_go = slots
+        .iter()
+        .filter(|(o, i)| *o >= n + surge && i.live().next().is_some())
+        .map(|(o, _)| *o)
+        .max();
     for (o, inst) in &slots {
         if *o >= n + surge {
+            if one_by_one && (leaving || Some(*o) != next_to_go) {
+                out.progressing = true;
+                continue;
+            }
             // Scale down (and surge no longer needed): highest first, all at once.
             for p in inst.live() {
                 out.actions.push(Action::Delete {
@@ -488,6 +503,7 @@ mod tests {
             scaling_adapter: None,
             restart: crate::operator::restarts::RestartPolicy::NONE,
             source: serde_json::Value::Null,
+            hand_over_secs: None,
         }
     }
 
@@ -522,6 +538,36 @@ mod tests {
 
     fn lim(replicas: u32) -> Limits {
         Limits::of(&role(replicas, false), replicas, None, None)
+    }
+
+    /// A store role that hands its objects over scales down one instance at a time, the
+    /// highest first, the next once the last is gone.
+    #[test]
+    fn stores_that_hand_over_leave_one_at_a_time() {
+        let mut r = role(1, false);
+        r.hand_over_secs = Some(60);
+        let pods: Vec<PodView> = (0..3).map(|o| pod(o, "a", "s", true)).collect();
+        let p = plan(&r, &rev("a", "s"), &lim(1), &pods, &name);
+        let deleted: Vec<&str> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Delete { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deleted, ["g-r-2"]);
+        let mut going = pods.clone();
+        going[2].terminating = true;
+        let p = plan(&r, &rev("a", "s"), &lim(1), &going, &name);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert!(p.progressing);
+        let p = plan(&r, &rev("a", "s"), &lim(1), &going[..2], &name);
+        assert!(matches!(&p.actions[..], [Action::Delete { name, .. }] if name == "g-r-1"));
+        // Without a hand-over, all at once, as before.
+        r.hand_over_secs = None;
+        let p = plan(&r, &rev("a", "s"), &lim(1), &pods, &name);
+        assert_eq!(p.actions.len(), 2);
     }
 
     /// A pod recreated below the partition gets the revision its neighbours keep; above it,

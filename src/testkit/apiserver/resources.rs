@@ -158,6 +158,17 @@ pub const RESOURCES: &[Resource] = &[
             label_selector: None,
         }),
     },
+    Resource {
+        group: "policy",
+        versions: &["v1"],
+        plural: "poddisruptionbudgets",
+        name: "poddisruptionbudgets.policy",
+        singular: "poddisruptionbudget",
+        kind: "PodDisruptionBudget",
+        short_names: &["pdb"],
+        status: true,
+        scale: None,
+    },
     // Gang scheduling's PodGroups, of the two schedulers the operator writes them for (served
     // as if their CRDs were installed; `ApiServer::uninstall` takes one away).
     Resource {
