@@ -1007,6 +1007,31 @@ fn a_rolling_recreate_of_stores_that_hand_over_loses_no_object() {
             })
             .count()
     };
+    // Clients keep reading throughout, and writing new keys: not one read may fail.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, client) = (stop.clone(), c.client());
+        std::thread::spawn(move || {
+            let (mut reads, mut puts) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = (reads * 7919) % n;
+                let got = client.get(&format!("kv/{i}"));
+                assert_eq!(
+                    got.ok(),
+                    Some(value(size(i), i as u8)),
+                    "kv/{i} during the recreate"
+                );
+                reads += 1;
+                if reads % 10 == 0 {
+                    client
+                        .put(&format!("new/{puts}"), &value(4096, puts as u8), &one())
+                        .unwrap();
+                    puts += 1;
+                }
+            }
+            (reads, puts)
+        })
+    };
     let mut took = Vec::new();
     for old in 0..3 {
         let name = c.stores[old].config.name.clone().unwrap();
@@ -1027,7 +1052,16 @@ fn a_rolling_recreate_of_stores_that_hand_over_loses_no_object() {
         let new = c.add_store_with(64 << 20, hand_over);
         assert!(c.wait_store_mounted(new));
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, puts) = load.join().expect("no read failed under the recreate");
+    assert!(reads > 0 && puts > 0);
     let reader = c.client();
+    for i in 0..puts {
+        assert_eq!(
+            reader.get(&format!("new/{i}")).unwrap(),
+            value(4096, i as u8)
+        );
+    }
     for i in 0..n {
         assert_eq!(
             reader.get(&format!("kv/{i}")).unwrap(),
@@ -1051,7 +1085,7 @@ fn a_rolling_recreate_of_stores_that_hand_over_loses_no_object() {
     let secs: f64 = took.iter().map(Duration::as_secs_f64).sum();
     println!(
         "hand-over: {moved} objects ({:.1} MB) moved in {secs:.2} s over three stores \
-         ({:.0} objects/s); per store {:?}",
+         ({:.0} objects/s); per store {:?}; meanwhile {reads} reads and {puts} puts",
         bytes / 1e6,
         moved / secs,
         took

@@ -431,7 +431,7 @@ async fn drain(
     let res = shared
         .state
         .lock()
-        .start_drain(&name, deadline, Instant::now());
+        .start_drain(&name, deadline, true, Instant::now());
     shared.service.copier.wake();
     match res {
         Ok(s) => (StatusCode::ACCEPTED, Json(s)).into_response(),

@@ -74,6 +74,15 @@ impl Reservations {
             .collect()
     }
 
+    /// Object ids of the reservations with a replica on `segment_id`.
+    pub fn on_segment(&self, segment_id: u64) -> Vec<u64> {
+        self.by_id
+            .values()
+            .filter(|(p, _)| p.replicas.iter().any(|r| r.segment_id == segment_id))
+            .map(|(p, _)| p.object_id)
+            .collect()
+    }
+
     /// A segment went: its replicas leave every reservation (committing one left without
     /// replicas fails).
     pub fn drop_segment(&mut self, segment_id: u64) {

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 /// Copies of one key tried before it is given up.
 pub const ATTEMPTS: u32 = 3;
+/// Looks for keys that ended on a draining segment after it was listed.
+const RESCANS: u32 = 8;
 /// How long an ended drain is still told about.
 const ENDED_KEPT: Duration = Duration::from_secs(3600);
 
@@ -109,6 +111,8 @@ struct Drain {
     moved_bytes: u64,
     failed: u64,
     no_room: u64,
+    /// Looks for keys that landed there after the listing.
+    rescans: u32,
     ended: Option<(DrainState, Instant)>,
 }
 
@@ -125,20 +129,40 @@ impl HandOvers {
         self.copies.contains_key(&version)
     }
 
+    /// A segment mounted again starts a new life: a drain it ended is forgotten (a later
+    /// hand-over of it is a new one).
+    pub fn forget_ended(&mut self, segment_id: u64) {
+        if self
+            .drains
+            .get(&segment_id)
+            .is_some_and(|d| d.ended.is_some())
+        {
+            self.drains.remove(&segment_id);
+        }
+    }
+
     pub fn draining(&self, segment_id: u64) -> bool {
         self.drains
             .get(&segment_id)
             .is_some_and(|d| d.ended.is_none())
     }
+
+    /// Whether a segment takes no new puts: it is being handed over or was (until its store
+    /// mounts it again).
+    pub fn closed(&self, segment_id: u64) -> bool {
+        self.drains.contains_key(&segment_id)
+    }
 }
 
 impl MasterState {
-    /// Starts handing the segment `name` over (again a no-op while it drains), with `deadline`
-    /// to finish; answers where it stands.
+    /// Starts handing the segment `name` over, with `deadline` to finish, and answers where
+    /// it stands. Asked again while it drains, the same drain; once it ended, the ended one,
+    /// unless `again` (the admin API's ask starts a new one).
     pub fn start_drain(
         &mut self,
         name: &str,
         deadline: Duration,
+        again: bool,
         now: Instant,
     ) -> Result<DrainStatus, (Status, String)> {
         let id = self
@@ -146,7 +170,8 @@ impl MasterState {
             .by_name(name)
             .ok_or_else(|| (Status::SegmentNotFound, format!("no segment {name:?}")))?;
         let live = self.segments.get(id).is_some_and(|s| s.is_live());
-        if !self.hand_overs.draining(id) {
+        let known = self.hand_overs.drains.contains_key(&id);
+        if !self.hand_overs.draining(id) && (again || !known) {
             if !live {
                 return Err((
                     Status::SegmentNotFound,
@@ -180,6 +205,7 @@ impl MasterState {
                 moved_bytes: 0,
                 failed: 0,
                 no_room: 0,
+                rescans: 0,
                 ended: None,
             };
             // Ended drains are kept a while for those who ask how they went.
@@ -188,6 +214,13 @@ impl MasterState {
                     .is_none_or(|(_, at)| now.duration_since(at) < ENDED_KEPT)
             });
             self.hand_overs.drains.insert(id, drain);
+            // Space reserved there for clients' next puts goes back: their puts go elsewhere.
+            for object_id in self.reservations.on_segment(id) {
+                if let Some(r) = self.reservations.remove(object_id) {
+                    let until = r.started + self.cfg.put_start_release_timeout_ms.0;
+                    self.release(&r.replicas, r.size, r.object_id, until, now);
+                }
+            }
         }
         self.settle_drain(id, now);
         Ok(self.drain_status(id, now).expect("just inserted"))
@@ -216,7 +249,7 @@ impl MasterState {
             ));
         }
         let name = seg.info.name.clone();
-        self.start_drain(&name, deadline, now)
+        self.start_drain(&name, deadline, false, now)
     }
 
     /// Where the drain of segment `id` stands, if it was asked for.
@@ -306,14 +339,16 @@ impl MasterState {
                 s.id != id
                     && s.has_store()
                     && !holders.contains(&s.id)
-                    && !self.hand_overs.draining(s.id)
+                    && !self.hand_overs.closed(s.id)
                     && s.alloc.largest_free() >= size
             })
             .max_by_key(|s| (s.alloc.free(), std::cmp::Reverse(s.id)))
             .map(|s| s.id);
         let Some(target) = target else {
+            // Looked at again (room may come: a store joining, an eviction), a few times.
             if let Some(d) = self.hand_overs.drains.get_mut(&id) {
                 d.no_room += 1;
+                *d.attempts.entry(key.into()).or_default() += 1;
             }
             tracing::warn!(key, size, "no other segment has room to take it over");
             return None;
@@ -429,15 +464,43 @@ impl MasterState {
         if now >= d.deadline {
             d.ended = Some((DrainState::Expired, now));
         } else if d.queue.is_empty() && !copying {
-            let left = self.objects.iter().any(|(_, e)| {
-                e.current
+            // Puts begun there before the drain are waited for (they end or are given up)...
+            let writing = self.objects.iter().any(|(_, e)| {
+                e.pending
                     .as_ref()
-                    .is_some_and(|v| v.replicas.iter().any(|r| r.segment_id == id))
+                    .is_some_and(|p| p.replicas.iter().any(|r| r.segment_id == id))
             });
-            let state = if left {
-                DrainState::Expired
-            } else {
+            if writing {
+                return;
+            }
+            // ...and those that ended there since the keys were listed are taken too (each key
+            // as many times as `ATTEMPTS` allows).
+            let attempts = &d.attempts;
+            let left: Vec<Box<str>> = self
+                .objects
+                .iter()
+                .filter(|(_, e)| {
+                    e.current
+                        .as_ref()
+                        .is_some_and(|v| v.replicas.iter().any(|r| r.segment_id == id))
+                })
+                .map(|(k, _)| Box::<str>::from(k))
+                .collect();
+            let again: Vec<Box<str>> = left
+                .iter()
+                .filter(|k| attempts.get(*k).is_none_or(|n| *n < ATTEMPTS))
+                .cloned()
+                .collect();
+            if d.rescans < RESCANS && !again.is_empty() {
+                d.rescans += 1;
+                d.objects += again.len() as u64;
+                d.queue.extend(again);
+                return;
+            }
+            let state = if left.is_empty() {
                 DrainState::Done
+            } else {
+                DrainState::Expired
             };
             d.ended = Some((state, now));
         } else {

@@ -96,7 +96,7 @@ impl MasterState {
         let largest = self
             .segments
             .live_memory()
-            .filter(|s| s.reachable_by(config.reach) && !self.hand_overs.draining(s.id))
+            .filter(|s| s.reachable_by(config.reach) && !self.hand_overs.closed(s.id))
             .map(|s| s.alloc.capacity())
             .max()
             .unwrap_or(0);
@@ -200,7 +200,7 @@ impl MasterState {
             .filter(|s| {
                 s.reachable_by(config.reach)
                     && s.alloc.largest_free() >= size
-                    && !self.hand_overs.draining(s.id)
+                    && !self.hand_overs.closed(s.id)
             })
             .map(|s| Candidate {
                 id: s.id,

@@ -97,6 +97,7 @@ impl MasterState {
                 // so forgets owed to it before are moot.
                 seg.owed_seq = 0;
                 self.segments.set_recovering(id, true);
+                self.hand_overs.forget_ended(id);
                 self.clients.touch(client_id, now).segments.push(id);
                 return Ok((id, false));
             }

@@ -1825,9 +1825,17 @@ fn a_drained_segment_hands_every_object_over_and_takes_no_new_puts() {
             .count()
     };
     assert_eq!(on_a(&mut st), 10, "placed on a as preferred");
-    let status = st.start_drain("a", Duration::from_secs(60), t0).unwrap();
+    // A put begun before the drain and ended after it listed the keys is handed over too.
+    let (late, late_replicas) = st.put_start(7, "late", 1000, &pinned, t0).unwrap();
+    assert_eq!(late_replicas[0].segment_id, a);
+    let status = st
+        .start_drain("a", Duration::from_secs(60), true, t0)
+        .unwrap();
+    st.put_end(7, "late", late, Some(5), t0).unwrap();
     assert_eq!((status.state, status.objects), (DrainState::Draining, 10));
-    assert!(st.start_drain("nope", Duration::from_secs(1), t0).is_err());
+    assert!(st
+        .start_drain("nope", Duration::from_secs(1), true, t0)
+        .is_err());
     // New puts go elsewhere, even asked for a.
     for i in 0..5 {
         let (_, replicas) = st
@@ -1860,10 +1868,26 @@ fn a_drained_segment_hands_every_object_over_and_takes_no_new_puts() {
         st.handed_over(&results, t0);
     }
     assert_eq!(on_a(&mut st), 0);
+    let late = st.get_replicas("late", t0).unwrap();
+    assert_ne!(
+        late.replicas[0].segment_id, a,
+        "the late put was found and moved"
+    );
     let status = st.drain_status(a, t0).unwrap();
     assert_eq!(status.state, DrainState::Done, "{status:?}");
     assert_eq!(status.failed, 1);
-    assert_eq!(status.moved_objects, 9, "the replaced key needed no copy");
+    assert_eq!(status.moved_objects, 10, "the replaced key needed no copy");
+    // A store asking again sees the drain it ended; the admin API may start another.
+    let client = st.segments.get(a).unwrap().client_id;
+    let again = st
+        .hand_over(client, a, Duration::from_secs(60), t0)
+        .unwrap();
+    assert_eq!(again.state, DrainState::Done);
+    assert!(
+        st.hand_over(client + 1, a, Duration::from_secs(60), t0)
+            .is_err(),
+        "not its own"
+    );
     assert!(
         !st.hand_overs.contains(failed),
         "the failed copy was tried again and landed"
@@ -1890,11 +1914,14 @@ fn a_drain_without_room_or_past_its_deadline_expires_and_leaves_objects_in_place
     };
     let (id, _) = st.put_start(7, "big", 100_000, &pinned, t0).unwrap();
     st.put_end(7, "big", id, Some(1), t0).unwrap();
-    st.start_drain("a", Duration::from_secs(5), t0).unwrap();
-    assert!(st.take_hand_overs(10, u64::MAX, t0).is_empty());
+    st.start_drain("a", Duration::from_secs(5), true, t0)
+        .unwrap();
     let a = st.segments.by_name("a").unwrap();
+    for _ in 0..10 {
+        assert!(st.take_hand_overs(10, u64::MAX, t0).is_empty());
+    }
     let s = st.drain_status(a, t0).unwrap();
-    assert_eq!((s.state, s.no_room), (DrainState::Expired, 1), "{s:?}");
+    assert_eq!((s.state, s.no_room), (DrainState::Expired, 3), "{s:?}");
     assert!(st.get_replicas("big", t0).is_ok(), "left where it was");
     // Past its deadline: expired, whatever is queued.
     let mut st = master(MasterConfig::default());
@@ -1904,7 +1931,8 @@ fn a_drain_without_room_or_past_its_deadline_expires_and_leaves_objects_in_place
         .unwrap();
     let (id, _) = st.put_start(7, "k", 100, &pinned, t0).unwrap();
     st.put_end(7, "k", id, Some(1), t0).unwrap();
-    st.start_drain("a", Duration::from_secs(5), t0).unwrap();
+    st.start_drain("a", Duration::from_secs(5), true, t0)
+        .unwrap();
     assert!(st
         .take_hand_overs(10, u64::MAX, t0 + Duration::from_secs(6))
         .is_empty());
