@@ -25,19 +25,61 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
+/// The first segment of a path (`transfer` of `transfer::message::X`).
+fn head(path: &str) -> String {
+    path.trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
 fn deps_of(text: &str, own: &str, into: &mut BTreeSet<String>) {
     let code = code(text);
     let mut rest = code.as_str();
     while let Some(at) = rest.find("crate::") {
         rest = &rest[at + "crate::".len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        if !name.is_empty() && name != own && name.chars().next().unwrap().is_ascii_lowercase() {
-            into.insert(name);
+        let mut names = vec![head(rest)];
+        // A grouped import, `crate::{a::X, b}`: each item's first segment.
+        if let Some(group) = rest.strip_prefix('{') {
+            let (mut depth, mut start) = (0usize, 0usize);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        names.push(head(&group[start..i]));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        names.push(head(&group[start..i]));
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for name in names {
+            let module = name.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+            if module && name != own && name != "self" {
+                into.insert(name);
+            }
         }
     }
+}
+
+#[test]
+fn grouped_imports_count_as_dependencies() {
+    let mut found = BTreeSet::new();
+    deps_of(
+        "use crate::{transfer::{Opcode, Pool}, config::ByteSize,\n  kube};\nuse crate::hash::fnv1a;",
+        "master",
+        &mut found,
+    );
+    let want: BTreeSet<String> = ["transfer", "config", "kube", "hash"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(found, want);
 }
 
 fn walk(dir: &Path, own: &str, into: &mut BTreeSet<String>) {
@@ -129,4 +171,69 @@ fn the_lowest_floors_name_no_role() {
             .collect();
         assert!(named.is_empty(), "{floor} depends on {named:?}");
     }
+}
+
+fn rust_files(dir: &Path, into: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, into);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            into.push(path);
+        }
+    }
+}
+
+/// Every `unsafe` block and `unsafe impl` says why it is sound in a `SAFETY:` comment just
+/// above it (or on its line), and every `unsafe fn` its callers' duty in a `# Safety` doc
+/// section (a trait's method implemented: in its body's `SAFETY:`). Function pointer types
+/// (`unsafe extern "C" fn(...)`) are no `unsafe` site.
+#[test]
+fn every_unsafe_site_says_why_it_is_sound() {
+    let mut files = Vec::new();
+    rust_files(Path::new(SRC), &mut files);
+    let mut silent = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let Some(at) = code.find("unsafe") else {
+                continue;
+            };
+            let after = code[at + "unsafe".len()..].trim_start();
+            let before = &code[..at];
+            let word = before
+                .chars()
+                .last()
+                .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '_');
+            if !word || after.starts_with("extern") || after.starts_with('_') {
+                continue;
+            }
+            let above = &lines[i.saturating_sub(8)..=i];
+            let said = if after.starts_with("fn") {
+                above
+                    .iter()
+                    .any(|l| l.contains("# Safety") || l.contains("SAFETY"))
+                    || lines[i + 1..(i + 4).min(lines.len())]
+                        .iter()
+                        .any(|l| l.contains("SAFETY"))
+            } else {
+                above.iter().any(|l| l.contains("SAFETY"))
+            };
+            if !said {
+                let rel = file
+                    .strip_prefix(SRC)
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
+                silent.push(format!("src/{rel}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        silent.is_empty(),
+        "unsafe without a SAFETY note:\n{}",
+        silent.join("\n")
+    );
 }

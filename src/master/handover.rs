@@ -7,12 +7,12 @@
 
 use super::lock::StateLock;
 use super::state::HandOverJob;
+use super::store_pools::StorePools;
 use crate::shutdown::Shutdown;
 use crate::token_bucket::Bucket;
 use crate::transfer::message::{ReadVersionReq, WriteReq};
-use crate::transfer::{ConnOptions, Opcode, Pool, Status, TransferError, Wire};
+use crate::transfer::{Opcode, Pool, Status, TransferError, Wire};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,8 +27,8 @@ const TAKE_BYTES: u64 = 32 << 20;
 pub struct Copier {
     state: Arc<StateLock>,
     leadership: Arc<crate::ha::lease::Leadership>,
-    auth: Option<Arc<crate::auth::Secret>>,
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Connections to the stores, proving the cluster secret.
+    stores: StorePools,
     pace: Mutex<Bucket>,
     wake: Mutex<bool>,
     wake_cv: Condvar,
@@ -50,8 +50,7 @@ impl Copier {
         Arc::new(Copier {
             state,
             leadership,
-            auth,
-            pools: Mutex::new(HashMap::new()),
+            stores: StorePools::new(auth, Duration::from_secs(10)),
             // A second's worth at once, and at least the largest value a request carries.
             pace: Mutex::new(Bucket::new(
                 rate,
@@ -92,24 +91,6 @@ impl Copier {
         self.wake_cv.notify_one();
     }
 
-    fn pool(&self, endpoint: &str) -> Arc<Pool> {
-        self.pools
-            .lock()
-            .entry(endpoint.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Pool::new(
-                    endpoint.to_owned(),
-                    ConnOptions {
-                        connect_timeout: Duration::from_secs(1),
-                        io_timeout: Duration::from_secs(10),
-                        spin: Duration::ZERO,
-                        auth: self.auth.clone(),
-                    },
-                ))
-            })
-            .clone()
-    }
-
     /// Makes the copies the state hands out now and reports them; answers how many.
     pub fn run_once(&self) -> usize {
         let jobs = self
@@ -148,7 +129,7 @@ impl Copier {
     /// One copy: read from the leaving store, check, write to the new one.
     fn copy(&self, job: &HandOverJob, buf: &mut Vec<u8>) -> Status {
         buf.resize(job.size as usize, 0);
-        let src = self.pool(&job.from_endpoint);
+        let src = self.stores.get(&job.from_endpoint);
         let read = ReadVersionReq {
             offset: job.from_offset,
             length: job.size,
@@ -183,7 +164,7 @@ impl Copier {
             grant: job.grant,
         }
         .to_meta();
-        let dst = self.pool(&job.to_endpoint);
+        let dst = self.stores.get(&job.to_endpoint);
         let written = dst.with(|c| {
             let id = c.send(Opcode::Write, &write, &[buf])?;
             c.recv(id).map(drop)

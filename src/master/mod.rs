@@ -25,6 +25,7 @@ pub mod pool_events;
 pub mod reservations;
 pub mod rpc;
 pub mod state;
+pub mod store_pools;
 pub mod tenants;
 pub mod tenants_file;
 pub mod tiering;

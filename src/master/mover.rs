@@ -6,12 +6,12 @@
 
 use super::lock::StateLock;
 use super::state::MoveJob;
+use super::store_pools::StorePools;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{BatchStatusResp, MoveItem, MoveReq};
-use crate::transfer::{ConnOptions, Opcode, Pool, Status};
+use crate::transfer::{Opcode, Pool, Status};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,8 +33,8 @@ pub struct Mover {
     state: Arc<StateLock>,
     leadership: Arc<crate::ha::lease::Leadership>,
     /// The cluster secret, proven on each connection to a store.
-    auth: Option<Arc<crate::auth::Secret>>,
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Connections to the stores, proving the cluster secret.
+    stores: StorePools,
     /// Set (and signalled) when moves were queued.
     wake: Mutex<bool>,
     wake_cv: Condvar,
@@ -77,8 +77,7 @@ impl Mover {
         Arc::new(Mover {
             state,
             leadership,
-            auth,
-            pools: Mutex::new(HashMap::new()),
+            stores: StorePools::new(auth, Duration::from_secs(10)),
             wake: Mutex::new(false),
             wake_cv: Condvar::new(),
             reported: Mutex::new(0),
@@ -125,25 +124,6 @@ impl Mover {
         true
     }
 
-    fn pool(&self, endpoint: &str) -> Arc<Pool> {
-        self.pools
-            .lock()
-            .entry(endpoint.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Pool::new(
-                    endpoint.to_owned(),
-                    ConnOptions {
-                        connect_timeout: Duration::from_secs(1),
-                        // A request copies up to 8 MiB to or from a disk.
-                        io_timeout: Duration::from_secs(10),
-                        spin: Duration::ZERO,
-                        auth: self.auth.clone(),
-                    },
-                ))
-            })
-            .clone()
-    }
-
     /// Sends every queued move and reports the outcomes; returns how many were sent.
     pub fn run_once(&self) -> usize {
         let jobs = self.state.lock().take_moves(Instant::now());
@@ -162,7 +142,7 @@ impl Mover {
     /// Sends a store its moves over `STREAMS` connections at once, so that one request's
     /// disk I/O overlaps another's copying.
     fn send(&self, job: MoveJob) {
-        let pool = self.pool(&job.endpoint);
+        let pool = self.stores.get(&job.endpoint);
         let mut streams: Vec<Vec<Vec<MoveItem>>> = (0..STREAMS).map(|_| Vec::new()).collect();
         for (i, r) in requests(job.items).into_iter().enumerate() {
             streams[i % STREAMS].push(r);

@@ -246,11 +246,21 @@ impl Context {
                     self.throttle.wait().await;
                     let mark = self.caches.pods.mark();
                     let path = format!("{}/{name}", core(ns, "pods"));
+                    let key = format!("{ns}/{name}");
                     match self.kube.delete(&path, Some(uid)).await {
-                        Ok(_) => {
-                            self.caches
-                                .pods
-                                .remove_written(&format!("{ns}/{name}"), mark);
+                        // Deleted, and terminating for its grace period: so it stays in the
+                        // cache until the watch says it is gone (a pod of a store that hands
+                        // over is still leaving; its name is still taken).
+                        Ok(true) => {
+                            if let Some(mut cur) = self.caches.pods.get(&key) {
+                                cur["metadata"]["deletionTimestamp"] =
+                                    json!(crate::kube::object::timestamp_now());
+                                self.caches.pods.put_written(cur, mark);
+                            }
+                            deleted += 1;
+                        }
+                        Ok(false) => {
+                            self.caches.pods.remove_written(&key, mark);
                             deleted += 1;
                         }
                         Err(e) if e.code() == Some(409) => {}

@@ -1175,6 +1175,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (seg, _) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, false).unwrap();
         let (idx, _) = DurableIndex::open(dir.path(), "s", "s:1", 1 << 20).unwrap();
+        // SAFETY: the test's own segment, the range inside it, nobody else using it.
         unsafe { seg.slice_mut(0, 5) }.copy_from_slice(b"first");
         unsafe { seg.slice_mut(64, 6) }.copy_from_slice(b"second");
         unsafe { seg.slice_mut(128, 5) }.copy_from_slice(b"third");
@@ -1213,6 +1214,7 @@ mod tests {
         assert!(idx.unhashed().is_empty(), "the hash was logged");
         assert_eq!(idx.len(), 3);
         // A hashed record whose bytes changed is still dropped.
+        // SAFETY: the test's own segment, the range inside it, nobody else using it.
         unsafe { seg.slice_mut(128, 1) }.copy_from_slice(b"T");
         let bad = idx.verify(&seg, 2).unwrap();
         assert_eq!(bad.len(), 1);

@@ -587,6 +587,7 @@ mod tests {
         assert!(path.ends_with("127.0.0.1_7000.seg"));
         let written = std::fs::read_to_string(dir.path().join("127.0.0.1_7000.token")).unwrap();
         assert_eq!(u64::from_str_radix(written.trim(), 16).unwrap(), token);
+        // SAFETY: the test's own segment, the range inside it, nobody else using it.
         unsafe { seg.slice_mut(4096, 5) }.copy_from_slice(b"hello");
         let on_disk = std::fs::read(&path).unwrap();
         assert_eq!(&on_disk[4096..4101], b"hello");
@@ -610,17 +611,20 @@ mod tests {
         ));
         let (seg, kept) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, true).unwrap();
         assert!(!kept);
+        // SAFETY: the test's own segment, the range inside it, nobody else using it.
         unsafe { seg.slice_mut(64, 5) }.copy_from_slice(b"hello");
         drop(seg);
         drop(lock);
         let _lock = DirLock::acquire(dir.path(), "s").unwrap();
         let (seg, kept) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, true).unwrap();
         assert!(kept);
+        // SAFETY: the test's own segment, the range inside it, nobody else using it.
         assert_eq!(unsafe { seg.slice(64, 5) }, b"hello");
         // Without reuse the file starts over.
         drop(seg);
         let (seg, kept) = SegmentMemory::open_persistent(dir.path(), "s", 1 << 20, false).unwrap();
         assert!(!kept);
+        // SAFETY: the test's own segment, the range inside it, nobody else using it.
         assert_eq!(unsafe { seg.slice(64, 5) }, [0u8; 5]);
     }
 

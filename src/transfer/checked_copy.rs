@@ -59,6 +59,10 @@ pub unsafe fn copy_crc_raw(dst: *mut u8, src: *const u8, len: usize, crc: u32, d
 }
 
 /// A copy then a checksum, a piece at a time.
+///
+/// # Safety
+/// As `copy_crc_raw`'s: `src` valid for reads and `dst` for writes of `len` bytes, not
+/// overlapping, `src` not written meanwhile.
 unsafe fn portable(dst: *mut u8, src: *const u8, len: usize, mut crc: u32) -> u32 {
     let mut done = 0;
     while done < len {
@@ -121,6 +125,10 @@ mod x86 {
     }
 
     /// 64 bytes of one lane: loaded, stored, folded into `reg`.
+    ///
+    /// # Safety
+    /// `src` readable and `dst` writable for 64 bytes, `dst` 16-byte aligned, on a CPU with
+    /// SSE4.2 (the caller checked it).
     #[inline]
     #[target_feature(enable = "sse4.2")]
     unsafe fn line(src: *const u8, dst: *mut u8, reg: &mut u64, streamed: bool) {
@@ -146,6 +154,9 @@ mod x86 {
     }
 
     /// The fused copy: a head that aligns `dst` to 16 bytes, blocks of three lanes, a tail.
+    ///
+    /// # Safety
+    /// As `copy_crc_raw`'s, on a CPU with SSE4.2 (the caller checked it).
     #[target_feature(enable = "sse4.2")]
     pub(super) unsafe fn copy_crc(
         dst: *mut u8,

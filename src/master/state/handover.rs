@@ -178,16 +178,7 @@ impl MasterState {
                     format!("segment {name:?} is not live: nothing to hand over"),
                 ));
             }
-            let queue: VecDeque<Box<str>> = self
-                .objects
-                .iter()
-                .filter(|(_, e)| {
-                    e.current
-                        .as_ref()
-                        .is_some_and(|v| v.replicas.iter().any(|r| r.segment_id == id))
-                })
-                .map(|(k, _)| k.into())
-                .collect();
+            let queue: VecDeque<Box<str>> = self.keys_on(id).into();
             tracing::info!(
                 segment = name,
                 objects = queue.len(),
@@ -448,22 +439,36 @@ impl MasterState {
         self.take_forget_wait();
     }
 
+    /// The keys whose current version has a replica on segment `id`.
+    fn keys_on(&self, id: u64) -> Vec<Box<str>> {
+        self.objects
+            .iter()
+            .filter(|(_, e)| {
+                e.current
+                    .as_ref()
+                    .is_some_and(|v| v.replicas.iter().any(|r| r.segment_id == id))
+            })
+            .map(|(k, _)| k.into())
+            .collect()
+    }
+
     /// Ends the drain of `id` once nothing is left to do, or at its deadline.
     fn settle_drain(&mut self, id: u64, now: Instant) {
+        let Some(d) = self.hand_overs.drains.get(&id) else {
+            return;
+        };
         let copying = self
             .hand_overs
             .copies
             .values()
             .any(|c| c.from.segment_id == id);
-        let Some(d) = self.hand_overs.drains.get_mut(&id) else {
+        let state = if d.ended.is_some() {
             return;
-        };
-        if d.ended.is_some() {
+        } else if now >= d.deadline {
+            DrainState::Expired
+        } else if !d.queue.is_empty() || copying {
             return;
-        }
-        if now >= d.deadline {
-            d.ended = Some((DrainState::Expired, now));
-        } else if d.queue.is_empty() && !copying {
+        } else {
             // Puts begun there before the drain are waited for (they end or are given up)...
             let writing = self.objects.iter().any(|(_, e)| {
                 e.pending
@@ -473,22 +478,17 @@ impl MasterState {
             if writing {
                 return;
             }
-            // ...and those that ended there since the keys were listed are taken too (each key
-            // as many times as `ATTEMPTS` allows).
-            let attempts = &d.attempts;
-            let left: Vec<Box<str>> = self
-                .objects
-                .iter()
-                .filter(|(_, e)| {
-                    e.current
-                        .as_ref()
-                        .is_some_and(|v| v.replicas.iter().any(|r| r.segment_id == id))
-                })
-                .map(|(k, _)| Box::<str>::from(k))
-                .collect();
+            // ...and those that ended there since the keys were listed are taken too (each
+            // key as many times as `ATTEMPTS` allows).
+            let left = self.keys_on(id);
+            let d = self
+                .hand_overs
+                .drains
+                .get_mut(&id)
+                .expect("looked up above");
             let again: Vec<Box<str>> = left
                 .iter()
-                .filter(|k| attempts.get(*k).is_none_or(|n| *n < ATTEMPTS))
+                .filter(|k| d.attempts.get(*k).is_none_or(|n| *n < ATTEMPTS))
                 .cloned()
                 .collect();
             if d.rescans < RESCANS && !again.is_empty() {
@@ -497,16 +497,18 @@ impl MasterState {
                 d.queue.extend(again);
                 return;
             }
-            let state = if left.is_empty() {
+            if left.is_empty() {
                 DrainState::Done
             } else {
                 DrainState::Expired
-            };
-            d.ended = Some((state, now));
-        } else {
-            return;
-        }
-        let (state, _) = d.ended.expect("just set");
+            }
+        };
+        let d = self
+            .hand_overs
+            .drains
+            .get_mut(&id)
+            .expect("looked up above");
+        d.ended = Some((state, now));
         tracing::info!(segment = %d.name, ?state, moved = d.moved_objects,
             bytes = d.moved_bytes, failed = d.failed, no_room = d.no_room, "hand-over ended");
     }

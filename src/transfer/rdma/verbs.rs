@@ -550,6 +550,7 @@ pub struct Context {
 
 // SAFETY: verbs objects may be used from any thread (libibverbs locks what it shares).
 unsafe impl Send for Context {}
+// SAFETY: as for `Send`; the device is closed only in `Drop`.
 unsafe impl Sync for Context {}
 
 impl Context {
@@ -628,7 +629,10 @@ pub struct Pd {
     ctx: Arc<Context>,
 }
 
+// SAFETY: as `Context`'s: libibverbs objects may be used from any thread; the domain is
+// only deallocated in `Drop`, when nothing else holds it.
 unsafe impl Send for Pd {}
+// SAFETY: as for `Send`; `&Pd` gives only calls libibverbs makes thread-safe.
 unsafe impl Sync for Pd {}
 
 impl Pd {
@@ -666,7 +670,11 @@ pub struct Mr {
     _pd: Arc<Pd>,
 }
 
+// SAFETY: a registered region is a libibverbs object usable from any thread; its memory is
+// the owner's to keep mapped (`register`'s contract), and it is deregistered only in `Drop`.
 unsafe impl Send for Mr {}
+// SAFETY: `&Mr` only reads the region's fields, which libibverbs never changes after
+// `ibv_reg_mr` returns.
 unsafe impl Sync for Mr {}
 
 impl Mr {
@@ -697,6 +705,7 @@ impl Mr {
     }
 
     pub fn len(&self) -> u64 {
+        // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).length as u64 }
     }
 
@@ -705,10 +714,12 @@ impl Mr {
     }
 
     pub fn lkey(&self) -> u32 {
+        // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).lkey }
     }
 
     pub fn rkey(&self) -> u32 {
+        // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).rkey }
     }
 }
@@ -735,7 +746,10 @@ pub struct Cq {
     _ctx: Arc<Context>,
 }
 
+// SAFETY: a completion queue is a libibverbs object usable from any thread (the provider
+// locks its polling); it is destroyed only in `Drop`.
 unsafe impl Send for Cq {}
+// SAFETY: as for `Send`: polling through `&Cq` is what libibverbs makes thread-safe.
 unsafe impl Sync for Cq {}
 
 impl Cq {
@@ -821,7 +835,10 @@ pub struct Qp {
     psn: u32,
 }
 
+// SAFETY: a queue pair is a libibverbs object usable from any thread (posting takes the
+// provider's lock); it is destroyed only in `Drop`, before the region and queue it holds.
 unsafe impl Send for Qp {}
+// SAFETY: as for `Send`: posts and state changes through `&Qp` are thread-safe in libibverbs.
 unsafe impl Sync for Qp {}
 
 /// Outstanding RDMA READs per queue pair, each way: rxe and ConnectX both take 16.
