@@ -35,6 +35,7 @@ pub mod report;
 pub mod role;
 pub mod router;
 pub mod shutdown;
+pub mod simulated_tokens;
 pub mod store;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]

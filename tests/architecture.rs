@@ -158,6 +158,19 @@ fn the_top_level_modules_depend_on_each_other_without_a_cycle() {
     }
 }
 
+/// The router routes SIMULATED workers through the stand-in tokenizer beneath both, not
+/// through the engine role.
+#[test]
+fn the_router_does_not_name_the_simulated_engine() {
+    let g = graph();
+    assert!(
+        !g["router"].contains("engine"),
+        "router -> {:?}",
+        g["router"]
+    );
+    assert!(g["router"].contains("simulated_tokens"));
+}
+
 #[test]
 fn the_lowest_floors_name_no_role() {
     let g = graph();

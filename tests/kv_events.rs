@@ -272,7 +272,7 @@ fn the_simulated_engine_publishes_its_caches_and_replays_them() {
             .to_string(),
     );
     assert_eq!(code, 200, "{body}");
-    let keys = rbgctl::engine::tokens::page_keys(&tokens, 4);
+    let keys = rbgctl::simulated_tokens::page_keys(&tokens, 4);
     let h: Vec<i64> = keys.iter().map(|k| block_hash(k)).collect();
     // Live: every batch after the flushes, until the prompt's pages are all on the device.
     let mut live = Vec::new();
@@ -467,7 +467,7 @@ fn the_pool_master_publishes_its_pages_with_the_engines_block_hashes() {
     };
     // A PUB drops what it sends before the subscription arrives: put pages until one is heard.
     let tokens: Vec<u32> = (0..64).collect();
-    let keys = rbgctl::engine::tokens::page_keys(&tokens, 16);
+    let keys = rbgctl::simulated_tokens::page_keys(&tokens, 16);
     let hashes = rbgctl::kv_events::hash::block_hashes(&tokens, 16);
     let mut warm = 0;
     let first = first_heard(&sub, || {

@@ -6,7 +6,7 @@
 use super::llm::{self, ApiFormat, Outcome};
 use super::multiturn::summary;
 use super::multiturn::workload::{length, Arrivals, Distribution};
-use crate::engine::tokens::VOCAB;
+use crate::simulated_tokens::VOCAB;
 use clap::Args;
 use serde::Serialize;
 use serde_json::json;
@@ -401,7 +401,7 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
         let http = reqwest::Client::new();
         let timeout = Duration::from_secs(600);
         let body = |ids: &[u32], out: usize| {
-            let msgs = [json!({"role": "user", "content": crate::engine::tokens::decode(ids)})];
+            let msgs = [json!({"role": "user", "content": crate::simulated_tokens::decode(ids)})];
             llm::payload(api, &a.model, ids, &msgs, out, "", true)
         };
         if a.flush_cache {

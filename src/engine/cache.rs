@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn every_change_is_an_event() {
         let tokens: Vec<u32> = (0..8).collect();
-        let keys = crate::engine::tokens::page_keys(&tokens, 2);
+        let keys = crate::simulated_tokens::page_keys(&tokens, 2);
         let h: Vec<i64> = keys.iter().map(|k| block_hash(k)).collect();
         let mut t = Tiers::new(2, 1).record();
         assert!(t.take_events(0.0).is_none(), "nothing happened");

@@ -2,8 +2,8 @@
 //! are real objects of `page_size * bytes_per_token` bytes under their chained keys; reads are
 //! real transfers into a buffer and are checked byte for byte.
 
-use super::tokens::{page_bytes, page_bytes_ok};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
+use crate::simulated_tokens::{page_bytes, page_bytes_ok};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

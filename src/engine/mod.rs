@@ -13,7 +13,6 @@ pub mod cost;
 pub mod device;
 pub mod l3;
 pub mod server;
-pub mod tokens;
 
 use crate::config::ConfigError;
 use crate::role::{self, BindError};

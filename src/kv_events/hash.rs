@@ -94,7 +94,7 @@ mod tests {
     #[test]
     fn hashes_are_the_page_keys_first_8_bytes() {
         let tokens: Vec<u32> = (0..40).collect();
-        let keys = crate::engine::tokens::page_keys(&tokens, 8);
+        let keys = crate::simulated_tokens::page_keys(&tokens, 8);
         let hashes = block_hashes(&tokens, 8);
         assert_eq!(hashes.len(), 5);
         for (k, h) in keys.iter().zip(&hashes) {

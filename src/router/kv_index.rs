@@ -645,7 +645,7 @@ pub fn tokens_of(text: &str, form: TextForm, simulated: bool) -> Option<Vec<u32>
     match form {
         TextForm::SpacedIds => Some(parse_ids(text)),
         TextForm::TokenChars => Some(ids_of_token_text(text)),
-        TextForm::Text => simulated.then(|| crate::engine::tokens::encode(text)),
+        TextForm::Text => simulated.then(|| crate::simulated_tokens::encode(text)),
     }
 }
 

@@ -185,7 +185,7 @@ fn salt_prompts(convs: &mut [workload::Conversation], salt: u32) {
     for (i, c) in convs.iter_mut().enumerate() {
         if let Some(t) = c.questions.first_mut().and_then(|q| q.first_mut()) {
             let mixed = salt.wrapping_mul(0x9e37_79b9).wrapping_add(i as u32);
-            *t = mixed % crate::engine::tokens::VOCAB;
+            *t = mixed % crate::simulated_tokens::VOCAB;
         }
     }
 }
@@ -367,7 +367,7 @@ pub async fn run_rate_with(
             round: 0,
             ids: c.questions[0].clone(),
             messages: vec![
-                json!({"role": "user", "content": crate::engine::tokens::decode(&c.questions[0])}),
+                json!({"role": "user", "content": crate::simulated_tokens::decode(&c.questions[0])}),
             ],
         })
         .collect();
@@ -492,7 +492,7 @@ pub async fn run_rate_with(
                     c.ids.extend_from_slice(&o.output_ids);
                     c.ids.extend_from_slice(q);
                     c.messages.push(json!({"role": "assistant", "content": o.output_text}));
-                    c.messages.push(json!({"role": "user", "content": crate::engine::tokens::decode(q)}));
+                    c.messages.push(json!({"role": "user", "content": crate::simulated_tokens::decode(q)}));
                     if a.enable_round_barrier { held.push(i) } else { ready.push(i) }
                 }
             }

@@ -3,7 +3,7 @@
 //! and the sender's arrival process and ready-queue order. Pure and seeded: the same options
 //! give the same workload.
 
-use crate::engine::tokens::VOCAB;
+use crate::simulated_tokens::VOCAB;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

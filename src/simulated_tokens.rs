@@ -1,4 +1,6 @@
-//! Tokens and page keys of the SIMULATED engine.
+//! Tokens and page keys of the SIMULATED engine, apart from it: the engine, the router (which
+//! routes SIMULATED workers' requests by their KV events) and the benchmarks' synthetic
+//! prompts share them, and no role depends on another for them.
 //!
 //! The tokenizer is a stand-in: one token per word, words separated by ASCII whitespace (a
 //! byte scan: the router runs it on every request it routes by KV events). A word `t<id>` is the
