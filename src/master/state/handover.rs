@@ -99,12 +99,12 @@ pub struct DrainStatus {
 }
 
 #[derive(Debug)]
-struct Drain {
+pub(super) struct Drain {
     name: String,
     started: Instant,
     deadline: Instant,
     /// Keys still to look at.
-    queue: VecDeque<Box<str>>,
+    pub(super) queue: VecDeque<Box<str>>,
     attempts: HashMap<Box<str>, u32>,
     objects: u64,
     moved_objects: u64,
@@ -119,7 +119,7 @@ struct Drain {
 /// The drains and the copies under way.
 #[derive(Debug, Default)]
 pub struct HandOvers {
-    drains: HashMap<u64, Drain>,
+    pub(super) drains: HashMap<u64, Drain>,
     copies: HashMap<u64, HandOver>,
 }
 
@@ -289,7 +289,11 @@ impl MasterState {
             .collect();
         for id in ids {
             self.settle_drain(id, now);
-            while jobs.len() < max_items && bytes < max_bytes {
+            // Each queued key looked at once a call: one put back (its object between tiers,
+            // or its copy under way) waits for the next.
+            let mut looks = self.hand_overs.drains.get(&id).map_or(0, |d| d.queue.len());
+            while jobs.len() < max_items && bytes < max_bytes && looks > 0 {
+                looks -= 1;
                 let Some(key) = self
                     .hand_overs
                     .drains

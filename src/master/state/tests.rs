@@ -1899,6 +1899,39 @@ fn a_drained_segment_hands_every_object_over_and_takes_no_new_puts() {
     assert_eq!(st.drains(t0).len(), 1);
 }
 
+/// A key that cannot be taken now (its copy under way) is put back and looked at again on the
+/// next call, without the call going round it forever.
+#[test]
+fn a_key_put_back_waits_for_the_next_call() {
+    let mut st = master(MasterConfig::default());
+    let t0 = Instant::now();
+    st.mount(1, seg("a", 1 << 20), grant_key(), false, t0)
+        .unwrap();
+    st.mount(2, seg("b", 1 << 20), grant_key(), false, t0)
+        .unwrap();
+    let pinned = ReplicateConfig {
+        preferred_segment: "a".into(),
+        ..ONE
+    };
+    let (id, _) = st.put_start(7, "k", 100, &pinned, t0).unwrap();
+    st.put_end(7, "k", id, Some(1), t0).unwrap();
+    st.start_drain("a", Duration::from_secs(60), true, t0)
+        .unwrap();
+    let jobs = st.take_hand_overs(10, u64::MAX, t0);
+    assert_eq!(jobs.len(), 1);
+    // Its key queued again while the copy is under way: the next call returns at once.
+    let a = st.segments.by_name("a").unwrap();
+    st.hand_overs
+        .drains
+        .get_mut(&a)
+        .unwrap()
+        .queue
+        .push_back("k".into());
+    assert!(st.take_hand_overs(10, u64::MAX, t0).is_empty());
+    st.handed_over(&[(jobs[0].version, Status::Ok)], t0);
+    assert_eq!(st.drain_status(a, t0).unwrap().moved_objects, 1);
+}
+
 /// A drain whose objects find no room elsewhere, or that runs past its deadline, ends expired
 /// with what is left where it was.
 #[test]
