@@ -2,33 +2,26 @@
 //! which segments, where every object's replicas are, leases and pins — and never touches object
 //! bytes, which move directly between clients and stores.
 //!
-//! Parts: `state` (the state machine), `allocator` (space in a segment), `placement` (which
-//! segments), `eviction` (which objects), `rpc` (the binary protocol service), `metadata` and
-//! `http` (HTTP servers), `config`.
+//! Parts: `state` (the state machine, with the tables and decisions only it uses: space in a
+//! segment, which objects to evict, ...), `placement` (which segments), `tenants`, `rpc` (the
+//! binary protocol service), `metadata` and `http` (HTTP servers), the threads that act on the
+//! clock (`housekeeper`, `notifier`, `mover`, `handover`), `config`.
 
-pub mod allocator;
 pub mod compat;
 pub mod config;
-pub mod eviction;
 pub mod handover;
 pub mod housekeeper;
 pub mod http;
-pub mod indexes;
-pub mod key_index;
 pub mod lock;
 pub mod metadata;
 pub mod mover;
 pub mod notifier;
-pub mod objects;
 pub mod placement;
-pub mod pool_events;
-pub mod reservations;
 pub mod rpc;
 pub mod state;
 pub mod store_pools;
 pub mod tenants;
 pub mod tenants_file;
-pub mod tiering;
 pub mod ui;
 
 use self::lock::StateLock;

@@ -3,11 +3,11 @@
 //! promotion of objects read from disk, and the moves between tiers the stores carry out.
 
 use super::MasterState;
-use crate::master::eviction;
-use crate::master::objects::Verdict;
-use crate::master::pool_events::PoolMedium;
+use crate::master::state::eviction;
+use crate::master::state::objects::Verdict;
+use crate::master::state::pool_events::PoolMedium;
+use crate::master::state::tiering::Move;
 use crate::master::tenants;
-use crate::master::tiering::Move;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{MoveItem, MoveKind, ReplicaLoc, Tier, MAX_MOVE_BYTES};
 use std::collections::HashMap;

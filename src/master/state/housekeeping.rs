@@ -3,7 +3,7 @@
 //! eviction watermark.
 
 use super::{Binding, MasterState, SegState};
-use crate::master::eviction;
+use crate::master::state::eviction;
 use std::time::Instant;
 
 impl MasterState {

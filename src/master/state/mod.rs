@@ -22,45 +22,52 @@
 //! forgets are delivered (or the stores' leases ran out), and a put of a key whose earlier
 //! value was evicted moments ago waits for that eviction's forgets too (`forget.rs`).
 
+pub mod allocator;
 mod clients;
 mod evict;
+pub mod eviction;
 mod forget;
 mod handover;
 mod housekeeping;
+pub mod indexes;
+pub mod key_index;
+pub mod objects;
+pub mod pool_events;
 mod puts;
 mod reads;
 mod recovery;
+pub mod reservations;
 mod segments;
 #[cfg(test)]
 mod tests;
+pub mod tiering;
 
-pub use super::objects::{Entry, Pending, Version};
 pub use evict::MoveJob;
 pub use forget::{ForgetWait, Outbox};
 use handover::HandOvers;
 pub use handover::{DrainState, DrainStatus, HandOverJob};
+pub use objects::{Entry, Pending, Version};
 pub use recovery::WALK_STEP;
 pub use segments::{SegState, Segment};
 
-use super::allocator;
 use super::config::MasterConfig;
-use super::eviction::EvictionLog;
-use super::indexes::Indexes;
-use super::objects::{ObjectTable, TableFull};
-use super::pool_events::{PoolEvents, PoolMedium};
-use super::reservations::Reservations;
 use super::tenants::{self, Quotas, DEFAULT_TENANT};
-use super::tiering::Moves;
 use crate::transfer::message::{ReplicaLoc, Tier};
 use crate::transfer::Status;
 pub use clients::Binding;
 use clients::ClientTable;
+use eviction::EvictionLog;
 use forget::ForgetLog;
+use indexes::Indexes;
+use objects::{ObjectTable, TableFull};
+use pool_events::{PoolEvents, PoolMedium};
 use recovery::Walk;
+use reservations::Reservations;
 use segments::SegmentTable;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tiering::Moves;
 
 pub type OpResult<T> = Result<T, (Status, String)>;
 

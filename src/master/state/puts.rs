@@ -3,8 +3,8 @@
 //! allocated ahead and committed under a key in one round trip.
 
 use super::{fail, table_full, MasterState, OpResult};
-use crate::master::objects::{Pending, Version};
 use crate::master::placement::{self, Candidate};
+use crate::master::state::objects::{Pending, Version};
 use crate::transfer::message::{PutStartResp, ReplicaLoc, ReplicateConfig, StoredObject};
 use crate::transfer::Status;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! replica a reader found corrupt, removing one key or all, and lookups for the admin API.
 
 use super::{fail, MasterState, OpResult, Segment};
-use crate::master::objects::Entry;
+use crate::master::state::objects::Entry;
 use crate::master::tenants;
 use crate::transfer::message::{ObjectDesc, ReplicaLoc};
 use crate::transfer::Status;

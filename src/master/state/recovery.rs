@@ -4,9 +4,9 @@
 //! steps.
 
 use super::{fail, MasterState, OpResult, SegState, Segment};
-use crate::master::allocator;
-use crate::master::objects::Version;
-use crate::master::pool_events::PoolMedium;
+use crate::master::state::allocator;
+use crate::master::state::objects::Version;
+use crate::master::state::pool_events::PoolMedium;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ReplicaLoc, SegmentEntry, SegmentInfo, StoredObject};
 use crate::transfer::Status;

@@ -2,7 +2,7 @@
 //! placement, and the incarnations of segments given up (a store returning after its grace
 //! period is told to start empty).
 
-use crate::master::allocator::{self, Allocator};
+use crate::master::state::allocator::{self, Allocator};
 use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{Reach, ReplicaLoc, SegmentEntry, SegmentInfo, Tier};
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -1416,7 +1416,10 @@ fn the_pools_kv_events_follow_every_page_through_puts_moves_evictions_and_remova
     // The truth: every readable page, in the medium its tier list says.
     let mut truth = std::collections::BTreeMap::<i64, std::collections::BTreeSet<String>>::new();
     for (key, entry) in st.objects.iter() {
-        if let (Some(h), Some(_)) = (crate::master::pool_events::page_hash(key), &entry.current) {
+        if let (Some(h), Some(_)) = (
+            crate::master::state::pool_events::page_hash(key),
+            &entry.current,
+        ) {
             let medium = match st.objects.on_disk(key) {
                 true => "DISK",
                 false => "EXTERNAL",

@@ -3,7 +3,7 @@
 //! age, and the bytes each tenant holds. The state machine tells it each time a current
 //! version or a pending put begins or ends; housekeeping then touches only what is due.
 
-use super::tenants::Usage;
+use crate::master::tenants::Usage;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -142,7 +142,7 @@ mod tests {
         // Their pins cleared by the caller, the versions end without one.
         ix.version_ended("a", 1, 10, None);
         assert_eq!((ix.keys(), ix.soft_pinned()), (2, 0));
-        assert_eq!(ix.usage().of(super::super::tenants::DEFAULT_TENANT), 20);
+        assert_eq!(ix.usage().of(crate::master::tenants::DEFAULT_TENANT), 20);
     }
 
     #[test]
