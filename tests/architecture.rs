@@ -250,3 +250,60 @@ fn every_unsafe_site_says_why_it_is_sound() {
         silent.join("\n")
     );
 }
+
+/// Undocumented top-level `pub` items of the library (outside test modules; a `pub mod x;`
+/// counts as documented by its file's `//!`) may only become fewer: new ones come with a doc
+/// line. Lower `LIMIT` as items get theirs.
+#[test]
+fn undocumented_public_items_only_become_fewer() {
+    const LIMIT: usize = 316;
+    const KINDS: [&str; 9] = [
+        "pub fn ",
+        "pub async fn ",
+        "pub unsafe fn ",
+        "pub struct ",
+        "pub enum ",
+        "pub const ",
+        "pub trait ",
+        "pub type ",
+        "pub static ",
+    ];
+    let mut files = Vec::new();
+    rust_files(Path::new(SRC), &mut files);
+    let mut undocumented = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let text = match text.find("#[cfg(test)]\nmod tests") {
+            Some(at) => &text[..at],
+            None => text.as_str(),
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.starts_with(' ') || !KINDS.iter().any(|k| line.starts_with(k)) {
+                continue;
+            }
+            // Back over attributes, those spread over lines too (`#[error(\n "..." \n)]`).
+            let mut j = i;
+            while j > 0 && {
+                let l = lines[j - 1].trim_start();
+                l.starts_with("#[") || l.starts_with(")]") || l.starts_with('"')
+            } {
+                j -= 1;
+            }
+            if j == 0 || !lines[j - 1].trim_start().starts_with("///") {
+                let rel = file
+                    .strip_prefix(SRC)
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
+                undocumented.push(format!("src/{rel}:{}", i + 1));
+            }
+        }
+    }
+    assert!(
+        undocumented.len() <= LIMIT,
+        "{} undocumented public items, more than {LIMIT}; the newest among:\n{}",
+        undocumented.len(),
+        undocumented.join("\n")
+    );
+}

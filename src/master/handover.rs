@@ -24,6 +24,7 @@ const TICK: Duration = Duration::from_secs(1);
 const TAKE_ITEMS: usize = 64;
 const TAKE_BYTES: u64 = 32 << 20;
 
+/// The thread that makes hand-over copies, and its counts.
 pub struct Copier {
     state: Arc<StateLock>,
     leadership: Arc<crate::ha::lease::Leadership>,

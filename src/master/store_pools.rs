@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A pool of connections per store endpoint.
 pub struct StorePools {
     auth: Option<Arc<crate::auth::Secret>>,
     /// How long one request may take (it may copy megabytes to or from a disk).

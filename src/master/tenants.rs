@@ -21,6 +21,7 @@ use std::collections::HashMap;
 /// Most tenants one master serves.
 pub const MAX_TENANTS: usize = 4096;
 
+/// Why a tenants file or a tenant is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TenantError {
     #[error(transparent)]

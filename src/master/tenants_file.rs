@@ -12,6 +12,7 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 /// How often the file is looked at.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// Why a tenants file was not taken (the tenants in force stay).
 #[derive(Debug, thiserror::Error)]
 pub enum TenantsFileError {
     #[error("tenants file {path}: {source}")]

@@ -16,9 +16,13 @@ use super::model::{Coordination, Group};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
+/// The group annotation that asks for a gang (`"true"`).
 pub const ENABLED: &str = "rbg.workloads.x-k8s.io/group-gang-scheduling";
+/// Seconds scheduler-plugins waits for the gang to fit (default [`DEFAULT_TIMEOUT_SECS`]).
 pub const TIMEOUT: &str = "rbg.workloads.x-k8s.io/group-gang-scheduling-timeout";
+/// The Volcano queue of the group's PodGroup.
 pub const VOLCANO_QUEUE: &str = "rbg.workloads.x-k8s.io/group-gang-scheduling-volcano-queue";
+/// The priority class of the group's Volcano PodGroup.
 pub const VOLCANO_PRIORITY: &str = "rbg.workloads.x-k8s.io/group-gang-scheduling-volcano-priority";
 /// The label scheduler-plugins' coscheduling finds a pod's PodGroup by.
 pub const PLUGINS_LABEL: &str = "pod-group.scheduling.sigs.k8s.io/name";

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 const FIRST: Duration = Duration::from_millis(100);
 const MOST: Duration = Duration::from_secs(30);
 
+/// The objects whose last write was refused, each with its backoff.
 #[derive(Debug, Default)]
 pub struct Refusals {
     /// Object key → (refusals in a row, when it may be written again, the last refusal).

@@ -14,10 +14,12 @@ use std::time::Duration;
 
 /// RBG's name of the policy that recreates an instance.
 pub const RECREATE: &str = "RecreateRoleInstanceOnPodRestart";
-/// RBG's defaults (`restartPolicyConfig`).
+/// RBG's default `restartPolicyConfig.baseDelaySeconds`.
 pub const BASE_DELAY: Duration = Duration::from_secs(30);
+/// RBG's default `restartPolicyConfig.maxDelaySeconds`.
 pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
+/// What a container restart in one of a role's instances does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RestartPolicy {
     /// Recreate the instance when a container of one of its pods restarts.

@@ -37,6 +37,7 @@ pub fn disruption_budget(g: &Group, role: &Role) -> Value {
     })
 }
 
+/// The PodDisruptionBudget of a group's role: `<group>-<role>`.
 pub fn budget_name(group: &str, role: &str) -> String {
     desired::dns_trunc(&format!("{group}-{role}"))
 }

@@ -16,6 +16,7 @@ const MARK: char = '\u{1}';
 /// Longest tenant name.
 pub const MAX_NAME_LEN: usize = 64;
 
+/// Why a key or tenant name cannot be held.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NamespaceError {
     #[error("tenant name {0:?}: use 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'")]
