@@ -256,7 +256,7 @@ fn every_unsafe_site_says_why_it_is_sound() {
 /// line. Lower `LIMIT` as items get theirs.
 #[test]
 fn undocumented_public_items_only_become_fewer() {
-    const LIMIT: usize = 316;
+    const LIMIT: usize = 296;
     const KINDS: [&str; 9] = [
         "pub fn ",
         "pub async fn ",

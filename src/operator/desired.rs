@@ -10,24 +10,41 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
+/// The label naming a child's group (RBG v1alpha2's key).
 pub const GROUP: &str = "rbg.workloads.x-k8s.io/group-name";
+/// The label naming a child's role (RBG v1alpha2's key).
 pub const ROLE: &str = "rbg.workloads.x-k8s.io/role-name";
+/// The group label as v1alpha1 spelled it (written too, for selectors of that era).
 pub const GROUP_V1: &str = "rolebasedgroup.workloads.x-k8s.io/name";
+/// The role label as v1alpha1 spelled it.
 pub const ROLE_V1: &str = "rolebasedgroup.workloads.x-k8s.io/role";
+/// The label naming a pod's instance (`<group>-<role>-<ordinal>`, or a random one).
 pub const INSTANCE: &str = "rbg.workloads.x-k8s.io/role-instance-name";
+/// The label with a stateful instance's ordinal.
 pub const INDEX: &str = "rbg.workloads.x-k8s.io/role-instance-index";
+/// The label naming a leader-worker pod's part: `leader` or `worker`.
 pub const COMPONENT: &str = "rbg.workloads.x-k8s.io/component-name";
+/// The label with a pod's index in its instance (0: the leader).
 pub const COMPONENT_INDEX: &str = "rbg.workloads.x-k8s.io/component-index";
+/// The label with the pods an instance has.
 pub const COMPONENT_SIZE: &str = "rbg.workloads.x-k8s.io/component-size";
+/// The label with a pod's revision (its role's template hash; its ControllerRevision is
+/// `<group>-<role>-<hash>`).
 pub const REVISION: &str = "controller-revision-hash";
+/// The label every child the operator makes carries ...
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// ... with this value (what the operator's watches select).
 pub const MANAGER: &str = "rbgctl";
 /// Hash of the template with container images left out: equal shapes mean an image-only
 /// change, which can be applied in place.
 pub const SHAPE: &str = "rbg.workloads.x-k8s.io/template-shape";
+/// The annotation recording a pod's images and restart counts before an in-place update.
 pub const INPLACE_STATE: &str = "rbg.workloads.x-k8s.io/inplace-update-state";
+/// The finalizer that keeps a group until its children are gone.
 pub const FINALIZER: &str = "rbg.workloads.x-k8s.io/children";
+/// The volume every pod mounts the group's discovery ConfigMap from ...
 pub const CONFIG_VOLUME: &str = "rbg-cluster-config";
+/// ... at this directory (`config.yaml`).
 pub const CONFIG_DIR: &str = "/etc/rbg";
 
 /// Truncates to a DNS label's 63 characters without a trailing `-`.
@@ -46,10 +63,12 @@ pub fn legacy_service_name(group: &str, role: &str) -> String {
     dns_trunc(&format!("{group}-{role}"))
 }
 
+/// The name of a stateful role's instance: `<group>-<role>-<ordinal>`.
 pub fn stateful_instance(group: &str, role: &str, ordinal: u32) -> String {
     format!("{group}-{role}-{ordinal}")
 }
 
+/// A pod's name: its instance's, with `-<component>` for a leader-worker pod.
 pub fn pod_name(role: &Role, instance: &str, component: u32) -> String {
     match role.pattern {
         Pattern::Standalone => instance.to_string(),
@@ -95,6 +114,7 @@ fn without_images(v: &Value) -> Value {
     v
 }
 
+/// The role's revision: the hash of what shapes its pods (replicas aside), and its shape.
 pub fn revision(role: &Role) -> Revision {
     let basis = match &role.pattern {
         Pattern::Standalone => json!({"t": role.template, "stateless": role.stateless}),
@@ -419,6 +439,7 @@ pub fn discovery_config(g: &Group, stateless: &BTreeMap<String, Vec<String>>) ->
     serde_yaml_ng::to_string(&doc).unwrap_or_default()
 }
 
+/// The group's discovery ConfigMap (`config.yaml`), named as the group.
 pub fn config_map(g: &Group, config_yaml: &str) -> Value {
     let mut labels = Map::new();
     labels.insert(GROUP.into(), json!(g.name));
