@@ -79,6 +79,15 @@ impl<'a> ObjectMeta<'a> {
     pub fn owned_by(&self, uid: &str) -> bool {
         !uid.is_empty() && self.owner_references.iter().any(|o| o.uid == uid)
     }
+
+    /// Whether the object with `uid` is its controller (the owner reference marked so).
+    pub fn controlled_by(&self, uid: &str) -> bool {
+        !uid.is_empty()
+            && self
+                .owner_references
+                .iter()
+                .any(|o| o.uid == uid && o.controller)
+    }
 }
 
 /// `metadata` of a list: where the list stands and how to ask for its next page.

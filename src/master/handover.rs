@@ -5,6 +5,7 @@
 //! are paced by `hand_over_bytes_per_sec`, so that a hand-over does not crowd out the pool's
 //! clients; a store that does not answer fails its copies (the objects stay where they were).
 
+use super::doorbell::Doorbell;
 use super::lock::StateLock;
 use super::state::HandOverJob;
 use super::store_pools::StorePools;
@@ -12,7 +13,7 @@ use crate::shutdown::Shutdown;
 use crate::token_bucket::Bucket;
 use crate::transfer::message::{ReadVersionReq, WriteReq};
 use crate::transfer::{Opcode, Pool, Status, TransferError, Wire};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -31,8 +32,8 @@ pub struct Copier {
     /// Connections to the stores, proving the cluster secret.
     stores: StorePools,
     pace: Mutex<Bucket>,
-    wake: Mutex<bool>,
-    wake_cv: Condvar,
+    /// Rung when there is work.
+    bell: Doorbell,
     /// Copies made, those that failed, and the bytes copied.
     pub copied: AtomicU64,
     pub failed: AtomicU64,
@@ -58,8 +59,7 @@ impl Copier {
                 rate.max(TAKE_BYTES as f64),
                 Instant::now(),
             )),
-            wake: Mutex::new(false),
-            wake_cv: Condvar::new(),
+            bell: Doorbell::default(),
             copied: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -77,19 +77,14 @@ impl Copier {
                     if leader && me.run_once() > 0 {
                         continue;
                     }
-                    let mut w = me.wake.lock();
-                    if !*w {
-                        me.wake_cv.wait_for(&mut w, TICK);
-                    }
-                    *w = false;
+                    me.bell.wait(TICK);
                 }
             })
     }
 
     /// A hand-over was asked for: start now rather than at the next tick.
     pub fn wake(&self) {
-        *self.wake.lock() = true;
-        self.wake_cv.notify_one();
+        self.bell.ring();
     }
 
     /// Makes the copies the state hands out now and reports them; answers how many.

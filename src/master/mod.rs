@@ -9,6 +9,7 @@
 
 pub mod compat;
 pub mod config;
+pub mod doorbell;
 pub mod handover;
 pub mod housekeeper;
 pub mod http;

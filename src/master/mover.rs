@@ -4,6 +4,7 @@
 //! freed while a long queue drains. A store that does not answer fails its moves: the objects
 //! stay where they were.
 
+use super::doorbell::Doorbell;
 use super::lock::StateLock;
 use super::state::MoveJob;
 use super::store_pools::StorePools;
@@ -36,8 +37,8 @@ pub struct Mover {
     /// Connections to the stores, proving the cluster secret.
     stores: StorePools,
     /// Set (and signalled) when moves were queued.
-    wake: Mutex<bool>,
-    wake_cv: Condvar,
+    /// Rung when there is work.
+    bell: Doorbell,
     /// Counts batches of outcomes reported; signalled with each.
     reported: Mutex<u64>,
     reported_cv: Condvar,
@@ -78,8 +79,7 @@ impl Mover {
             state,
             leadership,
             stores: StorePools::new(auth, Duration::from_secs(10)),
-            wake: Mutex::new(false),
-            wake_cv: Condvar::new(),
+            bell: Doorbell::default(),
             reported: Mutex::new(0),
             reported_cv: Condvar::new(),
             sent: AtomicU64::new(0),
@@ -97,19 +97,14 @@ impl Mover {
                     if me.leadership.check(Instant::now()).is_ok() {
                         me.run_once();
                     }
-                    let mut w = me.wake.lock();
-                    if !*w {
-                        me.wake_cv.wait_for(&mut w, TICK);
-                    }
-                    *w = false;
+                    me.bell.wait(TICK);
                 }
             })
     }
 
     /// Moves were queued: send them now rather than at the next tick.
     pub fn wake(&self) {
-        *self.wake.lock() = true;
-        self.wake_cv.notify_one();
+        self.bell.ring();
     }
 
     /// Waits until the next outcomes are reported, or `deadline`; false when it passed.

@@ -18,6 +18,7 @@
 //! its forgets are delivered, or, when a store could not be reached, until that store's last
 //! lease has run out.
 
+use super::doorbell::Doorbell;
 use super::lock::StateLock;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
@@ -85,8 +86,8 @@ pub struct Notifier {
     lease: Duration,
     delivered: Mutex<Delivered>,
     delivered_cv: Condvar,
-    wake: Mutex<bool>,
-    wake_cv: Condvar,
+    /// Rung when there is work.
+    bell: Doorbell,
     endpoints: Mutex<HashMap<String, Endpoint>>,
     book: Mutex<LeaseBook>,
     /// The cluster secret, proven on each connection to a store.
@@ -112,8 +113,7 @@ impl Notifier {
             lease,
             delivered: Mutex::new(Delivered::default()),
             delivered_cv: Condvar::new(),
-            wake: Mutex::new(false),
-            wake_cv: Condvar::new(),
+            bell: Doorbell::default(),
             endpoints: Mutex::new(HashMap::new()),
             auth,
             book: Mutex::new(LeaseBook {
@@ -135,13 +135,7 @@ impl Notifier {
             .spawn(move || {
                 let mut owed = false;
                 while !shutdown.is_triggered() {
-                    {
-                        let mut w = me.wake.lock();
-                        if !*w {
-                            me.wake_cv.wait_for(&mut w, if owed { RETRY } else { IDLE });
-                        }
-                        *w = false;
-                    }
+                    me.bell.wait(if owed { RETRY } else { IDLE });
                     owed = me.leadership.check(Instant::now()).is_ok() && me.flush();
                 }
             })
@@ -200,8 +194,7 @@ impl Notifier {
     }
 
     pub fn wake(&self) {
-        *self.wake.lock() = true;
-        self.wake_cv.notify_one();
+        self.bell.ring();
     }
 
     /// Waits until no store can serve a location retired up to outbox sequence `seq` any more:

@@ -293,15 +293,6 @@ pub fn patch_for(existing: &Value, desired: &Value) -> Option<Value> {
     Some(p)
 }
 
-/// Whether `obj` is controlled by the group with `uid`.
-pub fn controlled_by(obj: &Value, uid: &str) -> bool {
-    obj["metadata"]["ownerReferences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|o| o["uid"] == uid && o["controller"] == true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,7 +429,8 @@ mod tests {
             patch_for(&old, &want),
             Some(json!({"spec": {"minMember": 10, "subGroupPolicy": null}}))
         );
-        assert!(controlled_by(&want, "u1") && !controlled_by(&want, "u2"));
+        let meta = crate::kube::object::ObjectMeta::of(&want);
+        assert!(meta.controlled_by("u1") && !meta.controlled_by("u2"));
         let (labels, annotations) = pod_marks("pd", Scheduler::SchedulerPlugins);
         assert_eq!(labels[PLUGINS_LABEL], "pd");
         assert!(annotations.is_empty());

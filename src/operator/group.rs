@@ -47,13 +47,7 @@ pub async fn reconcile(ctx: &Context, key: &str) -> Result<Requeue, ReconcileErr
     let meta = ObjectMeta::of(&obj);
     if !meta.has_finalizer(FINALIZER) {
         let ops = finalizer::add(&meta, FINALIZER);
-        ctx.throttle.wait().await;
-        let mark = ctx.caches.groups.mark();
-        obj = ctx
-            .kube
-            .patch(&group_path(ns, name), &Patch::Json(ops))
-            .await?;
-        ctx.caches.groups.put_written(obj.clone(), mark);
+        obj = patch_group(ctx, ns, name, ops).await?;
     }
     let mut g = match model::parse_group(&obj) {
         Ok(g) => g,
@@ -565,13 +559,7 @@ async fn roll_back(
             (patch, ("Warning", "RollbackRefused", msg))
         }
     };
-    ctx.throttle.wait().await;
-    let mark = ctx.caches.groups.mark();
-    let written = ctx
-        .kube
-        .patch(&group_path(ns, name), &Patch::Json(patch))
-        .await?;
-    ctx.caches.groups.put_written(written, mark);
+    patch_group(ctx, ns, name, patch).await?;
     let (kind, reason, msg) = said;
     tracing::info!(group = %name, reason, message = %msg, "rollback");
     ctx.events.post(obj, kind, reason, &msg).await;
@@ -622,14 +610,25 @@ async fn roll_back_rollouts(
         return Ok(Requeue::AwaitChange);
     }
     let patch = revisions::rollback_patch(&obj, &targets, false);
+    patch_group(ctx, &g.namespace, &g.name, patch).await?;
+    Ok(Requeue::After(Duration::ZERO))
+}
+
+/// Writes a JSON patch of the group `ns/name`, keeps the answer in the cache and returns it.
+async fn patch_group(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    ops: Value,
+) -> Result<Value, ReconcileError> {
     ctx.throttle.wait().await;
     let mark = ctx.caches.groups.mark();
     let written = ctx
         .kube
-        .patch(&group_path(&g.namespace, &g.name), &Patch::Json(patch))
+        .patch(&group_path(ns, name), &Patch::Json(ops))
         .await?;
-    ctx.caches.groups.put_written(written, mark);
-    Ok(Requeue::After(Duration::ZERO))
+    ctx.caches.groups.put_written(written.clone(), mark);
+    Ok(written)
 }
 
 /// A spec that cannot be reconciled: told once as an event and in the Ready condition;

@@ -122,7 +122,7 @@ impl Context {
         };
         if look {
             match self.kube.get_json(path).await {
-                Ok(v) if gang::controlled_by(&v, uid) => {
+                Ok(v) if ObjectMeta::of(&v).controlled_by(uid) => {
                     self.throttle.wait().await;
                     match self.kube.delete(path, None).await {
                         Err(e) if e.code() != Some(404) => return Err(e.into()),

@@ -148,9 +148,9 @@ impl HandOvers {
     }
 
     /// Whether a segment takes no new puts: it is being handed over or was (until its store
-    /// mounts it again).
+    /// mounts it again). On every put's placement: no lookup while nothing was ever drained.
     pub fn closed(&self, segment_id: u64) -> bool {
-        self.drains.contains_key(&segment_id)
+        !self.drains.is_empty() && self.drains.contains_key(&segment_id)
     }
 }
 
