@@ -16,6 +16,7 @@
 pub mod auth;
 pub mod backoff;
 pub mod bench;
+pub mod checksum;
 pub mod cli;
 pub mod client;
 pub mod config;

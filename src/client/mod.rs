@@ -650,7 +650,7 @@ impl Inner {
     /// A value's CRC-32C, metered.
     fn checksum(&self, data: &[u8]) -> u32 {
         self.meter
-            .time(breakdown::Work::Checksum, || crc32c::crc32c(data))
+            .time(breakdown::Work::Checksum, || crate::checksum::crc32c(data))
     }
 
     /// Keeps this client known to the master. A ping binds the connection it goes on to this

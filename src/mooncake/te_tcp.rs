@@ -387,7 +387,7 @@ impl<S: TeSegment> TeConn<S> {
         if n == 0 {
             return Err(ErrorKind::UnexpectedEof.into());
         }
-        let crc = crc32c::crc32c_append(crc, &dst[..n]);
+        let crc = crate::checksum::crc32c_append(crc, &dst[..n]);
         let at = at + n as u64;
         self.stage = if at < size {
             Stage::Receiving {

@@ -292,7 +292,7 @@ impl Entry {
             }
         }
         let body_len = (out.len() - start - 8) as u32;
-        let crc = crc32c::crc32c(&out[start + 8..]);
+        let crc = crate::checksum::crc32c(&out[start + 8..]);
         out[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
         out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     }
@@ -357,7 +357,7 @@ impl IndexHeader {
         body.extend_from_slice(self.name.as_bytes());
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&crate::checksum::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&body);
         out
     }
@@ -370,7 +370,7 @@ impl IndexHeader {
         let len = u32::from_le_bytes(buf.get(8..12)?.try_into().ok()?) as usize;
         let crc = u32::from_le_bytes(buf.get(12..16)?.try_into().ok()?);
         let body = buf.get(16..16 + len)?;
-        if crc32c::crc32c(body) != crc || len < 18 {
+        if crate::checksum::crc32c(body) != crc || len < 18 {
             return None;
         }
         let name_len = u16::from_le_bytes(body[16..18].try_into().ok()?) as usize;
@@ -412,7 +412,7 @@ pub fn replay(buf: &[u8]) -> Option<Replay> {
         let Some(body) = buf.get(pos + 8..pos + 8 + len) else {
             break;
         };
-        if crc32c::crc32c(body) != crc {
+        if crate::checksum::crc32c(body) != crc {
             break;
         }
         let Some(entry) = Entry::decode(body) else {

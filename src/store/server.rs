@@ -551,7 +551,7 @@ impl StoreService {
     /// and logged.
     fn holds_bytes_of(&self, mem: &SegmentMemory, o: &StoredObject) -> bool {
         // SAFETY: bounds checked by the caller; the range is this put's alone, its writer done.
-        let crc = crc32c::crc32c(unsafe { mem.slice(o.offset, o.size) });
+        let crc = crate::checksum::crc32c(unsafe { mem.slice(o.offset, o.size) });
         if crc == o.checksum {
             return true;
         }

@@ -296,7 +296,7 @@ impl DiskService {
 
     /// Whether `bytes` hash to `checksum`; a mismatch is counted.
     fn checked(&self, bytes: &[u8], checksum: u32) -> Result<(), (Status, String)> {
-        let crc = crc32c::crc32c(bytes);
+        let crc = crate::checksum::crc32c(bytes);
         if crc != checksum {
             self.counters
                 .checksum_failures
@@ -345,7 +345,7 @@ impl DiskService {
         // SAFETY: bounds checked; the master does not reuse the range while the move runs.
         let src = unsafe { self.memory.slice(m.from, m.size) };
         let checksum = match self.memory_records.hashed(m.from, m.version, m.size) {
-            Some(None) => crc32c::crc32c(src),
+            Some(None) => crate::checksum::crc32c(src),
             _ => m.checksum,
         };
         let direct_ok = !self.area.direct() || src.as_ptr() as u64 % BLOCK == 0;

@@ -31,7 +31,7 @@ const LANE: usize = 8 * 1024;
 const PIECE: usize = 64 * 1024;
 
 /// Copies `src` into `dst` (of the same length) and answers `crc` extended over `src`
-/// (`crc32c::crc32c_append` semantics: start from 0).
+/// (`crate::checksum::crc32c_append` semantics: start from 0).
 ///
 /// # Panics
 /// If the lengths differ.
@@ -68,7 +68,7 @@ unsafe fn portable(dst: *mut u8, src: *const u8, len: usize, mut crc: u32) -> u3
     while done < len {
         let n = PIECE.min(len - done);
         std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n);
-        crc = crc32c::crc32c_append(crc, std::slice::from_raw_parts(src.add(done), n));
+        crc = crate::checksum::crc32c_append(crc, std::slice::from_raw_parts(src.add(done), n));
         done += n;
     }
     crc

@@ -18,7 +18,10 @@ pub fn crc32c_many(values: &[&[u8]], threads: usize) -> Vec<u32> {
         .collect();
     let threads = threads.clamp(1, pieces.len().max(1));
     let crcs: Vec<u32> = if threads == 1 {
-        pieces.iter().map(|(_, p)| crc32c::crc32c(p)).collect()
+        pieces
+            .iter()
+            .map(|(_, p)| crate::checksum::crc32c(p))
+            .collect()
     } else {
         let per = pieces.len().div_ceil(threads);
         std::thread::scope(|s| {
@@ -28,7 +31,7 @@ pub fn crc32c_many(values: &[&[u8]], threads: usize) -> Vec<u32> {
                     s.spawn(move || {
                         share
                             .iter()
-                            .map(|(_, p)| crc32c::crc32c(p))
+                            .map(|(_, p)| crate::checksum::crc32c(p))
                             .collect::<Vec<u32>>()
                     })
                 })
@@ -41,7 +44,7 @@ pub fn crc32c_many(values: &[&[u8]], threads: usize) -> Vec<u32> {
     };
     let mut out = vec![0u32; values.len()];
     for ((i, piece), crc) in pieces.iter().zip(crcs) {
-        out[*i] = crc32c::crc32c_combine(out[*i], crc, piece.len());
+        out[*i] = crate::checksum::crc32c_combine(out[*i], crc, piece.len());
     }
     out
 }

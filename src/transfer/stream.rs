@@ -235,7 +235,9 @@ impl FramedStream {
     /// piece as it arrives (while it is in the cache) instead of in a second pass.
     pub fn read_data_into_crc(&mut self, dst: &mut [u8]) -> Result<u32, TransferError> {
         let mut crc = 0;
-        self.read_payload(dst, |piece| crc = crc32c::crc32c_append(crc, piece))?;
+        self.read_payload(dst, |piece| {
+            crc = crate::checksum::crc32c_append(crc, piece)
+        })?;
         Ok(crc)
     }
 
@@ -384,7 +386,7 @@ impl FramedStream {
             .take(pieces)
             .enumerate()
         {
-            crc = crc32c::crc32c_append(crc, piece);
+            crc = crate::checksum::crc32c_append(crc, piece);
             let trailer = crc.to_le_bytes();
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(3);
             if i == 0 {

@@ -90,7 +90,7 @@ impl LocalDisk {
                 let piece = &buf[from..from + want as usize];
                 let out = &mut dst[done as usize..(done + want) as usize];
                 out.copy_from_slice(piece);
-                crc = crc32c::crc32c_append(crc, out);
+                crc = crate::checksum::crc32c_append(crc, out);
                 done += want;
             }
             Ok(crc)

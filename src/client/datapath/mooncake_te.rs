@@ -402,7 +402,7 @@ impl DataPath for MooncakeTe {
             },
             |stream, h, k| {
                 let value = ops[sent[k]].value;
-                let crc = crc32c::crc32c(value);
+                let crc = crate::checksum::crc32c(value);
                 stream.write_all(&h.encode()).map_err(io_error)?;
                 stream.write_all(value).map_err(io_error)?;
                 if h.v2 {
@@ -447,7 +447,7 @@ impl DataPath for MooncakeTe {
                     }
                     stream.read_exact(op.dst).map_err(io_error)?;
                 }
-                op.crc = Some(crc32c::crc32c(op.dst));
+                op.crc = Some(crate::checksum::crc32c(op.dst));
                 Ok(())
             },
         )

@@ -590,7 +590,7 @@ impl Lane {
                 let dst = &mut ops[c.op].dst[c.at..c.at + c.len];
                 crcs[c.op] = if plan.direct[c.op].is_some() {
                     // Landed in place: checksummed as it is, a pass of its own.
-                    crc32c::crc32c_append(crcs[c.op], dst)
+                    crate::checksum::crc32c_append(crcs[c.op], dst)
                 } else {
                     copy_crc(dst, staging.slot_bytes(k, c.len), crcs[c.op], Dest::Cached)
                 };
@@ -687,7 +687,7 @@ impl Lane {
                 let src = &ops[c.op].value[c.at..c.at + c.len];
                 let local = plan.local(c);
                 crcs[c.op] = match local {
-                    Some(_) => crc32c::crc32c_append(crcs[c.op], src),
+                    Some(_) => crate::checksum::crc32c_append(crcs[c.op], src),
                     None => copy_crc(staging.slot_bytes(k, c.len), src, crcs[c.op], Dest::Cached),
                 };
                 Ok(Post {

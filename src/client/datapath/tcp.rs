@@ -208,7 +208,10 @@ impl Tcp {
             );
             self.plain_writes.store(true, Ordering::Relaxed);
         }
-        let crcs: Vec<u32> = ops.iter().map(|op| crc32c::crc32c(op.value)).collect();
+        let crcs: Vec<u32> = ops
+            .iter()
+            .map(|op| crate::checksum::crc32c(op.value))
+            .collect();
         let out = self.pipeline(
             ops.len(),
             |conn, j| {
