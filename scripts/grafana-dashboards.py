@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes manifests/grafana/*.json: Grafana dashboards for the pool (master and stores), the
 router and the engines, from the metric names the roles export. Run it after changing a panel;
-tests/pictures.rs checks that every metric a dashboard queries is exported by a running role.
+tests/it/pictures.rs checks that every metric a dashboard queries is exported by a running role.
 
     python3 scripts/grafana-dashboards.py
 """

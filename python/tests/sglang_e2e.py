@@ -1,7 +1,7 @@
 """SGLang's own code against a live pool (issue 40, items 28 to 33).
 
 Run with an interpreter that has SGLang (``.ci/run`` makes one: sglang 0.5.23 from PyPI, its
-pinned torch on the CPU; ``tests/python.rs`` runs this file with ``$RBGCTL_SGLANG_PYTHON``).
+pinned torch on the CPU; ``tests/it/python.rs`` runs this file with ``$RBGCTL_SGLANG_PYTHON``).
 Nothing here stands in for SGLang: its ``StorageBackendFactory`` loads ``rbgctl.hicache``
 through the ``dynamic`` backend from its own ``HiCacheStorageConfig``; its host KV pools (MHA and
 MLA, ``layer_first`` and ``page_first``, built over its device pools on the CPU) hold the

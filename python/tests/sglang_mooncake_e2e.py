@@ -1,7 +1,7 @@
 """SGLang's own ``mooncake`` HiCache backend on rbgctl's pool (issue 63).
 
 Run with an interpreter that has SGLang and Mooncake's wheel (``.ci/run`` puts the pinned
-``mooncake-transfer-engine-non-cuda`` and ``ninja`` into the SGLang venv; ``tests/python.rs``
+``mooncake-transfer-engine-non-cuda`` and ``ninja`` into the SGLang venv; ``tests/it/python.rs``
 runs this file with ``$RBGCTL_SGLANG_PYTHON``). Nothing stands in for SGLang or Mooncake:
 SGLang's ``StorageBackendFactory`` makes its ``MooncakeStore`` from ``--hicache-storage-backend
 mooncake`` settings (its extra config), which sets up Mooncake's client against rbgctl's master;

@@ -1,5 +1,5 @@
 """The Transfer Engine path to segments Mooncake's processes mounted: descriptors, ranges and
-the discovery setting, without sockets (the wheel drives it for real in tests/mooncake_clients.rs)."""
+the discovery setting, without sockets (the wheel drives it for real in tests/it/mooncake_clients.rs)."""
 
 import socket
 import struct

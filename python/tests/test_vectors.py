@@ -1,5 +1,5 @@
 """The golden frames of ``tests/vectors/frames.json`` (generated from the Rust declaration of the
-protocol by ``tests/protocol_vectors.rs``): this client decodes each frame it would receive and
+protocol by ``tests/it/protocol_vectors.rs``): this client decodes each frame it would receive and
 builds each frame it would send, byte for byte. A protocol change on the Rust side that this
 client does not follow fails here."""
 

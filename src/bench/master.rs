@@ -14,7 +14,8 @@ use crate::config::Millis;
 use crate::launch::{self, Launcher, Logs};
 use crate::master::config::MasterConfig;
 use crate::transfer::message::*;
-use crate::transfer::{ConnOptions, Connection, Opcode, Status};
+use crate::transfer::rpc;
+use crate::transfer::{ConnOptions, Connection, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -301,7 +302,7 @@ fn put_batch(
             })
             .collect(),
     };
-    let started: BatchPutStartResp = conn.call(Opcode::BatchPutStart, &start).ok()?;
+    let started: BatchPutStartResp = conn.call::<rpc::BatchPutStart>(&start).ok()?;
     let mut objects = Vec::with_capacity(keys.len());
     let mut ends = Vec::with_capacity(keys.len());
     for (k, s) in keys.iter().zip(started.items) {
@@ -325,7 +326,7 @@ fn put_batch(
         client_id,
         items: ends,
     };
-    let done: BatchStatusResp = conn.call(Opcode::BatchPutEnd, &end).ok()?;
+    let done: BatchStatusResp = conn.call::<rpc::BatchPutEnd>(&end).ok()?;
     done.items
         .iter()
         .all(|s| *s == Status::Ok)
@@ -486,7 +487,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         let k = KeyReq {
             key: key(args.key_bytes, fastrand::u64(..n)),
         };
-        Some(c.call::<_, ObjectDesc>(Opcode::GetReplicas, &k).is_ok())
+        Some(c.call::<rpc::GetReplicas>(&k).is_ok())
     };
     let budget = args.budget();
     if args.wants(MasterPhase::Exists) {
@@ -500,7 +501,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                 let k = KeyReq {
                     key: key(args.key_bytes, fastrand::u64(..n)),
                 };
-                Some(matches!(c.call::<_, bool>(Opcode::Exists, &k), Ok(true)))
+                Some(matches!(c.call::<rpc::Exists>(&k), Ok(true)))
             }),
         );
     }
@@ -515,7 +516,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                 let ping = PingReq {
                     client_id: PING_CLIENT_IDS + t as u64,
                 };
-                Some(c.call::<_, PingResp>(Opcode::Ping, &ping).is_ok())
+                Some(c.call::<rpc::Ping>(&ping).is_ok())
             }),
         );
     }
@@ -534,7 +535,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                         .collect(),
                 };
                 Some(
-                    c.call::<_, BatchExistsResp>(Opcode::BatchExists, &req)
+                    c.call::<rpc::BatchExists>(&req)
                         .is_ok_and(|r| r.items.iter().all(|e| *e)),
                 )
             }),
@@ -581,7 +582,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                         streamed.fetch_add(BATCH as u64, Ordering::Relaxed);
                     }
                     let req = BatchRemoveReq { force: true, keys };
-                    let _ = c.call::<_, BatchStatusResp>(Opcode::BatchRemove, &req);
+                    let _ = c.call::<rpc::BatchRemove>(&req);
                     b += 1;
                 }
             });
@@ -644,7 +645,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
                         key: fresh(t, i),
                         force: true,
                     };
-                    Some(c.call::<_, ()>(Opcode::Remove, &req).is_ok())
+                    Some(c.call::<rpc::Remove>(&req).is_ok())
                 },
             ),
         );

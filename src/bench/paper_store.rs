@@ -7,6 +7,7 @@
 
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
+use crate::transfer::rpc;
 use crate::transfer::server::{self, ConnCounters, ServerHandle, ServerIo, Service};
 use crate::transfer::{ConnOptions, Header, Opcode, Pool, Status, TransferError};
 use parking_lot::Mutex;
@@ -155,8 +156,7 @@ impl PaperStore {
             segment_id: self.segment_id(),
             keep: false,
         };
-        self.master
-            .with(|c| c.call::<_, ()>(Opcode::UnmountSegment, &req))
+        self.master.with(|c| c.call::<rpc::UnmountSegment>(&req))
     }
 
     fn mount(&self, recovering: bool) -> Result<(), TransferError> {
@@ -166,7 +166,7 @@ impl PaperStore {
             recovering,
             grant_key: self.grant_key.bytes().to_vec(),
         };
-        let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
+        let resp: MountResp = self.master.with(|c| c.call::<rpc::MountSegment>(&req))?;
         self.segment_id.store(resp.segment_id, Ordering::Relaxed);
         if recovering {
             let objects = self.objects.lock().clone();
@@ -176,7 +176,7 @@ impl PaperStore {
                 &objects,
             );
             for req in requests {
-                let _: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
+                let _: ReportResp = self.master.with(|c| c.call::<rpc::ReportObjects>(&req))?;
             }
             self.reported.store(true, Ordering::SeqCst);
         }
@@ -191,10 +191,7 @@ impl PaperStore {
             let ping = PingReq {
                 client_id: self.client_id,
             };
-            match self
-                .master
-                .with(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
-            {
+            match self.master.with(|c| c.call::<rpc::Ping>(&ping)) {
                 Ok(r) if r.need_remount => {
                     if let Err(e) = self.mount(true) {
                         tracing::debug!(error = %e, "PAPER store: remount failed");

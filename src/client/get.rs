@@ -11,7 +11,8 @@ use super::plan::ReadPlan;
 use super::routes::Route;
 use super::Inner;
 use crate::transfer::message::*;
-use crate::transfer::{Opcode, Status};
+use crate::transfer::rpc;
+use crate::transfer::Status;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,7 +44,7 @@ impl Inner {
     pub(super) fn describe(&self, key: &str) -> Result<ObjectDesc, ClientError> {
         let asked = Instant::now();
         let desc: ObjectDesc = self
-            .master_call(Opcode::GetReplicas, &KeyReq { key: key.into() })
+            .master_call::<rpc::GetReplicas>(&KeyReq { key: key.into() })
             .map_err(|e| e.for_key(key))?;
         self.locations.insert(key, desc.clone(), asked);
         Ok(desc)
@@ -96,7 +97,7 @@ impl Inner {
             keys: keys.iter().map(|k| k.to_string()).collect(),
         };
         let asked = Instant::now();
-        let r: BatchGetReplicasResp = self.master_call(Opcode::BatchGetReplicas, &req)?;
+        let r: BatchGetReplicasResp = self.master_call::<rpc::BatchGetReplicas>(&req)?;
         if r.items.len() != keys.len() {
             return Err(ClientError::Invalid(format!(
                 "the master described {} items for {} keys",
@@ -154,7 +155,7 @@ impl Inner {
                         version: desc.version,
                         segment_id: route.segment_id,
                     };
-                    if let Err(e) = self.master_call::<_, ()>(Opcode::ReportCorrupt, &report) {
+                    if let Err(e) = self.master_call::<rpc::ReportCorrupt>(&report) {
                         tracing::debug!(error = %e, "cannot report a corrupt replica");
                     }
                 }

@@ -39,8 +39,9 @@ use crate::shutdown::Shutdown;
 use crate::store::config::StoreConfig;
 use crate::store::Store;
 use crate::transfer::message::*;
+use crate::transfer::rpc::{self, Rpc};
 use crate::transfer::tenant as tenants;
-use crate::transfer::{ConnOptions, Opcode, Transport};
+use crate::transfer::{ConnOptions, Transport};
 use routes::{Route, Routes};
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -252,12 +253,9 @@ impl Client {
             no_commit_op: Default::default(),
             cfg,
         });
-        inner.master_call::<_, PingResp>(
-            Opcode::Ping,
-            &PingReq {
-                client_id: inner.id,
-            },
-        )?;
+        inner.master_call::<rpc::Ping>(&PingReq {
+            client_id: inner.id,
+        })?;
         // Nothing else runs yet: the connection that ping went on is the one it bound.
         let bound = inner.master.connection_changes();
         let hb = inner.clone();
@@ -336,7 +334,7 @@ impl Client {
             limit,
             tenant: self.inner.cfg.tenant.clone(),
         };
-        let r: ListKeysResp = self.inner.master_call(Opcode::ListKeys, &req)?;
+        let r: ListKeysResp = self.inner.master_call::<rpc::ListKeys>(&req)?;
         Ok((r.keys, r.truncated))
     }
 
@@ -355,7 +353,7 @@ impl Client {
 
     pub fn exists(&self, key: &str) -> Result<bool, ClientError> {
         let key = self.scoped(key)?.into_owned();
-        self.inner.master_call(Opcode::Exists, &KeyReq { key })
+        self.inner.master_call::<rpc::Exists>(&KeyReq { key })
     }
 
     /// Removes `key`; refused while a read lease is held unless `force`.
@@ -367,7 +365,7 @@ impl Client {
             force,
         };
         self.inner
-            .master_call(Opcode::Remove, &req)
+            .master_call::<rpc::Remove>(&req)
             .map_err(|e| e.for_key(key))
     }
 
@@ -379,7 +377,7 @@ impl Client {
             force,
             tenant: self.inner.cfg.tenant.clone(),
         };
-        let r: RemoveAllResp = self.inner.master_call(Opcode::RemoveAll, &req)?;
+        let r: RemoveAllResp = self.inner.master_call::<rpc::RemoveAll>(&req)?;
         Ok(r.removed)
     }
 
@@ -388,7 +386,7 @@ impl Client {
         let req = BatchKeysReq {
             keys: keys.into_iter().map(Cow::into_owned).collect(),
         };
-        let r: BatchExistsResp = self.inner.master_call(Opcode::BatchExists, &req)?;
+        let r: BatchExistsResp = self.inner.master_call::<rpc::BatchExists>(&req)?;
         Ok(r.items)
     }
 
@@ -405,7 +403,7 @@ impl Client {
             force,
             keys: scoped.into_iter().map(Cow::into_owned).collect(),
         };
-        let r: BatchStatusResp = self.inner.master_call(Opcode::BatchRemove, &req)?;
+        let r: BatchStatusResp = self.inner.master_call::<rpc::BatchRemove>(&req)?;
         Ok(r.items
             .into_iter()
             .zip(keys)
@@ -512,7 +510,7 @@ impl Client {
 
     /// The segments the master knows, refreshed.
     pub fn segments(&self) -> Result<Vec<SegmentEntry>, ClientError> {
-        let r: ListSegmentsResp = self.inner.master_call(Opcode::ListSegments, &())?;
+        let r: ListSegmentsResp = self.inner.master_call::<rpc::ListSegments>(&())?;
         Ok(r.segments)
     }
 
@@ -611,7 +609,7 @@ impl Drop for Client {
         let bye = PingReq {
             client_id: self.inner.id,
         };
-        if let Err(e) = self.inner.master_call::<_, ()>(Opcode::Leave, &bye) {
+        if let Err(e) = self.inner.master_call::<rpc::Leave>(&bye) {
             tracing::debug!(error = %e, "could not tell the master this client left");
         }
         if let Some(s) = &mut self.embedded {
@@ -621,14 +619,10 @@ impl Drop for Client {
 }
 
 impl Inner {
-    fn master_call<Req: Wire, Resp: Wire>(
-        &self,
-        op: Opcode,
-        req: &Req,
-    ) -> Result<Resp, ClientError> {
+    fn master_call<R: Rpc>(&self, req: &R::Request) -> Result<R::Reply, ClientError> {
         self.meter
             .time(breakdown::Work::Master, || {
-                self.master.with(|c| c.call(op, req))
+                self.master.with(|c| c.call::<R>(req))
             })
             .map_err(|e| ClientError::from_master(&self.master.addr(), e))
     }
@@ -674,10 +668,7 @@ impl Inner {
                 // Not metered: heartbeats are not part of any operation.
                 let ping = PingReq { client_id: self.id };
                 // One try: a failed one is tried at the next tick (`MasterLink::try_once`).
-                match self
-                    .master
-                    .try_once(|c| c.call::<_, PingResp>(Opcode::Ping, &ping))
-                {
+                match self.master.try_once(|c| c.call::<rpc::Ping>(&ping)) {
                     Ok(_) => bound = changes,
                     Err(e) => tracing::debug!(error = %e, "client heartbeat failed"),
                 }
@@ -692,7 +683,7 @@ impl Inner {
         if let Some(r) = self.routes.get(segment_id) {
             return Ok(r);
         }
-        let r: ListSegmentsResp = self.master_call(Opcode::ListSegments, &())?;
+        let r: ListSegmentsResp = self.master_call::<rpc::ListSegments>(&())?;
         self.routes.update(r.segments);
         self.routes
             .get(segment_id)

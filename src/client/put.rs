@@ -14,7 +14,8 @@ use super::plan::WritePlan;
 use super::reservations::Reserved;
 use super::Inner;
 use crate::transfer::message::*;
-use crate::transfer::{Opcode, Status};
+use crate::transfer::rpc;
+use crate::transfer::Status;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -73,8 +74,7 @@ impl Inner {
         if dead.is_empty() {
             return;
         }
-        let Ok(segments) = self.master_call::<_, ListSegmentsResp>(Opcode::ListSegments, &())
-        else {
+        let Ok(segments) = self.master_call::<rpc::ListSegments>(&()) else {
             return;
         };
         let Some(other) = segments
@@ -192,7 +192,7 @@ impl Inner {
                 client_id: self.id,
                 items: std::mem::take(&mut settlement.revoke),
             };
-            if let Err(e) = self.master_call::<_, BatchStatusResp>(Opcode::BatchPutRevoke, &req) {
+            if let Err(e) = self.master_call::<rpc::BatchPutRevoke>(&req) {
                 tracing::warn!(error = %e, "revoking failed puts; the master reclaims them later");
             }
         }
@@ -246,7 +246,7 @@ impl Inner {
                     })
                     .collect(),
             };
-            let r: BatchPutStartResp = self.master_call(Opcode::BatchPutStart, &req)?;
+            let r: BatchPutStartResp = self.master_call::<rpc::BatchPutStart>(&req)?;
             if r.items.len() != rest.len() {
                 return Err(ClientError::Invalid(format!(
                     "the master answered {} items for {} keys",
@@ -285,7 +285,7 @@ impl Inner {
                 config: config.clone(),
                 reserve: want,
             };
-            match self.master_call::<_, BatchPutCommitResp>(Opcode::BatchPutCommit, &req) {
+            match self.master_call::<rpc::BatchPutCommit>(&req) {
                 Ok(r) => {
                     let ttl = std::time::Duration::from_millis(r.ttl_ms);
                     self.reservations
@@ -311,8 +311,7 @@ impl Inner {
             client_id: self.id,
             items,
         };
-        self.master_call::<_, BatchStatusResp>(Opcode::BatchPutEnd, &req)
-            .map(|r| r.items)
+        self.master_call::<rpc::BatchPutEnd>(&req).map(|r| r.items)
     }
 
     /// Hands back the reservations this client let run out, so their space is free at once
@@ -334,10 +333,7 @@ impl Inner {
                 })
                 .collect(),
         };
-        if let Err(e) = self
-            .master
-            .with(|c| c.call::<_, BatchStatusResp>(Opcode::BatchPutRevoke, &req))
-        {
+        if let Err(e) = self.master.with(|c| c.call::<rpc::BatchPutRevoke>(&req)) {
             tracing::debug!(error = %e, "handing back expired reservations failed; the master \
                 drops them itself");
         }

@@ -398,7 +398,7 @@ mod tests {
 
     /// msgspec's bytes for `sample()`, from SGLang 0.5.23's own classes (`KVEventBatch`,
     /// `BlockStored(... medium="GPU")`, `BlockRemoved(... medium="CPU_PINNED")`,
-    /// `AllBlocksCleared()`); `tests/kv_events.rs` checks the same against SGLang in CI.
+    /// `AllBlocksCleared()`); `tests/it/kv_events.rs` checks the same against SGLang in CI.
     const SGLANG_SAMPLE: &str = "93cb3ff80000000000009387a474797065ab426c6f636b53746f726564ac\
         626c6f636b5f6861736865739301fecf0000010000000000b1706172656e745f626c6f636b5f68617368c0\
         a9746f6b656e5f69647394010203cd012caa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469\

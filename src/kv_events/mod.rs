@@ -6,7 +6,7 @@
 //! `publish` the ZMQ publisher (libzmq, as SGLang's pyzmq), `subscribe` a subscription kept
 //! in step by sequence numbers and replay, and `index` the global KV index they feed. All but
 //! `publish` and `subscribe` are pure.
-//! Byte compatibility with SGLang's own encoder is checked in `tests/kv_events.rs`.
+//! Byte compatibility with SGLang's own encoder is checked in `tests/it/kv_events.rs`.
 
 pub mod batch;
 pub mod config;

@@ -7,8 +7,8 @@ use super::{Child, LaunchError, Launcher, Master, Store};
 use crate::config::ByteSize;
 use crate::master::config::MasterConfig;
 use crate::store::config::StoreConfig;
-use crate::transfer::message::ListSegmentsResp;
-use crate::transfer::{ConnOptions, Connection, Opcode};
+use crate::transfer::rpc;
+use crate::transfer::{ConnOptions, Connection};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -349,7 +349,7 @@ impl Pool {
             auth: self.auth.clone(),
         };
         Connection::connect(&leader.addrs.rpc.to_string(), &opts)
-            .and_then(|mut c| c.call::<_, ListSegmentsResp>(Opcode::ListSegments, &()))
+            .and_then(|mut c| c.call::<rpc::ListSegments>(&()))
             .ok()
             .map(|r| r.segments.len())
     }

@@ -10,8 +10,9 @@ use super::state::MoveJob;
 use super::store_pools::StorePools;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
-use crate::transfer::message::{BatchStatusResp, MoveItem, MoveReq};
-use crate::transfer::{Opcode, Pool, Status};
+use crate::transfer::message::{MoveItem, MoveReq};
+use crate::transfer::rpc;
+use crate::transfer::{Pool, Status};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -160,9 +161,7 @@ impl Mover {
     ) {
         for items in requests {
             let req = MoveReq { items };
-            let order = |c: &mut crate::transfer::Connection| {
-                c.order::<_, BatchStatusResp>(Opcode::Move, key, &req)
-            };
+            let order = |c: &mut crate::transfer::Connection| c.order::<rpc::Move>(key, &req);
             let statuses = match pool.with(order) {
                 Ok(r) if r.items.len() == req.items.len() => r.items,
                 Ok(r) => {

@@ -23,7 +23,8 @@ use super::lock::StateLock;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{ForgetItem, ForgetReq};
-use crate::transfer::{ConnOptions, Opcode, Pool, TransferError};
+use crate::transfer::rpc;
+use crate::transfer::{ConnOptions, Pool, TransferError};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -339,8 +340,7 @@ impl Notifier {
             let req = ForgetReq {
                 items: chunk.to_vec(),
             };
-            e.pool
-                .with(|c| c.order::<_, ()>(Opcode::Forget, key, &req))?;
+            e.pool.with(|c| c.order::<rpc::Forget>(key, &req))?;
         }
         self.sent
             .fetch_add(e.backlog.len() as u64, Ordering::Relaxed);

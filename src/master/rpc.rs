@@ -7,6 +7,7 @@ use super::state::{Binding, MasterState, OpResult};
 use crate::telemetry::OpStats;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
+use crate::transfer::rpc::{self, Rpc};
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::Arc;
@@ -71,7 +72,8 @@ impl Drop for BoundClient {
     }
 }
 
-fn answer<T: Wire>(io: &mut ServerIo<'_>, r: OpResult<T>) -> Result<bool, TransferError> {
+/// Answers `R`'s request with its reply or the refusal.
+fn answer<R: Rpc>(io: &mut ServerIo<'_>, r: OpResult<R::Reply>) -> Result<bool, TransferError> {
     match r {
         Ok(v) => io.ok(&v).map(|_| true),
         Err((status, msg)) => io.error(status, &msg).map(|_| false),
@@ -108,7 +110,7 @@ impl MasterService {
     ) -> Result<bool, TransferError> {
         match op {
             Opcode::Ping => {
-                let r = PingReq::from_meta(meta)?;
+                let r = rpc::Ping::request(meta)?;
                 let held = io.attached::<BoundClient>().map(|b| b.binding);
                 let (need_remount, bind) = self.state.lock().ping_on(r.client_id, held, now);
                 if let Some(binding) = bind {
@@ -120,17 +122,17 @@ impl MasterService {
                     // lock is free again.
                     drop(io.replace_attached(Box::new(bound)));
                 }
-                answer(io, Ok(PingResp { need_remount }))
+                answer::<rpc::Ping>(io, Ok(PingResp { need_remount }))
             }
             Opcode::Lease => {
-                let r = LeaseReq::from_meta(meta)?;
+                let r = rpc::Lease::request(meta)?;
                 let lease = {
                     // Under the state lock: no forget for the segment is queued meanwhile.
                     let st = self.state.lock();
                     st.lease_terms(r.client_id, r.segment_id)
                         .map(|(endpoint, owed)| self.notifier.grant(&endpoint, owed, now))
                 };
-                answer(
+                answer::<rpc::Lease>(
                     io,
                     lease.map(|l| LeaseResp {
                         lease_ms: l.as_millis() as u64,
@@ -138,12 +140,12 @@ impl MasterService {
                 )
             }
             Opcode::Leave => {
-                let r = PingReq::from_meta(meta)?;
+                let r = rpc::Leave::request(meta)?;
                 self.state.lock().leave(r.client_id, now);
-                answer(io, Ok(()))
+                answer::<rpc::Leave>(io, Ok(()))
             }
             Opcode::MountSegment => {
-                let r = MountReq::from_meta(meta)?;
+                let r = rpc::MountSegment::request(meta)?;
                 let grant_key = match GrantKey::from_bytes(&r.grant_key) {
                     Ok(key) => key,
                     Err(e) => {
@@ -156,7 +158,7 @@ impl MasterService {
                     let res = st.mount(r.client_id, r.segment, grant_key, r.recovering, now);
                     (res, st.write_floor())
                 };
-                answer(
+                answer::<rpc::MountSegment>(
                     io,
                     res.map(|(segment_id, discard)| MountResp {
                         segment_id,
@@ -166,52 +168,52 @@ impl MasterService {
                 )
             }
             Opcode::UnmountSegment => {
-                let r = UnmountReq::from_meta(meta)?;
+                let r = rpc::UnmountSegment::request(meta)?;
                 let res = self
                     .state
                     .lock()
                     .unmount(r.client_id, r.segment_id, r.keep, now);
-                answer(io, res)
+                answer::<rpc::UnmountSegment>(io, res)
             }
             Opcode::ReportObjects => {
-                let r = ReportReq::from_meta(meta)?;
+                let r = rpc::ReportObjects::request(meta)?;
                 let res =
                     self.state
                         .lock()
                         .report(r.client_id, r.segment_id, r.objects, r.done, now);
-                answer(io, res.map(|forget| ReportResp { forget }))
+                answer::<rpc::ReportObjects>(io, res.map(|forget| ReportResp { forget }))
             }
             Opcode::HandOver => {
-                let r = HandOverReq::from_meta(meta)?;
+                let r = rpc::HandOver::request(meta)?;
                 let deadline = Duration::from_millis(r.deadline_ms);
                 let res = self
                     .state
                     .lock()
                     .hand_over(r.client_id, r.segment_id, deadline, now);
                 self.copier.wake();
-                answer(io, res.map(|s| HandOverResp::from(&s)))
+                answer::<rpc::HandOver>(io, res.map(|s| HandOverResp::from(&s)))
             }
             Opcode::ObjectsHashed => {
-                let r = HashedReq::from_meta(meta)?;
+                let r = rpc::ObjectsHashed::request(meta)?;
                 let res = self
                     .state
                     .lock()
                     .objects_hashed(r.client_id, r.segment_id, r.objects);
-                answer(io, res)
+                answer::<rpc::ObjectsHashed>(io, res)
             }
             Opcode::ReportCorrupt => {
-                let r = ReportCorruptReq::from_meta(meta)?;
+                let r = rpc::ReportCorrupt::request(meta)?;
                 self.state
                     .lock()
                     .report_corrupt(&r.key, r.version, r.segment_id, now);
                 self.notifier.wake();
-                answer(io, Ok(()))
+                answer::<rpc::ReportCorrupt>(io, Ok(()))
             }
             Opcode::ListKeys => {
-                let r = ListKeysReq::from_meta(meta)?;
+                let r = rpc::ListKeys::request(meta)?;
                 let re = match key_pattern(&r.pattern) {
                     Ok(re) => re,
-                    Err(e) => return answer::<()>(io, Err(e)),
+                    Err(e) => return answer::<rpc::ListKeys>(io, Err(e)),
                 };
                 let limit = (r.limit as usize).min(crate::transfer::codec::MAX_LIST_LEN);
                 let listed = {
@@ -219,18 +221,18 @@ impl MasterService {
                     st.check_tenant(&r.tenant)
                         .map(|()| st.keys_matching(&r.tenant, &re, limit))
                 };
-                answer(
+                answer::<rpc::ListKeys>(
                     io,
                     listed.map(|(keys, truncated)| ListKeysResp { keys, truncated }),
                 )
             }
             Opcode::ListSegments => {
-                <()>::from_meta(meta)?;
+                rpc::ListSegments::request(meta)?;
                 let segments = self.state.lock().list_segments();
-                answer(io, Ok(ListSegmentsResp { segments }))
+                answer::<rpc::ListSegments>(io, Ok(ListSegmentsResp { segments }))
             }
             Opcode::PutStart => {
-                let r = PutStartReq::from_meta(meta)?;
+                let r = rpc::PutStart::request(meta)?;
                 let Some(now) = self.wait_for_allocations(now, io)? else {
                     return Ok(true);
                 };
@@ -242,13 +244,13 @@ impl MasterService {
                     .put_start(r.client_id, &r.key, r.size, &r.config, now)
                     .map(|started| st.granted(r.size, started));
                 self.send_moves(st);
-                answer(io, res)
+                answer::<rpc::PutStart>(io, res)
             }
             Opcode::PutEnd => {
-                let r = PutEndReq::from_meta(meta)?;
-                self.durably(
+                let r = rpc::PutEnd::request(meta)?;
+                self.durably::<rpc::PutEnd, _>(
                     io,
-                    (op, now),
+                    now,
                     |st| {
                         st.put_end(
                             r.client_id,
@@ -262,53 +264,53 @@ impl MasterService {
                 )
             }
             Opcode::PutRevoke => {
-                let r = PutRevokeReq::from_meta(meta)?;
+                let r = rpc::PutRevoke::request(meta)?;
                 let res = self
                     .state
                     .lock()
                     .put_revoke(r.client_id, &r.key, r.object_id, now);
-                answer(io, res)
+                answer::<rpc::PutRevoke>(io, res)
             }
             Opcode::GetReplicas => {
                 let key = KeyReq::key_of(meta)?;
                 let mut st = self.state.lock();
                 let res = st.get_replicas(key, now);
                 self.send_moves(st);
-                answer(io, res)
+                answer::<rpc::GetReplicas>(io, res)
             }
             Opcode::Exists => {
                 let key = KeyReq::key_of(meta)?;
                 let mut st = self.state.lock();
                 if let Some(e) = st.unserved(key) {
-                    return answer::<()>(io, Err(e));
+                    return answer::<rpc::Exists>(io, Err(e));
                 }
                 let exists = st.exists(key, now);
                 drop(st);
-                answer(io, Ok(exists))
+                answer::<rpc::Exists>(io, Ok(exists))
             }
             Opcode::Remove => {
-                let r = RemoveReq::from_meta(meta)?;
-                self.durably(
+                let r = rpc::Remove::request(meta)?;
+                self.durably::<rpc::Remove, _>(
                     io,
-                    (op, now),
+                    now,
                     |st| st.remove(&r.key, r.force, now),
                     not_durable,
                 )
             }
             Opcode::RemoveAll => {
-                let r = RemoveAllReq::from_meta(meta)?;
+                let r = rpc::RemoveAll::request(meta)?;
                 if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
-                    return answer::<()>(io, Err(e));
+                    return answer::<rpc::RemoveAll>(io, Err(e));
                 }
-                self.durably(
+                self.durably::<rpc::RemoveAll, _>(
                     io,
-                    (op, now),
+                    now,
                     |st| st.remove_all(&r.tenant, r.force, now),
                     |removed, durable| not_durable(Ok(RemoveAllResp { removed }), durable),
                 )
             }
             Opcode::BatchPutStart => {
-                let r = BatchPutStartReq::from_meta(meta)?;
+                let r = rpc::BatchPutStart::request(meta)?;
                 let Some(now) = self.wait_for_allocations(now, io)? else {
                     return Ok(true);
                 };
@@ -329,13 +331,13 @@ impl MasterService {
                     })
                     .collect();
                 self.send_moves(st);
-                answer(io, Ok(BatchPutStartResp { items }))
+                answer::<rpc::BatchPutStart>(io, Ok(BatchPutStartResp { items }))
             }
             Opcode::BatchPutEnd => {
-                let r = BatchPutEndReq::from_meta(meta)?;
-                self.durably(
+                let r = rpc::BatchPutEnd::request(meta)?;
+                self.durably::<rpc::BatchPutEnd, _>(
                     io,
-                    (op, now),
+                    now,
                     |st| end_puts(st, r.client_id, &r.items, now),
                     |items, durable| {
                         let items = mark_not_durable(items, durable);
@@ -344,7 +346,7 @@ impl MasterService {
                 )
             }
             Opcode::BatchPutCommit => {
-                let r = BatchPutCommitReq::from_meta(meta)?;
+                let r = rpc::BatchPutCommit::request(meta)?;
                 let now = if r.reserve.is_empty() {
                     now
                 } else {
@@ -370,16 +372,21 @@ impl MasterService {
                         .collect();
                     (items, reserved, st.config().put_reservation_ttl_ms.0)
                 };
-                self.durably(io, (op, now), commit, |(items, reserved, ttl), durable| {
-                    Ok(BatchPutCommitResp {
-                        items: mark_not_durable(items, durable),
-                        reserved,
-                        ttl_ms: ttl.as_millis() as u64,
-                    })
-                })
+                self.durably::<rpc::BatchPutCommit, _>(
+                    io,
+                    now,
+                    commit,
+                    |(items, reserved, ttl), durable| {
+                        Ok(BatchPutCommitResp {
+                            items: mark_not_durable(items, durable),
+                            reserved,
+                            ttl_ms: ttl.as_millis() as u64,
+                        })
+                    },
+                )
             }
             Opcode::BatchPutRevoke => {
-                let r = BatchPutEndReq::from_meta(meta)?;
+                let r = rpc::BatchPutRevoke::request(meta)?;
                 let mut st = self.state.lock();
                 let items = r
                     .items
@@ -387,10 +394,10 @@ impl MasterService {
                     .map(|it| status_of(st.put_revoke(r.client_id, &it.key, it.object_id, now)))
                     .collect();
                 drop(st);
-                answer(io, Ok(BatchStatusResp { items }))
+                answer::<rpc::BatchPutRevoke>(io, Ok(BatchStatusResp { items }))
             }
             Opcode::BatchGetReplicas => {
-                let r = BatchKeysReq::from_meta(meta)?;
+                let r = rpc::BatchGetReplicas::request(meta)?;
                 let mut st = self.state.lock();
                 st.prefetch(&r.keys);
                 let items = r
@@ -399,21 +406,21 @@ impl MasterService {
                     .map(|k| item(st.get_replicas(k, now)))
                     .collect();
                 self.send_moves(st);
-                answer(io, Ok(BatchGetReplicasResp { items }))
+                answer::<rpc::BatchGetReplicas>(io, Ok(BatchGetReplicasResp { items }))
             }
             Opcode::BatchExists => {
-                let r = BatchKeysReq::from_meta(meta)?;
+                let r = rpc::BatchExists::request(meta)?;
                 let mut st = self.state.lock();
                 if let Some(e) = r.keys.iter().find_map(|k| st.unserved(k)) {
-                    return answer::<()>(io, Err(e));
+                    return answer::<rpc::BatchExists>(io, Err(e));
                 }
                 st.prefetch(&r.keys);
                 let items = r.keys.iter().map(|k| st.exists(k, now)).collect();
                 drop(st);
-                answer(io, Ok(BatchExistsResp { items }))
+                answer::<rpc::BatchExists>(io, Ok(BatchExistsResp { items }))
             }
             Opcode::BatchRemove => {
-                let r = BatchRemoveReq::from_meta(meta)?;
+                let r = rpc::BatchRemove::request(meta)?;
                 let remove = |st: &mut MasterState| {
                     st.prefetch(&r.keys);
                     r.keys
@@ -421,7 +428,7 @@ impl MasterService {
                         .map(|k| status_of(st.remove(k, r.force, now)))
                         .collect::<Vec<_>>()
                 };
-                self.durably(io, (op, now), remove, |items, durable| {
+                self.durably::<rpc::BatchRemove, _>(io, now, remove, |items, durable| {
                     let items = mark_not_durable(items, durable);
                     Ok(BatchStatusResp { items })
                 })
@@ -524,17 +531,17 @@ impl MasterService {
     /// when one could not be told in time, the operation is done here but not durable, and is
     /// answered `NOT_DURABLE`. Where `io` may not block and there is something to wait for,
     /// the wait and the answer (and the operation's figures) go on to a thread that may.
-    fn durably<T, R>(
+    fn durably<R: Rpc, T>(
         &self,
         io: &mut ServerIo<'_>,
-        (op, started): (Opcode, Instant),
+        started: Instant,
         f: impl FnOnce(&mut MasterState) -> T,
-        answer_with: impl FnOnce(T, bool) -> OpResult<R> + Send + 'static,
+        answer_with: impl FnOnce(T, bool) -> OpResult<R::Reply> + Send + 'static,
     ) -> Result<bool, TransferError>
     where
         T: Send + 'static,
-        R: Wire,
     {
+        let op = R::OPCODE;
         let (out, wait) = {
             let mut st = self.state.lock();
             st.take_forget_wait();
@@ -542,7 +549,7 @@ impl MasterService {
             (out, st.take_forget_wait())
         };
         let Some(wait) = wait else {
-            return answer(io, answer_with(out, true));
+            return answer::<R>(io, answer_with(out, true));
         };
         self.notifier.wake();
         let notifier = self.notifier.clone();
@@ -552,7 +559,7 @@ impl MasterService {
             if !durable {
                 tracing::debug!(stores = ?wait.endpoints, "a store holding a replaced or removed version could not be told in time");
             }
-            answer(io, answer_with(out, durable))
+            answer::<R>(io, answer_with(out, durable))
         };
         if io.may_block() {
             return finish(io);

@@ -23,9 +23,9 @@ use super::types::{
 use crate::telemetry::PromText;
 use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
 use crate::transfer::message::{
-    BatchExistsResp, BatchKeysReq, BatchRemoveReq, BatchStatusResp, KeyReq, PingReq, PingResp,
-    RemoveAllReq, RemoveAllResp, RemoveReq, Wire,
+    BatchKeysReq, BatchRemoveReq, KeyReq, PingReq, PingResp, RemoveAllReq, RemoveReq, Wire,
 };
+use crate::transfer::rpc;
 use crate::transfer::server::{Guest, GuestConn, ServerIo, Service, Sink};
 use crate::transfer::tenant as tenants;
 use std::io::{Read, Write};
@@ -490,9 +490,8 @@ fn carry_out(
         Rpc::GetFsdir => body::<Expected<String>>(&Ok(String::new())),
         Rpc::Ping => {
             let client: Uuid = args(b)?;
-            let r: PingResp = call(
+            let r: PingResp = call::<rpc::Ping>(
                 service,
-                Opcode::Ping,
                 &PingReq {
                     client_id: client_id(client),
                 },
@@ -514,7 +513,7 @@ fn carry_out(
         Rpc::ExistKey => {
             let (key, tenant): (String, String) = args(b)?;
             let key = Scope::of(&tenant)?.key(key)?;
-            let exists: bool = call(service, Opcode::Exists, &KeyReq { key })?;
+            let exists: bool = call::<rpc::Exists>(service, &KeyReq { key })?;
             body::<Expected<bool>>(&Ok(exists))
         }
         Rpc::BatchExistKey => {
@@ -522,9 +521,7 @@ fn carry_out(
             let n = keys.len();
             let exists = Scope::of(&tenant)
                 .and_then(|s| s.keys(keys))
-                .and_then(|keys| {
-                    call::<_, BatchExistsResp>(service, Opcode::BatchExists, &BatchKeysReq { keys })
-                });
+                .and_then(|keys| call::<rpc::BatchExists>(service, &BatchKeysReq { keys }));
             let items: Vec<Expected<bool>> = match exists {
                 Ok(r) => r.items.into_iter().map(Ok).collect(),
                 Err(f) => each_failed(n, f)?,
@@ -534,7 +531,7 @@ fn carry_out(
         Rpc::Remove => {
             let (key, force, tenant): (String, bool, String) = args(b)?;
             let key = Scope::of(&tenant)?.key(key)?;
-            let () = call(service, Opcode::Remove, &RemoveReq { key, force })?;
+            let () = call::<rpc::Remove>(service, &RemoveReq { key, force })?;
             body::<Expected<()>>(&Ok(()))
         }
         Rpc::BatchRemove => {
@@ -544,7 +541,7 @@ fn carry_out(
                 .and_then(|s| s.keys(keys))
                 .and_then(|keys| {
                     let req = BatchRemoveReq { force, keys };
-                    call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)
+                    call::<rpc::BatchRemove>(service, &req)
                 });
             let items: Vec<Expected<()>> = match removed {
                 Ok(r) => r
@@ -671,12 +668,8 @@ fn carry_out(
             let (force, tenant): (bool, String) = args(b)?;
             let tenant = Scope::of(&tenant)?.0.to_string();
             // A plain `long`, not an expected: Mooncake answers a failure as -1.
-            let removed = call::<_, RemoveAllResp>(
-                service,
-                Opcode::RemoveAll,
-                &RemoveAllReq { force, tenant },
-            )
-            .map_or(-1, |r| r.removed as i64);
+            let removed = call::<rpc::RemoveAll>(service, &RemoveAllReq { force, tenant })
+                .map_or(-1, |r| r.removed as i64);
             body::<i64>(&removed)
         }
         _ => return Err(Fail::Code(error_code::NOT_SUPPORTED)),
@@ -782,11 +775,11 @@ pub(super) fn mooncake_code(s: Status) -> i32 {
 /// Carries out rbgctl operation `op` through the master's service, as a request of its own
 /// would be (on this thread, which may block); answers its reply or Mooncake's code for its
 /// refusal.
-pub(super) fn call<Req: Wire, Resp: Wire>(
+pub(super) fn call<R: crate::transfer::rpc::Rpc>(
     service: &dyn Service,
-    op: Opcode,
-    req: &Req,
-) -> Result<Resp, Fail> {
+    req: &R::Request,
+) -> Result<R::Reply, Fail> {
+    let op = R::OPCODE;
     let meta = req.to_meta();
     let header = Header::request(op, 1, meta.len(), 0);
     let mut out = Vec::new();
@@ -818,7 +811,7 @@ pub(super) fn call<Req: Wire, Resp: Wire>(
     if status != Status::Ok {
         return Err(Fail::Code(mooncake_code(status)));
     }
-    Resp::from_meta(meta).map_err(|_| Fail::Code(error_code::INTERNAL_ERROR))
+    <R::Reply as Wire>::from_meta(meta).map_err(|_| Fail::Code(error_code::INTERNAL_ERROR))
 }
 
 #[cfg(test)]

@@ -18,14 +18,14 @@ use super::types::{
 };
 use crate::transfer::grant::Grant;
 use crate::transfer::message::{
-    self as msg, BatchExistsResp, BatchGetReplicasResp, BatchKeysReq, BatchPutEndReq,
-    BatchPutStartReq, BatchPutStartResp, BatchRemoveReq, BatchStatusResp, EndItem, KeyReq,
-    ListKeysReq, ListKeysResp, ListSegmentsResp, ObjectDesc, PutEndReq, PutItem, PutRevokeReq,
-    ReplicaLoc, SealDeferredResp, SealReq, StoredObject, Tier,
+    self as msg, BatchExistsResp, BatchKeysReq, BatchPutEndReq, BatchPutStartReq,
+    BatchPutStartResp, BatchRemoveReq, EndItem, KeyReq, ListKeysReq, ObjectDesc, PutEndReq,
+    PutItem, PutRevokeReq, ReplicaLoc, SealReq, StoredObject, Tier,
 };
+use crate::transfer::rpc;
 use crate::transfer::server::Service;
 use crate::transfer::tenant as tenants;
-use crate::transfer::{ConnOptions, Opcode, Pool, Status};
+use crate::transfer::{ConnOptions, Pool, Status};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -137,7 +137,7 @@ impl Objects {
     }
 
     fn refresh(&self, service: &dyn Service) {
-        let Ok(list) = call::<_, ListSegmentsResp>(service, Opcode::ListSegments, &()) else {
+        let Ok(list) = call::<rpc::ListSegments>(service, &()) else {
             return;
         };
         let by_id = list
@@ -221,7 +221,7 @@ impl Objects {
         if !upsert {
             let keys = items.iter().map(|(k, _)| k.clone()).collect();
             let exists: BatchExistsResp =
-                call(service, Opcode::BatchExists, &BatchKeysReq { keys })?;
+                call::<rpc::BatchExists>(service, &BatchKeysReq { keys })?;
             for (o, exists) in out.iter_mut().zip(exists.items) {
                 if exists && o.is_ok() {
                     *o = Err(error_code::OBJECT_ALREADY_EXISTS);
@@ -243,7 +243,7 @@ impl Objects {
                 })
                 .collect(),
         };
-        let started: BatchPutStartResp = match call(service, Opcode::BatchPutStart, &req) {
+        let started: BatchPutStartResp = match call::<rpc::BatchPutStart>(service, &req) {
             Ok(r) => r,
             Err(Fail::Code(code)) => {
                 for &i in &starting {
@@ -373,7 +373,7 @@ impl Objects {
         for (endpoint, (req, items)) in by_store {
             let sealed = self
                 .store(&endpoint)
-                .with(|c| c.call::<_, SealDeferredResp>(Opcode::SealDeferred, &req));
+                .with(|c| c.call::<rpc::SealDeferred>(&req));
             match sealed {
                 Ok(r)
                     if r.items.len() == items.len()
@@ -442,13 +442,13 @@ impl Objects {
                     checksum,
                     unhashed,
                 };
-                if let Err(f) = call::<_, ()>(service, Opcode::PutEnd, &req) {
+                if let Err(f) = call::<rpc::PutEnd>(service, &req) {
                     out[committed[0]] = Err(code_of(f));
                 }
             }
             _ => {
                 let req = BatchPutEndReq { client_id, items };
-                match call::<_, BatchStatusResp>(service, Opcode::BatchPutEnd, &req) {
+                match call::<rpc::BatchPutEnd>(service, &req) {
                     Ok(r) => {
                         for (&i, s) in committed.iter().zip(r.items) {
                             if s != Status::Ok {
@@ -495,7 +495,7 @@ impl Objects {
         service: &dyn Service,
         key: String,
     ) -> Result<Expected<GetReplicaListResponse>, Fail> {
-        match call::<_, ObjectDesc>(service, Opcode::GetReplicas, &KeyReq { key: key.clone() }) {
+        match call::<rpc::GetReplicas>(service, &KeyReq { key: key.clone() }) {
             Ok(d) => Ok(self.listed(service, &key, d)),
             Err(Fail::Code(code)) => Ok(Err(code)),
             Err(f) => Err(f),
@@ -509,15 +509,12 @@ impl Objects {
         keys: Vec<String>,
     ) -> Result<Vec<Expected<GetReplicaListResponse>>, Fail> {
         let n = keys.len();
-        let resp = match call::<_, BatchGetReplicasResp>(
-            service,
-            Opcode::BatchGetReplicas,
-            &BatchKeysReq { keys: keys.clone() },
-        ) {
-            Ok(r) => r,
-            Err(Fail::Code(code)) => return Ok((0..n).map(|_| Err(code)).collect()),
-            Err(f) => return Err(f),
-        };
+        let resp =
+            match call::<rpc::BatchGetReplicas>(service, &BatchKeysReq { keys: keys.clone() }) {
+                Ok(r) => r,
+                Err(Fail::Code(code)) => return Ok((0..n).map(|_| Err(code)).collect()),
+                Err(f) => return Err(f),
+            };
         Ok(keys
             .iter()
             .zip(resp.items)
@@ -573,7 +570,7 @@ impl Objects {
                     .map(|k| tenants::scoped(tenant, k).into_owned())
                     .collect(),
             };
-            let r = call::<_, BatchStatusResp>(service, Opcode::BatchRemove, &req)?;
+            let r = call::<rpc::BatchRemove>(service, &req)?;
             removed += r.items.iter().filter(|s| **s == Status::Ok).count() as i64;
         }
         Ok(removed)
@@ -639,7 +636,7 @@ fn revoke(service: &dyn Service, client_id: u64, key: &str, object_id: u64) {
         key: key.to_string(),
         object_id,
     };
-    if let Err(Fail::Code(code)) = call::<_, ()>(service, Opcode::PutRevoke, &req) {
+    if let Err(Fail::Code(code)) = call::<rpc::PutRevoke>(service, &req) {
         tracing::debug!(
             key,
             code,
@@ -665,7 +662,7 @@ fn matching_keys(
         limit,
         tenant: tenant.to_string(),
     };
-    let r = call::<_, ListKeysResp>(service, Opcode::ListKeys, &req)?;
+    let r = call::<rpc::ListKeys>(service, &req)?;
     if r.truncated {
         tracing::warn!(
             limit,

@@ -12,8 +12,8 @@
 use super::master::{call, Fail};
 use super::types::{error_code, Segment, Uuid};
 use crate::transfer::grant::GrantKey;
-use crate::transfer::message::{MountReq, MountResp, SegmentInfo, Tier, UnmountReq};
-use crate::transfer::Opcode;
+use crate::transfer::message::{MountReq, SegmentInfo, Tier, UnmountReq};
+use crate::transfer::rpc;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 
@@ -88,7 +88,7 @@ impl Mounts {
             recovering: false,
             grant_key: key.bytes().to_vec(),
         };
-        match call::<_, MountResp>(service, Opcode::MountSegment, &req) {
+        match call::<rpc::MountSegment>(service, &req) {
             Ok(r) => {
                 let before = self.by_uuid.lock().insert(seg.id, r.segment_id);
                 if before != Some(r.segment_id) {
@@ -119,7 +119,7 @@ impl Mounts {
             segment_id,
             keep: false,
         };
-        match call::<_, ()>(service, Opcode::UnmountSegment, &req) {
+        match call::<rpc::UnmountSegment>(service, &req) {
             Ok(()) => Ok(Ok(())),
             Err(Fail::Code(code)) => Ok(Err(code)),
             Err(f) => Err(f),

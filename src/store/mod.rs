@@ -1101,7 +1101,7 @@ mod tests {
     use crate::config::{ByteSize, Millis};
     use crate::master::{self, config::MasterConfig};
     use crate::testkit::proxy::DelayProxy;
-    use crate::transfer::message::ListSegmentsResp;
+
     use crate::transfer::{ConnOptions, Connection};
 
     fn local_master() -> master::Handle {
@@ -1118,7 +1118,7 @@ mod tests {
 
     fn live_segments(master: SocketAddr) -> usize {
         let mut c = Connection::connect(&master.to_string(), &ConnOptions::default()).unwrap();
-        let r: ListSegmentsResp = c.call(Opcode::ListSegments, &()).unwrap();
+        let r = c.call::<crate::transfer::rpc::ListSegments>(&()).unwrap();
         r.segments.len()
     }
 

@@ -11,10 +11,11 @@ use crate::mooncake::metadata::MetadataServer;
 use crate::shutdown::Shutdown;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
-    HandOverReq, HandOverResp, HashedReq, LeaseReq, LeaseResp, ListSegmentsResp, MountReq,
-    MountResp, PingReq, PingResp, ReportReq, ReportResp, SegmentInfo, UnmountReq,
+    HandOverReq, HandOverResp, HashedReq, LeaseReq, ListSegmentsResp, MountReq, MountResp, PingReq,
+    PingResp, ReportReq, ReportResp, SegmentInfo, UnmountReq,
 };
-use crate::transfer::{ConnOptions, Opcode, Status, TransferError};
+use crate::transfer::rpc;
+use crate::transfer::{ConnOptions, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,7 +155,7 @@ impl Registration {
             recovering: seg.segment_uuid != 0,
             grant_key: self.grant_key.bytes().to_vec(),
         };
-        let resp: MountResp = self.master.with(|c| c.call(Opcode::MountSegment, &req))?;
+        let resp: MountResp = self.master.with(|c| c.call::<rpc::MountSegment>(&req))?;
         // Authoritative, not a maximum: the master answering is the current one (an older
         // one's answer is refused by its epoch), and its clock may be behind a predecessor's.
         self.write_floor.store(resp.write_floor, Ordering::Release);
@@ -194,7 +195,7 @@ impl Registration {
         let total = objects.len();
         let mut dropped = 0;
         for req in report_requests(self.client_id, segment_id, &objects) {
-            let resp: ReportResp = self.master.with(|c| c.call(Opcode::ReportObjects, &req))?;
+            let resp: ReportResp = self.master.with(|c| c.call::<rpc::ReportObjects>(&req))?;
             dropped += resp.forget.len();
             if let Err(e) = self.records.forget(&resp.forget) {
                 tracing::error!(error = %e, "cannot drop records the master did not take");
@@ -226,8 +227,7 @@ impl Registration {
                 segment_id,
                 objects: chunk.to_vec(),
             };
-            self.master
-                .with(|c| c.call::<_, ()>(Opcode::ObjectsHashed, &req))?;
+            self.master.with(|c| c.call::<rpc::ObjectsHashed>(&req))?;
         }
         Ok(objects.len())
     }
@@ -235,12 +235,9 @@ impl Registration {
     /// One heartbeat; mounts first when not mounted or when the master does not know us.
     pub fn beat(&self) -> Result<(), TransferError> {
         let resp: PingResp = self.master.with(|c| {
-            c.call(
-                Opcode::Ping,
-                &PingReq {
-                    client_id: self.client_id,
-                },
-            )
+            c.call::<rpc::Ping>(&PingReq {
+                client_id: self.client_id,
+            })
         })?;
         if resp.need_remount || !self.mounted() {
             if resp.need_remount && self.segment_id.load(Ordering::SeqCst) != 0 {
@@ -268,10 +265,7 @@ impl Registration {
             client_id: self.client_id,
             segment_id,
         };
-        match self
-            .master
-            .with(|c| c.call::<_, LeaseResp>(Opcode::Lease, &req))
-        {
+        match self.master.with(|c| c.call::<rpc::Lease>(&req)) {
             // Mounted again meanwhile: that mount revoked the lease, and this one is not its.
             Ok(r) if r.lease_ms > 0 && self.segment_id.load(Ordering::SeqCst) == segment_id => {
                 self.lease
@@ -312,7 +306,7 @@ impl Registration {
         }
         *self.usage_asked.lock() = Some(std::time::Instant::now());
         let listed: Result<ListSegmentsResp, _> =
-            self.master.with(|c| c.call(Opcode::ListSegments, &()));
+            self.master.with(|c| c.call::<rpc::ListSegments>(&()));
         if let Some(s) = listed
             .ok()
             .and_then(|r| r.segments.into_iter().find(|s| s.id == id))
@@ -417,7 +411,7 @@ impl Registration {
             deadline_ms: deadline.as_millis() as u64,
         };
         self.master
-            .with(|c| c.call(Opcode::HandOver, &req))
+            .with(|c| c.call::<rpc::HandOver>(&req))
             .map(Some)
     }
 
@@ -435,10 +429,7 @@ impl Registration {
             segment_id: id,
             keep: self.records.durable().is_some(),
         };
-        match self
-            .master
-            .with(|c| c.call::<_, ()>(Opcode::UnmountSegment, &req))
-        {
+        match self.master.with(|c| c.call::<rpc::UnmountSegment>(&req)) {
             Ok(()) => tracing::info!(segment_id = id, "segment unmounted"),
             Err(e) => {
                 tracing::warn!(error = %e, "unmount failed; the master will expire the segment")

@@ -11,9 +11,10 @@ use super::Recovery;
 use crate::telemetry::OpStats;
 use crate::transfer::grant::{Grant, GrantKey};
 use crate::transfer::message::{
-    BatchStatusResp, CheckVersionResp, ForgetItem, ForgetLeaseReq, ForgetReq, ReadReq,
-    ReadVersionReq, SealDeferredResp, SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
+    BatchStatusResp, CheckVersionResp, ForgetItem, ReadReq, ReadVersionReq, SealDeferredResp,
+    SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
 };
+use crate::transfer::rpc::{self, Rpc};
 use crate::transfer::server::{ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -584,7 +585,8 @@ impl StoreService {
                 self.write(io, mem, r, op == Opcode::WriteChecked)
             }
             Opcode::Seal | Opcode::SealChecked | Opcode::SealDeferred => {
-                let r = SealReq::from_meta(meta)?;
+                // One request type for the three modes.
+                let r = rpc::Seal::request(meta)?;
                 let Some(mem) = &self.memory else {
                     return no_segment(io);
                 };
@@ -597,7 +599,7 @@ impl StoreService {
             }
             Opcode::RdmaConnect => self.rdma_connect(io, meta),
             Opcode::CheckVersion => {
-                let r = ReadVersionReq::from_meta(meta)?;
+                let r = rpc::CheckVersion::request(meta)?;
                 if self.memory.is_none() {
                     return no_segment(io);
                 }
@@ -610,7 +612,7 @@ impl StoreService {
                 }
                 // Read after the check: the lease ran at least this long past it.
                 let left = self.lease.left(Instant::now());
-                io.ok(&CheckVersionResp {
+                io.answer::<rpc::CheckVersion>(&CheckVersionResp {
                     lease_ms_left: left.as_millis() as u64,
                 })?;
                 Ok(true)
@@ -619,14 +621,14 @@ impl StoreService {
                 let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
-                let r = ForgetReq::from_meta(body)?;
+                let r = rpc::Forget::request(body)?;
                 self.forget(io, &r.items)
             }
             Opcode::ForgetLease => {
                 let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
-                let r = ForgetLeaseReq::from_meta(body)?;
+                let r = rpc::ForgetLease::request(body)?;
                 self.forget(io, &r.items)
             }
             Opcode::ReadVersion => {
@@ -644,9 +646,9 @@ impl StoreService {
                 self.read_range(io, mem, r.offset, r.length, None)
             }
             Opcode::StoreInfo => {
-                <()>::from_meta(meta)?;
+                rpc::StoreInfo::request(meta)?;
                 let size = self.memory.as_ref().map_or(0, |m| m.size());
-                io.ok(&StoreInfoResp {
+                io.answer::<rpc::StoreInfo>(&StoreInfoResp {
                     name: self.name.clone(),
                     size,
                 })?;

@@ -18,9 +18,9 @@ use super::server::{answer_forget, versioned_refusal, GrantCheck, ReadLease};
 use crate::telemetry::OpStats;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{
-    BatchStatusResp, ForgetLeaseReq, ForgetReq, MoveItem, MoveKind, MoveReq, ReadReq,
-    ReadVersionReq, StoreInfoResp, StoredObject, Wire,
+    BatchStatusResp, MoveItem, MoveKind, ReadReq, ReadVersionReq, StoreInfoResp, StoredObject, Wire,
 };
+use crate::transfer::rpc::{self, Rpc};
 use crate::transfer::server::{ConnCounters, ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use parking_lot::{Condvar, Mutex};
@@ -426,28 +426,28 @@ impl DiskService {
                 let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
-                let r = MoveReq::from_meta(body)?;
+                let r = rpc::Move::request(body)?;
                 let items = r.items.iter().map(|m| self.move_one(m)).collect();
-                io.ok(&BatchStatusResp { items })?;
+                io.answer::<rpc::Move>(&BatchStatusResp { items })?;
                 Ok(true)
             }
             Opcode::Forget => {
                 let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
-                let r = ForgetReq::from_meta(body)?;
+                let r = rpc::Forget::request(body)?;
                 answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::ForgetLease => {
                 let Some(body) = self.grants.open_order(io, op, meta)? else {
                     return Ok(false);
                 };
-                let r = ForgetLeaseReq::from_meta(body)?;
+                let r = rpc::ForgetLease::request(body)?;
                 answer_forget(&self.records, &self.counters.index_errors, io, &r.items)
             }
             Opcode::StoreInfo => {
-                <()>::from_meta(meta)?;
-                io.ok(&StoreInfoResp {
+                rpc::StoreInfo::request(meta)?;
+                io.answer::<rpc::StoreInfo>(&StoreInfoResp {
                     name: self.name.clone(),
                     size: self.area.size(),
                 })?;

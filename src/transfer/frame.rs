@@ -95,7 +95,8 @@ pub enum Opcode {
     /// is `CHECKSUM_MISMATCH` for that item, not recorded).
     SealChecked = 0x4a,
     /// Whether the store would answer `READ_VERSION` for this range now (meta:
-    /// `ReadVersionReq`; empty reply, or the same refusal): the check beside a one-sided read.
+    /// `ReadVersionReq`; answer `CheckVersionResp`, how long its read lease still runs, or the
+    /// same refusal): the check beside a one-sided read.
     CheckVersion = 0x4b,
     /// As `SEAL`, for bytes a Mooncake client wrote through the Transfer Engine (sent by the
     /// master at Mooncake's `PutEnd`, with the put's grants): the store records each object at

@@ -11,6 +11,7 @@ pub mod message;
 pub mod pool;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod rpc;
 pub mod server;
 pub mod stamps;
 pub mod stream;

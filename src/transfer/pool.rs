@@ -3,6 +3,7 @@
 
 use super::frame::{Header, Opcode, Status, FLAG_EPOCH};
 use super::message::{AuthChallengeResp, AuthHelloReq, AuthProofReq, Wire};
+use super::rpc::{self, Rpc};
 use super::stream::FramedStream;
 use super::TransferError;
 use parking_lot::Mutex;
@@ -140,7 +141,7 @@ impl Connection {
         let hello = AuthHelloReq {
             nonce: mine.to_vec(),
         };
-        let challenge: AuthChallengeResp = match self.call(Opcode::AuthHello, &hello) {
+        let challenge: AuthChallengeResp = match self.call::<rpc::AuthHello>(&hello) {
             Ok(c) => c,
             Err(e) if e.status() == Some(Status::UnknownOpcode) => {
                 return Err(failed(
@@ -162,7 +163,7 @@ impl Connection {
         let proof = AuthProofReq {
             proof: secret.prove(Side::Client, &mine, &challenge.nonce),
         };
-        self.call::<_, ()>(Opcode::AuthProof, &proof)
+        self.call::<rpc::AuthProof>(&proof)
     }
 
     /// Sends a request and returns its id; the payload goes out straight from `data`.
@@ -238,23 +239,18 @@ impl Connection {
     }
 
     /// One request without payload, one decoded reply without payload.
-    pub fn call<Req: Wire, Resp: Wire>(
-        &mut self,
-        op: Opcode,
-        req: &Req,
-    ) -> Result<Resp, TransferError> {
-        self.call_meta(op, &req.to_meta())
+    pub fn call<R: Rpc>(&mut self, req: &R::Request) -> Result<R::Reply, TransferError> {
+        self.call_meta(R::OPCODE, &req.to_meta())
     }
 
     /// A master's order to a store (`FORGET`, `MOVE`): `req` tagged with the store's grant
     /// key, so that the store knows it from its master.
-    pub fn order<Req: Wire, Resp: Wire>(
+    pub fn order<R: Rpc>(
         &mut self,
-        op: Opcode,
         key: &super::grant::GrantKey,
-        req: &Req,
-    ) -> Result<Resp, TransferError> {
-        self.call_meta(op, &key.order(op, req.to_meta()))
+        req: &R::Request,
+    ) -> Result<R::Reply, TransferError> {
+        self.call_meta(R::OPCODE, &key.order(R::OPCODE, req.to_meta()))
     }
 
     /// One request of an encoded meta without payload, one decoded reply without payload.

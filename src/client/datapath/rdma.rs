@@ -27,16 +27,16 @@
 use super::{DataPath, PathKind, ReadOp, Tcp, WriteOp};
 use crate::transfer::checked_copy::{copy_crc, Dest};
 use crate::transfer::message::{
-    BatchStatusResp, CheckVersionResp, RdmaConnectReq, RdmaConnectResp, ReadVersionReq, SealReq,
-    StoredObject,
+    BatchStatusResp, RdmaConnectReq, RdmaConnectResp, ReadVersionReq, SealReq, StoredObject,
 };
 use crate::transfer::rdma::nic::Nic;
 use crate::transfer::rdma::verbs::{
     self, Cq, IbvSge, IbvWc, Mr, Qp, QpEndpoint, VerbsError, ACCESS_LOCAL_WRITE, WC_SUCCESS,
     WR_RDMA_READ, WR_RDMA_WRITE,
 };
+use crate::transfer::rpc::{self, Rpc};
 use crate::transfer::stamps::{self, STAMP_BYTES};
-use crate::transfer::{ConnOptions, Connection, Opcode, Pool, Status, TransferError};
+use crate::transfer::{ConnOptions, Connection, Pool, Status, TransferError};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -323,18 +323,15 @@ impl Lane {
         let staging = Staging::new(nic)?;
         let me = qp.endpoint();
         let (gid_hi, gid_lo) = gid_halves(&me.gid);
-        let resp: RdmaConnectResp = conn.call(
-            Opcode::RdmaConnect,
-            &RdmaConnectReq {
-                qpn: me.qpn,
-                psn: me.psn,
-                lid: u32::from(me.lid),
-                gid_hi,
-                gid_lo,
-                mtu: me.mtu,
-                nic: nic_index as u32,
-            },
-        )?;
+        let resp: RdmaConnectResp = conn.call::<rpc::RdmaConnect>(&RdmaConnectReq {
+            qpn: me.qpn,
+            psn: me.psn,
+            lid: u32::from(me.lid),
+            gid_hi,
+            gid_lo,
+            mtu: me.mtu,
+            nic: nic_index as u32,
+        })?;
         let mut gid = [0u8; 16];
         gid[..8].copy_from_slice(&resp.gid_hi.to_be_bytes());
         gid[8..].copy_from_slice(&resp.gid_lo.to_be_bytes());
@@ -623,7 +620,11 @@ impl Lane {
             };
             match conn.recv(id) {
                 Ok((_, meta)) => {
-                    if let Ok(r) = <CheckVersionResp as crate::transfer::Wire>::from_meta(&meta) {
+                    if let Ok(r) =
+                        <<rpc::CheckVersion as Rpc>::Reply as crate::transfer::Wire>::from_meta(
+                            &meta,
+                        )
+                    {
                         let until = asked + Duration::from_millis(r.lease_ms_left);
                         self.lease_until = self.lease_until.max(Some(until));
                     }
@@ -659,7 +660,7 @@ impl Lane {
             ))
         })?;
         let id = conn.send(
-            Opcode::CheckVersion,
+            rpc::CheckVersion::OPCODE,
             &crate::transfer::Wire::to_meta(&req),
             &[],
         )?;
@@ -731,7 +732,7 @@ impl Lane {
                 .collect(),
             grants: sealed.iter().map(|&j| ops[j].grant).collect(),
         };
-        let resp: BatchStatusResp = conn.call(Opcode::SealChecked, &req)?;
+        let resp: BatchStatusResp = conn.call::<rpc::SealChecked>(&req)?;
         if resp.items.len() != sealed.len() {
             return Err(Broken(TransferError::Protocol(format!(
                 "store sealed {} objects of {}",

@@ -3,8 +3,9 @@
 
 use super::{DataPath, PathKind, ReadOp, WriteOp};
 use crate::transfer::checked_copy::{copy_crc_raw, Dest};
-use crate::transfer::message::{BatchStatusResp, SealReq, SegmentInfo, StoredObject};
-use crate::transfer::{Opcode, Pool, Status, TransferError};
+use crate::transfer::message::{SealReq, SegmentInfo, StoredObject};
+use crate::transfer::rpc;
+use crate::transfer::{Pool, Status, TransferError};
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -290,9 +291,8 @@ impl DataPath for Shm {
         }
         let grants = copied.iter().map(|&j| ops[j].grant).collect();
         let req = SealReq { objects, grants };
-        let sealed: Result<Vec<Status>, TransferError> = pool
-            .with(|c| c.call::<_, BatchStatusResp>(Opcode::Seal, &req))
-            .and_then(|r| {
+        let sealed: Result<Vec<Status>, TransferError> =
+            pool.with(|c| c.call::<rpc::Seal>(&req)).and_then(|r| {
                 if r.items.len() == copied.len() {
                     Ok(r.items)
                 } else {

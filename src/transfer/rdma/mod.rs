@@ -3,7 +3,7 @@
 //! NIC, and a queue pair per client connection that asks. The client's side is
 //! `client::datapath::rdma`.
 //!
-//! Tested on soft-RoCE (the kernel's `rdma_rxe`, in QEMU: `scripts/rdma-vm.sh`, `tests/rdma.rs`)
+//! Tested on soft-RoCE (the kernel's `rdma_rxe`, in QEMU: `scripts/rdma-vm.sh`, `tests/it/rdma.rs`)
 //! only; see docs/kv-pool.md for what a user with ConnectX or EFA should check first.
 
 pub mod nic;

@@ -2,7 +2,7 @@
 //! one binary serves every role whether or not the machine has rdma-core, and a build needs no
 //! RDMA headers. The few structures the data path touches are declared here with the layout of
 //! rdma-core's `<infiniband/verbs.h>` (stable ABI since libibverbs 1.1); `abi_facts` lists their
-//! sizes, offsets and constants, and `tests/rdma.rs` compares them with the system's headers.
+//! sizes, offsets and constants, and `tests/it/rdma.rs` compares them with the system's headers.
 //!
 //! Above the raw calls, owned handles that free what they hold when dropped, in the order the
 //! verbs require (a queue pair before its completion queue, memory regions before their
@@ -314,7 +314,7 @@ pub struct IbvPortAttr {
 }
 
 /// Sizes, field offsets and constants this module assumes, by their C names: the ABI check in
-/// `tests/rdma.rs` prints the same from the system's `<infiniband/verbs.h>` and compares.
+/// `tests/it/rdma.rs` prints the same from the system's `<infiniband/verbs.h>` and compares.
 pub fn abi_facts() -> Vec<(&'static str, usize)> {
     use std::mem::{offset_of, size_of};
     vec![

@@ -488,6 +488,14 @@ impl ServerIo<'_> {
     }
 
     /// An error reply; the message travels as the meta (UTF-8 text).
+    /// Answers the request of `R` with its reply (the pairing `transfer::rpc` declares).
+    pub fn answer<R: crate::transfer::rpc::Rpc>(
+        &mut self,
+        reply: &R::Reply,
+    ) -> Result<(), TransferError> {
+        self.ok(reply)
+    }
+
     pub fn error(&mut self, status: Status, message: &str) -> Result<(), TransferError> {
         self.reply(status, message.as_bytes(), &[])
     }

@@ -12,6 +12,7 @@ use rbgctl::config::{ByteSize, Millis};
 use rbgctl::launch::{Dir, Launcher, Logs, Pool, PoolSpec};
 use rbgctl::master::config::MasterConfig;
 use rbgctl::store::config::StoreConfig;
+use rbgctl::transfer::rpc;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -422,17 +423,17 @@ impl Cluster {
         size: u64,
     ) -> (rbgctl::transfer::message::PutStartResp, String) {
         use rbgctl::transfer::message::*;
-        use rbgctl::transfer::{ConnOptions, Connection, Opcode};
+        use rbgctl::transfer::{ConnOptions, Connection};
         let mut master = Connection::connect(&self.rpc, &ConnOptions::default()).unwrap();
-        let _: PingResp = master.call(Opcode::Ping, &PingReq { client_id }).unwrap();
+        let _: PingResp = master.call::<rpc::Ping>(&PingReq { client_id }).unwrap();
         let req = PutStartReq {
             client_id,
             key: key.into(),
             size,
             config: ReplicateConfig::default(),
         };
-        let started: PutStartResp = master.call(Opcode::PutStart, &req).unwrap();
-        let listed: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+        let started: PutStartResp = master.call::<rpc::PutStart>(&req).unwrap();
+        let listed: ListSegmentsResp = master.call::<rpc::ListSegments>(&()).unwrap();
         let endpoint = listed
             .segments
             .iter()

@@ -4,7 +4,7 @@
 //! eviction drops the least recently used; a kill -9 keeps both tiers; a corrupted disk record
 //! is caught and dropped; a full disk tier degrades to dropping, never to failed puts.
 
-mod common;
+use crate::common;
 
 use common::{wait_until, Cluster, Opts};
 use rbgctl::client::{Client, ReplicateConfig};

@@ -1,6 +1,6 @@
 //! Whole-process behaviour: the same-host path, a master restart, `rbgctl up`, clean shutdown.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};

@@ -1,7 +1,7 @@
 //! What a person typing commands meets: argument handling, and error messages that name what
 //! to fix (once, without repeating themselves).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::io::Write;
@@ -441,7 +441,7 @@ fn the_flag_and_environment_names_users_depend_on_are_pinned() {
     assert!(
         gone.is_empty() && new.is_empty(),
         "flag or environment names changed; gone: {gone:#?}\nnew: {new:#?}\nif on purpose, \
-         update tests/contract/names.txt (RBGCTL_BLESS=1 cargo test --test cli pinned)"
+         update tests/contract/names.txt (RBGCTL_BLESS=1 cargo test --test it cli::pinned)"
     );
     for must in [
         "router --worker-urls",

@@ -2,7 +2,7 @@
 //! kustomization. Each is checked by the tool that consumes it where that tool is installed
 //! (`systemd-analyze verify`, `kubectl kustomize`); CI has both and fails without them.
 
-mod common;
+use crate::common;
 
 use common::BIN;
 use serde_json::Value;

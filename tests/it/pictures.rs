@@ -4,7 +4,7 @@
 //! series) with no console errors. And the Grafana dashboards of `manifests/grafana/`: every
 //! metric they query is exported by a running role.
 
-mod common;
+use crate::common;
 
 use common::pictures::*;
 use common::*;

@@ -4,7 +4,8 @@
 //! committed must read back byte-exact. Also: corrupted backing files, and directories that do
 //! not belong to the store.
 
-mod common;
+use crate::common;
+use rbgctl::transfer::rpc;
 
 use common::{wait_until, Cluster, Opts};
 use rbgctl::client::{Client, ClientError, ReplicateConfig};
@@ -548,19 +549,16 @@ fn a_write_of_a_put_an_earlier_master_started_is_refused_by_the_store() {
     let opts = ConnOptions::default();
     let mut master = Connection::connect(&c.rpc, &opts).unwrap();
     let client_id = 77;
-    let _: PingResp = master.call(Opcode::Ping, &PingReq { client_id }).unwrap();
+    let _: PingResp = master.call::<rpc::Ping>(&PingReq { client_id }).unwrap();
     let started: PutStartResp = master
-        .call(
-            Opcode::PutStart,
-            &PutStartReq {
-                client_id,
-                key: "stale".into(),
-                size: 4096,
-                config: ReplicateConfig::default(),
-            },
-        )
+        .call::<rpc::PutStart>(&PutStartReq {
+            client_id,
+            key: "stale".into(),
+            size: 4096,
+            config: ReplicateConfig::default(),
+        })
         .unwrap();
-    let segments: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+    let segments: ListSegmentsResp = master.call::<rpc::ListSegments>(&()).unwrap();
     let endpoint = segments.segments[0].info.endpoint.clone();
     drop(master);
 
@@ -617,21 +615,18 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
     let opts = ConnOptions::default();
     let mut master = Connection::connect(&c.rpc, &opts).unwrap();
     let client_id = 78;
-    let _: PingResp = master.call(Opcode::Ping, &PingReq { client_id }).unwrap();
+    let _: PingResp = master.call::<rpc::Ping>(&PingReq { client_id }).unwrap();
     let start = |master: &mut Connection, key: &str| -> PutStartResp {
         master
-            .call(
-                Opcode::PutStart,
-                &PutStartReq {
-                    client_id,
-                    key: key.into(),
-                    size: 4096,
-                    config: ReplicateConfig::default(),
-                },
-            )
+            .call::<rpc::PutStart>(&PutStartReq {
+                client_id,
+                key: key.into(),
+                size: 4096,
+                config: ReplicateConfig::default(),
+            })
             .unwrap()
     };
-    let segments: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+    let segments: ListSegmentsResp = master.call::<rpc::ListSegments>(&()).unwrap();
     let endpoint = segments.segments[0].info.endpoint.clone();
     let write = |key: &str, started: &PutStartResp, offset: u64, value: &[u8]| {
         let mut store = Connection::connect(&endpoint, &opts).unwrap();
@@ -649,14 +644,11 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
     // The first put is given up before its bytes arrive; the master gives its space to the next.
     let given_up = start(&mut master, "given-up");
     let _: () = master
-        .call(
-            Opcode::PutRevoke,
-            &PutRevokeReq {
-                client_id,
-                key: "given-up".into(),
-                object_id: given_up.object_id,
-            },
-        )
+        .call::<rpc::PutRevoke>(&PutRevokeReq {
+            client_id,
+            key: "given-up".into(),
+            object_id: given_up.object_id,
+        })
         .unwrap();
     let newer = start(&mut master, "newer");
     let offset = given_up.replicas[0].offset;
@@ -668,16 +660,13 @@ fn the_late_bytes_of_a_given_up_put_never_land_over_the_put_that_took_its_space(
     let value = vec![0x5au8; 4096];
     write("newer", &newer, offset, &value).unwrap();
     let _: () = master
-        .call(
-            Opcode::PutEnd,
-            &PutEndReq {
-                client_id,
-                key: "newer".into(),
-                object_id: newer.object_id,
-                checksum: crc32c::crc32c(&value),
-                unhashed: false,
-            },
-        )
+        .call::<rpc::PutEnd>(&PutEndReq {
+            client_id,
+            key: "newer".into(),
+            object_id: newer.object_id,
+            checksum: crc32c::crc32c(&value),
+            unhashed: false,
+        })
         .unwrap();
 
     // The given-up put's bytes come in late: refused, the newer put's bytes stay.

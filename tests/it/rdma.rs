@@ -12,7 +12,7 @@
 //! under `CI=true`.
 #![cfg(feature = "rdma")]
 
-mod common;
+use crate::common;
 
 use common::{wait_until, Cluster, Opts};
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
@@ -246,7 +246,7 @@ fn the_pool_over_soft_roce_in_one_vm() {
     }
     for name in names {
         assert!(
-            console.contains(&format!("test {name} ... ")),
+            console.contains(&format!("test {} ... ", qualified(name))),
             "{name} did not run"
         );
     }
@@ -254,6 +254,12 @@ fn the_pool_over_soft_roce_in_one_vm() {
         console.contains("test result: ok."),
         "the run inside did not end well"
     );
+}
+
+/// A test of this module as the harness names it: under the module's path in the test binary.
+fn qualified(name: &str) -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::{name}")
 }
 
 // ---- Inside the VM ----
@@ -578,9 +584,15 @@ fn the_pool_over_soft_roce_across_two_vms() {
         a_passed && b_passed,
         "a test inside a VM failed (consoles above)"
     );
-    assert!(a_console.contains("inside_two_vms_host_a_serves_the_master_and_a_store ... ok"));
+    assert!(a_console.contains(&format!(
+        "test {} ... ok",
+        qualified("inside_two_vms_host_a_serves_the_master_and_a_store")
+    )));
     // The wheel's log lines may follow the name; the run passed.
-    assert!(b_console.contains("test inside_two_vms_host_b_writes_and_reads_across_the_wire ... "));
+    assert!(b_console.contains(&format!(
+        "test {} ... ",
+        qualified("inside_two_vms_host_b_writes_and_reads_across_the_wire")
+    )));
     if mooncake_site().is_some() {
         assert!(
             !b_console.contains("SKIPPED inside the VM"),

@@ -1,6 +1,7 @@
 //! The KV pool end to end: a real master and real stores on loopback, driven by the client.
 
-mod common;
+use crate::common;
+use rbgctl::transfer::rpc;
 
 use common::*;
 use rbgctl::client::{ClientError, ReplicateConfig};
@@ -805,8 +806,8 @@ fn a_store_serves_remembered_locations_only_while_the_master_renews_its_lease() 
 /// as long as that connection is open, and expires a TTL after it closes.
 #[test]
 fn a_client_bound_by_a_ping_needs_no_heartbeat_until_its_connection_closes() {
-    use rbgctl::transfer::message::{PingReq, PingResp};
-    use rbgctl::transfer::{ConnOptions, Connection, Opcode};
+    use rbgctl::transfer::message::PingReq;
+    use rbgctl::transfer::{ConnOptions, Connection};
     let c = Cluster::start(Opts {
         stores: 0,
         master: MasterConfig {
@@ -817,7 +818,7 @@ fn a_client_bound_by_a_ping_needs_no_heartbeat_until_its_connection_closes() {
     });
     let connect = || Connection::connect(&c.rpc, &ConnOptions::default()).unwrap();
     let ping = |conn: &mut Connection, client_id| {
-        conn.call::<_, PingResp>(Opcode::Ping, &PingReq { client_id })
+        conn.call::<rpc::Ping>(&PingReq { client_id })
             .unwrap()
             .need_remount
     };

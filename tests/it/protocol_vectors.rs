@@ -4,7 +4,7 @@
 //! Rust, `python/tests/test_vectors.py` for the Python client. A change to the protocol on one
 //! side that the other does not follow fails a test, not a deployment.
 //!
-//! After a deliberate protocol change: `RBGCTL_BLESS=1 cargo test --test protocol_vectors`
+//! After a deliberate protocol change: `RBGCTL_BLESS=1 cargo test --test it protocol_vectors::`
 //! rewrites the file; commit it with the change (and the Python side's follow-up).
 
 use rbgctl::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
@@ -796,7 +796,7 @@ fn the_golden_frames_are_what_the_declaration_encodes() {
     assert!(
         on_disk == text,
         "tests/vectors/frames.json differs from what the protocol declaration encodes; after a \
-         deliberate protocol change run `RBGCTL_BLESS=1 cargo test --test protocol_vectors` and \
+         deliberate protocol change run `RBGCTL_BLESS=1 cargo test --test it protocol_vectors::` and \
          follow up in python/src/rbgctl/protocol.py"
     );
 }

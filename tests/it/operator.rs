@@ -2,7 +2,7 @@
 //! (`rbgctl::testkit::apiserver`) with its SIMULATED kubelet. The seeds' RoleBasedGroups are the
 //! acceptance cases (copied unchanged into `tests/seeds/`).
 
-mod common;
+use crate::common;
 
 use common::wait_until;
 use rbgctl::launch::{self, Launcher, Process};

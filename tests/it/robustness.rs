@@ -1,7 +1,8 @@
 //! Bad input on every port: garbage and malformed frames close that connection with an error,
 //! and the server keeps serving everyone else. Config errors name the field.
 
-mod common;
+use crate::common;
+use rbgctl::transfer::rpc;
 
 use common::*;
 use rbgctl::client::ReplicateConfig;
@@ -84,9 +85,13 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
         offset: u64::MAX - 1,
         length: 10,
     };
-    let err = conn.call::<_, ()>(Opcode::Read, &req).unwrap_err();
+    // A READ carries its bytes back: sent and answered without `call`.
+    let id = conn
+        .send(Opcode::Read, &rbgctl::transfer::Wire::to_meta(&req), &[])
+        .unwrap();
+    let err = conn.recv(id).unwrap_err();
     assert_eq!(err.status(), Some(Status::OutOfBounds), "{err}");
-    let info: rbgctl::transfer::message::StoreInfoResp = conn.call(Opcode::StoreInfo, &()).unwrap();
+    let info: rbgctl::transfer::message::StoreInfoResp = conn.call::<rpc::StoreInfo>(&()).unwrap();
     assert_eq!(info.size, 64 << 20);
     // Unknown opcode: answered, connection kept.
     let mut conn = rbgctl::transfer::Connection::connect(&c.rpc, &Default::default()).unwrap();
@@ -94,12 +99,9 @@ fn garbage_and_malformed_frames_close_only_that_connection() {
     let err = conn.recv(id).unwrap_err();
     assert_eq!(err.status(), Some(Status::UnknownOpcode));
     assert!(conn
-        .call::<_, bool>(
-            Opcode::Exists,
-            &rbgctl::transfer::message::KeyReq {
-                key: "before".into()
-            }
-        )
+        .call::<rpc::Exists>(&rbgctl::transfer::message::KeyReq {
+            key: "before".into()
+        })
         .unwrap());
     // Everyone else is still served, and the bad input is counted.
     assert_eq!(client.get("before").unwrap(), b"ok");
@@ -569,10 +571,7 @@ fn a_refused_client_is_told_why_and_an_unproven_one_is_closed_in_time() {
     // (a readiness probe) may still hold a slot until its thread sees it close: wait for the
     // slot rather than hold a connection that was itself refused.
     let ping = |conn: &mut Connection| {
-        conn.call::<_, rbgctl::transfer::message::PingResp>(
-            Opcode::Ping,
-            &rbgctl::transfer::message::PingReq { client_id: 1 },
-        )
+        conn.call::<rpc::Ping>(&rbgctl::transfer::message::PingReq { client_id: 1 })
     };
     let held: Vec<Connection> = (0..2)
         .map(|_| {
@@ -590,10 +589,7 @@ fn a_refused_client_is_told_why_and_an_unproven_one_is_closed_in_time() {
         })
         .collect();
     let refused = Connection::connect(&c.rpc, &ConnOptions::default()).and_then(|mut conn| {
-        conn.call::<_, ()>(
-            Opcode::Ping,
-            &rbgctl::transfer::message::PingReq { client_id: 1 },
-        )
+        conn.call::<rpc::Ping>(&rbgctl::transfer::message::PingReq { client_id: 1 })
     });
     match refused {
         Err(TransferError::Remote { status, message }) => {
@@ -959,7 +955,7 @@ fn another_protocols_client_on_the_rpc_port_is_told_at_once() {
         (t0.elapsed(), String::from_utf8_lossy(&answer).to_string())
     };
     // At once: the other outcome is the request timeout (10 s). Bounds hold on a loaded
-    // machine. (Mooncake's coro_rpc is served on this port: `tests/mooncake_clients.rs`.)
+    // machine. (Mooncake's coro_rpc is served on this port: `tests/it/mooncake_clients.rs`.)
     let (took, answer) = send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(took < Duration::from_secs(5));
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");

@@ -2,7 +2,7 @@
 //! a cache's evictions as errors, refuse to flood someone else's cache unasked, and never
 //! report figures they could not measure as if they were whole.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rbgctl::client::ReplicateConfig;

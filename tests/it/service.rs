@@ -2,7 +2,7 @@
 //! `rbgctl bench multiturn`, the three-tier comparison, and the SIMULATED engine in a
 //! prefill/decode pair behind the router.
 
-mod common;
+use crate::common;
 
 use common::{http, wait_until, BIN};
 use rbgctl::engine::Addrs as EngineAddrs;

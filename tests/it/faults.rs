@@ -11,7 +11,7 @@
 //! `RBGCTL_FAULTS_LONG=1` each runs for 60 s. Where network namespaces cannot be made (not
 //! root, no `ip` or `nft`), the tests say SKIPPED; in CI they must run.
 
-mod common;
+use crate::common;
 
 use common::{http_at, launcher, wait_until, BIN};
 use nix::sys::signal::Signal;

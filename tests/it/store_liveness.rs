@@ -3,7 +3,7 @@
 //! acknowledged; a dead non-persistent store's files are cleaned up; a store that cannot reach
 //! its master keeps saying so.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};

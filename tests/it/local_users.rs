@@ -3,7 +3,7 @@
 //! and maps its segment through the same-host client. Needs root (to become `nobody`) and
 //! util-linux's `runuser` and `flock`; CI has them.
 
-mod common;
+use crate::common;
 
 use common::{wait_until, Cluster, Opts};
 use rbgctl::client::ReplicateConfig;

@@ -3,15 +3,14 @@
 //! a handshake recorded on one connection does not open another; a client holding the secret
 //! will not talk to a server that does not.
 
-mod common;
+use crate::common;
+use rbgctl::transfer::rpc;
 
 use common::{http, loopback_master, wait_until, Cluster, Opts};
 use rbgctl::auth::{Secret, Side};
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};
 use rbgctl::master::config::MasterConfig;
-use rbgctl::transfer::message::{
-    AuthChallengeResp, AuthHelloReq, AuthProofReq, ListSegmentsResp, PingReq, StoreInfoResp,
-};
+use rbgctl::transfer::message::{AuthChallengeResp, AuthHelloReq, AuthProofReq, PingReq};
 use rbgctl::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,7 +82,7 @@ fn only_connections_that_prove_the_secret_are_served() {
     for addr in [c.rpc.clone(), store_endpoint(&c)] {
         let mut conn = Connection::connect(&addr, &options(None)).unwrap();
         let e = conn
-            .call::<_, ()>(Opcode::Ping, &PingReq { client_id: 1 })
+            .call::<rpc::Ping>(&PingReq { client_id: 1 })
             .unwrap_err();
         assert_eq!(e.status(), Some(Status::Unauthenticated), "{addr}: {e}");
     }
@@ -118,12 +117,9 @@ fn a_recorded_handshake_does_not_open_another_connection() {
         let client_nonce = vec![42u8; 16];
         let mut first = Connection::connect(&addr, &options(None)).unwrap();
         let challenge: AuthChallengeResp = first
-            .call(
-                Opcode::AuthHello,
-                &AuthHelloReq {
-                    nonce: client_nonce.clone(),
-                },
-            )
+            .call::<rpc::AuthHello>(&AuthHelloReq {
+                nonce: client_nonce.clone(),
+            })
             .unwrap();
         assert!(secret.verify(
             Side::Server,
@@ -133,22 +129,17 @@ fn a_recorded_handshake_does_not_open_another_connection() {
         ));
         let proof = secret.prove(Side::Client, &client_nonce, &challenge.nonce);
         first
-            .call::<_, ()>(
-                Opcode::AuthProof,
-                &AuthProofReq {
-                    proof: proof.clone(),
-                },
-            )
+            .call::<rpc::AuthProof>(&AuthProofReq {
+                proof: proof.clone(),
+            })
             .unwrap();
         // Now served.
         let served = if addr == c.rpc {
             first
-                .call::<_, ListSegmentsResp>(Opcode::ListSegments, &())
+                .call::<rpc::ListSegments>(&())
                 .map(|r| r.segments.len())
         } else {
-            first
-                .call::<_, StoreInfoResp>(Opcode::StoreInfo, &())
-                .map(|_| 1)
+            first.call::<rpc::StoreInfo>(&()).map(|_| 1)
         };
         assert!(served.unwrap() >= 1, "{addr}");
 
@@ -156,31 +147,25 @@ fn a_recorded_handshake_does_not_open_another_connection() {
         // is new, so the proof is not for it.
         let mut second = Connection::connect(&addr, &options(None)).unwrap();
         let again: AuthChallengeResp = second
-            .call(
-                Opcode::AuthHello,
-                &AuthHelloReq {
-                    nonce: client_nonce.clone(),
-                },
-            )
+            .call::<rpc::AuthHello>(&AuthHelloReq {
+                nonce: client_nonce.clone(),
+            })
             .unwrap();
         assert_ne!(again.nonce, challenge.nonce, "{addr}: a fresh nonce");
         let e = second
-            .call::<_, ()>(Opcode::AuthProof, &AuthProofReq { proof })
+            .call::<rpc::AuthProof>(&AuthProofReq { proof })
             .unwrap_err();
         assert_eq!(e.status(), Some(Status::Unauthenticated), "{addr}: {e}");
 
         // The server's own proof, sent back as the client's, is refused too.
         let mut third = Connection::connect(&addr, &options(None)).unwrap();
         let ch: AuthChallengeResp = third
-            .call(
-                Opcode::AuthHello,
-                &AuthHelloReq {
-                    nonce: client_nonce.clone(),
-                },
-            )
+            .call::<rpc::AuthHello>(&AuthHelloReq {
+                nonce: client_nonce.clone(),
+            })
             .unwrap();
         let e = third
-            .call::<_, ()>(Opcode::AuthProof, &AuthProofReq { proof: ch.proof })
+            .call::<rpc::AuthProof>(&AuthProofReq { proof: ch.proof })
             .unwrap_err();
         assert_eq!(e.status(), Some(Status::Unauthenticated), "{addr}: {e}");
     }
@@ -570,23 +555,17 @@ fn a_secret_holder_writes_only_where_the_master_granted_its_own_puts() {
     let mut master = Connection::connect(&c.rpc, &opts).unwrap();
     let attacker = 0xbad;
     let _: PingResp = master
-        .call(
-            Opcode::Ping,
-            &PingReq {
-                client_id: attacker,
-            },
-        )
+        .call::<rpc::Ping>(&PingReq {
+            client_id: attacker,
+        })
         .unwrap();
     let desc: ObjectDesc = master
-        .call(
-            Opcode::GetReplicas,
-            &KeyReq {
-                key: "victim".into(),
-            },
-        )
+        .call::<rpc::GetReplicas>(&KeyReq {
+            key: "victim".into(),
+        })
         .unwrap();
     let at = desc.replicas[0].clone();
-    let listed: ListSegmentsResp = master.call(Opcode::ListSegments, &()).unwrap();
+    let listed: ListSegmentsResp = master.call::<rpc::ListSegments>(&()).unwrap();
     let seg = listed
         .segments
         .iter()
@@ -602,18 +581,15 @@ fn a_secret_holder_writes_only_where_the_master_granted_its_own_puts() {
 
     // Its own put, on the same store, gives it a real grant for its own range.
     let mine: PutStartResp = master
-        .call(
-            Opcode::PutStart,
-            &PutStartReq {
-                client_id: attacker,
-                key: "mine".into(),
-                size: value.len() as u64,
-                config: ReplicateConfig {
-                    preferred_segment: seg.name.clone(),
-                    ..ReplicateConfig::default()
-                },
+        .call::<rpc::PutStart>(&PutStartReq {
+            client_id: attacker,
+            key: "mine".into(),
+            size: value.len() as u64,
+            config: ReplicateConfig {
+                preferred_segment: seg.name.clone(),
+                ..ReplicateConfig::default()
             },
-        )
+        })
         .unwrap();
     assert_eq!(mine.replicas[0].segment_id, at.segment_id, "the same store");
     let own = mine.grants[0];
@@ -678,13 +654,13 @@ fn a_secret_holder_writes_only_where_the_master_granted_its_own_puts() {
         }],
         grants: vec![own],
     };
-    let sealed: BatchStatusResp = store.call(Opcode::Seal, &seal).unwrap();
+    let sealed: BatchStatusResp = store.call::<rpc::Seal>(&seal).unwrap();
     assert_eq!(sealed.items, [Status::NotGranted]);
     let unpaired = SealReq {
         grants: Vec::new(),
         ..seal.clone()
     };
-    match store.call::<_, BatchStatusResp>(Opcode::Seal, &unpaired) {
+    match store.call::<rpc::Seal>(&unpaired) {
         Err(TransferError::Remote { status, message }) => {
             assert_eq!(status, Status::InvalidParams, "{message}");
             assert!(message.contains("one grant per object"), "{message}");
@@ -700,12 +676,12 @@ fn a_secret_holder_writes_only_where_the_master_granted_its_own_puts() {
             version: v,
         }],
     };
-    match store.call::<_, ()>(Opcode::Forget, &forget) {
+    match store.call::<rpc::Forget>(&forget) {
         Err(TransferError::Remote { status, .. }) => assert_eq!(status, Status::NotGranted),
         other => panic!("an untagged forget was answered {other:?}"),
     }
     let guessed = GrantKey::generate().unwrap();
-    match store.order::<_, ()>(Opcode::Forget, &guessed, &forget) {
+    match store.order::<rpc::Forget>(&guessed, &forget) {
         Err(TransferError::Remote { status, message }) => {
             assert_eq!(status, Status::NotGranted, "{message}");
             assert!(message.contains("only the master"), "{message}");

@@ -1,7 +1,7 @@
 //! Mooncake's own client (the PyPI wheel `.ci/run` installs, unchanged) against rbgctl's
 //! master on its one RPC port, beside rbgctl's own clients (issue 63).
 
-mod common;
+use crate::common;
 
 use common::wheel::Wheel;
 use common::{wait_until, Cluster, Opts};

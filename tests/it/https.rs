@@ -3,7 +3,7 @@
 //! answer HTTPS to a client trusting the CA, refuse plain HTTP, and the store publishes its
 //! descriptor to an `https://` metadata server it trusts through `--ca-cert-paths`.
 
-mod common;
+use crate::common;
 
 use common::{loopback_master, test_pki, wait_until, Cluster, Opts};
 use rbgctl::client::ReplicateConfig;

@@ -2,7 +2,8 @@
 //! failover under a put/get loop, a paused leader fenced, etcd member loss, etcd lost and back,
 //! and Mooncake's flag spellings.
 
-mod common;
+use crate::common;
+use rbgctl::transfer::rpc;
 
 use common::{launcher, loopback_master, wait_until};
 use nix::sys::signal::Signal;
@@ -372,7 +373,7 @@ fn a_paused_leader_is_fenced_and_a_request_it_held_is_refused() {
     let rpc = pool.masters[old].addrs.rpc.to_string();
     let mut conn = Connection::connect(&rpc, &ConnOptions::default()).expect("connects");
     let _: bool = conn
-        .call(Opcode::Exists, &KeyReq { key: "k".into() })
+        .call::<rpc::Exists>(&KeyReq { key: "k".into() })
         .expect("the leader answers");
 
     signal(&pool.masters[old], Signal::SIGSTOP);
@@ -716,15 +717,12 @@ fn a_leader_partitioned_from_etcd_stops_answering_before_a_standby_takes_over() 
         "master-0 answered as leader until {m0_down:?}, master-1 led from {m1_up:?}"
     );
     // master-0 still has its clients, but accepts no write.
-    let refused: Result<PutStartResp, _> = stale.call(
-        Opcode::PutStart,
-        &PutStartReq {
-            client_id: 9,
-            key: "k".into(),
-            size: 4096,
-            config: Default::default(),
-        },
-    );
+    let refused: Result<PutStartResp, _> = stale.call::<rpc::PutStart>(&PutStartReq {
+        client_id: 9,
+        key: "k".into(),
+        size: 4096,
+        config: Default::default(),
+    });
     assert!(
         matches!(
             &refused,
@@ -850,7 +848,7 @@ fn a_master_that_cannot_reach_etcd_stands_by_and_says_why() {
         m.log()
     );
     let mut conn = Connection::connect(&m.addrs.rpc.to_string(), &ConnOptions::default()).unwrap();
-    let r: Result<bool, _> = conn.call(Opcode::Exists, &KeyReq { key: "k".into() });
+    let r: Result<bool, _> = conn.call::<rpc::Exists>(&KeyReq { key: "k".into() });
     assert!(
         matches!(&r, Err(TransferError::Remote { status: Status::NotLeader, message }) if message.contains("no leader is known")),
         "{r:?}"

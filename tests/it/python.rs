@@ -1,7 +1,7 @@
 //! The Python client and SGLang HiCache backend (`python/`): their unittest suite, run with
 //! `$RBGCTL_PYTHON` (default `python3`) against masters and stores of this build.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

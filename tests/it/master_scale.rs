@@ -1,6 +1,6 @@
 //! The master holding many objects: nothing it does at rest grows with their number.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rbgctl::bench::procfs::cpu_time;

@@ -11,7 +11,7 @@
 //! an engine without the base image is a failure. Every container, network and image it makes
 //! is labelled with its run and removed by that label when the test ends, failed or not.
 
-mod common;
+use crate::common;
 
 use common::{http_at, wait_until, BIN};
 use rbgctl::client::{Client, ClientConfig, ReplicateConfig};

@@ -1,7 +1,7 @@
 //! `rbgctl router` end to end: real router and FAKE worker processes (`bench fake-worker`, no
 //! model) on loopback.
 
-mod common;
+use crate::common;
 
 use clap::Parser;
 use common::wait_until;

@@ -4,7 +4,7 @@
 //! SGLang's typed decoder must take rbgctl's. Needs an interpreter with SGLang in
 //! `$RBGCTL_SGLANG_PYTHON` (`.ci/run` makes one in target/ci-sglang).
 
-mod common;
+use crate::common;
 
 use rbgctl::kv_events::{BlockRemoved, BlockStored, KvEvent, KvEventBatch, Medium};
 use std::io::Write;
