@@ -192,6 +192,7 @@ fn wait_ready(
     }
 }
 
+/// Runs `rbgctl kv`: one operation on the pool, its answer on standard output.
 pub fn run(args: KvArgs) -> Result<(), KvError> {
     let cfg = ClientConfig {
         transport: args.protocol,

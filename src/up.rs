@@ -182,6 +182,7 @@ impl Default for RouterUpConfig {
     }
 }
 
+/// `rbgctl up`'s configuration file: the pool, the engines and the router to start.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpConfig {
@@ -903,6 +904,7 @@ pub enum UpError {
     Io(#[from] std::io::Error),
 }
 
+/// Runs `rbgctl up`: starts every role on loopback and keeps them until Ctrl-C.
 pub fn run(args: UpArgs) -> Result<(), UpError> {
     let cfg = args.resolve()?;
     // The signal token first, so that a SIGTERM during start-up still stops the children cleanly.

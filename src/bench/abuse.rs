@@ -82,6 +82,7 @@ pub struct Probe {
     pub slowest_ms: f64,
 }
 
+/// One kind of bad input the abuse benchmark sends, and what it cost the pool.
 #[derive(Debug, Serialize)]
 pub struct Attack {
     pub name: &'static str,
@@ -112,6 +113,8 @@ struct Report {
     attacks: Vec<Attack>,
 }
 
+/// Runs `rbgctl bench abuse` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: AbuseBenchArgs) -> anyhow::Result<()> {
     let progress = |msg: &str| {
         if !args.json {

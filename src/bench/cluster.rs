@@ -6,6 +6,7 @@ use crate::launch::{Dir, Launcher, Logs, Pool, PoolSpec};
 use crate::master::config::MasterConfig;
 use std::time::{Duration, Instant};
 
+/// A benchmark's own master and stores, stopped and cleaned up on drop.
 pub struct OwnCluster {
     pub master: String,
     pub master_metrics_port: u16,

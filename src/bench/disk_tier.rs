@@ -36,6 +36,7 @@ pub struct Plan<'a> {
     pub report: Option<&'a Path>,
 }
 
+/// What `bench disk-tier` reports.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Report {
     pub loopback_tcp_gb_per_s: f64,
@@ -51,6 +52,7 @@ pub struct Report {
     pub disk_gets: Vec<DiskGetRow>,
 }
 
+/// The filesystem's own speed at one block size, the limit the disk tier is held to.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ProbeRow {
     /// Bytes per read and per write.
@@ -59,6 +61,7 @@ pub struct ProbeRow {
     pub write_gb_per_s: f64,
 }
 
+/// A stream of puts past memory, with and without a disk tier.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PutStreamRow {
     pub value_bytes: u64,
@@ -75,6 +78,7 @@ pub struct PutStreamRow {
     pub dropped_with_tier: u64,
 }
 
+/// Reads of values that live on the disk tier, by path.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DiskGetRow {
     /// `tcp`: the store reads its disk and sends the bytes; `same-host`: the client reads the
@@ -243,6 +247,7 @@ fn disk_gets(
     })
 }
 
+/// Runs `rbgctl bench disk-tier` by `plan` and prints (or writes) its report.
 pub fn run(plan: Plan<'_>) -> anyhow::Result<()> {
     let progress = |msg: &str| {
         if !plan.json {

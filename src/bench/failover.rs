@@ -309,6 +309,8 @@ fn wait_all_listed(
     None
 }
 
+/// Runs `rbgctl bench failover` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         (2..=3).contains(&args.masters),

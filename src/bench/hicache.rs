@@ -241,6 +241,8 @@ fn python_case(master: &str, shm: bool, args: &HicacheBenchArgs) -> anyhow::Resu
     serde_json::from_slice(&out.stdout).context("reading the Python benchmark's JSON")
 }
 
+/// Runs `rbgctl bench hicache` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
     if args.pages == 0 || args.page_size.0 < 2 || args.page_size.0 % 2 != 0 {
         bail!(

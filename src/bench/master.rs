@@ -333,6 +333,8 @@ fn put_batch(
         .then_some(objects)
 }
 
+/// Runs `rbgctl bench master` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.clients > 0, "--clients: at least 1");
     anyhow::ensure!(args.objects > 0, "--objects: at least 1");

@@ -99,6 +99,7 @@ pub enum BenchKind {
     HistoryLoad(crate::testkit::load::HistoryLoadArgs),
 }
 
+/// Runs the benchmark `args` names.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Store(a) => store::run(a),

@@ -41,6 +41,7 @@ pub enum Verdict {
     NotServed,
 }
 
+/// What a row of the wire table says: the same, differing, not called or not served.
 pub fn verdict(row: &WireRow) -> Verdict {
     match (row.served, row.request_type_hash, row.seen_type_hash) {
         (false, _, _) => Verdict::NotServed,
@@ -89,6 +90,9 @@ pub fn agrees(rows: &[WireRow]) -> bool {
     })
 }
 
+/// Runs `rbgctl mooncake-wire`: drives the given wheel through every call a HiCache backend
+/// makes against a master and store of its own, and prints what each RPC sent beside what
+/// the master expects; an error when a hash differs or an RPC is not served.
 pub fn run(args: WireArgs) -> anyhow::Result<()> {
     let cluster = super::cluster::OwnCluster::start(256 << 20, false)?;
     let script =

@@ -117,6 +117,8 @@ fn group_reconciles(port: u16) -> anyhow::Result<f64> {
     )
 }
 
+/// Runs `rbgctl bench operator` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
     let api = ApiServer::new();
     let port = api.serve()?;

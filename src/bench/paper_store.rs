@@ -67,6 +67,8 @@ impl Service for PaperService {
     }
 }
 
+/// A PAPER store: a segment without memory behind it, for driving the master with
+/// metadata alone.
 pub struct PaperStore {
     client_id: u64,
     master: Pool,

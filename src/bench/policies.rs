@@ -333,6 +333,8 @@ fn median_of(mut reps: Vec<PolicyRun>) -> PolicyRun {
     median
 }
 
+/// Runs `rbgctl bench policies` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         !a.policies.is_empty(),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 /// How often a plain progress line is printed.
 const LINE_EVERY: Duration = Duration::from_secs(5);
 
+/// One long job's progress: a bar on a terminal, else a line every few seconds.
 pub struct Progress {
     label: String,
     bar: Option<ProgressBar>,

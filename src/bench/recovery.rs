@@ -84,6 +84,8 @@ fn master_keys(port: u16) -> Option<u64> {
     scrape(port, "rbgctl_master_keys").map(|v| v as u64)
 }
 
+/// Runs `rbgctl bench recovery` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: RecoveryBenchArgs) -> anyhow::Result<()> {
     let progress = |msg: &str| {
         if !args.json {

@@ -674,6 +674,7 @@ fn query_engine(bootstrap: u16) -> anyhow::Result<vllm::MooncakeEngine> {
         .with_context(|| format!("{addr}/query named no engine: {answer}"))
 }
 
+/// What one case measured: rate, latencies and the router's CPU.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Measure {
     pub requests: u64,
@@ -691,6 +692,7 @@ pub struct Measure {
     pub kernel_share: Option<f64>,
 }
 
+/// One case of `bench router`: the router and the direct path beside it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     pub case: String,
@@ -937,6 +939,7 @@ fn row(case: &Case, clients: usize, paths: &[Path], measured: &[Vec<Measure>]) -
     }
 }
 
+/// Runs `rbgctl bench router` and prints (or writes) its report.
 pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.prompts >= 1, "--prompts must be at least 1");
     let cases = args

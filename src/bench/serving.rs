@@ -73,6 +73,7 @@ pub struct ServingArgs {
     pub report: Option<std::path::PathBuf>,
 }
 
+/// The figures of a `bench serving` run, as SGLang's `bench_serving` prints them.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ServingResult {
     pub backend: String,
@@ -194,6 +195,7 @@ pub fn result(a: &ServingArgs, done: &[(usize, Outcome)], duration: f64) -> Serv
     }
 }
 
+/// The result as text, in `bench_serving`'s layout.
 pub fn render(r: &ServingResult) -> String {
     let mut s = String::new();
     let mut row = |k: &str, v: String| s.push_str(&format!("{k:<40}{v:>12}\n"));
@@ -372,6 +374,7 @@ fn write_report(
     Ok(())
 }
 
+/// Runs `rbgctl bench serving` and prints its result.
 pub fn run(a: ServingArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.dataset_name == "random" || a.dataset_name == "random-ids",

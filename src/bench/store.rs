@@ -625,6 +625,8 @@ fn check_foreign_pool(client: &Client, master: &str, args: &StoreBenchArgs) -> a
     Ok(())
 }
 
+/// Runs `rbgctl bench store` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     if let Some(device) = &args.rdma {
         anyhow::ensure!(

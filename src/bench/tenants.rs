@@ -91,6 +91,7 @@ pub struct Run {
     pub b: Option<Outcomes>,
 }
 
+/// What `bench tenants` reports: each run and the interactive tenant's p99 TTFT ratio.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub runs: Vec<Run>,
@@ -253,6 +254,8 @@ fn layout(a: &TenantsBenchArgs, admission: Option<&std::path::Path>) -> UpConfig
     c
 }
 
+/// Runs `rbgctl bench tenants` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(a: TenantsBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.engines > 0, "--engines must be at least 1");
     anyhow::ensure!(a.a_rate > 0.0 && a.b_factor > 0.0, "rates must be positive");

@@ -108,6 +108,7 @@ pub struct Published {
     pub hit_rate: f64,
 }
 
+/// Seed 000's published rows (appendix 8.2), set beside this machine's.
 pub const SEED_000: [Published; 3] = [
     Published {
         tiers: "L1",
@@ -321,6 +322,8 @@ fn write_report(
     Ok(())
 }
 
+/// Runs `rbgctl bench tiers` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(a: TiersArgs) -> anyhow::Result<()> {
     let base = match &a.config {
         Some(p) => UpConfig::from_file(p)?,

@@ -6,6 +6,7 @@ use crate::transfer::tenant::Shown;
 use crate::transfer::{Status, TransferError};
 use std::sync::Arc;
 
+/// Why a client call failed: what it says names the key, store or setting to look at.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("key {} not found", Shown(.0))]

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Where this client last saw each object, so a get can skip asking the master.
 pub struct Locations {
     by_key: Mutex<HashMap<String, (Arc<ObjectDesc>, Instant)>>,
     capacity: usize,

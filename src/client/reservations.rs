@@ -31,6 +31,7 @@ impl Reserved {
     }
 }
 
+/// Space the master reserved for this client's next puts, by size and placement.
 pub struct Reservations {
     held: Mutex<Vec<Reserved>>,
     /// Most bytes (all replicas) held at once; 0 = never ask for reservations.

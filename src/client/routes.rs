@@ -45,6 +45,7 @@ impl Route {
     }
 }
 
+/// Each segment's store and the data path that reaches it, from the master's list.
 pub struct Routes {
     host_id: String,
     same_host_shm: bool,

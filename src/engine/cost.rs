@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+/// The SIMULATED engine's timing in place of a GPU: per prompt token computed or loaded, per
+/// decode step, and the prefill-to-decode transfer's bandwidth.
 #[derive(Debug, Clone, Copy)]
 pub struct CostModel {
     /// Compute per uncached prompt token, in microseconds.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The SIMULATED engine's L3 traffic, for its `/metrics`.
 #[derive(Default)]
 pub struct L3Stats {
     pub pages_read: AtomicU64,
@@ -27,6 +28,7 @@ pub struct L3Error {
     source: ClientError,
 }
 
+/// The SIMULATED engine's third tier: KV pages as objects in the pool.
 pub struct L3 {
     client: Client,
     page_bytes: usize,

@@ -63,6 +63,7 @@ struct Room {
     at: Instant,
 }
 
+/// A SIMULATED engine: its caches, queue, L3 and counters, shared by its handlers.
 pub struct Engine {
     cfg: EngineConfig,
     cost: CostModel,
@@ -837,6 +838,7 @@ async fn metrics(State(e): S) -> Response {
         .into_response()
 }
 
+/// The SIMULATED engine's HTTP routes: SGLang's native endpoints and OpenAI's.
 pub fn router(e: Arc<Engine>) -> Router {
     Router::new()
         .route("/generate", post(infer))

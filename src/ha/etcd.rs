@@ -17,6 +17,7 @@ use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// Why an etcd request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
     #[error("bad etcd endpoint list {list:?}: {why}")]
@@ -59,6 +60,7 @@ pub enum Campaign {
     Held(KeyValue),
 }
 
+/// A client of etcd's JSON gateway on one or more members.
 pub struct Etcd {
     endpoints: Vec<String>,
     http: reqwest::blocking::Client,

@@ -19,6 +19,7 @@ pub fn etcd_program() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Why the etcd members could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdServerError {
     #[error("the etcd program was not found (install Debian's etcd-server, or set RBGCTL_ETCD)")]

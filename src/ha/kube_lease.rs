@@ -106,6 +106,7 @@ impl LeaseApi {
     }
 }
 
+/// Master election on a Kubernetes Lease.
 pub struct KubeLeaseBackend {
     api: LeaseApi,
     identity: String,

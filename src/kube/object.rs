@@ -119,6 +119,7 @@ pub struct Pod<'a> {
     pub status: PodStatus<'a>,
 }
 
+/// What the operator reads of a pod's spec.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct PodSpec<'a> {
@@ -128,6 +129,7 @@ pub struct PodSpec<'a> {
     pub containers: Vec<Container<'a>>,
 }
 
+/// One container of a pod's spec: its name, image and ports.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Container<'a> {
@@ -137,6 +139,7 @@ pub struct Container<'a> {
     pub ports: Vec<ContainerPort<'a>>,
 }
 
+/// A container's named port.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ContainerPort<'a> {
@@ -144,6 +147,8 @@ pub struct ContainerPort<'a> {
     pub container_port: u16,
 }
 
+/// What the operator reads of a pod's status: its phase, address, conditions and
+/// containers.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct PodStatus<'a> {
@@ -243,6 +248,7 @@ pub fn set_condition(status: &mut Value, mut cond: NewCondition, now: &str) {
     status["conditions"] = serde_json::to_value(list).unwrap_or_default();
 }
 
+/// One container's status: what it runs and how often it restarted.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ContainerStatus<'a> {

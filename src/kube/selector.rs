@@ -5,6 +5,8 @@ use super::object::ObjectMeta;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
+/// One requirement of a label selector (`key=value`, `key!=value`, `key in (…)`,
+/// `key notin (…)`, `key`, `!key`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Requirement {
     Eq(String, String),
@@ -15,9 +17,11 @@ pub enum Requirement {
     NotExists(String),
 }
 
+/// A label selector: every requirement must hold.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Selector(pub Vec<Requirement>);
 
+/// A label selector that does not parse, and why.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("label selector {selector:?}: {reason}")]
 pub struct SelectorError {

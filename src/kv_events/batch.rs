@@ -5,6 +5,7 @@
 
 use super::event::{KvEvent, KvEventBatch};
 
+/// Gathers one step's events into a batch as SGLang's recorder does.
 #[derive(Debug, Default)]
 pub struct Batcher {
     events: Vec<KvEvent>,

@@ -197,6 +197,7 @@ impl Adapters {
     }
 }
 
+/// The global KV index: which sources hold each block, on which tiers, within a byte budget.
 pub struct Index {
     blocks: HashMap<i64, Slot>,
     adapters: Adapters,

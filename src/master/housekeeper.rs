@@ -40,6 +40,7 @@ pub struct Parts {
     pub tenants_file: Option<super::tenants_file::TenantsFile>,
 }
 
+/// The master's housekeeping thread: expiry, eviction and publishing, woken when needed.
 #[derive(Default)]
 pub struct Housekeeper {
     /// The last tick found the state quiet: the thread sleeps a second.

@@ -38,6 +38,7 @@ struct Held {
     stats: LockStats,
 }
 
+/// The lock around the master's state, with its waits and holds measured.
 pub struct StateLock {
     held: Mutex<Held>,
     /// Times waits and holds: the CPU's cycle counter where it is steady (a few instructions
@@ -45,6 +46,7 @@ pub struct StateLock {
     clock: quanta::Clock,
 }
 
+/// The master's state, locked; its hold is measured when it is dropped.
 pub struct StateGuard<'a> {
     guard: MutexGuard<'a, Held>,
     clock: &'a quanta::Clock,

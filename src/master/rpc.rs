@@ -72,11 +72,23 @@ impl Drop for BoundClient {
     }
 }
 
+/// How the master served a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    /// Answered with its reply.
+    Answered,
+    /// Answered with a refusal.
+    Refused,
+    /// Handed to a thread that may block (`ServerIo::rerun_where_it_may_block`,
+    /// `finish_where_it_may_block`), which answers it and records its figures.
+    HandedOn,
+}
+
 /// Answers `R`'s request with its reply or the refusal.
-fn answer<R: Rpc>(io: &mut ServerIo<'_>, r: OpResult<R::Reply>) -> Result<bool, TransferError> {
+fn answer<R: Rpc>(io: &mut ServerIo<'_>, r: OpResult<R::Reply>) -> Result<Served, TransferError> {
     match r {
-        Ok(v) => io.ok(&v).map(|_| true),
-        Err((status, msg)) => io.error(status, &msg).map(|_| false),
+        Ok(v) => io.answer::<R>(&v).map(|_| Served::Answered),
+        Err((status, msg)) => io.error(status, &msg).map(|_| Served::Refused),
     }
 }
 
@@ -107,7 +119,7 @@ impl MasterService {
         meta: &[u8],
         io: &mut ServerIo<'_>,
         now: Instant,
-    ) -> Result<bool, TransferError> {
+    ) -> Result<Served, TransferError> {
         match op {
             Opcode::Ping => {
                 let r = rpc::Ping::request(meta)?;
@@ -150,7 +162,7 @@ impl MasterService {
                     Ok(key) => key,
                     Err(e) => {
                         io.error(Status::InvalidParams, &e.to_string())?;
-                        return Ok(false);
+                        return Ok(Served::Refused);
                     }
                 };
                 let (res, write_floor) = {
@@ -234,11 +246,11 @@ impl MasterService {
             Opcode::PutStart => {
                 let r = rpc::PutStart::request(meta)?;
                 let Some(now) = self.wait_for_allocations(now, io)? else {
-                    return Ok(true);
+                    return Ok(Served::HandedOn);
                 };
                 let bytes = r.size * u64::from(r.config.replica_num.max(1));
                 let Some((mut st, now)) = self.lock_with_room((bytes, r.size), now, io)? else {
-                    return Ok(true);
+                    return Ok(Served::HandedOn);
                 };
                 let res = st
                     .put_start(r.client_id, &r.key, r.size, &r.config, now)
@@ -312,14 +324,14 @@ impl MasterService {
             Opcode::BatchPutStart => {
                 let r = rpc::BatchPutStart::request(meta)?;
                 let Some(now) = self.wait_for_allocations(now, io)? else {
-                    return Ok(true);
+                    return Ok(Served::HandedOn);
                 };
                 let copies = u64::from(r.config.replica_num.max(1));
                 let bytes = r.items.iter().map(|it| it.size * copies).sum();
                 let largest = r.items.iter().map(|it| it.size).max().unwrap_or(0);
                 let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
                 let Some((mut st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
-                    return Ok(true);
+                    return Ok(Served::HandedOn);
                 };
                 st.prefetch(&keys);
                 let items = r
@@ -351,13 +363,13 @@ impl MasterService {
                     now
                 } else {
                     let Some(now) = self.wait_for_allocations(now, io)? else {
-                        return Ok(true);
+                        return Ok(Served::HandedOn);
                     };
                     let copies = u64::from(r.config.replica_num.max(1));
                     let bytes = r.reserve.iter().sum::<u64>() * copies;
                     let largest = r.reserve.iter().copied().max().unwrap_or(0);
                     let Some((st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
-                        return Ok(true);
+                        return Ok(Served::HandedOn);
                     };
                     drop(st);
                     now
@@ -452,7 +464,7 @@ impl MasterService {
                     Status::UnknownOpcode,
                     &format!("{} is a store operation, not a master one", op.name()),
                 )?;
-                Ok(false)
+                Ok(Served::Refused)
             }
         }
     }
@@ -537,7 +549,7 @@ impl MasterService {
         started: Instant,
         f: impl FnOnce(&mut MasterState) -> T,
         answer_with: impl FnOnce(T, bool) -> OpResult<R::Reply> + Send + 'static,
-    ) -> Result<bool, TransferError>
+    ) -> Result<Served, TransferError>
     where
         T: Send + 'static,
     {
@@ -566,11 +578,11 @@ impl MasterService {
         }
         let stats = self.stats.clone();
         io.finish_where_it_may_block(Box::new(move |io| {
-            let ok = finish(io)?;
-            stats.record(op as u8, ok, started.elapsed());
+            let served = finish(io)?;
+            stats.record(op as u8, served == Served::Answered, started.elapsed());
             Ok(())
         }))?;
-        Ok(true)
+        Ok(Served::HandedOn)
     }
 }
 
@@ -651,9 +663,12 @@ impl Service for MasterService {
         }
         let result = self.dispatch(op, meta, io, t0);
         // A request handed on has its figures recorded where it is answered.
-        if !io.handed_on() {
-            let ok = matches!(result, Ok(true));
-            self.stats.record_since(req.opcode, ok, started);
+        match result {
+            Ok(Served::HandedOn) => debug_assert!(io.handed_on(), "handed on without a hand-off"),
+            Ok(served) => self
+                .stats
+                .record_since(req.opcode, served == Served::Answered, started),
+            Err(_) => self.stats.record_since(req.opcode, false, started),
         }
         if changes_state(op) {
             self.housekeeper.poke();

@@ -7,7 +7,9 @@ use md5::{Digest, Md5};
 
 /// The first byte of every coro_rpc frame.
 pub const MAGIC: u8 = 0x15;
+/// Bytes of a coro_rpc request header.
 pub const REQUEST_HEADER_LEN: usize = 20;
+/// Bytes of a coro_rpc response header.
 pub const RESPONSE_HEADER_LEN: usize = 16;
 
 /// coro_rpc's own error codes (`errc`), sent in a response header with the message as body.
@@ -22,6 +24,7 @@ pub enum Errc {
     MessageTooLarge = 14,
 }
 
+/// Why bytes on the port are not a coro_rpc request this master takes.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
     #[error("not a coro_rpc frame: its first byte is {0:#04x}, not 0x15")]

@@ -24,13 +24,18 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
+/// The kind of a scaling adapter: `kubectl scale` (and an autoscaler) on one role of a
+/// group, through its `scale` subresource.
 pub const KIND: &str = "RoleBasedGroupScalingAdapter";
+/// Its resource name in the API.
 pub const PLURAL: &str = "rolebasedgroupscalingadapters";
 
+/// The API path of adapter `name` in namespace `ns`.
 pub fn path(ns: &str, name: &str) -> String {
     format!("{}/{name}", collection(ns))
 }
 
+/// The API path of the adapters in namespace `ns`.
 pub fn collection(ns: &str) -> String {
     format!("/apis/workloads.x-k8s.io/v1alpha2/namespaces/{ns}/{PLURAL}")
 }
@@ -52,6 +57,7 @@ pub struct Adapter<'a> {
     pub status: AdapterStatus<'a>,
 }
 
+/// An adapter's spec: the replicas asked for, and the group and role they are for.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct AdapterSpec<'a> {
@@ -60,6 +66,7 @@ pub struct AdapterSpec<'a> {
     pub scale_target_ref: TargetRef<'a>,
 }
 
+/// The role an adapter scales.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct TargetRef<'a> {
@@ -68,6 +75,7 @@ pub struct TargetRef<'a> {
     pub role: &'a str,
 }
 
+/// An adapter's status, as the operator writes it.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct AdapterStatus<'a> {
@@ -111,6 +119,7 @@ pub enum Cause {
     Overridden,
 }
 
+/// A change of a role's replicas an adapter brings, and why.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RoleScale {
     pub from: u32,

@@ -17,6 +17,7 @@ use serde_json::Value;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+/// Why a reconcile did not finish; it is queued again with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error(transparent)]
@@ -103,6 +104,7 @@ impl Queues {
     }
 }
 
+/// The operator's counters, for its `/metrics`.
 #[derive(Default)]
 pub struct Metrics {
     /// Group reconciles.
@@ -116,6 +118,8 @@ pub struct Metrics {
     pub status_writes: AtomicU64,
 }
 
+/// What every reconcile shares: the API client, the watch caches and queues, counters,
+/// the write throttle and event recorder.
 pub struct Context {
     pub kube: Kube,
     pub caches: Caches,
@@ -140,6 +144,7 @@ pub(super) fn ns_of(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("", key))
 }
 
+/// The API path of RoleBasedGroup `name` in namespace `ns`.
 pub fn group_path(ns: &str, name: &str) -> String {
     format!("/apis/workloads.x-k8s.io/v1alpha2/namespaces/{ns}/rolebasedgroups/{name}")
 }

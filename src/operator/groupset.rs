@@ -27,14 +27,19 @@ use crate::kube::{KubeError, Patch};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 
+/// The kind of a group set: `replicas` numbered copies of one group template.
 pub const KIND: &str = "RoleBasedGroupSet";
+/// Its resource name in the API.
 pub const PLURAL: &str = "rolebasedgroupsets";
+/// Label on a set's groups: the set they belong to.
 pub const SET_NAME: &str = "rbg.workloads.x-k8s.io/groupset-name";
+/// Label on a set's groups: their index in it.
 pub const SET_INDEX: &str = "rbg.workloads.x-k8s.io/groupset-index";
 /// Held by a set until its groups are gone (the operator deletes them itself, so a cluster
 /// without owner-reference garbage collection behaves the same).
 pub const FINALIZER: &str = "rbg.workloads.x-k8s.io/groupset-children";
 
+/// The API path of set `name` in namespace `ns`.
 pub fn path(ns: &str, name: &str) -> String {
     format!("/apis/workloads.x-k8s.io/v1alpha2/namespaces/{ns}/{PLURAL}/{name}")
 }
@@ -43,6 +48,7 @@ fn groups_collection(ns: &str) -> String {
     format!("/apis/workloads.x-k8s.io/v1alpha2/namespaces/{ns}/rolebasedgroups")
 }
 
+/// The name of a set's group at `index`.
 pub fn child_name(set: &str, index: u32) -> String {
     format!("{set}-{index}")
 }

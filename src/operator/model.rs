@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+/// What is wrong with a group's spec, naming the role or field to fix.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
     #[error("role {role:?}: {reason}")]
@@ -66,6 +67,7 @@ impl IntOrPct {
     }
 }
 
+/// How a role's instances are made of pods.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Pattern {
     /// One pod per instance, named like the instance.
@@ -80,6 +82,7 @@ pub enum Pattern {
     },
 }
 
+/// How a role's pods move to a new template (`rolloutStrategy`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rollout {
     /// `Recreate`/`RecreatePod`: never update in place.
@@ -102,6 +105,7 @@ impl Default for Rollout {
     }
 }
 
+/// One role of a group, as the operator reconciles it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Role {
     pub name: String,
@@ -141,6 +145,8 @@ impl Role {
     }
 }
 
+/// How a coordinated scale-up of several roles proceeds (`scaling.progression`): all at
+/// once, or a role's next step only once the others' pods are scheduled or Ready.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Progression {
     None,
@@ -148,6 +154,7 @@ pub enum Progression {
     OrderReady,
 }
 
+/// A coordination rule's `rollingUpdate`: the roles it names roll out together.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RollingRule {
     pub max_skew_pct: Option<u32>,
@@ -161,6 +168,8 @@ pub struct RollingRule {
     pub progress_deadline_secs: Option<u64>,
 }
 
+/// A coordination rule's `scaling`: the roles it names scale together, no role's share
+/// more than `max_skew_pct` ahead of another's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScalingRule {
     pub max_skew_pct: u32,
@@ -184,6 +193,7 @@ pub struct Coordination {
     pub gang: Option<GangRule>,
 }
 
+/// A RoleBasedGroup as the operator reads it: its identity, roles and coordination rules.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Group {
     pub name: String,

@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// The discovery file the operator writes for a group (mounted from its ConfigMap): the
+/// group and each role's instances.
 #[derive(Debug, Deserialize, PartialEq)]
 pub struct DiscoveryFile {
     #[serde(default)]
@@ -27,6 +29,7 @@ pub struct DiscoveryFile {
     pub roles: BTreeMap<String, RoleInfo>,
 }
 
+/// The group a discovery file describes.
 #[derive(Debug, Deserialize, PartialEq)]
 pub struct GroupInfo {
     pub name: String,
@@ -36,6 +39,7 @@ pub struct GroupInfo {
     pub roles: Vec<String>,
 }
 
+/// One role of the group: its size and the instances there are now.
 #[derive(Debug, Deserialize, PartialEq)]
 pub struct RoleInfo {
     #[serde(default)]
@@ -44,6 +48,7 @@ pub struct RoleInfo {
     pub instances: Vec<Instance>,
 }
 
+/// One instance of a role: its address and its named ports.
 #[derive(Debug, Deserialize, PartialEq)]
 pub struct Instance {
     pub address: String,
@@ -61,6 +66,7 @@ pub struct RbgSelection {
     pub bootstrap_port_name: Option<String>,
 }
 
+/// Reads a discovery file (YAML), or says why it is not one.
 pub fn parse(text: &str) -> Result<DiscoveryFile, String> {
     serde_yaml_ng::from_str(text).map_err(|e| format!("not a discovery file: {e}"))
 }

@@ -112,6 +112,7 @@ pub fn decode_body(body: &[u8], kv: &Value) -> Result<Vec<u8>, BadRequest> {
     encode(&f)
 }
 
+/// The `kv_transfer_params` a NIXL prefill request gets: prefill only, decode elsewhere.
 pub fn nixl_prefill_params() -> Value {
     json!({"do_remote_decode": true, "do_remote_prefill": false})
 }
@@ -133,10 +134,13 @@ pub fn transfer_id() -> String {
     format!("xfer-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }
 
+/// The `kv_transfer_params` a Mooncake-connector prefill request gets, under `transfer_id`.
 pub fn mooncake_prefill_params(transfer_id: &str) -> Value {
     json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": transfer_id})
 }
 
+/// The `kv_transfer_params` the matching decode request gets: where to pull the KV cache
+/// of `transfer_id` from (the prefill engine's id and bootstrap address).
 pub fn mooncake_decode_params(transfer_id: &str, engine: &MooncakeEngine) -> Value {
     json!({"do_remote_decode": false, "do_remote_prefill": true, "transfer_id": transfer_id,
            "remote_engine_id": engine.engine_id, "remote_bootstrap_addr": engine.bootstrap_addr})

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// What a worker serves: whole requests, or one side of prefill/decode disaggregation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerType {
@@ -82,6 +83,7 @@ impl WorkerSpec {
 // ---------------------------------------------------------------------------------------------
 // Circuit breaker
 
+/// A worker's circuit breaker: closed (served), open (skipped), half-open (trying again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CircuitState {
@@ -254,6 +256,7 @@ pub struct WorkerCounters {
     pub cb_failures: AtomicU64,
 }
 
+/// One worker the router sends requests to: its address, kind, health, breaker and load.
 pub struct Worker {
     pub id: String,
     /// Its name: the address, with `@rank` for a data-parallel rank (`--dp-aware`).
@@ -526,6 +529,7 @@ impl QueuedPrefill {
 // ---------------------------------------------------------------------------------------------
 // The registry
 
+/// Why a worker could not be added or removed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RegistryError {
     #[error("worker {0} is already registered")]

@@ -84,6 +84,7 @@ fn parse_mix(text: &str) -> Result<Mix, String> {
     }
 }
 
+/// Why the history load could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("--keys must be at least 1 and --threads at least 1")]
@@ -286,6 +287,8 @@ fn connect(args: &HistoryLoadArgs, within: Duration) -> Result<Client, LoadError
     }
 }
 
+/// Runs the history load by `args` (for `--duration` or `--max-ops`, whichever comes first),
+/// appending each operation to the history file as it completes.
 pub fn run(args: HistoryLoadArgs) -> Result<(), LoadError> {
     if args.keys == 0 || args.threads == 0 {
         return Err(LoadError::Invalid);

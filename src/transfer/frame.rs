@@ -3,14 +3,18 @@
 
 use super::TransferError;
 
+/// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"RBGT";
+/// The protocol version a frame header carries.
 pub const VERSION: u8 = 1;
+/// Bytes of a frame header (`docs/protocol.md`, "Frames").
 pub const HEADER_LEN: usize = 32;
 /// Message fields are small; anything larger is a malformed or hostile frame.
 pub const MAX_META_LEN: u32 = 16 << 20;
 /// Most message bytes a connection may send in one frame before it proves the cluster secret
 /// (the handshake's own messages take a few dozen).
 pub const MAX_UNPROVEN_META_LEN: u32 = 4096;
+/// Header flag: the frame answers a request (the same id).
 pub const FLAG_RESPONSE: u16 = 1;
 /// On a response: the meta starts with the answering master's leadership epoch (8 bytes,
 /// little-endian), set by elected masters (HA); the rest of the meta follows it.

@@ -512,6 +512,8 @@ pub async fn run_rate_with(
     })
 }
 
+/// Runs `rbgctl bench multiturn` by its arguments: progress on standard error, the report on
+/// standard output (`--json`, `--report` as asked).
 pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
     a.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -42,6 +42,7 @@ pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64, f64, f64) {
     )
 }
 
+/// The figures of a multi-turn run, as SGLang's `bench_multiturn` prints them.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Summary {
     pub total_requests: usize,
@@ -75,6 +76,7 @@ pub struct Summary {
     pub duration: f64,
 }
 
+/// The figures of one round of every conversation.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct RoundSummary {
     pub average_ttft: f64,
@@ -92,6 +94,7 @@ fn hit_rate(records: &[&Record]) -> f64 {
     }
 }
 
+/// Sums `records` up (and the `failed` requests) for a run offered at `request_rate`.
 pub fn summarize(records: &[Record], failed: usize, request_rate: f64) -> Summary {
     let all: Vec<&Record> = records.iter().collect();
     let duration = records.iter().map(|r| r.done_at).fold(0.0, f64::max);
@@ -135,6 +138,7 @@ pub fn summarize(records: &[Record], failed: usize, request_rate: f64) -> Summar
     }
 }
 
+/// The figures of each round, by round number.
 pub fn rounds(records: &[Record]) -> BTreeMap<usize, RoundSummary> {
     let mut by: BTreeMap<usize, Vec<&Record>> = BTreeMap::new();
     for r in records {

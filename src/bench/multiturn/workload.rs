@@ -77,6 +77,7 @@ fn ids(rng: &mut fastrand::Rng, n: usize, deterministic: bool, offset: usize) ->
     }
 }
 
+/// The conversations of a workload of shape `s`, the same for the same seed.
 pub fn conversations(s: &Shape) -> Vec<Conversation> {
     let mut rng = fastrand::Rng::with_seed(s.seed);
     let sub_len = if s.sub_question_length == 0 {

@@ -13,6 +13,7 @@ use std::path::Path;
 /// Bytes read per `pread`: then copied out and checksummed while still in the cache.
 const PIECE: u64 = 1 << 20;
 
+/// The same-host path to a store's disk tier: its file read by this client directly.
 pub struct LocalDisk {
     area: DiskArea,
     /// The store's lock file: held while the store runs.

@@ -65,6 +65,7 @@ struct Lanes {
     live: usize,
 }
 
+/// The data path to a Mooncake process's segment over Mooncake's RDMA transport.
 pub struct MooncakeRdma {
     /// The segment's name for Mooncake, its first address in the peer and its length.
     name: String,

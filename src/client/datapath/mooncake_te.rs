@@ -66,6 +66,7 @@ impl std::str::FromStr for Discovery {
     }
 }
 
+/// The data path to a Mooncake process's segment through its Transfer Engine TCP port.
 pub struct MooncakeTe {
     /// The client's RDMA side, for a segment whose descriptor says `rdma`.
     nics: Option<super::NicsInner>,

@@ -761,6 +761,7 @@ fn gid_halves(gid: &[u8; 16]) -> (u64, u64) {
     )
 }
 
+/// The RDMA data path to a store: one-sided READs and WRITEs over its queue pairs.
 pub struct Rdma {
     pool: Arc<Pool>,
     tcp: Tcp,

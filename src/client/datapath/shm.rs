@@ -42,6 +42,7 @@ pub fn not_ours(info: &SegmentInfo, e: &std::io::Error) {
     }
 }
 
+/// The same-host path: a store's segment file mapped into this client.
 pub struct LocalSegment {
     _map: Arc<memmap2::MmapRaw>,
     ptr: *mut u8,

@@ -83,6 +83,7 @@ fn in_lanes<P: Send, R: Send>(mut parts: Vec<P>, lane: impl Fn(P) -> Vec<R> + Sy
     })
 }
 
+/// The TCP data path to a store: pipelined requests on pooled connections.
 pub struct Tcp {
     pool: Arc<Pool>,
     /// The store answered `UNKNOWN_OPCODE` to a checked write (it predates them): plain

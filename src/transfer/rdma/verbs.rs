@@ -56,42 +56,74 @@ impl VerbsError {
 
 // ---- The ABI (rdma-core's verbs.h) ----
 
+/// `IBV_QPS_INIT`: a queue pair given its port and access flags.
 pub const QPS_INIT: u32 = 1;
+/// `IBV_QPS_RTR`: ready to receive, connected to its peer.
 pub const QPS_RTR: u32 = 2;
+/// `IBV_QPS_RTS`: ready to send.
 pub const QPS_RTS: u32 = 3;
+/// `IBV_QPS_ERR`: failed; its outstanding requests complete flushed.
 pub const QPS_ERR: u32 = 6;
 
+/// `IBV_QP_STATE` of `enum ibv_qp_attr_mask`: the attribute mask bits below say which
+/// fields of an `IbvQpAttr` a `modify_qp` sets.
 pub const QP_STATE: c_int = 1;
+/// `IBV_QP_ACCESS_FLAGS`.
 pub const QP_ACCESS_FLAGS: c_int = 8;
+/// `IBV_QP_PKEY_INDEX`.
 pub const QP_PKEY_INDEX: c_int = 16;
+/// `IBV_QP_PORT`.
 pub const QP_PORT: c_int = 32;
+/// `IBV_QP_AV` (the address vector, `ah_attr`).
 pub const QP_AV: c_int = 128;
+/// `IBV_QP_PATH_MTU`.
 pub const QP_PATH_MTU: c_int = 256;
+/// `IBV_QP_TIMEOUT`.
 pub const QP_TIMEOUT: c_int = 512;
+/// `IBV_QP_RETRY_CNT`.
 pub const QP_RETRY_CNT: c_int = 1024;
+/// `IBV_QP_RNR_RETRY`.
 pub const QP_RNR_RETRY: c_int = 2048;
+/// `IBV_QP_RQ_PSN`.
 pub const QP_RQ_PSN: c_int = 4096;
+/// `IBV_QP_MAX_QP_RD_ATOMIC`.
 pub const QP_MAX_QP_RD_ATOMIC: c_int = 8192;
+/// `IBV_QP_MIN_RNR_TIMER`.
 pub const QP_MIN_RNR_TIMER: c_int = 32768;
+/// `IBV_QP_SQ_PSN`.
 pub const QP_SQ_PSN: c_int = 65536;
+/// `IBV_QP_MAX_DEST_RD_ATOMIC`.
 pub const QP_MAX_DEST_RD_ATOMIC: c_int = 131072;
+/// `IBV_QP_DEST_QPN`.
 pub const QP_DEST_QPN: c_int = 1048576;
 
+/// `IBV_ACCESS_LOCAL_WRITE`: the NIC may write the region (receives, READ results).
 pub const ACCESS_LOCAL_WRITE: c_int = 1;
+/// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA WRITE into the region.
 pub const ACCESS_REMOTE_WRITE: c_int = 2;
+/// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ from the region.
 pub const ACCESS_REMOTE_READ: c_int = 4;
 
+/// `IBV_WR_RDMA_WRITE`, a work request's opcode.
 pub const WR_RDMA_WRITE: u32 = 0;
+/// `IBV_WR_RDMA_READ`.
 pub const WR_RDMA_READ: u32 = 4;
+/// `IBV_SEND_SIGNALED`: the work request completes with a work completion.
 pub const SEND_SIGNALED: u32 = 2;
 
+/// `IBV_WC_SUCCESS`, a work completion's status.
 pub const WC_SUCCESS: u32 = 0;
+/// `IBV_WC_WR_FLUSH_ERR`: flushed when its queue pair failed.
 pub const WC_WR_FLUSH_ERR: u32 = 5;
 
+/// `IBV_PORT_ACTIVE`, a port's state.
 pub const PORT_ACTIVE: u32 = 4;
+/// `IBV_LINK_LAYER_ETHERNET`: RoCE (addressed by GID, not LID).
 pub const LINK_LAYER_ETHERNET: u8 = 2;
+/// `IBV_QPT_RC`: a reliable connected queue pair.
 pub const QPT_RC: u32 = 2;
 
+/// `struct ibv_device`, only ever behind a pointer.
 #[repr(C)]
 pub struct IbvDevice {
     _opaque: [u8; 0],
@@ -107,16 +139,19 @@ pub struct IbvContext {
 const OPS_POLL_CQ: usize = 11;
 const OPS_POST_SEND: usize = 25;
 
+/// `struct ibv_pd`, a protection domain, only ever behind a pointer.
 #[repr(C)]
 pub struct IbvPd {
     _opaque: [u8; 0],
 }
 
+/// `struct ibv_cq`, a completion queue, only ever behind a pointer.
 #[repr(C)]
 pub struct IbvCq {
     _opaque: [u8; 0],
 }
 
+/// `struct ibv_mr`, as far as its keys: a registered memory region.
 #[repr(C)]
 pub struct IbvMr {
     context: *mut IbvContext,
@@ -141,6 +176,8 @@ pub struct IbvQp {
     qp_num: u32,
 }
 
+/// `struct ibv_sge`: one piece of local memory a work request moves (address, length,
+/// the region's local key).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct IbvSge {
@@ -187,6 +224,7 @@ impl Default for IbvSendWr {
     }
 }
 
+/// `struct ibv_wc`: a work completion, as `poll_cq` fills it.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct IbvWc {
@@ -205,6 +243,7 @@ pub struct IbvWc {
     pub dlid_path_bits: u8,
 }
 
+/// `struct ibv_qp_cap`: a queue pair's outstanding requests and pieces per request.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct IbvQpCap {
@@ -215,6 +254,7 @@ pub struct IbvQpCap {
     pub max_inline_data: u32,
 }
 
+/// `struct ibv_qp_init_attr`: what `ibv_create_qp` makes.
 #[repr(C)]
 pub struct IbvQpInitAttr {
     qp_context: *mut c_void,
@@ -231,6 +271,7 @@ pub struct IbvQpInitAttr {
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct IbvGid(pub [u8; 16]);
 
+/// `struct ibv_global_route`: the GID route a RoCE address vector needs.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct IbvGlobalRoute {
@@ -241,6 +282,7 @@ pub struct IbvGlobalRoute {
     traffic_class: u8,
 }
 
+/// `struct ibv_ah_attr`: the address vector of a connected queue pair's peer.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct IbvAhAttr {
@@ -253,6 +295,7 @@ pub struct IbvAhAttr {
     port_num: u8,
 }
 
+/// `struct ibv_qp_attr`: the attributes `ibv_modify_qp` sets, those its mask names.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct IbvQpAttr {
