@@ -1,5 +1,7 @@
 //! The master's RPC service: decodes each request, applies it to the state under one lock, and
-//! answers. Batch requests take the lock once for the whole batch.
+//! answers. Batch requests take the lock once for the whole batch. `dispatch` is a table from
+//! opcode to handler; each handler, named as its opcode, decodes and answers through the
+//! opcode's declaration (`transfer::rpc`) and says how it served the request (`Served`).
 
 use super::lock::{StateGuard, StateLock};
 use super::notifier::Notifier;
@@ -121,330 +123,31 @@ impl MasterService {
         now: Instant,
     ) -> Result<Served, TransferError> {
         match op {
-            Opcode::Ping => {
-                let r = rpc::Ping::request(meta)?;
-                let held = io.attached::<BoundClient>().map(|b| b.binding);
-                let (need_remount, bind) = self.state.lock().ping_on(r.client_id, held, now);
-                if let Some(binding) = bind {
-                    let bound = BoundClient {
-                        state: self.state.clone(),
-                        binding,
-                    };
-                    // What the connection held before releases its binding once the state
-                    // lock is free again.
-                    drop(io.replace_attached(Box::new(bound)));
-                }
-                answer::<rpc::Ping>(io, Ok(PingResp { need_remount }))
-            }
-            Opcode::Lease => {
-                let r = rpc::Lease::request(meta)?;
-                let lease = {
-                    // Under the state lock: no forget for the segment is queued meanwhile.
-                    let st = self.state.lock();
-                    st.lease_terms(r.client_id, r.segment_id)
-                        .map(|(endpoint, owed)| self.notifier.grant(&endpoint, owed, now))
-                };
-                answer::<rpc::Lease>(
-                    io,
-                    lease.map(|l| LeaseResp {
-                        lease_ms: l.as_millis() as u64,
-                    }),
-                )
-            }
-            Opcode::Leave => {
-                let r = rpc::Leave::request(meta)?;
-                self.state.lock().leave(r.client_id, now);
-                answer::<rpc::Leave>(io, Ok(()))
-            }
-            Opcode::MountSegment => {
-                let r = rpc::MountSegment::request(meta)?;
-                let grant_key = match GrantKey::from_bytes(&r.grant_key) {
-                    Ok(key) => key,
-                    Err(e) => {
-                        io.error(Status::InvalidParams, &e.to_string())?;
-                        return Ok(Served::Refused);
-                    }
-                };
-                let (res, write_floor) = {
-                    let mut st = self.state.lock();
-                    let res = st.mount(r.client_id, r.segment, grant_key, r.recovering, now);
-                    (res, st.write_floor())
-                };
-                answer::<rpc::MountSegment>(
-                    io,
-                    res.map(|(segment_id, discard)| MountResp {
-                        segment_id,
-                        discard,
-                        write_floor,
-                    }),
-                )
-            }
-            Opcode::UnmountSegment => {
-                let r = rpc::UnmountSegment::request(meta)?;
-                let res = self
-                    .state
-                    .lock()
-                    .unmount(r.client_id, r.segment_id, r.keep, now);
-                answer::<rpc::UnmountSegment>(io, res)
-            }
-            Opcode::ReportObjects => {
-                let r = rpc::ReportObjects::request(meta)?;
-                let res =
-                    self.state
-                        .lock()
-                        .report(r.client_id, r.segment_id, r.objects, r.done, now);
-                answer::<rpc::ReportObjects>(io, res.map(|forget| ReportResp { forget }))
-            }
-            Opcode::HandOver => {
-                let r = rpc::HandOver::request(meta)?;
-                let deadline = Duration::from_millis(r.deadline_ms);
-                let res = self
-                    .state
-                    .lock()
-                    .hand_over(r.client_id, r.segment_id, deadline, now);
-                self.copier.wake();
-                answer::<rpc::HandOver>(io, res.map(|s| HandOverResp::from(&s)))
-            }
-            Opcode::ObjectsHashed => {
-                let r = rpc::ObjectsHashed::request(meta)?;
-                let res = self
-                    .state
-                    .lock()
-                    .objects_hashed(r.client_id, r.segment_id, r.objects);
-                answer::<rpc::ObjectsHashed>(io, res)
-            }
-            Opcode::ReportCorrupt => {
-                let r = rpc::ReportCorrupt::request(meta)?;
-                self.state
-                    .lock()
-                    .report_corrupt(&r.key, r.version, r.segment_id, now);
-                self.notifier.wake();
-                answer::<rpc::ReportCorrupt>(io, Ok(()))
-            }
-            Opcode::ListKeys => {
-                let r = rpc::ListKeys::request(meta)?;
-                let re = match key_pattern(&r.pattern) {
-                    Ok(re) => re,
-                    Err(e) => return answer::<rpc::ListKeys>(io, Err(e)),
-                };
-                let limit = (r.limit as usize).min(crate::transfer::codec::MAX_LIST_LEN);
-                let listed = {
-                    let st = self.state.lock();
-                    st.check_tenant(&r.tenant)
-                        .map(|()| st.keys_matching(&r.tenant, &re, limit))
-                };
-                answer::<rpc::ListKeys>(
-                    io,
-                    listed.map(|(keys, truncated)| ListKeysResp { keys, truncated }),
-                )
-            }
-            Opcode::ListSegments => {
-                rpc::ListSegments::request(meta)?;
-                let segments = self.state.lock().list_segments();
-                answer::<rpc::ListSegments>(io, Ok(ListSegmentsResp { segments }))
-            }
-            Opcode::PutStart => {
-                let r = rpc::PutStart::request(meta)?;
-                let Some(now) = self.wait_for_allocations(now, io)? else {
-                    return Ok(Served::HandedOn);
-                };
-                let bytes = r.size * u64::from(r.config.replica_num.max(1));
-                let Some((mut st, now)) = self.lock_with_room((bytes, r.size), now, io)? else {
-                    return Ok(Served::HandedOn);
-                };
-                let res = st
-                    .put_start(r.client_id, &r.key, r.size, &r.config, now)
-                    .map(|started| st.granted(r.size, started));
-                self.send_moves(st);
-                answer::<rpc::PutStart>(io, res)
-            }
-            Opcode::PutEnd => {
-                let r = rpc::PutEnd::request(meta)?;
-                self.durably::<rpc::PutEnd, _>(
-                    io,
-                    now,
-                    |st| {
-                        st.put_end(
-                            r.client_id,
-                            &r.key,
-                            r.object_id,
-                            (!r.unhashed).then_some(r.checksum),
-                            now,
-                        )
-                    },
-                    not_durable,
-                )
-            }
-            Opcode::PutRevoke => {
-                let r = rpc::PutRevoke::request(meta)?;
-                let res = self
-                    .state
-                    .lock()
-                    .put_revoke(r.client_id, &r.key, r.object_id, now);
-                answer::<rpc::PutRevoke>(io, res)
-            }
-            Opcode::GetReplicas => {
-                let key = KeyReq::key_of(meta)?;
-                let mut st = self.state.lock();
-                let res = st.get_replicas(key, now);
-                self.send_moves(st);
-                answer::<rpc::GetReplicas>(io, res)
-            }
-            Opcode::Exists => {
-                let key = KeyReq::key_of(meta)?;
-                let mut st = self.state.lock();
-                if let Some(e) = st.unserved(key) {
-                    return answer::<rpc::Exists>(io, Err(e));
-                }
-                let exists = st.exists(key, now);
-                drop(st);
-                answer::<rpc::Exists>(io, Ok(exists))
-            }
-            Opcode::Remove => {
-                let r = rpc::Remove::request(meta)?;
-                self.durably::<rpc::Remove, _>(
-                    io,
-                    now,
-                    |st| st.remove(&r.key, r.force, now),
-                    not_durable,
-                )
-            }
-            Opcode::RemoveAll => {
-                let r = rpc::RemoveAll::request(meta)?;
-                if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
-                    return answer::<rpc::RemoveAll>(io, Err(e));
-                }
-                self.durably::<rpc::RemoveAll, _>(
-                    io,
-                    now,
-                    |st| st.remove_all(&r.tenant, r.force, now),
-                    |removed, durable| not_durable(Ok(RemoveAllResp { removed }), durable),
-                )
-            }
-            Opcode::BatchPutStart => {
-                let r = rpc::BatchPutStart::request(meta)?;
-                let Some(now) = self.wait_for_allocations(now, io)? else {
-                    return Ok(Served::HandedOn);
-                };
-                let copies = u64::from(r.config.replica_num.max(1));
-                let bytes = r.items.iter().map(|it| it.size * copies).sum();
-                let largest = r.items.iter().map(|it| it.size).max().unwrap_or(0);
-                let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
-                let Some((mut st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
-                    return Ok(Served::HandedOn);
-                };
-                st.prefetch(&keys);
-                let items = r
-                    .items
-                    .iter()
-                    .map(|it| {
-                        item(st.put_start(r.client_id, &it.key, it.size, &r.config, now))
-                            .map(|started| st.granted(it.size, started))
-                    })
-                    .collect();
-                self.send_moves(st);
-                answer::<rpc::BatchPutStart>(io, Ok(BatchPutStartResp { items }))
-            }
-            Opcode::BatchPutEnd => {
-                let r = rpc::BatchPutEnd::request(meta)?;
-                self.durably::<rpc::BatchPutEnd, _>(
-                    io,
-                    now,
-                    |st| end_puts(st, r.client_id, &r.items, now),
-                    |items, durable| {
-                        let items = mark_not_durable(items, durable);
-                        Ok(BatchStatusResp { items })
-                    },
-                )
-            }
-            Opcode::BatchPutCommit => {
-                let r = rpc::BatchPutCommit::request(meta)?;
-                let now = if r.reserve.is_empty() {
-                    now
-                } else {
-                    let Some(now) = self.wait_for_allocations(now, io)? else {
-                        return Ok(Served::HandedOn);
-                    };
-                    let copies = u64::from(r.config.replica_num.max(1));
-                    let bytes = r.reserve.iter().sum::<u64>() * copies;
-                    let largest = r.reserve.iter().copied().max().unwrap_or(0);
-                    let Some((st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
-                        return Ok(Served::HandedOn);
-                    };
-                    drop(st);
-                    now
-                };
-                let commit = |st: &mut MasterState| {
-                    let items = end_puts(st, r.client_id, &r.items, now);
-                    let reserved = st
-                        .reserve(r.client_id, &r.reserve, &r.config, now)
-                        .into_iter()
-                        .zip(&r.reserve)
-                        .map(|(res, &size)| item(res).map(|started| st.granted(size, started)))
-                        .collect();
-                    (items, reserved, st.config().put_reservation_ttl_ms.0)
-                };
-                self.durably::<rpc::BatchPutCommit, _>(
-                    io,
-                    now,
-                    commit,
-                    |(items, reserved, ttl), durable| {
-                        Ok(BatchPutCommitResp {
-                            items: mark_not_durable(items, durable),
-                            reserved,
-                            ttl_ms: ttl.as_millis() as u64,
-                        })
-                    },
-                )
-            }
-            Opcode::BatchPutRevoke => {
-                let r = rpc::BatchPutRevoke::request(meta)?;
-                let mut st = self.state.lock();
-                let items = r
-                    .items
-                    .iter()
-                    .map(|it| status_of(st.put_revoke(r.client_id, &it.key, it.object_id, now)))
-                    .collect();
-                drop(st);
-                answer::<rpc::BatchPutRevoke>(io, Ok(BatchStatusResp { items }))
-            }
-            Opcode::BatchGetReplicas => {
-                let r = rpc::BatchGetReplicas::request(meta)?;
-                let mut st = self.state.lock();
-                st.prefetch(&r.keys);
-                let items = r
-                    .keys
-                    .iter()
-                    .map(|k| item(st.get_replicas(k, now)))
-                    .collect();
-                self.send_moves(st);
-                answer::<rpc::BatchGetReplicas>(io, Ok(BatchGetReplicasResp { items }))
-            }
-            Opcode::BatchExists => {
-                let r = rpc::BatchExists::request(meta)?;
-                let mut st = self.state.lock();
-                if let Some(e) = r.keys.iter().find_map(|k| st.unserved(k)) {
-                    return answer::<rpc::BatchExists>(io, Err(e));
-                }
-                st.prefetch(&r.keys);
-                let items = r.keys.iter().map(|k| st.exists(k, now)).collect();
-                drop(st);
-                answer::<rpc::BatchExists>(io, Ok(BatchExistsResp { items }))
-            }
-            Opcode::BatchRemove => {
-                let r = rpc::BatchRemove::request(meta)?;
-                let remove = |st: &mut MasterState| {
-                    st.prefetch(&r.keys);
-                    r.keys
-                        .iter()
-                        .map(|k| status_of(st.remove(k, r.force, now)))
-                        .collect::<Vec<_>>()
-                };
-                self.durably::<rpc::BatchRemove, _>(io, now, remove, |items, durable| {
-                    let items = mark_not_durable(items, durable);
-                    Ok(BatchStatusResp { items })
-                })
-            }
+            Opcode::Ping => self.ping(meta, io, now),
+            Opcode::Lease => self.lease(meta, io, now),
+            Opcode::Leave => self.leave(meta, io, now),
+            Opcode::MountSegment => self.mount_segment(meta, io, now),
+            Opcode::UnmountSegment => self.unmount_segment(meta, io, now),
+            Opcode::ReportObjects => self.report_objects(meta, io, now),
+            Opcode::HandOver => self.hand_over(meta, io, now),
+            Opcode::ObjectsHashed => self.objects_hashed(meta, io, now),
+            Opcode::ReportCorrupt => self.report_corrupt(meta, io, now),
+            Opcode::ListKeys => self.list_keys(meta, io, now),
+            Opcode::ListSegments => self.list_segments(meta, io, now),
+            Opcode::PutStart => self.put_start(meta, io, now),
+            Opcode::PutEnd => self.put_end(meta, io, now),
+            Opcode::PutRevoke => self.put_revoke(meta, io, now),
+            Opcode::GetReplicas => self.get_replicas(meta, io, now),
+            Opcode::Exists => self.exists(meta, io, now),
+            Opcode::Remove => self.remove(meta, io, now),
+            Opcode::RemoveAll => self.remove_all(meta, io, now),
+            Opcode::BatchPutStart => self.batch_put_start(meta, io, now),
+            Opcode::BatchPutEnd => self.batch_put_end(meta, io, now),
+            Opcode::BatchPutCommit => self.batch_put_commit(meta, io, now),
+            Opcode::BatchPutRevoke => self.batch_put_revoke(meta, io, now),
+            Opcode::BatchGetReplicas => self.batch_get_replicas(meta, io, now),
+            Opcode::BatchExists => self.batch_exists(meta, io, now),
+            Opcode::BatchRemove => self.batch_remove(meta, io, now),
             Opcode::AuthHello
             | Opcode::AuthProof
             | Opcode::Write
@@ -467,6 +170,503 @@ impl MasterService {
                 Ok(Served::Refused)
             }
         }
+    }
+}
+
+/// One handler per opcode, each named as its opcode.
+impl MasterService {
+    /// A client's heartbeat: binds it to this connection, and says whether it must mount again.
+    fn ping(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::Ping::request(meta)?;
+        let held = io.attached::<BoundClient>().map(|b| b.binding);
+        let (need_remount, bind) = self.state.lock().ping_on(r.client_id, held, now);
+        if let Some(binding) = bind {
+            let bound = BoundClient {
+                state: self.state.clone(),
+                binding,
+            };
+            // What the connection held before releases its binding once the state
+            // lock is free again.
+            drop(io.replace_attached(Box::new(bound)));
+        }
+        answer::<rpc::Ping>(io, Ok(PingResp { need_remount }))
+    }
+
+    /// A store asks for its read lease on a segment.
+    fn lease(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::Lease::request(meta)?;
+        let lease = {
+            // Under the state lock: no forget for the segment is queued meanwhile.
+            let st = self.state.lock();
+            st.lease_terms(r.client_id, r.segment_id)
+                .map(|(endpoint, owed)| self.notifier.grant(&endpoint, owed, now))
+        };
+        answer::<rpc::Lease>(
+            io,
+            lease.map(|l| LeaseResp {
+                lease_ms: l.as_millis() as u64,
+            }),
+        )
+    }
+
+    /// A client leaves cleanly.
+    fn leave(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::Leave::request(meta)?;
+        self.state.lock().leave(r.client_id, now);
+        answer::<rpc::Leave>(io, Ok(()))
+    }
+
+    /// A store mounts its segment (or mounts it again after a restart).
+    fn mount_segment(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::MountSegment::request(meta)?;
+        let grant_key = match GrantKey::from_bytes(&r.grant_key) {
+            Ok(key) => key,
+            Err(e) => {
+                io.error(Status::InvalidParams, &e.to_string())?;
+                return Ok(Served::Refused);
+            }
+        };
+        let (res, write_floor) = {
+            let mut st = self.state.lock();
+            let res = st.mount(r.client_id, r.segment, grant_key, r.recovering, now);
+            (res, st.write_floor())
+        };
+        answer::<rpc::MountSegment>(
+            io,
+            res.map(|(segment_id, discard)| MountResp {
+                segment_id,
+                discard,
+                write_floor,
+            }),
+        )
+    }
+
+    /// A store takes its segment away, keeping its objects or not.
+    fn unmount_segment(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::UnmountSegment::request(meta)?;
+        let res = self
+            .state
+            .lock()
+            .unmount(r.client_id, r.segment_id, r.keep, now);
+        answer::<rpc::UnmountSegment>(io, res)
+    }
+
+    /// A persistent store reports the objects its segment holds, after a master start.
+    fn report_objects(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::ReportObjects::request(meta)?;
+        let res = self
+            .state
+            .lock()
+            .report(r.client_id, r.segment_id, r.objects, r.done, now);
+        answer::<rpc::ReportObjects>(io, res.map(|forget| ReportResp { forget }))
+    }
+
+    /// A store about to go asks for its objects to be moved to the others, or how far that is.
+    fn hand_over(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::HandOver::request(meta)?;
+        let deadline = Duration::from_millis(r.deadline_ms);
+        let res = self
+            .state
+            .lock()
+            .hand_over(r.client_id, r.segment_id, deadline, now);
+        self.copier.wake();
+        answer::<rpc::HandOver>(io, res.map(|s| HandOverResp::from(&s)))
+    }
+
+    /// A store sends the checksums of objects it recorded unhashed.
+    fn objects_hashed(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        _now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::ObjectsHashed::request(meta)?;
+        let res = self
+            .state
+            .lock()
+            .objects_hashed(r.client_id, r.segment_id, r.objects);
+        answer::<rpc::ObjectsHashed>(io, res)
+    }
+
+    /// A reader found a replica whose bytes do not match its checksum.
+    fn report_corrupt(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::ReportCorrupt::request(meta)?;
+        self.state
+            .lock()
+            .report_corrupt(&r.key, r.version, r.segment_id, now);
+        self.notifier.wake();
+        answer::<rpc::ReportCorrupt>(io, Ok(()))
+    }
+
+    /// The readable keys a pattern matches.
+    fn list_keys(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        _now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::ListKeys::request(meta)?;
+        let re = match key_pattern(&r.pattern) {
+            Ok(re) => re,
+            Err(e) => return answer::<rpc::ListKeys>(io, Err(e)),
+        };
+        let limit = (r.limit as usize).min(crate::transfer::codec::MAX_LIST_LEN);
+        let listed = {
+            let st = self.state.lock();
+            st.check_tenant(&r.tenant)
+                .map(|()| st.keys_matching(&r.tenant, &re, limit))
+        };
+        answer::<rpc::ListKeys>(
+            io,
+            listed.map(|(keys, truncated)| ListKeysResp { keys, truncated }),
+        )
+    }
+
+    /// The live segments.
+    fn list_segments(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        _now: Instant,
+    ) -> Result<Served, TransferError> {
+        rpc::ListSegments::request(meta)?;
+        let segments = self.state.lock().list_segments();
+        answer::<rpc::ListSegments>(io, Ok(ListSegmentsResp { segments }))
+    }
+
+    /// A put begins: its replicas placed, with their grants.
+    fn put_start(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::PutStart::request(meta)?;
+        let Some(now) = self.wait_for_allocations(now, io)? else {
+            return Ok(Served::HandedOn);
+        };
+        let bytes = r.size * u64::from(r.config.replica_num.max(1));
+        let Some((mut st, now)) = self.lock_with_room((bytes, r.size), now, io)? else {
+            return Ok(Served::HandedOn);
+        };
+        let res = st
+            .put_start(r.client_id, &r.key, r.size, &r.config, now)
+            .map(|started| st.granted(r.size, started));
+        self.send_moves(st);
+        answer::<rpc::PutStart>(io, res)
+    }
+
+    /// A put is written: its version becomes the key's (once the old one's forgets are out).
+    fn put_end(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::PutEnd::request(meta)?;
+        self.durably::<rpc::PutEnd, _>(
+            io,
+            now,
+            |st| {
+                st.put_end(
+                    r.client_id,
+                    &r.key,
+                    r.object_id,
+                    (!r.unhashed).then_some(r.checksum),
+                    now,
+                )
+            },
+            not_durable,
+        )
+    }
+
+    /// A put given up: its space goes back.
+    fn put_revoke(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::PutRevoke::request(meta)?;
+        let res = self
+            .state
+            .lock()
+            .put_revoke(r.client_id, &r.key, r.object_id, now);
+        answer::<rpc::PutRevoke>(io, res)
+    }
+
+    /// Where a key's current version is, under a read lease.
+    fn get_replicas(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let key = KeyReq::key_of(meta)?;
+        let mut st = self.state.lock();
+        let res = st.get_replicas(key, now);
+        self.send_moves(st);
+        answer::<rpc::GetReplicas>(io, res)
+    }
+
+    /// Whether a key is readable.
+    fn exists(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let key = KeyReq::key_of(meta)?;
+        let mut st = self.state.lock();
+        if let Some(e) = st.unserved(key) {
+            return answer::<rpc::Exists>(io, Err(e));
+        }
+        let exists = st.exists(key, now);
+        drop(st);
+        answer::<rpc::Exists>(io, Ok(exists))
+    }
+
+    /// A key removed (once its stores were told).
+    fn remove(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::Remove::request(meta)?;
+        self.durably::<rpc::Remove, _>(io, now, |st| st.remove(&r.key, r.force, now), not_durable)
+    }
+
+    /// A tenant's keys removed.
+    fn remove_all(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::RemoveAll::request(meta)?;
+        if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
+            return answer::<rpc::RemoveAll>(io, Err(e));
+        }
+        self.durably::<rpc::RemoveAll, _>(
+            io,
+            now,
+            |st| st.remove_all(&r.tenant, r.force, now),
+            |removed, durable| not_durable(Ok(RemoveAllResp { removed }), durable),
+        )
+    }
+
+    /// `PUT_START` for many keys, under one lock.
+    fn batch_put_start(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchPutStart::request(meta)?;
+        let Some(now) = self.wait_for_allocations(now, io)? else {
+            return Ok(Served::HandedOn);
+        };
+        let copies = u64::from(r.config.replica_num.max(1));
+        let bytes = r.items.iter().map(|it| it.size * copies).sum();
+        let largest = r.items.iter().map(|it| it.size).max().unwrap_or(0);
+        let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
+        let Some((mut st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
+            return Ok(Served::HandedOn);
+        };
+        st.prefetch(&keys);
+        let items = r
+            .items
+            .iter()
+            .map(|it| {
+                item(st.put_start(r.client_id, &it.key, it.size, &r.config, now))
+                    .map(|started| st.granted(it.size, started))
+            })
+            .collect();
+        self.send_moves(st);
+        answer::<rpc::BatchPutStart>(io, Ok(BatchPutStartResp { items }))
+    }
+
+    /// `PUT_END` for many keys, under one lock.
+    fn batch_put_end(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchPutEnd::request(meta)?;
+        self.durably::<rpc::BatchPutEnd, _>(
+            io,
+            now,
+            |st| end_puts(st, r.client_id, &r.items, now),
+            |items, durable| {
+                let items = mark_not_durable(items, durable);
+                Ok(BatchStatusResp { items })
+            },
+        )
+    }
+
+    /// `BATCH_PUT_END`, and space reserved for the next puts.
+    fn batch_put_commit(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchPutCommit::request(meta)?;
+        let now = if r.reserve.is_empty() {
+            now
+        } else {
+            let Some(now) = self.wait_for_allocations(now, io)? else {
+                return Ok(Served::HandedOn);
+            };
+            let copies = u64::from(r.config.replica_num.max(1));
+            let bytes = r.reserve.iter().sum::<u64>() * copies;
+            let largest = r.reserve.iter().copied().max().unwrap_or(0);
+            let Some((st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
+                return Ok(Served::HandedOn);
+            };
+            drop(st);
+            now
+        };
+        let commit = |st: &mut MasterState| {
+            let items = end_puts(st, r.client_id, &r.items, now);
+            let reserved = st
+                .reserve(r.client_id, &r.reserve, &r.config, now)
+                .into_iter()
+                .zip(&r.reserve)
+                .map(|(res, &size)| item(res).map(|started| st.granted(size, started)))
+                .collect();
+            (items, reserved, st.config().put_reservation_ttl_ms.0)
+        };
+        self.durably::<rpc::BatchPutCommit, _>(
+            io,
+            now,
+            commit,
+            |(items, reserved, ttl), durable| {
+                Ok(BatchPutCommitResp {
+                    items: mark_not_durable(items, durable),
+                    reserved,
+                    ttl_ms: ttl.as_millis() as u64,
+                })
+            },
+        )
+    }
+
+    /// `PUT_REVOKE` for many keys.
+    fn batch_put_revoke(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchPutRevoke::request(meta)?;
+        let mut st = self.state.lock();
+        let items = r
+            .items
+            .iter()
+            .map(|it| status_of(st.put_revoke(r.client_id, &it.key, it.object_id, now)))
+            .collect();
+        drop(st);
+        answer::<rpc::BatchPutRevoke>(io, Ok(BatchStatusResp { items }))
+    }
+
+    /// `GET_REPLICAS` for many keys, under one lock.
+    fn batch_get_replicas(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchGetReplicas::request(meta)?;
+        let mut st = self.state.lock();
+        st.prefetch(&r.keys);
+        let items = r
+            .keys
+            .iter()
+            .map(|k| item(st.get_replicas(k, now)))
+            .collect();
+        self.send_moves(st);
+        answer::<rpc::BatchGetReplicas>(io, Ok(BatchGetReplicasResp { items }))
+    }
+
+    /// `EXISTS` for many keys, under one lock.
+    fn batch_exists(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchExists::request(meta)?;
+        let mut st = self.state.lock();
+        if let Some(e) = r.keys.iter().find_map(|k| st.unserved(k)) {
+            return answer::<rpc::BatchExists>(io, Err(e));
+        }
+        st.prefetch(&r.keys);
+        let items = r.keys.iter().map(|k| st.exists(k, now)).collect();
+        drop(st);
+        answer::<rpc::BatchExists>(io, Ok(BatchExistsResp { items }))
+    }
+
+    /// `REMOVE` for many keys.
+    fn batch_remove(
+        &self,
+        meta: &[u8],
+        io: &mut ServerIo<'_>,
+        now: Instant,
+    ) -> Result<Served, TransferError> {
+        let r = rpc::BatchRemove::request(meta)?;
+        let remove = |st: &mut MasterState| {
+            st.prefetch(&r.keys);
+            r.keys
+                .iter()
+                .map(|k| status_of(st.remove(k, r.force, now)))
+                .collect::<Vec<_>>()
+        };
+        self.durably::<rpc::BatchRemove, _>(io, now, remove, |items, durable| {
+            let items = mark_not_durable(items, durable);
+            Ok(BatchStatusResp { items })
+        })
     }
 }
 
