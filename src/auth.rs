@@ -23,6 +23,7 @@ const MAX_SECRET_LEN: usize = 4096;
 /// The environment variable naming the secret file, for every role and client.
 pub const TOKEN_FILE_ENV: &str = "RBGCTL_AUTH_TOKEN_FILE";
 
+/// Why a process could not prove, or check, the cluster secret.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("auth token file {path}: {source}")]

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+/// Exponential backoff: each wait longer, up to a cap, starting over after a success (with
+/// jitter where asked).
 #[derive(Clone, Debug)]
 pub struct Backoff {
     initial: Duration,

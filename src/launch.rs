@@ -33,6 +33,7 @@ const CONFIG_ENV_PREFIXES: &[&str] = &[
 /// Bytes of a child's log quoted in an error.
 const LOG_TAIL: usize = 4000;
 
+/// Why a role's process could not be started or did not come up.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("{name}: {source}")]
@@ -787,6 +788,7 @@ pub fn wait_http_ok(url: &str, timeout: Duration) -> Result<(), HttpWaitError> {
     }
 }
 
+/// An HTTP endpoint that did not answer as awaited in time, and what it answered last.
 #[derive(Debug, thiserror::Error)]
 #[error("{url} did not answer 200 in time (last: {last})")]
 pub struct HttpWaitError {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+/// A role instance's shutdown token: triggered once, seen by every thread and task.
 #[derive(Clone, Default)]
 pub struct Shutdown(Arc<Inner>);
 

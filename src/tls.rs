@@ -7,6 +7,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Why a certificate, key or CA file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{path}: {reason}")]

@@ -207,6 +207,8 @@ struct Inner {
     no_commit_op: std::sync::atomic::AtomicBool,
 }
 
+/// A connection to the pool: puts and gets of values by key, over the data path each store
+/// is best reached by. Cheap to share between threads.
 pub struct Client {
     inner: Arc<Inner>,
     embedded: Option<Store>,

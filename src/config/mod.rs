@@ -12,6 +12,7 @@ pub use size::{human_bytes, parse_duration, ByteSize, Millis, Secs};
 /// reloaded without a restart are read again when theirs changes.
 pub type FileStamp = (u64, u64, u64, i64, i64);
 
+/// The stamp of the file at `path` now.
 pub fn file_stamp(path: &Path) -> std::io::Result<FileStamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path)?;

@@ -91,6 +91,7 @@ pub struct Addrs {
     pub kv_events_replay: Option<String>,
 }
 
+/// A running SIMULATED engine: its addresses, and how to stop it and wait for it.
 pub type Handle = role::Handle<Addrs, EngineError>;
 
 /// Starts the SIMULATED engine on bound listeners (after connecting to its L3 pool, if any);

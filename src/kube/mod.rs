@@ -16,6 +16,7 @@ use std::time::Duration;
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// Why a request to the Kubernetes API failed (its status and reason when it answered).
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     #[error("kubernetes config: {0}")]
@@ -361,6 +362,7 @@ impl ApiStats {
     }
 }
 
+/// A client of the Kubernetes API: its address, credentials and connections.
 #[derive(Clone)]
 pub struct Kube {
     pub cfg: KubeConfig,

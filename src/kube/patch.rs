@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+/// Why a patch could not be applied to a value.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PatchError {
     #[error("not a JSON patch (a list of operations): {0}")]

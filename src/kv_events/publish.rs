@@ -65,6 +65,7 @@ impl PublisherStats {
     }
 }
 
+/// Why the KV-event publisher could not open or bind its sockets.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("KV events: cannot {what} {endpoint}: {source}")]

@@ -12,6 +12,7 @@ use crate::transfer::{ConnOptions, Connection};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Why a pool of processes could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     #[error(transparent)]

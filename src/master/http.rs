@@ -170,6 +170,7 @@ async fn leader_only(
     next.run(req).await
 }
 
+/// The master's admin and status routes (`/api/v1/…`, `/ui`, `/metrics`, `/health`).
 pub fn admin_router(shared: Arc<Shared>) -> Router {
     // Key names, their places and the clients that wrote them: with the cluster secret set,
     // only for those who hold it.

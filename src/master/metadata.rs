@@ -44,6 +44,7 @@ impl Default for Limits {
     }
 }
 
+/// The keys and values Mooncake's transfer engines keep in the master's metadata server.
 #[derive(Default)]
 pub struct MetadataStore {
     map: HashMap<String, Vec<u8>>,

@@ -241,6 +241,7 @@ pub struct Addrs {
     pub kv_events_replay: Option<String>,
 }
 
+/// A running master: its addresses, and how to stop it and wait for it.
 pub type Handle = role::Handle<Addrs, MasterError>;
 
 /// The pool's KV events' settings, when they are on.

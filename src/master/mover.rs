@@ -31,6 +31,7 @@ const REQUEST_ITEMS: usize = 256;
 /// Requests in flight to one store at once.
 const STREAMS: usize = 2;
 
+/// The thread that carries out the master's moves between tiers.
 pub struct Mover {
     state: Arc<StateLock>,
     leadership: Arc<crate::ha::lease::Leadership>,

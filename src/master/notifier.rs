@@ -80,6 +80,7 @@ struct Delivered {
     stale_until: Option<Instant>,
 }
 
+/// Delivers forgets to the stores and grants their read leases.
 pub struct Notifier {
     state: Arc<StateLock>,
     /// Only a leader (or a master without HA) tells stores anything.

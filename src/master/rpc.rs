@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 /// Longest a remove or replacing put waits for its forgets to reach the stores.
 const REMOVE_DURABILITY_WAIT: Duration = Duration::from_secs(1);
 
+/// The master's binary-protocol service, shared by its event loops and blocking threads.
 pub struct MasterService {
     pub state: Arc<StateLock>,
     pub notifier: Arc<Notifier>,

@@ -114,6 +114,7 @@ pub fn frame(kind: u8, json: &serde_json::Value) -> Vec<u8> {
     out
 }
 
+/// Why a P2P handshake was refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
     #[error("handshake frame of {0} bytes (at most {MAX_FRAME}; 0 is not a frame)")]

@@ -9,6 +9,7 @@ use std::time::Duration;
 /// Largest answer read (a descriptor is a few hundred bytes).
 const MAX_ANSWER: u64 = 1 << 20;
 
+/// Why a request to Mooncake's HTTP metadata server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MetadataError {
     #[error("metadata server {url}: {why}")]

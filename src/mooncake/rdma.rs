@@ -26,6 +26,7 @@ pub const PSN: u32 = 0;
 /// with it a QP takes its own port's active MTU, as Mooncake's do.
 pub const MTU_CEILING: u8 = 5;
 
+/// Why a Mooncake RDMA descriptor or handshake could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RdmaWireError {
     #[error("{0}: {1}")]

@@ -36,6 +36,8 @@ pub struct TargetStats {
     pub gone: AtomicU64,
 }
 
+/// A store's segment served to Mooncake's RDMA clients: registered, published, its queue
+/// pairs kept per peer.
 pub struct RdmaTarget {
     segment: Arc<RdmaSegment>,
     /// The descriptor's name: the server part of this store's nic paths.

@@ -46,6 +46,7 @@ const HAS_LITERAL: u8 = 0b100;
 /// against the bytes left) before anything is allocated.
 pub const MAX_LEN: u64 = 1 << 30;
 
+/// Why bytes are not the struct_pack value expected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpError {
     #[error("struct_pack message truncated: {needed} more bytes needed at byte {at}")]

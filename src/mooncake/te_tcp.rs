@@ -35,6 +35,7 @@ const OPCODE_V2: u8 = 0x80;
 /// Bytes moved per read or write call on the socket.
 const CHUNK: usize = 1 << 20;
 
+/// A Transfer Engine request's opcode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Read,
@@ -51,6 +52,7 @@ pub struct SessionHeader {
     pub v2: bool,
 }
 
+/// Why a Transfer Engine request was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TeError {
     #[error("unknown Transfer Engine opcode {0:#04x} (READ is 0, WRITE 1, | 0x80 for v2)")]

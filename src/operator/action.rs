@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+/// When a key comes back to the queue after its reconcile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Requeue {
     /// Done: look again on the next change (or resync).

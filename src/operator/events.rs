@@ -43,6 +43,7 @@ impl Told {
     }
 }
 
+/// Posts Kubernetes Events, each message once per object within a while.
 pub struct Recorder {
     kube: Kube,
     throttle: Arc<Throttle>,

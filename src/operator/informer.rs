@@ -52,6 +52,7 @@ impl Entries {
     }
 }
 
+/// An object's key in the caches and queues: `namespace/name`.
 pub fn key_of(obj: &Value) -> String {
     ObjectMeta::of(obj).key()
 }

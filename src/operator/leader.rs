@@ -6,6 +6,7 @@ use crate::kube::{lease, Kube, KubeError};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
+/// This operator replica's side of the election on a Lease.
 pub struct Elector {
     kube: Kube,
     path: String,

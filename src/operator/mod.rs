@@ -109,6 +109,7 @@ pub struct Addrs {
     pub metrics: Option<SocketAddr>,
 }
 
+/// A running operator: its addresses, and how to stop it and wait for it.
 pub type Handle = role::Handle<Addrs, OperatorError>;
 
 /// Starts the operator; it stands by for the lease (with `leader_elect`), then reconciles

@@ -123,6 +123,7 @@ pub fn inplace_started(pod: &Pod<'_>) -> Option<chrono::DateTime<chrono::Utc>> {
         .map(|t| t.with_timezone(&chrono::Utc))
 }
 
+/// What planning needs of a pod.
 pub fn view(p: &Value) -> PodView {
     let pod = Pod::of(p);
     let meta = &pod.metadata;

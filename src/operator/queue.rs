@@ -55,6 +55,7 @@ impl Inner {
     }
 }
 
+/// The work queue of one resource type: each key once, with its backoff and delays.
 #[derive(Default)]
 pub struct Queue {
     inner: Mutex<Inner>,

@@ -6,6 +6,7 @@ use crate::token_bucket::Bucket;
 use parking_lot::Mutex;
 use std::time::Instant;
 
+/// The token bucket in front of every API write (`--kube-api-qps`, `--kube-api-burst`).
 pub struct Throttle(Mutex<Bucket>);
 
 impl Throttle {

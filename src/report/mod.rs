@@ -10,6 +10,7 @@ pub use chart::{BarChart, Format, Group, LineChart, Panel, Series};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+/// Why a report could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("drawing a chart: {0}")]

@@ -48,6 +48,7 @@ macro_rules! refused {
     };
 }
 
+/// sglang-router's flags rbgctl refuses, each with why and what to use instead.
 pub const REFUSED: &[Refused] = &[
     refused!("chat-template", TOKENIZER),
     refused!(switch "tokenizer-cache-enable-l0", TOKENIZER),

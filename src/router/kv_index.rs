@@ -67,6 +67,7 @@ impl Followed {
     }
 }
 
+/// The router's global KV index, fed by the workers' KV events.
 pub struct KvIndex {
     index: Arc<Mutex<Index>>,
     followed: Mutex<HashMap<Tenant, Followed>>,

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// Why a request was not admitted: the queue is full, or it waited too long.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
     #[error("too many requests: {running} running and the queue of {queue} is full")]
@@ -40,6 +41,7 @@ impl Slot {
     }
 }
 
+/// At most so many requests proxied at once, so many more waiting.
 pub struct Limiter {
     /// Requests per second, with its burst.
     rate: Option<parking_lot::Mutex<Bucket>>,

@@ -373,6 +373,7 @@ pub struct Addrs {
     pub metrics: Option<SocketAddr>,
 }
 
+/// A running router: its addresses, and how to stop it and wait for it.
 pub type Handle = role::Handle<Addrs, RouterError>;
 
 /// Starts the router on bound listeners; when `shutdown` fires it stops accepting and gives

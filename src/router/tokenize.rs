@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+/// Why the tokenizer could not be loaded, or a text tokenized or detokenized.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizeError {
     #[error("{path}: {reason}")]
@@ -15,6 +16,7 @@ pub enum TokenizeError {
     Decode(String),
 }
 
+/// The router's local tokenizer.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The file it was read from.

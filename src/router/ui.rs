@@ -102,6 +102,7 @@ fn tenants(h: &mut String, classes: &[ClassRow], tenants: &[TenantRow]) {
     }
 }
 
+/// The status page (or one part of it, for its live refresh) from `v`.
 pub fn render(v: &View, part: Part) -> String {
     live::page(
         "rbgctl router",

@@ -22,6 +22,7 @@ pub fn blocks(n: u64) -> u64 {
     n.div_ceil(BLOCK) * BLOCK
 }
 
+/// Why the disk tier's file could not be opened, sized or used.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error("disk tier directory {0}: does not exist (create it, or fix --disk-tier)")]

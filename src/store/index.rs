@@ -31,6 +31,7 @@ const MAX_ENTRY: usize = 8192;
 /// Compact when the log holds this many more entries than there are live records.
 const COMPACT_SLACK: u64 = 4096;
 
+/// Why the store's durable index could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     #[error("index {path}: {source}")]

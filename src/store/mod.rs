@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Why a store could not start or went down.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(transparent)]
@@ -998,6 +999,7 @@ pub struct Addrs {
     pub disk: Option<SocketAddr>,
 }
 
+/// A running store: its addresses, and how to stop it and wait for it.
 pub type Handle = role::Handle<Addrs, StoreError>;
 
 /// Starts the store on bound listeners; it runs until `shutdown` fires, then unmounts cleanly.

@@ -43,6 +43,7 @@ pub fn report_requests(
     })
 }
 
+/// A store's standing with the master: its mount, heartbeats and reports.
 pub struct Registration {
     pub client_id: u64,
     /// The cluster secret: sent as a Bearer token with the metadata server writes.

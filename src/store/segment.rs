@@ -14,6 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// Why the segment's directory or file could not be made, sized or mapped.
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
     #[error("segment directory {dir}: {source}")]

@@ -156,6 +156,7 @@ pub fn answer_forget(
     Ok(true)
 }
 
+/// The store's data service on its memory segment.
 pub struct StoreService {
     pub name: String,
     pub memory: Option<Arc<SegmentMemory>>,

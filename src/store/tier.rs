@@ -133,6 +133,7 @@ pub struct TierCounters {
     pub stale_reads: AtomicU64,
 }
 
+/// The store's data service on its disk tier.
 pub struct DiskService {
     pub name: String,
     pub area: Arc<DiskArea>,

@@ -27,6 +27,7 @@ pub enum Read {
     Error,
 }
 
+/// What one operation of a history did, with its outcome.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Put { digest: u64, outcome: Outcome },

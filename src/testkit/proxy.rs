@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 /// Connections the proxy serves at once; more wait in the accept queue.
 const MAX_CONNECTIONS: usize = 64;
 
+/// A TCP proxy that delays what it passes on (a slow link for the tests).
 pub struct DelayProxy {
     pub addr: SocketAddr,
     in_flight: Arc<AtomicUsize>,

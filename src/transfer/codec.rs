@@ -8,6 +8,7 @@ pub const MAX_STR_LEN: usize = 4096;
 /// Largest list accepted on the wire (batch sizes, segment lists).
 pub const MAX_LIST_LEN: usize = 1 << 20;
 
+/// Writes a message's fields into a byte buffer.
 #[derive(Default)]
 pub struct Encoder {
     pub buf: Vec<u8>,
@@ -55,6 +56,7 @@ impl Encoder {
     }
 }
 
+/// Reads a message's fields from bytes, refusing what is short or malformed.
 pub struct Decoder<'a> {
     buf: &'a [u8],
     pos: usize,

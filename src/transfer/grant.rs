@@ -63,6 +63,7 @@ impl serde::Serialize for Grant {
     }
 }
 
+/// Why a grant or an order is not one the master made.
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {
     #[error("no random numbers from the system for a grant key")]

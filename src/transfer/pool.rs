@@ -37,6 +37,7 @@ impl Default for ConnOptions {
     }
 }
 
+/// One connection to a server of the binary protocol, with its requests in flight.
 pub struct Connection {
     pub io: FramedStream,
     next_id: u64,
@@ -435,6 +436,7 @@ impl Pool {
     }
 }
 
+/// A connection out of a pool; back to it when dropped, unless an error made it unusable.
 pub struct PooledConnection<'a> {
     pool: &'a Pool,
     conn: Option<Connection>,

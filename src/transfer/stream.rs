@@ -25,6 +25,7 @@ const CRC_PIECE: usize = 256 * 1024;
 /// [`FramedStream::read_data_streamed_crc`]); payloads shorter than it are read straight in.
 const BOUNCE_LEN: usize = 128 * 1024;
 
+/// Frames over a TCP stream: payloads read straight into the caller's memory.
 pub struct FramedStream {
     stream: TcpStream,
     rbuf: Box<[u8]>,

@@ -21,6 +21,7 @@ pub fn aligned(size: u64) -> u64 {
     size.div_ceil(ALIGN) * ALIGN
 }
 
+/// One segment's space: best fit over free extents, by size and by offset.
 #[derive(Debug)]
 pub struct Allocator {
     /// Every allocation is a multiple of this and starts at one.

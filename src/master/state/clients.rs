@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// One client the master knows: when it was last heard from, and on which connection.
 #[derive(Debug)]
 pub struct Client {
     pub last_seen: Instant,
@@ -35,6 +36,7 @@ pub struct Binding {
     incarnation: u64,
 }
 
+/// The clients the master knows, and which of them have run out their TTL.
 #[derive(Debug, Default)]
 pub struct ClientTable {
     by_id: HashMap<u64, Client>,

@@ -41,6 +41,7 @@ pub struct Outbox {
     pub keys: HashMap<String, Arc<GrantKey>>,
 }
 
+/// Records stores must drop, per store, until each store took them.
 #[derive(Debug, Default)]
 pub struct ForgetLog {
     /// The stores' read lease: how long a store may serve a record it was not told to forget.

@@ -7,6 +7,7 @@ use crate::master::tenants::Usage;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+/// What the master keeps beside its objects so that nothing periodic walks them all.
 #[derive(Debug, Default)]
 pub struct Indexes {
     keys: u64,

@@ -86,6 +86,7 @@ impl std::fmt::Debug for Table {
     }
 }
 
+/// Keys to object slots: an open-addressing hash table of slot numbers.
 #[derive(Debug, Default)]
 pub struct KeyIndex {
     /// A power of two long (or empty); at most 7/8 full.

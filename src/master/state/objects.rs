@@ -169,6 +169,7 @@ pub enum TableFull {
     Index(super::key_index::IndexFull),
 }
 
+/// The master's objects: a slab of slots, found by key through the key index.
 #[derive(Debug)]
 pub struct ObjectTable {
     slots: Slots,

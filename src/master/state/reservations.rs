@@ -7,6 +7,7 @@ use super::objects::Pending;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
+/// Space reserved for clients' next puts, by client, until used or expired.
 #[derive(Debug, Default)]
 pub struct Reservations {
     /// By object id: the reservation and the bytes charged to its client for it.

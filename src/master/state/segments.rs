@@ -12,6 +12,7 @@ use std::time::Instant;
 /// Incarnations of given-up segments remembered.
 const LOST_SEGMENTS_REMEMBERED: usize = 4096;
 
+/// Where a segment stands: what may be read from it and placed on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SegState {
     Live,
@@ -49,6 +50,7 @@ impl SegState {
     }
 }
 
+/// One mounted segment: its store, its space and its state.
 #[derive(Debug)]
 pub struct Segment {
     pub id: u64,

@@ -55,6 +55,7 @@ struct Sent {
     url: Arc<str>,
 }
 
+/// The `bucket` policy: requests sorted by length into one bucket per worker.
 pub struct Buckets {
     window: Duration,
     recent: VecDeque<Sent>,

@@ -41,6 +41,8 @@ impl Default for CacheAwareConfig {
     }
 }
 
+/// The `cache_aware` policy: the worker whose tree matches most of the prompt, unless load
+/// is out of balance.
 pub struct CacheAware {
     cfg: CacheAwareConfig,
     tree: Mutex<Tree>,

@@ -5,6 +5,7 @@
 use super::{least_loaded, Candidate, LoadBalancingPolicy, PolicyKind, RouteInput};
 use std::time::Instant;
 
+/// The `consistent_hashing` policy: rendezvous hashing of the routing key.
 pub struct ConsistentHashing;
 
 impl LoadBalancingPolicy for ConsistentHashing {

@@ -52,6 +52,7 @@ struct Assignment {
     used: Instant,
 }
 
+/// The `manual` policy: a routing key keeps the worker it was first sent to.
 pub struct Manual {
     cfg: ManualConfig,
     keys: Mutex<HashMap<String, Assignment>>,

@@ -3,6 +3,7 @@
 use super::{Candidate, LoadBalancingPolicy, PolicyKind, RouteInput};
 use std::time::Instant;
 
+/// The `power_of_two` policy: of two random candidates, the less loaded.
 pub struct PowerOfTwo;
 
 impl LoadBalancingPolicy for PowerOfTwo {

@@ -94,6 +94,7 @@ pub fn worth(p: &Prefix) -> f64 {
         + p.external as f64 * SAVED_EXTERNAL
 }
 
+/// The `precise_prefix` policy: the worker holding the longest prefix, by its KV events.
 pub struct PrecisePrefix {
     view: Arc<dyn PrefixView>,
     fallback: CacheAware,

@@ -82,6 +82,7 @@ impl Sessions {
     }
 }
 
+/// The `predicted_ttft` policy: the worker with the shortest predicted time to first token.
 pub struct PredictedTtft {
     view: Arc<dyn PrefixView>,
     /// Its tree of texts sent to each worker.

@@ -56,6 +56,7 @@ impl PrefixHashConfig {
     }
 }
 
+/// The `prefix_hash` policy: the prompt's head hashed onto the workers.
 pub struct PrefixHash {
     cfg: PrefixHashConfig,
 }

@@ -3,6 +3,7 @@
 use super::{Candidate, LoadBalancingPolicy, PolicyKind, RouteInput};
 use std::time::Instant;
 
+/// The `random` policy.
 pub struct Random;
 
 impl LoadBalancingPolicy for Random {

@@ -4,6 +4,7 @@ use super::{Candidate, LoadBalancingPolicy, PolicyKind, RouteInput};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+/// The `round_robin` policy.
 #[derive(Default)]
 pub struct RoundRobin {
     next: AtomicUsize,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 /// (a client's text picks which child, not how the map is hashed).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+/// A worker, as the tree names it (its URL).
 pub type Tenant = Arc<str>;
 
 const ROOT: usize = 0;
@@ -51,6 +52,7 @@ impl Match {
     }
 }
 
+/// The cache-aware policy's approximate radix tree of request texts.
 #[derive(Debug)]
 pub struct Tree {
     nodes: Vec<Node>,

@@ -28,6 +28,7 @@ const MERGE_FRAMES: usize = 64;
 /// ... and up to this many bytes.
 const MERGE_BYTES: usize = 256 * 1024;
 
+/// An error of any kind, as a body stream gives it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 mod relay;

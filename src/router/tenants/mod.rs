@@ -34,6 +34,7 @@ pub const CLASS_HEADER: &str = "x-priority-class";
 /// How often the tenants file is looked at for changes.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
 
+/// Why the tenants file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TenantsError {
     #[error("tenants file {path}: {source}")]

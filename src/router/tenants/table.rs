@@ -39,6 +39,7 @@ pub const MAX_CLASSES: usize = 16;
 /// Longest tenant or class name (names are metric labels and pool namespaces).
 pub const MAX_NAME_LEN: usize = 64;
 
+/// What is wrong in a tenants file: not TOML, or an entry named with what is wrong with it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TableError {
     #[error("not valid TOML for a tenants file: {0}")]

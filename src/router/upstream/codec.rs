@@ -13,6 +13,7 @@ pub const MAX_HEAD: usize = 64 * 1024;
 /// Header lines in one response head, at most.
 const MAX_HEADERS: usize = 128;
 
+/// Why a worker's answer is not HTTP/1.1 the router takes.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodecError {
     #[error("the worker's response head is not HTTP/1.x: {0}")]

@@ -37,6 +37,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// hyper's pooled client, for `https://` workers.
 type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// Why a request to a worker failed: no connection, a timeout, or a bad answer.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("the worker address {0:?} has no host")]

@@ -13,6 +13,7 @@ pub const PORT: u8 = 1;
 /// Mooncake's variable for the GID index.
 pub const GID_INDEX_ENV: &str = "MC_GID_INDEX";
 
+/// An RDMA device's port, opened: its protection domain and its port path.
 pub struct Nic {
     pub pd: Arc<Pd>,
     pub path: PortPath,
@@ -168,6 +169,7 @@ pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
     Some(gid)
 }
 
+/// A GID as text: eight colon-separated groups of four hex digits.
 pub fn gid_text(gid: &[u8; 16]) -> String {
     gid.chunks(2)
         .map(|c| format!("{:02x}{:02x}", c[0], c[1]))

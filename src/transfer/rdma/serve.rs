@@ -42,6 +42,7 @@ pub struct DeviceKeys {
     pub lkey: u32,
 }
 
+/// A store's segment registered on its NICs, and the queue pairs connected to it.
 pub struct RdmaSegment {
     nics: Vec<Served>,
     /// How long the store keeps an idle connection: clients retire their pairs before it.

@@ -523,6 +523,8 @@ thread_local! {
 /// answer, is freed).
 const MAX_KEPT_SCRATCH: usize = 64 << 10;
 
+/// A server's limits and settings: connections in all and per peer, idle and request
+/// timeouts, spin-polling, the cluster secret and TCP keepalive.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub max_connections: usize,
