@@ -4,6 +4,7 @@ use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use clap::{Args, Subcommand};
 use std::io::{IsTerminal, Read, Write};
 
+/// `rbgctl kv`'s arguments: the pool to reach and the operation.
 #[derive(Debug, Args)]
 pub struct KvArgs {
     /// The master's RPC address (host:port), or elected masters' `etcd://h1:2379;h2:2379/ID`
@@ -48,6 +49,7 @@ pub struct KvArgs {
     pub op: KvOp,
 }
 
+/// The operations of `rbgctl kv`.
 #[derive(Debug, Subcommand)]
 pub enum KvOp {
     /// Store a value (from the argument, or standard input when it is `-`).

@@ -264,6 +264,7 @@ impl UpConfig {
     }
 }
 
+/// `rbgctl up`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
     /// Layout file (TOML; example in config/up.toml). Flags below override it.

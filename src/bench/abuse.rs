@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench abuse`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AbuseBenchArgs {
     /// Idle connections opened to each of the master's RPC port and the store's data port,

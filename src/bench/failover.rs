@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench failover`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FailoverBenchArgs {
     /// Masters electing a leader (2 or 3).

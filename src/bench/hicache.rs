@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench hicache`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HicacheBenchArgs {
     /// An existing master (host:port); by default the benchmark starts a master and one store.

@@ -19,6 +19,7 @@ use crate::transfer::{ConnOptions, Connection, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench master`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MasterBenchArgs {
     /// An existing master (host:port). By default the benchmark starts its own, and only then

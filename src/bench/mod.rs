@@ -34,12 +34,14 @@ pub mod tiers;
 
 use clap::{Args, Subcommand};
 
+/// `rbgctl bench`'s arguments: which benchmark, and its own.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
     pub kind: BenchKind,
 }
 
+/// The benchmarks `rbgctl bench` runs.
 #[derive(Debug, Subcommand)]
 pub enum BenchKind {
     /// Put/get throughput and latency of the KV pool, beside the machine's own limits.

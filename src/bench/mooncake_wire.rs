@@ -16,6 +16,7 @@ const SCRIPT: &str = include_str!("../../scripts/mooncake_wire.py");
 /// Longest the wheel's script may run.
 const LIMIT: Duration = Duration::from_secs(180);
 
+/// `rbgctl mooncake-wire`'s arguments.
 #[derive(Clone, Debug, clap::Args)]
 pub struct WireArgs {
     /// A Python with Mooncake's wheel installed (`mooncake-transfer-engine-non-cuda`).

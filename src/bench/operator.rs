@@ -14,6 +14,7 @@ use clap::Args;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench operator`'s arguments.
 #[derive(Debug, Args)]
 pub struct OperatorBenchArgs {
     /// Roles in the large group (a dependency chain: role i depends on role i-1).

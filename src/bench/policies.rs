@@ -14,6 +14,7 @@ use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// `rbgctl bench policies`'s arguments.
 #[derive(Debug, Args)]
 pub struct PoliciesArgs {
     /// Service layout (config/up.toml's format). Default: 4 SIMULATED engines with 8,192-token

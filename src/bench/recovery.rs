@@ -12,6 +12,7 @@ use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench recovery`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RecoveryBenchArgs {
     /// Segment size of the store.

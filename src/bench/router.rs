@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench router`'s arguments.
 #[derive(Debug, Clone, Args)]
 pub struct RouterBenchArgs {
     /// Seconds per measurement.

@@ -13,6 +13,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench serving`'s arguments, as SGLang's `bench_serving.py` names them.
 #[derive(Debug, Clone, Args)]
 pub struct ServingArgs {
     /// `sglang` (/generate), `sglang-oai` or `vllm` (/v1/completions), `sglang-oai-chat` or

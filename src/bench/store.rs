@@ -14,6 +14,7 @@ use crate::config::{human_bytes, ByteSize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench store`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreBenchArgs {
     /// An existing master (host:port); by default the benchmark starts a master and one store.

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench tenants`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TenantsBenchArgs {
     /// Seconds each run sends for (answers still coming in are awaited).

@@ -13,6 +13,7 @@ use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
 
+/// `rbgctl bench tiers`'s arguments.
 #[derive(Debug, Args)]
 pub struct TiersArgs {
     /// Service layout (config/up.toml's format): engine cache sizes, cost model, pool size.

@@ -7,6 +7,7 @@ use crate::config::{layered, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The SIMULATED engine's settings, from its flags and TOML file.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {

@@ -653,6 +653,7 @@ pub struct RouterArgs {
     pub tenants: TenantsArgs,
 }
 
+/// The router's tenant flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Tenants")]
@@ -677,6 +678,7 @@ pub struct TenantsArgs {
     pub tenant_limits_replicas: Option<usize>,
 }
 
+/// The router's listener flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Server")]
@@ -752,6 +754,7 @@ pub struct ServerArgs {
     pub model_path: Option<PathBuf>,
 }
 
+/// The router's flags for request sizes, concurrency and timeouts.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Limits")]
@@ -785,6 +788,7 @@ pub struct LimitsArgs {
     pub rate_limit_tokens_per_second: Option<f64>,
 }
 
+/// The router's metrics flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Metrics")]
@@ -802,6 +806,7 @@ pub struct MetricsArgs {
     pub prometheus_duration_buckets: Vec<f64>,
 }
 
+/// The router's worker-choice flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Policies")]
@@ -873,6 +878,7 @@ pub struct PolicyArgs {
     pub kv_events_pool_auth_token_file: Option<std::path::PathBuf>,
 }
 
+/// The router's retry flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Retries")]
@@ -899,6 +905,7 @@ pub struct RetryArgs {
     pub disable_retries: bool,
 }
 
+/// The router's circuit-breaker flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Circuit breakers")]
@@ -921,6 +928,7 @@ pub struct BreakerArgs {
     pub disable_circuit_breaker: bool,
 }
 
+/// The router's health-check flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Health checks")]
@@ -953,6 +961,7 @@ pub struct HealthArgs {
     pub worker_startup_check_interval: Option<f64>,
 }
 
+/// The router's prefill/decode disaggregation flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Prefill/decode disaggregation")]
@@ -999,6 +1008,7 @@ pub struct PdArgs {
     pub decoder_port: Vec<u16>,
 }
 
+/// The router's worker-discovery flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "Discovery")]
@@ -1049,6 +1059,7 @@ pub struct DiscoveryArgs {
     pub rbg_poll_secs: Option<f64>,
 }
 
+/// The router's TLS flags.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 #[command(next_help_heading = "TLS")]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The store's settings, from its flags, environment and TOML file.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
@@ -168,6 +169,7 @@ impl Default for StoreConfig {
     }
 }
 
+/// The store's flags, each also an environment variable.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, clap::Args, Serialize)]
 pub struct StoreArgs {

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+/// Why the headless browser could not be started or driven.
 #[derive(Debug, thiserror::Error)]
 pub enum BrowserError {
     #[error("starting {program}: {source}")]

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_stream::StreamExt;
 
+/// `rbgctl bench fake-worker`'s arguments.
 #[derive(Debug, Clone, Args)]
 pub struct FakeWorkerArgs {
     /// Address to listen on.

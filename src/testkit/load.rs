@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// `rbgctl bench history-load`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HistoryLoadArgs {
     /// The master's RPC address (`host:port`, `etcd://…`, `k8s://…`).

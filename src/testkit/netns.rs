@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+/// Why a network namespace or its fault could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
     /// This machine cannot make network namespaces here: tests skip with this reason.

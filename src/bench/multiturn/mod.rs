@@ -24,6 +24,7 @@ const SWEEP: [f64; 13] = [
     16.0, 14.0, 12.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0,
 ];
 
+/// `rbgctl bench multiturn`'s arguments, as SGLang's `bench_multiturn.py` names them.
 #[derive(Debug, Clone, Args)]
 pub struct MultiturnArgs {
     /// Concurrent clients (conversations).

@@ -6,6 +6,7 @@
 use crate::simulated_tokens::VOCAB;
 use std::time::Duration;
 
+/// How requests are spread in time (`--distribution`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Distribution {
     /// Exponential gaps (expovariate(rate)).
@@ -14,6 +15,7 @@ pub enum Distribution {
     Uniform,
 }
 
+/// Which conversation's next round goes first (`--ready-queue-policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QueuePolicy {
     Random,

@@ -103,6 +103,7 @@ pub struct ApiServer {
     inner: Arc<Mutex<Inner>>,
 }
 
+/// An error the API server stand-in answers with, as the real one words it.
 #[derive(Debug)]
 pub struct ApiError {
     pub code: u16,

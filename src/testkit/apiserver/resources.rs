@@ -28,6 +28,7 @@ pub struct ScalePaths {
     pub label_selector: Option<&'static str>,
 }
 
+/// The resource types the stand-in serves, with their API groups and versions.
 pub const RESOURCES: &[Resource] = &[
     Resource {
         group: "",
