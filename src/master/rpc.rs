@@ -75,6 +75,9 @@ impl Drop for BoundClient {
     }
 }
 
+/// What a handler returns: how it served its request.
+type Handled = Result<Served, TransferError>;
+
 /// How the master served a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Served {
@@ -177,12 +180,7 @@ impl MasterService {
 /// One handler per opcode, each named as its opcode.
 impl MasterService {
     /// A client's heartbeat: binds it to this connection, and says whether it must mount again.
-    fn ping(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn ping(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::Ping::request(meta)?;
         let held = io.attached::<BoundClient>().map(|b| b.binding);
         let (need_remount, bind) = self.state.lock().ping_on(r.client_id, held, now);
@@ -199,12 +197,7 @@ impl MasterService {
     }
 
     /// A store asks for its read lease on a segment.
-    fn lease(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn lease(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::Lease::request(meta)?;
         let lease = {
             // Under the state lock: no forget for the segment is queued meanwhile.
@@ -221,24 +214,14 @@ impl MasterService {
     }
 
     /// A client leaves cleanly.
-    fn leave(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn leave(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::Leave::request(meta)?;
         self.state.lock().leave(r.client_id, now);
         answer::<rpc::Leave>(io, Ok(()))
     }
 
     /// A store mounts its segment (or mounts it again after a restart).
-    fn mount_segment(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn mount_segment(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::MountSegment::request(meta)?;
         let grant_key = match GrantKey::from_bytes(&r.grant_key) {
             Ok(key) => key,
@@ -263,12 +246,7 @@ impl MasterService {
     }
 
     /// A store takes its segment away, keeping its objects or not.
-    fn unmount_segment(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn unmount_segment(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::UnmountSegment::request(meta)?;
         let res = self
             .state
@@ -278,12 +256,7 @@ impl MasterService {
     }
 
     /// A persistent store reports the objects its segment holds, after a master start.
-    fn report_objects(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn report_objects(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::ReportObjects::request(meta)?;
         let res = self
             .state
@@ -293,12 +266,7 @@ impl MasterService {
     }
 
     /// A store about to go asks for its objects to be moved to the others, or how far that is.
-    fn hand_over(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn hand_over(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::HandOver::request(meta)?;
         let deadline = Duration::from_millis(r.deadline_ms);
         let res = self
@@ -310,12 +278,7 @@ impl MasterService {
     }
 
     /// A store sends the checksums of objects it recorded unhashed.
-    fn objects_hashed(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        _now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn objects_hashed(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Handled {
         let r = rpc::ObjectsHashed::request(meta)?;
         let res = self
             .state
@@ -325,12 +288,7 @@ impl MasterService {
     }
 
     /// A reader found a replica whose bytes do not match its checksum.
-    fn report_corrupt(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn report_corrupt(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::ReportCorrupt::request(meta)?;
         self.state
             .lock()
@@ -340,12 +298,7 @@ impl MasterService {
     }
 
     /// The readable keys a pattern matches.
-    fn list_keys(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        _now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn list_keys(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Handled {
         let r = rpc::ListKeys::request(meta)?;
         let re = match key_pattern(&r.pattern) {
             Ok(re) => re,
@@ -364,24 +317,14 @@ impl MasterService {
     }
 
     /// The live segments.
-    fn list_segments(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        _now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn list_segments(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Handled {
         rpc::ListSegments::request(meta)?;
         let segments = self.state.lock().list_segments();
         answer::<rpc::ListSegments>(io, Ok(ListSegmentsResp { segments }))
     }
 
     /// A put begins: its replicas placed, with their grants.
-    fn put_start(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn put_start(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::PutStart::request(meta)?;
         let Some(now) = self.wait_for_allocations(now, io)? else {
             return Ok(Served::HandedOn);
@@ -398,12 +341,7 @@ impl MasterService {
     }
 
     /// A put is written: its version becomes the key's (once the old one's forgets are out).
-    fn put_end(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn put_end(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::PutEnd::request(meta)?;
         self.durably::<rpc::PutEnd, _>(
             io,
@@ -422,12 +360,7 @@ impl MasterService {
     }
 
     /// A put given up: its space goes back.
-    fn put_revoke(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn put_revoke(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::PutRevoke::request(meta)?;
         let res = self
             .state
@@ -437,12 +370,7 @@ impl MasterService {
     }
 
     /// Where a key's current version is, under a read lease.
-    fn get_replicas(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn get_replicas(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let key = KeyReq::key_of(meta)?;
         let mut st = self.state.lock();
         let res = st.get_replicas(key, now);
@@ -451,12 +379,7 @@ impl MasterService {
     }
 
     /// Whether a key is readable.
-    fn exists(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn exists(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let key = KeyReq::key_of(meta)?;
         let mut st = self.state.lock();
         if let Some(e) = st.unserved(key) {
@@ -468,23 +391,13 @@ impl MasterService {
     }
 
     /// A key removed (once its stores were told).
-    fn remove(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn remove(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::Remove::request(meta)?;
         self.durably::<rpc::Remove, _>(io, now, |st| st.remove(&r.key, r.force, now), not_durable)
     }
 
     /// A tenant's keys removed.
-    fn remove_all(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn remove_all(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::RemoveAll::request(meta)?;
         if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
             return answer::<rpc::RemoveAll>(io, Err(e));
@@ -498,12 +411,7 @@ impl MasterService {
     }
 
     /// `PUT_START` for many keys, under one lock.
-    fn batch_put_start(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_put_start(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchPutStart::request(meta)?;
         let Some(now) = self.wait_for_allocations(now, io)? else {
             return Ok(Served::HandedOn);
@@ -529,12 +437,7 @@ impl MasterService {
     }
 
     /// `PUT_END` for many keys, under one lock.
-    fn batch_put_end(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_put_end(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchPutEnd::request(meta)?;
         self.durably::<rpc::BatchPutEnd, _>(
             io,
@@ -548,12 +451,7 @@ impl MasterService {
     }
 
     /// `BATCH_PUT_END`, and space reserved for the next puts.
-    fn batch_put_commit(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_put_commit(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchPutCommit::request(meta)?;
         let now = if r.reserve.is_empty() {
             now
@@ -595,12 +493,7 @@ impl MasterService {
     }
 
     /// `PUT_REVOKE` for many keys.
-    fn batch_put_revoke(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_put_revoke(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchPutRevoke::request(meta)?;
         let mut st = self.state.lock();
         let items = r
@@ -613,12 +506,7 @@ impl MasterService {
     }
 
     /// `GET_REPLICAS` for many keys, under one lock.
-    fn batch_get_replicas(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_get_replicas(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchGetReplicas::request(meta)?;
         let mut st = self.state.lock();
         st.prefetch(&r.keys);
@@ -632,12 +520,7 @@ impl MasterService {
     }
 
     /// `EXISTS` for many keys, under one lock.
-    fn batch_exists(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_exists(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchExists::request(meta)?;
         let mut st = self.state.lock();
         if let Some(e) = r.keys.iter().find_map(|k| st.unserved(k)) {
@@ -650,12 +533,7 @@ impl MasterService {
     }
 
     /// `REMOVE` for many keys.
-    fn batch_remove(
-        &self,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-        now: Instant,
-    ) -> Result<Served, TransferError> {
+    fn batch_remove(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
         let r = rpc::BatchRemove::request(meta)?;
         let remove = |st: &mut MasterState| {
             st.prefetch(&r.keys);
