@@ -3,6 +3,7 @@
 
 pub mod flat;
 pub mod mooncake;
+pub mod settings;
 mod size;
 
 pub use size::{human_bytes, parse_duration, ByteSize, Millis, Secs};

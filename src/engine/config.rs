@@ -7,86 +7,95 @@ use crate::config::{layered, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// The SIMULATED engine's settings, from its flags and TOML file.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EngineConfig {
-    /// Default `127.0.0.1`.
-    pub host: String,
-    /// Default 30000.
-    pub port: u16,
-    /// `regular` (default), `prefill` or `decode` (SGLang's `--disaggregation-mode`).
-    pub mode: Mode,
-    /// Prefill mode: also serve the KV bootstrap on this port (the router sends it to decode).
-    /// Default: none.
-    pub disaggregation_bootstrap_port: Option<u16>,
-    /// Model name it reports. Default `simulated-model`.
-    pub model: String,
-    /// Tokens per KV page (SGLang's `--page-size`). Default 64.
-    pub page_size: usize,
-    /// Device (L1) prefix cache, in tokens. Default 65536.
-    pub device_cache_tokens: usize,
-    /// Host (L2) cache, in tokens; 0 = none. Default 0.
-    pub host_cache_tokens: usize,
-    /// Use the rbgctl KV pool at this master address as the L3 tier. Default: none.
-    pub l3_master: Option<String>,
-    /// The pool's cluster secret, for the L3 client (as `rbgctl kv`). Default: none.
-    pub auth_token_file: Option<PathBuf>,
-    /// KV bytes per token (page objects are `page_size` x this). Default 4096.
-    pub bytes_per_token: usize,
-    /// Prefill compute per uncached token, microseconds. Default 100.
-    pub prefill_us_per_token: f64,
-    /// Copy to device per token loaded from L2 or L3, microseconds. Default 5.
-    pub load_us_per_token: f64,
-    /// Decode step, milliseconds. Default 5.
-    pub decode_ms_per_token: f64,
-    /// Prefill-to-decode KV transfer bandwidth (PD), GB/s; 0 = instant. Default 10.
-    pub kv_transfer_gbps: f64,
-    /// Tokens generated when a request does not say. Default 128.
-    pub default_max_tokens: usize,
-    /// Prefill tokens the device computes in one go (SGLang's `--chunked-prefill-size`): a
-    /// longer prompt is computed in chunks, and between two the device may go to a request
-    /// that goes first; −1 computes every prompt whole. Default 8192.
-    pub chunked_prefill_size: i64,
-    /// Prefills wait for the device in the order of the requests' `priority` (higher first,
-    /// as SGLang's `--enable-priority-scheduling`), then of arrival. Default false (arrival
-    /// only).
-    pub enable_priority_scheduling: bool,
-    /// With priority scheduling, lower `priority` values go first (SGLang's
-    /// `--schedule-low-priority-values-first`; vLLM's convention). Default false.
-    pub schedule_low_priority_values_first: bool,
-    /// Publish the device (L1) and host (L2) caches' blocks as KV events: SGLang's
-    /// `--kv-events-config` JSON (`{"publisher":"zmq","endpoint":"tcp://*:5557",
-    /// "replay_endpoint":"tcp://*:5558"}`). Default: none.
-    pub kv_events_config: Option<String>,
-}
+crate::config::settings::settings! {
+    /// The SIMULATED engine's settings, from its flags and TOML file.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct EngineConfig;
 
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            host: "127.0.0.1".into(),
-            port: 30000,
-            mode: Mode::Regular,
-            disaggregation_bootstrap_port: None,
-            model: "simulated-model".into(),
-            page_size: 64,
-            device_cache_tokens: 65_536,
-            host_cache_tokens: 0,
-            l3_master: None,
-            auth_token_file: None,
-            bytes_per_token: 4096,
-            prefill_us_per_token: 100.0,
-            load_us_per_token: 5.0,
-            decode_ms_per_token: 5.0,
-            kv_transfer_gbps: 10.0,
-            default_max_tokens: 128,
-            chunked_prefill_size: 8192,
-            enable_priority_scheduling: false,
-            schedule_low_priority_values_first: false,
-            kv_events_config: None,
-        }
+    /// Flags of `rbgctl sim-engine` (SGLang's spellings where it has the setting).
+    #[serde_with::skip_serializing_none]
+    #[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
+    pub struct SimEngineArgs {
+        /// TOML config file (see config/sim-engine.toml).
+        #[arg(long)]
+        #[serde(skip)]
+        pub config: Option<PathBuf>,
+    }
+
+    settings {
+        /// Address the engine listens on.
+        #[arg(long)]
+        host: String = "127.0.0.1".into();
+        /// The engine's port.
+        #[arg(long)]
+        port: u16 = 30000;
+        /// `regular`, `prefill` or `decode` (SGLang's `--disaggregation-mode`).
+        #[arg(long = "disaggregation-mode", alias = "mode")]
+        mode: Mode = Mode::Regular;
+        /// Prefill mode: also serve the KV bootstrap on this port (the router sends it to
+        /// decode). Default: none.
+        #[arg(long)]
+        disaggregation_bootstrap_port: Option<u16> = None;
+        /// Model name it reports (SGLang's `--served-model-name`).
+        #[arg(long = "served-model-name")]
+        model: String = "simulated-model".into();
+        /// Tokens per KV page (SGLang's `--page-size`).
+        #[arg(long)]
+        page_size: usize = 64;
+        /// Device (L1) prefix cache, in tokens.
+        #[arg(long)]
+        device_cache_tokens: usize = 65_536;
+        /// Host (L2) cache, in tokens; 0 = none.
+        #[arg(long)]
+        host_cache_tokens: usize = 0;
+        /// Use the rbgctl KV pool at this master address as the L3 tier. Default: none.
+        #[arg(long)]
+        l3_master: Option<String> = None;
+        /// The pool's cluster secret, for the L3 client (as `rbgctl kv`). Default: none.
+        #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+        auth_token_file: Option<PathBuf> = None;
+        /// KV bytes per token (page objects are `page_size` x this).
+        #[arg(long)]
+        bytes_per_token: usize = 4096;
+        /// Prefill compute per uncached token, microseconds.
+        #[arg(long)]
+        prefill_us_per_token: f64 = 100.0;
+        /// Copy to device per token loaded from L2 or L3, microseconds.
+        #[arg(long)]
+        load_us_per_token: f64 = 5.0;
+        /// Decode step, milliseconds.
+        #[arg(long)]
+        decode_ms_per_token: f64 = 5.0;
+        /// Prefill-to-decode KV transfer bandwidth (PD), GB/s; 0 = instant.
+        #[arg(long)]
+        kv_transfer_gbps: f64 = 10.0;
+        /// Tokens generated when a request does not say.
+        #[arg(long)]
+        default_max_tokens: usize = 128;
+        /// Prefill tokens the device computes in one go (SGLang's `--chunked-prefill-size`): a
+        /// longer prompt is computed in chunks, and between two the device may go to a request
+        /// that goes first; −1 computes every prompt whole.
+        #[arg(long)]
+        chunked_prefill_size: i64 = 8192;
+        /// Prefills wait for the device in the order of the requests' `priority` (higher
+        /// first, as SGLang's `--enable-priority-scheduling`), then of arrival; off, arrival
+        /// only.
+        #[arg(long)]
+        enable_priority_scheduling: bool = false;
+        /// With priority scheduling, lower `priority` values go first (SGLang's
+        /// `--schedule-low-priority-values-first`; vLLM's convention).
+        #[arg(long)]
+        schedule_low_priority_values_first: bool = false;
+        /// Publish the device (L1) and host (L2) caches' blocks as KV events: SGLang's
+        /// `--kv-events-config` JSON (`{"publisher":"zmq","endpoint":"tcp://*:5557",
+        /// "replay_endpoint":"tcp://*:5558"}`). Default: none.
+        #[arg(long)]
+        kv_events_config: Option<String> = None;
     }
 }
+
+crate::config::settings::named_setting!(Mode);
 
 impl EngineConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -157,81 +166,6 @@ impl EngineConfig {
     }
 }
 
-/// Flags of `rbgctl sim-engine` (SGLang's spellings where it has the setting).
-#[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
-pub struct SimEngineArgs {
-    /// TOML config file (see config/sim-engine.toml).
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// [default: 127.0.0.1]
-    #[arg(long)]
-    pub host: Option<String>,
-    /// [default: 30000]
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// `regular`, `prefill` or `decode` (SGLang's `--disaggregation-mode`). [default: regular]
-    #[arg(long = "disaggregation-mode", alias = "mode", value_enum)]
-    pub mode: Option<Mode>,
-    /// Prefill mode: also serve the KV bootstrap on this port (the router sends it to decode).
-    #[arg(long)]
-    pub disaggregation_bootstrap_port: Option<u16>,
-    /// Model name it reports. [default: simulated-model]
-    #[arg(long = "served-model-name")]
-    pub model: Option<String>,
-    /// Tokens per KV page (SGLang's `--page-size`). [default: 64]
-    #[arg(long)]
-    pub page_size: Option<usize>,
-    /// Device (L1) prefix cache, in tokens. [default: 65536]
-    #[arg(long)]
-    pub device_cache_tokens: Option<usize>,
-    /// Host (L2) cache, in tokens; 0 = none. [default: 0]
-    #[arg(long)]
-    pub host_cache_tokens: Option<usize>,
-    /// Use the rbgctl KV pool at this master address as the L3 tier.
-    #[arg(long)]
-    pub l3_master: Option<String>,
-    /// The pool's cluster secret, for the L3 client.
-    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<PathBuf>,
-    /// KV bytes per token (page objects are `page-size` x this). [default: 4096]
-    #[arg(long)]
-    pub bytes_per_token: Option<usize>,
-    /// Prefill compute per uncached token, microseconds. [default: 100]
-    #[arg(long)]
-    pub prefill_us_per_token: Option<f64>,
-    /// Copy to device per token loaded from L2 or L3, microseconds. [default: 5]
-    #[arg(long)]
-    pub load_us_per_token: Option<f64>,
-    /// Decode step, milliseconds. [default: 5]
-    #[arg(long)]
-    pub decode_ms_per_token: Option<f64>,
-    /// Prefill-to-decode KV transfer bandwidth (PD), GB/s; 0 = instant. [default: 10]
-    #[arg(long)]
-    pub kv_transfer_gbps: Option<f64>,
-    /// Tokens generated when a request does not say. [default: 128]
-    #[arg(long)]
-    pub default_max_tokens: Option<usize>,
-    /// Prefill tokens computed in one go; longer prompts in chunks, between which the device
-    /// may go to a request that goes first (-1: prompts whole). [default: 8192]
-    #[arg(long, allow_negative_numbers = true)]
-    pub chunked_prefill_size: Option<i64>,
-    /// Prefills wait for the device by the requests' `priority` (higher first), then by
-    /// arrival. [default: false]
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub enable_priority_scheduling: bool,
-    /// With priority scheduling, lower `priority` values go first. [default: false]
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub schedule_low_priority_values_first: bool,
-    /// Publish the L1 and L2 caches' blocks as KV events (SGLang's JSON, e.g.
-    /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}').
-    #[arg(long)]
-    pub kv_events_config: Option<String>,
-}
-
 impl SimEngineArgs {
     /// Layers file, then these values, over the defaults, and validates the result.
     pub fn resolve(&self) -> Result<EngineConfig, ConfigError> {
@@ -253,6 +187,12 @@ mod tests {
         assert_eq!(c.device_priority(7), 7);
         c.schedule_low_priority_values_first = true;
         assert_eq!(c.device_priority(7), -7);
+    }
+
+    #[test]
+    fn every_stated_default_is_the_real_one() {
+        let checked = crate::config::settings::check_stated_defaults(SimEngineArgs::resolve);
+        assert!(checked >= 15, "{checked}");
     }
 
     #[test]

@@ -151,9 +151,9 @@ fn apply(
         }
         "metrics_port" => args.metrics_port = Some(parse_num(name, value)?),
         "metrics_host" => args.metrics_host = Some(value.to_string()),
-        "default_kv_lease_ttl" => args.default_kv_lease_ttl = Some(ms(value)?),
-        "default_kv_soft_pin_ttl" => args.default_kv_soft_pin_ttl = Some(ms(value)?),
-        "max_kv_soft_pin_ttl" => args.max_kv_soft_pin_ttl = Some(ms(value)?),
+        "default_kv_lease_ttl" => args.default_kv_lease_ttl_ms = Some(ms(value)?),
+        "default_kv_soft_pin_ttl" => args.default_kv_soft_pin_ttl_ms = Some(ms(value)?),
+        "max_kv_soft_pin_ttl" => args.max_kv_soft_pin_ttl_ms = Some(ms(value)?),
         "eviction_high_watermark_ratio" => {
             args.eviction_high_watermark_ratio = Some(parse_num(name, value)?)
         }
@@ -162,19 +162,19 @@ fn apply(
         "promotion_admission_threshold" => {
             args.promotion_admission_threshold = Some(parse_num(name, value)?)
         }
-        "client_ttl" | "client_live_ttl_sec" => args.client_ttl = Some(seconds(name, value)?),
+        "client_ttl" | "client_live_ttl_sec" => args.client_ttl_ms = Some(seconds(name, value)?),
         "put_start_discard_timeout_sec" => {
-            args.put_start_discard_timeout = Some(seconds(name, value)?)
+            args.put_start_discard_timeout_ms = Some(seconds(name, value)?)
         }
         "put_start_release_timeout_sec" => {
-            args.put_start_release_timeout = Some(seconds(name, value)?)
+            args.put_start_release_timeout_ms = Some(seconds(name, value)?)
         }
-        "allocation_strategy" => args.allocation_strategy = Some(value.to_string()),
+        "allocation_strategy" => args.allocation_strategy = Some(parse_num(name, value)?),
         "enable_ha" => args.enable_ha = Some(parse_bool(name, value)?),
         "etcd_endpoints" | "ha_backend_connstring" => {
             args.ha_backend_connstring = Some(value.to_string())
         }
-        "ha_backend_type" => args.ha_backend = Some(value.to_string()),
+        "ha_backend_type" => args.ha_backend = Some(parse_num(name, value)?),
         "cluster_id" => args.cluster_id = Some(value.to_string()),
         n if IGNORED_MASTER_FLAGS.contains(&n) => {
             tracing::info!(
@@ -412,11 +412,12 @@ mod tests {
         assert_eq!(c.ha_backend, crate::master::config::HaBackend::K8s);
         assert_eq!(c.ha_backend_connstring, "pool/masters");
         let e = parse_master_flags(&argv("--enable_ha --ha_backend_type=redis"))
-            .unwrap()
-            .resolve()
             .unwrap_err()
             .to_string();
-        assert!(e.contains("etcd or k8s"), "{e}");
+        assert!(
+            e.contains("--ha_backend_type") && e.contains("etcd or k8s"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -449,8 +450,8 @@ mod tests {
         .unwrap();
         assert_eq!(a.rpc_port, Some(6000));
         assert_eq!(a.enable_http_metadata_server, Some(true));
-        assert_eq!(a.client_ttl.unwrap().0, Duration::from_secs(3));
-        assert_eq!(a.default_kv_lease_ttl.unwrap().0, Duration::from_secs(5));
+        assert_eq!(a.client_ttl_ms.unwrap().0, Duration::from_secs(3));
+        assert_eq!(a.default_kv_lease_ttl_ms.unwrap().0, Duration::from_secs(5));
         let a = parse_master_flags(&argv("--noenable_http_metadata_server --port 7000")).unwrap();
         assert_eq!(a.enable_http_metadata_server, Some(false));
         assert_eq!(
@@ -461,7 +462,7 @@ mod tests {
         let a =
             parse_master_flags(&argv("--default_kv_lease_ttl 2500 --rpc_thread_num 4")).unwrap();
         assert_eq!(
-            a.default_kv_lease_ttl.unwrap().0,
+            a.default_kv_lease_ttl_ms.unwrap().0,
             Duration::from_millis(2500)
         );
     }
@@ -502,6 +503,6 @@ mod tests {
         .unwrap();
         assert_eq!(a.rpc_port, Some(6100));
         assert_eq!(a.metrics_port, Some(9200));
-        assert_eq!(a.client_ttl.unwrap().0, Duration::from_secs(60));
+        assert_eq!(a.client_ttl_ms.unwrap().0, Duration::from_secs(60));
     }
 }

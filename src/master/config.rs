@@ -8,139 +8,199 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The master's settings, from its flags, environment and TOML file.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MasterConfig {
-    /// Address the RPC server binds to. Default `0.0.0.0`.
-    pub rpc_address: String,
-    /// RPC port. Default 50051.
-    pub rpc_port: u16,
-    /// Serve Mooncake's HTTP metadata protocol (`/metadata?key=`). Default false.
-    pub enable_http_metadata_server: bool,
-    /// Default `0.0.0.0`.
-    pub http_metadata_server_host: String,
-    /// Default 8080.
-    pub http_metadata_server_port: u16,
-    /// Most bytes (keys and values) the metadata server holds; past it a PUT gets 507.
-    /// Default 64 MiB.
-    pub http_metadata_max_bytes: ByteSize,
-    /// Most keys the metadata server holds; past it a PUT of a new key gets 507. Default 65536.
-    pub http_metadata_max_keys: usize,
-    /// Largest value a PUT may carry (413 above, from the request's headers). Default 1 MiB;
-    /// Mooncake's descriptors are a few KiB.
-    pub http_metadata_max_value_bytes: ByteSize,
-    /// Address of `/metrics`, `/health` and the admin API. Default `0.0.0.0`.
-    pub metrics_host: String,
-    /// Default 9003.
-    pub metrics_port: u16,
-    /// A client (store) whose heartbeats stop for this long is dropped with its segments.
-    /// Default 10 s.
-    pub client_ttl_ms: Millis,
-    /// How long the objects of a persistent store that went away (stopped with SIGTERM, or
-    /// stopped heartbeating for `client_ttl`) are kept, unreadable, waiting for it to come
-    /// back with the same segment; then they are dropped. 0 drops them at once. Default 300 s.
-    pub store_grace_period_ms: Millis,
-    /// How long a store may answer reads of locations clients cached (one round trip to the
-    /// store instead of one to the master first) after the master last told it what was
-    /// removed or replaced. A store the master cannot reach stops within this; a remove or
-    /// replace whose news cannot reach a store waits this long before it is acknowledged.
-    /// Used up to half of `client_ttl` (a store the master drops must have stopped); 0 turns
-    /// cached locations off. Default 2 s.
-    pub store_read_lease_ms: Millis,
-    /// Read lease granted by every get. Default 10 s.
-    pub default_kv_lease_ttl_ms: Millis,
-    /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
-    pub default_kv_soft_pin_ttl_ms: Millis,
-    /// Longest soft pin a put may ask for. Default 24 h.
-    pub max_kv_soft_pin_ttl_ms: Millis,
-    /// Eviction starts when used/capacity passes this. Default 0.9.
-    pub eviction_high_watermark_ratio: f64,
-    /// Each eviction brings usage this far below the watermark. Default 0.05.
-    pub eviction_ratio: f64,
-    /// Disk tier eviction (objects dropped from disk, least recently used first) starts when a
-    /// disk segment's used/capacity passes this. Default 0.95.
-    pub disk_eviction_high_watermark_ratio: f64,
-    /// Each disk tier eviction brings the segment's usage this far below its watermark.
-    /// Default 0.05.
-    pub disk_eviction_ratio: f64,
-    /// Most bytes of demotions (memory → disk copies) in flight per store; past it, eviction
-    /// waits for them, and drops what memory must give up at once. Default 256 MiB.
-    pub disk_tier_queue_bytes: ByteSize,
-    /// Pace of a store's hand-over to the others before it goes (bytes a second copied;
-    /// 0: as fast as the stores go). Default 256 MiB.
-    pub hand_over_bytes_per_sec: ByteSize,
-    /// Copy an object that lives only on disk back to memory when it is read (Mooncake's
-    /// `promotion_on_hit`). Default true.
-    pub promotion_on_hit: bool,
-    /// Reads of a disk-only object before it is promoted: 1 promotes on the first hit, 2 on the
-    /// second (Mooncake's `promotion_admission_threshold`, whose default is 2). Default 1.
-    pub promotion_admission_threshold: u32,
-    /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
-    pub put_start_discard_timeout_ms: Millis,
-    /// An unfinished put older than this is reclaimed. Default 600 s.
-    pub put_start_release_timeout_ms: Millis,
-    /// How long a client may start writing into a put reservation (space allocated for its
-    /// next put of a size, so that put needs only its commit). A restarted master allocates
-    /// nothing for this long, so no reservation of its predecessor can be written over a new
-    /// object. 0 turns reservations off. Default 500 ms.
-    pub put_reservation_ttl_ms: Millis,
-    /// Most bytes of reservations one client may hold. Default 64 MiB.
-    pub put_reservation_max_bytes: ByteSize,
-    /// `random` (default) or `free_ratio_first`.
-    pub allocation_strategy: Strategy,
-    /// Most simultaneous RPC connections. Default 16384.
-    pub max_connections: usize,
-    /// Most simultaneous connections from one IP address. Default 4096.
-    pub max_connections_per_peer: usize,
-    /// A connection with no request for this long is closed (clients reconnect). Default 120 s.
-    pub idle_timeout_ms: Millis,
-    /// A new connection's first request must begin within this, and a request whose bytes stop
-    /// coming for this long ends its connection. Default 10 s.
-    pub request_timeout_ms: Millis,
-    /// Spin-poll window of the RPC server in microseconds: how long an event loop that just
-    /// served something polls before it sleeps (0 = sleep at once). Default 0.
-    pub poll_spin_us: u64,
-    /// Event-loop threads of the RPC server (0: half the cores, at least 1, at most 16).
-    /// Default 0.
-    pub rpc_threads: usize,
-    /// Interval of the summary log line. Default 10 s.
-    pub summary_interval_ms: Millis,
-    /// Run as one of several masters that elect a leader (`docs/ha.md`); the others stand by.
-    /// Default false.
-    pub enable_ha: bool,
-    /// Where the election happens: `etcd` (default) or `k8s` (a coordination.k8s.io Lease).
-    pub ha_backend: HaBackend,
-    /// For `etcd`: the endpoints, `h1:2379;h2:2379`. For `k8s`: `namespace/lease-name`.
-    /// Mooncake's `--etcd_endpoints` and `--ha_backend_connstring` set it. Default empty.
-    pub ha_backend_connstring: String,
-    /// The group's name: masters with the same id elect one leader; clients give it after the
-    /// endpoints (`etcd://h1:2379/ID`). Default `mooncake_cluster` (Mooncake's).
-    pub cluster_id: String,
-    /// How long the leader's lease lasts without renewal: the longest a dead leader blocks a
-    /// failover. Whole seconds, at least 1. Default 5 s.
-    pub ha_lease_ttl_ms: Millis,
-    /// A file holding the cluster secret: RPC connections must prove they hold it, and writes
-    /// to the metadata server carry it (`docs/security.md`). Default none: no authentication.
-    pub auth_token_file: Option<std::path::PathBuf>,
-    /// Serve the metrics and admin port and the metadata server over HTTPS with this PEM
-    /// certificate chain, leaf first (with `tls_key_path`). Default: none (plain HTTP).
-    pub tls_cert_path: Option<std::path::PathBuf>,
-    /// The PEM private key of `tls_cert_path`. Default: none.
-    pub tls_key_path: Option<std::path::PathBuf>,
-    /// Publish the pool's pages as KV events (medium `EXTERNAL` in memory, `DISK` on the disk
-    /// tier), in SGLang's `--kv-events-config` JSON
-    /// (`{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}`).
-    /// Default: none.
-    pub kv_events_config: Option<String>,
-    /// The pool's tenants and their quotas in bytes (`[[tenant]] name = "team-a", quota =
-    /// "64GiB"`), read again when the file changes (`docs/kv-pool.md`, Tenants). Default: none
-    /// (the default tenant alone, without a quota).
-    pub tenants_file: Option<std::path::PathBuf>,
-    /// The host other processes reach this master at, published to the election backend.
-    /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the address
-    /// this host's name resolves to.
-    pub advertise_host: String,
+crate::config::settings::settings! {
+    /// The master's settings, from its flags, environment and TOML file.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct MasterConfig;
+
+    /// Flags of `rbgctl master`; each one also reads an environment variable.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
+    pub struct MasterArgs {
+        /// TOML config file (see config/master.toml). Default: none (built-in defaults).
+        #[arg(long, env = "RBGCTL_MASTER_CONFIG")]
+        #[serde(skip)]
+        pub config: Option<PathBuf>,
+        /// etcd endpoints, `h1:2379;h2:2379` (Mooncake's spelling of --ha-backend-connstring
+        /// with etcd; wins over it). Default: none (required with --enable-ha on etcd).
+        #[arg(long, env = "RBGCTL_MASTER_ETCD_ENDPOINTS")]
+        #[serde(skip)]
+        pub etcd_endpoints: Option<String>,
+    }
+
+    settings {
+        /// Address the RPC server binds to.
+        #[arg(long, env = "RBGCTL_MASTER_RPC_ADDRESS")]
+        rpc_address: String = "0.0.0.0".into();
+        /// RPC port.
+        #[arg(long, env = "RBGCTL_MASTER_RPC_PORT")]
+        rpc_port: u16 = 50051;
+        /// Serve Mooncake's HTTP metadata protocol (`/metadata?key=`).
+        #[arg(long, env = "RBGCTL_MASTER_ENABLE_HTTP_METADATA_SERVER")]
+        enable_http_metadata_server: bool = false;
+        /// Address the metadata server binds to.
+        #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_HOST")]
+        http_metadata_server_host: String = "0.0.0.0".into();
+        /// Port of the metadata server.
+        #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_PORT")]
+        http_metadata_server_port: u16 = 8080;
+        /// Most bytes (keys and values) the metadata server holds; past it a PUT gets 507.
+        http_metadata_max_bytes: ByteSize = ByteSize(64 << 20);
+        /// Most keys the metadata server holds; past it a PUT of a new key gets 507.
+        http_metadata_max_keys: usize = 65_536;
+        /// Largest value a PUT may carry (413 above, from the request's headers); Mooncake's
+        /// descriptors are a few KiB.
+        http_metadata_max_value_bytes: ByteSize = ByteSize(1 << 20);
+        /// Address of `/metrics`, `/health` and the admin API.
+        #[arg(long, env = "RBGCTL_MASTER_METRICS_HOST")]
+        metrics_host: String = "0.0.0.0".into();
+        /// Port of `/metrics`, `/health` and the admin API.
+        #[arg(long, env = "RBGCTL_MASTER_METRICS_PORT")]
+        metrics_port: u16 = 9003;
+        /// A client (store) whose heartbeats stop for this long is dropped with its segments
+        /// (`10s`, or milliseconds).
+        #[arg(long = "client-ttl", env = "RBGCTL_MASTER_CLIENT_TTL")]
+        client_ttl_ms: Millis = Millis(Duration::from_secs(10));
+        /// How long the objects of a persistent store that went away (stopped with SIGTERM, or
+        /// stopped heartbeating for `client_ttl`) are kept, unreadable, waiting for it to come
+        /// back with the same segment; then they are dropped. 0 drops them at once.
+        #[arg(long = "store-grace-period", env = "RBGCTL_MASTER_STORE_GRACE_PERIOD")]
+        store_grace_period_ms: Millis = Millis(Duration::from_secs(300));
+        /// How long a store may answer reads of locations clients cached (one round trip to the
+        /// store instead of one to the master first) after the master last told it what was
+        /// removed or replaced. A store the master cannot reach stops within this; a remove or
+        /// replace whose news cannot reach a store waits this long before it is acknowledged.
+        /// Used up to half of `client_ttl` (a store the master drops must have stopped); 0 turns
+        /// cached locations off.
+        #[arg(long = "store-read-lease", env = "RBGCTL_MASTER_STORE_READ_LEASE")]
+        store_read_lease_ms: Millis = Millis(Duration::from_secs(2));
+        /// Read lease granted by every get.
+        #[arg(long = "default-kv-lease-ttl", env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL")]
+        default_kv_lease_ttl_ms: Millis = Millis(Duration::from_secs(10));
+        /// Soft pin duration when a put asks for one without a TTL.
+        #[arg(long = "default-kv-soft-pin-ttl", env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL")]
+        default_kv_soft_pin_ttl_ms: Millis = Millis(Duration::from_secs(30 * 60));
+        /// Longest soft pin a put may ask for.
+        #[arg(long = "max-kv-soft-pin-ttl", env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL")]
+        max_kv_soft_pin_ttl_ms: Millis = Millis(Duration::from_secs(24 * 3600));
+        /// Eviction starts when used/capacity passes this.
+        #[arg(long, env = "RBGCTL_MASTER_EVICTION_HIGH_WATERMARK_RATIO")]
+        eviction_high_watermark_ratio: f64 = 0.9;
+        /// Each eviction brings usage this far below the watermark.
+        #[arg(long, env = "RBGCTL_MASTER_EVICTION_RATIO")]
+        eviction_ratio: f64 = 0.05;
+        /// Disk tier eviction (objects dropped from disk, least recently used first) starts when
+        /// a disk segment's used/capacity passes this.
+        #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_HIGH_WATERMARK_RATIO")]
+        disk_eviction_high_watermark_ratio: f64 = 0.95;
+        /// Each disk tier eviction brings the segment's usage this far below its watermark.
+        #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_RATIO")]
+        disk_eviction_ratio: f64 = 0.05;
+        /// Most bytes of demotions (memory → disk copies) in flight per store; past it,
+        /// eviction waits for them, and drops what memory must give up at once.
+        #[arg(long, env = "RBGCTL_MASTER_DISK_TIER_QUEUE_BYTES")]
+        disk_tier_queue_bytes: ByteSize = ByteSize(256 << 20);
+        /// Pace of a store's hand-over to the others before it goes (bytes a second copied;
+        /// 0: as fast as the stores go).
+        #[arg(long, env = "RBGCTL_MASTER_HAND_OVER_BYTES_PER_SEC")]
+        hand_over_bytes_per_sec: ByteSize = ByteSize(256 << 20);
+        /// Copy an object that lives only on disk back to memory when it is read (Mooncake's
+        /// `promotion_on_hit`).
+        #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ON_HIT")]
+        promotion_on_hit: bool = true;
+        /// Reads of a disk-only object before it is promoted: 1 promotes on the first hit, 2 on
+        /// the second (Mooncake's `promotion_admission_threshold`, whose default is 2).
+        #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ADMISSION_THRESHOLD")]
+        promotion_admission_threshold: u32 = 1;
+        /// An unfinished put older than this may be replaced by a new put of its key.
+        #[arg(long = "put-start-discard-timeout", env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT")]
+        put_start_discard_timeout_ms: Millis = Millis(Duration::from_secs(30));
+        /// An unfinished put older than this is reclaimed.
+        #[arg(long = "put-start-release-timeout", env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT")]
+        put_start_release_timeout_ms: Millis = Millis(Duration::from_secs(600));
+        /// How long a client may start writing into a put reservation (space allocated for its
+        /// next put of a size, so that put needs only its commit). A restarted master allocates
+        /// nothing for this long, so no reservation of its predecessor can be written over a
+        /// new object. 0 turns reservations off (every put takes two master round trips).
+        #[arg(long = "put-reservation-ttl", env = "RBGCTL_MASTER_PUT_RESERVATION_TTL")]
+        put_reservation_ttl_ms: Millis = Millis(Duration::from_millis(500));
+        /// Most bytes of put reservations one client may hold.
+        #[arg(long, env = "RBGCTL_MASTER_PUT_RESERVATION_MAX_BYTES")]
+        put_reservation_max_bytes: ByteSize = ByteSize(64 << 20);
+        /// How the master orders candidate segments: `random` or `free_ratio_first`.
+        #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
+        allocation_strategy: Strategy = Strategy::Random;
+        /// Most simultaneous RPC connections.
+        #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
+        max_connections: usize = 16384;
+        /// Most simultaneous connections from one IP address.
+        #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS_PER_PEER")]
+        max_connections_per_peer: usize = 4096;
+        /// A connection with no request for this long is closed (clients reconnect).
+        #[arg(long = "idle-timeout", env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
+        idle_timeout_ms: Millis = Millis(Duration::from_secs(120));
+        /// A new connection's first request must begin within this, and a request whose bytes
+        /// stop coming for this long ends its connection.
+        #[arg(long = "request-timeout", env = "RBGCTL_MASTER_REQUEST_TIMEOUT")]
+        request_timeout_ms: Millis = Millis(Duration::from_secs(10));
+        /// Spin-poll window of the RPC server in microseconds: how long an event loop that just
+        /// served something polls before it sleeps (0 = sleep at once).
+        #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
+        poll_spin_us: u64 = 0;
+        /// Event-loop threads of the RPC server (0: half the cores, at least 1, at most 16).
+        #[arg(long, env = "RBGCTL_MASTER_RPC_THREADS")]
+        rpc_threads: usize = 0;
+        /// Interval of the summary log line.
+        summary_interval_ms: Millis = Millis(Duration::from_secs(10));
+        /// Run as one of several masters that elect a leader (`docs/ha.md`); the others stand
+        /// by.
+        #[arg(long, env = "RBGCTL_MASTER_ENABLE_HA")]
+        enable_ha: bool = false;
+        /// Where the election happens: `etcd` or `k8s` (a coordination.k8s.io/v1 Lease).
+        #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND")]
+        ha_backend: HaBackend = HaBackend::Etcd;
+        /// For `etcd`: the endpoints, `h1:2379;h2:2379`. For `k8s`: `namespace/lease-name`.
+        /// Mooncake's `--etcd_endpoints` and `--ha_backend_connstring` set it. Default: none.
+        #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND_CONNSTRING")]
+        ha_backend_connstring: String = String::new();
+        /// The group's name: masters with the same id elect one leader; clients give it after
+        /// the endpoints (`etcd://h1:2379/ID`); Mooncake's default.
+        #[arg(long, env = "RBGCTL_MASTER_CLUSTER_ID")]
+        cluster_id: String = crate::ha::DEFAULT_CLUSTER_ID.into();
+        /// How long the leader's lease lasts without renewal: the longest a dead leader blocks
+        /// a failover. Whole seconds, at least 1.
+        #[arg(long = "ha-lease-ttl", env = "RBGCTL_MASTER_HA_LEASE_TTL")]
+        ha_lease_ttl_ms: Millis = Millis(Duration::from_secs(5));
+        /// A file holding the cluster secret (at least 16 bytes): RPC connections must prove
+        /// they hold it, and writes to the metadata server carry it (`docs/security.md`).
+        /// Default: none, no authentication.
+        #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+        auth_token_file: Option<PathBuf> = None;
+        /// Serve the metrics and admin port and the metadata server over HTTPS with this PEM
+        /// certificate chain, leaf first (with `tls_key_path`). Default: none (plain HTTP).
+        #[arg(long, env = "RBGCTL_MASTER_TLS_CERT_PATH")]
+        tls_cert_path: Option<PathBuf> = None;
+        /// The PEM private key of `tls_cert_path`. Default: none.
+        #[arg(long, env = "RBGCTL_MASTER_TLS_KEY_PATH")]
+        tls_key_path: Option<PathBuf> = None;
+        /// Publish the pool's pages as KV events (medium `EXTERNAL` in memory, `DISK` on the
+        /// disk tier), for routers, in SGLang's `--kv-events-config` JSON
+        /// (`{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}`).
+        /// Default: none.
+        #[arg(long, env = "RBGCTL_MASTER_KV_EVENTS_CONFIG")]
+        kv_events_config: Option<String> = None;
+        /// The pool's tenants and their quotas in bytes, a TOML file of `[[tenant]] name =
+        /// "team-a", quota = "64GiB"`, read again when it changes (`docs/kv-pool.md`, Tenants).
+        /// Default: none (the default tenant alone, without a quota).
+        #[arg(long, env = "RBGCTL_MASTER_TENANTS_FILE")]
+        tenants_file: Option<PathBuf> = None;
+        /// The host other processes reach this master at, published to the election backend.
+        /// Default: `rpc_address` when it is a specific address, else `POD_IP`, else the
+        /// address this host's name resolves to.
+        #[arg(long, env = "RBGCTL_MASTER_ADVERTISE_HOST")]
+        advertise_host: String = String::new();
+    }
 }
 
 /// Where masters elect their leader.
@@ -151,6 +211,8 @@ pub enum HaBackend {
     Etcd,
     K8s,
 }
+
+crate::config::settings::named_setting!(HaBackend, Strategy);
 
 impl std::str::FromStr for HaBackend {
     type Err = String;
@@ -163,278 +225,6 @@ impl std::str::FromStr for HaBackend {
     }
 }
 
-impl Default for MasterConfig {
-    fn default() -> Self {
-        MasterConfig {
-            rpc_address: "0.0.0.0".into(),
-            rpc_port: 50051,
-            enable_http_metadata_server: false,
-            http_metadata_server_host: "0.0.0.0".into(),
-            http_metadata_server_port: 8080,
-            http_metadata_max_bytes: ByteSize(64 << 20),
-            http_metadata_max_keys: 65_536,
-            http_metadata_max_value_bytes: ByteSize(1 << 20),
-            metrics_host: "0.0.0.0".into(),
-            metrics_port: 9003,
-            client_ttl_ms: Millis(Duration::from_secs(10)),
-            store_grace_period_ms: Millis(Duration::from_secs(300)),
-            store_read_lease_ms: Millis(Duration::from_secs(2)),
-            default_kv_lease_ttl_ms: Millis(Duration::from_secs(10)),
-            default_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(30 * 60)),
-            max_kv_soft_pin_ttl_ms: Millis(Duration::from_secs(24 * 3600)),
-            eviction_high_watermark_ratio: 0.9,
-            eviction_ratio: 0.05,
-            disk_eviction_high_watermark_ratio: 0.95,
-            disk_eviction_ratio: 0.05,
-            disk_tier_queue_bytes: ByteSize(256 << 20),
-            hand_over_bytes_per_sec: ByteSize(256 << 20),
-            promotion_on_hit: true,
-            promotion_admission_threshold: 1,
-            put_start_discard_timeout_ms: Millis(Duration::from_secs(30)),
-            put_start_release_timeout_ms: Millis(Duration::from_secs(600)),
-            put_reservation_ttl_ms: Millis(Duration::from_millis(500)),
-            put_reservation_max_bytes: ByteSize(64 << 20),
-            allocation_strategy: Strategy::Random,
-            max_connections: 16384,
-            max_connections_per_peer: 4096,
-            idle_timeout_ms: Millis(Duration::from_secs(120)),
-            request_timeout_ms: Millis(Duration::from_secs(10)),
-            poll_spin_us: 0,
-            rpc_threads: 0,
-            summary_interval_ms: Millis(Duration::from_secs(10)),
-            enable_ha: false,
-            ha_backend: HaBackend::Etcd,
-            ha_backend_connstring: String::new(),
-            cluster_id: crate::ha::DEFAULT_CLUSTER_ID.into(),
-            ha_lease_ttl_ms: Millis(Duration::from_secs(5)),
-            auth_token_file: None,
-            tls_cert_path: None,
-            tls_key_path: None,
-            kv_events_config: None,
-            tenants_file: None,
-            advertise_host: String::new(),
-        }
-    }
-}
-
-/// Flags of `rbgctl master`; each one also reads an environment variable.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
-pub struct MasterArgs {
-    /// TOML config file (see config/master.toml). Default: none (built-in defaults).
-    #[arg(long, env = "RBGCTL_MASTER_CONFIG")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Address the RPC server binds to. Default `0.0.0.0`.
-    #[arg(long, env = "RBGCTL_MASTER_RPC_ADDRESS")]
-    pub rpc_address: Option<String>,
-    /// RPC port. Default 50051.
-    #[arg(long, env = "RBGCTL_MASTER_RPC_PORT")]
-    pub rpc_port: Option<u16>,
-    /// Serve Mooncake's HTTP metadata protocol (`/metadata?key=`). Default false.
-    #[arg(long, env = "RBGCTL_MASTER_ENABLE_HTTP_METADATA_SERVER", num_args = 0..=1, default_missing_value = "true")]
-    pub enable_http_metadata_server: Option<bool>,
-    /// Default `0.0.0.0`.
-    #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_HOST")]
-    pub http_metadata_server_host: Option<String>,
-    /// Default 8080.
-    #[arg(long, env = "RBGCTL_MASTER_HTTP_METADATA_SERVER_PORT")]
-    pub http_metadata_server_port: Option<u16>,
-    /// Address of `/metrics`, `/health` and the admin API. Default `0.0.0.0`.
-    #[arg(long, env = "RBGCTL_MASTER_METRICS_HOST")]
-    pub metrics_host: Option<String>,
-    /// Default 9003.
-    #[arg(long, env = "RBGCTL_MASTER_METRICS_PORT")]
-    pub metrics_port: Option<u16>,
-    /// Client TTL (`10s`, or milliseconds). Default 10 s.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_CLIENT_TTL")]
-    #[serde(rename = "client_ttl_ms")]
-    pub client_ttl: Option<Millis>,
-    /// How long a restarting persistent store's objects are kept (`300s`, or milliseconds). Default 300 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_STORE_GRACE_PERIOD"
-    )]
-    #[serde(rename = "store_grace_period_ms")]
-    pub store_grace_period: Option<Millis>,
-    /// How long a store may serve clients' cached locations after the master last reached it
-    /// (`2s`, or milliseconds; 0 = off). Default 2 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_STORE_READ_LEASE"
-    )]
-    #[serde(rename = "store_read_lease_ms")]
-    pub store_read_lease: Option<Millis>,
-    /// Read lease of a get (`10s`, or milliseconds). Default 10 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_DEFAULT_KV_LEASE_TTL"
-    )]
-    #[serde(rename = "default_kv_lease_ttl_ms")]
-    pub default_kv_lease_ttl: Option<Millis>,
-    /// Soft pin duration when a put asks for one without a TTL. Default 30 min.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_DEFAULT_KV_SOFT_PIN_TTL"
-    )]
-    #[serde(rename = "default_kv_soft_pin_ttl_ms")]
-    pub default_kv_soft_pin_ttl: Option<Millis>,
-    /// Longest soft pin a put may ask for. Default 24 h.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_MAX_KV_SOFT_PIN_TTL"
-    )]
-    #[serde(rename = "max_kv_soft_pin_ttl_ms")]
-    pub max_kv_soft_pin_ttl: Option<Millis>,
-    /// Eviction starts when used/capacity passes this. Default 0.9.
-    #[arg(long, env = "RBGCTL_MASTER_EVICTION_HIGH_WATERMARK_RATIO")]
-    pub eviction_high_watermark_ratio: Option<f64>,
-    /// Each eviction brings usage this far below the watermark. Default 0.05.
-    #[arg(long, env = "RBGCTL_MASTER_EVICTION_RATIO")]
-    pub eviction_ratio: Option<f64>,
-    /// Disk tier eviction starts when a disk segment's used/capacity passes this. Default 0.95.
-    #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_HIGH_WATERMARK_RATIO")]
-    pub disk_eviction_high_watermark_ratio: Option<f64>,
-    /// Each disk tier eviction brings usage this far below its watermark. Default 0.05.
-    #[arg(long, env = "RBGCTL_MASTER_DISK_EVICTION_RATIO")]
-    pub disk_eviction_ratio: Option<f64>,
-    /// Most bytes of memory → disk copies in flight per store (256MiB, bytes). Default 256 MiB.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_DISK_TIER_QUEUE_BYTES"
-    )]
-    pub disk_tier_queue_bytes: Option<ByteSize>,
-    /// Pace of a store's hand-over to the others before it goes (bytes a second, 0: as fast
-    /// as the stores go). Default 256 MiB.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_HAND_OVER_BYTES_PER_SEC"
-    )]
-    pub hand_over_bytes_per_sec: Option<ByteSize>,
-    /// Copy disk-only objects back to memory when read (true/false). Default true.
-    #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ON_HIT")]
-    pub promotion_on_hit: Option<bool>,
-    /// Reads of a disk-only object before it is promoted (1 = first hit). Default 1.
-    #[arg(long, env = "RBGCTL_MASTER_PROMOTION_ADMISSION_THRESHOLD")]
-    pub promotion_admission_threshold: Option<u32>,
-    /// An unfinished put older than this may be replaced by a new put of its key. Default 30 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_PUT_START_DISCARD_TIMEOUT"
-    )]
-    #[serde(rename = "put_start_discard_timeout_ms")]
-    pub put_start_discard_timeout: Option<Millis>,
-    /// An unfinished put older than this is reclaimed. Default 600 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_PUT_START_RELEASE_TIMEOUT"
-    )]
-    #[serde(rename = "put_start_release_timeout_ms")]
-    pub put_start_release_timeout: Option<Millis>,
-    /// How long a client may write into a put reservation (`500ms`, or milliseconds; 0 =
-    /// no reservations, every put takes two master round trips). Default 500 ms.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_PUT_RESERVATION_TTL"
-    )]
-    #[serde(rename = "put_reservation_ttl_ms")]
-    pub put_reservation_ttl: Option<Millis>,
-    /// Most bytes of put reservations one client may hold (`64MiB`). Default 64 MiB.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_PUT_RESERVATION_MAX_BYTES"
-    )]
-    pub put_reservation_max_bytes: Option<ByteSize>,
-    /// `random` (default) or `free_ratio_first`.
-    #[arg(long, env = "RBGCTL_MASTER_ALLOCATION_STRATEGY")]
-    #[serde(skip)]
-    pub allocation_strategy: Option<String>,
-    /// Most simultaneous RPC connections. Default 16384.
-    #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS")]
-    pub max_connections: Option<usize>,
-    /// Most simultaneous connections from one IP address. Default 4096.
-    #[arg(long, env = "RBGCTL_MASTER_MAX_CONNECTIONS_PER_PEER")]
-    pub max_connections_per_peer: Option<usize>,
-    /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_IDLE_TIMEOUT")]
-    #[serde(rename = "idle_timeout_ms")]
-    pub idle_timeout: Option<Millis>,
-    /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_MASTER_REQUEST_TIMEOUT"
-    )]
-    #[serde(rename = "request_timeout_ms")]
-    pub request_timeout: Option<Millis>,
-    /// Spin-poll window of the RPC server in microseconds: how long an event loop that just
-    /// served something polls before it sleeps (0 = sleep at once). Default 0.
-    #[arg(long, env = "RBGCTL_MASTER_POLL_SPIN_US")]
-    pub poll_spin_us: Option<u64>,
-    /// Event-loop threads of the RPC server (0: half the cores, at least 1, at most 16).
-    /// Default 0.
-    #[arg(long, env = "RBGCTL_MASTER_RPC_THREADS")]
-    pub rpc_threads: Option<usize>,
-    /// Take part in leader election with other masters (see docs/ha.md). Default false.
-    #[arg(long, env = "RBGCTL_MASTER_ENABLE_HA", num_args = 0..=1, default_missing_value = "true")]
-    pub enable_ha: Option<bool>,
-    /// Election backend: `etcd` (default) or `k8s` (a coordination.k8s.io/v1 Lease).
-    #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND")]
-    #[serde(skip)]
-    pub ha_backend: Option<String>,
-    /// etcd endpoints, `h1:2379;h2:2379` (same as --ha-backend-connstring with etcd).
-    /// Default: none (required with --enable-ha on etcd).
-    #[arg(long, env = "RBGCTL_MASTER_ETCD_ENDPOINTS")]
-    #[serde(skip)]
-    pub etcd_endpoints: Option<String>,
-    /// etcd endpoints (`h1:2379;h2:2379`) or, for k8s, `namespace/lease-name`. Default: none.
-    #[arg(long, env = "RBGCTL_MASTER_HA_BACKEND_CONNSTRING")]
-    pub ha_backend_connstring: Option<String>,
-    /// Masters with the same cluster id elect one leader. Default `mooncake_cluster`.
-    #[arg(long, env = "RBGCTL_MASTER_CLUSTER_ID")]
-    pub cluster_id: Option<String>,
-    /// Leader lease TTL (`5s`; whole seconds, at least 1). Default 5 s.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_MASTER_HA_LEASE_TTL")]
-    #[serde(rename = "ha_lease_ttl_ms")]
-    pub ha_lease_ttl: Option<Millis>,
-    /// Host published for others to reach this master. Default: the RPC address, POD_IP or
-    /// the host name's address.
-    #[arg(long, env = "RBGCTL_MASTER_ADVERTISE_HOST")]
-    pub advertise_host: Option<String>,
-    /// A file holding the cluster secret (at least 16 bytes): connections must prove they
-    /// hold it. Default: no authentication.
-    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<std::path::PathBuf>,
-    /// Serve the metrics/admin port and the metadata server over HTTPS with this PEM
-    /// certificate chain (needs --tls-key-path). Default: plain HTTP.
-    #[arg(long, env = "RBGCTL_MASTER_TLS_CERT_PATH")]
-    pub tls_cert_path: Option<std::path::PathBuf>,
-    /// PEM private key of --tls-cert-path. Default: none.
-    #[arg(long, env = "RBGCTL_MASTER_TLS_KEY_PATH")]
-    pub tls_key_path: Option<std::path::PathBuf>,
-    /// Publish the pool's pages as KV events, for routers (SGLang's JSON, e.g.
-    /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}').
-    /// Default: none.
-    #[arg(long, env = "RBGCTL_MASTER_KV_EVENTS_CONFIG")]
-    pub kv_events_config: Option<String>,
-    /// The pool's tenants and their quotas, a TOML file of `[[tenant]] name = "team-a",
-    /// quota = "64GiB"`, read again when it changes. Default: none (the default tenant alone,
-    /// without a quota).
-    #[arg(long, env = "RBGCTL_MASTER_TENANTS_FILE")]
-    pub tenants_file: Option<std::path::PathBuf>,
-}
-
 impl MasterArgs {
     /// Layers file, then these values, over the defaults, and validates the result.
     pub fn resolve(&self) -> Result<MasterConfig, ConfigError> {
@@ -442,16 +232,6 @@ impl MasterArgs {
         // Mooncake's spelling of the connection string, which wins as it always did.
         if let Some(e) = &self.etcd_endpoints {
             c.ha_backend_connstring = e.clone();
-        }
-        if let Some(s) = &self.ha_backend {
-            c.ha_backend = s
-                .parse()
-                .map_err(|e: String| ConfigError::invalid("master.ha_backend", e))?;
-        }
-        if let Some(s) = &self.allocation_strategy {
-            c.allocation_strategy = s
-                .parse()
-                .map_err(|e: String| ConfigError::invalid("master.allocation_strategy", e))?;
         }
         c.validate()?;
         Ok(c)
@@ -639,7 +419,7 @@ mod tests {
             enable_ha: Some(true),
             etcd_endpoints: Some("127.0.0.1:2379;127.0.0.1:2380".into()),
             cluster_id: Some("prod".into()),
-            ha_lease_ttl: Some(Millis(Duration::from_secs(2))),
+            ha_lease_ttl_ms: Some(Millis(Duration::from_secs(2))),
             ..Default::default()
         };
         let c = ok.resolve().unwrap();
@@ -669,21 +449,14 @@ mod tests {
             ),
             (
                 MasterArgs {
-                    ha_lease_ttl: Some(Millis(Duration::from_millis(1500))),
+                    ha_lease_ttl_ms: Some(Millis(Duration::from_millis(1500))),
                     ..ok.clone()
                 },
                 "whole seconds",
             ),
             (
                 MasterArgs {
-                    ha_backend: Some("zk".into()),
-                    ..ok.clone()
-                },
-                "etcd or k8s",
-            ),
-            (
-                MasterArgs {
-                    ha_backend: Some("k8s".into()),
+                    ha_backend: Some(HaBackend::K8s),
                     ha_backend_connstring: Some("pool".into()),
                     ..ok.clone()
                 },
@@ -700,6 +473,38 @@ mod tests {
         .resolve()
         .unwrap();
         assert_eq!(c.advertised_host().unwrap(), "10.1.2.3");
+    }
+
+    #[test]
+    fn a_bad_choice_is_refused_by_its_flag() {
+        use clap::{Args, FromArgMatches};
+        let cmd = MasterArgs::augment_args(clap::Command::new("master").no_binary_name(true));
+        for (argv, said) in [
+            (["--ha-backend", "zk"], "expected etcd or k8s"),
+            (
+                ["--allocation-strategy", "first"],
+                "random, free_ratio_first",
+            ),
+            (["--client-ttl", "-5s"], "cannot be negative"),
+        ] {
+            let e = cmd
+                .clone()
+                .try_get_matches_from(argv)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(argv[0]) && e.contains(said), "{e}");
+        }
+        let m = cmd
+            .try_get_matches_from(["--enable-ha", "--etcd-endpoints", "h:1"])
+            .unwrap();
+        let args = MasterArgs::from_arg_matches(&m).unwrap();
+        assert_eq!(args.enable_ha, Some(true), "a switch given alone is on");
+    }
+
+    #[test]
+    fn every_stated_default_is_the_real_one() {
+        let checked = crate::config::settings::check_stated_defaults(MasterArgs::resolve);
+        assert!(checked >= 35, "{checked}");
     }
 
     #[test]
@@ -800,12 +605,12 @@ mod tests {
             http_metadata_server_port: Some(2),
             metrics_host: Some("127.0.0.4".into()),
             metrics_port: Some(3),
-            client_ttl: ms(20_000),
-            store_grace_period: ms(4),
-            store_read_lease: ms(5),
-            default_kv_lease_ttl: ms(6),
-            default_kv_soft_pin_ttl: ms(7),
-            max_kv_soft_pin_ttl: ms(8),
+            client_ttl_ms: ms(20_000),
+            store_grace_period_ms: ms(4),
+            store_read_lease_ms: ms(5),
+            default_kv_lease_ttl_ms: ms(6),
+            default_kv_soft_pin_ttl_ms: ms(7),
+            max_kv_soft_pin_ttl_ms: ms(8),
             eviction_high_watermark_ratio: Some(0.9),
             eviction_ratio: Some(0.1),
             disk_eviction_high_watermark_ratio: Some(0.8),
@@ -814,23 +619,23 @@ mod tests {
             hand_over_bytes_per_sec: Some(ByteSize(1 << 20)),
             promotion_on_hit: Some(false),
             promotion_admission_threshold: Some(10),
-            put_start_discard_timeout: ms(11),
-            put_start_release_timeout: ms(12),
-            put_reservation_ttl: ms(13),
+            put_start_discard_timeout_ms: ms(11),
+            put_start_release_timeout_ms: ms(12),
+            put_reservation_ttl_ms: ms(13),
             put_reservation_max_bytes: Some(ByteSize(14 << 20)),
-            allocation_strategy: Some("random".into()),
+            allocation_strategy: Some(Strategy::Random),
             max_connections: Some(15),
             max_connections_per_peer: Some(16),
-            idle_timeout: ms(1700),
-            request_timeout: ms(1800),
+            idle_timeout_ms: ms(1700),
+            request_timeout_ms: ms(1800),
             poll_spin_us: Some(19),
             rpc_threads: Some(3),
             enable_ha: Some(false),
-            ha_backend: Some("etcd".into()),
+            ha_backend: Some(HaBackend::Etcd),
             etcd_endpoints: Some("127.0.0.1:2379".into()),
             ha_backend_connstring: Some("ignored:1".into()),
             cluster_id: Some("c".into()),
-            ha_lease_ttl: ms(2100),
+            ha_lease_ttl_ms: ms(2100),
             advertise_host: Some("h".into()),
             auth_token_file: Some("/a".into()),
             tls_cert_path: Some("/c".into()),

@@ -7,72 +7,82 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// The operator's settings, from its flags, environment and TOML file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct OperatorConfig {
-    /// Watch only this namespace (none: all namespaces).
-    pub namespace: Option<String>,
-    /// Kubeconfig file (none: the in-cluster service account, else $KUBECONFIG or
-    /// ~/.kube/config).
-    pub kubeconfig: Option<PathBuf>,
-    /// Group reconciles running at once (different groups only); scaling adapters and group
-    /// sets have two workers each.
-    pub workers: usize,
-    /// Reconcile every group this often even without changes (0: never).
-    pub resync_secs: u64,
-    /// Writes per second to the API server (token bucket; 0: unlimited).
-    pub kube_api_qps: f64,
-    /// Writes allowed at once before `kube_api_qps` applies (client-go's burst).
-    pub kube_api_burst: f64,
-    /// Seconds after which an in-place update the kubelet has not confirmed (new image
-    /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
-    /// condition.
-    pub inplace_timeout_secs: u64,
-    /// Take part in leader election (only the Lease holder acts).
-    pub leader_elect: bool,
-    /// Name of the Lease the replicas elect a leader with.
-    pub lease_name: String,
-    /// Namespace of the Lease (none: the operator's own namespace).
-    pub lease_namespace: Option<String>,
-    /// How long a Lease holds without renewal; a standby takes over after it.
-    pub lease_duration_secs: u64,
-    /// This replica's name in the Lease (none: hostname and pid).
-    pub identity: Option<String>,
-    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
-    /// every role (announced through `RBGCTL_READY_FILE`).
-    pub metrics_port: u16,
-    /// Address of the metrics server.
-    pub metrics_host: String,
-    /// Server-side timeout asked of each watch, in seconds.
-    pub watch_timeout_secs: u64,
-    /// The scheduler whose PodGroups gang-scheduled groups get: `scheduler-plugins`
-    /// (`scheduling.x-k8s.io`) or `volcano` (`scheduling.volcano.sh`).
-    pub scheduler_name: Scheduler,
-}
+crate::config::settings::settings! {
+    /// The operator's settings, from its flags, environment and TOML file.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct OperatorConfig;
 
-impl Default for OperatorConfig {
-    fn default() -> Self {
-        OperatorConfig {
-            namespace: None,
-            kubeconfig: None,
-            workers: 4,
-            resync_secs: 300,
-            kube_api_qps: 50.0,
-            kube_api_burst: 100.0,
-            inplace_timeout_secs: 300,
-            leader_elect: true,
-            lease_name: "rbgctl-operator".into(),
-            lease_namespace: None,
-            lease_duration_secs: 15,
-            identity: None,
-            metrics_port: 8081,
-            metrics_host: "0.0.0.0".into(),
-            watch_timeout_secs: 290,
-            scheduler_name: Scheduler::default(),
-        }
+    /// The operator's flags: each setting of [`OperatorConfig`] under the same name, given or
+    /// not.
+    #[serde_with::skip_serializing_none]
+    #[derive(Debug, Clone, Default, Args, Serialize)]
+    pub struct OperatorArgs {
+        /// TOML file with the operator's settings (the flags below win over it).
+        #[arg(long, env = "RBGCTL_OPERATOR_CONFIG")]
+        #[serde(skip)]
+        pub config: Option<PathBuf>,
+    }
+
+    settings {
+        /// Watch only this namespace. Default: all namespaces.
+        #[arg(long, env = "RBGCTL_OPERATOR_NAMESPACE")]
+        namespace: Option<String> = None;
+        /// Kubeconfig file. Default: the in-cluster service account, else $KUBECONFIG or
+        /// ~/.kube/config.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf> = None;
+        /// Group reconciles running at once (different groups only); scaling adapters and
+        /// group sets have two workers each.
+        #[arg(long)]
+        workers: usize = 4;
+        /// Reconcile every group this often even without changes, in seconds (0: never).
+        #[arg(long)]
+        resync_secs: u64 = 300;
+        /// Writes per second to the API server (token bucket; 0: unlimited).
+        #[arg(long)]
+        kube_api_qps: f64 = 50.0;
+        /// Writes allowed at once before `kube_api_qps` applies (client-go's burst).
+        #[arg(long)]
+        kube_api_burst: f64 = 100.0;
+        /// Seconds after which an in-place update the kubelet has not confirmed (new image
+        /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
+        /// condition.
+        #[arg(long)]
+        inplace_timeout_secs: u64 = 300;
+        /// Take part in leader election (only the Lease holder acts).
+        #[arg(long)]
+        leader_elect: bool = true;
+        /// Name of the Lease the replicas elect a leader with.
+        #[arg(long)]
+        lease_name: String = "rbgctl-operator".into();
+        /// Namespace of the Lease. Default: the operator's own namespace.
+        #[arg(long)]
+        lease_namespace: Option<String> = None;
+        /// How long a Lease holds without renewal, in seconds; a standby takes over after it.
+        #[arg(long)]
+        lease_duration_secs: u64 = 15;
+        /// This replica's name in the Lease. Default: hostname and pid.
+        #[arg(long)]
+        identity: Option<String> = None;
+        /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
+        /// every role (announced through `RBGCTL_READY_FILE`).
+        #[arg(long)]
+        metrics_port: u16 = 8081;
+        /// Address of the metrics server.
+        #[arg(long)]
+        metrics_host: String = "0.0.0.0".into();
+        /// Server-side timeout asked of each watch, in seconds.
+        #[arg(long)]
+        watch_timeout_secs: u64 = 290;
+        /// The scheduler whose PodGroups gang-scheduled groups get: `scheduler-plugins`
+        /// (`scheduling.x-k8s.io`) or `volcano` (`scheduling.volcano.sh`).
+        #[arg(long)]
+        scheduler_name: Scheduler = Scheduler::default();
     }
 }
+
+crate::config::settings::named_setting!(Scheduler);
 
 impl OperatorConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -95,71 +105,6 @@ impl OperatorConfig {
         }
         Ok(())
     }
-}
-
-/// The operator's flags: each setting of [`OperatorConfig`] under the same name, given or not.
-#[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, Default, Args, Serialize)]
-pub struct OperatorArgs {
-    /// TOML file with the operator's settings (the flags below win over it).
-    #[arg(long, env = "RBGCTL_OPERATOR_CONFIG")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Watch only this namespace. Default: all namespaces.
-    #[arg(long, env = "RBGCTL_OPERATOR_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Kubeconfig file. Default: the in-cluster service account, else $KUBECONFIG or
-    /// ~/.kube/config.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Group reconciles running at once (different groups only); scaling adapters and group
-    /// sets have two workers each. Default 4.
-    #[arg(long)]
-    pub workers: Option<usize>,
-    /// Reconcile every group this often even without changes (0: never). Default 300.
-    #[arg(long)]
-    pub resync_secs: Option<u64>,
-    /// Writes per second to the API server (token bucket; 0: unlimited). Default 50.
-    #[arg(long)]
-    pub kube_api_qps: Option<f64>,
-    /// Writes allowed at once before `--kube-api-qps` applies (client-go's burst). Default 100.
-    #[arg(long)]
-    pub kube_api_burst: Option<f64>,
-    /// Seconds after which an in-place update the kubelet has not confirmed (new image
-    /// running, Ready) is reported, in an event and the group's `InPlaceUpdatesConfirmed`
-    /// condition. Default 300.
-    #[arg(long)]
-    pub inplace_timeout_secs: Option<u64>,
-    /// Take part in leader election (only the Lease holder acts). Default true.
-    #[arg(long, action = clap::ArgAction::Set)]
-    pub leader_elect: Option<bool>,
-    /// Name of the Lease the replicas elect a leader with. Default `rbgctl-operator`.
-    #[arg(long)]
-    pub lease_name: Option<String>,
-    /// Namespace of the Lease. Default: the operator's own namespace.
-    #[arg(long)]
-    pub lease_namespace: Option<String>,
-    /// How long a Lease holds without renewal; a standby takes over after it. Default 15.
-    #[arg(long)]
-    pub lease_duration_secs: Option<u64>,
-    /// This replica's name in the Lease. Default: hostname and pid.
-    #[arg(long)]
-    pub identity: Option<String>,
-    /// Serves /metrics, /health (and /healthz, /readyz) here; 0 picks a free port, as for
-    /// every role (announced through `RBGCTL_READY_FILE`). Default 8081.
-    #[arg(long)]
-    pub metrics_port: Option<u16>,
-    /// Address of the metrics server. Default 0.0.0.0.
-    #[arg(long)]
-    pub metrics_host: Option<String>,
-    /// Server-side timeout asked of each watch, in seconds. Default 290.
-    #[arg(long)]
-    pub watch_timeout_secs: Option<u64>,
-    /// The scheduler whose PodGroups gang-scheduled groups get: `scheduler-plugins`
-    /// (`scheduling.x-k8s.io`) or `volcano` (`scheduling.volcano.sh`). Default
-    /// scheduler-plugins.
-    #[arg(long)]
-    pub scheduler_name: Option<Scheduler>,
 }
 
 impl OperatorArgs {
@@ -186,6 +131,12 @@ mod tests {
         Cli::try_parse_from(std::iter::once("operator").chain(argv.iter().copied()))
             .unwrap()
             .args
+    }
+
+    #[test]
+    fn every_stated_default_is_the_real_one() {
+        let checked = crate::config::settings::check_stated_defaults(OperatorArgs::resolve);
+        assert!(checked >= 12, "{checked}");
     }
 
     #[test]

@@ -9,315 +9,176 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The store's settings, from its flags, environment and TOML file.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreConfig {
-    /// The master's RPC address (`host:port`), or elected masters' `etcd://h1:2379;h2:2379/ID`
-    /// or `k8s://namespace/lease`. Default `127.0.0.1:50051`.
-    pub master: String,
-    /// Address the data server binds to. Default `0.0.0.0`.
-    pub bind_address: String,
-    /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
-    /// Default: `$POD_IP` when set, else the address of this host's interface that reaches the
-    /// master (`127.0.0.1` for a master on loopback).
-    pub local_hostname: String,
-    /// Data port; 0 picks a free one. Default 0.
-    pub port: u16,
-    /// Segment name; default `<local_hostname>:<port>`.
-    pub name: Option<String>,
-    /// Memory contributed to the pool. 0 = a pure client that serves nothing. Default 1 GiB.
-    pub segment_size: ByteSize,
-    /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
-    /// and needs none; the value is accepted and reported only.
-    pub local_buffer_size: ByteSize,
-    /// `tcp` (default) or `rdma`: with `rdma`, the segment is also registered on the RDMA
-    /// devices in `device` and clients READ and WRITE it one-sidedly (TCP is still served). A
-    /// build without the `rdma` feature refuses it at start, naming this field.
-    pub protocol: Transport,
-    /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`): `rxe0`, or `mlx5_0,mlx5_1` for several
-    /// NICs, used in turn by clients' queue pairs. The GID index is found (RoCE v2, IPv4) unless
-    /// `MC_GID_INDEX` names one.
-    pub device: String,
-    /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
-    /// `P2PHANDSHAKE` (default) for none.
-    pub metadata_server: String,
-    /// Serve Mooncake's Transfer Engine (its TCP transport) and P2P handshake into the memory
-    /// segment, so that Mooncake's own clients (its wheel, SGLang's `mooncake` backend) put
-    /// and get here. Default: on without `auth_token_file`, off with it (Mooncake's transport
-    /// has no authentication; docs/security.md).
-    pub mooncake_transfer: Option<bool>,
-    /// Hash the values Mooncake's clients write one-sided (RDMA) after each put is answered, at
-    /// the lowest CPU priority, and give the master their CRC-32C, so that rbgctl's readers
-    /// check those values as they check their own. Off, such values stay unhashed, as in
-    /// Mooncake (readers check their version only), and the store spends no CPU on a transfer
-    /// (a restart, a report to a new master and a move to the disk tier hash what they keep).
-    /// Default false.
-    pub hash_mooncake_writes: bool,
-    /// Port of Mooncake's Transfer Engine transport; 0 picks a free one in Mooncake's range
-    /// 15000-16999. Default 0.
-    pub te_port: u16,
-    /// Port of Mooncake's P2P handshake, which also names the segment for Mooncake's clients
-    /// (`<local_hostname>:<port>`); 0 picks a free one in 15000-16999. Default 0.
-    pub te_handshake_port: u16,
-    /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
-    /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
-    /// reboots too. Default `/dev/shm/rbgctl`.
-    pub shm_dir: PathBuf,
-    /// A group (name or number) whose members may map the segment from same-host clients
-    /// running as another user. Default none: the store's files are its user's alone (the
-    /// directory `0700`, the files `0600`).
-    pub shm_group: Option<String>,
-    /// Keep objects across restarts: the segment file and an index of its objects stay in
-    /// `shm_dir`, and a store started again with the same name and directory serves them again.
-    /// Needs a stable name (`name` set, or a fixed `port`); with neither, the store runs
-    /// non-persistent. Default true.
-    pub persistent: bool,
-    /// Seconds a stop may spend handing the segment's objects over to the other stores
-    /// before it unmounts (the master copies each to another store, paced by its
-    /// `hand_over_bytes_per_sec`); for a store that will not come back with them (a pod
-    /// scaled away or recreated elsewhere). 0: no hand-over. Default 0.
-    pub hand_over_secs: u64,
-    /// Fault the segment's pages in behind the start (`MADV_POPULATE_WRITE`, which changes no
-    /// byte), so that writes do not pay the kernel's first-touch fault of each page. `false`
-    /// leaves each page to fault in on its first write: a store whose segment stays mostly
-    /// empty for long, or a benchmark of fresh memory. Default true.
-    pub prefault: bool,
-    /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
-    pub metrics_host: String,
-    /// Metrics port; 0 picks a free one. Default 9004.
-    pub metrics_port: u16,
-    /// Heartbeat period. Default 1 s.
-    pub heartbeat_interval_ms: Millis,
-    /// How long a store whose name another running store holds (the master refuses the mount)
-    /// waits for that one to go before it exits with an error. Covers a pod rescheduled before
-    /// the master noticed its predecessor died. Default 30 s.
-    pub name_conflict_wait_ms: Millis,
-    /// Most simultaneous data connections. Default 4096.
-    pub max_connections: usize,
-    /// Most simultaneous connections from one IP address. Default 1024.
-    pub max_connections_per_peer: usize,
-    /// A connection with no request for this long is closed (clients reconnect). Default 120 s.
-    pub idle_timeout_ms: Millis,
-    /// A new connection's first request must begin within this, and a request whose bytes stop
-    /// coming for this long ends its connection. Default 10 s.
-    pub request_timeout_ms: Millis,
-    /// Spin-poll window in microseconds (0 = block at once). Default 50.
-    pub poll_spin_us: u64,
-    /// A directory on a local filesystem (NVMe, SSD) for the disk tier: objects the memory
-    /// segment gives up are written here instead of dropped, and served from here. Mooncake's
-    /// `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` sets it too. Default: none (no disk tier).
-    pub disk_tier: Option<PathBuf>,
-    /// Size of the disk tier's file, preallocated at start (a multiple of 4 KiB). Default 0;
-    /// must be set with `disk_tier`.
-    pub disk_tier_size: ByteSize,
-    /// Port of the disk tier's data service (its segment's endpoint); 0 picks a free one.
-    /// Default 0.
-    pub disk_tier_port: u16,
-    /// A file holding the cluster secret: connections to this store must prove they hold it,
-    /// and so do this store's own to the master (`docs/security.md`). Default none.
-    pub auth_token_file: Option<PathBuf>,
-    /// Serve the metrics port over HTTPS with this PEM certificate chain, leaf first (with
-    /// `tls_key_path`). Default: none (plain HTTP).
-    pub tls_cert_path: Option<PathBuf>,
-    /// The PEM private key of `tls_cert_path`. Default: none.
-    pub tls_key_path: Option<PathBuf>,
-    /// PEM CA certificates trusted for an `https://` metadata server, beside the public web's
-    /// roots. Default: none.
-    pub ca_cert_paths: Vec<PathBuf>,
-}
+crate::config::settings::settings! {
+    /// The store's settings, from its flags, environment and TOML file.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct StoreConfig;
 
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            master: "127.0.0.1:50051".into(),
-            bind_address: "0.0.0.0".into(),
-            local_hostname: crate::config::env_var("POD_IP").unwrap_or_default(),
-            port: 0,
-            name: None,
-            segment_size: ByteSize(1 << 30),
-            local_buffer_size: ByteSize(0),
-            protocol: Transport::Tcp,
-            device: String::new(),
-            metadata_server: "P2PHANDSHAKE".into(),
-            mooncake_transfer: None,
-            hash_mooncake_writes: false,
-            te_port: 0,
-            te_handshake_port: 0,
-            shm_dir: PathBuf::from("/dev/shm/rbgctl"),
-            shm_group: None,
-            persistent: true,
-            hand_over_secs: 0,
-            prefault: true,
-            metrics_host: "0.0.0.0".into(),
-            metrics_port: 9004,
-            heartbeat_interval_ms: Millis(Duration::from_secs(1)),
-            name_conflict_wait_ms: Millis(Duration::from_secs(30)),
-            max_connections: 4096,
-            max_connections_per_peer: 1024,
-            idle_timeout_ms: Millis(Duration::from_secs(120)),
-            request_timeout_ms: Millis(Duration::from_secs(10)),
-            poll_spin_us: 50,
-            disk_tier: None,
-            disk_tier_size: ByteSize(0),
-            disk_tier_port: 0,
-            auth_token_file: None,
-            tls_cert_path: None,
-            tls_key_path: None,
-            ca_cert_paths: Vec::new(),
-        }
+    /// The store's flags, each also an environment variable.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    pub struct StoreArgs {
+        /// TOML config file (see config/store.toml). Default: none (built-in defaults).
+        #[arg(long, env = "RBGCTL_STORE_CONFIG")]
+        #[serde(skip)]
+        pub config: Option<PathBuf>,
+    }
+
+    settings {
+        /// The master's RPC address (`host:port`), or elected masters'
+        /// `etcd://h1:2379;h2:2379/ID` or `k8s://namespace/lease`.
+        #[arg(long, env = "RBGCTL_STORE_MASTER")]
+        master: String = "127.0.0.1:50051".into();
+        /// Address the data server binds to.
+        #[arg(long, env = "RBGCTL_STORE_BIND_ADDRESS")]
+        bind_address: String = "0.0.0.0".into();
+        /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
+        /// Default: `$POD_IP` when set, else the address of this host's interface that reaches
+        /// the master (`127.0.0.1` for a master on loopback).
+        #[arg(long, env = "RBGCTL_STORE_LOCAL_HOSTNAME")]
+        local_hostname: String = String::new();
+        /// Data port; 0 picks a free one.
+        #[arg(long, env = "RBGCTL_STORE_PORT")]
+        port: u16 = 0;
+        /// Segment name. Default: `<local_hostname>:<port>`.
+        #[arg(long, env = "RBGCTL_STORE_NAME")]
+        name: Option<String> = None;
+        /// Memory contributed to the pool (`4GiB`, `512mb`, bytes); 0 = a pure client that
+        /// serves nothing.
+        #[arg(long, env = "RBGCTL_STORE_SEGMENT_SIZE")]
+        segment_size: ByteSize = ByteSize(1 << 30);
+        /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's
+        /// memory and needs none; the value is accepted and reported only.
+        #[arg(long, env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE")]
+        local_buffer_size: ByteSize = ByteSize(0);
+        /// `tcp` or `rdma`: with `rdma`, the segment is also registered on the RDMA devices in
+        /// `device` and clients READ and WRITE it one-sidedly (TCP is still served). A build
+        /// without the `rdma` feature refuses it at start, naming this field.
+        #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
+        protocol: Transport = Transport::Tcp;
+        /// RDMA device names (Mooncake's `MOONCAKE_DEVICE`): `rxe0`, or `mlx5_0,mlx5_1` for
+        /// several NICs, used in turn by clients' queue pairs. The GID index is found (RoCE
+        /// v2, IPv4) unless `MC_GID_INDEX` names one. Default: none.
+        #[arg(long, env = "RBGCTL_STORE_DEVICE")]
+        device: String = String::new();
+        /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
+        /// `P2PHANDSHAKE` for none.
+        #[arg(long, env = "RBGCTL_STORE_METADATA_SERVER")]
+        metadata_server: String = "P2PHANDSHAKE".into();
+        /// Serve Mooncake's Transfer Engine (its TCP transport) and P2P handshake into the
+        /// memory segment, so that Mooncake's own clients (its wheel, SGLang's `mooncake`
+        /// backend) put and get here. Default: on without `auth_token_file`, off with it
+        /// (Mooncake's transport has no authentication; docs/security.md).
+        #[arg(long, env = "RBGCTL_STORE_MOONCAKE_TRANSFER")]
+        mooncake_transfer: Option<bool> = None;
+        /// Hash the values Mooncake's clients write one-sided (RDMA) after each put is
+        /// answered, at the lowest CPU priority, and give the master their CRC-32C, so that
+        /// rbgctl's readers check those values as they check their own. Off, such values stay
+        /// unhashed, as in Mooncake (readers check their version only), and the store spends no
+        /// CPU on a transfer (a restart, a report to a new master and a move to the disk tier
+        /// hash what they keep).
+        #[arg(long, env = "RBGCTL_STORE_HASH_MOONCAKE_WRITES")]
+        hash_mooncake_writes: bool = false;
+        /// Port of Mooncake's Transfer Engine transport; 0 picks a free one in Mooncake's
+        /// range 15000-16999.
+        #[arg(long, env = "RBGCTL_STORE_TE_PORT")]
+        te_port: u16 = 0;
+        /// Port of Mooncake's P2P handshake, which also names the segment for Mooncake's
+        /// clients (`<local_hostname>:<port>`); 0 picks a free one in 15000-16999.
+        #[arg(long, env = "RBGCTL_STORE_TE_HANDSHAKE_PORT")]
+        te_handshake_port: u16 = 0;
+        /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
+        /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path
+        /// survives reboots too.
+        #[arg(long, env = "RBGCTL_STORE_SHM_DIR")]
+        shm_dir: PathBuf = PathBuf::from("/dev/shm/rbgctl");
+        /// A group (name or number) whose members may map the segment from same-host clients
+        /// running as another user. Default: none, the store's files are its user's alone
+        /// (the directory `0700`, the files `0600`).
+        #[arg(long, env = "RBGCTL_STORE_SHM_GROUP")]
+        shm_group: Option<String> = None;
+        /// Keep objects across restarts: the segment file and an index of its objects stay in
+        /// `shm_dir`, and a store started again with the same name and directory serves them
+        /// again. Needs a stable name (`name` set, or a fixed `port`); with neither, the store
+        /// runs non-persistent.
+        #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
+        persistent: bool = true;
+        /// Seconds a stop may spend handing the segment's objects over to the other stores
+        /// before it unmounts (the master copies each to another store, paced by its
+        /// `hand_over_bytes_per_sec`); for a store that will not come back with them (a pod
+        /// scaled away or recreated elsewhere). 0: no hand-over.
+        #[arg(long, env = "RBGCTL_STORE_HAND_OVER_SECS")]
+        hand_over_secs: u64 = 0;
+        /// Fault the segment's pages in behind the start (`MADV_POPULATE_WRITE`, which changes
+        /// no byte), so that writes do not pay the kernel's first-touch fault of each page.
+        /// `false` leaves each page to fault in on its first write: a store whose segment stays
+        /// mostly empty for long, or a benchmark of fresh memory.
+        #[arg(long, env = "RBGCTL_STORE_PREFAULT")]
+        prefault: bool = true;
+        /// Address of `/metrics` and `/health`.
+        #[arg(long, env = "RBGCTL_STORE_METRICS_HOST")]
+        metrics_host: String = "0.0.0.0".into();
+        /// Port of `/metrics` and `/health`; 0 picks a free one.
+        #[arg(long, env = "RBGCTL_STORE_METRICS_PORT")]
+        metrics_port: u16 = 9004;
+        /// Heartbeat period.
+        #[arg(long = "heartbeat-interval", env = "RBGCTL_STORE_HEARTBEAT_INTERVAL")]
+        heartbeat_interval_ms: Millis = Millis(Duration::from_secs(1));
+        /// How long a store whose name another running store holds (the master refuses the
+        /// mount) waits for that one to go before it exits with an error. Covers a pod
+        /// rescheduled before the master noticed its predecessor died.
+        #[arg(long = "name-conflict-wait", env = "RBGCTL_STORE_NAME_CONFLICT_WAIT")]
+        name_conflict_wait_ms: Millis = Millis(Duration::from_secs(30));
+        /// Most simultaneous data connections.
+        #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
+        max_connections: usize = 4096;
+        /// Most simultaneous connections from one IP address.
+        #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS_PER_PEER")]
+        max_connections_per_peer: usize = 1024;
+        /// A connection with no request for this long is closed (clients reconnect).
+        #[arg(long = "idle-timeout", env = "RBGCTL_STORE_IDLE_TIMEOUT")]
+        idle_timeout_ms: Millis = Millis(Duration::from_secs(120));
+        /// A new connection's first request must begin within this, and a request whose bytes
+        /// stop coming for this long ends its connection.
+        #[arg(long = "request-timeout", env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
+        request_timeout_ms: Millis = Millis(Duration::from_secs(10));
+        /// Spin-poll window in microseconds (0 = block at once).
+        #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
+        poll_spin_us: u64 = 50;
+        /// A directory on a local filesystem (NVMe, SSD) for the disk tier: objects the memory
+        /// segment gives up are written here instead of dropped, and served from here.
+        /// Mooncake's `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` sets it too. Default: none (no disk
+        /// tier).
+        #[arg(long, env = "RBGCTL_STORE_DISK_TIER")]
+        disk_tier: Option<PathBuf> = None;
+        /// Size of the disk tier's file, preallocated at start (`200GiB`, bytes; a multiple of
+        /// 4 KiB); must be set with `disk_tier`.
+        #[arg(long, env = "RBGCTL_STORE_DISK_TIER_SIZE")]
+        disk_tier_size: ByteSize = ByteSize(0);
+        /// Port of the disk tier's data service (its segment's endpoint); 0 picks a free one.
+        #[arg(long, env = "RBGCTL_STORE_DISK_TIER_PORT")]
+        disk_tier_port: u16 = 0;
+        /// A file holding the cluster secret (at least 16 bytes): connections to this store
+        /// must prove they hold it, and so do this store's own to the master
+        /// (`docs/security.md`). Default: none, no authentication.
+        #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+        auth_token_file: Option<PathBuf> = None;
+        /// Serve the metrics port over HTTPS with this PEM certificate chain, leaf first (with
+        /// `tls_key_path`). Default: none (plain HTTP).
+        #[arg(long, env = "RBGCTL_STORE_TLS_CERT_PATH")]
+        tls_cert_path: Option<PathBuf> = None;
+        /// The PEM private key of `tls_cert_path`. Default: none.
+        #[arg(long, env = "RBGCTL_STORE_TLS_KEY_PATH")]
+        tls_key_path: Option<PathBuf> = None;
+        /// PEM CA certificates trusted for an `https://` metadata server, beside the public
+        /// web's roots. Default: none.
+        #[arg(long)]
+        ca_cert_paths: Vec<PathBuf> = Vec::new();
     }
 }
 
-/// The store's flags, each also an environment variable.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-pub struct StoreArgs {
-    /// TOML config file (see config/store.toml). Default: none (built-in defaults).
-    #[arg(long, env = "RBGCTL_STORE_CONFIG")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Master RPC address (host:port), or `etcd://h1:2379;h2:2379/ID` or `k8s://ns/lease` for
-    /// elected masters. Default `127.0.0.1:50051`.
-    #[arg(long, env = "RBGCTL_STORE_MASTER")]
-    pub master: Option<String>,
-    /// Address the data server binds to. Default `0.0.0.0`.
-    #[arg(long, env = "RBGCTL_STORE_BIND_ADDRESS")]
-    pub bind_address: Option<String>,
-    /// Host name or IP that clients use to reach this store (Mooncake's `local_hostname`).
-    /// Default: `$POD_IP` when set, else the address of this host's interface that reaches the
-    /// master (`127.0.0.1` for a master on loopback).
-    #[arg(long, env = "RBGCTL_STORE_LOCAL_HOSTNAME")]
-    pub local_hostname: Option<String>,
-    /// Data port; 0 picks a free one. Default 0.
-    #[arg(long, env = "RBGCTL_STORE_PORT")]
-    pub port: Option<u16>,
-    /// Segment name; default `<local_hostname>:<port>`.
-    #[arg(long, env = "RBGCTL_STORE_NAME")]
-    pub name: Option<String>,
-    /// Memory contributed (4GiB, 512mb, bytes). Default 1 GiB.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_SEGMENT_SIZE")]
-    pub segment_size: Option<ByteSize>,
-    /// Mooncake's transfer staging buffer. rbgctl moves bytes straight from the caller's memory
-    /// and needs none; the value is accepted and reported only. Default 0.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_STORE_LOCAL_BUFFER_SIZE"
-    )]
-    pub local_buffer_size: Option<ByteSize>,
-    /// tcp or rdma (needs --device; a build without the rdma feature refuses it). Default tcp.
-    #[arg(long, env = "RBGCTL_STORE_PROTOCOL")]
-    pub protocol: Option<Transport>,
-    /// RDMA device names, comma-separated (Mooncake's `MOONCAKE_DEVICE`): rxe0,
-    /// mlx5_0,mlx5_1. Default: none.
-    #[arg(long, env = "RBGCTL_STORE_DEVICE")]
-    pub device: Option<String>,
-    /// `http://host:port/metadata` to publish this segment's Mooncake descriptor to, or
-    /// `P2PHANDSHAKE` (default) for none.
-    #[arg(long, env = "RBGCTL_STORE_METADATA_SERVER")]
-    pub metadata_server: Option<String>,
-    /// Serve Mooncake's Transfer Engine (TCP) and P2P handshake (true/false). Default: on
-    /// without --auth-token-file, off with it (both are unauthenticated).
-    #[arg(long, env = "RBGCTL_STORE_MOONCAKE_TRANSFER")]
-    pub mooncake_transfer: Option<bool>,
-    /// Hash the values Mooncake's clients write by RDMA after each put, so rbgctl's readers
-    /// check them (true/false). Default false: unhashed, as in Mooncake.
-    #[arg(long, env = "RBGCTL_STORE_HASH_MOONCAKE_WRITES")]
-    pub hash_mooncake_writes: Option<bool>,
-    /// Mooncake Transfer Engine port; 0 picks a free one in 15000-16999. Default 0.
-    #[arg(long, env = "RBGCTL_STORE_TE_PORT")]
-    pub te_port: Option<u16>,
-    /// Mooncake P2P handshake port (the segment's Mooncake name is <host>:<port>); 0 picks a
-    /// free one in 15000-16999. Default 0.
-    #[arg(long, env = "RBGCTL_STORE_TE_HANDSHAKE_PORT")]
-    pub te_handshake_port: Option<u16>,
-    /// Where the segment's backing file and durable index live: `/dev/shm` (or a pod's
-    /// memory-backed `emptyDir`) survives process restarts, a local disk or NVMe path survives
-    /// reboots too. Default `/dev/shm/rbgctl`.
-    #[arg(long, env = "RBGCTL_STORE_SHM_DIR")]
-    pub shm_dir: Option<PathBuf>,
-    /// A group (name or number) whose members may map the segment from same-host clients
-    /// running as another user. Default none: the store's files are its user's alone.
-    #[arg(long, env = "RBGCTL_STORE_SHM_GROUP")]
-    pub shm_group: Option<String>,
-    /// Keep objects across restarts (true/false). Default true.
-    #[arg(long, env = "RBGCTL_STORE_PERSISTENT")]
-    pub persistent: Option<bool>,
-    /// Seconds a stop may spend handing the segment's objects over to the other stores
-    /// before it unmounts (0: no hand-over). Default 0.
-    #[arg(long, env = "RBGCTL_STORE_HAND_OVER_SECS")]
-    pub hand_over_secs: Option<u64>,
-    /// Fault the segment's pages in behind the start, so writes pay no first-touch faults
-    /// (true/false). Default true.
-    #[arg(long, env = "RBGCTL_STORE_PREFAULT")]
-    pub prefault: Option<bool>,
-    /// Address of `/metrics` and `/health`. Default `0.0.0.0`.
-    #[arg(long, env = "RBGCTL_STORE_METRICS_HOST")]
-    pub metrics_host: Option<String>,
-    /// Metrics port; 0 picks a free one. Default 9004.
-    #[arg(long, env = "RBGCTL_STORE_METRICS_PORT")]
-    pub metrics_port: Option<u16>,
-    /// Heartbeat period. Default 1 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_STORE_HEARTBEAT_INTERVAL"
-    )]
-    #[serde(rename = "heartbeat_interval_ms")]
-    pub heartbeat_interval: Option<Millis>,
-    /// How long to wait for another running store holding this name to go (e.g. 30s). Default 30 s.
-    #[arg(
-        allow_hyphen_values = true,
-        long,
-        env = "RBGCTL_STORE_NAME_CONFLICT_WAIT"
-    )]
-    #[serde(rename = "name_conflict_wait_ms")]
-    pub name_conflict_wait: Option<Millis>,
-    /// Most simultaneous data connections. Default 4096.
-    #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS")]
-    pub max_connections: Option<usize>,
-    /// Most simultaneous connections from one IP address. Default 1024.
-    #[arg(long, env = "RBGCTL_STORE_MAX_CONNECTIONS_PER_PEER")]
-    pub max_connections_per_peer: Option<usize>,
-    /// Close connections idle this long (`120s`, or milliseconds). Default 120 s.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_IDLE_TIMEOUT")]
-    #[serde(rename = "idle_timeout_ms")]
-    pub idle_timeout: Option<Millis>,
-    /// Longest wait for a request's bytes (`10s`, or milliseconds). Default 10 s.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_REQUEST_TIMEOUT")]
-    #[serde(rename = "request_timeout_ms")]
-    pub request_timeout: Option<Millis>,
-    /// Spin-poll window in microseconds (0 = block at once). Default 50.
-    #[arg(long, env = "RBGCTL_STORE_POLL_SPIN_US")]
-    pub poll_spin_us: Option<u64>,
-    /// Directory for the disk tier (local NVMe/SSD): objects memory gives up go here instead
-    /// of away. Default: none.
-    #[arg(long, env = "RBGCTL_STORE_DISK_TIER")]
-    pub disk_tier: Option<PathBuf>,
-    /// Size of the disk tier (200GiB, bytes; a multiple of 4 KiB), preallocated at start.
-    /// Default 0; required with --disk-tier.
-    #[arg(allow_hyphen_values = true, long, env = "RBGCTL_STORE_DISK_TIER_SIZE")]
-    pub disk_tier_size: Option<ByteSize>,
-    /// Port of the disk tier's data service; 0 picks a free one. Default 0.
-    #[arg(long, env = "RBGCTL_STORE_DISK_TIER_PORT")]
-    pub disk_tier_port: Option<u16>,
-    /// A file holding the cluster secret (at least 16 bytes): connections must prove they
-    /// hold it. Default: no authentication.
-    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<PathBuf>,
-    /// Serve the metrics port over HTTPS with this PEM certificate chain (needs
-    /// --tls-key-path). Default: plain HTTP.
-    #[arg(long, env = "RBGCTL_STORE_TLS_CERT_PATH")]
-    pub tls_cert_path: Option<PathBuf>,
-    /// PEM private key of --tls-cert-path. Default: none.
-    #[arg(long, env = "RBGCTL_STORE_TLS_KEY_PATH")]
-    pub tls_key_path: Option<PathBuf>,
-    /// PEM CA certificates trusted for an https:// metadata server. Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub ca_cert_paths: Vec<PathBuf>,
-}
+crate::config::settings::named_setting!(Transport);
 
 /// What Mooncake's environment (or its JSON config file) sets, under the store's key names:
 /// over the store's file, under its flags.
@@ -368,15 +229,17 @@ impl StoreArgs {
 }
 
 impl StoreConfig {
-    /// The host clients reach this store at: `local_hostname` when set, else the address of
-    /// the interface that reaches the master. Warns when that is a loopback address while the
+    /// The host clients reach this store at: `local_hostname` when set, else `$POD_IP`, else
+    /// the address of the interface that reaches the master. Warns when that is a loopback address while the
     /// master is elsewhere: no other host could reach the store.
     pub fn advertised_host(&self) -> String {
         let master = master_target(&self.master);
         let host = match self.local_hostname.trim() {
-            "" => master
-                .and_then(route_source)
-                .map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string()),
+            "" => crate::config::env_var("POD_IP").unwrap_or_else(|| {
+                master
+                    .and_then(route_source)
+                    .map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string())
+            }),
             h => h.to_string(),
         };
         let loopback = |h: &str| {
@@ -541,6 +404,14 @@ mod tests {
     /// Every flag lands in the setting of its name (a renamed one under the config's name):
     /// the shared layering rule refuses a flag that names none.
     #[test]
+    fn every_stated_default_is_the_real_one() {
+        let checked = crate::config::settings::check_stated_defaults(|a: &StoreArgs| {
+            a.resolve(&MooncakeEnv::default())
+        });
+        assert!(checked >= 25, "{checked}");
+    }
+
+    #[test]
     fn every_flag_names_a_setting() {
         let ms = |n| Some(Millis(Duration::from_millis(n)));
         let args = StoreArgs {
@@ -566,12 +437,12 @@ mod tests {
             prefault: Some(false),
             metrics_host: Some("127.0.0.4".into()),
             metrics_port: Some(3),
-            heartbeat_interval: ms(1500),
-            name_conflict_wait: ms(2500),
+            heartbeat_interval_ms: ms(1500),
+            name_conflict_wait_ms: ms(2500),
             max_connections: Some(5),
             max_connections_per_peer: Some(6),
-            idle_timeout: ms(7000),
-            request_timeout: ms(8000),
+            idle_timeout_ms: ms(7000),
+            request_timeout_ms: ms(8000),
             poll_spin_us: Some(9),
             disk_tier: Some("/d".into()),
             disk_tier_size: Some(ByteSize(64 << 20)),
@@ -579,7 +450,7 @@ mod tests {
             auth_token_file: Some("/a".into()),
             tls_cert_path: Some("/c".into()),
             tls_key_path: Some("/k".into()),
-            ca_cert_paths: vec!["/ca".into()],
+            ca_cert_paths: Some(vec!["/ca".into()]),
         };
         let c = args.resolve(&MooncakeEnv::default()).unwrap();
         assert_eq!(c.heartbeat_interval_ms, Millis(Duration::from_millis(1500)));
