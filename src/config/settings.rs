@@ -119,11 +119,12 @@ impl Setting for Millis {
 
 impl Setting for Secs {
     type Flag = Self;
+    /// In seconds, as the flags of sglang-router that take them (`--queue-timeout-secs 60`).
     fn shown(&self) -> Option<String> {
-        Some(duration_text(self.0))
+        Some(self.0.as_secs_f64().to_string())
     }
     fn value_name(_: &'static str) -> &'static str {
-        "DURATION"
+        "SECONDS"
     }
     const HYPHEN: bool = true;
 }
@@ -288,35 +289,38 @@ macro_rules! settings {
 
     // A setting with a list of values: its flag is an `Option<Vec<_>>`, as clap reads lists.
     (@munch $config:tt $args:tt $fields:tt $defaults:tt $flags:tt
-        $(#[doc = $doc:literal])* #[arg($($arg:tt)*)] $field:ident : Vec<$item:ty> = $default:expr;
+        $(#[doc = $doc:literal])* #[arg($($arg:tt)*)] $(#[serde($($serde:tt)*)])*
+        $field:ident : Vec<$item:ty> = $default:expr;
         $($rest:tt)*
     ) => {
         $crate::config::settings::settings!(@munch $config $args $fields $defaults $flags
-            @flag [$($doc)*] [$($arg)*] $field [Vec<$item>] [Vec<$item>] $default;
+            @flag [$($doc)*] [$($arg)*] [$(#[serde($($serde)*)])*] $field [Vec<$item>]
+            [Vec<$item>] $default;
             $($rest)*);
     };
 
     // A setting with a flag.
     (@munch $config:tt $args:tt $fields:tt $defaults:tt $flags:tt
-        $(#[doc = $doc:literal])* #[arg($($arg:tt)*)] $field:ident : $ty:ty = $default:expr;
+        $(#[doc = $doc:literal])* #[arg($($arg:tt)*)] $(#[serde($($serde:tt)*)])*
+        $field:ident : $ty:ty = $default:expr;
         $($rest:tt)*
     ) => {
         $crate::config::settings::settings!(@munch $config $args $fields $defaults $flags
-            @flag [$($doc)*] [$($arg)*] $field [$ty]
+            @flag [$($doc)*] [$($arg)*] [$(#[serde($($serde)*)])*] $field [$ty]
             [<$ty as $crate::config::settings::Setting>::Flag] $default;
             $($rest)*);
     };
 
     (@munch $config:tt $args:tt [$($fields:tt)*] [$($defaults:tt)*] [$($flags:tt)*]
-        @flag [$($doc:literal)*] [$($arg:tt)*] $field:ident [$ty:ty] [$flag:ty] $default:expr;
+        @flag [$($doc:literal)*] [$($arg:tt)*] [$($serde:tt)*] $field:ident [$ty:ty] [$flag:ty]
+        $default:expr;
         $($rest:tt)*
     ) => {
         $crate::config::settings::settings!(@munch $config $args
-            [$($fields)* $(#[doc = $doc])* pub $field: $ty,]
+            [$($fields)* $(#[doc = $doc])* $($serde)* pub $field: $ty,]
             [$($defaults)* $field: $default,]
             [$($flags)*
                 #[arg(
-                    $($arg)*,
                     help = $crate::config::settings::help(
                         &[$($doc),*],
                         $crate::config::settings::Setting::shown(&{ let v: $ty = $default; v }),
@@ -339,7 +343,9 @@ macro_rules! settings {
                         };
                         TEXT
                     }),
+                    $($arg)*
                 )]
+                $($serde)*
                 pub $field: Option<$flag>,
             ]
             $($rest)*);
@@ -347,11 +353,12 @@ macro_rules! settings {
 
     // A setting read only from the file.
     (@munch $config:tt $args:tt [$($fields:tt)*] [$($defaults:tt)*] [$($flags:tt)*]
-        $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr;
+        $(#[doc = $doc:literal])* $(#[serde($($serde:tt)*)])*
+        $field:ident : $ty:ty = $default:expr;
         $($rest:tt)*
     ) => {
         $crate::config::settings::settings!(@munch $config $args
-            [$($fields)* $(#[doc = $doc])* pub $field: $ty,]
+            [$($fields)* $(#[doc = $doc])* $(#[serde($($serde)*)])* pub $field: $ty,]
             [$($defaults)* $field: $default,]
             [$($flags)*]
             $($rest)*);

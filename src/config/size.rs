@@ -187,6 +187,19 @@ impl Secs {
     }
 }
 
+impl FromStr for Secs {
+    type Err = String;
+    /// A number of seconds (`60`, `0.5`) or a duration with a unit (`90s`, `500ms`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().parse::<f64>() {
+            Ok(n) => Duration::try_from_secs_f64(n)
+                .map(Secs)
+                .map_err(|_| format!("not a duration in seconds: {n}")),
+            Err(_) => parse_duration(s).map(Secs),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Secs {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
         struct SecsVisitor;

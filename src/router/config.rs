@@ -3,7 +3,10 @@
 //! with the same defaults, so an existing launch line works unchanged. Precedence: flag > TOML
 //! file (`--config`) > the defaults documented on each field. Example: `config/router.toml`.
 
-use super::policy::{AssignmentMode, CacheAwareConfig, ManualConfig, PolicyKind, PrefixHashConfig};
+use super::policy::{
+    CacheAwareArgs, CacheAwareConfig, ManualArgs, ManualConfig, PolicyKind, PrefixHashArgs,
+    PrefixHashConfig,
+};
 use super::vllm::{self, Connector, Legs};
 use crate::config::flat::FlatTable;
 use crate::config::{check_pair, layered, ConfigError, Millis, Secs};
@@ -85,56 +88,95 @@ impl<'de> Deserialize<'de> for RouterConfig {
     }
 }
 
-/// Where the router listens, what it serves, and who may call it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServerConfig {
-    /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
-    pub host: String,
-    /// The service port. Default 30000.
-    pub port: u16,
-    /// Workers of a regular (not disaggregated) deployment.
-    pub worker_urls: Vec<String>,
-    /// The engines' API: `sglang` (bootstrap fields in the request) or `vllm` (OpenAI routes;
-    /// in PD, vLLM's `kv_transfer_params` contract). Default `sglang`.
-    pub backend: Backend,
-    /// Each worker's data-parallel ranks (its `/get_server_info` `dp_size`) become workers
-    /// of their own, `URL@rank`; requests carry `data_parallel_rank`. Default false.
-    pub dp_aware: bool,
-    /// Several models behind one router: a request goes to the workers serving its `model`,
-    /// each model with policies of its own. Default false.
-    pub enable_igw: bool,
-    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
-    pub api_key: Option<String>,
-    /// Keys for the control plane (worker management, cache flush, loads), as sglang-router
-    /// writes them: `id:name:role:key`, role `admin` (may change workers) or `user` (may read).
-    /// When set, those routes take these keys instead of `api_key`. Default: none.
-    pub control_plane_api_keys: Vec<String>,
-    /// Browser origins allowed to call the router (CORS); empty allows any origin, as
-    /// sglang-router does. Default: empty.
-    pub cors_allowed_origins: Vec<String>,
-    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
-    /// `x-correlation-id`, `x-trace-id`, `request-id`.
-    pub request_id_headers: Vec<String>,
-    /// On SIGTERM, how long requests in flight may take to finish. Default 180 s (as
-    /// sglang-router).
-    #[serde(rename = "shutdown_grace_period_secs")]
-    pub shutdown_grace_period: Secs,
-    /// Threads serving the API. Default: one per core, at most [`DEFAULT_MAX_THREADS`].
-    pub runtime_threads: Option<usize>,
-    /// How those threads share the work. Default `thread_per_core`.
-    pub runtime: RuntimeKind,
-    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
-    /// none (standard error only).
-    pub log_dir: Option<PathBuf>,
-    /// A local `tokenizer.json` (or a directory holding one): `/v1/tokenize`,
-    /// `/v1/detokenize`, and cache-aware matching by token. Never downloaded. Default: none
-    /// (routing on text).
-    pub tokenizer_path: Option<PathBuf>,
-    /// sglang-router's model path: used as `tokenizer_path` when that is not given, and must
-    /// then be a local directory holding `tokenizer.json`. Default: none.
-    pub model_path: Option<PathBuf>,
+crate::config::settings::settings! {
+    /// Where the router listens, what it serves, and who may call it.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct ServerConfig;
+
+    /// The router's listener flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Server")]
+    pub struct ServerArgs {}
+
+    settings {
+        /// Address the service listens on (as sglang-router).
+        #[arg(long)]
+        host: String = "0.0.0.0".into();
+        /// The service port.
+        #[arg(long)]
+        port: u16 = 30000;
+        /// Workers of a regular (not disaggregated) deployment (`http://host:port`). Default:
+        /// none.
+        #[arg(long)]
+        worker_urls: Vec<String> = Vec::new();
+        /// The engines' API: `sglang` (bootstrap fields in the request) or `vllm` (OpenAI
+        /// routes; in PD, vLLM's `kv_transfer_params` contract); `vllm` with the
+        /// `--prefiller-host` family.
+        #[arg(long)]
+        backend: Backend = Backend::Sglang;
+        /// Each worker's data-parallel ranks (its `/get_server_info` `dp_size`) become workers
+        /// of their own, `URL@rank`; requests carry `data_parallel_rank`.
+        #[arg(long)]
+        dp_aware: bool = false;
+        /// Inference gateway mode: workers of several models; a request goes to the workers
+        /// serving its `model`, each model with policies of its own.
+        #[arg(long)]
+        enable_igw: bool = false;
+        /// Clients must send `Authorization: Bearer <key>` to inference and admin routes.
+        /// Default: none (no key asked).
+        #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
+        api_key: Option<String> = None;
+        /// Keys for the control plane (worker management, cache flush, loads), as
+        /// sglang-router writes them: `id:name:role:key`, role `admin` (may change workers) or
+        /// `user` (may read). When set, those routes take these keys instead of `api_key`.
+        /// Default: none.
+        #[arg(long, num_args = 0..)]
+        control_plane_api_keys: Vec<String> = Vec::new();
+        /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
+        /// Default: none listed, which allows any origin (as sglang-router).
+        #[arg(long, num_args = 0..)]
+        cors_allowed_origins: Vec<String> = Vec::new();
+        /// Headers a request id is taken from, first match wins.
+        #[arg(long)]
+        request_id_headers: Vec<String> =
+            ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"]
+                .map(String::from)
+                .to_vec();
+        /// On SIGTERM, how long requests in flight may take to finish (as sglang-router).
+        #[arg(id = "shutdown_grace_period_secs", long = "shutdown-grace-period-secs")]
+        #[serde(rename = "shutdown_grace_period_secs")]
+        shutdown_grace_period: Secs = Secs::from_secs(180);
+        /// Threads serving the API. Default: one per core, at most 4 (one thread serves tens
+        /// of thousands of requests a second; more threads each wake up for fewer requests,
+        /// and spend more CPU per request).
+        #[arg(long)]
+        runtime_threads: Option<usize> = None;
+        /// How the threads share the work: `thread_per_core` (each thread serves the
+        /// connections it is handed, with its own connections to the workers: a request never
+        /// crosses a thread) or `work_stealing` (one runtime whose threads take each other's
+        /// tasks).
+        #[arg(long)]
+        runtime: RuntimeKind = RuntimeKind::ThreadPerCore;
+        /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder.
+        /// Default: none (standard error only).
+        #[arg(long)]
+        log_dir: Option<PathBuf> = None;
+        /// A local `tokenizer.json` (or a directory holding one): `/v1/tokenize`,
+        /// `/v1/detokenize`, and cache-aware matching by token. Never downloaded. Default: none
+        /// (routing on text).
+        #[arg(long)]
+        tokenizer_path: Option<PathBuf> = None;
+        /// sglang-router's model path: used as `tokenizer_path` when that is not given, and
+        /// must then be a local directory holding `tokenizer.json` (a hub id is refused:
+        /// nothing is downloaded). Default: none.
+        #[arg(long)]
+        model_path: Option<PathBuf> = None;
+    }
 }
+
+crate::config::settings::named_setting!(Backend, RuntimeKind, Connector, Legs);
 
 /// Threads the router serves with unless told: one thread serves tens of thousands of requests
 /// a second, and each further thread wakes up for fewer of them, which costs CPU per request
@@ -152,212 +194,205 @@ impl ServerConfig {
     }
 }
 
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            host: "0.0.0.0".into(),
-            port: 30000,
-            worker_urls: Vec::new(),
-            backend: Backend::Sglang,
-            dp_aware: false,
-            enable_igw: false,
-            api_key: None,
-            control_plane_api_keys: Vec::new(),
-            cors_allowed_origins: Vec::new(),
-            request_id_headers: [
-                "x-request-id",
-                "x-correlation-id",
-                "x-trace-id",
-                "request-id",
-            ]
-            .map(String::from)
-            .to_vec(),
-            shutdown_grace_period: Secs::from_secs(180),
-            runtime_threads: None,
-            runtime: RuntimeKind::default(),
-            log_dir: None,
-            tokenizer_path: None,
-            model_path: None,
-        }
+crate::config::settings::settings! {
+    /// What one client may hold: bodies, time, a place in the queue.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct LimitsConfig;
+
+    /// The router's flags for request sizes, concurrency and timeouts.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Limits")]
+    pub struct LimitsArgs {}
+
+    settings {
+        /// Largest request body accepted, in bytes.
+        #[arg(long)]
+        max_payload_size: usize = 512 << 20;
+        /// Largest body of the routes that answer from the router itself (`/query`,
+        /// `/query_by_hash`, `/v1/tokenize`, `/v1/detokenize`), in bytes.
+        #[arg(long)]
+        max_query_payload_size: usize = 16 << 20;
+        /// Bytes of request bodies received at once, all requests together; beyond it a
+        /// request is answered 503. 0: a quarter of this machine's memory.
+        #[arg(long)]
+        max_inflight_body_bytes: usize = 0;
+        /// Longest wait for a worker's response headers.
+        #[arg(id = "request_timeout_secs", long = "request-timeout-secs")]
+        #[serde(rename = "request_timeout_secs")]
+        request_timeout: Secs = Secs::from_secs(1800);
+        /// Requests proxied at once; −1 is unlimited.
+        #[arg(long)]
+        max_concurrent_requests: i64 = -1;
+        /// Requests waiting for a slot; beyond it 429.
+        #[arg(long)]
+        queue_size: usize = 100;
+        /// Longest wait in the queue; then 408.
+        #[arg(id = "queue_timeout_secs", long = "queue-timeout-secs")]
+        #[serde(rename = "queue_timeout_secs")]
+        queue_timeout: Secs = Secs::from_secs(60);
+        /// Requests per second admitted (a token bucket, burst `max_concurrent_requests`);
+        /// requests beyond it wait in the queue. Default: none (no rate limit).
+        #[arg(long)]
+        rate_limit_tokens_per_second: Option<f64> = None;
     }
 }
 
-/// What one client may hold: bodies, time, a place in the queue.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// Largest request body accepted. Default 512 MiB.
-    pub max_payload_size: usize,
-    /// Largest body of the routes that answer from the router itself (`/query`,
-    /// `/query_by_hash`, `/v1/tokenize`, `/v1/detokenize`). Default 16 MiB.
-    pub max_query_payload_size: usize,
-    /// Bytes of request bodies received at once, all requests together; beyond it a request
-    /// is answered 503. Default 0: a quarter of this machine's memory.
-    pub max_inflight_body_bytes: usize,
-    /// Longest wait for a worker's response headers. Default 1800 s.
-    #[serde(rename = "request_timeout_secs")]
-    pub request_timeout: Secs,
-    /// Requests proxied at once; −1 is unlimited. Default −1.
-    pub max_concurrent_requests: i64,
-    /// Requests waiting for a slot; beyond it 429. Default 100.
-    pub queue_size: usize,
-    /// Longest wait in the queue; then 408. Default 60 s.
-    #[serde(rename = "queue_timeout_secs")]
-    pub queue_timeout: Secs,
-    /// Requests per second admitted (a token bucket, burst `max_concurrent_requests`);
-    /// requests beyond it wait in the queue. Default: none (no rate limit).
-    pub rate_limit_tokens_per_second: Option<f64>,
-}
+crate::config::settings::settings! {
+    /// Tenants: who calls, with what keys, limits and priority classes (docs/router.md,
+    /// Tenants).
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct TenantsConfig;
 
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        LimitsConfig {
-            max_payload_size: 512 << 20,
-            max_query_payload_size: 16 << 20,
-            max_inflight_body_bytes: 0,
-            request_timeout: Secs::from_secs(1800),
-            max_concurrent_requests: -1,
-            queue_size: 100,
-            queue_timeout: Secs::from_secs(60),
-            rate_limit_tokens_per_second: None,
-        }
+    /// The router's tenant flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Tenants")]
+    pub struct TenantsArgs {}
+
+    settings {
+        /// The tenants file (API keys stored as SHA-256, per-tenant rates and concurrency,
+        /// priority classes), read again when it changes; with it every inference request
+        /// must name its tenant. Default: none (no tenants).
+        #[arg(long, env = "RBGCTL_ROUTER_TENANTS_FILE")]
+        tenants_file: Option<PathBuf> = None;
+        /// A header a trusted front names the tenant in (e.g. `x-tenant`), taken only from
+        /// the addresses of `tenant_header_trusted_from`. Default: none.
+        #[arg(long)]
+        tenant_header: Option<String> = None;
+        /// Addresses (`10.0.0.0/8`, `::1`) whose requests may name their tenant in
+        /// `tenant_header`; a request from elsewhere carrying it is refused (403). Default:
+        /// none.
+        #[arg(long)]
+        tenant_header_trusted_from: Vec<String> = Vec::new();
+        /// Routers sharing each tenant's traffic evenly behind one load balancer: each
+        /// enforces this share of every tenant's rates and concurrency cap.
+        #[arg(long)]
+        tenant_limits_replicas: usize = 1;
     }
 }
 
-/// Tenants: who calls, with what keys, limits and priority classes (docs/router.md, Tenants).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TenantsConfig {
-    /// The tenants file (keys stored as SHA-256, limits, classes), read again when it changes;
-    /// with it every inference request must name its tenant. Default: none (no tenants).
-    pub tenants_file: Option<PathBuf>,
-    /// A header a trusted front names the tenant in (e.g. `x-tenant`), taken only from the
-    /// addresses of `tenant_header_trusted_from`. Default: none.
-    pub tenant_header: Option<String>,
-    /// Addresses (`10.0.0.0/8`, `::1`) whose requests may name their tenant in
-    /// `tenant_header`; a request from elsewhere carrying it is refused (403). Default: none.
-    pub tenant_header_trusted_from: Vec<String>,
-    /// Routers sharing each tenant's traffic evenly behind one load balancer: each enforces
-    /// this share of every tenant's rates and concurrency cap. Default 1.
-    pub tenant_limits_replicas: usize,
-}
+crate::config::settings::settings! {
+    /// The separate `/metrics` listener and the duration histograms.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct MetricsConfig;
 
-impl Default for TenantsConfig {
-    fn default() -> Self {
-        TenantsConfig {
-            tenants_file: None,
-            tenant_header: None,
-            tenant_header_trusted_from: Vec::new(),
-            tenant_limits_replicas: 1,
-        }
+    /// The router's metrics flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Metrics")]
+    pub struct MetricsArgs {}
+
+    settings {
+        /// `/metrics` also on a separate listener at this address.
+        #[arg(long)]
+        prometheus_host: String = "0.0.0.0".into();
+        /// Port of that listener (0: none, `/metrics` stays on the main port).
+        #[arg(long)]
+        prometheus_port: u16 = 29000;
+        /// Upper bounds (seconds, increasing) of the request duration histograms. Default:
+        /// none given, the built-in 0.0005 .. 60 (14 buckets).
+        #[arg(long)]
+        prometheus_duration_buckets: Vec<f64> = Vec::new();
     }
 }
 
-/// The separate `/metrics` listener and the duration histograms.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MetricsConfig {
-    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
-    pub prometheus_host: String,
-    /// Port of that listener (0: none, `/metrics` stays on the main port). Default 29000.
-    pub prometheus_port: u16,
-    /// Upper bounds (seconds, increasing) of the duration histograms. Default: empty, the
-    /// built-in 0.5 ms .. 60 s.
-    pub prometheus_duration_buckets: Vec<f64>,
-}
+crate::config::settings::settings! {
+    /// Which policy chooses a worker, per worker type.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct PolicyConfig;
 
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        MetricsConfig {
-            prometheus_host: "0.0.0.0".into(),
-            prometheus_port: 29000,
-            prometheus_duration_buckets: Vec::new(),
-        }
+    /// The router's worker-choice flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Policies")]
+    pub struct PolicyArgs {}
+
+    settings {
+        /// How a worker is chosen.
+        #[arg(long)]
+        policy: PolicyKind = PolicyKind::CacheAware;
+        /// PD only. Default: `policy`.
+        #[arg(long)]
+        prefill_policy: Option<PolicyKind> = None;
+        /// PD only. Default: `policy`.
+        #[arg(long)]
+        decode_policy: Option<PolicyKind> = None;
+        /// `bucket` policy: time between adjustments of the length buckets to the requests of
+        /// the last interval (also the window of requests they follow).
+        #[arg(id = "bucket_adjust_interval_secs", long = "bucket-adjust-interval-secs")]
+        #[serde(rename = "bucket_adjust_interval_secs")]
+        bucket_adjust_interval: Secs = Secs::from_secs(5);
+        /// `predicted_ttft` policy: a session (`X-Session-Id` or `X-SMG-Routing-Key`) idle
+        /// this long no longer counts its last turn as held on its worker.
+        #[arg(id = "session_idle_secs", long = "session-idle-secs")]
+        #[serde(rename = "session_idle_secs")]
+        session_idle: Secs = Secs::from_secs(600);
+        /// `precise_prefix`: the PUB endpoint of the pool master's KV events
+        /// (`tcp://host:port`, `rbgctl master --kv-events-config`); what the pool holds counts
+        /// for every engine. Default: none.
+        #[arg(long)]
+        kv_events_pool_endpoint: Option<String> = None;
+        /// `precise_prefix`: the pool master's KV event replay endpoint, to fill gaps.
+        /// Default: none.
+        #[arg(long)]
+        kv_events_pool_replay_endpoint: Option<String> = None;
+        /// `precise_prefix`: the pool master's admin URL (`http://host:port`), asked at start
+        /// for a snapshot of every page on its event stream. Default: none (the pool's blocks
+        /// come in as they change).
+        #[arg(long)]
+        kv_events_pool_snapshot_url: Option<String> = None;
+        /// `precise_prefix`: the pool's cluster secret, sent to its master with the snapshot
+        /// request (which needs it when the pool has one). Default: none.
+        #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
+        kv_events_pool_auth_token_file: Option<PathBuf> = None;
     }
 }
 
-/// Which policy chooses a worker, per worker type.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// How a worker is chosen. Default `cache_aware`.
-    pub policy: PolicyKind,
-    /// PD only; falls back to `policy`.
-    pub prefill_policy: Option<PolicyKind>,
-    /// PD only; falls back to `policy`.
-    pub decode_policy: Option<PolicyKind>,
-    /// `bucket` policy: time between boundary adjustments (also the window of requests they
-    /// follow). Default 5 s.
-    #[serde(rename = "bucket_adjust_interval_secs")]
-    pub bucket_adjust_interval: Secs,
-    /// `predicted_ttft`: a session (`X-Session-Id` or `X-SMG-Routing-Key`) idle this long no
-    /// longer counts its last turn as held on its worker. Default 600 s.
-    #[serde(rename = "session_idle_secs")]
-    pub session_idle: Secs,
-    /// `precise_prefix`: the PUB endpoint of the pool master's KV events (`rbgctl master
-    /// --kv-events-config`); what the pool holds counts for every engine. Default: none.
-    pub kv_events_pool_endpoint: Option<String>,
-    /// ... and its replay endpoint. Default: none.
-    pub kv_events_pool_replay_endpoint: Option<String>,
-    /// ... and the master's admin URL (`http://host:port`), asked for a snapshot of every
-    /// page at start. Default: none (the pool's blocks come in as they change).
-    pub kv_events_pool_snapshot_url: Option<String>,
-    /// The pool's cluster secret, sent to its master with the snapshot request (which needs
-    /// it when the pool has one). Default: none.
-    pub kv_events_pool_auth_token_file: Option<std::path::PathBuf>,
-}
+crate::config::settings::named_setting!(PolicyKind);
 
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        PolicyConfig {
-            policy: PolicyKind::CacheAware,
-            prefill_policy: None,
-            decode_policy: None,
-            bucket_adjust_interval: Secs::from_secs(5),
-            session_idle: Secs::from_secs(600),
-            kv_events_pool_endpoint: None,
-            kv_events_pool_replay_endpoint: None,
-            kv_events_pool_snapshot_url: None,
-            kv_events_pool_auth_token_file: None,
-        }
-    }
-}
+crate::config::settings::settings! {
+    /// Retries on another worker (sglang-router's names and defaults).
+    #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct RetryConfig;
 
-/// Retries on another worker (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryConfig {
-    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
-    /// connection). Default 5.
-    #[serde(rename = "retry_max_retries")]
-    pub max_retries: u32,
-    /// Wait before the first retry. Default 50 ms.
-    #[serde(rename = "retry_initial_backoff_ms")]
-    pub initial_backoff: Millis,
-    /// Longest wait between retries. Default 30 s.
-    #[serde(rename = "retry_max_backoff_ms")]
-    pub max_backoff: Millis,
-    /// Each retry waits this many times longer than the one before. Default 1.5.
-    #[serde(rename = "retry_backoff_multiplier")]
-    pub multiplier: f64,
-    /// Waits move by up to ± this fraction at random. Default 0.2.
-    #[serde(rename = "retry_jitter_factor")]
-    pub jitter: f64,
-    /// No retries at all. Default false.
-    #[serde(rename = "disable_retries")]
-    pub disabled: bool,
-}
+    /// The router's retry flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Retries")]
+    pub struct RetryArgs {}
 
-impl Default for RetryConfig {
-    fn default() -> Self {
-        RetryConfig {
-            max_retries: 5,
-            initial_backoff: Millis(Duration::from_millis(50)),
-            max_backoff: Millis(Duration::from_secs(30)),
-            multiplier: 1.5,
-            jitter: 0.2,
-            disabled: false,
-        }
+    settings {
+        /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
+        /// connection).
+        #[arg(id = "retry_max_retries", long = "retry-max-retries")]
+        #[serde(rename = "retry_max_retries")]
+        max_retries: u32 = 5;
+        /// Wait before the first retry (`50ms`, or milliseconds).
+        #[arg(id = "retry_initial_backoff_ms", long = "retry-initial-backoff-ms")]
+        #[serde(rename = "retry_initial_backoff_ms")]
+        initial_backoff: Millis = Millis(Duration::from_millis(50));
+        /// Longest wait between retries (`30s`, or milliseconds).
+        #[arg(id = "retry_max_backoff_ms", long = "retry-max-backoff-ms")]
+        #[serde(rename = "retry_max_backoff_ms")]
+        max_backoff: Millis = Millis(Duration::from_secs(30));
+        /// Each retry waits this many times longer than the one before.
+        #[arg(id = "retry_backoff_multiplier", long = "retry-backoff-multiplier")]
+        #[serde(rename = "retry_backoff_multiplier")]
+        multiplier: f64 = 1.5;
+        /// Waits move by up to ± this fraction at random.
+        #[arg(id = "retry_jitter_factor", long = "retry-jitter-factor")]
+        #[serde(rename = "retry_jitter_factor")]
+        jitter: f64 = 0.2;
+        /// No retries at all.
+        #[arg(id = "disable_retries", long = "disable-retries")]
+        #[serde(rename = "disable_retries")]
+        disabled: bool = false;
     }
 }
 
@@ -380,196 +415,246 @@ impl RetryConfig {
     }
 }
 
-/// Each worker's circuit breaker (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BreakerConfig {
-    /// Consecutive failures that open a worker's circuit. Default 10.
-    #[serde(rename = "cb_failure_threshold")]
-    pub failure_threshold: u32,
-    /// Consecutive successes in half-open that close it. Default 3.
-    #[serde(rename = "cb_success_threshold")]
-    pub success_threshold: u32,
-    /// Open → half-open after this. Default 60 s.
-    #[serde(rename = "cb_timeout_duration_secs")]
-    pub timeout: Secs,
-    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120 s.
-    #[serde(rename = "cb_window_duration_secs")]
-    pub window: Secs,
-    /// No circuit breakers. Default false.
-    #[serde(rename = "disable_circuit_breaker")]
-    pub disabled: bool,
-}
+crate::config::settings::settings! {
+    /// Each worker's circuit breaker (sglang-router's names and defaults).
+    #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct BreakerConfig;
 
-impl Default for BreakerConfig {
-    fn default() -> Self {
-        BreakerConfig {
-            failure_threshold: 10,
-            success_threshold: 3,
-            timeout: Secs::from_secs(60),
-            window: Secs::from_secs(120),
-            disabled: false,
-        }
+    /// The router's circuit-breaker flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Circuit breakers")]
+    pub struct BreakerArgs {}
+
+    settings {
+        /// Consecutive failures that open a worker's circuit.
+        #[arg(id = "cb_failure_threshold", long = "cb-failure-threshold")]
+        #[serde(rename = "cb_failure_threshold")]
+        failure_threshold: u32 = 10;
+        /// Consecutive successes in half-open that close it.
+        #[arg(id = "cb_success_threshold", long = "cb-success-threshold")]
+        #[serde(rename = "cb_success_threshold")]
+        success_threshold: u32 = 3;
+        /// Open → half-open after this.
+        #[arg(id = "cb_timeout_duration_secs", long = "cb-timeout-duration-secs")]
+        #[serde(rename = "cb_timeout_duration_secs")]
+        timeout: Secs = Secs::from_secs(60);
+        /// Accepted for compatibility (sglang-router validates but does not use it).
+        #[arg(id = "cb_window_duration_secs", long = "cb-window-duration-secs")]
+        #[serde(rename = "cb_window_duration_secs")]
+        window: Secs = Secs::from_secs(120);
+        /// No circuit breakers.
+        #[arg(id = "disable_circuit_breaker", long = "disable-circuit-breaker")]
+        #[serde(rename = "disable_circuit_breaker")]
+        disabled: bool = false;
     }
 }
 
-/// Health checks of workers, and the wait for those given at start.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HealthConfig {
-    /// Failed health checks in a row that take a worker out. Default 3.
-    #[serde(rename = "health_failure_threshold")]
-    pub failure_threshold: u32,
-    /// Passed health checks in a row that bring it back. Default 2.
-    #[serde(rename = "health_success_threshold")]
-    pub success_threshold: u32,
-    /// Longest wait for one health check. Default 5 s.
-    #[serde(rename = "health_check_timeout_secs")]
-    pub timeout: Secs,
-    /// Time between health checks of a worker. Default 60 s.
-    #[serde(rename = "health_check_interval_secs")]
-    pub interval: Secs,
-    /// The path health checks ask. Default `/health`.
-    #[serde(rename = "health_check_endpoint")]
-    pub endpoint: String,
-    /// No health checks (every worker counts as healthy). Default false.
-    #[serde(rename = "disable_health_check")]
-    pub disabled: bool,
-    /// Workers given at start (flags or config) must answer their health check within this
-    /// long, else the router exits with an error naming them. Default 1800 s (as
-    /// sglang-router).
-    #[serde(rename = "worker_startup_timeout_secs")]
-    pub startup_timeout: Secs,
-    /// How often those workers are checked until they answer. Default 30 s.
-    #[serde(rename = "worker_startup_check_interval")]
-    pub startup_check_interval: Secs,
-}
+crate::config::settings::settings! {
+    /// Health checks of workers, and the wait for those given at start.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct HealthConfig;
 
-impl Default for HealthConfig {
-    fn default() -> Self {
-        HealthConfig {
-            failure_threshold: 3,
-            success_threshold: 2,
-            timeout: Secs::from_secs(5),
-            interval: Secs::from_secs(60),
-            endpoint: "/health".into(),
-            disabled: false,
-            startup_timeout: Secs::from_secs(1800),
-            startup_check_interval: Secs::from_secs(30),
-        }
+    /// The router's health-check flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Health checks")]
+    pub struct HealthArgs {}
+
+    settings {
+        /// Failed health checks in a row that take a worker out.
+        #[arg(id = "health_failure_threshold", long = "health-failure-threshold")]
+        #[serde(rename = "health_failure_threshold")]
+        failure_threshold: u32 = 3;
+        /// Passed health checks in a row that bring it back.
+        #[arg(id = "health_success_threshold", long = "health-success-threshold")]
+        #[serde(rename = "health_success_threshold")]
+        success_threshold: u32 = 2;
+        /// Longest wait for one health check.
+        #[arg(id = "health_check_timeout_secs", long = "health-check-timeout-secs")]
+        #[serde(rename = "health_check_timeout_secs")]
+        timeout: Secs = Secs::from_secs(5);
+        /// Time between health checks of a worker.
+        #[arg(id = "health_check_interval_secs", long = "health-check-interval-secs")]
+        #[serde(rename = "health_check_interval_secs")]
+        interval: Secs = Secs::from_secs(60);
+        /// The path health checks ask.
+        #[arg(id = "health_check_endpoint", long = "health-check-endpoint")]
+        #[serde(rename = "health_check_endpoint")]
+        endpoint: String = "/health".into();
+        /// No health checks (every worker counts as healthy).
+        #[arg(id = "disable_health_check", long = "disable-health-check")]
+        #[serde(rename = "disable_health_check")]
+        disabled: bool = false;
+        /// Workers given at start (flags or config) must answer their health check within
+        /// this long, else the router exits with an error naming them (as sglang-router).
+        #[arg(id = "worker_startup_timeout_secs", long = "worker-startup-timeout-secs")]
+        #[serde(rename = "worker_startup_timeout_secs")]
+        startup_timeout: Secs = Secs::from_secs(1800);
+        /// How often those workers are checked until they answer.
+        #[arg(id = "worker_startup_check_interval", long = "worker-startup-check-interval")]
+        #[serde(rename = "worker_startup_check_interval")]
+        startup_check_interval: Secs = Secs::from_secs(30);
     }
 }
 
-/// Prefill/decode disaggregation.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PdConfig {
-    /// Prefill/decode disaggregation. Default false.
-    #[serde(rename = "pd_disaggregation")]
-    pub enabled: bool,
-    /// Prefill workers, each with its bootstrap port.
-    pub prefill: Vec<PrefillSpec>,
-    /// Decode workers.
-    pub decode: Vec<String>,
-    /// vLLM PD: the engines' KV connector. Default `mooncake`.
-    pub vllm_kv_connector: Connector,
-    /// vLLM PD with Mooncake: run the prefill and decode legs at once, or decode after
-    /// prefill. Default `concurrent`.
-    pub vllm_pd_legs: Legs,
-    /// vLLM PD with Mooncake: the prefill engines' bootstrap port (`GET /query`), unless a
-    /// prefill worker names its own. Default 8998 (`VLLM_MOONCAKE_BOOTSTRAP_PORT`'s default).
-    pub vllm_bootstrap_port: u16,
-}
+crate::config::settings::settings! {
+    /// Prefill/decode disaggregation.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct PdConfig;
 
-impl Default for PdConfig {
-    fn default() -> Self {
-        PdConfig {
-            enabled: false,
-            prefill: Vec::new(),
-            decode: Vec::new(),
-            vllm_kv_connector: Connector::Mooncake,
-            vllm_pd_legs: Legs::Concurrent,
-            vllm_bootstrap_port: 8998,
-        }
+    /// The router's prefill/decode disaggregation flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Prefill/decode disaggregation")]
+    pub struct PdArgs {
+        /// A prefill worker and, optionally, its bootstrap port (or `none`). Repeatable.
+        /// Default: none.
+        #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
+        #[serde(skip)]
+        pub prefill: Vec<String>,
+        /// vLLM's disaggregation proxy flags: prefill hosts (`name` or `http://name`), paired
+        /// in order with `--prefiller-ports`. They imply `--pd-disaggregation --backend vllm`
+        /// and port 8000 unless `--port` is given. Default: none.
+        #[arg(long, visible_alias = "prefiller-hosts", num_args = 1..)]
+        #[serde(skip)]
+        pub prefiller_host: Vec<String>,
+        /// Ports of `--prefiller-host` (one for all, or one each). Default: 8000.
+        #[arg(long, visible_alias = "prefiller-ports", num_args = 1..)]
+        #[serde(skip)]
+        pub prefiller_port: Vec<u16>,
+        /// Decode hosts, as `--prefiller-host`. Default: none.
+        #[arg(long, visible_alias = "decoder-hosts", num_args = 1..)]
+        #[serde(skip)]
+        pub decoder_host: Vec<String>,
+        /// Ports of `--decoder-host` (one for all, or one each). Default: 8000.
+        #[arg(long, visible_alias = "decoder-ports", num_args = 1..)]
+        #[serde(skip)]
+        pub decoder_port: Vec<u16>,
+    }
+
+    settings {
+        /// Prefill/decode disaggregation.
+        #[arg(id = "pd_disaggregation", long = "pd-disaggregation")]
+        #[serde(rename = "pd_disaggregation")]
+        enabled: bool = false;
+        /// Prefill workers, each with its bootstrap port (`--prefill URL [PORT]`).
+        prefill: Vec<PrefillSpec> = Vec::new();
+        /// A decode worker. Repeatable. Default: none.
+        #[arg(long, num_args = 1)]
+        decode: Vec<String> = Vec::new();
+        /// vLLM PD: the engines' KV connector (`mooncake` or `nixl`).
+        #[arg(long)]
+        vllm_kv_connector: Connector = Connector::Mooncake;
+        /// vLLM PD with Mooncake: `concurrent` legs (as vLLM's Mooncake proxy) or `sequential`
+        /// (decode after prefill answered).
+        #[arg(long)]
+        vllm_pd_legs: Legs = Legs::Concurrent;
+        /// vLLM PD with Mooncake: the prefill engines' bootstrap port (`GET /query`), unless a
+        /// prefill worker names its own (`VLLM_MOONCAKE_BOOTSTRAP_PORT`'s default).
+        #[arg(long)]
+        vllm_bootstrap_port: u16 = 8998;
     }
 }
 
-/// Workers found rather than given: Kubernetes pods, or an RBG discovery file.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DiscoveryConfig {
-    /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
-    #[serde(rename = "service_discovery")]
-    pub kubernetes: bool,
-    /// `key=value` labels a regular worker pod must carry.
-    pub selector: Vec<String>,
-    /// `key=value` labels a prefill worker pod must carry (PD).
-    pub prefill_selector: Vec<String>,
-    /// `key=value` labels a decode worker pod must carry (PD).
-    pub decode_selector: Vec<String>,
-    /// Port of discovered pods' HTTP server. Default 80.
-    #[serde(rename = "service_discovery_port")]
-    pub port: u16,
-    /// Namespace to watch; all namespaces when unset.
-    #[serde(rename = "service_discovery_namespace")]
-    pub namespace: Option<String>,
-    /// RBG discovery file (`/etc/rbg/config.yaml` in a RoleBasedGroup pod). Unset: not used.
-    pub rbg_config: Option<PathBuf>,
-    /// Role of the regular workers in the RBG discovery file.
-    pub rbg_role: Option<String>,
-    /// Role of the prefill workers in the RBG discovery file (PD).
-    pub rbg_prefill_role: Option<String>,
-    /// Role of the decode workers in the RBG discovery file (PD).
-    pub rbg_decode_role: Option<String>,
-    /// Port name (as in `servicePorts`, lower case, `-` → `_`) of the workers' HTTP server;
-    /// when unset the role's only port, else `http`, else the first by name.
-    pub rbg_port_name: Option<String>,
-    /// Port name of the prefill workers' bootstrap server (PD). Unset: `bootstrap_port` null.
-    pub rbg_bootstrap_port_name: Option<String>,
-    /// How often the RBG discovery file is re-read. Default 2 s.
-    #[serde(rename = "rbg_poll_secs")]
-    pub rbg_poll: Secs,
-}
+crate::config::settings::settings! {
+    /// Workers found rather than given: Kubernetes pods, or an RBG discovery file.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct DiscoveryConfig;
 
-impl Default for DiscoveryConfig {
-    fn default() -> Self {
-        DiscoveryConfig {
-            kubernetes: false,
-            selector: Vec::new(),
-            prefill_selector: Vec::new(),
-            decode_selector: Vec::new(),
-            port: 80,
-            namespace: None,
-            rbg_config: None,
-            rbg_role: None,
-            rbg_prefill_role: None,
-            rbg_decode_role: None,
-            rbg_port_name: None,
-            rbg_bootstrap_port_name: None,
-            rbg_poll: Secs::from_secs(2),
-        }
+    /// The router's worker-discovery flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Discovery")]
+    pub struct DiscoveryArgs {}
+
+    settings {
+        /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
+        #[arg(id = "service_discovery", long = "service-discovery")]
+        #[serde(rename = "service_discovery")]
+        kubernetes: bool = false;
+        /// `key=value` labels a regular worker pod must carry. Default: none.
+        #[arg(long)]
+        selector: Vec<String> = Vec::new();
+        /// `key=value` labels a prefill worker pod must carry (PD). Default: none.
+        #[arg(long)]
+        prefill_selector: Vec<String> = Vec::new();
+        /// `key=value` labels a decode worker pod must carry (PD). Default: none.
+        #[arg(long)]
+        decode_selector: Vec<String> = Vec::new();
+        /// Port of discovered pods' HTTP server.
+        #[arg(id = "service_discovery_port", long = "service-discovery-port")]
+        #[serde(rename = "service_discovery_port")]
+        port: u16 = 80;
+        /// Namespace to watch. Default: all namespaces.
+        #[arg(id = "service_discovery_namespace", long = "service-discovery-namespace")]
+        #[serde(rename = "service_discovery_namespace")]
+        namespace: Option<String> = None;
+        /// RBG discovery file (`/etc/rbg/config.yaml` in a RoleBasedGroup pod). Default: none.
+        #[arg(long)]
+        rbg_config: Option<PathBuf> = None;
+        /// Role of the regular workers in the RBG discovery file. Default: none.
+        #[arg(long)]
+        rbg_role: Option<String> = None;
+        /// Role of the prefill workers in the RBG discovery file (PD). Default: none.
+        #[arg(long)]
+        rbg_prefill_role: Option<String> = None;
+        /// Role of the decode workers in the RBG discovery file (PD). Default: none.
+        #[arg(long)]
+        rbg_decode_role: Option<String> = None;
+        /// Port name (as in `servicePorts`, lower case, `-` → `_`) of the workers' HTTP
+        /// server. Default: the role's only port, else `http`, else the first by name.
+        #[arg(long)]
+        rbg_port_name: Option<String> = None;
+        /// Port name of the prefill workers' bootstrap server (PD). Default: none
+        /// (`bootstrap_port` null).
+        #[arg(long)]
+        rbg_bootstrap_port_name: Option<String> = None;
+        /// How often the RBG discovery file is re-read.
+        #[arg(id = "rbg_poll_secs", long = "rbg-poll-secs")]
+        #[serde(rename = "rbg_poll_secs")]
+        rbg_poll: Secs = Secs::from_secs(2);
     }
 }
 
-/// HTTPS to clients, and to `https://` workers.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TlsConfig {
-    /// Serve HTTPS with this PEM certificate chain (with `tls_key_path`). Default: none
-    /// (plain HTTP).
-    #[serde(rename = "tls_cert_path")]
-    pub cert_path: Option<PathBuf>,
-    /// The PEM private key of `tls_cert_path`. Default: none.
-    #[serde(rename = "tls_key_path")]
-    pub key_path: Option<PathBuf>,
-    /// PEM CA certificates trusted for `https://` workers, beside the public web's roots.
-    /// Default: none.
-    pub ca_cert_paths: Vec<PathBuf>,
-    /// PEM certificate the router presents to `https://` workers (mutual TLS; with
-    /// `client_key_path`). Default: none.
-    pub client_cert_path: Option<PathBuf>,
-    /// The PEM private key of `client_cert_path`. Default: none.
-    pub client_key_path: Option<PathBuf>,
+crate::config::settings::settings! {
+    /// HTTPS to clients, and to `https://` workers.
+    #[derive(Clone, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct TlsConfig;
+
+    /// The router's TLS flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "TLS")]
+    pub struct TlsArgs {}
+
+    settings {
+        /// Serve HTTPS with this PEM certificate chain (with `tls_key_path`). Default: none
+        /// (plain HTTP).
+        #[arg(id = "tls_cert_path", long = "tls-cert-path")]
+        #[serde(rename = "tls_cert_path")]
+        cert_path: Option<PathBuf> = None;
+        /// The PEM private key of `tls_cert_path`. Default: none.
+        #[arg(id = "tls_key_path", long = "tls-key-path")]
+        #[serde(rename = "tls_key_path")]
+        key_path: Option<PathBuf> = None;
+        /// PEM CA certificates trusted for `https://` workers, beside the public web's roots.
+        /// Default: none.
+        #[arg(long)]
+        ca_cert_paths: Vec<PathBuf> = Vec::new();
+        /// PEM certificate the router presents to `https://` workers (mutual TLS; with
+        /// `client_key_path`). Default: none.
+        #[arg(long)]
+        client_cert_path: Option<PathBuf> = None;
+        /// The PEM private key of `client_cert_path`. Default: none.
+        #[arg(long)]
+        client_key_path: Option<PathBuf> = None;
+    }
 }
 
 /// A `key=value` label selector term.
@@ -632,6 +717,15 @@ pub struct RouterArgs {
     pub policy: PolicyArgs,
     #[command(flatten)]
     #[serde(flatten)]
+    pub cache: CacheAwareArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub manual: ManualArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub prefix_hash: PrefixHashArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
     pub retry: RetryArgs,
     #[command(flatten)]
     #[serde(flatten)]
@@ -651,438 +745,6 @@ pub struct RouterArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub tenants: TenantsArgs,
-}
-
-/// The router's tenant flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Tenants")]
-pub struct TenantsArgs {
-    /// The tenants file: API keys (as SHA-256), per-tenant rates and concurrency, priority
-    /// classes; read again when it changes. Every inference request must then name its
-    /// tenant. Default: none (no tenants).
-    #[arg(long, env = "RBGCTL_ROUTER_TENANTS_FILE")]
-    pub tenants_file: Option<PathBuf>,
-    /// A header a trusted front names the tenant in (e.g. x-tenant), taken only from
-    /// --tenant-header-trusted-from. Default: none.
-    #[arg(long)]
-    pub tenant_header: Option<String>,
-    /// Addresses (10.0.0.0/8, ::1) allowed to name a tenant in --tenant-header; the header
-    /// from elsewhere is refused (403). Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tenant_header_trusted_from: Vec<String>,
-    /// Routers sharing each tenant's traffic evenly behind one load balancer: each enforces
-    /// this share of every tenant's rates and concurrency cap. Default 1.
-    #[arg(long)]
-    pub tenant_limits_replicas: Option<usize>,
-}
-
-/// The router's listener flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Server")]
-pub struct ServerArgs {
-    /// Address the service listens on. Default `0.0.0.0` (as sglang-router).
-    #[arg(long)]
-    pub host: Option<String>,
-    /// The service port. Default 30000.
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// Regular workers (`http://host:port`). Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub worker_urls: Vec<String>,
-    /// The engines' API: `sglang` or `vllm` (OpenAI routes; vLLM's `kv_transfer_params` in
-    /// PD). Default `sglang`; `vllm` with the `--prefiller-host` family.
-    #[arg(long, value_enum)]
-    pub backend: Option<Backend>,
-    /// Route to each data-parallel rank of a worker (its `/get_server_info` `dp_size`) as a
-    /// worker of its own, `URL@rank`, with `data_parallel_rank` in the body. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub dp_aware: bool,
-    /// Inference gateway mode: workers of several models; a request goes to the workers
-    /// serving its `model`, each model with policies of its own. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub enable_igw: bool,
-    /// Clients must send `Authorization: Bearer <key>` to inference and admin routes. Default: none (no key asked).
-    #[arg(long, env = "RBGCTL_ROUTER_API_KEY")]
-    pub api_key: Option<String>,
-    /// Control-plane keys `id:name:role:key` (role `admin`: may add and remove workers;
-    /// `user`: may read them); worker management then takes these instead of --api-key.
-    /// Default: none.
-    #[arg(long, num_args = 0..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub control_plane_api_keys: Vec<String>,
-    /// Browser origins allowed to call the router (CORS), e.g. `https://ui.example.com`.
-    /// Default: none listed, which allows any origin (as sglang-router).
-    #[arg(long, num_args = 0..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub cors_allowed_origins: Vec<String>,
-    /// Headers a request id is taken from, first match wins. Default `x-request-id`,
-    /// `x-correlation-id`, `x-trace-id`, `request-id`.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub request_id_headers: Vec<String>,
-    /// On SIGTERM, how long requests in flight may take to finish, in seconds. Default 180.
-    #[arg(long)]
-    pub shutdown_grace_period_secs: Option<f64>,
-    /// Threads serving the API. Default: one per core, at most 4 (one thread serves tens of
-    /// thousands of requests a second; more threads each wake up for fewer requests, and
-    /// spend more CPU per request).
-    #[arg(long)]
-    pub runtime_threads: Option<usize>,
-    /// How the threads share the work: `thread_per_core` (each thread serves the connections
-    /// it is handed, with its own connections to the workers: a request never crosses a
-    /// thread) or `work_stealing` (one runtime whose threads take each other's tasks).
-    /// Default `thread_per_core`.
-    #[arg(long, value_enum)]
-    pub runtime: Option<RuntimeKind>,
-    /// Also write the log to daily files `rbgctl-router.YYYY-MM-DD` in this folder. Default:
-    /// none (standard error only).
-    #[arg(long)]
-    pub log_dir: Option<PathBuf>,
-    /// A local tokenizer.json (or a directory holding one) for /v1/tokenize, /v1/detokenize
-    /// and cache-aware matching by token; never downloaded. Default: none (routing on text).
-    #[arg(long)]
-    pub tokenizer_path: Option<PathBuf>,
-    /// A local model directory holding tokenizer.json, used when --tokenizer-path is not
-    /// given (a hub id is refused: nothing is downloaded). Default: none.
-    #[arg(long)]
-    pub model_path: Option<PathBuf>,
-}
-
-/// The router's flags for request sizes, concurrency and timeouts.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Limits")]
-pub struct LimitsArgs {
-    /// Largest request body accepted. Default 512 MiB.
-    #[arg(long)]
-    pub max_payload_size: Option<usize>,
-    /// Largest body of the routes the router answers itself (/query, /query_by_hash,
-    /// /v1/tokenize, /v1/detokenize). Default 16 MiB.
-    #[arg(long)]
-    pub max_query_payload_size: Option<usize>,
-    /// Bytes of request bodies received at once, all requests together (503 beyond).
-    /// Default 0: a quarter of this machine's memory.
-    #[arg(long)]
-    pub max_inflight_body_bytes: Option<usize>,
-    /// Longest wait for a worker's response headers. Default 1800 s.
-    #[arg(long)]
-    pub request_timeout_secs: Option<f64>,
-    /// Requests proxied at once; −1 is unlimited. Default −1.
-    #[arg(long, allow_negative_numbers = true)]
-    pub max_concurrent_requests: Option<i64>,
-    /// Requests waiting for a slot; beyond it 429. Default 100.
-    #[arg(long)]
-    pub queue_size: Option<usize>,
-    /// Longest wait in the queue; then 408. Default 60 s.
-    #[arg(long)]
-    pub queue_timeout_secs: Option<f64>,
-    /// Requests per second admitted (token bucket; burst: --max-concurrent-requests); others
-    /// wait in the queue. Default: none (no rate limit).
-    #[arg(long)]
-    pub rate_limit_tokens_per_second: Option<f64>,
-}
-
-/// The router's metrics flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Metrics")]
-pub struct MetricsArgs {
-    /// `/metrics` also on a separate listener at this address. Default `0.0.0.0`.
-    #[arg(long)]
-    pub prometheus_host: Option<String>,
-    /// 0 turns the separate metrics listener off (`/metrics` stays on the main port). Default 29000.
-    #[arg(long)]
-    pub prometheus_port: Option<u16>,
-    /// Upper bounds, in seconds and increasing, of the request duration histograms.
-    /// Default: 0.0005 .. 60 (14 buckets).
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub prometheus_duration_buckets: Vec<f64>,
-}
-
-/// The router's worker-choice flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Policies")]
-pub struct PolicyArgs {
-    /// How a worker is chosen. Default `cache_aware`.
-    #[arg(long, value_enum)]
-    pub policy: Option<PolicyKind>,
-    /// PD only; falls back to `policy`. Default: --policy.
-    #[arg(long, value_enum)]
-    pub prefill_policy: Option<PolicyKind>,
-    /// PD only; falls back to `policy`. Default: --policy.
-    #[arg(long, value_enum)]
-    pub decode_policy: Option<PolicyKind>,
-    /// cache_aware: a match of more than this fraction of the request text goes to the worker
-    /// that has it. Default 0.3.
-    #[arg(long)]
-    pub cache_threshold: Option<f64>,
-    /// cache_aware: load is imbalanced when max − min requests in flight exceed this (and the
-    /// relative threshold holds); then the least loaded worker is chosen. Default 64.
-    #[arg(long)]
-    pub balance_abs_threshold: Option<usize>,
-    /// cache_aware: ... and max in flight exceeds min × this. Default 1.5.
-    #[arg(long)]
-    pub balance_rel_threshold: Option<f64>,
-    /// cache_aware: how often the tree is trimmed to `max_tree_size`. Default 60 s.
-    #[arg(long)]
-    pub eviction_interval_secs: Option<f64>,
-    /// cache_aware: characters of request text kept per worker. Default 2^26.
-    #[arg(long)]
-    pub max_tree_size: Option<usize>,
-    /// `manual` policy: how a new routing key gets its worker (`random`, `min_load`,
-    /// `min_group`). Default `random`.
-    #[arg(long, value_enum)]
-    pub assignment_mode: Option<AssignmentMode>,
-    /// `manual` policy: seconds after which an idle routing key is forgotten. Default 14400.
-    #[arg(long)]
-    pub max_idle_secs: Option<f64>,
-    /// `bucket` policy: seconds between adjustments of the length buckets to the requests of
-    /// the last interval. Default 5.
-    #[arg(long)]
-    pub bucket_adjust_interval_secs: Option<f64>,
-    /// `predicted_ttft` policy: seconds after which an idle session (`X-Session-Id` or
-    /// `X-SMG-Routing-Key`) no longer counts its last turn as held on its worker. Default 600.
-    #[arg(long)]
-    pub session_idle_secs: Option<f64>,
-    /// `prefix_hash` policy: tokens of the prompt's head that are hashed (without token ids,
-    /// four bytes of text a token). Default 256.
-    #[arg(long)]
-    pub prefix_token_count: Option<usize>,
-    /// `prefix_hash` policy: a worker with more than this times the average load gives way
-    /// to the least loaded. Default 1.25.
-    #[arg(long)]
-    pub prefix_hash_load_factor: Option<f64>,
-    /// `precise_prefix`: follow the pool master's KV events at this PUB endpoint
-    /// (`tcp://host:port`); what the pool holds counts for every engine. Default: none.
-    #[arg(long)]
-    pub kv_events_pool_endpoint: Option<String>,
-    /// `precise_prefix`: the pool master's KV event replay endpoint, to fill gaps. Default:
-    /// none.
-    #[arg(long)]
-    pub kv_events_pool_replay_endpoint: Option<String>,
-    /// `precise_prefix`: the pool master's admin URL (`http://host:port`), asked at start for
-    /// a snapshot of every page on its event stream. Default: none.
-    #[arg(long)]
-    pub kv_events_pool_snapshot_url: Option<String>,
-    /// `precise_prefix`: the pool's cluster secret, sent with the snapshot request. Default:
-    /// none.
-    #[arg(long, env = "RBGCTL_AUTH_TOKEN_FILE")]
-    pub kv_events_pool_auth_token_file: Option<std::path::PathBuf>,
-}
-
-/// The router's retry flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Retries")]
-pub struct RetryArgs {
-    /// Tries of a request on another worker after a retryable failure (408, 429, 5xx, no
-    /// connection). Default 5.
-    #[arg(long)]
-    pub retry_max_retries: Option<u32>,
-    /// Wait before the first retry, in ms. Default 50.
-    #[arg(long)]
-    pub retry_initial_backoff_ms: Option<u64>,
-    /// Longest wait between retries, in ms. Default 30000.
-    #[arg(long)]
-    pub retry_max_backoff_ms: Option<u64>,
-    /// Each retry waits this many times longer than the one before. Default 1.5.
-    #[arg(long)]
-    pub retry_backoff_multiplier: Option<f64>,
-    /// Waits move by up to ± this fraction at random. Default 0.2.
-    #[arg(long)]
-    pub retry_jitter_factor: Option<f64>,
-    /// No retries at all. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub disable_retries: bool,
-}
-
-/// The router's circuit-breaker flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Circuit breakers")]
-pub struct BreakerArgs {
-    /// Consecutive failures that open a worker's circuit. Default 10.
-    #[arg(long)]
-    pub cb_failure_threshold: Option<u32>,
-    /// Consecutive successes in half-open that close it. Default 3.
-    #[arg(long)]
-    pub cb_success_threshold: Option<u32>,
-    /// Open → half-open after this. Default 60 s.
-    #[arg(long)]
-    pub cb_timeout_duration_secs: Option<f64>,
-    /// Accepted for compatibility (sglang-router validates but does not use it). Default 120.
-    #[arg(long)]
-    pub cb_window_duration_secs: Option<f64>,
-    /// No circuit breakers. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub disable_circuit_breaker: bool,
-}
-
-/// The router's health-check flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Health checks")]
-pub struct HealthArgs {
-    /// Failed health checks in a row that take a worker out. Default 3.
-    #[arg(long)]
-    pub health_failure_threshold: Option<u32>,
-    /// Passed health checks in a row that bring it back. Default 2.
-    #[arg(long)]
-    pub health_success_threshold: Option<u32>,
-    /// Longest wait for one health check, in seconds. Default 5.
-    #[arg(long)]
-    pub health_check_timeout_secs: Option<f64>,
-    /// Seconds between health checks of a worker. Default 60.
-    #[arg(long)]
-    pub health_check_interval_secs: Option<f64>,
-    /// The path health checks ask. Default `/health`.
-    #[arg(long)]
-    pub health_check_endpoint: Option<String>,
-    /// No health checks (every worker counts as healthy). Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub disable_health_check: bool,
-    /// Workers given at start must answer their health check within this many seconds, else
-    /// the router exits naming them. Default 1800.
-    #[arg(long)]
-    pub worker_startup_timeout_secs: Option<f64>,
-    /// Seconds between checks of those workers until they answer. Default 30.
-    #[arg(long)]
-    pub worker_startup_check_interval: Option<f64>,
-}
-
-/// The router's prefill/decode disaggregation flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Prefill/decode disaggregation")]
-pub struct PdArgs {
-    /// Prefill/decode disaggregation. Default false.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub pd_disaggregation: bool,
-    /// A prefill worker and, optionally, its bootstrap port (or `none`). Repeatable. Default: none.
-    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
-    #[serde(skip)]
-    pub prefill: Vec<String>,
-    /// A decode worker. Repeatable. Default: none.
-    #[arg(long, action = clap::ArgAction::Append)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub decode: Vec<String>,
-    /// vLLM PD: the engines' KV connector (`mooncake` or `nixl`). Default `mooncake`.
-    #[arg(long, value_enum)]
-    pub vllm_kv_connector: Option<Connector>,
-    /// vLLM PD with Mooncake: `concurrent` legs (as vLLM's Mooncake proxy) or `sequential`
-    /// (decode after prefill answered). Default `concurrent`.
-    #[arg(long, value_enum)]
-    pub vllm_pd_legs: Option<Legs>,
-    /// vLLM PD with Mooncake: prefill engines' bootstrap port (`GET /query`). Default 8998.
-    #[arg(long)]
-    pub vllm_bootstrap_port: Option<u16>,
-    /// vLLM's disaggregation proxy flags: prefill hosts (`name` or `http://name`), paired in
-    /// order with `--prefiller-ports`. They imply `--pd-disaggregation --backend vllm` and port
-    /// 8000 unless `--port` is given. Default: none.
-    #[arg(long, visible_alias = "prefiller-hosts", num_args = 1..)]
-    #[serde(skip)]
-    pub prefiller_host: Vec<String>,
-    /// Ports of `--prefiller-host` (one for all, or one each). Default 8000.
-    #[arg(long, visible_alias = "prefiller-ports", num_args = 1..)]
-    #[serde(skip)]
-    pub prefiller_port: Vec<u16>,
-    /// Decode hosts, as `--prefiller-host`. Default: none.
-    #[arg(long, visible_alias = "decoder-hosts", num_args = 1..)]
-    #[serde(skip)]
-    pub decoder_host: Vec<String>,
-    /// Ports of `--decoder-host` (one for all, or one each). Default 8000.
-    #[arg(long, visible_alias = "decoder-ports", num_args = 1..)]
-    #[serde(skip)]
-    pub decoder_port: Vec<u16>,
-}
-
-/// The router's worker-discovery flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "Discovery")]
-pub struct DiscoveryArgs {
-    /// Discover workers from Kubernetes pods (Running and Ready) matching `selector`.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "crate::config::is_false")]
-    pub service_discovery: bool,
-    /// `key=value` labels a regular worker pod must carry. Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub selector: Vec<String>,
-    /// `key=value` labels a prefill worker pod must carry (PD). Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub prefill_selector: Vec<String>,
-    /// `key=value` labels a decode worker pod must carry (PD). Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub decode_selector: Vec<String>,
-    /// Port of discovered pods' HTTP server. Default 80.
-    #[arg(long)]
-    pub service_discovery_port: Option<u16>,
-    /// Namespace to watch; all namespaces when unset. Default: all namespaces.
-    #[arg(long)]
-    pub service_discovery_namespace: Option<String>,
-    /// RBG discovery file, usually /etc/rbg/config.yaml. Default: none.
-    #[arg(long)]
-    pub rbg_config: Option<PathBuf>,
-    /// Role of the regular workers in the RBG discovery file. Default: none.
-    #[arg(long)]
-    pub rbg_role: Option<String>,
-    /// Roles of prefill and decode workers in the RBG discovery file (PD). Default: none.
-    #[arg(long)]
-    pub rbg_prefill_role: Option<String>,
-    /// Role of the decode workers in the RBG discovery file (PD). Default: none.
-    #[arg(long)]
-    pub rbg_decode_role: Option<String>,
-    /// Port name (as in `servicePorts`, lower case, `-` → `_`) of the workers' HTTP server;
-    /// when unset the role's only port, else `http`, else the first by name. Default: the role's only port, else `http`, else the first by name.
-    #[arg(long)]
-    pub rbg_port_name: Option<String>,
-    /// Port name of the prefill workers' bootstrap server (PD). Unset: `bootstrap_port` null. Default: none.
-    #[arg(long)]
-    pub rbg_bootstrap_port_name: Option<String>,
-    /// How often the RBG discovery file is re-read. Default 2 s.
-    #[arg(long)]
-    pub rbg_poll_secs: Option<f64>,
-}
-
-/// The router's TLS flags.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-#[command(next_help_heading = "TLS")]
-pub struct TlsArgs {
-    /// Serve HTTPS with this PEM certificate chain (needs --tls-key-path). Default: none
-    /// (plain HTTP).
-    #[arg(long)]
-    pub tls_cert_path: Option<PathBuf>,
-    /// PEM private key of --tls-cert-path. Default: none.
-    #[arg(long)]
-    pub tls_key_path: Option<PathBuf>,
-    /// PEM CA certificates trusted for https:// workers, beside the public web's roots.
-    /// Default: none.
-    #[arg(long, num_args = 1..)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub ca_cert_paths: Vec<PathBuf>,
-    /// PEM certificate presented to https:// workers (mutual TLS; needs --client-key-path).
-    /// Default: none.
-    #[arg(long)]
-    pub client_cert_path: Option<PathBuf>,
-    /// PEM private key of --client-cert-path. Default: none.
-    #[arg(long)]
-    pub client_key_path: Option<PathBuf>,
 }
 
 /// Splits the values of every `--prefill URL [PORT|none]` into one group per URL: a value
@@ -1569,6 +1231,12 @@ mod tests {
         args: RouterArgs,
     }
 
+    #[test]
+    fn every_stated_default_is_the_real_one() {
+        let checked = crate::config::settings::check_stated_defaults(RouterArgs::resolve);
+        assert!(checked >= 50, "{checked}");
+    }
+
     /// Every flag but those resolved by hand names a setting of the config: the shared
     /// layering rule would refuse it the moment it is given.
     #[test]
@@ -1691,11 +1359,12 @@ mod tests {
             e.contains("cache_threshold: invalid type") && e.contains("line 2"),
             "{e}"
         );
-        let e = resolve("--cb-timeout-duration-secs=-1")
-            .unwrap_err()
+        let e = Cmd::try_parse_from(["router", "--cb-timeout-duration-secs=-1"])
+            .err()
+            .expect("a negative duration is refused")
             .to_string();
         assert!(
-            e.contains("cb_timeout_duration_secs") && e.contains("not a duration"),
+            e.contains("--cb-timeout-duration-secs") && e.contains("not a duration"),
             "{e}"
         );
         let e = resolve("--queue-timeout-secs 0").unwrap_err().to_string();

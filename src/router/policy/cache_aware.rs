@@ -10,34 +10,37 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// The cache-aware policy's settings (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CacheAwareConfig {
-    /// A match of more than this fraction of the request text goes to the worker that has
-    /// it. Default 0.3.
-    pub cache_threshold: f64,
-    /// Load is imbalanced when max − min requests in flight exceed this (and the relative
-    /// threshold holds); then the least loaded worker is chosen. Default 64.
-    pub balance_abs_threshold: usize,
-    /// ... and max in flight exceeds min × this. Default 1.5.
-    pub balance_rel_threshold: f64,
-    /// How often the tree is trimmed to `max_tree_size`. Default 60 s.
-    #[serde(rename = "eviction_interval_secs")]
-    pub eviction_interval: Secs,
-    /// Characters of request text kept per worker. Default 2^26.
-    pub max_tree_size: usize,
-}
+crate::config::settings::settings! {
+    /// The cache-aware policy's settings (sglang-router's names and defaults).
+    #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct CacheAwareConfig;
 
-impl Default for CacheAwareConfig {
-    fn default() -> Self {
-        CacheAwareConfig {
-            cache_threshold: 0.3,
-            balance_abs_threshold: 64,
-            balance_rel_threshold: 1.5,
-            eviction_interval: Secs::from_secs(60),
-            max_tree_size: 1 << 26,
-        }
+    /// The cache-aware policy's flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Policies")]
+    pub struct CacheAwareArgs {}
+
+    settings {
+        /// `cache_aware`: a match of more than this fraction of the request text goes to the
+        /// worker that has it.
+        #[arg(long)]
+        cache_threshold: f64 = 0.3;
+        /// `cache_aware`: load is imbalanced when max − min requests in flight exceed this (and
+        /// the relative threshold holds); then the least loaded worker is chosen.
+        #[arg(long)]
+        balance_abs_threshold: usize = 64;
+        /// `cache_aware`: ... and max in flight exceeds min × this.
+        #[arg(long)]
+        balance_rel_threshold: f64 = 1.5;
+        /// `cache_aware`: how often the tree is trimmed to `max_tree_size`.
+        #[arg(id = "eviction_interval_secs", long = "eviction-interval-secs")]
+        #[serde(rename = "eviction_interval_secs")]
+        eviction_interval: Secs = Secs::from_secs(60);
+        /// `cache_aware`: characters of request text kept per worker (2^26).
+        #[arg(long)]
+        max_tree_size: usize = 1 << 26;
     }
 }
 

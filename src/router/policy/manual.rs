@@ -25,26 +25,32 @@ pub enum AssignmentMode {
     MinGroup,
 }
 
-/// The `manual` policy's settings (sglang-router's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ManualConfig {
-    /// How a new routing key gets its worker. Default `random`.
-    pub assignment_mode: AssignmentMode,
-    /// A routing key idle this long is forgotten (its next request is assigned anew).
-    /// Default 14400 s.
-    #[serde(rename = "max_idle_secs")]
-    pub max_idle: Secs,
-}
+crate::config::settings::settings! {
+    /// The `manual` policy's settings (sglang-router's names and defaults).
+    #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct ManualConfig;
 
-impl Default for ManualConfig {
-    fn default() -> Self {
-        ManualConfig {
-            assignment_mode: AssignmentMode::Random,
-            max_idle: Secs::from_secs(14_400),
-        }
+    /// The `manual` policy's flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Policies")]
+    pub struct ManualArgs {}
+
+    settings {
+        /// `manual` policy: how a new routing key gets its worker (`random`, `min_load`,
+        /// `min_group`).
+        #[arg(long)]
+        assignment_mode: AssignmentMode = AssignmentMode::Random;
+        /// `manual` policy: a routing key idle this long is forgotten (its next request is
+        /// assigned anew).
+        #[arg(id = "max_idle_secs", long = "max-idle-secs")]
+        #[serde(rename = "max_idle_secs")]
+        max_idle: Secs = Secs::from_secs(14_400);
     }
 }
+
+crate::config::settings::named_setting!(AssignmentMode);
 
 /// A routing key's worker, and when the key was last used.
 struct Assignment {

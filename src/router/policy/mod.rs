@@ -17,15 +17,15 @@ mod round_robin;
 pub mod tree;
 
 pub use bucket::{Balance, Bucket, Buckets};
-pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use cache_aware::{CacheAware, CacheAwareArgs, CacheAwareConfig};
 pub use consistent_hash::{rendezvous_hash, ConsistentHashing};
-pub use manual::{AssignmentMode, Manual, ManualConfig};
+pub use manual::{AssignmentMode, Manual, ManualArgs, ManualConfig};
 pub use power_of_two::PowerOfTwo;
 pub use precise_prefix::{
     vouched_prefixes, worth, HeldPrefix, PrecisePrefix, PrefixView, TRUSTED_AFTER,
 };
 pub use predicted_ttft::{PredictedTtft, MAX_SESSIONS};
-pub use prefix_hash::{PrefixHash, PrefixHashConfig};
+pub use prefix_hash::{PrefixHash, PrefixHashArgs, PrefixHashConfig};
 pub use random::Random;
 pub use round_robin::RoundRobin;
 

@@ -20,23 +20,28 @@ use std::time::Instant;
 /// Bytes of text that stand for one token when the request has no token ids.
 pub const BYTES_PER_TOKEN: usize = 4;
 
-/// The `prefix_hash` policy's settings (SMG's names and defaults).
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PrefixHashConfig {
-    /// Tokens of the prompt's head that are hashed. Default 256.
-    pub prefix_token_count: usize,
-    /// A worker with more than this times the average load gives way. Default 1.25.
-    #[serde(rename = "prefix_hash_load_factor")]
-    pub load_factor: f64,
-}
+crate::config::settings::settings! {
+    /// The `prefix_hash` policy's settings (SMG's names and defaults).
+    #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct PrefixHashConfig;
 
-impl Default for PrefixHashConfig {
-    fn default() -> Self {
-        PrefixHashConfig {
-            prefix_token_count: 256,
-            load_factor: 1.25,
-        }
+    /// The `prefix_hash` policy's flags.
+    #[serde_with::skip_serializing_none]
+    #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+    #[command(next_help_heading = "Policies")]
+    pub struct PrefixHashArgs {}
+
+    settings {
+        /// `prefix_hash` policy: tokens of the prompt's head that are hashed (without token
+        /// ids, four bytes of text a token).
+        #[arg(long)]
+        prefix_token_count: usize = 256;
+        /// `prefix_hash` policy: a worker with more than this times the average load gives way
+        /// to the least loaded.
+        #[arg(id = "prefix_hash_load_factor", long = "prefix-hash-load-factor")]
+        #[serde(rename = "prefix_hash_load_factor")]
+        load_factor: f64 = 1.25;
     }
 }
 
