@@ -12,8 +12,9 @@
 //! paths too: one behaviour, two ways in.
 
 use crate::http_server::{admit_body, HttpLimits};
+use crate::router::handlers::access::key_refusal;
+use crate::router::handlers::inference::inference;
 use crate::router::request::Endpoint;
-use crate::router::server::{inference, key_refusal};
 use crate::router::Shared;
 use axum::body::Body;
 use axum::response::Response;
@@ -55,7 +56,7 @@ impl Front {
     }
 }
 
-/// The CORS headers the router's CORS layer (`server::cors`) gives an answer to a request
+/// The CORS headers the router's CORS layer (`handlers::access::cors`) gives an answer to a request
 /// without `Origin`: the `Vary` that tells caches the answer depends on it, and with no origin
 /// list, `Access-Control-Allow-Origin: *`.
 fn cors_without_origin(origins: &[String]) -> Vec<(HeaderName, HeaderValue)> {
@@ -154,7 +155,7 @@ mod tests {
     /// The headers the router's own CORS layer adds to an answer to a request without `Origin`.
     fn from_cors_layer(origins: &[String]) -> http::HeaderMap {
         use tower_service::Service as _;
-        let layer = crate::router::server::cors(origins);
+        let layer = crate::router::handlers::access::cors(origins);
         let app = axum::Router::new()
             .route("/generate", axum::routing::post(|| async { "ok" }))
             .layer(layer);

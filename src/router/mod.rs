@@ -24,6 +24,7 @@ pub mod config;
 pub mod discovery;
 pub mod dp;
 pub mod front;
+pub mod handlers;
 pub mod kube;
 pub mod kv_index;
 pub mod limiter;

@@ -34,10 +34,15 @@ fn head(path: &str) -> String {
 }
 
 fn deps_of(text: &str, own: &str, into: &mut BTreeSet<String>) {
+    deps_under(text, "crate::", own, into);
+}
+
+/// The modules under `prefix` (`crate::`, `crate::router::`) that `text` names.
+fn deps_under(text: &str, prefix: &str, own: &str, into: &mut BTreeSet<String>) {
     let code = code(text);
     let mut rest = code.as_str();
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        rest = &rest[at + prefix.len()..];
         let mut names = vec![head(rest)];
         // A grouped import, `crate::{a::X, b}`: each item's first segment.
         if let Some(group) = rest.strip_prefix('{') {
@@ -160,6 +165,69 @@ fn the_top_level_modules_depend_on_each_other_without_a_cycle() {
 
 /// The router routes SIMULATED workers through the stand-in tokenizer beneath both, not
 /// through the engine role.
+/// The router's own modules → those of them each names (`crate::router::x`, or `super::x`
+/// from a file one level down).
+fn router_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let router = Path::new(SRC).join("router");
+    let mut g = BTreeMap::new();
+    for entry in std::fs::read_dir(&router).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if stem == "mod" {
+            continue;
+        }
+        let mut files = Vec::new();
+        if path.is_dir() {
+            let mut stack = vec![(path.clone(), 1usize)];
+            while let Some((dir, depth)) = stack.pop() {
+                for e in std::fs::read_dir(&dir).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.is_dir() {
+                        stack.push((p, depth + 1));
+                    } else if p.extension().is_some_and(|e| e == "rs") {
+                        // `super` of a `mod.rs` is one level up; of any other file, two.
+                        let up = if p.file_stem().is_some_and(|s| s == "mod") {
+                            depth
+                        } else {
+                            depth + 1
+                        };
+                        files.push((p, up));
+                    }
+                }
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push((path.clone(), 1));
+        }
+        let mut deps = BTreeSet::new();
+        for (file, up) in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let to_router = "super::".repeat(up);
+            let text = text.replace(&to_router, "crate::router::");
+            deps_under(&text, "crate::router::", stem, &mut deps);
+        }
+        g.insert(stem.to_string(), deps);
+    }
+    g
+}
+
+/// The router's modules depend on each other without a cycle either: each concern (its
+/// handlers, the proxy, the upstream connections, the fast path) reads without the ones that
+/// use it.
+#[test]
+fn the_routers_modules_depend_on_each_other_without_a_cycle() {
+    let g = router_graph();
+    assert!(g.len() > 15, "found the modules: {:?}", g.keys());
+    assert!(g["front"].contains("handlers"), "the parser sees paths");
+    let mut done = BTreeSet::new();
+    for node in g.keys() {
+        if let Some(cycle) = cycle_from(&g, node, &mut Vec::new(), &mut done) {
+            panic!("a dependency cycle in the router: {}", cycle.join(" -> "));
+        }
+    }
+}
+
 #[test]
 fn the_router_does_not_name_the_simulated_engine() {
     let g = graph();

@@ -524,18 +524,6 @@ pub(crate) fn error_kind(s: StatusCode) -> &'static str {
     }
 }
 
-/// The chain of causes of a client error, which hyper hides behind "client error (Connect)".
-pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 /// A worker's (error) response read fully, so that it can be kept across retries.
 pub(crate) async fn buffered(resp: Response<UpstreamBody>, rid: &str) -> Response<Body> {
     let (parts, body) = resp.into_parts();

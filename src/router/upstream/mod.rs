@@ -57,10 +57,22 @@ pub enum UpstreamError {
     Read(io::Error),
     #[error(transparent)]
     Codec(#[from] CodecError),
-    #[error("{}", crate::router::proxy::describe(.0))]
+    #[error("{}", describe(.0))]
     Tls(hyper_util::client::legacy::Error),
     #[error("{0}")]
     TlsBody(hyper::Error),
+}
+
+/// The chain of causes of a client error, which hyper hides behind "client error (Connect)".
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 impl UpstreamError {
