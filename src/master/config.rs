@@ -3,7 +3,7 @@
 //! Example: `config/master.toml`.
 
 use crate::config::{check_pair, check_ratio, layered, ByteSize, ConfigError, Millis};
-use crate::master::placement::Strategy;
+use crate::master::state::placement::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;

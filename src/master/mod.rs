@@ -3,7 +3,7 @@
 //! bytes, which move directly between clients and stores.
 //!
 //! Parts: `state` (the state machine, with the tables and decisions only it uses: space in a
-//! segment, which objects to evict, ...), `placement` (which segments), `tenants`, `rpc` (the
+//! segment, which objects to evict, which segments get a replica, ...), `tenants`, `rpc` (the
 //! binary protocol service), `metadata` and `http` (HTTP servers), the threads that act on the
 //! clock (`housekeeper`, `notifier`, `mover`, `handover`), `config`.
 
@@ -17,7 +17,6 @@ pub mod lock;
 pub mod metadata;
 pub mod mover;
 pub mod notifier;
-pub mod placement;
 pub mod rpc;
 pub mod state;
 pub mod store_pools;

@@ -32,6 +32,7 @@ mod housekeeping;
 pub mod indexes;
 pub mod key_index;
 pub mod objects;
+pub mod placement;
 pub mod pool_events;
 mod puts;
 mod reads;

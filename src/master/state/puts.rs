@@ -2,8 +2,8 @@
 //! (the pending version becomes the key's value at once) or is revoked; a reservation is
 //! allocated ahead and committed under a key in one round trip.
 
+use super::placement::{self, Candidate};
 use super::{fail, table_full, MasterState, OpResult};
-use crate::master::placement::{self, Candidate};
 use crate::master::state::objects::{Pending, Version};
 use crate::transfer::message::{PutStartResp, ReplicaLoc, ReplicateConfig, StoredObject};
 use crate::transfer::Status;
