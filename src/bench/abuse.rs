@@ -17,7 +17,7 @@
 //! meanwhile. Everything runs against the processes it started, on loopback, and is bounded by
 //! `--deadline`.
 
-use super::cluster::{OwnCluster, OwnOpts};
+use super::kit::cluster::{OwnCluster, OwnOpts};
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::Millis;
 use crate::master::config::MasterConfig;
@@ -292,7 +292,8 @@ impl Bench {
         for i in 0..attempted {
             let target = targets[i % targets.len()];
             let source = IpAddr::V4(SOURCES[(i / targets.len()) % SOURCES.len()]);
-            let Ok(mut stream) = super::flood::connect_from(source, target, Duration::from_secs(2))
+            let Ok(mut stream) =
+                super::kit::flood::connect_from(source, target, Duration::from_secs(2))
             else {
                 continue;
             };
@@ -497,8 +498,8 @@ fn run_probes(
 
 /// Resident memory (KiB) and open files of a process; zeros once it is gone.
 fn sample(pid: u32) -> (u64, usize) {
-    let rss = super::procfs::rss_bytes(pid).unwrap_or(0) / 1024;
-    (rss, super::procfs::open_files(pid))
+    let rss = super::kit::procfs::rss_bytes(pid).unwrap_or(0) / 1024;
+    (rss, super::kit::procfs::open_files(pid))
 }
 
 fn mib(kib: u64) -> f64 {

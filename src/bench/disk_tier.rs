@@ -13,9 +13,9 @@
 //!   that reads the tier's file itself. Promotion is off for this master, so every read is a
 //!   disk read (the store's counters confirm it for the TCP rows).
 
-use super::cluster::{scrape, OwnCluster, OwnOpts};
-use super::limits;
-use super::load::Outcome;
+use super::kit::cluster::{scrape, OwnCluster, OwnOpts};
+use super::kit::limits;
+use super::kit::load::Outcome;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::human_bytes;
 use crate::master::config::MasterConfig;
@@ -202,7 +202,7 @@ fn disk_gets(
     let disk0 = scrape(store, "rbgctl_store_disk_read_bytes_total").unwrap_or(0.0);
     // Each thread reads its share of the keys once.
     let per = keys.len().div_ceil(threads.max(1)) as u64;
-    let run = super::load::closed_loop(
+    let run = super::kit::load::closed_loop(
         threads,
         keys.len() as u64,
         Duration::MAX,

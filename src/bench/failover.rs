@@ -124,7 +124,7 @@ struct IdleReturn {
     listen_overflows: Option<u64>,
     /// Their whole run: pings, failed tries, connections made again.
     #[serde(flatten)]
-    figures: super::idle_clients::IdleFigures,
+    figures: super::kit::idle_clients::IdleFigures,
 }
 
 impl IdleReturn {
@@ -134,10 +134,10 @@ impl IdleReturn {
         back: &[f64],
         leader_seen_s: f64,
         listen_overflows: Option<u64>,
-        figures: super::idle_clients::IdleFigures,
+        figures: super::kit::idle_clients::IdleFigures,
     ) -> IdleReturn {
         let after: Vec<f64> = back.iter().map(|b| (b - leader_seen_s).max(0.0)).collect();
-        let at = |q: f64| (!after.is_empty()).then(|| super::stats::percentile(&after, q));
+        let at = |q: f64| (!after.is_empty()).then(|| super::kit::stats::percentile(&after, q));
         IdleReturn {
             clients: figures.connections,
             back: back.len(),
@@ -432,7 +432,7 @@ fn measure(
                 "opening {n} idle clients following the leader (bound by a ping each, then quiet)"
             ));
             let every = ClientConfig::new(bench.spec.clone()).heartbeat_interval;
-            Some(super::idle_clients::IdleClients::open(
+            Some(super::kit::idle_clients::IdleClients::open(
                 &bench.spec,
                 n,
                 every,
@@ -509,7 +509,7 @@ fn measure(
         "kill -9 of the leader (master-{old}, epoch {old_epoch})"
     ));
     let before = committed_keys(&record.lock());
-    let overflows_before = super::procfs::listen_overflows();
+    let overflows_before = super::kit::procfs::listen_overflows();
     let killed = Instant::now();
     if let Some(idle) = &idle {
         idle.fault(killed);
@@ -529,7 +529,7 @@ fn measure(
     let idle_return = idle.as_ref().map(|idle| {
         progress("waiting for the idle clients to be back on the new leader");
         let back = idle.wait_return(Duration::from_secs(60));
-        let overflows = super::procfs::listen_overflows()
+        let overflows = super::kit::procfs::listen_overflows()
             .zip(overflows_before)
             .map(|(after, before)| after.saturating_sub(before));
         IdleReturn::new(
@@ -787,7 +787,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
 
 /// Waits until every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
 fn wait_stopped(pid: i32, within: Duration) -> bool {
-    let stopped = || super::procfs::all_threads_stopped(pid as u32);
+    let stopped = || super::kit::procfs::all_threads_stopped(pid as u32);
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if stopped() == Some(true) {

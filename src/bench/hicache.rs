@@ -3,9 +3,9 @@
 //! (`python/`, its `batch_set_v1` / `batch_get_v1`), on the same pool, over TCP and through
 //! same-host shared memory, beside the machine's loopback and memcpy limits.
 
-use super::cluster::master_or_own;
-use super::limits;
-use super::stats::percentile;
+use super::kit::cluster::master_or_own;
+use super::kit::limits;
+use super::kit::stats::percentile;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use anyhow::{bail, Context};

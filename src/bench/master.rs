@@ -6,10 +6,10 @@
 //! rest, and (with its own master) the time a master killed with SIGKILL takes to rebuild
 //! every object from the store's report.
 
-use super::cluster::scrape;
-use super::paper_store::PaperStore;
-use super::procfs::{cpu_time, host_busy, rss_bytes as rss};
-use super::stats::PhaseResult;
+use super::kit::cluster::scrape;
+use super::kit::paper_store::PaperStore;
+use super::kit::procfs::{cpu_time, host_busy, rss_bytes as rss};
+use super::kit::stats::PhaseResult;
 use crate::config::Millis;
 use crate::launch::{self, Launcher, Logs};
 use crate::master::config::MasterConfig;
@@ -134,7 +134,7 @@ struct Report {
     master_cpu_at_rest: Option<f64>,
     /// `--idle-clients`: how they fared.
     #[serde(skip_serializing_if = "Option::is_none")]
-    idle: Option<super::idle_clients::IdleFigures>,
+    idle: Option<super::kit::idle_clients::IdleFigures>,
     /// With its own master: its resident memory per idle client's connection.
     #[serde(skip_serializing_if = "Option::is_none")]
     master_rss_per_idle_client_bytes: Option<f64>,
@@ -203,7 +203,7 @@ struct LockUse {
 type LockCounters = [f64; 5];
 
 fn lock_counters(metrics_port: Option<u16>) -> Option<LockCounters> {
-    let body = super::cluster::metrics_text(metrics_port?)?;
+    let body = super::kit::cluster::metrics_text(metrics_port?)?;
     let get = |name: &str| crate::telemetry::sample(&body, name);
     Some([
         get("rbgctl_master_state_lock_acquisitions_total")?,
@@ -269,15 +269,15 @@ fn phase(
     time: Duration,
     op: impl Fn(&mut Connection, usize, u64) -> Option<bool> + Sync,
 ) -> (Vec<Duration>, u64, Duration) {
-    let run = super::load::closed_loop(
+    let run = super::kit::load::closed_loop(
         clients,
         budget,
         time,
         |_| Connection::connect(master, &rpc_opts()).map_err(|e| e.to_string()),
         |conn, t, i| {
             op(conn, t, i).map(|ok| match ok {
-                true => super::load::Outcome::Ok,
-                false => super::load::Outcome::Failed(String::new()),
+                true => super::kit::load::Outcome::Ok,
+                false => super::kit::load::Outcome::Failed(String::new()),
             })
         },
     );
@@ -379,7 +379,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     ));
     // At most 3 s: a long --phase-time is for slow masters (one under callgrind).
     let ceiling_time = args.phase_time.0.min(Duration::from_secs(3));
-    let ceiling = super::limits::loopback_round_trips(args.clients, ceiling_time)?;
+    let ceiling = super::kit::limits::loopback_round_trips(args.clients, ceiling_time)?;
     let mut report = Report {
         host_cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         loopback_round_trips_per_s: ceiling,
@@ -434,7 +434,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             ));
             let before = pid.and_then(rss);
             let every = crate::client::ClientConfig::new(&master).heartbeat_interval;
-            let idle = super::idle_clients::IdleClients::open(&master, k, every)?;
+            let idle = super::kit::idle_clients::IdleClients::open(&master, k, every)?;
             report.master_rss_per_idle_client_bytes = before
                 .zip(pid.and_then(settled_rss))
                 .map(|(b, a)| a.saturating_sub(b) as f64 / k as f64);

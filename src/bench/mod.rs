@@ -1,33 +1,21 @@
 //! `rbgctl bench`: load tools that print a table a person can read, or JSON with `--json`.
 
 pub mod abuse;
-pub mod cluster;
 pub mod disk_tier;
 pub mod failover;
-pub mod flood;
 pub mod hicache;
-pub mod idle_clients;
-pub mod limits;
-pub mod llm;
-pub mod load;
+pub mod kit;
 pub mod master;
-pub mod mooncake_peer;
 pub mod mooncake_wire;
 pub mod multiturn;
 #[cfg(feature = "testkit")]
 pub mod operator;
-pub mod paper_store;
 pub mod policies;
-pub mod procfs;
-pub mod progress;
 #[cfg(feature = "rdma")]
-pub mod rdma;
 pub mod recovery;
-pub mod redis_peer;
 #[cfg(feature = "testkit")]
 pub mod router;
 pub mod serving;
-pub mod stats;
 pub mod store;
 pub mod tenants;
 pub mod tiers;

@@ -95,7 +95,7 @@ pub fn agrees(rows: &[WireRow]) -> bool {
 /// makes against a master and store of its own, and prints what each RPC sent beside what
 /// the master expects; an error when a hash differs or an RPC is not served.
 pub fn run(args: WireArgs) -> anyhow::Result<()> {
-    let cluster = super::cluster::OwnCluster::start(256 << 20, false)?;
+    let cluster = super::kit::cluster::OwnCluster::start(256 << 20, false)?;
     let script =
         std::env::temp_dir().join(format!("rbgctl-mooncake-wire-{}.py", std::process::id()));
     std::fs::write(&script, SCRIPT)?;

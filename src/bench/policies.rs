@@ -343,7 +343,7 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(a.reps >= 1, "--reps must be at least 1");
     anyhow::ensure!(
-        a.workload.api_format == super::llm::ApiFormat::Sglang,
+        a.workload.api_format == super::kit::llm::ApiFormat::Sglang,
         "--api-format: the oracle follows the answers' token ids, which only SGLang's /generate \
          returns; leave --api-format at sglang"
     );
@@ -487,10 +487,10 @@ fn render(w: &MultiturnArgs, routers: usize, runs: &[PolicyRun]) -> String {
         w.request_rate,
         routers_phrase(routers)
     );
-    out.push_str(&crate::bench::stats::text_table(&HEADERS, &rows(runs)));
+    out.push_str(&crate::bench::kit::stats::text_table(&HEADERS, &rows(runs)));
     if runs.iter().any(|r| r.restart.is_some()) {
         out.push_str("\nThe router killed (SIGKILL) and started again before a round:\n");
-        out.push_str(&crate::bench::stats::text_table(
+        out.push_str(&crate::bench::kit::stats::text_table(
             &RESTART_HEADERS,
             &restart_rows(runs),
         ));

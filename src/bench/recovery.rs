@@ -7,7 +7,7 @@
 //! 2. kills the master with SIGKILL, starts it again, and times from its start until it lists
 //!    every object again (rebuilt from the store's report), then reads everything back again.
 
-use super::cluster::{scrape, OwnCluster};
+use super::kit::cluster::{scrape, OwnCluster};
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@
 //! hold no KV cache, so decode never waits for prefill: legs sent at once save the whole
 //! prefill answer time, where real engines save its return trip and decode's admission.
 
-use crate::bench::stats::percentile;
+use crate::bench::kit::stats::percentile;
 use crate::launch::{self, wait_http_ok, Launcher, Logs};
 use crate::router::config::{
     Backend, MetricsConfig, PolicyConfig, PrefillSpec, RouterConfig, ServerConfig,
@@ -721,7 +721,7 @@ pub struct Row {
 
 /// User and system CPU seconds of a process.
 fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
-    super::procfs::cpu_split(pid).map(|c| (c.user.as_secs_f64(), c.system.as_secs_f64()))
+    super::kit::procfs::cpu_split(pid).map(|c| (c.user.as_secs_f64(), c.system.as_secs_f64()))
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
@@ -1002,7 +1002,7 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         * args.clients.len()
         * args.reps.max(1);
     let progress =
-        crate::bench::progress::Progress::new("router measurements", steps as u64, args.json);
+        crate::bench::kit::progress::Progress::new("router measurements", steps as u64, args.json);
     if !args.json {
         eprintln!(
             "… router vs direct: {steps} measurements of {} s each (about {:.0} s)",

@@ -3,7 +3,7 @@
 //! lengths uniform in `[max(L * range_ratio, 1), L]`, sent all at once (`--request-rate inf`)
 //! or with Poisson arrivals, at most `--max-concurrency` in flight.
 
-use super::llm::{self, ApiFormat, Outcome};
+use super::kit::llm::{self, ApiFormat, Outcome};
 use super::multiturn::summary;
 use super::multiturn::workload::{length, Arrivals, Distribution};
 use crate::simulated_tokens::VOCAB;
@@ -419,7 +419,7 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
             a.max_concurrency.unwrap_or(usize::MAX >> 4).max(1),
         ));
         let mut arrivals = Arrivals::new(a.request_rate, Distribution::Poisson, a.seed);
-        let bar = std::sync::Arc::new(crate::bench::progress::Progress::new(
+        let bar = std::sync::Arc::new(crate::bench::kit::progress::Progress::new(
             "serving requests",
             data.len() as u64,
             a.json,

@@ -2,13 +2,13 @@
 //! counts, batches, the same-host path and the master's existence checks. Without `--master` it
 //! starts its own master and store as separate processes on loopback.
 
-use super::cluster::master_or_own;
-use super::limits;
-use super::load::Outcome;
-use super::mooncake_peer;
-use super::procfs::own_syscalls as syscalls;
-use super::redis_peer;
-use super::stats::{OpBreakdown, PhaseResult};
+use super::kit::cluster::master_or_own;
+use super::kit::limits;
+use super::kit::load::Outcome;
+use super::kit::mooncake_peer;
+use super::kit::procfs::own_syscalls as syscalls;
+use super::kit::redis_peer;
+use super::kit::stats::{OpBreakdown, PhaseResult};
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::sync::Arc;
@@ -289,7 +289,7 @@ impl Outcome {
 /// What a phase measured: its calls (a read of an evicted value is skipped), and with
 /// `--breakdown`, where their time went.
 struct Phase {
-    run: super::load::Run,
+    run: super::kit::load::Run,
     breakdown: Option<OpBreakdown>,
 }
 
@@ -372,7 +372,13 @@ fn run_phase(
     op: impl Fn(usize, u64) -> Outcome + Sync,
 ) -> Phase {
     Phase {
-        run: super::load::closed_loop(threads, budget, time, |_| Ok(()), |_, t, i| Some(op(t, i))),
+        run: super::kit::load::closed_loop(
+            threads,
+            budget,
+            time,
+            |_| Ok(()),
+            |_, t, i| Some(op(t, i)),
+        ),
         breakdown: None,
     }
 }
@@ -682,7 +688,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     let (master, mut cluster) = match (&args.auth_token_file, &args.master) {
         (Some(file), None) => {
             progress("starting a master and a store that require the cluster secret");
-            let c = super::cluster::OwnCluster::start_with(super::cluster::OwnOpts {
+            let c = super::kit::cluster::OwnCluster::start_with(super::kit::cluster::OwnOpts {
                 segment_size: args.segment_size.0,
                 persistent: args.persistent,
                 disk_tier: None,
@@ -880,7 +886,7 @@ fn measure(
 /// `prefault = false` (`OwnCluster::add_fresh_store`), so every write lands on memory never
 /// touched: over TCP, and same-host unless `--no-shm`. Each store is stopped after its row.
 fn fresh_cases(
-    cluster: &mut super::cluster::OwnCluster,
+    cluster: &mut super::kit::cluster::OwnCluster,
     master: &str,
     ctx: &Ctx<'_>,
     results: &mut Vec<PhaseResult>,
@@ -1041,7 +1047,7 @@ fn flood_cases(
         args.flood_from,
         targets.len()
     ));
-    let flood = super::flood::Flood::open(args.flood_from, &targets, args.idle_flood);
+    let flood = super::kit::flood::Flood::open(args.flood_from, &targets, args.idle_flood);
     for size in [4usize << 10, 1 << 20] {
         progress(&format!(
             "flood: {} × 1 thread beside {} idle connections",
@@ -1577,7 +1583,7 @@ fn run_on(
     pool: &OurPool<'_>,
 ) -> anyhow::Result<mooncake_peer::PeerRun> {
     let cpu = || {
-        let of = |pid: Option<u32>| pid.and_then(super::procfs::cpu_time);
+        let of = |pid: Option<u32>| pid.and_then(super::kit::procfs::cpu_time);
         (of(Some(pool.master_pid)), of(pool.store_pid))
     };
     let before = cpu();
@@ -1597,7 +1603,7 @@ fn run_on(
 struct RdmaReport {
     device: String,
     /// The limits: perftest's bandwidth at each message size, and its read latency.
-    perftest: Vec<super::rdma::Perftest>,
+    perftest: Vec<super::kit::rdma::Perftest>,
     /// Rows `rdma`; `of_limit` is the share of ib_write_bw (puts) or ib_read_bw (gets) at the
     /// value size.
     results: Vec<PhaseResult>,
@@ -1642,7 +1648,7 @@ struct StoreCpu {
 
 #[cfg(feature = "rdma")]
 fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
-    use super::rdma::{cpu_seconds, perftest};
+    use super::kit::rdma::{cpu_seconds, perftest};
     let progress = |msg: &str| {
         if !args.json {
             eprintln!("… {msg}");
@@ -1690,7 +1696,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
             .and_then(|p| p.gb_per_s)
     };
     progress(&format!("a master and a store serving RDMA on {device}"));
-    let cluster = super::cluster::OwnCluster::start_with(super::cluster::OwnOpts {
+    let cluster = super::kit::cluster::OwnCluster::start_with(super::kit::cluster::OwnOpts {
         segment_size: args.segment_size.0,
         persistent: args.persistent,
         disk_tier: None,

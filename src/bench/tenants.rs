@@ -6,7 +6,7 @@
 //! A's TTFT (p50, p99) in each run and its ratio to A alone; every request of B answered (200,
 //! 429, 503), the totals per tenant adding up.
 
-use crate::bench::stats::percentile;
+use crate::bench::kit::stats::percentile;
 use crate::launch::{Launcher, Logs};
 use crate::router::policy::PolicyKind;
 use crate::up::{Stack, UpConfig};

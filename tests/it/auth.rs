@@ -432,7 +432,7 @@ fn connections_that_never_prove_the_secret_do_not_lock_clients_out() {
     });
     let rpc: std::net::SocketAddr = c.rpc.parse().unwrap();
     let strangers: Vec<_> = (2..=6u8)
-        .map(|from| rbgctl::bench::flood::Flood::open([127, 0, 62, from].into(), &[rpc], 50))
+        .map(|from| rbgctl::bench::kit::flood::Flood::open([127, 0, 62, from].into(), &[rpc], 50))
         .collect();
     // At most a quarter of the places are theirs at any time.
     std::thread::sleep(Duration::from_millis(200));

@@ -3,7 +3,7 @@
 use crate::common;
 
 use common::*;
-use rbgctl::bench::procfs::cpu_time;
+use rbgctl::bench::kit::procfs::cpu_time;
 use rbgctl::client::ReplicateConfig;
 use std::time::{Duration, Instant};
 

@@ -432,7 +432,7 @@ fn closed_by_server(mut s: &TcpStream, within: Duration) -> bool {
 
 #[test]
 fn idle_floods_and_half_sent_frames_do_not_lock_a_client_out() {
-    use rbgctl::bench::flood::{connect_from, Flood};
+    use rbgctl::bench::kit::flood::{connect_from, Flood};
     use rbgctl::config::Millis;
     let master = rbgctl::master::config::MasterConfig {
         max_connections: 64,
@@ -814,7 +814,7 @@ fn pinged_once(from: u8, rpc: std::net::SocketAddr, n: usize) -> Vec<TcpStream> 
     (0..n)
         .filter_map(|i| {
             let mut s =
-                rbgctl::bench::flood::connect_from(source, rpc, Duration::from_secs(2)).ok()?;
+                rbgctl::bench::kit::flood::connect_from(source, rpc, Duration::from_secs(2)).ok()?;
             let meta = PingReq {
                 client_id: (u64::from(from) << 32) | i as u64,
             }

@@ -10,7 +10,7 @@ pub mod report;
 pub mod summary;
 pub mod workload;
 
-use super::llm::{self, ApiFormat, Outcome};
+use super::kit::llm::{self, ApiFormat, Outcome};
 use crate::shutdown::Shutdown;
 use clap::Args;
 use serde_json::{json, Value};
@@ -379,7 +379,8 @@ pub async fn run_rate_with(
     let mut oracle = a.oracle_page_size.map(oracle::Oracle::new);
     let (tx, mut rx) =
         tokio::sync::mpsc::unbounded_channel::<(usize, usize, Sent, Outcome, Instant)>();
-    let bar = crate::bench::progress::Progress::new("multiturn requests", total as u64, a.json);
+    let bar =
+        crate::bench::kit::progress::Progress::new("multiturn requests", total as u64, a.json);
     let start = Instant::now();
     let (mut inflight, mut done, mut failed) = (0usize, 0usize, 0usize);
     let mut records: Vec<Record> = Vec::with_capacity(total);

@@ -23,7 +23,7 @@ pub struct Record {
 }
 
 /// Percentiles as SGLang's `bench_multiturn` takes them, so that the figures compare.
-pub use crate::bench::stats::percentile_as_sglang as percentile;
+pub use crate::bench::kit::stats::percentile_as_sglang as percentile;
 
 /// Average, median, p90, p99 and max.
 pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64, f64, f64) {

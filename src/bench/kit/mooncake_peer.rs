@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SCRIPT: &str = include_str!("../../scripts/mooncake_peer.py");
+const SCRIPT: &str = include_str!("../../../scripts/mooncake_peer.py");
 
 /// Longest the peer may run: its phases are bounded by the same time and size limits as ours.
 const LIMIT: Duration = Duration::from_secs(600);
