@@ -430,7 +430,7 @@ impl StoreService {
                 Ok((qp, resp)) => {
                     io.attach(Box::new(qp));
                     self.rdma_connects.fetch_add(1, Ordering::Relaxed);
-                    io.ok(&resp)?;
+                    io.answer::<rpc::RdmaConnect>(&resp)?;
                     Ok(true)
                 }
                 Err(e) => {
@@ -536,12 +536,13 @@ impl StoreService {
         };
         counter.fetch_add(bytes, Ordering::Relaxed);
         match mode {
-            SealMode::Deferred => io.ok(&SealDeferredResp {
+            SealMode::Deferred => io.answer::<rpc::SealDeferred>(&SealDeferredResp {
                 items,
                 checksums,
                 hashed,
             })?,
-            SealMode::Trusted | SealMode::Checked => io.ok(&BatchStatusResp { items })?,
+            SealMode::Checked => io.answer::<rpc::SealChecked>(&BatchStatusResp { items })?,
+            SealMode::Trusted => io.answer::<rpc::Seal>(&BatchStatusResp { items })?,
         }
         if !unhashed.is_empty() {
             self.hasher.wake();

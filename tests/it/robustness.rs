@@ -814,7 +814,8 @@ fn pinged_once(from: u8, rpc: std::net::SocketAddr, n: usize) -> Vec<TcpStream> 
     (0..n)
         .filter_map(|i| {
             let mut s =
-                rbgctl::bench::kit::flood::connect_from(source, rpc, Duration::from_secs(2)).ok()?;
+                rbgctl::bench::kit::flood::connect_from(source, rpc, Duration::from_secs(2))
+                    .ok()?;
             let meta = PingReq {
                 client_id: (u64::from(from) << 32) | i as u64,
             }

@@ -487,15 +487,20 @@ impl ServerIo<'_> {
         Ok(())
     }
 
-    /// An error reply; the message travels as the meta (UTF-8 text).
     /// Answers the request of `R` with its reply (the pairing `transfer::rpc` declares).
     pub fn answer<R: crate::transfer::rpc::Rpc>(
         &mut self,
         reply: &R::Reply,
     ) -> Result<(), TransferError> {
+        debug_assert_eq!(
+            self.req.opcode,
+            R::OPCODE as u8,
+            "a request answered with another operation's reply"
+        );
         self.ok(reply)
     }
 
+    /// An error reply; the message travels as the meta (UTF-8 text).
     pub fn error(&mut self, status: Status, message: &str) -> Result<(), TransferError> {
         self.reply(status, message.as_bytes(), &[])
     }
