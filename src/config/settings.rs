@@ -254,9 +254,12 @@ pub fn help(doc: &[&str], default: Option<String>, short: bool) -> String {
 /// }
 /// ```
 ///
-/// A setting with `#[arg(...)]` gets a flag `Option<type>` of the same name in the `Args`,
-/// whose help is the doc with the default appended; the attributes name the flag (`long` or
-/// `long = "client-ttl"`) and its `env`, and may add clap's others.
+/// A setting with `#[arg(...)]` gets a flag `Option<type>` of the same name in the `Args`
+/// (`Option<T>` for a setting of type `Option<T>`), whose help is the doc with the default
+/// appended; the attributes name the flag (`long` or `long = "client-ttl"`) and its `env`, and
+/// may add clap's others (which win over those the type gives). A `#[serde(...)]` after it
+/// goes on both fields: `#[serde(rename = "retry_max_retries")]` keeps a file's key as
+/// sglang-router spells it (give the flag the same `id`, so arg ids stay setting names).
 macro_rules! settings {
     (
         $(#[$cmeta:meta])*

@@ -154,6 +154,7 @@ impl Opcode {
         Opcode::SealDeferred,
     ];
 
+    /// The opcode a header's first byte names, or `None` for one this build does not know.
     pub fn from_u8(v: u8) -> Option<Opcode> {
         Opcode::ALL.iter().copied().find(|op| *op as u8 == v)
     }
@@ -250,6 +251,7 @@ pub enum Status {
 pub const REFUSAL_ID: u64 = u64::MAX;
 
 impl Status {
+    /// The status a reply carries; a code this build does not know reads as `Internal`.
     pub fn from_u16(v: u16) -> Status {
         match v {
             0 => Status::Ok,
@@ -280,6 +282,7 @@ impl Status {
         }
     }
 
+    /// The status as docs/protocol.md and the logs spell it (`OBJECT_NOT_FOUND`).
     pub fn name(self) -> &'static str {
         match self {
             Status::Ok => "OK",
@@ -371,6 +374,8 @@ pub struct Header {
 }
 
 impl Header {
+    /// The header of a request of `op` carrying `meta_len` bytes of meta and `data_len` of
+    /// payload.
     pub fn request(op: Opcode, request_id: u64, meta_len: usize, data_len: u64) -> Header {
         Header {
             opcode: op as u8,
@@ -382,6 +387,7 @@ impl Header {
         }
     }
 
+    /// The header of the answer to `req`: its opcode and request id, with `status`.
     pub fn response(req: &Header, status: Status, meta_len: usize, data_len: u64) -> Header {
         Header {
             opcode: req.opcode,
@@ -393,10 +399,12 @@ impl Header {
         }
     }
 
+    /// Whether this header is an answer's (`FLAG_RESPONSE`).
     pub fn is_response(&self) -> bool {
         self.flags & FLAG_RESPONSE != 0
     }
 
+    /// The header's bytes on the wire (magic, version, fields little-endian).
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC);

@@ -112,6 +112,8 @@ pub fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream, TransferE
 }
 
 impl Connection {
+    /// Connects to `addr` (`host:port`) within `opts.connect_timeout`, each read and write then
+    /// waiting at most `opts.io_timeout`.
     pub fn connect(addr: &str, opts: &ConnOptions) -> Result<Connection, TransferError> {
         let stream = connect_tcp(addr, opts.connect_timeout)?;
         let io = FramedStream::new(stream, opts.spin)?;
@@ -289,6 +291,8 @@ pub struct Pool {
 const MAX_IDLE: usize = 64;
 
 impl Pool {
+    /// A pool of connections to `addr`, opened when first needed and kept idle (at most
+    /// `MAX_IDLE`) between calls.
     pub fn new(addr: impl Into<String>, opts: ConnOptions) -> Pool {
         Pool {
             addr: parking_lot::RwLock::new(Arc::from(addr.into())),
@@ -332,10 +336,12 @@ impl Pool {
         self
     }
 
+    /// The peer the pool connects to now.
     pub fn addr(&self) -> Arc<str> {
         self.addr.read().clone()
     }
 
+    /// The options every connection of the pool is opened with.
     pub fn options(&self) -> &ConnOptions {
         &self.opts
     }
@@ -365,6 +371,8 @@ impl Pool {
         Ok(conn)
     }
 
+    /// An idle connection, or a new one. [`PooledConnection::release`] gives it back once a
+    /// call left it clean; dropped without that, it closes.
     pub fn get(&self) -> Result<PooledConnection<'_>, TransferError> {
         let idle = self.idle.lock().pop();
         let reused = idle.is_some();
@@ -436,7 +444,8 @@ impl Pool {
     }
 }
 
-/// A connection out of a pool; back to it when dropped, unless an error made it unusable.
+/// A connection out of a pool: back to it by [`PooledConnection::release`] once a call left
+/// it clean; dropped without that (an error may have left it mid-frame), it closes.
 pub struct PooledConnection<'a> {
     pool: &'a Pool,
     conn: Option<Connection>,

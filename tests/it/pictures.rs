@@ -234,6 +234,20 @@ fn the_browser_check_sees_script_errors_failed_loads_and_missing_figures() {
 /// Waits (up to 10 s) for the page's own script to have refreshed it once.
 const REFRESHED: &str = "Number(document.body.dataset.refreshes) >= 1";
 
+/// The last-minute rate of `op` (`put`, `get`) on the master's status page, if shown.
+fn last_minute_rate(page: &str, op: &str) -> Option<f64> {
+    let row = page
+        .split(&format!("<td>{op} requests/s</td>"))
+        .nth(1)?
+        .split("</tr>")
+        .next()?;
+    row.rsplit("<td class=\"n\">")
+        .next()?
+        .strip_suffix("</td>")?
+        .parse()
+        .ok()
+}
+
 #[test]
 fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scripts() {
     let Some(mut b) = browser() else { return };
@@ -253,14 +267,19 @@ fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scri
             value.len()
         );
     }
-    // The housekeeper samples once a second: wait until the rates cover the puts.
+    // The housekeeper samples once a second: wait until the last minute's rates cover the 40
+    // puts and the 20 gets (a sample before them and one after), both above zero. (Checked
+    // here, not after the pictures: on a loaded machine those can take past the minute.)
     let url = format!("http://127.0.0.1:{}/ui", c.metrics_port);
     assert!(
-        wait_until(std::time::Duration::from_secs(10), || {
+        wait_until(std::time::Duration::from_secs(20), || {
             let (_, body) = c.http_get("/ui?part=main");
-            body.contains("put requests/s") && !body.contains("<td>—</td>")
+            !body.contains("<td>—</td>")
+                && ["put", "get"]
+                    .iter()
+                    .all(|op| last_minute_rate(&body, op).is_some_and(|r| r > 0.0))
         }),
-        "no rates after 10 s"
+        "no put and get rates after 20 s"
     );
     let live = LoadOptions {
         wait_for: Some(REFRESHED.into()),
@@ -311,21 +330,6 @@ fn the_master_status_page_shows_segments_objects_and_rates_with_and_without_scri
         main.contains("<td class=\"n\">40</td>"),
         "40 objects in memory: {main}"
     );
-    // The 40 puts and 20 gets fall within the last minute: both rates are above zero.
-    for op in ["put", "get"] {
-        let row = main
-            .split(&format!("<td>{op} requests/s</td>"))
-            .nth(1)
-            .and_then(|r| r.split("</tr>").next())
-            .unwrap_or_else(|| panic!("no {op} row: {main}"));
-        let last_60s: f64 = row
-            .rsplit("<td class=\"n\">")
-            .next()
-            .and_then(|c| c.strip_suffix("</td>"))
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("{op} row: {row}"));
-        assert!(last_60s > 0.0, "{op} requests/s over 60 s: {row}");
-    }
     assert!(
         main.matches("class=\"bar\"").count() >= 3,
         "memory and two segments: {main}"

@@ -3634,8 +3634,21 @@ fn long_conductor_queries_do_not_starve_the_requests_routed() {
     std::thread::scope(|scope| {
         for _ in 0..3 {
             scope.spawn(|| {
+                // A 14 MB query takes seconds in a debug build on a loaded machine: these wait
+                // longer than the other requests, whose latency is what the test measures.
+                let slow = reqwest::blocking::Client::builder()
+                    .timeout(Duration::from_secs(120))
+                    .build()
+                    .unwrap();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let (code, _, text) = post(r.port, "/query", &query);
+                    let resp = slow
+                        .post(format!("http://127.0.0.1:{}/query", r.port))
+                        .header("content-type", "application/json")
+                        .body(query.clone())
+                        .send()
+                        .expect("a query is answered");
+                    let code = resp.status().as_u16();
+                    let text = resp.text().unwrap_or_default();
                     assert_eq!(code, 200, "{}", &text[..text.len().min(200)]);
                     queries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }

@@ -41,6 +41,7 @@ pub struct LogBudget {
 }
 
 impl LogBudget {
+    /// At most one line every `period`.
     pub fn new(period: Duration) -> LogBudget {
         LogBudget {
             period,
@@ -262,6 +263,7 @@ impl ServerIo<'_> {
         self.arrived
     }
 
+    /// Payload bytes the request carries.
     pub fn data_len(&self) -> u64 {
         self.req.data_len
     }
@@ -278,6 +280,7 @@ impl ServerIo<'_> {
         TransferError::Protocol(format!("{what}: this server's requests carry no payload"))
     }
 
+    /// Reads the next `dst.len()` bytes of the request's payload into `dst`.
     pub fn read_data_into(&mut self, dst: &mut [u8]) -> Result<(), TransferError> {
         match &mut self.sink {
             Sink::Stream(s) => s.read_data_into(dst),
@@ -296,6 +299,8 @@ impl ServerIo<'_> {
         }
     }
 
+    /// Reads what is left of the request's payload and drops it (before an error answer, so
+    /// the connection stays in step).
     pub fn discard_data(&mut self) -> Result<(), TransferError> {
         match &mut self.sink {
             Sink::Stream(s) => s.discard_data(),
@@ -442,6 +447,8 @@ impl ServerIo<'_> {
         }
     }
 
+    /// An `OK` reply whose meta is `msg` encoded. Prefer [`ServerIo::answer`], which checks the
+    /// pairing of request and reply.
     pub fn ok<T: Wire>(&mut self, msg: &T) -> Result<(), TransferError> {
         if let Sink::Buffer(_) = self.sink {
             return self.ok_in_place(msg);
