@@ -172,7 +172,7 @@ pub fn log_to_dir(dir: &std::path::Path, prefix: &str) -> std::io::Result<()> {
 mod metrics;
 mod op_stats;
 
-pub use metrics::{sample, sum, Histogram, Kind, PromText, LATENCY_BUCKETS_S};
+pub use metrics::{sample, sum, Family, Histogram, Kind, PromText, LATENCY_BUCKETS_S};
 pub use op_stats::{OpStats, Started};
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use super::device::Device;
 use super::l3::L3;
 use super::{EngineConfig, Mode};
 use crate::simulated_tokens as tokens;
+use crate::telemetry::Family;
 use crate::telemetry::PromText;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -26,6 +27,72 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tracing::Instrument as _;
+
+// The `/metrics` families this file writes, each declared once.
+const CACHED_TOKENS_TOTAL: Family = Family::counter(
+    "sglang:cached_tokens_total",
+    "Prompt tokens served from cache (simulated engine).",
+);
+const CACHED_TOKENS_TOTAL_2: Family = Family::counter(
+    "rbgctl_sim_cached_tokens_total",
+    "Cached prompt tokens by the tier that held them.",
+);
+const CACHE_HIT_RATE: Family = Family::gauge(
+    "sglang:cache_hit_rate",
+    "Cached over prompt tokens since start (simulated engine).",
+);
+const E2E_REQUEST_LATENCY_SECONDS: Family = Family::histogram(
+    "sglang:e2e_request_latency_seconds",
+    "Time from a request's arrival to its last token (simulated engine).",
+);
+const GENERATION_TOKENS_TOTAL: Family = Family::counter(
+    "sglang:generation_tokens_total",
+    "Generated tokens (simulated engine).",
+);
+const L3_BACKUPS_IN_FLIGHT: Family = Family::gauge(
+    "rbgctl_sim_l3_backups_in_flight",
+    "L3 backups queued or being written.",
+);
+const L3_BACKUPS_SKIPPED_TOTAL: Family = Family::counter(
+    "rbgctl_sim_l3_backups_skipped_total",
+    "Backups dropped because too many were running.",
+);
+const L3_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_sim_l3_bytes_total",
+    "KV bytes moved to or from the rbgctl pool.",
+);
+const L3_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_sim_l3_errors_total",
+    "Pool reads that failed or returned wrong bytes, and failed writes.",
+);
+const L3_PAGES_TOTAL: Family = Family::counter(
+    "rbgctl_sim_l3_pages_total",
+    "KV pages moved to or from the rbgctl pool.",
+);
+const NUM_QUEUE_REQS: Family = Family::gauge(
+    "sglang:num_queue_reqs",
+    "Requests waiting for the device or computing their prefill (simulated engine).",
+);
+const NUM_RUNNING_REQS: Family = Family::gauge(
+    "sglang:num_running_reqs",
+    "Requests being served (simulated engine).",
+);
+const PROMPT_TOKENS_TOTAL: Family = Family::counter(
+    "sglang:prompt_tokens_total",
+    "Prompt tokens (simulated engine).",
+);
+const REQUESTS_TOTAL: Family = Family::counter(
+    "rbgctl_sim_requests_total",
+    "Requests received by the simulated engine.",
+);
+const REQUEST_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_sim_request_errors_total",
+    "Requests refused or failed.",
+);
+const TIME_TO_FIRST_TOKEN_SECONDS: Family = Family::histogram(
+    "sglang:time_to_first_token_seconds",
+    "Time from a request's arrival to its first token (simulated engine).",
+);
 
 /// Upper bound on generated tokens per request.
 const MAX_NEW_TOKENS: usize = 16_384;
@@ -676,158 +743,59 @@ async fn metrics(State(e): S) -> Response {
     let mut p = PromText::new();
     let cached = c(&m.cached_device) + c(&m.cached_host) + c(&m.cached_storage);
     let prompt = c(&m.prompt_tokens);
-    p.family(
-        "sglang:prompt_tokens_total",
-        "counter",
-        "Prompt tokens (simulated engine).",
-    )
-    .sample("sglang:prompt_tokens_total", &model, prompt);
-    p.family(
-        "sglang:generation_tokens_total",
-        "counter",
-        "Generated tokens (simulated engine).",
-    )
-    .sample(
-        "sglang:generation_tokens_total",
+    p.family(&PROMPT_TOKENS_TOTAL)
+        .sample(&PROMPT_TOKENS_TOTAL, &model, prompt);
+    p.family(&GENERATION_TOKENS_TOTAL).sample(
+        &GENERATION_TOKENS_TOTAL,
         &model,
         c(&m.generated_tokens),
     );
-    p.family(
-        "sglang:cached_tokens_total",
-        "counter",
-        "Prompt tokens served from cache (simulated engine).",
-    )
-    .sample("sglang:cached_tokens_total", &model, cached);
-    p.family(
-        "sglang:cache_hit_rate",
-        "gauge",
-        "Cached over prompt tokens since start (simulated engine).",
-    )
-    .sample(
-        "sglang:cache_hit_rate",
+    p.family(&CACHED_TOKENS_TOTAL)
+        .sample(&CACHED_TOKENS_TOTAL, &model, cached);
+    p.family(&CACHE_HIT_RATE).sample(
+        &CACHE_HIT_RATE,
         &model,
         if prompt > 0.0 { cached / prompt } else { 0.0 },
     );
-    p.family(
-        "sglang:num_running_reqs",
-        "gauge",
-        "Requests being served (simulated engine).",
-    )
-    .sample(
-        "sglang:num_running_reqs",
+    p.family(&NUM_RUNNING_REQS).sample(
+        &NUM_RUNNING_REQS,
         &model,
         m.running.load(Ordering::Relaxed) as f64,
     );
-    p.family(
-        "sglang:num_queue_reqs",
-        "gauge",
-        "Requests waiting for the device or computing their prefill (simulated engine).",
-    )
-    .sample(
-        "sglang:num_queue_reqs",
+    p.family(&NUM_QUEUE_REQS).sample(
+        &NUM_QUEUE_REQS,
         &model,
         m.waiting.load(Ordering::Relaxed) as f64,
     );
-    p.histogram(
-        "sglang:time_to_first_token_seconds",
-        "Time from a request's arrival to its first token (simulated engine).",
-        &model,
-        &m.ttft,
-    );
-    p.histogram(
-        "sglang:e2e_request_latency_seconds",
-        "Time from a request's arrival to its last token (simulated engine).",
-        &model,
-        &m.e2e,
-    );
-    p.family(
-        "rbgctl_sim_requests_total",
-        "counter",
-        "Requests received by the simulated engine.",
-    )
-    .sample("rbgctl_sim_requests_total", &[], c(&m.requests));
-    p.family(
-        "rbgctl_sim_request_errors_total",
-        "counter",
-        "Requests refused or failed.",
-    )
-    .sample("rbgctl_sim_request_errors_total", &[], c(&m.errors));
-    p.family(
-        "rbgctl_sim_cached_tokens_total",
-        "counter",
-        "Cached prompt tokens by the tier that held them.",
-    );
+    p.histogram(&TIME_TO_FIRST_TOKEN_SECONDS, &model, &m.ttft);
+    p.histogram(&E2E_REQUEST_LATENCY_SECONDS, &model, &m.e2e);
+    p.single(&REQUESTS_TOTAL, c(&m.requests));
+    p.single(&REQUEST_ERRORS_TOTAL, c(&m.errors));
+    p.family(&CACHED_TOKENS_TOTAL_2);
     for (tier, a) in [
         ("device", &m.cached_device),
         ("host", &m.cached_host),
         ("storage", &m.cached_storage),
     ] {
-        p.sample("rbgctl_sim_cached_tokens_total", &[("tier", tier)], c(a));
+        p.sample(&CACHED_TOKENS_TOTAL_2, &[("tier", tier)], c(a));
     }
     if let Some((publisher, _)) = &e.events {
         publisher.stats.render("rbgctl_sim", &mut p);
     }
     if let Some(l3) = &e.l3 {
         let s = &l3.stats;
-        p.family(
-            "rbgctl_sim_l3_pages_total",
-            "counter",
-            "KV pages moved to or from the rbgctl pool.",
-        );
-        p.sample(
-            "rbgctl_sim_l3_pages_total",
-            &[("op", "read")],
-            c(&s.pages_read),
-        );
-        p.sample(
-            "rbgctl_sim_l3_pages_total",
-            &[("op", "write")],
-            c(&s.pages_written),
-        );
-        p.family(
-            "rbgctl_sim_l3_bytes_total",
-            "counter",
-            "KV bytes moved to or from the rbgctl pool.",
-        );
-        p.sample(
-            "rbgctl_sim_l3_bytes_total",
-            &[("op", "read")],
-            c(&s.bytes_read),
-        );
-        p.sample(
-            "rbgctl_sim_l3_bytes_total",
-            &[("op", "write")],
-            c(&s.bytes_written),
-        );
-        p.family(
-            "rbgctl_sim_l3_errors_total",
-            "counter",
-            "Pool reads that failed or returned wrong bytes, and failed writes.",
-        );
-        p.sample(
-            "rbgctl_sim_l3_errors_total",
-            &[("op", "read")],
-            c(&s.bad_reads),
-        );
-        p.sample(
-            "rbgctl_sim_l3_errors_total",
-            &[("op", "write")],
-            c(&s.write_errors),
-        );
-        p.family(
-            "rbgctl_sim_l3_backups_skipped_total",
-            "counter",
-            "Backups dropped because too many were running.",
-        )
-        .sample(
-            "rbgctl_sim_l3_backups_skipped_total",
-            &[],
-            c(&m.backups_skipped),
-        );
+        p.family(&L3_PAGES_TOTAL);
+        p.sample(&L3_PAGES_TOTAL, &[("op", "read")], c(&s.pages_read));
+        p.sample(&L3_PAGES_TOTAL, &[("op", "write")], c(&s.pages_written));
+        p.family(&L3_BYTES_TOTAL);
+        p.sample(&L3_BYTES_TOTAL, &[("op", "read")], c(&s.bytes_read));
+        p.sample(&L3_BYTES_TOTAL, &[("op", "write")], c(&s.bytes_written));
+        p.family(&L3_ERRORS_TOTAL);
+        p.sample(&L3_ERRORS_TOTAL, &[("op", "read")], c(&s.bad_reads));
+        p.sample(&L3_ERRORS_TOTAL, &[("op", "write")], c(&s.write_errors));
+        p.single(&L3_BACKUPS_SKIPPED_TOTAL, c(&m.backups_skipped));
         p.single(
-            "rbgctl_sim_l3_backups_in_flight",
-            "gauge",
-            "L3 backups queued or being written.",
+            &L3_BACKUPS_IN_FLIGHT,
             BACKUP_QUEUE.saturating_sub(e.backup_queue.available_permits()) as f64,
         );
     }

@@ -59,8 +59,8 @@ impl PublisherStats {
             ),
         ] {
             let name = format!("{prefix}_{name}");
-            p.family(&name, "counter", help)
-                .sample(&name, &[], a.load(Ordering::Relaxed) as f64);
+            let family = crate::telemetry::Family::counter(&name, help);
+            p.single(&family, a.load(Ordering::Relaxed) as f64);
         }
     }
 }

@@ -6,6 +6,7 @@ use super::state::MasterState;
 use super::tenants;
 use super::Shared;
 use crate::ha::lease::{LeaderHint, Leadership, Role};
+use crate::telemetry::Family;
 use crate::telemetry::PromText;
 use crate::transfer::Opcode;
 use axum::body::Body;
@@ -18,6 +19,209 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+// The `/metrics` families this file writes, each declared once.
+const ALLOC_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_master_alloc_failures_total",
+    "Puts that found no space at first try.",
+);
+const AWAY_SEGMENTS: Family = Family::gauge(
+    "rbgctl_master_away_segments",
+    "Segments whose store went away; their objects wait, unreadable, for its return.",
+);
+const BOUND_CLIENTS: Family = Family::gauge(
+    "rbgctl_master_bound_clients",
+    "Clients with a connection bound to them (by a ping on it) open: live without \
+         heartbeats while they hold no segment.",
+);
+const CAPACITY_BYTES: Family = Family::gauge(
+    "rbgctl_master_capacity_bytes",
+    "Bytes contributed by all mounted segments.",
+);
+const CLIENTS: Family = Family::gauge(
+    "rbgctl_master_clients",
+    "Clients known: heard from within the client TTL, or holding a bound connection.",
+);
+const CORRUPT_REPLICAS_TOTAL: Family = Family::counter(
+    "rbgctl_master_corrupt_replicas_total",
+    "Replicas dropped because a reader found them failing the checksum.",
+);
+const DEFERRED_BYTES: Family = Family::gauge(
+    "rbgctl_master_deferred_bytes",
+    "Freed bytes waiting for a lease or a writer to end.",
+);
+const DEMOTED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_master_demoted_bytes_total",
+    "Bytes moved from memory to disk tiers.",
+);
+const DEMOTING_BYTES: Family = Family::gauge(
+    "rbgctl_master_demoting_bytes",
+    "Memory the demotions under way will free.",
+);
+const DEMOTIONS_TOTAL: Family = Family::counter(
+    "rbgctl_master_demotions_total",
+    "Objects memory gave up to a store's disk tier (copies confirmed).",
+);
+const DISK_EVICTED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_master_disk_evicted_bytes_total",
+    "Bytes dropped from disk tiers by their own eviction.",
+);
+const DISK_EVICTED_OBJECTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_disk_evicted_objects_total",
+    "Objects dropped from disk tiers by their own eviction.",
+);
+const DISK_FULL_DROPS_TOTAL: Family = Family::counter(
+    "rbgctl_master_disk_full_drops_total",
+    "Objects memory eviction dropped although their store has a disk tier (no room there, \
+         or too large to move).",
+);
+const DISK_HITS_TOTAL: Family = Family::counter(
+    "rbgctl_master_disk_hits_total",
+    "Reads answered with a disk tier replica.",
+);
+const DROPPED_OBJECTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_dropped_objects_total",
+    "Objects lost with their segments.",
+);
+const EVICTED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_master_evicted_bytes_total",
+    "Bytes freed by eviction.",
+);
+const EVICTED_OBJECTS_TOTAL: Family =
+    Family::counter("rbgctl_master_evicted_objects_total", "Objects evicted.");
+const EVICTION_RUNS_TOTAL: Family =
+    Family::counter("rbgctl_master_eviction_runs_total", "Eviction passes.");
+const EXPIRED_CLIENTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_expired_clients_total",
+    "Clients dropped after their TTL.",
+);
+const EXPIRED_RESERVATIONS_TOTAL: Family = Family::counter(
+    "rbgctl_master_expired_reservations_total",
+    "Reservations dropped unused after twice their TTL; their space waits for the release \
+         timeout.",
+);
+const HAND_OVER_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_master_hand_over_bytes_total",
+    "Bytes copied to another store by a store's hand-over.",
+);
+const HAND_OVER_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_master_hand_over_failures_total",
+    "Hand-over copies that failed (the object stayed where it was, tried again).",
+);
+const HAND_OVER_OBJECTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_hand_over_objects_total",
+    "Objects copied to another store by a store's hand-over.",
+);
+const HASHED_LATER_TOTAL: Family = Family::counter(
+    "rbgctl_master_hashed_later_total",
+    "Checksums stores sent after the put for objects committed unhashed (Mooncake's one-sided writes).",
+);
+const HASH_MISMATCHES_TOTAL: Family = Family::counter(
+    "rbgctl_master_hash_mismatches_total",
+    "Replicas of one object that hashed differently after the put (the object stays unhashed).",
+);
+const HA_BACKEND_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_master_ha_backend_errors_total",
+    "Failed calls to the election backend.",
+);
+const HA_ELECTIONS_WON_TOTAL: Family = Family::counter(
+    "rbgctl_master_ha_elections_won_total",
+    "Elections this master won.",
+);
+const HA_EPOCH: Family = Family::gauge(
+    "rbgctl_master_ha_epoch",
+    "Leadership epoch this master last led with (0: never led).",
+);
+const HA_LAST_TAKEOVER_SECONDS: Family = Family::gauge(
+    "rbgctl_master_ha_last_takeover_seconds",
+    "At the last election this master won: seconds from seeing the leadership change to leading.",
+);
+const HA_LEADERSHIP_LOST_TOTAL: Family = Family::counter(
+    "rbgctl_master_ha_leadership_lost_total",
+    "Times this master stopped leading without resigning (lease lost or ran out).",
+);
+const HA_ROLE: Family = Family::gauge(
+    "rbgctl_master_ha_role",
+    "1 for this master's role: single (no HA), leader or standby.",
+);
+const KEYS: Family = Family::gauge("rbgctl_master_keys", "Readable objects.");
+const KV_EVENTS_DROPPED_TOTAL: Family = Family::counter(
+    "rbgctl_master_kv_events_dropped_total",
+    "Pool KV events dropped before the publisher took them.",
+);
+const KV_EVENT_PAGES: Family = Family::gauge(
+    "rbgctl_master_kv_event_pages",
+    "Pages (HiCache page keys) with an object in the pool, as its KV events say.",
+);
+const LOST_OBJECTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_lost_objects_total",
+    "Objects a returning store no longer had.",
+);
+const PARTIAL_ALLOCATIONS_TOTAL: Family = Family::counter(
+    "rbgctl_master_partial_allocations_total",
+    "Puts given fewer replicas than asked.",
+);
+const PENDING_PUTS: Family = Family::gauge(
+    "rbgctl_master_pending_puts",
+    "Puts started and not yet finished.",
+);
+const PROMOTED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_master_promoted_bytes_total",
+    "Bytes moved from disk tiers back to memory.",
+);
+const PROMOTIONS_TOTAL: Family = Family::counter(
+    "rbgctl_master_promotions_total",
+    "Objects a hit brought back from a disk tier to memory.",
+);
+const PUT_RESERVATIONS: Family = Family::gauge(
+    "rbgctl_master_put_reservations",
+    "Space reserved for clients' next puts (a put into one needs only its commit).",
+);
+const RECLAIMED_PUTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_reclaimed_puts_total",
+    "Abandoned puts reclaimed.",
+);
+const RECOVERED_OBJECTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_recovered_objects_total",
+    "Objects taken back from stores' reports (after a store or master restart).",
+);
+const RECOVERING_SEGMENTS: Family = Family::gauge(
+    "rbgctl_master_recovering_segments",
+    "Segments whose store is reporting the objects it kept.",
+);
+const REJECTED_RECORDS_TOTAL: Family = Family::counter(
+    "rbgctl_master_rejected_records_total",
+    "Reported records not taken (stale versions, removed objects, invalid ranges).",
+);
+const RESERVED_PUTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_reserved_puts_total",
+    "Puts committed into a reservation: one master round trip instead of two.",
+);
+const SEGMENTS: Family = Family::gauge("rbgctl_master_segments", "Mounted segments.");
+const SEGMENTS_GIVEN_UP_TOTAL: Family = Family::counter(
+    "rbgctl_master_segments_given_up_total",
+    "Away segments dropped after the grace period.",
+);
+const SOFT_PINNED_KEYS: Family = Family::gauge(
+    "rbgctl_master_soft_pinned_keys",
+    "Objects under a soft pin.",
+);
+const TIER_MOVES_IN_FLIGHT: Family = Family::gauge(
+    "rbgctl_master_tier_moves_in_flight",
+    "Copies between tiers sent or queued and not yet answered.",
+);
+const TIER_MOVES_SENT_TOTAL: Family = Family::counter(
+    "rbgctl_master_tier_moves_sent_total",
+    "Copies between tiers sent to stores.",
+);
+const TIER_MOVE_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_master_tier_move_failures_total",
+    "Copies between tiers that failed (the object stayed where it was).",
+);
+const USED_BYTES: Family = Family::gauge(
+    "rbgctl_master_used_bytes",
+    "Bytes allocated in all segments.",
+);
 
 fn plain(status: u16, body: Vec<u8>, json: bool) -> Response {
     let mut resp = Response::new(Body::from(body));
@@ -676,31 +880,32 @@ async fn all_segments(State(shared): State<Arc<Shared>>) -> String {
 /// Each tenant's bytes, quota and refused puts (at most `tenants::MAX_TENANTS` registered,
 /// and those no longer registered that still hold objects).
 fn render_tenants(tenants: &[super::state::TenantUsage], p: &mut PromText) {
-    const USED: &str = "rbgctl_master_tenant_used_bytes";
-    const QUOTA: &str = "rbgctl_master_tenant_quota_bytes";
-    const REFUSED: &str = "rbgctl_master_tenant_quota_refusals_total";
-    p.family(
-        USED,
-        "gauge",
+    const USED: Family = Family::gauge(
+        "rbgctl_master_tenant_used_bytes",
         "Bytes of values a tenant holds, puts in progress included.",
     );
-    for t in tenants {
-        p.sample(USED, &[("tenant", &t.name)], t.used_bytes as f64);
-    }
-    p.family(
-        QUOTA,
-        "gauge",
+    const QUOTA: Family = Family::gauge(
+        "rbgctl_master_tenant_quota_bytes",
         "A tenant's quota in force: as its tenants file asks, scaled down in proportion when \
          the quotas add up to more than the pool holds.",
     );
+    const REFUSED: Family = Family::counter(
+        "rbgctl_master_tenant_quota_refusals_total",
+        "Puts refused at their tenant's quota.",
+    );
+    p.family(&USED);
+    for t in tenants {
+        p.sample(&USED, &[("tenant", &t.name)], t.used_bytes as f64);
+    }
+    p.family(&QUOTA);
     for t in tenants {
         if let Some(q) = t.quota_in_force_bytes {
-            p.sample(QUOTA, &[("tenant", &t.name)], q as f64);
+            p.sample(&QUOTA, &[("tenant", &t.name)], q as f64);
         }
     }
-    p.family(REFUSED, "counter", "Puts refused at their tenant's quota.");
+    p.family(&REFUSED);
     for t in tenants {
-        p.sample(REFUSED, &[("tenant", &t.name)], t.refused_puts as f64);
+        p.sample(&REFUSED, &[("tenant", &t.name)], t.refused_puts as f64);
     }
 }
 
@@ -712,9 +917,9 @@ fn render_tiers(
     p: &mut PromText,
 ) {
     let tiered = |p: &mut PromText, name: &str, help: &str, memory: u64, disk: u64| {
-        p.family(name, "gauge", help)
-            .sample(name, &[("tier", "memory")], memory as f64)
-            .sample(name, &[("tier", "disk")], disk as f64);
+        let family = Family::gauge(name, help);
+        p.sample(&family, &[("tier", "memory")], memory as f64)
+            .sample(&family, &[("tier", "disk")], disk as f64);
     };
     tiered(
         p,
@@ -739,97 +944,39 @@ fn render_tiers(
     );
     let mover = &shared.mover;
     let copier = &shared.service.copier;
-    p.single(
-        "rbgctl_master_demotions_total",
-        "counter",
-        "Objects memory gave up to a store's disk tier (copies confirmed).",
-        counters.demoted_objects as f64,
-    )
-    .single(
-        "rbgctl_master_demoted_bytes_total",
-        "counter",
-        "Bytes moved from memory to disk tiers.",
-        counters.demoted_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_promotions_total",
-        "counter",
-        "Objects a hit brought back from a disk tier to memory.",
-        counters.promoted_objects as f64,
-    )
-    .single(
-        "rbgctl_master_promoted_bytes_total",
-        "counter",
-        "Bytes moved from disk tiers back to memory.",
-        counters.promoted_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_disk_hits_total",
-        "counter",
-        "Reads answered with a disk tier replica.",
-        counters.disk_hits as f64,
-    )
-    .single(
-        "rbgctl_master_tier_moves_in_flight",
-        "gauge",
-        "Copies between tiers sent or queued and not yet answered.",
-        summary.moves_in_flight as f64,
-    )
-    .single(
-        "rbgctl_master_demoting_bytes",
-        "gauge",
-        "Memory the demotions under way will free.",
-        summary.demoting_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_tier_move_failures_total",
-        "counter",
-        "Copies between tiers that failed (the object stayed where it was).",
-        counters.move_failures as f64,
-    )
-    .single(
-        "rbgctl_master_tier_moves_sent_total",
-        "counter",
-        "Copies between tiers sent to stores.",
-        mover.sent.load(std::sync::atomic::Ordering::Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_hand_over_objects_total",
-        "counter",
-        "Objects copied to another store by a store's hand-over.",
-        copier.copied.load(std::sync::atomic::Ordering::Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_hand_over_bytes_total",
-        "counter",
-        "Bytes copied to another store by a store's hand-over.",
-        copier.bytes.load(std::sync::atomic::Ordering::Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_hand_over_failures_total",
-        "counter",
-        "Hand-over copies that failed (the object stayed where it was, tried again).",
-        copier.failed.load(std::sync::atomic::Ordering::Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_disk_evicted_objects_total",
-        "counter",
-        "Objects dropped from disk tiers by their own eviction.",
-        counters.disk_evicted_objects as f64,
-    )
-    .single(
-        "rbgctl_master_disk_evicted_bytes_total",
-        "counter",
-        "Bytes dropped from disk tiers by their own eviction.",
-        counters.disk_evicted_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_disk_full_drops_total",
-        "counter",
-        "Objects memory eviction dropped although their store has a disk tier (no room there, \
-         or too large to move).",
-        counters.disk_full_drops as f64,
-    );
+    p.single(&DEMOTIONS_TOTAL, counters.demoted_objects as f64)
+        .single(&DEMOTED_BYTES_TOTAL, counters.demoted_bytes as f64)
+        .single(&PROMOTIONS_TOTAL, counters.promoted_objects as f64)
+        .single(&PROMOTED_BYTES_TOTAL, counters.promoted_bytes as f64)
+        .single(&DISK_HITS_TOTAL, counters.disk_hits as f64)
+        .single(&TIER_MOVES_IN_FLIGHT, summary.moves_in_flight as f64)
+        .single(&DEMOTING_BYTES, summary.demoting_bytes as f64)
+        .single(&TIER_MOVE_FAILURES_TOTAL, counters.move_failures as f64)
+        .single(
+            &TIER_MOVES_SENT_TOTAL,
+            mover.sent.load(std::sync::atomic::Ordering::Relaxed) as f64,
+        )
+        .single(
+            &HAND_OVER_OBJECTS_TOTAL,
+            copier.copied.load(std::sync::atomic::Ordering::Relaxed) as f64,
+        )
+        .single(
+            &HAND_OVER_BYTES_TOTAL,
+            copier.bytes.load(std::sync::atomic::Ordering::Relaxed) as f64,
+        )
+        .single(
+            &HAND_OVER_FAILURES_TOTAL,
+            copier.failed.load(std::sync::atomic::Ordering::Relaxed) as f64,
+        )
+        .single(
+            &DISK_EVICTED_OBJECTS_TOTAL,
+            counters.disk_evicted_objects as f64,
+        )
+        .single(
+            &DISK_EVICTED_BYTES_TOTAL,
+            counters.disk_evicted_bytes as f64,
+        )
+        .single(&DISK_FULL_DROPS_TOTAL, counters.disk_full_drops as f64);
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
@@ -849,196 +996,45 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     render_tenants(&tenants, &mut p);
     if let Some(stats) = &shared.kv_events {
         stats.render("rbgctl_master", &mut p);
-        p.single(
-            "rbgctl_master_kv_event_pages",
-            "gauge",
-            "Pages (HiCache page keys) with an object in the pool, as its KV events say.",
-            pool.0 as f64,
-        )
-        .single(
-            "rbgctl_master_kv_events_dropped_total",
-            "counter",
-            "Pool KV events dropped before the publisher took them.",
-            pool.1 as f64,
-        );
+        p.single(&KV_EVENT_PAGES, pool.0 as f64)
+            .single(&KV_EVENTS_DROPPED_TOTAL, pool.1 as f64);
     }
     render_tiers(&shared, &summary, &counters, &mut p);
-    p.single(
-        "rbgctl_master_used_bytes",
-        "gauge",
-        "Bytes allocated in all segments.",
-        summary.used_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_capacity_bytes",
-        "gauge",
-        "Bytes contributed by all mounted segments.",
-        summary.capacity_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_keys",
-        "gauge",
-        "Readable objects.",
-        summary.keys as f64,
-    )
-    .single(
-        "rbgctl_master_soft_pinned_keys",
-        "gauge",
-        "Objects under a soft pin.",
-        summary.soft_pinned_keys as f64,
-    )
-    .single(
-        "rbgctl_master_pending_puts",
-        "gauge",
-        "Puts started and not yet finished.",
-        summary.pending_puts as f64,
-    )
-    .single(
-        "rbgctl_master_put_reservations",
-        "gauge",
-        "Space reserved for clients' next puts (a put into one needs only its commit).",
-        summary.reservations as f64,
-    )
-    .single(
-        "rbgctl_master_clients",
-        "gauge",
-        "Clients known: heard from within the client TTL, or holding a bound connection.",
-        summary.clients as f64,
-    )
-    .single(
-        "rbgctl_master_bound_clients",
-        "gauge",
-        "Clients with a connection bound to them (by a ping on it) open: live without \
-         heartbeats while they hold no segment.",
-        summary.bound_clients as f64,
-    )
-    .single(
-        "rbgctl_master_segments",
-        "gauge",
-        "Mounted segments.",
-        summary.segments as f64,
-    )
-    .single(
-        "rbgctl_master_away_segments",
-        "gauge",
-        "Segments whose store went away; their objects wait, unreadable, for its return.",
-        summary.away_segments as f64,
-    )
-    .single(
-        "rbgctl_master_recovering_segments",
-        "gauge",
-        "Segments whose store is reporting the objects it kept.",
-        summary.recovering_segments as f64,
-    )
-    .single(
-        "rbgctl_master_recovered_objects_total",
-        "counter",
-        "Objects taken back from stores' reports (after a store or master restart).",
-        counters.recovered_objects as f64,
-    )
-    .single(
-        "rbgctl_master_lost_objects_total",
-        "counter",
-        "Objects a returning store no longer had.",
-        counters.lost_objects as f64,
-    )
-    .single(
-        "rbgctl_master_rejected_records_total",
-        "counter",
-        "Reported records not taken (stale versions, removed objects, invalid ranges).",
-        counters.rejected_records as f64,
-    )
-    .single(
-        "rbgctl_master_corrupt_replicas_total",
-        "counter",
-        "Replicas dropped because a reader found them failing the checksum.",
-        counters.corrupt_replicas as f64,
-    )
-    .single(
-        "rbgctl_master_hashed_later_total",
-        "counter",
-        "Checksums stores sent after the put for objects committed unhashed (Mooncake's one-sided writes).",
-        counters.hashed_later as f64,
-    )
-    .single(
-        "rbgctl_master_hash_mismatches_total",
-        "counter",
-        "Replicas of one object that hashed differently after the put (the object stays unhashed).",
-        counters.hash_mismatches as f64,
-    )
-    .single(
-        "rbgctl_master_segments_given_up_total",
-        "counter",
-        "Away segments dropped after the grace period.",
-        counters.segments_given_up as f64,
-    )
-    .single(
-        "rbgctl_master_deferred_bytes",
-        "gauge",
-        "Freed bytes waiting for a lease or a writer to end.",
-        summary.deferred_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_evicted_objects_total",
-        "counter",
-        "Objects evicted.",
-        counters.evicted_objects as f64,
-    )
-    .single(
-        "rbgctl_master_evicted_bytes_total",
-        "counter",
-        "Bytes freed by eviction.",
-        counters.evicted_bytes as f64,
-    )
-    .single(
-        "rbgctl_master_eviction_runs_total",
-        "counter",
-        "Eviction passes.",
-        counters.eviction_runs as f64,
-    )
-    .single(
-        "rbgctl_master_expired_clients_total",
-        "counter",
-        "Clients dropped after their TTL.",
-        counters.expired_clients as f64,
-    )
-    .single(
-        "rbgctl_master_dropped_objects_total",
-        "counter",
-        "Objects lost with their segments.",
-        counters.dropped_objects as f64,
-    )
-    .single(
-        "rbgctl_master_reclaimed_puts_total",
-        "counter",
-        "Abandoned puts reclaimed.",
-        counters.reclaimed_puts as f64,
-    )
-    .single(
-        "rbgctl_master_reserved_puts_total",
-        "counter",
-        "Puts committed into a reservation: one master round trip instead of two.",
-        counters.reserved_puts as f64,
-    )
-    .single(
-        "rbgctl_master_expired_reservations_total",
-        "counter",
-        "Reservations dropped unused after twice their TTL; their space waits for the release \
-         timeout.",
-        counters.expired_reservations as f64,
-    )
-    .single(
-        "rbgctl_master_alloc_failures_total",
-        "counter",
-        "Puts that found no space at first try.",
-        counters.alloc_failures as f64,
-    )
-    .single(
-        "rbgctl_master_partial_allocations_total",
-        "counter",
-        "Puts given fewer replicas than asked.",
-        counters.partial_allocations as f64,
-    );
+    p.single(&USED_BYTES, summary.used_bytes as f64)
+        .single(&CAPACITY_BYTES, summary.capacity_bytes as f64)
+        .single(&KEYS, summary.keys as f64)
+        .single(&SOFT_PINNED_KEYS, summary.soft_pinned_keys as f64)
+        .single(&PENDING_PUTS, summary.pending_puts as f64)
+        .single(&PUT_RESERVATIONS, summary.reservations as f64)
+        .single(&CLIENTS, summary.clients as f64)
+        .single(&BOUND_CLIENTS, summary.bound_clients as f64)
+        .single(&SEGMENTS, summary.segments as f64)
+        .single(&AWAY_SEGMENTS, summary.away_segments as f64)
+        .single(&RECOVERING_SEGMENTS, summary.recovering_segments as f64)
+        .single(&RECOVERED_OBJECTS_TOTAL, counters.recovered_objects as f64)
+        .single(&LOST_OBJECTS_TOTAL, counters.lost_objects as f64)
+        .single(&REJECTED_RECORDS_TOTAL, counters.rejected_records as f64)
+        .single(&CORRUPT_REPLICAS_TOTAL, counters.corrupt_replicas as f64)
+        .single(&HASHED_LATER_TOTAL, counters.hashed_later as f64)
+        .single(&HASH_MISMATCHES_TOTAL, counters.hash_mismatches as f64)
+        .single(&SEGMENTS_GIVEN_UP_TOTAL, counters.segments_given_up as f64)
+        .single(&DEFERRED_BYTES, summary.deferred_bytes as f64)
+        .single(&EVICTED_OBJECTS_TOTAL, counters.evicted_objects as f64)
+        .single(&EVICTED_BYTES_TOTAL, counters.evicted_bytes as f64)
+        .single(&EVICTION_RUNS_TOTAL, counters.eviction_runs as f64)
+        .single(&EXPIRED_CLIENTS_TOTAL, counters.expired_clients as f64)
+        .single(&DROPPED_OBJECTS_TOTAL, counters.dropped_objects as f64)
+        .single(&RECLAIMED_PUTS_TOTAL, counters.reclaimed_puts as f64)
+        .single(&RESERVED_PUTS_TOTAL, counters.reserved_puts as f64)
+        .single(
+            &EXPIRED_RESERVATIONS_TOTAL,
+            counters.expired_reservations as f64,
+        )
+        .single(&ALLOC_FAILURES_TOTAL, counters.alloc_failures as f64)
+        .single(
+            &PARTIAL_ALLOCATIONS_TOTAL,
+            counters.partial_allocations as f64,
+        );
     shared.state.render(&mut p);
     shared.service.connections.render(&mut p, "rbgctl_master");
     if let Some(mooncake) = &shared.service.mooncake {
@@ -1060,46 +1056,25 @@ fn render_ha(shared: &Shared, now: Instant, p: &mut PromText) {
     let l = &shared.leadership;
     let role = l.role(now);
     let e = &shared.election;
-    p.family(
-        "rbgctl_master_ha_role",
-        "gauge",
-        "1 for this master's role: single (no HA), leader or standby.",
-    );
+    p.family(&HA_ROLE);
     for r in [Role::Single, Role::Leader, Role::Standby] {
-        p.sample(
-            "rbgctl_master_ha_role",
-            &[("role", r.name())],
-            (r == role) as u8 as f64,
-        );
+        p.sample(&HA_ROLE, &[("role", r.name())], (r == role) as u8 as f64);
     }
-    p.single(
-        "rbgctl_master_ha_epoch",
-        "gauge",
-        "Leadership epoch this master last led with (0: never led).",
-        l.epoch() as f64,
-    )
-    .single(
-        "rbgctl_master_ha_elections_won_total",
-        "counter",
-        "Elections this master won.",
-        e.elections_won.load(Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_ha_leadership_lost_total",
-        "counter",
-        "Times this master stopped leading without resigning (lease lost or ran out).",
-        e.leadership_lost.load(Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_ha_backend_errors_total",
-        "counter",
-        "Failed calls to the election backend.",
-        e.backend_errors.load(Relaxed) as f64,
-    )
-    .single(
-        "rbgctl_master_ha_last_takeover_seconds",
-        "gauge",
-        "At the last election this master won: seconds from seeing the leadership change to leading.",
-        e.last_takeover_ms.load(Relaxed) as f64 / 1000.0,
-    );
+    p.single(&HA_EPOCH, l.epoch() as f64)
+        .single(
+            &HA_ELECTIONS_WON_TOTAL,
+            e.elections_won.load(Relaxed) as f64,
+        )
+        .single(
+            &HA_LEADERSHIP_LOST_TOTAL,
+            e.leadership_lost.load(Relaxed) as f64,
+        )
+        .single(
+            &HA_BACKEND_ERRORS_TOTAL,
+            e.backend_errors.load(Relaxed) as f64,
+        )
+        .single(
+            &HA_LAST_TAKEOVER_SECONDS,
+            e.last_takeover_ms.load(Relaxed) as f64 / 1000.0,
+        );
 }

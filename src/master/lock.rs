@@ -4,10 +4,33 @@
 //! clients (`rbgctl bench master` reports them per phase).
 
 use super::state::MasterState;
+use crate::telemetry::Family;
 use crate::telemetry::PromText;
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
+
+// The `/metrics` families this file writes, each declared once.
+const STATE_LOCK_ACQUISITIONS_TOTAL: Family = Family::counter(
+    "rbgctl_master_state_lock_acquisitions_total",
+    "Times the master's state lock was taken (once per metadata operation).",
+);
+const STATE_LOCK_HELD_SECONDS_TOTAL: Family = Family::counter(
+    "rbgctl_master_state_lock_held_seconds_total",
+    "Time the master's state lock was held.",
+);
+const STATE_LOCK_LONGEST_HOLD_SECONDS: Family = Family::gauge(
+    "rbgctl_master_state_lock_longest_hold_seconds",
+    "The longest single hold of the master's state lock since start.",
+);
+const STATE_LOCK_LONG_HOLDS_TOTAL: Family = Family::counter(
+    "rbgctl_master_state_lock_long_holds_total",
+    "Times the master's state lock was held longer than 1 ms.",
+);
+const STATE_LOCK_WAIT_SECONDS_TOTAL: Family = Family::counter(
+    "rbgctl_master_state_lock_wait_seconds_total",
+    "Time spent waiting for the master's state lock.",
+);
 
 /// A hold longer than this is counted as long.
 pub const LONG_HOLD: Duration = Duration::from_millis(1);
@@ -103,36 +126,11 @@ impl StateLock {
 
     pub fn render(&self, p: &mut PromText) {
         let f = self.figures();
-        p.single(
-            "rbgctl_master_state_lock_acquisitions_total",
-            "counter",
-            "Times the master's state lock was taken (once per metadata operation).",
-            f.acquisitions as f64,
-        )
-        .single(
-            "rbgctl_master_state_lock_wait_seconds_total",
-            "counter",
-            "Time spent waiting for the master's state lock.",
-            f.wait.as_secs_f64(),
-        )
-        .single(
-            "rbgctl_master_state_lock_held_seconds_total",
-            "counter",
-            "Time the master's state lock was held.",
-            f.held.as_secs_f64(),
-        )
-        .single(
-            "rbgctl_master_state_lock_long_holds_total",
-            "counter",
-            "Times the master's state lock was held longer than 1 ms.",
-            f.long_holds as f64,
-        )
-        .single(
-            "rbgctl_master_state_lock_longest_hold_seconds",
-            "gauge",
-            "The longest single hold of the master's state lock since start.",
-            f.longest.as_secs_f64(),
-        );
+        p.single(&STATE_LOCK_ACQUISITIONS_TOTAL, f.acquisitions as f64)
+            .single(&STATE_LOCK_WAIT_SECONDS_TOTAL, f.wait.as_secs_f64())
+            .single(&STATE_LOCK_HELD_SECONDS_TOTAL, f.held.as_secs_f64())
+            .single(&STATE_LOCK_LONG_HOLDS_TOTAL, f.long_holds as f64)
+            .single(&STATE_LOCK_LONGEST_HOLD_SECONDS, f.longest.as_secs_f64());
     }
 }
 

@@ -20,6 +20,7 @@ use super::types::{
     client_status, error_code, GetReplicaListResponse, GetStorageConfigResponse, ObjectMeta,
     PingResponse, ReplicaDescriptor, ReplicateConfig, Segment, TaskAssignment, Uuid,
 };
+use crate::telemetry::Family;
 use crate::telemetry::PromText;
 use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
 use crate::transfer::message::{
@@ -32,6 +33,27 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+// The `/metrics` families this file writes, each declared once.
+const MOONCAKE_BAD_REQUESTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_mooncake_bad_requests_total",
+    "Mooncake requests refused: arguments that did not decode, an unknown version, a \
+             body over the limit.",
+);
+const MOONCAKE_CONNECTIONS_TOTAL: Family = Family::counter(
+    "rbgctl_master_mooncake_connections_total",
+    "Connections that spoke Mooncake's master RPC.",
+);
+const MOONCAKE_REQUESTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_mooncake_requests_total",
+    "Requests of Mooncake's master RPC, by RPC and result (ok, or error: a Mooncake \
+             error code in the answer).",
+);
+const MOONCAKE_UNSERVED_REQUESTS_TOTAL: Family = Family::counter(
+    "rbgctl_master_mooncake_unserved_requests_total",
+    "Mooncake requests for handlers rbgctl's master does not serve (answered coro_rpc's \
+             \"not registered\").",
+);
 
 /// Largest request body (and attachment) taken: Mooncake's largest requests are batches of a
 /// few hundred keys.
@@ -86,43 +108,21 @@ impl MooncakeMaster {
     /// Its figures, for the master's `/metrics`.
     pub fn render(&self, p: &mut PromText) {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
-        p.family(
-            "rbgctl_master_mooncake_requests_total",
-            "counter",
-            "Requests of Mooncake's master RPC, by RPC and result (ok, or error: a Mooncake \
-             error code in the answer).",
-        );
+        p.family(&MOONCAKE_REQUESTS_TOTAL);
         for (i, rpc) in Rpc::ALL.iter().enumerate() {
             for (result, c) in [("ok", &self.stats.ok[i]), ("error", &self.stats.failed[i])] {
                 if c.load(Ordering::Relaxed) > 0 {
                     p.sample(
-                        "rbgctl_master_mooncake_requests_total",
+                        &MOONCAKE_REQUESTS_TOTAL,
                         &[("rpc", rpc.name()), ("result", result)],
                         n(c),
                     );
                 }
             }
         }
-        p.single(
-            "rbgctl_master_mooncake_unserved_requests_total",
-            "counter",
-            "Mooncake requests for handlers rbgctl's master does not serve (answered coro_rpc's \
-             \"not registered\").",
-            n(&self.stats.unserved),
-        )
-        .single(
-            "rbgctl_master_mooncake_bad_requests_total",
-            "counter",
-            "Mooncake requests refused: arguments that did not decode, an unknown version, a \
-             body over the limit.",
-            n(&self.stats.bad),
-        )
-        .single(
-            "rbgctl_master_mooncake_connections_total",
-            "counter",
-            "Connections that spoke Mooncake's master RPC.",
-            n(&self.stats.connections),
-        );
+        p.single(&MOONCAKE_UNSERVED_REQUESTS_TOTAL, n(&self.stats.unserved))
+            .single(&MOONCAKE_BAD_REQUESTS_TOTAL, n(&self.stats.bad))
+            .single(&MOONCAKE_CONNECTIONS_TOTAL, n(&self.stats.connections));
     }
 }
 

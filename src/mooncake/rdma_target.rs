@@ -12,6 +12,7 @@
 use super::endpoints::{Admission, EndpointLimits, EndpointTable, Key};
 use super::handshake::{self, Connections};
 use super::rdma::{self, Connection, Descriptor, MTU_CEILING, PSN};
+use crate::telemetry::Family;
 use crate::telemetry::PromText;
 use crate::transfer::rdma::serve::{DeviceKeys, RdmaSegment};
 use crate::transfer::rdma::verbs::{Qp, QpEndpoint};
@@ -19,6 +20,30 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+// The `/metrics` families this file writes, each declared once.
+const MOONCAKE_RDMA_HANDSHAKES_REFUSED_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_rdma_handshakes_refused_total",
+    "Connection handshakes refused (a nic path or device not this store's, too many \
+             QPs, a malformed request).",
+);
+const MOONCAKE_RDMA_HANDSHAKES_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_rdma_handshakes_total",
+    "Connection handshakes of Mooncake's RDMA clients answered with QPs.",
+);
+const MOONCAKE_RDMA_QPS: Family = Family::gauge(
+    "rbgctl_store_mooncake_rdma_qps",
+    "QPs held for Mooncake's RDMA clients, by device.",
+);
+const MOONCAKE_RDMA_QPS_MADE_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_rdma_qps_made_total",
+    "QPs made for Mooncake's RDMA clients.",
+);
+const MOONCAKE_RDMA_SETS_DROPPED_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_rdma_sets_dropped_total",
+    "QP sets of Mooncake peers destroyed: replaced by a new handshake or to make room \
+             (replaced), or their peer no longer answering (gone).",
+);
 
 /// The memory location the descriptor names the segment's buffer by (Mooncake's topology key;
 /// every device serves it).
@@ -217,54 +242,25 @@ impl RdmaTarget {
     pub fn render(&self, p: &mut PromText) {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let per_device = self.table.lock().qps_per_device(self.devices.len());
-        p.family(
-            "rbgctl_store_mooncake_rdma_qps",
-            "gauge",
-            "QPs held for Mooncake's RDMA clients, by device.",
-        );
+        p.family(&MOONCAKE_RDMA_QPS);
         for (d, held) in self.devices.iter().zip(per_device) {
-            p.sample(
-                "rbgctl_store_mooncake_rdma_qps",
-                &[("device", &d.name)],
-                held as f64,
-            );
+            p.sample(&MOONCAKE_RDMA_QPS, &[("device", &d.name)], held as f64);
         }
         let s = &self.stats;
-        p.single(
-            "rbgctl_store_mooncake_rdma_handshakes_total",
-            "counter",
-            "Connection handshakes of Mooncake's RDMA clients answered with QPs.",
-            n(&s.handshakes),
-        )
-        .single(
-            "rbgctl_store_mooncake_rdma_handshakes_refused_total",
-            "counter",
-            "Connection handshakes refused (a nic path or device not this store's, too many \
-             QPs, a malformed request).",
-            n(&s.refused),
-        )
-        .single(
-            "rbgctl_store_mooncake_rdma_qps_made_total",
-            "counter",
-            "QPs made for Mooncake's RDMA clients.",
-            n(&s.made),
-        )
-        .family(
-            "rbgctl_store_mooncake_rdma_sets_dropped_total",
-            "counter",
-            "QP sets of Mooncake peers destroyed: replaced by a new handshake or to make room \
-             (replaced), or their peer no longer answering (gone).",
-        )
-        .sample(
-            "rbgctl_store_mooncake_rdma_sets_dropped_total",
-            &[("reason", "replaced")],
-            n(&s.replaced),
-        )
-        .sample(
-            "rbgctl_store_mooncake_rdma_sets_dropped_total",
-            &[("reason", "gone")],
-            n(&s.gone),
-        );
+        p.single(&MOONCAKE_RDMA_HANDSHAKES_TOTAL, n(&s.handshakes))
+            .single(&MOONCAKE_RDMA_HANDSHAKES_REFUSED_TOTAL, n(&s.refused))
+            .single(&MOONCAKE_RDMA_QPS_MADE_TOTAL, n(&s.made))
+            .family(&MOONCAKE_RDMA_SETS_DROPPED_TOTAL)
+            .sample(
+                &MOONCAKE_RDMA_SETS_DROPPED_TOTAL,
+                &[("reason", "replaced")],
+                n(&s.replaced),
+            )
+            .sample(
+                &MOONCAKE_RDMA_SETS_DROPPED_TOTAL,
+                &[("reason", "gone")],
+                n(&s.gone),
+            );
     }
 }
 

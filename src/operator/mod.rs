@@ -46,6 +46,7 @@ use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::PromText;
 
+use crate::telemetry::Family;
 pub use config::{OperatorArgs, OperatorConfig};
 use context::{Caches, Context, Kind, Queues};
 use informer::Source;
@@ -55,6 +56,41 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+// The `/metrics` families this file writes, each declared once.
+const API_REQUESTS_TOTAL: Family = Family::counter(
+    "rbgctl_operator_api_requests_total",
+    "Requests sent to the API server",
+);
+const GROUPS: Family = Family::gauge("rbgctl_operator_groups", "RoleBasedGroups in the cache");
+const GROUP_SETS: Family = Family::gauge(
+    "rbgctl_operator_group_sets",
+    "RoleBasedGroupSets in the cache",
+);
+const IS_LEADER: Family = Family::gauge(
+    "rbgctl_operator_is_leader",
+    "1 while this replica holds the lease",
+);
+const POD_ACTIONS_TOTAL: Family =
+    Family::counter("rbgctl_operator_pod_actions_total", "Pod writes by action");
+const QUEUE_DEPTH: Family = Family::gauge(
+    "rbgctl_operator_queue_depth",
+    "Keys waiting for a reconcile, by kind",
+);
+const RECONCILES_TOTAL: Family = Family::counter(
+    "rbgctl_operator_reconciles_total",
+    "Reconciles run, by kind (group, adapter, set)",
+);
+const RECONCILE_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_operator_reconcile_errors_total",
+    "Reconciles that failed (retried with backoff)",
+);
+const SCALING_ADAPTERS: Family = Family::gauge(
+    "rbgctl_operator_scaling_adapters",
+    "RoleBasedGroupScalingAdapters in the cache",
+);
+const STATUS_WRITES_TOTAL: Family =
+    Family::counter("rbgctl_operator_status_writes_total", "Group status writes");
 
 fn identity(args: &OperatorConfig) -> String {
     args.identity.clone().unwrap_or_else(|| {
@@ -416,105 +452,58 @@ fn start_metrics(
                 let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
                 let mut p = PromText::new();
                 p.single(
-                    "rbgctl_operator_is_leader",
-                    "gauge",
-                    "1 while this replica holds the lease",
+                    &IS_LEADER,
                     if leader.load(Ordering::Acquire) {
                         1.0
                     } else {
                         0.0
                     },
                 );
-                p.family(
-                    "rbgctl_operator_reconciles_total",
-                    "counter",
-                    "Reconciles run, by kind (group, adapter, set)",
-                );
+                p.family(&RECONCILES_TOTAL);
                 for (kind, n) in [
                     (Kind::Group, &m.reconciles),
                     (Kind::Adapter, &m.adapter_reconciles),
                     (Kind::Set, &m.set_reconciles),
                 ] {
-                    p.sample(
-                        "rbgctl_operator_reconciles_total",
-                        &[("kind", kind.label())],
-                        l(n),
-                    );
+                    p.sample(&RECONCILES_TOTAL, &[("kind", kind.label())], l(n));
                 }
-                p.single(
-                    "rbgctl_operator_reconcile_errors_total",
-                    "counter",
-                    "Reconciles that failed (retried with backoff)",
-                    l(&m.errors),
-                );
-                p.family(
-                    "rbgctl_operator_queue_depth",
-                    "gauge",
-                    "Keys waiting for a reconcile, by kind",
-                );
+                p.single(&RECONCILE_ERRORS_TOTAL, l(&m.errors));
+                p.family(&QUEUE_DEPTH);
                 for kind in Kind::ALL {
                     p.sample(
-                        "rbgctl_operator_queue_depth",
+                        &QUEUE_DEPTH,
                         &[("kind", kind.label())],
                         ctl.queues.of(kind).len() as f64,
                     );
                 }
-                p.single(
-                    "rbgctl_operator_groups",
-                    "gauge",
-                    "RoleBasedGroups in the cache",
-                    ctl.caches.groups.len() as f64,
-                );
-                p.single(
-                    "rbgctl_operator_scaling_adapters",
-                    "gauge",
-                    "RoleBasedGroupScalingAdapters in the cache",
-                    ctl.caches.adapters.len() as f64,
-                );
-                p.single(
-                    "rbgctl_operator_group_sets",
-                    "gauge",
-                    "RoleBasedGroupSets in the cache",
-                    ctl.caches.sets.len() as f64,
-                );
-                p.family(
-                    "rbgctl_operator_pod_actions_total",
-                    "counter",
-                    "Pod writes by action",
-                );
+                p.single(&GROUPS, ctl.caches.groups.len() as f64);
+                p.single(&SCALING_ADAPTERS, ctl.caches.adapters.len() as f64);
+                p.single(&GROUP_SETS, ctl.caches.sets.len() as f64);
+                p.family(&POD_ACTIONS_TOTAL);
                 p.sample(
-                    "rbgctl_operator_pod_actions_total",
+                    &POD_ACTIONS_TOTAL,
                     &[("action", "create")],
                     l(&m.pods_created),
                 );
                 p.sample(
-                    "rbgctl_operator_pod_actions_total",
+                    &POD_ACTIONS_TOTAL,
                     &[("action", "delete")],
                     l(&m.pods_deleted),
                 );
                 p.sample(
-                    "rbgctl_operator_pod_actions_total",
+                    &POD_ACTIONS_TOTAL,
                     &[("action", "inplace")],
                     l(&m.pods_inplace),
                 );
-                p.single(
-                    "rbgctl_operator_status_writes_total",
-                    "counter",
-                    "Group status writes",
-                    l(&m.status_writes),
-                );
-                p.family(
-                    "rbgctl_operator_api_requests_total",
-                    "counter",
-                    "Requests sent to the API server",
-                );
+                p.single(&STATUS_WRITES_TOTAL, l(&m.status_writes));
+                p.family(&API_REQUESTS_TOTAL);
                 p.sample(
-                    "rbgctl_operator_api_requests_total",
+                    &API_REQUESTS_TOTAL,
                     &[("kind", "read")],
                     ctl.kube.stats.reads.load(Ordering::Relaxed) as f64,
                 );
                 p.sample(
-                    "rbgctl_operator_api_requests_total",
+                    &API_REQUESTS_TOTAL,
                     &[("kind", "write")],
                     ctl.kube.stats.writes.load(Ordering::Relaxed) as f64,
                 );

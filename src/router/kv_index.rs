@@ -11,14 +11,37 @@ use crate::kv_events::{Index, Sink, Source, SourceId, SourceStats, Subscription}
 use crate::router::policy::tree::Tenant;
 use crate::router::policy::{HeldPrefix, PrefixView, TextForm};
 use crate::router::tokenize::{ids_of_token_text, parse_ids};
+use crate::telemetry::Family;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 
-/// A per-worker metric family: name, help, and its value from a subscription's account.
-type Family = (&'static str, &'static str, fn(&SourceStats) -> f64);
+// The `/metrics` families this file writes, each declared once.
+const KV_INDEX_BLOCKS: Family = Family::gauge(
+    "rbgctl_router_kv_index_blocks",
+    "Blocks the global KV index holds (any worker, any tier).",
+);
+const KV_INDEX_CAPACITY_BLOCKS: Family = Family::gauge(
+    "rbgctl_router_kv_index_capacity_blocks",
+    "Blocks the index's byte budget holds.",
+);
+const KV_INDEX_EVICTED_TOTAL: Family = Family::counter(
+    "rbgctl_router_kv_index_evicted_total",
+    "Blocks dropped because the index was full (the one stored longest ago).",
+);
+const KV_INDEX_WORKERS_FOLLOWED: Family = Family::gauge(
+    "rbgctl_router_kv_index_workers_followed",
+    "Workers whose KV events are followed.",
+);
+const KV_INDEX_WORKERS_UNFOLLOWED: Family = Family::gauge(
+    "rbgctl_router_kv_index_workers_unfollowed",
+    "Workers whose KV events could not be followed yet (tried again, at most every 30 s).",
+);
+
+/// A per-worker metric family and its value from a subscription's account.
+type PerWorker = (Family<'static>, fn(&SourceStats) -> f64);
 
 /// Default byte budget of the index.
 pub const DEFAULT_BUDGET: usize = 256 << 20;
@@ -403,91 +426,71 @@ impl KvIndex {
             let ix = self.index.lock();
             (ix.len(), ix.capacity(), ix.stats)
         };
-        p.family(
-            "rbgctl_router_kv_index_blocks",
-            "gauge",
-            "Blocks the global KV index holds (any worker, any tier).",
-        )
-        .sample("rbgctl_router_kv_index_blocks", &[], blocks as f64);
-        p.family(
-            "rbgctl_router_kv_index_capacity_blocks",
-            "gauge",
-            "Blocks the index's byte budget holds.",
-        )
-        .sample(
-            "rbgctl_router_kv_index_capacity_blocks",
-            &[],
-            capacity as f64,
-        );
-        p.family(
-            "rbgctl_router_kv_index_evicted_total",
-            "counter",
-            "Blocks dropped because the index was full (the one stored longest ago).",
-        )
-        .sample(
-            "rbgctl_router_kv_index_evicted_total",
-            &[],
-            stats.evicted as f64,
-        );
-        p.family(
-            "rbgctl_router_kv_index_workers_unfollowed",
-            "gauge",
-            "Workers whose KV events could not be followed yet (tried again, at most every 30 s).",
-        )
-        .sample(
-            "rbgctl_router_kv_index_workers_unfollowed",
-            &[],
-            self.unfollowed() as f64,
-        );
+        p.single(&KV_INDEX_BLOCKS, blocks as f64);
+        p.single(&KV_INDEX_CAPACITY_BLOCKS, capacity as f64);
+        p.single(&KV_INDEX_EVICTED_TOTAL, stats.evicted as f64);
+        p.single(&KV_INDEX_WORKERS_UNFOLLOWED, self.unfollowed() as f64);
         let followed = self.followed.lock();
-        p.family(
-            "rbgctl_router_kv_index_workers_followed",
-            "gauge",
-            "Workers whose KV events are followed.",
-        )
-        .sample(
-            "rbgctl_router_kv_index_workers_followed",
-            &[],
-            followed.len() as f64,
-        );
-        let families: [Family; 6] = [
-            ("rbgctl_router_kv_event_catch_up_seconds", "How long catching up a worker's events from its replay buffer took when it was first followed.", |s| {
-                s.sync_ms.load(Ordering::Relaxed) as f64 / 1000.0
-            }),
-            ("rbgctl_router_kv_events_total", "KV events applied, by worker.", |s| {
-                s.events.load(Ordering::Relaxed) as f64
-            }),
-            ("rbgctl_router_kv_event_gaps_total", "Gaps in a worker's event sequence (missed messages, a restart, a late start).", |s| {
-                s.gaps.load(Ordering::Relaxed) as f64
-            }),
-            ("rbgctl_router_kv_event_replays_total", "Gaps a replay filled.", |s| {
-                s.replayed.load(Ordering::Relaxed) as f64
-            }),
-            ("rbgctl_router_kv_event_losses_total", "Gaps no replay could fill (the worker's blocks were forgotten).", |s| {
-                s.lost.load(Ordering::Relaxed) as f64
-            }),
-            ("rbgctl_router_kv_events_in_step", "1 while a worker's events are followed whole, else 0 (precise_prefix falls back for it).", |s| {
-                u8::from(s.in_step.load(Ordering::Relaxed)) as f64
-            }),
+        p.single(&KV_INDEX_WORKERS_FOLLOWED, followed.len() as f64);
+        let families: [PerWorker; 6] = [
+            (
+                Family::gauge(
+                    "rbgctl_router_kv_event_catch_up_seconds",
+                    "How long catching up a worker's events from its replay buffer took when it \
+                     was first followed.",
+                ),
+                |s| s.sync_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+            ),
+            (
+                Family::counter(
+                    "rbgctl_router_kv_events_total",
+                    "KV events applied, by worker.",
+                ),
+                |s| s.events.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                Family::counter(
+                    "rbgctl_router_kv_event_gaps_total",
+                    "Gaps in a worker's event sequence (missed messages, a restart, a late start).",
+                ),
+                |s| s.gaps.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                Family::counter(
+                    "rbgctl_router_kv_event_replays_total",
+                    "Gaps a replay filled.",
+                ),
+                |s| s.replayed.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                Family::counter(
+                    "rbgctl_router_kv_event_losses_total",
+                    "Gaps no replay could fill (the worker's blocks were forgotten).",
+                ),
+                |s| s.lost.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                Family::gauge(
+                    "rbgctl_router_kv_events_in_step",
+                    "1 while a worker's events are followed whole, else 0 (precise_prefix falls \
+                     back for it).",
+                ),
+                |s| u8::from(s.in_step.load(Ordering::Relaxed)) as f64,
+            ),
         ];
-        for (name, help, value) in families {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            p.family(name, kind, help);
+        for (family, value) in families {
+            p.family(&family);
             for (url, f) in followed.iter() {
                 for r in &f.ranks {
                     let rank = r.rank.to_string();
                     let labels = [("worker", &**url), ("dp_rank", &rank)];
-                    p.sample(name, &labels, value(&r.subscription.stats));
+                    p.sample(&family, &labels, value(&r.subscription.stats));
                 }
             }
             if let Some((_, endpoint, s)) = &*self.pool.lock() {
                 let source = format!("pool {endpoint}");
                 p.sample(
-                    name,
+                    &family,
                     &[("worker", &source), ("dp_rank", "0")],
                     value(&s.stats),
                 );

@@ -4,12 +4,96 @@
 use crate::router::config::BreakerConfig;
 use crate::router::request::Endpoint;
 use crate::router::worker::{Worker, WorkerType};
+use crate::telemetry::Family;
 use crate::telemetry::{Histogram, PromText};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+// The `/metrics` families this file writes, each declared once.
+const AUTH_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_router_auth_failures_total",
+    "Requests refused for a missing or wrong API key.",
+);
+const DISCOVERY_FILE_REJECTED_TOTAL: Family = Family::counter(
+    "rbgctl_router_discovery_file_rejected_total",
+    "Reads of the RBG discovery file that were unreadable or invalid (the known workers were kept).",
+);
+const HTTP_CONNECTIONS_ACTIVE: Family = Family::gauge(
+    "smg_http_connections_active",
+    "Open HTTP connections to the router's API.",
+);
+const HTTP_RATE_LIMIT_TOTAL: Family = Family::counter(
+    "smg_http_rate_limit_total",
+    "Requests turned away by the concurrency limit.",
+);
+const HTTP_REQUESTS_TOTAL: Family = Family::counter(
+    "smg_http_requests_total",
+    "HTTP requests answered, by method and route.",
+);
+const HTTP_REQUEST_DURATION_SECONDS: Family = Family::histogram(
+    "smg_http_request_duration_seconds",
+    "Time from a request's arrival to its response headers, by method and route.",
+);
+const HTTP_RESPONSES_TOTAL: Family = Family::counter(
+    "smg_http_responses_total",
+    "HTTP responses, by status and error code (empty for successes).",
+);
+const PD_DISPATCHES_TOTAL: Family = Family::counter(
+    "rbgctl_router_pd_dispatches_total",
+    "Requests sent to a prefill and a decode worker together.",
+);
+const QUEUED_REQUESTS: Family = Family::gauge(
+    "rbgctl_router_queued_requests",
+    "Requests waiting for a concurrency slot.",
+);
+const ROUTER_REQUESTS_TOTAL: Family = Family::counter(
+    "smg_router_requests_total",
+    "Inference requests received, by model, endpoint and streaming.",
+);
+const ROUTER_REQUEST_DURATION_SECONDS: Family = Family::histogram(
+    "smg_router_request_duration_seconds",
+    "Time from a request's arrival to the worker's response headers.",
+);
+const ROUTER_REQUEST_ERRORS_TOTAL: Family = Family::counter(
+    "smg_router_request_errors_total",
+    "Requests answered with an error, by endpoint and kind.",
+);
+const ROUTER_UPSTREAM_RESPONSES_TOTAL: Family = Family::counter(
+    "smg_router_upstream_responses_total",
+    "Worker answers, by status code.",
+);
+const RUNNING_REQUESTS: Family = Family::gauge(
+    "rbgctl_router_running_requests",
+    "Requests holding a concurrency slot (0 when unlimited).",
+);
+const STREAM_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_router_stream_errors_total",
+    "Streams cut by their worker after the response had started.",
+);
+const VLLM_KV_TRANSFER_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_router_vllm_kv_transfer_failures_total",
+    "vLLM prefill/decode requests whose KV transfer could not be set up (answered with an error, never recomputed).",
+);
+const VLLM_PD_LEGS_CANCELLED_TOTAL: Family = Family::counter(
+    "rbgctl_router_vllm_pd_legs_cancelled_total",
+    "vLLM prefill/decode requests where one leg failed and the other was cancelled.",
+);
+const VLLM_PD_N_REFUSED_TOTAL: Family = Family::counter(
+    "rbgctl_router_vllm_pd_n_refused_total",
+    "vLLM prefill/decode requests refused for asking n > 1.",
+);
+const WORKER_POOL_SIZE: Family = Family::gauge("smg_worker_pool_size", "Registered workers.");
+const WORKER_RETRIES_EXHAUSTED_TOTAL: Family = Family::counter(
+    "smg_worker_retries_exhausted_total",
+    "Requests that failed after every retry.",
+);
+const WORKER_RETRIES_TOTAL: Family = Family::counter(
+    "smg_worker_retries_total",
+    "Attempts repeated on a worker chosen anew.",
+);
 
 /// Upper bounds of the duration histograms unless `--prometheus-duration-buckets` says.
 pub const BUCKETS_S: [f64; 14] = [
@@ -235,31 +319,22 @@ impl HttpMetrics {
                 by_method.iter().map(move |(m, s)| (path.as_str(), *m, s))
             })
             .collect();
-        p.family(
-            "smg_http_requests_total",
-            "counter",
-            "HTTP requests answered, by method and route.",
-        );
+        p.family(&HTTP_REQUESTS_TOTAL);
         for (path, method, s) in &routes {
             p.sample(
-                "smg_http_requests_total",
+                &HTTP_REQUESTS_TOTAL,
                 &[("method", method), ("path", path)],
                 s.requests.load(Ordering::Relaxed) as f64,
             );
         }
         for (path, method, s) in &routes {
             p.histogram(
-                "smg_http_request_duration_seconds",
-                "Time from a request's arrival to its response headers, by method and route.",
+                &HTTP_REQUEST_DURATION_SECONDS,
                 &[("method", method), ("path", path)],
                 &s.duration,
             );
         }
-        p.family(
-            "smg_http_responses_total",
-            "counter",
-            "HTTP responses, by status and error code (empty for successes).",
-        );
+        p.family(&HTTP_RESPONSES_TOTAL);
         let mut responses = self.error_responses.lock().clone();
         for (status, n) in self.ok_responses.seen() {
             responses
@@ -270,16 +345,14 @@ impl HttpMetrics {
         for (status, by_code) in &responses {
             for (code, n) in by_code {
                 p.sample(
-                    "smg_http_responses_total",
+                    &HTTP_RESPONSES_TOTAL,
                     &[("status_code", &status.to_string()), ("error_code", code)],
                     *n as f64,
                 );
             }
         }
         p.single(
-            "smg_http_connections_active",
-            "gauge",
-            "Open HTTP connections to the router's API.",
+            &HTTP_CONNECTIONS_ACTIVE,
             self.connections.load(Ordering::Relaxed) as f64,
         );
     }
@@ -353,11 +426,7 @@ impl Metrics {
         let mut p = PromText::new();
         const ENDPOINTS: [Endpoint; 7] = Endpoint::ALL;
         let l = self.labels;
-        p.family(
-            "smg_router_requests_total",
-            "counter",
-            "Inference requests received, by model, endpoint and streaming.",
-        );
+        p.family(&ROUTER_REQUESTS_TOTAL);
         for (model, counts) in self.by_model.read().iter() {
             for (e, by_stream) in ENDPOINTS.iter().zip(counts) {
                 for (stream, n) in [false, true].into_iter().zip(by_stream) {
@@ -366,7 +435,7 @@ impl Metrics {
                         continue;
                     }
                     p.sample(
-                        "smg_router_requests_total",
+                        &ROUTER_REQUESTS_TOTAL,
                         &[
                             ("router_type", l.router_type),
                             ("backend_type", l.backend_type),
@@ -380,22 +449,17 @@ impl Metrics {
                 }
             }
         }
-        p.family(
-            "smg_router_upstream_responses_total",
-            "counter",
-            "Worker answers, by status code.",
-        );
+        p.family(&ROUTER_UPSTREAM_RESPONSES_TOTAL);
         for (code, n) in self.upstream.seen() {
             p.sample(
-                "smg_router_upstream_responses_total",
+                &ROUTER_UPSTREAM_RESPONSES_TOTAL,
                 &[("status_code", &code.to_string())],
                 n as f64,
             );
         }
         for e in ENDPOINTS {
             p.histogram(
-                "smg_router_request_duration_seconds",
-                "Time from a request's arrival to the worker's response headers.",
+                &ROUTER_REQUEST_DURATION_SECONDS,
                 &[
                     ("router_type", l.router_type),
                     ("backend_type", l.backend_type),
@@ -404,14 +468,10 @@ impl Metrics {
                 &self.duration.0[e.index()],
             );
         }
-        p.family(
-            "smg_router_request_errors_total",
-            "counter",
-            "Requests answered with an error, by endpoint and kind.",
-        );
+        p.family(&ROUTER_REQUEST_ERRORS_TOTAL);
         for ((e, kind), n) in self.errors.lock().iter() {
             p.sample(
-                "smg_router_request_errors_total",
+                &ROUTER_REQUEST_ERRORS_TOTAL,
                 &[
                     ("router_type", l.router_type),
                     ("endpoint", e),
@@ -421,159 +481,95 @@ impl Metrics {
             );
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        p.single(&WORKER_RETRIES_TOTAL, load(&self.retries));
         p.single(
-            "smg_worker_retries_total",
-            "counter",
-            "Attempts repeated on a worker chosen anew.",
-            load(&self.retries),
-        );
-        p.single(
-            "smg_worker_retries_exhausted_total",
-            "counter",
-            "Requests that failed after every retry.",
+            &WORKER_RETRIES_EXHAUSTED_TOTAL,
             load(&self.retries_exhausted),
         );
-        p.family(
-            "smg_http_rate_limit_total",
-            "counter",
-            "Requests turned away by the concurrency limit.",
-        );
+        p.family(&HTTP_RATE_LIMIT_TOTAL);
         p.sample(
-            "smg_http_rate_limit_total",
+            &HTTP_RATE_LIMIT_TOTAL,
             &[("decision", "rejected_queue_full")],
             load(&self.rate_limited_429),
         );
         p.sample(
-            "smg_http_rate_limit_total",
+            &HTTP_RATE_LIMIT_TOTAL,
             &[("decision", "rejected_queue_timeout")],
             load(&self.queue_timeouts_408),
         );
+        p.single(&RUNNING_REQUESTS, running as f64);
+        p.single(&QUEUED_REQUESTS, queued as f64);
+        p.single(&STREAM_ERRORS_TOTAL, load(&self.stream_errors));
+        p.single(&PD_DISPATCHES_TOTAL, load(&self.pd_dispatches));
+        p.single(&VLLM_PD_N_REFUSED_TOTAL, load(&self.vllm_pd_n_refused));
         p.single(
-            "rbgctl_router_running_requests",
-            "gauge",
-            "Requests holding a concurrency slot (0 when unlimited).",
-            running as f64,
-        );
-        p.single(
-            "rbgctl_router_queued_requests",
-            "gauge",
-            "Requests waiting for a concurrency slot.",
-            queued as f64,
-        );
-        p.single(
-            "rbgctl_router_stream_errors_total",
-            "counter",
-            "Streams cut by their worker after the response had started.",
-            load(&self.stream_errors),
-        );
-        p.single(
-            "rbgctl_router_pd_dispatches_total",
-            "counter",
-            "Requests sent to a prefill and a decode worker together.",
-            load(&self.pd_dispatches),
-        );
-        p.single(
-            "rbgctl_router_vllm_pd_n_refused_total",
-            "counter",
-            "vLLM prefill/decode requests refused for asking n > 1.",
-            load(&self.vllm_pd_n_refused),
-        );
-        p.single(
-            "rbgctl_router_vllm_kv_transfer_failures_total",
-            "counter",
-            "vLLM prefill/decode requests whose KV transfer could not be set up (answered with an error, never recomputed).",
+            &VLLM_KV_TRANSFER_FAILURES_TOTAL,
             load(&self.vllm_kv_transfer_failures),
         );
         p.single(
-            "rbgctl_router_vllm_pd_legs_cancelled_total",
-            "counter",
-            "vLLM prefill/decode requests where one leg failed and the other was cancelled.",
+            &VLLM_PD_LEGS_CANCELLED_TOTAL,
             load(&self.vllm_pd_legs_cancelled),
         );
+        p.single(&AUTH_FAILURES_TOTAL, load(&self.auth_failures));
         p.single(
-            "rbgctl_router_auth_failures_total",
-            "counter",
-            "Requests refused for a missing or wrong API key.",
-            load(&self.auth_failures),
-        );
-        p.single(
-            "rbgctl_router_discovery_file_rejected_total",
-            "counter",
-            "Reads of the RBG discovery file that were unreadable or invalid (the known workers were kept).",
+            &DISCOVERY_FILE_REJECTED_TOTAL,
             load(&self.discovery_rejected),
         );
-        p.single(
-            "smg_worker_pool_size",
-            "gauge",
-            "Registered workers.",
-            workers.len() as f64,
-        );
-        type Col = (&'static str, &'static str, &'static str);
+        p.single(&WORKER_POOL_SIZE, workers.len() as f64);
+        type Col = Family<'static>;
         let cols: [Col; 12] = [
-            (
+            Family::gauge(
                 "smg_worker_health",
-                "gauge",
                 "1 if the worker passes its health checks.",
             ),
-            (
+            Family::gauge(
                 "smg_worker_requests_active",
-                "gauge",
                 "Requests in flight on the worker.",
             ),
-            (
+            Family::counter(
                 "smg_worker_requests_total",
-                "counter",
                 "Requests sent to the worker.",
             ),
-            (
+            Family::counter(
                 "smg_worker_errors_total",
-                "counter",
                 "Failed requests on the worker.",
             ),
-            (
+            Family::gauge(
                 "smg_worker_cb_state",
-                "gauge",
                 "Circuit state: 0 closed, 1 open, 2 half-open.",
             ),
-            (
+            Family::gauge(
                 "smg_worker_cb_consecutive_failures",
-                "gauge",
                 "Consecutive failures.",
             ),
-            (
+            Family::gauge(
                 "smg_worker_cb_consecutive_successes",
-                "gauge",
                 "Consecutive successes.",
             ),
-            (
+            Family::counter(
                 "smg_worker_health_checks_total",
-                "counter",
                 "Health checks, by result.",
             ),
-            (
+            Family::counter(
                 "smg_worker_cb_transitions_total",
-                "counter",
                 "Circuit state changes, by new state.",
             ),
-            (
+            Family::counter(
                 "smg_worker_selection_total",
-                "counter",
                 "Times the load balancer chose the worker, by policy.",
             ),
-            (
+            Family::counter(
                 "smg_worker_cb_outcomes_total",
-                "counter",
                 "Outcomes the circuit breaker counted, by outcome.",
             ),
-            (
+            Family::gauge(
                 "rbgctl_router_worker_queued_prefill_tokens",
-                "gauge",
                 "Prompt tokens predicted_ttft sent the worker to compute whose first byte has not come back.",
             ),
         ];
         let now = Instant::now();
-        for (i, (name, kind, help)) in cols.iter().enumerate() {
-            p.family(name, kind, help);
+        for (i, family) in cols.iter().enumerate() {
+            p.family(family);
             for w in workers {
                 let url = &*w.url;
                 let t = w.worker_type.name();
@@ -581,56 +577,56 @@ impl Metrics {
                 let c = &w.counters;
                 let (fails, succs) = w.circuit_counts();
                 match i {
-                    0 => p.sample(name, &base, w.healthy() as u8 as f64),
-                    1 => p.sample(name, &base, w.load() as f64),
-                    2 => p.sample(name, &base, load(&c.requests)),
-                    3 => p.sample(name, &base, load(&c.errors)),
-                    4 => p.sample(name, &base, w.circuit(cb, now).gauge()),
-                    5 => p.sample(name, &base, fails as f64),
-                    6 => p.sample(name, &base, succs as f64),
+                    0 => p.sample(family, &base, w.healthy() as u8 as f64),
+                    1 => p.sample(family, &base, w.load() as f64),
+                    2 => p.sample(family, &base, load(&c.requests)),
+                    3 => p.sample(family, &base, load(&c.errors)),
+                    4 => p.sample(family, &base, w.circuit(cb, now).gauge()),
+                    5 => p.sample(family, &base, fails as f64),
+                    6 => p.sample(family, &base, succs as f64),
                     7 => {
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("result", "ok")],
                             load(&c.health_checks_ok),
                         );
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("result", "failed")],
                             load(&c.health_checks_failed),
                         )
                     }
                     9 => p.sample(
-                        name,
+                        family,
                         &[base[0], base[1], ("policy", policy_of(w.worker_type))],
                         load(&c.selected),
                     ),
                     10 => {
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("outcome", "success")],
                             load(&c.cb_successes),
                         );
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("outcome", "failure")],
                             load(&c.cb_failures),
                         )
                     }
-                    11 => p.sample(name, &base, w.queued_prefill_total() as f64),
+                    11 => p.sample(family, &base, w.queued_prefill_total() as f64),
                     _ => {
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("to", "open")],
                             load(&c.cb_opened),
                         );
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("to", "half_open")],
                             load(&c.cb_half_opened),
                         );
                         p.sample(
-                            name,
+                            family,
                             &[base[0], base[1], ("to", "closed")],
                             load(&c.cb_closed),
                         )

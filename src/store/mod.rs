@@ -16,6 +16,7 @@ pub mod tier;
 
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
+use crate::telemetry::Family;
 use crate::telemetry::{OpStats, PromText};
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{SegmentInfo, Tier};
@@ -33,6 +34,186 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+// The `/metrics` families this file writes, each declared once.
+const CHECKSUM_MISMATCHES_TOTAL: Family = Family::counter(
+    "rbgctl_store_checksum_mismatches_total",
+    "Checked writes refused: their bytes did not match the CRC-32C their writer sent.",
+);
+const DEMOTED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_demoted_bytes_total",
+    "Bytes copied from memory to the disk tier.",
+);
+const DEMOTIONS_TOTAL: Family = Family::counter(
+    "rbgctl_store_demotions_total",
+    "Objects copied from memory to the disk tier.",
+);
+const DISK_CHECKSUM_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_checksum_failures_total",
+    "Moves refused because the source bytes failed their checksum.",
+);
+const DISK_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_errors_total",
+    "Disk tier reads and writes the filesystem failed.",
+);
+const DISK_INDEX_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_index_errors_total",
+    "Disk tier index writes that failed.",
+);
+const DISK_READS_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_reads_total",
+    "Reads served from the disk tier.",
+);
+const DISK_READ_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_read_bytes_total",
+    "Payload bytes read from the disk tier.",
+);
+const DISK_STALE_READS_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_stale_reads_total",
+    "Version-checked disk tier reads refused (stale location or no lease).",
+);
+const DISK_TIER_BYTES: Family = Family::gauge(
+    "rbgctl_store_disk_tier_bytes",
+    "Bytes of the disk tier's file.",
+);
+const DISK_TIER_DIRECT_IO: Family = Family::gauge(
+    "rbgctl_store_disk_tier_direct_io",
+    "1 when the disk tier bypasses the page cache (O_DIRECT).",
+);
+const DISK_TIER_MOUNTED: Family = Family::gauge(
+    "rbgctl_store_disk_tier_mounted",
+    "1 while the master has the disk tier's segment mounted.",
+);
+const DISK_TIER_RECORDS: Family = Family::gauge(
+    "rbgctl_store_disk_tier_records",
+    "Objects the disk tier holds a record of.",
+);
+const DISK_UNGRANTED_TOTAL: Family = Family::counter(
+    "rbgctl_store_disk_ungranted_total",
+    "Moves and forgets to the disk tier refused: not tagged by the master.",
+);
+const HASHED_LATER_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_hashed_later_bytes_total",
+    "Bytes hashed after their put was answered.",
+);
+const HASHED_LATER_OBJECTS_TOTAL: Family = Family::counter(
+    "rbgctl_store_hashed_later_objects_total",
+    "Objects hashed after their put was answered.",
+);
+const HASHES_REPORTED_TOTAL: Family = Family::counter(
+    "rbgctl_store_hashes_reported_total",
+    "Checksums of objects hashed after their put sent to the master.",
+);
+const HASH_REPORT_FAILURES_TOTAL: Family = Family::counter(
+    "rbgctl_store_hash_report_failures_total",
+    "Requests carrying such checksums that the master did not answer (it keeps those objects unhashed).",
+);
+const INDEX_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_store_index_errors_total",
+    "Index writes that failed (the request failed with them).",
+);
+const INDEX_RECORDS: Family = Family::gauge(
+    "rbgctl_store_index_records",
+    "Objects the store has a record of (in its durable index when persistent).",
+);
+const MOUNTED: Family = Family::gauge(
+    "rbgctl_store_mounted",
+    "1 while the master has the segment mounted.",
+);
+const PERSISTENT: Family = Family::gauge(
+    "rbgctl_store_persistent",
+    "1 when objects are kept across restarts.",
+);
+const PROMOTED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_promoted_bytes_total",
+    "Bytes copied from the disk tier back to memory.",
+);
+const PROMOTIONS_TOTAL: Family = Family::counter(
+    "rbgctl_store_promotions_total",
+    "Objects copied from the disk tier back to memory.",
+);
+const RDMA_DEVICE_QUEUE_PAIRS_TOTAL: Family = Family::counter(
+    "rbgctl_store_rdma_device_queue_pairs_total",
+    "RDMA queue pairs connected for clients, by the device (NIC) they use.",
+);
+const RDMA_QUEUE_PAIRS_TOTAL: Family = Family::counter(
+    "rbgctl_store_rdma_queue_pairs_total",
+    "RDMA queue pairs connected for clients (each lives as long as its TCP connection).",
+);
+const RDMA_SEALED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_rdma_sealed_bytes_total",
+    "Bytes clients wrote into the segment with RDMA WRITE, checked against their CRC-32C \
+             and recorded.",
+);
+const READ_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_read_bytes_total",
+    "Payload bytes read from the segment.",
+);
+const READ_LEASE: Family = Family::gauge(
+    "rbgctl_store_read_lease",
+    "1 while the master's lease lets this store answer reads of cached locations.",
+);
+const RECOVERED_OBJECTS: Family = Family::gauge(
+    "rbgctl_store_recovered_objects",
+    "Objects kept from the previous run at start-up.",
+);
+const RECOVERY_CORRUPT_OBJECTS: Family = Family::gauge(
+    "rbgctl_store_recovery_corrupt_objects",
+    "Objects dropped at start-up because their bytes failed the checksum.",
+);
+const RECOVERY_SECONDS: Family = Family::gauge(
+    "rbgctl_store_recovery_seconds",
+    "Time to open, map and verify the persistent segment at start-up.",
+);
+const SEALED_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_sealed_bytes_total",
+    "Bytes same-host clients copied into the segment through shared memory and reported \
+             (persistent stores; a non-persistent store is not told of such copies).",
+);
+const SEGMENT_BYTES: Family =
+    Family::gauge("rbgctl_store_segment_bytes", "Bytes of memory contributed.");
+const SEGMENT_PREFAULTED_BYTES: Family = Family::gauge(
+    "rbgctl_store_segment_prefaulted_bytes",
+    "Bytes of the segment whose pages are faulted in (done in the background after start).",
+);
+const SEGMENT_PREFAULT_ENDED: Family = Family::gauge(
+    "rbgctl_store_segment_prefault_ended",
+    "1 once the background prefault has finished (all pages, or as far as the kernel allows), or when none runs (prefault = false).",
+);
+const STALE_READS_TOTAL: Family = Family::counter(
+    "rbgctl_store_stale_reads_total",
+    "Reads of a cached location refused (the version moved, or no lease): the client \
+             asked the master instead.",
+);
+const STALE_WRITES_TOTAL: Family = Family::counter(
+    "rbgctl_store_stale_writes_total",
+    "Writes refused because an earlier master (restarted or deposed) started their put; \
+             the client starts it again.",
+);
+const SUPERSEDED_WRITES_TOTAL: Family = Family::counter(
+    "rbgctl_store_superseded_writes_total",
+    "Writes refused because a newer put holds or is writing their range (their put was \
+             given up: late bytes from a writer that stopped waiting), or an older put was still \
+             writing it.",
+);
+const UNGRANTED_TOTAL: Family = Family::counter(
+    "rbgctl_store_ungranted_total",
+    "Writes and seals refused because the master granted no such write (range, size, \
+             version), and forgets refused because the master did not tag them.",
+);
+const UNHASHED_OBJECTS: Family = Family::gauge(
+    "rbgctl_store_unhashed_objects",
+    "Objects recorded before their bytes were hashed (Mooncake's one-sided writes), waiting for the hasher.",
+);
+const USED_BYTES: Family = Family::gauge(
+    "rbgctl_store_used_bytes",
+    "Bytes of the segment holding objects, as the master accounts them (refreshed every \
+             few seconds).",
+);
+const WRITTEN_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_written_bytes_total",
+    "Payload bytes written into the segment over TCP.",
+);
 
 /// Why a store could not start or went down.
 #[derive(Debug, thiserror::Error)]
@@ -220,96 +401,24 @@ impl DiskTier {
         let s = &self.service;
         let c = &s.counters;
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        p.single(
-            "rbgctl_store_disk_tier_bytes",
-            "gauge",
-            "Bytes of the disk tier's file.",
-            s.area.size() as f64,
-        )
-        .single(
-            "rbgctl_store_disk_tier_mounted",
-            "gauge",
-            "1 while the master has the disk tier's segment mounted.",
-            f64::from(u8::from(self.registration.mounted())),
-        )
-        .single(
-            "rbgctl_store_disk_tier_direct_io",
-            "gauge",
-            "1 when the disk tier bypasses the page cache (O_DIRECT).",
-            f64::from(u8::from(s.area.direct())),
-        )
-        .single(
-            "rbgctl_store_disk_tier_records",
-            "gauge",
-            "Objects the disk tier holds a record of.",
-            s.records.len() as f64,
-        )
-        .single(
-            "rbgctl_store_disk_reads_total",
-            "counter",
-            "Reads served from the disk tier.",
-            n(&c.reads),
-        )
-        .single(
-            "rbgctl_store_disk_read_bytes_total",
-            "counter",
-            "Payload bytes read from the disk tier.",
-            n(&c.bytes_read),
-        )
-        .single(
-            "rbgctl_store_demotions_total",
-            "counter",
-            "Objects copied from memory to the disk tier.",
-            n(&c.demoted),
-        )
-        .single(
-            "rbgctl_store_demoted_bytes_total",
-            "counter",
-            "Bytes copied from memory to the disk tier.",
-            n(&c.demoted_bytes),
-        )
-        .single(
-            "rbgctl_store_promotions_total",
-            "counter",
-            "Objects copied from the disk tier back to memory.",
-            n(&c.promoted),
-        )
-        .single(
-            "rbgctl_store_promoted_bytes_total",
-            "counter",
-            "Bytes copied from the disk tier back to memory.",
-            n(&c.promoted_bytes),
-        )
-        .single(
-            "rbgctl_store_disk_checksum_failures_total",
-            "counter",
-            "Moves refused because the source bytes failed their checksum.",
-            n(&c.checksum_failures),
-        )
-        .single(
-            "rbgctl_store_disk_ungranted_total",
-            "counter",
-            "Moves and forgets to the disk tier refused: not tagged by the master.",
-            n(&s.grants.refused),
-        )
-        .single(
-            "rbgctl_store_disk_errors_total",
-            "counter",
-            "Disk tier reads and writes the filesystem failed.",
-            n(&c.io_errors),
-        )
-        .single(
-            "rbgctl_store_disk_index_errors_total",
-            "counter",
-            "Disk tier index writes that failed.",
-            n(&c.index_errors),
-        )
-        .single(
-            "rbgctl_store_disk_stale_reads_total",
-            "counter",
-            "Version-checked disk tier reads refused (stale location or no lease).",
-            n(&c.stale_reads),
-        );
+        p.single(&DISK_TIER_BYTES, s.area.size() as f64)
+            .single(
+                &DISK_TIER_MOUNTED,
+                f64::from(u8::from(self.registration.mounted())),
+            )
+            .single(&DISK_TIER_DIRECT_IO, f64::from(u8::from(s.area.direct())))
+            .single(&DISK_TIER_RECORDS, s.records.len() as f64)
+            .single(&DISK_READS_TOTAL, n(&c.reads))
+            .single(&DISK_READ_BYTES_TOTAL, n(&c.bytes_read))
+            .single(&DEMOTIONS_TOTAL, n(&c.demoted))
+            .single(&DEMOTED_BYTES_TOTAL, n(&c.demoted_bytes))
+            .single(&PROMOTIONS_TOTAL, n(&c.promoted))
+            .single(&PROMOTED_BYTES_TOTAL, n(&c.promoted_bytes))
+            .single(&DISK_CHECKSUM_FAILURES_TOTAL, n(&c.checksum_failures))
+            .single(&DISK_UNGRANTED_TOTAL, n(&s.grants.refused))
+            .single(&DISK_ERRORS_TOTAL, n(&c.io_errors))
+            .single(&DISK_INDEX_ERRORS_TOTAL, n(&c.index_errors))
+            .single(&DISK_STALE_READS_TOTAL, n(&c.stale_reads));
     }
 
     fn stop_heartbeat(&self) {
@@ -763,173 +872,95 @@ impl StoreStatus {
         let s = &self.service;
         let mut p = PromText::new();
         p.single(
-            "rbgctl_store_segment_bytes",
-            "gauge",
-            "Bytes of memory contributed.",
+            &SEGMENT_BYTES,
             s.memory.as_ref().map_or(0, |m| m.size()) as f64,
         )
         .single(
-            "rbgctl_store_segment_prefaulted_bytes",
-            "gauge",
-            "Bytes of the segment whose pages are faulted in (done in the background after start).",
+            &SEGMENT_PREFAULTED_BYTES,
             s.memory.as_ref().map_or(0, |m| m.prefaulted()) as f64,
         )
         .single(
-            "rbgctl_store_segment_prefault_ended",
-            "gauge",
-            "1 once the background prefault has finished (all pages, or as far as the kernel allows), or when none runs (prefault = false).",
-            f64::from(u8::from(s.memory.as_ref().is_none_or(|m| m.prefault_ended()))),
+            &SEGMENT_PREFAULT_ENDED,
+            f64::from(u8::from(
+                s.memory.as_ref().is_none_or(|m| m.prefault_ended()),
+            )),
         )
         .single(
-            "rbgctl_store_mounted",
-            "gauge",
-            "1 while the master has the segment mounted.",
+            &MOUNTED,
             (self.registration.segment_id.load(Ordering::SeqCst) != 0) as u8 as f64,
         )
         .single(
-            "rbgctl_store_written_bytes_total",
-            "counter",
-            "Payload bytes written into the segment over TCP.",
+            &WRITTEN_BYTES_TOTAL,
             s.bytes_written.load(Ordering::Relaxed) as f64,
         )
+        .single(&UNHASHED_OBJECTS, s.records.unhashed_count() as f64)
         .single(
-            "rbgctl_store_unhashed_objects",
-            "gauge",
-            "Objects recorded before their bytes were hashed (Mooncake's one-sided writes), waiting for the hasher.",
-            s.records.unhashed_count() as f64,
-        )
-        .single(
-            "rbgctl_store_hashed_later_objects_total",
-            "counter",
-            "Objects hashed after their put was answered.",
+            &HASHED_LATER_OBJECTS_TOTAL,
             s.hasher.stats.objects.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_hashed_later_bytes_total",
-            "counter",
-            "Bytes hashed after their put was answered.",
+            &HASHED_LATER_BYTES_TOTAL,
             s.hasher.stats.bytes.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_hashes_reported_total",
-            "counter",
-            "Checksums of objects hashed after their put sent to the master.",
+            &HASHES_REPORTED_TOTAL,
             s.hasher.stats.reported.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_hash_report_failures_total",
-            "counter",
-            "Requests carrying such checksums that the master did not answer (it keeps those objects unhashed).",
+            &HASH_REPORT_FAILURES_TOTAL,
             s.hasher.stats.report_failures.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_sealed_bytes_total",
-            "counter",
-            "Bytes same-host clients copied into the segment through shared memory and reported \
-             (persistent stores; a non-persistent store is not told of such copies).",
+            &SEALED_BYTES_TOTAL,
             s.bytes_sealed.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_rdma_queue_pairs_total",
-            "counter",
-            "RDMA queue pairs connected for clients (each lives as long as its TCP connection).",
+            &RDMA_QUEUE_PAIRS_TOTAL,
             s.rdma_connects.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_rdma_sealed_bytes_total",
-            "counter",
-            "Bytes clients wrote into the segment with RDMA WRITE, checked against their CRC-32C \
-             and recorded.",
+            &RDMA_SEALED_BYTES_TOTAL,
             s.rdma_bytes_sealed.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_used_bytes",
-            "gauge",
-            "Bytes of the segment holding objects, as the master accounts them (refreshed every \
-             few seconds).",
+            &USED_BYTES,
             self.registration.used_bytes.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_read_bytes_total",
-            "counter",
-            "Payload bytes read from the segment.",
+            &READ_BYTES_TOTAL,
             s.bytes_read.load(Ordering::Relaxed) as f64,
         )
+        .single(&PERSISTENT, s.records.durable().is_some() as u8 as f64)
+        .single(&INDEX_RECORDS, s.records.len() as f64)
         .single(
-            "rbgctl_store_persistent",
-            "gauge",
-            "1 when objects are kept across restarts.",
-            s.records.durable().is_some() as u8 as f64,
-        )
-        .single(
-            "rbgctl_store_index_records",
-            "gauge",
-            "Objects the store has a record of (in its durable index when persistent).",
-            s.records.len() as f64,
-        )
-        .single(
-            "rbgctl_store_read_lease",
-            "gauge",
-            "1 while the master's lease lets this store answer reads of cached locations.",
+            &READ_LEASE,
             s.lease.valid(std::time::Instant::now()) as u8 as f64,
         )
         .single(
-            "rbgctl_store_stale_reads_total",
-            "counter",
-            "Reads of a cached location refused (the version moved, or no lease): the client \
-             asked the master instead.",
+            &STALE_READS_TOTAL,
             s.stale_reads.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_stale_writes_total",
-            "counter",
-            "Writes refused because an earlier master (restarted or deposed) started their put; \
-             the client starts it again.",
+            &STALE_WRITES_TOTAL,
             s.stale_writes.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_superseded_writes_total",
-            "counter",
-            "Writes refused because a newer put holds or is writing their range (their put was \
-             given up: late bytes from a writer that stopped waiting), or an older put was still \
-             writing it.",
+            &SUPERSEDED_WRITES_TOTAL,
             s.superseded_writes.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_ungranted_total",
-            "counter",
-            "Writes and seals refused because the master granted no such write (range, size, \
-             version), and forgets refused because the master did not tag them.",
+            &UNGRANTED_TOTAL,
             s.grants.refused.load(Ordering::Relaxed) as f64,
         )
+        .single(&RECOVERED_OBJECTS, s.recovery.objects as f64)
+        .single(&RECOVERY_CORRUPT_OBJECTS, s.recovery.corrupt as f64)
+        .single(&RECOVERY_SECONDS, s.recovery.seconds)
         .single(
-            "rbgctl_store_recovered_objects",
-            "gauge",
-            "Objects kept from the previous run at start-up.",
-            s.recovery.objects as f64,
-        )
-        .single(
-            "rbgctl_store_recovery_corrupt_objects",
-            "gauge",
-            "Objects dropped at start-up because their bytes failed the checksum.",
-            s.recovery.corrupt as f64,
-        )
-        .single(
-            "rbgctl_store_recovery_seconds",
-            "gauge",
-            "Time to open, map and verify the persistent segment at start-up.",
-            s.recovery.seconds,
-        )
-        .single(
-            "rbgctl_store_index_errors_total",
-            "counter",
-            "Index writes that failed (the request failed with them).",
+            &INDEX_ERRORS_TOTAL,
             s.index_errors.load(Ordering::Relaxed) as f64,
         )
         .single(
-            "rbgctl_store_checksum_mismatches_total",
-            "counter",
-            "Checked writes refused: their bytes did not match the CRC-32C their writer sent.",
+            &CHECKSUM_MISMATCHES_TOTAL,
             s.checksum_mismatches.load(Ordering::Relaxed) as f64,
         );
         if let Some(d) = &self.disk {
@@ -940,14 +971,10 @@ impl StoreStatus {
         }
         #[cfg(feature = "rdma")]
         if let Some(rdma) = &s.rdma {
-            p.family(
-                "rbgctl_store_rdma_device_queue_pairs_total",
-                "counter",
-                "RDMA queue pairs connected for clients, by the device (NIC) they use.",
-            );
+            p.family(&RDMA_DEVICE_QUEUE_PAIRS_TOTAL);
             for (device, n) in rdma.devices() {
                 p.sample(
-                    "rbgctl_store_rdma_device_queue_pairs_total",
+                    &RDMA_DEVICE_QUEUE_PAIRS_TOTAL,
                     &[("device", &device)],
                     n as f64,
                 );

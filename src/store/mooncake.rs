@@ -8,11 +8,35 @@ use super::index::Records;
 use super::segment::SegmentMemory;
 use crate::mooncake::handshake::{self, HandshakeStats, TeEndpoint};
 use crate::mooncake::te_tcp::{self, TeSegment, TeStats, WrittenHashes, SEGMENT_BASE};
+use crate::telemetry::Family;
 use crate::telemetry::PromText;
 use crate::transfer::server::{ConnCounters, ServerHandle, ServerOptions};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+// The `/metrics` families this file writes, each declared once.
+const MOONCAKE_HANDSHAKES_REFUSED_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_handshakes_refused_total",
+    "P2P handshakes refused (a frame too long, not JSON, another type).",
+);
+const MOONCAKE_HANDSHAKES_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_handshakes_total",
+    "P2P handshakes answered with this store's descriptor.",
+);
+const MOONCAKE_TRANSFERS_REFUSED_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_transfers_refused_total",
+    "Transfer Engine requests refused: a range outside the segment or over a recorded \
+             object, an unknown opcode.",
+);
+const MOONCAKE_TRANSFERS_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_transfers_total",
+    "Requests of Mooncake's Transfer Engine (TCP) served into the segment, by op.",
+);
+const MOONCAKE_TRANSFER_BYTES_TOTAL: Family = Family::counter(
+    "rbgctl_store_mooncake_transfer_bytes_total",
+    "Bytes moved by Mooncake's Transfer Engine (TCP), by op.",
+);
 
 /// Ports Mooncake picks its own from (`MC_MIN_RPC_PORT`..`MC_MAX_RPC_PORT`); a store asked for
 /// port 0 takes a free one here too.
@@ -223,55 +247,26 @@ impl MooncakeDoor {
     pub fn render(&self, p: &mut PromText) {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let t = &self.te;
-        p.family(
-            "rbgctl_store_mooncake_transfers_total",
-            "counter",
-            "Requests of Mooncake's Transfer Engine (TCP) served into the segment, by op.",
-        )
-        .sample(
-            "rbgctl_store_mooncake_transfers_total",
-            &[("op", "write")],
-            n(&t.writes),
-        )
-        .sample(
-            "rbgctl_store_mooncake_transfers_total",
-            &[("op", "read")],
-            n(&t.reads),
-        )
-        .family(
-            "rbgctl_store_mooncake_transfer_bytes_total",
-            "counter",
-            "Bytes moved by Mooncake's Transfer Engine (TCP), by op.",
-        )
-        .sample(
-            "rbgctl_store_mooncake_transfer_bytes_total",
-            &[("op", "write")],
-            n(&t.bytes_written),
-        )
-        .sample(
-            "rbgctl_store_mooncake_transfer_bytes_total",
-            &[("op", "read")],
-            n(&t.bytes_read),
-        )
-        .single(
-            "rbgctl_store_mooncake_transfers_refused_total",
-            "counter",
-            "Transfer Engine requests refused: a range outside the segment or over a recorded \
-             object, an unknown opcode.",
-            n(&t.refused),
-        )
-        .single(
-            "rbgctl_store_mooncake_handshakes_total",
-            "counter",
-            "P2P handshakes answered with this store's descriptor.",
-            n(&self.handshakes.served),
-        )
-        .single(
-            "rbgctl_store_mooncake_handshakes_refused_total",
-            "counter",
-            "P2P handshakes refused (a frame too long, not JSON, another type).",
-            n(&self.handshakes.refused),
-        );
+        p.family(&MOONCAKE_TRANSFERS_TOTAL)
+            .sample(&MOONCAKE_TRANSFERS_TOTAL, &[("op", "write")], n(&t.writes))
+            .sample(&MOONCAKE_TRANSFERS_TOTAL, &[("op", "read")], n(&t.reads))
+            .family(&MOONCAKE_TRANSFER_BYTES_TOTAL)
+            .sample(
+                &MOONCAKE_TRANSFER_BYTES_TOTAL,
+                &[("op", "write")],
+                n(&t.bytes_written),
+            )
+            .sample(
+                &MOONCAKE_TRANSFER_BYTES_TOTAL,
+                &[("op", "read")],
+                n(&t.bytes_read),
+            )
+            .single(&MOONCAKE_TRANSFERS_REFUSED_TOTAL, n(&t.refused))
+            .single(&MOONCAKE_HANDSHAKES_TOTAL, n(&self.handshakes.served))
+            .single(
+                &MOONCAKE_HANDSHAKES_REFUSED_TOTAL,
+                n(&self.handshakes.refused),
+            );
         #[cfg(feature = "rdma")]
         if let Some((target, _)) = &*self.rdma.lock() {
             target.render(p);

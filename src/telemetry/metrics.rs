@@ -39,14 +39,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn parse(kind: &str) -> Kind {
-        match kind {
-            "counter" => Kind::Counter,
-            "histogram" => Kind::Histogram,
-            _ => Kind::Gauge,
-        }
-    }
-
     fn proto(self) -> MetricType {
         match self {
             Kind::Counter => MetricType::COUNTER,
@@ -68,8 +60,52 @@ fn labels(pairs: &[(&str, &str)]) -> Vec<proto::LabelPair> {
         .collect()
 }
 
+/// A metric family as `/metrics` shows it: its name, kind and help. Each is declared once, a
+/// `const` beside the code that writes its samples, and [`PromText`] writes samples only by
+/// such a declaration, so a name, its kind and its help cannot drift apart between places.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family<'a> {
+    pub name: &'a str,
+    pub kind: Kind,
+    pub help: &'a str,
+}
+
+impl<'a> Family<'a> {
+    /// A counter: a count that only grows while the process lives.
+    pub const fn counter(name: &'a str, help: &'a str) -> Family<'a> {
+        Family {
+            name,
+            kind: Kind::Counter,
+            help,
+        }
+    }
+
+    /// A gauge: a value as it is now.
+    pub const fn gauge(name: &'a str, help: &'a str) -> Family<'a> {
+        Family {
+            name,
+            kind: Kind::Gauge,
+            help,
+        }
+    }
+
+    /// A histogram: counts of observations by bucket, their sum and count.
+    pub const fn histogram(name: &'a str, help: &'a str) -> Family<'a> {
+        Family {
+            name,
+            kind: Kind::Histogram,
+            help,
+        }
+    }
+
+    /// The same family under another kind: a table whose rows are each their own kind.
+    pub const fn of_kind(name: &'a str, kind: Kind, help: &'a str) -> Family<'a> {
+        Family { name, kind, help }
+    }
+}
+
 /// A Prometheus text exposition, built family by family and written by the library's encoder.
-/// A family named again gathers the samples that follow into the one family.
+/// A family written again gathers the samples that follow into the one family.
 #[derive(Default)]
 pub struct PromText {
     families: Vec<MetricFamily>,
@@ -77,77 +113,77 @@ pub struct PromText {
 }
 
 impl PromText {
+    /// An empty exposition.
     pub fn new() -> PromText {
         PromText::default()
     }
 
-    /// Starts (or goes on with) family `name` of kind `kind` (`counter`, `gauge` or
-    /// `histogram`).
-    pub fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
-        self.family_index(name, Kind::parse(kind), help);
+    /// Places family `f` here (a family is listed where it first comes, even before its
+    /// samples).
+    pub fn family(&mut self, f: &Family) -> &mut Self {
+        self.family_index(f);
         self
     }
 
-    fn family_index(&mut self, name: &str, kind: Kind, help: &str) -> usize {
-        if let Some(&i) = self.by_name.get(name) {
+    fn family_index(&mut self, f: &Family) -> usize {
+        if let Some(&i) = self.by_name.get(f.name) {
+            debug_assert_eq!(
+                self.families[i].get_field_type(),
+                f.kind.proto(),
+                "{} written as two kinds",
+                f.name
+            );
             return i;
         }
-        let mut f = MetricFamily::default();
-        f.set_name(name.to_owned());
-        f.set_help(help.to_owned());
-        f.set_field_type(kind.proto());
-        self.families.push(f);
+        let mut m = MetricFamily::default();
+        m.set_name(f.name.to_owned());
+        m.set_help(f.help.to_owned());
+        m.set_field_type(f.kind.proto());
+        self.families.push(m);
         self.by_name
-            .insert(name.to_owned(), self.families.len() - 1);
+            .insert(f.name.to_owned(), self.families.len() - 1);
         self.families.len() - 1
     }
 
-    /// A sample of counter or gauge family `name` (a gauge unless it was declared).
-    pub fn sample(&mut self, name: &str, labels_: &[(&str, &str)], value: f64) -> &mut Self {
-        let i = self.family_index(name, Kind::Gauge, "");
-        let f = &mut self.families[i];
+    /// A sample of counter or gauge family `f`.
+    pub fn sample(&mut self, f: &Family, labels_: &[(&str, &str)], value: f64) -> &mut Self {
+        let i = self.family_index(f);
         let mut m = proto::Metric::from_label(labels(labels_));
-        match f.get_field_type() {
-            MetricType::COUNTER => {
+        match f.kind {
+            Kind::Counter => {
                 let mut c = proto::Counter::default();
                 c.set_value(value);
                 m.set_counter(c);
             }
-            _ => {
+            Kind::Gauge | Kind::Histogram => {
+                debug_assert_eq!(f.kind, Kind::Gauge, "{}: a histogram's sample", f.name);
                 let mut g = proto::Gauge::default();
                 g.set_value(value);
                 m.set_gauge(g);
             }
         }
-        f.mut_metric().push(m);
+        self.families[i].mut_metric().push(m);
         self
     }
 
-    /// A single unlabelled gauge or counter.
-    pub fn single(&mut self, name: &str, kind: &str, help: &str, value: f64) -> &mut Self {
-        self.family(name, kind, help).sample(name, &[], value)
+    /// The one unlabelled sample of family `f`.
+    pub fn single(&mut self, f: &Family, value: f64) -> &mut Self {
+        self.sample(f, &[], value)
     }
 
-    /// Histogram `h` as a sample of family `name` with `labels_`.
-    pub fn histogram(
-        &mut self,
-        name: &str,
-        help: &str,
-        labels_: &[(&str, &str)],
-        h: &Histogram,
-    ) -> &mut Self {
-        self.histogram_counts(name, help, labels_, h.snapshot())
+    /// Histogram `h` as a sample of family `f` with `labels_`.
+    pub fn histogram(&mut self, f: &Family, labels_: &[(&str, &str)], h: &Histogram) -> &mut Self {
+        self.histogram_counts(f, labels_, h.snapshot())
     }
 
     /// A histogram from its counts (`Histogram`s, and figures kept elsewhere).
     pub(super) fn histogram_counts(
         &mut self,
-        name: &str,
-        help: &str,
+        f: &Family,
         labels_: &[(&str, &str)],
         counts: proto::Histogram,
     ) -> &mut Self {
-        let i = self.family_index(name, Kind::Histogram, help);
+        let i = self.family_index(f);
         let mut m = proto::Metric::from_label(labels(labels_));
         m.set_histogram(counts);
         self.families[i].mut_metric().push(m);
@@ -249,7 +285,11 @@ mod tests {
         h.observe(Duration::from_millis(30));
         h.observe(Duration::from_secs(1000));
         let mut p = PromText::new();
-        p.histogram("x_seconds", "help", &[("model_name", "m")], &h);
+        p.histogram(
+            &Family::histogram("x_seconds", "help"),
+            &[("model_name", "m")],
+            &h,
+        );
         let text = p.finish();
         for line in [
             "# TYPE x_seconds histogram\n",
@@ -273,10 +313,11 @@ mod tests {
         stats.record(1, false, Duration::from_micros(3000));
         stats.record(2, true, Duration::from_micros(1));
         let mut p = PromText::new();
-        p.single("x_total", "counter", "An x.", 3.0);
-        p.family("empty_total", "counter", "Nothing yet.");
-        p.family("labelled", "gauge", "A gauge \"quoted\".");
-        p.sample("labelled", &[("name", "a\"b\\c\nd")], 1.5);
+        const LABELLED: Family = Family::gauge("labelled", "A gauge \"quoted\".");
+        p.single(&Family::counter("x_total", "An x."), 3.0);
+        p.family(&Family::counter("empty_total", "Nothing yet."));
+        p.family(&LABELLED);
+        p.sample(&LABELLED, &[("name", "a\"b\\c\nd")], 1.5);
         stats.render(&mut p, "rbgctl_test", |op| (op == 1).then_some("ping"));
         let text = p.finish();
         assert!(
@@ -314,7 +355,7 @@ mod tests {
         let h = Histogram::with_buckets(&[0.5, 0.1, 1.0, f64::NAN, 2.0]);
         h.observe(Duration::from_millis(700));
         let mut p = PromText::new();
-        p.histogram("h", "", &[], &h);
+        p.histogram(&Family::histogram("h", ""), &[], &h);
         let text = p.finish();
         assert!(text.contains("h_bucket{le=\"0.5\"} 0\n"), "{text}");
         assert!(text.contains("h_bucket{le=\"1\"} 1\n"), "{text}");

@@ -7,7 +7,7 @@
 //! and forth for every request (a shared histogram takes four atomic updates of one line per
 //! observation). A scrape adds the shards up. Durations are counted in whole nanoseconds.
 
-use super::metrics::PromText;
+use super::metrics::{Family, PromText};
 use prometheus::proto;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -179,28 +179,24 @@ impl OpStats {
             .filter_map(|op| Some((name_of(op)?, self.ops[op as usize].get()?.totals())))
             .filter(|(_, t)| t.requests() > 0)
             .collect();
-        let req = format!("{prefix}_requests_total");
-        prom.family(&req, "counter", "Requests handled, by operation.");
+        let (req, fail, hist) = (
+            format!("{prefix}_requests_total"),
+            format!("{prefix}_failures_total"),
+            format!("{prefix}_request_duration_seconds"),
+        );
+        let req = Family::counter(&req, "Requests handled, by operation.");
+        let fail = Family::counter(&fail, "Requests answered with an error, by operation.");
+        let hist = Family::histogram(&hist, "Time to handle a request, by operation.");
+        prom.family(&req);
         for (name, t) in &seen {
             prom.sample(&req, &[("op", name)], t.requests() as f64);
         }
-        let fail = format!("{prefix}_failures_total");
-        prom.family(
-            &fail,
-            "counter",
-            "Requests answered with an error, by operation.",
-        );
+        prom.family(&fail);
         for (name, t) in &seen {
             prom.sample(&fail, &[("op", name)], t.failures as f64);
         }
-        let hist = format!("{prefix}_request_duration_seconds");
         for (name, t) in &seen {
-            prom.histogram_counts(
-                &hist,
-                "Time to handle a request, by operation.",
-                &[("op", name)],
-                t.histogram(),
-            );
+            prom.histogram_counts(&hist, &[("op", name)], t.histogram());
         }
     }
 }

@@ -478,3 +478,33 @@ fn undocumented_public_methods_only_ever_get_fewer() {
         undocumented.join("\n")
     );
 }
+
+/// Every metric family `/metrics` shows is declared once (`Family::counter("name", help)` and
+/// its kin), so its kind and help are the same wherever it is written.
+#[test]
+fn every_metric_family_is_declared_once() {
+    let mut files = Vec::new();
+    rust_files(Path::new(SRC), &mut files);
+    let mut declared: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for file in files {
+        let text = code(&std::fs::read_to_string(&file).unwrap());
+        for kind in ["counter", "gauge", "histogram"] {
+            let call = format!("Family::{kind}(");
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find(&call) {
+                rest = &rest[at + call.len()..];
+                let Some(literal) = rest.trim_start().strip_prefix('"') else {
+                    continue; // a name made at run time (`<prefix>_requests_total`)
+                };
+                let name = &literal[..literal.find('"').unwrap_or(0)];
+                declared
+                    .entry(name.to_string())
+                    .or_default()
+                    .push(file.display().to_string());
+            }
+        }
+    }
+    assert!(declared.len() > 150, "found {} families", declared.len());
+    let twice: Vec<_> = declared.iter().filter(|(_, at)| at.len() > 1).collect();
+    assert!(twice.is_empty(), "families declared more than once: {twice:#?}");
+}

@@ -10,6 +10,7 @@
 //! [`Ticket`] that holds a slot until the answer is sent, then settles its output tokens.
 
 use super::table::{Limits, Table};
+use crate::telemetry::Family;
 use crate::telemetry::{Histogram, PromText};
 use crate::token_bucket::Bucket;
 use parking_lot::Mutex;
@@ -18,6 +19,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+
+// The `/metrics` families this file writes, each declared once.
+const CLASS_QUEUED: Family = Family::gauge(
+    "rbgctl_router_class_queued",
+    "Requests waiting in each priority class's queue.",
+);
+const CLASS_WAIT_SECONDS: Family = Family::histogram(
+    "rbgctl_router_class_wait_seconds",
+    "Time requests waited in their class's queue before a slot.",
+);
+const TENANT_REQUESTS_TOTAL: Family = Family::counter(
+    "rbgctl_router_tenant_requests_total",
+    "Each tenant's requests by outcome: admitted, or refused (rate, concurrency: 429; \
+             queue_full, expired: 503).",
+);
+const TENANT_TOKENS_TOTAL: Family = Family::counter(
+    "rbgctl_router_tenant_tokens_total",
+    "Each tenant's tokens: prompt (counted on admission) and output (settled when the \
+             answer ends).",
+);
 
 /// Tenants with series of their own in `/metrics`, in the file's order; the rest are summed
 /// under `tenant="other"`, so that a large file cannot flood a Prometheus server.
@@ -717,17 +738,9 @@ impl Admission {
     /// [`MAX_TENANT_SERIES`] tenants by name, in `table`'s order, the rest as `other`).
     pub fn render(&self, table: &Table, p: &mut PromText) {
         let (classes, tenants) = self.rows();
-        p.family(
-            "rbgctl_router_class_queued",
-            "gauge",
-            "Requests waiting in each priority class's queue.",
-        );
+        p.family(&CLASS_QUEUED);
         for c in &classes {
-            p.sample(
-                "rbgctl_router_class_queued",
-                &[("class", &c.name)],
-                c.queued as f64,
-            );
+            p.sample(&CLASS_QUEUED, &[("class", &c.name)], c.queued as f64);
         }
         for (name, help, f) in [
             (
@@ -746,20 +759,16 @@ impl Admission {
                 |c| c.refused_full,
             ),
         ] {
-            p.family(name, "counter", help);
+            let family = Family::counter(name, help);
+            p.family(&family);
             for c in &classes {
-                p.sample(name, &[("class", &c.name)], f(c) as f64);
+                p.sample(&family, &[("class", &c.name)], f(c) as f64);
             }
         }
         {
             let core = self.core.lock();
             for q in &core.queues {
-                p.histogram(
-                    "rbgctl_router_class_wait_seconds",
-                    "Time requests waited in their class's queue before a slot.",
-                    &[("class", &q.name)],
-                    &q.waited,
-                );
+                p.histogram(&CLASS_WAIT_SECONDS, &[("class", &q.name)], &q.waited);
             }
         }
         // Tenants named in the file within the first MAX_TENANT_SERIES; the rest summed.
@@ -792,17 +801,13 @@ impl Admission {
                 |r| r.queued,
             ),
         ] {
-            p.family(name, "gauge", help);
+            let family = Family::gauge(name, help);
+            p.family(&family);
             for r in &rows {
-                p.sample(name, &[("tenant", &r.name)], f(r) as f64);
+                p.sample(&family, &[("tenant", &r.name)], f(r) as f64);
             }
         }
-        p.family(
-            "rbgctl_router_tenant_requests_total",
-            "counter",
-            "Each tenant's requests by outcome: admitted, or refused (rate, concurrency: 429; \
-             queue_full, expired: 503).",
-        );
+        p.family(&TENANT_REQUESTS_TOTAL);
         for r in &rows {
             let c = &r.counts;
             for (outcome, n) in [
@@ -813,23 +818,18 @@ impl Admission {
                 ("expired", c.expired),
             ] {
                 p.sample(
-                    "rbgctl_router_tenant_requests_total",
+                    &TENANT_REQUESTS_TOTAL,
                     &[("tenant", &r.name), ("outcome", outcome)],
                     n as f64,
                 );
             }
         }
-        p.family(
-            "rbgctl_router_tenant_tokens_total",
-            "counter",
-            "Each tenant's tokens: prompt (counted on admission) and output (settled when the \
-             answer ends).",
-        );
+        p.family(&TENANT_TOKENS_TOTAL);
         for r in &rows {
             let c = &r.counts;
             for (kind, n) in [("prompt", c.prompt_tokens), ("output", c.output_tokens)] {
                 p.sample(
-                    "rbgctl_router_tenant_tokens_total",
+                    &TENANT_TOKENS_TOTAL,
                     &[("tenant", &r.name), ("kind", kind)],
                     n as f64,
                 );

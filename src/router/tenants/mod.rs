@@ -239,6 +239,21 @@ pub struct Tenants {
 }
 
 use crate::config::{file_stamp as stamp, FileStamp as Stamp};
+use crate::telemetry::Family;
+
+// The `/metrics` families this file writes, each declared once.
+const TENANTS: Family = Family::gauge(
+    "rbgctl_router_tenants",
+    "Tenants in the tenants file in force.",
+);
+const TENANTS_RELOADS_TOTAL: Family = Family::counter(
+    "rbgctl_router_tenants_reloads_total",
+    "Times the tenants file was read again after a change.",
+);
+const TENANTS_RELOAD_ERRORS_TOTAL: Family = Family::counter(
+    "rbgctl_router_tenants_reload_errors_total",
+    "Changes of the tenants file that were not taken (unreadable or invalid).",
+);
 
 fn read_table(path: &Path) -> Result<Table, TenantsError> {
     let read = |source| TenantsError::Read {
@@ -351,22 +366,13 @@ impl Tenants {
     /// The tenants' families of `/metrics`.
     pub fn render(&self, p: &mut crate::telemetry::PromText) {
         let table = self.table();
+        p.single(&TENANTS, table.tenants.len() as f64);
         p.single(
-            "rbgctl_router_tenants",
-            "gauge",
-            "Tenants in the tenants file in force.",
-            table.tenants.len() as f64,
-        );
-        p.single(
-            "rbgctl_router_tenants_reloads_total",
-            "counter",
-            "Times the tenants file was read again after a change.",
+            &TENANTS_RELOADS_TOTAL,
             self.reloads.load(Ordering::Relaxed) as f64,
         );
         p.single(
-            "rbgctl_router_tenants_reload_errors_total",
-            "counter",
-            "Changes of the tenants file that were not taken (unreadable or invalid).",
+            &TENANTS_RELOAD_ERRORS_TOTAL,
             self.reload_errors.load(Ordering::Relaxed) as f64,
         );
         self.admission.render(&table, p);

@@ -88,51 +88,49 @@ impl ConnCounters {
     /// `<prefix>_refused_connections_total`, `<prefix>_idle_closed_connections_total`,
     /// `<prefix>_unauthenticated_connections_total`, `<prefix>_handed_on_requests_total`.
     pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
-        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
-        p.single(
-            &format!("{prefix}_accepted_connections_total"),
-            "counter",
-            "Connections admitted.",
-            n(&self.accepted),
-        )
-        .single(
-            &format!("{prefix}_bad_frames_total"),
-            "counter",
-            "Connections closed because of malformed input or a request that stopped arriving.",
-            n(&self.bad_frames),
-        )
-        .single(
-            &format!("{prefix}_refused_connections_total"),
-            "counter",
-            "Connections refused at a connection limit (in all or per peer).",
-            n(&self.refused),
-        )
-        .single(
-            &format!("{prefix}_idle_closed_connections_total"),
-            "counter",
-            "Connections closed after idling (clients reconnect).",
-            n(&self.idle_closed),
-        )
-        .single(
-            &format!("{prefix}_unauthenticated_connections_total"),
-            "counter",
-            "Connections closed because the peer did not prove it holds the cluster secret.",
-            n(&self.unauthenticated),
-        )
-        .single(
-            &format!("{prefix}_made_way_connections_total"),
-            "counter",
-            "Connections closed to make way for a new one at a limit: one yet to prove the \
+        for (suffix, help, counter) in [
+            (
+                "accepted_connections_total",
+                "Connections admitted.",
+                &self.accepted,
+            ),
+            (
+                "bad_frames_total",
+                "Connections closed because of malformed input or a request that stopped arriving.",
+                &self.bad_frames,
+            ),
+            (
+                "refused_connections_total",
+                "Connections refused at a connection limit (in all or per peer).",
+                &self.refused,
+            ),
+            (
+                "idle_closed_connections_total",
+                "Connections closed after idling (clients reconnect).",
+                &self.idle_closed,
+            ),
+            (
+                "unauthenticated_connections_total",
+                "Connections closed because the peer did not prove it holds the cluster secret.",
+                &self.unauthenticated,
+            ),
+            (
+                "made_way_connections_total",
+                "Connections closed to make way for a new one at a limit: one yet to prove the \
              cluster secret, or the one idle longest.",
-            n(&self.made_way),
-        )
-        .single(
-            &format!("{prefix}_handed_on_requests_total"),
-            "counter",
-            "Requests that had to wait (for room, for the stores) and were answered from a \
+                &self.made_way,
+            ),
+            (
+                "handed_on_requests_total",
+                "Requests that had to wait (for room, for the stores) and were answered from a \
              thread that may block rather than an event loop.",
-            n(&self.handed_on),
-        );
+                &self.handed_on,
+            ),
+        ] {
+            let name = format!("{prefix}_{suffix}");
+            let family = crate::telemetry::Family::counter(&name, help);
+            p.single(&family, counter.load(Ordering::Relaxed) as f64);
+        }
     }
 
     fn count(c: &AtomicU64) {
