@@ -4,8 +4,7 @@
 //! clients (`rbgctl bench master` reports them per phase).
 
 use super::state::MasterState;
-use crate::telemetry::Family;
-use crate::telemetry::PromText;
+use crate::telemetry::{Family, PromText};
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;

@@ -20,8 +20,7 @@ use super::types::{
     client_status, error_code, GetReplicaListResponse, GetStorageConfigResponse, ObjectMeta,
     PingResponse, ReplicaDescriptor, ReplicateConfig, Segment, TaskAssignment, Uuid,
 };
-use crate::telemetry::Family;
-use crate::telemetry::PromText;
+use crate::telemetry::{Family, PromText};
 use crate::transfer::frame::{Header, Opcode, Status, FLAG_EPOCH, HEADER_LEN};
 use crate::transfer::message::{
     BatchKeysReq, BatchRemoveReq, KeyReq, PingReq, PingResp, RemoveAllReq, RemoveReq, Wire,

@@ -12,8 +12,7 @@
 use super::endpoints::{Admission, EndpointLimits, EndpointTable, Key};
 use super::handshake::{self, Connections};
 use super::rdma::{self, Connection, Descriptor, MTU_CEILING, PSN};
-use crate::telemetry::Family;
-use crate::telemetry::PromText;
+use crate::telemetry::{Family, PromText};
 use crate::transfer::rdma::serve::{DeviceKeys, RdmaSegment};
 use crate::transfer::rdma::verbs::{Qp, QpEndpoint};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};

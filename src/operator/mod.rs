@@ -44,9 +44,8 @@ pub mod unwatched;
 use crate::kube::{Kube, KubeConfig, KubeError};
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
-use crate::telemetry::PromText;
+use crate::telemetry::{Family, PromText};
 
-use crate::telemetry::Family;
 pub use config::{OperatorArgs, OperatorConfig};
 use context::{Caches, Context, Kind, Queues};
 use informer::Source;

@@ -4,8 +4,7 @@
 use crate::router::config::BreakerConfig;
 use crate::router::request::Endpoint;
 use crate::router::worker::{Worker, WorkerType};
-use crate::telemetry::Family;
-use crate::telemetry::{Histogram, PromText};
+use crate::telemetry::{Family, Histogram, PromText};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -16,8 +16,7 @@ pub mod tier;
 
 use crate::role::{self, BindError};
 use crate::shutdown::Shutdown;
-use crate::telemetry::Family;
-use crate::telemetry::{OpStats, PromText};
+use crate::telemetry::{Family, OpStats, PromText};
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::{SegmentInfo, Tier};
 use crate::transfer::server::{self as tserver, ServerHandle};

@@ -506,5 +506,8 @@ fn every_metric_family_is_declared_once() {
     }
     assert!(declared.len() > 150, "found {} families", declared.len());
     let twice: Vec<_> = declared.iter().filter(|(_, at)| at.len() > 1).collect();
-    assert!(twice.is_empty(), "families declared more than once: {twice:#?}");
+    assert!(
+        twice.is_empty(),
+        "families declared more than once: {twice:#?}"
+    );
 }

@@ -10,8 +10,7 @@
 //! [`Ticket`] that holds a slot until the answer is sent, then settles its output tokens.
 
 use super::table::{Limits, Table};
-use crate::telemetry::Family;
-use crate::telemetry::{Histogram, PromText};
+use crate::telemetry::{Family, Histogram, PromText};
 use crate::token_bucket::Bucket;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
