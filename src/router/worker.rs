@@ -21,6 +21,7 @@ pub enum WorkerType {
 }
 
 impl WorkerType {
+    /// The type as sglang-router's API and labels spell it.
     pub fn name(self) -> &'static str {
         match self {
             WorkerType::Regular => "regular",
@@ -58,6 +59,7 @@ pub struct WorkerSpec {
 }
 
 impl WorkerSpec {
+    /// A regular worker at `url`, with nothing else said of it.
     pub fn regular(url: impl Into<String>) -> WorkerSpec {
         WorkerSpec {
             url: url.into(),
@@ -101,6 +103,7 @@ impl CircuitState {
             CircuitState::HalfOpen => 2.0,
         }
     }
+    /// The state as the status page and logs spell it.
     pub fn name(self) -> &'static str {
         match self {
             CircuitState::Closed => "closed",
@@ -146,6 +149,7 @@ impl CircuitBreaker {
         self.state
     }
 
+    /// Whether a request may go to the worker now (breakers off, or the circuit not open).
     pub fn can_execute(&mut self, cfg: &BreakerConfig, now: Instant) -> bool {
         cfg.disabled || self.state(cfg, now) != CircuitState::Open
     }
@@ -180,9 +184,11 @@ impl CircuitBreaker {
         (self.state != before).then_some((before, self.state))
     }
 
+    /// Failures in a row counted now.
     pub fn consecutive_failures(&self) -> u32 {
         self.failures
     }
+    /// Successes in a row counted now (in half-open, those toward closing).
     pub fn consecutive_successes(&self) -> u32 {
         self.successes
     }
@@ -211,6 +217,7 @@ impl Default for HealthTracker {
 }
 
 impl HealthTracker {
+    /// Whether the health checks count the worker in.
     pub fn healthy(&self) -> bool {
         self.healthy
     }
@@ -316,6 +323,7 @@ fn new_id() -> String {
 }
 
 impl Worker {
+    /// A worker as `spec` describes it, found by `source`, with a new id and nothing in flight.
     pub fn new(spec: WorkerSpec, source: Source) -> Worker {
         Worker {
             id: new_id(),
@@ -352,10 +360,12 @@ impl Worker {
         Some(id.as_deref() == Some(model) || listed.iter().any(|m| m == model))
     }
 
+    /// Requests in flight on the worker now.
     pub fn load(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
     }
 
+    /// Requests sent to the worker since it was added.
     pub fn processed(&self) -> u64 {
         self.processed.load(Ordering::Relaxed)
     }
@@ -392,6 +402,7 @@ impl Worker {
         self.queued_prefill.ahead_of(None)
     }
 
+    /// Whether the health checks count the worker in.
     pub fn healthy(&self) -> bool {
         self.health.lock().healthy()
     }
@@ -401,10 +412,12 @@ impl Worker {
         self.healthy() && self.breaker.lock().can_execute(cb, now)
     }
 
+    /// The worker's circuit now (an open one past its timeout reads half-open).
     pub fn circuit(&self, cb: &BreakerConfig, now: Instant) -> CircuitState {
         self.breaker.lock().state(cb, now)
     }
 
+    /// The breaker's failures and successes in a row.
     pub fn circuit_counts(&self) -> (u32, u32) {
         let b = self.breaker.lock();
         (b.consecutive_failures(), b.consecutive_successes())
@@ -459,6 +472,7 @@ pub struct LoadGuard {
 }
 
 impl LoadGuard {
+    /// The worker this request is counted on.
     pub fn worker(&self) -> &Arc<Worker> {
         &self.worker
     }
@@ -545,10 +559,12 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The workers now: a list that later changes do not touch.
     pub fn snapshot(&self) -> Arc<Vec<Arc<Worker>>> {
         self.workers.read().clone()
     }
 
+    /// Registers a worker; a URL already registered is refused.
     pub fn add(&self, spec: WorkerSpec, source: Source) -> Result<Arc<Worker>, RegistryError> {
         let mut w = self.workers.write();
         let name = spec.name();
@@ -581,6 +597,7 @@ impl Registry {
         Ok(gone)
     }
 
+    /// The worker with this id or URL.
     pub fn get(&self, id_or_url: &str) -> Option<Arc<Worker>> {
         self.snapshot()
             .iter()

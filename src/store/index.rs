@@ -73,6 +73,7 @@ pub struct Record {
 }
 
 impl Record {
+    /// The record of `o`, with the CRC-32C its writer gave.
     pub fn of(o: &StoredObject) -> Record {
         Record {
             key: o.key.clone(),
@@ -92,6 +93,7 @@ impl Record {
         }
     }
 
+    /// The object this record describes, at `offset`.
     pub fn to_stored(&self, offset: u64) -> StoredObject {
         StoredObject {
             key: self.key.clone(),
@@ -134,10 +136,12 @@ impl IndexMap {
         self.by_offset.is_empty()
     }
 
+    /// The record that starts at `offset`.
     pub fn get(&self, offset: u64) -> Option<&Record> {
         self.by_offset.get(&offset)
     }
 
+    /// Every record with its offset, lowest first.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Record)> {
         self.by_offset.iter().map(|(o, r)| (*o, r))
     }
@@ -252,6 +256,7 @@ impl IndexMap {
         }
     }
 
+    /// Drops every record (and its stamp).
     pub fn clear(&mut self) {
         if let Some(stamps) = &mut self.stamps {
             stamps.clear();
@@ -548,10 +553,12 @@ impl DurableIndex {
         Ok((idx, Opened::Fresh))
     }
 
+    /// The incarnation of the segment this index belongs to (a new file, a new uuid).
     pub fn uuid(&self) -> u64 {
         self.header.segment_uuid
     }
 
+    /// The index's file.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -878,6 +885,7 @@ pub enum Records {
 }
 
 impl Records {
+    /// Records kept in memory only: a store that does not persist.
     pub fn in_memory() -> Records {
         Records::Memory(Mutex::new(IndexMap::default()))
     }

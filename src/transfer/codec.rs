@@ -15,37 +15,45 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// An empty message.
     pub fn new() -> Encoder {
         Encoder {
             buf: Vec::with_capacity(64),
         }
     }
+    /// A byte.
     pub fn u8(&mut self, v: u8) -> &mut Self {
         self.buf.push(v);
         self
     }
+    /// A boolean, one byte: 0 or 1.
     pub fn bool(&mut self, v: bool) -> &mut Self {
         self.u8(v as u8)
     }
+    /// A little-endian u16.
     pub fn u16(&mut self, v: u16) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// A little-endian u32.
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// A little-endian u64.
     pub fn u64(&mut self, v: u64) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
-    /// Strings longer than `MAX_STR_LEN` are the caller's bug: they are checked before encoding.
+    /// A string: its u16 length, then its bytes. Strings longer than `MAX_STR_LEN` are the
+    /// caller's bug: they are checked before encoding.
     pub fn str(&mut self, v: &str) -> &mut Self {
         let bytes = &v.as_bytes()[..v.len().min(u16::MAX as usize)];
         self.u16(bytes.len() as u16);
         self.buf.extend_from_slice(bytes);
         self
     }
+    /// A list's count (u32), before its items.
     pub fn count(&mut self, n: usize) -> &mut Self {
         self.u32(n as u32)
     }
@@ -63,6 +71,7 @@ pub struct Decoder<'a> {
 }
 
 impl<'a> Decoder<'a> {
+    /// Reads `buf` from its start.
     pub fn new(buf: &'a [u8]) -> Decoder<'a> {
         Decoder { buf, pos: 0 }
     }
@@ -80,9 +89,11 @@ impl<'a> Decoder<'a> {
         Ok(s)
     }
 
+    /// A byte.
     pub fn u8(&mut self) -> Result<u8, TransferError> {
         Ok(self.take(1)?[0])
     }
+    /// A boolean; a byte other than 0 or 1 is refused.
     pub fn bool(&mut self) -> Result<bool, TransferError> {
         match self.u8()? {
             0 => Ok(false),
@@ -90,15 +101,19 @@ impl<'a> Decoder<'a> {
             v => Err(TransferError::Protocol(format!("boolean field is {v}"))),
         }
     }
+    /// A little-endian u16.
     pub fn u16(&mut self) -> Result<u16, TransferError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
     }
+    /// A little-endian u32.
     pub fn u32(&mut self) -> Result<u32, TransferError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
     }
+    /// A little-endian u64.
     pub fn u64(&mut self) -> Result<u64, TransferError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
+    /// A string borrowed from the message: at most `MAX_STR_LEN` bytes of UTF-8.
     pub fn str(&mut self) -> Result<&'a str, TransferError> {
         let n = self.u16()? as usize;
         if n > MAX_STR_LEN {
@@ -120,6 +135,7 @@ impl<'a> Decoder<'a> {
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], TransferError> {
         Ok(self.take(N)?.try_into().expect("took N bytes"))
     }
+    /// A string, owned.
     pub fn string(&mut self) -> Result<String, TransferError> {
         self.str().map(str::to_owned)
     }

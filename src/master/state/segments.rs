@@ -30,6 +30,7 @@ pub enum SegState {
 }
 
 impl SegState {
+    /// The state as the admin API and the status page name it.
     pub fn name(&self) -> &'static str {
         match self {
             SegState::Live => "live",
@@ -38,6 +39,8 @@ impl SegState {
         }
     }
 
+    /// Recovering, with none of its objects confirmed yet; `rebind` when the master knew the
+    /// segment and only confirms its own records (else it adopts what is reported).
     pub fn recovering(rebind: bool) -> SegState {
         SegState::Recovering {
             rebind,
@@ -45,6 +48,7 @@ impl SegState {
         }
     }
 
+    /// Whether its store went away and its objects wait, unreadable, for it.
     pub fn is_away(&self) -> bool {
         matches!(self, SegState::Away { .. })
     }
@@ -91,6 +95,7 @@ impl Segment {
         }
     }
 
+    /// Whether its store is here and serves it (not recovering, not away).
     pub fn is_live(&self) -> bool {
         self.state == SegState::Live
     }
@@ -131,10 +136,12 @@ pub struct SegmentTable {
 }
 
 impl SegmentTable {
+    /// Segment `id`, if mounted.
     pub fn get(&self, id: u64) -> Option<&Segment> {
         self.by_id.get(&id)
     }
 
+    /// Segment `id`, if mounted, to change.
     pub fn get_mut(&mut self, id: u64) -> Option<&mut Segment> {
         self.by_id.get_mut(&id)
     }
@@ -151,22 +158,27 @@ impl SegmentTable {
             .collect()
     }
 
+    /// Whether segment `id` is mounted.
     pub fn contains(&self, id: u64) -> bool {
         self.by_id.contains_key(&id)
     }
 
+    /// The id of the segment mounted as `name`.
     pub fn by_name(&self, name: &str) -> Option<u64> {
         self.by_name.get(name).copied()
     }
 
+    /// Every mounted segment, whatever its state.
     pub fn iter(&self) -> impl Iterator<Item = &Segment> {
         self.by_id.values()
     }
 
+    /// Mounted segments.
     pub fn len(&self) -> usize {
         self.by_id.len()
     }
 
+    /// Mounts `seg` (its id and name are new).
     pub fn insert(&mut self, seg: Segment) {
         self.disk += usize::from(seg.info.tier == Tier::Disk);
         self.maybe_recovering |= matches!(seg.state, SegState::Recovering { .. });
@@ -201,6 +213,7 @@ impl SegmentTable {
         self.lost.contains(&uuid)
     }
 
+    /// Whether any disk-tier segment is mounted.
     pub fn has_disk(&self) -> bool {
         self.disk > 0
     }
@@ -218,20 +231,22 @@ impl SegmentTable {
         recovering
     }
 
+    /// Whether segment `id` is mounted and live.
     pub fn is_live(&self, id: u64) -> bool {
         self.get(id).is_some_and(Segment::is_live)
     }
 
+    /// Whether replica `r` lives on a disk-tier segment.
     pub fn is_disk(&self, r: &ReplicaLoc) -> bool {
         self.get(r.segment_id)
             .is_some_and(|s| s.info.tier == Tier::Disk)
     }
 
+    /// The live memory segments: where new puts go.
     pub fn live_memory(&self) -> impl Iterator<Item = &Segment> {
         self.by_id.values().filter(|s| s.is_live_memory())
     }
 
-    /// Of the memory tier: eviction keeps it under the watermark.
     /// Bytes the live segments hold, memory and disk tiers.
     pub fn live_capacity(&self) -> u64 {
         self.iter()
@@ -240,6 +255,8 @@ impl SegmentTable {
             .sum()
     }
 
+    /// Bytes used and held by the live memory segments: what eviction keeps under the
+    /// watermark.
     pub fn used_and_capacity(&self) -> (u64, u64) {
         self.live_memory().fold((0, 0), |(u, c), s| {
             (u + s.alloc.used(), c + s.alloc.capacity())
