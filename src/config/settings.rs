@@ -215,7 +215,7 @@ pub fn help(doc: &[&str], default: Option<String>, short: bool) -> String {
     paragraphs.retain(|p| !p.is_empty());
     let mut text = if short {
         let first = paragraphs.first().cloned().unwrap_or_default();
-        match first.find(". ") {
+        match first_sentence_end(&first) {
             Some(end) => first[..=end].to_string(),
             None => first,
         }
@@ -226,6 +226,28 @@ pub fn help(doc: &[&str], default: Option<String>, short: bool) -> String {
         text.push_str(&format!(" [default: {value}]"));
     }
     text
+}
+
+/// Where the first sentence of `text` ends: the first `. ` outside parentheses and code
+/// spans, and not an abbreviation's (`e.g. `, `i.e. `).
+fn first_sentence_end(text: &str) -> Option<usize> {
+    let (mut depth, mut code) = (0usize, false);
+    let bytes = text.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'`' => code = !code,
+            b'(' if !code => depth += 1,
+            b')' if !code => depth = depth.saturating_sub(1),
+            b'.' if !code && depth == 0 && bytes.get(i + 1) == Some(&b' ') => {
+                let head = &text[..i];
+                if !(head.ends_with("e.g") || head.ends_with("i.e")) {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Declares a role's settings once. Written as:
@@ -461,6 +483,13 @@ mod tests {
         assert_eq!(
             help(&doc, None, false),
             "First sentence. Second line.\n\nNext paragraph."
+        );
+        let doc = [" Origins (CORS), e.g. `a.b`. Then (more. inside) this. Last."];
+        assert_eq!(help(&doc, None, true), "Origins (CORS), e.g. `a.b`.");
+        let doc = [" A header (e.g. x-tenant. or y) named here. Then."];
+        assert_eq!(
+            help(&doc, None, true),
+            "A header (e.g. x-tenant. or y) named here."
         );
     }
 }
