@@ -24,6 +24,7 @@ pub struct Lru {
 }
 
 impl Lru {
+    /// An empty cache of at most `cap` keys.
     pub fn new(cap: usize) -> Lru {
         Lru {
             cap,
@@ -31,6 +32,7 @@ impl Lru {
         }
     }
 
+    /// Keys held.
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
@@ -39,6 +41,7 @@ impl Lru {
         self.by_key.is_empty()
     }
 
+    /// Whether `key` is held (without refreshing it).
     pub fn contains(&self, key: &str) -> bool {
         self.by_key.contains_key(key)
     }
@@ -61,6 +64,7 @@ impl Lru {
         evicted
     }
 
+    /// Drops `key`; whether it was held.
     pub fn remove(&mut self, key: &str) -> bool {
         match self.by_key.remove(key) {
             Some(t) => {
@@ -71,6 +75,7 @@ impl Lru {
         }
     }
 
+    /// Drops every key.
     pub fn clear(&mut self) {
         self.by_key.clear();
         self.by_tick.clear();
@@ -85,6 +90,7 @@ pub struct Match {
 }
 
 impl Match {
+    /// Leading pages held by the device and host tiers together.
     pub fn pages(&self) -> usize {
         self.device + self.host
     }

@@ -43,10 +43,12 @@ impl Tiers {
         }
     }
 
+    /// Whether any tier of `t` is among these.
     pub fn contains(self, t: Tiers) -> bool {
         self.0 & t.0 != 0
     }
 
+    /// Whether no tier holds the block.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -116,6 +118,7 @@ pub struct Prefix {
 }
 
 impl Prefix {
+    /// Leading blocks held, on any tier.
     pub fn blocks(&self) -> usize {
         self.gpu + self.host + self.disk + self.external
     }
@@ -246,6 +249,7 @@ impl Index {
         }
     }
 
+    /// Blocks the index holds.
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
@@ -254,6 +258,7 @@ impl Index {
         self.blocks.is_empty()
     }
 
+    /// Blocks the index's byte budget holds.
     pub fn capacity(&self) -> usize {
         self.capacity
     }

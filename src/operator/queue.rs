@@ -63,10 +63,13 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// An empty queue, shared by the workers and the watches that feed it.
     pub fn new() -> Arc<Queue> {
         Arc::new(Queue::default())
     }
 
+    /// Queues `key` now: once, however often it is added before a worker takes it; a key a
+    /// worker holds is queued again when that worker is done.
     pub fn add(&self, key: &str) {
         if self.inner.lock().add(key) {
             self.notify.notify_one();
@@ -108,6 +111,7 @@ impl Queue {
         delay
     }
 
+    /// Resets `key`'s backoff (its reconcile succeeded).
     pub fn forget(&self, key: &str) {
         self.inner.lock().failures.remove(key);
     }
@@ -142,6 +146,7 @@ impl Queue {
         }
     }
 
+    /// A worker finished `key`; it is queued again if it was added meanwhile.
     pub fn done(&self, key: &str) {
         let again = {
             let mut i = self.inner.lock();
@@ -153,6 +158,7 @@ impl Queue {
         }
     }
 
+    /// Keys ready for a worker.
     pub fn len(&self) -> usize {
         self.inner.lock().ready.len()
     }

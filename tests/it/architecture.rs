@@ -456,7 +456,7 @@ fn every_top_level_public_item_has_a_doc_line() {
 
 /// Public methods without a doc line: fewer with every change, never more. Lower the bound
 /// when documenting some (the message says how many are left).
-const UNDOCUMENTED_METHODS_AT_MOST: usize = 352;
+const UNDOCUMENTED_METHODS_AT_MOST: usize = 336;
 
 #[test]
 fn undocumented_public_methods_only_ever_get_fewer() {
