@@ -89,12 +89,6 @@ where
     })
 }
 
-/// For `#[serde(skip_serializing_if)]` on a flag that is given by being present: absent, it
-/// says nothing (and does not turn off what the file turned on).
-pub fn is_false(b: &bool) -> bool {
-    !*b
-}
-
 /// `value` as a TOML table (`what` names it in an error).
 pub fn table_of(value: &impl serde::Serialize, what: &str) -> Result<toml::Table, ConfigError> {
     match toml::Value::try_from(value) {

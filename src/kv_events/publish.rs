@@ -30,38 +30,37 @@ pub struct PublisherStats {
 impl PublisherStats {
     /// The counters as `<prefix>_kv_event_batches_total` and the like.
     pub fn render(&self, prefix: &str, p: &mut crate::telemetry::PromText) {
-        for (name, help, a) in [
-            (
-                "kv_event_batches_total",
-                "KV event batches published.",
-                &self.batches,
-            ),
-            ("kv_events_total", "KV events published.", &self.events),
-            (
-                "kv_event_batches_dropped_total",
-                "KV event batches dropped: the publisher's queue was full.",
-                &self.dropped,
-            ),
-            (
-                "kv_event_replay_requests_total",
-                "Replay requests answered.",
-                &self.replay_requests,
-            ),
-            (
-                "kv_event_replays_refused_total",
-                "Replay requests turned away: the most replays at once were under way.",
-                &self.replays_refused,
-            ),
-            (
-                "kv_event_replays_abandoned_total",
-                "Replays given up: the requester stopped reading or went away.",
-                &self.replays_abandoned,
-            ),
-        ] {
-            let name = format!("{prefix}_{name}");
-            let family = crate::telemetry::Family::counter(&name, help);
-            p.single(&family, a.load(Ordering::Relaxed) as f64);
-        }
+        p.counters(
+            prefix,
+            &[
+                (
+                    "kv_event_batches_total",
+                    "KV event batches published.",
+                    &self.batches,
+                ),
+                ("kv_events_total", "KV events published.", &self.events),
+                (
+                    "kv_event_batches_dropped_total",
+                    "KV event batches dropped: the publisher's queue was full.",
+                    &self.dropped,
+                ),
+                (
+                    "kv_event_replay_requests_total",
+                    "Replay requests answered.",
+                    &self.replay_requests,
+                ),
+                (
+                    "kv_event_replays_refused_total",
+                    "Replay requests turned away: the most replays at once were under way.",
+                    &self.replays_refused,
+                ),
+                (
+                    "kv_event_replays_abandoned_total",
+                    "Replays given up: the requester stopped reading or went away.",
+                    &self.replays_abandoned,
+                ),
+            ],
+        );
     }
 }
 

@@ -97,11 +97,6 @@ impl<'a> Family<'a> {
             help,
         }
     }
-
-    /// The same family under another kind: a table whose rows are each their own kind.
-    pub const fn of_kind(name: &'a str, kind: Kind, help: &'a str) -> Family<'a> {
-        Family { name, kind, help }
-    }
 }
 
 /// A Prometheus text exposition, built family by family and written by the library's encoder.
@@ -163,6 +158,21 @@ impl PromText {
             }
         }
         self.families[i].mut_metric().push(m);
+        self
+    }
+
+    /// Unlabelled counters named `<prefix>_<suffix>` (a family each, generic over the role
+    /// that shows them), read from their atomics: `(suffix, help, counter)` rows.
+    pub fn counters(
+        &mut self,
+        prefix: &str,
+        rows: &[(&str, &str, &std::sync::atomic::AtomicU64)],
+    ) -> &mut Self {
+        for (suffix, help, counter) in rows {
+            let name = format!("{prefix}_{suffix}");
+            let value = counter.load(std::sync::atomic::Ordering::Relaxed) as f64;
+            self.single(&Family::counter(&name, help), value);
+        }
         self
     }
 

@@ -88,49 +88,48 @@ impl ConnCounters {
     /// `<prefix>_refused_connections_total`, `<prefix>_idle_closed_connections_total`,
     /// `<prefix>_unauthenticated_connections_total`, `<prefix>_handed_on_requests_total`.
     pub fn render(&self, p: &mut crate::telemetry::PromText, prefix: &str) {
-        for (suffix, help, counter) in [
-            (
-                "accepted_connections_total",
-                "Connections admitted.",
-                &self.accepted,
-            ),
-            (
-                "bad_frames_total",
-                "Connections closed because of malformed input or a request that stopped arriving.",
-                &self.bad_frames,
-            ),
-            (
-                "refused_connections_total",
-                "Connections refused at a connection limit (in all or per peer).",
-                &self.refused,
-            ),
-            (
-                "idle_closed_connections_total",
-                "Connections closed after idling (clients reconnect).",
-                &self.idle_closed,
-            ),
-            (
-                "unauthenticated_connections_total",
-                "Connections closed because the peer did not prove it holds the cluster secret.",
-                &self.unauthenticated,
-            ),
-            (
-                "made_way_connections_total",
-                "Connections closed to make way for a new one at a limit: one yet to prove the \
-             cluster secret, or the one idle longest.",
-                &self.made_way,
-            ),
-            (
-                "handed_on_requests_total",
-                "Requests that had to wait (for room, for the stores) and were answered from a \
-             thread that may block rather than an event loop.",
-                &self.handed_on,
-            ),
-        ] {
-            let name = format!("{prefix}_{suffix}");
-            let family = crate::telemetry::Family::counter(&name, help);
-            p.single(&family, counter.load(Ordering::Relaxed) as f64);
-        }
+        p.counters(
+            prefix,
+            &[
+                (
+                    "accepted_connections_total",
+                    "Connections admitted.",
+                    &self.accepted,
+                ),
+                (
+                    "bad_frames_total",
+                    "Connections closed because of malformed input or a request that stopped arriving.",
+                    &self.bad_frames,
+                ),
+                (
+                    "refused_connections_total",
+                    "Connections refused at a connection limit (in all or per peer).",
+                    &self.refused,
+                ),
+                (
+                    "idle_closed_connections_total",
+                    "Connections closed after idling (clients reconnect).",
+                    &self.idle_closed,
+                ),
+                (
+                    "unauthenticated_connections_total",
+                    "Connections closed because the peer did not prove it holds the cluster secret.",
+                    &self.unauthenticated,
+                ),
+                (
+                    "made_way_connections_total",
+                    "Connections closed to make way for a new one at a limit: one yet to prove the \
+                 cluster secret, or the one idle longest.",
+                    &self.made_way,
+                ),
+                (
+                    "handed_on_requests_total",
+                    "Requests that had to wait (for room, for the stores) and were answered from a \
+                 thread that may block rather than an event loop.",
+                    &self.handed_on,
+                ),
+            ],
+        );
     }
 
     fn count(c: &AtomicU64) {
