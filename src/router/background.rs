@@ -5,23 +5,23 @@ use crate::backoff::Backoff;
 use crate::router::config::Backend;
 use crate::router::kv_index::EventsOf;
 use crate::router::worker::Worker;
-use crate::router::Shared;
+use crate::router::Router;
 use http::Method;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts the health checker and the tree eviction timer.
-pub fn start(shared: &Arc<Shared>) {
-    if let Some(url) = shared.cfg.policy.kv_events_pool_snapshot_url.clone() {
-        let s = shared.clone();
+pub fn start(router: &Arc<Router>) {
+    if let Some(url) = router.cfg.policy.kv_events_pool_snapshot_url.clone() {
+        let s = router.clone();
         tokio::spawn(async move { pool_snapshot(s, url).await });
     }
-    if !shared.cfg.health.disabled {
-        let s = shared.clone();
+    if !router.cfg.health.disabled {
+        let s = router.clone();
         tokio::spawn(async move { health_loop(s).await });
     }
-    let s = shared.clone();
+    let s = router.clone();
     tokio::spawn(async move {
         let every = s.cfg.cache.eviction_interval.0;
         let mut tick = tokio::time::interval(every);
@@ -43,7 +43,7 @@ pub fn start(shared: &Arc<Shared>) {
 /// A router that follows the pool's events asks its master for a snapshot of them at start
 /// (its stream then carries every page, whatever the replay buffer still holds): a few tries
 /// over about 15 s while the master is not up yet.
-async fn pool_snapshot(s: Arc<Shared>, url: String) {
+async fn pool_snapshot(s: Arc<Router>, url: String) {
     let started = std::time::Instant::now();
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(4));
     for attempt in 0..6u32 {
@@ -94,7 +94,7 @@ async fn pool_snapshot(s: Arc<Shared>, url: String) {
     tracing::warn!(%url, "the pool's master gave no KV event snapshot: its blocks come in as they change");
 }
 
-async fn health_loop(s: Arc<Shared>) {
+async fn health_loop(s: Arc<Router>) {
     let (every, timeout) = (s.cfg.health.interval.0, s.cfg.health.timeout.0);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -143,7 +143,7 @@ pub fn model_ids(v: &Value) -> Vec<String> {
 /// `precise_prefix` where its KV events are published (the same `/server_info`, read once for
 /// both), for as long as the worker is registered (`follow_events_of`). Nothing is
 /// downloaded: the router never resolves tokenizers or model paths.
-pub fn learn_about(s: Arc<Shared>, w: Arc<Worker>) {
+pub fn learn_about(s: Arc<Router>, w: Arc<Worker>) {
     let openai = s.cfg.server.backend == Backend::Openai;
     let mut want_model = w.model_id.read().is_none() || openai;
     let want_events = s.routing.kv_index.is_some() && !openai;
@@ -202,7 +202,7 @@ const EVENTS_CHECK: Duration = Duration::from_secs(5);
 /// and when a followed worker's connection dropped and nothing came since, reads its
 /// descriptor again and follows where it now publishes (an engine started again elsewhere:
 /// the router follows the engine, not its old ports).
-async fn follow_events_of(s: Arc<Shared>, w: Arc<Worker>, mut settle: Option<Settle>) {
+async fn follow_events_of(s: Arc<Router>, w: Arc<Worker>, mut settle: Option<Settle>) {
     let Some(index) = s.routing.kv_index.clone() else {
         return;
     };
@@ -261,7 +261,7 @@ impl Drop for Settle {
 
 /// Reads the worker's `/v1/models`: the models it serves, and with vLLM (which serves no
 /// server info) its engine and model. Whether the model is known now.
-async fn read_models(s: &Shared, w: &Worker) -> bool {
+async fn read_models(s: &Router, w: &Worker) -> bool {
     let Ok((st, body)) = s
         .call(w, Method::GET, "/v1/models", Duration::from_secs(5))
         .await
@@ -295,7 +295,7 @@ async fn read_models(s: &Shared, w: &Worker) -> bool {
 }
 
 /// The worker's `/server_info` (or SGLang's older `/get_server_info`), when it answers one.
-async fn server_info(s: &Shared, w: &Worker) -> Option<Value> {
+async fn server_info(s: &Router, w: &Worker) -> Option<Value> {
     for path in ["/server_info", "/get_server_info"] {
         let Ok((st, body)) = s.call(w, Method::GET, path, Duration::from_secs(5)).await else {
             continue;
@@ -315,7 +315,7 @@ async fn server_info(s: &Shared, w: &Worker) -> Option<Value> {
 /// (or, when it publishes elsewhere than it did, where it publishes now), on a blocking thread
 /// (opening a subscription's sockets waits on libzmq). Whether that is settled (followed, or
 /// none published).
-async fn follow_kv_events(s: &Shared, w: &Worker, info: &Value) -> bool {
+async fn follow_kv_events(s: &Router, w: &Worker, info: &Value) -> bool {
     let Some(index) = s.routing.kv_index.clone() else {
         return true;
     };

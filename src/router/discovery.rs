@@ -13,7 +13,7 @@
 //! and changes nothing (the workers already known stay).
 
 use crate::router::worker::{Source, WorkerSpec, WorkerType};
-use crate::router::Shared;
+use crate::router::Router;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -132,18 +132,18 @@ pub fn workers(file: &DiscoveryFile, sel: &RbgSelection) -> Result<Vec<WorkerSpe
 }
 
 /// Polls the file and keeps the registry in step.
-pub fn start(shared: Arc<Shared>) {
-    let Some(path) = shared.cfg.discovery.rbg_config.clone() else {
+pub fn start(router: Arc<Router>) {
+    let Some(path) = router.cfg.discovery.rbg_config.clone() else {
         return;
     };
     let sel = RbgSelection {
-        role: shared.cfg.discovery.rbg_role.clone(),
-        prefill_role: shared.cfg.discovery.rbg_prefill_role.clone(),
-        decode_role: shared.cfg.discovery.rbg_decode_role.clone(),
-        port_name: shared.cfg.discovery.rbg_port_name.clone(),
-        bootstrap_port_name: shared.cfg.discovery.rbg_bootstrap_port_name.clone(),
+        role: router.cfg.discovery.rbg_role.clone(),
+        prefill_role: router.cfg.discovery.rbg_prefill_role.clone(),
+        decode_role: router.cfg.discovery.rbg_decode_role.clone(),
+        port_name: router.cfg.discovery.rbg_port_name.clone(),
+        bootstrap_port_name: router.cfg.discovery.rbg_bootstrap_port_name.clone(),
     };
-    let every = shared.cfg.discovery.rbg_poll.0;
+    let every = router.cfg.discovery.rbg_poll.0;
     tokio::spawn(async move {
         let mut last: Option<String> = None;
         let mut last_error: Option<String> = None;
@@ -153,7 +153,7 @@ pub fn start(shared: Arc<Shared>) {
             let text = match tokio::fs::read_to_string(&path).await {
                 Ok(t) => t,
                 Err(e) => {
-                    shared
+                    router
                         .metrics
                         .discovery_rejected
                         .fetch_add(1, Ordering::Relaxed);
@@ -171,16 +171,16 @@ pub fn start(shared: Arc<Shared>) {
             match parse(&text).and_then(|f| workers(&f, &sel)) {
                 Ok(specs) => {
                     let listed = specs.len();
-                    let specs = shared.dp_specs_all(specs).await;
+                    let specs = crate::router::dp::rank_specs_all(&router, specs).await;
                     // A worker whose ranks are not known yet: the file is read again.
                     let complete =
                         specs.iter().filter(|s| s.dp_rank.unwrap_or(0) == 0).count() == listed;
-                    let (added, removed) = shared.workers.registry.sync(Source::RbgFile, &specs);
+                    let (added, removed) = router.workers.registry.sync(Source::RbgFile, &specs);
                     for w in &removed {
-                        shared.forget(&w.url);
+                        router.forget(&w.url);
                     }
                     for w in &added {
-                        crate::router::background::learn_about(shared.clone(), w.clone());
+                        crate::router::background::learn_about(router.clone(), w.clone());
                     }
                     tracing::info!(
                         file = %path.display(),
@@ -195,7 +195,7 @@ pub fn start(shared: Arc<Shared>) {
                     }
                 }
                 Err(e) => {
-                    shared
+                    router
                         .metrics
                         .discovery_rejected
                         .fetch_add(1, Ordering::Relaxed);

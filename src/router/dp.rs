@@ -7,7 +7,7 @@
 //! releases); it is learnt once per address and remembered.
 
 use crate::router::worker::{Source, Worker, WorkerSpec};
-use crate::router::Shared;
+use crate::router::Router;
 use http::Method;
 use serde_json::Value;
 use std::time::Duration;
@@ -39,50 +39,48 @@ pub fn expand(spec: &WorkerSpec, ranks: usize) -> Vec<WorkerSpec> {
         .collect()
 }
 
-impl Shared {
-    /// The rank specs of `spec` (it unchanged without `--dp-aware`), asking the server its
-    /// `dp_size` unless it was learnt before.
-    pub async fn dp_specs(&self, spec: &WorkerSpec) -> Result<Vec<WorkerSpec>, String> {
-        if !self.cfg.server.dp_aware || spec.dp_rank.is_some() {
-            return Ok(vec![spec.clone()]);
-        }
-        if let Some(&n) = self.workers.dp_sizes.lock().get(&spec.url) {
-            return Ok(expand(spec, n));
-        }
-        let probe = Worker::new(spec.clone(), Source::Api);
-        let mut why = String::new();
-        for path in ["/get_server_info", "/server_info"] {
-            match self.call(&probe, Method::GET, path, ASK_TIMEOUT).await {
-                Ok((st, body)) if st.is_success() => {
-                    let info: Value = serde_json::from_slice(&body)
-                        .map_err(|e| format!("{}{path}: not JSON: {e}", spec.url))?;
-                    let n = dp_size(&info).map_err(|e| format!("{}: {e}", spec.url))?;
-                    tracing::info!(worker = %spec.url, dp_size = n, "data-parallel ranks learnt");
-                    self.workers.dp_sizes.lock().insert(spec.url.clone(), n);
-                    return Ok(expand(spec, n));
-                }
-                Ok((st, _)) => why = format!("{}{path} answered {st}", spec.url),
-                Err(e) => why = format!("{}{path}: {e}", spec.url),
-            }
-        }
-        Err(format!("--dp-aware: cannot learn the ranks of {why}"))
+/// The rank specs of `spec` (it unchanged without `--dp-aware`), asking the server its
+/// `dp_size` unless it was learnt before.
+pub async fn rank_specs(router: &Router, spec: &WorkerSpec) -> Result<Vec<WorkerSpec>, String> {
+    if !router.cfg.server.dp_aware || spec.dp_rank.is_some() {
+        return Ok(vec![spec.clone()]);
     }
+    if let Some(&n) = router.workers.dp_sizes.lock().get(&spec.url) {
+        return Ok(expand(spec, n));
+    }
+    let probe = Worker::new(spec.clone(), Source::Api);
+    let mut why = String::new();
+    for path in ["/get_server_info", "/server_info"] {
+        match router.call(&probe, Method::GET, path, ASK_TIMEOUT).await {
+            Ok((st, body)) if st.is_success() => {
+                let info: Value = serde_json::from_slice(&body)
+                    .map_err(|e| format!("{}{path}: not JSON: {e}", spec.url))?;
+                let n = dp_size(&info).map_err(|e| format!("{}: {e}", spec.url))?;
+                tracing::info!(worker = %spec.url, dp_size = n, "data-parallel ranks learnt");
+                router.workers.dp_sizes.lock().insert(spec.url.clone(), n);
+                return Ok(expand(spec, n));
+            }
+            Ok((st, _)) => why = format!("{}{path} answered {st}", spec.url),
+            Err(e) => why = format!("{}{path}: {e}", spec.url),
+        }
+    }
+    Err(format!("--dp-aware: cannot learn the ranks of {why}"))
+}
 
-    /// [`Shared::dp_specs`] of every spec; those whose ranks cannot be learnt now are left out
-    /// (and logged), to be tried again at the next sync.
-    pub async fn dp_specs_all(&self, specs: Vec<WorkerSpec>) -> Vec<WorkerSpec> {
-        if !self.cfg.server.dp_aware {
-            return specs;
-        }
-        let mut out = Vec::with_capacity(specs.len());
-        for spec in &specs {
-            match self.dp_specs(spec).await {
-                Ok(ranks) => out.extend(ranks),
-                Err(e) => tracing::warn!("{e}; left out until it answers"),
-            }
-        }
-        out
+/// [`rank_specs`] of every spec; those whose ranks cannot be learnt now are left out (and
+/// logged), to be tried again at the next sync.
+pub async fn rank_specs_all(router: &Router, specs: Vec<WorkerSpec>) -> Vec<WorkerSpec> {
+    if !router.cfg.server.dp_aware {
+        return specs;
     }
+    let mut out = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match rank_specs(router, spec).await {
+            Ok(ranks) => out.extend(ranks),
+            Err(e) => tracing::warn!("{e}; left out until it answers"),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

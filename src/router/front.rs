@@ -1,24 +1,25 @@
-//! The router's front door: inference requests go straight to their handler, everything else
-//! to the axum app.
+//! The router's front door, and the one way in for inference: a request to an inference path
+//! (`/generate`, `/v1/chat/completions`, ...) is answered here, everything else by the axum app.
 //!
 //! Inference is nearly all of a router's traffic, and through axum each request went through
-//! the body guard, the CORS layer, the path router, two route layers (HTTP metrics, API key)
-//! and the handler's extractors, each boxing or cloning on the way: more CPU than routing
-//! itself. Here a `POST` to one of the inference paths, without an `Origin` header, gets the
-//! same treatment in one place, in the same order: the body guard (`admit_body`), then the HTTP
-//! metrics under its route around the API key check and the handler, and the CORS headers that
-//! answer a request with no `Origin`. A request with `Origin` (a browser's, which may need the
-//! full CORS answer) and every other route go to the axum app, which serves the inference
-//! paths too: one behaviour, two ways in.
+//! the path router, two route layers and the handler's extractors, each boxing or cloning on
+//! the way: more CPU than routing itself. Here an inference request gets, in this order: the
+//! body guard (`admit_body`: its refusals are neither counted nor given CORS headers), then the
+//! HTTP metrics under its route around the API key check and the one inference handler
+//! (`answer`). CORS: a request with `Origin` (a browser's, which may need the full CORS answer,
+//! preflights included) goes through the router's one CORS layer (`handlers::access::cors`);
+//! one without gets the headers that layer gives such a request, worked out once at start.
 
 use crate::http_server::{admit_body, HttpLimits};
-use crate::router::handlers::access::key_refusal;
+use crate::router::handlers::access::{key_refusal, rid_for};
 use crate::router::handlers::inference::inference;
+use crate::router::proxy::error_response;
 use crate::router::request::Endpoint;
-use crate::router::Shared;
+use crate::router::Router;
 use axum::body::Body;
+use axum::extract::State;
 use axum::response::Response;
-use http::{header, HeaderName, HeaderValue, Method, Request};
+use http::{header, HeaderName, HeaderValue, Method, Request, StatusCode};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -26,33 +27,61 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-/// What the router's port serves: the fast path for inference, the axum app (already guarded) for the rest.
+/// What the router's port serves: inference here, the axum app (already guarded) for the rest.
 #[derive(Clone)]
 pub struct Front {
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     limits: Arc<HttpLimits>,
     /// The CORS headers of an answer to a request without `Origin`.
     cors: Arc<[(HeaderName, HeaderValue)]>,
+    /// Inference requests with `Origin`: `answer` behind the router's CORS layer.
+    with_origin: axum::Router,
     rest: axum::Router,
 }
 
 impl Front {
-    pub fn new(shared: Arc<Shared>, rest: axum::Router, limits: &HttpLimits) -> Front {
-        let cors = cors_without_origin(&shared.cfg.server.cors_allowed_origins).into();
+    pub fn new(router: Arc<Router>, rest: axum::Router, limits: &HttpLimits) -> Front {
+        let origins = &router.cfg.server.cors_allowed_origins;
+        let cors = cors_without_origin(origins).into();
+        let with_origin = axum::Router::new()
+            .fallback(answer_with_origin)
+            .layer(crate::router::handlers::access::cors(origins))
+            .with_state(router.clone());
         Front {
-            shared,
+            router,
             limits: Arc::new(limits.clone()),
             cors,
+            with_origin,
             rest,
         }
     }
 
-    /// The inference endpoint `req` is for, when it may take the fast path.
-    fn fast_endpoint<B>(req: &Request<B>) -> Option<Endpoint> {
-        if req.method() != Method::POST || req.headers().contains_key(header::ORIGIN) {
-            return None;
-        }
-        Endpoint::of_path(req.uri().path())
+    /// One request to an inference path.
+    async fn inference(mut self, endpoint: Endpoint, req: Request<Body>) -> Response {
+        let (req, ticket) = match admit_body(req, &self.limits) {
+            Ok(admitted) => admitted,
+            Err(refusal) => return refusal,
+        };
+        let resp = match req.headers().contains_key(header::ORIGIN) {
+            true => match tower_service::Service::call(&mut self.with_origin, req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            },
+            false => {
+                let mut resp = answer(self.router, endpoint, req).await;
+                let headers = resp.headers_mut();
+                for (name, value) in self.cors.iter() {
+                    if name == header::VARY {
+                        headers.append(name, value.clone());
+                    } else {
+                        headers.insert(name, value.clone());
+                    }
+                }
+                resp
+            }
+        };
+        drop(ticket);
+        resp
     }
 }
 
@@ -75,50 +104,53 @@ fn cors_without_origin(origins: &[String]) -> Vec<(HeaderName, HeaderValue)> {
     out
 }
 
-/// One inference request, as the axum app would serve it.
-async fn serve_inference(
-    shared: Arc<Shared>,
-    limits: Arc<HttpLimits>,
-    cors: Arc<[(HeaderName, HeaderValue)]>,
-    endpoint: Endpoint,
-    req: Request<Body>,
-) -> Response {
-    // The body guard is outermost: its refusals are neither counted nor given CORS headers.
-    let (req, ticket) = match admit_body(req, &limits) {
-        Ok(admitted) => admitted,
-        Err(refusal) => return refusal,
-    };
+/// An inference request that came with `Origin`, inside the CORS layer.
+async fn answer_with_origin(State(router): State<Arc<Router>>, req: Request<Body>) -> Response {
+    match Endpoint::of_path(req.uri().path()) {
+        Some(endpoint) => answer(router, endpoint, req).await,
+        None => crate::router::handlers::not_found(State(router), req).await,
+    }
+}
+
+/// One inference request past the body guard: `POST` only, the caller's key, the inference
+/// handler, counted under its route.
+async fn answer(router: Arc<Router>, endpoint: Endpoint, req: Request<Body>) -> Response {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    // With tenants, `inference` names the caller itself (one key lookup, not two).
-    let refused = match shared.access.tenants {
-        Some(_) => None,
-        None => key_refusal(&shared, &parts.headers),
+    let resp = if parts.method != Method::POST {
+        let rid = rid_for(&router, &parts.headers, Some(endpoint));
+        let msg = format!("{} takes POST, not {}", endpoint.path(), parts.method);
+        let mut resp = error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            &msg,
+            &rid,
+        );
+        let allow = HeaderValue::from_static("POST");
+        resp.headers_mut().insert(header::ALLOW, allow);
+        resp
+    } else {
+        // With tenants, `inference` names the caller itself (one key lookup, not two).
+        let refused = match router.access.tenants {
+            Some(_) => None,
+            None => key_refusal(&router, &parts.headers),
+        };
+        match refused {
+            Some(refusal) => refusal,
+            None => inference(router.clone(), endpoint, parts.headers, body).await,
+        }
     };
-    let mut resp = match refused {
-        Some(refusal) => refusal,
-        None => inference(shared.clone(), endpoint, parts.headers, body).await,
-    };
-    drop(ticket);
     let code = resp
         .extensions()
         .get::<crate::router::metrics::ErrorCode>()
         .map_or("", |c| c.0.as_str());
-    shared.metrics.http.observe(
-        &Method::POST,
+    router.metrics.http.observe(
+        &parts.method,
         endpoint.path(),
         resp.status().as_u16(),
         code,
         started.elapsed(),
     );
-    let headers = resp.headers_mut();
-    for (name, value) in cors.iter() {
-        if name == header::VARY {
-            headers.append(name, value.clone());
-        } else {
-            headers.insert(name, value.clone());
-        }
-    }
     resp
 }
 
@@ -132,13 +164,10 @@ impl tower_service::Service<Request<Body>> for Front {
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        match Front::fast_endpoint(&req) {
+        match Endpoint::of_path(req.uri().path()) {
             Some(endpoint) => {
-                let (shared, limits) = (self.shared.clone(), self.limits.clone());
-                let cors = self.cors.clone();
-                Box::pin(
-                    async move { Ok(serve_inference(shared, limits, cors, endpoint, req).await) },
-                )
+                let front = self.clone();
+                Box::pin(async move { Ok(front.inference(endpoint, req).await) })
             }
             None => {
                 let rest = self.rest.clone();
@@ -181,28 +210,66 @@ mod tests {
         }
     }
 
+    /// A router with no workers, its front with a marker app for the rest.
+    fn front(rt: &tokio::runtime::Runtime) -> Front {
+        let _guard = rt.enter();
+        let router = Arc::new(Router::new(Default::default()).unwrap());
+        let rest = axum::Router::new().fallback(|| async { "the rest" });
+        Front::new(router, rest, &HttpLimits::default())
+    }
+
+    fn send(rt: &tokio::runtime::Runtime, front: &Front, req: Request<Body>) -> Response {
+        use tower_service::Service as _;
+        rt.block_on(front.clone().call(req)).unwrap()
+    }
+
     #[test]
-    fn only_inference_posts_without_origin_take_the_fast_path() {
-        let req = |method: Method, path: &str, origin: bool| {
-            let mut b = Request::builder().method(method).uri(path);
-            if origin {
-                b = b.header(header::ORIGIN, "https://a.example");
-            }
-            b.body(()).unwrap()
+    fn inference_paths_are_answered_at_the_front_and_the_rest_by_the_app() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let front = front(&rt);
+        let body = |r: Response| {
+            let bytes = rt.block_on(http_body_util::BodyExt::collect(r.into_body()));
+            String::from_utf8(bytes.unwrap().to_bytes().to_vec()).unwrap()
         };
         for e in Endpoint::ALL {
+            // Without workers, a POST reaches the handler, which says there are none.
+            let post = Request::post(e.path()).body(Body::from("{}")).unwrap();
+            let resp = send(&rt, &front, post);
             assert_eq!(
-                Front::fast_endpoint(&req(Method::POST, e.path(), false)),
-                Some(e)
+                resp.status(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{}",
+                e.path()
             );
-            assert_eq!(
-                Front::fast_endpoint(&req(Method::POST, e.path(), true)),
-                None
-            );
-            assert_eq!(
-                Front::fast_endpoint(&req(Method::GET, e.path(), false)),
-                None
-            );
+            assert_eq!(resp.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "*");
+            // Any other method is refused by name, with what to send instead.
+            let get = Request::get(e.path()).body(Body::empty()).unwrap();
+            let resp = send(&rt, &front, get);
+            assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(resp.headers()[header::ALLOW], "POST");
+            assert!(body(resp).contains("takes POST, not GET"));
+            // A browser's preflight is answered by the CORS layer.
+            let preflight = Request::builder()
+                .method(Method::OPTIONS)
+                .uri(e.path())
+                .header(header::ORIGIN, "https://a.example")
+                .header(header::ACCESS_CONTROL_REQUEST_METHOD, "POST")
+                .body(Body::empty())
+                .unwrap();
+            let resp = send(&rt, &front, preflight);
+            assert!(resp.status().is_success(), "{}", resp.status());
+            assert_eq!(resp.headers()[header::ACCESS_CONTROL_MAX_AGE], "3600");
+            // A browser's request reaches the same handler, with the layer's CORS headers.
+            let post = Request::post(e.path())
+                .header(header::ORIGIN, "https://a.example")
+                .body(Body::from("{}"))
+                .unwrap();
+            let resp = send(&rt, &front, post);
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(resp.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "*");
         }
         for path in [
             "/generate/",
@@ -210,12 +277,26 @@ mod tests {
             "/workers",
             "/v1/chat/completions/x",
         ] {
-            assert_eq!(Front::fast_endpoint(&req(Method::POST, path, false)), None);
+            let req = Request::post(path).body(Body::empty()).unwrap();
+            assert_eq!(body(send(&rt, &front, req)), "the rest", "{path}");
         }
+        let req = Request::post("/generate?x=1")
+            .body(Body::from("{}"))
+            .unwrap();
+        let resp = send(&rt, &front, req);
         assert_eq!(
-            Front::fast_endpoint(&req(Method::POST, "/generate?x=1", false)),
-            Some(Endpoint::Generate),
+            resp.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
             "the query is not part of the path"
         );
+        // Every answer above was counted under its route (preflights, answered by the CORS
+        // layer, are not).
+        let metrics = &front.router.metrics;
+        let text = metrics.render(&[], &Default::default(), 0, 0, |_| "random");
+        for method in ["GET", "POST"] {
+            let sample =
+                format!("smg_http_requests_total{{method=\"{method}\",path=\"/generate\"}}");
+            assert!(text.contains(&sample), "{sample} in {text}");
+        }
     }
 }

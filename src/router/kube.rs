@@ -11,7 +11,7 @@ use crate::kube::{encode, Kube, KubeConfig, KubeError};
 use crate::router::config::parse_selector;
 use crate::router::vllm::Connector;
 use crate::router::worker::{Source, WorkerSpec, WorkerType};
-use crate::router::{RouterError, Shared};
+use crate::router::{Router, RouterError};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -105,11 +105,11 @@ impl PodSet {
 }
 
 /// Starts one watcher per selector given.
-pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
+pub fn start(router: Arc<Router>) -> Result<(), RouterError> {
     let kube = Kube::new(KubeConfig::infer()?)?;
-    let c = &shared.cfg.discovery;
+    let c = &router.cfg.discovery;
     let mut watches = Vec::new();
-    if shared.pd() {
+    if router.pd() {
         watches.push((
             WorkerType::Prefill,
             parse_selector("router.prefill_selector", &c.prefill_selector)?,
@@ -135,36 +135,36 @@ pub fn start(shared: Arc<Shared>) -> Result<(), RouterError> {
             Some(ns) => format!("/api/v1/namespaces/{ns}/pods"),
             None => "/api/v1/pods".to_string(),
         };
-        let (kube, shared, sets) = (kube.clone(), shared.clone(), sets.clone());
+        let (kube, router, sets) = (kube.clone(), router.clone(), sets.clone());
         tokio::spawn(async move {
-            watch_loop(kube, shared, sets, t, base, selector).await;
+            watch_loop(kube, router, sets, t, base, selector).await;
         });
     }
     Ok(())
 }
 
-async fn publish(shared: &Shared, sets: &Mutex<HashMap<WorkerType, PodSet>>) {
+async fn publish(router: &Router, sets: &Mutex<HashMap<WorkerType, PodSet>>) {
     let wanted: Vec<WorkerSpec> = sets
         .lock()
         .values()
         .flat_map(|s| s.workers.values().cloned())
         .collect();
-    let wanted = shared.dp_specs_all(wanted).await;
-    let (_, removed) = shared.workers.registry.sync(Source::Kubernetes, &wanted);
+    let wanted = crate::router::dp::rank_specs_all(router, wanted).await;
+    let (_, removed) = router.workers.registry.sync(Source::Kubernetes, &wanted);
     for w in removed {
-        shared.forget(&w.url);
+        router.forget(&w.url);
     }
 }
 
 async fn watch_loop(
     kube: Kube,
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     sets: Arc<Mutex<HashMap<WorkerType, PodSet>>>,
     t: WorkerType,
     base: String,
     selector: String,
 ) {
-    let port = shared.cfg.discovery.port;
+    let port = router.cfg.discovery.port;
     let sel = encode(&selector);
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
@@ -172,7 +172,7 @@ async fn watch_loop(
             // Paged (`limit` and `continue`), as a large cluster needs.
             let (items, rv) = kube.list_all(&base, &format!("&labelSelector={sel}")).await?;
             sets.lock().entry(t).or_default().reset(&items, port, t);
-            publish(&shared, &sets).await;
+            publish(&router, &sets).await;
             tracing::info!(selector = %selector, pods = items.len(), "pods listed");
             let mut rv = rv;
             loop {
@@ -196,7 +196,7 @@ async fn watch_loop(
                         kind => {
                             let changed = sets.lock().entry(t).or_default().apply(kind, &ev.object, port, t);
                             if changed {
-                                publish(&shared, &sets).await;
+                                publish(&router, &sets).await;
                             }
                         }
                     }

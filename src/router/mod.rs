@@ -1,6 +1,9 @@
 //! `rbgctl router`: the OpenAI/SGLang-compatible gateway in front of SGLang or vLLM workers, a
 //! drop-in for sglang-router 0.3.2 (same flags, endpoints and defaults).
 //!
+//! [`Router`] is the router: its state (settings, workers, routing, limits, access, metrics)
+//! and, in `proxy`, its request path (choosing, dispatching, sending, relaying).
+//!
 //! - `config`: flags and TOML, validated.
 //! - `request` (pure): routing text, request ids, bootstrap injection, retry backoff.
 //! - `policy` + `tree` (pure): random, round_robin, power_of_two, cache_aware, consistent_hashing.
@@ -10,12 +13,15 @@
 //!   sharing (instead of `limiter` when a tenants file is given).
 //! - `upstream`: the client to workers (keep-alive HTTP/1.1 connections per runtime, read by
 //!   the relaying task; hyper's client for `https://` workers).
-//! - `proxy`: retries and the answer relayed frame by frame (`proxy/relay.rs`);
-//!   `route`: how a request reaches workers (regular, SGLang PD, vLLM PD), chosen at start.
-//! - `server`: the HTTP API; `background`: health checks, tree eviction, worker metadata.
-//! - `front`: the front door hyper serves: inference straight to its handler, the rest to
-//!   `server`'s axum app.
-//! - `discovery`: workers from the RBG discovery file; `kube`: from Kubernetes pods.
+//! - `proxy`: the request path (`impl Router`), the answer relayed frame by frame
+//!   (`proxy/relay.rs`); `route`: how a request reaches workers (regular, SGLang PD, vLLM PD),
+//!   chosen at start.
+//! - `front`: the front door hyper serves, and the one way in for inference (body guard, key,
+//!   metrics, CORS, the inference handler); `handlers`: every other route, by concern;
+//!   `server`: start-up and serving; `background`: health checks, tree eviction, worker
+//!   metadata.
+//! - `discovery`: workers from the RBG discovery file; `kube`: from Kubernetes pods; `dp`:
+//!   a data-parallel worker's ranks.
 //! - `metrics`: Prometheus.
 
 pub mod background;
@@ -81,10 +87,11 @@ pub enum RouterError {
     Tenants(#[from] tenants::TenantsError),
 }
 
-/// State shared by every request and background task, by concern: the settings as given, the
-/// workers, how requests are routed to them, what bounds the intake, who may call, and the
-/// metrics. Nothing here copies a setting.
-pub struct Shared {
+/// The router: the state shared by every request and background task, by concern (the
+/// settings as given, the workers, how requests are routed to them, what bounds the intake,
+/// who may call, and the metrics; nothing here copies a setting), and its request path
+/// (`proxy`).
+pub struct Router {
     pub cfg: RouterConfig,
     pub workers: Workers,
     pub routing: Routing,
@@ -163,18 +170,6 @@ fn runtimes(cfg: &RouterConfig) -> usize {
     }
 }
 
-impl Shared {
-    /// Threads serving the API (each with its lane of connections to workers).
-    pub fn threads(&self) -> usize {
-        self.workers.upstream.lanes()
-    }
-
-    /// Whether requests are split over prefill and decode workers.
-    pub fn pd(&self) -> bool {
-        self.cfg.pd.enabled
-    }
-}
-
 /// The client TLS of `cfg`: the public roots and `ca_cert_paths`, with the client identity.
 pub fn client_tls(cfg: &TlsConfig) -> Result<rustls::ClientConfig, crate::tls::TlsError> {
     let identity = cfg
@@ -184,8 +179,8 @@ pub fn client_tls(cfg: &TlsConfig) -> Result<rustls::ClientConfig, crate::tls::T
     crate::tls::client_config(&cfg.ca_cert_paths, identity)
 }
 
-impl Shared {
-    pub fn new(cfg: RouterConfig) -> Result<Shared, RouterError> {
+impl Router {
+    pub fn new(cfg: RouterConfig) -> Result<Router, RouterError> {
         let kinds = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()];
         let kv_index = kinds
             .iter()
@@ -208,7 +203,7 @@ impl Shared {
         let max =
             (limits.max_concurrent_requests > 0).then_some(limits.max_concurrent_requests as usize);
         let text_policy = kinds.iter().any(|k| k.matches_text());
-        let shared = Shared {
+        let router = Router {
             workers: Workers {
                 registry: Registry::default(),
                 upstream: upstream::Upstream::new(runtimes(&cfg), client_tls(&cfg.tls)?),
@@ -303,12 +298,22 @@ impl Shared {
         };
         // With --dp-aware the workers given at start join once they tell their ranks
         // (server::await_startup).
-        if !shared.cfg.server.dp_aware {
-            for spec in shared.flag_specs() {
-                shared.workers.registry.add(spec, Source::Flags)?;
+        if !router.cfg.server.dp_aware {
+            for spec in router.flag_specs() {
+                router.workers.registry.add(spec, Source::Flags)?;
             }
         }
-        Ok(shared)
+        Ok(router)
+    }
+
+    /// Threads serving the API (each with its lane of connections to workers).
+    pub fn threads(&self) -> usize {
+        self.workers.upstream.lanes()
+    }
+
+    /// Whether requests are split over prefill and decode workers.
+    pub fn pd(&self) -> bool {
+        self.cfg.pd.enabled
     }
 
     /// The workers given on the command line (or in the config file).
@@ -399,15 +404,15 @@ pub fn start(
     };
     let (handoff, lanes) =
         crate::http_server::lanes::lanes(runtimes(&cfg), MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
-    let (shared, http, metrics) = {
+    let (router, http, metrics) = {
         let _guard = runtime.enter();
         (
-            Arc::new(Shared::new(cfg)?),
+            Arc::new(Router::new(cfg)?),
             role::async_listener(listeners.http)?,
             listeners.metrics.map(role::async_listener).transpose()?,
         )
     };
-    runtime.block_on(server::start_background(&shared))?;
+    runtime.block_on(server::start_background(&router))?;
     let others: Vec<(tokio::runtime::Runtime, Lane)> = lanes
         .into_iter()
         .map(|l| Ok((role::thread_runtime()?, l)))
@@ -419,18 +424,18 @@ pub fn start(
             .into_iter()
             .enumerate()
             .map(|(i, (rt, lane))| {
-                let (shared, stop) = (shared.clone(), stop.clone());
+                let (router, stop) = (router.clone(), stop.clone());
                 std::thread::Builder::new()
                     .name("router".into())
-                    .spawn(move || serve_lane(i + 1, rt, lane, shared, stop))
+                    .spawn(move || serve_lane(i + 1, rt, lane, router, stop))
             })
             .collect::<std::io::Result<_>>()?;
         let r = runtime.block_on(async {
-            let serving = server::serve(shared.clone(), http, metrics, handoff, stop.clone());
+            let serving = server::serve(router.clone(), http, metrics, handoff, stop.clone());
             tokio::pin!(serving);
             tokio::select! {
                 _ = &mut serving => Ok(()),
-                started = server::await_startup(shared) => {
+                started = server::await_startup(router) => {
                     if started.is_err() {
                         stop.trigger();
                     }
@@ -454,11 +459,11 @@ fn serve_lane(
     index: usize,
     runtime: tokio::runtime::Runtime,
     lane: Lane,
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     stop: Shutdown,
 ) {
     upstream::enter_runtime(index);
-    runtime.block_on(server::serve_lane(shared, lane, stop));
+    runtime.block_on(server::serve_lane(router, lane, stop));
     runtime.shutdown_timeout(Duration::from_secs(1));
 }
 

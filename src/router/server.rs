@@ -7,10 +7,10 @@ use crate::router::handlers::app;
 use crate::router::handlers::health::{health, metrics};
 use crate::router::handlers::workers::added;
 use crate::router::worker::{Source, Worker};
-use crate::router::{background, discovery, kube, RouterError, Shared};
+use crate::router::{background, discovery, kube, Router, RouterError};
 use crate::shutdown::Shutdown;
 use axum::routing::get;
-use axum::Router;
+
 use http::Method;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use std::time::Duration;
 /// `worker_startup_check_interval`; an error naming those that did not answer within
 /// `worker_startup_timeout_secs` (as sglang-router's startup check, except that the router
 /// serves meanwhile, its readiness saying whether any worker is there).
-pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
+pub async fn await_startup(s: Arc<Router>) -> Result<(), RouterError> {
     let health = !s.cfg.health.disabled;
     let (timeout, every) = (
         s.cfg.health.startup_timeout.0,
@@ -43,7 +43,7 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
     loop {
         let mut still_unranked = Vec::new();
         for spec in unranked {
-            match s.dp_specs(&spec).await {
+            match crate::router::dp::rank_specs(&s, &spec).await {
                 Ok(ranks) => {
                     for rank in ranks {
                         match s.workers.registry.add(rank, Source::Flags) {
@@ -95,35 +95,35 @@ pub async fn await_startup(s: Arc<Shared>) -> Result<(), RouterError> {
     }
 }
 /// Starts what runs beside the API: health checks, tree eviction, and worker discovery.
-pub async fn start_background(shared: &Arc<Shared>) -> Result<(), RouterError> {
-    background::start(shared);
-    if let Some(t) = &shared.access.tenants {
+pub async fn start_background(router: &Arc<Router>) -> Result<(), RouterError> {
+    background::start(router);
+    if let Some(t) = &router.access.tenants {
         t.watch();
     }
-    for w in shared.workers.registry.snapshot().iter() {
-        added(shared, w);
+    for w in router.workers.registry.snapshot().iter() {
+        added(router, w);
     }
-    if shared.cfg.discovery.rbg_config.is_some() {
-        discovery::start(shared.clone());
+    if router.cfg.discovery.rbg_config.is_some() {
+        discovery::start(router.clone());
     }
-    if shared.cfg.discovery.kubernetes {
-        kube::start(shared.clone())?;
+    if router.cfg.discovery.kubernetes {
+        kube::start(router.clone())?;
     }
     Ok(())
 }
 /// The API's limits: bodies, connections (shared by every thread's listener), grace.
-fn http_limits(shared: &Shared) -> crate::http_server::HttpLimits {
-    let grace = shared
+fn http_limits(router: &Router) -> crate::http_server::HttpLimits {
+    let grace = router
         .cfg
         .server
         .shutdown_grace_period
         .0
         .min(Duration::from_secs(86_400));
     crate::http_server::HttpLimits {
-        max_body_bytes: shared.cfg.limits.max_payload_size,
+        max_body_bytes: router.cfg.limits.max_payload_size,
         max_connections: crate::router::MAX_CONNECTIONS,
         max_connections_per_peer: crate::router::MAX_CONNECTIONS_PER_PEER,
-        body_budget: Some(shared.limits.body_budget.clone()),
+        body_budget: Some(router.limits.body_budget.clone()),
         grace,
         ..Default::default()
     }
@@ -131,58 +131,58 @@ fn http_limits(shared: &Shared) -> crate::http_server::HttpLimits {
 /// Serves the API (and the separate metrics listener) until `shutdown` fires; requests in
 /// flight then get up to `shutdown_grace_period_secs` to finish.
 pub async fn serve(
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     listener: tokio::net::TcpListener,
     metrics_listener: Option<tokio::net::TcpListener>,
     lanes: crate::http_server::lanes::Handoff,
     shutdown: Shutdown,
 ) {
     if let Some(ml) = metrics_listener {
-        let mapp = Router::new()
+        let mapp = axum::Router::new()
             .route("/metrics", get(metrics))
             .route("/health", get(health))
-            .with_state(shared.clone());
+            .with_state(router.clone());
         tokio::spawn(crate::http_server::serve(ml, mapp, shutdown.clone()));
     }
     tracing::info!(
         local = ?listener.local_addr().ok(),
-        policy = shared.routing.policy.name(),
-        pd = shared.pd(),
-        workers = shared.workers.registry.snapshot().len(),
-        runtime = ?shared.cfg.server.runtime,
+        policy = router.routing.policy.name(),
+        pd = router.pd(),
+        workers = router.workers.registry.snapshot().len(),
+        runtime = ?router.cfg.server.runtime,
         threads = lanes.lanes(),
         "router listening"
     );
     let announce = shutdown.clone();
-    let grace = http_limits(&shared).grace;
+    let grace = http_limits(&router).grace;
     tokio::spawn(async move {
         announce.wait().await;
         tracing::info!(?grace, "shutting down: finishing requests in flight");
     });
-    let (front, limits) = front(&shared);
-    let tls = shared.access.server_tls.clone();
-    let open = Some(shared.metrics.http.connections.clone());
+    let (front, limits) = front(&router);
+    let tls = router.access.server_tls.clone();
+    let open = Some(router.metrics.http.connections.clone());
     let lanes = Some(lanes);
     crate::http_server::serve_service(listener, front, shutdown, limits, tls, open, lanes).await
 }
 /// Serves the connections handed to one more lane of a thread-per-core router, counted against
 /// the router's one limit.
 pub async fn serve_lane(
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     lane: crate::http_server::lanes::Lane,
     shutdown: Shutdown,
 ) {
-    let (front, limits) = front(&shared);
-    let tls = shared.access.server_tls.clone();
-    let open = Some(shared.metrics.http.connections.clone());
+    let (front, limits) = front(&router);
+    let tls = router.access.server_tls.clone();
+    let open = Some(router.metrics.http.connections.clone());
     crate::http_server::serve_lane(lane, front, shutdown, limits, tls, open).await
 }
 /// The API's service on one thread: the inference routes' fast path in front of the rest.
-fn front(shared: &Arc<Shared>) -> (crate::router::front::Front, crate::http_server::HttpLimits) {
-    let limits = http_limits(shared);
-    let rest = crate::http_server::guarded(app(shared.clone()), &limits);
+fn front(router: &Arc<Router>) -> (crate::router::front::Front, crate::http_server::HttpLimits) {
+    let limits = http_limits(router);
+    let rest = crate::http_server::guarded(app(router.clone()), &limits);
     (
-        crate::router::front::Front::new(shared.clone(), rest, &limits),
+        crate::router::front::Front::new(router.clone(), rest, &limits),
         limits,
     )
 }

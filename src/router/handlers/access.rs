@@ -4,7 +4,7 @@
 use super::S;
 use crate::router::proxy::error_response;
 use crate::router::request::{request_id, Endpoint};
-use crate::router::{config, Shared};
+use crate::router::{config, Router};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -12,7 +12,7 @@ use http::{header, HeaderMap, Method, StatusCode};
 use std::time::Duration;
 
 pub(in crate::router) fn rid_for(
-    shared: &Shared,
+    router: &Router,
     headers: &HeaderMap,
     endpoint: Option<Endpoint>,
 ) -> String {
@@ -23,7 +23,7 @@ pub(in crate::router) fn rid_for(
             .find(|(name, _)| name.as_str().eq_ignore_ascii_case(wanted))
             .and_then(|(_, v)| v.to_str().ok())
     };
-    request_id(&shared.cfg.server.request_id_headers, lookup, endpoint)
+    request_id(&router.cfg.server.request_id_headers, lookup, endpoint)
 }
 /// Constant-time comparison, so the key cannot be guessed byte by byte from timings.
 pub(in crate::router) fn same(a: &[u8], b: &[u8]) -> bool {
@@ -40,67 +40,67 @@ pub(in crate::router) fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// does not say who calls: with tenants, a tenant's key (or a trusted front's tenant header) or
 /// `--api-key`; without, `--api-key` when set. Inference then names the tenant itself
 /// (`tenants::identify`), and refuses `--api-key`, which is no tenant's.
-pub(in crate::router) fn caller_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+pub(in crate::router) fn caller_refusal(router: &Router, headers: &HeaderMap) -> Option<Response> {
     use crate::router::tenants::IdentityError;
-    let Some(t) = &shared.access.tenants else {
-        return key_refusal(shared, headers);
+    let Some(t) = &router.access.tenants else {
+        return key_refusal(router, headers);
     };
     match t.caller(headers) {
         Ok(_) | Err(IdentityError::UnknownClass { .. } | IdentityError::ClassNotAllowed { .. }) => {
             None
         }
         Err(e) => {
-            let key = shared.cfg.server.api_key.as_ref();
+            let key = router.cfg.server.api_key.as_ref();
             if key
                 .is_some_and(|k| bearer(headers).is_some_and(|g| same(g.as_bytes(), k.as_bytes())))
             {
                 return None;
             }
             let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
-            Some(auth_refusal(shared, headers, status, &e.to_string()))
+            Some(auth_refusal(router, headers, status, &e.to_string()))
         }
     }
 }
 pub(in crate::router) async fn require_caller(
-    State(shared): S,
+    State(router): S,
     req: Request,
     next: Next,
 ) -> Response {
-    match caller_refusal(&shared, req.headers()) {
+    match caller_refusal(&router, req.headers()) {
         Some(refusal) => refusal,
         None => next.run(req).await,
     }
 }
 /// An authentication refusal, counted.
 pub(in crate::router) fn auth_refusal(
-    shared: &Shared,
+    router: &Router,
     headers: &HeaderMap,
     status: StatusCode,
     msg: &str,
 ) -> Response {
-    shared
+    router
         .metrics
         .auth_failures
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let rid = rid_for(shared, headers, None);
+    let rid = rid_for(router, headers, None);
     error_response(status, "authentication_error", msg, &rid)
 }
 /// With `--api-key`, the answer to a request that does not carry it.
-pub(in crate::router) fn key_refusal(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
-    let key = shared.cfg.server.api_key.as_ref()?;
+pub(in crate::router) fn key_refusal(router: &Router, headers: &HeaderMap) -> Option<Response> {
+    let key = router.cfg.server.api_key.as_ref()?;
     let given = bearer(headers);
     if given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
         return None;
     }
     Some(auth_refusal(
-        shared,
+        router,
         headers,
         StatusCode::UNAUTHORIZED,
         "missing or wrong API key (send Authorization: Bearer <key>)",
     ))
 }
-pub(in crate::router) async fn require_key(State(shared): S, req: Request, next: Next) -> Response {
-    match key_refusal(&shared, req.headers()) {
+pub(in crate::router) async fn require_key(State(router): S, req: Request, next: Next) -> Response {
+    match key_refusal(&router, req.headers()) {
         Some(refusal) => refusal,
         None => next.run(req).await,
     }
@@ -118,16 +118,16 @@ pub(in crate::router) fn from_this_host() -> bool {
 /// The control plane's guard: without any key, this host's clients only; with `--control-plane-api-keys`, a key of role `admin` for
 /// changes and `admin` or `user` for reads; without them, `--api-key` as for inference.
 pub(in crate::router) async fn require_control_key(
-    State(shared): S,
+    State(router): S,
     req: Request,
     next: Next,
 ) -> Response {
-    if shared.access.control_keys.is_empty() {
-        if shared.cfg.server.api_key.is_none() && !from_this_host() {
+    if router.access.control_keys.is_empty() {
+        if router.cfg.server.api_key.is_none() && !from_this_host() {
             // No credential at all: a worker added from anywhere could draw other users'
             // prompts, and its URL makes the router fetch what it names.
             return auth_refusal(
-                &shared,
+                &router,
                 req.headers(),
                 StatusCode::FORBIDDEN,
                 "the control plane (workers, cache flushes, loads, the status page) answers only \
@@ -135,12 +135,12 @@ pub(in crate::router) async fn require_control_key(
                  --control-plane-api-keys (or --api-key) to manage it from elsewhere",
             );
         }
-        return require_key(State(shared), req, next).await;
+        return require_key(State(router), req, next).await;
     }
     let read = req.method() == Method::GET;
     let given = bearer(req.headers());
     let holder = given.and_then(|g| {
-        shared
+        router
             .access
             .control_keys
             .iter()
@@ -164,7 +164,7 @@ pub(in crate::router) async fn require_control_key(
             "missing or wrong control-plane key (send Authorization: Bearer <key>)",
         ),
     };
-    auth_refusal(&shared, req.headers(), status, message)
+    auth_refusal(&router, req.headers(), status, message)
 }
 /// CORS as sglang-router answers it: the listed origins, or any origin when none is listed.
 pub(in crate::router) fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {

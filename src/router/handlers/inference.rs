@@ -1,15 +1,13 @@
 //! The inference routes (`/generate`, `/v1/chat/completions`, ...): one handler, which names
-//! the caller, admits it, reads what the body asks for and hands it to `Shared::dispatch`.
-//! The thread-per-core fast path (`super::super::front`) calls the same handler.
+//! the caller, admits it, reads what the body asks for and hands it to `Router::dispatch`.
+//! The router's front door (`super::super::front`) calls it, past the key check and metrics.
 
 use super::access::rid_for;
 use super::tokenize::by_token;
-use super::S;
 use crate::router::proxy::error_response;
 use crate::router::request::{inspect_for, Endpoint};
-use crate::router::Shared;
+use crate::router::Router;
 use axum::body::Body;
-use axum::extract::State;
 use axum::response::Response;
 use http::{header, HeaderMap, StatusCode};
 use std::sync::Arc;
@@ -18,7 +16,7 @@ use tracing::Instrument as _;
 /// A refusal of admission: its status, `Retry-After` when the caller may try again, counted by
 /// its code (and as an authentication failure when it is one).
 pub(in crate::router) fn refusal(
-    shared: &Shared,
+    router: &Router,
     endpoint: Endpoint,
     status: u16,
     code: &'static str,
@@ -29,7 +27,7 @@ pub(in crate::router) fn refusal(
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let kind = match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-            shared
+            router
                 .metrics
                 .auth_failures
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -38,7 +36,7 @@ pub(in crate::router) fn refusal(
         StatusCode::BAD_REQUEST => "invalid_request_error",
         _ => "rate_limit_error",
     };
-    shared.metrics.error(endpoint.name(), code);
+    router.metrics.error(endpoint.name(), code);
     let mut resp = error_response(status, kind, msg, rid);
     if let Some(secs) = retry_after {
         resp.headers_mut()
@@ -47,22 +45,22 @@ pub(in crate::router) fn refusal(
     resp
 }
 pub(in crate::router) async fn inference(
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     endpoint: Endpoint,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let rid = rid_for(&shared, &headers, Some(endpoint));
+    let rid = rid_for(&router, &headers, Some(endpoint));
     // With tenants the caller is named before its body is read, and admitted once the body
     // says how many tokens it asks for; without, the limiter admits it first.
     let mut slot = None;
-    let caller = match &shared.access.tenants {
+    let caller = match &router.access.tenants {
         Some(t) => match t.caller(&headers) {
             Ok((table, caller)) => Some((t, table, caller)),
             Err(e) => {
                 let msg = e.to_string();
                 return refusal(
-                    &shared,
+                    &router,
                     endpoint,
                     e.status(),
                     "tenant_unknown",
@@ -73,28 +71,28 @@ pub(in crate::router) async fn inference(
             }
         },
         None => {
-            match shared.limits.limiter.admit().await {
+            match router.limits.limiter.admit().await {
                 Ok(p) => slot = p.map(crate::router::limiter::Slot::Permit),
                 Err(e) => {
                     let (status, counter) = match e {
                         crate::router::limiter::Rejected::QueueFull { .. } => (
                             StatusCode::TOO_MANY_REQUESTS,
-                            &shared.metrics.rate_limited_429,
+                            &router.metrics.rate_limited_429,
                         ),
                         crate::router::limiter::Rejected::Timeout(_) => (
                             StatusCode::REQUEST_TIMEOUT,
-                            &shared.metrics.queue_timeouts_408,
+                            &router.metrics.queue_timeouts_408,
                         ),
                     };
                     counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    shared.metrics.error(endpoint.name(), "rate_limited");
+                    router.metrics.error(endpoint.name(), "rate_limited");
                     return error_response(status, "rate_limit_error", &e.to_string(), &rid);
                 }
             }
             None
         }
     };
-    let limit = shared.cfg.limits.max_payload_size;
+    let limit = router.cfg.limits.max_payload_size;
     let mut bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
@@ -105,17 +103,17 @@ pub(in crate::router) async fn inference(
                 ),
                 other => other,
             };
-            shared.metrics.error(endpoint.name(), "bad_request");
+            router.metrics.error(endpoint.name(), "bad_request");
             return error_response(status, "invalid_request_error", &msg, &rid);
         }
     };
     // A tenant's token rate counts the prompt's tokens: its text is read then.
     let reads = match &caller {
         Some((_, table, _)) if table.counts_tokens() => crate::router::request::Reads::Text,
-        _ => shared.routing.reads,
+        _ => router.routing.reads,
     };
     let info = match inspect_for(endpoint, &bytes, reads) {
-        Ok(mut info) => by_token(&shared, &mut info)
+        Ok(mut info) => by_token(&router, &mut info)
             .await
             .map(|()| info)
             .map_err(|e| e.to_string()),
@@ -124,7 +122,7 @@ pub(in crate::router) async fn inference(
     let mut info = match info {
         Ok(i) => i,
         Err(e) => {
-            shared.metrics.error(endpoint.name(), "bad_request");
+            router.metrics.error(endpoint.name(), "bad_request");
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e, &rid);
         }
     };
@@ -137,7 +135,7 @@ pub(in crate::router) async fn inference(
             match crate::router::request::set_fields(&bytes, &[("priority", p.into())]) {
                 Ok(b) => bytes = bytes::Bytes::from(b),
                 Err(e) => {
-                    shared.metrics.error(endpoint.name(), "bad_request");
+                    router.metrics.error(endpoint.name(), "bad_request");
                     let msg = e.to_string();
                     return error_response(
                         StatusCode::BAD_REQUEST,
@@ -158,7 +156,7 @@ pub(in crate::router) async fn inference(
             Err(e) => {
                 tracing::debug!(request_id = %rid, tenant = %table.tenants[caller.tenant].name, reason = %e, "not admitted");
                 return refusal(
-                    &shared,
+                    &router,
                     endpoint,
                     e.status(),
                     e.code(),
@@ -172,36 +170,8 @@ pub(in crate::router) async fn inference(
     // The span follows the request's future (not the thread, which serves other requests
     // while this one waits).
     let span = tracing::debug_span!("request", request_id = %rid, endpoint = endpoint.name(), stream = info.stream);
-    shared
+    router
         .dispatch(endpoint, &headers, bytes, &info, &rid, slot)
         .instrument(span)
         .await
 }
-pub(in crate::router) async fn generate(State(s): S, headers: HeaderMap, body: Body) -> Response {
-    inference(s, Endpoint::Generate, headers, body).await
-}
-pub(in crate::router) async fn chat(State(s): S, headers: HeaderMap, body: Body) -> Response {
-    inference(s, Endpoint::Chat, headers, body).await
-}
-pub(in crate::router) async fn completions(
-    State(s): S,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    inference(s, Endpoint::Completions, headers, body).await
-}
-pub(in crate::router) async fn embeddings(State(s): S, headers: HeaderMap, body: Body) -> Response {
-    inference(s, Endpoint::Embeddings, headers, body).await
-}
-pub(in crate::router) async fn rerank(State(s): S, headers: HeaderMap, body: Body) -> Response {
-    inference(s, Endpoint::Rerank, headers, body).await
-}
-pub(in crate::router) async fn score(State(s): S, headers: HeaderMap, body: Body) -> Response {
-    inference(s, Endpoint::Score, headers, body).await
-}
-pub(in crate::router) async fn responses(State(s): S, headers: HeaderMap, body: Body) -> Response {
-    inference(s, Endpoint::Responses, headers, body).await
-}
-
-// ---------------------------------------------------------------------------------------------
-// Health and information

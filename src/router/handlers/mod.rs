@@ -4,12 +4,12 @@
 //! apart (`super::server`).
 
 use crate::router::proxy::error_response;
-use crate::router::Shared;
+use crate::router::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::Router;
+
 use http::StatusCode;
 use std::sync::Arc;
 
@@ -21,14 +21,13 @@ pub mod tokenize;
 pub mod workers;
 
 /// Every handler's state: the router.
-pub(in crate::router) type S = State<Arc<Shared>>;
+pub(in crate::router) type S = State<Arc<Router>>;
 
 use self::access::{cors, require_caller, require_control_key};
 use self::admin::{engine_metrics, flush_cache, get_loads};
 use self::health::{
     health, health_generate, metrics, model, model_info, models, readiness, server_info,
 };
-use self::inference::{chat, completions, embeddings, generate, rerank, responses, score};
 use self::tokenize::{conductor_query, detokenize, tokenize};
 use self::workers::{
     add_worker, add_worker_legacy, delete_worker, get_worker, list_worker_urls, list_workers,
@@ -69,25 +68,18 @@ pub(in crate::router) async fn not_found(State(s): S, req: Request) -> Response 
     (s.metrics.http).observe(req.method(), "unmatched", 404, "not_found", took);
     resp
 }
-/// The router's routes.
-pub fn app(shared: Arc<Shared>) -> Router {
-    let protected = Router::new()
-        .route("/generate", post(generate))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
-        .route("/v1/rerank", post(rerank))
-        .route("/v1/score", post(score))
-        .route("/v1/responses", post(responses))
-        .merge(answered_here(&shared))
+/// The router's routes but inference's, which `super::front` answers.
+pub fn app(router: Arc<Router>) -> axum::Router {
+    // The inference routes are answered in front of this app (`front`).
+    let protected = answered_here(&router)
         // Runs a generation on a worker, or tells what the workers are and how loaded.
         .route("/health_generate", get(health_generate))
         .route("/get_server_info", get(server_info))
         .route_layer(middleware::from_fn_with_state(
-            shared.clone(),
+            router.clone(),
             require_caller,
         ));
-    let control = Router::new()
+    let control = axum::Router::new()
         .route("/workers", post(add_worker).get(list_workers))
         .route("/workers/{id}", get(get_worker).delete(delete_worker))
         .route("/add_worker", post(add_worker_legacy))
@@ -99,10 +91,10 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/engine_metrics", get(engine_metrics))
         .route("/ui", get(status_page))
         .route_layer(middleware::from_fn_with_state(
-            shared.clone(),
+            router.clone(),
             require_control_key,
         ));
-    Router::new()
+    axum::Router::new()
         .route("/health", get(health))
         .route("/liveness", get(health))
         .route("/readiness", get(readiness))
@@ -112,15 +104,15 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .merge(protected)
         .merge(control)
-        .route_layer(middleware::from_fn_with_state(shared.clone(), http_metrics))
+        .route_layer(middleware::from_fn_with_state(router.clone(), http_metrics))
         .fallback(not_found)
-        .layer(cors(&shared.cfg.server.cors_allowed_origins))
-        .with_state(shared)
+        .layer(cors(&router.cfg.server.cors_allowed_origins))
+        .with_state(router)
 }
 /// The routes the router answers itself from a body (tokenizing, Conductor's queries), with a
 /// body limit of their own: far below the inference routes', whose bodies are forwarded.
-pub(in crate::router) fn answered_here(shared: &Shared) -> Router<Arc<Shared>> {
-    Router::new()
+pub(in crate::router) fn answered_here(router: &Router) -> axum::Router<Arc<Router>> {
+    axum::Router::new()
         .route("/v1/tokenize", post(tokenize))
         .route("/tokenize", post(tokenize))
         .route("/v1/detokenize", post(detokenize))
@@ -128,6 +120,6 @@ pub(in crate::router) fn answered_here(shared: &Shared) -> Router<Arc<Shared>> {
         .route("/query", post(conductor_query))
         .route("/query_by_hash", post(conductor_query))
         .layer(axum::extract::DefaultBodyLimit::max(
-            shared.cfg.limits.max_query_payload_size,
+            router.cfg.limits.max_query_payload_size,
         ))
 }

@@ -7,7 +7,7 @@ use crate::router::policy::{PolicyKind, TextForm};
 use crate::router::proxy::error_response;
 use crate::router::request::RouteInfo;
 use crate::router::tokenize::{parse_ids, token_text, TokenizeError, Tokenizer, INLINE_BYTES};
-use crate::router::Shared;
+use crate::router::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// and `input_ids` requests then share prefixes). Long texts are tokenized off the async
 /// threads.
 pub(in crate::router) async fn by_token(
-    s: &Arc<Shared>,
+    s: &Arc<Router>,
     info: &mut RouteInfo,
 ) -> Result<(), TokenizeError> {
     let Some(t) = &s.routing.tokenizer else {
@@ -78,7 +78,7 @@ pub(in crate::router) fn no_tokenizer() -> Response {
 /// The tokenizer and the request body, or the answer why not.
 #[allow(clippy::result_large_err)]
 pub(in crate::router) fn tokenizer_and<T: serde::de::DeserializeOwned>(
-    s: &Shared,
+    s: &Router,
     body: &[u8],
 ) -> Result<(Arc<Tokenizer>, T), Response> {
     let t = s.routing.tokenizer.clone().ok_or_else(no_tokenizer)?;

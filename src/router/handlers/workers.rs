@@ -6,7 +6,7 @@ use crate::router::config::Backend;
 use crate::router::proxy::error_response;
 use crate::router::vllm::Connector;
 use crate::router::worker::{Source, Worker, WorkerSpec, WorkerType};
-use crate::router::{background, config, Shared};
+use crate::router::{background, config, Router};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-pub(in crate::router) fn worker_json(s: &Shared, w: &Worker) -> Value {
+pub(in crate::router) fn worker_json(s: &Router, w: &Worker) -> Value {
     json!({
         "id": w.id,
         "url": &*w.url,
@@ -56,7 +56,7 @@ pub(in crate::router) struct AddWorker {
 pub(in crate::router) fn bad(msg: &str) -> Response {
     error_response(StatusCode::BAD_REQUEST, "invalid_request_error", msg, "")
 }
-pub(in crate::router) fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpec, String> {
+pub(in crate::router) fn spec_from(s: &Router, a: AddWorker) -> Result<WorkerSpec, String> {
     let url = config::normalize_url("url", &a.url).map_err(|e| e.to_string())?;
     let worker_type = match a
         .worker_type
@@ -104,22 +104,24 @@ pub(in crate::router) fn spec_from(s: &Shared, a: AddWorker) -> Result<WorkerSpe
         dp_rank: None,
     })
 }
-pub(in crate::router) fn added(s: &Arc<Shared>, w: &Arc<Worker>) {
+pub(in crate::router) fn added(s: &Arc<Router>, w: &Arc<Worker>) {
     background::learn_about(s.clone(), w.clone());
 }
 /// Adds a worker through the API (with `--dp-aware`, one per rank: the first is returned).
 pub(in crate::router) async fn register(
-    s: &Arc<Shared>,
+    s: &Arc<Router>,
     spec: WorkerSpec,
 ) -> Result<Arc<Worker>, Response> {
-    let ranks = s.dp_specs(&spec).await.map_err(|e| {
-        error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "worker_unavailable",
-            &e,
-            "",
-        )
-    })?;
+    let ranks = crate::router::dp::rank_specs(s, &spec)
+        .await
+        .map_err(|e| {
+            error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "worker_unavailable",
+                &e,
+                "",
+            )
+        })?;
     let mut first = None;
     for rank in ranks {
         let w = s

@@ -1,7 +1,8 @@
-//! Sending a request to workers and relaying the answer: worker choice, retries with backoff on
-//! a worker chosen anew, the circuit breaker's outcomes, prefill/decode dual dispatch, and the
-//! response body relayed frame by frame as the worker sends it (a stream cut by its worker ends
-//! with an SSE error event, never a hang).
+//! The router's request path, one `impl Router`: choosing workers (`choose`, `choose_pair`),
+//! dispatching (`dispatch`: retries with backoff on a worker chosen anew, the circuit
+//! breaker's outcomes, through the mode's `route::RouteMode::attempt`), sending (`send`,
+//! `call`) and relaying (`relay`: the response body frame by frame as the worker sends it, a
+//! stream cut by its worker ended with an SSE error event, never a hang; `relay.rs`).
 
 use crate::router::config::Backend;
 use crate::router::dp;
@@ -11,7 +12,7 @@ use crate::router::request;
 use crate::router::request::{error_body, Endpoint, RouteInfo};
 use crate::router::upstream::{Outgoing, UpstreamBody};
 use crate::router::worker::{LoadGuard, Prefill, Worker, WorkerType};
-use crate::router::Shared;
+use crate::router::Router;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
@@ -32,6 +33,7 @@ const MERGE_BYTES: usize = 256 * 1024;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 mod relay;
+use relay::Relay;
 pub(crate) use relay::{Companion, Held};
 
 /// Request headers passed on to workers (sglang-router's list, plus `accept`).
@@ -124,7 +126,7 @@ fn serving(workers: Vec<Arc<Worker>>, model: &str) -> Vec<Arc<Worker>> {
     }
 }
 
-impl Shared {
+impl Router {
     /// The available workers of one type, leaving out those already tried when others remain.
     fn candidates(&self, t: WorkerType, tried: &[Arc<str>]) -> Vec<Arc<Worker>> {
         let now = Instant::now();
@@ -496,6 +498,43 @@ impl Shared {
         tokio::time::timeout(timeout, fut)
             .await
             .map_err(|_| format!("no answer within {timeout:?}"))?
+    }
+
+    /// The client's response: the worker's status and headers (minus hop-by-hop ones), the
+    /// request id, and the body relayed as it arrives (cut if `companion` fails meanwhile).
+    pub(in crate::router) fn relay(
+        self: &Arc<Self>,
+        resp: Response<UpstreamBody>,
+        worker: Arc<Worker>,
+        held: Held,
+        companion: Option<Companion>,
+        rid: &str,
+    ) -> Response<Body> {
+        let (mut parts, inner) = resp.into_parts();
+        let sse = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let body = Relay::new(inner, sse, worker, self.clone(), held, companion);
+        let mut out = Response::new(Body::new(body));
+        *out.status_mut() = parts.status;
+        // The worker's headers as they are, less those of its connection (rarely any).
+        let hops: Vec<http::HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|n| hop_by_hop(n.as_str()))
+            .cloned()
+            .collect();
+        for name in hops {
+            parts.headers.remove(name);
+        }
+        let h = out.headers_mut();
+        *h = parts.headers;
+        if let Ok(v) = HeaderValue::from_str(rid) {
+            h.insert("x-request-id", v);
+        }
+        out
     }
 }
 

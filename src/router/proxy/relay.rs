@@ -3,17 +3,16 @@
 //! ended with an SSE error event, never a hang; the request's load and permit held until the
 //! last frame is sent.
 
-use super::{hop_by_hop, MERGE_BYTES, MERGE_FRAMES};
+use super::{MERGE_BYTES, MERGE_FRAMES};
 use crate::router::limiter::Slot;
 use crate::router::proxy::BoxError;
 use crate::router::request::error_body;
 use crate::router::tenants::usage::OutputCount;
 use crate::router::upstream::{UpstreamBody, UpstreamError};
 use crate::router::worker::{LoadGuard, Worker};
-use crate::router::Shared;
-use axum::body::Body;
+use crate::router::Router;
 use bytes::{Bytes, BytesMut};
-use http::{header, HeaderValue, Response};
+
 use http_body::{Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
@@ -33,7 +32,7 @@ pub(crate) struct Held {
 pub(crate) type Companion = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// A worker's response body, relayed frame by frame.
-struct Relay {
+pub(super) struct Relay {
     /// `None` once whole, or cut (dropping it unfinished closes the worker's connection: the
     /// request is cancelled).
     inner: Option<UpstreamBody>,
@@ -44,7 +43,7 @@ struct Relay {
     sse: bool,
     done: bool,
     worker: Arc<Worker>,
-    shared: Arc<Shared>,
+    router: Arc<Router>,
     /// The answer's output tokens, counted for a tenant's ticket.
     output: Option<OutputCount>,
     held: Held,
@@ -97,7 +96,7 @@ impl http_body::Body for Relay {
                 Poll::Ready(Ok(())) => this.companion = None,
                 Poll::Ready(Err(reason)) => {
                     this.companion = None;
-                    this.shared
+                    this.router
                         .metrics
                         .vllm_pd_legs_cancelled
                         .fetch_add(1, Ordering::Relaxed);
@@ -169,11 +168,11 @@ impl http_body::Body for Relay {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
-                this.shared
+                this.router
                     .metrics
                     .stream_errors
                     .fetch_add(1, Ordering::Relaxed);
-                this.worker.record_outcome(&this.shared.cfg.breaker, false);
+                this.worker.record_outcome(&this.router.cfg.breaker, false);
                 tracing::warn!(worker = %this.worker.url, error = %e, "worker cut the response");
                 if this.sse {
                     let msg = format!(
@@ -205,54 +204,31 @@ impl http_body::Body for Relay {
     }
 }
 
-impl Shared {
-    /// The client's response: the worker's status and headers (minus hop-by-hop ones), the
-    /// request id, and the body relayed as it arrives (cut if `companion` fails meanwhile).
-    pub(in crate::router) fn relay(
-        self: &Arc<Self>,
-        resp: Response<UpstreamBody>,
+impl Relay {
+    /// Relays `inner` for `worker` (`sse`: the answer is an event stream), holding `held` until
+    /// the last frame and watching `companion` meanwhile.
+    pub(super) fn new(
+        inner: UpstreamBody,
+        sse: bool,
         worker: Arc<Worker>,
+        router: Arc<Router>,
         held: Held,
         companion: Option<Companion>,
-        rid: &str,
-    ) -> Response<Body> {
-        let (mut parts, inner) = resp.into_parts();
-        let sse = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let mut out = Response::new(Body::new(Relay {
+    ) -> Relay {
+        Relay {
             inner: Some(inner),
             companion,
             stash: None,
             sse,
             done: false,
             worker,
-            shared: self.clone(),
+            router,
             output: held
                 .slot
                 .as_ref()
                 .and_then(Slot::ticket)
                 .map(|_| OutputCount::default()),
             held,
-        }));
-        *out.status_mut() = parts.status;
-        // The worker's headers as they are, less those of its connection (rarely any).
-        let hops: Vec<http::HeaderName> = parts
-            .headers
-            .keys()
-            .filter(|n| hop_by_hop(n.as_str()))
-            .cloned()
-            .collect();
-        for name in hops {
-            parts.headers.remove(name);
         }
-        let h = out.headers_mut();
-        *h = parts.headers;
-        if let Ok(v) = HeaderValue::from_str(rid) {
-            h.insert("x-request-id", v);
-        }
-        out
     }
 }

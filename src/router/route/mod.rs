@@ -4,7 +4,7 @@
 //! `kv_transfer_params` handed to the decode). A prefill/decode router not told its backend
 //! follows its prefill workers: vLLM's contract once one of them is a vLLM engine.
 //!
-//! Each mode makes one attempt (`RouteMode::attempt`); `proxy::Shared::dispatch` runs the
+//! Each mode makes one attempt (`RouteMode::attempt`); `Router::dispatch` runs the
 //! attempts (retries, backoff, metrics) the same for all.
 
 mod regular;
@@ -16,7 +16,7 @@ use crate::router::limiter::Slot;
 use crate::router::proxy::{Attempt, Call};
 use crate::router::request::Endpoint;
 use crate::router::worker::WorkerType;
-use crate::router::Shared;
+use crate::router::Router;
 use std::sync::Arc;
 
 pub use regular::Regular;
@@ -37,7 +37,7 @@ pub(crate) trait RouteMode {
     /// request sent, and the answer to relay or the reason to try again.
     fn attempt(
         &self,
-        shared: &Arc<Shared>,
+        router: &Arc<Router>,
         call: &Call<'_>,
         tried: &[Arc<str>],
         slot: &mut Option<Slot>,
@@ -91,7 +91,7 @@ impl Route {
 
     pub(crate) async fn attempt(
         &self,
-        shared: &Arc<Shared>,
+        router: &Arc<Router>,
         call: &Call<'_>,
         tried: &[Arc<str>],
         slot: &mut Option<Slot>,
@@ -99,13 +99,13 @@ impl Route {
         // The prefill/decode modes' futures (two legs each) are boxed: inline, their size
         // would be every request's future's, copied and allocated with it in every mode.
         match self {
-            Route::Regular(m) => m.attempt(shared, call, tried, slot).await,
-            Route::VllmPd(m) => Box::pin(m.attempt(shared, call, tried, slot)).await,
+            Route::Regular(m) => m.attempt(router, call, tried, slot).await,
+            Route::VllmPd(m) => Box::pin(m.attempt(router, call, tried, slot)).await,
             Route::PdByEngine(sglang, vllm) => {
-                if prefill_is_vllm(shared) {
-                    Box::pin(vllm.attempt(shared, call, tried, slot)).await
+                if prefill_is_vllm(router) {
+                    Box::pin(vllm.attempt(router, call, tried, slot)).await
                 } else {
-                    Box::pin(sglang.attempt(shared, call, tried, slot)).await
+                    Box::pin(sglang.attempt(router, call, tried, slot)).await
                 }
             }
         }
@@ -113,8 +113,8 @@ impl Route {
 }
 
 /// Whether a prefill worker is a vLLM engine.
-fn prefill_is_vllm(shared: &Shared) -> bool {
-    shared.workers.registry.snapshot().iter().any(|w| {
+fn prefill_is_vllm(router: &Router) -> bool {
+    router.workers.registry.snapshot().iter().any(|w| {
         w.worker_type == WorkerType::Prefill
             && (w.kv_connector.is_some() || *w.engine.read() == Some(Backend::Vllm))
     })

@@ -5,7 +5,7 @@ use crate::router::proxy::{buffered, error_response, no_workers, Attempt, Call, 
 use crate::router::request::retryable;
 use crate::router::route::RouteMode;
 use crate::router::worker::WorkerType;
-use crate::router::Shared;
+use crate::router::Router;
 use http::{Method, StatusCode};
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ impl RouteMode for Regular {
 
     async fn attempt(
         &self,
-        shared: &Arc<Shared>,
+        router: &Arc<Router>,
         call: &Call<'_>,
         tried: &[Arc<str>],
         slot: &mut Option<Slot>,
@@ -32,12 +32,12 @@ impl RouteMode for Regular {
             ref input,
             rid,
         } = *call;
-        let Some(guard) = shared.choose(&*shared.routing.policy, WorkerType::Regular, input, tried)
+        let Some(guard) = router.choose(&*router.routing.policy, WorkerType::Regular, input, tried)
         else {
             return Attempt::Done(no_workers("", rid));
         };
         let worker = guard.worker().clone();
-        let req = shared.upstream_request(
+        let req = router.upstream_request(
             &worker,
             Method::POST,
             endpoint.path(),
@@ -45,9 +45,9 @@ impl RouteMode for Regular {
             rid,
             body.clone(),
         );
-        match shared.send(req).await {
+        match router.send(req).await {
             Err(e) => {
-                worker.record_outcome(&shared.cfg.breaker, false);
+                worker.record_outcome(&router.cfg.breaker, false);
                 tracing::warn!(worker = %worker.url, error = %e, request_id = rid, "worker request failed");
                 Attempt::Retry {
                     tried: vec![worker.url.clone()],
@@ -62,7 +62,7 @@ impl RouteMode for Regular {
             Ok(resp) => {
                 let status = resp.status();
                 let ok = !retryable(status.as_u16()) && !status.is_server_error();
-                worker.record_outcome(&shared.cfg.breaker, ok);
+                worker.record_outcome(&router.cfg.breaker, ok);
                 if retryable(status.as_u16()) {
                     tracing::warn!(worker = %worker.url, %status, request_id = rid, "worker answered with a retryable status");
                     return Attempt::Retry {
@@ -74,7 +74,7 @@ impl RouteMode for Regular {
                     _load: vec![guard],
                     slot: slot.take(),
                 };
-                Attempt::Done(shared.relay(resp, worker, held, None, rid))
+                Attempt::Done(router.relay(resp, worker, held, None, rid))
             }
         }
     }

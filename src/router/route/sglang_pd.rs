@@ -6,7 +6,7 @@ use crate::router::proxy::{buffered, error_response, prefixed, Attempt, Call, He
 use crate::router::request::{inject_bootstrap, random_room, retryable, Endpoint};
 use crate::router::route::RouteMode;
 use crate::router::worker::Worker;
-use crate::router::Shared;
+use crate::router::Router;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
@@ -27,7 +27,7 @@ impl RouteMode for SglangPd {
 
     async fn attempt(
         &self,
-        shared: &Arc<Shared>,
+        router: &Arc<Router>,
         call: &Call<'_>,
         tried: &[Arc<str>],
         slot: &mut Option<Slot>,
@@ -40,7 +40,7 @@ impl RouteMode for SglangPd {
             ref input,
             rid,
         } = *call;
-        let (p_guard, d_guard) = match shared.choose_pair(input, tried, rid) {
+        let (p_guard, d_guard) = match router.choose_pair(input, tried, rid) {
             Ok(pair) => pair,
             Err(a) => return a,
         };
@@ -61,7 +61,7 @@ impl RouteMode for SglangPd {
                 }
             };
         let build = |w: &Worker| {
-            shared.upstream_request(
+            router.upstream_request(
                 w,
                 Method::POST,
                 endpoint.path(),
@@ -71,10 +71,10 @@ impl RouteMode for SglangPd {
             )
         };
         let (p_req, d_req) = (build(&prefill), build(&decode));
-        shared.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
-        let (p_res, d_res) = tokio::join!(shared.send(p_req), shared.send(d_req));
+        router.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
+        let (p_res, d_res) = tokio::join!(router.send(p_req), router.send(d_req));
         let fail = |w: &Arc<Worker>, role: &str, e: &str| {
-            w.record_outcome(&shared.cfg.breaker, false);
+            w.record_outcome(&router.cfg.breaker, false);
             tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "PD request failed");
         };
         // Decode first: its answer is what the client gets.
@@ -111,8 +111,8 @@ impl RouteMode for SglangPd {
         let (p_status, d_status) = (p_resp.status(), d_resp.status());
         // 4xx is the client's fault, not the worker's (as sglang-router's PD router counts).
         let outcome = |s: StatusCode| !s.is_server_error() && !retryable(s.as_u16());
-        prefill.record_outcome(&shared.cfg.breaker, outcome(p_status));
-        decode.record_outcome(&shared.cfg.breaker, outcome(d_status));
+        prefill.record_outcome(&router.cfg.breaker, outcome(p_status));
+        decode.record_outcome(&router.cfg.breaker, outcome(d_status));
         if retryable(d_status.as_u16()) {
             return Attempt::Retry {
                 tried: vec![decode.url.clone()],
@@ -144,6 +144,6 @@ impl RouteMode for SglangPd {
             _load: vec![d_guard],
             slot: slot.take(),
         };
-        Attempt::Done(shared.relay(d_resp, decode, held, None, rid))
+        Attempt::Done(router.relay(d_resp, decode, held, None, rid))
     }
 }

@@ -13,7 +13,7 @@ use crate::router::upstream::Outgoing;
 use crate::router::vllm;
 use crate::router::vllm::{Connector, Legs};
 use crate::router::worker::{LoadGuard, Worker};
-use crate::router::Shared;
+use crate::router::Router;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
@@ -45,7 +45,7 @@ impl RouteMode for VllmPd {
     /// its request) and the client gets the failure.
     async fn attempt(
         &self,
-        shared: &Arc<Shared>,
+        router: &Arc<Router>,
         call: &Call<'_>,
         tried: &[Arc<str>],
         slot: &mut Option<Slot>,
@@ -71,7 +71,7 @@ impl RouteMode for VllmPd {
         }
         let n = vllm::choices(body);
         if n > 1 {
-            shared
+            router
                 .metrics
                 .vllm_pd_n_refused
                 .fetch_add(1, Ordering::Relaxed);
@@ -85,16 +85,16 @@ impl RouteMode for VllmPd {
                 ),
             );
         }
-        let (p_guard, d_guard) = match shared.choose_pair(input, tried, rid) {
+        let (p_guard, d_guard) = match router.choose_pair(input, tried, rid) {
             Ok(pair) => pair,
             Err(a) => return a,
         };
         let (prefill, decode) = (p_guard.worker().clone(), d_guard.worker().clone());
         let connector = prefill
             .kv_connector
-            .unwrap_or(shared.cfg.pd.vllm_kv_connector);
+            .unwrap_or(router.cfg.pd.vllm_kv_connector);
         let transfer_failed = |msg: String| {
-            shared
+            router
                 .metrics
                 .vllm_kv_transfer_failures
                 .fetch_add(1, Ordering::Relaxed);
@@ -104,7 +104,7 @@ impl RouteMode for VllmPd {
         // Mooncake: the prefill engine's id, from its bootstrap server (503 until it answers).
         let engine = match connector {
             Connector::Nixl => None,
-            Connector::Mooncake => match mooncake_engine(shared, &prefill).await {
+            Connector::Mooncake => match mooncake_engine(router, &prefill).await {
                 Ok(e) => Some(e),
                 Err(e) => {
                     let msg = transfer_failed(e);
@@ -128,7 +128,7 @@ impl RouteMode for VllmPd {
             Ok(b) => Bytes::from(b),
             Err(e) => return bad(e),
         };
-        let mut p_req = shared.upstream_request(
+        let mut p_req = router.upstream_request(
             &prefill,
             Method::POST,
             endpoint.path(),
@@ -141,16 +141,16 @@ impl RouteMode for VllmPd {
                 p_req.headers.insert("x-data-parallel-rank", v);
             }
         }
-        shared.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
+        router.metrics.pd_dispatches.fetch_add(1, Ordering::Relaxed);
         let fail = |w: &Arc<Worker>, role: &str, e: &str| {
-            w.record_outcome(&shared.cfg.breaker, false);
+            w.record_outcome(&router.cfg.breaker, false);
             tracing::warn!(worker = %w.url, role, error = %e, request_id = rid, "vLLM PD leg failed");
         };
         // The prefill leg to its end: its answer's body (NIXL needs it), or what went wrong.
-        let mut prefill_leg = Box::pin(prefill_leg(shared, prefill.clone(), p_req, p_guard, rid));
+        let mut prefill_leg = Box::pin(prefill_leg(router, prefill.clone(), p_req, p_guard, rid));
         let decode_request = |kv: &Value| {
             vllm::decode_body(body, kv).map_err(bad).map(|b| {
-                shared.upstream_request(
+                router.upstream_request(
                     &decode,
                     Method::POST,
                     endpoint.path(),
@@ -161,7 +161,7 @@ impl RouteMode for VllmPd {
             })
         };
         let decode_leg = |req: Outgoing| async {
-            match shared.send(req).await {
+            match router.send(req).await {
                 Err(e) => {
                     fail(&decode, "decode", &e);
                     Err(Attempt::Retry {
@@ -177,7 +177,7 @@ impl RouteMode for VllmPd {
                 Ok(resp) => {
                     let status = resp.status();
                     decode.record_outcome(
-                        &shared.cfg.breaker,
+                        &router.cfg.breaker,
                         !status.is_server_error() && !retryable(status.as_u16()),
                     );
                     if retryable(status.as_u16()) {
@@ -193,7 +193,7 @@ impl RouteMode for VllmPd {
                 }
             }
         };
-        let concurrent = engine.is_some() && shared.cfg.pd.vllm_pd_legs == Legs::Concurrent;
+        let concurrent = engine.is_some() && router.cfg.pd.vllm_pd_legs == Legs::Concurrent;
         let (d_resp, companion) = if let (true, Some(engine)) = (concurrent, &engine) {
             let d_req = match decode_request(&vllm::mooncake_decode_params(&transfer, engine)) {
                 Ok(r) => r,
@@ -206,7 +206,7 @@ impl RouteMode for VllmPd {
             tokio::select! {
                 p = &mut prefill_leg => match p {
                     Err(f) => {
-                        shared.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
+                        router.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
                         return f.answer;
                     }
                     Ok(_) => match d_leg.await {
@@ -216,7 +216,7 @@ impl RouteMode for VllmPd {
                 },
                 d = &mut d_leg => match d {
                     Err(a) => {
-                        shared.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
+                        router.metrics.vllm_pd_legs_cancelled.fetch_add(1, Ordering::Relaxed);
                         return a;
                     }
                     // Decode answered first: as with vLLM's own proxy its answer goes to the
@@ -263,7 +263,7 @@ impl RouteMode for VllmPd {
             _load: vec![d_guard],
             slot: slot.take(),
         };
-        Attempt::Done(shared.relay(d_resp, decode, held, companion, rid))
+        Attempt::Done(router.relay(d_resp, decode, held, companion, rid))
     }
 }
 
@@ -271,13 +271,13 @@ impl RouteMode for VllmPd {
 /// started it, watched by the decode answer's relay): the answer's body, or what the
 /// client gets and a one-line reason.
 fn prefill_leg(
-    shared: &Arc<Shared>,
+    router: &Arc<Router>,
     prefill: Arc<Worker>,
     req: Outgoing,
     load: LoadGuard,
     rid: &str,
 ) -> impl Future<Output = Result<Bytes, LegFailure>> + Send + 'static {
-    let this = shared.clone();
+    let this = router.clone();
     let rid = rid.to_string();
     async move {
         let _load = load;
@@ -350,15 +350,15 @@ fn prefill_leg(
 /// The Mooncake engine of a prefill worker: from the cache, or asked of its bootstrap
 /// server (`GET http://<host>:<bootstrap port>/query`).
 async fn mooncake_engine(
-    shared: &Shared,
+    router: &Router,
     prefill: &Worker,
 ) -> Result<vllm::MooncakeEngine, String> {
-    if let Some(e) = shared.workers.mooncake_engines.lock().get(&prefill.url) {
+    if let Some(e) = router.workers.mooncake_engines.lock().get(&prefill.url) {
         return Ok(e.clone());
     }
     let port = prefill
         .bootstrap_port
-        .unwrap_or(shared.cfg.pd.vllm_bootstrap_port);
+        .unwrap_or(router.cfg.pd.vllm_bootstrap_port);
     let addr = vllm::worker_url(&prefill.host, port);
     if let Some(id) = &prefill.kv_engine_id {
         // Registered with its engine id (SMG's `kv_engine_id`): nothing to ask.
@@ -381,7 +381,7 @@ async fn mooncake_engine(
     };
     let resp = match tokio::time::timeout(
         BOOTSTRAP_QUERY_TIMEOUT,
-        shared.workers.upstream.send(req),
+        router.workers.upstream.send(req),
     )
     .await
     {
@@ -406,7 +406,7 @@ async fn mooncake_engine(
     let engine = vllm::mooncake_engine(&answer, &addr)
         .ok_or_else(|| unready("no engine_id in its answer".into()))?;
     tracing::info!(prefill = %prefill.url, engine_id = %engine.engine_id, bootstrap = %addr, "Mooncake prefill engine learnt");
-    shared
+    router
         .workers
         .mooncake_engines
         .lock()
