@@ -18,6 +18,7 @@
 //! `--deadline`.
 
 use super::kit::cluster::{OwnCluster, OwnOpts};
+use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::Millis;
 use crate::master::config::MasterConfig;
@@ -214,11 +215,7 @@ pub fn run(args: AbuseBenchArgs) -> anyhow::Result<()> {
         None,
     ));
     let report = Report { attacks };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_report(&report);
-    }
+    report.publish(args.json, None)?;
     drop(cluster);
     Ok(())
 }
@@ -506,23 +503,33 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-fn print_report(r: &Report) {
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        table(self)
+    }
+}
+
+fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     for a in &r.attacks {
-        println!("{}: {}", a.name, a.what);
+        let _ = writeln!(out, "{}: {}", a.name, a.what);
         let closed = match a.all_closed_after_s {
             Some(s) => format!("all closed by the servers after {s:.1} s"),
             None => "SOME STILL OPEN at the deadline".into(),
         };
-        println!(
+        let _ = writeln!(
+            out,
             "  connections: {} attempted, {} accepted by the kernel in {:.1} s, {} closed within 1 s after; {closed}",
             a.attempted, a.opened, a.opening_s, a.closed_within_1s
         );
         if !a.answers.is_empty() {
             let codes: Vec<String> = a.answers.iter().map(|(c, n)| format!("{c}: {n}")).collect();
-            println!("  HTTP answers: {}", codes.join(", "));
+            let _ = writeln!(out, "  HTTP answers: {}", codes.join(", "));
         }
         for (role, u) in [("master", &a.master), ("store", &a.store)] {
-            println!(
+            let _ = writeln!(
+                out,
                 "  {role:<6} RSS {:.1} -> peak {:.1} -> {:.1} MiB; open files {} -> peak {} -> {}",
                 u.rss_before_mib,
                 u.rss_peak_mib,
@@ -532,9 +539,11 @@ fn print_report(r: &Report) {
                 u.fds_after
             );
         }
-        println!(
+        let _ = writeln!(
+            out,
             "  normal client meanwhile: put+get {} ok, {} failed (slowest {:.0} ms); /health {} ok, {} failed (slowest {:.0} ms)",
             a.client.ok, a.client.failed, a.client.slowest_ms, a.health.ok, a.health.failed, a.health.slowest_ms
         );
     }
+    out
 }

@@ -16,6 +16,7 @@
 use super::kit::cluster::{scrape, OwnCluster, OwnOpts};
 use super::kit::limits;
 use super::kit::load::Outcome;
+use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::human_bytes;
 use crate::master::config::MasterConfig;
@@ -336,20 +337,23 @@ pub fn run(plan: Plan<'_>) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some(path) = plan.report {
-        write_report(&report, path)?;
-    }
-    if plan.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", table(&report));
-    }
+    report.publish(plan.json, plan.report)?;
     Ok(())
+}
+
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        table(self)
+    }
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self)
+    }
 }
 
 /// The HTML report: put streams with and without the tier as bars, and disk-resident gets per
 /// value size against the filesystem's own sequential read speed.
-fn write_report(r: &Report, path: &Path) -> anyhow::Result<()> {
+fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
     use crate::report::{BarChart, Format, Group, LineChart, Page, Panel, Series};
     let mut page = Page::new("The disk tier: puts at the watermark, reads from disk");
     page.fact(
@@ -441,8 +445,7 @@ fn write_report(r: &Report, path: &Path) -> anyhow::Result<()> {
     page.heading("Charts");
     page.bar_chart(&puts, "Values streamed into a pool whose memory is full: without a disk tier eviction drops the oldest; with one it copies them to disk first.")?;
     page.line_chart(&gets, "tcp: the store reads its disk and sends the bytes; same-host: the client reads the disk tier's file itself. Dashed: the filesystem's own sequential read speed per block size, measured in this run.")?;
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 fn table(r: &Report) -> String {

@@ -16,6 +16,7 @@
 //! objects lost must be 0.
 
 use super::recovery::fill_value;
+use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{ByteSize, Millis};
 use crate::ha::etcd_server::EtcdCluster;
@@ -368,10 +369,7 @@ pub fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
         _launcher: launcher,
     };
     let report = measure(&mut bench, &args, size, ttl, progress)?;
-    if let Some(path) = &args.report {
-        write_report(&report, path)?;
-    }
-    print_report(&report, args.json)
+    report.publish(args.json, args.report.as_deref())
 }
 
 fn client(spec: &str) -> anyhow::Result<Client> {
@@ -692,9 +690,19 @@ fn epoch_steps(acks: &[(f64, u64)]) -> Vec<(f64, f64)> {
     out
 }
 
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        table(self)
+    }
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self)
+    }
+}
+
 /// The HTML report: the client's puts and failures per second with the faults marked, and
 /// the epoch of the master behind each acknowledgement.
-fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
+fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
     use crate::report::{Format, LineChart, Page, Series};
     let t = &r.timeline;
     let mut page = Page::new("Master failover: kill -9 and SIGSTOP of the leader");
@@ -781,8 +789,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
             fault_row("SIGSTOP of the next leader", &r.pause.fault),
         ],
     );
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 /// Waits until every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
@@ -855,13 +862,12 @@ fn fault_outcome(
     })
 }
 
-fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
-        return Ok(());
-    }
+fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let s = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.3} s"));
-    println!(
+    let _ = writeln!(
+        out,
         "{} masters on {} etcd member(s), lease TTL {:.0} s; {} stores; objects of {} bytes",
         r.masters, r.etcd_members, r.lease_ttl_s, r.stores, r.value_bytes
     );
@@ -869,7 +875,8 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
         ("kill -9 of the leader", &r.kill),
         ("SIGSTOP of the leader", &r.pause.fault),
     ] {
-        println!(
+        let _ = writeln!(
+            out,
             "{name} (epoch {} → {}): new leader seen after {}, first put after {}, all {} \
              earlier objects listed after {}; client errors meanwhile: {}",
             f.epoch_before,
@@ -890,7 +897,8 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
         );
     }
     if let Some(i) = &r.idle_return {
-        println!(
+        let _ = writeln!(
+            out,
             "idle clients: {} of {} back on the new leader ({} within 5 s of it being seen): \
              after it was seen p50 {}, p99 {}, last {}; {} connections dropped by full accept \
              queues; {} pings, {} failed tries, {} connections made again",
@@ -907,7 +915,8 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
             i.figures.reconnects,
         );
     }
-    println!(
+    let _ = writeln!(
+        out,
         "paused {:.1} s: writes sent to it meanwhile {}, accepted after its lease {} (must be 0), \
          refused NOT_LEADER {}; it stepped down {} after SIGCONT",
         r.pause.pause_s,
@@ -916,7 +925,8 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
         r.pause.stale_writes_refused,
         s(r.pause.stepped_down_after_continue_s)
     );
-    println!(
+    let _ = writeln!(
+        out,
         "objects committed {} ({} puts acknowledged), lost {} (must be 0); client operations {}, \
          failed {} ({})",
         r.objects_committed,
@@ -930,7 +940,7 @@ fn print_report(r: &Report, json: bool) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    Ok(())
+    out
 }
 
 #[cfg(test)]

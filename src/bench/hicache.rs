@@ -6,6 +6,7 @@
 use super::kit::cluster::master_or_own;
 use super::kit::limits;
 use super::kit::stats::percentile;
+use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use anyhow::{bail, Context};
@@ -81,6 +82,9 @@ struct PythonReport {
 struct Report {
     loopback_tcp_gb_per_s: f64,
     memcpy_gb_per_s: f64,
+    /// Pages in a batch, and each page's bytes.
+    pages: usize,
+    page_bytes: u64,
     persistent: bool,
     python_crc32c: Option<String>,
     rows: Vec<Row>,
@@ -307,15 +311,13 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
     let report = Report {
         loopback_tcp_gb_per_s: loopback,
         memcpy_gb_per_s: memcpy,
+        pages: args.pages,
+        page_bytes: args.page_size.0,
         persistent: args.persistent,
         python_crc32c: python_crc,
         rows,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report, &args);
-    }
+    report.publish(args.json, None)?;
     match failed {
         // What was measured is printed above; the rest could not be.
         Some(e) => Err(e.context("PARTIAL RESULTS: the rows above are all that could be measured")),
@@ -323,25 +325,35 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
     }
 }
 
-fn print_table(r: &Report, args: &HicacheBenchArgs) {
-    println!(
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        table(self)
+    }
+}
+
+fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out,
         "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; batches of {} pages × {}; \
          store persistent: {}",
         r.loopback_tcp_gb_per_s,
         r.memcpy_gb_per_s,
-        args.pages,
-        human_bytes(args.page_size.0),
+        r.pages,
+        human_bytes(r.page_bytes),
         r.persistent
     );
     if let Some(crc) = &r.python_crc32c {
-        println!("python CRC-32C: {crc}");
+        let _ = writeln!(out, "python CRC-32C: {crc}");
     }
-    println!(
+    let _ = writeln!(
+        out,
         "{:<7} {:<5} {:<15} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7}",
         "client", "path", "op", "pages/s", "GB/s", "p50 ms", "p99 ms", "batches", "errors"
     );
     for x in &r.rows {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<7} {:<5} {:<15} {:>10.0} {:>7.2} {:>9.2} {:>9.2} {:>8} {:>7}",
             x.client,
             x.path,
@@ -354,4 +366,5 @@ fn print_table(r: &Report, args: &HicacheBenchArgs) {
             x.errors
         );
     }
+    out
 }

@@ -10,6 +10,7 @@ use super::kit::cluster::scrape;
 use super::kit::paper_store::PaperStore;
 use super::kit::procfs::{cpu_time, host_busy, rss_bytes as rss};
 use super::kit::stats::PhaseResult;
+use crate::bench::kit::report::BenchReport;
 use crate::config::Millis;
 use crate::launch::{self, Launcher, Logs};
 use crate::master::config::MasterConfig;
@@ -718,14 +719,7 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     }
     paper.stop();
 
-    if let Some(path) = &args.report {
-        write_report(&report, path)?;
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", table(&report));
-    }
+    report.publish(args.json, args.report.as_deref())?;
     anyhow::ensure!(
         report.errors == 0,
         "{} operations failed; the figures above are partial",
@@ -734,9 +728,19 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        table(self)
+    }
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self)
+    }
+}
+
 /// The HTML report: each phase's throughput (and the machine's ceiling for as many clients)
 /// and latency as bars, and the figures of memory, rest and rebuild.
-fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
+fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
     use crate::report::{BarChart, Format, Group, Page, Panel};
     let mut page = Page::new("The master at scale: metadata operations");
     page.fact(
@@ -826,8 +830,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
             vec!["errors".into(), r.errors.to_string()],
         ],
     );
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 fn table(r: &Report) -> String {

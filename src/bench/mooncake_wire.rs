@@ -6,6 +6,7 @@
 //! the master does not serve that the wheel called. Exits non-zero when a hash differs or an
 //! unknown function was called: that wheel speaks another version.
 
+use crate::bench::kit::report::BenchReport;
 use crate::mooncake::master::WireRow;
 use std::path::PathBuf;
 use std::process::Command;
@@ -50,6 +51,17 @@ pub fn verdict(row: &WireRow) -> Verdict {
         (true, Some(_), Some(_)) => Verdict::Same,
         (true, Some(_), None) => Verdict::NotSeen,
         (true, None, _) => Verdict::NoArguments,
+    }
+}
+
+/// What `bench mooncake-wire` reports: a row per type and call (its JSON).
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct WireFigures<'a>(&'a [WireRow]);
+
+impl BenchReport for WireFigures<'_> {
+    fn table(&self) -> String {
+        table(self.0)
     }
 }
 
@@ -119,12 +131,10 @@ pub fn run(args: WireArgs) -> anyhow::Result<()> {
     let (admin, _) = cluster.master_http_addrs();
     let rows: Vec<WireRow> =
         reqwest::blocking::get(format!("http://{admin}/api/v1/mooncake/wire"))?.json()?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
+    if !args.json {
         eprint!("{}", String::from_utf8_lossy(&out.stdout));
-        print!("{}", table(&rows));
     }
+    WireFigures(&rows).publish(args.json, None)?;
     if !agrees(&rows) {
         anyhow::bail!(
             "this wheel sends types or calls that rbgctl's master does not decode (DIFFERS, or \

@@ -8,9 +8,11 @@
 //!    the operator sustains while every group is touched as fast as the API takes it (each
 //!    touch is a metadata change that queues a reconcile and needs no write).
 
+use crate::bench::kit::report::BenchReport;
 use crate::operator::context::Kind;
 use crate::testkit::apiserver::{ApiServer, Kubelet, KubeletConfig};
 use clap::Args;
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -82,6 +84,86 @@ fn until(what: &str, f: impl Fn() -> bool) -> anyhow::Result<Duration> {
         std::thread::sleep(Duration::from_millis(1));
     }
     Ok(t0.elapsed())
+}
+
+/// What `bench operator` reports, one part per figure of the module's list.
+#[derive(Debug, Serialize)]
+struct Report {
+    seed_002: SeedFigures,
+    large_group: LargeGroupFigures,
+    many_groups: ManyGroupsFigures,
+}
+
+/// Seed 002: to its first pod and to Ready, then its steady state.
+#[derive(Debug, Serialize)]
+struct SeedFigures {
+    seconds_to_first_pod: f64,
+    seconds_to_ready: f64,
+    steady_state_seconds: u64,
+    steady_state_reconciles: f64,
+    steady_state_writes: u64,
+    steady_state_writes_per_minute: f64,
+}
+
+/// One large group: to Ready, and the API requests it took.
+#[derive(Debug, Serialize)]
+struct LargeGroupFigures {
+    roles: u32,
+    replicas_per_role: u32,
+    pods: usize,
+    seconds_to_ready: f64,
+    api_requests: u64,
+    api_writes: u64,
+    api_requests_by_verb: std::collections::BTreeMap<String, u64>,
+    requests_per_pod: f64,
+}
+
+/// Many groups: bringing them up, then touching each as fast as the API takes it.
+#[derive(Debug, Serialize)]
+struct ManyGroupsFigures {
+    groups: u32,
+    pods: u32,
+    seconds_to_all_ready: f64,
+    reconciles_per_second_bringing_up: f64,
+    touch_seconds: f64,
+    touches: u64,
+    reconciles_per_second_sustained: f64,
+    operator_writes_while_touched: u64,
+}
+
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        let (seed, large, many) = (&self.seed_002, &self.large_group, &self.many_groups);
+        format!(
+            "operator bench (API stand-in, SIMULATED kubelet, one process)\n\
+             \x20 seed 002 (3 roles)     first pod {:.3} s after the create; Ready in {:.3} s\n\
+             \x20 steady state           {} writes in {} s ({:.1}/min) over {:.0} reconciles\n\
+             \x20 large group            {} roles x {} = {} pods Ready in {:.2} s; {} requests ({} writes, {:.2} per pod)\n\
+             \x20 {} groups             all Ready in {:.2} s ({:.0} reconciles/s while bringing up)\n\
+             \x20 sustained              {:.0} reconciles/s with {} groups ({} touches in {:.1} s, {} operator writes)\n",
+            seed.seconds_to_first_pod,
+            seed.seconds_to_ready,
+            seed.steady_state_writes,
+            seed.steady_state_seconds,
+            seed.steady_state_writes_per_minute,
+            seed.steady_state_reconciles,
+            large.roles,
+            large.replicas_per_role,
+            large.pods,
+            large.seconds_to_ready,
+            large.api_requests,
+            large.api_writes,
+            large.requests_per_pod,
+            many.groups,
+            many.seconds_to_all_ready,
+            many.reconciles_per_second_bringing_up,
+            many.reconciles_per_second_sustained,
+            many.groups,
+            many.touches,
+            many.touch_seconds,
+            many.operator_writes_while_touched,
+        )
+    }
 }
 
 /// Writes by the operator (its user agent), leases aside.
@@ -249,58 +331,37 @@ pub fn run(args: OperatorBenchArgs) -> anyhow::Result<()> {
     let sustained = storm_reconciles / storm_took.as_secs_f64();
     let storm_writes = operator_writes(&api);
 
-    let out = json!({
-        "seed_002": {"seconds_to_first_pod": first_pod.as_secs_f64(),
-                     "seconds_to_ready": seed_ready.as_secs_f64(),
-                     "steady_state_seconds": args.steady_secs,
-                     "steady_state_reconciles": steady_reconciles,
-                     "steady_state_writes": steady_writes,
-                     "steady_state_writes_per_minute": writes_per_minute},
-        "large_group": {"roles": args.roles, "replicas_per_role": args.replicas, "pods": pods,
-                        "seconds_to_ready": large_ready.as_secs_f64(),
-                        "api_requests": large.total(), "api_writes": large.writes(),
-                        "api_requests_by_verb": large.by_verb,
-                        "requests_per_pod": large.total() as f64 / pods.max(1) as f64},
-        "many_groups": {"groups": args.groups, "pods": args.groups * 3,
-                        "seconds_to_all_ready": many_ready.as_secs_f64(),
-                        "reconciles_per_second_bringing_up": bringup_rate,
-                        "touch_seconds": storm_took.as_secs_f64(), "touches": touches,
-                        "reconciles_per_second_sustained": sustained,
-                        "operator_writes_while_touched": storm_writes},
-    });
-    if args.json {
-        println!("{out}");
-    } else {
-        println!("operator bench (API stand-in, SIMULATED kubelet, one process)");
-        println!(
-            "  seed 002 (3 roles)     first pod {:.3} s after the create; Ready in {:.3} s",
-            first_pod.as_secs_f64(),
-            seed_ready.as_secs_f64()
-        );
-        println!(
-            "  steady state           {steady_writes} writes in {} s ({writes_per_minute:.1}/min) over {steady_reconciles:.0} reconciles",
-            args.steady_secs
-        );
-        println!(
-            "  large group            {} roles x {} = {pods} pods Ready in {:.2} s; {} requests ({} writes, {:.2} per pod)",
-            args.roles,
-            args.replicas,
-            large_ready.as_secs_f64(),
-            large.total(),
-            large.writes(),
-            large.total() as f64 / pods.max(1) as f64
-        );
-        println!(
-            "  {} groups             all Ready in {:.2} s ({bringup_rate:.0} reconciles/s while bringing up)",
-            args.groups,
-            many_ready.as_secs_f64()
-        );
-        println!(
-            "  sustained              {sustained:.0} reconciles/s with {} groups ({touches} touches in {:.1} s, {storm_writes} operator writes)",
-            args.groups,
-            storm_took.as_secs_f64()
-        );
-    }
+    let report = Report {
+        seed_002: SeedFigures {
+            seconds_to_first_pod: first_pod.as_secs_f64(),
+            seconds_to_ready: seed_ready.as_secs_f64(),
+            steady_state_seconds: args.steady_secs,
+            steady_state_reconciles: steady_reconciles,
+            steady_state_writes: steady_writes,
+            steady_state_writes_per_minute: writes_per_minute,
+        },
+        large_group: LargeGroupFigures {
+            roles: args.roles,
+            replicas_per_role: args.replicas,
+            pods,
+            seconds_to_ready: large_ready.as_secs_f64(),
+            api_requests: large.total(),
+            api_writes: large.writes(),
+            requests_per_pod: large.total() as f64 / pods.max(1) as f64,
+            api_requests_by_verb: large.by_verb,
+        },
+        many_groups: ManyGroupsFigures {
+            groups: args.groups,
+            pods: args.groups * 3,
+            seconds_to_all_ready: many_ready.as_secs_f64(),
+            reconciles_per_second_bringing_up: bringup_rate,
+            touch_seconds: storm_took.as_secs_f64(),
+            touches,
+            reconciles_per_second_sustained: sustained,
+            operator_writes_while_touched: storm_writes,
+        },
+    };
+    report.publish(args.json, None)?;
     operator.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

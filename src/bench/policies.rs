@@ -7,6 +7,7 @@
 //! they leave to a copy.
 
 use super::multiturn::{self, oracle, MultiturnArgs, RateResult};
+use crate::bench::kit::report::BenchReport;
 use crate::launch::{Launcher, Logs};
 use crate::router::policy::PolicyKind;
 use crate::up::{Stack, UpConfig};
@@ -396,19 +397,12 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
         }
         runs.push(median_of(reps));
     }
-    let baseline = runs.iter().find(|r| r.policy == PolicyKind::CacheAware);
-    if a.workload.json {
-        let out: Vec<_> = runs.iter().map(|r| r.json(baseline)).collect();
-        println!(
-            "{}",
-            serde_json::json!({ "routers": base.router.replicas, "policies": out })
-        );
-    } else {
-        print!("{}", render(&a.workload, base.router.replicas, &runs));
-    }
-    if let Some(path) = &a.workload.report {
-        write_report(&a, base.router.replicas, &runs, path)?;
-    }
+    let figures = Figures {
+        args: &a,
+        routers: base.router.replicas,
+        runs: &runs,
+    };
+    figures.publish(a.workload.json, a.workload.report.as_deref())?;
     anyhow::ensure!(
         failed == 0,
         "{failed} request(s) failed; the figures above cover the rest only"
@@ -530,12 +524,40 @@ fn restart_rows(runs: &[PolicyRun]) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn write_report(
+/// What `bench policies` reports: the router replicas, and each policy's run (its JSON beside
+/// `cache_aware`'s, the baseline).
+struct Figures<'a> {
+    args: &'a PoliciesArgs,
+    routers: usize,
+    runs: &'a [PolicyRun],
+}
+
+impl serde::Serialize for Figures<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let baseline = self
+            .runs
+            .iter()
+            .find(|r| r.policy == PolicyKind::CacheAware);
+        let policies: Vec<_> = self.runs.iter().map(|r| r.json(baseline)).collect();
+        serde_json::json!({ "routers": self.routers, "policies": policies }).serialize(serializer)
+    }
+}
+
+impl BenchReport for Figures<'_> {
+    fn table(&self) -> String {
+        render(&self.args.workload, self.routers, self.runs)
+    }
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self.args, self.routers, self.runs)
+    }
+}
+
+fn page(
     a: &PoliciesArgs,
     routers: usize,
     runs: &[PolicyRun],
-    path: &std::path::Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<crate::report::Page> {
     use crate::report::{BarChart, Format, Group, Panel};
     let w = &a.workload;
     let mut page = crate::report::Page::new("Router policies on one multi-turn workload");
@@ -618,8 +640,7 @@ fn write_report(
         })
         .collect();
     multiturn::report::charts(&mut page, &named)?;
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //!    every object again (rebuilt from the store's report), then reads everything back again.
 
 use super::kit::cluster::{scrape, OwnCluster};
+use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::time::{Duration, Instant};
@@ -194,32 +195,40 @@ pub fn run(args: RecoveryBenchArgs) -> anyhow::Result<()> {
         master_restart_to_all_readable_s,
         master_readable_objects,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
+    report.publish(args.json, None)
+}
+
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let (r, mut out) = (self, String::new());
+        let n = r.objects;
         let pct = |k: usize| 100.0 * k as f64 / n as f64;
-        println!(
+        let _ = writeln!(
+            out,
             "pool: one persistent store of {}, {n} objects of {} ({}), written in {:.2} s",
-            human_bytes(report.segment_bytes),
-            human_bytes(size as u64),
-            human_bytes(total),
-            fill_seconds
+            human_bytes(r.segment_bytes),
+            human_bytes(r.value_bytes),
+            human_bytes(r.value_bytes * r.objects as u64),
+            r.fill_seconds
         );
-        println!(
+        let _ = writeln!(
+            out,
             "store kill -9 → serving again: {:.3} s after its start (its own open+map+verify: {}); \
              readable byte-exact: {}/{n} ({:.1} %)",
-            store_restart_to_serving_s,
-            store_recovery_s.map_or("?".into(), |s| format!("{s:.3} s")),
-            store_readable_objects,
-            pct(store_readable_objects)
+            r.store_restart_to_serving_s,
+            r.store_recovery_s.map_or("?".into(), |s| format!("{s:.3} s")),
+            r.store_readable_objects,
+            pct(r.store_readable_objects)
         );
-        println!(
+        let _ = writeln!(
+            out,
             "master kill -9 → every object listed again: {:.3} s after its start; readable \
              byte-exact: {}/{n} ({:.1} %)",
-            master_restart_to_all_readable_s,
-            master_readable_objects,
-            pct(master_readable_objects)
+            r.master_restart_to_all_readable_s,
+            r.master_readable_objects,
+            pct(r.master_readable_objects)
         );
+        out
     }
-    Ok(())
 }

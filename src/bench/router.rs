@@ -14,6 +14,7 @@
 //! hold no KV cache, so decode never waits for prefill: legs sent at once save the whole
 //! prefill answer time, where real engines save its return trip and decode's admission.
 
+use crate::bench::kit::report::BenchReport;
 use crate::bench::kit::stats::percentile;
 use crate::launch::{self, wait_http_ok, Launcher, Logs};
 use crate::router::config::{
@@ -1041,24 +1042,36 @@ pub fn run(args: RouterBenchArgs) -> anyhow::Result<()> {
         }
     }
     progress.finish();
-    if let Some(path) = &args.report {
-        write_report(&args, &rows, path)?;
+    let figures = Figures {
+        rows: &rows,
+        args: &args,
+    };
+    figures.publish(args.json, args.report.as_deref())
+}
+
+/// What `bench router` reports: a row per case and client count (its JSON), read beside the
+/// arguments that made them.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Figures<'a> {
+    rows: &'a [Row],
+    #[serde(skip)]
+    args: &'a RouterBenchArgs,
+}
+
+impl BenchReport for Figures<'_> {
+    fn table(&self) -> String {
+        tables(self.args, self.rows)
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self.args, self.rows)
     }
-    print_tables(&args, &rows);
-    Ok(())
 }
 
 /// The HTML report: per case and client count, bars for direct, rbgctl's router and the
 /// peer (when measured) — requests/s, p50 and p99 latency, median time to first byte.
-fn write_report(
-    args: &RouterBenchArgs,
-    rows: &[Row],
-    path: &std::path::Path,
-) -> anyhow::Result<()> {
+fn page(args: &RouterBenchArgs, rows: &[Row]) -> anyhow::Result<crate::report::Page> {
     use crate::report::{BarChart, Format, Group, Page, Panel};
     let mut page = Page::new(&format!(
         "Router against direct-to-worker ({})",
@@ -1153,12 +1166,13 @@ fn write_report(
         ],
         rows,
     );
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
-fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
-    println!(
+fn tables(args: &RouterBenchArgs, rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out,
         "rbgctl router ({}{}, {}) vs direct, {} ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",
         match args.router_threads {
             Some(n) => format!("{n} thread(s)"),
@@ -1178,13 +1192,15 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         args.reps
     );
     if rows.iter().any(|r| r.mode != Mode::Regular) {
-        println!(
+        let _ =
+            writeln!(out,
             "pd-*/vllm-pd-*: FAKE prefill answers after {} ms, decode at once (no KV: it does not \
              wait for prefill); direct = the client sends both legs itself, at once",
             args.prefill_ms
         );
     }
-    println!(
+    let _ = writeln!(
+        out,
         "{:<20} {:>4} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>7}",
         "case",
         "cli",
@@ -1201,7 +1217,7 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         "kernel"
     );
     for r in rows {
-        println!(
+        let _ = writeln!(out,
             "{:<20} {:>4} {:>10.0} {:>10.0} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>8.1} {:>6.0}%",
             r.case,
             r.clients,
@@ -1219,15 +1235,20 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         );
     }
     if rows.iter().any(|r| r.admission.is_some()) {
-        println!();
-        println!("rbgctl's router with admission on (--tenants), same run (interleaved)");
-        println!(
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "rbgctl's router with admission on (--tenants), same run (interleaved)"
+        );
+        let _ = writeln!(
+            out,
             "{:<20} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
             "case", "cli", "router/s", "admit/s", "r cpu µs", "a cpu µs", "a/r cpu", "a p99ms"
         );
         for r in rows {
             let Some(a) = &r.admission else { continue };
-            println!(
+            let _ = writeln!(
+                out,
                 "{:<20} {:>4} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>8.2}x {:>9.3}",
                 r.case,
                 r.clients,
@@ -1241,14 +1262,16 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
         }
     }
     if rows.iter().all(|r| r.peer.is_none()) {
-        return;
+        return out;
     }
-    println!();
-    println!(
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
         "{} on the same workers, same run (interleaved)",
         args.peer_name
     );
-    println!(
+    let _ = writeln!(
+        out,
         "{:<20} {:>4} {:>10} {:>10} {:>7} {:>9} {:>9} {:>10} {:>9} {:>8} {:>9}",
         "case",
         "cli",
@@ -1264,7 +1287,7 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
     );
     for r in rows {
         let Some(p) = &r.peer else { continue };
-        println!(
+        let _ = writeln!(out,
             "{:<20} {:>4} {:>10.0} {:>10.0} {:>6.2}x {:>9.3} {:>9.3} {:>10.3} {:>9.3} {:>8.1} {:>8.0}%",
             r.case,
             r.clients,
@@ -1283,5 +1306,9 @@ fn print_tables(args: &RouterBenchArgs, rows: &[Row]) {
             },
         );
     }
-    println!("(saved ms: the peer's median time to first byte minus rbgctl's)");
+    let _ = writeln!(
+        out,
+        "(saved ms: the peer's median time to first byte minus rbgctl's)"
+    );
+    out
 }

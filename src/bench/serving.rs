@@ -6,6 +6,7 @@
 use super::kit::llm::{self, ApiFormat, Outcome};
 use super::multiturn::summary;
 use super::multiturn::workload::{length, Arrivals, Distribution};
+use crate::bench::kit::report::BenchReport;
 use crate::simulated_tokens::VOCAB;
 use clap::Args;
 use serde::Serialize;
@@ -278,13 +279,12 @@ pub fn render(r: &ServingResult) -> String {
 }
 
 /// The HTML report: latency CDFs and throughput over time of the finished requests.
-fn write_report(
+fn page(
     a: &ServingArgs,
     r: &ServingResult,
     done: &[(usize, Outcome)],
     finished_at: &[f64],
-    path: &std::path::Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<crate::report::Page> {
     use crate::report::{Format, LineChart, Page, Series};
     let ok: Vec<(&Outcome, f64)> = done
         .iter()
@@ -371,8 +371,7 @@ fn write_report(
     page.line_chart(&itl, "Gaps between streamed token chunks.")?;
     page.line_chart(&tput, "Output tokens of the requests finished per second.")?;
     page.line_chart(&requests, "Requests finished per second.")?;
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 /// Runs `rbgctl bench serving` and prints its result.
@@ -460,20 +459,44 @@ pub fn run(a: ServingArgs) -> anyhow::Result<()> {
         }
         bar.finish();
         let r = result(&a, &done, start.elapsed().as_secs_f64());
-        if let Some(path) = &a.report {
-            write_report(&a, &r, &done, &finished_at, path)?;
-        }
-        Ok::<_, anyhow::Error>(r)
+        Ok::<_, anyhow::Error>((r, done, finished_at))
     })?;
+    let (r, done, finished_at) = r;
     if let Some(f) = &a.output_file {
         super::multiturn::append_log(f, &json!(r))?;
     }
-    if a.json {
-        println!("{}", json!(r));
-    } else {
-        print!("{}", render(&r));
+    let figures = Figures {
+        result: &r,
+        args: &a,
+        done: &done,
+        finished_at: &finished_at,
+    };
+    figures.publish(a.json, a.report.as_deref())
+}
+
+/// What `bench serving` reports: its result (the JSON), with the requests it is made of for
+/// the page's curves.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Figures<'a> {
+    result: &'a ServingResult,
+    #[serde(skip)]
+    args: &'a ServingArgs,
+    /// Each finished request, and when it finished (seconds into the run).
+    #[serde(skip)]
+    done: &'a [(usize, Outcome)],
+    #[serde(skip)]
+    finished_at: &'a [f64],
+}
+
+impl BenchReport for Figures<'_> {
+    fn table(&self) -> String {
+        render(self.result)
     }
-    Ok(())
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self.args, self.result, self.done, self.finished_at)
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use super::kit::mooncake_peer;
 use super::kit::procfs::own_syscalls as syscalls;
 use super::kit::redis_peer;
 use super::kit::stats::{OpBreakdown, PhaseResult};
+use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use std::sync::Arc;
@@ -806,14 +807,7 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         versus_redis,
         held_p99,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    if let Some(path) = &args.report {
-        write_report(&report, path)?;
-    }
+    report.publish(args.json, args.report.as_deref())?;
     outcome?;
     anyhow::ensure!(
         failures.is_empty(),
@@ -1063,10 +1057,26 @@ fn flood_cases(
     })
 }
 
+impl BenchReport for RdmaReport {
+    fn table(&self) -> String {
+        rdma_table(self)
+    }
+}
+
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        table(self)
+    }
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self)
+    }
+}
+
 /// The HTML report: throughput and p99 latency per value size, a curve per path, operation
 /// and thread count (the Mooncake store's too, with `--mooncake-python`), the machine's
 /// limits as dashed lines, and every row in a table.
-fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
+fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
     use crate::report::{Format, LineChart, Page, Series};
     let mut page = Page::new("KV pool: put and get");
     page.fact("loopback TCP, one stream", r.limits.loopback.describe())
@@ -1193,12 +1203,7 @@ fn write_report(r: &Report, path: &std::path::Path) -> anyhow::Result<()> {
         ],
         rows,
     );
-    page.save(path)?;
-    Ok(())
-}
-
-fn print_table(r: &Report) {
-    print!("{}", table(r));
+    Ok(page)
 }
 
 /// The report as a person reads it: one aligned row per phase.
@@ -1852,11 +1857,7 @@ fn rdma_mode(args: &StoreBenchArgs, device: &str) -> anyhow::Result<()> {
         server_cpu,
         failures,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_rdma_table(&report);
-    }
+    report.publish(args.json, None)?;
     anyhow::ensure!(
         report.failures.is_empty(),
         "{} phase(s) had failed operations; the figures above are partial",
@@ -1927,32 +1928,30 @@ fn registered_case(
 }
 
 #[cfg(feature = "rdma")]
-fn print_rdma_table(r: &RdmaReport) {
-    println!(
+fn rdma_table(r: &RdmaReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "RDMA on {} (one client thread; limits from perftest in the same run)",
         r.device
     );
     for p in &r.perftest {
-        match (p.gb_per_s, p.typical_us) {
-            (Some(gb), _) => println!(
-                "  {:<12} {:>9}  {gb:.3} GB/s",
-                p.tool,
-                human_bytes(p.message_bytes)
-            ),
-            (_, Some(us)) => println!(
-                "  {:<12} {:>9}  {us:.1} µs typical",
-                p.tool,
-                human_bytes(p.message_bytes)
-            ),
-            _ => {}
-        }
+        let size = human_bytes(p.message_bytes);
+        let _ = match (p.gb_per_s, p.typical_us) {
+            (Some(gb), _) => writeln!(out, "  {:<12} {size:>9}  {gb:.3} GB/s", p.tool),
+            (_, Some(us)) => writeln!(out, "  {:<12} {size:>9}  {us:.1} µs typical", p.tool),
+            _ => Ok(()),
+        };
     }
-    println!(
+    let _ = writeln!(
+        out,
         "{:<16} {:<14} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9}",
         "case", "op", "value", "GB/s", "ops/s", "p50 µs", "p99 µs", "of limit"
     );
     for x in &r.results {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<16} {:<14} {:>9} {:>10.3} {:>10.0} {:>9.1} {:>9.1} {:>9}",
             x.case,
             x.op,
@@ -1966,10 +1965,11 @@ fn print_rdma_table(r: &RdmaReport) {
         );
     }
     if let Some(l) = r.get_4k_latency_ratio {
-        println!("4 KiB get p50 / ib_read_lat typical: {l:.2}×");
+        let _ = writeln!(out, "4 KiB get p50 / ib_read_lat typical: {l:.2}×");
     }
     if !r.versus_mooncake_store.is_empty() {
-        print!(
+        let _ = write!(
+            out,
             "{}",
             versus_table(
                 "Mooncake's wheel by RDMA: on rbgctl's store / on Mooncake's",
@@ -1979,7 +1979,7 @@ fn print_rdma_table(r: &RdmaReport) {
         );
     }
     if let Some(cpu) = r.server_cpu {
-        println!("{}", cpu.lines());
+        let _ = writeln!(out, "{}", cpu.lines());
     }
     for c in &r.store_cpu {
         let checks = c.version_checks.map_or(String::new(), |v| {
@@ -1988,12 +1988,14 @@ fn print_rdma_table(r: &RdmaReport) {
                 v.stamped, v.asked
             )
         });
-        println!(
+        let _ = writeln!(
+            out,
             "store CPU, {} gets of 1 MiB by {}: {:.3} s in {:.2} s{checks}",
             c.gets, c.path, c.store_cpu_seconds, c.seconds
         );
     }
     if let Some(x) = r.store_cpu_ratio {
-        println!("store CPU by RDMA / over TCP: {:.1} %", x * 100.0);
+        let _ = writeln!(out, "store CPU by RDMA / over TCP: {:.1} %", x * 100.0);
     }
+    out
 }

@@ -6,6 +6,7 @@
 //! A's TTFT (p50, p99) in each run and its ratio to A alone; every request of B answered (200,
 //! 429, 503), the totals per tenant adding up.
 
+use crate::bench::kit::report::BenchReport;
 use crate::bench::kit::stats::percentile;
 use crate::launch::{Launcher, Logs};
 use crate::router::policy::PolicyKind;
@@ -103,6 +104,66 @@ pub struct Report {
     /// B's requests per second sent, and the engines' prefill capacity.
     pub b_rate: f64,
     pub capacity_rps: f64,
+    /// The SIMULATED engines, each one's prefill per request, and B's rate over capacity.
+    pub engines: usize,
+    pub prefill_ms: f64,
+    pub b_factor: f64,
+}
+
+impl BenchReport for Report {
+    fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let (r, mut out) = (self, String::new());
+        let _ = writeln!(
+            out,
+            "SIMULATED engines: {} × {:.0} ms prefill per request ({:.1} requests/s); B at {:.1}/s ({}×)",
+            r.engines,
+            r.prefill_ms,
+            r.capacity_rps,
+            r.b_rate,
+            r.b_factor
+        );
+        let _ = writeln!(
+            out,
+            "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>5}",
+            "run",
+            "A sent",
+            "A p50 ms",
+            "A p90 ms",
+            "A p99 ms",
+            "A max ms",
+            "B sent",
+            "B 200",
+            "B 429",
+            "B 503",
+            "lost"
+        );
+        for run in &r.runs {
+            let b = run.b.clone().unwrap_or_default();
+            let n = |s: u16| b.status.get(&s).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "{:<28} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>7} {:>7} {:>5}",
+                run.name,
+                run.a.sent,
+                run.a.ttft_p50_ms,
+                run.a.ttft_p90_ms,
+                run.a.ttft_p99_ms,
+                run.a.ttft_max_ms,
+                b.sent,
+                n(200),
+                n(429),
+                n(503),
+                run.a.unanswered + b.unanswered
+            );
+        }
+        let _ = writeln!(
+            out,
+            "A's p99 TTFT over A alone: {:.2}× with admission, {:.2}× without",
+            r.a_p99_ttft_admission_over_alone, r.a_p99_ttft_no_admission_over_alone
+        );
+        out
+    }
 }
 
 const KEY_A: &str = "bench-tenant-a-key";
@@ -335,55 +396,10 @@ pub fn run(a: TenantsBenchArgs) -> anyhow::Result<()> {
         a_p99_ttft_no_admission_over_alone: p99(2) / p99(0),
         b_rate,
         capacity_rps,
+        engines: a.engines,
+        prefill_ms: prefill_s * 1e3,
+        b_factor: a.b_factor,
         runs,
     };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!(
-        "SIMULATED engines: {} × {:.0} ms prefill per request ({:.1} requests/s); B at {:.1}/s ({}×)",
-        a.engines,
-        prefill_s * 1e3,
-        capacity_rps,
-        b_rate,
-        a.b_factor
-    );
-    println!(
-        "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>5}",
-        "run",
-        "A sent",
-        "A p50 ms",
-        "A p90 ms",
-        "A p99 ms",
-        "A max ms",
-        "B sent",
-        "B 200",
-        "B 429",
-        "B 503",
-        "lost"
-    );
-    for r in &report.runs {
-        let b = r.b.clone().unwrap_or_default();
-        let n = |s: u16| b.status.get(&s).copied().unwrap_or(0);
-        println!(
-            "{:<28} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>7} {:>7} {:>5}",
-            r.name,
-            r.a.sent,
-            r.a.ttft_p50_ms,
-            r.a.ttft_p90_ms,
-            r.a.ttft_p99_ms,
-            r.a.ttft_max_ms,
-            b.sent,
-            n(200),
-            n(429),
-            n(503),
-            r.a.unanswered + b.unanswered
-        );
-    }
-    println!(
-        "A's p99 TTFT over A alone: {:.2}× with admission, {:.2}× without",
-        report.a_p99_ttft_admission_over_alone, report.a_p99_ttft_no_admission_over_alone
-    );
-    Ok(())
+    report.publish(a.json, None)
 }

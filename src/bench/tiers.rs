@@ -7,6 +7,7 @@
 //! reads the disk tier served.
 
 use super::multiturn::{self, MultiturnArgs};
+use crate::bench::kit::report::BenchReport;
 use crate::launch::{Launcher, Logs};
 use crate::up::{Stack, UpConfig};
 use clap::Args;
@@ -240,11 +241,7 @@ pub fn seed_figures(page: &mut crate::report::Page, runs: &[TierRun<'_>]) -> any
     Ok(())
 }
 
-fn write_report(
-    a: &TiersArgs,
-    results: &[(&str, multiturn::RateResult, u64, Option<f64>)],
-    path: &std::path::Path,
-) -> anyhow::Result<()> {
+fn page(a: &TiersArgs, results: &[TierResult<'_>]) -> anyhow::Result<crate::report::Page> {
     let w = &a.workload;
     let mut page = crate::report::Page::new("Cache tiers: seed 000's experiment on this machine");
     page.fact(
@@ -319,8 +316,7 @@ fn write_report(
         })
         .collect();
     multiturn::report::charts(&mut page, &named)?;
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 /// Runs `rbgctl bench tiers` by its arguments: progress on standard error, the report on
@@ -381,51 +377,88 @@ pub fn run(a: TiersArgs) -> anyhow::Result<()> {
             break;
         }
     }
-    if let Some(path) = &a.workload.report {
-        write_report(&a, &results, path)?;
+    let figures = Figures {
+        args: &a,
+        results: &results,
+    };
+    figures.publish(a.workload.json, a.workload.report.as_deref())
+}
+
+/// Each tier setup's name, its multi-turn result, the pool's memory and its share of reads
+/// from disk.
+type TierResult<'a> = (&'a str, multiturn::RateResult, u64, Option<f64>);
+
+/// What `bench tiers` reports: each tier setup's result (the JSON: one entry per setup).
+struct Figures<'a> {
+    args: &'a TiersArgs,
+    results: &'a [TierResult<'a>],
+}
+
+impl serde::Serialize for Figures<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut by_setup = serde_json::Map::new();
+        for (name, r, memory, from_disk) in self.results {
+            let rounds: serde_json::Map<_, _> = (r.rounds.iter())
+                .map(|(k, v)| (format!("round_{k}"), json!(v)))
+                .collect();
+            let entry = json!({
+                "summary": r.summary,
+                "pool_memory_bytes": memory,
+                "pool_reads_from_disk": from_disk,
+                "round": rounds,
+            });
+            by_setup.insert(name.to_string(), entry);
+        }
+        by_setup.serialize(serializer)
     }
-    if a.workload.json {
-        let v: serde_json::Map<String, serde_json::Value> = results
-            .iter()
-            .map(|(n, r, memory, from_disk)| (n.to_string(), json!({"summary": r.summary, "pool_memory_bytes": memory, "pool_reads_from_disk": from_disk, "round": r.rounds.iter().map(|(k, v)| (format!("round_{k}"), json!(v))).collect::<serde_json::Map<_, _>>()})))
-            .collect();
-        println!("{}", serde_json::Value::Object(v));
-        return Ok(());
-    }
-    println!(
-        "Cache tiers, same workload ({} clients x {} rounds, rate {} req/s; SIMULATED engines)",
-        a.workload.num_clients, a.workload.num_rounds, a.workload.request_rate
-    );
-    println!(
-        "  {:<14} {:>10} {:>12} {:>12} {:>14} {:>10} {:>8} {:>11} {:>10}",
-        "tiers",
-        "hit rate",
-        "mean TTFT",
-        "p90 TTFT",
-        "input tok/s",
-        "req/s",
-        "failed",
-        "pool memory",
-        "from disk"
-    );
-    for (name, r, memory, from_disk) in &results {
-        let s = &r.summary;
-        println!(
-            "  {:<14} {:>9.2}% {:>10.3} s {:>10.3} s {:>14.1} {:>10.2} {:>8} {:>11} {:>10}",
-            name,
-            s.cache_hit_rate * 100.0,
-            s.average_ttft,
-            s.p90_ttft,
-            s.input_token_throughput,
-            s.throughput,
-            s.failed_requests,
-            if name.contains("L3") {
-                crate::config::human_bytes(*memory)
-            } else {
-                "-".into()
-            },
-            from_disk.map_or("-".into(), |f| format!("{:.1}%", f * 100.0))
+}
+
+impl BenchReport for Figures<'_> {
+    fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let (a, results, mut out) = (self.args, self.results, String::new());
+        let _ =
+            writeln!(out,
+            "Cache tiers, same workload ({} clients x {} rounds, rate {} req/s; SIMULATED engines)",
+            a.workload.num_clients, a.workload.num_rounds, a.workload.request_rate
         );
+        let _ = writeln!(
+            out,
+            "  {:<14} {:>10} {:>12} {:>12} {:>14} {:>10} {:>8} {:>11} {:>10}",
+            "tiers",
+            "hit rate",
+            "mean TTFT",
+            "p90 TTFT",
+            "input tok/s",
+            "req/s",
+            "failed",
+            "pool memory",
+            "from disk"
+        );
+        for (name, r, memory, from_disk) in results {
+            let s = &r.summary;
+            let _ = writeln!(
+                out,
+                "  {:<14} {:>9.2}% {:>10.3} s {:>10.3} s {:>14.1} {:>10.2} {:>8} {:>11} {:>10}",
+                name,
+                s.cache_hit_rate * 100.0,
+                s.average_ttft,
+                s.p90_ttft,
+                s.input_token_throughput,
+                s.throughput,
+                s.failed_requests,
+                if name.contains("L3") {
+                    crate::config::human_bytes(*memory)
+                } else {
+                    "-".into()
+                },
+                from_disk.map_or("-".into(), |f| format!("{:.1}%", f * 100.0))
+            );
+        }
+        out
     }
-    Ok(())
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self.args, self.results)
+    }
 }

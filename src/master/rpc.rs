@@ -10,7 +10,7 @@ use crate::telemetry::OpStats;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
 use crate::transfer::rpc::{self, Rpc};
-use crate::transfer::server::{ServerIo, Service};
+use crate::transfer::server::{HandOn, Handled, ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,18 +76,16 @@ impl Drop for BoundClient {
 }
 
 /// What a handler returns: how it served its request.
-type Handled = Result<Served, TransferError>;
+type Outcome = Result<Served, TransferError>;
 
 /// How the master served a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Served {
     /// Answered with its reply.
     Answered,
     /// Answered with a refusal.
     Refused,
-    /// Handed to a thread that may block (`ServerIo::rerun_where_it_may_block`,
-    /// `finish_where_it_may_block`), which answers it and records its figures.
-    HandedOn,
+    /// Handed to a thread that may block, which answers it and records its figures.
+    HandedOn(HandOn),
 }
 
 /// Answers `R`'s request with its reply or the refusal.
@@ -180,7 +178,7 @@ impl MasterService {
 /// One handler per opcode, each named as its opcode.
 impl MasterService {
     /// A client's heartbeat: binds it to this connection, and says whether it must mount again.
-    fn ping(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn ping(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::Ping::request(meta)?;
         let held = io.attached::<BoundClient>().map(|b| b.binding);
         let (need_remount, bind) = self.state.lock().ping_on(r.client_id, held, now);
@@ -197,7 +195,7 @@ impl MasterService {
     }
 
     /// A store asks for its read lease on a segment.
-    fn lease(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn lease(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::Lease::request(meta)?;
         let lease = {
             // Under the state lock: no forget for the segment is queued meanwhile.
@@ -214,14 +212,14 @@ impl MasterService {
     }
 
     /// A client leaves cleanly.
-    fn leave(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn leave(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::Leave::request(meta)?;
         self.state.lock().leave(r.client_id, now);
         answer::<rpc::Leave>(io, Ok(()))
     }
 
     /// A store mounts its segment (or mounts it again after a restart).
-    fn mount_segment(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn mount_segment(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::MountSegment::request(meta)?;
         let grant_key = match GrantKey::from_bytes(&r.grant_key) {
             Ok(key) => key,
@@ -246,7 +244,7 @@ impl MasterService {
     }
 
     /// A store takes its segment away, keeping its objects or not.
-    fn unmount_segment(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn unmount_segment(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::UnmountSegment::request(meta)?;
         let res = self
             .state
@@ -256,7 +254,7 @@ impl MasterService {
     }
 
     /// A persistent store reports the objects its segment holds, after a master start.
-    fn report_objects(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn report_objects(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::ReportObjects::request(meta)?;
         let res = self
             .state
@@ -266,7 +264,7 @@ impl MasterService {
     }
 
     /// A store about to go asks for its objects to be moved to the others, or how far that is.
-    fn hand_over(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn hand_over(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::HandOver::request(meta)?;
         let deadline = Duration::from_millis(r.deadline_ms);
         let res = self
@@ -278,7 +276,7 @@ impl MasterService {
     }
 
     /// A store sends the checksums of objects it recorded unhashed.
-    fn objects_hashed(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Handled {
+    fn objects_hashed(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Outcome {
         let r = rpc::ObjectsHashed::request(meta)?;
         let res = self
             .state
@@ -288,7 +286,7 @@ impl MasterService {
     }
 
     /// A reader found a replica whose bytes do not match its checksum.
-    fn report_corrupt(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn report_corrupt(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::ReportCorrupt::request(meta)?;
         self.state
             .lock()
@@ -298,7 +296,7 @@ impl MasterService {
     }
 
     /// The readable keys a pattern matches.
-    fn list_keys(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Handled {
+    fn list_keys(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Outcome {
         let r = rpc::ListKeys::request(meta)?;
         let re = match key_pattern(&r.pattern) {
             Ok(re) => re,
@@ -317,21 +315,21 @@ impl MasterService {
     }
 
     /// The live segments.
-    fn list_segments(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Handled {
+    fn list_segments(&self, meta: &[u8], io: &mut ServerIo<'_>, _now: Instant) -> Outcome {
         rpc::ListSegments::request(meta)?;
         let segments = self.state.lock().list_segments();
         answer::<rpc::ListSegments>(io, Ok(ListSegmentsResp { segments }))
     }
 
     /// A put begins: its replicas placed, with their grants.
-    fn put_start(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn put_start(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::PutStart::request(meta)?;
         let Some(now) = self.wait_for_allocations(now, io)? else {
-            return Ok(Served::HandedOn);
+            return Ok(Served::HandedOn(HandOn::Rerun));
         };
         let bytes = r.size * u64::from(r.config.replica_num.max(1));
         let Some((mut st, now)) = self.lock_with_room((bytes, r.size), now, io)? else {
-            return Ok(Served::HandedOn);
+            return Ok(Served::HandedOn(HandOn::Rerun));
         };
         let res = st
             .put_start(r.client_id, &r.key, r.size, &r.config, now)
@@ -341,7 +339,7 @@ impl MasterService {
     }
 
     /// A put is written: its version becomes the key's (once the old one's forgets are out).
-    fn put_end(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn put_end(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::PutEnd::request(meta)?;
         self.durably::<rpc::PutEnd, _>(
             io,
@@ -360,7 +358,7 @@ impl MasterService {
     }
 
     /// A put given up: its space goes back.
-    fn put_revoke(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn put_revoke(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::PutRevoke::request(meta)?;
         let res = self
             .state
@@ -370,7 +368,7 @@ impl MasterService {
     }
 
     /// Where a key's current version is, under a read lease.
-    fn get_replicas(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn get_replicas(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let key = KeyReq::key_of(meta)?;
         let mut st = self.state.lock();
         let res = st.get_replicas(key, now);
@@ -379,7 +377,7 @@ impl MasterService {
     }
 
     /// Whether a key is readable.
-    fn exists(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn exists(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let key = KeyReq::key_of(meta)?;
         let mut st = self.state.lock();
         if let Some(e) = st.unserved(key) {
@@ -391,13 +389,13 @@ impl MasterService {
     }
 
     /// A key removed (once its stores were told).
-    fn remove(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn remove(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::Remove::request(meta)?;
         self.durably::<rpc::Remove, _>(io, now, |st| st.remove(&r.key, r.force, now), not_durable)
     }
 
     /// A tenant's keys removed.
-    fn remove_all(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn remove_all(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::RemoveAll::request(meta)?;
         if let Err(e) = self.state.lock().check_tenant(&r.tenant) {
             return answer::<rpc::RemoveAll>(io, Err(e));
@@ -411,17 +409,17 @@ impl MasterService {
     }
 
     /// `PUT_START` for many keys, under one lock.
-    fn batch_put_start(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_put_start(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchPutStart::request(meta)?;
         let Some(now) = self.wait_for_allocations(now, io)? else {
-            return Ok(Served::HandedOn);
+            return Ok(Served::HandedOn(HandOn::Rerun));
         };
         let copies = u64::from(r.config.replica_num.max(1));
         let bytes = r.items.iter().map(|it| it.size * copies).sum();
         let largest = r.items.iter().map(|it| it.size).max().unwrap_or(0);
         let keys: Vec<&str> = r.items.iter().map(|it| it.key.as_str()).collect();
         let Some((mut st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
-            return Ok(Served::HandedOn);
+            return Ok(Served::HandedOn(HandOn::Rerun));
         };
         st.prefetch(&keys);
         let items = r
@@ -437,7 +435,7 @@ impl MasterService {
     }
 
     /// `PUT_END` for many keys, under one lock.
-    fn batch_put_end(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_put_end(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchPutEnd::request(meta)?;
         self.durably::<rpc::BatchPutEnd, _>(
             io,
@@ -451,19 +449,19 @@ impl MasterService {
     }
 
     /// `BATCH_PUT_END`, and space reserved for the next puts.
-    fn batch_put_commit(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_put_commit(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchPutCommit::request(meta)?;
         let now = if r.reserve.is_empty() {
             now
         } else {
             let Some(now) = self.wait_for_allocations(now, io)? else {
-                return Ok(Served::HandedOn);
+                return Ok(Served::HandedOn(HandOn::Rerun));
             };
             let copies = u64::from(r.config.replica_num.max(1));
             let bytes = r.reserve.iter().sum::<u64>() * copies;
             let largest = r.reserve.iter().copied().max().unwrap_or(0);
             let Some((st, now)) = self.lock_with_room((bytes, largest), now, io)? else {
-                return Ok(Served::HandedOn);
+                return Ok(Served::HandedOn(HandOn::Rerun));
             };
             drop(st);
             now
@@ -493,7 +491,7 @@ impl MasterService {
     }
 
     /// `PUT_REVOKE` for many keys.
-    fn batch_put_revoke(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_put_revoke(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchPutRevoke::request(meta)?;
         let mut st = self.state.lock();
         let items = r
@@ -506,7 +504,7 @@ impl MasterService {
     }
 
     /// `GET_REPLICAS` for many keys, under one lock.
-    fn batch_get_replicas(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_get_replicas(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchGetReplicas::request(meta)?;
         let mut st = self.state.lock();
         st.prefetch(&r.keys);
@@ -520,7 +518,7 @@ impl MasterService {
     }
 
     /// `EXISTS` for many keys, under one lock.
-    fn batch_exists(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_exists(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchExists::request(meta)?;
         let mut st = self.state.lock();
         if let Some(e) = r.keys.iter().find_map(|k| st.unserved(k)) {
@@ -533,7 +531,7 @@ impl MasterService {
     }
 
     /// `REMOVE` for many keys.
-    fn batch_remove(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Handled {
+    fn batch_remove(&self, meta: &[u8], io: &mut ServerIo<'_>, now: Instant) -> Outcome {
         let r = rpc::BatchRemove::request(meta)?;
         let remove = |st: &mut MasterState| {
             st.prefetch(&r.keys);
@@ -571,7 +569,6 @@ impl MasterService {
         if !io.may_block() {
             drop(st);
             self.mover.wake();
-            io.rerun_where_it_may_block()?;
             return Ok(None);
         }
         let deadline = Instant::now() + ROOM_WAIT;
@@ -607,7 +604,6 @@ impl MasterService {
             return Ok(Some(now));
         }
         if !io.may_block() {
-            io.rerun_where_it_may_block()?;
             return Ok(None);
         }
         std::thread::sleep(left);
@@ -656,12 +652,12 @@ impl MasterService {
             return finish(io);
         }
         let stats = self.stats.clone();
-        io.finish_where_it_may_block(Box::new(move |io| {
+        Ok(Served::HandedOn(HandOn::Finish(Box::new(move |io| {
             let served = finish(io)?;
-            stats.record(op as u8, served == Served::Answered, started.elapsed());
+            let answered = matches!(served, Served::Answered);
+            stats.record(op as u8, answered, started.elapsed());
             Ok(())
-        }))?;
-        Ok(Served::HandedOn)
+        }))))
     }
 }
 
@@ -729,7 +725,7 @@ impl Service for MasterService {
         op: Opcode,
         meta: &[u8],
         io: &mut ServerIo<'_>,
-    ) -> Result<(), TransferError> {
+    ) -> Result<Handled, TransferError> {
         let started = self.stats.start();
         let t0 = io.arrived();
         match self.leadership.check(t0) {
@@ -737,22 +733,27 @@ impl Service for MasterService {
             Ok(None) => {}
             Err(not_leader) => {
                 self.stats.record_since(req.opcode, false, started);
-                return io.error(Status::NotLeader, &not_leader.to_string());
+                io.error(Status::NotLeader, &not_leader.to_string())?;
+                return Ok(Handled::Answered);
             }
         }
         let result = self.dispatch(op, meta, io, t0);
         // A request handed on has its figures recorded where it is answered.
-        match result {
-            Ok(Served::HandedOn) => debug_assert!(io.handed_on(), "handed on without a hand-off"),
-            Ok(served) => self
-                .stats
-                .record_since(req.opcode, served == Served::Answered, started),
+        match &result {
+            Ok(Served::HandedOn(_)) => {}
+            Ok(served) => {
+                let answered = matches!(served, Served::Answered);
+                self.stats.record_since(req.opcode, answered, started)
+            }
             Err(_) => self.stats.record_since(req.opcode, false, started),
         }
         if changes_state(op) {
             self.housekeeper.poke();
         }
-        result.map(|_| ())
+        result.map(|served| match served {
+            Served::HandedOn(on) => Handled::HandedOn(on),
+            Served::Answered | Served::Refused => Handled::Answered,
+        })
     }
 
     fn max_data_len(&self) -> u64 {

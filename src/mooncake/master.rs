@@ -173,7 +173,7 @@ fn expected_request_hash(rpc: Rpc) -> (bool, Option<u32>) {
             _: Opcode,
             _: &[u8],
             _: &mut ServerIo<'_>,
-        ) -> Result<(), crate::transfer::TransferError> {
+        ) -> Result<crate::transfer::server::Handled, crate::transfer::TransferError> {
             Err(crate::transfer::TransferError::Protocol(
                 "a probe serves nothing".into(),
             ))

@@ -15,7 +15,7 @@ use crate::transfer::message::{
     SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
 };
 use crate::transfer::rpc::{self, Rpc};
-use crate::transfer::server::{ServerIo, Service};
+use crate::transfer::server::{Handled, ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -674,8 +674,10 @@ impl Service for StoreService {
         op: Opcode,
         meta: &[u8],
         io: &mut ServerIo<'_>,
-    ) -> Result<(), TransferError> {
-        self.stats.timed(req.opcode, || self.dispatch(op, meta, io))
+    ) -> Result<Handled, TransferError> {
+        self.stats
+            .timed(req.opcode, || self.dispatch(op, meta, io))?;
+        Ok(Handled::Answered)
     }
 
     fn max_data_len(&self) -> u64 {

@@ -21,7 +21,7 @@ use crate::transfer::message::{
     BatchStatusResp, MoveItem, MoveKind, ReadReq, ReadVersionReq, StoreInfoResp, StoredObject, Wire,
 };
 use crate::transfer::rpc::{self, Rpc};
-use crate::transfer::server::{ConnCounters, ServerIo, Service};
+use crate::transfer::server::{ConnCounters, Handled, ServerIo, Service};
 use crate::transfer::{Header, Opcode, Status, TransferError};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -481,8 +481,10 @@ impl Service for DiskService {
         op: Opcode,
         meta: &[u8],
         io: &mut ServerIo<'_>,
-    ) -> Result<(), TransferError> {
-        self.stats.timed(req.opcode, || self.dispatch(op, meta, io))
+    ) -> Result<Handled, TransferError> {
+        self.stats
+            .timed(req.opcode, || self.dispatch(op, meta, io))?;
+        Ok(Handled::Answered)
     }
 
     fn max_data_len(&self) -> u64 {

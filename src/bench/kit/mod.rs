@@ -14,4 +14,5 @@ pub mod procfs;
 pub mod progress;
 pub mod rdma;
 pub mod redis_peer;
+pub mod report;
 pub mod stats;

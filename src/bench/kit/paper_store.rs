@@ -8,7 +8,7 @@
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
 use crate::transfer::rpc;
-use crate::transfer::server::{self, ConnCounters, ServerHandle, ServerIo, Service};
+use crate::transfer::server::{self, ConnCounters, Handled, ServerHandle, ServerIo, Service};
 use crate::transfer::{ConnOptions, Header, Opcode, Pool, Status, TransferError};
 use parking_lot::Mutex;
 use std::net::TcpListener;
@@ -38,8 +38,8 @@ impl Service for PaperService {
         op: Opcode,
         meta: &[u8],
         io: &mut ServerIo<'_>,
-    ) -> Result<(), TransferError> {
-        match op {
+    ) -> Result<Handled, TransferError> {
+        let answered = match op {
             Opcode::Forget => {
                 ForgetReq::from_meta(self.order(op, meta)?)?;
                 io.ok(&())
@@ -55,7 +55,8 @@ impl Service for PaperService {
                     "a PAPER store of `rbgctl bench master`: it holds no bytes",
                 )
             }
-        }
+        };
+        answered.map(|()| Handled::Answered)
     }
 
     fn max_data_len(&self) -> u64 {

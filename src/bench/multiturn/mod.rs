@@ -11,6 +11,7 @@ pub mod summary;
 pub mod workload;
 
 use super::kit::llm::{self, ApiFormat, Outcome};
+use crate::bench::kit::report::BenchReport;
 use crate::shutdown::Shutdown;
 use clap::Args;
 use serde_json::{json, Value};
@@ -552,8 +553,14 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(path) = &a.report {
+            // Each rate's figures are printed above as it ends: the sweep adds its page.
             let engine = engine_kind(&a).await;
-            write_report(&a, &runs, path, engine)?;
+            let sweep = Sweep {
+                args: &a,
+                runs: &runs,
+                engine: engine.as_deref(),
+            };
+            sweep.page()?.save(path)?;
         }
         if let Some(r) = runs.iter().find(|r| r.failed > 0) {
             anyhow::bail!(
@@ -569,13 +576,12 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
 }
 
 /// The HTML report of the rates run, a curve each.
-fn write_report(
+fn page(
     a: &MultiturnArgs,
     runs: &[RateResult],
-    path: &std::path::Path,
-    engine: Option<String>,
-) -> anyhow::Result<()> {
-    let simulated = engine.as_deref() == Some(SIMULATED);
+    engine: Option<&str>,
+) -> anyhow::Result<crate::report::Page> {
+    let simulated = engine == Some(SIMULATED);
     let title = if simulated {
         "Multi-turn benchmark (SIMULATED engine)"
     } else {
@@ -585,7 +591,7 @@ fn write_report(
     page.fact("server", format!("{} ({})", a.base(), a.api_format.path()))
         .fact(
             "engine",
-            engine.unwrap_or_else(|| "not told (the server gives no server info)".into()),
+            engine.unwrap_or("not told (the server gives no server info)"),
         )
         .fact(
             "workload",
@@ -610,8 +616,7 @@ fn write_report(
     report::table(&mut page, &named);
     page.heading("Charts");
     report::charts(&mut page, &named)?;
-    page.save(path)?;
-    Ok(())
+    Ok(page)
 }
 
 /// How the report names a SIMULATED engine.
@@ -661,21 +666,71 @@ async fn probe(a: &MultiturnArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One rate's figures: its log line (the JSON, one line per rate as SGLang's
+/// `bench_multiturn` writes them) and its summary table.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct RateFigures<'a> {
+    line: Value,
+    #[serde(skip)]
+    result: &'a RateResult,
+}
+
+impl BenchReport for RateFigures<'_> {
+    fn json(&self) -> serde_json::Result<String> {
+        Ok(self.line.to_string())
+    }
+
+    fn table(&self) -> String {
+        rate_table(self.result)
+    }
+}
+
+/// One rate's summary table.
+fn rate_table(r: &RateResult) -> String {
+    format!(
+        "Multi-turn benchmark (request rate asked: {} req/s{})\n{}",
+        r.summary.request_rate,
+        if r.interrupted { ", INTERRUPTED" } else { "" },
+        summary::render(&r.summary, &r.rounds)
+    )
+}
+
+/// The whole sweep: its rates' log lines (the JSON), and the HTML page of its rates, a curve
+/// each.
+struct Sweep<'a> {
+    runs: &'a [RateResult],
+    args: &'a MultiturnArgs,
+    /// What the engine said it is (`SIMULATED` is said on the page).
+    engine: Option<&'a str>,
+}
+
+impl serde::Serialize for Sweep<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let tag = &self.args.tag;
+        serializer.collect_seq(
+            (self.runs.iter())
+                .map(|r| summary::log_line(tag, &r.summary, &r.rounds, r.interrupted)),
+        )
+    }
+}
+
+impl BenchReport for Sweep<'_> {
+    fn table(&self) -> String {
+        self.runs.iter().map(rate_table).collect()
+    }
+
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        page(self.args, self.runs, self.engine)
+    }
+}
+
 fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {
     let line = summary::log_line(&a.tag, &r.summary, &r.rounds, r.interrupted);
     if !a.log_file.is_empty() {
         append_log(&a.log_file, &line)?;
     }
-    if a.json {
-        println!("{line}");
-    } else {
-        println!(
-            "Multi-turn benchmark (request rate asked: {} req/s{})",
-            r.summary.request_rate,
-            if r.interrupted { ", INTERRUPTED" } else { "" }
-        );
-        print!("{}", summary::render(&r.summary, &r.rounds));
-    }
+    RateFigures { line, result: r }.publish(a.json, None)?;
     for e in &r.errors {
         eprintln!("  error: {e}");
     }

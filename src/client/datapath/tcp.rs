@@ -307,7 +307,7 @@ impl DataPath for Tcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::server::{self, ConnCounters, ServerIo, ServerOptions, Service};
+    use crate::transfer::server::{self, ConnCounters, Handled, ServerIo, ServerOptions, Service};
     use crate::transfer::{ConnOptions, Header};
     use parking_lot::Mutex;
     use std::time::Duration;
@@ -367,16 +367,18 @@ mod tests {
             op: Opcode,
             meta: &[u8],
             io: &mut ServerIo<'_>,
-        ) -> Result<(), TransferError> {
+        ) -> Result<Handled, TransferError> {
             if op != Opcode::Write {
                 io.discard_data()?;
-                return io.error(Status::UnknownOpcode, "not known here");
+                io.error(Status::UnknownOpcode, "not known here")?;
+                return Ok(Handled::Answered);
             }
             let r = WriteReq::from_meta(meta)?;
             let mut bytes = vec![0; io.data_len() as usize];
             io.read_data_into(&mut bytes)?;
             self.written.lock().push((r.offset, r.checksum, bytes));
-            io.reply(Status::Ok, &[], &[])
+            io.reply(Status::Ok, &[], &[])?;
+            Ok(Handled::Answered)
         }
         fn max_data_len(&self) -> u64 {
             1 << 20

@@ -112,16 +112,14 @@ pub(in crate::router) async fn register(
     s: &Arc<Router>,
     spec: WorkerSpec,
 ) -> Result<Arc<Worker>, Response> {
-    let ranks = crate::router::dp::rank_specs(s, &spec)
-        .await
-        .map_err(|e| {
-            error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "worker_unavailable",
-                &e,
-                "",
-            )
-        })?;
+    let ranks = crate::router::dp::rank_specs(s, &spec).await.map_err(|e| {
+        error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "worker_unavailable",
+            &e,
+            "",
+        )
+    })?;
     let mut first = None;
     for rank in ranks {
         let w = s

@@ -20,8 +20,8 @@ use super::admission::Slot;
 use super::epoll::{Epoll, Events, Waker, EVENTS};
 use super::handshake::{bad_header_answer, check_request, unknown_opcode, Handshake, Step};
 use super::{
-    recv_some, send_some, ConnCounters, ConnLogs, Fence, Guest, GuestConn, Handoff, ServerIo,
-    ServerOptions, Service, Sink, MAX_GUEST_CONNECTIONS,
+    recv_some, send_some, ConnCounters, ConnLogs, Fence, Guest, GuestConn, HandOn, Handled,
+    ServerIo, ServerOptions, Service, Sink, MAX_GUEST_CONNECTIONS,
 };
 use crate::transfer::frame::{Header, Opcode, Status, HEADER_LEN};
 use crate::transfer::stream::meta_too_long;
@@ -224,7 +224,7 @@ enum Next {
     Close,
     /// The request goes on to a waiting-request thread, with what it asked for there, the
     /// fence its answer carries, and its operation.
-    HandOn(Handoff, Option<Fence>, Opcode),
+    HandOn(HandOn, Option<Fence>, Opcode),
 }
 
 struct EventLoop {
@@ -847,7 +847,7 @@ fn serve_frame(
     }
     match shared.service.handle(&req, op, meta, &mut io) {
         // Answered here: the common case, decided without a call.
-        Ok(()) if io.replied => Next::Serve,
+        Ok(Handled::Answered) if io.replied => Next::Serve,
         result => settle(shared, conn.peer, op, result, &mut io),
     }
 }
@@ -857,22 +857,21 @@ fn settle(
     shared: &Shared,
     peer: SocketAddr,
     op: Opcode,
-    result: Result<(), TransferError>,
+    result: Result<Handled, TransferError>,
     io: &mut ServerIo<'_>,
 ) -> Next {
     let role = shared.opts.role;
     match result {
-        Ok(()) if io.replied => Next::Serve,
-        Ok(()) => match io.take_handoff() {
-            Some((handoff, fence)) => Next::HandOn(handoff, fence, op),
-            None => {
-                tracing::error!(role, %peer, op = op.name(), "handler left the request unanswered");
+        Ok(handled) => match (io.check(&handled), handled) {
+            (Err(why), _) => {
+                tracing::error!(role, %peer, op = op.name(), "{why}");
                 Next::Close
             }
+            (Ok(()), Handled::Answered) => Next::Serve,
+            (Ok(()), Handled::HandedOn(on)) => Next::HandOn(on, io.fence, op),
         },
         Err(TransferError::Protocol(reason)) => {
             shared.bad_frame(peer, &format!("{}: {reason}", op.name()));
-            io.handoff = None;
             if !io.replied {
                 let _ = io.error(Status::MalformedFrame, &reason);
             }
@@ -905,12 +904,12 @@ fn hand_on(shared: &Arc<Shared>, door: &Door, token: usize, conn: &Conn, waiting
         let arrived = Instant::now();
         let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, true, arrived);
         let result = match handoff {
-            Handoff::Rerun => shared.service.handle(&req, op, &meta, &mut io),
-            Handoff::Finish(rest) => {
+            HandOn::Rerun => shared.service.handle(&req, op, &meta, &mut io),
+            HandOn::Finish(rest) => {
                 if let Some(fence) = fence {
                     io.fence(fence);
                 }
-                rest(&mut io)
+                rest(&mut io).map(|()| Handled::Answered)
             }
         };
         let close = !matches!(settle(&shared, peer, op, result, &mut io), Next::Serve);
@@ -928,7 +927,7 @@ struct Waiting {
     req: Header,
     op: Opcode,
     meta: Vec<u8>,
-    handoff: Handoff,
+    handoff: HandOn,
     fence: Option<Fence>,
 }
 
@@ -1031,14 +1030,14 @@ mod tests {
             op: Opcode,
             _meta: &[u8],
             io: &mut ServerIo<'_>,
-        ) -> Result<(), TransferError> {
-            match op {
+        ) -> Result<Handled, TransferError> {
+            let answered = match op {
                 Opcode::Ping => io.reply(Status::Ok, b"pong", &[]),
                 Opcode::Leave => {
                     io.attach(Box::new(()));
                     io.reply(Status::Ok, b"kept", &[])
                 }
-                Opcode::Exists if !io.may_block() => io.rerun_where_it_may_block(),
+                Opcode::Exists if !io.may_block() => return Ok(Handled::HandedOn(HandOn::Rerun)),
                 Opcode::Exists => match wait(&self.go) {
                     true => io.reply(Status::Ok, b"waited first", &[]),
                     false => io.error(Status::Internal, "never let go"),
@@ -1049,13 +1048,14 @@ mod tests {
                         until: Instant::now() + Duration::from_secs(60),
                     });
                     let go = self.go.clone();
-                    io.finish_where_it_may_block(Box::new(move |io| match wait(&go) {
+                    return io.finish_where_it_may_block(Box::new(move |io| match wait(&go) {
                         true => io.reply(Status::Ok, b"done, then waited", &[]),
                         false => io.error(Status::Internal, "never let go"),
-                    }))
+                    }));
                 }
                 _ => io.error(Status::UnknownOpcode, "not in this test"),
-            }
+            };
+            answered.map(|()| Handled::Answered)
         }
 
         fn max_data_len(&self) -> u64 {

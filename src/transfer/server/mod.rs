@@ -139,15 +139,16 @@ impl ConnCounters {
 
 /// What a server does with each request.
 pub trait Service: Send + Sync + 'static {
-    /// Handles one request: consumes its payload and writes exactly one reply through `io`.
-    /// A `Protocol` error replies `MALFORMED_FRAME` and closes the connection.
+    /// Handles one request: consumes its payload and writes exactly one reply through `io`,
+    /// or, where `io` may not block, hands it on unanswered. A `Protocol` error replies
+    /// `MALFORMED_FRAME` and closes the connection.
     fn handle(
         &self,
         req: &Header,
         op: Opcode,
         meta: &[u8],
         io: &mut ServerIo<'_>,
-    ) -> Result<(), TransferError>;
+    ) -> Result<Handled, TransferError>;
     /// Largest payload a request may carry.
     fn max_data_len(&self) -> u64;
     /// Where the server counts what happens to connections (for metrics).
@@ -206,8 +207,17 @@ pub(crate) enum Sink<'a> {
 /// request's view of its connection.
 pub type Deferred = Box<dyn FnOnce(&mut ServerIo<'_>) -> Result<(), TransferError> + Send>;
 
-/// What a handler running where it must not block asked for instead of answering.
-pub(crate) enum Handoff {
+/// How a handler left its request.
+#[must_use]
+pub enum Handled {
+    /// Answered through its [`ServerIo`]: exactly one reply.
+    Answered,
+    /// Handed on, unanswered, to a thread that may block (only from one that may not).
+    HandedOn(HandOn),
+}
+
+/// What a handler running where it must not block asks for instead of answering.
+pub enum HandOn {
     /// Serve the whole request again on a thread that may block (nothing was done yet).
     Rerun,
     /// Finish the answer on such a thread (the request's work is done).
@@ -229,7 +239,6 @@ pub struct ServerIo<'a> {
     attached: &'a mut Option<Box<dyn std::any::Any + Send>>,
     /// Whether the handler may block this thread (wait for room, for the stores).
     may_block: bool,
-    handoff: Option<Handoff>,
 }
 
 impl<'a> ServerIo<'a> {
@@ -248,7 +257,6 @@ impl<'a> ServerIo<'a> {
             fence: None,
             attached,
             may_block,
-            handoff: None,
         }
     }
 }
@@ -341,46 +349,35 @@ impl ServerIo<'_> {
 
     /// Whether the handler may block this thread: false on an event loop's thread, where a
     /// wait would hold up every connection the loop serves. There, a request that must wait
-    /// asks for [`ServerIo::rerun_where_it_may_block`] or [`ServerIo::finish_where_it_may_block`].
+    /// returns [`HandOn::Rerun`] (before doing anything) or finishes through
+    /// [`ServerIo::finish_where_it_may_block`].
     pub fn may_block(&self) -> bool {
         self.may_block
     }
 
-    /// Before the request has done anything: have it served again, whole, on a thread that may
-    /// block. Where this one may block already, a handler has no need to ask.
-    pub fn rerun_where_it_may_block(&mut self) -> Result<(), TransferError> {
-        if self.may_block || self.replied || self.handoff.is_some() {
-            return Err(TransferError::Protocol(
-                "a request asked to be served again where it was already served or answered".into(),
-            ));
-        }
-        self.handoff = Some(Handoff::Rerun);
-        Ok(())
-    }
-
     /// Runs `rest` (which answers) where it may block: here when this thread may, else on a
-    /// thread of the server's that may, once the handler returns.
-    pub fn finish_where_it_may_block(&mut self, rest: Deferred) -> Result<(), TransferError> {
-        if self.may_block {
-            return rest(self);
+    /// thread of the server's that may, once the handler returns what this answers.
+    pub fn finish_where_it_may_block(&mut self, rest: Deferred) -> Result<Handled, TransferError> {
+        if !self.may_block {
+            return Ok(Handled::HandedOn(HandOn::Finish(rest)));
         }
-        if self.replied || self.handoff.is_some() {
-            return Err(TransferError::Protocol(
-                "a request handed on after it was answered".into(),
-            ));
-        }
-        self.handoff = Some(Handoff::Finish(rest));
-        Ok(())
+        rest(self)?;
+        Ok(Handled::Answered)
     }
 
-    /// Whether the handler handed the request on rather than answering here.
-    pub fn handed_on(&self) -> bool {
-        self.handoff.is_some()
-    }
-
-    /// The hand-off asked for, and the fence the answer must carry.
-    fn take_handoff(&mut self) -> Option<(Handoff, Option<Fence>)> {
-        self.handoff.take().map(|h| (h, self.fence))
+    /// Whether a handler's result is sound: answered once, or handed on unanswered from a
+    /// thread that may not block. The reason when it is not.
+    fn check(&self, handled: &Handled) -> Result<(), &'static str> {
+        match handled {
+            Handled::Answered if !self.replied => Err("the handler left the request unanswered"),
+            Handled::HandedOn(_) if self.replied => {
+                Err("a request handed on after it was answered")
+            }
+            Handled::HandedOn(_) if self.may_block => {
+                Err("a request handed on from a thread that may block")
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Sends the reply: status, meta, and a payload written straight from `data`.
@@ -410,7 +407,7 @@ impl ServerIo<'_> {
     /// answer that goes out instead.
     #[allow(clippy::type_complexity)]
     fn begin_reply(&mut self) -> Result<Result<Option<[u8; 8]>, LateAnswer>, TransferError> {
-        if self.replied || self.handoff.is_some() {
+        if self.replied {
             return Err(TransferError::Protocol(
                 "second reply to one request".into(),
             ));

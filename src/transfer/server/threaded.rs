@@ -139,13 +139,17 @@ pub(super) fn serve_connection(
             }
         }
         match service.handle(&req, op, &meta, &mut sio) {
-            Ok(()) if sio.replied && sio.pending_data() == 0 => {
-                slot.active(Instant::now(), false);
-            }
-            Ok(()) => {
-                tracing::error!(role, %peer, op = op.name(), "handler left the request unanswered");
-                break;
-            }
+            Ok(handled) => match sio.check(&handled) {
+                Ok(()) if sio.pending_data() == 0 => slot.active(Instant::now(), false),
+                Ok(()) => {
+                    tracing::error!(role, %peer, op = op.name(), "the handler left part of the request's payload unread");
+                    break;
+                }
+                Err(why) => {
+                    tracing::error!(role, %peer, op = op.name(), "{why}");
+                    break;
+                }
+            },
             Err(TransferError::Protocol(reason)) => {
                 bad_frame(&format!("{}: {reason}", op.name()));
                 if !sio.replied {
