@@ -18,6 +18,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff from `initial`, doubling up to `max`.
     pub fn new(initial: Duration, max: Duration) -> Backoff {
         Backoff {
             initial,

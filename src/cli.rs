@@ -205,6 +205,7 @@ impl Invocation {
         }
     }
 
+    /// Runs the role with its parsed arguments.
     pub fn run(&self) -> RoleResult {
         (self.role.run)(&self.matches)
     }

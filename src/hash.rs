@@ -17,6 +17,7 @@ impl Default for Fnv64 {
 }
 
 impl Fnv64 {
+    /// The hasher at FNV-1a's offset basis.
     pub fn new() -> Fnv64 {
         Fnv64::default()
     }
@@ -36,6 +37,7 @@ impl Fnv64 {
         self
     }
 
+    /// The hash of the bytes written.
     pub fn finish(&self) -> u64 {
         self.0
     }

@@ -172,6 +172,7 @@ pub enum Decoded {
 }
 
 impl Framing {
+    /// A chunked body, before its first chunk's size.
     pub fn chunked() -> Framing {
         Framing::Chunked(Chunks::Size)
     }

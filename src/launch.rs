@@ -595,6 +595,7 @@ impl Process {
         self.forwarders.retain(|f| !f.is_finished());
     }
 
+    /// The process's id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|p| p.id())
     }

@@ -136,6 +136,7 @@ impl<A, E: Send + 'static> Handle<A, E> {
         })
     }
 
+    /// What stops the role.
     pub fn shutdown(&self) -> &Shutdown {
         &self.shutdown
     }

@@ -79,6 +79,7 @@ impl Shutdown {
         self.0.cv.notify_all();
     }
 
+    /// Whether it has fired.
     pub fn is_triggered(&self) -> bool {
         self.0.fired.load(Ordering::SeqCst)
     }

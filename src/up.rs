@@ -131,10 +131,12 @@ impl Default for EnginesConfig {
 }
 
 impl EnginesConfig {
+    /// Whether the engines are split into prefill and decode.
     pub fn pd(&self) -> bool {
         self.prefill > 0 && self.decode > 0
     }
 
+    /// Engines in all: prefill and decode when split, else `count`.
     pub fn total(&self) -> usize {
         if self.pd() {
             self.prefill + self.decode
@@ -211,6 +213,7 @@ impl UpConfig {
         crate::config::load_toml(path)
     }
 
+    /// Refuses settings that cannot run together, naming the setting to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.pool.disk_tier_size.0 % 4096 != 0 {
             return Err(ConfigError::invalid(
@@ -321,6 +324,7 @@ pub struct UpArgs {
 }
 
 impl UpArgs {
+    /// The config: the file's (or the defaults), then the flags given over it, validated.
     pub fn resolve(&self) -> Result<UpConfig, ConfigError> {
         let mut c = match &self.config {
             Some(p) => UpConfig::from_file(p)?,
@@ -761,6 +765,7 @@ pub struct Restarts {
 const STABLE: Duration = Duration::from_secs(30);
 
 impl Restarts {
+    /// A child started at `now`, with the shortest backoff before its first restart.
     pub fn new(now: Instant) -> Restarts {
         Restarts {
             backoff: crate::backoff::Backoff::new(

@@ -505,45 +505,43 @@ fn mib(kib: u64) -> f64 {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        table(self)
-    }
-}
-
-fn table(r: &Report) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    for a in &r.attacks {
-        let _ = writeln!(out, "{}: {}", a.name, a.what);
-        let closed = match a.all_closed_after_s {
-            Some(s) => format!("all closed by the servers after {s:.1} s"),
-            None => "SOME STILL OPEN at the deadline".into(),
-        };
-        let _ = writeln!(
-            out,
-            "  connections: {} attempted, {} accepted by the kernel in {:.1} s, {} closed within 1 s after; {closed}",
-            a.attempted, a.opened, a.opening_s, a.closed_within_1s
-        );
-        if !a.answers.is_empty() {
-            let codes: Vec<String> = a.answers.iter().map(|(c, n)| format!("{c}: {n}")).collect();
-            let _ = writeln!(out, "  HTTP answers: {}", codes.join(", "));
-        }
-        for (role, u) in [("master", &a.master), ("store", &a.store)] {
+        let r = self;
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for a in &r.attacks {
+            let _ = writeln!(out, "{}: {}", a.name, a.what);
+            let closed = match a.all_closed_after_s {
+                Some(s) => format!("all closed by the servers after {s:.1} s"),
+                None => "SOME STILL OPEN at the deadline".into(),
+            };
             let _ = writeln!(
                 out,
-                "  {role:<6} RSS {:.1} -> peak {:.1} -> {:.1} MiB; open files {} -> peak {} -> {}",
-                u.rss_before_mib,
-                u.rss_peak_mib,
-                u.rss_after_mib,
-                u.fds_before,
-                u.fds_peak,
-                u.fds_after
+                "  connections: {} attempted, {} accepted by the kernel in {:.1} s, {} closed within 1 s after; {closed}",
+                a.attempted, a.opened, a.opening_s, a.closed_within_1s
+            );
+            if !a.answers.is_empty() {
+                let codes: Vec<String> =
+                    a.answers.iter().map(|(c, n)| format!("{c}: {n}")).collect();
+                let _ = writeln!(out, "  HTTP answers: {}", codes.join(", "));
+            }
+            for (role, u) in [("master", &a.master), ("store", &a.store)] {
+                let _ = writeln!(
+                    out,
+                    "  {role:<6} RSS {:.1} -> peak {:.1} -> {:.1} MiB; open files {} -> peak {} -> {}",
+                    u.rss_before_mib,
+                    u.rss_peak_mib,
+                    u.rss_after_mib,
+                    u.fds_before,
+                    u.fds_peak,
+                    u.fds_after
+                );
+            }
+            let _ = writeln!(
+                out,
+                "  normal client meanwhile: put+get {} ok, {} failed (slowest {:.0} ms); /health {} ok, {} failed (slowest {:.0} ms)",
+                a.client.ok, a.client.failed, a.client.slowest_ms, a.health.ok, a.health.failed, a.health.slowest_ms
             );
         }
-        let _ = writeln!(
-            out,
-            "  normal client meanwhile: put+get {} ok, {} failed (slowest {:.0} ms); /health {} ok, {} failed (slowest {:.0} ms)",
-            a.client.ok, a.client.failed, a.client.slowest_ms, a.health.ok, a.health.failed, a.health.slowest_ms
-        );
+        out
     }
-    out
 }

@@ -343,175 +343,169 @@ pub fn run(plan: Plan<'_>) -> anyhow::Result<()> {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        table(self)
-    }
-
-    fn page(&self) -> anyhow::Result<crate::report::Page> {
-        page(self)
-    }
-}
-
-/// The HTML report: put streams with and without the tier as bars, and disk-resident gets per
-/// value size against the filesystem's own sequential read speed.
-fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
-    use crate::report::{BarChart, Format, Group, LineChart, Page, Panel, Series};
-    let mut page = Page::new("The disk tier: puts at the watermark, reads from disk");
-    page.fact(
-        "machine",
-        format!(
-            "loopback TCP {:.2} GB/s, memcpy {:.2} GB/s; disk tier {} ({}), memory {}",
+        let r = self;
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "machine: loopback TCP {:.2} GB/s, memcpy {:.2} GB/s; disk tier {} ({}), memory {}",
             r.loopback_tcp_gb_per_s,
             r.memcpy_gb_per_s,
             human_bytes(r.disk_bytes),
-            if r.direct_io { "O_DIRECT" } else { "buffered" },
+            if r.direct_io {
+                "O_DIRECT"
+            } else {
+                "buffered: the filesystem refuses O_DIRECT"
+            },
             human_bytes(r.memory_bytes)
-        ),
-    );
-    let sizes: Vec<String> = r
-        .put_streams
-        .iter()
-        .map(|p| Format::Bytes.write(p.value_bytes as f64))
-        .collect();
-    let puts = BarChart::new(
-        "put-streams",
-        "A put stream at the memory watermark (GB/s)",
-        sizes,
-    )
-    .panel(Panel::bars(
-        "",
-        "GB/s",
-        Format::Number,
-        vec![
-            Group::new(
-                "no tier (eviction drops)",
-                r.put_streams
-                    .iter()
-                    .map(|p| Some(p.no_tier_gb_per_s))
-                    .collect(),
-            ),
-            Group::new(
-                "disk tier (eviction demotes)",
-                r.put_streams
-                    .iter()
-                    .map(|p| Some(p.disk_tier_gb_per_s))
-                    .collect(),
-            ),
-            Group::new(
-                "demotion to disk",
-                r.put_streams
-                    .iter()
-                    .map(|p| Some(p.demotion_gb_per_s))
-                    .collect(),
-            ),
-        ],
-    ));
-    let mut gets = LineChart::new(
-        "disk-gets",
-        "Gets of disk-resident values",
-        "value size",
-        "GB/s",
-    )
-    .formats(Format::Bytes, Format::Number)
-    .log_x();
-    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for g in &r.disk_gets {
-        let name = format!(
-            "{} get, {} thread{}",
-            g.path,
-            g.threads,
-            if g.threads == 1 { "" } else { "s" }
         );
-        let point = (g.value_bytes as f64, g.gb_per_s);
-        match curves.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, pts)) => pts.push(point),
-            None => curves.push((name, vec![point])),
+        for p in &r.filesystem {
+            let _ = writeln!(
+                out,
+                "filesystem, {} blocks: sequential write {:.2} GB/s, read {:.2} GB/s",
+                human_bytes(p.block_bytes),
+                p.write_gb_per_s,
+                p.read_gb_per_s
+            );
         }
+        let _ = writeln!(
+            out,
+            "\n{:<10} {:>12} {:>14} {:>8} {:>14} {:>8}",
+            "PUT STREAM", "NO TIER GB/s", "DISK TIER GB/s", "KEPT", "DEMOTION GB/s", "DROPPED"
+        );
+        for p in &r.put_streams {
+            let _ = writeln!(
+                out,
+                "{:<10} {:>12.2} {:>14.2} {:>7.0}% {:>14.2} {:>8}",
+                human_bytes(p.value_bytes),
+                p.no_tier_gb_per_s,
+                p.disk_tier_gb_per_s,
+                p.kept * 100.0,
+                p.demotion_gb_per_s,
+                p.dropped_with_tier
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n{:<10} {:<9} {:>7} {:>7} {:>8} {:>9} {:>9} {:>10} {:>8}",
+            "DISK GET", "PATH", "THREADS", "OPS", "GB/s", "p50 µs", "p99 µs", "FROM DISK", "OF FS"
+        );
+        for g in &r.disk_gets {
+            let from_disk = g
+                .from_disk
+                .map_or("-".to_string(), |f| format!("{:.0}%", f * 100.0));
+            let _ = writeln!(
+                out,
+                "{:<10} {:<9} {:>7} {:>7} {:>8.2} {:>9.0} {:>9.0} {:>10} {:>7.0}%",
+                human_bytes(g.value_bytes),
+                g.path,
+                g.threads,
+                g.ops,
+                g.gb_per_s,
+                g.p50_us,
+                g.p99_us,
+                from_disk,
+                g.of_filesystem * 100.0
+            );
+        }
+        out
     }
-    for (name, mut pts) in curves {
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        gets = gets.series(Series::new(name, pts));
-    }
-    let mut fs: Vec<(f64, f64)> = r
-        .filesystem
-        .iter()
-        .map(|p| (p.block_bytes as f64, p.read_gb_per_s))
-        .collect();
-    fs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    gets = gets.series(Series {
-        name: "filesystem sequential read (this machine)".into(),
-        points: fs,
-        reference: true,
-    });
-    page.heading("Charts");
-    page.bar_chart(&puts, "Values streamed into a pool whose memory is full: without a disk tier eviction drops the oldest; with one it copies them to disk first.")?;
-    page.line_chart(&gets, "tcp: the store reads its disk and sends the bytes; same-host: the client reads the disk tier's file itself. Dashed: the filesystem's own sequential read speed per block size, measured in this run.")?;
-    Ok(page)
-}
 
-fn table(r: &Report) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "machine: loopback TCP {:.2} GB/s, memcpy {:.2} GB/s; disk tier {} ({}), memory {}",
-        r.loopback_tcp_gb_per_s,
-        r.memcpy_gb_per_s,
-        human_bytes(r.disk_bytes),
-        if r.direct_io {
-            "O_DIRECT"
-        } else {
-            "buffered: the filesystem refuses O_DIRECT"
-        },
-        human_bytes(r.memory_bytes)
-    );
-    for p in &r.filesystem {
-        let _ = writeln!(
-            out,
-            "filesystem, {} blocks: sequential write {:.2} GB/s, read {:.2} GB/s",
-            human_bytes(p.block_bytes),
-            p.write_gb_per_s,
-            p.read_gb_per_s
+    /// The HTML report: put streams with and without the tier as bars, and disk-resident gets per
+    /// value size against the filesystem's own sequential read speed.
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        let r = self;
+        use crate::report::{BarChart, Format, Group, LineChart, Page, Panel, Series};
+        let mut page = Page::new("The disk tier: puts at the watermark, reads from disk");
+        page.fact(
+            "machine",
+            format!(
+                "loopback TCP {:.2} GB/s, memcpy {:.2} GB/s; disk tier {} ({}), memory {}",
+                r.loopback_tcp_gb_per_s,
+                r.memcpy_gb_per_s,
+                human_bytes(r.disk_bytes),
+                if r.direct_io { "O_DIRECT" } else { "buffered" },
+                human_bytes(r.memory_bytes)
+            ),
         );
+        let sizes: Vec<String> = r
+            .put_streams
+            .iter()
+            .map(|p| Format::Bytes.write(p.value_bytes as f64))
+            .collect();
+        let puts = BarChart::new(
+            "put-streams",
+            "A put stream at the memory watermark (GB/s)",
+            sizes,
+        )
+        .panel(Panel::bars(
+            "",
+            "GB/s",
+            Format::Number,
+            vec![
+                Group::new(
+                    "no tier (eviction drops)",
+                    r.put_streams
+                        .iter()
+                        .map(|p| Some(p.no_tier_gb_per_s))
+                        .collect(),
+                ),
+                Group::new(
+                    "disk tier (eviction demotes)",
+                    r.put_streams
+                        .iter()
+                        .map(|p| Some(p.disk_tier_gb_per_s))
+                        .collect(),
+                ),
+                Group::new(
+                    "demotion to disk",
+                    r.put_streams
+                        .iter()
+                        .map(|p| Some(p.demotion_gb_per_s))
+                        .collect(),
+                ),
+            ],
+        ));
+        let mut gets = LineChart::new(
+            "disk-gets",
+            "Gets of disk-resident values",
+            "value size",
+            "GB/s",
+        )
+        .formats(Format::Bytes, Format::Number)
+        .log_x();
+        let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for g in &r.disk_gets {
+            let name = format!(
+                "{} get, {} thread{}",
+                g.path,
+                g.threads,
+                if g.threads == 1 { "" } else { "s" }
+            );
+            let point = (g.value_bytes as f64, g.gb_per_s);
+            match curves.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, pts)) => pts.push(point),
+                None => curves.push((name, vec![point])),
+            }
+        }
+        for (name, mut pts) in curves {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            gets = gets.series(Series::new(name, pts));
+        }
+        let mut fs: Vec<(f64, f64)> = r
+            .filesystem
+            .iter()
+            .map(|p| (p.block_bytes as f64, p.read_gb_per_s))
+            .collect();
+        fs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        gets = gets.series(Series {
+            name: "filesystem sequential read (this machine)".into(),
+            points: fs,
+            reference: true,
+        });
+        page.heading("Charts");
+        page.bar_chart(&puts, "Values streamed into a pool whose memory is full: without a disk tier eviction drops the oldest; with one it copies them to disk first.")?;
+        page.line_chart(&gets, "tcp: the store reads its disk and sends the bytes; same-host: the client reads the disk tier's file itself. Dashed: the filesystem's own sequential read speed per block size, measured in this run.")?;
+        Ok(page)
     }
-    let _ = writeln!(
-        out,
-        "\n{:<10} {:>12} {:>14} {:>8} {:>14} {:>8}",
-        "PUT STREAM", "NO TIER GB/s", "DISK TIER GB/s", "KEPT", "DEMOTION GB/s", "DROPPED"
-    );
-    for p in &r.put_streams {
-        let _ = writeln!(
-            out,
-            "{:<10} {:>12.2} {:>14.2} {:>7.0}% {:>14.2} {:>8}",
-            human_bytes(p.value_bytes),
-            p.no_tier_gb_per_s,
-            p.disk_tier_gb_per_s,
-            p.kept * 100.0,
-            p.demotion_gb_per_s,
-            p.dropped_with_tier
-        );
-    }
-    let _ = writeln!(
-        out,
-        "\n{:<10} {:<9} {:>7} {:>7} {:>8} {:>9} {:>9} {:>10} {:>8}",
-        "DISK GET", "PATH", "THREADS", "OPS", "GB/s", "p50 µs", "p99 µs", "FROM DISK", "OF FS"
-    );
-    for g in &r.disk_gets {
-        let from_disk = g
-            .from_disk
-            .map_or("-".to_string(), |f| format!("{:.0}%", f * 100.0));
-        let _ = writeln!(
-            out,
-            "{:<10} {:<9} {:>7} {:>7} {:>8.2} {:>9.0} {:>9.0} {:>10} {:>7.0}%",
-            human_bytes(g.value_bytes),
-            g.path,
-            g.threads,
-            g.ops,
-            g.gb_per_s,
-            g.p50_us,
-            g.p99_us,
-            from_disk,
-            g.of_filesystem * 100.0
-        );
-    }
-    out
 }

@@ -692,104 +692,179 @@ fn epoch_steps(acks: &[(f64, u64)]) -> Vec<(f64, f64)> {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        table(self)
-    }
-
-    fn page(&self) -> anyhow::Result<crate::report::Page> {
-        page(self)
-    }
-}
-
-/// The HTML report: the client's puts and failures per second with the faults marked, and
-/// the epoch of the master behind each acknowledgement.
-fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
-    use crate::report::{Format, LineChart, Page, Series};
-    let t = &r.timeline;
-    let mut page = Page::new("Master failover: kill -9 and SIGSTOP of the leader");
-    page.fact(
-        "cluster",
-        format!(
-            "{} masters electing through {} etcd member(s), lease TTL {} s; {} stores; values of {} bytes",
+        let r = self;
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let s = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.3} s"));
+        let _ = writeln!(
+            out,
+            "{} masters on {} etcd member(s), lease TTL {:.0} s; {} stores; objects of {} bytes",
             r.masters, r.etcd_members, r.lease_ttl_s, r.stores, r.value_bytes
-        ),
-    )
-    .fact(
-        "outcome",
-        format!(
-            "{} objects committed, {} lost; writes a paused leader accepted after its lease: {}",
-            r.objects_committed, r.objects_lost, r.pause.stale_writes_accepted
-        ),
-    );
-    let acks = Series::per_second(
-        "puts acknowledged/s",
-        &t.acks.iter().map(|(s, _)| (*s, 1.0)).collect::<Vec<_>>(),
-    );
-    let errors = Series::per_second(
-        "operations failed/s",
-        &t.errors.iter().map(|s| (*s, 1.0)).collect::<Vec<_>>(),
-    );
-    let top = acks
-        .points
-        .iter()
-        .chain(&errors.points)
-        .map(|p| p.1)
-        .fold(1.0, f64::max);
-    let mut rates = LineChart::new(
-        "failover-rates",
-        "The client's puts and failures over the run",
-        "seconds since the loop started",
-        "per second",
-    )
-    .series(acks)
-    .series(errors);
-    let mut epochs = LineChart::new(
-        "failover-epochs",
-        "Epoch of the master that acknowledged each put",
-        "seconds since the loop started",
-        "epoch",
-    )
-    .formats(Format::Number, Format::Integer);
-    epochs = epochs.series(Series::new("epoch", epoch_steps(&t.acks)));
-    for (at, what) in &t.events {
-        rates = rates.series(Series {
-            name: what.clone(),
-            points: vec![(*at, 0.0), (*at, top)],
-            reference: true,
-        });
+        );
+        for (name, f) in [
+            ("kill -9 of the leader", &r.kill),
+            ("SIGSTOP of the leader", &r.pause.fault),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name} (epoch {} → {}): new leader seen after {}, first put after {}, all {} \
+                 earlier objects listed after {}; client errors meanwhile: {}",
+                f.epoch_before,
+                f.epoch_after,
+                s(f.leader_seen_s),
+                s(f.first_put_s),
+                f.objects_before,
+                s(f.all_readable_s),
+                if f.errors.is_empty() {
+                    "none".to_string()
+                } else {
+                    f.errors
+                        .iter()
+                        .map(|(k, v)| format!("{v} {k}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            );
+        }
+        if let Some(i) = &r.idle_return {
+            let _ = writeln!(
+                out,
+                "idle clients: {} of {} back on the new leader ({} within 5 s of it being seen): \
+                 after it was seen p50 {}, p99 {}, last {}; {} connections dropped by full accept \
+                 queues; {} pings, {} failed tries, {} connections made again",
+                i.back,
+                i.clients,
+                i.back_within_5s_of_leader,
+                s(i.p50_s),
+                s(i.p99_s),
+                s(i.max_s),
+                i.listen_overflows
+                    .map_or("unknown".to_string(), |n| n.to_string()),
+                i.figures.pings,
+                i.figures.ping_errors,
+                i.figures.reconnects,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "paused {:.1} s: writes sent to it meanwhile {}, accepted after its lease {} (must be 0), \
+             refused NOT_LEADER {}; it stepped down {} after SIGCONT",
+            r.pause.pause_s,
+            r.pause.stale_writes_sent,
+            r.pause.stale_writes_accepted,
+            r.pause.stale_writes_refused,
+            s(r.pause.stepped_down_after_continue_s)
+        );
+        let _ = writeln!(
+            out,
+            "objects committed {} ({} puts acknowledged), lost {} (must be 0); client operations {}, \
+             failed {} ({})",
+            r.objects_committed,
+            r.puts_acknowledged,
+            r.objects_lost,
+            r.client_ops,
+            r.client_errors,
+            r.errors_by_reason
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        out
     }
-    page.heading("Charts");
-    page.line_chart(&rates, "Dashed: the faults, when they were made.")?;
-    page.line_chart(
-        &epochs,
-        "A new epoch is a new leader: every put after a failover is acknowledged by it. Each \
-         step is the first put the new leader acknowledged.",
-    )?;
-    page.heading("Figures");
-    let fault_row = |name: &str, f: &Fault| {
-        vec![
-            name.to_string(),
-            f.first_put_s.map_or("-".into(), |s| format!("{s:.2}")),
-            f.all_readable_s.map_or("-".into(), |s| format!("{s:.2}")),
-            f.objects_before.to_string(),
-            format!("{} → {}", f.epoch_before, f.epoch_after),
-            f.errors.values().sum::<u64>().to_string(),
-        ]
-    };
-    page.table(
-        &[
-            "fault",
-            "first put after (s)",
-            "all readable after (s)",
-            "objects before",
+
+    /// The HTML report: the client's puts and failures per second with the faults marked, and
+    /// the epoch of the master behind each acknowledgement.
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        let r = self;
+        use crate::report::{Format, LineChart, Page, Series};
+        let t = &r.timeline;
+        let mut page = Page::new("Master failover: kill -9 and SIGSTOP of the leader");
+        page.fact(
+            "cluster",
+            format!(
+                "{} masters electing through {} etcd member(s), lease TTL {} s; {} stores; values of {} bytes",
+                r.masters, r.etcd_members, r.lease_ttl_s, r.stores, r.value_bytes
+            ),
+        )
+        .fact(
+            "outcome",
+            format!(
+                "{} objects committed, {} lost; writes a paused leader accepted after its lease: {}",
+                r.objects_committed, r.objects_lost, r.pause.stale_writes_accepted
+            ),
+        );
+        let acks = Series::per_second(
+            "puts acknowledged/s",
+            &t.acks.iter().map(|(s, _)| (*s, 1.0)).collect::<Vec<_>>(),
+        );
+        let errors = Series::per_second(
+            "operations failed/s",
+            &t.errors.iter().map(|s| (*s, 1.0)).collect::<Vec<_>>(),
+        );
+        let top = acks
+            .points
+            .iter()
+            .chain(&errors.points)
+            .map(|p| p.1)
+            .fold(1.0, f64::max);
+        let mut rates = LineChart::new(
+            "failover-rates",
+            "The client's puts and failures over the run",
+            "seconds since the loop started",
+            "per second",
+        )
+        .series(acks)
+        .series(errors);
+        let mut epochs = LineChart::new(
+            "failover-epochs",
+            "Epoch of the master that acknowledged each put",
+            "seconds since the loop started",
             "epoch",
-            "client errors",
-        ],
-        vec![
-            fault_row("kill -9 of the leader", &r.kill),
-            fault_row("SIGSTOP of the next leader", &r.pause.fault),
-        ],
-    );
-    Ok(page)
+        )
+        .formats(Format::Number, Format::Integer);
+        epochs = epochs.series(Series::new("epoch", epoch_steps(&t.acks)));
+        for (at, what) in &t.events {
+            rates = rates.series(Series {
+                name: what.clone(),
+                points: vec![(*at, 0.0), (*at, top)],
+                reference: true,
+            });
+        }
+        page.heading("Charts");
+        page.line_chart(&rates, "Dashed: the faults, when they were made.")?;
+        page.line_chart(
+            &epochs,
+            "A new epoch is a new leader: every put after a failover is acknowledged by it. Each \
+             step is the first put the new leader acknowledged.",
+        )?;
+        page.heading("Figures");
+        let fault_row = |name: &str, f: &Fault| {
+            vec![
+                name.to_string(),
+                f.first_put_s.map_or("-".into(), |s| format!("{s:.2}")),
+                f.all_readable_s.map_or("-".into(), |s| format!("{s:.2}")),
+                f.objects_before.to_string(),
+                format!("{} → {}", f.epoch_before, f.epoch_after),
+                f.errors.values().sum::<u64>().to_string(),
+            ]
+        };
+        page.table(
+            &[
+                "fault",
+                "first put after (s)",
+                "all readable after (s)",
+                "objects before",
+                "epoch",
+                "client errors",
+            ],
+            vec![
+                fault_row("kill -9 of the leader", &r.kill),
+                fault_row("SIGSTOP of the next leader", &r.pause.fault),
+            ],
+        );
+        Ok(page)
+    }
 }
 
 /// Waits until every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
@@ -860,87 +935,6 @@ fn fault_outcome(
         epoch_after,
         errors,
     })
-}
-
-fn table(r: &Report) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let s = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.3} s"));
-    let _ = writeln!(
-        out,
-        "{} masters on {} etcd member(s), lease TTL {:.0} s; {} stores; objects of {} bytes",
-        r.masters, r.etcd_members, r.lease_ttl_s, r.stores, r.value_bytes
-    );
-    for (name, f) in [
-        ("kill -9 of the leader", &r.kill),
-        ("SIGSTOP of the leader", &r.pause.fault),
-    ] {
-        let _ = writeln!(
-            out,
-            "{name} (epoch {} → {}): new leader seen after {}, first put after {}, all {} \
-             earlier objects listed after {}; client errors meanwhile: {}",
-            f.epoch_before,
-            f.epoch_after,
-            s(f.leader_seen_s),
-            s(f.first_put_s),
-            f.objects_before,
-            s(f.all_readable_s),
-            if f.errors.is_empty() {
-                "none".to_string()
-            } else {
-                f.errors
-                    .iter()
-                    .map(|(k, v)| format!("{v} {k}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        );
-    }
-    if let Some(i) = &r.idle_return {
-        let _ = writeln!(
-            out,
-            "idle clients: {} of {} back on the new leader ({} within 5 s of it being seen): \
-             after it was seen p50 {}, p99 {}, last {}; {} connections dropped by full accept \
-             queues; {} pings, {} failed tries, {} connections made again",
-            i.back,
-            i.clients,
-            i.back_within_5s_of_leader,
-            s(i.p50_s),
-            s(i.p99_s),
-            s(i.max_s),
-            i.listen_overflows
-                .map_or("unknown".to_string(), |n| n.to_string()),
-            i.figures.pings,
-            i.figures.ping_errors,
-            i.figures.reconnects,
-        );
-    }
-    let _ = writeln!(
-        out,
-        "paused {:.1} s: writes sent to it meanwhile {}, accepted after its lease {} (must be 0), \
-         refused NOT_LEADER {}; it stepped down {} after SIGCONT",
-        r.pause.pause_s,
-        r.pause.stale_writes_sent,
-        r.pause.stale_writes_accepted,
-        r.pause.stale_writes_refused,
-        s(r.pause.stepped_down_after_continue_s)
-    );
-    let _ = writeln!(
-        out,
-        "objects committed {} ({} puts acknowledged), lost {} (must be 0); client operations {}, \
-         failed {} ({})",
-        r.objects_committed,
-        r.puts_acknowledged,
-        r.objects_lost,
-        r.client_ops,
-        r.client_errors,
-        r.errors_by_reason
-            .iter()
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    out
 }
 
 #[cfg(test)]

@@ -327,44 +327,41 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        table(self)
-    }
-}
-
-fn table(r: &Report) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(out,
-        "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; batches of {} pages × {}; \
-         store persistent: {}",
-        r.loopback_tcp_gb_per_s,
-        r.memcpy_gb_per_s,
-        r.pages,
-        human_bytes(r.page_bytes),
-        r.persistent
-    );
-    if let Some(crc) = &r.python_crc32c {
-        let _ = writeln!(out, "python CRC-32C: {crc}");
-    }
-    let _ = writeln!(
-        out,
-        "{:<7} {:<5} {:<15} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7}",
-        "client", "path", "op", "pages/s", "GB/s", "p50 ms", "p99 ms", "batches", "errors"
-    );
-    for x in &r.rows {
+        let r = self;
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(out,
+            "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; batches of {} pages × {}; \
+             store persistent: {}",
+            r.loopback_tcp_gb_per_s,
+            r.memcpy_gb_per_s,
+            r.pages,
+            human_bytes(r.page_bytes),
+            r.persistent
+        );
+        if let Some(crc) = &r.python_crc32c {
+            let _ = writeln!(out, "python CRC-32C: {crc}");
+        }
         let _ = writeln!(
             out,
-            "{:<7} {:<5} {:<15} {:>10.0} {:>7.2} {:>9.2} {:>9.2} {:>8} {:>7}",
-            x.client,
-            x.path,
-            x.op,
-            x.pages_per_s,
-            x.gb_per_s,
-            x.p50_ms,
-            x.p99_ms,
-            x.batches,
-            x.errors
+            "{:<7} {:<5} {:<15} {:>10} {:>7} {:>9} {:>9} {:>8} {:>7}",
+            "client", "path", "op", "pages/s", "GB/s", "p50 ms", "p99 ms", "batches", "errors"
         );
+        for x in &r.rows {
+            let _ = writeln!(
+                out,
+                "{:<7} {:<5} {:<15} {:>10.0} {:>7.2} {:>9.2} {:>9.2} {:>8} {:>7}",
+                x.client,
+                x.path,
+                x.op,
+                x.pages_per_s,
+                x.gb_per_s,
+                x.p50_ms,
+                x.p99_ms,
+                x.batches,
+                x.errors
+            );
+        }
+        out
     }
-    out
 }

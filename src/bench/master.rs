@@ -730,232 +730,228 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        table(self)
-    }
-
-    fn page(&self) -> anyhow::Result<crate::report::Page> {
-        page(self)
-    }
-}
-
-/// The HTML report: each phase's throughput (and the machine's ceiling for as many clients)
-/// and latency as bars, and the figures of memory, rest and rebuild.
-fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
-    use crate::report::{BarChart, Format, Group, Page, Panel};
-    let mut page = Page::new("The master at scale: metadata operations");
-    page.fact(
-        "load",
-        format!(
-            "{} objects ({}-byte keys) loaded by {} clients in {:.1} s ({:.0} objects/s)",
-            r.objects, r.key_bytes, r.clients, r.load_seconds, r.load_objects_per_s
-        ),
-    )
-    .fact(
-        "machine",
-        format!(
-            "loopback echo, {} connections: {:.0} round trips/s",
-            r.clients, r.loopback_round_trips_per_s
-        ),
-    );
-    let mut phases: Vec<String> = r
-        .results
-        .iter()
-        .map(|x| format!("{} ×{}", x.op, x.threads))
-        .collect();
-    let mut ops: Vec<Option<f64>> = r.results.iter().map(|x| Some(x.ops_per_s)).collect();
-    let mut ceiling = vec![None; ops.len()];
-    phases.push(format!("loopback echo ×{}", r.clients));
-    ops.push(None);
-    ceiling.push(Some(r.loopback_round_trips_per_s));
-    let throughput = BarChart::new("master-ops-per-s", "Operations per second by phase", phases)
-        .panel(Panel::bars(
-            "",
-            "operations/s",
-            Format::Number,
-            vec![
-                Group::new("master ops/s", ops),
-                Group::new("machine's round trips/s (ceiling)", ceiling),
-            ],
-        ));
-    let names: Vec<String> = r
-        .results
-        .iter()
-        .map(|x| format!("{} ×{}", x.op, x.threads))
-        .collect();
-    let latency =
-        BarChart::new("master-latency", "Latency by phase (µs)", names).panel(Panel::bars(
-            "",
-            "µs",
-            Format::Number,
-            vec![
-                Group::new("p50", r.results.iter().map(|x| Some(x.p50_us)).collect()),
-                Group::new("p99", r.results.iter().map(|x| Some(x.p99_us)).collect()),
-            ],
-        ));
-    page.heading("Charts");
-    page.bar_chart(&throughput, "A batch call counts its keys. The ceiling: a 64-byte echo server with a thread per connection, as many connections, same run.")?;
-    page.bar_chart(&latency, "Per call.")?;
-    page.heading("Memory, rest and rebuild");
-    let opt = |v: Option<f64>, unit: &str| v.map_or("-".into(), |v| format!("{v:.2} {unit}"));
-    page.table(
-        &["figure", "value"],
-        vec![
-            vec![
-                "resident memory, empty".into(),
-                r.master_rss_empty_bytes
-                    .map_or("-".into(), crate::config::human_bytes),
-            ],
-            vec![
-                "resident memory, loaded".into(),
-                r.master_rss_loaded_bytes
-                    .map_or("-".into(), crate::config::human_bytes),
-            ],
-            vec![
-                "bytes per object".into(),
-                opt(r.master_bytes_per_object, "B"),
-            ],
-            vec![
-                "CPU at rest (share of a core)".into(),
-                opt(r.master_cpu_at_rest.map(|c| c * 100.0), "%"),
-            ],
-            vec!["rebuild after SIGKILL".into(), opt(r.rebuild_seconds, "s")],
-            vec![
-                "store leaving: unmount answered".into(),
-                opt(r.store_leave_seconds, "s"),
-            ],
-            vec![
-                "store leaving: every object dropped".into(),
-                opt(r.store_dropped_seconds, "s"),
-            ],
-            vec!["errors".into(), r.errors.to_string()],
-        ],
-    );
-    Ok(page)
-}
-
-fn table(r: &Report) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "master: {} objects ({}-byte keys) loaded by {} clients in {:.1} s ({:.0} objects/s)",
-        r.objects, r.key_bytes, r.clients, r.load_seconds, r.load_objects_per_s
-    );
-    let _ = writeln!(
-        out,
-        "{:<34} {:>7} {:>12} {:>9} {:>9} {:>7} {:>10} {:>11} {:>10}",
-        "op",
-        "clients",
-        "ops/s",
-        "p50 µs",
-        "p99 µs",
-        "errors",
-        "lock busy",
-        "lock wait µs",
-        "holds >1ms"
-    );
-    for x in &r.results {
-        let lock = r.lock.iter().find(|l| l.op == x.op);
+        let r = self;
+        use std::fmt::Write as _;
+        let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<34} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7} {:>10} {:>11} {:>10}",
-            x.op,
-            x.threads,
-            x.ops_per_s,
-            x.p50_us,
-            x.p99_us,
-            x.errors,
-            lock.map(|l| format!("{:.0} %", l.busy * 100.0))
-                .unwrap_or_default(),
-            lock.map(|l| format!("{:.1}", l.wait_us))
-                .unwrap_or_default(),
-            lock.map(|l| l.long_holds.to_string()).unwrap_or_default(),
+            "master: {} objects ({}-byte keys) loaded by {} clients in {:.1} s ({:.0} objects/s)",
+            r.objects, r.key_bytes, r.clients, r.load_seconds, r.load_objects_per_s
         );
-    }
-    let _ = writeln!(
-        out,
-        "machine limit: {:.0} loopback round trips/s with {} clients (64-byte echo, same run)",
-        r.loopback_round_trips_per_s, r.clients
-    );
-    let c = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2}"));
-    let _ = writeln!(
-        out,
-        "{:<34} {:>12} {:>12} {:>16}",
-        "CPU, cores", "master", "clients", "host busy"
-    );
-    for p in &r.cpu {
+        let _ = writeln!(
+            out,
+            "{:<34} {:>7} {:>12} {:>9} {:>9} {:>7} {:>10} {:>11} {:>10}",
+            "op",
+            "clients",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "errors",
+            "lock busy",
+            "lock wait µs",
+            "holds >1ms"
+        );
+        for x in &r.results {
+            let lock = r.lock.iter().find(|l| l.op == x.op);
+            let _ = writeln!(
+                out,
+                "{:<34} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>7} {:>10} {:>11} {:>10}",
+                x.op,
+                x.threads,
+                x.ops_per_s,
+                x.p50_us,
+                x.p99_us,
+                x.errors,
+                lock.map(|l| format!("{:.0} %", l.busy * 100.0))
+                    .unwrap_or_default(),
+                lock.map(|l| format!("{:.1}", l.wait_us))
+                    .unwrap_or_default(),
+                lock.map(|l| l.long_holds.to_string()).unwrap_or_default(),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "machine limit: {:.0} loopback round trips/s with {} clients (64-byte echo, same run)",
+            r.loopback_round_trips_per_s, r.clients
+        );
+        let c = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2}"));
         let _ = writeln!(
             out,
             "{:<34} {:>12} {:>12} {:>16}",
-            p.op,
-            c(p.master_cores),
-            c(p.bench_cores),
-            format!("{} of {}", c(p.host_busy_cores), r.host_cores)
+            "CPU, cores", "master", "clients", "host busy"
         );
+        for p in &r.cpu {
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12} {:>12} {:>16}",
+                p.op,
+                c(p.master_cores),
+                c(p.bench_cores),
+                format!("{} of {}", c(p.host_busy_cores), r.host_cores)
+            );
+        }
+        let mb = |b: u64| b as f64 / (1 << 20) as f64;
+        if let (Some(e), Some(l), Some(per)) = (
+            r.master_rss_empty_bytes,
+            r.master_rss_loaded_bytes,
+            r.master_bytes_per_object,
+        ) {
+            let _ = writeln!(
+                out,
+                "master memory: {:.0} MiB empty, {:.0} MiB loaded: {per:.0} bytes per object, {:.0} \
+                 beyond its {}-byte key",
+                mb(e),
+                mb(l),
+                per - r.key_bytes as f64,
+                r.key_bytes
+            );
+        }
+        if let (Some(load), Some(all)) = (r.lock_longest_hold_load_ms, r.lock_longest_hold_ms) {
+            let _ = writeln!(
+                out,
+                "master lock: longest hold {load:.2} ms during the load, {all:.2} ms over the phases"
+            );
+        }
+        if let Some(idle) = &r.idle {
+            let _ = writeln!(
+                out,
+                "idle clients: {} connections opened in {:.1} s, {} pings, {} not answered OK, {} \
+                 connections made again{}{}",
+                idle.connections,
+                idle.open_seconds,
+                idle.pings,
+                idle.ping_errors,
+                idle.reconnects,
+                idle.reconnected
+                    .iter()
+                    .map(|(why, n)| format!(" ({n} {why})"))
+                    .collect::<String>(),
+                r.master_rss_per_idle_client_bytes
+                    .map(|b| format!("; master memory {b:.0} bytes per connection"))
+                    .unwrap_or_default(),
+            );
+        }
+        if let Some(cpu) = r.master_cpu_at_rest {
+            let _ = writeln!(out, "master CPU at rest: {:.2} % of one core", cpu * 100.0);
+        }
+        if let Some(s) = r.rebuild_seconds {
+            let _ = writeln!(
+                out,
+                "master rebuild after SIGKILL: {s:.2} s until it held all {} objects again",
+                r.objects
+            );
+        }
+        if let (Some(s), Some(d)) = (r.store_leave_seconds, r.store_dropped_seconds) {
+            let _ = writeln!(
+                out,
+                "store leaving with all {} objects: unmounted in {:.1} ms, every object dropped \
+                 after {:.0} ms; longest lock hold over the rebuild and the leaving: {:.1} ms",
+                r.objects,
+                s * 1e3,
+                d * 1e3,
+                r.lock_longest_hold_rebuild_leave_ms.unwrap_or(f64::NAN)
+            );
+        }
+        out
     }
-    let mb = |b: u64| b as f64 / (1 << 20) as f64;
-    if let (Some(e), Some(l), Some(per)) = (
-        r.master_rss_empty_bytes,
-        r.master_rss_loaded_bytes,
-        r.master_bytes_per_object,
-    ) {
-        let _ = writeln!(
-            out,
-            "master memory: {:.0} MiB empty, {:.0} MiB loaded: {per:.0} bytes per object, {:.0} \
-             beyond its {}-byte key",
-            mb(e),
-            mb(l),
-            per - r.key_bytes as f64,
-            r.key_bytes
+
+    /// The HTML report: each phase's throughput (and the machine's ceiling for as many clients)
+    /// and latency as bars, and the figures of memory, rest and rebuild.
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        let r = self;
+        use crate::report::{BarChart, Format, Group, Page, Panel};
+        let mut page = Page::new("The master at scale: metadata operations");
+        page.fact(
+            "load",
+            format!(
+                "{} objects ({}-byte keys) loaded by {} clients in {:.1} s ({:.0} objects/s)",
+                r.objects, r.key_bytes, r.clients, r.load_seconds, r.load_objects_per_s
+            ),
+        )
+        .fact(
+            "machine",
+            format!(
+                "loopback echo, {} connections: {:.0} round trips/s",
+                r.clients, r.loopback_round_trips_per_s
+            ),
         );
-    }
-    if let (Some(load), Some(all)) = (r.lock_longest_hold_load_ms, r.lock_longest_hold_ms) {
-        let _ = writeln!(
-            out,
-            "master lock: longest hold {load:.2} ms during the load, {all:.2} ms over the phases"
+        let mut phases: Vec<String> = r
+            .results
+            .iter()
+            .map(|x| format!("{} ×{}", x.op, x.threads))
+            .collect();
+        let mut ops: Vec<Option<f64>> = r.results.iter().map(|x| Some(x.ops_per_s)).collect();
+        let mut ceiling = vec![None; ops.len()];
+        phases.push(format!("loopback echo ×{}", r.clients));
+        ops.push(None);
+        ceiling.push(Some(r.loopback_round_trips_per_s));
+        let throughput =
+            BarChart::new("master-ops-per-s", "Operations per second by phase", phases).panel(
+                Panel::bars(
+                    "",
+                    "operations/s",
+                    Format::Number,
+                    vec![
+                        Group::new("master ops/s", ops),
+                        Group::new("machine's round trips/s (ceiling)", ceiling),
+                    ],
+                ),
+            );
+        let names: Vec<String> = r
+            .results
+            .iter()
+            .map(|x| format!("{} ×{}", x.op, x.threads))
+            .collect();
+        let latency =
+            BarChart::new("master-latency", "Latency by phase (µs)", names).panel(Panel::bars(
+                "",
+                "µs",
+                Format::Number,
+                vec![
+                    Group::new("p50", r.results.iter().map(|x| Some(x.p50_us)).collect()),
+                    Group::new("p99", r.results.iter().map(|x| Some(x.p99_us)).collect()),
+                ],
+            ));
+        page.heading("Charts");
+        page.bar_chart(&throughput, "A batch call counts its keys. The ceiling: a 64-byte echo server with a thread per connection, as many connections, same run.")?;
+        page.bar_chart(&latency, "Per call.")?;
+        page.heading("Memory, rest and rebuild");
+        let opt = |v: Option<f64>, unit: &str| v.map_or("-".into(), |v| format!("{v:.2} {unit}"));
+        page.table(
+            &["figure", "value"],
+            vec![
+                vec![
+                    "resident memory, empty".into(),
+                    r.master_rss_empty_bytes
+                        .map_or("-".into(), crate::config::human_bytes),
+                ],
+                vec![
+                    "resident memory, loaded".into(),
+                    r.master_rss_loaded_bytes
+                        .map_or("-".into(), crate::config::human_bytes),
+                ],
+                vec![
+                    "bytes per object".into(),
+                    opt(r.master_bytes_per_object, "B"),
+                ],
+                vec![
+                    "CPU at rest (share of a core)".into(),
+                    opt(r.master_cpu_at_rest.map(|c| c * 100.0), "%"),
+                ],
+                vec!["rebuild after SIGKILL".into(), opt(r.rebuild_seconds, "s")],
+                vec![
+                    "store leaving: unmount answered".into(),
+                    opt(r.store_leave_seconds, "s"),
+                ],
+                vec![
+                    "store leaving: every object dropped".into(),
+                    opt(r.store_dropped_seconds, "s"),
+                ],
+                vec!["errors".into(), r.errors.to_string()],
+            ],
         );
+        Ok(page)
     }
-    if let Some(idle) = &r.idle {
-        let _ = writeln!(
-            out,
-            "idle clients: {} connections opened in {:.1} s, {} pings, {} not answered OK, {} \
-             connections made again{}{}",
-            idle.connections,
-            idle.open_seconds,
-            idle.pings,
-            idle.ping_errors,
-            idle.reconnects,
-            idle.reconnected
-                .iter()
-                .map(|(why, n)| format!(" ({n} {why})"))
-                .collect::<String>(),
-            r.master_rss_per_idle_client_bytes
-                .map(|b| format!("; master memory {b:.0} bytes per connection"))
-                .unwrap_or_default(),
-        );
-    }
-    if let Some(cpu) = r.master_cpu_at_rest {
-        let _ = writeln!(out, "master CPU at rest: {:.2} % of one core", cpu * 100.0);
-    }
-    if let Some(s) = r.rebuild_seconds {
-        let _ = writeln!(
-            out,
-            "master rebuild after SIGKILL: {s:.2} s until it held all {} objects again",
-            r.objects
-        );
-    }
-    if let (Some(s), Some(d)) = (r.store_leave_seconds, r.store_dropped_seconds) {
-        let _ = writeln!(
-            out,
-            "store leaving with all {} objects: unmounted in {:.1} ms, every object dropped \
-             after {:.0} ms; longest lock hold over the rebuild and the leaving: {:.1} ms",
-            r.objects,
-            s * 1e3,
-            d * 1e3,
-            r.lock_longest_hold_rebuild_leave_ms.unwrap_or(f64::NAN)
-        );
-    }
-    out
 }
 
 #[cfg(test)]

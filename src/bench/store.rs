@@ -1057,290 +1057,354 @@ fn flood_cases(
     })
 }
 
+#[cfg(feature = "rdma")]
 impl BenchReport for RdmaReport {
     fn table(&self) -> String {
-        rdma_table(self)
+        let r = self;
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "RDMA on {} (one client thread; limits from perftest in the same run)",
+            r.device
+        );
+        for p in &r.perftest {
+            let size = human_bytes(p.message_bytes);
+            let _ = match (p.gb_per_s, p.typical_us) {
+                (Some(gb), _) => writeln!(out, "  {:<12} {size:>9}  {gb:.3} GB/s", p.tool),
+                (_, Some(us)) => writeln!(out, "  {:<12} {size:>9}  {us:.1} µs typical", p.tool),
+                _ => Ok(()),
+            };
+        }
+        let _ = writeln!(
+            out,
+            "{:<16} {:<14} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            "case", "op", "value", "GB/s", "ops/s", "p50 µs", "p99 µs", "of limit"
+        );
+        for x in &r.results {
+            let _ = writeln!(
+                out,
+                "{:<16} {:<14} {:>9} {:>10.3} {:>10.0} {:>9.1} {:>9.1} {:>9}",
+                x.case,
+                x.op,
+                human_bytes(x.value_bytes),
+                x.gb_per_s,
+                x.ops_per_s,
+                x.p50_us,
+                x.p99_us,
+                x.of_limit
+                    .map_or("-".into(), |f| format!("{:.0} %", f * 100.0))
+            );
+        }
+        if let Some(l) = r.get_4k_latency_ratio {
+            let _ = writeln!(out, "4 KiB get p50 / ib_read_lat typical: {l:.2}×");
+        }
+        if !r.versus_mooncake_store.is_empty() {
+            let _ = write!(
+                out,
+                "{}",
+                versus_table(
+                    "Mooncake's wheel by RDMA: on rbgctl's store / on Mooncake's",
+                    "mooncake",
+                    &r.versus_mooncake_store
+                )
+            );
+        }
+        if let Some(cpu) = r.server_cpu {
+            let _ = writeln!(out, "{}", cpu.lines());
+        }
+        for c in &r.store_cpu {
+            let checks = c.version_checks.map_or(String::new(), |v| {
+                format!(
+                    " (versions checked by stamp {}, by asking the store {})",
+                    v.stamped, v.asked
+                )
+            });
+            let _ = writeln!(
+                out,
+                "store CPU, {} gets of 1 MiB by {}: {:.3} s in {:.2} s{checks}",
+                c.gets, c.path, c.store_cpu_seconds, c.seconds
+            );
+        }
+        if let Some(x) = r.store_cpu_ratio {
+            let _ = writeln!(out, "store CPU by RDMA / over TCP: {:.1} %", x * 100.0);
+        }
+        out
     }
 }
 
 impl BenchReport for Report {
+    /// The report as a person reads it: one aligned row per phase.
     fn table(&self) -> String {
-        table(self)
-    }
-
-    fn page(&self) -> anyhow::Result<crate::report::Page> {
-        page(self)
-    }
-}
-
-/// The HTML report: throughput and p99 latency per value size, a curve per path, operation
-/// and thread count (the Mooncake store's too, with `--mooncake-python`), the machine's
-/// limits as dashed lines, and every row in a table.
-fn page(r: &Report) -> anyhow::Result<crate::report::Page> {
-    use crate::report::{Format, LineChart, Page, Series};
-    let mut page = Page::new("KV pool: put and get");
-    page.fact("loopback TCP, one stream", r.limits.loopback.describe())
-        .fact("memcpy", r.limits.memcpy.describe())
-        .fact("store persistent", r.persistent.to_string())
-        .fact("segment memory", r.segments);
-    for s in &r.loopback_streams {
-        page.fact(
-            &format!("loopback TCP, {} streams at once", s.streams),
-            s.gb_per_s.describe(),
+        let r = self;
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "machine: loopback TCP, one stream {}; memcpy {}; store persistent: {}",
+            r.limits.loopback.describe(),
+            r.limits.memcpy.describe(),
+            r.persistent
         );
-    }
-    if r.partial {
-        page.fact("PARTIAL", r.failures.join("; "));
-    }
-    // One curve per (path, operation, threads) measured at two sizes or more.
-    let mut curves: Vec<(String, Vec<&PhaseResult>)> = Vec::new();
-    for x in r
-        .results
-        .iter()
-        .chain(&r.mooncake)
-        .chain(&r.mooncake_client_on_rbgctl)
-        .chain(&r.redis)
-        .filter(|x| x.value_bytes > 0)
-    {
-        let name = format!(
-            "{} {}, {} thread{}",
-            x.case,
-            x.op,
-            x.threads,
-            if x.threads == 1 { "" } else { "s" }
-        );
-        match curves.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, rows)) => rows.push(x),
-            None => curves.push((name, vec![x])),
+        for s in &r.loopback_streams {
+            let _ = writeln!(
+                out,
+                "machine: {} loopback TCP streams at once {}",
+                s.streams,
+                s.gb_per_s.describe()
+            );
         }
-    }
-    curves.retain(|(_, rows)| rows.len() > 1);
-    let sizes = || {
-        curves
-            .iter()
-            .flat_map(|(_, rows)| rows.iter().map(|x| x.value_bytes as f64))
-    };
-    let (lo, hi) = (
-        sizes().fold(f64::INFINITY, f64::min),
-        sizes().fold(0.0, f64::max),
-    );
-    let mut gbps = LineChart::new(
-        "gb-per-s-per-size",
-        "Throughput per value size",
-        "value size",
-        "GB/s",
-    )
-    .formats(Format::Bytes, Format::Number)
-    .log_x();
-    let mut p99 = LineChart::new(
-        "p99-per-size",
-        "p99 latency per value size",
-        "value size",
-        "p99 latency (µs)",
-    )
-    .formats(Format::Bytes, Format::Number)
-    .log_x()
-    .log_y();
-    for (name, rows) in &curves {
-        let points = |f: fn(&PhaseResult) -> f64| {
-            rows.iter().map(|x| (x.value_bytes as f64, f(x))).collect()
-        };
-        gbps = gbps.series(Series::new(name, points(|x| x.gb_per_s)));
-        p99 = p99.series(Series::new(name, points(|x| x.p99_us)));
-    }
-    if hi > 0.0 {
-        gbps = gbps
-            .series(Series::level(
-                "loopback TCP (this machine)",
-                r.loopback_tcp_gb_per_s,
-                lo,
-                hi,
-            ))
-            .series(Series::level(
-                "memcpy (this machine)",
-                r.memcpy_gb_per_s,
-                lo,
-                hi,
+        let _ = writeln!(
+            out,
+            "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
+            "path",
+            "op",
+            "value",
+            "thr",
+            "GB/s",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "errors",
+            "evicted",
+            "of limit"
+        );
+        for x in &r.results {
+            let value = if x.value_bytes == 0 {
+                "-".to_string()
+            } else {
+                human_bytes(x.value_bytes)
+            };
+            let limit = x
+                .of_limit
+                .map(|l| format!("{:.0} %", l * 100.0))
+                .unwrap_or_default();
+            // No bytes move in an exists: no bandwidth to give.
+            let gb = if x.value_bytes == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}", x.gb_per_s)
+            };
+            let _ = writeln!(
+                out,
+                "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
+                x.case,
+                x.op,
+                value,
+                x.threads,
+                gb,
+                x.ops_per_s,
+                x.p50_us,
+                x.p99_us,
+                x.errors,
+                x.evicted,
+                limit
+            );
+        }
+        let _ = writeln!(
+            out,
+            "legend: ops/s counts objects (a batch row, `batch_... Nx`, counts each of its N), p50 \
+             and p99 are per call (a batch row's: the whole batch); GB/s is value bytes moved (- for \
+             exists, which moves none); of limit: large tcp values against as many loopback \
+             streams as threads, shm against memcpy, blank where no limit applies (small values, \
+             batches, exists); evicted: reads of objects the pool had evicted, not errors. The \
+             client, the stores and the master share this machine's cores: every figure is of \
+             the three at once."
+        );
+        let _ = writeln!(out, "(segment memory: {})", r.segments);
+        if r.results.iter().any(|x| x.breakdown.is_some()) {
+            out.push_str(&breakdown_table(r));
+        }
+        if !r.versus_mooncake.is_empty() {
+            out.push_str(&versus_table(
+                "side by side with the Mooncake store (its zero-copy calls; same topology: a master, \
+                 one storage process, this client; same run)",
+                "mooncake",
+                &r.versus_mooncake,
             ));
+        }
+        if !r.versus_mooncake_client.is_empty() {
+            out.push_str(&versus_table(
+                "Mooncake's own client (the wheel, unchanged, its zero-copy calls) on rbgctl's \
+                 master and store, beside the same client on Mooncake's master and storage \
+                 process (same run)",
+                "mooncake",
+                &r.versus_mooncake_client,
+            ));
+            if let Some(cpu) = r.server_cpu {
+                let _ = writeln!(out, "{}", cpu.lines());
+            }
+        }
+        if !r.versus_redis.is_empty() {
+            out.push_str(&versus_table(
+                "side by side with redis-server (one connection, one request in flight, as \
+                 redis-benchmark -c 1; same run)",
+                "redis",
+                &r.versus_redis,
+            ));
+        }
+        if r.partial {
+            let _ = writeln!(out, "PARTIAL RESULTS: some phases failed or did not run:");
+            for f in &r.failures {
+                let _ = writeln!(out, "  {f}");
+            }
+        }
+        for h in &r.held_p99 {
+            let _ = writeln!(
+                out,
+                "held: 4 KiB {} p99 {:.1} µs with {} objects held, {:.1} µs with {} ({:+.0} %)",
+                h.op,
+                h.from_p99_us,
+                short_count(h.from_objects),
+                h.to_p99_us,
+                short_count(h.to_objects),
+                h.change * 100.0
+            );
+        }
+        if let Some(f) = &r.flood {
+            let _ = writeln!(
+                out,
+                "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
+                 flood phases (the rest were refused or closed)",
+                f.asked, f.opened, f.held_after
+            );
+        }
+        out
     }
-    page.heading("Charts");
-    page.line_chart(&gbps, "Bytes moved per second by all threads. Dashed: the machine's own limits, measured in this run: what one TCP stream over loopback and one memcpy reach.")?;
-    page.line_chart(
-        &p99,
-        "99th percentile of one operation's latency (both axes logarithmic).",
-    )?;
-    page.heading("Every phase");
-    let rows = r
-        .results
-        .iter()
-        .chain(&r.mooncake)
-        .chain(&r.mooncake_client_on_rbgctl)
-        .chain(&r.redis)
-        .map(|x| {
-            vec![
-                x.case.clone(),
-                x.op.clone(),
-                if x.value_bytes == 0 {
-                    "-".into()
-                } else {
-                    human_bytes(x.value_bytes)
-                },
-                x.threads.to_string(),
-                format!("{:.2}", x.gb_per_s),
-                format!("{:.0}", x.ops_per_s),
-                format!("{:.1}", x.p50_us),
-                format!("{:.1}", x.p99_us),
-                x.errors.to_string(),
-                x.of_limit
-                    .map_or(String::new(), |l| format!("{:.0}%", l * 100.0)),
-            ]
-        })
-        .collect();
-    page.table(
-        &[
-            "path", "op", "value", "threads", "GB/s", "ops/s", "p50 µs", "p99 µs", "errors",
-            "of limit",
-        ],
-        rows,
-    );
-    Ok(page)
-}
 
-/// The report as a person reads it: one aligned row per phase.
-fn table(r: &Report) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "machine: loopback TCP, one stream {}; memcpy {}; store persistent: {}",
-        r.limits.loopback.describe(),
-        r.limits.memcpy.describe(),
-        r.persistent
-    );
-    for s in &r.loopback_streams {
-        let _ = writeln!(
-            out,
-            "machine: {} loopback TCP streams at once {}",
-            s.streams,
-            s.gb_per_s.describe()
-        );
-    }
-    let _ = writeln!(
-        out,
-        "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10} {:>9} {:>9} {:>6} {:>7} {:>8}",
-        "path",
-        "op",
-        "value",
-        "thr",
-        "GB/s",
-        "ops/s",
-        "p50 µs",
-        "p99 µs",
-        "errors",
-        "evicted",
-        "of limit"
-    );
-    for x in &r.results {
-        let value = if x.value_bytes == 0 {
-            "-".to_string()
-        } else {
-            human_bytes(x.value_bytes)
-        };
-        let limit = x
-            .of_limit
-            .map(|l| format!("{:.0} %", l * 100.0))
-            .unwrap_or_default();
-        // No bytes move in an exists: no bandwidth to give.
-        let gb = if x.value_bytes == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.2}", x.gb_per_s)
-        };
-        let _ = writeln!(
-            out,
-            "{:<9} {:<17} {:>11} {:>3} {:>8} {:>10.0} {:>9.1} {:>9.1} {:>6} {:>7} {:>8}",
-            x.case,
-            x.op,
-            value,
-            x.threads,
-            gb,
-            x.ops_per_s,
-            x.p50_us,
-            x.p99_us,
-            x.errors,
-            x.evicted,
-            limit
-        );
-    }
-    let _ = writeln!(
-        out,
-        "legend: ops/s counts objects (a batch row, `batch_... Nx`, counts each of its N), p50 \
-         and p99 are per call (a batch row's: the whole batch); GB/s is value bytes moved (- for \
-         exists, which moves none); of limit: large tcp values against as many loopback \
-         streams as threads, shm against memcpy, blank where no limit applies (small values, \
-         batches, exists); evicted: reads of objects the pool had evicted, not errors. The \
-         client, the stores and the master share this machine's cores: every figure is of \
-         the three at once."
-    );
-    let _ = writeln!(out, "(segment memory: {})", r.segments);
-    if r.results.iter().any(|x| x.breakdown.is_some()) {
-        out.push_str(&breakdown_table(r));
-    }
-    if !r.versus_mooncake.is_empty() {
-        out.push_str(&versus_table(
-            "side by side with the Mooncake store (its zero-copy calls; same topology: a master, \
-             one storage process, this client; same run)",
-            "mooncake",
-            &r.versus_mooncake,
-        ));
-    }
-    if !r.versus_mooncake_client.is_empty() {
-        out.push_str(&versus_table(
-            "Mooncake's own client (the wheel, unchanged, its zero-copy calls) on rbgctl's \
-             master and store, beside the same client on Mooncake's master and storage \
-             process (same run)",
-            "mooncake",
-            &r.versus_mooncake_client,
-        ));
-        if let Some(cpu) = r.server_cpu {
-            let _ = writeln!(out, "{}", cpu.lines());
+    /// The HTML report: throughput and p99 latency per value size, a curve per path, operation
+    /// and thread count (the Mooncake store's too, with `--mooncake-python`), the machine's
+    /// limits as dashed lines, and every row in a table.
+    fn page(&self) -> anyhow::Result<crate::report::Page> {
+        let r = self;
+        use crate::report::{Format, LineChart, Page, Series};
+        let mut page = Page::new("KV pool: put and get");
+        page.fact("loopback TCP, one stream", r.limits.loopback.describe())
+            .fact("memcpy", r.limits.memcpy.describe())
+            .fact("store persistent", r.persistent.to_string())
+            .fact("segment memory", r.segments);
+        for s in &r.loopback_streams {
+            page.fact(
+                &format!("loopback TCP, {} streams at once", s.streams),
+                s.gb_per_s.describe(),
+            );
         }
-    }
-    if !r.versus_redis.is_empty() {
-        out.push_str(&versus_table(
-            "side by side with redis-server (one connection, one request in flight, as \
-             redis-benchmark -c 1; same run)",
-            "redis",
-            &r.versus_redis,
-        ));
-    }
-    if r.partial {
-        let _ = writeln!(out, "PARTIAL RESULTS: some phases failed or did not run:");
-        for f in &r.failures {
-            let _ = writeln!(out, "  {f}");
+        if r.partial {
+            page.fact("PARTIAL", r.failures.join("; "));
         }
-    }
-    for h in &r.held_p99 {
-        let _ = writeln!(
-            out,
-            "held: 4 KiB {} p99 {:.1} µs with {} objects held, {:.1} µs with {} ({:+.0} %)",
-            h.op,
-            h.from_p99_us,
-            short_count(h.from_objects),
-            h.to_p99_us,
-            short_count(h.to_objects),
-            h.change * 100.0
+        // One curve per (path, operation, threads) measured at two sizes or more.
+        let mut curves: Vec<(String, Vec<&PhaseResult>)> = Vec::new();
+        for x in r
+            .results
+            .iter()
+            .chain(&r.mooncake)
+            .chain(&r.mooncake_client_on_rbgctl)
+            .chain(&r.redis)
+            .filter(|x| x.value_bytes > 0)
+        {
+            let name = format!(
+                "{} {}, {} thread{}",
+                x.case,
+                x.op,
+                x.threads,
+                if x.threads == 1 { "" } else { "s" }
+            );
+            match curves.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, rows)) => rows.push(x),
+                None => curves.push((name, vec![x])),
+            }
+        }
+        curves.retain(|(_, rows)| rows.len() > 1);
+        let sizes = || {
+            curves
+                .iter()
+                .flat_map(|(_, rows)| rows.iter().map(|x| x.value_bytes as f64))
+        };
+        let (lo, hi) = (
+            sizes().fold(f64::INFINITY, f64::min),
+            sizes().fold(0.0, f64::max),
         );
-    }
-    if let Some(f) = &r.flood {
-        let _ = writeln!(
-            out,
-            "flood: {} idle connections asked, {} opened, {} still held by the servers after the \
-             flood phases (the rest were refused or closed)",
-            f.asked, f.opened, f.held_after
+        let mut gbps = LineChart::new(
+            "gb-per-s-per-size",
+            "Throughput per value size",
+            "value size",
+            "GB/s",
+        )
+        .formats(Format::Bytes, Format::Number)
+        .log_x();
+        let mut p99 = LineChart::new(
+            "p99-per-size",
+            "p99 latency per value size",
+            "value size",
+            "p99 latency (µs)",
+        )
+        .formats(Format::Bytes, Format::Number)
+        .log_x()
+        .log_y();
+        for (name, rows) in &curves {
+            let points = |f: fn(&PhaseResult) -> f64| {
+                rows.iter().map(|x| (x.value_bytes as f64, f(x))).collect()
+            };
+            gbps = gbps.series(Series::new(name, points(|x| x.gb_per_s)));
+            p99 = p99.series(Series::new(name, points(|x| x.p99_us)));
+        }
+        if hi > 0.0 {
+            gbps = gbps
+                .series(Series::level(
+                    "loopback TCP (this machine)",
+                    r.loopback_tcp_gb_per_s,
+                    lo,
+                    hi,
+                ))
+                .series(Series::level(
+                    "memcpy (this machine)",
+                    r.memcpy_gb_per_s,
+                    lo,
+                    hi,
+                ));
+        }
+        page.heading("Charts");
+        page.line_chart(&gbps, "Bytes moved per second by all threads. Dashed: the machine's own limits, measured in this run: what one TCP stream over loopback and one memcpy reach.")?;
+        page.line_chart(
+            &p99,
+            "99th percentile of one operation's latency (both axes logarithmic).",
+        )?;
+        page.heading("Every phase");
+        let rows = r
+            .results
+            .iter()
+            .chain(&r.mooncake)
+            .chain(&r.mooncake_client_on_rbgctl)
+            .chain(&r.redis)
+            .map(|x| {
+                vec![
+                    x.case.clone(),
+                    x.op.clone(),
+                    if x.value_bytes == 0 {
+                        "-".into()
+                    } else {
+                        human_bytes(x.value_bytes)
+                    },
+                    x.threads.to_string(),
+                    format!("{:.2}", x.gb_per_s),
+                    format!("{:.0}", x.ops_per_s),
+                    format!("{:.1}", x.p50_us),
+                    format!("{:.1}", x.p99_us),
+                    x.errors.to_string(),
+                    x.of_limit
+                        .map_or(String::new(), |l| format!("{:.0}%", l * 100.0)),
+                ]
+            })
+            .collect();
+        page.table(
+            &[
+                "path", "op", "value", "threads", "GB/s", "ops/s", "p50 µs", "p99 µs", "errors",
+                "of limit",
+            ],
+            rows,
         );
+        Ok(page)
     }
-    out
 }
 
 /// rbgctl beside the Mooncake store, row by row.
@@ -1479,7 +1543,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let text = table(&report);
+        let text = report.table();
         let lines: Vec<&str> = text.lines().skip(1).take(7).collect();
         let width = lines[0].chars().count();
         for l in &lines {
@@ -1925,77 +1989,4 @@ fn registered_case(
     client.unregister_buffer(dst.as_mut_ptr())?;
     cleanup(client, (0..total).map(key).collect());
     Ok(vec![put, get])
-}
-
-#[cfg(feature = "rdma")]
-fn rdma_table(r: &RdmaReport) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "RDMA on {} (one client thread; limits from perftest in the same run)",
-        r.device
-    );
-    for p in &r.perftest {
-        let size = human_bytes(p.message_bytes);
-        let _ = match (p.gb_per_s, p.typical_us) {
-            (Some(gb), _) => writeln!(out, "  {:<12} {size:>9}  {gb:.3} GB/s", p.tool),
-            (_, Some(us)) => writeln!(out, "  {:<12} {size:>9}  {us:.1} µs typical", p.tool),
-            _ => Ok(()),
-        };
-    }
-    let _ = writeln!(
-        out,
-        "{:<16} {:<14} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9}",
-        "case", "op", "value", "GB/s", "ops/s", "p50 µs", "p99 µs", "of limit"
-    );
-    for x in &r.results {
-        let _ = writeln!(
-            out,
-            "{:<16} {:<14} {:>9} {:>10.3} {:>10.0} {:>9.1} {:>9.1} {:>9}",
-            x.case,
-            x.op,
-            human_bytes(x.value_bytes),
-            x.gb_per_s,
-            x.ops_per_s,
-            x.p50_us,
-            x.p99_us,
-            x.of_limit
-                .map_or("-".into(), |f| format!("{:.0} %", f * 100.0))
-        );
-    }
-    if let Some(l) = r.get_4k_latency_ratio {
-        let _ = writeln!(out, "4 KiB get p50 / ib_read_lat typical: {l:.2}×");
-    }
-    if !r.versus_mooncake_store.is_empty() {
-        let _ = write!(
-            out,
-            "{}",
-            versus_table(
-                "Mooncake's wheel by RDMA: on rbgctl's store / on Mooncake's",
-                "mooncake",
-                &r.versus_mooncake_store
-            )
-        );
-    }
-    if let Some(cpu) = r.server_cpu {
-        let _ = writeln!(out, "{}", cpu.lines());
-    }
-    for c in &r.store_cpu {
-        let checks = c.version_checks.map_or(String::new(), |v| {
-            format!(
-                " (versions checked by stamp {}, by asking the store {})",
-                v.stamped, v.asked
-            )
-        });
-        let _ = writeln!(
-            out,
-            "store CPU, {} gets of 1 MiB by {}: {:.3} s in {:.2} s{checks}",
-            c.gets, c.path, c.store_cpu_seconds, c.seconds
-        );
-    }
-    if let Some(x) = r.store_cpu_ratio {
-        let _ = writeln!(out, "store CPU by RDMA / over TCP: {:.1} %", x * 100.0);
-    }
-    out
 }

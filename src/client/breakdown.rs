@@ -49,10 +49,12 @@ impl Meter {
         out
     }
 
+    /// Counts `bytes` copied by the CPU.
     pub fn copied(&self, bytes: u64) {
         self.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// The figures so far, per kind of work.
     pub fn snapshot(&self) -> Breakdown {
         let mut b = Breakdown::default();
         for w in Work::ALL {
@@ -85,6 +87,7 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
+    /// The figures of one kind of work.
     pub fn part(&self, w: Work) -> Part {
         match w {
             Work::Master => self.master,

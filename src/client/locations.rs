@@ -58,21 +58,25 @@ impl Locations {
         map.insert(key.to_string(), (Arc::new(desc), learnt));
     }
 
+    /// Forgets where `key` is.
     pub fn remove(&self, key: &str) {
         if self.capacity != 0 {
             self.by_key.lock().remove(key);
         }
     }
 
+    /// Forgets every location.
     pub fn clear(&self) {
         self.by_key.lock().clear();
     }
 
+    /// Keys whose location is held.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_key.lock().len()
     }
 
+    /// Whether no location is held.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -92,6 +92,8 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// A client of the master at `master` (`host:port`, or an etcd or Kubernetes address), with
+    /// the default options.
     pub fn new(master: impl Into<String>) -> ClientConfig {
         ClientConfig {
             master: master.into(),
@@ -353,6 +355,7 @@ impl Client {
         Ok((desc, used))
     }
 
+    /// Whether `key` is held.
     pub fn exists(&self, key: &str) -> Result<bool, ClientError> {
         let key = self.scoped(key)?.into_owned();
         self.inner.master_call::<rpc::Exists>(&KeyReq { key })
@@ -383,6 +386,7 @@ impl Client {
         Ok(r.removed)
     }
 
+    /// Whether each of `keys` is held, in order.
     pub fn batch_exists(&self, keys: &[&str]) -> Result<Vec<bool>, ClientError> {
         let keys = self.scoped_all(keys)?;
         let req = BatchKeysReq {
@@ -392,6 +396,8 @@ impl Client {
         Ok(r.items)
     }
 
+    /// Removes each of `keys`: a result per key, in order; one held under a read lease is
+    /// refused unless `force`.
     pub fn batch_remove(
         &self,
         keys: &[&str],

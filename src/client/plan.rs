@@ -229,6 +229,7 @@ impl ReadPlan {
         ReadPlan { groups }
     }
 
+    /// The reads by segment.
     pub fn groups(&self) -> impl Iterator<Item = (u64, &[ReplicaRead])> {
         self.groups.iter().map(|(s, r)| (*s, r.as_slice()))
     }

@@ -42,6 +42,8 @@ pub struct Reservations {
 }
 
 impl Reservations {
+    /// Reservations of at most `max_bytes` in all, and only for values of at most `max_value`
+    /// bytes.
     pub fn new(max_bytes: u64, max_value: u64) -> Reservations {
         Reservations {
             held: Mutex::new(Vec::new()),
@@ -123,6 +125,7 @@ impl Reservations {
         expired
     }
 
+    /// Reservations held.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.held.lock().len()

@@ -30,6 +30,7 @@ impl Route {
         *self.failed_at.lock() = Some(Instant::now());
     }
 
+    /// A transfer succeeded: the segment is no longer suspect.
     pub fn succeeded(&self) {
         let mut f = self.failed_at.lock();
         if f.is_some() {
@@ -60,6 +61,8 @@ pub struct Routes {
 }
 
 impl Routes {
+    /// No routes yet; a store on host `host_id` is reached through shared memory when
+    /// `same_host_shm`, others over `conn`.
     pub fn new(host_id: String, same_host_shm: bool, conn: ConnOptions) -> Routes {
         Routes {
             host_id,
@@ -90,6 +93,7 @@ impl Routes {
         self
     }
 
+    /// The route to segment `segment_id`, once known.
     pub fn get(&self, segment_id: u64) -> Option<Arc<Route>> {
         self.by_segment.read().get(&segment_id).cloned()
     }

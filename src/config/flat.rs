@@ -55,6 +55,7 @@ pub struct FlatTable {
 }
 
 impl FlatTable {
+    /// `table`, no section read yet.
     pub fn new(table: toml::Table) -> FlatTable {
         FlatTable {
             table,

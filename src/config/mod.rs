@@ -33,6 +33,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// `field`'s value is refused, for `reason`.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         ConfigError::Invalid {
             field: field.into(),

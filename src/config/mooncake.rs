@@ -35,6 +35,8 @@ impl MooncakeEnv {
         Self::from_lookup(env_var)
     }
 
+    /// Mooncake's settings from the environment as `get` reads it (`MOONCAKE_CONFIG_PATH`'s
+    /// file first).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<MooncakeEnv, ConfigError> {
         if let Some(path) = get("MOONCAKE_CONFIG_PATH") {
             return Self::from_json_file(&PathBuf::from(path));

@@ -12,6 +12,7 @@ use std::time::Duration;
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
+    /// The size in bytes.
     pub fn bytes(self) -> u64 {
         self.0
     }
@@ -178,10 +179,12 @@ impl serde::Serialize for Millis {
 pub struct Secs(pub Duration);
 
 impl Secs {
+    /// `secs` seconds.
     pub const fn from_secs(secs: u64) -> Secs {
         Secs(Duration::from_secs(secs))
     }
 
+    /// Whether it is zero seconds.
     pub fn is_zero(self) -> bool {
         self.0.is_zero()
     }

@@ -37,6 +37,7 @@ impl Lru {
         self.by_key.len()
     }
 
+    /// Whether no page is held.
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }

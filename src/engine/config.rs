@@ -98,6 +98,7 @@ crate::config::settings::settings! {
 crate::config::settings::named_setting!(Mode);
 
 impl EngineConfig {
+    /// Refuses settings that cannot run together, naming the setting to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.page_size == 0 {
             return Err(ConfigError::invalid("engine.page_size", "must be positive"));
@@ -156,6 +157,7 @@ impl EngineConfig {
         }
     }
 
+    /// The cost model its settings describe.
     pub fn cost(&self) -> CostModel {
         CostModel {
             prefill_us_per_token: self.prefill_us_per_token,

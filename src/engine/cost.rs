@@ -23,6 +23,7 @@ pub struct CostModel {
 }
 
 impl CostModel {
+    /// Prefill of `computed_tokens` computed and `loaded_tokens` loaded from the cache.
     pub fn prefill(&self, computed_tokens: usize, loaded_tokens: usize) -> Duration {
         secs(
             (computed_tokens as f64 * self.prefill_us_per_token
@@ -31,6 +32,7 @@ impl CostModel {
         )
     }
 
+    /// One decode step.
     pub fn decode_step(&self) -> Duration {
         secs(self.decode_ms_per_token / 1e3)
     }

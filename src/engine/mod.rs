@@ -35,6 +35,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The mode as flags and metrics name it.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Regular => "regular",
@@ -68,6 +69,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// Binds the engine's sockets its config names (port 0: the kernel chooses).
     pub fn bind(cfg: &EngineConfig) -> Result<Listeners, EngineError> {
         Ok(Listeners {
             http: role::bind("engine", &cfg.host, cfg.port)?,

@@ -189,6 +189,7 @@ pub struct EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// Elections through `etcd` for cluster `cluster_id`, the lease held for `ttl`.
     pub fn new(etcd: Etcd, cluster_id: &str, ttl: Duration) -> EtcdBackend {
         EtcdBackend {
             etcd,

@@ -146,6 +146,7 @@ impl Etcd {
         })
     }
 
+    /// The endpoints given.
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }

@@ -45,14 +45,17 @@ pub struct Member {
 }
 
 impl Member {
+    /// The member's client address.
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
     }
 
+    /// The member's process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the member's process runs.
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }

@@ -44,6 +44,7 @@ pub struct LeaseApi {
 }
 
 impl LeaseApi {
+    /// The Lease `namespace/name` through `kube`.
     pub fn new(kube: Kube, namespace: &str, name: &str) -> Result<LeaseApi, HaError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -118,6 +119,7 @@ pub struct KubeLeaseBackend {
 }
 
 impl KubeLeaseBackend {
+    /// Elections through the Lease of `api`, as `identity`, holding it for `ttl`.
     pub fn new(api: LeaseApi, identity: &str, ttl: Duration) -> KubeLeaseBackend {
         KubeLeaseBackend {
             api,

@@ -74,6 +74,7 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role as metrics and logs name it.
     pub fn name(self) -> &'static str {
         match self {
             Role::Single => "single",
@@ -165,10 +166,12 @@ impl Leadership {
         }
     }
 
+    /// What to tell clients of who leads (`None`: nothing known).
     pub fn set_hint(&self, hint: Option<LeaderHint>) {
         *self.hint.write() = hint;
     }
 
+    /// What clients are told of who leads.
     pub fn hint(&self) -> Option<LeaderHint> {
         self.hint.read().clone()
     }
@@ -178,6 +181,7 @@ impl Leadership {
         self.epoch.load(Ordering::Acquire)
     }
 
+    /// This master's role at `now`: single without HA, else leader while its lease holds.
     pub fn role(&self, now: Instant) -> Role {
         match (self.ha, self.check(now).is_ok()) {
             (false, _) => Role::Single,
@@ -186,6 +190,7 @@ impl Leadership {
         }
     }
 
+    /// Whether this master elects a leader with others.
     pub fn is_ha(&self) -> bool {
         self.ha
     }

@@ -280,6 +280,7 @@ impl MasterLink {
         self.shared.fence.load(Ordering::Acquire)
     }
 
+    /// Whether the master is elected (found through etcd or Kubernetes) rather than given.
     pub fn is_elected(&self) -> bool {
         self.shared.lookup.is_some()
     }

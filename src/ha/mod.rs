@@ -53,10 +53,12 @@ pub struct MasterView {
 }
 
 impl MasterView {
+    /// The view as JSON, as it is stored under its key.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// A view read back from the store under `key`; a clear error if the bytes are not one.
     pub fn from_json(key: &str, bytes: &[u8]) -> Result<MasterView, HaError> {
         serde_json::from_slice(bytes).map_err(|e| HaError::BadView {
             key: key.to_string(),
@@ -64,6 +66,7 @@ impl MasterView {
         })
     }
 
+    /// What clients are told of the leader this view describes, elected at `epoch`.
     pub fn hint(&self, epoch: u64) -> lease::LeaderHint {
         lease::LeaderHint {
             epoch,
@@ -161,6 +164,7 @@ impl MasterAddress {
         Ok(MasterAddress::Direct(spec_t.to_string()))
     }
 
+    /// Whether the master is elected (found through etcd or Kubernetes) rather than given.
     pub fn is_elected(&self) -> bool {
         !matches!(self, MasterAddress::Direct(_))
     }

@@ -86,6 +86,7 @@ impl Watch {
             .store(credited.min(self.now_ms()).min(BUSY - 1), Ordering::Relaxed);
     }
 
+    /// Whether the connection has been told to give way.
     pub fn is_cut(&self) -> bool {
         self.cut.load(Ordering::Acquire)
     }
@@ -215,6 +216,7 @@ pub struct Pass {
 }
 
 impl Pass {
+    /// What tells this connection to give way.
     pub fn watch(&self) -> Arc<Watch> {
         self.watch.clone()
     }
@@ -227,6 +229,7 @@ impl Drop for Pass {
 }
 
 impl Gate {
+    /// A gate for `max` connections at once, at most `per_peer` of them from one address.
     pub fn new(max: usize, per_peer: usize) -> Arc<Gate> {
         Arc::new(Gate {
             slots: Arc::new(Semaphore::new(max.max(1))),

@@ -273,6 +273,7 @@ mod date {
         static NOW: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
     }
 
+    /// Calls `f` with the HTTP `Date` of now, formatted once a second per thread.
     pub fn with_now(f: impl FnOnce(&[u8])) {
         let now = SystemTime::now();
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());

@@ -80,6 +80,7 @@ pub struct BodyBudget {
 }
 
 impl BodyBudget {
+    /// A budget of `limit` bytes of bodies in flight.
     pub fn new(limit: usize) -> Arc<BodyBudget> {
         Arc::new(BodyBudget {
             limit,
@@ -102,6 +103,7 @@ impl BodyBudget {
         }
     }
 
+    /// The budget's bytes.
     pub fn limit(&self) -> usize {
         self.limit
     }

@@ -228,6 +228,7 @@ impl KubeConfig {
         KubeConfig::from_kubeconfig(&path)
     }
 
+    /// The API server and credentials a pod is given (its service account's token and CA).
     pub fn in_cluster() -> Result<KubeConfig, KubeError> {
         let host = std::env::var("KUBERNETES_SERVICE_HOST")
             .map_err(|_| KubeError::Config("KUBERNETES_SERVICE_HOST is not set".into()))?;
@@ -250,6 +251,7 @@ impl KubeConfig {
         })
     }
 
+    /// The API server and credentials of a kubeconfig file's current context.
     pub fn from_kubeconfig(path: &Path) -> Result<KubeConfig, KubeError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| KubeError::Config(format!("{}: {e}", path.display())))?;
@@ -379,6 +381,7 @@ pub struct Kube {
 const TOKEN_REREAD: Duration = Duration::from_secs(60);
 
 impl Kube {
+    /// A client of the API server `cfg` names, with its credentials and TLS.
     pub fn new(cfg: KubeConfig) -> Result<Kube, KubeError> {
         let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -503,6 +506,7 @@ impl Kube {
         })
     }
 
+    /// GETs `path` as JSON.
     pub async fn get_json(&self, path: &str) -> Result<Value, KubeError> {
         let resp = self.send(path, Some(Duration::from_secs(30))).await?;
         Self::json_of(path, resp).await
@@ -565,6 +569,7 @@ impl Kube {
             .await
     }
 
+    /// PATCHes `path` with `patch`; answers the object as it now is.
     pub async fn patch(&self, path: &str, patch: &Patch) -> Result<Value, KubeError> {
         let (ct, body) = match patch {
             Patch::Merge(v) => ("application/merge-patch+json", v),

@@ -71,6 +71,7 @@ impl<'a> ObjectMeta<'a> {
         self.deletion_timestamp.is_some()
     }
 
+    /// Whether the object carries `finalizer`.
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
         self.finalizers.contains(&finalizer)
     }
@@ -100,6 +101,7 @@ pub struct ListMeta<'a> {
 }
 
 impl<'a> ListMeta<'a> {
+    /// The metadata of a list (its resourceVersion and continue token); empty when it has none.
     pub fn of(list: &'a Value) -> ListMeta<'a> {
         list.get("metadata")
             .and_then(|m| ListMeta::deserialize(m).ok())
@@ -211,6 +213,7 @@ pub struct NewCondition {
 }
 
 impl NewCondition {
+    /// A condition of type `kind`, `True` when `ok`, with its reason and message.
     pub fn new(kind: &str, ok: bool, reason: &str, message: impl Into<String>) -> NewCondition {
         NewCondition {
             kind: kind.into(),
@@ -280,6 +283,7 @@ impl<'a> Pod<'a> {
                 .any(|c| c.kind == "Ready" && c.status == "True")
     }
 
+    /// Whether the pod has been given a node.
     pub fn is_scheduled(&self) -> bool {
         !self.spec.node_name.is_empty()
     }
@@ -289,6 +293,7 @@ impl<'a> Pod<'a> {
         self.container_status(container).map_or("", |s| s.image_id)
     }
 
+    /// The status of the container named `container`, once it has one.
     pub fn container_status(&self, container: &str) -> Option<&ContainerStatus<'a>> {
         self.status
             .container_statuses

@@ -55,6 +55,8 @@ fn valid_key(k: &str) -> bool {
 }
 
 impl Selector {
+    /// A label selector as Kubernetes writes it (`a=b,c!=d,e in (f,g),!h`); the error says what
+    /// is wrong.
     pub fn parse(s: &str) -> Result<Selector, SelectorError> {
         let err = |reason: String| SelectorError {
             selector: s.to_string(),

@@ -12,6 +12,7 @@ pub struct Batcher {
 }
 
 impl Batcher {
+    /// Adds an event, merged into the last one where SGLang's recorder merges them.
     pub fn push(&mut self, event: KvEvent) {
         match (self.events.last_mut(), &event) {
             (Some(KvEvent::BlockRemoved(tail)), KvEvent::BlockRemoved(e))
@@ -36,6 +37,7 @@ impl Batcher {
         }
     }
 
+    /// Whether no event was added.
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }

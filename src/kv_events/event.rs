@@ -30,6 +30,7 @@ pub enum Medium {
 }
 
 impl Medium {
+    /// The medium as events name it (`GPU`, `CPU_PINNED`, ...).
     pub fn as_str(&self) -> &str {
         match self {
             Medium::Gpu => "GPU",
@@ -40,6 +41,7 @@ impl Medium {
         }
     }
 
+    /// A medium by its name in events; one not known is kept as given.
     pub fn parse(s: &str) -> Medium {
         match s {
             "GPU" => Medium::Gpu,

@@ -254,6 +254,7 @@ impl Index {
         self.blocks.len()
     }
 
+    /// Whether no block is indexed.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }

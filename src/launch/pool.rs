@@ -285,6 +285,7 @@ impl Pool {
         &self.masters[0]
     }
 
+    /// The first master.
     pub fn master_mut(&mut self) -> &mut Child<Master> {
         &mut self.masters[0]
     }
@@ -319,10 +320,12 @@ impl Pool {
         }
     }
 
+    /// Where the stores' segment files are.
     pub fn shm_dir(&self) -> &Path {
         &self.shm_dir
     }
 
+    /// Where the stores' disk tiers are, when they have one.
     pub fn disk_dir(&self) -> Option<&Path> {
         self.disk_dir.as_deref()
     }

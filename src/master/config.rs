@@ -270,6 +270,7 @@ impl MasterConfig {
         }
     }
 
+    /// Refuses settings that cannot run together, naming the setting to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_ratio(
             "master.eviction_high_watermark_ratio",

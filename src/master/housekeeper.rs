@@ -50,6 +50,7 @@ pub struct Housekeeper {
 }
 
 impl Housekeeper {
+    /// A housekeeper with nothing to do yet.
     pub fn new() -> Arc<Housekeeper> {
         Arc::new(Housekeeper::default())
     }

@@ -77,6 +77,7 @@ pub struct StateGuard<'a> {
 }
 
 impl StateLock {
+    /// The master's state behind its one lock, with the lock's figures from zero.
     pub fn new(state: MasterState) -> StateLock {
         StateLock {
             held: Mutex::new(Held {
@@ -87,6 +88,7 @@ impl StateLock {
         }
     }
 
+    /// Takes the lock, timing the wait (when there is one) and the hold.
     pub fn lock(&self) -> StateGuard<'_> {
         let clock = &self.clock;
         // Free (the common case): no wait to time.
@@ -123,6 +125,7 @@ impl StateLock {
         }
     }
 
+    /// Writes the lock's figures: acquisitions, time waited and held, long holds.
     pub fn render(&self, p: &mut PromText) {
         let f = self.figures();
         p.single(&STATE_LOCK_ACQUISITIONS_TOTAL, f.acquisitions as f64)

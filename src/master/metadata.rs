@@ -57,6 +57,7 @@ pub struct MetadataStore {
 }
 
 impl MetadataStore {
+    /// An empty store bounded by `limits`.
     pub fn new(limits: Limits) -> MetadataStore {
         MetadataStore {
             limits,
@@ -69,10 +70,12 @@ impl MetadataStore {
         self.bytes
     }
 
+    /// Entries held.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// Whether no entry is held.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

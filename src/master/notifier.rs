@@ -195,6 +195,7 @@ impl Notifier {
         granted.max(book.inherited_until)
     }
 
+    /// Has the notifier send what is queued now.
     pub fn wake(&self) {
         self.bell.ring();
     }

@@ -16,6 +16,7 @@ pub struct StorePools {
 }
 
 impl StorePools {
+    /// Connection pools to the stores, authenticated with `auth`, each call given `io_timeout`.
     pub fn new(auth: Option<Arc<crate::auth::Secret>>, io_timeout: Duration) -> StorePools {
         StorePools {
             auth,

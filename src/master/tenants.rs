@@ -105,6 +105,7 @@ impl Quotas {
         self.asked.len()
     }
 
+    /// Whether no tenant has a quota.
     pub fn is_empty(&self) -> bool {
         self.asked.is_empty()
     }
@@ -222,6 +223,7 @@ impl Usage {
         }
     }
 
+    /// Bytes `tenant` holds.
     pub fn of(&self, tenant: &str) -> u64 {
         match tenant {
             DEFAULT_TENANT => self.default,

@@ -50,6 +50,7 @@ impl History {
             .is_none_or(|s| now.saturating_duration_since(s.at) >= SAMPLE_EVERY)
     }
 
+    /// Adds a sample (the oldest goes when full).
     pub fn record(&mut self, s: Sample) {
         if self.samples.len() == HISTORY_LEN {
             self.samples.pop_front();

@@ -69,6 +69,7 @@ impl RequestHeader {
         })
     }
 
+    /// The header as the wire carries it.
     pub fn encode(&self) -> [u8; REQUEST_HEADER_LEN] {
         let mut b = [0u8; REQUEST_HEADER_LEN];
         b[0] = MAGIC;
@@ -94,6 +95,7 @@ pub struct ResponseHeader {
 }
 
 impl ResponseHeader {
+    /// The header as the wire carries it.
     pub fn encode(&self) -> [u8; RESPONSE_HEADER_LEN] {
         let mut b = [0u8; RESPONSE_HEADER_LEN];
         b[0] = MAGIC;
@@ -103,6 +105,7 @@ impl ResponseHeader {
         b
     }
 
+    /// A response header read off the wire; an error when its magic byte is not coro_rpc's.
     pub fn decode(b: &[u8; RESPONSE_HEADER_LEN]) -> Result<ResponseHeader, FrameError> {
         if b[0] != MAGIC {
             return Err(FrameError::Magic(b[0]));

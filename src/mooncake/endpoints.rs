@@ -67,6 +67,7 @@ pub struct EndpointTable<S> {
 }
 
 impl<S> EndpointTable<S> {
+    /// An empty table bounded by `limits`.
     pub fn new(limits: EndpointLimits) -> EndpointTable<S> {
         EndpointTable {
             limits,
@@ -90,6 +91,7 @@ impl<S> EndpointTable<S> {
         self.sets.len()
     }
 
+    /// Whether no endpoint is held.
     pub fn is_empty(&self) -> bool {
         self.sets.is_empty()
     }

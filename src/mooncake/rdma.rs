@@ -69,6 +69,7 @@ pub struct NicPath {
 }
 
 impl NicPath {
+    /// The NIC `device` of the Transfer Engine server `server`.
     pub fn new(server: &str, device: &str) -> NicPath {
         NicPath {
             server: server.to_string(),
@@ -279,6 +280,7 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// The connection as Mooncake's handshake JSON writes it.
     pub fn to_json(&self) -> Value {
         let mut v = json!({
             "local_nic_path": self.local_nic_path,

@@ -238,6 +238,7 @@ impl RdmaTarget {
         reply(qps, Some(&self.devices[device]), String::new())
     }
 
+    /// Writes the RDMA target's figures: connections, queue pairs per device, handshakes.
     pub fn render(&self, p: &mut PromText) {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let per_device = self.table.lock().qps_per_device(self.devices.len());

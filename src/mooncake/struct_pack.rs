@@ -88,6 +88,7 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// Bytes as they are.
     pub fn raw(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
@@ -106,6 +107,7 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// The next `n` bytes; an error naming the position if fewer are left.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], SpError> {
         let left = self.buf.len() - self.pos;
         if n > left {
@@ -118,9 +120,11 @@ impl<'a> Reader<'a> {
         self.pos += n;
         Ok(s)
     }
+    /// The next `N` bytes as an array.
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], SpError> {
         Ok(self.take(N)?.try_into().expect("took N bytes"))
     }
+    /// The next byte.
     pub fn u8(&mut self) -> Result<u8, SpError> {
         Ok(self.take(1)?[0])
     }
@@ -153,6 +157,7 @@ pub struct TypeSig {
 }
 
 impl TypeSig {
+    /// The signature of `T`: struct_pack's type literal and the code the wire carries.
     pub fn of<T: Pack>() -> TypeSig {
         let mut literal = Vec::new();
         T::literal(&mut literal);
@@ -178,6 +183,8 @@ impl TypeSig {
         sig
     }
 
+    /// The signature of a type literal: its MD5's first four bytes, big-endian, lowest bit
+    /// cleared.
     pub fn from_literal(literal: Vec<u8>) -> TypeSig {
         let digest = Md5::digest(&literal);
         let code = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & !1;

@@ -77,6 +77,7 @@ pub enum TeError {
 }
 
 impl SessionHeader {
+    /// A session header read off the wire; an error for an operation it does not know.
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<SessionHeader, TeError> {
         let size = u64::from_le_bytes(b[0..8].try_into().expect("8"));
         let addr = u64::from_le_bytes(b[8..16].try_into().expect("8"));
@@ -89,6 +90,7 @@ impl SessionHeader {
         Ok(SessionHeader { size, addr, op, v2 })
     }
 
+    /// The header as the wire carries it.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&self.size.to_le_bytes());
@@ -170,6 +172,8 @@ impl WrittenHashes {
         forget_in(&mut self.by_offset.lock(), offset, len);
     }
 
+    /// Keeps the CRC-32C of the `len` bytes written at `offset` (forgetting what they overlap),
+    /// for the seal to take.
     pub fn put(&self, offset: u64, len: u64, crc: u32) {
         let mut m = self.by_offset.lock();
         forget_in(&mut m, offset, len);

@@ -92,6 +92,7 @@ impl<'a> Adapter<'a> {
         Adapter::deserialize(obj).ok()
     }
 
+    /// Whether the adapter is bound to its group.
     pub fn bound(&self) -> bool {
         self.status.phase == "Bound"
     }

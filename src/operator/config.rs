@@ -85,6 +85,7 @@ crate::config::settings::settings! {
 crate::config::settings::named_setting!(Scheduler);
 
 impl OperatorConfig {
+    /// Refuses settings that cannot run together, naming the setting to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (field, v) in [
             ("operator.kube_api_qps", self.kube_api_qps),

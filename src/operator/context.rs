@@ -67,6 +67,7 @@ pub enum Kind {
 impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Group, Kind::Adapter, Kind::Set];
 
+    /// The kind as logs and metrics name it.
     pub fn label(self) -> &'static str {
         match self {
             Kind::Group => "group",
@@ -95,6 +96,7 @@ impl Default for Queues {
 }
 
 impl Queues {
+    /// The work queue of `kind`.
     pub fn of(&self, kind: Kind) -> &Arc<Queue> {
         match kind {
             Kind::Group => &self.groups,
@@ -158,6 +160,8 @@ pub(super) fn slices_path(ns: &str) -> String {
 }
 
 impl Context {
+    /// The controller's context: the API client, the caches and queues, and the pace of its
+    /// writes (`qps`, `burst`).
     pub fn new(
         kube: Kube,
         caches: Caches,

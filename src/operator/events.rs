@@ -51,6 +51,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// A recorder writing Events through `kube`, its writes paced by `throttle`.
     pub fn new(kube: Kube, throttle: Arc<Throttle>) -> Recorder {
         Recorder {
             kube,
@@ -121,10 +122,12 @@ impl Recorder {
         }
     }
 
+    /// Forgets that `reason` was told for `group`: the next such event is written again.
     pub fn forget(&self, group: &str, reason: &str) {
         self.told.lock().forget(group, reason);
     }
 
+    /// Forgets every event told for `group` (it was deleted).
     pub fn forget_group(&self, group: &str) {
         self.told.lock().forget_group(group);
     }

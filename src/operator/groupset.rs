@@ -76,6 +76,7 @@ pub struct SetSpec {
 pub struct SetSpecError(String);
 
 impl SetSpec {
+    /// The set's spec as the operator reconciles it; an error naming a field it cannot take.
     pub fn of(obj: &Value) -> Result<SetSpec, SetSpecError> {
         let m = ObjectMeta::of(obj);
         let replicas = match obj.pointer("/spec/replicas") {

@@ -58,6 +58,7 @@ pub fn key_of(obj: &Value) -> String {
 }
 
 impl Store {
+    /// The object with key `key` (`namespace/name`), as last seen.
     pub fn get(&self, key: &str) -> Option<Value> {
         self.inner.read().map.get(key).cloned()
     }
@@ -73,14 +74,17 @@ impl Store {
             .collect()
     }
 
+    /// The keys of every object held.
     pub fn keys(&self) -> Vec<String> {
         self.inner.read().map.keys().cloned().collect()
     }
 
+    /// Objects held.
     pub fn len(&self) -> usize {
         self.inner.read().map.len()
     }
 
+    /// Whether no object is held.
     pub fn is_empty(&self) -> bool {
         self.inner.read().map.is_empty()
     }
@@ -110,6 +114,7 @@ impl Store {
         }
     }
 
+    /// Whether the first list has been read (until then the store may miss objects).
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }

@@ -18,6 +18,7 @@ pub struct Elector {
 }
 
 impl Elector {
+    /// Elections through the Lease `namespace/name` as `identity`, holding it for `lease`.
     pub fn new(
         kube: Kube,
         namespace: &str,

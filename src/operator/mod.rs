@@ -127,6 +127,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// Binds the operator's sockets its config names (port 0: the kernel chooses).
     pub fn bind(args: &OperatorConfig) -> Result<Listeners, OperatorError> {
         Ok(Listeners {
             metrics: Some(role::bind(

@@ -33,6 +33,7 @@ pub enum IntOrPct {
 }
 
 impl IntOrPct {
+    /// An int-or-percent field (`2` or `"25%"`); the error says what was found.
     pub fn parse(v: &Value) -> Result<IntOrPct, String> {
         match v {
             Value::Number(n) => n
@@ -137,6 +138,7 @@ pub struct Role {
 pub const HAND_OVER: &str = "rbg.workloads.x-k8s.io/store-hand-over-seconds";
 
 impl Role {
+    /// Pods in one instance of the role: one, or a leader-worker group's size.
     pub fn size(&self) -> u32 {
         match &self.pattern {
             Pattern::Standalone => 1,

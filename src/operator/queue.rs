@@ -163,6 +163,7 @@ impl Queue {
         self.inner.lock().ready.len()
     }
 
+    /// Whether no key is queued.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -50,6 +50,7 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// The revision a ControllerRevision keeps, if `cr` is one of the operator's.
     pub fn of(cr: &Value) -> Option<Kept> {
         let m = ObjectMeta::of(cr);
         Some(Kept {

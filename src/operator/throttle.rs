@@ -10,6 +10,7 @@ use std::time::Instant;
 pub struct Throttle(Mutex<Bucket>);
 
 impl Throttle {
+    /// A pace of `qps` writes per second, `burst` at once.
     pub fn new(qps: f64, burst: f64) -> Throttle {
         Throttle(Mutex::new(Bucket::new(qps, burst, Instant::now())))
     }

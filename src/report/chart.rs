@@ -50,6 +50,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// `v` as this format writes it on an axis or a label.
     pub fn write(self, v: f64) -> String {
         match self {
             Format::Percent => format!("{:.0}%", v * 100.0),
@@ -102,6 +103,7 @@ pub struct Series {
 }
 
 impl Series {
+    /// A curve named `name` through `points` (x, y).
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
         Series {
             name: name.into(),
@@ -180,6 +182,7 @@ pub struct LineChart {
 }
 
 impl LineChart {
+    /// An empty line chart: its element id on the page, title and axis labels.
     pub fn new(id: &str, title: &str, x_label: &str, y_label: &str) -> LineChart {
         LineChart {
             id: id.into(),
@@ -195,22 +198,26 @@ impl LineChart {
         }
     }
 
+    /// Adds a curve.
     pub fn series(mut self, s: Series) -> LineChart {
         self.series.push(s);
         self
     }
 
+    /// How the x and y axes write their values.
     pub fn formats(mut self, x: Format, y: Format) -> LineChart {
         self.x_format = x;
         self.y_format = y;
         self
     }
 
+    /// A logarithmic x axis.
     pub fn log_x(mut self) -> LineChart {
         self.x_log = true;
         self
     }
 
+    /// A logarithmic y axis.
     pub fn log_y(mut self) -> LineChart {
         self.y_log = true;
         self
@@ -348,6 +355,7 @@ pub struct Group {
 }
 
 impl Group {
+    /// A group of bars named `name`: a value per category (`None`: not measured).
     pub fn new(name: impl Into<String>, values: Vec<Option<f64>>) -> Group {
         Group {
             name: name.into(),
@@ -370,6 +378,7 @@ pub struct Panel {
 }
 
 impl Panel {
+    /// A panel of `bars` titled `title`, its values labelled `label` and written in `format`.
     pub fn bars(title: &str, label: &str, format: Format, bars: Vec<Group>) -> Panel {
         Panel {
             title: title.into(),
@@ -402,6 +411,7 @@ pub struct BarChart {
 }
 
 impl BarChart {
+    /// An empty bar chart: its element id on the page, title and categories.
     pub fn new(id: &str, title: &str, categories: Vec<String>) -> BarChart {
         BarChart {
             id: id.into(),
@@ -411,11 +421,13 @@ impl BarChart {
         }
     }
 
+    /// Adds a panel (charts with several panels stack them, sharing the categories).
     pub fn panel(mut self, p: Panel) -> BarChart {
         self.panels.push(p);
         self
     }
 
+    /// The chart as an SVG element.
     pub fn svg(&self) -> Result<String, ReportError> {
         if let Some(p) = self.horizontal() {
             return self.horizontal_svg(p);

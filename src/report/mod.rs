@@ -74,21 +74,25 @@ impl Page {
         self
     }
 
+    /// Adds a section heading.
     pub fn heading(&mut self, text: &str) -> &mut Page {
         self.blocks.push(Block::Heading(text.into()));
         self
     }
 
+    /// Adds a paragraph.
     pub fn text(&mut self, text: impl Into<String>) -> &mut Page {
         self.blocks.push(Block::Text(text.into()));
         self
     }
 
+    /// Adds a line chart with its caption.
     pub fn line_chart(&mut self, c: &LineChart, caption: &str) -> Result<&mut Page, ReportError> {
         let svg = c.svg()?;
         Ok(self.figure(&c.id, svg, caption))
     }
 
+    /// Adds a bar chart with its caption.
     pub fn bar_chart(&mut self, c: &BarChart, caption: &str) -> Result<&mut Page, ReportError> {
         let svg = c.svg()?;
         Ok(self.figure(&c.id, svg, caption))
@@ -103,6 +107,7 @@ impl Page {
         self
     }
 
+    /// Adds a table: its headers, and its rows (a cell per header).
     pub fn table(&mut self, headers: &[&str], rows: Vec<Vec<String>>) -> &mut Page {
         self.blocks.push(Block::Table {
             headers: headers.iter().map(|h| h.to_string()).collect(),

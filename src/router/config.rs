@@ -927,6 +927,7 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The backend as flags and logs name it.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Sglang => "sglang",
@@ -1211,10 +1212,12 @@ impl RouterConfig {
         Ok(())
     }
 
+    /// The policy that chooses prefill workers: `--prefill-policy`, else `--policy`.
     pub fn prefill_policy(&self) -> PolicyKind {
         self.policy.prefill_policy.unwrap_or(self.policy.policy)
     }
 
+    /// The policy that chooses decode workers: `--decode-policy`, else `--policy`.
     pub fn decode_policy(&self) -> PolicyKind {
         self.policy.decode_policy.unwrap_or(self.policy.policy)
     }

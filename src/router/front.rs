@@ -40,6 +40,8 @@ pub struct Front {
 }
 
 impl Front {
+    /// The front door of `router`, handing what is not inference to `rest`, its bodies bounded
+    /// by `limits`.
     pub fn new(router: Arc<Router>, rest: axum::Router, limits: &HttpLimits) -> Front {
         let origins = &router.cfg.server.cors_allowed_origins;
         let cors = cors_without_origin(origins).into();

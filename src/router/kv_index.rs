@@ -127,10 +127,12 @@ pub struct Published {
 }
 
 impl Published {
+    /// The ZMQ endpoint rank `rank` publishes its events on.
     pub fn endpoint(&self, rank: usize) -> String {
         format!("tcp://{}:{}", self.host, self.port_base + rank as u64)
     }
 
+    /// The endpoint rank `rank` replays missed events on, when the worker offers replay.
     pub fn replay_endpoint(&self, rank: usize) -> Option<String> {
         self.replay_port_base
             .map(|p| format!("tcp://{}:{}", self.host, p + rank as u64))
@@ -177,6 +179,7 @@ pub fn source_of(descriptor: &Value, worker_host: &str) -> Option<Published> {
 }
 
 impl KvIndex {
+    /// An empty index holding at most about `budget_bytes` of blocks.
     pub fn new(budget_bytes: usize) -> KvIndex {
         KvIndex {
             index: Arc::new(Mutex::new(Index::with_budget(budget_bytes))),

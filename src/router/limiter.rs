@@ -123,6 +123,7 @@ impl Limiter {
         }
     }
 
+    /// Requests waiting for a slot.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
     }

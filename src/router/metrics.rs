@@ -376,6 +376,7 @@ impl Metrics {
         }
     }
 
+    /// Counts a request to `e`, streaming or not, for `model` (`unknown` when it names none).
     pub fn request(&self, e: Endpoint, stream: bool, model: Option<&str>) {
         self.requests[e.index()][stream as usize].fetch_add(1, Ordering::Relaxed);
         let model = model.unwrap_or("unknown");
@@ -397,14 +398,17 @@ impl Metrics {
         self.upstream.add(status);
     }
 
+    /// Observes how long a request to `e` took.
     pub fn duration(&self, e: Endpoint, d: Duration) {
         self.duration.0[e.index()].observe(d);
     }
 
+    /// Counts an error of `kind` at endpoint `e`.
     pub fn error(&self, e: &'static str, kind: &'static str) {
         *self.errors.lock().entry((e, kind)).or_default() += 1;
     }
 
+    /// Inference requests counted in all.
     pub fn requests_total(&self) -> u64 {
         self.requests
             .iter()

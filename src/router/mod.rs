@@ -180,6 +180,8 @@ pub fn client_tls(cfg: &TlsConfig) -> Result<rustls::ClientConfig, crate::tls::T
 }
 
 impl Router {
+    /// The router its config describes: its workers given at start, policies, limits and
+    /// access.
     pub fn new(cfg: RouterConfig) -> Result<Router, RouterError> {
         let kinds = [cfg.policy.policy, cfg.prefill_policy(), cfg.decode_policy()];
         let kv_index = kinds
@@ -355,6 +357,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// Binds the router's sockets its config names (port 0: the kernel chooses).
     pub fn bind(cfg: &RouterConfig) -> Result<Listeners, RouterError> {
         let (server, m) = (&cfg.server, &cfg.metrics);
         let separate = m.prometheus_port != 0 && m.prometheus_port != server.port;

@@ -58,6 +58,7 @@ impl Tokenizer {
         Ok(Tokenizer { inner, path: file })
     }
 
+    /// The token ids of `text`, with the model's special tokens when `add_special_tokens`.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
         self.inner
             .encode(text, add_special_tokens)
@@ -65,6 +66,7 @@ impl Tokenizer {
             .map_err(|e| TokenizeError::Encode(e.to_string()))
     }
 
+    /// The text of `ids`, leaving out special tokens when `skip_special_tokens`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizeError> {
         self.inner
             .decode(ids, skip_special_tokens)

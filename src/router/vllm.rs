@@ -44,6 +44,7 @@ impl Connector {
         }
     }
 
+    /// The connector's name in vLLM's `kv_transfer_config`.
     pub fn name(self) -> &'static str {
         match self {
             Connector::Mooncake => "mooncake",

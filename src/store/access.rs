@@ -55,10 +55,12 @@ impl Access {
         Ok(Access { group: Some(gid) })
     }
 
+    /// The group also given access, if any.
     pub fn group(&self) -> Option<Gid> {
         self.group
     }
 
+    /// The mode of the store's directories: the owner's, and the group's to enter.
     pub fn dir_mode(&self) -> u32 {
         match self.group {
             Some(_) => 0o710,
@@ -66,6 +68,7 @@ impl Access {
         }
     }
 
+    /// The mode of a file of `kind`: the owner's, and the group's as the kind allows.
     pub fn file_mode(&self, kind: FileKind) -> u32 {
         match (kind, self.group) {
             (FileKind::Segment, Some(_)) => 0o660,

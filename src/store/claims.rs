@@ -144,6 +144,7 @@ impl WriteClaims {
         self.held.lock().len()
     }
 
+    /// Whether no claim is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

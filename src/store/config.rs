@@ -218,6 +218,8 @@ fn mooncake_layer(m: &MooncakeEnv) -> Result<toml::Table, ConfigError> {
 }
 
 impl StoreArgs {
+    /// The config: the file's (or the defaults), Mooncake's environment, then the flags given
+    /// over them, validated.
     pub fn resolve(&self, mooncake: &MooncakeEnv) -> Result<StoreConfig, ConfigError> {
         let c: StoreConfig = layered_over(
             self.config.as_deref(),
@@ -266,6 +268,7 @@ impl StoreConfig {
             && self.segment_size.0 > 0
     }
 
+    /// The RPC server's options: connection limits and timeouts.
     pub fn server_options(&self) -> crate::transfer::server::ServerOptions {
         crate::transfer::server::ServerOptions {
             max_connections: self.max_connections,
@@ -285,6 +288,7 @@ impl StoreConfig {
         self.persistent && self.segment_size.0 > 0 && (self.name.is_some() || self.port != 0)
     }
 
+    /// Refuses settings that cannot run together, naming the setting to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         crate::ha::MasterAddress::check("store.master", &self.master)?;
         self.protocol.check_built("store.protocol")?;

@@ -214,10 +214,12 @@ impl DiskArea {
         })
     }
 
+    /// The area's bytes.
     pub fn size(&self) -> u64 {
         self.size
     }
 
+    /// The area's file.
     pub fn path(&self) -> &Path {
         &self.path
     }

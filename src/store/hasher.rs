@@ -36,6 +36,7 @@ pub struct Hasher {
 }
 
 impl Hasher {
+    /// A hasher, and the receiver its thread waits on for wake-ups.
     pub fn new() -> (Arc<Hasher>, Receiver<()>) {
         // One wake-up queued is enough: each round hashes everything unhashed.
         let (wake, woken) = sync_channel(1);

@@ -128,10 +128,12 @@ impl std::fmt::Debug for IndexMap {
 }
 
 impl IndexMap {
+    /// Records held.
     pub fn len(&self) -> usize {
         self.by_offset.len()
     }
 
+    /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.by_offset.is_empty()
     }
@@ -563,10 +565,12 @@ impl DurableIndex {
         &self.path
     }
 
+    /// Records held.
     pub fn len(&self) -> usize {
         self.inner.lock().0.len()
     }
 
+    /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -898,6 +902,7 @@ impl Records {
         }
     }
 
+    /// Records held.
     pub fn len(&self) -> usize {
         match self {
             Records::Durable(index) => index.len(),
@@ -905,6 +910,7 @@ impl Records {
         }
     }
 
+    /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

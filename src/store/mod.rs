@@ -775,6 +775,7 @@ impl Store {
         })
     }
 
+    /// The store's name (its segment's).
     pub fn name(&self) -> &str {
         &self.status.name
     }
@@ -867,6 +868,7 @@ impl Store {
 }
 
 impl StoreStatus {
+    /// The store's `/metrics` text.
     pub fn metrics_text(&self) -> String {
         let s = &self.service;
         let mut p = PromText::new();
@@ -998,6 +1000,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// Binds the store's sockets its config names (port 0: the kernel chooses).
     pub fn bind(cfg: &StoreConfig) -> Result<Listeners, StoreError> {
         let disk = match &cfg.disk_tier {
             Some(_) => Some(role::bind(

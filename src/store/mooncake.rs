@@ -243,6 +243,7 @@ impl MooncakeDoor {
         }
     }
 
+    /// Writes the figures of Mooncake's door: Transfer Engine sessions, bytes, RDMA.
     pub fn render(&self, p: &mut PromText) {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let t = &self.te;

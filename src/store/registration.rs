@@ -97,6 +97,8 @@ const UNAUTHENTICATED_LOG_EVERY: Duration = Duration::from_secs(60);
 const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl Registration {
+    /// The store's registration with the master at `master`: its segment, records and read
+    /// lease, heartbeating every `interval`.
     pub fn new(
         master: &str,
         segment: Option<SegmentInfo>,
@@ -137,6 +139,7 @@ impl Registration {
         })
     }
 
+    /// Whether the segment is mounted with the master (always, for a store without one).
     pub fn mounted(&self) -> bool {
         self.segment.is_none() || self.segment_id.load(Ordering::SeqCst) != 0
     }

@@ -187,6 +187,7 @@ impl SegmentMemory {
         })
     }
 
+    /// A segment of `size` bytes in anonymous memory (not persistent), its token `token`.
     pub fn anonymous(size: u64, token: u64) -> Result<SegmentMemory, SegmentError> {
         let mut map = memmap2::MmapOptions::new()
             .len(size as usize)
@@ -254,6 +255,7 @@ impl SegmentMemory {
         self.prefaulted.load(Ordering::Relaxed)
     }
 
+    /// The segment's bytes.
     pub fn size(&self) -> u64 {
         self.size
     }

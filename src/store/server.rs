@@ -54,10 +54,12 @@ impl ReadLease {
             .fetch_max(until.as_nanos() as u64, Ordering::SeqCst);
     }
 
+    /// Ends the lease now.
     pub fn revoke(&self) {
         self.until_ns.store(0, Ordering::SeqCst);
     }
 
+    /// Whether the lease still runs at `now`.
     pub fn valid(&self, now: Instant) -> bool {
         !self.left(now).is_zero()
     }
@@ -106,6 +108,7 @@ pub struct GrantCheck {
 }
 
 impl GrantCheck {
+    /// Checks grants signed with `key`.
     pub fn new(key: GrantKey) -> GrantCheck {
         GrantCheck {
             key,

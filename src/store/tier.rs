@@ -152,6 +152,8 @@ pub struct DiskService {
 }
 
 impl DiskService {
+    /// The disk tier's service for the store named `name`: its area and records, and the memory
+    /// segment it serves promotions into.
     pub fn new(
         name: String,
         area: Arc<DiskArea>,

@@ -253,10 +253,12 @@ impl Histogram {
         Histogram(prometheus::Histogram::with_opts(opts).expect("a valid name and buckets"))
     }
 
+    /// Observes a duration.
     pub fn observe(&self, d: Duration) {
         self.0.observe(d.as_secs_f64());
     }
 
+    /// Durations observed.
     pub fn count(&self) -> u64 {
         self.0.get_sample_count()
     }

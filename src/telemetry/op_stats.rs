@@ -138,6 +138,7 @@ impl OpStats {
         self.record_ns(opcode, ok, ns);
     }
 
+    /// Counts a call of `opcode`, whether it succeeded and how long it took.
     pub fn record(&self, opcode: u8, ok: bool, elapsed: Duration) {
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.record_ns(opcode, ok, ns);
@@ -161,6 +162,7 @@ impl OpStats {
         result.map(|_| ())
     }
 
+    /// Calls of `opcode` counted.
     pub fn requests(&self, opcode: u8) -> u64 {
         self.ops[opcode as usize]
             .get()

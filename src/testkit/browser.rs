@@ -52,6 +52,7 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// The figure with element id `id`, if the page has it.
     pub fn figure(&self, id: &str) -> Option<&Figure> {
         self.figures.iter().find(|f| f.id == id)
     }

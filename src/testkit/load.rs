@@ -242,6 +242,7 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Counts an operation by its kind and outcome.
     pub fn add(&mut self, op: &Op) {
         self.ops += 1;
         match op.kind {

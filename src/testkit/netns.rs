@@ -178,10 +178,12 @@ impl Net {
         Ok(net)
     }
 
+    /// The hosts, in the order given.
     pub fn hosts(&self) -> &[Host] {
         &self.hosts
     }
 
+    /// The host named `name`.
     pub fn host(&self, name: &str) -> Result<&Host, NetError> {
         self.hosts
             .iter()
@@ -189,6 +191,7 @@ impl Net {
             .ok_or_else(|| NetError::NoSuchHost(name.to_string()))
     }
 
+    /// The address of the host named `name`.
     pub fn addr(&self, name: &str) -> Result<Ipv4Addr, NetError> {
         Ok(self.host(name)?.addr)
     }

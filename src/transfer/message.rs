@@ -208,6 +208,7 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// The tier as metrics and logs name it.
     pub fn name(self) -> &'static str {
         match self {
             Tier::Memory => "memory",

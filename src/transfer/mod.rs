@@ -131,6 +131,7 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// The transport as flags and logs name it.
     pub fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",

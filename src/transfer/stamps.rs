@@ -49,12 +49,14 @@ pub struct StampTable {
 }
 
 impl StampTable {
+    /// A zeroed table with a slot per stamp unit of a `segment_bytes` segment.
     pub fn new(segment_bytes: u64) -> std::io::Result<StampTable> {
         let slots = slots_for(segment_bytes);
         let map = memmap2::MmapMut::map_anon((slots * STAMP_BYTES) as usize)?;
         Ok(StampTable { map, slots })
     }
 
+    /// The table's slots.
     pub fn slots(&self) -> u64 {
         self.slots
     }
@@ -91,6 +93,7 @@ pub struct Stamps {
 }
 
 impl Stamps {
+    /// `table`, every slot free.
     pub fn new(table: std::sync::Arc<StampTable>) -> Stamps {
         let owners = vec![0; table.slots as usize];
         Stamps { table, owners }

@@ -53,6 +53,7 @@ impl FramedStream {
         self.stream.try_clone()
     }
 
+    /// Frames over `stream` (Nagle off), spinning up to `spin` on a read before it blocks.
     pub fn new(stream: TcpStream, spin: Duration) -> std::io::Result<FramedStream> {
         stream.set_nodelay(true)?;
         Ok(FramedStream {
@@ -92,6 +93,7 @@ impl FramedStream {
         Ok(())
     }
 
+    /// The socket.
     pub fn stream(&self) -> &TcpStream {
         &self.stream
     }
@@ -103,6 +105,7 @@ impl FramedStream {
         self.buffered() == 0 && idle_socket_open(&self.stream)
     }
 
+    /// How long a read or a write may wait for progress (`None`: forever).
     pub fn set_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
         self.stream.set_read_timeout(timeout)?;
         self.stream.set_write_timeout(timeout)
@@ -222,6 +225,7 @@ impl FramedStream {
         self.bad_header.take()
     }
 
+    /// Payload bytes of the current frame not read yet.
     pub fn pending_data(&self) -> u64 {
         self.pending_data
     }

@@ -143,14 +143,17 @@ impl OwnCluster {
         Ok(self.pool.stores[i].start()?)
     }
 
+    /// Sends store `i` SIGKILL.
     pub fn kill_store(&mut self, i: usize) {
         self.pool.stores[i].kill();
     }
 
+    /// Sends the master SIGKILL.
     pub fn kill_master(&mut self) {
         self.pool.master_mut().kill();
     }
 
+    /// The `/metrics` port of store `i`.
     pub fn store_metrics_port(&self, i: usize) -> u16 {
         self.pool.stores[i].addrs.metrics.port()
     }

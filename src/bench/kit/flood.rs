@@ -44,10 +44,12 @@ impl Flood {
         Flood { conns, failed }
     }
 
+    /// Connections open.
     pub fn len(&self) -> usize {
         self.conns.len()
     }
 
+    /// Whether no connection is open.
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
     }

@@ -33,6 +33,7 @@ pub struct Spread {
 }
 
 impl Spread {
+    /// The spread of `samples` (those not finite left out).
     pub fn of(samples: &[f64]) -> Spread {
         let mut s: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
         if s.is_empty() {

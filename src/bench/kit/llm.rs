@@ -19,6 +19,7 @@ pub enum ApiFormat {
 }
 
 impl ApiFormat {
+    /// The path requests of this format go to.
     pub fn path(self) -> &'static str {
         match self {
             ApiFormat::Sglang => "/generate",

@@ -137,6 +137,7 @@ impl PaperStore {
         self.objects.lock().extend(objects);
     }
 
+    /// The segment id the master gave.
     pub fn segment_id(&self) -> u64 {
         self.segment_id.load(Ordering::Relaxed)
     }
@@ -146,6 +147,7 @@ impl PaperStore {
         self.reported.swap(false, Ordering::SeqCst)
     }
 
+    /// Stops the store's heartbeat.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
     }

@@ -48,6 +48,7 @@ impl Progress {
         }
     }
 
+    /// `n` more done: the bar moves, or (no terminal) a line at most every few seconds.
     pub fn inc(&self, n: u64) {
         let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
         match &self.bar {
@@ -63,6 +64,7 @@ impl Progress {
         }
     }
 
+    /// How many there are to do, once known.
     pub fn set_total(&self, total: u64) {
         self.total.store(total, Ordering::Relaxed);
         if let Some(bar) = &self.bar {
@@ -70,12 +72,14 @@ impl Progress {
         }
     }
 
+    /// What the bar says beside it.
     pub fn set_message(&self, msg: &str) {
         if let Some(bar) = &self.bar {
             bar.set_message(msg.to_string());
         }
     }
 
+    /// Clears the bar.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();

@@ -110,6 +110,8 @@ impl OpBreakdown {
 }
 
 impl PhaseResult {
+    /// A report row from one phase's latencies (each sample `items_per_sample` items), its
+    /// errors and its time.
     #[allow(clippy::too_many_arguments)] // one row of the report, field by field
     pub fn from_samples(
         case: &str,

@@ -19,6 +19,7 @@ pub struct Oracle {
 }
 
 impl Oracle {
+    /// An oracle of pages of `page_size` tokens, nothing cached yet.
     pub fn new(page_size: usize) -> Oracle {
         Oracle {
             page_size: page_size.max(1),

@@ -57,6 +57,7 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// How many questions the conversation asks.
     pub fn rounds(&self) -> usize {
         self.questions.len()
     }
@@ -135,6 +136,7 @@ pub struct Arrivals {
 }
 
 impl Arrivals {
+    /// Arrivals at `rate` requests per second spaced by `dist`, drawn from `seed`.
     pub fn new(rate: f64, dist: Distribution, seed: u64) -> Arrivals {
         Arrivals {
             rng: fastrand::Rng::with_seed(seed ^ 0x5eed),
@@ -165,6 +167,8 @@ pub struct ReadyQueue {
 }
 
 impl ReadyQueue {
+    /// An empty queue of clients ready to send, taken in `policy`'s order (random ones drawn
+    /// from `seed`).
     pub fn new(policy: QueuePolicy, seed: u64) -> ReadyQueue {
         ReadyQueue {
             items: Vec::new(),
@@ -173,10 +177,12 @@ impl ReadyQueue {
         }
     }
 
+    /// A client is ready to send its next turn.
     pub fn push(&mut self, client: usize) {
         self.items.push(client);
     }
 
+    /// The next client to send, in the queue's order.
     pub fn pop(&mut self) -> Option<usize> {
         if self.items.is_empty() {
             return None;
@@ -190,10 +196,12 @@ impl ReadyQueue {
         })
     }
 
+    /// Clients ready to send.
     pub fn len(&self) -> usize {
         self.items.len()
     }
 
+    /// Whether no client is ready.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

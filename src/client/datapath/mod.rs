@@ -73,6 +73,7 @@ pub struct ReadOp<'a> {
 }
 
 impl<'a> ReadOp<'a> {
+    /// A read of `dst.len()` bytes at `offset`.
     pub fn new(offset: u64, dst: &'a mut [u8]) -> ReadOp<'a> {
         ReadOp {
             offset,

@@ -116,11 +116,14 @@ impl MooncakeRdma {
         })
     }
 
+    /// Writes `ops` by RDMA to Mooncake stores, `find` telling each one's segment: a result per
+    /// op.
     pub fn write(&self, ops: &[WriteOp<'_>], find: &dyn Finder) -> Vec<Result<u32, TransferError>> {
         self.on_lane(find, |lane, deadline| lane.write(ops, deadline))
             .unwrap_or_else(|e| ops.iter().map(|_| Err(e.clone())).collect())
     }
 
+    /// Reads `ops` by RDMA from Mooncake stores: a result per op.
     pub fn read(
         &self,
         ops: &mut [ReadOp<'_>],

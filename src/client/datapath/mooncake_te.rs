@@ -94,6 +94,8 @@ fn remote(message: String) -> TransferError {
 }
 
 impl MooncakeTe {
+    /// Transfers to the Mooncake store `info` describes, its endpoints found through
+    /// `discovery`, over TCP (`conn`) or RDMA (`nics`).
     pub fn new(
         info: &crate::transfer::message::SegmentInfo,
         discovery: Discovery,

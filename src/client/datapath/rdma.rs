@@ -88,6 +88,7 @@ struct Registered {
 }
 
 impl Local {
+    /// The local side over `nics`, no memory registered yet.
     pub fn new(nics: Vec<Arc<Nic>>) -> Local {
         Local {
             nics,
@@ -776,6 +777,7 @@ pub struct Rdma {
 }
 
 impl Rdma {
+    /// RDMA transfers through `pool`'s connections from `local`'s NICs.
     pub fn new(pool: Arc<Pool>, local: Arc<Local>) -> Rdma {
         Rdma {
             tcp: Tcp::new(pool.clone()),

@@ -247,6 +247,7 @@ pub struct Shm {
 }
 
 impl Shm {
+    /// Copies in and out of the same-host segment `segment`, seals sent through `seal`.
     pub fn new(segment: LocalSegment, seal: Option<Arc<Pool>>) -> Shm {
         Shm { segment, seal }
     }

@@ -94,6 +94,7 @@ pub struct Tcp {
 }
 
 impl Tcp {
+    /// TCP transfers through `pool`'s connections.
     pub fn new(pool: Arc<Pool>) -> Tcp {
         Tcp {
             pool,

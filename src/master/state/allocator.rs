@@ -57,6 +57,7 @@ impl Allocator {
         a
     }
 
+    /// Bytes the segment has.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -64,12 +65,15 @@ impl Allocator {
     pub fn footprint(&self, size: u64) -> u64 {
         size.div_ceil(self.align) * self.align
     }
+    /// Bytes allocated.
     pub fn used(&self) -> u64 {
         self.used
     }
+    /// Bytes not allocated.
     pub fn free(&self) -> u64 {
         self.capacity - self.used
     }
+    /// The largest run of free bytes: the largest object that fits in one piece.
     pub fn largest_free(&self) -> u64 {
         self.free_by_size
             .iter()

@@ -111,10 +111,12 @@ impl ClientTable {
         }
     }
 
+    /// Client `id`, if known.
     pub fn get(&self, id: u64) -> Option<&Client> {
         self.by_id.get(&id)
     }
 
+    /// Forgets client `id`.
     pub fn remove(&mut self, id: u64) -> Option<Client> {
         self.by_id.remove(&id)
     }
@@ -153,6 +155,7 @@ impl ClientTable {
         self.by_id.values().filter(|c| c.bound > 0).count()
     }
 
+    /// Clients known.
     pub fn len(&self) -> usize {
         self.by_id.len()
     }

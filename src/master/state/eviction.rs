@@ -74,6 +74,7 @@ impl Default for EvictionLog {
 }
 
 impl EvictionLog {
+    /// An empty log keeping the last `capacity` evictions.
     pub fn with_capacity(capacity: usize) -> EvictionLog {
         EvictionLog {
             entries: std::collections::VecDeque::new(),
@@ -85,6 +86,7 @@ impl EvictionLog {
         }
     }
 
+    /// Logs the eviction of `key` at `at_us` from `tier` (the oldest entry goes when full).
     pub fn push(&mut self, key: &str, at_us: u64, tier: crate::transfer::message::Tier) {
         if self.entries.len() == self.capacity {
             self.entries.pop_front();

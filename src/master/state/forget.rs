@@ -63,6 +63,8 @@ pub struct ForgetLog {
 }
 
 impl ForgetLog {
+    /// An empty log; a removed version is remembered while a store's read lease
+    /// (`store_read_lease`) may still serve it.
     pub fn new(store_read_lease: Duration) -> ForgetLog {
         ForgetLog {
             lease: store_read_lease,

@@ -141,6 +141,7 @@ impl HandOvers {
         }
     }
 
+    /// Whether segment `segment_id` is being drained.
     pub fn draining(&self, segment_id: u64) -> bool {
         self.drains
             .get(&segment_id)

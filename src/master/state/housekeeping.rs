@@ -110,6 +110,9 @@ impl MasterState {
             && !evicting
     }
 
+    /// The periodic work at `now`: clients whose leases ran out, segments not back within their
+    /// grace, space held back for readers released, puts begun too long ago reclaimed,
+    /// reservations and soft pins that ran out, eviction past the watermark.
     pub fn housekeeping(&mut self, now: Instant) {
         self.expire_clients(now);
         let given_up: Vec<u64> = self

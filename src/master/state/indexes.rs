@@ -31,6 +31,7 @@ impl Indexes {
         self.soft_pinned
     }
 
+    /// Puts begun and not yet ended.
     pub fn pending(&self) -> u64 {
         self.pending_by_age.len() as u64
     }

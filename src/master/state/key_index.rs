@@ -144,11 +144,13 @@ fn place(table: &mut [u64], e: u64) {
 }
 
 impl KeyIndex {
+    /// Keys held.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no key is held.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0

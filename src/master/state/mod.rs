@@ -70,6 +70,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiering::Moves;
 
+/// What an operation on the state answers: its result, or the status and message of its
+/// refusal.
 pub type OpResult<T> = Result<T, (Status, String)>;
 
 fn fail<T>(status: Status, msg: impl Into<String>) -> OpResult<T> {
@@ -189,6 +191,8 @@ pub struct Summary {
     pub deferred_bytes: u64,
 }
 
+/// The master's state: its tables (segments, objects, clients, reservations, moves, indexes)
+/// and the operations on them, pure of I/O; `super::lock::StateLock` holds it.
 pub struct MasterState {
     cfg: MasterConfig,
     clock: Arc<dyn WallClock>,
@@ -414,6 +418,7 @@ impl MasterState {
         v
     }
 
+    /// The settings the state runs by.
     pub fn config(&self) -> &MasterConfig {
         &self.cfg
     }
@@ -469,6 +474,7 @@ impl MasterState {
         self.forgets.take_wait(&self.segments)
     }
 
+    /// The figures of the summary log line and the status page at `now`.
     pub fn summary(&self, now: Instant) -> Summary {
         let mut s = Summary {
             clients: self.clients.len() as u64,

@@ -198,11 +198,13 @@ impl Default for ObjectTable {
 }
 
 impl ObjectTable {
+    /// Objects held.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no object is held.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -254,14 +256,17 @@ impl ObjectTable {
         }
     }
 
+    /// `key`'s entry, without counting it as an access.
     pub fn get(&self, key: &str) -> Option<&Entry> {
         self.find(key).map(|i| &self.slots[i as usize].entry)
     }
 
+    /// `key`'s entry to change, without counting it as an access.
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Entry> {
         self.find(key).map(|i| &mut self.slots[i as usize].entry)
     }
 
+    /// Whether `key` is held.
     #[cfg(test)]
     pub fn contains_key(&self, key: &str) -> bool {
         self.find(key).is_some()
@@ -467,6 +472,7 @@ impl ObjectTable {
             .map(|s| (&*s.key, &s.entry))
     }
 
+    /// Every entry, in slot order.
     #[cfg(test)]
     pub fn values(&self) -> impl Iterator<Item = &Entry> {
         self.iter().map(|(_, e)| e)

@@ -85,6 +85,7 @@ impl PoolEvents {
         }
     }
 
+    /// Whether events are recorded.
     pub fn enabled(&self) -> bool {
         self.enabled
     }
@@ -152,6 +153,7 @@ impl PoolEvents {
         !self.events.is_empty()
     }
 
+    /// The events recorded since the last take.
     pub fn take(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events).into()
     }

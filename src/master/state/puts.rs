@@ -34,6 +34,8 @@ impl MasterState {
         }
     }
 
+    /// A put begins: `key`'s replicas of `size` bytes placed by `config` and reserved for
+    /// `client_id`; answers its object id and replicas.
     pub fn put_start(
         &mut self,
         client_id: u64,
@@ -435,6 +437,8 @@ impl MasterState {
         Ok(())
     }
 
+    /// `client_id` gives up its put of `key` (object `object_id`): the reservation and its
+    /// space go.
     pub fn put_revoke(
         &mut self,
         client_id: u64,

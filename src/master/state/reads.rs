@@ -288,10 +288,12 @@ impl MasterState {
         self.moves.contains(object_id)
     }
 
+    /// `key`'s entry, without counting it as an access.
     pub fn lookup(&self, key: &str) -> Option<&Entry> {
         self.objects.get(key)
     }
 
+    /// Segment `id`, if mounted.
     pub fn segment(&self, id: u64) -> Option<&Segment> {
         self.segments.get(id)
     }

@@ -570,6 +570,7 @@ impl MasterState {
         self.segments.list()
     }
 
+    /// Every segment mounted.
     pub fn segments(&self) -> impl Iterator<Item = &Segment> {
         self.segments.iter()
     }

@@ -19,10 +19,12 @@ pub struct Reservations {
 }
 
 impl Reservations {
+    /// Reservations held.
     pub fn len(&self) -> usize {
         self.by_id.len()
     }
 
+    /// Whether no reservation is held.
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
@@ -32,6 +34,7 @@ impl Reservations {
         self.charged.get(&client_id).copied().unwrap_or(0)
     }
 
+    /// Holds a put's reservation, charged to its client.
     pub fn insert(&mut self, p: Pending) {
         let charge = p.size * p.replicas.len() as u64;
         *self.charged.entry(p.client_id).or_default() += charge;
@@ -43,10 +46,12 @@ impl Reservations {
         }
     }
 
+    /// The reservation of `object_id`, if held.
     pub fn get(&self, object_id: u64) -> Option<&Pending> {
         self.by_id.get(&object_id).map(|(p, _)| p)
     }
 
+    /// Lets the reservation of `object_id` go, and its client's charge with it.
     pub fn remove(&mut self, object_id: u64) -> Option<Pending> {
         let (p, charge) = self.by_id.remove(&object_id)?;
         self.uncharge(p.client_id, charge);

@@ -31,6 +31,7 @@ pub struct Move {
 }
 
 impl Move {
+    /// The move as the mover's wire item names it.
     pub fn item(&self) -> MoveItem {
         MoveItem {
             kind: self.kind,
@@ -55,10 +56,12 @@ pub struct Moves {
 }
 
 impl Moves {
+    /// Moves under way or queued.
     pub fn len(&self) -> usize {
         self.by_version.len()
     }
 
+    /// Whether no move is under way or queued.
     pub fn is_empty(&self) -> bool {
         self.by_version.is_empty()
     }
@@ -68,6 +71,7 @@ impl Moves {
         !self.queued.is_empty()
     }
 
+    /// Whether the object version `version` is being moved.
     pub fn contains(&self, version: u64) -> bool {
         self.by_version.contains_key(&version)
     }

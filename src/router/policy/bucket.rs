@@ -74,6 +74,7 @@ pub struct Balance {
 }
 
 impl Buckets {
+    /// Empty buckets over a `window` of load.
     pub fn new(window: Duration) -> Buckets {
         Buckets {
             window,

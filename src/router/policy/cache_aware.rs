@@ -52,6 +52,7 @@ pub struct CacheAware {
 }
 
 impl CacheAware {
+    /// The policy by `cfg`, its tree empty.
     pub fn new(cfg: CacheAwareConfig) -> CacheAware {
         CacheAware {
             cfg,

@@ -65,6 +65,7 @@ pub struct Manual {
 }
 
 impl Manual {
+    /// The policy by `cfg`, no key routed yet.
     pub fn new(cfg: ManualConfig) -> Manual {
         Manual {
             cfg,

@@ -86,6 +86,7 @@ impl PolicyKind {
         matches!(self, PolicyKind::PrecisePrefix | PolicyKind::PredictedTtft)
     }
 
+    /// The policy's name, as `--policy` takes it.
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Random => "random",
@@ -330,6 +331,7 @@ pub(crate) mod testing {
             .collect()
     }
 
+    /// What a policy reads of a request that carries only `t` as its text.
     pub fn text(t: &str) -> RouteInput<'_> {
         RouteInput {
             text: t,
@@ -337,6 +339,7 @@ pub(crate) mod testing {
         }
     }
 
+    /// What a policy reads of a request that carries only routing key `k`.
     pub fn key(k: &str) -> RouteInput<'_> {
         RouteInput {
             routing_key: Some(k),

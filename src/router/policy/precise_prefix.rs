@@ -101,6 +101,8 @@ pub struct PrecisePrefix {
 }
 
 impl PrecisePrefix {
+    /// The policy over the KV index `view`, with the cache-aware tree of `cache` for requests
+    /// the index knows nothing of.
     pub fn new(view: Arc<dyn PrefixView>, cache: CacheAwareConfig) -> PrecisePrefix {
         PrecisePrefix {
             view,

@@ -106,6 +106,8 @@ impl Predicted {
 }
 
 impl PredictedTtft {
+    /// The policy over the KV index `view`, with the cache-aware tree of `cache` for requests
+    /// the index knows nothing of, and sessions idle past `session_idle` forgotten.
     pub fn new(
         view: Arc<dyn PrefixView>,
         cache: CacheAwareConfig,

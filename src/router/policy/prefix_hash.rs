@@ -67,6 +67,7 @@ pub struct PrefixHash {
 }
 
 impl PrefixHash {
+    /// The policy by `cfg`.
     pub fn new(cfg: PrefixHashConfig) -> PrefixHash {
         PrefixHash { cfg }
     }

@@ -124,6 +124,7 @@ fn common_prefix_bytes(a: &str, b: &str) -> usize {
 }
 
 impl Tree {
+    /// An empty tree.
     pub fn new() -> Tree {
         Tree::default()
     }
@@ -133,6 +134,7 @@ impl Tree {
         self.tenant_chars.get(tenant).copied().unwrap_or(0)
     }
 
+    /// Each worker in the tree, with the characters it holds.
     pub fn tenants(&self) -> impl Iterator<Item = (&Tenant, &usize)> {
         self.tenant_chars.iter()
     }

@@ -64,6 +64,7 @@ pub enum Named<'a> {
 }
 
 impl Named<'_> {
+    /// Whether the field was present.
     pub fn named(&self) -> bool {
         !matches!(self, Named::No)
     }

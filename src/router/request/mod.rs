@@ -41,6 +41,7 @@ impl Endpoint {
         Endpoint::ALL.into_iter().find(|e| e.path() == path)
     }
 
+    /// The endpoint's path.
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Generate => "/generate",
@@ -52,6 +53,7 @@ impl Endpoint {
             Endpoint::Responses => "/v1/responses",
         }
     }
+    /// The endpoint's name in metrics.
     pub fn name(self) -> &'static str {
         match self {
             Endpoint::Generate => "generate",
@@ -70,6 +72,7 @@ impl Endpoint {
             Endpoint::Generate | Endpoint::Chat | Endpoint::Completions
         )
     }
+    /// The endpoint's place in `Endpoint::ALL`, for tables indexed by endpoint.
     pub fn index(self) -> usize {
         self as usize
     }

@@ -73,6 +73,7 @@ impl Route {
         }
     }
 
+    /// The mode's name, for logs.
     pub fn name(&self) -> &'static str {
         match self {
             Route::Regular(m) => m.name(),
@@ -81,6 +82,7 @@ impl Route {
         }
     }
 
+    /// Why this mode does not serve `endpoint`, if it does not.
     pub fn refuses(&self, endpoint: Endpoint) -> Option<String> {
         match self {
             Route::Regular(m) => m.refuses(endpoint),

@@ -281,6 +281,8 @@ pub enum Decision {
 }
 
 impl Core {
+    /// Admission for `capacity` requests running at once (`None`: no limit) over `replicas`
+    /// router replicas.
     pub fn new(capacity: Option<usize>, replicas: usize) -> Core {
         Core {
             capacity,
@@ -587,10 +589,12 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// The tenant admitted.
     pub fn tenant(&self) -> &Arc<str> {
         &self.tenant
     }
 
+    /// The priority class it was admitted in.
     pub fn class(&self) -> &Arc<str> {
         &self.class
     }
@@ -644,6 +648,8 @@ impl Drop for Waiting<'_> {
 }
 
 impl Admission {
+    /// Admission for `capacity` requests running at once (`None`: no limit) over `replicas`
+    /// router replicas.
     pub fn new(capacity: Option<usize>, replicas: usize) -> Arc<Admission> {
         Arc::new(Admission {
             core: Mutex::new(Core::new(capacity, replicas)),

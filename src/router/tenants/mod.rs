@@ -77,6 +77,7 @@ pub enum IdentityError {
 }
 
 impl IdentityError {
+    /// The HTTP status the refusal is answered with.
     pub fn status(&self) -> u16 {
         match self {
             IdentityError::UnknownKey => 401,
@@ -120,6 +121,7 @@ impl std::str::FromStr for Cidr {
 }
 
 impl Cidr {
+    /// Whether `ip` is in the range (an IPv4-mapped IPv6 address as its IPv4 one).
     pub fn contains(&self, ip: IpAddr) -> bool {
         // An IPv4 client on a dual-stack socket shows as ::ffff:a.b.c.d.
         let ip = match ip {

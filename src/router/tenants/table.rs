@@ -474,10 +474,12 @@ impl Table {
         self.by_key.get(hash).copied()
     }
 
+    /// The index of the tenant named `name`.
     pub fn by_name(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }
 
+    /// The index of the class named `name`.
     pub fn class_named(&self, name: &str) -> Option<usize> {
         self.classes.iter().position(|c| *c.name == *name)
     }

@@ -44,6 +44,7 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
+    /// A SIMULATED kubelet for `api`.
     pub fn new(api: &ApiServer, cfg: KubeletConfig) -> Kubelet {
         Kubelet {
             api: api.clone(),
@@ -92,12 +93,14 @@ impl Kubelet {
         )
     }
 
+    /// Pods matching the label selector `selector` stay Pending until released.
     pub fn hold(&self, selector: &str) {
         if let Ok(s) = Selector::parse(selector) {
             self.held.lock().push(s);
         }
     }
 
+    /// Releases every held pod.
     pub fn release_all(&self) {
         self.held.lock().clear();
     }

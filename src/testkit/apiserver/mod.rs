@@ -77,9 +77,11 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// Requests of every verb.
     pub fn total(&self) -> u64 {
         self.by_verb.values().sum()
     }
+    /// Requests that change something (create, update, patch, delete).
     pub fn writes(&self) -> u64 {
         ["create", "update", "patch", "delete"]
             .iter()
@@ -155,6 +157,7 @@ impl Default for ApiServer {
 }
 
 impl ApiServer {
+    /// An empty API server: no objects, the built-in resources and the RBG CRDs known.
     pub fn new() -> ApiServer {
         ApiServer {
             inner: Arc::new(Mutex::new(Inner {
@@ -182,10 +185,12 @@ impl ApiServer {
             .or_else(|| RESOURCES.iter().find(|r| r.plural == id))
     }
 
+    /// The requests served so far, by verb and by writing agent.
     pub fn counts(&self) -> Counts {
         self.inner.lock().counts.clone()
     }
 
+    /// Starts the request counts from zero.
     pub fn reset_counts(&self) {
         self.inner.lock().counts = Counts::default();
     }
@@ -211,6 +216,7 @@ impl ApiServer {
         self.inner.lock().watches_stalled = true;
     }
 
+    /// Watches still open (their client has not gone).
     pub fn open_watches(&self) -> usize {
         let mut i = self.inner.lock();
         i.watchers.retain(|w| !w.tx.is_closed());
@@ -236,10 +242,12 @@ impl ApiServer {
         }
     }
 
+    /// Ends every failure set up with `fail`: requests are served again.
     pub fn heal(&self) {
         self.inner.lock().fail_paths.clear();
     }
 
+    /// The object `ns/name` of resource `plural`, if there is one.
     pub fn get(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
         let r = Self::resource(plural)?;
         self.inner
@@ -329,6 +337,8 @@ impl ApiServer {
         )
     }
 
+    /// Deletes the object `ns/name` of resource `plural` as a client's DELETE would (finalizers
+    /// and owners honoured); answers what is left of it.
     pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
         let r = Self::resource(plural).ok_or_else(|| api_err(404, "NotFound", plural))?;
         self.inner

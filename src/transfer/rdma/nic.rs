@@ -74,6 +74,7 @@ impl Nic {
         })
     }
 
+    /// The NIC's device name.
     pub fn name(&self) -> &str {
         self.pd.context().name()
     }

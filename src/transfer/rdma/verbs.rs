@@ -597,6 +597,8 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
+    /// Opens the RDMA device named `name` (`rxe0`, `mlx5_0`); the error lists the devices there
+    /// are.
     pub fn open(name: &str) -> Result<Arc<Context>, VerbsError> {
         let opened = with_devices(|fns, devices| {
             let Some((dev, _)) = devices.iter().find(|(_, n)| n == name) else {
@@ -629,10 +631,12 @@ impl Context {
         })
     }
 
+    /// The device's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The state, MTU and LID of the device's port `port`.
     pub fn query_port(&self, port: u8) -> Result<IbvPortAttr, VerbsError> {
         let f = lib()?;
         // SAFETY: zeroed is a valid IbvPortAttr (plain integers); the library fills at most the
@@ -645,6 +649,7 @@ impl Context {
         Ok(attr)
     }
 
+    /// The GID at `index` of port `port` (RoCE addresses its peers by GID).
     pub fn query_gid(&self, port: u8, index: u32) -> Result<IbvGid, VerbsError> {
         let f = lib()?;
         let mut gid = IbvGid::default();
@@ -679,6 +684,8 @@ unsafe impl Send for Pd {}
 unsafe impl Sync for Pd {}
 
 impl Pd {
+    /// A protection domain on `ctx`: the memory registered in it and the queue pairs made in it
+    /// go together.
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Pd>, VerbsError> {
         let f = lib()?;
         // SAFETY: the context is open.
@@ -692,6 +699,7 @@ impl Pd {
         }))
     }
 
+    /// The device the domain is on.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
@@ -742,25 +750,30 @@ impl Mr {
         })
     }
 
+    /// Where the registered region starts, in this process.
     pub fn addr(&self) -> u64 {
         // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).addr as u64 }
     }
 
+    /// The registered region's length in bytes.
     pub fn len(&self) -> u64 {
         // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).length as u64 }
     }
 
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The key this side's work requests name the region by.
     pub fn lkey(&self) -> u32 {
         // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).lkey }
     }
 
+    /// The key a peer's RDMA READ and WRITE name the region by.
     pub fn rkey(&self) -> u32 {
         // SAFETY: the region is registered while self lives.
         unsafe { (*self.raw).rkey }
@@ -796,6 +809,7 @@ unsafe impl Send for Cq {}
 unsafe impl Sync for Cq {}
 
 impl Cq {
+    /// A completion queue on `ctx` with room for `entries` completions.
     pub fn new(ctx: &Arc<Context>, entries: u32) -> Result<Arc<Cq>, VerbsError> {
         let f = lib()?;
         // SAFETY: no channel, no context; the ops table is the device's.
@@ -888,6 +902,8 @@ unsafe impl Sync for Qp {}
 pub const RD_ATOMIC: u8 = 16;
 
 impl Qp {
+    /// A reliable-connected queue pair in `pd`, completing into `cq`, over `path`, with `depth`
+    /// work requests outstanding at most; still in RESET.
     pub fn new(pd: &Arc<Pd>, cq: &Arc<Cq>, path: PortPath, depth: u32) -> Result<Qp, VerbsError> {
         let f = lib()?;
         let mut init = IbvQpInitAttr {
@@ -938,6 +954,8 @@ impl Qp {
         self
     }
 
+    /// What the peer needs to connect to this pair: its number, first packet sequence number,
+    /// LID and GID.
     pub fn endpoint(&self) -> QpEndpoint {
         QpEndpoint {
             // SAFETY: the pair is live.
@@ -949,6 +967,7 @@ impl Qp {
         }
     }
 
+    /// The completion queue the pair completes into.
     pub fn cq(&self) -> &Arc<Cq> {
         &self.cq
     }
