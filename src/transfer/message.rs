@@ -151,6 +151,38 @@ macro_rules! message {
     };
 }
 
+/// Makes a fieldless enum travel as one byte, its variant's number (test vectors write it as
+/// that number too): `Wire` and `Serialize` from one list of the variants, each with its number
+/// and its name in the refusal of a number not known.
+macro_rules! byte_enum {
+    ($name:ident, $what:literal, { $($variant:ident = $n:literal $label:literal),+ $(,)? }) => {
+        // Each variant is sent as the number listed.
+        const _: () = { $(assert!($name::$variant as u8 == $n);)+ };
+        impl Wire for $name {
+            fn encode(&self, e: &mut Encoder) {
+                e.u8(*self as u8);
+            }
+            fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+                match d.u8()? {
+                    $($n => Ok($name::$variant),)+
+                    other => {
+                        let known = [$(concat!(stringify!($n), " ", $label)),+].join(", ");
+                        Err(TransferError::Protocol(format!(
+                            "unknown {} {other} ({known})",
+                            $what
+                        )))
+                    }
+                }
+            }
+        }
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_u8(*self as u8)
+            }
+        }
+    };
+}
+
 impl Wire for u8 {
     fn encode(&self, e: &mut Encoder) {
         e.u8(*self);
@@ -182,21 +214,11 @@ pub enum Reach {
     Any,
 }
 
-impl Wire for Reach {
-    fn encode(&self, e: &mut Encoder) {
-        e.u8(*self as u8);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        match d.u8()? {
-            0 => Ok(Reach::Rbgctl),
-            1 => Ok(Reach::MooncakeTe),
-            2 => Ok(Reach::Any),
-            r => Err(TransferError::Protocol(format!(
-                "unknown reach {r} (0 rbgctl, 1 Mooncake's Transfer Engine, 2 both)"
-            ))),
-        }
-    }
-}
+byte_enum!(Reach, "reach", {
+    Rbgctl = 0 "rbgctl",
+    MooncakeTe = 1 "Mooncake's Transfer Engine",
+    Any = 2 "both",
+});
 
 /// Where a segment keeps its bytes. New puts go to memory segments only; a disk segment holds
 /// what memory gave up (the disk tier).
@@ -217,34 +239,7 @@ impl Tier {
     }
 }
 
-impl Wire for Tier {
-    fn encode(&self, e: &mut Encoder) {
-        e.u8(*self as u8);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        match d.u8()? {
-            0 => Ok(Tier::Memory),
-            1 => Ok(Tier::Disk),
-            t => Err(TransferError::Protocol(format!(
-                "unknown segment tier {t} (0 memory, 1 disk)"
-            ))),
-        }
-    }
-}
-
-/// A reach is its number on the wire and in test vectors.
-impl serde::Serialize for Reach {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u8(*self as u8)
-    }
-}
-
-/// A tier is its number on the wire and in test vectors.
-impl serde::Serialize for Tier {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u8(*self as u8)
-    }
-}
+byte_enum!(Tier, "segment tier", { Memory = 0 "memory", Disk = 1 "disk" });
 
 message!(
     /// What a store tells the master about the memory (or disk) it contributes.
@@ -591,27 +586,7 @@ pub enum MoveKind {
     Promote,
 }
 
-impl Wire for MoveKind {
-    fn encode(&self, e: &mut Encoder) {
-        e.u8(*self as u8);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        match d.u8()? {
-            0 => Ok(MoveKind::Demote),
-            1 => Ok(MoveKind::Promote),
-            k => Err(TransferError::Protocol(format!(
-                "unknown move kind {k} (0 demote, 1 promote)"
-            ))),
-        }
-    }
-}
-
-/// A move kind is its number on the wire and in test vectors.
-impl serde::Serialize for MoveKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u8(*self as u8)
-    }
-}
+byte_enum!(MoveKind, "move kind", { Demote = 0 "demote", Promote = 1 "promote" });
 
 message!(
     /// One object to copy between a store's tiers: `size` bytes at `from` (of the memory
@@ -634,6 +609,23 @@ message!(StoreInfoResp { name: String, size: u64 } min_len = 10);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_enum_is_its_number_and_refuses_one_not_known_by_name() {
+        let mut e = Encoder::default();
+        MoveKind::Promote.encode(&mut e);
+        Reach::Any.encode(&mut e);
+        assert_eq!(e.buf, [1, 2]);
+        let mut d = Decoder::new(&e.buf);
+        assert_eq!(MoveKind::decode(&mut d).unwrap(), MoveKind::Promote);
+        assert_eq!(Reach::decode(&mut d).unwrap(), Reach::Any);
+        let err = Tier::decode(&mut Decoder::new(&[7])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            TransferError::Protocol("unknown segment tier 7 (0 memory, 1 disk)".into()).to_string()
+        );
+        assert_eq!(serde_json::to_string(&Tier::Disk).unwrap(), "1");
+    }
 
     #[test]
     fn nested_messages_round_trip() {
