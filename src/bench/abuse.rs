@@ -25,6 +25,7 @@ use crate::master::config::MasterConfig;
 use crate::transfer::frame::{Header, MAX_META_LEN};
 use crate::transfer::Opcode;
 use serde::Serialize;
+use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -506,7 +507,6 @@ fn mib(kib: u64) -> f64 {
 impl BenchReport for Report {
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write as _;
         let mut out = String::new();
         for a in &r.attacks {
             let _ = writeln!(out, "{}: {}", a.name, a.what);

@@ -21,6 +21,7 @@ use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::human_bytes;
 use crate::master::config::MasterConfig;
 use crate::store::disk;
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -344,7 +345,6 @@ pub fn run(plan: Plan<'_>) -> anyhow::Result<()> {
 impl BenchReport for Report {
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write;
         let mut out = String::new();
         let _ = writeln!(
             out,

@@ -26,6 +26,7 @@ use crate::transfer::message::{PutStartReq, Wire};
 use crate::transfer::{ConnOptions, Connection, Opcode, Status, TransferError};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -693,7 +694,6 @@ fn epoch_steps(acks: &[(f64, u64)]) -> Vec<(f64, f64)> {
 impl BenchReport for Report {
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write as _;
         let mut out = String::new();
         let s = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.3} s"));
         let _ = writeln!(

@@ -10,6 +10,7 @@ use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
 use anyhow::{bail, Context};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -328,7 +329,6 @@ pub fn run(args: HicacheBenchArgs) -> anyhow::Result<()> {
 impl BenchReport for Report {
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write as _;
         let mut out = String::new();
         let _ = writeln!(out,
             "machine: loopback TCP, one stream {:.2} GB/s; memcpy {:.2} GB/s; batches of {} pages × {}; \

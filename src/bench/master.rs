@@ -17,6 +17,7 @@ use crate::master::config::MasterConfig;
 use crate::transfer::message::*;
 use crate::transfer::rpc;
 use crate::transfer::{ConnOptions, Connection, Status};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -731,7 +732,6 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
 impl BenchReport for Report {
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write as _;
         let mut out = String::new();
         let _ = writeln!(
             out,

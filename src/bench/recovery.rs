@@ -11,6 +11,7 @@ use super::kit::cluster::{scrape, OwnCluster};
 use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 /// `rbgctl bench recovery`'s arguments.
@@ -200,7 +201,6 @@ pub fn run(args: RecoveryBenchArgs) -> anyhow::Result<()> {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        use std::fmt::Write as _;
         let (r, mut out) = (self, String::new());
         let n = r.objects;
         let pct = |k: usize| 100.0 * k as f64 / n as f64;

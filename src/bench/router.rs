@@ -31,6 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1170,7 +1171,6 @@ fn page(args: &RouterBenchArgs, rows: &[Row]) -> anyhow::Result<crate::report::P
 }
 
 fn tables(args: &RouterBenchArgs, rows: &[Row]) -> String {
-    use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out,
         "rbgctl router ({}{}, {}) vs direct, {} ({} x, {} thread(s), {} µs CPU/request), {} load thread(s), {} s x {} reps, medians",

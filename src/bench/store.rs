@@ -12,6 +12,7 @@ use super::kit::stats::{OpBreakdown, PhaseResult};
 use crate::bench::kit::report::BenchReport;
 use crate::client::{Client, ClientConfig, ClientError, ReplicateConfig};
 use crate::config::{human_bytes, ByteSize};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1061,7 +1062,6 @@ fn flood_cases(
 impl BenchReport for RdmaReport {
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write as _;
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -1137,7 +1137,6 @@ impl BenchReport for Report {
     /// The report as a person reads it: one aligned row per phase.
     fn table(&self) -> String {
         let r = self;
-        use std::fmt::Write as _;
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -1411,7 +1410,6 @@ impl BenchReport for Report {
 /// rbgctl's one-thread rows beside a peer's: `title` says what the peer ran, `peer` names its
 /// column.
 fn versus_table(title: &str, peer: &str, rows: &[mooncake_peer::Versus]) -> String {
-    use std::fmt::Write as _;
     let mut out = format!("{title}, one thread:\n");
     let cpu = rows
         .iter()
@@ -1464,7 +1462,6 @@ fn versus_table(title: &str, peer: &str, rows: &[mooncake_peer::Versus]) -> Stri
 
 /// Where each item's time went, one row per phase that was probed.
 fn breakdown_table(r: &Report) -> String {
-    use std::fmt::Write as _;
     let mut out = String::from(
         "where an item's time went, client side (mean µs; rpcs, calls, syscalls per item):\n",
     );

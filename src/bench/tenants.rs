@@ -14,6 +14,7 @@ use crate::up::{Stack, UpConfig};
 use anyhow::Context as _;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,7 +113,6 @@ pub struct Report {
 
 impl BenchReport for Report {
     fn table(&self) -> String {
-        use std::fmt::Write as _;
         let (r, mut out) = (self, String::new());
         let _ = writeln!(
             out,

@@ -12,6 +12,7 @@ use crate::launch::{Launcher, Logs};
 use crate::up::{Stack, UpConfig};
 use clap::Args;
 use serde_json::json;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 /// `rbgctl bench tiers`'s arguments.
@@ -415,7 +416,6 @@ impl serde::Serialize for Figures<'_> {
 
 impl BenchReport for Figures<'_> {
     fn table(&self) -> String {
-        use std::fmt::Write as _;
         let (a, results, mut out) = (self.args, self.results, String::new());
         let _ =
             writeln!(out,
