@@ -778,6 +778,46 @@ mod tests {
     use crate::transfer::frame::FLAG_EPOCH;
     use crate::transfer::message::PingResp;
 
+    #[test]
+    fn a_handler_answers_once_or_hands_on_unanswered_from_where_it_may_not_block() {
+        let req = Header::request(Opcode::Ping, 9, 0, 0);
+        let check = |may_block: bool, reply: bool, handled: Handled| {
+            let (mut out, mut attached) = (Vec::new(), None);
+            let sink = Sink::Buffer(&mut out);
+            let mut io = ServerIo::new(sink, req, &mut attached, may_block, Instant::now());
+            if reply {
+                io.reply(Status::Ok, b"", &[]).unwrap();
+            }
+            io.check(&handled)
+        };
+        let rerun = || Handled::HandedOn(HandOn::Rerun);
+        assert_eq!(check(false, true, Handled::Answered), Ok(()));
+        assert_eq!(check(false, false, rerun()), Ok(()));
+        assert_eq!(check(true, true, Handled::Answered), Ok(()));
+        let unanswered = Err("the handler left the request unanswered");
+        assert_eq!(check(false, false, Handled::Answered), unanswered);
+        let after = Err("a request handed on after it was answered");
+        assert_eq!(check(false, true, rerun()), after);
+        let from_blocking = Err("a request handed on from a thread that may block");
+        assert_eq!(check(true, false, rerun()), from_blocking);
+        // Where the thread may block, the rest runs at once and the request is answered.
+        let (mut out, mut attached) = (Vec::new(), None);
+        let sink = Sink::Buffer(&mut out);
+        let mut io = ServerIo::new(sink, req, &mut attached, true, Instant::now());
+        let rest: Deferred = Box::new(|io| io.reply(Status::Ok, b"later", &[]));
+        let handled = io.finish_where_it_may_block(rest).unwrap();
+        assert!(matches!(handled, Handled::Answered));
+        assert_eq!(io.check(&handled), Ok(()));
+        // Where it may not, it is handed on for a thread that may.
+        let (mut out, mut attached) = (Vec::new(), None);
+        let sink = Sink::Buffer(&mut out);
+        let mut io = ServerIo::new(sink, req, &mut attached, false, Instant::now());
+        let rest: Deferred = Box::new(|io| io.reply(Status::Ok, b"later", &[]));
+        let handled = io.finish_where_it_may_block(rest).unwrap();
+        assert!(matches!(handled, Handled::HandedOn(HandOn::Finish(_))));
+        assert_eq!(io.check(&handled), Ok(()));
+    }
+
     /// The frame `answer` writes into an event loop's buffer, for request 9.
     fn buffered(fence: Option<Fence>, answer: impl FnOnce(&mut ServerIo<'_>)) -> (Header, Vec<u8>) {
         let req = Header::request(Opcode::Ping, 9, 0, 0);
