@@ -555,12 +555,7 @@ pub fn run(a: MultiturnArgs) -> anyhow::Result<()> {
         if let Some(path) = &a.report {
             // Each rate's figures are printed above as it ends: the sweep adds its page.
             let engine = engine_kind(&a).await;
-            let sweep = Sweep {
-                args: &a,
-                runs: &runs,
-                engine: engine.as_deref(),
-            };
-            sweep.page()?.save(path)?;
+            page(&a, &runs, engine.as_deref())?.save(path)?;
         }
         if let Some(r) = runs.iter().find(|r| r.failed > 0) {
             anyhow::bail!(
@@ -694,35 +689,6 @@ fn rate_table(r: &RateResult) -> String {
         if r.interrupted { ", INTERRUPTED" } else { "" },
         summary::render(&r.summary, &r.rounds)
     )
-}
-
-/// The whole sweep: its rates' log lines (the JSON), and the HTML page of its rates, a curve
-/// each.
-struct Sweep<'a> {
-    runs: &'a [RateResult],
-    args: &'a MultiturnArgs,
-    /// What the engine said it is (`SIMULATED` is said on the page).
-    engine: Option<&'a str>,
-}
-
-impl serde::Serialize for Sweep<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let tag = &self.args.tag;
-        serializer.collect_seq(
-            (self.runs.iter())
-                .map(|r| summary::log_line(tag, &r.summary, &r.rounds, r.interrupted)),
-        )
-    }
-}
-
-impl BenchReport for Sweep<'_> {
-    fn table(&self) -> String {
-        self.runs.iter().map(rate_table).collect()
-    }
-
-    fn page(&self) -> anyhow::Result<crate::report::Page> {
-        page(self.args, self.runs, self.engine)
-    }
 }
 
 fn report(a: &MultiturnArgs, r: &RateResult) -> anyhow::Result<()> {

@@ -1005,7 +1005,7 @@ impl Blocking {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{spawn_evented, Fence, ServerHandle, ServerOptions};
+    use super::super::{spawn_evented, Deferred, Fence, ServerHandle, ServerOptions};
     use super::*;
     use crate::transfer::frame::FLAG_EPOCH;
     use crate::transfer::stream::FramedStream;
@@ -1048,10 +1048,11 @@ mod tests {
                         until: Instant::now() + Duration::from_secs(60),
                     });
                     let go = self.go.clone();
-                    return io.finish_where_it_may_block(Box::new(move |io| match wait(&go) {
+                    let rest: Deferred = Box::new(move |io| match wait(&go) {
                         true => io.reply(Status::Ok, b"done, then waited", &[]),
                         false => io.error(Status::Internal, "never let go"),
-                    }));
+                    });
+                    return Ok(Handled::HandedOn(HandOn::Finish(rest)));
                 }
                 _ => io.error(Status::UnknownOpcode, "not in this test"),
             };

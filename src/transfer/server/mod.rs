@@ -349,20 +349,10 @@ impl ServerIo<'_> {
 
     /// Whether the handler may block this thread: false on an event loop's thread, where a
     /// wait would hold up every connection the loop serves. There, a request that must wait
-    /// returns [`HandOn::Rerun`] (before doing anything) or finishes through
-    /// [`ServerIo::finish_where_it_may_block`].
+    /// returns [`HandOn::Rerun`] (before doing anything) or [`HandOn::Finish`] (the rest of its
+    /// answer).
     pub fn may_block(&self) -> bool {
         self.may_block
-    }
-
-    /// Runs `rest` (which answers) where it may block: here when this thread may, else on a
-    /// thread of the server's that may, once the handler returns what this answers.
-    pub fn finish_where_it_may_block(&mut self, rest: Deferred) -> Result<Handled, TransferError> {
-        if !self.may_block {
-            return Ok(Handled::HandedOn(HandOn::Finish(rest)));
-        }
-        rest(self)?;
-        Ok(Handled::Answered)
     }
 
     /// Whether a handler's result is sound: answered once, or handed on unanswered from a
@@ -800,22 +790,6 @@ mod tests {
         assert_eq!(check(false, true, rerun()), after);
         let from_blocking = Err("a request handed on from a thread that may block");
         assert_eq!(check(true, false, rerun()), from_blocking);
-        // Where the thread may block, the rest runs at once and the request is answered.
-        let (mut out, mut attached) = (Vec::new(), None);
-        let sink = Sink::Buffer(&mut out);
-        let mut io = ServerIo::new(sink, req, &mut attached, true, Instant::now());
-        let rest: Deferred = Box::new(|io| io.reply(Status::Ok, b"later", &[]));
-        let handled = io.finish_where_it_may_block(rest).unwrap();
-        assert!(matches!(handled, Handled::Answered));
-        assert_eq!(io.check(&handled), Ok(()));
-        // Where it may not, it is handed on for a thread that may.
-        let (mut out, mut attached) = (Vec::new(), None);
-        let sink = Sink::Buffer(&mut out);
-        let mut io = ServerIo::new(sink, req, &mut attached, false, Instant::now());
-        let rest: Deferred = Box::new(|io| io.reply(Status::Ok, b"later", &[]));
-        let handled = io.finish_where_it_may_block(rest).unwrap();
-        assert!(matches!(handled, Handled::HandedOn(HandOn::Finish(_))));
-        assert_eq!(io.check(&handled), Ok(()));
     }
 
     /// The frame `answer` writes into an event loop's buffer, for request 9.
