@@ -116,23 +116,22 @@ pub fn client_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::scratch::ScratchFile;
 
     #[test]
     fn bad_files_are_named_with_the_reason() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing.pem");
+        let empty = ScratchFile::new("empty.pem", "not pem\n");
+        let missing = empty.sibling("missing.pem");
         let e = server_config(&missing, &missing, None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("missing.pem"), "{e}");
-        let empty = dir.path().join("empty.pem");
-        std::fs::write(&empty, "not pem\n").unwrap();
-        let e = certificates(&empty).unwrap_err().to_string();
+        let e = certificates(empty.path()).unwrap_err().to_string();
         assert!(
             e.contains("empty.pem") && e.contains("no PEM certificate"),
             "{e}"
         );
-        let e = client_config(std::slice::from_ref(&empty), None)
+        let e = client_config(&[empty.path().into()], None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("empty.pem"), "{e}");

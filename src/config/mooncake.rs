@@ -111,6 +111,7 @@ impl MooncakeEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::scratch::ScratchFile;
 
     #[test]
     fn mooncake_env_is_read_as_documented() {
@@ -134,15 +135,12 @@ mod tests {
 
     #[test]
     fn mooncake_config_path_wins_and_checks_required_fields() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("mc.json");
-        std::fs::write(
-            &p,
+        let file = ScratchFile::new(
+            "mc.json",
             r#"{"local_hostname":"h","metadata_server":"P2PHANDSHAKE","master_server_address":"m:1",
                 "global_segment_size":"16MB","local_buffer_size":0,"protocol":"tcp"}"#,
-        )
-        .unwrap();
-        let path = p.display().to_string();
+        );
+        let path = file.arg();
         let e = MooncakeEnv::from_lookup(|k| match k {
             "MOONCAKE_CONFIG_PATH" => Some(path.clone()),
             "MOONCAKE_MASTER" => Some("ignored:1".into()),
@@ -151,8 +149,10 @@ mod tests {
         .unwrap();
         assert_eq!(e.master.as_deref(), Some("m:1"));
         assert_eq!(e.global_segment_size, Some(16 << 20));
-        std::fs::write(&p, r#"{"local_hostname":"h"}"#).unwrap();
-        let err = MooncakeEnv::from_json_file(&p).unwrap_err().to_string();
+        file.rewrite(r#"{"local_hostname":"h"}"#);
+        let err = MooncakeEnv::from_json_file(file.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("metadata_server"), "{err}");
     }
 }

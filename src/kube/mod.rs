@@ -681,23 +681,21 @@ pub fn is_dns_label(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::scratch::ScratchFile;
 
     #[test]
     fn kubeconfig_with_token_and_inline_ca() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config");
-        std::fs::write(
-            &path,
+        let file = ScratchFile::new(
+            "config",
             "apiVersion: v1\nkind: Config\ncurrent-context: dev\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443/\n    certificate-authority-data: aGVsbG8=\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: dev\n  context:\n    cluster: c\n    user: u\n    namespace: team\n",
-        )
-        .unwrap();
-        let c = KubeConfig::from_kubeconfig(&path).unwrap();
+        );
+        let c = KubeConfig::from_kubeconfig(file.path()).unwrap();
         assert_eq!(c.server, "https://127.0.0.1:6443");
         assert_eq!(c.token.as_deref(), Some("abc"));
         assert_eq!(c.ca_pem.as_deref(), Some(&b"hello"[..]));
         assert_eq!(c.namespace, "team");
-        std::fs::write(&path, "current-context: x\ncontexts: []\n").unwrap();
-        let e = KubeConfig::from_kubeconfig(&path).unwrap_err();
+        file.rewrite("current-context: x\ncontexts: []\n");
+        let e = KubeConfig::from_kubeconfig(file.path()).unwrap_err();
         assert!(e.to_string().contains("\"x\""), "{e}");
     }
 
@@ -716,12 +714,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_file_is_read_once_per_interval_and_survives_a_bad_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("token");
-        std::fs::write(&path, "first\n").unwrap();
-        let kube = with_token_file(&path);
+        let file = ScratchFile::new("token", "first\n");
+        let kube = with_token_file(file.path());
         assert_eq!(kube.token().await.as_deref(), Some("first"));
-        std::fs::write(&path, "second\n").unwrap();
+        file.rewrite("second\n");
         assert_eq!(
             kube.token().await.as_deref(),
             Some("first"),
@@ -730,7 +726,7 @@ mod tests {
         let mut rotating = kube.clone();
         rotating.token_reread = Duration::ZERO;
         assert_eq!(rotating.token().await.as_deref(), Some("second"));
-        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(file.path()).unwrap();
         assert_eq!(
             rotating.token().await.as_deref(),
             Some("second"),

@@ -366,6 +366,7 @@ fn read_master_json(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::scratch::ScratchFile;
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
@@ -489,15 +490,12 @@ mod tests {
 
     #[test]
     fn json_config_path_is_read_and_flags_win() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("master.json");
-        std::fs::write(
-            &p,
+        let file = ScratchFile::new(
+            "master.json",
             r#"{"rpc_port": 6100, "client_live_ttl_sec": 60, "metrics_port": 9100}"#,
-        )
-        .unwrap();
+        );
         let a = parse_master_flags(&[
-            format!("--config_path={}", p.display()),
+            format!("--config_path={}", file.arg()),
             "--metrics_port=9200".into(),
         ])
         .unwrap();

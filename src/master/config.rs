@@ -413,6 +413,7 @@ impl MasterConfig {
 mod tests {
     use super::*;
     use crate::config::load_toml;
+    use crate::testkit::scratch::ScratchFile;
 
     #[test]
     fn ha_settings_are_checked_and_name_what_to_fix() {
@@ -523,15 +524,12 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.toml");
-        std::fs::write(
-            &path,
+        let file = ScratchFile::new(
+            "m.toml",
             "rpc_port = 6000\nmetrics_port = 7000\nclient_ttl_ms = \"3s\"\n",
-        )
-        .unwrap();
+        );
         let args = MasterArgs {
-            config: Some(path),
+            config: Some(file.path().into()),
             rpc_port: Some(6001),
             ..Default::default()
         };
@@ -550,20 +548,18 @@ mod tests {
         let e = args.resolve().unwrap_err().to_string();
         assert!(e.contains("master.eviction_high_watermark_ratio"), "{e}");
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.toml");
-        std::fs::write(&path, "rpc_prot = 1\n").unwrap();
+        let file = ScratchFile::new("m.toml", "rpc_prot = 1\n");
         let e = MasterArgs {
-            config: Some(path.clone()),
+            config: Some(file.path().into()),
             ..Default::default()
         }
         .resolve()
         .unwrap_err()
         .to_string();
         assert!(e.contains("rpc_prot"), "{e}");
-        std::fs::write(&path, "rpc_port = \"high\"\n").unwrap();
+        file.rewrite("rpc_port = \"high\"\n");
         let e = MasterArgs {
-            config: Some(path),
+            config: Some(file.path().into()),
             ..Default::default()
         }
         .resolve()

@@ -10,8 +10,8 @@ use crate::telemetry::OpStats;
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
 use crate::transfer::rpc::{self, Rpc};
-use crate::transfer::server::{HandOn, Handled, ServerIo, Service};
-use crate::transfer::{Header, Opcode, Status, TransferError};
+use crate::transfer::server::{HandOn, Handled, Handling, ServerIo, Service};
+use crate::transfer::{Opcode, Status, TransferError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -719,20 +719,14 @@ fn status_of(r: OpResult<()>) -> Status {
 }
 
 impl Service for MasterService {
-    fn handle(
-        &self,
-        req: &Header,
-        op: Opcode,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-    ) -> Result<Handled, TransferError> {
+    fn handle(&self, op: Opcode, meta: &[u8], io: &mut ServerIo<'_>) -> Handling {
         let started = self.stats.start();
         let t0 = io.arrived();
         match self.leadership.check(t0) {
             Ok(Some(fence)) => io.fence(fence),
             Ok(None) => {}
             Err(not_leader) => {
-                self.stats.record_since(req.opcode, false, started);
+                self.stats.record_since(op as u8, false, started);
                 io.error(Status::NotLeader, &not_leader.to_string())?;
                 return Ok(Handled::Answered);
             }
@@ -743,9 +737,9 @@ impl Service for MasterService {
             Ok(Served::HandedOn(_)) => {}
             Ok(served) => {
                 let answered = matches!(served, Served::Answered);
-                self.stats.record_since(req.opcode, answered, started)
+                self.stats.record_since(op as u8, answered, started)
             }
-            Err(_) => self.stats.record_since(req.opcode, false, started),
+            Err(_) => self.stats.record_since(op as u8, false, started),
         }
         if changes_state(op) {
             self.housekeeper.poke();

@@ -26,7 +26,7 @@ use crate::transfer::message::{
     BatchKeysReq, BatchRemoveReq, KeyReq, PingReq, PingResp, RemoveAllReq, RemoveReq, Wire,
 };
 use crate::transfer::rpc;
-use crate::transfer::server::{Guest, GuestConn, ServerIo, Service, Sink};
+use crate::transfer::server::{Guest, GuestConn, Handling, ServerIo, Service, Sink};
 use crate::transfer::tenant as tenants;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -167,13 +167,7 @@ fn expected_request_hash(rpc: Rpc) -> (bool, Option<u32>) {
     /// A service that serves nothing: the probe never gets past the arguments.
     struct Nothing(crate::transfer::server::ConnCounters);
     impl Service for Nothing {
-        fn handle(
-            &self,
-            _: &Header,
-            _: Opcode,
-            _: &[u8],
-            _: &mut ServerIo<'_>,
-        ) -> Result<crate::transfer::server::Handled, crate::transfer::TransferError> {
+        fn handle(&self, _: Opcode, _: &[u8], _: &mut ServerIo<'_>) -> Handling {
             Err(crate::transfer::TransferError::Protocol(
                 "a probe serves nothing".into(),
             ))
@@ -790,7 +784,7 @@ pub(super) fn call<R: crate::transfer::rpc::Rpc>(
         true,
         Instant::now(),
     );
-    if let Err(e) = service.handle(&header, op, &meta, &mut io) {
+    if let Err(e) = service.handle(op, &meta, &mut io) {
         tracing::warn!(op = op.name(), error = %e, "a Mooncake request failed in the master");
         return Err(Fail::Code(error_code::INTERNAL_ERROR));
     }

@@ -120,6 +120,7 @@ impl OperatorArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::scratch::ScratchFile;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -142,17 +143,20 @@ mod tests {
 
     #[test]
     fn a_flag_wins_over_the_file_which_wins_over_the_default() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("operator.toml");
-        std::fs::write(
-            &file,
+        let file = ScratchFile::new(
+            "operator.toml",
             "workers = 9\nlease_name = \"from-file\"\nresync_secs = 0\n",
-        )
+        );
+        let cfg = parse(&[
+            "--config",
+            &file.arg(),
+            "--workers",
+            "2",
+            "--leader-elect",
+            "false",
+        ])
+        .resolve()
         .unwrap();
-        let f = file.to_str().unwrap();
-        let cfg = parse(&["--config", f, "--workers", "2", "--leader-elect", "false"])
-            .resolve()
-            .unwrap();
         assert_eq!(cfg.workers, 2, "the flag");
         assert_eq!(cfg.lease_name, "from-file", "the file");
         assert_eq!(cfg.resync_secs, 0, "the file, even where it says 0");
@@ -211,10 +215,8 @@ mod tests {
 
     #[test]
     fn bad_files_and_values_name_what_to_fix() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("operator.toml");
-        std::fs::write(&file, "workerz = 9\n").unwrap();
-        let e = parse(&["--config", file.to_str().unwrap()])
+        let file = ScratchFile::new("operator.toml", "workerz = 9\n");
+        let e = parse(&["--config", &file.arg()])
             .resolve()
             .unwrap_err()
             .to_string();

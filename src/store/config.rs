@@ -385,6 +385,7 @@ impl StoreConfig {
 mod tests {
     use super::*;
     use crate::config::load_toml;
+    use crate::testkit::scratch::ScratchFile;
 
     /// Mooncake's unauthenticated transport is served by default only without a secret, and
     /// never without a segment.
@@ -472,13 +473,10 @@ mod tests {
 
     #[test]
     fn mooncake_env_sits_between_file_and_flags() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("s.toml");
-        std::fs::write(
-            &p,
+        let file = ScratchFile::new(
+            "s.toml",
             "master = \"file:1\"\nsegment_size = \"64MiB\"\nport = 7000\n",
-        )
-        .unwrap();
+        );
         let env = MooncakeEnv {
             master: Some("env:2".into()),
             global_segment_size: Some(50 << 30),
@@ -486,7 +484,7 @@ mod tests {
             ..Default::default()
         };
         let args = StoreArgs {
-            config: Some(p),
+            config: Some(file.path().into()),
             segment_size: Some(ByteSize(1 << 20)),
             ..Default::default()
         };

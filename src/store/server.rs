@@ -15,8 +15,8 @@ use crate::transfer::message::{
     SealReq, StoreInfoResp, StoredObject, Wire, WriteReq,
 };
 use crate::transfer::rpc::{self, Rpc};
-use crate::transfer::server::{Handled, ServerIo, Service};
-use crate::transfer::{Header, Opcode, Status, TransferError};
+use crate::transfer::server::{Handled, Handling, ServerIo, Service};
+use crate::transfer::{Opcode, Status, TransferError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -671,15 +671,8 @@ impl StoreService {
 }
 
 impl Service for StoreService {
-    fn handle(
-        &self,
-        req: &Header,
-        op: Opcode,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-    ) -> Result<Handled, TransferError> {
-        self.stats
-            .timed(req.opcode, || self.dispatch(op, meta, io))?;
+    fn handle(&self, op: Opcode, meta: &[u8], io: &mut ServerIo<'_>) -> Handling {
+        self.stats.timed(op as u8, || self.dispatch(op, meta, io))?;
         Ok(Handled::Answered)
     }
 

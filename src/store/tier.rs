@@ -21,8 +21,8 @@ use crate::transfer::message::{
     BatchStatusResp, MoveItem, MoveKind, ReadReq, ReadVersionReq, StoreInfoResp, StoredObject, Wire,
 };
 use crate::transfer::rpc::{self, Rpc};
-use crate::transfer::server::{ConnCounters, Handled, ServerIo, Service};
-use crate::transfer::{Header, Opcode, Status, TransferError};
+use crate::transfer::server::{ConnCounters, Handled, Handling, ServerIo, Service};
+use crate::transfer::{Opcode, Status, TransferError};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -477,15 +477,8 @@ impl DiskService {
 }
 
 impl Service for DiskService {
-    fn handle(
-        &self,
-        req: &Header,
-        op: Opcode,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-    ) -> Result<Handled, TransferError> {
-        self.stats
-            .timed(req.opcode, || self.dispatch(op, meta, io))?;
+    fn handle(&self, op: Opcode, meta: &[u8], io: &mut ServerIo<'_>) -> Handling {
+        self.stats.timed(op as u8, || self.dispatch(op, meta, io))?;
         Ok(Handled::Answered)
     }
 

@@ -9,6 +9,7 @@
 //! - `load`: a put/get/remove load that records its history (`rbgctl bench history-load`).
 //! - `netns`: hosts of their own (network namespaces on a bridge) whose links fail on demand.
 //! - `proxy`: a TCP link that delays what it forwards.
+//! - `scratch`: files the unit tests write, each in a temporary directory of its own.
 
 pub mod apiserver;
 pub mod browser;
@@ -17,4 +18,6 @@ pub mod history;
 pub mod load;
 pub mod netns;
 pub mod proxy;
+#[cfg(test)]
+pub mod scratch;
 pub mod tokenizer;

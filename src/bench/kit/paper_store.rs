@@ -8,8 +8,10 @@
 use crate::transfer::grant::GrantKey;
 use crate::transfer::message::*;
 use crate::transfer::rpc;
-use crate::transfer::server::{self, ConnCounters, Handled, ServerHandle, ServerIo, Service};
-use crate::transfer::{ConnOptions, Header, Opcode, Pool, Status, TransferError};
+use crate::transfer::server::{
+    self, ConnCounters, Handled, Handling, ServerHandle, ServerIo, Service,
+};
+use crate::transfer::{ConnOptions, Opcode, Pool, Status, TransferError};
 use parking_lot::Mutex;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,13 +34,7 @@ impl PaperService {
 }
 
 impl Service for PaperService {
-    fn handle(
-        &self,
-        _req: &Header,
-        op: Opcode,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-    ) -> Result<Handled, TransferError> {
+    fn handle(&self, op: Opcode, meta: &[u8], io: &mut ServerIo<'_>) -> Handling {
         let answered = match op {
             Opcode::Forget => {
                 ForgetReq::from_meta(self.order(op, meta)?)?;

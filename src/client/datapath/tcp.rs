@@ -308,8 +308,10 @@ impl DataPath for Tcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::server::{self, ConnCounters, Handled, ServerIo, ServerOptions, Service};
-    use crate::transfer::{ConnOptions, Header};
+    use crate::transfer::server::{
+        self, ConnCounters, Handled, Handling, ServerIo, ServerOptions, Service,
+    };
+    use crate::transfer::ConnOptions;
     use parking_lot::Mutex;
     use std::time::Duration;
 
@@ -362,13 +364,7 @@ mod tests {
     }
 
     impl Service for OldStore {
-        fn handle(
-            &self,
-            _: &Header,
-            op: Opcode,
-            meta: &[u8],
-            io: &mut ServerIo<'_>,
-        ) -> Result<Handled, TransferError> {
+        fn handle(&self, op: Opcode, meta: &[u8], io: &mut ServerIo<'_>) -> Handling {
             if op != Opcode::Write {
                 io.discard_data()?;
                 io.error(Status::UnknownOpcode, "not known here")?;

@@ -81,7 +81,7 @@ pub fn error_response(status: StatusCode, kind: &str, message: &str, rid: &str) 
     r
 }
 
-/// One request, as each attempt needs it.
+/// One request, as each attempt needs it, and what the attempts before it left.
 pub(crate) struct Call<'a> {
     pub(crate) endpoint: Endpoint,
     pub(crate) headers: &'a HeaderMap,
@@ -89,6 +89,10 @@ pub(crate) struct Call<'a> {
     pub(crate) info: &'a RouteInfo,
     pub(crate) input: RouteInput<'a>,
     pub(crate) rid: &'a str,
+    /// The workers the attempts before this one tried.
+    pub(crate) tried: &'a [Arc<str>],
+    /// The request's admission slot, until an answer's body takes it (held to the body's end).
+    pub(crate) slot: &'a mut Option<Slot>,
 }
 
 /// A leg that failed: what the client gets, and why in one line.
@@ -389,19 +393,17 @@ impl Router {
                     .nth_jittered(attempt, fastrand::f64());
                 tokio::time::sleep(wait).await;
             }
-            let call = Call {
+            let mut call = Call {
                 endpoint,
                 headers,
                 body: &body,
                 info,
                 input,
                 rid,
+                tried: &tried,
+                slot: &mut slot,
             };
-            let outcome = self
-                .routing
-                .route
-                .attempt(self, &call, &tried, &mut slot)
-                .await;
+            let outcome = self.routing.route.attempt(self, &mut call).await;
             match outcome {
                 Attempt::Done(r) => {
                     self.metrics.duration(endpoint, started.elapsed());

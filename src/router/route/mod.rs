@@ -12,7 +12,6 @@ mod sglang_pd;
 mod vllm_pd;
 
 use crate::router::config::Backend;
-use crate::router::limiter::Slot;
 use crate::router::proxy::{Attempt, Call};
 use crate::router::request::Endpoint;
 use crate::router::worker::WorkerType;
@@ -33,14 +32,12 @@ pub(crate) trait RouteMode {
         None
     }
 
-    /// One attempt: a worker (or a pair) chosen leaving out `tried` where others remain, the
+    /// One attempt: a worker (or a pair) chosen leaving out `call.tried` where others remain, the
     /// request sent, and the answer to relay or the reason to try again.
     fn attempt(
         &self,
         router: &Arc<Router>,
-        call: &Call<'_>,
-        tried: &[Arc<str>],
-        slot: &mut Option<Slot>,
+        call: &mut Call<'_>,
     ) -> impl std::future::Future<Output = Attempt> + Send;
 }
 
@@ -91,23 +88,18 @@ impl Route {
         }
     }
 
-    pub(crate) async fn attempt(
-        &self,
-        router: &Arc<Router>,
-        call: &Call<'_>,
-        tried: &[Arc<str>],
-        slot: &mut Option<Slot>,
-    ) -> Attempt {
+    /// One attempt in this mode (`RouteMode::attempt`).
+    pub(crate) async fn attempt(&self, router: &Arc<Router>, call: &mut Call<'_>) -> Attempt {
         // The prefill/decode modes' futures (two legs each) are boxed: inline, their size
         // would be every request's future's, copied and allocated with it in every mode.
         match self {
-            Route::Regular(m) => m.attempt(router, call, tried, slot).await,
-            Route::VllmPd(m) => Box::pin(m.attempt(router, call, tried, slot)).await,
+            Route::Regular(m) => m.attempt(router, call).await,
+            Route::VllmPd(m) => Box::pin(m.attempt(router, call)).await,
             Route::PdByEngine(sglang, vllm) => {
                 if prefill_is_vllm(router) {
-                    Box::pin(vllm.attempt(router, call, tried, slot)).await
+                    Box::pin(vllm.attempt(router, call)).await
                 } else {
-                    Box::pin(sglang.attempt(router, call, tried, slot)).await
+                    Box::pin(sglang.attempt(router, call)).await
                 }
             }
         }

@@ -1,6 +1,5 @@
 //! A request to one regular worker, chosen by the policy.
 
-use crate::router::limiter::Slot;
 use crate::router::proxy::{buffered, error_response, no_workers, Attempt, Call, Held};
 use crate::router::request::retryable;
 use crate::router::route::RouteMode;
@@ -17,23 +16,15 @@ impl RouteMode for Regular {
         "regular"
     }
 
-    async fn attempt(
-        &self,
-        router: &Arc<Router>,
-        call: &Call<'_>,
-        tried: &[Arc<str>],
-        slot: &mut Option<Slot>,
-    ) -> Attempt {
-        let Call {
-            endpoint,
-            headers,
-            body,
-            info: _,
-            ref input,
-            rid,
-        } = *call;
-        let Some(guard) = router.choose(&*router.routing.policy, WorkerType::Regular, input, tried)
-        else {
+    async fn attempt(&self, router: &Arc<Router>, call: &mut Call<'_>) -> Attempt {
+        let (endpoint, headers, body, rid) = (call.endpoint, call.headers, call.body, call.rid);
+        let input = &call.input;
+        let Some(guard) = router.choose(
+            &*router.routing.policy,
+            WorkerType::Regular,
+            input,
+            call.tried,
+        ) else {
             return Attempt::Done(no_workers("", rid));
         };
         let worker = guard.worker().clone();
@@ -72,7 +63,7 @@ impl RouteMode for Regular {
                 }
                 let held = Held {
                     _load: vec![guard],
-                    slot: slot.take(),
+                    slot: call.slot.take(),
                 };
                 Attempt::Done(router.relay(resp, worker, held, None, rid))
             }

@@ -1,7 +1,6 @@
 //! SGLang's prefill/decode contract: the same request, with the prefill's bootstrap host, port
 //! and room added, sent to a prefill and a decode worker at once; the decode's answer relayed.
 
-use crate::router::limiter::Slot;
 use crate::router::proxy::{buffered, error_response, prefixed, Attempt, Call, Held};
 use crate::router::request::{inject_bootstrap, random_room, retryable, Endpoint};
 use crate::router::route::RouteMode;
@@ -25,22 +24,11 @@ impl RouteMode for SglangPd {
         super::pd_refuses(endpoint)
     }
 
-    async fn attempt(
-        &self,
-        router: &Arc<Router>,
-        call: &Call<'_>,
-        tried: &[Arc<str>],
-        slot: &mut Option<Slot>,
-    ) -> Attempt {
-        let Call {
-            endpoint,
-            headers,
-            body,
-            info,
-            ref input,
-            rid,
-        } = *call;
-        let (p_guard, d_guard) = match router.choose_pair(input, tried, rid) {
+    async fn attempt(&self, router: &Arc<Router>, call: &mut Call<'_>) -> Attempt {
+        let (endpoint, headers, body, info, rid) =
+            (call.endpoint, call.headers, call.body, call.info, call.rid);
+        let input = &call.input;
+        let (p_guard, d_guard) = match router.choose_pair(input, call.tried, rid) {
             Ok(pair) => pair,
             Err(a) => return a,
         };
@@ -142,7 +130,7 @@ impl RouteMode for SglangPd {
         });
         let held = Held {
             _load: vec![d_guard],
-            slot: slot.take(),
+            slot: call.slot.take(),
         };
         Attempt::Done(router.relay(d_resp, decode, held, None, rid))
     }

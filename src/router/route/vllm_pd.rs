@@ -3,7 +3,6 @@
 //! `kv_transfer_params` handed to the decode leg; with Mooncake's connector both legs go at
 //! once, the decode told the prefill engine's id from its bootstrap server.
 
-use crate::router::limiter::Slot;
 use crate::router::proxy::{
     buffered, error_response, prefixed, Attempt, Call, Companion, Held, LegFailure,
 };
@@ -43,21 +42,9 @@ impl RouteMode for VllmPd {
     /// with its `kv_transfer_params`; Mooncake sends both legs with one transfer id, at once
     /// or one after the other. When one leg fails the other is dropped at once (which cancels
     /// its request) and the client gets the failure.
-    async fn attempt(
-        &self,
-        router: &Arc<Router>,
-        call: &Call<'_>,
-        tried: &[Arc<str>],
-        slot: &mut Option<Slot>,
-    ) -> Attempt {
-        let Call {
-            endpoint,
-            headers,
-            body,
-            info: _,
-            ref input,
-            rid,
-        } = *call;
+    async fn attempt(&self, router: &Arc<Router>, call: &mut Call<'_>) -> Attempt {
+        let (endpoint, headers, body, rid) = (call.endpoint, call.headers, call.body, call.rid);
+        let input = &call.input;
         let refuse = |status: StatusCode, kind: &str, msg: &str| {
             Attempt::Done(error_response(status, kind, msg, rid))
         };
@@ -85,7 +72,7 @@ impl RouteMode for VllmPd {
                 ),
             );
         }
-        let (p_guard, d_guard) = match router.choose_pair(input, tried, rid) {
+        let (p_guard, d_guard) = match router.choose_pair(input, call.tried, rid) {
             Ok(pair) => pair,
             Err(a) => return a,
         };
@@ -261,7 +248,7 @@ impl RouteMode for VllmPd {
         };
         let held = Held {
             _load: vec![d_guard],
-            slot: slot.take(),
+            slot: call.slot.take(),
         };
         Attempt::Done(router.relay(d_resp, decode, held, companion, rid))
     }

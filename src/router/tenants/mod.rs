@@ -385,6 +385,7 @@ impl Tenants {
 mod tests {
     use super::table::key_entry;
     use super::*;
+    use crate::testkit::scratch::ScratchFile;
     use http::HeaderValue;
 
     fn table() -> Table {
@@ -530,37 +531,30 @@ mod tests {
 
     #[test]
     fn a_garbage_file_leaves_the_keys_in_force() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tenants.toml");
-        std::fs::write(
-            &path,
+        let file = ScratchFile::new(
+            "tenants.toml",
             format!(
                 "[[tenant]]\nname = \"a\"\nkeys = [\"{}\"]\n",
                 key_entry("k1")
             ),
-        )
-        .unwrap();
-        let t = Tenants::load(&path, None, None, 1).unwrap();
+        );
+        let t = Tenants::load(file.path(), None, None, 1).unwrap();
         assert!(t.table().by_key_hash(&table::hash_key("k1")).is_some());
-        std::fs::write(&path, "garbage [[[").unwrap();
+        file.rewrite("garbage [[[");
         t.reload_if_changed();
         assert_eq!(t.reload_errors.load(Ordering::Relaxed), 1);
         assert!(t.table().by_key_hash(&table::hash_key("k1")).is_some());
         // Unchanged: not read again, not counted again.
         t.reload_if_changed();
         assert_eq!(t.reload_errors.load(Ordering::Relaxed), 1);
-        std::fs::write(
-            &path,
-            format!(
-                "[[tenant]]\nname = \"a\"\nkeys = [\"{}\"]\n\n",
-                key_entry("k2")
-            ),
-        )
-        .unwrap();
+        file.rewrite(format!(
+            "[[tenant]]\nname = \"a\"\nkeys = [\"{}\"]\n\n",
+            key_entry("k2")
+        ));
         t.reload_if_changed();
         assert_eq!(t.reloads.load(Ordering::Relaxed), 1);
         assert!(t.table().by_key_hash(&table::hash_key("k1")).is_none());
         assert!(t.table().by_key_hash(&table::hash_key("k2")).is_some());
-        assert!(Tenants::load(&dir.path().join("none.toml"), None, None, 1).is_err());
+        assert!(Tenants::load(&file.sibling("none.toml"), None, None, 1).is_err());
     }
 }

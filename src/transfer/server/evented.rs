@@ -845,7 +845,7 @@ fn serve_frame(
             return Next::Close;
         }
     }
-    match shared.service.handle(&req, op, meta, &mut io) {
+    match shared.service.handle(op, meta, &mut io) {
         // Answered here: the common case, decided without a call.
         Ok(Handled::Answered) if io.replied => Next::Serve,
         result => settle(shared, conn.peer, op, result, &mut io),
@@ -904,7 +904,7 @@ fn hand_on(shared: &Arc<Shared>, door: &Door, token: usize, conn: &Conn, waiting
         let arrived = Instant::now();
         let mut io = ServerIo::new(Sink::Buffer(&mut out), req, &mut attached, true, arrived);
         let result = match handoff {
-            HandOn::Rerun => shared.service.handle(&req, op, &meta, &mut io),
+            HandOn::Rerun => shared.service.handle(op, &meta, &mut io),
             HandOn::Finish(rest) => {
                 if let Some(fence) = fence {
                     io.fence(fence);
@@ -1005,7 +1005,7 @@ impl Blocking {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{spawn_evented, Deferred, Fence, ServerHandle, ServerOptions};
+    use super::super::{spawn_evented, Deferred, Fence, Handling, ServerHandle, ServerOptions};
     use super::*;
     use crate::transfer::frame::FLAG_EPOCH;
     use crate::transfer::stream::FramedStream;
@@ -1024,13 +1024,7 @@ mod tests {
     }
 
     impl Service for Waits {
-        fn handle(
-            &self,
-            _req: &Header,
-            op: Opcode,
-            _meta: &[u8],
-            io: &mut ServerIo<'_>,
-        ) -> Result<Handled, TransferError> {
+        fn handle(&self, op: Opcode, _meta: &[u8], io: &mut ServerIo<'_>) -> Handling {
             let answered = match op {
                 Opcode::Ping => io.reply(Status::Ok, b"pong", &[]),
                 Opcode::Leave => {

@@ -137,18 +137,15 @@ impl ConnCounters {
     }
 }
 
+/// What a handler did with a request, or the error that ends its connection.
+pub type Handling = Result<Handled, TransferError>;
+
 /// What a server does with each request.
 pub trait Service: Send + Sync + 'static {
-    /// Handles one request: consumes its payload and writes exactly one reply through `io`,
-    /// or, where `io` may not block, hands it on unanswered. A `Protocol` error replies
-    /// `MALFORMED_FRAME` and closes the connection.
-    fn handle(
-        &self,
-        req: &Header,
-        op: Opcode,
-        meta: &[u8],
-        io: &mut ServerIo<'_>,
-    ) -> Result<Handled, TransferError>;
+    /// Handles one request, `op` with metadata `meta`: consumes its payload and writes exactly
+    /// one reply through `io`, or, where `io` may not block, hands it on unanswered. A
+    /// `Protocol` error replies `MALFORMED_FRAME` and closes the connection.
+    fn handle(&self, op: Opcode, meta: &[u8], io: &mut ServerIo<'_>) -> Handling;
     /// Largest payload a request may carry.
     fn max_data_len(&self) -> u64;
     /// Where the server counts what happens to connections (for metrics).

@@ -138,7 +138,7 @@ pub(super) fn serve_connection(
                 break;
             }
         }
-        match service.handle(&req, op, &meta, &mut sio) {
+        match service.handle(op, &meta, &mut sio) {
             Ok(handled) => match sio.check(&handled) {
                 Ok(()) if sio.pending_data() == 0 => slot.active(Instant::now(), false),
                 Ok(()) => {
