@@ -199,82 +199,87 @@ pub fn result(a: &ServingArgs, done: &[(usize, Outcome)], duration: f64) -> Serv
 
 /// The result as text, in `bench_serving`'s layout.
 pub fn render(r: &ServingResult) -> String {
-    let mut s = String::new();
-    let mut row = |k: &str, v: String| s.push_str(&format!("{k:<40}{v:>12}\n"));
-    row(
-        "============ Serving Benchmark Result ============",
-        String::new(),
-    );
-    row("Backend:", r.backend.clone());
-    row("Traffic request rate:", format!("{}", r.request_rate));
-    row(
-        "Max request concurrency:",
-        if r.max_concurrency == 0 {
-            "not set".into()
-        } else {
-            r.max_concurrency.to_string()
-        },
-    );
-    row("Successful requests:", r.completed.to_string());
-    row("Failed requests:", r.failed.to_string());
-    row("Benchmark duration (s):", format!("{:.2}", r.duration));
-    row("Total input tokens:", r.total_input_tokens.to_string());
-    row("Total generated tokens:", r.total_output_tokens.to_string());
-    row(
-        "Request throughput (req/s):",
-        format!("{:.2}", r.request_throughput),
-    );
-    row(
-        "Input token throughput (tok/s):",
-        format!("{:.2}", r.input_throughput),
-    );
-    row(
-        "Output token throughput (tok/s):",
-        format!("{:.2}", r.output_throughput),
-    );
-    row(
-        "Total token throughput (tok/s):",
-        format!("{:.2}", r.total_throughput),
-    );
-    row("Concurrency:", format!("{:.2}", r.concurrency));
-    row(
-        "Cache hit rate:",
-        format!("{:.2} %", r.cache_hit_rate * 100.0),
-    );
-    row(
-        "----------------End-to-End Latency----------------",
-        String::new(),
-    );
-    row(
-        "Mean E2E Latency (ms):",
-        format!("{:.2}", r.mean_e2e_latency_ms),
-    );
-    row(
-        "Median E2E Latency (ms):",
-        format!("{:.2}", r.median_e2e_latency_ms),
-    );
-    row(
-        "---------------Time to First Token----------------",
-        String::new(),
-    );
-    row("Mean TTFT (ms):", format!("{:.2}", r.mean_ttft_ms));
-    row("Median TTFT (ms):", format!("{:.2}", r.median_ttft_ms));
-    row("P99 TTFT (ms):", format!("{:.2}", r.p99_ttft_ms));
-    row(
-        "-----Time per Output Token (excl. 1st token)------",
-        String::new(),
-    );
-    row("Mean TPOT (ms):", format!("{:.2}", r.mean_tpot_ms));
-    row("Median TPOT (ms):", format!("{:.2}", r.median_tpot_ms));
-    row("P99 TPOT (ms):", format!("{:.2}", r.p99_tpot_ms));
-    row(
-        "---------------Inter-Token Latency----------------",
-        String::new(),
-    );
-    row("Mean ITL (ms):", format!("{:.2}", r.mean_itl_ms));
-    row("Median ITL (ms):", format!("{:.2}", r.median_itl_ms));
-    row("P99 ITL (ms):", format!("{:.2}", r.p99_itl_ms));
-    s.push_str("==================================================\n");
+    let f2 = |x: f64| format!("{x:.2}");
+    let concurrency = match r.max_concurrency {
+        0 => "not set".to_string(),
+        n => n.to_string(),
+    };
+    let mut rows: Vec<(String, String)> = vec![
+        (
+            format!("{:=^50}", " Serving Benchmark Result "),
+            String::new(),
+        ),
+        ("Backend:".into(), r.backend.clone()),
+        ("Traffic request rate:".into(), r.request_rate.to_string()),
+        ("Max request concurrency:".into(), concurrency),
+        ("Successful requests:".into(), r.completed.to_string()),
+        ("Failed requests:".into(), r.failed.to_string()),
+        ("Benchmark duration (s):".into(), f2(r.duration)),
+        (
+            "Total input tokens:".into(),
+            r.total_input_tokens.to_string(),
+        ),
+        (
+            "Total generated tokens:".into(),
+            r.total_output_tokens.to_string(),
+        ),
+        (
+            "Request throughput (req/s):".into(),
+            f2(r.request_throughput),
+        ),
+        (
+            "Input token throughput (tok/s):".into(),
+            f2(r.input_throughput),
+        ),
+        (
+            "Output token throughput (tok/s):".into(),
+            f2(r.output_throughput),
+        ),
+        (
+            "Total token throughput (tok/s):".into(),
+            f2(r.total_throughput),
+        ),
+        ("Concurrency:".into(), f2(r.concurrency)),
+        (
+            "Cache hit rate:".into(),
+            format!("{:.2} %", r.cache_hit_rate * 100.0),
+        ),
+        (format!("{:-^50}", "End-to-End Latency"), String::new()),
+        ("Mean E2E Latency (ms):".into(), f2(r.mean_e2e_latency_ms)),
+        (
+            "Median E2E Latency (ms):".into(),
+            f2(r.median_e2e_latency_ms),
+        ),
+    ];
+    let latencies = [
+        (
+            "Time to First Token",
+            "TTFT",
+            [r.mean_ttft_ms, r.median_ttft_ms, r.p99_ttft_ms],
+        ),
+        (
+            "Time per Output Token (excl. 1st token)",
+            "TPOT",
+            [r.mean_tpot_ms, r.median_tpot_ms, r.p99_tpot_ms],
+        ),
+        (
+            "Inter-Token Latency",
+            "ITL",
+            [r.mean_itl_ms, r.median_itl_ms, r.p99_itl_ms],
+        ),
+    ];
+    for (title, name, [mean, median, p99]) in latencies {
+        rows.push((format!("{title:-^50}"), String::new()));
+        rows.push((format!("Mean {name} (ms):"), f2(mean)));
+        rows.push((format!("Median {name} (ms):"), f2(median)));
+        rows.push((format!("P99 {name} (ms):"), f2(p99)));
+    }
+    let mut s: String = rows
+        .iter()
+        .map(|(k, v)| format!("{k:<40}{v:>12}\n"))
+        .collect();
+    s.push_str(&"=".repeat(50));
+    s.push('\n');
     s
 }
 
@@ -575,6 +580,11 @@ mod tests {
         );
         assert!((r.concurrency - 0.8).abs() < 1e-9);
         assert!((r.cache_hit_rate - 0.25).abs() < 1e-12);
-        assert!(render(&r).contains("Serving Benchmark Result"));
+        let text = render(&r);
+        assert!(text.starts_with("============ Serving Benchmark Result ============"));
+        assert!(text.contains("\n---------------Time to First Token----------------"));
+        assert!(text.contains("\n-----Time per Output Token (excl. 1st token)------"));
+        assert!(text.contains(&format!("\n{:<40}{:>12}\n", "Mean TTFT (ms):", "200.00")));
+        assert!(text.ends_with("\n==================================================\n"));
     }
 }

@@ -363,22 +363,16 @@ pub async fn serve_tls(
 
 /// A service a port serves: it answers every request itself (never fails).
 pub trait HttpService:
-    tower_service::Service<
-        http::Request<axum::body::Body>,
-        Response = Response,
-        Error = std::convert::Infallible,
-    > + Clone
+    tower_service::Service<Request, Response = Response, Error = std::convert::Infallible>
+    + Clone
     + Send
     + 'static
 {
 }
 
 impl<S> HttpService for S where
-    S: tower_service::Service<
-            http::Request<axum::body::Body>,
-            Response = Response,
-            Error = std::convert::Infallible,
-        > + Clone
+    S: tower_service::Service<Request, Response = Response, Error = std::convert::Infallible>
+        + Clone
         + Send
         + 'static
 {

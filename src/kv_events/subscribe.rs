@@ -417,7 +417,11 @@ mod tests {
 
     /// Waits (bounded) until `f` holds, publishing `probe` meanwhile so that a subscription
     /// that has not taken yet hears something.
-    fn until(p: &Publisher, mut probe: impl FnMut() -> KvEventBatch, f: impl Fn() -> bool) -> bool {
+    fn until_probing(
+        p: &Publisher,
+        mut probe: impl FnMut() -> KvEventBatch,
+        f: impl Fn() -> bool,
+    ) -> bool {
         for _ in 0..400 {
             if f() {
                 return true;
@@ -426,6 +430,19 @@ mod tests {
             std::thread::sleep(Duration::from_millis(25));
         }
         f()
+    }
+
+    /// `until_probing` with blocks stored as the probe, their hashes from `probes + 1` on.
+    fn until(p: &Publisher, probes: i64, f: impl Fn() -> bool) -> bool {
+        let mut n = probes;
+        until_probing(
+            p,
+            || {
+                n += 1;
+                stored(n)
+            },
+            f,
+        )
     }
 
     /// A subscriber that comes late catches up from the replay buffer at once, then follows
@@ -439,8 +456,7 @@ mod tests {
             p.publish(stored(h));
         }
         // Sent, to nobody (a PUB drops what no subscriber is there for): only replay has them.
-        let sent = (0..400).any(|_| {
-            std::thread::sleep(Duration::from_millis(5));
+        let sent = crate::testkit::wait_until(Duration::from_secs(2), || {
             p.stats.batches.load(Ordering::Relaxed) == 5
         });
         assert!(sent, "the publisher did not send");
@@ -454,8 +470,7 @@ mod tests {
         };
         let sub = Subscription::start(&zmq::Context::new(), source, sink).unwrap();
         // Caught up from the replay buffer at once: nothing new needs to be published.
-        let synced = (0..400).any(|_| {
-            std::thread::sleep(Duration::from_millis(5));
+        let synced = crate::testkit::wait_until(Duration::from_secs(2), || {
             sub.stats.batches.load(Ordering::Relaxed) == 5
         });
         assert!(
@@ -469,15 +484,7 @@ mod tests {
             );
         }
         assert!(sub.stats.in_step.load(Ordering::Relaxed));
-        let mut probe = 100;
-        let caught_up = until(
-            &p,
-            || {
-                probe += 1;
-                stored(probe)
-            },
-            || sub.stats.batches.load(Ordering::Relaxed) >= 6,
-        );
+        let caught_up = until(&p, 100, || sub.stats.batches.load(Ordering::Relaxed) >= 6);
         assert!(caught_up, "the subscriber never heard the source live");
         assert_eq!(sub.stats.lost.load(Ordering::Relaxed), 0);
         // The source restarts on the same ports, holding other blocks now.
@@ -493,15 +500,7 @@ mod tests {
             attn_dp_rank: Some(0),
         });
         p.publish(stored(42));
-        let mut probe = 1000;
-        let resynced = until(
-            &p,
-            || {
-                probe += 1;
-                stored(probe)
-            },
-            || !index.lock().tiers_of(3, 42).is_empty(),
-        );
+        let resynced = until(&p, 1000, || !index.lock().tiers_of(3, 42).is_empty());
         assert!(resynced, "the restarted source was not followed");
         assert!(
             index.lock().tiers_of(3, 1).is_empty(),
@@ -521,8 +520,7 @@ mod tests {
         .unwrap();
         let p = Publisher::start(&cfg).unwrap();
         p.publish(stored(1));
-        let sent = (0..400).any(|_| {
-            std::thread::sleep(Duration::from_millis(5));
+        let sent = crate::testkit::wait_until(Duration::from_secs(2), || {
             p.stats.batches.load(Ordering::Relaxed) == 1
         });
         assert!(sent, "the publisher did not send");
@@ -535,15 +533,7 @@ mod tests {
             topic: String::new(),
         };
         let sub = Subscription::start(&zmq::Context::new(), source, sink).unwrap();
-        let mut probe = 100;
-        let heard = until(
-            &p,
-            || {
-                probe += 1;
-                stored(probe)
-            },
-            || sub.stats.lost.load(Ordering::Relaxed) >= 1,
-        );
+        let heard = until(&p, 100, || sub.stats.lost.load(Ordering::Relaxed) >= 1);
         assert!(heard, "the late subscriber never heard the source");
         assert!(
             !sub.stats.in_step.load(Ordering::Relaxed),
@@ -557,7 +547,7 @@ mod tests {
             ],
             attn_dp_rank: Some(0),
         };
-        let in_step = until(&p, snapshot, || sub.stats.in_step.load(Ordering::Relaxed));
+        let in_step = until_probing(&p, snapshot, || sub.stats.in_step.load(Ordering::Relaxed));
         assert!(in_step, "the snapshot did not bring the subscriber in step");
         assert!(
             !index.lock().tiers_of(4, 1).is_empty(),

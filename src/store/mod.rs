@@ -890,80 +890,32 @@ impl StoreStatus {
             &MOUNTED,
             (self.registration.segment_id.load(Ordering::SeqCst) != 0) as u8 as f64,
         )
-        .single(
-            &WRITTEN_BYTES_TOTAL,
-            s.bytes_written.load(Ordering::Relaxed) as f64,
-        )
+        .atomic(&WRITTEN_BYTES_TOTAL, &s.bytes_written)
         .single(&UNHASHED_OBJECTS, s.records.unhashed_count() as f64)
-        .single(
-            &HASHED_LATER_OBJECTS_TOTAL,
-            s.hasher.stats.objects.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &HASHED_LATER_BYTES_TOTAL,
-            s.hasher.stats.bytes.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &HASHES_REPORTED_TOTAL,
-            s.hasher.stats.reported.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &HASH_REPORT_FAILURES_TOTAL,
-            s.hasher.stats.report_failures.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &SEALED_BYTES_TOTAL,
-            s.bytes_sealed.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &RDMA_QUEUE_PAIRS_TOTAL,
-            s.rdma_connects.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &RDMA_SEALED_BYTES_TOTAL,
-            s.rdma_bytes_sealed.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &USED_BYTES,
-            self.registration.used_bytes.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &READ_BYTES_TOTAL,
-            s.bytes_read.load(Ordering::Relaxed) as f64,
-        )
+        .atomic(&HASHED_LATER_OBJECTS_TOTAL, &s.hasher.stats.objects)
+        .atomic(&HASHED_LATER_BYTES_TOTAL, &s.hasher.stats.bytes)
+        .atomic(&HASHES_REPORTED_TOTAL, &s.hasher.stats.reported)
+        .atomic(&HASH_REPORT_FAILURES_TOTAL, &s.hasher.stats.report_failures)
+        .atomic(&SEALED_BYTES_TOTAL, &s.bytes_sealed)
+        .atomic(&RDMA_QUEUE_PAIRS_TOTAL, &s.rdma_connects)
+        .atomic(&RDMA_SEALED_BYTES_TOTAL, &s.rdma_bytes_sealed)
+        .atomic(&USED_BYTES, &self.registration.used_bytes)
+        .atomic(&READ_BYTES_TOTAL, &s.bytes_read)
         .single(&PERSISTENT, s.records.durable().is_some() as u8 as f64)
         .single(&INDEX_RECORDS, s.records.len() as f64)
         .single(
             &READ_LEASE,
             s.lease.valid(std::time::Instant::now()) as u8 as f64,
         )
-        .single(
-            &STALE_READS_TOTAL,
-            s.stale_reads.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &STALE_WRITES_TOTAL,
-            s.stale_writes.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &SUPERSEDED_WRITES_TOTAL,
-            s.superseded_writes.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &UNGRANTED_TOTAL,
-            s.grants.refused.load(Ordering::Relaxed) as f64,
-        )
+        .atomic(&STALE_READS_TOTAL, &s.stale_reads)
+        .atomic(&STALE_WRITES_TOTAL, &s.stale_writes)
+        .atomic(&SUPERSEDED_WRITES_TOTAL, &s.superseded_writes)
+        .atomic(&UNGRANTED_TOTAL, &s.grants.refused)
         .single(&RECOVERED_OBJECTS, s.recovery.objects as f64)
         .single(&RECOVERY_CORRUPT_OBJECTS, s.recovery.corrupt as f64)
         .single(&RECOVERY_SECONDS, s.recovery.seconds)
-        .single(
-            &INDEX_ERRORS_TOTAL,
-            s.index_errors.load(Ordering::Relaxed) as f64,
-        )
-        .single(
-            &CHECKSUM_MISMATCHES_TOTAL,
-            s.checksum_mismatches.load(Ordering::Relaxed) as f64,
-        );
+        .atomic(&INDEX_ERRORS_TOTAL, &s.index_errors)
+        .atomic(&CHECKSUM_MISMATCHES_TOTAL, &s.checksum_mismatches);
         if let Some(d) = &self.disk {
             d.render(&mut p);
         }
@@ -1153,15 +1105,8 @@ mod tests {
         r.segments.len()
     }
 
-    fn wait_until(mut f: impl FnMut() -> bool) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !f() {
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        true
+    fn wait_until(f: impl FnMut() -> bool) -> bool {
+        crate::testkit::wait_until(Duration::from_secs(10), f)
     }
 
     #[test]

@@ -181,6 +181,11 @@ impl PromText {
         self.sample(f, &[], value)
     }
 
+    /// The one unlabelled sample of family `f`, read from its atomic.
+    pub fn atomic(&mut self, f: &Family, value: &std::sync::atomic::AtomicU64) -> &mut Self {
+        self.single(f, value.load(std::sync::atomic::Ordering::Relaxed) as f64)
+    }
+
     /// Histogram `h` as a sample of family `f` with `labels_`.
     pub fn histogram(&mut self, f: &Family, labels_: &[(&str, &str)], h: &Histogram) -> &mut Self {
         self.histogram_counts(f, labels_, h.snapshot())

@@ -407,8 +407,7 @@ impl Browser {
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.call(None, "Browser.close", json!({}), Duration::from_secs(5));
-        let exited = (0..100).any(|_| {
-            std::thread::sleep(Duration::from_millis(20));
+        let exited = super::wait_until(Duration::from_secs(2), || {
             matches!(self.child.try_wait(), Ok(Some(_)))
         });
         if !exited {

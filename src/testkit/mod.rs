@@ -21,3 +21,15 @@ pub mod proxy;
 #[cfg(test)]
 pub mod scratch;
 pub mod tokenizer;
+
+/// Polls `f` every 20 ms until it is true or `timeout` passes; whether it came true.
+pub fn wait_until(timeout: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    f()
+}

@@ -558,29 +558,22 @@ mod tests {
 
     #[test]
     fn malformed_headers_are_rejected_with_a_reason() {
-        let mut b = Header::request(Opcode::Ping, 1, 0, 0).encode();
-        b[0] = b'X';
-        assert!(Header::decode(&b)
-            .unwrap_err()
-            .to_string()
-            .contains("magic"));
-        let mut b = Header::request(Opcode::Ping, 1, 0, 0).encode();
-        b[4] = 9;
-        assert!(Header::decode(&b)
-            .unwrap_err()
-            .to_string()
-            .contains("version"));
-        let b = Header::request(Opcode::Ping, 1, (MAX_META_LEN + 1) as usize, 0).encode();
-        assert!(Header::decode(&b)
-            .unwrap_err()
-            .to_string()
-            .contains("meta length"));
-        let mut b = Header::request(Opcode::Ping, 1, 0, 0).encode();
-        b[19] = 1;
-        assert!(Header::decode(&b)
-            .unwrap_err()
-            .to_string()
-            .contains("reserved"));
+        let ping = || Header::request(Opcode::Ping, 1, 0, 0).encode();
+        let too_long = Header::request(Opcode::Ping, 1, (MAX_META_LEN + 1) as usize, 0).encode();
+        let spoilt = |i: usize, byte: u8| {
+            let mut b = ping();
+            b[i] = byte;
+            b
+        };
+        for (b, reason) in [
+            (spoilt(0, b'X'), "magic"),
+            (spoilt(4, 9), "version"),
+            (too_long, "meta length"),
+            (spoilt(19, 1), "reserved"),
+        ] {
+            let e = Header::decode(&b).unwrap_err().to_string();
+            assert!(e.contains(reason), "{reason}: {e}");
+        }
     }
 
     #[test]

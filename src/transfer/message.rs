@@ -33,24 +33,6 @@ impl Wire for () {
     }
 }
 
-impl Wire for u64 {
-    fn encode(&self, e: &mut Encoder) {
-        e.u64(*self);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        d.u64()
-    }
-}
-
-impl Wire for bool {
-    fn encode(&self, e: &mut Encoder) {
-        e.bool(*self);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        d.bool()
-    }
-}
-
 impl Wire for String {
     fn encode(&self, e: &mut Encoder) {
         e.str(self);
@@ -76,21 +58,27 @@ pub trait MinLen {
 impl MinLen for String {
     const MIN_LEN: usize = 2;
 }
-impl MinLen for bool {
-    const MIN_LEN: usize = 1;
-}
 impl MinLen for Status {
     const MIN_LEN: usize = 2;
 }
-impl MinLen for u64 {
-    const MIN_LEN: usize = 8;
+
+/// Numbers and flags go as the codec writes them, each in its fixed size.
+macro_rules! wire_primitive {
+    ($($t:ident: $len:literal),*) => {$(
+        impl Wire for $t {
+            fn encode(&self, e: &mut Encoder) {
+                e.$t(*self);
+            }
+            fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
+                d.$t()
+            }
+        }
+        impl MinLen for $t {
+            const MIN_LEN: usize = $len;
+        }
+    )*};
 }
-impl MinLen for u32 {
-    const MIN_LEN: usize = 4;
-}
-impl MinLen for u8 {
-    const MIN_LEN: usize = 1;
-}
+wire_primitive!(u8: 1, u32: 4, u64: 8, bool: 1);
 
 impl<T: Wire + MinLen> Wire for Vec<T> {
     fn encode(&self, e: &mut Encoder) {
@@ -181,23 +169,6 @@ macro_rules! byte_enum {
             }
         }
     };
-}
-
-impl Wire for u8 {
-    fn encode(&self, e: &mut Encoder) {
-        e.u8(*self);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        d.u8()
-    }
-}
-impl Wire for u32 {
-    fn encode(&self, e: &mut Encoder) {
-        e.u32(*self);
-    }
-    fn decode(d: &mut Decoder<'_>) -> Result<Self, TransferError> {
-        d.u32()
-    }
 }
 
 /// The data paths a putter writes by, and so the segments its replicas may be placed on.

@@ -184,95 +184,99 @@ pub fn log_line(
 
 /// The printed summary.
 pub fn render(s: &Summary, r: &BTreeMap<usize, RoundSummary>) -> String {
-    let mut out = String::new();
-    let mut row = |k: &str, v: String| out.push_str(&format!("  {k:<28} {v}\n"));
-    row(
-        "requests",
-        format!("{} ({} failed)", s.total_requests, s.failed_requests),
-    );
-    row(
-        "request rate asked",
-        format!(
-            "{:.2} req/s (--request-rate; measured: request throughput)",
-            s.request_rate
-        ),
-    );
-    row("duration", format!("{:.2} s", s.duration));
-    row(
-        "prompt length avg/p90/p99",
-        format!(
-            "{:.0} / {:.0} / {:.0}",
-            s.average_prompt_len, s.p90_prompt_len, s.p99_prompt_len
-        ),
-    );
-    row(
-        "output length avg/p90/p99",
-        format!(
-            "{:.0} / {:.0} / {:.0}",
-            s.average_output_len, s.p90_output_len, s.p99_output_len
-        ),
-    );
     let ms = |x: f64| format!("{:.1}", x * 1e3);
-    row(
-        "TTFT avg/med/p90/p99/max ms",
-        format!(
-            "{} / {} / {} / {} / {}",
-            ms(s.average_ttft),
-            ms(s.median_ttft),
-            ms(s.p90_ttft),
-            ms(s.p99_ttft),
-            ms(s.max_ttft)
+    let joined = |xs: &[f64], show: &dyn Fn(f64) -> String| {
+        xs.iter().map(|&x| show(x)).collect::<Vec<_>>().join(" / ")
+    };
+    let tokens = |x: f64| format!("{x:.0}");
+    let mut rows: Vec<(String, String)> = vec![
+        (
+            "requests".into(),
+            format!("{} ({} failed)", s.total_requests, s.failed_requests),
         ),
-    );
-    row(
-        "ITL avg/med/p90/p99/max ms",
-        format!(
-            "{} / {} / {} / {} / {}",
-            ms(s.average_itl),
-            ms(s.median_itl),
-            ms(s.p90_itl),
-            ms(s.p99_itl),
-            ms(s.max_itl)
-        ),
-    );
-    row(
-        "latency avg/med/p90/p99 ms",
-        format!(
-            "{} / {} / {} / {}",
-            ms(s.average_latency),
-            ms(s.median_latency),
-            ms(s.p90_latency),
-            ms(s.p99_latency)
-        ),
-    );
-    row(
-        "input token throughput",
-        format!("{:.1} tok/s", s.input_token_throughput),
-    );
-    row(
-        "output token throughput",
-        format!("{:.1} tok/s", s.output_token_throughput),
-    );
-    row(
-        "request throughput (measured)",
-        format!("{:.2} req/s", s.throughput),
-    );
-    row(
-        "cache hit rate",
-        format!("{:.2} %", s.cache_hit_rate * 100.0),
-    );
-    for (k, v) in r {
-        row(
-            &format!("round {k}"),
+        (
+            "request rate asked".into(),
             format!(
-                "{} requests, TTFT avg {} ms, hit rate {:.2} %",
-                v.request_count,
-                ms(v.average_ttft),
-                v.cache_hit_rate * 100.0
+                "{:.2} req/s (--request-rate; measured: request throughput)",
+                s.request_rate
             ),
+        ),
+        ("duration".into(), format!("{:.2} s", s.duration)),
+        (
+            "prompt length avg/p90/p99".into(),
+            joined(
+                &[s.average_prompt_len, s.p90_prompt_len, s.p99_prompt_len],
+                &tokens,
+            ),
+        ),
+        (
+            "output length avg/p90/p99".into(),
+            joined(
+                &[s.average_output_len, s.p90_output_len, s.p99_output_len],
+                &tokens,
+            ),
+        ),
+        (
+            "TTFT avg/med/p90/p99/max ms".into(),
+            joined(
+                &[
+                    s.average_ttft,
+                    s.median_ttft,
+                    s.p90_ttft,
+                    s.p99_ttft,
+                    s.max_ttft,
+                ],
+                &ms,
+            ),
+        ),
+        (
+            "ITL avg/med/p90/p99/max ms".into(),
+            joined(
+                &[s.average_itl, s.median_itl, s.p90_itl, s.p99_itl, s.max_itl],
+                &ms,
+            ),
+        ),
+        (
+            "latency avg/med/p90/p99 ms".into(),
+            joined(
+                &[
+                    s.average_latency,
+                    s.median_latency,
+                    s.p90_latency,
+                    s.p99_latency,
+                ],
+                &ms,
+            ),
+        ),
+        (
+            "input token throughput".into(),
+            format!("{:.1} tok/s", s.input_token_throughput),
+        ),
+        (
+            "output token throughput".into(),
+            format!("{:.1} tok/s", s.output_token_throughput),
+        ),
+        (
+            "request throughput (measured)".into(),
+            format!("{:.2} req/s", s.throughput),
+        ),
+        (
+            "cache hit rate".into(),
+            format!("{:.2} %", s.cache_hit_rate * 100.0),
+        ),
+    ];
+    rows.extend(r.iter().map(|(k, v)| {
+        let round = format!(
+            "{} requests, TTFT avg {} ms, hit rate {:.2} %",
+            v.request_count,
+            ms(v.average_ttft),
+            v.cache_hit_rate * 100.0
         );
-    }
-    out
+        (format!("round {k}"), round)
+    }));
+    rows.iter()
+        .map(|(k, v)| format!("  {k:<28} {v}\n"))
+        .collect()
 }
 
 #[cfg(test)]

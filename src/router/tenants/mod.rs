@@ -369,14 +369,8 @@ impl Tenants {
     pub fn render(&self, p: &mut crate::telemetry::PromText) {
         let table = self.table();
         p.single(&TENANTS, table.tenants.len() as f64);
-        p.single(
-            &TENANTS_RELOADS_TOTAL,
-            self.reloads.load(Ordering::Relaxed) as f64,
-        );
-        p.single(
-            &TENANTS_RELOAD_ERRORS_TOTAL,
-            self.reload_errors.load(Ordering::Relaxed) as f64,
-        );
+        p.atomic(&TENANTS_RELOADS_TOTAL, &self.reloads);
+        p.atomic(&TENANTS_RELOAD_ERRORS_TOTAL, &self.reload_errors);
         self.admission.render(&table, p);
     }
 }

@@ -12,7 +12,7 @@
 //! refusal lingers, its write side shut, until its peer closes or [`LINGER`] passes, so that
 //! the refusal is read rather than reset away.
 
-use super::admission::{self, Slot};
+use super::admission::Slot;
 use super::epoll::{Epoll, Events, Waker, EVENTS};
 use super::{ConnCounters, ServerHandle, ServerOptions};
 use parking_lot::Mutex;
@@ -82,15 +82,17 @@ struct Shared {
     waker: Arc<Waker>,
 }
 
-/// Serves `listener` under rbgctl's admission with `loops` event loops (at least one).
-pub(super) fn spawn(
+/// Serves `listener` for a protocol that is not rbgctl's under the same admission as
+/// `spawn_foreign`, its connections driven by `loops` event loops (at least one) rather than a
+/// thread each. `opts.auth` is ignored.
+pub fn spawn(
     listener: TcpListener,
     opts: ServerOptions,
     counters: Arc<ConnCounters>,
     loops: usize,
     new_conn: NewConn,
 ) -> std::io::Result<ServerHandle> {
-    let addr = listener.local_addr()?;
+    let opts = ServerOptions { auth: None, ..opts };
     let shutdown = Arc::new(AtomicBool::new(false));
     let mut shared = Vec::new();
     let mut handles = Vec::new();
@@ -118,24 +120,14 @@ pub(super) fn spawn(
         handles.push((waker, thread));
         shared.push(s);
     }
-    let stop = shutdown.clone();
-    let accept = std::thread::Builder::new()
-        .name(format!("{}-accept", opts.role))
-        .spawn(move || {
-            let mut next = 0usize;
-            admission::accept_loop(listener, &counters, &opts, &stop, |stream, peer, slot| {
-                let s = &shared[next % shared.len()];
-                next = next.wrapping_add(1);
-                s.inbox.lock().push((stream, peer, slot));
-                let _ = s.waker.wake();
-            });
-        })?;
-    Ok(ServerHandle {
-        addr,
-        shutdown,
-        accept: Some(accept),
-        loops: handles,
-    })
+    let mut next = 0usize;
+    let admit = move |stream: TcpStream, peer: SocketAddr, slot: Slot| {
+        let s = &shared[next % shared.len()];
+        next = next.wrapping_add(1);
+        s.inbox.lock().push((stream, peer, slot));
+        let _ = s.waker.wake();
+    };
+    super::accepting(listener, opts, counters, shutdown, handles, admit)
 }
 
 struct Loop {

@@ -19,6 +19,7 @@ pub use admission::{IDLE_YIELD, UNPROVEN_SHARE};
 mod epoll;
 mod evented;
 mod foreign;
+pub use foreign::spawn as spawn_foreign_evented;
 pub use foreign::{ForeignConn, NewConn, Next, Step, BUDGET};
 mod handshake;
 mod threaded;
@@ -634,32 +635,56 @@ fn spawn_threaded(
     counters: impl std::ops::Deref<Target = ConnCounters> + Send + 'static,
     serve: impl Fn(TcpStream, SocketAddr, admission::Slot) + Clone + Send + 'static,
 ) -> std::io::Result<ServerHandle> {
-    let addr = listener.local_addr()?;
+    let role = opts.role;
+    let admit = move |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
+        let serve = serve.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{role}-conn"))
+            .stack_size(512 * 1024)
+            .spawn(move || serve(stream, peer, slot));
+        // A failed spawn dropped the closure, and with it the slot.
+        if let Err(e) = spawned {
+            tracing::error!(role, error = %e, "cannot start a connection thread");
+        }
+    };
     let shutdown = Arc::new(AtomicBool::new(false));
-    let stop = shutdown.clone();
-    let accept = std::thread::Builder::new()
-        .name(format!("{}-accept", opts.role))
-        .spawn(move || {
-            let role = opts.role;
-            let admit = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
-                let serve = serve.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("{role}-conn"))
-                    .stack_size(512 * 1024)
-                    .spawn(move || serve(stream, peer, slot));
-                // A failed spawn dropped the closure, and with it the slot.
-                if let Err(e) = spawned {
-                    tracing::error!(role, error = %e, "cannot start a connection thread");
-                }
-            };
-            admission::accept_loop(listener, &counters, &opts, &stop, admit);
-        })?;
-    Ok(ServerHandle {
-        addr,
-        shutdown,
-        accept: Some(accept),
-        loops: Vec::new(),
-    })
+    accepting(listener, opts, counters, shutdown, Vec::new(), admit)
+}
+
+/// Starts a port's accept thread: it admits connections under `opts` (counted in `counters`)
+/// and gives each to `admit` until `shutdown` is set. The handle stops it and the event
+/// `loops` the connections go to (a waker and thread each; none for threads per connection),
+/// which are stopped at once if the thread cannot start.
+fn accepting(
+    listener: TcpListener,
+    opts: ServerOptions,
+    counters: impl std::ops::Deref<Target = ConnCounters> + Send + 'static,
+    shutdown: Arc<AtomicBool>,
+    loops: Vec<(Arc<epoll::Waker>, JoinHandle<()>)>,
+    admit: impl FnMut(TcpStream, SocketAddr, admission::Slot) + Send + 'static,
+) -> std::io::Result<ServerHandle> {
+    let mut handle = ServerHandle {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        shutdown: shutdown.clone(),
+        accept: None,
+        loops,
+    };
+    let started = listener.local_addr().and_then(|addr| {
+        handle.addr = addr;
+        std::thread::Builder::new()
+            .name(format!("{}-accept", opts.role))
+            .spawn(move || admission::accept_loop(listener, &counters, &opts, &shutdown, admit))
+    });
+    match started {
+        Ok(accept) => {
+            handle.accept = Some(accept);
+            Ok(handle)
+        }
+        Err(e) => {
+            handle.stop();
+            Err(e)
+        }
+    }
 }
 
 /// A connection of another protocol admitted on a port with rbgctl's limits
@@ -708,20 +733,6 @@ pub fn send_some(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
     )?)
 }
 
-/// Serves `listener` for a protocol that is not rbgctl's under the same admission as
-/// `spawn_foreign`, its connections driven by `loops` event loops (at least one) rather than a
-/// thread each (`foreign`). `opts.auth` is ignored.
-pub fn spawn_foreign_evented(
-    listener: TcpListener,
-    opts: ServerOptions,
-    counters: Arc<ConnCounters>,
-    loops: usize,
-    new_conn: NewConn,
-) -> std::io::Result<ServerHandle> {
-    let opts = ServerOptions { auth: None, ..opts };
-    foreign::spawn(listener, opts, counters, loops, new_conn)
-}
-
 /// Serves `listener` with `threads` event loops (at least one) for a service whose requests
 /// carry no payload (`Service::max_data_len` 0).
 pub fn spawn_evented(
@@ -736,27 +747,16 @@ pub fn spawn_evented(
             "the evented server serves requests without payload only",
         ));
     }
-    let addr = listener.local_addr()?;
     let shutdown = Arc::new(AtomicBool::new(false));
     let (loops, handles) =
         evented::Loops::start(service.clone(), &opts, threads.max(1), &shutdown)?;
-    let stop = shutdown.clone();
-    let accept = std::thread::Builder::new()
-        .name(format!("{}-accept", opts.role))
-        .spawn(move || {
-            let mut next = 0usize;
-            let serve = |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
-                loops.admit(next, stream, peer, slot);
-                next = next.wrapping_add(1);
-            };
-            admission::accept_loop(listener, service.connections(), &opts, &stop, serve);
-        })?;
-    Ok(ServerHandle {
-        addr,
-        shutdown,
-        accept: Some(accept),
-        loops: handles,
-    })
+    let mut next = 0usize;
+    let admit = move |stream: TcpStream, peer: SocketAddr, slot: admission::Slot| {
+        loops.admit(next, stream, peer, slot);
+        next = next.wrapping_add(1);
+    };
+    let counters = ServiceCounters(service);
+    accepting(listener, opts, counters, shutdown, handles, admit)
 }
 
 #[cfg(test)]

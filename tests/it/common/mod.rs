@@ -109,17 +109,7 @@ pub fn launcher() -> Launcher {
     Launcher::with_exe(PathBuf::from(BIN), Logs::File).expect("a run directory")
 }
 
-/// Polls `f` every 20 ms until it is true or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
-}
+pub use rbgctl::testkit::wait_until;
 
 /// Writes `tiers.toml` in `dir` for `bench tiers`: one store, one SIMULATED engine whose
 /// device cache is far smaller than a conversation, so that the tiers differ; its path.
