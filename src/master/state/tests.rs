@@ -1762,22 +1762,12 @@ fn eviction_takes_first_from_the_tenant_over_its_share() {
         "[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"b\"\n",
     ));
     let mut now = t0;
-    // b's objects are the oldest, but a holds more than its half.
-    for i in 0..8 {
+    // b's objects are the oldest, but a holds more than its half: 2 KiB each, 2 ms apart.
+    for (tenant, i) in (0..8).map(|i| ("b", i)).chain((0..24).map(|i| ("a", i))) {
         now += Duration::from_millis(2);
         put(
             &mut st,
-            &tenants::scoped("b", &format!("{i}")),
-            2 << 10,
-            1,
-            now,
-        );
-    }
-    for i in 0..24 {
-        now += Duration::from_millis(2);
-        put(
-            &mut st,
-            &tenants::scoped("a", &format!("{i}")),
+            &tenants::scoped(tenant, &i.to_string()),
             2 << 10,
             1,
             now,
