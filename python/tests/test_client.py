@@ -303,6 +303,26 @@ class Liveness(unittest.TestCase):
 
     PINGS = 'rbgctl_master_requests_total{op="ping"}'
 
+    def test_a_clear_while_a_prune_holds_the_idle_connections_closes_them(self):
+        from rbgctl.connection import Pool
+
+        with LivePool(stores=0) as live:
+            pool = Pool(live.master, 5, 5)
+            conn = pool.get()
+            pool.put(conn)
+            before = pool.changes
+            peek = conn.peer_open
+
+            def cleared_meanwhile():
+                pool.clear()  # another thread's clear, while the prune holds the connection
+                return peek()
+
+            conn.peer_open = cleared_meanwhile
+            pool.prune_closed()
+            self.assertTrue(conn.broken, "the connection the prune held was closed")
+            self.assertEqual(pool.changes, before + 1)
+            self.assertIsNot(pool.get(), conn)
+
     def test_an_idle_client_is_kept_by_its_bound_connection_without_heartbeats(self):
         with LivePool(stores=0, master_args=["--client-ttl", "300ms"]) as pool:
             with Client(ClientConfig(master=pool.master, heartbeat_interval_s=0.02)) as c:

@@ -283,6 +283,9 @@ class Pool:
         # Connections opened and closed so far: a client tells from it whether the connection
         # that bound it to the master may have gone.
         self.changes = 0
+        # Times the pool was cleared: a prune that took the idle connections out while it was
+        # cleared closes them instead of putting them back.
+        self._clears = 0
 
     def keep_alive(self, idle_s: float) -> None:
         """TCP keepalive on the connections made from now on: probes after ``idle_s`` without
@@ -306,9 +309,11 @@ class Pool:
         return conn
 
     def prune_closed(self) -> None:
-        """Closes the idle connections whose peer closed them, found without blocking."""
+        """Closes the idle connections whose peer closed them, found without blocking. Those
+        it took out while the pool was cleared are closed too (a clear closes every idle one)."""
         with self._lock:
             idle, self._idle = self._idle, []
+            clears = self._clears
         still_open = []
         for c in idle:
             if c.peer_open():
@@ -316,7 +321,11 @@ class Pool:
             else:
                 c.close()
         with self._lock:
-            self._idle.extend(still_open)
+            if self._clears == clears:
+                self._idle.extend(still_open)
+                return
+        for c in still_open:
+            c.close()
 
     def set_addr(self, addr: str) -> None:
         """Points the pool at another peer (the new leader); idle connections go."""
@@ -343,8 +352,10 @@ class Pool:
         conn.close()
 
     def clear(self) -> None:
+        """Closes every idle connection (those a prune holds meanwhile as well)."""
         with self._lock:
             idle, self._idle = self._idle, []
+            self._clears += 1
         for c in idle:
             c.close()
 
