@@ -91,18 +91,28 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// Reads a quantity written as a whole number (`from_number` says in which unit) or as text
+/// its `FromStr` reads (with a unit).
+fn number_or_text<'de, D, T>(de: D, from_number: fn(u64) -> T) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(u64),
+        Text(String),
+    }
+    match Raw::deserialize(de)? {
+        Raw::Number(n) => Ok(from_number(n)),
+        Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
+    }
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(de)? {
-            Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
-        }
+        number_or_text(de, ByteSize)
     }
 }
 
@@ -152,18 +162,7 @@ impl FromStr for Millis {
 
 impl<'de> Deserialize<'de> for Millis {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(de)? {
-            Raw::Int(n) => Ok(Millis(Duration::from_millis(n))),
-            Raw::Text(s) => parse_duration(&s)
-                .map(Millis)
-                .map_err(serde::de::Error::custom),
-        }
+        number_or_text(de, |ms| Millis(Duration::from_millis(ms)))
     }
 }
 
