@@ -40,8 +40,34 @@ const KV_INDEX_WORKERS_UNFOLLOWED: Family = Family::gauge(
     "Workers whose KV events could not be followed yet (tried again, at most every 30 s).",
 );
 
+const KV_EVENT_CATCH_UP_SECONDS: Family = Family::gauge(
+    "rbgctl_router_kv_event_catch_up_seconds",
+    "How long catching up a worker's events from its replay buffer took when it was first \
+     followed.",
+);
+const KV_EVENTS_TOTAL: Family = Family::counter(
+    "rbgctl_router_kv_events_total",
+    "KV events applied, by worker.",
+);
+const KV_EVENT_GAPS_TOTAL: Family = Family::counter(
+    "rbgctl_router_kv_event_gaps_total",
+    "Gaps in a worker's event sequence (missed messages, a restart, a late start).",
+);
+const KV_EVENT_REPLAYS_TOTAL: Family = Family::counter(
+    "rbgctl_router_kv_event_replays_total",
+    "Gaps a replay filled.",
+);
+const KV_EVENT_LOSSES_TOTAL: Family = Family::counter(
+    "rbgctl_router_kv_event_losses_total",
+    "Gaps no replay could fill (the worker's blocks were forgotten).",
+);
+const KV_EVENTS_IN_STEP: Family = Family::gauge(
+    "rbgctl_router_kv_events_in_step",
+    "1 while a worker's events are followed whole, else 0 (precise_prefix falls back for it).",
+);
+
 /// A per-worker metric family and its value from a subscription's account.
-type PerWorker = (Family<'static>, fn(&SourceStats) -> f64);
+type PerWorker = (&'static Family<'static>, fn(&SourceStats) -> f64);
 
 /// Default byte budget of the index.
 pub const DEFAULT_BUDGET: usize = 256 << 20;
@@ -436,64 +462,38 @@ impl KvIndex {
         let followed = self.followed.lock();
         p.single(&KV_INDEX_WORKERS_FOLLOWED, followed.len() as f64);
         let families: [PerWorker; 6] = [
-            (
-                Family::gauge(
-                    "rbgctl_router_kv_event_catch_up_seconds",
-                    "How long catching up a worker's events from its replay buffer took when it \
-                     was first followed.",
-                ),
-                |s| s.sync_ms.load(Ordering::Relaxed) as f64 / 1000.0,
-            ),
-            (
-                Family::counter(
-                    "rbgctl_router_kv_events_total",
-                    "KV events applied, by worker.",
-                ),
-                |s| s.events.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                Family::counter(
-                    "rbgctl_router_kv_event_gaps_total",
-                    "Gaps in a worker's event sequence (missed messages, a restart, a late start).",
-                ),
-                |s| s.gaps.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                Family::counter(
-                    "rbgctl_router_kv_event_replays_total",
-                    "Gaps a replay filled.",
-                ),
-                |s| s.replayed.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                Family::counter(
-                    "rbgctl_router_kv_event_losses_total",
-                    "Gaps no replay could fill (the worker's blocks were forgotten).",
-                ),
-                |s| s.lost.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                Family::gauge(
-                    "rbgctl_router_kv_events_in_step",
-                    "1 while a worker's events are followed whole, else 0 (precise_prefix falls \
-                     back for it).",
-                ),
-                |s| u8::from(s.in_step.load(Ordering::Relaxed)) as f64,
-            ),
+            (&KV_EVENT_CATCH_UP_SECONDS, |s| {
+                s.sync_ms.load(Ordering::Relaxed) as f64 / 1000.0
+            }),
+            (&KV_EVENTS_TOTAL, |s| {
+                s.events.load(Ordering::Relaxed) as f64
+            }),
+            (&KV_EVENT_GAPS_TOTAL, |s| {
+                s.gaps.load(Ordering::Relaxed) as f64
+            }),
+            (&KV_EVENT_REPLAYS_TOTAL, |s| {
+                s.replayed.load(Ordering::Relaxed) as f64
+            }),
+            (&KV_EVENT_LOSSES_TOTAL, |s| {
+                s.lost.load(Ordering::Relaxed) as f64
+            }),
+            (&KV_EVENTS_IN_STEP, |s| {
+                u8::from(s.in_step.load(Ordering::Relaxed)) as f64
+            }),
         ];
         for (family, value) in families {
-            p.family(&family);
+            p.family(family);
             for (url, f) in followed.iter() {
                 for r in &f.ranks {
                     let rank = r.rank.to_string();
                     let labels = [("worker", &**url), ("dp_rank", &rank)];
-                    p.sample(&family, &labels, value(&r.subscription.stats));
+                    p.sample(family, &labels, value(&r.subscription.stats));
                 }
             }
             if let Some((_, endpoint, s)) = &*self.pool.lock() {
                 let source = format!("pool {endpoint}");
                 p.sample(
-                    &family,
+                    family,
                     &[("worker", &source), ("dp_rank", "0")],
                     value(&s.stats),
                 );
