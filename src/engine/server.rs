@@ -768,8 +768,8 @@ async fn metrics(State(e): S) -> Response {
     );
     p.histogram(&TIME_TO_FIRST_TOKEN_SECONDS, &model, &m.ttft);
     p.histogram(&E2E_REQUEST_LATENCY_SECONDS, &model, &m.e2e);
-    p.single(&REQUESTS_TOTAL, c(&m.requests));
-    p.single(&REQUEST_ERRORS_TOTAL, c(&m.errors));
+    p.atomic(&REQUESTS_TOTAL, &m.requests);
+    p.atomic(&REQUEST_ERRORS_TOTAL, &m.errors);
     p.family(&CACHED_TOKENS_TOTAL_2);
     for (tier, a) in [
         ("device", &m.cached_device),
@@ -792,7 +792,7 @@ async fn metrics(State(e): S) -> Response {
         p.family(&L3_ERRORS_TOTAL);
         p.sample(&L3_ERRORS_TOTAL, &[("op", "read")], c(&s.bad_reads));
         p.sample(&L3_ERRORS_TOTAL, &[("op", "write")], c(&s.write_errors));
-        p.single(&L3_BACKUPS_SKIPPED_TOTAL, c(&m.backups_skipped));
+        p.atomic(&L3_BACKUPS_SKIPPED_TOTAL, &m.backups_skipped);
         p.single(
             &L3_BACKUPS_IN_FLIGHT,
             BACKUP_QUEUE.saturating_sub(e.backup_queue.available_permits()) as f64,

@@ -119,9 +119,9 @@ impl MooncakeMaster {
                 }
             }
         }
-        p.single(&MOONCAKE_UNSERVED_REQUESTS_TOTAL, n(&self.stats.unserved))
-            .single(&MOONCAKE_BAD_REQUESTS_TOTAL, n(&self.stats.bad))
-            .single(&MOONCAKE_CONNECTIONS_TOTAL, n(&self.stats.connections));
+        p.atomic(&MOONCAKE_UNSERVED_REQUESTS_TOTAL, &self.stats.unserved)
+            .atomic(&MOONCAKE_BAD_REQUESTS_TOTAL, &self.stats.bad)
+            .atomic(&MOONCAKE_CONNECTIONS_TOTAL, &self.stats.connections);
     }
 }
 

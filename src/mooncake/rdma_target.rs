@@ -247,9 +247,9 @@ impl RdmaTarget {
             p.sample(&MOONCAKE_RDMA_QPS, &[("device", &d.name)], held as f64);
         }
         let s = &self.stats;
-        p.single(&MOONCAKE_RDMA_HANDSHAKES_TOTAL, n(&s.handshakes))
-            .single(&MOONCAKE_RDMA_HANDSHAKES_REFUSED_TOTAL, n(&s.refused))
-            .single(&MOONCAKE_RDMA_QPS_MADE_TOTAL, n(&s.made))
+        p.atomic(&MOONCAKE_RDMA_HANDSHAKES_TOTAL, &s.handshakes)
+            .atomic(&MOONCAKE_RDMA_HANDSHAKES_REFUSED_TOTAL, &s.refused)
+            .atomic(&MOONCAKE_RDMA_QPS_MADE_TOTAL, &s.made)
             .family(&MOONCAKE_RDMA_SETS_DROPPED_TOTAL)
             .sample(
                 &MOONCAKE_RDMA_SETS_DROPPED_TOTAL,

@@ -467,7 +467,7 @@ fn start_metrics(
                 ] {
                     p.sample(&RECONCILES_TOTAL, &[("kind", kind.label())], l(n));
                 }
-                p.single(&RECONCILE_ERRORS_TOTAL, l(&m.errors));
+                p.atomic(&RECONCILE_ERRORS_TOTAL, &m.errors);
                 p.family(&QUEUE_DEPTH);
                 for kind in Kind::ALL {
                     p.sample(
@@ -495,7 +495,7 @@ fn start_metrics(
                     &[("action", "inplace")],
                     l(&m.pods_inplace),
                 );
-                p.single(&STATUS_WRITES_TOTAL, l(&m.status_writes));
+                p.atomic(&STATUS_WRITES_TOTAL, &m.status_writes);
                 p.family(&API_REQUESTS_TOTAL);
                 p.sample(
                     &API_REQUESTS_TOTAL,

@@ -1105,10 +1105,6 @@ mod tests {
         r.segments.len()
     }
 
-    fn wait_until(f: impl FnMut() -> bool) -> bool {
-        crate::testkit::wait_until(Duration::from_secs(10), f)
-    }
-
     #[test]
     fn a_heartbeat_in_flight_does_not_mount_the_segment_again_after_a_clean_stop() {
         let master = local_master();
@@ -1127,10 +1123,12 @@ mod tests {
         };
         let data = role::bind("store data", "127.0.0.1", 0).unwrap();
         let mut store = Store::start(&cfg, data).unwrap();
-        assert!(wait_until(|| store.status.registration.mounted()));
+        assert!(crate::testkit::wait_until(Duration::from_secs(10), || {
+            store.status.registration.mounted()
+        }));
         assert_eq!(live_segments(master.addrs.rpc), 1);
         assert!(
-            wait_until(|| link.in_flight() > 0),
+            crate::testkit::wait_until(Duration::from_secs(10), || link.in_flight() > 0),
             "a heartbeat on its way"
         );
         store.shutdown();

@@ -261,12 +261,9 @@ impl MooncakeDoor {
                 &[("op", "read")],
                 n(&t.bytes_read),
             )
-            .single(&MOONCAKE_TRANSFERS_REFUSED_TOTAL, n(&t.refused))
-            .single(&MOONCAKE_HANDSHAKES_TOTAL, n(&self.handshakes.served))
-            .single(
-                &MOONCAKE_HANDSHAKES_REFUSED_TOTAL,
-                n(&self.handshakes.refused),
-            );
+            .atomic(&MOONCAKE_TRANSFERS_REFUSED_TOTAL, &t.refused)
+            .atomic(&MOONCAKE_HANDSHAKES_TOTAL, &self.handshakes.served)
+            .atomic(&MOONCAKE_HANDSHAKES_REFUSED_TOTAL, &self.handshakes.refused);
         #[cfg(feature = "rdma")]
         if let Some((target, _)) = &*self.rdma.lock() {
             target.render(p);
